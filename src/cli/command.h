@@ -1,0 +1,23 @@
+#pragma once
+// How subcommands plug into the `lathe` binary. Each cli/<name>.cpp defines one
+// `cli_add_<name>(CLI::App& parent, CommandAction& action)` that declares its options and flags
+// and, from the subcommand's callback, stores the function to run into `action`. main() parses
+// the command line, runs the stored action, and turns its Status into a message and exit code:
+// this folder is the only place that happens.
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+#include "core/status.h"
+
+namespace lathe {
+
+using CommandAction = std::function<Status()>;
+
+void cli_add_tokenize(CLI::App& parent, CommandAction& action);
+void cli_add_tokenizer(CLI::App& parent, CommandAction& action);
+void cli_add_prepare(CLI::App& parent, CommandAction& action);
+void cli_add_data(CLI::App& parent, CommandAction& action);
+
+}  // namespace lathe

@@ -1,0 +1,30 @@
+#pragma once
+// Small string helpers shared by config, CLI and tokenizer error messages.
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lathe {
+
+// Levenshtein distance (insertions, deletions, substitutions; bytes).
+size_t edit_distance(std::string_view a, std::string_view b);
+
+// The candidate closest to `word` by edit distance, or "" when none is close enough to be a
+// plausible typo (distance > max(2, |word|/3)). Used for "did you mean ...?" suggestions.
+std::string closest_match(std::string_view word, std::span<const std::string> candidates);
+
+// ", did you mean 'x'?" or "" — appended to error messages.
+std::string did_you_mean(std::string_view word, std::span<const std::string> candidates);
+
+std::vector<std::string_view> split(std::string_view s, char sep);
+std::string_view trim(std::string_view s);
+bool starts_with(std::string_view s, std::string_view prefix);
+bool ends_with(std::string_view s, std::string_view suffix);
+
+// Printable form of a byte string for an error message: non-printable and non-ASCII bytes escaped,
+// cut to `max_len` bytes with "..." after.
+std::string escape_for_message(std::string_view s, size_t max_len = 80);
+
+}  // namespace lathe

@@ -1,0 +1,168 @@
+#include "io/file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace lathe {
+
+Result<std::string> file_read_all(const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (f == nullptr) {
+        if (errno == ENOENT) return not_found_error("{}: no such file", path);
+        return io_error("{}: cannot open: {}", path, std::strerror(errno));
+    }
+    std::string out;
+    char buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+    const bool failed = std::ferror(f) != 0;
+    std::fclose(f);
+    if (failed) return io_error("{}: read failed", path);
+    return out;
+}
+
+Result<uint64_t> file_size(const std::string& path) {
+    struct stat st{};
+    if (::stat(path.c_str(), &st) != 0) {
+        if (errno == ENOENT) return not_found_error("{}: no such file", path);
+        return io_error("{}: cannot stat: {}", path, std::strerror(errno));
+    }
+    return static_cast<uint64_t>(st.st_size);
+}
+
+bool file_exists(const std::string& path) {
+    struct stat st{};
+    return ::stat(path.c_str(), &st) == 0;
+}
+
+Status file_write_atomic(const std::string& path, std::string_view data) {
+    LATHE_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::create(path));
+    LATHE_RETURN_IF_ERROR(f.write(data));
+    return f.commit();
+}
+
+// ---- MappedFile ----
+
+Result<MappedFile> MappedFile::open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return not_found_error("{}: no such file", path);
+        return io_error("{}: cannot open: {}", path, std::strerror(errno));
+    }
+    struct stat st{};
+    if (::fstat(fd, &st) != 0) {
+        const int err = errno;
+        ::close(fd);
+        return io_error("{}: cannot stat: {}", path, std::strerror(err));
+    }
+    MappedFile m;
+    m.path_ = path;
+    m.size_ = static_cast<uint64_t>(st.st_size);
+    if (m.size_ > 0) {
+        void* p = ::mmap(nullptr, m.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            const int err = errno;
+            ::close(fd);
+            return io_error("{}: cannot map: {}", path, std::strerror(err));
+        }
+        m.data_ = static_cast<const uint8_t*>(p);
+    }
+    ::close(fd);
+    return m;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : path_(std::move(other.path_)), data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+    if (this != &other) {
+        release();
+        path_ = std::move(other.path_);
+        data_ = std::exchange(other.data_, nullptr);
+        size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+}
+
+MappedFile::~MappedFile() { release(); }
+
+void MappedFile::release() {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+    data_ = nullptr;
+    size_ = 0;
+}
+
+// ---- AtomicFile ----
+
+Result<AtomicFile> AtomicFile::create(const std::string& path) {
+    AtomicFile f;
+    f.path_ = path;
+    f.temp_path_ = path + ".tmp-" + std::to_string(::getpid());
+    f.file_ = std::fopen(f.temp_path_.c_str(), "wb");
+    if (f.file_ == nullptr) {
+        return io_error("{}: cannot create (as {}): {}", path, f.temp_path_, std::strerror(errno));
+    }
+    std::setvbuf(f.file_, nullptr, _IOFBF, 1 << 20);
+    return f;
+}
+
+AtomicFile::AtomicFile(AtomicFile&& other) noexcept
+    : path_(std::move(other.path_)), temp_path_(std::move(other.temp_path_)),
+      file_(std::exchange(other.file_, nullptr)),
+      bytes_written_(std::exchange(other.bytes_written_, 0)) {}
+
+AtomicFile& AtomicFile::operator=(AtomicFile&& other) noexcept {
+    if (this != &other) {
+        abandon();
+        path_ = std::move(other.path_);
+        temp_path_ = std::move(other.temp_path_);
+        file_ = std::exchange(other.file_, nullptr);
+        bytes_written_ = std::exchange(other.bytes_written_, 0);
+    }
+    return *this;
+}
+
+AtomicFile::~AtomicFile() { abandon(); }
+
+void AtomicFile::abandon() {
+    if (file_ != nullptr) {
+        std::fclose(file_);
+        file_ = nullptr;
+        ::unlink(temp_path_.c_str());
+    }
+}
+
+Status AtomicFile::write(const void* data, size_t size) {
+    if (file_ == nullptr) return failed_precondition_error("{}: write after commit", path_);
+    if (size > 0 && std::fwrite(data, 1, size, file_) != size) {
+        return io_error("{}: write failed: {}", temp_path_, std::strerror(errno));
+    }
+    bytes_written_ += size;
+    return ok_status();
+}
+
+Status AtomicFile::commit() {
+    if (file_ == nullptr) return failed_precondition_error("{}: commit twice", path_);
+    if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) {
+        const int err = errno;
+        abandon();
+        return io_error("{}: flush failed: {}", temp_path_, std::strerror(err));
+    }
+    std::fclose(file_);
+    file_ = nullptr;
+    if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(temp_path_.c_str());
+        return io_error("{}: cannot rename from {}: {}", path_, temp_path_, std::strerror(err));
+    }
+    return ok_status();
+}
+
+}  // namespace lathe

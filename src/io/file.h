@@ -1,0 +1,79 @@
+#pragma once
+// Files: whole-file reads, read-only memory maps, and atomic writes.
+//
+// Every output lathe produces goes through AtomicFile: bytes land in "<path>.tmp-<pid>" and are
+// renamed onto <path> only by commit(), after a flush and fsync. An error, an exception or a kill
+// before commit() leaves nothing under the final name (the destructor removes the temporary).
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+
+namespace lathe {
+
+// Reads a whole file. Errors name the path and the OS reason.
+Result<std::string> file_read_all(const std::string& path);
+
+// Size in bytes, or an error naming the path.
+Result<uint64_t> file_size(const std::string& path);
+bool file_exists(const std::string& path);
+
+// Writes `data` to `path` atomically (AtomicFile underneath).
+Status file_write_atomic(const std::string& path, std::string_view data);
+
+// A read-only memory map of a whole file. Move-only; unmaps on destruction. An empty file maps to
+// an empty view.
+class MappedFile {
+public:
+    static Result<MappedFile> open(const std::string& path);
+    MappedFile() = default;
+    MappedFile(MappedFile&& other) noexcept;
+    MappedFile& operator=(MappedFile&& other) noexcept;
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+    ~MappedFile();
+
+    const uint8_t* data() const { return data_; }
+    uint64_t size() const { return size_; }
+    std::string_view view() const { return {reinterpret_cast<const char*>(data_), size_}; }
+    const std::string& path() const { return path_; }
+
+private:
+    void release();
+    std::string path_;
+    const uint8_t* data_ = nullptr;
+    uint64_t size_ = 0;
+};
+
+// A file written under a temporary name and renamed into place by commit().
+class AtomicFile {
+public:
+    // Creates "<path>.tmp-<pid>" for writing (buffered). Fails if the folder does not exist.
+    static Result<AtomicFile> create(const std::string& path);
+    AtomicFile() = default;
+    AtomicFile(AtomicFile&& other) noexcept;
+    AtomicFile& operator=(AtomicFile&& other) noexcept;
+    AtomicFile(const AtomicFile&) = delete;
+    AtomicFile& operator=(const AtomicFile&) = delete;
+    ~AtomicFile();  // removes the temporary if commit() was not reached
+
+    Status write(const void* data, size_t size);
+    Status write(std::string_view data) { return write(data.data(), data.size()); }
+    uint64_t bytes_written() const { return bytes_written_; }
+    // Flushes, fsyncs and renames onto the final path. After this the object is empty.
+    Status commit();
+    const std::string& path() const { return path_; }
+    const std::string& temp_path() const { return temp_path_; }
+
+private:
+    void abandon();
+    std::string path_;
+    std::string temp_path_;
+    std::FILE* file_ = nullptr;
+    uint64_t bytes_written_ = 0;
+};
+
+}  // namespace lathe
