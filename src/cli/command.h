@@ -19,5 +19,6 @@ void cli_add_tokenize(CLI::App& parent, CommandAction& action);
 void cli_add_tokenizer(CLI::App& parent, CommandAction& action);
 void cli_add_prepare(CLI::App& parent, CommandAction& action);
 void cli_add_data(CLI::App& parent, CommandAction& action);
+void cli_add_chat(CLI::App& parent, CommandAction& action);
 
 }  // namespace lathe

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
     lathe::cli_add_tokenizer(app, action);
     lathe::cli_add_prepare(app, action);
     lathe::cli_add_data(app, action);
+    lathe::cli_add_chat(app, action);
 
     try {
         app.parse(argc, argv);
