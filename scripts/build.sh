@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Configures and builds lathe into ./build (CUDA sources too when nvcc is on the PATH or in
+# /usr/local/cuda). Usage: scripts/build.sh [extra cmake args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+ninja -C build
