@@ -1,0 +1,51 @@
+#pragma once
+// The checkpoints folder of a run, DIR/checkpoints/:
+//
+//   step-00000100/        one complete checkpoint (model.safetensors, config.json, tokenizer
+//   step-00000200/        files, optimizer state, trainer_state.json)
+//   latest                text file naming the newest complete checkpoint ("step-00000200")
+//   .partial-step-.../    a checkpoint being written; never read, removed on the next start
+//
+// A checkpoint is written into a ".partial-" folder and renamed to its final name only when every
+// file in it is complete (and fsynced); `latest` moves after that, atomically. A run killed at
+// any moment therefore leaves either the old or the new checkpoint as newest, never half of one.
+// Resume picks the newest complete step folder (it does not trust `latest` alone: a kill between
+// the rename and the marker update leaves `latest` one behind, which is still consistent).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace lathe {
+
+class CheckpointDir {
+public:
+    // `root` is DIR/checkpoints; created if missing. Stale ".partial-*" folders are removed.
+    static Result<CheckpointDir> open(const std::string& root);
+
+    // Folder name for a step: "step-00000100" (zero-padded so names sort by step).
+    static std::string step_name(int64_t step);
+
+    // Steps of complete checkpoints, ascending.
+    Result<std::vector<int64_t>> complete_steps() const;
+    // The newest complete checkpoint's folder, or nullopt when there is none.
+    Result<std::optional<std::string>> newest() const;
+
+    // Starts writing the checkpoint for `step`: returns a fresh empty ".partial-" folder to write
+    // every file into. A leftover folder of the same step is removed first.
+    Result<std::string> begin(int64_t step) const;
+    // Publishes the folder begun for `step`: syncs it, renames it to its final name (replacing an
+    // existing checkpoint of the same step), updates `latest`, then prunes to the newest
+    // `keep_last` checkpoints (keep_last <= 0 keeps all). Returns the final folder path.
+    Result<std::string> commit(int64_t step, int keep_last) const;
+
+    const std::string& root() const { return root_; }
+
+private:
+    std::string root_;
+};
+
+}  // namespace lathe
