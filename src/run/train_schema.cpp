@@ -1,0 +1,67 @@
+#include "run/train_schema.h"
+
+namespace lathe {
+
+ConfigSchema train_config_schema() {
+    ConfigSchema s;
+    // ---- model: an HF config.json, or the fields inline (HF names) ----
+    s.add({"model.config", ConfigType::kString, "", "path of a Hugging Face config.json defining the model"});
+    s.add({"model.family", ConfigType::kString, "", "llama | mistral | qwen2 | gpt_neox | gpt2 (when model.config is not given)"});
+    s.add({"model.hidden_size", ConfigType::kInt, "", "width of the residual stream (C)"});
+    s.add({"model.intermediate_size", ConfigType::kInt, "", "MLP inner width"});
+    s.add({"model.num_hidden_layers", ConfigType::kInt, "", "transformer blocks (L)"});
+    s.add({"model.num_attention_heads", ConfigType::kInt, "", "query heads (H)"});
+    s.add({"model.num_key_value_heads", ConfigType::kInt, "", "key/value heads (Hkv); default H"});
+    s.add({"model.head_dim", ConfigType::kInt, "", "per-head width (D); default C / H"});
+    s.add({"model.max_position_embeddings", ConfigType::kInt, "", "longest sequence the model allows"});
+    s.add({"model.rope_theta", ConfigType::kFloat, "", "rotary base"});
+    s.add({"model.norm_eps", ConfigType::kFloat, "", "RMSNorm/LayerNorm epsilon"});
+    s.add({"model.tie_word_embeddings", ConfigType::kBool, "", "output head shares the embedding matrix"});
+    s.add({"model.sliding_window", ConfigType::kInt, "", "attention window (Mistral); unset = full causal"});
+    s.add({"model.vocab_size", ConfigType::kInt, "", "embedding rows; default: the tokenizer's size, padded"});
+    s.add({"model.make_vocab_size_divisible_by", ConfigType::kInt, "128", "vocabulary padding multiple (GPT-NeoX)"});
+    // ---- data ----
+    s.add({"data.path", ConfigType::kStringList, "", "token-file prefix(es) from `lathe prepare`", true});
+    s.add({"data.weights", ConfigType::kFloatList, "", "blend weight per data.path entry; default equal"});
+    s.add({"data.label_path", ConfigType::kStringList, "", "label-file prefix(es) (SFT loss masks), one per data.path"});
+    s.add({"data.split", ConfigType::kString, "969,30,1", "train,valid,test split of documents (GPT-NeoX)"});
+    s.add({"data.seq_length", ConfigType::kInt, "1024", "tokens per sample (T)"});
+    s.add({"data.tokenizer", ConfigType::kString, "", "tokenizer.json of the token files", true});
+    s.add({"data.per_document_attention", ConfigType::kBool, "false", "packed samples: attend within each document only"});
+    // ---- train ----
+    s.add({"train.steps", ConfigType::kInt, "", "optimizer steps", true});
+    s.add({"train.micro_batch_size", ConfigType::kInt, "8", "sequences per forward/backward (B)"});
+    s.add({"train.gradient_accumulation_steps", ConfigType::kInt, "1", "micro-batches per optimizer step"});
+    s.add({"train.log_interval", ConfigType::kInt, "10", "steps between console/metrics lines"});
+    s.add({"train.eval_interval", ConfigType::kInt, "1000", "steps between validation passes; 0 = never"});
+    s.add({"train.eval_iters", ConfigType::kInt, "10", "micro-batches per validation pass"});
+    s.add({"train.seed", ConfigType::kInt, "1234", "seed for initialisation and sample order"});
+    s.add({"train.device", ConfigType::kString, "auto", "auto | cpu | cuda"});
+    s.add({"train.precision", ConfigType::kString, "bf16", "fp32 | bf16 | fp8 (GPU); the CPU computes in fp32"});
+    s.add({"train.recompute", ConfigType::kString, "none", "activation recompute: none | selective | full"});
+    s.add({"train.threads", ConfigType::kInt, "0", "CPU threads; 0 = all cores"});
+    s.add({"train.nonfinite_policy", ConfigType::kString, "skip", "a NaN/Inf loss or gradient: skip the step | stop"});
+    s.add({"train.max_skipped_steps", ConfigType::kInt, "10", "stop after this many skipped steps in a row"});
+    s.add({"train.spike_factor", ConfigType::kFloat, "0", "treat loss > factor x running mean as a spike (0 = off)"});
+    s.add({"train.freeze", ConfigType::kStringList, "[]", "parameter-name patterns (glob) to keep frozen"});
+    // ---- optimizer (AdamW) ----
+    s.add({"optimizer.lr", ConfigType::kFloat, "6e-4", "peak learning rate"});
+    s.add({"optimizer.min_lr", ConfigType::kFloat, "0", "floor of the schedule"});
+    s.add({"optimizer.weight_decay", ConfigType::kFloat, "0.1", "decoupled weight decay (not on norms and biases)"});
+    s.add({"optimizer.beta1", ConfigType::kFloat, "0.9", "AdamW beta1"});
+    s.add({"optimizer.beta2", ConfigType::kFloat, "0.95", "AdamW beta2"});
+    s.add({"optimizer.eps", ConfigType::kFloat, "1e-8", "AdamW epsilon"});
+    s.add({"optimizer.gradient_clipping", ConfigType::kFloat, "1.0", "global L2 norm clip; 0 = off"});
+    // ---- learning-rate schedule (GPT-NeoX AnnealingLR) ----
+    s.add({"lr.decay_style", ConfigType::kString, "cosine", "constant | linear | cosine | exponential"});
+    s.add({"lr.warmup", ConfigType::kFloat, "0.01", "warmup as a fraction of the decay steps"});
+    s.add({"lr.decay_steps", ConfigType::kInt, "0", "steps of decay; 0 = train.steps"});
+    // ---- checkpoints ----
+    s.add({"checkpoint.interval", ConfigType::kInt, "1000", "steps between checkpoints; 0 = only at the end"});
+    s.add({"checkpoint.keep_last", ConfigType::kInt, "3", "complete checkpoints to keep; 0 = all"});
+    s.add({"checkpoint.init_from", ConfigType::kString, "", "start from this checkpoint (HF or lathe folder)"});
+    s.add({"checkpoint.init_mode", ConfigType::kString, "finetune", "finetune (weights only) | continue (optimizer and step too)"});
+    return s;
+}
+
+}  // namespace lathe
