@@ -1,0 +1,130 @@
+#include "core/dtype.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace lathe {
+namespace {
+
+// All finite non-negative values of a format, ascending, with their bit patterns.
+template <typename Fp8, typename Decode>
+std::vector<std::pair<float, uint8_t>> finite_ascending(Decode decode) {
+    std::vector<std::pair<float, uint8_t>> out;
+    for (int b = 0; b < 0x80; ++b) {
+        const float v = decode(Fp8{uint8_t(b)});
+        if (std::isfinite(v)) out.push_back({v, uint8_t(b)});
+    }
+    return out;
+}
+
+TEST(DType, SizesAndNames) {
+    EXPECT_EQ(dtype_size(DType::kBF16), 2u);
+    EXPECT_EQ(dtype_size(DType::kE4M3), 1u);
+    EXPECT_EQ(dtype_size(DType::kI32), 4u);
+    EXPECT_EQ(dtype_name(DType::kE5M2), "e5m2");
+}
+
+TEST(DType, Bf16RoundTripsEveryPattern) {
+    for (uint32_t b = 0; b < 0x10000; ++b) {
+        const float f = bf16_to_float(bf16{uint16_t(b)});
+        const uint16_t back = float_to_bf16(f).bits;
+        if (std::isnan(f)) {
+            EXPECT_TRUE(std::isnan(bf16_to_float(bf16{back}))) << b;
+        } else {
+            EXPECT_EQ(back, b) << b;
+        }
+    }
+}
+
+TEST(DType, Bf16RoundsToNearestEven) {
+    // 1 + 2^-8 lies exactly between bf16 1.0 (mantissa even) and 1 + 2^-7: goes down to 1.0.
+    EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f + 0x1p-8f)), 1.0f);
+    // 1 + 3*2^-8 lies between 1 + 2^-7 (odd) and 1 + 2^-6 (even): goes up.
+    EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
+    // Just above the midpoint goes up.
+    EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f + 0x1p-8f + 0x1p-20f)), 1.0f + 0x1p-7f);
+    EXPECT_TRUE(std::isinf(bf16_to_float(float_to_bf16(3.4e38f))));
+    EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+    // A NaN whose payload sits only in the low bits must not turn into infinity.
+    EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::bit_cast<float>(0x7F800001u)))));
+}
+
+TEST(DType, Fp8KnownEncodings) {
+    EXPECT_EQ(e4m3_to_float(fp8_e4m3{0x7E}), 448.0f);
+    EXPECT_EQ(e4m3_to_float(fp8_e4m3{0x08}), 0x1p-6f);
+    EXPECT_EQ(e4m3_to_float(fp8_e4m3{0x01}), 0x1p-9f);
+    EXPECT_TRUE(std::isnan(e4m3_to_float(fp8_e4m3{0x7F})));
+    EXPECT_TRUE(std::isnan(e4m3_to_float(fp8_e4m3{0xFF})));
+    EXPECT_EQ(e5m2_to_float(fp8_e5m2{0x7B}), 57344.0f);
+    EXPECT_EQ(e5m2_to_float(fp8_e5m2{0x01}), 0x1p-16f);
+    EXPECT_TRUE(std::isinf(e5m2_to_float(fp8_e5m2{0x7C})));
+    EXPECT_EQ(e5m2_to_float(fp8_e5m2{0xBC}), -1.0f);
+}
+
+// Values and bit patterns produced with torch 2.15.0:
+//   torch.tensor(xs, dtype=torch.float32).to(torch.float8_e4m3fn / float8_e5m2 / bfloat16)
+// (torch saturates E4M3 overflow to 448, our kSaturate mode).
+TEST(DType, MatchesTorchConversions) {
+    const float xs[] = {0.3f, -1.7f, 1000.0f, 3e-3f, 1e-3f, 470.0f, 460.0f,
+                        0x1p-10f, 3 * 0x1p-11f, 5 * 0x1p-11f};
+    const uint8_t e4m3[] = {42, 190, 126, 2, 1, 126, 126, 0, 1, 1};
+    const uint8_t e5m2[] = {53, 191, 100, 26, 20, 95, 95, 20, 22, 25};
+    const int16_t bf[] = {16026, -16422, 17530, 15173, 14979, 17387, 17382, 14976, 15040, 15136};
+    for (int i = 0; i < 10; ++i) {
+        EXPECT_EQ(float_to_e4m3(xs[i]).bits, e4m3[i]) << xs[i];
+        EXPECT_EQ(float_to_e5m2(xs[i]).bits, e5m2[i]) << xs[i];
+        EXPECT_EQ(int16_t(float_to_bf16(xs[i]).bits), bf[i]) << xs[i];
+    }
+}
+
+template <typename Fp8, typename Encode, typename Decode>
+void check_fp8_rounding(Encode encode, Decode decode) {
+    const auto vals = finite_ascending<Fp8>(decode);
+    for (const auto& [v, bits] : vals) {
+        EXPECT_EQ(encode(v), bits) << v;
+        EXPECT_EQ(encode(-v), uint8_t(bits | 0x80)) << -v;
+    }
+    for (size_t i = 0; i + 1 < vals.size(); ++i) {
+        const auto [lo, lo_bits] = vals[i];
+        const auto [hi, hi_bits] = vals[i + 1];
+        const float mid = 0.5f * (lo + hi);  // exact in fp32
+        const uint8_t even = (lo_bits & 1) == 0 ? lo_bits : hi_bits;
+        EXPECT_EQ(encode(mid), even) << "tie between " << lo << " and " << hi;
+        EXPECT_EQ(encode(std::nextafter(mid, hi)), hi_bits) << mid;
+        EXPECT_EQ(encode(std::nextafter(mid, lo)), lo_bits) << mid;
+    }
+}
+
+TEST(DType, E4M3RoundsToNearestEvenEverywhere) {
+    check_fp8_rounding<fp8_e4m3>([](float f) { return float_to_e4m3(f).bits; }, e4m3_to_float);
+}
+
+TEST(DType, E5M2RoundsToNearestEvenEverywhere) {
+    check_fp8_rounding<fp8_e5m2>([](float f) { return float_to_e5m2(f).bits; }, e5m2_to_float);
+}
+
+TEST(DType, Fp8Overflow) {
+    const float inf = std::numeric_limits<float>::infinity();
+    // 464 is the midpoint between 448 and the (non-existent) 480: ties to even 448.
+    EXPECT_EQ(float_to_e4m3(464.0f, Fp8Overflow::kNoSaturate).bits, 0x7E);
+    EXPECT_EQ(float_to_e4m3(465.0f, Fp8Overflow::kNoSaturate).bits, 0x7F);
+    EXPECT_EQ(float_to_e4m3(-1e6f, Fp8Overflow::kNoSaturate).bits, 0xFF);
+    EXPECT_EQ(float_to_e4m3(465.0f, Fp8Overflow::kSaturate).bits, 0x7E);
+    EXPECT_EQ(float_to_e4m3(-inf, Fp8Overflow::kSaturate).bits, 0xFE);
+    EXPECT_EQ(float_to_e4m3(std::nanf("")).bits & 0x7F, 0x7F);
+    // E5M2: 61440 is the midpoint between 57344 and 65536 (odd neighbour 0x7B is odd): to inf.
+    EXPECT_EQ(float_to_e5m2(61439.0f, Fp8Overflow::kNoSaturate).bits, 0x7B);
+    EXPECT_EQ(float_to_e5m2(61440.0f, Fp8Overflow::kNoSaturate).bits, 0x7C);
+    EXPECT_EQ(float_to_e5m2(inf, Fp8Overflow::kNoSaturate).bits, 0x7C);
+    EXPECT_EQ(float_to_e5m2(inf, Fp8Overflow::kSaturate).bits, 0x7B);
+    EXPECT_TRUE(std::isnan(e5m2_to_float(float_to_e5m2(std::nanf("")))));
+    // Underflow: below half the smallest subnormal goes to (signed) zero.
+    EXPECT_EQ(float_to_e4m3(0x1p-11f).bits, 0x00);
+    EXPECT_EQ(float_to_e4m3(-0x1p-11f).bits, 0x80);
+    EXPECT_EQ(float_to_e5m2(0x1p-18f).bits, 0x00);
+}
+
+}  // namespace
+}  // namespace lathe
