@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <cstring>
 #include <queue>
 #include <thread>
@@ -19,7 +20,9 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "core/strings.h"
+#include "tokenizer/pre_tokenizer.h"
 
 namespace lathe {
 namespace {
@@ -379,6 +382,79 @@ std::vector<std::pair<std::string_view, uint64_t>> WordCounts::sorted() const {
     std::sort(out.begin(), out.end(),
               [](const auto& x, const auto& y) { return x.first < y.first; });
     return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counting words
+
+Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
+                                   const BpeBatchReader& next_batch, int threads,
+                                   Progress* progress) {
+    if (threads < 1) return invalid_argument_error("threads must be at least 1, got {}", threads);
+    constexpr int kShards = 64;
+    std::vector<WordCounts> parts;
+    for (int t = 0; t < threads; ++t) parts.emplace_back(kShards);
+    std::mutex reader_mutex;
+    bool stop = false;
+    Status first_error;
+    std::mutex error_mutex;
+    const auto fail = [&](Status s) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (first_error.ok()) first_error = std::move(s);
+    };
+
+    run_on_threads(threads, [&](int t) {
+        WordCounts& counts = parts[t];
+        BpeDocumentBatch batch;
+        PieceList pieces;
+        PieceList scratch;
+        while (true) {
+            {
+                std::lock_guard<std::mutex> lock(reader_mutex);
+                if (stop) return;
+                batch.clear();
+                Result<bool> more = next_batch(batch);
+                if (!more.ok() || !*more) {
+                    stop = true;
+                    if (!more.ok()) fail(more.status());
+                    return;
+                }
+            }
+            for (size_t i = 0; i < batch.size(); ++i) {
+                const std::string_view doc = batch.document(i);
+                if (!valid_utf8(doc)) {
+                    fail(invalid_argument_error(
+                        "{}:{}: the document is not valid UTF-8; convert the input to UTF-8 "
+                        "(e.g. iconv) or drop that document",
+                        batch.origin, i < batch.lines.size() ? batch.lines[i] : 0));
+                    std::lock_guard<std::mutex> lock(reader_mutex);
+                    stop = true;
+                    return;
+                }
+                pre_tokenizer.split(doc, pieces, scratch);
+                for (size_t k = 0; k < pieces.size(); ++k) counts.add(pieces.view(k));
+            }
+            if (progress) progress->add(batch.text.size(), batch.size());
+        }
+    });
+    LATHE_RETURN_IF_ERROR(first_error);
+
+    // Merge the per-thread maps (still in byte-level text), then turn every distinct word back
+    // into the bytes it stands for: once per distinct word, not once per occurrence.
+    WordCounts merged(kShards);
+    merged.merge_from(parts, threads);
+    WordCounts words(kShards);
+    std::string bytes;
+    for (const auto& [symbols, count] : merged.sorted()) {
+        bytes.clear();
+        if (!byte_level_decode(symbols, bytes))
+            return internal_error(
+                "the pre-tokenizer produced '{}', which is not byte-level text; the trainer's "
+                "pre-tokenizer must end in ByteLevel",
+                escape_for_message(symbols));
+        words.add(bytes, count);
+    }
+    return words;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -16,18 +16,21 @@
 // lazy invalidation (an entry whose count is stale is re-queued with the current count) picks
 // the next pair, so a run costs O(merges x affected words), not O(merges x corpus).
 // HF's quirks are reproduced on purpose, because they change which merges come out:
-//   - A merge is applied only to the words recorded with its queue entry. Every time a merge
-//     creates new occurrences of a pair, a new entry carrying just those words is queued; a pair
-//     can therefore have several entries and be merged more than once.
 //   - The count of a merged pair is not reset; overlapping occurrences ("a a a") lower it.
-//   - A merge whose result already is a token (a+bc after ab+c) adds no vocabulary entry but is
-//     kept in the merge list. When a pair is merged twice, the list keeps its last position (HF
-//     builds its merge map from the list, later ranks overwriting earlier ones).
+//   - A merge whose result already is a token (a merge that spells a special token) adds no
+//     vocabulary entry but is kept in the merge list.
+//   - A merge is applied only to the words recorded with its queue entry; every time a merge
+//     creates new occurrences of a pair, a new entry carrying just those words is queued, so after
+//     such a repeated token a pair can have several entries and be merged more than once. The
+//     merge list then keeps the pair's last position (HF builds its merge map from the list, later
+//     ranks overwriting earlier ones). With global merges and byte symbols this needs a special
+//     token to collide with, so it is rare; it is reproduced all the same.
 // Training stops when the vocabulary has vocab_size entries, when no pair is left, or when the
 // best pair occurs fewer than min_frequency times. Deterministic: the result does not depend on
 // the number of threads or on the order in which words were counted.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -37,6 +40,9 @@
 #include "core/status.h"
 
 namespace lathe {
+
+class PreTokenizer;
+class Progress;
 
 // Words and their counts: an arena-backed hash map split into shards by hash, so that counts made
 // by several threads (one WordCounts each) merge shard by shard in parallel. Not thread-safe;
@@ -72,6 +78,39 @@ private:
     int shard_for(uint64_t hash) const;
     std::vector<std::unique_ptr<Shard>> shards_;
 };
+
+// Documents handed to bpe_count_words in batches: document i is
+// text[(i ? ends[i-1] : 0) .. ends[i]), found at line lines[i] of `origin` (for error messages).
+struct BpeDocumentBatch {
+    std::string text;
+    std::vector<size_t> ends;
+    std::vector<uint64_t> lines;
+    std::string origin;
+    void clear() {
+        text.clear();
+        ends.clear();
+        lines.clear();
+    }
+    size_t size() const { return ends.size(); }
+    std::string_view document(size_t i) const {
+        const size_t begin = i ? ends[i - 1] : 0;
+        return std::string_view(text).substr(begin, ends[i] - begin);
+    }
+};
+
+// Fills `batch` (already cleared) with the next documents and returns true, or returns false at
+// the end of the input. Called by one thread at a time.
+using BpeBatchReader = std::function<Result<bool>(BpeDocumentBatch& batch)>;
+
+// Counts the words of every document that `next_batch` yields, cut exactly as `pre_tokenizer`
+// cuts them when encoding (HF's trainer feeds the same splits), on `threads` threads: each thread
+// counts into its own WordCounts, merged shard by shard at the end. The pre-tokenizer must end in
+// ByteLevel (its pieces are byte-level text); words are returned as the raw bytes they stand for.
+// `progress` (may be null) receives bytes and documents as they are counted. Errors: the
+// reader's, or a document that is not valid UTF-8 (named by origin and line).
+Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
+                                   const BpeBatchReader& next_batch, int threads,
+                                   Progress* progress);
 
 struct BpeTrainerOptions {
     // Target vocabulary size, special tokens and the 256 byte symbols included. Must be at least

@@ -8,6 +8,8 @@
 #include <map>
 #include <sstream>
 
+#include "tokenizer/pre_tokenizer.h"
+
 namespace lathe {
 namespace {
 
@@ -247,6 +249,59 @@ TEST(BpeTrainer, TokenizerJson) {
     EXPECT_FALSE(bpe_pre_tokenizer_kind_from_name("gpt3").ok());
     EXPECT_EQ(*bpe_pre_tokenizer_kind_from_name("bytelevel-noregex"),
               BpePreTokenizerKind::kByteLevelNoRegex);
+}
+
+// Batches of documents from a list, `per_batch` at a time.
+BpeBatchReader reader_of(const std::vector<std::string>& docs, size_t per_batch) {
+    auto next = std::make_shared<size_t>(0);
+    return [&docs, per_batch, next](BpeDocumentBatch& batch) -> Result<bool> {
+        batch.origin = "docs";
+        for (size_t k = 0; k < per_batch && *next < docs.size(); ++k, ++*next) {
+            batch.text += docs[*next];
+            batch.ends.push_back(batch.text.size());
+            batch.lines.push_back(*next + 1);
+        }
+        return batch.size() > 0;
+    };
+}
+
+// Words are the pre-tokenizer's pieces turned back into bytes: GPT-2's regex keeps the space in
+// front of a word, and "Ġworld" is counted as " world".
+TEST(BpeCountWords, CountsPreTokenizerPiecesAsBytes) {
+    auto pt = pre_tokenizer_from_json(bpe_pre_tokenizer_json(BpePreTokenizerKind::kGpt2), "test");
+    ASSERT_TRUE(pt.ok()) << pt.status().to_string();
+    const std::vector<std::string> docs = {"Hello world, hello world!", "caf\xc3\xa9  world\n",
+                                           ""};
+    for (int threads : {1, 3}) {
+        auto wc = bpe_count_words(**pt, reader_of(docs, 1), threads, nullptr);
+        ASSERT_TRUE(wc.ok()) << wc.status().to_string();
+        EXPECT_EQ(wc->count(" world"), 3u);
+        EXPECT_EQ(wc->count("Hello"), 1u);
+        EXPECT_EQ(wc->count(","), 1u);
+        EXPECT_EQ(wc->count("caf\xc3\xa9"), 1u);
+        EXPECT_EQ(wc->count(" "), 1u);   // "  world": the first space stands alone
+        EXPECT_EQ(wc->count("\n"), 1u);
+        EXPECT_EQ(wc->total(), 10u);
+    }
+}
+
+TEST(BpeCountWords, InvalidUtf8NamesTheDocument) {
+    auto pt = pre_tokenizer_from_json(bpe_pre_tokenizer_json(BpePreTokenizerKind::kLlama3), "t");
+    ASSERT_TRUE(pt.ok()) << pt.status().to_string();
+    const std::vector<std::string> docs = {"fine", "also fine", "caf\xe9"};
+    auto wc = bpe_count_words(**pt, reader_of(docs, 2), 2, nullptr);
+    ASSERT_FALSE(wc.ok());
+    EXPECT_NE(wc.status().message().find("docs:3"), std::string::npos) << wc.status().message();
+}
+
+TEST(BpeCountWords, ReaderErrorsComeBack) {
+    auto pt = pre_tokenizer_from_json(bpe_pre_tokenizer_json(BpePreTokenizerKind::kGpt2), "t");
+    ASSERT_TRUE(pt.ok());
+    auto wc = bpe_count_words(
+        **pt, [](BpeDocumentBatch&) -> Result<bool> { return io_error("disk on fire"); }, 2,
+        nullptr);
+    ASSERT_FALSE(wc.ok());
+    EXPECT_EQ(wc.status().message(), "disk on fire");
 }
 
 }  // namespace
