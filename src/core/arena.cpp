@@ -6,7 +6,9 @@
 namespace lathe {
 
 namespace {
-size_t round_up(size_t n, size_t alignment) { return (n + alignment - 1) / alignment * alignment; }
+size_t round_up(size_t n, size_t alignment) {
+    return (n + alignment - 1) / alignment * alignment;
+}
 }  // namespace
 
 ArenaLayout::ArenaLayout(size_t alignment) : alignment_(alignment) {
@@ -45,8 +47,8 @@ TensorView ArenaLayout::view(void* base, size_t index, Device device) const {
 std::string ArenaLayout::describe() const {
     std::string out;
     for (const ArenaEntry& e : entries_)
-        out += fmt::format("{} {} {} {}\n", e.name, dtype_name(e.dtype), e.shape.to_string(),
-                           e.bytes);
+        out +=
+            fmt::format("{} {} {} {}\n", e.name, dtype_name(e.dtype), e.shape.to_string(), e.bytes);
     out += fmt::format("total {} bytes in {} tensors\n", total_bytes_, entries_.size());
     return out;
 }
@@ -75,6 +77,8 @@ void HostArena::zero() {
     if (base_) std::memset(base_.get(), 0, layout_.total_bytes());
 }
 
-void HostArena::FreeAligned::operator()(std::byte* p) const { std::free(p); }
+void HostArena::FreeAligned::operator()(std::byte* p) const {
+    std::free(p);
+}
 
 }  // namespace lathe

@@ -25,8 +25,8 @@ struct ArenaEntry {
     std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
     DType dtype;
     Shape shape;
-    size_t offset;     // from the arena base, a multiple of the layout's alignment
-    size_t bytes;      // numel * dtype_size, before padding
+    size_t offset;  // from the arena base, a multiple of the layout's alignment
+    size_t bytes;   // numel * dtype_size, before padding
 };
 
 class ArenaLayout {

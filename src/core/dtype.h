@@ -33,19 +33,26 @@ enum class DType : uint8_t {
     kE5M2,
     kI32,  // token ids, targets (-100 = ignored), document ids, positions
     kI64,
-    kU8,   // raw bytes (arena scratch)
+    kU8,  // raw bytes (arena scratch)
 };
 
 // Bytes per element.
 constexpr size_t dtype_size(DType t) {
     switch (t) {
-        case DType::kF32: return 4;
-        case DType::kBF16: return 2;
-        case DType::kE4M3: return 1;
-        case DType::kE5M2: return 1;
-        case DType::kI32: return 4;
-        case DType::kI64: return 8;
-        case DType::kU8: return 1;
+        case DType::kF32:
+            return 4;
+        case DType::kBF16:
+            return 2;
+        case DType::kE4M3:
+            return 1;
+        case DType::kE5M2:
+            return 1;
+        case DType::kI32:
+            return 4;
+        case DType::kI64:
+            return 8;
+        case DType::kU8:
+            return 1;
     }
     return 0;
 }
@@ -53,13 +60,20 @@ constexpr size_t dtype_size(DType t) {
 // "f32", "bf16", "e4m3", "e5m2", "i32", "i64", "u8" (the names used in memory plans and messages).
 constexpr std::string_view dtype_name(DType t) {
     switch (t) {
-        case DType::kF32: return "f32";
-        case DType::kBF16: return "bf16";
-        case DType::kE4M3: return "e4m3";
-        case DType::kE5M2: return "e5m2";
-        case DType::kI32: return "i32";
-        case DType::kI64: return "i64";
-        case DType::kU8: return "u8";
+        case DType::kF32:
+            return "f32";
+        case DType::kBF16:
+            return "bf16";
+        case DType::kE4M3:
+            return "e4m3";
+        case DType::kE5M2:
+            return "e5m2";
+        case DType::kI32:
+            return "i32";
+        case DType::kI64:
+            return "i64";
+        case DType::kU8:
+            return "u8";
     }
     return "?";
 }
@@ -79,14 +93,16 @@ struct fp8_e5m2 {
 enum class Fp8Overflow { kSaturate, kNoSaturate };
 
 // Exact: every bf16 is an fp32.
-inline float bf16_to_float(bf16 h) { return std::bit_cast<float>(uint32_t(h.bits) << 16); }
+inline float bf16_to_float(bf16 h) {
+    return std::bit_cast<float>(uint32_t(h.bits) << 16);
+}
 
 // Round to nearest even. Values beyond the largest bf16 round to infinity as IEEE rounding says;
 // NaN maps to a quiet NaN of the same sign (never to infinity, which truncation could produce).
 inline bf16 float_to_bf16(float f) {
     const uint32_t u = std::bit_cast<uint32_t>(f);
     if (std::isnan(f)) return bf16{uint16_t((u >> 16) | 0x0040u)};
-    const uint32_t lsb = (u >> 16) & 1u;            // ties go to the even neighbour
+    const uint32_t lsb = (u >> 16) & 1u;               // ties go to the even neighbour
     return bf16{uint16_t((u + 0x7FFFu + lsb) >> 16)};  // carries into the exponent as needed
 }
 
@@ -102,15 +118,15 @@ template <int kManBits, int kBias>
 inline uint32_t fp8_encode_magnitude(float a) {
     constexpr int kEmin = 1 - kBias;
     int k = 0;
-    std::frexp(a, &k);                        // a = m * 2^k, m in [0.5, 1)
-    int e = k - 1;                            // floor(log2 a)
+    std::frexp(a, &k);  // a = m * 2^k, m in [0.5, 1)
+    int e = k - 1;      // floor(log2 a)
     if (e < kEmin) e = kEmin;
     const float x = std::ldexp(a, kManBits - e);  // exact: a power-of-two scaling
     float r = std::floor(x);
-    const float frac = x - r;                 // exact for these magnitudes
+    const float frac = x - r;  // exact for these magnitudes
     if (frac > 0.5f || (frac == 0.5f && std::fmod(r, 2.0f) != 0.0f)) r += 1.0f;
     const int64_t bits = (int64_t(e + kBias) << kManBits) + int64_t(r) - (int64_t(1) << kManBits);
-    return bits < 0 ? 0u : uint32_t(bits);   // r == 0 (a tiny value) gives bits == 0 via e_min
+    return bits < 0 ? 0u : uint32_t(bits);  // r == 0 (a tiny value) gives bits == 0 via e_min
 }
 
 }  // namespace detail
@@ -146,9 +162,12 @@ inline float e4m3_to_float(fp8_e4m3 h) {
     const bool neg = h.bits & 0x80;
     const int exp = (h.bits >> 3) & 0xF, man = h.bits & 0x7;
     float v;
-    if (exp == 0xF && man == 0x7) v = std::numeric_limits<float>::quiet_NaN();
-    else if (exp == 0) v = std::ldexp(float(man), -9);                 // subnormal: man * 2^-6 / 8
-    else v = std::ldexp(float(8 + man), exp - 7 - 3);
+    if (exp == 0xF && man == 0x7)
+        v = std::numeric_limits<float>::quiet_NaN();
+    else if (exp == 0)
+        v = std::ldexp(float(man), -9);  // subnormal: man * 2^-6 / 8
+    else
+        v = std::ldexp(float(8 + man), exp - 7 - 3);
     return neg ? -v : v;
 }
 
@@ -156,22 +175,46 @@ inline float e5m2_to_float(fp8_e5m2 h) {
     const bool neg = h.bits & 0x80;
     const int exp = (h.bits >> 2) & 0x1F, man = h.bits & 0x3;
     float v;
-    if (exp == 0x1F) v = man == 0 ? std::numeric_limits<float>::infinity()
-                                  : std::numeric_limits<float>::quiet_NaN();
-    else if (exp == 0) v = std::ldexp(float(man), -16);                // subnormal: man * 2^-14 / 4
-    else v = std::ldexp(float(4 + man), exp - 15 - 2);
+    if (exp == 0x1F)
+        v = man == 0 ? std::numeric_limits<float>::infinity()
+                     : std::numeric_limits<float>::quiet_NaN();
+    else if (exp == 0)
+        v = std::ldexp(float(man), -16);  // subnormal: man * 2^-14 / 4
+    else
+        v = std::ldexp(float(4 + man), exp - 15 - 2);
     return neg ? -v : v;
 }
 
 // The DType of a C++ element type, for checked typed access to tensor views.
 template <typename T>
 struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::kF32; };
-template <> struct DTypeOf<bf16> { static constexpr DType value = DType::kBF16; };
-template <> struct DTypeOf<fp8_e4m3> { static constexpr DType value = DType::kE4M3; };
-template <> struct DTypeOf<fp8_e5m2> { static constexpr DType value = DType::kE5M2; };
-template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kI32; };
-template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kI64; };
-template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::kU8; };
+template <>
+struct DTypeOf<float> {
+    static constexpr DType value = DType::kF32;
+};
+template <>
+struct DTypeOf<bf16> {
+    static constexpr DType value = DType::kBF16;
+};
+template <>
+struct DTypeOf<fp8_e4m3> {
+    static constexpr DType value = DType::kE4M3;
+};
+template <>
+struct DTypeOf<fp8_e5m2> {
+    static constexpr DType value = DType::kE5M2;
+};
+template <>
+struct DTypeOf<int32_t> {
+    static constexpr DType value = DType::kI32;
+};
+template <>
+struct DTypeOf<int64_t> {
+    static constexpr DType value = DType::kI64;
+};
+template <>
+struct DTypeOf<uint8_t> {
+    static constexpr DType value = DType::kU8;
+};
 
 }  // namespace lathe

@@ -67,8 +67,8 @@ TEST(DType, Fp8KnownEncodings) {
 //   torch.tensor(xs, dtype=torch.float32).to(torch.float8_e4m3fn / float8_e5m2 / bfloat16)
 // (torch saturates E4M3 overflow to 448, our kSaturate mode).
 TEST(DType, MatchesTorchConversions) {
-    const float xs[] = {0.3f, -1.7f, 1000.0f, 3e-3f, 1e-3f, 470.0f, 460.0f,
-                        0x1p-10f, 3 * 0x1p-11f, 5 * 0x1p-11f};
+    const float xs[] = {0.3f,   -1.7f,  1000.0f,  3e-3f,        1e-3f,
+                        470.0f, 460.0f, 0x1p-10f, 3 * 0x1p-11f, 5 * 0x1p-11f};
     const uint8_t e4m3[] = {42, 190, 126, 2, 1, 126, 126, 0, 1, 1};
     const uint8_t e5m2[] = {53, 191, 100, 26, 20, 95, 95, 20, 22, 25};
     const int16_t bf[] = {16026, -16422, 17530, 15173, 14979, 17387, 17382, 14976, 15040, 15136};

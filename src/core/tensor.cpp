@@ -20,6 +20,8 @@ HostTensor::HostTensor(DType dtype, Shape shape) : dtype_(dtype), shape_(shape) 
     data_.reset(static_cast<std::byte*>(p));
 }
 
-void HostTensor::FreeAligned::operator()(std::byte* p) const { std::free(p); }
+void HostTensor::FreeAligned::operator()(std::byte* p) const {
+    std::free(p);
+}
 
 }  // namespace lathe

@@ -3,11 +3,12 @@
 // HostTensor, an mmap). Ops take views; owners are move-only RAII types (STYLE.md, "Ownership").
 //
 // A view is always dense and row-major (the last dimension is contiguous, no strides): every op of
-// the engine works on whole contiguous tensors, which keeps the CPU loops and the CUDA kernels plain.
-// A view knows its element type, its shape (rank 0..kMaxRank) and its memory space (host or a CUDA
-// device), so an op can check that it was handed what it expects before touching any byte.
-// A default-constructed view is null: the way to pass an absent optional tensor (a bias, positions).
-// Broken expectations on views (wrong dtype, shape, memory space) are bugs and stop via LATHE_CHECK.
+// the engine works on whole contiguous tensors, which keeps the CPU loops and the CUDA kernels
+// plain. A view knows its element type, its shape (rank 0..kMaxRank) and its memory space (host or
+// a CUDA device), so an op can check that it was handed what it expects before touching any byte.
+// A default-constructed view is null: the way to pass an absent optional tensor (a bias,
+// positions). Broken expectations on views (wrong dtype, shape, memory space) are bugs and stop via
+// LATHE_CHECK.
 
 #include <fmt/format.h>
 
@@ -27,7 +28,9 @@ namespace lathe {
 // Where a view's bytes live. kCuda memory is never dereferenced on the host.
 enum class Device : uint8_t { kCpu, kCuda };
 
-constexpr std::string_view device_name(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
+constexpr std::string_view device_name(Device d) {
+    return d == Device::kCpu ? "cpu" : "cuda";
+}
 
 inline constexpr int kMaxRank = 5;
 
@@ -137,7 +140,8 @@ public:
 
     // "f32 (2, 3) cpu", for check messages.
     std::string to_string() const {
-        return fmt::format("{} {} {}", dtype_name(dtype_), shape_.to_string(), device_name(device_));
+        return fmt::format("{} {} {}", dtype_name(dtype_), shape_.to_string(),
+                           device_name(device_));
     }
 
 private:
@@ -158,11 +162,17 @@ public:
     HostTensor(DType dtype, Shape shape);
 
     TensorView view() { return TensorView(data_.get(), dtype_, shape_, Device::kCpu); }
-    ConstTensorView view() const { return ConstTensorView(data_.get(), dtype_, shape_, Device::kCpu); }
+    ConstTensorView view() const {
+        return ConstTensorView(data_.get(), dtype_, shape_, Device::kCpu);
+    }
     template <typename T>
-    T* as() { return view().as<T>(); }
+    T* as() {
+        return view().as<T>();
+    }
     template <typename T>
-    const T* as() const { return view().as<T>(); }
+    const T* as() const {
+        return view().as<T>();
+    }
     const Shape& shape() const { return shape_; }
     int64_t numel() const { return shape_.numel(); }
 

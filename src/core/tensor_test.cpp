@@ -47,7 +47,7 @@ TEST(Arena, CarvesAlignedNamedTensors) {
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(layout.entries()[0].offset, 0u);
     EXPECT_EQ(layout.entries()[1].offset, 256u);  // 12 bytes padded to the alignment
-    EXPECT_EQ(layout.total_bytes(), 512u);         // 256 + 200 padded
+    EXPECT_EQ(layout.total_bytes(), 512u);        // 256 + 200 padded
     const auto dup = layout.add("a", DType::kF32, Shape{1});
     ASSERT_FALSE(dup.ok());
     EXPECT_NE(dup.status().message().find("'a' added twice"), std::string::npos);

@@ -1,0 +1,52 @@
+#include "ops/adamw.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/cpu/optimizer.h"
+#include "ops/op_checks.h"
+
+namespace lathe {
+
+using namespace detail;
+
+void adamw_update(TensorView params, TensorView m, TensorView v, ConstTensorView grads,
+                  std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
+                  const Context& ctx) {
+    constexpr const char* kOp = "adamw_update";
+    LATHE_CHECK(!params.is_null(), "{}: params missing", kOp);
+    const int64_t P = params.numel();
+    for (const auto& [name, view] : {std::pair{"m", ConstTensorView(m)},
+                                     std::pair{"v", ConstTensorView(v)}, std::pair{"grads", grads}})
+        LATHE_CHECK(!view.is_null() && view.numel() == P, "{}: {} is {}, params has {} elements",
+                    kOp, name, view.is_null() ? std::string("missing") : view.to_string(), P);
+    LATHE_CHECK(step >= 1, "{}: step {} (the first update is step 1)", kOp, step);
+    // Segments inside [0, P), pairwise disjoint.
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (const AdamWSegment& s : segments) {
+        LATHE_CHECK(s.offset >= 0 && s.count >= 0 && s.offset + s.count <= P,
+                    "{}: segment [{}, {}) outside the {} parameters", kOp, s.offset,
+                    s.offset + s.count, P);
+        ranges.push_back({s.offset, s.offset + s.count});
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i)
+        LATHE_CHECK(ranges[i].first >= ranges[i - 1].second,
+                    "{}: segments [{}, {}) and [{}, {}) overlap", kOp, ranges[i - 1].first,
+                    ranges[i - 1].second, ranges[i].first, ranges[i].second);
+    op_expect_memory(kOp, ctx, {params, m, v, grads});
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            op_expect_cpu_f32(kOp, {params, m, v, grads});
+            for (const AdamWSegment& s : segments)
+                cpu::adamw_update(params.as<float>() + s.offset, m.as<float>() + s.offset,
+                                  v.as<float>() + s.offset, grads.as<float>() + s.offset, s.count,
+                                  s.lr, s.weight_decay, hyper.beta1, hyper.beta2, hyper.eps, step);
+            return;
+        case Backend::kCuda:
+            break;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+}  // namespace lathe

@@ -1,0 +1,53 @@
+#pragma once
+// The op context: which backend runs an op, on which device and stream, with which handles.
+//
+// Every op is a pair of free functions `<op>_forward` / `<op>_backward` taking views and, last, a
+// Context (DESIGN.md: outputs, saved statistics, inputs, weights, sizes, then the context). The
+// function in src/ops/<op>.cpp checks shapes once, then dispatches on `backend` to the CPU
+// reference (src/ops/cpu/<op>.cpp) or the CUDA implementation (src/ops/cuda/<op>.cu, built when
+// LATHE_HAVE_CUDA is defined). Model and trainer code only ever call the dispatching functions, so
+// swapping the backend means handing them another Context, nothing else.
+//
+// A Context owns nothing: the stream and the CUDA library handles belong to an RAII owner in
+// ops/cuda (one per device), which fills in `cuda`. No op keeps global state.
+
+#include <cstdint>
+#include <string_view>
+
+#include "core/tensor.h"
+
+// cudaStream_t is `struct CUstream_st*`; naming the struct keeps CUDA headers out of CPU code.
+struct CUstream_st;
+
+namespace lathe {
+
+enum class Backend : uint8_t { kCpu, kCuda };
+
+constexpr std::string_view backend_name(Backend b) {
+    return b == Backend::kCpu ? "cpu" : "cuda";
+}
+
+// Per-device CUDA state (cuBLASLt/cuDNN handles, workspaces), defined by ops/cuda.
+struct CudaState;
+
+struct Context {
+    Backend backend = Backend::kCpu;
+    int device = 0;                 // CUDA device ordinal (kCuda only)
+    CUstream_st* stream = nullptr;  // the stream ops are enqueued on (kCuda only; null = default)
+    CudaState* cuda = nullptr;      // handles and workspaces (kCuda only), owned elsewhere
+
+    // The memory space every tensor handed to an op under this context must live in.
+    Device memory() const { return backend == Backend::kCpu ? Device::kCpu : Device::kCuda; }
+};
+
+// How a backward writes the gradient of an input: overwrite (=) or accumulate (+=). Accumulating
+// is for inputs read by several branches (the residual stream feeding a norm, GPT-NeoX's parallel
+// attention and MLP), so their gradients sum in place without a temporary and an extra add.
+enum class GradMode : uint8_t { kOverwrite, kAccumulate };
+
+// The context for the CPU reference backend (OpenMP threads as OMP_NUM_THREADS says).
+inline Context cpu_context() {
+    return Context{};
+}
+
+}  // namespace lathe

@@ -1,0 +1,24 @@
+#pragma once
+// Row-major single-precision matrix multiply for the CPU ops:
+//   C (M, N) = alpha * op(A) @ op(B) + beta * C
+// op(A) is (M, K): A is stored (M, K), or (K, M) when trans_a. op(B) is (K, N): B is stored
+// (K, N), or (N, K) when trans_b. beta == 0 overwrites C without reading it (NaNs in C vanish).
+// sgemm uses cblas_sgemm when the build has a CBLAS (OpenBLAS), else sgemm_reference. Must not be
+// called from inside an OpenMP parallel region (BLAS runs its own threads).
+
+#include <cstdint>
+
+namespace lathe::cpu {
+
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           const float* B, float beta, float* C);
+
+// The plain-loop version (fp64 accumulation, OpenMP over rows of C): the fallback without BLAS
+// and the reference the BLAS path is tested against. Deterministic.
+void sgemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float* A, const float* B, float beta, float* C);
+
+// Whether sgemm calls a BLAS library in this build (for logs and `lathe doctor`).
+bool cpu_has_blas();
+
+}  // namespace lathe::cpu

@@ -1,0 +1,68 @@
+#include "ops/cpu/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/parallel.h"
+
+namespace lathe::cpu {
+
+// torch.optim.AdamW, single-tensor path (what torch runs for CPU tensors), step by step:
+//   param.mul_(1 - lr * weight_decay)
+//   exp_avg.lerp_(grad, 1 - beta1)
+//   exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+//   step_size = lr / (1 - beta1 ** step);  bc2_sqrt = sqrt(1 - beta2 ** step)
+//   denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
+//   param.addcdiv_(exp_avg, denom, value=-step_size)
+// Scalars are Python floats (fp64) and meet fp32 tensors as fp32. torch's CPU lerp is one fused
+// multiply-add: fma(weight, end - self, self) for weight < 0.5, else fma(weight - 1, end - self,
+// end); addcmul is self + value * t1 * t2 and addcdiv self + value * t1 / t2, unfused. With these
+// the ten-step fixture in adamw_test.cpp matches torch bit for bit.
+void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, double lr,
+                  double weight_decay, double beta1, double beta2, double eps, int64_t step) {
+    const float decay = float(1.0 - lr * weight_decay);
+    const bool apply_decay = weight_decay != 0.0;
+    const double bias_correction1 = 1.0 - std::pow(beta1, double(step));
+    const double bias_correction2 = 1.0 - std::pow(beta2, double(step));
+    const float neg_step_size = float(-(lr / bias_correction1));
+    const float bc2_sqrt = float(std::sqrt(bias_correction2));
+    const float w1 = float(1.0 - beta1), b2 = float(beta2), w2 = float(1.0 - beta2);
+    const float epsf = float(eps);
+    const bool lerp_low = std::fabs(1.0 - beta1) < 0.5;
+    LATHE_OMP_PARALLEL_FOR(n * 8)
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = grads[i];
+        float p = params[i];
+        if (apply_decay) p = p * decay;
+        const float mi = lerp_low ? std::fma(w1, g - m[i], m[i]) : std::fma(w1 - 1.0f, g - m[i], g);
+        const float vi = v[i] * b2 + w2 * g * g;
+        const float denom = std::sqrt(vi) / bc2_sqrt + epsf;
+        params[i] = p + neg_step_size * mi / denom;
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+double sum_of_squares(const float* g, int64_t n) {
+    constexpr int64_t kBlock = 4096;  // fixed: the result must not depend on the thread count
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    std::vector<double> partial(size_t(blocks), 0.0);
+    LATHE_OMP_PARALLEL_FOR(n)
+    for (int64_t b = 0; b < blocks; ++b) {
+        double s = 0.0;
+        for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i)
+            s += double(g[i]) * g[i];
+        partial[size_t(b)] = s;
+    }
+    double total = 0.0;
+    for (double s : partial) total += s;
+    return total;
+}
+
+void scale_inplace(float* g, int64_t n, float coef) {
+    LATHE_OMP_PARALLEL_FOR(n)
+    for (int64_t i = 0; i < n; ++i) g[i] = g[i] * coef;
+}
+
+}  // namespace lathe::cpu

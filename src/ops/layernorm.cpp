@@ -1,0 +1,62 @@
+#include "ops/layernorm.h"
+
+#include "ops/cpu/layernorm.h"
+#include "ops/op_checks.h"
+
+namespace lathe {
+
+using namespace detail;
+
+void layernorm_forward(TensorView y, TensorView mean, TensorView rstd, ConstTensorView x,
+                       ConstTensorView weight, ConstTensorView bias, float eps,
+                       const Context& ctx) {
+    constexpr const char* kOp = "layernorm_forward";
+    const auto [N, C] = op_rows_cols(kOp, "x", x);
+    op_expect_shape(kOp, "y", y, x.shape());
+    op_expect_shape(kOp, "mean", mean, Shape{N});
+    op_expect_shape(kOp, "rstd", rstd, Shape{N});
+    op_expect_shape(kOp, "weight", weight, Shape{C});
+    op_expect_shape(kOp, "bias", bias, Shape{C});
+    op_expect_dtype(kOp, "mean", mean, DType::kF32);
+    op_expect_dtype(kOp, "rstd", rstd, DType::kF32);
+    op_expect_memory(kOp, ctx, {y, mean, rstd, x, weight, bias});
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            op_expect_cpu_f32(kOp, {y, x, weight, bias});
+            cpu::layernorm_forward(y.as<float>(), mean.as<float>(), rstd.as<float>(), x.as<float>(),
+                                   weight.as<float>(), bias.as<float>(), N, C, eps);
+            return;
+        case Backend::kCuda:
+            break;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+void layernorm_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstTensorView dy,
+                        ConstTensorView x, ConstTensorView weight, ConstTensorView mean,
+                        ConstTensorView rstd, GradMode dx_mode, const Context& ctx) {
+    constexpr const char* kOp = "layernorm_backward";
+    const auto [N, C] = op_rows_cols(kOp, "x", x);
+    op_expect_shape(kOp, "dx", dx, x.shape());
+    op_expect_shape(kOp, "dy", dy, x.shape());
+    op_expect_shape(kOp, "weight", weight, Shape{C});
+    op_expect_shape(kOp, "mean", mean, Shape{N});
+    op_expect_shape(kOp, "rstd", rstd, Shape{N});
+    if (!dweight.is_null()) op_expect_shape(kOp, "dweight", dweight, Shape{C});
+    if (!dbias.is_null()) op_expect_shape(kOp, "dbias", dbias, Shape{C});
+    op_expect_memory(kOp, ctx, {dx, dweight, dbias, dy, x, weight, mean, rstd});
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            op_expect_cpu_f32(kOp, {dx, dweight, dbias, dy, x, weight, mean, rstd});
+            cpu::layernorm_backward(dx.as<float>(), dweight.as<float>(), dbias.as<float>(),
+                                    dy.as<float>(), x.as<float>(), weight.as<float>(),
+                                    mean.as<float>(), rstd.as<float>(), N, C,
+                                    dx_mode == GradMode::kAccumulate);
+            return;
+        case Backend::kCuda:
+            break;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+}  // namespace lathe

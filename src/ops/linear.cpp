@@ -1,0 +1,58 @@
+#include "ops/linear.h"
+
+#include "ops/cpu/linear.h"
+#include "ops/op_checks.h"
+
+namespace lathe {
+
+using namespace detail;
+
+void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
+                    const Context& ctx) {
+    constexpr const char* kOp = "linear_forward";
+    const auto [N, I] = op_rows_cols(kOp, "x", x);
+    LATHE_CHECK(weight.rank() == 2 && weight.dim(1) == I, "{}: weight {} for x {}", kOp,
+                weight.to_string(), x.to_string());
+    const int64_t O = weight.dim(0);
+    op_expect_shape(kOp, "y", y, x.shape().with_dim(-1, O));
+    if (!bias.is_null()) op_expect_shape(kOp, "bias", bias, Shape{O});
+    op_expect_memory(kOp, ctx, {y, x, weight, bias});
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            op_expect_cpu_f32(kOp, {y, x, weight, bias});
+            cpu::linear_forward(y.as<float>(), x.as<float>(), weight.as<float>(), bias.as<float>(),
+                                N, I, O);
+            return;
+        case Backend::kCuda:
+            break;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstTensorView dy,
+                     ConstTensorView x, ConstTensorView weight, GradMode dx_mode,
+                     const Context& ctx) {
+    constexpr const char* kOp = "linear_backward";
+    const auto [N, I] = op_rows_cols(kOp, "x", x);
+    LATHE_CHECK(weight.rank() == 2 && weight.dim(1) == I, "{}: weight {} for x {}", kOp,
+                weight.to_string(), x.to_string());
+    const int64_t O = weight.dim(0);
+    op_expect_shape(kOp, "dy", dy, x.shape().with_dim(-1, O));
+    if (!dx.is_null()) op_expect_shape(kOp, "dx", dx, x.shape());
+    if (!dweight.is_null()) op_expect_shape(kOp, "dweight", dweight, weight.shape());
+    if (!dbias.is_null()) op_expect_shape(kOp, "dbias", dbias, Shape{O});
+    op_expect_memory(kOp, ctx, {dx, dweight, dbias, dy, x, weight});
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            op_expect_cpu_f32(kOp, {dx, dweight, dbias, dy, x, weight});
+            cpu::linear_backward(dx.as<float>(), dweight.as<float>(), dbias.as<float>(),
+                                 dy.as<float>(), x.as<float>(), weight.as<float>(), N, I, O,
+                                 dx_mode == GradMode::kAccumulate);
+            return;
+        case Backend::kCuda:
+            break;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+}  // namespace lathe

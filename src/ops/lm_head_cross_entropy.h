@@ -1,0 +1,45 @@
+#pragma once
+// The LM head fused with softmax cross-entropy: never the whole (N, V) fp32 logits at once.
+//   logits[n, v] = dot(x[n, :], weight[v, :])                 (logits = x W^T, HF lm_head layout)
+//   lse[n] = log sum_v exp(logits[n, v])
+//   losses[n] = lse[n] - logits[n, targets[n]]   if targets[n] != kIgnoreIndex (-100), else 0
+//   loss = sum_n losses[n] / count_n(targets[n] != -100)     (0 when every target is ignored)
+// Backward of `dloss * loss` (dloss: the gradient of the objective with respect to this loss;
+// for micro-batches that share one mean, dloss = this batch's count / the total count):
+//   dlogits[n, v] = dloss / count * (softmax(logits[n])[v] - [v == targets[n]])  (0 rows if
+//   ignored) dx = dlogits W,   dweight += dlogits^T x
+// The rows are processed Nc at a time, Nc = scratch.dim(0): one chunk's (Nc, V) f32 logits in
+// `scratch` is all that ever exists of them. The memory plan picks Nc.
+// Shapes: x, dx (N, C) | targets (N) i32 | weight, dweight (V, C) | losses, lse (N) f32 |
+//   loss (1) f32 | scratch (Nc, V) f32, 1 <= Nc. losses may be null.
+// Dtypes: CPU f32. CUDA (issue 4): bf16 x, weight; f32 logits chunk, statistics and loss.
+// Gradients: dx is overwritten (=); dweight accumulates (+=) (micro-batches; a tied embedding
+//   shares it with embedding_backward), null when frozen.
+// Targets outside [0, V) other than -100 are bugs upstream: checked on the CPU.
+// Deterministic for a given BLAS build and thread count (loss: fp64 sum over rows in order).
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/context.h"
+
+namespace lathe {
+
+inline constexpr int32_t kIgnoreIndex = -100;
+
+void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorView lse,
+                                   ConstTensorView x, ConstTensorView targets,
+                                   ConstTensorView weight, TensorView scratch, const Context& ctx);
+
+void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTensorView x,
+                                    ConstTensorView targets, ConstTensorView weight,
+                                    ConstTensorView lse, float dloss, TensorView scratch,
+                                    const Context& ctx);
+
+// Forward and backward in one pass over the chunks (each chunk's logits are computed once and
+// turned into dlogits in place): what a training step calls. Same results as the pair above.
+void lm_head_cross_entropy_forward_backward(TensorView loss, TensorView losses, TensorView dx,
+                                            TensorView dweight, ConstTensorView x,
+                                            ConstTensorView targets, ConstTensorView weight,
+                                            float dloss, TensorView scratch, const Context& ctx);
+
+}  // namespace lathe

@@ -1,0 +1,55 @@
+#include "ops/rmsnorm.h"
+
+#include "ops/cpu/rmsnorm.h"
+#include "ops/op_checks.h"
+
+namespace lathe {
+
+using namespace detail;
+
+void rmsnorm_forward(TensorView y, TensorView rstd, ConstTensorView x, ConstTensorView weight,
+                     float eps, const Context& ctx) {
+    constexpr const char* kOp = "rmsnorm_forward";
+    const auto [N, C] = op_rows_cols(kOp, "x", x);
+    op_expect_shape(kOp, "y", y, x.shape());
+    op_expect_shape(kOp, "rstd", rstd, Shape{N});
+    op_expect_shape(kOp, "weight", weight, Shape{C});
+    op_expect_dtype(kOp, "rstd", rstd, DType::kF32);
+    op_expect_memory(kOp, ctx, {y, rstd, x, weight});
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            op_expect_cpu_f32(kOp, {y, x, weight});
+            cpu::rmsnorm_forward(y.as<float>(), rstd.as<float>(), x.as<float>(), weight.as<float>(),
+                                 N, C, eps);
+            return;
+        case Backend::kCuda:
+            break;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+void rmsnorm_backward(TensorView dx, TensorView dweight, ConstTensorView dy, ConstTensorView x,
+                      ConstTensorView weight, ConstTensorView rstd, GradMode dx_mode,
+                      const Context& ctx) {
+    constexpr const char* kOp = "rmsnorm_backward";
+    const auto [N, C] = op_rows_cols(kOp, "x", x);
+    op_expect_shape(kOp, "dx", dx, x.shape());
+    op_expect_shape(kOp, "dy", dy, x.shape());
+    op_expect_shape(kOp, "weight", weight, Shape{C});
+    op_expect_shape(kOp, "rstd", rstd, Shape{N});
+    if (!dweight.is_null()) op_expect_shape(kOp, "dweight", dweight, Shape{C});
+    op_expect_memory(kOp, ctx, {dx, dweight, dy, x, weight, rstd});
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            op_expect_cpu_f32(kOp, {dx, dweight, dy, x, weight, rstd});
+            cpu::rmsnorm_backward(dx.as<float>(), dweight.as<float>(), dy.as<float>(),
+                                  x.as<float>(), weight.as<float>(), rstd.as<float>(), N, C,
+                                  dx_mode == GradMode::kAccumulate);
+            return;
+        case Backend::kCuda:
+            break;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+}  // namespace lathe

@@ -1,0 +1,23 @@
+#pragma once
+// RMSNorm over the last dimension (Llama, Mistral, Qwen2; HF LlamaRMSNorm in fp32).
+//   y[n, c] = x[n, c] * rstd[n] * weight[c],   rstd[n] = 1 / sqrt(mean_c(x[n, c]^2) + eps)
+// Backward, with norm = x * rstd and g = dy * weight:
+//   dx = rstd * (g - norm * mean_c(g * norm)),   dweight[c] += sum_n dy[n, c] * norm[n, c]
+// Shapes: x, y, dy, dx (N, C) (any leading dims, flattened to N rows) | weight, dweight (C) |
+//   rstd (N) f32, saved by the forward for the backward.
+// Dtypes: CPU f32. CUDA (issue 4): bf16 x, y, weight; f32 rstd.
+// Gradients: dx per `dx_mode` (= or +=); dweight accumulates (+=), may be null (frozen).
+// Deterministic (fp64 row sums; dweight sums rows in order).
+#include "core/tensor.h"
+#include "ops/context.h"
+
+namespace lathe {
+
+void rmsnorm_forward(TensorView y, TensorView rstd, ConstTensorView x, ConstTensorView weight,
+                     float eps, const Context& ctx);
+
+void rmsnorm_backward(TensorView dx, TensorView dweight, ConstTensorView dy, ConstTensorView x,
+                      ConstTensorView weight, ConstTensorView rstd, GradMode dx_mode,
+                      const Context& ctx);
+
+}  // namespace lathe

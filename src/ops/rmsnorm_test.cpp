@@ -1,0 +1,48 @@
+#include "ops/rmsnorm.h"
+
+#include "ops/op_test.h"
+
+namespace lathe::optest {
+namespace {
+
+TEST(RmsNorm, ForwardByHand) {
+    HostTensor x = tensor_of(Shape{1, 2}, {3, 4}), w = tensor_of(Shape{2}, {1, 2});
+    HostTensor y = f32(Shape{1, 2}), rstd = f32(Shape{1});
+    rmsnorm_forward(y.view(), rstd.view(), x.view(), w.view(), 0.0f, cpu_context());
+    const double rms = std::sqrt((9.0 + 16.0) / 2.0);
+    EXPECT_NEAR(rstd.as<float>()[0], 1.0 / rms, 1e-7);
+    EXPECT_NEAR(y.as<float>()[0], 3.0 / rms, 1e-6);
+    EXPECT_NEAR(y.as<float>()[1], 8.0 / rms, 1e-6);
+}
+
+TEST(RmsNorm, GradientsMatchFiniteDifferences) {
+    const Context ctx = cpu_context();
+    Rng rng(21);
+    const int64_t N = 6, C = 8;
+    HostTensor x = random_tensor(rng, Shape{2, 3, C}), w = random_tensor(rng, Shape{C}, 0.5f, 1.5f);
+    HostTensor y = f32(Shape{2, 3, C}), rstd = f32(Shape{N}),
+               r = random_tensor(rng, Shape{2, 3, C});
+    auto loss = [&] {
+        rmsnorm_forward(y.view(), rstd.view(), x.view(), w.view(), 1e-5f, ctx);
+        return weighted_sum(y.view(), r.view());
+    };
+    loss();
+    HostTensor dx = f32(Shape{2, 3, C}), dw = f32(Shape{C});
+    rmsnorm_backward(dx.view(), dw.view(), r.view(), x.view(), w.view(), rstd.view(),
+                     GradMode::kOverwrite, ctx);
+    EXPECT_TRUE(gradient_matches(x, dx, loss)) << "x";
+    EXPECT_TRUE(gradient_matches(w, dw, loss)) << "weight";
+
+    // dx per GradMode, dweight +=.
+    HostTensor dx1 = copy_tensor(dx.view()), dw1 = copy_tensor(dw.view());
+    rmsnorm_backward(dx.view(), dw.view(), r.view(), x.view(), w.view(), rstd.view(),
+                     GradMode::kAccumulate, ctx);
+    for (int64_t i = 0; i < N * C; ++i) EXPECT_FLOAT_EQ(dx.as<float>()[i], 2 * dx1.as<float>()[i]);
+    for (int64_t i = 0; i < C; ++i) EXPECT_FLOAT_EQ(dw.as<float>()[i], 2 * dw1.as<float>()[i]);
+    rmsnorm_backward(dx.view(), {}, r.view(), x.view(), w.view(), rstd.view(), GradMode::kOverwrite,
+                     ctx);
+    for (int64_t i = 0; i < N * C; ++i) EXPECT_EQ(dx.as<float>()[i], dx1.as<float>()[i]);
+}
+
+}  // namespace
+}  // namespace lathe::optest

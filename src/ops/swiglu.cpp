@@ -1,0 +1,47 @@
+#include "ops/swiglu.h"
+
+#include "ops/cpu/activations.h"
+#include "ops/op_checks.h"
+
+namespace lathe {
+
+using namespace detail;
+
+void swiglu_forward(TensorView out, ConstTensorView gate_up, const Context& ctx) {
+    constexpr const char* kOp = "swiglu_forward";
+    const auto [N, F2] = op_rows_cols(kOp, "gate_up", gate_up);
+    LATHE_CHECK(F2 % 2 == 0, "{}: gate_up {} has an odd last dimension", kOp, gate_up.to_string());
+    op_expect_shape(kOp, "out", out, gate_up.shape().with_dim(-1, F2 / 2));
+    op_expect_memory(kOp, ctx, {out, gate_up});
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            op_expect_cpu_f32(kOp, {out, gate_up});
+            cpu::swiglu_forward(out.as<float>(), gate_up.as<float>(), N, F2 / 2);
+            return;
+        case Backend::kCuda:
+            break;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+void swiglu_backward(TensorView dgate_up, ConstTensorView dout, ConstTensorView gate_up,
+                     const Context& ctx) {
+    constexpr const char* kOp = "swiglu_backward";
+    const auto [N, F2] = op_rows_cols(kOp, "gate_up", gate_up);
+    LATHE_CHECK(F2 % 2 == 0, "{}: gate_up {} has an odd last dimension", kOp, gate_up.to_string());
+    op_expect_shape(kOp, "dgate_up", dgate_up, gate_up.shape());
+    op_expect_shape(kOp, "dout", dout, gate_up.shape().with_dim(-1, F2 / 2));
+    op_expect_memory(kOp, ctx, {dgate_up, dout, gate_up});
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            op_expect_cpu_f32(kOp, {dgate_up, dout, gate_up});
+            cpu::swiglu_backward(dgate_up.as<float>(), dout.as<float>(), gate_up.as<float>(), N,
+                                 F2 / 2);
+            return;
+        case Backend::kCuda:
+            break;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+}  // namespace lathe
