@@ -627,5 +627,125 @@ TEST(SafetensorsCheckpoint, DirectoryWithoutWeights) {
     EXPECT_HAS(w.status().message(), "no such directory");
 }
 
+// ---- interop with the Python reference (driven by tests/test_safetensors.py) ----
+//
+// These two tests do nothing on their own (they skip); tests/test_safetensors.py runs them with
+// environment variables naming the files to write or read, then checks the result with the
+// `safetensors` package from PyPI.
+
+namespace interop {
+
+std::string hex(std::span<const uint8_t> bytes) {
+    static const char* kDigits = "0123456789abcdef";
+    std::string s;
+    s.reserve(bytes.size() * 2);
+    for (uint8_t b : bytes) {
+        s += kDigits[b >> 4];
+        s += kDigits[b & 15];
+    }
+    return s;
+}
+
+nlohmann::json describe(const SafetensorsTensor& t) {
+    return {{"dtype", std::string(safetensors_dtype_name(t.dtype))},
+            {"shape", t.shape},
+            {"data_offsets", {t.data_begin, t.data_end}},
+            {"hex", hex(t.bytes())}};
+}
+
+}  // namespace interop
+
+// LATHE_ST_WRITE_DIR=DIR: writes DIR/lathe_all.safetensors (every dtype Python can also write),
+// DIR/lathe_numpy.safetensors (the dtypes numpy has), DIR/lathe_f6.safetensors (the two 6-bit types, which the Python API cannot write),
+// DIR/lathe_sharded/ (a three-shard checkpoint) and DIR/lathe_manifest.json (what was written).
+TEST(SafetensorsInterop, WriteForPython) {
+    const char* dir_env = std::getenv("LATHE_ST_WRITE_DIR");
+    if (dir_env == nullptr) GTEST_SKIP() << "driven by tests/test_safetensors.py";
+    const std::string dir = dir_env;
+    std::vector<std::vector<uint8_t>> buffers;
+    std::vector<SafetensorsWriteTensor> all, f6;
+    nlohmann::json manifest = {{"all", nlohmann::json::object()}, {"f6", nlohmann::json::object()}};
+    for (int i = 0; i < kSafetensorsDtypeCount; ++i) {
+        const auto t = static_cast<SafetensorsDtype>(i);
+        const std::vector<int64_t> shape = {3, 4, 2};  // 24 elements: whole bytes for F4 and F6
+        const size_t nbytes = size_t(24 * safetensors_dtype_bits(t) / 8);
+        std::vector<uint8_t> b = random_bytes(nbytes, uint32_t(100 + i));
+        if (t == SafetensorsDtype::kBool)
+            for (auto& x : b) x &= 1;  // numpy's bool reads 0/1 bytes
+        buffers.push_back(std::move(b));
+        const bool six_bit = safetensors_dtype_bits(t) == 6;
+        const std::string name = fmt::format("layer.{}.{}", i, safetensors_dtype_name(t));
+        (six_bit ? f6 : all).push_back({name, t, shape, buffers.back().data(), nbytes});
+        manifest[six_bit ? "f6" : "all"][name] = {{"dtype", std::string(safetensors_dtype_name(t))},
+                                                 {"shape", shape},
+                                                 {"hex", interop::hex(buffers.back())}};
+    }
+    ASSERT_TRUE(safetensors_write_file(dir + "/lathe_all.safetensors", all,
+                                       safetensors_default_metadata()).ok());
+    ASSERT_TRUE(safetensors_write_file(dir + "/lathe_f6.safetensors", f6,
+                                       safetensors_default_metadata()).ok());
+    // The dtypes numpy has, for safetensors.numpy.load_file (which refuses files with others).
+    std::vector<SafetensorsWriteTensor> numpy_only;
+    manifest["numpy"] = nlohmann::json::object();
+    for (const SafetensorsWriteTensor& t : all) {
+        if (t.dtype == SafetensorsDtype::kBF16 || safetensors_dtype_bits(t.dtype) < 8 ||
+            std::string_view(safetensors_dtype_name(t.dtype)).starts_with("F8_"))
+            continue;
+        numpy_only.push_back(t);
+        manifest["numpy"][t.name] = manifest["all"][t.name];
+    }
+    ASSERT_TRUE(safetensors_write_file(dir + "/lathe_numpy.safetensors", numpy_only,
+                                       safetensors_default_metadata()).ok());
+
+    // A small model in parameter order, bf16 and f32 mixed, sharded at 1000 bytes.
+    Model m;
+    const std::vector<std::pair<std::string, int64_t>> params = {
+        {"model.embed_tokens.weight", 200}, {"model.layers.0.self_attn.q_proj.weight", 64},
+        {"model.layers.0.mlp.up_proj.weight", 96}, {"model.layers.0.input_layernorm.weight", 8},
+        {"model.layers.1.self_attn.q_proj.weight", 64}, {"model.layers.1.mlp.up_proj.weight", 96},
+        {"model.norm.weight", 8}, {"lm_head.weight", 200}};
+    for (const auto& [name, n] : params) m.add(name, n);
+    m.tensors[0].dtype = SafetensorsDtype::kBF16;  // same bytes, twice the elements
+    m.tensors[0].shape = {400};
+    fs::create_directories(dir + "/lathe_sharded");
+    SafetensorsCheckpointWriteOptions opt;
+    opt.max_shard_bytes = 1000;
+    auto written = safetensors_write_checkpoint(dir + "/lathe_sharded", m.tensors, opt);
+    ASSERT_TRUE(written.ok()) << written.status().to_string();
+    manifest["sharded"] = nlohmann::json::object();
+    manifest["sharded_order"] = nlohmann::json::array();
+    for (size_t i = 0; i < m.tensors.size(); ++i) {
+        const auto& t = m.tensors[i];
+        manifest["sharded"][t.name] = {{"dtype", std::string(safetensors_dtype_name(t.dtype))},
+                                       {"shape", t.shape},
+                                       {"hex", interop::hex(m.data[i])}};
+        manifest["sharded_order"].push_back(t.name);
+    }
+    manifest["sharded_files"] = written->files;
+    manifest["max_shard_bytes"] = opt.max_shard_bytes;
+    ASSERT_TRUE(file_write_atomic(dir + "/lathe_manifest.json", manifest.dump(1)).ok());
+}
+
+// LATHE_ST_READ=PATH (a file, a checkpoint directory or an index) and LATHE_ST_DUMP=OUT.json:
+// reads every tensor through lathe and writes {"metadata": ..., "tensors": {name: {dtype, shape,
+// data_offsets, hex}}}. A file lathe refuses fails the test with lathe's message.
+TEST(SafetensorsInterop, DumpForPython) {
+    const char* read_env = std::getenv("LATHE_ST_READ");
+    const char* dump_env = std::getenv("LATHE_ST_DUMP");
+    if (read_env == nullptr || dump_env == nullptr) GTEST_SKIP() << "driven by tests/test_safetensors.py";
+    auto ck = SafetensorsCheckpoint::open(read_env);
+    ASSERT_TRUE(ck.ok()) << "LATHE_ERROR: " << ck.status().to_string();
+    nlohmann::json out = {{"tensors", nlohmann::json::object()}};
+    for (const std::string& name : ck->names()) {
+        auto t = ck->tensor(name);
+        ASSERT_TRUE(t.ok()) << "LATHE_ERROR: " << t.status().to_string();
+        out["tensors"][name] = interop::describe(**t);
+    }
+    auto md = ck->metadata();
+    ASSERT_TRUE(md.ok()) << "LATHE_ERROR: " << md.status().to_string();
+    out["metadata"] = *md;
+    ASSERT_TRUE(file_write_atomic(dump_env, out.dump(1)).ok());
+}
+
 }  // namespace
 }  // namespace lathe
