@@ -49,6 +49,12 @@ private:
     std::vector<int32_t> sizes_;
 };
 
+// Opens the token file pair <prefix>.bin/.idx (data/indexed_dataset.h) as TokenDocuments. As in
+// GPT-NeoX's GPT2Dataset, a "document" is one sequence of the .idx (its `sizes` entry); lathe and
+// GPT-NeoX's preprocess_data.py write one sequence per document. Errors come from opening and
+// validating the files; a token outside int32 (an int64 file) is reported when read.
+Result<std::unique_ptr<TokenDocuments>> open_indexed_token_documents(const std::string& prefix);
+
 // One document's stretch inside a sample: tokens [start, start + length) of the sample come from
 // document `document` (an id in the token file). Stretches are in order, cover the sample, and
 // empty documents are left out.
