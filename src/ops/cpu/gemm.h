@@ -16,7 +16,14 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 // The plain-loop version (fp64 accumulation, OpenMP over rows of C): the fallback without BLAS
 // and the reference the BLAS path is tested against. Deterministic.
 void sgemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                     const float* A, const float* B, float beta, float* C);
+                     const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                     int64_t ldc);
+
+// The same with explicit leading dimensions (row strides, in elements) of A, B and C, for
+// operating on one head of a (B, T, H, D) tensor in place: lda >= stored row length, etc.
+void sgemm_strided(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                   int64_t ldc);
 
 // Whether sgemm calls a BLAS library in this build (for logs and `lathe doctor`).
 bool cpu_has_blas();

@@ -25,17 +25,9 @@ int64_t count_targets(const int32_t* targets, int64_t N, int64_t V) {
     return count;
 }
 
-// log sum_v exp(logits[v]) in fp64.
-double log_sum_exp(const float* logits, int64_t V) {
-    const double m = *std::max_element(logits, logits + V);
-    double sum = 0.0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(logits[v]) - m);
-    return m + std::log(sum);
-}
-
 // Walks the rows Nc at a time: logits chunk = x_chunk W^T into scratch, then
-//  - with `row_lse` null: computes each row's lse (written to lse_out and, with losses, the loss);
-//  - with `grad_scale` set: turns the chunk into dlogits in place and applies dx, dweight.
+//  - without `lse_in`: computes each row's lse (to lse_out) and, with `losses`, its loss;
+//  - with `backward`: turns the chunk into dlogits in place and applies dx, dweight.
 // One function for forward, backward and both, so the three cannot drift apart.
 struct ChunkWork {
     float* lse_out = nullptr;       // forward: per-row lse
@@ -58,24 +50,32 @@ void run_chunks(const ChunkWork& w, const float* x, const int32_t* targets, cons
             const int64_t n = r0 + r;
             float* logits = scratch + r * V;
             const int32_t target = targets[n];
-            double lse;
-            if (w.lse_in) {
-                lse = w.lse_in[n];
-            } else {
-                lse = log_sum_exp(logits, V);
-                w.lse_out[n] = float(lse);
-                if (w.losses)
-                    w.losses[n] = target == kIgnoreIndex ? 0.0f : float(lse - logits[target]);
-            }
-            if (!w.backward) continue;
-            if (target == kIgnoreIndex) {
-                std::fill(logits, logits + V, 0.0f);
+            const bool ignored = target == kIgnoreIndex;
+            if (w.lse_in) {  // backward from a saved lse: softmax = exp(logit - lse)
+                const float lse = w.lse_in[n];
+                for (int64_t v = 0; v < V; ++v)
+                    logits[v] = ignored ? 0.0f : float(w.grad_scale) * std::exp(logits[v] - lse);
+                if (!ignored) logits[target] -= float(w.grad_scale);
                 continue;
             }
-            // dlogits = scale * (softmax - onehot(target))
-            for (int64_t v = 0; v < V; ++v)
-                logits[v] = float(w.grad_scale * std::exp(double(logits[v]) - lse));
-            logits[target] -= float(w.grad_scale);
+            // lse = m + log(sum_v exp(logit - m)): fp32 exponentials, an fp64 sum. With a
+            // backward to follow, each exponential is kept in place and reused for the softmax.
+            const float m = *std::max_element(logits, logits + V);
+            const float target_logit = ignored ? 0.0f : logits[target];
+            double sum = 0.0;
+            for (int64_t v = 0; v < V; ++v) {
+                const float e = std::exp(logits[v] - m);
+                sum += e;
+                if (w.backward) logits[v] = e;
+            }
+            const double lse = double(m) + std::log(sum);
+            w.lse_out[n] = float(lse);
+            if (w.losses) w.losses[n] = ignored ? 0.0f : float(lse - target_logit);
+            if (!w.backward) continue;
+            // dlogits = scale * (softmax - onehot(target)); ignored rows contribute nothing.
+            const float k = ignored ? 0.0f : float(w.grad_scale / sum);
+            for (int64_t v = 0; v < V; ++v) logits[v] *= k;
+            if (!ignored) logits[target] -= float(w.grad_scale);
         }
         if (!w.backward) continue;
         sgemm(false, false, rows, C, V, 1.0f, scratch, weight, 0.0f, w.dx + r0 * C);  // dx = dl W
