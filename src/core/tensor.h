@@ -154,6 +154,14 @@ private:
 using TensorView = TensorViewT<false>;
 using ConstTensorView = TensorViewT<true>;
 
+// Copies src into dst element by element on the host, converting between floating-point types:
+// any of f32, bf16, e4m3, e5m2 to any other (through fp32; narrowing rounds to nearest even, fp8
+// per `fp8_overflow`), or a plain copy when the dtypes are equal. Both views live on the host and
+// have the same number of elements (checked); integer dtypes convert only to themselves (checked).
+// For preparing bf16 inputs of CUDA ops and reading their outputs back against the CPU twin.
+void tensor_convert(TensorView dst, ConstTensorView src,
+                    Fp8Overflow fp8_overflow = Fp8Overflow::kSaturate);
+
 // Host memory that owns one dense tensor, 64-byte aligned and zero-filled. Move-only. For tests and
 // CPU-side buffers; the training engine carves its tensors from arenas (core/arena.h) instead.
 class HostTensor {

@@ -40,6 +40,25 @@ TEST(TensorDeathTest, WrongDtypeOrShapeStops) {
     EXPECT_DEATH((void)t.view().slice(2, 5), "slice");
 }
 
+TEST(Tensor, ConvertBetweenFloatTypes) {
+    HostTensor f(DType::kF32, Shape{4});
+    const float vals[] = {1.0f + 0x1p-8f, -3.0f, 1000.0f, 0.1f};
+    std::copy(vals, vals + 4, f.as<float>());
+    HostTensor b(DType::kBF16, Shape{2, 2}), e(DType::kE4M3, Shape{4}), back(DType::kF32, Shape{4});
+    tensor_convert(b.view(), f.view());
+    EXPECT_EQ(b.as<bf16>()[0].bits, float_to_bf16(vals[0]).bits);
+    tensor_convert(back.view(), b.view());
+    EXPECT_EQ(back.as<float>()[0], 1.0f);  // tie to even
+    EXPECT_EQ(back.as<float>()[1], -3.0f);
+    tensor_convert(e.view(), b.view());  // bf16 -> e4m3 through fp32, saturating
+    tensor_convert(back.view(), e.view());
+    EXPECT_EQ(back.as<float>()[2], 448.0f);
+    tensor_convert(e.view(), f.view(), Fp8Overflow::kNoSaturate);
+    EXPECT_TRUE(std::isnan(e4m3_to_float(e.as<fp8_e4m3>()[2])));
+    HostTensor ids(DType::kI32, Shape{4});
+    EXPECT_DEATH(tensor_convert(f.view(), ids.view()), "tensor_convert between i32 and f32");
+}
+
 TEST(Arena, CarvesAlignedNamedTensors) {
     ArenaLayout layout;
     auto a = layout.add("a", DType::kF32, Shape{3});

@@ -8,6 +8,13 @@
 // LATHE_HAVE_CUDA is defined). Model and trainer code only ever call the dispatching functions, so
 // swapping the backend means handing them another Context, nothing else.
 //
+// Adding the CUDA twin of an op (issue 4): src/ops/cuda/<op>.cu holds the kernels and a host
+// launcher taking typed device pointers, sizes and the stream, declared in src/ops/cuda/<op>.h;
+// src/ops/<op>.cpp then calls it under `case Backend::kCuda:` inside `#if LATHE_HAVE_CUDA`
+// (defined for lathe_ops when nvcc is found), after the shared shape checks it already runs. Until
+// then a kCuda call stops with "no cuda implementation". The CUDA test runs both backends on the
+// same random inputs (ops/gradcheck.h, core/tensor.h's tensor_convert for bf16).
+//
 // A Context owns nothing: the stream and the CUDA library handles belong to an RAII owner in
 // ops/cuda (one per device), which fills in `cuda`. No op keeps global state.
 
