@@ -3,9 +3,9 @@
 // (amsgrad=False, maximize=False), over fp32 master weights and fp32 moments.
 // For update number t >= 1 (counting this one) and every element of every segment:
 //   p = p * (1 - lr * wd)
-//   m = m + (1 - beta1) * (g - m)   (torch's lerp, one fused multiply-add; = beta1 m + (1 - beta1)
-//   g) v = beta2 * v + (1 - beta2) * g * g p = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 -
-//   beta2^t) + eps)
+//   m = m + (1 - beta1) * (g - m)     (torch's lerp, one fused multiply-add)
+//   v = beta2 * v + (1 - beta2) * g * g
+//   p = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 // with the per-segment lr and wd (parameter groups: no decay on norms and biases), scalars
 // (1 - lr*wd, the bias corrections, the step size) formed in fp64 as torch forms them in Python,
 // and the elementwise math in fp32 in torch's order.

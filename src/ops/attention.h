@@ -5,10 +5,9 @@
 //   s[j] = scale * dot(q[b, t, h, :], k[b, j, g, :])            for every visible j
 //   p = softmax over visible j,  out[b, t, h, :] = sum_j p[j] * v[b, j, g, :]
 //   lse[b, h, t] = log sum_j exp(s[j])                          (saved for the backward)
-// visible(t, j) = j <= t                                        (causal)
-//             and t - window < j        when window > 0         (Mistral: `window` keys, self
-//             included) and docs[b, j] == docs[b, t] when docs is given   (packed documents see
-//             only themselves)
+// visible(t, j) = j <= t                                     (causal)
+//   and t - window < j          when window > 0            (Mistral: `window` keys, self included)
+//   and docs[b, j] == docs[b, t] when docs is given         (packed documents see only themselves)
 // These are transformers' masking_utils rules (sliding_window_overlay: kv_idx > q_idx - window;
 // packed_sequence_mask: equal sequence ids). Every row sees at least itself, so no row is empty.
 // The model passes scale = 1 / sqrt(D).

@@ -1,7 +1,7 @@
 #pragma once
 // Token embedding, plus learned absolute positions where the model has them (GPT-2's wpe).
-//   out[b, t, :] = wte[tokens[b, t], :] + wpe[pos(b, t), :]     (the wpe term only when wpe is
-//   given) pos(b, t) = positions[b, t] when positions is given, else t.
+//   out[b, t, :] = wte[tokens[b, t], :] + wpe[pos(b, t), :]    (wpe term only when wpe is given)
+//   pos(b, t) = positions[b, t] when positions is given, else t.
 // Shapes: tokens, positions (B, T) i32 | wte, dwte (V, C) | wpe, dwpe (P, C) | out, dout (B, T, C).
 //   positions, wpe, dwpe may be null (no learned positions; positions default to 0..T-1).
 // Dtypes: CPU f32 (ids i32). CUDA (issue 4): bf16 out and weights.

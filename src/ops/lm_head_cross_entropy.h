@@ -6,8 +6,8 @@
 //   loss = sum_n losses[n] / count_n(targets[n] != -100)     (0 when every target is ignored)
 // Backward of `dloss * loss` (dloss: the gradient of the objective with respect to this loss;
 // for micro-batches that share one mean, dloss = this batch's count / the total count):
-//   dlogits[n, v] = dloss / count * (softmax(logits[n])[v] - [v == targets[n]])  (0 rows if
-//   ignored) dx = dlogits W,   dweight += dlogits^T x
+//   dlogits[n, v] = dloss / count * (softmax(logits[n])[v] - [v == targets[n]])  (0 if ignored)
+//   dx = dlogits W,   dweight += dlogits^T x
 // The rows are processed Nc at a time, Nc = scratch.dim(0): one chunk's (Nc, V) f32 logits in
 // `scratch` is all that ever exists of them. The memory plan picks Nc.
 // Shapes: x, dx (N, C) | targets (N) i32 | weight, dweight (V, C) | losses, lse (N) f32 |

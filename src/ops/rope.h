@@ -9,8 +9,7 @@
 //   wavelen = 2 pi / inv_freq;  low_wavelen = L0 / lo;  high_wavelen = L0 / hi
 //   wavelen > low_wavelen:   inv_freq / f
 //   wavelen < high_wavelen:  inv_freq
-//   otherwise:               (1 - s) * inv_freq / f + s * inv_freq,  s = (L0 / wavelen - lo) / (hi
-//   - lo)
+//   otherwise:  (1 - s) * inv_freq / f + s * inv_freq,   s = (L0 / wavelen - lo) / (hi - lo)
 // All of it in fp32 arithmetic in the order transformers uses, so tables match bit for bit.
 // Table (rope_build_table): angle[p, i] = float(p) * inv_freq[i] (fp32 product),
 //   cos[p, i] = cos(angle), sin[p, i] = sin(angle), for positions p < P.
