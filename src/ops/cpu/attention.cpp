@@ -11,8 +11,8 @@
 // Attention in matrix form, one (batch, head) at a time, as the textbook writes it:
 //   S = scale Q K^T (T, T);  P = softmax(S) over visible keys (0 elsewhere);  O = P V
 // backward:
-//   dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dO * O));  dQ = scale dS K;  dK = scale dS^T
-//   Q
+//   dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dO * O))
+//   dQ = scale dS K;  dK = scale dS^T Q
 // The matrix products go through sgemm (BLAS, its own threads) on strided views of the
 // (B, T, H, D) tensors; the row-wise softmax work is split over OpenMP threads, row by row.
 // S is computed in full, masked entries included (then zeroed): twice the multiply-adds of a

@@ -44,8 +44,8 @@ void rope_forward(float* out, const float* x, const int32_t* positions, const fl
 }
 
 // The rotation is orthogonal, so its transpose (what the backward applies) is the rotation by
-// the opposite angle: dx[i] = dout[i] c + dout[i + R/2] s,  dx[i + R/2] = dout[i + R/2] c - dout[i]
-// s.
+// the opposite angle:
+//   dx[i] = dout[i] c + dout[i + R/2] s,   dx[i + R/2] = dout[i + R/2] c - dout[i] s
 void rope_backward(float* dx, const float* dout, const int32_t* positions, const float* cos,
                    const float* sin, int64_t B, int64_t T, int64_t Hx, int64_t D, int64_t R,
                    int64_t P) {
