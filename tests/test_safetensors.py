@@ -268,3 +268,50 @@ def test_truncated_python_file_is_refused_with_a_clear_error(tmp_path):
     proc, _ = lathe_dump(path, tmp_path)
     assert proc.returncode != 0
     assert "tensor 'w'" in proc.stdout and "truncated" in proc.stdout, proc.stdout
+
+
+# ---- config.json written by lathe (src/io/hf_config.*) loads in transformers ----
+
+HF_FIXTURES = ["llama-3.2-1b", "qwen2-0.5b", "mistral-7b-v0.1", "pythia-160m", "gpt2"]
+HF_CLASSES = {"llama-3.2-1b": "LlamaConfig", "qwen2-0.5b": "Qwen2Config",
+              "mistral-7b-v0.1": "MistralConfig", "pythia-160m": "GPTNeoXConfig",
+              "gpt2": "GPT2Config"}
+
+
+@pytest.fixture(scope="module")
+def lathe_configs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hf_configs")
+    proc = subprocess.run([str(IO_TESTS), "--gtest_filter=HfConfigInterop.WriteForPython"],
+                          env={**os.environ, "LATHE_HF_CONFIG_DIR": str(out)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "[  PASSED  ] 1 test" in proc.stdout, proc.stdout + proc.stderr
+    return out
+
+
+@pytest.mark.parametrize("name", HF_FIXTURES)
+def test_lathe_config_json_loads_in_transformers_as_the_original(lathe_configs, name):
+    """The Hub's config.json, parsed and written back by lathe, gives transformers the same
+    configuration (to_dict() equal) as the original file."""
+    transformers = pytest.importorskip("transformers")
+    orig = transformers.AutoConfig.from_pretrained(str(lathe_configs / f"{name}.orig"))
+    back = transformers.AutoConfig.from_pretrained(str(lathe_configs / f"{name}.lathe"))
+    assert type(back).__name__ == HF_CLASSES[name]
+    a, b = orig.to_dict(), back.to_dict()
+    a.pop("_name_or_path", None)
+    b.pop("_name_or_path", None)
+    assert a == b
+
+
+@pytest.mark.parametrize("name", HF_FIXTURES)
+def test_lathe_scaled_config_loads_in_transformers(lathe_configs, name):
+    """A real config scaled down and written by lathe: transformers reads the new sizes."""
+    transformers = pytest.importorskip("transformers")
+    c = transformers.AutoConfig.from_pretrained(str(lathe_configs / f"{name}.small"))
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.vocab_size) == (64, 2, 4, 512)
+    if name == "gpt2":
+        assert c.n_inner == 96
+    else:
+        assert c.intermediate_size == 96
+    if name in ("llama-3.2-1b", "mistral-7b-v0.1", "qwen2-0.5b"):
+        assert c.num_key_value_heads == 2
+        assert getattr(c, "head_dim", c.hidden_size // c.num_attention_heads) == 16

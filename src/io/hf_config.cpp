@@ -776,7 +776,10 @@ Result<std::string> hf_config_to_json(const HfModelConfig& c) {
         case HfArch::kMistral:
         case HfArch::kQwen2:
             out["num_key_value_heads"] = c.num_key_value_heads;
-            out["head_dim"] = c.head_dim;
+            // Qwen2Config has no head_dim (the model reads it with getattr, defaulting to
+            // hidden_size / heads), so Qwen2 writes it only when it differs from that.
+            if (c.arch != HfArch::kQwen2 || c.head_dim * c.num_attention_heads != c.hidden_size)
+                out["head_dim"] = c.head_dim;
             if (c.partial_rotary_factor != 1.0) out["partial_rotary_factor"] = c.partial_rotary_factor;
             break;
         case HfArch::kGptNeoX:

@@ -607,6 +607,8 @@ TEST(HfConfigInterop, WriteForPython) {
         s.head_dim = 16;
         s.intermediate_size = 96;
         s.vocab_size = 512;
+        s.bos_token_id = 1;  // inside the smaller vocabulary
+        s.eos_token_ids = {2};
         ASSERT_TRUE(hf_config_save(dir + "/" + f.name + ".small/config.json", s).ok());
     }
 }
