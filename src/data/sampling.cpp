@@ -18,6 +18,7 @@ constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kUint32Max = std::numeric_limits<uint32_t>::max();
 // Megatron separates the last epoch when it holds fewer than this share of an epoch's samples.
 constexpr double kSeparateLastEpochShare = 0.80;
+constexpr int64_t kSizePrefetchDistance = 16;
 
 // Python's float() on a split piece, restricted to plain decimal numbers: surrounding whitespace,
 // digits, one '.', an exponent. Returns nullopt for anything else (inf, nan, hex, '1_000', '').
@@ -227,15 +228,21 @@ std::vector<int32_t> gpt_build_doc_idx(DocumentRange documents, int64_t num_epoc
     return first;
 }
 
-std::vector<int64_t> gpt_build_sample_idx(std::span<const int32_t> sizes,
-                                          std::span<const int32_t> doc_idx, int64_t seq_length,
-                                          int64_t num_epochs, int64_t tokens_per_epoch) {
+namespace {
+
+// build_sample_idx into an array of T (int32 or int64, as GPT-NeoX stores it).
+template <typename T>
+std::vector<T> build_sample_idx_as(std::span<const int32_t> sizes, std::span<const int32_t> doc_idx,
+                                   int64_t seq_length, int64_t num_epochs,
+                                   int64_t tokens_per_epoch) {
     LATHE_CHECK(seq_length >= 1 && num_epochs > 0 && tokens_per_epoch > 1,
                 "seq_length={} num_epochs={} tokens_per_epoch={}", seq_length, num_epochs,
                 tokens_per_epoch);
     const int64_t num_samples = sample_count(num_epochs, tokens_per_epoch, seq_length);
-    std::vector<int64_t> sample_idx(static_cast<size_t>(2 * (num_samples + 1)));
+    std::vector<T> sample_idx(static_cast<size_t>(2 * (num_samples + 1)));
     const int64_t doc_idx_size = static_cast<int64_t>(doc_idx.size());
+    LATHE_CHECK(doc_idx_size <= int64_t(std::numeric_limits<T>::max()),
+                "{} doc_idx entries do not fit the sample_idx dtype", doc_idx_size);
     int64_t doc_idx_index = 0;
     // helpers.cpp keeps the offset and the remaining length in int32; the values here always fit
     // (offsets are below a document's int32 size, remaining <= seq_length + 1 < 2^31).
@@ -248,6 +255,10 @@ std::vector<int64_t> gpt_build_sample_idx(std::span<const int32_t> sizes,
             LATHE_CHECK(doc_idx_index < doc_idx_size,
                         "sample {} runs past doc_idx ({} entries): sizes do not sum to {} per epoch",
                         sample, doc_idx_size, tokens_per_epoch);
+            if (doc_idx_index + kSizePrefetchDistance < doc_idx_size) {
+                // doc_idx is shuffled: sizes[] is read at random, ahead of time is cheaper.
+                __builtin_prefetch(&sizes[doc_idx[doc_idx_index + kSizePrefetchDistance]]);
+            }
             const int64_t doc_length = sizes[doc_idx[doc_idx_index]] - doc_offset;
             remaining -= doc_length;
             if (remaining <= 0) {
@@ -260,10 +271,33 @@ std::vector<int64_t> gpt_build_sample_idx(std::span<const int32_t> sizes,
                 doc_offset = 0;
             }
         }
-        sample_idx[2 * sample] = doc_idx_index;
-        sample_idx[2 * sample + 1] = doc_offset;
+        sample_idx[2 * sample] = static_cast<T>(doc_idx_index);
+        sample_idx[2 * sample + 1] = static_cast<T>(doc_offset);
     }
     return sample_idx;
+}
+
+// _build_shuffle_idx into an array of T (uint32 or int64): the draws depend only on positions.
+template <typename T>
+std::vector<T> build_shuffle_idx_as(int64_t first_part, int64_t total_size, NumpyRandomState& rng) {
+    LATHE_CHECK(0 <= first_part && first_part <= total_size, "first_part={} total_size={}",
+                first_part, total_size);
+    std::vector<T> out(static_cast<size_t>(total_size));
+    std::iota(out.begin(), out.end(), T{0});
+    rng.shuffle(std::span<T>(out.data(), static_cast<size_t>(first_part)));
+    if (first_part != total_size) {
+        rng.shuffle(std::span<T>(out.data() + first_part,
+                                 static_cast<size_t>(total_size - first_part)));
+    }
+    return out;
+}
+
+}  // namespace
+
+std::vector<int64_t> gpt_build_sample_idx(std::span<const int32_t> sizes,
+                                          std::span<const int32_t> doc_idx, int64_t seq_length,
+                                          int64_t num_epochs, int64_t tokens_per_epoch) {
+    return build_sample_idx_as<int64_t>(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch);
 }
 
 NpyDtype gpt_sample_idx_dtype(int64_t num_epochs, int64_t tokens_per_epoch, int64_t seq_length) {
@@ -276,16 +310,7 @@ NpyDtype gpt_sample_idx_dtype(int64_t num_epochs, int64_t tokens_per_epoch, int6
 
 std::vector<int64_t> gpt_build_shuffle_idx(int64_t first_part, int64_t total_size,
                                            NumpyRandomState& rng) {
-    LATHE_CHECK(0 <= first_part && first_part <= total_size, "first_part={} total_size={}",
-                first_part, total_size);
-    std::vector<int64_t> out(static_cast<size_t>(total_size));
-    std::iota(out.begin(), out.end(), int64_t{0});
-    rng.shuffle(std::span<int64_t>(out.data(), static_cast<size_t>(first_part)));
-    if (first_part != total_size) {
-        rng.shuffle(std::span<int64_t>(out.data() + first_part,
-                                       static_cast<size_t>(total_size - first_part)));
-    }
-    return out;
+    return build_shuffle_idx_as<int64_t>(first_part, total_size, rng);
 }
 
 NpyDtype gpt_shuffle_idx_dtype(int64_t total_size) {
@@ -294,26 +319,30 @@ NpyDtype gpt_shuffle_idx_dtype(int64_t total_size) {
 
 // ---- IndexArray ---------------------------------------------------------------------------------
 
-IndexArray IndexArray::owned(std::vector<int64_t> values, NpyDtype stored_dtype) {
+IndexArray IndexArray::owned(std::vector<int32_t> values) {
     IndexArray a;
-    a.dtype_ = stored_dtype;
+    a.dtype_ = NpyDtype::kInt32;
     a.size_ = static_cast<int64_t>(values.size());
-    switch (stored_dtype) {
-        case NpyDtype::kInt32:
-            a.owned32_.assign(values.begin(), values.end());
-            a.data_ = a.owned32_.data();
-            break;
-        case NpyDtype::kUint32:
-            a.owned_u32_.assign(values.begin(), values.end());
-            a.data_ = a.owned_u32_.data();
-            break;
-        case NpyDtype::kInt64:
-            a.owned64_ = std::move(values);
-            a.data_ = a.owned64_.data();
-            break;
-        default: LATHE_CHECK(false, "index arrays are int32, uint32 or int64, not {}",
-                             npy_dtype_descr(stored_dtype));
-    }
+    a.owned32_ = std::move(values);
+    a.data_ = a.owned32_.data();
+    return a;
+}
+
+IndexArray IndexArray::owned(std::vector<uint32_t> values) {
+    IndexArray a;
+    a.dtype_ = NpyDtype::kUint32;
+    a.size_ = static_cast<int64_t>(values.size());
+    a.owned_u32_ = std::move(values);
+    a.data_ = a.owned_u32_.data();
+    return a;
+}
+
+IndexArray IndexArray::owned(std::vector<int64_t> values) {
+    IndexArray a;
+    a.dtype_ = NpyDtype::kInt64;
+    a.size_ = static_cast<int64_t>(values.size());
+    a.owned64_ = std::move(values);
+    a.data_ = a.owned64_.data();
     return a;
 }
 
@@ -364,17 +393,23 @@ Result<IndexMappings> gpt_build_index_mappings(const IndexMappingRequest& r,
     m.separate_last_epoch = plan.separate_last_epoch;
     std::vector<int32_t> doc_idx =
         gpt_build_doc_idx(r.documents, plan.num_epochs, rng, plan.separate_last_epoch);
-    std::vector<int64_t> sample_idx =
-        gpt_build_sample_idx(sizes, doc_idx, r.seq_length, plan.num_epochs, tokens_per_epoch);
-    const int64_t num_samples = static_cast<int64_t>(sample_idx.size() / 2) - 1;
+    if (sample_dtype == NpyDtype::kInt32) {
+        m.sample_idx = IndexArray::owned(build_sample_idx_as<int32_t>(
+            sizes, doc_idx, r.seq_length, plan.num_epochs, tokens_per_epoch));
+    } else {
+        m.sample_idx = IndexArray::owned(build_sample_idx_as<int64_t>(
+            sizes, doc_idx, r.seq_length, plan.num_epochs, tokens_per_epoch));
+    }
+    const int64_t num_samples = m.num_samples();
     LATHE_CHECK(num_samples == plan.num_samples_built, "{} != {}", num_samples,
                 plan.num_samples_built);
-    std::vector<int64_t> shuffle_idx = gpt_build_shuffle_idx(
-        std::min(plan.shuffle_first_part, num_samples), num_samples, rng);
-    m.doc_idx = IndexArray::owned(std::vector<int64_t>(doc_idx.begin(), doc_idx.end()),
-                                  NpyDtype::kInt32);
-    m.sample_idx = IndexArray::owned(std::move(sample_idx), sample_dtype);
-    m.shuffle_idx = IndexArray::owned(std::move(shuffle_idx), gpt_shuffle_idx_dtype(num_samples));
+    const int64_t first_part = std::min(plan.shuffle_first_part, num_samples);
+    if (gpt_shuffle_idx_dtype(num_samples) == NpyDtype::kUint32) {
+        m.shuffle_idx = IndexArray::owned(build_shuffle_idx_as<uint32_t>(first_part, num_samples, rng));
+    } else {
+        m.shuffle_idx = IndexArray::owned(build_shuffle_idx_as<int64_t>(first_part, num_samples, rng));
+    }
+    m.doc_idx = IndexArray::owned(std::move(doc_idx));
     return m;
 }
 

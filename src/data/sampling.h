@@ -133,7 +133,10 @@ IndexCachePaths index_cache_paths(const IndexMappingRequest& request);
 class IndexArray {
 public:
     IndexArray() = default;
-    static IndexArray owned(std::vector<int64_t> values, NpyDtype stored_dtype);
+    // Owned arrays, stored (and written) in their element type: int32, uint32 or int64.
+    static IndexArray owned(std::vector<int32_t> values);
+    static IndexArray owned(std::vector<uint32_t> values);
+    static IndexArray owned(std::vector<int64_t> values);
     static IndexArray mapped(NpyArray file);
 
     NpyDtype dtype() const { return dtype_; }  // the dtype on disk (or that would be written)
