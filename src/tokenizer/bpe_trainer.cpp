@@ -23,6 +23,7 @@
 #include "core/progress.h"
 #include "core/strings.h"
 #include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace lathe {
 namespace {
@@ -157,40 +158,6 @@ void append_utf8(std::string& out, uint32_t cp) {
         out += char(0x80 | ((cp >> 6) & 0x3f));
         out += char(0x80 | (cp & 0x3f));
     }
-}
-
-bool valid_utf8(std::string_view s) {
-    size_t i = 0;
-    while (i < s.size()) {
-        const unsigned char c = static_cast<unsigned char>(s[i]);
-        size_t n = 0;
-        uint32_t cp = 0;
-        if (c < 0x80) {
-            ++i;
-            continue;
-        } else if ((c & 0xe0) == 0xc0) {
-            n = 1;
-            cp = c & 0x1f;
-        } else if ((c & 0xf0) == 0xe0) {
-            n = 2;
-            cp = c & 0x0f;
-        } else if ((c & 0xf8) == 0xf0) {
-            n = 3;
-            cp = c & 0x07;
-        } else {
-            return false;
-        }
-        if (i + n >= s.size()) return false;  // truncated sequence
-        for (size_t k = 1; k <= n; ++k) {
-            const unsigned char d = static_cast<unsigned char>(s[i + k]);
-            if ((d & 0xc0) != 0x80) return false;
-            cp = (cp << 6) | (d & 0x3f);
-        }
-        static constexpr uint32_t kMinForLength[4] = {0, 0x80, 0x800, 0x10000};
-        if (cp < kMinForLength[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-        i += n + 1;
-    }
-    return true;
 }
 
 // One change to a pair count caused by merging inside one word (HF's Word::merge output).
@@ -389,53 +356,72 @@ std::vector<std::pair<std::string_view, uint64_t>> WordCounts::sorted() const {
 
 Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
                                    const BpeBatchReader& next_batch, int threads,
-                                   Progress* progress) {
+                                   BpeOnError on_error, Progress* progress,
+                                   BpeCountStats* stats) {
     if (threads < 1) return invalid_argument_error("threads must be at least 1, got {}", threads);
     constexpr int kShards = 64;
     std::vector<WordCounts> parts;
     for (int t = 0; t < threads; ++t) parts.emplace_back(kShards);
-    std::mutex reader_mutex;
+    std::mutex mutex;  // guards the reader, `stop`, `first_error` and `totals`
     bool stop = false;
     Status first_error;
-    std::mutex error_mutex;
-    const auto fail = [&](Status s) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (first_error.ok()) first_error = std::move(s);
-    };
+    BpeCountStats totals;
 
     run_on_threads(threads, [&](int t) {
         WordCounts& counts = parts[t];
         BpeDocumentBatch batch;
         PieceList pieces;
         PieceList scratch;
+        BpeCountStats mine;
         while (true) {
             {
-                std::lock_guard<std::mutex> lock(reader_mutex);
-                if (stop) return;
+                std::lock_guard<std::mutex> lock(mutex);
+                if (stop) break;
                 batch.clear();
                 Result<bool> more = next_batch(batch);
                 if (!more.ok() || !*more) {
                     stop = true;
-                    if (!more.ok()) fail(more.status());
-                    return;
+                    if (!more.ok() && first_error.ok()) first_error = more.status();
+                    break;
                 }
             }
+            uint64_t batch_bytes = 0;
+            uint64_t batch_docs = 0;
             for (size_t i = 0; i < batch.size(); ++i) {
                 const std::string_view doc = batch.document(i);
-                if (!valid_utf8(doc)) {
-                    fail(invalid_argument_error(
-                        "{}:{}: the document is not valid UTF-8; convert the input to UTF-8 "
-                        "(e.g. iconv) or drop that document",
-                        batch.origin, i < batch.lines.size() ? batch.lines[i] : 0));
-                    std::lock_guard<std::mutex> lock(reader_mutex);
+                const size_t bad = utf8::first_invalid(doc);
+                if (bad != doc.size()) {
+                    // The line of the first bad byte: the document's first line plus the
+                    // newlines before it (a text block spans several lines).
+                    const uint64_t line = (i < batch.lines.size() ? batch.lines[i] : 0) +
+                                          std::count(doc.begin(), doc.begin() + bad, '\n');
+                    const std::string where = fmt::format("{}:{}", batch.origin, line);
+                    std::lock_guard<std::mutex> lock(mutex);
+                    if (on_error == BpeOnError::kSkip) {
+                        if (totals.skipped++ == 0) totals.first_skipped = where;
+                        continue;
+                    }
+                    if (first_error.ok())
+                        first_error = invalid_argument_error(
+                            "{}: not valid UTF-8 (byte 0x{:02x}); convert the input to UTF-8 "
+                            "(e.g. with iconv) or pass --on-error skip to leave such documents "
+                            "out",
+                            where, static_cast<unsigned char>(doc[bad]));
                     stop = true;
                     return;
                 }
                 pre_tokenizer.split(doc, pieces, scratch);
                 for (size_t k = 0; k < pieces.size(); ++k) counts.add(pieces.view(k));
+                batch_bytes += doc.size();
+                ++batch_docs;
             }
-            if (progress) progress->add(batch.text.size(), batch.size());
+            mine.documents += batch_docs;
+            mine.bytes += batch_bytes;
+            if (progress) progress->add(batch_bytes, batch_docs);
         }
+        std::lock_guard<std::mutex> lock(mutex);
+        totals.documents += mine.documents;
+        totals.bytes += mine.bytes;
     });
     LATHE_RETURN_IF_ERROR(first_error);
 
@@ -454,6 +440,7 @@ Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
                 escape_for_message(symbols));
         words.add(bytes, count);
     }
+    if (stats) *stats = totals;
     return words;
 }
 
@@ -489,7 +476,7 @@ Result<BpeTrainerResult> bpe_train(const WordCounts& word_counts, const BpeTrain
     // 1. Special tokens at ids 0..k-1 (a repeat keeps its first id).
     for (const std::string& t : options.special_tokens) {
         if (t.empty()) return invalid_argument_error("a special token is empty; remove it");
-        if (!valid_utf8(t))
+        if (!utf8::is_valid(t))
             return invalid_argument_error("special token '{}' is not valid UTF-8",
                                           escape_for_message(t));
         result.special_ids.push_back(add_token(t));

@@ -102,15 +102,28 @@ struct BpeDocumentBatch {
 // the end of the input. Called by one thread at a time.
 using BpeBatchReader = std::function<Result<bool>(BpeDocumentBatch& batch)>;
 
+// What to do with a document that is not valid UTF-8.
+enum class BpeOnError { kFail, kSkip };
+
+// What counting saw, beyond the words.
+struct BpeCountStats {
+    uint64_t documents = 0;          // documents counted (skipped ones excluded)
+    uint64_t bytes = 0;              // their bytes
+    uint64_t skipped = 0;            // documents skipped as invalid UTF-8 (kSkip)
+    std::string first_skipped;       // "file:line" of the first one skipped
+};
+
 // Counts the words of every document that `next_batch` yields, cut exactly as `pre_tokenizer`
 // cuts them when encoding (HF's trainer feeds the same splits), on `threads` threads: each thread
 // counts into its own WordCounts, merged shard by shard at the end. The pre-tokenizer must end in
 // ByteLevel (its pieces are byte-level text); words are returned as the raw bytes they stand for.
-// `progress` (may be null) receives bytes and documents as they are counted. Errors: the
-// reader's, or a document that is not valid UTF-8 (named by origin and line).
+// A document that is not valid UTF-8 is an error naming its file and the line of the first bad
+// byte (kFail), or is left out and counted in `stats` (kSkip). `progress` and `stats` may be null.
+// Errors: the reader's; invalid UTF-8 under kFail.
 Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
                                    const BpeBatchReader& next_batch, int threads,
-                                   Progress* progress);
+                                   BpeOnError on_error, Progress* progress,
+                                   BpeCountStats* stats);
 
 struct BpeTrainerOptions {
     // Target vocabulary size, special tokens and the 256 byte symbols included. Must be at least

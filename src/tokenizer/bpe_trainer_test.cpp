@@ -273,7 +273,8 @@ TEST(BpeCountWords, CountsPreTokenizerPiecesAsBytes) {
     const std::vector<std::string> docs = {"Hello world, hello world!", "caf\xc3\xa9  world\n",
                                            ""};
     for (int threads : {1, 3}) {
-        auto wc = bpe_count_words(**pt, reader_of(docs, 1), threads, nullptr);
+        BpeCountStats stats;
+        auto wc = bpe_count_words(**pt, reader_of(docs, 1), threads, BpeOnError::kFail, nullptr, &stats);
         ASSERT_TRUE(wc.ok()) << wc.status().to_string();
         EXPECT_EQ(wc->count(" world"), 3u);
         EXPECT_EQ(wc->count("Hello"), 1u);
@@ -282,16 +283,32 @@ TEST(BpeCountWords, CountsPreTokenizerPiecesAsBytes) {
         EXPECT_EQ(wc->count(" "), 1u);   // "  world": the first space stands alone
         EXPECT_EQ(wc->count("\n"), 1u);
         EXPECT_EQ(wc->total(), 10u);
+        EXPECT_EQ(stats.documents, 3u);
+        EXPECT_EQ(stats.bytes, docs[0].size() + docs[1].size());
+        EXPECT_EQ(stats.skipped, 0u);
     }
 }
 
-TEST(BpeCountWords, InvalidUtf8NamesTheDocument) {
+TEST(BpeCountWords, InvalidUtf8FailsOrIsSkipped) {
     auto pt = pre_tokenizer_from_json(bpe_pre_tokenizer_json(BpePreTokenizerKind::kLlama3), "t");
     ASSERT_TRUE(pt.ok()) << pt.status().to_string();
-    const std::vector<std::string> docs = {"fine", "also fine", "caf\xe9"};
-    auto wc = bpe_count_words(**pt, reader_of(docs, 2), 2, nullptr);
+    // Document 3 starts at line 3 (reader_of numbers documents as lines); its bad byte is on the
+    // document's second line, so line 4.
+    const std::vector<std::string> docs = {"fine", "also fine", "ok\ncaf\xe9", "end end"};
+    auto wc = bpe_count_words(**pt, reader_of(docs, 2), 2, BpeOnError::kFail, nullptr, nullptr);
     ASSERT_FALSE(wc.ok());
-    EXPECT_NE(wc.status().message().find("docs:3"), std::string::npos) << wc.status().message();
+    EXPECT_NE(wc.status().message().find("docs:4: not valid UTF-8 (byte 0xe9)"),
+              std::string::npos)
+        << wc.status().message();
+
+    BpeCountStats stats;
+    wc = bpe_count_words(**pt, reader_of(docs, 2), 2, BpeOnError::kSkip, nullptr, &stats);
+    ASSERT_TRUE(wc.ok()) << wc.status().to_string();
+    EXPECT_EQ(stats.skipped, 1u);
+    EXPECT_EQ(stats.first_skipped, "docs:4");
+    EXPECT_EQ(stats.documents, 3u);
+    EXPECT_EQ(wc->count(" end"), 1u);
+    EXPECT_EQ(wc->count("caf"), 0u);
 }
 
 TEST(BpeCountWords, ReaderErrorsComeBack) {
@@ -299,7 +316,7 @@ TEST(BpeCountWords, ReaderErrorsComeBack) {
     ASSERT_TRUE(pt.ok());
     auto wc = bpe_count_words(
         **pt, [](BpeDocumentBatch&) -> Result<bool> { return io_error("disk on fire"); }, 2,
-        nullptr);
+        BpeOnError::kFail, nullptr, nullptr);
     ASSERT_FALSE(wc.ok());
     EXPECT_EQ(wc.status().message(), "disk on fire");
 }
