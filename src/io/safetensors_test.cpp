@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -625,6 +627,60 @@ TEST(SafetensorsCheckpoint, DirectoryWithoutWeights) {
     auto w = safetensors_write_checkpoint(dir + "/missing", m.tensors);
     ASSERT_FALSE(w.ok());
     EXPECT_HAS(w.status().message(), "no such directory");
+}
+
+// ---- throughput (not a test: run by hand) ----
+//
+//   LATHE_ST_BENCH_MB=1024 build/io_tests --gtest_also_run_disabled_tests
+//     --gtest_filter='*SafetensorsBench*'
+// writes a checkpoint of LATHE_ST_BENCH_MB MiB of bf16 tensors (a Llama-like table of 4 MiB
+// matrices plus small norms) as shards of 256 MiB, then opens it and reads every byte once. The
+// numbers include the page cache (a file just written is still in memory), so they measure lathe's
+// overhead over memcpy/mmap, not the disk.
+TEST(DISABLED_SafetensorsBench, WriteThenRead) {
+    const char* mb_env = std::getenv("LATHE_ST_BENCH_MB");
+    const int64_t mb = mb_env ? std::atoll(mb_env) : 256;
+    const std::string dir = test_dir();
+    const int64_t matrix = 4 << 20;  // bytes
+    std::vector<uint8_t> block = random_bytes(size_t(matrix), 3);
+    std::vector<SafetensorsWriteTensor> tensors;
+    int64_t total = 0;
+    for (int layer = 0; total < (mb << 20); ++layer) {
+        for (const char* w : {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"}) {
+            tensors.push_back({fmt::format("model.layers.{}.self_attn.{}.weight", layer, w),
+                               SafetensorsDtype::kBF16, {1024, matrix / 2048}, block.data(),
+                               uint64_t(matrix)});
+            total += matrix;
+        }
+        tensors.push_back({fmt::format("model.layers.{}.input_layernorm.weight", layer),
+                           SafetensorsDtype::kBF16, {1024}, block.data(), 2048});
+        total += 2048;
+    }
+    SafetensorsCheckpointWriteOptions opt;
+    opt.max_shard_bytes = 256 << 20;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto w = safetensors_write_checkpoint(dir, tensors, opt);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    const auto t1 = std::chrono::steady_clock::now();
+    auto ck = SafetensorsCheckpoint::open(dir);
+    ASSERT_TRUE(ck.ok());
+    ASSERT_TRUE(ck->open_all().ok());
+    const auto t2 = std::chrono::steady_clock::now();
+    uint64_t sum = 0;
+    for (const std::string& name : ck->names()) {
+        const SafetensorsTensor* t = *ck->tensor(name);
+        const uint64_t* p = reinterpret_cast<const uint64_t*>(t->data);
+        for (uint64_t i = 0; i < t->nbytes() / 8; ++i) sum += p[i];
+    }
+    const auto t3 = std::chrono::steady_clock::now();
+    auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    const double gib = double(total) / double(1 << 30);
+    std::printf("%zu tensors, %.2f GiB in %zu files\n", tensors.size(), gib, w->files.size());
+    std::printf("write (fsync, atomic rename): %.3f s = %.2f GiB/s\n", secs(t0, t1), gib / secs(t0, t1));
+    std::printf("open + validate all shards:   %.4f s\n", secs(t1, t2));
+    std::printf("read every byte via mmap:     %.3f s = %.2f GiB/s (checksum %llu)\n", secs(t2, t3),
+                gib / secs(t2, t3), static_cast<unsigned long long>(sum));
+    fs::remove_all(dir);
 }
 
 // ---- interop with the Python reference (driven by tests/test_safetensors.py) ----
