@@ -18,7 +18,7 @@ import math
 import os
 import struct
 import subprocess
-from itertools import zip_longest
+from itertools import cycle, islice, zip_longest
 
 import numpy as np
 import pytest
@@ -637,3 +637,38 @@ def test_numpy_random_state_streams(tmp_path):
     assert len(result["rng"]) == len(expected)
     for op, got, want in zip(ops, result["rng"], expected):
         assert got == want, op
+
+
+class RefDistributedBatchSampler:
+    """GPT-NeoX's samplers.DistributedBatchSampler over a SequentialSampler, drop_last=True
+    (torch's BatchSampler base replaced by its behaviour: consecutive indices, whole batches)."""
+
+    def __init__(self, size, batch_size, rank, world_size):
+        self.size, self.batch_size, self.rank, self.world_size = size, batch_size, rank, world_size
+        self.start_iter = 0
+
+    def __iter__(self):
+        batch, i = [], 0
+        for idx in range(self.size):
+            batch.append(idx)
+            if len(batch) == self.batch_size:
+                start = self.rank * self.batch_size // self.world_size
+                end = (self.rank + 1) * self.batch_size // self.world_size
+                if i >= self.start_iter:
+                    yield batch[start:end]
+                    self.start_iter = 0
+                i += 1
+                batch = []
+
+
+@pytest.mark.parametrize("micro_batch,dp_world,size", [(4, 2, 100), (1, 1, 7), (3, 4, 50), (8, 1, 64)])
+def test_loader_order(tmp_path, micro_batch, dp_world, size):
+    """make_data_loader + itertools.cycle: which samples each rank's micro-batches hold."""
+    steps = 3 * (size // (micro_batch * dp_world)) + 2
+    result = run_lathe(tmp_path, {"loader": {"micro_batch": micro_batch, "dp_world": dp_world,
+                                             "dataset_size": size, "steps": steps}})
+    for rank in range(dp_world):
+        sampler = RefDistributedBatchSampler(size, micro_batch * dp_world, rank, dp_world)
+        for step, batch in enumerate(islice(cycle(sampler), steps)):
+            assert batch == list(range(result["loader"][step][rank],
+                                       result["loader"][step][rank] + micro_batch)), (step, rank)

@@ -13,11 +13,13 @@
 //           [0, min(count, size)), then size itself when "end", then the extra ones
 //   "rng": [{"op": "shuffle", "seed": 1, "n": 100},
 //           {"op": "randint", "seed": 1, "low": 0, "high": 10, "size": 5, "dtype": "int64"},
-//           {"op": "random_sample", "seed": 1, "size": 5}]
+//           {"op": "random_sample", "seed": 1, "size": 5}],
+//   "loader": {"micro_batch": 4, "dp_world": 2, "dataset_size": 100, "steps": 30}
 // }
 // Result: {"splits": {"train": {"size": n, "samples": [{"index", "tokens", "labels", "documents"}],
 //          "datasets": [{"name", "prefix", "num_epochs", "doc_idx", "sample_idx", "shuffle_idx",
-//          "loaded_from_cache"}]}, ...}, "rng": [[...], ...]}
+//          "loaded_from_cache"}]}, ...}, "rng": [[...], ...],
+//          "loader": [[first index of rank 0, rank 1, ...] per micro-step]}
 
 #include <gtest/gtest.h>
 
@@ -137,6 +139,23 @@ Status run_spec(const std::string& spec_path) {
     json result;
     if (spec.contains("rng")) {
         LATHE_ASSIGN_OR_RETURN(result["rng"], run_rng(spec.at("rng")));
+    }
+    if (spec.contains("loader")) {
+        // {"micro_batch", "dp_world", "dataset_size", "steps"}: first index per (step, rank).
+        const json& l = spec.at("loader");
+        json starts = json::array();
+        for (int64_t step = 0; step < l.at("steps").get<int64_t>(); ++step) {
+            std::vector<int64_t> row;
+            for (int64_t rank = 0; rank < l.at("dp_world").get<int64_t>(); ++rank) {
+                LATHE_ASSIGN_OR_RETURN(int64_t first,
+                                       gpt_neox_micro_batch_start(step, l.at("micro_batch"),
+                                                                  l.at("dp_world"), rank,
+                                                                  l.at("dataset_size")));
+                row.push_back(first);
+            }
+            starts.push_back(row);
+        }
+        result["loader"] = starts;
     }
     if (spec.contains("args")) {
         std::map<std::string, std::vector<std::vector<int32_t>>> memory;

@@ -577,4 +577,23 @@ std::vector<SamplePiece> gpt_sample_pieces(const IndexMappings& m, std::span<con
     return pieces;
 }
 
+// ---- Loader order -------------------------------------------------------------------------------
+
+Result<int64_t> gpt_neox_micro_batch_start(int64_t micro_step, int64_t micro_batch,
+                                           int64_t dp_world, int64_t dp_rank,
+                                           int64_t dataset_size) {
+    LATHE_CHECK(micro_step >= 0 && micro_batch >= 1 && dp_world >= 1 && dp_rank >= 0 &&
+                    dp_rank < dp_world,
+                "micro_step={} micro_batch={} dp_world={} dp_rank={}", micro_step, micro_batch,
+                dp_world, dp_rank);
+    const int64_t global = micro_batch * dp_world;
+    const int64_t batches_per_pass = dataset_size / global;  // drop_last
+    if (batches_per_pass == 0) {
+        return failed_precondition_error(
+            "{} samples do not fill one global batch of {} ({} per rank x {} ranks)", dataset_size,
+            global, micro_batch, dp_world);
+    }
+    return (micro_step % batches_per_pass) * global + dp_rank * micro_batch;
+}
+
 }  // namespace lathe

@@ -209,4 +209,17 @@ struct SamplePiece {
 std::vector<SamplePiece> gpt_sample_pieces(const IndexMappings& mappings,
                                            std::span<const int32_t> sizes, int64_t row);
 
+// ---- Loader order ----------------------------------------------------------------------------
+
+// The first dataset index of a micro-batch as GPT-NeoX's loader reads them (make_data_loader:
+// SequentialSampler, DistributedBatchSampler with drop_last over global batches of
+// micro_batch * dp_world samples, rank r taking the r-th contiguous slice; itertools.cycle
+// repeating the first pass). Micro-batch `micro_step` (counted from 0 over the run:
+// iteration * gradient_accumulation_steps + k) of rank `dp_rank` is the samples
+// [first, first + micro_batch). Errors (failed precondition): a dataset smaller than one global
+// batch, where GPT-NeoX's loader yields nothing.
+Result<int64_t> gpt_neox_micro_batch_start(int64_t micro_step, int64_t micro_batch,
+                                           int64_t dp_world, int64_t dp_rank,
+                                           int64_t dataset_size);
+
 }  // namespace lathe

@@ -340,5 +340,16 @@ TEST(GptIndexCache, UnwritableFolderIsAnIoErrorNamingTheFile) {
               std::string::npos);
 }
 
+TEST(GptNeoxLoaderOrder, MicroBatchesTileGlobalBatchesAndCycle) {
+    // 2 ranks x 3 samples per micro-batch over 20 samples: 3 global batches per pass (2 dropped).
+    EXPECT_EQ(*gpt_neox_micro_batch_start(0, 3, 2, 0, 20), 0);
+    EXPECT_EQ(*gpt_neox_micro_batch_start(0, 3, 2, 1, 20), 3);
+    EXPECT_EQ(*gpt_neox_micro_batch_start(1, 3, 2, 0, 20), 6);
+    EXPECT_EQ(*gpt_neox_micro_batch_start(2, 3, 2, 1, 20), 15);
+    EXPECT_EQ(*gpt_neox_micro_batch_start(3, 3, 2, 0, 20), 0);  // the second pass repeats
+    EXPECT_EQ(gpt_neox_micro_batch_start(0, 3, 2, 0, 5).status().code(),
+              StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace lathe
