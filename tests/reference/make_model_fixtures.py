@@ -36,12 +36,14 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 import torch
 import torch.nn.functional as F
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 B, T = 2, 16
 ADAMW = {"lr": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "steps": 10}
@@ -247,6 +249,18 @@ def randomize(model, gen):
                 p.copy_(0.05 * noise)
 
 
+def stored_names(model, stored):
+    """The checkpoint name of each parameter: the stored tensor with the same values (every
+    parameter is drawn at random, so values identify it)."""
+    names = {}
+    for n, p in model.named_parameters():
+        same = [k for k, t in stored.items() if t.shape == p.shape and torch.equal(t, p.detach())]
+        assert len(same) == 1, f"{n}: {len(same)} stored tensors hold its values"
+        names[n] = same[0]
+    assert sorted(names.values()) == sorted(stored), "stored tensors that are no parameter"
+    return names
+
+
 def make_batch(vocab, gen, packed):
     tokens = torch.randint(0, vocab, (B, T), generator=gen, dtype=torch.int64)
     targets = torch.randint(0, vocab, (B, T), generator=gen, dtype=torch.int64)
@@ -313,9 +327,16 @@ def make_case(name, case, out_dir):
     with open(os.path.join(case_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
         f.write("\n")
-    # Parameters as save_pretrained stores them: named_parameters lists a tied weight once.
-    params = {n: p.detach().clone().contiguous() for n, p in model.named_parameters()}
-    save_file(params, os.path.join(case_dir, "model.safetensors"), metadata={"format": "pt"})
+    # The weights exactly as save_pretrained stores them (tied weights once; names as checkpoints
+    # have them, which is not always the module's name: transformers 5 calls GPT-NeoX's head
+    # lm_head but saves it as embed_out, as every Pythia checkpoint has it).
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        shutil.copyfile(os.path.join(tmp, "model.safetensors"),
+                        os.path.join(case_dir, "model.safetensors"))
+    stored = load_file(os.path.join(case_dir, "model.safetensors"))
+    disk_name = stored_names(model, stored)
+    params = stored
 
     initial = copy.deepcopy(model)
     model.zero_grad()
@@ -331,7 +352,7 @@ def make_case(name, case, out_dir):
         "logits": logits.detach().contiguous(),
     }
     for n, p in model.named_parameters():
-        ref["grad." + n] = p.grad.detach().clone().contiguous()
+        ref["grad." + disk_name[n]] = p.grad.detach().clone().contiguous()
     save_file(ref, os.path.join(case_dir, "reference.safetensors"))
 
     # Ten AdamW steps from the same initial weights.

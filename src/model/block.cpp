@@ -1,0 +1,125 @@
+#include "model/block.h"
+
+#include <cmath>
+
+#include "ops/attention.h"
+#include "ops/gelu.h"
+#include "ops/layernorm.h"
+#include "ops/linear.h"
+#include "ops/residual.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+
+namespace lathe {
+
+namespace {
+
+// (B, T, H, D) seen as (B, T, H*D).
+template <bool K>
+TensorViewT<K> flat_heads(const TensorViewT<K>& v) {
+    return v.reshape(Shape{v.dim(0), v.dim(1), v.dim(2) * v.dim(3)});
+}
+
+float attention_scale(const ModelConfig& c) { return float(1.0 / std::sqrt(double(c.head_dim))); }
+
+}  // namespace
+
+void block_norm_forward(const ModelConfig& c, TensorView y, TensorView mean, TensorView rstd,
+                        ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
+                        const Context& ctx) {
+    if (c.norm == NormKind::kRmsNorm)
+        rmsnorm_forward(y, rstd, x, weight, float(c.norm_eps), ctx);
+    else
+        layernorm_forward(y, mean, rstd, x, weight, bias, float(c.norm_eps), ctx);
+}
+
+void block_norm_backward(const ModelConfig& c, TensorView dx, TensorView dweight,
+                         TensorView dbias, ConstTensorView dy, ConstTensorView x,
+                         ConstTensorView weight, ConstTensorView mean, ConstTensorView rstd,
+                         GradMode mode, const Context& ctx) {
+    if (c.norm == NormKind::kRmsNorm)
+        rmsnorm_backward(dx, dweight, dy, x, weight, rstd, mode, ctx);
+    else
+        layernorm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, mode, ctx);
+}
+
+void block_forward(const ModelConfig& c, int layer, const BlockWeights& w, const BlockActs& a,
+                   const BlockScratch& s, const BlockInputs& in, const Context& ctx) {
+    // Attention branch.
+    block_norm_forward(c, a.ln1_out, a.ln1_mean, a.ln1_rstd, a.x_in, w.norm1_w, w.norm1_b, ctx);
+    linear_forward(flat_heads(a.q), a.ln1_out, w.wq, w.bq, ctx);
+    linear_forward(flat_heads(a.k), a.ln1_out, w.wk, w.bk, ctx);
+    linear_forward(flat_heads(a.v), a.ln1_out, w.wv, w.bv, ctx);
+    if (c.position == PositionKind::kRope) {
+        rope_forward(a.q, a.q, in.positions, in.rope_cos, in.rope_sin, ctx);
+        rope_forward(a.k, a.k, in.positions, in.rope_cos, in.rope_sin, ctx);
+    }
+    attention_forward(a.att, a.lse, a.q, a.k, a.v, in.docs, c.window(layer), attention_scale(c),
+                      ctx);
+    linear_forward(s.tmp, flat_heads(a.att), w.wo, w.bo, ctx);
+
+    // Residual and MLP branch.
+    ConstTensorView mlp_residual;  // what the MLP output is added to
+    if (c.parallel_residual) {
+        residual_forward(a.x_out, a.x_in, s.tmp, ctx);
+        block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, w.norm2_w, w.norm2_b,
+                           ctx);
+        mlp_residual = a.x_out;
+    } else {
+        residual_forward(a.x_mid, a.x_in, s.tmp, ctx);
+        block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_mid, w.norm2_w, w.norm2_b,
+                           ctx);
+        mlp_residual = a.x_mid;
+    }
+    linear_forward(a.mlp_in, a.ln2_out, w.w_up, w.b_up, ctx);
+    if (c.mlp == MlpKind::kSwiGlu)
+        swiglu_forward(a.mlp_act, a.mlp_in, ctx);
+    else
+        gelu_forward(a.mlp_act, a.mlp_in, c.gelu, ctx);
+    linear_forward(s.tmp, a.mlp_act, w.w_down, w.b_down, ctx);
+    residual_forward(a.x_out, mlp_residual, s.tmp, ctx);
+}
+
+void block_backward(const ModelConfig& c, int layer, const BlockWeights& w, const BlockGrads& g,
+                    const BlockActs& a, const BlockScratch& s, const BlockInputs& in,
+                    TensorView dres, const Context& ctx) {
+    // MLP branch: dres is d out, which the MLP output received unchanged.
+    linear_backward(s.dmlp_act, g.w_down, g.b_down, dres, a.mlp_act, w.w_down,
+                    GradMode::kOverwrite, ctx);
+    if (c.mlp == MlpKind::kSwiGlu)
+        swiglu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, ctx);
+    else
+        gelu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, c.gelu, ctx);
+    linear_backward(s.dnorm2, g.w_up, g.b_up, s.dmlp_in, a.ln2_out, w.w_up, GradMode::kOverwrite,
+                    ctx);
+    // Sequential: norm2 read x_mid, so its input gradient joins dres now, which then is d x_mid,
+    // what the attention output received. Parallel: dres stays d out (the attention output
+    // received it too), and norm2's gradient joins at the end, once dres is no longer read.
+    if (!c.parallel_residual)
+        block_norm_backward(c, dres, g.norm2_w, g.norm2_b, s.dnorm2, a.x_mid, w.norm2_w,
+                            a.ln2_mean, a.ln2_rstd, GradMode::kAccumulate, ctx);
+
+    // Attention branch.
+    linear_backward(flat_heads(s.datt), g.wo, g.bo, dres, flat_heads(a.att), w.wo,
+                    GradMode::kOverwrite, ctx);
+    attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, in.docs,
+                       c.window(layer), attention_scale(c), ctx);
+    if (c.position == PositionKind::kRope) {
+        rope_backward(s.dq, s.dq, in.positions, in.rope_cos, in.rope_sin, ctx);
+        rope_backward(s.dk, s.dk, in.positions, in.rope_cos, in.rope_sin, ctx);
+    }
+    linear_backward(s.dnorm1, g.wq, g.bq, flat_heads(s.dq), a.ln1_out, w.wq, GradMode::kOverwrite,
+                    ctx);
+    linear_backward(s.dnorm1, g.wk, g.bk, flat_heads(s.dk), a.ln1_out, w.wk,
+                    GradMode::kAccumulate, ctx);
+    linear_backward(s.dnorm1, g.wv, g.bv, flat_heads(s.dv), a.ln1_out, w.wv,
+                    GradMode::kAccumulate, ctx);
+    block_norm_backward(c, dres, g.norm1_w, g.norm1_b, s.dnorm1, a.x_in, w.norm1_w, a.ln1_mean,
+                        a.ln1_rstd, GradMode::kAccumulate, ctx);
+    if (c.parallel_residual)
+        block_norm_backward(c, dres, g.norm2_w, g.norm2_b, s.dnorm2, a.x_in, w.norm2_w,
+                            a.ln2_mean, a.ln2_rstd, GradMode::kAccumulate, ctx);
+}
+
+}  // namespace lathe

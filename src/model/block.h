@@ -1,0 +1,157 @@
+#pragma once
+// The transformer block schedule shared by every family: a fixed sequence of op calls
+// (src/ops/*.h), switched by the ModelConfig (norm kind, MLP kind, RoPE or not, biases present or
+// null, sequential or parallel residual). No family has a block of its own.
+//
+// Forward, with x the block input (B, T, C):
+//   h1 = norm1(x)
+//   q, k, v = h1 Wq^T + bq, h1 Wk^T + bk, h1 Wv^T + bv      (row slices of the stacked qkv entry)
+//   q, k = rope(q), rope(k)                                  (RoPE families; in place)
+//   a = attention(q, k, v; causal, the layer's window, docs)
+//   o = a Wo^T + bo
+//   sequential: m = x + o;  out = m + mlp(norm2(m))          (Llama, Mistral, Qwen2, GPT-2)
+//   parallel:   out = x + o + mlp(norm2(x))                  (GPT-NeoX use_parallel_residual)
+//   mlp(h) = down(swiglu(h Wup^T + bup))   or   down(gelu(h Wup^T + bup))
+// Backward: the exact reverse, with `dres` carrying the residual stream's gradient: it holds
+// d out on entry and d x on return. Parameter gradients accumulate (+=); nothing else is kept.
+//
+// Buffers: BlockActs are saved by the forward for the backward (one set per layer, in the
+// activation arena); BlockScratch is overwritten by every block (one set, in the scratch arena).
+// Their shapes for a batch (B, T) are listed once, by block_acts_for_each and
+// block_scratch_for_each, which the memory plan and the model both use.
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "model/model_config.h"
+#include "ops/context.h"
+
+namespace lathe {
+
+// One layer's parameters in the arena layout (param_table.h). Null where the family has none.
+struct BlockWeights {
+    ConstTensorView norm1_w, norm1_b;  // (C)
+    ConstTensorView wq, wk, wv;        // (H D, C), (Hkv D, C), (Hkv D, C)
+    ConstTensorView bq, bk, bv;        // (H D), (Hkv D), (Hkv D)
+    ConstTensorView wo, bo;            // (C, H D), (C)
+    ConstTensorView norm2_w, norm2_b;  // (C)
+    ConstTensorView w_up, b_up;        // (2F, C) [gate; up] or (F, C); (2F) or (F)
+    ConstTensorView w_down, b_down;    // (C, F), (C)
+};
+
+// Their gradients, same shapes; each accumulates (+=). Null where the weight is absent.
+struct BlockGrads {
+    TensorView norm1_w, norm1_b;
+    TensorView wq, wk, wv;
+    TensorView bq, bk, bv;
+    TensorView wo, bo;
+    TensorView norm2_w, norm2_b;
+    TensorView w_up, b_up;
+    TensorView w_down, b_down;
+};
+
+// Saved by block_forward for block_backward.
+struct BlockActs {
+    TensorView x_in;       // (B, T, C) the block input (the previous block's x_out)
+    TensorView x_out;      // (B, T, C) the block output (the next block's x_in)
+    TensorView ln1_out;    // (B, T, C)
+    TensorView ln1_mean;   // (B T) LayerNorm only
+    TensorView ln1_rstd;   // (B T)
+    TensorView q;          // (B, T, H, D) after RoPE
+    TensorView k;          // (B, T, Hkv, D) after RoPE
+    TensorView v;          // (B, T, Hkv, D)
+    TensorView att;        // (B, T, H, D) attention output
+    TensorView lse;        // (B, H, T) attention log-sum-exp
+    TensorView x_mid;      // (B, T, C) x + o, sequential residual only
+    TensorView ln2_out;    // (B, T, C)
+    TensorView ln2_mean;   // (B T) LayerNorm only
+    TensorView ln2_rstd;   // (B T)
+    TensorView mlp_in;     // (B, T, 2F) [gate | up] or (B, T, F): before the activation
+    TensorView mlp_act;    // (B, T, F) after it
+};
+
+// Overwritten by every block; one set per model.
+struct BlockScratch {
+    TensorView tmp;        // (B, T, C) o and the MLP output before their residual adds
+    TensorView dnorm1;     // (B, T, C) gradient at norm1's output
+    TensorView dnorm2;     // (B, T, C) gradient at norm2's output
+    TensorView datt;       // (B, T, H, D)
+    TensorView dq;         // (B, T, H, D)
+    TensorView dk, dv;     // (B, T, Hkv, D)
+    TensorView dmlp_act;   // (B, T, F)
+    TensorView dmlp_in;    // (B, T, 2F) or (B, T, F)
+};
+
+// Per-batch inputs every block reads.
+struct BlockInputs {
+    ConstTensorView docs;       // (B, T) i32 document ids, or null (no per-document mask)
+    ConstTensorView positions;  // (B, T) i32 RoPE positions, or null (0..T-1)
+    ConstTensorView rope_cos;   // (P, R/2) f32, RoPE families
+    ConstTensorView rope_sin;
+};
+
+// Calls f(name, member, dtype, shape) for each saved tensor a block of `config` needs for a
+// (B, T) batch, x_out excluded (it is the next block's x_in). Members a config does not use
+// (LayerNorm means for RMSNorm, x_mid for the parallel residual) are not listed.
+template <typename F>
+void block_acts_for_each(const ModelConfig& c, int64_t B, int64_t T, F&& f) {
+    const int64_t C = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+    const int64_t F_ = c.intermediate_size, up = c.mlp == MlpKind::kSwiGlu ? 2 * F_ : F_;
+    const bool ln = c.norm == NormKind::kLayerNorm;
+    f("x", &BlockActs::x_in, DType::kF32, Shape{B, T, C});
+    f("ln1_out", &BlockActs::ln1_out, DType::kF32, Shape{B, T, C});
+    if (ln) f("ln1_mean", &BlockActs::ln1_mean, DType::kF32, Shape{B * T});
+    f("ln1_rstd", &BlockActs::ln1_rstd, DType::kF32, Shape{B * T});
+    f("q", &BlockActs::q, DType::kF32, Shape{B, T, H, D});
+    f("k", &BlockActs::k, DType::kF32, Shape{B, T, Hkv, D});
+    f("v", &BlockActs::v, DType::kF32, Shape{B, T, Hkv, D});
+    f("att", &BlockActs::att, DType::kF32, Shape{B, T, H, D});
+    f("att_lse", &BlockActs::lse, DType::kF32, Shape{B, H, T});
+    if (!c.parallel_residual) f("x_mid", &BlockActs::x_mid, DType::kF32, Shape{B, T, C});
+    f("ln2_out", &BlockActs::ln2_out, DType::kF32, Shape{B, T, C});
+    if (ln) f("ln2_mean", &BlockActs::ln2_mean, DType::kF32, Shape{B * T});
+    f("ln2_rstd", &BlockActs::ln2_rstd, DType::kF32, Shape{B * T});
+    f("mlp_in", &BlockActs::mlp_in, DType::kF32, Shape{B, T, up});
+    f("mlp_act", &BlockActs::mlp_act, DType::kF32, Shape{B, T, F_});
+}
+
+// The same for BlockScratch (every member).
+template <typename F>
+void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, F&& f) {
+    const int64_t C = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+    const int64_t F_ = c.intermediate_size, up = c.mlp == MlpKind::kSwiGlu ? 2 * F_ : F_;
+    f("block.tmp", &BlockScratch::tmp, DType::kF32, Shape{B, T, C});
+    f("block.dnorm1", &BlockScratch::dnorm1, DType::kF32, Shape{B, T, C});
+    f("block.dnorm2", &BlockScratch::dnorm2, DType::kF32, Shape{B, T, C});
+    f("block.datt", &BlockScratch::datt, DType::kF32, Shape{B, T, H, D});
+    f("block.dq", &BlockScratch::dq, DType::kF32, Shape{B, T, H, D});
+    f("block.dk", &BlockScratch::dk, DType::kF32, Shape{B, T, Hkv, D});
+    f("block.dv", &BlockScratch::dv, DType::kF32, Shape{B, T, Hkv, D});
+    f("block.dmlp_act", &BlockScratch::dmlp_act, DType::kF32, Shape{B, T, F_});
+    f("block.dmlp_in", &BlockScratch::dmlp_in, DType::kF32, Shape{B, T, up});
+}
+
+// Runs one block forward, filling `acts` (x_in is read, x_out written). Deterministic when the
+// ops are (ops/*.h).
+// `layer` picks the layer's attention window (ModelConfig::window).
+void block_forward(const ModelConfig& config, int layer, const BlockWeights& w,
+                   const BlockActs& acts, const BlockScratch& scratch, const BlockInputs& in,
+                   const Context& ctx);
+
+// Runs one block backward from the activations its forward saved. `dres` (B, T, C) holds d x_out
+// on entry and d x_in on return; parameter gradients accumulate (+=) into `g`.
+void block_backward(const ModelConfig& config, int layer, const BlockWeights& w,
+                    const BlockGrads& g, const BlockActs& acts, const BlockScratch& scratch,
+                    const BlockInputs& in, TensorView dres, const Context& ctx);
+
+// Norm dispatch shared with the final norm: RMSNorm ignores `bias` and `mean`.
+void block_norm_forward(const ModelConfig& config, TensorView y, TensorView mean, TensorView rstd,
+                        ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
+                        const Context& ctx);
+// dx per `mode`; dweight, dbias accumulate.
+void block_norm_backward(const ModelConfig& config, TensorView dx, TensorView dweight,
+                         TensorView dbias, ConstTensorView dy, ConstTensorView x,
+                         ConstTensorView weight, ConstTensorView mean, ConstTensorView rstd,
+                         GradMode mode, const Context& ctx);
+
+}  // namespace lathe

@@ -1,0 +1,103 @@
+#include "model/memory_plan.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "model/block.h"
+#include "ops/rope.h"
+
+namespace lathe {
+
+namespace {
+
+size_t add_entry(ArenaLayout& layout, std::string name, DType dtype, Shape shape) {
+    Result<size_t> index = layout.add(std::move(name), dtype, shape);
+    LATHE_CHECK(index.ok(), "memory plan: {}", index.status().to_string());
+    return *index;
+}
+
+}  // namespace
+
+std::string format_bytes(size_t bytes) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = double(bytes);
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        ++u;
+    }
+    return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", v, units[u]);
+}
+
+Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& table,
+                                    const ModelShape& shape) {
+    const int64_t B = shape.batch, T = shape.seq_len, C = c.hidden_size, V = c.vocab_size;
+    if (B <= 0) return invalid_argument_error("batch size {} must be positive", B);
+    if (T <= 0) return invalid_argument_error("sequence length {} must be positive", T);
+    if (T > c.max_position_embeddings)
+        return invalid_argument_error(
+            "sequence length {} is longer than the model allows (config.json "
+            "max_position_embeddings{} = {})",
+            T, c.model_type == "gpt2" ? " / n_positions" : "", c.max_position_embeddings);
+    if (shape.lm_head_chunk_rows < 0)
+        return invalid_argument_error("lm_head_chunk_rows {} must not be negative",
+                                      shape.lm_head_chunk_rows);
+
+    MemoryPlan plan;
+    plan.shape = shape;
+    const int64_t N = B * T;
+    int64_t Nc = shape.lm_head_chunk_rows;
+    if (Nc == 0) Nc = std::max<int64_t>(1, int64_t(kLmHeadChunkBytes / (size_t(V) * sizeof(float))));
+    plan.shape.lm_head_chunk_rows = Nc = std::min(Nc, N);
+    plan.params = table.layout();
+
+    ArenaLayout& act = plan.activations;
+    plan.tokens = add_entry(act, "input.tokens", DType::kI32, Shape{B, T});
+    plan.targets = add_entry(act, "input.targets", DType::kI32, Shape{B, T});
+    plan.docs = add_entry(act, "input.docs", DType::kI32, Shape{B, T});
+    plan.positions = add_entry(act, "input.positions", DType::kI32, Shape{B, T});
+    plan.block_acts.resize(size_t(c.num_layers));
+    for (int64_t l = 0; l < c.num_layers; ++l)
+        block_acts_for_each(c, B, T, [&](const char* name, auto, DType dtype, Shape s) {
+            plan.block_acts[size_t(l)].push_back(
+                add_entry(act, fmt::format("layers.{}.{}", l, name), dtype, s));
+        });
+    plan.final_x = add_entry(act, "final.x", DType::kF32, Shape{B, T, C});
+    plan.final_norm_out = add_entry(act, "final.norm_out", DType::kF32, Shape{B, T, C});
+    if (c.norm == NormKind::kLayerNorm)
+        plan.final_norm_mean = add_entry(act, "final.norm_mean", DType::kF32, Shape{N});
+    plan.final_norm_rstd = add_entry(act, "final.norm_rstd", DType::kF32, Shape{N});
+    plan.lm_lse = add_entry(act, "lm_head.lse", DType::kF32, Shape{N});
+    plan.loss = add_entry(act, "lm_head.loss", DType::kF32, Shape{1});
+
+    ArenaLayout& scr = plan.scratch;
+    block_scratch_for_each(c, B, T, [&](const char* name, auto, DType dtype, Shape s) {
+        plan.block_scratch.push_back(add_entry(scr, name, dtype, s));
+    });
+    plan.dres = add_entry(scr, "dresidual", DType::kF32, Shape{B, T, C});
+    plan.lm_chunk = add_entry(scr, "lm_head.logits_chunk", DType::kF32, Shape{Nc, V});
+    if (c.position == PositionKind::kRope) {
+        const int64_t half = rope_rotary_dim(c.rope) / 2;
+        plan.rope_cos = add_entry(scr, "rope.cos", DType::kF32, Shape{T, half});
+        plan.rope_sin = add_entry(scr, "rope.sin", DType::kF32, Shape{T, half});
+    }
+    return plan;
+}
+
+std::string MemoryPlan::table(std::string_view title) const {
+    std::string out = fmt::format("memory plan: {}\n", title);
+    out += fmt::format("  batch {} x {} tokens, LM-head chunk {} rows\n", shape.batch,
+                       shape.seq_len, shape.lm_head_chunk_rows);
+    const std::pair<const char*, size_t> rows[] = {
+        {"parameters", parameter_bytes()},        {"gradients", gradient_bytes()},
+        {"optimizer state (AdamW m, v)", optimizer_bytes()}, {"activations", activation_bytes()},
+        {"scratch", scratch_bytes()},
+    };
+    for (const auto& [name, bytes] : rows)
+        out += fmt::format("  {:<30} {:>16} B  {:>12}\n", name, bytes, format_bytes(bytes));
+    out += fmt::format("  {:<30} {:>16} B  {:>12}\n", "total", total_bytes(),
+                       format_bytes(total_bytes()));
+    return out;
+}
+
+}  // namespace lathe

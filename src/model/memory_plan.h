@@ -1,0 +1,91 @@
+#pragma once
+// The memory plan (DESIGN.md, "Memory is planned, not discovered"): every byte a model needs for
+// a batch of B sequences of T tokens, computed from the config before anything is allocated.
+//
+//   parameters        the parameter table's arena: fp32 master weights
+//   gradients         the same layout (+= across micro-batches)
+//   optimizer state   AdamW's two moments, the same layout twice (the trainer allocates them)
+//   activations       what the forward saves for the backward: per layer the tensors block.h
+//                     lists, plus the embedding output, the final norm, the LM head's per-row
+//                     log-sum-exp, the loss, and the batch's tokens/targets/docs/positions
+//   scratch           what every step overwrites: one block's backward buffers, the gradient of
+//                     the residual stream, one (Nc, V) chunk of logits for the fused LM head,
+//                     and the RoPE cos/sin tables (T, R/2)
+// The model allocates parameters, gradients, activations and scratch as one arena each; nothing
+// is allocated per step. With activation recompute (issue 4) the activations row shrinks; the
+// table is where that shows.
+//
+// Entries are f32 on the CPU reference backend. Activation names: "layers.{l}.{name}" with the
+// names of block_acts_for_each, and "embed.*", "final.*", "lm_head.*", "input.*".
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/status.h"
+#include "model/model_config.h"
+#include "model/param_table.h"
+
+namespace lathe {
+
+struct ModelShape {
+    int64_t batch = 1;    // B, the most sequences one forward takes
+    int64_t seq_len = 0;  // T, the longest sequence one forward takes
+    // Nc, rows of logits the fused LM head holds at once; 0 picks the largest count whose
+    // (Nc, V) f32 chunk fits kLmHeadChunkBytes, at most B*T.
+    int64_t lm_head_chunk_rows = 0;
+};
+
+// Default budget for one chunk of LM-head logits (f32).
+inline constexpr size_t kLmHeadChunkBytes = size_t(64) << 20;
+
+struct MemoryPlan {
+    static constexpr size_t kNoEntry = size_t(-1);
+
+    ModelShape shape;          // lm_head_chunk_rows resolved
+    ArenaLayout params;        // also the layout of the gradients and of each AdamW moment
+    ArenaLayout activations;
+    ArenaLayout scratch;
+
+    // Entry indices into `activations`, for the model's views.
+    std::vector<std::vector<size_t>> block_acts;  // [layer][i], in block_acts_for_each order
+    size_t final_x = 0;        // (B, T, C) the last block's output
+    size_t final_norm_out = 0; // (B, T, C)
+    size_t final_norm_mean = kNoEntry;  // LayerNorm only
+    size_t final_norm_rstd = 0;
+    size_t lm_lse = 0;         // (B T) per-row log-sum-exp of the logits
+    size_t loss = 0;           // (1)
+    size_t tokens = 0, targets = 0, docs = 0, positions = 0;  // (B, T) i32 each
+    // Entry indices into `scratch`.
+    std::vector<size_t> block_scratch;  // in block_scratch_for_each order
+    size_t dres = 0;           // (B, T, C) gradient of the residual stream
+    size_t lm_chunk = 0;       // (Nc, V)
+    size_t rope_cos = kNoEntry, rope_sin = kNoEntry;  // (T, R/2), RoPE families
+
+    size_t parameter_bytes() const { return params.total_bytes(); }
+    size_t gradient_bytes() const { return params.total_bytes(); }
+    size_t optimizer_bytes() const { return 2 * params.total_bytes(); }
+    size_t activation_bytes() const { return activations.total_bytes(); }
+    size_t scratch_bytes() const { return scratch.total_bytes(); }
+    size_t total_bytes() const {
+        return parameter_bytes() + gradient_bytes() + optimizer_bytes() + activation_bytes() +
+               scratch_bytes();
+    }
+
+    // The printable table, one row per category with bytes and a human-readable size, then the
+    // total; `title` heads it (e.g. the config summary).
+    std::string table(std::string_view title) const;
+};
+
+// Plans `config` (valid) with `table` (its parameter table) for `shape`. Errors (invalid
+// argument): B or T not positive, T beyond max_position_embeddings (the message names the key),
+// a negative lm_head_chunk_rows.
+Result<MemoryPlan> memory_plan_make(const ModelConfig& config, const ParamTable& table,
+                                    const ModelShape& shape);
+
+// "1.50 MiB", "512 B".
+std::string format_bytes(size_t bytes);
+
+}  // namespace lathe

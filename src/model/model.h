@@ -1,0 +1,172 @@
+#pragma once
+// Model: one architecture from the registry, its parameters, gradients, saved activations and
+// scratch (four arenas sized by the memory plan before the first step), and the forward/backward
+// schedule over the ops. Nothing is allocated per step.
+//
+// Typical training step (gradient accumulation over micro-batches k = 1..K):
+//   model.zero_grads();
+//   for each micro-batch: loss_k = model.forward_backward(batch_k, dloss_k);   // grads +=
+//   adamw_update(model.params_flat(), m, v, model.grads_flat(), model.adamw_segments(lr, wd), ..)
+// where dloss_k weighs the micro-batch's mean loss in the objective (1/K for a mean of means).
+// Evaluation: model.forward(batch) gives the mean loss; model.logits(out, batch) the logits.
+//
+// The loss is mean cross-entropy over the targets that are not -100 (kIgnoreIndex), targets
+// aligned with the tokens: targets[b, t] is what position t predicts (the caller shifts).
+//
+// Backends: every tensor the ops see comes from the arenas (ModelArena), whose memory lives where
+// context().backend computes. Host-side work (copying a batch in, the RoPE tables, reading the
+// loss) goes through two copy helpers in model.cpp, the one place a device backend adds its
+// transfers; init, load_hf, save_hf and the *_hf accessors work on host-resident parameters
+// (a device backend stages them). Only the CPU backend exists so far; create() says so for
+// another.
+//
+// Gradients: the gradient arena has the parameter arena's layout element for element, so
+// params_flat(), grads_flat() and AdamW moments allocated with plan().params line up for
+// adamw_update. backward()/forward_backward() accumulate (+=) into it; zero_grads() clears it.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "model/block.h"
+#include "model/memory_plan.h"
+#include "model/model_config.h"
+#include "model/param_table.h"
+#include "ops/adamw.h"
+#include "ops/context.h"
+
+namespace lathe {
+
+class SafetensorsCheckpoint;
+
+// One batch of token sequences, in host memory (the model copies it into its own arena).
+// B <= plan batch and T <= plan seq_len; a smaller batch reuses the front of every buffer.
+struct ModelBatch {
+    ConstTensorView tokens;     // (B, T) i32, each in [0, V)
+    ConstTensorView targets;    // (B, T) i32, in [0, V) or -100; may be null for logits()
+    ConstTensorView docs;       // (B, T) i32 document ids for per-document attention, or null
+    ConstTensorView positions;  // (B, T) i32 positions in [0, T) (RoPE, or GPT-2's wpe), or
+                                // null for 0..T-1 in every row
+};
+
+// Memory for one arena, where a Context computes. Move-only owner.
+class ModelArena {
+public:
+    ModelArena() = default;
+    // Allocates (zeroed) memory for `layout` where `ctx` computes. Fails on allocation failure;
+    // unimplemented for a backend that has no arenas yet (CUDA: issue 4).
+    static Result<ModelArena> allocate(ArenaLayout layout, const Context& ctx);
+
+    const ArenaLayout& layout() const { return layout_; }
+    TensorView view(size_t index) const { return layout_.view(base_, index, device_); }
+    // Entry `index` seen with a smaller shape of the same dtype (numel <= the entry's; checked):
+    // how a batch smaller than planned uses the front of each buffer.
+    TensorView view(size_t index, const Shape& shape) const;
+    // The whole arena as one flat f32 vector (padding included, zero): for adamw_update.
+    TensorView flat_f32() const;
+    void zero();
+
+private:
+    ArenaLayout layout_;
+    HostArena host_;
+    void* base_ = nullptr;
+    Device device_ = Device::kCpu;
+};
+
+class Model {
+public:
+    // Plans and allocates a model of `config` (valid, from the registry) for batches up to
+    // `shape`. Parameters start at zero: call init() or load_hf(). Errors: from the plan (T too
+    // long, ...), allocation failure, a backend without arenas.
+    static Result<Model> create(ModelConfig config, const ModelShape& shape, const Context& ctx);
+
+    Model(Model&&) noexcept = default;
+    Model& operator=(Model&&) noexcept = default;
+
+    const ModelConfig& config() const { return config_; }
+    const ParamTable& params() const { return table_; }
+    const MemoryPlan& plan() const { return plan_; }
+    const Context& context() const { return ctx_; }
+
+    // ---- parameters ----
+
+    // Initializes every parameter from `seed` (model/init.h).
+    void init(uint64_t seed);
+    // Loads every parameter from a Hugging Face checkpoint (f32, bf16 or f16 tensors, converted to
+    // f32). Names may lack the family's base-model prefix (checkpoints of the bare base model).
+    // A tied model ignores a stored head. Errors name the checkpoint and tensor: a missing
+    // parameter, a wrong shape, an unsupported dtype. Tensors the model does not use are listed
+    // in a warning, except known buffers (ModelFamily::ignored_suffixes).
+    Status load_hf(const SafetensorsCheckpoint& checkpoint);
+    // Writes `dir`/model.safetensors with the HF names, stored shapes and layouts (f32), and
+    // `dir`/config.json (the config's JSON with torch_dtype float32). `dir` must exist.
+    Status save_hf(const std::string& dir) const;
+
+    // The parameter / gradient called `name` (an HF name) in its stored HF layout, copied into
+    // `out` (host, f32, the HF shape). An unknown name is a bug (checked); see params().find_hf.
+    void read_param_hf(std::string_view name, TensorView out) const;
+    void read_grad_hf(std::string_view name, TensorView out) const;
+    // Sets the parameter `name` from `hf` (host, f32, the HF shape).
+    void write_param_hf(std::string_view name, ConstTensorView hf);
+
+    // Arena views of parameter / gradient entry `index` of params().entries() (arena layout).
+    TensorView param_entry(size_t index) const { return params_.view(index); }
+    TensorView grad_entry(size_t index) const { return grads_.view(index); }
+    // Every parameter / gradient as one flat f32 vector (for the optimizer and the grad norm).
+    TensorView params_flat() const { return params_.flat_f32(); }
+    TensorView grads_flat() const { return grads_.flat_f32(); }
+    // AdamW segments over params_flat(): one per entry, weight decay `weight_decay` on matrices
+    // and embeddings, 0 on norms and biases, learning rate `lr`.
+    std::vector<AdamWSegment> adamw_segments(double lr, double weight_decay) const;
+    void zero_grads();
+
+    // ---- steps ----
+
+    // Runs the forward pass and returns the mean loss; saves what backward() needs.
+    // `batch.targets` must be given. Checks (LATHE_CHECK) the ids as the ops would.
+    float forward(const ModelBatch& batch);
+    // Backward of `dloss * loss` for the last forward(): gradients += . Must follow forward().
+    void backward(float dloss = 1.0f);
+    // forward() then backward(dloss) with the LM head run once (its fused forward-backward).
+    float forward_backward(const ModelBatch& batch, float dloss = 1.0f);
+    // The logits (B, T, V) of `batch` into `out` (f32, where the backend computes). Targets are
+    // not needed. Leaves the activations of this forward (a following backward() is refused).
+    void logits(TensorView out, const ModelBatch& batch);
+
+private:
+    Model() = default;
+
+    struct Dims {
+        int64_t B = 0, T = 0;
+    };
+    Dims load_batch(const ModelBatch& batch, bool need_targets);
+    void run_forward_blocks();
+    void run_backward_from_final(TensorView dfinal);
+    template <typename Views>
+    void fill_block_views(Views& views, const ModelArena& arena, int layer) const;
+    BlockWeights block_weights(int layer) const;
+    BlockGrads block_grads(int layer) const;
+    BlockActs block_acts(int layer) const;
+    BlockScratch block_scratch() const;
+    BlockInputs block_inputs() const;
+    TensorView act(size_t index, const Shape& shape) const { return acts_.view(index, shape); }
+    size_t head_entry() const;
+    TensorView entry_rows(const ModelArena& arena, ParamRole role, int layer, int64_t begin,
+                          int64_t end) const;
+
+    ModelConfig config_;
+    ParamTable table_;
+    MemoryPlan plan_;
+    Context ctx_;
+    ModelArena params_, grads_, acts_, scratch_;
+    Dims dims_;                 // of the batch in the activations
+    bool has_docs_ = false, has_positions_ = false;
+    bool backward_ready_ = false;  // a forward() with targets saved activations for backward()
+};
+
+}  // namespace lathe
