@@ -716,6 +716,10 @@ Result<HfModelConfig> hf_config_load(const std::string& path) {
     if (!ends_with(path, ".json")) {
         const std::string in_dir = (ends_with(path, "/") ? path : path + "/") + "config.json";
         if (file_exists(in_dir)) file = in_dir;
+        else if (file_exists(path + "/."))
+            return not_found_error("{}: no config.json in this directory: not a Hugging Face "
+                                   "checkpoint",
+                                   path);
     }
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(file));
     return hf_config_parse(text, file);

@@ -582,6 +582,11 @@ TEST(HfConfig, SaveAndLoadFiles) {
     auto missing = hf_config_load((dir / "nope").string());
     ASSERT_FALSE(missing.ok());
     EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+    fs::create_directories(dir / "empty");
+    auto empty = hf_config_load((dir / "empty").string());
+    ASSERT_FALSE(empty.ok());
+    EXPECT_EQ(empty.status().code(), StatusCode::kNotFound);
+    EXPECT_NE(empty.status().message().find("no config.json in this directory"), std::string::npos);
     fs::remove_all(dir);
 }
 
