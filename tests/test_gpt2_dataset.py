@@ -491,7 +491,7 @@ def dump_spec(count=120, wrap=True):
     [
         (1234, 16, 20, "969, 30, 1"),   # one epoch of train
         (7, 33, 400, "80/20"),          # many epochs, empty test split
-        (0, 1, 50, "1,1,1"),            # seq_length 1
+        (0, 2, 50, "1,1,1"),            # the shortest sequence GPT-NeoX's helper accepts
         (4294967295, 64, 300, "98,2,0"),
     ],
 )

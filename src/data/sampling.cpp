@@ -106,8 +106,9 @@ Status check_request(const IndexMappingRequest& r, std::span<const int32_t> size
                                       "GPT-NeoX's int32 doc_idx",
                                       r.name, r.data_prefix);
     }
-    if (r.seq_length < 1 || r.seq_length >= kInt32Max) {
-        return invalid_argument_error("index '{}' of {}: sequence length {} must be in [1, 2^31 - 1)",
+    // GPT-NeoX's helpers.cpp asserts seq_length > 1 (its Makefile keeps asserts on).
+    if (r.seq_length < 2 || r.seq_length >= kInt32Max) {
+        return invalid_argument_error("index '{}' of {}: sequence length {} must be in [2, 2^31 - 1)",
                                       r.name, r.data_prefix, r.seq_length);
     }
     if (r.num_samples && *r.num_samples < 0) {

@@ -180,7 +180,8 @@ struct IndexMappings {
 
 // Builds the arrays in memory, exactly as `_build_index_mappings` does with no cache. Errors
 // (invalid argument): an empty or out-of-range document range, fewer than 2 tokens in it,
-// seq_length < 1, neither num_samples nor num_epochs, separate-last-epoch without num_samples.
+// seq_length < 2 (GPT-NeoX's helper asserts seq_length > 1), neither num_samples nor
+// num_epochs, separate-last-epoch without num_samples.
 Result<IndexMappings> gpt_build_index_mappings(const IndexMappingRequest& request,
                                                std::span<const int32_t> sizes);
 
