@@ -53,7 +53,8 @@ std::string json_kind(const Json& j) {
     if (j.is_null()) return "null";
     if (j.is_boolean()) return fmt::format("the boolean {}", j.get<bool>());
     if (j.is_number()) return fmt::format("the number {}", j.dump());
-    if (j.is_string()) return fmt::format("the string \"{}\"", escape_for_message(j.get<std::string>(), 40));
+    if (j.is_string())
+        return fmt::format("the string \"{}\"", escape_for_message(j.get<std::string>(), 40));
     if (j.is_array()) return "a list";
     return "an object";
 }
@@ -74,15 +75,28 @@ struct KeyNames {
 KeyNames key_names(HfArch a) {
     switch (a) {
         case HfArch::kGpt2:
-            return {"n_embd", "n_inner", "n_layer", "n_head", "n_positions", "layer_norm_epsilon",
-                    "activation_function", "rope_theta", "partial_rotary_factor"};
+            return {"n_embd",
+                    "n_inner",
+                    "n_layer",
+                    "n_head",
+                    "n_positions",
+                    "layer_norm_epsilon",
+                    "activation_function",
+                    "rope_theta",
+                    "partial_rotary_factor"};
         case HfArch::kGptNeoX:
-            return {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "max_position_embeddings", "layer_norm_eps", "hidden_act", "rotary_emb_base",
-                    "rotary_pct"};
+            return {"hidden_size",         "intermediate_size",       "num_hidden_layers",
+                    "num_attention_heads", "max_position_embeddings", "layer_norm_eps",
+                    "hidden_act",          "rotary_emb_base",         "rotary_pct"};
         default:
-            return {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "max_position_embeddings", "rms_norm_eps", "hidden_act", "rope_theta",
+            return {"hidden_size",
+                    "intermediate_size",
+                    "num_hidden_layers",
+                    "num_attention_heads",
+                    "max_position_embeddings",
+                    "rms_norm_eps",
+                    "hidden_act",
+                    "rope_theta",
                     "partial_rotary_factor"};
     }
 }
@@ -186,10 +200,11 @@ Result<std::optional<HfRopeScaling>> parse_rope_scaling(const Json& v, const std
     const std::string sub = key + ".";
     auto number = [&](const char* name, double* out) -> Status {
         if (!v.contains(name))
-            return invalid_argument_error("{}: key '{}{}' is missing (llama3 rope scaling needs "
-                                          "factor, low_freq_factor, high_freq_factor and "
-                                          "original_max_position_embeddings)",
-                                          where, sub, name);
+            return invalid_argument_error(
+                "{}: key '{}{}' is missing (llama3 rope scaling needs "
+                "factor, low_freq_factor, high_freq_factor and "
+                "original_max_position_embeddings)",
+                where, sub, name);
         if (!v[name].is_number())
             return invalid_argument_error("{}: key '{}{}' must be a number, got {}", where, sub,
                                           name, json_kind(v[name]));
@@ -202,9 +217,10 @@ Result<std::optional<HfRopeScaling>> parse_rope_scaling(const Json& v, const std
     double original = 0;
     LATHE_RETURN_IF_ERROR(number("original_max_position_embeddings", &original));
     if (original != std::floor(original) || original < 1)
-        return invalid_argument_error("{}: key '{}original_max_position_embeddings' must be a "
-                                      "positive integer, got {}",
-                                      where, sub, v["original_max_position_embeddings"].dump());
+        return invalid_argument_error(
+            "{}: key '{}original_max_position_embeddings' must be a "
+            "positive integer, got {}",
+            where, sub, v["original_max_position_embeddings"].dump());
     r.original_max_position_embeddings = int64_t(original);
     return std::optional<HfRopeScaling>(r);
 }
@@ -228,10 +244,10 @@ Status validate(const HfModelConfig& c, const std::string& where) {
     for (const auto& [key, v] : positive)
         if (v < 1) return bad(key, fmt::format("must be >= 1, got {}", v));
     if (c.num_attention_heads % c.num_key_value_heads != 0)
-        return bad("num_key_value_heads",
-                   fmt::format("({}) must divide {} ({}) for grouped-query attention",
-                               c.num_key_value_heads, k.num_attention_heads,
-                               c.num_attention_heads));
+        return bad(
+            "num_key_value_heads",
+            fmt::format("({}) must divide {} ({}) for grouped-query attention",
+                        c.num_key_value_heads, k.num_attention_heads, c.num_attention_heads));
     if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps))
         return bad(k.norm_eps, fmt::format("must be a positive number, got {}", c.norm_eps));
     if (!activation_from_name(c.hidden_act))
@@ -261,11 +277,13 @@ Status validate(const HfModelConfig& c, const std::string& where) {
     }
     if (c.arch == HfArch::kGpt2) {
         if (!c.attention_bias)
-            return bad("attention_bias", "is not a GPT2LMHeadModel setting: its attention always has biases");
+            return bad("attention_bias",
+                       "is not a GPT2LMHeadModel setting: its attention always has biases");
         if (c.rope_scaling || c.use_sliding_window || c.sliding_window || c.use_parallel_residual)
-            return invalid_argument_error("{}: GPT2LMHeadModel has no rotary embedding, sliding "
-                                          "window or parallel residual",
-                                          where);
+            return invalid_argument_error(
+                "{}: GPT2LMHeadModel has no rotary embedding, sliding "
+                "window or parallel residual",
+                where);
         return ok_status();
     }
     if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
@@ -291,11 +309,13 @@ Status validate(const HfModelConfig& c, const std::string& where) {
             return bad("rope_scaling", "original_max_position_embeddings must be >= 1");
     }
     if (c.sliding_window && *c.sliding_window < 1)
-        return bad("sliding_window", fmt::format("must be >= 1 or null, got {}", *c.sliding_window));
+        return bad("sliding_window",
+                   fmt::format("must be >= 1 or null, got {}", *c.sliding_window));
     if (c.arch != HfArch::kQwen2 && (c.use_sliding_window || c.max_window_layers != 0))
         return bad("use_sliding_window", "is a Qwen2ForCausalLM setting");
     if (c.arch != HfArch::kMistral && c.arch != HfArch::kQwen2 && c.sliding_window)
-        return bad("sliding_window", fmt::format("is not a {} setting", hf_arch_class_name(c.arch)));
+        return bad("sliding_window",
+                   fmt::format("is not a {} setting", hf_arch_class_name(c.arch)));
     if (c.arch == HfArch::kQwen2 && c.max_window_layers < 0)
         return bad("max_window_layers", "must be >= 0");
     if (c.arch != HfArch::kGptNeoX && c.use_parallel_residual)
@@ -305,36 +325,55 @@ Status validate(const HfModelConfig& c, const std::string& where) {
 
 }  // namespace
 
-std::string_view hf_arch_class_name(HfArch arch) { return kArchs[size_t(arch)].class_name; }
-std::string_view hf_arch_model_type(HfArch arch) { return kArchs[size_t(arch)].model_type; }
+std::string_view hf_arch_class_name(HfArch arch) {
+    return kArchs[size_t(arch)].class_name;
+}
+std::string_view hf_arch_model_type(HfArch arch) {
+    return kArchs[size_t(arch)].model_type;
+}
 
 HfActivation HfModelConfig::activation() const {
     const std::optional<HfActivation> a = activation_from_name(hidden_act);
-    LATHE_CHECK(a.has_value(), "unsupported activation '{}' (hf_config_parse rejects it)", hidden_act);
+    LATHE_CHECK(a.has_value(), "unsupported activation '{}' (hf_config_parse rejects it)",
+                hidden_act);
     return *a;
 }
 
-bool HfModelConfig::uses_rms_norm() const { return is_llama_family(arch); }
-bool HfModelConfig::uses_rotary() const { return arch != HfArch::kGpt2; }
+bool HfModelConfig::uses_rms_norm() const {
+    return is_llama_family(arch);
+}
+bool HfModelConfig::uses_rotary() const {
+    return arch != HfArch::kGpt2;
+}
 
 bool HfModelConfig::has_qkv_bias() const {
     switch (arch) {
-        case HfArch::kLlama: return attention_bias;
-        case HfArch::kMistral: return false;
-        case HfArch::kQwen2: return true;
-        case HfArch::kGptNeoX: return attention_bias;
-        case HfArch::kGpt2: return true;
+        case HfArch::kLlama:
+            return attention_bias;
+        case HfArch::kMistral:
+            return false;
+        case HfArch::kQwen2:
+            return true;
+        case HfArch::kGptNeoX:
+            return attention_bias;
+        case HfArch::kGpt2:
+            return true;
     }
     return false;
 }
 
 bool HfModelConfig::has_out_bias() const {
     switch (arch) {
-        case HfArch::kLlama: return attention_bias;
-        case HfArch::kMistral: return false;
-        case HfArch::kQwen2: return false;
-        case HfArch::kGptNeoX: return attention_bias;
-        case HfArch::kGpt2: return true;
+        case HfArch::kLlama:
+            return attention_bias;
+        case HfArch::kMistral:
+            return false;
+        case HfArch::kQwen2:
+            return false;
+        case HfArch::kGptNeoX:
+            return attention_bias;
+        case HfArch::kGpt2:
+            return true;
     }
     return false;
 }
@@ -346,7 +385,8 @@ int64_t HfModelConfig::rotary_dim() const {
 
 std::optional<int64_t> HfModelConfig::sliding_window_for_layer(int64_t layer) const {
     if (arch == HfArch::kMistral) return sliding_window;
-    if (arch == HfArch::kQwen2 && use_sliding_window && sliding_window && layer >= max_window_layers)
+    if (arch == HfArch::kQwen2 && use_sliding_window && sliding_window &&
+        layer >= max_window_layers)
         return sliding_window;
     return std::nullopt;
 }
@@ -474,13 +514,15 @@ Result<HfModelConfig> hf_config_parse(std::string_view json_text, const std::str
         for (const ArchInfo& info : kArchs)
             if (info.model_type == model_type) arch = info.arch;
         if (!arch)
-            return unimplemented_error("{}: key 'model_type' is \"{}\"; lathe supports llama, "
-                                       "mistral, qwen2, gpt_neox and gpt2",
-                                       source, escape_for_message(model_type));
+            return unimplemented_error(
+                "{}: key 'model_type' is \"{}\"; lathe supports llama, "
+                "mistral, qwen2, gpt_neox and gpt2",
+                source, escape_for_message(model_type));
     } else {
-        return invalid_argument_error("{}: neither 'architectures' nor 'model_type' says which "
-                                      "model this is",
-                                      source);
+        return invalid_argument_error(
+            "{}: neither 'architectures' nor 'model_type' says which "
+            "model this is",
+            source);
     }
     if (!model_type.empty() && model_type != hf_arch_model_type(*arch))
         return invalid_argument_error(
@@ -502,7 +544,8 @@ Result<HfModelConfig> hf_config_parse(std::string_view json_text, const std::str
         c.eos_token_id_is_list = e.is_array() && e.size() <= 1;
         if (e.is_array()) {
             for (const Json& id : e) {
-                if (!id.is_number_unsigned()) return r.error("eos_token_id", "a token id, a list of token ids or null");
+                if (!id.is_number_unsigned())
+                    return r.error("eos_token_id", "a token id, a list of token ids or null");
                 c.eos_token_ids.push_back(id.get<int64_t>());
             }
         } else if (!e.is_null()) {
@@ -517,9 +560,10 @@ Result<HfModelConfig> hf_config_parse(std::string_view json_text, const std::str
         std::string v;
         LATHE_RETURN_IF_ERROR(r.string_key(key, &v));
         if (!c.torch_dtype.empty() && c.torch_dtype != v)
-            return invalid_argument_error("{}: keys 'torch_dtype' (\"{}\") and 'dtype' (\"{}\") "
-                                          "disagree",
-                                          source, c.torch_dtype, v);
+            return invalid_argument_error(
+                "{}: keys 'torch_dtype' (\"{}\") and 'dtype' (\"{}\") "
+                "disagree",
+                source, c.torch_dtype, v);
         c.torch_dtype = v;
     }
 
@@ -542,8 +586,10 @@ Result<HfModelConfig> hf_config_parse(std::string_view json_text, const std::str
             if (a >= 0 && b >= 0 && a != b)
                 return invalid_argument_error("{}: keys '{}' ({}) and '{}' ({}) disagree", source,
                                               own[i], a, aliases[i].first, b);
-            if (a >= 0) *aliases[i].second = a;
-            else if (b >= 0) *aliases[i].second = b;
+            if (a >= 0)
+                *aliases[i].second = a;
+            else if (b >= 0)
+                *aliases[i].second = b;
         }
         std::optional<int64_t> n_inner;
         LATHE_RETURN_IF_ERROR(r.opt_int_key("n_inner", &n_inner, 1));
@@ -591,9 +637,9 @@ Result<HfModelConfig> hf_config_parse(std::string_view json_text, const std::str
         }
     } else {
         if (c.hidden_size % c.num_attention_heads != 0)
-            return invalid_argument_error(
-                "{}: key '{}' ({}) is not a multiple of {} ({})", source, k.hidden_size,
-                c.hidden_size, k.num_attention_heads, c.num_attention_heads);
+            return invalid_argument_error("{}: key '{}' ({}) is not a multiple of {} ({})", source,
+                                          k.hidden_size, c.hidden_size, k.num_attention_heads,
+                                          c.num_attention_heads);
         c.head_dim = c.hidden_size / c.num_attention_heads;
     }
 
@@ -613,7 +659,8 @@ Result<HfModelConfig> hf_config_parse(std::string_view json_text, const std::str
             partial = v;
         }
         if (r.has("rope_scaling")) {
-            LATHE_ASSIGN_OR_RETURN(scaling, parse_rope_scaling(r.raw("rope_scaling"), "rope_scaling", source));
+            LATHE_ASSIGN_OR_RETURN(
+                scaling, parse_rope_scaling(r.raw("rope_scaling"), "rope_scaling", source));
             have_scaling = true;
         }
         if (r.has("rope_parameters") && !r.raw("rope_parameters").is_null()) {
@@ -621,26 +668,31 @@ Result<HfModelConfig> hf_config_parse(std::string_view json_text, const std::str
             LATHE_ASSIGN_OR_RETURN(std::optional<HfRopeScaling> s2,
                                    parse_rope_scaling(p, "rope_parameters", source));
             if (have_scaling && s2 != scaling)
-                return invalid_argument_error("{}: keys 'rope_scaling' and 'rope_parameters' "
-                                              "describe different rope scaling",
-                                              source);
+                return invalid_argument_error(
+                    "{}: keys 'rope_scaling' and 'rope_parameters' "
+                    "describe different rope scaling",
+                    source);
             scaling = s2;
-            auto merge = [&](const char* sub, const char* legacy, std::optional<double>* into) -> Status {
+            auto merge = [&](const char* sub, const char* legacy,
+                             std::optional<double>* into) -> Status {
                 if (!p.contains(sub)) return ok_status();
                 if (!p[sub].is_number())
-                    return invalid_argument_error("{}: key 'rope_parameters.{}' must be a number, "
-                                                  "got {}",
-                                                  source, sub, json_kind(p[sub]));
+                    return invalid_argument_error(
+                        "{}: key 'rope_parameters.{}' must be a number, "
+                        "got {}",
+                        source, sub, json_kind(p[sub]));
                 const double v = p[sub].get<double>();
                 if (*into && **into != v)
-                    return invalid_argument_error("{}: keys '{}' ({}) and 'rope_parameters.{}' ({}) "
-                                                  "disagree",
-                                                  source, legacy, **into, sub, v);
+                    return invalid_argument_error(
+                        "{}: keys '{}' ({}) and 'rope_parameters.{}' ({}) "
+                        "disagree",
+                        source, legacy, **into, sub, v);
                 *into = v;
                 return ok_status();
             };
             LATHE_RETURN_IF_ERROR(merge("rope_theta", k.rope_theta, &theta));
-            LATHE_RETURN_IF_ERROR(merge("partial_rotary_factor", k.partial_rotary_factor, &partial));
+            LATHE_RETURN_IF_ERROR(
+                merge("partial_rotary_factor", k.partial_rotary_factor, &partial));
         }
         if (theta) c.rope_theta = *theta;
         if (partial) c.partial_rotary_factor = *partial;
@@ -668,7 +720,8 @@ Result<HfModelConfig> hf_config_parse(std::string_view json_text, const std::str
                 const Json& lt = r.raw("layer_types");
                 bool same = lt.is_array() && int64_t(lt.size()) == c.num_hidden_layers;
                 for (int64_t i = 0; same && i < c.num_hidden_layers; ++i) {
-                    const char* want = c.sliding_window_for_layer(i) ? "sliding_attention" : "full_attention";
+                    const char* want =
+                        c.sliding_window_for_layer(i) ? "sliding_attention" : "full_attention";
                     same = lt[size_t(i)].is_string() && lt[size_t(i)].get<std::string>() == want;
                 }
                 if (!same)
@@ -696,8 +749,9 @@ Result<HfModelConfig> hf_config_parse(std::string_view json_text, const std::str
                 if (!root.contains(key)) continue;
                 if (!root[key].is_boolean()) return r.error(key, "true or false");
                 if (root[key].get<bool>() != want)
-                    return unimplemented_error("{}: key '{}' is {}; lathe implements GPT-2 with {} only",
-                                               source, key, !want, want);
+                    return unimplemented_error(
+                        "{}: key '{}' is {}; lathe implements GPT-2 with {} only", source, key,
+                        !want, want);
             }
             break;
         }
@@ -715,11 +769,13 @@ Result<HfModelConfig> hf_config_load(const std::string& path) {
     std::string file = path;
     if (!ends_with(path, ".json")) {
         const std::string in_dir = (ends_with(path, "/") ? path : path + "/") + "config.json";
-        if (file_exists(in_dir)) file = in_dir;
+        if (file_exists(in_dir))
+            file = in_dir;
         else if (file_exists(path + "/."))
-            return not_found_error("{}: no config.json in this directory: not a Hugging Face "
-                                   "checkpoint",
-                                   path);
+            return not_found_error(
+                "{}: no config.json in this directory: not a Hugging Face "
+                "checkpoint",
+                path);
     }
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(file));
     return hf_config_parse(text, file);
@@ -743,9 +799,12 @@ Result<std::string> hf_config_to_json(const HfModelConfig& c) {
     out["initializer_range"] = c.initializer_range;
     out["tie_word_embeddings"] = c.tie_word_embeddings;
     out["bos_token_id"] = c.bos_token_id ? Json(*c.bos_token_id) : Json(nullptr);
-    if (c.eos_token_id_is_list || c.eos_token_ids.size() > 1) out["eos_token_id"] = c.eos_token_ids;
-    else if (c.eos_token_ids.size() == 1) out["eos_token_id"] = c.eos_token_ids[0];
-    else out["eos_token_id"] = nullptr;
+    if (c.eos_token_id_is_list || c.eos_token_ids.size() > 1)
+        out["eos_token_id"] = c.eos_token_ids;
+    else if (c.eos_token_ids.size() == 1)
+        out["eos_token_id"] = c.eos_token_ids[0];
+    else
+        out["eos_token_id"] = nullptr;
     if (c.pad_token_id) out["pad_token_id"] = *c.pad_token_id;
     if (!c.torch_dtype.empty()) out["torch_dtype"] = c.torch_dtype;
     out.erase("dtype");  // torch_dtype is the one spelling written
@@ -756,7 +815,8 @@ Result<std::string> hf_config_to_json(const HfModelConfig& c) {
         out["n_layer"] = c.num_hidden_layers;
         out["n_head"] = c.num_attention_heads;
         out["n_positions"] = c.max_position_embeddings;
-        out["n_inner"] = c.intermediate_size == 4 * c.hidden_size ? Json(nullptr) : Json(c.intermediate_size);
+        out["n_inner"] =
+            c.intermediate_size == 4 * c.hidden_size ? Json(nullptr) : Json(c.intermediate_size);
     } else {
         out[k.hidden_size] = c.hidden_size;
         out[k.intermediate_size] = c.intermediate_size;
@@ -766,11 +826,12 @@ Result<std::string> hf_config_to_json(const HfModelConfig& c) {
         out[k.rope_theta] = c.rope_theta;
         if (c.rope_scaling) {
             const HfRopeScaling& s = *c.rope_scaling;
-            out["rope_scaling"] = {{"rope_type", "llama3"},
-                                   {"factor", s.factor},
-                                   {"low_freq_factor", s.low_freq_factor},
-                                   {"high_freq_factor", s.high_freq_factor},
-                                   {"original_max_position_embeddings", s.original_max_position_embeddings}};
+            out["rope_scaling"] = {
+                {"rope_type", "llama3"},
+                {"factor", s.factor},
+                {"low_freq_factor", s.low_freq_factor},
+                {"high_freq_factor", s.high_freq_factor},
+                {"original_max_position_embeddings", s.original_max_position_embeddings}};
         } else {
             out["rope_scaling"] = nullptr;
         }
@@ -784,14 +845,16 @@ Result<std::string> hf_config_to_json(const HfModelConfig& c) {
             // hidden_size / heads), so Qwen2 writes it only when it differs from that.
             if (c.arch != HfArch::kQwen2 || c.head_dim * c.num_attention_heads != c.hidden_size)
                 out["head_dim"] = c.head_dim;
-            if (c.partial_rotary_factor != 1.0) out["partial_rotary_factor"] = c.partial_rotary_factor;
+            if (c.partial_rotary_factor != 1.0)
+                out["partial_rotary_factor"] = c.partial_rotary_factor;
             break;
         case HfArch::kGptNeoX:
             out["rotary_pct"] = c.partial_rotary_factor;
             out["use_parallel_residual"] = c.use_parallel_residual;
             out["attention_bias"] = c.attention_bias;
             break;
-        case HfArch::kGpt2: break;
+        case HfArch::kGpt2:
+            break;
     }
     if (c.arch == HfArch::kLlama) {
         out["attention_bias"] = c.attention_bias;

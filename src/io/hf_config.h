@@ -62,13 +62,13 @@ struct HfModelConfig {
     HfArch arch = HfArch::kLlama;
 
     int64_t vocab_size = 0;
-    int64_t hidden_size = 0;                // GPT-2: n_embd
-    int64_t intermediate_size = 0;          // GPT-2: n_inner, or 4 * n_embd when null
-    int64_t num_hidden_layers = 0;          // GPT-2: n_layer
-    int64_t num_attention_heads = 0;        // GPT-2: n_head
-    int64_t num_key_value_heads = 0;        // = num_attention_heads for GPT-NeoX and GPT-2
-    int64_t head_dim = 0;                   // head_dim, or hidden_size / num_attention_heads
-    int64_t max_position_embeddings = 0;    // GPT-2: n_positions
+    int64_t hidden_size = 0;              // GPT-2: n_embd
+    int64_t intermediate_size = 0;        // GPT-2: n_inner, or 4 * n_embd when null
+    int64_t num_hidden_layers = 0;        // GPT-2: n_layer
+    int64_t num_attention_heads = 0;      // GPT-2: n_head
+    int64_t num_key_value_heads = 0;      // = num_attention_heads for GPT-NeoX and GPT-2
+    int64_t head_dim = 0;                 // head_dim, or hidden_size / num_attention_heads
+    int64_t max_position_embeddings = 0;  // GPT-2: n_positions
     // rms_norm_eps (Llama, Mistral, Qwen2), layer_norm_eps (GPT-NeoX), layer_norm_epsilon (GPT-2).
     double norm_eps = 0.0;
     // hidden_act (activation_function for GPT-2) as written: "silu", "gelu", "gelu_new", ...
@@ -91,26 +91,26 @@ struct HfModelConfig {
     // sliding_window as written (Mistral, Qwen2); for Qwen2 it applies only with
     // use_sliding_window, from layer max_window_layers up: see sliding_window_for_layer().
     std::optional<int64_t> sliding_window;
-    bool use_sliding_window = false;        // Qwen2
-    int64_t max_window_layers = 0;          // Qwen2
-    bool use_parallel_residual = false;     // GPT-NeoX
+    bool use_sliding_window = false;     // Qwen2
+    int64_t max_window_layers = 0;       // Qwen2
+    bool use_parallel_residual = false;  // GPT-NeoX
 
     std::optional<int64_t> bos_token_id;
-    std::vector<int64_t> eos_token_ids;     // eos_token_id: one id, a list, or none
+    std::vector<int64_t> eos_token_ids;  // eos_token_id: one id, a list, or none
     // A single id (or none) that was written as a list ([id], []) and is written back so;
     // several ids are always a list.
     bool eos_token_id_is_list = false;
     std::optional<int64_t> pad_token_id;
-    std::string torch_dtype;                // "bfloat16", "float32", ... ("" when absent)
+    std::string torch_dtype;  // "bfloat16", "float32", ... ("" when absent)
     double initializer_range = 0.02;
 
     // Keys lathe does not interpret, as JSON text, written back unchanged.
     std::map<std::string, std::string> extra;
 
     // Derived properties of the architecture.
-    HfActivation activation() const;        // of hidden_act (checked: parse validated it)
-    bool uses_rms_norm() const;             // Llama, Mistral, Qwen2 (else LayerNorm with bias)
-    bool uses_rotary() const;               // all but GPT-2 (learned absolute positions)
+    HfActivation activation() const;  // of hidden_act (checked: parse validated it)
+    bool uses_rms_norm() const;       // Llama, Mistral, Qwen2 (else LayerNorm with bias)
+    bool uses_rotary() const;         // all but GPT-2 (learned absolute positions)
     bool has_qkv_bias() const;
     bool has_out_bias() const;
     // Rotated dimensions per head: int(head_dim * partial_rotary_factor), as transformers.

@@ -240,7 +240,8 @@ TEST(HfConfig, Qwen2_05B) {
     EXPECT_EQ(c.sliding_window, std::optional<int64_t>(131072));
     EXPECT_FALSE(c.use_sliding_window);
     EXPECT_EQ(c.max_window_layers, 24);
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) EXPECT_EQ(c.sliding_window_for_layer(l), std::nullopt);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+        EXPECT_EQ(c.sliding_window_for_layer(l), std::nullopt);
     EXPECT_EQ(c.bos_token_id, std::optional<int64_t>(151643));
     EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{151643});
 }
@@ -279,7 +280,7 @@ TEST(HfConfig, Pythia160M) {
     EXPECT_EQ(c.max_position_embeddings, 2048);
     EXPECT_EQ(c.norm_eps, 1e-5);
     EXPECT_FALSE(c.uses_rms_norm());
-    EXPECT_EQ(c.rope_theta, 10000.0);  // rotary_emb_base
+    EXPECT_EQ(c.rope_theta, 10000.0);          // rotary_emb_base
     EXPECT_EQ(c.partial_rotary_factor, 0.25);  // rotary_pct
     EXPECT_EQ(c.rotary_dim(), 16);
     EXPECT_TRUE(c.use_parallel_residual);
@@ -324,7 +325,8 @@ TEST(HfConfig, Gpt2) {
 
 TEST(HfConfig, DefaultsOfEachFamilyClass) {
     // An empty config takes every value from the family's transformers config class.
-    for (HfArch a : {HfArch::kLlama, HfArch::kMistral, HfArch::kQwen2, HfArch::kGptNeoX, HfArch::kGpt2}) {
+    for (HfArch a :
+         {HfArch::kLlama, HfArch::kMistral, HfArch::kQwen2, HfArch::kGptNeoX, HfArch::kGpt2}) {
         const std::string text =
             fmt::format(R"({{"architectures": ["{}"]}})", hf_arch_class_name(a));
         HfModelConfig c = parse_ok(text);
@@ -356,25 +358,39 @@ TEST(HfConfig, DefaultsOfEachFamilyClass) {
 
 TEST(HfConfig, KeyValueHeadsDefaultQuirks) {
     // Absent: the class default (Mistral 8, Qwen2 32; Llama None = all heads).
-    EXPECT_EQ(parse_ok(R"({"model_type": "mistral", "num_attention_heads": 16})").num_key_value_heads, 8);
-    EXPECT_EQ(parse_ok(R"({"model_type": "qwen2", "num_attention_heads": 64})").num_key_value_heads, 32);
-    EXPECT_EQ(parse_ok(R"({"model_type": "llama", "num_attention_heads": 16})").num_key_value_heads, 16);
+    EXPECT_EQ(
+        parse_ok(R"({"model_type": "mistral", "num_attention_heads": 16})").num_key_value_heads, 8);
+    EXPECT_EQ(parse_ok(R"({"model_type": "qwen2", "num_attention_heads": 64})").num_key_value_heads,
+              32);
+    EXPECT_EQ(parse_ok(R"({"model_type": "llama", "num_attention_heads": 16})").num_key_value_heads,
+              16);
     // null: num_attention_heads, for every family.
-    EXPECT_EQ(parse_ok(R"({"model_type": "mistral", "num_attention_heads": 16, "num_key_value_heads": null})")
-                  .num_key_value_heads,
-              16);
-    EXPECT_EQ(parse_ok(R"({"model_type": "qwen2", "num_attention_heads": 16, "num_key_value_heads": null})")
-                  .num_key_value_heads,
-              16);
+    EXPECT_EQ(
+        parse_ok(
+            R"({"model_type": "mistral", "num_attention_heads": 16, "num_key_value_heads": null})")
+            .num_key_value_heads,
+        16);
+    EXPECT_EQ(
+        parse_ok(
+            R"({"model_type": "qwen2", "num_attention_heads": 16, "num_key_value_heads": null})")
+            .num_key_value_heads,
+        16);
     // head_dim: given, or hidden_size / heads.
     const HfModelConfig c = parse_ok(
         R"({"model_type": "llama", "hidden_size": 96, "num_attention_heads": 4, "head_dim": 32})");
     EXPECT_EQ(c.head_dim, 32);
-    EXPECT_EQ(parse_ok(R"({"model_type": "llama", "hidden_size": 96, "num_attention_heads": 4})").head_dim, 24);
+    EXPECT_EQ(parse_ok(R"({"model_type": "llama", "hidden_size": 96, "num_attention_heads": 4})")
+                  .head_dim,
+              24);
     // GPT-2's n_inner and its generic aliases.
-    EXPECT_EQ(parse_ok(R"({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_inner": 100})").intermediate_size, 100);
-    EXPECT_EQ(parse_ok(R"({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_inner": null})").intermediate_size, 256);
-    EXPECT_EQ(parse_ok(R"({"model_type": "gpt2", "hidden_size": 64, "n_head": 4})").hidden_size, 64);
+    EXPECT_EQ(parse_ok(R"({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_inner": 100})")
+                  .intermediate_size,
+              100);
+    EXPECT_EQ(parse_ok(R"({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_inner": null})")
+                  .intermediate_size,
+              256);
+    EXPECT_EQ(parse_ok(R"({"model_type": "gpt2", "hidden_size": 64, "n_head": 4})").hidden_size,
+              64);
     // Qwen2 sliding window on the upper layers only.
     const HfModelConfig q = parse_ok(
         R"({"model_type": "qwen2", "num_hidden_layers": 4, "use_sliding_window": true,
@@ -382,7 +398,8 @@ TEST(HfConfig, KeyValueHeadsDefaultQuirks) {
     EXPECT_EQ(q.sliding_window_for_layer(1), std::nullopt);
     EXPECT_EQ(q.sliding_window_for_layer(2), std::optional<int64_t>(128));
     // Mistral without a window.
-    EXPECT_EQ(parse_ok(R"({"model_type": "mistral", "sliding_window": null})").sliding_window_for_layer(3),
+    EXPECT_EQ(parse_ok(R"({"model_type": "mistral", "sliding_window": null})")
+                  .sliding_window_for_layer(3),
               std::nullopt);
 }
 
@@ -393,9 +410,9 @@ TEST(HfConfig, TransformersFiveSpelling) {
     v5.erase("rope_scaling");
     v5.erase("torch_dtype");
     v5["dtype"] = "bfloat16";
-    v5["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0},
-                             {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
-                             {"original_max_position_embeddings", 8192}};
+    v5["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 500000.0},
+                             {"factor", 32.0},          {"low_freq_factor", 1.0},
+                             {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
     HfModelConfig a = parse_ok(kLlama32_1B), b = parse_ok(v5.dump());
     a.extra.clear();
     b.extra.clear();
@@ -404,7 +421,8 @@ TEST(HfConfig, TransformersFiveSpelling) {
     nlohmann::json neox = nlohmann::json::parse(kPythia160M);
     neox.erase("rotary_pct");
     neox.erase("rotary_emb_base");
-    neox["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.25}};
+    neox["rope_parameters"] = {
+        {"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.25}};
     const HfModelConfig n = parse_ok(neox.dump());
     EXPECT_EQ(n.partial_rotary_factor, 0.25);
     EXPECT_EQ(n.rope_theta, 10000.0);
@@ -434,54 +452,62 @@ TEST(HfConfig, ErrorsNameTheKey) {
                  "neither 'architectures' nor 'model_type'");
     expect_error(R"({"architectures": ["BertForMaskedLM"]})", StatusCode::kUnimplemented,
                  "key 'architectures' is [BertForMaskedLM]; lathe supports LlamaForCausalLM");
-    expect_error(R"({"model_type": "t5"})", StatusCode::kUnimplemented, "key 'model_type' is \"t5\"");
+    expect_error(R"({"model_type": "t5"})", StatusCode::kUnimplemented,
+                 "key 'model_type' is \"t5\"");
     expect_error(R"({"architectures": ["LlamaForCausalLM"], "model_type": "mistral"})",
                  StatusCode::kInvalidArgument, "key 'model_type' is \"mistral\" but");
     expect_error(R"({"model_type": "llama", "hidden_size": "4096"})", StatusCode::kInvalidArgument,
                  "key 'hidden_size' must be an integer >= 1, got the string \"4096\"");
-    expect_error(R"({"model_type": "llama", "num_hidden_layers": 2.5})", StatusCode::kInvalidArgument,
+    expect_error(R"({"model_type": "llama", "num_hidden_layers": 2.5})",
+                 StatusCode::kInvalidArgument,
                  "key 'num_hidden_layers' must be an integer >= 1, got the number 2.5");
     expect_error(R"({"model_type": "llama", "vocab_size": 0})", StatusCode::kInvalidArgument,
                  "key 'vocab_size' must be an integer >= 1, got the number 0");
-    expect_error(R"({"model_type": "llama", "tie_word_embeddings": 1})", StatusCode::kInvalidArgument,
-                 "key 'tie_word_embeddings' must be true or false");
+    expect_error(R"({"model_type": "llama", "tie_word_embeddings": 1})",
+                 StatusCode::kInvalidArgument, "key 'tie_word_embeddings' must be true or false");
     expect_error(R"({"model_type": "llama", "rms_norm_eps": "1e-5"})", StatusCode::kInvalidArgument,
                  "key 'rms_norm_eps' must be a number");
     expect_error(R"({"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 6})",
                  StatusCode::kInvalidArgument, "key 'num_key_value_heads' (6, given) must divide");
     expect_error(R"({"model_type": "mistral", "num_attention_heads": 4, "hidden_size": 64})",
-                 StatusCode::kInvalidArgument, "(8, the MistralConfig default, as the key is absent)");
+                 StatusCode::kInvalidArgument,
+                 "(8, the MistralConfig default, as the key is absent)");
     expect_error(R"({"model_type": "llama", "hidden_size": 100, "num_attention_heads": 8})",
                  StatusCode::kInvalidArgument, "set head_dim");
     expect_error(R"({"model_type": "gpt_neox", "hidden_size": 100, "num_attention_heads": 8})",
-                 StatusCode::kInvalidArgument, "key 'hidden_size' (100) is not a multiple of num_attention_heads");
+                 StatusCode::kInvalidArgument,
+                 "key 'hidden_size' (100) is not a multiple of num_attention_heads");
     expect_error(R"({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})",
                  StatusCode::kUnimplemented, "key 'rope_scaling.rope_type' is \"yarn\"");
     expect_error(R"({"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 4.0}})",
                  StatusCode::kUnimplemented, "key 'rope_scaling.type' is \"linear\"");
-    expect_error(R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})",
-                 StatusCode::kInvalidArgument, "key 'rope_scaling.low_freq_factor' is missing");
+    expect_error(
+        R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})",
+        StatusCode::kInvalidArgument, "key 'rope_scaling.low_freq_factor' is missing");
     expect_error(R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
                    "low_freq_factor": 4.0, "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}})",
                  StatusCode::kInvalidArgument, "low_freq_factor < high_freq_factor");
-    expect_error(R"({"model_type": "llama", "hidden_act": "gelu_accurate"})", StatusCode::kUnimplemented,
-                 "key 'hidden_act' is \"gelu_accurate\"");
-    expect_error(R"({"model_type": "gpt2", "activation_function": "quick_gelu"})", StatusCode::kUnimplemented,
-                 "key 'activation_function' is \"quick_gelu\"");
+    expect_error(R"({"model_type": "llama", "hidden_act": "gelu_accurate"})",
+                 StatusCode::kUnimplemented, "key 'hidden_act' is \"gelu_accurate\"");
+    expect_error(R"({"model_type": "gpt2", "activation_function": "quick_gelu"})",
+                 StatusCode::kUnimplemented, "key 'activation_function' is \"quick_gelu\"");
     expect_error(R"({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": true})",
                  StatusCode::kUnimplemented, "key 'scale_attn_by_inverse_layer_idx' is true");
     expect_error(R"({"model_type": "gpt2", "n_embd": 64, "hidden_size": 128, "n_head": 4})",
-                 StatusCode::kInvalidArgument, "keys 'n_embd' (64) and 'hidden_size' (128) disagree");
+                 StatusCode::kInvalidArgument,
+                 "keys 'n_embd' (64) and 'hidden_size' (128) disagree");
     expect_error(R"({"model_type": "gpt_neox", "rotary_pct": 1.5})", StatusCode::kInvalidArgument,
                  "key 'rotary_pct' must be in (0, 1]");
-    expect_error(R"({"model_type": "gpt_neox", "hidden_size": 64, "num_attention_heads": 2, "rotary_pct": 0.01})",
-                 StatusCode::kInvalidArgument, "key 'rotary_pct' gives 0 rotary dimensions");
+    expect_error(
+        R"({"model_type": "gpt_neox", "hidden_size": 64, "num_attention_heads": 2, "rotary_pct": 0.01})",
+        StatusCode::kInvalidArgument, "key 'rotary_pct' gives 0 rotary dimensions");
     expect_error(R"({"model_type": "mistral", "sliding_window": 0})", StatusCode::kInvalidArgument,
                  "key 'sliding_window' must be an integer >= 1");
-    expect_error(R"({"model_type": "llama", "eos_token_id": [1, "x"]})", StatusCode::kInvalidArgument,
-                 "key 'eos_token_id' must be a token id");
+    expect_error(R"({"model_type": "llama", "eos_token_id": [1, "x"]})",
+                 StatusCode::kInvalidArgument, "key 'eos_token_id' must be a token id");
     expect_error(R"({"model_type": "llama", "torch_dtype": "float32", "dtype": "bfloat16"})",
-                 StatusCode::kInvalidArgument, "keys 'torch_dtype' (\"float32\") and 'dtype' (\"bfloat16\") disagree");
+                 StatusCode::kInvalidArgument,
+                 "keys 'torch_dtype' (\"float32\") and 'dtype' (\"bfloat16\") disagree");
 }
 
 TEST(HfConfig, WriteThenParseIsIdentity) {
@@ -501,7 +527,8 @@ TEST(HfConfig, WriteThenParseIsIdentity) {
         for (auto it = orig.begin(); it != orig.end(); ++it) {
             ASSERT_TRUE(written.contains(it.key())) << f.name << ": lost key " << it.key();
             if (it.value().is_number())
-                EXPECT_EQ(written[it.key()].get<double>(), it.value().get<double>()) << f.name << " " << it.key();
+                EXPECT_EQ(written[it.key()].get<double>(), it.value().get<double>())
+                    << f.name << " " << it.key();
             else
                 EXPECT_EQ(written[it.key()], it.value()) << f.name << " " << it.key();
         }
@@ -524,10 +551,11 @@ TEST(HfConfig, WrittenTextIsSaveDefaultFormat) {
     auto neox = hf_config_to_json(d);
     ASSERT_TRUE(neox.ok());
     const nlohmann::json j = nlohmann::json::parse(*neox);
-    for (const char* key : {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                            "max_position_embeddings", "layer_norm_eps", "hidden_act", "rotary_pct",
-                            "rotary_emb_base", "use_parallel_residual", "attention_bias",
-                            "tie_word_embeddings", "vocab_size", "bos_token_id", "eos_token_id"})
+    for (const char* key :
+         {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+          "max_position_embeddings", "layer_norm_eps", "hidden_act", "rotary_pct",
+          "rotary_emb_base", "use_parallel_residual", "attention_bias", "tie_word_embeddings",
+          "vocab_size", "bos_token_id", "eos_token_id"})
         EXPECT_TRUE(j.contains(key)) << key;
 }
 
@@ -568,7 +596,8 @@ TEST(HfConfig, ScaledDownConfigWritesBack) {
 }
 
 TEST(HfConfig, SaveAndLoadFiles) {
-    const fs::path dir = fs::temp_directory_path() / fmt::format("lathe_hf_config_test_{}", ::getpid());
+    const fs::path dir =
+        fs::temp_directory_path() / fmt::format("lathe_hf_config_test_{}", ::getpid());
     fs::remove_all(dir);
     fs::create_directories(dir);
     const HfModelConfig c = parse_ok(kPythia160M);

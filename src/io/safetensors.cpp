@@ -1,8 +1,8 @@
 #include "io/safetensors.h"
 
+#include <dirent.h>
 #include <fmt/format.h>
 #include <unistd.h>
-#include <dirent.h>
 
 #include <algorithm>
 #include <array>
@@ -74,7 +74,8 @@ std::string json_kind(const Json& j) {
     if (j.is_number_unsigned()) return fmt::format("the number {}", j.get<uint64_t>());
     if (j.is_number_integer()) return fmt::format("the negative number {}", j.get<int64_t>());
     if (j.is_number_float()) return fmt::format("the non-integer number {}", j.dump());
-    if (j.is_string()) return fmt::format("the string \"{}\"", escape_for_message(j.get<std::string>(), 40));
+    if (j.is_string())
+        return fmt::format("the string \"{}\"", escape_for_message(j.get<std::string>(), 40));
     if (j.is_array()) return "an array";
     return "an object";
 }
@@ -115,7 +116,9 @@ Result<ParsedJson> parse_json_strict(std::string_view text, const std::string& w
     std::vector<std::set<std::string>> open_objects;
     auto callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
         switch (event) {
-            case Json::parse_event_t::object_start: open_objects.emplace_back(); break;
+            case Json::parse_event_t::object_start:
+                open_objects.emplace_back();
+                break;
             case Json::parse_event_t::object_end:
                 if (!open_objects.empty()) open_objects.pop_back();
                 break;
@@ -124,7 +127,8 @@ Result<ParsedJson> parse_json_strict(std::string_view text, const std::string& w
                     !open_objects.back().insert(parsed.get<std::string>()).second)
                     out.duplicate_key = parsed.get<std::string>();
                 break;
-            default: break;
+            default:
+                break;
         }
         return true;
     };
@@ -138,8 +142,8 @@ Result<ParsedJson> parse_json_strict(std::string_view text, const std::string& w
 }
 
 bool is_plain_file_name(std::string_view name) {
-    return !name.empty() && name != "." && name != ".." && name.find('/') == std::string_view::npos &&
-           name.find('\0') == std::string_view::npos;
+    return !name.empty() && name != "." && name != ".." &&
+           name.find('/') == std::string_view::npos && name.find('\0') == std::string_view::npos;
 }
 
 std::string dir_of(const std::string& path) {
@@ -170,7 +174,9 @@ std::string_view safetensors_dtype_name(SafetensorsDtype t) {
     return kDtypes[static_cast<size_t>(t)].name;
 }
 
-int safetensors_dtype_bits(SafetensorsDtype t) { return kDtypes[static_cast<size_t>(t)].bits; }
+int safetensors_dtype_bits(SafetensorsDtype t) {
+    return kDtypes[static_cast<size_t>(t)].bits;
+}
 
 std::optional<SafetensorsDtype> safetensors_dtype_from_name(std::string_view name) {
     for (const DtypeInfo& d : kDtypes)
@@ -180,26 +186,41 @@ std::optional<SafetensorsDtype> safetensors_dtype_from_name(std::string_view nam
 
 std::optional<DType> safetensors_dtype_to_dtype(SafetensorsDtype t) {
     switch (t) {
-        case SafetensorsDtype::kF32: return DType::kF32;
-        case SafetensorsDtype::kBF16: return DType::kBF16;
-        case SafetensorsDtype::kF8E4M3: return DType::kE4M3;
-        case SafetensorsDtype::kF8E5M2: return DType::kE5M2;
-        case SafetensorsDtype::kI32: return DType::kI32;
-        case SafetensorsDtype::kI64: return DType::kI64;
-        case SafetensorsDtype::kU8: return DType::kU8;
-        default: return std::nullopt;
+        case SafetensorsDtype::kF32:
+            return DType::kF32;
+        case SafetensorsDtype::kBF16:
+            return DType::kBF16;
+        case SafetensorsDtype::kF8E4M3:
+            return DType::kE4M3;
+        case SafetensorsDtype::kF8E5M2:
+            return DType::kE5M2;
+        case SafetensorsDtype::kI32:
+            return DType::kI32;
+        case SafetensorsDtype::kI64:
+            return DType::kI64;
+        case SafetensorsDtype::kU8:
+            return DType::kU8;
+        default:
+            return std::nullopt;
     }
 }
 
 SafetensorsDtype safetensors_dtype_from_dtype(DType t) {
     switch (t) {
-        case DType::kF32: return SafetensorsDtype::kF32;
-        case DType::kBF16: return SafetensorsDtype::kBF16;
-        case DType::kE4M3: return SafetensorsDtype::kF8E4M3;
-        case DType::kE5M2: return SafetensorsDtype::kF8E5M2;
-        case DType::kI32: return SafetensorsDtype::kI32;
-        case DType::kI64: return SafetensorsDtype::kI64;
-        case DType::kU8: return SafetensorsDtype::kU8;
+        case DType::kF32:
+            return SafetensorsDtype::kF32;
+        case DType::kBF16:
+            return SafetensorsDtype::kBF16;
+        case DType::kE4M3:
+            return SafetensorsDtype::kF8E4M3;
+        case DType::kE5M2:
+            return SafetensorsDtype::kF8E5M2;
+        case DType::kI32:
+            return SafetensorsDtype::kI32;
+        case DType::kI64:
+            return SafetensorsDtype::kI64;
+        case DType::kU8:
+            return SafetensorsDtype::kU8;
     }
     LATHE_CHECK(false, "unknown DType {}", static_cast<int>(t));
     return SafetensorsDtype::kU8;
@@ -213,13 +234,16 @@ uint64_t SafetensorsTensor::numel() const {
     return n;
 }
 
-std::string SafetensorsTensor::shape_string() const { return shape_to_string(shape); }
+std::string SafetensorsTensor::shape_string() const {
+    return shape_to_string(shape);
+}
 
 Result<ConstTensorView> SafetensorsTensor::view() const {
     const std::optional<DType> dt = safetensors_dtype_to_dtype(dtype);
     if (!dt)
         return unimplemented_error(
-            "tensor '{}': dtype {} has no lathe element type (f32, bf16, e4m3, e5m2, i32, i64, u8); "
+            "tensor '{}': dtype {} has no lathe element type (f32, bf16, e4m3, e5m2, i32, i64, "
+            "u8); "
             "read its bytes() and convert",
             name, safetensors_dtype_name(dtype));
     if (shape.size() > size_t(kMaxRank))
@@ -232,12 +256,24 @@ Result<ConstTensorView> SafetensorsTensor::view() const {
             name, data_begin, safetensors_dtype_name(dtype), dtype_size(*dt));
     Shape s;
     switch (shape.size()) {
-        case 0: s = Shape{}; break;
-        case 1: s = Shape{shape[0]}; break;
-        case 2: s = Shape{shape[0], shape[1]}; break;
-        case 3: s = Shape{shape[0], shape[1], shape[2]}; break;
-        case 4: s = Shape{shape[0], shape[1], shape[2], shape[3]}; break;
-        default: s = Shape{shape[0], shape[1], shape[2], shape[3], shape[4]}; break;
+        case 0:
+            s = Shape{};
+            break;
+        case 1:
+            s = Shape{shape[0]};
+            break;
+        case 2:
+            s = Shape{shape[0], shape[1]};
+            break;
+        case 3:
+            s = Shape{shape[0], shape[1], shape[2]};
+            break;
+        case 4:
+            s = Shape{shape[0], shape[1], shape[2], shape[3]};
+            break;
+        default:
+            s = Shape{shape[0], shape[1], shape[2], shape[3], shape[4]};
+            break;
     }
     return ConstTensorView(data, *dt, s, Device::kCpu);
 }
@@ -283,9 +319,10 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
             escape_for_message(header.substr(0, 16), 16)));
     LATHE_ASSIGN_OR_RETURN(ParsedJson parsed, parse_json_strict(header, path + ": the header"));
     if (!parsed.duplicate_key.empty())
-        return corrupt(fmt::format("the header has the key \"{}\" twice; safetensors forbids "
-                                   "duplicate keys",
-                                   escape_for_message(parsed.duplicate_key)));
+        return corrupt(
+            fmt::format("the header has the key \"{}\" twice; safetensors forbids "
+                        "duplicate keys",
+                        escape_for_message(parsed.duplicate_key)));
     const Json& root = parsed.value;
     if (!root.is_object())
         return corrupt(fmt::format("the header is {}, not a JSON object", json_kind(root)));
@@ -298,9 +335,10 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
         if (key == "__metadata__") {
             if (v.is_null()) continue;  // the reference reads null as "no metadata"
             if (!v.is_object())
-                return corrupt(fmt::format("\"__metadata__\" is {}; it must be an object of "
-                                           "strings",
-                                           json_kind(v)));
+                return corrupt(
+                    fmt::format("\"__metadata__\" is {}; it must be an object of "
+                                "strings",
+                                json_kind(v)));
             f.has_metadata_ = true;
             for (auto m = v.begin(); m != v.end(); ++m) {
                 if (!m.value().is_string())
@@ -322,7 +360,8 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
         SafetensorsTensor t;
         t.name = key;
         const Json& jd = v["dtype"];
-        if (!jd.is_string()) return bad(fmt::format("\"dtype\" is {}, not a string", json_kind(jd)));
+        if (!jd.is_string())
+            return bad(fmt::format("\"dtype\" is {}, not a string", json_kind(jd)));
         const std::optional<SafetensorsDtype> dt =
             safetensors_dtype_from_name(jd.get<std::string>());
         if (!dt)
@@ -334,8 +373,8 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
         uint64_t numel = 1;
         for (const Json& d : js) {
             if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX))
-                return bad(fmt::format("\"shape\" holds {}; dimensions are integers >= 0",
-                                       json_kind(d)));
+                return bad(
+                    fmt::format("\"shape\" holds {}; dimensions are integers >= 0", json_kind(d)));
             const uint64_t dim = d.get<uint64_t>();
             if (mul_overflows(numel, dim, &numel))
                 return bad("the element count of its shape overflows 64 bits");
@@ -344,9 +383,10 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
         const Json& jo = v["data_offsets"];
         if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() ||
             !jo[1].is_number_unsigned())
-            return bad(fmt::format("\"data_offsets\" is {}; it must be [BEGIN, END], two "
-                                   "integers >= 0",
-                                   jo.is_array() ? jo.dump() : json_kind(jo)));
+            return bad(
+                fmt::format("\"data_offsets\" is {}; it must be [BEGIN, END], two "
+                            "integers >= 0",
+                            jo.is_array() ? jo.dump() : json_kind(jo)));
         t.data_begin = jo[0].get<uint64_t>();
         t.data_end = jo[1].get<uint64_t>();
         if (t.data_end < t.data_begin)
@@ -369,16 +409,17 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
 
     // 4. The offsets tile the data region: sorted, contiguous from 0 to its end.
     std::sort(f.tensors_.begin(), f.tensors_.end(), [](const auto& a, const auto& b) {
-        return std::tie(a.data_begin, a.data_end, a.name) < std::tie(b.data_begin, b.data_end, b.name);
+        return std::tie(a.data_begin, a.data_end, a.name) <
+               std::tie(b.data_begin, b.data_end, b.name);
     });
     uint64_t covered = 0;
     const SafetensorsTensor* prev = nullptr;
     for (const SafetensorsTensor& t : f.tensors_) {
         if (t.data_begin < covered)
-            return corrupt(fmt::format(
-                "tensor '{}' at data_offsets [{}, {}] overlaps tensor '{}' at [{}, {}]",
-                escape_for_message(t.name), t.data_begin, t.data_end,
-                escape_for_message(prev->name), prev->data_begin, prev->data_end));
+            return corrupt(
+                fmt::format("tensor '{}' at data_offsets [{}, {}] overlaps tensor '{}' at [{}, {}]",
+                            escape_for_message(t.name), t.data_begin, t.data_end,
+                            escape_for_message(prev->name), prev->data_begin, prev->data_end));
         if (t.data_begin > covered)
             return corrupt(fmt::format(
                 "bytes [{}, {}) of the data region belong to no tensor (before tensor '{}'); "
@@ -430,7 +471,9 @@ SafetensorsWriteTensor safetensors_write_tensor(std::string name, ConstTensorVie
     return t;
 }
 
-std::map<std::string, std::string> safetensors_default_metadata() { return {{"format", "pt"}}; }
+std::map<std::string, std::string> safetensors_default_metadata() {
+    return {{"format", "pt"}};
+}
 
 namespace {
 
@@ -459,7 +502,8 @@ Result<PreparedFile> prepare_file(std::span<const SafetensorsWriteTensor> tensor
     for (const SafetensorsWriteTensor& t : tensors) {
         const std::string tname = escape_for_message(t.name);
         if (t.name == "__metadata__")
-            return invalid_argument_error("tensor name \"__metadata__\" is reserved by safetensors");
+            return invalid_argument_error(
+                "tensor name \"__metadata__\" is reserved by safetensors");
         if (!seen.insert(t.name).second)
             return invalid_argument_error("tensor '{}' is given twice", tname);
         uint64_t numel = 1;
@@ -539,8 +583,9 @@ Status safetensors_write_file(const std::string& path,
     LATHE_RETURN_IF_ERROR(out.write(p.header));
     for (const SafetensorsWriteTensor* t : p.order)
         LATHE_RETURN_IF_ERROR(out.write(t->data, t->nbytes));
-    LATHE_CHECK(out.bytes_written() == kLengthBytes + n + p.data_bytes, "{}: wrote {} bytes, laid out {}",
-                path, out.bytes_written(), kLengthBytes + n + p.data_bytes);
+    LATHE_CHECK(out.bytes_written() == kLengthBytes + n + p.data_bytes,
+                "{}: wrote {} bytes, laid out {}", path, out.bytes_written(),
+                kLengthBytes + n + p.data_bytes);
     return out.commit();
 }
 
@@ -551,7 +596,8 @@ std::string shard_file_name(size_t index, size_t count) {
     return fmt::format("model-{:05d}-of-{:05d}.safetensors", index + 1, count);
 }
 
-// Whether `name` is a weight file that a save of this kind produces (so a later save may remove it).
+// Whether `name` is a weight file that a save of this kind produces (so a later save may remove
+// it).
 bool is_weight_file_name(std::string_view name) {
     if (name == kSafetensorsSingleFileName || name == kSafetensorsIndexFileName) return true;
     // model-DDDDD-of-DDDDD.safetensors
@@ -614,7 +660,8 @@ Result<SafetensorsCheckpointWriteResult> safetensors_write_checkpoint(
             shard.push_back(*t);  // name, shape and a pointer: the data is not copied
             weight_map[t->name] = name;
         }
-        LATHE_RETURN_IF_ERROR(safetensors_write_file(join_path(dir, name), shard, options.metadata));
+        LATHE_RETURN_IF_ERROR(
+            safetensors_write_file(join_path(dir, name), shard, options.metadata));
         result.files.push_back(name);
     }
     if (shards.size() > 1) {
@@ -661,8 +708,10 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::string& pat
     if (is_directory(path)) {
         const std::string single = join_path(path, kSafetensorsSingleFileName);
         const std::string index = join_path(path, kSafetensorsIndexFileName);
-        if (file_exists(single)) file = single;
-        else if (file_exists(index)) file = index;
+        if (file_exists(single))
+            file = single;
+        else if (file_exists(index))
+            file = index;
         else
             return not_found_error("{}: no {} and no {}: not a safetensors checkpoint directory",
                                    path, kSafetensorsSingleFileName, kSafetensorsIndexFileName);
@@ -692,21 +741,26 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::string& pat
         return Status(StatusCode::kDataLoss, fmt::format("{}: {}", file, msg));
     };
     if (!parsed->duplicate_key.empty())
-        return bad(fmt::format("the key \"{}\" appears twice", escape_for_message(parsed->duplicate_key)));
+        return bad(
+            fmt::format("the key \"{}\" appears twice", escape_for_message(parsed->duplicate_key)));
     const Json& root = parsed->value;
-    if (!root.is_object()) return bad(fmt::format("the index is {}, not a JSON object", json_kind(root)));
+    if (!root.is_object())
+        return bad(fmt::format("the index is {}, not a JSON object", json_kind(root)));
     if (!root.contains("weight_map"))
         return bad("no \"weight_map\": not a safetensors index (model.safetensors.index.json)");
     const Json& wm = root["weight_map"];
-    if (!wm.is_object()) return bad(fmt::format("\"weight_map\" is {}, not an object", json_kind(wm)));
+    if (!wm.is_object())
+        return bad(fmt::format("\"weight_map\" is {}, not an object", json_kind(wm)));
     if (root.contains("metadata")) {
         const Json& md = root["metadata"];
         if (!md.is_null() && !md.is_object())
             return bad(fmt::format("\"metadata\" is {}, not an object", json_kind(md)));
         if (md.is_object() && md.contains("total_size")) {
             const Json& ts = md["total_size"];
-            // Some writers store it as a float (e.g. 1.2e10); accept any exact non-negative integer.
-            if (ts.is_number_unsigned()) ck.index_total_size_ = ts.get<uint64_t>();
+            // Some writers store it as a float (e.g. 1.2e10); accept any exact non-negative
+            // integer.
+            if (ts.is_number_unsigned())
+                ck.index_total_size_ = ts.get<uint64_t>();
             else if (ts.is_number_float() && ts.get<double>() >= 0 &&
                      ts.get<double>() == double(uint64_t(ts.get<double>())))
                 ck.index_total_size_ = uint64_t(ts.get<double>());
@@ -723,9 +777,10 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::string& pat
                                    escape_for_message(it.key()), json_kind(it.value())));
         const std::string shard_name = it.value().get<std::string>();
         if (!is_plain_file_name(shard_name))
-            return bad(fmt::format("\"weight_map\" sends tensor '{}' to \"{}\", which is not a "
-                                   "plain file name in the index's directory",
-                                   escape_for_message(it.key()), escape_for_message(shard_name)));
+            return bad(
+                fmt::format("\"weight_map\" sends tensor '{}' to \"{}\", which is not a "
+                            "plain file name in the index's directory",
+                            escape_for_message(it.key()), escape_for_message(shard_name)));
         shard_by_file.emplace(shard_name, 0);
     }
     if (shard_by_file.empty()) return bad("\"weight_map\" is empty: the index lists no tensors");
@@ -772,9 +827,10 @@ Result<const SafetensorsFile*> SafetensorsCheckpoint::open_shard(size_t idx) con
             }
         }
         if (extra > 0)
-            log_warning("{}: {} tensor(s) in this shard are not assigned to it by {} (first: '{}'); "
-                        "they are ignored, as the index decides",
-                        s.path, extra, index_path_, escape_for_message(first));
+            log_warning(
+                "{}: {} tensor(s) in this shard are not assigned to it by {} (first: '{}'); "
+                "they are ignored, as the index decides",
+                s.path, extra, index_path_, escape_for_message(first));
     }
     s.file = std::make_unique<SafetensorsFile>(std::move(f));
     return static_cast<const SafetensorsFile*>(s.file.get());

@@ -1,6 +1,7 @@
 #pragma once
 // safetensors: a memory-mapped, zero-copy reader and a streaming writer, for single files and for
-// Hugging Face sharded checkpoints (model-00001-of-00003.safetensors + model.safetensors.index.json).
+// Hugging Face sharded checkpoints (model-00001-of-00003.safetensors +
+// model.safetensors.index.json).
 //
 // The format (docs/formats/safetensors.md has the full text):
 //   8 bytes      N, the header length, unsigned little-endian 64-bit
@@ -44,14 +45,14 @@ namespace lathe {
 // descending, so that each tensor's data starts at an offset aligned for its element type.
 enum class SafetensorsDtype : uint8_t {
     kBool,
-    kF4,          // OCP MX fp4 (E2M1), 4 bits, two per byte
-    kF6E2M3,      // OCP MX fp6, 6 bits
-    kF6E3M2,      // OCP MX fp6, 6 bits
+    kF4,      // OCP MX fp4 (E2M1), 4 bits, two per byte
+    kF6E2M3,  // OCP MX fp6, 6 bits
+    kF6E3M2,  // OCP MX fp6, 6 bits
     kU8,
     kI8,
     kF8E5M2,
-    kF8E4M3,      // the "fn" variant (no infinities), as torch.float8_e4m3fn
-    kF8E8M0,      // OCP MX scale
+    kF8E4M3,  // the "fn" variant (no infinities), as torch.float8_e4m3fn
+    kF8E8M0,  // OCP MX scale
     kF8E4M3Fnuz,
     kF8E5M2Fnuz,
     kI16,
@@ -61,7 +62,7 @@ enum class SafetensorsDtype : uint8_t {
     kI32,
     kU32,
     kF32,
-    kC64,         // complex, two F32
+    kC64,  // complex, two F32
     kF64,
     kI64,
     kU64,
@@ -237,12 +238,12 @@ public:
 private:
     struct Shard {
         std::string path;
-        std::vector<std::string> expected;  // tensor names the index assigns to this shard
+        std::vector<std::string> expected;      // tensor names the index assigns to this shard
         std::unique_ptr<SafetensorsFile> file;  // null until opened
     };
     Result<const SafetensorsFile*> open_shard(size_t shard) const;
 
-    std::string source_;      // what open() was given, for messages
+    std::string source_;  // what open() was given, for messages
     std::string index_path_;
     std::optional<uint64_t> index_total_size_;
     std::vector<std::string> names_;

@@ -19,9 +19,9 @@ namespace fs = std::filesystem;
 // A fresh, empty folder per test.
 std::string test_dir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    const fs::path dir = fs::temp_directory_path() /
-                         fmt::format("lathe_safetensors_test_{}_{}_{}", ::getpid(),
-                                     info->test_suite_name(), info->name());
+    const fs::path dir =
+        fs::temp_directory_path() / fmt::format("lathe_safetensors_test_{}_{}_{}", ::getpid(),
+                                                info->test_suite_name(), info->name());
     fs::remove_all(dir);
     fs::create_directories(dir);
     return dir.string();
@@ -62,8 +62,9 @@ std::string open_error(const std::string& path) {
     return f.status().message();
 }
 
-#define EXPECT_HAS(haystack, needle) \
-    EXPECT_NE((haystack).find(needle), std::string::npos) << "no '" << (needle) << "' in: " << (haystack)
+#define EXPECT_HAS(haystack, needle)                      \
+    EXPECT_NE((haystack).find(needle), std::string::npos) \
+        << "no '" << (needle) << "' in: " << (haystack)
 
 TEST(SafetensorsDtype, NamesAndWidthsRoundTrip) {
     for (int i = 0; i < kSafetensorsDtypeCount; ++i) {
@@ -78,8 +79,8 @@ TEST(SafetensorsDtype, NamesAndWidthsRoundTrip) {
     EXPECT_EQ(safetensors_dtype_name(SafetensorsDtype::kF8E4M3), "F8_E4M3");
     EXPECT_FALSE(safetensors_dtype_from_name("bf16").has_value());  // case matters
     EXPECT_FALSE(safetensors_dtype_from_name("F8_E4M3FN").has_value());
-    for (DType d : {DType::kF32, DType::kBF16, DType::kE4M3, DType::kE5M2, DType::kI32,
-                    DType::kI64, DType::kU8}) {
+    for (DType d : {DType::kF32, DType::kBF16, DType::kE4M3, DType::kE5M2, DType::kI32, DType::kI64,
+                    DType::kU8}) {
         const auto back = safetensors_dtype_to_dtype(safetensors_dtype_from_dtype(d));
         ASSERT_TRUE(back.has_value());
         EXPECT_EQ(*back, d);
@@ -117,8 +118,7 @@ TEST(Safetensors, RoundTripEveryDtype) {
         EXPECT_EQ(std::memcmp((*t)->data, buffers[i].data(), buffers[i].size()), 0)
             << tensors[i].name;
         // Zero-copy: every tensor points into one data region at its own offset.
-        EXPECT_EQ((*t)->data - (*t)->data_begin,
-                  f->tensors()[0].data - f->tensors()[0].data_begin);
+        EXPECT_EQ((*t)->data - (*t)->data_begin, f->tensors()[0].data - f->tensors()[0].data_begin);
     }
     // Reference layout: descending dtype order, so every tensor is aligned for its element type.
     uint64_t prev_begin = 0;
@@ -356,7 +356,8 @@ TEST(SafetensorsValidation, MalformedEntries) {
         std::string expect;
     };
     const std::vector<Case> cases = {
-        {R"({"a":{"dtype":"F32","shape":[1]}})", 0, "tensor 'a': its entry has no \"data_offsets\""},
+        {R"({"a":{"dtype":"F32","shape":[1]}})", 0,
+         "tensor 'a': its entry has no \"data_offsets\""},
         {R"({"a":{"shape":[1],"data_offsets":[0,4]}})", 4, "its entry has no \"dtype\""},
         {R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4, "negative number -1"},
         {R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", 4, "non-integer number"},
@@ -369,7 +370,8 @@ TEST(SafetensorsValidation, MalformedEntries) {
          "3 elements of F4 (4 bits each) are not a whole number of bytes"},
         {R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", 4,
          "overflows 64 bits"},
-        {R"({"__metadata__":{"format":1}})", 0, "\"__metadata__\" key \"format\" holds the number 1"},
+        {R"({"__metadata__":{"format":1}})", 0,
+         "\"__metadata__\" key \"format\" holds the number 1"},
         {R"({"__metadata__":"pt"})", 0, "\"__metadata__\" is the string"},
     };
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -379,9 +381,10 @@ TEST(SafetensorsValidation, MalformedEntries) {
     }
     // null metadata is accepted (the reference reads it as absent); unknown entry fields too.
     const std::string ok_path = dir + "/ok.safetensors";
-    write_raw(ok_path,
-              R"({"__metadata__":null,"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}}   )",
-              4);
+    write_raw(
+        ok_path,
+        R"({"__metadata__":null,"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}}   )",
+        4);
     auto f = SafetensorsFile::open(ok_path);
     ASSERT_TRUE(f.ok()) << f.status().to_string();
     EXPECT_FALSE(f->has_metadata());
@@ -428,7 +431,8 @@ TEST(SafetensorsWriter, EscapesNamesAsJson) {
     const std::string path = test_dir() + "/esc.safetensors";
     const float x = 1;
     const std::string odd = "quote\" back\\ tab\t nl\n ctl\x01 utf8 \xc3\xa9";
-    ASSERT_TRUE(safetensors_write_file(path, {{{odd, SafetensorsDtype::kF32, {}, &x, 4}}}, {}).ok());
+    ASSERT_TRUE(
+        safetensors_write_file(path, {{{odd, SafetensorsDtype::kF32, {}, &x, 4}}}, {}).ok());
     EXPECT_HAS(read_file(path), R"("quote\" back\\ tab\t nl\n ctl\u0001 utf8 é")");
     auto f = SafetensorsFile::open(path);
     ASSERT_TRUE(f.ok()) << f.status().to_string();
@@ -471,7 +475,8 @@ TEST(SafetensorsCheckpoint, ShardedWriteThenRead) {
     const auto index = nlohmann::json::parse(read_file(dir + "/model.safetensors.index.json"));
     EXPECT_EQ(index["metadata"]["total_size"], 96);
     EXPECT_EQ(index["weight_map"]["model.embed_tokens.weight"], "model-00001-of-00003.safetensors");
-    EXPECT_EQ(index["weight_map"]["model.layers.0.norm.weight"], "model-00002-of-00003.safetensors");
+    EXPECT_EQ(index["weight_map"]["model.layers.0.norm.weight"],
+              "model-00002-of-00003.safetensors");
     EXPECT_EQ(index["weight_map"]["model.norm.weight"], "model-00003-of-00003.safetensors");
     // Formatted as json.dumps(index, indent=2, sort_keys=True) + "\n".
     EXPECT_EQ(read_file(dir + "/model.safetensors.index.json"),
@@ -518,7 +523,8 @@ TEST(SafetensorsCheckpoint, ShardedWriteThenRead) {
 
 TEST(SafetensorsCheckpoint, OversizedTensorGetsItsOwnShardFirst) {
     // huggingface_hub appends an oversized tensor as a shard at once, while the current shard
-    // keeps filling: [4 B, 48 B, 4 B] with a 40-byte limit gives shard 1 = [48 B], shard 2 = [4, 4].
+    // keeps filling: [4 B, 48 B, 4 B] with a 40-byte limit gives shard 1 = [48 B], shard 2 = [4,
+    // 4].
     const std::string dir = test_dir();
     Model m;
     m.add("a", 1);
@@ -648,12 +654,17 @@ TEST(DISABLED_SafetensorsBench, WriteThenRead) {
     for (int layer = 0; total < (mb << 20); ++layer) {
         for (const char* w : {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"}) {
             tensors.push_back({fmt::format("model.layers.{}.self_attn.{}.weight", layer, w),
-                               SafetensorsDtype::kBF16, {1024, matrix / 2048}, block.data(),
+                               SafetensorsDtype::kBF16,
+                               {1024, matrix / 2048},
+                               block.data(),
                                uint64_t(matrix)});
             total += matrix;
         }
         tensors.push_back({fmt::format("model.layers.{}.input_layernorm.weight", layer),
-                           SafetensorsDtype::kBF16, {1024}, block.data(), 2048});
+                           SafetensorsDtype::kBF16,
+                           {1024},
+                           block.data(),
+                           2048});
         total += 2048;
     }
     SafetensorsCheckpointWriteOptions opt;
@@ -676,7 +687,8 @@ TEST(DISABLED_SafetensorsBench, WriteThenRead) {
     auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
     const double gib = double(total) / double(1 << 30);
     std::printf("%zu tensors, %.2f GiB in %zu files\n", tensors.size(), gib, w->files.size());
-    std::printf("write (fsync, atomic rename): %.3f s = %.2f GiB/s\n", secs(t0, t1), gib / secs(t0, t1));
+    std::printf("write (fsync, atomic rename): %.3f s = %.2f GiB/s\n", secs(t0, t1),
+                gib / secs(t0, t1));
     std::printf("open + validate all shards:   %.4f s\n", secs(t1, t2));
     std::printf("read every byte via mmap:     %.3f s = %.2f GiB/s (checksum %llu)\n", secs(t2, t3),
                 gib / secs(t2, t3), static_cast<unsigned long long>(sum));
@@ -712,8 +724,9 @@ nlohmann::json describe(const SafetensorsTensor& t) {
 }  // namespace interop
 
 // LATHE_ST_WRITE_DIR=DIR: writes DIR/lathe_all.safetensors (every dtype Python can also write),
-// DIR/lathe_numpy.safetensors (the dtypes numpy has), DIR/lathe_f6.safetensors (the two 6-bit types, which the Python API cannot write),
-// DIR/lathe_sharded/ (a three-shard checkpoint) and DIR/lathe_manifest.json (what was written).
+// DIR/lathe_numpy.safetensors (the dtypes numpy has), DIR/lathe_f6.safetensors (the two 6-bit
+// types, which the Python API cannot write), DIR/lathe_sharded/ (a three-shard checkpoint) and
+// DIR/lathe_manifest.json (what was written).
 TEST(SafetensorsInterop, WriteForPython) {
     const char* dir_env = std::getenv("LATHE_ST_WRITE_DIR");
     if (dir_env == nullptr) GTEST_SKIP() << "driven by tests/test_safetensors.py";
@@ -733,13 +746,15 @@ TEST(SafetensorsInterop, WriteForPython) {
         const std::string name = fmt::format("layer.{}.{}", i, safetensors_dtype_name(t));
         (six_bit ? f6 : all).push_back({name, t, shape, buffers.back().data(), nbytes});
         manifest[six_bit ? "f6" : "all"][name] = {{"dtype", std::string(safetensors_dtype_name(t))},
-                                                 {"shape", shape},
-                                                 {"hex", interop::hex(buffers.back())}};
+                                                  {"shape", shape},
+                                                  {"hex", interop::hex(buffers.back())}};
     }
-    ASSERT_TRUE(safetensors_write_file(dir + "/lathe_all.safetensors", all,
-                                       safetensors_default_metadata()).ok());
-    ASSERT_TRUE(safetensors_write_file(dir + "/lathe_f6.safetensors", f6,
-                                       safetensors_default_metadata()).ok());
+    ASSERT_TRUE(
+        safetensors_write_file(dir + "/lathe_all.safetensors", all, safetensors_default_metadata())
+            .ok());
+    ASSERT_TRUE(
+        safetensors_write_file(dir + "/lathe_f6.safetensors", f6, safetensors_default_metadata())
+            .ok());
     // The dtypes numpy has, for safetensors.numpy.load_file (which refuses files with others).
     std::vector<SafetensorsWriteTensor> numpy_only;
     manifest["numpy"] = nlohmann::json::object();
@@ -751,15 +766,20 @@ TEST(SafetensorsInterop, WriteForPython) {
         manifest["numpy"][t.name] = manifest["all"][t.name];
     }
     ASSERT_TRUE(safetensors_write_file(dir + "/lathe_numpy.safetensors", numpy_only,
-                                       safetensors_default_metadata()).ok());
+                                       safetensors_default_metadata())
+                    .ok());
 
     // A small model in parameter order, bf16 and f32 mixed, sharded at 1000 bytes.
     Model m;
     const std::vector<std::pair<std::string, int64_t>> params = {
-        {"model.embed_tokens.weight", 200}, {"model.layers.0.self_attn.q_proj.weight", 64},
-        {"model.layers.0.mlp.up_proj.weight", 96}, {"model.layers.0.input_layernorm.weight", 8},
-        {"model.layers.1.self_attn.q_proj.weight", 64}, {"model.layers.1.mlp.up_proj.weight", 96},
-        {"model.norm.weight", 8}, {"lm_head.weight", 200}};
+        {"model.embed_tokens.weight", 200},
+        {"model.layers.0.self_attn.q_proj.weight", 64},
+        {"model.layers.0.mlp.up_proj.weight", 96},
+        {"model.layers.0.input_layernorm.weight", 8},
+        {"model.layers.1.self_attn.q_proj.weight", 64},
+        {"model.layers.1.mlp.up_proj.weight", 96},
+        {"model.norm.weight", 8},
+        {"lm_head.weight", 200}};
     for (const auto& [name, n] : params) m.add(name, n);
     m.tensors[0].dtype = SafetensorsDtype::kBF16;  // same bytes, twice the elements
     m.tensors[0].shape = {400};
@@ -788,7 +808,8 @@ TEST(SafetensorsInterop, WriteForPython) {
 TEST(SafetensorsInterop, DumpForPython) {
     const char* read_env = std::getenv("LATHE_ST_READ");
     const char* dump_env = std::getenv("LATHE_ST_DUMP");
-    if (read_env == nullptr || dump_env == nullptr) GTEST_SKIP() << "driven by tests/test_safetensors.py";
+    if (read_env == nullptr || dump_env == nullptr)
+        GTEST_SKIP() << "driven by tests/test_safetensors.py";
     auto ck = SafetensorsCheckpoint::open(read_env);
     ASSERT_TRUE(ck.ok()) << "LATHE_ERROR: " << ck.status().to_string();
     nlohmann::json out = {{"tensors", nlohmann::json::object()}};
