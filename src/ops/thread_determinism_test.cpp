@@ -8,6 +8,7 @@
 #include "ops/embedding.h"
 #include "ops/grad_norm.h"
 #include "ops/layernorm.h"
+#include "ops/linear.h"
 #include "ops/lm_head_cross_entropy.h"
 #include "ops/op_test.h"
 #include "ops/rmsnorm.h"
@@ -67,6 +68,18 @@ TEST(ThreadDeterminism, ParallelPathsGiveIdenticalBits) {
                           1e-5f, ctx);
         layernorm_backward(r[3].view(), r[4].view(), r[5].view(), dy.view(), x.view(), w.view(),
                            r[1].view(), r[2].view(), GradMode::kOverwrite, ctx);
+        return r;
+    });
+
+    // linear: BLAS calls on row blocks of C, one per thread.
+    HostTensor wl = random_tensor(rng, Shape{384, C});
+    HostTensor dyl = random_tensor(rng, Shape{N, 384});
+    expect_thread_count_independent("linear", [&] {
+        std::vector<HostTensor> r;
+        for (Shape s : {Shape{N, 384}, Shape{N, C}, Shape{384, C}}) r.push_back(f32(s));
+        linear_forward(r[0].view(), x.view(), wl.view(), {}, ctx);
+        linear_backward(r[1].view(), r[2].view(), {}, dyl.view(), x.view(), wl.view(),
+                        GradMode::kOverwrite, ctx);
         return r;
     });
 

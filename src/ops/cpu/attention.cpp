@@ -13,8 +13,9 @@
 // backward:
 //   dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dO * O))
 //   dQ = scale dS K;  dK = scale dS^T Q
-// The matrix products go through sgemm (BLAS, its own threads) on strided views of the
-// (B, T, H, D) tensors; the row-wise softmax work is split over OpenMP threads, row by row.
+// The matrix products go through sgemm on strided views of the (B, T, H, D) tensors; OpenMP
+// threads take whole heads (forward) or whole key/value heads with their query group (backward),
+// so each thread owns its outputs and every sum runs in one fixed order.
 // S is computed in full, masked entries included (then zeroed): twice the multiply-adds of a
 // causal kernel, far faster than scalar loops, and plain to read.
 
@@ -32,7 +33,6 @@ bool visible(int64_t t, int64_t j, int64_t window, const int32_t* docs_b) {
 // `lse_out`, lse is computed here (fp64 sums) and stored; otherwise `lse_in` is used.
 void softmax_rows(float* S, int64_t T, int64_t window, const int32_t* docs_b, float* lse_out,
                   const float* lse_in) {
-    LATHE_OMP_PARALLEL_FOR(T * T * 4)
     for (int64_t t = 0; t < T; ++t) {
         float* row = S + t * T;
         double lse;
@@ -60,19 +60,18 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
                        int64_t window, float scale) {
     const int64_t group = H / Hkv;             // query heads per key/value head
     const int64_t ldq = H * D, ldk = Hkv * D;  // row strides of (B, T, H, D) and (B, T, Hkv, D)
-    std::vector<float> S(static_cast<size_t>(T * T));
-    for (int64_t b = 0; b < B; ++b) {
+    LATHE_OMP_PARALLEL_FOR(B * H * T * T * D)
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+        const int64_t b = bh / H, h = bh % H, g = h / group;
         const int32_t* docs_b = docs ? docs + b * T : nullptr;
-        for (int64_t h = 0; h < H; ++h) {
-            const int64_t g = h / group;
-            const float* qh = q + b * T * ldq + h * D;
-            const float* kg = k + b * T * ldk + g * D;
-            const float* vg = v + b * T * ldk + g * D;
-            sgemm_strided(false, true, T, T, D, scale, qh, ldq, kg, ldk, 0.0f, S.data(), T);
-            softmax_rows(S.data(), T, window, docs_b, lse + (b * H + h) * T, nullptr);
-            sgemm_strided(false, false, T, D, T, 1.0f, S.data(), T, vg, ldk, 0.0f,
-                          out + b * T * ldq + h * D, ldq);
-        }
+        std::vector<float> S(static_cast<size_t>(T * T));
+        const float* qh = q + b * T * ldq + h * D;
+        const float* kg = k + b * T * ldk + g * D;
+        const float* vg = v + b * T * ldk + g * D;
+        sgemm_strided(false, true, T, T, D, scale, qh, ldq, kg, ldk, 0.0f, S.data(), T);
+        softmax_rows(S.data(), T, window, docs_b, lse + (b * H + h) * T, nullptr);
+        sgemm_strided(false, false, T, D, T, 1.0f, S.data(), T, vg, ldk, 0.0f,
+                      out + b * T * ldq + h * D, ldq);
     }
 }
 
@@ -82,14 +81,16 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         int64_t D, int64_t window, float scale) {
     const int64_t group = H / Hkv;
     const int64_t ldq = H * D, ldk = Hkv * D;
-    std::vector<float> P(static_cast<size_t>(T * T)), dS(static_cast<size_t>(T * T));
-    for (int64_t b = 0; b < B; ++b) {
+    LATHE_OMP_PARALLEL_FOR(B * H * T * T * D * 3)
+    for (int64_t bg = 0; bg < B * Hkv; ++bg) {
+        const int64_t b = bg / Hkv, g = bg % Hkv;
         const int32_t* docs_b = docs ? docs + b * T : nullptr;
-        for (int64_t h = 0; h < H; ++h) {
-            const int64_t g = h / group;
-            // The first query head of a group overwrites dk, dv; the others add, in head order.
-            const float beta = h % group == 0 ? 0.0f : 1.0f;
-            const int64_t qo = b * T * ldq + h * D, ko = b * T * ldk + g * D;
+        std::vector<float> P(static_cast<size_t>(T * T)), dS(static_cast<size_t>(T * T));
+        const int64_t ko = b * T * ldk + g * D;
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+            // The group's first query head overwrites dk, dv; the others add, in head order.
+            const float beta = h == g * group ? 0.0f : 1.0f;
+            const int64_t qo = b * T * ldq + h * D;
             sgemm_strided(false, true, T, T, D, scale, q + qo, ldq, k + ko, ldk, 0.0f, P.data(), T);
             softmax_rows(P.data(), T, window, docs_b, nullptr, lse + (b * H + h) * T);
             // dV += P^T dO
@@ -98,7 +99,6 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             // dP = dO V^T, then dS = P * (dP - Di) with Di = dot(dO[t], O[t]).
             sgemm_strided(false, true, T, T, D, 1.0f, dout + qo, ldq, v + ko, ldk, 0.0f, dS.data(),
                           T);
-            LATHE_OMP_PARALLEL_FOR(T * T * 2)
             for (int64_t t = 0; t < T; ++t) {
                 double di = 0.0;
                 for (int64_t d = 0; d < D; ++d)

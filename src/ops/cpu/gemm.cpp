@@ -1,5 +1,6 @@
 #include "ops/cpu/gemm.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "core/check.h"
@@ -15,6 +16,32 @@
 #endif
 
 namespace lathe::cpu {
+
+namespace {
+
+#if LATHE_CPU_BLAS
+// The CPU backend has one thread pool, OpenMP's: BLAS runs single-threaded inside our parallel
+// loops. Two pools on the same cores (OpenMP's and OpenBLAS's pthreads) spin against each other
+// between calls; on the shared 2-core build machine attention ran 30x slower that way. This is a
+// process-wide OpenBLAS setting, made once; nothing else in lathe calls BLAS.
+void blas_single_threaded() {
+#ifdef OPENBLAS_VERSION
+    static const bool done = [] {
+        openblas_set_num_threads(1);
+        return true;
+    }();
+    (void)done;
+#endif
+}
+
+// C is computed in blocks of this many rows, one single-threaded BLAS call each. The blocking
+// depends on the shape only, never on the thread count: OpenBLAS picks different kernels (with
+// different summation orders) for different block shapes, so splitting by thread count would
+// make results depend on it.
+constexpr int64_t kRowBlock = 128;
+#endif  // LATHE_CPU_BLAS
+
+}  // namespace
 
 void sgemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                      const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
@@ -51,9 +78,18 @@ void sgemm_strided(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
                 C[m * ldc + n] = beta == 0.0f ? 0.0f : beta * C[m * ldc + n];
         return;
     }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha, A, int(lda), B,
-                int(ldb), beta, C, int(ldc));
+    blas_single_threaded();
+    // Blocks run on separate OpenMP threads when the product is big enough (and the caller is
+    // not already inside a parallel loop, where this nests as a serial loop).
+    const int64_t blocks = (M + kRowBlock - 1) / kRowBlock;
+    LATHE_OMP_PARALLEL_FOR(blocks > 1 ? M * N * K / 8 : 0)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t m0 = blk * kRowBlock, m1 = std::min(M, m0 + kRowBlock);
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                    trans_b ? CblasTrans : CblasNoTrans, int(m1 - m0), int(N), int(K), alpha,
+                    trans_a ? A + m0 : A + m0 * lda, int(lda), B, int(ldb), beta, C + m0 * ldc,
+                    int(ldc));
+    }
 #else
     sgemm_reference(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #endif

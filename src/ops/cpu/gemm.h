@@ -3,8 +3,9 @@
 //   C (M, N) = alpha * op(A) @ op(B) + beta * C
 // op(A) is (M, K): A is stored (M, K), or (K, M) when trans_a. op(B) is (K, N): B is stored
 // (K, N), or (N, K) when trans_b. beta == 0 overwrites C without reading it (NaNs in C vanish).
-// sgemm uses cblas_sgemm when the build has a CBLAS (OpenBLAS), else sgemm_reference. Must not be
-// called from inside an OpenMP parallel region (BLAS runs its own threads).
+// sgemm uses cblas_sgemm when the build has a CBLAS (OpenBLAS), else sgemm_reference. BLAS runs
+// single-threaded on fixed blocks of rows of C, the blocks spread over the OpenMP threads: one
+// thread pool, and results that depend on the shapes only, not on the thread count.
 
 #include <cstdint>
 
