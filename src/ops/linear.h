@@ -11,7 +11,7 @@
 //   CUDA (issue 4): bf16 x, y, weight (cuBLASLt, bias epilogue), f32 accumulation.
 // Gradients: dx per `dx_mode` (= or +=), null when the input needs none; dweight and dbias
 //   accumulate (+=), null when frozen.
-// Deterministic for a given BLAS build and thread count (dbias: fp64 sums over rows in order).
+// Deterministic for a given BLAS build, whatever the thread count (dbias: fp64 row sums in order).
 #include "core/tensor.h"
 #include "ops/context.h"
 

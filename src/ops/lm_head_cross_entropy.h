@@ -16,7 +16,7 @@
 // Gradients: dx is overwritten (=); dweight accumulates (+=) (micro-batches; a tied embedding
 //   shares it with embedding_backward), null when frozen.
 // Targets outside [0, V) other than -100 are bugs upstream: checked on the CPU.
-// Deterministic for a given BLAS build and thread count (loss: fp64 sum over rows in order).
+// Deterministic for a given BLAS build, whatever the thread count (loss: fp64 row sums in order).
 #include <cstdint>
 
 #include "core/tensor.h"
