@@ -136,9 +136,10 @@ void Model::write_param_hf(std::string_view name, ConstTensorView hf) {
 
 Status Model::load_hf(const SafetensorsCheckpoint& ckpt) {
     const ModelFamily& family = model_family_of(config_);
-    const std::string& where = ckpt.index_path().empty() && !ckpt.shard_paths().empty()
-                                   ? ckpt.shard_paths()[0]
-                                   : ckpt.index_path();
+    const std::vector<std::string> shards = ckpt.shard_paths();
+    const std::string where = !ckpt.index_path().empty() ? ckpt.index_path()
+                              : shards.empty()            ? std::string("checkpoint")
+                                                          : shards[0];
     std::unordered_set<std::string> used;
     for (const HfParam& p : table_.hf_params()) {
         std::string name = p.name;

@@ -1,0 +1,373 @@
+// Model layer unit tests: config mapping and its errors, the parameter table and its HF layouts,
+// initialization, the memory plan, batches smaller than planned, gradient accumulation, and
+// checkpoints written and read back. Whole-model numerics against transformers are in
+// model_parity_test.cpp.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "model/init.h"
+#include "model/model.h"
+#include "model/registry.h"
+
+namespace lathe {
+namespace {
+
+// A small Llama: two layers, GQA 4/2, untied, llama3 rope scaling.
+constexpr std::string_view kLlamaJson = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32,
+  "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false,
+  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+})";
+
+constexpr std::string_view kNeoxJson = R"({
+  "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
+  "vocab_size": 40, "hidden_size": 24, "intermediate_size": 40, "num_hidden_layers": 1,
+  "num_attention_heads": 3, "max_position_embeddings": 16, "rotary_pct": 0.5,
+  "use_parallel_residual": true
+})";
+
+constexpr std::string_view kGpt2Json = R"({
+  "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+  "vocab_size": 50, "n_embd": 16, "n_layer": 1, "n_head": 2, "n_positions": 12
+})";
+
+ModelConfig parse(std::string_view json) {
+    Result<ModelConfig> c = model_config_from_hf_json(json, "test/config.json");
+    LATHE_CHECK(c.ok(), "{}", c.status().to_string());
+    return std::move(*c);
+}
+
+Model make(const ModelConfig& config, int64_t B, int64_t T, uint64_t seed = 7) {
+    Result<Model> m = Model::create(config, ModelShape{B, T, 0}, cpu_context());
+    LATHE_CHECK(m.ok(), "{}", m.status().to_string());
+    m->init(seed);
+    return std::move(*m);
+}
+
+// Deterministic pseudo-random ids in [0, n).
+HostTensor ids(int64_t B, int64_t T, int64_t n, int salt) {
+    HostTensor t(DType::kI32, Shape{B, T});
+    for (int64_t i = 0; i < B * T; ++i) t.as<int32_t>()[i] = int32_t((i * 7919 + salt * 104729) % n);
+    return t;
+}
+
+std::vector<float> grads_of(const Model& m) {
+    const ConstTensorView g = m.grads_flat();
+    return std::vector<float>(g.as<float>(), g.as<float>() + g.numel());
+}
+
+TEST(ModelConfig, LlamaKeysBecomeTheSwitchesOfTheBlock) {
+    const ModelConfig c = parse(kLlamaJson);
+    EXPECT_EQ(c.model_type, "llama");
+    EXPECT_EQ(c.head_dim, 8);
+    EXPECT_EQ(c.num_kv_heads, 2);
+    EXPECT_EQ(c.norm, NormKind::kRmsNorm);
+    EXPECT_EQ(c.mlp, MlpKind::kSwiGlu);
+    EXPECT_EQ(c.rope.scaling, RopeScaling::kLlama3);
+    EXPECT_EQ(c.rope.original_max_position_embeddings, 16);
+    EXPECT_FALSE(c.tie_word_embeddings);
+    EXPECT_EQ(c.sliding_windows, std::vector<int64_t>(2, 0));
+    EXPECT_EQ(model_config_summary(c),
+              "llama: L=2 C=32 H=4 Hkv=2 D=8 F=48 V=64, RMSNorm, SwiGLU, rope theta 500000 "
+              "(llama3), untied");
+}
+
+TEST(ModelConfig, GptNeoxAndGpt2Switches) {
+    const ModelConfig neox = parse(kNeoxJson);
+    EXPECT_EQ(neox.norm, NormKind::kLayerNorm);
+    EXPECT_EQ(neox.gelu, GeluKind::kErf);
+    EXPECT_TRUE(neox.parallel_residual);
+    EXPECT_EQ(rope_rotary_dim(neox.rope), 4);
+    EXPECT_TRUE(neox.qkv_bias && neox.out_bias && neox.mlp_bias);
+    const ModelConfig gpt2 = parse(kGpt2Json);
+    EXPECT_EQ(gpt2.position, PositionKind::kLearned);
+    EXPECT_EQ(gpt2.gelu, GeluKind::kTanh);
+    EXPECT_EQ(gpt2.intermediate_size, 64);  // n_inner absent: 4 * n_embd
+    EXPECT_TRUE(gpt2.tie_word_embeddings);
+}
+
+TEST(ModelConfig, ActivationsTheModelCannotRunAreRefusedNamingTheKey) {
+    std::string json(kLlamaJson);
+    json.replace(json.find("\"rms_norm_eps\""), 0, "\"hidden_act\": \"gelu\", ");
+    Result<ModelConfig> c = model_config_from_hf_json(json, "x/config.json");
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), StatusCode::kUnimplemented);
+    EXPECT_NE(c.status().message().find("hidden_act"), std::string::npos) << c.status().message();
+    EXPECT_NE(c.status().message().find("x/config.json"), std::string::npos);
+
+    std::string gpt2(kGpt2Json);
+    gpt2.replace(gpt2.find("\"n_positions\""), 0, "\"activation_function\": \"relu\", ");
+    Result<ModelConfig> g = model_config_from_hf_json(gpt2, "y/config.json");
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.status().message().find("activation_function"), std::string::npos)
+        << g.status().message();
+}
+
+TEST(ParamTable, LlamaStacksQkvAndGateUpWithHfNamesAndNoDecayOnNorms) {
+    const ModelConfig c = parse(kLlamaJson);
+    const ParamTable t = model_param_table(c);
+    EXPECT_EQ(t.num_elements(), model_config_num_parameters(c));
+    const HfParam* k = t.find_hf("model.layers.1.self_attn.k_proj.weight");
+    ASSERT_NE(k, nullptr);
+    EXPECT_EQ(k->shape, (Shape{16, 32}));
+    EXPECT_EQ(k->row_begin, 32);  // after q's H*D = 32 rows
+    const ParamEntry& qkv = t.entries()[k->entry];
+    EXPECT_EQ(qkv.name, "model.layers.1.self_attn.qkv_proj.weight");
+    EXPECT_EQ(qkv.shape, (Shape{64, 32}));
+    EXPECT_EQ(t.entries()[t.find_hf("model.layers.0.mlp.up_proj.weight")->entry].shape,
+              (Shape{96, 32}));
+    EXPECT_FALSE(t.entries()[t.find_entry(ParamRole::kNorm1Weight, 0)].weight_decay);
+    EXPECT_TRUE(t.entries()[t.find_entry(ParamRole::kTokenEmbedding)].weight_decay);
+    EXPECT_NE(t.find_hf("lm_head.weight"), nullptr);
+    EXPECT_EQ(t.find_hf("model.layers.0.self_attn.q_proj.bias"), nullptr);
+}
+
+// GPT-NeoX stores query_key_value per head as [q_h; k_h; v_h]; the arena wants [q; k; v].
+TEST(ParamTable, GptNeoxQkvIsDeinterleavedAtTheBoundaryAndBack) {
+    const ModelConfig c = parse(kNeoxJson);  // H = 3, D = 8, C = 24
+    const ParamTable t = model_param_table(c);
+    const HfParam& p = *t.find_hf("gpt_neox.layers.0.attention.query_key_value.weight");
+    EXPECT_EQ(p.layout, HfLayout::kQkvInterleavedPerHead);
+    HostTensor hf(DType::kF32, p.shape), entry(DType::kF32, p.shape), back(DType::kF32, p.shape);
+    for (int64_t i = 0; i < hf.numel(); ++i) hf.as<float>()[i] = float(i);
+    hf_param_import(p, entry.view(), hf.view());
+    const int64_t C = 24, D = 8, H = 3;
+    // Head 2's key row d=5 sits at HF row 2*3D + D + 5 and at arena row H*D + 2*D + 5.
+    EXPECT_EQ(entry.as<float>()[(H * D + 2 * D + 5) * C + 1], hf.as<float>()[(2 * 3 * D + D + 5) * C + 1]);
+    hf_param_export(p, entry.view(), back.view());
+    for (int64_t i = 0; i < hf.numel(); ++i) ASSERT_EQ(back.as<float>()[i], hf.as<float>()[i]);
+
+    const HfParam& bias = *t.find_hf("gpt_neox.layers.0.attention.query_key_value.bias");
+    HostTensor hb(DType::kF32, bias.shape), eb(DType::kF32, bias.shape);
+    for (int64_t i = 0; i < hb.numel(); ++i) hb.as<float>()[i] = float(i);
+    hf_param_import(bias, eb.view(), hb.view());
+    EXPECT_EQ(eb.as<float>()[2 * H * D + 1 * D + 3], hb.as<float>()[1 * 3 * D + 2 * D + 3]);  // v, head 1
+}
+
+TEST(ParamTable, Gpt2Conv1DWeightsAreTransposedAtTheBoundary) {
+    const ModelConfig c = parse(kGpt2Json);
+    const ParamTable t = model_param_table(c);
+    const HfParam& p = *t.find_hf("transformer.h.0.mlp.c_fc.weight");
+    EXPECT_EQ(p.shape, (Shape{16, 64}));                         // HF Conv1D: [in, out]
+    EXPECT_EQ(t.entries()[p.entry].shape, (Shape{64, 16}));      // arena: [out, in]
+    HostTensor hf(DType::kF32, p.shape), entry(DType::kF32, Shape{64, 16});
+    for (int64_t i = 0; i < hf.numel(); ++i) hf.as<float>()[i] = float(i);
+    hf_param_import(p, entry.view(), hf.view());
+    EXPECT_EQ(entry.as<float>()[5 * 16 + 3], hf.as<float>()[3 * 64 + 5]);
+    EXPECT_EQ(t.find_hf("lm_head.weight"), nullptr);  // tied
+    EXPECT_NE(t.find_entry(ParamRole::kPositionEmbedding), ParamTable::kNone);
+}
+
+TEST(ModelInit, SeededNormalWithScaledOutputProjectionsOnesAndZeros) {
+    const ModelConfig c = parse(kNeoxJson);
+    Model a = make(c, 1, 4, 1234), b = make(c, 1, 4, 1234), other = make(c, 1, 4, 99);
+    const std::vector<float> pa = [&] {
+        const ConstTensorView v = a.params_flat();
+        return std::vector<float>(v.as<float>(), v.as<float>() + v.numel());
+    }();
+    const ConstTensorView vb = b.params_flat(), vo = other.params_flat();
+    EXPECT_TRUE(std::equal(pa.begin(), pa.end(), vb.as<float>()));
+    EXPECT_FALSE(std::equal(pa.begin(), pa.end(), vo.as<float>()));
+
+    auto stats = [&](std::string_view name) {
+        const HfParam& p = *a.params().find_hf(name);
+        HostTensor t(DType::kF32, p.shape);
+        a.read_param_hf(name, t.view());
+        double sum = 0, sq = 0;
+        for (int64_t i = 0; i < t.numel(); ++i) {
+            sum += t.as<float>()[i];
+            sq += double(t.as<float>()[i]) * t.as<float>()[i];
+        }
+        const double mean = sum / double(t.numel());
+        return std::pair{mean, std::sqrt(sq / double(t.numel()) - mean * mean)};
+    };
+    const auto [m_embed, s_embed] = stats("gpt_neox.embed_in.weight");  // 960 draws
+    EXPECT_NEAR(m_embed, 0.0, 0.003);
+    EXPECT_NEAR(s_embed, 0.02, 0.002);
+    const auto [m_out, s_out] = stats("gpt_neox.layers.0.mlp.dense_4h_to_h.weight");  // 960 draws
+    EXPECT_NEAR(s_out, 0.02 / std::sqrt(2.0), 0.002);  // L = 1
+    EXPECT_EQ(stats("gpt_neox.layers.0.input_layernorm.weight"), (std::pair{1.0, 0.0}));
+    EXPECT_EQ(stats("gpt_neox.layers.0.attention.dense.bias"), (std::pair{0.0, 0.0}));
+    // A tensor's draws depend on its name, not on its place: the first normal of the stream.
+    HostTensor embed(DType::kF32, Shape{40, 24});
+    a.read_param_hf("gpt_neox.embed_in.weight", embed.view());
+    EXPECT_EQ(embed.as<float>()[0],
+              float(0.02 * init_normal(1234, init_key("gpt_neox.embed_in.weight"), 0)));
+}
+
+TEST(MemoryPlan, CategoriesAddUpAndTheTablePrintsThem) {
+    const ModelConfig c = parse(kLlamaJson);
+    const ParamTable t = model_param_table(c);
+    Result<MemoryPlan> plan = memory_plan_make(c, t, ModelShape{2, 16, 0});
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->parameter_bytes(), t.layout().total_bytes());
+    EXPECT_GE(plan->parameter_bytes(), size_t(model_config_num_parameters(c)) * 4);
+    EXPECT_EQ(plan->optimizer_bytes(), 2 * plan->parameter_bytes());
+    EXPECT_EQ(plan->total_bytes(), plan->parameter_bytes() * 4 + plan->activation_bytes() +
+                                       plan->scratch_bytes());
+    EXPECT_EQ(plan->shape.lm_head_chunk_rows, 32);  // B*T rows fit the default budget
+    // Per layer: x, ln1_out, q (32 wide), k, v (16), att, x_mid, ln2_out, mlp_in (96), mlp_act
+    // (48) per token, rstd x2 per token, lse per head per token.
+    const size_t per_token = (32 + 32 + 32 + 16 + 16 + 32 + 32 + 32 + 96 + 48 + 2 + 4) * 4;
+    EXPECT_GE(plan->activation_bytes(), 2 * 32 * per_token);
+    const std::string table = plan->table(model_config_summary(c));
+    for (const char* row : {"parameters", "gradients", "optimizer state", "activations",
+                            "scratch", "total"})
+        EXPECT_NE(table.find(row), std::string::npos) << table;
+    EXPECT_NE(table.find(std::to_string(plan->total_bytes())), std::string::npos) << table;
+}
+
+TEST(MemoryPlan, SequenceLongerThanTheModelAllowsNamesTheKey) {
+    const ModelConfig c = parse(kGpt2Json);
+    Result<MemoryPlan> plan = memory_plan_make(c, model_param_table(c), ModelShape{1, 13, 0});
+    ASSERT_FALSE(plan.ok());
+    EXPECT_NE(plan.status().message().find("n_positions"), std::string::npos)
+        << plan.status().message();
+    EXPECT_FALSE(memory_plan_make(c, model_param_table(c), ModelShape{0, 4, 0}).ok());
+}
+
+// Two micro-batches weighted 0.5 each accumulate the gradient of their mean.
+TEST(Model, GradientsAccumulateAcrossMicroBatches) {
+    const ModelConfig c = parse(kLlamaJson);
+    Model m = make(c, 2, 8);
+    const HostTensor t1 = ids(2, 8, 64, 1), y1 = ids(2, 8, 64, 2);
+    const HostTensor t2 = ids(2, 8, 64, 3), y2 = ids(2, 8, 64, 4);
+    const ModelBatch b1{t1.view(), y1.view(), {}, {}}, b2{t2.view(), y2.view(), {}, {}};
+    m.zero_grads();
+    m.forward_backward(b1, 1.0f);
+    const std::vector<float> g1 = grads_of(m);
+    m.zero_grads();
+    m.forward_backward(b2, 1.0f);
+    const std::vector<float> g2 = grads_of(m);
+    m.zero_grads();
+    m.forward_backward(b1, 0.5f);
+    m.forward_backward(b2, 0.5f);
+    const std::vector<float> g = grads_of(m);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+        worst = std::max(worst, std::abs(double(g[i]) - 0.5 * (double(g1[i]) + double(g2[i]))));
+        scale = std::max(scale, std::abs(double(g[i])));
+    }
+    EXPECT_GT(scale, 0.0);
+    EXPECT_LT(worst / scale, 1e-5);
+}
+
+// A batch smaller than planned (B and T) computes what a model planned for it computes.
+TEST(Model, SmallerBatchThanPlannedGivesTheSameLossAndGradients) {
+    for (std::string_view json : {kLlamaJson, kNeoxJson, kGpt2Json}) {
+        const ModelConfig c = parse(json);
+        Model big = make(c, 3, 12), exact = make(c, 2, 5);
+        const HostTensor tok = ids(2, 5, c.vocab_size, 5), tgt = ids(2, 5, c.vocab_size, 6);
+        const ModelBatch batch{tok.view(), tgt.view(), {}, {}};
+        big.zero_grads();
+        exact.zero_grads();
+        const float lb = big.forward_backward(batch), le = exact.forward_backward(batch);
+        EXPECT_EQ(lb, le) << c.model_type;
+        EXPECT_EQ(grads_of(big), grads_of(exact)) << c.model_type;
+    }
+}
+
+// Per-document attention with restarted positions: a document packed after another computes what
+// it computes alone.
+TEST(Model, PackedDocumentsDoNotSeeEachOther) {
+    for (std::string_view json : {kLlamaJson, kGpt2Json}) {
+        const ModelConfig c = parse(json);
+        Model m = make(c, 1, 10);
+        const HostTensor tok = ids(1, 10, c.vocab_size, 8);
+        HostTensor docs(DType::kI32, Shape{1, 10}), pos(DType::kI32, Shape{1, 10});
+        for (int i = 0; i < 10; ++i) {
+            docs.as<int32_t>()[i] = i < 4 ? 0 : 1;
+            pos.as<int32_t>()[i] = i < 4 ? i : i - 4;
+        }
+        HostTensor packed(DType::kF32, Shape{1, 10, c.vocab_size});
+        m.logits(packed.view(), ModelBatch{tok.view(), {}, docs.view(), pos.view()});
+        HostTensor alone_tok(DType::kI32, Shape{1, 6});
+        for (int i = 0; i < 6; ++i) alone_tok.as<int32_t>()[i] = tok.as<int32_t>()[4 + i];
+        HostTensor alone(DType::kF32, Shape{1, 6, c.vocab_size});
+        m.logits(alone.view(), ModelBatch{alone_tok.view(), {}, {}, {}});
+        for (int64_t i = 0; i < 6 * c.vocab_size; ++i)
+            ASSERT_NEAR(alone.as<float>()[i], packed.as<float>()[4 * c.vocab_size + i], 1e-5)
+                << c.model_type << " element " << i;
+    }
+}
+
+TEST(Model, AdamWSegmentsCoverEveryParameterWithDecayOnMatricesOnly) {
+    const ModelConfig c = parse(kNeoxJson);
+    Model m = make(c, 1, 4);
+    const std::vector<AdamWSegment> segs = m.adamw_segments(1e-3, 0.1);
+    ASSERT_EQ(segs.size(), m.params().entries().size());
+    int64_t covered = 0;
+    for (size_t i = 0; i < segs.size(); ++i) {
+        const ParamEntry& e = m.params().entries()[i];
+        EXPECT_EQ(segs[i].count, e.shape.numel());
+        EXPECT_EQ(segs[i].offset * 4, int64_t(m.plan().params.entries()[e.arena_index].offset));
+        EXPECT_EQ(segs[i].weight_decay, e.shape.rank() == 2 ? 0.1 : 0.0) << e.name;
+        covered += segs[i].count;
+    }
+    EXPECT_EQ(covered, model_config_num_parameters(c));
+}
+
+TEST(Model, SavedCheckpointLoadsBackIdenticallyWithItsConfig) {
+    for (std::string_view json : {kLlamaJson, kNeoxJson, kGpt2Json}) {
+        const ModelConfig c = parse(json);
+        const Model m = make(c, 1, 4, 42);
+        const std::string dir = testing::TempDir() + "lathe_model_ckpt_" + c.model_type;
+        std::filesystem::create_directories(dir);
+        ASSERT_TRUE(m.save_hf(dir).ok());
+        Result<ModelConfig> back_config = model_config_from_hf_file(dir + "/config.json");
+        ASSERT_TRUE(back_config.ok()) << back_config.status().to_string();
+        EXPECT_EQ(model_config_summary(*back_config), model_config_summary(c));
+        Result<Model> back = Model::create(*back_config, ModelShape{1, 4, 0}, cpu_context());
+        ASSERT_TRUE(back.ok());
+        Result<SafetensorsCheckpoint> ckpt = SafetensorsCheckpoint::open(dir);
+        ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+        // Stored shapes are the HF ones (GPT-2's Conv1D [in, out]).
+        for (const HfParam& p : m.params().hf_params()) {
+            Result<const SafetensorsTensor*> t = ckpt->tensor(p.name);
+            ASSERT_TRUE(t.ok()) << p.name;
+            EXPECT_EQ(int((*t)->shape.size()), p.shape.rank());
+            EXPECT_EQ((*t)->shape[0], p.shape[0]) << p.name;
+        }
+        ASSERT_TRUE(back->load_hf(*ckpt).ok());
+        const ConstTensorView a = m.params_flat(), b = back->params_flat();
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.bytes())) << c.model_type;
+        std::filesystem::remove_all(dir);
+    }
+}
+
+TEST(Model, LoadingNamesTheMissingTensorAndAWrongShape) {
+    const ModelConfig llama = parse(kLlamaJson);
+    const ModelConfig neox = parse(kNeoxJson);
+    const std::string dir = testing::TempDir() + "lathe_model_bad_ckpt";
+    std::filesystem::create_directories(dir);
+    ASSERT_TRUE(make(neox, 1, 4).save_hf(dir).ok());
+    Result<SafetensorsCheckpoint> ckpt = SafetensorsCheckpoint::open(dir);
+    ASSERT_TRUE(ckpt.ok());
+    Model m = make(llama, 1, 4);
+    const Status s = m.load_hf(*ckpt);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("model.embed_tokens.weight"), std::string::npos) << s.message();
+
+    // Same names, other sizes: a GPT-NeoX with a larger vocabulary.
+    std::string wide(kNeoxJson);
+    wide.replace(wide.find("\"vocab_size\": 40"), 16, "\"vocab_size\": 48");
+    Model w = make(parse(wide), 1, 4);
+    const Status shape = w.load_hf(*ckpt);
+    ASSERT_FALSE(shape.ok());
+    EXPECT_NE(shape.message().find("gpt_neox.embed_in.weight"), std::string::npos)
+        << shape.message();
+    EXPECT_NE(shape.message().find("[40, 24]"), std::string::npos) << shape.message();
+    std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace lathe
