@@ -26,7 +26,9 @@
 //     reproduces Megatron-LM/Megatron-DeepSpeed's gpt_dataset.py: when E > 1 and the last epoch
 //     contributes fewer than 80% of an epoch's samples, doc_idx is (E-1 epochs shuffled) followed
 //     by (the last epoch shuffled), and shuffle_idx is a shuffle of the samples of the first E-1
-//     epochs followed by a separate shuffle of the rest.
+//     epochs followed by a separate shuffle of the rest. Megatron stores sample_idx as int32
+//     always; lathe keeps GPT-NeoX's int32/int64 rule, which agrees wherever int32 does not
+//     overflow, and reads either.
 //   - Only pack_impl "packed" is implemented; "pack_until_overflow" and "unpacked" (SFT-only
 //     modes added in 2024) are refused as unimplemented.
 
@@ -108,7 +110,10 @@ enum class CacheNaming {
 // The arguments of `_build_index_mappings` that decide the arrays and their file names.
 struct IndexMappingRequest {
     std::string name;         // "train", "valid", "test"; "train_0", ... for weighted lists
-    std::string data_prefix;  // the token file prefix; the cache files are named after it
+    // The token file prefix: the cache files are named after it and sit next to the data, as in
+    // GPT-NeoX. To keep caches elsewhere (read-only data), pass "<cache dir>/<file name>": only
+    // names and messages use this string, the documents come from the caller.
+    std::string data_prefix;
     DocumentRange documents;
     std::optional<int64_t> num_samples;  // None only when num_epochs is given
     std::optional<int64_t> num_epochs;   // given: used as is (GPT-NeoX train_epochs mode)
