@@ -12,26 +12,12 @@ namespace lathe {
 
 namespace {
 
-// The GELU of an MLP that is not gated; relu and silu have no op here.
-Result<GeluKind> plain_mlp_gelu(const HfModelConfig& hf, std::string_view key,
-                                std::string_view source) {
-    switch (hf.activation()) {
-        case HfActivation::kGelu: return GeluKind::kErf;
-        case HfActivation::kGeluTanh: return GeluKind::kTanh;
-        default:
-            return unimplemented_error("{}: config.json key '{}' is '{}'; lathe implements 'gelu' "
-                                       "(erf) and the tanh forms ('gelu_new', "
-                                       "'gelu_pytorch_tanh', 'gelu_fast') for {}",
-                                       source, key, hf.hidden_act, hf_arch_model_type(hf.arch));
-    }
-}
-
 Result<ModelConfig> gpt2_config(const HfModelConfig& hf, std::string_view source) {
     // io/hf_config.h has refused the attention variants lathe does not compute
     // (scale_attn_by_inverse_layer_idx, cross attention, unscaled attention).
     ModelConfig c = model_config_from_hf_common(hf);
     c.mlp = MlpKind::kGelu;
-    LATHE_ASSIGN_OR_RETURN(c.gelu, plain_mlp_gelu(hf, "activation_function", source));
+    LATHE_ASSIGN_OR_RETURN(c.gelu, model_config_plain_gelu(hf, "activation_function", source));
     LATHE_RETURN_IF_ERROR(model_config_validate(c, source));
     return c;
 }

@@ -12,24 +12,10 @@ namespace lathe {
 
 namespace {
 
-// The GELU of an MLP that is not gated; relu and silu have no op here.
-Result<GeluKind> plain_mlp_gelu(const HfModelConfig& hf, std::string_view key,
-                                std::string_view source) {
-    switch (hf.activation()) {
-        case HfActivation::kGelu: return GeluKind::kErf;
-        case HfActivation::kGeluTanh: return GeluKind::kTanh;
-        default:
-            return unimplemented_error("{}: config.json key '{}' is '{}'; lathe implements 'gelu' "
-                                       "(erf) and the tanh forms ('gelu_new', "
-                                       "'gelu_pytorch_tanh', 'gelu_fast') for {}",
-                                       source, key, hf.hidden_act, hf_arch_model_type(hf.arch));
-    }
-}
-
 Result<ModelConfig> gpt_neox_config(const HfModelConfig& hf, std::string_view source) {
     ModelConfig c = model_config_from_hf_common(hf);
     c.mlp = MlpKind::kGelu;
-    LATHE_ASSIGN_OR_RETURN(c.gelu, plain_mlp_gelu(hf, "hidden_act", source));
+    LATHE_ASSIGN_OR_RETURN(c.gelu, model_config_plain_gelu(hf, "hidden_act", source));
     c.parallel_residual = hf.use_parallel_residual;
     LATHE_RETURN_IF_ERROR(model_config_validate(c, source));
     return c;

@@ -46,6 +46,19 @@ ModelConfig model_config_from_hf_common(const HfModelConfig& hf) {
     return c;
 }
 
+Result<GeluKind> model_config_plain_gelu(const HfModelConfig& hf, std::string_view key,
+                                         std::string_view source) {
+    switch (hf.activation()) {
+        case HfActivation::kGelu: return GeluKind::kErf;
+        case HfActivation::kGeluTanh: return GeluKind::kTanh;
+        default:
+            return unimplemented_error("{}: config.json key '{}' is '{}'; lathe implements 'gelu' "
+                                       "(erf) and the tanh forms ('gelu_new', "
+                                       "'gelu_pytorch_tanh', 'gelu_fast') for {}",
+                                       source, key, hf.hidden_act, hf_arch_model_type(hf.arch));
+    }
+}
+
 Status model_config_validate(const ModelConfig& c, std::string_view source) {
     auto bad = [&](std::string_view key, std::string_view what) {
         return invalid_argument_error("{}: config.json key '{}' {}", source, key, what);

@@ -68,6 +68,11 @@ struct ModelConfig {
 // checks what it cannot run. `model_type` is the family's.
 ModelConfig model_config_from_hf_common(const HfModelConfig& hf);
 
+// The GELU form of a family whose MLP is not gated (GPT-NeoX, GPT-2): "gelu" is erf, the tanh
+// forms are tanh; relu and silu have no op there: unimplemented, naming `source` and `key`.
+Result<GeluKind> model_config_plain_gelu(const HfModelConfig& hf, std::string_view key,
+                                         std::string_view source);
+
 // Ok, or invalid argument naming the config.json key at fault (all sizes positive, H divisible by
 // Hkv, rope valid for kRope, ...). `source` (a path) prefixes the message.
 Status model_config_validate(const ModelConfig& config, std::string_view source);
