@@ -24,9 +24,9 @@ enum class ExprKind {
     kGetattr,  // a.name
     kGetitem,  // a[b]
     kSlice,    // a[b:c:d] (missing parts are null)
-    kCall,     // a(args..., kwargs...)
-    kFilter,   // a | name(args..., kwargs...); `a` is null inside {% filter %} / {% set %} blocks
-    kTest,     // a is name(args..., kwargs...)
+    kCall,     // a(args..., kwargs..., *c, **d)
+    kFilter,   // a | name(args..., kwargs..., *c, **d); `a` is null in {% filter %} / {% set %} blocks
+    kTest,     // a is name(args..., kwargs..., *c, **d)
     kNot,      // not a
     kNeg,      // -a
     kPos,      // +a
@@ -75,6 +75,7 @@ enum class StmtKind {
     kBreak,
     kContinue,
     kGeneration,   // transformers' {% generation %}body{% endgeneration %}
+    kCallBlock,    // {% call(targets=values) expr %}body{% endcall %}: expr is a kCall that gets caller=
 };
 
 struct Stmt {
@@ -89,6 +90,9 @@ struct Stmt {
     bool target_tuple = false;        // `for a, in ...` / `set a, b = ...`
     std::vector<ExprPtr> values;      // kWith values, kMacro defaults (aligned right, may be null)
     std::vector<ExprPtr> filters;     // kSetBlock, kFilterBlock: kFilter nodes with a == null
+    // kMacro / kCallBlock: whether the body reads `caller`, `varargs`, `kwargs` (jinja2 then
+    // accepts a caller, extra positional and extra keyword arguments).
+    bool catch_caller = false, catch_varargs = false, catch_kwargs = false;
     // Names the scope this statement opens (for body, macro body, block bodies) binds to
     // undefined on entry, and the same for a for loop's else body: jinja2 resolves names at
     // compile time, and a name first assigned unconditionally in a scope hides outer values

@@ -144,12 +144,14 @@ std::string pad(std::string s, int64_t width, bool left, char fill = ' ') {
 std::string percent_format(const std::string& fmt, const Value& args) {
     std::vector<Value> pos;
     const Dict* named = nullptr;
+    // As CPython: a tuple supplies the arguments; any other value with __getitem__ (dict, list)
+    // is also a mapping for %(name)s, and then unused arguments are not an error.
+    bool mapping_mode = false;
     if (args.kind() == Kind::kTuple) {
         pos = args.as_list();
-    } else if (args.kind() == Kind::kDict) {
-        named = &args.as_dict();
-        pos.push_back(args);
     } else {
+        if (args.kind() == Kind::kDict) named = &args.as_dict();
+        mapping_mode = args.kind() == Kind::kDict || args.kind() == Kind::kList || args.is_undefined();
         pos.push_back(args);
     }
     size_t next_arg = 0;
@@ -194,7 +196,6 @@ std::string percent_format(const std::string& fmt, const Value& args) {
             if (next_arg >= pos.size()) throw_error("not enough arguments for format string");
             arg = &pos[next_arg++];
         }
-        if (arg->is_undefined()) arg->fail_undefined();
         std::string piece;
         switch (type) {
             case 's': piece = arg->str(); if (prec >= 0) piece = utf8_encode(utf8_decode(piece).substr(0, size_t(prec))); break;
@@ -213,6 +214,7 @@ std::string percent_format(const std::string& fmt, const Value& args) {
             case 'E':
             case 'g':
             case 'G': {
+                if (arg->is_undefined()) arg->fail_undefined();
                 if (!arg->is_number()) throw_error(std::string("%") + type + " format: a real number is required, not " + arg->type_name());
                 std::string spec = "%";
                 if (plus) spec += '+';
@@ -247,7 +249,7 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         }
         out += pad(piece, width, left);
     }
-    if (!named && next_arg < pos.size()) throw_error("not all arguments converted during string formatting");
+    if (!mapping_mode && next_arg < pos.size()) throw_error("not all arguments converted during string formatting");
     return out;
 }
 
@@ -864,7 +866,10 @@ bool contains(const Value& container, const Value& item) {
             for (const auto& e : container.as_list())
                 if (equals(e, item)) return true;
             return false;
-        case Kind::kDict: return container.as_dict().find(item) != nullptr;
+        case Kind::kDict:
+            if (item.kind() == Kind::kList || item.kind() == Kind::kDict)
+                throw_error(std::string("unhashable type: '") + item.type_name() + "'");
+            return container.as_dict().find(item) != nullptr;
         case Kind::kObject:
             if (Generator* g = as_generator(container)) {
                 Value e;
@@ -1035,6 +1040,7 @@ Value f_int(const Value& v, Args& a) {
     if (v.kind() == Kind::kFloat) {
         const double f = v.as_double();
         if (!std::isfinite(f)) return dflt;
+        if (std::fabs(f) >= 9.2e18) throw_error("integer overflow: lathe's template integers are 64-bit");
         return Value::integer(int64_t(std::trunc(f)));
     }
     if (v.is_string()) {
@@ -1072,7 +1078,10 @@ Value f_indent(const Value& v, Args& a) {
     if (w) ind = w->is_string() ? w->as_string() : std::string(size_t(std::max<int64_t>(0, need_int(*w, "width"))), ' ');
     const bool first = arg_bool(a, 1, "first", false);
     const bool blank = arg_bool(a, 2, "blank", false);
-    std::string s = soft_str(v) + "\n";  // jinja2 appends a newline and strips it at the end
+    if (v.is_undefined()) v.fail_undefined();
+    if (!v.is_string())
+        throw_error(std::string("unsupported operand type(s) for +=: '") + v.type_name() + "' and 'str'");
+    std::string s = v.as_string() + "\n";  // jinja2 appends a newline and strips it at the end
     std::vector<Value> lines = py_splitlines(s, true);
     std::string rv;
     if (blank) {
@@ -1130,8 +1139,14 @@ Value f_upper(const Value& v, Args& a) {
     return Value::string(py_upper(soft_str(v)));
 }
 
+// jinja2's map/select/reject/... iterate only a truthy input: a falsy one gives nothing.
+std::vector<Value> iterate_if_truthy(const Value& v) {
+    if (!v.truthy()) return {};
+    return iterate(v);
+}
+
 Value f_map(const Value& v, Args& a) {
-    std::vector<Value> items = iterate(v);
+    std::vector<Value> items = iterate_if_truthy(v);
     std::vector<Value> out;
     if (a.positional.empty()) {
         const Value* attr = a.get(size_t(-1), "attribute");
@@ -1177,7 +1192,7 @@ Value f_min(const Value& v, Args& a) { return min_max(v, a, false); }
 
 // select / reject / selectattr / rejectattr.
 Value select_common(const Value& v, Args& a, bool by_attr, bool keep) {
-    std::vector<Value> items = iterate(v);
+    std::vector<Value> items = iterate_if_truthy(v);
     size_t k = 0;
     std::string attr;
     if (by_attr) {
@@ -1229,7 +1244,7 @@ Value f_reverse(const Value& v, Args& a) {
         std::reverse(u.begin(), u.end());
         return Value::string(utf8_encode(u));
     }
-    if (v.is_undefined()) v.fail_undefined();
+    if (v.is_undefined()) return make_generator("reversed", {});
     if (as_generator(v)) {  // reversed() fails; jinja2 falls back to a reversed list
         std::vector<Value> items = iterate(v);
         std::reverse(items.begin(), items.end());
@@ -1249,7 +1264,11 @@ Value f_round(const Value& v, Args& a) {
     if (v.is_undefined()) v.fail_undefined();
     if (!v.is_number()) throw_error(std::string("round() needs a number, not ") + v.type_name());
     const double x = v.as_double();
-    if (method == "common") return Value::floating(py_round(x, prec));
+    if (method == "common") {
+        // Python's round() of an int is an int (exact for non-negative precision).
+        if (v.kind() != Kind::kFloat && prec >= 0) return Value::integer(v.as_int());
+        return Value::floating(py_round(x, prec));
+    }
     if (method != "ceil" && method != "floor") throw_error("method must be common, ceil or floor");
     const double f = std::pow(10.0, double(prec));
     return Value::floating((method == "ceil" ? std::ceil(x * f) : std::floor(x * f)) / f);
@@ -1363,11 +1382,12 @@ Value f_truncate(const Value& v, Args& a) {
     const std::string end = e ? soft_str(*e) : "...";
     const Value* lw = a.get(3, "leeway");
     const int64_t leeway = (lw && !lw->is_none()) ? need_int(*lw, "leeway") : 5;
-    const std::u32string s = u32(v);
     const int64_t end_len = int64_t(utf8_length(end));
     if (length < end_len) throw_error("expected length >= " + std::to_string(end_len) + ", got " + std::to_string(length));
     if (leeway < 0) throw_error("expected leeway >= 0, got " + std::to_string(leeway));
-    if (int64_t(s.size()) <= length + leeway) return Value::string(utf8_encode(s));
+    if (length_of(v) <= length + leeway) return v;  // short values come back as they are
+    if (!v.is_string()) throw_error(std::string("truncate cannot shorten a ") + v.type_name());
+    const std::u32string s = u32(v);
     std::u32string head = s.substr(0, size_t(length - end_len));
     if (!killwords) {
         const size_t sp = head.rfind(U' ');
@@ -1383,6 +1403,8 @@ Value f_unique(const Value& v, Args& a) {
     std::vector<Value> seen, out;
     for (const Value& item : iterate(v)) {
         const Value k = fold(attr ? attr_path(item, soft_str(*attr)) : item, cs);
+        if (k.kind() == Kind::kList || k.kind() == Kind::kDict)
+            throw_error(std::string("unhashable type: '") + k.type_name() + "'");
         bool dup = false;
         for (const Value& s : seen)
             if (equals(s, k)) dup = true;
@@ -1447,7 +1469,10 @@ bool t_sequence(const Value& v, Args&) {
 bool t_iterable(const Value& v, Args&) {
     return v.is_undefined() || v.is_string() || v.is_sequence() || v.kind() == Kind::kDict || as_generator(v);
 }
-bool t_callable(const Value& v, Args&) { return v.kind() == Kind::kObject && v.as_object()->callable(); }
+// Python's callable(): jinja2's Undefined has __call__ (which raises), so it counts.
+bool t_callable(const Value& v, Args&) {
+    return v.is_undefined() || (v.kind() == Kind::kObject && v.as_object()->callable());
+}
 bool t_escaped(const Value&, Args&) { return false; }
 bool t_lower(const Value& v, Args&) {
     Value out;
@@ -1459,18 +1484,25 @@ bool t_upper(const Value& v, Args&) {
     str_predicate(soft_str(v), "isupper", out);
     return out.as_bool();
 }
-int64_t mod_int(const Value& v, int64_t m) {
+// Python's `value % m == r` for the odd/even/divisibleby tests (floats included).
+bool mod_equals(const Value& v, int64_t m, int64_t r) {
     if (v.is_undefined()) v.fail_undefined();
-    if (v.kind() == Kind::kFloat) return int64_t(std::fmod(v.as_double(), double(m)) != 0.0);
     if (!v.is_number()) throw_error(std::string("unsupported operand type(s) for %: '") + v.type_name() + "' and 'int'");
-    return ((v.as_int() % m) + m) % m;
+    if (v.kind() == Kind::kFloat) {
+        double x = std::fmod(v.as_double(), double(m));
+        if (x != 0.0 && ((x < 0) != (m < 0))) x += double(m);
+        return x == double(r);
+    }
+    int64_t x = v.as_int() % m;
+    if (x != 0 && ((x < 0) != (m < 0))) x += m;
+    return x == r;
 }
-bool t_odd(const Value& v, Args&) { return mod_int(v, 2) == 1; }
-bool t_even(const Value& v, Args&) { return mod_int(v, 2) == 0; }
+bool t_odd(const Value& v, Args&) { return mod_equals(v, 2, 1); }
+bool t_even(const Value& v, Args&) { return mod_equals(v, 2, 0); }
 bool t_divisibleby(const Value& v, Args& a) {
     const int64_t m = need_int(test_arg(a, "divisibleby"), "divisibleby argument");
     if (m == 0) throw_error("integer modulo by zero");
-    return mod_int(v, m) == 0;
+    return mod_equals(v, m, 0);
 }
 bool t_sameas(const Value& v, Args& a) {
     const Value& o = test_arg(a, "sameas");

@@ -102,13 +102,17 @@ Value repeat(const Value& seq, int64_t n) {
     return seq.kind() == Kind::kTuple ? Value::tuple(std::move(out)) : Value::list(std::move(out));
 }
 
+// CPython's float modulo: the result takes the divisor's sign (a zero too).
 double py_fmod(double a, double b) {
     double m = std::fmod(a, b);
-    if (m != 0.0 && ((b < 0) != (m < 0))) m += b;
+    if (m == 0.0) return std::copysign(0.0, b);
+    if ((b < 0) != (m < 0)) m += b;
     return m;
 }
 
 Value arith(BinOp op, const Value& l, const Value& r) {
+    // `str % x` formats even an undefined x (Python treats it as a mapping).
+    if (op == BinOp::kMod && l.is_string()) return Value::string(percent_format(l.as_string(), r));
     if (l.is_undefined()) l.fail_undefined();
     if (r.is_undefined()) r.fail_undefined();
     const bool nums = l.is_number() && r.is_number();
@@ -185,7 +189,12 @@ Value arith(BinOp op, const Value& l, const Value& r) {
             }
             if (l.as_double() == 0.0 && r.as_double() < 0)
                 throw_error("0.0 cannot be raised to a negative power");
-            return Value::floating(std::pow(l.as_double(), r.as_double()));
+            {
+                const double p = std::pow(l.as_double(), r.as_double());
+                if (std::isinf(p) && std::isfinite(l.as_double()) && std::isfinite(r.as_double()))
+                    throw_error("(34, 'Numerical result out of range')");
+                return Value::floating(p);
+            }
     }
     throw_error("unknown operator");
 }
@@ -327,7 +336,16 @@ private:
                 apply_filters(s.filters, std::move(v), f).append_str(*out_);
                 return Flow::kNormal;
             }
-            case StmtKind::kMacro: f.set(s.text, make_macro(s)); return Flow::kNormal;
+            case StmtKind::kMacro: f.set(s.text, make_macro(s, root)); return Flow::kNormal;
+            case StmtKind::kCallBlock: {
+                // The call's macro receives caller=, a callable that renders this block's body.
+                const Expr& call = *s.expr;
+                const Value callee = eval(*call.a, f);
+                Args a = eval_args(call, f);
+                a.keyword.emplace_back("caller", make_macro(s, &f));
+                call_value(callee, a).append_str(*out_);
+                return Flow::kNormal;
+            }
             case StmtKind::kWith: {
                 Frame scope{&f, {}};
                 scope.hide(s.scope_undefined);
@@ -379,34 +397,58 @@ private:
         return Flow::kNormal;
     }
 
-    Value make_macro(const Stmt& s) {
+    // A macro (or the body of a {% call %} block, `parent` its defining scope) as a callable,
+    // binding arguments as jinja2's Macro.__call__ does.
+    Value make_macro(const Stmt& s, Frame* parent) {
         const Stmt* def = &s;
         Interp* self = this;
-        return Value::object(std::make_shared<Function>(s.text, [def, self](Args& a) {
-            if (a.positional.size() > def->targets.size())
-                throw_error("macro '" + def->text + "' takes not more than " + std::to_string(def->targets.size()) +
-                            " argument(s)");
-            Frame scope{self->root, {}};
+        const std::string name = s.kind == StmtKind::kMacro ? s.text : "caller";
+        return Value::object(std::make_shared<Function>(name, [def, self, parent, name](Args& a) {
+            const size_t nparams = def->targets.size();
+            Frame scope{parent, {}};
             scope.hide(def->scope_undefined);
-            std::vector<bool> bound(def->targets.size(), false);
-            for (size_t i = 0; i < a.positional.size(); ++i) {
-                scope.set(def->targets[i], a.positional[i]);
-                bound[i] = true;
+            std::vector<std::pair<std::string, Value>> kwargs = a.keyword;
+            auto take_kwarg = [&](const std::string& k, Value& out) {
+                for (auto it = kwargs.begin(); it != kwargs.end(); ++it) {
+                    if (it->first != k) continue;
+                    out = it->second;
+                    kwargs.erase(it);
+                    return true;
+                }
+                return false;
+            };
+            for (size_t i = 0; i < nparams; ++i) {
+                Value v;
+                if (i < a.positional.size()) {
+                    v = a.positional[i];
+                } else if (!take_kwarg(def->targets[i], v)) {
+                    if (def->values[i])
+                        v = self->eval(*def->values[i], scope);
+                    else
+                        v = Value::undefined("parameter '" + def->targets[i] + "' was not provided");
+                }
+                scope.set(def->targets[i], std::move(v));
             }
-            for (auto& [k, v] : a.keyword) {
-                size_t i = 0;
-                while (i < def->targets.size() && def->targets[i] != k) ++i;
-                if (i == def->targets.size()) throw_error("macro '" + def->text + "' takes no keyword argument '" + k + "'");
-                if (bound[i]) throw_error("macro '" + def->text + "' got multiple values for argument '" + k + "'");
-                scope.set(k, v);
-                bound[i] = true;
+            if (def->catch_caller) {
+                Value caller;
+                if (!take_kwarg("caller", caller)) caller = Value::undefined("No caller defined");
+                scope.set("caller", std::move(caller));
             }
-            for (size_t i = 0; i < def->targets.size(); ++i) {
-                if (bound[i]) continue;
-                if (def->values[i])
-                    scope.set(def->targets[i], self->eval(*def->values[i], scope));
-                else
-                    scope.set(def->targets[i], Value::undefined("parameter '" + def->targets[i] + "' was not provided"));
+            if (def->catch_kwargs) {
+                Dict d;
+                for (auto& [k, v] : kwargs) d.items.emplace_back(Value::string(k), v);
+                scope.set("kwargs", Value::dict(std::move(d)));
+            } else if (!kwargs.empty()) {
+                if (kwargs[0].first == "caller")
+                    throw_error("macro '" + name + "' was invoked with two values for the special caller argument");
+                throw_error("macro '" + name + "' takes no keyword argument '" + kwargs[0].first + "'");
+            }
+            if (def->catch_varargs) {
+                List extra;
+                for (size_t i = nparams; i < a.positional.size(); ++i) extra.push_back(a.positional[i]);
+                scope.set("varargs", Value::tuple(std::move(extra)));
+            } else if (a.positional.size() > nparams) {
+                throw_error("macro '" + name + "' takes not more than " + std::to_string(nparams) + " argument(s)");
             }
             return Value::string(self->capture(def->body, scope));
         }));
@@ -417,6 +459,17 @@ private:
         a.positional.reserve(e.args.size());
         for (const ExprPtr& x : e.args) a.positional.push_back(eval(*x, f));
         for (const auto& [k, x] : e.kwargs) a.keyword.emplace_back(k, eval(*x, f));
+        if (e.c) {  // *args
+            for (Value& v : iterate(eval(*e.c, f))) a.positional.push_back(std::move(v));
+        }
+        if (e.d) {  // **kwargs
+            const Value d = eval(*e.d, f);
+            if (d.kind() != Kind::kDict) throw_error(std::string("argument after ** must be a mapping, not ") + d.type_name());
+            for (const auto& [k, v] : d.as_dict().items) {
+                if (!k.is_string()) throw_error("keywords must be strings");
+                a.keyword.emplace_back(k.as_string(), v);
+            }
+        }
         return a;
     }
 

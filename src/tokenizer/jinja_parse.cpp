@@ -608,6 +608,7 @@ private:
         if (tag == "macro") return out.push_back(parse_macro());
         if (tag == "filter") return out.push_back(parse_filter_block());
         if (tag == "with") return out.push_back(parse_with());
+        if (tag == "call") return out.push_back(parse_call_block());
         if (tag == "print") {
             next();
             auto s = make_stmt(StmtKind::kPrint, line);
@@ -639,7 +640,7 @@ private:
             return out.push_back(std::move(s));
         }
         static const char* const kUnsupported[] = {"block", "extends", "include", "import", "from",
-                                                   "autoescape", "call", "do"};
+                                                   "autoescape", "do"};
         for (const char* u : kUnsupported)
             if (tag == u) fail("the '" + tag + "' tag is not supported in chat templates");
         std::string msg = "unknown tag '" + tag + "'";
@@ -738,26 +739,75 @@ private:
         OpenBlock ob(this, "macro", line);
         auto s = make_stmt(StmtKind::kMacro, line);
         s->text = expect_name();
-        expect_op("(");
-        bool seen_default = false;
-        while (!is_op(cur(), ")")) {
-            if (!s->targets.empty()) expect_op(",");
-            if (is_op(cur(), ")")) break;
-            s->targets.push_back(expect_name());
-            if (skip_op("=")) {
-                s->values.push_back(parse_expression(true));
-                seen_default = true;
-            } else {
-                if (seen_default) fail("non-default argument follows default argument");
-                s->values.push_back(nullptr);
-            }
-        }
-        expect_op(")");
+        parse_signature(*s);
         const int saved_loop = loop_depth_;
         loop_depth_ = 0;
         s->body = parse_statements({"endmacro"}, true);
         loop_depth_ = saved_loop;
+        find_special_names(*s);
         return s;
+    }
+
+    StmtPtr parse_call_block() {
+        const int line = next().line;
+        OpenBlock ob(this, "call", line);
+        auto s = make_stmt(StmtKind::kCallBlock, line);
+        if (is_op(cur(), "(")) parse_signature(*s);
+        s->expr = parse_expression(true);
+        if (s->expr->kind != ExprKind::kCall) fail_at(line, "expected a macro call after 'call'");
+        const int saved_loop = loop_depth_;
+        loop_depth_ = 0;
+        s->body = parse_statements({"endcall"}, true);
+        loop_depth_ = saved_loop;
+        find_special_names(*s);
+        return s;
+    }
+
+    // jinja2 lets a macro take a caller, extra positional and extra keyword arguments only when
+    // its body mentions `caller`, `varargs`, `kwargs`.
+    static void scan_names(const Expr* e, Stmt& s) {
+        if (!e) return;
+        if (e->kind == ExprKind::kName) {
+            if (e->name == "caller") s.catch_caller = true;
+            if (e->name == "varargs") s.catch_varargs = true;
+            if (e->name == "kwargs") s.catch_kwargs = true;
+        }
+        for (const Expr* x : {e->a.get(), e->b.get(), e->c.get(), e->d.get()}) scan_names(x, s);
+        for (const ExprPtr& x : e->args) scan_names(x.get(), s);
+        for (const auto& kv : e->kwargs) scan_names(kv.second.get(), s);
+    }
+    static void scan_body(const Body& body, Stmt& s) {
+        for (const StmtPtr& st : body) {
+            scan_names(st->expr.get(), s);
+            scan_names(st->cond.get(), s);
+            for (const auto& [c, b] : st->branches) {
+                scan_names(c.get(), s);
+                scan_body(b, s);
+            }
+            for (const ExprPtr& v : st->values) scan_names(v.get(), s);
+            for (const ExprPtr& f : st->filters) scan_names(f.get(), s);
+            scan_body(st->body, s);
+            scan_body(st->else_body, s);
+        }
+    }
+    static void find_special_names(Stmt& s) { scan_body(s.body, s); }
+
+    void parse_signature(Stmt& s) {
+        expect_op("(");
+        bool seen_default = false;
+        while (!is_op(cur(), ")")) {
+            if (!s.targets.empty()) expect_op(",");
+            if (is_op(cur(), ")")) break;
+            s.targets.push_back(expect_name());
+            if (skip_op("=")) {
+                s.values.push_back(parse_expression(true));
+                seen_default = true;
+            } else {
+                if (seen_default) fail("non-default argument follows default argument");
+                s.values.push_back(nullptr);
+            }
+        }
+        expect_op(")");
     }
 
     StmtPtr parse_filter_block() {
@@ -1126,13 +1176,21 @@ private:
                 expect_op(",");
                 if (is_op(cur(), ")")) break;
             }
-            if (is_op(cur(), "*") || is_op(cur(), "**")) fail("*args and **kwargs in calls are not supported");
-            if (cur().type == Tok::kName && is_op(look(), "=")) {
+            if (is_op(cur(), "*")) {
+                if (node.c || node.d) fail("invalid syntax for function call expression");
+                next();
+                node.c = parse_expression(true);
+            } else if (is_op(cur(), "**")) {
+                if (node.d) fail("invalid syntax for function call expression");
+                next();
+                node.d = parse_expression(true);
+            } else if (cur().type == Tok::kName && is_op(look(), "=")) {
+                if (node.d) fail("invalid syntax for function call expression");
                 std::string key = next().value;
                 next();
                 node.kwargs.emplace_back(std::move(key), parse_expression(true));
             } else {
-                if (!node.kwargs.empty()) fail("a positional argument follows keyword arguments");
+                if (!node.kwargs.empty() || node.c || node.d) fail("invalid syntax for function call expression");
                 node.args.push_back(parse_expression(true));
             }
             require_comma = true;
@@ -1281,7 +1339,15 @@ void analyze_children(Stmt& s, const Symbols* parent) {
             s.else_scope_undefined = analyze_scope(s.else_body, parent, {});
             return;
         }
-        case StmtKind::kMacro: s.scope_undefined = analyze_scope(s.body, parent, s.targets, &s.values); return;
+        case StmtKind::kMacro:
+        case StmtKind::kCallBlock: {
+            std::vector<std::string> params = s.targets;
+            if (s.catch_caller) params.push_back("caller");
+            if (s.catch_varargs) params.push_back("varargs");
+            if (s.catch_kwargs) params.push_back("kwargs");
+            s.scope_undefined = analyze_scope(s.body, parent, params, &s.values);
+            return;
+        }
         case StmtKind::kWith: s.scope_undefined = analyze_scope(s.body, parent, s.targets); return;
         case StmtKind::kSetBlock:
         case StmtKind::kFilterBlock:
@@ -1362,6 +1428,10 @@ void analyze_stmt(Stmt& s, Symbols& sym, std::vector<Stmt*>& children) {
             children.push_back(&s);
             return;
         case StmtKind::kGeneration: children.push_back(&s); return;
+        case StmtKind::kCallBlock:
+            visit_expr(s.expr.get(), sym);
+            children.push_back(&s);
+            return;
     }
 }
 
