@@ -145,6 +145,13 @@ bool is_numeric(char32_t c) {
            cat == UTF8PROC_CATEGORY_NO;
 }
 
+bool is_numeric_decimal(char32_t c) {
+    if (c < 0x80) return c >= '0' && c <= '9';
+    return category(c) == UTF8PROC_CATEGORY_ND;
+}
+
+bool is_connector_punctuation(char32_t c) { return category(c) == UTF8PROC_CATEGORY_PC; }
+
 bool is_alphabetic(char32_t c) {
     if (c < 0x80) return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
     static const PropertyMatcher matcher("\\p{Alphabetic}");

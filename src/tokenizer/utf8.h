@@ -82,6 +82,10 @@ size_t count_chars(std::string_view s);
 bool is_whitespace(char32_t c);
 // Rust char::is_numeric: general category Nd, Nl or No.
 bool is_numeric(char32_t c);
+// General category Nd.
+bool is_numeric_decimal(char32_t c);
+// General category Pc.
+bool is_connector_punctuation(char32_t c);
 // Rust char::is_alphabetic: the Unicode Alphabetic property.
 bool is_alphabetic(char32_t c);
 // Rust char::is_alphanumeric.

@@ -1,0 +1,370 @@
+#include "tokenizer/bpe_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "core/strings.h"
+#include "tokenizer/utf8.h"
+
+namespace lathe {
+
+namespace {
+
+constexpr uint32_t kNoMerge = std::numeric_limits<uint32_t>::max();
+// Words with more symbols than this merge through the linked list + heap (O(n log n)); shorter
+// ones through a flat array scanned for the lowest rank (O(n^2), but faster for small n).
+constexpr size_t kShortWordSymbols = 48;
+// Pieces longer than this are not memoized (rare; keeps the cache's memory bounded).
+constexpr size_t kMaxCachedPieceBytes = 256;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// BpeCache
+
+BpeCache::BpeCache(size_t max_entries) : max_entries_(max_entries) {
+    size_t cap = 16;
+    while (cap < 2 * max_entries) cap <<= 1;
+    slots_.resize(cap);
+}
+
+void BpeCache::clear() {
+    std::fill(slots_.begin(), slots_.end(), Slot{});
+    keys_.clear();
+    ids_.clear();
+    count_ = 0;
+}
+
+bool BpeCache::lookup(std::string_view key, uint64_t hash, std::vector<int32_t>& out) const {
+    size_t i = hash & (slots_.size() - 1);
+    while (true) {
+        const Slot& s = slots_[i];
+        if (!s.used) return false;
+        if (s.hash == hash && s.key_len == key.size() &&
+            std::memcmp(keys_.data() + s.key_offset, key.data(), key.size()) == 0) {
+            out.insert(out.end(), ids_.begin() + s.ids_offset,
+                       ids_.begin() + s.ids_offset + s.ids_len);
+            return true;
+        }
+        i = (i + 1) & (slots_.size() - 1);
+    }
+}
+
+void BpeCache::insert(std::string_view key, uint64_t hash, const int32_t* ids, size_t count) {
+    if (count_ >= max_entries_) clear();
+    size_t i = hash & (slots_.size() - 1);
+    while (slots_[i].used) {
+        const Slot& s = slots_[i];
+        if (s.hash == hash && s.key_len == key.size() &&
+            std::memcmp(keys_.data() + s.key_offset, key.data(), key.size()) == 0) {
+            return;  // already there
+        }
+        i = (i + 1) & (slots_.size() - 1);
+    }
+    Slot& s = slots_[i];
+    s.used = true;
+    s.hash = hash;
+    s.key_offset = static_cast<uint32_t>(keys_.size());
+    s.key_len = static_cast<uint32_t>(key.size());
+    s.ids_offset = static_cast<uint32_t>(ids_.size());
+    s.ids_len = static_cast<uint32_t>(count);
+    keys_.append(key);
+    ids_.insert(ids_.end(), ids, ids + count);
+    ++count_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading
+
+Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
+    LATHE_RETURN_IF_ERROR(node.expect_object());
+    std::unique_ptr<BpeModel> m(new BpeModel());
+
+    if (std::optional<JsonNode> d = node.field("dropout"); d && !d->is_null()) {
+        double p = 0;
+        if (d->element().get_double().get(p) != simdjson::SUCCESS) {
+            return d->error(fmt::format("expected a number or null, got {}", d->type_name()));
+        }
+        if (p != 0.0) {
+            return Status(StatusCode::kUnimplemented,
+                          fmt::format("{}: {}: BPE dropout {} is not supported (its output is "
+                                      "random); set it to null",
+                                      node.source(), d->path(), p));
+        }
+    }
+    LATHE_ASSIGN_OR_RETURN(std::optional<std::string_view> unk, node.get_optional_string("unk_token"));
+    if (unk) m->unk_token_ = std::string(*unk);
+    LATHE_ASSIGN_OR_RETURN(std::optional<std::string_view> prefix,
+                           node.get_optional_string("continuing_subword_prefix"));
+    if (prefix) {
+        m->has_prefix_ = true;
+        m->continuing_subword_prefix_ = std::string(*prefix);
+    }
+    LATHE_ASSIGN_OR_RETURN(std::optional<std::string_view> suffix,
+                           node.get_optional_string("end_of_word_suffix"));
+    if (suffix) {
+        m->has_suffix_ = true;
+        m->end_of_word_suffix_ = std::string(*suffix);
+    }
+    LATHE_ASSIGN_OR_RETURN(m->fuse_unk_, node.get_bool("fuse_unk", false));
+    LATHE_ASSIGN_OR_RETURN(m->byte_fallback_, node.get_bool("byte_fallback", false));
+    LATHE_ASSIGN_OR_RETURN(m->ignore_merges_, node.get_bool("ignore_merges", false));
+
+    // Vocabulary.
+    LATHE_ASSIGN_OR_RETURN(JsonNode vocab_node, node.required("vocab"));
+    simdjson::dom::object vocab_obj;
+    if (vocab_node.element().get_object().get(vocab_obj) != simdjson::SUCCESS) {
+        return vocab_node.error(fmt::format("expected an object of token: id, got {}",
+                                            vocab_node.type_name()));
+    }
+    m->vocab_.reserve(vocab_obj.size());
+    int64_t max_id = -1;
+    for (auto [key, value] : vocab_obj) {
+        int64_t id = 0;
+        if (value.get_int64().get(id) != simdjson::SUCCESS || id < 0 ||
+            id > std::numeric_limits<int32_t>::max()) {
+            return vocab_node.error(fmt::format("the id of token '{}' is not an integer in [0, 2^31)",
+                                                escape_for_message(key)));
+        }
+        m->vocab_.insert(key, static_cast<int32_t>(id));
+        max_id = std::max(max_id, id);
+    }
+    m->id_to_token_.resize(static_cast<size_t>(max_id + 1));
+    m->vocab_.for_each([&](std::string_view key, int32_t id) {
+        // Two tokens sharing an id: keep the lexicographically smaller (deterministic; HF's choice
+        // depends on hash order).
+        auto& slot = m->id_to_token_[static_cast<size_t>(id)];
+        if (!slot || key < *slot) slot = std::string(key);
+    });
+    if (m->unk_token_) m->unk_id_ = m->vocab_.find(*m->unk_token_);
+    for (int b = 0; b < 256; ++b) {
+        const std::optional<int32_t> id = m->vocab_.find(fmt::format("<0x{:02X}>", b));
+        m->byte_ids_[b] = id ? *id : -1;
+    }
+
+    // Merges: ["a b", ...] or [["a", "b"], ...].
+    LATHE_ASSIGN_OR_RETURN(JsonNode merges_node, node.required("merges"));
+    simdjson::dom::array merges_arr;
+    if (merges_node.element().get_array().get(merges_arr) != simdjson::SUCCESS) {
+        return merges_node.error(fmt::format("expected an array, got {}", merges_node.type_name()));
+    }
+    m->merges_.reserve(merges_arr.size());
+    const size_t prefix_len = m->continuing_subword_prefix_.size();
+    std::string merged;
+    uint32_t rank = 0;
+    size_t index = 0;
+    for (simdjson::dom::element e : merges_arr) {
+        std::string_view a, b;
+        std::string_view line;
+        if (e.get_string().get(line) == simdjson::SUCCESS) {
+            if (line.starts_with("#version")) {
+                ++index;
+                continue;
+            }
+            const size_t sp = line.find(' ');
+            if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos) {
+                return merges_node.error(fmt::format(
+                    "merge {} ('{}') is not two tokens separated by one space", index,
+                    escape_for_message(line)));
+            }
+            a = line.substr(0, sp);
+            b = line.substr(sp + 1);
+        } else {
+            simdjson::dom::array pair;
+            if (e.get_array().get(pair) != simdjson::SUCCESS || pair.size() != 2 ||
+                pair.at(0).get_string().get(a) != simdjson::SUCCESS ||
+                pair.at(1).get_string().get(b) != simdjson::SUCCESS) {
+                return merges_node.error(fmt::format(
+                    "merge {} is neither \"a b\" nor [\"a\", \"b\"]", index));
+            }
+        }
+        const std::optional<int32_t> a_id = m->vocab_.find(a);
+        const std::optional<int32_t> b_id = m->vocab_.find(b);
+        if (!a_id || !b_id) {
+            return merges_node.error(fmt::format("merge {} ('{}' + '{}'): '{}' is not in the vocabulary",
+                                                 index, escape_for_message(a), escape_for_message(b),
+                                                 escape_for_message(!a_id ? a : b)));
+        }
+        if (b.size() < prefix_len) {
+            return merges_node.error(fmt::format(
+                "merge {}: '{}' is shorter than continuing_subword_prefix", index,
+                escape_for_message(b)));
+        }
+        merged.assign(a);
+        merged.append(b.substr(prefix_len));
+        const std::optional<int32_t> new_id = m->vocab_.find(merged);
+        if (!new_id) {
+            return merges_node.error(fmt::format("merge {}: the merged token '{}' is not in the vocabulary",
+                                                 index, escape_for_message(merged)));
+        }
+        m->merges_.insert(*a_id, *b_id, rank, *new_id);
+        ++rank;
+        ++index;
+    }
+    return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+Status BpeModel::tokenize(std::string_view piece, BpeCache& cache, BpeWork& work,
+                          std::vector<int32_t>& ids) const {
+    if (piece.empty()) return ok_status();
+    if (ignore_merges_) {
+        if (std::optional<int32_t> id = vocab_.find(piece)) {
+            ids.push_back(*id);
+            return ok_status();
+        }
+    }
+    if (piece.size() > kMaxCachedPieceBytes) return merge_word(piece, work, ids);
+    const uint64_t h = hash_bytes(piece.data(), piece.size());
+    if (cache.lookup(piece, h, ids)) return ok_status();
+    const size_t start = ids.size();
+    LATHE_RETURN_IF_ERROR(merge_word(piece, work, ids));
+    cache.insert(piece, h, ids.data() + start, ids.size() - start);
+    return ok_status();
+}
+
+Status BpeModel::merge_word(std::string_view piece, BpeWork& work,
+                            std::vector<int32_t>& ids) const {
+    std::vector<int32_t>& symbols = work.symbols;
+    symbols.clear();
+    bool unk_pending = false;
+    size_t i = 0;
+    while (i < piece.size()) {
+        const size_t len = static_cast<size_t>(utf8::char_len(static_cast<uint8_t>(piece[i])));
+        const bool is_first = i == 0;
+        const bool is_last = i + len >= piece.size();
+        std::string_view s = piece.substr(i, len);
+        i += len;
+        if ((has_prefix_ && !is_first) || (has_suffix_ && is_last)) {
+            work.buffer.clear();
+            if (has_prefix_ && !is_first) work.buffer.append(continuing_subword_prefix_);
+            work.buffer.append(s);
+            if (has_suffix_ && is_last) work.buffer.append(end_of_word_suffix_);
+            s = work.buffer;
+        }
+        if (std::optional<int32_t> id = vocab_.find(s)) {
+            if (unk_pending) {
+                symbols.push_back(*unk_id_);
+                unk_pending = false;
+            }
+            symbols.push_back(*id);
+            continue;
+        }
+        if (byte_fallback_) {
+            bool all = true;
+            for (char c : s) all = all && byte_ids_[static_cast<uint8_t>(c)] >= 0;
+            if (all) {
+                // HF adds the byte tokens without flushing a pending unk first; so do we.
+                for (char c : s) symbols.push_back(byte_ids_[static_cast<uint8_t>(c)]);
+                continue;
+            }
+        }
+        if (unk_token_) {
+            if (!unk_id_) {
+                return invalid_argument_error(
+                    "the BPE unk_token '{}' is not in the vocabulary, and the text needs it",
+                    escape_for_message(*unk_token_));
+            }
+            if (unk_pending && !fuse_unk_) symbols.push_back(*unk_id_);
+            unk_pending = true;
+        }
+    }
+    if (unk_pending) symbols.push_back(*unk_id_);
+
+    if (symbols.size() > kShortWordSymbols) {
+        merge_long(work);
+    } else {
+        merge_short(work);
+    }
+    ids.insert(ids.end(), symbols.begin(), symbols.end());
+    return ok_status();
+}
+
+void BpeModel::merge_short(BpeWork& work) const {
+    std::vector<int32_t>& sym = work.symbols;
+    size_t n = sym.size();
+    if (n < 2) return;
+    work.ranks.resize(n);
+    work.new_ids.resize(n);
+    uint32_t* ranks = work.ranks.data();
+    int32_t* new_ids = work.new_ids.data();
+    auto set_pair = [&](size_t i) {
+        const MergeMap::Merge* m = merges_.find(sym[i], sym[i + 1]);
+        ranks[i] = m ? m->rank : kNoMerge;
+        new_ids[i] = m ? m->new_id : -1;
+    };
+    for (size_t i = 0; i + 1 < n; ++i) set_pair(i);
+    while (n > 1) {
+        size_t best = 0;
+        uint32_t best_rank = ranks[0];
+        for (size_t i = 1; i + 1 < n; ++i) {
+            if (ranks[i] < best_rank) {
+                best_rank = ranks[i];
+                best = i;
+            }
+        }
+        if (best_rank == kNoMerge) break;
+        sym[best] = new_ids[best];
+        // Remove symbol best+1 and its pair entry.
+        for (size_t j = best + 1; j + 1 < n; ++j) {
+            sym[j] = sym[j + 1];
+            ranks[j] = ranks[j + 1];
+            new_ids[j] = new_ids[j + 1];
+        }
+        --n;
+        if (best + 1 < n) set_pair(best);
+        if (best > 0) set_pair(best - 1);
+    }
+    sym.resize(n);
+}
+
+void BpeModel::merge_long(BpeWork& work) const {
+    std::vector<int32_t>& sym = work.symbols;
+    const size_t n = sym.size();
+    auto& nodes = work.nodes;
+    nodes.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+        nodes[i] = BpeWork::Node{sym[i], static_cast<int32_t>(i) - 1,
+                                 i + 1 < n ? static_cast<int32_t>(i + 1) : -1, true};
+    }
+    auto& heap = work.heap;
+    heap.clear();
+    // Min-heap on (rank, pos): the lowest rank first, the leftmost among equal ranks.
+    auto later = [](const BpeWork::HeapEntry& x, const BpeWork::HeapEntry& y) {
+        return x.rank != y.rank ? x.rank > y.rank : x.pos > y.pos;
+    };
+    auto push = [&](uint32_t pos) {
+        const int32_t next = nodes[pos].next;
+        const MergeMap::Merge* m = merges_.find(nodes[pos].id, nodes[static_cast<size_t>(next)].id);
+        if (m == nullptr) return;
+        heap.push_back(BpeWork::HeapEntry{m->rank, pos, m->new_id});
+        std::push_heap(heap.begin(), heap.end(), later);
+    };
+    for (size_t i = 0; i + 1 < n; ++i) push(static_cast<uint32_t>(i));
+    while (!heap.empty()) {
+        std::pop_heap(heap.begin(), heap.end(), later);
+        const BpeWork::HeapEntry top = heap.back();
+        heap.pop_back();
+        BpeWork::Node& node = nodes[top.pos];
+        if (!node.alive || node.next < 0) continue;
+        BpeWork::Node& right = nodes[static_cast<size_t>(node.next)];
+        const MergeMap::Merge* m = merges_.find(node.id, right.id);
+        if (m == nullptr || m->new_id != top.new_id) continue;  // stale entry
+        node.id = top.new_id;
+        right.alive = false;
+        node.next = right.next;
+        if (right.next >= 0) nodes[static_cast<size_t>(right.next)].prev = static_cast<int32_t>(top.pos);
+        if (node.prev >= 0) push(static_cast<uint32_t>(node.prev));
+        if (node.next >= 0) push(top.pos);
+    }
+    sym.clear();
+    for (int32_t i = 0; i >= 0; i = nodes[static_cast<size_t>(i)].next) {
+        sym.push_back(nodes[static_cast<size_t>(i)].id);
+    }
+}
+
+}  // namespace lathe

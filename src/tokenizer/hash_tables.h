@@ -1,0 +1,189 @@
+#pragma once
+// Flat open-addressing hash tables for the tokenizer's hot path (internal to src/tokenizer):
+// a string -> id map whose keys live in one arena (looked up by string_view, no allocation), and
+// a (left id, right id) -> merge map. Both are built once and then only read, so lookups are
+// thread-safe. Linear probing over a power-of-two table kept at most half full.
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lathe {
+
+// 64-bit hash of a byte string (multiply-xorshift over 8-byte words; not cryptographic).
+inline uint64_t hash_bytes(const char* p, size_t n) {
+    constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
+    uint64_t h = 0x2545F4914F6CDD1Dull ^ (n * kMul);
+    while (n >= 8) {
+        uint64_t w;
+        std::memcpy(&w, p, 8);
+        h = (h ^ w) * kMul;
+        h ^= h >> 29;
+        p += 8;
+        n -= 8;
+    }
+    if (n > 0) {
+        uint64_t w = 0;
+        std::memcpy(&w, p, n);
+        h = (h ^ w) * kMul;
+        h ^= h >> 29;
+    }
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 32;
+    return h;
+}
+
+inline uint64_t hash_u64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    x *= 0xC4CEB9FE1A85EC53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+// string -> int32 id. insert() after build is allowed (rehashes as needed); a repeated key keeps
+// the id of the last insert (as a Rust HashMap collected from a JSON object does).
+class StringIdMap {
+public:
+    void reserve(size_t n) {
+        size_t cap = 16;
+        while (cap < 2 * n) cap <<= 1;
+        if (cap > slots_.size()) rehash(cap);
+    }
+    void insert(std::string_view key, int32_t id) {
+        if (2 * (count_ + 1) > slots_.size()) rehash(slots_.empty() ? 16 : 2 * slots_.size());
+        const uint64_t h = hash_bytes(key.data(), key.size());
+        size_t i = h & (slots_.size() - 1);
+        while (true) {
+            Slot& s = slots_[i];
+            if (s.len == kEmpty) {
+                s.offset = static_cast<uint32_t>(arena_.size());
+                s.len = static_cast<uint32_t>(key.size());
+                s.id = id;
+                s.hash32 = static_cast<uint32_t>(h >> 32);
+                arena_.append(key);
+                ++count_;
+                return;
+            }
+            if (s.hash32 == static_cast<uint32_t>(h >> 32) && key_of(s) == key) {
+                s.id = id;
+                return;
+            }
+            i = (i + 1) & (slots_.size() - 1);
+        }
+    }
+    std::optional<int32_t> find(std::string_view key) const {
+        if (slots_.empty()) return std::nullopt;
+        const uint64_t h = hash_bytes(key.data(), key.size());
+        size_t i = h & (slots_.size() - 1);
+        while (true) {
+            const Slot& s = slots_[i];
+            if (s.len == kEmpty) return std::nullopt;
+            if (s.hash32 == static_cast<uint32_t>(h >> 32) && s.len == key.size() &&
+                std::memcmp(arena_.data() + s.offset, key.data(), key.size()) == 0) {
+                return s.id;
+            }
+            i = (i + 1) & (slots_.size() - 1);
+        }
+    }
+    size_t size() const { return count_; }
+    // Calls fn(key, id) for every entry (in no particular order).
+    template <typename Fn>
+    void for_each(Fn fn) const {
+        for (const Slot& s : slots_) {
+            if (s.len != kEmpty) fn(key_of(s), s.id);
+        }
+    }
+
+private:
+    static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
+    struct Slot {
+        uint32_t offset = 0;
+        uint32_t len = kEmpty;
+        int32_t id = 0;
+        uint32_t hash32 = 0;
+    };
+    std::string_view key_of(const Slot& s) const {
+        return std::string_view(arena_.data() + s.offset, s.len);
+    }
+    void rehash(size_t cap) {
+        std::vector<Slot> old;
+        old.swap(slots_);
+        slots_.assign(cap, Slot{});
+        for (const Slot& s : old) {
+            if (s.len == kEmpty) continue;
+            const uint64_t h = hash_bytes(arena_.data() + s.offset, s.len);
+            size_t i = h & (cap - 1);
+            while (slots_[i].len != kEmpty) i = (i + 1) & (cap - 1);
+            slots_[i] = s;
+        }
+    }
+    std::vector<Slot> slots_;
+    std::string arena_;
+    size_t count_ = 0;
+};
+
+// (left id, right id) -> (rank, merged id). A repeated pair keeps the last insert.
+class MergeMap {
+public:
+    struct Merge {
+        uint32_t rank;
+        int32_t new_id;
+    };
+    void reserve(size_t n) {
+        size_t cap = 16;
+        while (cap < 2 * n) cap <<= 1;
+        slots_.assign(cap, Slot{});
+        count_ = 0;
+    }
+    void insert(int32_t a, int32_t b, uint32_t rank, int32_t new_id) {
+        if (2 * (count_ + 1) > slots_.size()) grow();
+        const uint64_t key = pack(a, b);
+        size_t i = hash_u64(key) & (slots_.size() - 1);
+        while (slots_[i].key != kEmptyKey && slots_[i].key != key) i = (i + 1) & (slots_.size() - 1);
+        if (slots_[i].key == kEmptyKey) ++count_;
+        slots_[i] = Slot{key, Merge{rank, new_id}};
+    }
+    const Merge* find(int32_t a, int32_t b) const {
+        if (slots_.empty()) return nullptr;
+        const uint64_t key = pack(a, b);
+        size_t i = hash_u64(key) & (slots_.size() - 1);
+        while (true) {
+            const Slot& s = slots_[i];
+            if (s.key == key) return &s.merge;
+            if (s.key == kEmptyKey) return nullptr;
+            i = (i + 1) & (slots_.size() - 1);
+        }
+    }
+    size_t size() const { return count_; }
+
+private:
+    static constexpr uint64_t kEmptyKey = ~0ull;
+    struct Slot {
+        uint64_t key = kEmptyKey;
+        Merge merge{0, 0};
+    };
+    static uint64_t pack(int32_t a, int32_t b) {
+        return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
+    }
+    void grow() {
+        std::vector<Slot> old;
+        old.swap(slots_);
+        const size_t cap = old.empty() ? 16 : 2 * old.size();
+        slots_.assign(cap, Slot{});
+        for (const Slot& s : old) {
+            if (s.key == kEmptyKey) continue;
+            size_t i = hash_u64(s.key) & (cap - 1);
+            while (slots_[i].key != kEmptyKey) i = (i + 1) & (cap - 1);
+            slots_[i] = s;
+        }
+    }
+    std::vector<Slot> slots_;
+    size_t count_ = 0;
+};
+
+}  // namespace lathe
