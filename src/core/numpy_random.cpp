@@ -72,15 +72,24 @@ struct DtypeRange {
 
 DtypeRange dtype_range(NumpyIntDtype dtype) {
     switch (dtype) {
-        case NumpyIntDtype::kInt64: return {INT64_MIN, uint64_t(INT64_MAX), "int64"};
-        case NumpyIntDtype::kInt32: return {INT32_MIN, uint64_t(INT32_MAX), "int32"};
-        case NumpyIntDtype::kInt16: return {INT16_MIN, uint64_t(INT16_MAX), "int16"};
-        case NumpyIntDtype::kInt8: return {INT8_MIN, uint64_t(INT8_MAX), "int8"};
-        case NumpyIntDtype::kUint64: return {0, UINT64_MAX, "uint64"};
-        case NumpyIntDtype::kUint32: return {0, UINT32_MAX, "uint32"};
-        case NumpyIntDtype::kUint16: return {0, UINT16_MAX, "uint16"};
-        case NumpyIntDtype::kUint8: return {0, UINT8_MAX, "uint8"};
-        case NumpyIntDtype::kBool: return {0, 1, "bool"};
+        case NumpyIntDtype::kInt64:
+            return {INT64_MIN, uint64_t(INT64_MAX), "int64"};
+        case NumpyIntDtype::kInt32:
+            return {INT32_MIN, uint64_t(INT32_MAX), "int32"};
+        case NumpyIntDtype::kInt16:
+            return {INT16_MIN, uint64_t(INT16_MAX), "int16"};
+        case NumpyIntDtype::kInt8:
+            return {INT8_MIN, uint64_t(INT8_MAX), "int8"};
+        case NumpyIntDtype::kUint64:
+            return {0, UINT64_MAX, "uint64"};
+        case NumpyIntDtype::kUint32:
+            return {0, UINT32_MAX, "uint32"};
+        case NumpyIntDtype::kUint16:
+            return {0, UINT16_MAX, "uint16"};
+        case NumpyIntDtype::kUint8:
+            return {0, UINT8_MAX, "uint8"};
+        case NumpyIntDtype::kBool:
+            return {0, 1, "bool"};
     }
     return {0, 0, "?"};
 }
@@ -182,22 +191,33 @@ void bounded_fill(NumpyRandomState& rs, NumpyIntDtype dtype, uint64_t off, uint6
 // stores, widened to int64.
 int64_t widen(NumpyIntDtype dtype, uint64_t bits) {
     switch (dtype) {
-        case NumpyIntDtype::kInt64: return static_cast<int64_t>(bits);
-        case NumpyIntDtype::kInt32: return static_cast<int32_t>(static_cast<uint32_t>(bits));
-        case NumpyIntDtype::kInt16: return static_cast<int16_t>(static_cast<uint16_t>(bits));
-        case NumpyIntDtype::kInt8: return static_cast<int8_t>(static_cast<uint8_t>(bits));
-        case NumpyIntDtype::kUint64: return static_cast<int64_t>(bits);
-        case NumpyIntDtype::kUint32: return static_cast<uint32_t>(bits);
-        case NumpyIntDtype::kUint16: return static_cast<uint16_t>(bits);
-        case NumpyIntDtype::kUint8: return static_cast<uint8_t>(bits);
-        case NumpyIntDtype::kBool: return bits & 1;
+        case NumpyIntDtype::kInt64:
+            return static_cast<int64_t>(bits);
+        case NumpyIntDtype::kInt32:
+            return static_cast<int32_t>(static_cast<uint32_t>(bits));
+        case NumpyIntDtype::kInt16:
+            return static_cast<int16_t>(static_cast<uint16_t>(bits));
+        case NumpyIntDtype::kInt8:
+            return static_cast<int8_t>(static_cast<uint8_t>(bits));
+        case NumpyIntDtype::kUint64:
+            return static_cast<int64_t>(bits);
+        case NumpyIntDtype::kUint32:
+            return static_cast<uint32_t>(bits);
+        case NumpyIntDtype::kUint16:
+            return static_cast<uint16_t>(bits);
+        case NumpyIntDtype::kUint8:
+            return static_cast<uint8_t>(bits);
+        case NumpyIntDtype::kBool:
+            return bits & 1;
     }
     return 0;
 }
 
 }  // namespace
 
-NumpyRandomState::NumpyRandomState(uint32_t seed) { seed_genrand(seed); }
+NumpyRandomState::NumpyRandomState(uint32_t seed) {
+    seed_genrand(seed);
+}
 
 void NumpyRandomState::seed_genrand(uint32_t seed) {
     // Knuth's multiplier, as the MT reference init_genrand (numpy's mt19937_seed).
@@ -210,8 +230,9 @@ void NumpyRandomState::seed_genrand(uint32_t seed) {
 
 Result<NumpyRandomState> NumpyRandomState::from_array(std::span<const uint32_t> init_key) {
     if (init_key.empty()) {
-        return invalid_argument_error("an array seed must be non-empty (numpy: 'Seed must be "
-                                      "non-empty')");
+        return invalid_argument_error(
+            "an array seed must be non-empty (numpy: 'Seed must be "
+            "non-empty')");
     }
     NumpyRandomState rs;
     if (init_key.size() == 1) {
@@ -236,8 +257,8 @@ Result<NumpyRandomState> NumpyRandomState::from_array(std::span<const uint32_t> 
         if (j >= key_length) j = 0;
     }
     for (int k = kStateLength - 1; k > 0; --k) {
-        mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1566083941u)) -
-                static_cast<uint32_t>(i);
+        mt[i] =
+            (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1566083941u)) - static_cast<uint32_t>(i);
         ++i;
         if (i >= kStateLength) {
             mt[0] = mt[kStateLength - 1];

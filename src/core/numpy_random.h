@@ -31,7 +31,17 @@
 namespace lathe {
 
 // The dtypes numpy's legacy randint draws with; each has its own bit budget per draw.
-enum class NumpyIntDtype { kInt64, kInt32, kInt16, kInt8, kUint64, kUint32, kUint16, kUint8, kBool };
+enum class NumpyIntDtype {
+    kInt64,
+    kInt32,
+    kInt16,
+    kInt8,
+    kUint64,
+    kUint32,
+    kUint16,
+    kUint8,
+    kBool
+};
 
 class NumpyRandomState {
 public:
@@ -45,8 +55,8 @@ public:
     // empty key is an invalid argument, as numpy's "Seed must be non-empty".
     static Result<NumpyRandomState> from_array(std::span<const uint32_t> key);
 
-    // The generator's raw state as `RandomState.get_state()` returns it: ('MT19937', key, pos, ...).
-    // Restoring a saved state continues the stream exactly (used for exact resume).
+    // The generator's raw state as `RandomState.get_state()` returns it: ('MT19937', key, pos,
+    // ...). Restoring a saved state continues the stream exactly (used for exact resume).
     const std::array<uint32_t, kStateLength>& key() const { return key_; }
     int pos() const { return pos_; }
     // Fails (invalid argument) when pos is outside [0, 624] or the key is all zero.
@@ -72,7 +82,8 @@ public:
         size_t i = values.size();  // steps run for last = i - 1 down to 1
         while (i > 1) {
             const size_t steps = std::min(kBlock, i - 1);
-            for (size_t k = 0; k < steps; ++k) targets[k] = static_cast<size_t>(interval(i - 1 - k));
+            for (size_t k = 0; k < steps; ++k)
+                targets[k] = static_cast<size_t>(interval(i - 1 - k));
             for (size_t k = 0; k < steps; ++k) {
                 if (k + kPrefetchDistance < steps) {
                     __builtin_prefetch(&values[targets[k + kPrefetchDistance]], 1);

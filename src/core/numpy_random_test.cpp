@@ -36,8 +36,7 @@ TEST(NumpyRandomState, IntegerSeedRawDraws) {
         {1u, {1791095845u, 4282876139u, 3093770124u, 4005303368u, 491263u, 550290313u}},
         {42u, {1608637542u, 3421126067u, 4083286876u, 787846414u, 3143890026u, 3348747335u}},
         {1234u, {822569775u, 2137449171u, 2671936806u, 3512589365u, 1880026316u, 2629000564u}},
-        {4294967295u,
-         {419326371u, 479346978u, 3918654476u, 2416749639u, 3388880820u, 2260532800u}},
+        {4294967295u, {419326371u, 479346978u, 3918654476u, 2416749639u, 3388880820u, 2260532800u}},
     };
     for (const auto& c : cases) {
         NumpyRandomState rs(c.seed);
@@ -213,19 +212,43 @@ TEST(NumpyRandomState, RandintMatchesNumpyPerDtype) {
         {NumpyIntDtype::kInt64, 0LL, 255LL, 16534599517472388138ull, {57, 86, 54}},
         {NumpyIntDtype::kInt64, 0LL, 256LL, 16534599517472388138ull, {57, 86, 54}},
         {NumpyIntDtype::kInt64, 0LL, 65536LL, 14787239308821675050ull, {19001, 10838, 46390}},
-        {NumpyIntDtype::kInt64, 3LL, 2147483647LL, 888501779513538690ull, {1152141884, 590555737, 1279571257}},
-        {NumpyIntDtype::kInt64, 0LL, 8589934597LL, 6378948283214405437ull, {796858378, 1251322265, 4535799744}},
-        {NumpyIntDtype::kInt64, -1099511627776LL, 1099511627776LL, 16521477599110256464ull, {778035474439, -330958998901, -332545982757}},
-        {NumpyIntDtype::kInt64, 0LL, 4611686018427387904LL, 9079606869345589072ull, {304148784022499335, 968397833739596427, 514763523788046043}},
+        {NumpyIntDtype::kInt64,
+         3LL,
+         2147483647LL,
+         888501779513538690ull,
+         {1152141884, 590555737, 1279571257}},
+        {NumpyIntDtype::kInt64,
+         0LL,
+         8589934597LL,
+         6378948283214405437ull,
+         {796858378, 1251322265, 4535799744}},
+        {NumpyIntDtype::kInt64,
+         -1099511627776LL,
+         1099511627776LL,
+         16521477599110256464ull,
+         {778035474439, -330958998901, -332545982757}},
+        {NumpyIntDtype::kInt64,
+         0LL,
+         4611686018427387904LL,
+         9079606869345589072ull,
+         {304148784022499335, 968397833739596427, 514763523788046043}},
         {NumpyIntDtype::kInt64, -128LL, 128LL, 14736699179500572202ull, {-71, -42, -74}},
-        {NumpyIntDtype::kInt64, 0LL, 4294967296LL, 200602673875663914ull, {3299625529, 2738039382, 3427054902}},
+        {NumpyIntDtype::kInt64,
+         0LL,
+         4294967296LL,
+         200602673875663914ull,
+         {3299625529, 2738039382, 3427054902}},
         {NumpyIntDtype::kInt32, 0LL, 2LL, 17826676089684279904ull, {1, 0, 0}},
         {NumpyIntDtype::kInt32, 0LL, 10LL, 2768889087270167938ull, {0, 8, 1}},
         {NumpyIntDtype::kInt32, -5LL, 100LL, 4739153912156003946ull, {48, 89, 8}},
         {NumpyIntDtype::kInt32, 0LL, 255LL, 16534599517472388138ull, {57, 86, 54}},
         {NumpyIntDtype::kInt32, 0LL, 256LL, 16534599517472388138ull, {57, 86, 54}},
         {NumpyIntDtype::kInt32, 0LL, 65536LL, 14787239308821675050ull, {19001, 10838, 46390}},
-        {NumpyIntDtype::kInt32, 3LL, 2147483647LL, 888501779513538690ull, {1152141884, 590555737, 1279571257}},
+        {NumpyIntDtype::kInt32,
+         3LL,
+         2147483647LL,
+         888501779513538690ull,
+         {1152141884, 590555737, 1279571257}},
         {NumpyIntDtype::kInt32, -128LL, 128LL, 14736699179500572202ull, {-71, -42, -74}},
         {NumpyIntDtype::kInt16, 0LL, 2LL, 2968697509847444950ull, {1, 1, 0}},
         {NumpyIntDtype::kInt16, 0LL, 10LL, 11333045311658084357ull, {5, 3, 3}},
@@ -242,17 +265,41 @@ TEST(NumpyRandomState, RandintMatchesNumpyPerDtype) {
         {NumpyIntDtype::kUint64, 0LL, 255LL, 16534599517472388138ull, {57, 86, 54}},
         {NumpyIntDtype::kUint64, 0LL, 256LL, 16534599517472388138ull, {57, 86, 54}},
         {NumpyIntDtype::kUint64, 0LL, 65536LL, 14787239308821675050ull, {19001, 10838, 46390}},
-        {NumpyIntDtype::kUint64, 3LL, 2147483647LL, 888501779513538690ull, {1152141884, 590555737, 1279571257}},
-        {NumpyIntDtype::kUint64, 0LL, 8589934597LL, 6378948283214405437ull, {796858378, 1251322265, 4535799744}},
-        {NumpyIntDtype::kUint64, 0LL, 4611686018427387904LL, 9079606869345589072ull, {304148784022499335, 968397833739596427, 514763523788046043}},
-        {NumpyIntDtype::kUint64, 0LL, 4294967296LL, 200602673875663914ull, {3299625529, 2738039382, 3427054902}},
+        {NumpyIntDtype::kUint64,
+         3LL,
+         2147483647LL,
+         888501779513538690ull,
+         {1152141884, 590555737, 1279571257}},
+        {NumpyIntDtype::kUint64,
+         0LL,
+         8589934597LL,
+         6378948283214405437ull,
+         {796858378, 1251322265, 4535799744}},
+        {NumpyIntDtype::kUint64,
+         0LL,
+         4611686018427387904LL,
+         9079606869345589072ull,
+         {304148784022499335, 968397833739596427, 514763523788046043}},
+        {NumpyIntDtype::kUint64,
+         0LL,
+         4294967296LL,
+         200602673875663914ull,
+         {3299625529, 2738039382, 3427054902}},
         {NumpyIntDtype::kUint32, 0LL, 2LL, 17826676089684279904ull, {1, 0, 0}},
         {NumpyIntDtype::kUint32, 0LL, 10LL, 2768889087270167938ull, {0, 8, 1}},
         {NumpyIntDtype::kUint32, 0LL, 255LL, 16534599517472388138ull, {57, 86, 54}},
         {NumpyIntDtype::kUint32, 0LL, 256LL, 16534599517472388138ull, {57, 86, 54}},
         {NumpyIntDtype::kUint32, 0LL, 65536LL, 14787239308821675050ull, {19001, 10838, 46390}},
-        {NumpyIntDtype::kUint32, 3LL, 2147483647LL, 888501779513538690ull, {1152141884, 590555737, 1279571257}},
-        {NumpyIntDtype::kUint32, 0LL, 4294967296LL, 200602673875663914ull, {3299625529, 2738039382, 3427054902}},
+        {NumpyIntDtype::kUint32,
+         3LL,
+         2147483647LL,
+         888501779513538690ull,
+         {1152141884, 590555737, 1279571257}},
+        {NumpyIntDtype::kUint32,
+         0LL,
+         4294967296LL,
+         200602673875663914ull,
+         {3299625529, 2738039382, 3427054902}},
         {NumpyIntDtype::kUint16, 0LL, 2LL, 2968697509847444950ull, {1, 1, 0}},
         {NumpyIntDtype::kUint16, 0LL, 10LL, 11333045311658084357ull, {5, 3, 3}},
         {NumpyIntDtype::kUint16, 0LL, 255LL, 12281023816702869630ull, {111, 11, 28}},
@@ -272,16 +319,16 @@ TEST(NumpyRandomState, RandintMatchesNumpyPerDtype) {
             ASSERT_GE(v, c.low);
             ASSERT_LT(v, c.high);
         }
-        EXPECT_EQ(fnv1a64(*values), c.hash) << "dtype " << int(c.dtype) << " [" << c.low << ", "
-                                             << c.high << ")";
+        EXPECT_EQ(fnv1a64(*values), c.hash)
+            << "dtype " << int(c.dtype) << " [" << c.low << ", " << c.high << ")";
         std::vector<int64_t> scalars;
         for (int i = 0; i < 3; ++i) {
             auto v = rs.randint_scalar(c.low, c.high, c.dtype);
             ASSERT_TRUE(v.ok());
             scalars.push_back(*v);
         }
-        EXPECT_EQ(scalars, c.scalars) << "dtype " << int(c.dtype) << " [" << c.low << ", "
-                                      << c.high << ")";
+        EXPECT_EQ(scalars, c.scalars)
+            << "dtype " << int(c.dtype) << " [" << c.low << ", " << c.high << ")";
     }
 }
 

@@ -7,7 +7,7 @@
 namespace lathe {
 namespace {
 
-constexpr size_t kPairwiseBlock = 128;  // numpy's PW_BLOCKSIZE
+constexpr size_t kPairwiseBlock = 128;    // numpy's PW_BLOCKSIZE
 constexpr int kMaxBlendedDatasets = 254;  // dataset_index is uint8 and GPT-NeoX asserts < 255
 constexpr double kSpareSamples = 1.005;   // GPT-NeoX's 0.5% extra samples per blended dataset
 
@@ -63,7 +63,8 @@ Result<NormalizedWeights> gpt_normalized_weights_and_num_samples(
         const double normalized = w / sum;
         out.weights.push_back(normalized);
         if (num_samples) {
-            const double n = std::ceil(static_cast<double>(*num_samples) * normalized * kSpareSamples);
+            const double n =
+                std::ceil(static_cast<double>(*num_samples) * normalized * kSpareSamples);
             out.num_samples.push_back(static_cast<int64_t>(n));
         } else {
             out.num_samples.push_back(std::nullopt);
@@ -77,7 +78,8 @@ std::vector<double> gpt_weights_by_num_docs(std::span<const int64_t> num_docs, d
     int64_t total = 0;
     for (int64_t n : num_docs) total += n;
     std::vector<double> unbiased, probs;
-    for (int64_t n : num_docs) unbiased.push_back(static_cast<double>(n) / static_cast<double>(total));
+    for (int64_t n : num_docs)
+        unbiased.push_back(static_cast<double>(n) / static_cast<double>(total));
     double probs_total = 0.0;
     for (double p : unbiased) {
         probs.push_back(std::pow(p, alpha));
@@ -124,7 +126,8 @@ Result<std::unique_ptr<BlendedDataset>> BlendedDataset::create(
     std::vector<const SampleSource*> datasets, std::span<const double> weights) {
     if (datasets.empty()) return invalid_argument_error("a blend needs at least one dataset");
     if (datasets.size() != weights.size()) {
-        return invalid_argument_error("{} datasets but {} weights", datasets.size(), weights.size());
+        return invalid_argument_error("{} datasets but {} weights", datasets.size(),
+                                      weights.size());
     }
     if (datasets.size() > size_t(kMaxBlendedDatasets)) {
         return invalid_argument_error("{} datasets in one blend; GPT-NeoX allows at most {}",
@@ -133,8 +136,9 @@ Result<std::unique_ptr<BlendedDataset>> BlendedDataset::create(
     for (const SampleSource* d : datasets) {
         if (d->seq_length() != datasets[0]->seq_length() ||
             d->has_labels() != datasets[0]->has_labels()) {
-            return invalid_argument_error("blended datasets must share the sequence length and all "
-                                          "have label files or none");
+            return invalid_argument_error(
+                "blended datasets must share the sequence length and all "
+                "have label files or none");
         }
     }
     for (double w : weights) {
@@ -156,14 +160,16 @@ Result<std::unique_ptr<BlendedDataset>> BlendedDataset::create(
 Status BlendedDataset::get(Sample& out, int64_t index) const {
     LATHE_CHECK(index >= 0, "negative sample index {}", index);
     if (index >= size_) {
-        if (size_ == 0) return failed_precondition_error("the blend has no samples (index {})", index);
+        if (size_ == 0)
+            return failed_precondition_error("the blend has no samples (index {})", index);
         index %= size_;
     }
     const size_t i = static_cast<size_t>(index);
     return datasets_[indices_.dataset_index[i]]->get(out, indices_.dataset_sample_index[i]);
 }
 
-// ---- Train / valid / test assembly ----------------------------------------------------------------
+// ---- Train / valid / test assembly
+// ----------------------------------------------------------------
 
 std::array<std::optional<int64_t>, 3> gpt_neox_num_samples(const GptNeoxDataArgs& a) {
     if (!a.train_iters) return {std::nullopt, std::nullopt, std::nullopt};
@@ -178,32 +184,35 @@ namespace {
 constexpr const char* kSplitNames[3] = {"train", "valid", "test"};
 
 Status check_args(const GptNeoxDataArgs& a) {
-    const bool lists = !a.train_data_paths.empty() || !a.valid_data_paths.empty() ||
-                       !a.test_data_paths.empty();
+    const bool lists =
+        !a.train_data_paths.empty() || !a.valid_data_paths.empty() || !a.test_data_paths.empty();
     if (lists && !a.data_path.empty()) {
-        return invalid_argument_error("give either data_path or train_data_paths/valid_data_paths/"
-                                      "test_data_paths, not both");
+        return invalid_argument_error(
+            "give either data_path or train_data_paths/valid_data_paths/"
+            "test_data_paths, not both");
     }
     if (!lists && a.data_path.empty()) {
-        return invalid_argument_error("no data: set data_path, or train_data_paths, "
-                                      "valid_data_paths and test_data_paths");
+        return invalid_argument_error(
+            "no data: set data_path, or train_data_paths, "
+            "valid_data_paths and test_data_paths");
     }
-    if (lists && (a.train_data_paths.empty() || a.valid_data_paths.empty() ||
-                  a.test_data_paths.empty())) {
-        return invalid_argument_error("train_data_paths, valid_data_paths and test_data_paths go "
-                                      "together: give all three");
+    if (lists &&
+        (a.train_data_paths.empty() || a.valid_data_paths.empty() || a.test_data_paths.empty())) {
+        return invalid_argument_error(
+            "train_data_paths, valid_data_paths and test_data_paths go "
+            "together: give all three");
     }
     if (!lists && (!a.train_label_data_paths.empty() || !a.valid_label_data_paths.empty() ||
                    !a.test_label_data_paths.empty())) {
-        return invalid_argument_error("label data paths need train_data_paths (GPT-NeoX: 'Must use "
-                                      "train_label_data_paths with train_data_paths, not "
-                                      "data_path')");
+        return invalid_argument_error(
+            "label data paths need train_data_paths (GPT-NeoX: 'Must use "
+            "train_label_data_paths with train_data_paths, not "
+            "data_path')");
     }
     const std::vector<std::string>* paths[3] = {&a.train_data_paths, &a.valid_data_paths,
                                                 &a.test_data_paths};
-    const std::vector<std::string>* labels[3] = {&a.train_label_data_paths,
-                                                 &a.valid_label_data_paths,
-                                                 &a.test_label_data_paths};
+    const std::vector<std::string>* labels[3] = {
+        &a.train_label_data_paths, &a.valid_label_data_paths, &a.test_label_data_paths};
     const std::vector<double>* weights[3] = {&a.train_data_weights, &a.valid_data_weights,
                                              &a.test_data_weights};
     for (int s = 0; s < 3; ++s) {
@@ -221,24 +230,27 @@ Status check_args(const GptNeoxDataArgs& a) {
     if (a.train_iters.has_value() == a.train_epochs.has_value()) {
         return invalid_argument_error("give exactly one of train_iters and train_epochs");
     }
-    if (a.train_iters && (*a.train_iters < 0 || a.train_batch_size < 1 || a.eval_interval < 1 ||
-                          a.eval_iters < 0)) {
-        return invalid_argument_error("train_iters, train_batch_size, eval_interval and eval_iters "
-                                      "must be positive");
+    if (a.train_iters &&
+        (*a.train_iters < 0 || a.train_batch_size < 1 || a.eval_interval < 1 || a.eval_iters < 0)) {
+        return invalid_argument_error(
+            "train_iters, train_batch_size, eval_interval and eval_iters "
+            "must be positive");
     }
     // With train_epochs GPT-NeoX builds one epoch per dataset and derives the iterations itself.
     if (a.train_epochs) {
         for (const auto* w : weights) {
             for (double x : *w) {
                 if (x != 1.0) {
-                    return invalid_argument_error("data weights other than 1.0 are not supported "
-                                                  "with train_epochs (as in GPT-NeoX)");
+                    return invalid_argument_error(
+                        "data weights other than 1.0 are not supported "
+                        "with train_epochs (as in GPT-NeoX)");
                 }
             }
         }
         if (a.weight_by_num_documents) {
-            return invalid_argument_error("weight_by_num_documents is not supported with "
-                                          "train_epochs (as in GPT-NeoX)");
+            return invalid_argument_error(
+                "weight_by_num_documents is not supported with "
+                "train_epochs (as in GPT-NeoX)");
         }
     }
     return ok_status();
@@ -260,8 +272,7 @@ Result<GptNeoxDatasets> gpt_neox_build_datasets(const GptNeoxDataArgs& a,
                                                 const TokenDocumentsOpener& open) {
     LATHE_RETURN_IF_ERROR(check_args(a));
     const auto num_samples = gpt_neox_num_samples(a);
-    const std::optional<int64_t> epochs =
-        a.train_epochs ? std::optional<int64_t>(1) : std::nullopt;
+    const std::optional<int64_t> epochs = a.train_epochs ? std::optional<int64_t>(1) : std::nullopt;
     GptNeoxDatasets out;
 
     if (!a.data_path.empty()) {
@@ -287,9 +298,8 @@ Result<GptNeoxDatasets> gpt_neox_build_datasets(const GptNeoxDataArgs& a,
 
     const std::vector<std::string>* paths[3] = {&a.train_data_paths, &a.valid_data_paths,
                                                 &a.test_data_paths};
-    const std::vector<std::string>* labels[3] = {&a.train_label_data_paths,
-                                                 &a.valid_label_data_paths,
-                                                 &a.test_label_data_paths};
+    const std::vector<std::string>* labels[3] = {
+        &a.train_label_data_paths, &a.valid_label_data_paths, &a.test_label_data_paths};
     const std::vector<double>* given_weights[3] = {&a.train_data_weights, &a.valid_data_weights,
                                                    &a.test_data_weights};
     for (int s = 0; s < 3; ++s) {

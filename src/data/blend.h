@@ -8,7 +8,8 @@
 //   - BlendableDataset: w normalized again in numpy (pairwise np.sum), size = sum of len(d_i);
 //     sample k goes to the dataset with the largest error w_i * max(k, 1) - taken_i (ties: the
 //     lowest index), and is that dataset's taken_i-th sample.
-//   - weights_by_num_docs (weight_by_num_documents): p_i ∝ (n_i / N)^alpha, weighted by (1 - n_i/N).
+//   - weights_by_num_docs (weight_by_num_documents): p_i ∝ (n_i / N)^alpha, weighted by (1 -
+//   n_i/N).
 
 #include <array>
 #include <cstdint>
@@ -29,14 +30,14 @@ namespace lathe {
 double numpy_pairwise_sum(std::span<const double> values);
 
 struct NormalizedWeights {
-    std::vector<double> weights;                     // w_i / sum(w)
-    std::vector<std::optional<int64_t>> num_samples; // ceil(num_samples * w_i * 1.005), or None
+    std::vector<double> weights;                      // w_i / sum(w)
+    std::vector<std::optional<int64_t>> num_samples;  // ceil(num_samples * w_i * 1.005), or None
 };
 
 // get_normalized_weights_and_num_samples. Errors (invalid argument): no weights, a negative or
 // non-finite weight, or weights summing to 0.
-Result<NormalizedWeights> gpt_normalized_weights_and_num_samples(std::span<const double> weights,
-                                                                 std::optional<int64_t> num_samples);
+Result<NormalizedWeights> gpt_normalized_weights_and_num_samples(
+    std::span<const double> weights, std::optional<int64_t> num_samples);
 
 // weights_by_num_docs(num_docs, alpha): one dataset gets [1.0].
 std::vector<double> gpt_weights_by_num_docs(std::span<const int64_t> num_docs, double alpha);

@@ -66,10 +66,10 @@ TEST(BlendWeights, ByNumberOfDocuments) {
 TEST(BlendingIndices, MatchGptNeoxHelper) {
     const std::vector<double> w = {0.3, 0.2, 0.5};
     const BlendingIndices b = gpt_build_blending_indices(w, 20);
-    EXPECT_EQ(b.dataset_index, (std::vector<uint8_t>{2, 0, 1, 2, 0, 2, 1, 2, 0, 2, 0, 2, 1, 2, 0,
-                                                     2, 1, 2, 0, 2}));
-    EXPECT_EQ(b.dataset_sample_index, (std::vector<int64_t>{0, 0, 0, 1, 1, 2, 1, 3, 2, 4, 3, 5, 2,
-                                                            6, 4, 7, 3, 8, 5, 9}));
+    EXPECT_EQ(b.dataset_index,
+              (std::vector<uint8_t>{2, 0, 1, 2, 0, 2, 1, 2, 0, 2, 0, 2, 1, 2, 0, 2, 1, 2, 0, 2}));
+    EXPECT_EQ(b.dataset_sample_index,
+              (std::vector<int64_t>{0, 0, 0, 1, 1, 2, 1, 3, 2, 4, 3, 5, 2, 6, 4, 7, 3, 8, 5, 9}));
     // Equal weights: ties go to the lowest index, so the datasets take turns.
     const std::vector<double> thirds = {1.0 / 3, 1.0 / 3, 1.0 / 3};
     const BlendingIndices t = gpt_build_blending_indices(thirds, 12);

@@ -61,12 +61,13 @@ Result<json> run_rng(const json& ops) {
             out.push_back(a);
         } else if (kind == "randint") {
             LATHE_ASSIGN_OR_RETURN(NumpyIntDtype dtype, dtype_named(op.at("dtype")));
-            LATHE_ASSIGN_OR_RETURN(auto values, rs.randint(op.at("low"), op.at("high"),
-                                                           op.at("size"), dtype));
+            LATHE_ASSIGN_OR_RETURN(auto values,
+                                   rs.randint(op.at("low"), op.at("high"), op.at("size"), dtype));
             out.push_back(values);
         } else if (kind == "random_sample") {
             std::vector<double> v;
-            for (int64_t i = 0; i < op.at("size").get<int64_t>(); ++i) v.push_back(rs.random_sample());
+            for (int64_t i = 0; i < op.at("size").get<int64_t>(); ++i)
+                v.push_back(rs.random_sample());
             out.push_back(v);
         } else {
             return invalid_argument_error("unknown rng op {}", kind);
@@ -97,8 +98,10 @@ GptNeoxDataArgs parse_args(const json& j) {
     a.weighted_sampler_alpha = j.value("weighted_sampler_alpha", 1.0);
     a.seq_length = j.at("seq_length");
     a.seed = j.at("seed");
-    if (j.contains("train_iters") && !j.at("train_iters").is_null()) a.train_iters = j.at("train_iters");
-    if (j.contains("train_epochs") && !j.at("train_epochs").is_null()) a.train_epochs = j.at("train_epochs");
+    if (j.contains("train_iters") && !j.at("train_iters").is_null())
+        a.train_iters = j.at("train_iters");
+    if (j.contains("train_epochs") && !j.at("train_epochs").is_null())
+        a.train_epochs = j.at("train_epochs");
     a.train_batch_size = j.value("train_batch_size", int64_t{1});
     a.eval_interval = j.value("eval_interval", int64_t{1000});
     a.eval_iters = j.value("eval_iters", int64_t{10});
@@ -126,8 +129,10 @@ Result<json> dump_samples(const SampleSource& source, const json& dump) {
     for (int64_t i : indices) {
         LATHE_RETURN_IF_ERROR(source.get(s, i));
         json docs = json::array();
-        for (const DocumentSegment& d : s.documents) docs.push_back({d.start, d.length, d.document});
-        samples.push_back({{"index", i}, {"tokens", s.tokens}, {"labels", s.labels}, {"documents", docs}});
+        for (const DocumentSegment& d : s.documents)
+            docs.push_back({d.start, d.length, d.document});
+        samples.push_back(
+            {{"index", i}, {"tokens", s.tokens}, {"labels", s.labels}, {"documents", docs}});
     }
     out["samples"] = samples;
     return out;
@@ -147,10 +152,10 @@ Status run_spec(const std::string& spec_path) {
         for (int64_t step = 0; step < l.at("steps").get<int64_t>(); ++step) {
             std::vector<int64_t> row;
             for (int64_t rank = 0; rank < l.at("dp_world").get<int64_t>(); ++rank) {
-                LATHE_ASSIGN_OR_RETURN(int64_t first,
-                                       gpt_neox_micro_batch_start(step, l.at("micro_batch"),
-                                                                  l.at("dp_world"), rank,
-                                                                  l.at("dataset_size")));
+                LATHE_ASSIGN_OR_RETURN(
+                    int64_t first,
+                    gpt_neox_micro_batch_start(step, l.at("micro_batch"), l.at("dp_world"), rank,
+                                               l.at("dataset_size")));
                 row.push_back(first);
             }
             starts.push_back(row);
@@ -176,12 +181,13 @@ Status run_spec(const std::string& spec_path) {
         const char* names[3] = {"train", "valid", "test"};
         for (int s = 0; s < 3; ++s) {
             if (built.splits[s] == nullptr) continue;
-            LATHE_ASSIGN_OR_RETURN(json split, dump_samples(*built.splits[s],
-                                                            spec.value("dump", json::object())));
+            LATHE_ASSIGN_OR_RETURN(
+                json split, dump_samples(*built.splits[s], spec.value("dump", json::object())));
             json datasets = json::array();
             for (const auto& ds : built.datasets) {
                 const IndexMappingRequest& r = ds->request();
-                if (r.name != names[s] && r.name.rfind(std::string(names[s]) + "_", 0) != 0) continue;
+                if (r.name != names[s] && r.name.rfind(std::string(names[s]) + "_", 0) != 0)
+                    continue;
                 const IndexCachePaths p = index_cache_paths(r);
                 datasets.push_back({{"name", r.name},
                                     {"prefix", r.data_prefix},

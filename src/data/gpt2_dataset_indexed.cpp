@@ -27,10 +27,10 @@ public:
         for (size_t i = 0; i < out.size(); ++i) {
             if (wide[i] < std::numeric_limits<int32_t>::min() ||
                 wide[i] > std::numeric_limits<int32_t>::max()) {
-                return data_loss_error("{}: token {} at position {} of sequence {} does not fit "
-                                       "int32",
-                                       indexed_bin_path(file_.prefix()), wide[i], offset + int64_t(i),
-                                       document);
+                return data_loss_error(
+                    "{}: token {} at position {} of sequence {} does not fit "
+                    "int32",
+                    indexed_bin_path(file_.prefix()), wide[i], offset + int64_t(i), document);
             }
             out[i] = static_cast<int32_t>(wide[i]);
         }
@@ -46,7 +46,8 @@ private:
 
 Result<std::unique_ptr<TokenDocuments>> open_indexed_token_documents(const std::string& prefix) {
     LATHE_ASSIGN_OR_RETURN(IndexedDataset file, IndexedDataset::open(prefix));
-    return std::unique_ptr<TokenDocuments>(std::make_unique<IndexedTokenDocuments>(std::move(file)));
+    return std::unique_ptr<TokenDocuments>(
+        std::make_unique<IndexedTokenDocuments>(std::move(file)));
 }
 
 }  // namespace lathe

@@ -21,9 +21,9 @@ struct DtypeInfo {
 };
 
 constexpr DtypeInfo kDtypes[] = {
-    {NpyDtype::kInt8, "|i1", 1},    {NpyDtype::kUint8, "|u1", 1},   {NpyDtype::kInt16, "<i2", 2},
-    {NpyDtype::kUint16, "<u2", 2},  {NpyDtype::kInt32, "<i4", 4},   {NpyDtype::kUint32, "<u4", 4},
-    {NpyDtype::kInt64, "<i8", 8},   {NpyDtype::kUint64, "<u8", 8},  {NpyDtype::kFloat32, "<f4", 4},
+    {NpyDtype::kInt8, "|i1", 1},    {NpyDtype::kUint8, "|u1", 1},  {NpyDtype::kInt16, "<i2", 2},
+    {NpyDtype::kUint16, "<u2", 2},  {NpyDtype::kInt32, "<i4", 4},  {NpyDtype::kUint32, "<u4", 4},
+    {NpyDtype::kInt64, "<i8", 8},   {NpyDtype::kUint64, "<u8", 8}, {NpyDtype::kFloat32, "<f4", 4},
     {NpyDtype::kFloat64, "<f8", 8},
 };
 
@@ -236,8 +236,9 @@ Result<NpyArray> NpyArray::open(const std::string& path) {
         }
         if (*key == "descr") {
             if (p.peek('[')) {
-                return corrupt("structured dtypes are not supported (only plain integer and "
-                               "float arrays)");
+                return corrupt(
+                    "structured dtypes are not supported (only plain integer and "
+                    "float arrays)");
             }
             descr = p.string();
             if (!descr) return corrupt("'descr' is not a string");
@@ -260,9 +261,10 @@ Result<NpyArray> NpyArray::open(const std::string& path) {
     }
     const std::optional<NpyDtype> dtype = dtype_from_descr(*descr);
     if (!dtype) {
-        return corrupt(fmt::format("dtype '{}' is not supported (little-endian integers and floats "
-                                   "only)",
-                                   escape_for_message(*descr)));
+        return corrupt(
+            fmt::format("dtype '{}' is not supported (little-endian integers and floats "
+                        "only)",
+                        escape_for_message(*descr)));
     }
     if (*fortran && shape->size() > 1) return corrupt("Fortran-order arrays are not supported");
 
@@ -273,15 +275,16 @@ Result<NpyArray> NpyArray::open(const std::string& path) {
     const size_t itemsize = npy_dtype_size(*dtype);
     uint64_t elements = 1;
     for (int64_t d : a.shape_) {
-        if (d != 0 && elements > UINT64_MAX / uint64_t(d) / itemsize) return corrupt("shape overflows");
+        if (d != 0 && elements > UINT64_MAX / uint64_t(d) / itemsize)
+            return corrupt("shape overflows");
         elements *= uint64_t(d);
     }
     const uint64_t data_bytes = elements * itemsize;
     if (bytes.size() - data_offset != data_bytes) {
-        return corrupt(fmt::format("shape {} of '{}' needs {} data bytes but the file has {} after "
-                                   "its header (truncated or overwritten)",
-                                   shape_repr(a.shape_), *descr, data_bytes,
-                                   bytes.size() - data_offset));
+        return corrupt(
+            fmt::format("shape {} of '{}' needs {} data bytes but the file has {} after "
+                        "its header (truncated or overwritten)",
+                        shape_repr(a.shape_), *descr, data_bytes, bytes.size() - data_offset));
     }
     a.size_ = static_cast<int64_t>(elements);
     const uint8_t* data = file.data() + data_offset;

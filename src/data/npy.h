@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "core/status.h"
@@ -24,24 +25,41 @@
 
 namespace lathe {
 
-enum class NpyDtype { kInt8, kUint8, kInt16, kUint16, kInt32, kUint32, kInt64, kUint64, kFloat32, kFloat64 };
+// clang-format off
+enum class NpyDtype { kInt8, kUint8, kInt16, kUint16, kInt32, kUint32, kInt64, kUint64, kFloat32,
+                      kFloat64 };
+// clang-format on
 
 size_t npy_dtype_size(NpyDtype dtype);
 // numpy's descr string: "<i4", "|u1", "<f8", ...
 const char* npy_dtype_descr(NpyDtype dtype);
 
+// The NpyDtype of a C++ element type (compile-time).
 template <typename T>
-constexpr NpyDtype npy_dtype_of();
-template <> constexpr NpyDtype npy_dtype_of<int8_t>() { return NpyDtype::kInt8; }
-template <> constexpr NpyDtype npy_dtype_of<uint8_t>() { return NpyDtype::kUint8; }
-template <> constexpr NpyDtype npy_dtype_of<int16_t>() { return NpyDtype::kInt16; }
-template <> constexpr NpyDtype npy_dtype_of<uint16_t>() { return NpyDtype::kUint16; }
-template <> constexpr NpyDtype npy_dtype_of<int32_t>() { return NpyDtype::kInt32; }
-template <> constexpr NpyDtype npy_dtype_of<uint32_t>() { return NpyDtype::kUint32; }
-template <> constexpr NpyDtype npy_dtype_of<int64_t>() { return NpyDtype::kInt64; }
-template <> constexpr NpyDtype npy_dtype_of<uint64_t>() { return NpyDtype::kUint64; }
-template <> constexpr NpyDtype npy_dtype_of<float>() { return NpyDtype::kFloat32; }
-template <> constexpr NpyDtype npy_dtype_of<double>() { return NpyDtype::kFloat64; }
+constexpr NpyDtype npy_dtype_of() {
+    if constexpr (std::is_same_v<T, int8_t>)
+        return NpyDtype::kInt8;
+    else if constexpr (std::is_same_v<T, uint8_t>)
+        return NpyDtype::kUint8;
+    else if constexpr (std::is_same_v<T, int16_t>)
+        return NpyDtype::kInt16;
+    else if constexpr (std::is_same_v<T, uint16_t>)
+        return NpyDtype::kUint16;
+    else if constexpr (std::is_same_v<T, int32_t>)
+        return NpyDtype::kInt32;
+    else if constexpr (std::is_same_v<T, uint32_t>)
+        return NpyDtype::kUint32;
+    else if constexpr (std::is_same_v<T, int64_t>)
+        return NpyDtype::kInt64;
+    else if constexpr (std::is_same_v<T, uint64_t>)
+        return NpyDtype::kUint64;
+    else if constexpr (std::is_same_v<T, float>)
+        return NpyDtype::kFloat32;
+    else {
+        static_assert(std::is_same_v<T, double>, "no .npy dtype for this type");
+        return NpyDtype::kFloat64;
+    }
+}
 
 // The magic, version, length and padded header numpy 2.x writes for a C-order array (version 1.0
 // unless the header needs more than 65535 bytes, then 2.0).
@@ -53,7 +71,8 @@ Status npy_write(const std::string& path, NpyDtype dtype, std::span<const int64_
                  const void* bytes, size_t byte_count);
 
 template <typename T>
-Status npy_write(const std::string& path, std::span<const T> values, std::span<const int64_t> shape) {
+Status npy_write(const std::string& path, std::span<const T> values,
+                 std::span<const int64_t> shape) {
     return npy_write(path, npy_dtype_of<T>(), shape, values.data(), values.size_bytes());
 }
 

@@ -26,8 +26,8 @@ std::optional<double> parse_split_weight(std::string_view piece) {
     const std::string_view t = trim(piece);
     if (t.empty()) return std::nullopt;
     for (char c : t) {
-        const bool ok = (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' ||
-                        c == '-';
+        const bool ok =
+            (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
         if (!ok) return std::nullopt;
     }
     const std::string s(t);
@@ -74,17 +74,17 @@ Result<EpochPlan> plan_epochs(const IndexMappingRequest& r, int64_t tokens_per_e
     plan.shuffle_first_part = plan.num_samples_built;
     if (r.flavor == IndexFlavor::kMegatronSeparateLastEpoch && plan.num_epochs > 1) {
         if (!r.num_samples) {
-            return invalid_argument_error("index '{}' of {}: the separate-last-epoch flavor needs "
-                                          "a number of samples",
-                                          r.name, r.data_prefix);
+            return invalid_argument_error(
+                "index '{}' of {}: the separate-last-epoch flavor needs "
+                "a number of samples",
+                r.name, r.data_prefix);
         }
         const int64_t from_epochs_minus_one =
             sample_count(plan.num_epochs - 1, tokens_per_epoch, r.seq_length);
         const int64_t last_epoch_samples = *r.num_samples - from_epochs_minus_one;
         const int64_t samples_per_epoch = (tokens_per_epoch - 1) / r.seq_length;
         LATHE_CHECK(last_epoch_samples >= 0 && last_epoch_samples < samples_per_epoch + 1,
-                    "last epoch samples {} outside [0, {}]", last_epoch_samples,
-                    samples_per_epoch);
+                    "last epoch samples {} outside [0, {}]", last_epoch_samples, samples_per_epoch);
         // Python: last_epoch_num_samples < int(0.80 * num_samples_per_epoch)
         const auto threshold =
             static_cast<int64_t>(kSeparateLastEpochShare * static_cast<double>(samples_per_epoch));
@@ -102,14 +102,16 @@ Status check_request(const IndexMappingRequest& r, std::span<const int32_t> size
             r.name, r.data_prefix, r.documents.begin, r.documents.end, sizes.size());
     }
     if (r.documents.end - 1 > kInt32Max) {
-        return invalid_argument_error("index '{}' of {}: document ids above 2^31 - 1 do not fit "
-                                      "GPT-NeoX's int32 doc_idx",
-                                      r.name, r.data_prefix);
+        return invalid_argument_error(
+            "index '{}' of {}: document ids above 2^31 - 1 do not fit "
+            "GPT-NeoX's int32 doc_idx",
+            r.name, r.data_prefix);
     }
     // GPT-NeoX's helpers.cpp asserts seq_length > 1 (its Makefile keeps asserts on).
     if (r.seq_length < 2 || r.seq_length >= kInt32Max) {
-        return invalid_argument_error("index '{}' of {}: sequence length {} must be in [2, 2^31 - 1)",
-                                      r.name, r.data_prefix, r.seq_length);
+        return invalid_argument_error(
+            "index '{}' of {}: sequence length {} must be in [2, 2^31 - 1)", r.name, r.data_prefix,
+            r.seq_length);
     }
     if (r.num_samples && *r.num_samples < 0) {
         return invalid_argument_error("index '{}' of {}: negative number of samples {}", r.name,
@@ -164,17 +166,18 @@ Result<std::array<int64_t, 4>> split_document_ranges(std::string_view splits_str
     double sum = 0.0;
     for (double s : splits) sum += s;
     if (!(sum > 0.0)) {
-        return invalid_argument_error("split '{}': the weights sum to 0; give at least one positive "
-                                      "weight, e.g. \"969,30,1\"",
-                                      escape_for_message(splits_string));
+        return invalid_argument_error(
+            "split '{}': the weights sum to 0; give at least one positive "
+            "weight, e.g. \"969,30,1\"",
+            escape_for_message(splits_string));
     }
     std::array<int64_t, 4> index = {0, 0, 0, 0};
     for (int i = 0; i < 3; ++i) {
         const double share = splits[i] / sum;
         // int(round(split * float(size))): round half to even, as std::nearbyint in the default
         // rounding mode.
-        index[i + 1] =
-            index[i] + static_cast<int64_t>(std::nearbyint(share * static_cast<double>(num_documents)));
+        index[i + 1] = index[i] + static_cast<int64_t>(
+                                      std::nearbyint(share * static_cast<double>(num_documents)));
     }
     const int64_t diff = index[3] - num_documents;
     for (int i = 1; i < 4; ++i) index[i] -= diff;
@@ -201,11 +204,10 @@ int64_t gpt_num_epochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num
         epochs = static_cast<int64_t>((need + tokens_per_epoch - 1) / tokens_per_epoch);
         epochs = std::max<int64_t>(epochs, 1);
     }
-    LATHE_CHECK(sample_count(epochs, tokens_per_epoch, seq_length) >= num_samples &&
-                    (epochs == 1 ||
-                     sample_count(epochs - 1, tokens_per_epoch, seq_length) < num_samples),
-                "epochs {} for T={} sl={} ns={}", epochs, tokens_per_epoch, seq_length,
-                num_samples);
+    LATHE_CHECK(
+        sample_count(epochs, tokens_per_epoch, seq_length) >= num_samples &&
+            (epochs == 1 || sample_count(epochs - 1, tokens_per_epoch, seq_length) < num_samples),
+        "epochs {} for T={} sl={} ns={}", epochs, tokens_per_epoch, seq_length, num_samples);
     return epochs;
 }
 
@@ -253,9 +255,10 @@ std::vector<T> build_sample_idx_as(std::span<const int32_t> sizes, std::span<con
     for (int64_t sample = 1; sample <= num_samples; ++sample) {
         int64_t remaining = seq_length + 1;
         while (remaining != 0) {
-            LATHE_CHECK(doc_idx_index < doc_idx_size,
-                        "sample {} runs past doc_idx ({} entries): sizes do not sum to {} per epoch",
-                        sample, doc_idx_size, tokens_per_epoch);
+            LATHE_CHECK(
+                doc_idx_index < doc_idx_size,
+                "sample {} runs past doc_idx ({} entries): sizes do not sum to {} per epoch",
+                sample, doc_idx_size, tokens_per_epoch);
             if (doc_idx_index + kSizePrefetchDistance < doc_idx_size) {
                 // doc_idx is shuffled: sizes[] is read at random, ahead of time is cheaper.
                 __builtin_prefetch(&sizes[doc_idx[doc_idx_index + kSizePrefetchDistance]]);
@@ -287,8 +290,8 @@ std::vector<T> build_shuffle_idx_as(int64_t first_part, int64_t total_size, Nump
     std::iota(out.begin(), out.end(), T{0});
     rng.shuffle(std::span<T>(out.data(), static_cast<size_t>(first_part)));
     if (first_part != total_size) {
-        rng.shuffle(std::span<T>(out.data() + first_part,
-                                 static_cast<size_t>(total_size - first_part)));
+        rng.shuffle(
+            std::span<T>(out.data() + first_part, static_cast<size_t>(total_size - first_part)));
     }
     return out;
 }
@@ -303,10 +306,10 @@ std::vector<int64_t> gpt_build_sample_idx(std::span<const int32_t> sizes,
 
 NpyDtype gpt_sample_idx_dtype(int64_t num_epochs, int64_t tokens_per_epoch, int64_t seq_length) {
     // num_samples = (num_epochs * tokens_per_epoch - 1) / seq_length  (numpy true division)
-    const double num_samples = static_cast<double>(num_epochs * tokens_per_epoch - 1) /
-                               static_cast<double>(seq_length);
+    const double num_samples =
+        static_cast<double>(num_epochs * tokens_per_epoch - 1) / static_cast<double>(seq_length);
     return 2.0 * (num_samples + 1.0) < static_cast<double>(kInt32Max) ? NpyDtype::kInt32
-                                                                       : NpyDtype::kInt64;
+                                                                      : NpyDtype::kInt64;
 }
 
 std::vector<int64_t> gpt_build_shuffle_idx(int64_t first_part, int64_t total_size,
@@ -357,7 +360,8 @@ IndexArray IndexArray::mapped(NpyArray file) {
 }
 
 Status IndexArray::write_npy(const std::string& path, std::span<const int64_t> shape) const {
-    return npy_write(path, dtype_, shape, data_, static_cast<size_t>(size_) * npy_dtype_size(dtype_));
+    return npy_write(path, dtype_, shape, data_,
+                     static_cast<size_t>(size_) * npy_dtype_size(dtype_));
 }
 
 // ---- Index mappings -----------------------------------------------------------------------------
@@ -406,9 +410,11 @@ Result<IndexMappings> gpt_build_index_mappings(const IndexMappingRequest& r,
                 plan.num_samples_built);
     const int64_t first_part = std::min(plan.shuffle_first_part, num_samples);
     if (gpt_shuffle_idx_dtype(num_samples) == NpyDtype::kUint32) {
-        m.shuffle_idx = IndexArray::owned(build_shuffle_idx_as<uint32_t>(first_part, num_samples, rng));
+        m.shuffle_idx =
+            IndexArray::owned(build_shuffle_idx_as<uint32_t>(first_part, num_samples, rng));
     } else {
-        m.shuffle_idx = IndexArray::owned(build_shuffle_idx_as<int64_t>(first_part, num_samples, rng));
+        m.shuffle_idx =
+            IndexArray::owned(build_shuffle_idx_as<int64_t>(first_part, num_samples, rng));
     }
     m.doc_idx = IndexArray::owned(std::move(doc_idx));
     return m;
@@ -416,7 +422,8 @@ Result<IndexMappings> gpt_build_index_mappings(const IndexMappingRequest& r,
 
 namespace {
 
-Status cache_mismatch(const std::string& path, const IndexCachePaths& paths, std::string_view what) {
+Status cache_mismatch(const std::string& path, const IndexCachePaths& paths,
+                      std::string_view what) {
     return data_loss_error(
         "{}: index cache does not fit the data: {}. It is corrupt or was built from other token "
         "files under the same name; delete {}, {} and {} to rebuild",
@@ -433,14 +440,14 @@ Status check_cached(const IndexMappingRequest& r, std::span<const int32_t> sizes
         return cache_mismatch(paths.doc_idx, paths, "expected a 1-D int32 array");
     }
     if (doc.size() != n_doc_idx) {
-        return cache_mismatch(paths.doc_idx, paths,
-                              fmt::format("{} entries, expected {} epochs x {} documents = {}",
-                                          doc.size(), plan.num_epochs, r.documents.size(),
-                                          n_doc_idx));
+        return cache_mismatch(
+            paths.doc_idx, paths,
+            fmt::format("{} entries, expected {} epochs x {} documents = {}", doc.size(),
+                        plan.num_epochs, r.documents.size(), n_doc_idx));
     }
     for (int64_t i = 0; i < doc.size(); ++i) {
-        const int64_t d = doc.dtype() == NpyDtype::kInt32 ? doc.values<int32_t>()[i]
-                                                          : doc.values<int64_t>()[i];
+        const int64_t d =
+            doc.dtype() == NpyDtype::kInt32 ? doc.values<int32_t>()[i] : doc.values<int64_t>()[i];
         if (d < r.documents.begin || d >= r.documents.end) {
             return cache_mismatch(paths.doc_idx, paths,
                                   fmt::format("entry {} is document {}, outside [{}, {})", i, d,
@@ -493,9 +500,10 @@ Status check_cached(const IndexMappingRequest& r, std::span<const int32_t> sizes
                               ? int64_t{shuffle.values<uint32_t>()[i]}
                               : shuffle.values<int64_t>()[i];
         if (s < 0 || s >= rows - 1 || seen[static_cast<size_t>(s)]) {
-            return cache_mismatch(paths.shuffle_idx, paths,
-                                  fmt::format("entry {} = {} is not part of a permutation of [0, {})",
-                                              i, s, rows - 1));
+            return cache_mismatch(
+                paths.shuffle_idx, paths,
+                fmt::format("entry {} = {} is not part of a permutation of [0, {})", i, s,
+                            rows - 1));
         }
         seen[static_cast<size_t>(s)] = true;
     }
@@ -583,10 +591,10 @@ std::vector<SamplePiece> gpt_sample_pieces(const IndexMappings& m, std::span<con
 Result<int64_t> gpt_neox_micro_batch_start(int64_t micro_step, int64_t micro_batch,
                                            int64_t dp_world, int64_t dp_rank,
                                            int64_t dataset_size) {
-    LATHE_CHECK(micro_step >= 0 && micro_batch >= 1 && dp_world >= 1 && dp_rank >= 0 &&
-                    dp_rank < dp_world,
-                "micro_step={} micro_batch={} dp_world={} dp_rank={}", micro_step, micro_batch,
-                dp_world, dp_rank);
+    LATHE_CHECK(
+        micro_step >= 0 && micro_batch >= 1 && dp_world >= 1 && dp_rank >= 0 && dp_rank < dp_world,
+        "micro_step={} micro_batch={} dp_world={} dp_rank={}", micro_step, micro_batch, dp_world,
+        dp_rank);
     const int64_t global = micro_batch * dp_world;
     const int64_t batches_per_pass = dataset_size / global;  // drop_last
     if (batches_per_pass == 0) {

@@ -6,7 +6,8 @@
 // The three arrays (all cached as .npy next to the data, named as GPT-NeoX names them):
 //   doc_idx     (E * N) int32      the documents of E epochs, each epoch the N documents in order,
 //                                  then the whole array shuffled once by RandomState(seed).
-//   sample_idx  (S + 1, 2) int32   row i = (index into doc_idx, token offset in that document) where
+//   sample_idx  (S + 1, 2) int32   row i = (index into doc_idx, token offset in that document)
+//   where
 //               or int64           sample i starts; sample i covers the seq_length + 1 tokens from
 //                                  row i through row i + 1 inclusive (consecutive samples share one
 //                                  token). S = (E * tokens_per_epoch - 1) // seq_length. int32 when
@@ -20,9 +21,11 @@
 //   - since 2024-08 (#1240, pack_impl) the cache names end "_{pack_impl}pi" plus "_ac" when
 //     allow_chopped (default "packed", True): CacheNaming::kGptNeox. Before, and in
 //     Megatron-DeepSpeed: "{prefix}_{name}_indexmap_{ns}ns_{sl}sl_{seed}s": kLegacy.
-//   - since 2023-03 (#835) sample_idx is int32 when it fits; before it was always int64 (lathe reads
+//   - since 2023-03 (#835) sample_idx is int32 when it fits; before it was always int64 (lathe
+//   reads
 //     both).
-//   - GPT-NeoX has never had Megatron's "separate last epoch". IndexFlavor::kMegatronSeparateLastEpoch
+//   - GPT-NeoX has never had Megatron's "separate last epoch".
+//   IndexFlavor::kMegatronSeparateLastEpoch
 //     reproduces Megatron-LM/Megatron-DeepSpeed's gpt_dataset.py: when E > 1 and the last epoch
 //     contributes fewer than 80% of an epoch's samples, doc_idx is (E-1 epochs shuffled) followed
 //     by (the last epoch shuffled), and shuffle_idx is a shuffle of the samples of the first E-1
@@ -109,7 +112,7 @@ enum class CacheNaming {
 
 // The arguments of `_build_index_mappings` that decide the arrays and their file names.
 struct IndexMappingRequest {
-    std::string name;         // "train", "valid", "test"; "train_0", ... for weighted lists
+    std::string name;  // "train", "valid", "test"; "train_0", ... for weighted lists
     // The token file prefix: the cache files are named after it and sit next to the data, as in
     // GPT-NeoX. To keep caches elsewhere (read-only data), pass "<cache dir>/<file name>": only
     // names and messages use this string, the documents come from the caller.
@@ -148,9 +151,12 @@ public:
     int64_t size() const { return size_; }     // elements (rows * 2 for sample_idx)
     int64_t at(int64_t i) const {
         switch (dtype_) {
-            case NpyDtype::kInt32: return static_cast<const int32_t*>(data_)[i];
-            case NpyDtype::kUint32: return static_cast<const uint32_t*>(data_)[i];
-            default: return static_cast<const int64_t*>(data_)[i];
+            case NpyDtype::kInt32:
+                return static_cast<const int32_t*>(data_)[i];
+            case NpyDtype::kUint32:
+                return static_cast<const uint32_t*>(data_)[i];
+            default:
+                return static_cast<const int64_t*>(data_)[i];
         }
     }
     // Writes the array as numpy would store it (dtype(), with `shape`).
@@ -225,7 +231,6 @@ std::vector<SamplePiece> gpt_sample_pieces(const IndexMappings& mappings,
 // [first, first + micro_batch). Errors (failed precondition): a dataset smaller than one global
 // batch, where GPT-NeoX's loader yields nothing.
 Result<int64_t> gpt_neox_micro_batch_start(int64_t micro_step, int64_t micro_batch,
-                                           int64_t dp_world, int64_t dp_rank,
-                                           int64_t dataset_size);
+                                           int64_t dp_world, int64_t dp_rank, int64_t dataset_size);
 
 }  // namespace lathe

@@ -33,7 +33,8 @@ const std::vector<int32_t> kSizes = {3, 5, 2, 7, 0, 4};
 
 TEST(SplitDocumentRanges, MatchesGptNeox) {
     // Values of GPT-NeoX's get_train_valid_test_split_(string, size) under CPython 3.11.
-    EXPECT_EQ(*split_document_ranges("969, 30, 1", 1000), (std::array<int64_t, 4>{0, 969, 999, 1000}));
+    EXPECT_EQ(*split_document_ranges("969, 30, 1", 1000),
+              (std::array<int64_t, 4>{0, 969, 999, 1000}));
     EXPECT_EQ(*split_document_ranges("98/2/0", 50), (std::array<int64_t, 4>{0, 49, 50, 50}));
     EXPECT_EQ(*split_document_ranges("1", 7), (std::array<int64_t, 4>{0, 7, 7, 7}));
     // round(1.5) == 2, then the overshoot of 1 moves every later boundary down
@@ -205,7 +206,8 @@ TEST(GptIndex, FixedEpochsAndDtypeThresholds) {
     ASSERT_TRUE(m.ok());
     EXPECT_EQ(m->num_epochs, 3);
     EXPECT_EQ(m->num_samples(), (3 * 21 - 1) / 4);
-    EXPECT_EQ(index_cache_paths(r).doc_idx, "_train_indexmap_Nonens_4sl_0s_packedpi_ac_doc_idx.npy");
+    EXPECT_EQ(index_cache_paths(r).doc_idx,
+              "_train_indexmap_Nonens_4sl_0s_packedpi_ac_doc_idx.npy");
     // 2 * (S + 1) < 2^31 - 1 in float64 decides int32.
     // S = T - 1 for seq_length 1: 2 * (1073741822 + 1) < 2147483647, 2 * (1073741823 + 1) is not
     EXPECT_EQ(gpt_sample_idx_dtype(1, 1073741823, 1), NpyDtype::kInt32);
@@ -299,7 +301,8 @@ TEST(GptIndexCache, CorruptOrStaleCacheIsAnErrorNamingTheFile) {
 
     // Truncated sample_idx.
     const std::string sample_bytes = *file_read_all(paths.sample_idx);
-    ASSERT_TRUE(file_write_atomic(paths.sample_idx, sample_bytes.substr(0, sample_bytes.size() - 8)).ok());
+    ASSERT_TRUE(
+        file_write_atomic(paths.sample_idx, sample_bytes.substr(0, sample_bytes.size() - 8)).ok());
     auto truncated = gpt_load_or_build_index_mappings(r, kSizes);
     ASSERT_FALSE(truncated.ok());
     EXPECT_EQ(truncated.status().code(), StatusCode::kDataLoss);
