@@ -430,10 +430,23 @@ Status cache_mismatch(const std::string& path, const IndexCachePaths& paths,
         path, what, paths.doc_idx, paths.sample_idx, paths.shuffle_idx);
 }
 
-// Checks cached arrays against what the request and the sizes imply, without rebuilding them.
-Status check_cached(const IndexMappingRequest& r, std::span<const int32_t> sizes,
-                    const IndexCachePaths& paths, const EpochPlan& plan, const NpyArray& doc,
-                    const NpyArray& sample, const NpyArray& shuffle) {
+// Calls f with the elements of `a` as a typed span (int32, uint32 or int64).
+template <typename F>
+Status visit_elements(const IndexArray& a, F&& f) {
+    switch (a.dtype()) {
+        case NpyDtype::kInt32:
+            return f(std::span<const int32_t>(static_cast<const int32_t*>(a.data()), a.size()));
+        case NpyDtype::kUint32:
+            return f(std::span<const uint32_t>(static_cast<const uint32_t*>(a.data()), a.size()));
+        default:
+            return f(std::span<const int64_t>(static_cast<const int64_t*>(a.data()), a.size()));
+    }
+}
+
+// Checks the dtypes and shapes of cached arrays against what the request implies.
+Status check_cached_shapes(const IndexMappingRequest& r, const IndexCachePaths& paths,
+                           const EpochPlan& plan, const NpyArray& doc, const NpyArray& sample,
+                           const NpyArray& shuffle) {
     const int64_t n_doc_idx = plan.num_epochs * r.documents.size();
     if (doc.shape().size() != 1 ||
         (doc.dtype() != NpyDtype::kInt32 && doc.dtype() != NpyDtype::kInt64)) {
@@ -445,15 +458,6 @@ Status check_cached(const IndexMappingRequest& r, std::span<const int32_t> sizes
             fmt::format("{} entries, expected {} epochs x {} documents = {}", doc.size(),
                         plan.num_epochs, r.documents.size(), n_doc_idx));
     }
-    for (int64_t i = 0; i < doc.size(); ++i) {
-        const int64_t d =
-            doc.dtype() == NpyDtype::kInt32 ? doc.values<int32_t>()[i] : doc.values<int64_t>()[i];
-        if (d < r.documents.begin || d >= r.documents.end) {
-            return cache_mismatch(paths.doc_idx, paths,
-                                  fmt::format("entry {} is document {}, outside [{}, {})", i, d,
-                                              r.documents.begin, r.documents.end));
-        }
-    }
     const int64_t rows = plan.num_samples_built + 1;
     if (sample.shape().size() != 2 || sample.shape()[1] != 2 ||
         (sample.dtype() != NpyDtype::kInt32 && sample.dtype() != NpyDtype::kInt64)) {
@@ -463,29 +467,6 @@ Status check_cached(const IndexMappingRequest& r, std::span<const int32_t> sizes
         return cache_mismatch(paths.sample_idx, paths,
                               fmt::format("{} rows, expected {}", sample.shape()[0], rows));
     }
-    auto sample_at = [&](int64_t i) -> int64_t {
-        return sample.dtype() == NpyDtype::kInt32 ? sample.values<int32_t>()[i]
-                                                  : sample.values<int64_t>()[i];
-    };
-    int64_t previous = 0;
-    for (int64_t row = 0; row < rows; ++row) {
-        const int64_t d = sample_at(2 * row);
-        const int64_t offset = sample_at(2 * row + 1);
-        const bool doc_ok = d >= previous && d < n_doc_idx;
-        int64_t doc_size = 0;
-        if (doc_ok) {
-            doc_size = doc.dtype() == NpyDtype::kInt32 ? sizes[doc.values<int32_t>()[d]]
-                                                       : sizes[doc.values<int64_t>()[d]];
-        }
-        if (!doc_ok || offset < 0 || offset >= std::max<int64_t>(doc_size, 1) ||
-            (row == 0 && (d != 0 || offset != 0))) {
-            return cache_mismatch(paths.sample_idx, paths,
-                                  fmt::format("row {} = ({}, {}) does not point into the "
-                                              "documents of doc_idx",
-                                              row, d, offset));
-        }
-        previous = d;
-    }
     if (shuffle.shape().size() != 1 ||
         (shuffle.dtype() != NpyDtype::kUint32 && shuffle.dtype() != NpyDtype::kInt64)) {
         return cache_mismatch(paths.shuffle_idx, paths, "expected a 1-D uint32 or int64 array");
@@ -494,20 +475,60 @@ Status check_cached(const IndexMappingRequest& r, std::span<const int32_t> sizes
         return cache_mismatch(paths.shuffle_idx, paths,
                               fmt::format("{} entries, expected {}", shuffle.size(), rows - 1));
     }
-    std::vector<bool> seen(static_cast<size_t>(rows - 1), false);
-    for (int64_t i = 0; i < shuffle.size(); ++i) {
-        const int64_t s = shuffle.dtype() == NpyDtype::kUint32
-                              ? int64_t{shuffle.values<uint32_t>()[i]}
-                              : shuffle.values<int64_t>()[i];
-        if (s < 0 || s >= rows - 1 || seen[static_cast<size_t>(s)]) {
-            return cache_mismatch(
-                paths.shuffle_idx, paths,
-                fmt::format("entry {} = {} is not part of a permutation of [0, {})", i, s,
-                            rows - 1));
-        }
-        seen[static_cast<size_t>(s)] = true;
-    }
     return ok_status();
+}
+
+// Checks the values of cached arrays (shapes already checked): doc_idx inside the document
+// range, sample_idx rows moving forward through doc_idx with offsets inside their documents,
+// shuffle_idx a permutation. Linear in the array sizes; nothing is rebuilt.
+Status check_cached_values(const IndexMappingRequest& r, std::span<const int32_t> sizes,
+                           const IndexCachePaths& paths, const IndexMappings& m) {
+    LATHE_RETURN_IF_ERROR(visit_elements(m.doc_idx, [&](auto doc) -> Status {
+        for (size_t i = 0; i < doc.size(); ++i) {
+            const int64_t d = doc[i];
+            if (d < r.documents.begin || d >= r.documents.end) {
+                return cache_mismatch(paths.doc_idx, paths,
+                                      fmt::format("entry {} is document {}, outside [{}, {})", i, d,
+                                                  r.documents.begin, r.documents.end));
+            }
+        }
+        return ok_status();
+    }));
+    const int64_t n_doc_idx = m.doc_idx.size();
+    LATHE_RETURN_IF_ERROR(visit_elements(m.sample_idx, [&](auto sample) -> Status {
+        const int64_t rows = static_cast<int64_t>(sample.size() / 2);
+        int64_t previous = 0;
+        for (int64_t row = 0; row < rows; ++row) {
+            const int64_t d = sample[2 * row];
+            const int64_t offset = sample[2 * row + 1];
+            bool ok = d >= previous && d < n_doc_idx && offset >= 0 &&
+                      (row != 0 || (d == 0 && offset == 0));
+            // Offsets stay inside their document; documents of size 0 only at row 0.
+            if (ok) ok = offset < std::max<int64_t>(sizes[m.doc_idx.at(d)], 1);
+            if (!ok) {
+                return cache_mismatch(paths.sample_idx, paths,
+                                      fmt::format("row {} = ({}, {}) does not point into the "
+                                                  "documents of doc_idx",
+                                                  row, d, offset));
+            }
+            previous = d;
+        }
+        return ok_status();
+    }));
+    return visit_elements(m.shuffle_idx, [&](auto shuffle) -> Status {
+        std::vector<bool> seen(shuffle.size(), false);
+        for (size_t i = 0; i < shuffle.size(); ++i) {
+            const int64_t v = static_cast<int64_t>(shuffle[i]);
+            if (v < 0 || v >= int64_t(shuffle.size()) || seen[static_cast<size_t>(v)]) {
+                return cache_mismatch(
+                    paths.shuffle_idx, paths,
+                    fmt::format("entry {} = {} is not part of a permutation of [0, {})", i, v,
+                                shuffle.size()));
+            }
+            seen[static_cast<size_t>(v)] = true;
+        }
+        return ok_status();
+    });
 }
 
 }  // namespace
@@ -545,7 +566,7 @@ Result<IndexMappings> gpt_load_or_build_index_mappings(const IndexMappingRequest
     LATHE_ASSIGN_OR_RETURN(NpyArray doc, open(paths.doc_idx));
     LATHE_ASSIGN_OR_RETURN(NpyArray sample, open(paths.sample_idx));
     LATHE_ASSIGN_OR_RETURN(NpyArray shuffle, open(paths.shuffle_idx));
-    LATHE_RETURN_IF_ERROR(check_cached(r, sizes, paths, plan, doc, sample, shuffle));
+    LATHE_RETURN_IF_ERROR(check_cached_shapes(r, paths, plan, doc, sample, shuffle));
     IndexMappings m;
     m.num_epochs = plan.num_epochs;
     m.tokens_per_epoch = tokens_per_epoch;
@@ -554,6 +575,8 @@ Result<IndexMappings> gpt_load_or_build_index_mappings(const IndexMappingRequest
     m.doc_idx = IndexArray::mapped(std::move(doc));
     m.sample_idx = IndexArray::mapped(std::move(sample));
     m.shuffle_idx = IndexArray::mapped(std::move(shuffle));
+    // Files written just now hold what was built; files found on disk are checked in full.
+    if (cached) LATHE_RETURN_IF_ERROR(check_cached_values(r, sizes, paths, m));
     if (cached) {
         log_info("index '{}' of {}: loaded {} samples ({} epochs) from {}", r.name, r.data_prefix,
                  m.num_samples(), m.num_epochs, paths.doc_idx);

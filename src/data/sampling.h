@@ -147,8 +147,9 @@ public:
     static IndexArray owned(std::vector<int64_t> values);
     static IndexArray mapped(NpyArray file);
 
-    NpyDtype dtype() const { return dtype_; }  // the dtype on disk (or that would be written)
-    int64_t size() const { return size_; }     // elements (rows * 2 for sample_idx)
+    NpyDtype dtype() const { return dtype_; }   // the dtype on disk (or that would be written)
+    const void* data() const { return data_; }  // size() elements of dtype()
+    int64_t size() const { return size_; }      // elements (rows * 2 for sample_idx)
     int64_t at(int64_t i) const {
         switch (dtype_) {
             case NpyDtype::kInt32:
