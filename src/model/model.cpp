@@ -1,11 +1,12 @@
 #include "model/model.h"
 
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <unordered_set>
 
 #include "core/check.h"
 #include "core/log.h"
-#include "io/file.h"
 #include "io/safetensors.h"
 #include "model/init.h"
 #include "model/registry.h"
@@ -44,7 +45,8 @@ float half_to_float(uint16_t h) {
     return sign ? -sub : sub;
 }
 
-// Checks the batch's ids against the model and returns (B, T).
+// Every id in [lo, hi), or -100 where allowed; a bug upstream otherwise (the data layer checks
+// token files against the vocabulary).
 void check_ids(ConstTensorView ids, std::string_view what, int64_t lo, int64_t hi,
                bool allow_ignore) {
     const int32_t* p = ids.as<int32_t>();

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -341,6 +343,56 @@ TEST(Model, SavedCheckpointLoadsBackIdenticallyWithItsConfig) {
         const ConstTensorView a = m.params_flat(), b = back->params_flat();
         EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.bytes())) << c.model_type;
         std::filesystem::remove_all(dir);
+    }
+}
+
+// Checkpoints of the bare base model (no "transformer." prefix, as openai-community/gpt2 has
+// them) in f16 and bf16 (Pythia ships f16) load into the f32 parameters exactly.
+TEST(Model, LoadsHalfPrecisionAndPrefixlessCheckpoints) {
+    const ModelConfig c = parse(kGpt2Json);
+    Model src = make(c, 1, 4);
+    // Values every format holds exactly: multiples of 1/8 in [-2, 2).
+    const TensorView flat = src.params_flat();
+    for (int64_t i = 0; i < flat.numel(); ++i) flat.as<float>()[i] = float((i * 37) % 32 - 16) / 8.0f;
+    for (const SafetensorsDtype dtype : {SafetensorsDtype::kF16, SafetensorsDtype::kBF16}) {
+        std::vector<std::vector<uint16_t>> data;
+        std::vector<SafetensorsWriteTensor> tensors;
+        for (const HfParam& p : src.params().hf_params()) {
+            HostTensor t(DType::kF32, p.shape);
+            src.read_param_hf(p.name, t.view());
+            std::vector<uint16_t>& bits = data.emplace_back();
+            for (int64_t i = 0; i < t.numel(); ++i) {
+                const float v = t.as<float>()[i];
+                if (dtype == SafetensorsDtype::kBF16) {
+                    bits.push_back(float_to_bf16(v).bits);
+                } else {  // exact for these values: sign, exponent rebiased 127 -> 15, mantissa
+                    const uint32_t u = std::bit_cast<uint32_t>(v);
+                    bits.push_back(v == 0.0f ? uint16_t(u >> 16)
+                                             : uint16_t(((u >> 16) & 0x8000u) |
+                                                        ((((u >> 23) & 0xFFu) - 112u) << 10) |
+                                                        ((u >> 13) & 0x3FFu)));
+                }
+            }
+            std::vector<int64_t> shape;
+            for (int i = 0; i < p.shape.rank(); ++i) shape.push_back(p.shape[i]);
+            tensors.push_back(SafetensorsWriteTensor{p.name.substr(std::string("transformer.").size()),
+                                                     dtype, shape, bits.data(), bits.size() * 2});
+        }
+        const std::string path = testing::TempDir() + "lathe_model_half.safetensors";
+        ASSERT_TRUE(safetensors_write_file(path, tensors, {}).ok());
+        Result<SafetensorsCheckpoint> ckpt = SafetensorsCheckpoint::open(path);
+        ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+        Model dst = make(c, 1, 4, 5);
+        const Status loaded = dst.load_hf(*ckpt);
+        ASSERT_TRUE(loaded.ok()) << loaded.to_string();
+        for (const HfParam& p : src.params().hf_params()) {
+            HostTensor a(DType::kF32, p.shape), b(DType::kF32, p.shape);
+            src.read_param_hf(p.name, a.view());
+            dst.read_param_hf(p.name, b.view());
+            EXPECT_EQ(0, std::memcmp(a.as<float>(), b.as<float>(), size_t(a.numel()) * 4))
+                << p.name << " from " << safetensors_dtype_name(dtype);
+        }
+        std::filesystem::remove(path);
     }
 }
 
