@@ -112,9 +112,12 @@ public:
     const std::optional<std::string>& bos_token() const;
     const std::optional<std::string>& eos_token() const;
 
-private:
     struct Impl;
+
+private:
     explicit ChatTemplate(std::unique_ptr<Impl> impl);
+    static Result<ChatTemplate> build(std::string_view config_json_text, const std::string& source_name,
+                                      const std::string& template_name, const std::string* config_path);
     std::unique_ptr<Impl> impl_;
 };
 
