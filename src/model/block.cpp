@@ -21,7 +21,9 @@ TensorViewT<K> flat_heads(const TensorViewT<K>& v) {
     return v.reshape(Shape{v.dim(0), v.dim(1), v.dim(2) * v.dim(3)});
 }
 
-float attention_scale(const ModelConfig& c) { return float(1.0 / std::sqrt(double(c.head_dim))); }
+float attention_scale(const ModelConfig& c) {
+    return float(1.0 / std::sqrt(double(c.head_dim)));
+}
 
 }  // namespace
 
@@ -34,10 +36,10 @@ void block_norm_forward(const ModelConfig& c, TensorView y, TensorView mean, Ten
         layernorm_forward(y, mean, rstd, x, weight, bias, float(c.norm_eps), ctx);
 }
 
-void block_norm_backward(const ModelConfig& c, TensorView dx, TensorView dweight,
-                         TensorView dbias, ConstTensorView dy, ConstTensorView x,
-                         ConstTensorView weight, ConstTensorView mean, ConstTensorView rstd,
-                         GradMode mode, const Context& ctx) {
+void block_norm_backward(const ModelConfig& c, TensorView dx, TensorView dweight, TensorView dbias,
+                         ConstTensorView dy, ConstTensorView x, ConstTensorView weight,
+                         ConstTensorView mean, ConstTensorView rstd, GradMode mode,
+                         const Context& ctx) {
     if (c.norm == NormKind::kRmsNorm)
         rmsnorm_backward(dx, dweight, dy, x, weight, rstd, mode, ctx);
     else
@@ -63,8 +65,7 @@ void block_forward(const ModelConfig& c, int layer, const BlockWeights& w, const
     ConstTensorView mlp_residual;  // what the MLP output is added to
     if (c.parallel_residual) {
         residual_forward(a.x_out, a.x_in, s.tmp, ctx);
-        block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, w.norm2_w, w.norm2_b,
-                           ctx);
+        block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, w.norm2_w, w.norm2_b, ctx);
         mlp_residual = a.x_out;
     } else {
         residual_forward(a.x_mid, a.x_in, s.tmp, ctx);
@@ -85,8 +86,8 @@ void block_backward(const ModelConfig& c, int layer, const BlockWeights& w, cons
                     const BlockActs& a, const BlockScratch& s, const BlockInputs& in,
                     TensorView dres, const Context& ctx) {
     // MLP branch: dres is d out, which the MLP output received unchanged.
-    linear_backward(s.dmlp_act, g.w_down, g.b_down, dres, a.mlp_act, w.w_down,
-                    GradMode::kOverwrite, ctx);
+    linear_backward(s.dmlp_act, g.w_down, g.b_down, dres, a.mlp_act, w.w_down, GradMode::kOverwrite,
+                    ctx);
     if (c.mlp == MlpKind::kSwiGlu)
         swiglu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, ctx);
     else
@@ -97,8 +98,8 @@ void block_backward(const ModelConfig& c, int layer, const BlockWeights& w, cons
     // what the attention output received. Parallel: dres stays d out (the attention output
     // received it too), and norm2's gradient joins at the end, once dres is no longer read.
     if (!c.parallel_residual)
-        block_norm_backward(c, dres, g.norm2_w, g.norm2_b, s.dnorm2, a.x_mid, w.norm2_w,
-                            a.ln2_mean, a.ln2_rstd, GradMode::kAccumulate, ctx);
+        block_norm_backward(c, dres, g.norm2_w, g.norm2_b, s.dnorm2, a.x_mid, w.norm2_w, a.ln2_mean,
+                            a.ln2_rstd, GradMode::kAccumulate, ctx);
 
     // Attention branch.
     linear_backward(flat_heads(s.datt), g.wo, g.bo, dres, flat_heads(a.att), w.wo,
@@ -111,15 +112,15 @@ void block_backward(const ModelConfig& c, int layer, const BlockWeights& w, cons
     }
     linear_backward(s.dnorm1, g.wq, g.bq, flat_heads(s.dq), a.ln1_out, w.wq, GradMode::kOverwrite,
                     ctx);
-    linear_backward(s.dnorm1, g.wk, g.bk, flat_heads(s.dk), a.ln1_out, w.wk,
-                    GradMode::kAccumulate, ctx);
-    linear_backward(s.dnorm1, g.wv, g.bv, flat_heads(s.dv), a.ln1_out, w.wv,
-                    GradMode::kAccumulate, ctx);
+    linear_backward(s.dnorm1, g.wk, g.bk, flat_heads(s.dk), a.ln1_out, w.wk, GradMode::kAccumulate,
+                    ctx);
+    linear_backward(s.dnorm1, g.wv, g.bv, flat_heads(s.dv), a.ln1_out, w.wv, GradMode::kAccumulate,
+                    ctx);
     block_norm_backward(c, dres, g.norm1_w, g.norm1_b, s.dnorm1, a.x_in, w.norm1_w, a.ln1_mean,
                         a.ln1_rstd, GradMode::kAccumulate, ctx);
     if (c.parallel_residual)
-        block_norm_backward(c, dres, g.norm2_w, g.norm2_b, s.dnorm2, a.x_in, w.norm2_w,
-                            a.ln2_mean, a.ln2_rstd, GradMode::kAccumulate, ctx);
+        block_norm_backward(c, dres, g.norm2_w, g.norm2_b, s.dnorm2, a.x_in, w.norm2_w, a.ln2_mean,
+                            a.ln2_rstd, GradMode::kAccumulate, ctx);
 }
 
 }  // namespace lathe

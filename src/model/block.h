@@ -52,34 +52,34 @@ struct BlockGrads {
 
 // Saved by block_forward for block_backward.
 struct BlockActs {
-    TensorView x_in;       // (B, T, C) the block input (the previous block's x_out)
-    TensorView x_out;      // (B, T, C) the block output (the next block's x_in)
-    TensorView ln1_out;    // (B, T, C)
-    TensorView ln1_mean;   // (B T) LayerNorm only
-    TensorView ln1_rstd;   // (B T)
-    TensorView q;          // (B, T, H, D) after RoPE
-    TensorView k;          // (B, T, Hkv, D) after RoPE
-    TensorView v;          // (B, T, Hkv, D)
-    TensorView att;        // (B, T, H, D) attention output
-    TensorView lse;        // (B, H, T) attention log-sum-exp
-    TensorView x_mid;      // (B, T, C) x + o, sequential residual only
-    TensorView ln2_out;    // (B, T, C)
-    TensorView ln2_mean;   // (B T) LayerNorm only
-    TensorView ln2_rstd;   // (B T)
-    TensorView mlp_in;     // (B, T, 2F) [gate | up] or (B, T, F): before the activation
-    TensorView mlp_act;    // (B, T, F) after it
+    TensorView x_in;      // (B, T, C) the block input (the previous block's x_out)
+    TensorView x_out;     // (B, T, C) the block output (the next block's x_in)
+    TensorView ln1_out;   // (B, T, C)
+    TensorView ln1_mean;  // (B T) LayerNorm only
+    TensorView ln1_rstd;  // (B T)
+    TensorView q;         // (B, T, H, D) after RoPE
+    TensorView k;         // (B, T, Hkv, D) after RoPE
+    TensorView v;         // (B, T, Hkv, D)
+    TensorView att;       // (B, T, H, D) attention output
+    TensorView lse;       // (B, H, T) attention log-sum-exp
+    TensorView x_mid;     // (B, T, C) x + o, sequential residual only
+    TensorView ln2_out;   // (B, T, C)
+    TensorView ln2_mean;  // (B T) LayerNorm only
+    TensorView ln2_rstd;  // (B T)
+    TensorView mlp_in;    // (B, T, 2F) [gate | up] or (B, T, F): before the activation
+    TensorView mlp_act;   // (B, T, F) after it
 };
 
 // Overwritten by every block; one set per model.
 struct BlockScratch {
-    TensorView tmp;        // (B, T, C) o and the MLP output before their residual adds
-    TensorView dnorm1;     // (B, T, C) gradient at norm1's output
-    TensorView dnorm2;     // (B, T, C) gradient at norm2's output
-    TensorView datt;       // (B, T, H, D)
-    TensorView dq;         // (B, T, H, D)
-    TensorView dk, dv;     // (B, T, Hkv, D)
-    TensorView dmlp_act;   // (B, T, F)
-    TensorView dmlp_in;    // (B, T, 2F) or (B, T, F)
+    TensorView tmp;       // (B, T, C) o and the MLP output before their residual adds
+    TensorView dnorm1;    // (B, T, C) gradient at norm1's output
+    TensorView dnorm2;    // (B, T, C) gradient at norm2's output
+    TensorView datt;      // (B, T, H, D)
+    TensorView dq;        // (B, T, H, D)
+    TensorView dk, dv;    // (B, T, Hkv, D)
+    TensorView dmlp_act;  // (B, T, F)
+    TensorView dmlp_in;   // (B, T, 2F) or (B, T, F)
 };
 
 // Per-batch inputs every block reads.

@@ -59,8 +59,8 @@ constexpr std::string_view kGpt2Ignored[] = {"attn.bias", "attn.masked_bias"};
 }  // namespace
 
 const ModelFamily& gpt2_family() {
-    static const ModelFamily family{"gpt2", "GPT2LMHeadModel", "transformer.", &gpt2_config,
-                                    &gpt2_params, kGpt2Ignored};
+    static const ModelFamily family{"gpt2",       "GPT2LMHeadModel", "transformer.",
+                                    &gpt2_config, &gpt2_params,      kGpt2Ignored};
     return family;
 }
 

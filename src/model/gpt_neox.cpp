@@ -64,8 +64,8 @@ constexpr std::string_view kGptNeoxIgnored[] = {"attention.bias", "attention.mas
 }  // namespace
 
 const ModelFamily& gpt_neox_family() {
-    static const ModelFamily family{"gpt_neox", "GPTNeoXForCausalLM", "gpt_neox.",
-                                    &gpt_neox_config, &gpt_neox_params, kGptNeoxIgnored};
+    static const ModelFamily family{"gpt_neox",       "GPTNeoXForCausalLM", "gpt_neox.",
+                                    &gpt_neox_config, &gpt_neox_params,     kGptNeoxIgnored};
     return family;
 }
 

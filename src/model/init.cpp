@@ -17,7 +17,9 @@ uint64_t splitmix64(uint64_t x) {
 }
 
 // A double in (0, 1]: 53 random bits, never 0 (log(0) would be -inf).
-double unit_open_closed(uint64_t bits) { return double((bits >> 11) + 1) * 0x1.0p-53; }
+double unit_open_closed(uint64_t bits) {
+    return double((bits >> 11) + 1) * 0x1.0p-53;
+}
 
 }  // namespace
 

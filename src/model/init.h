@@ -1,8 +1,9 @@
 #pragma once
 // Parameter initialization from a seed, GPT-NeoX style: matrices and embeddings normal(0, std)
 // with std = initializer_range (0.02 unless config.json says otherwise), the projections that
-// write into the residual stream (attention output, MLP down) normal(0, std / sqrt(2 L)) (GPT-NeoX's
-// scaled_normal output init, GPT-2's c_proj rule), norm weights 1, biases and norm biases 0.
+// write into the residual stream (attention output, MLP down) normal(0, std / sqrt(2 L))
+// (GPT-NeoX's scaled_normal output init, GPT-2's c_proj rule), norm weights 1, biases and norm
+// biases 0.
 //
 // The draws are counter-based: element i of the HF tensor called `name` gets the i-th standard
 // normal of a stream keyed by (seed, name), i counted in the tensor's arena layout. So a tensor's

@@ -12,9 +12,10 @@ namespace lathe {
 Result<ModelConfig> llama_like_config(const HfModelConfig& hf, std::string_view source) {
     ModelConfig c = model_config_from_hf_common(hf);
     if (hf.activation() != HfActivation::kSilu)
-        return unimplemented_error("{}: config.json key 'hidden_act' is '{}'; {} models in lathe "
-                                   "use 'silu' (SwiGLU)",
-                                   source, hf.hidden_act, c.model_type);
+        return unimplemented_error(
+            "{}: config.json key 'hidden_act' is '{}'; {} models in lathe "
+            "use 'silu' (SwiGLU)",
+            source, hf.hidden_act, c.model_type);
     c.mlp = MlpKind::kSwiGlu;
     LATHE_RETURN_IF_ERROR(model_config_validate(c, source));
     return c;
@@ -67,8 +68,9 @@ constexpr std::string_view kLlamaIgnored[] = {"rotary_emb.inv_freq"};
 }  // namespace
 
 const ModelFamily& llama_family() {
-    static const ModelFamily family{"llama", "LlamaForCausalLM", "model.", &llama_like_config,
-                                    &llama_like_params, kLlamaIgnored};
+    static const ModelFamily family{
+        "llama",      "LlamaForCausalLM", "model.", &llama_like_config, &llama_like_params,
+        kLlamaIgnored};
     return family;
 }
 

@@ -47,7 +47,8 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     plan.shape = shape;
     const int64_t N = B * T;
     int64_t Nc = shape.lm_head_chunk_rows;
-    if (Nc == 0) Nc = std::max<int64_t>(1, int64_t(kLmHeadChunkBytes / (size_t(V) * sizeof(float))));
+    if (Nc == 0)
+        Nc = std::max<int64_t>(1, int64_t(kLmHeadChunkBytes / (size_t(V) * sizeof(float))));
     plan.shape.lm_head_chunk_rows = Nc = std::min(Nc, N);
     plan.params = table.layout();
 
@@ -89,8 +90,10 @@ std::string MemoryPlan::table(std::string_view title) const {
     out += fmt::format("  batch {} x {} tokens, LM-head chunk {} rows\n", shape.batch,
                        shape.seq_len, shape.lm_head_chunk_rows);
     const std::pair<const char*, size_t> rows[] = {
-        {"parameters", parameter_bytes()},        {"gradients", gradient_bytes()},
-        {"optimizer state (AdamW m, v)", optimizer_bytes()}, {"activations", activation_bytes()},
+        {"parameters", parameter_bytes()},
+        {"gradients", gradient_bytes()},
+        {"optimizer state (AdamW m, v)", optimizer_bytes()},
+        {"activations", activation_bytes()},
         {"scratch", scratch_bytes()},
     };
     for (const auto& [name, bytes] : rows)

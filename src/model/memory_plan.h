@@ -44,24 +44,24 @@ inline constexpr size_t kLmHeadChunkBytes = size_t(64) << 20;
 struct MemoryPlan {
     static constexpr size_t kNoEntry = size_t(-1);
 
-    ModelShape shape;          // lm_head_chunk_rows resolved
-    ArenaLayout params;        // also the layout of the gradients and of each AdamW moment
+    ModelShape shape;    // lm_head_chunk_rows resolved
+    ArenaLayout params;  // also the layout of the gradients and of each AdamW moment
     ArenaLayout activations;
     ArenaLayout scratch;
 
     // Entry indices into `activations`, for the model's views.
     std::vector<std::vector<size_t>> block_acts;  // [layer][i], in block_acts_for_each order
-    size_t final_x = 0;        // (B, T, C) the last block's output
-    size_t final_norm_out = 0; // (B, T, C)
-    size_t final_norm_mean = kNoEntry;  // LayerNorm only
+    size_t final_x = 0;                           // (B, T, C) the last block's output
+    size_t final_norm_out = 0;                    // (B, T, C)
+    size_t final_norm_mean = kNoEntry;            // LayerNorm only
     size_t final_norm_rstd = 0;
-    size_t lm_lse = 0;         // (B T) per-row log-sum-exp of the logits
-    size_t loss = 0;           // (1)
+    size_t lm_lse = 0;  // (B T) per-row log-sum-exp of the logits
+    size_t loss = 0;    // (1)
     size_t tokens = 0, targets = 0, docs = 0, positions = 0;  // (B, T) i32 each
     // Entry indices into `scratch`.
-    std::vector<size_t> block_scratch;  // in block_scratch_for_each order
-    size_t dres = 0;           // (B, T, C) gradient of the residual stream
-    size_t lm_chunk = 0;       // (Nc, V)
+    std::vector<size_t> block_scratch;                // in block_scratch_for_each order
+    size_t dres = 0;                                  // (B, T, C) gradient of the residual stream
+    size_t lm_chunk = 0;                              // (Nc, V)
     size_t rope_cos = kNoEntry, rope_sin = kNoEntry;  // (T, R/2), RoPE families
 
     size_t parameter_bytes() const { return params.total_bytes(); }

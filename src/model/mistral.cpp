@@ -13,8 +13,8 @@ constexpr std::string_view kMistralIgnored[] = {"rotary_emb.inv_freq"};
 }  // namespace
 
 const ModelFamily& mistral_family() {
-    static const ModelFamily family{"mistral", "MistralForCausalLM", "model.", &llama_like_config,
-                                    &llama_like_params, kMistralIgnored};
+    static const ModelFamily family{"mistral",          "MistralForCausalLM", "model.",
+                                    &llama_like_config, &llama_like_params,   kMistralIgnored};
     return family;
 }
 

@@ -21,8 +21,8 @@ namespace {
 
 // Host <-> model memory copies: the one place a device backend adds its transfers.
 void copy_host_to_model(TensorView dst, ConstTensorView src, const Context& ctx) {
-    LATHE_CHECK(src.device() == Device::kCpu && dst.bytes() == src.bytes(),
-                "copy of {} into {}", src.to_string(), dst.to_string());
+    LATHE_CHECK(src.device() == Device::kCpu && dst.bytes() == src.bytes(), "copy of {} into {}",
+                src.to_string(), dst.to_string());
     LATHE_CHECK(ctx.backend == Backend::kCpu,
                 "host-to-device copies are not implemented for the {} backend yet",
                 backend_name(ctx.backend));
@@ -140,8 +140,8 @@ Status Model::load_hf(const SafetensorsCheckpoint& ckpt) {
     const ModelFamily& family = model_family_of(config_);
     const std::vector<std::string> shards = ckpt.shard_paths();
     const std::string where = !ckpt.index_path().empty() ? ckpt.index_path()
-                              : shards.empty()            ? std::string("checkpoint")
-                                                          : shards[0];
+                              : shards.empty()           ? std::string("checkpoint")
+                                                         : shards[0];
     std::unordered_set<std::string> used;
     for (const HfParam& p : table_.hf_params()) {
         std::string name = p.name;
@@ -150,13 +150,14 @@ Status Model::load_hf(const SafetensorsCheckpoint& ckpt) {
             name = name.substr(family.base_model_prefix.size());
         Result<const SafetensorsTensor*> found = ckpt.tensor(name);
         if (!found.ok())
-            return found.status().with_context(
-                fmt::format("loading {} weights ({} parameters)", config_.model_type,
-                            table_.hf_params().size()));
+            return found.status().with_context(fmt::format("loading {} weights ({} parameters)",
+                                                           config_.model_type,
+                                                           table_.hf_params().size()));
         const SafetensorsTensor& t = **found;
         used.insert(name);
         bool shape_ok = int(t.shape.size()) == p.shape.rank();
-        for (int i = 0; shape_ok && i < p.shape.rank(); ++i) shape_ok = t.shape[size_t(i)] == p.shape[i];
+        for (int i = 0; shape_ok && i < p.shape.rank(); ++i)
+            shape_ok = t.shape[size_t(i)] == p.shape[i];
         if (!shape_ok)
             return invalid_argument_error(
                 "{}: tensor {} has shape {}, but config.json gives {} for it; the checkpoint and "
@@ -184,9 +185,10 @@ Status Model::load_hf(const SafetensorsCheckpoint& ckpt) {
                 }
                 break;
             default:
-                return unimplemented_error("{}: tensor {} is {}; lathe loads F32, BF16 and F16 "
-                                           "weights",
-                                           where, name, safetensors_dtype_name(t.dtype));
+                return unimplemented_error(
+                    "{}: tensor {} is {}; lathe loads F32, BF16 and F16 "
+                    "weights",
+                    where, name, safetensors_dtype_name(t.dtype));
         }
         hf_param_import(p, params_.view(table_.entries()[p.entry].arena_index), hf.view());
     }
@@ -235,7 +237,9 @@ std::vector<AdamWSegment> Model::adamw_segments(double lr, double weight_decay) 
     return segments;
 }
 
-void Model::zero_grads() { grads_.zero(); }
+void Model::zero_grads() {
+    grads_.zero();
+}
 
 // ---- Model: views ----
 
@@ -260,8 +264,8 @@ void Model::fill_block_views(Views& v, const ModelArena& arena, int l) const {
     const int64_t C = config_.hidden_size;
     const int64_t q = config_.num_heads * config_.head_dim;
     const int64_t kv = config_.num_kv_heads * config_.head_dim;
-    const int64_t up = config_.mlp == MlpKind::kSwiGlu ? 2 * config_.intermediate_size
-                                                       : config_.intermediate_size;
+    const int64_t up =
+        config_.mlp == MlpKind::kSwiGlu ? 2 * config_.intermediate_size : config_.intermediate_size;
     v.norm1_w = entry_rows(arena, ParamRole::kNorm1Weight, l, 0, C);
     v.norm1_b = entry_rows(arena, ParamRole::kNorm1Bias, l, 0, C);
     v.wq = entry_rows(arena, ParamRole::kQkvWeight, l, 0, q);
@@ -309,11 +313,11 @@ BlockActs Model::block_acts(int l) const {
 BlockScratch Model::block_scratch() const {
     BlockScratch s;
     size_t i = 0;
-    block_scratch_for_each(config_, dims_.B, dims_.T,
-                           [&](const char*, TensorView BlockScratch::*member, DType,
-                               const Shape& shape) {
-                               s.*member = scratch_.view(plan_.block_scratch[i++], shape);
-                           });
+    block_scratch_for_each(
+        config_, dims_.B, dims_.T,
+        [&](const char*, TensorView BlockScratch::*member, DType, const Shape& shape) {
+            s.*member = scratch_.view(plan_.block_scratch[i++], shape);
+        });
     return s;
 }
 
@@ -389,14 +393,13 @@ void Model::run_forward_blocks() {
     const BlockInputs inputs = block_inputs();
     for (int l = 0; l < int(config_.num_layers); ++l)
         block_forward(config_, l, block_weights(l), block_acts(l), scratch, inputs, ctx_);
-    block_norm_forward(config_, act(plan_.final_norm_out, btc),
-                       plan_.final_norm_mean == MemoryPlan::kNoEntry
-                           ? TensorView()
-                           : act(plan_.final_norm_mean, Shape{N}),
-                       act(plan_.final_norm_rstd, Shape{N}), act(plan_.final_x, btc),
-                       entry_rows(params_, ParamRole::kFinalNormWeight, -1, 0, config_.hidden_size),
-                       entry_rows(params_, ParamRole::kFinalNormBias, -1, 0, config_.hidden_size),
-                       ctx_);
+    block_norm_forward(
+        config_, act(plan_.final_norm_out, btc),
+        plan_.final_norm_mean == MemoryPlan::kNoEntry ? TensorView()
+                                                      : act(plan_.final_norm_mean, Shape{N}),
+        act(plan_.final_norm_rstd, Shape{N}), act(plan_.final_x, btc),
+        entry_rows(params_, ParamRole::kFinalNormWeight, -1, 0, config_.hidden_size),
+        entry_rows(params_, ParamRole::kFinalNormBias, -1, 0, config_.hidden_size), ctx_);
 }
 
 void Model::run_backward_from_final(TensorView dfinal) {
@@ -404,14 +407,13 @@ void Model::run_backward_from_final(TensorView dfinal) {
     const Shape btc{dims_.B, dims_.T, config_.hidden_size};
     const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
     TensorView dres = scratch_.view(plan_.dres, btc);
-    block_norm_backward(config_, dres, entry_rows(grads_, ParamRole::kFinalNormWeight, -1, 0, C),
-                        entry_rows(grads_, ParamRole::kFinalNormBias, -1, 0, C), dfinal,
-                        act(plan_.final_x, btc),
-                        entry_rows(params_, ParamRole::kFinalNormWeight, -1, 0, C),
-                        plan_.final_norm_mean == MemoryPlan::kNoEntry
-                            ? TensorView()
-                            : act(plan_.final_norm_mean, Shape{N}),
-                        act(plan_.final_norm_rstd, Shape{N}), GradMode::kOverwrite, ctx_);
+    block_norm_backward(
+        config_, dres, entry_rows(grads_, ParamRole::kFinalNormWeight, -1, 0, C),
+        entry_rows(grads_, ParamRole::kFinalNormBias, -1, 0, C), dfinal, act(plan_.final_x, btc),
+        entry_rows(params_, ParamRole::kFinalNormWeight, -1, 0, C),
+        plan_.final_norm_mean == MemoryPlan::kNoEntry ? TensorView()
+                                                      : act(plan_.final_norm_mean, Shape{N}),
+        act(plan_.final_norm_rstd, Shape{N}), GradMode::kOverwrite, ctx_);
     const BlockScratch scratch = block_scratch();
     const BlockInputs inputs = block_inputs();
     for (int l = int(config_.num_layers) - 1; l >= 0; --l)
@@ -434,11 +436,10 @@ float Model::forward(const ModelBatch& batch) {
     run_forward_blocks();
     const int64_t N = dims_.B * dims_.T;
     TensorView loss = act(plan_.loss, Shape{1});
-    lm_head_cross_entropy_forward(
-        loss, TensorView(), act(plan_.lm_lse, Shape{N}),
-        act(plan_.final_norm_out, Shape{N, config_.hidden_size}),
-        act(plan_.targets, Shape{N}), params_.view(head_entry()),
-        scratch_.view(plan_.lm_chunk), ctx_);
+    lm_head_cross_entropy_forward(loss, TensorView(), act(plan_.lm_lse, Shape{N}),
+                                  act(plan_.final_norm_out, Shape{N, config_.hidden_size}),
+                                  act(plan_.targets, Shape{N}), params_.view(head_entry()),
+                                  scratch_.view(plan_.lm_chunk), ctx_);
     backward_ready_ = true;
     return read_scalar(loss, ctx_);
 }

@@ -164,7 +164,7 @@ private:
     MemoryPlan plan_;
     Context ctx_;
     ModelArena params_, grads_, acts_, scratch_;
-    Dims dims_;                 // of the batch in the activations
+    Dims dims_;  // of the batch in the activations
     bool has_docs_ = false, has_positions_ = false;
     bool backward_ready_ = false;  // a forward() with targets saved activations for backward()
 };

@@ -49,13 +49,16 @@ ModelConfig model_config_from_hf_common(const HfModelConfig& hf) {
 Result<GeluKind> model_config_plain_gelu(const HfModelConfig& hf, std::string_view key,
                                          std::string_view source) {
     switch (hf.activation()) {
-        case HfActivation::kGelu: return GeluKind::kErf;
-        case HfActivation::kGeluTanh: return GeluKind::kTanh;
+        case HfActivation::kGelu:
+            return GeluKind::kErf;
+        case HfActivation::kGeluTanh:
+            return GeluKind::kTanh;
         default:
-            return unimplemented_error("{}: config.json key '{}' is '{}'; lathe implements 'gelu' "
-                                       "(erf) and the tanh forms ('gelu_new', "
-                                       "'gelu_pytorch_tanh', 'gelu_fast') for {}",
-                                       source, key, hf.hidden_act, hf_arch_model_type(hf.arch));
+            return unimplemented_error(
+                "{}: config.json key '{}' is '{}'; lathe implements 'gelu' "
+                "(erf) and the tanh forms ('gelu_new', "
+                "'gelu_pytorch_tanh', 'gelu_fast') for {}",
+                source, key, hf.hidden_act, hf_arch_model_type(hf.arch));
     }
 }
 
@@ -136,7 +139,7 @@ std::string model_config_summary(const ModelConfig& c) {
                        c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
                        c.intermediate_size, c.vocab_size,
                        c.norm == NormKind::kRmsNorm ? "RMSNorm" : "LayerNorm",
-                       c.mlp == MlpKind::kSwiGlu ? "SwiGLU"
+                       c.mlp == MlpKind::kSwiGlu   ? "SwiGLU"
                        : c.gelu == GeluKind::kTanh ? "tanh-GELU"
                                                    : "GELU",
                        pos, extras);

@@ -21,27 +21,27 @@
 
 namespace lathe {
 
-enum class NormKind : uint8_t { kRmsNorm, kLayerNorm };       // LayerNorm carries a bias
-enum class MlpKind : uint8_t { kSwiGlu, kGelu };              // gate/up/down vs fc/proj
-enum class PositionKind : uint8_t { kRope, kLearned };        // RoPE in attention vs GPT-2's wpe
+enum class NormKind : uint8_t { kRmsNorm, kLayerNorm };  // LayerNorm carries a bias
+enum class MlpKind : uint8_t { kSwiGlu, kGelu };         // gate/up/down vs fc/proj
+enum class PositionKind : uint8_t { kRope, kLearned };   // RoPE in attention vs GPT-2's wpe
 
 struct ModelConfig {
-    std::string model_type;            // config.json "model_type": "llama", "gpt_neox", ...
-    int64_t vocab_size = 0;            // V
-    int64_t hidden_size = 0;           // C
-    int64_t num_layers = 0;            // L
-    int64_t num_heads = 0;             // H
-    int64_t num_kv_heads = 0;          // Hkv (H for plain multi-head attention)
-    int64_t head_dim = 0;              // D (H * D need not equal C: Llama's head_dim key)
-    int64_t intermediate_size = 0;     // F
+    std::string model_type;               // config.json "model_type": "llama", "gpt_neox", ...
+    int64_t vocab_size = 0;               // V
+    int64_t hidden_size = 0;              // C
+    int64_t num_layers = 0;               // L
+    int64_t num_heads = 0;                // H
+    int64_t num_kv_heads = 0;             // Hkv (H for plain multi-head attention)
+    int64_t head_dim = 0;                 // D (H * D need not equal C: Llama's head_dim key)
+    int64_t intermediate_size = 0;        // F
     int64_t max_position_embeddings = 0;  // the longest sequence the model allows
 
     NormKind norm = NormKind::kRmsNorm;
     double norm_eps = 1e-6;
     MlpKind mlp = MlpKind::kSwiGlu;
-    GeluKind gelu = GeluKind::kErf;    // kGelu only
+    GeluKind gelu = GeluKind::kErf;  // kGelu only
     PositionKind position = PositionKind::kRope;
-    RopeConfig rope;                   // kRope only
+    RopeConfig rope;  // kRope only
     // Per layer: the keys a query sees, itself included; 0 = unlimited (Mistral: every layer;
     // Qwen2 with use_sliding_window: the layers from max_window_layers up).
     std::vector<int64_t> sliding_windows;
@@ -52,7 +52,7 @@ struct ModelConfig {
     bool tie_word_embeddings = false;  // the LM head is the token embedding
     bool parallel_residual = false;    // x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX)
 
-    double initializer_range = 0.02;   // std of the normal init (model/init.h)
+    double initializer_range = 0.02;  // std of the normal init (model/init.h)
 
     // The config.json as parsed: written back with checkpoints (io/hf_config.h keeps the keys
     // lathe does not interpret), so HF -> lathe -> HF loses nothing.

@@ -10,9 +10,9 @@
 // script's docstring), running this test does not.
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -44,7 +44,9 @@ double rel_error(ConstTensorView a, ConstTensorView b) {
     return scale == 0.0 ? diff : diff / scale;
 }
 
-double rel_error(double a, double b) { return std::abs(a - b) / std::abs(b); }
+double rel_error(double a, double b) {
+    return std::abs(a - b) / std::abs(b);
+}
 
 struct Fixture {
     ModelConfig config;
@@ -190,8 +192,8 @@ TEST_P(ModelParity, TenAdamWStepsReproduceTorchLosses) {
         model.zero_grads();
         const float loss = model.forward_backward(batch);
         const double err = rel_error(loss, expected[step - 1]);
-        EXPECT_LT(err, kTolerance) << "step " << step << ": lathe " << loss << " torch "
-                                   << expected[step - 1];
+        EXPECT_LT(err, kTolerance)
+            << "step " << step << ": lathe " << loss << " torch " << expected[step - 1];
         worst = std::max(worst, err);
         adamw_update(model.params_flat(), flat(*m), flat(*v), model.grads_flat(), segments, hyper,
                      int64_t(step), cpu_context());
@@ -199,9 +201,10 @@ TEST_P(ModelParity, TenAdamWStepsReproduceTorchLosses) {
     const float final_loss = model.forward(batch);
     const double final_err = rel_error(final_loss, f.meta.at("final_loss").get<double>());
     EXPECT_LT(final_err, kTolerance);
-    std::printf("[parity] %-20s AdamW: worst step loss %.2e, after 10 updates %.2e "
-                "(loss %.6f -> %.6f)\n",
-                GetParam().c_str(), worst, final_err, expected.front(), double(final_loss));
+    std::printf(
+        "[parity] %-20s AdamW: worst step loss %.2e, after 10 updates %.2e "
+        "(loss %.6f -> %.6f)\n",
+        GetParam().c_str(), worst, final_err, expected.front(), double(final_loss));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelParity,

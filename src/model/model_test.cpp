@@ -3,6 +3,8 @@
 // checkpoints written and read back. Whole-model numerics against transformers are in
 // model_parity_test.cpp.
 
+#include "model/model.h"
+
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -14,7 +16,6 @@
 
 #include "io/safetensors.h"
 #include "model/init.h"
-#include "model/model.h"
 #include "model/registry.h"
 
 namespace lathe {
@@ -58,7 +59,8 @@ Model make(const ModelConfig& config, int64_t B, int64_t T, uint64_t seed = 7) {
 // Deterministic pseudo-random ids in [0, n).
 HostTensor ids(int64_t B, int64_t T, int64_t n, int salt) {
     HostTensor t(DType::kI32, Shape{B, T});
-    for (int64_t i = 0; i < B * T; ++i) t.as<int32_t>()[i] = int32_t((i * 7919 + salt * 104729) % n);
+    for (int64_t i = 0; i < B * T; ++i)
+        t.as<int32_t>()[i] = int32_t((i * 7919 + salt * 104729) % n);
     return t;
 }
 
@@ -144,7 +146,8 @@ TEST(ParamTable, GptNeoxQkvIsDeinterleavedAtTheBoundaryAndBack) {
     hf_param_import(p, entry.view(), hf.view());
     const int64_t C = 24, D = 8, H = 3;
     // Head 2's key row d=5 sits at HF row 2*3D + D + 5 and at arena row H*D + 2*D + 5.
-    EXPECT_EQ(entry.as<float>()[(H * D + 2 * D + 5) * C + 1], hf.as<float>()[(2 * 3 * D + D + 5) * C + 1]);
+    EXPECT_EQ(entry.as<float>()[(H * D + 2 * D + 5) * C + 1],
+              hf.as<float>()[(2 * 3 * D + D + 5) * C + 1]);
     hf_param_export(p, entry.view(), back.view());
     for (int64_t i = 0; i < hf.numel(); ++i) ASSERT_EQ(back.as<float>()[i], hf.as<float>()[i]);
 
@@ -152,15 +155,16 @@ TEST(ParamTable, GptNeoxQkvIsDeinterleavedAtTheBoundaryAndBack) {
     HostTensor hb(DType::kF32, bias.shape), eb(DType::kF32, bias.shape);
     for (int64_t i = 0; i < hb.numel(); ++i) hb.as<float>()[i] = float(i);
     hf_param_import(bias, eb.view(), hb.view());
-    EXPECT_EQ(eb.as<float>()[2 * H * D + 1 * D + 3], hb.as<float>()[1 * 3 * D + 2 * D + 3]);  // v, head 1
+    EXPECT_EQ(eb.as<float>()[2 * H * D + 1 * D + 3],
+              hb.as<float>()[1 * 3 * D + 2 * D + 3]);  // v, head 1
 }
 
 TEST(ParamTable, Gpt2Conv1DWeightsAreTransposedAtTheBoundary) {
     const ModelConfig c = parse(kGpt2Json);
     const ParamTable t = model_param_table(c);
     const HfParam& p = *t.find_hf("transformer.h.0.mlp.c_fc.weight");
-    EXPECT_EQ(p.shape, (Shape{16, 64}));                         // HF Conv1D: [in, out]
-    EXPECT_EQ(t.entries()[p.entry].shape, (Shape{64, 16}));      // arena: [out, in]
+    EXPECT_EQ(p.shape, (Shape{16, 64}));                     // HF Conv1D: [in, out]
+    EXPECT_EQ(t.entries()[p.entry].shape, (Shape{64, 16}));  // arena: [out, in]
     HostTensor hf(DType::kF32, p.shape), entry(DType::kF32, Shape{64, 16});
     for (int64_t i = 0; i < hf.numel(); ++i) hf.as<float>()[i] = float(i);
     hf_param_import(p, entry.view(), hf.view());
@@ -196,7 +200,7 @@ TEST(ModelInit, SeededNormalWithScaledOutputProjectionsOnesAndZeros) {
     EXPECT_NEAR(m_embed, 0.0, 0.003);
     EXPECT_NEAR(s_embed, 0.02, 0.002);
     const auto [m_out, s_out] = stats("gpt_neox.layers.0.mlp.dense_4h_to_h.weight");  // 960 draws
-    EXPECT_NEAR(s_out, 0.02 / std::sqrt(2.0), 0.002);  // L = 1
+    EXPECT_NEAR(s_out, 0.02 / std::sqrt(2.0), 0.002);                                 // L = 1
     EXPECT_EQ(stats("gpt_neox.layers.0.input_layernorm.weight"), (std::pair{1.0, 0.0}));
     EXPECT_EQ(stats("gpt_neox.layers.0.attention.dense.bias"), (std::pair{0.0, 0.0}));
     // A tensor's draws depend on its name, not on its place: the first normal of the stream.
@@ -214,16 +218,16 @@ TEST(MemoryPlan, CategoriesAddUpAndTheTablePrintsThem) {
     EXPECT_EQ(plan->parameter_bytes(), t.layout().total_bytes());
     EXPECT_GE(plan->parameter_bytes(), size_t(model_config_num_parameters(c)) * 4);
     EXPECT_EQ(plan->optimizer_bytes(), 2 * plan->parameter_bytes());
-    EXPECT_EQ(plan->total_bytes(), plan->parameter_bytes() * 4 + plan->activation_bytes() +
-                                       plan->scratch_bytes());
+    EXPECT_EQ(plan->total_bytes(),
+              plan->parameter_bytes() * 4 + plan->activation_bytes() + plan->scratch_bytes());
     EXPECT_EQ(plan->shape.lm_head_chunk_rows, 32);  // B*T rows fit the default budget
     // Per layer: x, ln1_out, q (32 wide), k, v (16), att, x_mid, ln2_out, mlp_in (96), mlp_act
     // (48) per token, rstd x2 per token, lse per head per token.
     const size_t per_token = (32 + 32 + 32 + 16 + 16 + 32 + 32 + 32 + 96 + 48 + 2 + 4) * 4;
     EXPECT_GE(plan->activation_bytes(), 2 * 32 * per_token);
     const std::string table = plan->table(model_config_summary(c));
-    for (const char* row : {"parameters", "gradients", "optimizer state", "activations",
-                            "scratch", "total"})
+    for (const char* row :
+         {"parameters", "gradients", "optimizer state", "activations", "scratch", "total"})
         EXPECT_NE(table.find(row), std::string::npos) << table;
     EXPECT_NE(table.find(std::to_string(plan->total_bytes())), std::string::npos) << table;
 }
@@ -353,7 +357,8 @@ TEST(Model, LoadsHalfPrecisionAndPrefixlessCheckpoints) {
     Model src = make(c, 1, 4);
     // Values every format holds exactly: multiples of 1/8 in [-2, 2).
     const TensorView flat = src.params_flat();
-    for (int64_t i = 0; i < flat.numel(); ++i) flat.as<float>()[i] = float((i * 37) % 32 - 16) / 8.0f;
+    for (int64_t i = 0; i < flat.numel(); ++i)
+        flat.as<float>()[i] = float((i * 37) % 32 - 16) / 8.0f;
     for (const SafetensorsDtype dtype : {SafetensorsDtype::kF16, SafetensorsDtype::kBF16}) {
         std::vector<std::vector<uint16_t>> data;
         std::vector<SafetensorsWriteTensor> tensors;
@@ -375,8 +380,9 @@ TEST(Model, LoadsHalfPrecisionAndPrefixlessCheckpoints) {
             }
             std::vector<int64_t> shape;
             for (int i = 0; i < p.shape.rank(); ++i) shape.push_back(p.shape[i]);
-            tensors.push_back(SafetensorsWriteTensor{p.name.substr(std::string("transformer.").size()),
-                                                     dtype, shape, bits.data(), bits.size() * 2});
+            tensors.push_back(
+                SafetensorsWriteTensor{p.name.substr(std::string("transformer.").size()), dtype,
+                                       shape, bits.data(), bits.size() * 2});
         }
         const std::string path = testing::TempDir() + "lathe_model_half.safetensors";
         ASSERT_TRUE(safetensors_write_file(path, tensors, {}).ok());

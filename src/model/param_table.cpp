@@ -38,23 +38,40 @@ int64_t qkv_arena_row(int64_t r, int64_t H, int64_t D) {
 
 std::string_view param_role_name(ParamRole role) {
     switch (role) {
-        case ParamRole::kTokenEmbedding: return "token_embedding";
-        case ParamRole::kPositionEmbedding: return "position_embedding";
-        case ParamRole::kFinalNormWeight: return "final_norm_weight";
-        case ParamRole::kFinalNormBias: return "final_norm_bias";
-        case ParamRole::kLmHead: return "lm_head";
-        case ParamRole::kNorm1Weight: return "norm1_weight";
-        case ParamRole::kNorm1Bias: return "norm1_bias";
-        case ParamRole::kQkvWeight: return "qkv_weight";
-        case ParamRole::kQkvBias: return "qkv_bias";
-        case ParamRole::kOutWeight: return "out_weight";
-        case ParamRole::kOutBias: return "out_bias";
-        case ParamRole::kNorm2Weight: return "norm2_weight";
-        case ParamRole::kNorm2Bias: return "norm2_bias";
-        case ParamRole::kUpWeight: return "up_weight";
-        case ParamRole::kUpBias: return "up_bias";
-        case ParamRole::kDownWeight: return "down_weight";
-        case ParamRole::kDownBias: return "down_bias";
+        case ParamRole::kTokenEmbedding:
+            return "token_embedding";
+        case ParamRole::kPositionEmbedding:
+            return "position_embedding";
+        case ParamRole::kFinalNormWeight:
+            return "final_norm_weight";
+        case ParamRole::kFinalNormBias:
+            return "final_norm_bias";
+        case ParamRole::kLmHead:
+            return "lm_head";
+        case ParamRole::kNorm1Weight:
+            return "norm1_weight";
+        case ParamRole::kNorm1Bias:
+            return "norm1_bias";
+        case ParamRole::kQkvWeight:
+            return "qkv_weight";
+        case ParamRole::kQkvBias:
+            return "qkv_bias";
+        case ParamRole::kOutWeight:
+            return "out_weight";
+        case ParamRole::kOutBias:
+            return "out_bias";
+        case ParamRole::kNorm2Weight:
+            return "norm2_weight";
+        case ParamRole::kNorm2Bias:
+            return "norm2_bias";
+        case ParamRole::kUpWeight:
+            return "up_weight";
+        case ParamRole::kUpBias:
+            return "up_bias";
+        case ParamRole::kDownWeight:
+            return "down_weight";
+        case ParamRole::kDownBias:
+            return "down_bias";
     }
     return "?";
 }
@@ -67,8 +84,10 @@ bool param_role_decays(ParamRole role) {
         case ParamRole::kQkvWeight:
         case ParamRole::kOutWeight:
         case ParamRole::kUpWeight:
-        case ParamRole::kDownWeight: return true;
-        default: return false;  // norms and biases
+        case ParamRole::kDownWeight:
+            return true;
+        default:
+            return false;  // norms and biases
     }
 }
 
@@ -138,7 +157,9 @@ void ParamTableBuilder::add_stacked(ParamRole role, int layer, std::string entry
     }
 }
 
-ParamTable ParamTableBuilder::finish() && { return std::move(table_); }
+ParamTable ParamTableBuilder::finish() && {
+    return std::move(table_);
+}
 
 void hf_param_import(const HfParam& p, TensorView entry, ConstTensorView hf) {
     LATHE_CHECK(hf.shape() == p.shape && hf.dtype() == DType::kF32 && entry.dtype() == DType::kF32,
@@ -149,7 +170,9 @@ void hf_param_import(const HfParam& p, TensorView entry, ConstTensorView hf) {
     const float* src = hf.as<float>();
     const auto [rows, cols] = rows_cols(p.shape);
     switch (p.layout) {
-        case HfLayout::kSame: std::memcpy(dst, src, size_t(hf.numel()) * sizeof(float)); return;
+        case HfLayout::kSame:
+            std::memcpy(dst, src, size_t(hf.numel()) * sizeof(float));
+            return;
         case HfLayout::kTransposed:  // hf (I, O) -> arena (O, I)
             for (int64_t i = 0; i < rows; ++i)
                 for (int64_t o = 0; o < cols; ++o) dst[o * rows + i] = src[i * cols + o];
@@ -173,7 +196,9 @@ void hf_param_export(const HfParam& p, ConstTensorView entry, TensorView hf) {
     float* dst = hf.as<float>();
     const auto [rows, cols] = rows_cols(p.shape);
     switch (p.layout) {
-        case HfLayout::kSame: std::memcpy(dst, src, size_t(hf.numel()) * sizeof(float)); return;
+        case HfLayout::kSame:
+            std::memcpy(dst, src, size_t(hf.numel()) * sizeof(float));
+            return;
         case HfLayout::kTransposed:
             for (int64_t i = 0; i < rows; ++i)
                 for (int64_t o = 0; o < cols; ++o) dst[i * cols + o] = src[o * rows + i];

@@ -35,16 +35,16 @@ enum class ParamRole : uint8_t {
     kLmHead,             // (V, C); absent when tied
     kNorm1Weight,        // (C) before attention
     kNorm1Bias,
-    kQkvWeight,          // ((H + 2 Hkv) D, C): rows [q; k; v]
-    kQkvBias,            // ((H + 2 Hkv) D)
-    kOutWeight,          // (C, H D)
-    kOutBias,            // (C)
-    kNorm2Weight,        // (C) before the MLP
+    kQkvWeight,    // ((H + 2 Hkv) D, C): rows [q; k; v]
+    kQkvBias,      // ((H + 2 Hkv) D)
+    kOutWeight,    // (C, H D)
+    kOutBias,      // (C)
+    kNorm2Weight,  // (C) before the MLP
     kNorm2Bias,
-    kUpWeight,           // (2F, C) rows [gate; up] for SwiGLU, (F, C) for GELU
-    kUpBias,             // (2F) or (F)
-    kDownWeight,         // (C, F)
-    kDownBias,           // (C)
+    kUpWeight,    // (2F, C) rows [gate; up] for SwiGLU, (F, C) for GELU
+    kUpBias,      // (2F) or (F)
+    kDownWeight,  // (C, F)
+    kDownBias,    // (C)
 };
 inline constexpr int kParamRoleCount = 17;
 
@@ -69,18 +69,18 @@ enum class HfLayout : uint8_t {
 };
 
 struct ParamEntry {
-    std::string name;   // the HF name when it holds one HF tensor as is; else a lathe name
+    std::string name;  // the HF name when it holds one HF tensor as is; else a lathe name
     ParamRole role;
-    int layer = -1;     // -1 for tensors outside the blocks
-    Shape shape;        // arena layout
+    int layer = -1;          // -1 for tensors outside the blocks
+    Shape shape;             // arena layout
     size_t arena_index = 0;  // in ParamTable::layout()
     bool weight_decay = true;
 };
 
 struct HfParam {
-    std::string name;   // e.g. "model.layers.0.self_attn.k_proj.weight"
-    Shape shape;        // as stored in a checkpoint
-    size_t entry = 0;   // index into ParamTable::entries()
+    std::string name;       // e.g. "model.layers.0.self_attn.k_proj.weight"
+    Shape shape;            // as stored in a checkpoint
+    size_t entry = 0;       // index into ParamTable::entries()
     int64_t row_begin = 0;  // first row of the entry it occupies (arena layout)
     int64_t rows = 0;       // rows it occupies
     HfLayout layout = HfLayout::kSame;
@@ -91,7 +91,7 @@ struct HfParam {
 // One part of a stacked entry (add_stacked): an HF tensor stored as is.
 struct StackedPart {
     std::string name;
-    Shape shape;   // rows = shape[0]; the other dims must agree across the parts
+    Shape shape;  // rows = shape[0]; the other dims must agree across the parts
     InitKind init;
 };
 

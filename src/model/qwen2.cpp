@@ -15,8 +15,9 @@ constexpr std::string_view kQwen2Ignored[] = {"rotary_emb.inv_freq"};
 }  // namespace
 
 const ModelFamily& qwen2_family() {
-    static const ModelFamily family{"qwen2", "Qwen2ForCausalLM", "model.", &llama_like_config,
-                                    &llama_like_params, kQwen2Ignored};
+    static const ModelFamily family{
+        "qwen2",      "Qwen2ForCausalLM", "model.", &llama_like_config, &llama_like_params,
+        kQwen2Ignored};
     return family;
 }
 

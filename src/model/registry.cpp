@@ -23,12 +23,12 @@ Result<const ModelFamily*> model_family_find(std::string_view model_type) {
 }
 
 Result<ModelConfig> model_config_from_hf(const HfModelConfig& hf, std::string_view source) {
-    LATHE_ASSIGN_OR_RETURN(const ModelFamily* family, model_family_find(hf_arch_model_type(hf.arch)));
+    LATHE_ASSIGN_OR_RETURN(const ModelFamily* family,
+                           model_family_find(hf_arch_model_type(hf.arch)));
     return family->config_from_hf(hf, source);
 }
 
-Result<ModelConfig> model_config_from_hf_json(std::string_view json_text,
-                                              std::string_view source) {
+Result<ModelConfig> model_config_from_hf_json(std::string_view json_text, std::string_view source) {
     LATHE_ASSIGN_OR_RETURN(const HfModelConfig hf, hf_config_parse(json_text, std::string(source)));
     return model_config_from_hf(hf, source);
 }
