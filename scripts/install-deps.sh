@@ -12,7 +12,7 @@ DEB_PACKAGES=(
   dict-gcide dict-foldoc dict-freedict-deu-eng dict-freedict-fra-eng dict-freedict-jpn-eng
   dict-freedict-eng-rus dict-freedict-ara-eng dict-freedict-eng-hin dict-freedict-ell-eng
 )
-PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard)
+PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard transformers)
 
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do

@@ -20,5 +20,7 @@ void cli_add_tokenizer(CLI::App& parent, CommandAction& action);
 void cli_add_prepare(CLI::App& parent, CommandAction& action);
 void cli_add_data(CLI::App& parent, CommandAction& action);
 void cli_add_chat(CLI::App& parent, CommandAction& action);
+void cli_add_train(CLI::App& parent, CommandAction& action);
+void cli_add_eval(CLI::App& parent, CommandAction& action);
 
 }  // namespace lathe

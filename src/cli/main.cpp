@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
     lathe::cli_add_prepare(app, action);
     lathe::cli_add_data(app, action);
     lathe::cli_add_chat(app, action);
+    lathe::cli_add_train(app, action);
+    lathe::cli_add_eval(app, action);
 
     try {
         app.parse(argc, argv);

@@ -24,6 +24,10 @@ ConfigSchema train_config_schema() {
     s.add({"data.path", ConfigType::kStringList, "", "token-file prefix(es) from `lathe prepare`", true});
     s.add({"data.weights", ConfigType::kFloatList, "", "blend weight per data.path entry; default equal"});
     s.add({"data.label_path", ConfigType::kStringList, "", "label-file prefix(es) (SFT loss masks), one per data.path"});
+    s.add({"data.valid_path", ConfigType::kStringList, "", "validation prefix(es); with several data.path entries (a blend) GPT-NeoX needs explicit lists"});
+    s.add({"data.valid_label_path", ConfigType::kStringList, "", "label files for data.valid_path"});
+    s.add({"data.test_path", ConfigType::kStringList, "", "test prefix(es), as data.valid_path"});
+    s.add({"data.test_label_path", ConfigType::kStringList, "", "label files for data.test_path"});
     s.add({"data.split", ConfigType::kString, "969,30,1", "train,valid,test split of documents (GPT-NeoX)"});
     s.add({"data.seq_length", ConfigType::kInt, "1024", "tokens per sample (T)"});
     s.add({"data.tokenizer", ConfigType::kString, "", "tokenizer.json of the token files", true});

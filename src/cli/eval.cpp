@@ -1,0 +1,33 @@
+// `lathe eval`: model evaluation. `lathe eval loss`: see run/eval_loss.h.
+#include <cstdio>
+
+#include "cli/command.h"
+#include "run/eval_loss.h"
+
+namespace lathe {
+
+void cli_add_eval(CLI::App& parent, CommandAction& action) {
+    CLI::App* cmd = parent.add_subcommand("eval", "Evaluate a checkpoint");
+    cmd->require_subcommand(1);
+    auto req = std::make_shared<EvalLossRequest>();
+    CLI::App* loss = cmd->add_subcommand(
+        "loss",
+        "Mean loss over the first N non-overlapping windows of T+1 tokens of a token file read "
+        "as one stream; prints one JSON line {loss, perplexity, tokens, ...}");
+    loss->add_option("--checkpoint", req->checkpoint, "Checkpoint folder (config.json + safetensors)")->required();
+    loss->add_option("--data", req->data, "Token-file prefix (PREFIX.bin/.idx)")->required();
+    loss->add_option("--seq-len", req->seq_len, "T: predictions per window")->required();
+    loss->add_option("--batches", req->batches, "N: windows")->required();
+    loss->add_option("--micro-batch", req->micro_batch, "Windows per forward pass (memory only)")
+        ->capture_default_str();
+    loss->add_option("--threads", req->threads, "CPU threads (0 = all cores)")->capture_default_str();
+    loss->callback([req, &action] {
+        action = [req]() -> Status {
+            LATHE_ASSIGN_OR_RETURN(EvalLossResult r, eval_loss_run(*req));
+            std::printf("%s\n", eval_loss_json(*req, r).c_str());
+            return ok_status();
+        };
+    });
+}
+
+}  // namespace lathe

@@ -1,0 +1,70 @@
+#pragma once
+// `lathe train`'s configuration, checked and resolved before any work starts: every value in
+// range, the model built from an HF config.json or inline keys, the vocabulary sized from the
+// tokenizer, the sequence length within what the model allows, the data in GPT-NeoX's terms.
+// Every error names the config key (and, through io/config.h, the file and line it came from).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "data/blend.h"
+#include "io/config.h"
+#include "model/model_config.h"
+#include "ops/adamw.h"
+#include "run/lr_schedule.h"
+
+namespace lathe {
+
+enum class NonfinitePolicy { kSkip, kStop };
+enum class InitMode { kFinetune, kContinue };
+
+struct TrainSettings {
+    ModelConfig model;
+    std::string model_source;        // "model.config=...json", "checkpoint.init_from=...", "inline"
+
+    std::string tokenizer_path;
+    int64_t tokenizer_vocab = 0;     // the tokenizer's own size (ids < this)
+
+    GptNeoxDataArgs data;
+    bool per_document_attention = false;
+
+    int64_t seq_len = 0;             // T
+    int64_t micro_batch = 0;         // B
+    int64_t grad_accum = 1;          // K
+    int64_t steps = 0;
+    int64_t log_interval = 10;
+    int64_t eval_interval = 0;       // 0 = never
+    int64_t eval_iters = 0;
+    uint64_t seed = 0;
+    int threads = 0;                 // 0 = all cores
+
+    NonfinitePolicy nonfinite = NonfinitePolicy::kSkip;
+    int64_t max_skipped = 10;
+    double spike_factor = 0.0;
+    std::vector<std::string> freeze;  // glob patterns over parameter names
+
+    LrSchedule lr;
+    double weight_decay = 0.0;
+    AdamWHyper adam;
+    double grad_clip = 0.0;          // 0 = off
+
+    int64_t checkpoint_interval = 0;  // 0 = only at the end
+    int keep_last = 0;
+    std::string init_from;
+    InitMode init_mode = InitMode::kFinetune;
+
+    int64_t tokens_per_step() const { return micro_batch * grad_accum * seq_len; }
+};
+
+// GPT-NeoX's padded vocabulary: the smallest multiple of `divisible_by` >= vocab.
+int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by);
+
+// Resolves and checks `config` (built with train_config_schema()).
+Result<TrainSettings> train_settings_resolve(const Config& config);
+
+// True when `name` matches the glob `pattern` ('*' any run, '?' one character).
+bool glob_match(std::string_view pattern, std::string_view name);
+
+}  // namespace lathe

@@ -1,0 +1,539 @@
+#include "run/trainer.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "core/log.h"
+#include "core/progress.h"
+#include "data/gpt2_dataset.h"
+#include "data/indexed_dataset.h"
+#include "data/sampling.h"
+#include "io/file.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "model/registry.h"
+#include "ops/grad_norm.h"
+#include "run/checkpoint_dir.h"
+#include "run/metrics.h"
+#include "run/train_schema.h"
+#include "run/train_settings.h"
+
+namespace fs = std::filesystem;
+
+namespace lathe {
+namespace {
+
+// Set by the signal handler, read by the loop between steps. A signal handler can reach nothing
+// else, so this is the one process-wide variable of the trainer.
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void trainer_on_signal(int sig) { g_stop_signal.store(sig); }
+
+// Installs SIGTERM/SIGINT handlers for the life of a run and restores the old ones after.
+class StopSignals {
+public:
+    StopSignals() {
+        g_stop_signal.store(0);
+        struct sigaction sa{};
+        sa.sa_handler = trainer_on_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, &old_term_);
+        sigaction(SIGINT, &sa, &old_int_);
+    }
+    ~StopSignals() {
+        sigaction(SIGTERM, &old_term_, nullptr);
+        sigaction(SIGINT, &old_int_, nullptr);
+    }
+    int received() const { return g_stop_signal.load(); }
+
+private:
+    struct sigaction old_term_{}, old_int_{};
+};
+
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kTrainerStateFile = "trainer_state.json";
+
+// Running values of the loop that a checkpoint must carry for resume to be exact.
+struct LoopState {
+    int64_t step = 0;                 // optimizer steps done (skipped ones included)
+    int64_t adam_step = 0;            // AdamW updates applied (t of the bias correction)
+    int64_t skipped_total = 0;
+    int64_t skipped_in_a_row = 0;
+    double loss_mean = 0.0;           // running mean of accepted losses (spike detection)
+    int64_t loss_count = 0;
+    double interval_loss_sum = 0.0;   // since the last log line
+    int64_t interval_steps = 0;
+    int64_t eval_passes = 0;          // validation passes done (the valid iterator's position)
+};
+
+// Host buffers of one micro-batch.
+struct BatchBuffers {
+    std::vector<int32_t> tokens, targets, docs;
+    Sample sample;
+};
+
+Status fill_batch(const SampleSource& source, int64_t first_index, int64_t B, int64_t T,
+                  bool per_doc, BatchBuffers& buf) {
+    buf.tokens.resize(size_t(B * T));
+    buf.targets.resize(size_t(B * T));
+    buf.docs.resize(per_doc ? size_t(B * T) : 0);
+    for (int64_t b = 0; b < B; ++b) {
+        LATHE_RETURN_IF_ERROR(source.get(buf.sample, first_index + b));
+        const Sample& s = buf.sample;
+        LATHE_CHECK(int64_t(s.tokens.size()) == T + 1, "sample of {} tokens, expected {}", s.tokens.size(), T + 1);
+        for (int64_t t = 0; t < T; ++t) {
+            buf.tokens[size_t(b * T + t)] = s.tokens[size_t(t)];
+            int32_t target = s.tokens[size_t(t + 1)];
+            // GPT-NeoX with a label file: the label is the target; negative labels carry no loss.
+            if (!s.labels.empty()) target = s.labels[size_t(t + 1)] >= 0 ? s.labels[size_t(t + 1)] : -100;
+            buf.targets[size_t(b * T + t)] = target;
+        }
+        if (per_doc) {
+            int32_t ordinal = 0;
+            for (const DocumentSegment& seg : s.documents) {
+                for (int64_t t = seg.start; t < seg.start + seg.length && t < T; ++t) {
+                    buf.docs[size_t(b * T + t)] = ordinal;
+                }
+                ++ordinal;
+            }
+        }
+    }
+    return ok_status();
+}
+
+ModelBatch batch_views(BatchBuffers& buf, int64_t B, int64_t T) {
+    ModelBatch mb;
+    mb.tokens = ConstTensorView(buf.tokens.data(), DType::kI32, Shape{B, T});
+    mb.targets = ConstTensorView(buf.targets.data(), DType::kI32, Shape{B, T});
+    if (!buf.docs.empty()) mb.docs = ConstTensorView(buf.docs.data(), DType::kI32, Shape{B, T});
+    return mb;
+}
+
+size_t available_memory_bytes() {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
+}
+
+// Copies the tokenizer files that sit beside tokenizer.json into a checkpoint folder, so the
+// checkpoint is complete for transformers (tokenizer.json, tokenizer_config.json, ...).
+Status copy_tokenizer_files(const std::string& tokenizer_path, const std::string& dir) {
+    const fs::path src = tokenizer_path;
+    std::vector<std::pair<fs::path, std::string>> files = {{src, "tokenizer.json"}};
+    for (const char* extra : {"tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
+        const fs::path p = src.parent_path() / extra;
+        if (fs::exists(p)) files.push_back({p, extra});
+    }
+    // A tokenizer stored as NAME.json may have NAME.tokenizer_config.json beside it.
+    const fs::path named_cfg = src.parent_path() / (src.stem().string() + ".tokenizer_config.json");
+    if (fs::exists(named_cfg) && !fs::exists(src.parent_path() / "tokenizer_config.json")) {
+        files.push_back({named_cfg, "tokenizer_config.json"});
+    }
+    for (const auto& [from, name] : files) {
+        LATHE_ASSIGN_OR_RETURN(std::string bytes, file_read_all(from.string()));
+        LATHE_RETURN_IF_ERROR(file_write_atomic((fs::path(dir) / name).string(), bytes));
+    }
+    return ok_status();
+}
+
+class Trainer {
+public:
+    Trainer(const TrainRequest& request, Config config, TrainSettings settings)
+        : request_(request), config_(std::move(config)), s_(std::move(settings)) {}
+
+    Status run();
+
+private:
+    Status setup();
+    Status init_or_resume();
+    Status load_checkpoint(const std::string& dir, bool with_optimizer_and_state);
+    Status save_checkpoint();
+    Status train_step(float& loss_out, float& norm_out, bool& skipped);
+    Status evaluate(double& loss_out);
+    Status log_line(double elapsed_s, int64_t steps_this_session);
+    void zero_frozen_grads();
+    std::vector<AdamWSegment> segments(double lr) const;
+
+    const TrainRequest& request_;
+    Config config_;
+    TrainSettings s_;
+    Context ctx_ = cpu_context();
+    GptNeoxDatasets data_;
+    std::optional<Model> model_;
+    std::vector<float> m_, v_;
+    std::vector<char> frozen_;  // per parameter entry
+    std::optional<CheckpointDir> ckpt_;
+    MetricsLog metrics_;
+    LoopState st_;
+    BatchBuffers buf_;
+    float last_norm_ = 0.0f;
+};
+
+Status Trainer::setup() {
+    std::error_code ec;
+    fs::create_directories(request_.run_dir, ec);
+    if (ec) return io_error("{}: cannot create the run folder: {}", request_.run_dir, ec.message());
+#ifdef _OPENMP
+    if (s_.threads > 0) omp_set_num_threads(s_.threads);
+#endif
+    // Data (GPT-NeoX's index building; caches beside the token files).
+    auto data = gpt_neox_build_datasets(s_.data, [](const std::string& prefix) { return open_indexed_token_documents(prefix); });
+    if (!data.ok()) return data.status().with_context("data");
+    data_ = std::move(data).value();
+    if (data_.train() == nullptr) {
+        return invalid_argument_error("data.path: the training split has no documents (data.split '{}')",
+                                      s_.data.split);
+    }
+    if (s_.eval_interval > 0 && s_.eval_iters > 0 && data_.valid() == nullptr) {
+        log_warning("the validation split is empty (data.split '{}'); validation is off", s_.data.split);
+        s_.eval_interval = 0;
+    }
+    // Model and its memory plan, checked against the machine before anything is allocated.
+    ModelShape shape;
+    shape.batch = s_.micro_batch;
+    shape.seq_len = s_.seq_len;
+    const ParamTable table = model_param_table(s_.model);
+    auto plan = memory_plan_make(s_.model, table, shape);
+    if (!plan.ok()) return plan.status();
+    const size_t need = plan->total_bytes();
+    const size_t have = available_memory_bytes();
+    if (have > 0 && need > have) {
+        return invalid_argument_error("train.micro_batch_size {} x data.seq_length {} needs {} of memory, "
+                                      "the machine has {}; lower train.micro_batch_size (and raise "
+                                      "train.gradient_accumulation_steps to keep the batch)",
+                                      s_.micro_batch, s_.seq_len, format_bytes(need), format_bytes(have));
+    }
+    std::fputs(plan->table(model_config_summary(s_.model)).c_str(), stderr);
+    auto model = Model::create(s_.model, shape, ctx_);
+    if (!model.ok()) return model.status();
+    model_.emplace(std::move(model).value());
+    const size_t n = size_t(model_->params_flat().numel());
+    m_.assign(n, 0.0f);
+    v_.assign(n, 0.0f);
+
+    // Frozen parameter groups (train.freeze): an entry is frozen when its name, or every HF
+    // tensor stored in it, matches a pattern.
+    const ParamTable& params = model_->params();
+    frozen_.assign(params.entries().size(), 0);
+    for (const std::string& pattern : s_.freeze) {
+        bool matched_any = false;
+        for (size_t e = 0; e < params.entries().size(); ++e) {
+            int hf_total = 0, hf_matched = 0;
+            for (const HfParam& hp : params.hf_params()) {
+                if (hp.entry != e) continue;
+                ++hf_total;
+                hf_matched += glob_match(pattern, hp.name) ? 1 : 0;
+            }
+            const bool whole = glob_match(pattern, params.entries()[e].name) || (hf_total > 0 && hf_matched == hf_total);
+            if (!whole && hf_matched > 0) {
+                return invalid_argument_error("train.freeze: '{}' matches only some of the tensors stored together in "
+                                              "'{}' (e.g. q/k/v); freeze all of them or none",
+                                              pattern, params.entries()[e].name);
+            }
+            if (whole) {
+                frozen_[e] = 1;
+                matched_any = true;
+            }
+        }
+        if (!matched_any) {
+            return invalid_argument_error("train.freeze: '{}' matches no parameter (names are Hugging Face's, "
+                                          "e.g. '{}')", pattern, params.hf_params().front().name);
+        }
+    }
+    LATHE_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::open((fs::path(request_.run_dir) / "checkpoints").string()));
+    ckpt_.emplace(std::move(ckpt));
+    return file_write_atomic((fs::path(request_.run_dir) / "config.yaml").string(), config_.to_yaml());
+}
+
+std::vector<AdamWSegment> Trainer::segments(double lr) const {
+    std::vector<AdamWSegment> all = model_->adamw_segments(lr, s_.weight_decay);
+    LATHE_CHECK(all.size() == frozen_.size(), "{} AdamW segments for {} entries", all.size(), frozen_.size());
+    std::vector<AdamWSegment> out;
+    for (size_t i = 0; i < all.size(); ++i) {
+        if (!frozen_[i]) out.push_back(all[i]);
+    }
+    return out;
+}
+
+void Trainer::zero_frozen_grads() {
+    for (size_t e = 0; e < frozen_.size(); ++e) {
+        if (!frozen_[e]) continue;
+        TensorView g = model_->grad_entry(e);
+        std::memset(g.data(), 0, g.bytes());
+    }
+}
+
+Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_state) {
+    auto ck = SafetensorsCheckpoint::open(dir);
+    if (!ck.ok()) return ck.status().with_context(dir);
+    LATHE_RETURN_IF_ERROR(model_->load_hf(*ck));
+    if (!with_optimizer_and_state) return ok_status();
+    const std::string opt_path = (fs::path(dir) / kOptimizerFile).string();
+    auto opt = SafetensorsFile::open(opt_path);
+    if (!opt.ok()) return opt.status();
+    for (auto [name, dst] : {std::pair<const char*, std::vector<float>*>{"exp_avg", &m_}, {"exp_avg_sq", &v_}}) {
+        LATHE_ASSIGN_OR_RETURN(const SafetensorsTensor* t, opt->get(name));
+        if (t->dtype != SafetensorsDtype::kF32 || t->nbytes() != dst->size() * sizeof(float)) {
+            return data_loss_error("{}: tensor '{}' has {} bytes of {}, expected {} f32 values (the model's "
+                                   "parameter count); was it written for another model?",
+                                   opt_path, name, t->nbytes(), safetensors_dtype_name(t->dtype), dst->size());
+        }
+        std::memcpy(dst->data(), t->data, t->nbytes());
+    }
+    const std::string state_path = (fs::path(dir) / kTrainerStateFile).string();
+    LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(state_path));
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return data_loss_error("{}: not a JSON object", state_path);
+    try {
+        st_.step = j.at("step").get<int64_t>();
+        st_.adam_step = j.at("adam_step").get<int64_t>();
+        st_.skipped_total = j.at("skipped_steps").get<int64_t>();
+        st_.skipped_in_a_row = j.at("skipped_in_a_row").get<int64_t>();
+        st_.loss_mean = j.at("loss_mean").get<double>();
+        st_.loss_count = j.at("loss_count").get<int64_t>();
+        st_.interval_loss_sum = j.at("interval_loss_sum").get<double>();
+        st_.interval_steps = j.at("interval_steps").get<int64_t>();
+        st_.eval_passes = j.at("eval_passes").get<int64_t>();
+        if (j.contains("config") && j.at("config").get<std::string>() != config_.to_yaml()) {
+            log_warning("the configuration differs from the one {} was written with; continuing with the new one",
+                        dir);
+        }
+    } catch (const nlohmann::json::exception& e) {
+        return data_loss_error("{}: {}", state_path, e.what());
+    }
+    return ok_status();
+}
+
+Status Trainer::init_or_resume() {
+    LATHE_ASSIGN_OR_RETURN(std::optional<std::string> newest, ckpt_->newest());
+    if (newest) {
+        log_info("resuming from {}", *newest);
+        LATHE_RETURN_IF_ERROR(load_checkpoint(*newest, true));
+        LATHE_ASSIGN_OR_RETURN(metrics_, MetricsLog::open((fs::path(request_.run_dir) / "metrics.jsonl").string(), st_.step));
+        return ok_status();
+    }
+    if (!s_.init_from.empty()) {
+        const bool cont = s_.init_mode == InitMode::kContinue;
+        log_info("initialising from {} ({})", s_.init_from, cont ? "continue" : "finetune");
+        LATHE_RETURN_IF_ERROR(load_checkpoint(s_.init_from, cont));
+    } else {
+        log_info("initialising from seed {}", s_.seed);
+        model_->init(s_.seed);
+    }
+    LATHE_ASSIGN_OR_RETURN(metrics_, MetricsLog::open((fs::path(request_.run_dir) / "metrics.jsonl").string(), -1));
+    return ok_status();
+}
+
+Status Trainer::save_checkpoint() {
+    LATHE_ASSIGN_OR_RETURN(std::string dir, ckpt_->begin(st_.step));
+    LATHE_RETURN_IF_ERROR(model_->save_hf(dir));
+    LATHE_RETURN_IF_ERROR(copy_tokenizer_files(s_.tokenizer_path, dir));
+    const std::vector<SafetensorsWriteTensor> opt = {
+        safetensors_write_tensor("exp_avg", ConstTensorView(m_.data(), DType::kF32, Shape{int64_t(m_.size())})),
+        safetensors_write_tensor("exp_avg_sq", ConstTensorView(v_.data(), DType::kF32, Shape{int64_t(v_.size())})),
+    };
+    LATHE_RETURN_IF_ERROR(safetensors_write_file((fs::path(dir) / kOptimizerFile).string(), opt,
+                                                 {{"format", "lathe-adamw"}, {"layout", "parameter arena"}}));
+    nlohmann::json j;
+    j["step"] = st_.step;
+    j["adam_step"] = st_.adam_step;
+    j["skipped_steps"] = st_.skipped_total;
+    j["skipped_in_a_row"] = st_.skipped_in_a_row;
+    j["loss_mean"] = st_.loss_mean;
+    j["loss_count"] = st_.loss_count;
+    j["interval_loss_sum"] = st_.interval_loss_sum;
+    j["interval_steps"] = st_.interval_steps;
+    j["eval_passes"] = st_.eval_passes;
+    j["consumed_train_samples"] = st_.step * s_.micro_batch * s_.grad_accum;
+    j["tokens"] = st_.step * s_.tokens_per_step();
+    j["seed"] = s_.seed;
+    j["lathe_version"] = LATHE_VERSION_STRING;
+    j["config"] = config_.to_yaml();
+    LATHE_RETURN_IF_ERROR(file_write_atomic((fs::path(dir) / kTrainerStateFile).string(), j.dump(2) + "\n"));
+    LATHE_ASSIGN_OR_RETURN(std::string final_dir, ckpt_->commit(st_.step, s_.keep_last));
+    log_info("checkpoint {}", final_dir);
+    return ok_status();
+}
+
+Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
+    const int64_t B = s_.micro_batch, T = s_.seq_len, K = s_.grad_accum;
+    model_->zero_grads();
+    double loss_sum = 0.0;
+    for (int64_t k = 0; k < K; ++k) {
+        // GPT-NeoX's loader order (one data-parallel rank for now).
+        LATHE_ASSIGN_OR_RETURN(const int64_t first,
+                               gpt_neox_micro_batch_start(st_.step * K + k, B, 1, 0, data_.train()->size()));
+        LATHE_RETURN_IF_ERROR(fill_batch(*data_.train(), first, B, T, s_.per_document_attention, buf_));
+        loss_sum += model_->forward_backward(batch_views(buf_, B, T), 1.0f / float(K));
+    }
+    const float loss = float(loss_sum / double(K));
+    zero_frozen_grads();
+    float norm = 0.0f;
+    TensorView norm_view(&norm, DType::kF32, Shape{1});
+    const ConstTensorView grads[] = {model_->grads_flat()};
+    grad_norm_l2(norm_view, grads, ctx_);
+    loss_out = loss;
+    norm_out = norm;
+
+    const bool nonfinite = !std::isfinite(loss) || !std::isfinite(norm);
+    const bool spike = s_.spike_factor > 0.0 && st_.loss_count >= 10 && loss > s_.spike_factor * st_.loss_mean;
+    if (nonfinite || spike) {
+        const std::string what = nonfinite ? fmt::format("a non-finite {} (loss {}, grad norm {})",
+                                                         !std::isfinite(loss) ? "loss" : "gradient", loss, norm)
+                                           : fmt::format("a loss spike ({:.4f} > {} x running mean {:.4f})", loss,
+                                                         s_.spike_factor, st_.loss_mean);
+        if (s_.nonfinite == NonfinitePolicy::kStop) {
+            return failed_precondition_error("step {}: {}; stopping (train.nonfinite_policy: stop). The last "
+                                             "checkpoint is intact; lower optimizer.lr or set the policy to skip",
+                                             st_.step + 1, what);
+        }
+        ++st_.skipped_total;
+        ++st_.skipped_in_a_row;
+        log_warning("step {}: {}; step skipped ({} in a row, {} in all)", st_.step + 1, what, st_.skipped_in_a_row,
+                    st_.skipped_total);
+        if (s_.max_skipped > 0 && st_.skipped_in_a_row > s_.max_skipped) {
+            return failed_precondition_error("{} steps in a row were skipped (train.max_skipped_steps {}); the run "
+                                             "is diverging: lower optimizer.lr or check the data",
+                                             st_.skipped_in_a_row, s_.max_skipped);
+        }
+        skipped = true;
+        return ok_status();
+    }
+    skipped = false;
+    st_.skipped_in_a_row = 0;
+    if (s_.grad_clip > 0.0) {
+        const TensorView gs[] = {model_->grads_flat()};
+        grad_clip_by_norm(gs, norm_view, float(s_.grad_clip), ctx_);
+    }
+    const double lr = s_.lr.lr_at(st_.step);
+    const std::vector<AdamWSegment> segs = segments(lr);
+    ++st_.adam_step;
+    adamw_update(model_->params_flat(), TensorView(m_.data(), DType::kF32, Shape{int64_t(m_.size())}),
+                 TensorView(v_.data(), DType::kF32, Shape{int64_t(v_.size())}), model_->grads_flat(), segs, s_.adam,
+                 st_.adam_step, ctx_);
+    st_.loss_count += 1;
+    st_.loss_mean += (double(loss) - st_.loss_mean) / double(std::min<int64_t>(st_.loss_count, 100));
+    return ok_status();
+}
+
+Status Trainer::evaluate(double& loss_out) {
+    const int64_t B = s_.micro_batch, T = s_.seq_len;
+    double sum = 0.0;
+    for (int64_t i = 0; i < s_.eval_iters; ++i) {
+        // GPT-NeoX keeps one validation iterator across passes: pass p reads micro-batches
+        // p * eval_iters + i.
+        LATHE_ASSIGN_OR_RETURN(const int64_t first, gpt_neox_micro_batch_start(st_.eval_passes * s_.eval_iters + i,
+                                                                               B, 1, 0, data_.valid()->size()));
+        LATHE_RETURN_IF_ERROR(fill_batch(*data_.valid(), first, B, T, s_.per_document_attention, buf_));
+        sum += model_->forward(batch_views(buf_, B, T));
+    }
+    ++st_.eval_passes;
+    loss_out = sum / double(s_.eval_iters);
+    return ok_status();
+}
+
+Status Trainer::run() {
+    LATHE_RETURN_IF_ERROR(setup());
+    LATHE_RETURN_IF_ERROR(init_or_resume());
+    if (st_.step >= s_.steps) {
+        log_info("the run is complete ({} of {} steps); nothing to do", st_.step, s_.steps);
+        return ok_status();
+    }
+    StopSignals signals;
+    log_info("training {} -> step {}: {} tokens per step (B {} x T {} x accumulation {}), {} parameters, "
+             "{} threads", st_.step, s_.steps, s_.tokens_per_step(), s_.micro_batch, s_.seq_len, s_.grad_accum,
+             model_->params().num_elements(),
+#ifdef _OPENMP
+             omp_get_max_threads()
+#else
+             1
+#endif
+    );
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t first_step = st_.step;
+    while (st_.step < s_.steps) {
+        float loss = 0.0f, norm = 0.0f;
+        bool skipped = false;
+        LATHE_RETURN_IF_ERROR(train_step(loss, norm, skipped));
+        ++st_.step;
+        if (!skipped) {
+            st_.interval_loss_sum += loss;
+            st_.interval_steps += 1;
+            last_norm_ = norm;
+        }
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (st_.step % s_.log_interval == 0 || st_.step == s_.steps) {
+            LATHE_RETURN_IF_ERROR(log_line(elapsed, st_.step - first_step));
+        }
+        if (s_.eval_interval > 0 && s_.eval_iters > 0 && (st_.step % s_.eval_interval == 0 || st_.step == s_.steps)) {
+            double vloss = 0.0;
+            LATHE_RETURN_IF_ERROR(evaluate(vloss));
+            std::fprintf(stderr, "step %lld/%lld | validation loss %.4f | perplexity %.2f\n", (long long)st_.step,
+                         (long long)s_.steps, vloss, std::exp(vloss));
+            LATHE_RETURN_IF_ERROR(metrics_.write({{"step", st_.step},
+                                                  {"split", std::string("valid")},
+                                                  {"loss", vloss},
+                                                  {"perplexity", std::exp(vloss)},
+                                                  {"tokens", st_.step * s_.tokens_per_step()}}));
+        }
+        const int sig = signals.received();
+        const bool interval_save = s_.checkpoint_interval > 0 && st_.step % s_.checkpoint_interval == 0;
+        if (interval_save || st_.step == s_.steps || sig != 0) LATHE_RETURN_IF_ERROR(save_checkpoint());
+        if (sig != 0) {
+            log_info("stopped by {} after step {}; the same command resumes from here",
+                     sig == SIGTERM ? "SIGTERM" : "SIGINT", st_.step);
+            return ok_status();
+        }
+    }
+    log_info("done: {} steps, {} skipped; checkpoint {}", st_.step, st_.skipped_total,
+             (fs::path(ckpt_->root()) / CheckpointDir::step_name(st_.step)).string());
+    return ok_status();
+}
+
+Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
+    const double mean = st_.interval_steps > 0 ? st_.interval_loss_sum / double(st_.interval_steps) : NAN;
+    const double lr = s_.lr.lr_at(st_.step - 1);
+    const double tok_s = elapsed_s > 0 ? double(steps_this_session * s_.tokens_per_step()) / elapsed_s : 0.0;
+    const double eta = steps_this_session > 0 ? elapsed_s / double(steps_this_session) * double(s_.steps - st_.step) : 0.0;
+    std::fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | skipped %lld | ETA %s\n",
+                 (long long)st_.step, (long long)s_.steps, mean, lr, double(last_norm_),
+                 Progress::format_count(tok_s).c_str(), (long long)st_.skipped_total,
+                 Progress::format_duration(eta).c_str());
+    LATHE_RETURN_IF_ERROR(metrics_.write({{"step", st_.step},
+                                          {"split", std::string("train")},
+                                          {"loss", mean},
+                                          {"lr", lr},
+                                          {"grad_norm", double(last_norm_)},
+                                          {"tokens", st_.step * s_.tokens_per_step()},
+                                          {"skipped", st_.skipped_total},
+                                          {"tokens_per_s", tok_s}}));
+    st_.interval_loss_sum = 0.0;
+    st_.interval_steps = 0;
+    return ok_status();
+}
+
+}  // namespace
+
+Status train_run(const TrainRequest& request) {
+    if (request.run_dir.empty()) return invalid_argument_error("--run-dir is required");
+    const ConfigSchema schema = train_config_schema();  // outlives the Config that points to it
+    LATHE_ASSIGN_OR_RETURN(Config config, Config::load(schema, request.config_files, request.overrides));
+    LATHE_ASSIGN_OR_RETURN(TrainSettings settings, train_settings_resolve(config));
+    Trainer trainer(request, std::move(config), std::move(settings));
+    return trainer.run();
+}
+
+}  // namespace lathe

@@ -1,0 +1,36 @@
+#pragma once
+// `lathe train CONFIG.yaml... --run-dir DIR [--set key=value...]`: the training loop.
+//
+// The run folder DIR holds:
+//   config.yaml      the resolved configuration (every key, defaults included)
+//   metrics.jsonl    one object per logged step (run/metrics.h) and per validation pass
+//   checkpoints/     step folders (run/checkpoint_dir.h); each a Hugging Face checkpoint
+//                    (model.safetensors, config.json, tokenizer files) plus optimizer.safetensors
+//                    (AdamW moments, parameter layout) and trainer_state.json
+//
+// Started again with the same command, a run resumes from its newest complete checkpoint, and the
+// losses it logs are the same, bit for bit, as a run that was never stopped: the sample order is a
+// pure function of the step (GPT-NeoX's sequential sampler over a seeded shuffle), the model and
+// optimizer state are saved exactly (fp32), every op is deterministic, and the few running values
+// the loop keeps (skip counts, the loss mean for spike detection, the partial log interval) are
+// saved with the checkpoint.
+//
+// SIGTERM and SIGINT finish the current step, save a checkpoint, and return ok with a message.
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace lathe {
+
+struct TrainRequest {
+    std::vector<std::string> config_files;  // merged left to right
+    std::vector<std::string> overrides;     // "key=value"
+    std::string run_dir;
+};
+
+// Runs (or resumes) a training run. Bad configuration fails before any work, naming the key.
+Status train_run(const TrainRequest& request);
+
+}  // namespace lathe
