@@ -47,6 +47,12 @@ Result<EvalLossResult> eval_loss_run(const EvalLossRequest& r) {
 
     // The stream, read document by document, only as far as N (T + 1) tokens.
     const int64_t need = r.batches * (T + 1);
+    int64_t total_tokens = 0;
+    for (int32_t n : file.sizes()) total_tokens += n;
+    if (total_tokens < need) {
+        return invalid_argument_error("--data {}: {} tokens hold {} windows of {} + 1, fewer than --batches {}",
+                                      r.data, total_tokens, total_tokens / (T + 1), T, r.batches);
+    }
     std::vector<int32_t> stream(static_cast<size_t>(need));
     int64_t have = 0;
     const auto sizes = file.sizes();
