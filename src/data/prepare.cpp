@@ -1,0 +1,779 @@
+#include "data/prepare.h"
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/log.h"
+#include "core/progress.h"
+#include "core/strings.h"
+#include "data/jsonl.h"
+#include "io/file.h"
+#include "io/input.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lathe {
+
+const char* prepare_format_name(PrepareFormat format) {
+    switch (format) {
+        case PrepareFormat::kAuto: return "auto";
+        case PrepareFormat::kJsonl: return "jsonl";
+        case PrepareFormat::kText: return "text";
+        case PrepareFormat::kTextBlocks: return "text-blocks";
+        case PrepareFormat::kChat: return "chat";
+    }
+    return "?";
+}
+
+Result<PrepareFormat> prepare_format_from_name(std::string_view name) {
+    for (PrepareFormat f : {PrepareFormat::kAuto, PrepareFormat::kJsonl, PrepareFormat::kText,
+                            PrepareFormat::kTextBlocks, PrepareFormat::kChat}) {
+        if (name == prepare_format_name(f)) return f;
+    }
+    return invalid_argument_error(
+        "unknown input format '{}': expected auto, jsonl, text, text-blocks or chat", name);
+}
+
+std::optional<std::string> prepare_find_tokenizer_config(const std::string& tokenizer_path) {
+    const std::filesystem::path p(tokenizer_path);
+    const std::filesystem::path dir = p.parent_path();
+    std::string stem = p.filename().string();
+    if (ends_with(stem, ".json")) stem.resize(stem.size() - 5);
+    for (const std::filesystem::path& candidate :
+         {dir / (stem + ".tokenizer_config.json"), dir / "tokenizer_config.json"}) {
+        if (file_exists(candidate.string())) return candidate.string();
+    }
+    return std::nullopt;
+}
+
+namespace {
+
+// A token given in tokenizer_config.json as a string or as an AddedToken dict.
+std::optional<std::string> config_token(const nlohmann::json& config, const char* key) {
+    const auto it = config.find(key);
+    if (it == config.end()) return std::nullopt;
+    if (it->is_string()) return it->get<std::string>();
+    if (it->is_object()) {
+        const auto c = it->find("content");
+        if (c != it->end() && c->is_string()) return c->get<std::string>();
+    }
+    return std::nullopt;
+}
+
+}  // namespace
+
+Result<EodChoice> prepare_resolve_eod(const Tokenizer& tokenizer, const std::string& tokenizer_path,
+                                      const std::optional<std::string>& eod_token) {
+    if (eod_token.has_value()) {
+        const auto id = tokenizer.token_to_id(*eod_token);
+        if (!id.has_value()) {
+            return invalid_argument_error("--eod-token '{}' is not a token of {}",
+                                          escape_for_message(*eod_token), tokenizer_path);
+        }
+        return EodChoice{*id, *eod_token, "--eod-token"};
+    }
+    constexpr const char* kNeoxEod = "<|endoftext|>";
+    if (const auto id = tokenizer.token_to_id(kNeoxEod)) {
+        return EodChoice{*id, kNeoxEod, "the tokenizer's <|endoftext|>, as GPT-NeoX's HFTokenizer"};
+    }
+    const std::optional<std::string> config_path = prepare_find_tokenizer_config(tokenizer_path);
+    std::string why = "no tokenizer_config.json beside it";
+    if (config_path.has_value()) {
+        LATHE_ASSIGN_OR_RETURN(const std::string text, file_read_all(*config_path));
+        const nlohmann::json config = nlohmann::json::parse(text, nullptr, false);
+        if (config.is_discarded() || !config.is_object()) {
+            return invalid_argument_error("{}: not a JSON object (looking for eos_token)",
+                                          *config_path);
+        }
+        const std::optional<std::string> eos = config_token(config, "eos_token");
+        if (eos.has_value()) {
+            if (const auto id = tokenizer.token_to_id(*eos)) {
+                return EodChoice{*id, *eos, "eos_token of " + *config_path};
+            }
+            why = fmt::format("{}'s eos_token '{}' is not in its vocabulary", *config_path,
+                              escape_for_message(*eos));
+        } else {
+            why = *config_path + " has no eos_token";
+        }
+    }
+    return invalid_argument_error(
+        "--append-eod: {} has no <|endoftext|> token and {}; pass --eod-token TOKEN to choose the "
+        "end-of-document token",
+        tokenizer_path, why);
+}
+
+namespace {
+
+constexpr size_t kBatchMaxRecords = 8192;
+constexpr size_t kMaxSkipExamples = 10;
+constexpr size_t kMaxPeekLines = 1000;
+constexpr auto kWriterPoll = std::chrono::milliseconds(100);
+
+// How one input's records are read and turned into documents.
+enum class RecordKind { kJsonl, kText, kBlocks, kChat };
+
+// One input: a stream, its record reader, and lines looked at for format detection that are
+// still to be handed out as records.
+class Source {
+public:
+    static Result<std::unique_ptr<Source>> open(const std::string& path,
+                                                 const std::atomic<bool>* cancel,
+                                                 size_t max_record_bytes) {
+        LATHE_ASSIGN_OR_RETURN(InputStream in, InputStream::open(path, InputOptions{cancel}));
+        auto s = std::unique_ptr<Source>(new Source(std::move(in)));
+        s->max_record_bytes_ = max_record_bytes;
+        s->lines_ = std::make_unique<LineReader>(s->in_, max_record_bytes);
+        return s;
+    }
+
+    // The first non-blank line (leading blank lines are kept as records too), or nullopt when the
+    // input has none within kMaxPeekLines lines. Only before set_blocks() / next().
+    Result<std::optional<std::string>> peek_first_content_line() {
+        if (peeked_) return peek_result_;
+        std::string_view line;
+        while (pending_.size() < kMaxPeekLines) {
+            LATHE_ASSIGN_OR_RETURN(const bool more, lines_->next(line));
+            if (!more) break;
+            pending_.push_back({std::string(strip_cr(line)), lines_->line_number()});
+            if (!is_blank_line(line)) {
+                peek_result_ = pending_.back().first;
+                break;
+            }
+        }
+        peeked_ = true;
+        return peek_result_;
+    }
+
+    // Reads blank-line-separated blocks from now on (nothing may have been peeked).
+    void set_blocks() {
+        lines_.reset();
+        blocks_ = std::make_unique<TextRecordReader>(in_, TextRecordFormat::kBlocks,
+                                                     max_record_bytes_);
+    }
+
+    Result<bool> next(TextRecord& rec) {
+        if (blocks_) return blocks_->next(rec);
+        if (!pending_.empty()) {
+            current_ = std::move(pending_.front());
+            pending_.pop_front();
+            rec.text = current_.first;
+            rec.line = current_.second;
+            return true;
+        }
+        std::string_view line;
+        LATHE_ASSIGN_OR_RETURN(const bool more, lines_->next(line));
+        if (!more) return false;
+        rec.text = strip_cr(line);
+        rec.line = lines_->line_number();
+        return true;
+    }
+
+    InputStream& stream() { return in_; }
+
+private:
+    explicit Source(InputStream in) : in_(std::move(in)) {}
+    InputStream in_;
+    size_t max_record_bytes_ = 0;
+    std::unique_ptr<LineReader> lines_;
+    std::unique_ptr<TextRecordReader> blocks_;
+    std::deque<std::pair<std::string, uint64_t>> pending_;
+    std::pair<std::string, uint64_t> current_;
+    bool peeked_ = false;
+    std::optional<std::string> peek_result_;
+};
+
+struct RecordRef {
+    size_t offset = 0;
+    size_t size = 0;
+    uint64_t line = 0;
+};
+
+// Records of one input, read by the reader thread.
+struct RawBatch {
+    uint64_t seq = 0;
+    size_t input = 0;
+    RecordKind kind = RecordKind::kText;
+    std::string text;  // the records' bytes back to back
+    std::vector<RecordRef> records;
+    Status read_error;  // the input failed after these records: the run stops here
+};
+
+// A RawBatch tokenized by a worker.
+struct EncodedBatch {
+    uint64_t seq = 0;
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> labels;  // chat only
+    std::vector<uint64_t> doc_sizes;
+    std::vector<std::string> errors;  // "file:line: problem", in record order
+    Status read_error;
+};
+
+// Bounds the batches alive at once: the reader takes a credit per batch, the writer returns it.
+class Credits {
+public:
+    explicit Credits(size_t n) : available_(n) {}
+    // False when stopped.
+    bool acquire() {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return available_ > 0 || stopped_; });
+        if (stopped_) return false;
+        --available_;
+        return true;
+    }
+    void release() {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            ++available_;
+        }
+        cv_.notify_one();
+    }
+    void stop() {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stopped_ = true;
+        }
+        cv_.notify_all();
+    }
+
+private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    size_t available_;
+    bool stopped_ = false;
+};
+
+// Everything the threads share.
+struct Shared {
+    const PrepareOptions& options;
+    const Tokenizer& tokenizer;
+    const ChatTemplate* chat = nullptr;
+    std::optional<int32_t> eod_id;
+    std::string json_key;
+    bool run_is_chat = false;
+    std::vector<std::string> display_names;  // per input, for messages
+
+    std::atomic<bool> stop{false};
+    Credits credits;
+    Progress* progress = nullptr;
+
+    std::mutex work_mutex;
+    std::condition_variable work_cv;
+    std::deque<RawBatch> work;
+    bool work_closed = false;
+
+    std::mutex done_mutex;
+    std::condition_variable done_cv;
+    std::map<uint64_t, EncodedBatch> done;
+    bool reader_finished = false;
+    uint64_t total_batches = 0;
+
+    std::atomic<uint64_t> input_bytes{0};
+    std::atomic<uint64_t> raw_bytes{0};
+
+    Shared(const PrepareOptions& o, const Tokenizer& t, size_t credits_n)
+        : options(o), tokenizer(t), credits(credits_n) {}
+
+    void push_work(RawBatch&& b) {
+        {
+            std::lock_guard<std::mutex> lock(work_mutex);
+            work.push_back(std::move(b));
+        }
+        work_cv.notify_one();
+    }
+    bool pop_work(RawBatch& b) {
+        std::unique_lock<std::mutex> lock(work_mutex);
+        work_cv.wait(lock, [&] { return !work.empty() || work_closed || stop.load(); });
+        if (stop.load() || work.empty()) return false;
+        b = std::move(work.front());
+        work.pop_front();
+        return true;
+    }
+    void close_work() {
+        {
+            std::lock_guard<std::mutex> lock(work_mutex);
+            work_closed = true;
+        }
+        work_cv.notify_all();
+    }
+    void push_done(EncodedBatch&& e) {
+        {
+            std::lock_guard<std::mutex> lock(done_mutex);
+            done.emplace(e.seq, std::move(e));
+        }
+        done_cv.notify_all();
+    }
+    void finish_reading(uint64_t batches) {
+        {
+            std::lock_guard<std::mutex> lock(done_mutex);
+            reader_finished = true;
+            total_batches = batches;
+        }
+        done_cv.notify_all();
+        close_work();
+    }
+    void stop_all() {
+        stop = true;
+        credits.stop();
+        work_cv.notify_all();
+        done_cv.notify_all();
+    }
+};
+
+// "an object", "a string", ... for a parsed JSON value.
+std::string json_kind(const nlohmann::ordered_json& v) {
+    if (v.is_null()) return "null";
+    const std::string name = v.type_name();
+    const bool vowel = name[0] == 'a' || name[0] == 'o';
+    return (vowel ? "an " : "a ") + name;
+}
+
+bool starts_like_json_object(std::string_view line) {
+    for (char c : line) {
+        if (c == ' ' || c == '\t' || c == '\r') continue;
+        return c == '{';
+    }
+    return false;
+}
+
+// Decides how input `index` is read. Fails for an input that looks like chat data in a plain run.
+Result<RecordKind> resolve_kind(Shared& sh, size_t index, Source& source) {
+    switch (sh.options.format) {
+        case PrepareFormat::kJsonl: return RecordKind::kJsonl;
+        case PrepareFormat::kText: return RecordKind::kText;
+        case PrepareFormat::kTextBlocks: source.set_blocks(); return RecordKind::kBlocks;
+        case PrepareFormat::kChat: return RecordKind::kChat;
+        case PrepareFormat::kAuto: break;
+    }
+    LATHE_ASSIGN_OR_RETURN(const std::optional<std::string> first,
+                           source.peek_first_content_line());
+    if (!first.has_value() || !starts_like_json_object(*first)) {
+        if (sh.run_is_chat) {
+            return invalid_argument_error(
+                "{}: does not look like JSONL (its first line does not start with '{{'), but the "
+                "run holds chat data (decided by the first input)",
+                sh.display_names[index]);
+        }
+        return RecordKind::kText;
+    }
+    if (sh.run_is_chat) return RecordKind::kChat;
+    JsonlFieldReader probe(sh.json_key);
+    if (!sh.options.json_key.has_value() && !probe.has_field(*first, sh.json_key) &&
+        probe.has_field(*first, "messages")) {
+        return invalid_argument_error(
+            "{}: looks like chat data (a \"messages\" field, no \"{}\"), but the first input "
+            "made this a plain-text run; prepare chat and plain inputs separately, or pass "
+            "--format chat",
+            sh.display_names[index], sh.json_key);
+    }
+    return RecordKind::kJsonl;
+}
+
+// The reader thread: inputs -> batches, in order, each holding a credit.
+void reader_main(Shared& sh, std::unique_ptr<Source> first) {
+    uint64_t seq = 0;
+    // An input that cannot be opened or read ends the run after the batches before it.
+    const auto fail = [&](Status s, size_t input) {
+        if (!sh.credits.acquire()) return;
+        RawBatch b;
+        b.seq = seq++;
+        b.input = input;
+        b.read_error = std::move(s);
+        sh.push_work(std::move(b));
+    };
+    for (size_t i = 0; i < sh.options.inputs.size() && !sh.stop; ++i) {
+        std::unique_ptr<Source> source;
+        if (i == 0) {
+            source = std::move(first);
+        } else {
+            auto opened = Source::open(sh.options.inputs[i], &sh.stop, sh.options.max_record_bytes);
+            if (!opened.ok()) {
+                fail(opened.status(), i);
+                break;
+            }
+            source = std::move(*opened);
+        }
+        auto kind = resolve_kind(sh, i, *source);
+        if (!kind.ok()) {
+            fail(kind.status(), i);
+            break;
+        }
+        uint64_t raw_reported = 0;
+        bool input_done = false;
+        bool failed = false;
+        while (!input_done && !sh.stop) {
+            if (!sh.credits.acquire()) break;
+            RawBatch b;
+            b.input = i;
+            b.kind = *kind;
+            TextRecord rec;
+            while (b.text.size() < sh.options.batch_bytes && b.records.size() < kBatchMaxRecords) {
+                auto more = source->next(rec);
+                if (!more.ok()) {
+                    b.read_error = more.status();
+                    failed = true;
+                    break;
+                }
+                if (!*more) {
+                    input_done = true;
+                    break;
+                }
+                b.records.push_back({b.text.size(), rec.text.size(), rec.line});
+                b.text.append(rec.text);
+            }
+            if (sh.progress != nullptr) {
+                const uint64_t raw = source->stream().raw_bytes_read();
+                sh.progress->add(raw - raw_reported, 0);
+                raw_reported = raw;
+            }
+            if (b.records.empty() && !failed) {
+                sh.credits.release();
+                break;
+            }
+            b.seq = seq++;
+            sh.push_work(std::move(b));
+            if (failed) break;
+        }
+        sh.input_bytes += source->stream().bytes_read();
+        sh.raw_bytes += source->stream().raw_bytes_read();
+        if (failed) break;
+    }
+    sh.finish_reading(seq);
+}
+
+// Per-thread state of a worker.
+struct Worker {
+    Shared& sh;
+    JsonlFieldReader jsonl;
+    std::vector<int32_t> ids;
+    ChatEncodeOptions chat_options;
+
+    explicit Worker(Shared& s) : sh(s), jsonl(s.json_key) {
+        chat_options.generation_role = s.options.generation_role;
+        chat_options.only_last_turn = s.options.only_last_turn;
+    }
+
+    // Appends the record's document to `out`, or returns the problem (without file:line).
+    // `line` may be moved forward to the line of the problem inside a block.
+    Status encode_text(RecordKind kind, std::string_view text, uint64_t& line, EncodedBatch& out) {
+        if (kind == RecordKind::kJsonl) {
+            LATHE_ASSIGN_OR_RETURN(text, jsonl.extract(text));
+            if (text.empty()) {
+                return invalid_argument_error("empty document (field \"{}\" is \"\")", sh.json_key);
+            }
+        } else {
+            if (text.empty()) {
+                return invalid_argument_error(
+                    "empty document (an empty line; --format text-blocks treats blank lines as "
+                    "separators)");
+            }
+            if (!simdjson::validate_utf8(text.data(), text.size())) {
+                const size_t at = utf8_find_invalid(text);
+                const size_t line_start = text.rfind('\n', at == 0 ? 0 : at - 1);
+                const size_t col =
+                    (line_start == std::string_view::npos || at == 0) ? at : at - line_start - 1;
+                line += static_cast<uint64_t>(std::count(text.begin(), text.begin() + at, '\n'));
+                return invalid_argument_error(
+                    "invalid UTF-8 at byte column {} (byte 0x{:02x}); the input must be UTF-8",
+                    col + 1, static_cast<unsigned>(static_cast<unsigned char>(text[at])));
+            }
+        }
+        if (Status s = sh.tokenizer.encode(text, /*add_special=*/true, ids); !s.ok()) {
+            return invalid_argument_error("tokenizer: {}", s.message());
+        }
+        if (ids.empty()) return invalid_argument_error("the document encodes to no tokens");
+        out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
+        if (sh.eod_id.has_value()) out.tokens.push_back(*sh.eod_id);
+        out.doc_sizes.push_back(ids.size() + (sh.eod_id.has_value() ? 1 : 0));
+        return ok_status();
+    }
+
+    Status encode_chat(std::string_view text, EncodedBatch& out) {
+        if (is_blank_line(text)) {
+            return invalid_argument_error("empty line, expected a JSON object with a \"{}\" field",
+                                          sh.json_key);
+        }
+        nlohmann::ordered_json record;
+        try {
+            record = nlohmann::ordered_json::parse(text);
+        } catch (const nlohmann::json::exception& e) {
+            std::string what = e.what();
+            const size_t cut = what.find("] ");  // drop "[json.exception.parse_error.101] "
+            if (cut != std::string::npos) what = what.substr(cut + 2);
+            return invalid_argument_error("not valid JSON: {}", what);
+        }
+        if (!record.is_object()) {
+            return invalid_argument_error("expected a JSON object with a \"{}\" field, found {}",
+                                          sh.json_key, json_kind(record));
+        }
+        const auto it = record.find(sh.json_key);
+        if (it == record.end()) {
+            std::string keys;
+            for (const auto& [k, v] : record.items()) keys += (keys.empty() ? "\"" : ", \"") + k + "\"";
+            return invalid_argument_error("no \"{}\" field (the object has {})", sh.json_key,
+                                          keys.empty() ? std::string("no keys") : "keys " + keys);
+        }
+        if (!it->is_array()) {
+            return invalid_argument_error("field \"{}\" is {}, expected an array of messages",
+                                          sh.json_key, json_kind(*it));
+        }
+        if (it->empty()) return invalid_argument_error("empty conversation (\"{}\" is [])", sh.json_key);
+        auto enc = sh.chat->encode_with_labels(sh.tokenizer, *it, chat_options);
+        if (!enc.ok()) return invalid_argument_error("chat template: {}", enc.status().message());
+        if (enc->ids.empty()) return invalid_argument_error("the conversation encodes to no tokens");
+        out.tokens.insert(out.tokens.end(), enc->ids.begin(), enc->ids.end());
+        out.labels.insert(out.labels.end(), enc->labels.begin(), enc->labels.end());
+        out.doc_sizes.push_back(enc->ids.size());
+        return ok_status();
+    }
+
+    void run() {
+        RawBatch b;
+        while (sh.pop_work(b)) {
+            EncodedBatch out;
+            out.seq = b.seq;
+            out.read_error = std::move(b.read_error);
+            for (const RecordRef& r : b.records) {
+                if (sh.stop) break;
+                const std::string_view text(b.text.data() + r.offset, r.size);
+                uint64_t line = r.line;
+                Status s = b.kind == RecordKind::kChat ? encode_chat(text, out)
+                                                       : encode_text(b.kind, text, line, out);
+                if (!s.ok()) {
+                    out.errors.push_back(
+                        fmt::format("{}:{}: {}", sh.display_names[b.input], line, s.message()));
+                }
+            }
+            sh.push_done(std::move(out));
+        }
+    }
+};
+
+// Joins every thread on scope exit, after telling them to stop.
+struct ThreadGroup {
+    Shared& sh;
+    std::vector<std::thread> threads;
+    void join_all() {
+        sh.stop_all();
+        for (std::thread& t : threads) {
+            if (t.joinable()) t.join();
+        }
+        threads.clear();
+    }
+    ~ThreadGroup() { join_all(); }
+};
+
+}  // namespace
+
+Result<PrepareReport> prepare_run(const PrepareOptions& options) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (options.inputs.empty()) return invalid_argument_error("no --input given");
+    if (options.output_prefix.empty()) return invalid_argument_error("no --output-prefix given");
+    if (std::count(options.inputs.begin(), options.inputs.end(), std::string(kStdinPath)) > 1) {
+        return invalid_argument_error("stdin ('-') can be read only once, but is given {} times",
+                                      std::count(options.inputs.begin(), options.inputs.end(),
+                                                 std::string(kStdinPath)));
+    }
+    // Missing inputs are reported before any work starts.
+    uint64_t total_raw = 0;
+    bool total_known = true;
+    for (const std::string& path : options.inputs) {
+        if (path == kStdinPath) {
+            total_known = false;
+            continue;
+        }
+        LATHE_ASSIGN_OR_RETURN(const uint64_t size, file_size(path));
+        total_raw += size;
+    }
+    const std::string out_dir = std::filesystem::path(options.output_prefix).parent_path().string();
+    if (!out_dir.empty() && !std::filesystem::is_directory(out_dir)) {
+        return not_found_error("--output-prefix {}: the folder {} does not exist",
+                               options.output_prefix, out_dir);
+    }
+
+    LATHE_ASSIGN_OR_RETURN(const Tokenizer tokenizer, Tokenizer::load(options.tokenizer_path));
+    PrepareReport report;
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    report.threads = options.threads > 0 ? options.threads : hw;
+
+    Shared sh(options, tokenizer, 2 * static_cast<size_t>(report.threads) + 2);
+    for (const std::string& path : options.inputs) {
+        sh.display_names.push_back(path == kStdinPath ? "<stdin>" : path);
+    }
+
+    // The first input decides chat vs plain (auto), so it is opened here and handed to the reader.
+    LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Source> first,
+                           Source::open(options.inputs[0], &sh.stop, options.max_record_bytes));
+    bool chat = options.format == PrepareFormat::kChat;
+    report.format = options.format;
+    if (options.format == PrepareFormat::kAuto) {
+        LATHE_ASSIGN_OR_RETURN(const std::optional<std::string> line,
+                               first->peek_first_content_line());
+        const bool json = line.has_value() && starts_like_json_object(*line);
+        if (json && !options.json_key.has_value()) {
+            JsonlFieldReader probe("text");
+            chat = !probe.has_field(*line, "text") && probe.has_field(*line, "messages");
+        }
+        report.format = json ? PrepareFormat::kJsonl : PrepareFormat::kText;
+    }
+    if (chat) report.format = PrepareFormat::kChat;
+    sh.run_is_chat = chat;
+    sh.json_key = options.json_key.value_or(chat ? "messages" : "text");
+
+    std::optional<ChatTemplate> chat_template;
+    if (chat) {
+        std::string config = options.chat_template_config;
+        if (config.empty()) {
+            const auto found = prepare_find_tokenizer_config(options.tokenizer_path);
+            if (!found.has_value()) {
+                return invalid_argument_error(
+                    "chat data needs a chat template, and there is no tokenizer_config.json "
+                    "beside {}; pass --chat-template-config FILE",
+                    options.tokenizer_path);
+            }
+            config = *found;
+        }
+        LATHE_ASSIGN_OR_RETURN(ChatTemplate loaded, ChatTemplate::load(config));
+        chat_template.emplace(std::move(loaded));
+        sh.chat = &*chat_template;
+        if (options.append_eod) {
+            log_info("chat: each conversation already ends with the template's eos_token, as in "
+                     "GPT-NeoX's chat script; --append-eod adds nothing more");
+        }
+        if (const auto& eos = chat_template->eos_token(); eos.has_value()) {
+            report.eod_token = *eos;
+            report.eod_id = tokenizer.token_to_id(*eos);
+            report.eod_source = "eos_token of " + config;
+        }
+        log_info("chat template: {}", chat_template->name());
+    } else if (options.append_eod) {
+        LATHE_ASSIGN_OR_RETURN(const EodChoice eod,
+                               prepare_resolve_eod(tokenizer, options.tokenizer_path,
+                                                   options.eod_token));
+        sh.eod_id = eod.id;
+        report.eod_id = eod.id;
+        report.eod_token = eod.token;
+        report.eod_source = eod.source;
+        log_info("end of document: {} = id {} ({})", escape_for_message(eod.token), eod.id,
+                 eod.source);
+    }
+
+    // Chat files are int32 with an int32 label file, as GPT-NeoX's chat script writes them.
+    report.dtype = chat ? TokenDType::kInt32 : token_dtype_for_vocab(tokenizer.vocab_size());
+    LATHE_ASSIGN_OR_RETURN(IndexedDatasetWriter tokens_out,
+                           IndexedDatasetWriter::create(options.output_prefix, report.dtype));
+    std::optional<IndexedDatasetWriter> labels_out;
+    if (chat) {
+        LATHE_ASSIGN_OR_RETURN(IndexedDatasetWriter w,
+                               IndexedDatasetWriter::create(options.output_prefix + "_label",
+                                                            TokenDType::kInt32));
+        labels_out.emplace(std::move(w));
+    }
+
+    report.load_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto t_start = std::chrono::steady_clock::now();
+    std::optional<Progress> progress;
+    if (options.show_progress) {
+        progress.emplace("prepare", total_known ? total_raw : 0, "docs");
+        sh.progress = &*progress;
+    }
+
+    ThreadGroup group{sh, {}};
+    group.threads.emplace_back(reader_main, std::ref(sh), std::move(first));
+    for (int t = 0; t < report.threads; ++t) {
+        group.threads.emplace_back([&sh] { Worker(sh).run(); });
+    }
+
+    // The writer: batches strictly in input order.
+    uint64_t next = 0;
+    for (;;) {
+        EncodedBatch batch;
+        {
+            std::unique_lock<std::mutex> lock(sh.done_mutex);
+            sh.done_cv.wait_for(lock, kWriterPoll, [&] {
+                return sh.done.count(next) > 0 || (sh.reader_finished && next == sh.total_batches);
+            });
+            if (options.cancel != nullptr && options.cancel->load()) {
+                lock.unlock();
+                sh.stop_all();
+                return cancelled_error("interrupted; nothing was written under {}",
+                                       options.output_prefix);
+            }
+            const auto it = sh.done.find(next);
+            if (it == sh.done.end()) {
+                if (sh.reader_finished && next == sh.total_batches) break;
+                continue;
+            }
+            batch = std::move(it->second);
+            sh.done.erase(it);
+        }
+        sh.credits.release();
+        ++next;
+        if (!batch.errors.empty()) {
+            if (options.on_error == OnError::kFail) {
+                sh.stop_all();
+                return invalid_argument_error(
+                    "{} (fix the input, or pass --on-error skip to skip bad records)",
+                    batch.errors.front());
+            }
+            for (std::string& e : batch.errors) {
+                if (report.skipped < kMaxSkipExamples) {
+                    log_warning("skipped {}", e);
+                    report.skipped_examples.push_back(std::move(e));
+                }
+                ++report.skipped;
+            }
+        }
+        size_t offset = 0;
+        for (const uint64_t size : batch.doc_sizes) {
+            const std::span<const int32_t> doc(batch.tokens.data() + offset, size);
+            LATHE_RETURN_IF_ERROR(tokens_out.add_document(doc));
+            if (labels_out.has_value()) {
+                LATHE_RETURN_IF_ERROR(labels_out->add_document(
+                    std::span<const int32_t>(batch.labels.data() + offset, size)));
+            }
+            offset += size;
+        }
+        if (progress.has_value()) progress->add(0, batch.doc_sizes.size());
+        if (!batch.read_error.ok()) {
+            sh.stop_all();
+            return batch.read_error;
+        }
+    }
+    group.join_all();  // every batch is written; the threads have finished
+    if (progress.has_value()) progress->finish();
+
+    LATHE_RETURN_IF_ERROR(tokens_out.finalize());
+    std::vector<IndexedDatasetWriter*> writers = {&tokens_out};
+    if (labels_out.has_value()) {
+        LATHE_RETURN_IF_ERROR(labels_out->finalize());
+        writers.push_back(&*labels_out);
+    }
+    if (options.cancel != nullptr && options.cancel->load()) {
+        return cancelled_error("interrupted; nothing was written under {}", options.output_prefix);
+    }
+    LATHE_RETURN_IF_ERROR(indexed_commit_together(writers));
+    for (IndexedDatasetWriter* w : writers) {
+        report.outputs.push_back(indexed_bin_path(w->prefix()));
+        report.outputs.push_back(indexed_idx_path(w->prefix()));
+    }
+    report.documents = tokens_out.document_count();
+    report.tokens = tokens_out.token_count();
+    report.input_bytes = sh.input_bytes.load();
+    report.raw_bytes = sh.raw_bytes.load();
+    report.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    return report;
+}
+
+}  // namespace lathe

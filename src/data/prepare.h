@@ -1,0 +1,115 @@
+#pragma once
+// `lathe prepare`: text, JSONL or chat JSONL in (plain, gzip, zstd, stdin), GPT-NeoX token files
+// out (data/indexed_dataset.h), on every core, with bounded memory.
+//
+// Pipeline: one reader thread cuts the inputs into records and packs them into batches of about
+// 1 MiB; worker threads parse (JSON), check (UTF-8, empty) and tokenize whole batches; the calling
+// thread writes the batches strictly in input order. At most `2 * threads + 2` batches exist at
+// any time (the reader waits for the writer), so memory does not grow with the corpus. The token
+// index grows by 12 bytes per document (data/indexed_dataset.h).
+//
+// Each document is tokenized as GPT-NeoX's tools/datasets/preprocess_data.py does with its
+// HFTokenizer: `tokenizer.encode(text)` with add_special_tokens=True (the post-processor's BOS and
+// the like are added), then, with append_eod, the end-of-document id; one sequence per document.
+// Unlike GPT-NeoX, which drops empty documents silently, an empty document is an error (or is
+// counted as skipped with OnError::kSkip), like a malformed line.
+//
+// Outputs appear only when the whole run succeeded: an error, a cancellation or a kill leaves
+// nothing under the final names (temporary files are removed, except after SIGKILL, when a
+// "<name>.tmp-<pid>" may remain).
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "data/indexed_dataset.h"
+
+namespace lathe {
+
+class Tokenizer;
+
+enum class PrepareFormat {
+    kAuto,        // per input: JSONL when the first non-blank line starts with '{', else kText;
+                  // the first input decides chat vs plain for the run (see prepare_run)
+    kJsonl,       // one JSON object per line; the document is its `json_key` string field
+    kText,        // one document per line ("\n" or "\r\n")
+    kTextBlocks,  // one document per run of non-blank lines
+    kChat,        // JSONL whose `json_key` (default "messages") is [{role, content}, ...]
+};
+
+// "auto", "jsonl", "text", "text-blocks", "chat".
+const char* prepare_format_name(PrepareFormat format);
+// The inverse; an unknown name is an error listing the valid ones.
+Result<PrepareFormat> prepare_format_from_name(std::string_view name);
+
+enum class OnError { kFail, kSkip };
+
+struct PrepareOptions {
+    std::string tokenizer_path;         // tokenizer.json
+    std::vector<std::string> inputs;    // paths; "-" = stdin (at most once)
+    std::string output_prefix;          // writes <prefix>.bin/.idx (+ <prefix>_label.bin/.idx)
+    PrepareFormat format = PrepareFormat::kAuto;
+    std::optional<std::string> json_key;  // default "text" ("messages" for chat)
+    bool append_eod = false;
+    std::optional<std::string> eod_token;  // --eod-token; see prepare_resolve_eod
+    OnError on_error = OnError::kFail;
+    int threads = 0;                    // worker threads; 0 = all cores
+    // Chat: the tokenizer_config.json whose chat_template renders the conversations (default:
+    // the one beside the tokenizer, see prepare_find_tokenizer_config), and GPT-NeoX's switches.
+    std::string chat_template_config;
+    std::string generation_role = "assistant";
+    bool only_last_turn = false;
+    // Presentation and limits.
+    bool show_progress = true;
+    size_t batch_bytes = size_t{1} << 20;
+    size_t max_record_bytes = size_t{1} << 30;
+    // Set from a signal handler to stop the run (it then returns a kCancelled error).
+    const std::atomic<bool>* cancel = nullptr;
+};
+
+// What a run did; every count is final.
+struct PrepareReport {
+    std::vector<std::string> outputs;    // files written, in commit order
+    PrepareFormat format = PrepareFormat::kAuto;  // kChat, or the first input's (auto resolved)
+    TokenDType dtype = TokenDType::kInt32;
+    int threads = 0;
+    uint64_t documents = 0;              // documents written
+    uint64_t tokens = 0;                 // tokens written (EOD included)
+    uint64_t skipped = 0;                // bad records skipped under OnError::kSkip
+    std::vector<std::string> skipped_examples;  // the first messages, "file:line: problem"
+    uint64_t input_bytes = 0;            // decompressed bytes read
+    uint64_t raw_bytes = 0;              // bytes read from disk / stdin
+    double load_seconds = 0.0;           // loading the tokenizer (and chat template)
+    double seconds = 0.0;                // reading, tokenizing and writing, until committed
+    std::optional<int32_t> eod_id;       // with append_eod (or chat: the template's eos)
+    std::string eod_token;
+    std::string eod_source;              // where the EOD token came from, in words
+};
+
+// Runs the whole pipeline. Errors (the first bad record in input order under kFail, an
+// unreadable input, a tokenizer that cannot load, no EOD token, a write failure, cancellation)
+// name the file, line and problem, and leave no output under the final names.
+Result<PrepareReport> prepare_run(const PrepareOptions& options);
+
+// The end-of-document token for append_eod, in this order: `eod_token` if given (it must be in
+// the vocabulary); "<|endoftext|>" if the vocabulary has it (what GPT-NeoX's HFTokenizer uses);
+// the eos_token of the tokenizer_config.json beside the tokenizer. Otherwise an error that says to
+// pass --eod-token. Returns (id, token, where it came from).
+struct EodChoice {
+    int32_t id = 0;
+    std::string token;
+    std::string source;
+};
+Result<EodChoice> prepare_resolve_eod(const Tokenizer& tokenizer, const std::string& tokenizer_path,
+                                      const std::optional<std::string>& eod_token);
+
+// The tokenizer_config.json that belongs to `tokenizer_path`: "<dir>/<stem>.tokenizer_config.json"
+// (one folder holding several tokenizers as <name>.json) or "<dir>/tokenizer_config.json" (a
+// Hugging Face model folder), whichever exists first; nullopt when neither does.
+std::optional<std::string> prepare_find_tokenizer_config(const std::string& tokenizer_path);
+
+}  // namespace lathe
