@@ -19,6 +19,7 @@ Usage: python3 bench/tokenizer_train_bench.py [--lathe build/lathe] [--mb 40] [-
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -35,9 +36,9 @@ tok = Tokenizer(models.BPE())
 tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 trainer = trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 tok.train_from_iterator(docs, trainer)
-print(time.perf_counter() - t)
+print(time.perf_counter() - t, time.process_time() - c)
 tok.save(out)
 """
 
@@ -82,26 +83,33 @@ def main():
             f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
     text_mb = sum(len(d.encode()) for d in docs) / 1e6
     print(f"corpus: {len(docs)} documents, {text_mb:.1f} MB of text; vocab {args.vocab}")
-    print(f"{'threads':>7}  {'lathe s':>8}  {'HF s':>8}  {'speed-up':>8}  same vocab+merges")
+    print("wall = elapsed seconds, cpu = CPU seconds of all threads (best of --repeat runs)")
+    print(f"{'threads':>7}  {'lathe wall':>10}  {'HF wall':>8}  {'speed-up':>8}  "
+          f"{'lathe cpu':>9}  {'HF cpu':>7}  same vocab+merges")
 
     for threads in [int(t) for t in args.threads.split(",")]:
         lathe_out, hf_out = tmp / f"lathe{threads}.json", tmp / f"hf{threads}.json"
-        best_l, best_h = float("inf"), float("inf")
+        best_l = best_h = cpu_l = cpu_h = float("inf")
         for _ in range(args.repeat):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
             subprocess.run([args.lathe, "-q", "tokenizer", "train", "--vocab-size", str(args.vocab),
                             "--input", str(corpus), "--output", str(lathe_out),
                             "--threads", str(threads)], check=True)
             best_l = min(best_l, time.perf_counter() - t)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu_l = min(cpu_l, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
             env = dict(os.environ, RAYON_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="true")
             p = subprocess.run([sys.executable, "-c", HF_CHILD, str(corpus), str(args.vocab),
                                 str(hf_out)], check=True, capture_output=True, text=True, env=env)
-            best_h = min(best_h, float(p.stdout.strip().splitlines()[-1]))
+            wall, cpu = map(float, p.stdout.strip().splitlines()[-1].split())
+            best_h, cpu_h = min(best_h, wall), min(cpu_h, cpu)
         ours = json.loads(lathe_out.read_text(encoding="utf-8"))["model"]
         theirs = json.loads(hf_out.read_text(encoding="utf-8"))["model"]
         same = ours["vocab"] == theirs["vocab"] and \
             [tuple(m) for m in ours["merges"]] == [tuple(m) for m in theirs["merges"]]
-        print(f"{threads:>7}  {best_l:>8.2f}  {best_h:>8.2f}  {best_h / best_l:>7.1f}x  {same}")
+        print(f"{threads:>7}  {best_l:>10.2f}  {best_h:>8.2f}  {best_h / best_l:>7.1f}x  "
+              f"{cpu_l:>9.2f}  {cpu_h:>7.2f}  {same}")
 
 
 if __name__ == "__main__":

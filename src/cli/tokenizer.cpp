@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -206,14 +207,16 @@ Status run_train(const TrainArgs& args) {
 
     const auto t0 = std::chrono::steady_clock::now();
     DocumentFeeder feeder(args.inputs, args.format, args.json_key);
-    Progress progress("tokenizer train: counting words", 0, "docs");
+    // No progress display under --quiet (its final line is printed whatever the terminal).
+    std::optional<Progress> progress;
+    if (log_level() <= LogLevel::kInfo) progress.emplace("tokenizer train: counting words", 0, "docs");
     BpeCountStats stats;
     LATHE_ASSIGN_OR_RETURN(
         WordCounts words,
         bpe_count_words(
             *pre_tokenizer, [&feeder](BpeDocumentBatch& b) { return feeder.next(b); }, threads,
-            on_error, &progress, &stats));
-    progress.finish();
+            on_error, progress ? &*progress : nullptr, &stats));
+    if (progress) progress->finish();
     const double count_s = seconds_since(t0);
     log_info("counted {} words ({} distinct) in {} documents, {} in {:.2f} s on {} thread(s)",
              words.total(), words.size(), stats.documents,
@@ -337,7 +340,7 @@ Status run_info(const std::string& path) {
     Result<Tokenizer> tok = Tokenizer::from_json(text, path);
     if (tok.ok()) {
         fmt::print("vocab size:     {} (with added tokens)\n", tok->vocab_size());
-        fmt::print("lathe:          loads; encodes as HF tokenizers does\n");
+        fmt::print("lathe:          loads (lathe tokenize and lathe prepare can use it)\n");
     } else {
         fmt::print("lathe:          does not load: {}\n", tok.status().message());
     }

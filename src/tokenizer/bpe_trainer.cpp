@@ -218,11 +218,15 @@ constexpr size_t kParallelMergeMinWords = 8192;
 // ---------------------------------------------------------------------------------------------
 // WordCounts
 
+// A shard: open addressing with linear probing. Words of up to 8 bytes live inside their slot
+// (most occurrences are short words, and comparing them then touches no other memory); longer
+// ones live in the arena.
 struct WordCounts::Shard {
+    static constexpr uint32_t kInlineBytes = 8;
     struct Slot {
         uint64_t hash;
-        uint64_t offset;  // into arena
-        uint64_t count;   // 0 = empty slot
+        uint64_t data;   // the word's bytes (len <= kInlineBytes, zero-padded) or arena offset
+        uint64_t count;  // 0 = empty slot
         uint32_t len;
     };
     std::string arena;
@@ -230,10 +234,24 @@ struct WordCounts::Shard {
     size_t used = 0;
     uint64_t total = 0;
 
-    std::string_view word(const Slot& s) const { return {arena.data() + s.offset, s.len}; }
+    static uint64_t inline_value(std::string_view w) {
+        uint64_t v = 0;
+        std::memcpy(&v, w.data(), w.size());
+        return v;
+    }
+    std::string_view word(const Slot& s) const {
+        if (s.len <= kInlineBytes) return {reinterpret_cast<const char*>(&s.data), s.len};
+        return {arena.data() + s.data, s.len};
+    }
+    bool matches(const Slot& s, std::string_view w, uint64_t hash, uint64_t inline_v) const {
+        if (s.hash != hash || s.len != w.size()) return false;
+        if (s.len <= kInlineBytes) return s.data == inline_v;
+        return std::memcmp(arena.data() + s.data, w.data(), w.size()) == 0;
+    }
 
     void add(std::string_view w, uint64_t hash, uint64_t count) {
         if ((used + 1) * 10 > slots.size() * 7) grow();
+        const uint64_t inline_v = w.size() <= kInlineBytes ? inline_value(w) : 0;
         const size_t mask = slots.size() - 1;
         size_t i = hash & mask;
         total += count;
@@ -241,25 +259,33 @@ struct WordCounts::Shard {
             Slot& s = slots[i];
             if (s.count == 0) {
                 LATHE_CHECK(w.size() <= UINT32_MAX, "word of {} bytes", w.size());
-                s = Slot{hash, arena.size(), count, uint32_t(w.size())};
-                arena.append(w);
+                uint64_t data = inline_v;
+                if (w.size() > kInlineBytes) {
+                    data = arena.size();
+                    arena.append(w);
+                }
+                s = Slot{hash, data, count, uint32_t(w.size())};
                 ++used;
                 return;
             }
-            if (s.hash == hash && word(s) == w) {
+            if (matches(s, w, hash, inline_v)) {
                 s.count += count;
                 return;
             }
             i = (i + 1) & mask;
         }
     }
+    void prefetch(uint64_t hash) const {
+        __builtin_prefetch(&slots[hash & (slots.size() - 1)]);
+    }
     const Slot* find(std::string_view w, uint64_t hash) const {
+        const uint64_t inline_v = w.size() <= kInlineBytes ? inline_value(w) : 0;
         const size_t mask = slots.size() - 1;
         size_t i = hash & mask;
         while (true) {
             const Slot& s = slots[i];
             if (s.count == 0) return nullptr;
-            if (s.hash == hash && word(s) == w) return &s;
+            if (matches(s, w, hash, inline_v)) return &s;
             i = (i + 1) & mask;
         }
     }
@@ -333,6 +359,17 @@ uint64_t WordCounts::total() const {
     return n;
 }
 
+void WordCounts::add_many(std::span<const std::string_view> words) {
+    thread_local std::vector<uint64_t> hashes;
+    hashes.resize(words.size());
+    for (size_t i = 0; i < words.size(); ++i) {
+        hashes[i] = hash_bytes(words[i]);
+        shards_[shard_for(hashes[i])]->prefetch(hashes[i]);
+    }
+    for (size_t i = 0; i < words.size(); ++i)
+        if (!words[i].empty()) shards_[shard_for(hashes[i])]->add(words[i], hashes[i], 1);
+}
+
 uint64_t WordCounts::count(std::string_view word) const {
     if (word.empty()) return 0;
     const uint64_t h = hash_bytes(word);
@@ -340,14 +377,29 @@ uint64_t WordCounts::count(std::string_view word) const {
     return s ? s->count : 0;
 }
 
-std::vector<std::pair<std::string_view, uint64_t>> WordCounts::sorted() const {
-    std::vector<std::pair<std::string_view, uint64_t>> out;
-    out.reserve(size());
+void WordCounts::visit(const std::function<void(std::string_view, uint64_t)>& f) const {
     for (const auto& shard : shards_)
         for (const Shard::Slot& s : shard->slots)
-            if (s.count != 0) out.emplace_back(shard->word(s), s.count);
-    std::sort(out.begin(), out.end(),
-              [](const auto& x, const auto& y) { return x.first < y.first; });
+            if (s.count != 0) f(shard->word(s), s.count);
+}
+
+std::vector<std::pair<std::string_view, uint64_t>> WordCounts::entries() const {
+    struct Entry {
+        uint64_t hash;
+        std::string_view word;
+        uint64_t count;
+    };
+    std::vector<Entry> all;
+    all.reserve(size());
+    for (const auto& shard : shards_)
+        for (const Shard::Slot& s : shard->slots)
+            if (s.count != 0) all.push_back({s.hash, shard->word(s), s.count});
+    std::sort(all.begin(), all.end(), [](const Entry& x, const Entry& y) {
+        return x.hash != y.hash ? x.hash < y.hash : x.word < y.word;
+    });
+    std::vector<std::pair<std::string_view, uint64_t>> out;
+    out.reserve(all.size());
+    for (const Entry& e : all) out.emplace_back(e.word, e.count);
     return out;
 }
 
@@ -372,6 +424,7 @@ Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
         BpeDocumentBatch batch;
         PieceList pieces;
         PieceList scratch;
+        std::vector<std::string_view> views;
         BpeCountStats mine;
         while (true) {
             {
@@ -411,7 +464,9 @@ Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
                     return;
                 }
                 pre_tokenizer.split(doc, pieces, scratch);
-                for (size_t k = 0; k < pieces.size(); ++k) counts.add(pieces.view(k));
+                views.clear();
+                for (size_t k = 0; k < pieces.size(); ++k) views.push_back(pieces.view(k));
+                counts.add_many(views);
                 batch_bytes += doc.size();
                 ++batch_docs;
             }
@@ -431,15 +486,20 @@ Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
     merged.merge_from(parts, threads);
     WordCounts words(kShards);
     std::string bytes;
-    for (const auto& [symbols, count] : merged.sorted()) {
+    std::string not_byte_level;
+    merged.visit([&](std::string_view symbols, uint64_t count) {
         bytes.clear();
-        if (!byte_level_decode(symbols, bytes))
-            return internal_error(
-                "the pre-tokenizer produced '{}', which is not byte-level text; the trainer's "
-                "pre-tokenizer must end in ByteLevel",
-                escape_for_message(symbols));
-        words.add(bytes, count);
-    }
+        if (byte_level_decode(symbols, bytes)) {
+            words.add(bytes, count);
+        } else if (not_byte_level.empty()) {
+            not_byte_level = symbols;
+        }
+    });
+    if (!not_byte_level.empty())
+        return internal_error(
+            "the pre-tokenizer produced '{}', which is not byte-level text; the trainer's "
+            "pre-tokenizer must end in ByteLevel",
+            escape_for_message(not_byte_level));
     if (stats) *stats = totals;
     return words;
 }
@@ -496,9 +556,9 @@ Result<BpeTrainerResult> bpe_train(const WordCounts& word_counts, const BpeTrain
     uint32_t byte_id[256];
     for (uint8_t b : bytes_by_code_point) byte_id[b] = uint32_t(add_token(bpe_byte_symbol(b)));
 
-    // 3. Words as symbol runs, in bytewise order of the word so that nothing below depends on how
-    //    the counting was split across threads.
-    const auto sorted_words = word_counts.sorted();
+    // 3. Words as symbol runs, in a fixed order so that nothing below depends on how the counting
+    //    was split across threads.
+    const auto sorted_words = word_counts.entries();
     const size_t word_count = sorted_words.size();
     LATHE_CHECK(word_count < UINT32_MAX, "{} distinct words", word_count);
     std::vector<uint64_t> counts(word_count);

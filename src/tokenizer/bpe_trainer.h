@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -58,6 +59,9 @@ public:
     // Adds `count` occurrences of `word` (any bytes; the empty word is ignored, as HF's trainer
     // produces no symbols for it).
     void add(std::string_view word, uint64_t count = 1);
+    // add(w, 1) for every word, faster for many: all hashes first, each word's slot fetched from
+    // memory ahead of its insertion, so cache misses overlap instead of queueing.
+    void add_many(std::span<const std::string_view> words);
 
     // Adds every word of each part into *this, shard by shard on up to `threads` threads; the
     // parts are left empty. Every part must have this map's shard count (checked).
@@ -69,9 +73,12 @@ public:
     // The count of `word` (0 when absent).
     uint64_t count(std::string_view word) const;
 
-    // Every (word, count), sorted bytewise by word. The views point into this map and stay valid
-    // until it is modified or destroyed.
-    std::vector<std::pair<std::string_view, uint64_t>> sorted() const;
+    // Every (word, count) in an order fixed by the words alone (a hash of the word, then its
+    // bytes), whatever the order they were added in. The views point into this map and stay
+    // valid until it is modified or destroyed.
+    std::vector<std::pair<std::string_view, uint64_t>> entries() const;
+    // Calls f(word, count) for every word, in no particular order (views valid as for entries()).
+    void visit(const std::function<void(std::string_view, uint64_t)>& f) const;
 
 private:
     struct Shard;
