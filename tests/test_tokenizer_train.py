@@ -80,6 +80,8 @@ def lathe(*args, check=True):
 def hf_pre_tokenizer(kind):
     if kind == "gpt2":
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if kind == "bytelevel-noregex":
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     if kind == "llama3":
         return pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
@@ -203,6 +205,25 @@ def test_llama3_pre_tokenizer_matches_hf(tmp_path, train_docs):
     assert j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] == LLAMA3_PATTERN
     overlap, same_ids, _, same_merges = compare_models(out, hf_train(docs, 3000, "llama3"))
     assert overlap == 1.0 and same_ids and same_merges
+    assert_same_encoding(out, tmp_path)
+
+
+def test_no_regex_and_a_special_token_that_merges_spell(tmp_path, train_docs):
+    # bytelevel-noregex: every document is one word. The special token "the" is also what the
+    # merges t+h, th+e spell: HF then reuses the special token's id for the merge (no new entry),
+    # and encoding splits "the" out of every text as an added token.
+    docs = [line for d in train_docs[:3000] for line in d.split("\n")]
+    corpus = tmp_path / "lines.txt"
+    corpus.write_text("\n".join(docs) + "\n", encoding="utf-8")
+    out = tmp_path / "tokenizer.json"
+    lathe("tokenizer", "train", "--vocab-size", 1500, "--input", corpus, "--output", out,
+          "--pre-tokenizer", "bytelevel-noregex", "--special-tokens", "<|endoftext|>,the",
+          "--format", "text")
+    theirs = hf_train(docs, 1500, "bytelevel-noregex", ["<|endoftext|>", "the"])
+    overlap, same_ids, _, same_merges = compare_models(out, theirs)
+    assert same_ids and same_merges
+    merges = [tuple(m) for m in json.loads(out.read_text())["model"]["merges"]]
+    assert ("th", "e") in merges and Tokenizer.from_file(str(out)).token_to_id("the") == 1
     assert_same_encoding(out, tmp_path)
 
 
