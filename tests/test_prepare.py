@@ -548,23 +548,30 @@ CHATS = [
 ]
 
 
-def test_chat_tokens_and_labels_equal_gpt_neox(tmp_path):
+@pytest.mark.parametrize("tokenizer", ["llama3", "qwen3"])
+def test_chat_tokens_and_labels_equal_gpt_neox(tmp_path, tokenizer):
+    chats = list(CHATS)
+    if tokenizer == "qwen3":
+        # llama3's template ends every rendering with an assistant header, so after a system turn
+        # its prefixes stop extending each other and GPT-NeoX's token slicing emits tokens of no
+        # rendering; qwen3's prefixes extend each other here.
+        chats.append([{"role": "system", "content": "You are terse."}] + CHATS[0])
     src = tmp_path / "chat.jsonl"
     src.write_text("".join(json.dumps({"id": i, "messages": m}, ensure_ascii=False) + "\n"
-                           for i, m in enumerate(CHATS)), encoding="utf-8")
+                           for i, m in enumerate(chats)), encoding="utf-8")
     prefix = tmp_path / "sft"
-    r = prepare("llama3", [src], prefix, "--threads", "2")
+    r = prepare(tokenizer, [src], prefix, "--threads", "2")
     assert "format: chat" in r.stdout.decode()
-    expected = [neox_build_chat("llama3", m) for m in CHATS]
+    expected = [neox_build_chat(tokenizer, m) for m in chats]
     # Both files are int32, as GPT-NeoX's chat script forces (labels hold -100).
     assert_files_equal_reference(prefix, [t for t, _ in expected], np.int32)
     assert_files_equal_reference(f"{prefix}_label", [m for _, m in expected], np.int32)
     # --format chat with a custom field name, from gzip.
     gz = tmp_path / "conv.jsonl.gz"
     gz.write_bytes(gzip.compress("".join(json.dumps({"conversation": m}) + "\n"
-                                         for m in CHATS).encode()))
-    prepare("llama3", [gz], tmp_path / "conv", "--format", "chat", "--json-key", "conversation",
-            "--chat-template-config", TOKENIZERS / "llama3.tokenizer_config.json")
+                                         for m in chats).encode()))
+    prepare(tokenizer, [gz], tmp_path / "conv", "--format", "chat", "--json-key", "conversation",
+            "--chat-template-config", TOKENIZERS / f"{tokenizer}.tokenizer_config.json")
     assert (tmp_path / "conv_label.bin").read_bytes() == Path(f"{prefix}_label.bin").read_bytes()
 
 
