@@ -38,42 +38,69 @@ void upsert(std::vector<std::pair<std::string, Value>>& vars, const std::string&
     vars.emplace_back(name, std::move(v));
 }
 
-// Length of the common prefix of a and b, backed off to a UTF-8 character boundary.
-size_t common_prefix(std::string_view a, std::string_view b) {
-    size_t n = 0;
-    const size_t m = std::min(a.size(), b.size());
-    while (n < m && a[n] == b[n]) ++n;
-    while (n > 0 && n < a.size() && (static_cast<unsigned char>(a[n]) & 0xc0) == 0x80) --n;
-    return n;
+// Longest suffix of `tail` that is also a prefix of `rest` (KMP failure function of
+// rest + '\0' + tail; texts hold no NUL).
+size_t suffix_prefix_overlap(std::string_view tail, std::string_view rest) {
+    rest = rest.substr(0, tail.size());
+    std::string s;
+    s.reserve(rest.size() + 1 + tail.size());
+    s.append(rest);
+    s.push_back('\0');
+    s.append(tail);
+    std::vector<size_t> fail(s.size(), 0);
+    for (size_t i = 1; i < s.size(); ++i) {
+        size_t k = fail[i - 1];
+        while (k > 0 && s[i] != s[k]) k = fail[k - 1];
+        if (s[i] == s[k]) ++k;
+        fail[i] = k;
+    }
+    return fail.back();
 }
 
+// Bytes of agreement that resynchronise a prefix rendering with the full one after text the
+// full rendering dropped (long enough not to match by chance, short enough to fit a turn).
+constexpr size_t kResyncAnchorBytes = 16;
+
 // Where the rendering `prefix` of the first turns ends inside the full rendering `full`.
-// Exact when `prefix` is a prefix of `full`. Otherwise (the template rewrote an earlier turn once
-// later turns exist) the texts agree up to d; the end is taken after the longest tail of
-// `prefix` that occurs in `full` at or after d (first occurrence), or d when none does.
-size_t turn_end_in_full(std::string_view prefix, std::string_view full) {
-    const size_t d = common_prefix(prefix, full);
-    if (d == prefix.size()) return d;
-    const std::string_view tail = prefix.substr(d);
-    const std::string_view rest = full.substr(d);
-    std::vector<size_t> starts;  // suffix start offsets in `tail`, on character boundaries
-    for (size_t i = 0; i < tail.size(); ++i)
-        if ((static_cast<unsigned char>(tail[i]) & 0xc0) != 0x80) starts.push_back(i);
-    // A longer suffix that occurs implies every shorter one occurs: binary search the longest.
-    size_t lo = 0, hi = starts.size();  // candidate suffixes: starts[lo..hi), longest first
-    size_t best_start = tail.size();
-    while (lo < hi) {
-        const size_t mid = (lo + hi) / 2;
-        if (rest.find(tail.substr(starts[mid])) != std::string_view::npos) {
-            best_start = starts[mid];
-            hi = mid;
-        } else {
-            lo = mid + 1;
+//  * `prefix` is a prefix of `full`: its length (the common case, and GPT-NeoX's assumption).
+//  * Otherwise the template renders history differently once later turns exist. The texts are
+//    aligned left to right allowing text that `prefix` has and `full` lacks (qwen3 drops an
+//    earlier assistant turn's <think> block once a later user turn exists): at each
+//    disagreement the next kResyncAnchorBytes of `full` are looked for further on in `prefix`
+//    and matching resumes there. Near the end of `prefix` (no anchor found), the turn ends after
+//    the longest rest of `prefix` that `full` continues with.
+//  * When nothing of that rest continues `full`, the prefix ends with text the full rendering
+//    does not have there (a template that always appends the assistant header, like the Llama-3
+//    base template): the turn ends where they part, and `*trailer` is set.
+size_t turn_end_in_full(std::string_view prefix, std::string_view full, bool* trailer) {
+    *trailer = false;
+    size_t i = 0, j = 0;
+    while (true) {
+        while (i < prefix.size() && j < full.size() && prefix[i] == full[j]) {
+            ++i;
+            ++j;
         }
+        if (i == prefix.size()) break;
+        const std::string_view anchor = full.substr(j, kResyncAnchorBytes);
+        const size_t found = anchor.size() == kResyncAnchorBytes ? prefix.find(anchor, i + 1) : std::string_view::npos;
+        if (found != std::string_view::npos) {
+            i = found;  // prefix[i, found) is text the full rendering dropped
+            continue;
+        }
+        const size_t overlap = suffix_prefix_overlap(prefix.substr(i), full.substr(j));
+        if (overlap == 0) *trailer = true;
+        j += overlap;
+        break;
     }
-    if (best_start == tail.size()) return d;
-    const std::string_view suffix = tail.substr(best_start);
-    return d + rest.find(suffix) + suffix.size();
+    while (j > 0 && j < full.size() && (static_cast<unsigned char>(full[j]) & 0xc0) == 0x80) --j;
+    return j;
+}
+
+// How many leading tokens a and b share.
+size_t common_tokens(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+    size_t k = 0;
+    while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+    return k;
 }
 
 }  // namespace
@@ -307,11 +334,23 @@ Result<ChatEncoding> ChatTemplate::encode_with_labels(const Tokenizer& tokenizer
         const bool add_gen = roles[i + 1] == options.generation_role;
         const Value prefix = Value::list(jinja::List(all.begin(), all.begin() + long(i + 1)));
         LATHE_ASSIGN_OR_RETURN(std::string rendered, impl_->render(prefix, add_gen, tool_values, extra_variables));
-        const size_t byte_end = std::max(prev_byte, turn_end_in_full(rendered, full));
+        bool trailer = false;
+        const size_t byte_end = std::max(prev_byte, turn_end_in_full(rendered, full, &trailer));
         prefix_ids.clear();
         LATHE_RETURN_IF_ERROR(tokenizer.encode(std::string_view(full).substr(0, byte_end), false, prefix_ids));
-        size_t k = 0;
-        while (k < prefix_ids.size() && k < out.ids.size() && prefix_ids[k] == out.ids[k]) ++k;
+        size_t k = common_tokens(prefix_ids, out.ids);
+        if (trailer && k > prev_tok) {
+            // The prefix's trailer and the next turn may share their first tokens: with the
+            // Llama-3 base template both are a header "<|start_header_id|>" + role. When the
+            // renderings part on a plain (role) token right after a special token, that special
+            // token opens the next turn's header: it is not part of this turn.
+            LATHE_RETURN_IF_ERROR(tokenizer.encode(rendered, false, prefix_ids));
+            const size_t kr = common_tokens(prefix_ids, out.ids);
+            if (kr == k && kr < prefix_ids.size() && kr < out.ids.size() && kr - 1 >= prev_tok &&
+                tokenizer.is_special(out.ids[kr - 1]) && !tokenizer.is_special(out.ids[kr]) &&
+                !tokenizer.is_special(prefix_ids[kr]))
+                k = kr - 1;
+        }
         end[i] = std::max(prev_tok, k);
         prev_byte = byte_end;
         prev_tok = end[i];

@@ -87,15 +87,18 @@ public:
     // kChatIgnoreLabel; then eos_token's id is appended, labelled like the token before it.
     // Rendered text is tokenized with add_special=false (the template emits BOS itself).
     //
-    // Templates that rewrite history (qwen3 drops an earlier turn's reasoning once a later user
-    // turn exists), or tokens that merge across a turn boundary, make a prefix's tokens differ
-    // from the start of the full conversation's tokens. GPT-NeoX then slices by token count and
-    // emits tokens of no rendering at all. lathe instead always emits the tokens of the full
-    // rendering, and gives each token to the turn in which it starts: turn i's end in the full
-    // text is where its prefix rendering ends (exact when the prefix text is a prefix of the full
-    // text; otherwise the end of the longest tail of the prefix rendering found in the full text
-    // after their common start). Where prefix tokens are a prefix of the full tokens (llama3,
-    // qwen3 without rewritten reasoning, ...), the result equals GPT-NeoX's exactly.
+    // Templates that render a prefix of the conversation differently from the same turns inside
+    // the whole conversation break GPT-NeoX's assumption that each prefix's tokens start the
+    // next prefix's tokens: qwen3 drops an earlier assistant turn's reasoning once a later user
+    // turn exists; the Llama-3 base template always appends the assistant header; and tokens
+    // can merge across a turn boundary. GPT-NeoX then slices by token count and emits tokens of
+    // no rendering at all. lathe instead always emits the tokens of the full rendering, and ends
+    // turn i where its prefix rendering ends inside the full text: exactly there when the prefix
+    // text is a prefix of the full text; otherwise after aligning the two (text the full
+    // rendering dropped from an earlier turn is skipped; at the end, the longest rest of the
+    // prefix that the full text continues with still belongs to turn i; an appended header
+    // belongs to the next turn). A token belongs to the turn in which it starts. Where prefix
+    // tokens do start the full tokens (the usual case), the result equals GPT-NeoX's exactly.
     // Errors: a render error, a message that is not an object with a string `role`, a tokenizer
     // error, or append_eos with no eos_token in the vocabulary.
     Result<ChatEncoding> encode_with_labels(const Tokenizer& tokenizer,
