@@ -16,63 +16,28 @@ constexpr uint32_t kNoMerge = std::numeric_limits<uint32_t>::max();
 // Words with more symbols than this merge through the linked list + heap (O(n log n)); shorter
 // ones through a flat array scanned for the lowest rank (O(n^2), but faster for small n).
 constexpr size_t kShortWordSymbols = 48;
-// Pieces longer than this are not memoized (rare; keeps the cache's memory bounded).
-constexpr size_t kMaxCachedPieceBytes = 256;
 
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // BpeCache
 
-BpeCache::BpeCache(size_t max_entries) : max_entries_(max_entries) {
+BpeCache::BpeCache(size_t slots) {
     size_t cap = 16;
-    while (cap < 2 * max_entries) cap <<= 1;
+    while (cap < slots) cap <<= 1;
     slots_.resize(cap);
+    mask_ = cap - 1;
 }
 
-void BpeCache::clear() {
-    std::fill(slots_.begin(), slots_.end(), Slot{});
-    keys_.clear();
-    ids_.clear();
-    count_ = 0;
-}
-
-bool BpeCache::lookup(std::string_view key, uint64_t hash, std::vector<int32_t>& out) const {
-    size_t i = hash & (slots_.size() - 1);
-    while (true) {
-        const Slot& s = slots_[i];
-        if (!s.used) return false;
-        if (s.hash == hash && s.key_len == key.size() &&
-            std::memcmp(keys_.data() + s.key_offset, key.data(), key.size()) == 0) {
-            out.insert(out.end(), ids_.begin() + s.ids_offset,
-                       ids_.begin() + s.ids_offset + s.ids_len);
-            return true;
-        }
-        i = (i + 1) & (slots_.size() - 1);
-    }
-}
-
-void BpeCache::insert(std::string_view key, uint64_t hash, const int32_t* ids, size_t count) {
-    if (count_ >= max_entries_) clear();
-    size_t i = hash & (slots_.size() - 1);
-    while (slots_[i].used) {
-        const Slot& s = slots_[i];
-        if (s.hash == hash && s.key_len == key.size() &&
-            std::memcmp(keys_.data() + s.key_offset, key.data(), key.size()) == 0) {
-            return;  // already there
-        }
-        i = (i + 1) & (slots_.size() - 1);
-    }
-    Slot& s = slots_[i];
-    s.used = true;
-    s.hash = hash;
-    s.key_offset = static_cast<uint32_t>(keys_.size());
-    s.key_len = static_cast<uint32_t>(key.size());
-    s.ids_offset = static_cast<uint32_t>(ids_.size());
-    s.ids_len = static_cast<uint32_t>(count);
-    keys_.append(key);
-    ids_.insert(ids_.end(), ids, ids + count);
-    ++count_;
+void BpeCache::make_key(std::string_view piece, Key& key) {
+    key.words[0] = key.words[1] = key.words[2] = key.words[3] = 0;
+    std::memcpy(key.words, piece.data(), piece.size());
+    key.len = static_cast<uint8_t>(piece.size());
+    uint64_t h = (key.words[0] ^ piece.size()) * 0x9E3779B97F4A7C15ull;
+    h = (h ^ (h >> 29) ^ key.words[1]) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 31) ^ key.words[2]) * 0x94D049BB133111EBull;
+    h = (h ^ (h >> 29) ^ key.words[3]) * 0x9E3779B97F4A7C15ull;
+    key.hash = h ^ (h >> 32);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -143,6 +108,18 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
         const std::optional<int32_t> id = m->vocab_.find(fmt::format("<0x{:02X}>", b));
         m->byte_ids_[b] = id ? *id : -1;
     }
+    for (char32_t cp = 0; cp < 0x80; ++cp) {
+        const std::optional<int32_t> id = m->vocab_.find(utf8::encode(cp));
+        m->ascii_ids_[cp] = id ? *id : kAbsent;
+    }
+    m->two_byte_ids_.resize(0x800 - 0x80);
+    for (char32_t cp = 0x80; cp < 0x800; ++cp) {
+        const std::optional<int32_t> id = m->vocab_.find(utf8::encode(cp));
+        m->two_byte_ids_[cp - 0x80] = id ? *id : kAbsent;
+    }
+    // An empty prefix or suffix changes nothing (gpt2.json carries "" for both).
+    if (m->continuing_subword_prefix_.empty()) m->has_prefix_ = false;
+    if (m->end_of_word_suffix_.empty()) m->has_suffix_ = false;
 
     // Merges: ["a b", ...] or [["a", "b"], ...].
     LATHE_ASSIGN_OR_RETURN(JsonNode merges_node, node.required("merges"));
@@ -212,19 +189,58 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
 Status BpeModel::tokenize(std::string_view piece, BpeCache& cache, BpeWork& work,
                           std::vector<int32_t>& ids) const {
     if (piece.empty()) return ok_status();
+    if (piece.size() > BpeCache::kMaxKeyBytes) return tokenize_uncached(piece, work, ids);
+    BpeCache::Key key;
+    BpeCache::make_key(piece, key);
+    if (cache.lookup(key, ids)) return ok_status();
+    const size_t start = ids.size();
+    LATHE_RETURN_IF_ERROR(tokenize_uncached(piece, work, ids));
+    cache.insert(key, ids.data() + start, ids.size() - start);
+    return ok_status();
+}
+
+Status BpeModel::tokenize_pieces(const PieceList& pieces, BpeCache& cache, BpeWork& work,
+                                 std::vector<int32_t>& ids) const {
+    // In chunks: make the keys and prefetch their slots, then look them up.
+    constexpr size_t kChunk = 32;
+    work.keys.resize(kChunk);
+    for (size_t base = 0; base < pieces.size(); base += kChunk) {
+        const size_t n = std::min(kChunk, pieces.size() - base);
+        for (size_t i = 0; i < n; ++i) {
+            const std::string_view piece = pieces.view(base + i);
+            BpeCache::Key& key = work.keys[i];
+            if (piece.size() <= BpeCache::kMaxKeyBytes) {
+                BpeCache::make_key(piece, key);
+                cache.prefetch(key);
+            } else {
+                key.len = 0;  // not cacheable
+            }
+        }
+        for (size_t i = 0; i < n; ++i) {
+            const std::string_view piece = pieces.view(base + i);
+            const BpeCache::Key& key = work.keys[i];
+            if (key.len == 0) {
+                LATHE_RETURN_IF_ERROR(tokenize_uncached(piece, work, ids));
+                continue;
+            }
+            if (cache.lookup(key, ids)) continue;
+            const size_t start = ids.size();
+            LATHE_RETURN_IF_ERROR(tokenize_uncached(piece, work, ids));
+            cache.insert(key, ids.data() + start, ids.size() - start);
+        }
+    }
+    return ok_status();
+}
+
+Status BpeModel::tokenize_uncached(std::string_view piece, BpeWork& work,
+                                   std::vector<int32_t>& ids) const {
     if (ignore_merges_) {
         if (std::optional<int32_t> id = vocab_.find(piece)) {
             ids.push_back(*id);
             return ok_status();
         }
     }
-    if (piece.size() > kMaxCachedPieceBytes) return merge_word(piece, work, ids);
-    const uint64_t h = hash_bytes(piece.data(), piece.size());
-    if (cache.lookup(piece, h, ids)) return ok_status();
-    const size_t start = ids.size();
-    LATHE_RETURN_IF_ERROR(merge_word(piece, work, ids));
-    cache.insert(piece, h, ids.data() + start, ids.size() - start);
-    return ok_status();
+    return merge_word(piece, work, ids);
 }
 
 Status BpeModel::merge_word(std::string_view piece, BpeWork& work,
@@ -246,7 +262,8 @@ Status BpeModel::merge_word(std::string_view piece, BpeWork& work,
             if (has_suffix_ && is_last) work.buffer.append(end_of_word_suffix_);
             s = work.buffer;
         }
-        if (std::optional<int32_t> id = vocab_.find(s)) {
+        const bool plain = s.data() != work.buffer.data();
+        if (std::optional<int32_t> id = plain ? char_id(s) : vocab_.find(s)) {
             if (unk_pending) {
                 symbols.push_back(*unk_id_);
                 unk_pending = false;

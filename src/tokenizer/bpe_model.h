@@ -22,33 +22,65 @@
 #include "core/status.h"
 #include "tokenizer/hash_tables.h"
 #include "tokenizer/json_node.h"
+#include "tokenizer/pre_tokenizer.h"
 
 namespace lathe {
 
-// A bounded piece -> ids memo, owned by one thread. When full it is cleared (simple and, for the
-// Zipfian word distribution of real text, almost as good as LRU).
+// A bounded piece -> ids memo, owned by one thread: a direct-mapped table of 64-byte slots (one
+// cache line each) holding pieces of up to kMaxKeyBytes bytes and their ids (up to kMaxIds) inline.
+// A new piece overwrites whatever its slot held, so memory stays fixed and a lookup costs one
+// cache line; for the Zipfian word distribution of real text the hit rate stays high.
 class BpeCache {
 public:
-    explicit BpeCache(size_t max_entries = 1 << 16);
+    static constexpr size_t kMaxKeyBytes = 32;
+    static constexpr size_t kMaxIds = 7;
+
+    // slots: rounded up to a power of two.
+    explicit BpeCache(size_t slots = 1 << 15);
+
+    // A piece prepared for lookup: its bytes zero-padded to kMaxKeyBytes, and its hash.
+    struct Key {
+        uint64_t words[kMaxKeyBytes / 8];
+        uint64_t hash;
+        uint8_t len;
+    };
+    // Fills `key` for `piece` (piece.size() <= kMaxKeyBytes).
+    static void make_key(std::string_view piece, Key& key);
+
+    // Starts loading the slot of `key` into the CPU cache (lookups are memory-latency bound, so
+    // the keys of a batch of pieces are prefetched before they are looked up).
+    void prefetch(const Key& key) const { __builtin_prefetch(&slots_[key.hash & mask_]); }
+
     // Appends the cached ids of `key` to `out` and returns true, or returns false.
-    bool lookup(std::string_view key, uint64_t hash, std::vector<int32_t>& out) const;
-    void insert(std::string_view key, uint64_t hash, const int32_t* ids, size_t count);
+    bool lookup(const Key& key, std::vector<int32_t>& out) const {
+        const Slot& s = slots_[key.hash & mask_];
+        if (s.len != key.len || s.words[0] != key.words[0] || s.words[1] != key.words[1] ||
+            s.words[2] != key.words[2] || s.words[3] != key.words[3]) {
+            return false;
+        }
+        for (uint8_t i = 0; i < s.n_ids; ++i) out.push_back(s.ids[i]);
+        return true;
+    }
+    // Stores ids for key (count in 1..kMaxIds; other counts are not cached).
+    void insert(const Key& key, const int32_t* ids, size_t count) {
+        if (count == 0 || count > kMaxIds) return;
+        Slot& s = slots_[key.hash & mask_];
+        for (size_t i = 0; i < 4; ++i) s.words[i] = key.words[i];
+        s.len = key.len;
+        s.n_ids = static_cast<uint8_t>(count);
+        for (size_t i = 0; i < count; ++i) s.ids[i] = ids[i];
+    }
 
 private:
-    struct Slot {
-        uint64_t hash = 0;
-        uint32_t key_offset = 0;
-        uint32_t key_len = 0;
-        uint32_t ids_offset = 0;
-        uint32_t ids_len = 0;
-        bool used = false;
+    struct alignas(64) Slot {
+        uint64_t words[kMaxKeyBytes / 8] = {0, 0, 0, 0};
+        int32_t ids[kMaxIds] = {};
+        uint8_t len = 0;  // 0: empty (pieces are never empty)
+        uint8_t n_ids = 0;
     };
-    void clear();
-    size_t max_entries_;
-    size_t count_ = 0;
+    static_assert(sizeof(Slot) == 64);
     std::vector<Slot> slots_;
-    std::string keys_;
-    std::vector<int32_t> ids_;
+    size_t mask_;
 };
 
 // Work buffers for merging one word, reused across calls by one thread.
@@ -71,6 +103,7 @@ struct BpeWork {
         int32_t new_id;
     };
     std::vector<HeapEntry> heap;
+    std::vector<BpeCache::Key> keys;  // cache keys of a batch of pieces
 };
 
 class BpeModel {
@@ -84,6 +117,10 @@ public:
     // the vocabulary (HF's UnkTokenOutOfVocabulary).
     Status tokenize(std::string_view piece, BpeCache& cache, BpeWork& work,
                     std::vector<int32_t>& ids) const;
+    // Appends the ids of every piece of `pieces`, in order (the same as tokenize() on each, with
+    // the cache lookups of a batch of pieces overlapped).
+    Status tokenize_pieces(const PieceList& pieces, BpeCache& cache, BpeWork& work,
+                           std::vector<int32_t>& ids) const;
 
     std::optional<int32_t> token_to_id(std::string_view token) const { return vocab_.find(token); }
     // The token of `id`, or nullptr.
@@ -102,6 +139,21 @@ private:
     BpeModel() = default;
     // Steps 2 and 3 above, uncached.
     Status merge_word(std::string_view piece, BpeWork& work, std::vector<int32_t>& ids) const;
+    // Everything after a cache miss: ignore_merges' whole-piece lookup, else merge_word.
+    Status tokenize_uncached(std::string_view piece, BpeWork& work,
+                             std::vector<int32_t>& ids) const;
+    // The vocabulary id of one character (UTF-8 `c`, no prefix/suffix), or nullopt.
+    std::optional<int32_t> char_id(std::string_view c) const {
+        const auto b0 = static_cast<uint8_t>(c[0]);
+        if (c.size() == 1) return ascii_ids_[b0] >= 0 ? std::optional<int32_t>(ascii_ids_[b0]) : std::nullopt;
+        if (c.size() == 2) {
+            const size_t cp = (size_t(b0 & 0x1F) << 6) | (static_cast<uint8_t>(c[1]) & 0x3F);
+            const int32_t id = two_byte_ids_[cp - 0x80];
+            if (id >= 0) return id;
+            if (id == kAbsent) return std::nullopt;
+        }
+        return vocab_.find(c);
+    }
     void merge_short(BpeWork& work) const;
     void merge_long(BpeWork& work) const;
 
@@ -119,6 +171,12 @@ private:
     bool ignore_merges_ = false;
     // byte_fallback ids of <0x00>..<0xFF>, -1 where absent.
     int32_t byte_ids_[256];
+    // Ids of the one-character tokens U+0000..U+007F and U+0080..U+07FF (the whole byte-level
+    // alphabet), so that a word's first symbols need no hash lookups; kAbsent where the
+    // vocabulary has no such token.
+    static constexpr int32_t kAbsent = -1;
+    int32_t ascii_ids_[128];
+    std::vector<int32_t> two_byte_ids_;
 };
 
 }  // namespace lathe

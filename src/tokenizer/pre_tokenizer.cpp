@@ -187,7 +187,8 @@ void emit_split(std::string_view text, bool at_origin, std::vector<Span>& spans,
             // Merge in place, then emit.
             size_t n = 0;
             bool previous_match = false;
-            for (const Span& s : spans) {
+            for (size_t i = 0; i < spans.size(); ++i) {
+                const Span s = spans[i];  // a copy: spans[n] below may be this very element
                 const bool merge = behavior == SplitBehavior::kContiguous
                                        ? s.match == previous_match
                                        : (s.match && !previous_match);
@@ -202,8 +203,8 @@ void emit_split(std::string_view text, bool at_origin, std::vector<Span>& spans,
             return;
         }
         case SplitBehavior::kMergedWithNext: {
-            // Walk backwards, merging a match into the span after it.
-            size_t n = spans.size();  // merged spans occupy [n, size) in reverse-built order
+            // Walk backwards, merging a match into the span after it; the merged spans end up in
+            // [w, size) in order.
             size_t w = spans.size();
             bool previous_match = false;
             for (size_t r = spans.size(); r-- > 0;) {
@@ -215,7 +216,6 @@ void emit_split(std::string_view text, bool at_origin, std::vector<Span>& spans,
                 }
                 previous_match = s.match;
             }
-            (void)n;
             for (size_t i = w; i < spans.size(); ++i) emit(spans[i].begin, spans[i].end);
             return;
         }
@@ -454,10 +454,11 @@ Result<std::unique_ptr<PreTokenizer>> pre_tokenizer_from_node(const JsonNode& no
         if (std::optional<JsonNode> a = node.field("add_prefix_space"); a && !a->is_null()) {
             LATHE_ASSIGN_OR_RETURN(bool add, a->as_bool());
             if (!add) {
-                if (node.field("prepend_scheme") && scheme != PrependScheme::kNever) {
-                    return a->error("add_prefix_space false does not match prepend_scheme");
+                // HF's rule: prepend_scheme (default "always") must then say "never".
+                if (scheme != PrependScheme::kNever) {
+                    return a->error("add_prefix_space false does not match prepend_scheme (set "
+                                    "\"prepend_scheme\": \"never\")");
                 }
-                scheme = PrependScheme::kNever;
             }
         }
         LATHE_ASSIGN_OR_RETURN(bool split, node.get_bool("split", true));

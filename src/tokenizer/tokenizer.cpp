@@ -149,10 +149,7 @@ Status Tokenizer::Impl::encode_segment(std::string_view segment, bool at_origin,
     ctx.pieces.clear();
     ctx.pieces.add(segment, at_origin);
     pre_tokenizer->pre_tokenize(ctx.pieces, ctx.scratch);
-    for (size_t i = 0; i < ctx.pieces.size(); ++i) {
-        LATHE_RETURN_IF_ERROR(model->tokenize(ctx.pieces.view(i), ctx.cache, ctx.work, ids));
-    }
-    return ok_status();
+    return model->tokenize_pieces(ctx.pieces, ctx.cache, ctx.work, ids);
 }
 
 Status Tokenizer::encode(std::string_view text, bool add_special, std::vector<int32_t>& ids) const {
