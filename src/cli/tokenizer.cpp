@@ -7,11 +7,13 @@
 //       [--threads N]
 //   lathe tokenizer info T.json
 
-#include <nlohmann/json.hpp>
+#include "tokenizer/tokenizer.h"
+
 #include <simdjson.h>
 
 #include <algorithm>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <thread>
@@ -24,7 +26,6 @@
 #include "io/input.h"
 #include "tokenizer/bpe_trainer.h"
 #include "tokenizer/pre_tokenizer.h"
-#include "tokenizer/tokenizer.h"
 
 namespace lathe {
 namespace {
@@ -171,9 +172,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Status run_train(const TrainArgs& args) {
     if (args.inputs.empty()) return invalid_argument_error("--input: give at least one file");
-    const int threads = args.threads > 0
-                            ? args.threads
-                            : std::max(1, int(std::thread::hardware_concurrency()));
+    const int threads =
+        args.threads > 0 ? args.threads : std::max(1, int(std::thread::hardware_concurrency()));
     LATHE_ASSIGN_OR_RETURN(const BpePreTokenizerKind kind,
                            bpe_pre_tokenizer_kind_from_name(args.pre_tokenizer));
     for (const std::string& t : args.special_tokens)
@@ -209,7 +209,8 @@ Status run_train(const TrainArgs& args) {
     DocumentFeeder feeder(args.inputs, args.format, args.json_key);
     // No progress display under --quiet (its final line is printed whatever the terminal).
     std::optional<Progress> progress;
-    if (log_level() <= LogLevel::kInfo) progress.emplace("tokenizer train: counting words", 0, "docs");
+    if (log_level() <= LogLevel::kInfo)
+        progress.emplace("tokenizer train: counting words", 0, "docs");
     BpeCountStats stats;
     LATHE_ASSIGN_OR_RETURN(
         WordCounts words,
@@ -234,20 +235,21 @@ Status run_train(const TrainArgs& args) {
              result.merges.size(), train_s, result.vocab.size(), special_count,
              bpe_stop_reason_name(result.stop_reason));
     if (result.stop_reason != BpeStopReason::kVocabSizeReached)
-        log_warning(
-            "the vocabulary has {} entries, fewer than the {} asked for ({}): {}",
-            result.vocab.size(), args.vocab_size, bpe_stop_reason_name(result.stop_reason),
-            result.stop_reason == BpeStopReason::kMinFrequency
-                ? "lower --min-frequency or give more text"
-                : "the corpus has no more pairs to merge; give more text");
+        log_warning("the vocabulary has {} entries, fewer than the {} asked for ({}): {}",
+                    result.vocab.size(), args.vocab_size, bpe_stop_reason_name(result.stop_reason),
+                    result.stop_reason == BpeStopReason::kMinFrequency
+                        ? "lower --min-frequency or give more text"
+                        : "the corpus has no more pairs to merge; give more text");
 
     const std::string json = bpe_trainer_tokenizer_json(result, kind);
     // The file must load in lathe's own encoder (and so encode as HF does) before it is written.
-    LATHE_RETURN_IF_ERROR(Tokenizer::from_json(json, args.output).status().with_context(
-        "the trained tokenizer does not load (a bug: please report it)"));
+    LATHE_RETURN_IF_ERROR(
+        Tokenizer::from_json(json, args.output)
+            .status()
+            .with_context("the trained tokenizer does not load (a bug: please report it)"));
     LATHE_RETURN_IF_ERROR(file_write_atomic(args.output, json));
-    log_info("wrote {} ({}) in {:.2f} s", args.output,
-             Progress::format_bytes(double(json.size())), seconds_since(t0));
+    log_info("wrote {} ({}) in {:.2f} s", args.output, Progress::format_bytes(double(json.size())),
+             seconds_since(t0));
     return ok_status();
 }
 
@@ -309,8 +311,7 @@ Status run_info(const std::string& path) {
     std::vector<std::string> flags;
     for (const char* key : {"byte_fallback", "ignore_merges", "fuse_unk", "dropout", "unk_token",
                             "continuing_subword_prefix", "end_of_word_suffix"})
-        if (model.contains(key) && !model[key].is_null() && model[key] != false &&
-            model[key] != "")
+        if (model.contains(key) && !model[key].is_null() && model[key] != false && model[key] != "")
             flags.push_back(std::string(key) + "=" + model[key].dump());
     if (!flags.empty()) {
         fmt::print("model options: ");
@@ -321,9 +322,9 @@ Status run_info(const std::string& path) {
         fmt::print("{:<16}{}\n", std::string(key) + ":",
                    describe_component(j.contains(key) ? j[key] : nlohmann::json()));
 
-    const nlohmann::json added =
-        j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"]
-                                                                   : nlohmann::json::array();
+    const nlohmann::json added = j.contains("added_tokens") && j["added_tokens"].is_array()
+                                     ? j["added_tokens"]
+                                     : nlohmann::json::array();
     size_t special = 0;
     for (const auto& t : added)
         if (t.value("special", false)) ++special;
@@ -358,33 +359,40 @@ void cli_add_tokenizer(CLI::App& parent, CommandAction& action) {
         "train",
         "Train a byte-level BPE tokenizer whose tokenizer.json Hugging Face tokenizers loads "
         "(merges chosen as HF's BpeTrainer chooses them)");
-    train->add_option("--vocab-size", args->vocab_size,
-                      "Vocabulary size, special tokens and the 256 byte symbols included")
+    train
+        ->add_option("--vocab-size", args->vocab_size,
+                     "Vocabulary size, special tokens and the 256 byte symbols included")
         ->required()
         ->check(CLI::PositiveNumber);
-    train->add_option("--input", args->inputs,
-                      "Input files (text, JSONL; gzip and zstd read transparently; - is stdin)")
+    train
+        ->add_option("--input", args->inputs,
+                     "Input files (text, JSONL; gzip and zstd read transparently; - is stdin)")
         ->required();
     train->add_option("--output", args->output, "Where to write tokenizer.json")->required();
-    train->add_option("--min-frequency", args->min_frequency,
-                      "Never merge a pair seen fewer times than this")
+    train
+        ->add_option("--min-frequency", args->min_frequency,
+                     "Never merge a pair seen fewer times than this")
         ->capture_default_str();
-    train->add_option("--special-tokens", args->special_tokens,
-                      "Special tokens, comma-separated; they take ids 0..k-1")
+    train
+        ->add_option("--special-tokens", args->special_tokens,
+                     "Special tokens, comma-separated; they take ids 0..k-1")
         ->delimiter(',');
-    train->add_option("--pre-tokenizer", args->pre_tokenizer,
-                      "gpt2 (GPT-2's regex + ByteLevel), llama3 (Llama-3's regex + ByteLevel) or "
-                      "bytelevel-noregex (each document one word)")
+    train
+        ->add_option("--pre-tokenizer", args->pre_tokenizer,
+                     "gpt2 (GPT-2's regex + ByteLevel), llama3 (Llama-3's regex + ByteLevel) or "
+                     "bytelevel-noregex (each document one word)")
         ->capture_default_str();
     train->add_option("--json-key", args->json_key, "JSONL field that holds the text")
         ->capture_default_str();
-    train->add_option("--format", args->format,
-                      "auto (JSONL for .jsonl/.json/.ndjson names, else text), jsonl, text (a "
-                      "document per line) or text-blocks (per blank-line-separated block)")
+    train
+        ->add_option("--format", args->format,
+                     "auto (JSONL for .jsonl/.json/.ndjson names, else text), jsonl, text (a "
+                     "document per line) or text-blocks (per blank-line-separated block)")
         ->capture_default_str();
-    train->add_option("--on-error", args->on_error,
-                      "A document that is not valid UTF-8: fail (stop with its file and line) "
-                      "or skip (leave it out, count it)")
+    train
+        ->add_option("--on-error", args->on_error,
+                     "A document that is not valid UTF-8: fail (stop with its file and line) "
+                     "or skip (leave it out, count it)")
         ->capture_default_str();
     train->add_option("--threads", args->threads, "Threads (0 = every core)")
         ->capture_default_str();

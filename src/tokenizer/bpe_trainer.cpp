@@ -12,8 +12,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <cstring>
+#include <mutex>
 #include <queue>
 #include <thread>
 #include <unordered_map>
@@ -117,9 +117,15 @@ private:
     size_t size_ = 0;
 };
 
-uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t(a) << 32) | b; }
-uint32_t pair_left(uint64_t key) { return uint32_t(key >> 32); }
-uint32_t pair_right(uint64_t key) { return uint32_t(key); }
+uint64_t pair_key(uint32_t a, uint32_t b) {
+    return (uint64_t(a) << 32) | b;
+}
+uint32_t pair_left(uint64_t key) {
+    return uint32_t(key >> 32);
+}
+uint32_t pair_right(uint64_t key) {
+    return uint32_t(key);
+}
 
 // Runs f(t) for t in [0, n) on n threads (t = 0 on the calling thread).
 template <typename F>
@@ -275,9 +281,7 @@ struct WordCounts::Shard {
             i = (i + 1) & mask;
         }
     }
-    void prefetch(uint64_t hash) const {
-        __builtin_prefetch(&slots[hash & (slots.size() - 1)]);
-    }
+    void prefetch(uint64_t hash) const { __builtin_prefetch(&slots[hash & (slots.size() - 1)]); }
     const Slot* find(std::string_view w, uint64_t hash) const {
         const uint64_t inline_v = w.size() <= kInlineBytes ? inline_value(w) : 0;
         const size_t mask = slots.size() - 1;
@@ -408,8 +412,7 @@ std::vector<std::pair<std::string_view, uint64_t>> WordCounts::entries() const {
 
 Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
                                    const BpeBatchReader& next_batch, int threads,
-                                   BpeOnError on_error, Progress* progress,
-                                   BpeCountStats* stats) {
+                                   BpeOnError on_error, Progress* progress, BpeCountStats* stats) {
     if (threads < 1) return invalid_argument_error("threads must be at least 1, got {}", threads);
     constexpr int kShards = 64;
     std::vector<WordCounts> parts;
@@ -509,9 +512,12 @@ Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
 
 const char* bpe_stop_reason_name(BpeStopReason reason) {
     switch (reason) {
-        case BpeStopReason::kVocabSizeReached: return "vocabulary size reached";
-        case BpeStopReason::kNoPairsLeft: return "no pairs left to merge";
-        case BpeStopReason::kMinFrequency: return "best pair below min_frequency";
+        case BpeStopReason::kVocabSizeReached:
+            return "vocabulary size reached";
+        case BpeStopReason::kNoPairsLeft:
+            return "no pairs left to merge";
+        case BpeStopReason::kMinFrequency:
+            return "best pair below min_frequency";
     }
     return "?";
 }
@@ -522,7 +528,8 @@ std::string bpe_byte_symbol(uint8_t byte) {
     return s;
 }
 
-Result<BpeTrainerResult> bpe_train(const WordCounts& word_counts, const BpeTrainerOptions& options) {
+Result<BpeTrainerResult> bpe_train(const WordCounts& word_counts,
+                                   const BpeTrainerOptions& options) {
     if (options.threads < 1)
         return invalid_argument_error("threads must be at least 1, got {}", options.threads);
     BpeTrainerResult result;
@@ -735,11 +742,21 @@ void append_json_string(std::string& out, std::string_view s) {
     for (const char ch : s) {
         const unsigned char c = static_cast<unsigned char>(ch);
         switch (c) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\n': out += "\\n"; break;
-            case '\r': out += "\\r"; break;
-            case '\t': out += "\\t"; break;
+            case '"':
+                out += "\\\"";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\r':
+                out += "\\r";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
             default:
                 if (c < 0x20) {
                     out += fmt::format("\\u{:04x}", c);
@@ -776,12 +793,15 @@ Result<BpePreTokenizerKind> bpe_pre_tokenizer_kind_from_name(std::string_view na
 
 std::string bpe_pre_tokenizer_json(BpePreTokenizerKind kind) {
     switch (kind) {
-        case BpePreTokenizerKind::kGpt2: return byte_level_json(false, true, true);
-        case BpePreTokenizerKind::kByteLevelNoRegex: return byte_level_json(false, true, false);
+        case BpePreTokenizerKind::kGpt2:
+            return byte_level_json(false, true, true);
+        case BpePreTokenizerKind::kByteLevelNoRegex:
+            return byte_level_json(false, true, false);
         case BpePreTokenizerKind::kLlama3:
             return fmt::format(
                 "{{\"type\": \"Sequence\", \"pretokenizers\": [{{\"type\": \"Split\", "
-                "\"pattern\": {{\"Regex\": {}}}, \"behavior\": \"Isolated\", \"invert\": false}}, {}]}}",
+                "\"pattern\": {{\"Regex\": {}}}, \"behavior\": \"Isolated\", \"invert\": false}}, "
+                "{}]}}",
                 json_string(kLlama3Pattern), byte_level_json(false, true, false));
     }
     LATHE_CHECK(false, "unknown pre-tokenizer kind {}", int(kind));
@@ -800,10 +820,11 @@ std::string bpe_trainer_tokenizer_json(const BpeTrainerResult& result, BpePreTok
         seen[id] = true;
         out += first ? "\n" : ",\n";
         first = false;
-        out += fmt::format("    {{\"id\": {}, \"content\": {}, \"single_word\": false, "
-                           "\"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
-                           "\"special\": true}}",
-                           id, json_string(result.vocab[id]));
+        out += fmt::format(
+            "    {{\"id\": {}, \"content\": {}, \"single_word\": false, "
+            "\"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
+            "\"special\": true}}",
+            id, json_string(result.vocab[id]));
     }
     out += first ? "],\n" : "\n  ],\n";
     out += "  \"normalizer\": null,\n";
@@ -812,10 +833,11 @@ std::string bpe_trainer_tokenizer_json(const BpeTrainerResult& result, BpePreTok
     // decoder maps the byte symbols back to bytes.
     out += "  \"post_processor\": " + byte_level_json(true, false, true) + ",\n";
     out += "  \"decoder\": " + byte_level_json(true, true, true) + ",\n";
-    out += "  \"model\": {\n    \"type\": \"BPE\",\n    \"dropout\": null,\n    \"unk_token\": null,\n"
-           "    \"continuing_subword_prefix\": null,\n    \"end_of_word_suffix\": null,\n"
-           "    \"fuse_unk\": false,\n    \"byte_fallback\": false,\n    \"ignore_merges\": false,\n"
-           "    \"vocab\": {";
+    out +=
+        "  \"model\": {\n    \"type\": \"BPE\",\n    \"dropout\": null,\n    \"unk_token\": null,\n"
+        "    \"continuing_subword_prefix\": null,\n    \"end_of_word_suffix\": null,\n"
+        "    \"fuse_unk\": false,\n    \"byte_fallback\": false,\n    \"ignore_merges\": false,\n"
+        "    \"vocab\": {";
     for (size_t id = 0; id < result.vocab.size(); ++id) {
         out += id == 0 ? "\n      " : ",\n      ";
         append_json_string(out, result.vocab[id]);

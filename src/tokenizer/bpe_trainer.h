@@ -114,10 +114,10 @@ enum class BpeOnError { kFail, kSkip };
 
 // What counting saw, beyond the words.
 struct BpeCountStats {
-    uint64_t documents = 0;          // documents counted (skipped ones excluded)
-    uint64_t bytes = 0;              // their bytes
-    uint64_t skipped = 0;            // documents skipped as invalid UTF-8 (kSkip)
-    std::string first_skipped;       // "file:line" of the first one skipped
+    uint64_t documents = 0;     // documents counted (skipped ones excluded)
+    uint64_t bytes = 0;         // their bytes
+    uint64_t skipped = 0;       // documents skipped as invalid UTF-8 (kSkip)
+    std::string first_skipped;  // "file:line" of the first one skipped
 };
 
 // Counts the words of every document that `next_batch` yields, cut exactly as `pre_tokenizer`
@@ -129,8 +129,7 @@ struct BpeCountStats {
 // Errors: the reader's; invalid UTF-8 under kFail.
 Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
                                    const BpeBatchReader& next_batch, int threads,
-                                   BpeOnError on_error, Progress* progress,
-                                   BpeCountStats* stats);
+                                   BpeOnError on_error, Progress* progress, BpeCountStats* stats);
 
 struct BpeTrainerOptions {
     // Target vocabulary size, special tokens and the 256 byte symbols included. Must be at least
@@ -175,9 +174,9 @@ std::string bpe_byte_symbol(uint8_t byte);
 
 // Which pre-tokenizer the trained tokenizer.json carries.
 enum class BpePreTokenizerKind {
-    kGpt2,               // ByteLevel with GPT-2's regex (add_prefix_space false)
-    kLlama3,             // Split with Llama-3's regex (Isolated), then ByteLevel without regex
-    kByteLevelNoRegex,   // ByteLevel without regex: each document (or line) is one word
+    kGpt2,              // ByteLevel with GPT-2's regex (add_prefix_space false)
+    kLlama3,            // Split with Llama-3's regex (Isolated), then ByteLevel without regex
+    kByteLevelNoRegex,  // ByteLevel without regex: each document (or line) is one word
 };
 // "gpt2" | "llama3" | "bytelevel-noregex", or an error listing the valid names.
 Result<BpePreTokenizerKind> bpe_pre_tokenizer_kind_from_name(std::string_view name);

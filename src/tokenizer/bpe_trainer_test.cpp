@@ -2,10 +2,9 @@
 
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "tokenizer/pre_tokenizer.h"
@@ -65,8 +64,16 @@ TEST(BpeTrainer, ByteSymbolsAreGpt2s) {
 // min_frequency 2 the merges are r+e (3), a+re (2, wins the tie with i+s because 'a' < 'i'),
 // i+s (2), then every pair left occurs once.
 TEST(BpeTrainer, HfReferenceCorpus) {
-    const auto wc = counts_of({{"roses", 1}, {"are", 2}, {"red", 1}, {"voilets", 1}, {"blue", 1},
-                               {"BERT", 1}, {"is", 2}, {"big", 1}, {"and", 1}, {"so", 1},
+    const auto wc = counts_of({{"roses", 1},
+                               {"are", 2},
+                               {"red", 1},
+                               {"voilets", 1},
+                               {"blue", 1},
+                               {"BERT", 1},
+                               {"is", 2},
+                               {"big", 1},
+                               {"and", 1},
+                               {"so", 1},
                                {"GPT-2", 1}});
     const auto r = train_ok(wc, options(30000, 2, {}, 1));
     EXPECT_EQ(merge_strings(r), (std::vector<Merge>{{"r", "e"}, {"a", "re"}, {"i", "s"}}));
@@ -81,8 +88,7 @@ TEST(BpeTrainer, HfReferenceCorpus) {
 //   u+g 20, u+n 16, h+ug 15, p+un 12, then p+ug 5 and hug+s 5 tie: (p=79, ug=256) < (hug=258,
 //   s=82) so p+ug first; hug+s 5, b+un 4; then every word is one token.
 TEST(BpeTrainer, HandCheckedMerges) {
-    const auto wc =
-        counts_of({{"hug", 10}, {"pug", 5}, {"pun", 12}, {"bun", 4}, {"hugs", 5}});
+    const auto wc = counts_of({{"hug", 10}, {"pug", 5}, {"pun", 12}, {"bun", 4}, {"hugs", 5}});
     const auto r = train_ok(wc, options(1000));
     EXPECT_EQ(merge_strings(r), (std::vector<Merge>{{"u", "g"},
                                                     {"u", "n"},
@@ -101,8 +107,8 @@ TEST(BpeTrainer, HandCheckedMerges) {
 TEST(BpeTrainer, TiesBreakOnPairIds) {
     const auto wc = counts_of({{" a", 1}, {"zz", 1}, {"ac", 1}, {"ab", 1}});
     const auto r = train_ok(wc, options(256 + 4));
-    EXPECT_EQ(merge_strings(r), (std::vector<Merge>{
-                                    {"a", "b"}, {"a", "c"}, {"z", "z"}, {"\u0120", "a"}}));
+    EXPECT_EQ(merge_strings(r),
+              (std::vector<Merge>{{"a", "b"}, {"a", "c"}, {"z", "z"}, {"\u0120", "a"}}));
     EXPECT_EQ(r.stop_reason, BpeStopReason::kVocabSizeReached);
 }
 
@@ -118,8 +124,7 @@ TEST(BpeTrainer, MinFrequencyStops) {
 
 TEST(BpeTrainer, SpecialTokensComeFirst) {
     const auto wc = counts_of({{"ab", 2}});
-    const auto r =
-        train_ok(wc, options(1000, 0, {"<s>", "<pad>", "<s>"}, 1));
+    const auto r = train_ok(wc, options(1000, 0, {"<s>", "<pad>", "<s>"}, 1));
     EXPECT_EQ(r.special_ids, (std::vector<int32_t>{0, 1, 0}));
     ASSERT_EQ(r.vocab.size(), 2u + 256u + 1u);
     EXPECT_EQ(r.vocab[0], "<s>");
@@ -172,8 +177,7 @@ TEST(BpeTrainer, BadOptionsAreErrors) {
     WordCounts wc;
     auto r = bpe_train(wc, options(257, 0, {"<a>", "<b>"}, 1));
     ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.status().message().find("at least 258"), std::string::npos)
-        << r.status().message();
+    EXPECT_NE(r.status().message().find("at least 258"), std::string::npos) << r.status().message();
     r = bpe_train(wc, options(300, 0, {""}, 1));
     ASSERT_FALSE(r.ok());
     r = bpe_train(wc, options(300, 0, {"\xff"}, 1));
@@ -251,6 +255,40 @@ TEST(BpeTrainer, TokenizerJson) {
               BpePreTokenizerKind::kByteLevelNoRegex);
 }
 
+// Short words live in their hash slot, long ones in the arena; both kinds, added one by one or
+// many at once, count the same, and entries() lists each word once whatever the insertion order.
+TEST(WordCounts, AddAndAddManyAgree) {
+    const std::vector<std::string> words = {"a",
+                                            "",
+                                            "abcdefgh",
+                                            "abcdefghi",
+                                            "a",
+                                            std::string("\0x", 2),
+                                            std::string("\0", 1),
+                                            "abcdefghi",
+                                            std::string(300, 'z'),
+                                            "a"};
+    WordCounts one(4);
+    WordCounts many(4);
+    for (const auto& w : words) one.add(w);
+    std::vector<std::string_view> views(words.begin(), words.end());
+    many.add_many(views);
+    for (const WordCounts* wc : {&one, &many}) {
+        EXPECT_EQ(wc->size(), 6u);
+        EXPECT_EQ(wc->total(), 9u);
+        EXPECT_EQ(wc->count("a"), 3u);
+        EXPECT_EQ(wc->count("abcdefghi"), 2u);
+        EXPECT_EQ(wc->count(std::string_view("\0", 1)), 1u);
+        EXPECT_EQ(wc->count(std::string_view("\0x", 2)), 1u);
+        EXPECT_EQ(wc->count(std::string(300, 'z')), 1u);
+        EXPECT_EQ(wc->count("abcdefg"), 0u);
+    }
+    EXPECT_EQ(one.entries(), many.entries());
+    WordCounts reversed(4);
+    for (auto it = words.rbegin(); it != words.rend(); ++it) reversed.add(*it);
+    EXPECT_EQ(reversed.entries(), one.entries());
+}
+
 // Batches of documents from a list, `per_batch` at a time.
 BpeBatchReader reader_of(const std::vector<std::string>& docs, size_t per_batch) {
     auto next = std::make_shared<size_t>(0);
@@ -270,17 +308,17 @@ BpeBatchReader reader_of(const std::vector<std::string>& docs, size_t per_batch)
 TEST(BpeCountWords, CountsPreTokenizerPiecesAsBytes) {
     auto pt = pre_tokenizer_from_json(bpe_pre_tokenizer_json(BpePreTokenizerKind::kGpt2), "test");
     ASSERT_TRUE(pt.ok()) << pt.status().to_string();
-    const std::vector<std::string> docs = {"Hello world, hello world!", "caf\xc3\xa9  world\n",
-                                           ""};
+    const std::vector<std::string> docs = {"Hello world, hello world!", "caf\xc3\xa9  world\n", ""};
     for (int threads : {1, 3}) {
         BpeCountStats stats;
-        auto wc = bpe_count_words(**pt, reader_of(docs, 1), threads, BpeOnError::kFail, nullptr, &stats);
+        auto wc =
+            bpe_count_words(**pt, reader_of(docs, 1), threads, BpeOnError::kFail, nullptr, &stats);
         ASSERT_TRUE(wc.ok()) << wc.status().to_string();
         EXPECT_EQ(wc->count(" world"), 3u);
         EXPECT_EQ(wc->count("Hello"), 1u);
         EXPECT_EQ(wc->count(","), 1u);
         EXPECT_EQ(wc->count("caf\xc3\xa9"), 1u);
-        EXPECT_EQ(wc->count(" "), 1u);   // "  world": the first space stands alone
+        EXPECT_EQ(wc->count(" "), 1u);  // "  world": the first space stands alone
         EXPECT_EQ(wc->count("\n"), 1u);
         EXPECT_EQ(wc->total(), 10u);
         EXPECT_EQ(stats.documents, 3u);
@@ -297,8 +335,7 @@ TEST(BpeCountWords, InvalidUtf8FailsOrIsSkipped) {
     const std::vector<std::string> docs = {"fine", "also fine", "ok\ncaf\xe9", "end end"};
     auto wc = bpe_count_words(**pt, reader_of(docs, 2), 2, BpeOnError::kFail, nullptr, nullptr);
     ASSERT_FALSE(wc.ok());
-    EXPECT_NE(wc.status().message().find("docs:4: not valid UTF-8 (byte 0xe9)"),
-              std::string::npos)
+    EXPECT_NE(wc.status().message().find("docs:4: not valid UTF-8 (byte 0xe9)"), std::string::npos)
         << wc.status().message();
 
     BpeCountStats stats;
