@@ -6,6 +6,11 @@
 #include "ops/cpu/optimizer.h"
 #include "ops/op_checks.h"
 
+#if LATHE_HAVE_CUDA
+#include "ops/cuda/adamw.h"
+#include "ops/cuda/dispatch.h"
+#endif
+
 namespace lathe {
 
 using namespace detail;
@@ -44,6 +49,12 @@ void adamw_update(TensorView params, TensorView m, TensorView v, ConstTensorView
                                   s.lr, s.weight_decay, hyper.beta1, hyper.beta2, hyper.eps, step);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kF32, {params, m, v, grads});
+            cuda::adamw_update(params.as<float>(), m.as<float>(), v.as<float>(), grads.as<float>(),
+                               /*params_bf16=*/nullptr, segments, hyper, step, ctx.stream);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);

@@ -3,6 +3,11 @@
 #include "ops/cpu/activations.h"
 #include "ops/op_checks.h"
 
+#if LATHE_HAVE_CUDA
+#include "ops/cuda/dispatch.h"
+#include "ops/cuda/gelu.h"
+#endif
+
 namespace lathe {
 
 using namespace detail;
@@ -17,6 +22,12 @@ void gelu_forward(TensorView y, ConstTensorView x, GeluKind kind, const Context&
             cpu::gelu_forward(y.as<float>(), x.as<float>(), x.numel(), kind == GeluKind::kTanh);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {y, x});
+            cuda::gelu_forward(y.as<bf16>(), x.as<bf16>(), x.numel(), kind == GeluKind::kTanh,
+                               ctx.stream);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);
@@ -35,6 +46,12 @@ void gelu_backward(TensorView dx, ConstTensorView dy, ConstTensorView x, GeluKin
                                kind == GeluKind::kTanh);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {dx, dy, x});
+            cuda::gelu_backward(dx.as<bf16>(), dy.as<bf16>(), x.as<bf16>(), x.numel(),
+                                kind == GeluKind::kTanh, ctx.stream);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);

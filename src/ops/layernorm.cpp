@@ -3,6 +3,11 @@
 #include "ops/cpu/layernorm.h"
 #include "ops/op_checks.h"
 
+#if LATHE_HAVE_CUDA
+#include "ops/cuda/dispatch.h"
+#include "ops/cuda/layernorm.h"
+#endif
+
 namespace lathe {
 
 using namespace detail;
@@ -27,6 +32,12 @@ void layernorm_forward(TensorView y, TensorView mean, TensorView rstd, ConstTens
                                    weight.as<float>(), bias.as<float>(), N, C, eps);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {y, x, weight, bias});
+            cuda::layernorm_forward(y.as<bf16>(), mean.as<float>(), rstd.as<float>(), x.as<bf16>(),
+                                    weight.as<bf16>(), bias.as<bf16>(), N, C, eps, ctx.stream);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);
@@ -54,6 +65,15 @@ void layernorm_backward(TensorView dx, TensorView dweight, TensorView dbias, Con
                                     dx_mode == GradMode::kAccumulate);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {dx, dy, x, weight});
+            op_expect_cuda_dtype(kOp, DType::kF32, {dweight, dbias, mean, rstd});
+            cuda::layernorm_backward(cuda_state_of(ctx, kOp), ctx.stream, dx.as<bf16>(),
+                                     dweight.as<float>(), dbias.as<float>(), dy.as<bf16>(),
+                                     x.as<bf16>(), weight.as<bf16>(), mean.as<float>(),
+                                     rstd.as<float>(), N, C, dx_mode == GradMode::kAccumulate);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);

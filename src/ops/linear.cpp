@@ -3,6 +3,11 @@
 #include "ops/cpu/linear.h"
 #include "ops/op_checks.h"
 
+#if LATHE_HAVE_CUDA
+#include "ops/cuda/dispatch.h"
+#include "ops/cuda/linear.h"
+#endif
+
 namespace lathe {
 
 using namespace detail;
@@ -24,6 +29,12 @@ void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, Con
                                 N, I, O);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {y, x, weight, bias});
+            cuda::linear_forward(cuda_state_of(ctx, kOp), ctx.stream, y.as<bf16>(), x.as<bf16>(),
+                                 weight.as<bf16>(), bias.as<bf16>(), N, I, O);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);
@@ -50,6 +61,15 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
                                  dx_mode == GradMode::kAccumulate);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {dx, dy, x, weight});
+            op_expect_cuda_dtype(kOp, DType::kF32, {dweight, dbias});
+            cuda::linear_backward(cuda_state_of(ctx, kOp), ctx.stream, dx.as<bf16>(),
+                                  dweight.as<float>(), dbias.as<float>(), dy.as<bf16>(),
+                                  x.as<bf16>(), weight.as<bf16>(), N, I, O,
+                                  dx_mode == GradMode::kAccumulate);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);

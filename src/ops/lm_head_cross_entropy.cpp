@@ -3,6 +3,11 @@
 #include "ops/cpu/lm_head_cross_entropy.h"
 #include "ops/op_checks.h"
 
+#if LATHE_HAVE_CUDA
+#include "ops/cuda/dispatch.h"
+#include "ops/cuda/lm_head_cross_entropy.h"
+#endif
+
 namespace lathe {
 
 using namespace detail;
@@ -47,6 +52,15 @@ void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorVie
                                                scratch.as<float>(), d.N, d.C, d.V, d.Nc);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {x, weight});
+            op_expect_cuda_dtype(kOp, DType::kF32, {loss, losses, lse});
+            cuda::lm_head_cross_entropy_forward(
+                cuda_state_of(ctx, kOp), ctx.stream, loss.as<float>(), losses.as<float>(),
+                lse.as<float>(), x.as<bf16>(), targets.as<int32_t>(), weight.as<bf16>(),
+                scratch.as<float>(), d.N, d.C, d.V, d.Nc);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);
@@ -71,6 +85,15 @@ void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTens
                                                 d.C, d.V, d.Nc);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {dx, x, weight});
+            op_expect_cuda_dtype(kOp, DType::kF32, {dweight, lse});
+            cuda::lm_head_cross_entropy_backward(
+                cuda_state_of(ctx, kOp), ctx.stream, dx.as<bf16>(), dweight.as<float>(),
+                x.as<bf16>(), targets.as<int32_t>(), weight.as<bf16>(), lse.as<float>(), dloss,
+                scratch.as<float>(), d.N, d.C, d.V, d.Nc);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);
@@ -96,6 +119,15 @@ void lm_head_cross_entropy_forward_backward(TensorView loss, TensorView losses, 
                 scratch.as<float>(), d.N, d.C, d.V, d.Nc);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {dx, x, weight});
+            op_expect_cuda_dtype(kOp, DType::kF32, {loss, losses, dweight});
+            cuda::lm_head_cross_entropy_forward_backward(
+                cuda_state_of(ctx, kOp), ctx.stream, loss.as<float>(), losses.as<float>(),
+                dx.as<bf16>(), dweight.as<float>(), x.as<bf16>(), targets.as<int32_t>(),
+                weight.as<bf16>(), dloss, scratch.as<float>(), d.N, d.C, d.V, d.Nc);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);

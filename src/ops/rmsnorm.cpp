@@ -3,6 +3,11 @@
 #include "ops/cpu/rmsnorm.h"
 #include "ops/op_checks.h"
 
+#if LATHE_HAVE_CUDA
+#include "ops/cuda/dispatch.h"
+#include "ops/cuda/rmsnorm.h"
+#endif
+
 namespace lathe {
 
 using namespace detail;
@@ -23,6 +28,12 @@ void rmsnorm_forward(TensorView y, TensorView rstd, ConstTensorView x, ConstTens
                                  N, C, eps);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {y, x, weight});
+            cuda::rmsnorm_forward(y.as<bf16>(), rstd.as<float>(), x.as<bf16>(), weight.as<bf16>(),
+                                  N, C, eps, ctx.stream);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);
@@ -47,6 +58,15 @@ void rmsnorm_backward(TensorView dx, TensorView dweight, ConstTensorView dy, Con
                                   dx_mode == GradMode::kAccumulate);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {dx, dy, x, weight});
+            op_expect_cuda_dtype(kOp, DType::kF32, {dweight, rstd});
+            cuda::rmsnorm_backward(cuda_state_of(ctx, kOp), ctx.stream, dx.as<bf16>(),
+                                   dweight.as<float>(), dy.as<bf16>(), x.as<bf16>(),
+                                   weight.as<bf16>(), rstd.as<float>(), N, C,
+                                   dx_mode == GradMode::kAccumulate);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);

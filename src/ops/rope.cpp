@@ -6,6 +6,11 @@
 #include "ops/cpu/rope.h"
 #include "ops/op_checks.h"
 
+#if LATHE_HAVE_CUDA
+#include "ops/cuda/dispatch.h"
+#include "ops/cuda/rope.h"
+#endif
+
 namespace lathe {
 
 using namespace detail;
@@ -126,6 +131,14 @@ void rope_forward(TensorView out, ConstTensorView x, ConstTensorView positions, 
                               cos.as<float>(), sin.as<float>(), d.B, d.T, d.Hx, d.D, d.R, d.P);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {out, x});
+            op_expect_cuda_dtype(kOp, DType::kF32, {cos, sin});
+            cuda::rope_forward(out.as<bf16>(), x.as<bf16>(), positions.as<int32_t>(),
+                               cos.as<float>(), sin.as<float>(), d.B, d.T, d.Hx, d.D, d.R, d.P,
+                               ctx.stream);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);
@@ -143,6 +156,14 @@ void rope_backward(TensorView dx, ConstTensorView dout, ConstTensorView position
                                cos.as<float>(), sin.as<float>(), d.B, d.T, d.Hx, d.D, d.R, d.P);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {dx, dout});
+            op_expect_cuda_dtype(kOp, DType::kF32, {cos, sin});
+            cuda::rope_backward(dx.as<bf16>(), dout.as<bf16>(), positions.as<int32_t>(),
+                                cos.as<float>(), sin.as<float>(), d.B, d.T, d.Hx, d.D, d.R, d.P,
+                                ctx.stream);
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);

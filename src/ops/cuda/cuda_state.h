@@ -1,0 +1,109 @@
+#pragma once
+// Ownership of CUDA resources for the ops (STYLE.md, "Ownership"): device memory and the per-device
+// state (stream, cuBLASLt handle, workspaces) that a Context points at.
+//
+// One CudaState per device. It owns one stream and everything an op may need besides its tensors:
+// the cuBLASLt handle and workspace, and a fixed scratch area for an op's small temporaries
+// (per-block partial sums of the deterministic reductions, per-row losses). All of it is
+// allocated once, in the constructor (nothing is allocated per step), and sized by the constants
+// below so that a memory plan can count it. Ops that use the handle, workspace or scratch must run
+// on the state's own stream, one after another: cuda_state_of() checks that the context's stream
+// is the state's, which is what makes sharing one scratch area between ops safe.
+//
+// This header is included by CPU-compiled dispatchers (src/ops/<op>.cpp) and keeps CUDA headers
+// out of them: cudaStream_t is CUstream_st*, cublasLtHandle_t is cublasLtContext*.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "core/tensor.h"
+#include "ops/context.h"
+
+struct cublasLtContext;
+
+namespace lathe {
+
+// Device memory from cudaMalloc (never managed memory), freed on destruction. Move-only.
+class DeviceBuffer {
+public:
+    DeviceBuffer() = default;
+    // Allocates `bytes` on the current device (cudaMalloc aligns to at least 256 bytes); 0 bytes
+    // gives a null buffer. Out of memory stops with the size asked for.
+    explicit DeviceBuffer(size_t bytes);
+    ~DeviceBuffer();
+    DeviceBuffer(DeviceBuffer&& other) noexcept;
+    DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+    void* data() const { return data_; }
+    size_t bytes() const { return bytes_; }
+    // A view of the first numel(shape) elements; the buffer must hold them (checked).
+    TensorView view(DType dtype, Shape shape) const;
+
+private:
+    void* data_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+struct CudaState {
+public:
+    // cuBLASLt workspace: NVIDIA's recommendation for Hopper (larger split-K and stream-K tiles).
+    static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+    // Op scratch: the largest user is a column reduction's partial sums, at most
+    // kMaxRowChunks (ops/cuda/column_reduce.h) x C fp32 values per pass.
+    static constexpr size_t kScratchBytes = size_t(32) << 20;
+
+    // Makes `device` current, creates a non-blocking stream, the cuBLASLt handle and the two
+    // buffers. Any failure (no such device, out of memory) stops with the failing call.
+    explicit CudaState(int device);
+    ~CudaState();
+    // Contexts hold a pointer to the state: it never moves.
+    CudaState(const CudaState&) = delete;
+    CudaState& operator=(const CudaState&) = delete;
+
+    int device() const { return device_; }
+    CUstream_st* stream() const { return stream_; }
+    cublasLtContext* cublaslt() const { return cublaslt_; }
+    void* workspace() const { return workspace_.data(); }
+    size_t workspace_bytes() const { return workspace_.bytes(); }
+
+    // The scratch area, for an op needing `bytes` (<= kScratchBytes, checked with the op's name).
+    // Its contents are undefined on entry and belong to the op until it returns (stream order).
+    void* scratch(size_t bytes, std::string_view op) const;
+
+    // A context that runs ops on this device, on this state's stream.
+    Context context();
+
+    // Waits for everything enqueued on the stream; an asynchronous kernel error stops here.
+    void synchronize() const;
+
+    // Cache of cuBLASLt algorithm choices, keyed by problem (ops/cuda/gemm.cu owns its contents).
+    struct MatmulCache;
+    MatmulCache& matmul_cache() const { return *matmul_cache_; }
+
+private:
+    int device_ = 0;
+    CUstream_st* stream_ = nullptr;
+    cublasLtContext* cublaslt_ = nullptr;
+    DeviceBuffer workspace_;
+    DeviceBuffer scratch_;
+    std::unique_ptr<MatmulCache> matmul_cache_;
+};
+
+// The CudaState behind a CUDA context, for ops that need handles or scratch. Stops, naming the op,
+// when the context has none or runs on another stream than the state's.
+CudaState& cuda_state_of(const Context& ctx, std::string_view op);
+
+// Copies src into dst (same dtype and shape, checked) in whichever direction their memory spaces
+// say, enqueued on `stream`; when either side is host memory it waits for the copy to finish, so
+// the host side may be reused or read at once. For tests and one-time uploads, not the step loop.
+void cuda_copy_sync(TensorView dst, ConstTensorView src, CUstream_st* stream);
+
+// Sets every byte of a device tensor to `byte`, enqueued on `stream`. 0xFF makes every f32 and
+// bf16 element a NaN: tests poison outputs this way to catch elements an op failed to write.
+void cuda_fill_bytes(TensorView dst, uint8_t byte, CUstream_st* stream);
+
+}  // namespace lathe

@@ -1,0 +1,120 @@
+#pragma once
+// Device-side helpers shared by the kernels of ops/cuda: warp and block reductions with a fixed
+// order (so every reduction is deterministic), bf16 vector loads and stores, launch sizing, and a
+// device-side invariant check. Internal to .cu files.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
+
+namespace lathe::cuda {
+
+inline constexpr int kWarpSize = 32;
+inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// Sum over the 32 lanes by a butterfly: every lane gets the same total, the same bits every run.
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+    return v;
+}
+
+// Sum over the block, returned to every thread. blockDim.x is a multiple of 32 (at most 1024);
+// `smem` holds 32 values of T. Fixed order: lanes within a warp, then warps by index. Contains
+// __syncthreads(), so every thread of the block must call it.
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* smem) {
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int warps = blockDim.x / kWarpSize;
+    v = warp_sum(v);
+    __syncthreads();  // smem may still be read by a previous call
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    T total = lane < warps ? smem[lane] : T(0);
+    return warp_sum(total);
+}
+
+__device__ __forceinline__ float block_max(float v, float* smem) {
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int warps = blockDim.x / kWarpSize;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    float m = lane < warps ? smem[lane] : -INFINITY;
+    return warp_max(m);
+}
+
+// kVec consecutive bf16 values to fp32: one 16-byte load for kVec == 8 (p 16-byte aligned),
+// plain loads for kVec == 1.
+template <int kVec>
+__device__ __forceinline__ void load_bf16(float (&out)[kVec], const __nv_bfloat16* p) {
+    static_assert(kVec == 1 || kVec == 8, "kVec is 1 or 8");
+    if constexpr (kVec == 8) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(p);
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = __bfloat1622float2(h[i]);
+            out[2 * i] = f.x;
+            out[2 * i + 1] = f.y;
+        }
+    } else {
+        out[0] = __bfloat162float(*p);
+    }
+}
+
+// kVec fp32 values rounded to nearest even into bf16 at p (16-byte aligned for kVec == 8).
+template <int kVec>
+__device__ __forceinline__ void store_bf16(__nv_bfloat16* p, const float (&in)[kVec]) {
+    static_assert(kVec == 1 || kVec == 8, "kVec is 1 or 8");
+    if constexpr (kVec == 8) {
+        uint4 raw;
+        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+        *reinterpret_cast<uint4*>(p) = raw;
+    } else {
+        *p = __float2bfloat16_rn(in[0]);
+    }
+}
+
+// Whether the 8-wide path applies: n a multiple of 8 and every pointer 16-byte aligned.
+inline bool vec8_ok(int64_t n, std::initializer_list<const void*> ptrs) {
+    if (n % 8 != 0) return false;
+    for (const void* p : ptrs)
+        if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+    return true;
+}
+
+// Blocks for `work_items` items at `per_block` items per block, capped for grid-stride loops.
+inline unsigned blocks_for(int64_t work_items, int64_t per_block, int64_t cap = 65535 * 16) {
+    int64_t b = (work_items + per_block - 1) / per_block;
+    if (b < 1) b = 1;
+    if (b > cap) b = cap;
+    return unsigned(b);
+}
+
+}  // namespace lathe::cuda
+
+// A broken invariant inside a kernel (an id outside its table): prints the values and traps, which
+// aborts the kernel; the host sees cudaErrorLaunchFailure (or similar) at its next checked call.
+#define LATHE_DEVICE_CHECK(cond, fmt_str, ...)                                                   \
+    do {                                                                                         \
+        if (!(cond)) {                                                                           \
+            printf("lathe: device check failed at %s:%d: %s: " fmt_str "\n", __FILE__, __LINE__, \
+                   #cond, __VA_ARGS__);                                                          \
+            __trap();                                                                            \
+        }                                                                                        \
+    } while (0)

@@ -1,0 +1,28 @@
+#pragma once
+// CUDA RMSNorm (ops/rmsnorm.h has the math).
+//   forward:  y (N, C) bf16, rstd (N) f32 from x (N, C) bf16, weight (C) bf16; fp32 math
+//   backward: dx (N, C) bf16 (= or += per dx_accumulate), dweight (C) f32 += (null: frozen)
+// Kernels: one warp per row (16-byte loads when C % 8 == 0), the row's statistics reduced by warp
+// shuffles; dweight through per-chunk partial sums and a second pass (column_reduce.h).
+// Deterministic. Device pointers; enqueued on `stream` (the state's, which holds the partials).
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+struct CUstream_st;
+
+namespace lathe {
+struct CudaState;
+}
+
+namespace lathe::cuda {
+
+void rmsnorm_forward(bf16* y, float* rstd, const bf16* x, const bf16* weight, int64_t N, int64_t C,
+                     float eps, CUstream_st* stream);
+
+void rmsnorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dweight,
+                      const bf16* dy, const bf16* x, const bf16* weight, const float* rstd,
+                      int64_t N, int64_t C, bool dx_accumulate);
+
+}  // namespace lathe::cuda

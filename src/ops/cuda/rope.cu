@@ -1,0 +1,73 @@
+// clang-format off
+#include "ops/cuda/nvcc_fmt.h"  // first: before any header that includes fmt
+// clang-format on
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/rope.h"
+
+namespace lathe::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// One thread per (row n, head h, k) with k < D - R/2: k < R/2 rotates the pair (k, k + R/2),
+// larger k copies the unrotated dim R + (k - R/2) (skipped when in place).
+__global__ void rope_rotate_pair_per_thread_kernel(__nv_bfloat16* out, const __nv_bfloat16* x,
+                                                   const int32_t* __restrict__ positions,
+                                                   const float* __restrict__ cos,
+                                                   const float* __restrict__ sin, int64_t T,
+                                                   int64_t Hx, int64_t D, int64_t R, int64_t P,
+                                                   int64_t total, float sign) {
+    const int64_t half = R / 2, per_head = D - half;
+    for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+         idx += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t k = idx % per_head;
+        const int64_t head = idx / per_head;  // n * Hx + h
+        const int64_t n = head / Hx;
+        const __nv_bfloat16* xh = x + head * D;
+        __nv_bfloat16* oh = out + head * D;
+        if (k < half) {
+            const int64_t pos = positions ? int64_t(positions[n]) : n % T;
+            LATHE_DEVICE_CHECK(pos >= 0 && pos < P, "rope position %lld at row %lld, table %lld",
+                               (long long)pos, (long long)n, (long long)P);
+            const float c = cos[pos * half + k];
+            const float s = sign * sin[pos * half + k];
+            const float x1 = __bfloat162float(xh[k]);
+            const float x2 = __bfloat162float(xh[k + half]);  // both read before either write
+            oh[k] = __float2bfloat16_rn(x1 * c - x2 * s);
+            oh[k + half] = __float2bfloat16_rn(x2 * c + x1 * s);
+        } else if (oh != xh) {
+            const int64_t j = R + (k - half);
+            oh[j] = xh[j];
+        }
+    }
+}
+
+void rope_launch(bf16* out, const bf16* x, const int32_t* positions, const float* cos,
+                 const float* sin, int64_t B, int64_t T, int64_t Hx, int64_t D, int64_t R,
+                 int64_t P, float sign, CUstream_st* stream) {
+    const int64_t total = B * T * Hx * (D - R / 2);
+    if (total == 0) return;
+    rope_rotate_pair_per_thread_kernel<<<blocks_for(total, kThreads), kThreads, 0, stream>>>(
+        reinterpret_cast<__nv_bfloat16*>(out), reinterpret_cast<const __nv_bfloat16*>(x), positions,
+        cos, sin, T, Hx, D, R, P, total, sign);
+    LATHE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void rope_forward(bf16* out, const bf16* x, const int32_t* positions, const float* cos,
+                  const float* sin, int64_t B, int64_t T, int64_t Hx, int64_t D, int64_t R,
+                  int64_t P, CUstream_st* stream) {
+    rope_launch(out, x, positions, cos, sin, B, T, Hx, D, R, P, 1.0f, stream);
+}
+
+void rope_backward(bf16* dx, const bf16* dout, const int32_t* positions, const float* cos,
+                   const float* sin, int64_t B, int64_t T, int64_t Hx, int64_t D, int64_t R,
+                   int64_t P, CUstream_st* stream) {
+    rope_launch(dx, dout, positions, cos, sin, B, T, Hx, D, R, P, -1.0f, stream);
+}
+
+}  // namespace lathe::cuda

@@ -1,0 +1,26 @@
+#pragma once
+// CUDA rotary position embedding (ops/rope.h has the math, HF rotate-half convention).
+//   forward:  out (B, T, Hx, D) bf16 = x rotated by +angle(pos) in its first R dims, the rest
+//   copied backward: dx = dout rotated by -angle(pos) (the transpose), dx overwritten (=)
+// positions (B, T) i32 or null (pos = t); cos, sin (P, R/2) f32 tables (rope_build_table, copied
+// to the device). out may be x and dx may be dout (in place): one thread owns each rotated pair,
+// so no restrict qualifiers on those two pointers. A position outside [0, P) traps the kernel.
+// Deterministic (no reductions). Enqueued on `stream`.
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+struct CUstream_st;
+
+namespace lathe::cuda {
+
+void rope_forward(bf16* out, const bf16* x, const int32_t* positions, const float* cos,
+                  const float* sin, int64_t B, int64_t T, int64_t Hx, int64_t D, int64_t R,
+                  int64_t P, CUstream_st* stream);
+
+void rope_backward(bf16* dx, const bf16* dout, const int32_t* positions, const float* cos,
+                   const float* sin, int64_t B, int64_t T, int64_t Hx, int64_t D, int64_t R,
+                   int64_t P, CUstream_st* stream);
+
+}  // namespace lathe::cuda

@@ -1,0 +1,91 @@
+// clang-format off
+#include "ops/cuda/nvcc_fmt.h"  // first: before any header that includes fmt
+// clang-format on
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/swiglu.h"
+
+namespace lathe::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float sigmoid(float g) {
+    return 1.0f / (1.0f + expf(-g));
+}
+
+// Each thread handles kVec consecutive f of one row n (grid-stride over N * F / kVec groups).
+template <int kVec>
+__global__ void swiglu_forward_kernel(__nv_bfloat16* __restrict__ out,
+                                      const __nv_bfloat16* __restrict__ gate_up, int64_t N,
+                                      int64_t F) {
+    const int64_t groups = N * F / kVec;
+    for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < groups;
+         idx += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t n = idx * kVec / F, f = idx * kVec % F;
+        float g[kVec], u[kVec], o[kVec];
+        load_bf16<kVec>(g, gate_up + n * 2 * F + f);
+        load_bf16<kVec>(u, gate_up + n * 2 * F + F + f);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) o[i] = g[i] * sigmoid(g[i]) * u[i];
+        store_bf16<kVec>(out + n * F + f, o);
+    }
+}
+
+// dgate = dout * up * sg * (1 + gate * (1 - sg)),  dup = dout * gate * sg.
+template <int kVec>
+__global__ void swiglu_backward_kernel(__nv_bfloat16* __restrict__ dgate_up,
+                                       const __nv_bfloat16* __restrict__ dout,
+                                       const __nv_bfloat16* __restrict__ gate_up, int64_t N,
+                                       int64_t F) {
+    const int64_t groups = N * F / kVec;
+    for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < groups;
+         idx += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t n = idx * kVec / F, f = idx * kVec % F;
+        float g[kVec], u[kVec], d[kVec], dg[kVec], du[kVec];
+        load_bf16<kVec>(g, gate_up + n * 2 * F + f);
+        load_bf16<kVec>(u, gate_up + n * 2 * F + F + f);
+        load_bf16<kVec>(d, dout + n * F + f);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+            const float sg = sigmoid(g[i]);
+            dg[i] = d[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+            du[i] = d[i] * g[i] * sg;
+        }
+        store_bf16<kVec>(dgate_up + n * 2 * F + f, dg);
+        store_bf16<kVec>(dgate_up + n * 2 * F + F + f, du);
+    }
+}
+
+}  // namespace
+
+void swiglu_forward(bf16* out, const bf16* gate_up, int64_t N, int64_t F, CUstream_st* stream) {
+    if (N * F == 0) return;
+    auto* o = reinterpret_cast<__nv_bfloat16*>(out);
+    const auto* gu = reinterpret_cast<const __nv_bfloat16*>(gate_up);
+    if (vec8_ok(F, {out, gate_up}))
+        swiglu_forward_kernel<8>
+            <<<blocks_for(N * F / 8, kThreads), kThreads, 0, stream>>>(o, gu, N, F);
+    else
+        swiglu_forward_kernel<1><<<blocks_for(N * F, kThreads), kThreads, 0, stream>>>(o, gu, N, F);
+    LATHE_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_backward(bf16* dgate_up, const bf16* dout, const bf16* gate_up, int64_t N, int64_t F,
+                     CUstream_st* stream) {
+    if (N * F == 0) return;
+    auto* dgu = reinterpret_cast<__nv_bfloat16*>(dgate_up);
+    const auto* d = reinterpret_cast<const __nv_bfloat16*>(dout);
+    const auto* gu = reinterpret_cast<const __nv_bfloat16*>(gate_up);
+    if (vec8_ok(F, {dgate_up, dout, gate_up}))
+        swiglu_backward_kernel<8>
+            <<<blocks_for(N * F / 8, kThreads), kThreads, 0, stream>>>(dgu, d, gu, N, F);
+    else
+        swiglu_backward_kernel<1>
+            <<<blocks_for(N * F, kThreads), kThreads, 0, stream>>>(dgu, d, gu, N, F);
+    LATHE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace lathe::cuda
