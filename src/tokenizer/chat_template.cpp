@@ -71,9 +71,9 @@ constexpr size_t kResyncAnchorBytes = 16;
 //    the longest rest of `prefix` that `full` continues with.
 //  * When nothing of that rest continues `full`, the prefix ends with text the full rendering
 //    does not have there (a template that always appends the assistant header, like the Llama-3
-//    base template): the turn ends where they part, and `*trailer` is set.
-size_t turn_end_in_full(std::string_view prefix, std::string_view full, bool* trailer) {
-    *trailer = false;
+//    base template): the turn ends where they part, and `*trailer` is that rest of `prefix`.
+size_t turn_end_in_full(std::string_view prefix, std::string_view full, std::string_view* trailer) {
+    *trailer = {};
     size_t i = 0, j = 0;
     while (true) {
         while (i < prefix.size() && j < full.size() && prefix[i] == full[j]) {
@@ -88,7 +88,7 @@ size_t turn_end_in_full(std::string_view prefix, std::string_view full, bool* tr
             continue;
         }
         const size_t overlap = suffix_prefix_overlap(prefix.substr(i), full.substr(j));
-        if (overlap == 0) *trailer = true;
+        if (overlap == 0) *trailer = prefix.substr(i);
         j += overlap;
         break;
     }
@@ -334,22 +334,20 @@ Result<ChatEncoding> ChatTemplate::encode_with_labels(const Tokenizer& tokenizer
         const bool add_gen = roles[i + 1] == options.generation_role;
         const Value prefix = Value::list(jinja::List(all.begin(), all.begin() + long(i + 1)));
         LATHE_ASSIGN_OR_RETURN(std::string rendered, impl_->render(prefix, add_gen, tool_values, extra_variables));
-        bool trailer = false;
+        std::string_view trailer;
         const size_t byte_end = std::max(prev_byte, turn_end_in_full(rendered, full, &trailer));
         prefix_ids.clear();
         LATHE_RETURN_IF_ERROR(tokenizer.encode(std::string_view(full).substr(0, byte_end), false, prefix_ids));
         size_t k = common_tokens(prefix_ids, out.ids);
-        if (trailer && k > prev_tok) {
-            // The prefix's trailer and the next turn may share their first tokens: with the
-            // Llama-3 base template both are a header "<|start_header_id|>" + role. When the
-            // renderings part on a plain (role) token right after a special token, that special
-            // token opens the next turn's header: it is not part of this turn.
-            LATHE_RETURN_IF_ERROR(tokenizer.encode(rendered, false, prefix_ids));
-            const size_t kr = common_tokens(prefix_ids, out.ids);
-            if (kr == k && kr < prefix_ids.size() && kr < out.ids.size() && kr - 1 >= prev_tok &&
-                tokenizer.is_special(out.ids[kr - 1]) && !tokenizer.is_special(out.ids[kr]) &&
-                !tokenizer.is_special(prefix_ids[kr]))
-                k = kr - 1;
+        if (!trailer.empty() && k == prefix_ids.size() && k > prev_tok && k < out.ids.size()) {
+            // The prefix's trailer and the next turn may start alike: with the Llama-3 base
+            // template both are a header "<|start_header_id|>" + role. When they part on a plain
+            // (role) token right after a special token, that special token opens the next
+            // turn's header: it is not part of this turn.
+            LATHE_RETURN_IF_ERROR(tokenizer.encode(trailer, false, prefix_ids));
+            if (!prefix_ids.empty() && !tokenizer.is_special(prefix_ids[0]) && tokenizer.is_special(out.ids[k - 1]) &&
+                !tokenizer.is_special(out.ids[k]))
+                k -= 1;
         }
         end[i] = std::max(prev_tok, k);
         prev_byte = byte_end;
