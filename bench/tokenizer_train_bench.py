@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -110,6 +111,7 @@ def main():
             [tuple(m) for m in ours["merges"]] == [tuple(m) for m in theirs["merges"]]
         print(f"{threads:>7}  {best_l:>10.2f}  {best_h:>8.2f}  {best_h / best_l:>7.1f}x  "
               f"{cpu_l:>9.2f}  {cpu_h:>7.2f}  {same}")
+    shutil.rmtree(tmp)
 
 
 if __name__ == "__main__":
