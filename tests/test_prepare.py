@@ -155,7 +155,7 @@ def split_blocks(text):
 
 
 @lru_cache(maxsize=None)
-def gcide_text(limit=1_200_000):
+def gcide_text(limit=600_000):
     """The start of GCIDE (UTF-8 lines only), cut at a line end."""
     raw = gzip.open(GCIDE).read(limit)
     raw = raw[: raw.rfind(b"\n") + 1]
