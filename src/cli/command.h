@@ -22,5 +22,6 @@ void cli_add_data(CLI::App& parent, CommandAction& action);
 void cli_add_chat(CLI::App& parent, CommandAction& action);
 void cli_add_train(CLI::App& parent, CommandAction& action);
 void cli_add_eval(CLI::App& parent, CommandAction& action);
+void cli_add_convert(CLI::App& parent, CommandAction& action);
 
 }  // namespace lathe

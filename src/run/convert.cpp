@@ -1,0 +1,879 @@
+#include "run/convert.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <unordered_set>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "core/strings.h"
+#include "io/file.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "model/model_config.h"
+#include "model/param_table.h"
+#include "model/registry.h"
+
+namespace fs = std::filesystem;
+
+namespace lathe {
+namespace {
+
+using Json = nlohmann::json;
+
+// transformers' max_shard_size before version 5 and huggingface_hub's default: shards of at
+// most 5 GB are what the Hub and every loader handle comfortably (transformers 5 raised its own
+// default to 50 GB; either loads the same).
+constexpr uint64_t kDefaultHfShardBytes = 5'000'000'000ull;
+
+constexpr const char* kConfigFile = "config.json";
+constexpr const char* kGenerationConfigFile = "generation_config.json";
+// The lathe-only files of a checkpoint (run/trainer.cpp writes them; the trainer's
+// `checkpoint.init_mode: continue` reads them with exactly these keys).
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kTrainerStateFile = "trainer_state.json";
+
+// Files carried from input to output byte for byte: what transformers' tokenizer and generation
+// config loaders read, and the model card / license that belong with the weights.
+constexpr std::string_view kCarriedFiles[] = {
+    "tokenizer.json",        "tokenizer_config.json", "special_tokens_map.json",
+    "added_tokens.json",     "chat_template.jinja",   "chat_template.json",
+    "vocab.json",            "merges.txt",            "tokenizer.model",
+    "generation_config.json", "README.md",            "LICENSE",
+    "LICENSE.txt",           "LICENSE.md",            "NOTICE",
+    "USE_POLICY.md",
+};
+// transformers 5 stores extra named chat templates as files in this folder.
+constexpr std::string_view kCarriedFolder = "additional_chat_templates";
+
+// Elements converted per block (bounds the scratch of a tied-head comparison).
+constexpr uint64_t kBlockElements = 1 << 20;
+
+std::string lower(std::string_view s) {
+    std::string out(s);
+    for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+}
+
+SafetensorsDtype safetensors_dtype_of(ConvertDtype d) {
+    switch (d) {
+        case ConvertDtype::kF32:
+            return SafetensorsDtype::kF32;
+        case ConvertDtype::kBF16:
+            return SafetensorsDtype::kBF16;
+        case ConvertDtype::kF16:
+            return SafetensorsDtype::kF16;
+    }
+    return SafetensorsDtype::kF32;
+}
+
+bool is_float_weight_dtype(SafetensorsDtype d) {
+    return d == SafetensorsDtype::kF32 || d == SafetensorsDtype::kBF16 ||
+           d == SafetensorsDtype::kF16;
+}
+
+// Converts elements [begin, begin + n) of `src` (F32 / BF16 / F16) into `dst` (n elements of
+// `to`). Same dtype: a copy of the bytes, so every bit (NaN payloads included) survives.
+void convert_elements(const SafetensorsTensor& src, uint64_t begin, uint64_t n,
+                      SafetensorsDtype to, void* dst) {
+    const int in_size = safetensors_dtype_bits(src.dtype) / 8;
+    const uint8_t* in = src.data + begin * uint64_t(in_size);
+    if (src.dtype == to) {
+        std::memcpy(dst, in, n * uint64_t(in_size));
+        return;
+    }
+    auto load = [&](uint64_t i) -> float {
+        if (src.dtype == SafetensorsDtype::kF32) {
+            float v;
+            std::memcpy(&v, in + 4 * i, 4);
+            return v;
+        }
+        uint16_t bits;
+        std::memcpy(&bits, in + 2 * i, 2);
+        return src.dtype == SafetensorsDtype::kBF16 ? bf16_to_float(bf16{bits})
+                                                    : convert_f16_to_f32(bits);
+    };
+    uint8_t* out = static_cast<uint8_t*>(dst);
+    switch (to) {
+        case SafetensorsDtype::kF32:
+            for (uint64_t i = 0; i < n; ++i) {
+                const float v = load(i);
+                std::memcpy(out + 4 * i, &v, 4);
+            }
+            break;
+        case SafetensorsDtype::kBF16:
+            for (uint64_t i = 0; i < n; ++i) {
+                const uint16_t bits = float_to_bf16(load(i)).bits;
+                std::memcpy(out + 2 * i, &bits, 2);
+            }
+            break;
+        case SafetensorsDtype::kF16:
+            for (uint64_t i = 0; i < n; ++i) {
+                const uint16_t bits = convert_f32_to_f16(load(i));
+                std::memcpy(out + 2 * i, &bits, 2);
+            }
+            break;
+        default:
+            LATHE_CHECK(false, "convert to {} is not a weight dtype", safetensors_dtype_name(to));
+    }
+}
+
+// fsync of a folder, so that the names created in it (renames included) are durable.
+Status sync_folder(const std::string& dir) {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return io_error("{}: cannot open to sync: {}", dir, std::strerror(errno));
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) return io_error("{}: fsync failed: {}", dir, std::strerror(err));
+    return ok_status();
+}
+
+bool folder_is_empty(const fs::path& dir) {
+    std::error_code ec;
+    return fs::directory_iterator(dir, ec) == fs::directory_iterator();
+}
+
+// The absolute, normalized form of a path, without a trailing separator.
+fs::path normalized(const std::string& path) {
+    fs::path p = fs::absolute(fs::path(path)).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();
+    return p;
+}
+
+// `inner` equals `outer` or lies inside it (after resolving links where the paths exist).
+bool path_within(const fs::path& inner, const fs::path& outer) {
+    std::error_code ec;
+    const fs::path a = fs::weakly_canonical(inner, ec);
+    const fs::path b = fs::weakly_canonical(outer, ec);
+    auto ai = a.begin();
+    for (auto bi = b.begin(); bi != b.end(); ++bi, ++ai) {
+        if (bi->empty()) continue;  // a trailing separator
+        if (ai == a.end() || *ai != *bi) return false;
+    }
+    return true;
+}
+
+// The output folder under construction: a hidden sibling of OUTPUT_DIR, renamed onto it by
+// commit(); removed by the destructor otherwise, so a failed conversion leaves nothing behind.
+class StagingFolder {
+public:
+    static Result<StagingFolder> begin(const fs::path& final_dir, bool overwrite) {
+        StagingFolder s;
+        s.final_ = final_dir;
+        std::error_code ec;
+        if (fs::exists(final_dir, ec)) {
+            if (!fs::is_directory(final_dir, ec))
+                return invalid_argument_error("OUTPUT_DIR {} exists and is not a folder",
+                                              final_dir.string());
+            if (!folder_is_empty(final_dir) && !overwrite)
+                return invalid_argument_error(
+                    "OUTPUT_DIR {} exists and is not empty; choose a new folder or pass "
+                    "--overwrite to replace it",
+                    final_dir.string());
+        }
+        fs::create_directories(final_dir.parent_path(), ec);
+        if (ec)
+            return io_error("{}: cannot create the folder: {}", final_dir.parent_path().string(),
+                            ec.message());
+        s.path_ = final_dir.parent_path() /
+                  fmt::format(".{}.partial-{}", final_dir.filename().string(), ::getpid());
+        fs::remove_all(s.path_, ec);
+        if (!fs::create_directory(s.path_, ec) || ec)
+            return io_error("{}: cannot create the staging folder: {}", s.path_.string(),
+                            ec ? ec.message() : std::string("it exists"));
+        s.active_ = true;
+        return s;
+    }
+
+    StagingFolder() = default;
+    StagingFolder(StagingFolder&& o) noexcept
+        : final_(std::move(o.final_)), path_(std::move(o.path_)), active_(o.active_) {
+        o.active_ = false;
+    }
+    StagingFolder& operator=(StagingFolder&&) = delete;
+    ~StagingFolder() {
+        if (!active_) return;
+        std::error_code ec;
+        fs::remove_all(path_, ec);
+    }
+
+    std::string path() const { return path_.string(); }
+    std::string file(std::string_view name) const { return (path_ / name).string(); }
+
+    // Syncs the staged folder and renames it onto the final path. A previous non-empty folder
+    // there (allowed by `overwrite`) is moved aside first and removed after the rename.
+    Status commit() {
+        LATHE_RETURN_IF_ERROR(sync_folder(path_.string()));
+        std::error_code ec;
+        fs::path old;
+        if (fs::exists(final_, ec)) {
+            if (folder_is_empty(final_)) {
+                fs::remove(final_, ec);
+            } else {
+                old = final_.parent_path() /
+                      fmt::format(".{}.old-{}", final_.filename().string(), ::getpid());
+                fs::remove_all(old, ec);
+                fs::rename(final_, old, ec);
+            }
+            if (ec)
+                return io_error("{}: cannot replace the existing folder: {}", final_.string(),
+                                ec.message());
+        }
+        fs::rename(path_, final_, ec);
+        if (ec)
+            return io_error("{}: cannot rename the finished output into place: {}",
+                            final_.string(), ec.message());
+        active_ = false;
+        if (!old.empty()) fs::remove_all(old, ec);
+        return sync_folder(final_.parent_path().string());
+    }
+
+private:
+    fs::path final_, path_;
+    bool active_ = false;
+};
+
+// One parameter tensor to write: where it comes from and what it becomes.
+struct PlannedTensor {
+    const HfParam* param = nullptr;
+    const SafetensorsTensor* src = nullptr;
+    SafetensorsDtype out = SafetensorsDtype::kF32;
+    uint64_t out_bytes = 0;
+};
+
+std::string dims_hint(const ModelConfig& c) {
+    return fmt::format(
+        "vocab_size {}, hidden_size {}, intermediate_size {}, num_attention_heads {}, "
+        "num_key_value_heads {}, head_dim {}",
+        c.vocab_size, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads,
+        c.head_dim);
+}
+
+// The layer number in a tensor name: its first all-digit component ("model.layers.12.mlp..." and
+// "h.12.attn..." -> 12), or -1.
+int64_t layer_in_name(std::string_view name) {
+    for (std::string_view part : split(name, '.')) {
+        int64_t value = 0;
+        const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
+        if (!part.empty() && ec == std::errc() && end == part.data() + part.size()) return value;
+    }
+    return -1;
+}
+
+// Compares two tensors of any weight dtype by value (as f32 bit patterns), block by block.
+// Returns the first differing element, or -1 when equal.
+int64_t first_difference(const SafetensorsTensor& a, const SafetensorsTensor& b, float* va,
+                         float* vb) {
+    const uint64_t n = a.numel();
+    std::vector<float> x(std::min(n, kBlockElements)), y(x.size());
+    for (uint64_t begin = 0; begin < n; begin += kBlockElements) {
+        const uint64_t m = std::min(kBlockElements, n - begin);
+        convert_elements(a, begin, m, SafetensorsDtype::kF32, x.data());
+        convert_elements(b, begin, m, SafetensorsDtype::kF32, y.data());
+        if (std::memcmp(x.data(), y.data(), m * sizeof(float)) == 0) continue;
+        for (uint64_t i = 0; i < m; ++i) {
+            if (std::bit_cast<uint32_t>(x[i]) != std::bit_cast<uint32_t>(y[i])) {
+                *va = x[i];
+                *vb = y[i];
+                return int64_t(begin + i);
+            }
+        }
+    }
+    return -1;
+}
+
+// Matches the checkpoint's tensors against the parameter table (see the header comment for the
+// rules). `dropped` receives the input tensors that are not written.
+Result<std::vector<PlannedTensor>> plan_tensors(const ModelConfig& config, const ParamTable& table,
+                                                const SafetensorsCheckpoint& ck,
+                                                const std::string& where, SafetensorsDtype out,
+                                                std::vector<std::string>& dropped) {
+    const ModelFamily& family = model_family_of(config);
+    const std::string arch(family.architecture);
+    std::vector<PlannedTensor> planned;
+    std::unordered_set<std::string> used;
+    const SafetensorsTensor* embedding = nullptr;
+    std::vector<std::string> param_names;
+    for (const HfParam& p : table.hf_params()) param_names.push_back(p.name);
+
+    for (const HfParam& p : table.hf_params()) {
+        const ParamEntry& entry = table.entries()[p.entry];
+        std::string name = p.name;
+        const std::string_view prefix = family.base_model_prefix;
+        if (!ck.contains(name) && !prefix.empty() && starts_with(name, prefix) &&
+            ck.contains(name.substr(prefix.size())))
+            name = name.substr(prefix.size());
+        if (!ck.contains(name)) {
+            if (entry.role == ParamRole::kLmHead) {
+                const size_t emb = table.find_entry(ParamRole::kTokenEmbedding);
+                return invalid_argument_error(
+                    "{}: tensor '{}' (the LM head, shape {}) is missing, but config.json says "
+                    "tie_word_embeddings false (an untied head); if this model's head is its "
+                    "token embedding '{}', set \"tie_word_embeddings\": true in config.json",
+                    where, p.name, p.shape.to_string(),
+                    emb == ParamTable::kNone ? std::string("?") : table.entries()[emb].name);
+            }
+            std::string hint;
+            if (entry.layer >= 0)
+                hint = fmt::format(" (layer {} of num_hidden_layers {}: does config.json give "
+                                   "more layers than the checkpoint has?)",
+                                   entry.layer, config.num_layers);
+            return invalid_argument_error(
+                "{}: tensor '{}' is missing: a {} with this config.json needs it, shape {}{}{}",
+                where, p.name, arch, p.shape.to_string(), hint,
+                did_you_mean(p.name, ck.names()));
+        }
+        LATHE_ASSIGN_OR_RETURN(const SafetensorsTensor* t, ck.tensor(name));
+        bool shape_ok = int(t->shape.size()) == p.shape.rank();
+        for (int i = 0; shape_ok && i < p.shape.rank(); ++i)
+            shape_ok = t->shape[size_t(i)] == p.shape[i];
+        if (!shape_ok)
+            return invalid_argument_error(
+                "{}: tensor '{}' has shape {}, but config.json implies {} for it ({}); the "
+                "weights and config.json do not belong together",
+                where, name, t->shape_string(), p.shape.to_string(), dims_hint(config));
+        if (!is_float_weight_dtype(t->dtype))
+            return invalid_argument_error(
+                "{}: tensor '{}' is {}; lathe converts F32, BF16 and F16 weights (quantized or "
+                "integer checkpoints must be dequantized first)",
+                where, name, safetensors_dtype_name(t->dtype));
+        used.insert(name);
+        if (entry.role == ParamRole::kTokenEmbedding) embedding = t;
+        PlannedTensor pt;
+        pt.param = &p;
+        pt.src = t;
+        pt.out = out;
+        pt.out_bytes = t->numel() * uint64_t(safetensors_dtype_bits(out) / 8);
+        planned.push_back(pt);
+    }
+
+    // What the untied variant of this model calls its head, for tied checkpoints that carry one.
+    std::string untied_head;
+    if (config.tie_word_embeddings) {
+        ModelConfig untied = config;
+        untied.tie_word_embeddings = false;
+        const ParamTable t = model_param_table(untied);
+        const size_t e = t.find_entry(ParamRole::kLmHead);
+        if (e != ParamTable::kNone) untied_head = t.entries()[e].name;
+    }
+
+    std::vector<std::string> extra;
+    for (const std::string& name : ck.names()) {
+        if (used.count(name)) continue;
+        bool buffer = false;
+        for (std::string_view suffix : family.ignored_suffixes) buffer |= ends_with(name, suffix);
+        if (buffer) {
+            dropped.push_back(name);
+            continue;
+        }
+        if (!untied_head.empty() && name == untied_head && embedding != nullptr) {
+            LATHE_ASSIGN_OR_RETURN(const SafetensorsTensor* head, ck.tensor(name));
+            float a = 0, b = 0;
+            const bool same_shape = head->shape == embedding->shape;
+            const int64_t diff = same_shape && is_float_weight_dtype(head->dtype)
+                                     ? first_difference(*head, *embedding, &a, &b)
+                                     : 0;
+            if (!same_shape || diff >= 0) {
+                const std::string what =
+                    !same_shape ? fmt::format("has shape {} (the embedding has {})",
+                                              head->shape_string(), embedding->shape_string())
+                    : !is_float_weight_dtype(head->dtype)
+                        ? fmt::format("is {}", safetensors_dtype_name(head->dtype))
+                        : fmt::format("differs from it (element {}: {} vs {})", diff, a, b);
+                return invalid_argument_error(
+                    "{}: config.json says tie_word_embeddings true (the LM head is the token "
+                    "embedding '{}'), but the checkpoint has its own '{}', which {}; if the "
+                    "head is separate, set \"tie_word_embeddings\": false in config.json",
+                    where, embedding->name, name, what);
+            }
+            dropped.push_back(name);
+            continue;
+        }
+        extra.push_back(name);
+    }
+    if (!extra.empty()) {
+        const std::string& name = extra.front();
+        std::string hint;
+        const int64_t layer = layer_in_name(name);
+        if (layer >= config.num_layers)
+            hint = fmt::format(" (layer {}, but config.json's num_hidden_layers is {})", layer,
+                               config.num_layers);
+        else if (ends_with(name, ".bias"))
+            hint = " (config.json turns this bias off: see attention_bias / mlp_bias)";
+        else
+            hint = did_you_mean(name, param_names);
+        std::string more;
+        if (extra.size() > 1) {
+            more = fmt::format("; {} unexpected tensors in all: ", extra.size());
+            for (size_t i = 0; i < extra.size() && i < 6; ++i)
+                more += fmt::format("{}{}", i ? ", " : "", extra[i]);
+            if (extra.size() > 6) more += ", ...";
+        }
+        return invalid_argument_error(
+            "{}: tensor '{}' is not a parameter of a {} with this config.json{}{}; lathe would "
+            "have to drop it, so the config and weights do not match",
+            where, name, arch, hint, more);
+    }
+    return planned;
+}
+
+// huggingface_hub's split (the rule safetensors_write_checkpoint applies; a test checks that the
+// two agree byte for byte): walk in order; a tensor over the limit gets a shard of its own at
+// once; otherwise the current shard closes when this tensor would tip it over the limit.
+std::vector<std::vector<size_t>> plan_shards(const std::vector<PlannedTensor>& tensors,
+                                             uint64_t limit) {
+    std::vector<std::vector<size_t>> shards;
+    std::vector<size_t> current;
+    uint64_t current_bytes = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+        const uint64_t n = tensors[i].out_bytes;
+        if (limit > 0 && n > limit) {
+            shards.push_back({i});
+            continue;
+        }
+        if (limit > 0 && current_bytes + n > limit && !current.empty()) {
+            shards.push_back(std::move(current));
+            current.clear();
+            current_bytes = 0;
+        }
+        current.push_back(i);
+        current_bytes += n;
+    }
+    if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
+    return shards;
+}
+
+// Writes the planned tensors into `staging` as model.safetensors, or as shards plus the index,
+// converting one shard's tensors at a time. Tensors already in the output dtype are written
+// straight from the input's memory map.
+Status write_weights(const StagingFolder& staging, const std::vector<PlannedTensor>& tensors,
+                     uint64_t limit, ConvertResult& result) {
+    const std::vector<std::vector<size_t>> shards = plan_shards(tensors, limit);
+    uint64_t total = 0;
+    for (const PlannedTensor& t : tensors) total += t.out_bytes;
+    Progress progress("convert", total, "tensors");
+    Json weight_map = Json::object();
+    for (size_t s = 0; s < shards.size(); ++s) {
+        const std::string file = shards.size() == 1
+                                     ? std::string(kSafetensorsSingleFileName)
+                                     : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1,
+                                                   shards.size());
+        std::vector<std::unique_ptr<uint8_t[]>> buffers;
+        std::vector<SafetensorsWriteTensor> writes;
+        uint64_t shard_bytes = 0;
+        for (size_t i : shards[s]) {
+            const PlannedTensor& t = tensors[i];
+            SafetensorsWriteTensor w;
+            w.name = t.param->name;
+            w.dtype = t.out;
+            w.shape = t.src->shape;
+            w.nbytes = t.out_bytes;
+            if (t.src->dtype == t.out) {
+                w.data = t.src->data;
+            } else {
+                buffers.emplace_back(new uint8_t[std::max<uint64_t>(t.out_bytes, 1)]);
+                convert_elements(*t.src, 0, t.src->numel(), t.out, buffers.back().get());
+                w.data = buffers.back().get();
+            }
+            writes.push_back(std::move(w));
+            weight_map[t.param->name] = file;
+            shard_bytes += t.out_bytes;
+        }
+        LATHE_RETURN_IF_ERROR(safetensors_write_file(staging.file(file), writes,
+                                                     safetensors_default_metadata()));
+        result.weight_files.push_back(file);
+        progress.add(shard_bytes, writes.size());
+    }
+    progress.finish();
+    result.weight_bytes = total;
+    if (shards.size() > 1) {
+        const Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+        // json.dumps(index, indent=2, sort_keys=True) + "\n", as transformers writes it.
+        LATHE_RETURN_IF_ERROR(file_write_atomic(staging.file(kSafetensorsIndexFileName),
+                                                index.dump(2, ' ', true) + "\n"));
+        result.weight_files.push_back(std::string(kSafetensorsIndexFileName));
+    }
+    return ok_status();
+}
+
+// generation_config.json as transformers' GenerationConfig.from_model_config makes it from the
+// model config's special token ids (without the version stamp, which is transformers' own).
+// Empty when config.json names no such id: there is nothing sensible to write then.
+std::string generation_config_from(const HfModelConfig& hf) {
+    if (!hf.bos_token_id && hf.eos_token_ids.empty() && !hf.pad_token_id) return "";
+    Json j = Json::object();
+    j["_from_model_config"] = true;
+    if (hf.bos_token_id) j["bos_token_id"] = *hf.bos_token_id;
+    if (hf.eos_token_ids.size() == 1 && !hf.eos_token_id_is_list)
+        j["eos_token_id"] = hf.eos_token_ids[0];
+    else if (!hf.eos_token_ids.empty())
+        j["eos_token_id"] = hf.eos_token_ids;
+    if (hf.pad_token_id) j["pad_token_id"] = *hf.pad_token_id;
+    return j.dump(2) + "\n";
+}
+
+// Copies the carried files (kCarriedFiles, kCarriedFolder) that exist in `from`.
+Status copy_carried_files(const std::string& from, const StagingFolder& staging,
+                          std::vector<std::string>& copied) {
+    for (std::string_view name : kCarriedFiles) {
+        const fs::path src = fs::path(from) / name;
+        std::error_code ec;
+        if (!fs::is_regular_file(src, ec)) continue;
+        LATHE_ASSIGN_OR_RETURN(std::string bytes, file_read_all(src.string()));
+        LATHE_RETURN_IF_ERROR(file_write_atomic(staging.file(name), bytes));
+        copied.emplace_back(name);
+    }
+    const fs::path folder = fs::path(from) / kCarriedFolder;
+    std::error_code ec;
+    if (fs::is_directory(folder, ec)) {
+        const fs::path dst = fs::path(staging.path()) / kCarriedFolder;
+        fs::create_directory(dst, ec);
+        if (ec) return io_error("{}: cannot create: {}", dst.string(), ec.message());
+        std::vector<fs::path> files;
+        for (const fs::directory_entry& e : fs::directory_iterator(folder, ec))
+            if (e.is_regular_file()) files.push_back(e.path());
+        std::sort(files.begin(), files.end());
+        for (const fs::path& f : files) {
+            LATHE_ASSIGN_OR_RETURN(std::string bytes, file_read_all(f.string()));
+            LATHE_RETURN_IF_ERROR(file_write_atomic((dst / f.filename()).string(), bytes));
+            copied.push_back((fs::path(kCarriedFolder) / f.filename()).string());
+        }
+        LATHE_RETURN_IF_ERROR(sync_folder(dst.string()));
+    }
+    return ok_status();
+}
+
+// optimizer.safetensors with zero AdamW moments for `table`'s arena layout, and trainer_state.json
+// at step 0, with the keys the trainer's `continue` mode reads.
+Status write_fresh_training_state(const StagingFolder& staging, const ParamTable& table,
+                                  const ConvertSource& source,
+                                  const std::vector<std::string>& input_dtypes) {
+    const uint64_t n = table.layout().total_bytes() / sizeof(float);
+    // calloc'ed zeros: a large block comes from fresh zero pages that reading does not copy, so
+    // writing two moments of a big model costs no memory of its own.
+    std::unique_ptr<float, decltype(&std::free)> zeros(
+        static_cast<float*>(std::calloc(std::max<uint64_t>(n, 1), sizeof(float))), &std::free);
+    if (!zeros) return failed_precondition_error("cannot allocate {} bytes for the optimizer state",
+                                                 n * sizeof(float));
+    const ConstTensorView view(zeros.get(), DType::kF32, Shape{int64_t(n)});
+    const std::vector<SafetensorsWriteTensor> moments = {
+        safetensors_write_tensor("exp_avg", view),
+        safetensors_write_tensor("exp_avg_sq", view),
+    };
+    LATHE_RETURN_IF_ERROR(
+        safetensors_write_file(staging.file(kOptimizerFile), moments,
+                               {{"format", "lathe-adamw"}, {"layout", "parameter arena"}}));
+    Json j;
+    j["step"] = 0;
+    j["adam_step"] = 0;
+    j["skipped_steps"] = 0;
+    j["skipped_in_a_row"] = 0;
+    j["loss_mean"] = 0.0;
+    j["loss_count"] = 0;
+    j["interval_loss_sum"] = 0.0;
+    j["interval_steps"] = 0;
+    j["eval_passes"] = 0;
+    j["consumed_train_samples"] = 0;
+    j["tokens"] = 0;
+    j["lathe_version"] = LATHE_VERSION_STRING;
+    j["converted_from"] = {{"path", normalized(source.dir).string()},
+                           {"format", std::string(checkpoint_format_name(source.format))},
+                           {"dtypes", input_dtypes}};
+    return file_write_atomic(staging.file(kTrainerStateFile), j.dump(2) + "\n");
+}
+
+// "step-00000100" -> 100; -1 for other names.
+int64_t step_of(const std::string& name) {
+    if (!starts_with(name, "step-") || name.size() == 5) return -1;
+    int64_t value = 0;
+    const char* begin = name.data() + 5;
+    const auto [end, ec] = std::from_chars(begin, name.data() + name.size(), value);
+    return ec == std::errc() && end == name.data() + name.size() ? value : -1;
+}
+
+// The newest complete step folder under `checkpoints` (CheckpointDir's layout; partial folders
+// start with '.' and are not step names). Read-only: a run may be writing there right now.
+std::optional<fs::path> newest_step(const fs::path& checkpoints) {
+    std::error_code ec;
+    int64_t best = -1;
+    fs::path best_path;
+    for (const fs::directory_entry& e : fs::directory_iterator(checkpoints, ec)) {
+        if (!e.is_directory()) continue;
+        const int64_t step = step_of(e.path().filename().string());
+        if (step > best && fs::is_regular_file(e.path() / kConfigFile, ec)) {
+            best = step;
+            best_path = e.path();
+        }
+    }
+    if (best < 0) return std::nullopt;
+    return best_path;
+}
+
+}  // namespace
+
+std::string_view checkpoint_format_name(CheckpointFormat format) {
+    return format == CheckpointFormat::kHf ? "hf" : "lathe";
+}
+
+std::string_view convert_dtype_name(ConvertDtype dtype) {
+    switch (dtype) {
+        case ConvertDtype::kF32:
+            return "fp32";
+        case ConvertDtype::kBF16:
+            return "bf16";
+        case ConvertDtype::kF16:
+            return "fp16";
+    }
+    return "?";
+}
+
+std::string_view convert_dtype_torch_name(ConvertDtype dtype) {
+    switch (dtype) {
+        case ConvertDtype::kF32:
+            return "float32";
+        case ConvertDtype::kBF16:
+            return "bfloat16";
+        case ConvertDtype::kF16:
+            return "float16";
+    }
+    return "?";
+}
+
+Result<ConvertDtype> convert_parse_dtype(std::string_view text) {
+    const std::string t = lower(text);
+    if (t == "fp32" || t == "f32" || t == "float32") return ConvertDtype::kF32;
+    if (t == "bf16" || t == "bfloat16") return ConvertDtype::kBF16;
+    if (t == "fp16" || t == "f16" || t == "float16") return ConvertDtype::kF16;
+    return invalid_argument_error("--dtype '{}': choose fp32, bf16 or fp16",
+                                  escape_for_message(text));
+}
+
+Result<uint64_t> convert_parse_size(std::string_view text) {
+    const std::string_view t = trim(text);
+    auto bad = [&] {
+        return invalid_argument_error(
+            "--max-shard-size '{}': expected a byte count or a number with a unit, e.g. 5GB, "
+            "500MB, 2GiB (KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024; 0 = no limit)",
+            escape_for_message(text));
+    };
+    size_t digits = 0;
+    while (digits < t.size() && (std::isdigit(static_cast<unsigned char>(t[digits])) || t[digits] == '.'))
+        ++digits;
+    if (digits == 0) return bad();
+    double number = 0.0;
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + digits, number);
+    if (ec != std::errc() || end != t.data() + digits) return bad();
+    const std::string unit = lower(trim(t.substr(digits)));
+    static const std::map<std::string, double> kUnits = {
+        {"", 1.0},     {"b", 1.0},           {"kb", 1e3},          {"mb", 1e6},
+        {"gb", 1e9},   {"tb", 1e12},         {"kib", 1024.0},      {"mib", 1048576.0},
+        {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+    };
+    const auto it = kUnits.find(unit);
+    if (it == kUnits.end()) return bad();
+    const double bytes = number * it->second;
+    if (!std::isfinite(bytes) || bytes >= 1.8e19) return bad();
+    if (unit.empty() && number != std::floor(number)) return bad();
+    return uint64_t(std::llround(bytes));
+}
+
+float convert_f16_to_f32(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1Fu;
+    const uint32_t man = h & 0x3FFu;
+    if (exp == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (man << 13));  // inf, NaN
+    if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
+    // Zero or subnormal: man * 2^-24, exact in f32.
+    const float v = std::ldexp(float(man), -24);
+    return sign ? -v : v;
+}
+
+uint16_t convert_f32_to_f16(float f) {
+    const uint32_t x = std::bit_cast<uint32_t>(f);
+    const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+    const uint32_t ax = x & 0x7FFFFFFFu;
+    if (ax > 0x7F800000u) return sign | 0x7E00u;  // NaN -> quiet NaN (torch's encoding)
+    // 65520 = 65504 + half an ulp: from here on, round to nearest even gives infinity.
+    if (ax >= 0x477FF000u) return sign | 0x7C00u;
+    if (ax >= 0x38800000u) {  // a normal f16 (>= 2^-14): rebias the exponent, round 13 bits away
+        const uint32_t odd = (ax >> 13) & 1u;
+        return sign | uint16_t((ax - 0x38000000u + 0x0FFFu + odd) >> 13);
+    }
+    // Subnormal or zero: the value in units of 2^-24, rounded to nearest even (a carry to 1024
+    // is the smallest normal's encoding). The scaling is exact, nearbyint rounds ties to even.
+    const float units = std::nearbyint(std::bit_cast<float>(ax) * 0x1p24f);
+    return sign | uint16_t(units);
+}
+
+Result<ConvertSource> convert_find_source(const std::string& input) {
+    std::error_code ec;
+    const fs::path given(input);
+    if (!fs::is_directory(given, ec))
+        return not_found_error("INPUT_DIR {}: no such folder", input);
+    ConvertSource src;
+    src.given = input;
+    fs::path dir = given;
+    if (!fs::is_regular_file(dir / kConfigFile, ec)) {
+        std::optional<fs::path> step;
+        if (fs::is_directory(dir / "checkpoints", ec)) step = newest_step(dir / "checkpoints");
+        if (!step) step = newest_step(dir);
+        if (!step)
+            return not_found_error(
+                "INPUT_DIR {}: no config.json, and no checkpoints/step-*/ with one: expected a "
+                "Hugging Face folder, a lathe checkpoint, or a lathe run folder",
+                input);
+        dir = *step;
+        log_info("{}: newest checkpoint {}", input, dir.string());
+    }
+    src.dir = dir.string();
+    const bool single = fs::is_regular_file(dir / kSafetensorsSingleFileName, ec);
+    const bool index = fs::is_regular_file(dir / kSafetensorsIndexFileName, ec);
+    if (!single && !index) {
+        for (const char* other : {"pytorch_model.bin", "pytorch_model.bin.index.json",
+                                  "model.ckpt.index", "flax_model.msgpack"}) {
+            if (fs::exists(dir / other, ec))
+                return invalid_argument_error(
+                    "{}: the weights are in {}, which lathe does not read; save them as "
+                    "safetensors first (transformers: model.save_pretrained(dir), which writes "
+                    "safetensors by default)",
+                    src.dir, other);
+        }
+        return not_found_error("{}: config.json but no {} and no {}: no weights to convert",
+                               src.dir, kSafetensorsSingleFileName, kSafetensorsIndexFileName);
+    }
+    src.format = fs::exists(dir / kTrainerStateFile, ec) || fs::exists(dir / kOptimizerFile, ec)
+                     ? CheckpointFormat::kLathe
+                     : CheckpointFormat::kHf;
+    return src;
+}
+
+Result<ConvertResult> convert_run(const ConvertRequest& request) {
+    if (request.input.empty()) return invalid_argument_error("INPUT_DIR is required");
+    if (request.output.empty()) return invalid_argument_error("OUTPUT_DIR is required");
+    LATHE_ASSIGN_OR_RETURN(ConvertSource source, convert_find_source(request.input));
+    if (source.format == CheckpointFormat::kLathe && request.to == CheckpointFormat::kLathe)
+        return invalid_argument_error(
+            "{} is already a lathe checkpoint; copy the folder, or convert --to hf", source.dir);
+    const ConvertDtype dtype = request.dtype.value_or(
+        request.to == CheckpointFormat::kHf ? ConvertDtype::kBF16 : ConvertDtype::kF32);
+    if (request.to == CheckpointFormat::kLathe && dtype != ConvertDtype::kF32)
+        return invalid_argument_error(
+            "--dtype {} with --to lathe: a lathe checkpoint holds the fp32 master weights the "
+            "trainer updates; leave --dtype out (or use --to hf for {} weights)",
+            convert_dtype_name(dtype), convert_dtype_name(dtype));
+    const uint64_t limit = request.max_shard_bytes.value_or(
+        request.to == CheckpointFormat::kHf ? kDefaultHfShardBytes : 0);
+    const fs::path out = normalized(request.output);
+    if (path_within(out, normalized(source.dir)) || path_within(normalized(source.dir), out) ||
+        path_within(normalized(request.input), out))
+        return invalid_argument_error(
+            "OUTPUT_DIR {} overlaps the input {}; write the conversion to a folder of its own",
+            out.string(), source.dir);
+
+    // The model, from config.json through the registry: unknown architectures stop here.
+    const std::string config_path = (fs::path(source.dir) / kConfigFile).string();
+    LATHE_ASSIGN_OR_RETURN(ModelConfig config, model_config_from_hf_file(config_path));
+    const ParamTable table = model_param_table(config);
+    auto ck = SafetensorsCheckpoint::open(source.dir);
+    if (!ck.ok()) return ck.status();
+    const std::string where =
+        !ck->index_path().empty() ? ck->index_path() : ck->shard_paths().front();
+
+    ConvertResult result;
+    result.source = source;
+    result.output = out.string();
+    result.to = request.to;
+    result.dtype = dtype;
+    result.architecture = std::string(model_family_of(config).architecture);
+    LATHE_ASSIGN_OR_RETURN(std::vector<PlannedTensor> tensors,
+                           plan_tensors(config, table, *ck, where, safetensors_dtype_of(dtype),
+                                        result.dropped));
+    std::set<std::string> dtypes;
+    for (const PlannedTensor& t : tensors) {
+        dtypes.insert(std::string(safetensors_dtype_name(t.src->dtype)));
+        result.parameters += int64_t(t.src->numel());
+    }
+    result.tensors = int64_t(tensors.size());
+    result.input_dtypes.assign(dtypes.begin(), dtypes.end());
+    log_info("{}: {} checkpoint, {} {} tensors ({}), {} parameters{}", source.dir,
+             checkpoint_format_name(source.format), result.tensors, result.architecture,
+             fmt::join(result.input_dtypes, "/"), result.parameters,
+             result.dropped.empty() ? std::string()
+                                    : fmt::format("; not carried: {}", fmt::join(result.dropped, ", ")));
+
+    LATHE_ASSIGN_OR_RETURN(StagingFolder staging, StagingFolder::begin(out, request.overwrite));
+    LATHE_RETURN_IF_ERROR(write_weights(staging, tensors, limit, result));
+
+    HfModelConfig hf = config.hf;
+    hf.torch_dtype = std::string(convert_dtype_torch_name(dtype));
+    LATHE_RETURN_IF_ERROR(hf_config_save(staging.file(kConfigFile), hf));
+    result.other_files.push_back(kConfigFile);
+    LATHE_RETURN_IF_ERROR(copy_carried_files(source.dir, staging, result.other_files));
+    const bool has_tokenizer = std::find(result.other_files.begin(), result.other_files.end(),
+                                         "tokenizer.json") != result.other_files.end();
+    if (!has_tokenizer)
+        log_warning("{} has no tokenizer.json; the output has weights but no tokenizer ({})",
+                    source.dir,
+                    request.to == CheckpointFormat::kHf
+                        ? "transformers' AutoTokenizer will not load it"
+                        : "lathe train needs data.tokenizer from elsewhere");
+    if (request.to == CheckpointFormat::kHf &&
+        std::find(result.other_files.begin(), result.other_files.end(), kGenerationConfigFile) ==
+            result.other_files.end()) {
+        const std::string gen = generation_config_from(hf);
+        if (!gen.empty()) {
+            LATHE_RETURN_IF_ERROR(file_write_atomic(staging.file(kGenerationConfigFile), gen));
+            result.other_files.push_back(kGenerationConfigFile);
+        }
+    }
+    if (request.to == CheckpointFormat::kLathe) {
+        LATHE_RETURN_IF_ERROR(
+            write_fresh_training_state(staging, table, source, result.input_dtypes));
+        result.other_files.push_back(kOptimizerFile);
+        result.other_files.push_back(kTrainerStateFile);
+    }
+    LATHE_RETURN_IF_ERROR(staging.commit());
+    log_info("wrote {} ({} checkpoint, {}, {} in {} weight file{})", result.output,
+             checkpoint_format_name(request.to), convert_dtype_name(dtype),
+             Progress::format_bytes(double(result.weight_bytes)), result.weight_files.size(),
+             result.weight_files.size() == 1 ? "" : "s");
+    return result;
+}
+
+std::string convert_result_json(const ConvertResult& r) {
+    nlohmann::ordered_json j;
+    j["input"] = r.source.dir;
+    j["input_format"] = std::string(checkpoint_format_name(r.source.format));
+    j["input_dtypes"] = r.input_dtypes;
+    j["output"] = r.output;
+    j["format"] = std::string(checkpoint_format_name(r.to));
+    j["dtype"] = std::string(convert_dtype_name(r.dtype));
+    j["architecture"] = r.architecture;
+    j["tensors"] = r.tensors;
+    j["parameters"] = r.parameters;
+    j["weight_bytes"] = r.weight_bytes;
+    j["weight_files"] = r.weight_files;
+    j["other_files"] = r.other_files;
+    j["dropped"] = r.dropped;
+    return j.dump();
+}
+
+}  // namespace lathe
