@@ -1055,7 +1055,10 @@ Value f_int(const Value& v, Args& a) {
             if (errno == 0 && end && *end == '\0') return Value::integer(i);
         }
         double f;
-        if (base == 10 && to_float(v, f) && std::isfinite(f)) return Value::integer(int64_t(std::trunc(f)));
+        if (base == 10 && to_float(v, f) && std::isfinite(f)) {
+            if (std::fabs(f) >= 9.2e18) throw_error("integer overflow: lathe's template integers are 64-bit");
+            return Value::integer(int64_t(std::trunc(f)));
+        }
     }
     return dflt;
 }

@@ -92,6 +92,10 @@ int64_t checked(__int128 v) {
 }
 
 Value repeat(const Value& seq, int64_t n) {
+    // Python would try (and run out of memory); a template has no business building gigabytes.
+    constexpr int64_t kMaxRepeatItems = int64_t(1) << 28;
+    const int64_t unit = seq.is_string() ? int64_t(seq.as_string().size()) : int64_t(seq.as_list().size());
+    if (n > 0 && unit > 0 && n > kMaxRepeatItems / unit) throw_error("repetition result too large");
     if (seq.is_string()) {
         std::string out;
         for (int64_t i = 0; i < n; ++i) out += seq.as_string();
@@ -404,6 +408,14 @@ private:
         Interp* self = this;
         const std::string name = s.kind == StmtKind::kMacro ? s.text : "caller";
         return Value::object(std::make_shared<Function>(name, [def, self, parent, name](Args& a) {
+            // Python stops runaway recursion with RecursionError; so does this, before the stack.
+            if (self->macro_depth_ >= kMaxMacroDepth)
+                throw_error("maximum recursion depth exceeded in macro '" + name + "'");
+            struct Depth {
+                int& d;
+                explicit Depth(int& depth) : d(depth) { ++d; }
+                ~Depth() { --d; }
+            } depth(self->macro_depth_);
             const size_t nparams = def->targets.size();
             Frame scope{parent, {}};
             scope.hide(def->scope_undefined);
@@ -618,6 +630,8 @@ private:
         throw_error("unknown expression");
     }
 
+    static constexpr int kMaxMacroDepth = 200;
+    int macro_depth_ = 0;
     std::string* out_;
     std::string* top_ = nullptr;
     const RenderOptions& options_;

@@ -540,6 +540,7 @@ private:
 
     // Parses until one of `end_tags` starts a block (left as the current token) or the end.
     Body subparse(const std::vector<const char*>& end_tags) {
+        Nest nest(this);
         Body body;
         while (true) {
             const Token& t = cur();
@@ -871,7 +872,10 @@ private:
         return t;
     }
 
-    ExprPtr parse_expression(bool with_condexpr) { return with_condexpr ? parse_condexpr() : parse_or(); }
+    ExprPtr parse_expression(bool with_condexpr) {
+        Nest nest(this);
+        return with_condexpr ? parse_condexpr() : parse_or();
+    }
 
     ExprPtr parse_condexpr() {
         ExprPtr expr1 = parse_or();
@@ -911,6 +915,7 @@ private:
     }
 
     ExprPtr parse_not() {
+        Nest nest(this);
         if (is_name(cur(), "not")) {
             auto node = make(ExprKind::kNot, next().line);
             node->a = parse_not();
@@ -1009,6 +1014,7 @@ private:
     }
 
     ExprPtr parse_unary(bool with_filter) {
+        Nest nest(this);
         ExprPtr node;
         if (is_op(cur(), "-") || is_op(cur(), "+")) {
             const bool neg = cur().value == "-";
@@ -1248,8 +1254,21 @@ private:
         return n;
     }
 
+    // Nesting limit for expressions and blocks: the parser and the interpreter recurse once per
+    // level, and a template (untrusted input) must not be able to exhaust the stack.
+    static constexpr int kMaxNesting = 256;
+    struct Nest {
+        Parser* p;
+        explicit Nest(Parser* parser) : p(parser) {
+            if (++p->nesting_ > kMaxNesting)
+                p->fail("expressions or blocks nested more than " + std::to_string(kMaxNesting) + " deep");
+        }
+        ~Nest() { --p->nesting_; }
+    };
+
     std::vector<Token> toks_;
     size_t i_ = 0;
+    int nesting_ = 0;
     int soft_ = 0;        // inside if-blocks / inline ifs: unknown filters fail only when run
     int loop_depth_ = 0;  // break/continue are only valid inside loops
     std::vector<std::pair<std::string, int>> open_;

@@ -414,6 +414,17 @@ TEST(JinjaErrors, RuntimeErrorsNameTheLine) {
     EXPECT_NE(error_of("{{ 9223372036854775807 + 1 }}").find("overflow"), std::string::npos);
 }
 
+TEST(JinjaErrors, RunawayNestingAndRecursionAreErrorsNotCrashes) {
+    EXPECT_NE(error_of("{{ " + std::string(2000, '(') + "1" + std::string(2000, ')') + " }}").find("nested"),
+              std::string::npos);
+    std::string blocks;
+    for (int i = 0; i < 1000; ++i) blocks += "{% if true %}";
+    EXPECT_NE(error_of(blocks).find("nested"), std::string::npos);
+    EXPECT_NE(error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").find("recursion"), std::string::npos);
+    EXPECT_EQ(render("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(5) }}"), "54321");
+    EXPECT_NE(error_of("{{ 'x' * 1000000000000 }}").find("too large"), std::string::npos);
+}
+
 TEST(JinjaErrors, SandboxRefusesMutation) {
     EXPECT_NE(error_of("{{ l.append(1) }}", R"({"l": []})").find("unsafe"), std::string::npos);
     EXPECT_NE(error_of("{{ d.update({}) }}", R"({"d": {}})").find("unsafe"), std::string::npos);
