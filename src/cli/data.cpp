@@ -3,12 +3,11 @@
 //   lathe data info PREFIX [--json]
 //   lathe data dump PREFIX --doc N [--tokenizer T.json] [--json]
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "cli/command.h"
 #include "data/indexed_dataset.h"
@@ -37,14 +36,16 @@ Status check_labels_match(const IndexedDataset& tokens, const IndexedDataset& la
     }
     for (uint64_t k = 0; k <= tokens.document_count(); ++k) {
         if (labels.doc_idx(k) != tokens.doc_idx(k)) {
-            return data_loss_error("{}: doc_idx[{}] = {}, but the tokens have {}", labels.prefix(), k,
-                                   labels.doc_idx(k), tokens.doc_idx(k));
+            return data_loss_error("{}: doc_idx[{}] = {}, but the tokens have {}", labels.prefix(),
+                                   k, labels.doc_idx(k), tokens.doc_idx(k));
         }
     }
     return ok_status();
 }
 
-std::string label_prefix(const std::string& prefix) { return prefix + "_label"; }
+std::string label_prefix(const std::string& prefix) {
+    return prefix + "_label";
+}
 
 Status run_info(const std::string& prefix, bool json) {
     nlohmann::ordered_json j;
@@ -65,10 +66,10 @@ Status run_info(const std::string& prefix, bool json) {
         } else {
             std::printf("prefix: %s\n", prefix.c_str());
             if (header.ok()) {
-                std::printf("dtype code: %u\nsequences (header): %llu\ndoc_idx entries (header): %llu\n",
-                            header->dtype_code,
-                            static_cast<unsigned long long>(header->sequence_count),
-                            static_cast<unsigned long long>(header->doc_idx_count));
+                std::printf(
+                    "dtype code: %u\nsequences (header): %llu\ndoc_idx entries (header): %llu\n",
+                    header->dtype_code, static_cast<unsigned long long>(header->sequence_count),
+                    static_cast<unsigned long long>(header->doc_idx_count));
             }
             std::printf("valid: no\nerror: %s\n", ds.status().message().c_str());
         }
@@ -85,10 +86,9 @@ Status run_info(const std::string& prefix, bool json) {
         if (n == 0) ++empty_docs;
     }
     if (ds->document_count() == 0) min_len = 0;
-    const double mean = ds->document_count() == 0
-                            ? 0.0
-                            : static_cast<double>(ds->token_count()) /
-                                  static_cast<double>(ds->document_count());
+    const double mean = ds->document_count() == 0 ? 0.0
+                                                  : static_cast<double>(ds->token_count()) /
+                                                        static_cast<double>(ds->document_count());
     // A label file beside the tokens (lathe prepare on chat data) is checked too.
     std::optional<Status> labels_status;
     if (file_exists(indexed_idx_path(label_prefix(prefix)))) {
@@ -129,8 +129,7 @@ Status run_info(const std::string& prefix, bool json) {
         if (empty_docs > 0) {
             std::printf("empty documents: %llu\n", static_cast<unsigned long long>(empty_docs));
         }
-        std::printf("files: %s (%llu bytes), %s (%llu bytes)\n",
-                    indexed_bin_path(prefix).c_str(),
+        std::printf("files: %s (%llu bytes), %s (%llu bytes)\n", indexed_bin_path(prefix).c_str(),
                     static_cast<unsigned long long>(ds->bin_bytes()),
                     indexed_idx_path(prefix).c_str(),
                     static_cast<unsigned long long>(ds->idx_bytes()));
@@ -159,7 +158,8 @@ Status run_dump(const std::string& prefix, int64_t doc, const std::string& token
     ds.read_document(k, ids);
     std::optional<std::vector<int64_t>> labels;
     if (file_exists(indexed_idx_path(label_prefix(prefix)))) {
-        LATHE_ASSIGN_OR_RETURN(const IndexedDataset lds, IndexedDataset::open(label_prefix(prefix)));
+        LATHE_ASSIGN_OR_RETURN(const IndexedDataset lds,
+                               IndexedDataset::open(label_prefix(prefix)));
         LATHE_RETURN_IF_ERROR(check_labels_match(ds, lds));
         labels.emplace();
         lds.read_document(k, *labels);
@@ -192,7 +192,8 @@ Status run_dump(const std::string& prefix, int64_t doc, const std::string& token
         if (labels.has_value()) j["labels"] = *labels;
         if (text.has_value()) j["text"] = *text;
         // Decoded text may hold bytes that are not UTF-8 (a token cut inside a character).
-        std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        std::printf("%s\n",
+                    j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
         std::printf("document %lld of %llu in %s: %lld sequence%s, %zu tokens\n",
                     static_cast<long long>(doc),

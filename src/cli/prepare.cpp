@@ -1,5 +1,7 @@
 // `lathe prepare`: documents in, GPT-NeoX / Megatron-LM token files out (data/prepare.h).
 
+#include "data/prepare.h"
+
 #include <algorithm>
 #include <atomic>
 #include <csignal>
@@ -10,7 +12,6 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/strings.h"
-#include "data/prepare.h"
 #include "io/file.h"
 
 namespace lathe {
@@ -25,10 +26,12 @@ std::atomic<bool>& prepare_interrupt_flag() {
     return flag;
 }
 
-extern "C" void prepare_on_signal(int) { prepare_interrupt_flag().store(true); }
+extern "C" void prepare_on_signal(int) {
+    prepare_interrupt_flag().store(true);
+}
 
 void prepare_install_signal_handlers() {
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = prepare_on_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESETHAND;
@@ -99,13 +102,11 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
     auto eod_token = std::make_shared<std::string>();
     auto no_progress = std::make_shared<bool>(false);
 
-    cmd->add_option("--tokenizer", opts->tokenizer_path, "Hugging Face tokenizer.json")
-        ->required();
+    cmd->add_option("--tokenizer", opts->tokenizer_path, "Hugging Face tokenizer.json")->required();
     cmd->add_option("--input", *inputs,
                     "Input files ('-' = stdin); several values, or comma-separated as in GPT-NeoX")
         ->required();
-    cmd->add_option("--output-prefix", opts->output_prefix,
-                    "Writes <prefix>.bin and <prefix>.idx")
+    cmd->add_option("--output-prefix", opts->output_prefix, "Writes <prefix>.bin and <prefix>.idx")
         ->required();
     cmd->add_flag("--append-eod", opts->append_eod,
                   "Append the end-of-document token to every document");
@@ -143,7 +144,8 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
             }
             if (!json_key->empty()) o.json_key = *json_key;
             if (!eod_token->empty()) o.eod_token = *eod_token;
-            if (o.threads < 0) return invalid_argument_error("--threads {}: must be >= 1", o.threads);
+            if (o.threads < 0)
+                return invalid_argument_error("--threads {}: must be >= 1", o.threads);
             o.show_progress = !*no_progress && log_level() <= LogLevel::kInfo;
             prepare_install_signal_handlers();
             o.cancel = &prepare_interrupt_flag();

@@ -33,12 +33,18 @@ void append(std::string& out, T v) {
 // Element `j` of a token array of `dtype` starting at `p`, widened to int64.
 int64_t load_token(TokenDType dtype, const uint8_t* p, uint64_t j) {
     switch (dtype) {
-        case TokenDType::kUInt8: return p[j];
-        case TokenDType::kInt8: return static_cast<int8_t>(p[j]);
-        case TokenDType::kInt16: return load<int16_t>(p + 2 * j);
-        case TokenDType::kUInt16: return load<uint16_t>(p + 2 * j);
-        case TokenDType::kInt32: return load<int32_t>(p + 4 * j);
-        case TokenDType::kInt64: return load<int64_t>(p + 8 * j);
+        case TokenDType::kUInt8:
+            return p[j];
+        case TokenDType::kInt8:
+            return static_cast<int8_t>(p[j]);
+        case TokenDType::kInt16:
+            return load<int16_t>(p + 2 * j);
+        case TokenDType::kUInt16:
+            return load<uint16_t>(p + 2 * j);
+        case TokenDType::kInt32:
+            return load<int32_t>(p + 4 * j);
+        case TokenDType::kInt64:
+            return load<int64_t>(p + 8 * j);
     }
     return 0;
 }
@@ -48,35 +54,51 @@ int64_t load_token(TokenDType dtype, const uint8_t* p, uint64_t j) {
 size_t token_dtype_size(TokenDType dtype) {
     switch (dtype) {
         case TokenDType::kUInt8:
-        case TokenDType::kInt8: return 1;
+        case TokenDType::kInt8:
+            return 1;
         case TokenDType::kInt16:
-        case TokenDType::kUInt16: return 2;
-        case TokenDType::kInt32: return 4;
-        case TokenDType::kInt64: return 8;
+        case TokenDType::kUInt16:
+            return 2;
+        case TokenDType::kInt32:
+            return 4;
+        case TokenDType::kInt64:
+            return 8;
     }
     return 0;
 }
 
 const char* token_dtype_name(TokenDType dtype) {
     switch (dtype) {
-        case TokenDType::kUInt8: return "uint8";
-        case TokenDType::kInt8: return "int8";
-        case TokenDType::kInt16: return "int16";
-        case TokenDType::kInt32: return "int32";
-        case TokenDType::kInt64: return "int64";
-        case TokenDType::kUInt16: return "uint16";
+        case TokenDType::kUInt8:
+            return "uint8";
+        case TokenDType::kInt8:
+            return "int8";
+        case TokenDType::kInt16:
+            return "int16";
+        case TokenDType::kInt32:
+            return "int32";
+        case TokenDType::kInt64:
+            return "int64";
+        case TokenDType::kUInt16:
+            return "uint16";
     }
     return "?";
 }
 
 Result<TokenDType> token_dtype_from_code(uint8_t code, std::string_view file) {
     switch (code) {
-        case 1: return TokenDType::kUInt8;
-        case 2: return TokenDType::kInt8;
-        case 3: return TokenDType::kInt16;
-        case 4: return TokenDType::kInt32;
-        case 5: return TokenDType::kInt64;
-        case 8: return TokenDType::kUInt16;
+        case 1:
+            return TokenDType::kUInt8;
+        case 2:
+            return TokenDType::kInt8;
+        case 3:
+            return TokenDType::kInt16;
+        case 4:
+            return TokenDType::kInt32;
+        case 5:
+            return TokenDType::kInt64;
+        case 8:
+            return TokenDType::kUInt16;
         case 6:
         case 7:
             return invalid_argument_error(
@@ -98,20 +120,29 @@ TokenDType token_dtype_for_vocab(int64_t vocab_size) {
 
 bool token_dtype_holds(TokenDType dtype, int64_t value) {
     switch (dtype) {
-        case TokenDType::kUInt8: return value >= 0 && value <= 255;
-        case TokenDType::kInt8: return value >= -128 && value <= 127;
-        case TokenDType::kInt16: return value >= -32768 && value <= 32767;
-        case TokenDType::kUInt16: return value >= 0 && value <= 65535;
+        case TokenDType::kUInt8:
+            return value >= 0 && value <= 255;
+        case TokenDType::kInt8:
+            return value >= -128 && value <= 127;
+        case TokenDType::kInt16:
+            return value >= -32768 && value <= 32767;
+        case TokenDType::kUInt16:
+            return value >= 0 && value <= 65535;
         case TokenDType::kInt32:
             return value >= std::numeric_limits<int32_t>::min() &&
                    value <= std::numeric_limits<int32_t>::max();
-        case TokenDType::kInt64: return true;
+        case TokenDType::kInt64:
+            return true;
     }
     return false;
 }
 
-std::string indexed_bin_path(const std::string& prefix) { return prefix + ".bin"; }
-std::string indexed_idx_path(const std::string& prefix) { return prefix + ".idx"; }
+std::string indexed_bin_path(const std::string& prefix) {
+    return prefix + ".bin";
+}
+std::string indexed_idx_path(const std::string& prefix) {
+    return prefix + ".idx";
+}
 
 // ---- writer ----
 
@@ -138,19 +169,23 @@ Status IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) {
         const int32_t v = tokens[j];
         if (!token_dtype_holds(dtype_, v)) {
             return invalid_argument_error(
-                "{}: token {} (at position {} of sequence {}) does not fit dtype {}", prefix_, v,
-                j, sizes_.size(), token_dtype_name(dtype_));
+                "{}: token {} (at position {} of sequence {}) does not fit dtype {}", prefix_, v, j,
+                sizes_.size(), token_dtype_name(dtype_));
         }
         switch (dtype_) {
             case TokenDType::kUInt8:
-            case TokenDType::kInt8: out[j] = static_cast<uint8_t>(v); break;
+            case TokenDType::kInt8:
+                out[j] = static_cast<uint8_t>(v);
+                break;
             case TokenDType::kInt16:
             case TokenDType::kUInt16: {
                 const uint16_t u = static_cast<uint16_t>(v);
                 std::memcpy(out + 2 * j, &u, 2);
                 break;
             }
-            case TokenDType::kInt32: std::memcpy(out + 4 * j, &v, 4); break;
+            case TokenDType::kInt32:
+                std::memcpy(out + 4 * j, &v, 4);
+                break;
             case TokenDType::kInt64: {
                 const int64_t w = v;
                 std::memcpy(out + 8 * j, &w, 8);
@@ -164,7 +199,9 @@ Status IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) {
     return ok_status();
 }
 
-void IndexedDatasetWriter::end_document() { doc_idx_.push_back(static_cast<int64_t>(sizes_.size())); }
+void IndexedDatasetWriter::end_document() {
+    doc_idx_.push_back(static_cast<int64_t>(sizes_.size()));
+}
 
 Status IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
     LATHE_RETURN_IF_ERROR(add_sequence(tokens));
@@ -249,9 +286,13 @@ Result<IndexHeader> indexed_read_header(const std::string& idx_path) {
                 "by default",
                 idx_path);
         }
-        return data_loss_error("{}: not a token index: expected the magic \"MMIDIDX\\0\\0\", found {}",
-                               idx_path, n == 0 ? std::string("an empty file")
-                                                : "\"" + escape_for_message(std::string_view(reinterpret_cast<const char*>(p), magic_seen)) + "\"");
+        return data_loss_error(
+            "{}: not a token index: expected the magic \"MMIDIDX\\0\\0\", found {}", idx_path,
+            n == 0 ? std::string("an empty file")
+                   : "\"" +
+                         escape_for_message(
+                             std::string_view(reinterpret_cast<const char*>(p), magic_seen)) +
+                         "\"");
     }
     if (n < kIndexHeaderBytes) {
         return data_loss_error(
@@ -290,7 +331,7 @@ Result<IndexedDataset> IndexedDataset::open(const std::string& prefix) {
             "{} bytes, but the file has {} (an interrupted write or copy?)",
             idx_path, S, D,
             S > body / 12 || D > body / 8 ? std::string("more")
-                                           : std::to_string(kIndexHeaderBytes + 12 * S + 8 * D),
+                                          : std::to_string(kIndexHeaderBytes + 12 * S + 8 * D),
             idx_size);
     }
     const uint64_t expected = kIndexHeaderBytes + 12 * S + 8 * D;
@@ -335,8 +376,8 @@ Result<IndexedDataset> IndexedDataset::open(const std::string& prefix) {
     }
     if (ds.bin_.size() != address) {
         return data_loss_error(
-            "{}: {} bytes, but {} describes {} bytes ({} tokens of {}){}", bin_path,
-            ds.bin_.size(), idx_path, address, ds.token_count_, token_dtype_name(ds.dtype_),
+            "{}: {} bytes, but {} describes {} bytes ({} tokens of {}){}", bin_path, ds.bin_.size(),
+            idx_path, address, ds.token_count_, token_dtype_name(ds.dtype_),
             ds.bin_.size() < address ? ": the .bin is truncated"
                                      : ": the .bin has trailing bytes (index and data from "
                                        "different runs?)");
@@ -353,8 +394,8 @@ Result<IndexedDataset> IndexedDataset::open(const std::string& prefix) {
                 idx_path, k, d, k - 1, prev);
         }
         if (static_cast<uint64_t>(d) > S) {
-            return data_loss_error(
-                "{}: doc_idx[{}] = {} is beyond the {} sequences of the file", idx_path, k, d, S);
+            return data_loss_error("{}: doc_idx[{}] = {} is beyond the {} sequences of the file",
+                                   idx_path, k, d, S);
         }
         prev = d;
     }
@@ -400,7 +441,8 @@ void IndexedDataset::read_sequence(uint64_t i, std::vector<int64_t>& out) const 
 
 void IndexedDataset::read_document(uint64_t k, std::vector<int64_t>& out) const {
     LATHE_CHECK(k < document_count(), "document {} of {}", k, document_count());
-    for (int64_t i = doc_idx(k); i < doc_idx(k + 1); ++i) read_sequence(static_cast<uint64_t>(i), out);
+    for (int64_t i = doc_idx(k); i < doc_idx(k + 1); ++i)
+        read_sequence(static_cast<uint64_t>(i), out);
 }
 
 uint64_t IndexedDataset::document_length(uint64_t k) const {

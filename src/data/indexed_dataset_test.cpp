@@ -4,9 +4,9 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 namespace lathe {
@@ -168,8 +168,9 @@ TEST(IndexedDatasetWriter, ValueOutsideDtypeIsAnError) {
     const std::vector<int32_t> bad = {1, 70000};
     Status s = w->add_sequence(bad);
     ASSERT_FALSE(s.ok());
-    EXPECT_NE(s.message().find("token 70000 (at position 1 of sequence 0) does not fit dtype uint16"),
-              std::string::npos)
+    EXPECT_NE(
+        s.message().find("token 70000 (at position 1 of sequence 0) does not fit dtype uint16"),
+        std::string::npos)
         << s.message();
 }
 
@@ -248,8 +249,7 @@ TEST(IndexedDataset, EveryValidationErrorNamesFileAndProblem) {
          "3 bytes after the arrays"},
         {"negative_size", [](std::string& idx, std::string&) { put<int32_t>(idx, 34 + 4, -1); },
          "sizes[1] = -1 is negative"},
-        {"non_monotonic",
-         [](std::string& idx, std::string&) { put<int64_t>(idx, 50 + 8 * 2, 2); },
+        {"non_monotonic", [](std::string& idx, std::string&) { put<int64_t>(idx, 50 + 8 * 2, 2); },
          "pointers are not monotonic: pointers[2] = 2 is less than pointers[1] = 6"},
         {"gap", [](std::string& idx, std::string&) { put<int64_t>(idx, 50 + 8 * 1, 8); },
          "pointers[1] = 8, expected 6"},

@@ -59,20 +59,26 @@ namespace {
 
 const char* json_type_name(od::json_type t) {
     switch (t) {
-        case od::json_type::array: return "an array";
-        case od::json_type::object: return "an object";
-        case od::json_type::number: return "a number";
-        case od::json_type::string: return "a string";
-        case od::json_type::boolean: return "a boolean";
-        case od::json_type::null: return "null";
+        case od::json_type::array:
+            return "an array";
+        case od::json_type::object:
+            return "an object";
+        case od::json_type::number:
+            return "a number";
+        case od::json_type::string:
+            return "a string";
+        case od::json_type::boolean:
+            return "a boolean";
+        case od::json_type::null:
+            return "null";
     }
     return "?";
 }
 
 // RFC 8259 number grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
 bool is_json_number(std::string_view s) {
-    while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n' ||
-                          s.back() == '\r')) {
+    while (!s.empty() &&
+           (s.back() == ' ' || s.back() == '\t' || s.back() == '\n' || s.back() == '\r')) {
         s.remove_suffix(1);
     }
     size_t i = 0;
@@ -270,8 +276,7 @@ Result<std::string_view> JsonlFieldReader::extract(std::string_view line) {
         }
         if (key_count > keys.size()) listed += ", ...";
         return invalid_argument_error("no \"{}\" field (the object has {})", key_,
-                                      key_count == 0 ? std::string("no keys")
-                                                     : "keys " + listed);
+                                      key_count == 0 ? std::string("no keys") : "keys " + listed);
     }
     return text;
 }

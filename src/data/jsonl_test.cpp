@@ -23,14 +23,15 @@ TEST(Utf8FindInvalid, AcceptsValidAndLocatesInvalid) {
     constexpr size_t npos = std::string_view::npos;
     EXPECT_EQ(utf8_find_invalid(""), npos);
     EXPECT_EQ(utf8_find_invalid("plain ascii text that is longer than eight bytes"), npos);
-    EXPECT_EQ(utf8_find_invalid("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf"), npos);
+    EXPECT_EQ(utf8_find_invalid("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf"),
+              npos);
     EXPECT_EQ(utf8_find_invalid("abc\xff"), 3u);
-    EXPECT_EQ(utf8_find_invalid("abcdefghij\x80"), 10u);           // lone continuation byte
-    EXPECT_EQ(utf8_find_invalid("\xc0\xaf"), 0u);                  // overlong '/'
-    EXPECT_EQ(utf8_find_invalid("ab\xe0\x80\xaf"), 2u);            // overlong 3-byte
-    EXPECT_EQ(utf8_find_invalid("\xed\xa0\x80"), 0u);              // surrogate U+D800
-    EXPECT_EQ(utf8_find_invalid("x\xf4\x90\x80\x80"), 1u);         // above U+10FFFF
-    EXPECT_EQ(utf8_find_invalid("x\xe2\x82"), 1u);                 // cut short
+    EXPECT_EQ(utf8_find_invalid("abcdefghij\x80"), 10u);    // lone continuation byte
+    EXPECT_EQ(utf8_find_invalid("\xc0\xaf"), 0u);           // overlong '/'
+    EXPECT_EQ(utf8_find_invalid("ab\xe0\x80\xaf"), 2u);     // overlong 3-byte
+    EXPECT_EQ(utf8_find_invalid("\xed\xa0\x80"), 0u);       // surrogate U+D800
+    EXPECT_EQ(utf8_find_invalid("x\xf4\x90\x80\x80"), 1u);  // above U+10FFFF
+    EXPECT_EQ(utf8_find_invalid("x\xe2\x82"), 1u);          // cut short
     EXPECT_EQ(utf8_find_invalid("\xf0\x9f\x98"), 0u);
 }
 
@@ -41,8 +42,9 @@ TEST(JsonlFieldReader, ExtractsUnescapedStrings) {
               "a\nb\t\"q\" \xc3\xa9 \xf0\x9f\x98\x80");
     EXPECT_EQ(ok_text(r, "{\"text\": \"caf\xc3\xa9\"}\r"), "caf\xc3\xa9");
     EXPECT_EQ(ok_text(r, R"({"t\u0065xt": "escaped key"})"), "escaped key");
-    EXPECT_EQ(ok_text(r, R"({"text": "first", "meta": {"a": [1, 2.5e-3, null, true]}, "text": "last"})"),
-              "last");
+    EXPECT_EQ(
+        ok_text(r, R"({"text": "first", "meta": {"a": [1, 2.5e-3, null, true]}, "text": "last"})"),
+        "last");
     EXPECT_EQ(ok_text(r, R"({"text": ""})"), "");  // empty is the caller's decision
     JsonlFieldReader body("body");
     EXPECT_EQ(ok_text(body, R"({"text": 1, "body": "other field"})"), "other field");
@@ -72,7 +74,8 @@ TEST(JsonlFieldReader, InvalidJsonAnywhereInTheLineIsAnError) {
 
 TEST(JsonlFieldReader, StructuralErrorsSayWhatIsWrong) {
     JsonlFieldReader r("text");
-    EXPECT_NE(error_of(r, R"(["text", "a"])").find("expected a JSON object with a \"text\" field, found an array"),
+    EXPECT_NE(error_of(r, R"(["text", "a"])")
+                  .find("expected a JSON object with a \"text\" field, found an array"),
               std::string::npos);
     EXPECT_NE(error_of(r, R"("just a string")").find("found a string"), std::string::npos);
     const std::string missing = error_of(r, R"({"content": "x", "id": 7})");

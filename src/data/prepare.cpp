@@ -26,11 +26,16 @@ namespace lathe {
 
 const char* prepare_format_name(PrepareFormat format) {
     switch (format) {
-        case PrepareFormat::kAuto: return "auto";
-        case PrepareFormat::kJsonl: return "jsonl";
-        case PrepareFormat::kText: return "text";
-        case PrepareFormat::kTextBlocks: return "text-blocks";
-        case PrepareFormat::kChat: return "chat";
+        case PrepareFormat::kAuto:
+            return "auto";
+        case PrepareFormat::kJsonl:
+            return "jsonl";
+        case PrepareFormat::kText:
+            return "text";
+        case PrepareFormat::kTextBlocks:
+            return "text-blocks";
+        case PrepareFormat::kChat:
+            return "chat";
     }
     return "?";
 }
@@ -127,8 +132,8 @@ enum class RecordKind { kJsonl, kText, kBlocks, kChat };
 class Source {
 public:
     static Result<std::unique_ptr<Source>> open(const std::string& path,
-                                                 const std::atomic<bool>* cancel,
-                                                 size_t max_record_bytes) {
+                                                const std::atomic<bool>* cancel,
+                                                size_t max_record_bytes) {
         LATHE_ASSIGN_OR_RETURN(InputStream in, InputStream::open(path, InputOptions{cancel}));
         auto s = std::unique_ptr<Source>(new Source(std::move(in)));
         s->max_record_bytes_ = max_record_bytes;
@@ -157,8 +162,8 @@ public:
     // Reads blank-line-separated blocks from now on (nothing may have been peeked).
     void set_blocks() {
         lines_.reset();
-        blocks_ = std::make_unique<TextRecordReader>(in_, TextRecordFormat::kBlocks,
-                                                     max_record_bytes_);
+        blocks_ =
+            std::make_unique<TextRecordReader>(in_, TextRecordFormat::kBlocks, max_record_bytes_);
     }
 
     Result<bool> next(TextRecord& rec) {
@@ -348,11 +353,17 @@ bool starts_like_json_object(std::string_view line) {
 // Decides how input `index` is read. Fails for an input that looks like chat data in a plain run.
 Result<RecordKind> resolve_kind(Shared& sh, size_t index, Source& source) {
     switch (sh.options.format) {
-        case PrepareFormat::kJsonl: return RecordKind::kJsonl;
-        case PrepareFormat::kText: return RecordKind::kText;
-        case PrepareFormat::kTextBlocks: source.set_blocks(); return RecordKind::kBlocks;
-        case PrepareFormat::kChat: return RecordKind::kChat;
-        case PrepareFormat::kAuto: break;
+        case PrepareFormat::kJsonl:
+            return RecordKind::kJsonl;
+        case PrepareFormat::kText:
+            return RecordKind::kText;
+        case PrepareFormat::kTextBlocks:
+            source.set_blocks();
+            return RecordKind::kBlocks;
+        case PrepareFormat::kChat:
+            return RecordKind::kChat;
+        case PrepareFormat::kAuto:
+            break;
     }
     LATHE_ASSIGN_OR_RETURN(const std::optional<std::string> first,
                            source.peek_first_content_line());
@@ -518,7 +529,8 @@ struct Worker {
         const auto it = record.find(sh.json_key);
         if (it == record.end()) {
             std::string keys;
-            for (const auto& [k, v] : record.items()) keys += (keys.empty() ? "\"" : ", \"") + k + "\"";
+            for (const auto& [k, v] : record.items())
+                keys += (keys.empty() ? "\"" : ", \"") + k + "\"";
             return invalid_argument_error("no \"{}\" field (the object has {})", sh.json_key,
                                           keys.empty() ? std::string("no keys") : "keys " + keys);
         }
@@ -526,10 +538,12 @@ struct Worker {
             return invalid_argument_error("field \"{}\" is {}, expected an array of messages",
                                           sh.json_key, json_kind(*it));
         }
-        if (it->empty()) return invalid_argument_error("empty conversation (\"{}\" is [])", sh.json_key);
+        if (it->empty())
+            return invalid_argument_error("empty conversation (\"{}\" is [])", sh.json_key);
         auto enc = sh.chat->encode_with_labels(sh.tokenizer, *it, chat_options);
         if (!enc.ok()) return invalid_argument_error("chat template: {}", enc.status().message());
-        if (enc->ids.empty()) return invalid_argument_error("the conversation encodes to no tokens");
+        if (enc->ids.empty())
+            return invalid_argument_error("the conversation encodes to no tokens");
         out.tokens.insert(out.tokens.end(), enc->ids.begin(), enc->ids.end());
         out.labels.insert(out.labels.end(), enc->labels.begin(), enc->labels.end());
         out.doc_sizes.push_back(enc->ids.size());
@@ -579,9 +593,9 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
     if (options.inputs.empty()) return invalid_argument_error("no --input given");
     if (options.output_prefix.empty()) return invalid_argument_error("no --output-prefix given");
     if (std::count(options.inputs.begin(), options.inputs.end(), std::string(kStdinPath)) > 1) {
-        return invalid_argument_error("stdin ('-') can be read only once, but is given {} times",
-                                      std::count(options.inputs.begin(), options.inputs.end(),
-                                                 std::string(kStdinPath)));
+        return invalid_argument_error(
+            "stdin ('-') can be read only once, but is given {} times",
+            std::count(options.inputs.begin(), options.inputs.end(), std::string(kStdinPath)));
     }
     // Missing inputs are reported before any work starts.
     uint64_t total_raw = 0;
@@ -646,8 +660,9 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
         chat_template.emplace(std::move(loaded));
         sh.chat = &*chat_template;
         if (options.append_eod) {
-            log_info("chat: each conversation already ends with the template's eos_token, as in "
-                     "GPT-NeoX's chat script; --append-eod adds nothing more");
+            log_info(
+                "chat: each conversation already ends with the template's eos_token, as in "
+                "GPT-NeoX's chat script; --append-eod adds nothing more");
         }
         if (const auto& eos = chat_template->eos_token(); eos.has_value()) {
             report.eod_token = *eos;
@@ -656,9 +671,9 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
         }
         log_info("chat template: {}", chat_template->name());
     } else if (options.append_eod) {
-        LATHE_ASSIGN_OR_RETURN(const EodChoice eod,
-                               prepare_resolve_eod(tokenizer, options.tokenizer_path,
-                                                   options.eod_token));
+        LATHE_ASSIGN_OR_RETURN(
+            const EodChoice eod,
+            prepare_resolve_eod(tokenizer, options.tokenizer_path, options.eod_token));
         sh.eod_id = eod.id;
         report.eod_id = eod.id;
         report.eod_token = eod.token;
@@ -673,9 +688,9 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
                            IndexedDatasetWriter::create(options.output_prefix, report.dtype));
     std::optional<IndexedDatasetWriter> labels_out;
     if (chat) {
-        LATHE_ASSIGN_OR_RETURN(IndexedDatasetWriter w,
-                               IndexedDatasetWriter::create(options.output_prefix + "_label",
-                                                            TokenDType::kInt32));
+        LATHE_ASSIGN_OR_RETURN(
+            IndexedDatasetWriter w,
+            IndexedDatasetWriter::create(options.output_prefix + "_label", TokenDType::kInt32));
         labels_out.emplace(std::move(w));
     }
 

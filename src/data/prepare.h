@@ -49,15 +49,15 @@ Result<PrepareFormat> prepare_format_from_name(std::string_view name);
 enum class OnError { kFail, kSkip };
 
 struct PrepareOptions {
-    std::string tokenizer_path;         // tokenizer.json
-    std::vector<std::string> inputs;    // paths; "-" = stdin (at most once)
-    std::string output_prefix;          // writes <prefix>.bin/.idx (+ <prefix>_label.bin/.idx)
+    std::string tokenizer_path;       // tokenizer.json
+    std::vector<std::string> inputs;  // paths; "-" = stdin (at most once)
+    std::string output_prefix;        // writes <prefix>.bin/.idx (+ <prefix>_label.bin/.idx)
     PrepareFormat format = PrepareFormat::kAuto;
     std::optional<std::string> json_key;  // default "text" ("messages" for chat)
     bool append_eod = false;
     std::optional<std::string> eod_token;  // --eod-token; see prepare_resolve_eod
     OnError on_error = OnError::kFail;
-    int threads = 0;                    // worker threads; 0 = all cores
+    int threads = 0;  // worker threads; 0 = all cores
     // Chat: the tokenizer_config.json whose chat_template renders the conversations (default:
     // the one beside the tokenizer, see prepare_find_tokenizer_config), and GPT-NeoX's switches.
     std::string chat_template_config;
@@ -73,21 +73,21 @@ struct PrepareOptions {
 
 // What a run did; every count is final.
 struct PrepareReport {
-    std::vector<std::string> outputs;    // files written, in commit order
+    std::vector<std::string> outputs;             // files written, in commit order
     PrepareFormat format = PrepareFormat::kAuto;  // kChat, or the first input's (auto resolved)
     TokenDType dtype = TokenDType::kInt32;
     int threads = 0;
-    uint64_t documents = 0;              // documents written
-    uint64_t tokens = 0;                 // tokens written (EOD included)
-    uint64_t skipped = 0;                // bad records skipped under OnError::kSkip
+    uint64_t documents = 0;                     // documents written
+    uint64_t tokens = 0;                        // tokens written (EOD included)
+    uint64_t skipped = 0;                       // bad records skipped under OnError::kSkip
     std::vector<std::string> skipped_examples;  // the first messages, "file:line: problem"
-    uint64_t input_bytes = 0;            // decompressed bytes read
-    uint64_t raw_bytes = 0;              // bytes read from disk / stdin
-    double load_seconds = 0.0;           // loading the tokenizer (and chat template)
-    double seconds = 0.0;                // reading, tokenizing and writing, until committed
-    std::optional<int32_t> eod_id;       // with append_eod (or chat: the template's eos)
+    uint64_t input_bytes = 0;                   // decompressed bytes read
+    uint64_t raw_bytes = 0;                     // bytes read from disk / stdin
+    double load_seconds = 0.0;                  // loading the tokenizer (and chat template)
+    double seconds = 0.0;                       // reading, tokenizing and writing, until committed
+    std::optional<int32_t> eod_id;              // with append_eod (or chat: the template's eos)
     std::string eod_token;
-    std::string eod_source;              // where the EOD token came from, in words
+    std::string eod_source;  // where the EOD token came from, in words
 };
 
 // Runs the whole pipeline. Errors (the first bad record in input order under kFail, an

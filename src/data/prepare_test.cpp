@@ -95,9 +95,9 @@ TEST(Prepare, OrderIsKeptWithManyThreadsAndTinyBatches) {
 TEST(Prepare, FirstBadRecordInInputOrderIsReportedWithFileAndLine) {
     if (!std::filesystem::exists(kGpt2)) GTEST_SKIP() << "no " << kGpt2;
     std::string body = numbered_jsonl(500);
-    body += "{\"text\": 5}\n";                     // line 501
+    body += "{\"text\": 5}\n";  // line 501
     body += numbered_jsonl(500);
-    body += "{\"txt\": \"typo\"}\n";               // line 1002
+    body += "{\"txt\": \"typo\"}\n";  // line 1002
     const std::string src = write_file("bad_late.jsonl", body);
     PrepareOptions o = options({write_file("fine.jsonl", numbered_jsonl(10)), src}, "bad");
     o.threads = 4;

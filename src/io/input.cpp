@@ -37,9 +37,12 @@ bool has_prefix(const char* p, size_t n, std::initializer_list<unsigned char> ma
 
 const char* input_compression_name(InputCompression c) {
     switch (c) {
-        case InputCompression::kNone: return "none";
-        case InputCompression::kGzip: return "gzip";
-        case InputCompression::kZstd: return "zstd";
+        case InputCompression::kNone:
+            return "none";
+        case InputCompression::kGzip:
+            return "gzip";
+        case InputCompression::kZstd:
+            return "zstd";
     }
     return "?";
 }
@@ -227,7 +230,7 @@ Result<InputStream> InputStream::open(const std::string& path, const InputOption
         }
         impl->owns_fd = true;
     }
-    struct stat st{};
+    struct stat st {};
     if (::fstat(impl->fd, &st) != 0) {
         return io_error("{}: cannot stat: {}", impl->name, std::strerror(errno));
     }
@@ -255,7 +258,8 @@ Result<InputStream> InputStream::open(const std::string& path, const InputOption
     } else if (has_prefix(head, n, {0x28, 0xb5, 0x2f, 0xfd}) || zstd_skippable) {
         impl->compression = InputCompression::kZstd;
         impl->zds = ZSTD_createDStream();
-        if (impl->zds == nullptr) return internal_error("{}: ZSTD_createDStream failed", impl->name);
+        if (impl->zds == nullptr)
+            return internal_error("{}: ZSTD_createDStream failed", impl->name);
         const size_t r = ZSTD_initDStream(impl->zds);
         if (ZSTD_isError(r)) {
             return internal_error("{}: ZSTD_initDStream: {}", impl->name, ZSTD_getErrorName(r));
@@ -266,7 +270,8 @@ Result<InputStream> InputStream::open(const std::string& path, const InputOption
             "recompress with gzip or zstd",
             impl->name);
     } else if (n >= 10 && has_prefix(head, n, {'B', 'Z', 'h'}) && head[3] >= '1' &&
-               head[3] <= '9' && has_prefix(head + 4, n - 4, {0x31, 0x41, 0x59, 0x26, 0x53, 0x59})) {
+               head[3] <= '9' &&
+               has_prefix(head + 4, n - 4, {0x31, 0x41, 0x59, 0x26, 0x53, 0x59})) {
         return unimplemented_error(
             "{}: is bzip2-compressed, which lathe does not read; decompress it (bzip2 -dc) or "
             "recompress with gzip or zstd",
@@ -280,19 +285,35 @@ Result<size_t> InputStream::read(char* dst, size_t capacity) {
     if (s.done || capacity == 0) return size_t{0};
     Result<size_t> r = size_t{0};
     switch (s.compression) {
-        case InputCompression::kNone: r = s.read_plain(dst, capacity); break;
-        case InputCompression::kGzip: r = s.read_gzip(dst, capacity); break;
-        case InputCompression::kZstd: r = s.read_zstd(dst, capacity); break;
+        case InputCompression::kNone:
+            r = s.read_plain(dst, capacity);
+            break;
+        case InputCompression::kGzip:
+            r = s.read_gzip(dst, capacity);
+            break;
+        case InputCompression::kZstd:
+            r = s.read_zstd(dst, capacity);
+            break;
     }
     if (r.ok()) s.out_bytes += *r;
     return r;
 }
 
-const std::string& InputStream::name() const { return impl_->name; }
-InputCompression InputStream::compression() const { return impl_->compression; }
-uint64_t InputStream::raw_bytes_read() const { return impl_->raw_read; }
-uint64_t InputStream::raw_size() const { return impl_->raw_size; }
-uint64_t InputStream::bytes_read() const { return impl_->out_bytes; }
+const std::string& InputStream::name() const {
+    return impl_->name;
+}
+InputCompression InputStream::compression() const {
+    return impl_->compression;
+}
+uint64_t InputStream::raw_bytes_read() const {
+    return impl_->raw_read;
+}
+uint64_t InputStream::raw_size() const {
+    return impl_->raw_size;
+}
+uint64_t InputStream::bytes_read() const {
+    return impl_->out_bytes;
+}
 
 // ---- LineReader ----
 
@@ -380,9 +401,8 @@ Result<bool> TextRecordReader::next(TextRecord& record) {
             block_.push_back('\n');  // the '\r' of a "\r\n" ending stays with the line before
         }
         if (block_.size() + line.size() > max_record_bytes_) {
-            return invalid_argument_error(
-                "{}:{}: the block starting here is longer than {} bytes", name(), first_line,
-                max_record_bytes_);
+            return invalid_argument_error("{}:{}: the block starting here is longer than {} bytes",
+                                          name(), first_line, max_record_bytes_);
         }
         block_.append(line);
     }

@@ -97,10 +97,10 @@ public:
 private:
     InputStream& in_;
     size_t max_line_bytes_;
-    std::string buf_;        // [begin_, end_) holds bytes not yet returned
+    std::string buf_;  // [begin_, end_) holds bytes not yet returned
     size_t begin_ = 0;
     size_t end_ = 0;
-    size_t scan_ = 0;        // bytes in [begin_, scan_) are known to hold no '\n'
+    size_t scan_ = 0;  // bytes in [begin_, scan_) are known to hold no '\n'
     bool eof_ = false;
     uint64_t line_number_ = 0;
 };

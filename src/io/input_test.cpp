@@ -18,8 +18,8 @@ namespace lathe {
 namespace {
 
 std::string temp_dir() {
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("lathe_input_test_" + std::to_string(::getpid()));
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("lathe_input_test_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
     return dir.string();
 }
@@ -67,7 +67,7 @@ Result<std::string> read_all(const std::string& path, size_t chunk = 4096) {
 }
 
 std::vector<std::pair<std::string, uint64_t>> records(const std::string& path,
-                                                       TextRecordFormat format) {
+                                                      TextRecordFormat format) {
     auto in = InputStream::open(path);
     EXPECT_TRUE(in.ok()) << in.status().to_string();
     TextRecordReader reader(*in, format);
@@ -122,9 +122,9 @@ TEST(InputStream, GzipDetectedByMagicNotName) {
 }
 
 TEST(InputStream, GzipConcatenatedMembersAndZeroPaddingReadAsOneStream) {
-    const std::string path = write_file(
-        "multi.gz", gzip_member("first\n") + gzip_member("") + gzip_member("second\n") +
-                        std::string(16, '\0'));
+    const std::string path =
+        write_file("multi.gz", gzip_member("first\n") + gzip_member("") + gzip_member("second\n") +
+                                   std::string(16, '\0'));
     auto back = read_all(path, 3);
     ASSERT_TRUE(back.ok()) << back.status().to_string();
     EXPECT_EQ(*back, "first\nsecond\n");
@@ -191,11 +191,12 @@ TEST(InputStream, ZstdTruncatedAndCorruptAreErrors) {
 }
 
 TEST(InputStream, UnsupportedCompressionAndBadPathsAreClearErrors) {
-    auto xz = InputStream::open(write_file("a.xz", std::string("\xfd" "7zXZ\x00\x00\x04", 8)));
+    auto xz = InputStream::open(write_file("a.xz", std::string("\xfd"
+                                                               "7zXZ\x00\x00\x04",
+                                                               8)));
     ASSERT_FALSE(xz.ok());
     EXPECT_NE(xz.status().message().find("xz"), std::string::npos);
-    auto bz = InputStream::open(
-        write_file("a.bz2", std::string("BZh91AY&SY\x00\x01", 12)));
+    auto bz = InputStream::open(write_file("a.bz2", std::string("BZh91AY&SY\x00\x01", 12)));
     ASSERT_FALSE(bz.ok());
     EXPECT_NE(bz.status().message().find("bzip2"), std::string::npos);
     // "BZh" followed by ordinary text is text.
@@ -277,7 +278,8 @@ TEST(LineReader, SplitsLinesAcrossBufferBoundariesGzipAndZstd) {
 }
 
 TEST(LineReader, LastLineWithoutNewlineCrlfAndEmptyLines) {
-    const auto got = records(write_file("crlf.txt", "a\r\n\nb\r\r\nlast"), TextRecordFormat::kLines);
+    const auto got =
+        records(write_file("crlf.txt", "a\r\n\nb\r\r\nlast"), TextRecordFormat::kLines);
     ASSERT_EQ(got.size(), 4u);
     EXPECT_EQ(got[0].first, "a");
     EXPECT_EQ(got[1].first, "");
