@@ -7,53 +7,11 @@
 
 #include "core/strings.h"
 #include "io/input.h"
+#include "tokenizer/utf8.h"
 
 namespace lathe {
 
 namespace od = simdjson::ondemand;
-
-size_t utf8_find_invalid(std::string_view s) {
-    const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-    const size_t n = s.size();
-    size_t i = 0;
-    while (i < n) {
-        if (i + 8 <= n) {  // eight ASCII bytes at a time
-            uint64_t w;
-            std::memcpy(&w, p + i, 8);
-            if ((w & 0x8080808080808080ULL) == 0) {
-                i += 8;
-                continue;
-            }
-        }
-        const unsigned char c = p[i];
-        if (c < 0x80) {
-            ++i;
-            continue;
-        }
-        size_t len;
-        if (c >= 0xC2 && c <= 0xDF) {
-            len = 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            len = 3;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            len = 4;
-        } else {
-            return i;  // a continuation byte, an overlong lead (C0, C1) or F5..FF
-        }
-        if (i + len > n) return i;
-        const unsigned char c1 = p[i + 1];
-        if ((c1 & 0xC0) != 0x80) return i;
-        if (c == 0xE0 && c1 < 0xA0) return i;  // overlong 3-byte form
-        if (c == 0xED && c1 > 0x9F) return i;  // UTF-16 surrogate
-        if (c == 0xF0 && c1 < 0x90) return i;  // overlong 4-byte form
-        if (c == 0xF4 && c1 > 0x8F) return i;  // above U+10FFFF
-        for (size_t k = 2; k < len; ++k) {
-            if ((p[i + k] & 0xC0) != 0x80) return i;
-        }
-        i += len;
-    }
-    return std::string_view::npos;
-}
 
 namespace {
 
@@ -174,8 +132,8 @@ struct JsonlFieldReader::Impl {
     // An error message for a simdjson failure on `line`, with a byte column where known.
     Status json_error(simdjson::error_code e, std::string_view line, od::document* d) {
         if (e == simdjson::UTF8_ERROR) {
-            const size_t at = utf8_find_invalid(line);
-            if (at != std::string_view::npos) {
+            const size_t at = utf8::first_invalid(line);
+            if (at < line.size()) {
                 return invalid_argument_error(
                     "invalid UTF-8 at byte column {} (byte 0x{:02x}); the input must be UTF-8",
                     at + 1, static_cast<unsigned>(static_cast<unsigned char>(line[at])));

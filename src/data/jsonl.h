@@ -15,11 +15,6 @@
 
 namespace lathe {
 
-// Byte offset of the first byte of `s` that does not begin a valid UTF-8 sequence (overlong
-// forms, surrogates U+D800..DFFF and code points above U+10FFFF are invalid, as in Python's
-// strict decoder), or std::string_view::npos when `s` is valid UTF-8.
-size_t utf8_find_invalid(std::string_view s);
-
 // Extracts one string field from JSONL lines. Not thread-safe: one per worker thread.
 class JsonlFieldReader {
 public:

@@ -19,22 +19,6 @@ std::string error_of(JsonlFieldReader& r, std::string_view line) {
     return t.ok() ? std::string() : t.status().message();
 }
 
-TEST(Utf8FindInvalid, AcceptsValidAndLocatesInvalid) {
-    constexpr size_t npos = std::string_view::npos;
-    EXPECT_EQ(utf8_find_invalid(""), npos);
-    EXPECT_EQ(utf8_find_invalid("plain ascii text that is longer than eight bytes"), npos);
-    EXPECT_EQ(utf8_find_invalid("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf"),
-              npos);
-    EXPECT_EQ(utf8_find_invalid("abc\xff"), 3u);
-    EXPECT_EQ(utf8_find_invalid("abcdefghij\x80"), 10u);    // lone continuation byte
-    EXPECT_EQ(utf8_find_invalid("\xc0\xaf"), 0u);           // overlong '/'
-    EXPECT_EQ(utf8_find_invalid("ab\xe0\x80\xaf"), 2u);     // overlong 3-byte
-    EXPECT_EQ(utf8_find_invalid("\xed\xa0\x80"), 0u);       // surrogate U+D800
-    EXPECT_EQ(utf8_find_invalid("x\xf4\x90\x80\x80"), 1u);  // above U+10FFFF
-    EXPECT_EQ(utf8_find_invalid("x\xe2\x82"), 1u);          // cut short
-    EXPECT_EQ(utf8_find_invalid("\xf0\x9f\x98"), 0u);
-}
-
 TEST(JsonlFieldReader, ExtractsUnescapedStrings) {
     JsonlFieldReader r("text");
     EXPECT_EQ(ok_text(r, R"({"text": "hello"})"), "hello");

@@ -21,6 +21,7 @@
 #include "io/input.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace lathe {
 
@@ -488,7 +489,7 @@ struct Worker {
                     "separators)");
             }
             if (!simdjson::validate_utf8(text.data(), text.size())) {
-                const size_t at = utf8_find_invalid(text);
+                const size_t at = utf8::first_invalid(text);
                 const size_t line_start = text.rfind('\n', at == 0 ? 0 : at - 1);
                 const size_t col =
                     (line_start == std::string_view::npos || at == 0) ? at : at - line_start - 1;
