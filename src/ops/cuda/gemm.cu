@@ -1,5 +1,5 @@
 // clang-format off
-#include "ops/cuda/nvcc_fmt.h"  // first: before any header that includes fmt
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
 
 #include <cstdint>

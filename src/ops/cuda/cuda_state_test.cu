@@ -1,0 +1,108 @@
+// clang-format off
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+// clang-format on
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <utility>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_state.h"
+#include "ops/cuda/cuda_test_util.h"
+#include "ops/embedding.h"
+#include "ops/op_test.h"
+
+namespace lathe {
+namespace {
+
+using namespace cudatest;
+
+TEST(CudaState, ContextPointsAtTheState) {
+    CudaState state(0);
+    const Context ctx = state.context();
+    EXPECT_EQ(ctx.backend, Backend::kCuda);
+    EXPECT_EQ(ctx.device, 0);
+    EXPECT_EQ(ctx.stream, state.stream());
+    EXPECT_NE(ctx.stream, nullptr);
+    EXPECT_EQ(ctx.cuda, &state);
+    EXPECT_EQ(&cuda_state_of(ctx, "test"), &state);
+    EXPECT_EQ(state.workspace_bytes(), CudaState::kWorkspaceBytes);
+    EXPECT_NE(state.cublaslt(), nullptr);
+}
+
+TEST(CudaState, DeviceBufferMovesOwnership) {
+    DeviceBuffer a(1000);
+    void* p = a.data();
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u);
+    DeviceBuffer b(std::move(a));
+    EXPECT_EQ(a.data(), nullptr);
+    EXPECT_EQ(a.bytes(), 0u);
+    EXPECT_EQ(b.data(), p);
+    EXPECT_EQ(b.bytes(), 1000u);
+    DeviceBuffer empty(0);
+    EXPECT_EQ(empty.data(), nullptr);
+    const TensorView v = b.view(DType::kF32, {250});
+    EXPECT_EQ(v.device(), Device::kCuda);
+    EXPECT_EQ(v.data(), p);
+}
+
+TEST(CudaState, CopyRoundTripAndPoison) {
+    CudaState state(0);
+    optest::Rng rng(1);
+    const HostTensor h = optest::random_tensor(rng, {3, 5});
+    DeviceTensor d = upload(h, DType::kF32, state);
+    EXPECT_TRUE(bitwise_equal(download_f32(d.view, state), h));
+    cuda_fill_bytes(d.view, 0xFF, state.stream());
+    const HostTensor poisoned = download_f32(d.view, state);
+    for (int64_t i = 0; i < poisoned.numel(); ++i) EXPECT_TRUE(std::isnan(poisoned.as<float>()[i]));
+}
+
+class CudaStateDeathTest : public ::testing::Test {
+protected:
+    void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
+};
+
+TEST_F(CudaStateDeathTest, FailingCallStopsWithTheCallAndError) {
+    EXPECT_DEATH(LATHE_CUDA_CHECK(cudaSetDevice(12345)),
+                 "cuda_state_test.cu.*cudaSetDevice\\(12345\\).*cudaErrorInvalidDevice");
+}
+
+TEST_F(CudaStateDeathTest, ScratchOverflowNamesTheOp) {
+    CudaState state(0);
+    EXPECT_DEATH(state.scratch(CudaState::kScratchBytes + 1, "some_op"), "some_op.*kScratchBytes");
+}
+
+TEST_F(CudaStateDeathTest, ContextWithoutStateStops) {
+    Context ctx;
+    ctx.backend = Backend::kCuda;
+    EXPECT_DEATH(cuda_state_of(ctx, "some_op"), "some_op: a CUDA context without a CudaState");
+}
+
+TEST_F(CudaStateDeathTest, OpOnAnotherStreamStops) {
+    CudaState state(0);
+    Context ctx = state.context();
+    ctx.stream = nullptr;  // the legacy default stream
+    EXPECT_DEATH(cuda_state_of(ctx, "some_op"), "some_op: the context's stream is not");
+}
+
+TEST_F(CudaStateDeathTest, BadTokenIdTrapsTheKernel) {
+    // A device-side check traps the kernel; the next checked call stops the process.
+    EXPECT_DEATH(
+        {
+            CudaState state(0);
+            const HostTensor tokens = optest::ids_of({1, 2}, {3, 7});  // V = 5: 7 is out of range
+            optest::Rng rng(2);
+            DeviceTensor t = upload(tokens, DType::kI32, state);
+            DeviceTensor wte = upload(optest::random_tensor(rng, {5, 8}), DType::kBF16, state);
+            DeviceTensor out = device_tensor(DType::kBF16, {1, 2, 8}, state);
+            embedding_forward(out.view, t.view, ConstTensorView(), wte.view, ConstTensorView(),
+                              state.context());
+            state.synchronize();
+        },
+        "cudaStreamSynchronize");
+}
+
+}  // namespace
+}  // namespace lathe

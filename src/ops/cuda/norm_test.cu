@@ -1,0 +1,146 @@
+// clang-format off
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+// clang-format on
+
+#include <gtest/gtest.h>
+
+#include "ops/cuda/cuda_test_util.h"
+#include "ops/layernorm.h"
+#include "ops/rmsnorm.h"
+
+// RMSNorm and LayerNorm, CUDA against the CPU twin. C = 768 takes the 16-byte path, C = 100 the
+// scalar one; N = 300 rows give several dweight row chunks.
+
+namespace lathe {
+namespace {
+
+using namespace cudatest;
+
+constexpr float kEps = 1e-5f;
+
+void check_rmsnorm(int64_t N, int64_t C, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " C=" << C);
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(seed);
+    const HostTensor x = random_bf16_values(rng, {N, C}, -2.0f, 2.0f);
+    const HostTensor w = random_bf16_values(rng, {C}, 0.5f, 1.5f);
+    const HostTensor dy = random_bf16_values(rng, {N, C});
+    const HostTensor dx0 = random_bf16_values(rng, {N, C});
+    const HostTensor dw0 = optest::random_tensor(rng, {C});
+
+    HostTensor y_ref(DType::kF32, {N, C}), rstd_ref(DType::kF32, {N});
+    rmsnorm_forward(y_ref.view(), rstd_ref.view(), x.view(), w.view(), kEps, cpu);
+    HostTensor dx_ref(DType::kF32, {N, C});
+    HostTensor dx_acc_ref = optest::copy_tensor(dx0.view());
+    HostTensor dw_ref = optest::copy_tensor(dw0.view());
+    rmsnorm_backward(dx_ref.view(), dw_ref.view(), dy.view(), x.view(), w.view(), rstd_ref.view(),
+                     GradMode::kOverwrite, cpu);
+    rmsnorm_backward(dx_acc_ref.view(), TensorView(), dy.view(), x.view(), w.view(),
+                     rstd_ref.view(), GradMode::kAccumulate, cpu);
+
+    DeviceTensor gx = upload(x, DType::kBF16, state), gw = upload(w, DType::kBF16, state);
+    DeviceTensor gdy = upload(dy, DType::kBF16, state);
+    DeviceTensor y = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor rstd = device_tensor(DType::kF32, {N}, state);
+    rmsnorm_forward(y.view, rstd.view, gx.view, gw.view, kEps, gpu);
+    EXPECT_TRUE(matches(download_f32(y.view, state), y_ref, kBf16Rounded));
+    const HostTensor rstd_gpu = download_f32(rstd.view, state);
+    EXPECT_TRUE(matches(rstd_gpu, rstd_ref, kF32Sum));
+
+    DeviceTensor dx = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor dx_acc = upload(dx0, DType::kBF16, state);
+    DeviceTensor dw = upload(dw0, DType::kF32, state);
+    rmsnorm_backward(dx.view, dw.view, gdy.view, gx.view, gw.view, rstd.view, GradMode::kOverwrite,
+                     gpu);
+    rmsnorm_backward(dx_acc.view, TensorView(), gdy.view, gx.view, gw.view, rstd.view,
+                     GradMode::kAccumulate, gpu);
+    EXPECT_TRUE(matches(download_f32(dx.view, state), dx_ref, kBf16Sum));
+    EXPECT_TRUE(matches(download_f32(dx_acc.view, state), dx_acc_ref, kBf16Sum));
+    EXPECT_TRUE(matches(download_f32(dw.view, state), dw_ref, kF32Sum));
+
+    DeviceTensor dw2 = upload(dw0, DType::kF32, state);
+    DeviceTensor dx2 = device_tensor(DType::kBF16, {N, C}, state);
+    rmsnorm_backward(dx2.view, dw2.view, gdy.view, gx.view, gw.view, rstd.view,
+                     GradMode::kOverwrite, gpu);
+    EXPECT_TRUE(bitwise_equal(download_raw(dw2.view, state), download_raw(dw.view, state)));
+    EXPECT_TRUE(bitwise_equal(download_raw(dx2.view, state), download_raw(dx.view, state)));
+}
+
+void check_layernorm(int64_t N, int64_t C, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " C=" << C);
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(seed);
+    // An offset mean: the variance must not come from E[x^2] - mean^2.
+    const HostTensor x = random_bf16_values(rng, {N, C}, 3.0f, 5.0f);
+    const HostTensor w = random_bf16_values(rng, {C}, 0.5f, 1.5f);
+    const HostTensor b = random_bf16_values(rng, {C});
+    const HostTensor dy = random_bf16_values(rng, {N, C});
+    const HostTensor dx0 = random_bf16_values(rng, {N, C});
+    const HostTensor dw0 = optest::random_tensor(rng, {C});
+    const HostTensor db0 = optest::random_tensor(rng, {C});
+
+    HostTensor y_ref(DType::kF32, {N, C}), mean_ref(DType::kF32, {N}), rstd_ref(DType::kF32, {N});
+    layernorm_forward(y_ref.view(), mean_ref.view(), rstd_ref.view(), x.view(), w.view(), b.view(),
+                      kEps, cpu);
+    HostTensor dx_ref(DType::kF32, {N, C});
+    HostTensor dx_acc_ref = optest::copy_tensor(dx0.view());
+    HostTensor dw_ref = optest::copy_tensor(dw0.view()), db_ref = optest::copy_tensor(db0.view());
+    layernorm_backward(dx_ref.view(), dw_ref.view(), db_ref.view(), dy.view(), x.view(), w.view(),
+                       mean_ref.view(), rstd_ref.view(), GradMode::kOverwrite, cpu);
+    layernorm_backward(dx_acc_ref.view(), TensorView(), TensorView(), dy.view(), x.view(),
+                       w.view(), mean_ref.view(), rstd_ref.view(), GradMode::kAccumulate, cpu);
+
+    DeviceTensor gx = upload(x, DType::kBF16, state), gw = upload(w, DType::kBF16, state);
+    DeviceTensor gb = upload(b, DType::kBF16, state), gdy = upload(dy, DType::kBF16, state);
+    DeviceTensor y = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor mean = device_tensor(DType::kF32, {N}, state);
+    DeviceTensor rstd = device_tensor(DType::kF32, {N}, state);
+    layernorm_forward(y.view, mean.view, rstd.view, gx.view, gw.view, gb.view, kEps, gpu);
+    EXPECT_TRUE(matches(download_f32(y.view, state), y_ref, kBf16Sum));
+    EXPECT_TRUE(matches(download_f32(mean.view, state), mean_ref, kF32Sum));
+    EXPECT_TRUE(matches(download_f32(rstd.view, state), rstd_ref, kF32Sum));
+
+    DeviceTensor dx = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor dx_acc = upload(dx0, DType::kBF16, state);
+    DeviceTensor dw = upload(dw0, DType::kF32, state), db = upload(db0, DType::kF32, state);
+    layernorm_backward(dx.view, dw.view, db.view, gdy.view, gx.view, gw.view, mean.view, rstd.view,
+                       GradMode::kOverwrite, gpu);
+    layernorm_backward(dx_acc.view, TensorView(), TensorView(), gdy.view, gx.view, gw.view,
+                       mean.view, rstd.view, GradMode::kAccumulate, gpu);
+    EXPECT_TRUE(matches(download_f32(dx.view, state), dx_ref, kBf16Sum));
+    EXPECT_TRUE(matches(download_f32(dx_acc.view, state), dx_acc_ref, kBf16Sum));
+    EXPECT_TRUE(matches(download_f32(dw.view, state), dw_ref, kF32Sum));
+    EXPECT_TRUE(matches(download_f32(db.view, state), db_ref, kF32Sum));
+
+    // dbias alone (frozen weight): the partial pass writes only one array.
+    DeviceTensor db_only = upload(db0, DType::kF32, state);
+    DeviceTensor dx3 = device_tensor(DType::kBF16, {N, C}, state);
+    layernorm_backward(dx3.view, TensorView(), db_only.view, gdy.view, gx.view, gw.view,
+                       mean.view, rstd.view, GradMode::kOverwrite, gpu);
+    EXPECT_TRUE(bitwise_equal(download_raw(db_only.view, state), download_raw(db.view, state)));
+}
+
+TEST(CudaRmsnorm, MatchesCpuVectorized) {
+    check_rmsnorm(300, 768, 21);
+}
+
+TEST(CudaRmsnorm, MatchesCpuScalarPath) {
+    check_rmsnorm(37, 100, 22);
+}
+
+TEST(CudaRmsnorm, MatchesCpuWideRows) {
+    check_rmsnorm(16, 8192, 23);
+}
+
+TEST(CudaLayernorm, MatchesCpuVectorized) {
+    check_layernorm(300, 768, 24);
+}
+
+TEST(CudaLayernorm, MatchesCpuScalarPath) {
+    check_layernorm(37, 100, 25);
+}
+
+}  // namespace
+}  // namespace lathe

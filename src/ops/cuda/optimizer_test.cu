@@ -1,0 +1,169 @@
+// clang-format off
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+// clang-format on
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include "ops/adamw.h"
+#include "ops/cuda/adamw.h"
+#include "ops/cuda/cuda_test_util.h"
+#include "ops/grad_norm.h"
+
+// AdamW and the gradient norm / clip, CUDA against the CPU twin.
+
+namespace lathe {
+namespace {
+
+using namespace cudatest;
+
+// Largest distance in units in the last place between two f32 tensors of the same size (finite
+// values of one sign compare by their ordered bit patterns), and how many elements differ at all.
+struct UlpDiff {
+    int64_t max_ulp = 0;
+    int64_t differing = 0;
+};
+
+UlpDiff ulp_diff(const HostTensor& a, const HostTensor& b) {
+    auto ordered = [](float f) {
+        const int32_t i = std::bit_cast<int32_t>(f);
+        return i < 0 ? int64_t(INT32_MIN) - i : int64_t(i);
+    };
+    UlpDiff d;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+        const float x = a.as<float>()[i], y = b.as<float>()[i];
+        if (std::isnan(x) || std::isnan(y)) {
+            d.max_ulp = INT64_MAX;
+            ++d.differing;
+            continue;
+        }
+        const int64_t u = std::llabs(ordered(x) - ordered(y));
+        d.max_ulp = std::max(d.max_ulp, u);
+        d.differing += u != 0;
+    }
+    return d;
+}
+
+TEST(CudaAdamW, MatchesCpuOverSegmentsAndSteps) {
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(71);
+    const int64_t P = 5000;
+    // Parameter groups with and without decay, gaps that no segment covers, beta1 both sides of
+    // the lerp switch over the two runs.
+    const std::vector<AdamWSegment> segments = {
+        {0, 1000, 1e-3, 0.1}, {1200, 2800, 5e-4, 0.0}, {4000, 999, 2e-3, 0.01}};
+    for (const double beta1 : {0.9, 0.3}) {
+        SCOPED_TRACE(::testing::Message() << "beta1=" << beta1);
+        const AdamWHyper hyper{beta1, 0.95, 1e-8};
+        HostTensor p = optest::random_tensor(rng, {P});
+        HostTensor m(DType::kF32, {P}), v(DType::kF32, {P});
+        DeviceTensor gp = upload(p, DType::kF32, state);
+        DeviceTensor gm = upload(m, DType::kF32, state), gv = upload(v, DType::kF32, state);
+        for (int64_t step = 1; step <= 3; ++step) {
+            const HostTensor g = optest::random_tensor(rng, {P}, -0.1f, 0.1f);
+            DeviceTensor gg = upload(g, DType::kF32, state);
+            adamw_update(p.view(), m.view(), v.view(), g.view(), segments, hyper, step, cpu);
+            adamw_update(gp.view, gm.view, gv.view, gg.view, segments, hyper, step, gpu);
+        }
+        // The kernel repeats the CPU's operations with explicitly rounded intrinsics: expect the
+        // same bits; allow 1 ulp so that a libm difference in the host-side scalars would show
+        // up as a count, not a failure.
+        for (const auto& [name, got, ref] :
+             {std::tuple{"params", download_f32(gp.view, state), optest::copy_tensor(p.view())},
+              std::tuple{"m", download_f32(gm.view, state), optest::copy_tensor(m.view())},
+              std::tuple{"v", download_f32(gv.view, state), optest::copy_tensor(v.view())}}) {
+            const UlpDiff d = ulp_diff(got, ref);
+            EXPECT_LE(d.max_ulp, 1) << name << ": " << d.differing << " of " << P << " differ";
+            RecordProperty(std::string(name) + "_differing_elements", int(d.differing));
+        }
+    }
+}
+
+TEST(CudaAdamW, WritesTheBf16CopyOfUpdatedElementsOnly) {
+    CudaState state(0);
+    optest::Rng rng(72);
+    const int64_t P = 3000;
+    const std::vector<AdamWSegment> segments = {{10, 1500, 1e-3, 0.1}, {2000, 1000, 3e-4, 0.0}};
+    const HostTensor p = optest::random_tensor(rng, {P});
+    const HostTensor g = optest::random_tensor(rng, {P});
+    HostTensor zeros(DType::kF32, {P});
+    DeviceTensor gp = upload(p, DType::kF32, state), gg = upload(g, DType::kF32, state);
+    DeviceTensor gm = upload(zeros, DType::kF32, state), gv = upload(zeros, DType::kF32, state);
+    DeviceTensor copy = device_tensor(DType::kBF16, {P}, state);  // poisoned
+    cuda::adamw_update(gp.view.as<float>(), gm.view.as<float>(), gv.view.as<float>(),
+                       gg.view.as<float>(), copy.view.as<bf16>(), segments, AdamWHyper{}, 1,
+                       state.stream());
+    const HostTensor master = download_f32(gp.view, state);
+    const HostTensor raw = download_raw(copy.view, state);
+    for (int64_t i = 0; i < P; ++i) {
+        const bool updated = (i >= 10 && i < 1510) || (i >= 2000 && i < 3000);
+        const uint16_t bits = raw.as<bf16>()[i].bits;
+        if (updated)
+            ASSERT_EQ(bits, float_to_bf16(master.as<float>()[i]).bits) << i;
+        else
+            ASSERT_EQ(bits, 0xFFFF) << i << " outside every segment was written";
+    }
+}
+
+TEST(CudaGradNorm, MatchesCpuAndClips) {
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(73);
+    const std::vector<int64_t> sizes = {1000, 70000, 3, 200000};
+    std::vector<HostTensor> host;
+    std::vector<DeviceTensor> dev;
+    for (int64_t n : sizes) {
+        host.push_back(optest::random_tensor(rng, {n}, -0.05f, 0.05f));
+        dev.push_back(upload(host.back(), DType::kF32, state));
+    }
+    std::vector<ConstTensorView> host_c, dev_c;
+    std::vector<TensorView> host_m, dev_m;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        host_c.push_back(host[i].view());
+        host_m.push_back(host[i].view());
+        dev_c.push_back(dev[i].view);
+        dev_m.push_back(dev[i].view);
+    }
+    HostTensor norm_ref(DType::kF32, {1});
+    grad_norm_l2(norm_ref.view(), host_c, cpu);
+    DeviceTensor norm = device_tensor(DType::kF32, {1}, state);
+    grad_norm_l2(norm.view, dev_c, gpu);
+    const HostTensor norm_gpu = download_f32(norm.view, state);
+    EXPECT_NEAR(norm_gpu.as<float>()[0], norm_ref.as<float>()[0], 1e-6 * norm_ref.as<float>()[0]);
+
+    // A max_norm above the norm leaves the gradients alone.
+    grad_clip_by_norm(dev_m, norm.view, 2.0f * norm_ref.as<float>()[0], gpu);
+    for (size_t i = 0; i < sizes.size(); ++i)
+        EXPECT_TRUE(bitwise_equal(download_f32(dev[i].view, state), host[i]));
+
+    // Below it, every gradient is scaled as the CPU scales it.
+    const float max_norm = 0.25f * norm_ref.as<float>()[0];
+    grad_clip_by_norm(host_m, norm_ref.view(), max_norm, cpu);
+    grad_clip_by_norm(dev_m, norm.view, max_norm, gpu);
+    for (size_t i = 0; i < sizes.size(); ++i)
+        EXPECT_TRUE(matches(download_f32(dev[i].view, state), host[i], {1e-6, 0.0, 1e-6}));
+}
+
+TEST(CudaGradNorm, NonFiniteNormLeavesGradients) {
+    CudaState state(0);
+    const Context gpu = state.context();
+    optest::Rng rng(74);
+    HostTensor g = optest::random_tensor(rng, {5000});
+    g.as<float>()[1234] = std::nanf("");
+    DeviceTensor dg = upload(g, DType::kF32, state);
+    DeviceTensor norm = device_tensor(DType::kF32, {1}, state);
+    const ConstTensorView views[] = {dg.view};
+    grad_norm_l2(norm.view, views, gpu);
+    EXPECT_TRUE(std::isnan(download_f32(norm.view, state).as<float>()[0]));
+    const TensorView mviews[] = {dg.view};
+    grad_clip_by_norm(mviews, norm.view, 1e-3f, gpu);
+    EXPECT_TRUE(bitwise_equal(download_f32(dg.view, state), g));
+}
+
+}  // namespace
+}  // namespace lathe
