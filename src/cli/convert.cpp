@@ -1,10 +1,11 @@
 // `lathe convert INPUT_DIR OUTPUT_DIR --to hf|lathe`: see run/convert.h.
+#include "run/convert.h"
+
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "cli/command.h"
-#include "run/convert.h"
 
 namespace lathe {
 
@@ -21,7 +22,8 @@ void cli_add_convert(CLI::App& parent, CommandAction& action) {
     auto o = std::make_shared<Options>();
     cmd->add_option("INPUT_DIR", o->input, "HF folder, lathe checkpoint, or lathe run folder")
         ->required();
-    cmd->add_option("OUTPUT_DIR", o->output, "Folder to create (written aside, renamed when complete)")
+    cmd->add_option("OUTPUT_DIR", o->output,
+                    "Folder to create (written aside, renamed when complete)")
         ->required();
     cmd->add_option("--to", o->to, "Output format: hf (transformers / vLLM) or lathe (trainable)")
         ->required()

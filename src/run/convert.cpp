@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <unordered_set>
 
@@ -53,11 +53,21 @@ constexpr const char* kTrainerStateFile = "trainer_state.json";
 // Files carried from input to output byte for byte: what transformers' tokenizer and generation
 // config loaders read, and the model card / license that belong with the weights.
 constexpr std::string_view kCarriedFiles[] = {
-    "tokenizer.json",        "tokenizer_config.json", "special_tokens_map.json",
-    "added_tokens.json",     "chat_template.jinja",   "chat_template.json",
-    "vocab.json",            "merges.txt",            "tokenizer.model",
-    "generation_config.json", "README.md",            "LICENSE",
-    "LICENSE.txt",           "LICENSE.md",            "NOTICE",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "generation_config.json",
+    "README.md",
+    "LICENSE",
+    "LICENSE.txt",
+    "LICENSE.md",
+    "NOTICE",
     "USE_POLICY.md",
 };
 // transformers 5 stores extra named chat templates as files in this folder.
@@ -91,8 +101,8 @@ bool is_float_weight_dtype(SafetensorsDtype d) {
 
 // Converts elements [begin, begin + n) of `src` (F32 / BF16 / F16) into `dst` (n elements of
 // `to`). Same dtype: a copy of the bytes, so every bit (NaN payloads included) survives.
-void convert_elements(const SafetensorsTensor& src, uint64_t begin, uint64_t n,
-                      SafetensorsDtype to, void* dst) {
+void convert_elements(const SafetensorsTensor& src, uint64_t begin, uint64_t n, SafetensorsDtype to,
+                      void* dst) {
     const int in_size = safetensors_dtype_bits(src.dtype) / 8;
     const uint8_t* in = src.data + begin * uint64_t(in_size);
     if (src.dtype == to) {
@@ -239,8 +249,8 @@ public:
         }
         fs::rename(path_, final_, ec);
         if (ec)
-            return io_error("{}: cannot rename the finished output into place: {}",
-                            final_.string(), ec.message());
+            return io_error("{}: cannot rename the finished output into place: {}", final_.string(),
+                            ec.message());
         active_ = false;
         if (!old.empty()) fs::remove_all(old, ec);
         return sync_folder(final_.parent_path().string());
@@ -259,12 +269,18 @@ struct PlannedTensor {
     uint64_t out_bytes = 0;
 };
 
+// "[64, 128]", as SafetensorsTensor::shape_string writes a stored shape.
+std::string shape_list(const Shape& shape) {
+    std::string out = "[";
+    for (int i = 0; i < shape.rank(); ++i) out += fmt::format("{}{}", i ? ", " : "", shape[i]);
+    return out + "]";
+}
+
 std::string dims_hint(const ModelConfig& c) {
     return fmt::format(
         "vocab_size {}, hidden_size {}, intermediate_size {}, num_attention_heads {}, "
         "num_key_value_heads {}, head_dim {}",
-        c.vocab_size, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads,
-        c.head_dim);
+        c.vocab_size, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim);
 }
 
 // The layer number in a tensor name: its first all-digit component ("model.layers.12.mlp..." and
@@ -328,18 +344,18 @@ Result<std::vector<PlannedTensor>> plan_tensors(const ModelConfig& config, const
                     "{}: tensor '{}' (the LM head, shape {}) is missing, but config.json says "
                     "tie_word_embeddings false (an untied head); if this model's head is its "
                     "token embedding '{}', set \"tie_word_embeddings\": true in config.json",
-                    where, p.name, p.shape.to_string(),
+                    where, p.name, shape_list(p.shape),
                     emb == ParamTable::kNone ? std::string("?") : table.entries()[emb].name);
             }
             std::string hint;
             if (entry.layer >= 0)
-                hint = fmt::format(" (layer {} of num_hidden_layers {}: does config.json give "
-                                   "more layers than the checkpoint has?)",
-                                   entry.layer, config.num_layers);
+                hint = fmt::format(
+                    " (layer {} of num_hidden_layers {}: does config.json give "
+                    "more layers than the checkpoint has?)",
+                    entry.layer, config.num_layers);
             return invalid_argument_error(
                 "{}: tensor '{}' is missing: a {} with this config.json needs it, shape {}{}{}",
-                where, p.name, arch, p.shape.to_string(), hint,
-                did_you_mean(p.name, ck.names()));
+                where, p.name, arch, shape_list(p.shape), hint, did_you_mean(p.name, ck.names()));
         }
         LATHE_ASSIGN_OR_RETURN(const SafetensorsTensor* t, ck.tensor(name));
         bool shape_ok = int(t->shape.size()) == p.shape.rank();
@@ -349,7 +365,7 @@ Result<std::vector<PlannedTensor>> plan_tensors(const ModelConfig& config, const
             return invalid_argument_error(
                 "{}: tensor '{}' has shape {}, but config.json implies {} for it ({}); the "
                 "weights and config.json do not belong together",
-                where, name, t->shape_string(), p.shape.to_string(), dims_hint(config));
+                where, name, t->shape_string(), shape_list(p.shape), dims_hint(config));
         if (!is_float_weight_dtype(t->dtype))
             return invalid_argument_error(
                 "{}: tensor '{}' is {}; lathe converts F32, BF16 and F16 weights (quantized or "
@@ -472,10 +488,10 @@ Status write_weights(const StagingFolder& staging, const std::vector<PlannedTens
     Progress progress("convert", total, "tensors");
     Json weight_map = Json::object();
     for (size_t s = 0; s < shards.size(); ++s) {
-        const std::string file = shards.size() == 1
-                                     ? std::string(kSafetensorsSingleFileName)
-                                     : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1,
-                                                   shards.size());
+        const std::string file =
+            shards.size() == 1
+                ? std::string(kSafetensorsSingleFileName)
+                : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
         std::vector<std::unique_ptr<uint8_t[]>> buffers;
         std::vector<SafetensorsWriteTensor> writes;
         uint64_t shard_bytes = 0;
@@ -497,8 +513,8 @@ Status write_weights(const StagingFolder& staging, const std::vector<PlannedTens
             weight_map[t.param->name] = file;
             shard_bytes += t.out_bytes;
         }
-        LATHE_RETURN_IF_ERROR(safetensors_write_file(staging.file(file), writes,
-                                                     safetensors_default_metadata()));
+        LATHE_RETURN_IF_ERROR(
+            safetensors_write_file(staging.file(file), writes, safetensors_default_metadata()));
         result.weight_files.push_back(file);
         progress.add(shard_bytes, writes.size());
     }
@@ -571,8 +587,9 @@ Status write_fresh_training_state(const StagingFolder& staging, const ParamTable
     // writing two moments of a big model costs no memory of its own.
     std::unique_ptr<float, decltype(&std::free)> zeros(
         static_cast<float*>(std::calloc(std::max<uint64_t>(n, 1), sizeof(float))), &std::free);
-    if (!zeros) return failed_precondition_error("cannot allocate {} bytes for the optimizer state",
-                                                 n * sizeof(float));
+    if (!zeros)
+        return failed_precondition_error("cannot allocate {} bytes for the optimizer state",
+                                         n * sizeof(float));
     const ConstTensorView view(zeros.get(), DType::kF32, Shape{int64_t(n)});
     const std::vector<SafetensorsWriteTensor> moments = {
         safetensors_write_tensor("exp_avg", view),
@@ -675,7 +692,8 @@ Result<uint64_t> convert_parse_size(std::string_view text) {
             escape_for_message(text));
     };
     size_t digits = 0;
-    while (digits < t.size() && (std::isdigit(static_cast<unsigned char>(t[digits])) || t[digits] == '.'))
+    while (digits < t.size() &&
+           (std::isdigit(static_cast<unsigned char>(t[digits])) || t[digits] == '.'))
         ++digits;
     if (digits == 0) return bad();
     double number = 0.0;
@@ -683,9 +701,16 @@ Result<uint64_t> convert_parse_size(std::string_view text) {
     if (ec != std::errc() || end != t.data() + digits) return bad();
     const std::string unit = lower(trim(t.substr(digits)));
     static const std::map<std::string, double> kUnits = {
-        {"", 1.0},     {"b", 1.0},           {"kb", 1e3},          {"mb", 1e6},
-        {"gb", 1e9},   {"tb", 1e12},         {"kib", 1024.0},      {"mib", 1048576.0},
-        {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+        {"", 1.0},
+        {"b", 1.0},
+        {"kb", 1e3},
+        {"mb", 1e6},
+        {"gb", 1e9},
+        {"tb", 1e12},
+        {"kib", 1024.0},
+        {"mib", 1048576.0},
+        {"gib", 1073741824.0},
+        {"tib", 1099511627776.0},
     };
     const auto it = kUnits.find(unit);
     if (it == kUnits.end()) return bad();
@@ -726,8 +751,7 @@ uint16_t convert_f32_to_f16(float f) {
 Result<ConvertSource> convert_find_source(const std::string& input) {
     std::error_code ec;
     const fs::path given(input);
-    if (!fs::is_directory(given, ec))
-        return not_found_error("INPUT_DIR {}: no such folder", input);
+    if (!fs::is_directory(given, ec)) return not_found_error("INPUT_DIR {}: no such folder", input);
     ConvertSource src;
     src.given = input;
     fs::path dir = given;
@@ -803,9 +827,9 @@ Result<ConvertResult> convert_run(const ConvertRequest& request) {
     result.to = request.to;
     result.dtype = dtype;
     result.architecture = std::string(model_family_of(config).architecture);
-    LATHE_ASSIGN_OR_RETURN(std::vector<PlannedTensor> tensors,
-                           plan_tensors(config, table, *ck, where, safetensors_dtype_of(dtype),
-                                        result.dropped));
+    LATHE_ASSIGN_OR_RETURN(
+        std::vector<PlannedTensor> tensors,
+        plan_tensors(config, table, *ck, where, safetensors_dtype_of(dtype), result.dropped));
     std::set<std::string> dtypes;
     for (const PlannedTensor& t : tensors) {
         dtypes.insert(std::string(safetensors_dtype_name(t.src->dtype)));
@@ -816,8 +840,9 @@ Result<ConvertResult> convert_run(const ConvertRequest& request) {
     log_info("{}: {} checkpoint, {} {} tensors ({}), {} parameters{}", source.dir,
              checkpoint_format_name(source.format), result.tensors, result.architecture,
              fmt::join(result.input_dtypes, "/"), result.parameters,
-             result.dropped.empty() ? std::string()
-                                    : fmt::format("; not carried: {}", fmt::join(result.dropped, ", ")));
+             result.dropped.empty()
+                 ? std::string()
+                 : fmt::format("; not carried: {}", fmt::join(result.dropped, ", ")));
 
     LATHE_ASSIGN_OR_RETURN(StagingFolder staging, StagingFolder::begin(out, request.overwrite));
     LATHE_RETURN_IF_ERROR(write_weights(staging, tensors, limit, result));

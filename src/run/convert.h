@@ -8,8 +8,8 @@
 //                         model.safetensors.index.json, tokenizer files, generation_config.json.
 //                         Weights in any of F32 / BF16 / F16.
 //   lathe checkpoint      the same files (weights F32, the master weights the trainer keeps), plus
-//                         optimizer.safetensors (AdamW moments exp_avg / exp_avg_sq, flat F32 in the
-//                         parameter-arena layout) and trainer_state.json. A lathe *run folder*
+//                         optimizer.safetensors (AdamW moments exp_avg / exp_avg_sq, flat F32 in
+//                         the parameter-arena layout) and trainer_state.json. A lathe *run folder*
 //                         (DIR/checkpoints/step-N/) stands for its newest complete checkpoint.
 //
 // The input's kind is detected: a folder with config.json is a lathe checkpoint when it holds
@@ -119,10 +119,10 @@ struct ConvertResult {
     std::string output;  // the final folder
     CheckpointFormat to = CheckpointFormat::kHf;
     ConvertDtype dtype = ConvertDtype::kF32;
-    std::string architecture;   // "LlamaForCausalLM", ...
-    int64_t tensors = 0;        // parameter tensors written
-    int64_t parameters = 0;     // their elements
-    uint64_t weight_bytes = 0;  // bytes of tensor data written (the index's total_size)
+    std::string architecture;               // "LlamaForCausalLM", ...
+    int64_t tensors = 0;                    // parameter tensors written
+    int64_t parameters = 0;                 // their elements
+    uint64_t weight_bytes = 0;              // bytes of tensor data written (the index's total_size)
     std::vector<std::string> weight_files;  // shard file names, then the index when there is one
     std::vector<std::string> other_files;   // config.json, tokenizer files, state files, ...
     std::vector<std::string> dropped;       // input tensors not written (buffers, a tied head)
