@@ -29,8 +29,6 @@
 
 namespace lathe::jinja {
 
-struct Stmt;
-
 struct RenderOptions {
     // The local time strftime_now() formats; the current time when unset.
     std::optional<std::tm> now;

@@ -321,28 +321,6 @@ std::string Value::repr() const {
     return out;
 }
 
-Json Value::to_json() const {
-    switch (kind_) {
-        case Kind::kNone: return nullptr;
-        case Kind::kBool: return b_;
-        case Kind::kInt: return i_;
-        case Kind::kFloat: return f_;
-        case Kind::kString: return *str_;
-        case Kind::kList:
-        case Kind::kTuple: {
-            Json a = Json::array();
-            for (const auto& e : *list_) a.push_back(e.to_json());
-            return a;
-        }
-        case Kind::kDict: {
-            Json o = Json::object();
-            for (const auto& [k, v] : dict_->items) o[k.str()] = v.to_json();
-            return o;
-        }
-        default: throw_error(std::string("Object of type ") + type_name() + " is not JSON serializable");
-    }
-}
-
 // --- comparison ------------------------------------------------------------------------------
 
 bool equals(const Value& a, const Value& b) {

@@ -69,6 +69,7 @@ public:
     static Value tuple(List items);
     static Value dict(Dict d);
     static Value object(std::shared_ptr<Object> o);
+    // JSON as Python's json.loads gives it: null/bool/int/float/str/list/dict, key order kept.
     static Value from_json(const Json& j);
 
     Kind kind() const { return kind_; }
@@ -78,6 +79,7 @@ public:
     bool is_number() const { return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool; }
     bool is_sequence() const { return kind_ == Kind::kList || kind_ == Kind::kTuple; }
 
+    // Payload accessors: valid only for the matching kind (checked by the caller via kind()).
     bool as_bool() const { return b_; }
     int64_t as_int() const { return kind_ == Kind::kBool ? int64_t(b_) : i_; }
     double as_double() const;  // int, bool or float
@@ -87,6 +89,7 @@ public:
     Object* as_object() const { return obj_.get(); }
     // For undefined values: what was undefined, for error messages ("'x' is undefined").
     const std::string& undefined_hint() const;
+    // Throws the error jinja2 raises when an undefined value is used (attribute, call, math).
     [[noreturn]] void fail_undefined() const;
 
     // Python truth value (undefined is false).
@@ -99,8 +102,6 @@ public:
     void append_repr(std::string& out) const;
     // Python type name for error messages ("str", "int", "dict", ...).
     const char* type_name() const;
-    // Back to JSON, as json.dumps would see the Python object; throws for non-JSON values.
-    Json to_json() const;
 
 private:
     Kind kind_ = Kind::kUndefined;
