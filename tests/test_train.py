@@ -213,3 +213,27 @@ def test_eval_loss_definition(corpus, tmp_path):
     p = run(["eval", "loss", "--checkpoint", ck, "--data", corpus / "gc", "--seq-len", 16,
              "--batches", 10**9], check=False)
     assert p.returncode != 0 and "fewer than --batches" in p.stderr
+
+
+def test_init_from_checkpoint_finetune_and_continue(corpus, tmp_path):
+    # The sample order and the schedule depend on train.steps (as in GPT-NeoX), so "continue" is
+    # checked against the same run's own step-4 checkpoint.
+    ref = tmp_path / "ref8"
+    run(train_cmd(corpus, ref, "train.steps=8", "train.eval_interval=0", "checkpoint.interval=4",
+                  "checkpoint.keep_last=0"))
+    ck = ref / "checkpoints" / "step-00000004"
+    cont = tmp_path / "cont"
+    run(train_cmd(corpus, cont, "train.steps=8", "train.eval_interval=0", "checkpoint.interval=0",
+                  f"checkpoint.init_from={ck}", "checkpoint.init_mode=continue"))
+    ref_lines = [m for m in metric_lines(ref) if m["step"] > 4]
+    assert metric_lines(cont) == ref_lines
+    # finetune: weights only, from step 0: the first loss is the trained model's, below a fresh start.
+    ft = tmp_path / "ft"
+    run(train_cmd(corpus, ft, "train.steps=2", "train.eval_interval=0", f"checkpoint.init_from={ck}"))
+    fresh = metric_lines(ref)[0]["loss"]
+    tuned = metric_lines(ft)
+    assert tuned[0]["step"] == 1 and tuned[0]["loss"] < fresh - 0.3
+    # model.* keys may stay in the config, but must agree with the checkpoint's config.json.
+    p = run(train_cmd(corpus, tmp_path / "x", f"checkpoint.init_from={ck}", "model.hidden_size=64"),
+            check=False)
+    assert p.returncode != 0 and "'model.hidden_size' is 64 but the checkpoint" in p.stderr, p.stderr

@@ -59,6 +59,41 @@ void apply_inline_model_keys(const Config& c, HfModelConfig& hf) {
     }
 }
 
+// Each model.* key that is set must describe the model `hf` already is (a checkpoint's).
+Status check_model_keys_agree(const Config& c, const HfModelConfig& hf, const std::string& origin) {
+    struct Field {
+        const char* key;
+        double value;
+    };
+    const Field fields[] = {
+        {"model.hidden_size", double(hf.hidden_size)},
+        {"model.intermediate_size", double(hf.intermediate_size)},
+        {"model.num_hidden_layers", double(hf.num_hidden_layers)},
+        {"model.num_attention_heads", double(hf.num_attention_heads)},
+        {"model.num_key_value_heads", double(hf.num_key_value_heads)},
+        {"model.head_dim", double(hf.head_dim)},
+        {"model.max_position_embeddings", double(hf.max_position_embeddings)},
+        {"model.rope_theta", hf.rope_theta},
+        {"model.norm_eps", hf.norm_eps},
+        {"model.vocab_size", double(hf.vocab_size)},
+        {"model.sliding_window", hf.sliding_window ? double(*hf.sliding_window) : -1.0},
+    };
+    for (const Field& f : fields) {
+        if (!c.has(f.key)) continue;
+        const ConfigKey* key = c.schema().find(f.key);
+        const double want = key->type == ConfigType::kInt ? double(c.get_int(f.key)) : c.get_float(f.key);
+        if (want != f.value) {
+            return invalid_argument_error("{}: '{}' is {} but the checkpoint {} has {}; drop the key or make it agree",
+                                          c.source_of(f.key), f.key, want, origin, f.value);
+        }
+    }
+    if (c.has("model.tie_word_embeddings") && c.get_bool("model.tie_word_embeddings") != hf.tie_word_embeddings) {
+        return invalid_argument_error("{}: 'model.tie_word_embeddings' disagrees with the checkpoint {}",
+                                      c.source_of("model.tie_word_embeddings"), origin);
+    }
+    return ok_status();
+}
+
 Result<std::vector<double>> weights_for(const Config& c, size_t n_paths) {
     if (!c.has("data.weights")) return std::vector<double>(n_paths, 1.0);
     std::vector<double> w = c.get_float_list("data.weights");
@@ -220,14 +255,21 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
         if (!loaded.ok()) return loaded.status().with_context(c.source_of("checkpoint.init_from") + ": 'checkpoint.init_from'");
         hf = *loaded;
         s.model_source = "checkpoint.init_from=" + s.init_from;
-        for (const ConfigKey& key : c.schema().keys()) {
-            if (key.name.rfind("model.", 0) == 0 && key.name != "model.make_vocab_size_divisible_by" && c.has(key.name) &&
-                c.source_of(key.name) != "default") {
-                return invalid_argument_error("{}: '{}' cannot be combined with checkpoint.init_from (the model "
-                                              "comes from the checkpoint's config.json)",
-                                              c.source_of(key.name), key.name);
+        // The same config often serves pretraining and fine-tuning: model.* keys may stay, but
+        // each must agree with the checkpoint's config.json.
+        if (c.has("model.family")) {
+            LATHE_ASSIGN_OR_RETURN(HfArch arch, family_arch(c));
+            if (arch != hf.arch) {
+                return invalid_argument_error("{}: 'model.family' is {} but checkpoint.init_from {} holds a {} model",
+                                              c.source_of("model.family"), hf_arch_model_type(arch), s.init_from,
+                                              hf_arch_model_type(hf.arch));
             }
         }
+        if (c.has("model.config")) {
+            return invalid_argument_error("{}: set either 'model.config' or 'checkpoint.init_from' (the model comes "
+                                          "from the checkpoint's config.json)", c.source_of("model.config"));
+        }
+        LATHE_RETURN_IF_ERROR(check_model_keys_agree(c, hf, s.init_from));
     } else if (c.has("model.config")) {
         auto loaded = hf_config_load(c.get_string("model.config"));
         if (!loaded.ok()) return loaded.status().with_context(c.source_of("model.config") + ": 'model.config'");
