@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <unordered_set>
 
@@ -72,6 +73,9 @@ constexpr std::string_view kCarriedFiles[] = {
 };
 // transformers 5 stores extra named chat templates as files in this folder.
 constexpr std::string_view kCarriedFolder = "additional_chat_templates";
+
+// Conversions smaller than this finish too fast for a progress line to say anything.
+constexpr uint64_t kProgressMinBytes = 256ull << 20;
 
 // Elements converted per block (bounds the scratch of a tied-head comparison).
 constexpr uint64_t kBlockElements = 1 << 20;
@@ -485,7 +489,10 @@ Status write_weights(const StagingFolder& staging, const std::vector<PlannedTens
     const std::vector<std::vector<size_t>> shards = plan_shards(tensors, limit);
     uint64_t total = 0;
     for (const PlannedTensor& t : tensors) total += t.out_bytes;
-    Progress progress("convert", total, "tensors");
+    // A progress line only where a conversion takes a noticeable while, and not under --quiet.
+    std::optional<Progress> progress;
+    if (total >= kProgressMinBytes && log_level() <= LogLevel::kInfo)
+        progress.emplace("convert", total, "tensors");
     Json weight_map = Json::object();
     for (size_t s = 0; s < shards.size(); ++s) {
         const std::string file =
@@ -516,9 +523,9 @@ Status write_weights(const StagingFolder& staging, const std::vector<PlannedTens
         LATHE_RETURN_IF_ERROR(
             safetensors_write_file(staging.file(file), writes, safetensors_default_metadata()));
         result.weight_files.push_back(file);
-        progress.add(shard_bytes, writes.size());
+        if (progress) progress->add(shard_bytes, writes.size());
     }
-    progress.finish();
+    if (progress) progress->finish();
     result.weight_bytes = total;
     if (shards.size() > 1) {
         const Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
@@ -577,27 +584,14 @@ Status copy_carried_files(const std::string& from, const StagingFolder& staging,
     return ok_status();
 }
 
-// optimizer.safetensors with zero AdamW moments for `table`'s arena layout, and trainer_state.json
-// at step 0, with the keys the trainer's `continue` mode reads.
+// optimizer.safetensors with zero AdamW moments for `table`'s arena layout (padding included, as
+// the trainer allocates them), and trainer_state.json at step 0, with the keys the trainer's
+// `continue` mode reads.
 Status write_fresh_training_state(const StagingFolder& staging, const ParamTable& table,
                                   const ConvertSource& source,
                                   const std::vector<std::string>& input_dtypes) {
-    const uint64_t n = table.layout().total_bytes() / sizeof(float);
-    // calloc'ed zeros: a large block comes from fresh zero pages that reading does not copy, so
-    // writing two moments of a big model costs no memory of its own.
-    std::unique_ptr<float, decltype(&std::free)> zeros(
-        static_cast<float*>(std::calloc(std::max<uint64_t>(n, 1), sizeof(float))), &std::free);
-    if (!zeros)
-        return failed_precondition_error("cannot allocate {} bytes for the optimizer state",
-                                         n * sizeof(float));
-    const ConstTensorView view(zeros.get(), DType::kF32, Shape{int64_t(n)});
-    const std::vector<SafetensorsWriteTensor> moments = {
-        safetensors_write_tensor("exp_avg", view),
-        safetensors_write_tensor("exp_avg_sq", view),
-    };
-    LATHE_RETURN_IF_ERROR(
-        safetensors_write_file(staging.file(kOptimizerFile), moments,
-                               {{"format", "lathe-adamw"}, {"layout", "parameter arena"}}));
+    LATHE_RETURN_IF_ERROR(convert_write_zero_moments(staging.file(kOptimizerFile),
+                                                     table.layout().total_bytes() / sizeof(float)));
     Json j;
     j["step"] = 0;
     j["adam_step"] = 0;
@@ -746,6 +740,34 @@ uint16_t convert_f32_to_f16(float f) {
     // is the smallest normal's encoding). The scaling is exact, nearbyint rounds ties to even.
     const float units = std::nearbyint(std::bit_cast<float>(ax) * 0x1p24f);
     return sign | uint16_t(units);
+}
+
+// Writes `path`: a safetensors file holding two F32 tensors of `n` zeros, exp_avg and exp_avg_sq,
+// with the metadata the trainer writes, laid out byte for byte as safetensors_write_file lays
+// them out (a test checks it) but with the data region left as a hole (ftruncate): zeros read
+// back from a sparse file cost no disk, so converting a 7B model does not write 56 GB of zeros.
+// A file system without holes stores real zeros; the content is the same.
+Status convert_write_zero_moments(const std::string& path, uint64_t n) {
+    const uint64_t bytes = n * sizeof(float);
+    std::string header = fmt::format(
+        "{{\"__metadata__\":{{\"format\":\"lathe-adamw\",\"layout\":\"parameter arena\"}},"
+        "\"exp_avg\":{{\"dtype\":\"F32\",\"shape\":[{0}],\"data_offsets\":[0,{1}]}},"
+        "\"exp_avg_sq\":{{\"dtype\":\"F32\",\"shape\":[{0}],\"data_offsets\":[{1},{2}]}}}}",
+        n, bytes, 2 * bytes);
+    header.resize((header.size() + 7) / 8 * 8, ' ');
+    std::string head(8, '\0');
+    const uint64_t len = header.size();
+    for (int i = 0; i < 8; ++i) head[size_t(i)] = char((len >> (8 * i)) & 0xFF);  // little-endian
+    head += header;
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return io_error("{}: cannot create: {}", path, std::strerror(errno));
+    bool ok = ::write(fd, head.data(), head.size()) == ssize_t(head.size());
+    ok = ok && ::ftruncate(fd, off_t(head.size() + 2 * bytes)) == 0;
+    ok = ok && ::fsync(fd) == 0;
+    const int err = errno;
+    ok = (::close(fd) == 0) && ok;
+    if (!ok) return io_error("{}: cannot write: {}", path, std::strerror(err));
+    return ok_status();
 }
 
 Result<ConvertSource> convert_find_source(const std::string& input) {

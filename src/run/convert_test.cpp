@@ -622,6 +622,26 @@ TEST(Convert, LatheCheckpointHasFreshTrainingState) {
     fs::remove_all(out);
 }
 
+// The sparse zero-moment file is what the house writer produces for the same tensors.
+TEST(Convert, ZeroMomentsAreTheWritersBytes) {
+    for (uint64_t n : {uint64_t(0), uint64_t(1), uint64_t(37), uint64_t(123456)}) {
+        const std::string dir = fresh_dir(fmt::format("moments_{}", n));
+        fs::create_directories(dir);
+        ASSERT_TRUE(convert_write_zero_moments(dir + "/sparse.safetensors", n).ok());
+        std::vector<float> zeros(n);
+        const ConstTensorView view(zeros.data(), DType::kF32, Shape{int64_t(n)});
+        const std::vector<SafetensorsWriteTensor> ts = {
+            safetensors_write_tensor("exp_avg", view),
+            safetensors_write_tensor("exp_avg_sq", view)};
+        ASSERT_TRUE(
+            safetensors_write_file(dir + "/dense.safetensors", ts,
+                                   {{"format", "lathe-adamw"}, {"layout", "parameter arena"}})
+                .ok());
+        EXPECT_EQ(slurp(dir + "/sparse.safetensors"), slurp(dir + "/dense.safetensors")) << n;
+        fs::remove_all(dir);
+    }
+}
+
 TEST(Convert, ExistingOutputNeedsOverwrite) {
     const std::string out = fresh_dir("exists");
     fs::create_directories(out);
