@@ -101,7 +101,7 @@ TEST_F(CudaStateDeathTest, BadTokenIdTrapsTheKernel) {
                               state.context());
             state.synchronize();
         },
-        "cudaStreamSynchronize");
+        "(cudaStreamSynchronize|cudaGetLastError).*CUDA error");
 }
 
 }  // namespace

@@ -17,10 +17,17 @@
 #include "ops/cuda/cuda_state.h"
 #include "ops/gradcheck.h"
 
+// GoogleTest's TEST macro declares a static test_info_ member that nvcc, unlike g++, reports as
+// unused inside an anonymous namespace (177).
+#if defined(__NVCC__)
+#pragma nv_diag_suppress 177
+#endif
+
 namespace lathe::cudatest {
 
-// bf16's unit roundoff: nearest rounding to 8 significant bits errs by at most 2^-9, relative.
-inline constexpr double kBf16Unit = 1.0 / 512;
+// bf16's unit roundoff: 8 significant bits (7 stored), so rounding to nearest errs by at most
+// half an ulp, 2^-8 relative.
+inline constexpr double kBf16Unit = 1.0 / 256;
 
 // Per element |got - ref| <= rel * |ref| + abs * max|ref|, and overall
 // ||got - ref|| / ||ref|| <= norm.
