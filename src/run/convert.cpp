@@ -351,12 +351,15 @@ Result<std::vector<PlannedTensor>> plan_tensors(const ModelConfig& config, const
                     where, p.name, shape_list(p.shape),
                     emb == ParamTable::kNone ? std::string("?") : table.entries()[emb].name);
             }
+            // A whole layer missing usually means config.json's depth is not the checkpoint's.
+            int64_t deepest = -1;
+            for (const std::string& n : ck.names()) deepest = std::max(deepest, layer_in_name(n));
             std::string hint;
-            if (entry.layer >= 0)
+            if (entry.layer > deepest)
                 hint = fmt::format(
-                    " (layer {} of num_hidden_layers {}: does config.json give "
-                    "more layers than the checkpoint has?)",
-                    entry.layer, config.num_layers);
+                    " (config.json's num_hidden_layers is {}, but the checkpoint's layers end "
+                    "at {})",
+                    config.num_layers, deepest);
             return invalid_argument_error(
                 "{}: tensor '{}' is missing: a {} with this config.json needs it, shape {}{}{}",
                 where, p.name, arch, shape_list(p.shape), hint, did_you_mean(p.name, ck.names()));

@@ -415,6 +415,14 @@ TEST(ConvertErrors, MissingTensorIsNamed) {
     fs::remove_all(in);
 }
 
+TEST(ConvertErrors, MissingLayerPointsAtTheDepth) {
+    const std::string in = edited_fixture(
+        "gpt_neox", "depth", [](auto&) {}, [](nlohmann::json& c) { c["num_hidden_layers"] = 3; });
+    expect_error(convert_error(in), StatusCode::kInvalidArgument,
+                 {"gpt_neox.layers.2.", "missing", "num_hidden_layers is 3", "end at 1"});
+    fs::remove_all(in);
+}
+
 TEST(ConvertErrors, ExtraTensorIsNamed) {
     const std::string in = edited_fixture("qwen2", "extra", [](std::vector<RawTensor>& ts) {
         RawTensor t = *find(ts, "model.layers.1.mlp.up_proj.weight");
