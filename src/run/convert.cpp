@@ -362,7 +362,8 @@ Result<std::vector<PlannedTensor>> plan_tensors(const ModelConfig& config, const
                     config.num_layers, deepest);
             return invalid_argument_error(
                 "{}: tensor '{}' is missing: a {} with this config.json needs it, shape {}{}{}",
-                where, p.name, arch, shape_list(p.shape), hint, did_you_mean(p.name, ck.names()));
+                where, p.name, arch, shape_list(p.shape), hint,
+                hint.empty() ? did_you_mean(p.name, ck.names()) : std::string());
         }
         LATHE_ASSIGN_OR_RETURN(const SafetensorsTensor* t, ck.tensor(name));
         bool shape_ok = int(t->shape.size()) == p.shape.rank();
