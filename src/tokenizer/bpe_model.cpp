@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <limits>
 
 #include "core/strings.h"
@@ -127,10 +128,14 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
     if (merges_node.element().get_array().get(merges_arr) != simdjson::SUCCESS) {
         return merges_node.error(fmt::format("expected an array, got {}", merges_node.type_name()));
     }
-    m->merges_.reserve(merges_arr.size());
-    const size_t prefix_len = m->continuing_subword_prefix_.size();
-    std::string merged;
-    uint32_t rank = 0;
+    // First every merge as two strings (checking the form), then the ids in batches whose
+    // lookups are prefetched together.
+    struct MergeText {
+        std::string_view a, b;
+        size_t index;  // position in the JSON array (for messages)
+    };
+    std::vector<MergeText> texts;
+    texts.reserve(merges_arr.size());
     size_t index = 0;
     for (simdjson::dom::element e : merges_arr) {
         std::string_view a, b;
@@ -157,28 +162,68 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
                     "merge {} is neither \"a b\" nor [\"a\", \"b\"]", index));
             }
         }
-        const std::optional<int32_t> a_id = m->vocab_.find(a);
-        const std::optional<int32_t> b_id = m->vocab_.find(b);
-        if (!a_id || !b_id) {
-            return merges_node.error(fmt::format("merge {} ('{}' + '{}'): '{}' is not in the vocabulary",
-                                                 index, escape_for_message(a), escape_for_message(b),
-                                                 escape_for_message(!a_id ? a : b)));
-        }
-        if (b.size() < prefix_len) {
-            return merges_node.error(fmt::format(
-                "merge {}: '{}' is shorter than continuing_subword_prefix", index,
-                escape_for_message(b)));
-        }
-        merged.assign(a);
-        merged.append(b.substr(prefix_len));
-        const std::optional<int32_t> new_id = m->vocab_.find(merged);
-        if (!new_id) {
-            return merges_node.error(fmt::format("merge {}: the merged token '{}' is not in the vocabulary",
-                                                 index, escape_for_message(merged)));
-        }
-        m->merges_.insert(*a_id, *b_id, rank, *new_id);
-        ++rank;
+        texts.push_back(MergeText{a, b, index});
         ++index;
+    }
+    m->merges_.reserve(texts.size());
+    const size_t prefix_len = m->continuing_subword_prefix_.size();
+    constexpr size_t kBatch = 32;
+    std::string merged;                   // the merged strings of a batch, back to back
+    std::array<size_t, kBatch + 1> merged_at{};
+    std::array<uint64_t, 3 * kBatch> hashes{};
+    std::array<int32_t, 3 * kBatch> found{};
+    for (size_t base = 0; base < texts.size(); base += kBatch) {
+        const size_t n = std::min(kBatch, texts.size() - base);
+        merged.clear();
+        for (size_t i = 0; i < n; ++i) {
+            const MergeText& t = texts[base + i];
+            if (t.b.size() < prefix_len) {
+                return merges_node.error(fmt::format(
+                    "merge {}: '{}' is shorter than continuing_subword_prefix", t.index,
+                    escape_for_message(t.b)));
+            }
+            merged_at[i] = merged.size();
+            merged.append(t.a);
+            merged.append(t.b.substr(prefix_len));
+        }
+        merged_at[n] = merged.size();
+        auto part = [&](size_t i, size_t k) -> std::string_view {
+            const MergeText& t = texts[base + i];
+            if (k == 0) return t.a;
+            if (k == 1) return t.b;
+            return std::string_view(merged).substr(merged_at[i], merged_at[i + 1] - merged_at[i]);
+        };
+        for (size_t i = 0; i < n; ++i) {
+            for (size_t k = 0; k < 3; ++k) {
+                const std::string_view s = part(i, k);
+                hashes[3 * i + k] = hash_bytes(s.data(), s.size());
+                m->vocab_.prefetch_slot(hashes[3 * i + k]);
+            }
+        }
+        for (size_t j = 0; j < 3 * n; ++j) m->vocab_.prefetch_key(hashes[j]);
+        for (size_t i = 0; i < n; ++i) {
+            for (size_t k = 0; k < 3; ++k) {
+                const std::optional<int32_t> id = m->vocab_.find(part(i, k), hashes[3 * i + k]);
+                if (!id) {
+                    const MergeText& t = texts[base + i];
+                    if (k < 2) {
+                        return merges_node.error(fmt::format(
+                            "merge {} ('{}' + '{}'): '{}' is not in the vocabulary", t.index,
+                            escape_for_message(t.a), escape_for_message(t.b),
+                            escape_for_message(part(i, k))));
+                    }
+                    return merges_node.error(fmt::format(
+                        "merge {}: the merged token '{}' is not in the vocabulary", t.index,
+                        escape_for_message(part(i, k))));
+                }
+                found[3 * i + k] = *id;
+            }
+            m->merges_.prefetch(found[3 * i], found[3 * i + 1]);
+        }
+        for (size_t i = 0; i < n; ++i) {
+            m->merges_.insert(found[3 * i], found[3 * i + 1], static_cast<uint32_t>(base + i),
+                              found[3 * i + 2]);
+        }
     }
     return m;
 }
