@@ -29,10 +29,14 @@
 // `.to(dtype)` does: widening (bf16/f16 -> f32) is exact; narrowing rounds to nearest, ties to even
 // (torch's round_to_nearest_even; a NaN stays a NaN). So a round trip that ends in the
 // dtype it started from (HF bf16 -> lathe f32 -> HF bf16, or f32 throughout) reproduces every
-// parameter tensor bit for bit. Tensors are written in the parameter table's order (the order
-// transformers' state_dict has), under their full names, with {"format": "pt"} metadata, and split
-// into shards by huggingface_hub's rule (safetensors_write_checkpoint's), one shard at a time, so
-// memory holds at most one shard's converted tensors besides the input's memory maps.
+// parameter tensor bit for bit. Tensors are written in the parameter table's order, under their
+// full names, with {"format": "pt"} metadata, and split into shards by huggingface_hub's rule
+// (safetensors_write_checkpoint's), one shard at a time, so memory holds at most one shard's
+// converted tensors besides the input's memory maps (for --to lathe without a shard limit: the
+// whole f32 model). The table's order is transformers' state_dict order for GPT-NeoX and GPT-2,
+// so their files come out as save_pretrained writes them; the Llama-family tables list a block's
+// norms first where transformers lists them last, so shard boundaries may fall elsewhere than in
+// save_pretrained's files (the tensors, index keys and total size are the same).
 //
 // What else is written:
 //   --to hf     config.json (every architectural key, "architectures", torch_dtype = the chosen
