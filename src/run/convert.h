@@ -33,10 +33,10 @@
 // full names, with {"format": "pt"} metadata, and split into shards by huggingface_hub's rule
 // (safetensors_write_checkpoint's), one shard at a time, so memory holds at most one shard's
 // converted tensors besides the input's memory maps (for --to lathe without a shard limit: the
-// whole f32 model). The table's order is transformers' state_dict order for GPT-NeoX and GPT-2,
-// so their files come out as save_pretrained writes them; the Llama-family tables list a block's
-// norms first where transformers lists them last, so shard boundaries may fall elsewhere than in
-// save_pretrained's files (the tensors, index keys and total size are the same).
+// whole f32 model). save_pretrained's own order depends on the model and the transformers
+// version (module order, or names sorted when transformers 5 renames weights on saving), so shard
+// boundaries may fall elsewhere than in its files; the tensors, the index's keys and total_size
+// are the same, and a shard limit reproduces lathe's own sharded output byte for byte.
 //
 // What else is written:
 //   --to hf     config.json (every architectural key, "architectures", torch_dtype = the chosen
