@@ -148,6 +148,42 @@ def test_narrow_round_trip_sharded_is_bit_identical(case, dtype, np_dtype, tmp_p
         assert (back / f).read_bytes() == (narrow / f).read_bytes(), f
 
 
+SPECIAL_F32 = np.array(
+    [0x3F808000, 0x3F818000, 0x3F808001, 0xBF808000,   # bf16 ties (even stays, odd goes up)
+     0x7F7FFFFF, 0x477FF000, 0x477FEFFF, 0xC77FF000,   # overflow: bf16, and fp16 at 65520
+     0x00000001, 0x33000000, 0x33400000, 0x387FC000,   # f32 subnormal; fp16 subnormal ties
+     0x38800000, 0x80000000, 0x7F800000, 0xFF800000,   # smallest fp16 normal, -0, +-inf
+     0x7FC00000, 0x3F800000],                          # NaN, 1
+    dtype=np.uint32).view(np.float32)
+
+
+def test_narrowing_special_values_like_torch(tmp_path):
+    """Ties, overflow, subnormals, signed zero, infinities and NaN, narrowed as torch does."""
+    tensors = read_checkpoint(MODELS / "gpt2")
+    name = "transformer.ln_f.weight"
+    values = np.resize(SPECIAL_F32, tensors[name][1])
+    tensors[name] = ("F32", tensors[name][1], values.tobytes())
+    src = write_tensors(tmp_path / "special", tensors, MODELS / "gpt2" / "config.json")
+    for dtype in ("bf16", "fp16"):
+        out = convert(src, tmp_path / dtype, "hf", "--dtype", dtype)
+        got = as_array(read_checkpoint(tmp_path / dtype)[name]).view(np.uint16)
+        with np.errstate(over="ignore"):
+            want = bf16_like_torch(values) if dtype == "bf16" else values.astype(np.float16).view(np.uint16)
+        assert out["dtype"] == dtype
+        assert got.tolist() == want.tolist(), dtype  # NaN included: 0x7FC0 / 0x7E00, quiet
+        try:
+            import torch
+        except ImportError:
+            continue
+        t = torch.from_numpy(values.copy()).to(torch.bfloat16 if dtype == "bf16" else torch.float16)
+        theirs = t.view(torch.int16).numpy().view(np.uint16)
+        # torch's own NaN encoding depends on its code path (0x7FC0 scalar, 0xFFFF vectorized for
+        # bf16), so NaN is compared as NaN-ness; every other value bit for bit.
+        nan = np.isnan(values)
+        assert got[~nan].tolist() == theirs[~nan].tolist(), dtype
+        assert np.isnan(t.float().numpy()[nan]).all()
+
+
 # ---- the eval fixture: bf16, sharded, tokenizer + chat template, token file, expected loss ----
 
 def eval_loss(checkpoint, data, expected):
@@ -168,8 +204,12 @@ def test_eval_loss_on_converted_checkpoint_equals_transformers(tmp_path):
     assert got["tokens"] == expected["tokens"]
     assert rel < 1e-5, (got, expected["loss"])
     assert abs(got["perplexity"] - expected["perplexity"]) / expected["perplexity"] < 1e-4
-    # The HF folder itself (bf16 widened on load) gives the very same number.
+    # The HF folder itself (bf16 widened on load) and a sharded lathe checkpoint give the very
+    # same number.
     assert eval_loss(EVAL / "hf", EVAL / "tokens", expected)["loss"] == got["loss"]
+    r = convert(EVAL / "hf", tmp_path / "lathe-sharded", "lathe", "--max-shard-size", "100KB")
+    assert len(r["weight_files"]) > 3 and r["weight_files"][-1] == "model.safetensors.index.json"
+    assert eval_loss(tmp_path / "lathe-sharded", EVAL / "tokens", expected)["loss"] == got["loss"]
 
 
 def test_eval_fixture_round_trip(tmp_path):
@@ -235,14 +275,11 @@ def test_train_starts_from_converted_checkpoint(tmp_path):
 
 # ---- errors ----
 
-def write_variant(folder, case, drop=(), config_edit=None):
-    """A copy of a model fixture without the tensors in `drop`, as one safetensors file."""
-    tensors = read_checkpoint(MODELS / case)
+def write_tensors(folder, tensors, config_path, config_edit=None):
+    """A one-file checkpoint of `tensors` (name -> (dtype, shape, bytes)) with a copy of a config."""
     folder.mkdir()
     header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
     for name in sorted(tensors):
-        if name in drop:
-            continue
         dtype, shape, raw = tensors[name]
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
@@ -250,11 +287,17 @@ def write_variant(folder, case, drop=(), config_edit=None):
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)
     (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-    cfg = json.loads((MODELS / case / "config.json").read_text())
+    cfg = json.loads(Path(config_path).read_text())
     if config_edit:
         config_edit(cfg)
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder
+
+
+def write_variant(folder, case, drop=(), config_edit=None):
+    """A copy of a model fixture without the tensors in `drop`."""
+    tensors = {k: v for k, v in read_checkpoint(MODELS / case).items() if k not in drop}
+    return write_tensors(folder, tensors, MODELS / case / "config.json", config_edit)
 
 
 def test_errors_name_the_tensor_and_leave_nothing(tmp_path):
@@ -298,21 +341,21 @@ def test_transformers_loads_lathe_output(case, tmp_path):
     kwargs = {}
     if meta["packed"]:
         kwargs["position_ids"] = ref["positions"].long()
-    for dtype in ("fp32", "bf16"):
+    for dtype in ("fp32", "bf16", "fp16"):
         out = tmp_path / f"hf-{dtype}"
         convert(tmp_path / "lathe", out, "hf", "--dtype", dtype)
-        tdtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+        tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         model = transformers.AutoModelForCausalLM.from_pretrained(str(out), attn_implementation="eager")
         assert model.dtype == tdtype  # torch_dtype in config.json is honoured
-        model = model.float().eval()
-        if dtype == "bf16":
-            # lathe's bf16 weights are torch's .to(bfloat16) of the originals, bit for bit.
+        if dtype != "fp32":
+            # lathe's narrow weights are torch's .to(dtype) of the originals, bit for bit.
             original = transformers.AutoModelForCausalLM.from_pretrained(
                 str(MODELS / case), attn_implementation="eager", dtype=torch.float32)
-            want = {k: v.to(torch.bfloat16).float() for k, v in original.state_dict().items()}
+            want = {k: v.to(tdtype) for k, v in original.state_dict().items()}
             for k, v in model.state_dict().items():
-                assert torch.equal(v, want[k]), k
+                assert v.dtype == tdtype and torch.equal(v, want[k]), k
             continue
+        model = model.eval()
         with torch.no_grad():
             logits = model(input_ids=ref["tokens"].long(), use_cache=False, **kwargs).logits
         err = ((logits - ref["logits"]).abs().max() / ref["logits"].abs().max()).item()
