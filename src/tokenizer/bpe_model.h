@@ -79,7 +79,7 @@ private:
         uint8_t n_ids = 0;
     };
     static_assert(sizeof(Slot) == 64);
-    std::vector<Slot> slots_;
+    HugePageVector<Slot> slots_;
     size_t mask_;
 };
 

@@ -4,14 +4,51 @@
 // a (left id, right id) -> merge map. Both are built once and then only read, so lookups are
 // thread-safe. Linear probing over a power-of-two table kept at most half full.
 
+#include <sys/mman.h>
+
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace lathe {
+
+// An allocator for the large lookup tables: blocks of 2 MiB or more are 2 MiB-aligned and marked
+// for transparent huge pages, because random lookups into multi-megabyte tables otherwise spend
+// much of their time on TLB misses. Smaller blocks come from operator new.
+template <typename T>
+struct HugePageAllocator {
+    using value_type = T;
+    static constexpr size_t kHugePage = size_t{2} << 20;
+    HugePageAllocator() = default;
+    template <typename U>
+    HugePageAllocator(const HugePageAllocator<U>&) {}  // NOLINT: rebinding
+    T* allocate(size_t n) {
+        const size_t bytes = n * sizeof(T);
+        if (bytes < kHugePage) return static_cast<T*>(::operator new(bytes));
+        const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+        void* p = std::aligned_alloc(kHugePage, rounded);
+        if (p == nullptr) throw std::bad_alloc();
+        madvise(p, rounded, MADV_HUGEPAGE);  // a hint: failure only costs speed
+        return static_cast<T*>(p);
+    }
+    void deallocate(T* p, size_t n) {
+        if (n * sizeof(T) < kHugePage) {
+            ::operator delete(p);
+        } else {
+            std::free(p);
+        }
+    }
+    template <typename U>
+    bool operator==(const HugePageAllocator<U>&) const { return true; }
+};
+
+template <typename T>
+using HugePageVector = std::vector<T, HugePageAllocator<T>>;
 
 // 64-bit hash of a byte string (multiply-xorshift over 8-byte words; not cryptographic).
 inline uint64_t hash_bytes(const char* p, size_t n) {
@@ -125,7 +162,7 @@ private:
         return std::string_view(arena_.data() + s.offset, s.len);
     }
     void rehash(size_t cap) {
-        std::vector<Slot> old;
+        HugePageVector<Slot> old;
         old.swap(slots_);
         slots_.assign(cap, Slot{});
         for (const Slot& s : old) {
@@ -136,7 +173,7 @@ private:
             slots_[i] = s;
         }
     }
-    std::vector<Slot> slots_;
+    HugePageVector<Slot> slots_;
     std::string arena_;
     size_t count_ = 0;
 };
@@ -190,7 +227,7 @@ private:
         return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
     }
     void grow() {
-        std::vector<Slot> old;
+        HugePageVector<Slot> old;
         old.swap(slots_);
         const size_t cap = old.empty() ? 16 : 2 * old.size();
         slots_.assign(cap, Slot{});
@@ -201,7 +238,7 @@ private:
             slots_[i] = s;
         }
     }
-    std::vector<Slot> slots_;
+    HugePageVector<Slot> slots_;
     size_t count_ = 0;
 };
 
