@@ -12,7 +12,8 @@
 #   scripts/gpu-ops-test.sh run OUT        on the GPU machine: environment report, build (falling back
 #                                          to the prebuilt binary if the build fails), the tests, then
 #                                          compute-sanitizer memcheck and racecheck on the tests whose
-#                                          kernels use shared memory; logs and a summary under OUT
+#                                          kernels use shared memory, then bench/cuda_ops_bench.cu
+#                                          (per-op times against their floors); logs under OUT
 #
 # Compiler flags match the CMake build (C++20, -O2, sm_90a, LATHE_HAVE_CUDA=1) except that the CPU
 # reference runs its plain loops (LATHE_NO_BLAS) and fmt is header-only (FMT_HEADER_ONLY).
@@ -70,24 +71,29 @@ build() {
         echo "rule link"
         echo "  command = nvcc $gencode -o \$out \$in -lcublasLt -lgomp -lpthread -Xlinker -rpath=$cuda/lib64:$cuda/lib"
         echo "  description = LINK \$out"
-        local objs=()
+        local lib=() tests=()
         local f obj
         for f in "$root"/src/core/*.cpp "$root"/src/ops/*.cpp "$root"/src/ops/cpu/*.cpp; do
             [[ $f == *_test.cpp ]] && continue
             obj=obj/${f#"$root"/}.o
             echo "build $obj: cxx $f"
-            objs+=("$obj")
+            lib+=("$obj")
         done
-        for f in "$root"/src/ops/cuda/*.cu; do
+        for f in "$root"/src/ops/cuda/*.cu "$root"/bench/cuda_ops_bench.cu; do
             obj=obj/${f#"$root"/}.o
             echo "build $obj: nvcc $f"
-            objs+=("$obj")
+            case $f in
+                *_test.cu) tests+=("$obj") ;;
+                */bench/*) ;;
+                *) lib+=("$obj") ;;
+            esac
         done
         for f in gtest-all gtest_main; do
             echo "build obj/gtest/$f.o: cxx $deps/googletest/src/$f.cc"
-            objs+=("obj/gtest/$f.o")
+            tests+=("obj/gtest/$f.o")
         done
-        echo "build ops_gpu_tests: link ${objs[*]}"
+        echo "build ops_gpu_tests: link ${lib[*]} ${tests[*]}"
+        echo "build cuda_ops_bench: link ${lib[*]} obj/bench/cuda_ops_bench.cu.o"
     } > "$dir/build.ninja"
     ninja -C "$dir" -j"$(nproc)" ops_gpu_tests
 }
@@ -136,6 +142,12 @@ run() {
             --gtest_filter='CudaLmHeadCrossEntropy.*:CudaEmbedding.*:CudaGradNorm.*' \
             > "$out/racecheck.log" 2>&1
         echo "racecheck: exit $? in $((SECONDS - t0)) s: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/racecheck.log" | tail -1)"
+    fi
+    local bench=$root/build-gpu-direct/cuda_ops_bench
+    if [[ $how == "built here" ]] && ninja -C "$root/build-gpu-direct" cuda_ops_bench >> "$out/build.log" 2>&1; then
+        timeout 150 "$bench" > "$out/bench.md" 2>&1
+        echo "bench: exit $?"
+        cat "$out/bench.md"
     fi
     return $status
 }

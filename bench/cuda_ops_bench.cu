@@ -1,0 +1,270 @@
+// clang-format off
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+// clang-format on
+
+// Times each CUDA op at the shapes of the issue's two anchors (GPT-2 124M at B=32, T=1024; the
+// Llama-3.2-1B shape at B=8, T=2048) against its floor: the fewest bytes it must move over the
+// measured copy bandwidth, or its matmul FLOPs over the measured bf16 GEMM rate, whichever is
+// larger (METHOD.md, "two numbers first"). Built and run by scripts/gpu-ops-test.sh.
+//
+//   cuda_ops_bench [--copy-gbps 3000] [--gemm-tflops 780]
+//
+// Inputs are pseudo-random (never zeros), each op is warmed up 3 times, then timed 20 times with
+// CUDA events; the median is printed. The ceilings default to the H100 numbers in DESIGN.md.
+// Prints one Markdown table row per op.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ops/adamw.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_state.h"
+#include "ops/embedding.h"
+#include "ops/gelu.h"
+#include "ops/grad_norm.h"
+#include "ops/layernorm.h"
+#include "ops/linear.h"
+#include "ops/lm_head_cross_entropy.h"
+#include "ops/residual.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+
+namespace lathe {
+namespace {
+
+__device__ uint32_t mix(uint64_t i, uint32_t seed) {
+    uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return uint32_t(z >> 32);
+}
+
+__global__ void fill_kernel(void* p, int64_t n, int dtype, float scale, uint32_t seed,
+                            int32_t modulo) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const uint32_t r = mix(uint64_t(i), seed);
+        const float u = (float(r) / 4294967296.0f * 2.0f - 1.0f) * scale;
+        if (dtype == int(DType::kF32))
+            static_cast<float*>(p)[i] = u;
+        else if (dtype == int(DType::kBF16))
+            static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(u);
+        else
+            static_cast<int32_t*>(p)[i] = int32_t(r % uint32_t(modulo));
+    }
+}
+
+struct Bench {
+    CudaState state{0};
+    Context ctx = state.context();
+    std::vector<DeviceBuffer> buffers;
+    uint32_t seed = 1;
+    double copy_bytes_per_s = 3.0e12;
+    double gemm_flops_per_s = 780e12;
+
+    // A device tensor filled with uniform values in [-scale, scale) (ids: in [0, modulo)).
+    TensorView tensor(DType dtype, Shape shape, float scale = 1.0f, int32_t modulo = 1) {
+        buffers.emplace_back(std::max<size_t>(1, size_t(shape.numel()) * dtype_size(dtype)));
+        TensorView v = buffers.back().view(dtype, shape);
+        fill_kernel<<<1024, 256, 0, state.stream()>>>(v.data(), v.numel(), int(dtype), scale,
+                                                      seed++, modulo);
+        LATHE_CUDA_CHECK_LAUNCH();
+        return v;
+    }
+
+    void release() {
+        state.synchronize();
+        buffers.clear();
+    }
+
+    // Median milliseconds of `fn` over 20 runs after 3 warm-ups; prints a table row.
+    void time(const std::string& name, const std::string& shape, double bytes, double flops,
+              const std::function<void()>& fn) {
+        for (int i = 0; i < 3; ++i) fn();
+        cudaEvent_t start, stop;
+        LATHE_CUDA_CHECK(cudaEventCreate(&start));
+        LATHE_CUDA_CHECK(cudaEventCreate(&stop));
+        std::vector<float> ms;
+        for (int i = 0; i < 20; ++i) {
+            LATHE_CUDA_CHECK(cudaEventRecord(start, state.stream()));
+            fn();
+            LATHE_CUDA_CHECK(cudaEventRecord(stop, state.stream()));
+            LATHE_CUDA_CHECK(cudaEventSynchronize(stop));
+            float t = 0;
+            LATHE_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+            ms.push_back(t);
+        }
+        LATHE_CUDA_CHECK(cudaEventDestroy(start));
+        LATHE_CUDA_CHECK(cudaEventDestroy(stop));
+        std::sort(ms.begin(), ms.end());
+        const double median = ms[ms.size() / 2];
+        const double floor_ms =
+            std::max(bytes / copy_bytes_per_s, flops / gemm_flops_per_s) * 1e3;
+        std::printf("| %-34s | %-26s | %9.3f | %9.3f | %5.2f | %8.0f | %7.1f |\n", name.c_str(),
+                    shape.c_str(), median, floor_ms, median / floor_ms,
+                    bytes / (median * 1e-3) / 1e9, flops / (median * 1e-3) / 1e12);
+        std::fflush(stdout);
+    }
+};
+
+void gpt2(Bench& b) {
+    const int64_t B = 32, T = 1024, N = B * T, C = 768, V = 50257, F = 4 * C, P = 1024;
+    const std::string s = "N=32768 C=768";
+    {
+        auto x = b.tensor(DType::kBF16, {N, C}), w = b.tensor(DType::kBF16, {3 * C, C}, 0.05f);
+        auto bias = b.tensor(DType::kBF16, {3 * C}), y = b.tensor(DType::kBF16, {N, 3 * C});
+        auto dy = b.tensor(DType::kBF16, {N, 3 * C}), dx = b.tensor(DType::kBF16, {N, C});
+        auto dw = b.tensor(DType::kF32, {3 * C, C}), db = b.tensor(DType::kF32, {3 * C});
+        const double f = 2.0 * N * C * 3 * C;
+        b.time("linear_forward (qkv, bias)", "N=32768 768->2304", 2.0 * (N * C + N * 3 * C), f,
+               [&] { linear_forward(y, x, w, bias, b.ctx); });
+        b.time("linear_backward (dx, dW, db)", "N=32768 768->2304", 2.0 * (2 * N * C + N * 3 * C),
+               2 * f, [&] { linear_backward(dx, dw, db, dy, x, w, GradMode::kOverwrite, b.ctx); });
+        b.release();
+    }
+    {
+        auto x = b.tensor(DType::kBF16, {N, C}), y = b.tensor(DType::kBF16, {N, C});
+        auto w = b.tensor(DType::kBF16, {C}), bias = b.tensor(DType::kBF16, {C});
+        auto mean = b.tensor(DType::kF32, {N}), rstd = b.tensor(DType::kF32, {N});
+        auto dy = b.tensor(DType::kBF16, {N, C}), dx = b.tensor(DType::kBF16, {N, C});
+        auto dw = b.tensor(DType::kF32, {C}), db = b.tensor(DType::kF32, {C});
+        b.time("layernorm_forward", s, 2.0 * 2 * N * C, 0,
+               [&] { layernorm_forward(y, mean, rstd, x, w, bias, 1e-5f, b.ctx); });
+        b.time("layernorm_backward", s, 2.0 * 3 * N * C, 0, [&] {
+            layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, GradMode::kAccumulate, b.ctx);
+        });
+        auto out = b.tensor(DType::kBF16, {N, C});
+        b.time("residual_forward", s, 2.0 * 3 * N * C, 0,
+               [&] { residual_forward(out, x, y, b.ctx); });
+        b.release();
+    }
+    {
+        auto x = b.tensor(DType::kBF16, {N, F}, 3.0f), y = b.tensor(DType::kBF16, {N, F});
+        auto dy = b.tensor(DType::kBF16, {N, F}), dx = b.tensor(DType::kBF16, {N, F});
+        b.time("gelu_forward (tanh)", "N=32768 F=3072", 2.0 * 2 * N * F, 0,
+               [&] { gelu_forward(y, x, GeluKind::kTanh, b.ctx); });
+        b.time("gelu_backward (tanh)", "N=32768 F=3072", 2.0 * 3 * N * F, 0,
+               [&] { gelu_backward(dx, dy, x, GeluKind::kTanh, b.ctx); });
+        b.release();
+    }
+    {
+        auto tokens = b.tensor(DType::kI32, {B, T}, 1.0f, int32_t(V));
+        auto wte = b.tensor(DType::kBF16, {V, C}), wpe = b.tensor(DType::kBF16, {P, C});
+        auto out = b.tensor(DType::kBF16, {B, T, C}), dout = b.tensor(DType::kBF16, {B, T, C});
+        auto dwte = b.tensor(DType::kF32, {V, C}), dwpe = b.tensor(DType::kF32, {P, C});
+        b.time("embedding_forward (wte + wpe)", s, 2.0 * 3 * N * C, 0, [&] {
+            embedding_forward(out, tokens, ConstTensorView(), wte, wpe, b.ctx);
+        });
+        // Floor: dout read once, each touched dwte/dwpe row read and written once (f32).
+        b.time("embedding_backward (dwte, dwpe)", s, 2.0 * N * C + 8.0 * (double(N) + P) * C, 0,
+               [&] { embedding_backward(dwte, dwpe, dout, tokens, ConstTensorView(), b.ctx); });
+        b.release();
+    }
+    {
+        const int64_t Nc = 4096;
+        auto x = b.tensor(DType::kBF16, {N, C}), w = b.tensor(DType::kBF16, {V, C}, 0.05f);
+        auto targets = b.tensor(DType::kI32, {N}, 1.0f, int32_t(V));
+        auto scratch = b.tensor(DType::kF32, {Nc, V});
+        auto loss = b.tensor(DType::kF32, {1}), dx = b.tensor(DType::kBF16, {N, C});
+        auto dw = b.tensor(DType::kF32, {V, C});
+        b.time("lm_head_ce forward_backward", "N=32768 C=768 V=50257 Nc=4096",
+               2.0 * (2 * N * C + V * C) + 4.0 * V * C * 2, 3 * 2.0 * N * C * V, [&] {
+                   lm_head_cross_entropy_forward_backward(loss, TensorView(), dx, dw, x, targets,
+                                                          w, 1.0f, scratch, b.ctx);
+               });
+        b.release();
+    }
+    {
+        const int64_t params = 124439808;
+        auto p = b.tensor(DType::kF32, {params}), m = b.tensor(DType::kF32, {params});
+        auto v = b.tensor(DType::kF32, {params}, 0.01f), g = b.tensor(DType::kF32, {params});
+        auto norm = b.tensor(DType::kF32, {1});
+        const ConstTensorView gs[] = {g};
+        const TensorView gm[] = {g};
+        b.time("grad_norm_l2", "124.4M f32", 4.0 * params, 0,
+               [&] { grad_norm_l2(norm, gs, b.ctx); });
+        b.time("grad_norm_l2 + clip (coef < 1)", "124.4M f32", 4.0 * params * 3, 0, [&] {
+            grad_norm_l2(norm, gs, b.ctx);
+            grad_clip_by_norm(gm, norm, 1e-3f, b.ctx);
+        });
+        const AdamWSegment seg[] = {{0, params, 6e-4, 0.1}};
+        int64_t step = 0;
+        b.time("adamw_update", "124.4M f32", 4.0 * params * 7, 0,
+               [&] { adamw_update(p, m, v, g, seg, AdamWHyper{}, ++step, b.ctx); });
+        b.release();
+    }
+}
+
+void llama1b(Bench& b) {
+    const int64_t B = 8, T = 2048, N = B * T, C = 2048, F = 8192, H = 32, Hkv = 8, D = 64;
+    const std::string s = "N=16384 C=2048";
+    {
+        auto x = b.tensor(DType::kBF16, {N, C}), y = b.tensor(DType::kBF16, {N, C});
+        auto w = b.tensor(DType::kBF16, {C}), rstd = b.tensor(DType::kF32, {N});
+        auto dy = b.tensor(DType::kBF16, {N, C}), dx = b.tensor(DType::kBF16, {N, C});
+        auto dw = b.tensor(DType::kF32, {C});
+        b.time("rmsnorm_forward", s, 2.0 * 2 * N * C, 0,
+               [&] { rmsnorm_forward(y, rstd, x, w, 1e-5f, b.ctx); });
+        b.time("rmsnorm_backward", s, 2.0 * 3 * N * C, 0, [&] {
+            rmsnorm_backward(dx, dw, dy, x, w, rstd, GradMode::kAccumulate, b.ctx);
+        });
+        b.release();
+    }
+    {
+        auto x = b.tensor(DType::kBF16, {N, C}), w = b.tensor(DType::kBF16, {2 * F, C}, 0.05f);
+        auto y = b.tensor(DType::kBF16, {N, 2 * F});
+        b.time("linear_forward (gate_up)", "N=16384 2048->16384", 2.0 * (N * C + N * 2 * F),
+               2.0 * N * C * 2 * F, [&] { linear_forward(y, x, w, ConstTensorView(), b.ctx); });
+        auto out = b.tensor(DType::kBF16, {N, F}), dgu = b.tensor(DType::kBF16, {N, 2 * F});
+        b.time("swiglu_forward", "N=16384 F=8192", 2.0 * 3 * N * F, 0,
+               [&] { swiglu_forward(out, y, b.ctx); });
+        b.time("swiglu_backward", "N=16384 F=8192", 2.0 * 5 * N * F, 0,
+               [&] { swiglu_backward(dgu, out, y, b.ctx); });
+        b.release();
+    }
+    {
+        const int64_t P = 4096;
+        auto q = b.tensor(DType::kBF16, {B, T, H, D});
+        auto cos = b.tensor(DType::kF32, {P, D / 2}), sin = b.tensor(DType::kF32, {P, D / 2});
+        b.time("rope_forward (q, in place)", "B=8 T=2048 H=32 D=64", 2.0 * 2 * N * H * D, 0,
+               [&] { rope_forward(q, q, ConstTensorView(), cos, sin, b.ctx); });
+        auto k = b.tensor(DType::kBF16, {B, T, Hkv, D});
+        b.time("rope_backward (k, in place)", "B=8 T=2048 Hkv=8 D=64", 2.0 * 2 * N * Hkv * D, 0,
+               [&] { rope_backward(k, k, ConstTensorView(), cos, sin, b.ctx); });
+        b.release();
+    }
+}
+
+}  // namespace
+}  // namespace lathe
+
+int main(int argc, char** argv) {
+    lathe::Bench b;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (std::strcmp(argv[i], "--copy-gbps") == 0) b.copy_bytes_per_s = std::atof(argv[i + 1]) * 1e9;
+        if (std::strcmp(argv[i], "--gemm-tflops") == 0)
+            b.gemm_flops_per_s = std::atof(argv[i + 1]) * 1e12;
+    }
+    cudaDeviceProp prop{};
+    LATHE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("%s, %d SMs; floors from %.0f GB/s copy and %.0f TFLOP/s bf16 GEMM\n\n", prop.name,
+                prop.multiProcessorCount, b.copy_bytes_per_s / 1e9, b.gemm_flops_per_s / 1e12);
+    std::printf("| %-34s | %-26s | %9s | %9s | %5s | %8s | %7s |\n", "op", "shape", "ms", "floor ms",
+                "x", "GB/s", "TFLOP/s");
+    std::printf("|%s|%s|%s|%s|%s|%s|%s|\n", std::string(36, '-').c_str(),
+                std::string(28, '-').c_str(), std::string(11, '-').c_str(),
+                std::string(11, '-').c_str(), std::string(7, '-').c_str(),
+                std::string(10, '-').c_str(), std::string(9, '-').c_str());
+    lathe::gpt2(b);
+    lathe::llama1b(b);
+    return 0;
+}
