@@ -350,7 +350,8 @@ Status run_tokenize(const TokenizeArgs& args) {
         }
     }
     LATHE_RETURN_IF_ERROR(out.commit());
-    progress.finish();
+    // The summary line goes to stderr, except under --quiet.
+    if (log_level() <= LogLevel::kInfo) progress.finish();
     return ok_status();
 }
 
