@@ -129,13 +129,27 @@ size_t available_memory_bytes() {
 }
 
 // Copies the tokenizer files that sit beside tokenizer.json into a checkpoint folder, so the
-// checkpoint is complete for transformers (tokenizer.json, tokenizer_config.json, ...).
+// checkpoint is complete for transformers (tokenizer.json, tokenizer_config.json, the chat
+// template in whichever file transformers keeps it, ...).
 Status copy_tokenizer_files(const std::string& tokenizer_path, const std::string& dir) {
     const fs::path src = tokenizer_path;
     std::vector<std::pair<fs::path, std::string>> files = {{src, "tokenizer.json"}};
-    for (const char* extra : {"tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
+    for (const char* extra : {"tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                              "added_tokens.json", "chat_template.jinja", "chat_template.json"}) {
         const fs::path p = src.parent_path() / extra;
         if (fs::exists(p)) files.push_back({p, extra});
+    }
+    // transformers 5 keeps extra named chat templates in a folder.
+    const fs::path more = src.parent_path() / "additional_chat_templates";
+    if (fs::is_directory(more)) {
+        std::error_code ec;
+        fs::create_directories(fs::path(dir) / "additional_chat_templates", ec);
+        if (ec) return io_error("{}: cannot create additional_chat_templates: {}", dir, ec.message());
+        for (const auto& entry : fs::directory_iterator(more)) {
+            if (entry.is_regular_file()) {
+                files.push_back({entry.path(), "additional_chat_templates/" + entry.path().filename().string()});
+            }
+        }
     }
     // A tokenizer stored as NAME.json may have NAME.tokenizer_config.json beside it.
     const fs::path named_cfg = src.parent_path() / (src.stem().string() + ".tokenizer_config.json");
