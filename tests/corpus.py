@@ -1,5 +1,6 @@
 """A deterministic, varied test corpus for tokenizer tests (importable by any test).
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # from a test in tests/
     from corpus import build_corpus, dictionary_text
     docs = build_corpus(total_bytes=2_000_000, seed=0, special_strings=["<|endoftext|>"])
 

@@ -38,7 +38,11 @@ namespace lathe {
 
 // One piece: the byte range [begin, end) of PieceList::text, and whether the piece starts at the
 // first character of the original input (HF: its offsets in the original string start at 0; only
-// Metaspace with prepend_scheme "first" looks at it).
+// Metaspace with prepend_scheme "first" looks at it). lathe keeps no per-character alignments, so
+// it derives this flag: true for the text before the first added token, kept by normalizers that
+// do not drop leading characters, and passed to a sub-piece only when it starts at byte 0 of its
+// parent. (HF would also give it to a later sub-piece made only of characters that a normalizer
+// inserted in front of the first original one; no known tokenizer.json combines those steps.)
 struct Piece {
     uint32_t begin = 0;
     uint32_t end = 0;
