@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <thread>
 #include <limits>
 
 #include "core/strings.h"
@@ -43,6 +44,82 @@ void BpeCache::make_key(std::string_view piece, Key& key) {
 
 // ---------------------------------------------------------------------------------------------
 // Loading
+
+namespace {
+
+// Loading spreads merge resolution over threads only when there are many merges.
+constexpr size_t kMergesPerLoadThread = 40000;
+constexpr size_t kMaxLoadThreads = 8;
+
+struct MergeText {
+    std::string_view a, b;
+    size_t index;  // position in the JSON array (for messages)
+};
+
+struct MergeError {
+    std::string message;  // empty: no error
+};
+
+// Looks up the ids of a, b and the merged token of texts[lo, hi) into resolved[3r .. 3r+2], in
+// batches whose hash-table lookups are prefetched together (otherwise each of the hundreds of
+// thousands of lookups would wait on memory in turn). Stops at the first failure, recorded in
+// `error`.
+void resolve_merges(const StringIdMap& vocab, const std::vector<MergeText>& texts,
+                    size_t prefix_len, size_t lo, size_t hi, std::vector<int32_t>& resolved,
+                    MergeError& error) {
+    constexpr size_t kBatch = 32;
+    std::string merged;  // the merged strings of a batch, back to back
+    std::array<size_t, kBatch + 1> merged_at{};
+    std::array<uint64_t, 3 * kBatch> hashes{};
+    for (size_t base = lo; base < hi; base += kBatch) {
+        const size_t n = std::min(kBatch, hi - base);
+        merged.clear();
+        for (size_t i = 0; i < n; ++i) {
+            const MergeText& t = texts[base + i];
+            if (t.b.size() < prefix_len) {
+                error.message = fmt::format("merge {}: '{}' is shorter than continuing_subword_prefix",
+                                            t.index, escape_for_message(t.b));
+                return;
+            }
+            merged_at[i] = merged.size();
+            merged.append(t.a);
+            merged.append(t.b.substr(prefix_len));
+        }
+        merged_at[n] = merged.size();
+        auto part = [&](size_t i, size_t k) -> std::string_view {
+            const MergeText& t = texts[base + i];
+            if (k == 0) return t.a;
+            if (k == 1) return t.b;
+            return std::string_view(merged).substr(merged_at[i], merged_at[i + 1] - merged_at[i]);
+        };
+        for (size_t i = 0; i < n; ++i) {
+            for (size_t k = 0; k < 3; ++k) {
+                const std::string_view s = part(i, k);
+                hashes[3 * i + k] = hash_bytes(s.data(), s.size());
+                vocab.prefetch_slot(hashes[3 * i + k]);
+            }
+        }
+        for (size_t j = 0; j < 3 * n; ++j) vocab.prefetch_key(hashes[j]);
+        for (size_t i = 0; i < n; ++i) {
+            for (size_t k = 0; k < 3; ++k) {
+                const std::optional<int32_t> id = vocab.find(part(i, k), hashes[3 * i + k]);
+                if (!id) {
+                    const MergeText& t = texts[base + i];
+                    error.message =
+                        k < 2 ? fmt::format("merge {} ('{}' + '{}'): '{}' is not in the vocabulary",
+                                            t.index, escape_for_message(t.a),
+                                            escape_for_message(t.b), escape_for_message(part(i, k)))
+                              : fmt::format("merge {}: the merged token '{}' is not in the vocabulary",
+                                            t.index, escape_for_message(part(i, k)));
+                    return;
+                }
+                resolved[3 * (base + i) + k] = *id;
+            }
+        }
+    }
+}
+
+}  // namespace
 
 Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
     LATHE_RETURN_IF_ERROR(node.expect_object());
@@ -97,12 +174,14 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
         m->vocab_.insert(key, static_cast<int32_t>(id));
         max_id = std::max(max_id, id);
     }
-    m->id_to_token_.resize(static_cast<size_t>(max_id + 1));
-    m->vocab_.for_each([&](std::string_view key, int32_t id) {
+    m->id_to_token_.assign(static_cast<size_t>(max_id + 1), TokenRef{0, kNoToken});
+    m->vocab_.for_each_ref([&](std::string_view key, int32_t id, uint32_t offset) {
         // Two tokens sharing an id: keep the lexicographically smaller (deterministic; HF's choice
         // depends on hash order).
-        auto& slot = m->id_to_token_[static_cast<size_t>(id)];
-        if (!slot || key < *slot) slot = std::string(key);
+        TokenRef& ref = m->id_to_token_[static_cast<size_t>(id)];
+        if (ref.len == kNoToken || key < m->vocab_.key_at(ref.offset, ref.len)) {
+            ref = TokenRef{offset, static_cast<uint32_t>(key.size())};
+        }
     });
     if (m->unk_token_) m->unk_id_ = m->vocab_.find(*m->unk_token_);
     for (int b = 0; b < 256; ++b) {
@@ -128,12 +207,7 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
     if (merges_node.element().get_array().get(merges_arr) != simdjson::SUCCESS) {
         return merges_node.error(fmt::format("expected an array, got {}", merges_node.type_name()));
     }
-    // First every merge as two strings (checking the form), then the ids in batches whose
-    // lookups are prefetched together.
-    struct MergeText {
-        std::string_view a, b;
-        size_t index;  // position in the JSON array (for messages)
-    };
+    // First every merge as two strings (checking the form), then their ids.
     std::vector<MergeText> texts;
     texts.reserve(merges_arr.size());
     size_t index = 0;
@@ -165,65 +239,40 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
         texts.push_back(MergeText{a, b, index});
         ++index;
     }
-    m->merges_.reserve(texts.size());
+    // Resolve the ids of every merge (read-only lookups, so several threads share the work),
+    // then fill the merge map in rank order.
     const size_t prefix_len = m->continuing_subword_prefix_.size();
-    constexpr size_t kBatch = 32;
-    std::string merged;                   // the merged strings of a batch, back to back
-    std::array<size_t, kBatch + 1> merged_at{};
-    std::array<uint64_t, 3 * kBatch> hashes{};
-    std::array<int32_t, 3 * kBatch> found{};
-    for (size_t base = 0; base < texts.size(); base += kBatch) {
-        const size_t n = std::min(kBatch, texts.size() - base);
-        merged.clear();
-        for (size_t i = 0; i < n; ++i) {
-            const MergeText& t = texts[base + i];
-            if (t.b.size() < prefix_len) {
-                return merges_node.error(fmt::format(
-                    "merge {}: '{}' is shorter than continuing_subword_prefix", t.index,
-                    escape_for_message(t.b)));
-            }
-            merged_at[i] = merged.size();
-            merged.append(t.a);
-            merged.append(t.b.substr(prefix_len));
-        }
-        merged_at[n] = merged.size();
-        auto part = [&](size_t i, size_t k) -> std::string_view {
-            const MergeText& t = texts[base + i];
-            if (k == 0) return t.a;
-            if (k == 1) return t.b;
-            return std::string_view(merged).substr(merged_at[i], merged_at[i + 1] - merged_at[i]);
+    std::vector<int32_t> resolved(3 * texts.size());
+    const size_t threads = std::clamp<size_t>(texts.size() / kMergesPerLoadThread, 1,
+                                              std::min<size_t>(kMaxLoadThreads,
+                                                               std::max(1u, std::thread::hardware_concurrency())));
+    std::vector<MergeError> errors(threads);
+    std::vector<std::thread> workers;
+    const size_t per = (texts.size() + threads - 1) / threads;
+    for (size_t t = 0; t < threads; ++t) {
+        const size_t lo = std::min(texts.size(), t * per);
+        const size_t hi = std::min(texts.size(), lo + per);
+        auto job = [&, lo, hi, t] {
+            resolve_merges(m->vocab_, texts, prefix_len, lo, hi, resolved, errors[t]);
         };
-        for (size_t i = 0; i < n; ++i) {
-            for (size_t k = 0; k < 3; ++k) {
-                const std::string_view s = part(i, k);
-                hashes[3 * i + k] = hash_bytes(s.data(), s.size());
-                m->vocab_.prefetch_slot(hashes[3 * i + k]);
-            }
+        if (t + 1 == threads) {
+            job();  // the calling thread takes the last range
+        } else {
+            workers.emplace_back(job);
         }
-        for (size_t j = 0; j < 3 * n; ++j) m->vocab_.prefetch_key(hashes[j]);
-        for (size_t i = 0; i < n; ++i) {
-            for (size_t k = 0; k < 3; ++k) {
-                const std::optional<int32_t> id = m->vocab_.find(part(i, k), hashes[3 * i + k]);
-                if (!id) {
-                    const MergeText& t = texts[base + i];
-                    if (k < 2) {
-                        return merges_node.error(fmt::format(
-                            "merge {} ('{}' + '{}'): '{}' is not in the vocabulary", t.index,
-                            escape_for_message(t.a), escape_for_message(t.b),
-                            escape_for_message(part(i, k))));
-                    }
-                    return merges_node.error(fmt::format(
-                        "merge {}: the merged token '{}' is not in the vocabulary", t.index,
-                        escape_for_message(part(i, k))));
-                }
-                found[3 * i + k] = *id;
-            }
-            m->merges_.prefetch(found[3 * i], found[3 * i + 1]);
+    }
+    for (std::thread& w : workers) w.join();
+    for (const MergeError& e : errors) {  // ranges are in order: the first error is the earliest
+        if (!e.message.empty()) return merges_node.error(e.message);
+    }
+    m->merges_.reserve(texts.size());
+    constexpr size_t kAhead = 16;
+    for (size_t r = 0; r < texts.size(); ++r) {
+        if (r + kAhead < texts.size()) {
+            m->merges_.prefetch(resolved[3 * (r + kAhead)], resolved[3 * (r + kAhead) + 1]);
         }
-        for (size_t i = 0; i < n; ++i) {
-            m->merges_.insert(found[3 * i], found[3 * i + 1], static_cast<uint32_t>(base + i),
-                              found[3 * i + 2]);
-        }
+        m->merges_.insert(resolved[3 * r], resolved[3 * r + 1], static_cast<uint32_t>(r),
+                          resolved[3 * r + 2]);
     }
     return m;
 }

@@ -123,12 +123,12 @@ public:
                            std::vector<int32_t>& ids) const;
 
     std::optional<int32_t> token_to_id(std::string_view token) const { return vocab_.find(token); }
-    // The token of `id`, or nullptr.
-    const std::string* id_to_token(int32_t id) const {
-        if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) return nullptr;
-        return id_to_token_[static_cast<size_t>(id)].has_value()
-                   ? &*id_to_token_[static_cast<size_t>(id)]
-                   : nullptr;
+    // The token of `id`, or nullopt. The view lives as long as the model.
+    std::optional<std::string_view> id_to_token(int32_t id) const {
+        if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) return std::nullopt;
+        const TokenRef r = id_to_token_[static_cast<size_t>(id)];
+        if (r.len == kNoToken) return std::nullopt;
+        return vocab_.key_at(r.offset, r.len);
     }
     // HF Model::get_vocab_size for BPE: the number of vocabulary entries.
     int32_t vocab_entries() const { return static_cast<int32_t>(vocab_.size()); }
@@ -158,7 +158,13 @@ private:
     void merge_long(BpeWork& work) const;
 
     StringIdMap vocab_;
-    std::vector<std::optional<std::string>> id_to_token_;
+    // id -> where its token's bytes are in vocab_'s arena (fixed once loading is done).
+    struct TokenRef {
+        uint32_t offset = 0;
+        uint32_t len = 0;
+    };
+    static constexpr uint32_t kNoToken = 0xFFFFFFFFu;
+    std::vector<TokenRef> id_to_token_;
     MergeMap merges_;
     std::optional<std::string> unk_token_;
     std::optional<int32_t> unk_id_;

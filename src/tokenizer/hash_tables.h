@@ -142,6 +142,17 @@ public:
         if (s.len != kEmpty) __builtin_prefetch(arena_.data() + s.offset);
     }
     size_t size() const { return count_; }
+    // The key bytes at an arena position reported by for_each_ref (valid until the next insert).
+    std::string_view key_at(uint32_t offset, uint32_t len) const {
+        return std::string_view(arena_.data() + offset, len);
+    }
+    // Calls fn(key, id, arena offset) for every entry (in no particular order).
+    template <typename Fn>
+    void for_each_ref(Fn fn) const {
+        for (const Slot& s : slots_) {
+            if (s.len != kEmpty) fn(key_of(s), s.id, s.offset);
+        }
+    }
     // Calls fn(key, id) for every entry (in no particular order).
     template <typename Fn>
     void for_each(Fn fn) const {

@@ -207,15 +207,19 @@ Result<std::string> Tokenizer::decode(std::span<const int32_t> ids, bool skip_sp
     tokens.reserve(ids.size());
     for (size_t i = 0; i < ids.size(); ++i) {
         const int32_t id = ids[i];
-        const std::string* t = im.added.decode_form(id);
-        if (t == nullptr) t = im.model->id_to_token(id);
-        if (t == nullptr) {
+        std::optional<std::string_view> t;
+        if (const std::string* added = im.added.decode_form(id)) {
+            t = *added;
+        } else {
+            t = im.model->id_to_token(id);
+        }
+        if (!t) {
             return invalid_argument_error("id {} (position {}) is not in the vocabulary of {} "
                                           "(ids run from 0 to {})",
                                           id, i, im.source, im.vocab_size - 1);
         }
         if (skip_special && im.added.is_special_string(*t)) continue;
-        tokens.push_back(*t);
+        tokens.emplace_back(*t);
     }
     if (im.decoder) return im.decoder->decode(std::move(tokens));
     std::string out;
@@ -235,7 +239,7 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
 
 std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
     if (const std::string* t = impl_->added.decode_form(id)) return *t;
-    if (const std::string* t = impl_->model->id_to_token(id)) return *t;
+    if (std::optional<std::string_view> t = impl_->model->id_to_token(id)) return std::string(*t);
     return std::nullopt;
 }
 
