@@ -30,6 +30,7 @@
 #include "io/safetensors.h"
 #include "model/model_config.h"
 #include "model/param_table.h"
+#include "run/trainer_state.h"
 #include "model/registry.h"
 
 namespace fs = std::filesystem;
@@ -48,8 +49,6 @@ constexpr const char* kConfigFile = "config.json";
 constexpr const char* kGenerationConfigFile = "generation_config.json";
 // The lathe-only files of a checkpoint (run/trainer.cpp writes them; the trainer's
 // `checkpoint.init_mode: continue` reads them with exactly these keys).
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
-constexpr const char* kTrainerStateFile = "trainer_state.json";
 
 // Files carried from input to output byte for byte: what transformers' tokenizer and generation
 // config loaders read, and the model card / license that belong with the weights.
@@ -594,21 +593,9 @@ Status copy_carried_files(const std::string& from, const StagingFolder& staging,
 Status write_fresh_training_state(const StagingFolder& staging, const ParamTable& table,
                                   const ConvertSource& source,
                                   const std::vector<std::string>& input_dtypes) {
-    LATHE_RETURN_IF_ERROR(convert_write_zero_moments(staging.file(kOptimizerFile),
+    LATHE_RETURN_IF_ERROR(convert_write_zero_moments(staging.file(kOptimizerStateFile),
                                                      table.layout().total_bytes() / sizeof(float)));
-    Json j;
-    j["step"] = 0;
-    j["adam_step"] = 0;
-    j["skipped_steps"] = 0;
-    j["skipped_in_a_row"] = 0;
-    j["loss_mean"] = 0.0;
-    j["loss_count"] = 0;
-    j["interval_loss_sum"] = 0.0;
-    j["interval_steps"] = 0;
-    j["eval_passes"] = 0;
-    j["consumed_train_samples"] = 0;
-    j["tokens"] = 0;
-    j["lathe_version"] = LATHE_VERSION_STRING;
+    Json j = trainer_state_to_json(TrainerState{});
     j["converted_from"] = {{"path", normalized(source.dir).string()},
                            {"format", std::string(checkpoint_format_name(source.format))},
                            {"dtypes", input_dtypes}};
@@ -809,7 +796,7 @@ Result<ConvertSource> convert_find_source(const std::string& input) {
         return not_found_error("{}: config.json but no {} and no {}: no weights to convert",
                                src.dir, kSafetensorsSingleFileName, kSafetensorsIndexFileName);
     }
-    src.format = fs::exists(dir / kTrainerStateFile, ec) || fs::exists(dir / kOptimizerFile, ec)
+    src.format = fs::exists(dir / kTrainerStateFile, ec) || fs::exists(dir / kOptimizerStateFile, ec)
                      ? CheckpointFormat::kLathe
                      : CheckpointFormat::kHf;
     return src;
@@ -898,7 +885,7 @@ Result<ConvertResult> convert_run(const ConvertRequest& request) {
     if (request.to == CheckpointFormat::kLathe) {
         LATHE_RETURN_IF_ERROR(
             write_fresh_training_state(staging, table, source, result.input_dtypes));
-        result.other_files.push_back(kOptimizerFile);
+        result.other_files.push_back(kOptimizerStateFile);
         result.other_files.push_back(kTrainerStateFile);
     }
     LATHE_RETURN_IF_ERROR(staging.commit());

@@ -30,6 +30,7 @@
 #include "run/metrics.h"
 #include "run/train_schema.h"
 #include "run/train_settings.h"
+#include "run/trainer_state.h"
 
 namespace fs = std::filesystem;
 
@@ -61,22 +62,6 @@ public:
 
 private:
     struct sigaction old_term_{}, old_int_{};
-};
-
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
-constexpr const char* kTrainerStateFile = "trainer_state.json";
-
-// Running values of the loop that a checkpoint must carry for resume to be exact.
-struct LoopState {
-    int64_t step = 0;                 // optimizer steps done (skipped ones included)
-    int64_t adam_step = 0;            // AdamW updates applied (t of the bias correction)
-    int64_t skipped_total = 0;
-    int64_t skipped_in_a_row = 0;
-    double loss_mean = 0.0;           // running mean of accepted losses (spike detection)
-    int64_t loss_count = 0;
-    double interval_loss_sum = 0.0;   // since the last log line
-    int64_t interval_steps = 0;
-    int64_t eval_passes = 0;          // validation passes done (the valid iterator's position)
 };
 
 // Host buffers of one micro-batch.
@@ -191,7 +176,7 @@ private:
     std::vector<char> frozen_;  // per parameter entry
     std::optional<CheckpointDir> ckpt_;
     MetricsLog metrics_;
-    LoopState st_;
+    TrainerState st_;  // the running values a checkpoint carries (run/trainer_state.h)
     BatchBuffers buf_;
     float last_norm_ = 0.0f;
 };
@@ -295,7 +280,7 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     if (!ck.ok()) return ck.status().with_context(dir);
     LATHE_RETURN_IF_ERROR(model_->load_hf(*ck));
     if (!with_optimizer_and_state) return ok_status();
-    const std::string opt_path = (fs::path(dir) / kOptimizerFile).string();
+    const std::string opt_path = (fs::path(dir) / kOptimizerStateFile).string();
     auto opt = SafetensorsFile::open(opt_path);
     if (!opt.ok()) return opt.status();
     for (auto [name, dst] : {std::pair<const char*, std::vector<float>*>{"exp_avg", &m_}, {"exp_avg_sq", &v_}}) {
@@ -310,23 +295,10 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     const std::string state_path = (fs::path(dir) / kTrainerStateFile).string();
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(state_path));
     const auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return data_loss_error("{}: not a JSON object", state_path);
-    try {
-        st_.step = j.at("step").get<int64_t>();
-        st_.adam_step = j.at("adam_step").get<int64_t>();
-        st_.skipped_total = j.at("skipped_steps").get<int64_t>();
-        st_.skipped_in_a_row = j.at("skipped_in_a_row").get<int64_t>();
-        st_.loss_mean = j.at("loss_mean").get<double>();
-        st_.loss_count = j.at("loss_count").get<int64_t>();
-        st_.interval_loss_sum = j.at("interval_loss_sum").get<double>();
-        st_.interval_steps = j.at("interval_steps").get<int64_t>();
-        st_.eval_passes = j.at("eval_passes").get<int64_t>();
-        if (j.contains("config") && j.at("config").get<std::string>() != config_.to_yaml()) {
-            log_warning("the configuration differs from the one {} was written with; continuing with the new one",
-                        dir);
-        }
-    } catch (const nlohmann::json::exception& e) {
-        return data_loss_error("{}: {}", state_path, e.what());
+    if (j.is_discarded()) return data_loss_error("{}: not valid JSON", state_path);
+    LATHE_ASSIGN_OR_RETURN(st_, trainer_state_from_json(j, state_path));
+    if (j.contains("config") && j.at("config").is_string() && j.at("config").get<std::string>() != config_.to_yaml()) {
+        log_warning("the configuration differs from the one {} was written with; continuing with the new one", dir);
     }
     return ok_status();
 }
@@ -359,22 +331,12 @@ Status Trainer::save_checkpoint() {
         safetensors_write_tensor("exp_avg", ConstTensorView(m_.data(), DType::kF32, Shape{int64_t(m_.size())})),
         safetensors_write_tensor("exp_avg_sq", ConstTensorView(v_.data(), DType::kF32, Shape{int64_t(v_.size())})),
     };
-    LATHE_RETURN_IF_ERROR(safetensors_write_file((fs::path(dir) / kOptimizerFile).string(), opt,
+    LATHE_RETURN_IF_ERROR(safetensors_write_file((fs::path(dir) / kOptimizerStateFile).string(), opt,
                                                  {{"format", "lathe-adamw"}, {"layout", "parameter arena"}}));
-    nlohmann::json j;
-    j["step"] = st_.step;
-    j["adam_step"] = st_.adam_step;
-    j["skipped_steps"] = st_.skipped_total;
-    j["skipped_in_a_row"] = st_.skipped_in_a_row;
-    j["loss_mean"] = st_.loss_mean;
-    j["loss_count"] = st_.loss_count;
-    j["interval_loss_sum"] = st_.interval_loss_sum;
-    j["interval_steps"] = st_.interval_steps;
-    j["eval_passes"] = st_.eval_passes;
-    j["consumed_train_samples"] = st_.step * s_.micro_batch * s_.grad_accum;
-    j["tokens"] = st_.step * s_.tokens_per_step();
+    st_.consumed_train_samples = st_.step * s_.micro_batch * s_.grad_accum;
+    st_.tokens = st_.step * s_.tokens_per_step();
+    nlohmann::json j = trainer_state_to_json(st_);
     j["seed"] = s_.seed;
-    j["lathe_version"] = LATHE_VERSION_STRING;
     j["config"] = config_.to_yaml();
     LATHE_RETURN_IF_ERROR(file_write_atomic((fs::path(dir) / kTrainerStateFile).string(), j.dump(2) + "\n"));
     LATHE_ASSIGN_OR_RETURN(std::string final_dir, ckpt_->commit(st_.step, s_.keep_last));
@@ -414,10 +376,10 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
                                              "checkpoint is intact; lower optimizer.lr or set the policy to skip",
                                              st_.step + 1, what);
         }
-        ++st_.skipped_total;
+        ++st_.skipped_steps;
         ++st_.skipped_in_a_row;
         log_warning("step {}: {}; step skipped ({} in a row, {} in all)", st_.step + 1, what, st_.skipped_in_a_row,
-                    st_.skipped_total);
+                    st_.skipped_steps);
         if (s_.max_skipped > 0 && st_.skipped_in_a_row > s_.max_skipped) {
             return failed_precondition_error("{} steps in a row were skipped (train.max_skipped_steps {}); the run "
                                              "is diverging: lower optimizer.lr or check the data",
@@ -512,7 +474,7 @@ Status Trainer::run() {
             return ok_status();
         }
     }
-    log_info("done: {} steps, {} skipped; checkpoint {}", st_.step, st_.skipped_total,
+    log_info("done: {} steps, {} skipped; checkpoint {}", st_.step, st_.skipped_steps,
              (fs::path(ckpt_->root()) / CheckpointDir::step_name(st_.step)).string());
     return ok_status();
 }
@@ -524,7 +486,7 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
     const double eta = steps_this_session > 0 ? elapsed_s / double(steps_this_session) * double(s_.steps - st_.step) : 0.0;
     std::fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | skipped %lld | ETA %s\n",
                  (long long)st_.step, (long long)s_.steps, mean, lr, double(last_norm_),
-                 Progress::format_count(tok_s).c_str(), (long long)st_.skipped_total,
+                 Progress::format_count(tok_s).c_str(), (long long)st_.skipped_steps,
                  Progress::format_duration(eta).c_str());
     LATHE_RETURN_IF_ERROR(metrics_.write({{"step", st_.step},
                                           {"split", std::string("train")},
@@ -532,7 +494,7 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
                                           {"lr", lr},
                                           {"grad_norm", double(last_norm_)},
                                           {"tokens", st_.step * s_.tokens_per_step()},
-                                          {"skipped", st_.skipped_total},
+                                          {"skipped", st_.skipped_steps},
                                           {"tokens_per_s", tok_s}}));
     st_.interval_loss_sum = 0.0;
     st_.interval_steps = 0;
