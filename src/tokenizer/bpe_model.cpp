@@ -42,6 +42,36 @@ void BpeCache::make_key(std::string_view piece, Key& key) {
     key.hash = h ^ (h >> 32);
 }
 
+bool BpeCache::lookup_long(std::string_view piece, uint64_t hash, std::vector<int32_t>& out) const {
+    const LongSlot& s = long_slots_[hash & (kLongSlots - 1)];
+    if (s.key_len != piece.size() || s.hash != hash ||
+        std::memcmp(long_arena_.data() + s.offset, piece.data(), piece.size()) != 0) {
+        return false;
+    }
+    const size_t at = out.size();
+    out.resize(at + s.n_ids);
+    std::memcpy(out.data() + at, long_arena_.data() + s.offset + s.key_len,
+                s.n_ids * sizeof(int32_t));
+    return true;
+}
+
+void BpeCache::insert_long(std::string_view piece, uint64_t hash, const int32_t* ids,
+                           size_t count) {
+    if (piece.empty() || piece.size() > kMaxLongKeyBytes || count > 0xFFFF) return;
+    const size_t bytes = piece.size() + count * sizeof(int32_t);
+    if (long_arena_.size() + bytes > kLongArenaBytes) {
+        std::fill(long_slots_.begin(), long_slots_.end(), LongSlot{});
+        long_arena_.clear();
+    }
+    LongSlot& s = long_slots_[hash & (kLongSlots - 1)];
+    s.hash = hash;
+    s.offset = static_cast<uint32_t>(long_arena_.size());
+    s.key_len = static_cast<uint16_t>(piece.size());
+    s.n_ids = static_cast<uint16_t>(count);
+    long_arena_.append(piece);
+    long_arena_.append(reinterpret_cast<const char*>(ids), count * sizeof(int32_t));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Loading
 
@@ -283,7 +313,7 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
 Status BpeModel::tokenize(std::string_view piece, BpeCache& cache, BpeWork& work,
                           std::vector<int32_t>& ids) const {
     if (piece.empty()) return ok_status();
-    if (piece.size() > BpeCache::kMaxKeyBytes) return tokenize_uncached(piece, work, ids);
+    if (piece.size() > BpeCache::kMaxKeyBytes) return tokenize_long(piece, cache, work, ids);
     BpeCache::Key key;
     BpeCache::make_key(piece, key);
     if (cache.lookup(key, ids)) return ok_status();
@@ -314,7 +344,7 @@ Status BpeModel::tokenize_pieces(const PieceList& pieces, BpeCache& cache, BpeWo
             const std::string_view piece = pieces.view(base + i);
             const BpeCache::Key& key = work.keys[i];
             if (key.len == 0) {
-                LATHE_RETURN_IF_ERROR(tokenize_uncached(piece, work, ids));
+                LATHE_RETURN_IF_ERROR(tokenize_long(piece, cache, work, ids));
                 continue;
             }
             if (cache.lookup(key, ids)) continue;
@@ -323,6 +353,17 @@ Status BpeModel::tokenize_pieces(const PieceList& pieces, BpeCache& cache, BpeWo
             cache.insert(key, ids.data() + start, ids.size() - start);
         }
     }
+    return ok_status();
+}
+
+Status BpeModel::tokenize_long(std::string_view piece, BpeCache& cache, BpeWork& work,
+                               std::vector<int32_t>& ids) const {
+    if (piece.size() > BpeCache::kMaxLongKeyBytes) return tokenize_uncached(piece, work, ids);
+    const uint64_t h = hash_bytes(piece.data(), piece.size());
+    if (cache.lookup_long(piece, h, ids)) return ok_status();
+    const size_t start = ids.size();
+    LATHE_RETURN_IF_ERROR(tokenize_uncached(piece, work, ids));
+    cache.insert_long(piece, h, ids.data() + start, ids.size() - start);
     return ok_status();
 }
 

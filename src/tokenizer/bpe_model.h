@@ -71,7 +71,25 @@ public:
         for (size_t i = 0; i < count; ++i) s.ids[i] = ids[i];
     }
 
+    // Pieces longer than kMaxKeyBytes (up to kMaxLongKeyBytes: most words of scripts whose
+    // characters take 2 or 3 bytes, long numbers, runs of spaces) go to a second direct-mapped
+    // table whose keys and ids live in an arena; when the arena is full, that table starts over.
+    static constexpr size_t kMaxLongKeyBytes = 256;
+    bool lookup_long(std::string_view piece, uint64_t hash, std::vector<int32_t>& out) const;
+    void insert_long(std::string_view piece, uint64_t hash, const int32_t* ids, size_t count);
+
 private:
+    struct LongSlot {
+        uint64_t hash = 0;
+        uint32_t offset = 0;   // key bytes, then the ids, in long_arena_
+        uint16_t key_len = 0;  // 0: empty
+        uint16_t n_ids = 0;
+    };
+    static constexpr size_t kLongSlots = 1 << 13;
+    static constexpr size_t kLongArenaBytes = size_t{4} << 20;
+    std::vector<LongSlot> long_slots_ = std::vector<LongSlot>(kLongSlots);
+    std::string long_arena_;
+
     struct alignas(64) Slot {
         uint64_t words[kMaxKeyBytes / 8] = {0, 0, 0, 0};
         int32_t ids[kMaxIds] = {};
@@ -139,6 +157,9 @@ private:
     BpeModel() = default;
     // Steps 2 and 3 above, uncached.
     Status merge_word(std::string_view piece, BpeWork& work, std::vector<int32_t>& ids) const;
+    // A piece longer than BpeCache::kMaxKeyBytes, through the memo's long table.
+    Status tokenize_long(std::string_view piece, BpeCache& cache, BpeWork& work,
+                         std::vector<int32_t>& ids) const;
     // Everything after a cache miss: ignore_merges' whole-piece lookup, else merge_word.
     Status tokenize_uncached(std::string_view piece, BpeWork& work,
                              std::vector<int32_t>& ids) const;

@@ -98,7 +98,7 @@ bool filter_chars(std::string_view text, std::string& out, Keep keep) {
 class StripAccentsNormalizer final : public Normalizer {
 public:
     bool normalize(std::string_view text, std::string& out) const override {
-        return filter_chars(text, out, [](char32_t c) { return !utf8::is_mark(c); });
+        return filter_chars(text, out, [](char32_t c) { return !utf8::is_mark_unicode9(c); });
     }
 };
 
@@ -226,7 +226,7 @@ public:
             utf8::append_normalized(*b, cur, utf8::NormalForm::kNfd);
             std::string filtered;
             if (!filter_chars(*b, filtered,
-                              [](char32_t c) { return !utf8::is_mark_nonspacing(c); })) {
+                              [](char32_t c) { return !utf8::is_mark_nonspacing_unicode9(c); })) {
                 at_origin = false;
             }
             a->swap(filtered);

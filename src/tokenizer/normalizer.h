@@ -22,6 +22,13 @@
 //   Sequence {normalizers}       each in turn
 // Precompiled (SentencePiece charsmap) is not supported: loading it is an Unimplemented error.
 //
+// Unicode versions. HF takes the data of NFC/NFD/NFKC/NFKD and StripAccents from Unicode 9.0
+// tables; lathe reproduces that on top of utf8proc (Unicode 15) by treating the characters added
+// since 9.0 as HF does (checked over every code point against HF). Two known differences remain,
+// both only for characters assigned after Unicode 9.0: Lowercase follows utf8proc's Unicode 15
+// case mappings where HF's Rust follows Unicode 16, and BertNormalizer's character categories
+// in HF come from tables older than Unicode 9.0.
+//
 // Thread safety: a constructed Normalizer is immutable; normalize() may run on many threads.
 
 #include <memory>

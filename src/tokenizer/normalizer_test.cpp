@@ -37,6 +37,12 @@ const NormalizerCase kCases[] = {
     {R"({"type":"BertNormalizer","clean_text":false,"handle_chinese_chars":false,"strip_accents":false,"lowercase":false})", "H\u00e9llo \u4e2d"sv, "H\u00e9llo \u4e2d"sv},
     {R"({"type":"Nmt"})", "a\001b\tc\u200bd\ufeffe"sv, "ab c d e"sv},
     {R"({"type":"ByteLevel"})", "a b\n\u00e9"sv, "a\u0120b\u010a\u00c3\u00a9"sv},
+    // HF normalizes with Unicode 9.0 data: marks and compositions added later stay as they are
+    // (U+1DF6, U+07FD, U+1FBF5, U+32FF, U+1E030), and U+1CF2 was still a mark in 9.0.
+    {R"({"type":"NFD"})", "a\u0345\u1df6\u0301 \u1e9b\u0323"sv, "a\u0345\u1df6\u0301 \u017f\u0323\u0307"sv},
+    {R"({"type":"NFC"})", "a\u0323\u07fd\u0307 \u1100\u1161\u11a8 \u0b47\u0b3e"sv, "\u1ea1\u07fd\u0307 \uac01 \u0b4b"sv},
+    {R"({"type":"NFKC"})", "\U0001fbf5 \u32ff \u3300 \U0001e030"sv, "\U0001fbf5 \u32ff \u30a2\u30d1\u30fc\u30c8 \U0001e030"sv},
+    {R"({"type":"StripAccents"})", "e\u0301\u1df6x\u111c9\u1cf2y"sv, "e\u1df6x\u111c9y"sv},
 };
 
 TEST(Normalizer, MatchesHuggingFace) {

@@ -96,7 +96,12 @@ bool is_punctuation(char32_t c);
 bool is_mark(char32_t c);
 // Unicode general category Mn.
 bool is_mark_nonspacing(char32_t c);
-// Unicode general category Cc, Cf, Cn, Co (what BERT's clean-up calls "control").
+// is_mark / is_mark_nonspacing as Unicode 9.0 had them: the tables HF's StripAccents and
+// BertNormalizer use (marks added later are not marks to them).
+bool is_mark_unicode9(char32_t c);
+bool is_mark_nonspacing_unicode9(char32_t c);
+// Unicode general category Cc, Cf or Co (what BERT's clean-up calls "control"; HF's categories
+// crate does not count unassigned code points).
 bool is_control_category(char32_t c);
 // Whether the character is in one of the CJK ideograph blocks BERT pads with spaces.
 bool is_chinese_char(char32_t c);
