@@ -473,30 +473,52 @@ InertTable& inert_table(NormalForm form) {
 }  // namespace
 
 void append_normalized(std::string& out, std::string_view s, NormalForm form) {
-    // Already normalized when every character is inert (ASCII always is).
+    // Inert characters (ASCII always is) are copied as they are. The boundary before an inert
+    // character is safe: normalizing the text on either side of it separately gives the same
+    // result. So each run of non-inert characters, together with the inert character before it
+    // (which may compose with them), is normalized on its own, up to the next inert character.
     InertTable* table = nullptr;
     size_t i = 0;
-    bool unchanged = true;
+    size_t last_inert = std::string_view::npos;  // position of the inert character just copied
+    size_t out_before_last_inert = out.size();
     while (i < s.size()) {
         const auto b = static_cast<uint8_t>(s[i]);
         if (b < 0x80) {
-            ++i;
+            // Copy the ASCII run; only its last character can start a segment.
+            size_t j = i + 1;
+            while (j < s.size() && static_cast<uint8_t>(s[j]) < 0x80) ++j;
+            out.append(s.substr(i, j - i));
+            last_inert = j - 1;
+            out_before_last_inert = out.size() - 1;
+            i = j;
             continue;
         }
         if (table == nullptr) table = &inert_table(form);
         int len;
         const char32_t c = decode(s, i, &len);
-        if (!table->inert(c)) {
-            unchanged = false;
-            break;
+        if (table->inert(c)) {
+            last_inert = i;
+            out_before_last_inert = out.size();
+            out.append(s.substr(i, static_cast<size_t>(len)));
+            i += static_cast<size_t>(len);
+            continue;
         }
-        i += static_cast<size_t>(len);
+        size_t begin = i;
+        if (last_inert != std::string_view::npos) {
+            begin = last_inert;
+            out.resize(out_before_last_inert);
+        }
+        size_t j = i + static_cast<size_t>(len);
+        while (j < s.size()) {
+            if (static_cast<uint8_t>(s[j]) < 0x80) break;
+            int l;
+            if (table->inert(decode(s, j, &l))) break;
+            j += static_cast<size_t>(l);
+        }
+        append_normalized_slow(out, s.substr(begin, j - begin), form);
+        last_inert = std::string_view::npos;
+        i = j;
     }
-    if (unchanged) {
-        out.append(s);
-        return;
-    }
-    append_normalized_slow(out, s, form);
 }
 
 }  // namespace lathe::utf8
