@@ -2,10 +2,11 @@
 """Tokenization throughput: `lathe tokenize` against Hugging Face `tokenizers`, side by side.
 
     python3 bench/tokenize_bench.py --lathe build/lathe [--mb 16] [--runs 3]
-                                    [--tokenizers gpt2 llama3] [--shared ../shared]
+                                    [--tokenizers gpt2 llama3] [--shared ../shared] [--dict gcide]
 
-Text: the first --mb megabytes of English from Debian's dict-gcide (/usr/share/dictd/gcide.dict.dz,
-after its header), cut into documents of about 2 KB at dictionary-entry boundaries.
+Text: the first --mb megabytes of a Debian dictionary (/usr/share/dictd/<dict>.dict.dz, after its
+header; default gcide, English; e.g. freedict-jpn-eng, freedict-deu-eng, freedict-eng-hin for
+other scripts), cut into documents of about 2 KB at dictionary-entry boundaries.
 
 Measured, for each tokenizer, the best of --runs interleaved runs:
   * HF 1 thread:   Tokenizer.encode_batch(docs, add_special_tokens=False) in a fresh Python process
@@ -40,8 +41,8 @@ print(time.perf_counter() - t0)
 """
 
 
-def gcide_documents(megabytes):
-    data = gzip.open("/usr/share/dictd/gcide.dict.dz", "rb").read()
+def dictionary_documents(name, megabytes):
+    data = gzip.open(f"/usr/share/dictd/{name}.dict.dz", "rb").read()
     text = data.decode("utf-8", errors="replace")
     text = text[text.find("\n\n", 10000) + 2:]  # skip the dictionary's header entries
     docs, cur, total = [], [], 0
@@ -99,14 +100,16 @@ def main():
     ap.add_argument("--tokenizers", nargs="+", default=["gpt2", "llama3"])
     ap.add_argument("--mb", type=float, default=16)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dict", default="gcide", help="dictd dictionary to take the text from")
     args = ap.parse_args()
 
-    docs, nbytes = gcide_documents(args.mb)
+    docs, nbytes = dictionary_documents(args.dict, args.mb)
     cores = os.cpu_count()
-    print(f"corpus: {len(docs)} gcide documents, {nbytes / 1e6:.1f} MB; {cores} cores", flush=True)
+    print(f"corpus: {len(docs)} {args.dict} documents, {nbytes / 1e6:.1f} MB; {cores} cores",
+          flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        jsonl = Path(tmp) / "gcide.jsonl"
+        jsonl = Path(tmp) / "docs.jsonl"
         with open(jsonl, "w", encoding="utf-8") as f:
             for d in docs:
                 f.write(json.dumps({"text": d}) + "\n")
