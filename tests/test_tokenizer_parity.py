@@ -29,7 +29,7 @@ LATHE = os.environ.get("LATHE_BIN", str(Path(__file__).resolve().parents[1] / "b
 SHARED = Path(os.environ.get("LATHE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
 TOKENIZERS = ["gpt2", "gpt-neox-20b", "llama2", "llama3", "qwen3"]
 # About this much text per tokenizer keeps the whole file near a minute on 2 cores.
-CORPUS_BYTES = 1_500_000
+CORPUS_BYTES = 2_500_000
 SHOW = 5
 
 
