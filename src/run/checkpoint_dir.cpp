@@ -18,7 +18,7 @@ namespace {
 constexpr const char* kStepPrefix = "step-";
 constexpr const char* kPartialPrefix = ".partial-";
 
-std::optional<int64_t> parse_step(const std::string& name) {
+std::optional<int64_t> parse_step_digits(const std::string& name) {
     if (name.rfind(kStepPrefix, 0) != 0) return std::nullopt;
     const std::string digits = name.substr(5);
     if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
@@ -35,6 +35,10 @@ void sync_dir(const std::string& path) {
 }
 
 }  // namespace
+
+std::optional<int64_t> CheckpointDir::parse_step_name(const std::string& name) {
+    return parse_step_digits(name);
+}
 
 std::string CheckpointDir::step_name(int64_t step) { return fmt::format("{}{:08d}", kStepPrefix, step); }
 
@@ -57,7 +61,7 @@ Result<std::vector<int64_t>> CheckpointDir::complete_steps() const {
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(root_, ec)) {
         if (!entry.is_directory()) continue;
-        if (auto s = parse_step(entry.path().filename().string())) steps.push_back(*s);
+        if (auto s = parse_step_name(entry.path().filename().string())) steps.push_back(*s);
     }
     if (ec) return io_error("{}: cannot list: {}", root_, ec.message());
     std::sort(steps.begin(), steps.end());

@@ -28,6 +28,9 @@ public:
 
     // Folder name for a step: "step-00000100" (zero-padded so names sort by step).
     static std::string step_name(int64_t step);
+    // The step of a folder name written by step_name ("step-00000100" -> 100), or nullopt for any
+    // other name (".partial-*", "latest", ...). For readers that must not open() (which cleans).
+    static std::optional<int64_t> parse_step_name(const std::string& name);
 
     // Steps of complete checkpoints, ascending.
     Result<std::vector<int64_t>> complete_steps() const;

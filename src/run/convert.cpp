@@ -30,6 +30,7 @@
 #include "io/safetensors.h"
 #include "model/model_config.h"
 #include "model/param_table.h"
+#include "run/checkpoint_dir.h"
 #include "run/trainer_state.h"
 #include "model/registry.h"
 
@@ -602,15 +603,6 @@ Status write_fresh_training_state(const StagingFolder& staging, const ParamTable
     return file_write_atomic(staging.file(kTrainerStateFile), j.dump(2) + "\n");
 }
 
-// "step-00000100" -> 100; -1 for other names.
-int64_t step_of(const std::string& name) {
-    if (!starts_with(name, "step-") || name.size() == 5) return -1;
-    int64_t value = 0;
-    const char* begin = name.data() + 5;
-    const auto [end, ec] = std::from_chars(begin, name.data() + name.size(), value);
-    return ec == std::errc() && end == name.data() + name.size() ? value : -1;
-}
-
 // The newest complete step folder under `checkpoints` (CheckpointDir's layout; partial folders
 // start with '.' and are not step names). Read-only: a run may be writing there right now.
 std::optional<fs::path> newest_step(const fs::path& checkpoints) {
@@ -619,7 +611,7 @@ std::optional<fs::path> newest_step(const fs::path& checkpoints) {
     fs::path best_path;
     for (const fs::directory_entry& e : fs::directory_iterator(checkpoints, ec)) {
         if (!e.is_directory()) continue;
-        const int64_t step = step_of(e.path().filename().string());
+        const int64_t step = CheckpointDir::parse_step_name(e.path().filename().string()).value_or(-1);
         if (step > best && fs::is_regular_file(e.path() / kConfigFile, ec)) {
             best = step;
             best_path = e.path();
