@@ -23,5 +23,17 @@ void cli_add_chat(CLI::App& parent, CommandAction& action);
 void cli_add_train(CLI::App& parent, CommandAction& action);
 void cli_add_eval(CLI::App& parent, CommandAction& action);
 void cli_add_convert(CLI::App& parent, CommandAction& action);
+void cli_add_align(CLI::App& parent, CommandAction& action);
+void cli_add_bench(CLI::App& parent, CommandAction& action);
+void cli_add_doctor(CLI::App& parent, CommandAction& action);
+
+// The stages of `lathe align` (issue 6), each in cli/align_<stage>.cpp; cli/align.cpp adds them
+// under the `align` group.
+void cli_add_align_terms(CLI::App& align, CommandAction& action);
+void cli_add_align_embed(CLI::App& align, CommandAction& action);
+void cli_add_align_map(CLI::App& align, CommandAction& action);
+void cli_add_align_apply(CLI::App& align, CommandAction& action);
+void cli_add_align_eval(CLI::App& align, CommandAction& action);
+void cli_add_align_run(CLI::App& align, CommandAction& action);
 
 }  // namespace lathe

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
     lathe::cli_add_train(app, action);
     lathe::cli_add_eval(app, action);
     lathe::cli_add_convert(app, action);
+    lathe::cli_add_align(app, action);
 
     try {
         app.parse(argc, argv);

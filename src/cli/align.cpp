@@ -1,0 +1,15 @@
+// `lathe align`: vocabulary adaptation (issue 6, docs/ALIGN.md). The group only; each stage is
+// one file, cli/align_<stage>.cpp, declared in cli/command.h and added here.
+#include "cli/command.h"
+
+namespace lathe {
+
+void cli_add_align(CLI::App& parent, CommandAction& action) {
+    CLI::App* cmd = parent.add_subcommand(
+        "align", "Move a model to a new vocabulary: terms -> embed -> map -> apply -> eval");
+    cmd->require_subcommand(1);
+    // One line per stage (kept in pipeline order).
+    (void)action;
+}
+
+}  // namespace lathe
