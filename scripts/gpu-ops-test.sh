@@ -59,17 +59,32 @@ build() {
     defs+=" -DLATHE_VERSION_STRING=\\\"gpu-ops-test\\\""
     local incs="-I$root/src -I$deps/fmt -I$deps/googletest/include -I$deps/googletest"
     local gencode="-gencode=arch=compute_90a,code=sm_90a"
+    # CUDA attention needs the cuDNN frontend headers (scripts/install-deps.sh unpacks them into
+    # .deps/cudnn-frontend, which travels with the tree) and libcudnn 9 (with the toolkit, or the
+    # distribution's packages under /usr/{include,lib}/x86_64-linux-gnu). Without them the ops
+    # build without it, and the attention tests say so and skip.
+    local fe=${LATHE_CUDNN_FRONTEND_DIR:-$root/.deps/cudnn-frontend}
+    local cudnn_libs="" nvcc_extra=""
+    local cudnn_h
+    cudnn_h=$(ls "$cuda"/include/cudnn.h /usr/include/x86_64-linux-gnu/cudnn.h /usr/include/cudnn.h 2>/dev/null | head -1)
+    if [[ -f $fe/include/cudnn_frontend.h && -n $cudnn_h ]]; then
+        nvcc_extra="-DLATHE_HAVE_CUDNN_FRONTEND=1 -DCUDNN_FRONTEND_SKIP_JSON_LIB=1 -isystem $fe/include -isystem $(dirname "$cudnn_h")"
+        cudnn_libs="-L$cuda/lib -L$cuda/lib64 -lcudnn"
+        echo "gpu-ops-test: CUDA attention through cuDNN ($cudnn_h, frontend $fe/include)"
+    else
+        echo "gpu-ops-test: WARNING: building without CUDA attention (cuDNN frontend headers in $fe/include: $([[ -f $fe/include/cudnn_frontend.h ]] && echo found || echo missing); cudnn.h: ${cudnn_h:-missing})"
+    fi
     {
         echo "rule cxx"
         echo "  command = g++ -std=c++20 -O2 -fopenmp -Wall -Wextra -Wno-unused-parameter $defs $incs -I$cuda/include -MD -MF \$out.d -c \$in -o \$out"
         echo "  depfile = \$out.d"
         echo "  description = CXX \$in"
         echo "rule nvcc"
-        echo "  command = nvcc -std=c++20 --expt-relaxed-constexpr -O2 $gencode -diag-suppress 20208 $defs $incs -MD -MF \$out.d -c \$in -o \$out"
+        echo "  command = nvcc -std=c++20 --expt-relaxed-constexpr -O2 $gencode -diag-suppress 20208 $defs $incs $nvcc_extra -MD -MF \$out.d -c \$in -o \$out"
         echo "  depfile = \$out.d"
         echo "  description = NVCC \$in"
         echo "rule link"
-        echo "  command = nvcc $gencode -o \$out \$in -lcublasLt -lgomp -lpthread -Xlinker -rpath=$cuda/lib64:$cuda/lib"
+        echo "  command = nvcc $gencode -o \$out \$in -lcublasLt $cudnn_libs -lgomp -lpthread -Xlinker -rpath=$cuda/lib64:$cuda/lib"
         echo "  description = LINK \$out"
         local lib=() tests=()
         local f obj
@@ -135,7 +150,7 @@ run() {
         t0=$SECONDS
         # Death tests re-run the binary and abort on purpose: leave them out.
         timeout 120 "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 \
-            "$bin" --gtest_filter='-*DeathTest*:*Rejects*' > "$out/memcheck.log" 2>&1
+            "$bin" --gtest_filter='-*DeathTest*:*Rejects*:*TrainingShape*:*Deterministic*' > "$out/memcheck.log" 2>&1
         echo "memcheck: exit $? in $((SECONDS - t0)) s: $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
         t0=$SECONDS
         timeout 60 "$sanitizer" --tool racecheck --error-exitcode 9 "$bin" \

@@ -35,3 +35,34 @@ if ((${#py_missing[@]})); then
   python3 -m pip install -q "${py_missing[@]}" 2>/dev/null ||
     python3 -m pip install -q --break-system-packages "${py_missing[@]}"
 fi
+
+# cuDNN frontend headers (header-only C++ API over libcudnn, used by the CUDA attention op):
+# NVIDIA ships them in the PyPI wheel nvidia-cudnn-frontend, whose include/ folder is all we need.
+# Unpacked into .deps/cudnn-frontend/include (ignored by git), where CMake and
+# scripts/gpu-ops-test.sh look first. Without them the build still works, minus attention on CUDA.
+CUDNN_FRONTEND_VERSION=1.32.0
+root=$(cd "$(dirname "$0")/.." && pwd)
+fe_dir=$root/.deps/cudnn-frontend
+fe_stamp=$fe_dir/include/cudnn_frontend_version.h
+IFS=. read -r fe_major fe_minor fe_patch <<<"$CUDNN_FRONTEND_VERSION"
+if ! { grep -qs "CUDNN_FRONTEND_MAJOR_VERSION $fe_major\$" "$fe_stamp" &&
+  grep -qs "CUDNN_FRONTEND_MINOR_VERSION $fe_minor\$" "$fe_stamp" &&
+  grep -qs "CUDNN_FRONTEND_PATCH_VERSION $fe_patch\$" "$fe_stamp"; }; then
+  echo "install-deps: cudnn-frontend $CUDNN_FRONTEND_VERSION headers -> $fe_dir/include"
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION" -d "$tmp"; then
+    rm -rf "$fe_dir" && mkdir -p "$fe_dir"
+    python3 - "$tmp" "$fe_dir" <<'PY'
+import pathlib, sys, zipfile
+src, dst = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+wheel = next(src.glob("nvidia_cudnn_frontend-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    members = [n for n in z.namelist() if n.startswith("include/") and not n.endswith("/")]
+    z.extractall(dst, members)
+print(f"install-deps: {len(members)} header files from {wheel.name}")
+PY
+  else
+    echo "install-deps: WARNING: could not fetch nvidia-cudnn-frontend; CUDA attention will not be built" >&2
+  fi
+  rm -rf "$tmp"
+fi

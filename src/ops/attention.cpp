@@ -3,6 +3,11 @@
 #include "ops/cpu/attention.h"
 #include "ops/op_checks.h"
 
+#if LATHE_HAVE_CUDA
+#include "ops/cuda/attention.h"
+#include "ops/cuda/dispatch.h"
+#endif
+
 namespace lathe {
 
 using namespace detail;
@@ -33,6 +38,15 @@ AttentionDims attention_check(const char* op, ConstTensorView q, ConstTensorView
     LATHE_CHECK(window >= 0, "{}: window {} (0 means none)", op, window);
     return d;
 }
+
+#if LATHE_HAVE_CUDA
+cuda::AttentionShape cuda_attention_shape(const char* op, const AttentionDims& d,
+                                          ConstTensorView docs, int64_t window, float scale) {
+    const char* missing = cuda::attention_unavailable_reason();
+    LATHE_CHECK(missing == nullptr, "{}: {}", op, missing);
+    return {d.B, d.T, d.H, d.Hkv, d.D, window, !docs.is_null(), scale};
+}
+#endif
 }  // namespace
 
 void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstTensorView k,
@@ -50,6 +64,14 @@ void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstT
                                    window, scale);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {out, q, k, v});
+            cuda::attention_forward(cuda_state_of(ctx, kOp), ctx.stream, out.as<bf16>(),
+                                    lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(),
+                                    docs.as<int32_t>(),
+                                    cuda_attention_shape(kOp, d, docs, window, scale));
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);
@@ -76,6 +98,15 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensor
                                     d.H, d.Hkv, d.D, window, scale);
             return;
         case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {dq, dk, dv, dout, q, k, v, out});
+            cuda::attention_backward(cuda_state_of(ctx, kOp), ctx.stream, dq.as<bf16>(),
+                                     dk.as<bf16>(), dv.as<bf16>(), dout.as<bf16>(), q.as<bf16>(),
+                                     k.as<bf16>(), v.as<bf16>(), out.as<bf16>(), lse.as<float>(),
+                                     docs.as<int32_t>(),
+                                     cuda_attention_shape(kOp, d, docs, window, scale));
+            return;
+#endif
             break;
     }
     op_no_backend(kOp, ctx);

@@ -76,6 +76,7 @@ CudaState::CudaState(int device) : device_(device) {
 CudaState::~CudaState() {
     // Work still queued may use the buffers freed below.
     if (stream_ != nullptr) LATHE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    attention_cache_.reset();  // its cuDNN handle is bound to the stream destroyed below
     if (cublaslt_ != nullptr) LATHE_CUBLAS_CHECK(cublasLtDestroy(cublaslt_));
     if (stream_ != nullptr) LATHE_CUDA_CHECK(cudaStreamDestroy(stream_));
 }

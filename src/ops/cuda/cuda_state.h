@@ -6,7 +6,9 @@
 // the cuBLASLt handle and workspace, and a fixed scratch area for an op's small temporaries
 // (per-block partial sums of the deterministic reductions, per-row losses). All of it is
 // allocated once, in the constructor (nothing is allocated per step), and sized by the constants
-// below so that a memory plan can count it. Ops that use the handle, workspace or scratch must run
+// below so that a memory plan can count it. The exception is the attention op's cuDNN state
+// (handle, graphs, workspace), created at its first use and grown only when a new attention shape
+// is prepared (ops/cuda/attention.h: attention_prepare, attention_buffer_bytes). Ops that use the handle, workspace or scratch must run
 // on the state's own stream, one after another: cuda_state_of() checks that the context's stream
 // is the state's, which is what makes sharing one scratch area between ops safe.
 //
@@ -84,6 +86,15 @@ public:
     struct MatmulCache;
     MatmulCache& matmul_cache() const { return *matmul_cache_; }
 
+    // The attention op's cuDNN handle, cached cuDNN graphs and their device buffers (workspace,
+    // docs bias). ops/cuda/attention.cu defines the type and attention_cache(), which creates it at
+    // the first attention call (a process that never runs attention never loads cuDNN); its
+    // buffers grow only when a graph is built (ops/cuda/attention.h: attention_prepare).
+    struct AttentionCache;
+    AttentionCache& attention_cache();
+    // Null until the first attention call.
+    const AttentionCache* attention_cache_if_created() const { return attention_cache_.get(); }
+
 private:
     int device_ = 0;
     CUstream_st* stream_ = nullptr;
@@ -91,6 +102,11 @@ private:
     DeviceBuffer workspace_;
     DeviceBuffer scratch_;
     std::unique_ptr<MatmulCache> matmul_cache_;
+    // Defined in ops/cuda/attention.cu, where AttentionCache is a complete type.
+    struct AttentionCacheDeleter {
+        void operator()(AttentionCache* cache) const;
+    };
+    std::unique_ptr<AttentionCache, AttentionCacheDeleter> attention_cache_;
 };
 
 // The CudaState behind a CUDA context, for ops that need handles or scratch. Stops, naming the op,

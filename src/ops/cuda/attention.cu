@@ -1,0 +1,437 @@
+// clang-format off
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+// clang-format on
+
+// The one translation unit that includes the cuDNN frontend (a large header-only library): keep it
+// that way, so the rest of the backend compiles at its usual speed.
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <bit>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "core/check.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_state.h"
+#include "ops/cuda/kernel_util.cuh"
+
+#if LATHE_HAVE_CUDNN_FRONTEND
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+#endif
+
+namespace lathe {
+
+#if LATHE_HAVE_CUDNN_FRONTEND
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+// A cached graph and the variant pack it executes with. The pack's keys (tensor uids) are fixed
+// at build time; each call only overwrites the pointers, so executing allocates nothing.
+struct AttentionGraph {
+    std::shared_ptr<fe::graph::Graph> graph;
+    std::unordered_map<int64_t, void*> pack;
+    int64_t workspace_bytes = 0;
+};
+
+enum class Direction : int64_t { kForward = 0, kBackward = 1 };
+
+using GraphKey = std::array<int64_t, 9>;
+struct GraphKeyHash {
+    size_t operator()(const GraphKey& k) const {
+        uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+        for (int64_t v : k) h = (h ^ uint64_t(v)) * 1099511628211ull;
+        return size_t(h);
+    }
+};
+
+// Tensor uids of the variant packs.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kDO, kDQ, kDK, kDV };
+
+}  // namespace
+
+struct CudaState::AttentionCache {
+    cudnnHandle_t handle = nullptr;
+    std::unordered_map<GraphKey, std::unique_ptr<AttentionGraph>, GraphKeyHash> graphs;
+    DeviceBuffer workspace;  // the largest workspace any cached graph asked for
+    DeviceBuffer bias;       // the docs bias, (B, 1, T, T) bf16 of the largest docs shape
+
+    ~AttentionCache() {
+        if (handle != nullptr) cudnnDestroy(handle);
+    }
+};
+
+void CudaState::AttentionCacheDeleter::operator()(AttentionCache* cache) const {
+    delete cache;
+}
+
+CudaState::AttentionCache& CudaState::attention_cache() {
+    if (attention_cache_ == nullptr) {
+        std::unique_ptr<AttentionCache, AttentionCacheDeleter> cache(new AttentionCache);
+        LATHE_CUDA_CHECK(cudaSetDevice(device_));
+        const cudnnStatus_t created = cudnnCreate(&cache->handle);
+        LATHE_CHECK(created == CUDNN_STATUS_SUCCESS,
+                    "cudnnCreate: {} (is libcudnn {}.x installed and a GPU visible?)",
+                    cudnnGetErrorString(created), CUDNN_MAJOR);
+        const cudnnStatus_t bound = cudnnSetStream(cache->handle, stream_);
+        LATHE_CHECK(bound == CUDNN_STATUS_SUCCESS, "cudnnSetStream: {}",
+                    cudnnGetErrorString(bound));
+        attention_cache_ = std::move(cache);
+    }
+    return *attention_cache_;
+}
+
+namespace cuda {
+
+namespace {
+
+// cuDNN's diagonal band takes a left bound only below T; a window of T or more hides nothing.
+int64_t effective_window(const AttentionShape& s) {
+    return s.window > 0 && s.window < s.T ? s.window : 0;
+}
+
+GraphKey graph_key(Direction dir, const AttentionShape& s) {
+    return {int64_t(dir),         s.B, s.T, s.H, s.Hkv, s.D, effective_window(s), s.docs ? 1 : 0,
+            int64_t(std::bit_cast<uint32_t>(s.scale))};
+}
+
+std::string shape_text(Direction dir, const AttentionShape& s) {
+    return fmt::format("attention {} B={} T={} H={} Hkv={} D={} window={} docs={} scale={}",
+                       dir == Direction::kForward ? "forward" : "backward", s.B, s.T, s.H, s.Hkv,
+                       s.D, s.window, s.docs ? "yes" : "no", s.scale);
+}
+
+void expect_ok(fe::error_t status, const char* step, Direction dir, const AttentionShape& s) {
+    LATHE_CHECK(status.is_good(), "cuDNN frontend {} failed for {} (cuDNN {}): {}", step,
+                shape_text(dir, s), cudnnGetVersion(), status.get_message());
+}
+
+// (B, T, heads, D) storage seen as cuDNN's logical (B, heads, T, D).
+fe::graph::Tensor_attributes btnd(const char* name, int64_t uid, const AttentionShape& s,
+                                  int64_t heads) {
+    return fe::graph::Tensor_attributes()
+        .set_name(name)
+        .set_uid(uid)
+        .set_dim({s.B, heads, s.T, s.D})
+        .set_stride({s.T * heads * s.D, s.D, heads * s.D, 1})
+        .set_data_type(fe::DataType_t::BFLOAT16);
+}
+
+fe::graph::Tensor_attributes stats_tensor(const AttentionShape& s) {
+    return fe::graph::Tensor_attributes()
+        .set_name("lse")
+        .set_uid(kStats)
+        .set_dim({s.B, s.H, s.T, 1})
+        .set_stride({s.H * s.T, s.T, 1, 1})
+        .set_data_type(fe::DataType_t::FLOAT);
+}
+
+fe::graph::Tensor_attributes bias_tensor(const AttentionShape& s) {
+    return fe::graph::Tensor_attributes()
+        .set_name("docs_bias")
+        .set_uid(kBias)
+        .set_dim({s.B, 1, s.T, s.T})
+        .set_stride({s.T * s.T, s.T * s.T, s.T, 1})
+        .set_data_type(fe::DataType_t::BFLOAT16);
+}
+
+// Causal (top-left diagonal, right bound 0) plus the window as the band's left bound: cuDNN keeps
+// key j for query t when j <= t and j + window > t, our visible(t, j).
+template <class Attributes>
+void set_mask(Attributes& a, const AttentionShape& s) {
+    a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+    if (effective_window(s) > 0) a.set_diagonal_band_left_bound(int(effective_window(s)));
+}
+
+std::unique_ptr<AttentionGraph> build_graph(cudnnHandle_t handle, Direction dir,
+                                            const AttentionShape& s) {
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(fe::DataType_t::BFLOAT16)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto q = g->tensor(btnd("q", kQ, s, s.H));
+    auto k = g->tensor(btnd("k", kK, s, s.Hkv));
+    auto v = g->tensor(btnd("v", kV, s, s.Hkv));
+    auto result = std::make_unique<AttentionGraph>();
+    std::vector<int64_t> uids = {kQ, kK, kV};
+    if (dir == Direction::kForward) {
+        auto attrs = fe::graph::SDPA_attributes()
+                         .set_name("attention_forward")
+                         .set_generate_stats(true)
+                         .set_attn_scale(s.scale);
+        set_mask(attrs, s);
+        if (s.docs) attrs.set_bias(g->tensor(bias_tensor(s)));
+        auto [o, stats] = g->sdpa(q, k, v, attrs);
+        o->set_output(true)
+            .set_uid(kO)
+            .set_dim({s.B, s.H, s.T, s.D})
+            .set_stride({s.T * s.H * s.D, s.D, s.H * s.D, 1})
+            .set_data_type(fe::DataType_t::BFLOAT16);
+        stats->set_output(true)
+            .set_uid(kStats)
+            .set_dim({s.B, s.H, s.T, 1})
+            .set_stride({s.H * s.T, s.T, 1, 1})
+            .set_data_type(fe::DataType_t::FLOAT);
+        uids.insert(uids.end(), {kO, kStats});
+    } else {
+        auto o = g->tensor(btnd("out", kO, s, s.H));
+        auto dout = g->tensor(btnd("dout", kDO, s, s.H));
+        auto stats = g->tensor(stats_tensor(s));
+        auto attrs = fe::graph::SDPA_backward_attributes()
+                         .set_name("attention_backward")
+                         .set_attn_scale(s.scale)
+                         .set_deterministic_algorithm(true);
+        set_mask(attrs, s);
+        if (s.docs) attrs.set_bias(g->tensor(bias_tensor(s)));
+        auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, attrs);
+        dq->set_output(true)
+            .set_uid(kDQ)
+            .set_dim({s.B, s.H, s.T, s.D})
+            .set_stride({s.T * s.H * s.D, s.D, s.H * s.D, 1})
+            .set_data_type(fe::DataType_t::BFLOAT16);
+        for (auto [t, uid] : {std::pair{dk, kDK}, std::pair{dv, kDV}})
+            t->set_output(true)
+                .set_uid(uid)
+                .set_dim({s.B, s.Hkv, s.T, s.D})
+                .set_stride({s.T * s.Hkv * s.D, s.D, s.Hkv * s.D, 1})
+                .set_data_type(fe::DataType_t::BFLOAT16);
+        uids.insert(uids.end(), {kO, kDO, kStats, kDQ, kDK, kDV});
+    }
+    if (s.docs) uids.push_back(kBias);
+
+    expect_ok(g->validate(), "validate", dir, s);
+    expect_ok(g->build_operation_graph(handle), "build_operation_graph", dir, s);
+    expect_ok(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
+              "create_execution_plans", dir, s);
+    expect_ok(g->check_support(handle), "check_support", dir, s);
+    expect_ok(g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans", dir,
+              s);
+    int64_t ws = 0;
+    expect_ok(g->get_workspace_size(ws), "get_workspace_size", dir, s);
+    LATHE_CHECK(ws >= 0, "{}: cuDNN reports a workspace of {} bytes", shape_text(dir, s), ws);
+    result->graph = std::move(g);
+    result->workspace_bytes = ws;
+    for (int64_t uid : uids) result->pack.emplace(uid, nullptr);
+    return result;
+}
+
+size_t bias_bytes(const AttentionShape& s) {
+    return s.docs ? size_t(s.B) * size_t(s.T) * size_t(s.T) * sizeof(bf16) : 0;
+}
+
+// Grows `buffer` to `bytes` (never shrinks). Waits for the stream first: queued work may still
+// use the old buffer. Only ever called while building a graph.
+void grow(DeviceBuffer& buffer, size_t bytes, CudaState& state) {
+    if (bytes <= buffer.bytes()) return;
+    state.synchronize();
+    buffer = DeviceBuffer();  // free first: the old and new buffers need not coexist
+    buffer = DeviceBuffer(bytes);
+}
+
+// The cached graph for (dir, shape), built (and the state's buffers grown) on first use.
+AttentionGraph& graph_for(CudaState& state, Direction dir, const AttentionShape& s) {
+    CudaState::AttentionCache& cache = state.attention_cache();
+    const GraphKey key = graph_key(dir, s);
+    auto it = cache.graphs.find(key);
+    if (it == cache.graphs.end()) {
+        std::unique_ptr<AttentionGraph> built = build_graph(cache.handle, dir, s);
+        grow(cache.workspace, size_t(built->workspace_bytes), state);
+        grow(cache.bias, bias_bytes(s), state);
+        it = cache.graphs.emplace(key, std::move(built)).first;
+    }
+    return *it->second;
+}
+
+void check_shape(const AttentionShape& s, const char* op) {
+    LATHE_CHECK(s.B > 0 && s.T > 0 && s.H > 0 && s.Hkv > 0 && s.D > 0 && s.H % s.Hkv == 0,
+                "{}: B={} T={} H={} Hkv={} D={}", op, s.B, s.T, s.H, s.Hkv, s.D);
+    LATHE_CHECK(s.D <= 128 && s.D % 8 == 0,
+                "{}: head dim D = {}; cuDNN's flash attention takes D <= 128, a multiple of 8", op,
+                s.D);
+    LATHE_CHECK(s.window >= 0, "{}: window {} (0 means none)", op, s.window);
+}
+
+void check_call(CudaState& state, CUstream_st* stream, const AttentionShape& s,
+                const int32_t* docs, const char* op) {
+    check_shape(s, op);
+    LATHE_CHECK((docs != nullptr) == s.docs, "{}: docs pointer {} but shape.docs = {}", op,
+                docs != nullptr ? "given" : "null", s.docs);
+    LATHE_CHECK(stream == state.stream(), "{}: not on the CudaState's stream", op);
+}
+
+// bias[b, t, j] = 0 when docs[b, j] == docs[b, t], else -1e9: exp(-1e9 + score - max) is exactly 0
+// in fp32, and the value stays finite, so a tile of keys from other documents never turns the
+// online softmax's running maximum into -inf - (-inf). One block per (b, t) row, 8 keys per thread
+// per step (one 16-byte store) when T allows.
+template <int kVec>
+__global__ void docs_bias_kernel(__nv_bfloat16* __restrict__ bias, const int32_t* __restrict__ docs,
+                                 int64_t T) {
+    const int64_t row = blockIdx.x;  // b * T + t
+    const int64_t b = row / T;
+    const int32_t mine = docs[row];
+    const int32_t* drow = docs + b * T;
+    __nv_bfloat16* out = bias + row * T;
+    const __nv_bfloat16 zero = __float2bfloat16(0.0f), masked = __float2bfloat16(-1e9f);
+    for (int64_t j = int64_t(threadIdx.x) * kVec; j < T; j += int64_t(blockDim.x) * kVec) {
+        if constexpr (kVec == 8) {
+            alignas(16) __nv_bfloat16 v[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = drow[j + i] == mine ? zero : masked;
+            *reinterpret_cast<uint4*>(out + j) = *reinterpret_cast<const uint4*>(v);
+        } else {
+            out[j] = drow[j] == mine ? zero : masked;
+        }
+    }
+}
+
+void write_docs_bias(void* bias, const int32_t* docs, const AttentionShape& s,
+                     CUstream_st* stream) {
+    const unsigned rows = unsigned(s.B * s.T);
+    auto* out = static_cast<__nv_bfloat16*>(bias);
+    if (s.T % 8 == 0)
+        docs_bias_kernel<8><<<rows, 128, 0, stream>>>(out, docs, s.T);
+    else
+        docs_bias_kernel<1><<<rows, 128, 0, stream>>>(out, docs, s.T);
+    LATHE_CUDA_CHECK_LAUNCH();
+}
+
+void execute(CudaState& state, AttentionGraph& g, Direction dir, const AttentionShape& s) {
+    CudaState::AttentionCache& cache = state.attention_cache();
+    const fe::error_t status = g.graph->execute(cache.handle, g.pack, cache.workspace.data());
+    expect_ok(status, "execute", dir, s);
+}
+
+void set(AttentionGraph& g, Uid uid, const void* ptr) {
+    g.pack.at(uid) = const_cast<void*>(ptr);  // cuDNN's pack is untyped; inputs are only read
+}
+
+}  // namespace
+
+const char* attention_unavailable_reason() {
+    return nullptr;
+}
+
+int64_t attention_cudnn_version() {
+    return int64_t(cudnnGetVersion());
+}
+
+size_t attention_prepare(CudaState& state, const AttentionShape& shape) {
+    check_shape(shape, "attention_prepare");
+    const AttentionGraph& fwd = graph_for(state, Direction::kForward, shape);
+    const AttentionGraph& bwd = graph_for(state, Direction::kBackward, shape);
+    return size_t(std::max(fwd.workspace_bytes, bwd.workspace_bytes)) + bias_bytes(shape);
+}
+
+size_t attention_buffer_bytes(const CudaState& state) {
+    const CudaState::AttentionCache* cache = state.attention_cache_if_created();
+    return cache == nullptr ? 0 : cache->workspace.bytes() + cache->bias.bytes();
+}
+
+void attention_forward(CudaState& state, CUstream_st* stream, bf16* out, float* lse, const bf16* q,
+                       const bf16* k, const bf16* v, const int32_t* docs,
+                       const AttentionShape& shape) {
+    check_call(state, stream, shape, docs, "attention_forward");
+    AttentionGraph& g = graph_for(state, Direction::kForward, shape);
+    set(g, kQ, q);
+    set(g, kK, k);
+    set(g, kV, v);
+    set(g, kO, out);
+    set(g, kStats, lse);
+    if (shape.docs) {
+        void* bias = state.attention_cache().bias.data();
+        write_docs_bias(bias, docs, shape, stream);
+        set(g, kBias, bias);
+    }
+    execute(state, g, Direction::kForward, shape);
+}
+
+void attention_backward(CudaState& state, CUstream_st* stream, bf16* dq, bf16* dk, bf16* dv,
+                        const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                        const bf16* out, const float* lse, const int32_t* docs,
+                        const AttentionShape& shape) {
+    check_call(state, stream, shape, docs, "attention_backward");
+    AttentionGraph& g = graph_for(state, Direction::kBackward, shape);
+    set(g, kQ, q);
+    set(g, kK, k);
+    set(g, kV, v);
+    set(g, kO, out);
+    set(g, kDO, dout);
+    set(g, kStats, lse);
+    set(g, kDQ, dq);
+    set(g, kDK, dk);
+    set(g, kDV, dv);
+    if (shape.docs) {
+        void* bias = state.attention_cache().bias.data();
+        write_docs_bias(bias, docs, shape, stream);
+        set(g, kBias, bias);
+    }
+    execute(state, g, Direction::kBackward, shape);
+}
+
+}  // namespace cuda
+
+#else  // !LATHE_HAVE_CUDNN_FRONTEND
+
+// Built without the cuDNN frontend headers or libcudnn: the state and its accessors exist (the
+// CudaState links the same either way), and every attention call stops with the reason.
+struct CudaState::AttentionCache {};
+
+void CudaState::AttentionCacheDeleter::operator()(AttentionCache* cache) const {
+    delete cache;
+}
+
+CudaState::AttentionCache& CudaState::attention_cache() {
+    if (attention_cache_ == nullptr) attention_cache_.reset(new AttentionCache);
+    return *attention_cache_;
+}
+
+namespace cuda {
+
+namespace {
+[[noreturn]] void unavailable(const char* op) {
+    LATHE_CHECK(false, "{}: {}", op, attention_unavailable_reason());
+    __builtin_unreachable();
+}
+}  // namespace
+
+const char* attention_unavailable_reason() {
+    return "this build has no CUDA attention: it was configured without the cuDNN frontend "
+           "headers or libcudnn (run scripts/install-deps.sh for the headers, install cuDNN 9, "
+           "then re-run cmake; see docs/CUDA.md)";
+}
+
+int64_t attention_cudnn_version() {
+    return 0;
+}
+
+size_t attention_prepare(CudaState&, const AttentionShape&) {
+    unavailable("attention_prepare");
+}
+
+size_t attention_buffer_bytes(const CudaState&) {
+    return 0;
+}
+
+void attention_forward(CudaState&, CUstream_st*, bf16*, float*, const bf16*, const bf16*,
+                       const bf16*, const int32_t*, const AttentionShape&) {
+    unavailable("attention_forward");
+}
+
+void attention_backward(CudaState&, CUstream_st*, bf16*, bf16*, bf16*, const bf16*, const bf16*,
+                        const bf16*, const bf16*, const bf16*, const float*, const int32_t*,
+                        const AttentionShape&) {
+    unavailable("attention_backward");
+}
+
+}  // namespace cuda
+
+#endif  // LATHE_HAVE_CUDNN_FRONTEND
+
+}  // namespace lathe

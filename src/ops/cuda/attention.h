@@ -1,0 +1,69 @@
+#pragma once
+// CUDA attention (ops/attention.h has the math and the layouts) through the cuDNN frontend's
+// graph API: cuDNN's fused flash-attention forward and backward ("SDPA").
+//   forward:  out (B, T, H, D) bf16, lse (B, H, T) f32 from q (B, T, H, D), k, v (B, T, Hkv, D) bf16
+//   backward: dq, dk, dv (overwritten, bf16) from dout, q, k, v, out (bf16) and lse (f32)
+// Causal always; GQA (Hkv divides H) natively; a sliding window as cuDNN's diagonal band
+// (left bound = window: keys t - window < j <= t); per-document masks (docs (B, T) i32) as an
+// additive bf16 bias (B, 1, T, T), 0 where docs[b, j] == docs[b, t] and -1e9 elsewhere, written by
+// a small kernel before each call. cuDNN's softmax stats are max + ln(sum exp) of the scaled (and
+// biased) scores, which is our lse exactly (natural log, masked keys contribute exp(-1e9) = 0).
+// The backward uses cuDNN's deterministic algorithm: two runs give the same bits.
+//
+// Graphs: one per distinct (direction, B, T, H, Hkv, D, window, docs or not, scale), built at
+// first use (or by attention_prepare) and cached in the CudaState, never rebuilt. The workspace
+// cuDNN asks for and the docs bias live in buffers of the state that grow only when a graph is
+// built (waiting for the stream first), never per call. Call attention_prepare for every shape
+// before step 1 (and before capturing a CUDA graph): building allocates and synchronizes.
+// Limits (cuDNN's): D <= 128 and D % 8 == 0; bf16 only; sm_80 or newer.
+// Device pointers; enqueued on `stream` (the state's). Internal to ops/cuda, CUDA-header free.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+struct CUstream_st;
+
+namespace lathe {
+struct CudaState;
+}
+
+namespace lathe::cuda {
+
+// What identifies one attention problem (and its cached graphs).
+struct AttentionShape {
+    int64_t B = 0, T = 0, H = 0, Hkv = 0, D = 0;
+    int64_t window = 0;  // 0: none
+    bool docs = false;   // per-document masking
+    float scale = 0.0f;
+};
+
+// Null when this build has cuDNN attention; otherwise a sentence naming what was missing when it
+// was built (the cuDNN frontend headers, libcudnn) and how to get it.
+const char* attention_unavailable_reason();
+
+// Device memory the attention graphs of `shape` need besides their tensors, in bytes: the larger
+// of the forward and backward workspaces cuDNN asks for, plus the docs bias (B * T * T bf16) when
+// shape.docs. Builds both graphs if they are not cached yet and grows the state's attention
+// buffers to fit them, so that later calls with this shape allocate nothing. Stops when cuDNN
+// cannot run the shape, naming it and cuDNN's reason.
+size_t attention_prepare(CudaState& state, const AttentionShape& shape);
+
+// Bytes the state's attention buffers (workspace + docs bias) hold now: what a memory plan counts
+// after attention_prepare has seen every shape of the run.
+size_t attention_buffer_bytes(const CudaState& state);
+
+// The cuDNN library version the process runs with (e.g. 91900), 0 when not built with cuDNN.
+int64_t attention_cudnn_version();
+
+void attention_forward(CudaState& state, CUstream_st* stream, bf16* out, float* lse, const bf16* q,
+                       const bf16* k, const bf16* v, const int32_t* docs,
+                       const AttentionShape& shape);
+
+void attention_backward(CudaState& state, CUstream_st* stream, bf16* dq, bf16* dk, bf16* dv,
+                        const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                        const bf16* out, const float* lse, const int32_t* docs,
+                        const AttentionShape& shape);
+
+}  // namespace lathe::cuda

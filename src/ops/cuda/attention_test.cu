@@ -1,0 +1,326 @@
+// clang-format off
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+// clang-format on
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "ops/attention.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/cuda_test_util.h"
+
+// Attention through cuDNN, against the CPU twin (ops/cpu/attention.cpp) on the same bf16 values.
+//
+// Tolerances: cuDNN's flash attention rounds P to bf16 before P V in the forward, and P and dS to
+// bf16 before the dV, dQ and dK products in the backward: every output is "computed from a
+// bf16-rounded intermediate" (kBf16Derived: 4u per element against the output's scale and
+// relative, 3u in norm). lse is fp32 from exact bf16 products summed in fp32 (kF32Sum). The CPU
+// backward is fed the GPU's own out and lse (bf16 / f32 as the GPU backward reads them), so it
+// checks the backward alone.
+
+namespace lathe {
+namespace {
+
+using namespace cudatest;
+
+struct Case {
+    int64_t B, T, H, Hkv, D, window;
+    int docs;  // 0: none; otherwise the mean document length of the packed rows
+    float scale = 0.0f;  // 0: 1 / sqrt(D), as the models pass
+};
+
+std::string case_text(const Case& c) {
+    return fmt::format("B={} T={} H={} Hkv={} D={} window={} docs={}", c.B, c.T, c.H, c.Hkv, c.D,
+                       c.window, c.docs);
+}
+
+// Packed documents: ids rise along each row, a new document starting after each token with
+// probability 1 / mean_len (so lengths vary from 1 token to most of the row).
+HostTensor make_docs(optest::Rng& rng, int64_t B, int64_t T, int mean_len) {
+    HostTensor docs(DType::kI32, Shape{B, T});
+    for (int64_t b = 0; b < B; ++b) {
+        int32_t id = 0;
+        for (int64_t t = 0; t < T; ++t) {
+            if (t > 0 && rng.integer(1, mean_len) == 1) ++id;
+            docs.as<int32_t>()[b * T + t] = id;
+        }
+    }
+    return docs;
+}
+
+bool skip_if_unavailable() {
+    if (const char* missing = cuda::attention_unavailable_reason()) {
+        std::printf("CUDA attention not built: %s\n", missing);
+        return true;
+    }
+    return false;
+}
+
+void check_attention(const Case& c, uint64_t seed) {
+    SCOPED_TRACE(case_text(c));
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(seed);
+    const float scale = c.scale > 0 ? c.scale : 1.0f / std::sqrt(float(c.D));
+    // q, k in [-2, 2): scaled scores with a standard deviation near 1.3, so softmax rows are
+    // neither flat nor one-hot.
+    const HostTensor q = random_bf16_values(rng, {c.B, c.T, c.H, c.D}, -2.0f, 2.0f);
+    const HostTensor k = random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}, -2.0f, 2.0f);
+    const HostTensor v = random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D});
+    const HostTensor dout = random_bf16_values(rng, {c.B, c.T, c.H, c.D});
+    const HostTensor docs = make_docs(rng, c.B, c.T, c.docs > 0 ? c.docs : 1);
+    const ConstTensorView docs_cpu = c.docs > 0 ? ConstTensorView(docs.view()) : ConstTensorView();
+
+    HostTensor out_ref(DType::kF32, {c.B, c.T, c.H, c.D}), lse_ref(DType::kF32, {c.B, c.H, c.T});
+    attention_forward(out_ref.view(), lse_ref.view(), q.view(), k.view(), v.view(), docs_cpu,
+                      c.window, scale, cpu);
+
+    DeviceTensor gq = upload(q, DType::kBF16, state), gk = upload(k, DType::kBF16, state);
+    DeviceTensor gv = upload(v, DType::kBF16, state), gdout = upload(dout, DType::kBF16, state);
+    DeviceTensor gdocs = upload(docs, DType::kI32, state);
+    const ConstTensorView docs_gpu = c.docs > 0 ? ConstTensorView(gdocs.view) : ConstTensorView();
+    DeviceTensor out = device_tensor(DType::kBF16, {c.B, c.T, c.H, c.D}, state);
+    DeviceTensor lse = device_tensor(DType::kF32, {c.B, c.H, c.T}, state);
+    attention_forward(out.view, lse.view, gq.view, gk.view, gv.view, docs_gpu, c.window, scale,
+                      gpu);
+    const HostTensor out_gpu = download_f32(out.view, state);
+    const HostTensor lse_gpu = download_f32(lse.view, state);
+    EXPECT_TRUE(matches(out_gpu, out_ref, kBf16Derived)) << "out";
+    EXPECT_TRUE(matches(lse_gpu, lse_ref, kF32Sum)) << "lse";
+
+    // The backward of both backends from the GPU's out and lse.
+    HostTensor dq_ref(DType::kF32, q.shape()), dk_ref(DType::kF32, k.shape()),
+        dv_ref(DType::kF32, v.shape());
+    attention_backward(dq_ref.view(), dk_ref.view(), dv_ref.view(), dout.view(), q.view(),
+                       k.view(), v.view(), out_gpu.view(), lse_gpu.view(), docs_cpu, c.window,
+                       scale, cpu);
+    DeviceTensor dq = device_tensor(DType::kBF16, q.shape(), state);
+    DeviceTensor dk = device_tensor(DType::kBF16, k.shape(), state);
+    DeviceTensor dv = device_tensor(DType::kBF16, v.shape(), state);
+    attention_backward(dq.view, dk.view, dv.view, gdout.view, gq.view, gk.view, gv.view, out.view,
+                       lse.view, docs_gpu, c.window, scale, gpu);
+    EXPECT_TRUE(matches(download_f32(dq.view, state), dq_ref, kBf16Derived)) << "dq";
+    EXPECT_TRUE(matches(download_f32(dk.view, state), dk_ref, kBf16Derived)) << "dk";
+    EXPECT_TRUE(matches(download_f32(dv.view, state), dv_ref, kBf16Derived)) << "dv";
+}
+
+TEST(CudaAttention, MatchesCpuMultiHeadGpt2Heads) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_attention({2, 256, 12, 12, 64, 0, 0}, 71);
+}
+
+TEST(CudaAttention, MatchesCpuGroupedQueryD64) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_attention({2, 192, 8, 2, 64, 0, 0}, 72);
+}
+
+TEST(CudaAttention, MatchesCpuGroupedQueryD128) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_attention({1, 256, 8, 2, 128, 0, 0}, 73);
+}
+
+TEST(CudaAttention, MatchesCpuTNotAMultipleOf64) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_attention({3, 100, 4, 4, 64, 0, 0}, 74);
+}
+
+TEST(CudaAttention, MatchesCpuSlidingWindow) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_attention({2, 200, 4, 2, 64, 48, 0}, 75);
+}
+
+TEST(CudaAttention, MatchesCpuWindowOfTOrMoreIsNoWindow) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_attention({1, 96, 4, 1, 64, 96, 0}, 76);
+}
+
+TEST(CudaAttention, MatchesCpuOtherScale) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_attention({2, 128, 4, 2, 32, 0, 0, 0.3f}, 77);
+}
+
+TEST(CudaAttention, MatchesCpuPackedDocuments) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_attention({2, 256, 4, 2, 64, 0, 40}, 78);
+}
+
+TEST(CudaAttention, MatchesCpuPackedShortDocumentsOddT) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_attention({2, 150, 4, 4, 64, 0, 4}, 79);
+}
+
+TEST(CudaAttention, MatchesCpuPackedDocumentsWithWindow) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_attention({2, 160, 4, 1, 64, 40, 30}, 80);
+}
+
+// Two backward passes over the same inputs give the same bits (cuDNN's deterministic backward:
+// without it, dQ is accumulated with atomics in whatever order the key blocks finish). Long rows
+// and several heads per key/value head make many blocks contribute to each gradient.
+void check_backward_is_deterministic(const Case& c, uint64_t seed) {
+    SCOPED_TRACE(case_text(c));
+    CudaState state(0);
+    const Context gpu = state.context();
+    optest::Rng rng(seed);
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    DeviceTensor q = upload(random_bf16_values(rng, {c.B, c.T, c.H, c.D}, -2, 2), DType::kBF16,
+                            state);
+    DeviceTensor k = upload(random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}, -2, 2),
+                            DType::kBF16, state);
+    DeviceTensor v = upload(random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}), DType::kBF16, state);
+    DeviceTensor dout = upload(random_bf16_values(rng, {c.B, c.T, c.H, c.D}), DType::kBF16, state);
+    DeviceTensor out = device_tensor(DType::kBF16, {c.B, c.T, c.H, c.D}, state);
+    DeviceTensor lse = device_tensor(DType::kF32, {c.B, c.H, c.T}, state);
+    attention_forward(out.view, lse.view, q.view, k.view, v.view, ConstTensorView(), c.window,
+                      scale, gpu);
+    HostTensor first[3];
+    for (int run = 0; run < 2; ++run) {
+        DeviceTensor dq = device_tensor(DType::kBF16, q.view.shape(), state);
+        DeviceTensor dk = device_tensor(DType::kBF16, k.view.shape(), state);
+        DeviceTensor dv = device_tensor(DType::kBF16, v.view.shape(), state);
+        attention_backward(dq.view, dk.view, dv.view, dout.view, q.view, k.view, v.view, out.view,
+                           lse.view, ConstTensorView(), c.window, scale, gpu);
+        HostTensor got[3] = {download_raw(dq.view, state), download_raw(dk.view, state),
+                             download_raw(dv.view, state)};
+        if (run == 0) {
+            for (int i = 0; i < 3; ++i) first[i] = std::move(got[i]);
+        } else {
+            EXPECT_TRUE(bitwise_equal(got[0], first[0])) << "dq";
+            EXPECT_TRUE(bitwise_equal(got[1], first[1])) << "dk";
+            EXPECT_TRUE(bitwise_equal(got[2], first[2])) << "dv";
+        }
+    }
+}
+
+TEST(CudaAttention, BackwardIsDeterministicMultiHead) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_backward_is_deterministic({4, 1024, 12, 12, 64, 0, 0}, 81);
+}
+
+TEST(CudaAttention, BackwardIsDeterministicGroupedQuery) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_backward_is_deterministic({2, 1024, 8, 2, 64, 0, 0}, 82);
+}
+
+// The training shapes of issue 4: attention_prepare builds both graphs and sizes the buffers;
+// the forward and backward that follow must not grow them (nothing allocated per step) and must
+// write finite values everywhere. Prints the buffer bytes (for the memory plan) and the times.
+void check_training_shape(const Case& c) {
+    SCOPED_TRACE(case_text(c));
+    CudaState state(0);
+    const Context gpu = state.context();
+    const cuda::AttentionShape shape{c.B, c.T, c.H, c.Hkv, c.D, c.window, c.docs > 0,
+                                     1.0f / std::sqrt(float(c.D))};
+    const size_t need = cuda::attention_prepare(state, shape);
+    const size_t held = cuda::attention_buffer_bytes(state);
+    EXPECT_GE(held, need);
+    optest::Rng rng(83);
+    DeviceTensor q = upload(random_bf16_values(rng, {c.B, c.T, c.H, c.D}), DType::kBF16, state);
+    DeviceTensor k = upload(random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}), DType::kBF16, state);
+    DeviceTensor v = upload(random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}), DType::kBF16, state);
+    DeviceTensor docs = upload(make_docs(rng, c.B, c.T, c.docs > 0 ? c.docs : 1), DType::kI32,
+                               state);
+    const ConstTensorView docs_view = c.docs > 0 ? ConstTensorView(docs.view) : ConstTensorView();
+    DeviceTensor out = device_tensor(DType::kBF16, q.view.shape(), state);
+    DeviceTensor lse = device_tensor(DType::kF32, {c.B, c.H, c.T}, state);
+    DeviceTensor dq = device_tensor(DType::kBF16, q.view.shape(), state);
+    DeviceTensor dk = device_tensor(DType::kBF16, k.view.shape(), state);
+    DeviceTensor dv = device_tensor(DType::kBF16, v.view.shape(), state);
+    cudaEvent_t ev[3];
+    for (cudaEvent_t& e : ev) ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+    constexpr int kReps = 10;
+    float fwd_ms = 0, bwd_ms = 0;
+    for (int rep = 0; rep <= kReps; ++rep) {  // rep 0 warms up
+        cudaEventRecord(ev[0], state.stream());
+        attention_forward(out.view, lse.view, q.view, k.view, v.view, docs_view, c.window,
+                          shape.scale, gpu);
+        cudaEventRecord(ev[1], state.stream());
+        // out doubles as dout: any bf16 values do for timing and finiteness.
+        attention_backward(dq.view, dk.view, dv.view, out.view, q.view, k.view, v.view, out.view,
+                           lse.view, docs_view, c.window, shape.scale, gpu);
+        cudaEventRecord(ev[2], state.stream());
+        ASSERT_EQ(cudaEventSynchronize(ev[2]), cudaSuccess);
+        float f = 0, b = 0;
+        cudaEventElapsedTime(&f, ev[0], ev[1]);
+        cudaEventElapsedTime(&b, ev[1], ev[2]);
+        if (rep > 0) fwd_ms += f / kReps, bwd_ms += b / kReps;
+    }
+    for (cudaEvent_t e : ev) cudaEventDestroy(e);
+    EXPECT_EQ(cuda::attention_buffer_bytes(state), held) << "a call grew the attention buffers";
+    for (const DeviceTensor* t : {&out, &lse, &dq, &dk, &dv}) {
+        const HostTensor h = download_f32(t->view, state);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < h.numel(); ++i) bad += !std::isfinite(h.as<float>()[i]);
+        EXPECT_EQ(bad, 0) << t->view.to_string();
+    }
+    // Causal attention FLOPs: 4 B H T^2 D / 2 forward, 2.5x that backward.
+    const double fwd_flop = 2.0 * double(c.B * c.H) * double(c.T) * double(c.T) * double(c.D);
+    std::printf(
+        "attention %s: cuDNN %lld, buffers %.1f MiB (this shape needs %.1f MiB), forward %.3f ms "
+        "(%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)\n",
+        case_text(c).c_str(), (long long)cuda::attention_cudnn_version(),
+        double(held) / (1 << 20), double(need) / (1 << 20), fwd_ms, fwd_flop / fwd_ms * 1e-9,
+        bwd_ms, 2.5 * fwd_flop / bwd_ms * 1e-9);
+}
+
+TEST(CudaAttention, Gpt2TrainingShape) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({32, 1024, 12, 12, 64, 0, 0});
+}
+
+TEST(CudaAttention, Llama1BTrainingShape) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({8, 2048, 32, 8, 64, 0, 0});
+}
+
+TEST(CudaAttention, Llama1BTrainingShapePackedDocuments) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({8, 2048, 32, 8, 64, 0, 500});
+}
+
+class CudaAttentionDeathTest : public ::testing::Test {
+protected:
+    void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
+};
+
+TEST_F(CudaAttentionDeathTest, HeadDimBeyondCudnnStopsWithTheLimit) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    CudaState state(0);
+    const Context gpu = state.context();
+    DeviceTensor q = device_tensor(DType::kBF16, {1, 16, 2, 136}, state);
+    DeviceTensor out = device_tensor(DType::kBF16, {1, 16, 2, 136}, state);
+    DeviceTensor lse = device_tensor(DType::kF32, {1, 2, 16}, state);
+    EXPECT_DEATH(attention_forward(out.view, lse.view, q.view, q.view, q.view, ConstTensorView(),
+                                   0, 0.1f, gpu),
+                 "attention_forward: head dim D = 136; cuDNN's flash attention takes D <= 128");
+}
+
+TEST_F(CudaAttentionDeathTest, WrongDtypeNamesTheTensor) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    CudaState state(0);
+    const Context gpu = state.context();
+    DeviceTensor q = device_tensor(DType::kF32, {1, 16, 2, 64}, state);
+    DeviceTensor out = device_tensor(DType::kBF16, {1, 16, 2, 64}, state);
+    DeviceTensor lse = device_tensor(DType::kF32, {1, 2, 16}, state);
+    EXPECT_DEATH(attention_forward(out.view, lse.view, q.view, q.view, q.view, ConstTensorView(),
+                                   0, 0.1f, gpu),
+                 "attention_forward: the CUDA backend takes bf16 here");
+}
+
+// A build without cuDNN: the op stops with what is missing (runs only in such a build).
+TEST_F(CudaAttentionDeathTest, UnavailableBuildStopsWithWhatIsMissing) {
+    if (cuda::attention_unavailable_reason() == nullptr) GTEST_SKIP() << "cuDNN attention is built";
+    CudaState state(0);
+    const Context gpu = state.context();
+    DeviceTensor q = device_tensor(DType::kBF16, {1, 16, 2, 64}, state);
+    DeviceTensor lse = device_tensor(DType::kF32, {1, 2, 16}, state);
+    EXPECT_DEATH(attention_forward(q.view, lse.view, q.view, q.view, q.view, ConstTensorView(), 0,
+                                   0.1f, gpu),
+                 "attention_forward: this build has no CUDA attention");
+}
+
+}  // namespace
+}  // namespace lathe
