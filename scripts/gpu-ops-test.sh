@@ -69,7 +69,7 @@ build() {
     cudnn_h=$(ls "$cuda"/include/cudnn.h /usr/include/x86_64-linux-gnu/cudnn.h /usr/include/cudnn.h 2>/dev/null | head -1)
     if [[ -f $fe/include/cudnn_frontend.h && -n $cudnn_h ]]; then
         nvcc_extra="-DLATHE_HAVE_CUDNN_FRONTEND=1 -DCUDNN_FRONTEND_SKIP_JSON_LIB=1 -isystem $fe/include -isystem $(dirname "$cudnn_h")"
-        cudnn_libs="-L$cuda/lib -L$cuda/lib64 -lcudnn"
+        cudnn_libs="-L$cuda/lib -L$cuda/lib64 -lcudnn -lnvrtc"  # NVRTC: the frontend's run-time compiled engines
         echo "gpu-ops-test: CUDA attention through cuDNN ($cudnn_h, frontend $fe/include)"
     else
         echo "gpu-ops-test: WARNING: building without CUDA attention (cuDNN frontend headers in $fe/include: $([[ -f $fe/include/cudnn_frontend.h ]] && echo found || echo missing); cudnn.h: ${cudnn_h:-missing})"

@@ -43,7 +43,7 @@ struct AttentionGraph {
 
 enum class Direction : int64_t { kForward = 0, kBackward = 1 };
 
-using GraphKey = std::array<int64_t, 9>;
+using GraphKey = std::array<int64_t, 10>;
 struct GraphKeyHash {
     size_t operator()(const GraphKey& k) const {
         uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
@@ -98,14 +98,17 @@ int64_t effective_window(const AttentionShape& s) {
 }
 
 GraphKey graph_key(Direction dir, const AttentionShape& s) {
-    return {int64_t(dir),         s.B, s.T, s.H, s.Hkv, s.D, effective_window(s), s.docs ? 1 : 0,
-            int64_t(std::bit_cast<uint32_t>(s.scale))};
+    const bool nondeterministic = dir == Direction::kBackward && s.nondeterministic_backward;
+    return {int64_t(dir), s.B, s.T, s.H, s.Hkv, s.D, effective_window(s), s.docs ? 1 : 0,
+            int64_t(std::bit_cast<uint32_t>(s.scale)), nondeterministic ? 1 : 0};
 }
 
 std::string shape_text(Direction dir, const AttentionShape& s) {
     return fmt::format("attention {} B={} T={} H={} Hkv={} D={} window={} docs={} scale={}",
-                       dir == Direction::kForward ? "forward" : "backward", s.B, s.T, s.H, s.Hkv,
-                       s.D, s.window, s.docs ? "yes" : "no", s.scale);
+                       dir == Direction::kForward             ? "forward"
+                       : s.nondeterministic_backward ? "backward (nondeterministic)"
+                                                     : "backward",
+                       s.B, s.T, s.H, s.Hkv, s.D, s.window, s.docs ? "yes" : "no", s.scale);
 }
 
 void expect_ok(fe::error_t status, const char* step, Direction dir, const AttentionShape& s) {
@@ -187,7 +190,7 @@ std::unique_ptr<AttentionGraph> build_graph(cudnnHandle_t handle, Direction dir,
         auto attrs = fe::graph::SDPA_backward_attributes()
                          .set_name("attention_backward")
                          .set_attn_scale(s.scale)
-                         .set_deterministic_algorithm(true);
+                         .set_deterministic_algorithm(!s.nondeterministic_backward);
         set_mask(attrs, s);
         if (s.docs) attrs.set_bias(g->tensor(bias_tensor(s)));
         auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, attrs);

@@ -8,9 +8,10 @@
 // additive bf16 bias (B, 1, T, T), 0 where docs[b, j] == docs[b, t] and -1e9 elsewhere, written by
 // a small kernel before each call. cuDNN's softmax stats are max + ln(sum exp) of the scaled (and
 // biased) scores, which is our lse exactly (natural log, masked keys contribute exp(-1e9) = 0).
-// The backward uses cuDNN's deterministic algorithm: two runs give the same bits.
+// The backward uses cuDNN's deterministic algorithm (two runs give the same bits) unless the shape
+// asks for the nondeterministic one (AttentionShape::nondeterministic_backward).
 //
-// Graphs: one per distinct (direction, B, T, H, Hkv, D, window, docs or not, scale), built at
+// Graphs: one per distinct (direction, B, T, H, Hkv, D, window, docs or not, scale, algorithm), built at
 // first use (or by attention_prepare) and cached in the CudaState, never rebuilt. The workspace
 // cuDNN asks for and the docs bias live in buffers of the state that grow only when a graph is
 // built (waiting for the stream first), never per call. Call attention_prepare for every shape
@@ -37,6 +38,11 @@ struct AttentionShape {
     int64_t window = 0;  // 0: none
     bool docs = false;   // per-document masking
     float scale = 0.0f;
+    // The backward's default is cuDNN's deterministic algorithm, which keeps a partial dQ per
+    // block of 128 keys in its workspace (about ceil(T / 128) x B x H x T x D x 4 bytes: 0.75 GiB
+    // at GPT-2 124M's shape, 2.1 GiB at Llama-1B's). true picks cuDNN's atomic-add dQ instead:
+    // far less workspace, results that may differ in the last bits from run to run.
+    bool nondeterministic_backward = false;
 };
 
 // Null when this build has cuDNN attention; otherwise a sentence naming what was missing when it

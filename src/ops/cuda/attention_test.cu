@@ -30,11 +30,13 @@ struct Case {
     int64_t B, T, H, Hkv, D, window;
     int docs;  // 0: none; otherwise the mean document length of the packed rows
     float scale = 0.0f;  // 0: 1 / sqrt(D), as the models pass
+    bool nondeterministic_backward = false;
 };
 
 std::string case_text(const Case& c) {
-    return fmt::format("B={} T={} H={} Hkv={} D={} window={} docs={}", c.B, c.T, c.H, c.Hkv, c.D,
-                       c.window, c.docs);
+    return fmt::format("B={} T={} H={} Hkv={} D={} window={} docs={}{}", c.B, c.T, c.H, c.Hkv,
+                       c.D, c.window, c.docs,
+                       c.nondeterministic_backward ? " (nondeterministic backward)" : "");
 }
 
 // Packed documents: ids rise along each row, a new document starting after each token with
@@ -100,8 +102,17 @@ void check_attention(const Case& c, uint64_t seed) {
     DeviceTensor dq = device_tensor(DType::kBF16, q.shape(), state);
     DeviceTensor dk = device_tensor(DType::kBF16, k.shape(), state);
     DeviceTensor dv = device_tensor(DType::kBF16, v.shape(), state);
-    attention_backward(dq.view, dk.view, dv.view, gdout.view, gq.view, gk.view, gv.view, out.view,
-                       lse.view, docs_gpu, c.window, scale, gpu);
+    if (c.nondeterministic_backward) {  // not offered by the dispatcher: the launcher itself
+        const cuda::AttentionShape shape{c.B,      c.T,        c.H,   c.Hkv, c.D,
+                                         c.window, c.docs > 0, scale, true};
+        cuda::attention_backward(state, state.stream(), dq.view.as<bf16>(), dk.view.as<bf16>(),
+                                 dv.view.as<bf16>(), gdout.view.as<bf16>(), gq.view.as<bf16>(),
+                                 gk.view.as<bf16>(), gv.view.as<bf16>(), out.view.as<bf16>(),
+                                 lse.view.as<float>(), docs_gpu.as<int32_t>(), shape);
+    } else {
+        attention_backward(dq.view, dk.view, dv.view, gdout.view, gq.view, gk.view, gv.view,
+                           out.view, lse.view, docs_gpu, c.window, scale, gpu);
+    }
     EXPECT_TRUE(matches(download_f32(dq.view, state), dq_ref, kBf16Derived)) << "dq";
     EXPECT_TRUE(matches(download_f32(dk.view, state), dk_ref, kBf16Derived)) << "dk";
     EXPECT_TRUE(matches(download_f32(dv.view, state), dv_ref, kBf16Derived)) << "dv";
@@ -145,6 +156,11 @@ TEST(CudaAttention, MatchesCpuOtherScale) {
 TEST(CudaAttention, MatchesCpuPackedDocuments) {
     if (skip_if_unavailable()) GTEST_SKIP();
     check_attention({2, 256, 4, 2, 64, 0, 40}, 78);
+}
+
+TEST(CudaAttention, MatchesCpuNondeterministicBackward) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_attention({2, 200, 8, 2, 64, 64, 50, 0.0f, true}, 84);
 }
 
 TEST(CudaAttention, MatchesCpuPackedShortDocumentsOddT) {
@@ -212,8 +228,11 @@ void check_training_shape(const Case& c) {
     SCOPED_TRACE(case_text(c));
     CudaState state(0);
     const Context gpu = state.context();
-    const cuda::AttentionShape shape{c.B, c.T, c.H, c.Hkv, c.D, c.window, c.docs > 0,
-                                     1.0f / std::sqrt(float(c.D))};
+    const cuda::AttentionShape shape{c.B,        c.T,
+                                     c.H,        c.Hkv,
+                                     c.D,        c.window,
+                                     c.docs > 0, 1.0f / std::sqrt(float(c.D)),
+                                     c.nondeterministic_backward};
     const size_t need = cuda::attention_prepare(state, shape);
     const size_t held = cuda::attention_buffer_bytes(state);
     EXPECT_GE(held, need);
@@ -238,9 +257,12 @@ void check_training_shape(const Case& c) {
         attention_forward(out.view, lse.view, q.view, k.view, v.view, docs_view, c.window,
                           shape.scale, gpu);
         cudaEventRecord(ev[1], state.stream());
-        // out doubles as dout: any bf16 values do for timing and finiteness.
-        attention_backward(dq.view, dk.view, dv.view, out.view, q.view, k.view, v.view, out.view,
-                           lse.view, docs_view, c.window, shape.scale, gpu);
+        // out doubles as dout: any bf16 values do for timing and finiteness. The launcher, not the
+        // dispatcher, so that the nondeterministic variant is timed too.
+        cuda::attention_backward(state, state.stream(), dq.view.as<bf16>(), dk.view.as<bf16>(),
+                                 dv.view.as<bf16>(), out.view.as<bf16>(), q.view.as<bf16>(),
+                                 k.view.as<bf16>(), v.view.as<bf16>(), out.view.as<bf16>(),
+                                 lse.view.as<float>(), docs_view.as<int32_t>(), shape);
         cudaEventRecord(ev[2], state.stream());
         ASSERT_EQ(cudaEventSynchronize(ev[2]), cudaSuccess);
         float f = 0, b = 0;
@@ -274,6 +296,16 @@ TEST(CudaAttention, Gpt2TrainingShape) {
 TEST(CudaAttention, Llama1BTrainingShape) {
     if (skip_if_unavailable()) GTEST_SKIP();
     check_training_shape({8, 2048, 32, 8, 64, 0, 0});
+}
+
+TEST(CudaAttention, Gpt2TrainingShapeNondeterministicBackward) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({32, 1024, 12, 12, 64, 0, 0, 0.0f, true});
+}
+
+TEST(CudaAttention, Llama1BTrainingShapeNondeterministicBackward) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({8, 2048, 32, 8, 64, 0, 0, 0.0f, true});
 }
 
 TEST(CudaAttention, Llama1BTrainingShapePackedDocuments) {
