@@ -187,7 +187,7 @@ def test_narrowing_special_values_like_torch(tmp_path):
 # ---- the eval fixture: bf16, sharded, tokenizer + chat template, token file, expected loss ----
 
 def eval_loss(checkpoint, data, expected):
-    p = run(["eval", "loss", "--checkpoint", checkpoint, "--data", data,
+    p = run(["eval", "loss", "--device", "cpu", "--checkpoint", checkpoint, "--data", data,
              "--seq-len", expected["seq_len"], "--batches", expected["batches"], "--threads", 2])
     return json.loads(p.stdout)
 

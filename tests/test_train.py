@@ -205,15 +205,15 @@ def test_eval_loss_definition(corpus, tmp_path):
     r = tmp_path / "r"
     run(train_cmd(corpus, r, "train.steps=4", "train.eval_interval=0"))
     ck = r / "checkpoints" / "step-00000004"
-    out = json.loads(run(["eval", "loss", "--checkpoint", ck, "--data", corpus / "gc",
+    out = json.loads(run(["eval", "loss", "--device", "cpu", "--checkpoint", ck, "--data", corpus / "gc",
                           "--seq-len", 16, "--batches", 6, "--micro-batch", 4]).stdout)
     assert out["tokens"] == 6 * 16 and out["windows"] == 6
     assert abs(out["perplexity"] - np.exp(out["loss"])) < 1e-6 * out["perplexity"]
     # The micro-batch only changes memory, not the result.
-    again = json.loads(run(["eval", "loss", "--checkpoint", ck, "--data", corpus / "gc",
+    again = json.loads(run(["eval", "loss", "--device", "cpu", "--checkpoint", ck, "--data", corpus / "gc",
                             "--seq-len", 16, "--batches", 6, "--micro-batch", 1]).stdout)
     assert abs(again["loss"] - out["loss"]) < 1e-5
-    p = run(["eval", "loss", "--checkpoint", ck, "--data", corpus / "gc", "--seq-len", 16,
+    p = run(["eval", "loss", "--device", "cpu", "--checkpoint", ck, "--data", corpus / "gc", "--seq-len", 16,
              "--batches", 10**9], check=False)
     assert p.returncode != 0 and "fewer than --batches" in p.stderr
 

@@ -21,6 +21,8 @@ void cli_add_eval(CLI::App& parent, CommandAction& action) {
     loss->add_option("--micro-batch", req->micro_batch, "Windows per forward pass (memory only)")
         ->capture_default_str();
     loss->add_option("--threads", req->threads, "CPU threads (0 = all cores)")->capture_default_str();
+    loss->add_option("--device", req->device, "auto (the GPU when there is one) | cpu | cuda")
+        ->capture_default_str();
     loss->callback([req, &action] {
         action = [req]() -> Status {
             LATHE_ASSIGN_OR_RETURN(EvalLossResult r, eval_loss_run(*req));

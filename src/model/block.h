@@ -91,44 +91,44 @@ struct BlockInputs {
 };
 
 // Calls f(name, member, dtype, shape) for each saved tensor a block of `config` needs for a
-// (B, T) batch, x_out excluded (it is the next block's x_in). Members a config does not use
+// (B, T) batch with activations of dtype `a` (f32 on the CPU, bf16 on CUDA; statistics are f32), x_out excluded (it is the next block's x_in). Members a config does not use
 // (LayerNorm means for RMSNorm, x_mid for the parallel residual) are not listed.
 template <typename F>
-void block_acts_for_each(const ModelConfig& c, int64_t B, int64_t T, F&& f) {
+void block_acts_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a, F&& f) {
     const int64_t C = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
     const int64_t F_ = c.intermediate_size, up = c.mlp == MlpKind::kSwiGlu ? 2 * F_ : F_;
     const bool ln = c.norm == NormKind::kLayerNorm;
-    f("x", &BlockActs::x_in, DType::kF32, Shape{B, T, C});
-    f("ln1_out", &BlockActs::ln1_out, DType::kF32, Shape{B, T, C});
+    f("x", &BlockActs::x_in, a, Shape{B, T, C});
+    f("ln1_out", &BlockActs::ln1_out, a, Shape{B, T, C});
     if (ln) f("ln1_mean", &BlockActs::ln1_mean, DType::kF32, Shape{B * T});
     f("ln1_rstd", &BlockActs::ln1_rstd, DType::kF32, Shape{B * T});
-    f("q", &BlockActs::q, DType::kF32, Shape{B, T, H, D});
-    f("k", &BlockActs::k, DType::kF32, Shape{B, T, Hkv, D});
-    f("v", &BlockActs::v, DType::kF32, Shape{B, T, Hkv, D});
-    f("att", &BlockActs::att, DType::kF32, Shape{B, T, H, D});
+    f("q", &BlockActs::q, a, Shape{B, T, H, D});
+    f("k", &BlockActs::k, a, Shape{B, T, Hkv, D});
+    f("v", &BlockActs::v, a, Shape{B, T, Hkv, D});
+    f("att", &BlockActs::att, a, Shape{B, T, H, D});
     f("att_lse", &BlockActs::lse, DType::kF32, Shape{B, H, T});
-    if (!c.parallel_residual) f("x_mid", &BlockActs::x_mid, DType::kF32, Shape{B, T, C});
-    f("ln2_out", &BlockActs::ln2_out, DType::kF32, Shape{B, T, C});
+    if (!c.parallel_residual) f("x_mid", &BlockActs::x_mid, a, Shape{B, T, C});
+    f("ln2_out", &BlockActs::ln2_out, a, Shape{B, T, C});
     if (ln) f("ln2_mean", &BlockActs::ln2_mean, DType::kF32, Shape{B * T});
     f("ln2_rstd", &BlockActs::ln2_rstd, DType::kF32, Shape{B * T});
-    f("mlp_in", &BlockActs::mlp_in, DType::kF32, Shape{B, T, up});
-    f("mlp_act", &BlockActs::mlp_act, DType::kF32, Shape{B, T, F_});
+    f("mlp_in", &BlockActs::mlp_in, a, Shape{B, T, up});
+    f("mlp_act", &BlockActs::mlp_act, a, Shape{B, T, F_});
 }
 
 // The same for BlockScratch (every member).
 template <typename F>
-void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, F&& f) {
+void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a, F&& f) {
     const int64_t C = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
     const int64_t F_ = c.intermediate_size, up = c.mlp == MlpKind::kSwiGlu ? 2 * F_ : F_;
-    f("block.tmp", &BlockScratch::tmp, DType::kF32, Shape{B, T, C});
-    f("block.dnorm1", &BlockScratch::dnorm1, DType::kF32, Shape{B, T, C});
-    f("block.dnorm2", &BlockScratch::dnorm2, DType::kF32, Shape{B, T, C});
-    f("block.datt", &BlockScratch::datt, DType::kF32, Shape{B, T, H, D});
-    f("block.dq", &BlockScratch::dq, DType::kF32, Shape{B, T, H, D});
-    f("block.dk", &BlockScratch::dk, DType::kF32, Shape{B, T, Hkv, D});
-    f("block.dv", &BlockScratch::dv, DType::kF32, Shape{B, T, Hkv, D});
-    f("block.dmlp_act", &BlockScratch::dmlp_act, DType::kF32, Shape{B, T, F_});
-    f("block.dmlp_in", &BlockScratch::dmlp_in, DType::kF32, Shape{B, T, up});
+    f("block.tmp", &BlockScratch::tmp, a, Shape{B, T, C});
+    f("block.dnorm1", &BlockScratch::dnorm1, a, Shape{B, T, C});
+    f("block.dnorm2", &BlockScratch::dnorm2, a, Shape{B, T, C});
+    f("block.datt", &BlockScratch::datt, a, Shape{B, T, H, D});
+    f("block.dq", &BlockScratch::dq, a, Shape{B, T, H, D});
+    f("block.dk", &BlockScratch::dk, a, Shape{B, T, Hkv, D});
+    f("block.dv", &BlockScratch::dv, a, Shape{B, T, Hkv, D});
+    f("block.dmlp_act", &BlockScratch::dmlp_act, a, Shape{B, T, F_});
+    f("block.dmlp_in", &BlockScratch::dmlp_in, a, Shape{B, T, up});
 }
 
 // Runs one block forward, filling `acts` (x_in is read, x_out written). Deterministic when the

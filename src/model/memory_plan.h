@@ -2,7 +2,8 @@
 // The memory plan (DESIGN.md, "Memory is planned, not discovered"): every byte a model needs for
 // a batch of B sequences of T tokens, computed from the config before anything is allocated.
 //
-//   parameters        the parameter table's arena: fp32 master weights
+//   parameters        the parameter table's arena: fp32 master weights; on CUDA also their bf16
+//                     compute copy (what the forward and backward read; AdamW rewrites it)
 //   gradients         the same layout (+= across micro-batches)
 //   optimizer state   AdamW's two moments, the same layout twice (the trainer allocates them)
 //   activations       what the forward saves for the backward: per layer the tensors block.h
@@ -15,7 +16,12 @@
 // is allocated per step. With activation recompute (issue 4) the activations row shrinks; the
 // table is where that shows.
 //
-// Entries are f32 on the CPU reference backend. Activation names: "layers.{l}.{name}" with the
+//   runtime           CUDA only: the buffers the CudaState owns (cuBLASLt workspace, op scratch)
+//
+// Dtypes follow the backend (ModelShape::backend): on the CPU reference every float entry is f32;
+// on CUDA activations, their gradients and the compute copy of the weights are bf16 while master
+// weights, gradients, moments, saved statistics (mean, rstd, lse), the loss and the LM head's
+// logits chunk stay f32 (docs/CUDA.md, "Storage policy"). Activation names: "layers.{l}.{name}" with the
 // names of block_acts_for_each, and "embed.*", "final.*", "lm_head.*", "input.*".
 
 #include <cstddef>
@@ -27,6 +33,7 @@
 #include "core/status.h"
 #include "model/model_config.h"
 #include "model/param_table.h"
+#include "ops/context.h"
 
 namespace lathe {
 
@@ -36,16 +43,27 @@ struct ModelShape {
     // Nc, rows of logits the fused LM head holds at once; 0 picks the largest count whose
     // (Nc, V) f32 chunk fits kLmHeadChunkBytes, at most B*T.
     int64_t lm_head_chunk_rows = 0;
+    // Where the model computes; sets the dtypes (above) and the runtime row.
+    Backend backend = Backend::kCpu;
 };
 
-// Default budget for one chunk of LM-head logits (f32).
+// Default budget for one chunk of LM-head logits (f32): on the CPU it stays cache-friendly; on
+// CUDA a larger chunk means fewer, larger GEMMs (at T = 1024 and V = 50257, about 2,600 rows).
 inline constexpr size_t kLmHeadChunkBytes = size_t(64) << 20;
+inline constexpr size_t kLmHeadChunkBytesCuda = size_t(512) << 20;
+
+// The dtype of activations and their gradients on `backend`.
+constexpr DType activation_dtype(Backend backend) {
+    return backend == Backend::kCuda ? DType::kBF16 : DType::kF32;
+}
 
 struct MemoryPlan {
     static constexpr size_t kNoEntry = size_t(-1);
 
     ModelShape shape;    // lm_head_chunk_rows resolved
     ArenaLayout params;  // also the layout of the gradients and of each AdamW moment
+    ArenaLayout params_compute;  // CUDA: params' entries in bf16, element offsets equal to
+                                 // params' (empty on the CPU)
     ArenaLayout activations;
     ArenaLayout scratch;
 
@@ -63,15 +81,17 @@ struct MemoryPlan {
     size_t dres = 0;                                  // (B, T, C) gradient of the residual stream
     size_t lm_chunk = 0;                              // (Nc, V)
     size_t rope_cos = kNoEntry, rope_sin = kNoEntry;  // (T, R/2), RoPE families
+    size_t grad_norm = 0;                             // (1) f32, the step's gradient norm
+    size_t runtime = 0;  // bytes of backend buffers outside the arenas (CUDA: CudaState's)
 
-    size_t parameter_bytes() const { return params.total_bytes(); }
+    size_t parameter_bytes() const { return params.total_bytes() + params_compute.total_bytes(); }
     size_t gradient_bytes() const { return params.total_bytes(); }
     size_t optimizer_bytes() const { return 2 * params.total_bytes(); }
     size_t activation_bytes() const { return activations.total_bytes(); }
     size_t scratch_bytes() const { return scratch.total_bytes(); }
     size_t total_bytes() const {
         return parameter_bytes() + gradient_bytes() + optimizer_bytes() + activation_bytes() +
-               scratch_bytes();
+               scratch_bytes() + runtime;
     }
 
     // The printable table, one row per category with bytes and a human-readable size, then the

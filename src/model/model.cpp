@@ -11,29 +11,19 @@
 #include "model/init.h"
 #include "model/registry.h"
 #include "ops/embedding.h"
+#include "ops/grad_norm.h"
 #include "ops/linear.h"
 #include "ops/lm_head_cross_entropy.h"
 #include "ops/rope.h"
 
+#if LATHE_HAVE_CUDA
+#include "ops/cuda/cuda_state.h"
+#include "ops/cuda/memory.h"
+#endif
+
 namespace lathe {
 
 namespace {
-
-// Host <-> model memory copies: the one place a device backend adds its transfers.
-void copy_host_to_model(TensorView dst, ConstTensorView src, const Context& ctx) {
-    LATHE_CHECK(src.device() == Device::kCpu && dst.bytes() == src.bytes(), "copy of {} into {}",
-                src.to_string(), dst.to_string());
-    LATHE_CHECK(ctx.backend == Backend::kCpu,
-                "host-to-device copies are not implemented for the {} backend yet",
-                backend_name(ctx.backend));
-    if (dst.data() != src.data()) std::memcpy(dst.data(), src.data(), src.bytes());
-}
-
-float read_scalar(ConstTensorView v, const Context& ctx) {
-    LATHE_CHECK(ctx.backend == Backend::kCpu && v.numel() == 1 && v.dtype() == DType::kF32,
-                "read_scalar of {} on the {} backend", v.to_string(), backend_name(ctx.backend));
-    return *v.as<float>();
-}
 
 // IEEE binary16 to float (exact), for fp16 checkpoints such as Pythia's.
 float half_to_float(uint16_t h) {
@@ -63,15 +53,30 @@ void check_ids(ConstTensorView ids, std::string_view what, int64_t lo, int64_t h
 // ---- ModelArena ----
 
 Result<ModelArena> ModelArena::allocate(ArenaLayout layout, const Context& ctx) {
-    if (ctx.backend != Backend::kCpu)
-        return unimplemented_error("the {} backend has no model arenas yet (issue 4)",
-                                   backend_name(ctx.backend));
     ModelArena arena;
-    LATHE_ASSIGN_OR_RETURN(arena.host_, HostArena::allocate(std::move(layout)));
-    arena.layout_ = arena.host_.layout();
-    arena.base_ = arena.host_.bytes().data();
-    arena.device_ = Device::kCpu;
+    if (ctx.backend == Backend::kCpu) {
+        LATHE_ASSIGN_OR_RETURN(arena.host_, HostArena::allocate(std::move(layout)));
+        arena.layout_ = arena.host_.layout();
+        arena.base_ = arena.host_.bytes().data();
+        arena.device_ = Device::kCpu;
+        return arena;
+    }
+#if LATHE_HAVE_CUDA
+    const size_t bytes = layout.total_bytes();
+    arena.layout_ = std::move(layout);
+    arena.stream_ = ctx.stream;
+    arena.device_ = Device::kCuda;
+    if (bytes > 0) {
+        auto buffer = std::make_shared<DeviceBuffer>(bytes);
+        arena.base_ = buffer->data();
+        arena.device_mem_ = std::shared_ptr<void>(buffer, buffer.get());
+        cuda_fill_bytes(TensorView(arena.base_, DType::kU8, Shape{int64_t(bytes)}, Device::kCuda), 0,
+                        ctx.stream);
+    }
     return arena;
+#else
+    return unimplemented_error("this lathe was built without CUDA (no nvcc at configure time)");
+#endif
 }
 
 TensorView ModelArena::view(size_t index, const Shape& shape) const {
@@ -81,14 +86,30 @@ TensorView ModelArena::view(size_t index, const Shape& shape) const {
     return TensorView(full.data(), full.dtype(), shape, device_);
 }
 
-TensorView ModelArena::flat_f32() const {
-    return TensorView(base_, DType::kF32, Shape{int64_t(layout_.total_bytes() / sizeof(float))},
+TensorView ModelArena::flat(DType dtype) const {
+    return TensorView(base_, dtype, Shape{int64_t(layout_.total_bytes() / dtype_size(dtype))},
                       device_);
 }
 
 void ModelArena::zero() {
-    LATHE_CHECK(device_ == Device::kCpu, "zeroing device arenas is not implemented yet");
-    host_.zero();
+    if (device_ == Device::kCpu) {
+        host_.zero();
+        return;
+    }
+#if LATHE_HAVE_CUDA
+    cuda_fill_bytes(flat(DType::kU8), 0, stream_);
+#endif
+}
+
+void ModelArena::zero_entry(size_t index) {
+    const TensorView v = view(index);
+    if (device_ == Device::kCpu) {
+        std::memset(v.data(), 0, v.bytes());
+        return;
+    }
+#if LATHE_HAVE_CUDA
+    cuda_fill_bytes(v, 0, stream_);
+#endif
 }
 
 // ---- Model: creation and parameters ----
@@ -96,44 +117,144 @@ void ModelArena::zero() {
 Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const Context& ctx) {
     Model m;
     m.table_ = model_param_table(config);
-    LATHE_ASSIGN_OR_RETURN(m.plan_, memory_plan_make(config, m.table_, shape));
+    ModelShape planned = shape;
+    planned.backend = ctx.backend;  // the plan's dtypes follow where the model computes
+    LATHE_ASSIGN_OR_RETURN(m.plan_, memory_plan_make(config, m.table_, planned));
     m.config_ = std::move(config);
     m.ctx_ = ctx;
     LATHE_ASSIGN_OR_RETURN(m.params_, ModelArena::allocate(m.plan_.params, ctx));
     LATHE_ASSIGN_OR_RETURN(m.grads_, ModelArena::allocate(m.plan_.params, ctx));
     LATHE_ASSIGN_OR_RETURN(m.acts_, ModelArena::allocate(m.plan_.activations, ctx));
     LATHE_ASSIGN_OR_RETURN(m.scratch_, ModelArena::allocate(m.plan_.scratch, ctx));
+    if (m.on_cuda()) {
+#if LATHE_HAVE_CUDA
+        LATHE_ASSIGN_OR_RETURN(m.params_compute_, ModelArena::allocate(m.plan_.params_compute, ctx));
+        LATHE_ASSIGN_OR_RETURN(HostArena staging, HostArena::allocate(m.plan_.params));
+        m.staging_ = std::make_unique<HostArena>(std::move(staging));
+        // Tokens, targets, docs, positions: four (B, T) i32 tensors.
+        m.pinned_bytes_ = 4 * size_t(m.plan_.shape.batch * m.plan_.shape.seq_len) * sizeof(int32_t);
+        auto pinned = std::make_shared<PinnedHostBuffer>(m.pinned_bytes_);
+        m.pinned_ = std::shared_ptr<void>(pinned, pinned->data());
+#endif
+    }
     if (m.config_.position == PositionKind::kRope) {
         const TensorView cos = m.scratch_.view(m.plan_.rope_cos);
         HostTensor host_cos(DType::kF32, cos.shape()), host_sin(DType::kF32, cos.shape());
         rope_build_table(host_cos.view(), host_sin.view(), m.config_.rope);
-        copy_host_to_model(cos, host_cos.view(), ctx);
-        copy_host_to_model(m.scratch_.view(m.plan_.rope_sin), host_sin.view(), ctx);
+        m.copy_in(cos, host_cos.view(), size_t(-1));
+        m.copy_in(m.scratch_.view(m.plan_.rope_sin), host_sin.view(), size_t(-1));
     }
+    m.synchronize();
     return m;
+}
+
+// Host -> model memory: a plain copy on the CPU. On CUDA, `pinned_offset` != -1 stages the bytes
+// in the pinned batch buffer at that offset and copies asynchronously (the buffer is rewritten
+// only by the next load_batch, after the step's loss was read, so the copy has finished); -1 is a
+// one-time synchronous upload.
+void Model::copy_in(TensorView dst, ConstTensorView src, size_t pinned_offset) {
+    LATHE_CHECK(src.device() == Device::kCpu && dst.bytes() == src.bytes(), "copy of {} into {}",
+                src.to_string(), dst.to_string());
+    if (!on_cuda()) {
+        if (dst.data() != src.data()) std::memcpy(dst.data(), src.data(), src.bytes());
+        return;
+    }
+#if LATHE_HAVE_CUDA
+    const ConstTensorView flat_src = src.reshape(dst.shape());
+    if (pinned_offset == size_t(-1)) {
+        cuda_copy_sync(dst, flat_src, ctx_.stream);
+        return;
+    }
+    LATHE_CHECK(pinned_offset + src.bytes() <= pinned_bytes_, "pinned batch buffer overflow");
+    void* staged = static_cast<std::byte*>(pinned_.get()) + pinned_offset;
+    std::memcpy(staged, src.data(), src.bytes());
+    cuda_copy_async(dst, ConstTensorView(staged, src.dtype(), dst.shape(), Device::kCpu),
+                    ctx_.stream);
+#endif
+}
+
+float Model::read_scalar(ConstTensorView v) const {
+    LATHE_CHECK(v.numel() == 1 && v.dtype() == DType::kF32, "read_scalar of {}", v.to_string());
+    if (!on_cuda()) return *v.as<float>();
+    float value = 0.0f;
+#if LATHE_HAVE_CUDA
+    cuda_copy_sync(TensorView(&value, DType::kF32, Shape{1}), v.reshape(Shape{1}), ctx_.stream);
+#endif
+    return value;
+}
+
+void Model::synchronize() const {
+#if LATHE_HAVE_CUDA
+    if (on_cuda()) cuda_state_of(ctx_, "model").synchronize();
+#endif
+}
+
+TensorView Model::host_param(size_t arena_index) const {
+    if (!on_cuda()) return params_.view(arena_index);
+    return staging_->layout().view(staging_->bytes().data(), arena_index, Device::kCpu);
+}
+
+void Model::download_params(size_t arena_index) const {
+    if (!on_cuda()) return;
+#if LATHE_HAVE_CUDA
+    const size_t n = plan_.params.size();
+    for (size_t i = 0; i < n; ++i) {
+        if (arena_index != size_t(-1) && i != arena_index) continue;
+        cuda_copy_sync(host_param(i), params_.view(i), ctx_.stream);
+    }
+#endif
+}
+
+void Model::upload_params(size_t arena_index) {
+    if (!on_cuda()) return;
+#if LATHE_HAVE_CUDA
+    const size_t n = plan_.params.size();
+    for (size_t i = 0; i < n; ++i) {
+        if (arena_index != size_t(-1) && i != arena_index) continue;
+        cuda_copy_sync(params_.view(i), host_param(i), ctx_.stream);
+        cuda_cast(params_compute_.view(i), params_.view(i), ctx_.stream);
+    }
+    synchronize();
+#endif
 }
 
 void Model::init(uint64_t seed) {
     for (const HfParam& p : table_.hf_params())
-        init_hf_param(config_, p, params_.view(table_.entries()[p.entry].arena_index), seed);
+        init_hf_param(config_, p, host_param(table_.entries()[p.entry].arena_index), seed);
+    upload_params();
 }
 
 void Model::read_param_hf(std::string_view name, TensorView out) const {
     const HfParam* p = table_.find_hf(name);
     LATHE_CHECK(p != nullptr, "no parameter called {}", name);
-    hf_param_export(*p, params_.view(table_.entries()[p->entry].arena_index), out);
+    const size_t index = table_.entries()[p->entry].arena_index;
+    download_params(index);
+    hf_param_export(*p, host_param(index), out);
 }
 
 void Model::read_grad_hf(std::string_view name, TensorView out) const {
     const HfParam* p = table_.find_hf(name);
     LATHE_CHECK(p != nullptr, "no parameter called {}", name);
-    hf_param_export(*p, grads_.view(table_.entries()[p->entry].arena_index), out);
+    const size_t index = table_.entries()[p->entry].arena_index;
+    if (!on_cuda()) {
+        hf_param_export(*p, grads_.view(index), out);
+        return;
+    }
+    const TensorView g = grads_.view(index);
+    HostTensor host(g.dtype(), g.shape());
+#if LATHE_HAVE_CUDA
+    cuda_copy_sync(host.view(), g, ctx_.stream);
+#endif
+    hf_param_export(*p, host.view(), out);
 }
 
 void Model::write_param_hf(std::string_view name, ConstTensorView hf) {
     const HfParam* p = table_.find_hf(name);
     LATHE_CHECK(p != nullptr, "no parameter called {}", name);
-    hf_param_import(*p, params_.view(table_.entries()[p->entry].arena_index), hf);
+    const size_t index = table_.entries()[p->entry].arena_index;
+    download_params(index);  // other HF tensors may share the entry (q, k, v)
+    hf_param_import(*p, host_param(index), hf);
+    upload_params(index);
 }
 
 Status Model::load_hf(const SafetensorsCheckpoint& ckpt) {
@@ -190,8 +311,9 @@ Status Model::load_hf(const SafetensorsCheckpoint& ckpt) {
                     "weights",
                     where, name, safetensors_dtype_name(t.dtype));
         }
-        hf_param_import(p, params_.view(table_.entries()[p.entry].arena_index), hf.view());
+        hf_param_import(p, host_param(table_.entries()[p.entry].arena_index), hf.view());
     }
+    upload_params();
     std::string unused;
     int unused_count = 0;
     for (const std::string& name : ckpt.names()) {
@@ -212,12 +334,13 @@ Status Model::load_hf(const SafetensorsCheckpoint& ckpt) {
 }
 
 Status Model::save_hf(const std::string& dir) const {
+    download_params();
     std::vector<HostTensor> staged;  // HF-layout copies (also for kSame: the rows of an entry)
     staged.reserve(table_.hf_params().size());
     std::vector<SafetensorsWriteTensor> tensors;
     for (const HfParam& p : table_.hf_params()) {
         staged.emplace_back(DType::kF32, p.shape);
-        read_param_hf(p.name, staged.back().view());
+        hf_param_export(p, host_param(table_.entries()[p.entry].arena_index), staged.back().view());
         tensors.push_back(safetensors_write_tensor(p.name, staged.back().view()));
     }
     LATHE_ASSIGN_OR_RETURN(auto written, safetensors_write_checkpoint(dir, tensors));
@@ -239,6 +362,75 @@ std::vector<AdamWSegment> Model::adamw_segments(double lr, double weight_decay) 
 
 void Model::zero_grads() {
     grads_.zero();
+}
+
+void Model::zero_grad_entry(size_t index) {
+    grads_.zero_entry(table_.entries().at(index).arena_index);
+}
+
+Status Model::enable_optimizer() {
+    if (has_optimizer()) return ok_status();
+    LATHE_ASSIGN_OR_RETURN(exp_avg_, ModelArena::allocate(plan_.params, ctx_));
+    LATHE_ASSIGN_OR_RETURN(exp_avg_sq_, ModelArena::allocate(plan_.params, ctx_));
+    return ok_status();
+}
+
+float Model::grad_norm() {
+    const TensorView norm = scratch_.view(plan_.grad_norm);
+    const ConstTensorView grads[] = {grads_flat()};
+    grad_norm_l2(norm, grads, ctx_);
+    return read_scalar(norm);
+}
+
+void Model::clip_grads(float max_norm) {
+    const TensorView gs[] = {grads_flat()};
+    grad_clip_by_norm(gs, scratch_.view(plan_.grad_norm), max_norm, ctx_);
+}
+
+void Model::optimizer_step(std::span<const AdamWSegment> segments, const AdamWHyper& hyper,
+                           int64_t step) {
+    LATHE_CHECK(has_optimizer(), "optimizer_step before enable_optimizer");
+    adamw_update_with_copy(params_flat(), on_cuda() ? params_compute_.flat(DType::kBF16) : TensorView(),
+                           exp_avg_.flat_f32(), exp_avg_sq_.flat_f32(), grads_flat(), segments, hyper,
+                           step, ctx_);
+}
+
+void Model::read_optimizer_state(std::span<float> m, std::span<float> v) const {
+    LATHE_CHECK(has_optimizer(), "read_optimizer_state before enable_optimizer");
+    const int64_t n = params_flat().numel();
+    LATHE_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n, "moments of {} / {} for {}",
+                m.size(), v.size(), n);
+    const std::pair<const ModelArena*, float*> pairs[] = {{&exp_avg_, m.data()},
+                                                          {&exp_avg_sq_, v.data()}};
+    for (const auto& [arena, dst] : pairs) {
+        const TensorView host(dst, DType::kF32, Shape{n});
+        if (!on_cuda()) {
+            std::memcpy(dst, arena->flat_f32().data(), host.bytes());
+            continue;
+        }
+#if LATHE_HAVE_CUDA
+        cuda_copy_sync(host, arena->flat_f32(), ctx_.stream);
+#endif
+    }
+}
+
+void Model::write_optimizer_state(std::span<const float> m, std::span<const float> v) {
+    LATHE_CHECK(has_optimizer(), "write_optimizer_state before enable_optimizer");
+    const int64_t n = params_flat().numel();
+    LATHE_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n, "moments of {} / {} for {}",
+                m.size(), v.size(), n);
+    const std::pair<ModelArena*, const float*> pairs[] = {{&exp_avg_, m.data()},
+                                                          {&exp_avg_sq_, v.data()}};
+    for (const auto& [arena, src] : pairs) {
+        const ConstTensorView host(src, DType::kF32, Shape{n});
+        if (!on_cuda()) {
+            std::memcpy(arena->flat_f32().data(), src, host.bytes());
+            continue;
+        }
+#if LATHE_HAVE_CUDA
+        cuda_copy_sync(arena->flat_f32(), host, ctx_.stream);
+#endif
+    }
 }
 
 // ---- Model: views ----
@@ -286,7 +478,7 @@ void Model::fill_block_views(Views& v, const ModelArena& arena, int l) const {
 
 BlockWeights Model::block_weights(int l) const {
     BlockWeights w;
-    fill_block_views(w, params_, l);
+    fill_block_views(w, weights(), l);
     return w;
 }
 
@@ -300,7 +492,7 @@ BlockActs Model::block_acts(int l) const {
     BlockActs a;
     size_t i = 0;
     const std::vector<size_t>& entries = plan_.block_acts[size_t(l)];
-    block_acts_for_each(config_, dims_.B, dims_.T,
+    block_acts_for_each(config_, dims_.B, dims_.T, activation_dtype(ctx_.backend),
                         [&](const char*, TensorView BlockActs::*member, DType, const Shape& s) {
                             a.*member = act(entries[i++], s);
                         });
@@ -314,7 +506,7 @@ BlockScratch Model::block_scratch() const {
     BlockScratch s;
     size_t i = 0;
     block_scratch_for_each(
-        config_, dims_.B, dims_.T,
+        config_, dims_.B, dims_.T, activation_dtype(ctx_.backend),
         [&](const char*, TensorView BlockScratch::*member, DType, const Shape& shape) {
             s.*member = scratch_.view(plan_.block_scratch[i++], shape);
         });
@@ -351,23 +543,25 @@ Model::Dims Model::load_batch(const ModelBatch& batch, bool need_targets) {
                     v.to_string());
     };
     check_ids(tok, "tokens", 0, config_.vocab_size, false);
-    copy_host_to_model(act(plan_.tokens, bt), tok, ctx_);
+    // Slots of the pinned buffer (CUDA): one (B, T) i32 tensor of the plan's size each.
+    const size_t slot = size_t(plan_.shape.batch * plan_.shape.seq_len) * sizeof(int32_t);
+    copy_in(act(plan_.tokens, bt), tok, 0);
     LATHE_CHECK(!need_targets || !batch.targets.is_null(), "forward needs targets");
     if (!batch.targets.is_null()) {
         expect(batch.targets, "targets");
         check_ids(batch.targets, "targets", 0, config_.vocab_size, true);
-        copy_host_to_model(act(plan_.targets, bt), batch.targets, ctx_);
+        copy_in(act(plan_.targets, bt), batch.targets, slot);
     }
     has_docs_ = !batch.docs.is_null();
     if (has_docs_) {
         expect(batch.docs, "docs");
-        copy_host_to_model(act(plan_.docs, bt), batch.docs, ctx_);
+        copy_in(act(plan_.docs, bt), batch.docs, 2 * slot);
     }
     has_positions_ = !batch.positions.is_null();
     if (has_positions_) {
         expect(batch.positions, "positions");
         check_ids(batch.positions, "positions", 0, plan_.shape.seq_len, false);
-        copy_host_to_model(act(plan_.positions, bt), batch.positions, ctx_);
+        copy_in(act(plan_.positions, bt), batch.positions, 3 * slot);
     }
     dims_ = d;
     return d;
@@ -382,12 +576,12 @@ void Model::run_forward_blocks() {
     TensorView wpe;
     ConstTensorView positions;
     if (config_.position == PositionKind::kLearned) {
-        wpe = entry_rows(params_, ParamRole::kPositionEmbedding, -1, 0,
+        wpe = entry_rows(weights(), ParamRole::kPositionEmbedding, -1, 0,
                          config_.max_position_embeddings);
         if (has_positions_) positions = act(plan_.positions, bt);
     }
     embedding_forward(x0, act(plan_.tokens, bt), positions,
-                      entry_rows(params_, ParamRole::kTokenEmbedding, -1, 0, config_.vocab_size),
+                      entry_rows(weights(), ParamRole::kTokenEmbedding, -1, 0, config_.vocab_size),
                       wpe, ctx_);
     const BlockScratch scratch = block_scratch();
     const BlockInputs inputs = block_inputs();
@@ -398,8 +592,8 @@ void Model::run_forward_blocks() {
         plan_.final_norm_mean == MemoryPlan::kNoEntry ? TensorView()
                                                       : act(plan_.final_norm_mean, Shape{N}),
         act(plan_.final_norm_rstd, Shape{N}), act(plan_.final_x, btc),
-        entry_rows(params_, ParamRole::kFinalNormWeight, -1, 0, config_.hidden_size),
-        entry_rows(params_, ParamRole::kFinalNormBias, -1, 0, config_.hidden_size), ctx_);
+        entry_rows(weights(), ParamRole::kFinalNormWeight, -1, 0, config_.hidden_size),
+        entry_rows(weights(), ParamRole::kFinalNormBias, -1, 0, config_.hidden_size), ctx_);
 }
 
 void Model::run_backward_from_final(TensorView dfinal) {
@@ -410,7 +604,7 @@ void Model::run_backward_from_final(TensorView dfinal) {
     block_norm_backward(
         config_, dres, entry_rows(grads_, ParamRole::kFinalNormWeight, -1, 0, C),
         entry_rows(grads_, ParamRole::kFinalNormBias, -1, 0, C), dfinal, act(plan_.final_x, btc),
-        entry_rows(params_, ParamRole::kFinalNormWeight, -1, 0, C),
+        entry_rows(weights(), ParamRole::kFinalNormWeight, -1, 0, C),
         plan_.final_norm_mean == MemoryPlan::kNoEntry ? TensorView()
                                                       : act(plan_.final_norm_mean, Shape{N}),
         act(plan_.final_norm_rstd, Shape{N}), GradMode::kOverwrite, ctx_);
@@ -438,10 +632,10 @@ float Model::forward(const ModelBatch& batch) {
     TensorView loss = act(plan_.loss, Shape{1});
     lm_head_cross_entropy_forward(loss, TensorView(), act(plan_.lm_lse, Shape{N}),
                                   act(plan_.final_norm_out, Shape{N, config_.hidden_size}),
-                                  act(plan_.targets, Shape{N}), params_.view(head_entry()),
+                                  act(plan_.targets, Shape{N}), weights().view(head_entry()),
                                   scratch_.view(plan_.lm_chunk), ctx_);
     backward_ready_ = true;
-    return read_scalar(loss, ctx_);
+    return read_scalar(loss);
 }
 
 void Model::backward(float dloss) {
@@ -453,7 +647,7 @@ void Model::backward(float dloss) {
     TensorView dfinal = block_scratch().dnorm1;
     lm_head_cross_entropy_backward(dfinal.reshape(Shape{N, C}), grads_.view(head_entry()),
                                    act(plan_.final_norm_out, Shape{N, C}),
-                                   act(plan_.targets, Shape{N}), params_.view(head_entry()),
+                                   act(plan_.targets, Shape{N}), weights().view(head_entry()),
                                    act(plan_.lm_lse, Shape{N}), dloss,
                                    scratch_.view(plan_.lm_chunk), ctx_);
     run_backward_from_final(dfinal);
@@ -469,17 +663,43 @@ float Model::forward_backward(const ModelBatch& batch, float dloss) {
     lm_head_cross_entropy_forward_backward(
         loss, TensorView(), dfinal.reshape(Shape{N, C}), grads_.view(head_entry()),
         act(plan_.final_norm_out, Shape{N, C}), act(plan_.targets, Shape{N}),
-        params_.view(head_entry()), dloss, scratch_.view(plan_.lm_chunk), ctx_);
+        weights().view(head_entry()), dloss, scratch_.view(plan_.lm_chunk), ctx_);
     run_backward_from_final(dfinal);
-    return read_scalar(loss, ctx_);
+    return read_scalar(loss);
 }
 
 void Model::logits(TensorView out, const ModelBatch& batch) {
     backward_ready_ = false;
     const Dims d = load_batch(batch, /*need_targets=*/false);
     run_forward_blocks();
-    linear_forward(out, act(plan_.final_norm_out, Shape{d.B, d.T, config_.hidden_size}),
-                   params_.view(head_entry()), ConstTensorView(), ctx_);
+    const int64_t N = d.B * d.T, C = config_.hidden_size, V = config_.vocab_size;
+    LATHE_CHECK(out.device() == Device::kCpu && out.dtype() == DType::kF32 &&
+                    out.shape() == Shape({d.B, d.T, V}),
+                "logits: out must be ({}, {}, {}) f32 in host memory, got {}", d.B, d.T, V,
+                out.to_string());
+    const TensorView x = act(plan_.final_norm_out, Shape{N, C});
+    if (!on_cuda()) {
+        linear_forward(out.reshape(Shape{N, V}), x, weights().view(head_entry()), ConstTensorView(),
+                       ctx_);
+        return;
+    }
+#if LATHE_HAVE_CUDA
+    // Chunk by chunk through the LM head's scratch: bf16 logits, then widened to f32 on the host.
+    const TensorView chunk = scratch_.view(plan_.lm_chunk);
+    const int64_t rows = plan_.shape.lm_head_chunk_rows;
+    HostTensor host(DType::kBF16, Shape{rows, V});
+    float* dst = out.as<float>();
+    for (int64_t r0 = 0; r0 < N; r0 += rows) {
+        const int64_t r = std::min(rows, N - r0);
+        const TensorView y(chunk.data(), DType::kBF16, Shape{r, V}, Device::kCuda);
+        linear_forward(y, x.slice(r0, r0 + r), weights().view(head_entry()), ConstTensorView(),
+                       ctx_);
+        const TensorView h = host.view().slice(0, r);
+        cuda_copy_sync(h, y, ctx_.stream);
+        const bf16* src = h.as<bf16>();
+        for (int64_t i = 0; i < r * V; ++i) dst[r0 * V + i] = bf16_to_float(src[i]);
+    }
+#endif
 }
 
 }  // namespace lathe

@@ -14,11 +14,12 @@
 // aligned with the tokens: targets[b, t] is what position t predicts (the caller shifts).
 //
 // Backends: every tensor the ops see comes from the arenas (ModelArena), whose memory lives where
-// context().backend computes. Host-side work (copying a batch in, the RoPE tables, reading the
-// loss) goes through two copy helpers in model.cpp, the one place a device backend adds its
-// transfers; init, load_hf, save_hf and the *_hf accessors work on host-resident parameters
-// (a device backend stages them). Only the CPU backend exists so far; create() says so for
-// another.
+// context().backend computes. On CUDA the model also keeps a bf16 compute copy of the parameters
+// (what the forward and backward read; optimizer_step() rewrites it in AdamW's pass), bf16
+// activations, and a pinned host buffer the batch is copied from asynchronously. init(), load_hf,
+// save_hf and the *_hf accessors work on host memory: on CUDA through a host staging copy of the
+// parameters, uploaded (and cast to bf16) when they change. Reading the loss or the gradient norm
+// waits for the GPU; nothing else in a step does.
 //
 // Gradients: the gradient arena has the parameter arena's layout element for element, so
 // params_flat(), grads_flat() and AdamW moments allocated with plan().params line up for
@@ -26,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,8 +60,8 @@ struct ModelBatch {
 class ModelArena {
 public:
     ModelArena() = default;
-    // Allocates (zeroed) memory for `layout` where `ctx` computes. Fails on allocation failure;
-    // unimplemented for a backend that has no arenas yet (CUDA: issue 4).
+    // Allocates (zeroed) memory for `layout` where `ctx` computes (host memory, or cudaMalloc on
+    // ctx's device). Fails on allocation failure, or for CUDA in a build without it.
     static Result<ModelArena> allocate(ArenaLayout layout, const Context& ctx);
 
     const ArenaLayout& layout() const { return layout_; }
@@ -67,13 +69,19 @@ public:
     // Entry `index` seen with a smaller shape of the same dtype (numel <= the entry's; checked):
     // how a batch smaller than planned uses the front of each buffer.
     TensorView view(size_t index, const Shape& shape) const;
-    // The whole arena as one flat f32 vector (padding included, zero): for adamw_update.
-    TensorView flat_f32() const;
+    // The whole arena as one flat vector of `dtype` (padding included, zero): for adamw_update.
+    TensorView flat(DType dtype = DType::kF32) const;
+    TensorView flat_f32() const { return flat(DType::kF32); }
+    // Zeroes every byte (on CUDA: enqueued on the allocating context's stream).
     void zero();
+    // Zeroes the bytes of entry `index`.
+    void zero_entry(size_t index);
 
 private:
     ArenaLayout layout_;
     HostArena host_;
+    std::shared_ptr<void> device_mem_;  // CUDA: the cudaMalloc block (freed by its deleter)
+    CUstream_st* stream_ = nullptr;
     void* base_ = nullptr;
     Device device_ = Device::kCpu;
 };
@@ -124,6 +132,29 @@ public:
     // and embeddings, 0 on norms and biases, learning rate `lr`.
     std::vector<AdamWSegment> adamw_segments(double lr, double weight_decay) const;
     void zero_grads();
+    // Zeroes the gradient of entry `index` (a frozen parameter group).
+    void zero_grad_entry(size_t index);
+
+    // ---- optimizer (AdamW moments live beside the parameters, on the same device) ----
+
+    // Allocates the two moments (zeroed); a model used only for evaluation never does.
+    Status enable_optimizer();
+    bool has_optimizer() const { return exp_avg_.layout().size() > 0; }
+    // The L2 norm of every gradient (fp64 sums), computed where the model is and read back.
+    float grad_norm();
+    // Scales the gradients by max_norm / norm when the norm from the last grad_norm() exceeds
+    // max_norm (ops/grad_norm.h); a non-finite norm leaves them alone.
+    void clip_grads(float max_norm);
+    // One AdamW update of the given segments (enable_optimizer() first); on CUDA the bf16 compute
+    // copy is rewritten in the same pass.
+    void optimizer_step(std::span<const AdamWSegment> segments, const AdamWHyper& hyper,
+                        int64_t step);
+    // The moments as flat f32 vectors of params_flat().numel() elements, host side (checkpoints).
+    void read_optimizer_state(std::span<float> exp_avg, std::span<float> exp_avg_sq) const;
+    void write_optimizer_state(std::span<const float> exp_avg, std::span<const float> exp_avg_sq);
+
+    // Waits for everything the model enqueued (CUDA); no-op on the CPU.
+    void synchronize() const;
 
     // ---- steps ----
 
@@ -134,8 +165,9 @@ public:
     void backward(float dloss = 1.0f);
     // forward() then backward(dloss) with the LM head run once (its fused forward-backward).
     float forward_backward(const ModelBatch& batch, float dloss = 1.0f);
-    // The logits (B, T, V) of `batch` into `out` (f32, where the backend computes). Targets are
-    // not needed. Leaves the activations of this forward (a following backward() is refused).
+    // The logits (B, T, V) of `batch` into `out` (f32, host memory, on every backend; CUDA
+    // computes them in bf16, LM-head chunk by chunk). Targets are not needed. Leaves the
+    // activations of this forward (a following backward() is refused).
     void logits(TensorView out, const ModelBatch& batch);
 
 private:
@@ -156,6 +188,17 @@ private:
     BlockInputs block_inputs() const;
     TensorView act(size_t index, const Shape& shape) const { return acts_.view(index, shape); }
     size_t head_entry() const;
+    // The arena the ops read weights from: the bf16 compute copy on CUDA, the masters on the CPU.
+    const ModelArena& weights() const { return on_cuda() ? params_compute_ : params_; }
+    bool on_cuda() const { return ctx_.backend == Backend::kCuda; }
+    // Host views of the parameters for init/load/save: the arena itself on the CPU, the staging
+    // copy on CUDA (download_params() fills it; upload_params() sends it back and refreshes the
+    // bf16 copy).
+    TensorView host_param(size_t arena_index) const;
+    void download_params(size_t arena_index = size_t(-1)) const;
+    void upload_params(size_t arena_index = size_t(-1));
+    void copy_in(TensorView dst, ConstTensorView src, size_t pinned_offset);
+    float read_scalar(ConstTensorView v) const;
     TensorView entry_rows(const ModelArena& arena, ParamRole role, int layer, int64_t begin,
                           int64_t end) const;
 
@@ -164,6 +207,11 @@ private:
     MemoryPlan plan_;
     Context ctx_;
     ModelArena params_, grads_, acts_, scratch_;
+    ModelArena params_compute_;         // CUDA: bf16 copy of params_
+    ModelArena exp_avg_, exp_avg_sq_;   // AdamW moments (enable_optimizer)
+    std::unique_ptr<HostArena> staging_;  // CUDA: host copy of params_ for init/load/save
+    std::shared_ptr<void> pinned_;        // CUDA: pinned host buffer for the batch
+    size_t pinned_bytes_ = 0;
     Dims dims_;  // of the batch in the activations
     bool has_docs_ = false, has_positions_ = false;
     bool backward_ready_ = false;  // a forward() with targets saved activations for backward()

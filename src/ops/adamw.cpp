@@ -18,6 +18,12 @@ using namespace detail;
 void adamw_update(TensorView params, TensorView m, TensorView v, ConstTensorView grads,
                   std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
                   const Context& ctx) {
+    adamw_update_with_copy(params, TensorView(), m, v, grads, segments, hyper, step, ctx);
+}
+
+void adamw_update_with_copy(TensorView params, TensorView params_bf16, TensorView m, TensorView v,
+                            ConstTensorView grads, std::span<const AdamWSegment> segments,
+                            const AdamWHyper& hyper, int64_t step, const Context& ctx) {
     constexpr const char* kOp = "adamw_update";
     LATHE_CHECK(!params.is_null(), "{}: params missing", kOp);
     const int64_t P = params.numel();
@@ -25,6 +31,9 @@ void adamw_update(TensorView params, TensorView m, TensorView v, ConstTensorView
                                      std::pair{"v", ConstTensorView(v)}, std::pair{"grads", grads}})
         LATHE_CHECK(!view.is_null() && view.numel() == P, "{}: {} is {}, params has {} elements",
                     kOp, name, view.is_null() ? std::string("missing") : view.to_string(), P);
+    LATHE_CHECK(params_bf16.is_null() ||
+                    (params_bf16.numel() == P && params_bf16.dtype() == DType::kBF16),
+                "{}: params_bf16 is {}, expected {} bf16 elements", kOp, params_bf16.to_string(), P);
     LATHE_CHECK(step >= 1, "{}: step {} (the first update is step 1)", kOp, step);
     // Segments inside [0, P), pairwise disjoint.
     std::vector<std::pair<int64_t, int64_t>> ranges;
@@ -39,7 +48,7 @@ void adamw_update(TensorView params, TensorView m, TensorView v, ConstTensorView
         LATHE_CHECK(ranges[i].first >= ranges[i - 1].second,
                     "{}: segments [{}, {}) and [{}, {}) overlap", kOp, ranges[i - 1].first,
                     ranges[i - 1].second, ranges[i].first, ranges[i].second);
-    op_expect_memory(kOp, ctx, {params, m, v, grads});
+    op_expect_memory(kOp, ctx, {params, params_bf16, m, v, grads});
     switch (ctx.backend) {
         case Backend::kCpu:
             op_expect_cpu_f32(kOp, {params, m, v, grads});
@@ -47,12 +56,16 @@ void adamw_update(TensorView params, TensorView m, TensorView v, ConstTensorView
                 cpu::adamw_update(params.as<float>() + s.offset, m.as<float>() + s.offset,
                                   v.as<float>() + s.offset, grads.as<float>() + s.offset, s.count,
                                   s.lr, s.weight_decay, hyper.beta1, hyper.beta2, hyper.eps, step);
+            if (!params_bf16.is_null())
+                for (const AdamWSegment& s : segments)
+                    for (int64_t i = s.offset; i < s.offset + s.count; ++i)
+                        params_bf16.as<bf16>()[i] = float_to_bf16(params.as<float>()[i]);
             return;
         case Backend::kCuda:
 #if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kF32, {params, m, v, grads});
             cuda::adamw_update(params.as<float>(), m.as<float>(), v.as<float>(), grads.as<float>(),
-                               /*params_bf16=*/nullptr, segments, hyper, step, ctx.stream);
+                               params_bf16.as<bf16>(), segments, hyper, step, ctx.stream);
             return;
 #endif
             break;

@@ -13,8 +13,9 @@
 //   its twins seen as one vector); segments name the [offset, offset + count) ranges to update
 //   and their group's lr and weight decay. Elements outside every segment are left alone.
 //   Segments must lie inside [0, P) and not overlap (checked).
-// Dtypes: f32 everywhere (CPU and CUDA). CUDA (issue 4) may add a variant that also writes the
-//   bf16 compute copy of the parameters.
+// Dtypes: f32 everywhere (CPU and CUDA). adamw_update_with_copy also writes params_bf16 (P bf16,
+//   element for element params' twin), the updated weights rounded to nearest even, for every
+//   element of every segment: the compute copy the CUDA forward reads, written in the same pass.
 // Deterministic (elementwise).
 #include <cstdint>
 #include <span>
@@ -43,5 +44,10 @@ struct AdamWHyper {
 void adamw_update(TensorView params, TensorView m, TensorView v, ConstTensorView grads,
                   std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
                   const Context& ctx);
+
+// adamw_update, then params_bf16[i] = bf16(params[i]) over the segments (null: no copy).
+void adamw_update_with_copy(TensorView params, TensorView params_bf16, TensorView m, TensorView v,
+                            ConstTensorView grads, std::span<const AdamWSegment> segments,
+                            const AdamWHyper& hyper, int64_t step, const Context& ctx);
 
 }  // namespace lathe

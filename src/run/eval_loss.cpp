@@ -1,4 +1,5 @@
 #include "run/eval_loss.h"
+#include "run/compute_device.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -35,7 +36,8 @@ Result<EvalLossResult> eval_loss_run(const EvalLossRequest& r) {
     ModelShape shape;
     shape.batch = B;
     shape.seq_len = T;
-    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(*config, shape, cpu_context()));
+    LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
+    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(*config, shape, device.context()));
     {
         auto ck = SafetensorsCheckpoint::open(r.checkpoint);
         if (!ck.ok()) return ck.status().with_context("--checkpoint");
@@ -102,6 +104,7 @@ std::string eval_loss_json(const EvalLossRequest& request, const EvalLossResult&
     j["tokens"] = result.tokens;
     j["windows"] = result.windows;
     j["seq_len"] = request.seq_len;
+    j["device"] = request.device;
     j["checkpoint"] = request.checkpoint;
     j["data"] = request.data;
     return j.dump();

@@ -21,6 +21,7 @@ struct EvalLossRequest {
     int64_t batches = 0;     // N windows
     int64_t micro_batch = 8; // windows per forward pass (memory only; the result does not change)
     int threads = 0;
+    std::string device = "auto";  // auto | cpu | cuda
 };
 
 struct EvalLossResult {

@@ -191,19 +191,31 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     if (device != "auto" && device != "cpu" && device != "cuda") {
         return invalid_argument_error("{}: 'train.device' is '{}'; choose auto, cpu or cuda", c.source_of("train.device"), device);
     }
-    if (device == "cuda") {
-        return unimplemented_error("{}: 'train.device: cuda': the CUDA training backend is not built yet; "
-                                   "use 'auto' or 'cpu'", c.source_of("train.device"));
-    }
+    s.device = device;
     const std::string precision = c.get_string("train.precision");
     if (precision != "fp32" && precision != "bf16" && precision != "fp8") {
         return invalid_argument_error("{}: 'train.precision' is '{}'; choose fp32, bf16 or fp8",
                                       c.source_of("train.precision"), precision);
     }
+    if (precision == "fp8") {
+        return unimplemented_error("{}: 'train.precision: fp8' is not built yet; use bf16 (the CUDA backend) "
+                                   "or fp32 (the CPU)", c.source_of("train.precision"));
+    }
+    if (precision == "fp32" && device == "cuda") {
+        return invalid_argument_error("{}: 'train.precision: fp32' with 'train.device: cuda': the CUDA backend "
+                                      "trains in bf16 (fp32 master weights); set precision bf16, or device cpu",
+                                      c.source_of("train.precision"));
+    }
+    if (precision == "fp32" && device == "auto") s.device = "cpu";
     const std::string recompute = c.get_string("train.recompute");
     if (recompute != "none" && recompute != "selective" && recompute != "full") {
         return invalid_argument_error("{}: 'train.recompute' is '{}'; choose none, selective or full",
                                       c.source_of("train.recompute"), recompute);
+    }
+    if (recompute != "none") {
+        return unimplemented_error("{}: 'train.recompute: {}' is not built yet; use none (every activation is "
+                                   "kept; the memory plan printed before step 1 shows what that costs)",
+                                   c.source_of("train.recompute"), recompute);
     }
     const std::string policy = c.get_string("train.nonfinite_policy");
     if (policy == "skip") s.nonfinite = NonfinitePolicy::kSkip;

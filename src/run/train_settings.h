@@ -39,6 +39,7 @@ struct TrainSettings {
     int64_t eval_iters = 0;
     uint64_t seed = 0;
     int threads = 0;                 // 0 = all cores
+    std::string device = "auto";     // auto | cpu | cuda (train.device)
 
     NonfinitePolicy nonfinite = NonfinitePolicy::kSkip;
     int64_t max_skipped = 10;

@@ -25,7 +25,7 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "model/registry.h"
-#include "ops/grad_norm.h"
+#include "run/compute_device.h"
 #include "run/checkpoint_dir.h"
 #include "run/metrics.h"
 #include "run/train_schema.h"
@@ -107,12 +107,6 @@ ModelBatch batch_views(BatchBuffers& buf, int64_t B, int64_t T) {
     return mb;
 }
 
-size_t available_memory_bytes() {
-    const long pages = sysconf(_SC_PHYS_PAGES);
-    const long page = sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
-}
-
 // Copies the tokenizer files that sit beside tokenizer.json into a checkpoint folder, so the
 // checkpoint is complete for transformers (tokenizer.json, tokenizer_config.json, the chat
 // template in whichever file transformers keeps it, ...).
@@ -169,10 +163,9 @@ private:
     const TrainRequest& request_;
     Config config_;
     TrainSettings s_;
-    Context ctx_ = cpu_context();
+    ComputeDevice device_;  // before model_: the model's Context points into it
     GptNeoxDatasets data_;
     std::optional<Model> model_;
-    std::vector<float> m_, v_;
     std::vector<char> frozen_;  // per parameter entry
     std::optional<CheckpointDir> ckpt_;
     MetricsLog metrics_;
@@ -200,28 +193,31 @@ Status Trainer::setup() {
         log_warning("the validation split is empty (data.split '{}'); validation is off", s_.data.split);
         s_.eval_interval = 0;
     }
-    // Model and its memory plan, checked against the machine before anything is allocated.
+    // Where to compute, then the model and its memory plan, checked against that device before
+    // anything is allocated.
+    LATHE_ASSIGN_OR_RETURN(device_, ComputeDevice::open(s_.device, "train.device"));
+    log_info("computing on {}", device_.describe());
     ModelShape shape;
     shape.batch = s_.micro_batch;
     shape.seq_len = s_.seq_len;
+    shape.backend = device_.backend();
     const ParamTable table = model_param_table(s_.model);
     auto plan = memory_plan_make(s_.model, table, shape);
     if (!plan.ok()) return plan.status();
     const size_t need = plan->total_bytes();
-    const size_t have = available_memory_bytes();
+    const size_t have = device_.available_memory_bytes();
     if (have > 0 && need > have) {
         return invalid_argument_error("train.micro_batch_size {} x data.seq_length {} needs {} of memory, "
-                                      "the machine has {}; lower train.micro_batch_size (and raise "
+                                      "{} has {} free; lower train.micro_batch_size (and raise "
                                       "train.gradient_accumulation_steps to keep the batch)",
-                                      s_.micro_batch, s_.seq_len, format_bytes(need), format_bytes(have));
+                                      s_.micro_batch, s_.seq_len, format_bytes(need), device_.describe(),
+                                      format_bytes(have));
     }
     std::fputs(plan->table(model_config_summary(s_.model)).c_str(), stderr);
-    auto model = Model::create(s_.model, shape, ctx_);
+    auto model = Model::create(s_.model, shape, device_.context());
     if (!model.ok()) return model.status();
     model_.emplace(std::move(model).value());
-    const size_t n = size_t(model_->params_flat().numel());
-    m_.assign(n, 0.0f);
-    v_.assign(n, 0.0f);
+    LATHE_RETURN_IF_ERROR(model_->enable_optimizer());
 
     // Frozen parameter groups (train.freeze): an entry is frozen when its name, or every HF
     // tensor stored in it, matches a pattern.
@@ -269,9 +265,7 @@ std::vector<AdamWSegment> Trainer::segments(double lr) const {
 
 void Trainer::zero_frozen_grads() {
     for (size_t e = 0; e < frozen_.size(); ++e) {
-        if (!frozen_[e]) continue;
-        TensorView g = model_->grad_entry(e);
-        std::memset(g.data(), 0, g.bytes());
+        if (frozen_[e]) model_->zero_grad_entry(e);
     }
 }
 
@@ -283,7 +277,9 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     const std::string opt_path = (fs::path(dir) / kOptimizerStateFile).string();
     auto opt = SafetensorsFile::open(opt_path);
     if (!opt.ok()) return opt.status();
-    for (auto [name, dst] : {std::pair<const char*, std::vector<float>*>{"exp_avg", &m_}, {"exp_avg_sq", &v_}}) {
+    const size_t n = size_t(model_->params_flat().numel());
+    std::vector<float> m(n), v(n);
+    for (auto [name, dst] : {std::pair<const char*, std::vector<float>*>{"exp_avg", &m}, {"exp_avg_sq", &v}}) {
         LATHE_ASSIGN_OR_RETURN(const SafetensorsTensor* t, opt->get(name));
         if (t->dtype != SafetensorsDtype::kF32 || t->nbytes() != dst->size() * sizeof(float)) {
             return data_loss_error("{}: tensor '{}' has {} bytes of {}, expected {} f32 values (the model's "
@@ -292,6 +288,7 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
         }
         std::memcpy(dst->data(), t->data, t->nbytes());
     }
+    model_->write_optimizer_state(m, v);
     const std::string state_path = (fs::path(dir) / kTrainerStateFile).string();
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(state_path));
     const auto j = nlohmann::json::parse(text, nullptr, false);
@@ -327,9 +324,12 @@ Status Trainer::save_checkpoint() {
     LATHE_ASSIGN_OR_RETURN(std::string dir, ckpt_->begin(st_.step));
     LATHE_RETURN_IF_ERROR(model_->save_hf(dir));
     LATHE_RETURN_IF_ERROR(copy_tokenizer_files(s_.tokenizer_path, dir));
+    const size_t n = size_t(model_->params_flat().numel());
+    std::vector<float> m(n), v(n);
+    model_->read_optimizer_state(m, v);
     const std::vector<SafetensorsWriteTensor> opt = {
-        safetensors_write_tensor("exp_avg", ConstTensorView(m_.data(), DType::kF32, Shape{int64_t(m_.size())})),
-        safetensors_write_tensor("exp_avg_sq", ConstTensorView(v_.data(), DType::kF32, Shape{int64_t(v_.size())})),
+        safetensors_write_tensor("exp_avg", ConstTensorView(m.data(), DType::kF32, Shape{int64_t(n)})),
+        safetensors_write_tensor("exp_avg_sq", ConstTensorView(v.data(), DType::kF32, Shape{int64_t(n)})),
     };
     LATHE_RETURN_IF_ERROR(safetensors_write_file((fs::path(dir) / kOptimizerStateFile).string(), opt,
                                                  {{"format", "lathe-adamw"}, {"layout", "parameter arena"}}));
@@ -357,10 +357,7 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
     }
     const float loss = float(loss_sum / double(K));
     zero_frozen_grads();
-    float norm = 0.0f;
-    TensorView norm_view(&norm, DType::kF32, Shape{1});
-    const ConstTensorView grads[] = {model_->grads_flat()};
-    grad_norm_l2(norm_view, grads, ctx_);
+    const float norm = model_->grad_norm();
     loss_out = loss;
     norm_out = norm;
 
@@ -391,15 +388,12 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
     skipped = false;
     st_.skipped_in_a_row = 0;
     if (s_.grad_clip > 0.0) {
-        const TensorView gs[] = {model_->grads_flat()};
-        grad_clip_by_norm(gs, norm_view, float(s_.grad_clip), ctx_);
+        model_->clip_grads(float(s_.grad_clip));
     }
     const double lr = s_.lr.lr_at(st_.step);
     const std::vector<AdamWSegment> segs = segments(lr);
     ++st_.adam_step;
-    adamw_update(model_->params_flat(), TensorView(m_.data(), DType::kF32, Shape{int64_t(m_.size())}),
-                 TensorView(v_.data(), DType::kF32, Shape{int64_t(v_.size())}), model_->grads_flat(), segs, s_.adam,
-                 st_.adam_step, ctx_);
+    model_->optimizer_step(segs, s_.adam, st_.adam_step);
     st_.loss_count += 1;
     st_.loss_mean += (double(loss) - st_.loss_mean) / double(std::min<int64_t>(st_.loss_count, 100));
     return ok_status();

@@ -1,0 +1,102 @@
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/memory.h"
+
+namespace lathe {
+
+namespace {
+
+__global__ void cast_f32_to_bf16_kernel(__nv_bfloat16* dst, const float* src, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+__global__ void cast_bf16_to_f32_kernel(float* dst, const __nv_bfloat16* src, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+
+}  // namespace
+
+void cuda_copy_async(TensorView dst, ConstTensorView src, CUstream_st* stream) {
+    LATHE_CHECK(dst.dtype() == src.dtype() && dst.shape() == src.shape(), "copy {} <- {}",
+                dst.to_string(), src.to_string());
+    if (src.bytes() == 0) return;
+    LATHE_CUDA_CHECK(
+        cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault, stream));
+}
+
+void cuda_cast(TensorView dst, ConstTensorView src, CUstream_st* stream) {
+    LATHE_CHECK(dst.device() == Device::kCuda && src.device() == Device::kCuda &&
+                    dst.numel() == src.numel(),
+                "cuda_cast {} <- {}", dst.to_string(), src.to_string());
+    const int64_t n = src.numel();
+    if (n == 0) return;
+    const int threads = 256;
+    const int blocks = int(std::min<int64_t>((n + threads - 1) / threads, 65536));
+    if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16) {
+        cast_f32_to_bf16_kernel<<<blocks, threads, 0, stream>>>(
+            static_cast<__nv_bfloat16*>(dst.data()), static_cast<const float*>(src.data()), n);
+    } else if (src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32) {
+        cast_bf16_to_f32_kernel<<<blocks, threads, 0, stream>>>(
+            static_cast<float*>(dst.data()), static_cast<const __nv_bfloat16*>(src.data()), n);
+    } else {
+        LATHE_CHECK(false, "cuda_cast {} -> {} is not implemented", dtype_name(src.dtype()),
+                    dtype_name(dst.dtype()));
+    }
+    LATHE_CUDA_CHECK_LAUNCH();
+}
+
+PinnedHostBuffer::PinnedHostBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) LATHE_CUDA_CHECK(cudaMallocHost(&data_, bytes));
+}
+
+PinnedHostBuffer::~PinnedHostBuffer() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+}
+
+PinnedHostBuffer::PinnedHostBuffer(PinnedHostBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+PinnedHostBuffer& PinnedHostBuffer::operator=(PinnedHostBuffer&& other) noexcept {
+    if (this != &other) {
+        if (data_ != nullptr) cudaFreeHost(data_);
+        data_ = std::exchange(other.data_, nullptr);
+        bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+}
+
+int cuda_device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky "no device / no driver" error
+        return 0;
+    }
+    return n;
+}
+
+CudaMemoryInfo cuda_memory_info(int device) {
+    LATHE_CUDA_CHECK(cudaSetDevice(device));
+    CudaMemoryInfo info;
+    LATHE_CUDA_CHECK(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+    return info;
+}
+
+std::string cuda_device_name(int device) {
+    cudaDeviceProp prop{};
+    LATHE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    return prop.name;
+}
+
+}  // namespace lathe

@@ -1,0 +1,63 @@
+#pragma once
+// Host-callable memory helpers of the CUDA backend that the model and the trainer need besides the
+// ops: asynchronous copies, dtype casts of whole tensors (the bf16 compute copy of the parameters),
+// pinned host buffers (batches go to the GPU from them without a staging copy by the driver), and
+// the device's memory figures. Like cuda_state.h, this header keeps CUDA headers out of the
+// CPU-compiled code that includes it; the definitions exist only in builds with CUDA
+// (LATHE_HAVE_CUDA), so callers include it under that macro.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.h"
+
+struct CUstream_st;
+
+namespace lathe {
+
+// Enqueues a copy of src into dst (same dtype and shape, checked) on `stream` and returns at once.
+// Host memory on either side must stay untouched until the stream passes the copy; it must be
+// pinned (PinnedHostBuffer) for the copy to be truly asynchronous.
+void cuda_copy_async(TensorView dst, ConstTensorView src, CUstream_st* stream);
+
+// dst = src converted elementwise, both device tensors of equal element count: f32 -> bf16
+// (round to nearest even, as core/dtype.h's float_to_bf16) or bf16 -> f32 (exact). Enqueued.
+void cuda_cast(TensorView dst, ConstTensorView src, CUstream_st* stream);
+
+// Page-locked host memory (cudaMallocHost), freed on destruction. Move-only.
+class PinnedHostBuffer {
+public:
+    PinnedHostBuffer() = default;
+    // Out of memory stops with the size asked for; 0 bytes gives a null buffer.
+    explicit PinnedHostBuffer(size_t bytes);
+    ~PinnedHostBuffer();
+    PinnedHostBuffer(PinnedHostBuffer&& other) noexcept;
+    PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept;
+    PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+    PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+
+    void* data() const { return data_; }
+    size_t bytes() const { return bytes_; }
+
+private:
+    void* data_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+struct CudaMemoryInfo {
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+};
+
+// Number of CUDA devices the driver reports; 0 when there is no GPU or no usable driver (never
+// stops: a machine without a GPU is a normal case).
+int cuda_device_count();
+
+// cudaMemGetInfo for `device` (made current).
+CudaMemoryInfo cuda_memory_info(int device);
+
+// The device's name, e.g. "NVIDIA H100 80GB HBM3".
+std::string cuda_device_name(int device);
+
+}  // namespace lathe
