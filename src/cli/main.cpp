@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
     lathe::cli_add_eval(app, action);
     lathe::cli_add_convert(app, action);
     lathe::cli_add_align(app, action);
+    lathe::cli_add_bench(app, action);
+    lathe::cli_add_doctor(app, action);
 
     try {
         app.parse(argc, argv);

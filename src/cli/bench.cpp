@@ -1,0 +1,66 @@
+// `lathe bench --model NAME --batch B --seq T [--steps N] [--warmup W] [--device auto|cpu|cuda]`:
+// see run/bench.h. The JSON line goes to stdout, progress to stderr.
+#include "run/bench.h"
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cli/command.h"
+
+namespace lathe {
+
+void cli_add_bench(CLI::App& parent, CommandAction& action) {
+    std::string presets;
+    for (const BenchPreset& p : bench_model_presets())
+        presets += "\n  " + std::string(p.name) + ": " + std::string(p.description);
+    CLI::App* cmd = parent.add_subcommand(
+        "bench",
+        "Measure training throughput: random init, random token batches, W warmup then N timed "
+        "steps of what `lathe train` runs per step (forward+backward, grad norm, clip, AdamW). "
+        "Prints one JSON line: tokens_per_s (B*T / median step), step_ms_median/mean, mfu "
+        "((6N + 12 L C T) per token over 989.4 TFLOP/s on Hopper; null elsewhere), "
+        "peak_memory_bytes, plan_bytes, params");
+    struct Options {
+        std::string model, device = "auto";
+        BenchRequest req;
+        int64_t vocab = 0;
+    };
+    auto o = std::make_shared<Options>();
+    cmd->add_option("--model", o->model,
+                    "A preset, or a Hugging Face config.json (file or folder). Presets:" + presets)
+        ->required();
+    cmd->add_option("--batch", o->req.batch, "Sequences per step (B)")->required();
+    cmd->add_option("--seq", o->req.seq, "Tokens per sequence (T)")->required();
+    cmd->add_option("--steps", o->req.steps, "Timed steps")->capture_default_str();
+    cmd->add_option("--warmup", o->req.warmup, "Untimed steps before them")->capture_default_str();
+    cmd->add_option("--device", o->device, "auto (the GPU when there is a usable one), cpu, cuda")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    cmd->add_option("--vocab-size", o->vocab,
+                    "Override the model's vocabulary (e.g. 50304, GPT-2's padded size that "
+                    "torch_baseline.py uses)");
+    cmd->add_option("--seed", o->req.seed, "Seed of the parameters and the batches")
+        ->capture_default_str();
+    cmd->add_option("--threads", o->req.threads, "CPU threads (OpenMP); 0 = all cores")
+        ->capture_default_str();
+    cmd->add_flag("--plan-only", o->req.plan_only,
+                  "Print the parameter count, FLOPs per token and the memory plan; run nothing");
+    cmd->callback([o, cmd, &action] {
+        action = [o, cmd]() -> Status {
+            BenchRequest req = o->req;
+            req.model = o->model;
+            req.device = o->device == "cpu"    ? BenchDevice::kCpu
+                         : o->device == "cuda" ? BenchDevice::kCuda
+                                               : BenchDevice::kAuto;
+            if (cmd->count("--vocab-size") > 0) req.vocab_size = o->vocab;
+            LATHE_ASSIGN_OR_RETURN(const std::string line, bench_run(req));
+            std::printf("%s\n", line.c_str());
+            std::fflush(stdout);
+            return ok_status();
+        };
+    });
+}
+
+}  // namespace lathe

@@ -1,0 +1,468 @@
+#include "run/bench.h"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/log.h"
+#include "io/file.h"
+#include "io/hf_config.h"
+#include "model/memory_plan.h"
+#include "model/model.h"
+#include "model/registry.h"
+#include "ops/adamw.h"
+#include "ops/device_info.h"
+#include "ops/grad_norm.h"
+
+#if LATHE_HAVE_CUDA
+#include "ops/cuda/cuda_state.h"
+#endif
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace lathe {
+namespace {
+
+// The presets are Hugging Face config.json texts, so they take the path `lathe train` takes
+// for `model.config` and nothing here re-derives a family's defaults.
+//
+// GPT-2 small as OpenAI released it (the Hub's "gpt2"): 124,439,808 parameters.
+constexpr std::string_view kGpt2Small = R"({
+  "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+  "vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
+  "n_inner": null, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05,
+  "tie_word_embeddings": true, "bos_token_id": 50256, "eos_token_id": 50256
+})";
+
+// Llama-3.2-1B's architecture (rope scaling included, which changes no cost): 1,235,814,400
+// parameters.
+constexpr std::string_view kLlama1b = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
+  "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+  "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+  "rope_theta": 500000.0,
+  "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+  "attention_bias": false, "mlp_bias": false, "tie_word_embeddings": true,
+  "bos_token_id": 128000, "eos_token_id": 128001
+})";
+
+// Small enough that a CPU step takes milliseconds: for tests and for trying the command.
+constexpr std::string_view kTinyLlama = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "vocab_size": 512, "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+  "rms_norm_eps": 1e-05, "hidden_act": "silu", "rope_theta": 10000.0,
+  "tie_word_embeddings": true
+})";
+
+constexpr std::string_view kTinyGpt2 = R"({
+  "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+  "vocab_size": 512, "n_positions": 256, "n_embd": 64, "n_layer": 2, "n_head": 4,
+  "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05, "tie_word_embeddings": true
+})";
+
+constexpr BenchPreset kPresets[] = {
+    {"gpt2-124m", "GPT-2 small: 12 layers, 12 heads, C 768, V 50257, 1024 positions, tied",
+     kGpt2Small},
+    {"llama-1b",
+     "Llama-3.2-1B shape: 16 layers, 32 heads, 8 KV heads, C 2048, F 8192, V 128256, tied, "
+     "rope theta 500000",
+     kLlama1b},
+    {"tiny", "Llama family, 2 layers, 4 heads, 2 KV heads, C 64, F 192, V 512 (tests)", kTinyLlama},
+    {"tiny-gpt2", "GPT-2 family, 2 layers, 4 heads, C 64, V 512 (tests)", kTinyGpt2},
+};
+
+// `lathe train`'s optimizer defaults (run/train_schema.cpp): what a step costs is the same for
+// any values, but these keep the numbers the bench prints (loss, norm) those of a real run.
+constexpr double kLr = 6e-4;
+constexpr double kWeightDecay = 0.1;
+constexpr AdamWHyper kAdam{0.9, 0.95, 1e-8};
+constexpr float kGradClip = 1.0f;
+
+// Hopper's dense bf16 peak (H100 SXM datasheet), the denominator torch_baseline.py uses.
+constexpr double kHopperPeakFlops = 989.4e12;
+
+// Distinct random batches cycled through the steps: different data each step (as in training)
+// without generating any inside the timed loop.
+constexpr int64_t kDistinctBatches = 4;
+
+// AdamW's moments and the gradient norm's slot, in the memory the model computes in; the trainer
+// keeps the same (run/trainer.cpp, Trainer::m_, v_).
+class BenchOptimizerState {
+public:
+    BenchOptimizerState(int64_t n, const Context& ctx) : ctx_(ctx) {
+        if (ctx.backend == Backend::kCpu) {
+            host_m_.assign(size_t(n), 0.0f);
+            host_v_.assign(size_t(n), 0.0f);
+            m = TensorView(host_m_.data(), DType::kF32, Shape{n});
+            v = TensorView(host_v_.data(), DType::kF32, Shape{n});
+            norm = TensorView(&host_norm_, DType::kF32, Shape{1});
+            return;
+        }
+#if LATHE_HAVE_CUDA
+        dev_m_ = DeviceBuffer(size_t(n) * sizeof(float));
+        dev_v_ = DeviceBuffer(size_t(n) * sizeof(float));
+        dev_norm_ = DeviceBuffer(sizeof(float));
+        m = dev_m_.view(DType::kF32, Shape{n});
+        v = dev_v_.view(DType::kF32, Shape{n});
+        norm = dev_norm_.view(DType::kF32, Shape{1});
+        cuda_fill_bytes(m, 0, ctx.stream);
+        cuda_fill_bytes(v, 0, ctx.stream);
+#endif
+    }
+
+    // The norm grad_norm_l2 wrote; on CUDA waits for the stream (as the trainer's read does).
+    float read_norm() {
+#if LATHE_HAVE_CUDA
+        if (ctx_.backend == Backend::kCuda) {
+            cuda_copy_sync(TensorView(&host_norm_, DType::kF32, Shape{1}), norm, ctx_.stream);
+        }
+#endif
+        return host_norm_;
+    }
+
+    TensorView m, v, norm;
+
+private:
+    Context ctx_;
+    std::vector<float> host_m_, host_v_;
+    float host_norm_ = 0.0f;
+#if LATHE_HAVE_CUDA
+    DeviceBuffer dev_m_, dev_v_, dev_norm_;
+#endif
+};
+
+struct StepValues {
+    float loss = 0.0f;
+    float norm = 0.0f;
+};
+
+// One optimizer step as Trainer::train_step runs it for one micro-batch (gradient accumulation
+// 1), with the default clip and without the skip-step decision (it only compares the loss and
+// norm read here): zero the gradients, forward + backward, the global gradient norm (read back:
+// the trainer logs it and tests it for non-finite values), clip, AdamW over every parameter.
+// The only place the bench touches the model's step API.
+StepValues bench_train_step(Model& model, const ModelBatch& batch, BenchOptimizerState& opt,
+                            std::span<const AdamWSegment> segments, int64_t adam_step) {
+    const Context& ctx = model.context();
+    StepValues out;
+    model.zero_grads();
+    out.loss = model.forward_backward(batch, 1.0f);
+    const ConstTensorView grads[] = {model.grads_flat()};
+    grad_norm_l2(opt.norm, grads, ctx);
+    out.norm = opt.read_norm();
+    const TensorView clip[] = {model.grads_flat()};
+    grad_clip_by_norm(clip, opt.norm, kGradClip, ctx);
+    adamw_update(model.params_flat(), opt.m, opt.v, model.grads_flat(), segments, kAdam, adam_step,
+                 ctx);
+    return out;
+}
+
+struct BatchData {
+    std::vector<int32_t> tokens, targets;  // (B, T) each
+};
+
+// Random token ids in [0, V); targets are the tokens shifted by one (a row of T + 1 draws).
+std::vector<BatchData> random_batches(int64_t count, int64_t B, int64_t T, int64_t V,
+                                      uint64_t seed) {
+    std::mt19937_64 gen(seed ^ 0x5eedba7c4e5ULL);
+    std::uniform_int_distribution<int32_t> id(0, int32_t(V - 1));
+    std::vector<BatchData> out(static_cast<size_t>(count));
+    std::vector<int32_t> row(size_t(T + 1));
+    for (BatchData& b : out) {
+        b.tokens.resize(size_t(B * T));
+        b.targets.resize(size_t(B * T));
+        for (int64_t r = 0; r < B; ++r) {
+            for (int32_t& x : row) x = id(gen);
+            std::copy(row.begin(), row.end() - 1, b.tokens.begin() + r * T);
+            std::copy(row.begin() + 1, row.end(), b.targets.begin() + r * T);
+        }
+    }
+    return out;
+}
+
+size_t physical_memory_bytes() {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
+}
+
+size_t peak_rss_bytes() {
+    rusage usage{};
+    if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+    return size_t(usage.ru_maxrss) * 1024;  // Linux reports kilobytes
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string_view device_name(BenchDevice d) {
+    switch (d) {
+        case BenchDevice::kAuto:
+            return "auto";
+        case BenchDevice::kCpu:
+            return "cpu";
+        case BenchDevice::kCuda:
+            return "cuda";
+    }
+    return "auto";
+}
+
+// Where the bench runs: the CPU, or CUDA device 0 (CUDA_VISIBLE_DEVICES picks which GPU).
+struct Placement {
+    Backend backend = Backend::kCpu;
+    std::string name;       // "cpu (16 threads)", "NVIDIA H100 80GB HBM3"
+    double peak_flops = 0;  // for MFU; 0 = none
+};
+
+Result<Placement> choose_placement(BenchDevice wanted) {
+    Placement p;
+    if (wanted != BenchDevice::kCpu) {
+        const GpuEnvironment env = gpu_environment_probe(/*only_device=*/0);
+        std::string why_not;
+        if (!env.cuda_build) {
+            why_not = env.device_error;
+        } else if (env.devices.empty()) {
+            why_not = env.device_error.empty() ? "no CUDA device" : env.device_error;
+        } else if (!env.devices[0].kernel_image_ok) {
+            why_not = fmt::format("this build has no kernels for GPU 0 ({}, compute capability "
+                                  "{}.{}): {}",
+                                  env.devices[0].name, env.devices[0].cc_major,
+                                  env.devices[0].cc_minor, env.devices[0].kernel_image_error);
+        }
+        if (why_not.empty()) {
+            const GpuDeviceInfo& d = env.devices[0];
+            p.backend = Backend::kCuda;
+            p.name = d.name;
+            p.peak_flops = bench_peak_flops(d.cc_major, d.cc_minor);
+            return p;
+        }
+        if (wanted == BenchDevice::kCuda) {
+            return failed_precondition_error("--device cuda: no usable GPU ({}); see `lathe "
+                                             "doctor`, or use --device cpu",
+                                             why_not);
+        }
+        log_info("bench: no usable GPU ({}); running on the CPU", why_not);
+    }
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    p.backend = Backend::kCpu;
+    p.name = fmt::format("cpu ({} thread{})", threads, threads == 1 ? "" : "s");
+    return p;
+}
+
+}  // namespace
+
+std::span<const BenchPreset> bench_model_presets() {
+    return kPresets;
+}
+
+Result<ModelConfig> bench_model_config(std::string_view model, std::optional<int64_t> vocab_size) {
+    HfModelConfig hf;
+    std::string source;
+    const BenchPreset* preset = nullptr;
+    for (const BenchPreset& p : kPresets)
+        if (p.name == model) preset = &p;
+    if (preset != nullptr) {
+        source = fmt::format("bench preset {}", preset->name);
+        LATHE_ASSIGN_OR_RETURN(hf, hf_config_parse(preset->config_json, source));
+    } else if (file_exists(std::string(model))) {
+        source = std::string(model);
+        LATHE_ASSIGN_OR_RETURN(hf, hf_config_load(source));
+    } else {
+        std::string names;
+        for (const BenchPreset& p : kPresets)
+            names += fmt::format("{}{}", names.empty() ? "" : ", ", p.name);
+        return invalid_argument_error("--model '{}' is neither a preset ({}) nor a config.json "
+                                      "file or folder",
+                                      model, names);
+    }
+    if (vocab_size) {
+        if (*vocab_size < 1)
+            return invalid_argument_error("--vocab-size must be >= 1, got {}", *vocab_size);
+        hf.vocab_size = *vocab_size;
+        source += fmt::format(" with vocab_size {}", *vocab_size);
+    }
+    return model_config_from_hf(hf, source);
+}
+
+int64_t bench_flop_parameters(const ModelConfig& config) {
+    const int64_t C = config.hidden_size;
+    int64_t n = model_config_num_parameters(config);
+    // The token embedding is a lookup; when tied, its matrix is also the LM head, a matmul.
+    if (!config.tie_word_embeddings) n -= config.vocab_size * C;
+    if (config.position == PositionKind::kLearned) n -= config.max_position_embeddings * C;
+    return n;
+}
+
+double bench_flops_per_token(const ModelConfig& config, int64_t seq) {
+    return 6.0 * double(bench_flop_parameters(config)) +
+           12.0 * double(config.num_layers) * double(config.hidden_size) * double(seq);
+}
+
+double bench_peak_flops(int cc_major, int cc_minor) {
+    (void)cc_minor;
+    return cc_major == 9 ? kHopperPeakFlops : 0.0;
+}
+
+Result<std::string> bench_run(const BenchRequest& req) {
+    using json = nlohmann::ordered_json;
+    if (req.batch < 1) return invalid_argument_error("--batch must be >= 1, got {}", req.batch);
+    if (req.seq < 1) return invalid_argument_error("--seq must be >= 1, got {}", req.seq);
+    if (req.steps < 1) return invalid_argument_error("--steps must be >= 1, got {}", req.steps);
+    if (req.warmup < 0) return invalid_argument_error("--warmup must be >= 0, got {}", req.warmup);
+    LATHE_ASSIGN_OR_RETURN(ModelConfig config, bench_model_config(req.model, req.vocab_size));
+    const int64_t B = req.batch, T = req.seq, V = config.vocab_size;
+
+    ModelShape shape;
+    shape.batch = B;
+    shape.seq_len = T;
+    const ParamTable table = model_param_table(config);
+    auto plan = memory_plan_make(config, table, shape);
+    if (!plan.ok()) return plan.status().with_context("--seq " + std::to_string(T));
+
+    json j;
+    j["model"] = req.model;
+    j["batch"] = B;
+    j["seq"] = T;
+    j["params"] = model_config_num_parameters(config);
+    j["flop_params"] = bench_flop_parameters(config);
+    j["flops_per_token"] = bench_flops_per_token(config, T);
+    if (req.plan_only) {
+        // The plan as the CPU backend lays it out (f32 everywhere).
+        j["device"] = "none";
+        j["plan_bytes"] = plan->total_bytes();
+        j["plan_only"] = true;
+        return j.dump();
+    }
+
+    LATHE_ASSIGN_OR_RETURN(Placement place, choose_placement(req.device));
+    j["device"] = std::string(backend_name(place.backend));
+    j["device_name"] = place.name;
+
+    // Memory in use before anything of ours exists (the CUDA context itself included).
+    size_t used_before = 0, free_bytes = 0, total_bytes = 0;
+    Context ctx = cpu_context();
+#if LATHE_HAVE_CUDA
+    std::unique_ptr<CudaState> state;
+#endif
+    if (place.backend == Backend::kCuda) {
+#if LATHE_HAVE_CUDA
+        if (gpu_memory_info(0, free_bytes, total_bytes)) used_before = total_bytes - free_bytes;
+        state = std::make_unique<CudaState>(0);
+        ctx = state->context();
+#endif
+    } else {
+#ifdef _OPENMP
+        if (req.threads > 0) omp_set_num_threads(req.threads);
+        place.name = fmt::format("cpu ({} threads)", omp_get_max_threads());
+        j["device_name"] = place.name;
+#endif
+        const size_t have = physical_memory_bytes();
+        if (have > 0 && plan->total_bytes() > have) {
+            return invalid_argument_error("{} at --batch {} --seq {} needs {} of memory on the CPU, "
+                                          "the machine has {}; lower --batch or --seq",
+                                          req.model, B, T, format_bytes(plan->total_bytes()),
+                                          format_bytes(have));
+        }
+    }
+
+    log_info("bench: {} ({}) on {}: B={} T={}, {} warmup + {} timed steps",
+             req.model, model_config_summary(config), place.name, B, T, req.warmup, req.steps);
+    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(config, shape, ctx));
+    j["plan_bytes"] = model.plan().total_bytes();
+    model.init(req.seed);
+    BenchOptimizerState opt(model.params_flat().numel(), ctx);
+    const std::vector<AdamWSegment> segments = model.adamw_segments(kLr, kWeightDecay);
+    const std::vector<BatchData> batches =
+        random_batches(std::min<int64_t>(kDistinctBatches, req.warmup + req.steps), B, T, V,
+                       req.seed);
+
+    size_t used_peak = 0;
+    auto sample_memory = [&] {
+        if (place.backend == Backend::kCuda && gpu_memory_info(0, free_bytes, total_bytes))
+            used_peak = std::max(used_peak, total_bytes - free_bytes);
+    };
+    auto synchronize = [&] {
+#if LATHE_HAVE_CUDA
+        if (state) state->synchronize();
+#endif
+    };
+
+    std::vector<double> step_ms;
+    StepValues first, last;
+    const int64_t total = req.warmup + req.steps;
+    for (int64_t s = 0; s < total; ++s) {
+        const BatchData& data = batches[size_t(s % int64_t(batches.size()))];
+        ModelBatch batch;
+        batch.tokens = ConstTensorView(data.tokens.data(), DType::kI32, Shape{B, T});
+        batch.targets = ConstTensorView(data.targets.data(), DType::kI32, Shape{B, T});
+        const auto t0 = std::chrono::steady_clock::now();
+        last = bench_train_step(model, batch, opt, segments, s + 1);
+        synchronize();
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+        sample_memory();
+        if (s == 0) first = last;
+        const bool timed = s >= req.warmup;
+        if (timed) step_ms.push_back(ms);
+        log_info("bench: {} step {}/{}: {:.1f} ms, loss {:.4f}, grad norm {:.3f}",
+                 timed ? "timed" : "warmup", timed ? s - req.warmup + 1 : s + 1,
+                 timed ? req.steps : req.warmup, ms, last.loss, last.norm);
+    }
+    if (!std::isfinite(last.loss) || !std::isfinite(last.norm))
+        log_warning("bench: the last step's loss ({}) or gradient norm ({}) is not finite",
+                    last.loss, last.norm);
+
+    const double med = median(step_ms);
+    const double mean = std::accumulate(step_ms.begin(), step_ms.end(), 0.0) / double(step_ms.size());
+    const double tokens_per_s = double(B * T) / (med / 1e3);
+    j["steps"] = req.steps;
+    j["warmup"] = req.warmup;
+    j["tokens_per_s"] = tokens_per_s;
+    j["step_ms_median"] = med;
+    j["step_ms_mean"] = mean;
+    j["step_ms_min"] = *std::min_element(step_ms.begin(), step_ms.end());
+    j["step_ms_max"] = *std::max_element(step_ms.begin(), step_ms.end());
+    if (place.peak_flops > 0) {
+        j["peak_flops"] = place.peak_flops;
+        j["mfu"] = tokens_per_s * bench_flops_per_token(config, T) / place.peak_flops;
+    } else {
+        j["peak_flops"] = nullptr;
+        j["mfu"] = nullptr;
+    }
+    if (place.backend == Backend::kCuda) {
+        j["peak_memory_bytes"] = used_peak > used_before ? used_peak - used_before : 0;
+        j["peak_memory_source"] = "cuda_mem_get_info";
+    } else {
+        j["peak_memory_bytes"] = peak_rss_bytes();
+        j["peak_memory_source"] = "max_rss";
+    }
+    j["loss_first"] = first.loss;
+    j["loss_last"] = last.loss;
+    j["grad_norm_last"] = last.norm;
+    j["seed"] = req.seed;
+    j["requested_device"] = std::string(device_name(req.device));
+    return j.dump();
+}
+
+}  // namespace lathe

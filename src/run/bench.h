@@ -1,0 +1,79 @@
+#pragma once
+// `lathe bench`: training throughput of one model shape on random data, measured as `lathe train`
+// runs a step, reported as one JSON line (tokens/s, step time, MFU, memory).
+//
+// The model is a preset (bench_model_presets(): the real GPT-2 small and Llama-3.2-1B configs,
+// and tiny ones for tests) or any Hugging Face config.json, built through the same path as
+// `lathe train`'s `model.config` (io/hf_config.h -> model/registry.h). Parameters are random
+// (Model::init), batches are random token ids (seeded; each row's targets are its tokens shifted
+// by one). After `warmup` untimed steps, `steps` steps are timed one by one, each ending when
+// the device has finished it (a stream synchronize on CUDA), as torch_baseline.py times its steps.
+//
+// Definitions (the same as ../shared/bench/torch_baseline.py, so the two compare directly):
+//   tokens_per_s     B * T / median step time
+//   flops_per_token  6 N + 12 L C T (PaLM's convention), N = the parameters without the input
+//                    embedding tables (token and learned positions), with the LM head: a tied
+//                    model counts its embedding once, as the head
+//   mfu              tokens_per_s * flops_per_token / 989.4e12 on a Hopper GPU (H100 SXM dense
+//                    bf16); null on the CPU and on other GPUs (no agreed peak)
+//   peak memory      CUDA: device memory in use (cudaMemGetInfo total - free) after each step,
+//                    the largest, minus the memory in use before the bench created anything;
+//                    transient allocations inside a step that are freed before it ends are not
+//                    seen (lathe allocates nothing per step). CPU: the process's peak resident
+//                    set (getrusage ru_maxrss), everything included.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+#include "model/model_config.h"
+
+namespace lathe {
+
+enum class BenchDevice { kAuto, kCpu, kCuda };
+
+struct BenchRequest {
+    std::string model;   // a preset name, or a config.json file / a folder holding one
+    int64_t batch = 0;   // B
+    int64_t seq = 0;     // T
+    int64_t steps = 10;  // timed steps
+    int64_t warmup = 2;  // untimed steps first (cuBLASLt heuristics, caches, lazy loading)
+    BenchDevice device = BenchDevice::kAuto;
+    std::optional<int64_t> vocab_size;  // overrides the config's (e.g. GPT-2 padded to 50304)
+    uint64_t seed = 1234;               // parameters and batches
+    int threads = 0;                    // CPU: OpenMP threads, 0 = all cores
+    bool plan_only = false;             // report the shape and memory plan; run nothing
+};
+
+struct BenchPreset {
+    std::string_view name;
+    std::string_view description;
+    std::string_view config_json;  // a Hugging Face config.json
+};
+
+// The presets: gpt2-124m, llama-1b, tiny (a Llama-family model of 2 layers), tiny-gpt2.
+std::span<const BenchPreset> bench_model_presets();
+
+// The ModelConfig of a preset name or config.json path, with `vocab_size` applied. Errors: an
+// unknown name that is no file either (listing the presets), and those of the config parser.
+Result<ModelConfig> bench_model_config(std::string_view model,
+                                       std::optional<int64_t> vocab_size);
+
+// N of flops_per_token: parameters without the input embedding tables (see above).
+int64_t bench_flop_parameters(const ModelConfig& config);
+// 6 N + 12 L C T.
+double bench_flops_per_token(const ModelConfig& config, int64_t seq);
+
+// Peak dense bf16 FLOP/s of a GPU of compute capability major.minor for MFU, or 0 when lathe has
+// no agreed figure (only Hopper: 989.4e12).
+double bench_peak_flops(int cc_major, int cc_minor);
+
+// Runs the benchmark and returns its JSON line (no newline). Progress goes to stderr (log).
+// Errors: a bad request (B, T, steps out of range, T beyond the model's positions), --device cuda
+// without a usable GPU, a plan that does not fit the machine's memory, model creation failures.
+Result<std::string> bench_run(const BenchRequest& request);
+
+}  // namespace lathe

@@ -1,0 +1,240 @@
+"""End-to-end tests of `lathe doctor` and `lathe bench` (issue 4, Tools).
+
+Checked here, through the `lathe` binary (LATHE_BIN):
+  - doctor: the table and --json agree on the verdict, which is the table's last line; on a
+    machine without a usable GPU (CI, or CUDA_VISIBLE_DEVICES="" anywhere) it says "ready: CPU
+    only", lists what still works and exits 0; the cuDNN and NCCL versions it reports are those
+    the libraries themselves return when loaded here through ctypes (or "not found" when they do
+    not load); with a GPU, every self-test comparison passed and the exit code is 0;
+  - bench: presets have the published parameter counts (GPT-2 small 124,439,808; Llama-3.2-1B
+    1,235,814,400) and the FLOPs per token of torch_baseline.py's convention (--plan-only runs
+    nothing); a tiny model trains on the CPU in well under a second per step and prints one JSON
+    line whose values are consistent (tokens/s from the median step, loss at init near ln V,
+    measured memory at least the arenas'); runs are reproducible from the seed and differ
+    across seeds; a config.json path works like a preset; bad requests exit non-zero naming the
+    option.
+"""
+import ctypes
+import json
+import math
+import os
+import subprocess
+
+import pytest
+
+LATHE = os.environ.get("LATHE_BIN", "build/lathe")
+
+
+def run(args, env=None, timeout=120):
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    return subprocess.run([LATHE] + [str(a) for a in args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def doctor_json(env=None):
+    p = run(["doctor", "--json"], env=env)
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 1, p.stdout
+    return p, json.loads(lines[0])
+
+
+def bench(*args, env=None):
+    p = run(["bench", *args], env=env)
+    assert p.returncode == 0, f"lathe bench {args} failed ({p.returncode}):\n{p.stderr}"
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 1, f"stdout must be one JSON line, got:\n{p.stdout}"
+    return json.loads(lines[0])
+
+
+# ---- doctor ----
+
+def library_version(names, symbol, by_pointer):
+    """The version a library reports of itself, loaded as the dynamic loader finds it."""
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        if by_pointer:
+            v = ctypes.c_int(0)
+            assert getattr(lib, symbol)(ctypes.byref(v)) == 0
+            code = v.value
+            if code < 10000:  # NCCL before 2.9
+                return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+        else:
+            fn = getattr(lib, symbol)
+            fn.restype = ctypes.c_size_t
+            code = fn()
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return None
+
+
+def test_doctor_json_and_table_agree():
+    p, j = doctor_json()
+    for key in ["cuda_build", "driver_cuda_version", "runtime_cuda_version", "devices",
+                "libraries", "self_test", "status", "verdict", "no_gpu"]:
+        assert key in j, key
+    assert j["status"] in ("gpu_ready", "cpu_only", "not_ready")
+    text = run(["doctor"])
+    assert text.returncode == p.returncode
+    assert text.stdout.strip().splitlines()[-1] == j["verdict"]
+    assert j["verdict"].startswith("not ready:" if j["status"] == "not_ready" else "ready:")
+    assert p.returncode == (1 if j["status"] == "not_ready" else 0), p.stderr
+    if j["cuda_build"]:
+        assert j["runtime_cuda_version"] is not None
+        assert j["libraries"]["cublaslt"]["found"]
+        major, minor, patch = map(int, j["libraries"]["cublaslt"]["version"].split("."))
+        assert major >= 11
+
+
+def test_doctor_library_versions_are_the_libraries_own():
+    _, j = doctor_json()
+    for key, names, symbol, by_pointer in [
+            ("cudnn", ["libcudnn.so.9", "libcudnn.so"], "cudnnGetVersion", False),
+            ("nccl", ["libnccl.so.2", "libnccl.so"], "ncclGetVersion", True)]:
+        want = library_version(names, symbol, by_pointer)
+        lib = j["libraries"][key]
+        if want is None:
+            assert not lib["found"] and lib["version"] is None, lib
+            assert "not found" in lib["detail"]
+        else:
+            assert lib["found"], lib
+            assert lib["version"] == want, (key, lib, want)
+
+
+def test_doctor_without_gpu_says_what_still_works():
+    # Hiding every device makes any machine one without a GPU.
+    p, j = doctor_json(env={"CUDA_VISIBLE_DEVICES": ""})
+    assert p.returncode == 0, p.stderr
+    assert j["status"] == "cpu_only" and j["no_gpu"]
+    assert j["devices"] == [] and j["self_test"] == []
+    assert j["verdict"].startswith("ready: CPU only")
+    for works in ["tokenize", "prepare", "convert", "train"]:
+        assert works in j["verdict"]
+    text = run(["doctor"], env={"CUDA_VISIBLE_DEVICES": ""})
+    assert text.returncode == 0
+    assert "GPU        none" in text.stdout
+    assert text.stdout.strip().splitlines()[-1] == j["verdict"]
+
+
+def test_doctor_on_a_gpu_runs_the_self_test():
+    p, j = doctor_json()
+    if not j["devices"]:
+        pytest.skip("no GPU here: " + str(j["device_error"]))
+    for d in j["devices"]:
+        assert d["compute_capability"].count(".") == 1 and d["sm_count"] > 0
+        assert 0 < d["free_memory_bytes"] <= d["memory_bytes"]
+        cc = tuple(map(int, d["compute_capability"].split(".")))
+        assert d["bf16"] == (cc >= (8, 0)) and d["fp8"] == (cc >= (8, 9))
+    usable = [d for d in j["devices"] if d["bf16"] and d["kernels"]]
+    names = {t["name"].split(" ")[0] for t in j["self_test"]}
+    assert {"linear_forward", "linear_backward", "rmsnorm_forward", "grad_norm_l2"} <= names
+    assert len({t["device"] for t in j["self_test"]}) == len(usable)
+    for t in j["self_test"]:
+        assert t["passed"], t
+        assert t["failing_elements"] == 0 and t["max_abs_error"] is not None
+    assert j["status"] == "gpu_ready" and p.returncode == 0
+
+
+# ---- bench ----
+
+def llama_params(V, C, L, H, Hkv, F, tied=True):
+    D = C // H
+    layer = 2 * C + C * (H + 2 * Hkv) * D + H * D * C + 3 * C * F
+    return V * C * (1 if tied else 2) + L * layer + C
+
+
+def gpt2_params(V, P, C, L):
+    layer = 2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
+    return V * C + P * C + L * layer + 2 * C
+
+
+def test_bench_plan_only_published_shapes():
+    g = bench("--model", "gpt2-124m", "--batch", 32, "--seq", 1024, "--plan-only")
+    assert g["params"] == 124_439_808 == gpt2_params(50257, 1024, 768, 12)
+    # N of 6N: without the token and position tables, with the (tied) head.
+    assert g["flop_params"] == 124_439_808 - 1024 * 768
+    assert g["flops_per_token"] == 6 * g["flop_params"] + 12 * 12 * 768 * 1024
+    assert g["plan_only"] and g["plan_bytes"] > 4 * 4 * g["params"]
+    l1 = bench("--model", "llama-1b", "--batch", 8, "--seq", 2048, "--plan-only")
+    assert l1["params"] == 1_235_814_400 == llama_params(128256, 2048, 16, 32, 8, 8192)
+    assert l1["flop_params"] == l1["params"]  # tied, no position table
+    assert l1["flops_per_token"] == 6 * l1["params"] + 12 * 16 * 2048 * 2048
+    # torch_baseline.py pads GPT-2's vocabulary to 50304.
+    padded = bench("--model", "gpt2-124m", "--batch", 32, "--seq", 1024, "--plan-only",
+                   "--vocab-size", 50304)
+    assert padded["params"] == g["params"] + (50304 - 50257) * 768
+
+
+def test_bench_tiny_on_cpu():
+    B, T, steps = 2, 32, 3
+    r = bench("--model", "tiny", "--batch", B, "--seq", T, "--steps", steps, "--warmup", 1,
+              "--device", "cpu")
+    assert r["model"] == "tiny" and r["device"] == "cpu" and r["device_name"].startswith("cpu (")
+    assert (r["batch"], r["seq"], r["steps"], r["warmup"]) == (B, T, steps, 1)
+    assert r["params"] == llama_params(512, 64, 2, 4, 2, 192)
+    assert r["flops_per_token"] == 6 * r["params"] + 12 * 2 * 64 * T
+    assert r["mfu"] is None and r["peak_flops"] is None
+    assert 0 < r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"] < 1000
+    assert r["step_ms_min"] <= r["step_ms_mean"] <= r["step_ms_max"]
+    assert r["tokens_per_s"] == pytest.approx(B * T / (r["step_ms_median"] / 1e3), rel=1e-9)
+    # Random init (std 0.02): the logits are near zero, so the loss is near ln V.
+    assert abs(r["loss_first"] - math.log(512)) < 0.1
+    assert math.isfinite(r["loss_last"]) and r["grad_norm_last"] > 0
+    # Measured: the process's peak resident set, which holds every arena the plan counts.
+    assert r["peak_memory_source"] == "max_rss"
+    assert r["peak_memory_bytes"] >= r["plan_bytes"] > 0
+
+
+def test_bench_tiny_gpt2_and_auto_device():
+    doctor = doctor_json()[1]
+    r = bench("--model", "tiny-gpt2", "--batch", 2, "--seq", 16, "--steps", 2, "--warmup", 0)
+    assert r["params"] == gpt2_params(512, 256, 64, 2)
+    assert r["flop_params"] == r["params"] - 256 * 64
+    assert r["requested_device"] == "auto"
+    if doctor["status"] != "gpu_ready":
+        assert r["device"] == "cpu"
+
+
+def test_bench_is_reproducible_from_the_seed():
+    args = ["--model", "tiny", "--batch", 2, "--seq", 16, "--steps", 3, "--warmup", 0,
+            "--device", "cpu"]
+    a = bench(*args)
+    b = bench(*args)
+    c = bench(*args, "--seed", 99)
+    for key in ["loss_first", "loss_last", "grad_norm_last"]:
+        assert a[key] == b[key], key
+    assert a["loss_first"] != c["loss_first"]
+
+
+def test_bench_config_json_path(tmp_path):
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300,
+           "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64,
+           "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for model in [tmp_path, tmp_path / "config.json"]:
+        r = bench("--model", model, "--batch", 1, "--seq", 8, "--steps", 1, "--warmup", 0,
+                  "--device", "cpu")
+        assert r["params"] == llama_params(300, 32, 1, 2, 1, 64, tied=False)
+        assert r["flop_params"] == r["params"] - 300 * 32  # untied: the input table is a lookup
+        assert abs(r["loss_first"] - math.log(300)) < 0.1
+
+
+def test_bench_errors_name_the_option():
+    p = run(["bench", "--model", "gpt5", "--batch", 1, "--seq", 8])
+    assert p.returncode == 2 and "gpt2-124m" in p.stderr and "llama-1b" in p.stderr
+    p = run(["bench", "--model", "tiny", "--batch", 1, "--seq", 300, "--device", "cpu"])
+    assert p.returncode == 2 and "max_position_embeddings" in p.stderr, p.stderr
+    p = run(["bench", "--model", "tiny", "--batch", 0, "--seq", 8, "--device", "cpu"])
+    assert p.returncode == 2 and "--batch" in p.stderr
+    p = run(["bench", "--model", "tiny", "--batch", 1, "--seq", 8, "--steps", 0])
+    assert p.returncode == 2 and "--steps" in p.stderr
+    p = run(["bench", "--model", "tiny", "--batch", 1, "--seq", 8, "--device", "tpu"])
+    assert p.returncode != 0 and "--device" in p.stderr
+    # No GPU (hidden): --device cuda refuses instead of falling back.
+    p = run(["bench", "--model", "tiny", "--batch", 1, "--seq", 8, "--device", "cuda"],
+            env={"CUDA_VISIBLE_DEVICES": ""})
+    assert p.returncode == 1 and "no usable GPU" in p.stderr and "--device cpu" in p.stderr
