@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Packs what a run on the lent GPU machine needs into one archive, and unpacks it there.
+#
+# The GPU machine has the CUDA toolkit, cuDNN and NCCL, but not the Debian -dev packages lathe
+# builds against (PCRE2, utf8proc, simdjson, yaml-cpp, CLI11, fmt, OpenBLAS), and a device call
+# is short; so the binaries are built here (nvcc compiles sm_90a without a GPU) and travel with the
+# shared libraries they need that the GPU machine lacks. CUDA's own libraries (cudart, cuBLASLt,
+# cuDNN, NVRTC) are the GPU machine's: the same CUDA 13.0 major.minor as here.
+#
+#   scripts/gpu-bundle.sh pack [BUILD_DIR]   here: ninja the targets in BUILD_DIR (default build),
+#                                            strip copies, write .carry/gpu-bundle.tgz (git-ignored;
+#                                            name .carry in the run tool's carry list)
+#   scripts/gpu-bundle.sh unpack DIR         there: unpack into DIR; prints the LD_LIBRARY_PATH to
+#                                            export (DIR/lib)
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+targets=(lathe ops_gpu_tests model_gpu_tests)
+
+die() {
+    echo "gpu-bundle: $*" >&2
+    exit 1
+}
+
+pack() {
+    local build=${1:-$root/build}
+    [[ -f $build/build.ninja ]] || die "$build is not a configured build folder"
+    local have=()
+    for t in "${targets[@]}" align_gpu_tests; do
+        if ninja -C "$build" -t query "$t" >/dev/null 2>&1; then have+=("$t"); fi
+    done
+    ninja -C "$build" -j"$(nproc)" "${have[@]}"
+    local stage
+    stage=$(mktemp -d)
+    mkdir -p "$stage/bin" "$stage/lib"
+    for t in "${have[@]}"; do
+        cp "$build/$t" "$stage/bin/"
+        strip "$stage/bin/$t"
+    done
+    # Shared libraries from the Debian packages; the C/C++ runtime and CUDA's are the GPU
+    # machine's own (newer glibc and libstdc++ run binaries built against older ones).
+    ldd "${have[@]/#/$build/}" | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
+        case $(basename "$lib") in
+            libc.so* | libm.so* | libstdc++* | libgcc_s* | ld-linux* | libpthread* | libdl.so* | \
+                librt.so* | libcuda.so* | libcudart* | libcublas* | libcudnn* | libnvrtc* | \
+                libnccl* | libnvJitLink*) ;;
+            *) cp -L "$lib" "$stage/lib/" ;;
+        esac
+    done
+    mkdir -p "$root/.carry"
+    tar -C "$stage" -czf "$root/.carry/gpu-bundle.tgz" bin lib
+    rm -rf "$stage"
+    ls -la "$root/.carry/gpu-bundle.tgz"
+}
+
+unpack() {
+    local dir=${1:?usage: gpu-bundle.sh unpack DIR}
+    mkdir -p "$dir"
+    tar -C "$dir" -xzf "$root/.carry/gpu-bundle.tgz"
+    echo "$dir/lib"
+}
+
+case ${1:-} in
+    pack) shift; pack "$@" ;;
+    unpack) shift; unpack "$@" ;;
+    *) die "usage: gpu-bundle.sh pack [BUILD_DIR] | unpack DIR" ;;
+esac

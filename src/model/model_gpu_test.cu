@@ -1,0 +1,259 @@
+// The whole model on the GPU against the CPU reference (CTest label gpu): for each family, the
+// same initial weights and batch on both backends; loss, every parameter gradient, the gradient
+// norm, logits, and the loss after a few AdamW steps must agree within bf16 tolerance. The CPU
+// twin computes in fp32 from the fp32 masters; the GPU computes from their bf16 copy with bf16
+// activations, so the tolerances are bf16's (u = 2^-8) grown by the depth of the computation,
+// not fp32's. Also: packed documents, batches smaller than planned, checkpoints and optimizer
+// state read back from the device, and a step allocating nothing.
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "model/registry.h"
+#include "ops/cuda/cuda_state.h"
+#include "ops/cuda/memory.h"
+
+namespace lathe {
+namespace {
+
+struct Family {
+    const char* name;
+    const char* json;
+};
+
+// Small but not degenerate: head_dim 32 (cuDNN needs a multiple of 8), hidden a multiple of 8
+// (the vectorized kernel paths), two or three layers.
+const Family kFamilies[] = {
+    {"llama", R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+      "vocab_size": 384, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+      "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false,
+      "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32}})"},
+    {"mistral", R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+      "vocab_size": 320, "hidden_size": 128, "intermediate_size": 224, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 1, "max_position_embeddings": 128,
+      "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "sliding_window": 24,
+      "tie_word_embeddings": false})"},
+    {"qwen2", R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+      "vocab_size": 352, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+      "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": true})"},
+    {"gpt_neox", R"({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
+      "vocab_size": 384, "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "max_position_embeddings": 128, "rotary_pct": 0.25,
+      "use_parallel_residual": true, "tie_word_embeddings": false})"},
+    {"gpt2", R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+      "vocab_size": 331, "n_embd": 128, "n_layer": 3, "n_head": 4, "n_positions": 128})"},
+};
+
+constexpr int64_t kB = 2, kT = 96;
+
+ModelConfig parse(const char* json) {
+    Result<ModelConfig> c = model_config_from_hf_json(json, "test/config.json");
+    LATHE_CHECK(c.ok(), "{}", c.status().to_string());
+    return std::move(*c);
+}
+
+HostTensor random_ids(int64_t B, int64_t T, int64_t n, uint64_t salt, bool some_ignored) {
+    HostTensor t(DType::kI32, Shape{B, T});
+    uint64_t x = 0x9E3779B97F4A7C15ull ^ salt;
+    for (int64_t i = 0; i < B * T; ++i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        t.as<int32_t>()[i] = some_ignored && x % 11 == 0 ? -100 : int32_t(x % uint64_t(n));
+    }
+    return t;
+}
+
+// ||a - b|| / ||b|| over equal-length vectors.
+double rel_l2(const float* a, const float* b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+        den += double(b[i]) * b[i];
+    }
+    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+struct Pair {
+    Model cpu, gpu;
+};
+
+Pair make_pair(CudaState& state, const ModelConfig& c, int64_t B, int64_t T, uint64_t seed) {
+    Result<Model> cpu = Model::create(c, ModelShape{B, T, 0}, cpu_context());
+    Result<Model> gpu = Model::create(c, ModelShape{B, T, 0}, state.context());
+    LATHE_CHECK(cpu.ok() && gpu.ok(), "{} {}", cpu.status().to_string(), gpu.status().to_string());
+    cpu->init(seed);
+    gpu->init(seed);
+    return Pair{std::move(*cpu), std::move(*gpu)};
+}
+
+// Every HF parameter's gradient (or value) on both, compared by relative L2 error.
+double worst_tensor_error(const Model& cpu, const Model& gpu, bool grads, std::string* worst) {
+    double err = 0;
+    for (const HfParam& p : cpu.params().hf_params()) {
+        HostTensor a(DType::kF32, p.shape), b(DType::kF32, p.shape);
+        if (grads) {
+            gpu.read_grad_hf(p.name, a.view());
+            cpu.read_grad_hf(p.name, b.view());
+        } else {
+            gpu.read_param_hf(p.name, a.view());
+            cpu.read_param_hf(p.name, b.view());
+        }
+        const double e = rel_l2(a.as<float>(), b.as<float>(), p.shape.numel());
+        EXPECT_TRUE(std::isfinite(e)) << p.name;
+        if (e > err) {
+            err = e;
+            *worst = p.name;
+        }
+    }
+    return err;
+}
+
+class ModelGpu : public ::testing::TestWithParam<Family> {
+protected:
+    static void SetUpTestSuite() { state_ = new CudaState(0); }
+    static void TearDownTestSuite() {
+        delete state_;
+        state_ = nullptr;
+    }
+    static CudaState* state_;
+};
+CudaState* ModelGpu::state_ = nullptr;
+
+TEST_P(ModelGpu, OneTrainingStepMatchesTheCpuReference) {
+    const ModelConfig c = parse(GetParam().json);
+    Pair m = make_pair(*state_, c, kB, kT, 11);
+    const HostTensor tok = random_ids(kB, kT, c.vocab_size, 1, false);
+    const HostTensor tgt = random_ids(kB, kT, c.vocab_size, 2, true);
+    const ModelBatch batch{tok.view(), tgt.view(), {}, {}};
+
+    m.cpu.zero_grads();
+    m.gpu.zero_grads();
+    const float loss_cpu = m.cpu.forward_backward(batch);
+    const float loss_gpu = m.gpu.forward_backward(batch);
+    std::string worst;
+    const double grad_err = worst_tensor_error(m.cpu, m.gpu, true, &worst);
+    const float norm_cpu = m.cpu.grad_norm(), norm_gpu = m.gpu.grad_norm();
+    std::printf("[gpu-vs-cpu] %-9s loss %.6f vs %.6f (rel %.2e)  grad norm %.5f vs %.5f  worst "
+                "grad rel-L2 %.2e (%s)\n",
+                GetParam().name, loss_gpu, loss_cpu, std::abs(loss_gpu - loss_cpu) / loss_cpu,
+                norm_gpu, norm_cpu, grad_err, worst.c_str());
+    // The loss is an fp32/fp64 reduction of bf16-computed logits: a few u relative at most.
+    EXPECT_NEAR(loss_gpu, loss_cpu, 4e-3 * loss_cpu);
+    EXPECT_NEAR(norm_gpu, norm_cpu, 2e-2 * norm_cpu);
+    // Each gradient passes through about 10 bf16 roundings per layer (u = 3.9e-3 each, mostly
+    // independent): 5e-2 relative is that, with room for cancellation in small tensors.
+    EXPECT_LT(grad_err, 5e-2) << worst;
+
+    // Logits (forward only), compared as a whole.
+    HostTensor lc(DType::kF32, Shape{kB, kT, c.vocab_size}), lg(DType::kF32, lc.view().shape());
+    m.cpu.logits(lc.view(), ModelBatch{tok.view(), {}, {}, {}});
+    m.gpu.logits(lg.view(), ModelBatch{tok.view(), {}, {}, {}});
+    const double logit_err = rel_l2(lg.as<float>(), lc.as<float>(), lc.view().numel());
+    std::printf("[gpu-vs-cpu] %-9s logits rel-L2 %.2e\n", GetParam().name, logit_err);
+    EXPECT_LT(logit_err, 2e-2);
+}
+
+TEST_P(ModelGpu, LossesTrackTheCpuOverAdamWSteps) {
+    const ModelConfig c = parse(GetParam().json);
+    Pair m = make_pair(*state_, c, kB, kT, 12);
+    ASSERT_TRUE(m.cpu.enable_optimizer().ok());
+    ASSERT_TRUE(m.gpu.enable_optimizer().ok());
+    const AdamWHyper hyper;
+    std::vector<float> lc, lg;
+    for (int step = 1; step <= 8; ++step) {
+        const HostTensor tok = random_ids(kB, kT, c.vocab_size, 100 + step % 2, false);
+        HostTensor tgt(DType::kI32, Shape{kB, kT});  // next token of the (repeating) batch
+        for (int64_t b = 0; b < kB; ++b)
+            for (int64_t t = 0; t < kT; ++t)
+                tgt.as<int32_t>()[b * kT + t] =
+                    t + 1 < kT ? tok.as<int32_t>()[b * kT + t + 1] : -100;
+        const ModelBatch batch{tok.view(), tgt.view(), {}, {}};
+        for (Model* model : {&m.cpu, &m.gpu}) {
+            model->zero_grads();
+            const float loss = model->forward_backward(batch);
+            (model == &m.cpu ? lc : lg).push_back(loss);
+            model->grad_norm();
+            model->clip_grads(1.0f);
+            model->optimizer_step(model->adamw_segments(3e-3, 0.1), hyper, step);
+        }
+    }
+    for (size_t i = 0; i < lc.size(); ++i) {
+        std::printf("[gpu-vs-cpu] %-9s step %zu loss %.5f vs %.5f\n", GetParam().name, i + 1,
+                    lg[i], lc[i]);
+        EXPECT_NEAR(lg[i], lc[i], 2e-2 * lc[i]) << "step " << i + 1;
+    }
+    EXPECT_LT(lg.back(), lg.front() - 0.3f) << "the GPU model did not learn the repeated batches";
+    // The masters moved as the CPU's did; the bf16 copy (what the next forward reads) follows.
+    std::string worst;
+    const double param_err = worst_tensor_error(m.cpu, m.gpu, false, &worst);
+    std::printf("[gpu-vs-cpu] %-9s parameters after 8 steps: worst rel-L2 %.2e (%s)\n",
+                GetParam().name, param_err, worst.c_str());
+    EXPECT_LT(param_err, 3e-2) << worst;
+    // Optimizer state reads back from the device and round-trips.
+    const size_t n = size_t(m.gpu.params_flat().numel());
+    std::vector<float> m1(n), v1(n), m2(n), v2(n);
+    m.gpu.read_optimizer_state(m1, v1);
+    m.gpu.write_optimizer_state(m1, v1);
+    m.gpu.read_optimizer_state(m2, v2);
+    EXPECT_EQ(m1, m2);
+    EXPECT_EQ(v1, v2);
+}
+
+TEST_P(ModelGpu, PackedDocumentsAndSmallerBatchesMatchTheCpu) {
+    const ModelConfig c = parse(GetParam().json);
+    Pair m = make_pair(*state_, c, kB, kT, 13);
+    const int64_t B = 1, T = 80;  // smaller than planned
+    const HostTensor tok = random_ids(B, T, c.vocab_size, 5, false);
+    const HostTensor tgt = random_ids(B, T, c.vocab_size, 6, true);
+    HostTensor docs(DType::kI32, Shape{B, T}), pos(DType::kI32, Shape{B, T});
+    for (int i = 0; i < T; ++i) {
+        const int d = i < 30 ? 0 : (i < 55 ? 1 : 2);
+        docs.as<int32_t>()[i] = d;
+        pos.as<int32_t>()[i] = i - (d == 0 ? 0 : d == 1 ? 30 : 55);
+    }
+    const ModelBatch batch{tok.view(), tgt.view(), docs.view(), pos.view()};
+    m.cpu.zero_grads();
+    m.gpu.zero_grads();
+    const float lc = m.cpu.forward_backward(batch), lg = m.gpu.forward_backward(batch);
+    std::string worst;
+    const double grad_err = worst_tensor_error(m.cpu, m.gpu, true, &worst);
+    std::printf("[gpu-vs-cpu] %-9s packed: loss %.6f vs %.6f, worst grad rel-L2 %.2e (%s)\n",
+                GetParam().name, lg, lc, grad_err, worst.c_str());
+    EXPECT_NEAR(lg, lc, 4e-3 * lc);
+    EXPECT_LT(grad_err, 5e-2) << worst;
+}
+
+TEST_P(ModelGpu, AStepAllocatesNoDeviceMemory) {
+    const ModelConfig c = parse(GetParam().json);
+    Pair m = make_pair(*state_, c, kB, kT, 14);
+    ASSERT_TRUE(m.gpu.enable_optimizer().ok());
+    const HostTensor tok = random_ids(kB, kT, c.vocab_size, 7, false);
+    const HostTensor tgt = random_ids(kB, kT, c.vocab_size, 8, true);
+    auto step = [&] {
+        m.gpu.zero_grads();
+        m.gpu.forward_backward(ModelBatch{tok.view(), tgt.view(), {}, {}});
+        m.gpu.grad_norm();
+        m.gpu.optimizer_step(m.gpu.adamw_segments(1e-3, 0.0), AdamWHyper{}, 1);
+        m.gpu.synchronize();
+    };
+    step();  // first use builds the cached attention graphs and GEMM choices
+    const size_t before = cuda_memory_info(0).free_bytes;
+    for (int i = 0; i < 3; ++i) step();
+    EXPECT_EQ(cuda_memory_info(0).free_bytes, before);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ModelGpu, ::testing::ValuesIn(kFamilies),
+                         [](const ::testing::TestParamInfo<Family>& info) {
+                             return std::string(info.param.name);
+                         });
+
+}  // namespace
+}  // namespace lathe
