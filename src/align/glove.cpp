@@ -3,6 +3,7 @@
 #include <cmath>
 #include <thread>
 
+#include "align/embed_math.h"
 #include "align/embed_random.h"
 #include "core/check.h"
 
@@ -56,23 +57,6 @@ GloveModel glove_init(int64_t V, int64_t D, uint64_t seed) {
 
 namespace {
 
-constexpr int kWarp = 32;
-
-// The dot product in warp order (see glove.h): 32 strided partial sums, then a butterfly.
-inline float dot_warp_order(const float* __restrict__ a, const float* __restrict__ b, int64_t D) {
-    float part[kWarp] = {};
-    int64_t d0 = 0;
-    for (; d0 + kWarp <= D; d0 += kWarp)
-        for (int l = 0; l < kWarp; ++l) part[l] += a[d0 + l] * b[d0 + l];
-    for (int l = 0; d0 + l < D; ++l) part[l] += a[d0 + l] * b[d0 + l];
-    for (int m = kWarp / 2; m >= 1; m /= 2) {
-        float next[kWarp];
-        for (int l = 0; l < kWarp; ++l) next[l] = part[l] + part[l ^ m];
-        for (int l = 0; l < kWarp; ++l) part[l] = next[l];
-    }
-    return part[0];
-}
-
 // One entry's update (glove.h); returns its cost (0 when skipped).
 inline double glove_step(GloveModel& m, const GloveEntry& e, float lr, float clip) {
     const int64_t D = m.D;
@@ -80,7 +64,7 @@ inline double glove_step(GloveModel& m, const GloveEntry& e, float lr, float cli
     float* __restrict__ cb = m.c.data() + int64_t(e.col) * D;
     float* __restrict__ gwa = m.gw.data() + int64_t(e.row) * D;
     float* __restrict__ gcb = m.gc.data() + int64_t(e.col) * D;
-    const float dot = dot_warp_order(wa, cb, D);
+    const float dot = embed_dot_warp_order(wa, cb, D);
     const float diff = ((dot + m.bw[e.row]) + m.bc[e.col]) - e.log_x;
     const float fdiff = e.weight * diff;
     if (!std::isfinite(diff) || !std::isfinite(fdiff)) return 0.0;

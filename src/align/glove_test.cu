@@ -1,0 +1,109 @@
+// The CUDA GloVe trainer against its CPU twin (align/glove.h): one warp is bitwise equal to one
+// CPU thread; the full-device Hogwild kernel reaches the same cost and the same neighbours.
+
+// clang-format off
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+// clang-format on
+
+#include <gtest/gtest.h>
+
+#include "align/embed_test_util.h"
+#include "align/glove.h"
+
+#if defined(__NVCC__)
+#pragma nv_diag_suppress 177
+#endif
+
+namespace lathe {
+namespace {
+
+struct Problem {
+    EmbedVocab vocab;
+    std::vector<GloveEntry> entries;
+};
+
+Problem make_problem(const std::vector<std::vector<int32_t>>& docs, const std::string& name,
+                     int64_t min_count, int window, uint64_t seed) {
+    const auto data = embedtest::write_docs(name, docs);
+    auto vocab = embed_count_vocab(data, min_count, 2);
+    LATHE_CHECK(vocab.ok(), "{}", vocab.status().to_string());
+    CooccurOptions co;
+    co.window = window;
+    const auto x = cooccur_count(data, *vocab, co);
+    GloveOptions o;
+    o.seed = seed;
+    return {std::move(vocab).value(), glove_make_entries(x, o)};
+}
+
+void expect_bitwise_equal(const GloveModel& a, const GloveModel& b) {
+    EXPECT_EQ(a.w, b.w);
+    EXPECT_EQ(a.c, b.c);
+    EXPECT_EQ(a.bw, b.bw);
+    EXPECT_EQ(a.bc, b.bc);
+    EXPECT_EQ(a.gw, b.gw);
+    EXPECT_EQ(a.gc, b.gc);
+    EXPECT_EQ(a.gbw, b.gbw);
+    EXPECT_EQ(a.gbc, b.gbc);
+}
+
+TEST(GloveCuda, OneWarpIsBitwiseTheSingleThreadCpuEpoch) {
+    // D = 300 (TokAlign's): not a multiple of 32, so lanes hold 10 or 9 dimensions.
+    const Problem p = make_problem(embedtest::zipf_docs(200, 60, 3000, 21), "glove_cuda_zipf", 2,
+                                   15, 4);
+    ASSERT_GT(p.entries.size(), 10000u);
+    for (int64_t D : {300, 16}) {
+        GloveModel cpu = glove_init(p.vocab.size(), D, 9);
+        GloveCuda gpu(cpu, p.entries, /*warps=*/1);
+        for (int it = 0; it < 2; ++it) {
+            const double cpu_cost = glove_epoch_hogwild_cpu(cpu, p.entries, 0.05, 100.0, 1);
+            const double gpu_cost = gpu.epoch(0.05, 100.0);
+            EXPECT_EQ(gpu_cost, cpu_cost) << "D=" << D << " iteration " << it;
+        }
+        GloveModel back = glove_init(p.vocab.size(), D, 0);
+        gpu.download(back);
+        expect_bitwise_equal(back, cpu);
+    }
+}
+
+TEST(GloveCuda, HogwildReachesTheCpuCostAndNeighbours) {
+    constexpr int kRing = 40;
+    const Problem p = make_problem(embedtest::ring_docs(300, 40, kRing, 3), "glove_cuda_ring", 5,
+                                   5, 1);
+    const int64_t D = 16;
+    GloveModel cpu = glove_init(p.vocab.size(), D, 1);
+    GloveCuda gpu(cpu, p.entries);  // every resident warp: far more warps than entries per row
+    ASSERT_GT(gpu.warps(), 1000);
+    double cpu_cost = 0, gpu_cost = 0;
+    for (int it = 0; it < 30; ++it) {
+        cpu_cost = glove_epoch_hogwild_cpu(cpu, p.entries, 0.05, 100.0, 1);
+        gpu_cost = gpu.epoch(0.05, 100.0);
+    }
+    EXPECT_NEAR(gpu_cost, cpu_cost, 0.2 * cpu_cost);
+    GloveModel back = glove_init(p.vocab.size(), D, 0);
+    gpu.download(back);
+    const std::vector<float> vectors = glove_output_vectors(back);
+    const double agreement = embedtest::nearest_neighbour_agreement(
+        vectors, D, p.vocab.size(), [&](int64_t a, int64_t b) {
+            return embedtest::ring_distance(p.vocab.token_of_row[size_t(a)],
+                                            p.vocab.token_of_row[size_t(b)], kRing) <= 2;
+        });
+    EXPECT_GE(agreement, 0.9);
+}
+
+TEST(GloveCuda, FreshRandomProblemsStayFiniteAndCostFalls) {
+    for (uint64_t seed : {1u, 2u, 3u}) {
+        const Problem p = make_problem(embedtest::zipf_docs(500, 80, 5000, seed * 7),
+                                       "glove_cuda_rand", 1, 10, seed);
+        GloveModel m = glove_init(p.vocab.size(), 64, seed);
+        GloveCuda gpu(m, p.entries);
+        const double first = gpu.epoch(0.05, 100.0);
+        double last = first;
+        for (int it = 0; it < 5; ++it) last = gpu.epoch(0.05, 100.0);
+        EXPECT_LT(last, first) << "seed " << seed;
+        gpu.download(m);
+        for (float v : m.w) ASSERT_TRUE(std::isfinite(v));
+    }
+}
+
+}  // namespace
+}  // namespace lathe
