@@ -43,7 +43,7 @@ struct AttentionGraph {
 
 enum class Direction : int64_t { kForward = 0, kBackward = 1 };
 
-using GraphKey = std::array<int64_t, 10>;
+using GraphKey = std::array<int64_t, 11>;
 struct GraphKeyHash {
     size_t operator()(const GraphKey& k) const {
         uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
@@ -60,6 +60,8 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kDO, kDQ, kDK, kDV };
 struct CudaState::AttentionCache {
     cudnnHandle_t handle = nullptr;
     std::unordered_map<GraphKey, std::unique_ptr<AttentionGraph>, GraphKeyHash> graphs;
+    // Backward shape (with its workspace cap) -> the batch chunk its graph runs on.
+    std::unordered_map<GraphKey, int64_t, GraphKeyHash> backward_chunks;
     DeviceBuffer workspace;  // the largest workspace any cached graph asked for
     DeviceBuffer bias;       // the docs bias, (B, 1, T, T) bf16 of the largest docs shape
 
@@ -99,8 +101,24 @@ int64_t effective_window(const AttentionShape& s) {
 
 GraphKey graph_key(Direction dir, const AttentionShape& s) {
     const bool nondeterministic = dir == Direction::kBackward && s.nondeterministic_backward;
-    return {int64_t(dir), s.B, s.T, s.H, s.Hkv, s.D, effective_window(s), s.docs ? 1 : 0,
-            int64_t(std::bit_cast<uint32_t>(s.scale)), nondeterministic ? 1 : 0};
+    return {int64_t(dir),
+            s.B,
+            s.T,
+            s.H,
+            s.Hkv,
+            s.D,
+            effective_window(s),
+            s.docs ? 1 : 0,
+            int64_t(std::bit_cast<uint32_t>(s.scale)),
+            nondeterministic ? 1 : 0,
+            0};
+}
+
+// The key of the batch-chunk decision for a backward shape: the graph key plus the cap.
+GraphKey chunk_key(const AttentionShape& s) {
+    GraphKey key = graph_key(Direction::kBackward, s);
+    key.back() = int64_t(s.backward_workspace_cap);
+    return key;
 }
 
 std::string shape_text(Direction dir, const AttentionShape& s) {
@@ -238,18 +256,56 @@ void grow(DeviceBuffer& buffer, size_t bytes, CudaState& state) {
     buffer = DeviceBuffer(bytes);
 }
 
+// Caches `built` for (dir, s) and grows the state's buffers to fit it.
+AttentionGraph& insert_graph(CudaState& state, Direction dir, const AttentionShape& s,
+                             std::unique_ptr<AttentionGraph> built) {
+    CudaState::AttentionCache& cache = state.attention_cache();
+    grow(cache.workspace, size_t(built->workspace_bytes), state);
+    grow(cache.bias, bias_bytes(s), state);
+    return *cache.graphs.emplace(graph_key(dir, s), std::move(built)).first->second;
+}
+
 // The cached graph for (dir, shape), built (and the state's buffers grown) on first use.
 AttentionGraph& graph_for(CudaState& state, Direction dir, const AttentionShape& s) {
     CudaState::AttentionCache& cache = state.attention_cache();
-    const GraphKey key = graph_key(dir, s);
-    auto it = cache.graphs.find(key);
-    if (it == cache.graphs.end()) {
-        std::unique_ptr<AttentionGraph> built = build_graph(cache.handle, dir, s);
-        grow(cache.workspace, size_t(built->workspace_bytes), state);
-        grow(cache.bias, bias_bytes(s), state);
-        it = cache.graphs.emplace(key, std::move(built)).first;
+    auto it = cache.graphs.find(graph_key(dir, s));
+    if (it != cache.graphs.end()) return *it->second;
+    return insert_graph(state, dir, s, build_graph(cache.handle, dir, s));
+}
+
+AttentionShape with_batch(AttentionShape s, int64_t B) {
+    s.B = B;
+    return s;
+}
+
+// How many batch rows one backward graph call takes: all of them, unless the shape caps the
+// workspace and the whole batch's graph asks for more. cuDNN's workspace grows linearly with B
+// (per-row partial dQ), so the chunk is the largest divisor of B whose share fits the cap (one
+// row when none does: the cap is then exceeded, as little as possible). Decided once per shape;
+// the whole batch's graph is kept only when it is the one used.
+int64_t backward_chunk(CudaState& state, const AttentionShape& s) {
+    CudaState::AttentionCache& cache = state.attention_cache();
+    const GraphKey key = chunk_key(s);
+    if (auto it = cache.backward_chunks.find(key); it != cache.backward_chunks.end())
+        return it->second;
+    int64_t chunk = s.B;
+    if (s.backward_workspace_cap > 0 && cache.graphs.count(graph_key(Direction::kBackward, s)) == 0) {
+        std::unique_ptr<AttentionGraph> whole = build_graph(cache.handle, Direction::kBackward, s);
+        const size_t whole_bytes = size_t(whole->workspace_bytes);
+        if (whole_bytes <= s.backward_workspace_cap) {
+            insert_graph(state, Direction::kBackward, s, std::move(whole));
+        } else {
+            const double per_row = double(whole_bytes) / double(s.B);
+            chunk = 1;
+            for (int64_t c = s.B - 1; c >= 1; --c)
+                if (s.B % c == 0 && per_row * double(c) <= double(s.backward_workspace_cap)) {
+                    chunk = c;
+                    break;
+                }
+        }
     }
-    return *it->second;
+    cache.backward_chunks.emplace(key, chunk);
+    return chunk;
 }
 
 void check_shape(const AttentionShape& s, const char* op) {
@@ -328,7 +384,8 @@ int64_t attention_cudnn_version() {
 size_t attention_prepare(CudaState& state, const AttentionShape& shape) {
     check_shape(shape, "attention_prepare");
     const AttentionGraph& fwd = graph_for(state, Direction::kForward, shape);
-    const AttentionGraph& bwd = graph_for(state, Direction::kBackward, shape);
+    const AttentionGraph& bwd =
+        graph_for(state, Direction::kBackward, with_batch(shape, backward_chunk(state, shape)));
     return size_t(std::max(fwd.workspace_bytes, bwd.workspace_bytes)) + bias_bytes(shape);
 }
 
@@ -360,22 +417,30 @@ void attention_backward(CudaState& state, CUstream_st* stream, bf16* dq, bf16* d
                         const bf16* out, const float* lse, const int32_t* docs,
                         const AttentionShape& shape) {
     check_call(state, stream, shape, docs, "attention_backward");
-    AttentionGraph& g = graph_for(state, Direction::kBackward, shape);
-    set(g, kQ, q);
-    set(g, kK, k);
-    set(g, kV, v);
-    set(g, kO, out);
-    set(g, kDO, dout);
-    set(g, kStats, lse);
-    set(g, kDQ, dq);
-    set(g, kDK, dk);
-    set(g, kDV, dv);
-    if (shape.docs) {
-        void* bias = state.attention_cache().bias.data();
-        write_docs_bias(bias, docs, shape, stream);
-        set(g, kBias, bias);
+    const int64_t chunk = backward_chunk(state, shape);
+    const AttentionShape part = with_batch(shape, chunk);
+    AttentionGraph& g = graph_for(state, Direction::kBackward, part);
+    // Batch rows are contiguous in every tensor: chunk i is plain pointer offsets.
+    const int64_t q_rows = chunk * shape.T * shape.H * shape.D;
+    const int64_t kv_rows = chunk * shape.T * shape.Hkv * shape.D;
+    const int64_t lse_rows = chunk * shape.H * shape.T;
+    for (int64_t i = 0; i < shape.B / chunk; ++i) {
+        set(g, kQ, q + i * q_rows);
+        set(g, kK, k + i * kv_rows);
+        set(g, kV, v + i * kv_rows);
+        set(g, kO, out + i * q_rows);
+        set(g, kDO, dout + i * q_rows);
+        set(g, kStats, lse + i * lse_rows);
+        set(g, kDQ, dq + i * q_rows);
+        set(g, kDK, dk + i * kv_rows);
+        set(g, kDV, dv + i * kv_rows);
+        if (shape.docs) {
+            void* bias = state.attention_cache().bias.data();
+            write_docs_bias(bias, docs + i * chunk * shape.T, part, stream);
+            set(g, kBias, bias);
+        }
+        execute(state, g, Direction::kBackward, part);
     }
-    execute(state, g, Direction::kBackward, shape);
 }
 
 }  // namespace cuda

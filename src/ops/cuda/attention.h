@@ -43,6 +43,11 @@ struct AttentionShape {
     // at GPT-2 124M's shape, 2.1 GiB at Llama-1B's). true picks cuDNN's atomic-add dQ instead:
     // far less workspace, results that may differ in the last bits from run to run.
     bool nondeterministic_backward = false;
+    // 0: the backward runs the whole batch in one cuDNN call. Otherwise a bound on its workspace:
+    // when the whole batch's graph asks for more, the backward runs as B / Bc calls on Bc batch
+    // rows each (Bc the largest divisor of B that fits; 1 when none does), with a workspace Bc / B
+    // the size. Same results (the rows are independent), a little slower (docs/CUDA.md).
+    size_t backward_workspace_cap = 0;
 };
 
 // Null when this build has cuDNN attention; otherwise a sentence naming what was missing when it

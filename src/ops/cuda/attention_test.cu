@@ -31,12 +31,27 @@ struct Case {
     int docs;  // 0: none; otherwise the mean document length of the packed rows
     float scale = 0.0f;  // 0: 1 / sqrt(D), as the models pass
     bool nondeterministic_backward = false;
+    size_t backward_workspace_cap = 0;
 };
 
 std::string case_text(const Case& c) {
-    return fmt::format("B={} T={} H={} Hkv={} D={} window={} docs={}{}", c.B, c.T, c.H, c.Hkv,
+    return fmt::format("B={} T={} H={} Hkv={} D={} window={} docs={}{}{}", c.B, c.T, c.H, c.Hkv,
                        c.D, c.window, c.docs,
-                       c.nondeterministic_backward ? " (nondeterministic backward)" : "");
+                       c.nondeterministic_backward ? " (nondeterministic backward)" : "",
+                       c.backward_workspace_cap > 0
+                           ? fmt::format(" (backward workspace cap {:.0f} MiB)",
+                                         double(c.backward_workspace_cap) / (1 << 20))
+                           : std::string());
+}
+
+cuda::AttentionShape cuda_shape(const Case& c, float scale) {
+    cuda::AttentionShape s;
+    s.B = c.B, s.T = c.T, s.H = c.H, s.Hkv = c.Hkv, s.D = c.D, s.window = c.window;
+    s.docs = c.docs > 0;
+    s.scale = scale;
+    s.nondeterministic_backward = c.nondeterministic_backward;
+    s.backward_workspace_cap = c.backward_workspace_cap;
+    return s;
 }
 
 // Packed documents: ids rise along each row, a new document starting after each token with
@@ -102,9 +117,9 @@ void check_attention(const Case& c, uint64_t seed) {
     DeviceTensor dq = device_tensor(DType::kBF16, q.shape(), state);
     DeviceTensor dk = device_tensor(DType::kBF16, k.shape(), state);
     DeviceTensor dv = device_tensor(DType::kBF16, v.shape(), state);
-    if (c.nondeterministic_backward) {  // not offered by the dispatcher: the launcher itself
-        const cuda::AttentionShape shape{c.B,      c.T,        c.H,   c.Hkv, c.D,
-                                         c.window, c.docs > 0, scale, true};
+    if (c.nondeterministic_backward || c.backward_workspace_cap > 0) {
+        // Variants the dispatcher does not offer: the launcher itself.
+        const cuda::AttentionShape shape = cuda_shape(c, scale);
         cuda::attention_backward(state, state.stream(), dq.view.as<bf16>(), dk.view.as<bf16>(),
                                  dv.view.as<bf16>(), gdout.view.as<bf16>(), gq.view.as<bf16>(),
                                  gk.view.as<bf16>(), gv.view.as<bf16>(), out.view.as<bf16>(),
@@ -161,6 +176,20 @@ TEST(CudaAttention, MatchesCpuPackedDocuments) {
 TEST(CudaAttention, MatchesCpuNondeterministicBackward) {
     if (skip_if_unavailable()) GTEST_SKIP();
     check_attention({2, 200, 8, 2, 64, 64, 50, 0.0f, true}, 84);
+}
+
+// A workspace cap below the whole batch's need: the backward runs in batch chunks (here one row
+// per call, docs bias per chunk), which must change nothing but the workspace.
+TEST(CudaAttention, MatchesCpuBackwardInBatchChunks) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    const Case c{4, 128, 4, 2, 64, 32, 20, 0.0f, false, 1};
+    check_attention(c, 85);
+    CudaState whole_state(0), chunked_state(0);
+    Case whole = c;
+    whole.backward_workspace_cap = 0;
+    const size_t whole_bytes = cuda::attention_prepare(whole_state, cuda_shape(whole, 0.125f));
+    const size_t chunked_bytes = cuda::attention_prepare(chunked_state, cuda_shape(c, 0.125f));
+    EXPECT_LT(chunked_bytes, whole_bytes);
 }
 
 TEST(CudaAttention, MatchesCpuPackedShortDocumentsOddT) {
@@ -228,11 +257,7 @@ void check_training_shape(const Case& c) {
     SCOPED_TRACE(case_text(c));
     CudaState state(0);
     const Context gpu = state.context();
-    const cuda::AttentionShape shape{c.B,        c.T,
-                                     c.H,        c.Hkv,
-                                     c.D,        c.window,
-                                     c.docs > 0, 1.0f / std::sqrt(float(c.D)),
-                                     c.nondeterministic_backward};
+    const cuda::AttentionShape shape = cuda_shape(c, 1.0f / std::sqrt(float(c.D)));
     const size_t need = cuda::attention_prepare(state, shape);
     const size_t held = cuda::attention_buffer_bytes(state);
     EXPECT_GE(held, need);
@@ -306,6 +331,16 @@ TEST(CudaAttention, Gpt2TrainingShapeNondeterministicBackward) {
 TEST(CudaAttention, Llama1BTrainingShapeNondeterministicBackward) {
     if (skip_if_unavailable()) GTEST_SKIP();
     check_training_shape({8, 2048, 32, 8, 64, 0, 0, 0.0f, true});
+}
+
+TEST(CudaAttention, Gpt2TrainingShapeBackwardWorkspaceCap) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({32, 1024, 12, 12, 64, 0, 0, 0.0f, false, size_t(256) << 20});
+}
+
+TEST(CudaAttention, Llama1BTrainingShapeBackwardWorkspaceCap) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({8, 2048, 32, 8, 64, 0, 0, 0.0f, false, size_t(512) << 20});
 }
 
 TEST(CudaAttention, Llama1BTrainingShapePackedDocuments) {
