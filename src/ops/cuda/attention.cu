@@ -123,7 +123,7 @@ GraphKey chunk_key(const AttentionShape& s) {
 
 std::string shape_text(Direction dir, const AttentionShape& s) {
     return fmt::format("attention {} B={} T={} H={} Hkv={} D={} window={} docs={} scale={}",
-                       dir == Direction::kForward             ? "forward"
+                       dir == Direction::kForward    ? "forward"
                        : s.nondeterministic_backward ? "backward (nondeterministic)"
                                                      : "backward",
                        s.B, s.T, s.H, s.Hkv, s.D, s.window, s.docs ? "yes" : "no", s.scale);
@@ -289,7 +289,8 @@ int64_t backward_chunk(CudaState& state, const AttentionShape& s) {
     if (auto it = cache.backward_chunks.find(key); it != cache.backward_chunks.end())
         return it->second;
     int64_t chunk = s.B;
-    if (s.backward_workspace_cap > 0 && cache.graphs.count(graph_key(Direction::kBackward, s)) == 0) {
+    if (s.backward_workspace_cap > 0 &&
+        cache.graphs.count(graph_key(Direction::kBackward, s)) == 0) {
         std::unique_ptr<AttentionGraph> whole = build_graph(cache.handle, Direction::kBackward, s);
         const size_t whole_bytes = size_t(whole->workspace_bytes);
         if (whole_bytes <= s.backward_workspace_cap) {
@@ -317,8 +318,8 @@ void check_shape(const AttentionShape& s, const char* op) {
     LATHE_CHECK(s.window >= 0, "{}: window {} (0 means none)", op, s.window);
 }
 
-void check_call(CudaState& state, CUstream_st* stream, const AttentionShape& s,
-                const int32_t* docs, const char* op) {
+void check_call(CudaState& state, CUstream_st* stream, const AttentionShape& s, const int32_t* docs,
+                const char* op) {
     check_shape(s, op);
     LATHE_CHECK((docs != nullptr) == s.docs, "{}: docs pointer {} but shape.docs = {}", op,
                 docs != nullptr ? "given" : "null", s.docs);

@@ -1,8 +1,9 @@
 #pragma once
 // CUDA attention (ops/attention.h has the math and the layouts) through the cuDNN frontend's
 // graph API: cuDNN's fused flash-attention forward and backward ("SDPA").
-//   forward:  out (B, T, H, D) bf16, lse (B, H, T) f32 from q (B, T, H, D), k, v (B, T, Hkv, D) bf16
-//   backward: dq, dk, dv (overwritten, bf16) from dout, q, k, v, out (bf16) and lse (f32)
+//   forward:  out (B, T, H, D), lse (B, H, T) f32 from q (B, T, H, D), k, v (B, T, Hkv, D)
+//   backward: dq, dk, dv (overwritten) from dout, q, k, v, out and lse (f32)
+// (all bf16 but lse).
 // Causal always; GQA (Hkv divides H) natively; a sliding window as cuDNN's diagonal band
 // (left bound = window: keys t - window < j <= t); per-document masks (docs (B, T) i32) as an
 // additive bf16 bias (B, 1, T, T), 0 where docs[b, j] == docs[b, t] and -1e9 elsewhere, written by
@@ -11,11 +12,11 @@
 // The backward uses cuDNN's deterministic algorithm (two runs give the same bits) unless the shape
 // asks for the nondeterministic one (AttentionShape::nondeterministic_backward).
 //
-// Graphs: one per distinct (direction, B, T, H, Hkv, D, window, docs or not, scale, algorithm), built at
-// first use (or by attention_prepare) and cached in the CudaState, never rebuilt. The workspace
-// cuDNN asks for and the docs bias live in buffers of the state that grow only when a graph is
-// built (waiting for the stream first), never per call. Call attention_prepare for every shape
-// before step 1 (and before capturing a CUDA graph): building allocates and synchronizes.
+// Graphs: one per distinct (direction, B, T, H, Hkv, D, window, docs or not, scale, algorithm),
+// built at first use (or by attention_prepare) and cached in the CudaState, never rebuilt. The
+// workspace cuDNN asks for and the docs bias live in buffers of the state that grow only when a
+// graph is built (waiting for the stream first), never per call. Call attention_prepare for every
+// shape before step 1 (and before capturing a CUDA graph): building allocates and synchronizes.
 // Limits (cuDNN's): D <= 128 and D % 8 == 0; bf16 only; sm_80 or newer.
 // Device pointers; enqueued on `stream` (the state's). Internal to ops/cuda, CUDA-header free.
 

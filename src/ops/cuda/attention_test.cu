@@ -28,20 +28,19 @@ using namespace cudatest;
 
 struct Case {
     int64_t B, T, H, Hkv, D, window;
-    int docs;  // 0: none; otherwise the mean document length of the packed rows
+    int docs;            // 0: none; otherwise the mean document length of the packed rows
     float scale = 0.0f;  // 0: 1 / sqrt(D), as the models pass
     bool nondeterministic_backward = false;
     size_t backward_workspace_cap = 0;
 };
 
 std::string case_text(const Case& c) {
-    return fmt::format("B={} T={} H={} Hkv={} D={} window={} docs={}{}{}", c.B, c.T, c.H, c.Hkv,
-                       c.D, c.window, c.docs,
-                       c.nondeterministic_backward ? " (nondeterministic backward)" : "",
-                       c.backward_workspace_cap > 0
-                           ? fmt::format(" (backward workspace cap {:.0f} MiB)",
-                                         double(c.backward_workspace_cap) / (1 << 20))
-                           : std::string());
+    return fmt::format(
+        "B={} T={} H={} Hkv={} D={} window={} docs={}{}{}", c.B, c.T, c.H, c.Hkv, c.D, c.window,
+        c.docs, c.nondeterministic_backward ? " (nondeterministic backward)" : "",
+        c.backward_workspace_cap > 0 ? fmt::format(" (backward workspace cap {:.0f} MiB)",
+                                                   double(c.backward_workspace_cap) / (1 << 20))
+                                     : std::string());
 }
 
 cuda::AttentionShape cuda_shape(const Case& c, float scale) {
@@ -111,9 +110,8 @@ void check_attention(const Case& c, uint64_t seed) {
     // The backward of both backends from the GPU's out and lse.
     HostTensor dq_ref(DType::kF32, q.shape()), dk_ref(DType::kF32, k.shape()),
         dv_ref(DType::kF32, v.shape());
-    attention_backward(dq_ref.view(), dk_ref.view(), dv_ref.view(), dout.view(), q.view(),
-                       k.view(), v.view(), out_gpu.view(), lse_gpu.view(), docs_cpu, c.window,
-                       scale, cpu);
+    attention_backward(dq_ref.view(), dk_ref.view(), dv_ref.view(), dout.view(), q.view(), k.view(),
+                       v.view(), out_gpu.view(), lse_gpu.view(), docs_cpu, c.window, scale, cpu);
     DeviceTensor dq = device_tensor(DType::kBF16, q.shape(), state);
     DeviceTensor dk = device_tensor(DType::kBF16, k.shape(), state);
     DeviceTensor dv = device_tensor(DType::kBF16, v.shape(), state);
@@ -211,10 +209,10 @@ void check_backward_is_deterministic(const Case& c, uint64_t seed) {
     const Context gpu = state.context();
     optest::Rng rng(seed);
     const float scale = 1.0f / std::sqrt(float(c.D));
-    DeviceTensor q = upload(random_bf16_values(rng, {c.B, c.T, c.H, c.D}, -2, 2), DType::kBF16,
-                            state);
-    DeviceTensor k = upload(random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}, -2, 2),
-                            DType::kBF16, state);
+    DeviceTensor q =
+        upload(random_bf16_values(rng, {c.B, c.T, c.H, c.D}, -2, 2), DType::kBF16, state);
+    DeviceTensor k =
+        upload(random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}, -2, 2), DType::kBF16, state);
     DeviceTensor v = upload(random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}), DType::kBF16, state);
     DeviceTensor dout = upload(random_bf16_values(rng, {c.B, c.T, c.H, c.D}), DType::kBF16, state);
     DeviceTensor out = device_tensor(DType::kBF16, {c.B, c.T, c.H, c.D}, state);
@@ -265,8 +263,8 @@ void check_training_shape(const Case& c) {
     DeviceTensor q = upload(random_bf16_values(rng, {c.B, c.T, c.H, c.D}), DType::kBF16, state);
     DeviceTensor k = upload(random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}), DType::kBF16, state);
     DeviceTensor v = upload(random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}), DType::kBF16, state);
-    DeviceTensor docs = upload(make_docs(rng, c.B, c.T, c.docs > 0 ? c.docs : 1), DType::kI32,
-                               state);
+    DeviceTensor docs =
+        upload(make_docs(rng, c.B, c.T, c.docs > 0 ? c.docs : 1), DType::kI32, state);
     const ConstTensorView docs_view = c.docs > 0 ? ConstTensorView(docs.view) : ConstTensorView();
     DeviceTensor out = device_tensor(DType::kBF16, q.view.shape(), state);
     DeviceTensor lse = device_tensor(DType::kF32, {c.B, c.H, c.T}, state);
@@ -308,9 +306,9 @@ void check_training_shape(const Case& c) {
     std::printf(
         "attention %s: cuDNN %lld, buffers %.1f MiB (this shape needs %.1f MiB), forward %.3f ms "
         "(%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)\n",
-        case_text(c).c_str(), (long long)cuda::attention_cudnn_version(),
-        double(held) / (1 << 20), double(need) / (1 << 20), fwd_ms, fwd_flop / fwd_ms * 1e-9,
-        bwd_ms, 2.5 * fwd_flop / bwd_ms * 1e-9);
+        case_text(c).c_str(), (long long)cuda::attention_cudnn_version(), double(held) / (1 << 20),
+        double(need) / (1 << 20), fwd_ms, fwd_flop / fwd_ms * 1e-9, bwd_ms,
+        2.5 * fwd_flop / bwd_ms * 1e-9);
 }
 
 TEST(CudaAttention, Gpt2TrainingShape) {
@@ -360,8 +358,8 @@ TEST_F(CudaAttentionDeathTest, HeadDimBeyondCudnnStopsWithTheLimit) {
     DeviceTensor q = device_tensor(DType::kBF16, {1, 16, 2, 136}, state);
     DeviceTensor out = device_tensor(DType::kBF16, {1, 16, 2, 136}, state);
     DeviceTensor lse = device_tensor(DType::kF32, {1, 2, 16}, state);
-    EXPECT_DEATH(attention_forward(out.view, lse.view, q.view, q.view, q.view, ConstTensorView(),
-                                   0, 0.1f, gpu),
+    EXPECT_DEATH(attention_forward(out.view, lse.view, q.view, q.view, q.view, ConstTensorView(), 0,
+                                   0.1f, gpu),
                  "attention_forward: head dim D = 136; cuDNN's flash attention takes D <= 128");
 }
 
@@ -372,8 +370,8 @@ TEST_F(CudaAttentionDeathTest, WrongDtypeNamesTheTensor) {
     DeviceTensor q = device_tensor(DType::kF32, {1, 16, 2, 64}, state);
     DeviceTensor out = device_tensor(DType::kBF16, {1, 16, 2, 64}, state);
     DeviceTensor lse = device_tensor(DType::kF32, {1, 2, 16}, state);
-    EXPECT_DEATH(attention_forward(out.view, lse.view, q.view, q.view, q.view, ConstTensorView(),
-                                   0, 0.1f, gpu),
+    EXPECT_DEATH(attention_forward(out.view, lse.view, q.view, q.view, q.view, ConstTensorView(), 0,
+                                   0.1f, gpu),
                  "attention_forward: the CUDA backend takes bf16 here");
 }
 

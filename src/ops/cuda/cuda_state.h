@@ -8,9 +8,10 @@
 // allocated once, in the constructor (nothing is allocated per step), and sized by the constants
 // below so that a memory plan can count it. The exception is the attention op's cuDNN state
 // (handle, graphs, workspace), created at its first use and grown only when a new attention shape
-// is prepared (ops/cuda/attention.h: attention_prepare, attention_buffer_bytes). Ops that use the handle, workspace or scratch must run
-// on the state's own stream, one after another: cuda_state_of() checks that the context's stream
-// is the state's, which is what makes sharing one scratch area between ops safe.
+// is prepared (ops/cuda/attention.h: attention_prepare, attention_buffer_bytes). Ops that use the
+// handle, workspace or scratch must run on the state's own stream, one after another:
+// cuda_state_of() checks that the context's stream is the state's, which is what makes sharing one
+// scratch area between ops safe.
 //
 // This header is included by CPU-compiled dispatchers (src/ops/<op>.cpp) and keeps CUDA headers
 // out of them: cudaStream_t is CUstream_st*, cublasLtHandle_t is cublasLtContext*.
