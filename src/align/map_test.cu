@@ -1,0 +1,79 @@
+// The CUDA top-2 (align/map.cu) against its CPU twin on fresh random inputs. Label gpu.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "align/map.h"
+
+namespace lathe {
+namespace {
+
+std::vector<float> random_matrix(int64_t rows, int64_t cols, std::mt19937_64& rng) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> m(size_t(rows * cols));
+    for (float& x : m) x = normal(rng);
+    return m;
+}
+
+// Runs both backends and checks they agree: the same best (and second) column wherever the CPU's
+// margin to the next candidate exceeds what fp32 GEMM rounding can move, and scores within it.
+void compare(int64_t M, int64_t N, int64_t K, int64_t tile_rows, int64_t tile_cols, uint64_t seed,
+             bool duplicate_columns) {
+    std::mt19937_64 rng(seed);
+    std::vector<float> A = random_matrix(M, K, rng), B = random_matrix(N, K, rng);
+    if (duplicate_columns) {  // exact ties: column j+1 equals column j for every even j
+        for (int64_t j = 0; j + 1 < N; j += 2)
+            std::copy(B.begin() + j * K, B.begin() + (j + 1) * K, B.begin() + (j + 1) * K);
+    }
+    std::vector<AlignTop2> cpu(static_cast<size_t>(M)), gpu(static_cast<size_t>(M));
+    align_top2_cpu(cpu, A.data(), M, B.data(), N, K, 64, 1000);
+    ASSERT_TRUE(align_top2_cuda(gpu, A.data(), M, B.data(), N, K, tile_rows, tile_cols).ok());
+    const float tol = 1e-4f * float(K);
+    int64_t checked = 0;
+    for (int64_t i = 0; i < M; ++i) {
+        const AlignTop2& c = cpu[size_t(i)];
+        const AlignTop2& g = gpu[size_t(i)];
+        EXPECT_NEAR(c.best_score, g.best_score, tol) << "row " << i;
+        if (duplicate_columns) {
+            // Ties go to the lower column on both: best is even, second is best + 1.
+            EXPECT_EQ(c.best, g.best) << "row " << i;
+            EXPECT_EQ(g.second, g.best + 1) << "row " << i;
+            ++checked;
+            continue;
+        }
+        if (c.best_score - c.second_score > 2 * tol) {
+            EXPECT_EQ(c.best, g.best) << "row " << i;
+            ++checked;
+        }
+    }
+    EXPECT_GT(checked, M / 2);
+}
+
+TEST(AlignTop2Cuda, MatchesCpuAcrossTiles) {
+    if (!align_top2_cuda_available()) GTEST_SKIP() << "no GPU";
+    compare(1000, 3001, 300, 128, 512, 1, false);  // several row and column tiles, ragged edges
+    compare(77, 5, 16, 4096, 8192, 2, false);      // one tile bigger than the problem
+    compare(513, 2000, 64, 100, 300, 3, true);     // exact ties across tile boundaries
+}
+
+TEST(AlignTop2Cuda, LargeVocabularyShape) {
+    if (!align_top2_cuda_available()) GTEST_SKIP() << "no GPU";
+    // A slice of a 152k x 50k alignment with the default tiles.
+    compare(20000, 50304, 300, 16384, 8192, 4, false);
+}
+
+TEST(AlignTop2Cuda, SingleColumnHasNoSecond) {
+    if (!align_top2_cuda_available()) GTEST_SKIP() << "no GPU";
+    std::vector<float> A = {1, 2, 3, 4}, B = {1, 1};
+    std::vector<AlignTop2> out(2);
+    ASSERT_TRUE(align_top2_cuda(out, A.data(), 2, B.data(), 1, 2).ok());
+    EXPECT_EQ(out[0].best, 0);
+    EXPECT_EQ(out[0].second, -1);
+    EXPECT_FLOAT_EQ(out[1].best_score, 7.0f);
+    EXPECT_TRUE(std::isinf(out[1].second_score));
+}
+
+}  // namespace
+}  // namespace lathe
