@@ -1,6 +1,7 @@
 // The CUDA twin of align_top2_cpu (align/map.h): scores of a tile by cuBLAS sgemm, merged into a
 // running per-row top-2 by one warp per row. Deterministic: the GEMM of a given shape is, and the
 // merge has a fixed order with explicit tie-breaking by column index.
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -101,7 +102,7 @@ bool align_top2_cuda_available() {
 
 Status align_top2_cuda(std::span<AlignTop2> out, const float* A, int64_t M, const float* B, int64_t N,
                        int64_t K, int64_t tile_rows, int64_t tile_cols) {
-    LATHE_CHECK(int64_t(out.size()) == M, "top2: {} outputs for {} rows", out.size(), M);
+    LATHE_CHECK(int64_t(out.size()) == M, "top2: {} outputs for {} rows", int64_t(out.size()), M);
     LATHE_CHECK(tile_rows > 0 && tile_cols > 0, "top2 tiles {}x{}", tile_rows, tile_cols);
     LATHE_CHECK(N < INT_MAX && K < INT_MAX && tile_rows < INT_MAX && tile_cols < INT_MAX, "top2 sizes {}x{}x{}", M,
                 N, K);

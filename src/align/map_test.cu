@@ -1,4 +1,5 @@
 // The CUDA top-2 (align/map.cu) against its CPU twin on fresh random inputs. Label gpu.
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 #include <gtest/gtest.h>
 
 #include <cmath>
