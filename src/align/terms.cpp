@@ -1,0 +1,857 @@
+#include "align/terms.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "align/stage_cache.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "core/strings.h"
+#include "data/jsonl.h"
+#include "io/file.h"
+#include "io/input.h"
+#include "tokenizer/normalizer.h"
+#include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
+
+namespace lathe {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Batches of documents handed from the reader to the workers: about this many bytes each.
+constexpr size_t kBatchBytes = size_t{1} << 20;
+// The shared candidate table is split into this many independently locked shards.
+constexpr size_t kShards = 64;
+
+struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using CountTable = std::unordered_map<std::string, uint64_t, StringHash, std::equal_to<>>;
+
+bool is_ascii_space(unsigned char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+// ---- reading the corpus ---------------------------------------------------------------------
+
+struct Batch {
+    std::string data;                 // the records back to back
+    std::vector<uint32_t> ends;       // end offset of each record in data
+    std::vector<uint64_t> lines;      // 1-based first line of each record
+    const std::string* file = nullptr;
+    bool jsonl = false;
+};
+
+// What one worker does with a document's raw pieces, and at the end of each batch.
+struct ScanSink {
+    std::function<void(int worker, const std::vector<std::string_view>& raw_pieces)> on_document;
+    std::function<void(int worker)> on_batch_end;
+};
+
+struct ScanTotals {
+    uint64_t documents = 0;
+    uint64_t skipped = 0;
+    uint64_t pieces = 0;
+    uint64_t input_bytes = 0;
+};
+
+// The source tokenizer's text pipeline: normalizer (optional) and byte-level pre-tokenizer.
+struct TextPipeline {
+    std::unique_ptr<Normalizer> normalizer;
+    std::unique_ptr<PreTokenizer> pre_tokenizer;
+};
+
+// Reads `files` on one thread and runs `sink` on `threads` workers. The first error stops the
+// scan (reader and workers) and is returned.
+Status scan_corpus(const std::vector<std::string>& files, const TermsOptions& options,
+                   const TextPipeline& pipeline, int threads, const ScanSink& sink,
+                   const std::string& label, ScanTotals& totals) {
+    std::mutex mu;
+    std::condition_variable not_empty, not_full;
+    std::deque<Batch> queue;
+    const size_t capacity = static_cast<size_t>(2 * threads + 2);
+    bool reader_done = false;
+    std::atomic<bool> stop{false};
+    Status first_error;
+    auto fail = [&](Status s) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.ok()) first_error = std::move(s);
+        stop.store(true);
+        not_empty.notify_all();
+        not_full.notify_all();
+    };
+    auto cancelled = [&] { return options.cancel != nullptr && options.cancel->load(); };
+
+    uint64_t total_raw = 0;
+    for (const std::string& f : files) {
+        auto size = file_size(f);
+        if (size.ok()) total_raw += *size;
+    }
+    std::optional<Progress> progress;
+    if (options.show_progress) progress.emplace(label, total_raw, "docs");
+    std::atomic<uint64_t> documents{0}, skipped{0}, pieces{0}, input_bytes{0};
+
+    auto push = [&](Batch&& b) -> bool {
+        std::unique_lock<std::mutex> lock(mu);
+        not_full.wait(lock, [&] { return queue.size() < capacity || stop.load(); });
+        if (stop.load()) return false;
+        queue.push_back(std::move(b));
+        not_empty.notify_one();
+        return true;
+    };
+
+    std::thread reader([&] {
+        InputOptions in_options;
+        in_options.cancel = options.cancel;
+        for (const std::string& file : files) {
+            auto in = InputStream::open(file, in_options);
+            if (!in.ok()) {
+                fail(in.status());
+                break;
+            }
+            // Format: auto looks at the first non-blank line, as `lathe prepare` does.
+            bool jsonl = options.format == TermsFormat::kJsonl;
+            const bool blocks = options.format == TermsFormat::kTextBlocks;
+            LineReader lines(*in);
+            TextRecordReader records(*in, blocks ? TextRecordFormat::kBlocks
+                                                 : TextRecordFormat::kLines);
+            std::optional<std::string> pending;  // the line read to detect the format
+            uint64_t pending_line = 0;
+            bool use_lines = jsonl;
+            if (options.format == TermsFormat::kAuto) {
+                std::string_view line;
+                for (;;) {
+                    auto r = lines.next(line);
+                    if (!r.ok()) {
+                        fail(r.status());
+                        break;
+                    }
+                    if (!*r) break;
+                    if (is_blank_line(line)) continue;
+                    jsonl = trim(line).front() == '{';
+                    pending = std::string(line);
+                    pending_line = lines.line_number();
+                    break;
+                }
+                if (stop.load()) break;
+                // From here on auto reads line by line (one document per line) either way.
+                use_lines = true;
+            }
+            Batch batch;
+            batch.file = &file;
+            batch.jsonl = jsonl;
+            uint64_t last_raw = 0;
+            auto add = [&](std::string_view text, uint64_t line) -> bool {
+                batch.data.append(text);
+                batch.ends.push_back(static_cast<uint32_t>(batch.data.size()));
+                batch.lines.push_back(line);
+                if (batch.data.size() < kBatchBytes) return true;
+                const uint64_t raw = in->raw_bytes_read();
+                if (progress) progress->add(raw - last_raw, 0);
+                last_raw = raw;
+                Batch full = std::move(batch);
+                batch = Batch{};
+                batch.file = &file;
+                batch.jsonl = jsonl;
+                return push(std::move(full));
+            };
+            bool ok = true;
+            if (pending.has_value()) ok = add(*pending, pending_line);
+            while (ok && !stop.load()) {
+                if (cancelled()) {
+                    fail(cancelled_error("{}: cancelled", label));
+                    ok = false;
+                    break;
+                }
+                if (use_lines) {
+                    std::string_view line;
+                    auto r = lines.next(line);
+                    if (!r.ok()) {
+                        fail(r.status());
+                        ok = false;
+                        break;
+                    }
+                    if (!*r) break;
+                    line = strip_cr(line);
+                    if (jsonl && is_blank_line(line)) continue;
+                    ok = add(line, lines.line_number());
+                } else {
+                    TextRecord rec;
+                    auto r = records.next(rec);
+                    if (!r.ok()) {
+                        fail(r.status());
+                        ok = false;
+                        break;
+                    }
+                    if (!*r) break;
+                    ok = add(rec.text, rec.line);
+                }
+            }
+            if (!ok || stop.load()) break;
+            if (progress) progress->add(in->raw_bytes_read() - last_raw, 0);
+            if (!batch.ends.empty() && !push(std::move(batch))) break;
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        reader_done = true;
+        not_empty.notify_all();
+    });
+
+    std::vector<std::thread> workers;
+    for (int w = 0; w < threads; ++w) {
+        workers.emplace_back([&, w] {
+            JsonlFieldReader json(options.json_key);
+            std::string normalized, raw;
+            PieceList piece_list, scratch;
+            std::vector<size_t> raw_ends;
+            std::vector<std::string_view> raw_pieces;
+            for (;;) {
+                Batch batch;
+                {
+                    std::unique_lock<std::mutex> lock(mu);
+                    not_empty.wait(lock, [&] { return !queue.empty() || reader_done || stop.load(); });
+                    if (stop.load() || queue.empty()) return;
+                    batch = std::move(queue.front());
+                    queue.pop_front();
+                    not_full.notify_one();
+                }
+                uint64_t batch_docs = 0, batch_pieces = 0, batch_skipped = 0;
+                uint32_t begin = 0;
+                for (size_t r = 0; r < batch.ends.size(); ++r) {
+                    std::string_view text(batch.data.data() + begin, batch.ends[r] - begin);
+                    begin = batch.ends[r];
+                    std::string problem;
+                    if (batch.jsonl) {
+                        auto v = json.extract(text);
+                        if (v.ok()) {
+                            text = *v;
+                        } else {
+                            problem = v.status().message();
+                        }
+                    } else if (!utf8::is_valid(text)) {
+                        problem = fmt::format("invalid UTF-8 at byte {}", utf8::first_invalid(text));
+                    }
+                    if (!problem.empty()) {
+                        if (options.skip_bad_documents) {
+                            ++batch_skipped;
+                            continue;
+                        }
+                        fail(invalid_argument_error(
+                            "{}:{}: {} (fix the input, or pass --on-error skip to skip such "
+                            "documents)", *batch.file, batch.lines[r], problem));
+                        return;
+                    }
+                    std::string_view norm = text;
+                    if (pipeline.normalizer) {
+                        normalized.clear();
+                        pipeline.normalizer->normalize(text, normalized);
+                        norm = normalized;
+                    }
+                    pipeline.pre_tokenizer->split(norm, piece_list, scratch);
+                    raw.clear();
+                    raw_ends.clear();
+                    for (size_t i = 0; i < piece_list.size(); ++i) {
+                        // Byte-level symbols back to the bytes they stand for (always valid: the
+                        // pre-tokenizer produced them).
+                        byte_level_decode(piece_list.view(i), raw);
+                        raw_ends.push_back(raw.size());
+                    }
+                    raw_pieces.clear();
+                    size_t b = 0;
+                    for (size_t e : raw_ends) {
+                        raw_pieces.emplace_back(raw.data() + b, e - b);
+                        b = e;
+                    }
+                    sink.on_document(w, raw_pieces);
+                    ++batch_docs;
+                    batch_pieces += piece_list.size();
+                }
+                sink.on_batch_end(w);
+                documents += batch_docs;
+                skipped += batch_skipped;
+                pieces += batch_pieces;
+                input_bytes += batch.data.size();
+                if (progress) progress->add(0, batch_docs);
+                if (cancelled()) {
+                    fail(cancelled_error("{}: cancelled", label));
+                    return;
+                }
+            }
+        });
+    }
+    reader.join();
+    for (auto& t : workers) t.join();
+    if (progress) progress->finish();
+    if (!first_error.ok()) return first_error;
+    totals.documents = documents.load();
+    totals.skipped = skipped.load();
+    totals.pieces = pieces.load();
+    totals.input_bytes = input_bytes.load();
+    return ok_status();
+}
+
+// ---- the shared candidate table -------------------------------------------------------------
+
+class ShardedCounts {
+public:
+    explicit ShardedCounts(uint64_t max_entries) : max_entries_(std::max<uint64_t>(max_entries, 16)) {}
+
+    // Adds a worker's local counts and empties `local`; prunes when the table grew too large.
+    void merge(CountTable& local) {
+        std::array<std::vector<CountTable::node_type>, kShards> by_shard;
+        for (auto it = local.begin(); it != local.end();) {
+            const size_t s = StringHash{}(it->first) % kShards;
+            auto next = std::next(it);
+            by_shard[s].push_back(local.extract(it));
+            it = next;
+        }
+        for (size_t s = 0; s < kShards; ++s) {
+            if (by_shard[s].empty()) continue;
+            std::lock_guard<std::mutex> lock(shards_[s].mu);
+            CountTable& table = shards_[s].table;
+            const size_t before = table.size();
+            for (auto& node : by_shard[s]) {
+                auto found = table.find(node.key());
+                if (found != table.end()) {
+                    found->second += node.mapped();
+                } else {
+                    table.insert(std::move(node));
+                }
+            }
+            entries_ += table.size() - before;
+        }
+        if (entries_.load() > max_entries_) prune();
+    }
+
+    // Moves every entry with count >= min_count out of the table.
+    std::vector<std::pair<std::string, uint64_t>> take(uint64_t min_count) {
+        std::vector<std::pair<std::string, uint64_t>> out;
+        for (auto& shard : shards_) {
+            for (auto& [k, v] : shard.table) {
+                if (v >= min_count) out.emplace_back(k, v);
+            }
+            CountTable().swap(shard.table);
+        }
+        return out;
+    }
+
+    int pruned() const { return pruned_; }
+    uint64_t prune_floor() const { return floor_; }
+
+private:
+    void prune() {
+        std::lock_guard<std::mutex> prune_lock(prune_mu_);
+        if (entries_.load() <= max_entries_) return;  // another thread pruned meanwhile
+        std::vector<std::unique_lock<std::mutex>> locks;
+        for (auto& shard : shards_) locks.emplace_back(shard.mu);
+        uint64_t floor = std::max<uint64_t>(floor_, 2);
+        for (;;) {
+            uint64_t remaining = 0;
+            for (auto& shard : shards_) {
+                std::erase_if(shard.table, [&](const auto& kv) { return kv.second < floor; });
+                remaining += shard.table.size();
+            }
+            entries_ = remaining;
+            if (remaining <= max_entries_ / 2) break;
+            floor *= 2;
+        }
+        floor_ = floor;
+        ++pruned_;
+        log_info("terms: candidate table pruned to {} entries (counts below {} dropped)",
+                 entries_.load(), floor);
+    }
+
+    struct Shard {
+        std::mutex mu;
+        CountTable table;
+    };
+    uint64_t max_entries_;
+    std::array<Shard, kShards> shards_;
+    std::atomic<uint64_t> entries_{0};
+    std::mutex prune_mu_;
+    int pruned_ = 0;
+    uint64_t floor_ = 0;
+};
+
+// ---- loading the source tokenizer's parts -------------------------------------------------
+
+bool has_type(const nlohmann::json& node, std::string_view type) {
+    if (node.is_object()) {
+        auto t = node.find("type");
+        if (t != node.end() && t->is_string() && t->get<std::string>() == type) return true;
+        for (const auto& [k, v] : node.items()) {
+            if (has_type(v, type)) return true;
+        }
+    } else if (node.is_array()) {
+        for (const auto& v : node) {
+            if (has_type(v, type)) return true;
+        }
+    }
+    return false;
+}
+
+bool byte_level_adds_prefix_space(const nlohmann::json& node) {
+    if (node.is_object()) {
+        auto t = node.find("type");
+        if (t != node.end() && t->is_string() && t->get<std::string>() == "ByteLevel") {
+            return node.value("add_prefix_space", true);
+        }
+        for (const auto& [k, v] : node.items()) {
+            if (byte_level_adds_prefix_space(v)) return true;
+        }
+    } else if (node.is_array()) {
+        for (const auto& v : node) {
+            if (byte_level_adds_prefix_space(v)) return true;
+        }
+    }
+    return false;
+}
+
+Result<TextPipeline> load_pipeline(const nlohmann::json& tok, const std::string& path) {
+    TextPipeline p;
+    const auto pre = tok.find("pre_tokenizer");
+    if (pre == tok.end() || pre->is_null() || !has_type(*pre, "ByteLevel")) {
+        return unimplemented_error(
+            "{}: align terms needs a byte-level BPE tokenizer (a pre_tokenizer with a ByteLevel "
+            "step, as gpt2, gpt-neox, llama3 and qwen3 have); this one has none, so its words "
+            "cannot be found", path);
+    }
+    if (byte_level_adds_prefix_space(*pre)) {
+        return unimplemented_error(
+            "{}: pre_tokenizer ByteLevel has add_prefix_space=true: HF would put a space before "
+            "the text after every added term, so terms cannot be added as tokens sensibly", path);
+    }
+    LATHE_ASSIGN_OR_RETURN(p.pre_tokenizer, pre_tokenizer_from_json(pre->dump(), path));
+    const auto norm = tok.find("normalizer");
+    if (norm != tok.end() && !norm->is_null()) {
+        LATHE_ASSIGN_OR_RETURN(p.normalizer, normalizer_from_json(norm->dump(), path));
+    }
+    return p;
+}
+
+std::string tsv_escape(std::string_view s) {
+    std::string out;
+    for (char c : s) {
+        switch (c) {
+            case '\t': out += "\\t"; break;
+            case '\n': out += "\\n"; break;
+            case '\r': out += "\\r"; break;
+            case '\\': out += "\\\\"; break;
+            default: out += c;
+        }
+    }
+    return out;
+}
+
+std::string stem_of(const std::string& output) {
+    std::string s = output;
+    if (ends_with(s, ".json")) s.resize(s.size() - 5);
+    return s;
+}
+
+// Inserts `entries` (JSON objects separated by commas, "" for none) at the end of the top-level
+// "added_tokens" array of the tokenizer.json text `json`. A small scanner (strings, escapes,
+// nesting) finds the array; the text was already parsed successfully, so it is valid JSON.
+Result<std::string> splice_added_tokens(const std::string& json, const std::string& entries,
+                                        const std::string& path) {
+    if (entries.empty()) return json;
+    int depth = 0;
+    size_t i = 0;
+    const size_t n = json.size();
+    size_t array_open = std::string::npos;
+    bool expect_key = false;
+    while (i < n) {
+        const char c = json[i];
+        if (c == '"') {
+            size_t j = i + 1;
+            while (j < n && json[j] != '"') j += json[j] == '\\' ? 2 : 1;
+            const std::string_view str(json.data() + i + 1, j - i - 1);
+            i = j + 1;
+            if (depth == 1 && expect_key && str == "added_tokens") {
+                while (i < n && (json[i] == ':' || is_ascii_space(static_cast<unsigned char>(json[i])))) ++i;
+                if (i < n && json[i] == '[') array_open = i;
+                break;
+            }
+            expect_key = false;
+            continue;
+        }
+        if (c == '{' || c == '[') {
+            ++depth;
+            expect_key = c == '{' && depth == 1;
+        } else if (c == '}' || c == ']') {
+            --depth;
+        } else if (c == ',' && depth == 1) {
+            expect_key = true;
+        }
+        ++i;
+    }
+    if (array_open == std::string::npos) {
+        return invalid_argument_error("{}: no top-level \"added_tokens\" array", path);
+    }
+    // The matching ']' and whether the array has elements.
+    int d = 0;
+    bool has_elements = false;
+    for (i = array_open; i < n; ++i) {
+        const char c = json[i];
+        if (c == '"') {
+            size_t j = i + 1;
+            while (j < n && json[j] != '"') j += json[j] == '\\' ? 2 : 1;
+            i = j;
+            has_elements = true;
+            continue;
+        }
+        if (c == '[' || c == '{') {
+            if (d >= 1) has_elements = true;
+            ++d;
+        } else if (c == ']' || c == '}') {
+            if (--d == 0) break;
+        } else if (d >= 1 && !is_ascii_space(static_cast<unsigned char>(c))) {
+            has_elements = true;
+        }
+    }
+    if (i >= n) return invalid_argument_error("{}: unterminated \"added_tokens\" array", path);
+    size_t close = i;
+    // Insert after the last element (before the whitespace that precedes ']').
+    size_t insert_at = close;
+    while (insert_at > array_open + 1 && is_ascii_space(static_cast<unsigned char>(json[insert_at - 1]))) {
+        --insert_at;
+    }
+    std::string out;
+    out.reserve(json.size() + entries.size() + 8);
+    out.append(json, 0, insert_at);
+    if (has_elements) out += ',';
+    out += entries;
+    out += "\n  ";
+    out.append(json, close, std::string::npos);
+    return out;
+}
+
+int resolve_threads(int threads) {
+    if (threads > 0) return threads;
+    return std::max(1u, std::thread::hardware_concurrency());
+}
+
+}  // namespace
+
+const char* terms_format_name(TermsFormat format) {
+    switch (format) {
+        case TermsFormat::kAuto: return "auto";
+        case TermsFormat::kText: return "text";
+        case TermsFormat::kTextBlocks: return "text-blocks";
+        case TermsFormat::kJsonl: return "jsonl";
+    }
+    return "?";
+}
+
+Result<TermsFormat> terms_format_from_name(std::string_view name) {
+    for (TermsFormat f : {TermsFormat::kAuto, TermsFormat::kText, TermsFormat::kTextBlocks,
+                          TermsFormat::kJsonl}) {
+        if (name == terms_format_name(f)) return f;
+    }
+    return invalid_argument_error("unknown corpus format '{}': expected auto, text, text-blocks "
+                                  "or jsonl", name);
+}
+
+bool terms_is_word(std::string_view p) {
+    if (p.size() < 2 || p[0] != ' ') return false;
+    for (size_t i = 1; i < p.size(); ++i) {
+        if (is_ascii_space(static_cast<unsigned char>(p[i]))) return false;
+    }
+    return true;
+}
+
+bool terms_is_ngram_part(std::string_view p) {
+    if (p.size() < 2 || p[0] != ' ') return false;
+    for (size_t i = 1; i < p.size(); ++i) {
+        const auto c = static_cast<unsigned char>(p[i]);
+        const bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+        if (!alnum && c < 0x80) return false;
+    }
+    return true;
+}
+
+std::string align_terms_default_report(const std::string& output) {
+    return stem_of(output) + ".terms.tsv";
+}
+
+std::string align_terms_default_new_tokens(const std::string& output) {
+    return stem_of(output) + ".new_tokens.json";
+}
+
+Result<TermsReport> align_terms_run(const TermsOptions& options) {
+    const auto t_start = Clock::now();
+    if (options.top_k < 1) return invalid_argument_error("--top-k must be at least 1 (got {})", options.top_k);
+    if (options.min_count < 1) {
+        return invalid_argument_error("--min-count must be at least 1 (got {})", options.min_count);
+    }
+    if (options.max_ngram < 1 || options.max_ngram > 3) {
+        return invalid_argument_error("--max-ngram must be 1, 2 or 3 (got {})", options.max_ngram);
+    }
+    if (!(options.smoothing > 0.0)) {
+        return invalid_argument_error("--smoothing must be positive (got {})", options.smoothing);
+    }
+    if (options.corpus.empty()) return invalid_argument_error("no domain corpus given (--corpus)");
+    if (options.output.empty()) return invalid_argument_error("no output given (--output)");
+    const std::string report_path =
+        options.report.empty() ? align_terms_default_report(options.output) : options.report;
+    const std::string new_tokens_path = options.new_tokens.empty()
+                                            ? align_terms_default_new_tokens(options.output)
+                                            : options.new_tokens;
+
+    StageFingerprint fp("align terms");
+    fp.add_setting("format", terms_format_name(options.format));
+    fp.add_setting("json_key", options.json_key);
+    fp.add_setting("top_k", options.top_k);
+    fp.add_setting("min_count", options.min_count);
+    fp.add_setting("max_ngram", options.max_ngram);
+    fp.add_setting("smoothing", options.general_corpus.empty() ? 0.0 : options.smoothing);
+    fp.add_setting("max_table_entries", options.max_table_entries);
+    fp.add_setting("skip_bad_documents", options.skip_bad_documents);
+    fp.add_setting("report", report_path);
+    fp.add_setting("new_tokens", new_tokens_path);
+    LATHE_RETURN_IF_ERROR(fp.add_input("source_tokenizer", options.source_tokenizer));
+    for (size_t i = 0; i < options.corpus.size(); ++i) {
+        LATHE_RETURN_IF_ERROR(fp.add_input(fmt::format("corpus[{}]", i), options.corpus[i]));
+    }
+    for (size_t i = 0; i < options.general_corpus.size(); ++i) {
+        LATHE_RETURN_IF_ERROR(
+            fp.add_input(fmt::format("general_corpus[{}]", i), options.general_corpus[i]));
+    }
+    TermsReport report;
+    if (!options.force && stage_up_to_date(options.output, fp)) {
+        report.skipped_up_to_date = true;
+        report.outputs = {options.output, report_path, new_tokens_path};
+        return report;
+    }
+
+    // The source: lathe's tokenizer (for piece counts and the final check) and its JSON (for the
+    // text pipeline and as the base of the target file).
+    LATHE_ASSIGN_OR_RETURN(std::string source_text, file_read_all(options.source_tokenizer));
+    nlohmann::json tok;
+    try {
+        tok = nlohmann::json::parse(source_text);
+    } catch (const nlohmann::json::exception& e) {
+        return invalid_argument_error("{}: not valid JSON: {}", options.source_tokenizer, e.what());
+    }
+    if (!tok.is_object() || !tok.contains("added_tokens") || !tok["added_tokens"].is_array()) {
+        return invalid_argument_error("{}: not a tokenizer.json (no \"added_tokens\" array)",
+                                      options.source_tokenizer);
+    }
+    LATHE_ASSIGN_OR_RETURN(Tokenizer source, Tokenizer::from_json(source_text, options.source_tokenizer));
+    LATHE_ASSIGN_OR_RETURN(TextPipeline pipeline, load_pipeline(tok, options.source_tokenizer));
+    report.source_vocab_size = source.vocab_size();
+    const int threads = resolve_threads(options.threads);
+
+    // Pass 1: count candidates in the domain corpus.
+    const auto t_count = Clock::now();
+    ShardedCounts counts(options.max_table_entries);
+    std::vector<CountTable> local(static_cast<size_t>(threads));
+    ScanSink count_sink;
+    count_sink.on_document = [&](int w, const std::vector<std::string_view>& pieces) {
+        CountTable& t = local[static_cast<size_t>(w)];
+        terms_emit_candidates(pieces, options.max_ngram, [&](std::string_view key) {
+            auto it = t.find(key);
+            if (it != t.end()) {
+                ++it->second;
+            } else {
+                t.emplace(std::string(key), 1);
+            }
+        });
+    };
+    count_sink.on_batch_end = [&](int w) { counts.merge(local[static_cast<size_t>(w)]); };
+    ScanTotals domain;
+    LATHE_RETURN_IF_ERROR(scan_corpus(options.corpus, options, pipeline, threads, count_sink,
+                                      "terms: counting", domain));
+    report.count_seconds = seconds_since(t_count);
+    report.documents = domain.documents;
+    report.skipped = domain.skipped;
+    report.pieces = domain.pieces;
+    report.input_bytes = domain.input_bytes;
+    report.pruned = counts.pruned();
+    report.prune_floor = counts.prune_floor();
+    if (domain.documents == 0) {
+        return invalid_argument_error("the domain corpus ({}) holds no documents",
+                                      fmt::join(options.corpus, ", "));
+    }
+    auto candidates = counts.take(static_cast<uint64_t>(options.min_count));
+    report.candidates = candidates.size();
+    log_info("terms: {} documents, {} pieces, {} candidates with count >= {}", domain.documents,
+             domain.pieces, candidates.size(), options.min_count);
+
+    // Pass 2 (optional): count the same candidates in the general corpus.
+    std::vector<uint64_t> general_counts(candidates.size(), 0);
+    if (!options.general_corpus.empty()) {
+        CountTable index;  // term -> candidate index
+        index.reserve(candidates.size());
+        for (size_t i = 0; i < candidates.size(); ++i) index.emplace(candidates[i].first, i);
+        std::vector<std::vector<uint64_t>> per_worker(static_cast<size_t>(threads),
+                                                      std::vector<uint64_t>(candidates.size(), 0));
+        ScanSink general_sink;
+        general_sink.on_document = [&](int w, const std::vector<std::string_view>& pieces) {
+            auto& c = per_worker[static_cast<size_t>(w)];
+            terms_emit_candidates(pieces, options.max_ngram, [&](std::string_view key) {
+                auto it = index.find(key);
+                if (it != index.end()) ++c[it->second];
+            });
+        };
+        general_sink.on_batch_end = [](int) {};
+        ScanTotals general;
+        LATHE_RETURN_IF_ERROR(scan_corpus(options.general_corpus, options, pipeline, threads,
+                                          general_sink, "terms: general corpus", general));
+        if (general.documents == 0 || general.pieces == 0) {
+            return invalid_argument_error("the general corpus ({}) holds no words",
+                                          fmt::join(options.general_corpus, ", "));
+        }
+        report.general_documents = general.documents;
+        report.general_pieces = general.pieces;
+        report.skipped += general.skipped;
+        for (const auto& c : per_worker) {
+            for (size_t i = 0; i < c.size(); ++i) general_counts[i] += c[i];
+        }
+    }
+
+    // Score every candidate: its source encoding (in parallel; encode is thread-safe).
+    std::vector<Term> scored(candidates.size());
+    {
+        std::atomic<size_t> next{0};
+        std::vector<std::thread> pool;
+        std::mutex err_mu;
+        Status err;
+        const double n_domain = static_cast<double>(domain.pieces);
+        const double n_general = static_cast<double>(report.general_pieces);
+        for (int w = 0; w < threads; ++w) {
+            pool.emplace_back([&] {
+                std::vector<int32_t> ids;
+                for (size_t i = next++; i < candidates.size(); i = next++) {
+                    Term& t = scored[i];
+                    t.text = candidates[i].first;
+                    t.count = candidates[i].second;
+                    t.general_count = general_counts[i];
+                    // Already a single token (in the model vocabulary or added): nothing to gain,
+                    // and HF would give it the existing id rather than a new one.
+                    if (source.token_to_id(t.text).has_value()) continue;
+                    Status s = source.encode(t.text, /*add_special=*/false, ids);
+                    if (!s.ok()) {
+                        std::lock_guard<std::mutex> lock(err_mu);
+                        if (err.ok()) err = s;
+                        continue;
+                    }
+                    if (ids.size() < 2) continue;
+                    double score = static_cast<double>(t.count) * static_cast<double>(ids.size() - 1);
+                    if (!options.general_corpus.empty()) {
+                        const double p_domain = static_cast<double>(t.count) / n_domain;
+                        const double p_general =
+                            (static_cast<double>(t.general_count) + options.smoothing) / n_general;
+                        score *= std::log(p_domain / p_general);
+                    }
+                    t.source_ids = ids;
+                    t.score = score;
+                }
+            });
+        }
+        for (auto& t : pool) t.join();
+        if (!err.ok()) return err;
+    }
+    std::erase_if(scored, [](const Term& t) { return t.source_ids.empty() || !(t.score > 0.0); });
+    const size_t keep = std::min(scored.size(), static_cast<size_t>(options.top_k));
+    std::partial_sort(scored.begin(), scored.begin() + static_cast<std::ptrdiff_t>(keep), scored.end(),
+                      [](const Term& a, const Term& b) {
+                          if (a.score != b.score) return a.score > b.score;
+                          return a.text < b.text;
+                      });
+    scored.resize(keep);
+    if (keep == 0) {
+        log_warning("terms: no candidate scored above 0 (min count {}, {} candidates): the target "
+                    "tokenizer equals the source", options.min_count, report.candidates);
+    }
+    for (size_t i = 0; i < scored.size(); ++i) {
+        scored[i].id = report.source_vocab_size + static_cast<int32_t>(i);
+    }
+
+    // The target tokenizer.json: the source text with the terms appended to "added_tokens"
+    // (spliced in as text, so everything else stays byte for byte as it was).
+    std::string entries;
+    for (const Term& t : scored) {
+        nlohmann::ordered_json a;
+        a["id"] = t.id;
+        a["content"] = t.text;
+        a["single_word"] = false;
+        a["lstrip"] = false;
+        a["rstrip"] = false;
+        a["normalized"] = true;
+        a["special"] = false;
+        entries += entries.empty() ? "\n    " : ",\n    ";
+        entries += a.dump();
+    }
+    LATHE_ASSIGN_OR_RETURN(const std::string target_text,
+                           splice_added_tokens(source_text, entries, options.source_tokenizer));
+    {
+        // The check HF would make on load: every term gets exactly its id.
+        LATHE_ASSIGN_OR_RETURN(Tokenizer target, Tokenizer::from_json(target_text, options.output));
+        for (const Term& t : scored) {
+            auto id = target.token_to_id(t.text);
+            if (!id.has_value() || *id != t.id) {
+                return internal_error("target tokenizer: term '{}' got id {} instead of {}",
+                                      escape_for_message(t.text), id.value_or(-1), t.id);
+            }
+        }
+        report.target_vocab_size = target.vocab_size();
+        if (report.target_vocab_size != report.source_vocab_size + static_cast<int32_t>(scored.size())) {
+            return internal_error("target tokenizer: vocab size {} instead of {} + {}",
+                                  report.target_vocab_size, report.source_vocab_size, scored.size());
+        }
+    }
+
+    // The TSV report and the machine-readable list of new tokens (with their source pieces, which
+    // stage 5 uses for the FVT initialisation).
+    std::string tsv = options.general_corpus.empty() ? "id\tterm\tcount\tpieces\tscore\n"
+                                                     : "id\tterm\tcount\tpieces\tscore\tgeneral_count\n";
+    nlohmann::ordered_json nt;
+    nt["source_tokenizer"] = options.source_tokenizer;
+    nt["target_tokenizer"] = options.output;
+    nt["source_vocab_size"] = report.source_vocab_size;
+    nt["target_vocab_size"] = report.target_vocab_size;
+    nt["tokens"] = nlohmann::ordered_json::array();
+    for (const Term& t : scored) {
+        tsv += fmt::format("{}\t{}\t{}\t{}\t{:.6g}", t.id, tsv_escape(t.text), t.count,
+                           t.source_ids.size(), t.score);
+        if (!options.general_corpus.empty()) tsv += fmt::format("\t{}", t.general_count);
+        tsv += "\n";
+        nt["tokens"].push_back({{"id", t.id},
+                                {"content", t.text},
+                                {"count", t.count},
+                                {"score", t.score},
+                                {"source_ids", t.source_ids}});
+    }
+    LATHE_RETURN_IF_ERROR(file_write_atomic(report_path, tsv));
+    LATHE_RETURN_IF_ERROR(file_write_atomic(new_tokens_path, nt.dump(1) + "\n"));
+    LATHE_RETURN_IF_ERROR(file_write_atomic(options.output, target_text));
+    report.outputs = {options.output, report_path, new_tokens_path};
+    LATHE_RETURN_IF_ERROR(stage_write_manifest(options.output, fp, report.outputs));
+    report.terms = std::move(scored);
+    report.seconds = seconds_since(t_start);
+    return report;
+}
+
+}  // namespace lathe
