@@ -9,6 +9,7 @@ void cli_add_align(CLI::App& parent, CommandAction& action) {
         "align", "Move a model to a new vocabulary: terms -> embed -> map -> apply -> eval");
     cmd->require_subcommand(1);
     // One line per stage (kept in pipeline order).
+    cli_add_align_terms(*cmd, action);
     (void)action;
 }
 
