@@ -450,20 +450,6 @@ Result<TextPipeline> load_pipeline(const nlohmann::json& tok, const std::string&
     return p;
 }
 
-std::string tsv_escape(std::string_view s) {
-    std::string out;
-    for (char c : s) {
-        switch (c) {
-            case '\t': out += "\\t"; break;
-            case '\n': out += "\\n"; break;
-            case '\r': out += "\\r"; break;
-            case '\\': out += "\\\\"; break;
-            default: out += c;
-        }
-    }
-    return out;
-}
-
 std::string stem_of(const std::string& output) {
     std::string s = output;
     if (ends_with(s, ".json")) s.resize(s.size() - 5);
@@ -825,8 +811,10 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
 
     // The TSV report and the machine-readable list of new tokens (with their source pieces, which
     // stage 5 uses for the FVT initialisation).
-    std::string tsv = options.general_corpus.empty() ? "id\tterm\tcount\tpieces\tscore\n"
-                                                     : "id\tterm\tcount\tpieces\tscore\tgeneral_count\n";
+    // Terms hold no tab, newline or carriage return (see the candidate rules), so the TSV carries
+    // them unescaped: the first column is the added token's content exactly.
+    std::string tsv = options.general_corpus.empty() ? "term\tcount\tpieces\tscore\tid\n"
+                                                     : "term\tcount\tpieces\tscore\tid\tgeneral_count\n";
     nlohmann::ordered_json nt;
     nt["source_tokenizer"] = options.source_tokenizer;
     nt["target_tokenizer"] = options.output;
@@ -834,8 +822,8 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
     nt["target_vocab_size"] = report.target_vocab_size;
     nt["tokens"] = nlohmann::ordered_json::array();
     for (const Term& t : scored) {
-        tsv += fmt::format("{}\t{}\t{}\t{}\t{:.6g}", t.id, tsv_escape(t.text), t.count,
-                           t.source_ids.size(), t.score);
+        tsv += fmt::format("{}\t{}\t{}\t{:.6g}\t{}", t.text, t.count, t.source_ids.size(),
+                           t.score, t.id);
         if (!options.general_corpus.empty()) tsv += fmt::format("\t{}", t.general_count);
         tsv += "\n";
         nt["tokens"].push_back({{"id", t.id},

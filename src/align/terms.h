@@ -5,7 +5,7 @@
 // Candidates. The domain corpus is normalized and pre-tokenized exactly as the source tokenizer
 // does it (its own normalizer and pre-tokenizer). A candidate is
 //   - a word: one pre-tokenizer piece whose text starts with a space followed by at least one
-//     non-whitespace character (byte-level " myocardial", i.e. "Ġmyocardial");
+//     character and no further ASCII whitespace (byte-level " myocardial", i.e. "Ġmyocardial");
 //   - an n-gram (2 <= n <= max_ngram, at most 3): n consecutive pieces of one document, each a
 //     space followed only by letters, digits or non-ASCII characters (no punctuation, no second
 //     whitespace). They are joined by simple concatenation, each keeping its own leading space, so
@@ -37,6 +37,14 @@
 // content (HF's ByteLevel decoder passes a token holding a character outside the byte alphabet,
 // here the space, through unchanged). The written file is loaded back with lathe's tokenizer and
 // every term checked to have its id.
+//
+// Reports. "<stem>.terms.tsv": a header "term\tcount\tpieces\tscore\tid" (+ "\tgeneral_count"
+// with a general corpus), then one line per term in rank order. Terms hold no tab, newline or
+// carriage return (the candidate rules exclude ASCII whitespace after the leading space), so the
+// first column is the added token's content exactly, unescaped (stage 4 reads it so).
+// "<stem>.new_tokens.json": {"source_tokenizer", "target_tokenizer", "source_vocab_size",
+// "target_vocab_size", "tokens": [{"id", "content", "count", "score", "source_ids"}]}, where
+// source_ids is the term's encoding under the source (the pieces FVT averages in stage 5).
 //
 // Streaming and memory. One reader thread cuts the inputs into batches of documents; every worker
 // thread normalizes, pre-tokenizes and counts one batch into a local table, then merges it into a

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "align/stage_cache.h"
+#include "core/status.h"
 #include "io/file.h"
 #include "tokenizer/tokenizer.h"
 
@@ -151,7 +152,11 @@ TEST_F(TermsRunTest, MinesScoresAndWritesATokenizerThatUsesTheTerms) {
     // Reports.
     auto tsv = file_read_all(path("target.terms.tsv"));
     ASSERT_TRUE(tsv.ok());
-    EXPECT_EQ(tsv->rfind("id\tterm\tcount\tpieces\tscore\n", 0), 0u);
+    EXPECT_EQ(tsv->rfind("term\tcount\tpieces\tscore\tid\n", 0), 0u);
+    EXPECT_NE(tsv->find(fmt::format("\n amoxicillin clavulanate\t20\t8\t140\t{}\n",
+                                    by_text[" amoxicillin clavulanate"]->id)),
+              std::string::npos)
+        << *tsv;
     auto nt = file_read_all(path("target.new_tokens.json"));
     ASSERT_TRUE(nt.ok());
     auto j = nlohmann::json::parse(*nt);
