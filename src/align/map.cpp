@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <unordered_map>
@@ -513,6 +514,15 @@ Result<std::vector<int32_t>> align_read_terms(const std::string& path, const Ali
 
 Result<AlignMapResult> align_map_run(const AlignMapRequest& request) {
     if (request.pivots <= 0) return invalid_argument_error("--pivots must be positive, got {}", request.pivots);
+    if (request.output.empty()) return invalid_argument_error("--output is required");
+    // The output folders now, not after minutes of compute.
+    for (const std::string& out : {request.output, request.report}) {
+        const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+        std::error_code ec;
+        if (!out.empty() && !parent.empty() && !std::filesystem::create_directories(parent, ec) && ec) {
+            return io_error("{}: cannot create the folder: {}", parent.string(), ec.message());
+        }
+    }
     LATHE_ASSIGN_OR_RETURN(AlignTokenizer source, align_load_tokenizer(request.source_tokenizer));
     LATHE_ASSIGN_OR_RETURN(AlignTokenizer target, align_load_tokenizer(request.target_tokenizer));
     const std::string report = request.report.empty() ? align_report_path(request.output) : request.report;
