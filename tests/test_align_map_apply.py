@@ -326,3 +326,40 @@ def test_stage_configs_freeze_what_they_should(setup, tmp_path):
     assert not np.array_equal(s1["gpt_neox.layers.0.mlp.dense_h_to_4h.weight"],
                               s2["gpt_neox.layers.0.mlp.dense_h_to_4h.weight"])
     assert not np.array_equal(s1["gpt_neox.embed_in.weight"], s2["gpt_neox.embed_in.weight"])
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "gpt2"])
+def test_transformers_loads_the_adapted_model_and_agrees_on_bits_per_byte(setup, family, tmp_path):
+    """With torch and transformers importable (not in CI): from_pretrained loads apply's output,
+    and its NLL over the windows eval.h defines gives the bits per byte lathe reports."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    d = setup["dir"]
+    src_dir = source_model(setup, family, tmp_path)
+    out = tmp_path / "out"
+    run(["align", "apply", "--checkpoint", src_dir, "--map", d / "map.json", "--target-tokenizer",
+         d / "target.json", "--output", out])
+    T, n_docs = 16, 6
+    ev = last_json(run(["align", "eval", "--checkpoint", out, "--documents", d / "held.txt", "--seq-len", T,
+                        "--max-documents", n_docs]))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32)
+    model.eval()
+    assert model.get_input_embeddings().weight.shape[0] == json.loads((out / "config.json").read_text())["vocab_size"]
+    tok = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    boundary = json.loads((out / "config.json").read_text())["bos_token_id"]
+    docs = [x for x in (d / "held.txt").read_text().split("\n") if x.strip()][:n_docs]
+    nll, count, nbytes = 0.0, 0, 0
+    with torch.no_grad():
+        for doc in docs:
+            s = [boundary] + tok.encode(doc).ids
+            nbytes += len(doc.encode())
+            n = len(s) - 1
+            for begin in range(0, n, T):
+                w = s[begin:min(n, begin + T) + 1]
+                logits = model(torch.tensor([w[:-1]])).logits[0]
+                nll += torch.nn.functional.cross_entropy(logits, torch.tensor(w[1:]), reduction="sum").item()
+                count += len(w) - 1
+    m = ev["models"][0]
+    assert m["predicted_tokens"] == count
+    want = nll / np.log(2) / nbytes
+    assert abs(m["bits_per_byte"] - want) < 1e-4 * want, (m, want)
