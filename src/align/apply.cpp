@@ -78,15 +78,16 @@ std::vector<uint8_t> encode_as(const std::vector<float>& v, SafetensorsDtype dty
 }
 
 // The stored tensor for a parameter name: under its full name, or without the family's base-model
-// prefix (bare base-model checkpoints).
-const SafetensorsTensor* find_tensor(const SafetensorsCheckpoint& ckpt, const std::string& name,
-                                     std::string_view prefix) {
-    if (ckpt.contains(name)) return ckpt.tensor(name).value();
+// prefix (bare base-model checkpoints); nullptr when it is under neither. Errors: a shard that does
+// not open or validate.
+Result<const SafetensorsTensor*> find_tensor(const SafetensorsCheckpoint& ckpt, const std::string& name,
+                                             std::string_view prefix) {
+    if (ckpt.contains(name)) return ckpt.tensor(name);
     if (!prefix.empty() && starts_with(name, prefix)) {
         const std::string bare = name.substr(prefix.size());
-        if (ckpt.contains(bare)) return ckpt.tensor(bare).value();
+        if (ckpt.contains(bare)) return ckpt.tensor(bare);
     }
-    return nullptr;
+    return static_cast<const SafetensorsTensor*>(nullptr);
 }
 
 // The tokenizer_config.json that belongs with a tokenizer file, if any.
@@ -233,7 +234,7 @@ Result<AlignApplyResult> align_apply_run(const AlignApplyRequest& req) {
     const size_t head_entry = table.find_entry(ParamRole::kLmHead);
     const std::string emb_name = table.entries()[emb_entry].name;
     const std::string head_name = head_entry == ParamTable::kNone ? "" : table.entries()[head_entry].name;
-    const SafetensorsTensor* emb_t = find_tensor(ckpt, emb_name, family.base_model_prefix);
+    LATHE_ASSIGN_OR_RETURN(const SafetensorsTensor* emb_t, find_tensor(ckpt, emb_name, family.base_model_prefix));
     if (!emb_t) return invalid_argument_error("{}: no tensor {} (the token embedding)", src.dir, emb_name);
     if (emb_t->shape != std::vector<int64_t>{V, C}) {
         return invalid_argument_error("{}: {} has shape {}, config.json says [{}, {}]", src.dir, emb_name,
@@ -243,7 +244,7 @@ Result<AlignApplyResult> align_apply_run(const AlignApplyRequest& req) {
     std::vector<float> H;
     const SafetensorsTensor* head_t = nullptr;
     if (!head_name.empty()) {
-        head_t = find_tensor(ckpt, head_name, family.base_model_prefix);
+        LATHE_ASSIGN_OR_RETURN(head_t, find_tensor(ckpt, head_name, family.base_model_prefix));
         if (!head_t) return invalid_argument_error("{}: no tensor {} (the untied output head)", src.dir, head_name);
         if (head_t->shape != std::vector<int64_t>{V, C}) {
             return invalid_argument_error("{}: {} has shape {}, expected [{}, {}]", src.dir, head_name,
@@ -374,7 +375,7 @@ Result<AlignApplyResult> align_apply_run(const AlignApplyRequest& req) {
             tensors.push_back({p.name, head_t->dtype, {Vnew, C}, head_bytes.data(), head_bytes.size()});
             continue;
         }
-        const SafetensorsTensor* t = find_tensor(ckpt, p.name, family.base_model_prefix);
+        LATHE_ASSIGN_OR_RETURN(const SafetensorsTensor* t, find_tensor(ckpt, p.name, family.base_model_prefix));
         if (!t) return invalid_argument_error("{}: no tensor {}", src.dir, p.name);
         std::vector<int64_t> want;
         for (int i = 0; i < p.shape.rank(); ++i) want.push_back(p.shape[i]);
