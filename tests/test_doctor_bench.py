@@ -18,6 +18,7 @@ import ctypes
 import json
 import math
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -73,7 +74,7 @@ def library_version(names, symbol, by_pointer):
 
 def test_doctor_json_and_table_agree():
     p, j = doctor_json()
-    for key in ["cuda_build", "driver_cuda_version", "runtime_cuda_version", "devices",
+    for key in ["cuda_build", "driver_version", "driver_cuda_version", "runtime_cuda_version", "devices",
                 "libraries", "self_test", "status", "verdict", "no_gpu"]:
         assert key in j, key
     assert j["status"] in ("gpu_ready", "cpu_only", "not_ready")
@@ -128,6 +129,10 @@ def test_doctor_on_a_gpu_runs_the_self_test():
         assert 0 < d["free_memory_bytes"] <= d["memory_bytes"]
         cc = tuple(map(int, d["compute_capability"].split(".")))
         assert d["bf16"] == (cc >= (8, 0)) and d["fp8"] == (cc >= (8, 9))
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.split()
+        assert j["driver_version"] == smi[0]
     usable = [d for d in j["devices"] if d["bf16"] and d["kernels"]]
     names = {t["name"].split(" ")[0] for t in j["self_test"]}
     assert {"linear_forward", "linear_backward", "rmsnorm_forward", "grad_norm_l2"} <= names
@@ -188,14 +193,52 @@ def test_bench_tiny_on_cpu():
     assert r["peak_memory_bytes"] >= r["plan_bytes"] > 0
 
 
-def test_bench_tiny_gpt2_and_auto_device():
-    doctor = doctor_json()[1]
-    r = bench("--model", "tiny-gpt2", "--batch", 2, "--seq", 16, "--steps", 2, "--warmup", 0)
+def test_bench_tiny_gpt2_on_cpu():
+    r = bench("--model", "tiny-gpt2", "--batch", 2, "--seq", 16, "--steps", 2, "--warmup", 0,
+              "--device", "cpu")
     assert r["params"] == gpt2_params(512, 256, 64, 2)
     assert r["flop_params"] == r["params"] - 256 * 64
+    assert abs(r["loss_first"] - math.log(512)) < 0.1
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-gpt2"])
+def test_bench_auto_device(model):
+    """auto takes the GPU when doctor says it is usable; there the step matches the CPU's."""
+    doctor = doctor_json()[1]
+    args = ["--model", model, "--batch", 2, "--seq", 64, "--steps", 3, "--warmup", 1]
+    r = bench(*args)
     assert r["requested_device"] == "auto"
     if doctor["status"] != "gpu_ready":
         assert r["device"] == "cpu"
+        return
+    gpu = doctor["devices"][0]
+    assert r["device"] == "cuda" and r["device_name"] == gpu["name"]
+    if gpu["compute_capability"].startswith("9."):
+        assert r["peak_flops"] == 989.4e12
+        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"] / 989.4e12)
+    assert r["peak_memory_source"] == "cuda_mem_get_info"
+    # Measured device memory holds at least the planned arenas (cudaMalloc rounds up).
+    assert r["peak_memory_bytes"] >= 0.9 * r["plan_bytes"] > 0
+    # Same init and batches as the CPU reference: the same losses within bf16 accuracy.
+    cpu = bench(*args, "--device", "cpu")
+    assert r["params"] == cpu["params"]
+    assert r["loss_first"] == pytest.approx(cpu["loss_first"], rel=1e-2)
+    assert r["loss_last"] == pytest.approx(cpu["loss_last"], rel=2e-2)
+    assert r["grad_norm_last"] == pytest.approx(cpu["grad_norm_last"], rel=5e-2)
+
+
+def test_bench_plan_only_follows_the_device():
+    """The CUDA plan (bf16 activations and weight copy, CudaState buffers) needs no GPU."""
+    args = ["--model", "gpt2-124m", "--batch", 8, "--seq", 1024, "--plan-only"]
+    cpu = bench(*args, "--device", "cpu")
+    if not doctor_json()[1]["cuda_build"]:
+        return
+    cuda = bench(*args, "--device", "cuda")
+    assert (cpu["device"], cuda["device"]) == ("cpu", "cuda")
+    # Masters, gradients and both moments are f32 on both: 16 bytes per parameter at least.
+    assert cuda["plan_bytes"] > 16 * cuda["params"]
+    # bf16 activations: well under the CPU's f32 plan at this size.
+    assert cuda["plan_bytes"] < cpu["plan_bytes"]
 
 
 def test_bench_is_reproducible_from_the_seed():

@@ -161,6 +161,7 @@ std::string report_json(const Report& r) {
     j["driver_cuda_version"] = r.env.driver_version > 0
                                    ? json(cuda_version_string(r.env.driver_version))
                                    : json(nullptr);
+    j["driver_version"] = r.env.driver_release.empty() ? json(nullptr) : json(r.env.driver_release);
     j["runtime_cuda_version"] = r.env.runtime_version > 0
                                     ? json(cuda_version_string(r.env.runtime_version))
                                     : json(nullptr);
@@ -215,7 +216,9 @@ void print_report(const Report& r) {
                              r.env.cuda_build ? "built" : "not built"));
     if (r.env.cuda_build) {
         row("driver", r.env.driver_version > 0
-                          ? fmt::format("supports CUDA {}", cuda_version_string(r.env.driver_version))
+                          ? fmt::format("{}supports CUDA {}",
+                                        r.env.driver_release.empty() ? "" : r.env.driver_release + ", ",
+                                        cuda_version_string(r.env.driver_version))
                           : std::string("no CUDA driver"));
         row("runtime", fmt::format("CUDA {}", cuda_version_string(r.env.runtime_version)));
     }

@@ -81,6 +81,22 @@ GpuLibraryInfo probe_library(std::initializer_list<const char*> names, const cha
     return info;
 }
 
+// The driver's release ("580.159.04") through NVML, which ships with the driver
+// (libnvidia-ml.so.1); empty when NVML is not there or fails. Its functions return 0 on success.
+std::string nvml_driver_release() {
+    DlHandle lib(dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL));
+    if (lib.get() == nullptr) return {};
+    auto init = reinterpret_cast<int (*)()>(dlsym(lib.get(), "nvmlInit_v2"));
+    auto get = reinterpret_cast<int (*)(char*, unsigned)>(
+        dlsym(lib.get(), "nvmlSystemGetDriverVersion"));
+    auto shutdown = reinterpret_cast<int (*)()>(dlsym(lib.get(), "nvmlShutdown"));
+    if (init == nullptr || get == nullptr || shutdown == nullptr || init() != 0) return {};
+    char version[96] = {};  // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE is 80
+    const bool ok = get(version, sizeof(version)) == 0;
+    shutdown();
+    return ok ? std::string(version) : std::string();
+}
+
 #if LATHE_HAVE_CUDA
 
 // bf16's unit roundoff (8 significant bits): the tolerances below are multiples of it, as in
@@ -186,6 +202,7 @@ GpuEnvironment gpu_environment_probe(int only_device) {
                        "-DLATHE_CUDA=OFF)";
     env.cublaslt.detail = "not linked (build without CUDA)";
 #endif
+    env.driver_release = nvml_driver_release();
     // cudnnGetVersion: CUDNN_VERSION of the library loaded (major * 10000 + minor * 100 + patch
     // since cuDNN 9), which is what runs, whatever header lathe was compiled against.
     env.cudnn = probe_library({"libcudnn.so.9", "libcudnn.so"}, "cudnnGetVersion", false,

@@ -48,6 +48,7 @@ struct GpuLibraryInfo {
 struct GpuEnvironment {
     bool cuda_build = false;  // this binary has the CUDA backend
     int driver_version = 0;   // cudaDriverGetVersion (13000 = 13.0); 0 = no driver
+    std::string driver_release;  // the driver's own version ("580.159.04") from NVML, or empty
     int runtime_version = 0;  // cudaRuntimeGetVersion of the linked runtime
     // Why no device is listed (cudaGetDeviceCount's error, or "built without CUDA"); empty when
     // the device count could be read (it may still be 0).

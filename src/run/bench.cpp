@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,11 +20,7 @@
 #include "model/registry.h"
 #include "ops/adamw.h"
 #include "ops/device_info.h"
-#include "ops/grad_norm.h"
-
-#if LATHE_HAVE_CUDA
-#include "ops/cuda/cuda_state.h"
-#endif
+#include "run/compute_device.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -99,52 +94,6 @@ constexpr double kHopperPeakFlops = 989.4e12;
 // without generating any inside the timed loop.
 constexpr int64_t kDistinctBatches = 4;
 
-// AdamW's moments and the gradient norm's slot, in the memory the model computes in; the trainer
-// keeps the same (run/trainer.cpp, Trainer::m_, v_).
-class BenchOptimizerState {
-public:
-    BenchOptimizerState(int64_t n, const Context& ctx) : ctx_(ctx) {
-        if (ctx.backend == Backend::kCpu) {
-            host_m_.assign(size_t(n), 0.0f);
-            host_v_.assign(size_t(n), 0.0f);
-            m = TensorView(host_m_.data(), DType::kF32, Shape{n});
-            v = TensorView(host_v_.data(), DType::kF32, Shape{n});
-            norm = TensorView(&host_norm_, DType::kF32, Shape{1});
-            return;
-        }
-#if LATHE_HAVE_CUDA
-        dev_m_ = DeviceBuffer(size_t(n) * sizeof(float));
-        dev_v_ = DeviceBuffer(size_t(n) * sizeof(float));
-        dev_norm_ = DeviceBuffer(sizeof(float));
-        m = dev_m_.view(DType::kF32, Shape{n});
-        v = dev_v_.view(DType::kF32, Shape{n});
-        norm = dev_norm_.view(DType::kF32, Shape{1});
-        cuda_fill_bytes(m, 0, ctx.stream);
-        cuda_fill_bytes(v, 0, ctx.stream);
-#endif
-    }
-
-    // The norm grad_norm_l2 wrote; on CUDA waits for the stream (as the trainer's read does).
-    float read_norm() {
-#if LATHE_HAVE_CUDA
-        if (ctx_.backend == Backend::kCuda) {
-            cuda_copy_sync(TensorView(&host_norm_, DType::kF32, Shape{1}), norm, ctx_.stream);
-        }
-#endif
-        return host_norm_;
-    }
-
-    TensorView m, v, norm;
-
-private:
-    Context ctx_;
-    std::vector<float> host_m_, host_v_;
-    float host_norm_ = 0.0f;
-#if LATHE_HAVE_CUDA
-    DeviceBuffer dev_m_, dev_v_, dev_norm_;
-#endif
-};
-
 struct StepValues {
     float loss = 0.0f;
     float norm = 0.0f;
@@ -153,21 +102,17 @@ struct StepValues {
 // One optimizer step as Trainer::train_step runs it for one micro-batch (gradient accumulation
 // 1), with the default clip and without the skip-step decision (it only compares the loss and
 // norm read here): zero the gradients, forward + backward, the global gradient norm (read back:
-// the trainer logs it and tests it for non-finite values), clip, AdamW over every parameter.
-// The only place the bench touches the model's step API.
-StepValues bench_train_step(Model& model, const ModelBatch& batch, BenchOptimizerState& opt,
+// the trainer logs it and tests it for non-finite values), clip, AdamW over every parameter (on
+// CUDA rewriting the bf16 compute copy in the same pass). The one place the bench touches the
+// model's step API: keep it in step with run/trainer.cpp.
+StepValues bench_train_step(Model& model, const ModelBatch& batch,
                             std::span<const AdamWSegment> segments, int64_t adam_step) {
-    const Context& ctx = model.context();
     StepValues out;
     model.zero_grads();
     out.loss = model.forward_backward(batch, 1.0f);
-    const ConstTensorView grads[] = {model.grads_flat()};
-    grad_norm_l2(opt.norm, grads, ctx);
-    out.norm = opt.read_norm();
-    const TensorView clip[] = {model.grads_flat()};
-    grad_clip_by_norm(clip, opt.norm, kGradClip, ctx);
-    adamw_update(model.params_flat(), opt.m, opt.v, model.grads_flat(), segments, kAdam, adam_step,
-                 ctx);
+    out.norm = model.grad_norm();
+    model.clip_grads(kGradClip);
+    model.optimizer_step(segments, kAdam, adam_step);
     return out;
 }
 
@@ -192,12 +137,6 @@ std::vector<BatchData> random_batches(int64_t count, int64_t B, int64_t T, int64
         }
     }
     return out;
-}
-
-size_t physical_memory_bytes() {
-    const long pages = sysconf(_SC_PHYS_PAGES);
-    const long page = sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
 }
 
 size_t peak_rss_bytes() {
@@ -329,84 +268,71 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (req.seq < 1) return invalid_argument_error("--seq must be >= 1, got {}", req.seq);
     if (req.steps < 1) return invalid_argument_error("--steps must be >= 1, got {}", req.steps);
     if (req.warmup < 0) return invalid_argument_error("--warmup must be >= 0, got {}", req.warmup);
+    if (req.threads < 0) return invalid_argument_error("--threads must be >= 0, got {}", req.threads);
     LATHE_ASSIGN_OR_RETURN(ModelConfig config, bench_model_config(req.model, req.vocab_size));
     const int64_t B = req.batch, T = req.seq, V = config.vocab_size;
+#ifdef _OPENMP
+    if (req.threads > 0) omp_set_num_threads(req.threads);
+#endif
+    // A plan for CUDA needs no GPU; everything else asks the machine.
+    Placement place;
+    if (req.plan_only && req.device == BenchDevice::kCuda) {
+        place.backend = Backend::kCuda;
+        place.name = "cuda (planned only)";
+    } else {
+        LATHE_ASSIGN_OR_RETURN(place, choose_placement(req.device));
+    }
 
+    // The plan for the device chosen (bf16 activations and the CudaState's buffers on CUDA).
     ModelShape shape;
     shape.batch = B;
     shape.seq_len = T;
+    shape.backend = place.backend;
     const ParamTable table = model_param_table(config);
     auto plan = memory_plan_make(config, table, shape);
     if (!plan.ok()) return plan.status().with_context("--seq " + std::to_string(T));
 
     json j;
     j["model"] = req.model;
+    j["device"] = std::string(backend_name(place.backend));
+    j["device_name"] = place.name;
     j["batch"] = B;
     j["seq"] = T;
     j["params"] = model_config_num_parameters(config);
     j["flop_params"] = bench_flop_parameters(config);
     j["flops_per_token"] = bench_flops_per_token(config, T);
+    j["plan_bytes"] = plan->total_bytes();
     if (req.plan_only) {
-        // The plan as the CPU backend lays it out (f32 everywhere).
-        j["device"] = "none";
-        j["plan_bytes"] = plan->total_bytes();
         j["plan_only"] = true;
         return j.dump();
     }
 
-    LATHE_ASSIGN_OR_RETURN(Placement place, choose_placement(req.device));
-    j["device"] = std::string(backend_name(place.backend));
-    j["device_name"] = place.name;
-
-    // Memory in use before anything of ours exists (the CUDA context itself included).
+    // Device memory in use before anything of ours exists (the CUDA context itself included:
+    // the query creates it).
     size_t used_before = 0, free_bytes = 0, total_bytes = 0;
-    Context ctx = cpu_context();
-#if LATHE_HAVE_CUDA
-    std::unique_ptr<CudaState> state;
-#endif
-    if (place.backend == Backend::kCuda) {
-#if LATHE_HAVE_CUDA
-        if (gpu_memory_info(0, free_bytes, total_bytes)) used_before = total_bytes - free_bytes;
-        state = std::make_unique<CudaState>(0);
-        ctx = state->context();
-#endif
-    } else {
-#ifdef _OPENMP
-        if (req.threads > 0) omp_set_num_threads(req.threads);
-        place.name = fmt::format("cpu ({} threads)", omp_get_max_threads());
-        j["device_name"] = place.name;
-#endif
-        const size_t have = physical_memory_bytes();
-        if (have > 0 && plan->total_bytes() > have) {
-            return invalid_argument_error("{} at --batch {} --seq {} needs {} of memory on the CPU, "
-                                          "the machine has {}; lower --batch or --seq",
-                                          req.model, B, T, format_bytes(plan->total_bytes()),
-                                          format_bytes(have));
-        }
+    const bool on_cuda = place.backend == Backend::kCuda;
+    if (on_cuda && gpu_memory_info(0, free_bytes, total_bytes)) used_before = total_bytes - free_bytes;
+    LATHE_ASSIGN_OR_RETURN(ComputeDevice device,
+                           ComputeDevice::open(on_cuda ? "cuda" : "cpu", "--device"));
+    const size_t have = device.available_memory_bytes();
+    if (have > 0 && plan->total_bytes() > have) {
+        return invalid_argument_error("{} at --batch {} --seq {} needs {} of memory, {} has {} "
+                                      "free; lower --batch or --seq",
+                                      req.model, B, T, format_bytes(plan->total_bytes()),
+                                      device.describe(), format_bytes(have));
     }
 
-    log_info("bench: {} ({}) on {}: B={} T={}, {} warmup + {} timed steps",
-             req.model, model_config_summary(config), place.name, B, T, req.warmup, req.steps);
-    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(config, shape, ctx));
-    j["plan_bytes"] = model.plan().total_bytes();
+    log_info("bench: {} ({}) on {}: B={} T={}, {} warmup + {} timed steps", req.model,
+             model_config_summary(config), place.name, B, T, req.warmup, req.steps);
+    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(config, shape, device.context()));
     model.init(req.seed);
-    BenchOptimizerState opt(model.params_flat().numel(), ctx);
+    LATHE_RETURN_IF_ERROR(model.enable_optimizer());
     const std::vector<AdamWSegment> segments = model.adamw_segments(kLr, kWeightDecay);
     const std::vector<BatchData> batches =
         random_batches(std::min<int64_t>(kDistinctBatches, req.warmup + req.steps), B, T, V,
                        req.seed);
 
     size_t used_peak = 0;
-    auto sample_memory = [&] {
-        if (place.backend == Backend::kCuda && gpu_memory_info(0, free_bytes, total_bytes))
-            used_peak = std::max(used_peak, total_bytes - free_bytes);
-    };
-    auto synchronize = [&] {
-#if LATHE_HAVE_CUDA
-        if (state) state->synchronize();
-#endif
-    };
-
     std::vector<double> step_ms;
     StepValues first, last;
     const int64_t total = req.warmup + req.steps;
@@ -416,12 +342,13 @@ Result<std::string> bench_run(const BenchRequest& req) {
         batch.tokens = ConstTensorView(data.tokens.data(), DType::kI32, Shape{B, T});
         batch.targets = ConstTensorView(data.targets.data(), DType::kI32, Shape{B, T});
         const auto t0 = std::chrono::steady_clock::now();
-        last = bench_train_step(model, batch, opt, segments, s + 1);
-        synchronize();
+        last = bench_train_step(model, batch, segments, s + 1);
+        model.synchronize();
         const double ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
-        sample_memory();
+        if (on_cuda && gpu_memory_info(0, free_bytes, total_bytes))
+            used_peak = std::max(used_peak, total_bytes - free_bytes);
         if (s == 0) first = last;
         const bool timed = s >= req.warmup;
         if (timed) step_ms.push_back(ms);
@@ -434,7 +361,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
                     last.loss, last.norm);
 
     const double med = median(step_ms);
-    const double mean = std::accumulate(step_ms.begin(), step_ms.end(), 0.0) / double(step_ms.size());
+    const double mean =
+        std::accumulate(step_ms.begin(), step_ms.end(), 0.0) / double(step_ms.size());
     const double tokens_per_s = double(B * T) / (med / 1e3);
     j["steps"] = req.steps;
     j["warmup"] = req.warmup;
@@ -450,7 +378,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         j["peak_flops"] = nullptr;
         j["mfu"] = nullptr;
     }
-    if (place.backend == Backend::kCuda) {
+    if (on_cuda) {
         j["peak_memory_bytes"] = used_peak > used_before ? used_peak - used_before : 0;
         j["peak_memory_source"] = "cuda_mem_get_info";
     } else {
