@@ -428,6 +428,8 @@ Result<AlignMapResult> align_map_compute(const AlignTokenizer& source, const Ali
     std::vector<AlignTop2> top(static_cast<size_t>(Mt));
     bool use_cuda = request.device == AlignDevice::kCuda ||
                     (request.device == AlignDevice::kAuto && align_top2_cuda_available());
+    log_info("align map: {} gold pairs, {} pivots; best source token for {} target x {} source vectors on {}",
+             result.gold, P, Mt, Ns, use_cuda ? "cuda" : "cpu");
     const auto t0 = Clock::now();
     if (use_cuda) {
         LATHE_RETURN_IF_ERROR(align_top2_cuda(top, rel_t.data(), Mt, rel_s.data(), Ns, P));
@@ -436,6 +438,7 @@ Result<AlignMapResult> align_map_compute(const AlignTokenizer& source, const Ali
     }
     result.seconds_top2 = std::chrono::duration<double>(Clock::now() - t0).count();
     result.device = use_cuda ? "cuda" : "cpu";
+    log_info("align map: top-2 done in {:.2f} s", result.seconds_top2);
 
     // 5. Decisions.
     std::vector<uint8_t> is_term(size_t(Vt), 0);
