@@ -832,6 +832,13 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
                                 {"score", t.score},
                                 {"source_ids", t.source_ids}});
     }
+    for (const std::string& out : {options.output, report_path, new_tokens_path}) {
+        const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+        std::error_code ec;
+        if (!parent.empty() && !std::filesystem::create_directories(parent, ec) && ec) {
+            return io_error("{}: cannot create the folder: {}", parent.string(), ec.message());
+        }
+    }
     LATHE_RETURN_IF_ERROR(file_write_atomic(report_path, tsv));
     LATHE_RETURN_IF_ERROR(file_write_atomic(new_tokens_path, nt.dump(1) + "\n"));
     LATHE_RETURN_IF_ERROR(file_write_atomic(options.output, target_text));
