@@ -173,3 +173,84 @@ def test_bad_input_is_a_clear_error(tmp_path, corpus):
     assert p.returncode != 0
     assert "no documents" in p.stderr
     assert not (tmp_path / "y.json").exists()
+
+
+def byte_level_bpe(vocab_size, texts):
+    """A small byte-level BPE trained by HF (256 = the bytes alone)."""
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
+
+
+@pytest.mark.skipif(not (MODELS / "llama").exists(), reason="model fixtures missing")
+def test_align_run_every_stage_then_nothing(tmp_path):
+    """`lathe align run` on a tiny setup: the llama fixture (256 rows) with a 256-byte source
+    tokenizer, 300 PubMedQA abstracts. Every stage runs once; a second run skips them all."""
+    import shutil
+    docs = pubmed_docs()
+    train, held = docs[:300], docs[300:320]
+    src = byte_level_bpe(256, train)
+    assert src.get_vocab_size() == 256
+    src.save(str(tmp_path / "source.json"))
+    model = tmp_path / "model"
+    shutil.copytree(MODELS / "llama", model)
+    for extra in ("reference.json", "reference.safetensors"):
+        (model / extra).unlink(missing_ok=True)
+    shutil.copy(tmp_path / "source.json", model / "tokenizer.json")
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["bos_token_id"] = cfg["eos_token_id"] = 0
+    (model / "config.json").write_text(json.dumps(cfg))
+    write_jsonl(tmp_path / "corpus.jsonl", train)
+    (tmp_path / "held.txt").write_text("\n".join(d.replace("\n", " ") for d in held) + "\n")
+    work = tmp_path / "work"
+    (tmp_path / "run.yaml").write_text(f"""
+align: {{work_dir: {work}, threads: 2}}
+source: {{tokenizer: {tmp_path / 'source.json'}, checkpoint: {model}}}
+corpus: {{inputs: [{tmp_path / 'corpus.jsonl'}]}}
+terms: {{top_k: 40, min_count: 5}}
+embed: {{dim: 16, iters: 3, min_count: 2, device: cpu}}
+map: {{pivots: 50, device: cpu}}
+eval: {{documents: {tmp_path / 'held.txt'}, seq_len: 64, max_documents: 5}}
+""")
+    first = lathe("align", "run", tmp_path / "run.yaml", "--no-progress")
+    print(first.stdout)
+    states = {line.split()[0] + (" " + line.split()[1] if line.split()[1] in ("source", "target") else ""):
+              line for line in first.stdout.splitlines()[1:]}
+    for stage in ("terms", "prepare source", "prepare target", "embed source", "embed target", "map",
+                  "apply", "eval"):
+        assert stage in states and " ran " in states[stage], (stage, first.stdout)
+    target = Tokenizer.from_file(str(work / "target" / "tokenizer.json"))
+    assert target.get_vocab_size() == 256 + 40
+    m = json.loads((work / "map" / "map.json").read_text())
+    assert len(m) == 296 and all(0 <= v < 256 for v in m.values())
+    adapted = json.loads((work / "model" / "config.json").read_text())
+    assert adapted["vocab_size"] >= 296
+    ev = json.loads((work / "eval.json").read_text())
+    assert len(ev["models"]) == 2
+    second = lathe("align", "run", tmp_path / "run.yaml", "--no-progress")
+    body = second.stdout.splitlines()[1:]
+    assert len(body) == 8 and all(" up to date " in line for line in body), second.stdout
+    # A changed map setting reruns the map only: here every target id is gold (the 256 bytes) or a
+    # term, so the new map.json has the same bytes, and apply and eval, which fingerprint it by
+    # content, stay up to date.
+    third = lathe("align", "run", tmp_path / "run.yaml", "--no-progress", "--set", "map.pivots=40")
+    ran = [line.split()[0] for line in third.stdout.splitlines()[1:] if " ran " in line]
+    assert ran == ["map"], third.stdout
+    # A changed apply setting reruns apply and eval (the adapted model changed).
+    fourth = lathe("align", "run", tmp_path / "run.yaml", "--no-progress", "--set", "map.pivots=40",
+                   "--set", "apply.init=mean")
+    ran = [line.split()[0] for line in fourth.stdout.splitlines()[1:] if " ran " in line]
+    assert ran == ["apply", "eval"], fourth.stdout
+    # Config errors name the file and line.
+    (tmp_path / "bad.yaml").write_text(f"align: {{work_dir: {work}}}\nsource: {{tokenizer: x}}\n"
+                                       f"corpus: {{inputs: [x]}}\nterms: {{topk: 5}}\n")
+    p = lathe("align", "run", tmp_path / "bad.yaml", check=False)
+    assert p.returncode != 0 and "bad.yaml:4" in p.stderr and "terms.top_k" in p.stderr, p.stderr

@@ -13,6 +13,7 @@ void cli_add_align(CLI::App& parent, CommandAction& action) {
     cli_add_align_map(*cmd, action);
     cli_add_align_apply(*cmd, action);
     cli_add_align_eval(*cmd, action);
+    cli_add_align_run(*cmd, action);
     (void)action;
 }
 
