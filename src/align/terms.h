@@ -52,7 +52,9 @@
 // keys, every key with a count below a floor is removed (the floor starts at 2 and grows until at
 // most half the limit remains), so memory stays bounded by the limit; a pruned key that comes back
 // starts again from 0, so its count can be low by at most the floors in force when it was
-// removed (reported as `pruned` in TermsReport). Counts are exact when no pruning happened.
+// removed (reported as `pruned` in TermsReport). Counts, and so the outputs, are exact and the same
+// for any thread count when no pruning happened; with pruning and several threads, which keys are
+// dropped depends on the order in which batches were merged.
 
 #include <atomic>
 #include <cstdint>
@@ -77,7 +79,9 @@ struct TermsOptions {
     // Reports beside it: "" = <output without .json>.terms.tsv / .new_tokens.json.
     std::string report;
     std::string new_tokens;
-    TermsFormat format = TermsFormat::kAuto;  // auto: JSONL when a file's first line starts with '{'
+    // auto: per file, JSONL when its first non-blank line starts with '{', else one document per
+    // line (as `lathe prepare`'s auto).
+    TermsFormat format = TermsFormat::kAuto;
     std::string json_key = "text";
     int64_t top_k = 2000;
     int64_t min_count = 5;
