@@ -39,7 +39,11 @@ public:
     }
     // Uniform in [0, n) for n > 0 (Lemire's multiply-shift; the bias is below n / 2^64).
     LATHE_EMBED_HD uint64_t below(uint64_t n) {
+#if defined(__CUDA_ARCH__)
+        return __umul64hi(next(), n);
+#else
         return uint64_t((unsigned __int128)next() * n >> 64);
+#endif
     }
     // Uniform float in [0, 1), 24 random bits.
     LATHE_EMBED_HD float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f); }

@@ -164,6 +164,14 @@ GloveCuda::GloveCuda(const GloveModel& model, std::span<const GloveEntry> entrie
         LATHE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
             &blocks_per_sm, glove_epoch_hogwild_kernel, kBlockThreads, 0));
         warps = std::max(1, sms * blocks_per_sm) * (kBlockThreads / kWarpSize);
+        // Hogwild needs conflicts to be rare: with as many warps in flight as rows, most warps
+        // update rows another warp is updating and the stale reads stall learning (a 40-token
+        // vocabulary: cost 20x the CPU's; 4000 tokens and V / 4 warps: 1.6x). At most V / 16
+        // warps: vocabularies above ~135k rows still fill an H100/H200, GPT-2's 50k-token
+        // vocabulary on GCIDE (31k rows seen) runs ~1900 warps; whole blocks of warps.
+        const int per_block = kBlockThreads / kWarpSize;
+        const int64_t cap = std::max<int64_t>(per_block, (V_ / 16) / per_block * per_block);
+        warps = int(std::min<int64_t>(warps, cap));
     }
     warps_ = warps;
     buffers_->cost = DeviceArray(size_t(warps_) * sizeof(double));

@@ -98,7 +98,8 @@ std::vector<float> glove_output_vectors(const GloveModel& model);
 class GloveCuda {
 public:
     // Uploads `model` and `entries` to the current device. `warps` = resident warps of the
-    // Hogwild kernel (0: enough to fill the device; 1: deterministic, bitwise equal to
+    // Hogwild kernel (0: enough to fill the device, at most about V / 16 so that conflicts stay rare;
+    // 1: deterministic, bitwise equal to
     // glove_epoch_hogwild_cpu with threads = 1).
     GloveCuda(const GloveModel& model, std::span<const GloveEntry> entries, int warps = 0);
     ~GloveCuda();

@@ -1,0 +1,96 @@
+// The CUDA skip-gram trainer against its CPU twin (align/sgns.h): one warp is bitwise equal to
+// one CPU thread; the full-device Hogwild kernel reaches the CPU's loss and neighbours.
+
+// clang-format off
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+// clang-format on
+
+#include <gtest/gtest.h>
+
+#include "align/embed_test_util.h"
+#include "align/sgns.h"
+
+#if defined(__NVCC__)
+#pragma nv_diag_suppress 177
+#endif
+
+namespace lathe {
+namespace {
+
+struct Problem {
+    EmbedVocab vocab;
+    SgnsCorpus corpus;
+};
+
+Problem make_problem(const std::vector<std::vector<int32_t>>& docs, const std::string& name,
+                     int64_t min_count) {
+    const auto data = embedtest::write_docs(name, docs);
+    auto vocab = embed_count_vocab(data, min_count, 2);
+    LATHE_CHECK(vocab.ok(), "{}", vocab.status().to_string());
+    auto corpus = sgns_load_corpus(data, *vocab);
+    LATHE_CHECK(corpus.ok());
+    return {std::move(vocab).value(), std::move(corpus).value()};
+}
+
+TEST(SgnsCuda, OneWarpIsBitwiseTheSingleThreadCpuEpoch) {
+    const Problem p = make_problem(embedtest::zipf_docs(100, 80, 2000, 13), "sgns_cuda_zipf", 2);
+    for (int64_t D : {300, 16}) {
+        SgnsOptions o;
+        o.dim = D;
+        o.window = 5;
+        o.epochs = 2;
+        o.threads = 1;
+        o.subsample = 1e-3;
+        const SgnsTables tables = sgns_make_tables(p.vocab, o);
+        SgnsModel cpu = sgns_init(p.vocab.size(), D, 3);
+        SgnsCuda gpu(cpu, p.corpus, tables, /*warps=*/1);
+        for (int e = 0; e < o.epochs; ++e) {
+            const double cpu_loss = sgns_epoch_hogwild_cpu(cpu, p.corpus, tables, o, e);
+            const double gpu_loss = gpu.epoch(o, e);
+            EXPECT_EQ(gpu_loss, cpu_loss) << "D=" << D << " epoch " << e;
+        }
+        SgnsModel back = sgns_init(p.vocab.size(), D, 0);
+        gpu.download(back);
+        EXPECT_EQ(back.in, cpu.in) << "D=" << D;
+        EXPECT_EQ(back.out, cpu.out) << "D=" << D;
+    }
+}
+
+TEST(SgnsCuda, HogwildReachesTheCpuLossAndNeighbours) {
+    // A ring of 4000 ids: about 250 warps in flight (warps <= V / 16, see sgns.cu).
+    constexpr int kRing = 4000;
+    const Problem p = make_problem(embedtest::ring_docs(4000, 60, kRing, 3), "sgns_cuda_ring", 5);
+    const int64_t D = 16;
+    SgnsOptions o;
+    o.dim = D;
+    o.window = 3;
+    o.epochs = 10;
+    o.threads = 1;
+    o.subsample = 1e-3;
+    const SgnsTables tables = sgns_make_tables(p.vocab, o);
+    SgnsModel cpu = sgns_init(p.vocab.size(), D, 1);
+    SgnsCuda gpu(cpu, p.corpus, tables);
+    ASSERT_GE(gpu.warps(), 200);
+    double cpu_loss = 0, gpu_loss = 0;
+    for (int e = 0; e < o.epochs; ++e) {
+        cpu_loss = sgns_epoch_hogwild_cpu(cpu, p.corpus, tables, o, e);
+        gpu_loss = gpu.epoch(o, e);
+    }
+    // Hogwild's stale reads cost a little: within 30% of the sequential run.
+    EXPECT_NEAR(gpu_loss, cpu_loss, 0.3 * cpu_loss);
+    SgnsModel back = sgns_init(p.vocab.size(), D, 0);
+    gpu.download(back);
+    auto agreement = [&](const SgnsModel& m) {
+        return embedtest::nearest_neighbour_agreement(
+            m.in, D, p.vocab.size(), [&](int64_t a, int64_t b) {
+                return embedtest::ring_distance(p.vocab.token_of_row[size_t(a)],
+                                                p.vocab.token_of_row[size_t(b)], kRing) <= 2;
+            });
+    };
+    const double cpu_agreement = agreement(cpu);
+    EXPECT_GE(cpu_agreement, 0.5);
+    EXPECT_GE(agreement(back), cpu_agreement - 0.05);
+}
+
+}  // namespace
+}  // namespace lathe
