@@ -10,6 +10,7 @@ void cli_add_align(CLI::App& parent, CommandAction& action) {
     cmd->require_subcommand(1);
     // One line per stage (kept in pipeline order).
     cli_add_align_terms(*cmd, action);
+    cli_add_align_embed(*cmd, action);
     cli_add_align_map(*cmd, action);
     cli_add_align_apply(*cmd, action);
     cli_add_align_eval(*cmd, action);
