@@ -21,8 +21,8 @@
 // its tokens 1.. from the tokens before them within the window, so every s_1..s_n is predicted
 // exactly once, with fresh context at each window start. Special tokens the tokenizer adds at the
 // end (an EOS) are predicted too. bits/byte = sum of NLL (nats) / ln 2 / UTF-8 bytes of the
-// documents. The forward runs on the Context the caller passes (CPU today; the GPU when the model
-// runs there).
+// documents. The forward runs on the Context the caller passes (`lathe align eval --device`: the
+// CPU computes in fp32, CUDA in the model's bf16 compute copy, so the two differ slightly).
 
 #include <cstdint>
 #include <span>

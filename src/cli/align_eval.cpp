@@ -6,6 +6,7 @@
 
 #include "align/eval.h"
 #include "cli/command.h"
+#include "run/compute_device.h"
 
 namespace lathe {
 
@@ -15,7 +16,7 @@ void cli_add_align_eval(CLI::App& align, CommandAction& action) {
         "On held-out documents: TokAlign's alignment score (BLEU-1), tokens per byte of tokenizers, "
         "bits per byte of checkpoints; prints one JSON line");
     struct Options {
-        std::string documents, format = "lines", map, source_tokenizer, target_tokenizer;
+        std::string documents, format = "lines", map, source_tokenizer, target_tokenizer, device = "auto";
         std::vector<std::string> tokenizers, checkpoints;
         int64_t max_documents = 0, seq_len = 512, batch = 4;
     };
@@ -31,6 +32,8 @@ void cli_add_align_eval(CLI::App& align, CommandAction& action) {
     cmd->add_option("--checkpoint", o->checkpoints, "model folder to measure bits per byte of (repeatable)");
     cmd->add_option("--seq-len", o->seq_len, "window length T for bits per byte (default 512)");
     cmd->add_option("--batch", o->batch, "windows per forward pass (memory only; default 4)");
+    cmd->add_option("--device", o->device, "where the models run: auto (the GPU when there is one) | cpu | cuda")
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     cmd->callback([o, &action] {
         action = [o]() -> Status {
             AlignEvalRequest req;
@@ -44,7 +47,12 @@ void cli_add_align_eval(CLI::App& align, CommandAction& action) {
             req.checkpoints = o->checkpoints;
             req.seq_len = o->seq_len;
             req.batch = o->batch;
-            LATHE_ASSIGN_OR_RETURN(AlignEvalResult r, align_eval_run(cpu_context(), req));
+            // Opened only when a model is measured: the other measures need no device.
+            ComputeDevice device;
+            if (!req.checkpoints.empty()) {
+                LATHE_ASSIGN_OR_RETURN(device, ComputeDevice::open(o->device, "--device"));
+            }
+            LATHE_ASSIGN_OR_RETURN(AlignEvalResult r, align_eval_run(device.context(), req));
             std::printf("%s\n", align_eval_result_json(r).c_str());
             return ok_status();
         };
