@@ -363,3 +363,47 @@ def test_transformers_loads_the_adapted_model_and_agrees_on_bits_per_byte(setup,
     assert m["predicted_tokens"] == count
     want = nll / np.log(2) / nbytes
     assert abs(m["bits_per_byte"] - want) < 1e-4 * want, (m, want)
+
+
+def test_map_equals_an_independent_float64_computation(setup, tmp_path):
+    """With every gold pair as a pivot (so the seeded draw plays no part), each aligned target id
+    is the argmax over source rows of rel_t . rel_s, rel = unit(v) . unit(pivots)^T, computed
+    here in float64 with numpy (the rule of TokAlign's cal_trans_matrix.py -r)."""
+    d = setup["dir"]
+    out = last_json(run(["align", "map", "--source-tokenizer", d / "source.json", "--target-tokenizer",
+                         d / "target.json", "--source-vectors", d / "sv.txt", "--target-vectors", d / "tv.txt",
+                         "--output", tmp_path / "all.json", "--pivots", 100000, "--device", "cpu"]))
+    assert out["pivots"] == 256
+
+    def load(path):
+        rows = {}
+        for line in Path(path).read_text().splitlines():
+            f = line.split()
+            if f[0] != "<unk>":
+                rows[int(f[0])] = np.array([float(x) for x in f[1:]])
+        return rows
+
+    sv, tv = load(d / "sv.txt"), load(d / "tv.txt")
+    m = json.loads((tmp_path / "all.json").read_text())
+    decisions = {int(r.split("\t")[0]): r.split("\t")[2]
+                 for r in (tmp_path / "all.report.tsv").read_text().splitlines()[1:]}
+    src, tgt = setup["src"], setup["tgt"]
+    pivots = [(t, src.token_to_id(tgt.id_to_token(t))) for t in sorted(tv)
+              if src.token_to_id(tgt.id_to_token(t)) is not None]
+    unit = lambda M: M / np.linalg.norm(M, axis=1, keepdims=True)
+    s_ids = sorted(sv)
+    S = unit(np.stack([sv[i] for i in s_ids]))
+    Ps = unit(np.stack([sv[s] for _, s in pivots]))
+    Pt = unit(np.stack([tv[t] for t, _ in pivots]))
+    rel_s = S @ Ps.T
+    checked = 0
+    for t, dec in decisions.items():
+        if dec != "aligned":
+            continue
+        rel_t = unit(tv[t][None, :]) @ Pt.T
+        sim = (rel_t @ rel_s.T)[0]
+        best = int(np.argmax(sim))
+        got = s_ids.index(m[str(t)])
+        assert sim[got] >= sim[best] - 1e-4 * abs(sim[best]), (t, s_ids[best], m[str(t)])
+        checked += 1
+    assert checked == 44
