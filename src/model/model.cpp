@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "ops/rope.h"
 
 #if LATHE_HAVE_CUDA
+#include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/memory.h"
 #endif
@@ -135,6 +137,23 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
         m.pinned_bytes_ = 4 * size_t(m.plan_.shape.batch * m.plan_.shape.seq_len) * sizeof(int32_t);
         auto pinned = std::make_shared<PinnedHostBuffer>(m.pinned_bytes_);
         m.pinned_ = std::shared_ptr<void>(pinned, pinned->data());
+        // cuDNN's attention graphs for the planned shape, built now so that their workspace is
+        // allocated before step 1 and counted in the plan (packed-document graphs and smaller
+        // batches build theirs at first use).
+        CudaState& state = cuda_state_of(ctx, "model");
+        if (cuda::attention_unavailable_reason() == nullptr) {
+            std::vector<int64_t> windows;
+            for (int l = 0; l < int(m.config_.num_layers); ++l)
+                if (std::find(windows.begin(), windows.end(), m.config_.window(l)) == windows.end())
+                    windows.push_back(m.config_.window(l));
+            const ModelConfig& c = m.config_;
+            for (int64_t w : windows)
+                cuda::attention_prepare(
+                    state, cuda::AttentionShape{m.plan_.shape.batch, m.plan_.shape.seq_len,
+                                                c.num_heads, c.num_kv_heads, c.head_dim, w, false,
+                                                float(1.0 / std::sqrt(double(c.head_dim)))});
+            m.plan_.runtime += cuda::attention_buffer_bytes(state);
+        }
 #endif
     }
     if (m.config_.position == PositionKind::kRope) {

@@ -192,11 +192,18 @@ TEST_P(ModelGpu, LossesTrackTheCpuOverAdamWSteps) {
     }
     EXPECT_LT(lg.back(), lg.front() - 0.3f) << "the GPU model did not learn the repeated batches";
     // The masters moved as the CPU's did; the bf16 copy (what the next forward reads) follows.
+    // Per tensor, a zero-initialised bias is all update: AdamW's early steps are nearly
+    // sign(g) x lr, so where a gradient element is near zero the two backends may step it either
+    // way and its relative error says little. The whole parameter vector is the measure.
     std::string worst;
-    const double param_err = worst_tensor_error(m.cpu, m.gpu, false, &worst);
-    std::printf("[gpu-vs-cpu] %-9s parameters after 8 steps: worst rel-L2 %.2e (%s)\n",
-                GetParam().name, param_err, worst.c_str());
-    EXPECT_LT(param_err, 3e-2) << worst;
+    const double worst_err = worst_tensor_error(m.cpu, m.gpu, false, &worst);
+    const ConstTensorView pg = m.gpu.params_flat(), pc = m.cpu.params_flat();
+    std::vector<float> host(size_t(pg.numel()));
+    cuda_copy_sync(TensorView(host.data(), DType::kF32, pg.shape()), pg, state_->stream());
+    const double param_err = rel_l2(host.data(), pc.as<float>(), pc.numel());
+    std::printf("[gpu-vs-cpu] %-9s parameters after 8 steps: rel-L2 %.2e (worst tensor %.2e, %s)\n",
+                GetParam().name, param_err, worst_err, worst.c_str());
+    EXPECT_LT(param_err, 1e-2);
     // Optimizer state reads back from the device and round-trips.
     const size_t n = size_t(m.gpu.params_flat().numel());
     std::vector<float> m1(n), v1(n), m2(n), v2(n);

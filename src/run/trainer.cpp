@@ -213,10 +213,11 @@ Status Trainer::setup() {
                                       s_.micro_batch, s_.seq_len, format_bytes(need), device_.describe(),
                                       format_bytes(have));
     }
-    std::fputs(plan->table(model_config_summary(s_.model)).c_str(), stderr);
     auto model = Model::create(s_.model, shape, device_.context());
     if (!model.ok()) return model.status();
     model_.emplace(std::move(model).value());
+    // The plan as allocated (on CUDA it now counts the attention workspaces cuDNN asked for).
+    std::fputs(model_->plan().table(model_config_summary(s_.model)).c_str(), stderr);
     LATHE_RETURN_IF_ERROR(model_->enable_optimizer());
 
     // Frozen parameter groups (train.freeze): an entry is frozen when its name, or every HF
