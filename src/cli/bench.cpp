@@ -17,11 +17,15 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         presets += "\n  " + std::string(p.name) + ": " + std::string(p.description);
     CLI::App* cmd = parent.add_subcommand(
         "bench",
-        "Measure training throughput: random init, random token batches, W warmup then N timed "
-        "steps of what `lathe train` runs per step (forward+backward, grad norm, clip, AdamW). "
-        "Prints one JSON line: tokens_per_s (B*T / median step), step_ms_median/mean, mfu "
-        "((6N + 12 L C T) per token over 989.4 TFLOP/s on Hopper; null elsewhere), "
-        "peak_memory_bytes, plan_bytes, params");
+        "Measure training throughput of a model shape on random data (tokens/s, step time, MFU, "
+        "memory); one JSON line");
+    cmd->footer(
+        "Random init, random token batches, W warmup then N timed steps of what `lathe train` "
+        "runs per step (forward+backward, grad norm, clip, AdamW), each timed until the device is "
+        "done. JSON: tokens_per_s (B*T / median step), step_ms_median/mean/min/max, mfu "
+        "((6N + 12 L C T) FLOPs per token, N without the input embedding tables, over 989.4 "
+        "TFLOP/s on Hopper; null elsewhere), peak_memory_bytes (CUDA: cudaMemGetInfo in use "
+        "after each step minus before the bench; CPU: peak resident set), plan_bytes, params.");
     struct Options {
         std::string model, device = "auto";
         BenchRequest req;

@@ -245,11 +245,13 @@ void print_report(const Report& r) {
 
 void cli_add_doctor(CLI::App& parent, CommandAction& action) {
     CLI::App* cmd = parent.add_subcommand(
-        "doctor",
-        "Check this machine and build for GPU training: GPUs, driver and runtime, cuBLASLt, "
-        "cuDNN and NCCL versions, bf16/fp8 support, a numerics self-test of the CUDA ops against "
-        "the CPU reference, and a verdict. Exit code 0 when lathe can work here (a machine "
-        "without a GPU included), 1 when a GPU is there but unusable");
+        "doctor", "Check this machine and build for GPU training, with a numerics self-test");
+    cmd->footer(
+        "Reports the GPUs (compute capability, SMs, memory, bf16/fp8 tensor cores, whether this "
+        "build has kernels for them), the driver, the CUDA runtime, cuBLASLt, cuDNN and NCCL "
+        "versions, a self-test of CUDA ops against the CPU reference, and one verdict line. Exit "
+        "code 0 when lathe can work here (a machine without a GPU included), 1 when a GPU is "
+        "there but unusable.");
     auto json = std::make_shared<bool>(false);
     cmd->add_flag("--json", *json, "Print one JSON object instead of the table");
     cmd->callback([json, &action] {
