@@ -24,6 +24,7 @@
 #include "core/progress.h"
 #include "core/strings.h"
 #include "data/jsonl.h"
+#include "data/prepare.h"
 #include "io/file.h"
 #include "io/input.h"
 #include "tokenizer/normalizer.h"
@@ -691,6 +692,12 @@ std::string align_terms_default_report(const std::string& output) {
     return stem_of(output) + ".terms.tsv";
 }
 
+std::string align_terms_tokenizer_config_path(const std::string& output) {
+    const std::filesystem::path p(output);
+    if (p.filename() == "tokenizer.json") return (p.parent_path() / "tokenizer_config.json").string();
+    return stem_of(output) + ".tokenizer_config.json";
+}
+
 std::string align_terms_default_new_tokens(const std::string& output) {
     return stem_of(output) + ".new_tokens.json";
 }
@@ -727,6 +734,12 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
     fp.add_setting("report", report_path);
     fp.add_setting("new_tokens", new_tokens_path);
     LATHE_RETURN_IF_ERROR(fp.add_input("source_tokenizer", options.source_tokenizer));
+    // The source's tokenizer_config.json (chat template, special tokens), copied beside the target.
+    const std::optional<std::string> source_config = prepare_find_tokenizer_config(options.source_tokenizer);
+    const std::string target_config = align_terms_tokenizer_config_path(options.output);
+    if (source_config.has_value()) {
+        LATHE_RETURN_IF_ERROR(fp.add_input("source_tokenizer_config", *source_config));
+    }
     for (size_t i = 0; i < options.corpus.size(); ++i) {
         LATHE_RETURN_IF_ERROR(fp.add_input(fmt::format("corpus[{}]", i), options.corpus[i]));
     }
@@ -738,6 +751,7 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
     if (!options.force && stage_up_to_date(options.output, fp)) {
         report.skipped_up_to_date = true;
         report.outputs = {options.output, report_path, new_tokens_path};
+        if (source_config.has_value()) report.outputs.push_back(target_config);
         return report;
     }
 
@@ -945,8 +959,29 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
     }
     LATHE_RETURN_IF_ERROR(file_write_atomic(report_path, tsv));
     LATHE_RETURN_IF_ERROR(file_write_atomic(new_tokens_path, nt.dump(1) + "\n"));
-    LATHE_RETURN_IF_ERROR(file_write_atomic(options.output, target_text));
     report.outputs = {options.output, report_path, new_tokens_path};
+    if (source_config.has_value()) {
+        // Same settings, the terms added to added_tokens_decoder as transformers lists them.
+        LATHE_ASSIGN_OR_RETURN(std::string config_text, file_read_all(*source_config));
+        nlohmann::ordered_json cfg;
+        try {
+            cfg = nlohmann::ordered_json::parse(config_text);
+        } catch (const nlohmann::json::exception& e) {
+            return invalid_argument_error("{}: not valid JSON: {}", *source_config, e.what());
+        }
+        if (!cfg.is_object()) return invalid_argument_error("{}: not a JSON object", *source_config);
+        if (!cfg.contains("added_tokens_decoder") || !cfg["added_tokens_decoder"].is_object()) {
+            cfg["added_tokens_decoder"] = nlohmann::ordered_json::object();
+        }
+        for (const Term& t : scored) {
+            cfg["added_tokens_decoder"][std::to_string(t.id)] = {
+                {"content", t.text}, {"lstrip", false},   {"normalized", true},
+                {"rstrip", false},   {"single_word", false}, {"special", false}};
+        }
+        LATHE_RETURN_IF_ERROR(file_write_atomic(target_config, cfg.dump(2) + "\n"));
+        report.outputs.push_back(target_config);
+    }
+    LATHE_RETURN_IF_ERROR(file_write_atomic(options.output, target_text));
     LATHE_RETURN_IF_ERROR(stage_write_manifest(options.output, fp, report.outputs));
     report.terms = std::move(scored);
     report.seconds = seconds_since(t_start);

@@ -46,6 +46,11 @@
 // "target_vocab_size", "tokens": [{"id", "content", "count", "score", "source_ids"}]}, where
 // source_ids is the term's encoding under the source (the pieces FVT averages in stage 5).
 //
+// tokenizer_config.json: when the source has one (prepare_find_tokenizer_config: chat template,
+// bos/eos/pad tokens), a copy is written beside the target (align_terms_tokenizer_config_path) with
+// the terms added to its "added_tokens_decoder" (id -> the same properties as in tokenizer.json),
+// so `lathe prepare --chat`, stage 5 and transformers find it.
+//
 // Streaming and memory. One reader thread cuts the inputs into batches of documents; every worker
 // thread normalizes, pre-tokenizes and counts one batch into a local table, then merges it into a
 // shared table split into locked shards. When the shared table holds more than max_table_entries
@@ -134,6 +139,10 @@ Result<TermsReport> align_terms_run(const TermsOptions& options);
 // "<dir>/<stem>.new_tokens.json" (stem = the file name without ".json").
 std::string align_terms_default_report(const std::string& output);
 std::string align_terms_default_new_tokens(const std::string& output);
+// Where the target's tokenizer_config.json goes: "<dir>/tokenizer_config.json" for an output named
+// tokenizer.json (a Hugging Face folder), else "<dir>/<stem>.tokenizer_config.json" (the layout
+// prepare_find_tokenizer_config reads).
+std::string align_terms_tokenizer_config_path(const std::string& output);
 
 // The candidate keys (terms) of one document's pre-tokenizer pieces, given already decoded to
 // raw bytes, in order; calls emit(term) once per occurrence. Exposed for tests.

@@ -176,6 +176,40 @@ TEST_F(TermsRunTest, MinesScoresAndWritesATokenizerThatUsesTheTerms) {
     EXPECT_EQ(changed->terms.size(), 3u);
 }
 
+TEST_F(TermsRunTest, TokenizerConfigIsCopiedWithTheTerms) {
+    const std::string shared = std::string(LATHE_SHARED_DIR) + "/tokenizers/";
+    if (!fs::exists(shared + "qwen3.tokenizer_config.json")) GTEST_SKIP() << "qwen3 missing";
+    fs::copy_file(shared + "qwen3.json", path("qwen3.json"));
+    fs::copy_file(shared + "qwen3.tokenizer_config.json", path("qwen3.tokenizer_config.json"));
+    std::string text;
+    for (int i = 0; i < 10; ++i) text += "the amoxicillin clavulanate dose\n";
+    ASSERT_TRUE(file_write_atomic(path("domain.txt"), text).ok());
+    auto o = options();
+    o.source_tokenizer = path("qwen3.json");
+    o.output = path("out/tokenizer.json");
+    o.top_k = 2;
+    auto r = align_terms_run(o);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(r->terms.size(), 2u);
+    ASSERT_TRUE(fs::exists(path("out/tokenizer_config.json")));
+    auto src = nlohmann::json::parse(*file_read_all(path("qwen3.tokenizer_config.json")));
+    auto cfg = nlohmann::json::parse(*file_read_all(path("out/tokenizer_config.json")));
+    EXPECT_EQ(cfg["chat_template"], src["chat_template"]);
+    EXPECT_EQ(cfg["eos_token"], src["eos_token"]);
+    EXPECT_EQ(cfg["added_tokens_decoder"].size(), src["added_tokens_decoder"].size() + 2);
+    const auto& entry = cfg["added_tokens_decoder"][std::to_string(r->terms[0].id)];
+    EXPECT_EQ(entry["content"].get<std::string>(), r->terms[0].text);
+    EXPECT_FALSE(entry["special"].get<bool>());
+    EXPECT_EQ(align_terms_tokenizer_config_path(path("x/t.json")), path("x/t.tokenizer_config.json"));
+    // The manifest lists it, so deleting it reruns the stage.
+    EXPECT_TRUE(align_terms_run(o)->skipped_up_to_date);
+    fs::remove(path("out/tokenizer_config.json"));
+    auto again = align_terms_run(o);
+    ASSERT_TRUE(again.ok());
+    EXPECT_FALSE(again->skipped_up_to_date);
+    EXPECT_TRUE(fs::exists(path("out/tokenizer_config.json")));
+}
+
 TEST_F(TermsRunTest, GeneralCorpusDropsGeneralWords) {
     if (!fs::exists(tokenizer_)) GTEST_SKIP() << tokenizer_ << " missing";
     std::string domain, general;
