@@ -58,29 +58,38 @@ ConfigSchema align_run_config_schema() {
     // ---- the run ----
     s.add({"align.work_dir", ConfigType::kString, "", "folder for every stage's outputs", true});
     s.add({"align.threads", ConfigType::kInt, "0", "CPU threads for every stage; 0 = all cores"});
-    s.add({"align.force", ConfigType::kBool, "false", "rerun every stage even when its outputs are up to date"});
+    s.add({"align.force", ConfigType::kBool, "false",
+           "rerun every stage even when its outputs are up to date"});
     // ---- the source model ----
     s.add({"source.tokenizer", ConfigType::kString, "", "the source model's tokenizer.json", true});
-    s.add({"source.checkpoint", ConfigType::kString, "", "the source model (HF folder or lathe checkpoint): enables apply and bits/byte"});
+    s.add({"source.checkpoint", ConfigType::kString, "",
+           "the source model (HF folder or lathe checkpoint): enables apply and bits/byte"});
     // ---- the target ----
-    s.add({"target.tokenizer", ConfigType::kString, "", "target tokenizer.json; stage 1 adds terms to it (default: to source.tokenizer)"});
+    s.add({"target.tokenizer", ConfigType::kString, "",
+           "target tokenizer.json; stage 1 adds terms to it (default: to source.tokenizer)"});
     // ---- the corpus (stages 1-3) ----
-    s.add({"corpus.inputs", ConfigType::kStringList, "", "domain corpus files: text or JSONL, gzip/zstd", true});
+    s.add({"corpus.inputs", ConfigType::kStringList, "",
+           "domain corpus files: text or JSONL, gzip/zstd", true});
     s.add({"corpus.format", ConfigType::kString, "auto", "auto | text | text-blocks | jsonl"});
     s.add({"corpus.json_key", ConfigType::kString, "text", "JSONL field holding the document"});
-    s.add({"corpus.on_error", ConfigType::kString, "fail", "fail | skip: what a bad document does"});
+    s.add(
+        {"corpus.on_error", ConfigType::kString, "fail", "fail | skip: what a bad document does"});
     // ---- stage 1: terms ----
-    s.add({"terms.enabled", ConfigType::kBool, "true", "mine domain terms into the target tokenizer"});
-    s.add({"terms.general", ConfigType::kStringList, "[]", "general corpus files: score x log(p_domain / p_general)"});
+    s.add({"terms.enabled", ConfigType::kBool, "true",
+           "mine domain terms into the target tokenizer"});
+    s.add({"terms.general", ConfigType::kStringList, "[]",
+           "general corpus files: score x log(p_domain / p_general)"});
     s.add({"terms.top_k", ConfigType::kInt, "2000", "terms to add"});
     s.add({"terms.min_count", ConfigType::kInt, "5", "minimum count in the domain corpus"});
     s.add({"terms.max_ngram", ConfigType::kInt, "3", "longest word n-gram (1..3)"});
     s.add({"terms.smoothing", ConfigType::kFloat, "0.5", "added to general-corpus counts"});
-    s.add({"terms.max_table_entries", ConfigType::kInt, "16777216", "candidate table size before pruning"});
+    s.add({"terms.max_table_entries", ConfigType::kInt, "16777216",
+           "candidate table size before pruning"});
     // ---- stage 3: embed ----
     s.add({"embed.method", ConfigType::kString, "glove", "glove | sgns"});
     s.add({"embed.dim", ConfigType::kInt, "300", "vector dimensions"});
-    s.add({"embed.window", ConfigType::kInt, "0", "context window; 0 = the method's default (GloVe 15, SGNS 5)"});
+    s.add({"embed.window", ConfigType::kInt, "0",
+           "context window; 0 = the method's default (GloVe 15, SGNS 5)"});
     s.add({"embed.min_count", ConfigType::kInt, "5", "tokens seen fewer times get no vector"});
     s.add({"embed.iters", ConfigType::kInt, "15", "GloVe iterations / SGNS epochs"});
     s.add({"embed.device", ConfigType::kString, "auto", "auto | cpu | cuda"});
@@ -88,17 +97,21 @@ ConfigSchema align_run_config_schema() {
     // ---- stage 4: map ----
     s.add({"map.pivots", ConfigType::kInt, "300", "gold pairs used as pivots"});
     s.add({"map.seed", ConfigType::kInt, "0", "seed of the pivot choice"});
-    s.add({"map.match", ConfigType::kString, "exact", "exact | byte-level-aware (gold pairs across Ġ / ▁ spellings)"});
+    s.add({"map.match", ConfigType::kString, "exact",
+           "exact | byte-level-aware (gold pairs across Ġ / ▁ spellings)"});
     s.add({"map.similarity", ConfigType::kString, "dot", "dot (TokAlign) | cosine"});
-    s.add({"map.threshold", ConfigType::kFloat, "", "similarity below which a token gets FVT instead"});
+    s.add({"map.threshold", ConfigType::kFloat, "",
+           "similarity below which a token gets FVT instead"});
     s.add({"map.device", ConfigType::kString, "auto", "auto | cpu | cuda"});
     // ---- stage 5: apply ----
     s.add({"apply.init", ConfigType::kString, "align", "align | fvt | mean | random"});
     s.add({"apply.fvt_weighting", ConfigType::kString, "mean", "mean | exponential (AdaptiVocab)"});
-    s.add({"apply.pad_to_multiple", ConfigType::kInt, "", "vocabulary padding; default: the family's"});
+    s.add({"apply.pad_to_multiple", ConfigType::kInt, "",
+           "vocabulary padding; default: the family's"});
     s.add({"apply.seed", ConfigType::kInt, "0", "seed of the mean/random rows' noise"});
     // ---- stage 6: eval ----
-    s.add({"eval.documents", ConfigType::kString, "", "held-out text file (one document per line or block): enables eval"});
+    s.add({"eval.documents", ConfigType::kString, "",
+           "held-out text file (one document per line or block): enables eval"});
     s.add({"eval.format", ConfigType::kString, "lines", "lines | blocks"});
     s.add({"eval.max_documents", ConfigType::kInt, "0", "first N documents only; 0 = all"});
     s.add({"eval.seq_len", ConfigType::kInt, "512", "window of the bits/byte forward (T)"});
@@ -110,40 +123,53 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
     const auto t_start = Clock::now();
     AlignRunReport report;
     const std::string work = c.get_string("align.work_dir");
-    const int threads = options.threads > 0 ? options.threads : static_cast<int>(c.get_int("align.threads"));
+    const int threads =
+        options.threads > 0 ? options.threads : static_cast<int>(c.get_int("align.threads"));
     const bool force = options.force || c.get_bool("align.force");
     const std::string source_tokenizer = c.get_string("source.tokenizer");
     const std::string checkpoint = optional_string(c, "source.checkpoint");
     const std::vector<std::string> corpus = c.get_string_list("corpus.inputs");
-    if (corpus.empty()) return invalid_argument_error("corpus.inputs ({}): no files", c.source_of("corpus.inputs"));
+    if (corpus.empty())
+        return invalid_argument_error("corpus.inputs ({}): no files", c.source_of("corpus.inputs"));
     for (const std::string& f : corpus) {
         if (!file_exists(f)) {
-            return not_found_error("corpus.inputs ({}): {} does not exist", c.source_of("corpus.inputs"), f);
+            return not_found_error("corpus.inputs ({}): {} does not exist",
+                                   c.source_of("corpus.inputs"), f);
         }
     }
     LATHE_ASSIGN_OR_RETURN(const std::string format_name,
                            choice(c, "corpus.format", {"auto", "text", "text-blocks", "jsonl"}));
-    LATHE_ASSIGN_OR_RETURN(const std::string on_error, choice(c, "corpus.on_error", {"fail", "skip"}));
+    LATHE_ASSIGN_OR_RETURN(const std::string on_error,
+                           choice(c, "corpus.on_error", {"fail", "skip"}));
     const bool terms_enabled = c.get_bool("terms.enabled");
     const std::string given_target = optional_string(c, "target.tokenizer");
     if (!terms_enabled && given_target.empty()) {
-        return invalid_argument_error("target.tokenizer is not set and terms.enabled is false: there is "
-                                      "no target vocabulary (set one, or enable terms)");
+        return invalid_argument_error(
+            "target.tokenizer is not set and terms.enabled is false: there is "
+            "no target vocabulary (set one, or enable terms)");
     }
     // Settings checked up front so a typo fails before hours of work.
-    LATHE_ASSIGN_OR_RETURN(const std::string embed_method, choice(c, "embed.method", {"glove", "sgns"}));
-    LATHE_ASSIGN_OR_RETURN(const std::string embed_device, choice(c, "embed.device", {"auto", "cpu", "cuda"}));
-    LATHE_ASSIGN_OR_RETURN(const std::string map_match, choice(c, "map.match", {"exact", "byte-level-aware"}));
-    LATHE_ASSIGN_OR_RETURN(const std::string map_similarity, choice(c, "map.similarity", {"dot", "cosine"}));
-    LATHE_ASSIGN_OR_RETURN(const std::string map_device, choice(c, "map.device", {"auto", "cpu", "cuda"}));
-    LATHE_ASSIGN_OR_RETURN(const std::string apply_init, choice(c, "apply.init", {"align", "fvt", "mean", "random"}));
-    LATHE_ASSIGN_OR_RETURN(const std::string fvt_weighting, choice(c, "apply.fvt_weighting", {"mean", "exponential"}));
-    LATHE_ASSIGN_OR_RETURN(const std::string eval_format, choice(c, "eval.format", {"lines", "blocks"}));
+    LATHE_ASSIGN_OR_RETURN(const std::string embed_method,
+                           choice(c, "embed.method", {"glove", "sgns"}));
+    LATHE_ASSIGN_OR_RETURN(const std::string embed_device,
+                           choice(c, "embed.device", {"auto", "cpu", "cuda"}));
+    LATHE_ASSIGN_OR_RETURN(const std::string map_match,
+                           choice(c, "map.match", {"exact", "byte-level-aware"}));
+    LATHE_ASSIGN_OR_RETURN(const std::string map_similarity,
+                           choice(c, "map.similarity", {"dot", "cosine"}));
+    LATHE_ASSIGN_OR_RETURN(const std::string map_device,
+                           choice(c, "map.device", {"auto", "cpu", "cuda"}));
+    LATHE_ASSIGN_OR_RETURN(const std::string apply_init,
+                           choice(c, "apply.init", {"align", "fvt", "mean", "random"}));
+    LATHE_ASSIGN_OR_RETURN(const std::string fvt_weighting,
+                           choice(c, "apply.fvt_weighting", {"mean", "exponential"}));
+    LATHE_ASSIGN_OR_RETURN(const std::string eval_format,
+                           choice(c, "eval.format", {"lines", "blocks"}));
     LATHE_RETURN_IF_ERROR(make_dir(work));
 
     auto add = [&](std::string stage, bool skipped, std::string detail, Clock::time_point t0) {
-        report.stages.push_back({std::move(stage), skipped ? "up to date" : "ran", std::move(detail),
-                                 seconds_since(t0)});
+        report.stages.push_back({std::move(stage), skipped ? "up to date" : "ran",
+                                 std::move(detail), seconds_since(t0)});
     };
     auto not_configured = [&](std::string stage, std::string why) {
         report.stages.push_back({std::move(stage), "not configured", std::move(why), 0.0});
@@ -270,7 +296,7 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
         q.match = map_match == "exact" ? AlignMatch::kExact : AlignMatch::kByteLevelAware;
         q.similarity = map_similarity == "dot" ? AlignSimilarity::kDot : AlignSimilarity::kCosine;
         if (c.has("map.threshold")) q.threshold = c.get_float("map.threshold");
-        q.device = map_device == "cpu" ? AlignDevice::kCpu
+        q.device = map_device == "cpu"    ? AlignDevice::kCpu
                    : map_device == "cuda" ? AlignDevice::kCuda
                                           : AlignDevice::kAuto;
         q.force = force;
@@ -278,8 +304,9 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
         if (!r.ok()) return in_stage("map", r.status());
         add("map", r->skipped,
             r->skipped ? map_path
-                       : fmt::format("{} gold, {} aligned, {} terms, {} fvt, {} below threshold; {} pivots",
-                                     r->gold, r->aligned, r->terms, r->fvt, r->below_threshold, r->pivots),
+                       : fmt::format(
+                             "{} gold, {} aligned, {} terms, {} fvt, {} below threshold; {} pivots",
+                             r->gold, r->aligned, r->terms, r->fvt, r->below_threshold, r->pivots),
             t0);
     }
 
@@ -296,10 +323,12 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
         q.target_tokenizer = target_tokenizer;
         q.source_tokenizer = source_tokenizer;
         q.output = model_dir;
-        for (AlignInit init : {AlignInit::kAlign, AlignInit::kFvt, AlignInit::kMean, AlignInit::kRandom}) {
+        for (AlignInit init :
+             {AlignInit::kAlign, AlignInit::kFvt, AlignInit::kMean, AlignInit::kRandom}) {
             if (align_init_name(init) == apply_init) q.init = init;
         }
-        q.fvt_weighting = fvt_weighting == "mean" ? FvtWeighting::kMean : FvtWeighting::kExponential;
+        q.fvt_weighting =
+            fvt_weighting == "mean" ? FvtWeighting::kMean : FvtWeighting::kExponential;
         if (c.has("apply.pad_to_multiple")) q.pad_to_multiple = c.get_int("apply.pad_to_multiple");
         q.seed = static_cast<uint64_t>(c.get_int("apply.seed"));
         q.overwrite = true;  // the stage cache decided it must run
@@ -309,7 +338,9 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
         StageFingerprint fp("apply");
         fp.add_setting("init", apply_init);
         fp.add_setting("fvt_weighting", fvt_weighting);
-        fp.add_setting("pad_to_multiple", c.has("apply.pad_to_multiple") ? c.get_int("apply.pad_to_multiple") : int64_t{-1});
+        fp.add_setting("pad_to_multiple", c.has("apply.pad_to_multiple")
+                                              ? c.get_int("apply.pad_to_multiple")
+                                              : int64_t{-1});
         fp.add_setting("seed", c.get_int("apply.seed"));
         LATHE_RETURN_IF_ERROR(fp.add_input("checkpoint", checkpoint));
         LATHE_RETURN_IF_ERROR(fp.add_input("map", map_path));
@@ -324,7 +355,8 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
             if (!r.ok()) return in_stage("apply", r.status());
             std::vector<std::string> outputs = {primary};
             for (const char* f : {"tokenizer.json"}) {
-                if (file_exists(join_path(model_dir, f))) outputs.push_back(join_path(model_dir, f));
+                if (file_exists(join_path(model_dir, f)))
+                    outputs.push_back(join_path(model_dir, f));
             }
             LATHE_RETURN_IF_ERROR(stage_write_manifest(primary, fp, outputs));
             add("apply", false,

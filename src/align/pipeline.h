@@ -8,7 +8,8 @@
 //   3 embed    align/embed.h      token vectors for each token file
 //   4 map      align/map.h        target id -> source id
 //   5 apply    align/apply.h      the adapted checkpoint (when source.checkpoint is set)
-//   6 eval     align/eval.h       alignment BLEU-1, tokens/byte, bits/byte (when eval.documents is set)
+//   6 eval     align/eval.h       alignment BLEU-1, tokens/byte, bits/byte (when eval.documents is
+//   set)
 //
 // Every stage is resumable: each writes a manifest beside its main output (align/stage_cache.h)
 // and is skipped, with a log line, while its inputs and settings are unchanged; `align.force`
@@ -37,8 +38,8 @@ namespace lathe {
 ConfigSchema align_run_config_schema();
 
 struct AlignRunOptions {
-    int threads = 0;             // overrides align.threads when > 0
-    bool force = false;          // overrides align.force when true
+    int threads = 0;     // overrides align.threads when > 0
+    bool force = false;  // overrides align.force when true
     bool show_progress = true;
     const std::atomic<bool>* cancel = nullptr;
 };

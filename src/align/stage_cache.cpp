@@ -2,13 +2,12 @@
 
 #include <sys/stat.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "core/log.h"
@@ -148,9 +147,9 @@ Status StageFingerprint::add_file(std::string_view role, const std::string& show
                                   escape_line(shown_path), bytes.size(), h);
         entry["content_hash"] = h;
     } else {
-        canonical_ += fmt::format("input {} {} file {} {} {}\n", escape_line(role),
-                                  escape_line(shown_path), absolute_path(path), st.size,
-                                  st.mtime_ns);
+        canonical_ +=
+            fmt::format("input {} {} file {} {} {}\n", escape_line(role), escape_line(shown_path),
+                        absolute_path(path), st.size, st.mtime_ns);
         entry["mtime_ns"] = st.mtime_ns;
     }
     if (!inputs_json_.empty()) inputs_json_ += ",";
@@ -184,7 +183,9 @@ Status StageFingerprint::add_input(std::string_view role, const std::string& pat
     return ok_status();
 }
 
-std::string StageFingerprint::digest() const { return stage_hash_hex(canonical_); }
+std::string StageFingerprint::digest() const {
+    return stage_hash_hex(canonical_);
+}
 
 std::string StageFingerprint::description_json() const {
     nlohmann::ordered_json settings = nlohmann::ordered_json::object();
@@ -216,8 +217,10 @@ bool stage_up_to_date(const std::string& primary_output, const StageFingerprint&
             return false;
         }
         if (m.at("fingerprint").get<std::string>() != fingerprint.digest()) {
-            log_info("{}: inputs or settings changed since {} (see its \"settings\" and "
-                     "\"inputs\"), running", stage, manifest_path);
+            log_info(
+                "{}: inputs or settings changed since {} (see its \"settings\" and "
+                "\"inputs\"), running",
+                stage, manifest_path);
             return false;
         }
         const auto& outputs = m.at("outputs");
@@ -255,9 +258,8 @@ Status stage_write_manifest(const std::string& primary_output, const StageFinger
     for (const std::string& path : outputs) {
         auto st = stat_path(path);
         if (!st.ok()) {
-            return failed_precondition_error(
-                "{}: cannot record output {} in the manifest: {}", fingerprint.stage(), path,
-                st.status().message());
+            return failed_precondition_error("{}: cannot record output {} in the manifest: {}",
+                                             fingerprint.stage(), path, st.status().message());
         }
         m["outputs"].push_back(
             {{"path", absolute_path(path)}, {"size", st->size}, {"mtime_ns", st->mtime_ns}});

@@ -67,7 +67,8 @@ TEST_F(StageCacheTest, UpToDateOnlyAfterManifestAndWhileNothingChanges) {
 TEST_F(StageCacheTest, SmallInputsAreHashedByContent) {
     write("in.txt", "hello world\n");
     write("out.tsv", "x\n");
-    ASSERT_TRUE(stage_write_manifest(path("out.tsv"), make(path("in.txt"), 1), {path("out.tsv")}).ok());
+    ASSERT_TRUE(
+        stage_write_manifest(path("out.tsv"), make(path("in.txt"), 1), {path("out.tsv")}).ok());
     // Rewriting identical bytes (new mtime) keeps the stage up to date; so does a copy elsewhere.
     write("in.txt", "hello world\n");
     EXPECT_TRUE(stage_up_to_date(path("out.tsv"), make(path("in.txt"), 1)));
@@ -83,11 +84,13 @@ TEST_F(StageCacheTest, ChangedOrMissingOutputsRerun) {
     write("out.tsv", "1\n");
     write("out.json", "{}\n");
     auto fp = make(path("in.txt"), 1);
-    ASSERT_TRUE(stage_write_manifest(path("out.tsv"), fp, {path("out.tsv"), path("out.json")}).ok());
+    ASSERT_TRUE(
+        stage_write_manifest(path("out.tsv"), fp, {path("out.tsv"), path("out.json")}).ok());
     EXPECT_TRUE(stage_up_to_date(path("out.tsv"), fp));
     write("out.json", "{}\n");  // rewritten: same size, new mtime
     EXPECT_FALSE(stage_up_to_date(path("out.tsv"), fp));
-    ASSERT_TRUE(stage_write_manifest(path("out.tsv"), fp, {path("out.tsv"), path("out.json")}).ok());
+    ASSERT_TRUE(
+        stage_write_manifest(path("out.tsv"), fp, {path("out.tsv"), path("out.json")}).ok());
     EXPECT_TRUE(stage_up_to_date(path("out.tsv"), fp));
     fs::remove(path("out.json"));
     EXPECT_FALSE(stage_up_to_date(path("out.tsv"), fp));

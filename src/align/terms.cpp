@@ -1,7 +1,5 @@
 #include "align/terms.h"
 
-#include <nlohmann/json.hpp>
-
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -15,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -59,9 +58,9 @@ bool is_ascii_space(unsigned char c) {
 // ---- reading the corpus ---------------------------------------------------------------------
 
 struct Batch {
-    std::string data;                 // the records back to back
-    std::vector<uint32_t> ends;       // end offset of each record in data
-    std::vector<uint64_t> lines;      // 1-based first line of each record
+    std::string data;             // the records back to back
+    std::vector<uint32_t> ends;   // end offset of each record in data
+    std::vector<uint64_t> lines;  // 1-based first line of each record
     const std::string* file = nullptr;
     bool jsonl = false;
 };
@@ -137,8 +136,8 @@ Status scan_corpus(const std::vector<std::string>& files, const TermsOptions& op
             bool jsonl = options.format == TermsFormat::kJsonl;
             const bool blocks = options.format == TermsFormat::kTextBlocks;
             LineReader lines(*in);
-            TextRecordReader records(*in, blocks ? TextRecordFormat::kBlocks
-                                                 : TextRecordFormat::kLines);
+            TextRecordReader records(*in,
+                                     blocks ? TextRecordFormat::kBlocks : TextRecordFormat::kLines);
             std::optional<std::string> pending;  // the line read to detect the format
             uint64_t pending_line = 0;
             bool use_lines = jsonl;
@@ -232,7 +231,8 @@ Status scan_corpus(const std::vector<std::string>& files, const TermsOptions& op
                 Batch batch;
                 {
                     std::unique_lock<std::mutex> lock(mu);
-                    not_empty.wait(lock, [&] { return !queue.empty() || reader_done || stop.load(); });
+                    not_empty.wait(lock,
+                                   [&] { return !queue.empty() || reader_done || stop.load(); });
                     if (stop.load() || queue.empty()) return;
                     batch = std::move(queue.front());
                     queue.pop_front();
@@ -252,7 +252,8 @@ Status scan_corpus(const std::vector<std::string>& files, const TermsOptions& op
                             problem = v.status().message();
                         }
                     } else if (!utf8::is_valid(text)) {
-                        problem = fmt::format("invalid UTF-8 at byte {}", utf8::first_invalid(text));
+                        problem =
+                            fmt::format("invalid UTF-8 at byte {}", utf8::first_invalid(text));
                     }
                     if (!problem.empty()) {
                         if (options.skip_bad_documents) {
@@ -261,7 +262,8 @@ Status scan_corpus(const std::vector<std::string>& files, const TermsOptions& op
                         }
                         fail(invalid_argument_error(
                             "{}:{}: {} (fix the input, or pass --on-error skip to skip such "
-                            "documents)", *batch.file, batch.lines[r], problem));
+                            "documents)",
+                            *batch.file, batch.lines[r], problem));
                         return;
                     }
                     std::string_view norm = text;
@@ -429,7 +431,8 @@ private:
 
 class ShardedCounts {
 public:
-    explicit ShardedCounts(uint64_t max_entries) : max_entries_(std::max<uint64_t>(max_entries, 16)) {}
+    explicit ShardedCounts(uint64_t max_entries)
+        : max_entries_(std::max<uint64_t>(max_entries, 16)) {}
 
     // Adds a worker's local counts and empties `local`; prunes when the table grew too large.
     void merge(FlatCounts& local) {
@@ -546,12 +549,14 @@ Result<TextPipeline> load_pipeline(const nlohmann::json& tok, const std::string&
         return unimplemented_error(
             "{}: align terms needs a byte-level BPE tokenizer (a pre_tokenizer with a ByteLevel "
             "step, as gpt2, gpt-neox, llama3 and qwen3 have); this one has none, so its words "
-            "cannot be found", path);
+            "cannot be found",
+            path);
     }
     if (byte_level_adds_prefix_space(*pre)) {
         return unimplemented_error(
             "{}: pre_tokenizer ByteLevel has add_prefix_space=true: HF would put a space before "
-            "the text after every added term, so terms cannot be added as tokens sensibly", path);
+            "the text after every added term, so terms cannot be added as tokens sensibly",
+            path);
     }
     LATHE_ASSIGN_OR_RETURN(p.pre_tokenizer, pre_tokenizer_from_json(pre->dump(), path));
     const auto norm = tok.find("normalizer");
@@ -586,7 +591,9 @@ Result<std::string> splice_added_tokens(const std::string& json, const std::stri
             const std::string_view str(json.data() + i + 1, j - i - 1);
             i = j + 1;
             if (depth == 1 && expect_key && str == "added_tokens") {
-                while (i < n && (json[i] == ':' || is_ascii_space(static_cast<unsigned char>(json[i])))) ++i;
+                while (i < n &&
+                       (json[i] == ':' || is_ascii_space(static_cast<unsigned char>(json[i]))))
+                    ++i;
                 if (i < n && json[i] == '[') array_open = i;
                 break;
             }
@@ -631,7 +638,8 @@ Result<std::string> splice_added_tokens(const std::string& json, const std::stri
     size_t close = i;
     // Insert after the last element (before the whitespace that precedes ']').
     size_t insert_at = close;
-    while (insert_at > array_open + 1 && is_ascii_space(static_cast<unsigned char>(json[insert_at - 1]))) {
+    while (insert_at > array_open + 1 &&
+           is_ascii_space(static_cast<unsigned char>(json[insert_at - 1]))) {
         --insert_at;
     }
     std::string out;
@@ -653,21 +661,27 @@ int resolve_threads(int threads) {
 
 const char* terms_format_name(TermsFormat format) {
     switch (format) {
-        case TermsFormat::kAuto: return "auto";
-        case TermsFormat::kText: return "text";
-        case TermsFormat::kTextBlocks: return "text-blocks";
-        case TermsFormat::kJsonl: return "jsonl";
+        case TermsFormat::kAuto:
+            return "auto";
+        case TermsFormat::kText:
+            return "text";
+        case TermsFormat::kTextBlocks:
+            return "text-blocks";
+        case TermsFormat::kJsonl:
+            return "jsonl";
     }
     return "?";
 }
 
 Result<TermsFormat> terms_format_from_name(std::string_view name) {
-    for (TermsFormat f : {TermsFormat::kAuto, TermsFormat::kText, TermsFormat::kTextBlocks,
-                          TermsFormat::kJsonl}) {
+    for (TermsFormat f :
+         {TermsFormat::kAuto, TermsFormat::kText, TermsFormat::kTextBlocks, TermsFormat::kJsonl}) {
         if (name == terms_format_name(f)) return f;
     }
-    return invalid_argument_error("unknown corpus format '{}': expected auto, text, text-blocks "
-                                  "or jsonl", name);
+    return invalid_argument_error(
+        "unknown corpus format '{}': expected auto, text, text-blocks "
+        "or jsonl",
+        name);
 }
 
 bool terms_is_word(std::string_view p) {
@@ -682,7 +696,8 @@ bool terms_is_ngram_part(std::string_view p) {
     if (p.size() < 2 || p[0] != ' ') return false;
     for (size_t i = 1; i < p.size(); ++i) {
         const auto c = static_cast<unsigned char>(p[i]);
-        const bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+        const bool alnum =
+            (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
         if (!alnum && c < 0x80) return false;
     }
     return true;
@@ -694,7 +709,8 @@ std::string align_terms_default_report(const std::string& output) {
 
 std::string align_terms_tokenizer_config_path(const std::string& output) {
     const std::filesystem::path p(output);
-    if (p.filename() == "tokenizer.json") return (p.parent_path() / "tokenizer_config.json").string();
+    if (p.filename() == "tokenizer.json")
+        return (p.parent_path() / "tokenizer_config.json").string();
     return stem_of(output) + ".tokenizer_config.json";
 }
 
@@ -704,7 +720,8 @@ std::string align_terms_default_new_tokens(const std::string& output) {
 
 Result<TermsReport> align_terms_run(const TermsOptions& options) {
     const auto t_start = Clock::now();
-    if (options.top_k < 1) return invalid_argument_error("--top-k must be at least 1 (got {})", options.top_k);
+    if (options.top_k < 1)
+        return invalid_argument_error("--top-k must be at least 1 (got {})", options.top_k);
     if (options.min_count < 1) {
         return invalid_argument_error("--min-count must be at least 1 (got {})", options.min_count);
     }
@@ -735,7 +752,8 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
     fp.add_setting("new_tokens", new_tokens_path);
     LATHE_RETURN_IF_ERROR(fp.add_input("source_tokenizer", options.source_tokenizer));
     // The source's tokenizer_config.json (chat template, special tokens), copied beside the target.
-    const std::optional<std::string> source_config = prepare_find_tokenizer_config(options.source_tokenizer);
+    const std::optional<std::string> source_config =
+        prepare_find_tokenizer_config(options.source_tokenizer);
     const std::string target_config = align_terms_tokenizer_config_path(options.output);
     if (source_config.has_value()) {
         LATHE_RETURN_IF_ERROR(fp.add_input("source_tokenizer_config", *source_config));
@@ -768,7 +786,8 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
         return invalid_argument_error("{}: not a tokenizer.json (no \"added_tokens\" array)",
                                       options.source_tokenizer);
     }
-    LATHE_ASSIGN_OR_RETURN(Tokenizer source, Tokenizer::from_json(source_text, options.source_tokenizer));
+    LATHE_ASSIGN_OR_RETURN(Tokenizer source,
+                           Tokenizer::from_json(source_text, options.source_tokenizer));
     LATHE_ASSIGN_OR_RETURN(TextPipeline pipeline, load_pipeline(tok, options.source_tokenizer));
     report.source_vocab_size = source.vocab_size();
     const int threads = resolve_threads(options.threads);
@@ -862,7 +881,8 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
                         continue;
                     }
                     if (ids.size() < 2) continue;
-                    double score = static_cast<double>(t.count) * static_cast<double>(ids.size() - 1);
+                    double score =
+                        static_cast<double>(t.count) * static_cast<double>(ids.size() - 1);
                     if (!options.general_corpus.empty()) {
                         const double p_domain = static_cast<double>(t.count) / n_domain;
                         const double p_general =
@@ -879,15 +899,17 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
     }
     std::erase_if(scored, [](const Term& t) { return t.source_ids.empty() || !(t.score > 0.0); });
     const size_t keep = std::min(scored.size(), static_cast<size_t>(options.top_k));
-    std::partial_sort(scored.begin(), scored.begin() + static_cast<std::ptrdiff_t>(keep), scored.end(),
-                      [](const Term& a, const Term& b) {
+    std::partial_sort(scored.begin(), scored.begin() + static_cast<std::ptrdiff_t>(keep),
+                      scored.end(), [](const Term& a, const Term& b) {
                           if (a.score != b.score) return a.score > b.score;
                           return a.text < b.text;
                       });
     scored.resize(keep);
     if (keep == 0) {
-        log_warning("terms: no candidate scored above 0 (min count {}, {} candidates): the target "
-                    "tokenizer equals the source", options.min_count, report.candidates);
+        log_warning(
+            "terms: no candidate scored above 0 (min count {}, {} candidates): the target "
+            "tokenizer equals the source",
+            options.min_count, report.candidates);
     }
     for (size_t i = 0; i < scored.size(); ++i) {
         scored[i].id = report.source_vocab_size + static_cast<int32_t>(i);
@@ -921,9 +943,11 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
             }
         }
         report.target_vocab_size = target.vocab_size();
-        if (report.target_vocab_size != report.source_vocab_size + static_cast<int32_t>(scored.size())) {
+        if (report.target_vocab_size !=
+            report.source_vocab_size + static_cast<int32_t>(scored.size())) {
             return internal_error("target tokenizer: vocab size {} instead of {} + {}",
-                                  report.target_vocab_size, report.source_vocab_size, scored.size());
+                                  report.target_vocab_size, report.source_vocab_size,
+                                  scored.size());
         }
     }
 
@@ -931,8 +955,9 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
     // stage 5 uses for the FVT initialisation).
     // Terms hold no tab, newline or carriage return (see the candidate rules), so the TSV carries
     // them unescaped: the first column is the added token's content exactly.
-    std::string tsv = options.general_corpus.empty() ? "term\tcount\tpieces\tscore\tid\n"
-                                                     : "term\tcount\tpieces\tscore\tid\tgeneral_count\n";
+    std::string tsv = options.general_corpus.empty()
+                          ? "term\tcount\tpieces\tscore\tid\n"
+                          : "term\tcount\tpieces\tscore\tid\tgeneral_count\n";
     nlohmann::ordered_json nt;
     nt["source_tokenizer"] = options.source_tokenizer;
     nt["target_tokenizer"] = options.output;
@@ -940,8 +965,8 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
     nt["target_vocab_size"] = report.target_vocab_size;
     nt["tokens"] = nlohmann::ordered_json::array();
     for (const Term& t : scored) {
-        tsv += fmt::format("{}\t{}\t{}\t{:.6g}\t{}", t.text, t.count, t.source_ids.size(),
-                           t.score, t.id);
+        tsv += fmt::format("{}\t{}\t{}\t{:.6g}\t{}", t.text, t.count, t.source_ids.size(), t.score,
+                           t.id);
         if (!options.general_corpus.empty()) tsv += fmt::format("\t{}", t.general_count);
         tsv += "\n";
         nt["tokens"].push_back({{"id", t.id},
@@ -969,13 +994,14 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
         } catch (const nlohmann::json::exception& e) {
             return invalid_argument_error("{}: not valid JSON: {}", *source_config, e.what());
         }
-        if (!cfg.is_object()) return invalid_argument_error("{}: not a JSON object", *source_config);
+        if (!cfg.is_object())
+            return invalid_argument_error("{}: not a JSON object", *source_config);
         if (!cfg.contains("added_tokens_decoder") || !cfg["added_tokens_decoder"].is_object()) {
             cfg["added_tokens_decoder"] = nlohmann::ordered_json::object();
         }
         for (const Term& t : scored) {
             cfg["added_tokens_decoder"][std::to_string(t.id)] = {
-                {"content", t.text}, {"lstrip", false},   {"normalized", true},
+                {"content", t.text}, {"lstrip", false},      {"normalized", true},
                 {"rstrip", false},   {"single_word", false}, {"special", false}};
         }
         LATHE_RETURN_IF_ERROR(file_write_atomic(target_config, cfg.dump(2) + "\n"));

@@ -77,10 +77,11 @@ const char* terms_format_name(TermsFormat format);
 Result<TermsFormat> terms_format_from_name(std::string_view name);
 
 struct TermsOptions {
-    std::string source_tokenizer;             // tokenizer.json (a byte-level BPE)
-    std::vector<std::string> corpus;          // domain corpus files (text / JSONL; gzip, zstd)
-    std::vector<std::string> general_corpus;  // optional: enables the log(p_domain/p_general) factor
-    std::string output;                       // the target tokenizer.json
+    std::string source_tokenizer;     // tokenizer.json (a byte-level BPE)
+    std::vector<std::string> corpus;  // domain corpus files (text / JSONL; gzip, zstd)
+    // Optional: enables the log(p_domain / p_general) factor.
+    std::vector<std::string> general_corpus;
+    std::string output;  // the target tokenizer.json
     // Reports beside it: "" = <output without .json>.terms.tsv / .new_tokens.json.
     std::string report;
     std::string new_tokens;
@@ -102,10 +103,10 @@ struct TermsOptions {
 
 // One kept term.
 struct Term {
-    std::string text;               // the added token's content, e.g. " heart failure"
-    int32_t id = 0;                 // its id in the target tokenizer
-    uint64_t count = 0;             // occurrences in the domain corpus
-    uint64_t general_count = 0;     // occurrences in the general corpus (0 without one)
+    std::string text;                 // the added token's content, e.g. " heart failure"
+    int32_t id = 0;                   // its id in the target tokenizer
+    uint64_t count = 0;               // occurrences in the domain corpus
+    uint64_t general_count = 0;       // occurrences in the general corpus (0 without one)
     std::vector<int32_t> source_ids;  // its encoding under the source tokenizer (pieces = size)
     double score = 0.0;
 };
@@ -114,18 +115,18 @@ struct TermsReport {
     std::vector<Term> terms;  // in rank order (ids source_vocab_size, +1, ...)
     int32_t source_vocab_size = 0;
     int32_t target_vocab_size = 0;
-    uint64_t documents = 0;          // domain documents counted
+    uint64_t documents = 0;  // domain documents counted
     uint64_t general_documents = 0;
-    uint64_t skipped = 0;            // bad documents skipped (skip_bad_documents)
-    uint64_t pieces = 0;             // pre-tokenizer pieces in the domain corpus
+    uint64_t skipped = 0;  // bad documents skipped (skip_bad_documents)
+    uint64_t pieces = 0;   // pre-tokenizer pieces in the domain corpus
     uint64_t general_pieces = 0;
-    uint64_t input_bytes = 0;        // decompressed bytes of the domain corpus
-    uint64_t candidates = 0;         // distinct candidates with count >= min_count
-    int pruned = 0;                  // times the table was pruned (0: exact counts)
-    uint64_t prune_floor = 0;        // the largest floor used
-    double count_seconds = 0.0;      // reading and counting the domain corpus
-    double seconds = 0.0;            // the whole stage
-    bool skipped_up_to_date = false; // outputs reused (nothing else in the report is set then)
+    uint64_t input_bytes = 0;         // decompressed bytes of the domain corpus
+    uint64_t candidates = 0;          // distinct candidates with count >= min_count
+    int pruned = 0;                   // times the table was pruned (0: exact counts)
+    uint64_t prune_floor = 0;         // the largest floor used
+    double count_seconds = 0.0;       // reading and counting the domain corpus
+    double seconds = 0.0;             // the whole stage
+    bool skipped_up_to_date = false;  // outputs reused (nothing else in the report is set then)
     std::vector<std::string> outputs;
 };
 

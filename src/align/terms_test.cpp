@@ -29,9 +29,9 @@ std::map<std::string, int> emit_all(const std::vector<std::string_view>& pieces,
 TEST(TermsCandidates, WordsNeedALeadingSpace) {
     EXPECT_TRUE(terms_is_word(" heart"));
     EXPECT_TRUE(terms_is_word(" (PCD)"));
-    EXPECT_FALSE(terms_is_word("heart"));   // start of a document or after punctuation
+    EXPECT_FALSE(terms_is_word("heart"));  // start of a document or after punctuation
     EXPECT_FALSE(terms_is_word(" "));
-    EXPECT_FALSE(terms_is_word("  x"));     // a second space
+    EXPECT_FALSE(terms_is_word("  x"));  // a second space
     EXPECT_FALSE(terms_is_word(" \n"));
     EXPECT_TRUE(terms_is_ngram_part(" heart"));
     EXPECT_TRUE(terms_is_ngram_part(" caf\xc3\xa9"));
@@ -41,16 +41,16 @@ TEST(TermsCandidates, WordsNeedALeadingSpace) {
 
 TEST(TermsCandidates, NgramsJoinPiecesWithTheirOwnSpaces) {
     // "Acute heart failure, and heart failure" as byte-level pieces decoded to raw bytes.
-    const std::vector<std::string_view> pieces = {"Acute", " heart", " failure", ",", " and",
-                                                  " heart", " failure"};
+    const std::vector<std::string_view> pieces = {"Acute", " heart", " failure", ",",
+                                                  " and",  " heart", " failure"};
     auto got = emit_all(pieces, 3);
     EXPECT_EQ(got[" heart"], 2);
     EXPECT_EQ(got[" heart failure"], 2);
     EXPECT_EQ(got[" and heart failure"], 1);
     EXPECT_EQ(got[" and heart"], 1);
-    EXPECT_EQ(got.count("Acute"), 0u);               // no leading space
+    EXPECT_EQ(got.count("Acute"), 0u);  // no leading space
     EXPECT_EQ(got.count("Acute heart"), 0u);
-    EXPECT_EQ(got.count(" failure, and"), 0u);       // punctuation breaks n-grams
+    EXPECT_EQ(got.count(" failure, and"), 0u);  // punctuation breaks n-grams
     EXPECT_EQ(got.count(" failure and"), 0u);
     EXPECT_EQ(got.size(), 6u);  // heart, failure, and, heart failure, and heart, and heart failure
 }
@@ -137,7 +137,8 @@ TEST_F(TermsRunTest, MinesScoresAndWritesATokenizerThatUsesTheTerms) {
     const std::string sentence = "Given amoxicillin clavulanate today.";
     auto ids = target->encode(sentence, false);
     ASSERT_TRUE(ids.ok());
-    EXPECT_NE(std::find(ids->begin(), ids->end(), by_text[" amoxicillin clavulanate"]->id), ids->end());
+    EXPECT_NE(std::find(ids->begin(), ids->end(), by_text[" amoxicillin clavulanate"]->id),
+              ids->end());
     EXPECT_LT(ids->size(), source->encode(sentence, false)->size());
     auto back = target->decode(*ids, false);
     ASSERT_TRUE(back.ok());
@@ -200,7 +201,8 @@ TEST_F(TermsRunTest, TokenizerConfigIsCopiedWithTheTerms) {
     const auto& entry = cfg["added_tokens_decoder"][std::to_string(r->terms[0].id)];
     EXPECT_EQ(entry["content"].get<std::string>(), r->terms[0].text);
     EXPECT_FALSE(entry["special"].get<bool>());
-    EXPECT_EQ(align_terms_tokenizer_config_path(path("x/t.json")), path("x/t.tokenizer_config.json"));
+    EXPECT_EQ(align_terms_tokenizer_config_path(path("x/t.json")),
+              path("x/t.tokenizer_config.json"));
     // The manifest lists it, so deleting it reruns the stage.
     EXPECT_TRUE(align_terms_run(o)->skipped_up_to_date);
     fs::remove(path("out/tokenizer_config.json"));
@@ -228,7 +230,8 @@ TEST_F(TermsRunTest, GeneralCorpusDropsGeneralWords) {
     auto weighted = align_terms_run(o);
     ASSERT_TRUE(weighted.ok()) << weighted.status().to_string();
     auto has = [](const TermsReport& r, const std::string& s) {
-        return std::any_of(r.terms.begin(), r.terms.end(), [&](const Term& t) { return t.text == s; });
+        return std::any_of(r.terms.begin(), r.terms.end(),
+                           [&](const Term& t) { return t.text == s; });
     };
     EXPECT_TRUE(has(*plain, " hypokinesis"));
     EXPECT_TRUE(has(*weighted, " hypokinesis"));

@@ -25,7 +25,9 @@ std::atomic<bool>& align_run_interrupt_flag() {
     return flag;
 }
 
-extern "C" void align_run_on_signal(int) { align_run_interrupt_flag().store(true); }
+extern "C" void align_run_on_signal(int) {
+    align_run_interrupt_flag().store(true);
+}
 
 // SIGINT/SIGTERM ask the stages that support it (terms, prepare) to stop without leaving outputs;
 // one-shot, so a second Ctrl-C ends the process at once.
@@ -50,20 +52,23 @@ struct AlignRunArgs {
 
 void cli_add_align_run(CLI::App& align, CommandAction& action) {
     CLI::App* cmd = align.add_subcommand(
-        "run", "Run every stage (terms, prepare, embed, map, apply, eval) from YAML config(s); "
-               "stages that are up to date are skipped");
+        "run",
+        "Run every stage (terms, prepare, embed, map, apply, eval) from YAML config(s); "
+        "stages that are up to date are skipped");
     auto args = std::make_shared<AlignRunArgs>();
     cmd->add_option("config", args->configs, "YAML files, merged left to right")->required();
     cmd->add_option("--set", args->overrides, "Override a key: --set terms.top_k=500 (repeatable)");
     cmd->add_flag("--force", args->force, "Rerun every stage");
-    cmd->add_option("--threads", args->threads, "CPU threads (default: align.threads, 0 = all cores)");
+    cmd->add_option("--threads", args->threads,
+                    "CPU threads (default: align.threads, 0 = all cores)");
     cmd->add_flag("--no-progress", args->no_progress, "Do not show progress displays");
     cmd->callback([args, &action] {
         action = [args]() -> Status {
             const ConfigSchema schema = align_run_config_schema();
             LATHE_ASSIGN_OR_RETURN(const Config config,
                                    Config::load(schema, args->configs, args->overrides));
-            if (args->threads < 0) return invalid_argument_error("--threads {}: must be >= 1", args->threads);
+            if (args->threads < 0)
+                return invalid_argument_error("--threads {}: must be >= 1", args->threads);
             AlignRunOptions o;
             o.threads = args->threads;
             o.force = args->force;
@@ -73,8 +78,8 @@ void cli_add_align_run(CLI::App& align, CommandAction& action) {
             LATHE_ASSIGN_OR_RETURN(const AlignRunReport r, align_run_pipeline(config, o));
             std::printf("align run: done in %.1f s\n", r.seconds);
             for (const AlignStageOutcome& s : r.stages) {
-                std::printf("  %-16s %-14s %7.1f s  %s\n", s.stage.c_str(), s.state.c_str(), s.seconds,
-                            s.detail.c_str());
+                std::printf("  %-16s %-14s %7.1f s  %s\n", s.stage.c_str(), s.state.c_str(),
+                            s.seconds, s.detail.c_str());
             }
             std::fflush(stdout);
             return ok_status();

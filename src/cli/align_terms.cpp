@@ -1,7 +1,8 @@
 // `lathe align terms`: stage 1 of vocabulary adaptation (align/terms.h, docs/ALIGN.md).
 //
 //   lathe align terms --tokenizer S.json --corpus DOMAIN... [--general GENERAL...] --output T.json
-//                     [--top-k 2000] [--min-count 5] [--max-ngram 3] [--format auto] [--json-key text]
+//                     [--top-k 2000] [--min-count 5] [--max-ngram 3] [--format auto] [--json-key
+//                     text]
 //
 // Writes T.json (the source with the mined terms as added tokens), T.terms.tsv (id, term, count,
 // pieces, score) and T.new_tokens.json (new ids, their text and source ids), then the stage
@@ -27,7 +28,9 @@ std::atomic<bool>& align_terms_interrupt_flag() {
     return flag;
 }
 
-extern "C" void align_terms_on_signal(int) { align_terms_interrupt_flag().store(true); }
+extern "C" void align_terms_on_signal(int) {
+    align_terms_interrupt_flag().store(true);
+}
 
 // SIGINT/SIGTERM stop the run cleanly (no outputs under their final names); one-shot handlers,
 // so a second Ctrl-C ends the process at once.
@@ -132,7 +135,8 @@ void cli_add_align_terms(CLI::App& align, CommandAction& action) {
             } else {
                 return invalid_argument_error("--on-error {}: expected fail or skip", *on_error);
             }
-            if (o.threads < 0) return invalid_argument_error("--threads {}: must be >= 1", o.threads);
+            if (o.threads < 0)
+                return invalid_argument_error("--threads {}: must be >= 1", o.threads);
             o.show_progress = !*no_progress && log_level() <= LogLevel::kInfo;
             align_terms_install_signal_handlers();
             o.cancel = &align_terms_interrupt_flag();
