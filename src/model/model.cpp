@@ -407,11 +407,13 @@ void Model::clip_grads(float max_norm) {
 }
 
 void Model::optimizer_step(std::span<const AdamWSegment> segments, const AdamWHyper& hyper,
-                           int64_t step) {
+                           int64_t step, float max_grad_norm) {
     LATHE_CHECK(has_optimizer(), "optimizer_step before enable_optimizer");
+    const ConstTensorView clip =
+        max_grad_norm > 0.0f ? ConstTensorView(scratch_.view(plan_.grad_norm)) : ConstTensorView();
     adamw_update_with_copy(params_flat(), on_cuda() ? params_compute_.flat(DType::kBF16) : TensorView(),
                            exp_avg_.flat_f32(), exp_avg_sq_.flat_f32(), grads_flat(), segments, hyper,
-                           step, ctx_);
+                           step, clip, max_grad_norm, ctx_);
 }
 
 void Model::read_optimizer_state(std::span<float> m, std::span<float> v) const {

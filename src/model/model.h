@@ -146,9 +146,11 @@ public:
     // max_norm (ops/grad_norm.h); a non-finite norm leaves them alone.
     void clip_grads(float max_norm);
     // One AdamW update of the given segments (enable_optimizer() first); on CUDA the bf16 compute
-    // copy is rewritten in the same pass.
+    // copy is rewritten in the same pass. max_grad_norm > 0 clips by the norm of the last
+    // grad_norm() inside the update (the gradients in memory stay as they are): the same update
+    // as clip_grads(max_grad_norm) then optimizer_step(..., 0), one pass over memory fewer.
     void optimizer_step(std::span<const AdamWSegment> segments, const AdamWHyper& hyper,
-                        int64_t step);
+                        int64_t step, float max_grad_norm = 0.0f);
     // The moments as flat f32 vectors of params_flat().numel() elements, host side (checkpoints).
     void read_optimizer_state(std::span<float> exp_avg, std::span<float> exp_avg_sq) const;
     void write_optimizer_state(std::span<const float> exp_avg, std::span<const float> exp_avg_sq);

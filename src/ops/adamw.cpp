@@ -1,9 +1,11 @@
 #include "ops/adamw.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "ops/cpu/optimizer.h"
+#include "ops/grad_norm.h"
 #include "ops/op_checks.h"
 
 #if LATHE_HAVE_CUDA
@@ -18,13 +20,17 @@ using namespace detail;
 void adamw_update(TensorView params, TensorView m, TensorView v, ConstTensorView grads,
                   std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
                   const Context& ctx) {
-    adamw_update_with_copy(params, TensorView(), m, v, grads, segments, hyper, step, ctx);
+    adamw_update_with_copy(params, TensorView(), m, v, grads, segments, hyper, step,
+                           ConstTensorView(), 0.0f, ctx);
 }
 
 void adamw_update_with_copy(TensorView params, TensorView params_bf16, TensorView m, TensorView v,
                             ConstTensorView grads, std::span<const AdamWSegment> segments,
-                            const AdamWHyper& hyper, int64_t step, const Context& ctx) {
+                            const AdamWHyper& hyper, int64_t step, ConstTensorView clip_norm,
+                            float max_norm, const Context& ctx) {
     constexpr const char* kOp = "adamw_update";
+    LATHE_CHECK(clip_norm.is_null() || (clip_norm.numel() == 1 && clip_norm.dtype() == DType::kF32),
+                "{}: clip_norm must be one f32, got {}", kOp, clip_norm.to_string());
     LATHE_CHECK(!params.is_null(), "{}: params missing", kOp);
     const int64_t P = params.numel();
     for (const auto& [name, view] : {std::pair{"m", ConstTensorView(m)},
@@ -48,24 +54,39 @@ void adamw_update_with_copy(TensorView params, TensorView params_bf16, TensorVie
         LATHE_CHECK(ranges[i].first >= ranges[i - 1].second,
                     "{}: segments [{}, {}) and [{}, {}) overlap", kOp, ranges[i - 1].first,
                     ranges[i - 1].second, ranges[i].first, ranges[i].second);
-    op_expect_memory(kOp, ctx, {params, params_bf16, m, v, grads});
+    op_expect_memory(kOp, ctx, {params, params_bf16, m, v, grads, clip_norm});
     switch (ctx.backend) {
-        case Backend::kCpu:
+        case Backend::kCpu: {
             op_expect_cpu_f32(kOp, {params, m, v, grads});
-            for (const AdamWSegment& s : segments)
+            // Clipping: the scaled gradients of each segment in a copy, as grad_clip_by_norm
+            // would have written them.
+            float coef = 1.0f;
+            if (!clip_norm.is_null() && std::isfinite(*clip_norm.as<float>()))
+                coef = grad_clip_coefficient(*clip_norm.as<float>(), max_norm);
+            std::vector<float> scaled;
+            for (const AdamWSegment& s : segments) {
+                const float* g = grads.as<float>() + s.offset;
+                if (coef < 1.0f) {
+                    scaled.assign(g, g + s.count);
+                    cpu::scale_inplace(scaled.data(), s.count, coef);
+                    g = scaled.data();
+                }
                 cpu::adamw_update(params.as<float>() + s.offset, m.as<float>() + s.offset,
-                                  v.as<float>() + s.offset, grads.as<float>() + s.offset, s.count,
-                                  s.lr, s.weight_decay, hyper.beta1, hyper.beta2, hyper.eps, step);
+                                  v.as<float>() + s.offset, g, s.count, s.lr, s.weight_decay,
+                                  hyper.beta1, hyper.beta2, hyper.eps, step);
+            }
             if (!params_bf16.is_null())
                 for (const AdamWSegment& s : segments)
                     for (int64_t i = s.offset; i < s.offset + s.count; ++i)
                         params_bf16.as<bf16>()[i] = float_to_bf16(params.as<float>()[i]);
             return;
+        }
         case Backend::kCuda:
 #if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kF32, {params, m, v, grads});
             cuda::adamw_update(params.as<float>(), m.as<float>(), v.as<float>(), grads.as<float>(),
-                               params_bf16.as<bf16>(), segments, hyper, step, ctx.stream);
+                               params_bf16.as<bf16>(), segments, hyper, step,
+                               clip_norm.as<float>(), max_norm, ctx.stream);
             return;
 #endif
             break;

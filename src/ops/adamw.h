@@ -46,8 +46,13 @@ void adamw_update(TensorView params, TensorView m, TensorView v, ConstTensorView
                   const Context& ctx);
 
 // adamw_update, then params_bf16[i] = bf16(params[i]) over the segments (null: no copy).
+// With clip_norm (one f32, where ctx computes: the norm grad_norm_l2 wrote) the update uses the
+// gradients as grad_clip_by_norm(grads, clip_norm, max_norm) would leave them, without writing
+// them: the same bits as clipping first (the CUDA kernel scales each element in registers; the
+// CPU reference scales a copy). Null clip_norm: no clipping.
 void adamw_update_with_copy(TensorView params, TensorView params_bf16, TensorView m, TensorView v,
                             ConstTensorView grads, std::span<const AdamWSegment> segments,
-                            const AdamWHyper& hyper, int64_t step, const Context& ctx);
+                            const AdamWHyper& hyper, int64_t step, ConstTensorView clip_norm,
+                            float max_norm, const Context& ctx);
 
 }  // namespace lathe

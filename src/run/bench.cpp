@@ -112,8 +112,7 @@ StepValues bench_train_step(Model& model, const ModelBatch& batch,
     model.zero_grads();
     out.loss = model.forward_backward(batch, 1.0f);
     out.norm = model.grad_norm();
-    model.clip_grads(kGradClip);
-    model.optimizer_step(segments, kAdam, adam_step);
+    model.optimizer_step(segments, kAdam, adam_step, kGradClip);  // clipping fused into AdamW
     return out;
 }
 

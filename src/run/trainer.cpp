@@ -388,13 +388,11 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
     }
     skipped = false;
     st_.skipped_in_a_row = 0;
-    if (s_.grad_clip > 0.0) {
-        model_->clip_grads(float(s_.grad_clip));
-    }
+
     const double lr = s_.lr.lr_at(st_.step);
     const std::vector<AdamWSegment> segs = segments(lr);
     ++st_.adam_step;
-    model_->optimizer_step(segs, s_.adam, st_.adam_step);
+    model_->optimizer_step(segs, s_.adam, st_.adam_step, float(s_.grad_clip));  // clips when > 0
     st_.loss_count += 1;
     st_.loss_mean += (double(loss) - st_.loss_mean) / double(std::min<int64_t>(st_.loss_count, 100));
     return ok_status();

@@ -32,7 +32,18 @@ struct LaunchParams {
     int n;
     float bc2_sqrt, w1, w1_minus_1, b2, w2, eps;
     int lerp_low;
+    const float* clip_norm;  // null: no clipping
+    float max_norm;
 };
+
+// The clipping coefficient grad_clip_by_norm would apply (ops/cuda/grad_norm.cu): 1 (no change)
+// when the norm is not finite or not above max_norm.
+__device__ float clip_coefficient(const float* norm, float max_norm) {
+    if (norm == nullptr) return 1.0f;
+    const float total = *norm;
+    if (!isfinite(total)) return 1.0f;
+    return fminf(__fdiv_rn(max_norm, __fadd_rn(total, 1e-6f)), 1.0f);
+}
 
 __global__ void adamw_update_kernel(float* __restrict__ params, float* __restrict__ m,
                                     float* __restrict__ v, const float* __restrict__ grads,
@@ -50,11 +61,12 @@ __global__ void adamw_update_kernel(float* __restrict__ params, float* __restric
     const SegmentParams& s = lp.seg[lo];
     const int64_t first = s.offset + (int64_t(blockIdx.x) - lp.block_begin[lo]) * kElemsPerBlock;
     const int64_t end = s.offset + s.count;
+    const float coef = clip_coefficient(lp.clip_norm, lp.max_norm);
 #pragma unroll
     for (int k = 0; k < kElemsPerThread; ++k) {
         const int64_t i = first + k * kThreads + threadIdx.x;
         if (i >= end) break;
-        const float g = grads[i];
+        const float g = coef < 1.0f ? __fmul_rn(grads[i], coef) : grads[i];
         float p = params[i];
         if (s.apply_decay) p = __fmul_rn(p, s.decay);
         const float mo = m[i];
@@ -75,7 +87,7 @@ __global__ void adamw_update_kernel(float* __restrict__ params, float* __restric
 
 void adamw_update(float* params, float* m, float* v, const float* grads, bf16* params_bf16,
                   std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
-                  CUstream_st* stream) {
+                  const float* clip_norm, float max_norm, CUstream_st* stream) {
     // The scalars exactly as ops/cpu/optimizer.cpp forms them.
     const double bias_correction1 = 1.0 - std::pow(hyper.beta1, double(step));
     const double bias_correction2 = 1.0 - std::pow(hyper.beta2, double(step));
@@ -87,6 +99,8 @@ void adamw_update(float* params, float* m, float* v, const float* grads, bf16* p
     lp.w2 = float(1.0 - hyper.beta2);
     lp.eps = float(hyper.eps);
     lp.lerp_low = std::fabs(1.0 - hyper.beta1) < 0.5;
+    lp.clip_norm = clip_norm;
+    lp.max_norm = max_norm;
     auto* pb = reinterpret_cast<__nv_bfloat16*>(params_bf16);
     size_t next = 0;
     while (next < segments.size()) {

@@ -20,8 +20,12 @@ struct CUstream_st;
 namespace lathe::cuda {
 
 // Segments must lie in [0, P) and not overlap (the dispatcher checks); step >= 1.
+// clip_norm (device, one f32), when not null, is the gradient norm grad_norm_l2 wrote: every
+// gradient element is first scaled as grad_clip_by_norm would scale it (coef = max_norm /
+// (norm + 1e-6) when below 1 and the norm is finite), in registers: the gradients in memory stay
+// unclipped, and the separate clip pass over them (a read and a write of every gradient) is gone.
 void adamw_update(float* params, float* m, float* v, const float* grads, bf16* params_bf16,
                   std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
-                  CUstream_st* stream);
+                  const float* clip_norm, float max_norm, CUstream_st* stream);
 
 }  // namespace lathe::cuda

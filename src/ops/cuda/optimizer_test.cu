@@ -84,6 +84,43 @@ TEST(CudaAdamW, MatchesCpuOverSegmentsAndSteps) {
     }
 }
 
+// Clipping fused into the update (GPU) against clip-then-update (CPU twin, through the same
+// dispatcher with clip_norm): a norm above max_norm scales, one below leaves the gradients, and the
+// gradients in memory stay unclipped on both.
+TEST(CudaAdamW, FusedClipEqualsClipThenUpdate) {
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(73);
+    const int64_t P = 4096;
+    const std::vector<AdamWSegment> segments = {{0, 3000, 1e-3, 0.1}, {3000, 1096, 5e-4, 0.0}};
+    for (const float max_norm : {0.5f, 1e9f}) {
+        SCOPED_TRACE(::testing::Message() << "max_norm=" << max_norm);
+        HostTensor p = optest::random_tensor(rng, {P});
+        HostTensor m(DType::kF32, {P}), v(DType::kF32, {P});
+        HostTensor p2 = optest::copy_tensor(p.view()), m2(DType::kF32, {P}), v2(DType::kF32, {P});
+        const HostTensor g = optest::random_tensor(rng, {P}, -0.1f, 0.1f);
+        HostTensor norm(DType::kF32, {1});
+        const ConstTensorView gs[] = {g.view()};
+        grad_norm_l2(norm.view(), gs, cpu);
+        // Reference: clip a copy, then the plain update.
+        HostTensor clipped = optest::copy_tensor(g.view());
+        const TensorView cs[] = {clipped.view()};
+        grad_clip_by_norm(cs, norm.view(), max_norm, cpu);
+        adamw_update(p2.view(), m2.view(), v2.view(), clipped.view(), segments, AdamWHyper{}, 1,
+                     cpu);
+        DeviceTensor gp = upload(p, DType::kF32, state), gg = upload(g, DType::kF32, state);
+        DeviceTensor gm = upload(m, DType::kF32, state), gv = upload(v, DType::kF32, state);
+        DeviceTensor gn = upload(norm, DType::kF32, state);
+        adamw_update_with_copy(gp.view, TensorView(), gm.view, gv.view, gg.view, segments,
+                               AdamWHyper{}, 1, gn.view, max_norm, gpu);
+        adamw_update_with_copy(p.view(), TensorView(), m.view(), v.view(), g.view(), segments,
+                               AdamWHyper{}, 1, norm.view(), max_norm, cpu);
+        EXPECT_LE(ulp_diff(download_f32(gp.view, state), p2).max_ulp, 1);
+        EXPECT_LE(ulp_diff(p, p2).max_ulp, 0) << "the CPU's fused path differs from clip+update";
+        EXPECT_LE(ulp_diff(download_f32(gg.view, state), g).max_ulp, 0) << "gradients were written";
+    }
+}
+
 TEST(CudaAdamW, WritesTheBf16CopyOfUpdatedElementsOnly) {
     CudaState state(0);
     optest::Rng rng(72);
@@ -97,7 +134,7 @@ TEST(CudaAdamW, WritesTheBf16CopyOfUpdatedElementsOnly) {
     DeviceTensor copy = device_tensor(DType::kBF16, {P}, state);  // poisoned
     cuda::adamw_update(gp.view.as<float>(), gm.view.as<float>(), gv.view.as<float>(),
                        gg.view.as<float>(), copy.view.as<bf16>(), segments, AdamWHyper{}, 1,
-                       state.stream());
+                       nullptr, 0.0f, state.stream());
     const HostTensor master = download_f32(gp.view, state);
     const HostTensor raw = download_raw(copy.view, state);
     for (int64_t i = 0; i < P; ++i) {
