@@ -254,3 +254,12 @@ eval: {{documents: {tmp_path / 'held.txt'}, seq_len: 64, max_documents: 5}}
                                        f"corpus: {{inputs: [x]}}\nterms: {{topk: 5}}\n")
     p = lathe("align", "run", tmp_path / "bad.yaml", check=False)
     assert p.returncode != 0 and "bad.yaml:4" in p.stderr and "terms.top_k" in p.stderr, p.stderr
+
+
+def test_example_config_is_valid(tmp_path):
+    """configs/align-example.yaml passes the schema: the run gets as far as the corpus check."""
+    example = Path(__file__).resolve().parents[1] / "configs" / "align-example.yaml"
+    p = lathe("align", "run", example, "--set", f"align.work_dir={tmp_path / 'w'}",
+              "--set", f"corpus.inputs=[{tmp_path / 'missing.jsonl'}]", check=False)
+    assert p.returncode != 0
+    assert "missing.jsonl does not exist" in p.stderr, p.stderr

@@ -72,8 +72,8 @@ ConfigSchema align_run_config_schema() {
            "domain corpus files: text or JSONL, gzip/zstd", true});
     s.add({"corpus.format", ConfigType::kString, "auto", "auto | text | text-blocks | jsonl"});
     s.add({"corpus.json_key", ConfigType::kString, "text", "JSONL field holding the document"});
-    s.add(
-        {"corpus.on_error", ConfigType::kString, "fail", "fail | skip: what a bad document does"});
+    s.add({"corpus.on_error", ConfigType::kString, "fail",
+           "fail | skip: what a bad document (domain or general corpus) does"});
     // ---- stage 1: terms ----
     s.add({"terms.enabled", ConfigType::kBool, "true",
            "mine domain terms into the target tokenizer"});
