@@ -51,10 +51,10 @@ struct SgnsOptions {
 struct SgnsCorpus {
     std::vector<uint32_t> rows;         // (N)
     std::vector<int64_t> doc_offsets;   // (documents + 1) start of each document in rows
-    int64_t corpus_tokens = 0;          // before dropping: fastText's ntokens counts only dictionary words, so this is rows.size()
+    int64_t corpus_tokens = 0;          // rows.size(): as fastText's ntokens, vocabulary tokens only
 };
 
-// Reads `data` through `vocab` on all cores. Errors: none beyond a corpus with no kept token.
+// Reads `data` through `vocab` (one thread). Errors: no token of the vocabulary in the corpus.
 Result<SgnsCorpus> sgns_load_corpus(const IndexedDataset& data, const EmbedVocab& vocab);
 
 // Tables derived from the vocabulary: keep probabilities, the negative-sampling table, and the
