@@ -97,9 +97,9 @@ void embedding_backward(TensorView dwte, TensorView dwpe, ConstTensorView dout,
 #if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kF32, {dwte, dwpe});
             op_expect_cuda_dtype(kOp, DType::kBF16, {dout});
-            cuda::embedding_backward(dwte.as<float>(), dwpe.as<float>(), dout.as<bf16>(),
-                                     tokens.as<int32_t>(), positions.as<int32_t>(), B, T, C, V, P,
-                                     ctx.stream);
+            cuda::embedding_backward(cuda_state_of(ctx, kOp), ctx.stream, dwte.as<float>(),
+                                     dwpe.as<float>(), dout.as<bf16>(), tokens.as<int32_t>(),
+                                     positions.as<int32_t>(), B, T, C, V, P);
             return;
 #endif
             break;

@@ -2,8 +2,11 @@
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
 
+#include <cub/device/device_radix_sort.cuh>
+
 #include "core/check.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_state.h"
 #include "ops/cuda/embedding.h"
 #include "ops/cuda/kernel_util.cuh"
 
@@ -13,10 +16,6 @@ namespace {
 
 constexpr int kForwardThreads = 256;  // 8 warps, one row each
 constexpr int kRowsPerBlock = kForwardThreads / kWarpSize;
-constexpr int kBackwardThreads = 256;
-constexpr int kBackwardWarps = kBackwardThreads / kWarpSize;
-constexpr int64_t kTableRowsPerBlock = 64;
-constexpr int64_t kColsPerBlock = 1024;
 
 template <int kVec>
 __global__ void embedding_forward_warp_per_row_kernel(
@@ -50,59 +49,289 @@ __global__ void embedding_forward_warp_per_row_kernel(
     }
 }
 
-// dtable[id(n), c] += dout[n, c] for the rows n whose id falls in this block's table chunk;
-// id(n) = ids[n], or n % T when ids is null (positions 0..T-1).
-__global__ void embedding_backward_table_chunk_kernel(float* __restrict__ dtable,
-                                                      const __nv_bfloat16* __restrict__ dout,
-                                                      const int32_t* __restrict__ ids, int64_t N,
-                                                      int64_t T, int64_t C, int64_t rows) {
-    __shared__ int32_t hits[kBackwardThreads];
-    __shared__ int warp_hits[kBackwardWarps];
-    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-    const int64_t v_begin = int64_t(blockIdx.x) * kTableRowsPerBlock;
-    const int64_t v_end = v_begin + kTableRowsPerBlock;
-    const int64_t c_begin = int64_t(blockIdx.y) * kColsPerBlock;
-    const int64_t c_end = min(C, c_begin + kColsPerBlock);
-    const bool reporter = blockIdx.x == 0 && blockIdx.y == 0;  // one block checks the ids
-    for (int64_t base = 0; base < N; base += kBackwardThreads) {
-        const int64_t n = base + threadIdx.x;
-        int64_t id = -1;
-        if (n < N) {
-            id = ids ? int64_t(ids[n]) : n % T;
-            if (reporter)
-                LATHE_DEVICE_CHECK(id >= 0 && id < rows, "id %lld at row %lld, table %lld",
-                                   (long long)id, (long long)n, (long long)rows);
-        }
-        const bool hit = id >= v_begin && id < v_end;
-        // Compact the hits in row order: warps by index, lanes by index within a warp.
-        const unsigned ballot = __ballot_sync(kFullMask, hit);
-        if (lane == 0) warp_hits[warp] = __popc(ballot);
-        __syncthreads();
-        int before = 0, total = 0;
-        for (int w = 0; w < kBackwardWarps; ++w) {
-            before += w < warp ? warp_hits[w] : 0;
-            total += warp_hits[w];
-        }
-        if (hit) hits[before + __popc(ballot & ((1u << lane) - 1u))] = int32_t(n);
-        __syncthreads();
-        for (int j = 0; j < total; ++j) {
-            const int64_t m = hits[j];
-            const int64_t v = ids ? int64_t(ids[m]) : m % T;
-            const __nv_bfloat16* src = dout + m * C;
-            float* dst = dtable + v * C;
-            for (int64_t c = c_begin + threadIdx.x; c < c_end; c += kBackwardThreads)
-                dst[c] += __bfloat162float(src[c]);
-        }
-        __syncthreads();  // hits and warp_hits are rewritten by the next tile
+// ---- Backward: a stable sort of (id, row), then one ordered sum per id segment ----
+//
+// Bit-equality with the CPU twin needs every table element to be summed by one thread, starting
+// from its old value and adding the rows in row order. A stable sort of the pairs (id(n), n) by id
+// lines up each id's rows in row order (its "segment"); a thread owning (segment, column) then adds
+// them one after another. No float atomics; the sort's output is unique (stable), so two runs give
+// the same bits.
+
+constexpr int kWindow = 64;           // sorted positions per block chunk, and per step of a walk
+constexpr int kMaxSortThreads = 256;  // column threads per block
+constexpr uint32_t kNoKey = 0xFFFFFFFFu;  // past the end (ids are < 2^31)
+
+// rows_in[n] = n, and every id is checked against the table (an id outside it traps).
+__global__ void embedding_sort_prepare_kernel(int32_t* __restrict__ rows_in,
+                                              const int32_t* __restrict__ ids, int64_t N,
+                                              int64_t rows) {
+    for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < N;
+         n += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t id = ids[n];
+        LATHE_DEVICE_CHECK(id >= 0 && id < rows, "id %lld at row %lld, table %lld", (long long)id,
+                           (long long)n, (long long)rows);
+        rows_in[n] = int32_t(n);
     }
 }
 
-void backward_table(float* dtable, const bf16* dout, const int32_t* ids, int64_t N, int64_t T,
-                    int64_t C, int64_t rows, CUstream_st* stream) {
-    const dim3 grid(blocks_for(rows, kTableRowsPerBlock, INT32_MAX),
-                    blocks_for(C, kColsPerBlock, 65535));
-    embedding_backward_table_chunk_kernel<<<grid, kBackwardThreads, 0, stream>>>(
-        dtable, reinterpret_cast<const __nv_bfloat16*>(dout), ids, N, T, C, rows);
+// Lane l gets the sorted keys and rows at base + l and base + 32 + l (kNoKey past the end).
+__device__ __forceinline__ void fetch_window(uint32_t (&k)[2], int32_t (&r)[2],
+                                             const uint32_t* __restrict__ keys,
+                                             const int32_t* __restrict__ rows, int64_t base,
+                                             int64_t N, int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int64_t q = base + h * kWarpSize + lane;
+        k[h] = q < N ? keys[q] : kNoKey;
+        r[h] = q < N ? rows[q] : 0;
+    }
+}
+
+// Block (x, y): the segments of the sorted keys that start at a position in
+// [64 x, 64 x + 64), columns [y w, y w + w) with w = blockDim.x, one column per thread. The threads
+// walk the positions in order, 64 at a time, from the chunk's first segment start to the end of the
+// last segment starting in the chunk (which may run far past the chunk: one id repeated everywhere
+// is a single segment, walked by the block of the chunk where it starts). Each thread computes
+// dtable[key, c] = (...(dtable[key, c] + dout[row_0, c]) + dout[row_1, c]) ... in sorted (= row)
+// order: the CPU twin's additions exactly. Control flow depends on the keys only, so it is uniform
+// over the block; threads past C stay in the walk (the lanes' shuffles need the whole warp) but
+// load and store nothing.
+__global__ void __launch_bounds__(kMaxSortThreads)
+    embedding_backward_segments_kernel(float* __restrict__ dtable,
+                                       const __nv_bfloat16* __restrict__ dout,
+                                       const uint32_t* __restrict__ keys,
+                                       const int32_t* __restrict__ rows, int64_t N, int64_t C) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int64_t p0 = int64_t(blockIdx.x) * kWindow;
+    const int64_t chunk_end = min(N, p0 + kWindow);
+    // The chunk's first segment start (p == 0 or a key change), found by each warp with ballots.
+    int64_t first = chunk_end;
+    for (int64_t base = p0; base < chunk_end && first == chunk_end; base += kWarpSize) {
+        const int64_t q = base + lane;
+        const bool start = q < chunk_end && (q == 0 || keys[q] != keys[q - 1]);
+        const unsigned ballot = __ballot_sync(kFullMask, start);
+        if (ballot != 0) first = base + __ffs(ballot) - 1;
+    }
+    if (first == chunk_end) return;  // the whole chunk lies inside an earlier chunk's segment
+
+    const int64_t col = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+    const bool active = col < C;
+    const __nv_bfloat16* src = dout + (active ? col : 0);
+    float* dst = dtable + (active ? col : 0);
+    // Positions past the chunk still belong to this block while they carry the chunk's last key
+    // (that segment started in the chunk: the chunk holds a start at or before it).
+    const uint32_t last_key = keys[chunk_end - 1];
+    uint32_t cur = keys[first];  // the open segment's key
+    float acc = active ? dst[int64_t(cur) * C] : 0.0f;
+    int64_t p = first;
+    uint32_t wk[2];
+    int32_t wr[2];
+    fetch_window(wk, wr, keys, rows, p, N, lane);
+    while (true) {
+        uint32_t nk[2];
+        int32_t nr[2];
+        fetch_window(nk, nr, keys, rows, p + kWindow, N, lane);  // in flight during this window
+        if (__shfl_sync(kFullMask, wk[1], kWarpSize - 1) == cur) {
+            // All 64 positions continue the open segment (sorted keys: the last equal to the open
+            // one means all are; kNoKey past the end never is): 64 row loads, then the adds.
+            float v[kWindow];
+#pragma unroll
+            for (int j = 0; j < kWindow; ++j) {
+                const int64_t r = __shfl_sync(kFullMask, wr[j / kWarpSize], j % kWarpSize);
+                v[j] = active ? __bfloat162float(src[r * C]) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < kWindow; ++j) acc += v[j];
+        } else {
+            // Segment ends and starts inside the window: per half, the rows and the old table rows
+            // of the segments starting there are loaded first, then added in order.
+            const uint32_t key31 = __shfl_sync(kFullMask, wk[0], kWarpSize - 1);
+            unsigned in_mask[2], start_mask[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int64_t q = p + h * kWarpSize + lane;
+                const uint32_t up = __shfl_up_sync(kFullMask, wk[h], 1);
+                const uint32_t prev = lane > 0 ? up : (h == 0 ? cur : key31);
+                const bool in = q < N && (q < chunk_end || wk[h] == last_key);
+                in_mask[h] = __ballot_sync(kFullMask, in);
+                start_mask[h] = __ballot_sync(kFullMask, in && wk[h] != prev);
+            }
+            bool done = false;
+#pragma unroll
+            for (int h = 0; h < 2 && !done; ++h) {
+                float v[kWarpSize], init[kWarpSize];
+#pragma unroll
+                for (int j = 0; j < kWarpSize; ++j) {
+                    const int64_t r = __shfl_sync(kFullMask, wr[h], j);
+                    const int64_t k = __shfl_sync(kFullMask, wk[h], j);
+                    const bool in = (in_mask[h] >> j) & 1u, start = (start_mask[h] >> j) & 1u;
+                    v[j] = active && in ? __bfloat162float(src[r * C]) : 0.0f;
+                    init[j] = active && start ? dst[k * C] : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < kWarpSize; ++j) {
+                    if (!((in_mask[h] >> j) & 1u)) break;  // the mask is the same in every lane
+                    if ((start_mask[h] >> j) & 1u) {
+                        if (active) dst[int64_t(cur) * C] = acc;
+                        cur = __shfl_sync(kFullMask, wk[h], j);
+                        acc = init[j];
+                    }
+                    acc += v[j];
+                }
+                done = in_mask[h] != kFullMask;
+            }
+            if (done) break;
+        }
+        p += kWindow;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wk[h] = nk[h], wr[h] = nr[h];
+    }
+    if (active) dst[int64_t(cur) * C] = acc;
+}
+
+// kVec (1 or 2) consecutive values as fp32, and back; p aligned to kVec elements.
+template <int kVec>
+__device__ __forceinline__ void load_vec(float (&v)[kVec], const __nv_bfloat16* p) {
+    if constexpr (kVec == 2) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+        v[0] = f.x, v[1] = f.y;
+    } else {
+        v[0] = __bfloat162float(*p);
+    }
+}
+
+template <int kVec>
+__device__ __forceinline__ void load_vec(float (&v)[kVec], const float* p) {
+    if constexpr (kVec == 2) {
+        const float2 f = *reinterpret_cast<const float2*>(p);
+        v[0] = f.x, v[1] = f.y;
+    } else {
+        v[0] = *p;
+    }
+}
+
+template <int kVec>
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[kVec]) {
+    if constexpr (kVec == 2)
+        *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+    else
+        *p = v[0];
+}
+
+// dwpe[t, c] += dout[b, t, c] for b = 0..B-1 in order (positions 0..T-1 in every sequence): each
+// element summed by one thread in row order, as the CPU twin does. Thread = (t, kVec columns).
+template <int kVec>
+__global__ void embedding_backward_positions_kernel(float* __restrict__ dwpe,
+                                                    const __nv_bfloat16* __restrict__ dout,
+                                                    int64_t B, int64_t T, int64_t C) {
+    constexpr int kUnroll = 8;
+    const int64_t vecs = C / kVec;
+    for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < T * vecs;
+         idx += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t t = idx / vecs, col = (idx % vecs) * kVec;
+        float acc[kVec];
+        load_vec<kVec>(acc, dwpe + t * C + col);
+        const __nv_bfloat16* src = dout + t * C + col;
+        for (int64_t b0 = 0; b0 < B; b0 += kUnroll) {
+            float v[kUnroll][kVec];
+#pragma unroll
+            for (int j = 0; j < kUnroll; ++j) {
+                if (b0 + j < B) {
+                    load_vec<kVec>(v[j], src + (b0 + j) * T * C);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < kVec; ++i) v[j][i] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < kUnroll; ++j) {
+                if (b0 + j >= B) break;
+#pragma unroll
+                for (int i = 0; i < kVec; ++i) acc[i] += v[j][i];
+            }
+        }
+        store_vec<kVec>(dwpe + t * C + col, acc);
+    }
+}
+
+size_t align_up(size_t bytes) {
+    return (bytes + 255) / 256 * 256;
+}
+
+// The sort's pieces inside the state's scratch: sorted keys, the row indices before and after,
+// and CUB's temporary storage.
+struct SortScratch {
+    uint32_t* keys_out;
+    int32_t* rows_in;
+    int32_t* rows_out;
+    void* temp;
+    size_t temp_bytes;
+};
+
+int key_bits(int64_t rows) {
+    int bits = 1;
+    while (bits < 31 && (int64_t(1) << bits) < rows) ++bits;
+    return bits;
+}
+
+size_t cub_sort_bytes(int64_t N, int bits) {
+    size_t bytes = 0;
+    // CUB's size query is host arithmetic (no device work); it depends on N and the key bits.
+    LATHE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        nullptr, bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), int(N), 0, bits));
+    return bytes;
+}
+
+SortScratch sort_scratch(CudaState& state, int64_t N, int bits) {
+    SortScratch s{};
+    s.temp_bytes = cub_sort_bytes(N, bits);
+    const size_t array = align_up(size_t(N) * 4);
+    const size_t total = 3 * array + align_up(s.temp_bytes);
+    LATHE_CHECK(total <= CudaState::kScratchBytes,
+                "embedding_backward: sorting {} ids needs {} bytes of op scratch, more than "
+                "CudaState::kScratchBytes ({}); use fewer tokens per micro-batch",
+                N, total, CudaState::kScratchBytes);
+    char* base = static_cast<char*>(state.scratch(total, "embedding_backward"));
+    s.keys_out = reinterpret_cast<uint32_t*>(base);
+    s.rows_in = reinterpret_cast<int32_t*>(base + array);
+    s.rows_out = reinterpret_cast<int32_t*>(base + 2 * array);
+    s.temp = base + 3 * array;
+    return s;
+}
+
+// dtable (rows, C) += the dout rows of each id, ids (N) i32 checked against `rows`.
+void backward_sorted(CudaState& state, CUstream_st* stream, float* dtable,
+                     const __nv_bfloat16* dout, const int32_t* ids, int64_t N, int64_t C,
+                     int64_t rows) {
+    const int bits = key_bits(rows);
+    SortScratch s = sort_scratch(state, N, bits);
+    embedding_sort_prepare_kernel<<<blocks_for(N, 256), 256, 0, stream>>>(s.rows_in, ids, N, rows);
+    LATHE_CUDA_CHECK_LAUNCH();
+    // Checked ids are in [0, rows): as unsigned keys of `bits` bits they sort as the ids do.
+    LATHE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        s.temp, s.temp_bytes, reinterpret_cast<const uint32_t*>(ids), s.keys_out, s.rows_in,
+        s.rows_out, int(N), 0, bits, stream));
+    const int64_t slices = (C + kMaxSortThreads - 1) / kMaxSortThreads;
+    LATHE_CHECK(slices <= 65535, "embedding_backward: C={} is too wide", C);
+    // Column slices of equal width (C = 768: 3 x 256 threads; C = 2048: 8 x 256).
+    const int threads = int((C + slices - 1) / slices + kWarpSize - 1) / kWarpSize * kWarpSize;
+    const dim3 grid(blocks_for(N, kWindow, INT32_MAX), unsigned(slices));
+    embedding_backward_segments_kernel<<<grid, threads, 0, stream>>>(dtable, dout, s.keys_out,
+                                                                     s.rows_out, N, C);
+    LATHE_CUDA_CHECK_LAUNCH();
+}
+
+void backward_positions(float* dwpe, const __nv_bfloat16* dout, int64_t B, int64_t T, int64_t C,
+                        CUstream_st* stream) {
+    const bool vec2 = C % 2 == 0 && reinterpret_cast<uintptr_t>(dout) % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(dwpe) % 8 == 0;
+    const int64_t work = T * (vec2 ? C / 2 : C);
+    const unsigned blocks = blocks_for(work, 256);
+    if (vec2)
+        embedding_backward_positions_kernel<2><<<blocks, 256, 0, stream>>>(dwpe, dout, B, T, C);
+    else
+        embedding_backward_positions_kernel<1><<<blocks, 256, 0, stream>>>(dwpe, dout, B, T, C);
     LATHE_CUDA_CHECK_LAUNCH();
 }
 
@@ -126,14 +355,29 @@ void embedding_forward(bf16* out, const int32_t* tokens, const int32_t* position
     LATHE_CUDA_CHECK_LAUNCH();
 }
 
-void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* tokens,
-                        const int32_t* positions, int64_t B, int64_t T, int64_t C, int64_t V,
-                        int64_t P, CUstream_st* stream) {
+size_t embedding_backward_scratch_bytes(int64_t N, int64_t rows) {
+    if (N <= 0) return 0;
+    return 3 * align_up(size_t(N) * 4) + align_up(cub_sort_bytes(N, key_bits(rows)));
+}
+
+void embedding_backward(CudaState& state, CUstream_st* stream, float* dwte, float* dwpe,
+                        const bf16* dout, const int32_t* tokens, const int32_t* positions,
+                        int64_t B, int64_t T, int64_t C, int64_t V, int64_t P) {
     const int64_t N = B * T;
     if (N == 0) return;
     LATHE_CHECK(N < INT32_MAX, "embedding_backward: {} rows do not fit the row index", N);
-    if (dwte != nullptr) backward_table(dwte, dout, tokens, N, T, C, V, stream);
-    if (dwpe != nullptr) backward_table(dwpe, dout, positions, N, T, C, P, stream);
+    const auto* g = reinterpret_cast<const __nv_bfloat16*>(dout);
+    if (dwte != nullptr) backward_sorted(state, stream, dwte, g, tokens, N, C, V);
+    if (dwpe == nullptr) return;
+    if (positions != nullptr) {
+        backward_sorted(state, stream, dwpe, g, positions, N, C, P);
+    } else {
+        LATHE_CHECK(T <= P,
+                    "embedding_backward: sequences of T={} tokens need positions 0..{}, the "
+                    "position table has {} rows",
+                    T, T - 1, P);
+        backward_positions(dwpe, g, B, T, C, stream);
+    }
 }
 
 }  // namespace lathe::cuda

@@ -5,20 +5,29 @@
 // positions (B, T) i32 or null (pos = t); wpe/dwpe null for models without learned positions.
 // Ids outside their table trap the kernel (the CPU twin checks them with a message).
 //
-// Deterministic backward without sorting and without float atomics: "one block per vocabulary
-// row chunk". Block (x, y) owns the table rows [64x, 64x + 64) and a 1024-column slice; it scans
-// all N ids in order, compacts the rows that hit its chunk (warp ballots, in row order) and adds
-// each hit row into its table row. Every table element is therefore summed by one thread, in row
-// order n = 0..N-1: the same fp32 additions, in the same order, as the CPU twin, so the two agree
-// bit for bit. Cost: every block reads all N ids (from L2), V/64 x ceil(C/1024) blocks; a token
-// repeated m times costs its block m sequential row adds (see docs/CUDA.md).
-// Enqueued on `stream`.
+// Deterministic backward without float atomics, bit-equal to the CPU twin (every table element is
+// summed by one thread, from its old value, adding the rows in row order n = 0..N-1):
+// - a table indexed by ids (dwte; dwpe with explicit positions): the ids are checked and
+//   (id, row) pairs sorted by id with CUB's stable radix sort (in the state's scratch: 12 bytes
+//   per row plus CUB's temporary storage, checked against CudaState::kScratchBytes), so each id's
+//   rows form one segment in row order; then a block per 64 sorted positions and column slice
+//   adds the segments that start there, one thread per (segment, column);
+// - dwpe with implicit positions (pos = t, needs T <= P, checked): one thread per (t, column
+//   pair) adds the B rows b = 0..B-1 in order.
+// Cost: one read of dout per table, one read and write of each touched table row, the sort (a few
+// small kernels); an id repeated m times makes its block walk m rows serially, 64 per memory
+// round trip (see docs/CUDA.md). Uses the state's scratch: enqueue on the state's stream.
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/dtype.h"
 
 struct CUstream_st;
+
+namespace lathe {
+struct CudaState;
+}
 
 namespace lathe::cuda {
 
@@ -26,8 +35,13 @@ void embedding_forward(bf16* out, const int32_t* tokens, const int32_t* position
                        const bf16* wpe, int64_t B, int64_t T, int64_t C, int64_t V, int64_t P,
                        CUstream_st* stream);
 
-void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* tokens,
-                        const int32_t* positions, int64_t B, int64_t T, int64_t C, int64_t V,
-                        int64_t P, CUstream_st* stream);
+void embedding_backward(CudaState& state, CUstream_st* stream, float* dwte, float* dwpe,
+                        const bf16* dout, const int32_t* tokens, const int32_t* positions,
+                        int64_t B, int64_t T, int64_t C, int64_t V, int64_t P);
+
+// Bytes of the state's scratch that the sorted backward of N ids into a table of `rows` rows uses
+// (sorted keys, row numbers in and out, CUB's temporary storage); embedding_backward stops with a
+// message when this exceeds CudaState::kScratchBytes. Needs a current CUDA device (CUB asks it).
+size_t embedding_backward_scratch_bytes(int64_t N, int64_t rows);
 
 }  // namespace lathe::cuda

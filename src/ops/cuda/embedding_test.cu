@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
+
 #include "ops/cuda/cuda_test_util.h"
+#include "ops/cuda/embedding.h"
 #include "ops/embedding.h"
 
 namespace lathe {
@@ -14,23 +18,31 @@ using namespace cudatest;
 
 struct EmbeddingCase {
     int64_t B, T, C, V, P;
-    bool wpe;        // learned positions (GPT-2)
-    bool positions;  // explicit positions or 0..T-1
+    bool wpe;          // learned positions (GPT-2)
+    bool positions;    // explicit positions or 0..T-1
     int64_t distinct;  // tokens drawn from this many ids, so most repeat
+    // Token ids log-uniform over [0, V) (id = floor(V^u) - 1): a Zipf-like text distribution, id 0
+    // about 1/ln(V) of all rows (long segments), most ids rare. `distinct` is ignored.
+    bool zipf = false;
 };
 
 void check_embedding(const EmbeddingCase& c, uint64_t seed) {
-    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " C=" << c.C
-                                      << " V=" << c.V << " wpe=" << c.wpe
-                                      << " positions=" << c.positions);
+    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " C=" << c.C << " V=" << c.V
+                                      << " wpe=" << c.wpe << " positions=" << c.positions);
     CudaState state(0);
     const Context gpu = state.context(), cpu = cpu_context();
     optest::Rng rng(seed);
     HostTensor tokens(DType::kI32, {c.B, c.T}), pos(DType::kI32, {c.B, c.T});
     for (int64_t i = 0; i < tokens.numel(); ++i) {
         // A few ids spread over the whole table (first and last chunk included).
-        const int64_t k = rng.integer(0, c.distinct - 1);
-        tokens.as<int32_t>()[i] = int32_t(k == 0 ? c.V - 1 : (k * 7919) % c.V);
+        if (c.zipf) {
+            const double u = rng.uniform(0.0f, 1.0f);
+            const int64_t id = int64_t(std::floor(std::pow(double(c.V), u))) - 1;
+            tokens.as<int32_t>()[i] = int32_t(std::min<int64_t>(std::max<int64_t>(id, 0), c.V - 1));
+        } else {
+            const int64_t k = rng.integer(0, c.distinct - 1);
+            tokens.as<int32_t>()[i] = int32_t(k == 0 ? c.V - 1 : (k * 7919) % c.V);
+        }
         pos.as<int32_t>()[i] = int32_t(rng.integer(0, c.P - 1));
     }
     const HostTensor wte = random_bf16_values(rng, {c.V, c.C});
@@ -61,13 +73,30 @@ void check_embedding(const EmbeddingCase& c, uint64_t seed) {
     else
         EXPECT_TRUE(bitwise_equal(out_gpu, out_ref));  // a plain copy of bf16 rows
 
-    DeviceTensor dwte = upload(dwte0, DType::kF32, state), dwpe = upload(dwpe0, DType::kF32, state);
-    embedding_backward(dwte.view, c.wpe ? dwpe.view : TensorView(), gdout.view, gtok.view,
-                       gpos_view, gpu);
-    // The same fp32 additions in the same row order as the CPU twin: equal bits.
-    EXPECT_TRUE(bitwise_equal(download_f32(dwte.view, state), dwte_ref));
-    if (c.wpe) EXPECT_TRUE(bitwise_equal(download_f32(dwpe.view, state), dwpe_ref));
-    else EXPECT_TRUE(bitwise_equal(download_f32(dwpe.view, state), dwpe0));  // untouched
+    // Twice from the same start: the runs must agree with each other (determinism) and with the
+    // CPU twin (the same fp32 additions in the same row order: equal bits).
+    HostTensor first_dwte, first_dwpe;
+    for (int run = 0; run < 2; ++run) {
+        SCOPED_TRACE(::testing::Message() << "run " << run);
+        DeviceTensor dwte = upload(dwte0, DType::kF32, state);
+        DeviceTensor dwpe = upload(dwpe0, DType::kF32, state);
+        embedding_backward(dwte.view, c.wpe ? dwpe.view : TensorView(), gdout.view, gtok.view,
+                           gpos_view, gpu);
+        HostTensor got_dwte = download_f32(dwte.view, state);
+        HostTensor got_dwpe = download_f32(dwpe.view, state);
+        EXPECT_TRUE(bitwise_equal(got_dwte, dwte_ref));
+        if (c.wpe)
+            EXPECT_TRUE(bitwise_equal(got_dwpe, dwpe_ref));
+        else
+            EXPECT_TRUE(bitwise_equal(got_dwpe, dwpe0));  // untouched
+        if (run == 0) {
+            first_dwte = std::move(got_dwte);
+            first_dwpe = std::move(got_dwpe);
+        } else {
+            EXPECT_TRUE(bitwise_equal(got_dwte, first_dwte));
+            EXPECT_TRUE(bitwise_equal(got_dwpe, first_dwpe));
+        }
+    }
 }
 
 TEST(CudaEmbedding, MatchesCpuTokensOnly) {
@@ -85,6 +114,87 @@ TEST(CudaEmbedding, MatchesCpuWithExplicitPositionsWideRows) {
 
 TEST(CudaEmbedding, MatchesCpuOneTokenEverywhere) {
     check_embedding({3, 200, 64, 500, 200, false, false, 1}, 54);  // every row hits one table row
+}
+
+TEST(CudaEmbedding, MatchesCpuOddWidthScalarPath) {
+    // C odd: one column per thread in the sorted and the position kernels; N = 111 ends mid-chunk.
+    check_embedding({3, 37, 97, 700, 40, true, true, 30}, 55);
+    check_embedding({3, 37, 97, 700, 40, true, false, 30}, 56);
+}
+
+TEST(CudaEmbedding, MatchesCpuOneTokenRepeatedAcrossManyChunks) {
+    // N = 8192 rows of one id: a single segment crossing 128 chunks of sorted positions, walked by
+    // one block (the long-run path), and 40 sequences summed per position.
+    check_embedding({40, 205, 768, 5000, 256, true, false, 1}, 57);
+    check_embedding({8, 1024, 768, 50304, 1024, false, false, 1}, 58);
+}
+
+TEST(CudaEmbedding, MatchesCpuFewIdsManyRepeats) {
+    // 3 ids over 4096 rows: long segments that start and end inside chunks and across them.
+    check_embedding({4, 1024, 256, 1000, 1024, true, true, 3}, 59);
+}
+
+TEST(CudaEmbedding, Gpt2TrainingShapeZipfTokensMatchCpu) {
+    // GPT-2 124M's training shape (B=32, T=1024, C=768, V=50304 padded, P=1024), text-like ids.
+    EmbeddingCase c{32, 1024, 768, 50304, 1024, true, false, 0};
+    c.zipf = true;
+    check_embedding(c, 60);
+}
+
+TEST(CudaEmbedding, Gpt2TrainingShapeUniformTokensMatchCpu) {
+    // Mostly distinct ids (segments of 1-3 rows): the general path everywhere.
+    check_embedding({32, 1024, 768, 50304, 1024, true, false, 50304}, 61);
+}
+
+TEST(CudaEmbedding, SortScratchFitsTheTrainingShapes) {
+    CudaState state(0);
+    // GPT-2 (B=32, T=1024, V=50304), Llama 3 (B=8, T=2048, V=128256), and 1M tokens per call.
+    const size_t gpt2 = cuda::embedding_backward_scratch_bytes(32768, 50304);
+    const size_t llama = cuda::embedding_backward_scratch_bytes(16384, 128256);
+    const size_t big = cuda::embedding_backward_scratch_bytes(int64_t(1) << 20, 128256);
+    std::printf("embedding_backward scratch: %zu bytes (GPT-2), %zu (Llama 3), %zu (1M ids)\n",
+                gpt2, llama, big);
+    EXPECT_GE(gpt2, size_t(3) * 32768 * 4);  // the three id arrays at least
+    EXPECT_LE(gpt2, size_t(2) << 20);
+    EXPECT_LE(llama, size_t(2) << 20);
+    EXPECT_LE(big, CudaState::kScratchBytes);
+}
+
+class CudaEmbeddingDeathTest : public ::testing::Test {
+protected:
+    void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
+};
+
+TEST_F(CudaEmbeddingDeathTest, TokenOutsideTheTableTraps) {
+    CudaState state(0);
+    const Context gpu = state.context();
+    HostTensor tokens(DType::kI32, {2, 8});
+    for (int64_t i = 0; i < tokens.numel(); ++i) tokens.as<int32_t>()[i] = int32_t(i);
+    tokens.as<int32_t>()[11] = 64;  // the table has 64 rows
+    DeviceTensor gtok = upload(tokens, DType::kI32, state);
+    DeviceTensor dout = device_tensor(DType::kBF16, {2, 8, 16}, state);
+    DeviceTensor dwte = device_tensor(DType::kF32, {64, 16}, state);
+    EXPECT_DEATH(
+        {
+            embedding_backward(dwte.view, TensorView(), dout.view, gtok.view, ConstTensorView(),
+                               gpu);
+            state.synchronize();
+        },
+        "CUDA error cudaError");
+}
+
+TEST_F(CudaEmbeddingDeathTest, SequenceLongerThanThePositionTableStops) {
+    CudaState state(0);
+    const Context gpu = state.context();
+    HostTensor tokens(DType::kI32, {2, 8});
+    for (int64_t i = 0; i < tokens.numel(); ++i) tokens.as<int32_t>()[i] = int32_t(i);
+    DeviceTensor gtok = upload(tokens, DType::kI32, state);
+    DeviceTensor dout = device_tensor(DType::kBF16, {2, 8, 16}, state);
+    DeviceTensor dwpe = device_tensor(DType::kF32, {6, 16}, state);
+    EXPECT_DEATH(
+        embedding_backward(TensorView(), dwpe.view, dout.view, gtok.view, ConstTensorView(), gpu),
+        "embedding_backward: sequences of T=8 tokens need positions 0..7, the position "
+        "table has 6 rows");
 }
 
 }  // namespace
