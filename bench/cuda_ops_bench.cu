@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -116,6 +117,29 @@ struct Bench {
     }
 };
 
+// Token ids for the embedding rows: uniform over [0, V), or text-like (log-uniform: id =
+// floor(V^u) - 1, so id 0 takes about 1/ln(V) of the rows and most ids are rare), made on the host
+// with a fixed seed; *touched gets the number of distinct ids (the table rows the backward writes).
+TensorView embedding_ids(Bench& b, Shape shape, int64_t V, bool text_like, int64_t* touched) {
+    std::vector<int32_t> ids(size_t(shape.numel()));
+    std::vector<char> seen(size_t(V), 0);
+    uint64_t x = 0x243F6A8885A308D3ull;
+    *touched = 0;
+    for (int32_t& id : ids) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const double u = double(x >> 11) / 9007199254740992.0;  // [0, 1)
+        const int64_t v = text_like ? int64_t(std::floor(std::pow(double(V), u))) - 1
+                                    : int64_t(u * double(V));
+        id = int32_t(std::clamp<int64_t>(v, 0, V - 1));
+        if (!seen[size_t(id)]) seen[size_t(id)] = 1, ++*touched;
+    }
+    TensorView t = b.tensor(DType::kI32, shape);
+    LATHE_CUDA_CHECK(cudaMemcpyAsync(t.data(), ids.data(), ids.size() * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, b.state.stream()));
+    b.state.synchronize();  // `ids` goes out of scope
+    return t;
+}
+
 void gpt2(Bench& b) {
     const int64_t B = 32, T = 1024, N = B * T, C = 768, V = 50257, F = 4 * C, P = 1024;
     const std::string s = "N=32768 C=768";
@@ -157,17 +181,26 @@ void gpt2(Bench& b) {
         b.release();
     }
     {
-        auto tokens = b.tensor(DType::kI32, {B, T}, 1.0f, int32_t(V));
-        auto wte = b.tensor(DType::kBF16, {V, C}), wpe = b.tensor(DType::kBF16, {P, C});
+        // The embedding at the padded vocabulary (50304, as GPT-2 trains); ids uniform (24k of the
+        // 50304 rows touched) and text-like (log-uniform, a few ids repeated thousands of times).
+        const int64_t Ve = 50304;
+        int64_t touched = 0;
+        auto tokens = embedding_ids(b, {B, T}, Ve, false, &touched);
+        auto wte = b.tensor(DType::kBF16, {Ve, C}), wpe = b.tensor(DType::kBF16, {P, C});
         auto out = b.tensor(DType::kBF16, {B, T, C}), dout = b.tensor(DType::kBF16, {B, T, C});
-        auto dwte = b.tensor(DType::kF32, {V, C}), dwpe = b.tensor(DType::kF32, {P, C});
+        auto dwte = b.tensor(DType::kF32, {Ve, C}), dwpe = b.tensor(DType::kF32, {P, C});
         // Floor: one wte row per token, wpe once (it stays in L2), out written.
         b.time("embedding_forward (wte + wpe)", s, 2.0 * (2 * N * C + P * C), 0, [&] {
             embedding_forward(out, tokens, ConstTensorView(), wte, wpe, b.ctx);
         });
         // Floor: dout read once, each touched dwte/dwpe row read and written once (f32).
-        b.time("embedding_backward (dwte, dwpe)", s, 2.0 * N * C + 8.0 * (double(N) + P) * C, 0,
+        b.time("embedding_backward (dwte, dwpe)", s + " V=50304",
+               2.0 * N * C + 8.0 * double(touched + P) * C, 0,
                [&] { embedding_backward(dwte, dwpe, dout, tokens, ConstTensorView(), b.ctx); });
+        auto zipf = embedding_ids(b, {B, T}, Ve, true, &touched);
+        b.time("embedding_backward (text-like ids)", s + " V=50304",
+               2.0 * N * C + 8.0 * double(touched + P) * C, 0,
+               [&] { embedding_backward(dwte, dwpe, dout, zipf, ConstTensorView(), b.ctx); });
         b.release();
     }
     {
@@ -212,6 +245,22 @@ void gpt2(Bench& b) {
 void llama1b(Bench& b) {
     const int64_t B = 8, T = 2048, N = B * T, C = 2048, F = 8192, H = 32, Hkv = 8, D = 64;
     const std::string s = "N=16384 C=2048";
+    {
+        // Llama 3's vocabulary, no learned positions: dwte only.
+        const int64_t V = 128256;
+        int64_t touched = 0, touched_text = 0;
+        auto tokens = embedding_ids(b, {B, T}, V, false, &touched);
+        auto text = embedding_ids(b, {B, T}, V, true, &touched_text);
+        auto dout = b.tensor(DType::kBF16, {B, T, C}), dwte = b.tensor(DType::kF32, {V, C});
+        b.time("embedding_backward (dwte)", s + " V=128256", 2.0 * N * C + 8.0 * touched * C, 0,
+               [&] { embedding_backward(dwte, TensorView(), dout, tokens, ConstTensorView(),
+                                        b.ctx); });
+        b.time("embedding_backward (text-like ids)", s + " V=128256",
+               2.0 * N * C + 8.0 * touched_text * C, 0, [&] {
+                   embedding_backward(dwte, TensorView(), dout, text, ConstTensorView(), b.ctx);
+               });
+        b.release();
+    }
     {
         auto x = b.tensor(DType::kBF16, {N, C}), y = b.tensor(DType::kBF16, {N, C});
         auto w = b.tensor(DType::kBF16, {C}), rstd = b.tensor(DType::kF32, {N});
