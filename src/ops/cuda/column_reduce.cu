@@ -2,6 +2,7 @@
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
 
+#include "ops/cuda/column_reduce.cuh"
 #include "ops/cuda/column_reduce.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
@@ -11,38 +12,41 @@ namespace lathe::cuda {
 
 namespace {
 
-constexpr int kPartialThreads = 128;
-constexpr int kReduceThreads = 256;
+constexpr int kReduceColumns = 16;  // pass 2: columns per block
+constexpr int kReduceGroups = 16;   // pass 2: row groups per column
+constexpr int kReduceThreads = kReduceColumns * kReduceGroups;
 
-// One thread per kVec consecutive columns and one chunk of rows (blockIdx.y).
-template <int kVec>
-__global__ void column_sum_partials_kernel(float* __restrict__ partials,
-                                           const __nv_bfloat16* __restrict__ src, int64_t N,
-                                           int64_t C, int64_t rows_per_chunk) {
-    const int64_t c0 = (int64_t(blockIdx.x) * kPartialThreads + threadIdx.x) * kVec;
-    if (c0 >= C) return;
-    const int64_t r = blockIdx.y;
-    const int64_t n_begin = r * rows_per_chunk;
-    const int64_t n_end = min(N, n_begin + rows_per_chunk);
-    float acc[kVec] = {};
-    for (int64_t n = n_begin; n < n_end; ++n) {
-        float v[kVec];
-        load_bf16<kVec>(v, src + n * C + c0);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[i] += v[i];
+// f = src: a bias gradient's rows.
+struct ColumnSumRows {
+    const __nv_bfloat16* __restrict__ src;
+    int64_t C;
+    template <int kVec>
+    __device__ __forceinline__ void operator()(int64_t n, int64_t c,
+                                               float (&v)[1][kVec]) const {
+        load_bf16<kVec>(v[0], src + n * C + c);
     }
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) partials[r * C + c0 + i] = acc[i];
-}
+};
 
-__global__ void column_partials_accumulate_kernel(float* __restrict__ dst,
-                                                  const float* __restrict__ partials, int64_t R,
-                                                  int64_t C) {
-    const int64_t c = int64_t(blockIdx.x) * kReduceThreads + threadIdx.x;
-    if (c >= C) return;
+// Thread (g, j) of a block adds partials r = g, g + kReduceGroups, ... of column
+// kReduceColumns * blockIdx.x + j in order of r; thread (0, j) adds the group sums in group order.
+__global__ void __launch_bounds__(kReduceThreads)
+    column_partials_accumulate_kernel(float* __restrict__ dst, const float* __restrict__ partials,
+                                      int64_t R, int64_t C) {
+    __shared__ float smem[kReduceGroups][kReduceColumns];
+    const int j = threadIdx.x % kReduceColumns, g = threadIdx.x / kReduceColumns;
+    const int64_t c = int64_t(blockIdx.x) * kReduceColumns + j;
     float sum = 0.0f;
-    for (int64_t r = 0; r < R; ++r) sum += partials[r * C + c];
-    dst[c] += sum;
+    if (c < C) {
+#pragma unroll 4
+        for (int64_t r = g; r < R; r += kReduceGroups) sum += partials[r * C + c];
+    }
+    smem[g][j] = sum;
+    __syncthreads();
+    if (g != 0 || c >= C) return;
+    float total = smem[0][j];
+#pragma unroll
+    for (int i = 1; i < kReduceGroups; ++i) total += smem[i][j];
+    dst[c] += total;
 }
 
 }  // namespace
@@ -50,27 +54,18 @@ __global__ void column_partials_accumulate_kernel(float* __restrict__ dst,
 void column_partials_accumulate(float* dst, const float* partials, int64_t R, int64_t C,
                                 CUstream_st* stream) {
     if (C == 0) return;
-    column_partials_accumulate_kernel<<<blocks_for(C, kReduceThreads, INT32_MAX), kReduceThreads, 0,
-                                        stream>>>(dst, partials, R, C);
+    column_partials_accumulate_kernel<<<blocks_for(C, kReduceColumns, INT32_MAX), kReduceThreads,
+                                        0, stream>>>(dst, partials, R, C);
     LATHE_CUDA_CHECK_LAUNCH();
 }
 
 void column_sum_bf16_accumulate(CudaState& state, CUstream_st* stream, float* dst, const bf16* src,
                                 int64_t N, int64_t C, const char* op) {
     if (N == 0 || C == 0) return;
-    const int64_t R = column_reduce_chunks(N);
+    const int64_t R = column_reduce_chunks(N, C);
     float* partials = static_cast<float*>(state.scratch(size_t(R * C) * sizeof(float), op));
-    const int64_t rows = column_reduce_rows_per_chunk(N, R);
-    const auto* s = reinterpret_cast<const __nv_bfloat16*>(src);
-    if (vec8_ok(C, {src})) {
-        const dim3 grid(blocks_for(C / 8, kPartialThreads, INT32_MAX), unsigned(R));
-        column_sum_partials_kernel<8>
-            <<<grid, kPartialThreads, 0, stream>>>(partials, s, N, C, rows);
-    } else {
-        const dim3 grid(blocks_for(C, kPartialThreads, INT32_MAX), unsigned(R));
-        column_sum_partials_kernel<1>
-            <<<grid, kPartialThreads, 0, stream>>>(partials, s, N, C, rows);
-    }
+    const ColumnSumRows rows{reinterpret_cast<const __nv_bfloat16*>(src), C};
+    launch_column_partials<1>(partials, 1u, rows, vec8_ok(C, {src}), N, C, R, stream);
     LATHE_CUDA_CHECK_LAUNCH();
     column_partials_accumulate(dst, partials, R, C, stream);
 }

@@ -2,6 +2,7 @@
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
 
+#include "ops/cuda/column_reduce.cuh"
 #include "ops/cuda/column_reduce.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
@@ -14,7 +15,6 @@ namespace {
 
 constexpr int kRowThreads = 256;  // 8 warps, one row each
 constexpr int kRowsPerBlock = kRowThreads / kWarpSize;
-constexpr int kPartialThreads = 128;
 
 template <int kVec>
 __global__ void layernorm_forward_warp_per_row_kernel(
@@ -104,38 +104,100 @@ __global__ void layernorm_backward_dx_warp_per_row_kernel(__nv_bfloat16* __restr
     }
 }
 
-// dw_partials[r, c] = sum over chunk r of dy * xhat;  db_partials[r, c] = sum over chunk r of dy.
-// Either output may be null.
-template <int kVec>
-__global__ void layernorm_param_partials_kernel(float* __restrict__ dw_partials,
-                                                float* __restrict__ db_partials,
-                                                const __nv_bfloat16* __restrict__ dy,
-                                                const __nv_bfloat16* __restrict__ x,
-                                                const float* __restrict__ mean,
-                                                const float* __restrict__ rstd, int64_t N,
-                                                int64_t C, int64_t rows_per_chunk) {
-    const int64_t c0 = (int64_t(blockIdx.x) * kPartialThreads + threadIdx.x) * kVec;
-    if (c0 >= C) return;
-    const int64_t r = blockIdx.y;
-    const int64_t n_end = min(N, (r + 1) * rows_per_chunk);
-    float acc_w[kVec] = {}, acc_b[kVec] = {};
-    for (int64_t n = r * rows_per_chunk; n < n_end; ++n) {
-        float xv[kVec], dv[kVec];
-        load_bf16<kVec>(xv, x + n * C + c0);
-        load_bf16<kVec>(dv, dy + n * C + c0);
-        const float m = mean[n], s = rstd[n];
+// dx and the parameter partials in one pass over x and dy (column_reduce.cuh, fused plan): block
+// r owns row chunk r, warp w its rows w, w + 8, ...; the row's x and dy stay in registers between
+// the statistics and dx. acc[0] sums dy * xhat (dweight), acc[1] dy (dbias). kGroups 256-column
+// groups, C % 8 == 0, 16-byte aligned rows.
+template <int kGroups>
+__global__ void __launch_bounds__(kColumnThreads)
+    layernorm_backward_fused_kernel(__nv_bfloat16* __restrict__ dx, float* __restrict__ partials,
+                                    unsigned keep, const __nv_bfloat16* __restrict__ dy,
+                                    const __nv_bfloat16* __restrict__ x,
+                                    const __nv_bfloat16* __restrict__ weight,
+                                    const float* __restrict__ mean, const float* __restrict__ rstd,
+                                    int64_t N, int64_t C, int64_t R, int64_t rows_per_chunk,
+                                    bool accumulate) {
+    __shared__ float smem[kColumnWarps][kColumnTile];
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int64_t r = blockIdx.x;
+    const int64_t n_begin = r * rows_per_chunk;
+    const int64_t n_end = min(N, n_begin + rows_per_chunk);
+    float acc[2][kGroups][8];
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-            acc_w[i] += dv[i] * ((xv[i] - m) * s);
-            acc_b[i] += dv[i];
+    for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[0][g][i] = acc[1][g][i] = 0.0f;
+    for (int64_t n = n_begin + warp; n < n_end; n += kColumnWarps) {
+        const float m = mean[n], s = rstd[n];
+        uint4 xr[kGroups], dr[kGroups];
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+            const int64_t c = int64_t(g) * kColumnTile + lane * 8;
+            if (c < C) {
+                xr[g] = *reinterpret_cast<const uint4*>(x + n * C + c);
+                dr[g] = *reinterpret_cast<const uint4*>(dy + n * C + c);
+            }
+        }
+        float sum_g = 0.0f, sum_g_xhat = 0.0f;
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+            const int64_t c = int64_t(g) * kColumnTile + lane * 8;
+            if (c >= C) continue;
+            float xv[8], dv[8], w[8];
+            unpack_bf16x8(xv, xr[g]);
+            unpack_bf16x8(dv, dr[g]);
+            load_bf16<8>(w, weight + c);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float xhat = (xv[i] - m) * s;
+                const float gi = dv[i] * w[i];
+                sum_g += gi;
+                sum_g_xhat += gi * xhat;
+                acc[0][g][i] += dv[i] * xhat;
+                acc[1][g][i] += dv[i];
+            }
+        }
+        const float mean_g = warp_sum(sum_g) / float(C);
+        const float mean_g_xhat = warp_sum(sum_g_xhat) / float(C);
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+            const int64_t c = int64_t(g) * kColumnTile + lane * 8;
+            if (c >= C) continue;
+            float xv[8], dv[8], w[8], out[8];
+            unpack_bf16x8(xv, xr[g]);
+            unpack_bf16x8(dv, dr[g]);
+            load_bf16<8>(w, weight + c);
+            if (accumulate) load_bf16<8>(out, dx + n * C + c);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float xhat = (xv[i] - m) * s;
+                const float d = s * (dv[i] * w[i] - mean_g - xhat * mean_g_xhat);
+                out[i] = accumulate ? out[i] + d : d;
+            }
+            store_bf16<8>(dx + n * C + c, out);
         }
     }
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-        if (dw_partials) dw_partials[r * C + c0 + i] = acc_w[i];
-        if (db_partials) db_partials[r * C + c0 + i] = acc_b[i];
-    }
+    fused_partials_epilogue<2, kGroups>(partials, keep, acc, smem, C, R, r);
 }
+
+// The rows of the parameter gradients: output 0 (dweight) dy * xhat, output 1 (dbias) dy.
+struct LayernormParamRows {
+    const __nv_bfloat16* __restrict__ dy;
+    const __nv_bfloat16* __restrict__ x;
+    const float* __restrict__ mean;
+    const float* __restrict__ rstd;
+    int64_t C;
+    template <int kVec>
+    __device__ __forceinline__ void operator()(int64_t n, int64_t c,
+                                               float (&v)[2][kVec]) const {
+        float xv[kVec];
+        load_bf16<kVec>(xv, x + n * C + c);
+        load_bf16<kVec>(v[1], dy + n * C + c);
+        const float m = mean[n], s = rstd[n];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[0][i] = v[1][i] * ((xv[i] - m) * s);
+    }
+};
 
 }  // namespace
 
@@ -166,6 +228,33 @@ void layernorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* 
     const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
     const auto* wb = reinterpret_cast<const __nv_bfloat16*>(weight);
     const bool vec = vec8_ok(C, {dx, dy, x, weight});
+    const bool params = dweight != nullptr || dbias != nullptr;
+    const unsigned keep = (dweight ? 1u : 0u) | (dbias ? 2u : 0u);
+    const int groups = vec && params ? norm_fused_groups(C) : 0;
+    if (groups > 0) {
+        // One pass: dx and the partials; then pass 2 of the column reduction.
+        const int64_t R = fused_norm_chunks(N, C);
+        float* partials = static_cast<float*>(
+            state.scratch(2 * size_t(R * C) * sizeof(float), "layernorm_backward"));
+        const int64_t rows = column_reduce_rows_per_chunk(N, R);
+        auto launch = [&](auto kernel) {
+            kernel<<<unsigned(R), kColumnThreads, 0, stream>>>(dxb, partials, keep, dyb, xb, wb,
+                                                               mean, rstd, N, C, R, rows,
+                                                               dx_accumulate);
+        };
+        switch (groups) {
+            case 1: launch(layernorm_backward_fused_kernel<1>); break;
+            case 2: launch(layernorm_backward_fused_kernel<2>); break;
+            case 3: launch(layernorm_backward_fused_kernel<3>); break;
+            case 4: launch(layernorm_backward_fused_kernel<4>); break;
+            case 6: launch(layernorm_backward_fused_kernel<6>); break;
+            default: launch(layernorm_backward_fused_kernel<8>); break;
+        }
+        LATHE_CUDA_CHECK_LAUNCH();
+        if (dweight) column_partials_accumulate(dweight, partials, R, C, stream);
+        if (dbias) column_partials_accumulate(dbias, partials + R * C, R, C, stream);
+        return;
+    }
     const unsigned blocks = blocks_for(N, kRowsPerBlock, INT32_MAX);
     if (vec)
         layernorm_backward_dx_warp_per_row_kernel<8>
@@ -174,22 +263,16 @@ void layernorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* 
         layernorm_backward_dx_warp_per_row_kernel<1>
             <<<blocks, kRowThreads, 0, stream>>>(dxb, dyb, xb, wb, mean, rstd, N, C, dx_accumulate);
     LATHE_CUDA_CHECK_LAUNCH();
-    if (dweight == nullptr && dbias == nullptr) return;
-    const int64_t R = column_reduce_chunks(N);
-    const int64_t rows = column_reduce_rows_per_chunk(N, R);
+    if (!params) return;
+    // Both partial arrays always have their place (R depends on N and C only), so dweight's
+    // bits do not depend on whether dbias is wanted.
+    const int64_t R = column_reduce_chunks(N, C);
     float* partials =
         static_cast<float*>(state.scratch(2 * size_t(R * C) * sizeof(float), "layernorm_backward"));
-    float* dw_partials = dweight ? partials : nullptr;
-    float* db_partials = dbias ? partials + R * C : nullptr;
-    if (vec) {
-        const dim3 grid(blocks_for(C / 8, kPartialThreads, INT32_MAX), unsigned(R));
-        layernorm_param_partials_kernel<8><<<grid, kPartialThreads, 0, stream>>>(
-            dw_partials, db_partials, dyb, xb, mean, rstd, N, C, rows);
-    } else {
-        const dim3 grid(blocks_for(C, kPartialThreads, INT32_MAX), unsigned(R));
-        layernorm_param_partials_kernel<1><<<grid, kPartialThreads, 0, stream>>>(
-            dw_partials, db_partials, dyb, xb, mean, rstd, N, C, rows);
-    }
+    float* dw_partials = partials;
+    float* db_partials = partials + R * C;
+    launch_column_partials<2>(partials, keep, LayernormParamRows{dyb, xb, mean, rstd, C}, vec, N,
+                              C, R, stream);
     LATHE_CUDA_CHECK_LAUNCH();
     if (dweight) column_partials_accumulate(dweight, dw_partials, R, C, stream);
     if (dbias) column_partials_accumulate(dbias, db_partials, R, C, stream);

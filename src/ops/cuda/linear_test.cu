@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ops/cuda/column_reduce.h"
 #include "ops/cuda/cuda_test_util.h"
 #include "ops/linear.h"
 
@@ -90,6 +91,49 @@ TEST(CudaLinear, MatchesCpuOnModelSizedRows) {
 
 TEST(CudaLinear, MatchesCpuOnUnalignedSizes) {
     check_linear({7, 36, 20, true}, 14);  // rows of 72 and 40 bytes: no 16-byte vectors
+}
+
+TEST(CudaLinear, MatchesCpuOnManyBiasChunks) {
+    // 4100 rows: 65 row chunks of 64 (the last one 4 rows) over 3 column tiles of the bias sum.
+    check_linear({4100, 64, 768, true}, 15);
+}
+
+// The bias gradient's column sum directly: the 16-byte path (aligned source) and the scalar path
+// (the same values 2 bytes further on) add in the same order, so they give the same bits; both
+// agree with a double-precision host sum; a second run gives the same bits.
+TEST(CudaColumnSum, VectorAndScalarPathsGiveSameBits) {
+    const int64_t N = 2100, C = 1032;  // 5 column tiles (the last one partial), 33 row chunks
+    CudaState state(0);
+    optest::Rng rng(16);
+    const HostTensor src = random_bf16_values(rng, {N * C});
+    const HostTensor dst0 = optest::random_tensor(rng, {C});
+    HostTensor shifted(DType::kF32, {N * C + 1});
+    auto* sh = static_cast<float*>(shifted.view().data());
+    const auto* sv = static_cast<const float*>(src.view().data());
+    sh[0] = 0.0f;
+    for (int64_t i = 0; i < N * C; ++i) sh[i + 1] = sv[i];
+    DeviceTensor aligned = upload(src, DType::kBF16, state);
+    DeviceTensor offset = upload(shifted, DType::kBF16, state);
+    const auto* aligned_ptr = static_cast<const bf16*>(aligned.view.data());
+    const auto* offset_ptr = static_cast<const bf16*>(offset.view.data()) + 1;
+    DeviceTensor a = upload(dst0, DType::kF32, state), b = upload(dst0, DType::kF32, state);
+    DeviceTensor a2 = upload(dst0, DType::kF32, state);
+    cuda::column_sum_bf16_accumulate(state, state.stream(), static_cast<float*>(a.view.data()),
+                                     aligned_ptr, N, C, "test");
+    cuda::column_sum_bf16_accumulate(state, state.stream(), static_cast<float*>(b.view.data()),
+                                     offset_ptr, N, C, "test");
+    cuda::column_sum_bf16_accumulate(state, state.stream(), static_cast<float*>(a2.view.data()),
+                                     aligned_ptr, N, C, "test");
+    HostTensor ref = optest::copy_tensor(dst0.view());
+    auto* r = static_cast<float*>(ref.view().data());
+    for (int64_t c = 0; c < C; ++c) {
+        double sum = 0.0;
+        for (int64_t n = 0; n < N; ++n) sum += sv[n * C + c];
+        r[c] = float(double(r[c]) + sum);
+    }
+    EXPECT_TRUE(matches(download_f32(a.view, state), ref, kF32Sum));
+    EXPECT_TRUE(bitwise_equal(download_raw(b.view, state), download_raw(a.view, state)));
+    EXPECT_TRUE(bitwise_equal(download_raw(a2.view, state), download_raw(a.view, state)));
 }
 
 TEST(CudaLinear, RejectsF32Activations) {

@@ -9,7 +9,12 @@
 #include "ops/rmsnorm.h"
 
 // RMSNorm and LayerNorm, CUDA against the CPU twin. C = 768 takes the 16-byte path, C = 100 the
-// scalar one; N = 300 rows give several dweight row chunks.
+// scalar one; N = 300 rows give several dweight row chunks, N = 4100 many (column_reduce.h: 129
+// chunks of 32 rows in the fused plan, 65 of 64 in the two-kernel one, the last chunk short),
+// C = 2000 a partial 256-column tile.
+// C % 8 == 0 and C <= 2048 take the fused backward (dx and the parameter partials in one kernel;
+// C = 768: 3 column groups, 1536: 6, 2000 and 2048: 8); wider rows (4096, 8192) and C % 8 != 0
+// the dx kernel followed by the partials kernel.
 
 namespace lathe {
 namespace {
@@ -120,6 +125,15 @@ void check_layernorm(int64_t N, int64_t C, uint64_t seed) {
     layernorm_backward(dx3.view, TensorView(), db_only.view, gdy.view, gx.view, gw.view,
                        mean.view, rstd.view, GradMode::kOverwrite, gpu);
     EXPECT_TRUE(bitwise_equal(download_raw(db_only.view, state), download_raw(db.view, state)));
+
+    // Determinism: the same backward from the same starting point gives the same bits.
+    DeviceTensor dw2 = upload(dw0, DType::kF32, state), db2 = upload(db0, DType::kF32, state);
+    DeviceTensor dx2 = device_tensor(DType::kBF16, {N, C}, state);
+    layernorm_backward(dx2.view, dw2.view, db2.view, gdy.view, gx.view, gw.view, mean.view,
+                       rstd.view, GradMode::kOverwrite, gpu);
+    EXPECT_TRUE(bitwise_equal(download_raw(dw2.view, state), download_raw(dw.view, state)));
+    EXPECT_TRUE(bitwise_equal(download_raw(db2.view, state), download_raw(db.view, state)));
+    EXPECT_TRUE(bitwise_equal(download_raw(dx2.view, state), download_raw(dx.view, state)));
 }
 
 TEST(CudaRmsnorm, MatchesCpuVectorized) {
@@ -140,6 +154,30 @@ TEST(CudaLayernorm, MatchesCpuVectorized) {
 
 TEST(CudaLayernorm, MatchesCpuScalarPath) {
     check_layernorm(37, 100, 25);
+}
+
+TEST(CudaRmsnorm, MatchesCpuManyChunks) {
+    check_rmsnorm(4100, 2048, 26);
+}
+
+TEST(CudaRmsnorm, MatchesCpuManyChunksPartialTile) {
+    check_rmsnorm(1000, 2000, 27);
+}
+
+TEST(CudaRmsnorm, MatchesCpuSixColumnGroups) {
+    check_rmsnorm(200, 1536, 30);
+}
+
+TEST(CudaLayernorm, MatchesCpuWideRowsTwoKernelPath) {
+    check_layernorm(100, 4096, 31);  // > 2048 columns: dx kernel, then the partials kernel
+}
+
+TEST(CudaLayernorm, MatchesCpuManyChunks) {
+    check_layernorm(4100, 768, 28);
+}
+
+TEST(CudaLayernorm, MatchesCpuManyChunksScalarPath) {
+    check_layernorm(1030, 770, 29);
 }
 
 }  // namespace

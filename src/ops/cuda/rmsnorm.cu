@@ -2,6 +2,7 @@
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
 
+#include "ops/cuda/column_reduce.cuh"
 #include "ops/cuda/column_reduce.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
@@ -14,7 +15,6 @@ namespace {
 
 constexpr int kRowThreads = 256;  // 8 warps, one row each
 constexpr int kRowsPerBlock = kRowThreads / kWarpSize;
-constexpr int kPartialThreads = 128;
 
 // Pass 1 reads the row for sum(x^2); pass 2 reads it again (from L1/L2) and writes y.
 template <int kVec>
@@ -88,29 +88,92 @@ __global__ void rmsnorm_backward_dx_warp_per_row_kernel(__nv_bfloat16* __restric
     }
 }
 
-// partials[r, c] = sum over the rows of chunk r of dy[n, c] * x[n, c] * rstd[n].
-template <int kVec>
-__global__ void rmsnorm_dweight_partials_kernel(float* __restrict__ partials,
-                                                const __nv_bfloat16* __restrict__ dy,
-                                                const __nv_bfloat16* __restrict__ x,
-                                                const float* __restrict__ rstd, int64_t N,
-                                                int64_t C, int64_t rows_per_chunk) {
-    const int64_t c0 = (int64_t(blockIdx.x) * kPartialThreads + threadIdx.x) * kVec;
-    if (c0 >= C) return;
-    const int64_t r = blockIdx.y;
-    const int64_t n_end = min(N, (r + 1) * rows_per_chunk);
-    float acc[kVec] = {};
-    for (int64_t n = r * rows_per_chunk; n < n_end; ++n) {
+// dx and the dweight partials in one pass over x and dy (column_reduce.cuh, fused plan): block r
+// owns row chunk r, warp w its rows w, w + 8, ...; the row's x and dy stay in registers between
+// the statistic and dx; acc sums dy * x * rstd. kGroups 256-column groups, C % 8 == 0, 16-byte
+// aligned rows.
+template <int kGroups>
+__global__ void __launch_bounds__(kColumnThreads)
+    rmsnorm_backward_fused_kernel(__nv_bfloat16* __restrict__ dx, float* __restrict__ partials,
+                                  const __nv_bfloat16* __restrict__ dy,
+                                  const __nv_bfloat16* __restrict__ x,
+                                  const __nv_bfloat16* __restrict__ weight,
+                                  const float* __restrict__ rstd, int64_t N, int64_t C, int64_t R,
+                                  int64_t rows_per_chunk, bool accumulate) {
+    __shared__ float smem[kColumnWarps][kColumnTile];
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int64_t r = blockIdx.x;
+    const int64_t n_begin = r * rows_per_chunk;
+    const int64_t n_end = min(N, n_begin + rows_per_chunk);
+    float acc[1][kGroups][8];
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[0][g][i] = 0.0f;
+    for (int64_t n = n_begin + warp; n < n_end; n += kColumnWarps) {
+        const float s = rstd[n];
+        uint4 xr[kGroups], dr[kGroups];
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+            const int64_t c = int64_t(g) * kColumnTile + lane * 8;
+            if (c < C) {
+                xr[g] = *reinterpret_cast<const uint4*>(x + n * C + c);
+                dr[g] = *reinterpret_cast<const uint4*>(dy + n * C + c);
+            }
+        }
+        float dot = 0.0f;
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+            const int64_t c = int64_t(g) * kColumnTile + lane * 8;
+            if (c >= C) continue;
+            float xv[8], dv[8], w[8];
+            unpack_bf16x8(xv, xr[g]);
+            unpack_bf16x8(dv, dr[g]);
+            load_bf16<8>(w, weight + c);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                dot += dv[i] * w[i] * (xv[i] * s);
+                acc[0][g][i] += dv[i] * (xv[i] * s);
+            }
+        }
+        const float mean_g_norm = warp_sum(dot) / float(C);
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+            const int64_t c = int64_t(g) * kColumnTile + lane * 8;
+            if (c >= C) continue;
+            float xv[8], dv[8], w[8], out[8];
+            unpack_bf16x8(xv, xr[g]);
+            unpack_bf16x8(dv, dr[g]);
+            load_bf16<8>(w, weight + c);
+            if (accumulate) load_bf16<8>(out, dx + n * C + c);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float gi = s * (dv[i] * w[i] - xv[i] * s * mean_g_norm);
+                out[i] = accumulate ? out[i] + gi : gi;
+            }
+            store_bf16<8>(dx + n * C + c, out);
+        }
+    }
+    fused_partials_epilogue<1, kGroups>(partials, 1u, acc, smem, C, R, r);
+}
+
+// The rows of dweight: dy * (x * rstd).
+struct RmsnormDweightRows {
+    const __nv_bfloat16* __restrict__ dy;
+    const __nv_bfloat16* __restrict__ x;
+    const float* __restrict__ rstd;
+    int64_t C;
+    template <int kVec>
+    __device__ __forceinline__ void operator()(int64_t n, int64_t c,
+                                               float (&v)[1][kVec]) const {
         float xv[kVec], dv[kVec];
-        load_bf16<kVec>(xv, x + n * C + c0);
-        load_bf16<kVec>(dv, dy + n * C + c0);
+        load_bf16<kVec>(xv, x + n * C + c);
+        load_bf16<kVec>(dv, dy + n * C + c);
         const float s = rstd[n];
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[i] += dv[i] * (xv[i] * s);
+        for (int i = 0; i < kVec; ++i) v[0][i] = dv[i] * (xv[i] * s);
     }
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) partials[r * C + c0 + i] = acc[i];
-}
+};
 
 }  // namespace
 
@@ -139,6 +202,29 @@ void rmsnorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dw
     const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
     const auto* wb = reinterpret_cast<const __nv_bfloat16*>(weight);
     const bool vec = vec8_ok(C, {dx, dy, x, weight});
+    const int groups = vec && dweight != nullptr ? norm_fused_groups(C) : 0;
+    if (groups > 0) {
+        // One pass: dx and the partials; then pass 2 of the column reduction.
+        const int64_t R = fused_norm_chunks(N, C);
+        float* partials =
+            static_cast<float*>(state.scratch(size_t(R * C) * sizeof(float), "rmsnorm_backward"));
+        const int64_t rows = column_reduce_rows_per_chunk(N, R);
+        auto launch = [&](auto kernel) {
+            kernel<<<unsigned(R), kColumnThreads, 0, stream>>>(dxb, partials, dyb, xb, wb, rstd, N,
+                                                               C, R, rows, dx_accumulate);
+        };
+        switch (groups) {
+            case 1: launch(rmsnorm_backward_fused_kernel<1>); break;
+            case 2: launch(rmsnorm_backward_fused_kernel<2>); break;
+            case 3: launch(rmsnorm_backward_fused_kernel<3>); break;
+            case 4: launch(rmsnorm_backward_fused_kernel<4>); break;
+            case 6: launch(rmsnorm_backward_fused_kernel<6>); break;
+            default: launch(rmsnorm_backward_fused_kernel<8>); break;
+        }
+        LATHE_CUDA_CHECK_LAUNCH();
+        column_partials_accumulate(dweight, partials, R, C, stream);
+        return;
+    }
     const unsigned blocks = blocks_for(N, kRowsPerBlock, INT32_MAX);
     if (vec)
         rmsnorm_backward_dx_warp_per_row_kernel<8>
@@ -148,19 +234,11 @@ void rmsnorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dw
             <<<blocks, kRowThreads, 0, stream>>>(dxb, dyb, xb, wb, rstd, N, C, dx_accumulate);
     LATHE_CUDA_CHECK_LAUNCH();
     if (dweight == nullptr) return;
-    const int64_t R = column_reduce_chunks(N);
-    const int64_t rows = column_reduce_rows_per_chunk(N, R);
+    const int64_t R = column_reduce_chunks(N, C);
     float* partials =
         static_cast<float*>(state.scratch(size_t(R * C) * sizeof(float), "rmsnorm_backward"));
-    if (vec) {
-        const dim3 grid(blocks_for(C / 8, kPartialThreads, INT32_MAX), unsigned(R));
-        rmsnorm_dweight_partials_kernel<8>
-            <<<grid, kPartialThreads, 0, stream>>>(partials, dyb, xb, rstd, N, C, rows);
-    } else {
-        const dim3 grid(blocks_for(C, kPartialThreads, INT32_MAX), unsigned(R));
-        rmsnorm_dweight_partials_kernel<1>
-            <<<grid, kPartialThreads, 0, stream>>>(partials, dyb, xb, rstd, N, C, rows);
-    }
+    launch_column_partials<1>(partials, 1u, RmsnormDweightRows{dyb, xb, rstd, C}, vec, N, C, R,
+                              stream);
     LATHE_CUDA_CHECK_LAUNCH();
     column_partials_accumulate(dweight, partials, R, C, stream);
 }
