@@ -37,57 +37,230 @@ __global__ void cross_entropy_count_kernel(int* __restrict__ count,
     if (threadIdx.x == 0) *count = c;
 }
 
-// One block per row of the chunk (global row n = row0 + blockIdx.x), logits row of V floats.
-// Forward (lse_in null): lse and loss of the row. Backward (write_dlogits): bf16 dlogits over
-// the row's first 2V bytes, from lse_in or the lse just computed.
-__global__ void cross_entropy_block_per_row_kernel(
-    float* __restrict__ logits, int64_t V, int64_t row0, const int32_t* __restrict__ targets,
-    const float* __restrict__ lse_in, float* __restrict__ lse_out, float* __restrict__ losses,
-    const int* __restrict__ count, float dloss, bool write_dlogits) {
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 8 bf16 (one 16-byte vector) to fp32 and back (round to nearest even).
+__device__ __forceinline__ void unpack8(float (&f)[8], const uint4& raw) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 p = __bfloat1622float2(h[i]);
+        f[2 * i] = p.x;
+        f[2 * i + 1] = p.y;
+    }
+}
+
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+    uint4 raw;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return raw;
+}
+
+// What every row kernel shares: the row's place, its target and the backward's scale.
+struct RowArgs {
+    __nv_bfloat16* chunk;  // rows of ld bf16 logits; dlogits are written over them
+    int64_t ld;
+    int64_t V;
+    int64_t row0;
+    const int32_t* targets;
+    const float* lse_in;  // backward only: the forward's lse
+    float* lse_out;       // forward: lse per row
+    float* losses;        // forward: loss per row
+    const int* count;
+    float dloss;
+    bool write_dlogits;
+};
+
+__device__ __forceinline__ float dlogit_scale(const RowArgs& a, bool ignored) {
+    const int total = *a.count;
+    return ignored || total == 0 ? 0.0f : float(double(a.dloss) / double(total));
+}
+
+// Streams a row from global memory, kVec elements (16 bytes for kVec == 8) per access; each
+// thread reads and writes only its own elements, so the in-place write needs no barrier.
+// Forward (lse_in null): one read, per-thread online max/sum, fixed block reduction, lse and loss.
+// Backward with lse_in: one read, one write. Forward + backward (only for rows too long to hold
+// on chip, see held_row_kernel): the forward's read, then a second read (mostly from L2) and the
+// write. Vector mode needs ld % 8 == 0 and a 16-byte aligned chunk; elements [V, round_up(V, 8))
+// are the row's padding: never counted, written as 0.
+template <int kVec>
+__global__ void __launch_bounds__(kRowThreads) stream_row_kernel(RowArgs a) {
     __shared__ float smem[32];
-    const int64_t n = row0 + blockIdx.x;
-    float* row = logits + int64_t(blockIdx.x) * V;
-    const int32_t target = targets[n];
+    const int64_t n = a.row0 + blockIdx.x;
+    __nv_bfloat16* row = a.chunk + int64_t(blockIdx.x) * a.ld;
+    const int32_t target = a.targets[n];
     const bool ignored = target == kIgnore;
+    const int64_t V = a.V;
     float lse;
-    if (lse_in != nullptr) {
-        lse = lse_in[n];
+    if (a.lse_in != nullptr) {
+        lse = a.lse_in[n];
     } else {
-        // Per-thread running max and sum of exp(l - max), then one fixed-order block reduction.
+        // Read before any barrier, so before any thread of the block writes over the row.
+        const float target_logit =
+            threadIdx.x == 0 && !ignored ? __bfloat162float(row[target]) : 0.0f;
         float m = -INFINITY, s = 0.0f;
-        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-            const float l = row[v];
-            if (l > m) {
-                s = s * expf(m - l) + 1.0f;
-                m = l;
+        for (int64_t v = int64_t(threadIdx.x) * kVec; v < V; v += int64_t(kRowThreads) * kVec) {
+            float l[kVec];
+            if constexpr (kVec == 8) {
+                unpack8(l, *reinterpret_cast<const uint4*>(row + v));
             } else {
-                s += expf(l - m);
+                l[0] = __bfloat162float(row[v]);
             }
+            float m8 = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) {
+                if (v + i >= V) l[i] = -INFINITY;
+                m8 = fmaxf(m8, l[i]);
+            }
+            if (m8 > m) {
+                s *= exp2f((m - m8) * kLog2e);  // 0 while m is -inf
+                m = m8;
+            }
+            const float mb = m * kLog2e;
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) s += exp2f(fmaf(l[i], kLog2e, -mb));
         }
         const float row_max = block_max(m, smem);
-        s = m == -INFINITY ? 0.0f : s * expf(m - row_max);
+        s = m == -INFINITY ? 0.0f : s * exp2f((m - row_max) * kLog2e);
         const float sum = block_sum(s, smem);
         lse = row_max + logf(sum);
         if (threadIdx.x == 0) {
-            lse_out[n] = lse;
-            if (losses != nullptr) losses[n] = ignored ? 0.0f : lse - row[target];
+            a.lse_out[n] = lse;
+            a.losses[n] = ignored ? 0.0f : lse - target_logit;
         }
     }
-    if (!write_dlogits) return;
-    const int total = *count;
-    const float scale = ignored || total == 0 ? 0.0f : float(double(dloss) / double(total));
-    __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(row);
-    for (int64_t base = 0; base < V; base += blockDim.x) {
-        const int64_t v = base + threadIdx.x;
-        const float l = v < V ? row[v] : 0.0f;
-        // Every f32 logit this tile's bf16 writes overlap (elements < base + blockDim.x) has been
-        // read by now, in this tile or an earlier one.
-        __syncthreads();
-        if (v < V) {
-            const float d = scale * expf(l - lse) - (v == target ? scale : 0.0f);
-            out[v] = __float2bfloat16_rn(d);
+    if (!a.write_dlogits) return;
+    const float scale = dlogit_scale(a, ignored);
+    const float lb = lse * kLog2e;
+    for (int64_t v = int64_t(threadIdx.x) * kVec; v < V; v += int64_t(kRowThreads) * kVec) {
+        float l[kVec];
+        if constexpr (kVec == 8) {
+            unpack8(l, *reinterpret_cast<const uint4*>(row + v));
+        } else {
+            l[0] = __bfloat162float(row[v]);
+        }
+#pragma unroll
+        for (int i = 0; i < kVec; ++i)
+            l[i] = v + i >= V ? 0.0f
+                              : scale * exp2f(fmaf(l[i], kLog2e, -lb)) -
+                                    (v + i == target ? scale : 0.0f);
+        if constexpr (kVec == 8) {
+            *reinterpret_cast<uint4*>(row + v) = pack8(l);
+        } else {
+            row[v] = __float2bfloat16_rn(l[0]);
         }
     }
+}
+
+// Forward + backward of one row read from HBM exactly once: the row (ceil(V / 8) 16-byte vectors)
+// is held on chip (at most 64 registers a thread: two 512-thread blocks or one 1024-thread block
+// per SM), vector j = threadIdx.x + i * kThreads in thread threadIdx.x's registers for
+// i < kRegVecs and in dynamic shared memory beyond (slot j - kRegVecs * kThreads, so consecutive
+// threads touch consecutive 16-byte words). Then: max (no exponentials), sum of exp(l - max), lse
+// and loss, and dlogits = scale * exp(l - lse) - scale * onehot written back over the same
+// vectors, each by the thread that read it. Two exponentials per element, both from fp32 logits
+// held on chip. Needs ld % 8 == 0 and a 16-byte aligned chunk; padding as in stream_row_kernel.
+template <int kThreads, int kRegVecs>
+__global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1)
+    held_row_kernel(RowArgs a) {
+    extern __shared__ uint4 spill[];
+    __shared__ float smem[32];
+    const int64_t n = a.row0 + blockIdx.x;
+    __nv_bfloat16* row_bf16 = a.chunk + int64_t(blockIdx.x) * a.ld;
+    uint4* row = reinterpret_cast<uint4*>(row_bf16);
+    const int32_t target = a.targets[n];
+    const bool ignored = target == kIgnore;
+    const int V = int(a.V);
+    const int nvec = (V + 7) / 8;
+    const int tid = threadIdx.x;
+    const float target_logit = tid == 0 && !ignored ? __bfloat162float(row_bf16[target]) : 0.0f;
+
+    uint4 held[kRegVecs];
+#pragma unroll
+    for (int i = 0; i < kRegVecs; ++i) {
+        const int j = tid + i * kThreads;
+        if (j < nvec) held[i] = row[j];
+    }
+#pragma unroll 4
+    for (int j = tid + kRegVecs * kThreads; j < nvec; j += kThreads)
+        spill[j - kRegVecs * kThreads] = row[j];
+
+    // Element 8j + k of the row from vector j's raw bits; -inf past V.
+    auto unpack = [&](float (&l)[8], const uint4& raw, int j) {
+        unpack8(l, raw);
+        if (8 * j + 8 > V) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k)
+                if (8 * j + k >= V) l[k] = -INFINITY;
+        }
+    };
+
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kRegVecs; ++i) {
+        const int j = tid + i * kThreads;
+        if (j < nvec) {
+            float l[8];
+            unpack(l, held[i], j);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) m = fmaxf(m, l[k]);
+        }
+    }
+    for (int j = tid + kRegVecs * kThreads; j < nvec; j += kThreads) {
+        float l[8];
+        unpack(l, spill[j - kRegVecs * kThreads], j);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) m = fmaxf(m, l[k]);
+    }
+    const float row_max = block_max(m, smem);
+    const float mb = row_max * kLog2e;
+
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRegVecs; ++i) {
+        const int j = tid + i * kThreads;
+        if (j < nvec) {
+            float l[8];
+            unpack(l, held[i], j);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) s += exp2f(fmaf(l[k], kLog2e, -mb));
+        }
+    }
+    for (int j = tid + kRegVecs * kThreads; j < nvec; j += kThreads) {
+        float l[8];
+        unpack(l, spill[j - kRegVecs * kThreads], j);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) s += exp2f(fmaf(l[k], kLog2e, -mb));
+    }
+    const float sum = block_sum(s, smem);
+    const float lse = row_max + logf(sum);
+    if (tid == 0) {
+        a.lse_out[n] = lse;
+        a.losses[n] = ignored ? 0.0f : lse - target_logit;
+    }
+
+    const float scale = dlogit_scale(a, ignored);
+    const float lb = lse * kLog2e;
+    auto dlogits = [&](const uint4& raw, int j) {
+        float l[8];
+        unpack8(l, raw);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int v = 8 * j + k;
+            l[k] = v >= V ? 0.0f
+                          : scale * exp2f(fmaf(l[k], kLog2e, -lb)) - (v == target ? scale : 0.0f);
+        }
+        row[j] = pack8(l);
+    };
+#pragma unroll
+    for (int i = 0; i < kRegVecs; ++i) {
+        const int j = tid + i * kThreads;
+        if (j < nvec) dlogits(held[i], j);
+    }
+    for (int j = tid + kRegVecs * kThreads; j < nvec; j += kThreads)
+        dlogits(spill[j - kRegVecs * kThreads], j);
 }
 
 // loss[0] = sum_n losses[n] / count (0 when count is 0), the sum in fp64 in a fixed order.
@@ -111,32 +284,93 @@ struct ChunkWork {
     float* dweight = nullptr;
 };
 
+// Registers per thread that hold the row in held_row_kernel: 8 vectors = 32 registers.
+constexpr int kHeldRegVecs = 8;
+
+int max_dynamic_smem() {
+    int device = 0, bytes = 0;
+    LATHE_CUDA_CHECK(cudaGetDevice(&device));
+    LATHE_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return bytes - 1024;  // the kernel's static reduction slots
+}
+
+template <int kThreads>
+bool try_held(const RowArgs& a, int64_t rows, int64_t nvec, int64_t smem_cap,
+              CUstream_st* stream) {
+    const int64_t smem = std::max<int64_t>(0, nvec - int64_t(kHeldRegVecs) * kThreads) * 16;
+    if (smem > smem_cap) return false;
+    auto kernel = held_row_kernel<kThreads, kHeldRegVecs>;
+    if (smem > 48 * 1024)
+        LATHE_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    kernel<<<unsigned(rows), kThreads, size_t(smem), stream>>>(a);
+    LATHE_CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+// The per-row kernel for one chunk. Forward only and backward only stream (each row is read
+// once either way). Forward + backward holds the row on chip: 512 threads while the row spills
+// at most 48 KiB of shared memory beyond its 16 KiB of registers per 512 threads (V <= 65536:
+// two or more rows per SM), else 1024 threads (up to ~180K on an H100), else the streaming
+// kernel's two reads.
+void launch_rows(const RowArgs& a, int64_t rows, bool vec, CUstream_st* stream) {
+    if (!vec) {
+        stream_row_kernel<1><<<unsigned(rows), kRowThreads, 0, stream>>>(a);
+        LATHE_CUDA_CHECK_LAUNCH();
+        return;
+    }
+    if (a.write_dlogits && a.lse_in == nullptr) {
+        const int64_t nvec = (a.V + 7) / 8;
+        if (try_held<512>(a, rows, nvec, 48 * 1024, stream)) return;
+        if (try_held<1024>(a, rows, nvec, max_dynamic_smem(), stream)) return;
+    }
+    stream_row_kernel<8><<<unsigned(rows), kRowThreads, 0, stream>>>(a);
+    LATHE_CUDA_CHECK_LAUNCH();
+}
+
+// How the f32 scratch (Nc, V) is used: bf16 rows of ld elements, as many as its bytes hold.
+struct ChunkLayout {
+    int64_t ld;    // row stride in bf16 elements
+    int64_t rows;  // rows per chunk
+    bool vec;      // 16-byte vector kernels apply
+};
+
+ChunkLayout chunk_layout(const void* scratch, int64_t V, int64_t Nc) {
+    const int64_t bytes = Nc * V * int64_t(sizeof(float));
+    const int64_t padded = (V + 7) / 8 * 8;
+    if (reinterpret_cast<uintptr_t>(scratch) % 16 == 0 && bytes >= 2 * padded)
+        return {padded, bytes / (2 * padded), true};
+    return {V, 2 * Nc, false};  // a misaligned scratch, or V < 7 with Nc = 1
+}
+
 void run_chunks(CudaState& state, CUstream_st* stream, const ChunkWork& w, const int* count,
                 const bf16* x, const int32_t* targets, const bf16* weight, float* scratch,
                 int64_t N, int64_t C, int64_t V, int64_t Nc) {
-    for (int64_t r0 = 0; r0 < N; r0 += Nc) {
-        const int64_t rows = std::min(Nc, N - r0);
+    const ChunkLayout layout = chunk_layout(scratch, V, Nc);
+    auto* chunk = reinterpret_cast<__nv_bfloat16*>(scratch);
+    for (int64_t r0 = 0; r0 < N; r0 += layout.rows) {
+        const int64_t rows = std::min(layout.rows, N - r0);
         const bf16* xc = x + r0 * C;
-        GemmArgs logits;  // (rows, V) f32 = x_chunk . weight^T
+        GemmArgs logits;  // (rows, V) bf16 = x_chunk . weight^T, fp32 accumulation
         logits.M = rows, logits.N = V, logits.K = C;
         logits.A = xc, logits.lda = C;
         logits.B = weight, logits.ldb = C, logits.trans_b = true;
-        logits.D = scratch, logits.ldd = V, logits.d_dtype = DType::kF32;
+        logits.D = chunk, logits.ldd = layout.ld, logits.d_dtype = DType::kBF16;
         gemm_bf16(state, stream, logits);
-        cross_entropy_block_per_row_kernel<<<unsigned(rows), kRowThreads, 0, stream>>>(
-            scratch, V, r0, targets, w.lse_in, w.lse_out, w.losses, count, w.dloss, w.backward);
-        LATHE_CUDA_CHECK_LAUNCH();
+        RowArgs a{chunk,    layout.ld, V,     r0,      targets,    w.lse_in,
+                  w.lse_out, w.losses, count, w.dloss, w.backward};
+        launch_rows(a, rows, layout.vec, stream);
         if (!w.backward) continue;
-        GemmArgs dx;  // (rows, C) bf16 = dlogits (rows, V; row stride 2V) . weight (V, C)
+        GemmArgs dx;  // (rows, C) bf16 = dlogits (rows, V; row stride ld) . weight (V, C)
         dx.M = rows, dx.N = C, dx.K = V;
-        dx.A = scratch, dx.lda = 2 * V;
+        dx.A = chunk, dx.lda = layout.ld;
         dx.B = weight, dx.ldb = C;
         dx.D = w.dx + r0 * C, dx.ldd = C, dx.d_dtype = DType::kBF16;
         gemm_bf16(state, stream, dx);
         if (w.dweight == nullptr) continue;
         GemmArgs dw;  // (V, C) f32 += dlogits^T (V, rows) . x_chunk (rows, C)
         dw.M = V, dw.N = C, dw.K = rows;
-        dw.A = scratch, dw.lda = 2 * V, dw.trans_a = true;
+        dw.A = chunk, dw.lda = layout.ld, dw.trans_a = true;
         dw.B = xc, dw.ldb = C;
         dw.D = w.dweight, dw.ldd = C, dw.d_dtype = DType::kF32;
         dw.beta = 1.0f;
@@ -167,8 +401,9 @@ void mean_loss(float* loss, const float* losses, const int* count, int64_t N, CU
     LATHE_CUDA_CHECK_LAUNCH();
 }
 
-void check_sizes(const char* op, int64_t N, int64_t Nc) {
-    LATHE_CHECK(N < INT32_MAX && Nc < INT32_MAX && Nc >= 1, "{}: N={} Nc={}", op, N, Nc);
+void check_sizes(const char* op, int64_t N, int64_t Nc, int64_t V) {
+    LATHE_CHECK(N < INT32_MAX && Nc < INT32_MAX / 2 && Nc >= 1 && V >= 1 && V < (int64_t(1) << 30),
+                "{}: N={} Nc={} V={}", op, N, Nc, V);
 }
 
 }  // namespace
@@ -178,7 +413,7 @@ void lm_head_cross_entropy_forward(CudaState& state, CUstream_st* stream, float*
                                    const bf16* weight, float* scratch, int64_t N, int64_t C,
                                    int64_t V, int64_t Nc) {
     constexpr const char* kOp = "lm_head_cross_entropy_forward";
-    check_sizes(kOp, N, Nc);
+    check_sizes(kOp, N, Nc, V);
     const OpScratch s = op_scratch(state, N, losses ? 0 : 1, kOp);
     count_targets(s.count, targets, N, V, stream);
     ChunkWork w;
@@ -193,7 +428,7 @@ void lm_head_cross_entropy_backward(CudaState& state, CUstream_st* stream, bf16*
                                     const float* lse, float dloss, float* scratch, int64_t N,
                                     int64_t C, int64_t V, int64_t Nc) {
     constexpr const char* kOp = "lm_head_cross_entropy_backward";
-    check_sizes(kOp, N, Nc);
+    check_sizes(kOp, N, Nc, V);
     const OpScratch s = op_scratch(state, N, 0, kOp);
     count_targets(s.count, targets, N, V, stream);
     ChunkWork w;
@@ -211,7 +446,7 @@ void lm_head_cross_entropy_forward_backward(CudaState& state, CUstream_st* strea
                                             float* scratch, int64_t N, int64_t C, int64_t V,
                                             int64_t Nc) {
     constexpr const char* kOp = "lm_head_cross_entropy_forward_backward";
-    check_sizes(kOp, N, Nc);
+    check_sizes(kOp, N, Nc, V);
     const OpScratch s = op_scratch(state, N, 2, kOp);
     count_targets(s.count, targets, N, V, stream);
     ChunkWork w;
@@ -223,6 +458,18 @@ void lm_head_cross_entropy_forward_backward(CudaState& state, CUstream_st* strea
     w.dweight = dweight;
     run_chunks(state, stream, w, s.count, x, targets, weight, scratch, N, C, V, Nc);
     mean_loss(loss, w.losses, s.count, N, stream);
+}
+
+void cross_entropy_rows_forward_backward(CUstream_st* stream, bf16* logits, int64_t ld,
+                                         int64_t rows, int64_t V, const int32_t* targets,
+                                         float* lse, float* losses, const int* count,
+                                         float dloss) {
+    LATHE_CHECK(rows >= 1 && rows < INT32_MAX && V >= 1 && V < (int64_t(1) << 30) && ld >= V,
+                "cross_entropy_rows_forward_backward: rows={} V={} ld={}", rows, V, ld);
+    const bool vec = ld % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+    RowArgs a{reinterpret_cast<__nv_bfloat16*>(logits), ld, V, 0, targets, nullptr, lse, losses,
+              count, dloss, true};
+    launch_rows(a, rows, vec, stream);
 }
 
 }  // namespace lathe::cuda

@@ -3,16 +3,37 @@
 // x (N, C) bf16, weight (V, C) bf16, targets (N) i32 (-100 = ignored); loss (1), losses (N) (may be
 // null), lse (N) f32; dx (N, C) bf16 (=); dweight (V, C) f32 (+=, may be null).
 //
-// Rows go Nc at a time (Nc = the scratch's rows); per chunk of r <= Nc rows:
-//   1. cuBLASLt: logits (r, V) f32 in scratch = x_chunk . weight^T (fp32 accumulation)
-//   2. one block per row: max and sum of exponentials (per-thread online max/sum, then a fixed
-//      block reduction), lse and the row's loss; for a backward, dlogits
-//      = dloss / count * (softmax - onehot(target)) rounded to bf16 and written over the row's own
-//      first 2V bytes (a bf16 matrix with row stride 2V elements inside the f32 scratch: tile by
-//      tile, every thread reads its f32 logits, the block synchronizes, then writes, so no write
-//      lands on a logit not yet read). Only the (Nc, V) f32 chunk ever exists.
+// The chunk. The dispatcher passes the memory plan's (Nc, V) f32 scratch; this backend uses its
+// bytes as bf16 logits: rows of ld = round_up(V, 8) elements (16-byte aligned rows, so cuBLASLt
+// and the row kernels use 16-byte accesses; the padding columns are never read as logits), as
+// many rows as the bytes hold: R = floor(4 Nc V / 2 ld) = 2 Nc when V % 8 == 0. (A scratch that is
+// not 16-byte aligned, or one too small for a padded row, falls back to ld = V, R = 2 Nc and
+// scalar accesses.) So the memory plan's Nc counts f32 rows and the CUDA op runs 2x as many bf16
+// rows per chunk in the same bytes. Per chunk of r <= R rows:
+//   1. cuBLASLt: logits (r, V) bf16 in the chunk = x_chunk . weight^T (fp32 accumulation, one
+//      rounding to bf16 per logit).
+//   2. one block per row, fp32 math from the bf16 logits:
+//      - forward_backward: the row is read from HBM once and held on chip (16-byte vectors, the
+//        first 8 per thread in registers, the rest in shared memory: 512 threads and <= 48 KiB
+//        for V <= 65536, so two or more rows per SM; 1024 threads up to about V = 180K on an
+//        H100), then max, sum of exp(l - max), lse and the row's loss, then dlogits = dloss /
+//        count * (softmax - onehot(target)) rounded to bf16 and written over the same bytes
+//        (each thread writes back exactly the vectors it read, so in place needs no barrier).
+//        Longer rows: the streaming kernel below, reading the row twice (the second mostly L2).
+//      - forward: one streaming read (per-thread online max/sum), lse and loss.
+//      - backward (lse given): one streaming read and the dlogits written in place.
+//      Every reduction is per-thread partials then a fixed-order block reduction: deterministic.
 //   3. cuBLASLt: dx_chunk (r, C) bf16 = dlogits . weight;  dweight (V, C) f32 += dlogits^T .
 //   x_chunk
+// Traffic per row in forward_backward: 2V bytes written by the GEMM, 2V read and 2V written by
+// the row kernel, 2V read by each of the two backward GEMMs (the f32 chunk of before: 4V + 8V +
+// 2V + 2V + 2V).
+// Accuracy: the loss and lse come from bf16-rounded logits, as under torch autocast (its bf16
+// lm_head output feeds cross_entropy). Rounding moves each logit by at most u|l| (u = 2^-8), so
+// |lse - lse_f32| <= u max_v |l_v| (lse is 1-Lipschitz in the max norm) and the row loss moves by
+// at most u (max_v |l_v| + |l_target|): for GPT-2-scale logits (|l| <~ 20) <= 0.16 in the worst
+// case, typically ~u times the softmax-weighted |l| (1e-2 or less), far below the step-to-step
+// noise of a training loss. The softmax in dlogits inherits a relative error <= 2u max|l|.
 // count (rows with a target) is reduced on the device, so nothing waits for the host; a target
 // neither -100 nor in [0, V) traps the kernel. The mean loss is an fp64 sum over rows in a fixed
 // order. Deterministic. The state's scratch holds count, and lse/losses where the caller gives
@@ -45,5 +66,14 @@ void lm_head_cross_entropy_forward_backward(CudaState& state, CUstream_st* strea
                                             const int32_t* targets, const bf16* weight, float dloss,
                                             float* scratch, int64_t N, int64_t C, int64_t V,
                                             int64_t Nc);
+
+// The forward+backward row kernel of step 2 alone, for timing it (bench/cuda_ops_bench.cu):
+// `rows` rows of bf16 logits with row stride ld (>= V) at `logits` become dlogits in place;
+// lse and losses (rows) are written; count is a device int (the divisor of the mean), dloss the
+// loss gradient. Rows are indexed from 0 into targets, lse and losses.
+void cross_entropy_rows_forward_backward(CUstream_st* stream, bf16* logits, int64_t ld,
+                                         int64_t rows, int64_t V, const int32_t* targets,
+                                         float* lse, float* losses, const int* count,
+                                         float dloss);
 
 }  // namespace lathe::cuda
