@@ -7,7 +7,10 @@
 // measured copy bandwidth, or its matmul FLOPs over the measured bf16 GEMM rate, whichever is
 // larger (METHOD.md, "two numbers first"). Built and run by scripts/gpu-ops-test.sh.
 //
-//   cuda_ops_bench [--copy-gbps 3000] [--gemm-tflops 780]
+//   cuda_ops_bench [--copy-gbps 3000] [--gemm-tflops 780] [--only SUBSTRING]
+//
+// --only times just the ops whose name contains one of the comma-separated substrings (e.g.
+// "norm_backward,column_sum").
 //
 // Inputs are pseudo-random (never zeros), each op is warmed up 3 times, then timed 20 times with
 // CUDA events; the median is printed. The ceilings default to the H100 numbers in DESIGN.md.
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "ops/adamw.h"
+#include "ops/cuda/column_reduce.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/embedding.h"
@@ -71,6 +75,7 @@ struct Bench {
     uint32_t seed = 1;
     double copy_bytes_per_s = 3.0e12;
     double gemm_flops_per_s = 780e12;
+    std::vector<std::string> only;  // time only ops whose name contains one of these
 
     // A device tensor filled with uniform values in [-scale, scale) (ids: in [0, modulo)).
     TensorView tensor(DType dtype, Shape shape, float scale = 1.0f, int32_t modulo = 1) {
@@ -90,6 +95,10 @@ struct Bench {
     // Median milliseconds of `fn` over 20 runs after 3 warm-ups; prints a table row.
     void time(const std::string& name, const std::string& shape, double bytes, double flops,
               const std::function<void()>& fn) {
+        if (!only.empty() && std::none_of(only.begin(), only.end(), [&](const std::string& o) {
+                return name.find(o) != std::string::npos;
+            }))
+            return;
         for (int i = 0; i < 3; ++i) fn();
         cudaEvent_t start, stop;
         LATHE_CUDA_CHECK(cudaEventCreate(&start));
@@ -140,9 +149,26 @@ TensorView embedding_ids(Bench& b, Shape shape, int64_t V, bool text_like, int64
     return t;
 }
 
+// The deterministic column sum behind every linear bias gradient (column_reduce.h, both passes):
+// db (C) f32 += sum over N rows of dy (N, C) bf16. Floor: reading dy once.
+void column_sum(Bench& b, int64_t N, int64_t C) {
+    auto dy = b.tensor(DType::kBF16, {N, C}), db = b.tensor(DType::kF32, {C});
+    b.time("column_sum (linear dbias)", "N=" + std::to_string(N) + " C=" + std::to_string(C),
+           2.0 * N * C, 0, [&] {
+               cuda::column_sum_bf16_accumulate(b.state, b.state.stream(),
+                                                static_cast<float*>(db.data()),
+                                                static_cast<const bf16*>(dy.data()), N, C,
+                                                "column_sum");
+           });
+    b.release();
+}
+
 void gpt2(Bench& b) {
     const int64_t B = 32, T = 1024, N = B * T, C = 768, V = 50257, F = 4 * C, P = 1024;
     const std::string s = "N=32768 C=768";
+    column_sum(b, N, C);
+    column_sum(b, N, 3 * C);
+    column_sum(b, N, F);
     {
         auto x = b.tensor(DType::kBF16, {N, C}), w = b.tensor(DType::kBF16, {3 * C, C}, 0.05f);
         auto bias = b.tensor(DType::kBF16, {3 * C}), y = b.tensor(DType::kBF16, {N, 3 * C});
@@ -163,7 +189,8 @@ void gpt2(Bench& b) {
         auto dw = b.tensor(DType::kF32, {C}), db = b.tensor(DType::kF32, {C});
         b.time("layernorm_forward", s, 2.0 * 2 * N * C, 0,
                [&] { layernorm_forward(y, mean, rstd, x, w, bias, 1e-5f, b.ctx); });
-        b.time("layernorm_backward", s, 2.0 * 3 * N * C, 0, [&] {
+        // dx accumulates (the residual stream's gradient): x, dy, dx read, dx written.
+        b.time("layernorm_backward (dx +=, dw, db)", s, 2.0 * 4 * N * C, 0, [&] {
             layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, GradMode::kAccumulate, b.ctx);
         });
         auto out = b.tensor(DType::kBF16, {N, C});
@@ -245,6 +272,7 @@ void gpt2(Bench& b) {
 void llama1b(Bench& b) {
     const int64_t B = 8, T = 2048, N = B * T, C = 2048, F = 8192, H = 32, Hkv = 8, D = 64;
     const std::string s = "N=16384 C=2048";
+    column_sum(b, N, C);
     {
         // Llama 3's vocabulary, no learned positions: dwte only.
         const int64_t V = 128256;
@@ -268,7 +296,7 @@ void llama1b(Bench& b) {
         auto dw = b.tensor(DType::kF32, {C});
         b.time("rmsnorm_forward", s, 2.0 * 2 * N * C, 0,
                [&] { rmsnorm_forward(y, rstd, x, w, 1e-5f, b.ctx); });
-        b.time("rmsnorm_backward", s, 2.0 * 3 * N * C, 0, [&] {
+        b.time("rmsnorm_backward (dx +=, dw)", s, 2.0 * 4 * N * C, 0, [&] {
             rmsnorm_backward(dx, dw, dy, x, w, rstd, GradMode::kAccumulate, b.ctx);
         });
         b.release();
@@ -307,6 +335,14 @@ int main(int argc, char** argv) {
         if (std::strcmp(argv[i], "--copy-gbps") == 0) b.copy_bytes_per_s = std::atof(argv[i + 1]) * 1e9;
         if (std::strcmp(argv[i], "--gemm-tflops") == 0)
             b.gemm_flops_per_s = std::atof(argv[i + 1]) * 1e12;
+        if (std::strcmp(argv[i], "--only") == 0) {
+            std::string list = argv[i + 1];
+            for (size_t at = 0; at <= list.size();) {
+                const size_t comma = std::min(list.find(',', at), list.size());
+                if (comma > at) b.only.push_back(list.substr(at, comma - at));
+                at = comma + 1;
+            }
+        }
     }
     cudaDeviceProp prop{};
     LATHE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
