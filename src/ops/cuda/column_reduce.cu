@@ -12,8 +12,8 @@ namespace lathe::cuda {
 
 namespace {
 
-constexpr int kReduceColumns = 16;  // pass 2: columns per block
-constexpr int kReduceGroups = 16;   // pass 2: row groups per column
+constexpr int kReduceColumns = 8;  // pass 2: columns per block (one 32-byte sector per row)
+constexpr int kReduceGroups = 32;  // pass 2: row groups per column
 constexpr int kReduceThreads = kReduceColumns * kReduceGroups;
 
 // f = src: a bias gradient's rows.
@@ -29,15 +29,19 @@ struct ColumnSumRows {
 
 // Thread (g, j) of a block adds partials r = g, g + kReduceGroups, ... of column
 // kReduceColumns * blockIdx.x + j in order of r; thread (0, j) adds the group sums in group order.
+// blockIdx.y picks the array: dst0 from partials, dst1 from partials + R * C.
 __global__ void __launch_bounds__(kReduceThreads)
-    column_partials_accumulate_kernel(float* __restrict__ dst, const float* __restrict__ partials,
-                                      int64_t R, int64_t C) {
+    column_partials_accumulate_kernel(float* __restrict__ dst0, float* __restrict__ dst1,
+                                      const float* __restrict__ partials, int64_t R, int64_t C) {
     __shared__ float smem[kReduceGroups][kReduceColumns];
+    const bool second = blockIdx.y == 1 || dst0 == nullptr;  // (grid.y is 1 when one is null)
+    float* dst = second ? dst1 : dst0;
+    if (second) partials += R * C;
     const int j = threadIdx.x % kReduceColumns, g = threadIdx.x / kReduceColumns;
     const int64_t c = int64_t(blockIdx.x) * kReduceColumns + j;
     float sum = 0.0f;
     if (c < C) {
-#pragma unroll 4
+#pragma unroll 8
         for (int64_t r = g; r < R; r += kReduceGroups) sum += partials[r * C + c];
     }
     smem[g][j] = sum;
@@ -53,9 +57,16 @@ __global__ void __launch_bounds__(kReduceThreads)
 
 void column_partials_accumulate(float* dst, const float* partials, int64_t R, int64_t C,
                                 CUstream_st* stream) {
-    if (C == 0) return;
-    column_partials_accumulate_kernel<<<blocks_for(C, kReduceColumns, INT32_MAX), kReduceThreads,
-                                        0, stream>>>(dst, partials, R, C);
+    column_partials_accumulate2(dst, nullptr, partials, R, C, stream);
+}
+
+void column_partials_accumulate2(float* dst0, float* dst1, const float* partials, int64_t R,
+                                 int64_t C, CUstream_st* stream) {
+    const unsigned arrays = (dst0 ? 1u : 0u) + (dst1 ? 1u : 0u);
+    if (C == 0 || arrays == 0) return;
+    const dim3 grid(blocks_for(C, kReduceColumns, INT32_MAX), arrays);
+    column_partials_accumulate_kernel<<<grid, kReduceThreads, 0, stream>>>(dst0, dst1, partials,
+                                                                           R, C);
     LATHE_CUDA_CHECK_LAUNCH();
 }
 

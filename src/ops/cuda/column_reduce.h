@@ -50,11 +50,16 @@ inline int64_t column_reduce_rows_per_chunk(int64_t N, int64_t R) {
 }
 
 // Pass 2: dst[c] += sum_{r < R} partials[r * C + c], dst (C) f32. The R partials of a column
-// are split round-robin over 16 groups (group g adds r = g, g + 16, ... in order), then the 16
-// group sums are added in group order: fixed by R. One block per 16 columns, so R is read in
+// are split round-robin over 32 groups (group g adds r = g, g + 32, ... in order), then the 32
+// group sums are added in group order: fixed by R. One block per 8 columns, so R is read in
 // parallel (the old one-thread-per-column loop was latency bound: 17 us for C = 768).
 void column_partials_accumulate(float* dst, const float* partials, int64_t R, int64_t C,
                                 CUstream_st* stream);
+
+// Pass 2 of two (R, C) arrays in one launch: dst0 from partials, dst1 from partials + R * C;
+// a null destination is skipped (same bits as column_partials_accumulate on each array).
+void column_partials_accumulate2(float* dst0, float* dst1, const float* partials, int64_t R,
+                                 int64_t C, CUstream_st* stream);
 
 // Both passes for dst[c] += sum_n src[n, c], src (N, C) bf16, dst (C) f32; the partials live in
 // the state's scratch (R * C floats, checked against its size with `op` in the message).

@@ -251,8 +251,7 @@ void layernorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* 
             default: launch(layernorm_backward_fused_kernel<8>); break;
         }
         LATHE_CUDA_CHECK_LAUNCH();
-        if (dweight) column_partials_accumulate(dweight, partials, R, C, stream);
-        if (dbias) column_partials_accumulate(dbias, partials + R * C, R, C, stream);
+        column_partials_accumulate2(dweight, dbias, partials, R, C, stream);
         return;
     }
     const unsigned blocks = blocks_for(N, kRowsPerBlock, INT32_MAX);
@@ -269,13 +268,10 @@ void layernorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* 
     const int64_t R = column_reduce_chunks(N, C);
     float* partials =
         static_cast<float*>(state.scratch(2 * size_t(R * C) * sizeof(float), "layernorm_backward"));
-    float* dw_partials = partials;
-    float* db_partials = partials + R * C;
     launch_column_partials<2>(partials, keep, LayernormParamRows{dyb, xb, mean, rstd, C}, vec, N,
                               C, R, stream);
     LATHE_CUDA_CHECK_LAUNCH();
-    if (dweight) column_partials_accumulate(dweight, dw_partials, R, C, stream);
-    if (dbias) column_partials_accumulate(dbias, db_partials, R, C, stream);
+    column_partials_accumulate2(dweight, dbias, partials, R, C, stream);
 }
 
 }  // namespace lathe::cuda
