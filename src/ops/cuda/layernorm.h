@@ -4,7 +4,9 @@
 //   backward: dx (N, C) bf16 (= or += per dx_accumulate); dweight, dbias (C) f32 += (null: frozen)
 // Kernels: one warp per row (16-byte loads when C % 8 == 0); the variance from a second pass over
 // the row (x - mean)^2, not E[x^2] - mean^2, so large means do not cancel. dweight and dbias
-// through per-chunk partial sums and a second pass (column_reduce.h). Deterministic.
+// through per-chunk partial sums and a second pass (column_reduce.h); with C % 8 == 0 and
+// C <= 2048 one kernel computes dx and the partials (x and dy read once). Deterministic: every
+// summation order depends on N and C only.
 // Device pointers; enqueued on `stream` (the state's, which holds the partials).
 
 #include <cstdint>
