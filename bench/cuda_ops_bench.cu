@@ -32,6 +32,7 @@
 #include "ops/cuda/column_reduce.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
+#include "ops/cuda/lm_head_cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/gelu.h"
 #include "ops/grad_norm.h"
@@ -163,6 +164,43 @@ void column_sum(Bench& b, int64_t N, int64_t C) {
     b.release();
 }
 
+// The LM head + cross-entropy at a training shape, with the memory plan's chunk (512 MiB of f32
+// rows, kLmHeadChunkBytesCuda; the op runs twice as many bf16 rows in it), and its row kernel
+// alone on one full chunk of bf16 logits: each logit read once and its dlogit written once
+// (4 bytes per element), the number to hold against the copy bandwidth.
+void lm_head(Bench& b, int64_t N, int64_t C, int64_t V) {
+    const int64_t Nc = std::min<int64_t>(N, (int64_t(512) << 20) / (4 * V));
+    const std::string s = "N=" + std::to_string(N) + " C=" + std::to_string(C) +
+                          " V=" + std::to_string(V);
+    auto x = b.tensor(DType::kBF16, {N, C}), w = b.tensor(DType::kBF16, {V, C}, 0.05f);
+    auto targets = b.tensor(DType::kI32, {N}, 1.0f, int32_t(V));
+    auto scratch = b.tensor(DType::kF32, {Nc, V});
+    auto loss = b.tensor(DType::kF32, {1}), dx = b.tensor(DType::kBF16, {N, C});
+    auto dw = b.tensor(DType::kF32, {V, C});
+    b.time("lm_head_ce forward_backward", s, 2.0 * (2 * N * C + V * C) + 4.0 * V * C * 2,
+           3 * 2.0 * N * C * V, [&] {
+               lm_head_cross_entropy_forward_backward(loss, TensorView(), dx, dw, x, targets, w,
+                                                      1.0f, scratch, b.ctx);
+           });
+    // The row kernel on one chunk: R = 2 Nc bf16 rows of V (V % 8 == 0 here, so no padding).
+    const int64_t R = std::min<int64_t>(N, 2 * Nc);
+    auto logits = b.tensor(DType::kBF16, {R, V}, 8.0f);
+    auto lse = b.tensor(DType::kF32, {R}), losses = b.tensor(DType::kF32, {R});
+    auto count = b.tensor(DType::kI32, {1});
+    const int32_t rows = int32_t(R);
+    LATHE_CUDA_CHECK(cudaMemcpyAsync(count.data(), &rows, sizeof(rows), cudaMemcpyHostToDevice,
+                                     b.state.stream()));
+    // After the first run the chunk holds dlogits, which serve as the next run's logits: the
+    // held-row kernel's time does not depend on the values.
+    const std::string rs = "R=" + std::to_string(R) + " V=" + std::to_string(V);
+    b.time("lm_head ce row kernel (fwd+bwd)", rs, 4.0 * R * V, 0, [&] {
+        cuda::cross_entropy_rows_forward_backward(b.state.stream(), logits.as<bf16>(), V, R, V,
+                                                  targets.as<int32_t>(), lse.as<float>(),
+                                                  losses.as<float>(), count.as<int32_t>(), 1.0f);
+    });
+    b.release();
+}
+
 void gpt2(Bench& b) {
     const int64_t B = 32, T = 1024, N = B * T, C = 768, V = 50257, F = 4 * C, P = 1024;
     const std::string s = "N=32768 C=768";
@@ -230,20 +268,7 @@ void gpt2(Bench& b) {
                [&] { embedding_backward(dwte, dwpe, dout, zipf, ConstTensorView(), b.ctx); });
         b.release();
     }
-    {
-        const int64_t Nc = 4096;
-        auto x = b.tensor(DType::kBF16, {N, C}), w = b.tensor(DType::kBF16, {V, C}, 0.05f);
-        auto targets = b.tensor(DType::kI32, {N}, 1.0f, int32_t(V));
-        auto scratch = b.tensor(DType::kF32, {Nc, V});
-        auto loss = b.tensor(DType::kF32, {1}), dx = b.tensor(DType::kBF16, {N, C});
-        auto dw = b.tensor(DType::kF32, {V, C});
-        b.time("lm_head_ce forward_backward", "N=32768 C=768 V=50257 Nc=4096",
-               2.0 * (2 * N * C + V * C) + 4.0 * V * C * 2, 3 * 2.0 * N * C * V, [&] {
-                   lm_head_cross_entropy_forward_backward(loss, TensorView(), dx, dw, x, targets,
-                                                          w, 1.0f, scratch, b.ctx);
-               });
-        b.release();
-    }
+    lm_head(b, N, C, (V + 127) / 128 * 128);  // the vocabulary padded as trained: 50304
     {
         const int64_t params = 124439808;
         auto p = b.tensor(DType::kF32, {params}), m = b.tensor(DType::kF32, {params});
@@ -324,6 +349,7 @@ void llama1b(Bench& b) {
                [&] { rope_backward(k, k, ConstTensorView(), cos, sin, b.ctx); });
         b.release();
     }
+    lm_head(b, N, C, 128256);
 }
 
 }  // namespace
