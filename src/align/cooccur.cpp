@@ -36,8 +36,8 @@ public:
     static constexpr size_t kSlotBytes = sizeof(uint64_t) + sizeof(double);
 
     explicit PairTable(size_t max_capacity)
-        : max_capacity_(std::max<size_t>(std::bit_floor(std::max<size_t>(max_capacity, 1024)),
-                                         1024)) {
+        : max_capacity_(
+              std::max<size_t>(std::bit_floor(std::max<size_t>(max_capacity, 1024)), 1024)) {
         reset(std::min<size_t>(max_capacity_, 1 << 16));
     }
 
@@ -211,8 +211,7 @@ std::vector<CooccurEntry> cooccur_count(const IndexedDataset& data, const EmbedV
     {
         std::vector<int64_t> load(size_t(threads), 0);
         for (int64_t r = 0; r < V; ++r) {
-            const size_t s =
-                size_t(std::min_element(load.begin(), load.end()) - load.begin());
+            const size_t s = size_t(std::min_element(load.begin(), load.end()) - load.begin());
             shard_of_row[size_t(r)] = uint16_t(s);
             load[s] += vocab.count_of_row[size_t(r)];
         }
@@ -224,7 +223,8 @@ std::vector<CooccurEntry> cooccur_count(const IndexedDataset& data, const EmbedV
     const size_t table_slots =
         std::max<size_t>(options.memory_bytes / PairTable::kSlotBytes / size_t(threads), 1024);
     const uint64_t docs = data.document_count();
-    std::vector<std::vector<std::pair<uint64_t, double>>> shard_entries(static_cast<size_t>(threads));
+    std::vector<std::vector<std::pair<uint64_t, double>>> shard_entries(
+        static_cast<size_t>(threads));
     std::vector<size_t> shard_flushes(size_t(threads), 0);
     Progress progress("co-occurrence", data.bin_bytes(), "docs");
     const double bytes_per_doc = docs > 0 ? double(data.bin_bytes()) / double(docs) : 0.0;
@@ -240,9 +240,8 @@ std::vector<CooccurEntry> cooccur_count(const IndexedDataset& data, const EmbedV
             rows.clear();
             for (int64_t id : tokens) {
                 // ids were validated by embed_count_vocab; ids past the table were never counted.
-                const int32_t r = size_t(id) < vocab.row_of_token.size()
-                                      ? vocab.row_of_token[size_t(id)]
-                                      : -1;
+                const int32_t r =
+                    size_t(id) < vocab.row_of_token.size() ? vocab.row_of_token[size_t(id)] : -1;
                 if (r >= 0) rows.push_back(uint32_t(r));
             }
             const int64_t n = int64_t(rows.size());
@@ -274,9 +273,10 @@ std::vector<CooccurEntry> cooccur_count(const IndexedDataset& data, const EmbedV
     size_t flushes = 0;
     for (size_t f : shard_flushes) flushes += f;
     if (flushes > 0)
-        log_info("co-occurrence: the counting tables filled {} times (memory limit {}); runs "
-                 "merged",
-                 flushes, Progress::format_bytes(double(options.memory_bytes)));
+        log_info(
+            "co-occurrence: the counting tables filled {} times (memory limit {}); runs "
+            "merged",
+            flushes, Progress::format_bytes(double(options.memory_bytes)));
 
     // Place every shard's sorted entries at its rows' offsets: the result is sorted by (row, col).
     std::vector<uint64_t> offset(size_t(V) + 1, 0);

@@ -47,9 +47,9 @@ struct CooccurEntry {
 };
 
 struct CooccurOptions {
-    int window = 15;                  // context tokens on each side
-    bool distance_weighting = true;   // 1/distance (GloVe's default) or 1
-    int threads = 0;                  // 0: all cores
+    int window = 15;                            // context tokens on each side
+    bool distance_weighting = true;             // 1/distance (GloVe's default) or 1
+    int threads = 0;                            // 0: all cores
     uint64_t memory_bytes = uint64_t{4} << 30;  // soft limit for the counting tables, all threads
 };
 

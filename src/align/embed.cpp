@@ -25,13 +25,15 @@ Status check_options(const EmbedOptions& o) {
     if (o.dim < 1 || o.dim > 4096)
         return invalid_argument_error("--dim {}: must be in [1, 4096]", o.dim);
     if (o.window < 0 || o.window > 1000)
-        return invalid_argument_error("--window {}: must be in [1, 1000] (0: the method's default)", o.window);
+        return invalid_argument_error("--window {}: must be in [1, 1000] (0: the method's default)",
+                                      o.window);
     if (o.min_count < 1)
         return invalid_argument_error("--min-count {}: must be at least 1", o.min_count);
     if (o.iters < 1) return invalid_argument_error("--iters {}: must be at least 1", o.iters);
     if (!(o.x_max > 0)) return invalid_argument_error("--x-max {}: must be > 0", o.x_max);
     if (!(o.alpha > 0)) return invalid_argument_error("--alpha {}: must be > 0", o.alpha);
-    if (o.lr < 0) return invalid_argument_error("--lr {}: must be > 0 (or 0 for the default)", o.lr);
+    if (o.lr < 0)
+        return invalid_argument_error("--lr {}: must be > 0 (or 0 for the default)", o.lr);
     if (o.negative < 1 || o.negative > 100)
         return invalid_argument_error("--negative {}: must be in [1, 100]", o.negative);
     if (!(o.subsample > 0))
@@ -123,17 +125,17 @@ Result<EmbedReport> embed_tokens(const EmbedOptions& options) {
     const int threads = embed_thread_count(options.threads);
     std::string gpu_name;
     LATHE_ASSIGN_OR_RETURN(const bool use_cuda, choose_cuda(options.device, gpu_name));
-    report.device = use_cuda ? "cuda (" + gpu_name + ")"
-                             : "cpu (" + std::to_string(threads) + " threads)";
+    report.device =
+        use_cuda ? "cuda (" + gpu_name + ")" : "cpu (" + std::to_string(threads) + " threads)";
 
     auto t0 = std::chrono::steady_clock::now();
-    LATHE_ASSIGN_OR_RETURN(EmbedVocab vocab,
-                           embed_count_vocab(data, options.min_count, threads));
+    LATHE_ASSIGN_OR_RETURN(EmbedVocab vocab, embed_count_vocab(data, options.min_count, threads));
     report.documents = vocab.documents;
     report.corpus_tokens = vocab.corpus_tokens;
     report.vocab = vocab.size();
-    log_info("embed: {} tokens in {} documents, {} distinct ids seen >= {} times", Progress::format_count(double(vocab.corpus_tokens)),
-             vocab.documents, vocab.size(), options.min_count);
+    log_info("embed: {} tokens in {} documents, {} distinct ids seen >= {} times",
+             Progress::format_count(double(vocab.corpus_tokens)), vocab.documents, vocab.size(),
+             options.min_count);
 
     TokenVectors out;
     out.dim = options.dim;

@@ -27,19 +27,19 @@ struct EmbedOptions {
     std::string output;  // vectors, GloVe text
     EmbedMethod method = EmbedMethod::kGlove;
     int64_t dim = 300;
-    int window = 0;        // 0: the method's default (GloVe 15 as TokAlign, SGNS 5 as fastText)
+    int window = 0;  // 0: the method's default (GloVe 15 as TokAlign, SGNS 5 as fastText)
     int64_t min_count = 5;
-    int iters = 15;        // GloVe iterations / SGNS epochs
-    double x_max = 10.0;   // GloVe
-    double alpha = 0.75;   // GloVe
-    double lr = 0.0;       // 0: the method's default (GloVe 0.05, SGNS 0.05)
-    int negative = 5;      // SGNS
+    int iters = 15;           // GloVe iterations / SGNS epochs
+    double x_max = 10.0;      // GloVe
+    double alpha = 0.75;      // GloVe
+    double lr = 0.0;          // 0: the method's default (GloVe 0.05, SGNS 0.05)
+    int negative = 5;         // SGNS
     double subsample = 1e-4;  // SGNS
-    int threads = 0;       // CPU threads (0: all cores)
+    int threads = 0;          // CPU threads (0: all cores)
     EmbedDevice device = EmbedDevice::kAuto;
     uint64_t seed = 1;
     uint64_t memory_bytes = uint64_t{8} << 30;  // co-occurrence tables, soft
-    bool force = false;    // recompute even when the output is up to date
+    bool force = false;                         // recompute even when the output is up to date
 };
 
 struct EmbedReport {
@@ -47,9 +47,9 @@ struct EmbedReport {
     std::string device;    // "cuda (NVIDIA H100 80GB HBM3)", "cpu (16 threads)"
     int64_t documents = 0;
     int64_t corpus_tokens = 0;
-    int64_t vocab = 0;          // tokens with vectors (seen >= min_count times)
-    int64_t entries = 0;        // GloVe: co-occurrence nonzeros; SGNS: tokens trained per epoch
-    double final_cost = 0.0;    // GloVe: mean weighted squared error; SGNS: mean loss
+    int64_t vocab = 0;           // tokens with vectors (seen >= min_count times)
+    int64_t entries = 0;         // GloVe: co-occurrence nonzeros; SGNS: tokens trained per epoch
+    double final_cost = 0.0;     // GloVe: mean weighted squared error; SGNS: mean loss
     double count_seconds = 0.0;  // vocabulary + co-occurrence
     double train_seconds = 0.0;
     double write_seconds = 0.0;

@@ -46,7 +46,9 @@ public:
 #endif
     }
     // Uniform float in [0, 1), 24 random bits.
-    LATHE_EMBED_HD float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f); }
+    LATHE_EMBED_HD float uniform() {
+        return float(next() >> 40) * (1.0f / 16777216.0f);
+    }
 
 private:
     uint64_t state_;

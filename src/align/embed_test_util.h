@@ -16,8 +16,8 @@
 namespace lathe::embedtest {
 
 inline std::string temp_dir() {
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("lathe_embed_test_" + std::to_string(::getpid()));
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("lathe_embed_test_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
     return dir.string();
 }

@@ -33,8 +33,8 @@ __global__ void glove_epoch_hogwild_kernel(const GloveEntry* __restrict__ entrie
                                            float* __restrict__ w, float* __restrict__ c,
                                            float* __restrict__ bw, float* __restrict__ bc,
                                            float* __restrict__ gw, float* __restrict__ gc,
-                                           float* __restrict__ gbw, float* __restrict__ gbc,
-                                           int D, float lr, float clip,
+                                           float* __restrict__ gbw, float* __restrict__ gbc, int D,
+                                           float lr, float clip,
                                            double* __restrict__ cost_per_warp) {
     const int lane = threadIdx.x & (kWarpSize - 1);
     const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
@@ -212,8 +212,8 @@ double GloveCuda::epoch(double lr, double grad_clip) {
 }
 
 void GloveCuda::download(GloveModel& model) const {
-    LATHE_CHECK(model.V == V_ && model.D == D_, "model {}x{} vs device {}x{}", model.V, model.D,
-                V_, D_);
+    LATHE_CHECK(model.V == V_ && model.D == D_, "model {}x{} vs device {}x{}", model.V, model.D, V_,
+                D_);
     const Buffers& b = *buffers_;
     download_to(model.w, b.w, b.stream);
     download_to(model.c, b.c, b.stream);

@@ -47,30 +47,30 @@ namespace lathe {
 
 // One training entry (16 bytes): the co-occurrence (a, b) with log x and f(x) precomputed.
 struct GloveEntry {
-    uint32_t row;    // a
-    uint32_t col;    // b
-    float log_x;     // log(x), fp32 of the double log
-    float weight;    // f(x), fp32 of the double pow
+    uint32_t row;  // a
+    uint32_t col;  // b
+    float log_x;   // log(x), fp32 of the double log
+    float weight;  // f(x), fp32 of the double pow
 };
 
 struct GloveOptions {
-    int64_t dim = 300;        // D
+    int64_t dim = 300;  // D
     int iters = 15;
-    double x_max = 10.0;      // TokAlign's setting (glove.c's default is 100)
+    double x_max = 10.0;  // TokAlign's setting (glove.c's default is 100)
     double alpha = 0.75;
-    double lr = 0.05;         // glove.c's eta
-    double grad_clip = 100.0; // glove.c's grad_clip_value
+    double lr = 0.05;          // glove.c's eta
+    double grad_clip = 100.0;  // glove.c's grad_clip_value
     uint64_t seed = 1;
-    int threads = 0;          // CPU threads (0: all cores)
+    int threads = 0;  // CPU threads (0: all cores)
 };
 
 // Parameters and AdaGrad state, fp32, row-major.
 struct GloveModel {
     int64_t V = 0;
     int64_t D = 0;
-    std::vector<float> w, c;    // (V, D)
-    std::vector<float> bw, bc;  // (V)
-    std::vector<float> gw, gc;  // (V, D) AdaGrad sums
+    std::vector<float> w, c;      // (V, D)
+    std::vector<float> bw, bc;    // (V)
+    std::vector<float> gw, gc;    // (V, D) AdaGrad sums
     std::vector<float> gbw, gbc;  // (V)
 };
 
@@ -98,9 +98,8 @@ std::vector<float> glove_output_vectors(const GloveModel& model);
 class GloveCuda {
 public:
     // Uploads `model` and `entries` to the current device. `warps` = resident warps of the
-    // Hogwild kernel (0: enough to fill the device, at most about V / 16 so that conflicts stay rare;
-    // 1: deterministic, bitwise equal to
-    // glove_epoch_hogwild_cpu with threads = 1).
+    // Hogwild kernel (0: enough to fill the device, at most about V / 16 so that conflicts stay
+    // rare; 1: deterministic, bitwise equal to glove_epoch_hogwild_cpu with threads = 1).
     GloveCuda(const GloveModel& model, std::span<const GloveEntry> entries, int warps = 0);
     ~GloveCuda();
     GloveCuda(const GloveCuda&) = delete;

@@ -48,8 +48,8 @@ void expect_bitwise_equal(const GloveModel& a, const GloveModel& b) {
 
 TEST(GloveCuda, OneWarpIsBitwiseTheSingleThreadCpuEpoch) {
     // D = 300 (TokAlign's): not a multiple of 32, so lanes hold 10 or 9 dimensions.
-    const Problem p = make_problem(embedtest::zipf_docs(200, 60, 3000, 21), "glove_cuda_zipf", 2,
-                                   15, 4);
+    const Problem p =
+        make_problem(embedtest::zipf_docs(200, 60, 3000, 21), "glove_cuda_zipf", 2, 15, 4);
     ASSERT_GT(p.entries.size(), 10000u);
     for (int64_t D : {300, 16}) {
         GloveModel cpu = glove_init(p.vocab.size(), D, 9);
@@ -69,8 +69,8 @@ TEST(GloveCuda, HogwildReachesTheCpuCostAndNeighbours) {
     // A ring of 4000 ids: enough rows for about 250 warps in flight (the kernel keeps
     // warps <= V / 16, see glove.cu), few enough for a test of a second.
     constexpr int kRing = 4000;
-    const Problem p = make_problem(embedtest::ring_docs(4000, 60, kRing, 3), "glove_cuda_ring", 5,
-                                   5, 1);
+    const Problem p =
+        make_problem(embedtest::ring_docs(4000, 60, kRing, 3), "glove_cuda_ring", 5, 5, 1);
     const int64_t D = 16;
     GloveModel cpu = glove_init(p.vocab.size(), D, 1);
     GloveCuda gpu(cpu, p.entries);

@@ -21,9 +21,8 @@ Result<SgnsCorpus> sgns_load_corpus(const IndexedDataset& data, const EmbedVocab
         tokens.clear();
         data.read_document(k, tokens);
         for (int64_t id : tokens) {
-            const int32_t r = size_t(id) < vocab.row_of_token.size()
-                                  ? vocab.row_of_token[size_t(id)]
-                                  : -1;
+            const int32_t r =
+                size_t(id) < vocab.row_of_token.size() ? vocab.row_of_token[size_t(id)] : -1;
             if (r >= 0) corpus.rows.push_back(uint32_t(r));
         }
         corpus.doc_offsets.push_back(int64_t(corpus.rows.size()));
@@ -125,8 +124,8 @@ struct CpuSgnsMath {
 
 }  // namespace
 
-double sgns_epoch_hogwild_cpu(SgnsModel& model, const SgnsCorpus& corpus,
-                              const SgnsTables& tables, const SgnsOptions& options, int epoch) {
+double sgns_epoch_hogwild_cpu(SgnsModel& model, const SgnsCorpus& corpus, const SgnsTables& tables,
+                              const SgnsOptions& options, int epoch) {
     LATHE_CHECK(model.D <= 4096, "D={}", model.D);
     const int threads = embed_thread_count(options.threads);
     const int64_t docs = int64_t(corpus.doc_offsets.size()) - 1;
@@ -139,9 +138,9 @@ double sgns_epoch_hogwild_cpu(SgnsModel& model, const SgnsCorpus& corpus,
         // Documents split so that each thread gets about N / threads tokens.
         const int64_t want_begin = N * t / threads, want_end = N * (t + 1) / threads;
         auto doc_at = [&](int64_t pos) {
-            return int64_t(std::lower_bound(corpus.doc_offsets.begin(), corpus.doc_offsets.end(),
-                                            pos) -
-                           corpus.doc_offsets.begin());
+            return int64_t(
+                std::lower_bound(corpus.doc_offsets.begin(), corpus.doc_offsets.end(), pos) -
+                corpus.doc_offsets.begin());
         };
         const int64_t d_begin = std::min(doc_at(want_begin), docs);
         const int64_t d_end = t + 1 == threads ? docs : std::min(doc_at(want_end), docs);
@@ -158,7 +157,8 @@ double sgns_epoch_hogwild_cpu(SgnsModel& model, const SgnsCorpus& corpus,
         for (int64_t p = p_begin; p < p_end; ++p) {
             while (corpus.doc_offsets[size_t(doc) + 1] <= p) ++doc;
             // Progress through this worker's share, as all workers advance together.
-            const double progress = double(p - p_begin) / double(std::max<int64_t>(p_end - p_begin, 1));
+            const double progress =
+                double(p - p_begin) / double(std::max<int64_t>(p_end - p_begin, 1));
             sgns_step(cfg, *math, p, corpus.doc_offsets[size_t(doc)],
                       corpus.doc_offsets[size_t(doc) + 1], progress, acc);
         }

@@ -65,8 +65,9 @@ struct WarpSgnsMath {
     }
 };
 
-__global__ void sgns_epoch_hogwild_kernel(SgnsStepConfig cfg, const int64_t* __restrict__ doc_offsets,
-                                          int64_t docs, int64_t n, float* in, float* out, int D,
+__global__ void sgns_epoch_hogwild_kernel(SgnsStepConfig cfg,
+                                          const int64_t* __restrict__ doc_offsets, int64_t docs,
+                                          int64_t n, float* in, float* out, int D,
                                           double* __restrict__ loss_per_warp,
                                           long long* __restrict__ updates_per_warp) {
     extern __shared__ float grad_smem[];
@@ -84,7 +85,10 @@ __global__ void sgns_epoch_hogwild_kernel(SgnsStepConfig cfg, const int64_t* __r
             int64_t lo = doc, hi = docs;  // answer in [lo, hi)
             while (hi - lo > 1) {
                 const int64_t mid = lo + (hi - lo) / 2;
-                if (doc_offsets[mid] <= p) lo = mid; else hi = mid;
+                if (doc_offsets[mid] <= p)
+                    lo = mid;
+                else
+                    hi = mid;
             }
             doc = lo;
         }
@@ -157,9 +161,8 @@ SgnsCuda::SgnsCuda(const SgnsModel& model, const SgnsCorpus& corpus, const SgnsT
     b.docs = int64_t(corpus.doc_offsets.size()) - 1;
     const size_t smem = size_t(kBlockThreads / kWarpSize) * size_t(D_) * sizeof(float);
     if (smem > 48 * 1024)
-        LATHE_CUDA_CHECK(cudaFuncSetAttribute(sgns_epoch_hogwild_kernel,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              int(smem)));
+        LATHE_CUDA_CHECK(cudaFuncSetAttribute(
+            sgns_epoch_hogwild_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     if (warps <= 0) {
         int device = 0, sms = 0, blocks_per_sm = 0;
         LATHE_CUDA_CHECK(cudaGetDevice(&device));
@@ -230,8 +233,8 @@ double SgnsCuda::epoch(const SgnsOptions& options, int epoch) {
 }
 
 void SgnsCuda::download(SgnsModel& model) const {
-    LATHE_CHECK(model.V == V_ && model.D == D_, "model {}x{} vs device {}x{}", model.V, model.D,
-                V_, D_);
+    LATHE_CHECK(model.V == V_ && model.D == D_, "model {}x{} vs device {}x{}", model.V, model.D, V_,
+                D_);
     const Buffers& b = *buffers_;
     LATHE_CUDA_CHECK(cudaMemcpyAsync(model.in.data(), b.in->as<void>(),
                                      model.in.size() * sizeof(float), cudaMemcpyDeviceToHost,

@@ -38,20 +38,20 @@ namespace lathe {
 
 struct SgnsOptions {
     int64_t dim = 300;
-    int window = 5;        // fastText's ws
+    int window = 5;  // fastText's ws
     int epochs = 5;
     int negative = 5;
     double subsample = 1e-4;
     double lr = 0.05;
     uint64_t seed = 1;
-    int threads = 0;       // CPU threads (0: all cores)
+    int threads = 0;  // CPU threads (0: all cores)
 };
 
 // The corpus as rows of the vocabulary (tokens below min_count dropped), documents back to back.
 struct SgnsCorpus {
-    std::vector<uint32_t> rows;         // (N)
-    std::vector<int64_t> doc_offsets;   // (documents + 1) start of each document in rows
-    int64_t corpus_tokens = 0;          // rows.size(): as fastText's ntokens, vocabulary tokens only
+    std::vector<uint32_t> rows;        // (N)
+    std::vector<int64_t> doc_offsets;  // (documents + 1) start of each document in rows
+    int64_t corpus_tokens = 0;         // rows.size(): as fastText's ntokens, vocabulary tokens only
 };
 
 // Reads `data` through `vocab` (one thread). Errors: no token of the vocabulary in the corpus.
@@ -59,7 +59,7 @@ Result<SgnsCorpus> sgns_load_corpus(const IndexedDataset& data, const EmbedVocab
 
 // Tables derived from the vocabulary: keep probabilities, the negative-sampling table, and the
 // sigmoid / log lookup tables.
-inline constexpr int kSgnsTableSteps = 512;   // fastText's SIGMOID_TABLE_SIZE / LOG_TABLE_SIZE
+inline constexpr int kSgnsTableSteps = 512;  // fastText's SIGMOID_TABLE_SIZE / LOG_TABLE_SIZE
 inline constexpr float kSgnsMaxSigmoid = 8.0f;
 struct SgnsTables {
     std::vector<float> keep;          // (V) keep probability (may exceed 1: always kept)
@@ -78,8 +78,8 @@ SgnsModel sgns_init(int64_t V, int64_t D, uint64_t seed);
 
 // One epoch (number `epoch`, 0-based, of options.epochs) on options.threads threads, each taking
 // a contiguous range of documents. Returns the mean loss per (centre, context) update.
-double sgns_epoch_hogwild_cpu(SgnsModel& model, const SgnsCorpus& corpus,
-                              const SgnsTables& tables, const SgnsOptions& options, int epoch);
+double sgns_epoch_hogwild_cpu(SgnsModel& model, const SgnsCorpus& corpus, const SgnsTables& tables,
+                              const SgnsOptions& options, int epoch);
 
 #ifdef LATHE_HAVE_CUDA
 // The CUDA trainer: corpus, tables and model on the device between epochs. `warps` as GloveCuda.

@@ -20,8 +20,8 @@ struct SgnsStepConfig {
     const float* keep;          // (V) keep probabilities
     const uint32_t* negatives;  // negative-sampling table
     uint64_t negatives_size;
-    const float* sigmoid;       // (kSgnsTableSteps + 1)
-    const float* log;           // (kSgnsTableSteps + 1)
+    const float* sigmoid;  // (kSgnsTableSteps + 1)
+    const float* log;      // (kSgnsTableSteps + 1)
     uint64_t seed;
     int epoch;
     int epochs;
@@ -86,9 +86,8 @@ LATHE_EMBED_HD inline void sgns_pair(const SgnsStepConfig& c, Math& m, EmbedRng&
 // Centre position p of the document [doc_begin, doc_end); progress in [0, 1) through the epoch's
 // share of the worker running it (for the learning-rate decay).
 template <typename Math>
-LATHE_EMBED_HD inline void sgns_step(const SgnsStepConfig& c, Math& m, int64_t p,
-                                     int64_t doc_begin, int64_t doc_end, double progress,
-                                     SgnsStepResult& acc) {
+LATHE_EMBED_HD inline void sgns_step(const SgnsStepConfig& c, Math& m, int64_t p, int64_t doc_begin,
+                                     int64_t doc_end, double progress, SgnsStepResult& acc) {
     if (!sgns_kept(c, p)) return;
     EmbedRng rng(c.seed, sgns_position_stream(c.epoch, p));
     const int b = 1 + int(rng.below(uint64_t(c.window)));

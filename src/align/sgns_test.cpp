@@ -36,10 +36,10 @@ TEST(Sgns, TablesFollowFastText) {
     double z = 0;
     for (int64_t c : vocab.count_of_row) z += std::sqrt(double(c));
     for (size_t r = 0; r < seen.size(); ++r)
-        EXPECT_NEAR(double(seen[r]) / double(t.negatives.size()),
-                    std::sqrt(double(vocab.count_of_row[r])) / z,
-                    0.01 * std::sqrt(double(vocab.count_of_row[r])) / z +
-                        2.0 / double(t.negatives.size()));
+        EXPECT_NEAR(
+            double(seen[r]) / double(t.negatives.size()),
+            std::sqrt(double(vocab.count_of_row[r])) / z,
+            0.01 * std::sqrt(double(vocab.count_of_row[r])) / z + 2.0 / double(t.negatives.size()));
     // Lookup tables against the functions.
     SgnsStepConfig c{};
     c.sigmoid = t.sigmoid.data();

@@ -16,7 +16,9 @@
 namespace lathe {
 namespace {
 
-bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
+bool is_blank(char c) {
+    return c == ' ' || c == '\t' || c == '\r';
+}
 
 // Splits one line into fields on runs of blanks (fastText ends each row with a space; files made
 // on Windows carry '\r').
@@ -58,8 +60,7 @@ std::vector<int64_t> TokenVectors::rows_by_id(int64_t vocab_size) const {
 Status vectors_write_text(const std::string& path, const TokenVectors& vectors) {
     LATHE_CHECK(vectors.dim > 0, "dim={}", vectors.dim);
     LATHE_CHECK(vectors.values.size() == vectors.ids.size() * size_t(vectors.dim),
-                "values={} ids={} dim={}", vectors.values.size(), vectors.ids.size(),
-                vectors.dim);
+                "values={} ids={} dim={}", vectors.values.size(), vectors.ids.size(), vectors.dim);
     LATHE_ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::create(path));
     fmt::memory_buffer line;
     for (size_t i = 0; i < vectors.ids.size(); ++i) {
@@ -67,7 +68,8 @@ Status vectors_write_text(const std::string& path, const TokenVectors& vectors) 
         fmt::format_to(std::back_inserter(line), "{}", vectors.ids[i]);
         const float* v = vectors.values.data() + i * size_t(vectors.dim);
         // "{}" is fmt's shortest representation that reads back to the same float.
-        for (int64_t d = 0; d < vectors.dim; ++d) fmt::format_to(std::back_inserter(line), " {}", v[d]);
+        for (int64_t d = 0; d < vectors.dim; ++d)
+            fmt::format_to(std::back_inserter(line), " {}", v[d]);
         line.push_back('\n');
         LATHE_RETURN_IF_ERROR(file.write(line.data(), line.size()));
     }
@@ -104,9 +106,8 @@ Result<TokenVectors> vectors_read_text(const std::string& path) {
         }
         const int64_t values = int64_t(fields.size()) - 1;
         if (values <= 0)
-            return data_loss_error(
-                "{}:{}: a row needs a token id and at least one value, got '{}'", path, line_no,
-                escape_for_message(line));
+            return data_loss_error("{}:{}: a row needs a token id and at least one value, got '{}'",
+                                   path, line_no, escape_for_message(line));
         if (out.dim == 0) out.dim = values;
         if (values != out.dim)
             return data_loss_error(
@@ -139,8 +140,8 @@ Result<TokenVectors> vectors_read_text(const std::string& path) {
         return data_loss_error("{}: no token vectors (an empty file, or only rows like <unk>)",
                                path);
     if (header_rows && *header_rows != out.size() + int64_t(out.skipped.size()))
-        return data_loss_error("{}:1: the header says {} rows, the file has {}", path,
-                               *header_rows, out.size() + int64_t(out.skipped.size()));
+        return data_loss_error("{}:1: the header says {} rows, the file has {}", path, *header_rows,
+                               out.size() + int64_t(out.skipped.size()));
     return out;
 }
 

@@ -30,9 +30,7 @@ struct TokenVectors {
     std::vector<std::string> skipped;  // words of rows that were not token ids ("<unk>", "</s>")
 
     int64_t size() const { return int64_t(ids.size()); }
-    std::span<const float> row(int64_t i) const {
-        return {values.data() + i * dim, size_t(dim)};
-    }
+    std::span<const float> row(int64_t i) const { return {values.data() + i * dim, size_t(dim)}; }
     // Row index of each token id in [0, vocab_size): -1 for ids without a vector. Ids >= vocab_size
     // are ignored (the caller decides whether that is an error).
     std::vector<int64_t> rows_by_id(int64_t vocab_size) const;
