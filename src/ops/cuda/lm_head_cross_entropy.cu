@@ -143,9 +143,9 @@ __global__ void __launch_bounds__(kRowThreads) stream_row_kernel(RowArgs a) {
         }
 #pragma unroll
         for (int i = 0; i < kVec; ++i)
-            l[i] = v + i >= V ? 0.0f
-                              : scale * exp2f(fmaf(l[i], kLog2e, -lb)) -
-                                    (v + i == target ? scale : 0.0f);
+            l[i] = v + i >= V
+                       ? 0.0f
+                       : scale * exp2f(fmaf(l[i], kLog2e, -lb)) - (v + i == target ? scale : 0.0f);
         if constexpr (kVec == 8) {
             *reinterpret_cast<uint4*>(row + v) = pack8(l);
         } else {
@@ -163,8 +163,7 @@ __global__ void __launch_bounds__(kRowThreads) stream_row_kernel(RowArgs a) {
 // vectors, each by the thread that read it. Two exponentials per element, both from fp32 logits
 // held on chip. Needs ld % 8 == 0 and a 16-byte aligned chunk; padding as in stream_row_kernel.
 template <int kThreads, int kRegVecs>
-__global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1)
-    held_row_kernel(RowArgs a) {
+__global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) held_row_kernel(RowArgs a) {
     extern __shared__ uint4 spill[];
     __shared__ float smem[32];
     const int64_t n = a.row0 + blockIdx.x;
@@ -188,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1)
         spill[j - kRegVecs * kThreads] = row[j];
 
     // Element 8j + k of the row from vector j's raw bits; -inf past V.
-    auto unpack = [&](float (&l)[8], const uint4& raw, int j) {
+    auto unpack = [&](float(&l)[8], const uint4& raw, int j) {
         unpack8(l, raw);
         if (8 * j + 8 > V) {
 #pragma unroll
@@ -290,13 +289,13 @@ constexpr int kHeldRegVecs = 8;
 int max_dynamic_smem() {
     int device = 0, bytes = 0;
     LATHE_CUDA_CHECK(cudaGetDevice(&device));
-    LATHE_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    LATHE_CUDA_CHECK(
+        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     return bytes - 1024;  // the kernel's static reduction slots
 }
 
 template <int kThreads>
-bool try_held(const RowArgs& a, int64_t rows, int64_t nvec, int64_t smem_cap,
-              CUstream_st* stream) {
+bool try_held(const RowArgs& a, int64_t rows, int64_t nvec, int64_t smem_cap, CUstream_st* stream) {
     const int64_t smem = std::max<int64_t>(0, nvec - int64_t(kHeldRegVecs) * kThreads) * 16;
     if (smem > smem_cap) return false;
     auto kernel = held_row_kernel<kThreads, kHeldRegVecs>;
@@ -357,8 +356,8 @@ void run_chunks(CudaState& state, CUstream_st* stream, const ChunkWork& w, const
         logits.B = weight, logits.ldb = C, logits.trans_b = true;
         logits.D = chunk, logits.ldd = layout.ld, logits.d_dtype = DType::kBF16;
         gemm_bf16(state, stream, logits);
-        RowArgs a{chunk,    layout.ld, V,     r0,      targets,    w.lse_in,
-                  w.lse_out, w.losses, count, w.dloss, w.backward};
+        RowArgs a{chunk,     layout.ld, V,     r0,      targets,   w.lse_in,
+                  w.lse_out, w.losses,  count, w.dloss, w.backward};
         launch_rows(a, rows, layout.vec, stream);
         if (!w.backward) continue;
         GemmArgs dx;  // (rows, C) bf16 = dlogits (rows, V; row stride ld) . weight (V, C)
@@ -462,13 +461,21 @@ void lm_head_cross_entropy_forward_backward(CudaState& state, CUstream_st* strea
 
 void cross_entropy_rows_forward_backward(CUstream_st* stream, bf16* logits, int64_t ld,
                                          int64_t rows, int64_t V, const int32_t* targets,
-                                         float* lse, float* losses, const int* count,
-                                         float dloss) {
+                                         float* lse, float* losses, const int* count, float dloss) {
     LATHE_CHECK(rows >= 1 && rows < INT32_MAX && V >= 1 && V < (int64_t(1) << 30) && ld >= V,
                 "cross_entropy_rows_forward_backward: rows={} V={} ld={}", rows, V, ld);
     const bool vec = ld % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
-    RowArgs a{reinterpret_cast<__nv_bfloat16*>(logits), ld, V, 0, targets, nullptr, lse, losses,
-              count, dloss, true};
+    RowArgs a{reinterpret_cast<__nv_bfloat16*>(logits),
+              ld,
+              V,
+              0,
+              targets,
+              nullptr,
+              lse,
+              losses,
+              count,
+              dloss,
+              true};
     launch_rows(a, rows, vec, stream);
 }
 

@@ -73,7 +73,6 @@ void lm_head_cross_entropy_forward_backward(CudaState& state, CUstream_st* strea
 // loss gradient. Rows are indexed from 0 into targets, lse and losses.
 void cross_entropy_rows_forward_backward(CUstream_st* stream, bf16* logits, int64_t ld,
                                          int64_t rows, int64_t V, const int32_t* targets,
-                                         float* lse, float* losses, const int* count,
-                                         float dloss);
+                                         float* lse, float* losses, const int* count, float dloss);
 
 }  // namespace lathe::cuda
