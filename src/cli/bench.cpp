@@ -49,6 +49,9 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         ->capture_default_str();
     cmd->add_option("--threads", o->req.threads, "CPU threads (OpenMP); 0 = all cores")
         ->capture_default_str();
+    cmd->add_flag("--nondeterministic", o->req.nondeterministic,
+                  "Let the GPU use its faster nondeterministic kernels, as train.deterministic: false "
+                  "(the attention backward's dQ by atomics, as PyTorch's flash attention)");
     cmd->add_flag("--plan-only", o->req.plan_only,
                   "Print the parameter count, FLOPs per token and the memory plan; run nothing");
     cmd->callback([o, cmd, &action] {

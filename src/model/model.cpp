@@ -147,11 +147,13 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
                 if (std::find(windows.begin(), windows.end(), m.config_.window(l)) == windows.end())
                     windows.push_back(m.config_.window(l));
             const ModelConfig& c = m.config_;
-            for (int64_t w : windows)
-                cuda::attention_prepare(
-                    state, cuda::AttentionShape{m.plan_.shape.batch, m.plan_.shape.seq_len,
-                                                c.num_heads, c.num_kv_heads, c.head_dim, w, false,
-                                                float(1.0 / std::sqrt(double(c.head_dim)))});
+            for (int64_t w : windows) {
+                cuda::AttentionShape shape{m.plan_.shape.batch, m.plan_.shape.seq_len,
+                                           c.num_heads, c.num_kv_heads, c.head_dim, w, false,
+                                           float(1.0 / std::sqrt(double(c.head_dim)))};
+                shape.nondeterministic_backward = !ctx.deterministic;
+                cuda::attention_prepare(state, shape);
+            }
             m.plan_.runtime += cuda::attention_buffer_bytes(state);
         }
 #endif

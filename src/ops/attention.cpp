@@ -41,10 +41,13 @@ AttentionDims attention_check(const char* op, ConstTensorView q, ConstTensorView
 
 #if LATHE_HAVE_CUDA
 cuda::AttentionShape cuda_attention_shape(const char* op, const AttentionDims& d,
-                                          ConstTensorView docs, int64_t window, float scale) {
+                                          ConstTensorView docs, int64_t window, float scale,
+                                          const Context& ctx) {
     const char* missing = cuda::attention_unavailable_reason();
     LATHE_CHECK(missing == nullptr, "{}: {}", op, missing);
-    return {d.B, d.T, d.H, d.Hkv, d.D, window, !docs.is_null(), scale};
+    cuda::AttentionShape shape{d.B, d.T, d.H, d.Hkv, d.D, window, !docs.is_null(), scale};
+    shape.nondeterministic_backward = !ctx.deterministic;
+    return shape;
 }
 #endif
 }  // namespace
@@ -69,7 +72,7 @@ void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstT
             cuda::attention_forward(cuda_state_of(ctx, kOp), ctx.stream, out.as<bf16>(),
                                     lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(),
                                     docs.as<int32_t>(),
-                                    cuda_attention_shape(kOp, d, docs, window, scale));
+                                    cuda_attention_shape(kOp, d, docs, window, scale, ctx));
             return;
 #endif
             break;
@@ -104,7 +107,7 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensor
                                      dk.as<bf16>(), dv.as<bf16>(), dout.as<bf16>(), q.as<bf16>(),
                                      k.as<bf16>(), v.as<bf16>(), out.as<bf16>(), lse.as<float>(),
                                      docs.as<int32_t>(),
-                                     cuda_attention_shape(kOp, d, docs, window, scale));
+                                     cuda_attention_shape(kOp, d, docs, window, scale, ctx));
             return;
 #endif
             break;

@@ -42,6 +42,10 @@ struct Context {
     int device = 0;                 // CUDA device ordinal (kCuda only)
     CUstream_st* stream = nullptr;  // the stream ops are enqueued on (kCuda only; null = default)
     CudaState* cuda = nullptr;      // handles and workspaces (kCuda only), owned elsewhere
+    // Ops are deterministic by default (same inputs, same bits). false lets an op pick a faster
+    // variant that is not (it says so in its header: today the CUDA attention backward, whose
+    // dQ is then accumulated with atomics, as PyTorch's flash attention does).
+    bool deterministic = true;
 
     // The memory space every tensor handed to an op under this context must live in.
     Device memory() const { return backend == Backend::kCpu ? Device::kCpu : Device::kCuda; }

@@ -314,6 +314,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (on_cuda && gpu_memory_info(0, free_bytes, total_bytes)) used_before = total_bytes - free_bytes;
     LATHE_ASSIGN_OR_RETURN(ComputeDevice device,
                            ComputeDevice::open(on_cuda ? "cuda" : "cpu", "--device"));
+    device.set_deterministic(!req.nondeterministic);
     const size_t have = device.available_memory_bytes();
     if (have > 0 && plan->total_bytes() > have) {
         return invalid_argument_error("{} at --batch {} --seq {} needs {} of memory, {} has {} "
@@ -397,6 +398,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["loss_last"] = last.loss;
     j["grad_norm_last"] = last.norm;
     j["seed"] = req.seed;
+    j["deterministic"] = !req.nondeterministic;
     j["requested_device"] = std::string(device_name(req.device));
     return j.dump();
 }

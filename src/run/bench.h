@@ -46,6 +46,7 @@ struct BenchRequest {
     uint64_t seed = 1234;               // parameters and batches
     int threads = 0;                    // CPU: OpenMP threads, 0 = all cores
     bool plan_only = false;             // report the shape and memory plan; run nothing
+    bool nondeterministic = false;      // Context::deterministic = false (train.deterministic)
 };
 
 struct BenchPreset {

@@ -27,6 +27,8 @@ public:
     static Result<ComputeDevice> open(std::string_view want, std::string_view key);
 
     const Context& context() const { return ctx_; }
+    // Lets ops use their faster nondeterministic variants (Context::deterministic).
+    void set_deterministic(bool deterministic) { ctx_.deterministic = deterministic; }
     Backend backend() const { return ctx_.backend; }
     // "cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB)" or "cpu".
     std::string describe() const;

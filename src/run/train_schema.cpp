@@ -44,6 +44,8 @@ ConfigSchema train_config_schema() {
     s.add({"train.precision", ConfigType::kString, "bf16", "fp32 | bf16 | fp8 (GPU); the CPU computes in fp32"});
     s.add({"train.recompute", ConfigType::kString, "none", "activation recompute: none | selective | full"});
     s.add({"train.threads", ConfigType::kInt, "0", "CPU threads; 0 = all cores"});
+    s.add({"train.deterministic", ConfigType::kBool, "true",
+           "same bits on every run; false lets the GPU use faster nondeterministic kernels (attention backward)"});
     s.add({"train.nonfinite_policy", ConfigType::kString, "skip", "a NaN/Inf loss or gradient: skip the step | stop"});
     s.add({"train.max_skipped_steps", ConfigType::kInt, "10", "stop after this many skipped steps in a row"});
     s.add({"train.spike_factor", ConfigType::kFloat, "0", "treat loss > factor x running mean as a spike (0 = off)"});

@@ -176,6 +176,7 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     s.eval_iters = c.get_int("train.eval_iters");
     s.seed = static_cast<uint64_t>(c.get_int("train.seed"));
     s.threads = static_cast<int>(c.get_int("train.threads"));
+    s.deterministic = c.get_bool("train.deterministic");
     s.seq_len = c.get_int("data.seq_length");
     s.max_skipped = c.get_int("train.max_skipped_steps");
     s.spike_factor = c.get_float("train.spike_factor");

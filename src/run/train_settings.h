@@ -40,6 +40,7 @@ struct TrainSettings {
     uint64_t seed = 0;
     int threads = 0;                 // 0 = all cores
     std::string device = "auto";     // auto | cpu | cuda (train.device)
+    bool deterministic = true;       // train.deterministic
 
     NonfinitePolicy nonfinite = NonfinitePolicy::kSkip;
     int64_t max_skipped = 10;

@@ -196,6 +196,8 @@ Status Trainer::setup() {
     // Where to compute, then the model and its memory plan, checked against that device before
     // anything is allocated.
     LATHE_ASSIGN_OR_RETURN(device_, ComputeDevice::open(s_.device, "train.device"));
+    device_.set_deterministic(s_.deterministic);
+    if (!s_.deterministic) log_info("train.deterministic false: runs may differ in the last bits");
     log_info("computing on {}", device_.describe());
     ModelShape shape;
     shape.batch = s_.micro_batch;
