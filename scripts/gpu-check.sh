@@ -13,6 +13,7 @@
 #   tests      ops_gpu_tests, model_gpu_tests (GPU vs CPU, GPU vs transformers), align_gpu_tests
 #   bench      lathe bench at the two shapes
 #   baseline   ../shared/bench/torch_baseline.py gpt2 llama1b (eager and torch.compile)
+#   profile    ncu kernel times of one step at both shapes
 #   curve      lathe train configs/tiny.yaml on the GPU and on the CPU (all cores), same data and
 #              seed: the two metrics.jsonl loss curves side by side
 # Each part writes OUT/<part>*.txt; a summary of every part is printed at the end.
@@ -49,6 +50,21 @@ for part in "$@"; do
                 --steps 20 >"$out/bench_gpt2.txt" 2>&1
             timeout 150 "$bin/lathe" bench --model llama-1b --batch 8 --seq 2048 --steps 10 \
                 >"$out/bench_llama.txt" 2>&1
+            # The same with the nondeterministic attention backward (PyTorch's flash kind).
+            timeout 150 "$bin/lathe" bench --model gpt2-124m --vocab-size 50304 --batch 32 --seq 1024 \
+                --steps 20 --nondeterministic >"$out/bench_gpt2_nondet.txt" 2>&1
+            timeout 150 "$bin/lathe" bench --model llama-1b --batch 8 --seq 2048 --steps 10 \
+                --nondeterministic >"$out/bench_llama_nondet.txt" 2>&1
+            ;;
+        profile)
+            # Kernel times of one GPT-2 and one Llama-1B step (ncu, clocks left alone).
+            for m in "gpt2-124m --vocab-size 50304 --batch 32 --seq 1024" "llama-1b --batch 8 --seq 2048"; do
+                name=${m%% *}
+                timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+                    --log-file "$out/profile_$name.csv" "$bin/lathe" bench --model $m --steps 1 \
+                    --warmup 0 >"$out/profile_$name.txt" 2>&1
+                echo "rc=$?" >>"$out/profile_$name.txt"
+            done
             ;;
         baseline)
             timeout 400 python3 .carry/bench/torch_baseline.py gpt2 llama1b >"$out/baseline.txt" 2>&1
