@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -29,7 +30,10 @@ namespace {
 
 // Logits: one bf16 rounding of the output (u = 2^-8 relative) on top of bf16 activations through
 // two layers; the loss, an fp32 reduction of those logits; gradients pass about ten bf16 roundings
-// per layer; the AdamW losses compound ten steps of them.
+// per layer; the AdamW losses compound ten steps of them. The fixtures' AdamW runs drive the loss
+// from ~5.8 to ~0.1, where bf16's error is absolute rather than relative (first H100 run: mistral
+// step 10, 0.1153 in torch, off by 1.25e-2 relative = 1.4e-3 absolute), so step losses are judged
+// relative to max(loss, 0.5).
 constexpr double kLogitsTol = 3e-2, kLossTol = 5e-3, kGradTol = 6e-2, kStepLossTol = 1e-2;
 
 std::string fixture_dir(const std::string& name) {
@@ -153,7 +157,7 @@ TEST_P(ModelParityGpu, TenAdamWStepsTrackTorchLosses) {
     for (size_t step = 1; step <= expected.size(); ++step) {
         model.zero_grads();
         const float loss = model.forward_backward(batch);
-        const double err = std::abs(loss - expected[step - 1]) / expected[step - 1];
+        const double err = std::abs(loss - expected[step - 1]) / std::max(expected[step - 1], 0.5);
         EXPECT_LT(err, kStepLossTol)
             << "step " << step << ": lathe " << loss << " torch " << expected[step - 1];
         worst = std::max(worst, err);
@@ -161,7 +165,7 @@ TEST_P(ModelParityGpu, TenAdamWStepsTrackTorchLosses) {
     }
     const float final_loss = model.forward(batch);
     const double want = f.meta.at("final_loss").get<double>();
-    EXPECT_LT(std::abs(final_loss - want) / want, kStepLossTol);
+    EXPECT_LT(std::abs(final_loss - want) / std::max(want, 0.5), kStepLossTol);
     std::printf("[gpu parity] %-20s AdamW: worst step loss %.2e, final %.6f vs torch %.6f\n",
                 GetParam().c_str(), worst, double(final_loss), want);
 }
