@@ -7,6 +7,7 @@
 #include "align/apply.h"
 #include "align/embed.h"
 #include "align/eval.h"
+#include "run/compute_device.h"
 #include "align/map.h"
 #include "align/stage_cache.h"
 #include "align/terms.h"
@@ -116,6 +117,8 @@ ConfigSchema align_run_config_schema() {
     s.add({"eval.max_documents", ConfigType::kInt, "0", "first N documents only; 0 = all"});
     s.add({"eval.seq_len", ConfigType::kInt, "512", "window of the bits/byte forward (T)"});
     s.add({"eval.batch", ConfigType::kInt, "4", "windows per forward"});
+    s.add({"eval.device", ConfigType::kString, "auto",
+           "auto | cpu | cuda: where the bits-per-byte forward runs (numbers compare only within one device)"});
     return s;
 }
 
@@ -390,6 +393,7 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
         fp.add_setting("format", eval_format);
         fp.add_setting("max_documents", q.max_documents);
         fp.add_setting("seq_len", q.seq_len);
+        fp.add_setting("device", c.get_string("eval.device"));
         LATHE_RETURN_IF_ERROR(fp.add_input("documents", documents));
         LATHE_RETURN_IF_ERROR(fp.add_input("map", map_path));
         LATHE_RETURN_IF_ERROR(fp.add_input("source_tokenizer", source_tokenizer));
@@ -400,7 +404,10 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
         if (!force && stage_up_to_date(out, fp)) {
             add("eval", true, out, t0);
         } else {
-            auto r = align_eval_run(cpu_context(), q);
+            LATHE_ASSIGN_OR_RETURN(const std::string eval_device,
+                                   choice(c, "eval.device", {"auto", "cpu", "cuda"}));
+            LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(eval_device, "eval.device"));
+            auto r = align_eval_run(device.context(), q);
             if (!r.ok()) return in_stage("eval", r.status());
             LATHE_RETURN_IF_ERROR(file_write_atomic(out, align_eval_result_json(*r) + "\n"));
             LATHE_RETURN_IF_ERROR(stage_write_manifest(out, fp, {out}));
