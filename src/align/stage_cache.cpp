@@ -1,5 +1,6 @@
 #include "align/stage_cache.h"
 
+
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 
+#include "core/hash.h"
 #include "core/log.h"
 #include "io/file.h"
 
@@ -18,32 +20,6 @@ namespace {
 
 // Bumped when the canonical text or the manifest layout changes, so old manifests stop matching.
 constexpr int kManifestFormat = 1;
-
-uint64_t hash_lane(std::string_view bytes, uint64_t seed, uint64_t mul) {
-    const char* p = bytes.data();
-    size_t n = bytes.size();
-    uint64_t h = seed ^ (n * mul);
-    while (n >= 8) {
-        uint64_t w;
-        std::memcpy(&w, p, 8);
-        h = (h ^ w) * mul;
-        h ^= h >> 31;
-        p += 8;
-        n -= 8;
-    }
-    if (n > 0) {
-        uint64_t w = 0;
-        std::memcpy(&w, p, n);
-        h = (h ^ w) * mul;
-        h ^= h >> 31;
-    }
-    h ^= h >> 33;
-    h *= 0xFF51AFD7ED558CCDull;
-    h ^= h >> 33;
-    h *= 0xC4CEB9FE1A85EC53ull;
-    h ^= h >> 33;
-    return h;
-}
 
 struct FileStat {
     uint64_t size = 0;
@@ -103,8 +79,9 @@ std::string escape_line(std::string_view s) {
 }  // namespace
 
 std::string stage_hash_hex(std::string_view bytes) {
-    const uint64_t a = hash_lane(bytes, 0x2545F4914F6CDD1Dull, 0x9E3779B97F4A7C15ull);
-    const uint64_t b = hash_lane(bytes, 0x8CB92BA72F3D8DD7ull, 0xD6E8FEB86659FD93ull);
+    // Two seeds of core/hash.h's hash: 128 bits.
+    const uint64_t a = hash_bytes(bytes, kHashSeed);
+    const uint64_t b = hash_bytes(bytes, 0x8CB92BA72F3D8DD7ull);
     return fmt::format("{:016x}{:016x}", a, b);
 }
 

@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "align/stage_cache.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/strings.h"
@@ -317,33 +318,9 @@ Status scan_corpus(const std::vector<std::string>& files, const TermsOptions& op
 
 // ---- the shared candidate table -------------------------------------------------------------
 
-// 64-bit hash of a key (multiply-xorshift over 8-byte words, then a full avalanche): the low
-// bits pick a table slot, the top 6 bits the shard.
+// 64-bit hash of a key (core/hash.h): the low bits pick a table slot, the top 6 bits the shard.
 uint64_t key_hash(std::string_view key) {
-    constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
-    const char* p = key.data();
-    size_t n = key.size();
-    uint64_t h = 0x2545F4914F6CDD1Dull ^ (n * kMul);
-    while (n >= 8) {
-        uint64_t w;
-        std::memcpy(&w, p, 8);
-        h = (h ^ w) * kMul;
-        h ^= h >> 29;
-        p += 8;
-        n -= 8;
-    }
-    if (n > 0) {
-        uint64_t w = 0;
-        std::memcpy(&w, p, n);
-        h = (h ^ w) * kMul;
-        h ^= h >> 29;
-    }
-    h ^= h >> 33;
-    h *= 0xFF51AFD7ED558CCDull;
-    h ^= h >> 33;
-    h *= 0xC4CEB9FE1A85EC53ull;
-    h ^= h >> 33;
-    return h;
+    return hash_bytes(key);
 }
 
 // key -> count, open addressing with linear probing over a power-of-two table kept at most half

@@ -5,8 +5,7 @@
 // fp32 accumulation, so the bar is bf16's: relative errors (max |lathe - torch| / max |torch| for
 // tensors) of a few units of bf16's 2^-8 grown by the depth of the network, not fp32's 1e-4.
 //
-// The fixtures are found under $LATHE_SOURCE_DIR (the environment, for a binary run on another
-// machine from a copy of the repository) or the source folder it was built from.
+// The fixtures: model/model_fixture_test_util.h ($LATHE_SOURCE_DIR on the GPU machine).
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 
 #include <gtest/gtest.h>
@@ -19,10 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "io/file.h"
-#include "io/safetensors.h"
 #include "model/model.h"
-#include "model/registry.h"
+#include "model/model_fixture_test_util.h"
 #include "ops/cuda/cuda_state.h"
 
 namespace lathe {
@@ -36,61 +33,11 @@ namespace {
 // relative to max(loss, 0.5).
 constexpr double kLogitsTol = 3e-2, kLossTol = 5e-3, kGradTol = 6e-2, kStepLossTol = 1e-2;
 
-std::string fixture_dir(const std::string& name) {
-    const char* env = std::getenv("LATHE_SOURCE_DIR");
-    return std::string(env != nullptr ? env : LATHE_SOURCE_DIR) + "/tests/fixtures/models/" + name;
-}
-
-double rel_error(ConstTensorView a, ConstTensorView b) {
-    const float* x = a.as<float>();
-    const float* y = b.as<float>();
-    double diff = 0.0, scale = 0.0;
-    for (int64_t i = 0; i < a.numel(); ++i) {
-        diff = std::max(diff, std::abs(double(x[i]) - double(y[i])));
-        scale = std::max(scale, std::abs(double(y[i])));
-    }
-    return scale == 0.0 ? diff : diff / scale;
-}
-
-struct Fixture {
-    ModelConfig config;
-    nlohmann::json meta;
-    SafetensorsCheckpoint weights;
-    SafetensorsFile reference;
-    int64_t B = 0, T = 0;
-
-    ConstTensorView ref(const std::string& name) const {
-        Result<const SafetensorsTensor*> t = reference.get(name);
-        LATHE_CHECK(t.ok(), "{}", t.status().to_string());
-        Result<ConstTensorView> v = (*t)->view();
-        LATHE_CHECK(v.ok(), "{}", v.status().to_string());
-        return *v;
-    }
-    ModelBatch batch() const {
-        ModelBatch b{ref("tokens"), ref("targets"), {}, {}};
-        if (meta.at("packed").get<bool>()) {
-            b.docs = ref("docs");
-            b.positions = ref("positions");
-        }
-        return b;
-    }
-};
+using model_fixture::Fixture;
+using model_fixture::rel_error;
 
 Fixture load_fixture(const std::string& name) {
-    const std::string dir = fixture_dir(name);
-    Result<ModelConfig> config = model_config_from_hf_file(dir + "/config.json");
-    LATHE_CHECK(config.ok(), "{}", config.status().to_string());
-    Result<std::string> meta_text = file_read_all(dir + "/reference.json");
-    LATHE_CHECK(meta_text.ok(), "{}", meta_text.status().to_string());
-    Result<SafetensorsCheckpoint> weights = SafetensorsCheckpoint::open(dir + "/model.safetensors");
-    LATHE_CHECK(weights.ok(), "{}", weights.status().to_string());
-    Result<SafetensorsFile> reference = SafetensorsFile::open(dir + "/reference.safetensors");
-    LATHE_CHECK(reference.ok(), "{}", reference.status().to_string());
-    Fixture f{std::move(*config), nlohmann::json::parse(*meta_text), std::move(*weights),
-              std::move(*reference)};
-    f.B = f.meta.at("batch").get<int64_t>();
-    f.T = f.meta.at("seq_len").get<int64_t>();
-    return f;
+    return model_fixture::load(name);
 }
 
 class ModelParityGpu : public testing::TestWithParam<std::string> {

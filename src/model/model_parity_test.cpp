@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "io/file.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "model/model_fixture_test_util.h"
 #include "model/registry.h"
 #include "ops/adamw.h"
 
@@ -27,66 +27,15 @@ namespace {
 
 constexpr double kTolerance = 1e-4;
 
-std::string fixture_dir(const std::string& name) {
-    return std::string(LATHE_SOURCE_DIR) + "/tests/fixtures/models/" + name;
-}
-
-// max |a - b| / max |b| over two f32 tensors of the same size.
-double rel_error(ConstTensorView a, ConstTensorView b) {
-    EXPECT_EQ(a.numel(), b.numel());
-    const float* x = a.as<float>();
-    const float* y = b.as<float>();
-    double diff = 0.0, scale = 0.0;
-    for (int64_t i = 0; i < a.numel(); ++i) {
-        diff = std::max(diff, std::abs(double(x[i]) - double(y[i])));
-        scale = std::max(scale, std::abs(double(y[i])));
-    }
-    return scale == 0.0 ? diff : diff / scale;
-}
+using model_fixture::Fixture;
+using model_fixture::rel_error;
 
 double rel_error(double a, double b) {
     return std::abs(a - b) / std::abs(b);
 }
 
-struct Fixture {
-    ModelConfig config;
-    nlohmann::json meta;
-    SafetensorsCheckpoint weights;
-    SafetensorsFile reference;
-    int64_t B = 0, T = 0;
-
-    ConstTensorView ref(const std::string& name) const {
-        Result<const SafetensorsTensor*> t = reference.get(name);
-        LATHE_CHECK(t.ok(), "{}", t.status().to_string());
-        Result<ConstTensorView> v = (*t)->view();
-        LATHE_CHECK(v.ok(), "{}", v.status().to_string());
-        return *v;
-    }
-    ModelBatch batch() const {
-        ModelBatch b{ref("tokens"), ref("targets"), {}, {}};
-        if (meta.at("packed").get<bool>()) {
-            b.docs = ref("docs");
-            b.positions = ref("positions");
-        }
-        return b;
-    }
-};
-
 Fixture load_fixture(const std::string& name) {
-    const std::string dir = fixture_dir(name);
-    Result<ModelConfig> config = model_config_from_hf_file(dir + "/config.json");
-    LATHE_CHECK(config.ok(), "{}", config.status().to_string());
-    Result<std::string> meta_text = file_read_all(dir + "/reference.json");
-    LATHE_CHECK(meta_text.ok(), "{}", meta_text.status().to_string());
-    Result<SafetensorsCheckpoint> weights = SafetensorsCheckpoint::open(dir + "/model.safetensors");
-    LATHE_CHECK(weights.ok(), "{}", weights.status().to_string());
-    Result<SafetensorsFile> reference = SafetensorsFile::open(dir + "/reference.safetensors");
-    LATHE_CHECK(reference.ok(), "{}", reference.status().to_string());
-    Fixture f{std::move(*config), nlohmann::json::parse(*meta_text), std::move(*weights),
-              std::move(*reference)};
-    f.B = f.meta.at("batch").get<int64_t>();
-    f.T = f.meta.at("seq_len").get<int64_t>();
-    return f;
+    return model_fixture::load(name);
 }
 
 Model make_model(const Fixture& f, int64_t lm_head_chunk_rows = 0) {

@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/hash.h"
+
 namespace lathe {
 
 // An allocator for the large lookup tables: blocks of 2 MiB or more are 2 MiB-aligned and marked
@@ -49,29 +51,6 @@ struct HugePageAllocator {
 
 template <typename T>
 using HugePageVector = std::vector<T, HugePageAllocator<T>>;
-
-// 64-bit hash of a byte string (multiply-xorshift over 8-byte words; not cryptographic).
-inline uint64_t hash_bytes(const char* p, size_t n) {
-    constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
-    uint64_t h = 0x2545F4914F6CDD1Dull ^ (n * kMul);
-    while (n >= 8) {
-        uint64_t w;
-        std::memcpy(&w, p, 8);
-        h = (h ^ w) * kMul;
-        h ^= h >> 29;
-        p += 8;
-        n -= 8;
-    }
-    if (n > 0) {
-        uint64_t w = 0;
-        std::memcpy(&w, p, n);
-        h = (h ^ w) * kMul;
-        h ^= h >> 29;
-    }
-    h *= 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 32;
-    return h;
-}
 
 inline uint64_t hash_u64(uint64_t x) {
     x ^= x >> 33;
