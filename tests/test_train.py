@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import signal
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -172,12 +173,24 @@ def test_sigterm_saves_and_rerun_continues_exactly(corpus, tmp_path):
     (["data.path=/nonexistent/prefix"], "'data.path' names '/nonexistent/prefix'"),
     (["lr.decay_style=cosin"], "lr.decay_style"),
     (["train.freeze=[nothing.*]"], "train.freeze: 'nothing.*' matches no parameter"),
+    (["train.device=tpu"], "'train.device' is 'tpu'; choose auto, cpu or cuda"),
+    (["train.precision=fp32", "train.device=cuda"], "the CUDA backend trains in bf16"),
+    (["train.precision=fp8"], "'train.precision: fp8' is not built yet"),
+    (["train.recompute=full"], "'train.recompute: full' is not built yet"),
 ])
 def test_bad_config_fails_before_work_naming_the_key(corpus, tmp_path, sets, needle):
     p = run(train_cmd(corpus, tmp_path / "bad", *sets), check=False)
     assert p.returncode != 0
     assert needle in p.stderr, p.stderr
     assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine may have a GPU")
+def test_cuda_without_a_gpu_is_a_clear_error(corpus, tmp_path):
+    p = run(train_cmd(corpus, tmp_path / "cuda", "train.device=cuda"), check=False)
+    assert p.returncode != 0
+    assert "train.device: cuda, but" in p.stderr, p.stderr
+    assert not (tmp_path / "cuda" / "checkpoints").exists()
 
 
 def test_unknown_key_in_file_names_file_and_line(corpus, tmp_path):
