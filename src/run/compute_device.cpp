@@ -4,6 +4,7 @@
 
 #include "core/log.h"
 #include "model/memory_plan.h"
+#include "ops/device_info.h"
 
 #if LATHE_HAVE_CUDA
 #include "ops/cuda/cuda_state.h"
@@ -29,25 +30,30 @@ Result<ComputeDevice> ComputeDevice::open(std::string_view want, std::string_vie
         return invalid_argument_error("{}: '{}'; choose auto, cpu or cuda", key, want);
     ComputeDevice d;
     if (want == "cpu") return d;
-#if LATHE_HAVE_CUDA
-    const int gpus = cuda_device_count();
-    if (gpus == 0) {
+    // The same probe `lathe doctor` runs: a GPU is usable when the driver lists it and this
+    // build carries kernels for it (sm_90a by default: an Ampere card is listed but unusable).
+    const GpuEnvironment env = gpu_environment_probe(/*only_device=*/0);
+    std::string why_not;
+    if (env.devices.empty()) {
+        why_not = env.device_error.empty() ? "the driver reports no GPU here" : env.device_error;
+    } else if (!env.devices[0].kernel_image_ok) {
+        const GpuDeviceInfo& g = env.devices[0];
+        why_not = fmt::format("this build has no kernels for GPU 0 ({}, compute capability {}.{}): {}",
+                              g.name, g.cc_major, g.cc_minor, g.kernel_image_error);
+    }
+    if (!why_not.empty()) {
         if (want == "cuda")
-            return failed_precondition_error("{}: cuda, but the driver reports no GPU here "
-                                             "(`lathe doctor` says more); use auto or cpu",
-                                             key);
+            return failed_precondition_error("{}: cuda, but {} (`lathe doctor` says more); use auto "
+                                             "or cpu",
+                                             key, why_not);
+        if (!env.no_gpu) log_warning("{}: auto: {}; computing on the CPU", key, why_not);
         return d;
     }
+#if LATHE_HAVE_CUDA
     d.cuda_ = std::make_unique<Cuda>(0);
     d.ctx_ = d.cuda_->state.context();
-    return d;
-#else
-    if (want == "cuda")
-        return failed_precondition_error("{}: cuda, but this lathe was built without CUDA (nvcc "
-                                         "was not found when it was configured); use auto or cpu",
-                                         key);
-    return d;
 #endif
+    return d;
 }
 
 std::string ComputeDevice::describe() const {
