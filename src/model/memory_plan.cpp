@@ -76,11 +76,21 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     plan.docs = add_entry(act, "input.docs", DType::kI32, Shape{B, T});
     plan.positions = add_entry(act, "input.positions", DType::kI32, Shape{B, T});
     plan.block_acts.resize(size_t(c.num_layers));
-    for (int64_t l = 0; l < c.num_layers; ++l)
+    std::vector<size_t> shared;  // recompute: one set of every entry but the layer input
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+        size_t i = 0;
         block_acts_for_each(c, B, T, a, [&](const char* name, auto, DType dtype, Shape s) {
-            plan.block_acts[size_t(l)].push_back(
-                add_entry(act, fmt::format("layers.{}.{}", l, name), dtype, s));
+            size_t entry;
+            if (!shape.recompute || i == 0)
+                entry = add_entry(act, fmt::format("layers.{}.{}", l, name), dtype, s);
+            else if (l == 0)
+                shared.push_back(entry = add_entry(act, fmt::format("recompute.{}", name), dtype, s));
+            else
+                entry = shared[i - 1];
+            plan.block_acts[size_t(l)].push_back(entry);
+            ++i;
         });
+    }
     plan.final_x = add_entry(act, "final.x", a, Shape{B, T, C});
     plan.final_norm_out = add_entry(act, "final.norm_out", a, Shape{B, T, C});
     if (c.norm == NormKind::kLayerNorm)
@@ -106,9 +116,10 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
 
 std::string MemoryPlan::table(std::string_view title) const {
     std::string out = fmt::format("memory plan: {}\n", title);
-    out += fmt::format("  batch {} x {} tokens, LM-head chunk {} rows, on the {} ({} activations)\n",
+    out += fmt::format("  batch {} x {} tokens, LM-head chunk {} rows, on the {} ({} activations{})\n",
                        shape.batch, shape.seq_len, shape.lm_head_chunk_rows,
-                       backend_name(shape.backend), dtype_name(activation_dtype(shape.backend)));
+                       backend_name(shape.backend), dtype_name(activation_dtype(shape.backend)),
+                       shape.recompute ? ", full recompute" : "");
     const std::pair<const char*, size_t> rows[] = {
         {"parameters", parameter_bytes()},
         {"gradients", gradient_bytes()},

@@ -45,6 +45,11 @@ struct ModelShape {
     int64_t lm_head_chunk_rows = 0;
     // Where the model computes; sets the dtypes (above) and the runtime row.
     Backend backend = Backend::kCpu;
+    // Full activation recompute: each layer keeps only its input; the rest of a block's saved
+    // tensors is one shared set, refilled by running the block's forward again just before its
+    // backward (one more forward per step, about a third more compute, for activations of one
+    // layer instead of L). Bit-identical gradients: the ops are deterministic.
+    bool recompute = false;
 };
 
 // Default budget for one chunk of LM-head logits (f32): on the CPU it stays cache-friendly; on
@@ -67,7 +72,8 @@ struct MemoryPlan {
     ArenaLayout activations;
     ArenaLayout scratch;
 
-    // Entry indices into `activations`, for the model's views.
+    // Entry indices into `activations`, for the model's views. With recompute every layer's
+    // entries but the first (its input) are the same shared indices.
     std::vector<std::vector<size_t>> block_acts;  // [layer][i], in block_acts_for_each order
     size_t final_x = 0;                           // (B, T, C) the last block's output
     size_t final_norm_out = 0;                    // (B, T, C)

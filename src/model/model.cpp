@@ -633,9 +633,14 @@ void Model::run_backward_from_final(TensorView dfinal) {
         act(plan_.final_norm_rstd, Shape{N}), GradMode::kOverwrite, ctx_);
     const BlockScratch scratch = block_scratch();
     const BlockInputs inputs = block_inputs();
-    for (int l = int(config_.num_layers) - 1; l >= 0; --l)
+    for (int l = int(config_.num_layers) - 1; l >= 0; --l) {
+        // Full recompute: refill the shared activations from the layer's saved input. Its x_out
+        // (the next layer's input, or final_x) is rewritten with the same bits.
+        if (plan_.shape.recompute)
+            block_forward(config_, l, block_weights(l), block_acts(l), scratch, inputs, ctx_);
         block_backward(config_, l, block_weights(l), block_grads(l), block_acts(l), scratch, inputs,
                        dres, ctx_);
+    }
     TensorView dwpe;
     ConstTensorView positions;
     if (config_.position == PositionKind::kLearned) {

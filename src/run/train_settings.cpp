@@ -213,11 +213,12 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
         return invalid_argument_error("{}: 'train.recompute' is '{}'; choose none, selective or full",
                                       c.source_of("train.recompute"), recompute);
     }
-    if (recompute != "none") {
-        return unimplemented_error("{}: 'train.recompute: {}' is not built yet; use none (every activation is "
-                                   "kept; the memory plan printed before step 1 shows what that costs)",
-                                   c.source_of("train.recompute"), recompute);
+    if (recompute == "selective") {
+        return unimplemented_error("{}: 'train.recompute: selective' is not built yet; use full (keeps one "
+                                   "layer's activations, recomputes the rest) or none",
+                                   c.source_of("train.recompute"));
     }
+    s.recompute = recompute == "full";
     const std::string policy = c.get_string("train.nonfinite_policy");
     if (policy == "skip") s.nonfinite = NonfinitePolicy::kSkip;
     else if (policy == "stop") s.nonfinite = NonfinitePolicy::kStop;

@@ -41,6 +41,7 @@ struct TrainSettings {
     int threads = 0;                 // 0 = all cores
     std::string device = "auto";     // auto | cpu | cuda (train.device)
     bool deterministic = true;       // train.deterministic
+    bool recompute = false;          // train.recompute: full
 
     NonfinitePolicy nonfinite = NonfinitePolicy::kSkip;
     int64_t max_skipped = 10;

@@ -203,6 +203,7 @@ Status Trainer::setup() {
     shape.batch = s_.micro_batch;
     shape.seq_len = s_.seq_len;
     shape.backend = device_.backend();
+    shape.recompute = s_.recompute;
     const ParamTable table = model_param_table(s_.model);
     auto plan = memory_plan_make(s_.model, table, shape);
     if (!plan.ok()) return plan.status();
