@@ -52,6 +52,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
     cmd->add_flag("--nondeterministic", o->req.nondeterministic,
                   "Let the GPU use its faster nondeterministic kernels, as train.deterministic: false "
                   "(the attention backward's dQ by atomics, as PyTorch's flash attention)");
+    cmd->add_flag("--recompute", o->req.recompute,
+                  "Full activation recompute, as train.recompute: full (one layer's activations kept)");
     cmd->add_flag("--plan-only", o->req.plan_only,
                   "Print the parameter count, FLOPs per token and the memory plan; run nothing");
     cmd->callback([o, cmd, &action] {

@@ -237,6 +237,32 @@ TEST_P(ModelGpu, PackedDocumentsAndSmallerBatchesMatchTheCpu) {
     EXPECT_LT(grad_err, 5e-2) << worst;
 }
 
+// Full activation recompute on the GPU: the recomputed forward repeats the saved one with the
+// same (deterministic) kernels, so loss and gradients are bitwise those of a model that kept
+// every activation.
+TEST_P(ModelGpu, FullRecomputeGivesTheSameBits) {
+    const ModelConfig c = parse(GetParam().json);
+    ModelShape shape{kB, kT, 0};
+    shape.recompute = true;
+    Result<Model> keep = Model::create(c, ModelShape{kB, kT, 0}, state_->context());
+    Result<Model> rec = Model::create(c, shape, state_->context());
+    ASSERT_TRUE(keep.ok() && rec.ok());
+    keep->init(15);
+    rec->init(15);
+    const HostTensor tok = random_ids(kB, kT, c.vocab_size, 9, false);
+    const HostTensor tgt = random_ids(kB, kT, c.vocab_size, 10, true);
+    const ModelBatch batch{tok.view(), tgt.view(), {}, {}};
+    keep->zero_grads();
+    rec->zero_grads();
+    EXPECT_EQ(keep->forward_backward(batch), rec->forward_backward(batch));
+    const ConstTensorView a = keep->grads_flat(), b = rec->grads_flat();
+    std::vector<float> ha(size_t(a.numel())), hb(size_t(b.numel()));
+    cuda_copy_sync(TensorView(ha.data(), DType::kF32, a.shape()), a, state_->stream());
+    cuda_copy_sync(TensorView(hb.data(), DType::kF32, b.shape()), b, state_->stream());
+    EXPECT_EQ(ha, hb);
+    EXPECT_LT(rec->plan().activation_bytes(), keep->plan().activation_bytes());
+}
+
 TEST_P(ModelGpu, AStepAllocatesNoDeviceMemory) {
     const ModelConfig c = parse(GetParam().json);
     Pair m = make_pair(*state_, c, kB, kT, 14);

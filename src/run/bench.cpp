@@ -288,6 +288,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.batch = B;
     shape.seq_len = T;
     shape.backend = place.backend;
+    shape.recompute = req.recompute;
     const ParamTable table = model_param_table(config);
     auto plan = memory_plan_make(config, table, shape);
     if (!plan.ok()) return plan.status().with_context("--seq " + std::to_string(T));
@@ -399,6 +400,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["grad_norm_last"] = last.norm;
     j["seed"] = req.seed;
     j["deterministic"] = !req.nondeterministic;
+    j["recompute"] = req.recompute ? "full" : "none";
     j["requested_device"] = std::string(device_name(req.device));
     return j.dump();
 }

@@ -47,6 +47,7 @@ struct BenchRequest {
     int threads = 0;                    // CPU: OpenMP threads, 0 = all cores
     bool plan_only = false;             // report the shape and memory plan; run nothing
     bool nondeterministic = false;      // Context::deterministic = false (train.deterministic)
+    bool recompute = false;             // full activation recompute (train.recompute: full)
 };
 
 struct BenchPreset {
