@@ -21,6 +21,7 @@
 #include "align/glove.h"
 #include "core/check.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_state.h"  // DeviceBuffer
 
 namespace lathe {
 namespace {
@@ -84,55 +85,22 @@ __global__ void glove_epoch_hogwild_kernel(const GloveEntry* __restrict__ entrie
 
 namespace {
 
-// Device memory from cudaMalloc, freed on destruction. (ops/cuda's DeviceBuffer lives in a file
-// that also brings cuDNN's attention cache; this module needs only the memory.)
-class DeviceArray {
-public:
-    DeviceArray() = default;
-    explicit DeviceArray(size_t bytes) : bytes_(bytes) {
-        if (bytes > 0) LATHE_CUDA_CHECK(cudaMalloc(&data_, bytes));
-    }
-    ~DeviceArray() {
-        if (data_ != nullptr) cudaFree(data_);
-    }
-    DeviceArray(DeviceArray&& o) noexcept : data_(o.data_), bytes_(o.bytes_) {
-        o.data_ = nullptr;
-        o.bytes_ = 0;
-    }
-    DeviceArray& operator=(DeviceArray&& o) noexcept {
-        if (this != &o) {
-            if (data_ != nullptr) cudaFree(data_);
-            data_ = o.data_;
-            bytes_ = o.bytes_;
-            o.data_ = nullptr;
-            o.bytes_ = 0;
-        }
-        return *this;
-    }
-    void* data() const { return data_; }
-    size_t bytes() const { return bytes_; }
-
-private:
-    void* data_ = nullptr;
-    size_t bytes_ = 0;
-};
-
 }  // namespace
 
 struct GloveCuda::Buffers {
-    DeviceArray entries, w, c, bw, bc, gw, gc, gbw, gbc, cost;
+    DeviceBuffer entries, w, c, bw, bc, gw, gc, gbw, gbc, cost;
     cudaStream_t stream = nullptr;
 };
 
 namespace {
 
-void upload(DeviceArray& dst, const void* src, size_t bytes, cudaStream_t stream) {
-    dst = DeviceArray(bytes);
+void upload(DeviceBuffer& dst, const void* src, size_t bytes, cudaStream_t stream) {
+    dst = DeviceBuffer(bytes);
     if (bytes > 0)
         LATHE_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, bytes, cudaMemcpyHostToDevice, stream));
 }
 
-void download_to(std::vector<float>& dst, const DeviceArray& src, cudaStream_t stream) {
+void download_to(std::vector<float>& dst, const DeviceBuffer& src, cudaStream_t stream) {
     LATHE_CHECK(src.bytes() >= dst.size() * sizeof(float), "{} < {}", src.bytes(),
                 dst.size() * sizeof(float));
     LATHE_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.size() * sizeof(float),
@@ -174,7 +142,7 @@ GloveCuda::GloveCuda(const GloveModel& model, std::span<const GloveEntry> entrie
         warps = int(std::min<int64_t>(warps, cap));
     }
     warps_ = warps;
-    buffers_->cost = DeviceArray(size_t(warps_) * sizeof(double));
+    buffers_->cost = DeviceBuffer(size_t(warps_) * sizeof(double));
     LATHE_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 

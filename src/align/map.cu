@@ -14,6 +14,7 @@
 #include "align/map.h"
 #include "core/check.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/memory.h"
 
 namespace lathe {
 
@@ -92,12 +93,7 @@ struct DeviceArray {
 }  // namespace
 
 bool align_top2_cuda_available() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    return count > 0;
+    return cuda_device_count() > 0;
 }
 
 Status align_top2_cuda(std::span<AlignTop2> out, const float* A, int64_t M, const float* B, int64_t N,

@@ -162,6 +162,8 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
                            choice(c, "map.similarity", {"dot", "cosine"}));
     LATHE_ASSIGN_OR_RETURN(const std::string map_device,
                            choice(c, "map.device", {"auto", "cpu", "cuda"}));
+    LATHE_ASSIGN_OR_RETURN(const std::string eval_device,
+                           choice(c, "eval.device", {"auto", "cpu", "cuda"}));
     LATHE_ASSIGN_OR_RETURN(const std::string apply_init,
                            choice(c, "apply.init", {"align", "fvt", "mean", "random"}));
     LATHE_ASSIGN_OR_RETURN(const std::string fvt_weighting,
@@ -393,7 +395,7 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
         fp.add_setting("format", eval_format);
         fp.add_setting("max_documents", q.max_documents);
         fp.add_setting("seq_len", q.seq_len);
-        fp.add_setting("device", c.get_string("eval.device"));
+        fp.add_setting("device", eval_device);
         LATHE_RETURN_IF_ERROR(fp.add_input("documents", documents));
         LATHE_RETURN_IF_ERROR(fp.add_input("map", map_path));
         LATHE_RETURN_IF_ERROR(fp.add_input("source_tokenizer", source_tokenizer));
@@ -404,8 +406,6 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
         if (!force && stage_up_to_date(out, fp)) {
             add("eval", true, out, t0);
         } else {
-            LATHE_ASSIGN_OR_RETURN(const std::string eval_device,
-                                   choice(c, "eval.device", {"auto", "cpu", "cuda"}));
             LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(eval_device, "eval.device"));
             auto r = align_eval_run(device.context(), q);
             if (!r.ok()) return in_stage("eval", r.status());

@@ -18,6 +18,7 @@
 #include "align/sgns_step.h"
 #include "core/check.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_state.h"  // DeviceBuffer
 
 namespace lathe {
 namespace {
@@ -101,34 +102,11 @@ __global__ void sgns_epoch_hogwild_kernel(SgnsStepConfig cfg,
     }
 }
 
-// Device memory from cudaMalloc, freed on destruction (as in glove.cu).
-class DeviceArray {
-public:
-    DeviceArray() = default;
-    explicit DeviceArray(size_t bytes) : bytes_(bytes) {
-        if (bytes > 0) LATHE_CUDA_CHECK(cudaMalloc(&data_, bytes));
-    }
-    ~DeviceArray() {
-        if (data_ != nullptr) cudaFree(data_);
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    template <typename T>
-    T* as() const {
-        return static_cast<T*>(data_);
-    }
-    size_t bytes() const { return bytes_; }
-
-private:
-    void* data_ = nullptr;
-    size_t bytes_ = 0;
-};
-
 template <typename T>
-std::unique_ptr<DeviceArray> upload(const std::vector<T>& v, cudaStream_t stream) {
-    auto d = std::make_unique<DeviceArray>(v.size() * sizeof(T));
+std::unique_ptr<DeviceBuffer> upload(const std::vector<T>& v, cudaStream_t stream) {
+    auto d = std::make_unique<DeviceBuffer>(v.size() * sizeof(T));
     if (!v.empty())
-        LATHE_CUDA_CHECK(cudaMemcpyAsync(d->template as<void>(), v.data(), v.size() * sizeof(T),
+        LATHE_CUDA_CHECK(cudaMemcpyAsync(d->data(), v.data(), v.size() * sizeof(T),
                                          cudaMemcpyHostToDevice, stream));
     return d;
 }
@@ -136,7 +114,7 @@ std::unique_ptr<DeviceArray> upload(const std::vector<T>& v, cudaStream_t stream
 }  // namespace
 
 struct SgnsCuda::Buffers {
-    std::unique_ptr<DeviceArray> rows, doc_offsets, keep, negatives, sigmoid, log, in, out, loss,
+    std::unique_ptr<DeviceBuffer> rows, doc_offsets, keep, negatives, sigmoid, log, in, out, loss,
         updates;
     int64_t n = 0, docs = 0;
     cudaStream_t stream = nullptr;
@@ -180,8 +158,8 @@ SgnsCuda::SgnsCuda(const SgnsModel& model, const SgnsCorpus& corpus, const SgnsT
         warps = int(std::min<int64_t>(warps, cap));
     }
     warps_ = warps;
-    b.loss = std::make_unique<DeviceArray>(size_t(warps_) * sizeof(double));
-    b.updates = std::make_unique<DeviceArray>(size_t(warps_) * sizeof(long long));
+    b.loss = std::make_unique<DeviceBuffer>(size_t(warps_) * sizeof(double));
+    b.updates = std::make_unique<DeviceBuffer>(size_t(warps_) * sizeof(long long));
     LATHE_CUDA_CHECK(cudaStreamSynchronize(b.stream));
 }
 
@@ -198,12 +176,12 @@ double SgnsCuda::epoch(const SgnsOptions& options, int epoch) {
     Buffers& b = *buffers_;
     if (b.n == 0) return 0.0;
     SgnsStepConfig c{};
-    c.rows = b.rows->as<uint32_t>();
-    c.keep = b.keep->as<float>();
-    c.negatives = b.negatives->as<uint32_t>();
+    c.rows = static_cast<uint32_t*>(b.rows->data());
+    c.keep = static_cast<float*>(b.keep->data());
+    c.negatives = static_cast<uint32_t*>(b.negatives->data());
     c.negatives_size = b.negatives->bytes() / sizeof(uint32_t);
-    c.sigmoid = b.sigmoid->as<float>();
-    c.log = b.log->as<float>();
+    c.sigmoid = static_cast<float*>(b.sigmoid->data());
+    c.log = static_cast<float*>(b.log->data());
     c.seed = options.seed;
     c.epoch = epoch;
     c.epochs = options.epochs;
@@ -215,14 +193,15 @@ double SgnsCuda::epoch(const SgnsOptions& options, int epoch) {
     LATHE_CHECK(warps_ % per_block == 0, "warps={}", warps_);
     const size_t smem = size_t(per_block) * size_t(D_) * sizeof(float);
     sgns_epoch_hogwild_kernel<<<warps_ / per_block, threads, smem, b.stream>>>(
-        c, b.doc_offsets->as<int64_t>(), b.docs, b.n, b.in->as<float>(), b.out->as<float>(),
-        int(D_), b.loss->as<double>(), b.updates->as<long long>());
+        c, static_cast<int64_t*>(b.doc_offsets->data()), b.docs, b.n,
+        static_cast<float*>(b.in->data()), static_cast<float*>(b.out->data()), int(D_),
+        static_cast<double*>(b.loss->data()), static_cast<long long*>(b.updates->data()));
     LATHE_CUDA_CHECK_LAUNCH();
     std::vector<double> loss(static_cast<size_t>(warps_));
     std::vector<long long> updates(static_cast<size_t>(warps_));
-    LATHE_CUDA_CHECK(cudaMemcpyAsync(loss.data(), b.loss->as<void>(), loss.size() * sizeof(double),
+    LATHE_CUDA_CHECK(cudaMemcpyAsync(loss.data(), b.loss->data(), loss.size() * sizeof(double),
                                      cudaMemcpyDeviceToHost, b.stream));
-    LATHE_CUDA_CHECK(cudaMemcpyAsync(updates.data(), b.updates->as<void>(),
+    LATHE_CUDA_CHECK(cudaMemcpyAsync(updates.data(), b.updates->data(),
                                      updates.size() * sizeof(long long), cudaMemcpyDeviceToHost,
                                      b.stream));
     LATHE_CUDA_CHECK(cudaStreamSynchronize(b.stream));
@@ -236,10 +215,10 @@ void SgnsCuda::download(SgnsModel& model) const {
     LATHE_CHECK(model.V == V_ && model.D == D_, "model {}x{} vs device {}x{}", model.V, model.D, V_,
                 D_);
     const Buffers& b = *buffers_;
-    LATHE_CUDA_CHECK(cudaMemcpyAsync(model.in.data(), b.in->as<void>(),
+    LATHE_CUDA_CHECK(cudaMemcpyAsync(model.in.data(), b.in->data(),
                                      model.in.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                      b.stream));
-    LATHE_CUDA_CHECK(cudaMemcpyAsync(model.out.data(), b.out->as<void>(),
+    LATHE_CUDA_CHECK(cudaMemcpyAsync(model.out.data(), b.out->data(),
                                      model.out.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                      b.stream));
     LATHE_CUDA_CHECK(cudaStreamSynchronize(b.stream));

@@ -21,11 +21,11 @@ TensorViewT<K> flat_heads(const TensorViewT<K>& v) {
     return v.reshape(Shape{v.dim(0), v.dim(1), v.dim(2) * v.dim(3)});
 }
 
-float attention_scale(const ModelConfig& c) {
+}  // namespace
+
+float block_attention_scale(const ModelConfig& c) {
     return float(1.0 / std::sqrt(double(c.head_dim)));
 }
-
-}  // namespace
 
 void block_norm_forward(const ModelConfig& c, TensorView y, TensorView mean, TensorView rstd,
                         ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
@@ -57,7 +57,7 @@ void block_forward(const ModelConfig& c, int layer, const BlockWeights& w, const
         rope_forward(a.q, a.q, in.positions, in.rope_cos, in.rope_sin, ctx);
         rope_forward(a.k, a.k, in.positions, in.rope_cos, in.rope_sin, ctx);
     }
-    attention_forward(a.att, a.lse, a.q, a.k, a.v, in.docs, c.window(layer), attention_scale(c),
+    attention_forward(a.att, a.lse, a.q, a.k, a.v, in.docs, c.window(layer), block_attention_scale(c),
                       ctx);
     linear_forward(s.tmp, flat_heads(a.att), w.wo, w.bo, ctx);
 
@@ -105,7 +105,7 @@ void block_backward(const ModelConfig& c, int layer, const BlockWeights& w, cons
     linear_backward(flat_heads(s.datt), g.wo, g.bo, dres, flat_heads(a.att), w.wo,
                     GradMode::kOverwrite, ctx);
     attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, in.docs,
-                       c.window(layer), attention_scale(c), ctx);
+                       c.window(layer), block_attention_scale(c), ctx);
     if (c.position == PositionKind::kRope) {
         rope_backward(s.dq, s.dq, in.positions, in.rope_cos, in.rope_sin, ctx);
         rope_backward(s.dk, s.dk, in.positions, in.rope_cos, in.rope_sin, ctx);

@@ -144,6 +144,10 @@ void block_backward(const ModelConfig& config, int layer, const BlockWeights& w,
                     const BlockGrads& g, const BlockActs& acts, const BlockScratch& scratch,
                     const BlockInputs& in, TensorView dres, const Context& ctx);
 
+// The attention softmax scale every block uses: 1 / sqrt(head_dim), in fp32. (The model builds
+// the CUDA attention graphs of its shape with it, so both must agree.)
+float block_attention_scale(const ModelConfig& config);
+
 // Norm dispatch shared with the final norm: RMSNorm ignores `bias` and `mean`.
 void block_norm_forward(const ModelConfig& config, TensorView y, TensorView mean, TensorView rstd,
                         ConstTensorView x, ConstTensorView weight, ConstTensorView bias,

@@ -150,7 +150,7 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
             for (int64_t w : windows) {
                 cuda::AttentionShape shape{m.plan_.shape.batch, m.plan_.shape.seq_len,
                                            c.num_heads, c.num_kv_heads, c.head_dim, w, false,
-                                           float(1.0 / std::sqrt(double(c.head_dim)))};
+                                           block_attention_scale(c)};
                 shape.nondeterministic_backward = !ctx.deterministic;
                 cuda::attention_prepare(state, shape);
             }
@@ -401,11 +401,6 @@ float Model::grad_norm() {
     const ConstTensorView grads[] = {grads_flat()};
     grad_norm_l2(norm, grads, ctx_);
     return read_scalar(norm);
-}
-
-void Model::clip_grads(float max_norm) {
-    const TensorView gs[] = {grads_flat()};
-    grad_clip_by_norm(gs, scratch_.view(plan_.grad_norm), max_norm, ctx_);
 }
 
 void Model::optimizer_step(std::span<const AdamWSegment> segments, const AdamWHyper& hyper,

@@ -142,13 +142,10 @@ public:
     bool has_optimizer() const { return exp_avg_.layout().size() > 0; }
     // The L2 norm of every gradient (fp64 sums), computed where the model is and read back.
     float grad_norm();
-    // Scales the gradients by max_norm / norm when the norm from the last grad_norm() exceeds
-    // max_norm (ops/grad_norm.h); a non-finite norm leaves them alone.
-    void clip_grads(float max_norm);
     // One AdamW update of the given segments (enable_optimizer() first); on CUDA the bf16 compute
     // copy is rewritten in the same pass. max_grad_norm > 0 clips by the norm of the last
     // grad_norm() inside the update (the gradients in memory stay as they are): the same update
-    // as clip_grads(max_grad_norm) then optimizer_step(..., 0), one pass over memory fewer.
+    // as grad_clip_by_norm (ops/grad_norm.h) followed by an unclipped one, one pass fewer.
     void optimizer_step(std::span<const AdamWSegment> segments, const AdamWHyper& hyper,
                         int64_t step, float max_grad_norm = 0.0f);
     // The moments as flat f32 vectors of params_flat().numel() elements, host side (checkpoints).
