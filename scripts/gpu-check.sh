@@ -55,6 +55,8 @@ for part in "$@"; do
                 --steps 20 --nondeterministic >"$out/bench_gpt2_nondet.txt" 2>&1
             timeout 150 "$bin/lathe" bench --model llama-1b --batch 8 --seq 2048 --steps 10 \
                 --nondeterministic >"$out/bench_llama_nondet.txt" 2>&1
+            timeout 150 "$bin/lathe" bench --model llama-1b --batch 8 --seq 2048 --steps 10 \
+                --recompute >"$out/bench_llama_recompute.txt" 2>&1
             ;;
         profile)
             # Kernel times of one GPT-2 and one Llama-1B step (ncu, clocks left alone).
@@ -64,6 +66,7 @@ for part in "$@"; do
                     --log-file "$out/profile_$name.csv" "$bin/lathe" bench --model $m --steps 1 \
                     --warmup 0 >"$out/profile_$name.txt" 2>&1
                 echo "rc=$?" >>"$out/profile_$name.txt"
+                python3 scripts/ncu-summary.py "$out/profile_$name.csv" 25 >"$out/profile_${name}_top.txt" 2>&1
             done
             ;;
         baseline)
@@ -88,6 +91,9 @@ done
 echo "== summary"
 for f in "$out"/*.txt; do
     echo "-- $(basename "$f")"
-    grep -E "^rc=|PASSED|FAILED|ready|tokens_per_s|\[gpu|gpt2_124M|llama_1B|step 200/|validation" "$f" |
-        cut -c1-400 | tail -40
+    case $f in
+        *_top.txt) cut -c1-140 "$f" ;;
+        *) grep -E "^rc=|PASSED|FAILED|ready|tokens_per_s|\[gpu|gpt2_124M|llama_1B|step 200/|validation" "$f" |
+            cut -c1-400 | tail -40 ;;
+    esac
 done
