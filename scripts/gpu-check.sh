@@ -20,9 +20,13 @@
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: gpu-check.sh OUT PART...}
+# Only a handful of files come back from the device tool's OUT folder, so every part writes into a
+# local folder and OUT gets one archive of it (gpu-check.tgz) plus the printed summary.
+final_out=${1:?usage: gpu-check.sh OUT PART...}
 shift
-mkdir -p "$out"
+out=/tmp/gpu-check-out
+rm -rf "$out"
+mkdir -p "$out" "$final_out"
 dir=/tmp/lathe-gpu
 lib=$(bash "$root/scripts/gpu-bundle.sh" unpack "$dir")
 export LD_LIBRARY_PATH=$lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
@@ -97,3 +101,4 @@ for f in "$out"/*.txt; do
             cut -c1-400 | tail -40 ;;
     esac
 done
+tar czf "$final_out/gpu-check.tgz" -C "$out" .
