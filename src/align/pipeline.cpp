@@ -78,6 +78,8 @@ ConfigSchema align_run_config_schema() {
     // ---- stage 1: terms ----
     s.add({"terms.enabled", ConfigType::kBool, "true",
            "mine domain terms into the target tokenizer"});
+    s.add({"terms.corpus", ConfigType::kStringList, "[]",
+           "domain corpus files to mine terms from; default: corpus.inputs"});
     s.add({"terms.general", ConfigType::kStringList, "[]",
            "general corpus files: score x log(p_domain / p_general)"});
     s.add({"terms.top_k", ConfigType::kInt, "2000", "terms to add"});
@@ -181,6 +183,18 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
     };
     auto in_stage = [](const char* stage, const Status& s) { return s.with_context(stage); };
 
+    // Stage 1 may mine a narrower corpus than stages 2-3 read: the embeddings want all the text
+    // (general and domain), the terms only the domain part, whose counts the general corpus's
+    // are set against (mining general + domain text would count general phrases as domain ones).
+    std::vector<std::string> terms_corpus = c.get_string_list("terms.corpus");
+    if (terms_corpus.empty()) terms_corpus = corpus;
+    for (const std::string& f : terms_corpus) {
+        if (!file_exists(f)) {
+            return not_found_error("terms.corpus ({}): {} does not exist",
+                                   c.source_of("terms.corpus"), f);
+        }
+    }
+
     // ---- 1 terms ----
     std::string target_tokenizer = given_target;
     std::string terms_tsv;
@@ -189,7 +203,7 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
         log_info("align run: stage 1/6 terms");
         TermsOptions o;
         o.source_tokenizer = given_target.empty() ? source_tokenizer : given_target;
-        o.corpus = corpus;
+        o.corpus = terms_corpus;
         o.general_corpus = c.get_string_list("terms.general");
         o.output = join_path(work, "target/tokenizer.json");
         LATHE_ASSIGN_OR_RETURN(o.format, terms_format_from_name(format_name));

@@ -21,6 +21,10 @@
 //   model/                                                     stage 5 (a Hugging Face folder)
 //   eval.json                                                  stage 6
 //
+// Stage 1 mines terms.corpus when given, else corpus.inputs (stages 2-3 always read corpus.inputs):
+// so the embeddings can learn from general plus domain text while the terms come from the domain
+// text alone.
+//
 // The tokenizer that stage 1 adds terms to is target.tokenizer when given (e.g. a medical
 // tokenizer trained with `lathe tokenizer train`), else source.tokenizer (the source vocabulary
 // plus domain terms). With terms.enabled false, target.tokenizer is required and used as it is.

@@ -1,0 +1,131 @@
+"""bench/align_quality.sh, issue 6's quality study (docs/ALIGN.md "Quality"), kept working in CI.
+
+What is checked:
+  * `--tiny` on a 1 MiB slice of GCIDE runs every step of the study on the CPU (source model,
+    medical tokenizer, both targets, the four initialisations, both fine-tuning stages) and its
+    results table has every cell filled: results.json holds a finite bits-per-byte number for
+    every (target, held-out set, column), results.md no "—"; the models really differ (the
+    random, mean, FVT and align rows give four different numbers per target);
+  * a second run with the same options redoes nothing (no lathe command but the always-run,
+    stage-cached `align run`) and writes the same numbers;
+  * `lathe align run`'s `terms.corpus` (the study mines medical terms from the medical text while
+    the embeddings read GCIDE + medical): the terms are those `lathe align terms` mines from
+    terms.corpus alone, and not those of corpus.inputs; a missing file is an error naming the key.
+"""
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LATHE = os.environ.get("LATHE_BIN", str(REPO / "build" / "lathe"))
+SHARED = Path(os.environ.get("LATHE_SHARED_DIR", REPO.parent / "shared"))
+PUBMED = SHARED / "corpora" / "pubmedqa_ori_pqal.json"
+TOKENIZERS = SHARED / "tokenizers"
+GCIDE = Path("/usr/share/dictd/gcide.dict.dz")
+
+pytestmark = pytest.mark.skipif(
+    not (PUBMED.exists() and GCIDE.exists() and (TOKENIZERS / "qwen3.json").exists()),
+    reason="needs PubMedQA, the tokenizers of ../shared and dict-gcide")
+
+
+def study(out, *extra):
+    """Runs the tiny study into `out`; returns its stderr (where the commands are printed)."""
+    cmd = ["bash", str(REPO / "bench" / "align_quality.sh"), "--tiny", "--lathe", LATHE,
+           "--gcide", str(GCIDE), "--pubmedqa", str(PUBMED), "--tokenizers", str(TOKENIZERS),
+           "--out", str(out), "--max-gcide-mb", "1", "--train-steps", "8", "--stage1-steps", "3",
+           "--stage2-steps", "3", "--eval-docs", "2", "--gcide-eval-docs", "4", *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-6000:]}"
+    return p.stdout, p.stderr
+
+
+def test_tiny_study_fills_every_cell_and_resumes(tmp_path):
+    out = tmp_path / "q"
+    stdout, _ = study(out, "--finetune-fvt")
+    res = json.loads((out / "results.json").read_text())
+    cols = ["random rows", "mean rows", "FVT", "lathe align", "after stage 1", "after stage 2",
+            "FVT + stage 1", "FVT + stage 2"]
+    assert set(res["targets"]) == {"qwen3", "medical"}
+    for held in ("medical", "gcide"):
+        assert math.isfinite(res["source"][held]) and res["source"][held] > 0
+        for t, r in res["targets"].items():
+            row = r["bits_per_byte"][held]
+            assert list(row) == cols
+            for c in cols:
+                assert row[c] is not None and math.isfinite(row[c]) and row[c] > 0, (t, held, c, row)
+            # Four initialisations, four models: a script that evaluated one model four times
+            # would give equal numbers.
+            assert len({row[c] for c in cols[:4]}) == 4, (t, held, row)
+    for t, r in res["targets"].items():
+        assert 0 < r["alignment_bleu1"] <= 1
+        assert r["tokens_per_byte_source"] > 0 and r["tokens_per_byte_target"] > 0
+        assert r["map_decisions"].get("gold", 0) > 0, r["map_decisions"]
+        assert isinstance(r["align_beats_fvt_and_random"], bool)
+    # The medical target is the trained tokenizer plus 100 mined terms (tiny's --terms-top-k).
+    assert res["targets"]["medical"]["map_decisions"].get("term") == 100
+    md = (out / "results.md").read_text()
+    assert "—" not in md, md
+    assert md.count("| qwen3 |") == 3 and md.count("| medical |") == 3, md
+    for step in ("source-train", "qwen3-align", "medical-align", "qwen3-align-stage1",
+                 "medical-fvt-stage2", "medical-eval-init"):
+        assert res["timings_s"][step] > 0, res["timings_s"]
+    assert "| lathe align |" in md and md in stdout
+
+    # A second run redoes nothing: the only lathe command it runs is `align run`, whose stages
+    # all say up to date; the numbers are the same.
+    _, err = study(out, "--finetune-fvt")
+    commands = [line for line in err.splitlines() if line.startswith("+ ")]
+    assert all(" align run " in c for c in commands) and len(commands) == 2, commands
+    assert json.loads((out / "results.json").read_text())["targets"] == res["targets"]
+
+
+def lathe(*args, check=True):
+    p = subprocess.run([LATHE, *map(str, args)], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise AssertionError(f"lathe {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
+    return p
+
+
+def test_align_run_mines_terms_from_terms_corpus(tmp_path):
+    data = json.loads(PUBMED.read_text(encoding="utf-8"))
+    docs = ["\n".join([v["QUESTION"], *v["CONTEXTS"], v["LONG_ANSWER"]]) for v in data.values()]
+    medical = tmp_path / "medical.jsonl"
+    medical.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:200]))
+    # "General" text that shares no phrase with the medical one often enough to be a term
+    # candidate on its own, but would add to the counts if it were mined: the medical documents'
+    # own first sentences, repeated.
+    general = tmp_path / "general.jsonl"
+    general.write_text("".join(json.dumps({"text": d.split("\n")[0]}) + "\n" for d in docs[200:400]) * 5)
+    neox = TOKENIZERS / "gpt-neox-20b.json"
+    common = ["--set", "terms.top_k=30", "--set", "embed.dim=8", "--set", "embed.iters=1",
+              "--set", "map.device=cpu", "--set", "embed.device=cpu", "--set", "map.pivots=20",
+              "--no-progress"]
+
+    def run(work, *sets):
+        cfg = tmp_path / f"{work}.yaml"
+        cfg.write_text(f"align: {{work_dir: {tmp_path / work}, threads: 2}}\n"
+                       f"source: {{tokenizer: {neox}}}\n"
+                       f"corpus: {{inputs: [{general}, {medical}]}}\n")
+        lathe("align", "run", cfg, *common, *sets)
+        return (tmp_path / work / "target" / "tokenizer.terms.tsv").read_text()
+
+    split = run("split", "--set", f"terms.corpus=[{medical}]")
+    both = run("both")
+    lathe("align", "terms", "--tokenizer", neox, "--corpus", medical, "--top-k", "30",
+          "--output", tmp_path / "alone" / "tokenizer.json", "--no-progress")
+    alone = (tmp_path / "alone" / "tokenizer.terms.tsv").read_text()
+    assert split == alone
+    assert split != both  # the general text's first sentences changed counts when mined
+    # The token files (stage 2) still hold the whole corpus.inputs.
+    info = lathe("data", "info", tmp_path / "split" / "tokens" / "source").stdout
+    assert "documents: 1200" in info, info
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"align: {{work_dir: {tmp_path / 'w'}}}\nsource: {{tokenizer: {neox}}}\n"
+                   f"corpus: {{inputs: [{medical}]}}\nterms: {{corpus: [{tmp_path / 'nope.jsonl'}]}}\n")
+    p = lathe("align", "run", bad, check=False)
+    assert p.returncode != 0 and "terms.corpus (" in p.stderr and "nope.jsonl does not exist" in p.stderr, p.stderr
