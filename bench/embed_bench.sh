@@ -4,13 +4,16 @@
 #
 #   bench/embed_bench.sh --tokens PREFIX --out DIR [--lathe BIN] [--glove-src DIR] [--fasttext BIN]
 #                        [--threads N] [--dim 300] [--glove-iters 15] [--sgns-epochs 5]
-#                        [--only lathe-gpu|all] [--no-lathe-cpu] [--tokenizer T.json]
+#                        [--only lathe-gpu|all] [--no-lathe-cpu] [--no-lathe-gpu]
+#                        [--glove-memory GB] [--tokenizer T.json]
 #
 #   --lathe       the lathe binary (default: build/lathe)
 #   --glove-src   a checkout of stanfordnlp/GloVe (its Makefile and src/): built here with `make`
 #   --fasttext    a fastText binary (Debian's `fasttext`, libfasttext 0.9.2)
 #   --only lathe-gpu  time only lathe's CUDA GloVe and skip-gram (what the lead runs on the H100)
 #   --no-lathe-cpu    skip lathe's CPU runs (the slowest part of the lathe side)
+#   --no-lathe-gpu    skip lathe's CUDA runs (a machine without a GPU)
+#   --glove-memory    GB the GloVe C tool's cooccur and shuffle may use (default 16)
 #
 # Runs, each timed with wall-clock seconds:
 #   lathe align embed --method glove --device cuda, and --device cpu on all threads
@@ -37,6 +40,8 @@ glove_iters=15
 sgns_epochs=5
 only=all
 lathe_cpu=1
+lathe_gpu=1
+glove_memory=16
 tokenizer=""
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -51,6 +56,8 @@ while [[ $# -gt 0 ]]; do
         --sgns-epochs) sgns_epochs=$2; shift 2 ;;
         --only) only=$2; shift 2 ;;
         --no-lathe-cpu) lathe_cpu=0; shift ;;
+        --no-lathe-gpu) lathe_gpu=0; shift ;;
+        --glove-memory) glove_memory=$2; shift 2 ;;
         --tokenizer) tokenizer=$2; shift 2 ;;
         *) echo "embed_bench: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
     esac
@@ -73,11 +80,13 @@ timed() {
 }
 
 common=(--tokens "$tokens" --dim "$dim" --min-count 5 --seed 1 --force)
+if [[ $lathe_gpu == 1 ]]; then
 timed lathe_glove_cuda "$lathe" align embed "${common[@]}" --method glove --iters "$glove_iters" \
     --device cuda --output "$out/lathe_glove_cuda.txt"
 timed lathe_sgns_cuda "$lathe" align embed "${common[@]}" --method sgns --iters "$sgns_epochs" \
     --device cuda --output "$out/lathe_sgns_cuda.txt"
 grep -h "time:\|final\|entries\|vectors:" "$out"/lathe_*_cuda.log
+fi
 [[ $only == lathe-gpu ]] && exit 0
 
 if [[ $lathe_cpu == 1 ]]; then
@@ -107,10 +116,10 @@ if [[ -n $glove_src ]]; then
     (cd "$glove_src" && make >/dev/null 2>&1) || { echo "embed_bench: GloVe make failed"; exit 1; }
     gb=$glove_src/build
     timed glove_vocab_count sh -c "'$gb/vocab_count' -min-count 5 -verbose 0 <'$out/ids.txt' >'$out/vocab.txt'"
-    timed glove_cooccur sh -c "'$gb/cooccur' -memory 16 -vocab-file '$out/vocab.txt' -verbose 0 \
+    timed glove_cooccur sh -c "'$gb/cooccur' -memory $glove_memory -vocab-file '$out/vocab.txt' -verbose 0 \
         -window-size 15 -symmetric 1 -distance-weighting 1 -overflow-file '$out/overflow' \
         <'$out/ids.txt' >'$out/cooccurrence.bin'"
-    timed glove_shuffle sh -c "'$gb/shuffle' -memory 16 -verbose 0 -seed 1 \
+    timed glove_shuffle sh -c "'$gb/shuffle' -memory $glove_memory -verbose 0 -seed 1 \
         -temp-file '$out/shuffle_tmp' <'$out/cooccurrence.bin' >'$out/cooccurrence.shuf.bin'"
     glove_c 1
     grep -h "iter: 0*$glove_iters," "$out"/glove_train_seed1.log
