@@ -1,5 +1,6 @@
 #include "ops/linear.h"
 
+#include "ops/cpu/activations.h"
 #include "ops/cpu/linear.h"
 #include "ops/op_checks.h"
 
@@ -68,6 +69,84 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
                                   dweight.as<float>(), dbias.as<float>(), dy.as<bf16>(),
                                   x.as<bf16>(), weight.as<bf16>(), N, I, O,
                                   dx_mode == GradMode::kAccumulate);
+            return;
+#endif
+            break;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+void linear_gelu_forward(TensorView act, TensorView pre, ConstTensorView x, ConstTensorView weight,
+                         ConstTensorView bias, GeluKind kind, const Context& ctx) {
+    constexpr const char* kOp = "linear_gelu_forward";
+    const auto [N, I] = op_rows_cols(kOp, "x", x);
+    LATHE_CHECK(weight.rank() == 2 && weight.dim(1) == I, "{}: weight {} for x {}", kOp,
+                weight.to_string(), x.to_string());
+    const int64_t O = weight.dim(0);
+    op_expect_shape(kOp, "pre", pre, x.shape().with_dim(-1, O));
+    op_expect_shape(kOp, "act", act, x.shape().with_dim(-1, O));
+    if (!bias.is_null()) op_expect_shape(kOp, "bias", bias, Shape{O});
+    op_expect_memory(kOp, ctx, {act, pre, x, weight, bias});
+    const bool tanh_form = kind == GeluKind::kTanh;
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            op_expect_cpu_f32(kOp, {act, pre, x, weight, bias});
+            cpu::linear_forward(pre.as<float>(), x.as<float>(), weight.as<float>(),
+                                bias.as<float>(), N, I, O);
+            cpu::gelu_forward(act.as<float>(), pre.as<float>(), pre.numel(), tanh_form);
+            return;
+        case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {act, pre, x, weight, bias});
+            cuda::linear_gelu_forward(cuda_state_of(ctx, kOp), ctx.stream, act.as<bf16>(),
+                                      pre.as<bf16>(), x.as<bf16>(), weight.as<bf16>(),
+                                      bias.as<bf16>(), N, I, O, tanh_form);
+            return;
+#endif
+            break;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+void linear_gelu_backward(TensorView dpre, TensorView dpre_bias, TensorView dweight,
+                          TensorView dbias, ConstTensorView dy, ConstTensorView act,
+                          ConstTensorView pre, ConstTensorView weight, GeluKind kind,
+                          const Context& ctx) {
+    constexpr const char* kOp = "linear_gelu_backward";
+    const auto [N, I] = op_rows_cols(kOp, "act", act);
+    LATHE_CHECK(weight.rank() == 2 && weight.dim(1) == I, "{}: weight {} for act {}", kOp,
+                weight.to_string(), act.to_string());
+    const int64_t O = weight.dim(0);
+    op_expect_shape(kOp, "dy", dy, act.shape().with_dim(-1, O));
+    op_expect_shape(kOp, "pre", pre, act.shape());
+    op_expect_shape(kOp, "dpre", dpre, act.shape());
+    if (!dpre_bias.is_null()) op_expect_shape(kOp, "dpre_bias", dpre_bias, Shape{I});
+    if (!dweight.is_null()) op_expect_shape(kOp, "dweight", dweight, weight.shape());
+    if (!dbias.is_null()) op_expect_shape(kOp, "dbias", dbias, Shape{O});
+    op_expect_memory(kOp, ctx, {dpre, dpre_bias, dweight, dbias, dy, act, pre, weight});
+    const bool tanh_form = kind == GeluKind::kTanh;
+    switch (ctx.backend) {
+        case Backend::kCpu: {
+            op_expect_cpu_f32(kOp, {dpre, dpre_bias, dweight, dbias, dy, act, pre, weight});
+            // The unfused sequence, step for step: d act lands in dpre, the GELU backward turns it
+            // into d pre in place, and the bias sum is linear_backward's own.
+            float* d = dpre.as<float>();
+            cpu::linear_backward(d, dweight.as<float>(), dbias.as<float>(), dy.as<float>(),
+                                 act.as<float>(), weight.as<float>(), N, I, O, false);
+            cpu::gelu_backward(d, d, pre.as<float>(), dpre.numel(), tanh_form);
+            if (!dpre_bias.is_null())
+                cpu::linear_backward(nullptr, nullptr, dpre_bias.as<float>(), d, nullptr, nullptr,
+                                     N, 0, I, false);
+            return;
+        }
+        case Backend::kCuda:
+#if LATHE_HAVE_CUDA
+            op_expect_cuda_dtype(kOp, DType::kBF16, {dpre, dy, act, pre, weight});
+            op_expect_cuda_dtype(kOp, DType::kF32, {dpre_bias, dweight, dbias});
+            cuda::linear_gelu_backward(cuda_state_of(ctx, kOp), ctx.stream, dpre.as<bf16>(),
+                                       dpre_bias.as<float>(), dweight.as<float>(),
+                                       dbias.as<float>(), dy.as<bf16>(), act.as<bf16>(),
+                                       pre.as<bf16>(), weight.as<bf16>(), N, I, O, tanh_form);
             return;
 #endif
             break;

@@ -12,8 +12,25 @@
 // Gradients: dx per `dx_mode` (= or +=), null when the input needs none; dweight and dbias
 //   accumulate (+=), null when frozen.
 // Deterministic for a given BLAS build, whatever the thread count (dbias: fp64 row sums in order).
+//
+// The GELU MLP's projections with the activation fused into them (the CUDA backend does the GELU
+// in the GEMMs' epilogues, ops/cuda/linear.h; the CPU runs the separate ops, bit for bit as the
+// unfused sequence):
+//   linear_gelu_forward:  pre = x W^T + b;  act = gelu(pre)
+//       = linear_forward(pre, x, W, b) then gelu_forward(act, pre).
+//   linear_gelu_backward, for the projection y = act W^T + b that reads act = gelu(pre):
+//       dpre = gelu'(pre) * (dy W)  (=)        dweight += dy^T act        dbias += sum_n dy[n, :]
+//       dpre_bias += sum_n dpre[n, :]           (the bias gradient of the linear that made pre)
+//       = linear_backward(dpre, dweight, dbias, dy, act, W, overwrite), gelu_backward in place
+//         on dpre, then dpre_bias as linear_backward computes a bias gradient.
+//   Shapes: x (N, I), pre and act (N, F), W (F, I) and b (F) for the forward; dy (N, O),
+//   act, pre, dpre (N, I), W (O, I), dpre_bias (I), dbias (O) for the backward (I is the GELU
+//   width there). dpre_bias, dweight, dbias may be null (frozen). Dtypes as linear's.
+//   On CUDA the tanh GELU runs inside cuBLASLt, from the fp32 accumulator (pre is still saved
+//   rounded to bf16); the erf GELU, which cuBLASLt does not have, runs as the separate kernel.
 #include "core/tensor.h"
 #include "ops/context.h"
+#include "ops/gelu.h"
 
 namespace lathe {
 
@@ -23,5 +40,13 @@ void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, Con
 void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstTensorView dy,
                      ConstTensorView x, ConstTensorView weight, GradMode dx_mode,
                      const Context& ctx);
+
+void linear_gelu_forward(TensorView act, TensorView pre, ConstTensorView x, ConstTensorView weight,
+                         ConstTensorView bias, GeluKind kind, const Context& ctx);
+
+void linear_gelu_backward(TensorView dpre, TensorView dpre_bias, TensorView dweight,
+                          TensorView dbias, ConstTensorView dy, ConstTensorView act,
+                          ConstTensorView pre, ConstTensorView weight, GeluKind kind,
+                          const Context& ctx);
 
 }  // namespace lathe

@@ -1,9 +1,23 @@
 #include "ops/linear.h"
 
+#include "ops/gelu.h"
 #include "ops/op_test.h"
+
+#include <cstring>
 
 namespace lathe::optest {
 namespace {
+
+// Same shape and the same bytes.
+::testing::AssertionResult bitwise_equal(const HostTensor& a, const HostTensor& b) {
+    if (a.view().shape() != b.view().shape())
+        return ::testing::AssertionFailure() << a.view().to_string() << " vs " << b.view().to_string();
+    for (int64_t i = 0; i < a.numel(); ++i)
+        if (std::memcmp(a.as<float>() + i, b.as<float>() + i, sizeof(float)) != 0)
+            return ::testing::AssertionFailure()
+                   << "element " << i << ": " << a.as<float>()[i] << " vs " << b.as<float>()[i];
+    return ::testing::AssertionSuccess();
+}
 
 TEST(Linear, ForwardUsesTheOutInWeightLayout) {
     HostTensor x = tensor_of(Shape{1, 2}, {1, 2});
@@ -42,6 +56,73 @@ TEST(Linear, GradientsMatchFiniteDifferences) {
     for (int64_t i = 0; i < B * T * I; ++i)
         EXPECT_FLOAT_EQ(dx.as<float>()[i], 2 * dx1.as<float>()[i]);
     for (int64_t i = 0; i < O * I; ++i) EXPECT_FLOAT_EQ(dw.as<float>()[i], 2 * dw1.as<float>()[i]);
+}
+
+
+// The fused GELU projections are, on the CPU, exactly the unfused sequence the block used to run:
+// same values bit for bit, for both GELU forms, with and without biases.
+void check_linear_gelu_is_the_unfused_sequence(GeluKind kind, bool bias, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "tanh=" << (kind == GeluKind::kTanh) << " bias=" << bias);
+    const Context ctx = cpu_context();
+    Rng rng(seed);
+    const int64_t N = 6, C = 5, F = 12;
+    const HostTensor x = random_tensor(rng, Shape{2, N / 2, C});
+    const HostTensor w_up = random_tensor(rng, Shape{F, C}), b_up = random_tensor(rng, Shape{F});
+    const HostTensor w_down = random_tensor(rng, Shape{C, F});
+    const HostTensor dy = random_tensor(rng, Shape{2, N / 2, C});
+    const HostTensor gb_up0 = random_tensor(rng, Shape{F}), gw0 = random_tensor(rng, Shape{C, F});
+    const HostTensor gb0 = random_tensor(rng, Shape{C});
+    const ConstTensorView b = bias ? b_up.view() : ConstTensorView();
+
+    // Unfused: linear, gelu; then linear_backward, gelu_backward and the up projection's bias sum.
+    HostTensor pre_ref = f32(Shape{2, N / 2, F}), act_ref = f32(Shape{2, N / 2, F});
+    linear_forward(pre_ref.view(), x.view(), w_up.view(), b, ctx);
+    gelu_forward(act_ref.view(), pre_ref.view(), kind, ctx);
+    HostTensor dact = f32(Shape{2, N / 2, F}), dpre_ref = f32(Shape{2, N / 2, F});
+    HostTensor gw_ref = copy_tensor(gw0.view()), gb_ref = copy_tensor(gb0.view());
+    HostTensor gb_up_ref = copy_tensor(gb_up0.view()), gw_up = f32(Shape{F, C});
+    linear_backward(dact.view(), gw_ref.view(), gb_ref.view(), dy.view(), act_ref.view(),
+                    w_down.view(), GradMode::kOverwrite, ctx);
+    gelu_backward(dpre_ref.view(), dact.view(), pre_ref.view(), kind, ctx);
+    linear_backward(TensorView(), gw_up.view(), gb_up_ref.view(), dpre_ref.view(), x.view(),
+                    w_up.view(), GradMode::kOverwrite, ctx);
+
+    // Fused.
+    HostTensor pre = f32(Shape{2, N / 2, F}), act = f32(Shape{2, N / 2, F});
+    linear_gelu_forward(act.view(), pre.view(), x.view(), w_up.view(), b, kind, ctx);
+    HostTensor dpre = random_tensor(rng, Shape{2, N / 2, F});  // overwritten, whatever it held
+    HostTensor gw = copy_tensor(gw0.view()), gb = copy_tensor(gb0.view());
+    HostTensor gb_up = copy_tensor(gb_up0.view());
+    linear_gelu_backward(dpre.view(), gb_up.view(), gw.view(), gb.view(), dy.view(), act.view(),
+                         pre.view(), w_down.view(), kind, ctx);
+    EXPECT_TRUE(bitwise_equal(pre, pre_ref)) << "pre";
+    EXPECT_TRUE(bitwise_equal(act, act_ref)) << "act";
+    EXPECT_TRUE(bitwise_equal(dpre, dpre_ref)) << "dpre";
+    EXPECT_TRUE(bitwise_equal(gw, gw_ref)) << "dweight";
+    EXPECT_TRUE(bitwise_equal(gb, gb_ref)) << "dbias";
+    EXPECT_TRUE(bitwise_equal(gb_up, gb_up_ref)) << "dpre_bias";
+
+    // Frozen biases: null gradients are skipped, the rest unchanged.
+    HostTensor dpre2 = f32(Shape{2, N / 2, F}), gw2 = copy_tensor(gw0.view());
+    linear_gelu_backward(dpre2.view(), TensorView(), gw2.view(), TensorView(), dy.view(),
+                         act.view(), pre.view(), w_down.view(), kind, ctx);
+    EXPECT_TRUE(bitwise_equal(dpre2, dpre_ref)) << "dpre, frozen biases";
+    EXPECT_TRUE(bitwise_equal(gw2, gw_ref)) << "dweight, frozen biases";
+}
+
+TEST(LinearGelu, IsTheUnfusedSequenceOnTheCpu) {
+    check_linear_gelu_is_the_unfused_sequence(GeluKind::kTanh, true, 51);
+    check_linear_gelu_is_the_unfused_sequence(GeluKind::kErf, true, 52);
+    check_linear_gelu_is_the_unfused_sequence(GeluKind::kTanh, false, 53);
+}
+
+TEST(LinearGeluDeathTest, RejectsMismatchedShapes) {
+    const Context ctx = cpu_context();
+    HostTensor x = f32(Shape{4, 3}), w = f32(Shape{8, 3}), pre = f32(Shape{4, 8});
+    HostTensor act = f32(Shape{4, 7});
+    EXPECT_DEATH(linear_gelu_forward(act.view(), pre.view(), x.view(), w.view(), {},
+                                     GeluKind::kTanh, ctx),
+                 "linear_gelu_forward: act");
 }
 
 }  // namespace

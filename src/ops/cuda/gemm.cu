@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/check.h"
+#include "core/log.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gemm.h"
 
@@ -62,7 +63,25 @@ uint32_t alignment_of(const void* p) {
 
 }  // namespace
 
-void gemm_bf16(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
+namespace {
+
+cublasLtEpilogue_t lt_epilogue(const GemmArgs& g) {
+    switch (g.epilogue) {
+        case GemmEpilogue::kDefault:
+            return g.bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        case GemmEpilogue::kGeluAux:
+            return g.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        case GemmEpilogue::kDGelu:
+            return g.bias_grad != nullptr ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+        case GemmEpilogue::kRowSumA:
+            // cuBLASLt's second operand is our A (see the layout note in gemm_bf16_try): its
+            // BGRADB sums that operand over k, one value per column of its D, i.e. per row of ours.
+            return CUBLASLT_EPILOGUE_BGRADB;
+    }
+    return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+void check_args(const GemmArgs& g) {
     LATHE_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "gemm: M={} N={} K={}", g.M, g.N, g.K);
     LATHE_CHECK(g.A != nullptr && g.B != nullptr && g.D != nullptr, "gemm: a null operand");
     LATHE_CHECK(
@@ -72,10 +91,51 @@ void gemm_bf16(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
     LATHE_CHECK(g.d_dtype == DType::kBF16 || g.d_dtype == DType::kF32, "gemm: D of dtype {}",
                 dtype_name(g.d_dtype));
     LATHE_CHECK(g.bias == nullptr || g.d_dtype == DType::kBF16, "gemm: a bias needs a bf16 D");
+    switch (g.epilogue) {
+        case GemmEpilogue::kDefault:
+            LATHE_CHECK(g.aux == nullptr && g.bias_grad == nullptr,
+                        "gemm: aux or bias_grad without an epilogue that uses them");
+            break;
+        case GemmEpilogue::kGeluAux:
+        case GemmEpilogue::kDGelu:
+            LATHE_CHECK(g.aux != nullptr && g.ldaux >= g.N && g.ldaux % 8 == 0,
+                        "gemm: the GELU epilogues need aux with ldaux >= N ({}) and a multiple of "
+                        "8, got ldaux={}",
+                        g.N, g.ldaux);
+            LATHE_CHECK(g.d_dtype == DType::kBF16 && g.beta == 0.0f,
+                        "gemm: the GELU epilogues take a bf16 D and beta 0");
+            LATHE_CHECK(g.epilogue == GemmEpilogue::kDGelu || g.bias_grad == nullptr,
+                        "gemm: kGeluAux has no bias_grad");
+            LATHE_CHECK(g.epilogue == GemmEpilogue::kGeluAux || g.bias == nullptr,
+                        "gemm: kDGelu adds no bias");
+            break;
+        case GemmEpilogue::kRowSumA:
+            LATHE_CHECK(g.bias_grad != nullptr && g.bias == nullptr && g.aux == nullptr,
+                        "gemm: kRowSumA needs bias_grad, and no bias or aux");
+            break;
+    }
+}
+
+}  // namespace
+
+void gemm_bf16(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
+    LATHE_CHECK(gemm_bf16_try(state, stream, g),
+                "gemm: cuBLASLt has no algorithm for M={} N={} K={} lda={} ldb={} ldd={} "
+                "trans_a={} trans_b={} D {} bias {} epilogue {} (alignments A {} B {} D {})",
+                g.M, g.N, g.K, g.lda, g.ldb, g.ldd, g.trans_a, g.trans_b, dtype_name(g.d_dtype),
+                g.bias != nullptr, int(g.epilogue), alignment_of(g.A), alignment_of(g.B),
+                alignment_of(g.D));
+}
+
+bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
+    check_args(g);
 
     // Row-major D (M, N) = op(A) op(B) is column-major D^T (N, M) = op(B)^T op(A)^T, so cuBLASLt
     // computes m = N, n = M, k = K with B as its first operand and A as its second. A row-major
-    // (r, c) matrix with row stride ld is a column-major (c, r) matrix with the same ld.
+    // (r, c) matrix with row stride ld is a column-major (c, r) matrix with the same ld. So
+    // cuBLASLt's bias and DGELU bias gradient (one per row of its D) are per column of ours, its
+    // aux (ld >= its rows) is our row-major (M, N) with row stride ldaux, and its BGRADB (a sum
+    // of its second operand over k, one per column of its D) is a row sum of our op(A).
     const cudaDataType_t d_type = g.d_dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
     MatrixLayout first = g.trans_b ? MatrixLayout(CUDA_R_16BF, g.K, g.N, g.ldb)
                                    : MatrixLayout(CUDA_R_16BF, g.N, g.K, g.ldb);
@@ -86,10 +146,23 @@ void gemm_bf16(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
     MatmulDesc desc;
     desc.set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
     desc.set(CUBLASLT_MATMUL_DESC_TRANSB, int32_t(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
+    const cublasLtEpilogue_t epilogue = lt_epilogue(g);
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+        desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(epilogue));
     if (g.bias != nullptr) {
-        desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, int32_t(CUBLASLT_EPILOGUE_BIAS));
         desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
         desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_16BF));
+    }
+    if (g.bias_grad != nullptr) {
+        // The bias gradient defaults to D's type; ask for fp32 (the gradients' dtype) so that a
+        // sum over thousands of rows is not rounded to bf16. Where cuBLASLt cannot, the heuristic
+        // finds no algorithm and the caller falls back to its column reduction.
+        desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<void*>(g.bias_grad));
+        desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_32F));
+    }
+    if (g.aux != nullptr) {
+        desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+        desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(g.ldaux));
     }
 
     const uint32_t align_a = alignment_of(g.A), align_b = alignment_of(g.B),
@@ -109,7 +182,15 @@ void gemm_bf16(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
                                           align_b,
                                           align_d,
                                           g.bias ? alignment_of(g.bias) : 0,
-                                          int64_t(state.workspace_bytes())};
+                                          int64_t(state.workspace_bytes()),
+                                          int64_t(epilogue),
+                                          g.aux ? alignment_of(g.aux) : 0,
+                                          g.ldaux,
+                                          g.bias_grad ? alignment_of(g.bias_grad) : 0,
+                                          0,
+                                          0,
+                                          0,
+                                          0};
     auto& algos = state.matmul_cache().algos;
     auto it = algos.find(key);
     if (it == algos.end()) {
@@ -122,20 +203,40 @@ void gemm_bf16(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
         pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
         cublasLtMatmulHeuristicResult_t result{};
         int found = 0;
-        LATHE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(state.cublaslt(), desc.desc, first.layout,
-                                                          second.layout, out.layout, out.layout,
-                                                          pref.pref, 1, &result, &found));
-        LATHE_CHECK(found > 0 && result.state == CUBLAS_STATUS_SUCCESS,
-                    "gemm: cuBLASLt has no algorithm for M={} N={} K={} lda={} ldb={} ldd={} "
-                    "trans_a={} trans_b={} D {} bias {} (alignments A {} B {} D {})",
-                    g.M, g.N, g.K, g.lda, g.ldb, g.ldd, g.trans_a, g.trans_b, dtype_name(g.d_dtype),
-                    g.bias != nullptr, align_a, align_b, align_d);
-        it = algos.emplace(key, result.algo).first;
+        const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+            state.cublaslt(), desc.desc, first.layout, second.layout, out.layout, out.layout,
+            pref.pref, 1, &result, &found);
+        // NOT_SUPPORTED (or no result) means no algorithm for this problem, which a fused
+        // epilogue's caller handles; any other failure is a real error.
+        if (status != CUBLAS_STATUS_NOT_SUPPORTED) LATHE_CUBLAS_CHECK(status);
+        CudaState::MatmulCache::Entry entry;
+        entry.found =
+            status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+        if (entry.found) entry.algo = result.algo;
+        if (!entry.found && g.epilogue != GemmEpilogue::kDefault)
+            log_info("gemm: cuBLASLt has no algorithm for epilogue {} at M={} N={} K={}{}; "
+                     "the op uses separate kernels for this shape",
+                     int(epilogue), g.M, g.N, g.K, g.bias_grad ? " with an f32 bias gradient" : "");
+        it = algos.emplace(key, entry).first;
     }
-    LATHE_CUBLAS_CHECK(cublasLtMatmul(state.cublaslt(), desc.desc, &g.alpha, g.B, first.layout, g.A,
-                                      second.layout, &g.beta, g.D, out.layout, g.D, out.layout,
-                                      &it->second, state.workspace(), state.workspace_bytes(),
-                                      stream));
+    if (!it->second.found) return false;
+    const cublasStatus_t status = cublasLtMatmul(
+        state.cublaslt(), desc.desc, &g.alpha, g.B, first.layout, g.A, second.layout, &g.beta, g.D,
+        out.layout, g.D, out.layout, &it->second.algo, state.workspace(), state.workspace_bytes(),
+        stream);
+    // cuBLASLt documents INVALID_VALUE for an epilogue type combination it does not support
+    // (e.g. an aux or bias type); it then launches nothing, so a fused epilogue's caller can
+    // still fall back. The plain GEMM has no fallback: any failure is an error.
+    if (g.epilogue != GemmEpilogue::kDefault &&
+        (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
+        it->second.found = false;
+        log_info("gemm: cuBLASLt refused epilogue {} at M={} N={} K={} ({}); the op uses "
+                 "separate kernels for this shape",
+                 int(epilogue), g.M, g.N, g.K, cublasLtGetStatusName(status));
+        return false;
+    }
+    LATHE_CUBLAS_CHECK(status);
+    return true;
 }
 
 }  // namespace lathe::cuda

@@ -9,10 +9,29 @@
 // A and B are bf16; D is bf16 or f32; bias (N) is bf16 and only allowed with a bf16 D (cuBLASLt's
 // bias takes D's type). Accumulation is fp32 (CUBLAS_COMPUTE_32F). beta = 1 accumulates into D
 // (weight gradients over micro-batches). Deterministic: the algorithm is picked once per problem
-// (shape, layout, dtypes, pointer alignment) and cached in the CudaState, and a cuBLASLt algorithm
-// computes the same bits on every run for the same inputs on the same GPU model (split-K reductions
-// included: in-place split-K orders its partial sums with counters). Internal to ops/cuda: includes
+// (shape, layout, dtypes, epilogue, pointer alignment) and cached in the CudaState, and a cuBLASLt
+// algorithm computes the same bits on every run for the same inputs on the same GPU model (cuBLAS'
+// documented reproducibility: same toolkit, same architecture and SM count, one stream, a
+// workspace the caller owns; split-K reductions included: in-place split-K orders its partial sums
+// with counters, the other schemes reduce in a separate pass). Internal to ops/cuda: includes
 // cuBLASLt's header.
+//
+// Epilogues beyond the bias (GemmEpilogue), each computed from the fp32 accumulator before D is
+// rounded:
+//   kGeluAux:  P = op(A) op(B) (+ bias);  aux = P (bf16, the pre-activation);  D = gelu_tanh(P).
+//              cuBLASLt's GELU is the tanh form (the one HF calls "gelu_new"), so callers use it for
+//              GeluKind::kTanh only. beta must be 0.
+//   kDGelu:    D = (op(A) op(B)) * gelu_tanh'(aux), aux (M, N) bf16 read; with bias_grad also
+//              bias_grad[j] = sum_i D[i, j] (N values, written, not accumulated). beta must be 0.
+//   kRowSumA:  D as kDefault, and bias_grad[i] = sum_k op(A)[i, k] (M values, written): the bias
+//              gradient of a weight-gradient GEMM dW = dy^T x, where op(A) = dy^T.
+// aux is row-major (M, N) with row stride ldaux (a multiple of 8, at least N); bias_grad is f32.
+// The epilogue sums are cuBLASLt's own reductions. What we rely on for their determinism is the
+// same documented guarantee as for D: cuBLAS routines give bitwise the same results on every run
+// (same toolkit, same architecture and SM count, one stream, a workspace the caller owns), which
+// covers cublasLtMatmul as a whole, epilogue outputs included; cuBLAS' only opt-in atomics
+// (cublasSetAtomicsMode) do not apply to cublasLt. The GPU tests check it bit for bit on every
+// epilogue, at model-sized shapes too.
 
 #include <cublasLt.h>
 
@@ -25,7 +44,7 @@
 namespace lathe {
 
 struct CudaState::MatmulCache {
-    using Key = std::array<int64_t, 16>;
+    using Key = std::array<int64_t, 24>;
     struct KeyHash {
         size_t operator()(const Key& k) const {
             uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
@@ -33,10 +52,16 @@ struct CudaState::MatmulCache {
             return size_t(h);
         }
     };
-    std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash> algos;
+    struct Entry {
+        bool found = false;  // false: cuBLASLt has no algorithm for the problem (asked once)
+        cublasLtMatmulAlgo_t algo{};
+    };
+    std::unordered_map<Key, Entry, KeyHash> algos;
 };
 
 namespace cuda {
+
+enum class GemmEpilogue : uint8_t { kDefault, kGeluAux, kDGelu, kRowSumA };
 
 struct GemmArgs {
     int64_t M = 0, N = 0, K = 0;
@@ -52,12 +77,21 @@ struct GemmArgs {
     const void* bias = nullptr;    // (N) of D's dtype, or null
     float alpha = 1.0f;
     float beta = 0.0f;
+    GemmEpilogue epilogue = GemmEpilogue::kDefault;
+    void* aux = nullptr;        // kGeluAux (written), kDGelu (read): bf16 (M, N)
+    int64_t ldaux = 0;
+    float* bias_grad = nullptr;  // kDGelu (optional, N) or kRowSumA (required, M): f32, written
 };
 
 // Enqueues the matmul on `stream` with the state's handle and workspace. Shapes must be positive
 // and strides at least the stored row lengths (checked). Stops when cuBLASLt has no algorithm for
 // the problem, naming it.
 void gemm_bf16(CudaState& state, CUstream_st* stream, const GemmArgs& args);
+
+// The same, but returns false (enqueuing nothing) when cuBLASLt has no algorithm for the problem,
+// so that a caller asking for a fused epilogue can fall back to separate kernels. The answer is
+// cached per problem like the algorithm, so a fallback costs one heuristic query per shape.
+bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& args);
 
 }  // namespace cuda
 }  // namespace lathe

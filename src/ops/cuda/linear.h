@@ -1,13 +1,25 @@
 #pragma once
 // CUDA linear layer (ops/linear.h has the math and the shape rules), through cuBLASLt.
 //   forward:   y (N, O) bf16 = x (N, I) bf16 . weight (O, I)^T bf16 + bias (O) bf16, fp32
-//   accumulation,
-//              the bias added in cuBLASLt's epilogue
+//              accumulation, the bias added in cuBLASLt's epilogue
 //   backward:  dx (N, I) bf16 = dy . weight        (= or += per dx_accumulate; beta 0 or 1)
 //              dweight (O, I) f32 += dy^T . x       (beta 1: accumulates over micro-batches)
-//              dbias (O) f32 += sum_n dy[n, :]     (column_reduce.h, two passes, no atomics)
+//              dbias (O) f32 += sum_n dy[n, :]     with dweight: in the dweight GEMM's epilogue
+//                  (cuBLASLt's bias-gradient reduction into scratch, then added); without it, or
+//                  where cuBLASLt has no such algorithm: column_reduce.h (two passes, no atomics)
 // Parameter gradients are f32 so that micro-batch accumulation does not round to bf16 each time.
-// dx, dweight, dbias may each be null (not needed / frozen). Deterministic.
+// dx, dweight, dbias may each be null (not needed / frozen). Deterministic (gemm.h says what that
+// rests on for the epilogue reductions).
+//
+// The GELU MLP's two GEMMs with the activation fused (ops/linear.h: linear_gelu_*):
+//   linear_gelu_forward:  pre = x W^T + b; act = gelu(pre). Tanh GELU: one GEMM whose epilogue
+//       writes act and keeps pre as its aux output. Erf GELU (cuBLASLt has only the tanh form):
+//       the GEMM, then the gelu kernel.
+//   linear_gelu_backward (the down projection y = act W^T + b, act = gelu(pre)):
+//       dpre = gelu'(pre) * (dy W) (=); dpre_bias += sum_n dpre (the up projection's bias
+//       gradient); dweight += dy^T act; dbias += sum_n dy. Tanh GELU: the dx GEMM's DGELU_BGRAD
+//       epilogue gives dpre and dpre_bias at once; the weight GEMM's gives dbias.
+//   Each fused epilogue falls back to the separate kernels when cuBLASLt has no algorithm for it.
 // Pointers are device pointers; work is enqueued on `stream`, which must be the state's.
 
 #include <cstdint>
@@ -28,5 +40,16 @@ void linear_forward(CudaState& state, CUstream_st* stream, bf16* y, const bf16* 
 void linear_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dweight, float* dbias,
                      const bf16* dy, const bf16* x, const bf16* weight, int64_t N, int64_t I,
                      int64_t O, bool dx_accumulate);
+
+// act, pre (N, O); bias may be null.
+void linear_gelu_forward(CudaState& state, CUstream_st* stream, bf16* act, bf16* pre,
+                         const bf16* x, const bf16* weight, const bf16* bias, int64_t N,
+                         int64_t I, int64_t O, bool tanh_form);
+
+// dy (N, O); act, pre, dpre (N, I); weight (O, I); dpre_bias (I), dweight, dbias may be null.
+void linear_gelu_backward(CudaState& state, CUstream_st* stream, bf16* dpre, float* dpre_bias,
+                          float* dweight, float* dbias, const bf16* dy, const bf16* act,
+                          const bf16* pre, const bf16* weight, int64_t N, int64_t I, int64_t O,
+                          bool tanh_form);
 
 }  // namespace lathe::cuda

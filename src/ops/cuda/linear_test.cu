@@ -149,5 +149,110 @@ TEST(CudaLinear, RejectsF32Activations) {
         "linear_forward: the CUDA backend takes bf16 here, got f32");
 }
 
+
+struct LinearGeluCase {
+    int64_t N, C, F;  // rows, model width, GELU width: up (F, C), down (C, F)
+    GeluKind kind;
+    bool bias;
+};
+
+// The fused GELU projections (the MLP of a GELU block) against their CPU twin, the unfused
+// sequence, on the same bf16-valued inputs: forward (act and the saved pre-activation), then the
+// down projection's backward (d pre, the up projection's bias gradient, the down projection's
+// weight and bias gradients, accumulating onto random values); then the same backward again from
+// the same starting point, bit for bit (cuBLASLt's epilogue reductions included).
+void check_linear_gelu(const LinearGeluCase& c, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C << " F=" << c.F << " tanh="
+                                      << (c.kind == GeluKind::kTanh) << " bias=" << c.bias);
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(seed);
+    const HostTensor x = random_bf16_values(rng, {c.N, c.C});
+    const HostTensor w_up = random_bf16_values(rng, {c.F, c.C}, -0.2f, 0.2f);
+    const HostTensor b_up = random_bf16_values(rng, {c.F});
+    const HostTensor w_down = random_bf16_values(rng, {c.C, c.F}, -0.2f, 0.2f);
+    // The backward's saved inputs are drawn directly, as bf16 values both sides read: pre over
+    // GELU's curved range, act anything (the op only multiplies by it).
+    const HostTensor pre = random_bf16_values(rng, {c.N, c.F}, -4.0f, 4.0f);
+    const HostTensor act = random_bf16_values(rng, {c.N, c.F});
+    const HostTensor dy = random_bf16_values(rng, {c.N, c.C});
+    const HostTensor gb_up0 = optest::random_tensor(rng, {c.F});
+    const HostTensor gw0 = optest::random_tensor(rng, {c.C, c.F});
+    const HostTensor gb0 = optest::random_tensor(rng, {c.C});
+
+    // CPU twin.
+    HostTensor pre_ref(DType::kF32, {c.N, c.F}), act_ref(DType::kF32, {c.N, c.F});
+    linear_gelu_forward(act_ref.view(), pre_ref.view(), x.view(), w_up.view(),
+                        c.bias ? b_up.view() : ConstTensorView(), c.kind, cpu);
+    HostTensor dpre_ref(DType::kF32, {c.N, c.F});
+    HostTensor gb_up_ref = optest::copy_tensor(gb_up0.view());
+    HostTensor gw_ref = optest::copy_tensor(gw0.view()), gb_ref = optest::copy_tensor(gb0.view());
+    linear_gelu_backward(dpre_ref.view(), c.bias ? gb_up_ref.view() : TensorView(), gw_ref.view(),
+                         c.bias ? gb_ref.view() : TensorView(), dy.view(), act.view(), pre.view(),
+                         w_down.view(), c.kind, cpu);
+
+    // CUDA forward.
+    DeviceTensor gx = upload(x, DType::kBF16, state), gw_up = upload(w_up, DType::kBF16, state);
+    DeviceTensor gb_upw = upload(b_up, DType::kBF16, state);
+    DeviceTensor gpre = device_tensor(DType::kBF16, {c.N, c.F}, state);
+    DeviceTensor gact = device_tensor(DType::kBF16, {c.N, c.F}, state);
+    linear_gelu_forward(gact.view, gpre.view, gx.view, gw_up.view,
+                        c.bias ? gb_upw.view : TensorView(), c.kind, gpu);
+    EXPECT_TRUE(matches(download_f32(gpre.view, state), pre_ref, kBf16Sum)) << "pre";
+    // act = gelu of an fp32 sum (the epilogue) or of its bf16 rounding (the separate kernel):
+    // one rounding of the sum, one of the result.
+    EXPECT_TRUE(matches(download_f32(gact.view, state), act_ref, kBf16Derived)) << "act";
+
+    // CUDA backward, twice from the same start.
+    DeviceTensor gw_down = upload(w_down, DType::kBF16, state);
+    DeviceTensor dpre_in = upload(pre, DType::kBF16, state), dact = upload(act, DType::kBF16, state);
+    DeviceTensor ddy = upload(dy, DType::kBF16, state);
+    HostTensor first[4];
+    for (int run = 0; run < 2; ++run) {
+        DeviceTensor dpre = device_tensor(DType::kBF16, {c.N, c.F}, state);
+        DeviceTensor g_bup = upload(gb_up0, DType::kF32, state);
+        DeviceTensor g_w = upload(gw0, DType::kF32, state), g_b = upload(gb0, DType::kF32, state);
+        linear_gelu_backward(dpre.view, c.bias ? g_bup.view : TensorView(), g_w.view,
+                             c.bias ? g_b.view : TensorView(), ddy.view, dact.view, dpre_in.view,
+                             gw_down.view, c.kind, gpu);
+        HostTensor got[4] = {download_raw(dpre.view, state), download_raw(g_bup.view, state),
+                             download_raw(g_w.view, state), download_raw(g_b.view, state)};
+        if (run == 0) {
+            // d pre: the bf16 rounding of (dy W) * gelu'(pre).
+            EXPECT_TRUE(matches(download_f32(dpre.view, state), dpre_ref, kBf16Sum)) << "dpre";
+            // Its column sums: cuBLASLt may add the rounded or the unrounded values.
+            EXPECT_TRUE(matches(download_f32(g_bup.view, state), gb_up_ref, kBf16Sum))
+                << "dpre_bias";
+            EXPECT_TRUE(matches(download_f32(g_w.view, state), gw_ref, kF32Sum)) << "dweight";
+            EXPECT_TRUE(matches(download_f32(g_b.view, state), gb_ref, kF32Sum)) << "dbias";
+            for (int i = 0; i < 4; ++i) first[i] = std::move(got[i]);
+        } else {
+            for (int i = 0; i < 4; ++i)
+                EXPECT_TRUE(bitwise_equal(got[i], first[i])) << "output " << i << " of a rerun";
+        }
+    }
+}
+
+TEST(CudaLinearGelu, TanhMatchesCpu) {
+    check_linear_gelu({96, 64, 256, GeluKind::kTanh, true}, 21);
+}
+
+TEST(CudaLinearGelu, TanhWithoutBiasesMatchesCpu) {
+    check_linear_gelu({64, 64, 128, GeluKind::kTanh, false}, 22);
+}
+
+TEST(CudaLinearGelu, ErfMatchesCpu) {
+    check_linear_gelu({96, 64, 256, GeluKind::kErf, true}, 23);  // the separate-kernel path
+}
+
+TEST(CudaLinearGelu, TanhMatchesCpuOnUnalignedSizes) {
+    check_linear_gelu({7, 36, 20, GeluKind::kTanh, true}, 24);  // F % 8 != 0: no epilogue
+}
+
+TEST(CudaLinearGelu, TanhMatchesCpuOnModelSizedRows) {
+    // GPT-2's MLP on 1024 tokens: several row tiles feed each bias-gradient sum.
+    check_linear_gelu({1024, 768, 3072, GeluKind::kTanh, true}, 25);
+}
+
 }  // namespace
 }  // namespace lathe
