@@ -58,6 +58,8 @@ usage: bash bench/align_quality.sh [options]
   --max-gcide-mb M       use only the first M MiB of GCIDE (default all; tiny 2)
   --eval-docs N          evaluate on the first N held-out PubMedQA documents (default 0 = all 200)
   --gcide-eval-docs N    ... and the first N held-out GCIDE entries (default 0 = all)
+  --align-threshold X    map.threshold: aligned tokens less similar than X get FVT rows instead
+                         (default: none, TokAlign's rule; the map report's last column is the similarity)
   --device D             auto | cpu | cuda for training, embeddings, map and eval (default auto; tiny cpu)
   --threads N            CPU threads for lathe (default 0 = all cores)
 EOF
@@ -75,7 +77,7 @@ SKIP_FINETUNE=0
 FINETUNE_FVT=0
 TRAIN_STEPS= BATCH= SEQ= STAGE1_STEPS= STAGE2_STEPS= FT_BATCH= FT_SEQ=
 MEDICAL_REPEAT= MEDICAL_VOCAB= TERMS_TOP_K= MAX_GCIDE_MB= DEVICE=
-EVAL_DOCS= GCIDE_EVAL_DOCS=
+EVAL_DOCS= GCIDE_EVAL_DOCS= ALIGN_THRESHOLD=
 THREADS=0
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -102,6 +104,7 @@ while [[ $# -gt 0 ]]; do
     --eval-docs) EVAL_DOCS=$2; shift 2 ;;
     --gcide-eval-docs) GCIDE_EVAL_DOCS=$2; shift 2 ;;
     --device) DEVICE=$2; shift 2 ;;
+    --align-threshold) ALIGN_THRESHOLD=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "align_quality.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
@@ -138,6 +141,7 @@ for t in gpt-neox-20b qwen3; do
   [[ -f $TOKENIZERS/$t.json ]] || die "--tokenizers: $TOKENIZERS/$t.json does not exist"
 done
 case $DEVICE in auto | cpu | cuda) ;; *) die "--device: '$DEVICE' is not auto, cpu or cuda" ;; esac
+[[ -n $ALIGN_THRESHOLD ]] && EMBED_SETS+=(map.threshold="$ALIGN_THRESHOLD")
 
 abs() { python3 -c 'import os, sys; print(os.path.abspath(sys.argv[1]))' "$1"; }
 LATHE=$(abs "$LATHE"); GCIDE=$(abs "$GCIDE"); PUBMEDQA=$(abs "$PUBMEDQA")
@@ -230,7 +234,7 @@ eval_group() {
     --seq-len "$EVAL_SEQ" --batch "$EVAL_BATCH" --device "$DEVICE" "${args[@]}"
   mark "$key" "$out"
 }
-EVAL_SEQ=$SEQ
+EVAL_SEQ=$SEQ  # one window length for every model, so every number of the table compares
 eval_both() {  # eval_both NAME CKPT...: on the medical and the GCIDE held-out text
   local name=$1; shift
   eval_group "$name" medical lines "$EVAL_DOCS" "$@"
@@ -244,7 +248,7 @@ cat >"$OUT/settings.json" <<EOF
  "medical_repeat": $MEDICAL_REPEAT, "medical_vocab": $MEDICAL_VOCAB, "terms_top_k": $TERMS_TOP_K,
  "max_gcide_mb": $MAX_GCIDE_MB, "eval_docs": $EVAL_DOCS, "gcide_eval_docs": $GCIDE_EVAL_DOCS,
  "device": "$DEVICE", "targets": "$TARGETS", "finetune_fvt": $FINETUNE_FVT,
- "model_sets": "${MODEL_SETS[*]}", "embed_sets": "${EMBED_SETS[*]}"}
+ "model_sets": "${MODEL_SETS[*]}", "align_sets": "${EMBED_SETS[*]}"}
 EOF
 
 # ---- 1 data ----
@@ -419,7 +423,6 @@ done
 if [[ $SKIP_FINETUNE == 1 ]]; then
   echo "== fine-tuning skipped (--skip-finetune); a call without it continues from here" >&2
 else
-  EVAL_SEQ=$FT_SEQ
   for target in ${TARGETS//,/ }; do
     W=$OUT/$target
     TGT_TOK=$W/align/model/tokenizer.json
@@ -513,8 +516,17 @@ res["timings_s"] = timings
 fmt = lambda x, nd=4: "—" if x is None else f"{x:.{nd}f}"
 md = []
 tiny = " (--tiny: a toy model on a CPU; the numbers are meaningless)" if S["tiny"] else ""
-md.append(f"Held-out bits per byte{tiny}; source model (gpt-neox-20b tokenizer): "
-          f"PubMedQA {fmt(res['source']['medical'])}, GCIDE {fmt(res['source']['gcide'])}.")
+D = res["data"] or {}
+md.append(f"Held-out bits per byte{tiny}. Training text: GCIDE {D.get('gcide_entries_train', '?')} entries "
+          f"({D.get('gcide_bytes_train', 0) / 1e6:.1f} MB) + 800 PubMedQA documents "
+          f"({D.get('medical_bytes_train', 0) / 1e6:.2f} MB) x {S['medical_repeat']}. Source model: "
+          f"gpt-neox-20b tokenizer, {S['train_steps']} steps of {S['batch']} x {S['seq']} tokens; "
+          f"fine-tuning: stage 1 {S['stage1_steps']} and stage 2 {S['stage2_steps']} steps of "
+          f"{S['ft_batch']} x {S['ft_seq']}; medical tokenizer {S['medical_vocab']} entries + "
+          f"{S['terms_top_k']} terms; eval windows of {S['seq']} tokens, device {S['device']}"
+          + (f"; align settings: {S['align_sets']}" if S["align_sets"] else "") + ".")
+md.append("")
+md.append(f"Source model: PubMedQA {fmt(res['source']['medical'])}, GCIDE {fmt(res['source']['gcide'])} bits/byte.")
 for h, title in (("medical", "200 held-out PubMedQA documents"), ("gcide", "held-out GCIDE entries (last 1%)")):
     md += ["", f"Bits per byte on the {title}:", "",
            "| target | " + " | ".join(c[0] for c in cols) + " |",
