@@ -207,6 +207,7 @@ latest_ckpt() { [[ -f $1/checkpoints/latest ]] && echo "$1/checkpoints/$(cat "$1
 # an interrupted one resumes from its last checkpoint (every INTERVAL steps).
 train_run() {
   local name=$1 dir=$2 steps=$3 interval=$4 key=$5; shift 5
+  key="$key steps=$steps"  # another step count is another run (its schedule differs), not a resume
   local want; want=$(printf 'step-%08d' "$steps")
   if [[ -f $dir/checkpoints/latest && "$(cat "$dir/checkpoints/latest")" == "$want" ]] &&
      done_with "$key" "$dir"; then
