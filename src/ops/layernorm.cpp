@@ -2,6 +2,7 @@
 
 #include "ops/cpu/layernorm.h"
 #include "ops/op_checks.h"
+#include "ops/residual.h"
 
 #if LATHE_HAVE_CUDA
 #include "ops/cuda/dispatch.h"
@@ -40,6 +41,38 @@ void layernorm_forward(TensorView y, TensorView mean, TensorView rstd, ConstTens
 #endif
             break;
     }
+    op_no_backend(kOp, ctx);
+}
+
+void layernorm_residual_forward(TensorView x_out, TensorView y, TensorView mean, TensorView rstd,
+                                ConstTensorView a, ConstTensorView b, ConstTensorView weight,
+                                ConstTensorView bias, float eps, const Context& ctx) {
+    constexpr const char* kOp = "layernorm_residual_forward";
+    if (ctx.backend == Backend::kCpu) {  // the two ops, checks and all
+        residual_forward(x_out, a, b, ctx);
+        layernorm_forward(y, mean, rstd, x_out, weight, bias, eps, ctx);
+        return;
+    }
+    const auto [N, C] = op_rows_cols(kOp, "a", a);
+    op_expect_shape(kOp, "b", b, a.shape());
+    op_expect_shape(kOp, "x_out", x_out, a.shape());
+    op_expect_shape(kOp, "y", y, a.shape());
+    op_expect_shape(kOp, "mean", mean, Shape{N});
+    op_expect_shape(kOp, "rstd", rstd, Shape{N});
+    op_expect_shape(kOp, "weight", weight, Shape{C});
+    op_expect_shape(kOp, "bias", bias, Shape{C});
+    op_expect_dtype(kOp, "mean", mean, DType::kF32);
+    op_expect_dtype(kOp, "rstd", rstd, DType::kF32);
+    op_expect_memory(kOp, ctx, {x_out, y, mean, rstd, a, b, weight, bias});
+#if LATHE_HAVE_CUDA
+    if (ctx.backend == Backend::kCuda) {
+        op_expect_cuda_dtype(kOp, DType::kBF16, {x_out, y, a, b, weight, bias});
+        cuda::layernorm_residual_forward(y.as<bf16>(), mean.as<float>(), rstd.as<float>(),
+                                         x_out.as<bf16>(), a.as<bf16>(), b.as<bf16>(),
+                                         weight.as<bf16>(), bias.as<bf16>(), N, C, eps, ctx.stream);
+        return;
+    }
+#endif
     op_no_backend(kOp, ctx);
 }
 

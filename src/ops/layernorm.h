@@ -18,6 +18,15 @@ namespace lathe {
 void layernorm_forward(TensorView y, TensorView mean, TensorView rstd, ConstTensorView x,
                        ConstTensorView weight, ConstTensorView bias, float eps, const Context& ctx);
 
+// The residual add before a norm, fused (a block's x_mid = x + o followed by norm2):
+//   x_out = a + b  (residual_forward),  then  layernorm_forward(y, mean, rstd, x_out, ...)
+// with the same results bit for bit on either backend (the CPU runs the two ops; CUDA one kernel
+// that rounds the sum to bf16 as residual_forward does and normalizes the rounded row, saving a
+// pass over x_out and a launch). Shapes: a, b, x_out, y (N, C); x_out may be a or b.
+void layernorm_residual_forward(TensorView x_out, TensorView y, TensorView mean, TensorView rstd,
+                                ConstTensorView a, ConstTensorView b, ConstTensorView weight,
+                                ConstTensorView bias, float eps, const Context& ctx);
+
 void layernorm_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstTensorView dy,
                         ConstTensorView x, ConstTensorView weight, ConstTensorView mean,
                         ConstTensorView rstd, GradMode dx_mode, const Context& ctx);

@@ -1,6 +1,7 @@
 #include "ops/layernorm.h"
 
 #include "ops/op_test.h"
+#include "ops/residual.h"
 
 namespace lathe::optest {
 namespace {
@@ -45,6 +46,31 @@ TEST(LayerNorm, GradientsMatchFiniteDifferences) {
                        rstd.view(), GradMode::kAccumulate, ctx);
     for (int64_t i = 0; i < N * C; ++i) EXPECT_FLOAT_EQ(dx.as<float>()[i], 2 * dx1.as<float>()[i]);
     for (int64_t i = 0; i < C; ++i) EXPECT_FLOAT_EQ(db.as<float>()[i], 2 * db1.as<float>()[i]);
+}
+
+// The residual add fused in is residual_forward then the norm, bit for bit, also in place.
+TEST(LayerNorm, ResidualFusedIsTheTwoOps) {
+    const Context ctx = cpu_context();
+    Rng rng(61);
+    const int64_t N = 6, C = 10;
+    const HostTensor a = random_tensor(rng, Shape{N, C}), b = random_tensor(rng, Shape{N, C});
+    const HostTensor w = random_tensor(rng, Shape{C}), bias = random_tensor(rng, Shape{C});
+    HostTensor x1 = f32(Shape{N, C}), y1 = f32(Shape{N, C}), m1 = f32(Shape{N}), r1 = f32(Shape{N});
+    residual_forward(x1.view(), a.view(), b.view(), ctx);
+    layernorm_forward(y1.view(), m1.view(), r1.view(), x1.view(), w.view(), bias.view(), 1e-5f,
+                      ctx);
+    HostTensor x2 = copy_tensor(a.view()), y2 = f32(Shape{N, C}), m2 = f32(Shape{N}),
+               r2 = f32(Shape{N});
+    layernorm_residual_forward(x2.view(), y2.view(), m2.view(), r2.view(), x2.view(), b.view(),
+                               w.view(), bias.view(), 1e-5f, ctx);
+    for (int64_t i = 0; i < N * C; ++i) {
+        EXPECT_EQ(x2.as<float>()[i], x1.as<float>()[i]);
+        EXPECT_EQ(y2.as<float>()[i], y1.as<float>()[i]);
+    }
+    for (int64_t i = 0; i < N; ++i) {
+        EXPECT_EQ(m2.as<float>()[i], m1.as<float>()[i]);
+        EXPECT_EQ(r2.as<float>()[i], r1.as<float>()[i]);
+    }
 }
 
 }  // namespace

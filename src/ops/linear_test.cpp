@@ -1,9 +1,9 @@
 #include "ops/linear.h"
 
+#include <cstring>
+
 #include "ops/gelu.h"
 #include "ops/op_test.h"
-
-#include <cstring>
 
 namespace lathe::optest {
 namespace {
@@ -11,7 +11,8 @@ namespace {
 // Same shape and the same bytes.
 ::testing::AssertionResult bitwise_equal(const HostTensor& a, const HostTensor& b) {
     if (a.view().shape() != b.view().shape())
-        return ::testing::AssertionFailure() << a.view().to_string() << " vs " << b.view().to_string();
+        return ::testing::AssertionFailure()
+               << a.view().to_string() << " vs " << b.view().to_string();
     for (int64_t i = 0; i < a.numel(); ++i)
         if (std::memcmp(a.as<float>() + i, b.as<float>() + i, sizeof(float)) != 0)
             return ::testing::AssertionFailure()
@@ -57,7 +58,6 @@ TEST(Linear, GradientsMatchFiniteDifferences) {
         EXPECT_FLOAT_EQ(dx.as<float>()[i], 2 * dx1.as<float>()[i]);
     for (int64_t i = 0; i < O * I; ++i) EXPECT_FLOAT_EQ(dw.as<float>()[i], 2 * dw1.as<float>()[i]);
 }
-
 
 // The fused GELU projections are, on the CPU, exactly the unfused sequence the block used to run:
 // same values bit for bit, for both GELU forms, with and without biases.
@@ -120,9 +120,9 @@ TEST(LinearGeluDeathTest, RejectsMismatchedShapes) {
     const Context ctx = cpu_context();
     HostTensor x = f32(Shape{4, 3}), w = f32(Shape{8, 3}), pre = f32(Shape{4, 8});
     HostTensor act = f32(Shape{4, 7});
-    EXPECT_DEATH(linear_gelu_forward(act.view(), pre.view(), x.view(), w.view(), {},
-                                     GeluKind::kTanh, ctx),
-                 "linear_gelu_forward: act");
+    EXPECT_DEATH(
+        linear_gelu_forward(act.view(), pre.view(), x.view(), w.view(), {}, GeluKind::kTanh, ctx),
+        "linear_gelu_forward: act");
 }
 
 }  // namespace

@@ -16,6 +16,15 @@ namespace lathe {
 void rmsnorm_forward(TensorView y, TensorView rstd, ConstTensorView x, ConstTensorView weight,
                      float eps, const Context& ctx);
 
+// The residual add before a norm, fused (a block's x_mid = x + o followed by norm2):
+//   x_out = a + b  (residual_forward),  then  rmsnorm_forward(y, rstd, x_out, ...)
+// with the same results bit for bit on either backend (the CPU runs the two ops; CUDA one kernel
+// that rounds the sum to bf16 as residual_forward does and normalizes the rounded row, saving a
+// pass over x_out and a launch). Shapes: a, b, x_out, y (N, C); x_out may be a or b.
+void rmsnorm_residual_forward(TensorView x_out, TensorView y, TensorView rstd, ConstTensorView a,
+                              ConstTensorView b, ConstTensorView weight, float eps,
+                              const Context& ctx);
+
 void rmsnorm_backward(TensorView dx, TensorView dweight, ConstTensorView dy, ConstTensorView x,
                       ConstTensorView weight, ConstTensorView rstd, GradMode dx_mode,
                       const Context& ctx);

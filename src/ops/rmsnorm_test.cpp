@@ -1,6 +1,7 @@
 #include "ops/rmsnorm.h"
 
 #include "ops/op_test.h"
+#include "ops/residual.h"
 
 namespace lathe::optest {
 namespace {
@@ -42,6 +43,26 @@ TEST(RmsNorm, GradientsMatchFiniteDifferences) {
     rmsnorm_backward(dx.view(), {}, r.view(), x.view(), w.view(), rstd.view(), GradMode::kOverwrite,
                      ctx);
     for (int64_t i = 0; i < N * C; ++i) EXPECT_EQ(dx.as<float>()[i], dx1.as<float>()[i]);
+}
+
+// The residual add fused in is residual_forward then the norm, bit for bit, also in place.
+TEST(RmsNorm, ResidualFusedIsTheTwoOps) {
+    const Context ctx = cpu_context();
+    Rng rng(62);
+    const int64_t N = 6, C = 10;
+    const HostTensor a = random_tensor(rng, Shape{N, C}), b = random_tensor(rng, Shape{N, C});
+    const HostTensor w = random_tensor(rng, Shape{C});
+    HostTensor x1 = f32(Shape{N, C}), y1 = f32(Shape{N, C}), r1 = f32(Shape{N});
+    residual_forward(x1.view(), a.view(), b.view(), ctx);
+    rmsnorm_forward(y1.view(), r1.view(), x1.view(), w.view(), 1e-6f, ctx);
+    HostTensor x2 = copy_tensor(a.view()), y2 = f32(Shape{N, C}), r2 = f32(Shape{N});
+    rmsnorm_residual_forward(x2.view(), y2.view(), r2.view(), x2.view(), b.view(), w.view(), 1e-6f,
+                             ctx);
+    for (int64_t i = 0; i < N * C; ++i) {
+        EXPECT_EQ(x2.as<float>()[i], x1.as<float>()[i]);
+        EXPECT_EQ(y2.as<float>()[i], y1.as<float>()[i]);
+    }
+    for (int64_t i = 0; i < N; ++i) EXPECT_EQ(r2.as<float>()[i], r1.as<float>()[i]);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <utility>
 
 #include "ops/cpu/rope.h"
 #include "ops/op_checks.h"
@@ -167,6 +168,65 @@ void rope_backward(TensorView dx, ConstTensorView dout, ConstTensorView position
             break;
     }
     op_no_backend(kOp, ctx);
+}
+
+namespace {
+
+// Both tensors checked as the single ops check them, and against each other (batch, sequence and
+// head dim shared).
+std::pair<RopeDims, RopeDims> rope_qk_check(const char* op, ConstTensorView q_out,
+                                            ConstTensorView k_out, ConstTensorView q,
+                                            ConstTensorView k, ConstTensorView positions,
+                                            ConstTensorView cos, ConstTensorView sin) {
+    const RopeDims dq = rope_check(op, q_out, q, positions, cos, sin);
+    const RopeDims dk = rope_check(op, k_out, k, positions, cos, sin);
+    LATHE_CHECK(dq.B == dk.B && dq.T == dk.T && dq.D == dk.D,
+                "{}: q {} and k {} differ in batch, sequence or head dim", op, q.to_string(),
+                k.to_string());
+    return {dq, dk};
+}
+
+void rope_qk(const char* op, TensorView q_out, TensorView k_out, ConstTensorView q,
+             ConstTensorView k, ConstTensorView positions, ConstTensorView cos, ConstTensorView sin,
+             bool backward, const Context& ctx) {
+    const auto [dq, dk] = rope_qk_check(op, q_out, k_out, q, k, positions, cos, sin);
+    if (ctx.backend == Backend::kCpu) {  // the two single ops
+        if (backward) {
+            rope_backward(q_out, q, positions, cos, sin, ctx);
+            rope_backward(k_out, k, positions, cos, sin, ctx);
+        } else {
+            rope_forward(q_out, q, positions, cos, sin, ctx);
+            rope_forward(k_out, k, positions, cos, sin, ctx);
+        }
+        return;
+    }
+    op_expect_memory(op, ctx, {q_out, k_out, q, k, positions, cos, sin});
+#if LATHE_HAVE_CUDA
+    if (ctx.backend == Backend::kCuda) {
+        op_expect_cuda_dtype(op, DType::kBF16, {q_out, k_out, q, k});
+        op_expect_cuda_dtype(op, DType::kF32, {cos, sin});
+        cuda::rope_qk(q_out.as<bf16>(), q.as<bf16>(), k_out.as<bf16>(), k.as<bf16>(),
+                      positions.as<int32_t>(), cos.as<float>(), sin.as<float>(), dq.B, dq.T, dq.Hx,
+                      dk.Hx, dq.D, dq.R, dq.P, backward, ctx.stream);
+        return;
+    }
+#endif
+    (void)dk;
+    op_no_backend(op, ctx);
+}
+
+}  // namespace
+
+void rope_qk_forward(TensorView q_out, TensorView k_out, ConstTensorView q, ConstTensorView k,
+                     ConstTensorView positions, ConstTensorView cos, ConstTensorView sin,
+                     const Context& ctx) {
+    rope_qk("rope_qk_forward", q_out, k_out, q, k, positions, cos, sin, false, ctx);
+}
+
+void rope_qk_backward(TensorView dq, TensorView dk, ConstTensorView dq_out, ConstTensorView dk_out,
+                      ConstTensorView positions, ConstTensorView cos, ConstTensorView sin,
+                      const Context& ctx) {
+    rope_qk("rope_qk_backward", dq, dk, dq_out, dk_out, positions, cos, sin, true, ctx);
 }
 
 }  // namespace lathe

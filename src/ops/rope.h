@@ -67,4 +67,16 @@ void rope_forward(TensorView out, ConstTensorView x, ConstTensorView positions, 
 void rope_backward(TensorView dx, ConstTensorView dout, ConstTensorView positions,
                    ConstTensorView cos, ConstTensorView sin, const Context& ctx);
 
+// Queries and keys together (an attention layer's two rotations), with the same results bit for
+// bit as rope_forward / rope_backward on each: the CPU runs the two ops, CUDA one launch over
+// both. q (B, T, H, D) and k (B, T, Hkv, D) share positions and tables; q_out may be q and k_out
+// may be k (in place), as for the single ops.
+void rope_qk_forward(TensorView q_out, TensorView k_out, ConstTensorView q, ConstTensorView k,
+                     ConstTensorView positions, ConstTensorView cos, ConstTensorView sin,
+                     const Context& ctx);
+
+void rope_qk_backward(TensorView dq, TensorView dk, ConstTensorView dq_out, ConstTensorView dk_out,
+                      ConstTensorView positions, ConstTensorView cos, ConstTensorView sin,
+                      const Context& ctx);
+
 }  // namespace lathe

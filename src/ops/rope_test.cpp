@@ -172,6 +172,46 @@ TEST(Rope, GradientsMatchFiniteDifferences) {
     }
 }
 
+// q and k together are the two single ops (in place, GQA head counts, forward and backward), and
+// the pair is checked against itself: q and k must share batch, sequence and head dim.
+TEST(Rope, QueriesAndKeysTogetherAreTheSingleOps) {
+    const Context ctx = cpu_context();
+    Rng rng(52);
+    RopeConfig c = llama3_config();
+    const int64_t B = 2, T = 5, D = 16;
+    HostTensor cos = f32(Shape{T, 8}), sin = f32(Shape{T, 8});
+    rope_build_table(cos.view(), sin.view(), c);
+    const HostTensor q = random_tensor(rng, Shape{B, T, 4, D}),
+                     k = random_tensor(rng, Shape{B, T, 2, D});
+    for (bool backward : {false, true}) {
+        HostTensor q1 = f32(q.shape()), k1 = f32(k.shape());
+        HostTensor q2 = copy_tensor(q.view()), k2 = copy_tensor(k.view());
+        if (backward) {
+            rope_backward(q1.view(), q.view(), {}, cos.view(), sin.view(), ctx);
+            rope_backward(k1.view(), k.view(), {}, cos.view(), sin.view(), ctx);
+            rope_qk_backward(q2.view(), k2.view(), q2.view(), k2.view(), {}, cos.view(), sin.view(),
+                             ctx);
+        } else {
+            rope_forward(q1.view(), q.view(), {}, cos.view(), sin.view(), ctx);
+            rope_forward(k1.view(), k.view(), {}, cos.view(), sin.view(), ctx);
+            rope_qk_forward(q2.view(), k2.view(), q2.view(), k2.view(), {}, cos.view(), sin.view(),
+                            ctx);
+        }
+        for (int64_t i = 0; i < q.numel(); ++i) EXPECT_EQ(q2.as<float>()[i], q1.as<float>()[i]);
+        for (int64_t i = 0; i < k.numel(); ++i) EXPECT_EQ(k2.as<float>()[i], k1.as<float>()[i]);
+    }
+}
+
+TEST(RopeDeathTest, QueriesAndKeysMustShareBatchAndSequence) {
+    RopeConfig c = llama3_config();
+    HostTensor cos = f32(Shape{5, 8}), sin = f32(Shape{5, 8});
+    rope_build_table(cos.view(), sin.view(), c);
+    HostTensor q = f32(Shape{2, 5, 4, 16}), k = f32(Shape{2, 4, 2, 16});
+    EXPECT_DEATH(rope_qk_forward(q.view(), k.view(), q.view(), k.view(), {}, cos.view(), sin.view(),
+                                 cpu_context()),
+                 "rope_qk_forward: q .* and k .* differ in batch, sequence or head dim");
+}
+
 TEST(Rope, ValidateNamesTheKey) {
     RopeConfig c;
     c.head_dim = 10;

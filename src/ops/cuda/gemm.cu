@@ -203,9 +203,9 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
         pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
         cublasLtMatmulHeuristicResult_t result{};
         int found = 0;
-        const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-            state.cublaslt(), desc.desc, first.layout, second.layout, out.layout, out.layout,
-            pref.pref, 1, &result, &found);
+        const cublasStatus_t status =
+            cublasLtMatmulAlgoGetHeuristic(state.cublaslt(), desc.desc, first.layout, second.layout,
+                                           out.layout, out.layout, pref.pref, 1, &result, &found);
         // NOT_SUPPORTED (or no result) means no algorithm for this problem, which a fused
         // epilogue's caller handles; any other failure is a real error.
         if (status != CUBLAS_STATUS_NOT_SUPPORTED) LATHE_CUBLAS_CHECK(status);
@@ -214,25 +214,27 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
             status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
         if (entry.found) entry.algo = result.algo;
         if (!entry.found && g.epilogue != GemmEpilogue::kDefault)
-            log_info("gemm: cuBLASLt has no algorithm for epilogue {} at M={} N={} K={}{}; "
-                     "the op uses separate kernels for this shape",
-                     int(epilogue), g.M, g.N, g.K, g.bias_grad ? " with an f32 bias gradient" : "");
+            log_info(
+                "gemm: cuBLASLt has no algorithm for epilogue {} at M={} N={} K={}{}; "
+                "the op uses separate kernels for this shape",
+                int(epilogue), g.M, g.N, g.K, g.bias_grad ? " with an f32 bias gradient" : "");
         it = algos.emplace(key, entry).first;
     }
     if (!it->second.found) return false;
-    const cublasStatus_t status = cublasLtMatmul(
-        state.cublaslt(), desc.desc, &g.alpha, g.B, first.layout, g.A, second.layout, &g.beta, g.D,
-        out.layout, g.D, out.layout, &it->second.algo, state.workspace(), state.workspace_bytes(),
-        stream);
+    const cublasStatus_t status =
+        cublasLtMatmul(state.cublaslt(), desc.desc, &g.alpha, g.B, first.layout, g.A, second.layout,
+                       &g.beta, g.D, out.layout, g.D, out.layout, &it->second.algo,
+                       state.workspace(), state.workspace_bytes(), stream);
     // cuBLASLt documents INVALID_VALUE for an epilogue type combination it does not support
     // (e.g. an aux or bias type); it then launches nothing, so a fused epilogue's caller can
     // still fall back. The plain GEMM has no fallback: any failure is an error.
     if (g.epilogue != GemmEpilogue::kDefault &&
         (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
         it->second.found = false;
-        log_info("gemm: cuBLASLt refused epilogue {} at M={} N={} K={} ({}); the op uses "
-                 "separate kernels for this shape",
-                 int(epilogue), g.M, g.N, g.K, cublasLtGetStatusName(status));
+        log_info(
+            "gemm: cuBLASLt refused epilogue {} at M={} N={} K={} ({}); the op uses "
+            "separate kernels for this shape",
+            int(epilogue), g.M, g.N, g.K, cublasLtGetStatusName(status));
         return false;
     }
     LATHE_CUBLAS_CHECK(status);

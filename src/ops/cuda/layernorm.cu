@@ -16,19 +16,33 @@ namespace {
 constexpr int kRowThreads = 256;  // 8 warps, one row each
 constexpr int kRowsPerBlock = kRowThreads / kWarpSize;
 
-template <int kVec>
+// kResidual: the row is x = res_a + res_b (rounded to bf16 as residual_forward does), written to x_out
+// on the first pass and read back from there by the later passes (each lane rereads only what it
+// wrote, so no synchronization); `x` is unused. Otherwise x is read and a, b, x_out unused.
+template <int kVec, bool kResidual>
 __global__ void layernorm_forward_warp_per_row_kernel(
     __nv_bfloat16* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
-    const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
+    const __nv_bfloat16* __restrict__ x, __nv_bfloat16* x_out, const __nv_bfloat16* res_a,
+    const __nv_bfloat16* res_b, const __nv_bfloat16* __restrict__ weight,
     const __nv_bfloat16* __restrict__ bias, int64_t N, int64_t C, float eps) {
     const int lane = threadIdx.x % kWarpSize;
     const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
     if (n >= N) return;
-    const __nv_bfloat16* xr = x + n * C;
+    const __nv_bfloat16* xr = kResidual ? x_out + n * C : x + n * C;
     float sum = 0.0f;
     for (int64_t c = int64_t(lane) * kVec; c < C; c += kWarpSize * kVec) {
         float v[kVec];
-        load_bf16<kVec>(v, xr + c);
+        if constexpr (kResidual) {
+            float vb[kVec];
+            load_bf16<kVec>(v, res_a + n * C + c);
+            load_bf16<kVec>(vb, res_b + n * C + c);
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) v[i] += vb[i];
+            store_bf16<kVec>(x_out + n * C + c, v);
+            load_bf16<kVec>(v, x_out + n * C + c);  // the rounded values, as the norm sees them
+        } else {
+            load_bf16<kVec>(v, xr + c);
+        }
 #pragma unroll
         for (int i = 0; i < kVec; ++i) sum += v[i];
     }
@@ -203,18 +217,37 @@ struct LayernormParamRows {
 
 void layernorm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const bf16* weight,
                        const bf16* bias, int64_t N, int64_t C, float eps, CUstream_st* stream) {
+    layernorm_residual_forward(y, mean, rstd, nullptr, x, nullptr, weight, bias, N, C, eps,
+                               stream);
+}
+
+void layernorm_residual_forward(bf16* y, float* mean, float* rstd, bf16* x_out, const bf16* a,
+                                const bf16* b, const bf16* weight, const bf16* bias, int64_t N,
+                                int64_t C, float eps, CUstream_st* stream) {
     if (N == 0) return;
     auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
-    const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
+    auto* xo = reinterpret_cast<__nv_bfloat16*>(x_out);
+    const auto* ab = reinterpret_cast<const __nv_bfloat16*>(a);
+    const auto* bb2 = reinterpret_cast<const __nv_bfloat16*>(b);
     const auto* wb = reinterpret_cast<const __nv_bfloat16*>(weight);
     const auto* bb = reinterpret_cast<const __nv_bfloat16*>(bias);
     const unsigned blocks = blocks_for(N, kRowsPerBlock, INT32_MAX);
-    if (vec8_ok(C, {y, x, weight, bias}))
-        layernorm_forward_warp_per_row_kernel<8>
-            <<<blocks, kRowThreads, 0, stream>>>(yb, mean, rstd, xb, wb, bb, N, C, eps);
-    else
-        layernorm_forward_warp_per_row_kernel<1>
-            <<<blocks, kRowThreads, 0, stream>>>(yb, mean, rstd, xb, wb, bb, N, C, eps);
+    const bool vec = vec8_ok(C, {y, x_out, a, b, weight, bias});
+    if (x_out == nullptr) {  // plain: a is x
+        if (vec)
+            layernorm_forward_warp_per_row_kernel<8, false><<<blocks, kRowThreads, 0, stream>>>(
+                yb, mean, rstd, ab, nullptr, nullptr, nullptr, wb, bb, N, C, eps);
+        else
+            layernorm_forward_warp_per_row_kernel<1, false><<<blocks, kRowThreads, 0, stream>>>(
+                yb, mean, rstd, ab, nullptr, nullptr, nullptr, wb, bb, N, C, eps);
+    } else {
+        if (vec)
+            layernorm_forward_warp_per_row_kernel<8, true><<<blocks, kRowThreads, 0, stream>>>(
+                yb, mean, rstd, nullptr, xo, ab, bb2, wb, bb, N, C, eps);
+        else
+            layernorm_forward_warp_per_row_kernel<1, true><<<blocks, kRowThreads, 0, stream>>>(
+                yb, mean, rstd, nullptr, xo, ab, bb2, wb, bb, N, C, eps);
+    }
     LATHE_CUDA_CHECK_LAUNCH();
 }
 

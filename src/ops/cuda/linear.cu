@@ -112,9 +112,9 @@ void linear_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dwe
                          "linear_backward");
 }
 
-void linear_gelu_forward(CudaState& state, CUstream_st* stream, bf16* act, bf16* pre,
-                         const bf16* x, const bf16* weight, const bf16* bias, int64_t N,
-                         int64_t I, int64_t O, bool tanh_form) {
+void linear_gelu_forward(CudaState& state, CUstream_st* stream, bf16* act, bf16* pre, const bf16* x,
+                         const bf16* weight, const bf16* bias, int64_t N, int64_t I, int64_t O,
+                         bool tanh_form) {
     if (N == 0) return;
     if (tanh_form && O % 8 == 0) {
         // One GEMM: cuBLASLt's GELU epilogue is the tanh form (gemm.h), computed from the fp32

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
+
 #include "ops/cuda/column_reduce.h"
 #include "ops/cuda/cuda_test_util.h"
 #include "ops/linear.h"
@@ -252,6 +255,46 @@ TEST(CudaLinearGelu, TanhMatchesCpuOnUnalignedSizes) {
 TEST(CudaLinearGelu, TanhMatchesCpuOnModelSizedRows) {
     // GPT-2's MLP on 1024 tokens: several row tiles feed each bias-gradient sum.
     check_linear_gelu({1024, 768, 3072, GeluKind::kTanh, true}, 25);
+}
+
+
+// Which GELU cuBLASLt's epilogue computes. With W the identity and no bias the pre-activation is
+// x exactly, so act is gelu(x) rounded once. Over x in [-3.5, -2], where the two forms differ
+// most relative to GELU's value (up to 4e-4 absolute, ~10% relative; elsewhere the difference
+// drowns in bf16 rounding), act must be closer to the tanh form, which is what the fusion is used
+// for, than to the erf form: an erf epilogue would sit at bf16-rounding distance from the erf
+// values and fail this. (A fast hardware tanh in the epilogue would add its own small error;
+// the comparison leaves room for that.)
+TEST(CudaLinearGelu, EpilogueIsTheTanhForm) {
+    const int64_t N = 256, I = 16;
+    CudaState state(0);
+    const Context gpu = state.context();
+    optest::Rng rng(26);
+    const HostTensor x = random_bf16_values(rng, {N, I}, -3.5f, -2.0f);
+    HostTensor w(DType::kF32, {I, I});
+    for (int64_t i = 0; i < I * I; ++i) w.as<float>()[i] = (i / I == i % I) ? 1.0f : 0.0f;
+    DeviceTensor gx = upload(x, DType::kBF16, state), gw = upload(w, DType::kBF16, state);
+    DeviceTensor pre = device_tensor(DType::kBF16, {N, I}, state);
+    DeviceTensor act = device_tensor(DType::kBF16, {N, I}, state);
+    linear_gelu_forward(act.view, pre.view, gx.view, gw.view, TensorView(), GeluKind::kTanh, gpu);
+    const HostTensor got = download_f32(act.view, state);
+    const HostTensor got_pre = download_f32(pre.view, state);
+    double d_tanh = 0.0, d_erf = 0.0;
+    for (int64_t i = 0; i < N * I; ++i) {
+        const double v = x.as<float>()[i];
+        ASSERT_EQ(double(got_pre.as<float>()[i]), v) << "pre-activation " << i;
+        const double t = 0.5 * v *
+                         (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+        const double e = 0.5 * v * (1.0 + std::erf(v * 0.7071067811865476));
+        const double g = got.as<float>()[i];
+        d_tanh += (g - t) * (g - t);
+        d_erf += (g - e) * (g - e);
+    }
+    d_tanh = std::sqrt(d_tanh / double(N * I));
+    d_erf = std::sqrt(d_erf / double(N * I));
+    std::printf("GELU epilogue: rms distance to the tanh form %.3g, to the erf form %.3g\n", d_tanh,
+                d_erf);
+    EXPECT_LT(d_tanh, d_erf);
 }
 
 }  // namespace

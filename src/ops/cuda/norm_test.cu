@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "ops/cuda/cuda_test_util.h"
 #include "ops/layernorm.h"
+#include "ops/residual.h"
 #include "ops/rmsnorm.h"
 
 // RMSNorm and LayerNorm, CUDA against the CPU twin. C = 768 takes the 16-byte path, C = 100 the
@@ -178,6 +181,86 @@ TEST(CudaLayernorm, MatchesCpuManyChunks) {
 
 TEST(CudaLayernorm, MatchesCpuManyChunksScalarPath) {
     check_layernorm(1030, 770, 29);
+}
+
+
+// The residual add fused into the norm's forward: against the CPU twin (residual_forward then the
+// norm, on the same bf16 values) with the usual tolerances, and bit for bit against the unfused
+// CUDA sequence (the fused kernel rounds the sum as residual_forward does and normalizes the
+// rounded row). Also in place (x_out = a).
+void check_residual_norm(bool rms, int64_t N, int64_t C, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << (rms ? "rmsnorm" : "layernorm") << " N=" << N
+                                      << " C=" << C);
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(seed);
+    const HostTensor a = random_bf16_values(rng, {N, C}, -2.0f, 2.0f);
+    const HostTensor b = random_bf16_values(rng, {N, C}, 0.0f, 1.0f);  // an offset mean
+    const HostTensor w = random_bf16_values(rng, {C}, 0.5f, 1.5f);
+    const HostTensor bias = random_bf16_values(rng, {C});
+
+    HostTensor x_ref(DType::kF32, {N, C}), y_ref(DType::kF32, {N, C});
+    HostTensor mean_ref(DType::kF32, {N}), rstd_ref(DType::kF32, {N});
+    if (rms)
+        rmsnorm_residual_forward(x_ref.view(), y_ref.view(), rstd_ref.view(), a.view(), b.view(),
+                                 w.view(), kEps, cpu);
+    else
+        layernorm_residual_forward(x_ref.view(), y_ref.view(), mean_ref.view(), rstd_ref.view(),
+                                   a.view(), b.view(), w.view(), bias.view(), kEps, cpu);
+
+    DeviceTensor ga = upload(a, DType::kBF16, state), gb = upload(b, DType::kBF16, state);
+    DeviceTensor gw = upload(w, DType::kBF16, state), gbias = upload(bias, DType::kBF16, state);
+    auto run = [&](bool fused, bool in_place) {
+        DeviceTensor a_copy = upload(a, DType::kBF16, state);
+        DeviceTensor x = device_tensor(DType::kBF16, {N, C}, state);
+        const TensorView xo = in_place ? a_copy.view : x.view;
+        DeviceTensor y = device_tensor(DType::kBF16, {N, C}, state);
+        DeviceTensor mean = device_tensor(DType::kF32, {N}, state);
+        DeviceTensor rstd = device_tensor(DType::kF32, {N}, state);
+        const ConstTensorView av = in_place ? ConstTensorView(a_copy.view) : ga.view;
+        if (fused) {
+            if (rms)
+                rmsnorm_residual_forward(xo, y.view, rstd.view, av, gb.view, gw.view, kEps, gpu);
+            else
+                layernorm_residual_forward(xo, y.view, mean.view, rstd.view, av, gb.view, gw.view,
+                                           gbias.view, kEps, gpu);
+        } else {
+            residual_forward(xo, av, gb.view, gpu);
+            if (rms)
+                rmsnorm_forward(y.view, rstd.view, xo, gw.view, kEps, gpu);
+            else
+                layernorm_forward(y.view, mean.view, rstd.view, xo, gw.view, gbias.view, kEps, gpu);
+        }
+        std::vector<HostTensor> out;
+        out.push_back(download_raw(xo, state));
+        out.push_back(download_raw(y.view, state));
+        out.push_back(download_raw(rstd.view, state));
+        if (!rms) out.push_back(download_raw(mean.view, state));
+        if (!fused && !in_place) {
+            EXPECT_TRUE(matches(download_f32(xo, state), x_ref, kBf16Rounded)) << "x_out";
+            EXPECT_TRUE(matches(download_f32(y.view, state), y_ref, kBf16Derived)) << "y";
+            EXPECT_TRUE(matches(download_f32(rstd.view, state), rstd_ref, kBf16Derived))
+                << "rstd";
+        }
+        return out;
+    };
+    const std::vector<HostTensor> unfused = run(false, false);
+    const std::vector<HostTensor> fused = run(true, false);
+    const std::vector<HostTensor> fused_in_place = run(true, true);
+    for (size_t i = 0; i < unfused.size(); ++i) {
+        EXPECT_TRUE(bitwise_equal(fused[i], unfused[i])) << "output " << i;
+        EXPECT_TRUE(bitwise_equal(fused_in_place[i], unfused[i])) << "output " << i << " in place";
+    }
+}
+
+TEST(CudaResidualNorm, RmsnormFusedIsTheUnfusedSequence) {
+    check_residual_norm(true, 300, 768, 71);
+    check_residual_norm(true, 37, 100, 72);  // scalar path
+}
+
+TEST(CudaResidualNorm, LayernormFusedIsTheUnfusedSequence) {
+    check_residual_norm(false, 300, 768, 73);
+    check_residual_norm(false, 37, 100, 74);  // scalar path
 }
 
 }  // namespace

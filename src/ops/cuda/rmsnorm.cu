@@ -17,20 +17,36 @@ constexpr int kRowThreads = 256;  // 8 warps, one row each
 constexpr int kRowsPerBlock = kRowThreads / kWarpSize;
 
 // Pass 1 reads the row for sum(x^2); pass 2 reads it again (from L1/L2) and writes y.
-template <int kVec>
+// kResidual: the row is x = res_a + res_b (rounded to bf16 as residual_forward does), written to
+// x_out by pass 1 and reread from there by pass 2 (each lane rereads only what it wrote, so no
+// synchronization); `x` is unused. Otherwise x is read and res_a, res_b, x_out are unused.
+template <int kVec, bool kResidual>
 __global__ void rmsnorm_forward_warp_per_row_kernel(__nv_bfloat16* __restrict__ y,
                                                     float* __restrict__ rstd,
                                                     const __nv_bfloat16* __restrict__ x,
+                                                    __nv_bfloat16* x_out,
+                                                    const __nv_bfloat16* res_a,
+                                                    const __nv_bfloat16* res_b,
                                                     const __nv_bfloat16* __restrict__ weight,
                                                     int64_t N, int64_t C, float eps) {
     const int lane = threadIdx.x % kWarpSize;
     const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
     if (n >= N) return;
-    const __nv_bfloat16* xr = x + n * C;
+    const __nv_bfloat16* xr = kResidual ? x_out + n * C : x + n * C;
     float sum = 0.0f;
     for (int64_t c = int64_t(lane) * kVec; c < C; c += kWarpSize * kVec) {
         float v[kVec];
-        load_bf16<kVec>(v, xr + c);
+        if constexpr (kResidual) {
+            float vb[kVec];
+            load_bf16<kVec>(v, res_a + n * C + c);
+            load_bf16<kVec>(vb, res_b + n * C + c);
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) v[i] += vb[i];
+            store_bf16<kVec>(x_out + n * C + c, v);
+            load_bf16<kVec>(v, x_out + n * C + c);  // the rounded values, as the norm sees them
+        } else {
+            load_bf16<kVec>(v, xr + c);
+        }
 #pragma unroll
         for (int i = 0; i < kVec; ++i) sum += v[i] * v[i];
     }
@@ -179,17 +195,35 @@ struct RmsnormDweightRows {
 
 void rmsnorm_forward(bf16* y, float* rstd, const bf16* x, const bf16* weight, int64_t N, int64_t C,
                      float eps, CUstream_st* stream) {
+    rmsnorm_residual_forward(y, rstd, nullptr, x, nullptr, weight, N, C, eps, stream);
+}
+
+void rmsnorm_residual_forward(bf16* y, float* rstd, bf16* x_out, const bf16* a, const bf16* b,
+                              const bf16* weight, int64_t N, int64_t C, float eps,
+                              CUstream_st* stream) {
     if (N == 0) return;
     auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
-    const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
+    auto* xo = reinterpret_cast<__nv_bfloat16*>(x_out);
+    const auto* ab = reinterpret_cast<const __nv_bfloat16*>(a);
+    const auto* bb = reinterpret_cast<const __nv_bfloat16*>(b);
     const auto* wb = reinterpret_cast<const __nv_bfloat16*>(weight);
     const unsigned blocks = blocks_for(N, kRowsPerBlock, INT32_MAX);
-    if (vec8_ok(C, {y, x, weight}))
-        rmsnorm_forward_warp_per_row_kernel<8>
-            <<<blocks, kRowThreads, 0, stream>>>(yb, rstd, xb, wb, N, C, eps);
-    else
-        rmsnorm_forward_warp_per_row_kernel<1>
-            <<<blocks, kRowThreads, 0, stream>>>(yb, rstd, xb, wb, N, C, eps);
+    const bool vec = vec8_ok(C, {y, x_out, a, b, weight});
+    if (x_out == nullptr) {  // plain: a is x
+        if (vec)
+            rmsnorm_forward_warp_per_row_kernel<8, false><<<blocks, kRowThreads, 0, stream>>>(
+                yb, rstd, ab, nullptr, nullptr, nullptr, wb, N, C, eps);
+        else
+            rmsnorm_forward_warp_per_row_kernel<1, false><<<blocks, kRowThreads, 0, stream>>>(
+                yb, rstd, ab, nullptr, nullptr, nullptr, wb, N, C, eps);
+    } else {
+        if (vec)
+            rmsnorm_forward_warp_per_row_kernel<8, true><<<blocks, kRowThreads, 0, stream>>>(
+                yb, rstd, nullptr, xo, ab, bb, wb, N, C, eps);
+        else
+            rmsnorm_forward_warp_per_row_kernel<1, true><<<blocks, kRowThreads, 0, stream>>>(
+                yb, rstd, nullptr, xo, ab, bb, wb, N, C, eps);
+    }
     LATHE_CUDA_CHECK_LAUNCH();
 }
 

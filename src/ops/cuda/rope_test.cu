@@ -75,5 +75,74 @@ TEST(CudaRope, MatchesCpuInPlacePartial) {
     check_rope({3, 5, 2, 80, 0.5, false, true}, 34);
 }
 
+
+// Queries and keys in one launch (GQA head counts, in place as the block runs it, and out of
+// place): against the CPU twin, and bit for bit against the single-tensor CUDA launches.
+void check_rope_qk(int64_t H, int64_t Hkv, double partial, bool positions, bool in_place,
+                   uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "H=" << H << " Hkv=" << Hkv << " partial=" << partial
+                                      << " positions=" << positions << " in_place=" << in_place);
+    const int64_t B = 2, T = 24, D = 64;
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(seed);
+    RopeConfig config;
+    config.head_dim = D;
+    config.partial_rotary_factor = partial;
+    const int64_t R = rope_rotary_dim(config), P = 4 * T;
+    HostTensor cos(DType::kF32, {P, R / 2}), sin(DType::kF32, {P, R / 2});
+    rope_build_table(cos.view(), sin.view(), config);
+    HostTensor pos(DType::kI32, {B, T});
+    for (int64_t i = 0; i < pos.numel(); ++i) pos.as<int32_t>()[i] = int32_t(rng.integer(0, P - 1));
+    const HostTensor q = random_bf16_values(rng, {B, T, H, D});
+    const HostTensor k = random_bf16_values(rng, {B, T, Hkv, D});
+
+    DeviceTensor gcos = upload(cos, DType::kF32, state), gsin = upload(sin, DType::kF32, state);
+    DeviceTensor gpos = upload(pos, DType::kI32, state);
+    const ConstTensorView pos_cpu = positions ? pos.view() : ConstTensorView();
+    const ConstTensorView pos_gpu = positions ? ConstTensorView(gpos.view) : ConstTensorView();
+    for (const bool backward : {false, true}) {
+        SCOPED_TRACE(backward ? "backward" : "forward");
+        HostTensor q_ref(DType::kF32, q.shape()), k_ref(DType::kF32, k.shape());
+        if (backward)
+            rope_qk_backward(q_ref.view(), k_ref.view(), q.view(), k.view(), pos_cpu, cos.view(),
+                             sin.view(), cpu);
+        else
+            rope_qk_forward(q_ref.view(), k_ref.view(), q.view(), k.view(), pos_cpu, cos.view(),
+                            sin.view(), cpu);
+        // Single launches.
+        DeviceTensor gq = upload(q, DType::kBF16, state), gk = upload(k, DType::kBF16, state);
+        DeviceTensor q1 = device_tensor(DType::kBF16, q.shape(), state);
+        DeviceTensor k1 = device_tensor(DType::kBF16, k.shape(), state);
+        if (backward) {
+            rope_backward(q1.view, gq.view, pos_gpu, gcos.view, gsin.view, gpu);
+            rope_backward(k1.view, gk.view, pos_gpu, gcos.view, gsin.view, gpu);
+        } else {
+            rope_forward(q1.view, gq.view, pos_gpu, gcos.view, gsin.view, gpu);
+            rope_forward(k1.view, gk.view, pos_gpu, gcos.view, gsin.view, gpu);
+        }
+        // One launch.
+        DeviceTensor q2 = in_place ? upload(q, DType::kBF16, state)
+                                   : device_tensor(DType::kBF16, q.shape(), state);
+        DeviceTensor k2 = in_place ? upload(k, DType::kBF16, state)
+                                   : device_tensor(DType::kBF16, k.shape(), state);
+        const ConstTensorView qi = in_place ? ConstTensorView(q2.view) : ConstTensorView(gq.view);
+        const ConstTensorView ki = in_place ? ConstTensorView(k2.view) : ConstTensorView(gk.view);
+        if (backward)
+            rope_qk_backward(q2.view, k2.view, qi, ki, pos_gpu, gcos.view, gsin.view, gpu);
+        else
+            rope_qk_forward(q2.view, k2.view, qi, ki, pos_gpu, gcos.view, gsin.view, gpu);
+        EXPECT_TRUE(matches(download_f32(q2.view, state), q_ref, kBf16Sum)) << "q";
+        EXPECT_TRUE(matches(download_f32(k2.view, state), k_ref, kBf16Sum)) << "k";
+        EXPECT_TRUE(bitwise_equal(download_raw(q2.view, state), download_raw(q1.view, state)));
+        EXPECT_TRUE(bitwise_equal(download_raw(k2.view, state), download_raw(k1.view, state)));
+    }
+}
+
+TEST(CudaRopeQk, OneLaunchIsTheTwoSingleOnes) {
+    check_rope_qk(8, 2, 1.0, true, true, 35);    // GQA, packed positions, in place (the block)
+    check_rope_qk(4, 4, 0.25, false, false, 36); // partial rotary, out of place
+}
+
 }  // namespace
 }  // namespace lathe
