@@ -5,7 +5,7 @@
 #
 #   bench/align_embed_quality.sh --out DIR --glove-src DIR --fasttext BIN [--lathe BIN]
 #        [--gcide-bytes N] [--threads N] [--dim 300] [--glove-iters 15] [--sgns-epochs 5]
-#        [--lathe-seed2] [--shared DIR] [--gcide FILE]
+#        [--lathe-seed2] [--shared DIR] [--gcide FILE] [--maps-only]
 #
 #   --glove-src    a checkout of stanfordnlp/GloVe (built with `make` by bench/embed_bench.sh)
 #   --fasttext     Debian's fasttext binary (libfasttext 0.9.2)
@@ -13,6 +13,7 @@
 #                  are taken whole from the start of the dictionary
 #   --lathe-seed2  also train lathe's vectors with seed 2 (lathe's own noise floor)
 #   --shared       the folder with tokenizers/ and corpora/ (default ../shared of the repository)
+#   --maps-only    reuse the vectors already in DIR: only the maps, evaluations and the table
 #
 # One corpus: the GCIDE slice (blank-line-separated entries) + the first 800 PubMedQA documents
 # (question, abstracts, long answer), tokenized with gpt-neox-20b (source) and qwen3 (target) by
@@ -20,7 +21,8 @@
 # C tool (seeds 1, 2) and fastText skipgram without subwords (seeds 1, 2) with the same settings.
 # Then, per method, `lathe align map` (CPU, 300 pivots, seed 0) with the two files of that
 # method, and `lathe align eval` BLEU-1 on the other 200 PubMedQA documents. Prints a table:
-# method, tool, BLEU-1, and the map's decisions (gold / aligned / fvt).
+# method, tool, BLEU-1, the map's decisions (gold / aligned / fvt) and how the `aligned` target
+# tokens used in the held-out documents fared (see the table's comment below).
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,6 +36,7 @@ dim=300
 glove_iters=15
 sgns_epochs=5
 seed2=0
+maps_only=0
 shared=$(cd "$root/.." && pwd)/shared
 gcide=/usr/share/dictd/gcide.dict.dz
 while [[ $# -gt 0 ]]; do
@@ -48,6 +51,7 @@ while [[ $# -gt 0 ]]; do
         --glove-iters) glove_iters=$2; shift 2 ;;
         --sgns-epochs) sgns_epochs=$2; shift 2 ;;
         --lathe-seed2) seed2=1; shift ;;
+        --maps-only) maps_only=1; shift ;;
         --shared) shared=$2; shift 2 ;;
         --gcide) gcide=$2; shift 2 ;;
         *) echo "align_embed_quality: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
@@ -55,8 +59,10 @@ while [[ $# -gt 0 ]]; do
 done
 die() { echo "align_embed_quality: $*" >&2; exit 2; }
 [[ -n $out ]] || die "--out is required"
+if [[ $maps_only == 0 ]]; then
 [[ -n $glove_src && -f $glove_src/Makefile ]] || die "--glove-src: a stanfordnlp/GloVe checkout is required"
 [[ -n $fasttext && -x $fasttext ]] || die "--fasttext: the fasttext binary is required"
+fi
 [[ -x $lathe ]] || die "$lathe: no lathe binary (--lathe)"
 src_tok=$shared/tokenizers/gpt-neox-20b.json
 tgt_tok=$shared/tokenizers/qwen3.json
@@ -64,6 +70,7 @@ pubmed=$shared/corpora/pubmedqa_ori_pqal.json
 for f in "$src_tok" "$tgt_tok" "$pubmed" "$gcide"; do [[ -f $f ]] || die "$f not found (--shared / --gcide)"; done
 mkdir -p "$out"
 
+if [[ $maps_only == 0 ]]; then
 # The corpus (text-blocks) and the held-out documents (one per line).
 python3 - "$gcide" "$gcide_bytes" "$pubmed" "$out/corpus.txt" "$out/heldout.txt" <<'EOF' || exit 1
 import gzip, json, re, sys
@@ -110,6 +117,7 @@ import os, sys; print(os.path.getsize(sys.argv[1]) // (2 if sys.argv[2] == 'sour
             --output "$out/$side/lathe_sgns_cpu_seed2.txt" >"$out/$side/lathe_sgns_cpu_seed2.log" 2>&1
     fi
 done
+fi
 
 # One map and one evaluation per vector file pair.
 rows=(
@@ -122,8 +130,7 @@ rows=(
     "skip-gram|fastText, seed 1|fasttext_seed1.vec"
     "skip-gram|fastText, seed 2|fasttext_seed2.vec"
 )
-table="| method | tool | alignment BLEU-1 | gold | aligned | fvt |
-| --- | --- | --- | --- | --- | --- |"
+done_rows=()
 for row in "${rows[@]}"; do
     IFS='|' read -r method tool file <<<"$row"
     [[ -f $out/source/$file && -f $out/target/$file ]] || continue
@@ -135,17 +142,46 @@ for row in "${rows[@]}"; do
     "$lathe" align eval --documents "$out/heldout.txt" --map "$out/map_$name.json" \
         --source-tokenizer "$src_tok" --target-tokenizer "$tgt_tok" >"$out/eval_$name.json" \
         2>"$out/eval_$name.log" || { tail -5 "$out/eval_$name.log"; die "lathe align eval ($file) failed"; }
-    line=$(python3 - "$out/eval_$name.json" "$out/map_$name.report.tsv" <<'EOF'
-import collections, json, sys
-ev = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-c = collections.Counter()
-with open(sys.argv[2]) as f:
-    next(f)
-    for line in f:
-        c[line.split("\t")[2]] += 1
-print(f"{ev['alignment_bleu1']:.4f} | {c['gold']:,} | {c['aligned']:,} | {c['fvt']:,}")
-EOF
-)
-    table+=$'\n'"| $method | $tool | $line |"
+    done_rows+=("$method|$tool|$name")
 done
-echo "$table" | tee "$out/table.md"
+
+# The table. BLEU-1 is lathe align eval's; the decisions are counted from the map's report. Most
+# held-out target tokens are gold (the same string in both vocabularies, mapped alike by every
+# method), so two more columns look at the `aligned` ones only, per use in the held-out
+# documents: "in doc" = the mapped source id occurs in the document's source tokenization (what
+# BLEU-1 rewards before clipping), "piece" = the mapped source id is one of the source pieces of
+# the target token's own text (HF tokenizers: source.encode(target.decode([id]))).
+python3 - "$src_tok" "$tgt_tok" "$out" "${done_rows[@]}" <<'EOF' | tee "$out/table.md"
+import collections, json, sys
+from tokenizers import Tokenizer
+src, tgt = Tokenizer.from_file(sys.argv[1]), Tokenizer.from_file(sys.argv[2])
+out, rows = sys.argv[3], [r.split("|") for r in sys.argv[4:]]
+docs = [l.rstrip("\n") for l in open(f"{out}/heldout.txt") if l.strip()]
+S = [set(e.ids) for e in src.encode_batch(docs, add_special_tokens=False)]
+T = [e.ids for e in tgt.encode_batch(docs, add_special_tokens=False)]
+pieces = {}
+print("| method | tool | alignment BLEU-1 | gold | aligned | fvt | aligned uses held out | in doc | piece |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for method, tool, name in rows:
+    bleu = json.loads(open(f"{out}/eval_{name}.json").read().strip().splitlines()[-1])["alignment_bleu1"]
+    mp = json.load(open(f"{out}/map_{name}.json"))
+    dec, c = {}, collections.Counter()
+    with open(f"{out}/map_{name}.report.tsv") as f:
+        next(f)
+        for line in f:
+            p = line.split("\t")
+            dec[int(p[0])] = p[2]
+            c[p[2]] += 1
+    uses = in_doc = piece = 0
+    for s, t in zip(S, T):
+        for i in t:
+            if dec[i] != "aligned":
+                continue
+            if i not in pieces:
+                pieces[i] = set(src.encode(tgt.decode([i]), add_special_tokens=False).ids)
+            uses += 1
+            in_doc += mp[str(i)] in s
+            piece += mp[str(i)] in pieces[i]
+    print(f"| {method} | {tool} | {bleu:.4f} | {c['gold']:,} | {c['aligned']:,} | {c['fvt']:,} | "
+          f"{uses:,} | {in_doc / max(uses, 1):.3f} | {piece / max(uses, 1):.3f} |")
+EOF
