@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "ops/attention.h"
-#include "ops/gelu.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
 #include "ops/residual.h"
@@ -54,8 +53,7 @@ void block_forward(const ModelConfig& c, int layer, const BlockWeights& w, const
     linear_forward(flat_heads(a.k), a.ln1_out, w.wk, w.bk, ctx);
     linear_forward(flat_heads(a.v), a.ln1_out, w.wv, w.bv, ctx);
     if (c.position == PositionKind::kRope) {
-        rope_forward(a.q, a.q, in.positions, in.rope_cos, in.rope_sin, ctx);
-        rope_forward(a.k, a.k, in.positions, in.rope_cos, in.rope_sin, ctx);
+        rope_qk_forward(a.q, a.k, a.q, a.k, in.positions, in.rope_cos, in.rope_sin, ctx);
     }
     attention_forward(a.att, a.lse, a.q, a.k, a.v, in.docs, c.window(layer), block_attention_scale(c),
                       ctx);
@@ -68,16 +66,23 @@ void block_forward(const ModelConfig& c, int layer, const BlockWeights& w, const
         block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, w.norm2_w, w.norm2_b, ctx);
         mlp_residual = a.x_out;
     } else {
-        residual_forward(a.x_mid, a.x_in, s.tmp, ctx);
-        block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_mid, w.norm2_w, w.norm2_b,
-                           ctx);
+        // x_mid = x + o and norm2(x_mid) in one op (one kernel on CUDA).
+        if (c.norm == NormKind::kRmsNorm)
+            rmsnorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_rstd, a.x_in, s.tmp, w.norm2_w,
+                                     float(c.norm_eps), ctx);
+        else
+            layernorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, s.tmp,
+                                       w.norm2_w, w.norm2_b, float(c.norm_eps), ctx);
         mlp_residual = a.x_mid;
     }
-    linear_forward(a.mlp_in, a.ln2_out, w.w_up, w.b_up, ctx);
-    if (c.mlp == MlpKind::kSwiGlu)
+    if (c.mlp == MlpKind::kSwiGlu) {
+        linear_forward(a.mlp_in, a.ln2_out, w.w_up, w.b_up, ctx);
         swiglu_forward(a.mlp_act, a.mlp_in, ctx);
-    else
-        gelu_forward(a.mlp_act, a.mlp_in, c.gelu, ctx);
+    } else {
+        // The up projection with its GELU (one cuBLASLt call on CUDA for the tanh form; mlp_in
+        // is kept as the pre-activation either way).
+        linear_gelu_forward(a.mlp_act, a.mlp_in, a.ln2_out, w.w_up, w.b_up, c.gelu, ctx);
+    }
     linear_forward(s.tmp, a.mlp_act, w.w_down, w.b_down, ctx);
     residual_forward(a.x_out, mlp_residual, s.tmp, ctx);
 }
@@ -86,14 +91,21 @@ void block_backward(const ModelConfig& c, int layer, const BlockWeights& w, cons
                     const BlockActs& a, const BlockScratch& s, const BlockInputs& in,
                     TensorView dres, const Context& ctx) {
     // MLP branch: dres is d out, which the MLP output received unchanged.
-    linear_backward(s.dmlp_act, g.w_down, g.b_down, dres, a.mlp_act, w.w_down, GradMode::kOverwrite,
-                    ctx);
-    if (c.mlp == MlpKind::kSwiGlu)
+    if (c.mlp == MlpKind::kSwiGlu) {
+        linear_backward(s.dmlp_act, g.w_down, g.b_down, dres, a.mlp_act, w.w_down,
+                        GradMode::kOverwrite, ctx);
         swiglu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, ctx);
-    else
-        gelu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, c.gelu, ctx);
-    linear_backward(s.dnorm2, g.w_up, g.b_up, s.dmlp_in, a.ln2_out, w.w_up, GradMode::kOverwrite,
-                    ctx);
+        linear_backward(s.dnorm2, g.w_up, g.b_up, s.dmlp_in, a.ln2_out, w.w_up,
+                        GradMode::kOverwrite, ctx);
+    } else {
+        // The down projection's backward with the GELU backward fused, which also gives the up
+        // projection's bias gradient (d mlp_in summed over rows); so the up projection's own
+        // backward has no bias gradient left to do.
+        linear_gelu_backward(s.dmlp_in, g.b_up, g.w_down, g.b_down, dres, a.mlp_act, a.mlp_in,
+                             w.w_down, c.gelu, ctx);
+        linear_backward(s.dnorm2, g.w_up, TensorView(), s.dmlp_in, a.ln2_out, w.w_up,
+                        GradMode::kOverwrite, ctx);
+    }
     // Sequential: norm2 read x_mid, so its input gradient joins dres now, which then is d x_mid,
     // what the attention output received. Parallel: dres stays d out (the attention output
     // received it too), and norm2's gradient joins at the end, once dres is no longer read.
@@ -107,8 +119,7 @@ void block_backward(const ModelConfig& c, int layer, const BlockWeights& w, cons
     attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, in.docs,
                        c.window(layer), block_attention_scale(c), ctx);
     if (c.position == PositionKind::kRope) {
-        rope_backward(s.dq, s.dq, in.positions, in.rope_cos, in.rope_sin, ctx);
-        rope_backward(s.dk, s.dk, in.positions, in.rope_cos, in.rope_sin, ctx);
+        rope_qk_backward(s.dq, s.dk, s.dq, s.dk, in.positions, in.rope_cos, in.rope_sin, ctx);
     }
     linear_backward(s.dnorm1, g.wq, g.bq, flat_heads(s.dq), a.ln1_out, w.wq, GradMode::kOverwrite,
                     ctx);

@@ -78,7 +78,8 @@ struct BlockScratch {
     TensorView datt;      // (B, T, H, D)
     TensorView dq;        // (B, T, H, D)
     TensorView dk, dv;    // (B, T, Hkv, D)
-    TensorView dmlp_act;  // (B, T, F)
+    TensorView dmlp_act;  // (B, T, F) SwiGLU only (the GELU backward is fused into the down
+                          // projection's, linear_gelu_backward, which writes dmlp_in directly)
     TensorView dmlp_in;   // (B, T, 2F) or (B, T, F)
 };
 
@@ -115,7 +116,7 @@ void block_acts_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a, F&
     f("mlp_act", &BlockActs::mlp_act, a, Shape{B, T, F_});
 }
 
-// The same for BlockScratch (every member).
+// The same for BlockScratch (every member the config uses: dmlp_act for SwiGLU only).
 template <typename F>
 void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a, F&& f) {
     const int64_t C = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
@@ -127,7 +128,7 @@ void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a,
     f("block.dq", &BlockScratch::dq, a, Shape{B, T, H, D});
     f("block.dk", &BlockScratch::dk, a, Shape{B, T, Hkv, D});
     f("block.dv", &BlockScratch::dv, a, Shape{B, T, Hkv, D});
-    f("block.dmlp_act", &BlockScratch::dmlp_act, a, Shape{B, T, F_});
+    if (c.mlp == MlpKind::kSwiGlu) f("block.dmlp_act", &BlockScratch::dmlp_act, a, Shape{B, T, F_});
     f("block.dmlp_in", &BlockScratch::dmlp_in, a, Shape{B, T, up});
 }
 
