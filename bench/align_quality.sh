@@ -389,10 +389,10 @@ EOF
   begin "$target-align"
   sets "${TARGET_SETS[@]}" "${EMBED_SETS[@]}"
   run "$LATHE" align run "$W/align.yaml" --no-progress "${SETS[@]}"
-  # The run's closing summary (one line per stage: ran / up to date, seconds) is kept for the
-  # report when some stage ran; a run with every stage up to date keeps the earlier one.
+  # The run's closing summary (one line per stage: ran / up to date, seconds) is appended for the
+  # report, which takes each stage's latest "ran" line.
   summary=$(tail -n 9 "$OUT/logs/$STEP.log" | grep -E '^ *(terms|prepare|embed|map|apply|eval)\b' || true)
-  if grep -q ' ran ' <<<"$summary"; then printf '%s\n' "$summary" >"$W/align-summary.txt"; else RAN=0; fi
+  if grep -q ' ran ' <<<"$summary"; then printf '%s\n' "$summary" >>"$W/align-summary.txt"; else RAN=0; fi
   end
   MAP=$W/align/map/map.json
   TGT_TOK=$W/align/model/tokenizer.json
@@ -464,7 +464,7 @@ fi
 # ---- 6 report ----
 STEP=report
 python3 - "$OUT" "$TARGETS" "$FINETUNE_FVT" <<'PY'
-import json, os, sys
+import json, os, re, sys
 out, targets, ft_fvt = sys.argv[1], sys.argv[2].split(","), sys.argv[3] == "1"
 S = json.load(open(os.path.join(out, "settings.json")))
 load = lambda p: json.load(open(p)) if os.path.exists(p) else None
@@ -503,6 +503,14 @@ for t in targets:
                 d = line.rstrip("\n").split("\t")[2]
                 counts[d] = counts.get(d, 0) + 1
         r["map_decisions"] = counts
+    summ = os.path.join(out, t, "align-summary.txt")
+    if os.path.exists(summ):  # `align run`'s own per-stage seconds, from its closing summary
+        r["align_stages_s"] = {}
+        for line in open(summ, encoding="utf-8"):
+            g = re.match(r"\s*(terms|prepare source|prepare target|embed source|embed target|map|apply)"
+                         r"\s+(ran|up to date|not configured)\s+([0-9.]+) s", line)
+            if g and g[2] != "up to date":
+                r["align_stages_s"][g[1]] = float(g[3]) if g[2] == "ran" else "n/a"
     m = r["bits_per_byte"]["medical"]
     if None not in (m["lathe align"], m["FVT"], m["random rows"]):
         r["align_beats_fvt_and_random"] = m["lathe align"] < m["FVT"] and m["lathe align"] < m["random rows"]
@@ -543,6 +551,13 @@ for t in targets:
     beat = r.get("align_beats_fvt_and_random")
     md.append(f"| {t} | {fmt(r.get('alignment_bleu1'))} | {fmt(r.get('tokens_per_byte_source'))} | "
               f"{fmt(r.get('tokens_per_byte_target'))} | {dec} | {'—' if beat is None else ('yes' if beat else 'no')} |")
+stages = ["terms", "prepare source", "prepare target", "embed source", "embed target", "map", "apply"]
+md += ["", "`lathe align run` stages, seconds (n/a: not configured, e.g. no terms for qwen3):", "",
+       "| target | " + " | ".join(stages) + " |", "| --- |" + " --- |" * len(stages)]
+for t in targets:
+    st = res["targets"][t].get("align_stages_s", {})
+    md.append(f"| {t} | " + " | ".join(st[x] if st.get(x) == "n/a" else fmt(st.get(x), 1)
+                                     for x in stages) + " |")
 md += ["", "| step | seconds |", "| --- | --- |"]
 md += [f"| {k} | {v:.1f} |" for k, v in timings.items()]
 md.append(f"| total | {sum(timings.values()):.1f} |")

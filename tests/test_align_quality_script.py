@@ -70,7 +70,12 @@ def test_tiny_study_fills_every_cell_and_resumes(tmp_path):
     assert res["targets"]["medical"]["map_decisions"].get("term") == 100
     md = (out / "results.md").read_text()
     assert "—" not in md, md
-    assert md.count("| qwen3 |") == 3 and md.count("| medical |") == 3, md
+    assert md.count("| qwen3 |") == 4 and md.count("| medical |") == 4, md
+    for t, r in res["targets"].items():  # `align run`'s own stage times
+        want = {"prepare source", "prepare target", "embed source", "embed target", "map", "apply"}
+        assert want <= set(r["align_stages_s"]), r
+    assert res["targets"]["qwen3"]["align_stages_s"]["terms"] == "n/a"
+    assert res["targets"]["medical"]["align_stages_s"]["terms"] > 0
     for step in ("source-train", "qwen3-align", "medical-align", "qwen3-align-stage1",
                  "medical-fvt-stage2", "medical-eval-init"):
         assert res["timings_s"][step] > 0, res["timings_s"]
