@@ -57,23 +57,21 @@ void block_forward(const ModelConfig& c, int layer, const BlockWeights& w, const
     }
     attention_forward(a.att, a.lse, a.q, a.k, a.v, in.docs, c.window(layer), block_attention_scale(c),
                       ctx);
-    linear_forward(s.tmp, flat_heads(a.att), w.wo, w.bo, ctx);
 
     // Residual and MLP branch.
-    ConstTensorView mlp_residual;  // what the MLP output is added to
     if (c.parallel_residual) {
-        residual_forward(a.x_out, a.x_in, s.tmp, ctx);
+        // x_out = x + o in the output projection's GEMM (the residual read as its C).
+        linear_residual_forward(a.x_out, flat_heads(a.att), w.wo, w.bo, a.x_in, ctx);
         block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, w.norm2_w, w.norm2_b, ctx);
-        mlp_residual = a.x_out;
     } else {
         // x_mid = x + o and norm2(x_mid) in one op (one kernel on CUDA).
+        linear_forward(s.tmp, flat_heads(a.att), w.wo, w.bo, ctx);
         if (c.norm == NormKind::kRmsNorm)
             rmsnorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_rstd, a.x_in, s.tmp, w.norm2_w,
                                      float(c.norm_eps), ctx);
         else
             layernorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, s.tmp,
                                        w.norm2_w, w.norm2_b, float(c.norm_eps), ctx);
-        mlp_residual = a.x_mid;
     }
     if (c.mlp == MlpKind::kSwiGlu) {
         linear_forward(a.mlp_in, a.ln2_out, w.w_up, w.b_up, ctx);
@@ -83,8 +81,14 @@ void block_forward(const ModelConfig& c, int layer, const BlockWeights& w, const
         // is kept as the pre-activation either way).
         linear_gelu_forward(a.mlp_act, a.mlp_in, a.ln2_out, w.w_up, w.b_up, c.gelu, ctx);
     }
-    linear_forward(s.tmp, a.mlp_act, w.w_down, w.b_down, ctx);
-    residual_forward(a.x_out, mlp_residual, s.tmp, ctx);
+    if (c.parallel_residual) {
+        // x_out already holds x + o: the MLP output joins it through the temporary.
+        linear_forward(s.tmp, a.mlp_act, w.w_down, w.b_down, ctx);
+        residual_forward(a.x_out, a.x_out, s.tmp, ctx);
+    } else {
+        // x_out = x_mid + mlp in the down projection's GEMM (x_mid read as its C).
+        linear_residual_forward(a.x_out, a.mlp_act, w.w_down, w.b_down, a.x_mid, ctx);
+    }
 }
 
 void block_backward(const ModelConfig& c, int layer, const BlockWeights& w, const BlockGrads& g,

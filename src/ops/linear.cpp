@@ -3,6 +3,7 @@
 #include "ops/cpu/activations.h"
 #include "ops/cpu/linear.h"
 #include "ops/op_checks.h"
+#include "ops/residual.h"
 
 #if LATHE_HAVE_CUDA
 #include "ops/cuda/dispatch.h"
@@ -38,6 +39,36 @@ void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, Con
 #endif
             break;
     }
+    op_no_backend(kOp, ctx);
+}
+
+void linear_residual_forward(TensorView y, ConstTensorView x, ConstTensorView weight,
+                             ConstTensorView bias, ConstTensorView residual, const Context& ctx) {
+    constexpr const char* kOp = "linear_residual_forward";
+    op_expect_shape(kOp, "residual", residual, y.shape());
+    LATHE_CHECK(y.data() != residual.data() && y.data() != x.data(),
+                "{}: y must be another buffer than residual and x", kOp);
+    if (ctx.backend == Backend::kCpu) {  // the two ops, checks and all
+        linear_forward(y, x, weight, bias, ctx);
+        residual_forward(y, residual, y, ctx);
+        return;
+    }
+    const auto [N, I] = op_rows_cols(kOp, "x", x);
+    LATHE_CHECK(weight.rank() == 2 && weight.dim(1) == I, "{}: weight {} for x {}", kOp,
+                weight.to_string(), x.to_string());
+    const int64_t O = weight.dim(0);
+    op_expect_shape(kOp, "y", y, x.shape().with_dim(-1, O));
+    if (!bias.is_null()) op_expect_shape(kOp, "bias", bias, Shape{O});
+    op_expect_memory(kOp, ctx, {y, x, weight, bias, residual});
+#if LATHE_HAVE_CUDA
+    if (ctx.backend == Backend::kCuda) {
+        op_expect_cuda_dtype(kOp, DType::kBF16, {y, x, weight, bias, residual});
+        cuda::linear_residual_forward(cuda_state_of(ctx, kOp), ctx.stream, y.as<bf16>(),
+                                      x.as<bf16>(), weight.as<bf16>(), bias.as<bf16>(),
+                                      residual.as<bf16>(), N, I, O);
+        return;
+    }
+#endif
     op_no_backend(kOp, ctx);
 }
 

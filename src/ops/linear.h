@@ -37,6 +37,15 @@ namespace lathe {
 void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
                     const Context& ctx);
 
+// A projection whose output joins the residual stream:  y = residual + (x W^T + b).
+//   = linear_forward(y, x, W, b) then residual_forward(y, residual, y): so on the CPU, bit for bit
+//   the block's former linear into a temporary plus residual add. CUDA: one GEMM reading the
+//   residual as cuBLASLt's C (one bf16 rounding instead of two; no temporary, no add kernel).
+//   Shapes: residual and y as y of linear_forward; y must not be residual or x (checked).
+//   The backward is linear_backward's, with the residual's gradient passing through unchanged.
+void linear_residual_forward(TensorView y, ConstTensorView x, ConstTensorView weight,
+                             ConstTensorView bias, ConstTensorView residual, const Context& ctx);
+
 void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstTensorView dy,
                      ConstTensorView x, ConstTensorView weight, GradMode dx_mode,
                      const Context& ctx);

@@ -4,6 +4,7 @@
 
 #include "ops/gelu.h"
 #include "ops/op_test.h"
+#include "ops/residual.h"
 
 namespace lathe::optest {
 namespace {
@@ -114,6 +115,25 @@ TEST(LinearGelu, IsTheUnfusedSequenceOnTheCpu) {
     check_linear_gelu_is_the_unfused_sequence(GeluKind::kTanh, true, 51);
     check_linear_gelu_is_the_unfused_sequence(GeluKind::kErf, true, 52);
     check_linear_gelu_is_the_unfused_sequence(GeluKind::kTanh, false, 53);
+}
+
+// The projection joining the residual stream is, on the CPU, the linear then the residual add.
+TEST(LinearResidual, IsTheLinearThenTheAddOnTheCpu) {
+    const Context ctx = cpu_context();
+    Rng rng(54);
+    const HostTensor x = random_tensor(rng, Shape{2, 3, 5}), w = random_tensor(rng, Shape{4, 5});
+    const HostTensor b = random_tensor(rng, Shape{4}), r = random_tensor(rng, Shape{2, 3, 4});
+    HostTensor tmp = f32(Shape{2, 3, 4}), ref = f32(Shape{2, 3, 4}), y = f32(Shape{2, 3, 4});
+    linear_forward(tmp.view(), x.view(), w.view(), b.view(), ctx);
+    residual_forward(ref.view(), r.view(), tmp.view(), ctx);
+    linear_residual_forward(y.view(), x.view(), w.view(), b.view(), r.view(), ctx);
+    EXPECT_TRUE(bitwise_equal(y, ref));
+}
+
+TEST(LinearResidualDeathTest, RejectsAnOutputThatIsTheResidual) {
+    HostTensor x = f32(Shape{2, 4}), w = f32(Shape{4, 4}), y = f32(Shape{2, 4});
+    EXPECT_DEATH(linear_residual_forward(y.view(), x.view(), w.view(), {}, y.view(), cpu_context()),
+                 "linear_residual_forward: y must be another buffer than residual and x");
 }
 
 TEST(LinearGeluDeathTest, RejectsMismatchedShapes) {

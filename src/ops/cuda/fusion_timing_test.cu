@@ -174,6 +174,27 @@ TEST(CudaFusionTiming, Gpt2Mlp) {
         matches(download_f32(dbu2.view, state), download_f32(dbu1.view, state), kBf16Derived))
         << "up projection's dbias";
 
+    // The down projection joining the residual stream: GEMM into a temporary + the add kernel,
+    // against one GEMM reading the residual as C.
+    DeviceTensor res = random_device_bf16({N, C}, 7, -4.0f, 4.0f, state);
+    DeviceTensor tmp = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor out1 = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor out2 = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor b_down = random_device_bf16({C}, 8, -0.5f, 0.5f, state);
+    auto down_unfused = [&] {
+        cuda::linear_forward(state, s, ptr<bf16>(tmp), ptr<bf16>(act1), ptr<bf16>(w_down),
+                             ptr<bf16>(b_down), N, F, C);
+        cuda::residual_forward(ptr<bf16>(out1), ptr<bf16>(res), ptr<bf16>(tmp), N * C, s);
+    };
+    auto down_fused = [&] {
+        cuda::linear_residual_forward(state, s, ptr<bf16>(out2), ptr<bf16>(act1), ptr<bf16>(w_down),
+                                      ptr<bf16>(b_down), ptr<bf16>(res), N, F, C);
+    };
+    report("down projection + residual (N=32768 3072->768)", time_ms(state, down_unfused),
+           time_ms(state, down_fused));
+    EXPECT_TRUE(matches(download_f32(out2.view, state), download_f32(out1.view, state), kBf16Sum))
+        << "x_out";
+
     // The qkv projection's weight and bias gradients: weight GEMM + column sum, against BGRADB.
     const int64_t O = 3 * C;
     DeviceTensor dqkv = random_device_bf16({N, O}, 6, -1.0f, 1.0f, state);

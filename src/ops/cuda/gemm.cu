@@ -91,6 +91,8 @@ void check_args(const GemmArgs& g) {
     LATHE_CHECK(g.d_dtype == DType::kBF16 || g.d_dtype == DType::kF32, "gemm: D of dtype {}",
                 dtype_name(g.d_dtype));
     LATHE_CHECK(g.bias == nullptr || g.d_dtype == DType::kBF16, "gemm: a bias needs a bf16 D");
+    LATHE_CHECK(g.C == nullptr || (g.C != g.D && g.ldc >= g.N),
+                "gemm: C must be another buffer than D with ldc >= N ({}), got ldc={}", g.N, g.ldc);
     switch (g.epilogue) {
         case GemmEpilogue::kDefault:
             LATHE_CHECK(g.aux == nullptr && g.bias_grad == nullptr,
@@ -142,6 +144,8 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
     MatrixLayout second = g.trans_a ? MatrixLayout(CUDA_R_16BF, g.M, g.K, g.lda)
                                     : MatrixLayout(CUDA_R_16BF, g.K, g.M, g.lda);
     MatrixLayout out(d_type, g.N, g.M, g.ldd);
+    MatrixLayout c_layout(d_type, g.N, g.M, g.C != nullptr ? g.ldc : g.ldd);
+    const void* c_ptr = g.C != nullptr ? g.C : g.D;
 
     MatmulDesc desc;
     desc.set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
@@ -187,8 +191,8 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
                                           g.aux ? alignment_of(g.aux) : 0,
                                           g.ldaux,
                                           g.bias_grad ? alignment_of(g.bias_grad) : 0,
-                                          0,
-                                          0,
+                                          g.C ? alignment_of(g.C) : 0,
+                                          g.C ? g.ldc : 0,
                                           0,
                                           0};
     auto& algos = state.matmul_cache().algos;
@@ -196,16 +200,17 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
     if (it == algos.end()) {
         MatmulPreference pref;
         pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(state.workspace_bytes()));
-        // First operand of cuBLASLt is our B, second our A; C and D are the same matrix.
+        // First operand of cuBLASLt is our B, second our A; C is D unless given.
         pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b);
         pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a);
-        pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
+        pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                 g.C != nullptr ? alignment_of(g.C) : align_d);
         pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
         cublasLtMatmulHeuristicResult_t result{};
         int found = 0;
-        const cublasStatus_t status =
-            cublasLtMatmulAlgoGetHeuristic(state.cublaslt(), desc.desc, first.layout, second.layout,
-                                           out.layout, out.layout, pref.pref, 1, &result, &found);
+        const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+            state.cublaslt(), desc.desc, first.layout, second.layout, c_layout.layout, out.layout,
+            pref.pref, 1, &result, &found);
         // NOT_SUPPORTED (or no result) means no algorithm for this problem, which a fused
         // epilogue's caller handles; any other failure is a real error.
         if (status != CUBLAS_STATUS_NOT_SUPPORTED) LATHE_CUBLAS_CHECK(status);
@@ -223,7 +228,7 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
     if (!it->second.found) return false;
     const cublasStatus_t status =
         cublasLtMatmul(state.cublaslt(), desc.desc, &g.alpha, g.B, first.layout, g.A, second.layout,
-                       &g.beta, g.D, out.layout, g.D, out.layout, &it->second.algo,
+                       &g.beta, c_ptr, c_layout.layout, g.D, out.layout, &it->second.algo,
                        state.workspace(), state.workspace_bytes(), stream);
     // cuBLASLt documents INVALID_VALUE for an epilogue type combination it does not support
     // (e.g. an aux or bias type); it then launches nothing, so a fused epilogue's caller can

@@ -6,6 +6,8 @@
 //   op(A) (M, K): A is stored row-major (M, K) with row stride lda, or (K, M) when trans_a;
 //   op(B) (K, N): B is stored row-major (K, N) with row stride ldb, or (N, K) when trans_b;
 //   D (M, N) row-major with row stride ldd.
+//   With C given: D = alpha * op(A) op(B) + beta * C (+ bias), C (M, N) of D's dtype with row
+//   stride ldc, another buffer than D (a residual the product joins); C null means C is D.
 // A and B are bf16; D is bf16 or f32; bias (N) is bf16 and only allowed with a bf16 D (cuBLASLt's
 // bias takes D's type). Accumulation is fp32 (CUBLAS_COMPUTE_32F). beta = 1 accumulates into D
 // (weight gradients over micro-batches). Deterministic: the algorithm is picked once per problem
@@ -77,6 +79,8 @@ struct GemmArgs {
     const void* bias = nullptr;    // (N) of D's dtype, or null
     float alpha = 1.0f;
     float beta = 0.0f;
+    const void* C = nullptr;  // (M, N) of D's dtype, read with beta; null: D itself
+    int64_t ldc = 0;
     GemmEpilogue epilogue = GemmEpilogue::kDefault;
     void* aux = nullptr;        // kGeluAux (written), kDGelu (read): bf16 (M, N)
     int64_t ldaux = 0;

@@ -98,6 +98,20 @@ void linear_forward(CudaState& state, CUstream_st* stream, bf16* y, const bf16* 
     gemm_bf16(state, stream, g);
 }
 
+void linear_residual_forward(CudaState& state, CUstream_st* stream, bf16* y, const bf16* x,
+                             const bf16* weight, const bf16* bias, const bf16* residual, int64_t N,
+                             int64_t I, int64_t O) {
+    if (N == 0) return;
+    GemmArgs g;
+    g.M = N, g.N = O, g.K = I;
+    g.A = x, g.lda = I, g.trans_a = false;
+    g.B = weight, g.ldb = I, g.trans_b = true;
+    g.D = y, g.ldd = O, g.d_dtype = DType::kBF16;
+    g.bias = bias;
+    g.C = residual, g.ldc = O, g.beta = 1.0f;
+    gemm_bf16(state, stream, g);
+}
+
 void linear_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dweight, float* dbias,
                      const bf16* dy, const bf16* x, const bf16* weight, int64_t N, int64_t I,
                      int64_t O, bool dx_accumulate) {

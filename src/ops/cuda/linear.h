@@ -37,6 +37,12 @@ namespace lathe::cuda {
 void linear_forward(CudaState& state, CUstream_st* stream, bf16* y, const bf16* x,
                     const bf16* weight, const bf16* bias, int64_t N, int64_t I, int64_t O);
 
+// y = residual + x . weight^T + bias in one GEMM: residual is cuBLASLt's C (beta 1), so the sum
+// is rounded to bf16 once. y must be another buffer than residual.
+void linear_residual_forward(CudaState& state, CUstream_st* stream, bf16* y, const bf16* x,
+                             const bf16* weight, const bf16* bias, const bf16* residual, int64_t N,
+                             int64_t I, int64_t O);
+
 void linear_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dweight, float* dbias,
                      const bf16* dy, const bf16* x, const bf16* weight, int64_t N, int64_t I,
                      int64_t O, bool dx_accumulate);

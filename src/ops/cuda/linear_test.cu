@@ -24,8 +24,8 @@ struct LinearCase {
 // Forward, then backward with dx overwritten and accumulated, dweight and dbias accumulating
 // onto random values, against the CPU twin on the same bf16-valued inputs.
 void check_linear(const LinearCase& c, uint64_t seed) {
-    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " I=" << c.I << " O=" << c.O
-                                      << " bias=" << c.bias);
+    SCOPED_TRACE(::testing::Message()
+                 << "N=" << c.N << " I=" << c.I << " O=" << c.O << " bias=" << c.bias);
     CudaState state(0);
     const Context gpu = state.context(), cpu = cpu_context();
     optest::Rng rng(seed);
@@ -152,6 +152,35 @@ TEST(CudaLinear, RejectsF32Activations) {
         "linear_forward: the CUDA backend takes bf16 here, got f32");
 }
 
+// A projection joining the residual stream (one GEMM with the residual as C) against its CPU twin
+// (linear, then the add), with and without bias, on aligned and unaligned sizes.
+void check_linear_residual(int64_t N, int64_t I, int64_t O, bool bias, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " I=" << I << " O=" << O << " bias=" << bias);
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(seed);
+    const HostTensor x = random_bf16_values(rng, {N, I});
+    const HostTensor w = random_bf16_values(rng, {O, I}, -0.2f, 0.2f);
+    const HostTensor b = random_bf16_values(rng, {O});
+    const HostTensor r = random_bf16_values(rng, {N, O}, -4.0f, 4.0f);
+    HostTensor ref(DType::kF32, {N, O});
+    linear_residual_forward(ref.view(), x.view(), w.view(), bias ? b.view() : ConstTensorView(),
+                            r.view(), cpu);
+    DeviceTensor gx = upload(x, DType::kBF16, state), gw = upload(w, DType::kBF16, state);
+    DeviceTensor gb = upload(b, DType::kBF16, state), gr = upload(r, DType::kBF16, state);
+    DeviceTensor y = device_tensor(DType::kBF16, {N, O}, state);
+    linear_residual_forward(y.view, gx.view, gw.view, bias ? gb.view : TensorView(), gr.view, gpu);
+    EXPECT_TRUE(matches(download_f32(y.view, state), ref, kBf16Sum));
+    // The residual is only read.
+    EXPECT_TRUE(bitwise_equal(download_raw(gr.view, state),
+                              download_raw(upload(r, DType::kBF16, state).view, state)));
+}
+
+TEST(CudaLinearResidual, MatchesCpu) {
+    check_linear_residual(96, 128, 64, true, 27);
+    check_linear_residual(33, 64, 40, false, 28);
+    check_linear_residual(7, 36, 20, true, 29);  // rows of 72 and 40 bytes
+}
 
 struct LinearGeluCase {
     int64_t N, C, F;  // rows, model width, GELU width: up (F, C), down (C, F)
@@ -208,7 +237,8 @@ void check_linear_gelu(const LinearGeluCase& c, uint64_t seed) {
 
     // CUDA backward, twice from the same start.
     DeviceTensor gw_down = upload(w_down, DType::kBF16, state);
-    DeviceTensor dpre_in = upload(pre, DType::kBF16, state), dact = upload(act, DType::kBF16, state);
+    DeviceTensor dpre_in = upload(pre, DType::kBF16, state),
+                 dact = upload(act, DType::kBF16, state);
     DeviceTensor ddy = upload(dy, DType::kBF16, state);
     HostTensor first[4];
     for (int run = 0; run < 2; ++run) {
@@ -257,7 +287,6 @@ TEST(CudaLinearGelu, TanhMatchesCpuOnModelSizedRows) {
     check_linear_gelu({1024, 768, 3072, GeluKind::kTanh, true}, 25);
 }
 
-
 // Which GELU cuBLASLt's epilogue computes. With W the identity and no bias the pre-activation is
 // x exactly, so act is gelu(x) rounded once. Over x in [-3.5, -2], where the two forms differ
 // most relative to GELU's value (up to 4e-4 absolute, ~10% relative; elsewhere the difference
@@ -283,8 +312,8 @@ TEST(CudaLinearGelu, EpilogueIsTheTanhForm) {
     for (int64_t i = 0; i < N * I; ++i) {
         const double v = x.as<float>()[i];
         ASSERT_EQ(double(got_pre.as<float>()[i]), v) << "pre-activation " << i;
-        const double t = 0.5 * v *
-                         (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+        const double t =
+            0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
         const double e = 0.5 * v * (1.0 + std::erf(v * 0.7071067811865476));
         const double g = got.as<float>()[i];
         d_tanh += (g - t) * (g - t);
