@@ -141,7 +141,26 @@ for t in gpt-neox-20b qwen3; do
   [[ -f $TOKENIZERS/$t.json ]] || die "--tokenizers: $TOKENIZERS/$t.json does not exist"
 done
 case $DEVICE in auto | cpu | cuda) ;; *) die "--device: '$DEVICE' is not auto, cpu or cuda" ;; esac
+# The study's sizes are hours of CPU work: without a GPU, auto stops instead of quietly training
+# a 162M model on the CPU (--device cpu insists; --tiny is the CPU check).
+if [[ $TINY == 0 && $DEVICE == auto ]] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
+  die "no GPU found (nvidia-smi -L): the study's sizes need one; --tiny runs every step on the CPU, --device cpu insists"
+fi
 [[ -n $ALIGN_THRESHOLD ]] && EMBED_SETS+=(map.threshold="$ALIGN_THRESHOLD")
+
+# The medical target needs `align run`'s terms.corpus key (added with this script): a lathe built
+# before it would stop only at that step, after minutes of work, so ask now. The probe config
+# fails on its missing corpus when the key is known, on the key when it is not.
+if [[ ,$TARGETS, == *,medical,* ]]; then
+  probe=$(mktemp -d)
+  printf 'align: {work_dir: %s}\nsource: {tokenizer: x}\ncorpus: {inputs: [%s/none]}\nterms: {corpus: [x]}\n' \
+    "$probe" "$probe" >"$probe/probe.yaml"
+  answer=$("$LATHE" align run "$probe/probe.yaml" 2>&1 || true)  # (a pipe into grep -q would
+  if grep -q "unknown key 'terms.corpus'" <<<"$answer"; then      # fail with lathe under pipefail)
+    rm -rf "$probe"; die "$LATHE predates align run's terms.corpus key (commit 2d604b6): rebuild it"
+  fi
+  rm -rf "$probe"
+fi
 
 abs() { python3 -c 'import os, sys; print(os.path.abspath(sys.argv[1]))' "$1"; }
 LATHE=$(abs "$LATHE"); GCIDE=$(abs "$GCIDE"); PUBMEDQA=$(abs "$PUBMEDQA")
