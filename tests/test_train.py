@@ -116,18 +116,23 @@ def test_trains_and_loss_falls(corpus, tmp_path):
     assert state["step"] == 14 and state["adam_step"] == 14
 
 
-def test_full_recompute_trains_the_same_bits(corpus, tmp_path):
-    # train.recompute: full keeps one layer's activations and recomputes the rest: the same
-    # losses, gradient norms and checkpoint, to the bit (deterministic ops), with a smaller plan.
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_recompute_trains_the_same_bits(corpus, tmp_path, mode):
+    # train.recompute: selective recomputes the norm and activation outputs, full all but each
+    # layer's input: the same losses, gradient norms and checkpoint, to the bit (deterministic
+    # ops), with a smaller plan (full smaller than selective).
     plain, recompute = tmp_path / "plain", tmp_path / "recompute"
     a = run(train_cmd(corpus, plain, "train.steps=4"))
-    b = run(train_cmd(corpus, recompute, "train.steps=4", "train.recompute=full"))
+    b = run(train_cmd(corpus, recompute, "train.steps=4", f"train.recompute={mode}"))
     assert metric_lines(plain) == metric_lines(recompute)
-    assert "full recompute" in b.stderr and "full recompute" not in a.stderr
+    assert f"{mode} recompute" in b.stderr and f"{mode} recompute" not in a.stderr
 
     def activations(stderr):
         return int(next(l for l in stderr.splitlines() if l.strip().startswith("activations")).split()[1])
     assert activations(b.stderr) < activations(a.stderr)
+    if mode == "full":
+        c = run(train_cmd(corpus, tmp_path / "selective", "train.steps=1", "train.recompute=selective"))
+        assert activations(b.stderr) < activations(c.stderr)
     ck = "checkpoints/step-00000004/model.safetensors"
     assert (plain / ck).read_bytes() == (recompute / ck).read_bytes()
 
@@ -192,7 +197,7 @@ def test_sigterm_saves_and_rerun_continues_exactly(corpus, tmp_path):
     (["train.device=tpu"], "'train.device' is 'tpu'; choose auto, cpu or cuda"),
     (["train.precision=fp32", "train.device=cuda"], "the CUDA backend trains in bf16"),
     (["train.precision=fp8"], "'train.precision: fp8' is not built yet"),
-    (["train.recompute=selective"], "'train.recompute: selective' is not built yet"),
+    (["train.recompute=some"], "'train.recompute' is 'some'; choose none, selective or full"),
 ])
 def test_bad_config_fails_before_work_naming_the_key(corpus, tmp_path, sets, needle):
     p = run(train_cmd(corpus, tmp_path / "bad", *sets), check=False)

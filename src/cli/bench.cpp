@@ -30,6 +30,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         std::string model, device = "auto";
         BenchRequest req;
         int64_t vocab = 0;
+        std::string recompute;
     };
     auto o = std::make_shared<Options>();
     cmd->add_option("--model", o->model,
@@ -52,8 +53,11 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
     cmd->add_flag("--nondeterministic", o->req.nondeterministic,
                   "Let the GPU use its faster nondeterministic kernels, as train.deterministic: false "
                   "(the attention backward's dQ by atomics, as PyTorch's flash attention)");
-    cmd->add_flag("--recompute", o->req.recompute,
-                  "Full activation recompute, as train.recompute: full (one layer's activations kept)");
+    // Given bare, --recompute means full (its spelling when full was the only mode).
+    cmd->add_option("--recompute", o->recompute,
+                    "Activation recompute, as train.recompute: none, selective (norm and activation "
+                    "outputs recomputed), full (one layer's activations kept); bare: full")
+        ->expected(0, 1);
     cmd->add_flag("--plan-only", o->req.plan_only,
                   "Print the parameter count, FLOPs per token and the memory plan; run nothing");
     cmd->callback([o, cmd, &action] {
@@ -64,6 +68,14 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                          : o->device == "cuda" ? BenchDevice::kCuda
                                                : BenchDevice::kAuto;
             if (cmd->count("--vocab-size") > 0) req.vocab_size = o->vocab;
+            if (cmd->count("--recompute") > 0) {
+                const std::string name = o->recompute.empty() ? "full" : o->recompute;
+                const std::optional<Recompute> mode = recompute_from_name(name);
+                if (!mode)
+                    return invalid_argument_error(
+                        "--recompute is '{}'; choose none, selective or full", name);
+                req.recompute = *mode;
+            }
             LATHE_ASSIGN_OR_RETURN(const std::string line, bench_run(req));
             std::printf("%s\n", line.c_str());
             std::fflush(stdout);

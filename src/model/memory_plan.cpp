@@ -4,12 +4,15 @@
 
 #include "core/check.h"
 #include "model/block.h"
+#include "model/block_recompute.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/rope.h"
 
 namespace lathe {
 
 namespace {
+
+constexpr size_t kNoEntryIndex = MemoryPlan::kNoEntry;
 
 size_t add_entry(ArenaLayout& layout, std::string name, DType dtype, Shape shape) {
     Result<size_t> index = layout.add(std::move(name), dtype, shape);
@@ -18,6 +21,31 @@ size_t add_entry(ArenaLayout& layout, std::string name, DType dtype, Shape shape
 }
 
 }  // namespace
+
+const char* recompute_name(Recompute mode) {
+    switch (mode) {
+        case Recompute::kNone: return "none";
+        case Recompute::kSelective: return "selective";
+        case Recompute::kFull: return "full";
+    }
+    return "?";
+}
+
+std::optional<Recompute> recompute_from_name(std::string_view name) {
+    for (Recompute m : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+        if (name == recompute_name(m)) return m;
+    return std::nullopt;
+}
+
+size_t memory_plan_attention_workspace_estimate(const ModelConfig& c, int64_t B, int64_t T) {
+    const size_t key_blocks = size_t((T + 127) / 128);
+    const size_t rows = size_t(B) * size_t(c.num_heads) * size_t(T);  // (b, h, t)
+    size_t bytes = key_blocks * rows * size_t(c.head_dim) * sizeof(float)  // partial dQ
+                   + rows * sizeof(float);                                  // dot(dO, O)
+    // GQA: dK and dV per query head (bf16), summed over each group afterwards.
+    if (c.num_kv_heads != c.num_heads) bytes += 2 * rows * size_t(c.head_dim) * 2;
+    return bytes;
+}
 
 std::string format_bytes(size_t bytes) {
     const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -76,17 +104,26 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     plan.docs = add_entry(act, "input.docs", DType::kI32, Shape{B, T});
     plan.positions = add_entry(act, "input.positions", DType::kI32, Shape{B, T});
     plan.block_acts.resize(size_t(c.num_layers));
-    std::vector<size_t> shared;  // recompute: one set of every entry but the layer input
+    // Recompute: the entries every layer shares (one set, refilled before each layer's
+    // backward), by block_acts_for_each position; the rest are per layer.
+    std::vector<size_t> shared;  // [i] = the shared entry of position i, or kNoEntry
     for (int64_t l = 0; l < c.num_layers; ++l) {
         size_t i = 0;
-        block_acts_for_each(c, B, T, a, [&](const char* name, auto, DType dtype, Shape s) {
-            size_t entry;
-            if (!shape.recompute || i == 0)
-                entry = add_entry(act, fmt::format("layers.{}.{}", l, name), dtype, s);
-            else if (l == 0)
-                shared.push_back(entry = add_entry(act, fmt::format("recompute.{}", name), dtype, s));
-            else
-                entry = shared[i - 1];
+        block_acts_for_each(c, B, T, a, [&](const char* name, auto member, DType dtype, Shape s) {
+            if (l == 0) {
+                const bool is_shared =
+                    shape.recompute == Recompute::kFull
+                        ? member != &BlockActs::x_in
+                        : shape.recompute == Recompute::kSelective &&
+                              block_selective_recomputes(c, shape.backend, member);
+                shared.push_back(is_shared ? add_entry(act, fmt::format("recompute.{}", name),
+                                                       dtype, s)
+                                           : kNoEntryIndex);
+            }
+            const size_t entry =
+                shared[i] != kNoEntryIndex
+                    ? shared[i]
+                    : add_entry(act, fmt::format("layers.{}.{}", l, name), dtype, s);
             plan.block_acts[size_t(l)].push_back(entry);
             ++i;
         });
@@ -97,20 +134,55 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
         plan.final_norm_mean = add_entry(act, "final.norm_mean", DType::kF32, Shape{N});
     plan.final_norm_rstd = add_entry(act, "final.norm_rstd", DType::kF32, Shape{N});
     plan.lm_lse = add_entry(act, "lm_head.lse", DType::kF32, Shape{N});
-    plan.loss = add_entry(act, "lm_head.loss", DType::kF32, Shape{1});
+    plan.loss = add_entry(act, "lm_head.loss", DType::kF32, Shape{kLossSlots});
 
+    // Scratch: first what may be live while an attention call runs, then (contiguous, last) what
+    // is not, which cuDNN's attention workspace shares on CUDA (memory_plan.h). The lifetimes
+    // are block_backward's (model/block.cpp): the attention backward reads datt and writes dq,
+    // dk, dv; dres carries the residual gradient across it; with the parallel residual dnorm2
+    // waits across it for the end of the block. tmp (the forward's), dnorm1 (written after it),
+    // dnorm2 (sequential: read before it), dmlp_act, dmlp_in (the MLP backward, before it) and
+    // the LM head's chunk (used before any block's backward) are dead during every attention
+    // call, forward (a recomputing forward included) or backward.
     ArenaLayout& scr = plan.scratch;
-    block_scratch_for_each(c, B, T, a, [&](const char* name, auto, DType dtype, Shape s) {
-        plan.block_scratch.push_back(add_entry(scr, name, dtype, s));
-    });
+    auto dead_in_attention = [&](TensorView BlockScratch::*m) {
+        return m == &BlockScratch::tmp || m == &BlockScratch::dnorm1 ||
+               (m == &BlockScratch::dnorm2 && !c.parallel_residual) ||
+               m == &BlockScratch::dmlp_act || m == &BlockScratch::dmlp_in;
+    };
+    std::vector<size_t> block_scratch;
+    auto add_block_scratch = [&](bool dead) {
+        size_t i = 0;
+        block_scratch_for_each(c, B, T, a, [&](const char* name, auto member, DType dtype, Shape s) {
+            if (block_scratch.size() <= i) block_scratch.resize(i + 1, kNoEntryIndex);
+            if (dead_in_attention(member) == dead) block_scratch[i] = add_entry(scr, name, dtype, s);
+            ++i;
+        });
+    };
+    add_block_scratch(false);
     plan.dres = add_entry(scr, "dresidual", a, Shape{B, T, C});
-    plan.lm_chunk = add_entry(scr, "lm_head.logits_chunk", DType::kF32, Shape{Nc, V});
     if (c.position == PositionKind::kRope) {
         const int64_t half = rope_rotary_dim(c.rope) / 2;
         plan.rope_cos = add_entry(scr, "rope.cos", DType::kF32, Shape{T, half});
         plan.rope_sin = add_entry(scr, "rope.sin", DType::kF32, Shape{T, half});
     }
     plan.grad_norm = add_entry(scr, "optimizer.grad_norm", DType::kF32, Shape{1});
+    const size_t dead_begin = scr.total_bytes();
+    add_block_scratch(true);
+    plan.block_scratch = std::move(block_scratch);
+    plan.lm_chunk = add_entry(scr, "lm_head.logits_chunk", DType::kF32, Shape{Nc, V});
+    if (shape.backend == Backend::kCuda) {
+        plan.attention_workspace = shape.attention_workspace_bytes
+                                       ? *shape.attention_workspace_bytes
+                                       : memory_plan_attention_workspace_estimate(c, B, T);
+        const size_t dead = scr.total_bytes() - dead_begin;
+        if (plan.attention_workspace > dead)
+            add_entry(scr, "attention.workspace", DType::kU8,
+                      Shape{int64_t(plan.attention_workspace - dead)});
+        plan.attention_shared = std::min(dead, plan.attention_workspace);
+        plan.attention_offset = dead_begin;
+        plan.attention_bytes = scr.total_bytes() - dead_begin;
+    }
     return plan;
 }
 
@@ -119,7 +191,9 @@ std::string MemoryPlan::table(std::string_view title) const {
     out += fmt::format("  batch {} x {} tokens, LM-head chunk {} rows, on the {} ({} activations{})\n",
                        shape.batch, shape.seq_len, shape.lm_head_chunk_rows,
                        backend_name(shape.backend), dtype_name(activation_dtype(shape.backend)),
-                       shape.recompute ? ", full recompute" : "");
+                       shape.recompute == Recompute::kNone
+                           ? ""
+                           : fmt::format(", {} recompute", recompute_name(shape.recompute)));
     const std::pair<const char*, size_t> rows[] = {
         {"parameters", parameter_bytes()},
         {"gradients", gradient_bytes()},
@@ -132,6 +206,12 @@ std::string MemoryPlan::table(std::string_view title) const {
         out += fmt::format("  {:<30} {:>16} B  {:>12}\n", name, bytes, format_bytes(bytes));
     out += fmt::format("  {:<30} {:>16} B  {:>12}\n", "total", total_bytes(),
                        format_bytes(total_bytes()));
+    if (attention_workspace > 0)
+        out += fmt::format(
+            "  cuDNN's attention workspace ({}) shares {} of scratch with buffers dead during "
+            "attention\n",
+            format_bytes(attention_workspace),
+            format_bytes(attention_shared));
     return out;
 }
 

@@ -16,7 +16,11 @@
 // is allocated per step. With activation recompute (issue 4) the activations row shrinks; the
 // table is where that shows.
 //
-//   runtime           CUDA only: the buffers the CudaState owns (cuBLASLt workspace, op scratch)
+//                     On CUDA, cuDNN's attention workspace too: it shares the bytes of the
+//                     scratch buffers that are dead while attention runs (below), and adds only
+//                     what it needs beyond them.
+//   runtime           CUDA only: the buffers the CudaState owns (cuBLASLt workspace, op scratch,
+//                     attention buffers it had to grow itself, such as the docs mask)
 //
 // Dtypes follow the backend (ModelShape::backend): on the CPU reference every float entry is f32;
 // on CUDA activations, their gradients and the compute copy of the weights are bf16 while master
@@ -26,7 +30,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/arena.h"
@@ -37,6 +43,27 @@
 
 namespace lathe {
 
+// Activation recompute (train.recompute), what the backward gets back by computing again:
+//   none       every layer keeps every tensor block.h lists (BlockActs);
+//   selective  every layer keeps the outputs of its GEMMs and of attention (q, k, v, att, lse,
+//              x_mid, mlp_in) and the norms' statistics, but not the cheap elementwise outputs
+//              (ln1_out, ln2_out: the norms'; mlp_act: GELU/SwiGLU of mlp_in, unless a GEMM
+//              epilogue computed it: model/block_recompute.h); those are one shared set,
+//              refilled from the kept tensors just before each layer's backward: two norms and
+//              an activation pass per layer, no GEMM;
+//   full       each layer keeps only its input; the rest of a block's saved tensors is one shared
+//              set, refilled by running the block's forward again just before its backward (one
+//              more forward per step, about a third more compute, for activations of one layer
+//              instead of L).
+// Every mode gives bit-identical gradients: the ops are deterministic and the recomputed
+// tensors repeat the saved ones.
+enum class Recompute { kNone, kSelective, kFull };
+
+// "none", "selective", "full".
+const char* recompute_name(Recompute mode);
+// The mode called `name` (as recompute_name spells it), or nullopt.
+std::optional<Recompute> recompute_from_name(std::string_view name);
+
 struct ModelShape {
     int64_t batch = 1;    // B, the most sequences one forward takes
     int64_t seq_len = 0;  // T, the longest sequence one forward takes
@@ -45,12 +72,25 @@ struct ModelShape {
     int64_t lm_head_chunk_rows = 0;
     // Where the model computes; sets the dtypes (above) and the runtime row.
     Backend backend = Backend::kCpu;
-    // Full activation recompute: each layer keeps only its input; the rest of a block's saved
-    // tensors is one shared set, refilled by running the block's forward again just before its
-    // backward (one more forward per step, about a third more compute, for activations of one
-    // layer instead of L). Bit-identical gradients: the ops are deterministic.
-    bool recompute = false;
+    // What the backward recomputes instead of keeping (above).
+    Recompute recompute = Recompute::kNone;
+    // CUDA: the workspace cuDNN's attention graphs of this shape ask for (the larger of forward
+    // and backward, every window the model has). Unset: the plan estimates it
+    // (memory_plan_attention_workspace_estimate); Model::create asks cuDNN and plans again.
+    std::optional<size_t> attention_workspace_bytes = std::nullopt;
 };
+
+// The workspace of cuDNN 9's deterministic flash-attention backward for `config` at (B, T): an
+// fp32 partial dQ per block of 128 keys (ceil(T / 128) * B * H * T * D * 4 bytes), a float per
+// (b, h, t), and with GQA dK and dV per query head in bf16 (2 * B * H * T * D * 2). That is what
+// cuDNN 9.14 asked for at both issue-4 shapes (769.5 MiB for GPT-2 124M at B = 32, T = 1024;
+// 2178 MiB for Llama-3.2-1B at B = 8, T = 2048; docs/CUDA.md). What a plan made without a GPU
+// counts; Model::create asks cuDNN.
+size_t memory_plan_attention_workspace_estimate(const ModelConfig& config, int64_t B, int64_t T);
+
+// Device slots for micro-batch losses (Model::forward_backward_async): a training step reads the
+// losses of up to this many micro-batches at once.
+inline constexpr int64_t kLossSlots = 64;
 
 // Default budget for one chunk of LM-head logits (f32): on the CPU it stays cache-friendly; on
 // CUDA a larger chunk means fewer, larger GEMMs (at T = 1024 and V = 50257, about 2,600 rows).
@@ -72,15 +112,16 @@ struct MemoryPlan {
     ArenaLayout activations;
     ArenaLayout scratch;
 
-    // Entry indices into `activations`, for the model's views. With recompute every layer's
-    // entries but the first (its input) are the same shared indices.
+    // Entry indices into `activations`, for the model's views. With full recompute every layer's
+    // entries but the first (its input) are the same shared indices; with selective recompute
+    // those of ln1_out, ln2_out and mlp_act are.
     std::vector<std::vector<size_t>> block_acts;  // [layer][i], in block_acts_for_each order
     size_t final_x = 0;                           // (B, T, C) the last block's output
     size_t final_norm_out = 0;                    // (B, T, C)
     size_t final_norm_mean = kNoEntry;            // LayerNorm only
     size_t final_norm_rstd = 0;
     size_t lm_lse = 0;  // (B T) per-row log-sum-exp of the logits
-    size_t loss = 0;    // (1)
+    size_t loss = 0;    // (kLossSlots) micro-batch losses (slot 0 for forward())
     size_t tokens = 0, targets = 0, docs = 0, positions = 0;  // (B, T) i32 each
     // Entry indices into `scratch`.
     std::vector<size_t> block_scratch;                // in block_scratch_for_each order
@@ -88,6 +129,16 @@ struct MemoryPlan {
     size_t lm_chunk = 0;                              // (Nc, V)
     size_t rope_cos = kNoEntry, rope_sin = kNoEntry;  // (T, R/2), RoPE families
     size_t grad_norm = 0;                             // (1) f32, the step's gradient norm
+    // CUDA: cuDNN's attention workspace lives in the scratch arena, over the scratch entries
+    // that no op reads or writes while an attention call runs (their contents never outlive the
+    // op sequence that wrote them): one block's tmp, dnorm1, dnorm2 (sequential residual),
+    // dmlp_act and dmlp_in, and the LM head's logits chunk, laid out last and contiguous, then
+    // an entry "attention.workspace" for what the workspace needs beyond them. The model lends
+    // scratch bytes [attention_offset, attention_offset + attention_bytes) to the attention op
+    // (ops/cuda/attention.h, attention_lend_workspace). Zero on the CPU.
+    size_t attention_workspace = 0;  // bytes the workspace needs (shape's, or the estimate)
+    size_t attention_offset = 0, attention_bytes = 0;
+    size_t attention_shared = 0;     // of the workspace's bytes, those the dead buffers hold
     size_t runtime = 0;  // bytes of backend buffers outside the arenas (CUDA: CudaState's)
 
     size_t parameter_bytes() const { return params.total_bytes() + params_compute.total_bytes(); }

@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "io/safetensors.h"
+#include "model/block_recompute.h"
 #include "model/init.h"
 #include "model/registry.h"
 #include "ops/embedding.h"
@@ -18,7 +19,10 @@
 #include "ops/rope.h"
 
 #if LATHE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "ops/cuda/attention.h"
+#include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/memory.h"
 #endif
@@ -122,6 +126,30 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
     ModelShape planned = shape;
     planned.backend = ctx.backend;  // the plan's dtypes follow where the model computes
     LATHE_ASSIGN_OR_RETURN(m.plan_, memory_plan_make(config, m.table_, planned));
+#if LATHE_HAVE_CUDA
+    // cuDNN's attention graphs for the planned shape, built now (packed-document graphs and
+    // smaller batches build theirs at first use), and the plan made again with the workspace
+    // they ask for instead of its estimate: the scratch arena holds it (memory_plan.h).
+    std::vector<cuda::AttentionShape> attention_shapes;
+    if (ctx.backend == Backend::kCuda && cuda::attention_unavailable_reason() == nullptr) {
+        CudaState& state = cuda_state_of(ctx, "model");
+        std::vector<int64_t> windows;
+        for (int l = 0; l < int(config.num_layers); ++l)
+            if (std::find(windows.begin(), windows.end(), config.window(l)) == windows.end())
+                windows.push_back(config.window(l));
+        size_t workspace = 0;
+        for (int64_t w : windows) {
+            cuda::AttentionShape s{m.plan_.shape.batch, m.plan_.shape.seq_len, config.num_heads,
+                                   config.num_kv_heads, config.head_dim, w, false,
+                                   block_attention_scale(config)};
+            s.nondeterministic_backward = !ctx.deterministic;
+            workspace = std::max(workspace, cuda::attention_workspace_bytes(state, s));
+            attention_shapes.push_back(s);
+        }
+        planned.attention_workspace_bytes = workspace;
+        LATHE_ASSIGN_OR_RETURN(m.plan_, memory_plan_make(config, m.table_, planned));
+    }
+#endif
     m.config_ = std::move(config);
     m.ctx_ = ctx;
     LATHE_ASSIGN_OR_RETURN(m.params_, ModelArena::allocate(m.plan_.params, ctx));
@@ -133,27 +161,29 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
         LATHE_ASSIGN_OR_RETURN(m.params_compute_, ModelArena::allocate(m.plan_.params_compute, ctx));
         LATHE_ASSIGN_OR_RETURN(HostArena staging, HostArena::allocate(m.plan_.params));
         m.staging_ = std::make_unique<HostArena>(std::move(staging));
-        // Tokens, targets, docs, positions: four (B, T) i32 tensors.
-        m.pinned_bytes_ = 4 * size_t(m.plan_.shape.batch * m.plan_.shape.seq_len) * sizeof(int32_t);
+        // Two halves of tokens, targets, docs, positions: four (B, T) i32 tensors each; a
+        // micro-batch is staged into one half while the other's copy may still be in flight.
+        m.pinned_bytes_ = 2 * 4 * size_t(m.plan_.shape.batch * m.plan_.shape.seq_len) * sizeof(int32_t);
         auto pinned = std::make_shared<PinnedHostBuffer>(m.pinned_bytes_);
         m.pinned_ = std::shared_ptr<void>(pinned, pinned->data());
-        // cuDNN's attention graphs for the planned shape, built now so that their workspace is
-        // allocated before step 1 and counted in the plan (packed-document graphs and smaller
-        // batches build theirs at first use).
+        for (std::shared_ptr<CUevent_st>& e : m.staged_) {
+            cudaEvent_t event = nullptr;
+            LATHE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+            e = std::shared_ptr<CUevent_st>(event, [](cudaEvent_t ev) { cudaEventDestroy(ev); });
+        }
         CudaState& state = cuda_state_of(ctx, "model");
-        if (cuda::attention_unavailable_reason() == nullptr) {
-            std::vector<int64_t> windows;
-            for (int l = 0; l < int(m.config_.num_layers); ++l)
-                if (std::find(windows.begin(), windows.end(), m.config_.window(l)) == windows.end())
-                    windows.push_back(m.config_.window(l));
-            const ModelConfig& c = m.config_;
-            for (int64_t w : windows) {
-                cuda::AttentionShape shape{m.plan_.shape.batch, m.plan_.shape.seq_len,
-                                           c.num_heads, c.num_kv_heads, c.head_dim, w, false,
-                                           block_attention_scale(c)};
-                shape.nondeterministic_backward = !ctx.deterministic;
-                cuda::attention_prepare(state, shape);
-            }
+        if (!attention_shapes.empty()) {
+            // The scratch buffers dead during attention are its workspace; the loan ends when
+            // the last copy of this model (moves share it) goes away.
+            std::byte* lent = static_cast<std::byte*>(m.scratch_.flat(DType::kU8).data()) +
+                              m.plan_.attention_offset;
+            cuda::attention_lend_workspace(state, lent, m.plan_.attention_bytes);
+            CudaState* owner = &state;
+            m.attention_loan_ = std::shared_ptr<void>(
+                lent, [owner](void* p) { cuda::attention_end_loan(*owner, p); });
+            // Nothing grows now unless cuDNN's figure changed (then the state's own buffer does,
+            // and the runtime row shows it).
+            for (const cuda::AttentionShape& s : attention_shapes) cuda::attention_prepare(state, s);
             m.plan_.runtime += cuda::attention_buffer_bytes(state);
         }
 #endif
@@ -170,9 +200,8 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
 }
 
 // Host -> model memory: a plain copy on the CPU. On CUDA, `pinned_offset` != -1 stages the bytes
-// in the pinned batch buffer at that offset and copies asynchronously (the buffer is rewritten
-// only by the next load_batch, after the step's loss was read, so the copy has finished); -1 is a
-// one-time synchronous upload.
+// in the pinned batch buffer at that offset and copies asynchronously (inside the half that
+// begin_staging() returned, which no copy in flight reads); -1 is a one-time synchronous upload.
 void Model::copy_in(TensorView dst, ConstTensorView src, size_t pinned_offset) {
     LATHE_CHECK(src.device() == Device::kCpu && dst.bytes() == src.bytes(), "copy of {} into {}",
                 src.to_string(), dst.to_string());
@@ -191,6 +220,26 @@ void Model::copy_in(TensorView dst, ConstTensorView src, size_t pinned_offset) {
     std::memcpy(staged, src.data(), src.bytes());
     cuda_copy_async(dst, ConstTensorView(staged, src.dtype(), dst.shape(), Device::kCpu),
                     ctx_.stream);
+#endif
+}
+
+// The byte offset of the pinned buffer's half the next batch stages into: the other half from
+// the last batch's, once the copies that last read this half have finished (they were enqueued
+// a micro-batch ago, so this rarely waits). 0 on the CPU.
+size_t Model::begin_staging() {
+    if (!on_cuda()) return 0;
+    pinned_half_ ^= 1;
+#if LATHE_HAVE_CUDA
+    LATHE_CUDA_CHECK(cudaEventSynchronize(staged_[size_t(pinned_half_)].get()));
+#endif
+    return size_t(pinned_half_) * (pinned_bytes_ / 2);
+}
+
+// Marks the end of the copies out of the current half (begin_staging waits for it).
+void Model::end_staging() {
+    if (!on_cuda()) return;
+#if LATHE_HAVE_CUDA
+    LATHE_CUDA_CHECK(cudaEventRecord(staged_[size_t(pinned_half_)].get(), ctx_.stream));
 #endif
 }
 
@@ -561,26 +610,28 @@ Model::Dims Model::load_batch(const ModelBatch& batch, bool need_targets) {
                     v.to_string());
     };
     check_ids(tok, "tokens", 0, config_.vocab_size, false);
-    // Slots of the pinned buffer (CUDA): one (B, T) i32 tensor of the plan's size each.
+    // Slots of the pinned buffer's half (CUDA): one (B, T) i32 tensor of the plan's size each.
     const size_t slot = size_t(plan_.shape.batch * plan_.shape.seq_len) * sizeof(int32_t);
-    copy_in(act(plan_.tokens, bt), tok, 0);
+    const size_t half = begin_staging();
+    copy_in(act(plan_.tokens, bt), tok, half);
     LATHE_CHECK(!need_targets || !batch.targets.is_null(), "forward needs targets");
     if (!batch.targets.is_null()) {
         expect(batch.targets, "targets");
         check_ids(batch.targets, "targets", 0, config_.vocab_size, true);
-        copy_in(act(plan_.targets, bt), batch.targets, slot);
+        copy_in(act(plan_.targets, bt), batch.targets, half + slot);
     }
     has_docs_ = !batch.docs.is_null();
     if (has_docs_) {
         expect(batch.docs, "docs");
-        copy_in(act(plan_.docs, bt), batch.docs, 2 * slot);
+        copy_in(act(plan_.docs, bt), batch.docs, half + 2 * slot);
     }
     has_positions_ = !batch.positions.is_null();
     if (has_positions_) {
         expect(batch.positions, "positions");
         check_ids(batch.positions, "positions", 0, plan_.shape.seq_len, false);
-        copy_in(act(plan_.positions, bt), batch.positions, 3 * slot);
+        copy_in(act(plan_.positions, bt), batch.positions, half + 3 * slot);
     }
+    end_staging();
     dims_ = d;
     return d;
 }
@@ -630,9 +681,12 @@ void Model::run_backward_from_final(TensorView dfinal) {
     const BlockInputs inputs = block_inputs();
     for (int l = int(config_.num_layers) - 1; l >= 0; --l) {
         // Full recompute: refill the shared activations from the layer's saved input. Its x_out
-        // (the next layer's input, or final_x) is rewritten with the same bits.
-        if (plan_.shape.recompute)
+        // (the next layer's input, or final_x) is rewritten with the same bits. Selective: refill
+        // the shared norm and activation outputs from the layer's kept tensors.
+        if (plan_.shape.recompute == Recompute::kFull)
             block_forward(config_, l, block_weights(l), block_acts(l), scratch, inputs, ctx_);
+        else if (plan_.shape.recompute == Recompute::kSelective)
+            block_recompute_selective(config_, block_weights(l), block_acts(l), ctx_);
         block_backward(config_, l, block_weights(l), block_grads(l), block_acts(l), scratch, inputs,
                        dres, ctx_);
     }
@@ -677,18 +731,40 @@ void Model::backward(float dloss) {
 }
 
 float Model::forward_backward(const ModelBatch& batch, float dloss) {
+    forward_backward_async(batch, dloss, 0);
+    float loss = 0.0f;
+    read_losses(std::span<float>(&loss, 1));
+    return loss;
+}
+
+void Model::read_losses(std::span<float> out) const {
+    LATHE_CHECK(int64_t(out.size()) <= kLossSlots, "read_losses of {} slots, the model has {}",
+                out.size(), kLossSlots);
+    if (out.empty()) return;
+    const TensorView slots = act(plan_.loss, Shape{int64_t(out.size())});
+    if (!on_cuda()) {
+        std::memcpy(out.data(), slots.data(), out.size_bytes());
+        return;
+    }
+#if LATHE_HAVE_CUDA
+    cuda_copy_sync(TensorView(out.data(), DType::kF32, slots.shape()), slots, ctx_.stream);
+#endif
+}
+
+void Model::forward_backward_async(const ModelBatch& batch, float dloss, int64_t loss_slot) {
+    LATHE_CHECK(loss_slot >= 0 && loss_slot < kLossSlots, "loss slot {} outside [0, {})", loss_slot,
+                kLossSlots);
     backward_ready_ = false;
     load_batch(batch, /*need_targets=*/true);
     run_forward_blocks();
     const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
-    TensorView loss = act(plan_.loss, Shape{1});
+    TensorView loss = acts_.view(plan_.loss).slice(loss_slot, loss_slot + 1);
     TensorView dfinal = block_scratch().dnorm1;
     lm_head_cross_entropy_forward_backward(
         loss, TensorView(), dfinal.reshape(Shape{N, C}), grads_.view(head_entry()),
         act(plan_.final_norm_out, Shape{N, C}), act(plan_.targets, Shape{N}),
         weights().view(head_entry()), dloss, scratch_.view(plan_.lm_chunk), ctx_);
     run_backward_from_final(dfinal);
-    return read_scalar(loss);
 }
 
 void Model::logits(TensorView out, const ModelBatch& batch) {

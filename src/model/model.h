@@ -8,6 +8,8 @@
 //   for each micro-batch: loss_k = model.forward_backward(batch_k, dloss_k);   // grads +=
 //   adamw_update(model.params_flat(), m, v, model.grads_flat(), model.adamw_segments(lr, wd), ..)
 // where dloss_k weighs the micro-batch's mean loss in the objective (1/K for a mean of means).
+// A training loop that does not want to wait for the GPU per micro-batch uses
+// forward_backward_async(batch_k, dloss_k, k) and reads the K losses once, with read_losses().
 // Evaluation: model.forward(batch) gives the mean loss; model.logits(out, batch) the logits.
 //
 // The loss is mean cross-entropy over the targets that are not -100 (kIgnoreIndex), targets
@@ -25,6 +27,7 @@
 // params_flat(), grads_flat() and AdamW moments allocated with plan().params line up for
 // adamw_update. backward()/forward_backward() accumulate (+=) into it; zero_grads() clears it.
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -41,6 +44,8 @@
 #include "model/param_table.h"
 #include "ops/adamw.h"
 #include "ops/context.h"
+
+struct CUevent_st;
 
 namespace lathe {
 
@@ -164,6 +169,15 @@ public:
     void backward(float dloss = 1.0f);
     // forward() then backward(dloss) with the LM head run once (its fused forward-backward).
     float forward_backward(const ModelBatch& batch, float dloss = 1.0f);
+    // forward_backward without waiting for the GPU: the mean loss stays in device memory, in
+    // slot `loss_slot` (0 <= loss_slot < kLossSlots) until read_losses() reads it or a later
+    // step writes the slot again. `batch`'s host memory may be reused once this returns (it was
+    // staged into the model's pinned buffer, whose two halves alternate between micro-batches:
+    // a half is rewritten only after the copy that read it last has finished). On the CPU it
+    // computes before returning, as forward_backward does, with the same bits.
+    void forward_backward_async(const ModelBatch& batch, float dloss, int64_t loss_slot);
+    // The losses in slots [0, out.size()) (out.size() <= kLossSlots), waiting for the GPU.
+    void read_losses(std::span<float> out) const;
     // The logits (B, T, V) of `batch` into `out` (f32, host memory, on every backend; CUDA
     // computes them in bf16, LM-head chunk by chunk). Targets are not needed. Leaves the
     // activations of this forward (a following backward() is refused).
@@ -197,6 +211,8 @@ private:
     void download_params(size_t arena_index = size_t(-1)) const;
     void upload_params(size_t arena_index = size_t(-1));
     void copy_in(TensorView dst, ConstTensorView src, size_t pinned_offset);
+    size_t begin_staging();
+    void end_staging();
     float read_scalar(ConstTensorView v) const;
     TensorView entry_rows(const ModelArena& arena, ParamRole role, int layer, int64_t begin,
                           int64_t end) const;
@@ -209,8 +225,13 @@ private:
     ModelArena params_compute_;         // CUDA: bf16 copy of params_
     ModelArena exp_avg_, exp_avg_sq_;   // AdamW moments (enable_optimizer)
     std::unique_ptr<HostArena> staging_;  // CUDA: host copy of params_ for init/load/save
-    std::shared_ptr<void> pinned_;        // CUDA: pinned host buffer for the batch
+    std::shared_ptr<void> pinned_;        // CUDA: pinned host buffer for the batch, two halves
     size_t pinned_bytes_ = 0;
+    int pinned_half_ = 0;                 // the half the last load_batch staged into
+    std::array<std::shared_ptr<CUevent_st>, 2> staged_;  // CUDA: recorded after each half's copies
+    // CUDA: the loan of the scratch bytes dead during attention to cuDNN's workspace
+    // (memory_plan.h); its deleter ends the loan. Declared after the arenas: destroyed first.
+    std::shared_ptr<void> attention_loan_;
     Dims dims_;  // of the batch in the activations
     bool has_docs_ = false, has_positions_ = false;
     bool backward_ready_ = false;  // a forward() with targets saved activations for backward()

@@ -237,15 +237,14 @@ TEST_P(ModelGpu, PackedDocumentsAndSmallerBatchesMatchTheCpu) {
     EXPECT_LT(grad_err, 5e-2) << worst;
 }
 
-// Full activation recompute on the GPU: the recomputed forward repeats the saved one with the
-// same (deterministic) kernels, so loss and gradients are bitwise those of a model that kept
-// every activation.
-TEST_P(ModelGpu, FullRecomputeGivesTheSameBits) {
-    const ModelConfig c = parse(GetParam().json);
+// Activation recompute on the GPU, selective and full: the recomputed tensors repeat the saved
+// ones with the same (deterministic) kernels, so loss and gradients are bitwise those of a model
+// that kept every activation.
+void expect_recompute_gives_the_same_bits(CudaState& state, const ModelConfig& c, Recompute mode) {
     ModelShape shape{kB, kT, 0};
-    shape.recompute = true;
-    Result<Model> keep = Model::create(c, ModelShape{kB, kT, 0}, state_->context());
-    Result<Model> rec = Model::create(c, shape, state_->context());
+    shape.recompute = mode;
+    Result<Model> keep = Model::create(c, ModelShape{kB, kT, 0}, state.context());
+    Result<Model> rec = Model::create(c, shape, state.context());
     ASSERT_TRUE(keep.ok() && rec.ok());
     keep->init(15);
     rec->init(15);
@@ -257,10 +256,18 @@ TEST_P(ModelGpu, FullRecomputeGivesTheSameBits) {
     EXPECT_EQ(keep->forward_backward(batch), rec->forward_backward(batch));
     const ConstTensorView a = keep->grads_flat(), b = rec->grads_flat();
     std::vector<float> ha(size_t(a.numel())), hb(size_t(b.numel()));
-    cuda_copy_sync(TensorView(ha.data(), DType::kF32, a.shape()), a, state_->stream());
-    cuda_copy_sync(TensorView(hb.data(), DType::kF32, b.shape()), b, state_->stream());
+    cuda_copy_sync(TensorView(ha.data(), DType::kF32, a.shape()), a, state.stream());
+    cuda_copy_sync(TensorView(hb.data(), DType::kF32, b.shape()), b, state.stream());
     EXPECT_EQ(ha, hb);
     EXPECT_LT(rec->plan().activation_bytes(), keep->plan().activation_bytes());
+}
+
+TEST_P(ModelGpu, FullRecomputeGivesTheSameBits) {
+    expect_recompute_gives_the_same_bits(*state_, parse(GetParam().json), Recompute::kFull);
+}
+
+TEST_P(ModelGpu, SelectiveRecomputeGivesTheSameBits) {
+    expect_recompute_gives_the_same_bits(*state_, parse(GetParam().json), Recompute::kSelective);
 }
 
 TEST_P(ModelGpu, AStepAllocatesNoDeviceMemory) {

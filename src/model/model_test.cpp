@@ -5,8 +5,10 @@
 
 #include "model/model.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -232,6 +234,76 @@ TEST(MemoryPlan, CategoriesAddUpAndTheTablePrintsThem) {
     EXPECT_NE(table.find(std::to_string(plan->total_bytes())), std::string::npos) << table;
 }
 
+// On CUDA cuDNN's attention workspace lives in scratch over the buffers dead during attention:
+// those are contiguous at the end (the LM head's chunk included), the live ones (datt, dq, dk, dv,
+// dres; dnorm2 with the parallel residual) before them, and only what the workspace needs beyond
+// them is added. The CPU plan has no workspace.
+TEST(MemoryPlan, TheAttentionWorkspaceSharesTheScratchDeadDuringAttention) {
+    for (std::string_view json : {kLlamaJson, kNeoxJson}) {
+        const ModelConfig c = parse(json);
+        SCOPED_TRACE(c.model_type);
+        const ParamTable t = model_param_table(c);
+        ModelShape shape{2, 16, 0};
+        shape.backend = Backend::kCuda;
+        for (size_t workspace : {size_t(0), size_t(1000), size_t(1) << 20}) {
+            shape.attention_workspace_bytes = workspace;
+            Result<MemoryPlan> plan = memory_plan_make(c, t, shape);
+            ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+            const ArenaLayout& scr = plan->scratch;
+            EXPECT_EQ(plan->attention_workspace, workspace);
+            EXPECT_EQ(plan->attention_offset + plan->attention_bytes, scr.total_bytes());
+            EXPECT_GE(plan->attention_bytes, workspace);
+            size_t dead_end = scr.total_bytes();
+            bool has_extra = false;
+            for (const ArenaEntry& e : scr.entries()) {
+                const bool in_region = e.offset >= plan->attention_offset;
+                const bool dead_name =
+                    e.name == "block.tmp" || e.name == "block.dnorm1" ||
+                    e.name == "block.dmlp_act" || e.name == "block.dmlp_in" ||
+                    e.name == "lm_head.logits_chunk" ||
+                    (e.name == "block.dnorm2" && !c.parallel_residual);
+                if (e.name == "attention.workspace") {
+                    has_extra = true;
+                    dead_end = e.offset;
+                    continue;
+                }
+                EXPECT_EQ(in_region, dead_name) << e.name;
+            }
+            const size_t dead = dead_end - plan->attention_offset;
+            EXPECT_EQ(plan->attention_shared, std::min(dead, workspace));
+            EXPECT_EQ(has_extra, workspace > dead) << dead;
+            // One block's scratch entries are all there, in block_scratch_for_each order.
+            size_t i = 0;
+            block_scratch_for_each(c, 2, 16, DType::kBF16, [&](const char* name, auto, DType, Shape) {
+                EXPECT_EQ(scr.entries()[plan->block_scratch[i++]].name, name);
+            });
+            if (workspace > 0) {
+                EXPECT_NE(plan->table("t").find("cuDNN's attention workspace"), std::string::npos);
+            }
+        }
+        // Unset: the estimate of cuDNN's deterministic backward.
+        shape.attention_workspace_bytes.reset();
+        Result<MemoryPlan> estimated = memory_plan_make(c, t, shape);
+        ASSERT_TRUE(estimated.ok());
+        EXPECT_EQ(estimated->attention_workspace,
+                  memory_plan_attention_workspace_estimate(c, 2, 16));
+        shape.backend = Backend::kCpu;
+        Result<MemoryPlan> cpu = memory_plan_make(c, t, shape);
+        ASSERT_TRUE(cpu.ok());
+        EXPECT_EQ(cpu->attention_workspace, 0u);
+        EXPECT_EQ(cpu->attention_bytes, 0u);
+    }
+    // What cuDNN 9.14 asked for on the H200 (docs/CUDA.md): Llama-3.2-1B at B = 8, T = 2048
+    // (H 32, Hkv 8, D 64) 2178 MiB; GPT-2 124M at B = 32, T = 1024 (H = Hkv = 12) 769.5 MiB.
+    ModelConfig shape = parse(kLlamaJson);
+    shape.num_heads = 32;
+    shape.num_kv_heads = 8;
+    shape.head_dim = 64;
+    EXPECT_EQ(memory_plan_attention_workspace_estimate(shape, 8, 2048), size_t(2178) << 20);
+    shape.num_heads = shape.num_kv_heads = 12;
+    EXPECT_EQ(memory_plan_attention_workspace_estimate(shape, 32, 1024), size_t(1539) << 19);
+}
+
 TEST(MemoryPlan, SequenceLongerThanTheModelAllowsNamesTheKey) {
     const ModelConfig c = parse(kGpt2Json);
     Result<MemoryPlan> plan = memory_plan_make(c, model_param_table(c), ModelShape{1, 13, 0});
@@ -282,36 +354,80 @@ TEST(Model, SmallerBatchThanPlannedGivesTheSameLossAndGradients) {
     }
 }
 
-// Full activation recompute: the same loss and bitwise the same gradients (the ops are
-// deterministic, the recomputed forward repeats the saved one), with one layer's activations.
-TEST(Model, FullRecomputeGivesTheSameBitsWithFewerActivations) {
+// Activation recompute, selective and full: the same loss and bitwise the same gradients (the
+// ops are deterministic, the recomputed tensors repeat the saved ones), with fewer activations
+// (full fewer than selective). Packed documents with restarted positions take the same path.
+TEST(Model, RecomputeGivesTheSameBitsWithFewerActivations) {
     for (std::string_view json : {kLlamaJson, kNeoxJson, kGpt2Json}) {
         const ModelConfig c = parse(json);
         Model keep = make(c, 2, 8);
-        ModelShape shape{2, 8, 0};
-        shape.recompute = true;
-        Result<Model> r = Model::create(c, shape, cpu_context());
-        ASSERT_TRUE(r.ok()) << r.status().to_string();
-        r->init(7);
-        const HostTensor tok = ids(2, 8, c.vocab_size, 11), tgt = ids(2, 8, c.vocab_size, 12);
-        const ModelBatch batch{tok.view(), tgt.view(), {}, {}};
-        keep.zero_grads();
-        r->zero_grads();
-        EXPECT_EQ(keep.forward_backward(batch), r->forward_backward(batch)) << c.model_type;
-        EXPECT_EQ(grads_of(keep), grads_of(*r)) << c.model_type;
-        // forward() then backward() takes the recompute path too (compared with the same split
-        // calls without recompute: the split LM head is not bitwise the fused one).
-        keep.zero_grads();
-        keep.forward(batch);
-        keep.backward();
-        r->zero_grads();
-        r->forward(batch);
-        r->backward();
-        EXPECT_EQ(grads_of(keep), grads_of(*r)) << c.model_type;
-        if (c.num_layers > 1)
-            EXPECT_LT(r->plan().activation_bytes(), keep.plan().activation_bytes()) << c.model_type;
-        EXPECT_NE(r->plan().table("t").find("full recompute"), std::string::npos);
+        size_t previous_bytes = keep.plan().activation_bytes();
+        for (Recompute mode : {Recompute::kSelective, Recompute::kFull}) {
+            SCOPED_TRACE(fmt::format("{} {}", c.model_type, recompute_name(mode)));
+            ModelShape shape{2, 8, 0};
+            shape.recompute = mode;
+            Result<Model> r = Model::create(c, shape, cpu_context());
+            ASSERT_TRUE(r.ok()) << r.status().to_string();
+            r->init(7);
+            const HostTensor tok = ids(2, 8, c.vocab_size, 11), tgt = ids(2, 8, c.vocab_size, 12);
+            HostTensor docs(DType::kI32, Shape{2, 8}), pos(DType::kI32, Shape{2, 8});
+            for (int i = 0; i < 16; ++i) {
+                docs.as<int32_t>()[i] = (i % 8) < 3 ? 0 : 1;
+                pos.as<int32_t>()[i] = (i % 8) < 3 ? i % 8 : i % 8 - 3;
+            }
+            for (const ModelBatch& batch : {ModelBatch{tok.view(), tgt.view(), {}, {}},
+                                            ModelBatch{tok.view(), tgt.view(), docs.view(),
+                                                       pos.view()}}) {
+                keep.zero_grads();
+                r->zero_grads();
+                EXPECT_EQ(keep.forward_backward(batch), r->forward_backward(batch));
+                EXPECT_EQ(grads_of(keep), grads_of(*r));
+                // forward() then backward() takes the recompute path too (compared with the same
+                // split calls without recompute: the split LM head is not bitwise the fused one).
+                keep.zero_grads();
+                keep.forward(batch);
+                keep.backward();
+                r->zero_grads();
+                r->forward(batch);
+                r->backward();
+                EXPECT_EQ(grads_of(keep), grads_of(*r));
+            }
+            // Selective shares three tensors of every layer, full all but the input: each
+            // keeps less than the mode before it.
+            if (c.num_layers > 1) {
+                EXPECT_LT(r->plan().activation_bytes(), previous_bytes);
+            }
+            previous_bytes = r->plan().activation_bytes();
+            EXPECT_NE(r->plan().table("t").find(fmt::format("{} recompute", recompute_name(mode))),
+                      std::string::npos);
+        }
     }
+}
+
+// Selective recompute shares exactly the norm and activation outputs: the plan of every layer
+// has its own GEMM and attention outputs and statistics, and one set of the three.
+TEST(Model, SelectiveRecomputeSharesOnlyNormAndActivationOutputs) {
+    const ModelConfig c = parse(kNeoxJson);  // LayerNorm: means are kept too
+    ModelShape shape{2, 8, 0};
+    shape.recompute = Recompute::kSelective;
+    Result<Model> r = Model::create(c, shape, cpu_context());
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    std::vector<std::string> names;
+    for (const ArenaEntry& e : r->plan().activations.entries()) names.push_back(e.name);
+    auto has = [&](const std::string& n) {
+        return std::find(names.begin(), names.end(), n) != names.end();
+    };
+    for (const char* shared : {"ln1_out", "ln2_out", "mlp_act"}) {
+        EXPECT_TRUE(has(fmt::format("recompute.{}", shared))) << shared;
+        for (int l = 0; l < int(c.num_layers); ++l)
+            EXPECT_FALSE(has(fmt::format("layers.{}.{}", l, shared))) << shared;
+    }
+    for (int l = 0; l < int(c.num_layers); ++l)
+        for (const char* kept : {"x", "ln1_mean", "ln1_rstd", "q", "k", "v", "att", "att_lse",
+                                 "ln2_mean", "ln2_rstd", "mlp_in"})
+            EXPECT_TRUE(has(fmt::format("layers.{}.{}", l, kept))) << l << " " << kept;
+    EXPECT_EQ(recompute_from_name("selective"), Recompute::kSelective);
+    EXPECT_EQ(recompute_from_name("partial"), std::nullopt);
 }
 
 // Per-document attention with restarted positions: a document packed after another computes what

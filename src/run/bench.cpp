@@ -303,7 +303,19 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["flop_params"] = bench_flop_parameters(config);
     j["flops_per_token"] = bench_flops_per_token(config, T);
     j["plan_bytes"] = plan->total_bytes();
+    j["recompute"] = recompute_name(req.recompute);
     if (req.plan_only) {
+        // The table `lathe train` prints, and its rows in the JSON line. On CUDA without a GPU
+        // the attention workspace is the plan's estimate (memory_plan.h).
+        std::fputs(plan->table(model_config_summary(config)).c_str(), stderr);
+        j["plan"] = {{"parameters", plan->parameter_bytes()},
+                     {"gradients", plan->gradient_bytes()},
+                     {"optimizer", plan->optimizer_bytes()},
+                     {"activations", plan->activation_bytes()},
+                     {"scratch", plan->scratch_bytes()},
+                     {"runtime", plan->runtime},
+                     {"attention_workspace", plan->attention_workspace},
+                     {"attention_workspace_shared", plan->attention_shared}};
         j["plan_only"] = true;
         return j.dump();
     }
@@ -400,7 +412,6 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["grad_norm_last"] = last.norm;
     j["seed"] = req.seed;
     j["deterministic"] = !req.nondeterministic;
-    j["recompute"] = req.recompute ? "full" : "none";
     j["requested_device"] = std::string(device_name(req.device));
     return j.dump();
 }

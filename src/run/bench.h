@@ -29,6 +29,7 @@
 #include <string_view>
 
 #include "core/status.h"
+#include "model/memory_plan.h"
 #include "model/model_config.h"
 
 namespace lathe {
@@ -47,7 +48,7 @@ struct BenchRequest {
     int threads = 0;                    // CPU: OpenMP threads, 0 = all cores
     bool plan_only = false;             // report the shape and memory plan; run nothing
     bool nondeterministic = false;      // Context::deterministic = false (train.deterministic)
-    bool recompute = false;             // full activation recompute (train.recompute: full)
+    Recompute recompute = Recompute::kNone;  // train.recompute's modes
 };
 
 struct BenchPreset {

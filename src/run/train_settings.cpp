@@ -209,16 +209,12 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     }
     if (precision == "fp32" && device == "auto") s.device = "cpu";
     const std::string recompute = c.get_string("train.recompute");
-    if (recompute != "none" && recompute != "selective" && recompute != "full") {
+    const std::optional<Recompute> recompute_mode = recompute_from_name(recompute);
+    if (!recompute_mode) {
         return invalid_argument_error("{}: 'train.recompute' is '{}'; choose none, selective or full",
                                       c.source_of("train.recompute"), recompute);
     }
-    if (recompute == "selective") {
-        return unimplemented_error("{}: 'train.recompute: selective' is not built yet; use full (keeps one "
-                                   "layer's activations, recomputes the rest) or none",
-                                   c.source_of("train.recompute"));
-    }
-    s.recompute = recompute == "full";
+    s.recompute = *recompute_mode;
     const std::string policy = c.get_string("train.nonfinite_policy");
     if (policy == "skip") s.nonfinite = NonfinitePolicy::kSkip;
     else if (policy == "stop") s.nonfinite = NonfinitePolicy::kStop;

@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "data/blend.h"
 #include "io/config.h"
+#include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "ops/adamw.h"
 #include "run/lr_schedule.h"
@@ -41,7 +42,7 @@ struct TrainSettings {
     int threads = 0;                 // 0 = all cores
     std::string device = "auto";     // auto | cpu | cuda (train.device)
     bool deterministic = true;       // train.deterministic
-    bool recompute = false;          // train.recompute: full
+    Recompute recompute = Recompute::kNone;  // train.recompute
 
     NonfinitePolicy nonfinite = NonfinitePolicy::kSkip;
     int64_t max_skipped = 10;

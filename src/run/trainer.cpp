@@ -24,6 +24,7 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "model/registry.h"
+#include "run/batch_loader.h"
 #include "run/compute_device.h"
 #include "run/checkpoint_dir.h"
 #include "run/metrics.h"
@@ -62,49 +63,6 @@ public:
 private:
     struct sigaction old_term_{}, old_int_{};
 };
-
-// Host buffers of one micro-batch.
-struct BatchBuffers {
-    std::vector<int32_t> tokens, targets, docs;
-    Sample sample;
-};
-
-Status fill_batch(const SampleSource& source, int64_t first_index, int64_t B, int64_t T,
-                  bool per_doc, BatchBuffers& buf) {
-    buf.tokens.resize(size_t(B * T));
-    buf.targets.resize(size_t(B * T));
-    buf.docs.resize(per_doc ? size_t(B * T) : 0);
-    for (int64_t b = 0; b < B; ++b) {
-        LATHE_RETURN_IF_ERROR(source.get(buf.sample, first_index + b));
-        const Sample& s = buf.sample;
-        LATHE_CHECK(int64_t(s.tokens.size()) == T + 1, "sample of {} tokens, expected {}", s.tokens.size(), T + 1);
-        for (int64_t t = 0; t < T; ++t) {
-            buf.tokens[size_t(b * T + t)] = s.tokens[size_t(t)];
-            int32_t target = s.tokens[size_t(t + 1)];
-            // GPT-NeoX with a label file: the label is the target; negative labels carry no loss.
-            if (!s.labels.empty()) target = s.labels[size_t(t + 1)] >= 0 ? s.labels[size_t(t + 1)] : -100;
-            buf.targets[size_t(b * T + t)] = target;
-        }
-        if (per_doc) {
-            int32_t ordinal = 0;
-            for (const DocumentSegment& seg : s.documents) {
-                for (int64_t t = seg.start; t < seg.start + seg.length && t < T; ++t) {
-                    buf.docs[size_t(b * T + t)] = ordinal;
-                }
-                ++ordinal;
-            }
-        }
-    }
-    return ok_status();
-}
-
-ModelBatch batch_views(BatchBuffers& buf, int64_t B, int64_t T) {
-    ModelBatch mb;
-    mb.tokens = ConstTensorView(buf.tokens.data(), DType::kI32, Shape{B, T});
-    mb.targets = ConstTensorView(buf.targets.data(), DType::kI32, Shape{B, T});
-    if (!buf.docs.empty()) mb.docs = ConstTensorView(buf.docs.data(), DType::kI32, Shape{B, T});
-    return mb;
-}
 
 // Copies the tokenizer files that sit beside tokenizer.json into a checkpoint folder, so the
 // checkpoint is complete for transformers (tokenizer.json, tokenizer_config.json, the chat
@@ -169,7 +127,9 @@ private:
     std::optional<CheckpointDir> ckpt_;
     MetricsLog metrics_;
     TrainerState st_;  // the running values a checkpoint carries (run/trainer_state.h)
-    BatchBuffers buf_;
+    std::optional<BatchLoader> loader_;  // the training micro-batches, read ahead by a thread
+    BatchBuffers buf_;                   // validation micro-batches (read on this thread)
+    std::vector<float> losses_;          // one step's micro-batch losses, read from the model
     float last_norm_ = 0.0f;
 };
 
@@ -350,17 +310,27 @@ Status Trainer::save_checkpoint() {
 Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
     const int64_t B = s_.micro_batch, T = s_.seq_len, K = s_.grad_accum;
     model_->zero_grads();
-    double loss_sum = 0.0;
+    // The micro-batches come from the loader thread (GPT-NeoX's order, read ahead); the model
+    // enqueues each without waiting for the GPU and keeps its loss on the device. The host waits
+    // once per step, for the gradient norm, then reads the losses (every kLossSlots micro-batches
+    // when K is larger), and sums them in micro-batch order as before.
+    losses_.resize(size_t(K));
+    int64_t read = 0;
+    auto read_losses = [&](int64_t upto) {
+        model_->read_losses(std::span<float>(losses_.data() + read, size_t(upto - read)));
+        read = upto;
+    };
     for (int64_t k = 0; k < K; ++k) {
-        // GPT-NeoX's loader order (one data-parallel rank for now).
-        LATHE_ASSIGN_OR_RETURN(const int64_t first,
-                               gpt_neox_micro_batch_start(st_.step * K + k, B, 1, 0, data_.train()->size()));
-        LATHE_RETURN_IF_ERROR(fill_batch(*data_.train(), first, B, T, s_.per_document_attention, buf_));
-        loss_sum += model_->forward_backward(batch_views(buf_, B, T), 1.0f / float(K));
+        LATHE_ASSIGN_OR_RETURN(const BatchBuffers* buf, loader_->next(st_.step * K + k));
+        if (k - read == kLossSlots) read_losses(k);
+        model_->forward_backward_async(batch_views(*buf, B, T), 1.0f / float(K), k - read);
     }
-    const float loss = float(loss_sum / double(K));
     zero_frozen_grads();
     const float norm = model_->grad_norm();
+    read_losses(K);
+    double loss_sum = 0.0;
+    for (const float l : losses_) loss_sum += l;
+    const float loss = float(loss_sum / double(K));
     loss_out = loss;
     norm_out = norm;
 
@@ -433,6 +403,9 @@ Status Trainer::run() {
              1
 #endif
     );
+    const int64_t K = s_.grad_accum;
+    loader_.emplace(*data_.train(), st_.step * K, s_.steps * K, s_.micro_batch, s_.seq_len,
+                    s_.per_document_attention);
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t first_step = st_.step;
     while (st_.step < s_.steps) {

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <bit>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -62,8 +63,10 @@ struct CudaState::AttentionCache {
     std::unordered_map<GraphKey, std::unique_ptr<AttentionGraph>, GraphKeyHash> graphs;
     // Backward shape (with its workspace cap) -> the batch chunk its graph runs on.
     std::unordered_map<GraphKey, int64_t, GraphKeyHash> backward_chunks;
-    DeviceBuffer workspace;  // the largest workspace any cached graph asked for
+    DeviceBuffer workspace;  // the largest workspace a graph ran with that the loan did not fit
     DeviceBuffer bias;       // the docs bias, (B, 1, T, T) bf16 of the largest docs shape
+    void* lent = nullptr;    // attention_lend_workspace's memory, or null
+    size_t lent_bytes = 0;
 
     ~AttentionCache() {
         if (handle != nullptr) cudnnDestroy(handle);
@@ -256,13 +259,24 @@ void grow(DeviceBuffer& buffer, size_t bytes, CudaState& state) {
     buffer = DeviceBuffer(bytes);
 }
 
-// Caches `built` for (dir, s) and grows the state's buffers to fit it.
+// Caches `built` for (dir, s) and grows the docs bias to fit it. (The workspace is found, or
+// grown, by workspace_for at prepare or first execution.)
 AttentionGraph& insert_graph(CudaState& state, Direction dir, const AttentionShape& s,
                              std::unique_ptr<AttentionGraph> built) {
     CudaState::AttentionCache& cache = state.attention_cache();
-    grow(cache.workspace, size_t(built->workspace_bytes), state);
     grow(cache.bias, bias_bytes(s), state);
     return *cache.graphs.emplace(graph_key(dir, s), std::move(built)).first->second;
+}
+
+// The workspace `g` runs on: the lent memory when it fits, else the state's own buffer, grown
+// (once, waiting for the stream) when too small.
+void* workspace_for(CudaState& state, const AttentionGraph& g) {
+    CudaState::AttentionCache& cache = state.attention_cache();
+    const size_t need = size_t(g.workspace_bytes);
+    if (need == 0) return cache.workspace.data();
+    if (cache.lent != nullptr && need <= cache.lent_bytes) return cache.lent;
+    grow(cache.workspace, need, state);
+    return cache.workspace.data();
 }
 
 // The cached graph for (dir, shape), built (and the state's buffers grown) on first use.
@@ -364,7 +378,8 @@ void write_docs_bias(void* bias, const int32_t* docs, const AttentionShape& s,
 
 void execute(CudaState& state, AttentionGraph& g, Direction dir, const AttentionShape& s) {
     CudaState::AttentionCache& cache = state.attention_cache();
-    const fe::error_t status = g.graph->execute(cache.handle, g.pack, cache.workspace.data());
+    void* workspace = workspace_for(state, g);
+    const fe::error_t status = g.graph->execute(cache.handle, g.pack, workspace);
     expect_ok(status, "execute", dir, s);
 }
 
@@ -387,7 +402,33 @@ size_t attention_prepare(CudaState& state, const AttentionShape& shape) {
     const AttentionGraph& fwd = graph_for(state, Direction::kForward, shape);
     const AttentionGraph& bwd =
         graph_for(state, Direction::kBackward, with_batch(shape, backward_chunk(state, shape)));
+    workspace_for(state, fwd);  // grown now (unless lent memory fits), not at the first call
+    workspace_for(state, bwd);
     return size_t(std::max(fwd.workspace_bytes, bwd.workspace_bytes)) + bias_bytes(shape);
+}
+
+size_t attention_workspace_bytes(CudaState& state, const AttentionShape& shape) {
+    check_shape(shape, "attention_workspace_bytes");
+    const AttentionGraph& fwd = graph_for(state, Direction::kForward, shape);
+    const AttentionGraph& bwd =
+        graph_for(state, Direction::kBackward, with_batch(shape, backward_chunk(state, shape)));
+    return size_t(std::max(fwd.workspace_bytes, bwd.workspace_bytes));
+}
+
+void attention_lend_workspace(CudaState& state, void* ptr, size_t bytes) {
+    LATHE_CHECK(reinterpret_cast<uintptr_t>(ptr) % 256 == 0,
+                "attention_lend_workspace: {} is not 256-byte aligned", ptr);
+    CudaState::AttentionCache& cache = state.attention_cache();
+    cache.lent = bytes > 0 ? ptr : nullptr;
+    cache.lent_bytes = bytes > 0 ? bytes : 0;
+}
+
+void attention_end_loan(CudaState& state, const void* ptr) {
+    CudaState::AttentionCache& cache = state.attention_cache();
+    if (cache.lent != ptr || ptr == nullptr) return;
+    state.synchronize();  // queued attention calls may still run on it
+    cache.lent = nullptr;
+    cache.lent_bytes = 0;
 }
 
 size_t attention_buffer_bytes(const CudaState& state) {
@@ -487,6 +528,14 @@ size_t attention_prepare(CudaState&, const AttentionShape&) {
 size_t attention_buffer_bytes(const CudaState&) {
     return 0;
 }
+
+size_t attention_workspace_bytes(CudaState&, const AttentionShape&) {
+    unavailable("attention_workspace_bytes");
+}
+
+void attention_lend_workspace(CudaState&, void*, size_t) {}
+
+void attention_end_loan(CudaState&, const void*) {}
 
 void attention_forward(CudaState&, CUstream_st*, bf16*, float*, const bf16*, const bf16*,
                        const bf16*, const int32_t*, const AttentionShape&) {

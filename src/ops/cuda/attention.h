@@ -63,8 +63,26 @@ const char* attention_unavailable_reason();
 size_t attention_prepare(CudaState& state, const AttentionShape& shape);
 
 // Bytes the state's attention buffers (workspace + docs bias) hold now: what a memory plan counts
-// after attention_prepare has seen every shape of the run.
+// after attention_prepare has seen every shape of the run. Lent memory (below) is not counted:
+// its owner counts it.
 size_t attention_buffer_bytes(const CudaState& state);
+
+// The workspace cuDNN asks for to run `shape` (the larger of its forward and backward graphs;
+// the backward's batch chunk as attention_backward picks it), building the graphs if they are
+// not cached yet but allocating no workspace: for a memory plan that provides the workspace
+// itself (attention_lend_workspace). Stops as attention_prepare does.
+size_t attention_workspace_bytes(CudaState& state, const AttentionShape& shape);
+
+// Lends `bytes` of device memory at `ptr` (256-byte aligned) to the attention calls of `state` as
+// their workspace: a graph whose workspace fits runs on it instead of on a buffer the state grows
+// (one that does not fit grows the state's own buffer, as without a loan). The caller promises
+// that no work on the state's stream needs those bytes to keep their contents across an
+// attention call, and that they stay allocated until the loan ends (the model lends scratch
+// buffers that are dead while attention runs: model/memory_plan.h). A new loan replaces the
+// previous one.
+void attention_lend_workspace(CudaState& state, void* ptr, size_t bytes);
+// Ends the loan of `ptr` if it is the current one (its owner frees it); otherwise does nothing.
+void attention_end_loan(CudaState& state, const void* ptr);
 
 // The cuDNN library version the process runs with (e.g. 91900), 0 when not built with cuDNN.
 int64_t attention_cudnn_version();

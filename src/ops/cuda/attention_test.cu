@@ -248,6 +248,64 @@ TEST(CudaAttention, BackwardIsDeterministicGroupedQuery) {
     check_backward_is_deterministic({2, 1024, 8, 2, 64, 0, 0}, 82);
 }
 
+// A workspace lent by the caller (the model lends scratch that is dead during attention): the
+// graphs run on it, the state grows no buffer of its own, and the results are bitwise those on
+// the state's own workspace; once the loan ends the state grows its own again. The lent memory is
+// filled with garbage first: cuDNN must not read what it did not write.
+TEST(CudaAttention, LentWorkspaceGivesTheSameBitsAndGrowsNothing) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    const Case c{2, 1024, 8, 2, 64, 0, 0};
+    SCOPED_TRACE(case_text(c));
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    optest::Rng rng(83);
+    const HostTensor hq = random_bf16_values(rng, {c.B, c.T, c.H, c.D}, -2, 2);
+    const HostTensor hk = random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}, -2, 2);
+    const HostTensor hv = random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D});
+    const HostTensor hdout = random_bf16_values(rng, {c.B, c.T, c.H, c.D});
+    HostTensor results[2][5];
+    for (int lend = 0; lend < 2; ++lend) {
+        CudaState state(0);
+        const Context gpu = state.context();
+        const cuda::AttentionShape shape = cuda_shape(c, scale);
+        const size_t need = cuda::attention_workspace_bytes(state, shape);
+        EXPECT_EQ(cuda::attention_buffer_bytes(state), 0u) << "asking allocates nothing";
+        DeviceTensor lent = device_tensor(DType::kU8, {int64_t(need) + 256}, state);
+        if (lend) {
+            cuda_fill_bytes(lent.view, 0xA5, state.stream());
+            cuda::attention_lend_workspace(state, lent.view.data(), need + 256);
+        }
+        DeviceTensor q = upload(hq, DType::kBF16, state), k = upload(hk, DType::kBF16, state);
+        DeviceTensor v = upload(hv, DType::kBF16, state), dout = upload(hdout, DType::kBF16, state);
+        DeviceTensor out = device_tensor(DType::kBF16, {c.B, c.T, c.H, c.D}, state);
+        DeviceTensor lse = device_tensor(DType::kF32, {c.B, c.H, c.T}, state);
+        DeviceTensor dq = device_tensor(DType::kBF16, q.view.shape(), state);
+        DeviceTensor dk = device_tensor(DType::kBF16, k.view.shape(), state);
+        DeviceTensor dv = device_tensor(DType::kBF16, v.view.shape(), state);
+        attention_forward(out.view, lse.view, q.view, k.view, v.view, ConstTensorView(), c.window,
+                          scale, gpu);
+        attention_backward(dq.view, dk.view, dv.view, dout.view, q.view, k.view, v.view, out.view,
+                           lse.view, ConstTensorView(), c.window, scale, gpu);
+        results[lend][0] = download_raw(out.view, state);
+        results[lend][1] = download_raw(lse.view, state);
+        results[lend][2] = download_raw(dq.view, state);
+        results[lend][3] = download_raw(dk.view, state);
+        results[lend][4] = download_raw(dv.view, state);
+        if (lend) {
+            EXPECT_EQ(cuda::attention_buffer_bytes(state), 0u) << "the lent memory fit";
+            cuda::attention_end_loan(state, lent.view.data());
+            attention_backward(dq.view, dk.view, dv.view, dout.view, q.view, k.view, v.view,
+                               out.view, lse.view, ConstTensorView(), c.window, scale, gpu);
+            EXPECT_GE(cuda::attention_buffer_bytes(state), need) << "own workspace after the loan";
+            EXPECT_TRUE(bitwise_equal(download_raw(dq.view, state), results[1][2]));
+        } else {
+            EXPECT_GE(cuda::attention_buffer_bytes(state), need);
+        }
+    }
+    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; ++i)
+        EXPECT_TRUE(bitwise_equal(results[0][i], results[1][i])) << names[i];
+}
+
 // The training shapes of issue 4: attention_prepare builds both graphs and sizes the buffers;
 // the forward and backward that follow must not grow them (nothing allocated per step) and must
 // write finite values everywhere. Prints the buffer bytes (for the memory plan) and the times.
