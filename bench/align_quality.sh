@@ -58,8 +58,9 @@ usage: bash bench/align_quality.sh [options]
   --max-gcide-mb M       use only the first M MiB of GCIDE (default all; tiny 2)
   --eval-docs N          evaluate on the first N held-out PubMedQA documents (default 0 = all 200)
   --gcide-eval-docs N    ... and the first N held-out GCIDE entries (default 0 = all)
-  --align-threshold X    map.threshold: aligned tokens less similar than X get FVT rows instead
-                         (default: none, TokAlign's rule; the map report's last column is the similarity)
+  --hybrid-quantile Q    also the column "align + FVT below Q": the align init with the map's
+                         threshold at the Q-quantile of the aligned tokens' similarity, so the least
+                         sure alignments get FVT rows (default 0.5; 0 = no such column)
   --device D             auto | cpu | cuda for training, embeddings, map and eval (default auto; tiny cpu)
   --threads N            CPU threads for lathe (default 0 = all cores)
 EOF
@@ -77,7 +78,7 @@ SKIP_FINETUNE=0
 FINETUNE_FVT=0
 TRAIN_STEPS= BATCH= SEQ= STAGE1_STEPS= STAGE2_STEPS= FT_BATCH= FT_SEQ=
 MEDICAL_REPEAT= MEDICAL_VOCAB= TERMS_TOP_K= MAX_GCIDE_MB= DEVICE=
-EVAL_DOCS= GCIDE_EVAL_DOCS= ALIGN_THRESHOLD=
+EVAL_DOCS= GCIDE_EVAL_DOCS= HYBRID_QUANTILE=0.5
 THREADS=0
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -104,7 +105,7 @@ while [[ $# -gt 0 ]]; do
     --eval-docs) EVAL_DOCS=$2; shift 2 ;;
     --gcide-eval-docs) GCIDE_EVAL_DOCS=$2; shift 2 ;;
     --device) DEVICE=$2; shift 2 ;;
-    --align-threshold) ALIGN_THRESHOLD=$2; shift 2 ;;
+    --hybrid-quantile) HYBRID_QUANTILE=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "align_quality.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
@@ -120,13 +121,15 @@ if [[ $TINY == 1 ]]; then
   # A GPT-NeoX of 3.3M parameters (3.2M of them the two 50,304-row embeddings).
   MODEL_SETS=(model.hidden_size=32 model.intermediate_size=128 model.num_hidden_layers=2
               model.num_attention_heads=2)
-  EMBED_SETS=(embed.dim=16 embed.iters=2 embed.min_count=2 map.pivots=100)
+  PIVOTS=100
+  EMBED_SETS=(embed.dim=16 embed.iters=2 embed.window=5 embed.min_count=2 map.pivots=$PIVOTS)
 else
   : "${TRAIN_STEPS:=3000}" "${BATCH:=32}" "${SEQ:=512}" "${STAGE1_STEPS:=400}" "${STAGE2_STEPS:=400}"
   : "${FT_BATCH:=16}" "${FT_SEQ:=512}" "${MEDICAL_REPEAT:=4}" "${MEDICAL_VOCAB:=16384}"
   : "${TERMS_TOP_K:=2000}" "${MAX_GCIDE_MB:=0}" "${DEVICE:=auto}" "${EVAL_DOCS:=0}"
   : "${GCIDE_EVAL_DOCS:=0}"
   MODEL_SETS=()  # configs/align-quality-source.yaml as it is: the Pythia-160M shape
+  PIVOTS=300
   EMBED_SETS=()  # the pipeline's defaults: GloVe, 300 dimensions, 15 iterations, 300 pivots
 fi
 
@@ -146,7 +149,9 @@ case $DEVICE in auto | cpu | cuda) ;; *) die "--device: '$DEVICE' is not auto, c
 if [[ $TINY == 0 && $DEVICE == auto ]] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
   die "no GPU found (nvidia-smi -L): the study's sizes need one; --tiny runs every step on the CPU, --device cpu insists"
 fi
-[[ -n $ALIGN_THRESHOLD ]] && EMBED_SETS+=(map.threshold="$ALIGN_THRESHOLD")
+python3 -c 'import sys; q = float(sys.argv[1]); sys.exit(not 0 <= q < 1)' "$HYBRID_QUANTILE" 2>/dev/null ||
+  die "--hybrid-quantile: '$HYBRID_QUANTILE' is not a number in [0, 1)"
+HYBRID=$(python3 -c 'import sys; print(int(float(sys.argv[1]) > 0))' "$HYBRID_QUANTILE")
 
 # The medical target needs `align run`'s terms.corpus key (added with this script): a lathe built
 # before it would stop only at that step, after minutes of work, so ask now. The probe config
@@ -268,6 +273,7 @@ cat >"$OUT/settings.json" <<EOF
  "medical_repeat": $MEDICAL_REPEAT, "medical_vocab": $MEDICAL_VOCAB, "terms_top_k": $TERMS_TOP_K,
  "max_gcide_mb": $MAX_GCIDE_MB, "eval_docs": $EVAL_DOCS, "gcide_eval_docs": $GCIDE_EVAL_DOCS,
  "device": "$DEVICE", "targets": "$TARGETS", "finetune_fvt": $FINETUNE_FVT,
+ "hybrid_quantile": $HYBRID_QUANTILE,
  "model_sets": "${MODEL_SETS[*]}", "align_sets": "${EMBED_SETS[*]}"}
 EOF
 
@@ -433,9 +439,47 @@ EOF
       --source-tokenizer "$NEOX" --init "$init" --seed 0 --output "$M" --overwrite
     mark "$key" "$M/config.json"
   done
+  # The hybrid: the run's vectors mapped again with a threshold at the chosen quantile of the
+  # aligned tokens' similarity (so it adapts to the similarity's scale, which depends on the
+  # vectors and the pivots); tokens below it get FVT rows, as terms and unseen tokens do.
+  INIT_MODELS=("$W/init-random" "$W/init-mean" "$W/init-fvt" "$W/align/model")
+  if [[ $HYBRID == 1 ]]; then
+    THR=$(python3 - "$W/align/map/map.report.tsv" "$HYBRID_QUANTILE" <<'PY'
+import sys
+sims = []
+with open(sys.argv[1], encoding="utf-8") as f:
+    next(f)
+    for line in f:
+        c = line.rstrip("\n").split("\t")
+        if c[2] == "aligned":
+            sims.append(float(c[5]))
+sims.sort()
+# No aligned token: a threshold below every similarity changes nothing.
+print(repr(sims[int(float(sys.argv[2]) * len(sims))]) if sims else "-1e30")
+PY
+)
+    TERMS_ARGS=()
+    [[ -f $W/align/target/tokenizer.terms.tsv ]] && TERMS_ARGS=(--terms "$W/align/target/tokenizer.terms.tsv")
+    key="$(sig "$TGT_TOK" "$W/align/vectors/source.txt" "$W/align/vectors/target.txt" "$MAP") $THR $PIVOTS"
+    if done_with "$key" "$W/map-hybrid/map.json"; then skip "hybrid map ($W/map-hybrid)"; else
+      run "$LATHE" align map --source-tokenizer "$NEOX" --target-tokenizer "$TGT_TOK" \
+        --source-vectors "$W/align/vectors/source.txt" --target-vectors "$W/align/vectors/target.txt" \
+        --output "$W/map-hybrid/map.json" --pivots "$PIVOTS" --seed 0 --threshold "$THR" \
+        --device "$DEVICE" "${TERMS_ARGS[@]}"
+      mark "$key" "$W/map-hybrid/map.json"
+    fi
+    M=$W/init-hybrid
+    key="$(sig "$SRC_CKPT" "$TGT_TOK" "$W/map-hybrid/map.json" "$W/map-hybrid/map.report.tsv")"
+    if done_with "$key" "$M/config.json"; then skip "apply hybrid ($M)"; else
+      run "$LATHE" align apply --checkpoint "$SRC_CKPT" --map "$W/map-hybrid/map.json" \
+        --target-tokenizer "$TGT_TOK" --source-tokenizer "$NEOX" --init align --output "$M" --overwrite
+      mark "$key" "$M/config.json"
+    fi
+    INIT_MODELS+=("$M")
+  fi
   end
   begin "$target-eval-init"
-  eval_both "$target-init" "$W/init-random" "$W/init-mean" "$W/init-fvt" "$W/align/model"
+  eval_both "$target-init" "${INIT_MODELS[@]}"
   end
 done
 
@@ -482,9 +526,9 @@ fi
 
 # ---- 6 report ----
 STEP=report
-python3 - "$OUT" "$TARGETS" "$FINETUNE_FVT" <<'PY'
+python3 - "$OUT" "$TARGETS" "$FINETUNE_FVT" "$HYBRID_QUANTILE" <<'PY'
 import json, os, re, sys
-out, targets, ft_fvt = sys.argv[1], sys.argv[2].split(","), sys.argv[3] == "1"
+out, targets, ft_fvt, hybrid = sys.argv[1], sys.argv[2].split(","), sys.argv[3] == "1", sys.argv[4]
 S = json.load(open(os.path.join(out, "settings.json")))
 load = lambda p: json.load(open(p)) if os.path.exists(p) else None
 
@@ -499,6 +543,8 @@ def bpb(group, held, i):
 cols = [("random rows", "init", 0), ("mean rows", "init", 1), ("FVT", "init", 2),
         ("lathe align", "init", 3), ("after stage 1", "align-ft", 0),
         ("after stage 2", "align-ft", 1)]
+if float(hybrid) > 0:
+    cols.insert(4, (f"align + FVT below q{hybrid}", "init", 4))
 if ft_fvt:
     cols += [("FVT + stage 1", "fvt-ft", 0), ("FVT + stage 2", "fvt-ft", 1)]
 res = {"settings": S, "data": load(os.path.join(out, "data", "stats.json")), "targets": {},
@@ -533,6 +579,9 @@ for t in targets:
     m = r["bits_per_byte"]["medical"]
     if None not in (m["lathe align"], m["FVT"], m["random rows"]):
         r["align_beats_fvt_and_random"] = m["lathe align"] < m["FVT"] and m["lathe align"] < m["random rows"]
+    h = m.get(f"align + FVT below q{hybrid}")
+    if None not in (h, m["FVT"], m["random rows"]):
+        r["hybrid_beats_fvt_and_random"] = h < m["FVT"] and h < m["random rows"]
     res["targets"][t] = r
 timings = {}
 tdir = os.path.join(out, "timings")
@@ -562,14 +611,16 @@ for h, title in (("medical", "200 held-out PubMedQA documents"), ("gcide", "held
     for t in targets:
         v = res["targets"][t]["bits_per_byte"][h]
         md.append(f"| {t} | " + " | ".join(fmt(v[c[0]]) for c in cols) + " |")
-md += ["", "| target | alignment BLEU-1 | tokens/byte source | tokens/byte target | map decisions | align beats FVT and random |",
-       "| --- | --- | --- | --- | --- | --- |"]
+yn = lambda b: "—" if b is None else ("yes" if b else "no")
+md += ["", "| target | alignment BLEU-1 | tokens/byte source | tokens/byte target | map decisions | "
+       "align beats FVT and random (PubMedQA) | align + FVT below q beats them |",
+       "| --- | --- | --- | --- | --- | --- | --- |"]
 for t in targets:
     r = res["targets"][t]
     dec = ", ".join(f"{k} {v}" for k, v in sorted(r.get("map_decisions", {}).items())) or "—"
-    beat = r.get("align_beats_fvt_and_random")
     md.append(f"| {t} | {fmt(r.get('alignment_bleu1'))} | {fmt(r.get('tokens_per_byte_source'))} | "
-              f"{fmt(r.get('tokens_per_byte_target'))} | {dec} | {'—' if beat is None else ('yes' if beat else 'no')} |")
+              f"{fmt(r.get('tokens_per_byte_target'))} | {dec} | {yn(r.get('align_beats_fvt_and_random'))} | "
+              f"{yn(r.get('hybrid_beats_fvt_and_random')) if float(hybrid) > 0 else 'n/a'} |")
 stages = ["terms", "prepare source", "prepare target", "embed source", "embed target", "map", "apply"]
 md += ["", "`lathe align run` stages, seconds (n/a: not configured, e.g. no terms for qwen3):", "",
        "| target | " + " | ".join(stages) + " |", "| --- |" + " --- |" * len(stages)]

@@ -2,7 +2,8 @@
 
 What is checked:
   * `--tiny` on a 1 MiB slice of GCIDE runs every step of the study on the CPU (source model,
-    medical tokenizer, both targets, the four initialisations, both fine-tuning stages) and its
+    medical tokenizer, both targets, the four initialisations and the align + FVT hybrid, both
+    fine-tuning stages from the align and the FVT init) and its
     results table has every cell filled: results.json holds a finite bits-per-byte number for
     every (target, held-out set, column), results.md no "—"; the models really differ (the
     random, mean, FVT and align rows give four different numbers per target);
@@ -48,8 +49,8 @@ def test_tiny_study_fills_every_cell_and_resumes(tmp_path):
     out = tmp_path / "q"
     stdout, _ = study(out, "--finetune-fvt")
     res = json.loads((out / "results.json").read_text())
-    cols = ["random rows", "mean rows", "FVT", "lathe align", "after stage 1", "after stage 2",
-            "FVT + stage 1", "FVT + stage 2"]
+    cols = ["random rows", "mean rows", "FVT", "lathe align", "align + FVT below q0.5",
+            "after stage 1", "after stage 2", "FVT + stage 1", "FVT + stage 2"]
     assert set(res["targets"]) == {"qwen3", "medical"}
     for held in ("medical", "gcide"):
         assert math.isfinite(res["source"][held]) and res["source"][held] > 0
@@ -66,6 +67,7 @@ def test_tiny_study_fills_every_cell_and_resumes(tmp_path):
         assert r["tokens_per_byte_source"] > 0 and r["tokens_per_byte_target"] > 0
         assert r["map_decisions"].get("gold", 0) > 0, r["map_decisions"]
         assert isinstance(r["align_beats_fvt_and_random"], bool)
+        assert isinstance(r["hybrid_beats_fvt_and_random"], bool)
     # The medical target is the trained tokenizer plus 100 mined terms (tiny's --terms-top-k).
     assert res["targets"]["medical"]["map_decisions"].get("term") == 100
     md = (out / "results.md").read_text()
