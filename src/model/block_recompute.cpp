@@ -26,8 +26,8 @@ void block_recompute_selective(const ModelConfig& c, const BlockWeights& w, cons
     // ever compute one of them differently, this must follow, or the bitwise tests of recompute
     // (model_test.cpp, model_gpu_test.cu) fail.
     block_norm_forward(c, a.ln1_out, a.ln1_mean, a.ln1_rstd, a.x_in, w.norm1_w, w.norm1_b, ctx);
-    block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd,
-                       c.parallel_residual ? a.x_in : a.x_mid, w.norm2_w, w.norm2_b, ctx);
+    block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd, c.parallel_residual ? a.x_in : a.x_mid,
+                       w.norm2_w, w.norm2_b, ctx);
     if (!activation_is_separate(c, ctx.backend)) return;
     if (c.mlp == MlpKind::kSwiGlu)
         swiglu_forward(a.mlp_act, a.mlp_in, ctx);

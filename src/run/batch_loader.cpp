@@ -48,7 +48,8 @@ ModelBatch batch_views(const BatchBuffers& buf, int64_t B, int64_t T) {
 BatchLoader::BatchLoader(const SampleSource& source, int64_t begin, int64_t end, int64_t B,
                          int64_t T, bool per_doc, int depth)
     : source_(source), begin_(begin), end_(end), B_(B), T_(T), per_doc_(per_doc) {
-    LATHE_CHECK(depth >= 1 && begin <= end, "BatchLoader depth {} over [{}, {})", depth, begin, end);
+    LATHE_CHECK(depth >= 1 && begin <= end, "BatchLoader depth {} over [{}, {})", depth, begin,
+                end);
     // `depth` filled ahead plus the one the caller holds.
     slots_.resize(size_t(depth) + 1);
     thread_ = std::thread([this] { run(); });

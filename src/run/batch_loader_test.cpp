@@ -32,7 +32,8 @@ public:
         if (fail_from_ >= 0 && index >= fail_from_)
             return data_loss_error("tokens.bin: document {} runs past the end of the file", index);
         out.tokens.resize(size_t(T_ + 1));
-        for (int64_t t = 0; t <= T_; ++t) out.tokens[size_t(t)] = int32_t((index * 131 + t * 7) % 1000);
+        for (int64_t t = 0; t <= T_; ++t)
+            out.tokens[size_t(t)] = int32_t((index * 131 + t * 7) % 1000);
         out.labels.clear();
         const int64_t cut = 1 + index % (T_ - 1);
         out.documents = {{0, cut, index}, {cut, T_ + 1 - cut, index + 1}};

@@ -110,8 +110,11 @@ StepValues bench_train_step(Model& model, const ModelBatch& batch,
                             std::span<const AdamWSegment> segments, int64_t adam_step) {
     StepValues out;
     model.zero_grads();
-    out.loss = model.forward_backward(batch, 1.0f);
+    // As lathe train: the loss stays on the device until the gradient norm's read (the step's
+    // one wait), then is read with it.
+    model.forward_backward_async(batch, 1.0f, 0);
     out.norm = model.grad_norm();
+    model.read_losses(std::span<float>(&out.loss, 1));
     model.optimizer_step(segments, kAdam, adam_step, kGradClip);  // clipping fused into AdamW
     return out;
 }
