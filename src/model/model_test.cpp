@@ -339,6 +339,38 @@ TEST(Model, GradientsAccumulateAcrossMicroBatches) {
     EXPECT_LT(worst / scale, 1e-5);
 }
 
+// forward_backward_async keeps each micro-batch's loss in its slot until read_losses: the same
+// losses and bitwise the same accumulated gradients as forward_backward one by one, with the
+// caller's batch memory overwritten right after each call (the model copied it).
+TEST(Model, AsyncMicroBatchesKeepTheirLossesInSlots) {
+    const ModelConfig c = parse(kLlamaJson);
+    Model m = make(c, 2, 8);
+    std::vector<HostTensor> tok, tgt;
+    for (uint64_t k = 0; k < 3; ++k) {
+        tok.push_back(ids(2, 8, c.vocab_size, 20 + k));
+        tgt.push_back(ids(2, 8, c.vocab_size, 30 + k));
+    }
+    m.zero_grads();
+    std::vector<float> want;
+    for (size_t k = 0; k < 3; ++k)
+        want.push_back(m.forward_backward(ModelBatch{tok[k].view(), tgt[k].view(), {}, {}}, 0.25f));
+    const std::vector<float> want_grads = grads_of(m);
+    m.zero_grads();
+    HostTensor t(DType::kI32, Shape{2, 8}), y(DType::kI32, Shape{2, 8});
+    for (size_t k = 0; k < 3; ++k) {
+        std::memcpy(t.view().data(), tok[k].view().data(), t.view().bytes());
+        std::memcpy(y.view().data(), tgt[k].view().data(), y.view().bytes());
+        m.forward_backward_async(ModelBatch{t.view(), y.view(), {}, {}}, 0.25f, int64_t(k));
+        std::memset(t.view().data(), 0xFF, t.view().bytes());  // reused at once: must not matter
+        std::memset(y.view().data(), 0xFF, y.view().bytes());
+    }
+    std::vector<float> got(3);
+    m.read_losses(got);
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(grads_of(m), want_grads);
+    EXPECT_EQ(m.plan().activations.entries()[m.plan().loss].shape.numel(), kLossSlots);
+}
+
 // A batch smaller than planned (B and T) computes what a model planned for it computes.
 TEST(Model, SmallerBatchThanPlannedGivesTheSameLossAndGradients) {
     for (std::string_view json : {kLlamaJson, kNeoxJson, kGpt2Json}) {
