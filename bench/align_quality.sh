@@ -604,7 +604,9 @@ md.append(f"Held-out bits per byte{tiny}. Training text: GCIDE {D.get('gcide_ent
           + (f"; align settings: {S['align_sets']}" if S["align_sets"] else "") + ".")
 md.append("")
 md.append(f"Source model: PubMedQA {fmt(res['source']['medical'])}, GCIDE {fmt(res['source']['gcide'])} bits/byte.")
-for h, title in (("medical", "200 held-out PubMedQA documents"), ("gcide", "held-out GCIDE entries (last 1%)")):
+first = lambda n, what: f"first {n} of the {what}" if n else f"{what}"
+for h, title in (("medical", first(S["eval_docs"], "200 held-out PubMedQA documents")),
+                 ("gcide", first(S["gcide_eval_docs"], "held-out GCIDE entries (last 1%)"))):
     md += ["", f"Bits per byte on the {title}:", "",
            "| target | " + " | ".join(c[0] for c in cols) + " |",
            "| --- |" + " --- |" * len(cols)]
