@@ -59,8 +59,12 @@ for part in "$@"; do
                 --steps 20 --nondeterministic >"$out/bench_gpt2_nondet.txt" 2>&1
             timeout 150 "$bin/lathe" bench --model llama-1b --batch 8 --seq 2048 --steps 10 \
                 --nondeterministic >"$out/bench_llama_nondet.txt" 2>&1
-            timeout 150 "$bin/lathe" bench --model llama-1b --batch 8 --seq 2048 --steps 10 \
-                --recompute >"$out/bench_llama_recompute.txt" 2>&1
+            for r in selective full; do
+                timeout 150 "$bin/lathe" bench --model llama-1b --batch 8 --seq 2048 --steps 10 \
+                    --recompute $r >"$out/bench_llama_recompute_$r.txt" 2>&1
+            done
+            timeout 150 "$bin/lathe" bench --model gpt2-124m --vocab-size 50304 --batch 32 --seq 1024 \
+                --steps 20 --recompute selective >"$out/bench_gpt2_recompute_selective.txt" 2>&1
             ;;
         profile)
             # Kernel times of one GPT-2 and one Llama-1B step (ncu, clocks left alone).
@@ -97,7 +101,7 @@ for f in "$out"/*.txt; do
     echo "-- $(basename "$f")"
     case $f in
         *_top.txt) cut -c1-140 "$f" ;;
-        *) grep -E "^rc=|PASSED|FAILED|ready|tokens_per_s|\[gpu|gpt2_124M|llama_1B|step 200/|validation" "$f" |
+        *) grep -E "^rc=|PASSED|FAILED|ready|tokens_per_s|\[gpu|\[fusion\]|gemm: cuBLASLt|gpt2_124M|llama_1B|step 200/|validation" "$f" |
             cut -c1-400 | tail -40 ;;
     esac
 done
