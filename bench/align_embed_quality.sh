@@ -150,16 +150,34 @@ done
 # method), so two more columns look at the `aligned` ones only, per use in the held-out
 # documents: "in doc" = the mapped source id occurs in the document's source tokenization (what
 # BLEU-1 rewards before clipping), "piece" = the mapped source id is one of the source pieces of
-# the target token's own text (HF tokenizers: source.encode(target.decode([id]))).
+# the target token's own text (HF tokenizers: source.encode(target.decode([id]))). Two rows with
+# no vectors bound what the map's choices can do here: the first map with its `aligned` ids
+# replaced by random source ids, and by the first source piece of their text (BLEU-1 computed
+# here as eval_matrix.py does; the script checks it reproduces lathe's on the first map).
 python3 - "$src_tok" "$tgt_tok" "$out" "${done_rows[@]}" <<'EOF' | tee "$out/table.md"
-import collections, json, sys
+import collections, json, math, random, sys
 from tokenizers import Tokenizer
 src, tgt = Tokenizer.from_file(sys.argv[1]), Tokenizer.from_file(sys.argv[2])
 out, rows = sys.argv[3], [r.split("|") for r in sys.argv[4:]]
 docs = [l.rstrip("\n") for l in open(f"{out}/heldout.txt") if l.strip()]
-S = [set(e.ids) for e in src.encode_batch(docs, add_special_tokens=False)]
+SL = [e.ids for e in src.encode_batch(docs, add_special_tokens=False)]
+S = [set(x) for x in SL]
 T = [e.ids for e in tgt.encode_batch(docs, add_special_tokens=False)]
 pieces = {}
+
+def bleu1(mp):  # nltk sentence_bleu(weights=(1,)) per document, as TokAlign's eval_matrix.py
+    total = 0.0
+    for s, t in zip(SL, T):
+        pred = [mp[str(i)] for i in t]
+        cs, cp = collections.Counter(s), collections.Counter(pred)
+        hit = sum(min(v, cs[k]) for k, v in cp.items())
+        if not pred or hit == 0:
+            continue
+        bp = 1.0 if len(pred) > len(s) else math.exp(1 - len(s) / len(pred))
+        total += hit / len(pred) * bp
+    return total / len(SL)
+
+first = None
 print("| method | tool | alignment BLEU-1 | gold | aligned | fvt | aligned uses held out | in doc | piece |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for method, tool, name in rows:
@@ -184,4 +202,18 @@ for method, tool, name in rows:
             piece += mp[str(i)] in pieces[i]
     print(f"| {method} | {tool} | {bleu:.4f} | {c['gold']:,} | {c['aligned']:,} | {c['fvt']:,} | "
           f"{uses:,} | {in_doc / max(uses, 1):.3f} | {piece / max(uses, 1):.3f} |")
+    if first is None:
+        first = (tool, bleu, mp, dec)
+tool, bleu, mp, dec = first
+mine = bleu1(mp)
+assert abs(mine - bleu) < 1e-9, f"BLEU-1 here {mine} != lathe align eval's {bleu}"
+rnd, fp, rng = dict(mp), dict(mp), random.Random(0)
+n_src = src.get_vocab_size(with_added_tokens=False)
+for i, d in dec.items():
+    if d == "aligned":
+        rnd[str(i)] = rng.randrange(n_src)
+        ids = src.encode(tgt.decode([i]), add_special_tokens=False).ids
+        fp[str(i)] = ids[0] if ids else mp[str(i)]
+print(f"| (no vectors) | {tool}'s map, every `aligned` id -> a random source id | {bleu1(rnd):.4f} | | | | | | |")
+print(f"| (no vectors) | {tool}'s map, every `aligned` id -> the first source piece of its text | {bleu1(fp):.4f} | | | | | | |")
 EOF

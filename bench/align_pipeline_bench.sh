@@ -13,8 +13,10 @@
 #       there: build a corpus of each size and time `lathe align run` on it, then print the table
 #       and the projection to --project bytes. Logs and results go to --out, the corpora, token
 #       files and vectors to --work (default: --out). --budget: a size is skipped (with a note)
-#       when the time so far plus its estimate exceeds it (the estimate: the line through the
-#       last two sizes' wall times, or proportional to the one before).
+#       when the time so far plus its estimate exceeds it. The estimate: GloVe training as in the
+#       last size (scaled by bytes while the text is real; repeated text adds no nonzeros) plus
+#       the rest of its wall time extended along the line through the last two sizes (or in
+#       proportion to the last size when there is one).
 #   bench/align_pipeline_bench.sh table --out DIR [--sizes ...] [--project 5G]
 #       the table and the projection again from DIR's logs (e.g. of the sizes that finished).
 #
@@ -53,7 +55,7 @@ lathe=""
 out=""
 work=""
 budget=0
-sizes=25M,50M,100M,real,2G
+sizes=25M,50M,100M,real,1G,2G
 device=cuda
 iters=15
 dim=300
@@ -168,14 +170,15 @@ EOF
 echo "== real text built in $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }") s"
 pool_bytes=$(stat -c %s "$work/pool.txt")
 echo "$pool_bytes" >"$out/pool.bytes"
-prev_bytes=0 prev_wall=0 last_bytes=0 last_wall=0
+prev_bytes=0 prev_rest=0 last_bytes=0 last_rest=0 last_train=0
 for size in "${size_list[@]}"; do
     bytes=$(to_bytes "$size") || die "bad size $size"
     if [[ $budget != 0 ]]; then
         verdict=$(awk "BEGIN { e = $(date +%s.%N) - $start; b = $bytes;
+            train = $last_train; if (b <= $pool_bytes && $last_bytes > 0) train *= b / $last_bytes;
             if ($last_bytes == 0) need = 0;
-            else if ($prev_bytes == 0 || $last_bytes == $prev_bytes) need = $last_wall * b / $last_bytes;
-            else need = $last_wall + ($last_wall - $prev_wall) / ($last_bytes - $prev_bytes) * (b - $last_bytes);
+            else if ($prev_bytes == 0 || $last_bytes == $prev_bytes) need = $last_rest * b / $last_bytes + train;
+            else need = $last_rest + ($last_rest - $prev_rest) / ($last_bytes - $prev_bytes) * (b - $last_bytes) + train;
             printf \"%s %.0f %.0f\", (e + need > $budget) ? \"skip\" : \"go\", e, need }")
         if [[ $verdict == skip* ]]; then
             read -r _ spent need <<<"$verdict"
@@ -203,7 +206,8 @@ with open(out, "wb") as f:
         with open(pool, "rb") as src:
             head = src.read(rest)
         cut = head.rfind(b"\n\n")
-        f.write(head[: cut + 2] if cut >= 0 else head)
+        # No document end in the rest: none of it (a size below the first document: all of it).
+        f.write(head[: cut + 2] if cut >= 0 else (b"" if f.tell() else head))
     size = f.tell()
 print(size, "real" if size <= p else "repeated")
 EOF
@@ -224,11 +228,15 @@ EOF
     "${timer[@]}" "$lathe" align run "$dir/run.yaml" --no-progress >"$dir/summary.txt" 2>"$dir/run.log"
     rc=$?
     awk "BEGIN { print $(date +%s.%N) - $t0 }" >"$dir/wall.txt"
-    prev_bytes=$last_bytes prev_wall=$last_wall last_bytes=$bytes last_wall=$(cat "$dir/wall.txt")
+    # GloVe training seconds of both sides, from the summary's "(N s training)".
+    last_train=$(grep -o '([0-9.]* s training)' "$dir/summary.txt" | tr -d '(' | awk '{ t += $1 } END { print t + 0 }')
+    prev_bytes=$last_bytes prev_rest=$last_rest last_bytes=$bytes
+    last_rest=$(awk "BEGIN { print $(cat "$dir/wall.txt") - $last_train }")
     cat "$dir/summary.txt"
     if [[ $rc != 0 ]]; then
         tail -20 "$dir/run.log"
-        die "lathe align run failed at size $size (log: $dir/run.log)"
+        echo "== $size: lathe align run failed (rc $rc, log $dir/run.log); no larger sizes"
+        break
     fi
     [[ $keep == 1 ]] || rm -rf "$wdir/corpus.txt" "$wdir/work/tokens"
 done
