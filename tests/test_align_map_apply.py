@@ -225,6 +225,40 @@ def test_apply_align(setup, family, tmp_path):
     assert 0.5 < bpb < 20, ev
 
 
+@pytest.mark.parametrize("weights", [(0.5, 0.25), (0.0, 1.0)])
+def test_apply_align_blends_aligned_rows_with_fvt(setup, weights, tmp_path):
+    # --align-weight W / --align-head-weight H: an aligned id's row is W x its gathered source row
+    # + (1 - W) x its FVT row (H for the untied head); gold ids stay gathered, the rest FVT.
+    d = setup["dir"]
+    src_dir = source_model(setup, "gpt_neox", tmp_path)  # untied head
+    w_embed, w_head = weights
+    out = tmp_path / "out"
+    res = last_json(run(["align", "apply", "--checkpoint", src_dir, "--map", d / "map.json", "--target-tokenizer",
+                         d / "target.json", "--output", out, "--align-weight", w_embed,
+                         "--align-head-weight", w_head]))
+    before, after = read_tensors(src_dir), read_tensors(out)
+    m = json.loads((d / "map.json").read_text())
+    decisions = {int(r.split("\t")[0]): r.split("\t")[2]
+                 for r in (d / "map.report.tsv").read_text().splitlines()[1:]}
+    aligned = [t for t in range(321) if decisions[t] == "aligned"]
+    assert aligned, "the fixture's map has no aligned ids: the test would check nothing"
+    assert res["blended"] == len(aligned)
+    for name, sign, w in ((EMBED["gpt_neox"], 1.0, w_embed), (HEAD["gpt_neox"], -1.0, w_head)):
+        e0, e1 = as_f32(before[name]), as_f32(after[name])
+        for t in range(321):
+            if decisions[t] == "gold":
+                np.testing.assert_array_equal(e1[t], e0[m[str(t)]])
+            elif decisions[t] == "aligned":
+                want = w * e0[m[str(t)]].astype(np.float64) + (1 - w) * fvt_row(setup, e0, t, "mean", sign)
+                np.testing.assert_allclose(e1[t], want, rtol=1e-5, atol=1e-6, err_msg=f"{name} row {t}")
+            else:
+                np.testing.assert_allclose(e1[t], fvt_row(setup, e0, t, "mean", sign), rtol=1e-5, atol=1e-6)
+    bad = run(["align", "apply", "--checkpoint", src_dir, "--map", d / "map.json", "--target-tokenizer",
+               d / "target.json", "--output", tmp_path / "bad", "--align-weight", 1.5], check=False)
+    assert bad.returncode != 0 and "--align-weight is 1.5" in bad.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.parametrize("init", ["fvt", "mean", "random"])
 def test_apply_baselines(setup, init, tmp_path):
     d = setup["dir"]

@@ -167,6 +167,12 @@ std::string_view align_init_name(AlignInit init) {
 
 Result<AlignApplyResult> align_apply_run(const AlignApplyRequest& req) {
     if (req.output.empty()) return invalid_argument_error("--output is required");
+    for (const auto& [flag, w] : {std::pair{"--align-weight", req.align_weight},
+                                  std::pair{"--align-head-weight", req.align_head_weight}}) {
+        if (!(w >= 0.0 && w <= 1.0))
+            return invalid_argument_error("{} is {}; it must be in [0, 1] (1 = the aligned source row, 0 = FVT)",
+                                          flag, w);
+    }
     LATHE_ASSIGN_OR_RETURN(ConvertSource src, convert_find_source(req.checkpoint));
     const std::string config_path = (fs::path(src.dir) / "config.json").string();
     LATHE_ASSIGN_OR_RETURN(HfModelConfig hf, hf_config_load(config_path));
@@ -290,12 +296,32 @@ Result<AlignApplyResult> align_apply_run(const AlignApplyRequest& req) {
         ++result.fvt;
     };
 
+    // Aligned (not gold) ids with a weight below 1: the gathered row mixed with the id's FVT row.
+    // The FVT row is built first in place, then the source row is mixed in.
+    const bool blend = req.align_weight < 1.0 || (untied && req.align_head_weight < 1.0);
+    const auto blend_aligned = [&](int64_t t, int32_t s) {
+        const int64_t fvt_before = result.fvt, mean_before = result.mean_rows;
+        fvt(t);  // FVT rows (or the mean row for a token without pieces)
+        result.fvt = fvt_before;
+        result.mean_rows = mean_before;
+        const auto mix = [&](std::vector<float>& dst, const std::vector<float>& src, double w) {
+            float* d = dst.data() + t * C;
+            const float* r = src.data() + int64_t(s) * C;
+            for (int64_t c = 0; c < C; ++c) d[c] = float(w * double(r[c]) + (1.0 - w) * double(d[c]));
+        };
+        mix(E2, E, req.align_weight);
+        if (untied) mix(H2, H, req.align_head_weight);
+        ++result.blended;
+    };
+
     switch (req.init) {
         case AlignInit::kAlign:
             for (int64_t t = 0; t < Vt; ++t) {
                 const AlignDecision d = decisions.empty() ? AlignDecision::kAligned : decisions[size_t(t)];
-                if (d == AlignDecision::kGold || d == AlignDecision::kAligned) {
+                if (d == AlignDecision::kGold || (d == AlignDecision::kAligned && !blend)) {
                     gather(t, map[size_t(t)]);
+                } else if (d == AlignDecision::kAligned) {
+                    blend_aligned(t, map[size_t(t)]);
                 } else {
                     fvt(t);
                 }
@@ -417,10 +443,10 @@ Result<AlignApplyResult> align_apply_run(const AlignApplyRequest& req) {
 
 std::string align_apply_result_json(const AlignApplyResult& r) {
     return fmt::format("{{\"output\": {}, \"architecture\": \"{}\", \"source_vocab\": {}, \"target_tokens\": {}, "
-                       "\"vocab_size\": {}, \"tied\": {}, \"gathered\": {}, \"fvt\": {}, \"mean_rows\": {}, "
-                       "\"random_rows\": {}}}",
+                       "\"vocab_size\": {}, \"tied\": {}, \"gathered\": {}, \"blended\": {}, \"fvt\": {}, "
+                       "\"mean_rows\": {}, \"random_rows\": {}}}",
                        Json(r.output).dump(), r.architecture, r.source_vocab, r.target_tokens, r.vocab_size, r.tied,
-                       r.gathered, r.fvt, r.mean_rows, r.random_rows);
+                       r.gathered, r.blended, r.fvt, r.mean_rows, r.random_rows);
 }
 
 }  // namespace lathe

@@ -3,6 +3,7 @@
 //
 //   lathe align apply --checkpoint DIR --map MAP.json --target-tokenizer T.json --output OUT
 //                     [--init align|fvt|mean|random] [--fvt-weighting mean|exponential]
+//                     [--align-weight W] [--align-head-weight H]
 //
 // The checkpoint (an HF folder, a lathe checkpoint or run folder: run/convert.h's rules) is read
 // through the family's parameter table (model/registry.h). Every tensor except the token embedding
@@ -12,6 +13,8 @@
 //   align   (default) row t = source row MAP[t] for gold and aligned ids (TokAlign's gather);
 //           FVT for the ids the map's report marks term / fvt / threshold. Without a report every
 //           id is gathered.
+//           --align-weight W / --align-head-weight H below 1 mix an aligned id's gathered row
+//           with its FVT row: W * source row + (1 - W) * FVT row (embedding; H for an untied head).
 //   fvt     row t = source row of the same token string when the source vocabulary has it
 //           (exact match), else FVT. The map is not read.
 //   mean    every row = mean source row + normal noise of 1% of the rows' per-dimension std.
@@ -60,6 +63,11 @@ struct AlignApplyRequest {
     std::string output;            // folder to create
     AlignInit init = AlignInit::kAlign;
     FvtWeighting fvt_weighting = FvtWeighting::kMean;
+    // --init align, ids the report marks aligned (not gold): input-embedding row = align_weight *
+    // source row MAP[t] + (1 - align_weight) * FVT row; the untied head's row the same with
+    // align_head_weight (a tied model uses align_weight). 1 and 1 = TokAlign's gather. Both in [0, 1].
+    double align_weight = 1.0;
+    double align_head_weight = 1.0;
     std::optional<int64_t> pad_to_multiple;  // default: see the header comment
     uint64_t seed = 0;                       // mean / random noise
     bool overwrite = false;
@@ -73,6 +81,7 @@ struct AlignApplyResult {
     int64_t vocab_size = 0;      // rows written (padded)
     int64_t gathered = 0;        // rows copied from a source row
     int64_t fvt = 0;             // rows made by FVT
+    int64_t blended = 0;         // aligned rows mixed with their FVT rows (align_weight < 1)
     int64_t mean_rows = 0;       // rows set to the mean (no pieces, padding, --init mean)
     int64_t random_rows = 0;
     bool tied = false;

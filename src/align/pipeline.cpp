@@ -109,6 +109,10 @@ ConfigSchema align_run_config_schema() {
     // ---- stage 5: apply ----
     s.add({"apply.init", ConfigType::kString, "align", "align | fvt | mean | random"});
     s.add({"apply.fvt_weighting", ConfigType::kString, "mean", "mean | exponential (AdaptiVocab)"});
+    s.add({"apply.align_weight", ConfigType::kFloat, "1.0",
+           "aligned ids: embedding row = w x source row + (1 - w) x FVT row (1 = TokAlign)"});
+    s.add({"apply.align_head_weight", ConfigType::kFloat, "1.0",
+           "the same for the untied output head"});
     s.add({"apply.pad_to_multiple", ConfigType::kInt, "",
            "vocabulary padding; default: the family's"});
     s.add({"apply.seed", ConfigType::kInt, "0", "seed of the mean/random rows' noise"});
@@ -350,6 +354,8 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
             fvt_weighting == "mean" ? FvtWeighting::kMean : FvtWeighting::kExponential;
         if (c.has("apply.pad_to_multiple")) q.pad_to_multiple = c.get_int("apply.pad_to_multiple");
         q.seed = static_cast<uint64_t>(c.get_int("apply.seed"));
+        q.align_weight = c.get_float("apply.align_weight");
+        q.align_head_weight = c.get_float("apply.align_head_weight");
         q.overwrite = true;  // the stage cache decided it must run
         // apply has no stage cache of its own: the manifest is model/config.json.stage.json,
         // written after the folder is complete.
@@ -361,6 +367,8 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
                                               ? c.get_int("apply.pad_to_multiple")
                                               : int64_t{-1});
         fp.add_setting("seed", c.get_int("apply.seed"));
+        fp.add_setting("align_weight", c.get_float("apply.align_weight"));
+        fp.add_setting("align_head_weight", c.get_float("apply.align_head_weight"));
         LATHE_RETURN_IF_ERROR(fp.add_input("checkpoint", checkpoint));
         LATHE_RETURN_IF_ERROR(fp.add_input("map", map_path));
         const std::string map_report = align_report_path(map_path);

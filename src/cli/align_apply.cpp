@@ -17,6 +17,7 @@ void cli_add_align_apply(CLI::App& align, CommandAction& action) {
         std::string checkpoint, map, report, target_tokenizer, source_tokenizer, output, init = "align",
             fvt_weighting = "mean";
         int64_t pad_to_multiple = 0;
+        double align_weight = 1.0, align_head_weight = 1.0;
         uint64_t seed = 0;
         bool overwrite = false;
     };
@@ -37,6 +38,11 @@ void cli_add_align_apply(CLI::App& align, CommandAction& action) {
                     "mean of the pieces, or exponential (AdaptiVocab: input leans on the last piece, "
                     "output on the first)")
         ->check(CLI::IsMember({"mean", "exponential"}));
+    cmd->add_option("--align-weight", o->align_weight,
+                    "--init align: an aligned id's embedding row = W x its source row + (1 - W) x its FVT "
+                    "row (default 1: TokAlign's gather)");
+    cmd->add_option("--align-head-weight", o->align_head_weight,
+                    "the same for the untied output head's row (default 1)");
     CLI::Option* pad = cmd->add_option("--pad-to-multiple", o->pad_to_multiple,
                                        "embedding rows rounded up to this multiple (default: as the family pads)");
     cmd->add_option("--seed", o->seed, "seed of the noise of --init mean / random");
@@ -55,6 +61,8 @@ void cli_add_align_apply(CLI::App& align, CommandAction& action) {
                        : o->init == "mean" ? AlignInit::kMean
                                            : AlignInit::kRandom;
             req.fvt_weighting = o->fvt_weighting == "exponential" ? FvtWeighting::kExponential : FvtWeighting::kMean;
+            req.align_weight = o->align_weight;
+            req.align_head_weight = o->align_head_weight;
             if (pad->count() > 0) req.pad_to_multiple = o->pad_to_multiple;
             req.seed = o->seed;
             req.overwrite = o->overwrite;
