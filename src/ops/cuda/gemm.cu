@@ -161,8 +161,9 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
         // The bias gradient defaults to D's type; ask for fp32 (the gradients' dtype) so that a
         // sum over thousands of rows is not rounded to bf16. Where cuBLASLt cannot, the heuristic
         // finds no algorithm and the caller falls back to its column reduction.
-        desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<void*>(g.bias_grad));
-        desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_32F));
+        desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias_grad);
+        desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                 int32_t(g.bias_grad_dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F));
     }
     if (g.aux != nullptr) {
         desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
@@ -193,7 +194,7 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
                                           g.bias_grad ? alignment_of(g.bias_grad) : 0,
                                           g.C ? alignment_of(g.C) : 0,
                                           g.C ? g.ldc : 0,
-                                          0,
+                                          int64_t(g.bias_grad_dtype),
                                           0};
     auto& algos = state.matmul_cache().algos;
     auto it = algos.find(key);
@@ -211,9 +212,13 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
         const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
             state.cublaslt(), desc.desc, first.layout, second.layout, c_layout.layout, out.layout,
             pref.pref, 1, &result, &found);
-        // NOT_SUPPORTED (or no result) means no algorithm for this problem, which a fused
-        // epilogue's caller handles; any other failure is a real error.
-        if (status != CUBLAS_STATUS_NOT_SUPPORTED) LATHE_CUBLAS_CHECK(status);
+        // NOT_SUPPORTED (or no result) means no algorithm for this problem. A fused epilogue
+        // can also be refused with INVALID_VALUE (on the H100, cuBLAS 13: DGELU_BGRAD with an
+        // f32 bias gradient next to a bf16 D), which its caller handles like no algorithm. For
+        // the plain GEMM any failure is a real error.
+        if (g.epilogue == GemmEpilogue::kDefault || (status != CUBLAS_STATUS_NOT_SUPPORTED &&
+                                                     status != CUBLAS_STATUS_INVALID_VALUE))
+            LATHE_CUBLAS_CHECK(status);
         CudaState::MatmulCache::Entry entry;
         entry.found =
             status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
@@ -222,7 +227,10 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
             log_info(
                 "gemm: cuBLASLt has no algorithm for epilogue {} at M={} N={} K={}{}; "
                 "the op uses separate kernels for this shape",
-                int(epilogue), g.M, g.N, g.K, g.bias_grad ? " with an f32 bias gradient" : "");
+                int(epilogue), g.M, g.N, g.K,
+                g.bias_grad == nullptr                   ? ""
+                : g.bias_grad_dtype == DType::kBF16 ? " with a bf16 bias gradient"
+                                                        : " with an f32 bias gradient");
         it = algos.emplace(key, entry).first;
     }
     if (!it->second.found) return false;

@@ -84,7 +84,8 @@ struct GemmArgs {
     GemmEpilogue epilogue = GemmEpilogue::kDefault;
     void* aux = nullptr;        // kGeluAux (written), kDGelu (read): bf16 (M, N)
     int64_t ldaux = 0;
-    float* bias_grad = nullptr;  // kDGelu (optional, N) or kRowSumA (required, M): f32, written
+    void* bias_grad = nullptr;  // kDGelu (optional, N) or kRowSumA (required, M): written
+    DType bias_grad_dtype = DType::kF32;  // kF32, or kBF16 (where cuBLASLt takes no f32 one)
 };
 
 // Enqueues the matmul on `stream` with the state's handle and workspace. Shapes must be positive

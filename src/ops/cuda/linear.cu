@@ -23,6 +23,21 @@ __global__ void accumulate_f32_kernel(float* __restrict__ dst, const float* __re
         dst[i] += src[i];
 }
 
+// The same from a bf16 bias gradient (an epilogue that writes only bf16 ones).
+__global__ void accumulate_bf16_kernel(float* __restrict__ dst,
+                                       const __nv_bfloat16* __restrict__ src, int64_t n) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
+        dst[i] += __bfloat162float(src[i]);
+}
+
+void accumulate_bf16(float* dst, const bf16* src, int64_t n, CUstream_st* stream) {
+    constexpr int kThreads = 256;
+    accumulate_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
+        dst, reinterpret_cast<const __nv_bfloat16*>(src), n);
+    LATHE_CUDA_CHECK_LAUNCH();
+}
+
 void accumulate_f32(float* dst, const float* src, int64_t n, CUstream_st* stream) {
     constexpr int kThreads = 256;
     accumulate_f32_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(dst, src, n);
@@ -167,6 +182,15 @@ void linear_gelu_backward(CudaState& state, CUstream_st* stream, bf16* dpre, flo
             if (gemm_bf16_try(state, stream, with_bias)) {
                 accumulate_f32(dpre_bias, tmp.p[0], I, stream);
                 dgelu_done = dpre_bias_done = true;
+            } else {
+                // cuBLASLt may take only a bias gradient of D's type (bf16): summed in f32 inside
+                // the epilogue, rounded once to bf16 (relative 2^-9), then added to the f32 one.
+                // The scratch holds I floats, room for I bf16 values.
+                with_bias.bias_grad_dtype = DType::kBF16;
+                if (gemm_bf16_try(state, stream, with_bias)) {
+                    accumulate_bf16(dpre_bias, reinterpret_cast<const bf16*>(tmp.p[0]), I, stream);
+                    dgelu_done = dpre_bias_done = true;
+                }
             }
         }
         if (!dgelu_done) dgelu_done = gemm_bf16_try(state, stream, g);
