@@ -59,7 +59,7 @@ for part in "$@"; do
                 --steps 20 --nondeterministic >"$out/bench_gpt2_nondet.txt" 2>&1
             timeout 150 "$bin/lathe" bench --model llama-1b --batch 8 --seq 2048 --steps 10 \
                 --nondeterministic >"$out/bench_llama_nondet.txt" 2>&1
-            for r in selective full; do
+            for r in selective; do
                 timeout 150 "$bin/lathe" bench --model llama-1b --batch 8 --seq 2048 --steps 10 \
                     --recompute $r >"$out/bench_llama_recompute_$r.txt" 2>&1
             done
