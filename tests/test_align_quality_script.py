@@ -2,11 +2,15 @@
 
 What is checked:
   * `--tiny` on a 1 MiB slice of GCIDE runs every step of the study on the CPU (source model,
-    medical tokenizer, both targets, the four initialisations and the align + FVT hybrid, both
-    fine-tuning stages from the align and the FVT init) and its
+    medical tokenizer, both targets, the four initialisations, the align + FVT hybrid and, when
+    the binary's `align apply` has --align-weight, the four default blends (else the script must
+    say it skips them and show no blend column), both fine-tuning stages from the --finetune-init
+    init (blend-0.5-0.5 when blends exist, else align) and from the FVT init) and its
     results table has every cell filled: results.json holds a finite bits-per-byte number for
     every (target, held-out set, column), results.md no "—"; the models really differ (the
-    random, mean, FVT and align rows give four different numbers per target);
+    random, mean, FVT and align rows give four different numbers per target, and each blend,
+    neither pure gather nor pure FVT, differs from both); the summary names the init with the
+    lowest GCIDE bits per byte and says whether it beats FVT and random on PubMedQA;
   * a second run with the same options redoes nothing (no lathe command but the always-run,
     stage-cached `align run`) and writes the same numbers;
   * `lathe align run`'s `terms.corpus` (the study mines medical terms from the medical text while
@@ -45,12 +49,26 @@ def study(out, *extra):
     return p.stdout, p.stderr
 
 
+def blends_supported():
+    """Whether this lathe's `align apply` takes --align-weight (the script skips blends if not)."""
+    p = subprocess.run([LATHE, "align", "apply", "--help"], capture_output=True, text=True)
+    return "--align-weight" in p.stdout + p.stderr
+
+
 def test_tiny_study_fills_every_cell_and_resumes(tmp_path):
     out = tmp_path / "q"
-    stdout, _ = study(out, "--finetune-fvt")
+    blends = blends_supported()
+    ft = "blend-0.5-0.5" if blends else "align"
+    args = ("--finetune-fvt", "--finetune-init", ft)
+    stdout, err = study(out, *args)
     res = json.loads((out / "results.json").read_text())
+    blend_cols = ["blend 0.5/0.5", "blend 1/0", "blend 0.5/0", "blend 0/1"] if blends else []
     cols = ["random rows", "mean rows", "FVT", "lathe align", "align + FVT below q0.5",
-            "after stage 1", "after stage 2", "FVT + stage 1", "FVT + stage 2"]
+            *blend_cols, f"after stage 1 ({ft})", f"after stage 2 ({ft})",
+            "FVT + stage 1", "FVT + stage 2"]
+    inits = cols[:5 + len(blend_cols)]
+    if not blends:
+        assert "has no --align-weight" in err and "skipping --blends" in err, err[-3000:]
     assert set(res["targets"]) == {"qwen3", "medical"}
     for held in ("medical", "gcide"):
         assert math.isfinite(res["source"][held]) and res["source"][held] > 0
@@ -62,30 +80,40 @@ def test_tiny_study_fills_every_cell_and_resumes(tmp_path):
             # Four initialisations, four models: a script that evaluated one model four times
             # would give equal numbers.
             assert len({row[c] for c in cols[:4]}) == 4, (t, held, row)
+            for c in blend_cols:
+                assert row[c] not in (row["lathe align"], row["FVT"]), (t, held, c, row)
     for t, r in res["targets"].items():
         assert 0 < r["alignment_bleu1"] <= 1
         assert r["tokens_per_byte_source"] > 0 and r["tokens_per_byte_target"] > 0
         assert r["map_decisions"].get("gold", 0) > 0, r["map_decisions"]
         assert isinstance(r["align_beats_fvt_and_random"], bool)
         assert isinstance(r["hybrid_beats_fvt_and_random"], bool)
+        # The selection: the init column with the lowest GCIDE number, judged on PubMedQA.
+        g, m = r["bits_per_byte"]["gcide"], r["bits_per_byte"]["medical"]
+        best = min(inits, key=lambda c: g[c])
+        assert r["best_init_gcide"] == best, (t, g)
+        assert r["best_init_beats_fvt_and_random"] == (m[best] < m["FVT"] and m[best] < m["random rows"])
     # The medical target is the trained tokenizer plus 100 mined terms (tiny's --terms-top-k).
     assert res["targets"]["medical"]["map_decisions"].get("term") == 100
     md = (out / "results.md").read_text()
     assert "—" not in md, md
     assert md.count("| qwen3 |") == 4 and md.count("| medical |") == 4, md
+    yn = lambda b: "yes" if b else "no"
+    for t, r in res["targets"].items():
+        assert f"| {r['best_init_gcide']}: {yn(r['best_init_beats_fvt_and_random'])} |" in md, md
     for t, r in res["targets"].items():  # `align run`'s own stage times
         want = {"prepare source", "prepare target", "embed source", "embed target", "map", "apply"}
         assert want <= set(r["align_stages_s"]), r
     assert res["targets"]["qwen3"]["align_stages_s"]["terms"] == "n/a"
     assert res["targets"]["medical"]["align_stages_s"]["terms"] > 0
-    for step in ("source-train", "qwen3-align", "medical-align", "qwen3-align-stage1",
+    for step in ("source-train", "qwen3-align", "medical-align", f"qwen3-{ft}-stage1",
                  "medical-fvt-stage2", "medical-eval-init"):
         assert res["timings_s"][step] > 0, res["timings_s"]
     assert "| lathe align |" in md and md in stdout
 
     # A second run redoes nothing: the only lathe command it runs is `align run`, whose stages
     # all say up to date; the numbers are the same.
-    _, err = study(out, "--finetune-fvt")
+    _, err = study(out, *args)
     commands = [line for line in err.splitlines() if line.startswith("+ ")]
     assert all(" align run " in c for c in commands) and len(commands) == 2, commands
     assert json.loads((out / "results.json").read_text())["targets"] == res["targets"]
