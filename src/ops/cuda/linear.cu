@@ -58,6 +58,15 @@ struct BiasGradScratch {
     }
 };
 
+// The backward epilogues (DGELU_BGRAD for the GELU MLP's dx GEMM, BGRADB for bias gradients in
+// the weight GEMM) are built and tested but off: on the H100 (cuBLAS 13.0, 2026-11-26,
+// ops_gpu_tests' CudaFusionTiming) cuBLASLt refuses an f32 bias gradient next to a bf16 D, and
+// with a bf16 one the fused down-projection backward took 1.17 ms against 0.76 ms for the separate
+// GEMMs + GELU backward + column sum at GPT-2's MLP (N=32768, 768 x 3072); BGRADB on the qkv weight
+// gradient 0.255 vs 0.239 ms. The whole GPT-2 step went from 62.8 to 66.0 ms with them on. The
+// forward epilogues (GELU_AUX_BIAS 1.23x, the residual as C 1.18x) stay on.
+constexpr bool kBackwardEpilogues = false;
+
 GemmArgs dx_gemm(bf16* dx, const bf16* dy, const bf16* weight, int64_t N, int64_t I, int64_t O) {
     // dx (N, I) = dy (N, O) . weight (O, I)
     GemmArgs g;
@@ -81,7 +90,7 @@ void weight_and_bias_grad(CudaState& state, CUstream_st* stream, float* dweight,
         g.B = x, g.ldb = I, g.trans_b = false;
         g.D = dweight, g.ldd = I, g.d_dtype = DType::kF32;
         g.beta = 1.0f;
-        if (!bias_done) {
+        if (!bias_done && kBackwardEpilogues) {
             GemmArgs fused = g;
             fused.epilogue = GemmEpilogue::kRowSumA;
             fused.bias_grad = dbias_tmp;
@@ -170,7 +179,7 @@ void linear_gelu_backward(CudaState& state, CUstream_st* stream, bf16* dpre, flo
     const BiasGradScratch tmp(state, dpre_bias ? I : 0, dweight && dbias ? O : 0,
                               "linear_gelu_backward");
     bool dgelu_done = false, dpre_bias_done = dpre_bias == nullptr;
-    if (tanh_form && I % 8 == 0) {
+    if (kBackwardEpilogues && tanh_form && I % 8 == 0) {
         // dpre = (dy W) * gelu'(pre) in the dx GEMM's epilogue, with the column sums of dpre
         // (BGRAD) when wanted; without BGRAD if cuBLASLt has no algorithm with it.
         GemmArgs g = dx_gemm(dpre, dy, weight, N, I, O);
