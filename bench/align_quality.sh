@@ -449,7 +449,7 @@ source: {tokenizer: $NEOX, checkpoint: $SRC_CKPT}
 corpus: {inputs: [$DATA/train.jsonl], format: jsonl, on_error: skip}
 embed: {device: $DEVICE}
 map: {device: $DEVICE}
-apply: {init: align}
+apply: {init: align, align_weight: 1.0, align_head_weight: 1.0}   # TokAlign's gather; the blends are separate applies
 EOF
   begin "$target-align"
   sets "${TARGET_SETS[@]}" "${EMBED_SETS[@]}"
@@ -598,7 +598,7 @@ def bpb(group, held, i):
 # The init group's models in the order the script evaluates them: random, mean, FVT, align, the
 # hybrid (if any), the blends.
 cols = [("random rows", "init", 0), ("mean rows", "init", 1), ("FVT", "init", 2),
-        ("lathe align", "init", 3)]
+        ("TokAlign gather", "init", 3)]
 if float(hybrid) > 0:
     cols.append((f"align + FVT below q{hybrid}", "init", 4))
 cols += [(f"blend {w}/{h}", "init", len(cols) + k) for k, (w, h) in enumerate(blends)]
@@ -637,8 +637,8 @@ for t in targets:
             if g and g[2] != "up to date":
                 r["align_stages_s"][g[1]] = float(g[3]) if g[2] == "ran" else "n/a"
     m = r["bits_per_byte"]["medical"]
-    if None not in (m["lathe align"], m["FVT"], m["random rows"]):
-        r["align_beats_fvt_and_random"] = m["lathe align"] < m["FVT"] and m["lathe align"] < m["random rows"]
+    if None not in (m["TokAlign gather"], m["FVT"], m["random rows"]):
+        r["align_beats_fvt_and_random"] = m["TokAlign gather"] < m["FVT"] and m["TokAlign gather"] < m["random rows"]
     h = m.get(f"align + FVT below q{hybrid}")
     if None not in (h, m["FVT"], m["random rows"]):
         r["hybrid_beats_fvt_and_random"] = h < m["FVT"] and h < m["random rows"]

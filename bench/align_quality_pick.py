@@ -5,7 +5,7 @@ issue judges by, plays no part in the choice).
 
     python3 bench/align_quality_pick.py runs/quality/results.json   # prints e.g. blend-0.5-0.5
 
-Candidates are lathe's own inits only: "lathe align" (TokAlign's gather), the hybrid ("align + FVT
+Candidates are lathe's own inits only: "TokAlign gather" (apply --align-weight 1, TokAlign's rule), the hybrid ("align + FVT
 below qX") and the blends ("blend W/H"); the baselines (random, mean, FVT) are what they must beat.
 """
 import json
@@ -14,7 +14,7 @@ import sys
 
 
 def init_name(column):
-    if column == "lathe align":
+    if column == "TokAlign gather":
         return "align"
     if column.startswith("align + FVT below"):
         return "hybrid"

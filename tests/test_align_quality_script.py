@@ -63,7 +63,7 @@ def test_tiny_study_fills_every_cell_and_resumes(tmp_path):
     stdout, err = study(out, *args)
     res = json.loads((out / "results.json").read_text())
     blend_cols = ["blend 0.5/0.5", "blend 1/0", "blend 0.5/0", "blend 0/1"] if blends else []
-    cols = ["random rows", "mean rows", "FVT", "lathe align", "align + FVT below q0.5",
+    cols = ["random rows", "mean rows", "FVT", "TokAlign gather", "align + FVT below q0.5",
             *blend_cols, f"after stage 1 ({ft})", f"after stage 2 ({ft})",
             "FVT + stage 1", "FVT + stage 2"]
     inits = cols[:5 + len(blend_cols)]
@@ -81,7 +81,7 @@ def test_tiny_study_fills_every_cell_and_resumes(tmp_path):
             # would give equal numbers.
             assert len({row[c] for c in cols[:4]}) == 4, (t, held, row)
             for c in blend_cols:
-                assert row[c] not in (row["lathe align"], row["FVT"]), (t, held, c, row)
+                assert row[c] not in (row["TokAlign gather"], row["FVT"]), (t, held, c, row)
     for t, r in res["targets"].items():
         assert 0 < r["alignment_bleu1"] <= 1
         assert r["tokens_per_byte_source"] > 0 and r["tokens_per_byte_target"] > 0
@@ -109,7 +109,7 @@ def test_tiny_study_fills_every_cell_and_resumes(tmp_path):
     for step in ("source-train", "qwen3-align", "medical-align", f"qwen3-{ft}-stage1",
                  "medical-fvt-stage2", "medical-eval-init"):
         assert res["timings_s"][step] > 0, res["timings_s"]
-    assert "| lathe align |" in md and md in stdout
+    assert "| TokAlign gather |" in md and md in stdout
 
     # A second run redoes nothing: the only lathe command it runs is `align run`, whose stages
     # all say up to date; the numbers are the same.

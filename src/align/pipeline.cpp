@@ -109,9 +109,9 @@ ConfigSchema align_run_config_schema() {
     // ---- stage 5: apply ----
     s.add({"apply.init", ConfigType::kString, "align", "align | fvt | mean | random"});
     s.add({"apply.fvt_weighting", ConfigType::kString, "mean", "mean | exponential (AdaptiVocab)"});
-    s.add({"apply.align_weight", ConfigType::kFloat, "1.0",
+    s.add({"apply.align_weight", ConfigType::kFloat, "0.25",
            "aligned ids: embedding row = w x source row + (1 - w) x FVT row (1 = TokAlign)"});
-    s.add({"apply.align_head_weight", ConfigType::kFloat, "1.0",
+    s.add({"apply.align_head_weight", ConfigType::kFloat, "0.25",
            "the same for the untied output head"});
     s.add({"apply.pad_to_multiple", ConfigType::kInt, "",
            "vocabulary padding; default: the family's"});

@@ -17,7 +17,7 @@ void cli_add_align_apply(CLI::App& align, CommandAction& action) {
         std::string checkpoint, map, report, target_tokenizer, source_tokenizer, output, init = "align",
             fvt_weighting = "mean";
         int64_t pad_to_multiple = 0;
-        double align_weight = 1.0, align_head_weight = 1.0;
+        double align_weight = 0.25, align_head_weight = 0.25;
         uint64_t seed = 0;
         bool overwrite = false;
     };
@@ -40,9 +40,9 @@ void cli_add_align_apply(CLI::App& align, CommandAction& action) {
         ->check(CLI::IsMember({"mean", "exponential"}));
     cmd->add_option("--align-weight", o->align_weight,
                     "--init align: an aligned id's embedding row = W x its source row + (1 - W) x its FVT "
-                    "row (default 1: TokAlign's gather)");
+                    "row (default 0.25, chosen in docs/ALIGN.md's quality study; 1 = TokAlign's gather)");
     cmd->add_option("--align-head-weight", o->align_head_weight,
-                    "the same for the untied output head's row (default 1)");
+                    "the same for the untied output head's row (default 0.25)");
     CLI::Option* pad = cmd->add_option("--pad-to-multiple", o->pad_to_multiple,
                                        "embedding rows rounded up to this multiple (default: as the family pads)");
     cmd->add_option("--seed", o->seed, "seed of the noise of --init mean / random");
