@@ -14,13 +14,27 @@ namespace lathe {
 
 using namespace detail;
 
+namespace {
+
+struct LinearDims {
+    int64_t N, I, O;
+};
+
+// The shapes every linear op checks: `x_name` (..., I) read as N rows, weight (O, I).
+LinearDims linear_dims(const char* op, const char* x_name, ConstTensorView x,
+                       ConstTensorView weight) {
+    const auto [N, I] = op_rows_cols(op, x_name, x);
+    LATHE_CHECK(weight.rank() == 2 && weight.dim(1) == I, "{}: weight {} for {} {}", op,
+                weight.to_string(), x_name, x.to_string());
+    return {N, I, weight.dim(0)};
+}
+
+}  // namespace
+
 void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
                     const Context& ctx) {
     constexpr const char* kOp = "linear_forward";
-    const auto [N, I] = op_rows_cols(kOp, "x", x);
-    LATHE_CHECK(weight.rank() == 2 && weight.dim(1) == I, "{}: weight {} for x {}", kOp,
-                weight.to_string(), x.to_string());
-    const int64_t O = weight.dim(0);
+    const auto [N, I, O] = linear_dims(kOp, "x", x, weight);
     op_expect_shape(kOp, "y", y, x.shape().with_dim(-1, O));
     if (!bias.is_null()) op_expect_shape(kOp, "bias", bias, Shape{O});
     op_expect_memory(kOp, ctx, {y, x, weight, bias});
@@ -53,10 +67,7 @@ void linear_residual_forward(TensorView y, ConstTensorView x, ConstTensorView we
         residual_forward(y, residual, y, ctx);
         return;
     }
-    const auto [N, I] = op_rows_cols(kOp, "x", x);
-    LATHE_CHECK(weight.rank() == 2 && weight.dim(1) == I, "{}: weight {} for x {}", kOp,
-                weight.to_string(), x.to_string());
-    const int64_t O = weight.dim(0);
+    const auto [N, I, O] = linear_dims(kOp, "x", x, weight);
     op_expect_shape(kOp, "y", y, x.shape().with_dim(-1, O));
     if (!bias.is_null()) op_expect_shape(kOp, "bias", bias, Shape{O});
     op_expect_memory(kOp, ctx, {y, x, weight, bias, residual});
@@ -76,10 +87,7 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
                      ConstTensorView x, ConstTensorView weight, GradMode dx_mode,
                      const Context& ctx) {
     constexpr const char* kOp = "linear_backward";
-    const auto [N, I] = op_rows_cols(kOp, "x", x);
-    LATHE_CHECK(weight.rank() == 2 && weight.dim(1) == I, "{}: weight {} for x {}", kOp,
-                weight.to_string(), x.to_string());
-    const int64_t O = weight.dim(0);
+    const auto [N, I, O] = linear_dims(kOp, "x", x, weight);
     op_expect_shape(kOp, "dy", dy, x.shape().with_dim(-1, O));
     if (!dx.is_null()) op_expect_shape(kOp, "dx", dx, x.shape());
     if (!dweight.is_null()) op_expect_shape(kOp, "dweight", dweight, weight.shape());
@@ -110,10 +118,7 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
 void linear_gelu_forward(TensorView act, TensorView pre, ConstTensorView x, ConstTensorView weight,
                          ConstTensorView bias, GeluKind kind, const Context& ctx) {
     constexpr const char* kOp = "linear_gelu_forward";
-    const auto [N, I] = op_rows_cols(kOp, "x", x);
-    LATHE_CHECK(weight.rank() == 2 && weight.dim(1) == I, "{}: weight {} for x {}", kOp,
-                weight.to_string(), x.to_string());
-    const int64_t O = weight.dim(0);
+    const auto [N, I, O] = linear_dims(kOp, "x", x, weight);
     op_expect_shape(kOp, "pre", pre, x.shape().with_dim(-1, O));
     op_expect_shape(kOp, "act", act, x.shape().with_dim(-1, O));
     if (!bias.is_null()) op_expect_shape(kOp, "bias", bias, Shape{O});
@@ -144,10 +149,7 @@ void linear_gelu_backward(TensorView dpre, TensorView dpre_bias, TensorView dwei
                           ConstTensorView pre, ConstTensorView weight, GeluKind kind,
                           const Context& ctx) {
     constexpr const char* kOp = "linear_gelu_backward";
-    const auto [N, I] = op_rows_cols(kOp, "act", act);
-    LATHE_CHECK(weight.rank() == 2 && weight.dim(1) == I, "{}: weight {} for act {}", kOp,
-                weight.to_string(), act.to_string());
-    const int64_t O = weight.dim(0);
+    const auto [N, I, O] = linear_dims(kOp, "act", act, weight);
     op_expect_shape(kOp, "dy", dy, act.shape().with_dim(-1, O));
     op_expect_shape(kOp, "pre", pre, act.shape());
     op_expect_shape(kOp, "dpre", dpre, act.shape());

@@ -90,6 +90,21 @@ __device__ __forceinline__ void store_bf16(__nv_bfloat16* p, const float (&in)[k
     }
 }
 
+// The residual step of the fused residual + norm kernels: out = a + b rounded to bf16 (as
+// residual_forward rounds it) and stored; v gets the stored, rounded values, which is what the
+// norm reads in the unfused sequence, so the fused kernels stay bitwise equal to it.
+template <int kVec>
+__device__ __forceinline__ void add_store_reload_bf16(float (&v)[kVec], const __nv_bfloat16* a,
+                                                      const __nv_bfloat16* b, __nv_bfloat16* out) {
+    float vb[kVec];
+    load_bf16<kVec>(v, a);
+    load_bf16<kVec>(vb, b);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] += vb[i];
+    store_bf16<kVec>(out, v);
+    load_bf16<kVec>(v, out);
+}
+
 // Whether the 8-wide path applies: n a multiple of 8 and every pointer 16-byte aligned.
 inline bool vec8_ok(int64_t n, std::initializer_list<const void*> ptrs) {
     if (n % 8 != 0) return false;

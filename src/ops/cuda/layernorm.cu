@@ -16,9 +16,9 @@ namespace {
 constexpr int kRowThreads = 256;  // 8 warps, one row each
 constexpr int kRowsPerBlock = kRowThreads / kWarpSize;
 
-// kResidual: the row is x = res_a + res_b (rounded to bf16 as residual_forward does), written to x_out
-// on the first pass and read back from there by the later passes (each lane rereads only what it
-// wrote, so no synchronization); `x` is unused. Otherwise x is read and a, b, x_out unused.
+// kResidual: the row is x = res_a + res_b (rounded to bf16 as residual_forward does), written to
+// x_out on the first pass and read back from there by the later passes (each lane rereads only what
+// it wrote, so no synchronization); `x` is unused. Otherwise x is read and a, b, x_out unused.
 template <int kVec, bool kResidual>
 __global__ void layernorm_forward_warp_per_row_kernel(
     __nv_bfloat16* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
@@ -33,13 +33,7 @@ __global__ void layernorm_forward_warp_per_row_kernel(
     for (int64_t c = int64_t(lane) * kVec; c < C; c += kWarpSize * kVec) {
         float v[kVec];
         if constexpr (kResidual) {
-            float vb[kVec];
-            load_bf16<kVec>(v, res_a + n * C + c);
-            load_bf16<kVec>(vb, res_b + n * C + c);
-#pragma unroll
-            for (int i = 0; i < kVec; ++i) v[i] += vb[i];
-            store_bf16<kVec>(x_out + n * C + c, v);
-            load_bf16<kVec>(v, x_out + n * C + c);  // the rounded values, as the norm sees them
+            add_store_reload_bf16<kVec>(v, res_a + n * C + c, res_b + n * C + c, x_out + n * C + c);
         } else {
             load_bf16<kVec>(v, xr + c);
         }
@@ -202,8 +196,7 @@ struct LayernormParamRows {
     const float* __restrict__ rstd;
     int64_t C;
     template <int kVec>
-    __device__ __forceinline__ void operator()(int64_t n, int64_t c,
-                                               float (&v)[2][kVec]) const {
+    __device__ __forceinline__ void operator()(int64_t n, int64_t c, float (&v)[2][kVec]) const {
         float xv[kVec];
         load_bf16<kVec>(xv, x + n * C + c);
         load_bf16<kVec>(v[1], dy + n * C + c);
@@ -217,8 +210,7 @@ struct LayernormParamRows {
 
 void layernorm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const bf16* weight,
                        const bf16* bias, int64_t N, int64_t C, float eps, CUstream_st* stream) {
-    layernorm_residual_forward(y, mean, rstd, nullptr, x, nullptr, weight, bias, N, C, eps,
-                               stream);
+    layernorm_residual_forward(y, mean, rstd, nullptr, x, nullptr, weight, bias, N, C, eps, stream);
 }
 
 void layernorm_residual_forward(bf16* y, float* mean, float* rstd, bf16* x_out, const bf16* a,
@@ -271,17 +263,28 @@ void layernorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* 
             state.scratch(2 * size_t(R * C) * sizeof(float), "layernorm_backward"));
         const int64_t rows = column_reduce_rows_per_chunk(N, R);
         auto launch = [&](auto kernel) {
-            kernel<<<unsigned(R), kColumnThreads, 0, stream>>>(dxb, partials, keep, dyb, xb, wb,
-                                                               mean, rstd, N, C, R, rows,
-                                                               dx_accumulate);
+            kernel<<<unsigned(R), kColumnThreads, 0, stream>>>(
+                dxb, partials, keep, dyb, xb, wb, mean, rstd, N, C, R, rows, dx_accumulate);
         };
         switch (groups) {
-            case 1: launch(layernorm_backward_fused_kernel<1>); break;
-            case 2: launch(layernorm_backward_fused_kernel<2>); break;
-            case 3: launch(layernorm_backward_fused_kernel<3>); break;
-            case 4: launch(layernorm_backward_fused_kernel<4>); break;
-            case 6: launch(layernorm_backward_fused_kernel<6>); break;
-            default: launch(layernorm_backward_fused_kernel<8>); break;
+            case 1:
+                launch(layernorm_backward_fused_kernel<1>);
+                break;
+            case 2:
+                launch(layernorm_backward_fused_kernel<2>);
+                break;
+            case 3:
+                launch(layernorm_backward_fused_kernel<3>);
+                break;
+            case 4:
+                launch(layernorm_backward_fused_kernel<4>);
+                break;
+            case 6:
+                launch(layernorm_backward_fused_kernel<6>);
+                break;
+            default:
+                launch(layernorm_backward_fused_kernel<8>);
+                break;
         }
         LATHE_CUDA_CHECK_LAUNCH();
         column_partials_accumulate2(dweight, dbias, partials, R, C, stream);
@@ -301,8 +304,8 @@ void layernorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* 
     const int64_t R = column_reduce_chunks(N, C);
     float* partials =
         static_cast<float*>(state.scratch(2 * size_t(R * C) * sizeof(float), "layernorm_backward"));
-    launch_column_partials<2>(partials, keep, LayernormParamRows{dyb, xb, mean, rstd, C}, vec, N,
-                              C, R, stream);
+    launch_column_partials<2>(partials, keep, LayernormParamRows{dyb, xb, mean, rstd, C}, vec, N, C,
+                              R, stream);
     LATHE_CUDA_CHECK_LAUNCH();
     column_partials_accumulate2(dweight, dbias, partials, R, C, stream);
 }

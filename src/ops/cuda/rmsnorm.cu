@@ -21,14 +21,10 @@ constexpr int kRowsPerBlock = kRowThreads / kWarpSize;
 // x_out by pass 1 and reread from there by pass 2 (each lane rereads only what it wrote, so no
 // synchronization); `x` is unused. Otherwise x is read and res_a, res_b, x_out are unused.
 template <int kVec, bool kResidual>
-__global__ void rmsnorm_forward_warp_per_row_kernel(__nv_bfloat16* __restrict__ y,
-                                                    float* __restrict__ rstd,
-                                                    const __nv_bfloat16* __restrict__ x,
-                                                    __nv_bfloat16* x_out,
-                                                    const __nv_bfloat16* res_a,
-                                                    const __nv_bfloat16* res_b,
-                                                    const __nv_bfloat16* __restrict__ weight,
-                                                    int64_t N, int64_t C, float eps) {
+__global__ void rmsnorm_forward_warp_per_row_kernel(
+    __nv_bfloat16* __restrict__ y, float* __restrict__ rstd, const __nv_bfloat16* __restrict__ x,
+    __nv_bfloat16* x_out, const __nv_bfloat16* res_a, const __nv_bfloat16* res_b,
+    const __nv_bfloat16* __restrict__ weight, int64_t N, int64_t C, float eps) {
     const int lane = threadIdx.x % kWarpSize;
     const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
     if (n >= N) return;
@@ -37,13 +33,7 @@ __global__ void rmsnorm_forward_warp_per_row_kernel(__nv_bfloat16* __restrict__ 
     for (int64_t c = int64_t(lane) * kVec; c < C; c += kWarpSize * kVec) {
         float v[kVec];
         if constexpr (kResidual) {
-            float vb[kVec];
-            load_bf16<kVec>(v, res_a + n * C + c);
-            load_bf16<kVec>(vb, res_b + n * C + c);
-#pragma unroll
-            for (int i = 0; i < kVec; ++i) v[i] += vb[i];
-            store_bf16<kVec>(x_out + n * C + c, v);
-            load_bf16<kVec>(v, x_out + n * C + c);  // the rounded values, as the norm sees them
+            add_store_reload_bf16<kVec>(v, res_a + n * C + c, res_b + n * C + c, x_out + n * C + c);
         } else {
             load_bf16<kVec>(v, xr + c);
         }
@@ -180,8 +170,7 @@ struct RmsnormDweightRows {
     const float* __restrict__ rstd;
     int64_t C;
     template <int kVec>
-    __device__ __forceinline__ void operator()(int64_t n, int64_t c,
-                                               float (&v)[1][kVec]) const {
+    __device__ __forceinline__ void operator()(int64_t n, int64_t c, float (&v)[1][kVec]) const {
         float xv[kVec], dv[kVec];
         load_bf16<kVec>(xv, x + n * C + c);
         load_bf16<kVec>(dv, dy + n * C + c);
@@ -218,11 +207,11 @@ void rmsnorm_residual_forward(bf16* y, float* rstd, bf16* x_out, const bf16* a, 
                 yb, rstd, ab, nullptr, nullptr, nullptr, wb, N, C, eps);
     } else {
         if (vec)
-            rmsnorm_forward_warp_per_row_kernel<8, true><<<blocks, kRowThreads, 0, stream>>>(
-                yb, rstd, nullptr, xo, ab, bb, wb, N, C, eps);
+            rmsnorm_forward_warp_per_row_kernel<8, true>
+                <<<blocks, kRowThreads, 0, stream>>>(yb, rstd, nullptr, xo, ab, bb, wb, N, C, eps);
         else
-            rmsnorm_forward_warp_per_row_kernel<1, true><<<blocks, kRowThreads, 0, stream>>>(
-                yb, rstd, nullptr, xo, ab, bb, wb, N, C, eps);
+            rmsnorm_forward_warp_per_row_kernel<1, true>
+                <<<blocks, kRowThreads, 0, stream>>>(yb, rstd, nullptr, xo, ab, bb, wb, N, C, eps);
     }
     LATHE_CUDA_CHECK_LAUNCH();
 }
@@ -248,12 +237,24 @@ void rmsnorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dw
                                                                C, R, rows, dx_accumulate);
         };
         switch (groups) {
-            case 1: launch(rmsnorm_backward_fused_kernel<1>); break;
-            case 2: launch(rmsnorm_backward_fused_kernel<2>); break;
-            case 3: launch(rmsnorm_backward_fused_kernel<3>); break;
-            case 4: launch(rmsnorm_backward_fused_kernel<4>); break;
-            case 6: launch(rmsnorm_backward_fused_kernel<6>); break;
-            default: launch(rmsnorm_backward_fused_kernel<8>); break;
+            case 1:
+                launch(rmsnorm_backward_fused_kernel<1>);
+                break;
+            case 2:
+                launch(rmsnorm_backward_fused_kernel<2>);
+                break;
+            case 3:
+                launch(rmsnorm_backward_fused_kernel<3>);
+                break;
+            case 4:
+                launch(rmsnorm_backward_fused_kernel<4>);
+                break;
+            case 6:
+                launch(rmsnorm_backward_fused_kernel<6>);
+                break;
+            default:
+                launch(rmsnorm_backward_fused_kernel<8>);
+                break;
         }
         LATHE_CUDA_CHECK_LAUNCH();
         column_partials_accumulate(dweight, partials, R, C, stream);
