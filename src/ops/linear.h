@@ -13,9 +13,9 @@
 //   accumulate (+=), null when frozen.
 // Deterministic for a given BLAS build, whatever the thread count (dbias: fp64 row sums in order).
 //
-// The GELU MLP's projections with the activation fused into them (the CUDA backend does the GELU
-// in the GEMMs' epilogues, ops/cuda/linear.h; the CPU runs the separate ops, bit for bit as the
-// unfused sequence):
+// The GELU MLP's projections as one op each (the CUDA backend computes the tanh GELU in the up
+// projection's GEMM epilogue, ops/cuda/linear.h; the CPU runs the separate ops, bit for bit as
+// the unfused sequence):
 //   linear_gelu_forward:  pre = x W^T + b;  act = gelu(pre)
 //       = linear_forward(pre, x, W, b) then gelu_forward(act, pre).
 //   linear_gelu_backward, for the projection y = act W^T + b that reads act = gelu(pre):

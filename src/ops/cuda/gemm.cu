@@ -71,12 +71,6 @@ cublasLtEpilogue_t lt_epilogue(const GemmArgs& g) {
             return g.bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
         case GemmEpilogue::kGeluAux:
             return g.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-        case GemmEpilogue::kDGelu:
-            return g.bias_grad != nullptr ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
-        case GemmEpilogue::kRowSumA:
-            // cuBLASLt's second operand is our A (see the layout note in gemm_bf16_try): its
-            // BGRADB sums that operand over k, one value per column of its D, i.e. per row of ours.
-            return CUBLASLT_EPILOGUE_BGRADB;
     }
     return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -95,25 +89,15 @@ void check_args(const GemmArgs& g) {
                 "gemm: C must be another buffer than D with ldc >= N ({}), got ldc={}", g.N, g.ldc);
     switch (g.epilogue) {
         case GemmEpilogue::kDefault:
-            LATHE_CHECK(g.aux == nullptr && g.bias_grad == nullptr,
-                        "gemm: aux or bias_grad without an epilogue that uses them");
+            LATHE_CHECK(g.aux == nullptr, "gemm: aux without an epilogue that uses it");
             break;
         case GemmEpilogue::kGeluAux:
-        case GemmEpilogue::kDGelu:
             LATHE_CHECK(g.aux != nullptr && g.ldaux >= g.N && g.ldaux % 8 == 0,
-                        "gemm: the GELU epilogues need aux with ldaux >= N ({}) and a multiple of "
+                        "gemm: the GELU epilogue needs aux with ldaux >= N ({}) and a multiple of "
                         "8, got ldaux={}",
                         g.N, g.ldaux);
             LATHE_CHECK(g.d_dtype == DType::kBF16 && g.beta == 0.0f,
-                        "gemm: the GELU epilogues take a bf16 D and beta 0");
-            LATHE_CHECK(g.epilogue == GemmEpilogue::kDGelu || g.bias_grad == nullptr,
-                        "gemm: kGeluAux has no bias_grad");
-            LATHE_CHECK(g.epilogue == GemmEpilogue::kGeluAux || g.bias == nullptr,
-                        "gemm: kDGelu adds no bias");
-            break;
-        case GemmEpilogue::kRowSumA:
-            LATHE_CHECK(g.bias_grad != nullptr && g.bias == nullptr && g.aux == nullptr,
-                        "gemm: kRowSumA needs bias_grad, and no bias or aux");
+                        "gemm: the GELU epilogue takes a bf16 D and beta 0");
             break;
     }
 }
@@ -135,9 +119,8 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
     // Row-major D (M, N) = op(A) op(B) is column-major D^T (N, M) = op(B)^T op(A)^T, so cuBLASLt
     // computes m = N, n = M, k = K with B as its first operand and A as its second. A row-major
     // (r, c) matrix with row stride ld is a column-major (c, r) matrix with the same ld. So
-    // cuBLASLt's bias and DGELU bias gradient (one per row of its D) are per column of ours, its
-    // aux (ld >= its rows) is our row-major (M, N) with row stride ldaux, and its BGRADB (a sum
-    // of its second operand over k, one per column of its D) is a row sum of our op(A).
+    // cuBLASLt's bias (one per row of its D) is per column of ours, and its aux (ld >= its rows)
+    // is our row-major (M, N) with row stride ldaux.
     const cudaDataType_t d_type = g.d_dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
     MatrixLayout first = g.trans_b ? MatrixLayout(CUDA_R_16BF, g.K, g.N, g.ldb)
                                    : MatrixLayout(CUDA_R_16BF, g.N, g.K, g.ldb);
@@ -156,14 +139,6 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
     if (g.bias != nullptr) {
         desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
         desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_16BF));
-    }
-    if (g.bias_grad != nullptr) {
-        // The bias gradient defaults to D's type; ask for fp32 (the gradients' dtype) so that a
-        // sum over thousands of rows is not rounded to bf16. Where cuBLASLt cannot, the heuristic
-        // finds no algorithm and the caller falls back to its column reduction.
-        desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias_grad);
-        desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                 int32_t(g.bias_grad_dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F));
     }
     if (g.aux != nullptr) {
         desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
@@ -191,10 +166,10 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
                                           int64_t(epilogue),
                                           g.aux ? alignment_of(g.aux) : 0,
                                           g.ldaux,
-                                          g.bias_grad ? alignment_of(g.bias_grad) : 0,
                                           g.C ? alignment_of(g.C) : 0,
                                           g.C ? g.ldc : 0,
-                                          int64_t(g.bias_grad_dtype),
+                                          0,
+                                          0,
                                           0};
     auto& algos = state.matmul_cache().algos;
     auto it = algos.find(key);
@@ -213,11 +188,11 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
             state.cublaslt(), desc.desc, first.layout, second.layout, c_layout.layout, out.layout,
             pref.pref, 1, &result, &found);
         // NOT_SUPPORTED (or no result) means no algorithm for this problem. A fused epilogue
-        // can also be refused with INVALID_VALUE (on the H100, cuBLAS 13: DGELU_BGRAD with an
-        // f32 bias gradient next to a bf16 D), which its caller handles like no algorithm. For
-        // the plain GEMM any failure is a real error.
-        if (g.epilogue == GemmEpilogue::kDefault || (status != CUBLAS_STATUS_NOT_SUPPORTED &&
-                                                     status != CUBLAS_STATUS_INVALID_VALUE))
+        // can also be refused with INVALID_VALUE (on the H100, cuBLAS 13, an epilogue type
+        // combination it does not take), which its caller handles like no algorithm. For the
+        // plain GEMM any failure is a real error.
+        if (g.epilogue == GemmEpilogue::kDefault ||
+            (status != CUBLAS_STATUS_NOT_SUPPORTED && status != CUBLAS_STATUS_INVALID_VALUE))
             LATHE_CUBLAS_CHECK(status);
         CudaState::MatmulCache::Entry entry;
         entry.found =
@@ -225,12 +200,9 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
         if (entry.found) entry.algo = result.algo;
         if (!entry.found && g.epilogue != GemmEpilogue::kDefault)
             log_info(
-                "gemm: cuBLASLt has no algorithm for epilogue {} at M={} N={} K={}{}; "
+                "gemm: cuBLASLt has no algorithm for epilogue {} at M={} N={} K={}; "
                 "the op uses separate kernels for this shape",
-                int(epilogue), g.M, g.N, g.K,
-                g.bias_grad == nullptr                   ? ""
-                : g.bias_grad_dtype == DType::kBF16 ? " with a bf16 bias gradient"
-                                                        : " with an f32 bias gradient");
+                int(epilogue), g.M, g.N, g.K);
         it = algos.emplace(key, entry).first;
     }
     if (!it->second.found) return false;

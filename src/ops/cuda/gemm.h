@@ -21,19 +21,12 @@
 // Epilogues beyond the bias (GemmEpilogue), each computed from the fp32 accumulator before D is
 // rounded:
 //   kGeluAux:  P = op(A) op(B) (+ bias);  aux = P (bf16, the pre-activation);  D = gelu_tanh(P).
-//              cuBLASLt's GELU is the tanh form (the one HF calls "gelu_new"), so callers use it for
-//              GeluKind::kTanh only. beta must be 0.
-//   kDGelu:    D = (op(A) op(B)) * gelu_tanh'(aux), aux (M, N) bf16 read; with bias_grad also
-//              bias_grad[j] = sum_i D[i, j] (N values, written, not accumulated). beta must be 0.
-//   kRowSumA:  D as kDefault, and bias_grad[i] = sum_k op(A)[i, k] (M values, written): the bias
-//              gradient of a weight-gradient GEMM dW = dy^T x, where op(A) = dy^T.
-// aux is row-major (M, N) with row stride ldaux (a multiple of 8, at least N); bias_grad is f32.
-// The epilogue sums are cuBLASLt's own reductions. What we rely on for their determinism is the
-// same documented guarantee as for D: cuBLAS routines give bitwise the same results on every run
-// (same toolkit, same architecture and SM count, one stream, a workspace the caller owns), which
-// covers cublasLtMatmul as a whole, epilogue outputs included; cuBLAS' only opt-in atomics
-// (cublasSetAtomicsMode) do not apply to cublasLt. The GPU tests check it bit for bit on every
-// epilogue, at model-sized shapes too.
+//              cuBLASLt's GELU is the tanh form (the one HF calls "gelu_new"), so callers use it
+//              for GeluKind::kTanh only. beta must be 0.
+// aux is row-major (M, N) with row stride ldaux (a multiple of 8, at least N).
+// The backward epilogues (DGELU_BGRAD, BGRADB) were built and measured on the H100 and removed:
+// cuBLASLt refuses an f32 bias gradient next to a bf16 D, and with a bf16 one the fused GELU MLP
+// backward was 1.5x slower than the separate kernels (docs/CUDA.md, "Fusions in the block").
 
 #include <cublasLt.h>
 
@@ -63,7 +56,7 @@ struct CudaState::MatmulCache {
 
 namespace cuda {
 
-enum class GemmEpilogue : uint8_t { kDefault, kGeluAux, kDGelu, kRowSumA };
+enum class GemmEpilogue : uint8_t { kDefault, kGeluAux };
 
 struct GemmArgs {
     int64_t M = 0, N = 0, K = 0;
@@ -82,10 +75,8 @@ struct GemmArgs {
     const void* C = nullptr;  // (M, N) of D's dtype, read with beta; null: D itself
     int64_t ldc = 0;
     GemmEpilogue epilogue = GemmEpilogue::kDefault;
-    void* aux = nullptr;        // kGeluAux (written), kDGelu (read): bf16 (M, N)
+    void* aux = nullptr;  // kGeluAux (written): bf16 (M, N)
     int64_t ldaux = 0;
-    void* bias_grad = nullptr;  // kDGelu (optional, N) or kRowSumA (required, M): written
-    DType bias_grad_dtype = DType::kF32;  // kF32, or kBF16 (where cuBLASLt takes no f32 one)
 };
 
 // Enqueues the matmul on `stream` with the state's handle and workspace. Shapes must be positive

@@ -4,12 +4,9 @@
 //              accumulation, the bias added in cuBLASLt's epilogue
 //   backward:  dx (N, I) bf16 = dy . weight        (= or += per dx_accumulate; beta 0 or 1)
 //              dweight (O, I) f32 += dy^T . x       (beta 1: accumulates over micro-batches)
-//              dbias (O) f32 += sum_n dy[n, :]     with dweight: in the dweight GEMM's epilogue
-//                  (cuBLASLt's bias-gradient reduction into scratch, then added); without it, or
-//                  where cuBLASLt has no such algorithm: column_reduce.h (two passes, no atomics)
+//              dbias (O) f32 += sum_n dy[n, :]     column_reduce.h (two passes, no atomics)
 // Parameter gradients are f32 so that micro-batch accumulation does not round to bf16 each time.
-// dx, dweight, dbias may each be null (not needed / frozen). Deterministic (gemm.h says what that
-// rests on for the epilogue reductions).
+// dx, dweight, dbias may each be null (not needed / frozen). Deterministic.
 //
 // The GELU MLP's two GEMMs with the activation fused (ops/linear.h: linear_gelu_*):
 //   linear_gelu_forward:  pre = x W^T + b; act = gelu(pre). Tanh GELU: one GEMM whose epilogue
@@ -17,9 +14,9 @@
 //       the GEMM, then the gelu kernel.
 //   linear_gelu_backward (the down projection y = act W^T + b, act = gelu(pre)):
 //       dpre = gelu'(pre) * (dy W) (=); dpre_bias += sum_n dpre (the up projection's bias
-//       gradient); dweight += dy^T act; dbias += sum_n dy. Tanh GELU: the dx GEMM's DGELU_BGRAD
-//       epilogue gives dpre and dpre_bias at once; the weight GEMM's gives dbias.
-//   Each fused epilogue falls back to the separate kernels when cuBLASLt has no algorithm for it.
+//       gradient); dweight += dy^T act; dbias += sum_n dy: the dx GEMM, the gelu backward in
+//       place, column reductions (the backward epilogues were slower on the H100: gemm.h).
+//   The forward's epilogue falls back to the separate kernels when cuBLASLt has no algorithm.
 // Pointers are device pointers; work is enqueued on `stream`, which must be the state's.
 
 #include <cstdint>

@@ -192,7 +192,7 @@ struct LinearGeluCase {
 // sequence, on the same bf16-valued inputs: forward (act and the saved pre-activation), then the
 // down projection's backward (d pre, the up projection's bias gradient, the down projection's
 // weight and bias gradients, accumulating onto random values); then the same backward again from
-// the same starting point, bit for bit (cuBLASLt's epilogue reductions included).
+// the same starting point, bit for bit.
 void check_linear_gelu(const LinearGeluCase& c, uint64_t seed) {
     SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C << " F=" << c.F << " tanh="
                                       << (c.kind == GeluKind::kTanh) << " bias=" << c.bias);
