@@ -6,7 +6,7 @@
 #   3. train configs/tiny.yaml (a small Llama) on it until the loss has clearly fallen,
 #   4. evaluate the final checkpoint on the held-out text and print where it is.
 # Installs what it needs and builds first. Outputs go to ${LATHE_RUN_DIR:-runs/default}.
-# Training runs on the CPU until the CUDA training backend lands (issue 4); the GPU is reported.
+# Training runs on the GPU when one answers (train.device: auto), else on the CPU reference backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -17,7 +17,7 @@ CORPUS=/usr/share/dictd/gcide.dict.dz
 mkdir -p "$RUN"
 
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-  echo "== GPU: $(nvidia-smi -L | head -n 1) (training still runs on the CPU backend)"
+  echo "== GPU: $(nvidia-smi -L | head -n 1) (train.device auto picks it when lathe can run the model there)"
 else
   echo "== no GPU: running on the CPU ($(nproc) cores)"
 fi

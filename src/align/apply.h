@@ -1,5 +1,5 @@
 #pragma once
-// Stage 5 of `lathe align` (issue 6, docs/ALIGN.md): a new checkpoint with the target tokenizer.
+// Stage 5 of `lathe align` (docs/ALIGN.md): a new checkpoint with the target tokenizer.
 //
 //   lathe align apply --checkpoint DIR --map MAP.json --target-tokenizer T.json --output OUT
 //                     [--init align|fvt|mean|random] [--fvt-weighting mean|exponential]

@@ -1,5 +1,5 @@
 #pragma once
-// Stage 3 of `lathe align` (issue 6): token embeddings of one token file, written as GloVe text
+// Stage 3 of `lathe align` : token embeddings of one token file, written as GloVe text
 // (align/vectors.h). The work of `lathe align embed`, callable from `lathe align run`.
 //
 //   token file -> vocabulary (min_count) -> GloVe: co-occurrence (CPU, all cores) -> AdaGrad

@@ -1,5 +1,5 @@
 #pragma once
-// Stage 6 of `lathe align` (issue 6, docs/ALIGN.md): how good an alignment and an adapted model
+// Stage 6 of `lathe align` (docs/ALIGN.md): how good an alignment and an adapted model
 // are. Three measures, each over the documents of one held-out text file:
 //
 // Alignment score (TokAlign's eval_matrix.py): for each document, tgt = the target tokenizer's ids

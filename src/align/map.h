@@ -1,5 +1,5 @@
 #pragma once
-// Stage 4 of `lathe align` (issue 6, docs/ALIGN.md): map every target-tokenizer id to a
+// Stage 4 of `lathe align` (docs/ALIGN.md): map every target-tokenizer id to a
 // source-tokenizer id from token embeddings trained on the same corpus under both tokenizers.
 //
 // The algorithm (TokAlign's, with the fixes the issue asks for):

@@ -1,7 +1,7 @@
 #pragma once
 // Skip-gram with negative sampling (Mikolov et al. 2013) as fastText's `skipgram` trains it,
 // without subwords (a token id is one "word"; fastText's character n-grams over digit strings are
-// one of the flaws issue 6 names). CPU twin here (the specification); CUDA in sgns.cu when built.
+// a flaw of the reference pipeline). CPU twin here (the specification); CUDA in sgns.cu when built.
 //
 // Per epoch e, per document (windows never cross documents; fastText cuts its text lines into
 // chunks of 1024 words and adds a "</s>" word per line, lathe does neither):

@@ -1,5 +1,5 @@
 #pragma once
-// Resumable stages for `lathe align` (issue 6): a stage's outputs are reused when its inputs and
+// Resumable stages for `lathe align` : a stage's outputs are reused when its inputs and
 // settings are unchanged.
 //
 // How a stage uses it:

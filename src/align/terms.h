@@ -1,5 +1,5 @@
 #pragma once
-// Stage 1 of `lathe align` (issue 6, docs/ALIGN.md): mine domain terms from a corpus and write a
+// Stage 1 of `lathe align` (docs/ALIGN.md): mine domain terms from a corpus and write a
 // target tokenizer.json that has them as tokens.
 //
 // Candidates. The domain corpus is normalized and pre-tokenized exactly as the source tokenizer

@@ -1,5 +1,5 @@
 #pragma once
-// Token vectors on disk: GloVe's text format, keyed by token id (issue 6, stage 3 -> stage 4).
+// Token vectors on disk: GloVe's text format, keyed by token id (stage 3 -> stage 4).
 //
 //   <token id> v1 v2 ... vD\n        one line per token seen in the corpus, fields separated by
 //                                    one space, values as decimal floats

@@ -27,7 +27,7 @@ void cli_add_align(CLI::App& parent, CommandAction& action);
 void cli_add_bench(CLI::App& parent, CommandAction& action);
 void cli_add_doctor(CLI::App& parent, CommandAction& action);
 
-// The stages of `lathe align` (issue 6), each in cli/align_<stage>.cpp; cli/align.cpp adds them
+// The stages of `lathe align` , each in cli/align_<stage>.cpp; cli/align.cpp adds them
 // under the `align` group.
 void cli_add_align_terms(CLI::App& align, CommandAction& action);
 void cli_add_align_embed(CLI::App& align, CommandAction& action);

@@ -13,7 +13,7 @@
 //                     the residual stream, one (Nc, V) chunk of logits for the fused LM head,
 //                     and the RoPE cos/sin tables (T, R/2)
 // The model allocates parameters, gradients, activations and scratch as one arena each; nothing
-// is allocated per step. With activation recompute (issue 4) the activations row shrinks; the
+// is allocated per step. With activation recompute the activations row shrinks; the
 // table is where that shows.
 //
 //                     On CUDA, cuDNN's attention workspace too: it shares the bytes of the

@@ -17,7 +17,7 @@
 //   (dk, dv summed over the H / Hkv query heads that share a key/value head)
 // Shapes: q, out, dout, dq (B, T, H, D) | k, v, dk, dv (B, T, Hkv, D) | lse (B, H, T) f32 |
 //   docs (B, T) i32 or null. (B, T, H, D) is what the q/k/v projections write, no transposes.
-// Dtypes: CPU f32. CUDA (issue 4): bf16 q, k, v, out (cuDNN flash attention), f32 lse.
+// Dtypes: CPU f32. CUDA: bf16 q, k, v, out (cuDNN flash attention), f32 lse.
 // Gradients: dq, dk, dv are overwritten (=). Deterministic unless ctx.deterministic is false
 // (CUDA: cuDNN's backward with atomic dQ, less workspace, a little faster) (CPU: matrix form per head through
 // sgemm, threads take whole heads; dk, dv sum a group's query heads in head order).

@@ -8,7 +8,7 @@
 // LATHE_HAVE_CUDA is defined). Model and trainer code only ever call the dispatching functions, so
 // swapping the backend means handing them another Context, nothing else.
 //
-// Adding the CUDA twin of an op (issue 4): src/ops/cuda/<op>.cu holds the kernels and a host
+// Adding the CUDA twin of an op: src/ops/cuda/<op>.cu holds the kernels and a host
 // launcher taking typed device pointers, sizes and the stream, declared in src/ops/cuda/<op>.h;
 // src/ops/<op>.cpp then calls it under `case Backend::kCuda:` inside `#if LATHE_HAVE_CUDA`
 // (defined for lathe_ops when nvcc is found), after the shared shape checks it already runs. Until

@@ -4,7 +4,7 @@
 //   pos(b, t) = positions[b, t] when positions is given, else t.
 // Shapes: tokens, positions (B, T) i32 | wte, dwte (V, C) | wpe, dwpe (P, C) | out, dout (B, T, C).
 //   positions, wpe, dwpe may be null (no learned positions; positions default to 0..T-1).
-// Dtypes: CPU f32 (ids i32). CUDA (issue 4): bf16 out and weights.
+// Dtypes: CPU f32 (ids i32). CUDA: bf16 out and weights.
 // Gradients: dwte and dwpe accumulate (+=): over micro-batches, and with the tied LM head, which
 //   adds its weight gradient to the same dwte. Either may be null (frozen).
 // Token ids outside [0, V) and positions outside [0, P) are bugs upstream (the data layer checks

@@ -6,7 +6,7 @@
 //   kErf:  dx = dout * (Phi(x) + x phi(x)),  Phi, phi the standard normal cdf and pdf
 //   kTanh: dx = dout * (0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2))
 // Shapes: x, y, dy, dx: any shape, all equal. y may be x (in place) and dx may be dout.
-// Dtypes: CPU f32 (math in fp64). CUDA (issue 4): bf16, f32 math.
+// Dtypes: CPU f32 (math in fp64). CUDA: bf16, f32 math.
 // Gradients: dx is overwritten (=). Deterministic (elementwise).
 #include "core/tensor.h"
 #include "ops/context.h"

@@ -5,7 +5,7 @@
 // The norm is accumulated in fp64 in a fixed order (tensor by tensor, fixed blocks within one),
 // so it is deterministic and independent of the thread count.
 // Shapes: each gradient any shape (a whole gradient arena seen flat is one tensor) | norm (1) f32.
-// Dtypes: f32 (CPU). CUDA (issue 4): f32 gradients, norm left on the device for clip to read.
+// Dtypes: f32 (CPU). CUDA: f32 gradients, norm left on the device for clip to read.
 // A NaN or Inf gradient gives a NaN/Inf norm, which the trainer's skip-step policy looks at; clip
 // then leaves the gradients as they are (torch would multiply them by NaN).
 #include <span>

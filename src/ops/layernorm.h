@@ -7,7 +7,7 @@
 //   dweight[c] += sum_n dy[n, c] * xhat[n, c],   dbias[c] += sum_n dy[n, c]
 // Shapes: x, y, dy, dx (N, C) (leading dims flattened) | weight, bias, dweight, dbias (C) |
 //   mean, rstd (N) f32, saved by the forward for the backward.
-// Dtypes: CPU f32. CUDA (issue 4): bf16 x, y, weight, bias; f32 mean, rstd.
+// Dtypes: CPU f32. CUDA: bf16 x, y, weight, bias; f32 mean, rstd.
 // Gradients: dx per `dx_mode` (= or +=); dweight, dbias accumulate (+=), may be null (frozen).
 // Deterministic (fp64 row statistics; parameter gradients sum rows in order).
 #include "core/tensor.h"

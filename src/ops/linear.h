@@ -8,7 +8,7 @@
 //   q/k/v (O = (H + 2 Hkv) D) and gate/up (O = 2F) stack row blocks, which is how an arena holding
 //   HF's separate [out, in] tensors next to each other lays them out anyway.
 // Dtypes: CPU f32 (sgemm from BLAS when the build has it, plain loops otherwise).
-//   CUDA (issue 4): bf16 x, y, weight (cuBLASLt, bias epilogue), f32 accumulation.
+//   CUDA: bf16 x, y, weight (cuBLASLt, bias epilogue), f32 accumulation.
 // Gradients: dx per `dx_mode` (= or +=), null when the input needs none; dweight and dbias
 //   accumulate (+=), null when frozen.
 // Deterministic for a given BLAS build, whatever the thread count (dbias: fp64 row sums in order).
@@ -39,7 +39,7 @@ void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, Con
 
 // A projection whose output joins the residual stream:  y = residual + (x W^T + b).
 //   = linear_forward(y, x, W, b) then residual_forward(y, residual, y): so on the CPU, bit for bit
-//   the block's former linear into a temporary plus residual add. CUDA: one GEMM reading the
+//   a linear into a temporary followed by a residual add. CUDA: one GEMM reading the
 //   residual as cuBLASLt's C (one bf16 rounding instead of two; no temporary, no add kernel).
 //   Shapes: residual and y as y of linear_forward; y must not be residual or x (checked).
 //   The backward is linear_backward's, with the residual's gradient passing through unchanged.

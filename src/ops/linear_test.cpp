@@ -60,7 +60,7 @@ TEST(Linear, GradientsMatchFiniteDifferences) {
     for (int64_t i = 0; i < O * I; ++i) EXPECT_FLOAT_EQ(dw.as<float>()[i], 2 * dw1.as<float>()[i]);
 }
 
-// The fused GELU projections are, on the CPU, exactly the unfused sequence the block used to run:
+// The fused GELU projections are, on the CPU, exactly the unfused sequence (linear, then GELU):
 // same values bit for bit, for both GELU forms, with and without biases.
 void check_linear_gelu_is_the_unfused_sequence(GeluKind kind, bool bias, uint64_t seed) {
     SCOPED_TRACE(::testing::Message() << "tanh=" << (kind == GeluKind::kTanh) << " bias=" << bias);

@@ -12,7 +12,7 @@
 // `scratch` is all that ever exists of them. The memory plan picks Nc.
 // Shapes: x, dx (N, C) | targets (N) i32 | weight, dweight (V, C) | losses, lse (N) f32 |
 //   loss (1) f32 | scratch (Nc, V) f32, 1 <= Nc. losses may be null.
-// Dtypes: CPU f32. CUDA (issue 4): bf16 x, weight; f32 statistics and loss; the f32 scratch's
+// Dtypes: CPU f32. CUDA: bf16 x, weight; f32 statistics and loss; the f32 scratch's
 //   bytes hold 2 Nc rows of bf16 logits there, so the loss comes from bf16-rounded logits
 //   (ops/cuda/lm_head_cross_entropy.h: the bound, within u max|logit| per row, u = 2^-8).
 // Gradients: dx is overwritten (=); dweight accumulates (+=) (micro-batches; a tied embedding

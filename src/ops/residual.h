@@ -6,7 +6,7 @@
 // branch's gradient into the residual stream's gradient in place.)
 // Shapes: a, b, out, da, db, dout: any shape, all equal. out may be a or b (in place).
 //   da and db must not be dout (checked); either may be null.
-// Dtypes: CPU f32. CUDA (issue 4): bf16. Gradients: da, db accumulate (+=). Deterministic.
+// Dtypes: CPU f32. CUDA: bf16. Gradients: da, db accumulate (+=). Deterministic.
 #include "core/tensor.h"
 #include "ops/context.h"
 

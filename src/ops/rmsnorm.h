@@ -5,7 +5,7 @@
 //   dx = rstd * (g - norm * mean_c(g * norm)),   dweight[c] += sum_n dy[n, c] * norm[n, c]
 // Shapes: x, y, dy, dx (N, C) (any leading dims, flattened to N rows) | weight, dweight (C) |
 //   rstd (N) f32, saved by the forward for the backward.
-// Dtypes: CPU f32. CUDA (issue 4): bf16 x, y, weight; f32 rstd.
+// Dtypes: CPU f32. CUDA: bf16 x, y, weight; f32 rstd.
 // Gradients: dx per `dx_mode` (= or +=); dweight accumulates (+=), may be null (frozen).
 // Deterministic (fp64 row sums; dweight sums rows in order).
 #include "core/tensor.h"

@@ -20,7 +20,7 @@
 // Backward applies the inverse rotation (the transpose): dx = rotate(dout, -angle).
 // Shapes: x, out, dout, dx (B, T, Hx, D) with Hx = H for queries or Hkv for keys |
 //   positions (B, T) i32 or null (then pos = t) | cos, sin (P, R/2) f32.
-// out may be x itself (in place), and dx may be dout. Dtypes: CPU f32. CUDA (issue 4): bf16 x/out,
+// out may be x itself (in place), and dx may be dout. Dtypes: CPU f32. CUDA: bf16 x/out,
 // f32 tables. Gradients: dx is overwritten (=). Deterministic (no reductions).
 #include <cstdint>
 #include <vector>

@@ -5,7 +5,7 @@
 //   dgate = dout * up * sg * (1 + gate * (1 - sg)),   dup = dout * silu(gate)
 // Shapes: gate_up, dgate_up (N, 2F): each row is [gate | up], as the fused gate_proj/up_proj linear
 //   (weights stacked [gate_proj; up_proj], linear.h) writes it | out, dout (N, F).
-// Dtypes: CPU f32. CUDA (issue 4): bf16, f32 math.
+// Dtypes: CPU f32. CUDA: bf16, f32 math.
 // Gradients: dgate_up is overwritten (=). Deterministic (elementwise).
 #include "core/tensor.h"
 #include "ops/context.h"
