@@ -7,7 +7,8 @@
 # shared libraries they need that the GPU machine lacks. CUDA's own libraries (cudart, cuBLASLt,
 # cuDNN, NVRTC) are the GPU machine's: the same CUDA 13.0 major.minor as here.
 #
-#   scripts/gpu-bundle.sh pack [BUILD_DIR]   here: ninja the targets in BUILD_DIR (default build),
+#   scripts/gpu-bundle.sh pack [BUILD_DIR]   here: ninja lathe and the three *_gpu_tests in BUILD_DIR
+#                                            (default build; a missing target stops it),
 #                                            strip copies, write .carry/gpu-bundle.tgz (git-ignored;
 #                                            name .carry in the run tool's carry list)
 #   scripts/gpu-bundle.sh unpack DIR         there: unpack into DIR; prints the LD_LIBRARY_PATH to
@@ -15,7 +16,8 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-targets=(lathe ops_gpu_tests model_gpu_tests)
+# Everything scripts/gpu-check.sh runs; a build without one of them cannot pack.
+targets=(lathe ops_gpu_tests model_gpu_tests align_gpu_tests)
 
 die() {
     echo "gpu-bundle: $*" >&2
@@ -25,11 +27,12 @@ die() {
 pack() {
     local build=${1:-$root/build}
     [[ -f $build/build.ninja ]] || die "$build is not a configured build folder"
-    local have=()
-    for t in "${targets[@]}" align_gpu_tests; do
-        if ninja -C "$build" -t query "$t" >/dev/null 2>&1; then have+=("$t"); fi
+    local have=("${targets[@]}") t
+    for t in "${have[@]}"; do
+        ninja -C "$build" -t query "$t" >/dev/null 2>&1 ||
+            die "$build has no target $t (configure it where nvcc is, with tests on)"
     done
-    ninja -C "$build" -j"$(nproc)" "${have[@]}"
+    ninja -C "$build" -j"$(nproc)" "${have[@]}" || die "the build failed"
     local stage
     stage=$(mktemp -d)
     mkdir -p "$stage/bin" "$stage/lib"

@@ -1,108 +1,412 @@
 #!/usr/bin/env bash
-# What one call on the lent GPU machine runs: the gpu-labelled tests, the benchmarks side by side
-# with PyTorch, and the GPU-vs-CPU training curve, from the binaries scripts/gpu-bundle.sh packed.
+# The GPU check: what one call on the lent GPU machine runs, from the binaries that
+# scripts/gpu-bundle.sh packed here, ending in ONE verdict line and an exit status:
 #
-#   here:  scripts/gpu-bundle.sh pack; cp ../shared/bench/torch_baseline.py .carry/bench/
-#          (the training data: .carry/train/{gcide.bin,gcide.idx,tokenizer.json}, any lathe
-#          prepare output)
-#   there: bash scripts/gpu-check.sh OUT PART...   (run tool: carry .carry/gpu-bundle.tgz,
-#          .carry/bench, .carry/train, .deps/cudnn-frontend not needed: the binaries are built)
+#   gpu-check: PASS (doctor gpu_ready, ops_gpu_tests 98/98, ..., bench 8/8 rows, resume exact ...)
+#   gpu-check: FAIL (...what failed first..., then everything else)        exit status 1
 #
-# PARTs, in the order given:
-#   doctor     lathe doctor
-#   tests      ops_gpu_tests, model_gpu_tests (GPU vs CPU, GPU vs transformers), align_gpu_tests
-#   bench      lathe bench at the issue's two shapes
-#   baseline   ../shared/bench/torch_baseline.py gpt2 llama1b (eager and torch.compile)
+#   here:  scripts/gpu-bundle.sh pack          (builds lathe and the *_gpu_tests for sm_90a)
+#   there: bash scripts/gpu-check.sh OUT [PART...]      (run tool: carry .carry/gpu-bundle.tgz)
+#
+# PARTs, in the order given (default: doctor tests bench resume, the checked set):
+#   doctor     lathe doctor --json must say gpu_ready
+#   tests      ops_gpu_tests, model_gpu_tests, align_gpu_tests: each must be there and pass every
+#              test it ran, with none skipped (on the GPU machine nothing has a reason to skip)
+#   bench      lathe bench at the training shapes (GPT-2 124M B32 T1024, Llama-1B B8 T2048;
+#              deterministic and not; selective and full recompute): every row must print its
+#              JSON line with tokens_per_s, and the memory plan must lie within +-5% of the
+#              measured peak (plan_error, both directions: a plan under the peak fails too)
+#   resume     lathe train on the device with gradient accumulation 2: a reference run, and a run
+#              SIGKILLed twice, each time after a checkpoint and before the next, then restarted
+#              with the same command; metrics.jsonl (less tokens_per_s) and every file of the final
+#              checkpoint must equal the reference's, bit for bit
+#   baseline   .carry/bench/torch_baseline.py gpt2 llama1b (PyTorch eager and torch.compile)
 #   profile    ncu kernel times of one step at both shapes
-#   curve      lathe train configs/tiny.yaml on the GPU and on the CPU (all cores), same data and
-#              seed: the two metrics.jsonl loss curves side by side
-# Each part writes OUT/<part>*.txt; a summary of every part is printed at the end.
+#   curve      lathe train configs/tiny.yaml on the GPU and on the CPU (all cores), same data
+#              (.carry/train/{gcide.bin,gcide.idx,tokenizer.json}) and seed, the two loss curves
+# baseline, profile and curve are measurements; they fail the check only when their command does.
+#
+# Every part writes its logs into a work folder; OUT gets verdict.txt and one archive of the logs
+# (gpu-check.tgz), since the run tool brings back only a few files.
+#
+# Environment (for runs of this script's logic off the GPU machine; tests/test_gpu_check_script.py):
+#   GPU_CHECK_BIN     a folder holding lathe and the test binaries (no bundle is unpacked)
+#   GPU_CHECK_DEVICE  train.device of the resume part (default cuda)
+#   GPU_CHECK_RESUME_SETS  extra --set key=value words for the resume part's runs (a smaller model)
+#   GPU_CHECK_BUDGET  seconds the whole check may take (default 540: one 600 s device call)
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-# Only a handful of files come back from the device tool's OUT folder, so every part writes into a
-# local folder and OUT gets one archive of it (gpu-check.tgz) plus the printed summary.
-final_out=${1:?usage: gpu-check.sh OUT PART...}
+final_out=${1:?usage: gpu-check.sh OUT [PART...]}
 shift
-out=/tmp/gpu-check-out
-rm -rf "$out"
-mkdir -p "$out" "$final_out"
-dir=/tmp/lathe-gpu
-lib=$(bash "$root/scripts/gpu-bundle.sh" unpack "$dir")
-export LD_LIBRARY_PATH=$lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-export LATHE_SOURCE_DIR=$root
-bin=$dir/bin
-cd "$root"
+parts=("$@")
+((${#parts[@]})) || parts=(doctor tests bench resume)
 
-for part in "$@"; do
+work=$(mktemp -d /tmp/gpu-check.XXXXXX)
+out=$work/logs
+mkdir -p "$out" "$final_out"
+device=${GPU_CHECK_DEVICE:-cuda}
+deadline=$((SECONDS + ${GPU_CHECK_BUDGET:-540}))
+cd "$root" || exit 1
+
+results=()  # one "PASS|what" or "FAIL|what" per check, in order
+pass() { results+=("PASS|$*"); echo "gpu-check: ok: $*"; }
+fail() { results+=("FAIL|$*"); echo "gpu-check: FAILED: $*"; }
+
+# Seconds a step may take: its own limit, never past the check's deadline.
+limit() {
+    local left=$((deadline - SECONDS))
+    ((left < 1)) && left=1
+    echo $(($1 < left ? $1 : left))
+}
+
+# The binaries: a given folder, or the bundle unpacked.
+if [[ -n ${GPU_CHECK_BIN:-} ]]; then
+    bin=$GPU_CHECK_BIN
+else
+    bin=$work/bundle/bin
+    if [[ -f $root/.carry/gpu-bundle.tgz ]]; then
+        lib=$(bash "$root/scripts/gpu-bundle.sh" unpack "$work/bundle")
+        export LD_LIBRARY_PATH=$lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+    else
+        fail "bundle: .carry/gpu-bundle.tgz missing (run scripts/gpu-bundle.sh pack here, carry .carry/gpu-bundle.tgz)"
+    fi
+fi
+export LATHE_SOURCE_DIR=$root
+lathe=$bin/lathe
+
+have() {
+    [[ -x $bin/$1 ]] && return 0
+    fail "$1: binary missing from $bin"
+    return 1
+}
+
+# A JSON field of the last line of FILE that is a JSON object ("" when absent or null).
+json_field() {
+    python3 - "$1" "$2" <<'EOF'
+import json, sys
+obj = None
+for line in open(sys.argv[1], errors="replace"):
+    line = line.strip()
+    if line.startswith("{"):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            pass
+v = None if obj is None else obj.get(sys.argv[2])
+print("" if v is None else v)
+EOF
+}
+
+part_doctor() {
+    have lathe || return
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm \
+        --format=csv >"$out/doctor.txt" 2>&1
+    "$lathe" doctor >>"$out/doctor.txt" 2>&1
+    timeout "$(limit 120)" "$lathe" doctor --json >"$out/doctor.json" 2>>"$out/doctor.txt"
+    local rc=$? status
+    status=$(json_field "$out/doctor.json" status)
+    if [[ $rc -eq 0 && $status == gpu_ready ]]; then
+        pass "doctor gpu_ready"
+    else
+        fail "doctor: exit $rc, status '${status:-none}' ($(json_field "$out/doctor.json" verdict))"
+    fi
+}
+
+# One GoogleTest binary: PASS only when it exited 0 and every test it ran passed, none skipped.
+gtest_verdict() {
+    local t=$1 log=$2 rc=$3 ran passed failed skipped
+    ran=$(sed -n 's/^\[==========\] \([0-9]*\) tests\? from .* ran\..*/\1/p' "$log" | tail -1)
+    passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$log" | tail -1)
+    failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) tests\?, listed below.*/\1/p' "$log" | tail -1)
+    skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\?, listed below.*/\1/p' "$log" | tail -1)
+    failed=${failed:-0} skipped=${skipped:-0}
+    if [[ -z $ran ]]; then
+        local why="exit $rc"
+        ((rc == 124)) && why="timed out"
+        fail "$t: no summary ($why; last line: $(tail -1 "$log" | cut -c1-160))"
+    elif [[ $rc -eq 0 && ${passed:-0} -eq $ran && $ran -gt 0 && $failed -eq 0 && $skipped -eq 0 ]]; then
+        pass "$t $passed/$ran"
+    else
+        local names
+        names=$(grep -E '^\[  (FAILED|SKIPPED) +\] [A-Za-z]' "$log" | sed 's/^\[ *[A-Z]* *\] //; s/ (.*//' |
+            sort -u | head -5 | tr '\n' ' ')
+        fail "$t ${passed:-0}/$ran (exit $rc, $failed failed, $skipped skipped: ${names% })"
+    fi
+}
+
+part_tests() {
+    local t rc
+    for t in ops_gpu_tests model_gpu_tests align_gpu_tests; do
+        have "$t" || continue
+        timeout "$(limit 300)" "$bin/$t" >"$out/tests_$t.txt" 2>&1
+        rc=$?
+        echo "rc=$rc" >>"$out/tests_$t.txt"
+        gtest_verdict "$t" "$out/tests_$t.txt" "$rc"
+    done
+}
+
+# name|arguments of lathe bench: the training shapes and their variants.
+bench_rows=(
+    "gpt2|--model gpt2-124m --vocab-size 50304 --batch 32 --seq 1024 --steps 20"
+    "llama|--model llama-1b --batch 8 --seq 2048 --steps 10"
+    "gpt2_nondet|--model gpt2-124m --vocab-size 50304 --batch 32 --seq 1024 --steps 20 --nondeterministic"
+    "llama_nondet|--model llama-1b --batch 8 --seq 2048 --steps 10 --nondeterministic"
+    "gpt2_selective|--model gpt2-124m --vocab-size 50304 --batch 32 --seq 1024 --steps 10 --recompute selective"
+    "llama_selective|--model llama-1b --batch 8 --seq 2048 --steps 5 --recompute selective"
+    "gpt2_full|--model gpt2-124m --vocab-size 50304 --batch 32 --seq 1024 --steps 5 --recompute full"
+    "llama_full|--model llama-1b --batch 8 --seq 2048 --steps 5 --recompute full"
+)
+# The memory plan printed before step 1 against the measured peak: |peak / plan - 1| <= 5%.
+plan_tolerance=0.05
+
+part_bench() {
+    have lathe || return
+    local row name args log tps err ok=0 errs=()
+    for row in "${bench_rows[@]}"; do
+        name=${row%%|*} args=${row#*|}
+        log=$out/bench_$name.txt
+        # shellcheck disable=SC2086  # args are words
+        timeout "$(limit 150)" "$lathe" bench $args --device cuda >"$log" 2>&1
+        echo "rc=$?" >>"$log"
+        tps=$(json_field "$log" tokens_per_s)
+        err=$(json_field "$log" plan_error)
+        if [[ -z $tps ]]; then
+            fail "bench $name: no tokens_per_s (last line: $(grep -v '^rc=' "$log" | tail -1 | cut -c1-160); $(tail -1 "$log"))"
+        elif [[ -z $err ]]; then
+            fail "bench $name: no plan_error (measured peak against the plan) in its JSON line"
+        elif ! python3 -c "import sys; sys.exit(0 if abs(float('$err')) <= $plan_tolerance else 1)"; then
+            fail "bench $name: the plan is off the measured peak by $(printf '%+.1f' "$(python3 -c "print(100 * float('$err'))")")% (allowed +-5%; positive: the plan is short)"
+        else
+            ok=$((ok + 1))
+            errs+=("$err")
+        fi
+    done
+    if ((ok == ${#bench_rows[@]})); then
+        pass "bench ${ok}/${#bench_rows[@]} rows, plan error $(python3 -c "import sys; e=[100*float(x) for x in sys.argv[1:]]; print(f'{min(e):+.1f}..{max(e):+.1f}%')" "${errs[@]}")"
+    fi
+}
+
+# The resume part's training data: the repository's own Markdown (it travels with the tree), one
+# JSONL document per paragraph, a byte-level BPE of 512 tokens trained on it, prepared with EOD.
+resume_data() {
+    local d=$1
+    mkdir -p "$d"
+    python3 - "$d/corpus.jsonl" README.md docs/*.md docs/formats/*.md <<'EOF' || return 1
+import json, sys
+with open(sys.argv[1], "w") as out:
+    for path in sys.argv[2:]:
+        for block in open(path, encoding="utf-8", errors="replace").read().split("\n\n"):
+            if block.strip():
+                out.write(json.dumps({"text": block.strip()}) + "\n")
+EOF
+    "$lathe" tokenizer train --vocab-size 512 --special-tokens '<|endoftext|>' \
+        --input "$d/corpus.jsonl" --output "$d/tokenizer.json" >>"$out/resume.txt" 2>&1 || return 1
+    "$lathe" prepare --tokenizer "$d/tokenizer.json" --input "$d/corpus.jsonl" \
+        --output-prefix "$d/docs" --append-eod >>"$out/resume.txt" 2>&1
+}
+
+# The newest complete checkpoint's step in RUN (0: none), and the last logged step.
+newest_checkpoint() {
+    local c newest=0 n
+    for c in "$1"/checkpoints/step-*; do
+        n=${c##*/step-}
+        [[ $n =~ ^[0-9]+$ ]] && ((10#$n > newest)) && newest=$((10#$n))
+    done
+    echo "$newest"
+}
+last_logged_step() {
+    local line
+    line=$(grep '}$' "$1/metrics.jsonl" 2>/dev/null | tail -1)
+    [[ $line =~ \"step\":\ ?([0-9]+) ]] && echo "${BASH_REMATCH[1]}" || echo 0
+}
+
+part_resume() {
+    have lathe || return
+    local d=$work/resume steps=300 every=20
+    : >"$out/resume.txt"
+    if ! resume_data "$d/data"; then
+        fail "resume: could not make the training data (resume.txt)"
+        return
+    fi
+    # shellcheck disable=SC2206  # the extra sets are words
+    local cmd=(train configs/tiny.yaml
+        --set "data.path=$d/data/docs" --set "data.tokenizer=$d/data/tokenizer.json"
+        --set 'data.split=90,10,0' --set "train.device=$device"
+        --set "train.steps=$steps" --set train.gradient_accumulation_steps=2
+        --set train.log_interval=1 --set train.eval_interval=50 --set train.eval_iters=2
+        --set "checkpoint.interval=$every" --set checkpoint.keep_last=2
+        ${GPU_CHECK_RESUME_SETS:-})
+    if ! timeout "$(limit 120)" "$lathe" "${cmd[@]}" --run-dir "$d/reference" >>"$out/resume.txt" 2>&1; then
+        fail "resume: the reference run failed (resume.txt)"
+        return
+    fi
+    # Two kills: after the first checkpoint, then after the third (of the resumed run).
+    local run=$d/killed target pid ckpt at rc kills=()
+    for target in $every $((3 * every)); do
+        "$lathe" "${cmd[@]}" --run-dir "$run" >>"$out/resume.txt" 2>&1 &
+        pid=$!
+        local stop=$(($(limit 120) + SECONDS))
+        # Kill once a checkpoint at or past the target is complete and a later step was logged,
+        # so the kill throws away logged steps the rerun must redo.
+        while kill -0 "$pid" 2>/dev/null && ((SECONDS < stop)); do
+            ckpt=$(newest_checkpoint "$run")
+            if ((ckpt >= target)) && (($(last_logged_step "$run") > ckpt)); then
+                kill -KILL "$pid"
+                break
+            fi
+            sleep 0.01
+        done
+        wait "$pid" 2>/dev/null
+        rc=$?
+        at=$(last_logged_step "$run")
+        ckpt=$(newest_checkpoint "$run")
+        echo "resume: exit $rc after logged step $at, newest checkpoint $ckpt" >>"$out/resume.txt"
+        if ((rc != 137 || ckpt < target || ckpt >= steps || at <= ckpt)); then
+            fail "resume: the run was not SIGKILLed between checkpoint $target and the end (exit $rc, logged step $at, newest checkpoint $ckpt): nothing was tested"
+            return
+        fi
+        kills+=("$at/$ckpt")
+    done
+    if ! timeout "$(limit 120)" "$lathe" "${cmd[@]}" --run-dir "$run" >>"$out/resume.txt" 2>&1; then
+        fail "resume: the restarted run failed (resume.txt)"
+        return
+    fi
+    local diff
+    diff=$(python3 - "$d/reference/metrics.jsonl" "$run/metrics.jsonl" <<'EOF'
+import json, sys
+def lines(path):
+    out = []
+    for line in open(path):
+        j = json.loads(line)
+        j.pop("tokens_per_s", None)  # timing, not a result
+        out.append(j)
+    return out
+a, b = lines(sys.argv[1]), lines(sys.argv[2])
+if len(a) != len(b):
+    print(f"{len(b)} metrics lines against the reference's {len(a)}")
+for x, y in zip(a, b):
+    if x != y:
+        print(f"first difference: {json.dumps(y)} against {json.dumps(x)}")
+        break
+else:
+    if len(a) == len(b):
+        print("equal")
+EOF
+)
+    local final
+    final=$(printf 'step-%08d' "$steps")
+    local files=0 differ=()
+    for f in "$d/reference/checkpoints/$final"/*; do
+        files=$((files + 1))
+        cmp -s "$f" "$run/checkpoints/$final/$(basename "$f")" || differ+=("$(basename "$f")")
+    done
+    if [[ ! -d $d/reference/checkpoints/$final ]]; then
+        fail "resume: the reference run has no $final"
+    elif [[ $diff != equal ]]; then
+        fail "resume: metrics.jsonl differs from the uninterrupted run's: ${diff:-not compared}"
+    elif ((${#differ[@]})); then
+        fail "resume: $final differs from the uninterrupted run's in ${differ[*]}"
+    else
+        pass "resume exact on $device (killed after step/checkpoint ${kills[*]}; $(wc -l <"$run/metrics.jsonl") metrics lines, $files checkpoint files equal)"
+    fi
+}
+
+part_baseline() {
+    if [[ ! -f .carry/bench/torch_baseline.py ]]; then
+        fail "baseline: .carry/bench/torch_baseline.py missing (cp ../shared/bench/torch_baseline.py .carry/bench/)"
+        return
+    fi
+    timeout "$(limit 400)" python3 .carry/bench/torch_baseline.py gpt2 llama1b >"$out/baseline.txt" 2>&1
+    local rc=$?
+    echo "rc=$rc" >>"$out/baseline.txt"
+    ((rc == 0)) && pass "baseline" || fail "baseline: exit $rc"
+}
+
+part_profile() {
+    have lathe || return
+    local m name rc
+    for m in "gpt2-124m --vocab-size 50304 --batch 32 --seq 1024" "llama-1b --batch 8 --seq 2048"; do
+        name=${m%% *}
+        # shellcheck disable=SC2086
+        timeout "$(limit 200)" ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+            --log-file "$out/profile_$name.csv" "$lathe" bench --model $m --steps 1 \
+            --warmup 0 >"$out/profile_$name.txt" 2>&1
+        rc=$?
+        echo "rc=$rc" >>"$out/profile_$name.txt"
+        python3 scripts/ncu-summary.py "$out/profile_$name.csv" 25 >"$out/profile_${name}_top.txt" 2>&1
+        ((rc == 0)) && pass "profile $name" || fail "profile $name: exit $rc"
+    done
+}
+
+part_curve() {
+    have lathe || return
+    if [[ ! -f .carry/train/gcide.idx ]]; then
+        fail "curve: .carry/train/{gcide.bin,gcide.idx,tokenizer.json} missing"
+        return
+    fi
+    rm -f .carry/train/*indexmap*
+    local dev rc
+    for dev in cuda cpu; do
+        timeout "$(limit 240)" "$lathe" train configs/tiny.yaml --run-dir "$work/curve-$dev" \
+            --set data.path=.carry/train/gcide --set data.tokenizer=.carry/train/tokenizer.json \
+            --set train.device=$dev --set train.steps=200 --set train.eval_interval=50 \
+            --set checkpoint.interval=0 >"$out/curve_$dev.txt" 2>&1
+        rc=$?
+        echo "rc=$rc" >>"$out/curve_$dev.txt"
+        cp "$work/curve-$dev/metrics.jsonl" "$out/curve_$dev.jsonl" 2>/dev/null
+        ((rc == 0)) && pass "curve $dev" || fail "curve $dev: exit $rc"
+    done
+}
+
+for part in "${parts[@]}"; do
     case $part in
-        doctor)
-            nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm \
-                --format=csv >"$out/doctor.txt" 2>&1
-            "$bin/lathe" doctor >>"$out/doctor.txt" 2>&1
-            echo "rc=$?" >>"$out/doctor.txt"
+        doctor | tests | bench | resume | baseline | profile | curve)
+            if ((SECONDS >= deadline)); then
+                fail "$part: not run (the check's ${GPU_CHECK_BUDGET:-540} s were spent)"
+            else
+                "part_$part"
+            fi
             ;;
-        tests)
-            for t in ops_gpu_tests model_gpu_tests align_gpu_tests; do
-                [[ -x $bin/$t ]] || continue
-                timeout 300 "$bin/$t" >"$out/tests_$t.txt" 2>&1
-                echo "rc=$?" >>"$out/tests_$t.txt"
-            done
-            ;;
-        bench)
-            timeout 150 "$bin/lathe" bench --model gpt2-124m --vocab-size 50304 --batch 32 --seq 1024 \
-                --steps 20 >"$out/bench_gpt2.txt" 2>&1
-            timeout 150 "$bin/lathe" bench --model llama-1b --batch 8 --seq 2048 --steps 10 \
-                >"$out/bench_llama.txt" 2>&1
-            # The same with the nondeterministic attention backward (PyTorch's flash kind).
-            timeout 150 "$bin/lathe" bench --model gpt2-124m --vocab-size 50304 --batch 32 --seq 1024 \
-                --steps 20 --nondeterministic >"$out/bench_gpt2_nondet.txt" 2>&1
-            timeout 150 "$bin/lathe" bench --model llama-1b --batch 8 --seq 2048 --steps 10 \
-                --nondeterministic >"$out/bench_llama_nondet.txt" 2>&1
-            for r in selective; do
-                timeout 150 "$bin/lathe" bench --model llama-1b --batch 8 --seq 2048 --steps 10 \
-                    --recompute $r >"$out/bench_llama_recompute_$r.txt" 2>&1
-            done
-            timeout 150 "$bin/lathe" bench --model gpt2-124m --vocab-size 50304 --batch 32 --seq 1024 \
-                --steps 20 --recompute selective >"$out/bench_gpt2_recompute_selective.txt" 2>&1
-            ;;
-        profile)
-            # Kernel times of one GPT-2 and one Llama-1B step (ncu, clocks left alone).
-            for m in "gpt2-124m --vocab-size 50304 --batch 32 --seq 1024" "llama-1b --batch 8 --seq 2048"; do
-                name=${m%% *}
-                timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-                    --log-file "$out/profile_$name.csv" "$bin/lathe" bench --model $m --steps 1 \
-                    --warmup 0 >"$out/profile_$name.txt" 2>&1
-                echo "rc=$?" >>"$out/profile_$name.txt"
-                python3 scripts/ncu-summary.py "$out/profile_$name.csv" 25 >"$out/profile_${name}_top.txt" 2>&1
-            done
-            ;;
-        baseline)
-            timeout 400 python3 .carry/bench/torch_baseline.py gpt2 llama1b >"$out/baseline.txt" 2>&1
-            echo "rc=$?" >>"$out/baseline.txt"
-            ;;
-        curve)
-            rm -f .carry/train/*indexmap*
-            for dev in cuda cpu; do
-                timeout 240 "$bin/lathe" train configs/tiny.yaml --run-dir "$dir/curve-$dev" \
-                    --set data.path=.carry/train/gcide --set data.tokenizer=.carry/train/tokenizer.json \
-                    --set train.device=$dev --set train.steps=200 --set train.eval_interval=50 \
-                    --set checkpoint.interval=0 >"$out/curve_$dev.txt" 2>&1
-                echo "rc=$?" >>"$out/curve_$dev.txt"
-                cp "$dir/curve-$dev/metrics.jsonl" "$out/curve_$dev.jsonl" 2>/dev/null
-            done
-            ;;
-        *) echo "gpu-check: unknown part '$part'" >&2 ;;
+        *) fail "unknown part '$part' (doctor tests bench resume baseline profile curve)" ;;
     esac
 done
 
-echo "== summary"
+echo "== logs"
 for f in "$out"/*.txt; do
+    [[ -e $f ]] || continue
     echo "-- $(basename "$f")"
     case $f in
         *_top.txt) cut -c1-140 "$f" ;;
-        *) grep -E "^rc=|PASSED|FAILED|ready|tokens_per_s|\[gpu|\[fusion\]|gemm: cuBLASLt|gpt2_124M|llama_1B|step 200/|validation" "$f" |
+        *) grep -E "^rc=|PASSED|FAILED|SKIPPED|ready|tokens_per_s|\[gpu|\[fusion\]|gemm: cuBLASLt|gpt2_124M|llama_1B|resume:|validation" "$f" |
             cut -c1-400 | tail -40 ;;
     esac
 done
+
+# The verdict: every check's summary, failures first.
+failed=() passed=()
+for r in "${results[@]}"; do
+    case $r in
+        FAIL\|*) failed+=("${r#FAIL|}") ;;
+        *) passed+=("${r#PASS|}") ;;
+    esac
+done
+join() {
+    local s="" x
+    for x in "$@"; do s+="${s:+, }$x"; done
+    echo "$s"
+}
+if ((${#failed[@]} == 0 && ${#passed[@]} > 0)); then
+    verdict="gpu-check: PASS ($(join "${passed[@]}"))"
+    status=0
+else
+    ((${#failed[@]})) || failed=("nothing was checked")
+    verdict="gpu-check: FAIL ($(join "${failed[@]}"); passed: $(join "${passed[@]}"))"
+    status=1
+fi
+echo "$verdict" >"$out/verdict.txt"
+cp "$out/verdict.txt" "$final_out/verdict.txt"
 tar czf "$final_out/gpu-check.tgz" -C "$out" .
+rm -rf "$work"
+echo "$verdict"
+exit $status

@@ -1,0 +1,175 @@
+"""scripts/gpu-check.sh's verdict, checked off the GPU machine.
+
+The script's parts run the binaries of GPU_CHECK_BIN; here that folder holds shell stand-ins
+(GoogleTest binaries that pass, fail, skip or crash; a `lathe` whose doctor and bench print what a
+case needs), so every way the check must fail is shown to exit non-zero with one FAIL verdict
+line naming the cause. The resume part runs the real lathe on the CPU (a smaller model), where it
+must find the SIGKILLed-and-restarted run bit-identical to the uninterrupted one, and must fail
+when the restarted run trains differently.
+"""
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gpu-check.sh"
+LATHE = os.environ.get("LATHE_BIN", str(ROOT / "build" / "lathe"))
+
+GTEST_STUB = r"""#!/usr/bin/env bash
+case ${STUB_%(var)s:-pass} in
+  pass) printf '[==========] 3 tests from 1 test suite ran. (5 ms total)\n[  PASSED  ] 3 tests.\n' ;;
+  fail) printf '[  FAILED  ] Suite.Broken (1 ms)\n[==========] 3 tests from 1 test suite ran. (5 ms total)\n'
+        printf '[  PASSED  ] 2 tests.\n[  FAILED  ] 1 test, listed below:\n[  FAILED  ] Suite.Broken\n\n 1 FAILED TEST\n'
+        exit 1 ;;
+  skip) printf '[  SKIPPED ] Suite.Skipped (0 ms)\n[==========] 3 tests from 1 test suite ran. (5 ms total)\n'
+        printf '[  PASSED  ] 2 tests.\n[  SKIPPED ] 1 test, listed below:\n[  SKIPPED ] Suite.Skipped\n' ;;
+  crash) printf '[ RUN      ] Suite.Crashes\nSegmentation fault\n'; exit 139 ;;
+  none) printf '[==========] 0 tests from 0 test suites ran. (0 ms total)\n[  PASSED  ] 0 tests.\n' ;;
+esac
+"""
+
+# doctor and bench answer as the case asks; train/tokenizer/prepare go to the real lathe, and
+# STUB_RESUME_LR changes the learning rate of every run that resumes from a checkpoint.
+LATHE_STUB = r"""#!/usr/bin/env bash
+case $1 in
+  doctor)
+    if [[ ${2:-} == --json ]]; then
+      echo "{\"status\": \"${STUB_DOCTOR:-gpu_ready}\", \"verdict\": \"stub verdict\"}"
+    else
+      echo "stub doctor"
+    fi ;;
+  bench)
+    args="$*"
+    if [[ -n ${STUB_BENCH_DROP:-} && $args == *"$STUB_BENCH_DROP"* ]]; then
+      echo "lathe: error: stub bench fails here" >&2; exit 1
+    fi
+    echo "plan table on stderr" >&2
+    if [[ ${STUB_BENCH_NO_PLAN:-} == 1 ]]; then
+      echo '{"model": "stub", "tokens_per_s": 1000.0}'
+    else
+      echo "{\"model\": \"stub\", \"tokens_per_s\": 1000.0, \"plan_error\": ${STUB_PLAN_ERROR:-0.004}}"
+    fi ;;
+  train)
+    extra=()
+    for ((i = 1; i <= $#; i++)); do
+      if [[ ${!i} == --run-dir ]]; then j=$((i + 1)); run=${!j}; fi
+    done
+    if [[ -n ${STUB_RESUME_LR:-} && -d $run/checkpoints ]] && compgen -G "$run/checkpoints/step-*" >/dev/null; then
+      extra=(--set "optimizer.lr=$STUB_RESUME_LR")
+    fi
+    exec "$REAL_LATHE" "$@" "${extra[@]}" ;;
+  *) exec "$REAL_LATHE" "$@" ;;
+esac
+"""
+
+# A model small enough for the CPU; the resume part's other settings stay as the GPU runs them.
+SMALL = ("--set model.hidden_size=32 --set model.intermediate_size=64 --set model.num_hidden_layers=2 "
+         "--set model.num_attention_heads=2 --set model.num_key_value_heads=1 "
+         "--set data.seq_length=32 --set train.micro_batch_size=4 --set train.threads=2")
+
+
+def write_exe(path, text):
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+@pytest.fixture
+def stub_bin(tmp_path):
+    b = tmp_path / "bin"
+    b.mkdir()
+    for t in ("ops_gpu_tests", "model_gpu_tests", "align_gpu_tests"):
+        write_exe(b / t, GTEST_STUB % {"var": t.upper()})
+    write_exe(b / "lathe", LATHE_STUB)
+    return b
+
+
+def check(stub_bin, tmp_path, *parts, **env):
+    e = dict(os.environ, GPU_CHECK_BIN=str(stub_bin), REAL_LATHE=LATHE, GPU_CHECK_BUDGET="600")
+    e.update({k: str(v) for k, v in env.items()})
+    out = tmp_path / "out"
+    p = subprocess.run(["bash", str(SCRIPT), str(out), *parts], capture_output=True, text=True,
+                       env=e, timeout=600)
+    lines = p.stdout.strip().splitlines()
+    verdict = lines[-1] if lines else ""
+    # One verdict line, also in OUT, with the logs archived beside it.
+    assert verdict.startswith("gpu-check: "), p.stdout + p.stderr
+    assert (out / "verdict.txt").read_text().strip() == verdict
+    assert (out / "gpu-check.tgz").stat().st_size > 0
+    return p.returncode, verdict, p.stdout
+
+
+def test_all_passing_parts_pass(stub_bin, tmp_path):
+    rc, verdict, _ = check(stub_bin, tmp_path, "doctor", "tests", "bench")
+    assert rc == 0, verdict
+    assert verdict == ("gpu-check: PASS (doctor gpu_ready, ops_gpu_tests 3/3, model_gpu_tests 3/3, "
+                       "align_gpu_tests 3/3, bench 8/8 rows, plan error +0.4..+0.4%)")
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"STUB_OPS_GPU_TESTS": "fail"}, "ops_gpu_tests 2/3 (exit 1, 1 failed, 0 skipped: Suite.Broken)"),
+    ({"STUB_MODEL_GPU_TESTS": "skip"}, "model_gpu_tests 2/3 (exit 0, 0 failed, 1 skipped: Suite.Skipped)"),
+    ({"STUB_ALIGN_GPU_TESTS": "crash"}, "align_gpu_tests: no summary (exit 139"),
+    ({"STUB_ALIGN_GPU_TESTS": "none"}, "align_gpu_tests 0/0"),
+    ({"STUB_DOCTOR": "not_ready"}, "doctor: exit 0, status 'not_ready'"),
+    ({"STUB_BENCH_DROP": "--recompute full"}, "bench gpt2_full: no tokens_per_s"),
+    ({"STUB_BENCH_NO_PLAN": "1"}, "bench gpt2: no plan_error"),
+    ({"STUB_PLAN_ERROR": "0.051"}, "bench gpt2: the plan is off the measured peak by +5.1%"),
+    ({"STUB_PLAN_ERROR": "-0.06"}, "bench llama: the plan is off the measured peak by -6.0%"),
+])
+def test_each_failure_fails_the_check(stub_bin, tmp_path, env, needle):
+    rc, verdict, _ = check(stub_bin, tmp_path, "doctor", "tests", "bench", **env)
+    assert rc == 1
+    assert verdict.startswith("gpu-check: FAIL (")
+    assert needle in verdict
+
+
+def test_a_missing_binary_fails(stub_bin, tmp_path):
+    (stub_bin / "model_gpu_tests").unlink()
+    rc, verdict, _ = check(stub_bin, tmp_path, "tests")
+    assert rc == 1
+    assert "model_gpu_tests: binary missing" in verdict
+    assert "ops_gpu_tests 3/3" in verdict  # the others still ran
+
+
+def test_unknown_part_and_nothing_checked_fail(stub_bin, tmp_path):
+    rc, verdict, _ = check(stub_bin, tmp_path, "tests", "benhc")
+    assert rc == 1 and "unknown part 'benhc'" in verdict
+    rc, verdict, _ = check(stub_bin, tmp_path, "tests", GPU_CHECK_BUDGET="0")
+    assert rc == 1 and "tests: not run" in verdict
+
+
+def test_no_bundle_fails(tmp_path):
+    # Without GPU_CHECK_BIN the script unpacks .carry/gpu-bundle.tgz; point it at a tree without one.
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    for s in ("gpu-check.sh", "gpu-bundle.sh"):
+        (tree / "scripts" / s).write_bytes((ROOT / "scripts" / s).read_bytes())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
+    p = subprocess.run(["bash", str(tree / "scripts" / "gpu-check.sh"), str(tmp_path / "out"), "tests"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 1
+    verdict = p.stdout.strip().splitlines()[-1]
+    assert "bundle: .carry/gpu-bundle.tgz missing" in verdict
+    assert "ops_gpu_tests: binary missing" in verdict
+
+
+needs_lathe = pytest.mark.skipif(not os.access(LATHE, os.X_OK), reason=f"no lathe binary at {LATHE}")
+
+
+@needs_lathe
+def test_resume_part_passes_on_an_exact_resume(stub_bin, tmp_path):
+    rc, verdict, stdout = check(stub_bin, tmp_path, "resume", GPU_CHECK_DEVICE="cpu",
+                                GPU_CHECK_RESUME_SETS=SMALL)
+    assert rc == 0, stdout
+    assert verdict.startswith("gpu-check: PASS (resume exact on cpu (killed after step/checkpoint ")
+
+
+@needs_lathe
+def test_resume_part_fails_when_the_restart_trains_differently(stub_bin, tmp_path):
+    rc, verdict, stdout = check(stub_bin, tmp_path, "resume", GPU_CHECK_DEVICE="cpu",
+                                GPU_CHECK_RESUME_SETS=SMALL, STUB_RESUME_LR="1.0e-3")
+    assert rc == 1, stdout
+    assert verdict.startswith("gpu-check: FAIL (resume: ")
