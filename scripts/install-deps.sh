@@ -12,7 +12,9 @@ DEB_PACKAGES=(
   dict-gcide dict-foldoc dict-freedict-deu-eng dict-freedict-fra-eng dict-freedict-jpn-eng
   dict-freedict-eng-rus dict-freedict-ara-eng dict-freedict-eng-hin dict-freedict-ell-eng
 )
-PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard transformers)
+# torch: transformers' model classes need it, and the runtime-parity tests load lathe's converted
+# checkpoints with them (tests/test_convert.py, tests/test_align_map_apply.py).
+PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard transformers torch)
 
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
@@ -26,10 +28,14 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-py_missing=()
-for p in "${PY_PACKAGES[@]}"; do
-  python3 -c "import ${p}" 2>/dev/null || py_missing+=("$p")
-done
+# One interpreter looks for every module (importing torch alone takes seconds).
+mapfile -t py_missing < <(python3 - "${PY_PACKAGES[@]}" <<'PY'
+import importlib.util, sys
+for name in sys.argv[1:]:
+    if importlib.util.find_spec(name) is None:
+        print(name)
+PY
+)
 if ((${#py_missing[@]})); then
   echo "install-deps: pip install ${py_missing[*]}"
   python3 -m pip install -q "${py_missing[@]}" 2>/dev/null ||

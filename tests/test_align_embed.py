@@ -27,8 +27,14 @@ SHARED = Path(os.environ.get("LATHE_SHARED_DIR", Path(__file__).resolve().parent
 GPT2 = SHARED / "tokenizers" / "gpt2.json"
 GCIDE = Path("/usr/share/dictd/gcide.dict.dz")
 
-pytestmark = pytest.mark.skipif(not (GCIDE.exists() and GPT2.exists()),
-                                reason="needs dict-gcide and ../shared/tokenizers/gpt2.json")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def required_data():
+    """dict-gcide and ../shared/tokenizers/gpt2.json are required test data: a missing file fails
+    every test here, naming it."""
+    for path in (GCIDE, GPT2):
+        assert path.exists(), f"{path} is missing (../shared, or dict-gcide: scripts/install-deps.sh)"
 
 COLOURS = [" red", " blue", " green", " yellow", " white", " black", " brown"]
 NUMBERS = [" two", " three", " four", " five", " six", " seven", " eight"]

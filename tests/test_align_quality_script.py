@@ -1,11 +1,10 @@
-"""bench/align_quality.sh, issue 6's quality study (docs/ALIGN.md "Quality"), kept working in CI.
+"""bench/align_quality.sh, the quality study of docs/ALIGN.md ("Quality"), kept working in CI.
 
 What is checked:
   * `--tiny` on a 1 MiB slice of GCIDE runs every step of the study on the CPU (source model,
-    medical tokenizer, both targets, the four initialisations, the align + FVT hybrid and, when
-    the binary's `align apply` has --align-weight, the four default blends (else the script must
-    say it skips them and show no blend column), both fine-tuning stages from the --finetune-init
-    init (blend-0.5-0.5 when blends exist, else align) and from the FVT init) and its
+    medical tokenizer, both targets, the four initialisations, the align + FVT hybrid, the four
+    default blends (`align apply --align-weight`, which the binary must have), both fine-tuning
+    stages from the --finetune-init init (blend-0.5-0.5) and from the FVT init) and its
     results table has every cell filled: results.json holds a finite bits-per-byte number for
     every (target, held-out set, column), results.md no "—"; the models really differ (the
     random, mean, FVT and align rows give four different numbers per target, and each blend,
@@ -33,9 +32,13 @@ PUBMED = SHARED / "corpora" / "pubmedqa_ori_pqal.json"
 TOKENIZERS = SHARED / "tokenizers"
 GCIDE = Path("/usr/share/dictd/gcide.dict.dz")
 
-pytestmark = pytest.mark.skipif(
-    not (PUBMED.exists() and GCIDE.exists() and (TOKENIZERS / "qwen3.json").exists()),
-    reason="needs PubMedQA, the tokenizers of ../shared and dict-gcide")
+
+@pytest.fixture(scope="module", autouse=True)
+def required_data():
+    """PubMedQA and the tokenizers of ../shared and dict-gcide are required test data: a missing
+    file fails every test here, naming it."""
+    for path in (PUBMED, GCIDE, TOKENIZERS / "qwen3.json", TOKENIZERS / "gpt-neox-20b.json"):
+        assert path.exists(), f"{path} is missing (../shared, or dict-gcide: scripts/install-deps.sh)"
 
 
 def study(out, *extra):
@@ -49,26 +52,26 @@ def study(out, *extra):
     return p.stdout, p.stderr
 
 
-def blends_supported():
-    """Whether this lathe's `align apply` takes --align-weight (the script skips blends if not)."""
+def test_align_apply_takes_the_blend_weights():
+    """The study's blends need `align apply --align-weight` and `--align-head-weight`."""
     p = subprocess.run([LATHE, "align", "apply", "--help"], capture_output=True, text=True)
-    return "--align-weight" in p.stdout + p.stderr
+    assert p.returncode == 0, p.stderr
+    for option in ("--align-weight", "--align-head-weight"):
+        assert option in p.stdout + p.stderr, f"lathe align apply has no {option}:\n{p.stdout}"
 
 
 def test_tiny_study_fills_every_cell_and_resumes(tmp_path):
     out = tmp_path / "q"
-    blends = blends_supported()
-    ft = "blend-0.5-0.5" if blends else "align"
+    ft = "blend-0.5-0.5"
     args = ("--finetune-fvt", "--finetune-init", ft)
     stdout, err = study(out, *args)
     res = json.loads((out / "results.json").read_text())
-    blend_cols = ["blend 0.5/0.5", "blend 1/0", "blend 0.5/0", "blend 0/1"] if blends else []
+    blend_cols = ["blend 0.5/0.5", "blend 1/0", "blend 0.5/0", "blend 0/1"]
     cols = ["random rows", "mean rows", "FVT", "TokAlign gather", "align + FVT below q0.5",
             *blend_cols, f"after stage 1 ({ft})", f"after stage 2 ({ft})",
             "FVT + stage 1", "FVT + stage 2"]
     inits = cols[:5 + len(blend_cols)]
-    if not blends:
-        assert "has no --align-weight" in err and "skipping --blends" in err, err[-3000:]
+    assert "skipping --blends" not in err, err[-3000:]
     assert set(res["targets"]) == {"qwen3", "medical"}
     for held in ("medical", "gcide"):
         assert math.isfinite(res["source"][held]) and res["source"][held] > 0

@@ -28,7 +28,14 @@ SHARED = Path(os.environ.get("LATHE_SHARED_DIR", Path(__file__).resolve().parent
 PUBMED = SHARED / "corpora" / "pubmedqa_ori_pqal.json"
 GCIDE = Path("/usr/share/dictd/gcide.dict.dz")
 
-pytestmark = pytest.mark.skipif(not PUBMED.exists(), reason=f"{PUBMED} is missing")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def required_data():
+    """PubMedQA of ../shared and dict-gcide are required test data: a missing file fails every
+    test here, naming it."""
+    for path in (PUBMED, GCIDE):
+        assert path.exists(), f"{path} is missing (../shared, or dict-gcide: scripts/install-deps.sh)"
 
 
 def lathe(*args, check=True):
@@ -46,8 +53,6 @@ def pubmed_docs():
 
 def gcide_blocks(start, size):
     """Blank-line-separated blocks of GCIDE text from decompressed offset `start`."""
-    if not GCIDE.exists():
-        return []
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     out = bytearray()
     with open(GCIDE, "rb") as f:
@@ -190,7 +195,6 @@ def byte_level_bpe(vocab_size, texts):
 MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
 
 
-@pytest.mark.skipif(not (MODELS / "llama").exists(), reason="model fixtures missing")
 def test_align_run_every_stage_then_nothing(tmp_path):
     """`lathe align run` on a tiny setup: the llama fixture (256 rows) with a 256-byte source
     tokenizer, 300 PubMedQA abstracts. Every stage runs once; a second run skips them all."""

@@ -12,7 +12,7 @@ Checked here, through the `lathe` binary:
   - `lathe train` starts from a converted checkpoint in both init modes, and its run folder
     converts back to Hugging Face;
   - errors name the tensor and exit non-zero, and leave no output behind.
-With torch and transformers importable (not in CI; locally with a venv that has them), also:
+With torch and transformers (required test dependencies, installed by scripts/install-deps.sh):
   - transformers' from_pretrained loads lathe's HF output (f32 and bf16) and reproduces the
     reference logits; lathe's bf16 weights equal torch's `.to(torch.bfloat16)` of the originals;
     AutoTokenizer loads the converted tokenizer and renders the chat template as the original.
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import transformers
 
 LATHE = os.environ.get("LATHE_BIN", "build/lathe")
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,6 +165,7 @@ def test_narrowing_special_values_like_torch(tmp_path):
     values = np.resize(SPECIAL_F32, tensors[name][1])
     tensors[name] = ("F32", tensors[name][1], values.tobytes())
     src = write_tensors(tmp_path / "special", tensors, MODELS / "gpt2" / "config.json")
+    import torch
     for dtype in ("bf16", "fp16"):
         out = convert(src, tmp_path / dtype, "hf", "--dtype", dtype)
         got = as_array(read_checkpoint(tmp_path / dtype)[name]).view(np.uint16)
@@ -171,10 +173,6 @@ def test_narrowing_special_values_like_torch(tmp_path):
             want = bf16_like_torch(values) if dtype == "bf16" else values.astype(np.float16).view(np.uint16)
         assert out["dtype"] == dtype
         assert got.tolist() == want.tolist(), dtype  # NaN included: 0x7FC0 / 0x7E00, quiet
-        try:
-            import torch
-        except ImportError:
-            continue
         t = torch.from_numpy(values.copy()).to(torch.bfloat16 if dtype == "bf16" else torch.float16)
         theirs = t.view(torch.int16).numpy().view(np.uint16)
         # torch's own NaN encoding depends on its code path (0x7FC0 scalar, 0xFFFF vectorized for
@@ -323,17 +321,11 @@ def test_errors_name_the_tensor_and_leave_nothing(tmp_path):
     assert p.returncode == 2 and "--max-shard-size" in p.stderr
 
 
-# ---- with torch and transformers (skipped where they are not installed, as in CI) ----
-
-def _torch():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    return torch, transformers
-
+# ---- against transformers (torch for the models; the tokenizer test needs only transformers) ----
 
 @pytest.mark.parametrize("case", CASES)
 def test_transformers_loads_lathe_output(case, tmp_path):
-    torch, transformers = _torch()
+    import torch
     from safetensors.torch import load_file
     ref = load_file(str(MODELS / case / "reference.safetensors"))
     meta = json.loads((MODELS / case / "reference.json").read_text())
@@ -367,7 +359,6 @@ def test_transformers_loads_lathe_output(case, tmp_path):
 
 
 def test_transformers_loads_converted_tokenizer_and_chat_template(tmp_path):
-    torch, transformers = _torch()
     convert(EVAL / "hf", tmp_path / "lathe", "lathe")
     convert(tmp_path / "lathe", tmp_path / "hf", "hf")
     messages = [{"role": "user", "content": "Convert this checkpoint, please."},

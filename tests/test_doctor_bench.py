@@ -1,4 +1,4 @@
-"""End-to-end tests of `lathe doctor` and `lathe bench` (issue 4, Tools).
+"""End-to-end tests of `lathe doctor` and `lathe bench`.
 
 Checked here, through the `lathe` binary (LATHE_BIN):
   - doctor: the table and --json agree on the verdict, which is the table's last line; on a
@@ -22,6 +22,7 @@ import shutil
 import subprocess
 
 import pytest
+from conftest import NEEDS_CUDA
 
 LATHE = os.environ.get("LATHE_BIN", "build/lathe")
 
@@ -123,7 +124,7 @@ def test_doctor_without_gpu_says_what_still_works():
 def test_doctor_on_a_gpu_runs_the_self_test():
     p, j = doctor_json()
     if not j["devices"]:
-        pytest.skip("no GPU here: " + str(j["device_error"]))
+        pytest.skip(NEEDS_CUDA + "no GPU here: " + str(j["device_error"]))
     for d in j["devices"]:
         assert d["compute_capability"].count(".") == 1 and d["sm_count"] > 0
         assert 0 < d["free_memory_bytes"] <= d["memory_bytes"]
@@ -202,15 +203,22 @@ def test_bench_tiny_gpt2_on_cpu():
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-gpt2"])
-def test_bench_auto_device(model):
+def test_bench_auto_device_without_a_gpu_is_the_cpu(model):
+    """auto takes the CPU where no device is visible."""
+    r = bench("--model", model, "--batch", 2, "--seq", 16, "--steps", 1, "--warmup", 0,
+              env={"CUDA_VISIBLE_DEVICES": ""})
+    assert (r["requested_device"], r["device"]) == ("auto", "cpu")
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-gpt2"])
+def test_bench_auto_device_on_a_gpu(model):
     """auto takes the GPU when doctor says it is usable; there the step matches the CPU's."""
     doctor = doctor_json()[1]
+    if doctor["status"] != "gpu_ready":
+        pytest.skip(NEEDS_CUDA + "lathe doctor says: " + doctor["verdict"])
     args = ["--model", model, "--batch", 2, "--seq", 64, "--steps", 3, "--warmup", 1]
     r = bench(*args)
     assert r["requested_device"] == "auto"
-    if doctor["status"] != "gpu_ready":
-        assert r["device"] == "cpu"
-        return
     gpu = doctor["devices"][0]
     assert r["device"] == "cuda" and r["device_name"] == gpu["name"]
     if gpu["compute_capability"].startswith("9."):
@@ -227,12 +235,22 @@ def test_bench_auto_device(model):
     assert r["grad_norm_last"] == pytest.approx(cpu["grad_norm_last"], rel=5e-2)
 
 
+def test_bench_plan_only_on_the_cpu():
+    """--plan-only plans the CPU run of GPT-2 small: f32 masters, gradients and both moments
+    are 16 bytes per parameter at least."""
+    cpu = bench("--model", "gpt2-124m", "--batch", 8, "--seq", 1024, "--plan-only",
+                "--device", "cpu")
+    assert cpu["device"] == "cpu" and cpu["params"] == 124_439_808
+    assert cpu["plan_bytes"] > 16 * cpu["params"]
+
+
 def test_bench_plan_only_follows_the_device():
-    """The CUDA plan (bf16 activations and weight copy, CudaState buffers) needs no GPU."""
+    """The CUDA plan (bf16 activations and weight copy, CudaState buffers) needs no GPU, only a
+    CUDA build."""
+    if not doctor_json()[1]["cuda_build"]:
+        pytest.skip(NEEDS_CUDA + "this lathe is built without CUDA")
     args = ["--model", "gpt2-124m", "--batch", 8, "--seq", 1024, "--plan-only"]
     cpu = bench(*args, "--device", "cpu")
-    if not doctor_json()[1]["cuda_build"]:
-        return
     cuda = bench(*args, "--device", "cuda")
     assert (cpu["device"], cuda["device"]) == ("cpu", "cuda")
     # Masters, gradients and both moments are f32 on both: 16 bytes per parameter at least.

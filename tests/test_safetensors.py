@@ -6,27 +6,16 @@ must read identically (SafetensorsInterop.DumpForPython); and lathe's single-fil
 byte-for-byte what the reference serializer produces for the same tensors and metadata.
 """
 
-import importlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-
-def _import_safetensors():
-    try:
-        return importlib.import_module("safetensors")
-    except ImportError:
-        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "safetensors"])
-        return importlib.import_module("safetensors")
-
-
-st = _import_safetensors()
-import safetensors.numpy as stnp  # noqa: E402
+import safetensors as st
+import safetensors.numpy as stnp
+import transformers
 
 BUILD_DIR = Path(os.environ.get("LATHE_BUILD_DIR", "build"))
 IO_TESTS = BUILD_DIR / "io_tests"
@@ -292,7 +281,6 @@ def lathe_configs(tmp_path_factory):
 def test_lathe_config_json_loads_in_transformers_as_the_original(lathe_configs, name):
     """The Hub's config.json, parsed and written back by lathe, gives transformers the same
     configuration (to_dict() equal) as the original file."""
-    transformers = pytest.importorskip("transformers")
     orig = transformers.AutoConfig.from_pretrained(str(lathe_configs / f"{name}.orig"))
     back = transformers.AutoConfig.from_pretrained(str(lathe_configs / f"{name}.lathe"))
     assert type(back).__name__ == HF_CLASSES[name]
@@ -305,7 +293,6 @@ def test_lathe_config_json_loads_in_transformers_as_the_original(lathe_configs, 
 @pytest.mark.parametrize("name", HF_FIXTURES)
 def test_lathe_scaled_config_loads_in_transformers(lathe_configs, name):
     """A real config scaled down and written by lathe: transformers reads the new sizes."""
-    transformers = pytest.importorskip("transformers")
     c = transformers.AutoConfig.from_pretrained(str(lathe_configs / f"{name}.small"))
     assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.vocab_size) == (64, 2, 4, 512)
     if name == "gpt2":

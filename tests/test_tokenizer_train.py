@@ -29,14 +29,18 @@ LLAMA3_PATTERN = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-pytestmark = pytest.mark.skipif(not GCIDE.exists(), reason="dict-gcide is not installed")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def required_data():
+    """dict-gcide is required test data: without it every test here fails."""
+    assert GCIDE.exists(), f"{GCIDE} is missing: install dict-gcide (scripts/install-deps.sh does)"
 
 
 def read_dict(name, start, size):
     """`size` bytes of a dictd dictionary from decompressed offset `start`, cut at whole lines."""
     path = DICTS / name
-    if not path.exists():
-        return ""
+    assert path.exists(), f"{path} is missing: scripts/install-deps.sh installs the dictionaries"
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     out = bytearray()
     with open(path, "rb") as f:

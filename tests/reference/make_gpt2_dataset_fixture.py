@@ -469,9 +469,12 @@ def main():
     if a.phase == "megatron-deepspeed":
         return run_megatron_deepspeed(a.megatron_deepspeed.resolve(), a.helpers, a.out, a.result)
 
-    if a.out.exists():
-        shutil.rmtree(a.out)
-    a.out.mkdir(parents=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    for old in a.out.iterdir():  # all but the README
+        if old.is_dir():
+            shutil.rmtree(old)
+        elif old.name != "README.md":
+            old.unlink()
     metadata = {}
     with tempfile.TemporaryDirectory() as tmp:
         for phase, src in (("gpt-neox", a.gpt_neox), ("megatron-deepspeed", a.megatron_deepspeed)):
