@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6, stage 3's quality claim measured the way the issue asks: by the alignment accuracy
+# Stage 3's quality measured by what the vectors are for: the alignment accuracy
 # (stage 6's BLEU-1) that each tool's vectors lead to, not by the vectors themselves
 # (docs/ALIGN.md, "Alignment accuracy from lathe's vectors vs the reference tools'").
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6's speed target for the whole of `lathe align run` (terms, prepare x2, embed x2, map,
+# The speed of the whole of `lathe align run` (terms, prepare x2, embed x2, map,
 # eval): 5 GB of text, or a measured slice with the scaling shown, in under 30 minutes on one H100
 # machine. docs/ALIGN.md, "Whole pipeline", has the method and the results.
 #

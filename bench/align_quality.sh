@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The quality study of issue 6 (docs/ALIGN.md, "Quality: held-out bits per byte"), in one go:
+# The vocabulary-adaptation quality study (docs/ALIGN.md, "Quality: held-out bits per byte"), in one go:
 #
 #   1 data      GCIDE entries + the 800 PubMedQA training documents (repeated --medical-repeat
 #               times) as the training text; held out: the other 200 PubMedQA documents and the
@@ -66,10 +66,13 @@ usage: bash bench/align_quality.sh [options]
   --blends LIST          also the columns "blend W/H": comma-separated W:H pairs, each the align
                          init with `align apply --align-weight W --align-head-weight H` (aligned
                          rows W x gathered row + (1 - W) x FVT row; the head's with H); W, H in
-                         [0, 1] (default 0.5:0.5,1:0,0.5:0,0:1; '' = none). Skipped, with a note,
-                         when --lathe's `align apply` has no --align-weight
+                         [0, 1] (default 0.5:0.5,1:0,0.5:0,0:1; '' = none)
   --finetune-init NAME   the init the fine-tuning stages start from: align (default), fvt, mean,
                          random, hybrid or blend-W-H (one of --blends, e.g. blend-0.5-0.5)
+  --align-seed S         embed.seed and map.seed of the align runs (and the hybrid's map): the
+                         GloVe initialisation and the pivot draw (default: the pipeline's, embed 1
+                         and map 0). The source model does not depend on it, so runs of several
+                         seeds into one --out train it once and redo only the align steps
   --device D             auto | cpu | cuda for training, embeddings, map and eval (default auto; tiny cpu)
   --threads N            CPU threads for lathe (default 0 = all cores)
 EOF
@@ -90,6 +93,7 @@ MEDICAL_REPEAT= MEDICAL_VOCAB= TERMS_TOP_K= MAX_GCIDE_MB= DEVICE=
 EVAL_DOCS= GCIDE_EVAL_DOCS= HYBRID_QUANTILE=0.5
 BLENDS=0.5:0.5,1:0,0.5:0,0:1
 FINETUNE_INIT=align
+ALIGN_SEED=
 THREADS=0
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -119,6 +123,7 @@ while [[ $# -gt 0 ]]; do
     --hybrid-quantile) HYBRID_QUANTILE=$2; shift 2 ;;
     --blends) BLENDS=$2; shift 2 ;;
     --finetune-init) FINETUNE_INIT=$2; shift 2 ;;
+    --align-seed) ALIGN_SEED=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "align_quality.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
@@ -147,6 +152,8 @@ else
 fi
 
 die() { echo "align_quality.sh: $*" >&2; exit 1; }
+[[ -z $ALIGN_SEED || $ALIGN_SEED =~ ^[0-9]+$ ]] || die "--align-seed: '$ALIGN_SEED' is not a non-negative integer"
+EMBED_SEED=${ALIGN_SEED:-1} MAP_SEED=${ALIGN_SEED:-0}
 for t in ${TARGETS//,/ }; do
   [[ $t == qwen3 || $t == medical ]] || die "--targets: '$t' is not qwen3 or medical"
 done
@@ -165,9 +172,8 @@ fi
 python3 -c 'import sys; q = float(sys.argv[1]); sys.exit(not 0 <= q < 1)' "$HYBRID_QUANTILE" 2>/dev/null ||
   die "--hybrid-quantile: '$HYBRID_QUANTILE' is not a number in [0, 1)"
 HYBRID=$(python3 -c 'import sys; print(int(float(sys.argv[1]) > 0))' "$HYBRID_QUANTILE")
-# The blends: W:H pairs checked now (not after the source model's training). A lathe whose
-# `align apply` predates --align-weight skips them with a note rather than stopping: the rest of
-# the study still runs. BLEND_NAMES holds the pairs that will be made, as blend-W-H.
+# The blends: W:H pairs checked now (not after the source model's training). BLEND_NAMES holds
+# the pairs that will be made, as blend-W-H.
 BLEND_NAMES=()
 BLENDS_RUN=
 if [[ -n $BLENDS ]]; then
@@ -175,36 +181,17 @@ if [[ -n $BLENDS ]]; then
     python3 -c 'import re, sys; m = re.fullmatch(r"([0-9.]+):([0-9.]+)", sys.argv[1]); sys.exit(not (m and all(0 <= float(x) <= 1 for x in m.groups())))' "$b" 2>/dev/null ||
       die "--blends: '$b' is not W:H with W and H numbers in [0, 1] (e.g. 0.5:0.5)"
   done
-  apply_help=$("$LATHE" align apply --help 2>&1 || true)  # (no pipe into grep -q: see the probe below)
-  if grep -q -- '--align-weight' <<<"$apply_help"; then
-    for b in ${BLENDS//,/ }; do BLEND_NAMES+=("blend-${b%%:*}-${b##*:}"); done
-    BLENDS_RUN=$BLENDS
-  else
-    echo "align_quality.sh: note: $LATHE's \`align apply\` has no --align-weight (rebuild it for the blends); skipping --blends $BLENDS" >&2
-  fi
+  for b in ${BLENDS//,/ }; do BLEND_NAMES+=("blend-${b%%:*}-${b##*:}"); done
+  BLENDS_RUN=$BLENDS
 fi
 case $FINETUNE_INIT in
   align | fvt | mean | random) ;;
   hybrid) [[ $HYBRID == 1 ]] || die "--finetune-init hybrid needs --hybrid-quantile above 0" ;;
   blend-*)
     [[ " ${BLEND_NAMES[*]} " == *" $FINETUNE_INIT "* ]] ||
-      die "--finetune-init $FINETUNE_INIT: not one of the blends made (${BLEND_NAMES[*]:-none}; --blends W:H gives blend-W-H, and needs a lathe with align apply --align-weight)" ;;
+      die "--finetune-init $FINETUNE_INIT: not one of the blends made (${BLEND_NAMES[*]:-none}; --blends W:H gives blend-W-H)" ;;
   *) die "--finetune-init: '$FINETUNE_INIT' is not align, fvt, mean, random, hybrid or blend-W-H" ;;
 esac
-
-# The medical target needs `align run`'s terms.corpus key (added with this script): a lathe built
-# before it would stop only at that step, after minutes of work, so ask now. The probe config
-# fails on its missing corpus when the key is known, on the key when it is not.
-if [[ ,$TARGETS, == *,medical,* ]]; then
-  probe=$(mktemp -d)
-  printf 'align: {work_dir: %s}\nsource: {tokenizer: x}\ncorpus: {inputs: [%s/none]}\nterms: {corpus: [x]}\n' \
-    "$probe" "$probe" >"$probe/probe.yaml"
-  answer=$("$LATHE" align run "$probe/probe.yaml" 2>&1 || true)  # (a pipe into grep -q would
-  if grep -q "unknown key 'terms.corpus'" <<<"$answer"; then      # fail with lathe under pipefail)
-    rm -rf "$probe"; die "$LATHE predates align run's terms.corpus key (commit 2d604b6): rebuild it"
-  fi
-  rm -rf "$probe"
-fi
 
 abs() { python3 -c 'import os, sys; print(os.path.abspath(sys.argv[1]))' "$1"; }
 LATHE=$(abs "$LATHE"); GCIDE=$(abs "$GCIDE"); PUBMEDQA=$(abs "$PUBMEDQA")
@@ -313,7 +300,7 @@ cat >"$OUT/settings.json" <<EOF
  "max_gcide_mb": $MAX_GCIDE_MB, "eval_docs": $EVAL_DOCS, "gcide_eval_docs": $GCIDE_EVAL_DOCS,
  "device": "$DEVICE", "targets": "$TARGETS", "finetune_fvt": $FINETUNE_FVT,
  "hybrid_quantile": $HYBRID_QUANTILE, "blends": "$BLENDS", "blends_run": "$BLENDS_RUN",
- "finetune_init": "$FINETUNE_INIT",
+ "finetune_init": "$FINETUNE_INIT", "embed_seed": $EMBED_SEED, "map_seed": $MAP_SEED,
  "model_sets": "${MODEL_SETS[*]}", "align_sets": "${EMBED_SETS[*]}"}
 EOF
 
@@ -447,8 +434,8 @@ for target in ${TARGETS//,/ }; do
 align: {work_dir: $W/align, threads: $THREADS}
 source: {tokenizer: $NEOX, checkpoint: $SRC_CKPT}
 corpus: {inputs: [$DATA/train.jsonl], format: jsonl, on_error: skip}
-embed: {device: $DEVICE}
-map: {device: $DEVICE}
+embed: {device: $DEVICE, seed: $EMBED_SEED}
+map: {device: $DEVICE, seed: $MAP_SEED}
 apply: {init: align, align_weight: 1.0, align_head_weight: 1.0}   # TokAlign's gather; the blends are separate applies
 EOF
   begin "$target-align"
@@ -500,11 +487,11 @@ PY
 )
     TERMS_ARGS=()
     [[ -f $W/align/target/tokenizer.terms.tsv ]] && TERMS_ARGS=(--terms "$W/align/target/tokenizer.terms.tsv")
-    key="$(sig "$TGT_TOK" "$W/align/vectors/source.txt" "$W/align/vectors/target.txt" "$MAP") $THR $PIVOTS"
+    key="$(sig "$TGT_TOK" "$W/align/vectors/source.txt" "$W/align/vectors/target.txt" "$MAP") $THR $PIVOTS $MAP_SEED"
     if done_with "$key" "$W/map-hybrid/map.json"; then skip "hybrid map ($W/map-hybrid)"; else
       run "$LATHE" align map --source-tokenizer "$NEOX" --target-tokenizer "$TGT_TOK" \
         --source-vectors "$W/align/vectors/source.txt" --target-vectors "$W/align/vectors/target.txt" \
-        --output "$W/map-hybrid/map.json" --pivots "$PIVOTS" --seed 0 --threshold "$THR" \
+        --output "$W/map-hybrid/map.json" --pivots "$PIVOTS" --seed "$MAP_SEED" --threshold "$THR" \
         --device "$DEVICE" "${TERMS_ARGS[@]}"
       mark "$key" "$W/map-hybrid/map.json"
     fi
@@ -644,7 +631,7 @@ for t in targets:
         r["hybrid_beats_fvt_and_random"] = h < m["FVT"] and h < m["random rows"]
     # Selection on GCIDE, judgement on PubMedQA: the init with the lowest held-out GCIDE bits per
     # byte (the selection set), and whether it beats FVT and random on the medical held-out set
-    # (the issue's test), so picking among many variants does not use the set that judges them.
+    # (the judging set), so picking among many variants does not use the set that judges them.
     g = r["bits_per_byte"]["gcide"]
     cand = {c: g[c] for c in init_cols if g[c] is not None}
     if cand:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Which of lathe's initialisations the quality study fine-tunes: the one with the lowest held-out
-GCIDE bits per byte, averaged over the targets (GCIDE is the selection set; PubMedQA, the set the
-issue judges by, plays no part in the choice).
+GCIDE bits per byte, averaged over the targets (GCIDE is the selection set; PubMedQA, the judging
+set, plays no part in this choice; docs/ALIGN.md says which candidates were designed after which
+results had been seen).
 
     python3 bench/align_quality_pick.py runs/quality/results.json   # prints e.g. blend-0.5-0.5
 
