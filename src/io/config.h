@@ -24,14 +24,35 @@ namespace lathe {
 
 enum class ConfigType { kInt, kFloat, kBool, kString, kStringList, kFloatList };
 
+// How YAML 1.2's core schema (spec 1.2.2, section 10.3.2) reads a plain (unquoted, untagged)
+// scalar; config values are typed by this reading, never by C literal rules:
+//   null   null Null NULL ~ (and the empty scalar)
+//   bool   true True TRUE false False FALSE          ("yes", "on", "y" are strings)
+//   int    [-+]?[0-9]+ (decimal: "010" is ten), 0o[0-7]+ (octal), 0x[0-9a-fA-F]+ (hex)
+//   float  [-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?, [-+]?(.inf|.Inf|.INF),
+//          .nan .NaN .NAN                             ("inf", "nan", "1e", "0x1p3" are strings)
+//   string everything else
+// A quoted scalar is always a string.
+enum class YamlCoreType { kNull, kBool, kInt, kFloat, kString };
+
+struct YamlCoreScalar {
+    YamlCoreType type = YamlCoreType::kString;
+    bool bool_value = false;    // kBool
+    int64_t int_value = 0;      // kInt, when !out_of_range
+    double float_value = 0.0;   // kFloat (and kInt, converted), when !out_of_range
+    bool out_of_range = false;  // kInt outside int64, or kFloat beyond the largest double
+};
+
+YamlCoreScalar yaml_core_resolve(std::string_view plain);
+
 const char* config_type_name(ConfigType type);
 
 struct ConfigKey {
-    std::string name;           // dotted: "train.steps"
+    std::string name;  // dotted: "train.steps"
     ConfigType type;
-    std::string default_yaml;   // YAML text of the default ("100", "[a, b]"); "" = no default
-    std::string help;           // one line for `--help` and error messages
-    bool required = false;      // must be set by a file or an override
+    std::string default_yaml;  // YAML text of the default ("100", "[a, b]"); "" = no default
+    std::string help;          // one line for `--help` and error messages
+    bool required = false;     // must be set by a file or an override
 };
 
 class ConfigSchema {
