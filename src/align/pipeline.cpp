@@ -1,23 +1,35 @@
 #include "align/pipeline.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <optional>
 
 #include "align/apply.h"
 #include "align/embed.h"
 #include "align/eval.h"
-#include "run/compute_device.h"
 #include "align/map.h"
 #include "align/stage_cache.h"
 #include "align/terms.h"
 #include "core/log.h"
 #include "data/prepare.h"
 #include "io/file.h"
+#include "model/registry.h"
+#include "ops/device_info.h"
+#include "run/compute_device.h"
+#include "run/convert.h"
+#include "tokenizer/tokenizer.h"
 
 namespace lathe {
 namespace {
 
+namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
@@ -50,6 +62,201 @@ Result<std::string> choice(const Config& c, std::string_view key,
 
 std::string optional_string(const Config& c, std::string_view key) {
     return c.has(key) ? c.get_string(key) : std::string();
+}
+
+// "key (file:line)": where an error message says the value came from.
+std::string where(const Config& c, std::string_view key) {
+    return fmt::format("{} ({})", key, c.source_of(key));
+}
+
+// An input file named by `key`: it exists, is a file (not a folder) and can be opened for reading.
+Status check_input_file(const Config& c, std::string_view key, const std::string& path,
+                        std::string_view expected) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);
+    if (!fs::exists(st))
+        return not_found_error("{}: {} does not exist; expected {}", where(c, key), path, expected);
+    if (fs::is_directory(st))
+        return invalid_argument_error("{}: {} is a folder; expected {}", where(c, key), path,
+                                      expected);
+    if (!fs::is_regular_file(st))
+        return invalid_argument_error("{}: {} is not a regular file; expected {}", where(c, key),
+                                      path, expected);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return io_error("{}: {} cannot be read: {}", where(c, key), path, std::strerror(errno));
+    }
+    ::close(fd);
+    return ok_status();
+}
+
+// A tokenizer.json named by `key`: readable, and loads as a tokenizer. Returns its size.
+Result<int64_t> check_tokenizer(const Config& c, std::string_view key, const std::string& path) {
+    LATHE_RETURN_IF_ERROR(check_input_file(c, key, path, "a Hugging Face tokenizer.json"));
+    auto tok = Tokenizer::load(path);
+    if (!tok.ok()) {
+        return tok.status().with_context(
+            fmt::format("{}: expected a Hugging Face tokenizer.json", where(c, key)));
+    }
+    return tok->vocab_size();
+}
+
+// An integer setting within [lo, hi].
+Status check_range(const Config& c, std::string_view key, int64_t lo, int64_t hi) {
+    const int64_t v = c.get_int(key);
+    if (v < lo || v > hi) {
+        if (hi == std::numeric_limits<int64_t>::max())
+            return invalid_argument_error("{}: {} must be at least {}", where(c, key), v, lo);
+        if (hi >= std::numeric_limits<int>::max()) {
+            return invalid_argument_error("{}: {} must be at least {} (and at most {})",
+                                          where(c, key), v, lo, hi);
+        }
+        return invalid_argument_error("{}: {} must be in [{}, {}]", where(c, key), v, lo, hi);
+    }
+    return ok_status();
+}
+
+// The folder every output goes under: an existing folder, or one that can be made inside the
+// nearest existing folder above it; writable either way.
+Status check_work_dir(const Config& c, const std::string& work) {
+    std::error_code ec;
+    fs::path p = fs::absolute(work, ec);
+    if (ec)
+        return invalid_argument_error("{}: '{}': {}", where(c, "align.work_dir"), work,
+                                      ec.message());
+    if (fs::exists(p, ec) && !fs::is_directory(p, ec))
+        return invalid_argument_error("{}: {} exists and is not a folder",
+                                      where(c, "align.work_dir"), work);
+    while (!fs::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
+    if (!fs::is_directory(p, ec)) {
+        return invalid_argument_error("{}: {} cannot be made: {} is not a folder",
+                                      where(c, "align.work_dir"), work, p.string());
+    }
+    if (::access(p.c_str(), W_OK | X_OK) != 0) {
+        return io_error("{}: {} cannot be written: {}: {}", where(c, "align.work_dir"), work,
+                        p.string(), std::strerror(errno));
+    }
+    return ok_status();
+}
+
+// Why a setting of `cuda` cannot be met on this machine, or "" when it can (the reasons `lathe
+// align embed` gives).
+std::string cuda_unusable_reason() {
+    const GpuEnvironment env = gpu_environment_probe(0);
+    if (!env.cuda_build) return "this lathe was built without CUDA";
+    if (env.devices.empty()) return env.device_error.empty() ? "no CUDA device" : env.device_error;
+    if (!env.devices[0].kernel_image_ok)
+        return env.devices[0].name + ": " + env.devices[0].kernel_image_error;
+    return "";
+}
+
+// Every path and setting of the run, checked before stage 1 writes anything: each input file
+// exists and is readable, the tokenizers load, the source checkpoint resolves and matches its
+// tokenizer and the eval window, numbers are in range, the devices asked for exist. Errors name
+// the key and the file and line that set it.
+Status check_run_config(const Config& c, const AlignRunOptions& options) {
+    LATHE_RETURN_IF_ERROR(check_work_dir(c, c.get_string("align.work_dir")));
+    if (options.threads <= 0) {
+        LATHE_RETURN_IF_ERROR(check_range(c, "align.threads", 0, std::numeric_limits<int>::max()));
+    }
+    // ---- input files ----
+    const std::vector<std::string> corpus = c.get_string_list("corpus.inputs");
+    if (corpus.empty()) return invalid_argument_error("{}: no files", where(c, "corpus.inputs"));
+    for (const std::string& f : corpus) {
+        LATHE_RETURN_IF_ERROR(
+            check_input_file(c, "corpus.inputs", f, "a corpus file (text or JSONL, gzip/zstd)"));
+    }
+    for (const char* key : {"terms.corpus", "terms.general"}) {
+        for (const std::string& f : c.get_string_list(key)) {
+            LATHE_RETURN_IF_ERROR(
+                check_input_file(c, key, f, "a corpus file (text or JSONL, gzip/zstd)"));
+        }
+    }
+    LATHE_ASSIGN_OR_RETURN(
+        const int64_t source_vocab,
+        check_tokenizer(c, "source.tokenizer", c.get_string("source.tokenizer")));
+    const std::string given_target = optional_string(c, "target.tokenizer");
+    if (!given_target.empty())
+        LATHE_RETURN_IF_ERROR(check_tokenizer(c, "target.tokenizer", given_target).status());
+    const std::string documents = optional_string(c, "eval.documents");
+    if (!documents.empty()) {
+        LATHE_RETURN_IF_ERROR(check_input_file(c, "eval.documents", documents,
+                                               "held-out text, one document per line or block"));
+    }
+    // ---- the source model ----
+    const std::string checkpoint = optional_string(c, "source.checkpoint");
+    if (!checkpoint.empty()) {
+        auto src = convert_find_source(checkpoint);
+        if (!src.ok()) return src.status().with_context(where(c, "source.checkpoint"));
+        const std::string config_path = (fs::path(src->dir) / "config.json").string();
+        auto model = model_config_from_hf_file(config_path);
+        if (!model.ok()) return model.status().with_context(where(c, "source.checkpoint"));
+        if (source_vocab > model->vocab_size) {
+            return invalid_argument_error(
+                "{}: {} has {} embedding rows but {} ({}) has {} ids: the model was not trained "
+                "with this tokenizer",
+                where(c, "source.checkpoint"), checkpoint, model->vocab_size,
+                c.get_string("source.tokenizer"), where(c, "source.tokenizer"), source_vocab);
+        }
+        if (!documents.empty()) {
+            const std::string own = (fs::path(src->dir) / "tokenizer.json").string();
+            if (!file_exists(own)) {
+                return invalid_argument_error(
+                    "{}: {} has no tokenizer.json, which eval's bits per byte of the source model "
+                    "reads (copy the model's tokenizer.json there)",
+                    where(c, "source.checkpoint"), src->dir);
+            }
+            if (c.get_int("eval.seq_len") > model->max_position_embeddings) {
+                return invalid_argument_error(
+                    "{}: {} exceeds the source model's max_position_embeddings {} ({})",
+                    where(c, "eval.seq_len"), c.get_int("eval.seq_len"),
+                    model->max_position_embeddings, config_path);
+            }
+        }
+    }
+    // ---- settings ----
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    LATHE_RETURN_IF_ERROR(check_range(c, "terms.top_k", 1, kMax));
+    LATHE_RETURN_IF_ERROR(check_range(c, "terms.min_count", 1, kMax));
+    LATHE_RETURN_IF_ERROR(check_range(c, "terms.max_ngram", 1, 3));
+    LATHE_RETURN_IF_ERROR(check_range(c, "terms.max_table_entries", 1, kMax));
+    if (!(c.get_float("terms.smoothing") > 0.0)) {
+        return invalid_argument_error("{}: {} must be positive", where(c, "terms.smoothing"),
+                                      c.get_float("terms.smoothing"));
+    }
+    LATHE_RETURN_IF_ERROR(check_range(c, "embed.dim", 1, 4096));
+    LATHE_RETURN_IF_ERROR(check_range(c, "embed.window", 0, 1000));
+    LATHE_RETURN_IF_ERROR(check_range(c, "embed.min_count", 1, kMax));
+    LATHE_RETURN_IF_ERROR(check_range(c, "embed.iters", 1, std::numeric_limits<int>::max()));
+    LATHE_RETURN_IF_ERROR(check_range(c, "embed.seed", 0, kMax));
+    LATHE_RETURN_IF_ERROR(check_range(c, "map.pivots", 1, kMax));
+    LATHE_RETURN_IF_ERROR(check_range(c, "map.seed", 0, kMax));
+    if (c.has("map.threshold") && !std::isfinite(c.get_float("map.threshold"))) {
+        return invalid_argument_error("{}: {} is not a finite number", where(c, "map.threshold"),
+                                      c.get_float("map.threshold"));
+    }
+    for (const char* key : {"apply.align_weight", "apply.align_head_weight"}) {
+        const double w = c.get_float(key);
+        if (!(w >= 0.0 && w <= 1.0)) {
+            return invalid_argument_error(
+                "{}: {} must be in [0, 1] (1 = the aligned source row, 0 = the FVT row)",
+                where(c, key), w);
+        }
+    }
+    if (c.has("apply.pad_to_multiple"))
+        LATHE_RETURN_IF_ERROR(check_range(c, "apply.pad_to_multiple", 1, kMax));
+    LATHE_RETURN_IF_ERROR(check_range(c, "apply.seed", 0, kMax));
+    LATHE_RETURN_IF_ERROR(check_range(c, "eval.max_documents", 0, kMax));
+    LATHE_RETURN_IF_ERROR(check_range(c, "eval.seq_len", 1, kMax));
+    LATHE_RETURN_IF_ERROR(check_range(c, "eval.batch", 1, kMax));
+    // ---- devices ----
+    for (const char* key : {"embed.device", "map.device"}) {
+        if (c.get_string(key) != "cuda") continue;
+        const std::string why = cuda_unusable_reason();
+        if (!why.empty())
+            return failed_precondition_error("{}: cuda: {}; use cpu or auto", where(c, key), why);
+    }
+    return ok_status();
 }
 
 }  // namespace
@@ -124,7 +331,8 @@ ConfigSchema align_run_config_schema() {
     s.add({"eval.seq_len", ConfigType::kInt, "512", "window of the bits/byte forward (T)"});
     s.add({"eval.batch", ConfigType::kInt, "4", "windows per forward"});
     s.add({"eval.device", ConfigType::kString, "auto",
-           "auto | cpu | cuda: where the bits-per-byte forward runs (numbers compare only within one device)"});
+           "auto | cpu | cuda: where the bits-per-byte forward runs (numbers compare only within "
+           "one device)"});
     return s;
 }
 
@@ -138,14 +346,6 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
     const std::string source_tokenizer = c.get_string("source.tokenizer");
     const std::string checkpoint = optional_string(c, "source.checkpoint");
     const std::vector<std::string> corpus = c.get_string_list("corpus.inputs");
-    if (corpus.empty())
-        return invalid_argument_error("corpus.inputs ({}): no files", c.source_of("corpus.inputs"));
-    for (const std::string& f : corpus) {
-        if (!file_exists(f)) {
-            return not_found_error("corpus.inputs ({}): {} does not exist",
-                                   c.source_of("corpus.inputs"), f);
-        }
-    }
     LATHE_ASSIGN_OR_RETURN(const std::string format_name,
                            choice(c, "corpus.format", {"auto", "text", "text-blocks", "jsonl"}));
     LATHE_ASSIGN_OR_RETURN(const std::string on_error,
@@ -176,6 +376,16 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
                            choice(c, "apply.fvt_weighting", {"mean", "exponential"}));
     LATHE_ASSIGN_OR_RETURN(const std::string eval_format,
                            choice(c, "eval.format", {"lines", "blocks"}));
+    LATHE_RETURN_IF_ERROR(check_run_config(c, options));
+    // The device of stage 6's forward passes, opened now so that a missing GPU stops the run
+    // before stage 1.
+    const std::string documents = optional_string(c, "eval.documents");
+    std::optional<ComputeDevice> eval_compute;
+    if (!documents.empty()) {
+        LATHE_ASSIGN_OR_RETURN(ComputeDevice d,
+                               ComputeDevice::open(eval_device, where(c, "eval.device")));
+        eval_compute.emplace(std::move(d));
+    }
     LATHE_RETURN_IF_ERROR(make_dir(work));
 
     auto add = [&](std::string stage, bool skipped, std::string detail, Clock::time_point t0) {
@@ -192,12 +402,6 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
     // are set against (mining general + domain text would count general phrases as domain ones).
     std::vector<std::string> terms_corpus = c.get_string_list("terms.corpus");
     if (terms_corpus.empty()) terms_corpus = corpus;
-    for (const std::string& f : terms_corpus) {
-        if (!file_exists(f)) {
-            return not_found_error("terms.corpus ({}): {} does not exist",
-                                   c.source_of("terms.corpus"), f);
-        }
-    }
 
     // ---- 1 terms ----
     std::string target_tokenizer = given_target;
@@ -395,7 +599,6 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
     }
 
     // ---- 6 eval ----
-    const std::string documents = optional_string(c, "eval.documents");
     if (documents.empty()) {
         not_configured("eval", "eval.documents is not set");
     } else {
@@ -428,8 +631,7 @@ Result<AlignRunReport> align_run_pipeline(const Config& c, const AlignRunOptions
         if (!force && stage_up_to_date(out, fp)) {
             add("eval", true, out, t0);
         } else {
-            LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(eval_device, "eval.device"));
-            auto r = align_eval_run(device.context(), q);
+            auto r = align_eval_run(eval_compute->context(), q);
             if (!r.ok()) return in_stage("eval", r.status());
             LATHE_RETURN_IF_ERROR(file_write_atomic(out, align_eval_result_json(*r) + "\n"));
             LATHE_RETURN_IF_ERROR(stage_write_manifest(out, fp, {out}));
