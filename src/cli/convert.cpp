@@ -2,10 +2,12 @@
 #include "run/convert.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "cli/command.h"
+#include "run/checkpoint_dir.h"
 
 namespace lathe {
 
@@ -13,14 +15,17 @@ void cli_add_convert(CLI::App& parent, CommandAction& action) {
     CLI::App* cmd = parent.add_subcommand(
         "convert",
         "Convert a checkpoint between a Hugging Face folder and a lathe checkpoint (the input's "
-        "kind is detected; a lathe run folder means its newest checkpoint). Prints one JSON line "
-        "describing what was written");
+        "kind is detected; a lathe run folder or its checkpoints/ folder means its newest "
+        "checkpoint, checkpoints/latest the one it names). Prints one JSON line describing what "
+        "was written");
     struct Options {
         std::string input, output, to, dtype, max_shard_size;
         bool overwrite = false;
     };
     auto o = std::make_shared<Options>();
-    cmd->add_option("INPUT_DIR", o->input, "HF folder, lathe checkpoint, or lathe run folder")
+    cmd->add_option("INPUT_DIR", o->input,
+                    "HF folder, lathe checkpoint, lathe run folder, RUN/checkpoints or "
+                    "RUN/checkpoints/latest")
         ->required();
     cmd->add_option("OUTPUT_DIR", o->output,
                     "Folder to create (written aside, renamed when complete)")
@@ -38,7 +43,10 @@ void cli_add_convert(CLI::App& parent, CommandAction& action) {
     cmd->callback([o, &action] {
         action = [o]() -> Status {
             ConvertRequest req;
-            req.input = o->input;
+            // The checkpoint INPUT_DIR means, so that errors name the argument.
+            const Result<std::filesystem::path> input = resolve_checkpoint(o->input);
+            if (!input.ok()) return input.status().with_context("INPUT_DIR");
+            req.input = input->string();
             req.output = o->output;
             req.to = o->to == "lathe" ? CheckpointFormat::kLathe : CheckpointFormat::kHf;
             if (!o->dtype.empty()) {

@@ -14,13 +14,18 @@ void cli_add_eval(CLI::App& parent, CommandAction& action) {
         "loss",
         "Mean loss over the first N non-overlapping windows of T+1 tokens of a token file read "
         "as one stream; prints one JSON line {loss, perplexity, tokens, ...}");
-    loss->add_option("--checkpoint", req->checkpoint, "Checkpoint folder (config.json + safetensors)")->required();
+    loss->add_option(
+            "--checkpoint", req->checkpoint,
+            "Checkpoint folder (config.json + safetensors), a run folder or its checkpoints/ "
+            "folder (the newest checkpoint), or RUN/checkpoints/latest")
+        ->required();
     loss->add_option("--data", req->data, "Token-file prefix (PREFIX.bin/.idx)")->required();
     loss->add_option("--seq-len", req->seq_len, "T: predictions per window")->required();
     loss->add_option("--batches", req->batches, "N: windows")->required();
     loss->add_option("--micro-batch", req->micro_batch, "Windows per forward pass (memory only)")
         ->capture_default_str();
-    loss->add_option("--threads", req->threads, "CPU threads (0 = all cores)")->capture_default_str();
+    loss->add_option("--threads", req->threads, "CPU threads (0 = all cores)")
+        ->capture_default_str();
     loss->add_option("--device", req->device, "auto (the GPU when there is one) | cpu | cuda")
         ->capture_default_str();
     loss->callback([req, &action] {

@@ -310,7 +310,29 @@ Result<IndexHeader> indexed_read_header(const std::string& idx_path) {
     return h;
 }
 
+namespace {
+
+// When "<prefix>.idx" does not exist: what the user most likely passed instead (the .bin or .idx
+// file itself, a corpus file, a folder), and what to pass.
+Status missing_token_files(const std::string& prefix) {
+    for (const std::string_view ext : {".bin", ".idx"}) {
+        if (!ends_with(prefix, ext)) continue;
+        const std::string stem = prefix.substr(0, prefix.size() - ext.size());
+        if (::access(indexed_idx_path(stem).c_str(), F_OK) == 0)
+            return invalid_argument_error("{}: a token-file prefix is the path without .bin/.idx: pass {}", prefix,
+                                          stem);
+    }
+    const std::string what =
+        ::access(prefix.c_str(), F_OK) == 0 ? "not a token-file prefix" : "no token files there";
+    return not_found_error("{}: {} ({} does not exist); token files are PREFIX.bin + PREFIX.idx, written by "
+                           "`lathe prepare --output-prefix PREFIX`",
+                           prefix, what, indexed_idx_path(prefix));
+}
+
+}  // namespace
+
 Result<IndexedDataset> IndexedDataset::open(const std::string& prefix) {
+    if (::access(indexed_idx_path(prefix).c_str(), F_OK) != 0 && errno == ENOENT) return missing_token_files(prefix);
     IndexedDataset ds;
     ds.prefix_ = prefix;
     const std::string idx_path = indexed_idx_path(prefix);

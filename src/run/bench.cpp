@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "core/strings.h"
 #include "io/file.h"
 #include "io/hf_config.h"
 #include "model/memory_plan.h"
@@ -183,10 +185,11 @@ Result<Placement> choose_placement(BenchDevice wanted) {
         } else if (env.devices.empty()) {
             why_not = env.device_error.empty() ? "no CUDA device" : env.device_error;
         } else if (!env.devices[0].kernel_image_ok) {
-            why_not = fmt::format("this build has no kernels for GPU 0 ({}, compute capability "
-                                  "{}.{}): {}",
-                                  env.devices[0].name, env.devices[0].cc_major,
-                                  env.devices[0].cc_minor, env.devices[0].kernel_image_error);
+            why_not = fmt::format(
+                "this build has no kernels for GPU 0 ({}, compute capability "
+                "{}.{}): {}",
+                env.devices[0].name, env.devices[0].cc_major, env.devices[0].cc_minor,
+                env.devices[0].kernel_image_error);
         }
         if (why_not.empty()) {
             const GpuDeviceInfo& d = env.devices[0];
@@ -196,9 +199,10 @@ Result<Placement> choose_placement(BenchDevice wanted) {
             return p;
         }
         if (wanted == BenchDevice::kCuda) {
-            return failed_precondition_error("--device cuda: no usable GPU ({}); see `lathe "
-                                             "doctor`, or use --device cpu",
-                                             why_not);
+            return failed_precondition_error(
+                "--device cuda: no usable GPU ({}); see `lathe "
+                "doctor`, or use --device cpu",
+                why_not);
         }
         log_info("bench: no usable GPU ({}); running on the CPU", why_not);
     }
@@ -209,6 +213,40 @@ Result<Placement> choose_placement(BenchDevice wanted) {
     p.backend = Backend::kCpu;
     p.name = fmt::format("cpu ({} thread{})", threads, threads == 1 ? "" : "s");
     return p;
+}
+
+std::string preset_names() {
+    std::string names;
+    for (const BenchPreset& p : kPresets)
+        names += fmt::format("{}{}", names.empty() ? "" : ", ", p.name);
+    return names;
+}
+
+// A --model file must be one JSON document (a Hugging Face config.json); a file of another kind
+// gets a message saying what --model takes rather than the JSON parser's complaint.
+Status check_looks_like_json(const std::string& path) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec))
+        return ok_status();  // a folder: hf_config_load's rules
+    LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(path));
+    if (nlohmann::json::accept(text)) return ok_status();
+    const std::string takes = fmt::format(
+        "--model takes a preset ({}) or a Hugging Face config.json (a file, or a folder holding "
+        "one)",
+        preset_names());
+    if (ends_with(path, ".yaml") || ends_with(path, ".yml")) {
+        return invalid_argument_error(
+            "--model {}: a YAML file (a `lathe train` config?), not a model's config.json; {}. For "
+            "the model a "
+            "train config describes, pass the config.json of a checkpoint of its run "
+            "(RUN/checkpoints/step-N/config.json), or the file its model.config names",
+            path, takes);
+    }
+    const size_t first = text.find_first_not_of(" \t\r\n");
+    const bool objects = first != std::string::npos && text[first] == '{';
+    return invalid_argument_error("--model {}: {}, so not a Hugging Face config.json; {}", path,
+                                  objects ? "not one JSON document (a JSONL file?)" : "not JSON",
+                                  takes);
 }
 
 }  // namespace
@@ -228,14 +266,15 @@ Result<ModelConfig> bench_model_config(std::string_view model, std::optional<int
         LATHE_ASSIGN_OR_RETURN(hf, hf_config_parse(preset->config_json, source));
     } else if (file_exists(std::string(model))) {
         source = std::string(model);
-        LATHE_ASSIGN_OR_RETURN(hf, hf_config_load(source));
+        LATHE_RETURN_IF_ERROR(check_looks_like_json(source));
+        auto loaded = hf_config_load(source);
+        if (!loaded.ok()) return loaded.status().with_context("--model");
+        hf = std::move(loaded).value();
     } else {
-        std::string names;
-        for (const BenchPreset& p : kPresets)
-            names += fmt::format("{}{}", names.empty() ? "" : ", ", p.name);
-        return invalid_argument_error("--model '{}' is neither a preset ({}) nor a config.json "
-                                      "file or folder",
-                                      model, names);
+        return invalid_argument_error(
+            "--model '{}' is neither a preset ({}) nor a config.json "
+            "file or folder",
+            model, preset_names());
     }
     if (vocab_size) {
         if (*vocab_size < 1)
@@ -271,7 +310,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (req.seq < 1) return invalid_argument_error("--seq must be >= 1, got {}", req.seq);
     if (req.steps < 1) return invalid_argument_error("--steps must be >= 1, got {}", req.steps);
     if (req.warmup < 0) return invalid_argument_error("--warmup must be >= 0, got {}", req.warmup);
-    if (req.threads < 0) return invalid_argument_error("--threads must be >= 0, got {}", req.threads);
+    if (req.threads < 0)
+        return invalid_argument_error("--threads must be >= 0, got {}", req.threads);
     LATHE_ASSIGN_OR_RETURN(ModelConfig config, bench_model_config(req.model, req.vocab_size));
     const int64_t B = req.batch, T = req.seq, V = config.vocab_size;
 #ifdef _OPENMP
@@ -327,16 +367,18 @@ Result<std::string> bench_run(const BenchRequest& req) {
     // the query creates it).
     size_t used_before = 0, free_bytes = 0, total_bytes = 0;
     const bool on_cuda = place.backend == Backend::kCuda;
-    if (on_cuda && gpu_memory_info(0, free_bytes, total_bytes)) used_before = total_bytes - free_bytes;
+    if (on_cuda && gpu_memory_info(0, free_bytes, total_bytes))
+        used_before = total_bytes - free_bytes;
     LATHE_ASSIGN_OR_RETURN(ComputeDevice device,
                            ComputeDevice::open(on_cuda ? "cuda" : "cpu", "--device"));
     device.set_deterministic(!req.nondeterministic);
     const size_t have = device.available_memory_bytes();
     if (have > 0 && plan->total_bytes() > have) {
-        return invalid_argument_error("{} at --batch {} --seq {} needs {} of memory, {} has {} "
-                                      "free; lower --batch or --seq",
-                                      req.model, B, T, format_bytes(plan->total_bytes()),
-                                      device.describe(), format_bytes(have));
+        return invalid_argument_error(
+            "{} at --batch {} --seq {} needs {} of memory, {} has {} "
+            "free; lower --batch or --seq",
+            req.model, B, T, format_bytes(plan->total_bytes()), device.describe(),
+            format_bytes(have));
     }
 
     log_info("bench: {} ({}) on {}: B={} T={}, {} warmup + {} timed steps", req.model,
@@ -349,9 +391,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
     model.init(req.seed);
     LATHE_RETURN_IF_ERROR(model.enable_optimizer());
     const std::vector<AdamWSegment> segments = model.adamw_segments(kLr, kWeightDecay);
-    const std::vector<BatchData> batches =
-        random_batches(std::min<int64_t>(kDistinctBatches, req.warmup + req.steps), B, T, V,
-                       req.seed);
+    const std::vector<BatchData> batches = random_batches(
+        std::min<int64_t>(kDistinctBatches, req.warmup + req.steps), B, T, V, req.seed);
 
     size_t used_peak = 0;
     std::vector<double> step_ms;

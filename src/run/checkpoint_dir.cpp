@@ -5,9 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
+#include <string_view>
 #include <system_error>
 
+#include "core/log.h"
+#include "core/strings.h"
 #include "io/file.h"
 
 namespace fs = std::filesystem;
@@ -15,15 +19,60 @@ namespace fs = std::filesystem;
 namespace lathe {
 namespace {
 
-constexpr const char* kStepPrefix = "step-";
+constexpr std::string_view kStepPrefix = "step-";
 constexpr const char* kPartialPrefix = ".partial-";
+constexpr const char* kConfigFile = "config.json";
 
-std::optional<int64_t> parse_step_digits(const std::string& name) {
-    if (name.rfind(kStepPrefix, 0) != 0) return std::nullopt;
-    const std::string digits = name.substr(5);
-    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
-    return std::stoll(digits);
+// What a folder name in DIR/checkpoints/ is: a step folder ("step-" + decimal digits), one whose
+// digits overflow int64, or anything else.
+struct StepNameKind {
+    enum { kOther, kStep, kOutOfRange } kind = kOther;
+    int64_t step = 0;
+};
+
+StepNameKind classify_step_name(std::string_view name) {
+    if (!starts_with(name, kStepPrefix)) return {};
+    const std::string_view digits = name.substr(kStepPrefix.size());
+    if (digits.empty() ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return {};
+    int64_t step = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+    if (ec != std::errc() || end != digits.data() + digits.size())
+        return {StepNameKind::kOutOfRange, 0};
+    return {StepNameKind::kStep, step};
 }
+
+Status out_of_range_step(const fs::path& folder) {
+    return invalid_argument_error(
+        "{}: not a checkpoint lathe writes (its step number does not fit in 64 bits); rename or "
+        "remove the folder",
+        folder.string());
+}
+
+// Steps of the step folders under `root`, ascending; with `need_config`, only those holding
+// config.json (for folders lathe did not necessarily write).
+Result<std::vector<int64_t>> list_steps(const fs::path& root, bool need_config) {
+    std::vector<int64_t> steps;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(root, ec)) {
+        std::error_code entry_ec;
+        if (!entry.is_directory(entry_ec)) continue;
+        const StepNameKind k = classify_step_name(entry.path().filename().string());
+        if (k.kind == StepNameKind::kOutOfRange) return out_of_range_step(entry.path());
+        if (k.kind != StepNameKind::kStep) continue;
+        if (need_config && !fs::is_regular_file(entry.path() / kConfigFile, entry_ec)) continue;
+        steps.push_back(k.step);
+    }
+    if (ec) return io_error("{}: cannot list: {}", root.string(), ec.message());
+    std::sort(steps.begin(), steps.end());
+    return steps;
+}
+
+constexpr const char* kAcceptedForms =
+    "expected a checkpoint folder (config.json + model*.safetensors: a lathe checkpoint or a "
+    "Hugging Face folder), a run folder or its checkpoints/ folder (meaning the newest "
+    "checkpoint), or checkpoints/latest";
 
 // fsync on a directory makes renames inside it durable.
 void sync_dir(const std::string& path) {
@@ -37,10 +86,14 @@ void sync_dir(const std::string& path) {
 }  // namespace
 
 std::optional<int64_t> CheckpointDir::parse_step_name(const std::string& name) {
-    return parse_step_digits(name);
+    const StepNameKind k = classify_step_name(name);
+    if (k.kind != StepNameKind::kStep) return std::nullopt;
+    return k.step;
 }
 
-std::string CheckpointDir::step_name(int64_t step) { return fmt::format("{}{:08d}", kStepPrefix, step); }
+std::string CheckpointDir::step_name(int64_t step) {
+    return fmt::format("{}{:08d}", kStepPrefix, step);
+}
 
 Result<CheckpointDir> CheckpointDir::open(const std::string& root) {
     std::error_code ec;
@@ -57,15 +110,7 @@ Result<CheckpointDir> CheckpointDir::open(const std::string& root) {
 }
 
 Result<std::vector<int64_t>> CheckpointDir::complete_steps() const {
-    std::vector<int64_t> steps;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(root_, ec)) {
-        if (!entry.is_directory()) continue;
-        if (auto s = parse_step_name(entry.path().filename().string())) steps.push_back(*s);
-    }
-    if (ec) return io_error("{}: cannot list: {}", root_, ec.message());
-    std::sort(steps.begin(), steps.end());
-    return steps;
+    return list_steps(root_, false);
 }
 
 Result<std::optional<std::string>> CheckpointDir::newest() const {
@@ -93,7 +138,8 @@ Result<std::string> CheckpointDir::commit(int64_t step, int keep_last) const {
     sync_dir(partial.string());
     if (fs::exists(final_path, ec)) {
         // Same step written again (e.g. SIGTERM right after an interval save): replace it.
-        const fs::path old = fs::path(root_) / (std::string(kPartialPrefix) + "old-" + step_name(step));
+        const fs::path old =
+            fs::path(root_) / (std::string(kPartialPrefix) + "old-" + step_name(step));
         fs::rename(final_path, old, ec);
         if (ec) return io_error("{}: cannot move aside: {}", final_path.string(), ec.message());
         fs::rename(partial, final_path, ec);
@@ -104,7 +150,8 @@ Result<std::string> CheckpointDir::commit(int64_t step, int keep_last) const {
         if (ec) return io_error("{}: cannot publish: {}", final_path.string(), ec.message());
     }
     sync_dir(root_);
-    LATHE_RETURN_IF_ERROR(file_write_atomic((fs::path(root_) / "latest").string(), step_name(step) + "\n"));
+    LATHE_RETURN_IF_ERROR(file_write_atomic((fs::path(root_) / kLatestCheckpointFile).string(),
+                                            step_name(step) + "\n"));
     if (keep_last > 0) {
         LATHE_ASSIGN_OR_RETURN(std::vector<int64_t> steps, complete_steps());
         const size_t keep = static_cast<size_t>(keep_last);
@@ -115,6 +162,69 @@ Result<std::string> CheckpointDir::commit(int64_t step, int keep_last) const {
         }
     }
     return final_path.string();
+}
+
+namespace {
+
+// The checkpoint `latest` names (a step-N folder beside it).
+Result<fs::path> resolve_latest(const fs::path& latest) {
+    LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(latest.string()));
+    const std::string name(trim(text));
+    if (classify_step_name(name).kind != StepNameKind::kStep) {
+        return data_loss_error(
+            "{}: holds '{}', not a checkpoint folder name (step-NNNNNNNN); pass the run folder {} "
+            "for its newest checkpoint",
+            latest.string(), escape_for_message(name), latest.parent_path().parent_path().string());
+    }
+    const fs::path target = latest.parent_path() / name;
+    std::error_code ec;
+    if (!fs::is_regular_file(target / kConfigFile, ec)) {
+        return not_found_error(
+            "{}: names {}, which is not a complete checkpoint (no {}/config.json); pass the run "
+            "folder {} for its newest checkpoint",
+            latest.string(), name, target.string(), latest.parent_path().parent_path().string());
+    }
+    return target;
+}
+
+}  // namespace
+
+Result<fs::path> resolve_checkpoint(const fs::path& path) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);
+    if (!fs::exists(st))
+        return not_found_error("{}: no such folder; {}", path.string(), kAcceptedForms);
+    if (fs::is_regular_file(st)) {
+        if (path.filename() == kLatestCheckpointFile) return resolve_latest(path);
+        const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
+        if (fs::is_regular_file(parent / kConfigFile, ec)) {
+            return invalid_argument_error(
+                "{}: a file, not a checkpoint; pass the folder that holds it, {}", path.string(),
+                parent.string());
+        }
+        return invalid_argument_error("{}: a file, not a checkpoint; {}", path.string(),
+                                      kAcceptedForms);
+    }
+    if (!fs::is_directory(st))
+        return invalid_argument_error("{}: not a folder; {}", path.string(), kAcceptedForms);
+    if (fs::is_regular_file(path / kConfigFile, ec)) return path;
+
+    const bool run_folder = fs::is_directory(path / "checkpoints", ec);
+    const fs::path root = run_folder ? path / "checkpoints" : path;
+    LATHE_ASSIGN_OR_RETURN(std::vector<int64_t> steps, list_steps(root, true));
+    if (!steps.empty()) {
+        const fs::path newest = root / CheckpointDir::step_name(steps.back());
+        log_info("{}: newest checkpoint {}", path.string(), newest.string());
+        return newest;
+    }
+    if (run_folder) {
+        return not_found_error(
+            "{}: a run folder with no complete checkpoint in {} yet (one is written every "
+            "checkpoint.interval steps and when training ends)",
+            path.string(), root.string());
+    }
+    return not_found_error("{}: no config.json, and no checkpoints/step-*/ with one; {}",
+                           path.string(), kAcceptedForms);
 }
 
 }  // namespace lathe

@@ -13,6 +13,7 @@
 // the rename and the marker update leaves `latest` one behind, which is still consistent).
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,10 +30,13 @@ public:
     // Folder name for a step: "step-00000100" (zero-padded so names sort by step).
     static std::string step_name(int64_t step);
     // The step of a folder name written by step_name ("step-00000100" -> 100), or nullopt for any
-    // other name (".partial-*", "latest", ...). For readers that must not open() (which cleans).
+    // other name (".partial-*", "latest", a number beyond int64). For readers that must not
+    // open() (which cleans).
     static std::optional<int64_t> parse_step_name(const std::string& name);
 
-    // Steps of complete checkpoints, ascending.
+    // Steps of complete checkpoints, ascending. Errors: a "step-" folder whose digits do not fit in
+    // int64 (no run writes one; the message names it, as picking an older checkpoint silently
+    // would resume or evaluate something other than what the folder suggests).
     Result<std::vector<int64_t>> complete_steps() const;
     // The newest complete checkpoint's folder, or nullopt when there is none.
     Result<std::optional<std::string>> newest() const;
@@ -50,5 +54,22 @@ public:
 private:
     std::string root_;
 };
+
+// The file in DIR/checkpoints/ naming the newest complete checkpoint.
+inline constexpr const char* kLatestCheckpointFile = "latest";
+
+// The checkpoint folder meant by a path given on the command line or in a config, in any of the
+// forms a user has at hand. Read-only (a run may be writing there at the same time):
+//
+//   a folder with config.json           itself (a lathe checkpoint or a Hugging Face folder)
+//   RUN/ (holds checkpoints/)           its newest complete checkpoint
+//   RUN/checkpoints/                    its newest complete checkpoint
+//   RUN/checkpoints/latest              the checkpoint the marker names
+//
+// A complete checkpoint is a step-N folder holding config.json. Errors (naming the path and the
+// accepted forms): a path that does not exist, a file other than `latest`, a `latest` that names
+// no checkpoint, a run folder with no complete checkpoint, a folder of none of these kinds, a
+// step folder whose number does not fit in int64.
+Result<std::filesystem::path> resolve_checkpoint(const std::filesystem::path& path);
 
 }  // namespace lathe

@@ -20,7 +20,8 @@ std::string fresh_dir(const char* name) {
 
 Status write_checkpoint(const CheckpointDir& d, int64_t step, int keep) {
     LATHE_ASSIGN_OR_RETURN(std::string dir, d.begin(step));
-    LATHE_RETURN_IF_ERROR(file_write_atomic(dir + "/trainer_state.json", fmt::format("{{\"step\": {}}}", step)));
+    LATHE_RETURN_IF_ERROR(
+        file_write_atomic(dir + "/trainer_state.json", fmt::format("{{\"step\": {}}}", step)));
     auto final_path = d.commit(step, keep);
     return final_path.ok() ? ok_status() : final_path.status();
 }
@@ -64,6 +65,111 @@ TEST(CheckpointDir, SameStepTwiceReplaces) {
     ASSERT_TRUE(write_checkpoint(*d, 5, 0).ok());
     EXPECT_EQ(*d->complete_steps(), (std::vector<int64_t>{5}));
     EXPECT_FALSE(d->commit(6, 0).ok());  // commit without begin
+}
+
+TEST(CheckpointDir, StepNamesBeyondInt64AreErrorsNotCrashes) {
+    EXPECT_EQ(CheckpointDir::parse_step_name("step-00000100"), 100);
+    EXPECT_EQ(CheckpointDir::parse_step_name("step-9223372036854775807"), INT64_MAX);
+    EXPECT_FALSE(CheckpointDir::parse_step_name("step-9223372036854775808").has_value());
+    EXPECT_FALSE(CheckpointDir::parse_step_name("step-99999999999999999999").has_value());
+    EXPECT_FALSE(CheckpointDir::parse_step_name("step-").has_value());
+    EXPECT_FALSE(CheckpointDir::parse_step_name("step-12a").has_value());
+    EXPECT_FALSE(CheckpointDir::parse_step_name("step--1").has_value());
+    EXPECT_FALSE(CheckpointDir::parse_step_name("latest").has_value());
+
+    const std::string root = fresh_dir("huge");
+    auto d = CheckpointDir::open(root);
+    ASSERT_TRUE(d.ok());
+    ASSERT_TRUE(write_checkpoint(*d, 3, 0).ok());
+    fs::create_directories(root + "/step-99999999999999999999");
+    auto steps = d->complete_steps();
+    ASSERT_FALSE(steps.ok());
+    EXPECT_NE(
+        steps.status().message().find("step-99999999999999999999: not a checkpoint lathe writes"),
+        std::string::npos)
+        << steps.status().message();
+    EXPECT_FALSE(d->newest().ok());
+    fs::remove_all(root);
+}
+
+// A folder holding config.json, as resolve_checkpoint counts a complete checkpoint.
+void make_checkpoint_folder(const fs::path& dir) {
+    fs::create_directories(dir);
+    ASSERT_TRUE(file_write_atomic((dir / "config.json").string(), "{}").ok());
+}
+
+std::string message_of(const Result<fs::path>& r) {
+    return r.ok() ? "" : r.status().message();
+}
+
+TEST(ResolveCheckpoint, TakesACheckpointARunFolderItsCheckpointsAndLatest) {
+    const fs::path run = fresh_dir("resolve");
+    const fs::path ck = run / "checkpoints";
+    make_checkpoint_folder(ck / "step-00000004");
+    make_checkpoint_folder(ck / "step-00000012");
+    fs::create_directories(ck / "step-00000020");           // no config.json: not complete
+    make_checkpoint_folder(ck / ".partial-step-00000016");  // being written
+    ASSERT_TRUE(file_write_atomic((ck / "latest").string(), "step-00000004\n").ok());
+
+    for (const fs::path& given : {run, ck}) {
+        auto r = resolve_checkpoint(given);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        EXPECT_EQ(*r, ck / "step-00000012") << given;
+    }
+    auto latest = resolve_checkpoint(ck / "latest");  // what it names, even when not the newest
+    ASSERT_TRUE(latest.ok()) << latest.status().to_string();
+    EXPECT_EQ(*latest, ck / "step-00000004");
+    auto itself = resolve_checkpoint(ck / "step-00000004");
+    ASSERT_TRUE(itself.ok());
+    EXPECT_EQ(*itself, ck / "step-00000004");
+    fs::remove_all(run);
+}
+
+TEST(ResolveCheckpoint, ErrorsNameThePathAndWhatIsAccepted) {
+    const fs::path run = fresh_dir("resolve_bad");
+    const fs::path ck = run / "checkpoints";
+    fs::create_directories(ck);
+    auto empty_run = resolve_checkpoint(run);
+    EXPECT_EQ(empty_run.status().code(), StatusCode::kNotFound);
+    EXPECT_NE(message_of(empty_run).find("a run folder with no complete checkpoint"),
+              std::string::npos)
+        << message_of(empty_run);
+
+    auto missing = resolve_checkpoint(run / "nope");
+    EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+    EXPECT_NE(message_of(missing).find((run / "nope").string() + ": no such folder"),
+              std::string::npos);
+    EXPECT_NE(message_of(missing).find("checkpoints/latest"), std::string::npos)
+        << message_of(missing);
+
+    ASSERT_TRUE(file_write_atomic((ck / "latest").string(), "step-00000008\n").ok());
+    auto dangling = resolve_checkpoint(ck / "latest");
+    EXPECT_NE(message_of(dangling).find("names step-00000008, which is not a complete checkpoint"),
+              std::string::npos)
+        << message_of(dangling);
+    ASSERT_TRUE(file_write_atomic((ck / "latest").string(), "{\"step\": 8}").ok());
+    auto garbled = resolve_checkpoint(ck / "latest");
+    EXPECT_NE(message_of(garbled).find("not a checkpoint folder name"), std::string::npos)
+        << message_of(garbled);
+
+    make_checkpoint_folder(ck / "step-00000002");
+    auto file = resolve_checkpoint(ck / "step-00000002" / "config.json");
+    EXPECT_EQ(file.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(message_of(file).find("pass the folder that holds it"), std::string::npos)
+        << message_of(file);
+
+    const fs::path plain = run / "plain";
+    fs::create_directories(plain / "sub");
+    auto none = resolve_checkpoint(plain);
+    EXPECT_NE(message_of(none).find("no config.json, and no checkpoints/step-*/"),
+              std::string::npos)
+        << message_of(none);
+
+    fs::create_directories(ck / "step-99999999999999999999");
+    auto huge = resolve_checkpoint(run);
+    EXPECT_NE(message_of(huge).find("does not fit in 64 bits"), std::string::npos)
+        << message_of(huge);
+    fs::remove_all(run);
 }
 
 }  // namespace

@@ -603,24 +603,6 @@ Status write_fresh_training_state(const StagingFolder& staging, const ParamTable
     return file_write_atomic(staging.file(kTrainerStateFile), j.dump(2) + "\n");
 }
 
-// The newest complete step folder under `checkpoints` (CheckpointDir's layout; partial folders
-// start with '.' and are not step names). Read-only: a run may be writing there right now.
-std::optional<fs::path> newest_step(const fs::path& checkpoints) {
-    std::error_code ec;
-    int64_t best = -1;
-    fs::path best_path;
-    for (const fs::directory_entry& e : fs::directory_iterator(checkpoints, ec)) {
-        if (!e.is_directory()) continue;
-        const int64_t step = CheckpointDir::parse_step_name(e.path().filename().string()).value_or(-1);
-        if (step > best && fs::is_regular_file(e.path() / kConfigFile, ec)) {
-            best = step;
-            best_path = e.path();
-        }
-    }
-    if (best < 0) return std::nullopt;
-    return best_path;
-}
-
 }  // namespace
 
 std::string_view checkpoint_format_name(CheckpointFormat format) {
@@ -755,23 +737,9 @@ Status convert_write_zero_moments(const std::string& path, uint64_t n) {
 
 Result<ConvertSource> convert_find_source(const std::string& input) {
     std::error_code ec;
-    const fs::path given(input);
-    if (!fs::is_directory(given, ec)) return not_found_error("INPUT_DIR {}: no such folder", input);
     ConvertSource src;
     src.given = input;
-    fs::path dir = given;
-    if (!fs::is_regular_file(dir / kConfigFile, ec)) {
-        std::optional<fs::path> step;
-        if (fs::is_directory(dir / "checkpoints", ec)) step = newest_step(dir / "checkpoints");
-        if (!step) step = newest_step(dir);
-        if (!step)
-            return not_found_error(
-                "INPUT_DIR {}: no config.json, and no checkpoints/step-*/ with one: expected a "
-                "Hugging Face folder, a lathe checkpoint, or a lathe run folder",
-                input);
-        dir = *step;
-        log_info("{}: newest checkpoint {}", input, dir.string());
-    }
+    LATHE_ASSIGN_OR_RETURN(const fs::path dir, resolve_checkpoint(input));
     src.dir = dir.string();
     const bool single = fs::is_regular_file(dir / kSafetensorsSingleFileName, ec);
     const bool index = fs::is_regular_file(dir / kSafetensorsIndexFileName, ec);

@@ -1,11 +1,11 @@
 #include "run/eval_loss.h"
-#include "run/compute_device.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -15,21 +15,28 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "model/registry.h"
+#include "run/checkpoint_dir.h"
+#include "run/compute_device.h"
 
 namespace lathe {
 
 Result<EvalLossResult> eval_loss_run(const EvalLossRequest& r) {
     if (r.seq_len < 1) return invalid_argument_error("--seq-len must be >= 1, got {}", r.seq_len);
     if (r.batches < 1) return invalid_argument_error("--batches must be >= 1, got {}", r.batches);
-    if (r.micro_batch < 1) return invalid_argument_error("--micro-batch must be >= 1, got {}", r.micro_batch);
+    if (r.micro_batch < 1)
+        return invalid_argument_error("--micro-batch must be >= 1, got {}", r.micro_batch);
 #ifdef _OPENMP
     if (r.threads > 0) omp_set_num_threads(r.threads);
 #endif
-    auto config = model_config_from_hf_file(r.checkpoint);
+    const Result<std::filesystem::path> resolved = resolve_checkpoint(r.checkpoint);
+    if (!resolved.ok()) return resolved.status().with_context("--checkpoint");
+    const std::string checkpoint = resolved->string();
+    auto config = model_config_from_hf_file(checkpoint);
     if (!config.ok()) return config.status().with_context("--checkpoint");
     if (r.seq_len > config->max_position_embeddings) {
-        return invalid_argument_error("--seq-len {} exceeds the model's max_position_embeddings {} ({})", r.seq_len,
-                                      config->max_position_embeddings, r.checkpoint);
+        return invalid_argument_error(
+            "--seq-len {} exceeds the model's max_position_embeddings {} ({})", r.seq_len,
+            config->max_position_embeddings, checkpoint);
     }
     const int64_t T = r.seq_len;
     const int64_t B = std::min(r.micro_batch, r.batches);
@@ -39,7 +46,7 @@ Result<EvalLossResult> eval_loss_run(const EvalLossRequest& r) {
     LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
     LATHE_ASSIGN_OR_RETURN(Model model, Model::create(*config, shape, device.context()));
     {
-        auto ck = SafetensorsCheckpoint::open(r.checkpoint);
+        auto ck = SafetensorsCheckpoint::open(checkpoint);
         if (!ck.ok()) return ck.status().with_context("--checkpoint");
         LATHE_RETURN_IF_ERROR(model.load_hf(*ck));
     }
@@ -52,8 +59,9 @@ Result<EvalLossResult> eval_loss_run(const EvalLossRequest& r) {
     int64_t total_tokens = 0;
     for (int32_t n : file.sizes()) total_tokens += n;
     if (total_tokens < need) {
-        return invalid_argument_error("--data {}: {} tokens hold {} windows of {} + 1, fewer than --batches {}",
-                                      r.data, total_tokens, total_tokens / (T + 1), T, r.batches);
+        return invalid_argument_error(
+            "--data {}: {} tokens hold {} windows of {} + 1, fewer than --batches {}", r.data,
+            total_tokens, total_tokens / (T + 1), T, r.batches);
     }
     std::vector<int32_t> stream(static_cast<size_t>(need));
     int64_t have = 0;
@@ -61,17 +69,21 @@ Result<EvalLossResult> eval_loss_run(const EvalLossRequest& r) {
     for (size_t d = 0; d < sizes.size() && have < need; ++d) {
         const int64_t take = std::min<int64_t>(sizes[d], need - have);
         if (take == 0) continue;
-        LATHE_RETURN_IF_ERROR(file.read(int64_t(d), 0, std::span<int32_t>(stream.data() + have, size_t(take))));
+        LATHE_RETURN_IF_ERROR(
+            file.read(int64_t(d), 0, std::span<int32_t>(stream.data() + have, size_t(take))));
         have += take;
     }
     if (have < need) {
-        return invalid_argument_error("--data {}: {} tokens hold {} windows of {} + 1, fewer than --batches {}",
-                                      r.data, have, have / (T + 1), T, r.batches);
+        return invalid_argument_error(
+            "--data {}: {} tokens hold {} windows of {} + 1, fewer than --batches {}", r.data, have,
+            have / (T + 1), T, r.batches);
     }
     for (int32_t id : stream) {
         if (id < 0 || id >= config->vocab_size) {
-            return invalid_argument_error("--data {}: token id {} is outside the model's vocabulary ({}); was it "
-                                          "prepared with another tokenizer?", r.data, id, config->vocab_size);
+            return invalid_argument_error(
+                "--data {}: token id {} is outside the model's vocabulary ({}); was it "
+                "prepared with another tokenizer?",
+                r.data, id, config->vocab_size);
         }
     }
 
@@ -90,6 +102,7 @@ Result<EvalLossResult> eval_loss_run(const EvalLossRequest& r) {
         total += double(model.forward(batch)) * double(nb * T);
     }
     EvalLossResult out;
+    out.checkpoint = checkpoint;
     out.windows = r.batches;
     out.tokens = r.batches * T;
     out.loss = total / double(out.tokens);
@@ -105,7 +118,7 @@ std::string eval_loss_json(const EvalLossRequest& request, const EvalLossResult&
     j["windows"] = result.windows;
     j["seq_len"] = request.seq_len;
     j["device"] = request.device;
-    j["checkpoint"] = request.checkpoint;
+    j["checkpoint"] = result.checkpoint;
     j["data"] = request.data;
     return j.dump();
 }

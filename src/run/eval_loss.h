@@ -15,11 +15,12 @@
 namespace lathe {
 
 struct EvalLossRequest {
-    std::string checkpoint;  // a checkpoint folder (config.json + model*.safetensors)
-    std::string data;        // token-file prefix
-    int64_t seq_len = 0;     // T
-    int64_t batches = 0;     // N windows
-    int64_t micro_batch = 8; // windows per forward pass (memory only; the result does not change)
+    std::string checkpoint;   // a checkpoint, a run folder, its checkpoints/ or checkpoints/latest
+                              // (resolve_checkpoint in run/checkpoint_dir.h)
+    std::string data;         // token-file prefix
+    int64_t seq_len = 0;      // T
+    int64_t batches = 0;      // N windows
+    int64_t micro_batch = 8;  // windows per forward pass (memory only; the result does not change)
     int threads = 0;
     std::string device = "auto";  // auto | cpu | cuda
 };
@@ -27,12 +28,14 @@ struct EvalLossRequest {
 struct EvalLossResult {
     double loss = 0.0;
     double perplexity = 0.0;
-    int64_t tokens = 0;      // N T predictions
+    int64_t tokens = 0;  // N T predictions
     int64_t windows = 0;
+    std::string checkpoint;  // the checkpoint folder evaluated
 };
 
-// Errors: a checkpoint that does not load, a token file that does not open, a stream shorter
-// than N (T + 1) tokens (the message says how many windows fit), T beyond the model's limit.
+// Errors: a --checkpoint that names no checkpoint, a checkpoint that does not load, a token file
+// that does not open, a stream shorter than N (T + 1) tokens (the message says how many windows
+// fit), T beyond the model's limit.
 Result<EvalLossResult> eval_loss_run(const EvalLossRequest& request);
 
 // The result as one JSON line (no trailing newline).

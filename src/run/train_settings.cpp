@@ -8,6 +8,7 @@
 #include "io/file.h"
 #include "io/hf_config.h"
 #include "model/registry.h"
+#include "run/checkpoint_dir.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lathe {
@@ -261,6 +262,9 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     // ---- model ----
     HfModelConfig hf;
     if (!s.init_from.empty()) {
+        auto resolved = resolve_checkpoint(s.init_from);  // a run folder, checkpoints/latest, ...
+        if (!resolved.ok()) return resolved.status().with_context(c.source_of("checkpoint.init_from") + ": 'checkpoint.init_from'");
+        s.init_from = resolved->string();
         auto loaded = hf_config_load(s.init_from);
         if (!loaded.ok()) return loaded.status().with_context(c.source_of("checkpoint.init_from") + ": 'checkpoint.init_from'");
         hf = *loaded;

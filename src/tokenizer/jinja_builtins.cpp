@@ -14,6 +14,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -89,12 +90,18 @@ Value attr_path(const Value& item, const std::string& path) {
         const size_t dot = path.find('.', start);
         const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
         Value key;
-        if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }))
-            key = Value::integer(std::stoll(part));
-        else
+        bool beyond_int64 = false;
+        if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+            int64_t k = 0;
+            beyond_int64 = std::from_chars(part.data(), part.data() + part.size(), k).ec != std::errc();
+            key = Value::integer(k);
+        } else {
             key = Value::string(part);
+        }
         if (cur.is_undefined()) cur.fail_undefined();
-        cur = get_item(cur, key);
+        // Python's int has no bound; an index past int64 names no element of anything.
+        cur = beyond_int64 ? Value::undefined(std::string("'") + cur.type_name() + " object' has no element " + part)
+                           : get_item(cur, key);
         if (dot == std::string::npos) return cur;
         start = dot + 1;
     }
@@ -293,8 +300,10 @@ std::string brace_format(const std::string& fmt, const Args& args) {
             if (auto_index >= args.positional.size()) throw_error("Replacement index out of range for positional args tuple");
             v = args.positional[auto_index++];
         } else if (std::all_of(field.begin(), field.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-            const size_t k = std::stoul(field);
-            if (k >= args.positional.size()) throw_error("Replacement index out of range for positional args tuple");
+            size_t k = 0;
+            const bool fits = std::from_chars(field.data(), field.data() + field.size(), k).ec == std::errc();
+            if (!fits || k >= args.positional.size())
+                throw_error("Replacement index out of range for positional args tuple");
             v = args.positional[k];
         } else {
             const Value* kv = args.get(size_t(-1), field);

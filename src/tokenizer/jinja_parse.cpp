@@ -3,6 +3,7 @@
 // keep_trailing_newline=False, newline_sequence "\n").
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -387,7 +388,9 @@ private:
         for (size_t k = pos_; k < (is_float ? f : e); ++k)
             if (s[k] != '_') text += s[k];
         if (is_float) {
-            tokens_.push_back(Token{Tok::kFloat, text, line_, Value::floating(std::stod(text))});
+            // strtod, as Python's float(): inf past the largest double, the nearest subnormal or 0
+            // below the smallest.
+            tokens_.push_back(Token{Tok::kFloat, text, line_, Value::floating(std::strtod(text.c_str(), nullptr))});
             pos_ = f;
         } else {
             push_int(text, text, 10);

@@ -190,7 +190,9 @@ std::string float_repr(double f) {
     std::string digits;
     for (size_t i = pos; i < e; ++i)
         if (sci[i] != '.') digits += sci[i];
-    const int exponent = std::stoi(sci.substr(e + 1));
+    int exponent = 0;
+    const size_t exp_start = e + 1 + (sci[e + 1] == '+' ? 1 : 0);  // from_chars takes '-' but not '+'
+    std::from_chars(sci.data() + exp_start, sci.data() + sci.size(), exponent);
     while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
     const int decpt = exponent + 1;
     const int nd = int(digits.size());

@@ -1,0 +1,330 @@
+"""Errors a user can meet at the top of `lathe`, and the checkpoint paths every command takes.
+
+Checked here, through the `lathe` binary (LATHE_BIN):
+  - every command that reads a checkpoint (`eval loss --checkpoint`, `convert INPUT_DIR`,
+    `train --set checkpoint.init_from=`, `align apply --checkpoint`) takes the checkpoint folder,
+    the run folder, its checkpoints/ folder and checkpoints/latest, and reads the same weights
+    through each;
+  - a path that names no checkpoint, a `latest` naming a missing folder, and a step folder whose
+    number does not fit in 64 bits are `lathe: error:` lines naming the argument and the path,
+    with a non-zero exit, never a crash;
+  - a file of the wrong kind (a YAML train config as `bench --model`, a JSONL file as token files
+    or as a checkpoint) is an error naming the argument and what it takes;
+  - numbers in chat templates beyond what 64 bits hold render as jinja2 renders them (or fail as
+    jinja2 fails), never end the process;
+  - an exception no Status describes (here: memory running out under an address-space limit)
+    ends as one `lathe: error:` line and exit code 1, not std::terminate.
+"""
+import gzip
+import json
+import os
+import resource
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LATHE = os.environ.get("LATHE_BIN", str(ROOT / "build" / "lathe"))
+
+TINY = """
+model:
+  family: llama
+  hidden_size: 32
+  intermediate_size: 64
+  num_hidden_layers: 1
+  num_attention_heads: 2
+  num_key_value_heads: 1
+  max_position_embeddings: 64
+  tie_word_embeddings: true
+data:
+  split: "100,0,0"
+  seq_length: 16
+train:
+  steps: 4
+  micro_batch_size: 2
+  gradient_accumulation_steps: 1
+  log_interval: 1
+  eval_interval: 0
+  threads: 2
+  device: cpu
+optimizer:
+  lr: 3.0e-3
+checkpoint:
+  interval: 2
+  keep_last: 0
+"""
+
+
+def run(args, check=True, **kw):
+    p = subprocess.run([LATHE] + [str(a) for a in args], capture_output=True, text=True, timeout=600, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"lathe {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
+    return p
+
+
+def fails(args, *needles, rc=None):
+    """Runs lathe expecting an error: one `lathe: error:` line holding every needle, no crash."""
+    p = run(args, check=False)
+    assert p.returncode not in (0, -6, 134, -11, 139), (p.returncode, p.stderr)  # 134/-6: abort
+    if rc is not None:
+        assert p.returncode == rc, (p.returncode, p.stderr)
+    errors = [line for line in p.stderr.splitlines() if line.startswith("lathe: error: ")]
+    assert len(errors) == 1, p.stderr
+    for n in needles:
+        assert n in errors[0], (n, errors[0])
+    assert "terminate called" not in p.stderr and "what():" not in p.stderr, p.stderr
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A tokenizer, token files, and a 4-step CPU run with checkpoints at steps 2 and 4."""
+    d = tmp_path_factory.mktemp("cli_errors")
+    raw = gzip.open("/usr/share/dictd/gcide.dict.dz", "rt", errors="replace").read(200_000)
+    blocks = [b.strip() for b in raw.split("\n\n") if b.strip()]
+    with open(d / "c.jsonl", "w") as f:
+        for b in blocks:
+            f.write(json.dumps({"text": b}) + "\n")
+    run(["tokenizer", "train", "--vocab-size", 300, "--special-tokens", "<|endoftext|>",
+         "--input", d / "c.jsonl", "--output", d / "tok.json"])
+    run(["prepare", "--tokenizer", d / "tok.json", "--input", d / "c.jsonl",
+         "--output-prefix", d / "gc", "--append-eod"])
+    (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
+    run(["train", d / "tiny.yaml", "--run-dir", d / "run"])
+    ck = d / "run" / "checkpoints"
+    assert (ck / "latest").read_text().strip() == "step-00000004"
+    assert (ck / "step-00000002").is_dir() and (ck / "step-00000004").is_dir()
+    return d
+
+
+def forms(d):
+    """The four ways to name the run's newest checkpoint."""
+    run_dir = d / "run"
+    return {"run": run_dir, "checkpoints": run_dir / "checkpoints",
+            "latest": run_dir / "checkpoints" / "latest",
+            "step": run_dir / "checkpoints" / "step-00000004"}
+
+
+# ---- one resolver, every command ----
+
+def test_eval_loss_takes_every_checkpoint_form(made):
+    outs = {}
+    for name, path in forms(made).items():
+        p = run(["eval", "loss", "--device", "cpu", "--checkpoint", path, "--data", made / "gc",
+                 "--seq-len", 16, "--batches", 4])
+        outs[name] = json.loads(p.stdout)
+    for name, out in outs.items():
+        assert Path(out["checkpoint"]).name == "step-00000004", (name, out)
+        assert out["loss"] == outs["step"]["loss"], (name, out, outs["step"])
+
+
+def test_convert_takes_every_checkpoint_form(made, tmp_path):
+    written = {}
+    for name, path in forms(made).items():
+        out = tmp_path / name
+        res = json.loads(run(["convert", path, out, "--to", "hf", "--dtype", "fp32"]).stdout.strip().splitlines()[-1])
+        assert res, name
+        written[name] = (out / "model.safetensors").read_bytes()
+    step = (made / "run" / "checkpoints" / "step-00000004" / "model.safetensors").read_bytes()
+    for name, data in written.items():
+        assert data == written["step"], name
+    assert len(step) > 0
+
+
+def test_train_init_from_takes_every_checkpoint_form(made, tmp_path):
+    first = {}
+    for name, path in forms(made).items():
+        r = tmp_path / name
+        run(["train", made / "tiny.yaml", "--run-dir", r, "--set", "train.steps=1",
+             "--set", "checkpoint.interval=0", "--set", f"checkpoint.init_from={path}"])
+        lines = [json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines()]
+        first[name] = [m["loss"] for m in lines if m["split"] == "train"][0]
+    # finetune from step 4: the same weights through every form, so the same first loss
+    assert len(set(first.values())) == 1, first
+
+
+def test_align_apply_takes_every_checkpoint_form(made, tmp_path):
+    written = {}
+    for name, path in forms(made).items():
+        out = tmp_path / name
+        run(["align", "apply", "--checkpoint", path, "--target-tokenizer", made / "tok.json",
+             "--output", out, "--init", "mean", "--seed", 3])
+        written[name] = (out / "model.safetensors").read_bytes()
+    for name, data in written.items():
+        assert data == written["step"], name
+
+
+def test_paths_that_name_no_checkpoint(made, tmp_path):
+    data = ["--data", made / "gc", "--seq-len", 8, "--batches", 1, "--device", "cpu"]
+    fails(["eval", "loss", "--checkpoint", tmp_path / "nope", *data],
+          "--checkpoint", str(tmp_path / "nope"), "no such folder", "checkpoints/latest")
+    fails(["convert", tmp_path / "nope", tmp_path / "out", "--to", "hf"],
+          "INPUT_DIR", "no such folder")
+    # A random folder: not a checkpoint, a run folder or a checkpoints folder.
+    (tmp_path / "random" / "sub").mkdir(parents=True)
+    (tmp_path / "random" / "notes.txt").write_text("hello\n")
+    for args, arg in ((["eval", "loss", "--checkpoint", tmp_path / "random", *data], "--checkpoint"),
+                      (["convert", tmp_path / "random", tmp_path / "out", "--to", "hf"], "INPUT_DIR")):
+        fails(args, arg, "no config.json", "a run folder")
+    assert not (tmp_path / "out").exists()
+    # A run that has not written a checkpoint yet.
+    (tmp_path / "young" / "checkpoints").mkdir(parents=True)
+    fails(["eval", "loss", "--checkpoint", tmp_path / "young", *data],
+          "a run folder with no complete checkpoint")
+    # A file inside a checkpoint: say which folder to pass.
+    cfg = made / "run" / "checkpoints" / "step-00000002" / "config.json"
+    fails(["eval", "loss", "--checkpoint", cfg, *data], "a file, not a checkpoint",
+          "pass the folder that holds it")
+    fails(["train", made / "tiny.yaml", "--run-dir", tmp_path / "t", "--set", f"checkpoint.init_from={tmp_path / 'nope'}"],
+          "checkpoint.init_from", "no such folder")
+    assert not (tmp_path / "t" / "checkpoints").exists()
+
+
+def test_latest_naming_a_missing_checkpoint(made, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(made / "run", run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "step-00000004")
+    latest = run_dir / "checkpoints" / "latest"
+    fails(["eval", "loss", "--checkpoint", latest, "--data", made / "gc", "--seq-len", 8, "--batches", 1,
+           "--device", "cpu"], "--checkpoint", "names step-00000004, which is not a complete checkpoint",
+          f"pass the run folder {run_dir}")
+    # The run folder itself still means its newest complete checkpoint.
+    p = run(["eval", "loss", "--checkpoint", run_dir, "--data", made / "gc", "--seq-len", 8, "--batches", 1,
+             "--device", "cpu"])
+    assert Path(json.loads(p.stdout)["checkpoint"]).name == "step-00000002"
+    latest.write_text("../../elsewhere\n")
+    fails(["convert", latest, tmp_path / "out", "--to", "hf"], "INPUT_DIR", "not a checkpoint folder name")
+
+
+def test_step_folder_beyond_64_bits_is_an_error_not_a_crash(made, tmp_path):
+    """No run writes such a folder; taking an older checkpoint instead would silently resume or
+    evaluate something other than what the folder names suggest, so each command says so."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(made / "run", run_dir)
+    huge = run_dir / "checkpoints" / "step-99999999999999999999"
+    huge.mkdir()
+    shutil.copy(run_dir / "checkpoints" / "step-00000004" / "config.json", huge / "config.json")
+    needles = (str(huge), "does not fit in 64 bits", "rename or remove")
+    fails(["eval", "loss", "--checkpoint", run_dir, "--data", made / "gc", "--seq-len", 8, "--batches", 1,
+           "--device", "cpu"], "--checkpoint", *needles, rc=2)
+    fails(["convert", run_dir, tmp_path / "out", "--to", "hf"], "INPUT_DIR", *needles, rc=2)
+    fails(["train", made / "tiny.yaml", "--run-dir", run_dir, "--set", "train.steps=6"], *needles, rc=2)
+    fails(["align", "apply", "--checkpoint", run_dir, "--target-tokenizer", made / "tok.json",
+           "--output", tmp_path / "aligned", "--init", "mean"], *needles)
+    fails(["train", made / "tiny.yaml", "--run-dir", tmp_path / "other", "--set", f"checkpoint.init_from={run_dir}"],
+          "checkpoint.init_from", *needles, rc=2)
+    # The marker still names a checkpoint precisely, whatever else the folder holds.
+    p = run(["eval", "loss", "--checkpoint", run_dir / "checkpoints" / "latest", "--data", made / "gc",
+             "--seq-len", 8, "--batches", 1, "--device", "cpu"])
+    assert Path(json.loads(p.stdout)["checkpoint"]).name == "step-00000004"
+
+
+# ---- files of the wrong kind ----
+
+def test_bench_model_given_a_train_config():
+    err = fails(["bench", "--model", ROOT / "configs" / "tiny.yaml", "--batch", 1, "--seq", 8, "--plan-only"],
+                "--model", "a YAML file", "not a model's config.json", "a preset (", "checkpoints/step-N/config.json",
+                rc=2)
+    assert "last read" not in err
+
+
+def test_bench_model_given_other_files(made, tmp_path):
+    err = fails(["bench", "--model", made / "c.jsonl", "--batch", 1, "--seq", 8, "--plan-only"],
+                "--model", "not one JSON document (a JSONL file?)", "a preset (")
+    assert "parse error" not in err
+    (tmp_path / "notes.txt").write_text("some notes\n")
+    err = fails(["bench", "--model", tmp_path / "notes.txt", "--batch", 1, "--seq", 8, "--plan-only"],
+                "--model", "not JSON, so not a Hugging Face config.json", "a preset (")
+    assert "last read" not in err
+    # JSON, but not a model config: the config reader's message, naming --model.
+    fails(["bench", "--model", made / "tok.json", "--batch", 1, "--seq", 8, "--plan-only"], "--model", "tok.json")
+    # A checkpoint's config.json is what --model takes.
+    p = run(["bench", "--model", made / "run" / "checkpoints" / "step-00000004" / "config.json", "--batch", 1,
+             "--seq", 8, "--plan-only", "--device", "cpu"])
+    assert json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_token_file_arguments_given_other_files(made, tmp_path):
+    ck = made / "run" / "checkpoints" / "step-00000004"
+    common = ["--seq-len", 8, "--batches", 1, "--device", "cpu"]
+    # The corpus itself instead of token files.
+    err = fails(["eval", "loss", "--checkpoint", ck, "--data", made / "c.jsonl", *common],
+                "--data", str(made / "c.jsonl"), "lathe prepare")
+    assert "c.jsonl.idx" not in err or "prefix" in err
+    # The .bin or .idx file instead of the prefix.
+    for suffix in (".bin", ".idx"):
+        fails(["eval", "loss", "--checkpoint", ck, "--data", f"{made / 'gc'}{suffix}", *common],
+              "--data", "without .bin/.idx", str(made / "gc"))
+        fails(["data", "info", f"{made / 'gc'}{suffix}"], "without .bin/.idx", str(made / "gc"))
+    fails(["data", "info", tmp_path / "nothing"], str(tmp_path / "nothing"), "no token files")
+    fails(["data", "dump", made / "c.jsonl", "--doc", 0], "lathe prepare")
+    # A checkpoint given where token files go, and token files where a checkpoint goes.
+    fails(["eval", "loss", "--checkpoint", made / "gc.bin", "--data", made / "gc", *common],
+          "--checkpoint", "a file, not a checkpoint")
+
+
+# ---- numbers beyond 64 bits in chat templates ----
+
+def render(tmp_path, template, messages):
+    cfg = tmp_path / "tokenizer_config.json"
+    cfg.write_text(json.dumps({"chat_template": template}))
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"messages": messages}) + "\n")
+    return run(["chat", "render", "--tokenizer-config", cfg, "--input", inp], check=False)
+
+
+def jinja2_render(template, messages):
+    jinja2 = pytest.importorskip("jinja2")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template).render(messages=messages)
+
+
+@pytest.mark.parametrize("template", [
+    "{{ 1e999 }}|{{ -1e999 }}|{{ 1e-999 }}|{{ 2.5e-320 }}",
+    "{{ messages | map(attribute='99999999999999999999') | list | length }}",
+    "{{ messages | map(attribute='content') | join(',') }}{{ messages[0]['99999999999999999999'] is defined }}",
+])
+def test_chat_template_numbers_beyond_64_bits_render_as_jinja2(tmp_path, template):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    p = render(tmp_path, template, messages)
+    assert p.returncode == 0, p.stderr
+    want = jinja2_render(template, messages)
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    got_text = got.get("text", got) if isinstance(got, dict) else got
+    assert got_text == want, (got, want)
+
+
+def test_chat_template_format_index_beyond_64_bits_is_a_template_error(tmp_path):
+    p = render(tmp_path, "{{ '{99999999999999999999}'.format(1) }}", [{"role": "user", "content": "hi"}])
+    assert p.returncode != 0
+    errors = [line for line in p.stderr.splitlines() if line.startswith("lathe: error: ")]
+    assert len(errors) == 1 and "out of range" in errors[0], p.stderr
+    assert "terminate called" not in p.stderr
+
+
+# ---- exceptions no Status describes ----
+
+def test_memory_running_out_is_an_error_line_not_terminate(tmp_path):
+    """A 2 GiB config.json (sparse: no disk used) read under a 1 GiB address-space limit: the
+    string that holds it cannot grow, std::bad_alloc reaches main, which says memory ran out."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    with open(ck / "config.json", "wb") as f:
+        f.truncate(2 << 30)
+    (tmp_path / "d.bin").write_bytes(b"")
+    limit = 1 << 30
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    p = subprocess.run([LATHE, "eval", "loss", "--checkpoint", ck, "--data", tmp_path / "d", "--seq-len", "8",
+                        "--batches", "1", "--device", "cpu", "--threads", "1"],
+                       capture_output=True, text=True, timeout=300, preexec_fn=cap,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    errors = [line for line in p.stderr.splitlines() if line.startswith("lathe: error: ")]
+    assert len(errors) == 1 and "out of memory" in errors[0], p.stderr
+    assert "terminate called" not in p.stderr
