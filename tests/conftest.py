@@ -31,7 +31,7 @@ def pytest_runtest_logreport(report):
     global _passed
     if report.passed and report.when == "call":
         _passed += 1
-    elif report.skipped:
+    elif report.skipped and not hasattr(report, "wasxfail"):  # an expected failure is no skip
         _note_skip(report)
 
 

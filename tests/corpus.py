@@ -16,8 +16,9 @@ What it holds (every run with the same arguments gives the same list of str):
   * the empty string, single characters, and very long words (thousands of characters);
   * random mixtures of characters drawn from many scripts and categories.
 
-Dictionaries that are not installed are skipped, but at least gcide must be there (the function
-raises FileNotFoundError naming the package otherwise) so that a broken setup cannot pass silently.
+Every dictionary must be installed (scripts/install-deps.sh installs them): a missing one raises
+FileNotFoundError naming its package, so that a broken setup fails rather than testing a smaller,
+different corpus.
 """
 
 import gzip
@@ -61,14 +62,8 @@ def dictionary_text(stem, max_bytes=None):
 
 def _real_documents(rng, total_chars):
     """Documents cut from the dictionaries, about total_chars characters in all."""
-    available = []
-    for stem, _tag in DICTIONARIES:
-        try:
-            # Skip the dictionary header; read enough to draw many distinct slices.
-            available.append(dictionary_text(stem, 3_000_000)[2000:])
-        except FileNotFoundError:
-            if stem == "gcide":
-                raise
+    # Skip each dictionary's header; read enough to draw many distinct slices.
+    available = [dictionary_text(stem, 3_000_000)[2000:] for stem, _tag in DICTIONARIES]
     docs = []
     chars = 0
     while chars < total_chars:
