@@ -324,7 +324,7 @@ Status missing_token_files(const std::string& prefix) {
     }
     const std::string what =
         ::access(prefix.c_str(), F_OK) == 0 ? "not a token-file prefix" : "no token files there";
-    return not_found_error("{}: {} ({} does not exist); token files are PREFIX.bin + PREFIX.idx, written by "
+    return not_found_error("{}: {} ({}: no such file); token files are PREFIX.bin + PREFIX.idx, written by "
                            "`lathe prepare --output-prefix PREFIX`",
                            prefix, what, indexed_idx_path(prefix));
 }
