@@ -28,6 +28,25 @@ Status InMemoryDocuments::read(int64_t document, int64_t offset, std::span<int32
     return ok_status();
 }
 
+// ---- TokenDocuments -----------------------------------------------------------------------------
+
+Result<std::optional<TokenIdOutOfRange>> TokenDocuments::find_id_outside(int64_t vocab,
+                                                                         bool negative_ok) const {
+    std::vector<int32_t> tokens;
+    const auto n = sizes();
+    for (size_t d = 0; d < n.size(); ++d) {
+        tokens.resize(size_t(n[d]));
+        LATHE_RETURN_IF_ERROR(read(int64_t(d), 0, tokens));
+        for (size_t t = 0; t < tokens.size(); ++t) {
+            const int64_t id = tokens[t];
+            if (id >= vocab || (id < 0 && !negative_ok))
+                return std::optional<TokenIdOutOfRange>(
+                    TokenIdOutOfRange{id, int64_t(d), int64_t(t)});
+        }
+    }
+    return std::optional<TokenIdOutOfRange>();
+}
+
 // ---- Gpt2Dataset --------------------------------------------------------------------------------
 
 Result<std::unique_ptr<Gpt2Dataset>> Gpt2Dataset::create(const IndexMappingRequest& request,

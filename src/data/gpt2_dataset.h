@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,6 +20,13 @@
 #include "data/sampling.h"
 
 namespace lathe {
+
+// A token that a model cannot take, and where it sits in its file.
+struct TokenIdOutOfRange {
+    int64_t id = 0;
+    int64_t document = 0;  // as TokenDocuments counts them (a sequence of the .idx)
+    int64_t position = 0;  // token offset inside the document
+};
 
 // What the sample builder needs from a token file: document sizes and token access. The token
 // file reader (data/indexed_dataset.h) and in-memory corpora implement it.
@@ -33,6 +41,13 @@ public:
     // The range lies inside the document (callers guarantee it). Errors: I/O or a token that does
     // not fit int32, naming the file.
     virtual Status read(int64_t document, int64_t offset, std::span<int32_t> out) const = 0;
+    // The first token, in file order, outside [0, vocab), or nullopt when there is none. With
+    // `negative_ok` (a label file: a negative label means no loss, e.g. -100) negative values
+    // pass. Reads every token: this default through read(), the token file reader by scanning
+    // its memory-mapped .bin on all cores (or not at all when its dtype cannot hold an id outside
+    // the range). Errors: those of reading.
+    virtual Result<std::optional<TokenIdOutOfRange>> find_id_outside(int64_t vocab,
+                                                                     bool negative_ok) const;
 };
 
 // A corpus held in memory (tests, synthetic data, small SFT sets).

@@ -1,6 +1,11 @@
 #include "data/gpt2_dataset.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "data/indexed_dataset.h"
 
 namespace lathe {
 namespace {
@@ -114,6 +119,99 @@ TEST(Gpt2Dataset, MegatronFlavorCountsEverySample) {
     auto ds = Gpt2Dataset::create(r, docs, nullptr, false);
     ASSERT_TRUE(ds.ok());
     EXPECT_EQ((*ds)->size(), (*ds)->mappings().num_samples());
+}
+
+// ---- token ids against a vocabulary ------------------------------------------------------------
+
+TEST(TokenDocumentsIds, InMemoryFindsTheFirstIdOutside) {
+    InMemoryDocuments docs("memory", {{1, 2, 3}, {4, 9, 5, 12}, {-100, 0}});
+    auto none = docs.find_id_outside(13, /*negative_ok=*/true);
+    ASSERT_TRUE(none.ok());
+    EXPECT_FALSE(none->has_value());
+    auto big = docs.find_id_outside(9, true);  // 9 and 12 are outside; 9 comes first
+    ASSERT_TRUE(big.ok() && big->has_value());
+    EXPECT_EQ((*big)->id, 9);
+    EXPECT_EQ((*big)->document, 1);
+    EXPECT_EQ((*big)->position, 1);
+    auto negative = docs.find_id_outside(13, /*negative_ok=*/false);
+    ASSERT_TRUE(negative.ok() && negative->has_value());
+    EXPECT_EQ((*negative)->id, -100);
+    EXPECT_EQ((*negative)->document, 2);
+    EXPECT_EQ((*negative)->position, 0);
+}
+
+class IndexedIds : public ::testing::Test {
+protected:
+    void SetUp() override {
+        dir_ = std::filesystem::temp_directory_path() /
+               ("lathe_gpt2_ids_" + std::to_string(::getpid()) + "_" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        std::filesystem::create_directories(dir_);
+    }
+    void TearDown() override { std::filesystem::remove_all(dir_); }
+
+    std::unique_ptr<TokenDocuments> write(const std::string& name, TokenDType dtype,
+                                          const std::vector<std::vector<int32_t>>& docs) {
+        const std::string prefix = (dir_ / name).string();
+        auto w = IndexedDatasetWriter::create(prefix, dtype);
+        EXPECT_TRUE(w.ok()) << w.status().to_string();
+        for (const auto& d : docs) EXPECT_TRUE(w->add_document(d).ok());
+        EXPECT_TRUE(w->finalize().ok());
+        EXPECT_TRUE(w->commit().ok());
+        auto opened = open_indexed_token_documents(prefix);
+        EXPECT_TRUE(opened.ok()) << opened.status().to_string();
+        return std::move(opened).value();
+    }
+
+    std::filesystem::path dir_;
+};
+
+TEST_F(IndexedIds, ScanFindsTheFirstIdOutsideAcrossThreadStretches) {
+    // 3 M tokens, so the scan splits the file into stretches (one per core, 2^20 tokens or more
+    // each); the two bad ids sit in the last part, the second past the first.
+    std::vector<std::vector<int32_t>> docs(3);
+    for (int d = 0; d < 3; ++d) docs[d].assign(1 << 20, d + 7);
+    docs[2][1000] = 70000;
+    docs[2][2000] = 80000;
+    auto file = write("big", TokenDType::kInt32, docs);
+    auto found = file->find_id_outside(65536, false);
+    ASSERT_TRUE(found.ok()) << found.status().to_string();
+    ASSERT_TRUE(found->has_value());
+    EXPECT_EQ((*found)->id, 70000);
+    EXPECT_EQ((*found)->document, 2);
+    EXPECT_EQ((*found)->position, 1000);
+    auto fits = file->find_id_outside(80001, false);
+    ASSERT_TRUE(fits.ok());
+    EXPECT_FALSE(fits->has_value());
+    // The default (read() per document) agrees with the scan.
+    auto slow = file->TokenDocuments::find_id_outside(65536, false);
+    ASSERT_TRUE(slow.ok() && slow->has_value());
+    EXPECT_EQ((*slow)->id, 70000);
+    EXPECT_EQ((*slow)->position, 1000);
+}
+
+TEST_F(IndexedIds, Uint16AndLabels) {
+    auto small = write("u16", TokenDType::kUInt16, {{1, 2}, {3, 400, 5}});
+    auto found = small->find_id_outside(384, false);
+    ASSERT_TRUE(found.ok() && found->has_value());
+    EXPECT_EQ((*found)->id, 400);
+    EXPECT_EQ((*found)->document, 1);
+    EXPECT_EQ((*found)->position, 1);
+    auto wide_vocab = small->find_id_outside(65536, false);  // uint16 cannot hold more
+    ASSERT_TRUE(wide_vocab.ok());
+    EXPECT_FALSE(wide_vocab->has_value());
+
+    auto labels = write("labels", TokenDType::kInt32, {{-100, -100, 7}, {-100, 3}});
+    auto ok = labels->find_id_outside(8, /*negative_ok=*/true);
+    ASSERT_TRUE(ok.ok());
+    EXPECT_FALSE(ok->has_value());
+    auto as_tokens = labels->find_id_outside(8, /*negative_ok=*/false);
+    ASSERT_TRUE(as_tokens.ok() && as_tokens->has_value());
+    EXPECT_EQ((*as_tokens)->id, -100);
+    auto too_big = labels->find_id_outside(7, true);
+    ASSERT_TRUE(too_big.ok() && too_big->has_value());
+    EXPECT_EQ((*too_big)->id, 7);
+    EXPECT_EQ((*too_big)->position, 2);
 }
 
 }  // namespace
