@@ -4,7 +4,9 @@
 // Exit code: 0 when lathe can work here, GPU or not (a machine without a GPU, or a build without
 // CUDA, is a valid place to tokenize, prepare data, convert, and train small models on the CPU);
 // 1 when a GPU is there but lathe cannot use it: the self-test failed, this binary has no kernels
-// for the GPU's architecture, the GPU lacks bf16, or the driver is too old for the runtime.
+// for the GPU's architecture, the GPU lacks bf16, the driver is too old for the runtime, or this
+// build has no CUDA attention (cudnn-frontend was not there when it was configured), without which
+// no model runs on the GPU.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -15,6 +17,7 @@
 
 #include "cli/command.h"
 #include "model/memory_plan.h"
+#include "ops/attention.h"
 #include "ops/device_info.h"
 
 namespace lathe {
@@ -39,6 +42,8 @@ enum class Readiness { kGpuReady, kCpuOnly, kNotReady };
 struct Report {
     GpuEnvironment env;
     std::vector<DeviceReport> devices;
+    // Why this build cannot run attention on CUDA (ops/attention.h), null when it can.
+    const char* cuda_attention_missing = nullptr;
     Readiness readiness = Readiness::kCpuOnly;
     std::string verdict;
 };
@@ -48,29 +53,32 @@ std::string cc_string(const GpuDeviceInfo& d) {
 }
 
 std::string check_summary(const GpuSelfTestCheck& c) {
-    return fmt::format("{}: {} (max error {:.3g} at scale {:.3g}; allowed {:.3g} x |ref| + {:.3g} "
-                       "x scale{})",
-                       c.name, c.passed ? "pass" : "FAIL", c.max_abs_error, c.max_ref,
-                       c.rel_tolerance, c.abs_tolerance,
-                       c.failing_elements > 0
-                           ? fmt::format("; {} elements beyond it", c.failing_elements)
-                           : std::string());
+    return fmt::format(
+        "{}: {} (max error {:.3g} at scale {:.3g}; allowed {:.3g} x |ref| + {:.3g} "
+        "x scale{})",
+        c.name, c.passed ? "pass" : "FAIL", c.max_abs_error, c.max_ref, c.rel_tolerance,
+        c.abs_tolerance,
+        c.failing_elements > 0 ? fmt::format("; {} elements beyond it", c.failing_elements)
+                               : std::string());
 }
 
 Report make_report() {
     Report r;
     r.env = gpu_environment_probe();
+    r.cuda_attention_missing = attention_unavailable_reason(Backend::kCuda);
     for (const GpuDeviceInfo& d : r.env.devices) {
         DeviceReport dr;
         dr.info = &d;
         if (!d.has_bf16()) {
-            dr.problem = fmt::format("compute capability {} has no bf16 tensor cores (lathe needs "
-                                     "8.0 or later, and is built for Hopper, 9.0)",
-                                     cc_string(d));
+            dr.problem = fmt::format(
+                "compute capability {} has no bf16 tensor cores (lathe needs "
+                "8.0 or later, and is built for Hopper, 9.0)",
+                cc_string(d));
         } else if (!d.kernel_image_ok) {
-            dr.problem = fmt::format("this binary has no kernels for compute capability {} ({}); "
-                                     "rebuild with -DCMAKE_CUDA_ARCHITECTURES={}{}",
-                                     cc_string(d), d.kernel_image_error, d.cc_major, d.cc_minor);
+            dr.problem = fmt::format(
+                "this binary has no kernels for compute capability {} ({}); "
+                "rebuild with -DCMAKE_CUDA_ARCHITECTURES={}{}",
+                cc_string(d), d.kernel_image_error, d.cc_major, d.cc_minor);
         } else {
             dr.checks = gpu_self_test(d.ordinal, kSelfTestSeed);
             for (const GpuSelfTestCheck& c : dr.checks) {
@@ -83,8 +91,10 @@ Report make_report() {
 
     if (!r.env.cuda_build) {
         r.readiness = Readiness::kCpuOnly;
-        r.verdict = fmt::format("ready: CPU only, this build has no CUDA backend (rebuild where "
-                                "nvcc is installed for GPU training); {}", kCpuWork);
+        r.verdict = fmt::format(
+            "ready: CPU only, this build has no CUDA backend (rebuild where "
+            "nvcc is installed for GPU training); {}",
+            kCpuWork);
         return r;
     }
     if (r.env.devices.empty()) {
@@ -93,17 +103,18 @@ Report make_report() {
         // problem on a machine that probably has one.
         if (!r.env.no_gpu) {
             r.readiness = Readiness::kNotReady;
-            r.verdict = fmt::format("not ready: the CUDA driver ({}) lists no usable GPU ({}); "
-                                    "lathe's runtime is CUDA {}",
-                                    r.env.driver_version > 0
-                                        ? "supports CUDA " + cuda_version_string(r.env.driver_version)
-                                        : std::string("none"),
-                                    r.env.device_error, cuda_version_string(r.env.runtime_version));
+            r.verdict = fmt::format(
+                "not ready: the CUDA driver ({}) lists no usable GPU ({}); "
+                "lathe's runtime is CUDA {}",
+                r.env.driver_version > 0
+                    ? "supports CUDA " + cuda_version_string(r.env.driver_version)
+                    : std::string("none"),
+                r.env.device_error, cuda_version_string(r.env.runtime_version));
         } else {
             r.readiness = Readiness::kCpuOnly;
-            r.verdict = fmt::format("ready: CPU only, no GPU ({}); {}",
-                                    r.env.device_error.empty() ? "no CUDA device" : r.env.device_error,
-                                    kCpuWork);
+            r.verdict = fmt::format(
+                "ready: CPU only, no GPU ({}); {}",
+                r.env.device_error.empty() ? "no CUDA device" : r.env.device_error, kCpuWork);
         }
         return r;
     }
@@ -124,11 +135,20 @@ Report make_report() {
         r.verdict = "not ready: " + joined;
         return r;
     }
-    r.readiness = Readiness::kGpuReady;
     std::string joined;
     for (const std::string& g : ready) joined += (joined.empty() ? "" : ", ") + g;
-    r.verdict = fmt::format("ready: GPU training on {} GPU{} ({}), self-test passed{}", ready.size(),
-                            ready.size() == 1 ? "" : "s", joined,
+    if (r.cuda_attention_missing != nullptr) {
+        // The GPU works, but no model can run on it: `auto` computes on the CPU.
+        r.readiness = Readiness::kNotReady;
+        r.verdict = fmt::format(
+            "not ready: {} passed the self-test, but {}; train, eval and bench "
+            "with device auto run on the CPU, and device cuda is refused",
+            joined, r.cuda_attention_missing);
+        return r;
+    }
+    r.readiness = Readiness::kGpuReady;
+    r.verdict = fmt::format("ready: GPU training on {} GPU{} ({}), self-test passed{}",
+                            ready.size(), ready.size() == 1 ? "" : "s", joined,
                             r.env.nccl.found ? "" : "; NCCL not found, so one GPU per run");
     return r;
 }
@@ -136,7 +156,8 @@ Report make_report() {
 nlohmann::ordered_json library_json(const GpuLibraryInfo& lib) {
     nlohmann::ordered_json j;
     j["found"] = lib.found;
-    j["version"] = lib.found ? nlohmann::ordered_json(lib.version) : nlohmann::ordered_json(nullptr);
+    j["version"] =
+        lib.found ? nlohmann::ordered_json(lib.version) : nlohmann::ordered_json(nullptr);
     j["detail"] = lib.detail;
     return j;
 }
@@ -158,9 +179,8 @@ std::string report_json(const Report& r) {
     json j;
     j["lathe_version"] = LATHE_VERSION;
     j["cuda_build"] = r.env.cuda_build;
-    j["driver_cuda_version"] = r.env.driver_version > 0
-                                   ? json(cuda_version_string(r.env.driver_version))
-                                   : json(nullptr);
+    j["driver_cuda_version"] =
+        r.env.driver_version > 0 ? json(cuda_version_string(r.env.driver_version)) : json(nullptr);
     j["driver_version"] = r.env.driver_release.empty() ? json(nullptr) : json(r.env.driver_release);
     j["runtime_cuda_version"] = r.env.runtime_version > 0
                                     ? json(cuda_version_string(r.env.runtime_version))
@@ -197,6 +217,11 @@ std::string report_json(const Report& r) {
                       {"cudnn", library_json(r.env.cudnn)},
                       {"nccl", library_json(r.env.nccl)}};
     j["self_test"] = self_test;
+    j["cuda_attention"] = {
+        {"available", r.cuda_attention_missing == nullptr},
+        {"detail", r.cuda_attention_missing == nullptr
+                       ? json("cuDNN fused flash attention (cudnn-frontend graphs)")
+                       : json(r.cuda_attention_missing)}};
     j["status"] = readiness_name(r.readiness);
     j["verdict"] = r.verdict;
     return j.dump();
@@ -215,16 +240,20 @@ void print_report(const Report& r) {
     row("lathe", fmt::format("{} (CUDA backend: {})", LATHE_VERSION,
                              r.env.cuda_build ? "built" : "not built"));
     if (r.env.cuda_build) {
-        row("driver", r.env.driver_version > 0
-                          ? fmt::format("{}supports CUDA {}",
-                                        r.env.driver_release.empty() ? "" : r.env.driver_release + ", ",
-                                        cuda_version_string(r.env.driver_version))
-                          : std::string("no CUDA driver"));
+        row("driver",
+            r.env.driver_version > 0
+                ? fmt::format("{}supports CUDA {}",
+                              r.env.driver_release.empty() ? "" : r.env.driver_release + ", ",
+                              cuda_version_string(r.env.driver_version))
+                : std::string("no CUDA driver"));
         row("runtime", fmt::format("CUDA {}", cuda_version_string(r.env.runtime_version)));
     }
     row("cuBLASLt", r.env.cublaslt.found ? library_line(r.env.cublaslt) : r.env.cublaslt.detail);
     row("cuDNN", library_line(r.env.cudnn));
     row("NCCL", library_line(r.env.nccl));
+    row("attention", r.cuda_attention_missing == nullptr
+                         ? std::string("CUDA: cuDNN fused flash attention (built)")
+                         : fmt::format("CUDA: not available: {}", r.cuda_attention_missing));
     if (r.devices.empty()) row("GPU", "none: " + r.env.device_error);
     for (const DeviceReport& dr : r.devices) {
         const GpuDeviceInfo& d = *dr.info;
@@ -249,8 +278,9 @@ void cli_add_doctor(CLI::App& parent, CommandAction& action) {
     cmd->footer(
         "Reports the GPUs (compute capability, SMs, memory, bf16/fp8 tensor cores, whether this "
         "build has kernels for them), the driver, the CUDA runtime, cuBLASLt, cuDNN and NCCL "
-        "versions, a self-test of CUDA ops against the CPU reference, and one verdict line. Exit "
-        "code 0 when lathe can work here (a machine without a GPU included), 1 when a GPU is "
+        "versions, whether this build runs attention on CUDA (cuDNN), a self-test of CUDA ops "
+        "against the CPU reference, and one verdict line. Exit code 0 when lathe can work here (a "
+        "machine without a GPU included), 1 when a GPU is "
         "there but unusable.");
     auto json = std::make_shared<bool>(false);
     cmd->add_flag("--json", *json, "Print one JSON object instead of the table");
@@ -264,8 +294,9 @@ void cli_add_doctor(CLI::App& parent, CommandAction& action) {
             }
             std::fflush(stdout);
             if (r.readiness == Readiness::kNotReady)
-                return failed_precondition_error("lathe doctor: a GPU is present but not usable "
-                                                 "(see the verdict above)");
+                return failed_precondition_error(
+                    "lathe doctor: a GPU is present but not usable "
+                    "(see the verdict above)");
             return ok_status();
         };
     });

@@ -52,6 +52,15 @@ cuda::AttentionShape cuda_attention_shape(const char* op, const AttentionDims& d
 #endif
 }  // namespace
 
+const char* attention_unavailable_reason(Backend backend) {
+    if (backend == Backend::kCpu) return nullptr;
+#if LATHE_HAVE_CUDA
+    return cuda::attention_unavailable_reason();
+#else
+    return "this lathe was built without the CUDA backend";
+#endif
+}
+
 void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstTensorView k,
                        ConstTensorView v, ConstTensorView docs, int64_t window, float scale,
                        const Context& ctx) {

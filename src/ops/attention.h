@@ -28,6 +28,12 @@
 
 namespace lathe {
 
+// Null when `backend` can run attention in this build; otherwise a sentence saying what the
+// build lacks and how to get it (CUDA: the cuDNN frontend headers or libcudnn were missing when
+// it was configured; or no CUDA backend at all). Every model needs attention, so this decides
+// where a model can compute before one is made (run/compute_device.h, `lathe doctor`).
+const char* attention_unavailable_reason(Backend backend);
+
 void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstTensorView k,
                        ConstTensorView v, ConstTensorView docs, int64_t window, float scale,
                        const Context& ctx);

@@ -22,6 +22,7 @@
 #include "model/model.h"
 #include "model/registry.h"
 #include "ops/adamw.h"
+#include "ops/attention.h"
 #include "ops/device_info.h"
 #include "run/compute_device.h"
 
@@ -190,6 +191,8 @@ Result<Placement> choose_placement(BenchDevice wanted) {
                 "{}.{}): {}",
                 env.devices[0].name, env.devices[0].cc_major, env.devices[0].cc_minor,
                 env.devices[0].kernel_image_error);
+        } else if (const char* missing = attention_unavailable_reason(Backend::kCuda)) {
+            why_not = missing;  // no model runs on this GPU
         }
         if (why_not.empty()) {
             const GpuDeviceInfo& d = env.devices[0];

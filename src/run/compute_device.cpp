@@ -4,6 +4,7 @@
 
 #include "core/log.h"
 #include "model/memory_plan.h"
+#include "ops/attention.h"
 #include "ops/device_info.h"
 
 #if LATHE_HAVE_CUDA
@@ -25,30 +26,52 @@ ComputeDevice::~ComputeDevice() = default;
 ComputeDevice::ComputeDevice(ComputeDevice&&) noexcept = default;
 ComputeDevice& ComputeDevice::operator=(ComputeDevice&&) noexcept = default;
 
-Result<ComputeDevice> ComputeDevice::open(std::string_view want, std::string_view key) {
+Result<Backend> compute_device_choose(std::string_view want, std::string_view key,
+                                      const GpuEnvironment& env, const char* cuda_attention_missing,
+                                      std::string& fallback_note) {
+    fallback_note.clear();
     if (want != "auto" && want != "cpu" && want != "cuda")
         return invalid_argument_error("{}: '{}'; choose auto, cpu or cuda", key, want);
-    ComputeDevice d;
-    if (want == "cpu") return d;
-    // The same probe `lathe doctor` runs: a GPU is usable when the driver lists it and this
-    // build carries kernels for it (sm_90a by default: an Ampere card is listed but unusable).
-    const GpuEnvironment env = gpu_environment_probe(/*only_device=*/0);
-    std::string why_not;
+    if (want == "cpu") return Backend::kCpu;
+    // A GPU is usable when the driver lists it and this build carries kernels for it (sm_90a by
+    // default: an Ampere card is listed but unusable), and the model can run there whole.
+    std::string why_not, what_to_do = "use auto or cpu";
     if (env.devices.empty()) {
         why_not = env.device_error.empty() ? "the driver reports no GPU here" : env.device_error;
     } else if (!env.devices[0].kernel_image_ok) {
         const GpuDeviceInfo& g = env.devices[0];
-        why_not = fmt::format("this build has no kernels for GPU 0 ({}, compute capability {}.{}): {}",
-                              g.name, g.cc_major, g.cc_minor, g.kernel_image_error);
+        why_not =
+            fmt::format("this build has no kernels for GPU 0 ({}, compute capability {}.{}): {}",
+                        g.name, g.cc_major, g.cc_minor, g.kernel_image_error);
+    } else if (cuda_attention_missing != nullptr) {
+        why_not = cuda_attention_missing;
+        what_to_do = "run scripts/install-deps.sh and rebuild, or use cpu";
     }
-    if (!why_not.empty()) {
-        if (want == "cuda")
-            return failed_precondition_error("{}: cuda, but {} (`lathe doctor` says more); use auto "
-                                             "or cpu",
-                                             key, why_not);
-        if (!env.no_gpu) log_warning("{}: auto: {}; computing on the CPU", key, why_not);
+    if (why_not.empty()) return Backend::kCuda;
+    if (want == "cuda")
+        return failed_precondition_error("{}: cuda, but {} (`lathe doctor` says more); {}", key,
+                                         why_not, what_to_do);
+    if (!env.no_gpu)
+        fallback_note = fmt::format("{}: auto: {}; computing on the CPU", key, why_not);
+    return Backend::kCpu;
+}
+
+Result<ComputeDevice> ComputeDevice::open(std::string_view want, std::string_view key) {
+    ComputeDevice d;
+    if (want != "auto" && want != "cuda") {
+        std::string none;  // cpu, or an unknown value (an error): no probe needed
+        LATHE_RETURN_IF_ERROR(
+            compute_device_choose(want, key, GpuEnvironment{}, nullptr, none).status());
         return d;
     }
+    // The same probe `lathe doctor` runs.
+    const GpuEnvironment env = gpu_environment_probe(/*only_device=*/0);
+    std::string note;
+    LATHE_ASSIGN_OR_RETURN(
+        const Backend backend,
+        compute_device_choose(want, key, env, attention_unavailable_reason(Backend::kCuda), note));
+    if (!note.empty()) log_warning("{}", note);
+    if (backend == Backend::kCpu) return d;
 #if LATHE_HAVE_CUDA
     d.cuda_ = std::make_unique<Cuda>(0);
     d.ctx_ = d.cuda_->state.context();

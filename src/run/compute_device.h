@@ -1,7 +1,9 @@
 #pragma once
 // Where a command computes: the CPU reference or one CUDA device. `train.device`, `--device` of
 // eval/bench/align take "auto" (the first GPU when this lathe was built with CUDA and the driver
-// reports one, else the CPU), "cpu" or "cuda" (an error when no GPU can be used). The CUDA state
+// reports one, and the build can run the whole model there, attention included; else the CPU),
+// "cpu" or "cuda" (an error when no GPU can be used, or the build has no CUDA attention). The
+// CUDA state
 // (stream, library handles, workspaces) lives as long as the ComputeDevice; the Context it hands
 // out points at it, so keep the ComputeDevice alive while any model or op uses the Context.
 
@@ -11,8 +13,20 @@
 
 #include "core/status.h"
 #include "ops/context.h"
+#include "ops/device_info.h"
 
 namespace lathe {
+
+// Where `want` (auto | cpu | cuda) computes on a machine described by `env` (its GPU 0) in a
+// build whose CUDA attention is missing for the reason `cuda_attention_missing` (null when it is
+// built: ops/attention.h). A GPU is used only when it is listed, this build has kernels for it,
+// and attention runs on it, since every model needs it. auto falls back to the CPU and, when a
+// GPU is there but cannot be used, puts the reason into `fallback_note` (empty otherwise).
+// Errors: an unknown value; cuda when a GPU cannot be used (the message says why and what to do).
+// `key` names the setting in messages. open() calls this with the probed machine.
+Result<Backend> compute_device_choose(std::string_view want, std::string_view key,
+                                      const GpuEnvironment& env, const char* cuda_attention_missing,
+                                      std::string& fallback_note);
 
 class ComputeDevice {
 public:
@@ -22,8 +36,8 @@ public:
     ComputeDevice& operator=(ComputeDevice&&) noexcept;
 
     // `want`: auto | cpu | cuda. `key` names the setting in errors (e.g. "train.device").
-    // Errors: an unknown value; cuda asked for in a build without CUDA or on a machine without
-    // a GPU (the message says which).
+    // Errors: an unknown value; cuda asked for in a build without CUDA or CUDA attention, or on a
+    // machine without a usable GPU (the message says which; compute_device_choose).
     static Result<ComputeDevice> open(std::string_view want, std::string_view key);
 
     const Context& context() const { return ctx_; }
