@@ -1,73 +1,168 @@
 #include "run/train_schema.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 namespace lathe {
 
 ConfigSchema train_config_schema() {
     ConfigSchema s;
     // ---- model: an HF config.json, or the fields inline (HF names) ----
-    s.add({"model.config", ConfigType::kString, "", "path of a Hugging Face config.json defining the model"});
-    s.add({"model.family", ConfigType::kString, "", "llama | mistral | qwen2 | gpt_neox | gpt2 (when model.config is not given)"});
+    s.add({"model.config", ConfigType::kString, "",
+           "path of a Hugging Face config.json defining the model"});
+    s.add({"model.family", ConfigType::kString, "",
+           "llama | mistral | qwen2 | gpt_neox | gpt2 (when model.config is not given)"});
     s.add({"model.hidden_size", ConfigType::kInt, "", "width of the residual stream (C)"});
     s.add({"model.intermediate_size", ConfigType::kInt, "", "MLP inner width"});
     s.add({"model.num_hidden_layers", ConfigType::kInt, "", "transformer blocks (L)"});
     s.add({"model.num_attention_heads", ConfigType::kInt, "", "query heads (H)"});
     s.add({"model.num_key_value_heads", ConfigType::kInt, "", "key/value heads (Hkv); default H"});
     s.add({"model.head_dim", ConfigType::kInt, "", "per-head width (D); default C / H"});
-    s.add({"model.max_position_embeddings", ConfigType::kInt, "", "longest sequence the model allows"});
+    s.add({"model.max_position_embeddings", ConfigType::kInt, "",
+           "longest sequence the model allows"});
     s.add({"model.rope_theta", ConfigType::kFloat, "", "rotary base"});
     s.add({"model.norm_eps", ConfigType::kFloat, "", "RMSNorm/LayerNorm epsilon"});
-    s.add({"model.tie_word_embeddings", ConfigType::kBool, "", "output head shares the embedding matrix"});
-    s.add({"model.sliding_window", ConfigType::kInt, "", "attention window (Mistral); unset = full causal"});
-    s.add({"model.vocab_size", ConfigType::kInt, "", "embedding rows; default: the tokenizer's size, padded"});
-    s.add({"model.make_vocab_size_divisible_by", ConfigType::kInt, "128", "vocabulary padding multiple (GPT-NeoX)"});
+    s.add({"model.tie_word_embeddings", ConfigType::kBool, "",
+           "output head shares the embedding matrix"});
+    s.add({"model.sliding_window", ConfigType::kInt, "",
+           "attention window (Mistral); unset = full causal"});
+    s.add({"model.vocab_size", ConfigType::kInt, "",
+           "embedding rows; default: the tokenizer's size, padded"});
+    s.add({"model.make_vocab_size_divisible_by", ConfigType::kInt, "128",
+           "vocabulary padding multiple (GPT-NeoX)"});
     // ---- data ----
-    s.add({"data.path", ConfigType::kStringList, "", "token-file prefix(es) from `lathe prepare`", true});
-    s.add({"data.weights", ConfigType::kFloatList, "", "blend weight per data.path entry; default equal"});
-    s.add({"data.label_path", ConfigType::kStringList, "", "label-file prefix(es) (SFT loss masks), one per data.path"});
-    s.add({"data.valid_path", ConfigType::kStringList, "", "validation prefix(es); with several data.path entries (a blend) GPT-NeoX needs explicit lists"});
-    s.add({"data.valid_label_path", ConfigType::kStringList, "", "label files for data.valid_path"});
+    s.add({"data.path", ConfigType::kStringList, "", "token-file prefix(es) from `lathe prepare`",
+           true});
+    s.add({"data.weights", ConfigType::kFloatList, "",
+           "blend weight per data.path entry; default equal"});
+    s.add({"data.label_path", ConfigType::kStringList, "",
+           "label-file prefix(es) (SFT loss masks), one per data.path"});
+    s.add({"data.valid_path", ConfigType::kStringList, "",
+           "validation prefix(es); with several data.path entries (a blend) GPT-NeoX needs "
+           "explicit lists"});
+    s.add(
+        {"data.valid_label_path", ConfigType::kStringList, "", "label files for data.valid_path"});
     s.add({"data.test_path", ConfigType::kStringList, "", "test prefix(es), as data.valid_path"});
     s.add({"data.test_label_path", ConfigType::kStringList, "", "label files for data.test_path"});
-    s.add({"data.split", ConfigType::kString, "969,30,1", "train,valid,test split of documents (GPT-NeoX)"});
+    s.add({"data.split", ConfigType::kString, "969,30,1",
+           "train,valid,test split of documents (GPT-NeoX)"});
     s.add({"data.seq_length", ConfigType::kInt, "1024", "tokens per sample (T)"});
     s.add({"data.tokenizer", ConfigType::kString, "", "tokenizer.json of the token files", true});
-    s.add({"data.per_document_attention", ConfigType::kBool, "false", "packed samples: attend within each document only"});
+    s.add({"data.per_document_attention", ConfigType::kBool, "false",
+           "packed samples: attend within each document only"});
     // ---- train ----
     s.add({"train.steps", ConfigType::kInt, "", "optimizer steps", true});
     s.add({"train.micro_batch_size", ConfigType::kInt, "8", "sequences per forward/backward (B)"});
-    s.add({"train.gradient_accumulation_steps", ConfigType::kInt, "1", "micro-batches per optimizer step"});
+    s.add({"train.gradient_accumulation_steps", ConfigType::kInt, "1",
+           "micro-batches per optimizer step"});
     s.add({"train.log_interval", ConfigType::kInt, "10", "steps between console/metrics lines"});
-    s.add({"train.eval_interval", ConfigType::kInt, "1000", "steps between validation passes; 0 = never"});
+    s.add({"train.eval_interval", ConfigType::kInt, "1000",
+           "steps between validation passes; 0 = never"});
     s.add({"train.eval_iters", ConfigType::kInt, "10", "micro-batches per validation pass"});
     s.add({"train.seed", ConfigType::kInt, "1234", "seed for initialisation and sample order"});
     s.add({"train.device", ConfigType::kString, "auto", "auto | cpu | cuda"});
-    s.add({"train.precision", ConfigType::kString, "bf16", "fp32 | bf16 | fp8 (GPU); the CPU computes in fp32"});
-    s.add({"train.recompute", ConfigType::kString, "none", "activation recompute: none | selective | full"});
+    s.add({"train.precision", ConfigType::kString, "bf16",
+           "fp32 | bf16 | fp8 (GPU); the CPU computes in fp32"});
+    s.add({"train.recompute", ConfigType::kString, "none",
+           "activation recompute: none | selective | full"});
     s.add({"train.threads", ConfigType::kInt, "0", "CPU threads; 0 = all cores"});
     s.add({"train.deterministic", ConfigType::kBool, "true",
-           "same bits on every run; false lets the GPU use faster nondeterministic kernels (attention backward)"});
-    s.add({"train.nonfinite_policy", ConfigType::kString, "skip", "a NaN/Inf loss or gradient: skip the step | stop"});
-    s.add({"train.max_skipped_steps", ConfigType::kInt, "10", "stop after this many skipped steps in a row"});
-    s.add({"train.spike_factor", ConfigType::kFloat, "0", "treat loss > factor x running mean as a spike (0 = off)"});
-    s.add({"train.freeze", ConfigType::kStringList, "[]", "parameter-name patterns (glob) to keep frozen"});
+           "same bits on every run; false lets the GPU use faster nondeterministic kernels "
+           "(attention backward)"});
+    s.add({"train.nonfinite_policy", ConfigType::kString, "skip",
+           "a NaN/Inf loss or gradient: skip the step | stop"});
+    s.add({"train.max_skipped_steps", ConfigType::kInt, "10",
+           "stop after this many skipped steps in a row"});
+    s.add({"train.spike_factor", ConfigType::kFloat, "0",
+           "treat loss > factor x running mean as a spike (0 = off)"});
+    s.add({"train.freeze", ConfigType::kStringList, "[]",
+           "parameter-name patterns (glob) to keep frozen"});
     // ---- optimizer (AdamW) ----
     s.add({"optimizer.lr", ConfigType::kFloat, "6e-4", "peak learning rate"});
     s.add({"optimizer.min_lr", ConfigType::kFloat, "0", "floor of the schedule"});
-    s.add({"optimizer.weight_decay", ConfigType::kFloat, "0.1", "decoupled weight decay (not on norms and biases)"});
+    s.add({"optimizer.weight_decay", ConfigType::kFloat, "0.1",
+           "decoupled weight decay (not on norms and biases)"});
     s.add({"optimizer.beta1", ConfigType::kFloat, "0.9", "AdamW beta1"});
     s.add({"optimizer.beta2", ConfigType::kFloat, "0.95", "AdamW beta2"});
     s.add({"optimizer.eps", ConfigType::kFloat, "1e-8", "AdamW epsilon"});
-    s.add({"optimizer.gradient_clipping", ConfigType::kFloat, "1.0", "global L2 norm clip; 0 = off"});
+    s.add(
+        {"optimizer.gradient_clipping", ConfigType::kFloat, "1.0", "global L2 norm clip; 0 = off"});
     // ---- learning-rate schedule (GPT-NeoX AnnealingLR) ----
-    s.add({"lr.decay_style", ConfigType::kString, "cosine", "constant | linear | cosine | exponential"});
+    s.add({"lr.decay_style", ConfigType::kString, "cosine",
+           "constant | linear | cosine | exponential"});
     s.add({"lr.warmup", ConfigType::kFloat, "0.01", "warmup as a fraction of the decay steps"});
     s.add({"lr.decay_steps", ConfigType::kInt, "0", "steps of decay; 0 = train.steps"});
     // ---- checkpoints ----
-    s.add({"checkpoint.interval", ConfigType::kInt, "1000", "steps between checkpoints; 0 = only at the end"});
+    s.add({"checkpoint.interval", ConfigType::kInt, "1000",
+           "steps between checkpoints; 0 = only at the end"});
     s.add({"checkpoint.keep_last", ConfigType::kInt, "3", "complete checkpoints to keep; 0 = all"});
-    s.add({"checkpoint.init_from", ConfigType::kString, "", "start from this checkpoint (HF or lathe folder)"});
-    s.add({"checkpoint.init_mode", ConfigType::kString, "finetune", "finetune (weights only) | continue (optimizer and step too)"});
+    s.add({"checkpoint.init_from", ConfigType::kString, "",
+           "start from this checkpoint: a checkpoint folder (lathe or Hugging Face), a run folder "
+           "(its newest checkpoint) or RUN/checkpoints/latest"});
+    s.add({"checkpoint.init_mode", ConfigType::kString, "finetune",
+           "finetune (weights only) | continue (optimizer and step too)"});
     return s;
+}
+
+bool train_key_resume_compatible(std::string_view key) {
+    // Keep in step with the list in train_schema.h.
+    static constexpr std::string_view kCompatible[] = {"train.steps",
+                                                       "train.log_interval",
+                                                       "train.eval_interval",
+                                                       "train.eval_iters",
+                                                       "train.device",
+                                                       "train.precision",
+                                                       "train.recompute",
+                                                       "train.threads",
+                                                       "train.deterministic",
+                                                       "train.nonfinite_policy",
+                                                       "train.max_skipped_steps",
+                                                       "train.spike_factor",
+                                                       "train.freeze",
+                                                       "checkpoint.interval",
+                                                       "checkpoint.keep_last",
+                                                       "checkpoint.init_mode"};
+    for (std::string_view prefix : {"optimizer.", "lr."}) {
+        if (key.starts_with(prefix)) return true;
+    }
+    for (std::string_view k : kCompatible) {
+        if (key == k) return true;
+    }
+    return false;
+}
+
+namespace {
+
+std::string config_value_text(const Config& c, const ConfigKey& key) {
+    if (!c.has(key.name)) return "(unset)";
+    switch (key.type) {
+        case ConfigType::kInt:
+            return fmt::format("{}", c.get_int(key.name));
+        case ConfigType::kFloat:
+            return fmt::format("{}", c.get_float(key.name));  // shortest text that reads back
+        case ConfigType::kBool:
+            return c.get_bool(key.name) ? "true" : "false";
+        case ConfigType::kString:
+            return c.get_string(key.name);
+        case ConfigType::kStringList:
+            return fmt::format("[{}]", fmt::join(c.get_string_list(key.name), ", "));
+        case ConfigType::kFloatList:
+            return fmt::format("[{}]", fmt::join(c.get_float_list(key.name), ", "));
+    }
+    return "";
+}
+
+}  // namespace
+
+std::vector<TrainConfigChange> train_config_changes(const Config& before, const Config& after) {
+    std::vector<TrainConfigChange> out;
+    for (const ConfigKey& key : after.schema().keys()) {
+        std::string a = config_value_text(before, key), b = config_value_text(after, key);
+        if (a == b) continue;
+        out.push_back(
+            {key.name, std::move(a), std::move(b), train_key_resume_compatible(key.name)});
+    }
+    return out;
 }
 
 }  // namespace lathe

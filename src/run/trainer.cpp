@@ -1,15 +1,17 @@
 #include "run/trainer.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -25,8 +27,8 @@
 #include "model/model.h"
 #include "model/registry.h"
 #include "run/batch_loader.h"
-#include "run/compute_device.h"
 #include "run/checkpoint_dir.h"
+#include "run/compute_device.h"
 #include "run/metrics.h"
 #include "run/train_schema.h"
 #include "run/train_settings.h"
@@ -41,14 +43,16 @@ namespace {
 // else, so this is the one process-wide variable of the trainer.
 std::atomic<int> g_stop_signal{0};
 
-extern "C" void trainer_on_signal(int sig) { g_stop_signal.store(sig); }
+extern "C" void trainer_on_signal(int sig) {
+    g_stop_signal.store(sig);
+}
 
 // Installs SIGTERM/SIGINT handlers for the life of a run and restores the old ones after.
 class StopSignals {
 public:
     StopSignals() {
         g_stop_signal.store(0);
-        struct sigaction sa{};
+        struct sigaction sa {};
         sa.sa_handler = trainer_on_signal;
         sigemptyset(&sa.sa_mask);
         sigaction(SIGTERM, &sa, &old_term_);
@@ -61,7 +65,8 @@ public:
     int received() const { return g_stop_signal.load(); }
 
 private:
-    struct sigaction old_term_{}, old_int_{};
+    struct sigaction old_term_ {
+    }, old_int_{};
 };
 
 // Copies the tokenizer files that sit beside tokenizer.json into a checkpoint folder, so the
@@ -70,8 +75,9 @@ private:
 Status copy_tokenizer_files(const std::string& tokenizer_path, const std::string& dir) {
     const fs::path src = tokenizer_path;
     std::vector<std::pair<fs::path, std::string>> files = {{src, "tokenizer.json"}};
-    for (const char* extra : {"tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-                              "added_tokens.json", "chat_template.jinja", "chat_template.json"}) {
+    for (const char* extra :
+         {"tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+          "added_tokens.json", "chat_template.jinja", "chat_template.json"}) {
         const fs::path p = src.parent_path() / extra;
         if (fs::exists(p)) files.push_back({p, extra});
     }
@@ -80,10 +86,12 @@ Status copy_tokenizer_files(const std::string& tokenizer_path, const std::string
     if (fs::is_directory(more)) {
         std::error_code ec;
         fs::create_directories(fs::path(dir) / "additional_chat_templates", ec);
-        if (ec) return io_error("{}: cannot create additional_chat_templates: {}", dir, ec.message());
+        if (ec)
+            return io_error("{}: cannot create additional_chat_templates: {}", dir, ec.message());
         for (const auto& entry : fs::directory_iterator(more)) {
             if (entry.is_regular_file()) {
-                files.push_back({entry.path(), "additional_chat_templates/" + entry.path().filename().string()});
+                files.push_back({entry.path(),
+                                 "additional_chat_templates/" + entry.path().filename().string()});
             }
         }
     }
@@ -105,9 +113,11 @@ public:
         : request_(request), config_(std::move(config)), s_(std::move(settings)) {}
 
     Status run();
+    TrainOutcome outcome() const { return {stop_signal_, st_.step}; }
 
 private:
     Status setup();
+    Result<std::unique_ptr<TokenDocuments>> open_checked(const std::string& prefix);
     Status init_or_resume();
     Status load_checkpoint(const std::string& dir, bool with_optimizer_and_state);
     Status save_checkpoint();
@@ -131,7 +141,71 @@ private:
     BatchBuffers buf_;                   // validation micro-batches (read on this thread)
     std::vector<float> losses_;          // one step's micro-batch losses, read from the model
     float last_norm_ = 0.0f;
+    int stop_signal_ = 0;                // the signal that stopped the run before its last step
+    std::set<std::string> ids_checked_;  // token files whose ids open_checked() has read
 };
+
+// Opens a token or label file of the run and checks every id against the model's vocabulary:
+// data prepared with another tokenizer would index past the embedding (a CPU check failure, a
+// GPU trap) at some step; here it is an error naming the file, the id and what to do. The scan
+// runs at memory speed on all cores (and not at all for a uint16 file under a vocabulary of
+// 65,536 or more); a file that several splits share is read once.
+Result<std::unique_ptr<TokenDocuments>> Trainer::open_checked(const std::string& prefix) {
+    LATHE_ASSIGN_OR_RETURN(std::unique_ptr<TokenDocuments> docs,
+                           open_indexed_token_documents(prefix));
+    if (ids_checked_.count(prefix) != 0) return docs;
+    // The key that names the file, and whether it holds labels (negative: no loss).
+    const GptNeoxDataArgs& d = s_.data;
+    const struct {
+        const std::vector<std::string>& list;
+        const char* key;
+        bool labels;
+    } roles[] = {{d.train_data_paths, "data.path", false},
+                 {d.valid_data_paths, "data.valid_path", false},
+                 {d.test_data_paths, "data.test_path", false},
+                 {d.train_label_data_paths, "data.label_path", true},
+                 {d.valid_label_data_paths, "data.valid_label_path", true},
+                 {d.test_label_data_paths, "data.test_label_path", true}};
+    std::string key = "data.path";
+    bool labels = false;
+    if (prefix != d.data_path) {
+        for (const auto& role : roles) {
+            if (std::find(role.list.begin(), role.list.end(), prefix) != role.list.end()) {
+                key = role.key;
+                labels = role.labels;
+                break;
+            }
+        }
+    }
+    const int64_t V = s_.model.vocab_size;
+    const auto t0 = std::chrono::steady_clock::now();
+    LATHE_ASSIGN_OR_RETURN(const std::optional<TokenIdOutOfRange> bad,
+                           docs->find_id_outside(V, labels));
+    log_debug("{}: token ids checked against the vocabulary of {} in {:.3f} s", prefix, V,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (bad) {
+        const std::string where = fmt::format("{}: '{}': {}.bin, document {}, position {}", key,
+                                              prefix, prefix, bad->document, bad->position);
+        const std::string what_to_do = fmt::format(
+            "was it prepared with another tokenizer than data.tokenizer ({}, {} ids)? Prepare it "
+            "again with that "
+            "tokenizer (`lathe prepare --tokenizer {} ...`), or train with the tokenizer (and "
+            "model) it was "
+            "prepared with",
+            s_.tokenizer_path, s_.tokenizer_vocab, s_.tokenizer_path);
+        if (labels) {
+            return invalid_argument_error(
+                "{}: label {} is neither a token id below the model's vocabulary size {} "
+                "nor negative (no loss, e.g. -100); {}",
+                where, bad->id, V, what_to_do);
+        }
+        return invalid_argument_error(
+            "{}: token id {} is outside the model's vocabulary of {} ids (0 to {}); {}", where,
+            bad->id, V, V - 1, what_to_do);
+    }
+    ids_checked_.insert(prefix);
+    return docs;
+}
 
 Status Trainer::setup() {
     std::error_code ec;
@@ -141,15 +215,17 @@ Status Trainer::setup() {
     if (s_.threads > 0) omp_set_num_threads(s_.threads);
 #endif
     // Data (GPT-NeoX's index building; caches beside the token files).
-    auto data = gpt_neox_build_datasets(s_.data, [](const std::string& prefix) { return open_indexed_token_documents(prefix); });
+    auto data = gpt_neox_build_datasets(
+        s_.data, [this](const std::string& prefix) { return open_checked(prefix); });
     if (!data.ok()) return data.status().with_context("data");
     data_ = std::move(data).value();
     if (data_.train() == nullptr) {
-        return invalid_argument_error("data.path: the training split has no documents (data.split '{}')",
-                                      s_.data.split);
+        return invalid_argument_error(
+            "data.path: the training split has no documents (data.split '{}')", s_.data.split);
     }
     if (s_.eval_interval > 0 && s_.eval_iters > 0 && data_.valid() == nullptr) {
-        log_warning("the validation split is empty (data.split '{}'); validation is off", s_.data.split);
+        log_warning("the validation split is empty (data.split '{}'); validation is off",
+                    s_.data.split);
         s_.eval_interval = 0;
     }
     // Where to compute, then the model and its memory plan, checked against that device before
@@ -169,11 +245,11 @@ Status Trainer::setup() {
     const size_t need = plan->total_bytes();
     const size_t have = device_.available_memory_bytes();
     if (have > 0 && need > have) {
-        return invalid_argument_error("train.micro_batch_size {} x data.seq_length {} needs {} of memory, "
-                                      "{} has {} free; lower train.micro_batch_size (and raise "
-                                      "train.gradient_accumulation_steps to keep the batch)",
-                                      s_.micro_batch, s_.seq_len, format_bytes(need), device_.describe(),
-                                      format_bytes(have));
+        return invalid_argument_error(
+            "train.micro_batch_size {} x data.seq_length {} needs {} of memory, "
+            "{} has {} free; lower train.micro_batch_size (and raise "
+            "train.gradient_accumulation_steps to keep the batch)",
+            s_.micro_batch, s_.seq_len, format_bytes(need), device_.describe(), format_bytes(have));
     }
     auto model = Model::create(s_.model, shape, device_.context());
     if (!model.ok()) return model.status();
@@ -195,11 +271,13 @@ Status Trainer::setup() {
                 ++hf_total;
                 hf_matched += glob_match(pattern, hp.name) ? 1 : 0;
             }
-            const bool whole = glob_match(pattern, params.entries()[e].name) || (hf_total > 0 && hf_matched == hf_total);
+            const bool whole = glob_match(pattern, params.entries()[e].name) ||
+                               (hf_total > 0 && hf_matched == hf_total);
             if (!whole && hf_matched > 0) {
-                return invalid_argument_error("train.freeze: '{}' matches only some of the tensors stored together in "
-                                              "'{}' (e.g. q/k/v); freeze all of them or none",
-                                              pattern, params.entries()[e].name);
+                return invalid_argument_error(
+                    "train.freeze: '{}' matches only some of the tensors stored together in "
+                    "'{}' (e.g. q/k/v); freeze all of them or none",
+                    pattern, params.entries()[e].name);
             }
             if (whole) {
                 frozen_[e] = 1;
@@ -207,18 +285,24 @@ Status Trainer::setup() {
             }
         }
         if (!matched_any) {
-            return invalid_argument_error("train.freeze: '{}' matches no parameter (names are Hugging Face's, "
-                                          "e.g. '{}')", pattern, params.hf_params().front().name);
+            return invalid_argument_error(
+                "train.freeze: '{}' matches no parameter (names are Hugging Face's, "
+                "e.g. '{}')",
+                pattern, params.hf_params().front().name);
         }
     }
-    LATHE_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::open((fs::path(request_.run_dir) / "checkpoints").string()));
+    LATHE_ASSIGN_OR_RETURN(
+        CheckpointDir ckpt,
+        CheckpointDir::open((fs::path(request_.run_dir) / "checkpoints").string()));
     ckpt_.emplace(std::move(ckpt));
-    return file_write_atomic((fs::path(request_.run_dir) / "config.yaml").string(), config_.to_yaml());
+    return file_write_atomic((fs::path(request_.run_dir) / "config.yaml").string(),
+                             config_.to_yaml());
 }
 
 std::vector<AdamWSegment> Trainer::segments(double lr) const {
     std::vector<AdamWSegment> all = model_->adamw_segments(lr, s_.weight_decay);
-    LATHE_CHECK(all.size() == frozen_.size(), "{} AdamW segments for {} entries", all.size(), frozen_.size());
+    LATHE_CHECK(all.size() == frozen_.size(), "{} AdamW segments for {} entries", all.size(),
+                frozen_.size());
     std::vector<AdamWSegment> out;
     for (size_t i = 0; i < all.size(); ++i) {
         if (!frozen_[i]) out.push_back(all[i]);
@@ -242,12 +326,14 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     if (!opt.ok()) return opt.status();
     const size_t n = size_t(model_->params_flat().numel());
     std::vector<float> m(n), v(n);
-    for (auto [name, dst] : {std::pair<const char*, std::vector<float>*>{"exp_avg", &m}, {"exp_avg_sq", &v}}) {
+    for (auto [name, dst] :
+         {std::pair<const char*, std::vector<float>*>{"exp_avg", &m}, {"exp_avg_sq", &v}}) {
         LATHE_ASSIGN_OR_RETURN(const SafetensorsTensor* t, opt->get(name));
         if (t->dtype != SafetensorsDtype::kF32 || t->nbytes() != dst->size() * sizeof(float)) {
-            return data_loss_error("{}: tensor '{}' has {} bytes of {}, expected {} f32 values (the model's "
-                                   "parameter count); was it written for another model?",
-                                   opt_path, name, t->nbytes(), safetensors_dtype_name(t->dtype), dst->size());
+            return data_loss_error(
+                "{}: tensor '{}' has {} bytes of {}, expected {} f32 values (the model's "
+                "parameter count); was it written for another model?",
+                opt_path, name, t->nbytes(), safetensors_dtype_name(t->dtype), dst->size());
         }
         std::memcpy(dst->data(), t->data, t->nbytes());
     }
@@ -257,9 +343,6 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     const auto j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded()) return data_loss_error("{}: not valid JSON", state_path);
     LATHE_ASSIGN_OR_RETURN(st_, trainer_state_from_json(j, state_path));
-    if (j.contains("config") && j.at("config").is_string() && j.at("config").get<std::string>() != config_.to_yaml()) {
-        log_warning("the configuration differs from the one {} was written with; continuing with the new one", dir);
-    }
     return ok_status();
 }
 
@@ -268,7 +351,9 @@ Status Trainer::init_or_resume() {
     if (newest) {
         log_info("resuming from {}", *newest);
         LATHE_RETURN_IF_ERROR(load_checkpoint(*newest, true));
-        LATHE_ASSIGN_OR_RETURN(metrics_, MetricsLog::open((fs::path(request_.run_dir) / "metrics.jsonl").string(), st_.step));
+        LATHE_ASSIGN_OR_RETURN(
+            metrics_,
+            MetricsLog::open((fs::path(request_.run_dir) / "metrics.jsonl").string(), st_.step));
         return ok_status();
     }
     if (!s_.init_from.empty()) {
@@ -279,7 +364,8 @@ Status Trainer::init_or_resume() {
         log_info("initialising from seed {}", s_.seed);
         model_->init(s_.seed);
     }
-    LATHE_ASSIGN_OR_RETURN(metrics_, MetricsLog::open((fs::path(request_.run_dir) / "metrics.jsonl").string(), -1));
+    LATHE_ASSIGN_OR_RETURN(
+        metrics_, MetricsLog::open((fs::path(request_.run_dir) / "metrics.jsonl").string(), -1));
     return ok_status();
 }
 
@@ -291,17 +377,21 @@ Status Trainer::save_checkpoint() {
     std::vector<float> m(n), v(n);
     model_->read_optimizer_state(m, v);
     const std::vector<SafetensorsWriteTensor> opt = {
-        safetensors_write_tensor("exp_avg", ConstTensorView(m.data(), DType::kF32, Shape{int64_t(n)})),
-        safetensors_write_tensor("exp_avg_sq", ConstTensorView(v.data(), DType::kF32, Shape{int64_t(n)})),
+        safetensors_write_tensor("exp_avg",
+                                 ConstTensorView(m.data(), DType::kF32, Shape{int64_t(n)})),
+        safetensors_write_tensor("exp_avg_sq",
+                                 ConstTensorView(v.data(), DType::kF32, Shape{int64_t(n)})),
     };
-    LATHE_RETURN_IF_ERROR(safetensors_write_file((fs::path(dir) / kOptimizerStateFile).string(), opt,
-                                                 {{"format", "lathe-adamw"}, {"layout", "parameter arena"}}));
+    LATHE_RETURN_IF_ERROR(
+        safetensors_write_file((fs::path(dir) / kOptimizerStateFile).string(), opt,
+                               {{"format", "lathe-adamw"}, {"layout", "parameter arena"}}));
     st_.consumed_train_samples = st_.step * s_.micro_batch * s_.grad_accum;
     st_.tokens = st_.step * s_.tokens_per_step();
     nlohmann::json j = trainer_state_to_json(st_);
     j["seed"] = s_.seed;
     j["config"] = config_.to_yaml();
-    LATHE_RETURN_IF_ERROR(file_write_atomic((fs::path(dir) / kTrainerStateFile).string(), j.dump(2) + "\n"));
+    LATHE_RETURN_IF_ERROR(
+        file_write_atomic((fs::path(dir) / kTrainerStateFile).string(), j.dump(2) + "\n"));
     LATHE_ASSIGN_OR_RETURN(std::string final_dir, ckpt_->commit(st_.step, s_.keep_last));
     log_info("checkpoint {}", final_dir);
     return ok_status();
@@ -335,25 +425,29 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
     norm_out = norm;
 
     const bool nonfinite = !std::isfinite(loss) || !std::isfinite(norm);
-    const bool spike = s_.spike_factor > 0.0 && st_.loss_count >= 10 && loss > s_.spike_factor * st_.loss_mean;
+    const bool spike =
+        s_.spike_factor > 0.0 && st_.loss_count >= 10 && loss > s_.spike_factor * st_.loss_mean;
     if (nonfinite || spike) {
-        const std::string what = nonfinite ? fmt::format("a non-finite {} (loss {}, grad norm {})",
-                                                         !std::isfinite(loss) ? "loss" : "gradient", loss, norm)
-                                           : fmt::format("a loss spike ({:.4f} > {} x running mean {:.4f})", loss,
-                                                         s_.spike_factor, st_.loss_mean);
+        const std::string what =
+            nonfinite ? fmt::format("a non-finite {} (loss {}, grad norm {})",
+                                    !std::isfinite(loss) ? "loss" : "gradient", loss, norm)
+                      : fmt::format("a loss spike ({:.4f} > {} x running mean {:.4f})", loss,
+                                    s_.spike_factor, st_.loss_mean);
         if (s_.nonfinite == NonfinitePolicy::kStop) {
-            return failed_precondition_error("step {}: {}; stopping (train.nonfinite_policy: stop). The last "
-                                             "checkpoint is intact; lower optimizer.lr or set the policy to skip",
-                                             st_.step + 1, what);
+            return failed_precondition_error(
+                "step {}: {}; stopping (train.nonfinite_policy: stop). The last "
+                "checkpoint is intact; lower optimizer.lr or set the policy to skip",
+                st_.step + 1, what);
         }
         ++st_.skipped_steps;
         ++st_.skipped_in_a_row;
-        log_warning("step {}: {}; step skipped ({} in a row, {} in all)", st_.step + 1, what, st_.skipped_in_a_row,
-                    st_.skipped_steps);
+        log_warning("step {}: {}; step skipped ({} in a row, {} in all)", st_.step + 1, what,
+                    st_.skipped_in_a_row, st_.skipped_steps);
         if (s_.max_skipped > 0 && st_.skipped_in_a_row > s_.max_skipped) {
-            return failed_precondition_error("{} steps in a row were skipped (train.max_skipped_steps {}); the run "
-                                             "is diverging: lower optimizer.lr or check the data",
-                                             st_.skipped_in_a_row, s_.max_skipped);
+            return failed_precondition_error(
+                "{} steps in a row were skipped (train.max_skipped_steps {}); the run "
+                "is diverging: lower optimizer.lr or check the data",
+                st_.skipped_in_a_row, s_.max_skipped);
         }
         skipped = true;
         return ok_status();
@@ -366,7 +460,8 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
     ++st_.adam_step;
     model_->optimizer_step(segs, s_.adam, st_.adam_step, float(s_.grad_clip));  // clips when > 0
     st_.loss_count += 1;
-    st_.loss_mean += (double(loss) - st_.loss_mean) / double(std::min<int64_t>(st_.loss_count, 100));
+    st_.loss_mean +=
+        (double(loss) - st_.loss_mean) / double(std::min<int64_t>(st_.loss_count, 100));
     return ok_status();
 }
 
@@ -376,9 +471,11 @@ Status Trainer::evaluate(double& loss_out) {
     for (int64_t i = 0; i < s_.eval_iters; ++i) {
         // GPT-NeoX keeps one validation iterator across passes: pass p reads micro-batches
         // p * eval_iters + i.
-        LATHE_ASSIGN_OR_RETURN(const int64_t first, gpt_neox_micro_batch_start(st_.eval_passes * s_.eval_iters + i,
-                                                                               B, 1, 0, data_.valid()->size()));
-        LATHE_RETURN_IF_ERROR(fill_batch(*data_.valid(), first, B, T, s_.per_document_attention, buf_));
+        LATHE_ASSIGN_OR_RETURN(const int64_t first,
+                               gpt_neox_micro_batch_start(st_.eval_passes * s_.eval_iters + i, B, 1,
+                                                          0, data_.valid()->size()));
+        LATHE_RETURN_IF_ERROR(
+            fill_batch(*data_.valid(), first, B, T, s_.per_document_attention, buf_));
         sum += model_->forward(batch_views(buf_, B, T));
     }
     ++st_.eval_passes;
@@ -394,13 +491,16 @@ Status Trainer::run() {
         return ok_status();
     }
     StopSignals signals;
-    log_info("training {} -> step {}: {} tokens per step (B {} x T {} x accumulation {}), {} parameters, "
-             "{} threads", st_.step, s_.steps, s_.tokens_per_step(), s_.micro_batch, s_.seq_len, s_.grad_accum,
-             model_->params().num_elements(),
+    log_info(
+        "training {} -> step {}: {} tokens per step (B {} x T {} x accumulation {}), {} "
+        "parameters, "
+        "{} threads",
+        st_.step, s_.steps, s_.tokens_per_step(), s_.micro_batch, s_.seq_len, s_.grad_accum,
+        model_->params().num_elements(),
 #ifdef _OPENMP
-             omp_get_max_threads()
+        omp_get_max_threads()
 #else
-             1
+        1
 #endif
     );
     const int64_t K = s_.grad_accum;
@@ -418,27 +518,35 @@ Status Trainer::run() {
             st_.interval_steps += 1;
             last_norm_ = norm;
         }
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double elapsed =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (st_.step % s_.log_interval == 0 || st_.step == s_.steps) {
             LATHE_RETURN_IF_ERROR(log_line(elapsed, st_.step - first_step));
         }
-        if (s_.eval_interval > 0 && s_.eval_iters > 0 && (st_.step % s_.eval_interval == 0 || st_.step == s_.steps)) {
+        if (s_.eval_interval > 0 && s_.eval_iters > 0 &&
+            (st_.step % s_.eval_interval == 0 || st_.step == s_.steps)) {
             double vloss = 0.0;
             LATHE_RETURN_IF_ERROR(evaluate(vloss));
-            std::fprintf(stderr, "step %lld/%lld | validation loss %.4f | perplexity %.2f\n", (long long)st_.step,
-                         (long long)s_.steps, vloss, std::exp(vloss));
+            std::fprintf(stderr, "step %lld/%lld | validation loss %.4f | perplexity %.2f\n",
+                         (long long)st_.step, (long long)s_.steps, vloss, std::exp(vloss));
             LATHE_RETURN_IF_ERROR(metrics_.write({{"step", st_.step},
                                                   {"split", std::string("valid")},
                                                   {"loss", vloss},
                                                   {"perplexity", std::exp(vloss)},
                                                   {"tokens", st_.step * s_.tokens_per_step()}}));
         }
-        const int sig = signals.received();
-        const bool interval_save = s_.checkpoint_interval > 0 && st_.step % s_.checkpoint_interval == 0;
-        if (interval_save || st_.step == s_.steps || sig != 0) LATHE_RETURN_IF_ERROR(save_checkpoint());
+        // A signal after the last step stops nothing: the run is complete.
+        const int sig = st_.step < s_.steps ? signals.received() : 0;
+        const bool interval_save =
+            s_.checkpoint_interval > 0 && st_.step % s_.checkpoint_interval == 0;
+        if (interval_save || st_.step == s_.steps || sig != 0)
+            LATHE_RETURN_IF_ERROR(save_checkpoint());
         if (sig != 0) {
-            log_info("stopped by {} after step {}; the same command resumes from here",
-                     sig == SIGTERM ? "SIGTERM" : "SIGINT", st_.step);
+            stop_signal_ = sig;
+            log_info(
+                "stopped by {} after step {} of {}, checkpoint saved; the same command resumes "
+                "from here",
+                sig == SIGTERM ? "SIGTERM" : "SIGINT", st_.step, s_.steps);
             return ok_status();
         }
     }
@@ -448,11 +556,17 @@ Status Trainer::run() {
 }
 
 Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
-    const double mean = st_.interval_steps > 0 ? st_.interval_loss_sum / double(st_.interval_steps) : NAN;
+    const double mean =
+        st_.interval_steps > 0 ? st_.interval_loss_sum / double(st_.interval_steps) : NAN;
     const double lr = s_.lr.lr_at(st_.step - 1);
-    const double tok_s = elapsed_s > 0 ? double(steps_this_session * s_.tokens_per_step()) / elapsed_s : 0.0;
-    const double eta = steps_this_session > 0 ? elapsed_s / double(steps_this_session) * double(s_.steps - st_.step) : 0.0;
-    std::fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | skipped %lld | ETA %s\n",
+    const double tok_s =
+        elapsed_s > 0 ? double(steps_this_session * s_.tokens_per_step()) / elapsed_s : 0.0;
+    const double eta = steps_this_session > 0
+                           ? elapsed_s / double(steps_this_session) * double(s_.steps - st_.step)
+                           : 0.0;
+    std::fprintf(stderr,
+                 "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | skipped %lld "
+                 "| ETA %s\n",
                  (long long)st_.step, (long long)s_.steps, mean, lr, double(last_norm_),
                  Progress::format_count(tok_s).c_str(), (long long)st_.skipped_steps,
                  Progress::format_duration(eta).c_str());
@@ -469,15 +583,90 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
     return ok_status();
 }
 
+// The newest complete checkpoint of a run folder, found as CheckpointDir::newest() finds it but
+// without creating or cleaning anything (CheckpointDir::open does both), or nullopt.
+std::optional<fs::path> newest_checkpoint_read_only(const std::string& run_dir) {
+    const fs::path root = fs::path(run_dir) / "checkpoints";
+    std::error_code ec;
+    if (!fs::is_directory(root, ec)) return std::nullopt;
+    std::optional<int64_t> newest;
+    fs::path dir;
+    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::optional<int64_t> step =
+            CheckpointDir::parse_step_name(it->path().filename().string());
+        if (step && it->is_directory(ec) && (!newest || *step > *newest)) {
+            newest = step;
+            dir = it->path();
+        }
+    }
+    if (!newest) return std::nullopt;
+    return dir;
+}
+
+// A resume must keep what its exactness depends on (run/train_schema.h): compares `config` with
+// the configuration the newest checkpoint of the run was written with (RUN/config.yaml when the
+// checkpoint does not carry one), refuses an incompatible change naming every such key, and logs
+// each compatible one. Reads only: a refused resume leaves the run folder as it was.
+Status check_resume_config(const std::string& run_dir, const ConfigSchema& schema,
+                           const Config& config) {
+    const std::optional<fs::path> checkpoint = newest_checkpoint_read_only(run_dir);
+    if (!checkpoint) return ok_status();  // a fresh start
+    std::string text, from;
+    const std::string state_path = (*checkpoint / kTrainerStateFile).string();
+    if (auto bytes = file_read_all(state_path); bytes.ok()) {
+        const auto j = nlohmann::json::parse(*bytes, nullptr, false);
+        if (j.is_object() && j.contains("config") && j.at("config").is_string()) {
+            text = j.at("config").get<std::string>();
+            from = state_path;
+        }
+    }
+    const std::string run_config = (fs::path(run_dir) / "config.yaml").string();
+    if (from.empty()) {
+        if (!file_exists(run_config)) return ok_status();  // nothing recorded to compare with
+        LATHE_ASSIGN_OR_RETURN(text, file_read_all(run_config));
+        from = run_config;
+    }
+    auto before = Config::load_text(schema, text, from);
+    if (!before.ok()) {
+        return failed_precondition_error(
+            "--run-dir {} resumes from {}, but the configuration it was written with "
+            "cannot be read to check the resume against ({}); train into a new "
+            "--run-dir",
+            run_dir, checkpoint->string(), before.status().message());
+    }
+    const std::vector<TrainConfigChange> changes = train_config_changes(*before, config);
+    std::string refused;
+    for (const TrainConfigChange& c : changes) {
+        if (!c.compatible)
+            refused +=
+                fmt::format("{}{} {} -> {}", refused.empty() ? "" : ", ", c.key, c.before, c.after);
+    }
+    if (!refused.empty()) {
+        return failed_precondition_error(
+            "--run-dir {} resumes from {}, but this configuration changes what an exact "
+            "resume depends on: {} (the run's value -> this one). Set them back (the "
+            "run's configuration: {}), or train into a new --run-dir; `lathe train "
+            "--help` lists the keys a resume may change",
+            run_dir, checkpoint->string(), refused, run_config);
+    }
+    for (const TrainConfigChange& c : changes) {
+        log_info("resuming with a changed {}: {} -> {}", c.key, c.before, c.after);
+    }
+    return ok_status();
+}
+
 }  // namespace
 
-Status train_run(const TrainRequest& request) {
+Result<TrainOutcome> train_run(const TrainRequest& request) {
     if (request.run_dir.empty()) return invalid_argument_error("--run-dir is required");
     const ConfigSchema schema = train_config_schema();  // outlives the Config that points to it
-    LATHE_ASSIGN_OR_RETURN(Config config, Config::load(schema, request.config_files, request.overrides));
+    LATHE_ASSIGN_OR_RETURN(Config config,
+                           Config::load(schema, request.config_files, request.overrides));
     LATHE_ASSIGN_OR_RETURN(TrainSettings settings, train_settings_resolve(config));
+    LATHE_RETURN_IF_ERROR(check_resume_config(request.run_dir, schema, config));
     Trainer trainer(request, std::move(config), std::move(settings));
-    return trainer.run();
+    LATHE_RETURN_IF_ERROR(trainer.run());
+    return trainer.outcome();
 }
 
 }  // namespace lathe

@@ -13,10 +13,19 @@
 // pure function of the step (GPT-NeoX's sequential sampler over a seeded shuffle), the model and
 // optimizer state are saved exactly (fp32), every op is deterministic, and the few running values
 // the loop keeps (skip counts, the loss mean for spike detection, the partial log interval) are
-// saved with the checkpoint.
+// saved with the checkpoint. A resume whose configuration changes a key that this depends on is
+// refused before anything is written; a change of any other key is logged (the rule and the keys:
+// run/train_schema.h).
 //
-// SIGTERM and SIGINT finish the current step, save a checkpoint, and return ok with a message.
+// Every token file (and label file) is checked when it is opened: an id outside the model's
+// vocabulary (data prepared with another tokenizer) is an error naming the file, the id and where
+// it is, before the first step.
+//
+// SIGTERM and SIGINT finish the current step, save a checkpoint, and return ok with the signal in
+// TrainOutcome (the command exits 128 + its number: 130, 143); a signal that arrives after the
+// last step changes nothing (the run is complete).
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -30,7 +39,12 @@ struct TrainRequest {
     std::string run_dir;
 };
 
+struct TrainOutcome {
+    int stop_signal = 0;  // SIGINT or SIGTERM when one stopped the run before its last step
+    int64_t step = 0;     // the step the run reached (and saved)
+};
+
 // Runs (or resumes) a training run. Bad configuration fails before any work, naming the key.
-Status train_run(const TrainRequest& request);
+Result<TrainOutcome> train_run(const TrainRequest& request);
 
 }  // namespace lathe

@@ -1,0 +1,315 @@
+"""End-to-end tests of `lathe train`'s crash paths and resume rules, through the `lathe` binary.
+
+Checked here:
+  - token ids outside the model's vocabulary (data prepared with another tokenizer, or a label
+    file with a bad id) are an error when the data is opened, naming the file, the id, where it is
+    and the vocabulary size; label files may hold negative labels (-100: no loss);
+  - a resume that changes a key an exact resume depends on is refused before anything is
+    written (RUN/config.yaml, metrics.jsonl and the checkpoints stay byte for byte), naming each
+    key with its old and new value; a compatible change (learning rate, steps) resumes and logs
+    every changed key;
+  - a run stopped by SIGINT / SIGTERM saves a checkpoint and exits 130 / 143, so `lathe train ...
+    && lathe convert ...` does not convert a half-trained model; `lathe train --help` says so;
+  - `lathe doctor` reports whether this build runs attention on CUDA, in the table and in --json,
+    as the build was configured;
+  - checkpoint.init_from takes a checkpoint folder, a run folder and RUN/checkpoints/latest.
+"""
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+LATHE = os.environ.get("LATHE_BIN", "build/lathe")
+BUILD_DIR = os.environ.get("LATHE_BUILD_DIR", "build")
+
+TINY = """
+model:
+  family: llama
+  hidden_size: 32
+  intermediate_size: 64
+  num_hidden_layers: 1
+  num_attention_heads: 2
+  max_position_embeddings: 64
+  tie_word_embeddings: true
+data:
+  split: "90,10,0"
+  seq_length: 32
+train:
+  steps: 4
+  micro_batch_size: 2
+  log_interval: 1
+  eval_interval: 0
+  threads: 2
+  device: cpu
+optimizer:
+  lr: 3.0e-3
+checkpoint:
+  interval: 2
+  keep_last: 0
+"""
+
+
+def run(args, check=True, **kw):
+    p = subprocess.run([LATHE] + [str(a) for a in args], capture_output=True, text=True, timeout=600, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"lathe {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("train_errors")
+    raw = gzip.open("/usr/share/dictd/gcide.dict.dz", "rt", errors="replace").read(300_000)
+    blocks = [b.strip() for b in raw.split("\n\n") if b.strip()]
+    with open(d / "c.jsonl", "w") as f:
+        for b in blocks:
+            f.write(json.dumps({"text": b}) + "\n")
+    for vocab in (384, 1024):
+        run(["tokenizer", "train", "--vocab-size", vocab, "--special-tokens", "<|endoftext|>",
+             "--input", d / "c.jsonl", "--output", d / f"tok{vocab}.json"])
+        run(["prepare", "--tokenizer", d / f"tok{vocab}.json", "--input", d / "c.jsonl",
+             "--output-prefix", d / f"gc{vocab}", "--append-eod"])
+    (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc384'}\ndata.tokenizer: {d / 'tok384.json'}\n")
+    return d
+
+
+def train_cmd(corpus, run_dir, *sets):
+    args = ["train", corpus / "tiny.yaml", "--run-dir", run_dir]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def write_token_file(prefix, docs, dtype):
+    """A GPT-NeoX/Megatron .bin/.idx pair (docs/formats/token-files.md), one sequence per document."""
+    codes = {np.uint16: 8, np.int32: 4}
+    sizes = np.array([len(d) for d in docs], dtype=np.int32)
+    item = np.dtype(dtype).itemsize
+    pointers = np.concatenate([[0], np.cumsum(sizes[:-1].astype(np.int64) * item)]).astype(np.int64)
+    doc_idx = np.arange(len(docs) + 1, dtype=np.int64)
+    with open(f"{prefix}.bin", "wb") as f:
+        for d in docs:
+            f.write(np.asarray(d, dtype=dtype).tobytes())
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00")
+        f.write(np.array([1], dtype="<u8").tobytes())
+        f.write(bytes([codes[dtype]]))
+        f.write(np.array([len(docs), len(docs) + 1], dtype="<u8").tobytes())
+        f.write(sizes.tobytes())
+        f.write(pointers.tobytes())
+        f.write(doc_idx.tobytes())
+
+
+def documents(n_docs=40, length=70, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, 384, size=length).tolist() for _ in range(n_docs)]
+
+
+def tree_bytes(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+def assert_clean_error(p):
+    # An error message and exit code, never a check failure, abort or signal.
+    assert p.returncode in (1, 2), (p.returncode, p.stderr)
+    assert "lathe: error:" in p.stderr, p.stderr
+    assert "Check failed" not in p.stderr and "terminate" not in p.stderr, p.stderr
+
+
+# ---- token ids against the vocabulary ----
+
+def test_data_from_another_tokenizer_is_refused_at_open(corpus, tmp_path):
+    # Token files prepared with the 1024-entry tokenizer, trained with the 384-entry one.
+    r = tmp_path / "mismatch"
+    p = run(train_cmd(corpus, r, f"data.path={corpus / 'gc1024'}"), check=False)
+    assert_clean_error(p)
+    ids = np.fromfile(f"{corpus / 'gc1024'}.bin", dtype=np.uint16)
+    first_bad = int(ids[np.argmax(ids >= 384)])
+    err = p.stderr
+    assert f"data.path: '{corpus / 'gc1024'}': {corpus / 'gc1024'}.bin, document " in err, err
+    assert f"token id {first_bad} is outside the model's vocabulary of 384 ids" in err, err
+    assert f"lathe prepare --tokenizer {corpus / 'tok384.json'}" in err, err
+    assert not (r / "checkpoints").exists()
+
+
+def test_token_id_position_is_named(corpus, tmp_path):
+    docs = documents()
+    docs[3][7] = 5000
+    docs[5][2] = 6000
+    write_token_file(tmp_path / "bad", docs, np.uint16)
+    p = run(train_cmd(corpus, tmp_path / "r", f"data.path={tmp_path / 'bad'}"), check=False)
+    assert_clean_error(p)
+    assert "document 3, position 7: token id 5000 is outside the model's vocabulary of 384 ids (0 to 383)" \
+        in p.stderr, p.stderr
+    # The same file with every id in range trains.
+    docs[3][7] = 383
+    docs[5][2] = 0
+    write_token_file(tmp_path / "good", docs, np.uint16)
+    run(train_cmd(corpus, tmp_path / "ok", f"data.path={tmp_path / 'good'}", "train.steps=1"))
+
+
+def sft_sets(tokens, labels):
+    return [f"data.path=[{tokens}]", f"data.label_path=[{labels}]", f"data.valid_path=[{tokens}]",
+            f"data.valid_label_path=[{labels}]"]
+
+
+def test_label_files_allow_minus_100_but_not_ids_past_the_vocabulary(corpus, tmp_path):
+    docs = documents()
+    write_token_file(tmp_path / "tok", docs, np.int32)
+    labels = [[-100] * 10 + d[10:] for d in docs]  # no loss on each document's first 10 tokens
+    write_token_file(tmp_path / "lab", labels, np.int32)
+    run(train_cmd(corpus, tmp_path / "ok", *sft_sets(tmp_path / "tok", tmp_path / "lab"), "train.steps=1"))
+    labels[6][20] = 9999
+    write_token_file(tmp_path / "lab_bad", labels, np.int32)
+    p = run(train_cmd(corpus, tmp_path / "bad", *sft_sets(tmp_path / "tok", tmp_path / "lab_bad")), check=False)
+    assert_clean_error(p)
+    assert (f"data.label_path: '{tmp_path / 'lab_bad'}': {tmp_path / 'lab_bad'}.bin, document 6, position 20: "
+            "label 9999 is neither a token id below the model's vocabulary size 384 nor negative") in p.stderr, \
+        p.stderr
+    assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+# ---- resume with a changed configuration ----
+
+def test_incompatible_resume_is_refused_and_writes_nothing(corpus, tmp_path):
+    r = tmp_path / "r"
+    run(train_cmd(corpus, r))
+    before = tree_bytes(r)
+    assert "config.yaml" in before and "checkpoints/step-00000004/model.safetensors" in before
+    p = run(train_cmd(corpus, r, "train.steps=6", "data.seq_length=16", "train.seed=7", "optimizer.lr=1e-3"),
+            check=False)
+    assert_clean_error(p)
+    err = p.stderr
+    assert f"--run-dir {r} resumes from {r / 'checkpoints' / 'step-00000004'}" in err, err
+    assert "data.seq_length 32 -> 16, train.seed 1234 -> 7 (the run's value -> this one)" in err, err
+    # Compatible changes are not what is refused.
+    assert "optimizer.lr" not in err.split("lathe: error:")[1] and "train.steps" not in err.split("lathe: error:")[1]
+    assert tree_bytes(r) == before  # config.yaml, metrics.jsonl, every checkpoint file: as they were
+
+
+def test_compatible_resume_logs_every_changed_key(corpus, tmp_path):
+    r = tmp_path / "r"
+    run(train_cmd(corpus, r))
+    p = run(train_cmd(corpus, r, "train.steps=6", "optimizer.lr=1e-3", "train.log_interval=2"))
+    assert "resuming with a changed train.steps: 4 -> 6" in p.stderr, p.stderr
+    assert "resuming with a changed train.log_interval: 1 -> 2" in p.stderr, p.stderr
+    assert "resuming with a changed optimizer.lr: 0.003 -> 0.001" in p.stderr, p.stderr
+    assert f"resuming from {r / 'checkpoints' / 'step-00000004'}" in p.stderr, p.stderr
+    steps = [json.loads(l)["step"] for l in (r / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 6]  # log_interval 2 after the resume
+    optimizer = (r / "config.yaml").read_text().split("\noptimizer:\n")[1]
+    assert float(re.search(r"^  lr: (\S+)$", optimizer, re.M).group(1)) == 1e-3  # the run's config now
+    # The same command again: nothing changed, nothing logged as changed.
+    again = run(train_cmd(corpus, r, "train.steps=6", "optimizer.lr=1e-3", "train.log_interval=2"))
+    assert "resuming with a changed" not in again.stderr, again.stderr
+
+
+# ---- stopped by a signal ----
+
+def wait_for_step(run_dir, step, proc, timeout=120):
+    path = Path(run_dir) / "metrics.jsonl"
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if path.exists():
+            lines = [l for l in path.read_text().splitlines() if l.endswith("}")]
+            if lines and json.loads(lines[-1])["step"] >= step:
+                return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.stderr.read()}")
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting for the run")
+
+
+def children_of(pid):
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
+@pytest.mark.parametrize("sig,code,name", [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_stopped_by_a_signal_exits_non_zero_after_saving(corpus, tmp_path, sig, code, name):
+    # `lathe train ... && lathe convert ...` as a user writes it: the signal goes to the training
+    # process once it is past its second step; the shell must not run the conversion.
+    r, out = tmp_path / "r", tmp_path / "hf"
+    steps = 100000  # never reached: the signal always lands mid-run
+    script = (f'"$0" train {corpus / "tiny.yaml"} --run-dir {r} --set train.steps={steps} '
+              f'--set checkpoint.interval=0 && "$0" convert {r} {out} --to hf; echo "train exit $?"')
+    shell = subprocess.Popen(["bash", "-c", script, LATHE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    wait_for_step(r, 2, shell)
+    train = children_of(shell.pid)
+    assert len(train) == 1, train
+    os.kill(train[0], sig)
+    stdout, err = shell.communicate(timeout=120)
+    assert stdout.strip().splitlines()[-1] == f"train exit {code}", (stdout, err)
+    assert not out.exists()
+    assert f"stopped by {name} after step" in err and "checkpoint saved" in err, err
+    assert "lathe: error" not in err, err
+    saved = [d.name for d in (r / "checkpoints").iterdir() if d.name.startswith("step-")]
+    assert len(saved) == 1 and 2 <= int(saved[0].split("-")[1]) < steps, saved
+
+
+def test_train_help_documents_exit_codes(corpus):
+    p = run(["train", "--help"])
+    text = " ".join(p.stdout.split())
+    assert "130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint" in text, p.stdout
+    assert "These may change, and each change is logged: train.steps" in text, p.stdout
+
+
+# ---- doctor: attention ----
+
+def build_has_cudnn_attention():
+    """How the build was configured: the CUDA attention op compiled with the cuDNN frontend."""
+    commands = json.loads((Path(BUILD_DIR) / "compile_commands.json").read_text())
+    attention = [c["command"] if "command" in c else " ".join(c["arguments"]) for c in commands
+                 if c["file"].endswith("src/ops/cuda/attention.cu")]
+    if not attention:
+        return False  # no CUDA backend in this build
+    return "LATHE_HAVE_CUDNN_FRONTEND=1" in attention[0]
+
+
+def test_doctor_reports_attention_as_built():
+    p = run(["doctor", "--json"], check=False)
+    j = json.loads(p.stdout.strip().splitlines()[-1])
+    assert set(j["cuda_attention"]) == {"available", "detail"}
+    expected = build_has_cudnn_attention()
+    assert j["cuda_attention"]["available"] is expected, j["cuda_attention"]
+    if not j["cuda_build"]:
+        assert j["cuda_attention"]["available"] is False
+    if not expected:
+        assert "install-deps.sh" in j["cuda_attention"]["detail"] or not j["cuda_build"], j["cuda_attention"]
+        if j["devices"]:  # a GPU no model can run on: not ready, and the verdict says why
+            assert j["status"] == "not_ready" and "attention" in j["verdict"], j
+    table = run(["doctor"], check=False).stdout
+    row = next(l for l in table.splitlines() if l.startswith("attention"))
+    assert ("cuDNN fused flash attention (built)" in row) is expected, row
+
+
+# ---- checkpoint.init_from forms ----
+
+def test_init_from_takes_run_checkpoint_and_latest(corpus, tmp_path):
+    src = tmp_path / "src"
+    run(train_cmd(corpus, src))
+    forms = {"checkpoint": src / "checkpoints" / "step-00000004", "run": src,
+             "latest": src / "checkpoints" / "latest"}
+    first_losses = {}
+    for name, path in forms.items():
+        r = tmp_path / name
+        run(train_cmd(corpus, r, "train.steps=1", f"checkpoint.init_from={path}"))
+        first_losses[name] = json.loads((r / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    # The same weights, whichever form named them.
+    assert len(set(first_losses.values())) == 1, first_losses
