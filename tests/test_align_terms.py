@@ -166,11 +166,11 @@ def test_stage_cache_skips_and_reruns(tmp_path, corpus):
 def test_bad_input_is_a_clear_error(tmp_path, corpus):
     train, _ = corpus
     llama2 = SHARED / "tokenizers" / "llama2.json"
-    if llama2.exists():
-        p = lathe("align", "terms", "--tokenizer", llama2, "--corpus", train, "--output",
-                  tmp_path / "x.json", check=False)
-        assert p.returncode != 0
-        assert "byte-level" in p.stderr
+    assert llama2.exists(), f"{llama2} is missing (../shared)"
+    p = lathe("align", "terms", "--tokenizer", llama2, "--corpus", train, "--output",
+              tmp_path / "x.json", check=False)
+    assert p.returncode != 0
+    assert "byte-level" in p.stderr
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     p = lathe("align", "terms", "--tokenizer", SHARED / "tokenizers" / "gpt2.json", "--corpus", empty,
