@@ -133,7 +133,7 @@ def test_data_from_another_tokenizer_is_refused_at_open(corpus, tmp_path):
     ids = np.fromfile(f"{corpus / 'gc1024'}.bin", dtype=np.uint16)
     first_bad = int(ids[np.argmax(ids >= 384)])
     err = p.stderr
-    assert f"data.path: '{corpus / 'gc1024'}': {corpus / 'gc1024'}.bin, document " in err, err
+    assert f"lathe: error: data.path: '{corpus / 'gc1024'}': {corpus / 'gc1024'}.bin, document " in err, err
     assert f"token id {first_bad} is outside the model's vocabulary of 384 ids" in err, err
     assert f"lathe prepare --tokenizer {corpus / 'tok384.json'}" in err, err
     assert not (r / "checkpoints").exists()
@@ -170,7 +170,7 @@ def test_label_files_allow_minus_100_but_not_ids_past_the_vocabulary(corpus, tmp
     write_token_file(tmp_path / "lab_bad", labels, np.int32)
     p = run(train_cmd(corpus, tmp_path / "bad", *sft_sets(tmp_path / "tok", tmp_path / "lab_bad")), check=False)
     assert_clean_error(p)
-    assert (f"data.label_path: '{tmp_path / 'lab_bad'}': {tmp_path / 'lab_bad'}.bin, document 6, position 20: "
+    assert (f"lathe: error: data.label_path: '{tmp_path / 'lab_bad'}': {tmp_path / 'lab_bad'}.bin, document 6, position 20: "
             "label 9999 is neither a token id below the model's vocabulary size 384 nor negative") in p.stderr, \
         p.stderr
     assert not (tmp_path / "bad" / "checkpoints").exists()

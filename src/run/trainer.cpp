@@ -143,6 +143,7 @@ private:
     float last_norm_ = 0.0f;
     int stop_signal_ = 0;                // the signal that stopped the run before its last step
     std::set<std::string> ids_checked_;  // token files whose ids open_checked() has read
+    Status ids_error_;                   // the id open_checked() found outside the vocabulary
 };
 
 // Opens a token or label file of the run and checks every id against the model's vocabulary:
@@ -188,20 +189,20 @@ Result<std::unique_ptr<TokenDocuments>> Trainer::open_checked(const std::string&
                                               prefix, prefix, bad->document, bad->position);
         const std::string what_to_do = fmt::format(
             "was it prepared with another tokenizer than data.tokenizer ({}, {} ids)? Prepare it "
-            "again with that "
-            "tokenizer (`lathe prepare --tokenizer {} ...`), or train with the tokenizer (and "
-            "model) it was "
-            "prepared with",
+            "again with that tokenizer (`lathe prepare --tokenizer {} ...`), or train with the "
+            "tokenizer (and model) it was prepared with",
             s_.tokenizer_path, s_.tokenizer_vocab, s_.tokenizer_path);
-        if (labels) {
-            return invalid_argument_error(
-                "{}: label {} is neither a token id below the model's vocabulary size {} "
-                "nor negative (no loss, e.g. -100); {}",
-                where, bad->id, V, what_to_do);
-        }
-        return invalid_argument_error(
-            "{}: token id {} is outside the model's vocabulary of {} ids (0 to {}); {}", where,
-            bad->id, V, V - 1, what_to_do);
+        // Kept for setup(), which returns it as it is (it names its key already).
+        ids_error_ = labels ? invalid_argument_error(
+                                  "{}: label {} is neither a token id below the model's "
+                                  "vocabulary size {} nor negative (no loss, e.g. "
+                                  "-100); {}",
+                                  where, bad->id, V, what_to_do)
+                            : invalid_argument_error(
+                                  "{}: token id {} is outside the model's vocabulary of "
+                                  "{} ids (0 to {}); {}",
+                                  where, bad->id, V, V - 1, what_to_do);
+        return ids_error_;
     }
     ids_checked_.insert(prefix);
     return docs;
@@ -217,7 +218,7 @@ Status Trainer::setup() {
     // Data (GPT-NeoX's index building; caches beside the token files).
     auto data = gpt_neox_build_datasets(
         s_.data, [this](const std::string& prefix) { return open_checked(prefix); });
-    if (!data.ok()) return data.status().with_context("data");
+    if (!data.ok()) return ids_error_.ok() ? data.status().with_context("data") : ids_error_;
     data_ = std::move(data).value();
     if (data_.train() == nullptr) {
         return invalid_argument_error(
