@@ -1,110 +1,79 @@
-"""`lathe chat render` / `lathe chat encode` against Python jinja2 set up as transformers sets it up.
+"""`lathe chat render` / `lathe chat encode` against transformers' own apply_chat_template.
 
-Reference rendering: jinja2's ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-with the loopcontrols extension and a `{% generation %}` tag, transformers' tojson filter
-(json.dumps with ensure_ascii=False, indent, separators, sort_keys), raise_exception and
-strftime_now globals; rendered with messages, tools, documents=None, add_generation_prompt, the
-config's special tokens and extra kwargs, as transformers' apply_chat_template does.
+Reference: transformers' AutoTokenizer loaded from the shared tokenizer.json and
+tokenizer_config.json (no torch needed), rendering with apply_chat_template(messages, tools=...,
+chat_template=..., add_generation_prompt=..., tokenize=False, **kwargs) and tokenizing with
+tokenize=True. Nothing of transformers' rendering is re-implemented here.
 
 Checked:
   * llama3 and qwen3 (the shared tokenizer_config.json templates): many varied conversations
     (system or not, multi-turn, Unicode, empty content, tool calls and tool results, reasoning,
     tools, enable_thinking), with and without add_generation_prompt: identical text.
-  * llama2: the shared config has no chat_template (clear error), and a Llama-2-style [INST]
-    template written here, with the config's special tokens, incl. its raise_exception.
+  * llama2: the shared config has no chat_template (lathe and transformers both refuse), and a
+    Llama-2-style [INST] template written here, with the config's special tokens, incl. its
+    raise_exception.
   * the engine, construct by construct, and randomly generated templates (whitespace control
     and expressions, fixed seeds): identical text, or both raise.
   * loading: named template lists (and transformers' tool_use choice), chat_template.jinja
     beside the config, syntax and runtime errors naming the template and line.
-  * labels: `lathe chat encode` against a Python re-implementation of GPT-NeoX's build_chat()
-    (tools/datasets/preprocess_data_with_chat_template.py) with HF tokenizers + jinja2; and the
-    documented behaviour where a template rewrites earlier turns (qwen3 reasoning).
+  * `lathe chat encode`: for every shared tokenizer_config (llama2 with the Llama-2-style
+    template), the whole token sequence equals apply_chat_template(tokenize=True) (nothing is
+    appended after a template that ends its turns itself), and the labels keep exactly the
+    assistant turns as GPT-NeoX's build_chat() slices them from apply_chat_template's prefix
+    tokens; a plain-text template that marks no end of turn gets eos_token appended after a
+    final assistant turn; the documented behaviour where a template rewrites earlier turns
+    (qwen3 reasoning).
 """
 
 import functools
 import json
 import os
 import random
+import shutil
 import subprocess
-from datetime import datetime
+import tempfile
 from pathlib import Path
 
 import jinja2
 import pytest
-from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Tokenizer
+from transformers import AutoTokenizer
 
 LATHE = os.environ.get("LATHE_BIN", str(Path(__file__).resolve().parents[1] / "build" / "lathe"))
 SHARED = Path(os.environ.get("LATHE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
 IGNORE = -100
 SHOW = 3
+NAMES = ["llama2", "llama3", "qwen3"]
 
 
-# --- the reference: jinja2 as transformers configures it -------------------------------------
-
-class GenerationTag(Extension):
-    """transformers' {% generation %} ... {% endgeneration %} (renders its body)."""
-    tags = {"generation"}
-
-    def parse(self, parser):
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-    def _render(self, caller):
-        return caller()
-
-
-def make_env():
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[GenerationTag, loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env
-
-
-ENV = make_env()
-
+# --- the reference: transformers' apply_chat_template -----------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def compiled(template):
-    return ENV.from_string(template)
+def hf_tokenizer(name):
+    """AutoTokenizer from the shared NAME.json and NAME.tokenizer_config.json."""
+    folder = Path(tempfile.mkdtemp(prefix=f"lathe_hf_{name}_"))
+    shutil.copy(SHARED / "tokenizers" / f"{name}.json", folder / "tokenizer.json")
+    shutil.copy(shared_config(name), folder / "tokenizer_config.json")
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
-def special_tokens_map(config):
-    """transformers' special_tokens_map: the named special tokens that are set, as strings."""
-    out = {}
-    for key in ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
-                "mask_token"]:
-        v = config.get(key)
-        if isinstance(v, dict):
-            v = v.get("content")
-        if v is not None:
-            out[key] = v
-    if isinstance(config.get("additional_special_tokens"), list):
-        out["additional_special_tokens"] = [t["content"] if isinstance(t, dict) else t
-                                            for t in config["additional_special_tokens"]]
-    return out
-
-
-def hf_render(template, config, messages, add_generation_prompt=False, tools=None, kwargs=None):
+def hf_render(name, messages, add_generation_prompt=False, tools=None, kwargs=None,
+              template=None):
     """apply_chat_template(messages, tools=tools, tokenize=False, ...): text, or the exception."""
-    variables = {**special_tokens_map(config), **(kwargs or {})}
     try:
-        return compiled(template).render(messages=messages, tools=tools, documents=None,
-                                                add_generation_prompt=add_generation_prompt,
-                                                **variables)
+        return hf_tokenizer(name).apply_chat_template(
+            messages, tools=tools, chat_template=template,
+            add_generation_prompt=add_generation_prompt, tokenize=False, **(kwargs or {}))
     except Exception as e:  # noqa: BLE001 - the reference's failure is part of the comparison
         return e
+
+
+def hf_ids(name, messages, add_generation_prompt=False, tools=None, template=None):
+    """apply_chat_template(messages, tokenize=True): the token ids."""
+    ids = hf_tokenizer(name).apply_chat_template(
+        messages, tools=tools, chat_template=template, add_generation_prompt=add_generation_prompt,
+        tokenize=True, return_dict=False)
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids), type(ids)
+    return ids
 
 
 # --- lathe -----------------------------------------------------------------------------------
@@ -142,11 +111,14 @@ def lathe_render(config_path, convs, tmp_path, add_generation_prompt=False, temp
         return [json.loads(line)["text"] for line in f]
 
 
-def compare_renders(config_path, template, convs, tmp_path, add_generation_prompt=False,
-                    kwargs=None, template_file=None):
-    config = json.loads(Path(config_path).read_text(encoding="utf-8"))
-    expected = [hf_render(template, config, c["messages"], add_generation_prompt, c.get("tools"),
-                          {**(kwargs or {}), **c.get("chat_template_kwargs", {})}) for c in convs]
+def compare_renders(name, convs, tmp_path, add_generation_prompt=False, kwargs=None,
+                    template=None, template_file=None):
+    """lathe's rendering of each conversation with NAME's config (or `template`) equals
+    transformers'."""
+    config_path = shared_config(name)
+    expected = [hf_render(name, c["messages"], add_generation_prompt, c.get("tools"),
+                          {**(kwargs or {}), **c.get("chat_template_kwargs", {})}, template)
+                for c in convs]
     failing = [i for i, e in enumerate(expected) if isinstance(e, Exception)]
     assert not failing, f"reference failed on conversation {failing[0]}: {expected[failing[0]]}"
     got = lathe_render(config_path, convs, tmp_path, add_generation_prompt, template_file, kwargs)
@@ -156,7 +128,7 @@ def compare_renders(config_path, template, convs, tmp_path, add_generation_promp
           f"{len(bad)} mismatches")
     for i in bad[:SHOW]:
         print("messages:", json.dumps(convs[i]["messages"], ensure_ascii=False)[:400])
-        print("  jinja2:", repr(expected[i])[:600])
+        print("  transformers:", repr(expected[i])[:600])
         print("  lathe: ", repr(got[i])[:600])
     assert not bad
 
@@ -226,19 +198,14 @@ def make_conversation(rng, *, tools=False, reasoning=False, system=None):
 # --- the shared templates ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("add_generation_prompt", [False, True])
-def test_llama3_matches_jinja2(tmp_path, add_generation_prompt):
-    config_path = shared_config("llama3")
-    template = json.loads(config_path.read_text())["chat_template"]
+def test_llama3_matches_transformers(tmp_path, add_generation_prompt):
     rng = random.Random(3)
     convs = [{"messages": make_conversation(rng)} for _ in range(150)]
-    convs.append({"messages": []})
-    compare_renders(config_path, template, convs, tmp_path, add_generation_prompt)
+    compare_renders("llama3", convs, tmp_path, add_generation_prompt)
 
 
 @pytest.mark.parametrize("add_generation_prompt", [False, True])
-def test_qwen3_matches_jinja2(tmp_path, add_generation_prompt):
-    config_path = shared_config("qwen3")
-    template = json.loads(config_path.read_text())["chat_template"]
+def test_qwen3_matches_transformers(tmp_path, add_generation_prompt):
     rng = random.Random(7 + add_generation_prompt)
     convs = []
     for i in range(200):
@@ -248,15 +215,16 @@ def test_qwen3_matches_jinja2(tmp_path, add_generation_prompt):
         if i % 5 == 0:
             c["chat_template_kwargs"] = {"enable_thinking": False}
         convs.append(c)
-    compare_renders(config_path, template, convs, tmp_path, add_generation_prompt)
+    compare_renders("qwen3", convs, tmp_path, add_generation_prompt)
     # --kwargs applies to every line.
-    compare_renders(config_path, template, convs[:40], tmp_path, add_generation_prompt,
+    compare_renders("qwen3", convs[:40], tmp_path, add_generation_prompt,
                     kwargs={"enable_thinking": False})
 
 
 def test_llama2_config_has_no_template(tmp_path):
     config_path = shared_config("llama2")
     assert json.loads(config_path.read_text()).get("chat_template") is None
+    assert isinstance(hf_render("llama2", [{"role": "user", "content": "hi"}]), ValueError)
     with pytest.raises(RuntimeError) as err:
         lathe_render(config_path, [{"messages": [{"role": "user", "content": "hi"}]}], tmp_path)
     message = str(err.value)
@@ -290,7 +258,7 @@ LLAMA2_STYLE = (
 )
 
 
-def test_llama2_style_template_matches_jinja2(tmp_path):
+def test_llama2_style_template_matches_transformers(tmp_path):
     config_path = shared_config("llama2")
     template_file = tmp_path / "llama2_style.jinja"
     template_file.write_text(LLAMA2_STYLE, encoding="utf-8")
@@ -305,12 +273,13 @@ def test_llama2_style_template_matches_jinja2(tmp_path):
             msgs.pop()
         convs.append({"messages": msgs})
     for agp in (False, True):
-        compare_renders(config_path, LLAMA2_STYLE, convs, tmp_path, agp, template_file=template_file)
+        compare_renders("llama2", convs, tmp_path, agp, template=LLAMA2_STYLE,
+                        template_file=template_file)
 
     # The template's raise_exception() becomes an error naming the template and the message.
     bad = [{"messages": [{"role": "assistant", "content": "first"}]}]
-    config = json.loads(config_path.read_text())
-    assert isinstance(hf_render(LLAMA2_STYLE, config, bad[0]["messages"]), jinja2.TemplateError)
+    assert isinstance(hf_render("llama2", bad[0]["messages"], template=LLAMA2_STYLE),
+                      jinja2.TemplateError)
     with pytest.raises(RuntimeError) as err:
         lathe_render(config_path, bad, tmp_path, template_file=template_file)
     message = str(err.value)
@@ -402,17 +371,21 @@ CONSTRUCTS = [
 ]
 
 
-def render_many_templates(cases, config_path, tmp_path):
-    """(lathe result or 'ERROR', jinja2 result or 'ERROR') per (template, variables)."""
-    config = json.loads(Path(config_path).read_text())
+# transformers refuses an empty conversation; the engine cases do not read this one message.
+ONE_MESSAGE = [{"role": "user", "content": "unused"}]
+
+
+def render_many_templates(cases, name, tmp_path):
+    """(lathe result or 'ERROR', transformers' result or 'ERROR') per (template, variables)."""
+    config_path = shared_config(name)
     results = []
     for i, (template, variables) in enumerate(cases):
-        ref = hf_render(template, config, [], False, None, variables)
+        ref = hf_render(name, ONE_MESSAGE, False, None, variables, template)
         tfile = tmp_path / f"t{i}.jinja"
         tfile.write_text(template, encoding="utf-8", newline="")
         try:
-            got = lathe_render(config_path, [{"messages": []}], tmp_path, template_file=tfile,
-                               kwargs=variables)[0]
+            got = lathe_render(config_path, [{"messages": ONE_MESSAGE}], tmp_path,
+                               template_file=tfile, kwargs=variables)[0]
         except RuntimeError:
             got = "ERROR"
         results.append((got, "ERROR" if isinstance(ref, Exception) else ref))
@@ -420,15 +393,14 @@ def render_many_templates(cases, config_path, tmp_path):
 
 
 def check_cases(cases, tmp_path, min_rendered=0):
-    config_path = shared_config("qwen3")
-    results = render_many_templates(cases, config_path, tmp_path)
+    results = render_many_templates(cases, "qwen3", tmp_path)
     bad = [i for i, (got, ref) in enumerate(results) if got != ref]
     rendered = sum(1 for got, ref in results if ref != "ERROR")
-    print(f"{len(cases)} templates ({rendered} render, {len(cases) - rendered} raise in jinja2): "
+    print(f"{len(cases)} templates ({rendered} render, {len(cases) - rendered} raise in transformers): "
           f"{len(bad)} mismatches")
     for i in bad[:SHOW]:
         print("template:", repr(cases[i][0])[:400])
-        print("  jinja2:", repr(results[i][1])[:400])
+        print("  transformers:", repr(results[i][1])[:400])
         print("  lathe: ", repr(results[i][0])[:400])
     assert not bad
     assert rendered >= min_rendered
@@ -520,11 +492,10 @@ def random_expression(rng, depth=0):
 def test_random_expressions(tmp_path):
     """Expressions that render in jinja2 are packed 25 to a template; others one to a template."""
     rng = random.Random(99)
-    config = {}
     ok, failing = [], []
     while len(ok) < 1000:
         e = random_expression(rng)
-        ref = hf_render("{{ " + e + " }}", config, [], kwargs=EXPR_VARS)
+        ref = hf_render("qwen3", ONE_MESSAGE, kwargs=EXPR_VARS, template="{{ " + e + " }}")
         if isinstance(ref, Exception):
             if len(failing) < 20 and "OverflowError" not in type(ref).__name__:
                 failing.append(e)
@@ -581,60 +552,61 @@ def test_errors_name_template_and_line(tmp_path):
     assert proc.returncode != 0 and "bad.jsonl:2" in proc.stderr
 
 
-# --- labels ---------------------------------------------------------------------------------------
+# --- token ids and labels -------------------------------------------------------------------------
 
-def gptneox_build_chat(template, config, tok, chat, generation_role="assistant", only_last=False, tools=None):
-    """GPT-NeoX's build_chat() (masking on) with apply_chat_template = jinja2 + HF tokenizers."""
-    def apply(msgs, add_gen):
-        text = hf_render(template, config, msgs, add_gen, tools)
-        assert not isinstance(text, Exception), text
-        return tok.encode(text, add_special_tokens=False).ids
-
+def gptneox_build_chat(name, chat, generation_role="assistant", only_last=False, tools=None,
+                       template=None, append_eos=False):
+    """GPT-NeoX's build_chat() (masking on), its apply_chat_template being transformers' own:
+    the tokens each prefix adds beyond the previous prefix's form that turn. GPT-NeoX appends
+    eos_token after every conversation; `append_eos` says whether lathe does for this one."""
     tokens, mask = [], []
     for i, turn in enumerate(chat):
         add_gen = False if i == len(chat) - 1 else chat[i + 1]["role"] == generation_role
-        chat_tokens = apply(chat[:i + 1], add_gen)[len(tokens):]
+        chat_tokens = hf_ids(name, chat[:i + 1], add_gen, tools, template)[len(tokens):]
         tokens.extend(chat_tokens)
-        if only_last and i != len(chat) - 1:
-            mask.extend([IGNORE] * len(chat_tokens))
-        elif turn["role"] != generation_role:
+        if (only_last and i != len(chat) - 1) or turn["role"] != generation_role:
             mask.extend([IGNORE] * len(chat_tokens))
         else:
             mask.extend(chat_tokens)
-    eos = special_tokens_map(config).get("eos_token")
-    if eos is not None:
-        eos_id = tok.token_to_id(eos)
+    if append_eos:
+        eos_id = hf_tokenizer(name).eos_token_id
         mask.append(eos_id if mask[-1] != IGNORE else IGNORE)
         tokens.append(eos_id)
     return tokens, mask
 
 
-def prefix_tokens_stable(template, config, tok, chat, tools=None):
+def prefix_tokens_stable(name, chat, tools=None, template=None):
     """Whether every prefix rendering's tokens start the full rendering's tokens."""
-    full = tok.encode(hf_render(template, config, chat, False, tools), add_special_tokens=False).ids
+    full = hf_ids(name, chat, False, tools, template)
     for i in range(len(chat) - 1):
         add_gen = chat[i + 1]["role"] == "assistant"
-        ids = tok.encode(hf_render(template, config, chat[:i + 1], add_gen, tools), add_special_tokens=False).ids
+        ids = hf_ids(name, chat[:i + 1], add_gen, tools, template)
         if full[:len(ids)] != ids:
             return False
     return True
 
 
-def lathe_encode(name, convs, tmp_path, extra=()):
+def lathe_encode(name, convs, tmp_path, extra=(), template_file=None):
     args = ["encode", "--tokenizer", str(SHARED / "tokenizers" / f"{name}.json"),
             "--tokenizer-config", str(shared_config(name)), *extra]
+    if template_file is not None:
+        args += ["--chat-template", str(template_file)]
     proc, out = run_lathe(args, convs, tmp_path, name=f"{name}.jsonl")
     assert proc.returncode == 0, proc.stderr
     with open(out) as f:
         return [json.loads(line) for line in f]
 
 
-def expected_loss_text(name, text, messages, eos):
+# Where each assistant turn's body starts and what opens a turn, per template, to read the loss
+# text off the full rendering without lathe's alignment.
+TURN_MARKUP = {"llama3": ("<|end_header_id|>\n\n", "<|start_header_id|>"),
+               "qwen3": ("\n", "<|im_start|>")}
+
+
+def expected_loss_text(name, text, messages):
     """What carries loss, read off the full rendering's structure (independently of lathe):
-    each assistant turn's body after its header, end-of-turn included; then the appended eos
-    when the conversation ends with the assistant."""
-    header, open_tag = {"llama3": ("<|end_header_id|>\n\n", "<|start_header_id|>"),
-                        "qwen3": ("\n", "<|im_start|>")}[name]
+    each assistant turn's body after its header, end-of-turn included."""
+    header, open_tag = TURN_MARKUP[name]
     blocks = text.split(open_tag)[1:]
     out = ""
     for i, block in enumerate(blocks):
@@ -649,44 +621,77 @@ def expected_loss_text(name, text, messages, eos):
                 out += open_tag + block
             continue
         out += body
-    if messages[-1]["role"] == "assistant":
-        out += eos
     return out
 
 
-@pytest.mark.parametrize("name", ["llama3", "qwen3"])
-def test_labels_match_gptneox(tmp_path, name):
-    config = json.loads(shared_config(name).read_text())
-    template = config["chat_template"]
-    tok = Tokenizer.from_file(str(SHARED / "tokenizers" / f"{name}.json"))
-    eos_id = tok.token_to_id(config["eos_token"])
+def llama2_conversation(rng):
+    msgs = [{"role": "system", "content": rng.choice(TEXTS)}] if rng.random() < 0.5 else []
+    for _ in range(rng.randint(1, 4)):
+        msgs.append({"role": "user", "content": rng.choice(TEXTS)})
+        msgs.append({"role": "assistant", "content": rng.choice(TEXTS)})
+    if rng.random() < 0.3:
+        msgs.pop()
+    return msgs
+
+
+def encode_cases(name, rng, n):
+    """(conversations, chat template override or None) for one shared tokenizer_config."""
+    if name == "llama2":  # the shared config has no template: the Llama-2-style one
+        return [{"messages": llama2_conversation(rng)} for _ in range(n)], LLAMA2_STYLE
+    convs = []
+    for i in range(n):
+        c = {"messages": make_conversation(rng, tools=name == "qwen3", reasoning=True)}
+        if name == "qwen3" and i % 3 == 0:
+            c["tools"] = TOOLS
+        convs.append(c)
+    return convs, None
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_encode_equals_apply_chat_template(tmp_path, name):
+    """The whole token sequence is transformers' apply_chat_template(tokenize=True), with no
+    end token appended (each template ends its turns itself); labels keep each assistant turn,
+    as GPT-NeoX's build_chat() slices it where prefixes are token-stable."""
     rng = random.Random(5)
-    convs = [{"messages": make_conversation(rng, tools=name == "qwen3", reasoning=True)} for _ in range(80)]
-    stable = [prefix_tokens_stable(template, config, tok, c["messages"]) for c in convs]
+    convs, template = encode_cases(name, rng, 60)
+    template_file = None
+    if template is not None:
+        template_file = tmp_path / f"{name}.jinja"
+        template_file.write_text(template, encoding="utf-8")
+    assert any(c["messages"][0]["role"] == "system" for c in convs)
+    assert sum(1 for c in convs if sum(m["role"] == "assistant" for m in c["messages"]) > 1) >= 5
+    if name == "qwen3":
+        assert sum(1 for c in convs if "tools" in c) >= 10
+        assert any(m.get("tool_calls") for c in convs for m in c["messages"])
+    stable = [prefix_tokens_stable(name, c["messages"], c.get("tools"), template) for c in convs]
     print(f"{name}: {sum(stable)} of {len(convs)} conversations have prefix-stable tokens")
     assert sum(stable) >= 5
+    tok = hf_tokenizer(name)
     for extra, only_last in [((), False), (("--only-last",), True)]:
-        got = lathe_encode(name, convs, tmp_path, extra)
+        got = lathe_encode(name, convs, tmp_path, extra, template_file)
+        assert len(got) == len(convs)
         bad = 0
         for c, g, st in zip(convs, got, stable):
-            msgs = c["messages"]
-            text = hf_render(template, config, msgs)
-            full = tok.encode(text, add_special_tokens=False).ids
-            # lathe always emits the full rendering's tokens, then eos ...
-            assert g["ids"] == full + [eos_id]
+            msgs, tools = c["messages"], c.get("tools")
+            full = hf_ids(name, msgs, False, tools, template)
+            assert g["ids"] == full, (msgs, g["ids"][-5:], full[-5:])
+            assert len(g["labels"]) == len(g["ids"])
             assert all(l in (IGNORE, i) for i, l in zip(g["ids"], g["labels"]))
-            if st:  # ... which are GPT-NeoX's whenever prefixes are token-stable, labels included.
-                ref = gptneox_build_chat(template, config, tok, msgs, only_last=only_last)
+            if st:  # GPT-NeoX's labels whenever prefixes are token-stable
+                ref = gptneox_build_chat(name, msgs, only_last=only_last, tools=tools,
+                                         template=template)
                 ok = (g["ids"], g["labels"]) == ref
             else:  # otherwise GPT-NeoX mis-slices; the loss is each assistant turn's own text.
                 ref = None
                 kept = [i for i, l in zip(g["ids"], g["labels"]) if l != IGNORE]
-                want = expected_loss_text(name, text, msgs, config["eos_token"])
+                text = hf_render(name, msgs, tools=tools, template=template)
+                want = expected_loss_text(name, text, msgs)
                 if only_last:
                     ok = not kept or msgs[-1]["role"] == "assistant"
                 else:
                     # (through the tokenizer, so that its normalizer, e.g. qwen3's NFC, applies)
-                    want = tok.decode(tok.encode(want, add_special_tokens=False).ids, skip_special_tokens=False)
+                    want = tok.decode(tok.encode(want, add_special_tokens=False),
+                                      skip_special_tokens=False)
                     ok = tok.decode(kept, skip_special_tokens=False) == want
             if not ok:
                 bad += 1
@@ -695,11 +700,63 @@ def test_labels_match_gptneox(tmp_path, name):
                     print("  expected:", ref[1] if ref else want)
                     print("  lathe:   ", g["labels"])
         assert bad == 0
-    # --no-mask: labels are the ids; nothing appended (GPT-NeoX --no-mask).
-    got = lathe_encode(name, convs[:10], tmp_path, ("--no-mask",))
+    # --no-mask: labels are the ids (GPT-NeoX --no-mask).
+    got = lathe_encode(name, convs[:10], tmp_path, ("--no-mask",), template_file)
     for c, g in zip(convs, got):
-        full = tok.encode(hf_render(template, config, c["messages"]), add_special_tokens=False).ids
+        full = hf_ids(name, c["messages"], False, c.get("tools"), template)
         assert g["ids"] == full and g["labels"] == full
+
+
+def test_qwen3_conversation_ends_with_one_im_end(tmp_path):
+    """qwen3's template ends a turn with <|im_end|>\\n; lathe appends no second <|im_end|>."""
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Name a prime."},
+            {"role": "assistant", "content": "Seven."}]
+    g = lathe_encode("qwen3", [{"messages": msgs}], tmp_path)[0]
+    tok = hf_tokenizer("qwen3")
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.eos_token_id == im_end
+    assert g["ids"] == hf_ids("qwen3", msgs)
+    assert g["ids"][-2:] == [im_end, tok.convert_tokens_to_ids("\u010a")]  # "<|im_end|>", "\n"
+    assert g["ids"].count(im_end) == 3
+    assert g["labels"][-2:] == g["ids"][-2:]
+
+
+# A plain-text template: no special token marks the end of a turn.
+PLAIN = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+def test_eos_appended_only_where_the_template_does_not_end_the_turn(tmp_path):
+    template_file = tmp_path / "plain.jinja"
+    template_file.write_text(PLAIN, encoding="utf-8")
+    rng = random.Random(17)
+    convs = [{"messages": llama2_conversation(rng)} for _ in range(30)]
+    ends_with_assistant = [c["messages"][-1]["role"] == "assistant" for c in convs]
+    assert 0 < sum(ends_with_assistant) < len(convs)
+    tok = hf_tokenizer("llama2")
+    eos = tok.convert_tokens_to_ids("</s>")
+    got = lathe_encode("llama2", convs, tmp_path, (), template_file)
+    for c, g, appended in zip(convs, got, ends_with_assistant):
+        msgs = c["messages"]
+        full = hf_ids("llama2", msgs, template=PLAIN)
+        # eos_token follows a final assistant turn, with its loss; nothing follows a user turn.
+        assert g["ids"] == full + ([eos] if appended else [])
+        if prefix_tokens_stable("llama2", msgs, template=PLAIN):
+            assert (g["ids"], g["labels"]) == gptneox_build_chat("llama2", msgs, template=PLAIN,
+                                                                 append_eos=appended)
+        if appended:
+            assert g["labels"][-1] == eos
+    # --no-eos: never appended.
+    got = lathe_encode("llama2", convs, tmp_path, ("--no-eos",), template_file)
+    for c, g in zip(convs, got):
+        assert g["ids"] == hf_ids("llama2", c["messages"], template=PLAIN)
+
+
+def test_llama2_encode_without_template_fails(tmp_path):
+    args = ["encode", "--tokenizer", str(SHARED / "tokenizers" / "llama2.json"),
+            "--tokenizer-config", str(shared_config("llama2"))]
+    proc, _ = run_lathe(args, [{"messages": [{"role": "user", "content": "hi"}]}], tmp_path)
+    assert proc.returncode != 0 and "--chat-template" in proc.stderr, proc.stderr
 
 
 def test_labels_when_template_rewrites_history(tmp_path):
@@ -707,9 +764,6 @@ def test_labels_when_template_rewrites_history(tmp_path):
     of a prefix is not a prefix of the full rendering. GPT-NeoX then slices tokens by count and
     emits tokens of no rendering; lathe keeps the full rendering's tokens and gives each assistant
     turn exactly its text in that rendering."""
-    config = json.loads(shared_config("qwen3").read_text())
-    template = config["chat_template"]
-    tok = Tokenizer.from_file(str(SHARED / "tokenizers" / "qwen3.json"))
     msgs = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "2+2?"},
@@ -717,18 +771,17 @@ def test_labels_when_template_rewrites_history(tmp_path):
         {"role": "user", "content": "And 3+3?"},
         {"role": "assistant", "content": "<think>\nadd again\n</think>\n\nIt is 6."},
     ]
-    full_text = hf_render(template, config, msgs)
+    full_text = hf_render("qwen3", msgs)
     assert "add them" not in full_text and "add again" in full_text  # history rewritten
-    assert not prefix_tokens_stable(template, config, tok, msgs)
-    ref_ids, _ = gptneox_build_chat(template, config, tok, msgs)
-    full = tok.encode(full_text, add_special_tokens=False).ids
-    eos = tok.token_to_id(config["eos_token"])
-    assert ref_ids != full + [eos]  # GPT-NeoX's tokens are not the conversation's tokens
+    assert not prefix_tokens_stable("qwen3", msgs)
+    ref_ids, _ = gptneox_build_chat("qwen3", msgs)
+    full = hf_ids("qwen3", msgs)
+    assert ref_ids != full  # GPT-NeoX's tokens are not the conversation's tokens
 
     g = lathe_encode("qwen3", [{"messages": msgs}], tmp_path)[0]
-    assert g["ids"] == full + [eos]
+    assert g["ids"] == full
     kept = [i for i, l in zip(g["ids"], g["labels"]) if l != IGNORE]
-    # The loss covers each assistant turn as the full rendering shows it, end-of-turn included,
-    # then the appended eos; nothing else (headers, system, user) carries loss.
-    assert tok.decode(kept, skip_special_tokens=False) == (
-        "It is 4.<|im_end|>\n" + "<think>\nadd again\n</think>\n\nIt is 6.<|im_end|>\n" + "<|im_end|>")
+    # The loss covers each assistant turn as the full rendering shows it, end-of-turn included;
+    # nothing else (headers, system, user) carries loss.
+    assert hf_tokenizer("qwen3").decode(kept, skip_special_tokens=False) == (
+        "It is 4.<|im_end|>\n" + "<think>\nadd again\n</think>\n\nIt is 6.<|im_end|>\n")

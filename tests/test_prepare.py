@@ -19,15 +19,15 @@ import shutil
 import signal
 import struct
 import subprocess
+import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
 
-import jinja2
 import numpy as np
 import pytest
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+from transformers import AutoTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 LATHE = os.environ.get("LATHE_BIN", str(ROOT / "build" / "lathe"))
@@ -490,51 +490,36 @@ def test_interrupted_run_leaves_no_final_files(tmp_path, sig):
 
 
 # ---------------------------------------------------------------------------------------------
-# Chat: GPT-NeoX's tools/datasets/preprocess_data_with_chat_template.py, re-implemented with
-# jinja2 rendering the template as transformers' apply_chat_template does.
+# Chat: GPT-NeoX's tools/datasets/preprocess_data_with_chat_template.py (build_chat), with
+# transformers' own apply_chat_template rendering and tokenizing each prefix.
 
 
-def render_chat(config, messages, add_generation_prompt):
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
+@lru_cache(maxsize=None)
+def hf_chat_tokenizer(name):
+    """transformers' AutoTokenizer from the shared NAME.json and NAME.tokenizer_config.json."""
+    folder = Path(tempfile.mkdtemp(prefix=f"lathe_prepare_{name}_"))
+    shutil.copy(TOKENIZERS / f"{name}.json", folder / "tokenizer.json")
+    shutil.copy(TOKENIZERS / f"{name}.tokenizer_config.json", folder / "tokenizer_config.json")
+    return AutoTokenizer.from_pretrained(str(folder))
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False,
-                                                                indent=indent)
-    env.globals["raise_exception"] = raise_exception
-    specials = {}
-    for key in ["bos_token", "eos_token", "unk_token", "pad_token"]:
-        v = config.get(key)
-        if isinstance(v, dict):
-            v = v.get("content")
-        if v is not None:
-            specials[key] = v
-    return env.from_string(config["chat_template"]).render(
-        messages=messages, add_generation_prompt=add_generation_prompt, **specials)
+
+def apply_chat_template(name, messages, add_generation_prompt=False):
+    return hf_chat_tokenizer(name).apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False)
 
 
 def neox_build_chat(name, messages, generation_role="assistant"):
-    """build_chat() with apply_mask=True, only_last_turn=False."""
-    config = json.loads((TOKENIZERS / f"{name}.tokenizer_config.json").read_text())
-    tok = hf(name)
-
-    def apply(msgs, add_gen):
-        return tok.encode(render_chat(config, msgs, add_gen), add_special_tokens=False).ids
-
+    """build_chat() with apply_mask=True, only_last_turn=False. GPT-NeoX then appends eos_token;
+    lathe does not after a template that ends its turns itself, as llama3's and qwen3's do."""
     tokens, mask = [], []
     for i, turn in enumerate(messages):
         add_gen = False if i == len(messages) - 1 else messages[i + 1]["role"] == generation_role
-        chat_tokens = apply(messages[: i + 1], add_gen)
+        chat_tokens = apply_chat_template(name, messages[: i + 1], add_gen)
         # lathe matches GPT-NeoX exactly where each prefix's tokens extend the previous ones.
         assert chat_tokens[: len(tokens)] == tokens
         chat_tokens = chat_tokens[len(tokens):]
         tokens.extend(chat_tokens)
         mask.extend(chat_tokens if turn["role"] == generation_role else [-100] * len(chat_tokens))
-    eos = tok.token_to_id(config["eos_token"] if isinstance(config["eos_token"], str)
-                          else config["eos_token"]["content"])
-    mask.append(eos if mask[-1] != -100 else -100)
-    tokens.append(eos)
     return tokens, mask
 
 
@@ -586,10 +571,9 @@ def test_chat_multi_turn_keeps_loss_on_assistant_turns_only(tmp_path):
     prepare("llama3", [src], tmp_path / "m")
     _, _, _, _, (ids,) = read_token_files(tmp_path / "m")
     _, _, _, _, (labels,) = read_token_files(tmp_path / "m_label")
-    config = json.loads((TOKENIZERS / "llama3.tokenizer_config.json").read_text())
     tok = hf("llama3")
-    full = tok.encode(render_chat(config, conv, False), add_special_tokens=False).ids
-    assert ids == full + [tok.token_to_id("<|end_of_text|>")]
+    # transformers' tokens, nothing appended: the template ends each turn with <|eot_id|>.
+    assert ids == apply_chat_template("llama3", conv)
     assert len(labels) == len(ids)
     assert all(l == -100 or l == t for l, t in zip(labels, ids))
     kept = tok.decode([t for l, t in zip(labels, ids) if l != -100], skip_special_tokens=True)

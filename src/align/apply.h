@@ -35,10 +35,13 @@
 // its tokenizer's and is a multiple of 128: lathe's trainer pads every family so), then 128.
 // Padding rows are the mean rows (HF's resize_token_embeddings does the same).
 //
-// config.json: vocab_size = V'; bos/eos/pad token ids translated by token string from the
-// source tokenizer to the target one (dropped when the target has no such token). The target
+// config.json: vocab_size = V'; bos/eos/pad token ids are the target tokenizer's
+// (run/special_tokens.h, SpecialIdsMode::kFromTokenizer: from its tokenizer_config.json, else its
+// <|endoftext|> or post-processor tokens); where the target defines no such token, the source id
+// translated by token string stays if that token is special in the target. The target
 // tokenizer.json is written as tokenizer.json, with its tokenizer_config.json when one sits next to
-// it ("tokenizer_config.json" in the same folder, or "<stem>.tokenizer_config.json"). No optimizer
+// it ("<stem>.tokenizer_config.json" or "tokenizer_config.json" in the same folder), else with one
+// made from its special tokens (special_tokens_tokenizer_config). No optimizer
 // state: the output is a Hugging Face folder that transformers loads and `lathe train`
 // (checkpoint.init_from) fine-tunes. Written in a hidden sibling folder and renamed when complete.
 
@@ -81,13 +84,13 @@ struct AlignApplyRequest {
 struct AlignApplyResult {
     std::string output;
     std::string architecture;
-    int64_t source_vocab = 0;    // rows of the source embedding
-    int64_t target_tokens = 0;   // the target tokenizer's size
-    int64_t vocab_size = 0;      // rows written (padded)
-    int64_t gathered = 0;        // rows copied from a source row
-    int64_t fvt = 0;             // rows made by FVT
-    int64_t blended = 0;         // aligned rows mixed with their FVT rows (align_weight < 1)
-    int64_t mean_rows = 0;       // rows set to the mean (no pieces, padding, --init mean)
+    int64_t source_vocab = 0;   // rows of the source embedding
+    int64_t target_tokens = 0;  // the target tokenizer's size
+    int64_t vocab_size = 0;     // rows written (padded)
+    int64_t gathered = 0;       // rows copied from a source row
+    int64_t fvt = 0;            // rows made by FVT
+    int64_t blended = 0;        // aligned rows mixed with their FVT rows (align_weight < 1)
+    int64_t mean_rows = 0;      // rows set to the mean (no pieces, padding, --init mean)
     int64_t random_rows = 0;
     bool tied = false;
 };

@@ -14,8 +14,10 @@
 //
 // render writes one {"text": "..."} per line: the text apply_chat_template(messages,
 // tools=tools, tokenize=False, add_generation_prompt=...) returns. encode writes one
-// {"ids": [...], "labels": [...]} per line, built as GPT-NeoX's
-// preprocess_data_with_chat_template.py does (see ChatTemplate::encode_with_labels).
+// {"ids": [...], "labels": [...]} per line: the ids are apply_chat_template(messages,
+// tokenize=True)'s, with eos_token appended only after a final assistant turn that the
+// template does not end itself; labels as GPT-NeoX's preprocess_data_with_chat_template.py masks
+// them (see ChatTemplate::encode_with_labels).
 //
 // Input and output default to stdin/stdout ("-"); gzip/zstd input is read transparently; output
 // to a file is atomic. A bad line stops the run with an error naming the file and line.
@@ -41,10 +43,10 @@ struct ChatArgs {
     std::string tokenizer_config;
     std::string chat_template;  // a template file overriding the config's
     std::string template_name = "default";
-    std::string tokenizer;      // encode only
+    std::string tokenizer;  // encode only
     std::string input = "-";
     std::string output = "-";
-    std::string kwargs;         // JSON object of template variables for every line
+    std::string kwargs;  // JSON object of template variables for every line
     bool add_generation_prompt = false;
     ChatEncodeOptions encode;
     bool no_eos = false;
@@ -79,14 +81,15 @@ private:
 
 Result<ChatTemplate> load_template(const ChatArgs& args) {
     LATHE_ASSIGN_OR_RETURN(ChatTemplate config_template, [&]() -> Result<ChatTemplate> {
-        if (args.chat_template.empty()) return ChatTemplate::load(args.tokenizer_config, args.template_name);
+        if (args.chat_template.empty())
+            return ChatTemplate::load(args.tokenizer_config, args.template_name);
         // With --chat-template the config only supplies the special tokens, so a config without a
         // chat_template of its own (e.g. Llama-2 base) is fine.
         LATHE_ASSIGN_OR_RETURN(std::string config_text, file_read_all(args.tokenizer_config));
         Json config = Json::parse(config_text, nullptr, false);
         if (config.is_discarded() || !config.is_object())
-            return invalid_argument_error("{}: not a JSON object (expected a tokenizer_config.json)",
-                                          args.tokenizer_config);
+            return invalid_argument_error(
+                "{}: not a JSON object (expected a tokenizer_config.json)", args.tokenizer_config);
         config["chat_template"] = "";
         return ChatTemplate::from_config(config.dump(), args.tokenizer_config);
     }());
@@ -105,19 +108,23 @@ struct Conversation {
 Result<Conversation> parse_line(std::string_view line, const Json& default_kwargs) {
     Json j = Json::parse(line, nullptr, false);
     if (j.is_discarded()) return invalid_argument_error("not valid JSON (or not valid UTF-8)");
-    if (!j.is_object()) return invalid_argument_error("expected a JSON object with a 'messages' array");
+    if (!j.is_object())
+        return invalid_argument_error("expected a JSON object with a 'messages' array");
     if (!j.contains("messages")) return invalid_argument_error("no 'messages' field");
     Conversation c;
     c.messages = std::move(j["messages"]);
-    if (!c.messages.is_array()) return invalid_argument_error("'messages' must be an array of message objects");
+    if (!c.messages.is_array())
+        return invalid_argument_error("'messages' must be an array of message objects");
     if (j.contains("tools") && !j["tools"].is_null()) {
         c.tools = std::move(j["tools"]);
-        if (!c.tools.is_array()) return invalid_argument_error("'tools' must be an array of tool schemas");
+        if (!c.tools.is_array())
+            return invalid_argument_error("'tools' must be an array of tool schemas");
     }
     c.kwargs = default_kwargs;
     if (j.contains("chat_template_kwargs")) {
         const Json& k = j["chat_template_kwargs"];
-        if (!k.is_object()) return invalid_argument_error("'chat_template_kwargs' must be an object");
+        if (!k.is_object())
+            return invalid_argument_error("'chat_template_kwargs' must be an object");
         if (c.kwargs.is_null()) c.kwargs = Json::object();
         for (const auto& [key, value] : k.items()) c.kwargs[key] = value;
     }
@@ -159,14 +166,15 @@ Status run_chat(const ChatArgs& args, bool encode) {
         LATHE_ASSIGN_OR_RETURN(bool more, reader.next(line));
         if (!more) break;
         auto where = [&](const Status& s) {
-            return Status(s.code(), fmt::format("{}:{}: {}", in.name(), reader.line_number(), s.message()));
+            return Status(s.code(),
+                          fmt::format("{}:{}: {}", in.name(), reader.line_number(), s.message()));
         };
         Result<Conversation> conv = parse_line(strip_cr(line), default_kwargs);
         if (!conv.ok()) return where(conv.status());
         buf.clear();
         if (encode) {
-            Result<ChatEncoding> enc =
-                tmpl.encode_with_labels(*tokenizer, conv->messages, options, conv->tools, conv->kwargs);
+            Result<ChatEncoding> enc = tmpl.encode_with_labels(*tokenizer, conv->messages, options,
+                                                               conv->tools, conv->kwargs);
             if (!enc.ok()) return where(enc.status());
             buf += "{\"ids\":";
             append_ints(buf, enc->ids);
@@ -174,7 +182,8 @@ Status run_chat(const ChatArgs& args, bool encode) {
             append_ints(buf, enc->labels);
             buf += "}\n";
         } else {
-            Result<std::string> text = tmpl.render(conv->messages, args.add_generation_prompt, conv->tools, conv->kwargs);
+            Result<std::string> text =
+                tmpl.render(conv->messages, args.add_generation_prompt, conv->tools, conv->kwargs);
             if (!text.ok()) return where(text.status());
             buf += Json{{"text", *text}}.dump(-1, ' ', false, Json::error_handler_t::replace);
             buf += '\n';
@@ -183,7 +192,8 @@ Status run_chat(const ChatArgs& args, bool encode) {
         ++count;
     }
     LATHE_RETURN_IF_ERROR(out.finish());
-    log_info("chat {}: {} conversation(s) with template {}", encode ? "encode" : "render", count, tmpl.name());
+    log_info("chat {}: {} conversation(s) with template {}", encode ? "encode" : "render", count,
+             tmpl.name());
     return ok_status();
 }
 
@@ -195,36 +205,45 @@ void add_template_options(CLI::App* cmd, ChatArgs& args) {
                     "A Jinja template file used instead of the config's chat_template");
     cmd->add_option("--template-name", args.template_name,
                     "Which of the config's named chat templates to use (default: default)");
-    cmd->add_option("--input", args.input, "Input JSONL, one {\"messages\": [...]} per line ('-' = stdin)");
+    cmd->add_option("--input", args.input,
+                    "Input JSONL, one {\"messages\": [...]} per line ('-' = stdin)");
     cmd->add_option("--output", args.output, "Output JSONL, written atomically ('-' = stdout)");
     cmd->add_option("--kwargs", args.kwargs,
-                    "JSON object of extra template variables for every line, e.g. '{\"enable_thinking\": false}'");
+                    "JSON object of extra template variables for every line, e.g. "
+                    "'{\"enable_thinking\": false}'");
 }
 
 }  // namespace
 
 void cli_add_chat(CLI::App& parent, CommandAction& action) {
-    CLI::App* chat = parent.add_subcommand("chat", "Render conversations with a chat template, or encode them for SFT");
+    CLI::App* chat = parent.add_subcommand(
+        "chat", "Render conversations with a chat template, or encode them for SFT");
     chat->require_subcommand(1);
     auto args = std::make_shared<ChatArgs>();
 
     CLI::App* render = chat->add_subcommand(
-        "render", "Render each conversation as transformers' apply_chat_template(tokenize=False) does");
+        "render",
+        "Render each conversation as transformers' apply_chat_template(tokenize=False) does");
     add_template_options(render, *args);
     render->add_flag("--add-generation-prompt", args->add_generation_prompt,
                      "End with the header that starts the assistant's reply");
     render->callback([args, &action] { action = [args] { return run_chat(*args, false); }; });
 
     CLI::App* encode = chat->add_subcommand(
-        "encode", "Token ids and SFT labels per conversation (-100 = no loss), as GPT-NeoX builds them");
+        "encode",
+        "Token ids and SFT labels per conversation (-100 = no loss), as GPT-NeoX builds them");
     add_template_options(encode, *args);
     encode->add_option("--tokenizer", args->tokenizer, "tokenizer.json")->required();
     encode->add_option("--generation-role", args->encode.generation_role,
                        "Turns of this role keep loss (default: assistant)");
     encode->add_flag("--only-last", args->encode.only_last_turn, "Only the last turn keeps loss");
-    encode->add_flag("--no-mask", [args](int64_t n) { args->encode.mask = n == 0; },
-                     "Every token keeps loss (labels = ids)");
-    encode->add_flag("--no-eos", args->no_eos, "Do not append eos_token after the conversation");
+    encode->add_flag(
+        "--no-mask", [args](int64_t n) { args->encode.mask = n == 0; },
+        "Every token keeps loss (labels = ids)");
+    encode->add_flag("--no-eos", args->no_eos,
+                     "Never append eos_token (by default it follows a final assistant turn "
+                     "whose rendering does not end in a special token: a template that marks "
+                     "no end of turn)");
     encode->callback([args, &action] { action = [args] { return run_chat(*args, true); }; });
 }
 

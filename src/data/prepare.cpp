@@ -662,13 +662,15 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
         sh.chat = &*chat_template;
         if (options.append_eod) {
             log_info(
-                "chat: each conversation already ends with the template's eos_token, as in "
-                "GPT-NeoX's chat script; --append-eod adds nothing more");
+                "chat: each conversation ends as its chat template ends it (eos_token follows "
+                "only a final assistant turn that the template does not end itself); "
+                "--append-eod adds nothing more");
         }
         if (const auto& eos = chat_template->eos_token(); eos.has_value()) {
             report.eod_token = *eos;
             report.eod_id = tokenizer.token_to_id(*eos);
-            report.eod_source = "eos_token of " + config;
+            report.eod_source =
+                "eos_token of " + config + ", appended where the template does not end the turn";
         }
         log_info("chat template: {}", chat_template->name());
     } else if (options.append_eod) {

@@ -30,9 +30,11 @@
 #include "io/safetensors.h"
 #include "model/model_config.h"
 #include "model/param_table.h"
-#include "run/checkpoint_dir.h"
-#include "run/trainer_state.h"
 #include "model/registry.h"
+#include "run/checkpoint_dir.h"
+#include "run/special_tokens.h"
+#include "run/trainer_state.h"
+#include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
 
@@ -48,6 +50,8 @@ constexpr uint64_t kDefaultHfShardBytes = 5'000'000'000ull;
 
 constexpr const char* kConfigFile = "config.json";
 constexpr const char* kGenerationConfigFile = "generation_config.json";
+constexpr const char* kTokenizerConfigFile = "tokenizer_config.json";
+constexpr const char* kTokenizerFile = "tokenizer.json";
 // The lathe-only files of a checkpoint (run/trainer.cpp writes them; the trainer's
 // `checkpoint.init_mode: continue` reads them with exactly these keys).
 
@@ -557,6 +561,36 @@ std::string generation_config_from(const HfModelConfig& hf) {
     return j.dump(2) + "\n";
 }
 
+// The special tokens of the tokenizer in `dir`, with `hf`'s ids reconciled with them
+// (SpecialIdsMode::kKeepValid: ids that name no special token of the tokenizer, such as
+// transformers' class defaults written for a tokenizer that lacks them there, are replaced),
+// each change logged as a warning. nullopt when there is no tokenizer.json or lathe cannot read
+// it (with a warning).
+std::optional<TokenizerSpecialTokens> reconcile_special_ids(const std::string& dir,
+                                                            HfModelConfig& hf) {
+    const std::string path = (fs::path(dir) / kTokenizerFile).string();
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) return std::nullopt;
+    // The tokenizer is carried as it is whether or not lathe reads it (lathe encodes BPE models
+    // only): one it cannot read leaves the ids unchecked.
+    Result<Tokenizer> tokenizer = Tokenizer::load(path);
+    Result<TokenizerSpecialTokens> found =
+        tokenizer.ok() ? tokenizer_special_tokens(*tokenizer, path) : tokenizer.status();
+    if (!found.ok()) {
+        log_warning(
+            "{}: special token ids of config.json not checked against the tokenizer, and no "
+            "tokenizer_config.json made for it: {}",
+            dir, found.status().message());
+        return std::nullopt;
+    }
+    TokenizerSpecialTokens specials = std::move(found).value();
+    for (const std::string& change :
+         special_ids_apply(hf, *tokenizer, specials, SpecialIdsMode::kKeepValid))
+        log_warning("{}/config.json: {} (an id names a special token of {})", dir, change,
+                    specials.source);
+    return specials;
+}
+
 // Copies the carried files (kCarriedFiles, kCarriedFolder) that exist in `from`.
 Status copy_carried_files(const std::string& from, const StagingFolder& staging,
                           std::vector<std::string>& copied) {
@@ -756,9 +790,10 @@ Result<ConvertSource> convert_find_source(const std::string& input) {
         return not_found_error("{}: config.json but no {} and no {}: no weights to convert",
                                src.dir, kSafetensorsSingleFileName, kSafetensorsIndexFileName);
     }
-    src.format = fs::exists(dir / kTrainerStateFile, ec) || fs::exists(dir / kOptimizerStateFile, ec)
-                     ? CheckpointFormat::kLathe
-                     : CheckpointFormat::kHf;
+    src.format =
+        fs::exists(dir / kTrainerStateFile, ec) || fs::exists(dir / kOptimizerStateFile, ec)
+            ? CheckpointFormat::kLathe
+            : CheckpointFormat::kHf;
     return src;
 }
 
@@ -822,11 +857,21 @@ Result<ConvertResult> convert_run(const ConvertRequest& request) {
 
     HfModelConfig hf = config.hf;
     hf.torch_dtype = std::string(convert_dtype_torch_name(dtype));
+    const std::optional<TokenizerSpecialTokens> specials = reconcile_special_ids(source.dir, hf);
     LATHE_RETURN_IF_ERROR(hf_config_save(staging.file(kConfigFile), hf));
     result.other_files.push_back(kConfigFile);
     LATHE_RETURN_IF_ERROR(copy_carried_files(source.dir, staging, result.other_files));
     const bool has_tokenizer = std::find(result.other_files.begin(), result.other_files.end(),
                                          "tokenizer.json") != result.other_files.end();
+    if (has_tokenizer && specials &&
+        std::find(result.other_files.begin(), result.other_files.end(), kTokenizerConfigFile) ==
+            result.other_files.end()) {
+        // Without it transformers' AutoTokenizer knows no eos/bos/pad token.
+        LATHE_RETURN_IF_ERROR(file_write_atomic(
+            staging.file(kTokenizerConfigFile),
+            special_tokens_tokenizer_config(*specials, hf.max_position_embeddings)));
+        result.other_files.push_back(kTokenizerConfigFile);
+    }
     if (!has_tokenizer)
         log_warning("{} has no tokenizer.json; the output has weights but no tokenizer ({})",
                     source.dir,

@@ -43,6 +43,12 @@
 //               dtype, the keys lathe does not interpret kept verbatim); generation_config.json
 //               (the input's, or one made from bos/eos/pad_token_id as transformers'
 //               GenerationConfig.from_model_config does, when the config names any of them).
+//   both        config.json's bos/eos/pad_token_id checked against the carried tokenizer
+//               (run/special_tokens.h, SpecialIdsMode::kKeepValid): an id that names no special
+//               token of it is replaced by the tokenizer's (a warning says so); a tokenizer.json
+//               without tokenizer_config.json gets one written (tokenizer_class
+//               PreTrainedTokenizerFast and its bos/eos/pad/unk tokens), so that transformers
+//               knows them and generate stops at the end of a document.
 //   --to lathe  config.json (torch_dtype float32); optimizer.safetensors with zero moments and
 //               trainer_state.json at step 0, so that both `checkpoint.init_mode: finetune` and
 //               `continue` start from it (continuing from step 0 with fresh AdamW state).

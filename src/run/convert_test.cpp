@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <filesystem>
@@ -602,6 +603,45 @@ TEST(Convert, CarriesTokenizerFilesAndMakesAGenerationConfig) {
     ASSERT_TRUE(convert(in, out2, CheckpointFormat::kHf).ok());
     EXPECT_EQ(slurp(out2 + "/generation_config.json"), "{\"temperature\": 0.6}");
     for (const std::string& d : {in, lathe_dir, out, out2}) fs::remove_all(d);
+}
+
+// config.json's special ids follow the carried tokenizer: GPTNeoXConfig's eos 2 is "!" in the
+// GPT-NeoX-20B vocabulary, whose <|endoftext|> (0) ends a document. A tokenizer_config.json is
+// made for a tokenizer that has none.
+TEST(Convert, SpecialIdsFollowTheCarriedTokenizer) {
+    const std::string in = edited_fixture(
+        "gpt_neox", "ids_in", [](std::vector<RawTensor>&) {},
+        [](nlohmann::json& c) {
+            c["bos_token_id"] = 0;
+            c["eos_token_id"] = 2;
+        });
+    fs::copy_file(std::string(LATHE_SHARED_DIR) + "/tokenizers/gpt-neox-20b.json",
+                  in + "/tokenizer.json");
+    const std::string out = fresh_dir("ids_out");
+    Result<ConvertResult> r = convert(in, out, CheckpointFormat::kHf);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const nlohmann::json cfg = nlohmann::json::parse(slurp(out + "/config.json"));
+    EXPECT_EQ(cfg["bos_token_id"], 0);
+    EXPECT_EQ(cfg["eos_token_id"], 0);
+    const nlohmann::json gen = nlohmann::json::parse(slurp(out + "/generation_config.json"));
+    EXPECT_EQ(gen["eos_token_id"], 0);
+    const nlohmann::json tc = nlohmann::json::parse(slurp(out + "/tokenizer_config.json"));
+    EXPECT_EQ(tc["tokenizer_class"], "PreTrainedTokenizerFast");
+    EXPECT_EQ(tc["eos_token"], "<|endoftext|>");
+    EXPECT_EQ(tc["bos_token"], "<|endoftext|>");
+    EXPECT_EQ(tc["model_max_length"], 2048);
+    EXPECT_NE(std::find(r->other_files.begin(), r->other_files.end(), "tokenizer_config.json"),
+              r->other_files.end());
+
+    // A tokenizer lathe cannot read is carried as it is: ids unchecked, no config made.
+    ASSERT_TRUE(
+        file_write_atomic(in + "/tokenizer.json", "{\"model\": {\"type\": \"Unigram\"}}").ok());
+    const std::string out2 = fresh_dir("ids_out2");
+    r = convert(in, out2, CheckpointFormat::kHf);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(nlohmann::json::parse(slurp(out2 + "/config.json"))["eos_token_id"], 2);
+    EXPECT_FALSE(fs::exists(out2 + "/tokenizer_config.json"));
+    for (const std::string& d : {in, out, out2}) fs::remove_all(d);
 }
 
 // The lathe checkpoint's optimizer state has the size the trainer expects (the parameter arena,

@@ -4,11 +4,13 @@
 
 #include <filesystem>
 
+#include "core/log.h"
 #include "data/gpt2_dataset.h"
 #include "io/file.h"
 #include "io/hf_config.h"
 #include "model/registry.h"
 #include "run/checkpoint_dir.h"
+#include "run/special_tokens.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lathe {
@@ -253,11 +255,9 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
 
     // ---- tokenizer and vocabulary ----
     s.tokenizer_path = c.get_string("data.tokenizer");
-    {
-        auto tok = Tokenizer::load(s.tokenizer_path);
-        if (!tok.ok()) return tok.status().with_context(c.source_of("data.tokenizer") + ": 'data.tokenizer'");
-        s.tokenizer_vocab = tok->vocab_size();
-    }
+    auto tok = Tokenizer::load(s.tokenizer_path);
+    if (!tok.ok()) return tok.status().with_context(c.source_of("data.tokenizer") + ": 'data.tokenizer'");
+    s.tokenizer_vocab = tok->vocab_size();
 
     // ---- model ----
     HfModelConfig hf;
@@ -320,6 +320,14 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
         return invalid_argument_error("the model's vocab_size {} ({}) is smaller than the tokenizer's {} ({}); "
                                       "token ids would fall outside the embedding",
                                       hf.vocab_size, s.model_source, s.tokenizer_vocab, s.tokenizer_path);
+    }
+    // The special ids the checkpoints' config.json (and so generate) uses are the tokenizer's: a
+    // model built here from transformers' class defaults takes them all from it.
+    LATHE_ASSIGN_OR_RETURN(const TokenizerSpecialTokens specials, tokenizer_special_tokens(*tok, s.tokenizer_path));
+    const bool new_model = s.init_from.empty() && !c.has("model.config");
+    for (const std::string& change : special_ids_apply(
+             hf, *tok, specials, new_model ? SpecialIdsMode::kFromTokenizer : SpecialIdsMode::kKeepValid)) {
+        log_info("{} from {} ({})", change, specials.source, s.model_source);
     }
     auto model = model_config_from_hf(hf, s.model_source);
     if (!model.ok()) return model.status();

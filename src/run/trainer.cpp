@@ -30,6 +30,7 @@
 #include "run/checkpoint_dir.h"
 #include "run/compute_device.h"
 #include "run/metrics.h"
+#include "run/special_tokens.h"
 #include "run/train_schema.h"
 #include "run/train_settings.h"
 #include "run/trainer_state.h"
@@ -374,6 +375,9 @@ Status Trainer::save_checkpoint() {
     LATHE_ASSIGN_OR_RETURN(std::string dir, ckpt_->begin(st_.step));
     LATHE_RETURN_IF_ERROR(model_->save_hf(dir));
     LATHE_RETURN_IF_ERROR(copy_tokenizer_files(s_.tokenizer_path, dir));
+    // A tokenizer without its tokenizer_config.json gets one, so that transformers knows its
+    // eos/bos tokens.
+    LATHE_RETURN_IF_ERROR(special_tokens_write_tokenizer_config(dir).status());
     const size_t n = size_t(model_->params_flat().numel());
     std::vector<float> m(n), v(n);
     model_->read_optimizer_state(m, v);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <span>
 
 #include "io/file.h"
 #include "tokenizer/jinja.h"
@@ -19,13 +20,15 @@ constexpr const char* kSpecialTokenKeys[] = {"bos_token", "eos_token", "unk_toke
                                              "pad_token", "cls_token", "mask_token"};
 
 // A token entry of tokenizer_config.json: a string, an AddedToken dict {"content": ...}, or null.
-Result<std::optional<std::string>> token_content(const Json& v, const std::string& source, const std::string& key) {
+Result<std::optional<std::string>> token_content(const Json& v, const std::string& source,
+                                                 const std::string& key) {
     if (v.is_null()) return std::optional<std::string>();
     if (v.is_string()) return std::optional<std::string>(v.get<std::string>());
     if (v.is_object() && v.contains("content") && v["content"].is_string())
         return std::optional<std::string>(v["content"].get<std::string>());
-    return invalid_argument_error("{}: key '{}' must be a string or an AddedToken object with a string 'content'",
-                                  source, key);
+    return invalid_argument_error(
+        "{}: key '{}' must be a string or an AddedToken object with a string 'content'", source,
+        key);
 }
 
 void upsert(std::vector<std::pair<std::string, Value>>& vars, const std::string& name, Value v) {
@@ -82,7 +85,8 @@ size_t turn_end_in_full(std::string_view prefix, std::string_view full, std::str
         }
         if (i == prefix.size()) break;
         const std::string_view anchor = full.substr(j, kResyncAnchorBytes);
-        const size_t found = anchor.size() == kResyncAnchorBytes ? prefix.find(anchor, i + 1) : std::string_view::npos;
+        const size_t found = anchor.size() == kResyncAnchorBytes ? prefix.find(anchor, i + 1)
+                                                                 : std::string_view::npos;
         if (found != std::string_view::npos) {
             i = found;  // prefix[i, found) is text the full rendering dropped
             continue;
@@ -94,6 +98,22 @@ size_t turn_end_in_full(std::string_view prefix, std::string_view full, std::str
     }
     while (j > 0 && j < full.size() && (static_cast<unsigned char>(full[j]) & 0xc0) == 0x80) --j;
     return j;
+}
+
+// Whether `ids` end in a special token, tokens of whitespace after it aside: the rendering of a
+// template that marks the end of a turn itself (<|im_end|>\n, <|eot_id|>, </s>), or that opens
+// the next turn's header after it (the Llama-3 base template).
+Result<bool> ends_in_special_token(const Tokenizer& tokenizer, const std::vector<int32_t>& ids) {
+    for (size_t i = ids.size(); i-- > 0;) {
+        if (tokenizer.is_special(ids[i])) return true;
+        LATHE_ASSIGN_OR_RETURN(const std::string text,
+                               tokenizer.decode(std::span<const int32_t>(&ids[i], 1), false));
+        const bool blank = std::all_of(text.begin(), text.end(), [](char c) {
+            return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+        });
+        if (!blank) return false;
+    }
+    return false;
 }
 
 // How many leading tokens a and b share.
@@ -116,8 +136,8 @@ struct ChatTemplate::Impl {
     std::vector<std::pair<std::string, Value>> special_tokens;
     std::optional<std::string> bos, eos;
 
-    Result<std::string> render(const Value& messages, bool add_generation_prompt, const Value& tools,
-                               const Json& extra) const {
+    Result<std::string> render(const Value& messages, bool add_generation_prompt,
+                               const Value& tools, const Json& extra) const {
         std::vector<std::pair<std::string, Value>> vars;
         vars.reserve(special_tokens.size() + 4 + (extra.is_object() ? extra.size() : 0));
         vars.emplace_back("messages", messages);
@@ -127,13 +147,17 @@ struct ChatTemplate::Impl {
         for (const auto& [k, v] : special_tokens) upsert(vars, k, v);
         if (extra.is_object()) {
             for (const auto& [k, v] : extra.items()) {
-                if (k == "messages" || k == "tools" || k == "documents" || k == "add_generation_prompt")
+                if (k == "messages" || k == "tools" || k == "documents" ||
+                    k == "add_generation_prompt")
                     return invalid_argument_error(
-                        "template variable '{}' is set by lathe itself and cannot be passed as an extra variable", k);
+                        "template variable '{}' is set by lathe itself and cannot be passed as an "
+                        "extra variable",
+                        k);
                 upsert(vars, k, Value::from_json(v));
             }
         } else if (!extra.is_null()) {
-            return invalid_argument_error("extra template variables must be a JSON object, got {}", extra.type_name());
+            return invalid_argument_error("extra template variables must be a JSON object, got {}",
+                                          extra.type_name());
         }
         const jinja::Template& t = (tool_use && !tools.is_none()) ? *tool_use : *tmpl;
         return t.render(vars);
@@ -145,71 +169,91 @@ ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 ChatTemplate::~ChatTemplate() = default;
 
-const std::string& ChatTemplate::source() const { return impl_->source; }
-const std::string& ChatTemplate::name() const { return impl_->template_name; }
-const std::optional<std::string>& ChatTemplate::bos_token() const { return impl_->bos; }
-const std::optional<std::string>& ChatTemplate::eos_token() const { return impl_->eos; }
+const std::string& ChatTemplate::source() const {
+    return impl_->source;
+}
+const std::string& ChatTemplate::name() const {
+    return impl_->template_name;
+}
+const std::optional<std::string>& ChatTemplate::bos_token() const {
+    return impl_->bos;
+}
+const std::optional<std::string>& ChatTemplate::eos_token() const {
+    return impl_->eos;
+}
 
 namespace {
 
 // Reads the chat template next to a config that has none: chat_template.jinja (plain text) or
 // chat_template.json ({"chat_template": "..."}), as newer transformers save them.
-Result<std::optional<std::pair<std::string, std::string>>> sibling_template(const std::string& config_path) {
+Result<std::optional<std::pair<std::string, std::string>>> sibling_template(
+    const std::string& config_path) {
     namespace fs = std::filesystem;
     const fs::path dir = fs::path(config_path).parent_path();
     const fs::path jinja_path = dir / "chat_template.jinja";
     if (file_exists(jinja_path.string())) {
         LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(jinja_path.string()));
-        return std::optional<std::pair<std::string, std::string>>(std::make_pair(text, jinja_path.string()));
+        return std::optional<std::pair<std::string, std::string>>(
+            std::make_pair(text, jinja_path.string()));
     }
     const fs::path json_path = dir / "chat_template.json";
     if (file_exists(json_path.string())) {
         LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(json_path.string()));
         Json j = Json::parse(text, nullptr, false);
-        if (j.is_discarded() || !j.is_object() || !j.contains("chat_template") || !j["chat_template"].is_string())
-            return invalid_argument_error("{}: expected a JSON object with a string 'chat_template'", json_path.string());
-        return std::optional<std::pair<std::string, std::string>>(
-            std::make_pair(j["chat_template"].get<std::string>(), json_path.string() + ":chat_template"));
+        if (j.is_discarded() || !j.is_object() || !j.contains("chat_template") ||
+            !j["chat_template"].is_string())
+            return invalid_argument_error(
+                "{}: expected a JSON object with a string 'chat_template'", json_path.string());
+        return std::optional<std::pair<std::string, std::string>>(std::make_pair(
+            j["chat_template"].get<std::string>(), json_path.string() + ":chat_template"));
     }
     return std::optional<std::pair<std::string, std::string>>();
 }
 
 }  // namespace
 
-Result<ChatTemplate> ChatTemplate::load(const std::string& tokenizer_config_path, const std::string& template_name) {
+Result<ChatTemplate> ChatTemplate::load(const std::string& tokenizer_config_path,
+                                        const std::string& template_name) {
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(tokenizer_config_path));
     return build(text, tokenizer_config_path, template_name, &tokenizer_config_path);
 }
 
-Result<ChatTemplate> ChatTemplate::from_config(std::string_view config_json_text, const std::string& source_name,
+Result<ChatTemplate> ChatTemplate::from_config(std::string_view config_json_text,
+                                               const std::string& source_name,
                                                const std::string& template_name) {
     return build(config_json_text, source_name, template_name, nullptr);
 }
 
-Result<ChatTemplate> ChatTemplate::build(std::string_view config_json_text, const std::string& source_name,
-                                         const std::string& template_name, const std::string* config_path) {
+Result<ChatTemplate> ChatTemplate::build(std::string_view config_json_text,
+                                         const std::string& source_name,
+                                         const std::string& template_name,
+                                         const std::string* config_path) {
     Json config = Json::parse(config_json_text, nullptr, false);
     if (config.is_discarded() || !config.is_object())
-        return invalid_argument_error("{}: not a JSON object (expected a tokenizer_config.json)", source_name);
+        return invalid_argument_error("{}: not a JSON object (expected a tokenizer_config.json)",
+                                      source_name);
 
     auto impl = std::make_unique<Impl>();
     impl->source_name = source_name;
     for (const char* key : kSpecialTokenKeys) {
         if (!config.contains(key)) continue;
-        LATHE_ASSIGN_OR_RETURN(std::optional<std::string> tok, token_content(config[key], source_name, key));
+        LATHE_ASSIGN_OR_RETURN(std::optional<std::string> tok,
+                               token_content(config[key], source_name, key));
         if (!tok) continue;
         impl->special_tokens.emplace_back(key, Value::string(*tok));
         if (std::string_view(key) == "bos_token") impl->bos = *tok;
         if (std::string_view(key) == "eos_token") impl->eos = *tok;
     }
-    if (config.contains("additional_special_tokens") && config["additional_special_tokens"].is_array()) {
+    if (config.contains("additional_special_tokens") &&
+        config["additional_special_tokens"].is_array()) {
         jinja::List extra;
         for (const auto& t : config["additional_special_tokens"]) {
             LATHE_ASSIGN_OR_RETURN(std::optional<std::string> tok,
                                    token_content(t, source_name, "additional_special_tokens"));
             if (tok) extra.push_back(Value::string(*tok));
         }
-        impl->special_tokens.emplace_back("additional_special_tokens", Value::list(std::move(extra)));
+        impl->special_tokens.emplace_back("additional_special_tokens",
+                                          Value::list(std::move(extra)));
     }
 
     const Json ct = config.contains("chat_template") ? config["chat_template"] : Json();
@@ -217,30 +261,34 @@ Result<ChatTemplate> ChatTemplate::build(std::string_view config_json_text, cons
     std::optional<std::string> tool_use_source;
     if (ct.is_string()) {
         if (template_name != "default")
-            return not_found_error("{}: chat_template is a single template; there is no template named '{}'",
-                                   source_name, template_name);
+            return not_found_error(
+                "{}: chat_template is a single template; there is no template named '{}'",
+                source_name, template_name);
         source = ct.get<std::string>();
         name = source_name + ":chat_template";
     } else if (ct.is_array()) {
         std::vector<std::string> names;
         for (size_t i = 0; i < ct.size(); ++i) {
             const Json& e = ct[i];
-            if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("template") ||
-                !e["template"].is_string())
-                return invalid_argument_error("{}: chat_template[{}] must be an object with string 'name' and 'template'",
-                                              source_name, i);
+            if (!e.is_object() || !e.contains("name") || !e["name"].is_string() ||
+                !e.contains("template") || !e["template"].is_string())
+                return invalid_argument_error(
+                    "{}: chat_template[{}] must be an object with string 'name' and 'template'",
+                    source_name, i);
             const std::string n = e["name"].get<std::string>();
             names.push_back(n);
             if (n == template_name) {
                 source = e["template"].get<std::string>();
                 name = source_name + ":chat_template[" + n + "]";
             }
-            if (n == "tool_use" && template_name == "default") tool_use_source = e["template"].get<std::string>();
+            if (n == "tool_use" && template_name == "default")
+                tool_use_source = e["template"].get<std::string>();
         }
         if (name.empty()) {
             std::string list;
             for (const auto& n : names) list += (list.empty() ? "'" : ", '") + n + "'";
-            return not_found_error("{}: no chat template named '{}'; the config has {}", source_name, template_name, list);
+            return not_found_error("{}: no chat template named '{}'; the config has {}",
+                                   source_name, template_name, list);
         }
     } else if (ct.is_null()) {
         std::optional<std::pair<std::string, std::string>> sib;
@@ -249,21 +297,24 @@ Result<ChatTemplate> ChatTemplate::build(std::string_view config_json_text, cons
         }
         if (!sib)
             return not_found_error(
-                "{} has no chat_template (nor a chat_template.jinja beside it); give the template with "
+                "{} has no chat_template (nor a chat_template.jinja beside it); give the template "
+                "with "
                 "--chat-template FILE",
                 source_name);
         source = sib->first;
         name = sib->second;
     } else {
-        return invalid_argument_error("{}: chat_template must be a string or a list of named templates, got {}",
-                                      source_name, ct.type_name());
+        return invalid_argument_error(
+            "{}: chat_template must be a string or a list of named templates, got {}", source_name,
+            ct.type_name());
     }
 
     LATHE_ASSIGN_OR_RETURN(jinja::Template t, jinja::Template::parse(source, name));
     impl->tmpl.emplace(std::move(t));
     if (tool_use_source) {
-        LATHE_ASSIGN_OR_RETURN(jinja::Template tu,
-                               jinja::Template::parse(*tool_use_source, source_name + ":chat_template[tool_use]"));
+        LATHE_ASSIGN_OR_RETURN(
+            jinja::Template tu,
+            jinja::Template::parse(*tool_use_source, source_name + ":chat_template[tool_use]"));
         impl->tool_use.emplace(std::move(tu));
     }
     impl->source = std::move(source);
@@ -271,8 +322,10 @@ Result<ChatTemplate> ChatTemplate::build(std::string_view config_json_text, cons
     return ChatTemplate(std::move(impl));
 }
 
-Result<ChatTemplate> ChatTemplate::with_template(std::string_view template_source, const std::string& template_name) const {
-    LATHE_ASSIGN_OR_RETURN(jinja::Template t, jinja::Template::parse(template_source, template_name));
+Result<ChatTemplate> ChatTemplate::with_template(std::string_view template_source,
+                                                 const std::string& template_name) const {
+    LATHE_ASSIGN_OR_RETURN(jinja::Template t,
+                           jinja::Template::parse(template_source, template_name));
     auto impl = std::make_unique<Impl>();
     impl->source_name = impl_->source_name;
     impl->template_name = template_name;
@@ -288,22 +341,27 @@ namespace {
 
 Result<Value> messages_value(const Json& messages) {
     if (!messages.is_array())
-        return invalid_argument_error("'messages' must be a JSON array of message objects, got {}", messages.type_name());
+        return invalid_argument_error("'messages' must be a JSON array of message objects, got {}",
+                                      messages.type_name());
     return Value::from_json(messages);
 }
 
-Value tools_value(const Json& tools) { return tools.is_null() ? Value::none() : Value::from_json(tools); }
+Value tools_value(const Json& tools) {
+    return tools.is_null() ? Value::none() : Value::from_json(tools);
+}
 
 }  // namespace
 
-Result<std::string> ChatTemplate::render(const Json& messages, bool add_generation_prompt, const Json& tools,
-                                         const Json& extra_variables) const {
+Result<std::string> ChatTemplate::render(const Json& messages, bool add_generation_prompt,
+                                         const Json& tools, const Json& extra_variables) const {
     LATHE_ASSIGN_OR_RETURN(Value msgs, messages_value(messages));
     return impl_->render(msgs, add_generation_prompt, tools_value(tools), extra_variables);
 }
 
-Result<ChatEncoding> ChatTemplate::encode_with_labels(const Tokenizer& tokenizer, const Json& messages,
-                                                      const ChatEncodeOptions& options, const Json& tools,
+Result<ChatEncoding> ChatTemplate::encode_with_labels(const Tokenizer& tokenizer,
+                                                      const Json& messages,
+                                                      const ChatEncodeOptions& options,
+                                                      const Json& tools,
                                                       const Json& extra_variables) const {
     LATHE_ASSIGN_OR_RETURN(Value msgs, messages_value(messages));
     const size_t n = messages.size();
@@ -318,7 +376,8 @@ Result<ChatEncoding> ChatTemplate::encode_with_labels(const Tokenizer& tokenizer
     const Value tool_values = tools_value(tools);
 
     ChatEncoding out;
-    LATHE_ASSIGN_OR_RETURN(std::string full, impl_->render(msgs, false, tool_values, extra_variables));
+    LATHE_ASSIGN_OR_RETURN(std::string full,
+                           impl_->render(msgs, false, tool_values, extra_variables));
     LATHE_RETURN_IF_ERROR(tokenizer.encode(full, false, out.ids));
     if (!options.mask) {  // GPT-NeoX --no-mask: every token keeps loss, nothing appended
         out.labels = out.ids;
@@ -333,11 +392,13 @@ Result<ChatEncoding> ChatTemplate::encode_with_labels(const Tokenizer& tokenizer
     for (size_t i = 0; i + 1 < n; ++i) {
         const bool add_gen = roles[i + 1] == options.generation_role;
         const Value prefix = Value::list(jinja::List(all.begin(), all.begin() + long(i + 1)));
-        LATHE_ASSIGN_OR_RETURN(std::string rendered, impl_->render(prefix, add_gen, tool_values, extra_variables));
+        LATHE_ASSIGN_OR_RETURN(std::string rendered,
+                               impl_->render(prefix, add_gen, tool_values, extra_variables));
         std::string_view trailer;
         const size_t byte_end = std::max(prev_byte, turn_end_in_full(rendered, full, &trailer));
         prefix_ids.clear();
-        LATHE_RETURN_IF_ERROR(tokenizer.encode(std::string_view(full).substr(0, byte_end), false, prefix_ids));
+        LATHE_RETURN_IF_ERROR(
+            tokenizer.encode(std::string_view(full).substr(0, byte_end), false, prefix_ids));
         size_t k = common_tokens(prefix_ids, out.ids);
         if (!trailer.empty() && k == prefix_ids.size() && k > prev_tok && k < out.ids.size()) {
             // The prefix's trailer and the next turn may start alike: with the Llama-3 base
@@ -345,8 +406,8 @@ Result<ChatEncoding> ChatTemplate::encode_with_labels(const Tokenizer& tokenizer
             // (role) token right after a special token, that special token opens the next
             // turn's header: it is not part of this turn.
             LATHE_RETURN_IF_ERROR(tokenizer.encode(trailer, false, prefix_ids));
-            if (!prefix_ids.empty() && !tokenizer.is_special(prefix_ids[0]) && tokenizer.is_special(out.ids[k - 1]) &&
-                !tokenizer.is_special(out.ids[k]))
+            if (!prefix_ids.empty() && !tokenizer.is_special(prefix_ids[0]) &&
+                tokenizer.is_special(out.ids[k - 1]) && !tokenizer.is_special(out.ids[k]))
                 k -= 1;
         }
         end[i] = std::max(prev_tok, k);
@@ -356,16 +417,19 @@ Result<ChatEncoding> ChatTemplate::encode_with_labels(const Tokenizer& tokenizer
     out.labels.assign(out.ids.size(), kChatIgnoreLabel);
     size_t begin = 0;
     for (size_t i = 0; i < n; ++i) {
-        const bool keep = roles[i] == options.generation_role && (!options.only_last_turn || i + 1 == n);
+        const bool keep =
+            roles[i] == options.generation_role && (!options.only_last_turn || i + 1 == n);
         for (size_t t = begin; t < end[i]; ++t)
             if (keep) out.labels[t] = out.ids[t];
         begin = end[i];
     }
-    if (options.append_eos && impl_->eos) {
+    if (!options.append_eos || !impl_->eos || roles[n - 1] != options.generation_role) return out;
+    LATHE_ASSIGN_OR_RETURN(const bool ends_itself, ends_in_special_token(tokenizer, out.ids));
+    if (!ends_itself) {
         const std::optional<int32_t> eos = tokenizer.token_to_id(*impl_->eos);
         if (!eos)
-            return not_found_error("{}: eos_token '{}' is not in the tokenizer's vocabulary", impl_->source_name,
-                                   *impl_->eos);
+            return not_found_error("{}: eos_token '{}' is not in the tokenizer's vocabulary",
+                                   impl_->source_name, *impl_->eos);
         const bool last_has_loss = !out.labels.empty() && out.labels.back() != kChatIgnoreLabel;
         out.ids.push_back(*eos);
         out.labels.push_back(last_has_loss ? *eos : kChatIgnoreLabel);

@@ -11,12 +11,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.h"
 
@@ -40,9 +39,11 @@ struct ChatEncoding {
 // GPT-NeoX's build_chat() switches (same defaults as its command line).
 struct ChatEncodeOptions {
     std::string generation_role = "assistant";  // --generation-role: turns of this role keep loss
-    bool mask = true;            // false = --no-mask: every token keeps loss, nothing appended
-    bool only_last_turn = false; // --only-last: only the final turn keeps loss
-    bool append_eos = true;      // GPT-NeoX appends eos_token's id after the rendered chat
+    bool mask = true;             // false = --no-mask: every token keeps loss, nothing appended
+    bool only_last_turn = false;  // --only-last: only the final turn keeps loss
+    // Append eos_token's id after a final generation-role turn that the template does not end
+    // itself (see encode_with_labels); GPT-NeoX appends it after every conversation.
+    bool append_eos = true;
 };
 
 class ChatTemplate {
@@ -84,8 +85,17 @@ public:
     // the generation role); the tokens it adds beyond the previous prefix form turn i's segment;
     // segments of generation-role turns keep loss (their end-of-turn tokens included), all others
     // (system, user, tool, and the assistant header emitted by the generation prompt) get
-    // kChatIgnoreLabel; then eos_token's id is appended, labelled like the token before it.
-    // Rendered text is tokenized with add_special=false (the template emits BOS itself).
+    // kChatIgnoreLabel. Rendered text is tokenized with add_special=false (the template emits BOS
+    // itself), so the ids are transformers' apply_chat_template(messages, tokenize=True).
+    //
+    // The template's output is used as it is. Only where it does not end the turn itself is
+    // eos_token's id appended, labelled like the token before it, so that the model learns where
+    // its reply stops: when the conversation ends with a generation-role turn and the rendering
+    // does not end in a special token, whitespace aside (a plain-text template with no
+    // end-of-turn marker). Templates that end each turn with a special token (<|im_end|>\n,
+    // <|eot_id|>, </s>) get nothing appended, and neither does a conversation that ends with
+    // another role's turn (no loss would follow). GPT-NeoX's chat script appends eos_token after
+    // every conversation, which doubles qwen3's <|im_end|>.
     //
     // Templates that render a prefix of the conversation differently from the same turns inside
     // the whole conversation break GPT-NeoX's assumption that each prefix's tokens start the
@@ -100,13 +110,11 @@ public:
     // belongs to the next turn). A token belongs to the turn in which it starts. Where prefix
     // tokens do start the full tokens (the usual case), the result equals GPT-NeoX's exactly.
     // Errors: a render error, a message that is not an object with a string `role`, a tokenizer
-    // error, or append_eos with no eos_token in the vocabulary.
-    Result<ChatEncoding> encode_with_labels(const Tokenizer& tokenizer,
-                                            const nlohmann::ordered_json& messages,
-                                            const ChatEncodeOptions& options = {},
-                                            const nlohmann::ordered_json& tools = nullptr,
-                                            const nlohmann::ordered_json& extra_variables =
-                                                nullptr) const;
+    // error, or an eos_token to append that is not in the vocabulary.
+    Result<ChatEncoding> encode_with_labels(
+        const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
+        const ChatEncodeOptions& options = {}, const nlohmann::ordered_json& tools = nullptr,
+        const nlohmann::ordered_json& extra_variables = nullptr) const;
 
     // The template source and its name ("<config>:chat_template" or the override's name).
     const std::string& source() const;
@@ -119,8 +127,10 @@ public:
 
 private:
     explicit ChatTemplate(std::unique_ptr<Impl> impl);
-    static Result<ChatTemplate> build(std::string_view config_json_text, const std::string& source_name,
-                                      const std::string& template_name, const std::string* config_path);
+    static Result<ChatTemplate> build(std::string_view config_json_text,
+                                      const std::string& source_name,
+                                      const std::string& template_name,
+                                      const std::string* config_path);
     std::unique_ptr<Impl> impl_;
 };
 

@@ -39,7 +39,8 @@ TEST(ChatTemplateLoad, SeesMessagesToolsSpecialTokensAndKwargs) {
         {"chat_template",
          "{{ bos_token }}{% for m in messages %}{{ m.role }}={{ m.content }};{% endfor %}"
          "{{ tools is none }}|{{ documents is none }}|{{ pad_token is defined }}|"
-         "{{ additional_special_tokens|join }}|{{ add_generation_prompt }}|{{ flag|default('-') }}{{ eos_token }}"},
+         "{{ additional_special_tokens|join }}|{{ add_generation_prompt }}|{{ flag|default('-') "
+         "}}{{ eos_token }}"},
     });
     EXPECT_EQ(t.bos_token(), "<s>");
     EXPECT_EQ(t.eos_token(), "</s>");
@@ -87,7 +88,8 @@ TEST(ChatTemplateLoad, ErrorsNameTheFileAndKey) {
     EXPECT_NE(r.status().message().find("'eos_token'"), std::string::npos);
     r = ChatTemplate::from_config(R"({"chat_template": "{% for %}"})", "c.json");
     ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.status().message().find("c.json:chat_template', line 1"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("c.json:chat_template', line 1"), std::string::npos)
+        << r.status().message();
 
     // The shared Llama-2 config has no template: the error says how to give one.
     r = ChatTemplate::load(kShared + "/tokenizers/llama2.tokenizer_config.json");
@@ -97,10 +99,12 @@ TEST(ChatTemplateLoad, ErrorsNameTheFileAndKey) {
 
 TEST(ChatTemplateLoad, TemplateBesideTheConfigAndOverrides) {
     namespace fs = std::filesystem;
-    const fs::path dir = fs::temp_directory_path() / ("lathe_chat_template_test_" + std::to_string(::getpid()));
+    const fs::path dir =
+        fs::temp_directory_path() / ("lathe_chat_template_test_" + std::to_string(::getpid()));
     fs::create_directories(dir);
     std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "</s>"})";
-    std::ofstream(dir / "chat_template.jinja") << "{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}\n";
+    std::ofstream(dir / "chat_template.jinja")
+        << "{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}\n";
     auto t = ChatTemplate::load((dir / "tokenizer_config.json").string());
     ASSERT_TRUE(t.ok()) << t.status().message();
     EXPECT_EQ(*t->render(conv({{"user", "a"}, {"assistant", "b"}}), false), "a</s>b</s>");
@@ -135,28 +139,32 @@ protected:
     std::optional<ChatTemplate> tmpl_;
 };
 
-TEST_F(ChatLabels, AssistantTurnsAndEosKeepLoss) {
-    const Json msgs = conv({{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"},
+TEST_F(ChatLabels, AssistantTurnsKeepLossAndNothingIsAppended) {
+    const Json msgs = conv({{"system", "Be brief."},
+                            {"user", "Hi"},
+                            {"assistant", "Hello!"},
+                            {"user", "Bye"},
                             {"assistant", "Bye!"}});
     auto e = tmpl_->encode_with_labels(*tok_, msgs);
     ASSERT_TRUE(e.ok()) << e.status().message();
     ASSERT_EQ(e->ids.size(), e->labels.size());
-    // The tokens are the full rendering's, then eos (<|im_end|> for qwen3).
-    std::vector<int32_t> full = *tok_->encode(*tmpl_->render(msgs, false), false);
-    full.push_back(*tok_->token_to_id("<|im_end|>"));
+    // The tokens are the full rendering's: qwen3's template ends each turn with <|im_end|>\n
+    // itself, so no eos_token follows.
+    const std::vector<int32_t> full = *tok_->encode(*tmpl_->render(msgs, false), false);
     EXPECT_EQ(e->ids, full);
-    EXPECT_EQ(kept_text(*e), "Hello!<|im_end|>\n<think>\n\n</think>\n\nBye!<|im_end|>\n<|im_end|>");
+    EXPECT_EQ(kept_text(*e), "Hello!<|im_end|>\n<think>\n\n</think>\n\nBye!<|im_end|>\n");
     for (size_t i = 0; i < e->ids.size(); ++i)
         EXPECT_TRUE(e->labels[i] == kChatIgnoreLabel || e->labels[i] == e->ids[i]);
 }
 
 TEST_F(ChatLabels, Options) {
-    const Json msgs = conv({{"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}, {"assistant", "Bye!"}});
+    const Json msgs =
+        conv({{"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}, {"assistant", "Bye!"}});
     ChatEncodeOptions only_last;
     only_last.only_last_turn = true;
     auto e = tmpl_->encode_with_labels(*tok_, msgs, only_last);
     ASSERT_TRUE(e.ok());
-    EXPECT_EQ(kept_text(*e), "<think>\n\n</think>\n\nBye!<|im_end|>\n<|im_end|>");
+    EXPECT_EQ(kept_text(*e), "<think>\n\n</think>\n\nBye!<|im_end|>\n");
 
     ChatEncodeOptions no_eos;
     no_eos.append_eos = false;
@@ -178,11 +186,58 @@ TEST_F(ChatLabels, Options) {
     // user header; the shared "<|im_start|>" goes to the user turn, as the first one's does.
     EXPECT_EQ(kept_text(*e), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n");
 
-    // A conversation ending with the user: eos is appended without loss.
-    e = tmpl_->encode_with_labels(*tok_, conv({{"user", "Hi"}, {"assistant", "Yo"}, {"user", "?"}}));
+    // A conversation ending with the user: nothing appended, the last turn has no loss.
+    const Json ends_with_user = conv({{"user", "Hi"}, {"assistant", "Yo"}, {"user", "?"}});
+    e = tmpl_->encode_with_labels(*tok_, ends_with_user);
     ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->ids, *tok_->encode(*tmpl_->render(ends_with_user, false), false));
     EXPECT_EQ(e->labels.back(), kChatIgnoreLabel);
     EXPECT_EQ(kept_text(*e), "Yo<|im_end|>\n");
+}
+
+TEST_F(ChatLabels, EosFollowsOnlyATemplateThatDoesNotEndTheTurn) {
+    // A plain-text template marks no end of turn: eos_token (<|im_end|>) is appended, with loss
+    // when the last turn has it.
+    auto plain = tmpl_->with_template(
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}", "plain.jinja");
+    ASSERT_TRUE(plain.ok()) << plain.status().message();
+    const int32_t eos = *tok_->token_to_id("<|im_end|>");
+    const Json msgs = conv({{"user", "Hi"}, {"assistant", "Hello!"}});
+    auto e = plain->encode_with_labels(*tok_, msgs);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    std::vector<int32_t> want = *tok_->encode("user: Hi\nassistant: Hello!\n", false);
+    want.push_back(eos);
+    EXPECT_EQ(e->ids, want);
+    EXPECT_EQ(e->labels.back(), eos);
+    EXPECT_EQ(kept_text(*e), "assistant: Hello!\n<|im_end|>");
+    // --only-last keeps the loss of the last turn and of its eos.
+    ChatEncodeOptions only_last;
+    only_last.only_last_turn = true;
+    e = plain->encode_with_labels(
+        *tok_, conv({{"user", "Hi"}, {"assistant", "A"}, {"user", "B"}, {"assistant", "C"}}),
+        only_last);
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(kept_text(*e), "assistant: C\n<|im_end|>");
+    // Ending with the user's turn: nothing to learn to stop, nothing appended.
+    e = plain->encode_with_labels(*tok_, conv({{"user", "Hi"}}));
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->ids, *tok_->encode("user: Hi\n", false));
+    EXPECT_EQ(e->labels.back(), kChatIgnoreLabel);
+    // --no-eos: never appended.
+    ChatEncodeOptions no_eos;
+    no_eos.append_eos = false;
+    e = plain->encode_with_labels(*tok_, msgs, no_eos);
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->ids, *tok_->encode("user: Hi\nassistant: Hello!\n", false));
+    // A template whose output ends in a special token followed by whitespace ends the turn itself.
+    auto marked = tmpl_->with_template(
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}<|endoftext|>\n \n{% endfor %}",
+        "marked.jinja");
+    ASSERT_TRUE(marked.ok());
+    e = marked->encode_with_labels(*tok_, msgs);
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->ids, *tok_->encode("user: Hi<|endoftext|>\n \nassistant: Hello!<|endoftext|>\n \n",
+                                    false));
 }
 
 TEST_F(ChatLabels, HistoryRewrittenByTheTemplate) {
@@ -193,7 +248,8 @@ TEST_F(ChatLabels, HistoryRewrittenByTheTemplate) {
                             {"assistant", "<think>\nadd again\n</think>\n\nIt is 6."}});
     auto e = tmpl_->encode_with_labels(*tok_, msgs);
     ASSERT_TRUE(e.ok()) << e.status().message();
-    EXPECT_EQ(kept_text(*e), "It is 4.<|im_end|>\n<think>\nadd again\n</think>\n\nIt is 6.<|im_end|>\n<|im_end|>");
+    EXPECT_EQ(kept_text(*e),
+              "It is 4.<|im_end|>\n<think>\nadd again\n</think>\n\nIt is 6.<|im_end|>\n");
 }
 
 TEST_F(ChatLabels, BadConversations) {
