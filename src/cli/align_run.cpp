@@ -3,8 +3,9 @@
 //
 //   lathe align run configs/align-example.yaml [--set terms.top_k=500] [--force] [--threads N]
 //
-// Stages whose inputs and settings are unchanged are skipped (each says so), so a run that stopped
-// part way continues where it stopped.
+// Every path and setting is checked before stage 1 writes anything (align/pipeline.h lists the
+// checks). Stages whose inputs and settings are unchanged are skipped (each says so), so a run
+// that stopped part way continues where it stopped.
 
 #include <algorithm>
 #include <atomic>
