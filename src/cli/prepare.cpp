@@ -68,6 +68,7 @@ void print_report(const PrepareReport& r) {
     std::printf("  documents: %llu\n", static_cast<unsigned long long>(r.documents));
     std::printf("  tokens: %llu\n", static_cast<unsigned long long>(r.tokens));
     std::printf("  skipped: %llu\n", static_cast<unsigned long long>(r.skipped));
+    std::printf("  blank lines: %llu\n", static_cast<unsigned long long>(r.blank_lines));
     std::printf("  bytes: %llu (%s; %s read from disk)\n",
                 static_cast<unsigned long long>(r.input_bytes),
                 Progress::format_bytes(static_cast<double>(r.input_bytes)).c_str(),
@@ -93,7 +94,9 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
         "\"messages\": [{role, content}], rendered with the tokenizer_config.json chat template;\n"
         "also writes <prefix>_label.bin/.idx with -100 where there is no loss). auto picks jsonl\n"
         "for inputs whose first line starts with '{', chat when that line has \"messages\" and\n"
-        "no \"text\", else text.");
+        "no \"text\", else text.\n"
+        "Blank lines (empty or only whitespace) are never documents: text-blocks splits at them;\n"
+        "text, jsonl and chat pass over them (counted as 'blank lines'), as tokenizer train does.");
     auto opts = std::make_shared<PrepareOptions>();
     auto inputs = std::make_shared<std::vector<std::string>>();
     auto format = std::make_shared<std::string>("auto");

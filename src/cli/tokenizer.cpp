@@ -112,6 +112,8 @@ private:
                 TextRecord record;
                 LATHE_ASSIGN_OR_RETURN(const bool more, records_->next(record));
                 if (!more) return false;
+                // A blank line is never a document (as in `lathe prepare`).
+                if (is_blank_line(record.text)) continue;
                 add(batch, record.text, record.line);
                 continue;
             }
@@ -387,7 +389,8 @@ void cli_add_tokenizer(CLI::App& parent, CommandAction& action) {
     train
         ->add_option("--format", args->format,
                      "auto (JSONL for .jsonl/.json/.ndjson names, else text), jsonl, text (a "
-                     "document per line) or text-blocks (per blank-line-separated block)")
+                     "document per line) or text-blocks (per blank-line-separated block); blank "
+                     "lines (empty or only whitespace) are never documents, as in lathe prepare")
         ->capture_default_str();
     train
         ->add_option("--on-error", args->on_error,

@@ -285,6 +285,7 @@ struct Shared {
 
     std::atomic<uint64_t> input_bytes{0};
     std::atomic<uint64_t> raw_bytes{0};
+    std::atomic<uint64_t> blank_lines{0};  // blank lines that were not documents
 
     Shared(const PrepareOptions& o, const Tokenizer& t, size_t credits_n)
         : options(o), tokenizer(t), credits(credits_n) {}
@@ -439,6 +440,12 @@ void reader_main(Shared& sh, std::unique_ptr<Source> first) {
                     input_done = true;
                     break;
                 }
+                // A blank line is never a document: it separates blocks in text-blocks, and is
+                // passed over in text, JSONL and chat input (as `tokenizer train` does).
+                if (*kind != RecordKind::kBlocks && is_blank_line(rec.text)) {
+                    sh.blank_lines.fetch_add(1, std::memory_order_relaxed);
+                    continue;
+                }
                 b.records.push_back({b.text.size(), rec.text.size(), rec.line});
                 b.text.append(rec.text);
             }
@@ -484,9 +491,7 @@ struct Worker {
             }
         } else {
             if (text.empty()) {
-                return invalid_argument_error(
-                    "empty document (an empty line; --format text-blocks treats blank lines as "
-                    "separators)");
+                return invalid_argument_error("empty document");
             }
             if (!simdjson::validate_utf8(text.data(), text.size())) {
                 const size_t at = utf8::first_invalid(text);
@@ -789,6 +794,7 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
     report.tokens = tokens_out.token_count();
     report.input_bytes = sh.input_bytes.load();
     report.raw_bytes = sh.raw_bytes.load();
+    report.blank_lines = sh.blank_lines.load();
     report.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     return report;

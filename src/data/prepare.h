@@ -11,8 +11,11 @@
 // Each document is tokenized as GPT-NeoX's tools/datasets/preprocess_data.py does with its
 // HFTokenizer: `tokenizer.encode(text)` with add_special_tokens=True (the post-processor's BOS and
 // the like are added), then, with append_eod, the end-of-document id; one sequence per document.
-// Unlike GPT-NeoX, which drops empty documents silently, an empty document is an error (or is
-// counted as skipped with OnError::kSkip), like a malformed line.
+// Blank lines (empty, or only spaces, tabs, \r, \v, \f) are never documents, in every format and
+// as in `lathe tokenizer train`: text-blocks splits documents at them, and text, JSONL and chat
+// input pass over them (counted in PrepareReport::blank_lines). Any other empty document (a JSONL
+// "text" of "", a conversation that renders to nothing) is an error, or is counted as skipped with
+// OnError::kSkip, like a malformed line; GPT-NeoX drops empty documents silently.
 //
 // Outputs appear only when the whole run succeeded: an error, a cancellation or a kill leaves
 // nothing under the final names (temporary files are removed, except after SIGKILL, when a
@@ -36,7 +39,7 @@ enum class PrepareFormat {
     kAuto,        // per input: JSONL when the first non-blank line starts with '{', else kText;
                   // the first input decides chat vs plain for the run (see prepare_run)
     kJsonl,       // one JSON object per line; the document is its `json_key` string field
-    kText,        // one document per line ("\n" or "\r\n")
+    kText,        // one document per line ("\n" or "\r\n"); blank lines are passed over
     kTextBlocks,  // one document per run of non-blank lines
     kChat,        // JSONL whose `json_key` (default "messages") is [{role, content}, ...]
 };
@@ -80,6 +83,7 @@ struct PrepareReport {
     uint64_t documents = 0;                     // documents written
     uint64_t tokens = 0;                        // tokens written (EOD included)
     uint64_t skipped = 0;                       // bad records skipped under OnError::kSkip
+    uint64_t blank_lines = 0;                   // blank lines passed over (not documents)
     std::vector<std::string> skipped_examples;  // the first messages, "file:line: problem"
     uint64_t input_bytes = 0;                   // decompressed bytes read
     uint64_t raw_bytes = 0;                     // bytes read from disk / stdin
