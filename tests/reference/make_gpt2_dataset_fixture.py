@@ -28,7 +28,7 @@ For every case of CASES, in a temporary folder:
     the separate last epoch) instead, on the whole file (split "1");
   * LOADER_CASES run GPT-NeoX's make_data_loader and shift_and_wrap_data_loaders (its
     DistributedBatchSampler under torch's DataLoader, cycled) over a dataset of indices.
-metadata.json records the commits and the files run. The test imports CASES, LOADER_CASES and
+metadata.json records the commits and the files run, and each case as it was run. The test imports CASES, LOADER_CASES and
 make_documents from this file, so that it needs neither GPT-NeoX nor torch.
 """
 
@@ -368,7 +368,7 @@ def run_gpt_neox(src, helpers_dir, out, result_path):
             shutil.copy(f, case_out / f.name)
         save_samples(case_out / "samples.npz", samples)
         result["cases"][case_name] = {
-            "corpora": corpora, "splits": splits,
+            "definition": case, "corpora": corpora, "splits": splits,
             "index_files": sorted(f.name for f in work.glob("*.npy"))}
         shutil.rmtree(work)
 
@@ -440,6 +440,7 @@ def run_megatron_deepspeed(src, helpers_dir, out, result_path):
         indices = dump_indices(len(ds), case["dump"])
         save_samples(case_out / "samples.npz", {"train": (indices, [ds[i] for i in indices])})
         result["cases"][case_name] = {
+            "definition": case,
             "corpora": corpora, "splits": {"train": {"size": len(ds), "datasets": ["train"]}},
             "num_epochs": len(ds.doc_idx) // len(documents),
             # as Megatron-DeepSpeed prints it
