@@ -12,8 +12,10 @@ Nothing of either project is copied here: this script compiles their megatron/da
 from the checkouts, and stands in only for what a single CPU process lacks: the `megatron`
 package's __init__ (print_rank_0), `mpu`'s parallel ranks (data-parallel rank r of w, every other
 group of size 1), torch.distributed (rank 0 of 1: all_reduce and broadcast leave the tensor as
-it is) and torch.cuda.LongTensor (a CPU tensor). Megatron-DeepSpeed's get_args() gives its
-defaults for the arguments GPTDataset reads.
+it is), torch.cuda.LongTensor (a CPU tensor), DeepSpeed's accelerator (its LongTensor) and
+Megatron-DeepSpeed's get_args() (the defaults of the arguments GPTDataset reads: no fixed epoch
+count, no index files forced, samples keyed "text"). GPT-NeoX's arguments are a namespace with
+its defaults for the options the data code reads (NeoxArgs below).
 
 For every case of CASES, in a temporary folder:
   * the token files are written by GPT-NeoX's MMapIndexedDatasetBuilder from make_documents()
@@ -28,8 +30,9 @@ For every case of CASES, in a temporary folder:
     the separate last epoch) instead, on the whole file (split "1");
   * LOADER_CASES run GPT-NeoX's make_data_loader and shift_and_wrap_data_loaders (its
     DistributedBatchSampler under torch's DataLoader, cycled) over a dataset of indices.
-metadata.json records the commits and the files run, and each case as it was run. The test imports CASES, LOADER_CASES and
-make_documents from this file, so that it needs neither GPT-NeoX nor torch.
+metadata.json records the commits and the files run, and each case as it was run. The test
+imports CASES, LOADER_CASES and corpus_documents from this file, which needs only numpy at
+import, so that the test runs without GPT-NeoX or torch.
 """
 
 import argparse
