@@ -38,6 +38,8 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session, exitstatus):
     if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED) or _passed:
         return
+    if session.config.option.collectonly:  # nothing was meant to run
+        return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     write = reporter.write_line if reporter else print
     if _skips and all(reason.startswith(NEEDS_CUDA) for _, reason in _skips):
