@@ -6,7 +6,8 @@ that exist.
   * every link from the table into docs/ names an existing file and, with a #fragment, a heading
     of that file (GitHub's anchor rule: lower case, punctuation other than - and _ dropped,
     spaces as -);
-  * every command of the README's command table answers --help with exit status 0.
+  * every command of the README's command table answers --help with exit status 0, and every
+    --flag the table shows for it is in that help.
 """
 import os
 import re
@@ -68,3 +69,27 @@ def test_every_command_in_the_table_has_help():
     for c in commands:
         p = subprocess.run([LATHE, *c.split(), "--help"], capture_output=True, text=True)
         assert p.returncode == 0 and "Usage" in p.stdout + p.stderr, (c, p.stdout, p.stderr)
+
+
+def test_flags_in_the_command_table_exist():
+    checked = 0
+    for row in section("Commands").splitlines():
+        if not row.startswith("| `lathe "):
+            continue
+        first_cell = row.split("` |", 1)[0]
+        for usage in re.findall(r"`?(lathe [^`]+)", first_cell):
+            words = usage.split()
+            if words[1] == "align":  # `lathe align terms|embed|...|run ...`: every subcommand
+                commands = [["align", c] for c in words[2].split("|")]
+            else:
+                commands = [[w for w in words[1:3] if re.fullmatch(r"[a-z]+", w)]]
+            text = ""
+            for c in commands:
+                p = subprocess.run([LATHE, *c, "--help"], capture_output=True, text=True)
+                assert p.returncode == 0, (c, p.stderr)
+                text += p.stdout + p.stderr
+            for flag in re.findall(r"--[a-z][a-z-]*", usage):
+                assert re.search(re.escape(flag) + r"(?![a-z-])", text), \
+                    f"README shows `{usage}`, but {flag} is not in its --help"
+                checked += 1
+    assert checked >= 30, checked
