@@ -10,7 +10,8 @@
 
 // Expected numbers: numpy 2.4.6 / CPython 3.11 running GPT-NeoX's formulas
 // (get_normalized_weights_and_num_samples, BlendableDataset + build_blending_indices,
-// weights_by_num_docs), re-implemented in tests/test_gpt2_dataset.py.
+// weights_by_num_docs); tests/test_gpt2_dataset.py compares lathe's blends with GPT-NeoX's own
+// code at scale.
 
 namespace lathe {
 namespace {

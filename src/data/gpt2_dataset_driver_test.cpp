@@ -1,8 +1,8 @@
 // A driver, not a test of its own: tests/test_gpt2_dataset.py runs
 //   LATHE_GPT2_DATASET_SPEC=spec.json data_tests --gtest_filter=Gpt2DatasetDriver.*
 // to make lathe build GPT-NeoX datasets (index caches included) and numpy-compatible random
-// streams from a JSON spec, and compares what it writes with a Python reference of GPT-NeoX and
-// with numpy. Without the variable the driver is skipped.
+// streams from a JSON spec, and compares what it writes with what GPT-NeoX's own code wrote
+// (tests/fixtures/gpt2_dataset) and with numpy. Without the variable the driver is skipped.
 //
 // Spec: {
 //   "out": "result.json",

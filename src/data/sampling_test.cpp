@@ -8,9 +8,9 @@
 
 #include "io/file.h"
 
-// Expected index arrays come from a Python re-implementation of GPT-NeoX's _build_index_mappings
-// (tests/test_gpt2_dataset.py, `NeoxReference`) run with numpy 2.4.6; the Python test compares
-// lathe with that reference at scale, these pin a few small cases in C++.
+// The expected index arrays are those of GPT-NeoX's _build_index_mappings formulas under numpy
+// 2.4.6, pinned here for a few small cases; tests/test_gpt2_dataset.py compares lathe with the
+// files GPT-NeoX's own code wrote (tests/fixtures/gpt2_dataset) at scale.
 
 namespace lathe {
 namespace {
