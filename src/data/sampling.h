@@ -29,9 +29,9 @@
 //     reproduces Megatron-LM/Megatron-DeepSpeed's gpt_dataset.py: when E > 1 and the last epoch
 //     contributes fewer than 80% of an epoch's samples, doc_idx is (E-1 epochs shuffled) followed
 //     by (the last epoch shuffled), and shuffle_idx is a shuffle of the samples of the first E-1
-//     epochs followed by a separate shuffle of the rest. Megatron stores sample_idx as int32
-//     always; lathe keeps GPT-NeoX's int32/int64 rule, which agrees wherever int32 does not
-//     overflow, and reads either.
+//     epochs followed by a separate shuffle of the rest. Megatron-DeepSpeed's helpers.cpp
+//     returns sample_idx as int64 (older Megatron versions: int32); lathe writes the same values
+//     with GPT-NeoX's int32/int64 rule, and reads either.
 //   - Only pack_impl "packed" is implemented; "pack_until_overflow" and "unpacked" (SFT-only
 //     modes added in 2024) are refused as unimplemented.
 
