@@ -18,6 +18,7 @@
 #include "fuzz/fuzz_harness.h"
 #include "io/config.h"
 #include "io/file.h"
+#include "io/hf_config.h"
 #include "io/input.h"
 #include "io/safetensors.h"
 #include "tokenizer/chat_template.h"
@@ -204,6 +205,11 @@ TEST(Fuzz, Safetensors) {
                                            safetensors_default_metadata())
                         .ok());
         t.seeds.push_back(read_file(path));
+    }
+    // Two real checkpoints written by transformers (the small test fixtures).
+    for (const char* model : {"gpt_neox_sequential", "llama_bias_packed"}) {
+        t.seeds.push_back(
+            read_file(kSource + "/tests/fixtures/models/" + model + "/model.safetensors"));
     }
     t.dictionary = {"\"dtype\"",
                     "\"shape\"",
@@ -537,6 +543,85 @@ TEST(Fuzz, ChatTemplate) {
         LATHE_ASSIGN_OR_RETURN(std::string text,
                                tpl.render(messages, /*add_generation_prompt=*/true));
         (void)text;
+        return ok_status();
+    };
+    expect_clean(fuzz_run(t), t.name);
+}
+
+// tokenizer_config.json (special tokens, chat_template as a string or a list of named ones).
+TEST(Fuzz, TokenizerConfig) {
+    FuzzTarget t;
+    t.name = "tokenizer_config";
+    for (const char* name : {"llama2", "llama3", "qwen3"}) {
+        t.seeds.push_back(read_file(kShared + "/tokenizers/" + name + ".tokenizer_config.json"));
+    }
+    // llama2's config has no template: give it one in the list form.
+    nlohmann::json listed = nlohmann::json::parse(t.seeds[0]);
+    listed["chat_template"] = {
+        {{"name", "default"},
+         {"template", "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"}},
+        {{"name", "tool_use"}, {"template", "{{ tools | tojson }}"}}};
+    t.seeds[0] = listed.dump(2);
+    t.dictionary = {"\"chat_template\"",
+                    "\"eos_token\"",
+                    "\"bos_token\"",
+                    "\"content\"",
+                    "\"name\"",
+                    "\"template\"",
+                    "\"default\"",
+                    "null",
+                    "[]",
+                    "{}",
+                    "\"\"",
+                    "\"added_tokens_decoder\"",
+                    "{{",
+                    "{%",
+                    "\\u0000"};
+    const nlohmann::ordered_json messages = nlohmann::ordered_json::parse(
+        R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}])");
+    t.run = [&](std::string_view input) -> Status {
+        LATHE_ASSIGN_OR_RETURN(ChatTemplate tpl,
+                               ChatTemplate::from_config(input, "tokenizer_config.json"));
+        LATHE_ASSIGN_OR_RETURN(std::string text,
+                               tpl.render(messages, /*add_generation_prompt=*/false));
+        (void)text;
+        return ok_status();
+    };
+    expect_clean(fuzz_run(t), t.name);
+}
+
+// config.json of Hugging Face models (the fixtures of every supported family).
+TEST(Fuzz, HfModelConfig) {
+    FuzzTarget t;
+    t.name = "hf_config";
+    for (const auto& entry :
+         std::filesystem::directory_iterator(kSource + "/tests/fixtures/models")) {
+        const std::filesystem::path config = entry.path() / "config.json";
+        if (std::filesystem::exists(config)) t.seeds.push_back(read_file(config.string()));
+    }
+    ASSERT_GE(t.seeds.size(), 5u);
+    t.dictionary = {"\"model_type\"",
+                    "\"llama\"",
+                    "\"gpt2\"",
+                    "\"gpt_neox\"",
+                    "\"qwen2\"",
+                    "\"mistral\"",
+                    "\"rope_scaling\"",
+                    "\"num_attention_heads\"",
+                    "\"num_key_value_heads\"",
+                    "\"head_dim\"",
+                    "\"tie_word_embeddings\"",
+                    "\"sliding_window\"",
+                    "null",
+                    "true",
+                    "-1",
+                    "0",
+                    "2147483648",
+                    "1e309"};
+    t.run = [&](std::string_view input) -> Status {
+        LATHE_ASSIGN_OR_RETURN(HfModelConfig config, hf_config_parse(input, "config.json"));
+        LATHE_ASSIGN_OR_RETURN(std::string again, hf_config_to_json(config));
+        (void)again;
         return ok_status();
     };
     expect_clean(fuzz_run(t), t.name);
