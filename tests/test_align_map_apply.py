@@ -157,7 +157,7 @@ def source_model(setup, family, tmp_path):
         (folder / extra).unlink(missing_ok=True)
     shutil.copy(setup["dir"] / "source.json", folder / "tokenizer.json")
     # The fixtures' bos/eos ids belong to their original tokenizers (some lie outside the 256 rows):
-    # give them an id of this source tokenizer, which apply must translate by its string.
+    # give them an id of this source tokenizer (apply replaces them by the target tokenizer's).
     cfg = json.loads((folder / "config.json").read_text())
     cfg["bos_token_id"] = cfg["eos_token_id"] = 0
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -195,7 +195,9 @@ def test_apply_align(setup, family, tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["vocab_size"] == padded and res["vocab_size"] == padded
     assert (out / "tokenizer.json").read_bytes() == (d / "target.json").read_bytes()
-    boundary = setup["tgt"].token_to_id(setup["src"].id_to_token(0))
+    # The target tokenizer's own special ids (its <|endoftext|>), not the source's carried over.
+    boundary = setup["tgt"].token_to_id("<|endoftext|>")
+    assert boundary != setup["tgt"].token_to_id(setup["src"].id_to_token(0))
     assert cfg["bos_token_id"] == boundary and cfg["eos_token_id"] == boundary
     before, after = read_tensors(src_dir), read_tensors(out)
     m = json.loads((d / "map.json").read_text())

@@ -460,12 +460,11 @@ Result<AlignApplyResult> align_apply_run(const AlignApplyRequest& req) {
     }
     out_cfg.eos_token_ids = eos;
     // The model now speaks the target tokenizer: its special tokens define the ids (a source id
-    // carried over by its spelling stays only where the target defines no such token and the
-    // spelling is a special token of the target).
+    // carried over by its spelling stays only where the target defines no such token).
     LATHE_ASSIGN_OR_RETURN(const TokenizerSpecialTokens specials,
                            tokenizer_special_tokens(target.tokenizer, req.target_tokenizer));
-    for (const std::string& change :
-         special_ids_apply(out_cfg, target.tokenizer, specials, SpecialIdsMode::kFromTokenizer))
+    for (const std::string& change : special_ids_apply(out_cfg, target.tokenizer, specials,
+                                                       SpecialIdsMode::kFromTokenizerElseCarried))
         log_info("config.json: {} (the target tokenizer's, {})", change, specials.source);
     LATHE_RETURN_IF_ERROR(hf_config_save((staging / "config.json").string(), out_cfg));
 

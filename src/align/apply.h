@@ -36,9 +36,10 @@
 // Padding rows are the mean rows (HF's resize_token_embeddings does the same).
 //
 // config.json: vocab_size = V'; bos/eos/pad token ids are the target tokenizer's
-// (run/special_tokens.h, SpecialIdsMode::kFromTokenizer: from its tokenizer_config.json, else its
-// <|endoftext|> or post-processor tokens); where the target defines no such token, the source id
-// translated by token string stays if that token is special in the target. The target
+// (run/special_tokens.h, SpecialIdsMode::kFromTokenizerElseCarried: from its
+// tokenizer_config.json, else its <|endoftext|> or post-processor tokens); where the target
+// defines no such token, the source id translated by token string stays (dropped when the target
+// has no such token either). The target
 // tokenizer.json is written as tokenizer.json, with its tokenizer_config.json when one sits next to
 // it ("<stem>.tokenizer_config.json" or "tokenizer_config.json" in the same folder), else with one
 // made from its special tokens (special_tokens_tokenizer_config). No optimizer

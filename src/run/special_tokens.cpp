@@ -118,6 +118,8 @@ void apply_one(const char* key, std::optional<int64_t>& id, const std::optional<
     const bool valid = id && names_special(tokenizer, specials, *id);
     if (mode == SpecialIdsMode::kFromTokenizer) {
         want = tok ? std::optional<int64_t>(tok->id) : (valid ? id : std::nullopt);
+    } else if (mode == SpecialIdsMode::kFromTokenizerElseCarried) {
+        if (tok) want = tok->id;
     } else if (id && !valid) {
         want = tok ? std::optional<int64_t>(tok->id) : std::nullopt;
     }
@@ -185,6 +187,8 @@ std::vector<std::string> special_ids_apply(HfModelConfig& hf, const Tokenizer& t
             want = {specials.eos->id};
         else if (!all_valid)
             want.clear();
+    } else if (mode == SpecialIdsMode::kFromTokenizerElseCarried) {
+        if (specials.eos) want = {specials.eos->id};
     } else if (!eos.empty() && !all_valid) {
         want.clear();
         if (specials.eos) want = {specials.eos->id};

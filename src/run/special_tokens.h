@@ -50,10 +50,14 @@ Result<TokenizerSpecialTokens> tokenizer_special_tokens(const Tokenizer& tokeniz
 
 // How special_ids_apply treats the ids config.json already has.
 enum class SpecialIdsMode : uint8_t {
-    // A model new to this tokenizer (trained from scratch, or given a new vocabulary): each id is
-    // the tokenizer's; where the tokenizer has no such token, an id of the config is kept only if
-    // it names a special token of the tokenizer or one of `specials`.
+    // A model new to this tokenizer (trained from scratch): each id is the tokenizer's; where the
+    // tokenizer has no such token, an id of the config (a transformers class default) is kept
+    // only if it names a special token of the tokenizer or one of `specials`.
     kFromTokenizer,
+    // A model given a new vocabulary (align apply), whose config's ids the caller has carried
+    // over into it: each id is the tokenizer's; where the tokenizer has no such token, the
+    // carried id stays as it is.
+    kFromTokenizerElseCarried,
     // A model that came with its config.json (a Hugging Face model, a checkpoint): an id is kept
     // when it names a special token of the tokenizer, or one of `specials` (a config may rightly
     // differ from tokenizer_config.json, e.g. several eos ids for an instruct model); an id that

@@ -153,6 +153,23 @@ TEST(SpecialTokens, ApplyKeepValidKeepsSpecialIdsAndRepairsOthers) {
     EXPECT_FALSE(far.bos_token_id);
 }
 
+TEST_F(Alone, ApplyFromTokenizerElseCarriedKeepsWhatTheTokenizerDoesNotDefine) {
+    // Llama 2's tokenizer.json alone defines bos (<s>) but no eos: a carried eos stays, even one
+    // that is not a special token; a carried bos gives way to the tokenizer's.
+    Loaded l2 = load(copy("llama2.json"));
+    HfModelConfig hf = hf_config_default(HfArch::kLlama);
+    hf.bos_token_id = 5;
+    hf.eos_token_ids = {7};
+    special_ids_apply(hf, l2.tokenizer, l2.specials, SpecialIdsMode::kFromTokenizerElseCarried);
+    EXPECT_EQ(hf.bos_token_id, 1);
+    EXPECT_EQ(hf.eos_token_ids, std::vector<int64_t>{7});
+    // kFromTokenizer drops it: it names no special token.
+    HfModelConfig fresh = hf_config_default(HfArch::kLlama);
+    fresh.eos_token_ids = {7};
+    special_ids_apply(fresh, l2.tokenizer, l2.specials, SpecialIdsMode::kFromTokenizer);
+    EXPECT_TRUE(fresh.eos_token_ids.empty());
+}
+
 TEST(SpecialTokens, TokenizerConfigText) {
     TokenizerSpecialTokens sp;
     sp.eos = SpecialToken{"<|endoftext|>", 0};
