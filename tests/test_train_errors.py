@@ -18,6 +18,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -268,6 +269,16 @@ def test_train_help_documents_exit_codes(corpus):
     text = " ".join(p.stdout.split())
     assert "130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint" in text, p.stdout
     assert "These may change, and each change is logged: train.steps" in text, p.stdout
+
+
+# ---- device ----
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine may have a GPU")
+def test_cuda_is_refused_before_anything_is_written(corpus, tmp_path):
+    p = run(train_cmd(corpus, tmp_path / "cuda", "train.device=cuda"), check=False)
+    assert_clean_error(p)
+    assert "train.device: cuda, but" in p.stderr, p.stderr
+    assert not (tmp_path / "cuda").exists()  # not even the run folder
 
 
 # ---- doctor: attention ----

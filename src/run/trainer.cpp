@@ -210,6 +210,12 @@ Result<std::unique_ptr<TokenDocuments>> Trainer::open_checked(const std::string&
 }
 
 Status Trainer::setup() {
+    // Where to compute, first: a device that cannot run the model (train.device cuda without a
+    // usable GPU or without CUDA attention) is refused before anything is read or written.
+    LATHE_ASSIGN_OR_RETURN(device_, ComputeDevice::open(s_.device, "train.device"));
+    device_.set_deterministic(s_.deterministic);
+    if (!s_.deterministic) log_info("train.deterministic false: runs may differ in the last bits");
+    log_info("computing on {}", device_.describe());
     std::error_code ec;
     fs::create_directories(request_.run_dir, ec);
     if (ec) return io_error("{}: cannot create the run folder: {}", request_.run_dir, ec.message());
@@ -230,12 +236,7 @@ Status Trainer::setup() {
                     s_.data.split);
         s_.eval_interval = 0;
     }
-    // Where to compute, then the model and its memory plan, checked against that device before
-    // anything is allocated.
-    LATHE_ASSIGN_OR_RETURN(device_, ComputeDevice::open(s_.device, "train.device"));
-    device_.set_deterministic(s_.deterministic);
-    if (!s_.deterministic) log_info("train.deterministic false: runs may differ in the last bits");
-    log_info("computing on {}", device_.describe());
+    // The model and its memory plan, checked against the device before anything is allocated.
     ModelShape shape;
     shape.batch = s_.micro_batch;
     shape.seq_len = s_.seq_len;
