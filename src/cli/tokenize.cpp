@@ -56,9 +56,9 @@ constexpr size_t kBatchLines = 4096;
 
 // A batch of input lines and, once processed, its output text (or the first error).
 struct Batch {
-    std::string text;                 // the lines, each followed by '\n'
-    std::vector<uint32_t> ends;       // end offset of each line in `text` (without the '\n')
-    uint64_t first_line = 0;          // 1-based number of the first line
+    std::string text;            // the lines, each followed by '\n'
+    std::vector<uint32_t> ends;  // end offset of each line in `text` (without the '\n')
+    uint64_t first_line = 0;     // 1-based number of the first line
     std::string output;
     Status status;
     bool done = false;
@@ -71,13 +71,27 @@ void append_json_string(std::string& out, std::string_view s) {
     for (char c : s) {
         const auto u = static_cast<unsigned char>(c);
         switch (c) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\n': out += "\\n"; break;
-            case '\r': out += "\\r"; break;
-            case '\t': out += "\\t"; break;
-            case '\b': out += "\\b"; break;
-            case '\f': out += "\\f"; break;
+            case '"':
+                out += "\\\"";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\r':
+                out += "\\r";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
+            case '\b':
+                out += "\\b";
+                break;
+            case '\f':
+                out += "\\f";
+                break;
             default:
                 if (u < 0x20) {
                     out += "\\u00";
@@ -108,7 +122,9 @@ void append_int(std::string& out, int32_t v) {
 class BatchWorker {
 public:
     BatchWorker(const Tokenizer& tok, const TokenizeArgs& args, const std::string& input_name)
-        : tok_(tok), args_(args), input_name_(input_name),
+        : tok_(tok),
+          args_(args),
+          input_name_(input_name),
           field_reader_(args.json_key.empty() ? (args.decode ? "ids" : "text") : args.json_key) {}
 
     void process(Batch& b) {
@@ -120,8 +136,8 @@ public:
             const Status s = args_.decode ? decode_line(strip_cr(line), b.output)
                                           : encode_line(strip_cr(line), b.output);
             if (!s.ok()) {
-                b.status = Status(s.code(), fmt::format("{}:{}: {}", input_name_,
-                                                        b.first_line + i, s.message()));
+                b.status = Status(
+                    s.code(), fmt::format("{}:{}: {}", input_name_, b.first_line + i, s.message()));
                 return;
             }
         }
@@ -165,14 +181,16 @@ private:
         for (simdjson::dom::element e : arr) {
             int64_t v = 0;
             if (e.get_int64().get(v) != simdjson::SUCCESS || v < 0 || v > INT32_MAX) {
-                return invalid_argument_error("field '{}' element {} is not an id (an integer in "
-                                              "[0, 2^31))",
-                                              key, i);
+                return invalid_argument_error(
+                    "field '{}' element {} is not an id (an integer in "
+                    "[0, 2^31))",
+                    key, i);
             }
             ids_.push_back(static_cast<int32_t>(v));
             ++i;
         }
-        LATHE_ASSIGN_OR_RETURN(std::string text, tok_.decode(ids_, /*skip_special=*/!args_.special));
+        LATHE_ASSIGN_OR_RETURN(std::string text,
+                               tok_.decode(ids_, /*skip_special=*/!args_.special));
         out += "{\"text\":";
         append_json_string(out, text);
         out += "}\n";
@@ -274,7 +292,9 @@ private:
 };
 
 Status run_tokenize(const TokenizeArgs& args) {
-    LATHE_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(args.tokenizer));
+    Result<Tokenizer> loaded = Tokenizer::load(args.tokenizer);
+    if (!loaded.ok()) return loaded.status().with_context("--tokenizer");
+    Tokenizer tok = std::move(loaded).value();
     LATHE_ASSIGN_OR_RETURN(InputStream in, InputStream::open(args.input));
     LineReader lines(in);
     LATHE_ASSIGN_OR_RETURN(Output out, Output::open(args.output));

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -295,12 +296,17 @@ std::string describe_component(const nlohmann::json& node) {
 }
 
 Status run_info(const std::string& path) {
+    // A file of the wrong kind (a directory, JSON Lines, YAML, a config.json...) gets the
+    // tokenizer loader's message, which says what the file holds.
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) return Tokenizer::load(path).status();
     LATHE_ASSIGN_OR_RETURN(const std::string text, file_read_all(path));
     nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object())
-        return invalid_argument_error("{}: not a JSON object; expected a tokenizer.json", path);
-    if (!j.contains("model") || !j["model"].is_object())
+    if (j.is_discarded() || !j.is_object() || !j.contains("model") || !j["model"].is_object()) {
+        const Status s = Tokenizer::from_json(text, path).status();
+        if (!s.ok()) return s;
         return invalid_argument_error("{}: no \"model\" object; expected a tokenizer.json", path);
+    }
     const nlohmann::json& model = j["model"];
     const std::string type = model.value("type", std::string("?"));
     fmt::print("file:           {}\n", path);

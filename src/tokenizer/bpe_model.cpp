@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <array>
-#include <thread>
 #include <limits>
+#include <thread>
 
 #include "core/strings.h"
 #include "tokenizer/utf8.h"
@@ -107,8 +107,9 @@ void resolve_merges(const StringIdMap& vocab, const std::vector<MergeText>& text
         for (size_t i = 0; i < n; ++i) {
             const MergeText& t = texts[base + i];
             if (t.b.size() < prefix_len) {
-                error.message = fmt::format("merge {}: '{}' is shorter than continuing_subword_prefix",
-                                            t.index, escape_for_message(t.b));
+                error.message =
+                    fmt::format("merge {}: '{}' is shorter than continuing_subword_prefix", t.index,
+                                escape_for_message(t.b));
                 return;
             }
             merged_at[i] = merged.size();
@@ -139,8 +140,9 @@ void resolve_merges(const StringIdMap& vocab, const std::vector<MergeText>& text
                         k < 2 ? fmt::format("merge {} ('{}' + '{}'): '{}' is not in the vocabulary",
                                             t.index, escape_for_message(t.a),
                                             escape_for_message(t.b), escape_for_message(part(i, k)))
-                              : fmt::format("merge {}: the merged token '{}' is not in the vocabulary",
-                                            t.index, escape_for_message(part(i, k)));
+                              : fmt::format(
+                                    "merge {}: the merged token '{}' is not in the vocabulary",
+                                    t.index, escape_for_message(part(i, k)));
                     return;
                 }
                 resolved[3 * (base + i) + k] = *id;
@@ -167,7 +169,8 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
                                       node.source(), d->path(), p));
         }
     }
-    LATHE_ASSIGN_OR_RETURN(std::optional<std::string_view> unk, node.get_optional_string("unk_token"));
+    LATHE_ASSIGN_OR_RETURN(std::optional<std::string_view> unk,
+                           node.get_optional_string("unk_token"));
     if (unk) m->unk_token_ = std::string(*unk);
     LATHE_ASSIGN_OR_RETURN(std::optional<std::string_view> prefix,
                            node.get_optional_string("continuing_subword_prefix"));
@@ -189,30 +192,30 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
     LATHE_ASSIGN_OR_RETURN(JsonNode vocab_node, node.required("vocab"));
     simdjson::dom::object vocab_obj;
     if (vocab_node.element().get_object().get(vocab_obj) != simdjson::SUCCESS) {
-        return vocab_node.error(fmt::format("expected an object of token: id, got {}",
-                                            vocab_node.type_name()));
+        return vocab_node.error(
+            fmt::format("expected an object of token: id, got {}", vocab_node.type_name()));
     }
     m->vocab_.reserve(vocab_obj.size());
-    int64_t max_id = -1;
     for (auto [key, value] : vocab_obj) {
         int64_t id = 0;
         if (value.get_int64().get(id) != simdjson::SUCCESS || id < 0 ||
-            id > std::numeric_limits<int32_t>::max()) {
-            return vocab_node.error(fmt::format("the id of token '{}' is not an integer in [0, 2^31)",
-                                                escape_for_message(key)));
+            id > std::numeric_limits<uint32_t>::max()) {
+            // HF reads ids as u32 and refuses the file otherwise.
+            return vocab_node.error(fmt::format(
+                "the id of token '{}' is {}; Hugging Face tokenizers refuses it too (ids are "
+                "integers from 0 to 2^32 - 1; lathe's from 0 to 2^31 - 1)",
+                escape_for_message(key), simdjson::minify(value)));
+        }
+        if (id > std::numeric_limits<int32_t>::max()) {
+            return vocab_node.error(fmt::format(
+                "the id of token '{}' is {}; lathe keeps token ids as 32-bit signed integers "
+                "(0 to 2^31 - 1 = 2147483647), so it cannot use this file (Hugging Face "
+                "tokenizers reads ids up to 2^32 - 1)",
+                escape_for_message(key), id));
         }
         m->vocab_.insert(key, static_cast<int32_t>(id));
-        max_id = std::max(max_id, id);
     }
-    m->id_to_token_.assign(static_cast<size_t>(max_id + 1), TokenRef{0, kNoToken});
-    m->vocab_.for_each_ref([&](std::string_view key, int32_t id, uint32_t offset) {
-        // Two tokens sharing an id: keep the lexicographically smaller (deterministic; HF's choice
-        // depends on hash order).
-        TokenRef& ref = m->id_to_token_[static_cast<size_t>(id)];
-        if (ref.len == kNoToken || key < m->vocab_.key_at(ref.offset, ref.len)) {
-            ref = TokenRef{offset, static_cast<uint32_t>(key.size())};
-        }
-    });
+    m->build_id_index();
     if (m->unk_token_) m->unk_id_ = m->vocab_.find(*m->unk_token_);
     for (int b = 0; b < 256; ++b) {
         const std::optional<int32_t> id = m->vocab_.find(fmt::format("<0x{:02X}>", b));
@@ -251,9 +254,9 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
             }
             const size_t sp = line.find(' ');
             if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos) {
-                return merges_node.error(fmt::format(
-                    "merge {} ('{}') is not two tokens separated by one space", index,
-                    escape_for_message(line)));
+                return merges_node.error(
+                    fmt::format("merge {} ('{}') is not two tokens separated by one space", index,
+                                escape_for_message(line)));
             }
             a = line.substr(0, sp);
             b = line.substr(sp + 1);
@@ -262,8 +265,8 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
             if (e.get_array().get(pair) != simdjson::SUCCESS || pair.size() != 2 ||
                 pair.at(0).get_string().get(a) != simdjson::SUCCESS ||
                 pair.at(1).get_string().get(b) != simdjson::SUCCESS) {
-                return merges_node.error(fmt::format(
-                    "merge {} is neither \"a b\" nor [\"a\", \"b\"]", index));
+                return merges_node.error(
+                    fmt::format("merge {} is neither \"a b\" nor [\"a\", \"b\"]", index));
             }
         }
         texts.push_back(MergeText{a, b, index});
@@ -273,9 +276,9 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
     // then fill the merge map in rank order.
     const size_t prefix_len = m->continuing_subword_prefix_.size();
     std::vector<int32_t> resolved(3 * texts.size());
-    const size_t threads = std::clamp<size_t>(texts.size() / kMergesPerLoadThread, 1,
-                                              std::min<size_t>(kMaxLoadThreads,
-                                                               std::max(1u, std::thread::hardware_concurrency())));
+    const size_t threads = std::clamp<size_t>(
+        texts.size() / kMergesPerLoadThread, 1,
+        std::min<size_t>(kMaxLoadThreads, std::max(1u, std::thread::hardware_concurrency())));
     std::vector<MergeError> errors(threads);
     std::vector<std::thread> workers;
     const size_t per = (texts.size() + threads - 1) / threads;
@@ -305,6 +308,60 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_node(const JsonNode& node) {
                           resolved[3 * r + 2]);
     }
     return m;
+}
+
+void BpeModel::build_id_index() {
+    // Ids below this bound are indexed directly: a table of at most about twice the entries, so
+    // that a vocabulary with gaps (or a few tokens with very large ids) costs memory by its number
+    // of tokens, not by its largest id.
+    const size_t entries = vocab_.size();
+    const size_t dense_bound = 2 * entries + 1024;
+    int64_t max_id = -1;
+    size_t dense_size = 0;
+    vocab_.for_each([&](std::string_view, int32_t id) {
+        max_id = std::max<int64_t>(max_id, id);
+        if (static_cast<size_t>(id) < dense_bound)
+            dense_size = std::max(dense_size, size_t(id) + 1);
+    });
+    max_id_ = static_cast<int32_t>(max_id);
+    dense_ids_.assign(dense_size, TokenRef{0, kNoToken});
+    sparse_ids_.clear();
+    // Two tokens sharing an id: keep the lexicographically smaller (deterministic; HF's choice
+    // depends on hash order).
+    auto smaller = [&](std::string_view key, const TokenRef& ref) {
+        return ref.len == kNoToken || key < vocab_.key_at(ref.offset, ref.len);
+    };
+    vocab_.for_each_ref([&](std::string_view key, int32_t id, uint32_t offset) {
+        const TokenRef here{offset, static_cast<uint32_t>(key.size())};
+        if (static_cast<size_t>(id) < dense_ids_.size()) {
+            TokenRef& ref = dense_ids_[static_cast<size_t>(id)];
+            if (smaller(key, ref)) ref = here;
+        } else {
+            sparse_ids_.push_back(SparseId{id, here});
+        }
+    });
+    std::sort(sparse_ids_.begin(), sparse_ids_.end(), [&](const SparseId& x, const SparseId& y) {
+        if (x.id != y.id) return x.id < y.id;
+        return vocab_.key_at(x.ref.offset, x.ref.len) < vocab_.key_at(y.ref.offset, y.ref.len);
+    });
+    sparse_ids_.erase(
+        std::unique(sparse_ids_.begin(), sparse_ids_.end(),
+                    [](const SparseId& x, const SparseId& y) { return x.id == y.id; }),
+        sparse_ids_.end());
+    sparse_ids_.shrink_to_fit();
+}
+
+std::optional<std::string_view> BpeModel::id_to_token(int32_t id) const {
+    if (id < 0) return std::nullopt;
+    if (static_cast<size_t>(id) < dense_ids_.size()) {
+        const TokenRef r = dense_ids_[static_cast<size_t>(id)];
+        if (r.len == kNoToken) return std::nullopt;
+        return vocab_.key_at(r.offset, r.len);
+    }
+    auto it = std::lower_bound(sparse_ids_.begin(), sparse_ids_.end(), id,
+                               [](const SparseId& s, int32_t x) { return s.id < x; });
+    if (it == sparse_ids_.end() || it->id != id) return std::nullopt;
+    return vocab_.key_at(it->ref.offset, it->ref.len);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -509,7 +566,8 @@ void BpeModel::merge_long(BpeWork& work) const {
         node.id = top.new_id;
         right.alive = false;
         node.next = right.next;
-        if (right.next >= 0) nodes[static_cast<size_t>(right.next)].prev = static_cast<int32_t>(top.pos);
+        if (right.next >= 0)
+            nodes[static_cast<size_t>(right.next)].prev = static_cast<int32_t>(top.pos);
         if (node.prev >= 0) push(static_cast<uint32_t>(node.prev));
         if (node.next >= 0) push(top.pos);
     }

@@ -103,10 +103,10 @@ private:
 
 // Work buffers for merging one word, reused across calls by one thread.
 struct BpeWork {
-    std::vector<int32_t> symbols;   // symbol ids, left to right
-    std::vector<uint32_t> ranks;    // ranks[i]: merge rank of (symbols[i], symbols[i+1])
-    std::vector<int32_t> new_ids;   // new_ids[i]: id that pair merges into
-    std::string buffer;             // a character with prefix/suffix, a <0xHH> name
+    std::vector<int32_t> symbols;  // symbol ids, left to right
+    std::vector<uint32_t> ranks;   // ranks[i]: merge rank of (symbols[i], symbols[i+1])
+    std::vector<int32_t> new_ids;  // new_ids[i]: id that pair merges into
+    std::string buffer;            // a character with prefix/suffix, a <0xHH> name
     // Linked-list form for long words (HF's Word::merge_all with a binary heap).
     struct Node {
         int32_t id;
@@ -142,19 +142,16 @@ public:
 
     std::optional<int32_t> token_to_id(std::string_view token) const { return vocab_.find(token); }
     // The token of `id`, or nullopt. The view lives as long as the model.
-    std::optional<std::string_view> id_to_token(int32_t id) const {
-        if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) return std::nullopt;
-        const TokenRef r = id_to_token_[static_cast<size_t>(id)];
-        if (r.len == kNoToken) return std::nullopt;
-        return vocab_.key_at(r.offset, r.len);
-    }
+    std::optional<std::string_view> id_to_token(int32_t id) const;
     // HF Model::get_vocab_size for BPE: the number of vocabulary entries.
     int32_t vocab_entries() const { return static_cast<int32_t>(vocab_.size()); }
     // Largest id in the vocabulary, -1 when empty.
-    int32_t max_id() const { return static_cast<int32_t>(id_to_token_.size()) - 1; }
+    int32_t max_id() const { return max_id_; }
 
 private:
     BpeModel() = default;
+    // Fills dense_ids_, sparse_ids_ and max_id_ from vocab_.
+    void build_id_index();
     // Steps 2 and 3 above, uncached.
     Status merge_word(std::string_view piece, BpeWork& work, std::vector<int32_t>& ids) const;
     // A piece longer than BpeCache::kMaxKeyBytes, through the memo's long table.
@@ -166,7 +163,8 @@ private:
     // The vocabulary id of one character (UTF-8 `c`, no prefix/suffix), or nullopt.
     std::optional<int32_t> char_id(std::string_view c) const {
         const auto b0 = static_cast<uint8_t>(c[0]);
-        if (c.size() == 1) return ascii_ids_[b0] >= 0 ? std::optional<int32_t>(ascii_ids_[b0]) : std::nullopt;
+        if (c.size() == 1)
+            return ascii_ids_[b0] >= 0 ? std::optional<int32_t>(ascii_ids_[b0]) : std::nullopt;
         if (c.size() == 2) {
             const size_t cp = (size_t(b0 & 0x1F) << 6) | (static_cast<uint8_t>(c[1]) & 0x3F);
             const int32_t id = two_byte_ids_[cp - 0x80];
@@ -179,13 +177,23 @@ private:
     void merge_long(BpeWork& work) const;
 
     StringIdMap vocab_;
-    // id -> where its token's bytes are in vocab_'s arena (fixed once loading is done).
+    // id -> where its token's bytes are in vocab_'s arena (fixed once loading is done). Ids are
+    // kept as HF keeps them, in a map: the ids below dense_ids_.size() (at most a small multiple
+    // of the vocabulary size) in a table indexed by id, any larger ones (a file may give a token
+    // any id up to 2^31 - 1) in sparse_ids_, sorted by id. Memory follows the number of tokens,
+    // never the largest id.
     struct TokenRef {
         uint32_t offset = 0;
         uint32_t len = 0;
     };
     static constexpr uint32_t kNoToken = 0xFFFFFFFFu;
-    std::vector<TokenRef> id_to_token_;
+    std::vector<TokenRef> dense_ids_;
+    struct SparseId {
+        int32_t id;
+        TokenRef ref;
+    };
+    std::vector<SparseId> sparse_ids_;
+    int32_t max_id_ = -1;
     MergeMap merges_;
     std::optional<std::string> unk_token_;
     std::optional<int32_t> unk_id_;

@@ -31,6 +31,10 @@ const NormalizerCase kCases[] = {
     {R"({"type":"Replace","pattern":{"String":"ab"},"content":"X"})", "abab a.b ab"sv, "XX a.b X"sv},
     {R"({"type":"Replace","pattern":{"Regex":"\\s+"},"content":"_"})", "a  b\t\tc \u00a0d"sv, "a_b_c_d"sv},
     {R"({"type":"Replace","pattern":{"String":"."},"content":""})", "a.b.c"sv, "abc"sv},
+    // Capturing groups: the whole match is replaced; "$1" in the content is literal text.
+    {R"j({"type":"Replace","pattern":{"Regex":"(\\d+)"},"content":"<$1>"})j", "it's 123 don't 45x'ta'sb 77  x"sv, "it's <$1> don't <$1>x'ta'sb <$1>  x"sv},
+    {R"j({"type":"Replace","pattern":{"Regex":"('s|'t)|(x)"},"content":"_"})j", "it's 123 don't 45x'ta'sb 77  x"sv, "it_ 123 don_ 45__a_b 77  _"sv},
+    {R"j({"type":"Replace","pattern":{"Regex":"(\\s)(\\s)?"},"content":"▁"})j", "it's 123 don't 45x'ta'sb 77  x"sv, "it's▁123▁don't▁45x'ta'sb▁77▁x"sv},
     {R"({"type":"Prepend","prepend":"▁"})", "hi there"sv, "\u2581hi there"sv},
     {R"({"type":"Sequence","normalizers":[{"type":"Prepend","prepend":"▁"},{"type":"Replace","pattern":{"String":" "},"content":"▁"}]})", "hi there  you"sv, "\u2581hi\u2581there\u2581\u2581you"sv},
     {R"({"type":"BertNormalizer","clean_text":true,"handle_chinese_chars":true,"strip_accents":null,"lowercase":true})", "H\u00e9llo\tW\u00f6rld\000\ufffd \u4e2d\u6587 \007x"sv, "hello world  \u4e2d  \u6587  x"sv},

@@ -42,6 +42,18 @@ const PreTokenizerCase kCases[] = {
     {R"({"type":"CharDelimiterSplit","delimiter":"|"})", "a|b||c", {"a", "b", "c"}},
     {R"({"type":"Sequence","pretokenizers":[{"type":"WhitespaceSplit"},{"type":"Digits","individual_digits":true}]})", "ab12 c3", {"ab", "1", "2", "c", "3"}},
     {R"({"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"(?i:'s|'ll)|\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"},"behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":false}]})", "HE'S 12345 \u017f's  x", {"HE", "'S", "\u0120", "123", "45", "\u0120", "\u00c5\u00bf", "'s", "\u0120", "\u0120", "x"}},
+    // Capturing groups (nested, optional, not taking part, named, back-referenced): HF splits on
+    // the whole match and ignores the groups.
+    {R"j({"type":"Split","pattern":{"Regex":"(\\d+)"},"behavior":"Isolated","invert":false})j", "it's 123 don't 45x'ta'sb 77", {"it's ", "123", " don't ", "45", "x'ta'sb ", "77"}},
+    {R"j({"type":"Split","pattern":{"Regex":"(\\d+)"},"behavior":"Removed","invert":true})j", "it's 123 don't 45x'ta'sb 77", {"123", "45", "77"}},
+    {R"j({"type":"Split","pattern":{"Regex":"('s|'t)"},"behavior":"MergedWithPrevious","invert":false})j", "it's 123 don't 45x'ta'sb 77", {"it's", " 123 don't", " 45x't", "a's", "b 77"}},
+    {R"j({"type":"Split","pattern":{"Regex":"('s|'t)"},"behavior":"MergedWithNext","invert":true})j", "it's 123 don't 45x'ta'sb 77", {"it's", " 123 don't", " 45x't", "a's", "b 77"}},
+    {R"j({"type":"Split","pattern":{"Regex":"((a)|(b))"},"behavior":"Isolated","invert":false})j", "it's 123 don't 45x'ta'sb 77", {"it's 123 don't 45x't", "a", "'s", "b", " 77"}},
+    {R"j({"type":"Split","pattern":{"Regex":"(x)?\\d"},"behavior":"Contiguous","invert":false})j", "it's 123 don't 45x'ta'sb 77", {"it's ", "123", " don't ", "45", "x'ta'sb ", "77"}},
+    {R"j({"type":"Split","pattern":{"Regex":"(x)?\\d"},"behavior":"MergedWithNext","invert":false})j", "it's 123 don't 45x'ta'sb 77", {"it's ", "1", "2", "3 don't ", "4", "5x'ta'sb ", "7", "7"}},
+    {R"j({"type":"Split","pattern":{"Regex":"(?<n>\\d)(\\d)?"},"behavior":"Removed","invert":false})j", "it's 123 don't 45x'ta'sb 77", {"it's ", " don't ", "x'ta'sb "}},
+    {R"j({"type":"Split","pattern":{"Regex":"(\\d)\\1"},"behavior":"Isolated","invert":false})j", "it's 123 don't 45x'ta'sb 77", {"it's 123 don't 45x'ta'sb ", "77"}},
+    {R"j({"type":"Split","pattern":{"Regex":"(?:'s)|('t)"},"behavior":"Contiguous","invert":true})j", "it's 123 don't 45x'ta'sb 77", {"it", "'s", " 123 don", "'t", " 45x", "'t", "a", "'s", "b 77"}},
 };
 
 TEST(PreTokenizer, MatchesHuggingFace) {
@@ -146,6 +158,15 @@ TEST(Regex, MatchesOnigurumaSemantics) {
     EXPECT_EQ(spans("a$", "a\na a"), (V{{0, 1}, {4, 5}}));
     // Empty matches: one per position, none right after a non-empty match.
     EXPECT_EQ(spans("x*", "abxxc"), (V{{0, 0}, {1, 1}, {2, 4}, {5, 5}}));
+    // Capturing groups give the whole match, whether or not each group takes part.
+    EXPECT_EQ(spans(R"((\d+))", "a12b3"), (V{{1, 3}, {4, 5}}));
+    EXPECT_EQ(spans(R"(((a)|(b))(c)?)", "acb"), (V{{0, 2}, {2, 3}}));
+    EXPECT_EQ(spans(R"((x)?(?<d>\d)(\d)?)", "x123"), (V{{0, 3}, {3, 4}}));
+    EXPECT_EQ(spans(R"((\w)\1)", "abba"), (V{{1, 3}}));
+    // Many groups (more than any match data sized for a few pairs).
+    std::string many;
+    for (int i = 0; i < 40; ++i) many += "(a)?";
+    EXPECT_EQ(spans(many + "b", "aab"), (V{{0, 3}}));
 }
 
 }  // namespace

@@ -16,8 +16,10 @@ constexpr const char* kHexClassBody = "0-9a-fA-F";
 // class (a megabyte of spaces) needs more than PCRE2's 32 KiB default.
 constexpr size_t kJitStackMaxBytes = 16u << 20;
 
-// Per-thread match state, shared by every Regex: match data with one pair is enough because only
-// the whole match is read.
+// Per-thread match state, shared by every Regex. Only the whole match is read (HF splits and
+// replaces on whole matches and ignores capturing groups), so match data holds one pair: for a
+// pattern with groups, PCRE2 then fills that pair and returns 0 ("the vector is too small for
+// every group"), which is a match like any positive count.
 struct ThreadMatchState {
     pcre2_match_data* match_data = nullptr;
     pcre2_match_context* match_context = nullptr;
@@ -78,7 +80,8 @@ std::string regex_translate_oniguruma(std::string_view p) {
             } else if (e == 'W' && !in_class) {
                 out += std::string("[^") + kWordClassBody + "]";
             } else if (e == 'h') {
-                out += in_class ? std::string(kHexClassBody) : std::string("[") + kHexClassBody + "]";
+                out +=
+                    in_class ? std::string(kHexClassBody) : std::string("[") + kHexClassBody + "]";
             } else if (e == 'H' && !in_class) {
                 out += std::string("[^") + kHexClassBody + "]";
             } else if (e == 'u' && i + 5 < p.size() && is_hex(p[i + 2]) && is_hex(p[i + 3]) &&
@@ -139,16 +142,15 @@ Result<Regex> Regex::compile(const std::string& pcre2_pattern, std::string origi
                              uint32_t extra_options) {
     int err = 0;
     PCRE2_SIZE err_offset = 0;
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pcre2_pattern.data()),
-                                     pcre2_pattern.size(),
-                                     PCRE2_UTF | PCRE2_UCP | extra_options, &err, &err_offset,
-                                     nullptr);
+    pcre2_code* code =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pcre2_pattern.data()), pcre2_pattern.size(),
+                      PCRE2_UTF | PCRE2_UCP | extra_options, &err, &err_offset, nullptr);
     if (code == nullptr) {
         PCRE2_UCHAR message[256];
         pcre2_get_error_message(err, message, sizeof(message));
-        return invalid_argument_error("invalid regex '{}': {} (at offset {} of its PCRE2 form '{}')",
-                                      original, reinterpret_cast<const char*>(message), err_offset,
-                                      pcre2_pattern);
+        return invalid_argument_error(
+            "invalid regex '{}': {} (at offset {} of its PCRE2 form '{}')", original,
+            reinterpret_cast<const char*>(message), err_offset, pcre2_pattern);
     }
     auto holder = std::make_unique<Code>();
     holder->code = code;
@@ -157,8 +159,7 @@ Result<Regex> Regex::compile(const std::string& pcre2_pattern, std::string origi
 }
 
 Result<Regex> Regex::from_oniguruma(std::string_view pattern) {
-    return compile(regex_translate_oniguruma(pattern), std::string(pattern),
-                         PCRE2_MULTILINE);
+    return compile(regex_translate_oniguruma(pattern), std::string(pattern), PCRE2_MULTILINE);
 }
 
 Result<Regex> Regex::from_pcre2(std::string_view pattern) {
@@ -200,7 +201,7 @@ bool Regex::search(std::string_view text, size_t start, size_t* match_begin,
                          st.match_data, nullptr);
     }
     if (rc == PCRE2_ERROR_NOMATCH) return false;
-    LATHE_CHECK(rc > 0, "PCRE2 match of '{}' failed with code {} on {} bytes", pattern_, rc,
+    LATHE_CHECK(rc >= 0, "PCRE2 match of '{}' failed with code {} on {} bytes", pattern_, rc,
                 text.size());
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.match_data);
     *match_begin = ov[0];

@@ -17,7 +17,9 @@ namespace lathe {
 class Tokenizer {
 public:
     // Loads tokenizer.json from a path / from its text. Unsupported components are an error that
-    // names the component and the JSON path.
+    // names the component and the JSON path; a file of another kind (empty, a directory, JSON
+    // Lines, YAML, a tokenizer_config.json...) is an error that names the file, says what it
+    // holds and what was expected.
     static Result<Tokenizer> load(const std::string& path);
     static Result<Tokenizer> from_json(std::string_view json_text, const std::string& source_name);
 
@@ -34,8 +36,10 @@ public:
     // the vocabulary is an error.
     Result<std::string> decode(std::span<const int32_t> ids, bool skip_special) const;
 
-    // HF get_vocab_size(with_added_tokens=True): the largest id + 1.
-    int32_t vocab_size() const;
+    // The largest id + 1 (the number of embedding rows the ids need; HF's
+    // get_vocab_size(with_added_tokens=True) when the ids have no gaps). Up to 2^31, as ids run
+    // up to 2^31 - 1.
+    int64_t vocab_size() const;
     std::optional<int32_t> token_to_id(std::string_view token) const;
     std::optional<std::string> id_to_token(int32_t id) const;
     bool is_special(int32_t id) const;

@@ -9,6 +9,8 @@
 
 #include <simdjson.h>
 
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "tokenizer/decoder.h"
@@ -154,6 +156,114 @@ TEST(Tokenizer, LoadErrorsNameTheKey) {
     Result<Tokenizer> not_json = Tokenizer::from_json("{", "broken.json");
     ASSERT_FALSE(not_json.ok());
     EXPECT_NE(not_json.status().message().find("broken.json"), std::string::npos);
+}
+
+// A vocabulary in which a few tokens have very large ids: HF keeps ids in a map and encodes such a
+// file (expected ids from tokenizers 0.23.3); lathe must not size anything by the largest id.
+std::string huge_id_json(const std::string& ab_id, const std::string& added) {
+    return R"({"version": "1.0", "added_tokens": [)" + added +
+           R"(], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": null, "vocab": {"a": 0, "b": 1, "c": 1000000000, "ab": )" +
+           ab_id + R"(}, "merges": ["a b"]}})";
+}
+
+std::string added_json(const std::string& content, const std::string& id) {
+    return R"({"id": )" + id + R"(, "content": ")" + content +
+           R"(", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})";
+}
+
+TEST(Tokenizer, HugeIdsAreKeptInAMap) {
+    Result<Tokenizer> tok = Tokenizer::from_json(
+        huge_id_json("2147483647", added_json("<s>", "2147483647") + ", " + added_json("ab", "5") +
+                                       ", " + added_json("<t>", "4294967295")),
+        "huge.json");
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    // HF: "<s>" and "<t>" are new and get ids 4 and 5 (after the 4 vocabulary entries, whatever
+    // the file says); "ab" keeps its vocabulary id.
+    EXPECT_EQ(*tok->encode("ab c<s>ba<t>", false),
+              (std::vector<int32_t>{2147483647, 1000000000, 4, 1, 0, 5}));
+    EXPECT_EQ(tok->vocab_size(), int64_t{1} << 31);
+    EXPECT_EQ(tok->id_to_token(2147483647), "ab");
+    EXPECT_EQ(tok->id_to_token(1000000000), "c");
+    EXPECT_FALSE(tok->id_to_token(1000000001).has_value());
+    EXPECT_FALSE(tok->id_to_token(2147483646).has_value());
+    EXPECT_EQ(*tok->decode(std::vector<int32_t>{2147483647, 4, 1000000000}, false), "ab <s> c");
+}
+
+TEST(Tokenizer, IdsOutsideTheRangeAreRefusedNamingTheToken) {
+    // HF reads ids as u32: 2^32 and -1 are refused by both; 2^31 .. 2^32 - 1 by lathe only.
+    for (const char* id : {"2147483648", "4294967295", "4294967296", "-1", "1.5", "\"3\""}) {
+        Result<Tokenizer> r = Tokenizer::from_json(huge_id_json(id, ""), "huge.json");
+        ASSERT_FALSE(r.ok()) << id;
+        EXPECT_NE(r.status().message().find("huge.json: model.vocab: the id of token 'ab' is"),
+                  std::string::npos)
+            << r.status().message();
+    }
+    Result<Tokenizer> big = Tokenizer::from_json(huge_id_json("2147483648", ""), "huge.json");
+    EXPECT_NE(big.status().message().find("32-bit"), std::string::npos) << big.status().message();
+    // Beyond 64 bits the JSON reader itself stops: the message still shows the token.
+    Result<Tokenizer> huge =
+        Tokenizer::from_json(huge_id_json("100000000000000000000", ""), "huge.json");
+    ASSERT_FALSE(huge.ok());
+    EXPECT_NE(huge.status().message().find(
+                  "huge.json: the integer in '\"ab\": 100000000000000000000' does not fit"),
+              std::string::npos)
+        << huge.status().message();
+    // An added token's id is not used, but HF refuses a file whose id is missing or not a u32.
+    for (const char* id : {"4294967296", "-1", "\"7\"", "null"}) {
+        Result<Tokenizer> r =
+            Tokenizer::from_json(huge_id_json("2", added_json("<s>", id)), "added.json");
+        ASSERT_FALSE(r.ok()) << id;
+        EXPECT_NE(r.status().message().find("added.json: added_tokens"), std::string::npos)
+            << r.status().message();
+        EXPECT_NE(r.status().message().find("<s>"), std::string::npos) << r.status().message();
+    }
+    std::string no_id = added_json("<s>", "1");
+    no_id.erase(0, no_id.find("\"content\""));
+    Result<Tokenizer> missing = Tokenizer::from_json(huge_id_json("2", "{" + no_id), "added.json");
+    ASSERT_FALSE(missing.ok());
+    EXPECT_NE(missing.status().message().find("missing \"id\""), std::string::npos)
+        << missing.status().message();
+}
+
+// A file of the wrong kind says what it holds and what was expected, never the parser's raw text.
+TEST(Tokenizer, WrongKindOfFileSaysWhatWasExpected) {
+    struct Case {
+        std::string text;
+        std::string says;
+    };
+    const Case cases[] = {
+        {"", "the file is empty"},
+        {" \n\t\n", "only white space"},
+        {"{\"text\": \"a\"}\n{\"text\": \"b\"}\n", "JSON Lines"},
+        {"# a config\nmodel:\n  type: llama\n", "not JSON (it begins '# a config'"},
+        {"[1, 2]", "a JSON array, not an object"},
+        {"{\"model\": [1]", "not valid JSON"},
+        {"{\"chat_template\": \"x\", \"eos_token\": \"</s>\"}", "tokenizer_config.json"},
+        {"{\"architectures\": [\"X\"], \"hidden_size\": 8}", "config.json"},
+        {"{\"text\": \"a\", \"id\": 3}", "without a \"model\" key (its keys: \"text\", \"id\")"},
+        {"{\"model\": \"gpt2\"}", "its \"model\" is a JSON string, not an object"},
+    };
+    for (const Case& c : cases) {
+        Result<Tokenizer> r = Tokenizer::from_json(c.text, "in.file");
+        ASSERT_FALSE(r.ok()) << c.text;
+        const std::string& m = r.status().message();
+        EXPECT_EQ(m.rfind("in.file: ", 0), 0u) << m;
+        EXPECT_NE(m.find(c.says), std::string::npos) << m;
+        EXPECT_NE(m.find("expected a Hugging Face tokenizer.json"), std::string::npos) << m;
+    }
+    const std::string dir = ::testing::TempDir() + "/tokenizer_dir_case";
+    std::filesystem::create_directories(dir);
+    Result<Tokenizer> r = Tokenizer::load(dir);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find(dir + ": it is a directory"), std::string::npos)
+        << r.status().message();
+    { std::ofstream(dir + "/tokenizer.json") << k_unk_fused; }
+    r = Tokenizer::load(dir);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("pass the file " + dir + "/tokenizer.json"),
+              std::string::npos)
+        << r.status().message();
+    std::filesystem::remove_all(dir);
 }
 
 struct DecoderCase {
