@@ -82,6 +82,12 @@ def setup(tmp_path_factory):
     (d / "general.txt").write_text("the cat sat on the mat\n" * 20)
     (d / "held.txt").write_text("\n".join(DOCS[:3]) + "\n")
     (d / "notes.jsonl").write_text(json.dumps({"text": "not a tokenizer"}) + "\n")
+    plain = byte_tokenizer()  # loads, but has no words for stage 1 to mine
+    plain["pre_tokenizer"] = None
+    (d / "no_byte_level.json").write_text(json.dumps(plain))
+    prefix = byte_tokenizer()
+    prefix["pre_tokenizer"]["add_prefix_space"] = True
+    (d / "prefix_space.json").write_text(json.dumps(prefix))
     (d / "a_folder").mkdir()
     (d / "a_file").write_text("x\n")
     (d / "empty_folder").mkdir()
@@ -151,6 +157,8 @@ CASES = [
     ("source.tokenizer", lambda d: str(d / "notes.jsonl"), "expected a Hugging Face tokenizer.json"),
     ("target.tokenizer", lambda d: str(d / "a_folder"), "is a folder"),
     ("target.tokenizer", lambda d: str(d / "a_file"), "expected a Hugging Face tokenizer.json"),
+    ("source.tokenizer", lambda d: str(d / "no_byte_level.json"), "needs a byte-level BPE tokenizer"),
+    ("target.tokenizer", lambda d: str(d / "prefix_space.json"), "add_prefix_space=true"),
     ("source.checkpoint", lambda d: str(d / "no-such-model"), "no such folder"),
     ("source.checkpoint", lambda d: str(d / "empty_folder"), "no config.json"),
     ("eval.documents", lambda d: str(d / "missing-held.txt"), "does not exist"),
@@ -251,6 +259,21 @@ def test_every_checkpoint_form_is_accepted(setup, tmp_path, form):
     p, _ = align_run(config)
     assert p.returncode != 0 and f"run.yaml:{where['eval.batch']}" in p.stderr, p.stderr
     assert "source.checkpoint" not in p.stderr, p.stderr
+
+
+def test_a_tokenizer_without_words_is_fine_when_no_terms_are_added(setup, tmp_path):
+    """Stage 1's byte-level requirement applies only to the tokenizer it adds terms to: with
+    terms.enabled false such a target passes the checks (the run stops on a later bad key)."""
+    d, settings = setup
+    settings = with_value(settings, "align.work_dir", str(tmp_path / "work"))
+    settings = with_value(settings, "target.tokenizer", str(d / "no_byte_level.json"))
+    settings = with_value(settings, "terms.enabled", False)
+    settings = with_value(settings, "eval.batch", 0)
+    config = tmp_path / "run.yaml"
+    where = write_config(config, settings)
+    p, _ = align_run(config)
+    assert p.returncode != 0 and f"run.yaml:{where['eval.batch']}" in p.stderr, p.stderr
+    assert "byte-level" not in p.stderr, p.stderr
 
 
 def test_latest_naming_no_checkpoint(setup, tmp_path):

@@ -178,6 +178,16 @@ Status check_run_config(const Config& c, const AlignRunOptions& options) {
     const std::string given_target = optional_string(c, "target.tokenizer");
     if (!given_target.empty())
         LATHE_RETURN_IF_ERROR(check_tokenizer(c, "target.tokenizer", given_target).status());
+    if (c.get_bool("terms.enabled")) {
+        // Stage 1 adds terms to the target tokenizer when given, else to the source's.
+        const char* key = given_target.empty() ? "source.tokenizer" : "target.tokenizer";
+        const Status ok = align_terms_check_tokenizer(c.get_string(key));
+        if (!ok.ok()) {
+            return ok.with_context(
+                fmt::format("{} (terms are added to it; terms.enabled: false uses it as it is)",
+                            where(c, key)));
+        }
+    }
     const std::string documents = optional_string(c, "eval.documents");
     if (!documents.empty()) {
         LATHE_RETURN_IF_ERROR(check_input_file(c, "eval.documents", documents,

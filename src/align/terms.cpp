@@ -634,7 +634,27 @@ int resolve_threads(int threads) {
     return std::max(1u, std::thread::hardware_concurrency());
 }
 
+// The source tokenizer.json as JSON, with the "added_tokens" array the terms are spliced into.
+Result<nlohmann::json> parse_source_json(const std::string& text, const std::string& path) {
+    nlohmann::json tok;
+    try {
+        tok = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+        return invalid_argument_error("{}: not valid JSON: {}", path, e.what());
+    }
+    if (!tok.is_object() || !tok.contains("added_tokens") || !tok["added_tokens"].is_array()) {
+        return invalid_argument_error("{}: not a tokenizer.json (no \"added_tokens\" array)", path);
+    }
+    return tok;
+}
+
 }  // namespace
+
+Status align_terms_check_tokenizer(const std::string& tokenizer_path) {
+    LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(tokenizer_path));
+    LATHE_ASSIGN_OR_RETURN(nlohmann::json tok, parse_source_json(text, tokenizer_path));
+    return load_pipeline(tok, tokenizer_path).status();
+}
 
 const char* terms_format_name(TermsFormat format) {
     switch (format) {
@@ -753,16 +773,8 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
     // The source: lathe's tokenizer (for piece counts and the final check) and its JSON (for the
     // text pipeline and as the base of the target file).
     LATHE_ASSIGN_OR_RETURN(std::string source_text, file_read_all(options.source_tokenizer));
-    nlohmann::json tok;
-    try {
-        tok = nlohmann::json::parse(source_text);
-    } catch (const nlohmann::json::exception& e) {
-        return invalid_argument_error("{}: not valid JSON: {}", options.source_tokenizer, e.what());
-    }
-    if (!tok.is_object() || !tok.contains("added_tokens") || !tok["added_tokens"].is_array()) {
-        return invalid_argument_error("{}: not a tokenizer.json (no \"added_tokens\" array)",
-                                      options.source_tokenizer);
-    }
+    LATHE_ASSIGN_OR_RETURN(nlohmann::json tok,
+                           parse_source_json(source_text, options.source_tokenizer));
     LATHE_ASSIGN_OR_RETURN(Tokenizer source,
                            Tokenizer::from_json(source_text, options.source_tokenizer));
     LATHE_ASSIGN_OR_RETURN(TextPipeline pipeline, load_pipeline(tok, options.source_tokenizer));

@@ -136,6 +136,11 @@ struct TermsReport {
 // max_ngram outside 1..3), cancellation. Outputs are written atomically, the stage manifest last.
 Result<TermsReport> align_terms_run(const TermsOptions& options);
 
+// The checks align_terms_run makes of its source tokenizer before reading any corpus: valid JSON
+// with an "added_tokens" array, and a ByteLevel pre-tokenizer without add_prefix_space. For
+// callers that check every input before starting (`lathe align run`).
+Status align_terms_check_tokenizer(const std::string& tokenizer_path);
+
 // The report paths for an output tokenizer path: "<dir>/<stem>.terms.tsv" and
 // "<dir>/<stem>.new_tokens.json" (stem = the file name without ".json").
 std::string align_terms_default_report(const std::string& output);
