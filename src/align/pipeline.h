@@ -66,11 +66,12 @@ struct AlignRunReport {
 // checked, each error naming the key and the file and line that set it: a configuration that
 // names no target (terms disabled and no target.tokenizer); a work_dir that is a file or cannot be
 // made; a corpus, terms, general or eval.documents file that is missing, a folder or unreadable;
-// a tokenizer that does not load; a source.checkpoint that does not resolve (a Hugging Face
-// folder, a lathe checkpoint or a run folder), whose config.json lathe cannot read, whose
-// embedding is smaller than source.tokenizer, or (with eval) that has no tokenizer.json or a
-// max_position_embeddings below eval.seq_len; a number out of its range; a `cuda` device on a
-// machine without a usable GPU. Then the errors of each stage.
+// a tokenizer that does not load, or (with terms) one stage 1 cannot add terms to (not byte-level,
+// or add_prefix_space); a source.checkpoint that does not resolve (resolve_checkpoint: a Hugging
+// Face or lathe checkpoint folder, a run folder, RUN/checkpoints, RUN/checkpoints/latest), whose
+// config.json lathe cannot read, whose embedding is smaller than source.tokenizer, or (with eval)
+// that has no tokenizer.json or a max_position_embeddings below eval.seq_len; a number out of its
+// range; a `cuda` device on a machine without a usable GPU. Then the errors of each stage.
 Result<AlignRunReport> align_run_pipeline(const Config& config, const AlignRunOptions& options);
 
 }  // namespace lathe
