@@ -2,7 +2,8 @@
 
 Checked here, through the `lathe` binary (LATHE_BIN):
   - every command that reads a checkpoint (`eval loss --checkpoint`, `convert INPUT_DIR`,
-    `train --set checkpoint.init_from=`, `align apply --checkpoint`) takes the checkpoint folder,
+    `train --set checkpoint.init_from=`, `align apply --checkpoint`, `align run`'s
+    source.checkpoint) takes the checkpoint folder,
     the run folder, its checkpoints/ folder and checkpoints/latest, and reads the same weights
     through each;
   - a path that names no checkpoint, a `latest` naming a missing folder, and a step folder whose
@@ -156,6 +157,55 @@ def test_align_apply_takes_every_checkpoint_form(made, tmp_path):
         assert data == written["step"], name
 
 
+def align_config(made, tmp_path, checkpoint):
+    """An `align run` configuration of small stages whose source model is `checkpoint`."""
+    docs = [json.loads(line)["text"] for line in (made / "c.jsonl").read_text().splitlines()[:40]]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    (tmp_path / "held.txt").write_text("\n".join(docs[:3]) + "\n")
+    (tmp_path / "general.txt").write_text("the cat sat on the mat\n" * 20)
+    config = tmp_path / "align.yaml"
+    config.write_text(f"""align:
+  work_dir: {tmp_path / "work"}
+  threads: 2
+source:
+  tokenizer: {made / "tok.json"}
+  checkpoint: {checkpoint}
+corpus:
+  inputs: [{tmp_path / "corpus.jsonl"}]
+terms:
+  top_k: 5
+  min_count: 2
+  general: [{tmp_path / "general.txt"}]
+embed:
+  dim: 8
+  iters: 1
+  min_count: 1
+  device: cpu
+map:
+  pivots: 20
+  device: cpu
+eval:
+  documents: {tmp_path / "held.txt"}
+  seq_len: 16
+  batch: 2
+  device: cpu
+""")
+    return config
+
+
+def test_align_run_takes_every_checkpoint_form(made, tmp_path):
+    written = {}
+    for name, path in forms(made).items():
+        d = tmp_path / name
+        d.mkdir()
+        run(["align", "run", align_config(made, d, path), "--no-progress"])
+        models = sorted((d / "work").rglob("model.safetensors"))
+        assert len(models) == 1, models
+        written[name] = models[0].read_bytes()
+    for name, data in written.items():
+        assert data == written["step"], name
+
+
 def test_paths_that_name_no_checkpoint(made, tmp_path):
     data = ["--data", made / "gc", "--seq-len", 8, "--batches", 1, "--device", "cpu"]
     fails(["eval", "loss", "--checkpoint", tmp_path / "nope", *data],
@@ -215,6 +265,10 @@ def test_step_folder_beyond_64_bits_is_an_error_not_a_crash(made, tmp_path):
            "--output", tmp_path / "aligned", "--init", "mean"], *needles)
     fails(["train", made / "tiny.yaml", "--run-dir", tmp_path / "other", "--set", f"checkpoint.init_from={run_dir}"],
           "checkpoint.init_from", *needles, rc=2)
+    (tmp_path / "a").mkdir()
+    fails(["align", "run", align_config(made, tmp_path / "a", run_dir), "--no-progress"], "source.checkpoint",
+          *needles)
+    assert not (tmp_path / "a" / "work").exists()
     # The marker still names a checkpoint precisely, whatever else the folder holds.
     p = run(["eval", "loss", "--checkpoint", run_dir / "checkpoints" / "latest", "--data", made / "gc",
              "--seq-len", 8, "--batches", 1, "--device", "cpu"])
