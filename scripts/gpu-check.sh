@@ -33,6 +33,7 @@
 #   GPU_CHECK_BIN     a folder holding lathe and the test binaries (no bundle is unpacked)
 #   GPU_CHECK_DEVICE  train.device of the resume part (default cuda)
 #   GPU_CHECK_RESUME_SETS  extra --set key=value words for the resume part's runs (a smaller model)
+#   GPU_CHECK_RESUME_STEPS, GPU_CHECK_RESUME_EVERY  its train.steps (300) and checkpoint.interval (20)
 #   GPU_CHECK_BUDGET  seconds the whole check may take (default 540: one 600 s device call)
 set -uo pipefail
 
@@ -223,7 +224,7 @@ last_logged_step() {
 
 part_resume() {
     have lathe || return
-    local d=$work/resume steps=300 every=20
+    local d=$work/resume steps=${GPU_CHECK_RESUME_STEPS:-300} every=${GPU_CHECK_RESUME_EVERY:-20}
     : >"$out/resume.txt"
     if ! resume_data "$d/data"; then
         fail "resume: could not make the training data (resume.txt)"

@@ -156,20 +156,19 @@ def test_no_bundle_fails(tmp_path):
     assert "ops_gpu_tests: binary missing" in verdict
 
 
-needs_lathe = pytest.mark.skipif(not os.access(LATHE, os.X_OK), reason=f"no lathe binary at {LATHE}")
 
 
-@needs_lathe
 def test_resume_part_passes_on_an_exact_resume(stub_bin, tmp_path):
     rc, verdict, stdout = check(stub_bin, tmp_path, "resume", GPU_CHECK_DEVICE="cpu",
-                                GPU_CHECK_RESUME_SETS=SMALL)
+                                GPU_CHECK_RESUME_SETS=SMALL, GPU_CHECK_RESUME_STEPS=40,
+                                GPU_CHECK_RESUME_EVERY=5)
     assert rc == 0, stdout
     assert verdict.startswith("gpu-check: PASS (resume exact on cpu (killed after step/checkpoint ")
 
 
-@needs_lathe
 def test_resume_part_fails_when_the_restart_trains_differently(stub_bin, tmp_path):
     rc, verdict, stdout = check(stub_bin, tmp_path, "resume", GPU_CHECK_DEVICE="cpu",
-                                GPU_CHECK_RESUME_SETS=SMALL, STUB_RESUME_LR="1.0e-3")
+                                GPU_CHECK_RESUME_SETS=SMALL, GPU_CHECK_RESUME_STEPS=40,
+                                GPU_CHECK_RESUME_EVERY=5, STUB_RESUME_LR="1.0e-3")
     assert rc == 1, stdout
     assert verdict.startswith("gpu-check: FAIL (resume: ")
