@@ -7,6 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
+
 #include "align/embed_test_util.h"
 #include "align/glove.h"
 
@@ -80,7 +83,18 @@ TEST(GloveCuda, HogwildReachesTheCpuCostAndNeighbours) {
         cpu_cost = glove_epoch_hogwild_cpu(cpu, p.entries, 0.05, 100.0, 1);
         gpu_cost = gpu.epoch(0.05, 100.0);
     }
-    // Hogwild's stale reads cost a little: within 30% of the sequential run.
+    // The arithmetic is pinned by OneWarpIsBitwiseTheSingleThreadCpuEpoch; the gap is the Hogwild
+    // schedule. Unlike skip-gram's positions, GloVe's entries are shuffled co-occurrence pairs, so
+    // the ~250 warps in flight update rows drawn across the 4000-id vocabulary: an entry's two
+    // rows (of W and of C) are also being written by another warp with a probability of about
+    // 2 x warps / V = 1/8 (the V / 16 cap in glove.cu), an unsynchronised read-modify-write that
+    // can lose one of the two updates. Nothing bounds the lost updates' effect on the cost from the
+    // arithmetic, so the tolerance is measured: the cap was set where the device cost came within
+    // 30% of the sequential run on this ring (docs/ALIGN.md: V / 4 warps gave 1.6x); GCIDE's 31k
+    // rows gave 0.0198 against 0.0191 (+4%). The line below prints every run's ratio so the GPU
+    // runs build up the distribution.
+    std::printf("[glove hogwild] %d warps: cost %.5f against the sequential %.5f (%.3fx)\n",
+                gpu.warps(), gpu_cost, cpu_cost, gpu_cost / cpu_cost);
     EXPECT_NEAR(gpu_cost, cpu_cost, 0.3 * cpu_cost);
     GloveModel back = glove_init(p.vocab.size(), D, 0);
     gpu.download(back);

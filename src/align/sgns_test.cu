@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "align/embed_test_util.h"
 #include "align/sgns.h"
 
@@ -76,9 +78,22 @@ TEST(SgnsCuda, HogwildReachesTheCpuLossAndNeighbours) {
         cpu_loss = sgns_epoch_hogwild_cpu(cpu, p.corpus, tables, o, e);
         gpu_loss = gpu.epoch(o, e);
     }
-    // Hogwild's stale reads cost something on this small, uniform vocabulary (every warp's
-    // negatives hit the same 4000 rows): on the H100, 0.120 against the sequential 0.087. On
-    // GCIDE under GPT-2 (31k rows, Zipfian) the final losses agree within 1% (docs/ALIGN.md).
+    // What the gap is: the arithmetic is pinned by OneWarpIsBitwiseTheSingleThreadCpuEpoch (one
+    // warp = one CPU thread, bit for bit), so any difference here is the Hogwild schedule. Warp k
+    // takes positions k, k + W, ... (sgns.cu), so the W ~ 250 warps in flight hold W consecutive
+    // corpus positions: about four of this corpus's 60-token documents at once. Each document is a
+    // random walk of steps +-1, +-2 on the ring, so its 60 positions visit only ~15-20 distinct
+    // ids; about 60 warps therefore update the in-rows of the same ~15-20 centres and the out-rows
+    // of the same contexts (window 3) concurrently. Those updates are unsynchronised
+    // read-modify-writes (out[t] += a h, in[w] += grad), so colliding updates can overwrite each
+    // other and part of the epoch's updates is lost: learning is slower and the loss after 10
+    // epochs higher. Nothing bounds that share from the arithmetic (it depends on warp timing), so
+    // the tolerance is measured: on the H100 the GPU loss was 0.120 against the sequential 0.087
+    // (1.38x); 1.5x allows that with room for run-to-run timing. The line below prints the ratio of
+    // every run, so further GPU runs add to the distribution. A schedule bug that did not depend on
+    // collisions (the learning-rate decay, the document bounds) would also break the one-warp test.
+    std::printf("[sgns hogwild] %d warps: loss %.4f against the sequential %.4f (%.3fx)\n",
+                gpu.warps(), gpu_loss, cpu_loss, gpu_loss / cpu_loss);
     EXPECT_NEAR(gpu_loss, cpu_loss, 0.5 * cpu_loss);
     SgnsModel back = sgns_init(p.vocab.size(), D, 0);
     gpu.download(back);
