@@ -50,10 +50,10 @@ NAMES = ["llama2", "llama3", "qwen3"]
 @functools.lru_cache(maxsize=None)
 def hf_tokenizer(name):
     """AutoTokenizer from the shared NAME.json and NAME.tokenizer_config.json."""
-    folder = Path(tempfile.mkdtemp(prefix=f"lathe_hf_{name}_"))
-    shutil.copy(SHARED / "tokenizers" / f"{name}.json", folder / "tokenizer.json")
-    shutil.copy(shared_config(name), folder / "tokenizer_config.json")
-    return AutoTokenizer.from_pretrained(str(folder))
+    with tempfile.TemporaryDirectory(prefix=f"lathe_hf_{name}_") as folder:
+        shutil.copy(SHARED / "tokenizers" / f"{name}.json", Path(folder) / "tokenizer.json")
+        shutil.copy(shared_config(name), Path(folder) / "tokenizer_config.json")
+        return AutoTokenizer.from_pretrained(folder)
 
 
 def hf_render(name, messages, add_generation_prompt=False, tools=None, kwargs=None,

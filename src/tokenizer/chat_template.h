@@ -2,8 +2,9 @@
 // Chat templates: a model's Jinja chat template (from tokenizer_config.json) rendered exactly as
 // Hugging Face transformers' `apply_chat_template` renders it (jinja2 ImmutableSandboxedEnvironment
 // with trim_blocks, lstrip_blocks, loopcontrols, HF's tojson/raise_exception/strftime_now), and a
-// conversation turned into token ids plus supervised fine-tuning labels the way GPT-NeoX's
-// tools/datasets/preprocess_data_with_chat_template.py builds them.
+// conversation turned into apply_chat_template's token ids plus supervised fine-tuning labels the
+// way GPT-NeoX's tools/datasets/preprocess_data_with_chat_template.py masks them (its end token
+// aside: see encode_with_labels).
 //
 // Conversations are nlohmann::ordered_json values (parse input with nlohmann::ordered_json::parse
 // so that key order survives: `tojson` in a template prints keys in input order, as Python does).
