@@ -5,7 +5,9 @@
 // activations, so the tolerances are bf16's (u = 2^-8) grown by the depth of the computation,
 // not fp32's. Also: packed documents, batches smaller than planned, checkpoints and optimizer
 // state read back from the device, and a step allocating nothing.
+// clang-format off
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+// clang-format on
 
 #include <gtest/gtest.h>
 
@@ -142,15 +144,22 @@ TEST_P(ModelGpu, OneTrainingStepMatchesTheCpuReference) {
     std::string worst;
     const double grad_err = worst_tensor_error(m.cpu, m.gpu, true, &worst);
     const float norm_cpu = m.cpu.grad_norm(), norm_gpu = m.gpu.grad_norm();
-    std::printf("[gpu-vs-cpu] %-9s loss %.6f vs %.6f (rel %.2e)  grad norm %.5f vs %.5f  worst "
-                "grad rel-L2 %.2e (%s)\n",
-                GetParam().name, loss_gpu, loss_cpu, std::abs(loss_gpu - loss_cpu) / loss_cpu,
-                norm_gpu, norm_cpu, grad_err, worst.c_str());
-    // The loss is an fp32/fp64 reduction of bf16-computed logits: a few u relative at most.
+    std::printf(
+        "[gpu-vs-cpu] %-9s loss %.6f vs %.6f (rel %.2e)  grad norm %.5f vs %.5f  worst "
+        "grad rel-L2 %.2e (%s)\n",
+        GetParam().name, loss_gpu, loss_cpu, std::abs(loss_gpu - loss_cpu) / loss_cpu, norm_gpu,
+        norm_cpu, grad_err, worst.c_str());
+    // The loss, an fp32/fp64 reduction of bf16-computed logits z: per token
+    // |dCE| = |sum_j p_j dz_j - dz_t| <= 2 (1 - p_t) max|dz|, so at initialisation (p_t ~ 1/V,
+    // CE ~ ln V ~ 5.8) the relative loss error is at most 2 max|dz| / ln V ~ 0.34 max|dz|. The
+    // initial logits are O(1) and carry a few u (u = 2^-8 = 3.9e-3) of absolute error, so
+    // 4e-3 = 1u relative allows max|dz| up to 3u.
     EXPECT_NEAR(loss_gpu, loss_cpu, 4e-3 * loss_cpu);
+    // Each gradient passes through about 10 bf16 roundings per layer, mostly independent: a
+    // random walk of sqrt(10 L) u = 1.7-2.1e-2 relative for these L = 2-3 layers. The whole
+    // vector's norm differs by at most the whole vector's error, |||a|| - ||b||| <= ||a - b||: the
+    // random-walk size, 2e-2; one tensor (small ones cancel more) 5e-2, 2.5 times it.
     EXPECT_NEAR(norm_gpu, norm_cpu, 2e-2 * norm_cpu);
-    // Each gradient passes through about 10 bf16 roundings per layer (u = 3.9e-3 each, mostly
-    // independent): 5e-2 relative is that, with room for cancellation in small tensors.
     EXPECT_LT(grad_err, 5e-2) << worst;
 
     // Logits (forward only), compared as a whole.
@@ -159,8 +168,24 @@ TEST_P(ModelGpu, OneTrainingStepMatchesTheCpuReference) {
     m.gpu.logits(lg.view(), ModelBatch{tok.view(), {}, {}, {}});
     const double logit_err = rel_l2(lg.as<float>(), lc.as<float>(), lc.view().numel());
     std::printf("[gpu-vs-cpu] %-9s logits rel-L2 %.2e\n", GetParam().name, logit_err);
+    // The forward's share of the roundings above (about half), and one more for the logits:
+    // sqrt(5 L + 1) u = 1.3-1.6e-2; 2e-2.
     EXPECT_LT(logit_err, 2e-2);
 }
+
+// How far two AdamW runs drift apart when their gradients differ. AdamW's step per element,
+// lr m / (sqrt(v) + eps), does not scale with the gradient: an element whose gradient is smaller
+// than the gradient error may step the other way, a difference of up to 2 lr however small the
+// error. So a gradient error of relative size s (rel-L2 per tensor) flips a share of elements
+// proportional to s, and after a few steps the parameters differ by ~ sqrt(s), not ~ s.
+// Measured on the CPU (bench/adamw_drift.cpp: the CPU model stepped twice from the same start,
+// once with Gaussian noise of rel-L2 s on every nonzero gradient element of every tensor; this
+// test's protocol, 5 families x 10 noise seeds, s = 3e-4 .. 2.6e-2): the parameter rel-L2 after
+// 8 steps stays below 0.48 sqrt(s) and the step losses' relative difference below
+// 0.075 sqrt(s); mistral drifts no more than the others (0.20-0.40 sqrt(s)). The tolerances take
+// those envelopes with 25-35% room, s being the GPU's own gradient error at step 1 (identical
+// parameters, so arithmetic alone), its worst tensor taken for every tensor.
+constexpr double kParamDrift = 0.6, kStepLossDrift = 0.1;
 
 TEST_P(ModelGpu, LossesTrackTheCpuOverAdamWSteps) {
     const ModelConfig c = parse(GetParam().json);
@@ -169,6 +194,7 @@ TEST_P(ModelGpu, LossesTrackTheCpuOverAdamWSteps) {
     ASSERT_TRUE(m.gpu.enable_optimizer().ok());
     const AdamWHyper hyper;
     std::vector<float> lc, lg;
+    double grad_err = 0;  // the worst tensor's gradient rel-L2 at step 1
     for (int step = 1; step <= 8; ++step) {
         const HostTensor tok = random_ids(kB, kT, c.vocab_size, 100 + step % 2, false);
         HostTensor tgt(DType::kI32, Shape{kB, kT});  // next token of the (repeating) batch
@@ -181,14 +207,23 @@ TEST_P(ModelGpu, LossesTrackTheCpuOverAdamWSteps) {
             model->zero_grads();
             const float loss = model->forward_backward(batch);
             (model == &m.cpu ? lc : lg).push_back(loss);
+        }
+        if (step == 1) {
+            std::string worst;
+            grad_err = worst_tensor_error(m.cpu, m.gpu, true, &worst);
+        }
+        for (Model* model : {&m.cpu, &m.gpu}) {
             model->grad_norm();
             model->optimizer_step(model->adamw_segments(3e-3, 0.1), hyper, step, 1.0f);
         }
     }
+    // Each step's loss: the one-step bound (4e-3, OneTrainingStepMatchesTheCpuReference) plus the
+    // drift of the parameters (kStepLossDrift sqrt(s)).
+    const double loss_tol = 4e-3 + kStepLossDrift * std::sqrt(grad_err);
     for (size_t i = 0; i < lc.size(); ++i) {
-        std::printf("[gpu-vs-cpu] %-9s step %zu loss %.5f vs %.5f\n", GetParam().name, i + 1,
-                    lg[i], lc[i]);
-        EXPECT_NEAR(lg[i], lc[i], 2e-2 * lc[i]) << "step " << i + 1;
+        std::printf("[gpu-vs-cpu] %-9s step %zu loss %.5f vs %.5f\n", GetParam().name, i + 1, lg[i],
+                    lc[i]);
+        EXPECT_NEAR(lg[i], lc[i], loss_tol * lc[i]) << "step " << i + 1;
     }
     EXPECT_LT(lg.back(), lg.front() - 0.3f) << "the GPU model did not learn the repeated batches";
     // The masters moved as the CPU's did; the bf16 copy (what the next forward reads) follows.
@@ -201,9 +236,13 @@ TEST_P(ModelGpu, LossesTrackTheCpuOverAdamWSteps) {
     std::vector<float> host(size_t(pg.numel()));
     cuda_copy_sync(TensorView(host.data(), DType::kF32, pg.shape()), pg, state_->stream());
     const double param_err = rel_l2(host.data(), pc.as<float>(), pc.numel());
-    std::printf("[gpu-vs-cpu] %-9s parameters after 8 steps: rel-L2 %.2e (worst tensor %.2e, %s)\n",
-                GetParam().name, param_err, worst_err, worst.c_str());
-    EXPECT_LT(param_err, 2.5e-2);
+    const double param_tol = kParamDrift * std::sqrt(grad_err);
+    std::printf(
+        "[gpu-vs-cpu] %-9s parameters after 8 steps: rel-L2 %.2e (worst tensor %.2e, %s); "
+        "step-1 gradient error %.2e: allowed %.2e, step losses %.2e relative\n",
+        GetParam().name, param_err, worst_err, worst.c_str(), grad_err, param_tol, loss_tol);
+    EXPECT_LT(grad_err, 5e-2);  // OneTrainingStepMatchesTheCpuReference's bound
+    EXPECT_LT(param_err, param_tol);
     // Optimizer state reads back from the device and round-trips.
     const size_t n = size_t(m.gpu.params_flat().numel());
     std::vector<float> m1(n), v1(n), m2(n), v2(n);
@@ -295,8 +334,8 @@ TEST_P(ModelGpu, AsyncMicroBatchesGiveTheSameBitsAsSyncOnes) {
     m->zero_grads();
     std::vector<float> want;
     for (int k = 0; k < kMicro; ++k)
-        want.push_back(m->forward_backward(ModelBatch{tok[k].view(), tgt[k].view(), {}, {}},
-                                           1.0f / kMicro));
+        want.push_back(
+            m->forward_backward(ModelBatch{tok[k].view(), tgt[k].view(), {}, {}}, 1.0f / kMicro));
     const std::vector<float> want_grads = grads();
     m->zero_grads();
     HostTensor t(DType::kI32, Shape{kB, kT}), y(DType::kI32, Shape{kB, kT});
