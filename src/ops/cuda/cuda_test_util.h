@@ -49,7 +49,10 @@ inline constexpr Tolerance kBf16Sum{2 * kBf16Unit, 2 * kBf16Unit, 2 * kBf16Unit}
 // of each term plus one of the result.
 inline constexpr Tolerance kBf16Derived{4 * kBf16Unit, 4 * kBf16Unit, 3 * kBf16Unit};
 // fp32 results from the same bf16 inputs, summed in another order (tensor cores, tree
-// reductions) than the CPU's fp32/fp64 loops: far tighter than any bf16 rounding.
+// reductions) than the CPU's fp32/fp64 loops. Two orders of K fp32 terms differ by a random walk
+// of about sqrt(K) 2^-24 of the terms' scale (under 4e-6 for K <= 4096; the worst case,
+// 2 K 2^-24, is 5e-4 there but needs every rounding to fall the same way): 1e-4 relative / 1e-5
+// of scale is 25x the random walk and 40x under one bf16 rounding.
 inline constexpr Tolerance kF32Sum{1e-4, 1e-5, 1e-5};
 
 // A device tensor that owns its memory.
@@ -145,8 +148,7 @@ inline ::testing::AssertionResult matches(const HostTensor& got, const HostTenso
                               std::to_string(worst_i >= 0 ? r[worst_i] : 0.0f) + "; scale " +
                               std::to_string(scale) + "; norm error " + std::to_string(norm_err) +
                               ")";
-    if (worst > 0.0)
-        return ::testing::AssertionFailure() << "element beyond tolerance" << where;
+    if (worst > 0.0) return ::testing::AssertionFailure() << "element beyond tolerance" << where;
     if (norm_err > tol.norm)
         return ::testing::AssertionFailure() << "norm error > " << tol.norm << where;
     return ::testing::AssertionSuccess() << where;
@@ -155,7 +157,8 @@ inline ::testing::AssertionResult matches(const HostTensor& got, const HostTenso
 // Same bytes (bitwise equality, the determinism and exactness checks).
 inline ::testing::AssertionResult bitwise_equal(const HostTensor& a, const HostTensor& b) {
     if (a.numel() != b.numel() || a.view().dtype() != b.view().dtype())
-        return ::testing::AssertionFailure() << a.view().to_string() << " vs " << b.view().to_string();
+        return ::testing::AssertionFailure()
+               << a.view().to_string() << " vs " << b.view().to_string();
     const auto* x = static_cast<const unsigned char*>(a.view().data());
     const auto* y = static_cast<const unsigned char*>(b.view().data());
     const size_t bytes = a.view().bytes();

@@ -2,12 +2,12 @@
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
 
-// The block's fusions (docs/CUDA.md, "Fusions in the block") at the issue's two shapes, fused
-// against the unfused sequence they replace, on the same device inputs: the outputs must agree
-// within bf16 tolerances (a model-sized correctness check the small tests do not reach), and the
-// median time of each variant is printed ("[fusion] ..." lines), so one GPU run tells whether
-// each fusion pays. The unfused baselines call the separate kernels directly (plain GEMMs, the
-// gelu kernels, the column reduction), i.e. the code path before the fusions.
+// The block's fusions (docs/CUDA.md, "Fusions in the block") at the two training shapes (GPT-2
+// 124M, Llama-1B), fused against the unfused sequence they replace, on the same device inputs: the
+// outputs must agree within bf16 tolerances (a model-sized correctness check the small tests do not
+// reach), and the median time of each variant is printed ("[fusion] ..." lines), so one GPU run
+// tells whether each fusion pays. The unfused baselines call the separate kernels directly (plain
+// GEMMs, the gelu kernels, the column reduction), i.e. the code path before the fusions.
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>

@@ -171,6 +171,8 @@ TEST(CudaGradNorm, MatchesCpuAndClips) {
     DeviceTensor norm = device_tensor(DType::kF32, {1}, state);
     grad_norm_l2(norm.view, dev_c, gpu);
     const HostTensor norm_gpu = download_f32(norm.view, state);
+    // Both sum the squares in fp64 (an error near 2^-53 relative) and round the root to fp32 once
+    // (2^-24 = 6e-8): they agree within an ulp or two; 1e-6 is 16 ulps.
     EXPECT_NEAR(norm_gpu.as<float>()[0], norm_ref.as<float>()[0], 1e-6 * norm_ref.as<float>()[0]);
 
     // A max_norm above the norm leaves the gradients alone.
@@ -178,7 +180,9 @@ TEST(CudaGradNorm, MatchesCpuAndClips) {
     for (size_t i = 0; i < sizes.size(); ++i)
         EXPECT_TRUE(bitwise_equal(download_f32(dev[i].view, state), host[i]));
 
-    // Below it, every gradient is scaled as the CPU scales it.
+    // Below it, every gradient is scaled as the CPU scales it: the coefficient
+    // max_norm / (norm + 1e-6) from norms an ulp or two apart, then one fp32 product: a few ulps,
+    // within 1e-6 relative.
     const float max_norm = 0.25f * norm_ref.as<float>()[0];
     grad_clip_by_norm(host_m, norm_ref.view(), max_norm, cpu);
     grad_clip_by_norm(dev_m, norm.view, max_norm, gpu);
