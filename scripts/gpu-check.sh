@@ -46,6 +46,7 @@ parts=("$@")
 work=$(mktemp -d /tmp/gpu-check.XXXXXX)
 out=$work/logs
 mkdir -p "$out" "$final_out"
+final_out=$(cd "$final_out" && pwd)
 device=${GPU_CHECK_DEVICE:-cuda}
 deadline=$((SECONDS + ${GPU_CHECK_BUDGET:-540}))
 cd "$root" || exit 1
