@@ -60,6 +60,15 @@ case $1 in
     if [[ -n ${STUB_RESUME_LR:-} && -d $run/checkpoints ]] && compgen -G "$run/checkpoints/step-*" >/dev/null; then
       extra=(--set "optimizer.lr=$STUB_RESUME_LR")
     fi
+    # STUB_CORRUPT_FINAL: one byte of the reference run's final model.safetensors changes (the
+    # reference is never killed, so it may run as a child; the killed run must be exec'd, or
+    # SIGKILL would reach this script and leave lathe running).
+    if [[ -n ${STUB_CORRUPT_FINAL:-} && $run == */reference ]]; then
+      "$REAL_LATHE" "$@" || exit
+      f=$(ls -d "$run"/checkpoints/step-* | sort | tail -1)/model.safetensors
+      printf '\x7f' | dd of="$f" bs=1 seek=$(($(stat -c %s "$f") - 1)) conv=notrunc status=none
+      exit 0
+    fi
     exec "$REAL_LATHE" "$@" "${extra[@]}" ;;
   *) exec "$REAL_LATHE" "$@" ;;
 esac
@@ -160,15 +169,23 @@ def test_no_bundle_fails(tmp_path):
 
 def test_resume_part_passes_on_an_exact_resume(stub_bin, tmp_path):
     rc, verdict, stdout = check(stub_bin, tmp_path, "resume", GPU_CHECK_DEVICE="cpu",
-                                GPU_CHECK_RESUME_SETS=SMALL, GPU_CHECK_RESUME_STEPS=40,
-                                GPU_CHECK_RESUME_EVERY=5)
+                                GPU_CHECK_RESUME_SETS=SMALL, GPU_CHECK_RESUME_STEPS=160,
+                                GPU_CHECK_RESUME_EVERY=10)
     assert rc == 0, stdout
     assert verdict.startswith("gpu-check: PASS (resume exact on cpu (killed after step/checkpoint ")
 
 
 def test_resume_part_fails_when_the_restart_trains_differently(stub_bin, tmp_path):
     rc, verdict, stdout = check(stub_bin, tmp_path, "resume", GPU_CHECK_DEVICE="cpu",
-                                GPU_CHECK_RESUME_SETS=SMALL, GPU_CHECK_RESUME_STEPS=40,
-                                GPU_CHECK_RESUME_EVERY=5, STUB_RESUME_LR="1.0e-3")
+                                GPU_CHECK_RESUME_SETS=SMALL, GPU_CHECK_RESUME_STEPS=160,
+                                GPU_CHECK_RESUME_EVERY=10, STUB_RESUME_LR="1.0e-3")
     assert rc == 1, stdout
     assert verdict.startswith("gpu-check: FAIL (resume: ")
+
+
+def test_resume_part_fails_when_the_final_checkpoint_differs(stub_bin, tmp_path):
+    rc, verdict, stdout = check(stub_bin, tmp_path, "resume", GPU_CHECK_DEVICE="cpu",
+                                GPU_CHECK_RESUME_SETS=SMALL, GPU_CHECK_RESUME_STEPS=160,
+                                GPU_CHECK_RESUME_EVERY=10, STUB_CORRUPT_FINAL="1")
+    assert rc == 1, stdout
+    assert "resume: step-00000160 differs from the uninterrupted run's in model.safetensors" in verdict
