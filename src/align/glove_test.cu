@@ -89,9 +89,9 @@ TEST(GloveCuda, HogwildReachesTheCpuCostAndNeighbours) {
     // rows (of W and of C) are also being written by another warp with a probability of about
     // 2 x warps / V = 1/8 (the V / 16 cap in glove.cu), an unsynchronised read-modify-write that
     // can lose one of the two updates. Nothing bounds the lost updates' effect on the cost from the
-    // arithmetic, so the tolerance is measured: the cap was set where the device cost came within
-    // 30% of the sequential run on this ring (docs/ALIGN.md: V / 4 warps gave 1.6x); GCIDE's 31k
-    // rows gave 0.0198 against 0.0191 (+4%). The line below prints every run's ratio so the GPU
+    // arithmetic, so the tolerance is measured: the V / 16 cap is where the device cost comes
+    // within 30% of the sequential run on this ring (docs/ALIGN.md: V / 4 warps gave 1.6x); GCIDE's
+    // 31k rows gave 0.0198 against 0.0191 (+4%). The line below prints every run's ratio so the GPU
     // runs build up the distribution.
     std::printf("[glove hogwild] %d warps: cost %.5f against the sequential %.5f (%.3fx)\n",
                 gpu.warps(), gpu_cost, cpu_cost, gpu_cost / cpu_cost);

@@ -88,10 +88,11 @@ TEST(SgnsCuda, HogwildReachesTheCpuLossAndNeighbours) {
     // read-modify-writes (out[t] += a h, in[w] += grad), so colliding updates can overwrite each
     // other and part of the epoch's updates is lost: learning is slower and the loss after 10
     // epochs higher. Nothing bounds that share from the arithmetic (it depends on warp timing), so
-    // the tolerance is measured: on the H100 the GPU loss was 0.120 against the sequential 0.087
-    // (1.38x); 1.5x allows that with room for run-to-run timing. The line below prints the ratio of
-    // every run, so further GPU runs add to the distribution. A schedule bug that did not depend on
-    // collisions (the learning-rate decay, the document bounds) would also break the one-warp test.
+    // the tolerance is measured: on the H100, the GPU loss 0.120 against the sequential
+    // 0.087 (1.38x); 1.5x allows that with room for run-to-run timing. The line below prints the
+    // ratio of every run, so further GPU runs add to the distribution. A schedule bug that did not
+    // depend on collisions (the learning-rate decay, the document bounds) would also break the
+    // one-warp test.
     std::printf("[sgns hogwild] %d warps: loss %.4f against the sequential %.4f (%.3fx)\n",
                 gpu.warps(), gpu_loss, cpu_loss, gpu_loss / cpu_loss);
     EXPECT_NEAR(gpu_loss, cpu_loss, 0.5 * cpu_loss);
