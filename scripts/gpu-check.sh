@@ -105,7 +105,7 @@ part_doctor() {
     have lathe || return
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm \
         --format=csv >"$out/doctor.txt" 2>&1
-    "$lathe" doctor >>"$out/doctor.txt" 2>&1
+    timeout "$(limit 120)" "$lathe" doctor >>"$out/doctor.txt" 2>&1
     timeout "$(limit 120)" "$lathe" doctor --json >"$out/doctor.json" 2>>"$out/doctor.txt"
     local rc=$? status
     status=$(json_field "$out/doctor.json" status)
@@ -127,7 +127,7 @@ gtest_verdict() {
     if [[ -z $ran ]]; then
         local why="exit $rc"
         ((rc == 124)) && why="timed out"
-        fail "$t: no summary ($why; last line: $(tail -1 "$log" | cut -c1-160))"
+        fail "$t: no summary ($why; last line: $(grep -v '^rc=' "$log" | tail -1 | cut -c1-160))"
     elif [[ $rc -eq 0 && ${passed:-0} -eq $ran && $ran -gt 0 && $failed -eq 0 && $skipped -eq 0 ]]; then
         pass "$t $passed/$ran"
     else
@@ -282,6 +282,8 @@ part_resume() {
         fail "resume: the restarted run failed (resume.txt)"
         return
     fi
+    cp "$d/reference/metrics.jsonl" "$out/resume_reference.jsonl" 2>/dev/null
+    cp "$run/metrics.jsonl" "$out/resume_killed.jsonl" 2>/dev/null
     local diff
     diff=$(python3 - "$d/reference/metrics.jsonl" "$run/metrics.jsonl" <<'EOF'
 import json, sys
