@@ -278,7 +278,8 @@ Result<IndexHeader> indexed_read_header(const std::string& idx_path) {
     const uint8_t* p = idx.data();
     const uint64_t n = idx.size();
     const size_t magic_seen = std::min<uint64_t>(n, kIndexMagic.size());
-    if (std::memcmp(p, kIndexMagic.data(), magic_seen) != 0 || n == 0) {
+    // An empty file maps to no address: test its size before comparing bytes.
+    if (n == 0 || std::memcmp(p, kIndexMagic.data(), magic_seen) != 0) {
         if (n >= 8 && std::memcmp(p, "TNTIDX\0\0", 8) == 0) {
             return invalid_argument_error(
                 "{}: is a fairseq/Megatron 'lazy'/'cached' IndexedDataset (magic TNTIDX); lathe "

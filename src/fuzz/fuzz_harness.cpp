@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <mutex>
 #include <thread>
@@ -311,6 +312,19 @@ FuzzReport fuzz_run(const FuzzTarget& target) {
         return true;
     };
 
+    // Replay: one saved input instead of the seeds and mutants.
+    if (const char* replay = std::getenv("LATHE_FUZZ_REPLAY"); replay != nullptr && *replay) {
+        std::ifstream in(replay, std::ios::binary);
+        const std::string input((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+        Status s;
+        if (run_one(input, s)) {
+            fmt::print(stderr, "lathe fuzz: {}: {} ({} bytes): {}\n", target.name, replay,
+                       input.size(), s.ok() ? "accepted" : s.to_string());
+        }
+        report.seconds = elapsed();
+        return report;
+    }
     std::vector<std::string> pool;
     for (const std::string& seed : target.seeds) {
         Status s;

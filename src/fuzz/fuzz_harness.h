@@ -20,6 +20,8 @@
 //   LATHE_FUZZ_SEED      seed of the mutation sequence (default 1; the same seed gives the same
 //                        inputs, though a time budget may stop at a different input)
 //   LATHE_FUZZ_HANG_SECONDS  one input running longer than this is a hang (default 20)
+//   LATHE_FUZZ_REPLAY    a saved input (e.g. a crash file) to run alone, for every target run;
+//                        pick the target with --gtest_filter
 
 #include <cstdint>
 #include <functional>

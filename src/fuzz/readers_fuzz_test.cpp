@@ -74,6 +74,7 @@ Status write_bytes(const std::string& path, std::string_view bytes) {
 
 void expect_clean(const FuzzReport& r, const std::string& name) {
     EXPECT_TRUE(r.failure.empty()) << r.failure;
+    if (std::getenv("LATHE_FUZZ_REPLAY") != nullptr) return;
     // The mutants must reach both verdicts, or the target tests nothing past its first check.
     EXPECT_GT(r.runs, r.accepted) << name << ": no mutated input was rejected";
     std::printf("%s: %llu inputs (%llu accepted) in %.1f s, seed %llu\n", name.c_str(),
@@ -163,12 +164,10 @@ TEST(Fuzz, TokenizerJson) {
                     "\"content\": \"<s>\"",
                     "\"single\"",
                     "\"pair\""};
-    const std::vector<std::string> texts = {"Hello world, it's 2026!",
-                                            "  tabs\tand\nnewlines ",
-                                            "naïve café — 日本語 🙂",
-                                            "<|endoftext|><s></s>",
-                                            std::string("\xff\xfe bad utf8", 13),
-                                            ""};
+    const std::vector<std::string> texts = {
+        "Hello world, it's 2026!",         "  tabs\tand\nnewlines ",
+        "naïve café — 日本語 🙂", "<|endoftext|><s></s>",
+        std::string("\xff\xfe bad utf8"),  ""};
     t.run = [&](std::string_view input) -> Status {
         LATHE_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_json(input, "fuzz.json"));
         for (const std::string& text : texts) {
