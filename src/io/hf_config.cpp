@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -593,6 +594,12 @@ Result<HfModelConfig> hf_config_parse(std::string_view json_text, const std::str
         }
         std::optional<int64_t> n_inner;
         LATHE_RETURN_IF_ERROR(r.opt_int_key("n_inner", &n_inner, 1));
+        if (!n_inner && c.hidden_size > std::numeric_limits<int64_t>::max() / 4) {
+            return invalid_argument_error(
+                "{}: key 'n_embd' ({}) is too large: the default n_inner, 4 * n_embd, does not "
+                "fit a 64-bit integer",
+                source, c.hidden_size);
+        }
         c.intermediate_size = n_inner ? *n_inner : 4 * c.hidden_size;
     } else {
         LATHE_RETURN_IF_ERROR(r.int_key(k.hidden_size, &c.hidden_size));

@@ -446,6 +446,9 @@ TEST(HfConfig, TransformersFiveSpelling) {
 }
 
 TEST(HfConfig, ErrorsNameTheKey) {
+    expect_error(R"({"model_type": "gpt2", "n_embd": 9223372036854775807})",
+                 StatusCode::kInvalidArgument,
+                 "key 'n_embd' (9223372036854775807) is too large: the default n_inner");
     expect_error("{\"model_type\": \"llama\",", StatusCode::kInvalidArgument, "not valid JSON");
     expect_error("[1]", StatusCode::kInvalidArgument, "must be a JSON object");
     expect_error(R"({"hidden_size": 8})", StatusCode::kInvalidArgument,
