@@ -30,7 +30,8 @@
 //     -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -O1 -g" \
 //     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
 //   ninja -C build-asan fuzz_tests
-//   LATHE_FUZZ_SECONDS=30 ASAN_OPTIONS=abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+//   LATHE_FUZZ_SECONDS=30 ASAN_OPTIONS=abort_on_error=1 \
+//     UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1 \
 //     build-asan/fuzz_tests
 
 #include <cstdint>
