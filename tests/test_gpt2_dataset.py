@@ -52,7 +52,7 @@ def run_lathe(tmp_path, spec, tag="run"):
     spec_path.write_text(json.dumps(spec))
     env = dict(os.environ, LATHE_GPT2_DATASET_SPEC=str(spec_path))
     proc = subprocess.run(
-        [str(driver), "--gtest_filter=Gpt2DatasetDriver.*"],
+        [str(driver), "--gtest_also_run_disabled_tests", "--gtest_filter=Gpt2DatasetDriver.*"],
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

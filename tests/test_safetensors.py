@@ -42,7 +42,7 @@ NUMPY_DTYPE = {
 def run_io_test(name, env):
     assert IO_TESTS.exists(), f"{IO_TESTS} is missing: build the io_tests target"
     proc = subprocess.run(
-        [str(IO_TESTS), f"--gtest_filter=SafetensorsInterop.{name}"],
+        [str(IO_TESTS), "--gtest_also_run_disabled_tests", f"--gtest_filter=SafetensorsInterop.DISABLED_{name}"],
         env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
     return proc
 
@@ -270,7 +270,8 @@ HF_CLASSES = {"llama-3.2-1b": "LlamaConfig", "qwen2-0.5b": "Qwen2Config",
 @pytest.fixture(scope="module")
 def lathe_configs(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf_configs")
-    proc = subprocess.run([str(IO_TESTS), "--gtest_filter=HfConfigInterop.WriteForPython"],
+    proc = subprocess.run([str(IO_TESTS), "--gtest_also_run_disabled_tests",
+                           "--gtest_filter=HfConfigInterop.DISABLED_WriteForPython"],
                           env={**os.environ, "LATHE_HF_CONFIG_DIR": str(out)},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "[  PASSED  ] 1 test" in proc.stdout, proc.stdout + proc.stderr

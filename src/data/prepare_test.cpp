@@ -56,7 +56,7 @@ std::string numbered_jsonl(int n) {
 }
 
 TEST(Prepare, OrderIsKeptWithManyThreadsAndTinyBatches) {
-    if (!std::filesystem::exists(kGpt2)) GTEST_SKIP() << "no " << kGpt2;
+    ASSERT_TRUE(std::filesystem::exists(kGpt2)) << "no " << kGpt2 << " (required test data: ../shared, scripts/install-deps.sh)";
     const std::string src = write_file("numbered.jsonl", numbered_jsonl(3000));
     PrepareOptions one = options({src}, "one");
     one.threads = 1;
@@ -93,7 +93,7 @@ TEST(Prepare, OrderIsKeptWithManyThreadsAndTinyBatches) {
 }
 
 TEST(Prepare, FirstBadRecordInInputOrderIsReportedWithFileAndLine) {
-    if (!std::filesystem::exists(kGpt2)) GTEST_SKIP() << "no " << kGpt2;
+    ASSERT_TRUE(std::filesystem::exists(kGpt2)) << "no " << kGpt2 << " (required test data: ../shared, scripts/install-deps.sh)";
     std::string body = numbered_jsonl(500);
     body += "{\"text\": 5}\n";  // line 501
     body += numbered_jsonl(500);
@@ -120,7 +120,7 @@ TEST(Prepare, FirstBadRecordInInputOrderIsReportedWithFileAndLine) {
 }
 
 TEST(Prepare, CancelledRunLeavesNothing) {
-    if (!std::filesystem::exists(kGpt2)) GTEST_SKIP() << "no " << kGpt2;
+    ASSERT_TRUE(std::filesystem::exists(kGpt2)) << "no " << kGpt2 << " (required test data: ../shared, scripts/install-deps.sh)";
     const std::string src = write_file("cancel.jsonl", numbered_jsonl(2000));
     std::atomic<bool> cancel{true};
     PrepareOptions o = options({src}, "cancelled");
@@ -135,7 +135,7 @@ TEST(Prepare, CancelledRunLeavesNothing) {
 }
 
 TEST(Prepare, EodResolution) {
-    if (!std::filesystem::exists(kLlama3)) GTEST_SKIP() << "no " << kLlama3;
+    ASSERT_TRUE(std::filesystem::exists(kLlama3)) << "no " << kLlama3 << " (required test data: ../shared, scripts/install-deps.sh)";
     auto gpt2 = Tokenizer::load(kGpt2);
     auto llama3 = Tokenizer::load(kLlama3);
     ASSERT_TRUE(gpt2.ok() && llama3.ok());
