@@ -330,7 +330,7 @@ def render(tmp_path, template, messages):
 
 
 def jinja2_render(template, messages):
-    jinja2 = pytest.importorskip("jinja2")
+    import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string(template).render(messages=messages)

@@ -137,7 +137,12 @@ Result<AlignTokenizer> align_load_tokenizer(const std::string& path) {
     AlignTokenizer out{std::move(tok), path};
     Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return invalid_argument_error("{}: not a JSON object", path);
-    const int32_t V = out.tokenizer.vocab_size();
+    // Stages index per-id tables with int32 ids.
+    if (out.tokenizer.vocab_size() > std::numeric_limits<int32_t>::max()) {
+        return invalid_argument_error("{}: its largest token id is {}; align's per-id tables hold at most 2^31 - 1 ids",
+                                      path, out.tokenizer.vocab_size() - 1);
+    }
+    const int32_t V = static_cast<int32_t>(out.tokenizer.vocab_size());
     out.added.assign(size_t(V), 0);
     out.special.assign(size_t(V), 0);
     if (auto a = j.find("added_tokens"); a != j.end() && a->is_array()) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "core/log.h"
 #include "data/gpt2_dataset.h"
@@ -170,6 +171,13 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
                             {"checkpoint.keep_last", 0},
                             {"model.make_vocab_size_divisible_by", 1}}) {
         LATHE_RETURN_IF_ERROR(require_at_least(c, key, min));
+    }
+    // Settings held as int: larger values are refused, not truncated.
+    for (std::string_view key : {"train.threads", "checkpoint.keep_last"}) {
+        if (c.get_int(key) > std::numeric_limits<int>::max()) {
+            return invalid_argument_error("{}: '{}' must be at most {}, got {}", c.source_of(key), key,
+                                          std::numeric_limits<int>::max(), c.get_int(key));
+        }
     }
     s.steps = c.get_int("train.steps");
     s.micro_batch = c.get_int("train.micro_batch_size");
