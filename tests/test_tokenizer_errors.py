@@ -345,7 +345,7 @@ def test_wrong_kind_of_file_names_it_and_what_was_expected(kind, command, tmp_pa
     assert err.startswith("lathe: error: "), err
     assert str(path) in err and says in err, err
     assert "expected a Hugging Face tokenizer.json" in err, err
-    if command == "tokenize":
+    if command != "tokenizer info":
         assert err.startswith("lathe: error: --tokenizer: "), err
     assert "last read" not in err and "terminate" not in err, err
     assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "out.bin").exists()

@@ -144,8 +144,9 @@ Status run_chat(const ChatArgs& args, bool encode) {
     LATHE_ASSIGN_OR_RETURN(ChatTemplate tmpl, load_template(args));
     std::optional<Tokenizer> tokenizer;
     if (encode) {
-        LATHE_ASSIGN_OR_RETURN(Tokenizer t, Tokenizer::load(args.tokenizer));
-        tokenizer.emplace(std::move(t));
+        Result<Tokenizer> loaded = Tokenizer::load(args.tokenizer);
+        if (!loaded.ok()) return loaded.status().with_context("--tokenizer");
+        tokenizer.emplace(std::move(loaded).value());
     }
     Json default_kwargs;
     if (!args.kwargs.empty()) {

@@ -620,7 +620,9 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
                                options.output_prefix, out_dir);
     }
 
-    LATHE_ASSIGN_OR_RETURN(const Tokenizer tokenizer, Tokenizer::load(options.tokenizer_path));
+    Result<Tokenizer> loaded = Tokenizer::load(options.tokenizer_path);
+    if (!loaded.ok()) return loaded.status().with_context("--tokenizer");
+    const Tokenizer tokenizer = std::move(loaded).value();
     PrepareReport report;
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     report.threads = options.threads > 0 ? options.threads : hw;
