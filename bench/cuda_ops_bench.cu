@@ -118,8 +118,7 @@ struct Bench {
         LATHE_CUDA_CHECK(cudaEventDestroy(stop));
         std::sort(ms.begin(), ms.end());
         const double median = ms[ms.size() / 2];
-        const double floor_ms =
-            std::max(bytes / copy_bytes_per_s, flops / gemm_flops_per_s) * 1e3;
+        const double floor_ms = std::max(bytes / copy_bytes_per_s, flops / gemm_flops_per_s) * 1e3;
         std::printf("| %-34s | %-26s | %9.3f | %9.3f | %5.2f | %8.0f | %7.1f |\n", name.c_str(),
                     shape.c_str(), median, floor_ms, median / floor_ms,
                     bytes / (median * 1e-3) / 1e9, flops / (median * 1e-3) / 1e12);
@@ -138,8 +137,8 @@ TensorView embedding_ids(Bench& b, Shape shape, int64_t V, bool text_like, int64
     for (int32_t& id : ids) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         const double u = double(x >> 11) / 9007199254740992.0;  // [0, 1)
-        const int64_t v = text_like ? int64_t(std::floor(std::pow(double(V), u))) - 1
-                                    : int64_t(u * double(V));
+        const int64_t v =
+            text_like ? int64_t(std::floor(std::pow(double(V), u))) - 1 : int64_t(u * double(V));
         id = int32_t(std::clamp<int64_t>(v, 0, V - 1));
         if (!seen[size_t(id)]) seen[size_t(id)] = 1, ++*touched;
     }
@@ -156,10 +155,9 @@ void column_sum(Bench& b, int64_t N, int64_t C) {
     auto dy = b.tensor(DType::kBF16, {N, C}), db = b.tensor(DType::kF32, {C});
     b.time("column_sum (linear dbias)", "N=" + std::to_string(N) + " C=" + std::to_string(C),
            2.0 * N * C, 0, [&] {
-               cuda::column_sum_bf16_accumulate(b.state, b.state.stream(),
-                                                static_cast<float*>(db.data()),
-                                                static_cast<const bf16*>(dy.data()), N, C,
-                                                "column_sum");
+               cuda::column_sum_bf16_accumulate(
+                   b.state, b.state.stream(), static_cast<float*>(db.data()),
+                   static_cast<const bf16*>(dy.data()), N, C, "column_sum");
            });
     b.release();
 }
@@ -170,8 +168,8 @@ void column_sum(Bench& b, int64_t N, int64_t C) {
 // (4 bytes per element), the number to hold against the copy bandwidth.
 void lm_head(Bench& b, int64_t N, int64_t C, int64_t V) {
     const int64_t Nc = std::min<int64_t>(N, (int64_t(512) << 20) / (4 * V));
-    const std::string s = "N=" + std::to_string(N) + " C=" + std::to_string(C) +
-                          " V=" + std::to_string(V);
+    const std::string s =
+        "N=" + std::to_string(N) + " C=" + std::to_string(C) + " V=" + std::to_string(V);
     auto x = b.tensor(DType::kBF16, {N, C}), w = b.tensor(DType::kBF16, {V, C}, 0.05f);
     auto targets = b.tensor(DType::kI32, {N}, 1.0f, int32_t(V));
     auto scratch = b.tensor(DType::kF32, {Nc, V});
@@ -255,9 +253,8 @@ void gpt2(Bench& b) {
         auto out = b.tensor(DType::kBF16, {B, T, C}), dout = b.tensor(DType::kBF16, {B, T, C});
         auto dwte = b.tensor(DType::kF32, {Ve, C}), dwpe = b.tensor(DType::kF32, {P, C});
         // Floor: one wte row per token, wpe once (it stays in L2), out written.
-        b.time("embedding_forward (wte + wpe)", s, 2.0 * (2 * N * C + P * C), 0, [&] {
-            embedding_forward(out, tokens, ConstTensorView(), wte, wpe, b.ctx);
-        });
+        b.time("embedding_forward (wte + wpe)", s, 2.0 * (2 * N * C + P * C), 0,
+               [&] { embedding_forward(out, tokens, ConstTensorView(), wte, wpe, b.ctx); });
         // Floor: dout read once, each touched dwte/dwpe row read and written once (f32).
         b.time("embedding_backward (dwte, dwpe)", s + " V=50304",
                2.0 * N * C + 8.0 * double(touched + P) * C, 0,
@@ -282,8 +279,8 @@ void gpt2(Bench& b) {
         // leave norm + 1e-6 == max_norm and turn every later repetition into a no-op.
         auto big_norm = b.tensor(DType::kF32, {1});
         const float big = 1e6f;
-        LATHE_CUDA_CHECK(cudaMemcpyAsync(big_norm.data(), &big, sizeof(big),
-                                         cudaMemcpyHostToDevice, b.state.stream()));
+        LATHE_CUDA_CHECK(cudaMemcpyAsync(big_norm.data(), &big, sizeof(big), cudaMemcpyHostToDevice,
+                                         b.state.stream()));
         b.time("grad_clip_by_norm (coef 0.5)", "124.4M f32", 4.0 * params * 2, 0,
                [&] { grad_clip_by_norm(gm, big_norm, 0.5e6f, b.ctx); });
         const AdamWSegment seg[] = {{0, params, 6e-4, 0.1}};
@@ -306,8 +303,9 @@ void llama1b(Bench& b) {
         auto text = embedding_ids(b, {B, T}, V, true, &touched_text);
         auto dout = b.tensor(DType::kBF16, {B, T, C}), dwte = b.tensor(DType::kF32, {V, C});
         b.time("embedding_backward (dwte)", s + " V=128256", 2.0 * N * C + 8.0 * touched * C, 0,
-               [&] { embedding_backward(dwte, TensorView(), dout, tokens, ConstTensorView(),
-                                        b.ctx); });
+               [&] {
+                   embedding_backward(dwte, TensorView(), dout, tokens, ConstTensorView(), b.ctx);
+               });
         b.time("embedding_backward (text-like ids)", s + " V=128256",
                2.0 * N * C + 8.0 * touched_text * C, 0, [&] {
                    embedding_backward(dwte, TensorView(), dout, text, ConstTensorView(), b.ctx);
@@ -321,9 +319,8 @@ void llama1b(Bench& b) {
         auto dw = b.tensor(DType::kF32, {C});
         b.time("rmsnorm_forward", s, 2.0 * 2 * N * C, 0,
                [&] { rmsnorm_forward(y, rstd, x, w, 1e-5f, b.ctx); });
-        b.time("rmsnorm_backward (dx +=, dw)", s, 2.0 * 4 * N * C, 0, [&] {
-            rmsnorm_backward(dx, dw, dy, x, w, rstd, GradMode::kAccumulate, b.ctx);
-        });
+        b.time("rmsnorm_backward (dx +=, dw)", s, 2.0 * 4 * N * C, 0,
+               [&] { rmsnorm_backward(dx, dw, dy, x, w, rstd, GradMode::kAccumulate, b.ctx); });
         b.release();
     }
     {
@@ -358,7 +355,8 @@ void llama1b(Bench& b) {
 int main(int argc, char** argv) {
     lathe::Bench b;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (std::strcmp(argv[i], "--copy-gbps") == 0) b.copy_bytes_per_s = std::atof(argv[i + 1]) * 1e9;
+        if (std::strcmp(argv[i], "--copy-gbps") == 0)
+            b.copy_bytes_per_s = std::atof(argv[i + 1]) * 1e9;
         if (std::strcmp(argv[i], "--gemm-tflops") == 0)
             b.gemm_flops_per_s = std::atof(argv[i + 1]) * 1e12;
         if (std::strcmp(argv[i], "--only") == 0) {
@@ -374,8 +372,8 @@ int main(int argc, char** argv) {
     LATHE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("%s, %d SMs; floors from %.0f GB/s copy and %.0f TFLOP/s bf16 GEMM\n\n", prop.name,
                 prop.multiProcessorCount, b.copy_bytes_per_s / 1e9, b.gemm_flops_per_s / 1e12);
-    std::printf("| %-34s | %-26s | %9s | %9s | %5s | %8s | %7s |\n", "op", "shape", "ms", "floor ms",
-                "x", "GB/s", "TFLOP/s");
+    std::printf("| %-34s | %-26s | %9s | %9s | %5s | %8s | %7s |\n", "op", "shape", "ms",
+                "floor ms", "x", "GB/s", "TFLOP/s");
     std::printf("|%s|%s|%s|%s|%s|%s|%s|\n", std::string(36, '-').c_str(),
                 std::string(28, '-').c_str(), std::string(11, '-').c_str(),
                 std::string(11, '-').c_str(), std::string(7, '-').c_str(),

@@ -38,7 +38,8 @@ double align_bleu1(std::span<const int32_t> hyp, std::span<const int32_t> ref) {
     return bp * precision;
 }
 
-Result<std::vector<std::string>> align_read_documents(const std::string& path, TextRecordFormat format,
+Result<std::vector<std::string>> align_read_documents(const std::string& path,
+                                                      TextRecordFormat format,
                                                       int64_t max_documents) {
     LATHE_ASSIGN_OR_RETURN(InputStream in, InputStream::open(path));
     TextRecordReader reader(in, format);
@@ -63,31 +64,36 @@ Result<AlignEvalModel> align_bits_per_byte(const Context& ctx, const std::string
     const std::string config_path = (fs::path(src.dir) / "config.json").string();
     LATHE_ASSIGN_OR_RETURN(ModelConfig config, model_config_from_hf_file(config_path));
     if (seq_len > config.max_position_embeddings) {
-        return invalid_argument_error("--seq-len {} exceeds the model's max_position_embeddings {} ({})", seq_len,
-                                      config.max_position_embeddings, config_path);
+        return invalid_argument_error(
+            "--seq-len {} exceeds the model's max_position_embeddings {} ({})", seq_len,
+            config.max_position_embeddings, config_path);
     }
     const std::string tok_path = (fs::path(src.dir) / "tokenizer.json").string();
     LATHE_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(tok_path));
     if (tok.vocab_size() > config.vocab_size) {
-        return invalid_argument_error("{} has {} ids but the model has {} embedding rows ({}): the model does not "
-                                      "match its tokenizer", tok_path, tok.vocab_size(), config.vocab_size,
-                                      config_path);
+        return invalid_argument_error(
+            "{} has {} ids but the model has {} embedding rows ({}): the model does not "
+            "match its tokenizer",
+            tok_path, tok.vocab_size(), config.vocab_size, config_path);
     }
     // The boundary token: none when the tokenizer adds one at the front.
     std::optional<int32_t> boundary;
     {
         LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> plain, tok.encode("a", false));
         LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> with, tok.encode("a", true));
-        const bool adds_front = with.size() > plain.size() && !plain.empty() && with.front() != plain.front();
+        const bool adds_front =
+            with.size() > plain.size() && !plain.empty() && with.front() != plain.front();
         if (!adds_front) {
             if (config.hf.bos_token_id) {
                 boundary = int32_t(*config.hf.bos_token_id);
             } else if (!config.hf.eos_token_ids.empty()) {
                 boundary = int32_t(config.hf.eos_token_ids.front());
             } else {
-                return invalid_argument_error("{}: the tokenizer adds no BOS and config.json names neither "
-                                              "bos_token_id nor eos_token_id: nothing to predict a document's first "
-                                              "token from", checkpoint);
+                return invalid_argument_error(
+                    "{}: the tokenizer adds no BOS and config.json names neither "
+                    "bos_token_id nor eos_token_id: nothing to predict a document's first "
+                    "token from",
+                    checkpoint);
             }
         }
     }
@@ -125,7 +131,8 @@ Result<AlignEvalModel> align_bits_per_byte(const Context& ctx, const std::string
         const int64_t nb = std::min<int64_t>(batch, int64_t(windows.size() - w0));
         // The batch's length: its longest window (shorter ones padded, their targets ignored).
         int64_t len = 0;
-        for (int64_t b = 0; b < nb; ++b) len = std::max<int64_t>(len, int64_t(windows[w0 + size_t(b)].size()) - 1);
+        for (int64_t b = 0; b < nb; ++b)
+            len = std::max<int64_t>(len, int64_t(windows[w0 + size_t(b)].size()) - 1);
         tokens.assign(size_t(nb * len), 0);
         targets.assign(size_t(nb * len), -100);
         int64_t predicted = 0;
@@ -148,14 +155,18 @@ Result<AlignEvalModel> align_bits_per_byte(const Context& ctx, const std::string
 }
 
 Result<AlignEvalResult> align_eval_run(const Context& ctx, const AlignEvalRequest& req) {
-    const bool alignment = !req.map.empty() || !req.source_tokenizer.empty() || !req.target_tokenizer.empty();
-    if (alignment && (req.map.empty() || req.source_tokenizer.empty() || req.target_tokenizer.empty())) {
-        return invalid_argument_error("the alignment score needs --map, --source-tokenizer and --target-tokenizer "
-                                      "together");
+    const bool alignment =
+        !req.map.empty() || !req.source_tokenizer.empty() || !req.target_tokenizer.empty();
+    if (alignment &&
+        (req.map.empty() || req.source_tokenizer.empty() || req.target_tokenizer.empty())) {
+        return invalid_argument_error(
+            "the alignment score needs --map, --source-tokenizer and --target-tokenizer "
+            "together");
     }
     if (!alignment && req.tokenizers.empty() && req.checkpoints.empty()) {
-        return invalid_argument_error("nothing to evaluate: give --map with --source-tokenizer/--target-tokenizer, "
-                                      "--tokenizer, or --checkpoint");
+        return invalid_argument_error(
+            "nothing to evaluate: give --map with --source-tokenizer/--target-tokenizer, "
+            "--tokenizer, or --checkpoint");
     }
     LATHE_ASSIGN_OR_RETURN(std::vector<std::string> docs,
                            align_read_documents(req.documents, req.format, req.max_documents));
@@ -168,8 +179,8 @@ Result<AlignEvalResult> align_eval_run(const Context& ctx, const AlignEvalReques
         LATHE_ASSIGN_OR_RETURN(Tokenizer tgt, Tokenizer::load(req.target_tokenizer));
         LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> map, align_read_map(req.map));
         if (int64_t(map.size()) != tgt.vocab_size()) {
-            return invalid_argument_error("{} maps {} ids but {} has {}", req.map, map.size(), req.target_tokenizer,
-                                          tgt.vocab_size());
+            return invalid_argument_error("{} maps {} ids but {} has {}", req.map, map.size(),
+                                          req.target_tokenizer, tgt.vocab_size());
         }
         double total = 0.0;
         std::vector<int32_t> s, t, pred;
@@ -210,7 +221,8 @@ std::string align_eval_result_json(const AlignEvalResult& r) {
     if (r.has_alignment) j["alignment_bleu1"] = r.alignment_bleu1;
     nlohmann::ordered_json toks = nlohmann::ordered_json::array();
     for (const AlignEvalTokenizer& t : r.tokenizers) {
-        toks.push_back({{"tokenizer", t.path}, {"tokens", t.tokens}, {"tokens_per_byte", t.tokens_per_byte}});
+        toks.push_back(
+            {{"tokenizer", t.path}, {"tokens", t.tokens}, {"tokens_per_byte", t.tokens_per_byte}});
     }
     if (!r.tokenizers.empty()) j["tokenizers"] = toks;
     nlohmann::ordered_json models = nlohmann::ordered_json::array();

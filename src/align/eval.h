@@ -41,7 +41,8 @@ double align_bleu1(std::span<const int32_t> hypothesis, std::span<const int32_t>
 // Reads the documents of a text file: one per line (kLines) or per blank-line-separated block.
 // Empty documents are skipped. `max_documents` > 0 keeps the first ones only.
 // Errors: the file's (naming it); no non-empty document.
-Result<std::vector<std::string>> align_read_documents(const std::string& path, TextRecordFormat format,
+Result<std::vector<std::string>> align_read_documents(const std::string& path,
+                                                      TextRecordFormat format,
                                                       int64_t max_documents);
 
 struct AlignEvalRequest {

@@ -19,7 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string temp_dir(const std::string& name) {
-    const auto dir = fs::temp_directory_path() / ("lathe_eval_test_" + std::to_string(::getpid())) / name;
+    const auto dir =
+        fs::temp_directory_path() / ("lathe_eval_test_" + std::to_string(::getpid())) / name;
     fs::create_directories(dir);
     return dir.string();
 }
@@ -59,7 +60,8 @@ TEST(AlignEval, DocumentsAndTokensPerByte) {
     auto tok = Tokenizer::load(req.tokenizers[0]);
     ASSERT_TRUE(tok.ok());
     int64_t tokens = 0;
-    for (const char* d : {"hello world", "second doc here", "third"}) tokens += int64_t(tok->encode(d, false)->size());
+    for (const char* d : {"hello world", "second doc here", "third"})
+        tokens += int64_t(tok->encode(d, false)->size());
     EXPECT_EQ(r->bytes, int64_t(std::string("hello worldsecond doc herethird").size()));
     EXPECT_EQ(r->tokenizers[0].tokens, tokens);
     EXPECT_NEAR(r->tokenizers[0].tokens_per_byte, double(tokens) / double(r->bytes), 1e-12);
@@ -84,7 +86,8 @@ TEST(AlignEval, BitsPerByteOfAUniformModel) {
         ASSERT_TRUE(m.ok()) << m.status().to_string();
         m->init(1);
         std::vector<float> zeros(size_t(50304 * 16), 0.0f);
-        m->write_param_hf("model.embed_tokens.weight", ConstTensorView(zeros.data(), DType::kF32, Shape{50304, 16}));
+        m->write_param_hf("model.embed_tokens.weight",
+                          ConstTensorView(zeros.data(), DType::kF32, Shape{50304, 16}));
         ASSERT_TRUE(m->save_hf(dir).ok());
     }
     auto tok_text = file_read_all(std::string(LATHE_SHARED_DIR) + "/tokenizers/gpt2.json");
@@ -93,8 +96,9 @@ TEST(AlignEval, BitsPerByteOfAUniformModel) {
     auto tok = Tokenizer::load(dir + "/tokenizer.json");
     ASSERT_TRUE(tok.ok());
 
-    const std::vector<std::string> docs = {"The quick brown fox jumps over the lazy dog, again and again and again.",
-                                           "Short.", "Ünïcödé text costs more bytes than characters."};
+    const std::vector<std::string> docs = {
+        "The quick brown fox jumps over the lazy dog, again and again and again.", "Short.",
+        "Ünïcödé text costs more bytes than characters."};
     const int64_t T = 8;
     int64_t predicted = 0, windows = 0, bytes = 0;
     for (const std::string& d : docs) {

@@ -83,9 +83,7 @@ __global__ void glove_epoch_hogwild_kernel(const GloveEntry* __restrict__ entrie
 
 }  // namespace
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 struct GloveCuda::Buffers {
     DeviceBuffer entries, w, c, bw, bc, gw, gc, gbw, gbc, cost;

@@ -37,7 +37,8 @@ struct ByteLevelTable {
     ByteLevelTable() {
         char32_t next = 256;
         for (int b = 0; b < 256; ++b) {
-            const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+            const bool printable =
+                (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
             to_char[b] = printable ? char32_t(b) : next++;
             to_byte[to_char[b]] = uint8_t(b);
         }
@@ -60,7 +61,8 @@ void collect_types(const Json& node, std::vector<std::string>& types, bool& repl
             auto p = node.find("pattern");
             if (p != node.end() && p->is_object()) {
                 auto s = p->find("String");
-                if (s != p->end() && s->is_string() && s->get<std::string>() == kMetaspace) replaces_metaspace = true;
+                if (s != p->end() && s->is_string() && s->get<std::string>() == kMetaspace)
+                    replaces_metaspace = true;
             }
         }
         for (const auto& [key, value] : node.items()) {
@@ -85,11 +87,20 @@ std::string escape_tsv(std::string_view s) {
     out.reserve(s.size());
     for (char c : s) {
         switch (c) {
-            case '\t': out += "\\t"; break;
-            case '\n': out += "\\n"; break;
-            case '\r': out += "\\r"; break;
-            case '\\': out += "\\\\"; break;
-            default: out += c;
+            case '\t':
+                out += "\\t";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\r':
+                out += "\\r";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            default:
+                out += c;
         }
     }
     return out;
@@ -136,11 +147,13 @@ Result<AlignTokenizer> align_load_tokenizer(const std::string& path) {
     LATHE_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_json(text, path));
     AlignTokenizer out{std::move(tok), path};
     Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) return invalid_argument_error("{}: not a JSON object", path);
+    if (j.is_discarded() || !j.is_object())
+        return invalid_argument_error("{}: not a JSON object", path);
     // Stages index per-id tables with int32 ids.
     if (out.tokenizer.vocab_size() > std::numeric_limits<int32_t>::max()) {
-        return invalid_argument_error("{}: its largest token id is {}; align's per-id tables hold at most 2^31 - 1 ids",
-                                      path, out.tokenizer.vocab_size() - 1);
+        return invalid_argument_error(
+            "{}: its largest token id is {}; align's per-id tables hold at most 2^31 - 1 ids", path,
+            out.tokenizer.vocab_size() - 1);
     }
     const int32_t V = static_cast<int32_t>(out.tokenizer.vocab_size());
     out.added.assign(size_t(V), 0);
@@ -149,7 +162,8 @@ Result<AlignTokenizer> align_load_tokenizer(const std::string& path) {
         for (size_t i = 0; i < a->size(); ++i) {
             const Json& e = (*a)[i];
             if (!e.is_object() || !e.contains("id") || !e["id"].is_number_integer()) {
-                return invalid_argument_error("{}: added_tokens[{}]: expected an object with an integer id", path, i);
+                return invalid_argument_error(
+                    "{}: added_tokens[{}]: expected an object with an integer id", path, i);
             }
             const int64_t id = e["id"].get<int64_t>();
             if (id < 0 || id >= V) continue;
@@ -164,12 +178,15 @@ Result<AlignTokenizer> align_load_tokenizer(const std::string& path) {
     }
     bool byte_fallback = false;
     if (auto m = j.find("model"); m != j.end() && m->is_object()) {
-        if (auto bf = m->find("byte_fallback"); bf != m->end() && bf->is_boolean()) byte_fallback = bf->get<bool>();
+        if (auto bf = m->find("byte_fallback"); bf != m->end() && bf->is_boolean())
+            byte_fallback = bf->get<bool>();
         if (auto u = m->find("unk_token"); u != m->end() && u->is_string()) {
             out.unk_id = out.tokenizer.token_to_id(u->get<std::string>());
         }
     }
-    const auto has = [&](std::string_view t) { return std::find(types.begin(), types.end(), t) != types.end(); };
+    const auto has = [&](std::string_view t) {
+        return std::find(types.begin(), types.end(), t) != types.end();
+    };
     if (has("ByteLevel")) {
         out.spelling = TokenSpelling::kByteLevel;
     } else if (has("Metaspace") || replaces_metaspace || byte_fallback) {
@@ -181,7 +198,8 @@ Result<AlignTokenizer> align_load_tokenizer(const std::string& path) {
 std::optional<std::string> align_token_bytes(const AlignTokenizer& tok, int32_t id) {
     std::optional<std::string> entry = tok.tokenizer.id_to_token(id);
     if (!entry) return std::nullopt;
-    if ((size_t(id) < tok.added.size() && tok.added[size_t(id)]) || tok.spelling == TokenSpelling::kPlain) {
+    if ((size_t(id) < tok.added.size() && tok.added[size_t(id)]) ||
+        tok.spelling == TokenSpelling::kPlain) {
         return entry;
     }
     if (tok.spelling == TokenSpelling::kSentencePiece) {
@@ -232,8 +250,8 @@ std::vector<int32_t> align_fvt_pieces(const AlignTokenizer& target, int32_t targ
     std::vector<int32_t> pieces;
     std::optional<std::string> bytes = align_token_bytes(target, target_id);
     if (!bytes || bytes->empty()) return pieces;
-    if (utf8::is_valid(*bytes) && source.tokenizer.encode(*bytes, /*add_special=*/false, pieces).ok() &&
-        !pieces.empty()) {
+    if (utf8::is_valid(*bytes) &&
+        source.tokenizer.encode(*bytes, /*add_special=*/false, pieces).ok() && !pieces.empty()) {
         return pieces;
     }
     pieces.clear();
@@ -268,10 +286,11 @@ void align_top2_cpu(std::span<AlignTop2> out, const float* A, int64_t M, const f
                 const int64_t c1 = std::min(N, c0 + tile_cols);
                 // scores (r1-r0, c1-c0) = A[r0:r1] · B[c0:c1]ᵀ; inside this parallel region the
                 // BLAS wrapper runs serially (single-threaded BLAS, no nested pool).
-                cpu::sgemm_strided(false, true, r1 - r0, c1 - c0, K, 1.0f, A + r0 * K, K, B + c0 * K, K,
-                                   0.0f, scores.data(), c1 - c0);
+                cpu::sgemm_strided(false, true, r1 - r0, c1 - c0, K, 1.0f, A + r0 * K, K,
+                                   B + c0 * K, K, 0.0f, scores.data(), c1 - c0);
                 for (int64_t i = r0; i < r1; ++i) {
-                    top2_merge_row(out[size_t(i)], scores.data() + (i - r0) * (c1 - c0), c1 - c0, c0);
+                    top2_merge_row(out[size_t(i)], scores.data() + (i - r0) * (c1 - c0), c1 - c0,
+                                   c0);
                 }
             }
         }
@@ -283,11 +302,14 @@ void align_top2_cpu(std::span<AlignTop2> out, const float* A, int64_t M, const f
 }
 
 #if !defined(LATHE_HAVE_CUDA)
-bool align_top2_cuda_available() { return false; }
+bool align_top2_cuda_available() {
+    return false;
+}
 Status align_top2_cuda(std::span<AlignTop2>, const float*, int64_t, const float*, int64_t, int64_t,
                        int64_t, int64_t) {
-    return unimplemented_error("align map --device cuda: this build has no CUDA (nvcc was not found "
-                               "when it was configured); use --device cpu");
+    return unimplemented_error(
+        "align map --device cuda: this build has no CUDA (nvcc was not found "
+        "when it was configured); use --device cpu");
 }
 #endif
 
@@ -295,11 +317,16 @@ Status align_top2_cuda(std::span<AlignTop2>, const float*, int64_t, const float*
 
 std::string_view align_decision_name(AlignDecision d) {
     switch (d) {
-        case AlignDecision::kGold: return "gold";
-        case AlignDecision::kTerm: return "term";
-        case AlignDecision::kFvt: return "fvt";
-        case AlignDecision::kAligned: return "aligned";
-        case AlignDecision::kThreshold: return "threshold";
+        case AlignDecision::kGold:
+            return "gold";
+        case AlignDecision::kTerm:
+            return "term";
+        case AlignDecision::kFvt:
+            return "fvt";
+        case AlignDecision::kAligned:
+            return "aligned";
+        case AlignDecision::kThreshold:
+            return "threshold";
     }
     return "?";
 }
@@ -316,14 +343,17 @@ Result<TokenVectors> align_load_vectors(const std::string& path, int32_t vocab_s
     LATHE_ASSIGN_OR_RETURN(TokenVectors v, vectors_read_text(path));
     for (int32_t id : v.ids) {
         if (id < 0 || id >= vocab_size) {
-            return invalid_argument_error("{}: token id {} is outside the tokenizer's vocabulary of {} ids: these "
-                                          "vectors belong to another tokenizer", path, id, vocab_size);
+            return invalid_argument_error(
+                "{}: token id {} is outside the tokenizer's vocabulary of {} ids: these "
+                "vectors belong to another tokenizer",
+                path, id, vocab_size);
         }
     }
     return v;
 }
 
-std::vector<int32_t> align_gold_map(const AlignTokenizer& source, const AlignTokenizer& target, AlignMatch match) {
+std::vector<int32_t> align_gold_map(const AlignTokenizer& source, const AlignTokenizer& target,
+                                    AlignMatch match) {
     const int32_t Vt = target.tokenizer.vocab_size();
     const int32_t Vs = source.tokenizer.vocab_size();
     std::vector<int32_t> gold(size_t(Vt), -1);
@@ -341,7 +371,9 @@ std::vector<int32_t> align_gold_map(const AlignTokenizer& source, const AlignTok
             }
         }
         for (int32_t t = 0; t < Vt; ++t) {
-            if (gold[size_t(t)] >= 0 || (size_t(t) < target.special.size() && target.special[size_t(t)])) continue;
+            if (gold[size_t(t)] >= 0 ||
+                (size_t(t) < target.special.size() && target.special[size_t(t)]))
+                continue;
             std::optional<std::string> b = align_token_bytes(target, t);
             if (!b || b->empty()) continue;
             if (auto it = by_bytes.find(*b); it != by_bytes.end()) gold[size_t(t)] = it->second;
@@ -365,20 +397,25 @@ Result<AlignMapResult> align_map_compute(const AlignTokenizer& source, const Ali
     const std::vector<int32_t> gold = align_gold_map(source, target, request.match);
     for (int32_t t = 0; t < Vt; ++t) {
         if (gold[size_t(t)] < 0) continue;
-        if (source.tokenizer.id_to_token(gold[size_t(t)]) == target.tokenizer.id_to_token(t)) ++result.gold_exact;
+        if (source.tokenizer.id_to_token(gold[size_t(t)]) == target.tokenizer.id_to_token(t))
+            ++result.gold_exact;
     }
     for (int32_t g : gold) result.gold += g >= 0 ? 1 : 0;
     if (result.gold == 0) {
-        return failed_precondition_error("{} and {} share no token (match {}): there is no gold pair to take "
-                                         "pivots from; try --match byte-level-aware if one is byte-level BPE and "
-                                         "the other SentencePiece", source.path, target.path,
-                                         request.match == AlignMatch::kExact ? "exact" : "byte-level-aware");
+        return failed_precondition_error(
+            "{} and {} share no token (match {}): there is no gold pair to take "
+            "pivots from; try --match byte-level-aware if one is byte-level BPE and "
+            "the other SentencePiece",
+            source.path, target.path,
+            request.match == AlignMatch::kExact ? "exact" : "byte-level-aware");
     }
 
     // Rows of each vector set by token id.
     std::vector<int32_t> src_row(size_t(Vs), -1), tgt_row(size_t(Vt), -1);
-    for (size_t r = 0; r < source_vectors.ids.size(); ++r) src_row[size_t(source_vectors.ids[r])] = int32_t(r);
-    for (size_t r = 0; r < target_vectors.ids.size(); ++r) tgt_row[size_t(target_vectors.ids[r])] = int32_t(r);
+    for (size_t r = 0; r < source_vectors.ids.size(); ++r)
+        src_row[size_t(source_vectors.ids[r])] = int32_t(r);
+    for (size_t r = 0; r < target_vectors.ids.size(); ++r)
+        tgt_row[size_t(target_vectors.ids[r])] = int32_t(r);
 
     // 2. Pivots: seeded shuffle of the gold pairs, the first `pivots` with vectors on both sides.
     std::vector<int32_t> gold_targets;
@@ -398,14 +435,17 @@ Result<AlignMapResult> align_map_compute(const AlignTokenizer& source, const Ali
         }
     }
     if (pivot_t.empty()) {
-        return failed_precondition_error("no pivots: of {} gold pairs none has a vector on both sides ({} target, "
-                                         "{} source vectors); were the vectors trained on token streams of these "
-                                         "two tokenizers?", result.gold, target_vectors.ids.size(),
-                                         source_vectors.ids.size());
+        return failed_precondition_error(
+            "no pivots: of {} gold pairs none has a vector on both sides ({} target, "
+            "{} source vectors); were the vectors trained on token streams of these "
+            "two tokenizers?",
+            result.gold, target_vectors.ids.size(), source_vectors.ids.size());
     }
     if (int64_t(pivot_t.size()) < request.pivots) {
-        log_warning("align map: only {} gold pairs have vectors on both sides; using {} pivots instead of {}",
-                    with_vectors, pivot_t.size(), request.pivots);
+        log_warning(
+            "align map: only {} gold pairs have vectors on both sides; using {} pivots instead of "
+            "{}",
+            with_vectors, pivot_t.size(), request.pivots);
     }
     result.pivots = int64_t(pivot_t.size());
     const int64_t P = result.pivots;
@@ -433,8 +473,10 @@ Result<AlignMapResult> align_map_compute(const AlignTokenizer& source, const Ali
     std::vector<AlignTop2> top(static_cast<size_t>(Mt));
     bool use_cuda = request.device == AlignDevice::kCuda ||
                     (request.device == AlignDevice::kAuto && align_top2_cuda_available());
-    log_info("align map: {} gold pairs, {} pivots; best source token for {} target x {} source vectors on {}",
-             result.gold, P, Mt, Ns, use_cuda ? "cuda" : "cpu");
+    log_info(
+        "align map: {} gold pairs, {} pivots; best source token for {} target x {} source vectors "
+        "on {}",
+        result.gold, P, Mt, Ns, use_cuda ? "cuda" : "cpu");
     const auto t0 = Clock::now();
     if (use_cuda) {
         LATHE_RETURN_IF_ERROR(align_top2_cuda(top, rel_t.data(), Mt, rel_s.data(), Ns, P));
@@ -490,11 +532,13 @@ Result<AlignMapResult> align_map_compute(const AlignTokenizer& source, const Ali
 }
 
 std::string align_report_path(const std::string& map_path) {
-    if (ends_with(map_path, ".json")) return map_path.substr(0, map_path.size() - 5) + ".report.tsv";
+    if (ends_with(map_path, ".json"))
+        return map_path.substr(0, map_path.size() - 5) + ".report.tsv";
     return map_path + ".report.tsv";
 }
 
-Result<std::vector<int32_t>> align_read_terms(const std::string& path, const AlignTokenizer& target) {
+Result<std::vector<int32_t>> align_read_terms(const std::string& path,
+                                              const AlignTokenizer& target) {
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(path));
     std::vector<int32_t> ids;
     int64_t line_no = 0;
@@ -511,9 +555,10 @@ Result<std::vector<int32_t>> align_read_terms(const std::string& path, const Ali
             if (enc.ok() && enc.value().size() == 1) id = enc.value().front();
         }
         if (!id) {
-            return invalid_argument_error("{}:{}: the term '{}' is not one token of {} (was the target tokenizer "
-                                          "made from these terms?)", path, line_no, escape_for_message(term),
-                                          target.path);
+            return invalid_argument_error(
+                "{}:{}: the term '{}' is not one token of {} (was the target tokenizer "
+                "made from these terms?)",
+                path, line_no, escape_for_message(term), target.path);
         }
         ids.push_back(*id);
     }
@@ -521,25 +566,29 @@ Result<std::vector<int32_t>> align_read_terms(const std::string& path, const Ali
 }
 
 Result<AlignMapResult> align_map_run(const AlignMapRequest& request) {
-    if (request.pivots <= 0) return invalid_argument_error("--pivots must be positive, got {}", request.pivots);
+    if (request.pivots <= 0)
+        return invalid_argument_error("--pivots must be positive, got {}", request.pivots);
     if (request.output.empty()) return invalid_argument_error("--output is required");
     // The output folders now, not after minutes of compute.
     for (const std::string& out : {request.output, request.report}) {
         const std::filesystem::path parent = std::filesystem::path(out).parent_path();
         std::error_code ec;
-        if (!out.empty() && !parent.empty() && !std::filesystem::create_directories(parent, ec) && ec) {
+        if (!out.empty() && !parent.empty() && !std::filesystem::create_directories(parent, ec) &&
+            ec) {
             return io_error("{}: cannot create the folder: {}", parent.string(), ec.message());
         }
     }
     LATHE_ASSIGN_OR_RETURN(AlignTokenizer source, align_load_tokenizer(request.source_tokenizer));
     LATHE_ASSIGN_OR_RETURN(AlignTokenizer target, align_load_tokenizer(request.target_tokenizer));
-    const std::string report = request.report.empty() ? align_report_path(request.output) : request.report;
+    const std::string report =
+        request.report.empty() ? align_report_path(request.output) : request.report;
     StageFingerprint fp("map");
     fp.add_setting("pivots", request.pivots);
     fp.add_setting("seed", request.seed);
     fp.add_setting("match", request.match == AlignMatch::kExact ? "exact" : "byte-level-aware");
     fp.add_setting("similarity", request.similarity == AlignSimilarity::kDot ? "dot" : "cosine");
-    fp.add_setting("threshold", request.threshold ? fmt::format("{:.17g}", *request.threshold) : "none");
+    fp.add_setting("threshold",
+                   request.threshold ? fmt::format("{:.17g}", *request.threshold) : "none");
     fp.add_setting("report", report);
     LATHE_RETURN_IF_ERROR(fp.add_input("source_tokenizer", request.source_tokenizer));
     LATHE_RETURN_IF_ERROR(fp.add_input("target_tokenizer", request.target_tokenizer));
@@ -553,13 +602,16 @@ Result<AlignMapResult> align_map_run(const AlignMapRequest& request) {
         skipped.skipped = true;
         return skipped;
     }
-    LATHE_ASSIGN_OR_RETURN(TokenVectors sv, align_load_vectors(request.source_vectors, source.tokenizer.vocab_size()));
-    LATHE_ASSIGN_OR_RETURN(TokenVectors tv, align_load_vectors(request.target_vectors, target.tokenizer.vocab_size()));
+    LATHE_ASSIGN_OR_RETURN(
+        TokenVectors sv, align_load_vectors(request.source_vectors, source.tokenizer.vocab_size()));
+    LATHE_ASSIGN_OR_RETURN(
+        TokenVectors tv, align_load_vectors(request.target_vectors, target.tokenizer.vocab_size()));
     std::vector<int32_t> terms;
     if (!request.terms.empty()) {
         LATHE_ASSIGN_OR_RETURN(terms, align_read_terms(request.terms, target));
     }
-    LATHE_ASSIGN_OR_RETURN(AlignMapResult result, align_map_compute(source, target, sv, tv, terms, request));
+    LATHE_ASSIGN_OR_RETURN(AlignMapResult result,
+                           align_map_compute(source, target, sv, tv, terms, request));
     result.output = request.output;
     result.report = report;
 
@@ -567,11 +619,13 @@ Result<AlignMapResult> align_map_run(const AlignMapRequest& request) {
     std::string tsv = "target_id\ttoken\tdecision\tsource_id\tsource_token\tsimilarity\n";
     for (size_t t = 0; t < result.entries.size(); ++t) {
         const AlignEntry& e = result.entries[t];
-        json += fmt::format("\t\"{}\": {}{}\n", t, e.source_id, t + 1 < result.entries.size() ? "," : "");
+        json += fmt::format("\t\"{}\": {}{}\n", t, e.source_id,
+                            t + 1 < result.entries.size() ? "," : "");
         tsv += fmt::format("{}\t{}\t{}\t{}\t{}\t{:.6g}\n", t,
                            escape_tsv(target.tokenizer.id_to_token(int32_t(t)).value_or("")),
                            align_decision_name(e.decision), e.source_id,
-                           escape_tsv(source.tokenizer.id_to_token(e.source_id).value_or("")), e.similarity);
+                           escape_tsv(source.tokenizer.id_to_token(e.source_id).value_or("")),
+                           e.similarity);
     }
     json += "}\n";
     LATHE_RETURN_IF_ERROR(file_write_atomic(result.output, json));
@@ -584,23 +638,29 @@ Result<std::vector<int32_t>> align_read_map(const std::string& path) {
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(path));
     Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) {
-        return invalid_argument_error("{}: expected a JSON object {{\"target_id\": source_id, ...}} (TokAlign's "
-                                      "map format)", path);
+        return invalid_argument_error(
+            "{}: expected a JSON object {{\"target_id\": source_id, ...}} (TokAlign's "
+            "map format)",
+            path);
     }
     std::vector<int32_t> map(j.size(), -1);
     for (const auto& [key, value] : j.items()) {
         int64_t t = -1;
         auto [p, ec] = std::from_chars(key.data(), key.data() + key.size(), t);
         if (ec != std::errc() || p != key.data() + key.size() || t < 0) {
-            return invalid_argument_error("{}: key '{}' is not a target token id", path, escape_for_message(key));
+            return invalid_argument_error("{}: key '{}' is not a target token id", path,
+                                          escape_for_message(key));
         }
         if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
             value.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-            return invalid_argument_error("{}: \"{}\": expected a non-negative integer source id", path, key);
+            return invalid_argument_error("{}: \"{}\": expected a non-negative integer source id",
+                                          path, key);
         }
         if (t >= int64_t(map.size())) {
-            return invalid_argument_error("{}: target id {} but only {} entries: every id from 0 to the largest "
-                                          "must have one", path, t, map.size());
+            return invalid_argument_error(
+                "{}: target id {} but only {} entries: every id from 0 to the largest "
+                "must have one",
+                path, t, map.size());
         }
         map[size_t(t)] = int32_t(value.get<int64_t>());
     }
@@ -618,17 +678,19 @@ Result<std::vector<AlignDecision>> align_read_report(const std::string& path) {
         ++line_no;
         if (line.empty() || line_no == 1) continue;
         std::vector<std::string_view> f = split(line, '\t');
-        if (f.size() < 4) return invalid_argument_error("{}:{}: expected 6 tab-separated fields", path, line_no);
+        if (f.size() < 4)
+            return invalid_argument_error("{}:{}: expected 6 tab-separated fields", path, line_no);
         int64_t t = -1;
         auto [p, ec] = std::from_chars(f[0].data(), f[0].data() + f[0].size(), t);
         if (ec != std::errc() || t != int64_t(out.size())) {
-            return invalid_argument_error("{}:{}: expected target id {}, got '{}'", path, line_no, out.size(),
-                                          escape_for_message(f[0]));
+            return invalid_argument_error("{}:{}: expected target id {}, got '{}'", path, line_no,
+                                          out.size(), escape_for_message(f[0]));
         }
         std::optional<AlignDecision> d = align_decision_from_name(f[2]);
         if (!d) {
-            return invalid_argument_error("{}:{}: unknown decision '{}' (gold, term, fvt, aligned, threshold)", path,
-                                          line_no, escape_for_message(f[2]));
+            return invalid_argument_error(
+                "{}:{}: unknown decision '{}' (gold, term, fvt, aligned, threshold)", path, line_no,
+                escape_for_message(f[2]));
         }
         out.push_back(*d);
     }
@@ -636,11 +698,13 @@ Result<std::vector<AlignDecision>> align_read_report(const std::string& path) {
 }
 
 std::string align_map_result_json(const AlignMapResult& r) {
-    return fmt::format("{{\"output\": {}, \"report\": {}, \"target_tokens\": {}, \"gold\": {}, "
-                       "\"gold_exact\": {}, \"terms\": {}, \"fvt\": {}, \"aligned\": {}, \"threshold\": {}, "
-                       "\"pivots\": {}, \"device\": \"{}\", \"seconds_top2\": {:.3f}, \"skipped\": {}}}",
-                       Json(r.output).dump(), Json(r.report).dump(), r.entries.size(), r.gold, r.gold_exact, r.terms, r.fvt, r.aligned,
-                       r.below_threshold, r.pivots, r.device, r.seconds_top2, r.skipped);
+    return fmt::format(
+        "{{\"output\": {}, \"report\": {}, \"target_tokens\": {}, \"gold\": {}, "
+        "\"gold_exact\": {}, \"terms\": {}, \"fvt\": {}, \"aligned\": {}, \"threshold\": {}, "
+        "\"pivots\": {}, \"device\": \"{}\", \"seconds_top2\": {:.3f}, \"skipped\": {}}}",
+        Json(r.output).dump(), Json(r.report).dump(), r.entries.size(), r.gold, r.gold_exact,
+        r.terms, r.fvt, r.aligned, r.below_threshold, r.pivots, r.device, r.seconds_top2,
+        r.skipped);
 }
 
 }  // namespace lathe

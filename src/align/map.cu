@@ -1,9 +1,9 @@
 // The CUDA twin of align_top2_cpu (align/map.h): scores of a tile by cuBLAS sgemm, merged into a
 // running per-row top-2 by one warp per row. Deterministic: the GEMM of a given shape is, and the
 // merge has a fixed order with explicit tie-breaking by column index.
-#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 
 #include <algorithm>
 #include <cfloat>
@@ -45,9 +45,11 @@ __device__ __forceinline__ void insert(Cand& first, Cand& second, Cand c) {
 // the running top-2 of each of the tile's rows (index -1 = empty) and are updated (=).
 // One warp per row: each lane scans columns lane, lane + 32, ... keeping its own top-2, then the
 // warp merges the 32 pairs by shuffles, and lane 0 merges the result with the running pair.
-__global__ void top2_merge_tile_warp_per_row(const float* __restrict__ scores, int64_t rows, int64_t cols,
-                                             int64_t col0, int* __restrict__ best, int* __restrict__ second,
-                                             float* __restrict__ best_score, float* __restrict__ second_score) {
+__global__ void top2_merge_tile_warp_per_row(const float* __restrict__ scores, int64_t rows,
+                                             int64_t cols, int64_t col0, int* __restrict__ best,
+                                             int* __restrict__ second,
+                                             float* __restrict__ best_score,
+                                             float* __restrict__ second_score) {
     const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= rows) return;
@@ -56,8 +58,10 @@ __global__ void top2_merge_tile_warp_per_row(const float* __restrict__ scores, i
     const float* r = scores + row * cols;
     for (int64_t j = lane; j < cols; j += 32) insert(first, sec, Cand{r[j], int(col0 + j)});
     for (int offset = 16; offset > 0; offset /= 2) {
-        Cand of{__shfl_down_sync(0xffffffffu, first.score, offset), __shfl_down_sync(0xffffffffu, first.index, offset)};
-        Cand os{__shfl_down_sync(0xffffffffu, sec.score, offset), __shfl_down_sync(0xffffffffu, sec.index, offset)};
+        Cand of{__shfl_down_sync(0xffffffffu, first.score, offset),
+                __shfl_down_sync(0xffffffffu, first.index, offset)};
+        Cand os{__shfl_down_sync(0xffffffffu, sec.score, offset),
+                __shfl_down_sync(0xffffffffu, sec.index, offset)};
         insert(first, sec, of);
         insert(first, sec, os);
     }
@@ -83,8 +87,10 @@ struct DeviceArray {
         if (cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) {
             cudaGetLastError();
             ptr = nullptr;
-            return failed_precondition_error("align map --device cuda: cannot allocate {} MiB of device memory for "
-                                             "{}; use smaller tiles or --device cpu", n * sizeof(T) >> 20, what);
+            return failed_precondition_error(
+                "align map --device cuda: cannot allocate {} MiB of device memory for "
+                "{}; use smaller tiles or --device cpu",
+                n * sizeof(T) >> 20, what);
         }
         return ok_status();
     }
@@ -96,14 +102,15 @@ bool align_top2_cuda_available() {
     return cuda_device_count() > 0;
 }
 
-Status align_top2_cuda(std::span<AlignTop2> out, const float* A, int64_t M, const float* B, int64_t N,
-                       int64_t K, int64_t tile_rows, int64_t tile_cols) {
+Status align_top2_cuda(std::span<AlignTop2> out, const float* A, int64_t M, const float* B,
+                       int64_t N, int64_t K, int64_t tile_rows, int64_t tile_cols) {
     LATHE_CHECK(int64_t(out.size()) == M, "top2: {} outputs for {} rows", int64_t(out.size()), M);
     LATHE_CHECK(tile_rows > 0 && tile_cols > 0, "top2 tiles {}x{}", tile_rows, tile_cols);
-    LATHE_CHECK(N < INT_MAX && K < INT_MAX && tile_rows < INT_MAX && tile_cols < INT_MAX, "top2 sizes {}x{}x{}", M,
-                N, K);
+    LATHE_CHECK(N < INT_MAX && K < INT_MAX && tile_rows < INT_MAX && tile_cols < INT_MAX,
+                "top2 sizes {}x{}x{}", M, N, K);
     if (!align_top2_cuda_available()) {
-        return failed_precondition_error("align map --device cuda: no GPU is visible; use --device cpu or auto");
+        return failed_precondition_error(
+            "align map --device cuda: no GPU is visible; use --device cpu or auto");
     }
     for (AlignTop2& t : out) t = AlignTop2{};
     if (M == 0) return ok_status();
@@ -119,7 +126,9 @@ Status align_top2_cuda(std::span<AlignTop2> out, const float* A, int64_t M, cons
     LATHE_RETURN_IF_ERROR(dbs.allocate(size_t(M), "top-2"));
     LATHE_RETURN_IF_ERROR(dss.allocate(size_t(M), "top-2"));
     LATHE_CUDA_CHECK(cudaMemcpy(dA.ptr, A, size_t(M * K) * sizeof(float), cudaMemcpyHostToDevice));
-    if (N > 0) LATHE_CUDA_CHECK(cudaMemcpy(dB.ptr, B, size_t(N * K) * sizeof(float), cudaMemcpyHostToDevice));
+    if (N > 0)
+        LATHE_CUDA_CHECK(
+            cudaMemcpy(dB.ptr, B, size_t(N * K) * sizeof(float), cudaMemcpyHostToDevice));
     LATHE_CUDA_CHECK(cudaMemset(db.ptr, 0xff, size_t(M) * sizeof(int)));  // -1: empty
     LATHE_CUDA_CHECK(cudaMemset(dsec.ptr, 0xff, size_t(M) * sizeof(int)));
 
@@ -137,23 +146,27 @@ Status align_top2_cuda(std::span<AlignTop2> out, const float* A, int64_t M, cons
         const int64_t rows = std::min(tile_rows, M - r0);
         for (int64_t c0 = 0; c0 < N; c0 += tile_cols) {
             const int64_t cols = std::min(tile_cols, N - c0);
-            // Column-major view: S_cm (cols, rows) = B_tile (cols, K) · A_tile^T, i.e. the row-major
-            // tile S (rows, cols) = A_tile · B_tileᵀ with leading dimension `cols`.
-            LATHE_CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(cols), int(rows), int(K), &one,
-                                           dB.ptr + c0 * K, int(K), dA.ptr + r0 * K, int(K), &zero, dS.ptr,
-                                           int(cols)));
+            // Column-major view: S_cm (cols, rows) = B_tile (cols, K) · A_tile^T, i.e. the
+            // row-major tile S (rows, cols) = A_tile · B_tileᵀ with leading dimension `cols`.
+            LATHE_CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(cols), int(rows),
+                                           int(K), &one, dB.ptr + c0 * K, int(K), dA.ptr + r0 * K,
+                                           int(K), &zero, dS.ptr, int(cols)));
             const unsigned blocks = unsigned((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-            top2_merge_tile_warp_per_row<<<blocks, kWarpsPerBlock * 32>>>(dS.ptr, rows, cols, c0, db.ptr + r0,
-                                                                          dsec.ptr + r0, dbs.ptr + r0, dss.ptr + r0);
+            top2_merge_tile_warp_per_row<<<blocks, kWarpsPerBlock * 32>>>(
+                dS.ptr, rows, cols, c0, db.ptr + r0, dsec.ptr + r0, dbs.ptr + r0, dss.ptr + r0);
             LATHE_CUDA_CHECK_LAUNCH();
         }
     }
     std::vector<int> best(static_cast<size_t>(M)), second(static_cast<size_t>(M));
     std::vector<float> bs(static_cast<size_t>(M)), ss(static_cast<size_t>(M));
-    LATHE_CUDA_CHECK(cudaMemcpy(best.data(), db.ptr, size_t(M) * sizeof(int), cudaMemcpyDeviceToHost));
-    LATHE_CUDA_CHECK(cudaMemcpy(second.data(), dsec.ptr, size_t(M) * sizeof(int), cudaMemcpyDeviceToHost));
-    LATHE_CUDA_CHECK(cudaMemcpy(bs.data(), dbs.ptr, size_t(M) * sizeof(float), cudaMemcpyDeviceToHost));
-    LATHE_CUDA_CHECK(cudaMemcpy(ss.data(), dss.ptr, size_t(M) * sizeof(float), cudaMemcpyDeviceToHost));
+    LATHE_CUDA_CHECK(
+        cudaMemcpy(best.data(), db.ptr, size_t(M) * sizeof(int), cudaMemcpyDeviceToHost));
+    LATHE_CUDA_CHECK(
+        cudaMemcpy(second.data(), dsec.ptr, size_t(M) * sizeof(int), cudaMemcpyDeviceToHost));
+    LATHE_CUDA_CHECK(
+        cudaMemcpy(bs.data(), dbs.ptr, size_t(M) * sizeof(float), cudaMemcpyDeviceToHost));
+    LATHE_CUDA_CHECK(
+        cudaMemcpy(ss.data(), dss.ptr, size_t(M) * sizeof(float), cudaMemcpyDeviceToHost));
     for (int64_t i = 0; i < M; ++i) {
         AlignTop2& t = out[size_t(i)];
         t.best = best[size_t(i)];

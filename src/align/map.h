@@ -40,8 +40,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/status.h"
 #include "align/vectors.h"
+#include "core/status.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lathe {
@@ -61,9 +61,9 @@ struct AlignTokenizer {
     Tokenizer tokenizer;
     std::string path;
     TokenSpelling spelling = TokenSpelling::kPlain;
-    std::optional<int32_t> unk_id;          // model.unk_token, when the vocabulary has it
-    std::vector<uint8_t> added;             // per id: 1 = an added token (added_tokens[])
-    std::vector<uint8_t> special;           // per id: 1 = a special added token
+    std::optional<int32_t> unk_id;  // model.unk_token, when the vocabulary has it
+    std::vector<uint8_t> added;     // per id: 1 = an added token (added_tokens[])
+    std::vector<uint8_t> special;   // per id: 1 = a special added token
 };
 
 // Loads tokenizer.json at `path` and reads its spelling from the decoder / pre-tokenizer
@@ -129,7 +129,8 @@ std::optional<AlignDecision> align_decision_from_name(std::string_view name);
 // The gold map: for each target id, the source id of the same vocabulary entry (exact string
 // match, added tokens included), or -1. kByteLevelAware also matches a non-special target entry
 // left unmatched to the lowest non-special source id whose raw bytes (align_token_bytes) are equal.
-std::vector<int32_t> align_gold_map(const AlignTokenizer& source, const AlignTokenizer& target, AlignMatch match);
+std::vector<int32_t> align_gold_map(const AlignTokenizer& source, const AlignTokenizer& target,
+                                    AlignMatch match);
 
 // Reads token vectors (align/vectors.h, GloVe's text format) for a tokenizer of `vocab_size` ids.
 // Errors: those of vectors_read_text; kInvalidArgument naming the file and the id when an id is
@@ -139,9 +140,9 @@ Result<TokenVectors> align_load_vectors(const std::string& path, int32_t vocab_s
 struct AlignMapRequest {
     std::string source_tokenizer, target_tokenizer;
     std::string source_vectors, target_vectors;
-    std::string output;       // MAP.json
-    std::string report;       // per-token TSV; "" = output with .json replaced by .report.tsv
-    std::string terms;        // optional: stage 1's terms TSV (term in the first column)
+    std::string output;  // MAP.json
+    std::string report;  // per-token TSV; "" = output with .json replaced by .report.tsv
+    std::string terms;   // optional: stage 1's terms TSV (term in the first column)
     int64_t pivots = 300;
     uint64_t seed = 0;
     AlignMatch match = AlignMatch::kExact;
@@ -200,7 +201,8 @@ Result<std::vector<AlignDecision>> align_read_report(const std::string& path);
 // Target ids of the terms in a TSV whose first column is a term (a header line "term..." is
 // skipped): each term's id in the target vocabulary (looked up as an added token, then through
 // its spelling). Terms the tokenizer does not have as one token are an error naming the line.
-Result<std::vector<int32_t>> align_read_terms(const std::string& path, const AlignTokenizer& target);
+Result<std::vector<int32_t>> align_read_terms(const std::string& path,
+                                              const AlignTokenizer& target);
 
 // The result as one JSON line (no trailing newline).
 std::string align_map_result_json(const AlignMapResult& result);

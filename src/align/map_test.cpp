@@ -27,23 +27,26 @@ std::string shared_tokenizer(const std::string& name) {
 // A minimal BPE tokenizer.json over the given single-character vocabulary.
 std::string tiny_tokenizer(const std::vector<std::string>& vocab) {
     std::string v;
-    for (size_t i = 0; i < vocab.size(); ++i) v += (i ? "," : "") + ("\"" + vocab[i] + "\": " + std::to_string(i));
+    for (size_t i = 0; i < vocab.size(); ++i)
+        v += (i ? "," : "") + ("\"" + vocab[i] + "\": " + std::to_string(i));
     return R"({"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,)"
            R"("pre_tokenizer":null,"post_processor":null,"decoder":null,"model":{"type":"BPE","dropout":null,)"
            R"("unk_token":null,"continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,)"
-           R"("byte_fallback":false,"vocab":{)" + v + R"(},"merges":[]}})";
+           R"("byte_fallback":false,"vocab":{)" +
+           v + R"(},"merges":[]}})";
 }
 
 // Brute-force top-2 in double precision with the documented tie rule.
-std::vector<AlignTop2> top2_reference(const std::vector<float>& A, int64_t M, const std::vector<float>& B, int64_t N,
-                                      int64_t K) {
+std::vector<AlignTop2> top2_reference(const std::vector<float>& A, int64_t M,
+                                      const std::vector<float>& B, int64_t N, int64_t K) {
     std::vector<AlignTop2> out(static_cast<size_t>(M));
     for (int64_t i = 0; i < M; ++i) {
         double b1 = -INFINITY, b2 = -INFINITY;
         int j1 = -1, j2 = -1;
         for (int64_t j = 0; j < N; ++j) {
             double s = 0;
-            for (int64_t k = 0; k < K; ++k) s += double(A[size_t(i * K + k)]) * B[size_t(j * K + k)];
+            for (int64_t k = 0; k < K; ++k)
+                s += double(A[size_t(i * K + k)]) * B[size_t(j * K + k)];
             if (s > b1) {
                 b2 = b1, j2 = j1, b1 = s, j1 = int(j);
             } else if (s > b2) {
@@ -77,7 +80,8 @@ TEST(AlignTop2Cpu, MatchesBruteForceAcrossTiles) {
 }
 
 TEST(AlignTop2Cpu, TiesGoToTheLowerColumnAcrossTiles) {
-    // Every source row equal: each target's best is column 0 and second column 1, whatever the tiles.
+    // Every source row equal: each target's best is column 0 and second column 1, whatever the
+    // tiles.
     const int64_t M = 10, N = 50, K = 3;
     std::vector<float> A(size_t(M * K), 0.5f), B(size_t(N * K), 1.0f);
     std::vector<AlignTop2> got(static_cast<size_t>(M));
@@ -110,7 +114,8 @@ TEST(AlignTokenizer, SpellingsAndBytes) {
     // FVT pieces: llama's "▁the" is gpt2's "Ġthe"; a raw byte token falls back to the byte entry.
     EXPECT_EQ(align_fvt_pieces(*llama, l_the, *gpt2), std::vector<int32_t>{g_the});
     const int32_t l_e9 = *llama->tokenizer.token_to_id("<0xE9>");  // half of a UTF-8 character
-    const int32_t g_e9 = *gpt2->tokenizer.token_to_id("\xC3\xA9");  // byte 0xE9 in GPT-2's table: "é"
+    const int32_t g_e9 =
+        *gpt2->tokenizer.token_to_id("\xC3\xA9");  // byte 0xE9 in GPT-2's table: "é"
     EXPECT_EQ(align_fvt_pieces(*llama, l_e9, *gpt2), std::vector<int32_t>{g_e9});
 }
 
@@ -148,7 +153,8 @@ TEST(AlignMap, RecoversAPlantedAlignmentUnderRotation) {
         tv.ids.push_back(t);
         for (int64_t i = 0; i < D; ++i) {
             double acc = 0;
-            for (int64_t k = 0; k < D; ++k) acc += Q[size_t(i * D + k)] * sv.values[size_t(s * D + k)];
+            for (int64_t k = 0; k < D; ++k)
+                acc += Q[size_t(i * D + k)] * sv.values[size_t(s * D + k)];
             tv.values.push_back(float(acc));
         }
     };
@@ -255,7 +261,8 @@ TEST(AlignMap, NoSharedTokensIsAClearError) {
     req.device = AlignDevice::kCpu;
     auto r = align_map_compute(*src, *tgt, v, v, {}, req);
     ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.status().to_string().find("share no token"), std::string::npos) << r.status().to_string();
+    EXPECT_NE(r.status().to_string().find("share no token"), std::string::npos)
+        << r.status().to_string();
 
     // Shared tokens, but none has a vector on both sides: no pivots.
     const std::string c = temp_path("c.json");
@@ -268,7 +275,8 @@ TEST(AlignMap, NoSharedTokensIsAClearError) {
     only1.values = {1, 0};
     auto r2 = align_map_compute(*src, *tgt2, v, only1, {}, req);
     ASSERT_FALSE(r2.ok());
-    EXPECT_NE(r2.status().to_string().find("no pivots"), std::string::npos) << r2.status().to_string();
+    EXPECT_NE(r2.status().to_string().find("no pivots"), std::string::npos)
+        << r2.status().to_string();
 }
 
 TEST(AlignMap, VectorsOfAnotherTokenizerAreRefused) {
@@ -276,7 +284,8 @@ TEST(AlignMap, VectorsOfAnotherTokenizerAreRefused) {
     ASSERT_TRUE(file_write_atomic(p, "0 0.5 0.25\n7 1 2\n").ok());
     auto v = align_load_vectors(p, 5);
     ASSERT_FALSE(v.ok());
-    EXPECT_NE(v.status().to_string().find("token id 7"), std::string::npos) << v.status().to_string();
+    EXPECT_NE(v.status().to_string().find("token id 7"), std::string::npos)
+        << v.status().to_string();
     EXPECT_TRUE(align_load_vectors(p, 8).ok());
 }
 
@@ -320,7 +329,8 @@ TEST(AlignMap, MapAndReportFilesRoundTrip) {
     ASSERT_TRUE(file_write_atomic(bad, R"({"0": 1, "2": 3})").ok());
     auto m = align_read_map(bad);
     ASSERT_FALSE(m.ok());
-    EXPECT_NE(m.status().to_string().find("target id 2"), std::string::npos) << m.status().to_string();
+    EXPECT_NE(m.status().to_string().find("target id 2"), std::string::npos)
+        << m.status().to_string();
 }
 
 }  // namespace

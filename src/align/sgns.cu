@@ -215,9 +215,8 @@ void SgnsCuda::download(SgnsModel& model) const {
     LATHE_CHECK(model.V == V_ && model.D == D_, "model {}x{} vs device {}x{}", model.V, model.D, V_,
                 D_);
     const Buffers& b = *buffers_;
-    LATHE_CUDA_CHECK(cudaMemcpyAsync(model.in.data(), b.in->data(),
-                                     model.in.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                     b.stream));
+    LATHE_CUDA_CHECK(cudaMemcpyAsync(model.in.data(), b.in->data(), model.in.size() * sizeof(float),
+                                     cudaMemcpyDeviceToHost, b.stream));
     LATHE_CUDA_CHECK(cudaMemcpyAsync(model.out.data(), b.out->data(),
                                      model.out.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                      b.stream));

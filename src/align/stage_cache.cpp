@@ -1,6 +1,5 @@
 #include "align/stage_cache.h"
 
-
 #include <sys/stat.h>
 
 #include <algorithm>

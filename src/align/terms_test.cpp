@@ -97,7 +97,9 @@ protected:
 };
 
 TEST_F(TermsRunTest, MinesScoresAndWritesATokenizerThatUsesTheTerms) {
-    ASSERT_TRUE(fs::exists(tokenizer_)) << tokenizer_ << " missing" << " (required test data: ../shared, scripts/install-deps.sh)";
+    ASSERT_TRUE(fs::exists(tokenizer_))
+        << tokenizer_ << " missing"
+        << " (required test data: ../shared, scripts/install-deps.sh)";
     std::string text;
     for (int i = 0; i < 20; ++i) {
         text += "The patient had amoxicillin clavulanate and left ventricular hypokinesis.\n";
@@ -179,7 +181,9 @@ TEST_F(TermsRunTest, MinesScoresAndWritesATokenizerThatUsesTheTerms) {
 
 TEST_F(TermsRunTest, TokenizerConfigIsCopiedWithTheTerms) {
     const std::string shared = std::string(LATHE_SHARED_DIR) + "/tokenizers/";
-    ASSERT_TRUE(fs::exists(shared + "qwen3.tokenizer_config.json")) << "qwen3 missing" << " (required test data: ../shared, scripts/install-deps.sh)";
+    ASSERT_TRUE(fs::exists(shared + "qwen3.tokenizer_config.json"))
+        << "qwen3 missing"
+        << " (required test data: ../shared, scripts/install-deps.sh)";
     fs::copy_file(shared + "qwen3.json", path("qwen3.json"));
     fs::copy_file(shared + "qwen3.tokenizer_config.json", path("qwen3.tokenizer_config.json"));
     std::string text;
@@ -213,7 +217,9 @@ TEST_F(TermsRunTest, TokenizerConfigIsCopiedWithTheTerms) {
 }
 
 TEST_F(TermsRunTest, GeneralCorpusDropsGeneralWords) {
-    ASSERT_TRUE(fs::exists(tokenizer_)) << tokenizer_ << " missing" << " (required test data: ../shared, scripts/install-deps.sh)";
+    ASSERT_TRUE(fs::exists(tokenizer_))
+        << tokenizer_ << " missing"
+        << " (required test data: ../shared, scripts/install-deps.sh)";
     std::string domain, general;
     for (int i = 0; i < 10; ++i) {
         domain += "the hypokinesis and dyskinesia here\n";
@@ -245,7 +251,9 @@ TEST_F(TermsRunTest, GeneralCorpusDropsGeneralWords) {
 }
 
 TEST_F(TermsRunTest, PruningBoundsTheTableAndKeepsFrequentTerms) {
-    ASSERT_TRUE(fs::exists(tokenizer_)) << tokenizer_ << " missing" << " (required test data: ../shared, scripts/install-deps.sh)";
+    ASSERT_TRUE(fs::exists(tokenizer_))
+        << tokenizer_ << " missing"
+        << " (required test data: ../shared, scripts/install-deps.sh)";
     std::string text;
     for (int i = 0; i < 300; ++i) {
         // One frequent word, many words seen once (distinct numbers).
@@ -270,7 +278,9 @@ TEST_F(TermsRunTest, PruningBoundsTheTableAndKeepsFrequentTerms) {
 }
 
 TEST_F(TermsRunTest, BadInputIsAClearError) {
-    ASSERT_TRUE(fs::exists(tokenizer_)) << tokenizer_ << " missing" << " (required test data: ../shared, scripts/install-deps.sh)";
+    ASSERT_TRUE(fs::exists(tokenizer_))
+        << tokenizer_ << " missing"
+        << " (required test data: ../shared, scripts/install-deps.sh)";
     ASSERT_TRUE(file_write_atomic(path("domain.txt"), "ok line\nbad \xff byte\n").ok());
     auto r = align_terms_run(options());
     ASSERT_FALSE(r.ok());
@@ -301,7 +311,9 @@ TEST_F(TermsRunTest, BadInputIsAClearError) {
 }
 
 TEST_F(TermsRunTest, JsonlInputWithKey) {
-    ASSERT_TRUE(fs::exists(tokenizer_)) << tokenizer_ << " missing" << " (required test data: ../shared, scripts/install-deps.sh)";
+    ASSERT_TRUE(fs::exists(tokenizer_))
+        << tokenizer_ << " missing"
+        << " (required test data: ../shared, scripts/install-deps.sh)";
     std::string text;
     for (int i = 0; i < 5; ++i) text += "{\"id\": 1, \"body\": \"new cardiomyopathy cases\"}\n";
     ASSERT_TRUE(file_write_atomic(path("domain.jsonl"), text).ok());

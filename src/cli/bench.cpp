@@ -50,13 +50,15 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         ->capture_default_str();
     cmd->add_option("--threads", o->req.threads, "CPU threads (OpenMP); 0 = all cores")
         ->capture_default_str();
-    cmd->add_flag("--nondeterministic", o->req.nondeterministic,
-                  "Let the GPU use its faster nondeterministic kernels, as train.deterministic: false "
-                  "(the attention backward's dQ by atomics, as PyTorch's flash attention)");
+    cmd->add_flag(
+        "--nondeterministic", o->req.nondeterministic,
+        "Let the GPU use its faster nondeterministic kernels, as train.deterministic: false "
+        "(the attention backward's dQ by atomics, as PyTorch's flash attention)");
     // Given bare, --recompute means full (its spelling when full was the only mode).
-    cmd->add_option("--recompute", o->recompute,
-                    "Activation recompute, as train.recompute: none, selective (norm and activation "
-                    "outputs recomputed), full (one layer's activations kept); bare: full")
+    cmd->add_option(
+           "--recompute", o->recompute,
+           "Activation recompute, as train.recompute: none, selective (norm and activation "
+           "outputs recomputed), full (one layer's activations kept); bare: full")
         ->expected(0, 1);
     cmd->add_flag("--plan-only", o->req.plan_only,
                   "Print the parameter count, FLOPs per token and the memory plan; run nothing");

@@ -12,18 +12,27 @@ std::atomic<LogLevel> g_level{LogLevel::kInfo};  // process-wide setting, writte
 std::mutex g_write_mutex;                        // keeps concurrent lines whole
 const char* level_tag(LogLevel level) {
     switch (level) {
-        case LogLevel::kDebug: return "debug";
-        case LogLevel::kInfo: return "info ";
-        case LogLevel::kWarning: return "warn ";
-        case LogLevel::kError: return "error";
-        case LogLevel::kSilent: return "";
+        case LogLevel::kDebug:
+            return "debug";
+        case LogLevel::kInfo:
+            return "info ";
+        case LogLevel::kWarning:
+            return "warn ";
+        case LogLevel::kError:
+            return "error";
+        case LogLevel::kSilent:
+            return "";
     }
     return "";
 }
 }  // namespace
 
-void log_set_level(LogLevel level) { g_level.store(level, std::memory_order_relaxed); }
-LogLevel log_level() { return g_level.load(std::memory_order_relaxed); }
+void log_set_level(LogLevel level) {
+    g_level.store(level, std::memory_order_relaxed);
+}
+LogLevel log_level() {
+    return g_level.load(std::memory_order_relaxed);
+}
 
 void log_write(LogLevel level, std::string_view message) {
     const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());

@@ -16,19 +16,23 @@ void log_write(LogLevel level, std::string_view message);
 
 template <typename... Args>
 void log_debug(fmt::format_string<Args...> f, Args&&... args) {
-    if (log_level() <= LogLevel::kDebug) log_write(LogLevel::kDebug, fmt::format(f, std::forward<Args>(args)...));
+    if (log_level() <= LogLevel::kDebug)
+        log_write(LogLevel::kDebug, fmt::format(f, std::forward<Args>(args)...));
 }
 template <typename... Args>
 void log_info(fmt::format_string<Args...> f, Args&&... args) {
-    if (log_level() <= LogLevel::kInfo) log_write(LogLevel::kInfo, fmt::format(f, std::forward<Args>(args)...));
+    if (log_level() <= LogLevel::kInfo)
+        log_write(LogLevel::kInfo, fmt::format(f, std::forward<Args>(args)...));
 }
 template <typename... Args>
 void log_warning(fmt::format_string<Args...> f, Args&&... args) {
-    if (log_level() <= LogLevel::kWarning) log_write(LogLevel::kWarning, fmt::format(f, std::forward<Args>(args)...));
+    if (log_level() <= LogLevel::kWarning)
+        log_write(LogLevel::kWarning, fmt::format(f, std::forward<Args>(args)...));
 }
 template <typename... Args>
 void log_error(fmt::format_string<Args...> f, Args&&... args) {
-    if (log_level() <= LogLevel::kError) log_write(LogLevel::kError, fmt::format(f, std::forward<Args>(args)...));
+    if (log_level() <= LogLevel::kError)
+        log_write(LogLevel::kError, fmt::format(f, std::forward<Args>(args)...));
 }
 
 }  // namespace lathe

@@ -38,7 +38,8 @@ std::string Progress::format_bytes(double bytes) {
         bytes /= 1000.0;
         ++u;
     }
-    return u == 0 ? fmt::format("{:.0f} {}", bytes, units[u]) : fmt::format("{:.1f} {}", bytes, units[u]);
+    return u == 0 ? fmt::format("{:.0f} {}", bytes, units[u])
+                  : fmt::format("{:.1f} {}", bytes, units[u]);
 }
 
 std::string Progress::format_count(double count) {
@@ -59,9 +60,9 @@ std::string Progress::line() const {
     const double t = std::max(elapsed_s(), 1e-9);
     const double b = static_cast<double>(bytes_.load());
     const double n = static_cast<double>(items_.load());
-    std::string out = fmt::format("{}: {} {}, {} ({}/s, {} {}/s)", label_, format_count(n),
-                                  item_name_, format_bytes(b), format_bytes(b / t),
-                                  format_count(n / t), item_name_);
+    std::string out =
+        fmt::format("{}: {} {}, {} ({}/s, {} {}/s)", label_, format_count(n), item_name_,
+                    format_bytes(b), format_bytes(b / t), format_count(n / t), item_name_);
     if (total_bytes_ > 0) {
         const double frac = std::min(1.0, b / static_cast<double>(total_bytes_));
         out += fmt::format(" {:.1f}%", 100.0 * frac);

@@ -30,7 +30,7 @@ public:
 
     // Formats "12.3 MB", "1.2 GB"...; shared so every report reads the same.
     static std::string format_bytes(double bytes);
-    static std::string format_count(double count);  // "1.2M", "34.5k"
+    static std::string format_count(double count);       // "1.2M", "34.5k"
     static std::string format_duration(double seconds);  // "1h02m", "3m05s", "12s"
 
 private:

@@ -4,15 +4,24 @@ namespace lathe {
 
 const char* status_code_name(StatusCode code) {
     switch (code) {
-        case StatusCode::kOk: return "ok";
-        case StatusCode::kInvalidArgument: return "invalid argument";
-        case StatusCode::kNotFound: return "not found";
-        case StatusCode::kIoError: return "i/o error";
-        case StatusCode::kDataLoss: return "corrupt data";
-        case StatusCode::kFailedPrecondition: return "failed precondition";
-        case StatusCode::kUnimplemented: return "unsupported";
-        case StatusCode::kCancelled: return "cancelled";
-        case StatusCode::kInternal: return "internal error";
+        case StatusCode::kOk:
+            return "ok";
+        case StatusCode::kInvalidArgument:
+            return "invalid argument";
+        case StatusCode::kNotFound:
+            return "not found";
+        case StatusCode::kIoError:
+            return "i/o error";
+        case StatusCode::kDataLoss:
+            return "corrupt data";
+        case StatusCode::kFailedPrecondition:
+            return "failed precondition";
+        case StatusCode::kUnimplemented:
+            return "unsupported";
+        case StatusCode::kCancelled:
+            return "cancelled";
+        case StatusCode::kInternal:
+            return "internal error";
     }
     return "unknown";
 }

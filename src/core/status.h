@@ -17,14 +17,14 @@ namespace lathe {
 
 enum class StatusCode {
     kOk = 0,
-    kInvalidArgument,    // bad input: a flag, a config key, a malformed record
-    kNotFound,           // a file, a key, a token that does not exist
-    kIoError,            // the OS refused a read or write
-    kDataLoss,           // a file exists but is corrupt or truncated
-    kFailedPrecondition, // the request is valid but the state does not allow it
-    kUnimplemented,      // a valid request lathe does not support (yet)
-    kCancelled,          // stopped by a signal or the user
-    kInternal,           // a library below us failed in a way the user cannot fix
+    kInvalidArgument,     // bad input: a flag, a config key, a malformed record
+    kNotFound,            // a file, a key, a token that does not exist
+    kIoError,             // the OS refused a read or write
+    kDataLoss,            // a file exists but is corrupt or truncated
+    kFailedPrecondition,  // the request is valid but the state does not allow it
+    kUnimplemented,       // a valid request lathe does not support (yet)
+    kCancelled,           // stopped by a signal or the user
+    kInternal,            // a library below us failed in a way the user cannot fix
 };
 
 const char* status_code_name(StatusCode code);
@@ -49,7 +49,9 @@ private:
     std::string message_;
 };
 
-inline Status ok_status() { return Status(); }
+inline Status ok_status() {
+    return Status();
+}
 
 template <typename... Args>
 Status invalid_argument_error(fmt::format_string<Args...> f, Args&&... args) {
@@ -89,7 +91,7 @@ Status cancelled_error(fmt::format_string<Args...> f, Args&&... args) {
 template <typename T>
 class [[nodiscard]] Result {
 public:
-    Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+    Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
     Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
         if (status_.ok()) status_ = internal_error("Result constructed from an ok Status");
     }
@@ -116,9 +118,9 @@ private:
 #define LATHE_CONCAT_(a, b) LATHE_CONCAT_INNER_(a, b)
 
 // Returns the Status of `expr` from the enclosing function if it is not ok.
-#define LATHE_RETURN_IF_ERROR(expr)                   \
-    do {                                              \
-        ::lathe::Status lathe_status_ = (expr);       \
+#define LATHE_RETURN_IF_ERROR(expr)                    \
+    do {                                               \
+        ::lathe::Status lathe_status_ = (expr);        \
         if (!lathe_status_.ok()) return lathe_status_; \
     } while (0)
 

@@ -61,19 +61,28 @@ std::string_view trim(std::string_view s) {
     return s.substr(b, e - b + 1);
 }
 
-bool starts_with(std::string_view s, std::string_view prefix) { return s.starts_with(prefix); }
-bool ends_with(std::string_view s, std::string_view suffix) { return s.ends_with(suffix); }
+bool starts_with(std::string_view s, std::string_view prefix) {
+    return s.starts_with(prefix);
+}
+bool ends_with(std::string_view s, std::string_view suffix) {
+    return s.ends_with(suffix);
+}
 
 std::string escape_for_message(std::string_view s, size_t max_len) {
     std::string out;
     const size_t n = std::min(s.size(), max_len);
     for (size_t i = 0; i < n; ++i) {
         const unsigned char c = static_cast<unsigned char>(s[i]);
-        if (c == '\n') out += "\\n";
-        else if (c == '\t') out += "\\t";
-        else if (c == '\r') out += "\\r";
-        else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
-        else out += static_cast<char>(c);
+        if (c == '\n')
+            out += "\\n";
+        else if (c == '\t')
+            out += "\\t";
+        else if (c == '\r')
+            out += "\\r";
+        else if (c < 0x20 || c == 0x7f)
+            out += fmt::format("\\x{:02x}", c);
+        else
+            out += static_cast<char>(c);
     }
     if (s.size() > max_len) out += "...";
     return out;

@@ -207,8 +207,8 @@ Status run_spec(const std::string& spec_path) {
     return file_write_atomic(spec.at("out").get<std::string>(), result.dump());
 }
 
-// DISABLED_: a driver, not a test of its own; CTest does not run it, tests/test_gpt2_dataset.py does
-// (with --gtest_also_run_disabled_tests and a spec).
+// DISABLED_: a driver, not a test of its own; CTest does not run it, tests/test_gpt2_dataset.py
+// does (with --gtest_also_run_disabled_tests and a spec).
 TEST(Gpt2DatasetDriver, DISABLED_RunSpecFromEnvironment) {
     const char* spec = std::getenv("LATHE_GPT2_DATASET_SPEC");
     ASSERT_NE(spec, nullptr) << "set LATHE_GPT2_DATASET_SPEC (tests/test_gpt2_dataset.py does)";

@@ -320,20 +320,22 @@ Status missing_token_files(const std::string& prefix) {
         if (!ends_with(prefix, ext)) continue;
         const std::string stem = prefix.substr(0, prefix.size() - ext.size());
         if (::access(indexed_idx_path(stem).c_str(), F_OK) == 0)
-            return invalid_argument_error("{}: a token-file prefix is the path without .bin/.idx: pass {}", prefix,
-                                          stem);
+            return invalid_argument_error(
+                "{}: a token-file prefix is the path without .bin/.idx: pass {}", prefix, stem);
     }
     const std::string what =
         ::access(prefix.c_str(), F_OK) == 0 ? "not a token-file prefix" : "no token files there";
-    return not_found_error("{}: {} ({}: no such file); token files are PREFIX.bin + PREFIX.idx, written by "
-                           "`lathe prepare --output-prefix PREFIX`",
-                           prefix, what, indexed_idx_path(prefix));
+    return not_found_error(
+        "{}: {} ({}: no such file); token files are PREFIX.bin + PREFIX.idx, written by "
+        "`lathe prepare --output-prefix PREFIX`",
+        prefix, what, indexed_idx_path(prefix));
 }
 
 }  // namespace
 
 Result<IndexedDataset> IndexedDataset::open(const std::string& prefix) {
-    if (::access(indexed_idx_path(prefix).c_str(), F_OK) != 0 && errno == ENOENT) return missing_token_files(prefix);
+    if (::access(indexed_idx_path(prefix).c_str(), F_OK) != 0 && errno == ENOENT)
+        return missing_token_files(prefix);
     IndexedDataset ds;
     ds.prefix_ = prefix;
     const std::string idx_path = indexed_idx_path(prefix);

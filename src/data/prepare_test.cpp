@@ -56,7 +56,8 @@ std::string numbered_jsonl(int n) {
 }
 
 TEST(Prepare, OrderIsKeptWithManyThreadsAndTinyBatches) {
-    ASSERT_TRUE(std::filesystem::exists(kGpt2)) << "no " << kGpt2 << " (required test data: ../shared, scripts/install-deps.sh)";
+    ASSERT_TRUE(std::filesystem::exists(kGpt2))
+        << "no " << kGpt2 << " (required test data: ../shared, scripts/install-deps.sh)";
     const std::string src = write_file("numbered.jsonl", numbered_jsonl(3000));
     PrepareOptions one = options({src}, "one");
     one.threads = 1;
@@ -93,7 +94,8 @@ TEST(Prepare, OrderIsKeptWithManyThreadsAndTinyBatches) {
 }
 
 TEST(Prepare, FirstBadRecordInInputOrderIsReportedWithFileAndLine) {
-    ASSERT_TRUE(std::filesystem::exists(kGpt2)) << "no " << kGpt2 << " (required test data: ../shared, scripts/install-deps.sh)";
+    ASSERT_TRUE(std::filesystem::exists(kGpt2))
+        << "no " << kGpt2 << " (required test data: ../shared, scripts/install-deps.sh)";
     std::string body = numbered_jsonl(500);
     body += "{\"text\": 5}\n";  // line 501
     body += numbered_jsonl(500);
@@ -120,7 +122,8 @@ TEST(Prepare, FirstBadRecordInInputOrderIsReportedWithFileAndLine) {
 }
 
 TEST(Prepare, CancelledRunLeavesNothing) {
-    ASSERT_TRUE(std::filesystem::exists(kGpt2)) << "no " << kGpt2 << " (required test data: ../shared, scripts/install-deps.sh)";
+    ASSERT_TRUE(std::filesystem::exists(kGpt2))
+        << "no " << kGpt2 << " (required test data: ../shared, scripts/install-deps.sh)";
     const std::string src = write_file("cancel.jsonl", numbered_jsonl(2000));
     std::atomic<bool> cancel{true};
     PrepareOptions o = options({src}, "cancelled");
@@ -135,7 +138,8 @@ TEST(Prepare, CancelledRunLeavesNothing) {
 }
 
 TEST(Prepare, EodResolution) {
-    ASSERT_TRUE(std::filesystem::exists(kLlama3)) << "no " << kLlama3 << " (required test data: ../shared, scripts/install-deps.sh)";
+    ASSERT_TRUE(std::filesystem::exists(kLlama3))
+        << "no " << kLlama3 << " (required test data: ../shared, scripts/install-deps.sh)";
     auto gpt2 = Tokenizer::load(kGpt2);
     auto llama3 = Tokenizer::load(kLlama3);
     ASSERT_TRUE(gpt2.ok() && llama3.ok());

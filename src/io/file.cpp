@@ -28,7 +28,7 @@ Result<std::string> file_read_all(const std::string& path) {
 }
 
 Result<uint64_t> file_size(const std::string& path) {
-    struct stat st{};
+    struct stat st {};
     if (::stat(path.c_str(), &st) != 0) {
         if (errno == ENOENT) return not_found_error("{}: no such file", path);
         return io_error("{}: cannot stat: {}", path, std::strerror(errno));
@@ -37,7 +37,7 @@ Result<uint64_t> file_size(const std::string& path) {
 }
 
 bool file_exists(const std::string& path) {
-    struct stat st{};
+    struct stat st {};
     return ::stat(path.c_str(), &st) == 0;
 }
 
@@ -55,7 +55,7 @@ Result<MappedFile> MappedFile::open(const std::string& path) {
         if (errno == ENOENT) return not_found_error("{}: no such file", path);
         return io_error("{}: cannot open: {}", path, std::strerror(errno));
     }
-    struct stat st{};
+    struct stat st {};
     if (::fstat(fd, &st) != 0) {
         const int err = errno;
         ::close(fd);
@@ -78,7 +78,8 @@ Result<MappedFile> MappedFile::open(const std::string& path) {
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
-    : path_(std::move(other.path_)), data_(std::exchange(other.data_, nullptr)),
+    : path_(std::move(other.path_)),
+      data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
@@ -91,7 +92,9 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     return *this;
 }
 
-MappedFile::~MappedFile() { release(); }
+MappedFile::~MappedFile() {
+    release();
+}
 
 void MappedFile::release() {
     if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
@@ -114,7 +117,8 @@ Result<AtomicFile> AtomicFile::create(const std::string& path) {
 }
 
 AtomicFile::AtomicFile(AtomicFile&& other) noexcept
-    : path_(std::move(other.path_)), temp_path_(std::move(other.temp_path_)),
+    : path_(std::move(other.path_)),
+      temp_path_(std::move(other.temp_path_)),
       file_(std::exchange(other.file_, nullptr)),
       bytes_written_(std::exchange(other.bytes_written_, 0)) {}
 
@@ -129,7 +133,9 @@ AtomicFile& AtomicFile::operator=(AtomicFile&& other) noexcept {
     return *this;
 }
 
-AtomicFile::~AtomicFile() { abandon(); }
+AtomicFile::~AtomicFile() {
+    abandon();
+}
 
 void AtomicFile::abandon() {
     if (file_ != nullptr) {

@@ -9,8 +9,8 @@ namespace lathe {
 namespace {
 
 std::string temp_dir() {
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("lathe_file_test_" + std::to_string(::getpid()));
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("lathe_file_test_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
     return dir.string();
 }

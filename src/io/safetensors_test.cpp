@@ -809,7 +809,8 @@ TEST(SafetensorsInterop, DISABLED_WriteForPython) {
 TEST(SafetensorsInterop, DISABLED_DumpForPython) {
     const char* read_env = std::getenv("LATHE_ST_READ");
     const char* dump_env = std::getenv("LATHE_ST_DUMP");
-    ASSERT_TRUE(read_env != nullptr && dump_env != nullptr) << "driven by tests/test_safetensors.py";
+    ASSERT_TRUE(read_env != nullptr && dump_env != nullptr)
+        << "driven by tests/test_safetensors.py";
     auto ck = SafetensorsCheckpoint::open(read_env);
     ASSERT_TRUE(ck.ok()) << "LATHE_ERROR: " << ck.status().to_string();
     nlohmann::json out = {{"tensors", nlohmann::json::object()}};

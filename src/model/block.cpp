@@ -55,8 +55,8 @@ void block_forward(const ModelConfig& c, int layer, const BlockWeights& w, const
     if (c.position == PositionKind::kRope) {
         rope_qk_forward(a.q, a.k, a.q, a.k, in.positions, in.rope_cos, in.rope_sin, ctx);
     }
-    attention_forward(a.att, a.lse, a.q, a.k, a.v, in.docs, c.window(layer), block_attention_scale(c),
-                      ctx);
+    attention_forward(a.att, a.lse, a.q, a.k, a.v, in.docs, c.window(layer),
+                      block_attention_scale(c), ctx);
 
     // Residual and MLP branch.
     if (c.parallel_residual) {

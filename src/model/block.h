@@ -92,8 +92,9 @@ struct BlockInputs {
 };
 
 // Calls f(name, member, dtype, shape) for each saved tensor a block of `config` needs for a
-// (B, T) batch with activations of dtype `a` (f32 on the CPU, bf16 on CUDA; statistics are f32), x_out excluded (it is the next block's x_in). Members a config does not use
-// (LayerNorm means for RMSNorm, x_mid for the parallel residual) are not listed.
+// (B, T) batch with activations of dtype `a` (f32 on the CPU, bf16 on CUDA; statistics are f32),
+// x_out excluded (it is the next block's x_in). Members a config does not use (LayerNorm means for
+// RMSNorm, x_mid for the parallel residual) are not listed.
 template <typename F>
 void block_acts_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a, F&& f) {
     const int64_t C = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;

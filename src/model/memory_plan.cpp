@@ -24,9 +24,12 @@ size_t add_entry(ArenaLayout& layout, std::string name, DType dtype, Shape shape
 
 const char* recompute_name(Recompute mode) {
     switch (mode) {
-        case Recompute::kNone: return "none";
-        case Recompute::kSelective: return "selective";
-        case Recompute::kFull: return "full";
+        case Recompute::kNone:
+            return "none";
+        case Recompute::kSelective:
+            return "selective";
+        case Recompute::kFull:
+            return "full";
     }
     return "?";
 }
@@ -39,9 +42,9 @@ std::optional<Recompute> recompute_from_name(std::string_view name) {
 
 size_t memory_plan_attention_workspace_estimate(const ModelConfig& c, int64_t B, int64_t T) {
     const size_t key_blocks = size_t((T + 127) / 128);
-    const size_t rows = size_t(B) * size_t(c.num_heads) * size_t(T);  // (b, h, t)
+    const size_t rows = size_t(B) * size_t(c.num_heads) * size_t(T);       // (b, h, t)
     size_t bytes = key_blocks * rows * size_t(c.head_dim) * sizeof(float)  // partial dQ
-                   + rows * sizeof(float);                                  // dot(dO, O)
+                   + rows * sizeof(float);                                 // dot(dO, O)
     // GQA: dK and dV per query head (bf16), summed over each group afterwards.
     if (c.num_kv_heads != c.num_heads) bytes += 2 * rows * size_t(c.head_dim) * 2;
     return bytes;
@@ -116,9 +119,9 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
                         ? member != &BlockActs::x_in
                         : shape.recompute == Recompute::kSelective &&
                               block_selective_recomputes(c, shape.backend, member);
-                shared.push_back(is_shared ? add_entry(act, fmt::format("recompute.{}", name),
-                                                       dtype, s)
-                                           : kNoEntryIndex);
+                shared.push_back(is_shared
+                                     ? add_entry(act, fmt::format("recompute.{}", name), dtype, s)
+                                     : kNoEntryIndex);
             }
             const size_t entry =
                 shared[i] != kNoEntryIndex
@@ -153,11 +156,14 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     std::vector<size_t> block_scratch;
     auto add_block_scratch = [&](bool dead) {
         size_t i = 0;
-        block_scratch_for_each(c, B, T, a, [&](const char* name, auto member, DType dtype, Shape s) {
-            if (block_scratch.size() <= i) block_scratch.resize(i + 1, kNoEntryIndex);
-            if (dead_in_attention(member) == dead) block_scratch[i] = add_entry(scr, name, dtype, s);
-            ++i;
-        });
+        block_scratch_for_each(c, B, T, a,
+                               [&](const char* name, auto member, DType dtype, Shape s) {
+                                   if (block_scratch.size() <= i)
+                                       block_scratch.resize(i + 1, kNoEntryIndex);
+                                   if (dead_in_attention(member) == dead)
+                                       block_scratch[i] = add_entry(scr, name, dtype, s);
+                                   ++i;
+                               });
     };
     add_block_scratch(false);
     plan.dres = add_entry(scr, "dresidual", a, Shape{B, T, C});
@@ -188,12 +194,13 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
 
 std::string MemoryPlan::table(std::string_view title) const {
     std::string out = fmt::format("memory plan: {}\n", title);
-    out += fmt::format("  batch {} x {} tokens, LM-head chunk {} rows, on the {} ({} activations{})\n",
-                       shape.batch, shape.seq_len, shape.lm_head_chunk_rows,
-                       backend_name(shape.backend), dtype_name(activation_dtype(shape.backend)),
-                       shape.recompute == Recompute::kNone
-                           ? ""
-                           : fmt::format(", {} recompute", recompute_name(shape.recompute)));
+    out +=
+        fmt::format("  batch {} x {} tokens, LM-head chunk {} rows, on the {} ({} activations{})\n",
+                    shape.batch, shape.seq_len, shape.lm_head_chunk_rows,
+                    backend_name(shape.backend), dtype_name(activation_dtype(shape.backend)),
+                    shape.recompute == Recompute::kNone
+                        ? ""
+                        : fmt::format(", {} recompute", recompute_name(shape.recompute)));
     const std::pair<const char*, size_t> rows[] = {
         {"parameters", parameter_bytes()},
         {"gradients", gradient_bytes()},
@@ -210,8 +217,7 @@ std::string MemoryPlan::table(std::string_view title) const {
         out += fmt::format(
             "  cuDNN's attention workspace ({}) shares {} of scratch with buffers dead during "
             "attention\n",
-            format_bytes(attention_workspace),
-            format_bytes(attention_shared));
+            format_bytes(attention_workspace), format_bytes(attention_shared));
     return out;
 }
 

@@ -25,8 +25,8 @@
 // Dtypes follow the backend (ModelShape::backend): on the CPU reference every float entry is f32;
 // on CUDA activations, their gradients and the compute copy of the weights are bf16 while master
 // weights, gradients, moments, saved statistics (mean, rstd, lse), the loss and the LM head's
-// logits chunk stay f32 (docs/CUDA.md, "Storage policy"). Activation names: "layers.{l}.{name}" with the
-// names of block_acts_for_each, and "embed.*", "final.*", "lm_head.*", "input.*".
+// logits chunk stay f32 (docs/CUDA.md, "Storage policy"). Activation names: "layers.{l}.{name}"
+// with the names of block_acts_for_each, and "embed.*", "final.*", "lm_head.*", "input.*".
 
 #include <cstddef>
 #include <cstdint>
@@ -105,8 +105,8 @@ constexpr DType activation_dtype(Backend backend) {
 struct MemoryPlan {
     static constexpr size_t kNoEntry = size_t(-1);
 
-    ModelShape shape;    // lm_head_chunk_rows resolved
-    ArenaLayout params;  // also the layout of the gradients and of each AdamW moment
+    ModelShape shape;            // lm_head_chunk_rows resolved
+    ArenaLayout params;          // also the layout of the gradients and of each AdamW moment
     ArenaLayout params_compute;  // CUDA: params' entries in bf16, element offsets equal to
                                  // params' (empty on the CPU)
     ArenaLayout activations;
@@ -138,8 +138,8 @@ struct MemoryPlan {
     // (ops/cuda/attention.h, attention_lend_workspace). Zero on the CPU.
     size_t attention_workspace = 0;  // bytes the workspace needs (shape's, or the estimate)
     size_t attention_offset = 0, attention_bytes = 0;
-    size_t attention_shared = 0;     // of the workspace's bytes, those the dead buffers hold
-    size_t runtime = 0;  // bytes of backend buffers outside the arenas (CUDA: CudaState's)
+    size_t attention_shared = 0;  // of the workspace's bytes, those the dead buffers hold
+    size_t runtime = 0;           // bytes of backend buffers outside the arenas (CUDA: CudaState's)
 
     size_t parameter_bytes() const { return params.total_bytes() + params_compute.total_bytes(); }
     size_t gradient_bytes() const { return params.total_bytes(); }

@@ -76,8 +76,8 @@ Result<ModelArena> ModelArena::allocate(ArenaLayout layout, const Context& ctx) 
         auto buffer = std::make_shared<DeviceBuffer>(bytes);
         arena.base_ = buffer->data();
         arena.device_mem_ = std::shared_ptr<void>(buffer, buffer.get());
-        cuda_fill_bytes(TensorView(arena.base_, DType::kU8, Shape{int64_t(bytes)}, Device::kCuda), 0,
-                        ctx.stream);
+        cuda_fill_bytes(TensorView(arena.base_, DType::kU8, Shape{int64_t(bytes)}, Device::kCuda),
+                        0, ctx.stream);
     }
     return arena;
 #else
@@ -139,8 +139,13 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
                 windows.push_back(config.window(l));
         size_t workspace = 0;
         for (int64_t w : windows) {
-            cuda::AttentionShape s{m.plan_.shape.batch, m.plan_.shape.seq_len, config.num_heads,
-                                   config.num_kv_heads, config.head_dim, w, false,
+            cuda::AttentionShape s{m.plan_.shape.batch,
+                                   m.plan_.shape.seq_len,
+                                   config.num_heads,
+                                   config.num_kv_heads,
+                                   config.head_dim,
+                                   w,
+                                   false,
                                    block_attention_scale(config)};
             s.nondeterministic_backward = !ctx.deterministic;
             workspace = std::max(workspace, cuda::attention_workspace_bytes(state, s));
@@ -158,12 +163,14 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
     LATHE_ASSIGN_OR_RETURN(m.scratch_, ModelArena::allocate(m.plan_.scratch, ctx));
     if (m.on_cuda()) {
 #if LATHE_HAVE_CUDA
-        LATHE_ASSIGN_OR_RETURN(m.params_compute_, ModelArena::allocate(m.plan_.params_compute, ctx));
+        LATHE_ASSIGN_OR_RETURN(m.params_compute_,
+                               ModelArena::allocate(m.plan_.params_compute, ctx));
         LATHE_ASSIGN_OR_RETURN(HostArena staging, HostArena::allocate(m.plan_.params));
         m.staging_ = std::make_unique<HostArena>(std::move(staging));
         // Two halves of tokens, targets, docs, positions: four (B, T) i32 tensors each; a
         // micro-batch is staged into one half while the other's copy may still be in flight.
-        m.pinned_bytes_ = 2 * 4 * size_t(m.plan_.shape.batch * m.plan_.shape.seq_len) * sizeof(int32_t);
+        m.pinned_bytes_ =
+            2 * 4 * size_t(m.plan_.shape.batch * m.plan_.shape.seq_len) * sizeof(int32_t);
         auto pinned = std::make_shared<PinnedHostBuffer>(m.pinned_bytes_);
         m.pinned_ = std::shared_ptr<void>(pinned, pinned->data());
         for (std::shared_ptr<CUevent_st>& e : m.staged_) {
@@ -183,7 +190,8 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
                 lent, [owner](void* p) { cuda::attention_end_loan(*owner, p); });
             // Nothing grows now unless cuDNN's figure changed (then the state's own buffer does,
             // and the runtime row shows it).
-            for (const cuda::AttentionShape& s : attention_shapes) cuda::attention_prepare(state, s);
+            for (const cuda::AttentionShape& s : attention_shapes)
+                cuda::attention_prepare(state, s);
             m.plan_.runtime += cuda::attention_buffer_bytes(state);
         }
 #endif
@@ -457,9 +465,10 @@ void Model::optimizer_step(std::span<const AdamWSegment> segments, const AdamWHy
     LATHE_CHECK(has_optimizer(), "optimizer_step before enable_optimizer");
     const ConstTensorView clip =
         max_grad_norm > 0.0f ? ConstTensorView(scratch_.view(plan_.grad_norm)) : ConstTensorView();
-    adamw_update_with_copy(params_flat(), on_cuda() ? params_compute_.flat(DType::kBF16) : TensorView(),
-                           exp_avg_.flat_f32(), exp_avg_sq_.flat_f32(), grads_flat(), segments, hyper,
-                           step, clip, max_grad_norm, ctx_);
+    adamw_update_with_copy(params_flat(),
+                           on_cuda() ? params_compute_.flat(DType::kBF16) : TensorView(),
+                           exp_avg_.flat_f32(), exp_avg_sq_.flat_f32(), grads_flat(), segments,
+                           hyper, step, clip, max_grad_norm, ctx_);
 }
 
 void Model::read_optimizer_state(std::span<float> m, std::span<float> v) const {

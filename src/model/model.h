@@ -222,12 +222,12 @@ private:
     MemoryPlan plan_;
     Context ctx_;
     ModelArena params_, grads_, acts_, scratch_;
-    ModelArena params_compute_;         // CUDA: bf16 copy of params_
-    ModelArena exp_avg_, exp_avg_sq_;   // AdamW moments (enable_optimizer)
+    ModelArena params_compute_;           // CUDA: bf16 copy of params_
+    ModelArena exp_avg_, exp_avg_sq_;     // AdamW moments (enable_optimizer)
     std::unique_ptr<HostArena> staging_;  // CUDA: host copy of params_ for init/load/save
     std::shared_ptr<void> pinned_;        // CUDA: pinned host buffer for the batch, two halves
     size_t pinned_bytes_ = 0;
-    int pinned_half_ = 0;                 // the half the last load_batch staged into
+    int pinned_half_ = 0;                                // the half the last load_batch staged into
     std::array<std::shared_ptr<CUevent_st>, 2> staged_;  // CUDA: recorded after each half's copies
     // CUDA: the loan of the scratch bytes dead during attention to cuDNN's workspace
     // (memory_plan.h); its deleter ends the loan. Declared after the arenas: destroyed first.

@@ -257,11 +257,10 @@ TEST(MemoryPlan, TheAttentionWorkspaceSharesTheScratchDeadDuringAttention) {
             bool has_extra = false;
             for (const ArenaEntry& e : scr.entries()) {
                 const bool in_region = e.offset >= plan->attention_offset;
-                const bool dead_name =
-                    e.name == "block.tmp" || e.name == "block.dnorm1" ||
-                    e.name == "block.dmlp_act" || e.name == "block.dmlp_in" ||
-                    e.name == "lm_head.logits_chunk" ||
-                    (e.name == "block.dnorm2" && !c.parallel_residual);
+                const bool dead_name = e.name == "block.tmp" || e.name == "block.dnorm1" ||
+                                       e.name == "block.dmlp_act" || e.name == "block.dmlp_in" ||
+                                       e.name == "lm_head.logits_chunk" ||
+                                       (e.name == "block.dnorm2" && !c.parallel_residual);
                 if (e.name == "attention.workspace") {
                     has_extra = true;
                     dead_end = e.offset;
@@ -274,9 +273,10 @@ TEST(MemoryPlan, TheAttentionWorkspaceSharesTheScratchDeadDuringAttention) {
             EXPECT_EQ(has_extra, workspace > dead) << dead;
             // One block's scratch entries are all there, in block_scratch_for_each order.
             size_t i = 0;
-            block_scratch_for_each(c, 2, 16, DType::kBF16, [&](const char* name, auto, DType, Shape) {
-                EXPECT_EQ(scr.entries()[plan->block_scratch[i++]].name, name);
-            });
+            block_scratch_for_each(
+                c, 2, 16, DType::kBF16, [&](const char* name, auto, DType, Shape) {
+                    EXPECT_EQ(scr.entries()[plan->block_scratch[i++]].name, name);
+                });
             if (workspace > 0) {
                 EXPECT_NE(plan->table("t").find("cuDNN's attention workspace"), std::string::npos);
             }
@@ -407,9 +407,9 @@ TEST(Model, RecomputeGivesTheSameBitsWithFewerActivations) {
                 docs.as<int32_t>()[i] = (i % 8) < 3 ? 0 : 1;
                 pos.as<int32_t>()[i] = (i % 8) < 3 ? i % 8 : i % 8 - 3;
             }
-            for (const ModelBatch& batch : {ModelBatch{tok.view(), tgt.view(), {}, {}},
-                                            ModelBatch{tok.view(), tgt.view(), docs.view(),
-                                                       pos.view()}}) {
+            for (const ModelBatch& batch :
+                 {ModelBatch{tok.view(), tgt.view(), {}, {}},
+                  ModelBatch{tok.view(), tgt.view(), docs.view(), pos.view()}}) {
                 keep.zero_grads();
                 r->zero_grads();
                 EXPECT_EQ(keep.forward_backward(batch), r->forward_backward(batch));

@@ -37,9 +37,9 @@ void adamw_update_with_copy(TensorView params, TensorView params_bf16, TensorVie
                                      std::pair{"v", ConstTensorView(v)}, std::pair{"grads", grads}})
         LATHE_CHECK(!view.is_null() && view.numel() == P, "{}: {} is {}, params has {} elements",
                     kOp, name, view.is_null() ? std::string("missing") : view.to_string(), P);
-    LATHE_CHECK(params_bf16.is_null() ||
-                    (params_bf16.numel() == P && params_bf16.dtype() == DType::kBF16),
-                "{}: params_bf16 is {}, expected {} bf16 elements", kOp, params_bf16.to_string(), P);
+    LATHE_CHECK(
+        params_bf16.is_null() || (params_bf16.numel() == P && params_bf16.dtype() == DType::kBF16),
+        "{}: params_bf16 is {}, expected {} bf16 elements", kOp, params_bf16.to_string(), P);
     LATHE_CHECK(step >= 1, "{}: step {} (the first update is step 1)", kOp, step);
     // Segments inside [0, P), pairwise disjoint.
     std::vector<std::pair<int64_t, int64_t>> ranges;
@@ -85,8 +85,8 @@ void adamw_update_with_copy(TensorView params, TensorView params_bf16, TensorVie
 #if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kF32, {params, m, v, grads});
             cuda::adamw_update(params.as<float>(), m.as<float>(), v.as<float>(), grads.as<float>(),
-                               params_bf16.as<bf16>(), segments, hyper, step,
-                               clip_norm.as<float>(), max_norm, ctx.stream);
+                               params_bf16.as<bf16>(), segments, hyper, step, clip_norm.as<float>(),
+                               max_norm, ctx.stream);
             return;
 #endif
             break;

@@ -19,8 +19,8 @@
 //   docs (B, T) i32 or null. (B, T, H, D) is what the q/k/v projections write, no transposes.
 // Dtypes: CPU f32. CUDA: bf16 q, k, v, out (cuDNN flash attention), f32 lse.
 // Gradients: dq, dk, dv are overwritten (=). Deterministic unless ctx.deterministic is false
-// (CUDA: cuDNN's backward with atomic dQ, less workspace, a little faster) (CPU: matrix form per head through
-// sgemm, threads take whole heads; dk, dv sum a group's query heads in head order).
+// (CUDA: cuDNN's backward with atomic dQ, less workspace, a little faster) (CPU: matrix form per
+// head through sgemm, threads take whole heads; dk, dv sum a group's query heads in head order).
 #include <cstdint>
 
 #include "core/tensor.h"

@@ -87,8 +87,8 @@ std::string nvml_driver_release() {
     DlHandle lib(dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL));
     if (lib.get() == nullptr) return {};
     auto init = reinterpret_cast<int (*)()>(dlsym(lib.get(), "nvmlInit_v2"));
-    auto get = reinterpret_cast<int (*)(char*, unsigned)>(
-        dlsym(lib.get(), "nvmlSystemGetDriverVersion"));
+    auto get =
+        reinterpret_cast<int (*)(char*, unsigned)>(dlsym(lib.get(), "nvmlSystemGetDriverVersion"));
     auto shutdown = reinterpret_cast<int (*)()>(dlsym(lib.get(), "nvmlShutdown"));
     if (init == nullptr || get == nullptr || shutdown == nullptr || init() != 0) return {};
     char version[96] = {};  // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE is 80
@@ -148,15 +148,16 @@ HostTensor download_f32(ConstTensorView dev, CudaState& state) {
     return f;
 }
 
-GpuSelfTestCheck compare(std::string name, const HostTensor& got, const HostTensor& ref,
-                         double rel, double abs) {
+GpuSelfTestCheck compare(std::string name, const HostTensor& got, const HostTensor& ref, double rel,
+                         double abs) {
     GpuSelfTestCheck c;
     c.name = std::move(name);
     c.rel_tolerance = rel;
     c.abs_tolerance = abs;
     const float* g = got.as<float>();
     const float* r = ref.as<float>();
-    for (int64_t i = 0; i < ref.numel(); ++i) c.max_ref = std::max(c.max_ref, std::fabs(double(r[i])));
+    for (int64_t i = 0; i < ref.numel(); ++i)
+        c.max_ref = std::max(c.max_ref, std::fabs(double(r[i])));
     for (int64_t i = 0; i < ref.numel(); ++i) {
         if (!std::isfinite(g[i])) {
             ++c.failing_elements;
@@ -198,8 +199,9 @@ GpuEnvironment gpu_environment_probe(int only_device) {
     (void)only_device;
     env.cuda_build = false;
     env.no_gpu = true;
-    env.device_error = "this lathe was built without the CUDA backend (nvcc was not found, or "
-                       "-DLATHE_CUDA=OFF)";
+    env.device_error =
+        "this lathe was built without the CUDA backend (nvcc was not found, or "
+        "-DLATHE_CUDA=OFF)";
     env.cublaslt.detail = "not linked (build without CUDA)";
 #endif
     env.driver_release = nvml_driver_release();
@@ -251,7 +253,8 @@ std::vector<GpuSelfTestCheck> gpu_self_test(int device, uint64_t seed) {
         linear_forward(y.view, dx.view, dw.view, db.view, gpu);
         // A bf16 sum: within two bf16 roundings of the output's scale (cancellation).
         checks.push_back(compare(fmt::format("linear_forward bf16 GEMM + bias epilogue, "
-                                             "{}x{} -> {}", N, I, O),
+                                             "{}x{} -> {}",
+                                             N, I, O),
                                  download_f32(y.view, state), y_ref, 2 * u, 2 * u));
         // dweight and dbias accumulate (+=): start them at zero on both sides.
         DeviceCopy gw = upload(HostTensor(DType::kF32, {O, I}), DType::kF32, state);
@@ -292,9 +295,9 @@ std::vector<GpuSelfTestCheck> gpu_self_test(int device, uint64_t seed) {
         const ConstTensorView gpu_grads[] = {d1.view, d2.view};
         grad_norm_l2(norm.view, gpu_grads, gpu);
         // Both sum squares in fp64 and round once to f32: within a few f32 ulps.
-        checks.push_back(compare(fmt::format("grad_norm_l2 f32, {} elements",
-                                             g1.numel() + g2.numel()),
-                                 download_f32(norm.view, state), norm_ref, 1e-6, 0.0));
+        checks.push_back(
+            compare(fmt::format("grad_norm_l2 f32, {} elements", g1.numel() + g2.numel()),
+                    download_f32(norm.view, state), norm_ref, 1e-6, 0.0));
     }
     state.synchronize();
 #else

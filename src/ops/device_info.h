@@ -46,10 +46,10 @@ struct GpuLibraryInfo {
 };
 
 struct GpuEnvironment {
-    bool cuda_build = false;  // this binary has the CUDA backend
-    int driver_version = 0;   // cudaDriverGetVersion (13000 = 13.0); 0 = no driver
+    bool cuda_build = false;     // this binary has the CUDA backend
+    int driver_version = 0;      // cudaDriverGetVersion (13000 = 13.0); 0 = no driver
     std::string driver_release;  // the driver's own version ("580.159.04") from NVML, or empty
-    int runtime_version = 0;  // cudaRuntimeGetVersion of the linked runtime
+    int runtime_version = 0;     // cudaRuntimeGetVersion of the linked runtime
     // Why no device is listed (cudaGetDeviceCount's error, or "built without CUDA"); empty when
     // the device count could be read (it may still be 0).
     std::string device_error;
@@ -78,7 +78,7 @@ std::string nccl_version_string(int version);
 // One comparison of the self-test: a CUDA op through its dispatcher against the CPU twin on the
 // same (bf16-representable) random inputs.
 struct GpuSelfTestCheck {
-    std::string name;         // "linear_forward bf16 (cuBLASLt, bias epilogue) 256x512 -> 384"
+    std::string name;  // "linear_forward bf16 (cuBLASLt, bias epilogue) 256x512 -> 384"
     bool passed = false;
     double max_abs_error = 0;  // max |cuda - cpu| over the output
     double max_ref = 0;        // max |cpu| over the output (the error's scale)

@@ -43,11 +43,11 @@ struct BenchRequest {
     int64_t steps = 10;  // timed steps
     int64_t warmup = 2;  // untimed steps first (cuBLASLt heuristics, caches, lazy loading)
     BenchDevice device = BenchDevice::kAuto;
-    std::optional<int64_t> vocab_size;  // overrides the config's (e.g. GPT-2 padded to 50304)
-    uint64_t seed = 1234;               // parameters and batches
-    int threads = 0;                    // CPU: OpenMP threads, 0 = all cores
-    bool plan_only = false;             // report the shape and memory plan; run nothing
-    bool nondeterministic = false;      // Context::deterministic = false (train.deterministic)
+    std::optional<int64_t> vocab_size;       // overrides the config's (e.g. GPT-2 padded to 50304)
+    uint64_t seed = 1234;                    // parameters and batches
+    int threads = 0;                         // CPU: OpenMP threads, 0 = all cores
+    bool plan_only = false;                  // report the shape and memory plan; run nothing
+    bool nondeterministic = false;           // Context::deterministic = false (train.deterministic)
     Recompute recompute = Recompute::kNone;  // train.recompute's modes
 };
 
@@ -62,8 +62,7 @@ std::span<const BenchPreset> bench_model_presets();
 
 // The ModelConfig of a preset name or config.json path, with `vocab_size` applied. Errors: an
 // unknown name that is no file either (listing the presets), and those of the config parser.
-Result<ModelConfig> bench_model_config(std::string_view model,
-                                       std::optional<int64_t> vocab_size);
+Result<ModelConfig> bench_model_config(std::string_view model, std::optional<int64_t> vocab_size);
 
 // N of flops_per_token: parameters without the input embedding tables (see above).
 int64_t bench_flop_parameters(const ModelConfig& config);

@@ -12,15 +12,20 @@ Result<LrDecayStyle> lr_decay_style_from_string(const std::string& name) {
     if (name == "cosine") return LrDecayStyle::kCosine;
     if (name == "exponential") return LrDecayStyle::kExponential;
     return invalid_argument_error(
-        "unknown learning-rate decay style '{}'; choose constant, linear, cosine or exponential", name);
+        "unknown learning-rate decay style '{}'; choose constant, linear, cosine or exponential",
+        name);
 }
 
 const char* lr_decay_style_name(LrDecayStyle style) {
     switch (style) {
-        case LrDecayStyle::kConstant: return "constant";
-        case LrDecayStyle::kLinear: return "linear";
-        case LrDecayStyle::kCosine: return "cosine";
-        case LrDecayStyle::kExponential: return "exponential";
+        case LrDecayStyle::kConstant:
+            return "constant";
+        case LrDecayStyle::kLinear:
+            return "linear";
+        case LrDecayStyle::kCosine:
+            return "cosine";
+        case LrDecayStyle::kExponential:
+            return "exponential";
     }
     return "?";
 }
@@ -28,7 +33,8 @@ const char* lr_decay_style_name(LrDecayStyle style) {
 Result<LrSchedule> LrSchedule::make(double peak_lr, double min_lr, double warmup_fraction,
                                     int64_t decay_steps, LrDecayStyle style) {
     if (!(peak_lr >= 0.0) || !std::isfinite(peak_lr)) {
-        return invalid_argument_error("learning rate must be a finite number >= 0, got {}", peak_lr);
+        return invalid_argument_error("learning rate must be a finite number >= 0, got {}",
+                                      peak_lr);
     }
     if (!(min_lr >= 0.0) || min_lr > peak_lr) {
         return invalid_argument_error("min_lr must be in [0, lr={}], got {}", peak_lr, min_lr);
@@ -52,15 +58,24 @@ Result<LrSchedule> LrSchedule::make(double peak_lr, double min_lr, double warmup
 double LrSchedule::lr_at(int64_t steps_done) const {
     const double W = static_cast<double>(warmup_steps);
     const double E = static_cast<double>(decay_steps);
-    const double capped = static_cast<double>(std::min<int64_t>(steps_done, decay_steps - warmup_steps));
+    const double capped =
+        static_cast<double>(std::min<int64_t>(steps_done, decay_steps - warmup_steps));
     if (warmup_steps > 0 && steps_done <= warmup_steps) return peak_lr * capped / W;
     const double n = capped - W;
     double lr = peak_lr;
     switch (style) {
-        case LrDecayStyle::kLinear: lr = peak_lr * (E - n) / E; break;
-        case LrDecayStyle::kCosine: lr = peak_lr / 2.0 * (std::cos(std::numbers::pi * n / E) + 1.0); break;
-        case LrDecayStyle::kExponential: lr = peak_lr * std::exp(-0.693 * n / E); break;
-        case LrDecayStyle::kConstant: lr = peak_lr; break;
+        case LrDecayStyle::kLinear:
+            lr = peak_lr * (E - n) / E;
+            break;
+        case LrDecayStyle::kCosine:
+            lr = peak_lr / 2.0 * (std::cos(std::numbers::pi * n / E) + 1.0);
+            break;
+        case LrDecayStyle::kExponential:
+            lr = peak_lr * std::exp(-0.693 * n / E);
+            break;
+        case LrDecayStyle::kConstant:
+            lr = peak_lr;
+            break;
     }
     return std::max(lr, min_lr);
 }

@@ -12,9 +12,9 @@ TEST(LrSchedule, CosineWithWarmupFollowsGptNeox) {
     auto s = LrSchedule::make(6e-4, 6e-5, 0.01, 1000, LrDecayStyle::kCosine);
     ASSERT_TRUE(s.ok());
     EXPECT_EQ(s->warmup_steps, 10);
-    EXPECT_DOUBLE_EQ(s->lr_at(0), 0.0);          // GPT-NeoX's first step runs at lr 0
+    EXPECT_DOUBLE_EQ(s->lr_at(0), 0.0);  // GPT-NeoX's first step runs at lr 0
     EXPECT_DOUBLE_EQ(s->lr_at(5), 6e-4 * 5 / 10);
-    EXPECT_DOUBLE_EQ(s->lr_at(10), 6e-4);        // s <= W is still warmup: lr0 * 10/10
+    EXPECT_DOUBLE_EQ(s->lr_at(10), 6e-4);  // s <= W is still warmup: lr0 * 10/10
     // s = 510: n = 500, lr = lr0/2 (cos(pi/2) + 1) = lr0/2
     EXPECT_NEAR(s->lr_at(510), 3e-4, 1e-15);
     // past E - W the argument stops moving: n = 990 - 10 = 980

@@ -34,10 +34,14 @@ std::string metrics_line(const std::vector<std::pair<std::string, MetricValue>>&
         out += nlohmann::json(fields[i].first).dump();
         out += ": ";
         const MetricValue& v = fields[i].second;
-        if (const auto* n = std::get_if<int64_t>(&v)) out += std::to_string(*n);
-        else if (const auto* d = std::get_if<double>(&v)) out += json_number(*d);
-        else if (const auto* f = std::get_if<float>(&v)) out += json_number(*f);
-        else out += nlohmann::json(std::get<std::string>(v)).dump();
+        if (const auto* n = std::get_if<int64_t>(&v))
+            out += std::to_string(*n);
+        else if (const auto* d = std::get_if<double>(&v))
+            out += json_number(*d);
+        else if (const auto* f = std::get_if<float>(&v))
+            out += json_number(*f);
+        else
+            out += nlohmann::json(std::get<std::string>(v)).dump();
     }
     out += "}";
     return out;
@@ -52,7 +56,8 @@ Result<MetricsLog> MetricsLog::open(const std::string& path, int64_t keep_throug
             ++line_no;
             if (trim(line).empty()) continue;
             const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-            if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
+            if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
+                !j["step"].is_number_integer()) {
                 // A line cut by a kill mid-write: drop it and everything after.
                 break;
             }
@@ -69,7 +74,8 @@ Result<MetricsLog> MetricsLog::open(const std::string& path, int64_t keep_throug
     MetricsLog m;
     m.path_ = path;
     m.file_ = std::fopen(path.c_str(), "ab");
-    if (m.file_ == nullptr) return io_error("{}: cannot open for appending: {}", path, std::strerror(errno));
+    if (m.file_ == nullptr)
+        return io_error("{}: cannot open for appending: {}", path, std::strerror(errno));
     return m;
 }
 

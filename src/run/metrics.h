@@ -1,7 +1,7 @@
 #pragma once
 // DIR/metrics.jsonl: one JSON object per logged step, appended and flushed line by line so that a
-// killed run keeps every line it printed. Floats are written with 9 significant digits (max_digits10
-// for float), so a loss read back parses to the same float bit for bit.
+// killed run keeps every line it printed. Floats are written with 9 significant digits
+// (max_digits10 for float), so a loss read back parses to the same float bit for bit.
 //
 // On resume the file is cut back to the lines whose step is <= the checkpoint's step, so a resumed
 // run's file reads as if the run had never stopped.

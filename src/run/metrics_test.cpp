@@ -13,7 +13,8 @@ namespace {
 
 TEST(Metrics, FloatsRoundTripBitForBit) {
     const float loss = 3.14159274f * 1.0000001f;
-    const std::string line = metrics_line({{"step", int64_t{3}}, {"loss", loss}, {"split", std::string("train")}});
+    const std::string line =
+        metrics_line({{"step", int64_t{3}}, {"loss", loss}, {"split", std::string("train")}});
     const size_t at = line.find("\"loss\": ") + 8;
     const float back = std::strtof(line.c_str() + at, nullptr);
     EXPECT_EQ(std::memcmp(&back, &loss, sizeof(float)), 0) << line;
@@ -22,11 +23,13 @@ TEST(Metrics, FloatsRoundTripBitForBit) {
 
 TEST(Metrics, ResumeCutsBackToCheckpointStep) {
     const std::string path = (std::filesystem::temp_directory_path() /
-                              ("lathe_metrics_" + std::to_string(getpid()) + ".jsonl")).string();
+                              ("lathe_metrics_" + std::to_string(getpid()) + ".jsonl"))
+                                 .string();
     {
         auto m = MetricsLog::open(path, -1);
         ASSERT_TRUE(m.ok());
-        for (int64_t s = 1; s <= 5; ++s) ASSERT_TRUE(m->write({{"step", s}, {"loss", 1.0 / s}}).ok());
+        for (int64_t s = 1; s <= 5; ++s)
+            ASSERT_TRUE(m->write({{"step", s}, {"loss", 1.0 / s}}).ok());
     }
     // Simulate a line cut by a kill.
     {

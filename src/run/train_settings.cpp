@@ -20,18 +20,21 @@ namespace {
 Status require_at_least(const Config& c, std::string_view key, int64_t min) {
     const int64_t v = c.get_int(key);
     if (v < min) {
-        return invalid_argument_error("{}: '{}' must be >= {}, got {}", c.source_of(key), key, min, v);
+        return invalid_argument_error("{}: '{}' must be >= {}, got {}", c.source_of(key), key, min,
+                                      v);
     }
     return ok_status();
 }
 
 Result<HfArch> family_arch(const Config& c) {
     const std::string name = c.get_string("model.family");
-    for (HfArch a : {HfArch::kLlama, HfArch::kMistral, HfArch::kQwen2, HfArch::kGptNeoX, HfArch::kGpt2}) {
+    for (HfArch a :
+         {HfArch::kLlama, HfArch::kMistral, HfArch::kQwen2, HfArch::kGptNeoX, HfArch::kGpt2}) {
         if (hf_arch_model_type(a) == name) return a;
     }
-    return invalid_argument_error("{}: 'model.family' is '{}'; choose llama, mistral, qwen2, gpt_neox or gpt2",
-                                  c.source_of("model.family"), name);
+    return invalid_argument_error(
+        "{}: 'model.family' is '{}'; choose llama, mistral, qwen2, gpt_neox or gpt2",
+        c.source_of("model.family"), name);
 }
 
 // Applies the inline model.* keys that are set on top of `hf`.
@@ -39,9 +42,12 @@ void apply_inline_model_keys(const Config& c, HfModelConfig& hf) {
     const bool heads_set = c.has("model.num_attention_heads");
     const bool width_set = c.has("model.hidden_size");
     if (width_set) hf.hidden_size = c.get_int("model.hidden_size");
-    if (c.has("model.intermediate_size")) hf.intermediate_size = c.get_int("model.intermediate_size");
-    else if (width_set && hf.arch == HfArch::kGpt2) hf.intermediate_size = 4 * hf.hidden_size;
-    if (c.has("model.num_hidden_layers")) hf.num_hidden_layers = c.get_int("model.num_hidden_layers");
+    if (c.has("model.intermediate_size"))
+        hf.intermediate_size = c.get_int("model.intermediate_size");
+    else if (width_set && hf.arch == HfArch::kGpt2)
+        hf.intermediate_size = 4 * hf.hidden_size;
+    if (c.has("model.num_hidden_layers"))
+        hf.num_hidden_layers = c.get_int("model.num_hidden_layers");
     if (heads_set) hf.num_attention_heads = c.get_int("model.num_attention_heads");
     if (c.has("model.num_key_value_heads")) {
         hf.num_key_value_heads = c.get_int("model.num_key_value_heads");
@@ -53,10 +59,12 @@ void apply_inline_model_keys(const Config& c, HfModelConfig& hf) {
     } else if ((heads_set || width_set) && hf.num_attention_heads > 0) {
         hf.head_dim = hf.hidden_size / hf.num_attention_heads;
     }
-    if (c.has("model.max_position_embeddings")) hf.max_position_embeddings = c.get_int("model.max_position_embeddings");
+    if (c.has("model.max_position_embeddings"))
+        hf.max_position_embeddings = c.get_int("model.max_position_embeddings");
     if (c.has("model.rope_theta")) hf.rope_theta = c.get_float("model.rope_theta");
     if (c.has("model.norm_eps")) hf.norm_eps = c.get_float("model.norm_eps");
-    if (c.has("model.tie_word_embeddings")) hf.tie_word_embeddings = c.get_bool("model.tie_word_embeddings");
+    if (c.has("model.tie_word_embeddings"))
+        hf.tie_word_embeddings = c.get_bool("model.tie_word_embeddings");
     if (c.has("model.sliding_window")) {
         hf.sliding_window = c.get_int("model.sliding_window");
         if (hf.arch == HfArch::kQwen2) hf.use_sliding_window = true;
@@ -85,15 +93,19 @@ Status check_model_keys_agree(const Config& c, const HfModelConfig& hf, const st
     for (const Field& f : fields) {
         if (!c.has(f.key)) continue;
         const ConfigKey* key = c.schema().find(f.key);
-        const double want = key->type == ConfigType::kInt ? double(c.get_int(f.key)) : c.get_float(f.key);
+        const double want =
+            key->type == ConfigType::kInt ? double(c.get_int(f.key)) : c.get_float(f.key);
         if (want != f.value) {
-            return invalid_argument_error("{}: '{}' is {} but the checkpoint {} has {}; drop the key or make it agree",
-                                          c.source_of(f.key), f.key, want, origin, f.value);
+            return invalid_argument_error(
+                "{}: '{}' is {} but the checkpoint {} has {}; drop the key or make it agree",
+                c.source_of(f.key), f.key, want, origin, f.value);
         }
     }
-    if (c.has("model.tie_word_embeddings") && c.get_bool("model.tie_word_embeddings") != hf.tie_word_embeddings) {
-        return invalid_argument_error("{}: 'model.tie_word_embeddings' disagrees with the checkpoint {}",
-                                      c.source_of("model.tie_word_embeddings"), origin);
+    if (c.has("model.tie_word_embeddings") &&
+        c.get_bool("model.tie_word_embeddings") != hf.tie_word_embeddings) {
+        return invalid_argument_error(
+            "{}: 'model.tie_word_embeddings' disagrees with the checkpoint {}",
+            c.source_of("model.tie_word_embeddings"), origin);
     }
     return ok_status();
 }
@@ -107,19 +119,22 @@ Result<std::vector<double>> weights_for(const Config& c, size_t n_paths) {
     }
     for (double x : w) {
         if (!(x >= 0.0)) {
-            return invalid_argument_error("{}: 'data.weights' must be >= 0, got {}", c.source_of("data.weights"), x);
+            return invalid_argument_error("{}: 'data.weights' must be >= 0, got {}",
+                                          c.source_of("data.weights"), x);
         }
     }
     return w;
 }
 
-Status check_prefixes_exist(const Config& c, std::string_view key, const std::vector<std::string>& prefixes) {
+Status check_prefixes_exist(const Config& c, std::string_view key,
+                            const std::vector<std::string>& prefixes) {
     for (const std::string& p : prefixes) {
         for (const char* ext : {".bin", ".idx"}) {
             if (!file_exists(p + ext)) {
-                return not_found_error("{}: '{}' names '{}', but {}{} does not exist (make it with "
-                                       "`lathe prepare ... --output-prefix {}`)",
-                                       c.source_of(key), key, p, p, ext, p);
+                return not_found_error(
+                    "{}: '{}' names '{}', but {}{} does not exist (make it with "
+                    "`lathe prepare ... --output-prefix {}`)",
+                    c.source_of(key), key, p, p, ext, p);
             }
         }
     }
@@ -175,8 +190,8 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     // Settings held as int: larger values are refused, not truncated.
     for (std::string_view key : {"train.threads", "checkpoint.keep_last"}) {
         if (c.get_int(key) > std::numeric_limits<int>::max()) {
-            return invalid_argument_error("{}: '{}' must be at most {}, got {}", c.source_of(key), key,
-                                          std::numeric_limits<int>::max(), c.get_int(key));
+            return invalid_argument_error("{}: '{}' must be at most {}, got {}", c.source_of(key),
+                                          key, std::numeric_limits<int>::max(), c.get_int(key));
         }
     }
     s.steps = c.get_int("train.steps");
@@ -201,7 +216,8 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
 
     const std::string device = c.get_string("train.device");
     if (device != "auto" && device != "cpu" && device != "cuda") {
-        return invalid_argument_error("{}: 'train.device' is '{}'; choose auto, cpu or cuda", c.source_of("train.device"), device);
+        return invalid_argument_error("{}: 'train.device' is '{}'; choose auto, cpu or cuda",
+                                      c.source_of("train.device"), device);
     }
     s.device = device;
     const std::string precision = c.get_string("train.precision");
@@ -210,27 +226,34 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
                                       c.source_of("train.precision"), precision);
     }
     if (precision == "fp8") {
-        return unimplemented_error("{}: 'train.precision: fp8' is not built yet; use bf16 (the CUDA backend) "
-                                   "or fp32 (the CPU)", c.source_of("train.precision"));
+        return unimplemented_error(
+            "{}: 'train.precision: fp8' is not built yet; use bf16 (the CUDA backend) "
+            "or fp32 (the CPU)",
+            c.source_of("train.precision"));
     }
     if (precision == "fp32" && device == "cuda") {
-        return invalid_argument_error("{}: 'train.precision: fp32' with 'train.device: cuda': the CUDA backend "
-                                      "trains in bf16 (fp32 master weights); set precision bf16, or device cpu",
-                                      c.source_of("train.precision"));
+        return invalid_argument_error(
+            "{}: 'train.precision: fp32' with 'train.device: cuda': the CUDA backend "
+            "trains in bf16 (fp32 master weights); set precision bf16, or device cpu",
+            c.source_of("train.precision"));
     }
     if (precision == "fp32" && device == "auto") s.device = "cpu";
     const std::string recompute = c.get_string("train.recompute");
     const std::optional<Recompute> recompute_mode = recompute_from_name(recompute);
     if (!recompute_mode) {
-        return invalid_argument_error("{}: 'train.recompute' is '{}'; choose none, selective or full",
-                                      c.source_of("train.recompute"), recompute);
+        return invalid_argument_error(
+            "{}: 'train.recompute' is '{}'; choose none, selective or full",
+            c.source_of("train.recompute"), recompute);
     }
     s.recompute = *recompute_mode;
     const std::string policy = c.get_string("train.nonfinite_policy");
-    if (policy == "skip") s.nonfinite = NonfinitePolicy::kSkip;
-    else if (policy == "stop") s.nonfinite = NonfinitePolicy::kStop;
-    else return invalid_argument_error("{}: 'train.nonfinite_policy' is '{}'; choose skip or stop",
-                                       c.source_of("train.nonfinite_policy"), policy);
+    if (policy == "skip")
+        s.nonfinite = NonfinitePolicy::kSkip;
+    else if (policy == "stop")
+        s.nonfinite = NonfinitePolicy::kStop;
+    else
+        return invalid_argument_error("{}: 'train.nonfinite_policy' is '{}'; choose skip or stop",
+                                      c.source_of("train.nonfinite_policy"), policy);
 
     // ---- optimizer and schedule ----
     s.adam.beta1 = c.get_float("optimizer.beta1");
@@ -238,43 +261,64 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     s.adam.eps = c.get_float("optimizer.eps");
     for (const char* key : {"optimizer.beta1", "optimizer.beta2"}) {
         const double b = c.get_float(key);
-        if (!(b >= 0.0 && b < 1.0)) return invalid_argument_error("{}: '{}' must be in [0, 1), got {}", c.source_of(key), key, b);
+        if (!(b >= 0.0 && b < 1.0))
+            return invalid_argument_error("{}: '{}' must be in [0, 1), got {}", c.source_of(key),
+                                          key, b);
     }
-    if (!(s.adam.eps > 0.0)) return invalid_argument_error("{}: 'optimizer.eps' must be > 0", c.source_of("optimizer.eps"));
+    if (!(s.adam.eps > 0.0))
+        return invalid_argument_error("{}: 'optimizer.eps' must be > 0",
+                                      c.source_of("optimizer.eps"));
     s.weight_decay = c.get_float("optimizer.weight_decay");
-    if (!(s.weight_decay >= 0.0)) return invalid_argument_error("{}: 'optimizer.weight_decay' must be >= 0", c.source_of("optimizer.weight_decay"));
+    if (!(s.weight_decay >= 0.0))
+        return invalid_argument_error("{}: 'optimizer.weight_decay' must be >= 0",
+                                      c.source_of("optimizer.weight_decay"));
     s.grad_clip = c.get_float("optimizer.gradient_clipping");
-    if (!(s.grad_clip >= 0.0)) return invalid_argument_error("{}: 'optimizer.gradient_clipping' must be >= 0 (0 = off)", c.source_of("optimizer.gradient_clipping"));
+    if (!(s.grad_clip >= 0.0))
+        return invalid_argument_error("{}: 'optimizer.gradient_clipping' must be >= 0 (0 = off)",
+                                      c.source_of("optimizer.gradient_clipping"));
     auto style = lr_decay_style_from_string(c.get_string("lr.decay_style"));
-    if (!style.ok()) return style.status().with_context(c.source_of("lr.decay_style") + ": 'lr.decay_style'");
-    const int64_t decay_steps = c.get_int("lr.decay_steps") > 0 ? c.get_int("lr.decay_steps") : s.steps;
+    if (!style.ok())
+        return style.status().with_context(c.source_of("lr.decay_style") + ": 'lr.decay_style'");
+    const int64_t decay_steps =
+        c.get_int("lr.decay_steps") > 0 ? c.get_int("lr.decay_steps") : s.steps;
     auto sched = LrSchedule::make(c.get_float("optimizer.lr"), c.get_float("optimizer.min_lr"),
                                   c.get_float("lr.warmup"), decay_steps, *style);
-    if (!sched.ok()) return sched.status().with_context("optimizer.lr / optimizer.min_lr / lr.warmup / lr.decay_steps");
+    if (!sched.ok())
+        return sched.status().with_context(
+            "optimizer.lr / optimizer.min_lr / lr.warmup / lr.decay_steps");
     s.lr = *sched;
 
     // ---- checkpoint init ----
     s.init_from = c.has("checkpoint.init_from") ? c.get_string("checkpoint.init_from") : "";
     const std::string mode = c.get_string("checkpoint.init_mode");
-    if (mode == "finetune") s.init_mode = InitMode::kFinetune;
-    else if (mode == "continue") s.init_mode = InitMode::kContinue;
-    else return invalid_argument_error("{}: 'checkpoint.init_mode' is '{}'; choose finetune or continue",
-                                       c.source_of("checkpoint.init_mode"), mode);
+    if (mode == "finetune")
+        s.init_mode = InitMode::kFinetune;
+    else if (mode == "continue")
+        s.init_mode = InitMode::kContinue;
+    else
+        return invalid_argument_error(
+            "{}: 'checkpoint.init_mode' is '{}'; choose finetune or continue",
+            c.source_of("checkpoint.init_mode"), mode);
 
     // ---- tokenizer and vocabulary ----
     s.tokenizer_path = c.get_string("data.tokenizer");
     auto tok = Tokenizer::load(s.tokenizer_path);
-    if (!tok.ok()) return tok.status().with_context(c.source_of("data.tokenizer") + ": 'data.tokenizer'");
+    if (!tok.ok())
+        return tok.status().with_context(c.source_of("data.tokenizer") + ": 'data.tokenizer'");
     s.tokenizer_vocab = tok->vocab_size();
 
     // ---- model ----
     HfModelConfig hf;
     if (!s.init_from.empty()) {
         auto resolved = resolve_checkpoint(s.init_from);  // a run folder, checkpoints/latest, ...
-        if (!resolved.ok()) return resolved.status().with_context(c.source_of("checkpoint.init_from") + ": 'checkpoint.init_from'");
+        if (!resolved.ok())
+            return resolved.status().with_context(c.source_of("checkpoint.init_from") +
+                                                  ": 'checkpoint.init_from'");
         s.init_from = resolved->string();
         auto loaded = hf_config_load(s.init_from);
-        if (!loaded.ok()) return loaded.status().with_context(c.source_of("checkpoint.init_from") + ": 'checkpoint.init_from'");
+        if (!loaded.ok())
+            return loaded.status().with_context(c.source_of("checkpoint.init_from") +
+                                                ": 'checkpoint.init_from'");
         hf = *loaded;
         s.model_source = "checkpoint.init_from=" + s.init_from;
         // The same config often serves pretraining and fine-tuning: model.* keys may stay, but
@@ -282,75 +326,91 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
         if (c.has("model.family")) {
             LATHE_ASSIGN_OR_RETURN(HfArch arch, family_arch(c));
             if (arch != hf.arch) {
-                return invalid_argument_error("{}: 'model.family' is {} but checkpoint.init_from {} holds a {} model",
-                                              c.source_of("model.family"), hf_arch_model_type(arch), s.init_from,
-                                              hf_arch_model_type(hf.arch));
+                return invalid_argument_error(
+                    "{}: 'model.family' is {} but checkpoint.init_from {} holds a {} model",
+                    c.source_of("model.family"), hf_arch_model_type(arch), s.init_from,
+                    hf_arch_model_type(hf.arch));
             }
         }
         if (c.has("model.config")) {
-            return invalid_argument_error("{}: set either 'model.config' or 'checkpoint.init_from' (the model comes "
-                                          "from the checkpoint's config.json)", c.source_of("model.config"));
+            return invalid_argument_error(
+                "{}: set either 'model.config' or 'checkpoint.init_from' (the model comes "
+                "from the checkpoint's config.json)",
+                c.source_of("model.config"));
         }
         LATHE_RETURN_IF_ERROR(check_model_keys_agree(c, hf, s.init_from));
     } else if (c.has("model.config")) {
         auto loaded = hf_config_load(c.get_string("model.config"));
-        if (!loaded.ok()) return loaded.status().with_context(c.source_of("model.config") + ": 'model.config'");
+        if (!loaded.ok())
+            return loaded.status().with_context(c.source_of("model.config") + ": 'model.config'");
         hf = *loaded;
         s.model_source = "model.config=" + c.get_string("model.config");
         if (c.has("model.family")) {
-            return invalid_argument_error("{}: set either 'model.config' or 'model.family', not both",
-                                          c.source_of("model.family"));
+            return invalid_argument_error(
+                "{}: set either 'model.config' or 'model.family', not both",
+                c.source_of("model.family"));
         }
         apply_inline_model_keys(c, hf);
     } else {
         if (!c.has("model.family")) {
-            return invalid_argument_error("no model: set 'model.config' (a Hugging Face config.json) or "
-                                          "'model.family' with the model.* sizes");
+            return invalid_argument_error(
+                "no model: set 'model.config' (a Hugging Face config.json) or "
+                "'model.family' with the model.* sizes");
         }
         LATHE_ASSIGN_OR_RETURN(HfArch arch, family_arch(c));
         hf = hf_config_default(arch);
-        for (const char* key : {"model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads"}) {
+        for (const char* key :
+             {"model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads"}) {
             if (!c.has(key)) {
-                return invalid_argument_error("'model.family: {}' needs '{}' (the defaults describe a multi-billion "
-                                              "parameter model)", c.get_string("model.family"), key);
+                return invalid_argument_error(
+                    "'model.family: {}' needs '{}' (the defaults describe a multi-billion "
+                    "parameter model)",
+                    c.get_string("model.family"), key);
             }
         }
         apply_inline_model_keys(c, hf);
         s.model_source = "inline model.* keys";
     }
-    const int64_t padded = padded_vocab_size(s.tokenizer_vocab, c.get_int("model.make_vocab_size_divisible_by"));
+    const int64_t padded =
+        padded_vocab_size(s.tokenizer_vocab, c.get_int("model.make_vocab_size_divisible_by"));
     if (c.has("model.vocab_size")) {
         hf.vocab_size = c.get_int("model.vocab_size");
     } else if (s.init_from.empty() && !c.has("model.config")) {
         hf.vocab_size = padded;
     }
     if (hf.vocab_size < s.tokenizer_vocab) {
-        return invalid_argument_error("the model's vocab_size {} ({}) is smaller than the tokenizer's {} ({}); "
-                                      "token ids would fall outside the embedding",
-                                      hf.vocab_size, s.model_source, s.tokenizer_vocab, s.tokenizer_path);
+        return invalid_argument_error(
+            "the model's vocab_size {} ({}) is smaller than the tokenizer's {} ({}); "
+            "token ids would fall outside the embedding",
+            hf.vocab_size, s.model_source, s.tokenizer_vocab, s.tokenizer_path);
     }
     // The special ids the checkpoints' config.json (and so generate) uses are the tokenizer's: a
     // model built here from transformers' class defaults takes them all from it.
-    LATHE_ASSIGN_OR_RETURN(const TokenizerSpecialTokens specials, tokenizer_special_tokens(*tok, s.tokenizer_path));
+    LATHE_ASSIGN_OR_RETURN(const TokenizerSpecialTokens specials,
+                           tokenizer_special_tokens(*tok, s.tokenizer_path));
     const bool new_model = s.init_from.empty() && !c.has("model.config");
     for (const std::string& change : special_ids_apply(
-             hf, *tok, specials, new_model ? SpecialIdsMode::kFromTokenizer : SpecialIdsMode::kKeepValid)) {
+             hf, *tok, specials,
+             new_model ? SpecialIdsMode::kFromTokenizer : SpecialIdsMode::kKeepValid)) {
         log_info("{} from {} ({})", change, specials.source, s.model_source);
     }
     auto model = model_config_from_hf(hf, s.model_source);
     if (!model.ok()) return model.status();
     s.model = std::move(model).value();
     if (s.seq_len > s.model.max_position_embeddings) {
-        return invalid_argument_error("{}: 'data.seq_length' is {} but the model allows at most {} "
-                                      "(max_position_embeddings, {})",
-                                      c.source_of("data.seq_length"), s.seq_len,
-                                      s.model.max_position_embeddings, s.model_source);
+        return invalid_argument_error(
+            "{}: 'data.seq_length' is {} but the model allows at most {} "
+            "(max_position_embeddings, {})",
+            c.source_of("data.seq_length"), s.seq_len, s.model.max_position_embeddings,
+            s.model_source);
     }
 
     // ---- data ----
     const std::vector<std::string> paths = c.get_string_list("data.path");
     LATHE_RETURN_IF_ERROR(check_prefixes_exist(c, "data.path", paths));
-    const std::vector<std::string> labels = c.has("data.label_path") ? c.get_string_list("data.label_path") : std::vector<std::string>{};
+    const std::vector<std::string> labels = c.has("data.label_path")
+                                                ? c.get_string_list("data.label_path")
+                                                : std::vector<std::string>{};
     if (!labels.empty() && labels.size() != paths.size()) {
         return invalid_argument_error("{}: 'data.label_path' has {} entries but 'data.path' has {}",
                                       c.source_of("data.label_path"), labels.size(), paths.size());
@@ -365,13 +425,15 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     d.eval_iters = s.eval_iters;
     d.split = c.get_string("data.split");
     LATHE_ASSIGN_OR_RETURN(std::vector<double> weights, weights_for(c, paths.size()));
-    const bool explicit_lists = c.has("data.valid_path") || c.has("data.test_path") || paths.size() > 1 || !labels.empty();
+    const bool explicit_lists =
+        c.has("data.valid_path") || c.has("data.test_path") || paths.size() > 1 || !labels.empty();
     if (!explicit_lists) {
         d.data_path = paths[0];
     } else {
         if (!c.has("data.valid_path")) {
-            return invalid_argument_error("several 'data.path' entries (a blend) or label files need explicit "
-                                          "validation data: set 'data.valid_path' (GPT-NeoX's valid_data_paths)");
+            return invalid_argument_error(
+                "several 'data.path' entries (a blend) or label files need explicit "
+                "validation data: set 'data.valid_path' (GPT-NeoX's valid_data_paths)");
         }
         d.train_data_paths = paths;
         d.train_data_weights = weights;
@@ -379,16 +441,19 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
         d.valid_data_paths = c.get_string_list("data.valid_path");
         LATHE_RETURN_IF_ERROR(check_prefixes_exist(c, "data.valid_path", d.valid_data_paths));
         d.valid_data_weights.assign(d.valid_data_paths.size(), 1.0);
-        d.test_data_paths = c.has("data.test_path") ? c.get_string_list("data.test_path") : d.valid_data_paths;
+        d.test_data_paths =
+            c.has("data.test_path") ? c.get_string_list("data.test_path") : d.valid_data_paths;
         LATHE_RETURN_IF_ERROR(check_prefixes_exist(c, "data.test_path", d.test_data_paths));
         d.test_data_weights.assign(d.test_data_paths.size(), 1.0);
         if (!labels.empty()) {
             if (!c.has("data.valid_label_path")) {
-                return invalid_argument_error("'data.label_path' needs 'data.valid_label_path' for the validation data");
+                return invalid_argument_error(
+                    "'data.label_path' needs 'data.valid_label_path' for the validation data");
             }
             d.valid_label_data_paths = c.get_string_list("data.valid_label_path");
-            d.test_label_data_paths = c.has("data.test_label_path") ? c.get_string_list("data.test_label_path")
-                                                                    : d.valid_label_data_paths;
+            d.test_label_data_paths = c.has("data.test_label_path")
+                                          ? c.get_string_list("data.test_label_path")
+                                          : d.valid_label_data_paths;
         }
     }
     s.per_document_attention = c.get_bool("data.per_document_attention");

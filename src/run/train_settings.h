@@ -23,25 +23,25 @@ enum class InitMode { kFinetune, kContinue };
 
 struct TrainSettings {
     ModelConfig model;
-    std::string model_source;        // "model.config=...json", "checkpoint.init_from=...", "inline"
+    std::string model_source;  // "model.config=...json", "checkpoint.init_from=...", "inline"
 
     std::string tokenizer_path;
-    int64_t tokenizer_vocab = 0;     // the tokenizer's own size (ids < this)
+    int64_t tokenizer_vocab = 0;  // the tokenizer's own size (ids < this)
 
     GptNeoxDataArgs data;
     bool per_document_attention = false;
 
-    int64_t seq_len = 0;             // T
-    int64_t micro_batch = 0;         // B
-    int64_t grad_accum = 1;          // K
+    int64_t seq_len = 0;      // T
+    int64_t micro_batch = 0;  // B
+    int64_t grad_accum = 1;   // K
     int64_t steps = 0;
     int64_t log_interval = 10;
-    int64_t eval_interval = 0;       // 0 = never
+    int64_t eval_interval = 0;  // 0 = never
     int64_t eval_iters = 0;
     uint64_t seed = 0;
-    int threads = 0;                 // 0 = all cores
-    std::string device = "auto";     // auto | cpu | cuda (train.device)
-    bool deterministic = true;       // train.deterministic
+    int threads = 0;                         // 0 = all cores
+    std::string device = "auto";             // auto | cpu | cuda (train.device)
+    bool deterministic = true;               // train.deterministic
     Recompute recompute = Recompute::kNone;  // train.recompute
 
     NonfinitePolicy nonfinite = NonfinitePolicy::kSkip;
@@ -52,7 +52,7 @@ struct TrainSettings {
     LrSchedule lr;
     double weight_decay = 0.0;
     AdamWHyper adam;
-    double grad_clip = 0.0;          // 0 = off
+    double grad_clip = 0.0;  // 0 = off
 
     int64_t checkpoint_interval = 0;  // 0 = only at the end
     int keep_last = 0;

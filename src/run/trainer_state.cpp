@@ -38,7 +38,8 @@ Result<TrainerState> trainer_state_from_json(const nlohmann::json& j, const std:
         return data_loss_error("{}: {} (was it written by lathe?)", path, e.what());
     }
     if (s.step < 0 || s.adam_step < 0 || s.adam_step > s.step) {
-        return data_loss_error("{}: inconsistent step {} / adam_step {}", path, s.step, s.adam_step);
+        return data_loss_error("{}: inconsistent step {} / adam_step {}", path, s.step,
+                               s.adam_step);
     }
     return s;
 }

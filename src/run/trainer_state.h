@@ -17,15 +17,15 @@ inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 inline constexpr const char* kOptimizerStateFile = "optimizer.safetensors";  // exp_avg, exp_avg_sq
 
 struct TrainerState {
-    int64_t step = 0;                 // optimizer steps done (skipped ones included)
-    int64_t adam_step = 0;            // AdamW updates applied (t of the bias correction)
+    int64_t step = 0;       // optimizer steps done (skipped ones included)
+    int64_t adam_step = 0;  // AdamW updates applied (t of the bias correction)
     int64_t skipped_steps = 0;
     int64_t skipped_in_a_row = 0;
-    double loss_mean = 0.0;           // running mean of accepted losses (spike detection)
+    double loss_mean = 0.0;  // running mean of accepted losses (spike detection)
     int64_t loss_count = 0;
-    double interval_loss_sum = 0.0;   // since the last log line
+    double interval_loss_sum = 0.0;  // since the last log line
     int64_t interval_steps = 0;
-    int64_t eval_passes = 0;          // validation passes done (the valid iterator's position)
+    int64_t eval_passes = 0;  // validation passes done (the valid iterator's position)
     int64_t consumed_train_samples = 0;
     int64_t tokens = 0;
 };

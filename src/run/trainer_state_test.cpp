@@ -15,7 +15,8 @@ TEST(TrainerState, RoundTripsExactlyThroughJsonText) {
     s.interval_loss_sum = 0.1 + 0.2;
     s.interval_steps = 3;
     s.eval_passes = 4;
-    const auto back = trainer_state_from_json(nlohmann::json::parse(trainer_state_to_json(s).dump(2)), "t.json");
+    const auto back =
+        trainer_state_from_json(nlohmann::json::parse(trainer_state_to_json(s).dump(2)), "t.json");
     ASSERT_TRUE(back.ok()) << back.status().to_string();
     EXPECT_EQ(back->step, 120);
     EXPECT_EQ(back->adam_step, 118);

@@ -120,7 +120,8 @@ void AddedVocabulary::find_matches(std::string_view text, const AddedTokenTrie& 
         pos = stop;  // non-overlapping: the next search starts after this match
         const AddedToken& t = entries_.at(id).token;
         if (t.single_word) {
-            const bool start_space = start == 0 || !is_rust_word_char(last_char(text.substr(0, start)));
+            const bool start_space =
+                start == 0 || !is_rust_word_char(last_char(text.substr(0, start)));
             const bool stop_space =
                 stop == text.size() || !is_rust_word_char(first_char(text.substr(stop)));
             if (!start_space || !stop_space) continue;
@@ -145,8 +146,8 @@ void AddedVocabulary::find_matches(std::string_view text, const AddedTokenTrie& 
             }
         }
         if (start_offset < start) {
-            out.push_back(AddedSplit{static_cast<uint32_t>(start_offset),
-                                     static_cast<uint32_t>(start), -1});
+            out.push_back(
+                AddedSplit{static_cast<uint32_t>(start_offset), static_cast<uint32_t>(start), -1});
         }
         out.push_back(AddedSplit{static_cast<uint32_t>(start), static_cast<uint32_t>(stop), id});
         start_offset = stop;

@@ -12,13 +12,13 @@
 //     touching a word character (Rust regex \w) on either side; lstrip/rstrip extend the match
 //     over adjacent White_Space (lstrip never reaching back into the previous match).
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <algorithm>
 #include <optional>
-#include <unordered_map>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "tokenizer/hash_tables.h"
@@ -56,7 +56,7 @@ public:
 private:
     struct Node {
         std::vector<std::pair<uint8_t, int32_t>> children;  // sorted by byte
-        int32_t value = -1;                                  // -1: no pattern ends here
+        int32_t value = -1;                                 // -1: no pattern ends here
     };
     int32_t child(int32_t node, uint8_t b) const;
     std::vector<Node> nodes_{Node{}};
@@ -81,7 +81,9 @@ public:
     bool has_raw_tokens() const { return !raw_trie_.empty(); }
     bool has_normalized_tokens() const { return !normalized_trie_.empty(); }
 
-    std::optional<int32_t> token_to_id(std::string_view content) const { return ids_.find(content); }
+    std::optional<int32_t> token_to_id(std::string_view content) const {
+        return ids_.find(content);
+    }
     // The token's text for decoding (HF simple_id_to_token: the normalized form when it differs
     // from the content), or nullptr when `id` is not an added token.
     const std::string* decode_form(int32_t id) const;
@@ -99,8 +101,8 @@ private:
         std::optional<std::string> normalized_form;
     };
     std::unordered_map<int32_t, Entry> entries_;  // id -> token
-    StringIdMap ids_;          // content -> id
-    StringIdMap special_set_;  // contents of special tokens
+    StringIdMap ids_;                             // content -> id
+    StringIdMap special_set_;                     // contents of special tokens
     AddedTokenTrie raw_trie_;
     AddedTokenTrie normalized_trie_;
     int32_t max_id_ = -1;
@@ -112,7 +114,8 @@ template <typename ModelLookup, typename Normalize>
 void AddedVocabulary::add_tokens(const std::vector<AddedToken>& tokens, ModelLookup model_lookup,
                                  int32_t model_vocab_size, Normalize normalize) {
     int32_t next_id = model_vocab_size;
-    if (max_id_ >= 0 && (max_id_ >= model_vocab_size || model_vocab_size == 0)) next_id = max_id_ + 1;
+    if (max_id_ >= 0 && (max_id_ >= model_vocab_size || model_vocab_size == 0))
+        next_id = max_id_ + 1;
     for (const AddedToken& t : tokens) {
         if (t.content.empty()) continue;
         std::optional<int32_t> id = ids_.find(t.content);

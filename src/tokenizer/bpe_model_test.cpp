@@ -15,7 +15,8 @@ std::vector<int32_t> ids_for(const std::string& piece) {
     // A deterministic, piece-specific id list of 1..7 ids.
     std::vector<int32_t> ids;
     const size_t n = 1 + piece.size() % 7;
-    for (size_t i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>(piece.size() * 131 + i * 7 + piece[0]));
+    for (size_t i = 0; i < n; ++i)
+        ids.push_back(static_cast<int32_t>(piece.size() * 131 + i * 7 + piece[0]));
     return ids;
 }
 
@@ -54,7 +55,8 @@ TEST(BpeCache, LongPiecesSurviveArenaRestarts) {
     std::vector<std::string> pieces;
     // Enough long pieces to overflow the long table's arena several times.
     for (int i = 0; i < 60000; ++i) {
-        pieces.push_back(std::string(40 + i % 200, static_cast<char>('a' + i % 26)) + std::to_string(i));
+        pieces.push_back(std::string(40 + i % 200, static_cast<char>('a' + i % 26)) +
+                         std::to_string(i));
     }
     for (const std::string& p : pieces) {
         const std::vector<int32_t> ids = ids_for(p);
@@ -71,7 +73,8 @@ TEST(BpeCache, LongPiecesSurviveArenaRestarts) {
     EXPECT_GT(hits, 0u);
     // The most recent piece is always there.
     std::vector<int32_t> out;
-    ASSERT_TRUE(cache.lookup_long(pieces.back(), hash_bytes(pieces.back().data(), pieces.back().size()), out));
+    ASSERT_TRUE(cache.lookup_long(pieces.back(),
+                                  hash_bytes(pieces.back().data(), pieces.back().size()), out));
     // Longer than the long table takes: never stored.
     const std::string huge(BpeCache::kMaxLongKeyBytes + 1, 'z');
     const std::vector<int32_t> ids = {1, 2};

@@ -203,8 +203,9 @@ private:
 
 std::string wordpiece_cleanup(std::string s) {
     static const std::pair<std::string_view, std::string_view> kRules[] = {
-        {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"},
-        {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+        {" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
+        {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},
+        {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
     for (const auto& [from, to] : kRules) s = replace_all(s, from, to);
     return s;
 }
@@ -245,17 +246,17 @@ private:
 };
 
 const std::vector<std::string>& decoder_type_names() {
-    static const std::vector<std::string> names = {"ByteLevel", "Metaspace", "Replace",
-                                                   "ByteFallback", "Fuse", "Strip", "BPEDecoder",
-                                                   "WordPiece", "Sequence"};
+    static const std::vector<std::string> names = {"ByteLevel",    "Metaspace", "Replace",
+                                                   "ByteFallback", "Fuse",      "Strip",
+                                                   "BPEDecoder",   "WordPiece", "Sequence"};
     return names;
 }
 
 Result<char32_t> one_char(const JsonNode& node) {
     LATHE_ASSIGN_OR_RETURN(std::string_view s, node.as_string());
     if (s.empty() || utf8::count_chars(s) != 1) {
-        return node.error(fmt::format("expected a single character, got '{}'",
-                                      escape_for_message(s)));
+        return node.error(
+            fmt::format("expected a single character, got '{}'", escape_for_message(s)));
     }
     int len;
     return utf8::decode(s, 0, &len);
@@ -275,7 +276,8 @@ Result<std::unique_ptr<Decoder>> decoder_from_node(const JsonNode& node) {
             LATHE_ASSIGN_OR_RETURN(replacement, one_char(*r));
         }
         bool prepend = true;
-        LATHE_ASSIGN_OR_RETURN(std::string_view scheme, node.get_string("prepend_scheme", "always"));
+        LATHE_ASSIGN_OR_RETURN(std::string_view scheme,
+                               node.get_string("prepend_scheme", "always"));
         if (scheme == "never") {
             prepend = false;
         } else if (scheme != "always" && scheme != "first") {

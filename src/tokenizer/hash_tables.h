@@ -46,7 +46,9 @@ struct HugePageAllocator {
         }
     }
     template <typename U>
-    bool operator==(const HugePageAllocator<U>&) const { return true; }
+    bool operator==(const HugePageAllocator<U>&) const {
+        return true;
+    }
 };
 
 template <typename T>
@@ -187,12 +189,14 @@ public:
         if (4 * (count_ + 1) > 3 * slots_.size()) grow();
         const uint64_t key = pack(a, b);
         size_t i = hash_u64(key) & (slots_.size() - 1);
-        while (slots_[i].key != kEmptyKey && slots_[i].key != key) i = (i + 1) & (slots_.size() - 1);
+        while (slots_[i].key != kEmptyKey && slots_[i].key != key)
+            i = (i + 1) & (slots_.size() - 1);
         if (slots_[i].key == kEmptyKey) ++count_;
         slots_[i] = Slot{key, Merge{rank, new_id}};
     }
     void prefetch(int32_t a, int32_t b) const {
-        if (!slots_.empty()) __builtin_prefetch(&slots_[hash_u64(pack(a, b)) & (slots_.size() - 1)]);
+        if (!slots_.empty())
+            __builtin_prefetch(&slots_[hash_u64(pack(a, b)) & (slots_.size() - 1)]);
     }
     const Merge* find(int32_t a, int32_t b) const {
         if (slots_.empty()) return nullptr;

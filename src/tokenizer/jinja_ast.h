@@ -25,7 +25,8 @@ enum class ExprKind {
     kGetitem,  // a[b]
     kSlice,    // a[b:c:d] (missing parts are null)
     kCall,     // a(args..., kwargs..., *c, **d)
-    kFilter,   // a | name(args..., kwargs..., *c, **d); `a` is null in {% filter %} / {% set %} blocks
+    kFilter,   // a | name(args..., kwargs..., *c, **d); `a` is null in {% filter %} / {% set %}
+               // blocks
     kTest,     // a is name(args..., kwargs..., *c, **d)
     kNot,      // not a
     kNeg,      // -a
@@ -50,9 +51,9 @@ using TestFn = bool (*)(const Value& input, Args& args);
 struct Expr {
     ExprKind kind;
     int line = 0;
-    Value value;             // kConst
-    std::string name;        // kName, kGetattr, kFilter, kTest
-    ExprPtr a, b, c, d;      // operands (see ExprKind)
+    Value value;         // kConst
+    std::string name;    // kName, kGetattr, kFilter, kTest
+    ExprPtr a, b, c, d;  // operands (see ExprKind)
     std::vector<ExprPtr> args;
     std::vector<std::pair<std::string, ExprPtr>> kwargs;
     BinOp bin_op = BinOp::kAdd;
@@ -74,22 +75,23 @@ enum class StmtKind {
     kWith,         // {% with targets = values %}body{% endwith %}
     kBreak,
     kContinue,
-    kGeneration,   // transformers' {% generation %}body{% endgeneration %}
-    kCallBlock,    // {% call(targets=values) expr %}body{% endcall %}: expr is a kCall that gets caller=
+    kGeneration,  // transformers' {% generation %}body{% endgeneration %}
+    kCallBlock,   // {% call(targets=values) expr %}body{% endcall %}: expr is a kCall that gets
+                  // caller=
 };
 
 struct Stmt {
     StmtKind kind;
     int line = 0;
-    std::string text;                 // kText; the attribute of kSetAttr; kMacro's name
-    ExprPtr expr;                     // kPrint, kFor (iterable), kSet/kSetAttr (value)
-    ExprPtr cond;                     // kFor's inline `if`
+    std::string text;  // kText; the attribute of kSetAttr; kMacro's name
+    ExprPtr expr;      // kPrint, kFor (iterable), kSet/kSetAttr (value)
+    ExprPtr cond;      // kFor's inline `if`
     std::vector<std::pair<ExprPtr, Body>> branches;  // kIf
     Body body, else_body;
-    std::vector<std::string> targets; // kFor, kSet, kSetAttr, kSetBlock, kWith; kMacro params
-    bool target_tuple = false;        // `for a, in ...` / `set a, b = ...`
-    std::vector<ExprPtr> values;      // kWith values, kMacro defaults (aligned right, may be null)
-    std::vector<ExprPtr> filters;     // kSetBlock, kFilterBlock: kFilter nodes with a == null
+    std::vector<std::string> targets;  // kFor, kSet, kSetAttr, kSetBlock, kWith; kMacro params
+    bool target_tuple = false;         // `for a, in ...` / `set a, b = ...`
+    std::vector<ExprPtr> values;       // kWith values, kMacro defaults (aligned right, may be null)
+    std::vector<ExprPtr> filters;      // kSetBlock, kFilterBlock: kFilter nodes with a == null
     // kMacro / kCallBlock: whether the body reads `caller`, `varargs`, `kwargs` (jinja2 then
     // accepts a caller, extra positional and extra keyword arguments).
     bool catch_caller = false, catch_varargs = false, catch_kwargs = false;

@@ -69,12 +69,18 @@ bool arg_bool(const Args& a, size_t i, std::string_view name, bool dflt) {
 }
 
 // soft_str(): what jinja2 filters turn their input into (undefined -> "").
-std::string soft_str(const Value& v) { return v.str(); }
+std::string soft_str(const Value& v) {
+    return v.str();
+}
 
-std::u32string u32(const Value& v) { return utf8_decode(soft_str(v)); }
+std::u32string u32(const Value& v) {
+    return utf8_decode(soft_str(v));
+}
 
 // Code point index of a byte offset in valid UTF-8.
-int64_t cp_index(std::string_view s, size_t byte_off) { return int64_t(utf8_length(s.substr(0, byte_off))); }
+int64_t cp_index(std::string_view s, size_t byte_off) {
+    return int64_t(utf8_length(s.substr(0, byte_off)));
+}
 
 bool is_alnum_cp(char32_t c) {
     const auto cat = utf8proc_category(int32_t(c));
@@ -88,19 +94,23 @@ Value attr_path(const Value& item, const std::string& path) {
     size_t start = 0;
     while (true) {
         const size_t dot = path.find('.', start);
-        const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        const std::string part =
+            path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
         Value key;
         bool beyond_int64 = false;
-        if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        if (!part.empty() &&
+            std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; })) {
             int64_t k = 0;
-            beyond_int64 = std::from_chars(part.data(), part.data() + part.size(), k).ec != std::errc();
+            beyond_int64 =
+                std::from_chars(part.data(), part.data() + part.size(), k).ec != std::errc();
             key = Value::integer(k);
         } else {
             key = Value::string(part);
         }
         if (cur.is_undefined()) cur.fail_undefined();
         // Python's int has no bound; an index past int64 names no element of anything.
-        cur = beyond_int64 ? Value::undefined(std::string("'") + cur.type_name() + " object' has no element " + part)
+        cur = beyond_int64 ? Value::undefined(std::string("'") + cur.type_name() +
+                                              " object' has no element " + part)
                            : get_item(cur, key);
         if (dot == std::string::npos) return cur;
         start = dot + 1;
@@ -117,12 +127,23 @@ Value html_escape(const Value& v) {
     std::string out;
     for (char c : soft_str(v)) {
         switch (c) {
-            case '&': out += "&amp;"; break;
-            case '<': out += "&lt;"; break;
-            case '>': out += "&gt;"; break;
-            case '"': out += "&#34;"; break;
-            case '\'': out += "&#39;"; break;
-            default: out += c;
+            case '&':
+                out += "&amp;";
+                break;
+            case '<':
+                out += "&lt;";
+                break;
+            case '>':
+                out += "&gt;";
+                break;
+            case '"':
+                out += "&#34;";
+                break;
+            case '\'':
+                out += "&#39;";
+                break;
+            default:
+                out += c;
         }
     }
     return Value::string(std::move(out));
@@ -158,7 +179,8 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         pos = args.as_list();
     } else {
         if (args.kind() == Kind::kDict) named = &args.as_dict();
-        mapping_mode = args.kind() == Kind::kDict || args.kind() == Kind::kList || args.is_undefined();
+        mapping_mode =
+            args.kind() == Kind::kDict || args.kind() == Kind::kList || args.is_undefined();
         pos.push_back(args);
     }
     size_t next_arg = 0;
@@ -191,11 +213,13 @@ std::string percent_format(const std::string& fmt, const Value& args) {
             if (fmt[i] == '#') alt = true;
         }
         int64_t width = 0;
-        for (; i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i])); ++i) width = width * 10 + (fmt[i] - '0');
+        for (; i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i])); ++i)
+            width = width * 10 + (fmt[i] - '0');
         int64_t prec = -1;
         if (i < fmt.size() && fmt[i] == '.') {
             prec = 0;
-            for (++i; i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i])); ++i) prec = prec * 10 + (fmt[i] - '0');
+            for (++i; i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i])); ++i)
+                prec = prec * 10 + (fmt[i] - '0');
         }
         if (i >= fmt.size()) throw_error("incomplete format");
         const char type = fmt[i];
@@ -205,9 +229,14 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         }
         std::string piece;
         switch (type) {
-            case 's': piece = arg->str(); if (prec >= 0) piece = utf8_encode(utf8_decode(piece).substr(0, size_t(prec))); break;
+            case 's':
+                piece = arg->str();
+                if (prec >= 0) piece = utf8_encode(utf8_decode(piece).substr(0, size_t(prec)));
+                break;
             case 'r':
-            case 'a': piece = arg->repr(); break;
+            case 'a':
+                piece = arg->repr();
+                break;
             case 'd':
             case 'i':
             case 'u':
@@ -222,7 +251,9 @@ std::string percent_format(const std::string& fmt, const Value& args) {
             case 'g':
             case 'G': {
                 if (arg->is_undefined()) arg->fail_undefined();
-                if (!arg->is_number()) throw_error(std::string("%") + type + " format: a real number is required, not " + arg->type_name());
+                if (!arg->is_number())
+                    throw_error(std::string("%") + type +
+                                " format: a real number is required, not " + arg->type_name());
                 std::string spec = "%";
                 if (plus) spec += '+';
                 if (space) spec += ' ';
@@ -232,7 +263,9 @@ std::string percent_format(const std::string& fmt, const Value& args) {
                 if (type == 'c') {
                     utf8_append(piece, char32_t(arg->as_int()));
                 } else if (std::strchr("diuxXo", type)) {
-                    const int64_t v = arg->kind() == Kind::kFloat ? int64_t(std::trunc(arg->as_double())) : arg->as_int();
+                    const int64_t v = arg->kind() == Kind::kFloat
+                                          ? int64_t(std::trunc(arg->as_double()))
+                                          : arg->as_int();
                     spec += "ll";
                     spec += (type == 'i' || type == 'u') ? 'd' : type;
                     std::snprintf(buf, sizeof buf, spec.c_str(), (long long)v);
@@ -248,15 +281,18 @@ std::string percent_format(const std::string& fmt, const Value& args) {
                 }
                 break;
             }
-            default: throw_error(std::string("unsupported format character '") + type + "'");
+            default:
+                throw_error(std::string("unsupported format character '") + type + "'");
         }
         if (zero && !left && std::strchr("diuxXofFeEgG", type) && int64_t(piece.size()) < width) {
-            const size_t sign = (!piece.empty() && (piece[0] == '-' || piece[0] == '+' || piece[0] == ' ')) ? 1 : 0;
+            const size_t sign =
+                (!piece.empty() && (piece[0] == '-' || piece[0] == '+' || piece[0] == ' ')) ? 1 : 0;
             piece.insert(sign, std::string(size_t(width) - piece.size(), '0'));
         }
         out += pad(piece, width, left);
     }
-    if (!mapping_mode && next_arg < pos.size()) throw_error("not all arguments converted during string formatting");
+    if (!mapping_mode && next_arg < pos.size())
+        throw_error("not all arguments converted during string formatting");
     return out;
 }
 
@@ -270,8 +306,10 @@ std::string brace_format(const std::string& fmt, const Args& args) {
     for (size_t i = 0; i < fmt.size(); ++i) {
         const char c = fmt[i];
         if (c == '}') {
-            if (i + 1 < fmt.size() && fmt[i + 1] == '}') ++i;
-            else throw_error("Single '}' encountered in format string");
+            if (i + 1 < fmt.size() && fmt[i + 1] == '}')
+                ++i;
+            else
+                throw_error("Single '}' encountered in format string");
             out += '}';
             continue;
         }
@@ -297,11 +335,14 @@ std::string brace_format(const std::string& fmt, const Args& args) {
             throw_error("format specifications in str.format() are not supported");
         Value v;
         if (field.empty()) {
-            if (auto_index >= args.positional.size()) throw_error("Replacement index out of range for positional args tuple");
+            if (auto_index >= args.positional.size())
+                throw_error("Replacement index out of range for positional args tuple");
             v = args.positional[auto_index++];
-        } else if (std::all_of(field.begin(), field.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+        } else if (std::all_of(field.begin(), field.end(),
+                               [](char ch) { return ch >= '0' && ch <= '9'; })) {
             size_t k = 0;
-            const bool fits = std::from_chars(field.data(), field.data() + field.size(), k).ec == std::errc();
+            const bool fits =
+                std::from_chars(field.data(), field.data() + field.size(), k).ec == std::errc();
             if (!fits || k >= args.positional.size())
                 throw_error("Replacement index out of range for positional args tuple");
             v = args.positional[k];
@@ -354,7 +395,8 @@ std::vector<Value> split_whitespace(const std::u32string& s, int64_t maxsplit, b
     return out;
 }
 
-std::vector<Value> split_sep(const std::string& s, const std::string& sep, int64_t maxsplit, bool from_right) {
+std::vector<Value> split_sep(const std::string& s, const std::string& sep, int64_t maxsplit,
+                             bool from_right) {
     if (sep.empty()) throw_error("empty separator");
     std::vector<std::string> parts;
     if (!from_right) {
@@ -385,7 +427,8 @@ std::vector<Value> split_sep(const std::string& s, const std::string& sep, int64
     return out;
 }
 
-std::string py_replace(const std::string& s, const std::string& old, const std::string& rep, int64_t count) {
+std::string py_replace(const std::string& s, const std::string& old, const std::string& rep,
+                       int64_t count) {
     std::string out;
     if (old.empty()) {
         // Python inserts `rep` before every code point and at the end.
@@ -436,7 +479,8 @@ bool affix_match(const std::string& s, const Value& affix, const Args& a, bool p
     auto one = [&](const Value& p) {
         const std::string& x = need_string(p, prefix ? "startswith argument" : "endswith argument");
         if (x.size() > hay.size()) return false;
-        return prefix ? hay.compare(0, x.size(), x) == 0 : hay.compare(hay.size() - x.size(), x.size(), x) == 0;
+        return prefix ? hay.compare(0, x.size(), x) == 0
+                      : hay.compare(hay.size() - x.size(), x.size(), x) == 0;
     };
     if (affix.kind() == Kind::kTuple) {
         for (const auto& p : affix.as_list())
@@ -452,8 +496,8 @@ std::vector<Value> py_splitlines(const std::string& s, bool keepends) {
     size_t start = 0;
     for (size_t i = 0; i < u.size(); ++i) {
         const char32_t c = u[i];
-        const bool brk = c == U'\n' || c == U'\r' || c == 0x0b || c == 0x0c || c == 0x1c || c == 0x1d ||
-                         c == 0x1e || c == 0x85 || c == 0x2028 || c == 0x2029;
+        const bool brk = c == U'\n' || c == U'\r' || c == 0x0b || c == 0x0c || c == 0x1c ||
+                         c == 0x1d || c == 0x1e || c == 0x85 || c == 0x2028 || c == 0x2029;
         if (!brk) continue;
         size_t end = i + 1;
         if (c == U'\r' && i + 1 < u.size() && u[i + 1] == U'\n') end = i + 2;
@@ -475,11 +519,20 @@ bool str_predicate(const std::string& s, std::string_view name, Value& out) {
     };
     auto cat = [](char32_t c) { return utf8proc_category(int32_t(c)); };
     bool r;
-    if (name == "isspace") r = all(py_isspace);
-    else if (name == "isalpha") r = all([&](char32_t c) { return cat(c) >= UTF8PROC_CATEGORY_LU && cat(c) <= UTF8PROC_CATEGORY_LO; });
-    else if (name == "isalnum") r = all(is_alnum_cp);
-    else if (name == "isdigit" || name == "isdecimal") r = all([&](char32_t c) { return cat(c) == UTF8PROC_CATEGORY_ND; });
-    else if (name == "isnumeric") r = all([&](char32_t c) { return cat(c) >= UTF8PROC_CATEGORY_ND && cat(c) <= UTF8PROC_CATEGORY_NO; });
+    if (name == "isspace")
+        r = all(py_isspace);
+    else if (name == "isalpha")
+        r = all([&](char32_t c) {
+            return cat(c) >= UTF8PROC_CATEGORY_LU && cat(c) <= UTF8PROC_CATEGORY_LO;
+        });
+    else if (name == "isalnum")
+        r = all(is_alnum_cp);
+    else if (name == "isdigit" || name == "isdecimal")
+        r = all([&](char32_t c) { return cat(c) == UTF8PROC_CATEGORY_ND; });
+    else if (name == "isnumeric")
+        r = all([&](char32_t c) {
+            return cat(c) >= UTF8PROC_CATEGORY_ND && cat(c) <= UTF8PROC_CATEGORY_NO;
+        });
     else if (name == "islower" || name == "isupper") {
         // Python: at least one cased character and no cased character of the other case.
         bool cased = false, ok = true;
@@ -506,17 +559,35 @@ bool call_str_method(const std::string& s, std::string_view name, Args& a, Value
         a.check(name, 0, {});
         return true;
     }
-    if (name == "upper") { a.check(name, 0, {}); out = Value::string(py_upper(s)); return true; }
-    if (name == "lower" || name == "casefold") { a.check(name, 0, {}); out = Value::string(py_lower(s)); return true; }
-    if (name == "title") { a.check(name, 0, {}); out = Value::string(py_title(s)); return true; }
-    if (name == "capitalize") { a.check(name, 0, {}); out = Value::string(py_capitalize(s)); return true; }
+    if (name == "upper") {
+        a.check(name, 0, {});
+        out = Value::string(py_upper(s));
+        return true;
+    }
+    if (name == "lower" || name == "casefold") {
+        a.check(name, 0, {});
+        out = Value::string(py_lower(s));
+        return true;
+    }
+    if (name == "title") {
+        a.check(name, 0, {});
+        out = Value::string(py_title(s));
+        return true;
+    }
+    if (name == "capitalize") {
+        a.check(name, 0, {});
+        out = Value::string(py_capitalize(s));
+        return true;
+    }
     if (name == "swapcase") {
         a.check(name, 0, {});
         std::string r;
         for (char32_t c : utf8_decode(s)) {
             const auto k = utf8proc_category(int32_t(c));
             std::string one = utf8_encode(std::u32string(1, c));
-            r += k == UTF8PROC_CATEGORY_LU ? py_lower(one) : k == UTF8PROC_CATEGORY_LL ? py_upper(one) : one;
+            r += k == UTF8PROC_CATEGORY_LU   ? py_lower(one)
+                 : k == UTF8PROC_CATEGORY_LL ? py_upper(one)
+                                             : one;
         }
         out = Value::string(std::move(r));
         return true;
@@ -562,7 +633,8 @@ bool call_str_method(const std::string& s, std::string_view name, Args& a, Value
         out = Value::boolean(affix_match(s, a.positional[0], a, name == "startswith"));
         return true;
     }
-    if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
+    if (name == "find" || name == "rfind" || name == "index" || name == "rindex" ||
+        name == "count") {
         a.check(name, 3, {});
         if (a.positional.empty()) throw_error(std::string(name) + "() takes at least 1 argument");
         const std::string& sub = need_string(a.positional[0], "substring");
@@ -581,7 +653,9 @@ bool call_str_method(const std::string& s, std::string_view name, Args& a, Value
             if (sub.empty()) {
                 n = int64_t(range_u.size()) + 1;
             } else {
-                for (size_t k = hay.find(sub); k != std::string::npos; k = hay.find(sub, k + sub.size())) ++n;
+                for (size_t k = hay.find(sub); k != std::string::npos;
+                     k = hay.find(sub, k + sub.size()))
+                    ++n;
             }
             out = Value::integer(n);
             return true;
@@ -602,7 +676,8 @@ bool call_str_method(const std::string& s, std::string_view name, Args& a, Value
         size_t i = 0;
         for (const Value& item : iterate(a.positional[0])) {
             if (!item.is_string())
-                throw_error("sequence item " + std::to_string(i) + ": expected str instance, " + item.type_name() + " found");
+                throw_error("sequence item " + std::to_string(i) + ": expected str instance, " +
+                            item.type_name() + " found");
             if (i++) r += s;
             r += item.as_string();
         }
@@ -625,7 +700,9 @@ bool call_str_method(const std::string& s, std::string_view name, Args& a, Value
             return true;
         }
         const int64_t total = width - len;
-        int64_t left = name == "ljust" ? 0 : name == "rjust" ? total : total / 2 + (total & width & 1);
+        int64_t left = name == "ljust"   ? 0
+                       : name == "rjust" ? total
+                                         : total / 2 + (total & width & 1);
         std::string r;
         for (int64_t k = 0; k < left; ++k) r += fill;
         r += s;
@@ -652,10 +729,12 @@ bool call_str_method(const std::string& s, std::string_view name, Args& a, Value
         if (sep.empty()) throw_error("empty separator");
         const size_t k = name == "partition" ? s.find(sep) : s.rfind(sep);
         if (k == std::string::npos) {
-            out = name == "partition" ? Value::tuple({Value::string(s), Value::string(""), Value::string("")})
-                                      : Value::tuple({Value::string(""), Value::string(""), Value::string(s)});
+            out = name == "partition"
+                      ? Value::tuple({Value::string(s), Value::string(""), Value::string("")})
+                      : Value::tuple({Value::string(""), Value::string(""), Value::string(s)});
         } else {
-            out = Value::tuple({Value::string(s.substr(0, k)), Value::string(sep), Value::string(s.substr(k + sep.size()))});
+            out = Value::tuple({Value::string(s.substr(0, k)), Value::string(sep),
+                                Value::string(s.substr(k + sep.size()))});
         }
         return true;
     }
@@ -665,7 +744,8 @@ bool call_str_method(const std::string& s, std::string_view name, Args& a, Value
         const std::string& x = need_string(a.positional[0], "affix");
         std::string r = s;
         if (name == "removeprefix" && s.compare(0, x.size(), x) == 0) r = s.substr(x.size());
-        if (name == "removesuffix" && !x.empty() && s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0)
+        if (name == "removesuffix" && !x.empty() && s.size() >= x.size() &&
+            s.compare(s.size() - x.size(), x.size(), x) == 0)
             r = s.substr(0, s.size() - x.size());
         out = Value::string(std::move(r));
         return true;
@@ -675,11 +755,13 @@ bool call_str_method(const std::string& s, std::string_view name, Args& a, Value
 
 bool is_str_method(std::string_view n) {
     static const char* const kNames[] = {
-        "upper", "lower", "casefold", "title", "capitalize", "swapcase", "strip", "lstrip", "rstrip",
-        "split", "rsplit", "splitlines", "replace", "startswith", "endswith", "find", "rfind",
-        "index", "rindex", "count", "join", "format", "center", "ljust", "rjust", "zfill",
-        "partition", "rpartition", "removeprefix", "removesuffix", "isspace", "isalpha", "isalnum",
-        "isdigit", "isdecimal", "isnumeric", "islower", "isupper"};
+        "upper",   "lower",      "casefold",  "title",      "capitalize",   "swapcase",
+        "strip",   "lstrip",     "rstrip",    "split",      "rsplit",       "splitlines",
+        "replace", "startswith", "endswith",  "find",       "rfind",        "index",
+        "rindex",  "count",      "join",      "format",     "center",       "ljust",
+        "rjust",   "zfill",      "partition", "rpartition", "removeprefix", "removesuffix",
+        "isspace", "isalpha",    "isalnum",   "isdigit",    "isdecimal",    "isnumeric",
+        "islower", "isupper"};
     for (const char* k : kNames)
         if (n == k) return true;
     return false;
@@ -688,7 +770,8 @@ bool is_str_method(std::string_view n) {
 // Methods the immutable sandbox refuses (they would modify a list or dict).
 bool is_unsafe_method(const Value& obj, std::string_view n) {
     if (obj.kind() == Kind::kList) {
-        static const char* const kList[] = {"append", "extend", "insert", "pop", "remove", "reverse", "sort", "clear", "__setitem__"};
+        static const char* const kList[] = {"append",  "extend", "insert", "pop",        "remove",
+                                            "reverse", "sort",   "clear",  "__setitem__"};
         for (const char* k : kList)
             if (n == k) return true;
     }
@@ -701,8 +784,10 @@ bool is_unsafe_method(const Value& obj, std::string_view n) {
 }
 
 bool is_container_method(const Value& obj, std::string_view n) {
-    if (obj.kind() == Kind::kDict) return n == "get" || n == "keys" || n == "values" || n == "items" || n == "copy";
-    if (obj.is_sequence()) return n == "count" || n == "index" || (obj.kind() == Kind::kList && n == "copy");
+    if (obj.kind() == Kind::kDict)
+        return n == "get" || n == "keys" || n == "values" || n == "items" || n == "copy";
+    if (obj.is_sequence())
+        return n == "count" || n == "index" || (obj.kind() == Kind::kList && n == "copy");
     return false;
 }
 
@@ -710,7 +795,8 @@ bool is_container_method(const Value& obj, std::string_view n) {
 
 bool call_method(const Value& obj, std::string_view name, Args& a, Value& out) {
     switch (obj.kind()) {
-        case Kind::kString: return is_str_method(name) && call_str_method(obj.as_string(), name, a, out);
+        case Kind::kString:
+            return is_str_method(name) && call_str_method(obj.as_string(), name, a, out);
         case Kind::kDict: {
             const Dict& d = obj.as_dict();
             if (name == "get") {
@@ -724,9 +810,12 @@ bool call_method(const Value& obj, std::string_view name, Args& a, Value& out) {
                 a.check(name, 0, {});
                 List l;
                 for (const auto& [k, v] : d.items) {
-                    if (name == "keys") l.push_back(k);
-                    else if (name == "values") l.push_back(v);
-                    else l.push_back(Value::tuple({k, v}));
+                    if (name == "keys")
+                        l.push_back(k);
+                    else if (name == "values")
+                        l.push_back(v);
+                    else
+                        l.push_back(Value::tuple({k, v}));
                 }
                 out = Value::list(std::move(l));
                 return true;
@@ -743,7 +832,8 @@ bool call_method(const Value& obj, std::string_view name, Args& a, Value& out) {
             const List& l = obj.as_list();
             if (name == "count" || name == "index") {
                 a.check(name, 1, {});
-                if (a.positional.empty()) throw_error(std::string(name) + "() takes exactly one argument");
+                if (a.positional.empty())
+                    throw_error(std::string(name) + "() takes exactly one argument");
                 int64_t n = 0;
                 for (size_t i = 0; i < l.size(); ++i) {
                     if (!equals(l[i], a.positional[0])) continue;
@@ -764,14 +854,15 @@ bool call_method(const Value& obj, std::string_view name, Args& a, Value& out) {
             }
             return false;
         }
-        default: return false;
+        default:
+            return false;
     }
 }
 
 Value get_attr(const Value& obj, std::string_view name) {
     if (name.size() >= 2 && name.substr(0, 2) == "__")
-        return Value::undefined(std::string("access to attribute '") + std::string(name) + "' of '" +
-                                obj.type_name() + "' object is unsafe.");
+        return Value::undefined(std::string("access to attribute '") + std::string(name) +
+                                "' of '" + obj.type_name() + "' object is unsafe.");
     if (obj.kind() == Kind::kObject) return obj.as_object()->get_attr(name);
     const bool method = obj.is_string() ? is_str_method(name) : is_container_method(obj, name);
     if (method) {
@@ -783,12 +874,13 @@ Value get_attr(const Value& obj, std::string_view name) {
         }));
     }
     if (is_unsafe_method(obj, name))
-        return Value::undefined(std::string("access to attribute '") + std::string(name) + "' of '" +
-                                obj.type_name() + "' object is unsafe.");
+        return Value::undefined(std::string("access to attribute '") + std::string(name) +
+                                "' of '" + obj.type_name() + "' object is unsafe.");
     if (obj.kind() == Kind::kDict) {
         if (const Value* v = obj.as_dict().find(name)) return *v;
     }
-    return Value::undefined(std::string("'") + obj.type_name() + " object' has no attribute '" + std::string(name) + "'");
+    return Value::undefined(std::string("'") + obj.type_name() + " object' has no attribute '" +
+                            std::string(name) + "'");
 }
 
 Value get_item(const Value& obj, const Value& key) {
@@ -812,29 +904,35 @@ Value get_item(const Value& obj, const Value& key) {
                     if (i < 0) i += n;
                     if (i >= 0 && i < n) return l[size_t(i)];
                 }
-                return Value::undefined(std::string("'") + obj.type_name() + " object' has no element " + key.repr());
+                return Value::undefined(std::string("'") + obj.type_name() +
+                                        " object' has no element " + key.repr());
             }
             break;
         case Kind::kObject:
             if (key.is_string()) return obj.as_object()->get_attr(key.as_string());
             break;
-        default: break;
+        default:
+            break;
     }
     if (key.is_string()) return get_attr(obj, key.as_string());
-    return Value::undefined(std::string("'") + obj.type_name() + " object' has no element " + key.repr());
+    return Value::undefined(std::string("'") + obj.type_name() + " object' has no element " +
+                            key.repr());
 }
 
 Value call_value(const Value& callee, Args& args) {
     if (callee.is_undefined()) callee.fail_undefined();
-    if (callee.kind() == Kind::kObject && callee.as_object()->callable()) return callee.as_object()->call(args);
+    if (callee.kind() == Kind::kObject && callee.as_object()->callable())
+        return callee.as_object()->call(args);
     throw_error(std::string("'") + callee.type_name() + "' object is not callable");
 }
 
 std::vector<Value> iterate(const Value& v) {
     switch (v.kind()) {
-        case Kind::kUndefined: return {};
+        case Kind::kUndefined:
+            return {};
         case Kind::kList:
-        case Kind::kTuple: return v.as_list();
+        case Kind::kTuple:
+            return v.as_list();
         case Kind::kDict: {
             std::vector<Value> keys;
             for (const auto& [k, e] : v.as_dict().items) keys.push_back(k);
@@ -842,33 +940,42 @@ std::vector<Value> iterate(const Value& v) {
         }
         case Kind::kString: {
             std::vector<Value> chars;
-            for (char32_t c : utf8_decode(v.as_string())) chars.push_back(Value::string(utf8_encode(std::u32string(1, c))));
+            for (char32_t c : utf8_decode(v.as_string()))
+                chars.push_back(Value::string(utf8_encode(std::u32string(1, c))));
             return chars;
         }
         case Kind::kObject:
             if (Generator* g = as_generator(v)) return g->take_all();
             [[fallthrough]];
-        default: throw_error(std::string("'") + v.type_name() + "' object is not iterable");
+        default:
+            throw_error(std::string("'") + v.type_name() + "' object is not iterable");
     }
 }
 
 int64_t length_of(const Value& v) {
     switch (v.kind()) {
-        case Kind::kUndefined: return 0;
-        case Kind::kString: return int64_t(utf8_length(v.as_string()));
+        case Kind::kUndefined:
+            return 0;
+        case Kind::kString:
+            return int64_t(utf8_length(v.as_string()));
         case Kind::kList:
-        case Kind::kTuple: return int64_t(v.as_list().size());
-        case Kind::kDict: return int64_t(v.as_dict().items.size());
-        default: throw_error(std::string("object of type '") + v.type_name() + "' has no len()");
+        case Kind::kTuple:
+            return int64_t(v.as_list().size());
+        case Kind::kDict:
+            return int64_t(v.as_dict().items.size());
+        default:
+            throw_error(std::string("object of type '") + v.type_name() + "' has no len()");
     }
 }
 
 bool contains(const Value& container, const Value& item) {
     switch (container.kind()) {
-        case Kind::kUndefined: return false;
+        case Kind::kUndefined:
+            return false;
         case Kind::kString:
             if (!item.is_string())
-                throw_error(std::string("'in <string>' requires string as left operand, not ") + item.type_name());
+                throw_error(std::string("'in <string>' requires string as left operand, not ") +
+                            item.type_name());
             return container.as_string().find(item.as_string()) != std::string::npos;
         case Kind::kList:
         case Kind::kTuple:
@@ -887,7 +994,9 @@ bool contains(const Value& container, const Value& item) {
                 return false;
             }
             [[fallthrough]];
-        default: throw_error(std::string("argument of type '") + container.type_name() + "' is not iterable");
+        default:
+            throw_error(std::string("argument of type '") + container.type_name() +
+                        "' is not iterable");
     }
 }
 
@@ -969,7 +1078,8 @@ Value f_dictsort(const Value& v, Args& a) {
     const bool cs = arg_bool(a, 0, "case_sensitive", false);
     const Value* by = a.get(1, "by");
     const std::string by_s = by ? need_string(*by, "by") : "key";
-    if (by_s != "key" && by_s != "value") throw_error("You can only sort by either 'key' or 'value'");
+    if (by_s != "key" && by_s != "value")
+        throw_error("You can only sort by either 'key' or 'value'");
     const bool rev = arg_bool(a, 2, "reverse", false);
     std::vector<std::pair<Value, Value>> items = v.as_dict().items;
     const size_t pos = by_s == "key" ? 0 : 1;
@@ -1002,7 +1112,8 @@ Value f_first(const Value& v, Args& a) {
 
 Value f_last(const Value& v, Args& a) {
     a.check("last", 0, {});
-    if (as_generator(v)) throw_error(std::string("'") + v.type_name() + "' object is not reversible");
+    if (as_generator(v))
+        throw_error(std::string("'") + v.type_name() + "' object is not reversible");
     std::vector<Value> items = iterate(v);
     if (items.empty()) return Value::undefined("No last item, sequence was empty.");
     return items.back();
@@ -1021,9 +1132,18 @@ bool to_float(const Value& v, double& out) {
         if (c != '_') clean += c;
     if (clean.empty()) return false;
     const std::string low = py_lower(clean);
-    if (low == "inf" || low == "+inf" || low == "infinity" || low == "+infinity") { out = INFINITY; return true; }
-    if (low == "-inf" || low == "-infinity") { out = -INFINITY; return true; }
-    if (low == "nan" || low == "+nan" || low == "-nan") { out = NAN; return true; }
+    if (low == "inf" || low == "+inf" || low == "infinity" || low == "+infinity") {
+        out = INFINITY;
+        return true;
+    }
+    if (low == "-inf" || low == "-infinity") {
+        out = -INFINITY;
+        return true;
+    }
+    if (low == "nan" || low == "+nan" || low == "-nan") {
+        out = NAN;
+        return true;
+    }
     char* end = nullptr;
     out = std::strtod(clean.c_str(), &end);
     return end && *end == '\0' && clean.find_first_of("xXpP") == std::string::npos;
@@ -1049,7 +1169,8 @@ Value f_int(const Value& v, Args& a) {
     if (v.kind() == Kind::kFloat) {
         const double f = v.as_double();
         if (!std::isfinite(f)) return dflt;
-        if (std::fabs(f) >= 9.2e18) throw_error("integer overflow: lathe's template integers are 64-bit");
+        if (std::fabs(f) >= 9.2e18)
+            throw_error("integer overflow: lathe's template integers are 64-bit");
         return Value::integer(int64_t(std::trunc(f)));
     }
     if (v.is_string()) {
@@ -1065,7 +1186,8 @@ Value f_int(const Value& v, Args& a) {
         }
         double f;
         if (base == 10 && to_float(v, f) && std::isfinite(f)) {
-            if (std::fabs(f) >= 9.2e18) throw_error("integer overflow: lathe's template integers are 64-bit");
+            if (std::fabs(f) >= 9.2e18)
+                throw_error("integer overflow: lathe's template integers are 64-bit");
             return Value::integer(int64_t(std::trunc(f)));
         }
     }
@@ -1087,12 +1209,16 @@ Value f_indent(const Value& v, Args& a) {
     a.check("indent", 3, {"width", "first", "blank"});
     const Value* w = a.get(0, "width");
     std::string ind = "    ";
-    if (w) ind = w->is_string() ? w->as_string() : std::string(size_t(std::max<int64_t>(0, need_int(*w, "width"))), ' ');
+    if (w)
+        ind = w->is_string()
+                  ? w->as_string()
+                  : std::string(size_t(std::max<int64_t>(0, need_int(*w, "width"))), ' ');
     const bool first = arg_bool(a, 1, "first", false);
     const bool blank = arg_bool(a, 2, "blank", false);
     if (v.is_undefined()) v.fail_undefined();
     if (!v.is_string())
-        throw_error(std::string("unsupported operand type(s) for +=: '") + v.type_name() + "' and 'str'");
+        throw_error(std::string("unsupported operand type(s) for +=: '") + v.type_name() +
+                    "' and 'str'");
     std::string s = v.as_string() + "\n";  // jinja2 appends a newline and strips it at the end
     std::vector<Value> lines = py_splitlines(s, true);
     std::string rv;
@@ -1194,13 +1320,18 @@ Value min_max(const Value& v, Args& a, bool want_max) {
     size_t best = 0;
     auto key = [&](const Value& x) { return fold(attr ? attr_path(x, soft_str(*attr)) : x, cs); };
     for (size_t i = 1; i < items.size(); ++i) {
-        if (want_max ? less_than(key(items[best]), key(items[i])) : less_than(key(items[i]), key(items[best])))
+        if (want_max ? less_than(key(items[best]), key(items[i]))
+                     : less_than(key(items[i]), key(items[best])))
             best = i;
     }
     return items[best];
 }
-Value f_max(const Value& v, Args& a) { return min_max(v, a, true); }
-Value f_min(const Value& v, Args& a) { return min_max(v, a, false); }
+Value f_max(const Value& v, Args& a) {
+    return min_max(v, a, true);
+}
+Value f_min(const Value& v, Args& a) {
+    return min_max(v, a, false);
+}
 
 // select / reject / selectattr / rejectattr.
 Value select_common(const Value& v, Args& a, bool by_attr, bool keep) {
@@ -1234,10 +1365,18 @@ Value select_common(const Value& v, Args& a, bool by_attr, bool keep) {
     }
     return make_generator("generator", std::move(out));
 }
-Value f_select(const Value& v, Args& a) { return select_common(v, a, false, true); }
-Value f_reject(const Value& v, Args& a) { return select_common(v, a, false, false); }
-Value f_selectattr(const Value& v, Args& a) { return select_common(v, a, true, true); }
-Value f_rejectattr(const Value& v, Args& a) { return select_common(v, a, true, false); }
+Value f_select(const Value& v, Args& a) {
+    return select_common(v, a, false, true);
+}
+Value f_reject(const Value& v, Args& a) {
+    return select_common(v, a, false, false);
+}
+Value f_selectattr(const Value& v, Args& a) {
+    return select_common(v, a, true, true);
+}
+Value f_rejectattr(const Value& v, Args& a) {
+    return select_common(v, a, true, false);
+}
 
 Value f_replace(const Value& v, Args& a) {
     a.check("replace", 3, {"old", "new", "count"});
@@ -1264,7 +1403,9 @@ Value f_reverse(const Value& v, Args& a) {
     }
     std::vector<Value> items = iterate(v);
     std::reverse(items.begin(), items.end());
-    return make_generator(v.kind() == Kind::kDict ? "dict_reversekeyiterator" : "list_reverseiterator", std::move(items));
+    return make_generator(
+        v.kind() == Kind::kDict ? "dict_reversekeyiterator" : "list_reverseiterator",
+        std::move(items));
 }
 
 Value f_round(const Value& v, Args& a) {
@@ -1317,7 +1458,8 @@ Value f_sum(const Value& v, Args& a) {
     for (const Value& item : iterate(v)) {
         const Value x = attr ? attr_path(item, soft_str(*attr)) : item;
         if (!x.is_number() || !total.is_number())
-            throw_error(std::string("unsupported operand type(s) for +: '") + total.type_name() + "' and '" + x.type_name() + "'");
+            throw_error(std::string("unsupported operand type(s) for +: '") + total.type_name() +
+                        "' and '" + x.type_name() + "'");
         if (x.kind() == Kind::kFloat || total.kind() == Kind::kFloat)
             total = Value::floating(total.as_double() + x.as_double());
         else
@@ -1328,10 +1470,13 @@ Value f_sum(const Value& v, Args& a) {
 
 Value f_title(const Value& v, Args& a) {
     a.check("title", 0, {});
-    // jinja2: split at runs of [-\s({[<], upper() the first character of each piece, lower() the rest.
+    // jinja2: split at runs of [-\s({[<], upper() the first character of each piece, lower() the
+    // rest.
     const std::u32string u = u32(v);
     std::string out;
-    auto is_sep = [](char32_t c) { return py_isspace(c) || c == U'-' || c == U'(' || c == U'{' || c == U'[' || c == U'<'; };
+    auto is_sep = [](char32_t c) {
+        return py_isspace(c) || c == U'-' || c == U'(' || c == U'{' || c == U'[' || c == U'<';
+    };
     size_t i = 0;
     while (i < u.size()) {
         size_t j = i;
@@ -1366,7 +1511,8 @@ Value f_tojson(const Value& v, Args& a) {
     }
     if (const Value* sep = a.get(2, "separators"); sep && !sep->is_none()) {
         std::vector<Value> parts = iterate(*sep);
-        if (parts.size() != 2) throw_error("separators must be an (item_separator, key_separator) pair");
+        if (parts.size() != 2)
+            throw_error("separators must be an (item_separator, key_separator) pair");
         o.has_separators = true;
         o.item_separator = need_string(parts[0], "item separator");
         o.key_separator = need_string(parts[1], "key separator");
@@ -1395,7 +1541,9 @@ Value f_truncate(const Value& v, Args& a) {
     const Value* lw = a.get(3, "leeway");
     const int64_t leeway = (lw && !lw->is_none()) ? need_int(*lw, "leeway") : 5;
     const int64_t end_len = int64_t(utf8_length(end));
-    if (length < end_len) throw_error("expected length >= " + std::to_string(end_len) + ", got " + std::to_string(length));
+    if (length < end_len)
+        throw_error("expected length >= " + std::to_string(end_len) + ", got " +
+                    std::to_string(length));
     if (leeway < 0) throw_error("expected leeway >= 0, got " + std::to_string(leeway));
     if (length_of(v) <= length + leeway) return v;  // short values come back as they are
     if (!v.is_string()) throw_error(std::string("truncate cannot shorten a ") + v.type_name());
@@ -1444,17 +1592,28 @@ struct NamedFilter {
     FilterFn fn;
 };
 constexpr NamedFilter kFilters[] = {
-    {"abs", f_abs}, {"attr", f_attr}, {"batch", f_batch}, {"capitalize", f_capitalize},
-    {"center", f_center}, {"count", f_length}, {"d", f_default}, {"default", f_default},
-    {"dictsort", f_dictsort}, {"e", f_escape}, {"escape", f_escape}, {"first", f_first},
-    {"float", f_float}, {"forceescape", f_escape}, {"format", f_format}, {"indent", f_indent},
-    {"int", f_int}, {"items", f_items}, {"join", f_join}, {"last", f_last}, {"length", f_length},
-    {"list", f_list}, {"lower", f_lower}, {"map", f_map}, {"max", f_max}, {"min", f_min},
-    {"reject", f_reject}, {"rejectattr", f_rejectattr}, {"replace", f_replace},
-    {"reverse", f_reverse}, {"round", f_round}, {"safe", f_safe}, {"select", f_select},
-    {"selectattr", f_selectattr}, {"sort", f_sort}, {"string", f_string}, {"sum", f_sum},
-    {"title", f_title}, {"tojson", f_tojson}, {"trim", f_trim}, {"truncate", f_truncate},
-    {"unique", f_unique}, {"upper", f_upper}, {"wordcount", f_wordcount},
+    {"abs", f_abs},           {"attr", f_attr},
+    {"batch", f_batch},       {"capitalize", f_capitalize},
+    {"center", f_center},     {"count", f_length},
+    {"d", f_default},         {"default", f_default},
+    {"dictsort", f_dictsort}, {"e", f_escape},
+    {"escape", f_escape},     {"first", f_first},
+    {"float", f_float},       {"forceescape", f_escape},
+    {"format", f_format},     {"indent", f_indent},
+    {"int", f_int},           {"items", f_items},
+    {"join", f_join},         {"last", f_last},
+    {"length", f_length},     {"list", f_list},
+    {"lower", f_lower},       {"map", f_map},
+    {"max", f_max},           {"min", f_min},
+    {"reject", f_reject},     {"rejectattr", f_rejectattr},
+    {"replace", f_replace},   {"reverse", f_reverse},
+    {"round", f_round},       {"safe", f_safe},
+    {"select", f_select},     {"selectattr", f_selectattr},
+    {"sort", f_sort},         {"string", f_string},
+    {"sum", f_sum},           {"title", f_title},
+    {"tojson", f_tojson},     {"trim", f_trim},
+    {"truncate", f_truncate}, {"unique", f_unique},
+    {"upper", f_upper},       {"wordcount", f_wordcount},
 };
 
 // --- tests -----------------------------------------------------------------------------------
@@ -1464,28 +1623,53 @@ const Value& test_arg(Args& a, const char* test) {
     return a.positional[0];
 }
 
-bool t_defined(const Value& v, Args&) { return !v.is_undefined(); }
-bool t_undefined(const Value& v, Args&) { return v.is_undefined(); }
-bool t_none(const Value& v, Args&) { return v.is_none(); }
-bool t_boolean(const Value& v, Args&) { return v.kind() == Kind::kBool; }
-bool t_true(const Value& v, Args&) { return v.kind() == Kind::kBool && v.as_bool(); }
-bool t_false(const Value& v, Args&) { return v.kind() == Kind::kBool && !v.as_bool(); }
-bool t_integer(const Value& v, Args&) { return v.kind() == Kind::kInt; }
-bool t_float(const Value& v, Args&) { return v.kind() == Kind::kFloat; }
-bool t_number(const Value& v, Args&) { return v.is_number(); }
-bool t_string(const Value& v, Args&) { return v.is_string(); }
-bool t_mapping(const Value& v, Args&) { return v.kind() == Kind::kDict; }
+bool t_defined(const Value& v, Args&) {
+    return !v.is_undefined();
+}
+bool t_undefined(const Value& v, Args&) {
+    return v.is_undefined();
+}
+bool t_none(const Value& v, Args&) {
+    return v.is_none();
+}
+bool t_boolean(const Value& v, Args&) {
+    return v.kind() == Kind::kBool;
+}
+bool t_true(const Value& v, Args&) {
+    return v.kind() == Kind::kBool && v.as_bool();
+}
+bool t_false(const Value& v, Args&) {
+    return v.kind() == Kind::kBool && !v.as_bool();
+}
+bool t_integer(const Value& v, Args&) {
+    return v.kind() == Kind::kInt;
+}
+bool t_float(const Value& v, Args&) {
+    return v.kind() == Kind::kFloat;
+}
+bool t_number(const Value& v, Args&) {
+    return v.is_number();
+}
+bool t_string(const Value& v, Args&) {
+    return v.is_string();
+}
+bool t_mapping(const Value& v, Args&) {
+    return v.kind() == Kind::kDict;
+}
 bool t_sequence(const Value& v, Args&) {
     return v.is_undefined() || v.is_string() || v.is_sequence() || v.kind() == Kind::kDict;
 }
 bool t_iterable(const Value& v, Args&) {
-    return v.is_undefined() || v.is_string() || v.is_sequence() || v.kind() == Kind::kDict || as_generator(v);
+    return v.is_undefined() || v.is_string() || v.is_sequence() || v.kind() == Kind::kDict ||
+           as_generator(v);
 }
 // Python's callable(): jinja2's Undefined has __call__ (which raises), so it counts.
 bool t_callable(const Value& v, Args&) {
     return v.is_undefined() || (v.kind() == Kind::kObject && v.as_object()->callable());
 }
-bool t_escaped(const Value&, Args&) { return false; }
+bool t_escaped(const Value&, Args&) {
+    return false;
+}
 bool t_lower(const Value& v, Args&) {
     Value out;
     str_predicate(soft_str(v), "islower", out);
@@ -1499,7 +1683,9 @@ bool t_upper(const Value& v, Args&) {
 // Python's `value % m == r` for the odd/even/divisibleby tests (floats included).
 bool mod_equals(const Value& v, int64_t m, int64_t r) {
     if (v.is_undefined()) v.fail_undefined();
-    if (!v.is_number()) throw_error(std::string("unsupported operand type(s) for %: '") + v.type_name() + "' and 'int'");
+    if (!v.is_number())
+        throw_error(std::string("unsupported operand type(s) for %: '") + v.type_name() +
+                    "' and 'int'");
     if (v.kind() == Kind::kFloat) {
         double x = std::fmod(v.as_double(), double(m));
         if (x != 0.0 && ((x < 0) != (m < 0))) x += double(m);
@@ -1509,8 +1695,12 @@ bool mod_equals(const Value& v, int64_t m, int64_t r) {
     if (x != 0 && ((x < 0) != (m < 0))) x += m;
     return x == r;
 }
-bool t_odd(const Value& v, Args&) { return mod_equals(v, 2, 1); }
-bool t_even(const Value& v, Args&) { return mod_equals(v, 2, 0); }
+bool t_odd(const Value& v, Args&) {
+    return mod_equals(v, 2, 1);
+}
+bool t_even(const Value& v, Args&) {
+    return mod_equals(v, 2, 0);
+}
 bool t_divisibleby(const Value& v, Args& a) {
     const int64_t m = need_int(test_arg(a, "divisibleby"), "divisibleby argument");
     if (m == 0) throw_error("integer modulo by zero");
@@ -1521,37 +1711,91 @@ bool t_sameas(const Value& v, Args& a) {
     if (v.kind() != o.kind()) return false;
     switch (v.kind()) {
         case Kind::kNone:
-        case Kind::kUndefined: return true;
+        case Kind::kUndefined:
+            return true;
         case Kind::kBool:
-        case Kind::kInt: return v.as_int() == o.as_int();
-        case Kind::kObject: return v.as_object() == o.as_object();
-        default: return false;
+        case Kind::kInt:
+            return v.as_int() == o.as_int();
+        case Kind::kObject:
+            return v.as_object() == o.as_object();
+        default:
+            return false;
     }
 }
-bool t_in(const Value& v, Args& a) { return contains(test_arg(a, "in"), v); }
-bool t_eq(const Value& v, Args& a) { return equals(v, test_arg(a, "eq")); }
-bool t_ne(const Value& v, Args& a) { return !equals(v, test_arg(a, "ne")); }
-bool t_lt(const Value& v, Args& a) { return less_than(v, test_arg(a, "lt")); }
-bool t_le(const Value& v, Args& a) { const Value& o = test_arg(a, "le"); return less_than(v, o) || equals(v, o); }
-bool t_gt(const Value& v, Args& a) { return less_than(test_arg(a, "gt"), v); }
-bool t_ge(const Value& v, Args& a) { const Value& o = test_arg(a, "ge"); return less_than(o, v) || equals(v, o); }
-bool t_filter(const Value& v, Args&) { return v.is_string() && find_filter(v.as_string()) != nullptr; }
-bool t_test(const Value& v, Args&) { return v.is_string() && find_test(v.as_string()) != nullptr; }
+bool t_in(const Value& v, Args& a) {
+    return contains(test_arg(a, "in"), v);
+}
+bool t_eq(const Value& v, Args& a) {
+    return equals(v, test_arg(a, "eq"));
+}
+bool t_ne(const Value& v, Args& a) {
+    return !equals(v, test_arg(a, "ne"));
+}
+bool t_lt(const Value& v, Args& a) {
+    return less_than(v, test_arg(a, "lt"));
+}
+bool t_le(const Value& v, Args& a) {
+    const Value& o = test_arg(a, "le");
+    return less_than(v, o) || equals(v, o);
+}
+bool t_gt(const Value& v, Args& a) {
+    return less_than(test_arg(a, "gt"), v);
+}
+bool t_ge(const Value& v, Args& a) {
+    const Value& o = test_arg(a, "ge");
+    return less_than(o, v) || equals(v, o);
+}
+bool t_filter(const Value& v, Args&) {
+    return v.is_string() && find_filter(v.as_string()) != nullptr;
+}
+bool t_test(const Value& v, Args&) {
+    return v.is_string() && find_test(v.as_string()) != nullptr;
+}
 
 struct NamedTest {
     const char* name;
     TestFn fn;
 };
 constexpr NamedTest kTests[] = {
-    {"boolean", t_boolean}, {"callable", t_callable}, {"defined", t_defined},
-    {"divisibleby", t_divisibleby}, {"eq", t_eq}, {"equalto", t_eq}, {"==", t_eq},
-    {"escaped", t_escaped}, {"even", t_even}, {"false", t_false}, {"filter", t_filter},
-    {"float", t_float}, {"ge", t_ge}, {">=", t_ge}, {"gt", t_gt}, {"greaterthan", t_gt}, {">", t_gt},
-    {"in", t_in}, {"integer", t_integer}, {"iterable", t_iterable}, {"le", t_le}, {"<=", t_le},
-    {"lessthan", t_lt}, {"lower", t_lower}, {"lt", t_lt}, {"<", t_lt}, {"mapping", t_mapping},
-    {"ne", t_ne}, {"!=", t_ne}, {"none", t_none}, {"number", t_number}, {"odd", t_odd},
-    {"sameas", t_sameas}, {"sequence", t_sequence}, {"string", t_string}, {"test", t_test},
-    {"true", t_true}, {"undefined", t_undefined}, {"upper", t_upper},
+    {"boolean", t_boolean},
+    {"callable", t_callable},
+    {"defined", t_defined},
+    {"divisibleby", t_divisibleby},
+    {"eq", t_eq},
+    {"equalto", t_eq},
+    {"==", t_eq},
+    {"escaped", t_escaped},
+    {"even", t_even},
+    {"false", t_false},
+    {"filter", t_filter},
+    {"float", t_float},
+    {"ge", t_ge},
+    {">=", t_ge},
+    {"gt", t_gt},
+    {"greaterthan", t_gt},
+    {">", t_gt},
+    {"in", t_in},
+    {"integer", t_integer},
+    {"iterable", t_iterable},
+    {"le", t_le},
+    {"<=", t_le},
+    {"lessthan", t_lt},
+    {"lower", t_lower},
+    {"lt", t_lt},
+    {"<", t_lt},
+    {"mapping", t_mapping},
+    {"ne", t_ne},
+    {"!=", t_ne},
+    {"none", t_none},
+    {"number", t_number},
+    {"odd", t_odd},
+    {"sameas", t_sameas},
+    {"sequence", t_sequence},
+    {"string", t_string},
+    {"test", t_test},
+    {"true", t_true},
+    {"undefined", t_undefined},
+    {"upper", t_upper},
 };
 
 // --- globals ---------------------------------------------------------------------------------
@@ -1582,7 +1826,8 @@ Value g_range(Args& a) {
 
 Dict dict_from_args(Args& a, const char* what) {
     Dict d;
-    if (a.positional.size() > 1) throw_error(std::string(what) + " expected at most 1 positional argument");
+    if (a.positional.size() > 1)
+        throw_error(std::string(what) + " expected at most 1 positional argument");
     auto put = [&](const Value& k, const Value& v) {
         for (auto& [ek, ev] : d.items) {
             if (equals(ek, k)) {
@@ -1614,7 +1859,9 @@ Value g_namespace(Args& a) {
     return Value::object(std::move(ns));
 }
 
-Value g_dict(Args& a) { return Value::dict(dict_from_args(a, "dict()")); }
+Value g_dict(Args& a) {
+    return Value::dict(dict_from_args(a, "dict()"));
+}
 
 Value g_raise_exception(Args& a) {
     std::string msg = a.positional.empty() ? std::string() : a.positional[0].str();
@@ -1666,6 +1913,8 @@ Value find_global(std::string_view name) {
     return Value::undefined(std::string(name));
 }
 
-void set_render_time(const std::optional<std::tm>& now) { g_render_time = now; }
+void set_render_time(const std::optional<std::tm>& now) {
+    g_render_time = now;
+}
 
 }  // namespace lathe::jinja

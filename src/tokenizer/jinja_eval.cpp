@@ -47,7 +47,8 @@ public:
         : items_(std::move(items)), index_(index) {}
     const char* type_name() const override { return "LoopContext"; }
     std::string repr() const override {
-        return "<LoopContext " + std::to_string(index_ + 1) + "/" + std::to_string(items_->size()) + ">";
+        return "<LoopContext " + std::to_string(index_ + 1) + "/" + std::to_string(items_->size()) +
+               ">";
     }
     Value get_attr(std::string_view name) const override {
         const int64_t n = int64_t(items_->size());
@@ -87,14 +88,15 @@ int64_t checked(__int128 v) {
 }
 
 [[noreturn]] void bad_operands(const char* op, const Value& l, const Value& r) {
-    throw_error(std::string("unsupported operand type(s) for ") + op + ": '" + l.type_name() + "' and '" +
-                r.type_name() + "'");
+    throw_error(std::string("unsupported operand type(s) for ") + op + ": '" + l.type_name() +
+                "' and '" + r.type_name() + "'");
 }
 
 Value repeat(const Value& seq, int64_t n) {
     // Python would try (and run out of memory); a template has no business building gigabytes.
     constexpr int64_t kMaxRepeatItems = int64_t(1) << 28;
-    const int64_t unit = seq.is_string() ? int64_t(seq.as_string().size()) : int64_t(seq.as_list().size());
+    const int64_t unit =
+        seq.is_string() ? int64_t(seq.as_string().size()) : int64_t(seq.as_list().size());
     if (n > 0 && unit > 0 && n > kMaxRepeatItems / unit) throw_error("repetition result too large");
     if (seq.is_string()) {
         std::string out;
@@ -102,7 +104,8 @@ Value repeat(const Value& seq, int64_t n) {
         return Value::string(std::move(out));
     }
     List out;
-    for (int64_t i = 0; i < n; ++i) out.insert(out.end(), seq.as_list().begin(), seq.as_list().end());
+    for (int64_t i = 0; i < n; ++i)
+        out.insert(out.end(), seq.as_list().begin(), seq.as_list().end());
     return seq.kind() == Kind::kTuple ? Value::tuple(std::move(out)) : Value::list(std::move(out));
 }
 
@@ -129,7 +132,8 @@ Value arith(BinOp op, const Value& l, const Value& r) {
             if (l.is_sequence() && l.kind() == r.kind()) {
                 List out = l.as_list();
                 out.insert(out.end(), r.as_list().begin(), r.as_list().end());
-                return l.kind() == Kind::kTuple ? Value::tuple(std::move(out)) : Value::list(std::move(out));
+                return l.kind() == Kind::kTuple ? Value::tuple(std::move(out))
+                                                : Value::list(std::move(out));
             }
             bad_operands("+", l, r);
         case BinOp::kSub:
@@ -139,9 +143,11 @@ Value arith(BinOp op, const Value& l, const Value& r) {
         case BinOp::kMul:
             if (ints) return Value::integer(checked(__int128(l.as_int()) * r.as_int()));
             if (nums) return Value::floating(l.as_double() * r.as_double());
-            if ((l.is_string() || l.is_sequence()) && (r.kind() == Kind::kInt || r.kind() == Kind::kBool))
+            if ((l.is_string() || l.is_sequence()) &&
+                (r.kind() == Kind::kInt || r.kind() == Kind::kBool))
                 return repeat(l, r.as_int());
-            if ((r.is_string() || r.is_sequence()) && (l.kind() == Kind::kInt || l.kind() == Kind::kBool))
+            if ((r.is_string() || r.is_sequence()) &&
+                (l.kind() == Kind::kInt || l.kind() == Kind::kBool))
                 return repeat(r, l.as_int());
             bad_operands("*", l, r);
         case BinOp::kDiv:
@@ -211,7 +217,8 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
             throw_error(std::string("slice ") + what + " must be an integer or None");
         return v.as_int();
     };
-    const std::optional<int64_t> b = idx(start, "start"), e = idx(stop, "stop"), s = idx(step, "step");
+    const std::optional<int64_t> b = idx(start, "start"), e = idx(stop, "stop"),
+                                 s = idx(step, "step");
     const int64_t st = s.value_or(1);
     if (st == 0) throw_error("slice step cannot be zero");
     std::u32string chars;
@@ -249,7 +256,8 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
             out_chars.push_back(chars[size_t(i)]);
     }
     if (!items) return Value::string(utf8_encode(out_chars));
-    return obj.kind() == Kind::kTuple ? Value::tuple(std::move(out_items)) : Value::list(std::move(out_items));
+    return obj.kind() == Kind::kTuple ? Value::tuple(std::move(out_items))
+                                      : Value::list(std::move(out_items));
 }
 
 class Interp {
@@ -302,26 +310,36 @@ private:
         }
         std::vector<Value> parts = iterate(v);
         if (parts.size() > s.targets.size())
-            throw_error("too many values to unpack (expected " + std::to_string(s.targets.size()) + ")");
+            throw_error("too many values to unpack (expected " + std::to_string(s.targets.size()) +
+                        ")");
         if (parts.size() < s.targets.size())
-            throw_error("not enough values to unpack (expected " + std::to_string(s.targets.size()) + ", got " +
-                        std::to_string(parts.size()) + ")");
+            throw_error("not enough values to unpack (expected " +
+                        std::to_string(s.targets.size()) + ", got " + std::to_string(parts.size()) +
+                        ")");
         for (size_t i = 0; i < parts.size(); ++i) target.set(s.targets[i], parts[i]);
     }
 
     Flow exec_inner(const Stmt& s, Frame& f) {
         switch (s.kind) {
-            case StmtKind::kText: out_->append(s.text); return Flow::kNormal;
-            case StmtKind::kPrint: eval(*s.expr, f).append_str(*out_); return Flow::kNormal;
+            case StmtKind::kText:
+                out_->append(s.text);
+                return Flow::kNormal;
+            case StmtKind::kPrint:
+                eval(*s.expr, f).append_str(*out_);
+                return Flow::kNormal;
             case StmtKind::kIf:
                 for (const auto& [cond, body] : s.branches)
                     if (eval(*cond, f).truthy()) return exec_body(body, f);
                 return exec_body(s.else_body, f);
-            case StmtKind::kFor: return exec_for(s, f);
-            case StmtKind::kSet: bind(s, eval(*s.expr, f), f); return Flow::kNormal;
+            case StmtKind::kFor:
+                return exec_for(s, f);
+            case StmtKind::kSet:
+                bind(s, eval(*s.expr, f), f);
+                return Flow::kNormal;
             case StmtKind::kSetAttr: {
                 const Value* target = f.find(s.targets[0]);
-                if (!target || target->kind() != Kind::kObject || !target->as_object()->set_attr(s.text, eval(*s.expr, f)))
+                if (!target || target->kind() != Kind::kObject ||
+                    !target->as_object()->set_attr(s.text, eval(*s.expr, f)))
                     throw_error("can't assign attribute '" + s.text + "' on '" + s.targets[0] +
                                 "': only namespace() objects take attribute assignment");
                 return Flow::kNormal;
@@ -340,7 +358,9 @@ private:
                 apply_filters(s.filters, std::move(v), f).append_str(*out_);
                 return Flow::kNormal;
             }
-            case StmtKind::kMacro: f.set(s.text, make_macro(s, root)); return Flow::kNormal;
+            case StmtKind::kMacro:
+                f.set(s.text, make_macro(s, root));
+                return Flow::kNormal;
             case StmtKind::kCallBlock: {
                 // The call's macro receives caller=, a callable that renders this block's body.
                 const Expr& call = *s.expr;
@@ -353,11 +373,14 @@ private:
             case StmtKind::kWith: {
                 Frame scope{&f, {}};
                 scope.hide(s.scope_undefined);
-                for (size_t i = 0; i < s.targets.size(); ++i) scope.set(s.targets[i], eval(*s.values[i], f));
+                for (size_t i = 0; i < s.targets.size(); ++i)
+                    scope.set(s.targets[i], eval(*s.values[i], f));
                 return exec_body(s.body, scope);
             }
-            case StmtKind::kBreak: return Flow::kBreak;
-            case StmtKind::kContinue: return Flow::kContinue;
+            case StmtKind::kBreak:
+                return Flow::kBreak;
+            case StmtKind::kContinue:
+                return Flow::kContinue;
             case StmtKind::kGeneration: {
                 const size_t begin = out_->size();
                 Frame scope{&f, {}};
@@ -437,7 +460,8 @@ private:
                     if (def->values[i])
                         v = self->eval(*def->values[i], scope);
                     else
-                        v = Value::undefined("parameter '" + def->targets[i] + "' was not provided");
+                        v = Value::undefined("parameter '" + def->targets[i] +
+                                             "' was not provided");
                 }
                 scope.set(def->targets[i], std::move(v));
             }
@@ -452,15 +476,19 @@ private:
                 scope.set("kwargs", Value::dict(std::move(d)));
             } else if (!kwargs.empty()) {
                 if (kwargs[0].first == "caller")
-                    throw_error("macro '" + name + "' was invoked with two values for the special caller argument");
-                throw_error("macro '" + name + "' takes no keyword argument '" + kwargs[0].first + "'");
+                    throw_error("macro '" + name +
+                                "' was invoked with two values for the special caller argument");
+                throw_error("macro '" + name + "' takes no keyword argument '" + kwargs[0].first +
+                            "'");
             }
             if (def->catch_varargs) {
                 List extra;
-                for (size_t i = nparams; i < a.positional.size(); ++i) extra.push_back(a.positional[i]);
+                for (size_t i = nparams; i < a.positional.size(); ++i)
+                    extra.push_back(a.positional[i]);
                 scope.set("varargs", Value::tuple(std::move(extra)));
             } else if (a.positional.size() > nparams) {
-                throw_error("macro '" + name + "' takes not more than " + std::to_string(nparams) + " argument(s)");
+                throw_error("macro '" + name + "' takes not more than " + std::to_string(nparams) +
+                            " argument(s)");
             }
             return Value::string(self->capture(def->body, scope));
         }));
@@ -476,7 +504,9 @@ private:
         }
         if (e.d) {  // **kwargs
             const Value d = eval(*e.d, f);
-            if (d.kind() != Kind::kDict) throw_error(std::string("argument after ** must be a mapping, not ") + d.type_name());
+            if (d.kind() != Kind::kDict)
+                throw_error(std::string("argument after ** must be a mapping, not ") +
+                            d.type_name());
             for (const auto& [k, v] : d.as_dict().items) {
                 if (!k.is_string()) throw_error("keywords must be strings");
                 a.keyword.emplace_back(k.as_string(), v);
@@ -506,7 +536,8 @@ public:
 private:
     Value eval_inner(const Expr& e, Frame& f) {
         switch (e.kind) {
-            case ExprKind::kConst: return e.value;
+            case ExprKind::kConst:
+                return e.value;
             case ExprKind::kName: {
                 if (const Value* v = f.find(e.name)) return *v;
                 return find_global(e.name);
@@ -527,7 +558,8 @@ private:
                 }
                 return get_item(obj, eval(*e.b, f));
             }
-            case ExprKind::kSlice: throw_error("a slice is only valid inside []");
+            case ExprKind::kSlice:
+                throw_error("a slice is only valid inside []");
             case ExprKind::kCall: {
                 if (e.a->kind == ExprKind::kGetattr) {
                     const Value obj = eval(*e.a->a, f);
@@ -541,22 +573,27 @@ private:
                 Args a = eval_args(e, f);
                 return call_value(callee, a);
             }
-            case ExprKind::kFilter: return call_filter(e, eval(*e.a, f), f);
+            case ExprKind::kFilter:
+                return call_filter(e, eval(*e.a, f), f);
             case ExprKind::kTest: {
                 if (!e.test) throw_error("no test named '" + e.name + "'");
                 const Value v = eval(*e.a, f);
                 Args a = eval_args(e, f);
                 return Value::boolean(e.test(v, a));
             }
-            case ExprKind::kNot: return Value::boolean(!eval(*e.a, f).truthy());
+            case ExprKind::kNot:
+                return Value::boolean(!eval(*e.a, f).truthy());
             case ExprKind::kNeg:
             case ExprKind::kPos: {
                 const Value v = eval(*e.a, f);
                 if (v.is_undefined()) v.fail_undefined();
                 const bool neg = e.kind == ExprKind::kNeg;
-                if (v.kind() == Kind::kFloat) return Value::floating(neg ? -v.as_double() : v.as_double());
-                if (v.is_number()) return Value::integer(neg ? checked(-__int128(v.as_int())) : v.as_int());
-                throw_error(std::string("bad operand type for unary ") + (neg ? "-" : "+") + ": '" + v.type_name() + "'");
+                if (v.kind() == Kind::kFloat)
+                    return Value::floating(neg ? -v.as_double() : v.as_double());
+                if (v.is_number())
+                    return Value::integer(neg ? checked(-__int128(v.as_int())) : v.as_int());
+                throw_error(std::string("bad operand type for unary ") + (neg ? "-" : "+") + ": '" +
+                            v.type_name() + "'");
             }
             case ExprKind::kBinary: {
                 const Value l = eval(*e.a, f);
@@ -584,14 +621,30 @@ private:
                     Value right = eval(*e.args[i + 1], f);
                     bool ok = false;
                     switch (e.cmp_ops[i]) {
-                        case CmpOp::kEq: ok = equals(left, right); break;
-                        case CmpOp::kNe: ok = !equals(left, right); break;
-                        case CmpOp::kLt: ok = less_than(left, right); break;
-                        case CmpOp::kLe: ok = less_than(left, right) || equals(left, right); break;
-                        case CmpOp::kGt: ok = less_than(right, left); break;
-                        case CmpOp::kGe: ok = less_than(right, left) || equals(left, right); break;
-                        case CmpOp::kIn: ok = contains(right, left); break;
-                        case CmpOp::kNotIn: ok = !contains(right, left); break;
+                        case CmpOp::kEq:
+                            ok = equals(left, right);
+                            break;
+                        case CmpOp::kNe:
+                            ok = !equals(left, right);
+                            break;
+                        case CmpOp::kLt:
+                            ok = less_than(left, right);
+                            break;
+                        case CmpOp::kLe:
+                            ok = less_than(left, right) || equals(left, right);
+                            break;
+                        case CmpOp::kGt:
+                            ok = less_than(right, left);
+                            break;
+                        case CmpOp::kGe:
+                            ok = less_than(right, left) || equals(left, right);
+                            break;
+                        case CmpOp::kIn:
+                            ok = contains(right, left);
+                            break;
+                        case CmpOp::kNotIn:
+                            ok = !contains(right, left);
+                            break;
                     }
                     if (!ok) return Value::boolean(false);
                     left = std::move(right);
@@ -601,14 +654,16 @@ private:
             case ExprKind::kCond:
                 if (eval(*e.a, f).truthy()) return eval(*e.b, f);
                 if (e.c) return eval(*e.c, f);
-                return Value::undefined("the inline if-expression on line " + std::to_string(e.line) +
+                return Value::undefined("the inline if-expression on line " +
+                                        std::to_string(e.line) +
                                         " evaluated to false and no else section was defined.");
             case ExprKind::kList:
             case ExprKind::kTuple: {
                 List items;
                 items.reserve(e.args.size());
                 for (const ExprPtr& x : e.args) items.push_back(eval(*x, f));
-                return e.kind == ExprKind::kList ? Value::list(std::move(items)) : Value::tuple(std::move(items));
+                return e.kind == ExprKind::kList ? Value::list(std::move(items))
+                                                 : Value::tuple(std::move(items));
             }
             case ExprKind::kDict: {
                 Dict d;
@@ -649,7 +704,9 @@ Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 Template::~Template() = default;
 
-const std::string& Template::name() const { return impl_->name; }
+const std::string& Template::name() const {
+    return impl_->name;
+}
 
 Result<Template> Template::parse(std::string_view source, std::string name) {
     auto impl = std::make_unique<Impl>();
@@ -657,7 +714,8 @@ Result<Template> Template::parse(std::string_view source, std::string name) {
     try {
         impl->parsed = parse_template(source);
     } catch (const Error& e) {
-        return invalid_argument_error("template '{}', line {}: syntax error: {}", impl->name, e.line, e.message);
+        return invalid_argument_error("template '{}', line {}: syntax error: {}", impl->name,
+                                      e.line, e.message);
     }
     return Template(std::move(impl));
 }
@@ -677,7 +735,8 @@ Result<std::string> Template::render(const std::vector<std::pair<std::string, Va
     } catch (const Error& e) {
         set_render_time(std::nullopt);
         if (e.raised)
-            return invalid_argument_error("template '{}', line {}: raise_exception: {}", impl_->name, e.line, e.message);
+            return invalid_argument_error("template '{}', line {}: raise_exception: {}",
+                                          impl_->name, e.line, e.message);
         return invalid_argument_error("template '{}', line {}: {}", impl_->name, e.line, e.message);
     }
     set_render_time(std::nullopt);

@@ -49,7 +49,8 @@ bool contains(const Value& container, const Value& item);
 // (generators: always truthy, no len(), exhausted after one pass).
 class Generator : public Object {
 public:
-    Generator(std::string type, std::vector<Value> items) : type_(std::move(type)), items_(std::move(items)) {}
+    Generator(std::string type, std::vector<Value> items)
+        : type_(std::move(type)), items_(std::move(items)) {}
     const char* type_name() const override { return type_.c_str(); }
     std::string repr() const override { return "<" + type_ + " object>"; }
     // Takes the remaining items (the generator is exhausted afterwards).

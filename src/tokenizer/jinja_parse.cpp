@@ -15,7 +15,9 @@
 namespace lathe::jinja {
 namespace {
 
-[[noreturn]] void fail_at(int line, std::string message) { throw Error{std::move(message), line}; }
+[[noreturn]] void fail_at(int line, std::string message) {
+    throw Error{std::move(message), line};
+}
 
 // --- lexer -----------------------------------------------------------------------------------
 
@@ -37,21 +39,30 @@ struct Token {
     Tok type;
     std::string value;  // data text, name, decoded string, operator, number text
     int line;
-    Value number;       // kInteger / kFloat
+    Value number;  // kInteger / kFloat
 };
 
 std::string describe(const Token& t) {
     switch (t.type) {
-        case Tok::kData: return "template data";
-        case Tok::kVarBegin: return "begin of print statement";
-        case Tok::kVarEnd: return "end of print statement";
-        case Tok::kBlockBegin: return "begin of statement block";
-        case Tok::kBlockEnd: return "end of statement block";
-        case Tok::kEof: return "end of template";
-        case Tok::kString: return "string";
+        case Tok::kData:
+            return "template data";
+        case Tok::kVarBegin:
+            return "begin of print statement";
+        case Tok::kVarEnd:
+            return "end of print statement";
+        case Tok::kBlockBegin:
+            return "begin of statement block";
+        case Tok::kBlockEnd:
+            return "end of statement block";
+        case Tok::kEof:
+            return "end of template";
+        case Tok::kString:
+            return "string";
         case Tok::kInteger:
-        case Tok::kFloat: return "number " + t.value;
-        default: return "'" + t.value + "'";
+        case Tok::kFloat:
+            return "number " + t.value;
+        default:
+            return "'" + t.value + "'";
     }
 }
 
@@ -98,9 +109,15 @@ bool all_space(std::string_view s) {
     return true;
 }
 
-bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
-bool is_name_char(char c) { return is_name_start(c) || (c >= '0' && c <= '9'); }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_name_start(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+bool is_name_char(char c) {
+    return is_name_start(c) || (c >= '0' && c <= '9');
+}
+bool is_digit(char c) {
+    return c >= '0' && c <= '9';
+}
 
 class Lexer {
 public:
@@ -164,7 +181,8 @@ public:
 private:
     size_t find_tag(size_t from) const {
         for (size_t i = src_.find('{', from); i != std::string::npos; i = src_.find('{', i + 1)) {
-            if (i + 1 < src_.size() && (src_[i + 1] == '{' || src_[i + 1] == '%' || src_[i + 1] == '#'))
+            if (i + 1 < src_.size() &&
+                (src_[i + 1] == '{' || src_[i + 1] == '%' || src_[i + 1] == '#'))
                 return i;
         }
         return std::string::npos;
@@ -258,8 +276,9 @@ private:
         const std::string_view s = src_;
         while (true) {
             if (pos_ >= s.size())
-                fail_at(start_line, std::string("unexpected end of template: the tag opened here has no ") +
-                                        (variable ? "'}}'" : "'%}'"));
+                fail_at(start_line,
+                        std::string("unexpected end of template: the tag opened here has no ") +
+                            (variable ? "'}}'" : "'%}'"));
             if (balance.empty()) {
                 if (variable) {
                     if (s.compare(pos_, 3, "-}}") == 0) {
@@ -296,7 +315,8 @@ private:
             if (is_name_start(c)) {
                 size_t e = pos_;
                 while (e < s.size() && is_name_char(s[e])) ++e;
-                tokens_.push_back(Token{Tok::kName, std::string(s.substr(pos_, e - pos_)), line_, {}});
+                tokens_.push_back(
+                    Token{Tok::kName, std::string(s.substr(pos_, e - pos_)), line_, {}});
                 pos_ = e;
                 continue;
             }
@@ -304,9 +324,9 @@ private:
                 lex_string(c);
                 continue;
             }
-            static const char* const kOps[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/", "*",
-                                               "%",  "~",  "[",  "]",  "(",  ")",  "{", "}", ">", "<",
-                                               "=",  ".",  ":",  "|",  ",",  ";"};
+            static const char* const kOps[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/",
+                                               "*",  "%",  "~",  "[",  "]",  "(",  ")", "{", "}",
+                                               ">",  "<",  "=",  ".",  ":",  "|",  ",", ";"};
             bool matched = false;
             for (const char* op : kOps) {
                 const size_t len = std::strlen(op);
@@ -317,7 +337,8 @@ private:
                 } else if (o == ")" || o == "]" || o == "}") {
                     if (balance.empty()) fail_at(line_, "unexpected '" + o + "'");
                     if (balance.back() != o[0])
-                        fail_at(line_, "unexpected '" + o + "', expected '" + std::string(1, balance.back()) + "'");
+                        fail_at(line_, "unexpected '" + o + "', expected '" +
+                                           std::string(1, balance.back()) + "'");
                     balance.pop_back();
                 }
                 tokens_.push_back(Token{Tok::kOp, o, line_, {}});
@@ -325,7 +346,8 @@ private:
                 matched = true;
                 break;
             }
-            if (!matched) fail_at(line_, "unexpected character '" + std::string(s.substr(pos_, n)) + "'");
+            if (!matched)
+                fail_at(line_, "unexpected character '" + std::string(s.substr(pos_, n)) + "'");
         }
     }
 
@@ -342,7 +364,8 @@ private:
         auto digits = [&](size_t& p, auto pred) {
             // digits possibly separated by single underscores
             const size_t start = p;
-            while (p < s.size() && (pred(s[p]) || (s[p] == '_' && p + 1 < s.size() && pred(s[p + 1]) && p > start)))
+            while (p < s.size() &&
+                   (pred(s[p]) || (s[p] == '_' && p + 1 < s.size() && pred(s[p + 1]) && p > start)))
                 ++p;
             return p > start;
         };
@@ -390,7 +413,8 @@ private:
         if (is_float) {
             // strtod, as Python's float(): inf past the largest double, the nearest subnormal or 0
             // below the smallest.
-            tokens_.push_back(Token{Tok::kFloat, text, line_, Value::floating(std::strtod(text.c_str(), nullptr))});
+            tokens_.push_back(Token{Tok::kFloat, text, line_,
+                                    Value::floating(std::strtod(text.c_str(), nullptr))});
             pos_ = f;
         } else {
             push_int(text, text, 10);
@@ -430,33 +454,62 @@ private:
                 uint32_t v = 0;
                 for (int k = 0; k < count; ++k) {
                     if (p >= s.size() || !std::isxdigit(static_cast<unsigned char>(s[p])))
-                        fail_at(line_, "truncated \\" + std::string(1, e) + " escape in a string literal");
+                        fail_at(line_,
+                                "truncated \\" + std::string(1, e) + " escape in a string literal");
                     const char h = s[p++];
                     v = v * 16 + uint32_t(is_digit(h) ? h - '0' : (h | 0x20) - 'a' + 10);
                 }
                 return v;
             };
             switch (e) {
-                case '\n': ++line_; break;  // line continuation
-                case '\\': out += '\\'; break;
-                case '\'': out += '\''; break;
-                case '"': out += '"'; break;
-                case 'a': out += '\a'; break;
-                case 'b': out += '\b'; break;
-                case 'f': out += '\f'; break;
-                case 'n': out += '\n'; break;
-                case 'r': out += '\r'; break;
-                case 't': out += '\t'; break;
-                case 'v': out += '\v'; break;
-                case 'x': utf8_append(out, hex(2)); break;
-                case 'u': utf8_append(out, hex(4)); break;
+                case '\n':
+                    ++line_;
+                    break;  // line continuation
+                case '\\':
+                    out += '\\';
+                    break;
+                case '\'':
+                    out += '\'';
+                    break;
+                case '"':
+                    out += '"';
+                    break;
+                case 'a':
+                    out += '\a';
+                    break;
+                case 'b':
+                    out += '\b';
+                    break;
+                case 'f':
+                    out += '\f';
+                    break;
+                case 'n':
+                    out += '\n';
+                    break;
+                case 'r':
+                    out += '\r';
+                    break;
+                case 't':
+                    out += '\t';
+                    break;
+                case 'v':
+                    out += '\v';
+                    break;
+                case 'x':
+                    utf8_append(out, hex(2));
+                    break;
+                case 'u':
+                    utf8_append(out, hex(4));
+                    break;
                 case 'U': {
                     const uint32_t v = hex(8);
-                    if (v > 0x10ffff) fail_at(line_, "illegal Unicode character in a string literal");
+                    if (v > 0x10ffff)
+                        fail_at(line_, "illegal Unicode character in a string literal");
                     utf8_append(out, v);
                     break;
                 }
-                case 'N': fail_at(line_, "\\N{...} escapes are not supported in string literals");
+                case 'N':
+                    fail_at(line_, "\\N{...} escapes are not supported in string literals");
                 default:
                     if (e >= '0' && e <= '7') {
                         uint32_t v = uint32_t(e - '0');
@@ -500,7 +553,9 @@ private:
         if (i_ + 1 < toks_.size()) ++i_;
         return t;
     }
-    bool is_name(const Token& t, const char* name) const { return t.type == Tok::kName && t.value == name; }
+    bool is_name(const Token& t, const char* name) const {
+        return t.type == Tok::kName && t.value == name;
+    }
     bool is_op(const Token& t, const char* op) const { return t.type == Tok::kOp && t.value == op; }
     bool skip_name(const char* name) {
         if (!is_name(cur(), name)) return false;
@@ -597,7 +652,9 @@ private:
 
     struct OpenBlock {
         Parser* p;
-        OpenBlock(Parser* parser, const std::string& tag, int line) : p(parser) { p->open_.emplace_back(tag, line); }
+        OpenBlock(Parser* parser, const std::string& tag, int line) : p(parser) {
+            p->open_.emplace_back(tag, line);
+        }
         ~OpenBlock() { p->open_.pop_back(); }
     };
 
@@ -634,7 +691,8 @@ private:
         if (tag == "break" || tag == "continue") {
             next();
             if (loop_depth_ == 0) fail_at(line, "'" + tag + "' outside of a for loop");
-            return out.push_back(make_stmt(tag == "break" ? StmtKind::kBreak : StmtKind::kContinue, line));
+            return out.push_back(
+                make_stmt(tag == "break" ? StmtKind::kBreak : StmtKind::kContinue, line));
         }
         if (tag == "generation") {
             next();
@@ -643,8 +701,8 @@ private:
             s->body = parse_statements({"endgeneration"}, true);
             return out.push_back(std::move(s));
         }
-        static const char* const kUnsupported[] = {"block", "extends", "include", "import", "from",
-                                                   "autoescape", "do"};
+        static const char* const kUnsupported[] = {"block", "extends",    "include", "import",
+                                                   "from",  "autoescape", "do"};
         for (const char* u : kUnsupported)
             if (tag == u) fail("the '" + tag + "' tag is not supported in chat templates");
         std::string msg = "unknown tag '" + tag + "'";
@@ -661,13 +719,14 @@ private:
             if (!first) {
                 if (!skip_op(",")) break;
                 s.target_tuple = true;
-                if (cur().type == Tok::kBlockEnd || is_op(cur(), "=") || (end_name && is_name(cur(), end_name)))
+                if (cur().type == Tok::kBlockEnd || is_op(cur(), "=") ||
+                    (end_name && is_name(cur(), end_name)))
                     break;
             }
             first = false;
             const std::string name = expect_name();
-            if (name == "true" || name == "false" || name == "none" || name == "True" || name == "False" ||
-                name == "None")
+            if (name == "true" || name == "false" || name == "none" || name == "True" ||
+                name == "False" || name == "None")
                 fail("can't assign to the constant '" + name + "'");
             if (with_namespace && ns_attr && is_op(cur(), ".")) {
                 next();
@@ -851,8 +910,8 @@ private:
         return false;
     }
 
-    ExprPtr parse_tuple(bool simplified, bool with_condexpr, const std::vector<const char*>& extra_end,
-                        bool explicit_parens) {
+    ExprPtr parse_tuple(bool simplified, bool with_condexpr,
+                        const std::vector<const char*>& extra_end, bool explicit_parens) {
         const int line = cur().line;
         std::vector<ExprPtr> items;
         bool is_tuple = false;
@@ -935,13 +994,20 @@ private:
         while (true) {
             const Token& t = cur();
             CmpOp op;
-            if (is_op(t, "==")) op = CmpOp::kEq;
-            else if (is_op(t, "!=")) op = CmpOp::kNe;
-            else if (is_op(t, "<")) op = CmpOp::kLt;
-            else if (is_op(t, "<=")) op = CmpOp::kLe;
-            else if (is_op(t, ">")) op = CmpOp::kGt;
-            else if (is_op(t, ">=")) op = CmpOp::kGe;
-            else if (is_name(t, "in")) op = CmpOp::kIn;
+            if (is_op(t, "=="))
+                op = CmpOp::kEq;
+            else if (is_op(t, "!="))
+                op = CmpOp::kNe;
+            else if (is_op(t, "<"))
+                op = CmpOp::kLt;
+            else if (is_op(t, "<="))
+                op = CmpOp::kLe;
+            else if (is_op(t, ">"))
+                op = CmpOp::kGt;
+            else if (is_op(t, ">="))
+                op = CmpOp::kGe;
+            else if (is_name(t, "in"))
+                op = CmpOp::kIn;
             else if (is_name(t, "not") && is_name(look(), "in")) {
                 next();
                 op = CmpOp::kNotIn;
@@ -996,11 +1062,16 @@ private:
         ExprPtr left = parse_pow();
         while (true) {
             BinOp op;
-            if (is_op(cur(), "*")) op = BinOp::kMul;
-            else if (is_op(cur(), "/")) op = BinOp::kDiv;
-            else if (is_op(cur(), "//")) op = BinOp::kFloorDiv;
-            else if (is_op(cur(), "%")) op = BinOp::kMod;
-            else break;
+            if (is_op(cur(), "*"))
+                op = BinOp::kMul;
+            else if (is_op(cur(), "/"))
+                op = BinOp::kDiv;
+            else if (is_op(cur(), "//"))
+                op = BinOp::kFloorDiv;
+            else if (is_op(cur(), "%"))
+                op = BinOp::kMod;
+            else
+                break;
             const int line = next().line;
             left = binary(op, std::move(left), parse_pow(), line);
         }
@@ -1133,7 +1204,8 @@ private:
                 n->name = attr.value;
                 return n;
             }
-            if (attr.type != Tok::kInteger) fail("expected a name or number after '.', got " + describe(attr));
+            if (attr.type != Tok::kInteger)
+                fail("expected a name or number after '.', got " + describe(attr));
             auto key = make(ExprKind::kConst, attr.line);
             key->value = next().number;
             auto n = make(ExprKind::kGetitem, line);
@@ -1170,7 +1242,8 @@ private:
         next();  // ':'
         auto slice = make(ExprKind::kSlice, line);
         slice->a = std::move(start);
-        if (!is_op(cur(), "]") && !is_op(cur(), ",") && !is_op(cur(), ":")) slice->b = parse_expression(true);
+        if (!is_op(cur(), "]") && !is_op(cur(), ",") && !is_op(cur(), ":"))
+            slice->b = parse_expression(true);
         if (skip_op(":")) {
             if (!is_op(cur(), "]") && !is_op(cur(), ",")) slice->c = parse_expression(true);
         }
@@ -1199,7 +1272,8 @@ private:
                 next();
                 node.kwargs.emplace_back(std::move(key), parse_expression(true));
             } else {
-                if (!node.kwargs.empty() || node.c || node.d) fail("invalid syntax for function call expression");
+                if (!node.kwargs.empty() || node.c || node.d)
+                    fail("invalid syntax for function call expression");
                 node.args.push_back(parse_expression(true));
             }
             require_comma = true;
@@ -1264,7 +1338,8 @@ private:
         Parser* p;
         explicit Nest(Parser* parser) : p(parser) {
             if (++p->nesting_ > kMaxNesting)
-                p->fail("expressions or blocks nested more than " + std::to_string(kMaxNesting) + " deep");
+                p->fail("expressions or blocks nested more than " + std::to_string(kMaxNesting) +
+                        " deep");
         }
         ~Nest() { --p->nesting_; }
     };
@@ -1349,7 +1424,8 @@ void visit_expr(const Expr* e, Symbols& sym) {
 // afterwards, against the finished symbols of this scope, as jinja2 does when it compiles them.
 void analyze_body(Body& body, Symbols& sym, std::vector<Stmt*>& children);
 
-std::vector<std::string> analyze_scope(Body& body, const Symbols* parent, const std::vector<std::string>& params,
+std::vector<std::string> analyze_scope(Body& body, const Symbols* parent,
+                                       const std::vector<std::string>& params,
                                        const std::vector<ExprPtr>* param_defaults = nullptr);
 
 void analyze_children(Stmt& s, const Symbols* parent) {
@@ -1370,15 +1446,21 @@ void analyze_children(Stmt& s, const Symbols* parent) {
             s.scope_undefined = analyze_scope(s.body, parent, params, &s.values);
             return;
         }
-        case StmtKind::kWith: s.scope_undefined = analyze_scope(s.body, parent, s.targets); return;
+        case StmtKind::kWith:
+            s.scope_undefined = analyze_scope(s.body, parent, s.targets);
+            return;
         case StmtKind::kSetBlock:
         case StmtKind::kFilterBlock:
-        case StmtKind::kGeneration: s.scope_undefined = analyze_scope(s.body, parent, {}); return;
-        default: return;
+        case StmtKind::kGeneration:
+            s.scope_undefined = analyze_scope(s.body, parent, {});
+            return;
+        default:
+            return;
     }
 }
 
-std::vector<std::string> analyze_scope(Body& body, const Symbols* parent, const std::vector<std::string>& params,
+std::vector<std::string> analyze_scope(Body& body, const Symbols* parent,
+                                       const std::vector<std::string>& params,
                                        const std::vector<ExprPtr>* param_defaults) {
     Symbols sym(parent);
     for (const std::string& p : params) sym.declare_param(p);
@@ -1394,8 +1476,11 @@ void analyze_stmt(Stmt& s, Symbols& sym, std::vector<Stmt*>& children) {
     switch (s.kind) {
         case StmtKind::kText:
         case StmtKind::kBreak:
-        case StmtKind::kContinue: return;
-        case StmtKind::kPrint: visit_expr(s.expr.get(), sym); return;
+        case StmtKind::kContinue:
+            return;
+        case StmtKind::kPrint:
+            visit_expr(s.expr.get(), sym);
+            return;
         case StmtKind::kIf: {
             // jinja2: the if's test in this scope; the body, the elif chain (each elif a nested
             // if) and the else each in a copy, merged by branch_update.
@@ -1449,7 +1534,9 @@ void analyze_stmt(Stmt& s, Symbols& sym, std::vector<Stmt*>& children) {
             for (const ExprPtr& v : s.values) visit_expr(v.get(), sym);
             children.push_back(&s);
             return;
-        case StmtKind::kGeneration: children.push_back(&s); return;
+        case StmtKind::kGeneration:
+            children.push_back(&s);
+            return;
         case StmtKind::kCallBlock:
             visit_expr(s.expr.get(), sym);
             children.push_back(&s);

@@ -10,7 +10,9 @@
 
 namespace lathe::jinja {
 
-void throw_error(std::string message) { throw Error{std::move(message), 0}; }
+void throw_error(std::string message) {
+    throw Error{std::move(message), 0};
+}
 
 // --- Dict ------------------------------------------------------------------------------------
 
@@ -90,17 +92,22 @@ Value Value::object(std::shared_ptr<Object> o) {
 
 Value Value::from_json(const Json& j) {
     switch (j.type()) {
-        case Json::value_t::null: return none();
-        case Json::value_t::boolean: return boolean(j.get<bool>());
-        case Json::value_t::number_integer: return integer(j.get<int64_t>());
+        case Json::value_t::null:
+            return none();
+        case Json::value_t::boolean:
+            return boolean(j.get<bool>());
+        case Json::value_t::number_integer:
+            return integer(j.get<int64_t>());
         case Json::value_t::number_unsigned: {
             const uint64_t u = j.get<uint64_t>();
             // Python ints are unbounded; beyond int64 we keep the nearest double.
             if (u > uint64_t(INT64_MAX)) return floating(double(u));
             return integer(int64_t(u));
         }
-        case Json::value_t::number_float: return floating(j.get<double>());
-        case Json::value_t::string: return string(j.get<std::string>());
+        case Json::value_t::number_float:
+            return floating(j.get<double>());
+        case Json::value_t::string:
+            return string(j.get<std::string>());
         case Json::value_t::array: {
             List items;
             items.reserve(j.size());
@@ -113,16 +120,21 @@ Value Value::from_json(const Json& j) {
             for (const auto& [k, e] : j.items()) d.items.emplace_back(string(k), from_json(e));
             return dict(std::move(d));
         }
-        default: return undefined("a JSON value of an unsupported type");
+        default:
+            return undefined("a JSON value of an unsupported type");
     }
 }
 
 double Value::as_double() const {
     switch (kind_) {
-        case Kind::kFloat: return f_;
-        case Kind::kInt: return double(i_);
-        case Kind::kBool: return b_ ? 1.0 : 0.0;
-        default: return 0.0;
+        case Kind::kFloat:
+            return f_;
+        case Kind::kInt:
+            return double(i_);
+        case Kind::kBool:
+            return b_ ? 1.0 : 0.0;
+        default:
+            return 0.0;
     }
 }
 
@@ -141,31 +153,49 @@ void Value::fail_undefined() const {
 bool Value::truthy() const {
     switch (kind_) {
         case Kind::kUndefined:
-        case Kind::kNone: return false;
-        case Kind::kBool: return b_;
-        case Kind::kInt: return i_ != 0;
-        case Kind::kFloat: return f_ != 0.0;
-        case Kind::kString: return !str_->empty();
+        case Kind::kNone:
+            return false;
+        case Kind::kBool:
+            return b_;
+        case Kind::kInt:
+            return i_ != 0;
+        case Kind::kFloat:
+            return f_ != 0.0;
+        case Kind::kString:
+            return !str_->empty();
         case Kind::kList:
-        case Kind::kTuple: return !list_->empty();
-        case Kind::kDict: return !dict_->items.empty();
-        case Kind::kObject: return true;
+        case Kind::kTuple:
+            return !list_->empty();
+        case Kind::kDict:
+            return !dict_->items.empty();
+        case Kind::kObject:
+            return true;
     }
     return false;
 }
 
 const char* Value::type_name() const {
     switch (kind_) {
-        case Kind::kUndefined: return "Undefined";
-        case Kind::kNone: return "NoneType";
-        case Kind::kBool: return "bool";
-        case Kind::kInt: return "int";
-        case Kind::kFloat: return "float";
-        case Kind::kString: return "str";
-        case Kind::kList: return "list";
-        case Kind::kTuple: return "tuple";
-        case Kind::kDict: return "dict";
-        case Kind::kObject: return obj_->type_name();
+        case Kind::kUndefined:
+            return "Undefined";
+        case Kind::kNone:
+            return "NoneType";
+        case Kind::kBool:
+            return "bool";
+        case Kind::kInt:
+            return "int";
+        case Kind::kFloat:
+            return "float";
+        case Kind::kString:
+            return "str";
+        case Kind::kList:
+            return "list";
+        case Kind::kTuple:
+            return "tuple";
+        case Kind::kDict:
+            return "dict";
+        case Kind::kObject:
+            return obj_->type_name();
     }
     return "object";
 }
@@ -191,7 +221,8 @@ std::string float_repr(double f) {
     for (size_t i = pos; i < e; ++i)
         if (sci[i] != '.') digits += sci[i];
     int exponent = 0;
-    const size_t exp_start = e + 1 + (sci[e + 1] == '+' ? 1 : 0);  // from_chars takes '-' but not '+'
+    const size_t exp_start =
+        e + 1 + (sci[e + 1] == '+' ? 1 : 0);  // from_chars takes '-' but not '+'
     std::from_chars(sci.data() + exp_start, sci.data() + sci.size(), exponent);
     while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
     const int decpt = exponent + 1;
@@ -224,8 +255,10 @@ bool py_isprintable(char32_t c) {
         case UTF8PROC_CATEGORY_CN:
         case UTF8PROC_CATEGORY_ZL:
         case UTF8PROC_CATEGORY_ZP:
-        case UTF8PROC_CATEGORY_ZS: return false;
-        default: return true;
+        case UTF8PROC_CATEGORY_ZS:
+            return false;
+        default:
+            return true;
     }
 }
 
@@ -268,20 +301,36 @@ void append_string_repr(std::string& out, const std::string& s) {
 
 void Value::append_str(std::string& out) const {
     switch (kind_) {
-        case Kind::kUndefined: return;
-        case Kind::kString: out += *str_; return;
-        default: append_repr(out);
+        case Kind::kUndefined:
+            return;
+        case Kind::kString:
+            out += *str_;
+            return;
+        default:
+            append_repr(out);
     }
 }
 
 void Value::append_repr(std::string& out) const {
     switch (kind_) {
-        case Kind::kUndefined: out += "Undefined"; return;
-        case Kind::kNone: out += "None"; return;
-        case Kind::kBool: out += b_ ? "True" : "False"; return;
-        case Kind::kInt: out += std::to_string(i_); return;
-        case Kind::kFloat: out += float_repr(f_); return;
-        case Kind::kString: append_string_repr(out, *str_); return;
+        case Kind::kUndefined:
+            out += "Undefined";
+            return;
+        case Kind::kNone:
+            out += "None";
+            return;
+        case Kind::kBool:
+            out += b_ ? "True" : "False";
+            return;
+        case Kind::kInt:
+            out += std::to_string(i_);
+            return;
+        case Kind::kFloat:
+            out += float_repr(f_);
+            return;
+        case Kind::kString:
+            append_string_repr(out, *str_);
+            return;
         case Kind::kList:
         case Kind::kTuple: {
             const bool tup = kind_ == Kind::kTuple;
@@ -307,7 +356,9 @@ void Value::append_repr(std::string& out) const {
             out += '}';
             return;
         }
-        case Kind::kObject: out += obj_->repr(); return;
+        case Kind::kObject:
+            out += obj_->repr();
+            return;
     }
 }
 
@@ -333,8 +384,10 @@ bool equals(const Value& a, const Value& b) {
     if (a.kind() != b.kind()) return false;
     switch (a.kind()) {
         case Kind::kUndefined:
-        case Kind::kNone: return true;
-        case Kind::kString: return a.as_string() == b.as_string();
+        case Kind::kNone:
+            return true;
+        case Kind::kString:
+            return a.as_string() == b.as_string();
         case Kind::kList:
         case Kind::kTuple: {
             const List& x = a.as_list();
@@ -354,8 +407,10 @@ bool equals(const Value& a, const Value& b) {
             }
             return true;
         }
-        case Kind::kObject: return a.as_object() == b.as_object();
-        default: return false;
+        case Kind::kObject:
+            return a.as_object() == b.as_object();
+        default:
+            return false;
     }
 }
 
@@ -375,8 +430,8 @@ bool less_than(const Value& a, const Value& b) {
         }
         return x.size() < y.size();
     }
-    throw_error(std::string("'<' not supported between instances of '") + a.type_name() + "' and '" +
-                b.type_name() + "'");
+    throw_error(std::string("'<' not supported between instances of '") + a.type_name() +
+                "' and '" + b.type_name() + "'");
 }
 
 // --- Args, Object ----------------------------------------------------------------------------
@@ -395,7 +450,8 @@ void Args::check(std::string_view function, size_t max_positional,
                     " positional argument(s), " + std::to_string(positional.size()) + " given");
     for (const auto& [k, v] : keyword) {
         if (std::find(keywords.begin(), keywords.end(), k) == keywords.end())
-            throw_error(std::string(function) + "() got an unexpected keyword argument '" + k + "'");
+            throw_error(std::string(function) + "() got an unexpected keyword argument '" + k +
+                        "'");
     }
 }
 
@@ -403,9 +459,15 @@ Value Object::get_attr(std::string_view name) const {
     return Value::undefined(std::string("'") + type_name() + "' object has no attribute '" +
                             std::string(name) + "'");
 }
-bool Object::set_attr(std::string_view, Value) { return false; }
-Value Object::call(Args&) { throw_error(std::string("'") + type_name() + "' object is not callable"); }
-std::string Object::repr() const { return std::string("<") + type_name() + " object>"; }
+bool Object::set_attr(std::string_view, Value) {
+    return false;
+}
+Value Object::call(Args&) {
+    throw_error(std::string("'") + type_name() + "' object is not callable");
+}
+std::string Object::repr() const {
+    return std::string("<") + type_name() + " object>";
+}
 
 Value Namespace::get_attr(std::string_view name) const {
     if (const Value* v = attrs.find(name)) return *v;
@@ -439,14 +501,29 @@ void json_escape_string(std::string& out, const std::string& s, bool ensure_asci
     char buf[16];
     for (char32_t c : utf8_decode(s)) {
         switch (c) {
-            case U'"': out += "\\\""; continue;
-            case U'\\': out += "\\\\"; continue;
-            case U'\n': out += "\\n"; continue;
-            case U'\r': out += "\\r"; continue;
-            case U'\t': out += "\\t"; continue;
-            case U'\b': out += "\\b"; continue;
-            case U'\f': out += "\\f"; continue;
-            default: break;
+            case U'"':
+                out += "\\\"";
+                continue;
+            case U'\\':
+                out += "\\\\";
+                continue;
+            case U'\n':
+                out += "\\n";
+                continue;
+            case U'\r':
+                out += "\\r";
+                continue;
+            case U'\t':
+                out += "\\t";
+                continue;
+            case U'\b':
+                out += "\\b";
+                continue;
+            case U'\f':
+                out += "\\f";
+                continue;
+            default:
+                break;
         }
         if (c < 0x20 || (ensure_ascii && c >= 0x7f)) {
             if (c > 0xffff) {  // a UTF-16 surrogate pair, as Python writes it
@@ -472,13 +549,19 @@ std::string json_float(double f) {
 
 std::string json_key(const Value& k) {
     switch (k.kind()) {
-        case Kind::kString: return k.as_string();
-        case Kind::kBool: return k.as_bool() ? "true" : "false";
-        case Kind::kNone: return "null";
-        case Kind::kInt: return std::to_string(k.as_int());
-        case Kind::kFloat: return json_float(k.as_double());
+        case Kind::kString:
+            return k.as_string();
+        case Kind::kBool:
+            return k.as_bool() ? "true" : "false";
+        case Kind::kNone:
+            return "null";
+        case Kind::kInt:
+            return std::to_string(k.as_int());
+        case Kind::kFloat:
+            return json_float(k.as_double());
         default:
-            throw_error(std::string("keys must be str, int, float, bool or None, not ") + k.type_name());
+            throw_error(std::string("keys must be str, int, float, bool or None, not ") +
+                        k.type_name());
     }
 }
 
@@ -496,11 +579,21 @@ struct JsonWriter {
 
     void write(const Value& v, int level) {
         switch (v.kind()) {
-            case Kind::kNone: out += "null"; return;
-            case Kind::kBool: out += v.as_bool() ? "true" : "false"; return;
-            case Kind::kInt: out += std::to_string(v.as_int()); return;
-            case Kind::kFloat: out += json_float(v.as_double()); return;
-            case Kind::kString: json_escape_string(out, v.as_string(), opt.ensure_ascii); return;
+            case Kind::kNone:
+                out += "null";
+                return;
+            case Kind::kBool:
+                out += v.as_bool() ? "true" : "false";
+                return;
+            case Kind::kInt:
+                out += std::to_string(v.as_int());
+                return;
+            case Kind::kFloat:
+                out += json_float(v.as_double());
+                return;
+            case Kind::kString:
+                json_escape_string(out, v.as_string(), opt.ensure_ascii);
+                return;
             case Kind::kList:
             case Kind::kTuple: {
                 const List& l = v.as_list();
@@ -531,8 +624,9 @@ struct JsonWriter {
                 entries.reserve(d.items.size());
                 for (const auto& [k, e] : d.items) entries.emplace_back(json_key(k), &e);
                 if (opt.sort_keys)
-                    std::stable_sort(entries.begin(), entries.end(),
-                                     [](const auto& a, const auto& b) { return a.first < b.first; });
+                    std::stable_sort(
+                        entries.begin(), entries.end(),
+                        [](const auto& a, const auto& b) { return a.first < b.first; });
                 out += '{';
                 if (opt.has_indent) newline(level + 1);
                 for (size_t i = 0; i < entries.size(); ++i) {
@@ -549,7 +643,8 @@ struct JsonWriter {
                 return;
             }
             default:
-                throw_error(std::string("Object of type ") + v.type_name() + " is not JSON serializable");
+                throw_error(std::string("Object of type ") + v.type_name() +
+                            " is not JSON serializable");
         }
     }
 };
@@ -559,7 +654,8 @@ struct JsonWriter {
 std::string json_dumps(const Value& v, const JsonDumpOptions& options) {
     JsonWriter w{options, {}, {}, {}, {}};
     if (options.has_indent)
-        w.indent_unit = options.indent >= 0 ? std::string(size_t(options.indent), ' ') : options.indent_str;
+        w.indent_unit =
+            options.indent >= 0 ? std::string(size_t(options.indent), ' ') : options.indent_str;
     if (options.has_separators) {
         w.item_sep = options.item_separator;
         w.key_sep = options.key_separator;
@@ -639,10 +735,27 @@ size_t utf8_length(std::string_view s) {
 
 bool py_isspace(char32_t c) {
     switch (c) {
-        case 0x09: case 0x0a: case 0x0b: case 0x0c: case 0x0d: case 0x1c: case 0x1d: case 0x1e:
-        case 0x1f: case 0x20: case 0x85: case 0xa0: case 0x1680: case 0x2028: case 0x2029:
-        case 0x202f: case 0x205f: case 0x3000: return true;
-        default: return c >= 0x2000 && c <= 0x200a;
+        case 0x09:
+        case 0x0a:
+        case 0x0b:
+        case 0x0c:
+        case 0x0d:
+        case 0x1c:
+        case 0x1d:
+        case 0x1e:
+        case 0x1f:
+        case 0x20:
+        case 0x85:
+        case 0xa0:
+        case 0x1680:
+        case 0x2028:
+        case 0x2029:
+        case 0x202f:
+        case 0x205f:
+        case 0x3000:
+            return true;
+        default:
+            return c >= 0x2000 && c <= 0x200a;
     }
 }
 
@@ -665,25 +778,30 @@ bool append_special(std::string& out, char32_t c, const SpecialCase (&table)[N])
 }
 
 void append_upper(std::string& out, char32_t c) {
-    if (!append_special(out, c, kSpecialUpper)) utf8_append(out, char32_t(utf8proc_toupper(int32_t(c))));
+    if (!append_special(out, c, kSpecialUpper))
+        utf8_append(out, char32_t(utf8proc_toupper(int32_t(c))));
 }
 void append_lower(std::string& out, char32_t c) {
-    if (!append_special(out, c, kSpecialLower)) utf8_append(out, char32_t(utf8proc_tolower(int32_t(c))));
+    if (!append_special(out, c, kSpecialLower))
+        utf8_append(out, char32_t(utf8proc_tolower(int32_t(c))));
 }
 void append_title(std::string& out, char32_t c) {
-    if (!append_special(out, c, kSpecialTitle)) utf8_append(out, char32_t(utf8proc_totitle(int32_t(c))));
+    if (!append_special(out, c, kSpecialTitle))
+        utf8_append(out, char32_t(utf8proc_totitle(int32_t(c))));
 }
 
 bool is_cased(char32_t c) {
     const auto cat = utf8proc_category(int32_t(c));
-    return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT;
+    return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL ||
+           cat == UTF8PROC_CATEGORY_LT;
 }
 
 bool is_case_ignorable(char32_t c) {
     const auto cat = utf8proc_category(int32_t(c));
-    return cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_ME || cat == UTF8PROC_CATEGORY_CF ||
-           cat == UTF8PROC_CATEGORY_LM || cat == UTF8PROC_CATEGORY_SK || c == U'\'' || c == U'.' ||
-           c == U':' || c == 0xb7 || c == 0x2019;
+    return cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_ME ||
+           cat == UTF8PROC_CATEGORY_CF || cat == UTF8PROC_CATEGORY_LM ||
+           cat == UTF8PROC_CATEGORY_SK || c == U'\'' || c == U'.' || c == U':' || c == 0xb7 ||
+           c == 0x2019;
 }
 
 // Python lowers capital sigma to final sigma at the end of a word (Unicode's Final_Sigma rule).

@@ -76,7 +76,9 @@ public:
     bool is_undefined() const { return kind_ == Kind::kUndefined; }
     bool is_none() const { return kind_ == Kind::kNone; }
     bool is_string() const { return kind_ == Kind::kString; }
-    bool is_number() const { return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool; }
+    bool is_number() const {
+        return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool;
+    }
     bool is_sequence() const { return kind_ == Kind::kList || kind_ == Kind::kTuple; }
 
     // Payload accessors: valid only for the matching kind (checked by the caller via kind()).

@@ -6,12 +6,18 @@ namespace lathe {
 
 const char* JsonNode::type_name() const {
     switch (element_.type()) {
-        case simdjson::dom::element_type::ARRAY: return "array";
-        case simdjson::dom::element_type::OBJECT: return "object";
-        case simdjson::dom::element_type::STRING: return "string";
-        case simdjson::dom::element_type::BOOL: return "bool";
-        case simdjson::dom::element_type::NULL_VALUE: return "null";
-        default: return "number";
+        case simdjson::dom::element_type::ARRAY:
+            return "array";
+        case simdjson::dom::element_type::OBJECT:
+            return "object";
+        case simdjson::dom::element_type::STRING:
+            return "string";
+        case simdjson::dom::element_type::BOOL:
+            return "bool";
+        case simdjson::dom::element_type::NULL_VALUE:
+            return "null";
+        default:
+            return "number";
     }
 }
 

@@ -161,8 +161,8 @@ public:
             if (drop) {
                 if (i == 0) first_kept = false;
             } else if (c == 0x09 || c == 0x0A || c == 0x0C || c == 0x0D || c == 0x1680 ||
-                       (c >= 0x200B && c <= 0x200F) || c == 0x2028 || c == 0x2029 ||
-                       c == 0x2581 || c == 0xFEFF || c == 0xFFFD) {
+                       (c >= 0x200B && c <= 0x200F) || c == 0x2028 || c == 0x2029 || c == 0x2581 ||
+                       c == 0xFEFF || c == 0xFFFD) {
                 out.push_back(' ');
             } else {
                 out.append(text.substr(i, static_cast<size_t>(len)));
@@ -276,8 +276,8 @@ private:
 
 const std::vector<std::string>& normalizer_type_names() {
     static const std::vector<std::string> names = {
-        "NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Strip", "StripAccents", "Replace",
-        "Prepend", "BertNormalizer", "ByteLevel", "Nmt", "Sequence"};
+        "NFC",     "NFD",     "NFKC",           "NFKD",      "Lowercase", "Strip",   "StripAccents",
+        "Replace", "Prepend", "BertNormalizer", "ByteLevel", "Nmt",       "Sequence"};
     return names;
 }
 

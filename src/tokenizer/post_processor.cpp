@@ -75,8 +75,8 @@ Status PostProcessor::append_from_node(const JsonNode& node) {
         };
         auto add_sequence = [&](std::string_view id, const JsonNode& where) -> Status {
             if (id != "A") {
-                return where.error(fmt::format(
-                    "the single template may only use sequence A, not '{}'", id));
+                return where.error(
+                    fmt::format("the single template may only use sequence A, not '{}'", id));
             }
             t.push_back(kSequence);
             return ok_status();
@@ -86,9 +86,8 @@ Status PostProcessor::append_from_node(const JsonNode& node) {
             LATHE_ASSIGN_OR_RETURN(std::string_view text, single.as_string());
             for (std::string_view item : split(text, ' ')) {
                 if (item.empty()) continue;
-                const std::string_view name = item.substr(0, item.rfind(':') == std::string_view::npos
-                                                                 ? item.size()
-                                                                 : item.rfind(':'));
+                const std::string_view name = item.substr(
+                    0, item.rfind(':') == std::string_view::npos ? item.size() : item.rfind(':'));
                 if (name.starts_with("$")) {
                     const std::string_view seq = name.substr(1);
                     LATHE_RETURN_IF_ERROR(add_sequence(

@@ -27,8 +27,8 @@ struct ByteLevelTables {
     ByteLevelTables() {
         int n = 0;
         for (int b = 0; b < 256; ++b) {
-            const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) ||
-                                   (b >= 0xAE && b <= 0xFF);
+            const bool printable =
+                (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
             chars[b] = printable ? char32_t(b) : char32_t(256 + n++);
         }
         for (int b = 0; b < 256; ++b) {
@@ -47,7 +47,9 @@ const ByteLevelTables& byte_level_tables() {
 
 }  // namespace
 
-char32_t byte_level_char(uint8_t byte) { return byte_level_tables().chars[byte]; }
+char32_t byte_level_char(uint8_t byte) {
+    return byte_level_tables().chars[byte];
+}
 
 std::string_view byte_level_symbol(uint8_t byte) {
     const ByteLevelTables& t = byte_level_tables();
@@ -172,7 +174,9 @@ void emit_split(std::string_view text, bool at_origin, std::vector<Span>& spans,
     if (invert) {
         for (Span& s : spans) s.match = !s.match;
     }
-    auto emit = [&](uint32_t b, uint32_t e) { out.add(text.substr(b, e - b), at_origin && b == 0); };
+    auto emit = [&](uint32_t b, uint32_t e) {
+        out.add(text.substr(b, e - b), at_origin && b == 0);
+    };
     switch (behavior) {
         case SplitBehavior::kIsolated:
             for (const Span& s : spans) emit(s.begin, s.end);
@@ -229,7 +233,8 @@ void emit_split(std::string_view text, bool at_origin, std::vector<Span>& spans,
 template <typename Fn>
 void for_each_piece(PieceList& pieces, PieceList& scratch, Fn fn) {
     scratch.clear();
-    for (size_t i = 0; i < pieces.size(); ++i) fn(pieces.view(i), pieces.piece(i).at_origin, scratch);
+    for (size_t i = 0; i < pieces.size(); ++i)
+        fn(pieces.view(i), pieces.piece(i).at_origin, scratch);
     pieces.swap(scratch);
 }
 
@@ -338,8 +343,10 @@ enum class PrependScheme { kAlways, kFirst, kNever };
 class MetaspacePreTokenizer final : public PreTokenizer {
 public:
     MetaspacePreTokenizer(char32_t replacement, PrependScheme scheme, bool split)
-        : replacement_(replacement), replacement_utf8_(utf8::encode(replacement)),
-          scheme_(scheme), split_(split) {}
+        : replacement_(replacement),
+          replacement_utf8_(utf8::encode(replacement)),
+          scheme_(scheme),
+          split_(split) {}
 
     void pre_tokenize(PieceList& pieces, PieceList& scratch) const override {
         for_each_piece(pieces, scratch, [&](std::string_view text, bool at_origin, PieceList& out) {
@@ -349,8 +356,8 @@ public:
                 (text.size() >= replacement_utf8_.size() &&
                  text.substr(0, replacement_utf8_.size()) == replacement_utf8_);
             const bool prepend =
-                !starts_with_replacement &&
-                (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && at_origin));
+                !starts_with_replacement && (scheme_ == PrependScheme::kAlways ||
+                                             (scheme_ == PrependScheme::kFirst && at_origin));
             if (prepend) replaced->append(replacement_utf8_);
             for (char c : text) {
                 if (c == ' ') {
@@ -367,7 +374,8 @@ public:
             }
             Scratch<std::vector<Span>> spans;
             const char32_t rep = replacement_;
-            char_spans(r, [rep](char32_t c) { return c == rep; }, *spans);
+            char_spans(
+                r, [rep](char32_t c) { return c == rep; }, *spans);
             emit_split(r, at_origin, *spans, SplitBehavior::kMergedWithNext, false, out);
         });
     }
@@ -393,15 +401,17 @@ private:
 
 const std::vector<std::string>& pre_tokenizer_type_names() {
     static const std::vector<std::string> names = {
-        "ByteLevel", "Split", "Metaspace", "Digits", "Whitespace", "WhitespaceSplit",
-        "Punctuation", "BertPreTokenizer", "CharDelimiterSplit", "Sequence"};
+        "ByteLevel",          "Split",           "Metaspace",   "Digits",
+        "Whitespace",         "WhitespaceSplit", "Punctuation", "BertPreTokenizer",
+        "CharDelimiterSplit", "Sequence"};
     return names;
 }
 
 Result<char32_t> single_char(const JsonNode& node) {
     LATHE_ASSIGN_OR_RETURN(std::string_view s, node.as_string());
     if (s.empty() || !utf8::is_valid(s) || utf8::count_chars(s) != 1) {
-        return node.error(fmt::format("expected a single character, got '{}'", escape_for_message(s)));
+        return node.error(
+            fmt::format("expected a single character, got '{}'", escape_for_message(s)));
     }
     int len;
     return utf8::decode(s, 0, &len);
@@ -456,8 +466,9 @@ Result<std::unique_ptr<PreTokenizer>> pre_tokenizer_from_node(const JsonNode& no
             if (!add) {
                 // HF's rule: prepend_scheme (default "always") must then say "never".
                 if (scheme != PrependScheme::kNever) {
-                    return a->error("add_prefix_space false does not match prepend_scheme (set "
-                                    "\"prepend_scheme\": \"never\")");
+                    return a->error(
+                        "add_prefix_space false does not match prepend_scheme (set "
+                        "\"prepend_scheme\": \"never\")");
                 }
             }
         }

@@ -75,8 +75,8 @@ public:
     const std::string& text() const { return text_; }
     void close_piece(size_t begin, bool at_origin) {
         if (text_.size() == begin) return;
-        pieces_.push_back(Piece{static_cast<uint32_t>(begin), static_cast<uint32_t>(text_.size()),
-                                at_origin});
+        pieces_.push_back(
+            Piece{static_cast<uint32_t>(begin), static_cast<uint32_t>(text_.size()), at_origin});
     }
     void swap(PieceList& other) noexcept {
         text_.swap(other.text_);

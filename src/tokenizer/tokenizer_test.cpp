@@ -18,20 +18,34 @@
 namespace lathe {
 namespace {
 
-constexpr std::string_view k_merges_string_form = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "ab": 16, "abc": 17, "bc": 18}, "merges": ["a b", "ab c", "b c"]}})JSON";
-constexpr std::string_view k_merges_pair_form = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "bc": 16, "abc": 17, "ab": 18}, "merges": [["b", "c"], ["a", "bc"], ["a", "b"]]}})JSON";
-constexpr std::string_view k_unk_not_fused = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15}, "merges": []}})JSON";
-constexpr std::string_view k_unk_fused = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15}, "merges": []}})JSON";
-constexpr std::string_view k_no_unk_drops = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15}, "merges": []}})JSON";
-constexpr std::string_view k_byte_fallback = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "<0xC3>": 16, "<0xA9>": 17, "<0xE2>": 18, "<0x82>": 19, "<0xAC>": 20, "ab": 21}, "merges": ["a b"]}})JSON";
-constexpr std::string_view k_prefix_suffix = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": "##", "end_of_word_suffix": "</w>", "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "##a": 16, "##b": 17, "##c": 18, "a</w>": 19, "b</w>": 20, "c</w>": 21, "##a</w>": 22, "##b</w>": 23, "##c</w>": 24, "ab": 25, "ab</w>": 26, "abc</w>": 27}, "merges": ["a ##b", "ab ##c</w>", "a ##b</w>"]}})JSON";
-constexpr std::string_view k_ignore_merges = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": true, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "ab": 16, "abc": 17, "cab": 18}, "merges": ["a b"]}})JSON";
-constexpr std::string_view k_no_ignore_merges = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "ab": 16, "abc": 17, "cab": 18}, "merges": ["a b"]}})JSON";
-constexpr std::string_view k_added_tokens = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [{"id": 17, "content": "<sp>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}, {"id": 18, "content": "[L]", "single_word": false, "lstrip": true, "rstrip": false, "normalized": false, "special": false}, {"id": 19, "content": "[R]", "single_word": false, "lstrip": false, "rstrip": true, "normalized": false, "special": false}, {"id": 20, "content": "word", "single_word": true, "lstrip": false, "rstrip": false, "normalized": false, "special": false}, {"id": 21, "content": "HeY", "single_word": false, "lstrip": false, "rstrip": false, "normalized": true, "special": false}, {"id": 22, "content": "<sp>x", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}, {"id": 1, "content": "a", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": false}], "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15}, "merges": []}})JSON";
-constexpr std::string_view k_metaspace_first = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [{"id": 20, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}], "normalizer": null, "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "▁": 16, "▁a": 17, "▁b": 18}, "merges": [["▁", "a"], ["▁", "b"]]}})JSON";
-constexpr std::string_view k_template = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [{"id": 17, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}, {"id": 18, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {"<s>": {"id": "<s>", "ids": [17], "tokens": ["<s>"]}, "</s>": {"id": "</s>", "ids": [18], "tokens": ["</s>"]}}}, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "<s>": 16, "</s>": 17}, "merges": []}})JSON";
-constexpr std::string_view k_roberta = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": {"type": "RobertaProcessing", "sep": ["</s>", 18], "cls": ["<s>", 17], "trim_offsets": true, "add_prefix_space": false}, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "<s>": 16, "</s>": 17}, "merges": []}})JSON";
-constexpr std::string_view k_sequence_post = R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": {"type": "Sequence", "processors": [{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}, {"type": "BertProcessing", "sep": ["</s>", 18], "cls": ["<s>", 17]}]}, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "<s>": 16, "</s>": 17}, "merges": []}})JSON";
+constexpr std::string_view k_merges_string_form =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "ab": 16, "abc": 17, "bc": 18}, "merges": ["a b", "ab c", "b c"]}})JSON";
+constexpr std::string_view k_merges_pair_form =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "bc": 16, "abc": 17, "ab": 18}, "merges": [["b", "c"], ["a", "bc"], ["a", "b"]]}})JSON";
+constexpr std::string_view k_unk_not_fused =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15}, "merges": []}})JSON";
+constexpr std::string_view k_unk_fused =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15}, "merges": []}})JSON";
+constexpr std::string_view k_no_unk_drops =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15}, "merges": []}})JSON";
+constexpr std::string_view k_byte_fallback =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "<0xC3>": 16, "<0xA9>": 17, "<0xE2>": 18, "<0x82>": 19, "<0xAC>": 20, "ab": 21}, "merges": ["a b"]}})JSON";
+constexpr std::string_view k_prefix_suffix =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": "##", "end_of_word_suffix": "</w>", "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "##a": 16, "##b": 17, "##c": 18, "a</w>": 19, "b</w>": 20, "c</w>": 21, "##a</w>": 22, "##b</w>": 23, "##c</w>": 24, "ab": 25, "ab</w>": 26, "abc</w>": 27}, "merges": ["a ##b", "ab ##c</w>", "a ##b</w>"]}})JSON";
+constexpr std::string_view k_ignore_merges =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": true, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "ab": 16, "abc": 17, "cab": 18}, "merges": ["a b"]}})JSON";
+constexpr std::string_view k_no_ignore_merges =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "ab": 16, "abc": 17, "cab": 18}, "merges": ["a b"]}})JSON";
+constexpr std::string_view k_added_tokens =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [{"id": 17, "content": "<sp>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}, {"id": 18, "content": "[L]", "single_word": false, "lstrip": true, "rstrip": false, "normalized": false, "special": false}, {"id": 19, "content": "[R]", "single_word": false, "lstrip": false, "rstrip": true, "normalized": false, "special": false}, {"id": 20, "content": "word", "single_word": true, "lstrip": false, "rstrip": false, "normalized": false, "special": false}, {"id": 21, "content": "HeY", "single_word": false, "lstrip": false, "rstrip": false, "normalized": true, "special": false}, {"id": 22, "content": "<sp>x", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}, {"id": 1, "content": "a", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": false}], "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15}, "merges": []}})JSON";
+constexpr std::string_view k_metaspace_first =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [{"id": 20, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}], "normalizer": null, "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true}, "post_processor": null, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "▁": 16, "▁a": 17, "▁b": 18}, "merges": [["▁", "a"], ["▁", "b"]]}})JSON";
+constexpr std::string_view k_template =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [{"id": 17, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}, {"id": 18, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {"<s>": {"id": "<s>", "ids": [17], "tokens": ["<s>"]}, "</s>": {"id": "</s>", "ids": [18], "tokens": ["</s>"]}}}, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "<s>": 16, "</s>": 17}, "merges": []}})JSON";
+constexpr std::string_view k_roberta =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": {"type": "RobertaProcessing", "sep": ["</s>", 18], "cls": ["<s>", 17], "trim_offsets": true, "add_prefix_space": false}, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "<s>": 16, "</s>": 17}, "merges": []}})JSON";
+constexpr std::string_view k_sequence_post =
+    R"JSON({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": {"type": "Sequence", "processors": [{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}, {"type": "BertProcessing", "sep": ["</s>", 18], "cls": ["<s>", 17]}]}, "decoder": null, "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": {"<unk>": 0, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "h": 6, "i": 7, "l": 8, "o": 9, "r": 10, "s": 11, "w": 12, "x": 13, "y": 14, "z": 15, "<s>": 16, "</s>": 17}, "merges": []}})JSON";
 
 struct EncodeCase {
     const char* name;
@@ -47,9 +61,17 @@ struct EncodeCase {
 // file's ids 17.. become 16.., "a" keeps the model's id 1), Metaspace prepend_scheme "first"
 // after a special token, TemplateProcessing, RobertaProcessing and a Sequence post-processor.
 const EncodeCase kEncodeCases[] = {
-    {"merges_string_form", k_merges_string_form, "abc ab bca cab", {17, 16, 18, 1, 3, 16}, {17, 16, 18, 1, 3, 16}},
+    {"merges_string_form",
+     k_merges_string_form,
+     "abc ab bca cab",
+     {17, 16, 18, 1, 3, 16},
+     {17, 16, 18, 1, 3, 16}},
     {"merges_string_form", k_merges_string_form, "aabbcc", {1, 16, 18, 3}, {1, 16, 18, 3}},
-    {"merges_pair_form", k_merges_pair_form, "abc ab bca cab", {17, 18, 16, 1, 3, 18}, {17, 18, 16, 1, 3, 18}},
+    {"merges_pair_form",
+     k_merges_pair_form,
+     "abc ab bca cab",
+     {17, 18, 16, 1, 3, 18},
+     {17, 18, 16, 1, 3, 18}},
     {"merges_pair_form", k_merges_pair_form, "aabbcc", {1, 18, 16, 3}, {1, 18, 16, 3}},
     {"unk_not_fused", k_unk_not_fused, "aqqb", {1, 0, 0, 2}, {1, 0, 0, 2}},
     {"unk_not_fused", k_unk_not_fused, "q", {0}, {0}},
@@ -63,14 +85,22 @@ const EncodeCase kEncodeCases[] = {
     {"byte_fallback", k_byte_fallback, "\u20ac", {18, 19, 20}, {18, 19, 20}},
     {"byte_fallback", k_byte_fallback, "q\u00e9q", {16, 17, 0}, {16, 17, 0}},
     {"byte_fallback", k_byte_fallback, "qq\u00e9\u00e9", {16, 17, 16, 17, 0}, {16, 17, 16, 17, 0}},
-    {"prefix_suffix", k_prefix_suffix, "abc ab a abcab", {27, 26, 19, 25, 18, 16, 23}, {27, 26, 19, 25, 18, 16, 23}},
+    {"prefix_suffix",
+     k_prefix_suffix,
+     "abc ab a abcab",
+     {27, 26, 19, 25, 18, 16, 23},
+     {27, 26, 19, 25, 18, 16, 23}},
     {"prefix_suffix", k_prefix_suffix, "cab", {3, 16, 23}, {3, 16, 23}},
     {"ignore_merges", k_ignore_merges, "abc cab ab", {17, 18, 16}, {17, 18, 16}},
     {"no_ignore_merges", k_no_ignore_merges, "abc cab ab", {16, 3, 3, 16, 16}, {16, 3, 3, 16, 16}},
     {"added_tokens", k_added_tokens, "x<sp>y", {13, 16, 14}, {13, 16, 14}},
     {"added_tokens", k_added_tokens, "a  [L] b", {1, 17, 2}, {1, 17, 2}},
     {"added_tokens", k_added_tokens, "a [R]   b", {1, 18, 2}, {1, 18, 2}},
-    {"added_tokens", k_added_tokens, "word sword words word.", {19, 11, 12, 9, 10, 4, 12, 9, 10, 4, 11, 19, 0}, {19, 11, 12, 9, 10, 4, 12, 9, 10, 4, 11, 19, 0}},
+    {"added_tokens",
+     k_added_tokens,
+     "word sword words word.",
+     {19, 11, 12, 9, 10, 4, 12, 9, 10, 4, 11, 19, 0},
+     {19, 11, 12, 9, 10, 4, 12, 9, 10, 4, 11, 19, 0}},
     {"added_tokens", k_added_tokens, "hey HEY hEy", {20, 20, 20}, {20, 20, 20}},
     {"added_tokens", k_added_tokens, "<sp>xx <sp>", {21, 13, 16}, {21, 13, 16}},
     {"added_tokens", k_added_tokens, "b[L][R]c", {2, 17, 18, 3}, {2, 17, 18, 3}},
@@ -149,8 +179,8 @@ TEST(Tokenizer, LoadErrorsNameTheKey) {
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("bad.json: model.merges: merge 1"), std::string::npos)
         << r.status().message();
-    Result<Tokenizer> wordpiece = Tokenizer::from_json(
-        R"({"model": {"type": "WordPiece", "vocab": {}}})", "wp.json");
+    Result<Tokenizer> wordpiece =
+        Tokenizer::from_json(R"({"model": {"type": "WordPiece", "vocab": {}}})", "wp.json");
     ASSERT_FALSE(wordpiece.ok());
     EXPECT_EQ(wordpiece.status().code(), StatusCode::kUnimplemented);
     Result<Tokenizer> not_json = Tokenizer::from_json("{", "broken.json");
@@ -273,16 +303,30 @@ struct DecoderCase {
 };
 
 const DecoderCase kDecoderCases[] = {
-    {R"({"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true})", {"\u0120Hello", "\u0120w\u00c3\u00b6rld", "\u010a", "  raw", "\u00c3"}, " Hello w\u00f6rld\n  raw\ufffd"},
-    {R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always","split":true})", {"\u2581Hey", "\u2581friend", "\u2581\u2581x"}, "Hey friend  x"},
-    {R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"never","split":true})", {"\u2581Hey", "\u2581friend"}, " Hey friend"},
-    {R"({"type":"Replace","pattern":{"String":"▁"},"content":" "})", {"\u2581a\u2581", "b", ""}, " a b"},
-    {R"({"type":"ByteFallback"})", {"a", "<0xC3>", "<0xA9>", "b", "<0xE2>", "<0x82>", "c", "<0x61>", "<0xFF>"}, "a\u00e9b\ufffd\ufffdc\ufffd\ufffd"},
+    {R"({"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true})",
+     {"\u0120Hello", "\u0120w\u00c3\u00b6rld", "\u010a", "  raw", "\u00c3"},
+     " Hello w\u00f6rld\n  raw\ufffd"},
+    {R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always","split":true})",
+     {"\u2581Hey", "\u2581friend", "\u2581\u2581x"},
+     "Hey friend  x"},
+    {R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"never","split":true})",
+     {"\u2581Hey", "\u2581friend"},
+     " Hey friend"},
+    {R"({"type":"Replace","pattern":{"String":"▁"},"content":" "})",
+     {"\u2581a\u2581", "b", ""},
+     " a b"},
+    {R"({"type":"ByteFallback"})",
+     {"a", "<0xC3>", "<0xA9>", "b", "<0xE2>", "<0x82>", "c", "<0x61>", "<0xFF>"},
+     "a\u00e9b\ufffd\ufffdc\ufffd\ufffd"},
     {R"({"type":"Fuse"})", {"a", " b", "c"}, "a bc"},
     {R"({"type":"Strip","content":" ","start":1,"stop":1})", {"  a  ", "b", "x "}, " a bx"},
-    {R"({"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"▁"},"content":" "},{"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":" ","start":1,"stop":0}]})", {"\u2581Hello", "\u2581w", "<0xC3>", "<0xB6>", "rld", "<0xF0>", "<0x9F>"}, "Hello w\u00f6rld\ufffd\ufffd"},
+    {R"({"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"▁"},"content":" "},{"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":" ","start":1,"stop":0}]})",
+     {"\u2581Hello", "\u2581w", "<0xC3>", "<0xB6>", "rld", "<0xF0>", "<0x9F>"},
+     "Hello w\u00f6rld\ufffd\ufffd"},
     {R"({"type":"BPEDecoder","suffix":"</w>"})", {"hel", "lo</w>", "wor", "ld</w>"}, "hello world"},
-    {R"({"type":"WordPiece","prefix":"##","cleanup":true})", {"hello", "##s", ",", "it", "'", "s", "do", "n't", "."}, "hellos, it ' s don't."},
+    {R"({"type":"WordPiece","prefix":"##","cleanup":true})",
+     {"hello", "##s", ",", "it", "'", "s", "do", "n't", "."},
+     "hellos, it ' s don't."},
 };
 
 TEST(Decoder, MatchesHuggingFace) {
@@ -307,16 +351,18 @@ TEST(Tokenizer, SharedFilesSmoke) {
     Result<Tokenizer> gpt2 = Tokenizer::load(shared_tokenizer("gpt2"));
     ASSERT_TRUE(gpt2.ok()) << gpt2.status().to_string();
     EXPECT_EQ(gpt2->vocab_size(), 50257);
-    const std::vector<int32_t> gpt2_ids = {15496, 995, 0, 632, 338, 48609, 220, 25125, 2634, 220,
-                                           50256, 27, 82, 29, 10545, 245, 98, 17312, 105, 198};
+    const std::vector<int32_t> gpt2_ids = {15496, 995,  0,   632,   338, 48609, 220,
+                                           25125, 2634, 220, 50256, 27,  82,    29,
+                                           10545, 245,  98,  17312, 105, 198};
     EXPECT_EQ(*gpt2->encode(text, false), gpt2_ids);
-    EXPECT_EQ(*gpt2->decode(gpt2_ids, true), "Hello world! It's 2024 \u00e9t\u00e9 <s> \u65e5\u672c\n");
+    EXPECT_EQ(*gpt2->decode(gpt2_ids, true),
+              "Hello world! It's 2024 \u00e9t\u00e9 <s> \u65e5\u672c\n");
 
     Result<Tokenizer> llama2 = Tokenizer::load(shared_tokenizer("llama2"));
     ASSERT_TRUE(llama2.ok()) << llama2.status().to_string();
-    const std::vector<int32_t> llama2_ids = {1, 22557, 1526, 28808, 661, 28742, 28713, 28705, 28750,
-                                             28734, 28750, 28781, 7166, 523, 28766, 416, 1009, 772,
-                                             28766, 28767, 1, 259, 29142, 29119, 13};
+    const std::vector<int32_t> llama2_ids = {
+        1,   22557, 1526, 28808, 661, 28742, 28713, 28705, 28750, 28734, 28750, 28781, 7166,
+        523, 28766, 416,  1009,  772, 28766, 28767, 1,     259,   29142, 29119, 13};
     EXPECT_EQ(*llama2->encode(text, true), llama2_ids);
     EXPECT_EQ(*llama2->decode(llama2_ids, false),
               "<s> Hello world! It's 2024 \u00e9t\u00e9 <|endoftext|><s>  \u65e5\u672c\n");
@@ -324,8 +370,9 @@ TEST(Tokenizer, SharedFilesSmoke) {
     Result<Tokenizer> llama3 = Tokenizer::load(shared_tokenizer("llama3"));
     ASSERT_TRUE(llama3.ok()) << llama3.status().to_string();
     EXPECT_EQ(llama3->vocab_size(), 128256);
-    const std::vector<int32_t> llama3_ids = {9906, 1917, 0, 1102, 596, 220, 2366, 19, 24560, 83739,
-                                             8862, 728, 428, 91, 1822, 82, 29, 105180, 198};
+    const std::vector<int32_t> llama3_ids = {9906, 1917,  0,     1102,   596, 220, 2366,
+                                             19,   24560, 83739, 8862,   728, 428, 91,
+                                             1822, 82,    29,    105180, 198};
     EXPECT_EQ(*llama3->encode(text, true), llama3_ids);
 }
 

@@ -6,11 +6,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <unordered_map>
-#include <vector>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <unordered_map>
+#include <vector>
 
 #include "core/check.h"
 
@@ -104,7 +104,9 @@ size_t first_invalid(std::string_view s) {
     return n;
 }
 
-bool is_valid(std::string_view s) { return first_invalid(s) == s.size(); }
+bool is_valid(std::string_view s) {
+    return first_invalid(s) == s.size();
+}
 
 void append_lossy(std::string& out, std::string_view s) {
     const auto* p = reinterpret_cast<const uint8_t*>(s.data());
@@ -130,8 +132,20 @@ size_t count_chars(std::string_view s) {
 
 bool is_whitespace(char32_t c) {
     switch (c) {
-        case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20: case 0x85: case 0xA0:
-        case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+        case 0x09:
+        case 0x0A:
+        case 0x0B:
+        case 0x0C:
+        case 0x0D:
+        case 0x20:
+        case 0x85:
+        case 0xA0:
+        case 0x1680:
+        case 0x2028:
+        case 0x2029:
+        case 0x202F:
+        case 0x205F:
+        case 0x3000:
             return true;
         default:
             return c >= 0x2000 && c <= 0x200A;
@@ -154,7 +168,9 @@ bool is_numeric_decimal(char32_t c) {
     return category(c) == UTF8PROC_CATEGORY_ND;
 }
 
-bool is_connector_punctuation(char32_t c) { return category(c) == UTF8PROC_CATEGORY_PC; }
+bool is_connector_punctuation(char32_t c) {
+    return category(c) == UTF8PROC_CATEGORY_PC;
+}
 
 bool is_alphabetic(char32_t c) {
     if (c < 0x80) return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
@@ -173,18 +189,20 @@ bool is_mark(char32_t c) {
            cat == UTF8PROC_CATEGORY_ME;
 }
 
-bool is_mark_nonspacing(char32_t c) { return category(c) == UTF8PROC_CATEGORY_MN; }
+bool is_mark_nonspacing(char32_t c) {
+    return category(c) == UTF8PROC_CATEGORY_MN;
+}
 
 // Marks (general category M*) that Unicode assigned after 9.0 (Unicode 10.0-14.0 from Perl's
 // Unicode::UCD, 15.0 from utf8proc): HF's StripAccents takes its mark table from a Unicode 9.0
 // crate and leaves these in place.
 constexpr std::pair<char32_t, char32_t> kMarksNewerThanUnicode9[] = {
-    {0x07FD, 0x07FD}, {0x0898, 0x089F}, {0x08CA, 0x08D3}, {0x09FE, 0x09FE},
-    {0x0AFA, 0x0AFF}, {0x0B55, 0x0B55}, {0x0C04, 0x0C04}, {0x0C3C, 0x0C3C},
-    {0x0CF3, 0x0CF3}, {0x0D00, 0x0D00}, {0x0D3B, 0x0D3C}, {0x0D81, 0x0D81},
-    {0x0EBA, 0x0EBA}, {0x0ECE, 0x0ECE}, {0x1715, 0x1715}, {0x180F, 0x180F},
-    {0x1ABF, 0x1ACE}, {0x1CF7, 0x1CF7}, {0x1DF6, 0x1DFA}, {0xA82C, 0xA82C},
-    {0xA8FF, 0xA8FF}, {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF},
+    {0x07FD, 0x07FD},   {0x0898, 0x089F},   {0x08CA, 0x08D3},   {0x09FE, 0x09FE},
+    {0x0AFA, 0x0AFF},   {0x0B55, 0x0B55},   {0x0C04, 0x0C04},   {0x0C3C, 0x0C3C},
+    {0x0CF3, 0x0CF3},   {0x0D00, 0x0D00},   {0x0D3B, 0x0D3C},   {0x0D81, 0x0D81},
+    {0x0EBA, 0x0EBA},   {0x0ECE, 0x0ECE},   {0x1715, 0x1715},   {0x180F, 0x180F},
+    {0x1ABF, 0x1ACE},   {0x1CF7, 0x1CF7},   {0x1DF6, 0x1DFA},   {0xA82C, 0xA82C},
+    {0xA8FF, 0xA8FF},   {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF},
     {0x10F46, 0x10F50}, {0x10F82, 0x10F85}, {0x11070, 0x11070}, {0x11073, 0x11074},
     {0x110C2, 0x110C2}, {0x11145, 0x11146}, {0x111CE, 0x111CF}, {0x11241, 0x11241},
     {0x1133B, 0x1133B}, {0x1145E, 0x1145E}, {0x1182C, 0x1183A}, {0x11930, 0x11935},
@@ -202,10 +220,9 @@ constexpr std::pair<char32_t, char32_t> kMarksNewerThanUnicode9[] = {
 
 static bool mark_newer_than_unicode9(char32_t c) {
     if (c < kMarksNewerThanUnicode9[0].first) return false;
-    auto it = std::upper_bound(std::begin(kMarksNewerThanUnicode9), std::end(kMarksNewerThanUnicode9),
-                               c, [](char32_t x, const std::pair<char32_t, char32_t>& r) {
-                                   return x < r.first;
-                               });
+    auto it = std::upper_bound(
+        std::begin(kMarksNewerThanUnicode9), std::end(kMarksNewerThanUnicode9), c,
+        [](char32_t x, const std::pair<char32_t, char32_t>& r) { return x < r.first; });
     --it;
     return c <= it->second;
 }
@@ -261,10 +278,10 @@ namespace {
 // 15.0 ones that utf8proc 2.6 knows; characters newer than utf8proc's tables are unknown to both
 // sides alike.)
 constexpr std::pair<char32_t, char32_t> kNewerThanUnicode9[] = {
-    {0x07FD, 0x07FD}, {0x0898, 0x089F}, {0x08CA, 0x08D3}, {0x09FE, 0x09FE},
-    {0x0C3C, 0x0C3C}, {0x0D3B, 0x0D3C}, {0x0EBA, 0x0EBA}, {0x1715, 0x1715},
-    {0x1ABF, 0x1ACE}, {0x1DF6, 0x1DFA}, {0x32FF, 0x32FF}, {0xA7F2, 0xA7F4},
-    {0xA82C, 0xA82C}, {0xAB69, 0xAB69}, {0x10781, 0x10785}, {0x10787, 0x107B0},
+    {0x07FD, 0x07FD},   {0x0898, 0x089F},   {0x08CA, 0x08D3},   {0x09FE, 0x09FE},
+    {0x0C3C, 0x0C3C},   {0x0D3B, 0x0D3C},   {0x0EBA, 0x0EBA},   {0x1715, 0x1715},
+    {0x1ABF, 0x1ACE},   {0x1DF6, 0x1DFA},   {0x32FF, 0x32FF},   {0xA7F2, 0xA7F4},
+    {0xA82C, 0xA82C},   {0xAB69, 0xAB69},   {0x10781, 0x10785}, {0x10787, 0x107B0},
     {0x107B2, 0x107BA}, {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC}, {0x10F46, 0x10F50},
     {0x10F82, 0x10F85}, {0x11070, 0x11070}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E},
     {0x11839, 0x1183A}, {0x11938, 0x11938}, {0x1193D, 0x1193E}, {0x11943, 0x11943},
@@ -275,17 +292,16 @@ constexpr std::pair<char32_t, char32_t> kNewerThanUnicode9[] = {
 };
 // The same for Unicode 15.0, which utf8proc knows and Perl's Unicode 14.0 data does not.
 constexpr std::pair<char32_t, char32_t> kNewInUnicode15[] = {
-    {0x10EFD, 0x10EFF}, {0x11F41, 0x11F42}, {0x1E030, 0x1E06D}, {0x1E08F, 0x1E08F},
-    {0x1E4EC, 0x1E4EF},
+    {0x10EFD, 0x10EFF}, {0x11F41, 0x11F42}, {0x1E030, 0x1E06D},
+    {0x1E08F, 0x1E08F}, {0x1E4EC, 0x1E4EF},
 };
 
 template <size_t N>
 bool in_ranges(const std::pair<char32_t, char32_t> (&ranges)[N], char32_t c) {
     if (c < ranges[0].first) return false;
-    auto it = std::upper_bound(std::begin(ranges), std::end(ranges), c,
-                               [](char32_t x, const std::pair<char32_t, char32_t>& r) {
-                                   return x < r.first;
-                               });
+    auto it = std::upper_bound(
+        std::begin(ranges), std::end(ranges), c,
+        [](char32_t x, const std::pair<char32_t, char32_t>& r) { return x < r.first; });
     --it;
     return c <= it->second;
 }
@@ -300,8 +316,12 @@ int combining_class(char32_t c) {
     return utf8proc_get_property(static_cast<utf8proc_int32_t>(c))->combining_class;
 }
 
-bool is_composing(NormalForm form) { return form == NormalForm::kNfc || form == NormalForm::kNfkc; }
-bool is_compat(NormalForm form) { return form == NormalForm::kNfkc || form == NormalForm::kNfkd; }
+bool is_composing(NormalForm form) {
+    return form == NormalForm::kNfc || form == NormalForm::kNfkc;
+}
+bool is_compat(NormalForm form) {
+    return form == NormalForm::kNfkc || form == NormalForm::kNfkd;
+}
 
 // Appends the full decomposition of c (canonical, or compatibility for NFKC/NFKD; Hangul
 // syllables algorithmically) to out.
@@ -317,9 +337,9 @@ void decompose(char32_t c, NormalForm form, std::vector<char32_t>& out) {
     utf8proc_int32_t buf[32];
     int boundclass = 0;
     const int options = UTF8PROC_DECOMPOSE | (is_compat(form) ? UTF8PROC_COMPAT : 0);
-    const utf8proc_ssize_t n = utf8proc_decompose_char(
-        static_cast<utf8proc_int32_t>(c), buf, 32, static_cast<utf8proc_option_t>(options),
-        &boundclass);
+    const utf8proc_ssize_t n =
+        utf8proc_decompose_char(static_cast<utf8proc_int32_t>(c), buf, 32,
+                                static_cast<utf8proc_option_t>(options), &boundclass);
     LATHE_CHECK(n > 0 && n <= 32, "utf8proc_decompose_char(U+{:04X}) returned {}", uint32_t(c), n);
     for (utf8proc_ssize_t i = 0; i < n; ++i) out.push_back(static_cast<char32_t>(buf[i]));
 }
@@ -327,17 +347,20 @@ void decompose(char32_t c, NormalForm form, std::vector<char32_t>& out) {
 constexpr char32_t kHangulSBase = 0xAC00, kHangulLBase = 0x1100, kHangulVBase = 0x1161,
                    kHangulTBase = 0x11A7;
 constexpr int kHangulLCount = 19, kHangulVCount = 21, kHangulTCount = 28,
-              kHangulNCount = kHangulVCount * kHangulTCount, kHangulSCount = kHangulLCount * kHangulNCount;
+              kHangulNCount = kHangulVCount * kHangulTCount,
+              kHangulSCount = kHangulLCount * kHangulNCount;
 
 // The primary composite of (a, b), or 0. Hangul is algorithmic; other pairs come from utf8proc
 // (NFC of the two characters is one character exactly when they compose), memoized per thread.
 char32_t compose_pair(char32_t a, char32_t b) {
     if (a >= kHangulLBase && a < kHangulLBase + kHangulLCount && b >= kHangulVBase &&
         b < kHangulVBase + kHangulVCount) {
-        return kHangulSBase + ((a - kHangulLBase) * kHangulVCount + (b - kHangulVBase)) * kHangulTCount;
+        return kHangulSBase +
+               ((a - kHangulLBase) * kHangulVCount + (b - kHangulVBase)) * kHangulTCount;
     }
-    if (a >= kHangulSBase && a < kHangulSBase + kHangulSCount && (a - kHangulSBase) % kHangulTCount == 0 &&
-        b > kHangulTBase && b < kHangulTBase + kHangulTCount) {
+    if (a >= kHangulSBase && a < kHangulSBase + kHangulSCount &&
+        (a - kHangulSBase) % kHangulTCount == 0 && b > kHangulTBase &&
+        b < kHangulTBase + kHangulTCount) {
         return a + (b - kHangulTBase);
     }
     if (newer_than_unicode9(a) || newer_than_unicode9(b)) return 0;
@@ -347,9 +370,10 @@ char32_t compose_pair(char32_t a, char32_t b) {
     std::string pair = encode(a);
     append(pair, b);
     utf8proc_uint8_t* result = nullptr;
-    const utf8proc_ssize_t n = utf8proc_map(
-        reinterpret_cast<const utf8proc_uint8_t*>(pair.data()), static_cast<utf8proc_ssize_t>(pair.size()),
-        &result, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    const utf8proc_ssize_t n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(pair.data()),
+                     static_cast<utf8proc_ssize_t>(pair.size()), &result,
+                     static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
     LATHE_CHECK(n >= 0, "utf8proc_map failed on valid UTF-8: {}", utf8proc_errmsg(n));
     const std::string_view r(reinterpret_cast<const char*>(result), static_cast<size_t>(n));
     char32_t composite = 0;
@@ -441,7 +465,8 @@ bool compute_inert(char32_t c, NormalForm form) {
 // Per form, a lazily filled table over all code points: 0 unknown, 1 inert, 2 not inert.
 class InertTable {
 public:
-    explicit InertTable(NormalForm form) : form_(form), states_(new std::atomic<uint8_t>[0x110000]) {
+    explicit InertTable(NormalForm form)
+        : form_(form), states_(new std::atomic<uint8_t>[0x110000]) {
         for (size_t i = 0; i < 0x110000; ++i) states_[i].store(0, std::memory_order_relaxed);
     }
     bool inert(char32_t c) {
@@ -462,10 +487,14 @@ InertTable& inert_table(NormalForm form) {
     static InertTable nfc(NormalForm::kNfc), nfd(NormalForm::kNfd), nfkc(NormalForm::kNfkc),
         nfkd(NormalForm::kNfkd);
     switch (form) {
-        case NormalForm::kNfc: return nfc;
-        case NormalForm::kNfd: return nfd;
-        case NormalForm::kNfkc: return nfkc;
-        case NormalForm::kNfkd: return nfkd;
+        case NormalForm::kNfc:
+            return nfc;
+        case NormalForm::kNfd:
+            return nfd;
+        case NormalForm::kNfkc:
+            return nfkc;
+        case NormalForm::kNfkd:
+            return nfkd;
     }
     return nfc;
 }

@@ -23,7 +23,8 @@ inline char32_t decode(std::string_view s, size_t i, int* len) {
     }
     if (b0 < 0xF0) {
         *len = 3;
-        return (char32_t(b0 & 0x0F) << 12) | (char32_t(static_cast<uint8_t>(s[i + 1]) & 0x3F) << 6) |
+        return (char32_t(b0 & 0x0F) << 12) |
+               (char32_t(static_cast<uint8_t>(s[i + 1]) & 0x3F) << 6) |
                (static_cast<uint8_t>(s[i + 2]) & 0x3F);
     }
     *len = 4;
@@ -89,7 +90,9 @@ bool is_connector_punctuation(char32_t c);
 // Rust char::is_alphabetic: the Unicode Alphabetic property.
 bool is_alphabetic(char32_t c);
 // Rust char::is_alphanumeric.
-inline bool is_alphanumeric(char32_t c) { return is_alphabetic(c) || is_numeric(c); }
+inline bool is_alphanumeric(char32_t c) {
+    return is_alphabetic(c) || is_numeric(c);
+}
 // Unicode general category P* (Pc Pd Ps Pe Pi Pf Po).
 bool is_punctuation(char32_t c);
 // Unicode general category M* (Mn Mc Me).

@@ -59,13 +59,13 @@ void check_gelu(Shape shape, GeluKind kind, bool in_place, uint64_t seed) {
 
     DeviceTensor gx = upload(x, DType::kBF16, state);
     DeviceTensor gdy = upload(dy, DType::kBF16, state);
-    DeviceTensor dx = in_place ? upload(dy, DType::kBF16, state)
-                               : device_tensor(DType::kBF16, shape, state);
+    DeviceTensor dx =
+        in_place ? upload(dy, DType::kBF16, state) : device_tensor(DType::kBF16, shape, state);
     // Backward first: an in-place forward overwrites x.
     gelu_backward(dx.view, in_place ? ConstTensorView(dx.view) : ConstTensorView(gdy.view), gx.view,
                   kind, gpu);
-    DeviceTensor y = in_place ? upload(x, DType::kBF16, state)
-                              : device_tensor(DType::kBF16, shape, state);
+    DeviceTensor y =
+        in_place ? upload(x, DType::kBF16, state) : device_tensor(DType::kBF16, shape, state);
     gelu_forward(y.view, in_place ? ConstTensorView(y.view) : ConstTensorView(gx.view), kind, gpu);
     EXPECT_TRUE(matches(download_f32(y.view, state), y_ref, kBf16Rounded));
     EXPECT_TRUE(matches(download_f32(dx.view, state), dx_ref, kBf16Rounded));

@@ -21,8 +21,7 @@ struct ColumnSumRows {
     const __nv_bfloat16* __restrict__ src;
     int64_t C;
     template <int kVec>
-    __device__ __forceinline__ void operator()(int64_t n, int64_t c,
-                                               float (&v)[1][kVec]) const {
+    __device__ __forceinline__ void operator()(int64_t n, int64_t c, float (&v)[1][kVec]) const {
         load_bf16<kVec>(v[0], src + n * C + c);
     }
 };
@@ -65,8 +64,8 @@ void column_partials_accumulate2(float* dst0, float* dst1, const float* partials
     const unsigned arrays = (dst0 ? 1u : 0u) + (dst1 ? 1u : 0u);
     if (C == 0 || arrays == 0) return;
     const dim3 grid(blocks_for(C, kReduceColumns, INT32_MAX), arrays);
-    column_partials_accumulate_kernel<<<grid, kReduceThreads, 0, stream>>>(dst0, dst1, partials,
-                                                                           R, C);
+    column_partials_accumulate_kernel<<<grid, kReduceThreads, 0, stream>>>(dst0, dst1, partials, R,
+                                                                           C);
     LATHE_CUDA_CHECK_LAUNCH();
 }
 

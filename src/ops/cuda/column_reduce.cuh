@@ -38,16 +38,14 @@ __global__ void __launch_bounds__(kColumnThreads)
     const int64_t n_begin = r * rows_per_chunk;
     const int64_t n_end = min(N, n_begin + rows_per_chunk);
     // Column (within the tile) of group g, element i of this lane.
-    auto col = [&](int g, int i) -> int {
-        return kVec == 8 ? lane * 8 + i : lane + kWarpSize * g;
-    };
+    auto col = [&](int g, int i) -> int { return kVec == 8 ? lane * 8 + i : lane + kWarpSize * g; };
     float acc[kOut][8];
 #pragma unroll
     for (int k = 0; k < kOut; ++k)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[k][i] = 0.0f;
-    // Rows of this warp: n_begin + warp + kColumnWarps * j. Unrolled so several rows' loads are
-    // in flight; the additions stay in row order.
+            // Rows of this warp: n_begin + warp + kColumnWarps * j. Unrolled so several rows' loads
+            // are in flight; the additions stay in row order.
 #pragma unroll 4
     for (int64_t n = n_begin + warp; n < n_end; n += kColumnWarps) {
 #pragma unroll
@@ -86,8 +84,8 @@ __global__ void __launch_bounds__(kColumnThreads)
 // Launches pass 1 over the (R, C) plan of column_reduce_chunks(N, C): the 16-byte path when
 // `vec` (C % 8 == 0 and every row pointer of `rows` 16-byte aligned), the scalar one otherwise.
 template <int kOut, typename Rows>
-void launch_column_partials(float* partials, unsigned keep, const Rows& rows, bool vec,
-                            int64_t N, int64_t C, int64_t R, CUstream_st* stream) {
+void launch_column_partials(float* partials, unsigned keep, const Rows& rows, bool vec, int64_t N,
+                            int64_t C, int64_t R, CUstream_st* stream) {
     const dim3 grid(unsigned((C + kColumnTile - 1) / kColumnTile), unsigned(R));
     const int64_t per_chunk = column_reduce_rows_per_chunk(N, R);
     if (vec)
@@ -136,8 +134,7 @@ __device__ __forceinline__ void unpack_bf16x8(float (&out)[8], const uint4& raw)
 // writes the chunk's partial of output k to partials[k * R * C + r * C + c] where keep bit k is
 // set. Every thread of the block must call it.
 template <int kOut, int kGroups>
-__device__ __forceinline__ void fused_partials_epilogue(float* __restrict__ partials,
-                                                        unsigned keep,
+__device__ __forceinline__ void fused_partials_epilogue(float* __restrict__ partials, unsigned keep,
                                                         const float (&acc)[kOut][kGroups][8],
                                                         float (*smem)[kColumnTile], int64_t C,
                                                         int64_t R, int64_t r) {

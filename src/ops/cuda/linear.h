@@ -45,9 +45,9 @@ void linear_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dwe
                      int64_t O, bool dx_accumulate);
 
 // act, pre (N, O); bias may be null.
-void linear_gelu_forward(CudaState& state, CUstream_st* stream, bf16* act, bf16* pre,
-                         const bf16* x, const bf16* weight, const bf16* bias, int64_t N,
-                         int64_t I, int64_t O, bool tanh_form);
+void linear_gelu_forward(CudaState& state, CUstream_st* stream, bf16* act, bf16* pre, const bf16* x,
+                         const bf16* weight, const bf16* bias, int64_t N, int64_t I, int64_t O,
+                         bool tanh_form);
 
 // dy (N, O); act, pre, dpre (N, I); weight (O, I); dpre_bias (I), dweight, dbias may be null.
 void linear_gelu_backward(CudaState& state, CUstream_st* stream, bf16* dpre, float* dpre_bias,

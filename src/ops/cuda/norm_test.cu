@@ -97,8 +97,8 @@ void check_layernorm(int64_t N, int64_t C, uint64_t seed) {
     HostTensor dw_ref = optest::copy_tensor(dw0.view()), db_ref = optest::copy_tensor(db0.view());
     layernorm_backward(dx_ref.view(), dw_ref.view(), db_ref.view(), dy.view(), x.view(), w.view(),
                        mean_ref.view(), rstd_ref.view(), GradMode::kOverwrite, cpu);
-    layernorm_backward(dx_acc_ref.view(), TensorView(), TensorView(), dy.view(), x.view(),
-                       w.view(), mean_ref.view(), rstd_ref.view(), GradMode::kAccumulate, cpu);
+    layernorm_backward(dx_acc_ref.view(), TensorView(), TensorView(), dy.view(), x.view(), w.view(),
+                       mean_ref.view(), rstd_ref.view(), GradMode::kAccumulate, cpu);
 
     DeviceTensor gx = upload(x, DType::kBF16, state), gw = upload(w, DType::kBF16, state);
     DeviceTensor gb = upload(b, DType::kBF16, state), gdy = upload(dy, DType::kBF16, state);
@@ -125,8 +125,8 @@ void check_layernorm(int64_t N, int64_t C, uint64_t seed) {
     // dbias alone (frozen weight): the partial pass writes only one array.
     DeviceTensor db_only = upload(db0, DType::kF32, state);
     DeviceTensor dx3 = device_tensor(DType::kBF16, {N, C}, state);
-    layernorm_backward(dx3.view, TensorView(), db_only.view, gdy.view, gx.view, gw.view,
-                       mean.view, rstd.view, GradMode::kOverwrite, gpu);
+    layernorm_backward(dx3.view, TensorView(), db_only.view, gdy.view, gx.view, gw.view, mean.view,
+                       rstd.view, GradMode::kOverwrite, gpu);
     EXPECT_TRUE(bitwise_equal(download_raw(db_only.view, state), download_raw(db.view, state)));
 
     // Determinism: the same backward from the same starting point gives the same bits.
@@ -183,14 +183,13 @@ TEST(CudaLayernorm, MatchesCpuManyChunksScalarPath) {
     check_layernorm(1030, 770, 29);
 }
 
-
 // The residual add fused into the norm's forward: against the CPU twin (residual_forward then the
 // norm, on the same bf16 values) with the usual tolerances, and bit for bit against the unfused
 // CUDA sequence (the fused kernel rounds the sum as residual_forward does and normalizes the
 // rounded row). Also in place (x_out = a).
 void check_residual_norm(bool rms, int64_t N, int64_t C, uint64_t seed) {
-    SCOPED_TRACE(::testing::Message() << (rms ? "rmsnorm" : "layernorm") << " N=" << N
-                                      << " C=" << C);
+    SCOPED_TRACE(::testing::Message()
+                 << (rms ? "rmsnorm" : "layernorm") << " N=" << N << " C=" << C);
     CudaState state(0);
     const Context gpu = state.context(), cpu = cpu_context();
     optest::Rng rng(seed);
@@ -239,8 +238,7 @@ void check_residual_norm(bool rms, int64_t N, int64_t C, uint64_t seed) {
         if (!fused && !in_place) {
             EXPECT_TRUE(matches(download_f32(xo, state), x_ref, kBf16Rounded)) << "x_out";
             EXPECT_TRUE(matches(download_f32(y.view, state), y_ref, kBf16Derived)) << "y";
-            EXPECT_TRUE(matches(download_f32(rstd.view, state), rstd_ref, kBf16Derived))
-                << "rstd";
+            EXPECT_TRUE(matches(download_f32(rstd.view, state), rstd_ref, kBf16Derived)) << "rstd";
         }
         return out;
     };

@@ -5,7 +5,8 @@
 // Kernels: one warp per row (16-byte loads when C % 8 == 0), the row's statistics reduced by warp
 // shuffles; dweight through per-chunk partial sums and a second pass (column_reduce.h); with
 // C % 8 == 0 and C <= 2048 one kernel computes dx and the partials (x and dy read once).
-// Deterministic: every summation order depends on N and C only. Device pointers; enqueued on `stream` (the state's, which holds the partials).
+// Deterministic: every summation order depends on N and C only. Device pointers; enqueued on
+// `stream` (the state's, which holds the partials).
 
 #include <cstdint>
 

@@ -20,9 +20,9 @@ struct RopeCase {
 };
 
 void check_rope(const RopeCase& c, uint64_t seed) {
-    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " Hx=" << c.Hx
-                                      << " D=" << c.D << " partial=" << c.partial
-                                      << " positions=" << c.positions << " in_place=" << c.in_place);
+    SCOPED_TRACE(::testing::Message()
+                 << "B=" << c.B << " T=" << c.T << " Hx=" << c.Hx << " D=" << c.D << " partial="
+                 << c.partial << " positions=" << c.positions << " in_place=" << c.in_place);
     CudaState state(0);
     const Context gpu = state.context(), cpu = cpu_context();
     optest::Rng rng(seed);
@@ -47,8 +47,8 @@ void check_rope(const RopeCase& c, uint64_t seed) {
     DeviceTensor gpos = upload(pos, DType::kI32, state);
     const ConstTensorView gpos_view = c.positions ? ConstTensorView(gpos.view) : ConstTensorView();
     DeviceTensor gx = upload(x, DType::kBF16, state), gdout = upload(dout, DType::kBF16, state);
-    DeviceTensor out = c.in_place ? upload(x, DType::kBF16, state)
-                                  : device_tensor(DType::kBF16, x.shape(), state);
+    DeviceTensor out =
+        c.in_place ? upload(x, DType::kBF16, state) : device_tensor(DType::kBF16, x.shape(), state);
     DeviceTensor dx = c.in_place ? upload(dout, DType::kBF16, state)
                                  : device_tensor(DType::kBF16, x.shape(), state);
     rope_forward(out.view, c.in_place ? ConstTensorView(out.view) : ConstTensorView(gx.view),
@@ -74,7 +74,6 @@ TEST(CudaRope, MatchesCpuInPlace) {
 TEST(CudaRope, MatchesCpuInPlacePartial) {
     check_rope({3, 5, 2, 80, 0.5, false, true}, 34);
 }
-
 
 // Queries and keys in one launch (GQA head counts, in place as the block runs it, and out of
 // place): against the CPU twin, and bit for bit against the single-tensor CUDA launches.
@@ -140,8 +139,8 @@ void check_rope_qk(int64_t H, int64_t Hkv, double partial, bool positions, bool 
 }
 
 TEST(CudaRopeQk, OneLaunchIsTheTwoSingleOnes) {
-    check_rope_qk(8, 2, 1.0, true, true, 35);    // GQA, packed positions, in place (the block)
-    check_rope_qk(4, 4, 0.25, false, false, 36); // partial rotary, out of place
+    check_rope_qk(8, 2, 1.0, true, true, 35);     // GQA, packed positions, in place (the block)
+    check_rope_qk(4, 4, 0.25, false, false, 36);  // partial rotary, out of place
 }
 
 }  // namespace
