@@ -1,5 +1,5 @@
 """End-to-end tests of `lathe align map`, `align apply`, `align eval` and the two fine-tuning
-configs (issue 6, stages 4-7), through the `lathe` binary.
+configs (stages 4-7), through the `lathe` binary.
 
 The setting: a source tokenizer of the 256 byte-level bytes only (so every model fixture in
 tests/fixtures/models, vocab_size 256, matches it) and a target byte-level BPE of 320 entries

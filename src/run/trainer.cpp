@@ -409,7 +409,7 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
     // The micro-batches come from the loader thread (GPT-NeoX's order, read ahead); the model
     // enqueues each without waiting for the GPU and keeps its loss on the device. The host waits
     // once per step, for the gradient norm, then reads the losses (every kLossSlots micro-batches
-    // when K is larger), and sums them in micro-batch order as before.
+    // when K is larger), and sums them in micro-batch order.
     losses_.resize(size_t(K));
     int64_t read = 0;
     auto read_losses = [&](int64_t upto) {

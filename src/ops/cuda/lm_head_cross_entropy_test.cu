@@ -202,7 +202,7 @@ void check_lm_head(const LmHeadCase& c, uint64_t seed) {
                                   gscratch.view, gpu);
     EXPECT_TRUE(bitwise_equal(download_raw(loss2.view, state), download_raw(loss.view, state)));
 
-    // Gradients against the reference from the same bf16 logits, as before bf16 logits: the bf16
+    // Gradients against the reference computed from the same bf16 logits: the bf16
     // dlogits (one rounding) feeding an fp32-accumulated GEMM.
     DeviceTensor dx = device_tensor(DType::kBF16, {c.N, c.C}, state);
     DeviceTensor dw = upload(dw0, DType::kF32, state);
