@@ -23,22 +23,29 @@ void cli_add_align_map(CLI::App& align, CommandAction& action) {
         bool force = false;
     };
     auto o = std::make_shared<Options>();
-    cmd->add_option("--source-tokenizer", o->source_tokenizer, "tokenizer.json of the model")->required();
-    cmd->add_option("--target-tokenizer", o->target_tokenizer, "tokenizer.json to move to")->required();
+    cmd->add_option("--source-tokenizer", o->source_tokenizer, "tokenizer.json of the model")
+        ->required();
+    cmd->add_option("--target-tokenizer", o->target_tokenizer, "tokenizer.json to move to")
+        ->required();
     cmd->add_option("--source-vectors", o->source_vectors,
                     "GloVe text vectors of the source token stream (`lathe align embed`)")
         ->required();
-    cmd->add_option("--target-vectors", o->target_vectors, "GloVe text vectors of the target token stream")
+    cmd->add_option("--target-vectors", o->target_vectors,
+                    "GloVe text vectors of the target token stream")
         ->required();
-    cmd->add_option("--output", o->output, "MAP.json to write ({\"target_id\": source_id})")->required();
-    cmd->add_option("--report", o->report, "per-token TSV (default: MAP.report.tsv next to MAP.json)");
-    cmd->add_option("--terms", o->terms,
-                    "terms TSV of `lathe align terms`: these target tokens get FVT rows in `align apply`");
+    cmd->add_option("--output", o->output, "MAP.json to write ({\"target_id\": source_id})")
+        ->required();
+    cmd->add_option("--report", o->report,
+                    "per-token TSV (default: MAP.report.tsv next to MAP.json)");
+    cmd->add_option(
+        "--terms", o->terms,
+        "terms TSV of `lathe align terms`: these target tokens get FVT rows in `align apply`");
     cmd->add_option("--pivots", o->pivots, "gold pairs used as pivots (default 300)");
     cmd->add_option("--seed", o->seed, "seed of the pivot draw (default 0)");
-    cmd->add_option("--match", o->match,
-                    "gold pairs: exact (TokAlign) or byte-level-aware (also Ġ / ▁ / <0xNN> spellings of the "
-                    "same bytes)")
+    cmd->add_option(
+           "--match", o->match,
+           "gold pairs: exact (TokAlign) or byte-level-aware (also Ġ / ▁ / <0xNN> spellings of the "
+           "same bytes)")
         ->check(CLI::IsMember({"exact", "byte-level-aware"}));
     cmd->add_option("--similarity", o->similarity,
                     "dot (TokAlign: product of relative representations) or cosine")
@@ -61,7 +68,8 @@ void cli_add_align_map(CLI::App& align, CommandAction& action) {
             req.pivots = o->pivots;
             req.seed = o->seed;
             req.match = o->match == "exact" ? AlignMatch::kExact : AlignMatch::kByteLevelAware;
-            req.similarity = o->similarity == "dot" ? AlignSimilarity::kDot : AlignSimilarity::kCosine;
+            req.similarity =
+                o->similarity == "dot" ? AlignSimilarity::kDot : AlignSimilarity::kCosine;
             if (threshold->count() > 0) req.threshold = o->threshold;
             req.device = o->device == "cpu"    ? AlignDevice::kCpu
                          : o->device == "cuda" ? AlignDevice::kCuda
