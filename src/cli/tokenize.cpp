@@ -31,6 +31,7 @@
 #include "cli/command.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "core/strings.h"
 #include "data/jsonl.h"
 #include "io/file.h"
 #include "io/input.h"
@@ -63,47 +64,6 @@ struct Batch {
     Status status;
     bool done = false;
 };
-
-// Appends s as a JSON string literal (quotes included). s is valid UTF-8.
-void append_json_string(std::string& out, std::string_view s) {
-    static const char kHex[] = "0123456789abcdef";
-    out.push_back('"');
-    for (char c : s) {
-        const auto u = static_cast<unsigned char>(c);
-        switch (c) {
-            case '"':
-                out += "\\\"";
-                break;
-            case '\\':
-                out += "\\\\";
-                break;
-            case '\n':
-                out += "\\n";
-                break;
-            case '\r':
-                out += "\\r";
-                break;
-            case '\t':
-                out += "\\t";
-                break;
-            case '\b':
-                out += "\\b";
-                break;
-            case '\f':
-                out += "\\f";
-                break;
-            default:
-                if (u < 0x20) {
-                    out += "\\u00";
-                    out.push_back(kHex[u >> 4]);
-                    out.push_back(kHex[u & 15]);
-                } else {
-                    out.push_back(c);
-                }
-        }
-    }
-    out.push_back('"');
-}
 
 void append_int(std::string& out, int32_t v) {
     char buf[16];

@@ -27,4 +27,12 @@ bool ends_with(std::string_view s, std::string_view suffix);
 // cut to `max_len` bytes with "..." after.
 std::string escape_for_message(std::string_view s, size_t max_len = 80);
 
+// Appends `s` as a JSON string literal, quotes included: '"' and '\\' escaped, \n \r \t \b \f
+// in their short forms, other bytes below 0x20 as \u00xx (lower-case hex), every other byte
+// (UTF-8 included) as it is. This is the form serde_json and Python's
+// json.dumps(ensure_ascii=False) write, so tokenizer.json files written here match Hugging Face's
+// byte for byte.
+void append_json_string(std::string& out, std::string_view s);
+std::string json_string(std::string_view s);
+
 }  // namespace lathe

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "core/status.h"
 
 namespace lathe {
@@ -48,6 +50,23 @@ TEST(Status, ResultAndMacros) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(s.to_string(), "invalid argument: x must be positive, got -1");
     EXPECT_EQ(s.with_context("f.yaml").message(), "f.yaml: x must be positive, got -1");
+}
+
+TEST(Strings, JsonString) {
+    EXPECT_EQ(json_string(""), "\"\"");
+    EXPECT_EQ(json_string("a\"b\\c/d"), "\"a\\\"b\\\\c/d\"");
+    EXPECT_EQ(json_string("\n\r\t\b\f"), "\"\\n\\r\\t\\b\\f\"");
+    EXPECT_EQ(json_string(std::string_view("\x00\x01\x1f\x20", 4)), "\"\\u0000\\u0001\\u001f \"");
+    // DEL and UTF-8 (here "é" and "Ġ") pass through unchanged.
+    EXPECT_EQ(json_string("\x7f\xc3\xa9\xc4\xa0"), "\"\x7f\xc3\xa9\xc4\xa0\"");
+    std::string out = "[";
+    append_json_string(out, "x");
+    EXPECT_EQ(out, "[\"x\"");
+    // Every byte below 0x20 other than the five with short forms is written as \u00xx.
+    for (int c = 0; c < 0x20; ++c) {
+        if (c == '\n' || c == '\r' || c == '\t' || c == '\b' || c == '\f') continue;
+        EXPECT_EQ(json_string(std::string(1, char(c))), fmt::format("\"\\u{:04x}\"", c)) << c;
+    }
 }
 
 }  // namespace

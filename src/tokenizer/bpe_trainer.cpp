@@ -736,44 +736,6 @@ constexpr std::string_view kLlama3Pattern =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
-// A JSON string literal for valid UTF-8 text.
-void append_json_string(std::string& out, std::string_view s) {
-    out += '"';
-    for (const char ch : s) {
-        const unsigned char c = static_cast<unsigned char>(ch);
-        switch (c) {
-            case '"':
-                out += "\\\"";
-                break;
-            case '\\':
-                out += "\\\\";
-                break;
-            case '\n':
-                out += "\\n";
-                break;
-            case '\r':
-                out += "\\r";
-                break;
-            case '\t':
-                out += "\\t";
-                break;
-            default:
-                if (c < 0x20) {
-                    out += fmt::format("\\u{:04x}", c);
-                } else {
-                    out += ch;
-                }
-        }
-    }
-    out += '"';
-}
-
-std::string json_string(std::string_view s) {
-    std::string out;
-    append_json_string(out, s);
-    return out;
-}
-
 std::string byte_level_json(bool add_prefix_space, bool trim_offsets, bool use_regex) {
     return fmt::format(
         "{{\"type\": \"ByteLevel\", \"add_prefix_space\": {}, \"trim_offsets\": {}, "
