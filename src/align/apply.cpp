@@ -1,7 +1,6 @@
 #include "align/apply.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -35,30 +34,10 @@ constexpr int64_t kNeoXPadMultiple = 128;
 Result<std::vector<float>> read_f32(const SafetensorsTensor& t) {
     const uint64_t n = t.numel();
     std::vector<float> out(n);
-    switch (t.dtype) {
-        case SafetensorsDtype::kF32:
-            std::memcpy(out.data(), t.data, n * 4);
-            break;
-        case SafetensorsDtype::kBF16:
-            for (uint64_t i = 0; i < n; ++i) {
-                uint16_t h;
-                std::memcpy(&h, t.data + 2 * i, 2);
-                uint32_t bits = uint32_t(h) << 16;
-                std::memcpy(&out[i], &bits, 4);
-            }
-            break;
-        case SafetensorsDtype::kF16:
-            for (uint64_t i = 0; i < n; ++i) {
-                uint16_t h;
-                std::memcpy(&h, t.data + 2 * i, 2);
-                out[i] = convert_f16_to_f32(h);
-            }
-            break;
-        default:
-            return invalid_argument_error(
-                "tensor {} has dtype {}; the embedding must be F32, BF16 or F16", t.name,
-                safetensors_dtype_name(t.dtype));
-    }
+    if (!safetensors_convert_elements(t, 0, n, SafetensorsDtype::kF32, out.data()))
+        return invalid_argument_error(
+            "tensor {} has dtype {}; the embedding must be F32, BF16 or F16", t.name,
+            safetensors_dtype_name(t.dtype));
     return out;
 }
 
@@ -73,7 +52,7 @@ std::vector<uint8_t> encode_as(const std::vector<float>& v, SafetensorsDtype dty
     out.resize(v.size() * 2);
     for (size_t i = 0; i < v.size(); ++i) {
         uint16_t h =
-            dtype == SafetensorsDtype::kBF16 ? float_to_bf16(v[i]).bits : convert_f32_to_f16(v[i]);
+            dtype == SafetensorsDtype::kBF16 ? float_to_bf16(v[i]).bits : float_to_f16(v[i]);
         std::memcpy(out.data() + 2 * i, &h, 2);
     }
     return out;
@@ -391,32 +370,9 @@ Result<AlignApplyResult> align_apply_run(const AlignApplyRequest& req) {
     for (int64_t t = Vt; t < Vnew; ++t) set_mean(t);
 
     // The output folder, staged beside it.
-    const fs::path final_dir(req.output);
-    std::error_code ec;
-    if (fs::exists(final_dir, ec)) {
-        if (!fs::is_directory(final_dir, ec))
-            return invalid_argument_error("--output {} exists and is not a folder", req.output);
-        if (!fs::is_empty(final_dir, ec) && !req.overwrite) {
-            return invalid_argument_error(
-                "--output {} exists and is not empty; choose a new folder or pass --overwrite",
-                req.output);
-        }
-    }
-    if (final_dir.has_parent_path()) fs::create_directories(final_dir.parent_path(), ec);
-    const fs::path staging =
-        final_dir.parent_path() /
-        fmt::format(".{}.partial-{}", final_dir.filename().string(), ::getpid());
-    fs::remove_all(staging, ec);
-    if (!fs::create_directories(staging, ec))
-        return io_error("{}: cannot create: {}", staging.string(), ec.message());
-    struct Cleanup {
-        fs::path p;
-        bool keep = false;
-        ~Cleanup() {
-            std::error_code e;
-            if (!keep) fs::remove_all(p, e);
-        }
-    } cleanup{staging};
+    LATHE_RETURN_IF_ERROR(output_folder_check(req.output, req.overwrite, "--output"));
+    LATHE_ASSIGN_OR_RETURN(StagedFolder staged, StagedFolder::create(req.output));
+    const fs::path staging(staged.path());
 
     // Tensors in the parameter table's order; the two new matrices in their stored dtype.
     const std::vector<uint8_t> emb_bytes = encode_as(E2, emb_t->dtype);
@@ -480,12 +436,7 @@ Result<AlignApplyResult> align_apply_run(const AlignApplyRequest& req) {
             special_tokens_tokenizer_config(specials, out_cfg.max_position_embeddings)));
     }
 
-    if (fs::exists(final_dir, ec)) fs::remove_all(final_dir, ec);
-    fs::rename(staging, final_dir, ec);
-    if (ec)
-        return io_error("{}: cannot rename {} onto it: {}", req.output, staging.string(),
-                        ec.message());
-    cleanup.keep = true;
+    LATHE_RETURN_IF_ERROR(staged.commit());
     result.output = req.output;
     return result;
 }

@@ -7,7 +7,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <utility>
+
+#include <fmt/format.h>
 
 namespace lathe {
 
@@ -168,6 +171,112 @@ Status AtomicFile::commit() {
         ::unlink(temp_path_.c_str());
         return io_error("{}: cannot rename from {}: {}", path_, temp_path_, std::strerror(err));
     }
+    return ok_status();
+}
+
+Status folder_sync(const std::string& dir) {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return io_error("{}: cannot open to sync: {}", dir, std::strerror(errno));
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) return io_error("{}: fsync failed: {}", dir, std::strerror(err));
+    return ok_status();
+}
+
+namespace {
+
+bool folder_is_empty(const std::filesystem::path& dir) {
+    std::error_code ec;
+    return std::filesystem::directory_iterator(dir, ec) == std::filesystem::directory_iterator();
+}
+
+}  // namespace
+
+Status output_folder_check(const std::string& path, bool overwrite, std::string_view what) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::exists(path, ec)) return ok_status();
+    if (!fs::is_directory(path, ec))
+        return invalid_argument_error("{} {} exists and is not a folder", what, path);
+    if (!folder_is_empty(path) && !overwrite)
+        return invalid_argument_error(
+            "{} {} exists and is not empty; choose a new folder or pass --overwrite to replace it",
+            what, path);
+    return ok_status();
+}
+
+Status folder_publish(const std::string& staging, const std::string& final_path,
+                      const std::string& aside) {
+    namespace fs = std::filesystem;
+    LATHE_RETURN_IF_ERROR(folder_sync(staging));
+    const fs::path final_dir(final_path);
+    std::error_code ec;
+    bool moved_aside = false;
+    if (fs::exists(final_dir, ec)) {
+        if (folder_is_empty(final_dir)) {
+            fs::remove(final_dir, ec);
+        } else {
+            fs::remove_all(aside, ec);
+            fs::rename(final_dir, aside, ec);
+            moved_aside = !ec;
+        }
+        if (ec)
+            return io_error("{}: cannot replace the existing folder: {}", final_path, ec.message());
+    }
+    fs::rename(staging, final_dir, ec);
+    if (ec)
+        return io_error("{}: cannot rename the finished output into place: {}", final_path,
+                        ec.message());
+    if (moved_aside) fs::remove_all(aside, ec);
+    const fs::path parent = final_dir.parent_path();
+    return folder_sync(parent.empty() ? std::string(".") : parent.string());
+}
+
+Result<StagedFolder> StagedFolder::create(const std::string& final_path) {
+    namespace fs = std::filesystem;
+    const fs::path final_dir(final_path);
+    const fs::path parent = final_dir.parent_path();
+    std::error_code ec;
+    if (!parent.empty()) {
+        fs::create_directories(parent, ec);
+        if (ec) return io_error("{}: cannot create the folder: {}", parent.string(), ec.message());
+    }
+    const std::string name = final_dir.filename().string();
+    StagedFolder s;
+    s.final_ = final_path;
+    s.path_ = (parent / fmt::format(".{}.partial-{}", name, ::getpid())).string();
+    s.aside_ = (parent / fmt::format(".{}.old-{}", name, ::getpid())).string();
+    fs::remove_all(s.path_, ec);
+    if (!fs::create_directory(s.path_, ec) || ec)
+        return io_error("{}: cannot create the staging folder: {}", s.path_,
+                        ec ? ec.message() : std::string("it exists"));
+    s.active_ = true;
+    return s;
+}
+
+StagedFolder::StagedFolder(StagedFolder&& other) noexcept
+    : final_(std::move(other.final_)),
+      path_(std::move(other.path_)),
+      aside_(std::move(other.aside_)),
+      active_(other.active_) {
+    other.active_ = false;
+}
+
+StagedFolder::~StagedFolder() {
+    if (!active_) return;
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+}
+
+std::string StagedFolder::file(std::string_view name) const {
+    return (std::filesystem::path(path_) / name).string();
+}
+
+Status StagedFolder::commit() {
+    if (!active_) return failed_precondition_error("{}: commit without a staging folder", final_);
+    LATHE_RETURN_IF_ERROR(folder_publish(path_, final_, aside_));
+    active_ = false;
     return ok_status();
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// Files: whole-file reads, read-only memory maps, and atomic writes.
+// Files: whole-file reads, read-only memory maps, atomic writes, and staged output folders.
 //
 // Every output lathe produces goes through AtomicFile: bytes land in "<path>.tmp-<pid>" and are
 // renamed onto <path> only by commit(), after a flush and fsync. An error, an exception or a kill
@@ -74,6 +74,46 @@ private:
     std::string temp_path_;
     std::FILE* file_ = nullptr;
     uint64_t bytes_written_ = 0;
+};
+
+// fsync of a folder, so that the names created in it (renames included) are durable.
+Status folder_sync(const std::string& dir);
+
+// `what` at `path` (e.g. "OUTPUT_DIR", "--output") may become an output folder: it does not exist,
+// or is an empty folder, or `overwrite` allows replacing a non-empty one. Errors say what to do.
+Status output_folder_check(const std::string& path, bool overwrite, std::string_view what);
+
+// Puts the finished folder `staging` in place as `final_path`: fsyncs `staging`; an empty folder
+// at `final_path` is removed, a non-empty one is renamed to `aside` and deleted after the rename
+// (so a crash leaves either the old folder or the new one under the final name); then fsyncs the
+// parent folder.
+Status folder_publish(const std::string& staging, const std::string& final_path,
+                      const std::string& aside);
+
+// An output folder written under a hidden staging sibling, ".NAME.partial-<pid>", and put in place
+// by commit() (folder_publish, with ".NAME.old-<pid>" for an existing folder). The destructor
+// removes the staging folder if commit() was not reached, so a failure leaves nothing behind.
+class StagedFolder {
+public:
+    // Creates the staging folder beside `final_path` (and the folders above it), replacing a
+    // leftover of the same name.
+    static Result<StagedFolder> create(const std::string& final_path);
+    StagedFolder() = default;
+    StagedFolder(StagedFolder&& other) noexcept;
+    StagedFolder& operator=(StagedFolder&& other) = delete;
+    StagedFolder(const StagedFolder&) = delete;
+    StagedFolder& operator=(const StagedFolder&) = delete;
+    ~StagedFolder();
+
+    // The staging folder, where the output is written.
+    const std::string& path() const { return path_; }
+    // `name` inside the staging folder.
+    std::string file(std::string_view name) const;
+    Status commit();
+
+private:
+    std::string final_, path_, aside_;
+    bool active_ = false;
 };
 
 }  // namespace lathe

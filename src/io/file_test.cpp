@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 namespace lathe {
 namespace {
@@ -52,6 +55,65 @@ TEST(MappedFile, MapsAndReportsMissing) {
     auto missing = MappedFile::open(path + ".nope");
     ASSERT_FALSE(missing.ok());
     EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+// Names in `dir`, sorted.
+std::vector<std::string> listing(const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+        names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+TEST(StagedFolder, UncommittedLeavesNothingBehind) {
+    const std::string root = temp_dir() + "/staged_drop";
+    std::filesystem::remove_all(root);
+    {
+        auto s = StagedFolder::create(root + "/out");
+        ASSERT_TRUE(s.ok()) << s.status().to_string();
+        EXPECT_EQ(std::filesystem::path(s->path()).parent_path().string(), root);
+        ASSERT_TRUE(file_write_atomic(s->file("a.txt"), "a").ok());
+        EXPECT_FALSE(std::filesystem::exists(root + "/out"));
+    }
+    EXPECT_TRUE(listing(root).empty());
+}
+
+TEST(StagedFolder, CommitReplacesAnExistingFolderWhole) {
+    const std::string root = temp_dir() + "/staged_replace";
+    std::filesystem::remove_all(root);
+    std::filesystem::create_directories(root + "/out");
+    ASSERT_TRUE(file_write_atomic(root + "/out/old.txt", "old").ok());
+    auto s = StagedFolder::create(root + "/out");
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    ASSERT_TRUE(file_write_atomic(s->file("new.txt"), "new").ok());
+    // Until commit() the old folder is untouched.
+    EXPECT_EQ(listing(root + "/out"), std::vector<std::string>{"old.txt"});
+    ASSERT_TRUE(s->commit().ok());
+    EXPECT_EQ(listing(root + "/out"), std::vector<std::string>{"new.txt"});
+    EXPECT_EQ(*file_read_all(root + "/out/new.txt"), "new");
+    // Neither the staging folder nor the moved-aside old one remains.
+    EXPECT_EQ(listing(root), std::vector<std::string>{"out"});
+    EXPECT_EQ(s->commit().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(OutputFolderCheck, RefusesFileAndNonEmptyFolderWithoutOverwrite) {
+    const std::string root = temp_dir() + "/output_check";
+    std::filesystem::remove_all(root);
+    std::filesystem::create_directories(root + "/empty");
+    std::filesystem::create_directories(root + "/full");
+    ASSERT_TRUE(file_write_atomic(root + "/full/x", "x").ok());
+    ASSERT_TRUE(file_write_atomic(root + "/file", "x").ok());
+    EXPECT_TRUE(output_folder_check(root + "/new", false, "OUT").ok());
+    EXPECT_TRUE(output_folder_check(root + "/empty", false, "OUT").ok());
+    EXPECT_TRUE(output_folder_check(root + "/full", true, "OUT").ok());
+    const Status full = output_folder_check(root + "/full", false, "OUT");
+    EXPECT_EQ(full.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(full.message().find("not empty"), std::string::npos) << full.to_string();
+    EXPECT_NE(full.message().find("--overwrite"), std::string::npos) << full.to_string();
+    const Status file = output_folder_check(root + "/file", true, "OUT");
+    EXPECT_EQ(file.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(file.message().find("not a folder"), std::string::npos) << file.to_string();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -86,6 +87,43 @@ TEST(SafetensorsDtype, NamesAndWidthsRoundTrip) {
         EXPECT_EQ(*back, d);
     }
     EXPECT_FALSE(safetensors_dtype_to_dtype(SafetensorsDtype::kF16).has_value());
+}
+
+TEST(SafetensorsConvertElements, DecodesEveryFloatDtypeAndRefusesOthers) {
+    // 1.5, -2 and the smallest f16 subnormal, stored as F16, BF16 and F32.
+    const uint16_t f16[] = {0x3E00, 0xC000, 0x0001};
+    const uint16_t b16[] = {0x3FC0, 0xC000, 0x3380};
+    const float f32[] = {1.5f, -2.0f, 0x1p-24f};
+    SafetensorsTensor t;
+    t.shape = {3};
+    float out[3];
+    for (const auto& [dtype, data] :
+         {std::pair{SafetensorsDtype::kF16, static_cast<const void*>(f16)},
+          std::pair{SafetensorsDtype::kBF16, static_cast<const void*>(b16)},
+          std::pair{SafetensorsDtype::kF32, static_cast<const void*>(f32)}}) {
+        t.dtype = dtype;
+        t.data = static_cast<const uint8_t*>(data);
+        std::fill(std::begin(out), std::end(out), 0.0f);
+        ASSERT_TRUE(safetensors_convert_elements(t, 0, 3, SafetensorsDtype::kF32, out));
+        for (int i = 0; i < 3; ++i)
+            EXPECT_EQ(out[i], f32[i]) << safetensors_dtype_name(dtype) << " element " << i;
+    }
+    // A block from an offset, narrowed: f32 -> f16 and -> bf16 give the stored encodings.
+    t.dtype = SafetensorsDtype::kF32;
+    t.data = reinterpret_cast<const uint8_t*>(f32);
+    uint16_t narrow[2];
+    ASSERT_TRUE(safetensors_convert_elements(t, 1, 2, SafetensorsDtype::kF16, narrow));
+    EXPECT_EQ(narrow[0], f16[1]);
+    EXPECT_EQ(narrow[1], f16[2]);
+    ASSERT_TRUE(safetensors_convert_elements(t, 1, 2, SafetensorsDtype::kBF16, narrow));
+    EXPECT_EQ(narrow[0], b16[1]);
+    EXPECT_EQ(narrow[1], b16[2]);
+    const int32_t ints[] = {1, 2, 3};
+    t.dtype = SafetensorsDtype::kI32;
+    t.data = reinterpret_cast<const uint8_t*>(ints);
+    out[0] = 7.0f;
+    EXPECT_FALSE(safetensors_convert_elements(t, 0, 3, SafetensorsDtype::kF32, out));
+    EXPECT_EQ(out[0], 7.0f);  // nothing written
 }
 
 TEST(Safetensors, RoundTripEveryDtype) {

@@ -31,16 +31,6 @@ namespace lathe {
 
 namespace {
 
-// IEEE binary16 to float (exact), for fp16 checkpoints such as Pythia's.
-float half_to_float(uint16_t h) {
-    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-    const uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
-    if (exp == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (man << 13));  // inf / nan
-    if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
-    const float sub = std::ldexp(float(man), -24);  // subnormal or zero
-    return sign ? -sub : sub;
-}
-
 // Every id in [lo, hi), or -100 where allowed; a bug upstream otherwise (the data layer checks
 // token files against the vocabulary).
 void check_ids(ConstTensorView ids, std::string_view what, int64_t lo, int64_t hi,
@@ -365,30 +355,11 @@ Status Model::load_hf(const SafetensorsCheckpoint& ckpt) {
         HostTensor hf(DType::kF32, p.shape);
         float* dst = hf.as<float>();
         const int64_t n = p.shape.numel();
-        switch (t.dtype) {
-            case SafetensorsDtype::kF32:
-                std::memcpy(dst, t.data, size_t(n) * sizeof(float));
-                break;
-            case SafetensorsDtype::kBF16:
-                for (int64_t i = 0; i < n; ++i) {
-                    uint16_t bits;
-                    std::memcpy(&bits, t.data + 2 * i, 2);
-                    dst[i] = bf16_to_float(bf16{bits});
-                }
-                break;
-            case SafetensorsDtype::kF16:
-                for (int64_t i = 0; i < n; ++i) {
-                    uint16_t bits;
-                    std::memcpy(&bits, t.data + 2 * i, 2);
-                    dst[i] = half_to_float(bits);
-                }
-                break;
-            default:
-                return unimplemented_error(
-                    "{}: tensor {} is {}; lathe loads F32, BF16 and F16 "
-                    "weights",
-                    where, name, safetensors_dtype_name(t.dtype));
-        }
+        if (!safetensors_convert_elements(t, 0, uint64_t(n), SafetensorsDtype::kF32, dst))
+            return unimplemented_error(
+                "{}: tensor {} is {}; lathe loads F32, BF16 and F16 "
+                "weights",
+                where, name, safetensors_dtype_name(t.dtype));
         hf_param_import(p, host_param(table_.entries()[p.entry].arena_index), hf.view());
     }
     upload_params();

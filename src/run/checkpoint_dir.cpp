@@ -1,8 +1,6 @@
 #include "run/checkpoint_dir.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -74,15 +72,6 @@ constexpr const char* kAcceptedForms =
     "Hugging Face folder), a run folder or its checkpoints/ folder (meaning the newest "
     "checkpoint), or checkpoints/latest";
 
-// fsync on a directory makes renames inside it durable.
-void sync_dir(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        ::fsync(fd);
-        ::close(fd);
-    }
-}
-
 }  // namespace
 
 std::optional<int64_t> CheckpointDir::parse_step_name(const std::string& name) {
@@ -135,21 +124,10 @@ Result<std::string> CheckpointDir::commit(int64_t step, int keep_last) const {
     if (!fs::is_directory(partial, ec)) {
         return failed_precondition_error("{}: commit without begin for step {}", root_, step);
     }
-    sync_dir(partial.string());
-    if (fs::exists(final_path, ec)) {
-        // Same step written again (e.g. SIGTERM right after an interval save): replace it.
-        const fs::path old =
-            fs::path(root_) / (std::string(kPartialPrefix) + "old-" + step_name(step));
-        fs::rename(final_path, old, ec);
-        if (ec) return io_error("{}: cannot move aside: {}", final_path.string(), ec.message());
-        fs::rename(partial, final_path, ec);
-        if (ec) return io_error("{}: cannot publish: {}", final_path.string(), ec.message());
-        fs::remove_all(old, ec);
-    } else {
-        fs::rename(partial, final_path, ec);
-        if (ec) return io_error("{}: cannot publish: {}", final_path.string(), ec.message());
-    }
-    sync_dir(root_);
+    // The same step written again (e.g. SIGTERM right after an interval save) replaces it.
+    LATHE_RETURN_IF_ERROR(folder_publish(
+        partial.string(), final_path.string(),
+        (fs::path(root_) / (std::string(kPartialPrefix) + "old-" + step_name(step))).string()));
     LATHE_RETURN_IF_ERROR(file_write_atomic((fs::path(root_) / kLatestCheckpointFile).string(),
                                             step_name(step) + "\n"));
     if (keep_last > 0) {

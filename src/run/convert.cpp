@@ -107,68 +107,6 @@ bool is_float_weight_dtype(SafetensorsDtype d) {
            d == SafetensorsDtype::kF16;
 }
 
-// Converts elements [begin, begin + n) of `src` (F32 / BF16 / F16) into `dst` (n elements of
-// `to`). Same dtype: a copy of the bytes, so every bit (NaN payloads included) survives.
-void convert_elements(const SafetensorsTensor& src, uint64_t begin, uint64_t n, SafetensorsDtype to,
-                      void* dst) {
-    const int in_size = safetensors_dtype_bits(src.dtype) / 8;
-    const uint8_t* in = src.data + begin * uint64_t(in_size);
-    if (src.dtype == to) {
-        std::memcpy(dst, in, n * uint64_t(in_size));
-        return;
-    }
-    auto load = [&](uint64_t i) -> float {
-        if (src.dtype == SafetensorsDtype::kF32) {
-            float v;
-            std::memcpy(&v, in + 4 * i, 4);
-            return v;
-        }
-        uint16_t bits;
-        std::memcpy(&bits, in + 2 * i, 2);
-        return src.dtype == SafetensorsDtype::kBF16 ? bf16_to_float(bf16{bits})
-                                                    : convert_f16_to_f32(bits);
-    };
-    uint8_t* out = static_cast<uint8_t*>(dst);
-    switch (to) {
-        case SafetensorsDtype::kF32:
-            for (uint64_t i = 0; i < n; ++i) {
-                const float v = load(i);
-                std::memcpy(out + 4 * i, &v, 4);
-            }
-            break;
-        case SafetensorsDtype::kBF16:
-            for (uint64_t i = 0; i < n; ++i) {
-                const uint16_t bits = float_to_bf16(load(i)).bits;
-                std::memcpy(out + 2 * i, &bits, 2);
-            }
-            break;
-        case SafetensorsDtype::kF16:
-            for (uint64_t i = 0; i < n; ++i) {
-                const uint16_t bits = convert_f32_to_f16(load(i));
-                std::memcpy(out + 2 * i, &bits, 2);
-            }
-            break;
-        default:
-            LATHE_CHECK(false, "convert to {} is not a weight dtype", safetensors_dtype_name(to));
-    }
-}
-
-// fsync of a folder, so that the names created in it (renames included) are durable.
-Status sync_folder(const std::string& dir) {
-    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return io_error("{}: cannot open to sync: {}", dir, std::strerror(errno));
-    const int rc = ::fsync(fd);
-    const int err = errno;
-    ::close(fd);
-    if (rc != 0) return io_error("{}: fsync failed: {}", dir, std::strerror(err));
-    return ok_status();
-}
-
-bool folder_is_empty(const fs::path& dir) {
-    std::error_code ec;
-    return fs::directory_iterator(dir, ec) == fs::directory_iterator();
-}
-
 // The absolute, normalized form of a path, without a trailing separator.
 fs::path normalized(const std::string& path) {
     fs::path p = fs::absolute(fs::path(path)).lexically_normal();
@@ -188,86 +126,6 @@ bool path_within(const fs::path& inner, const fs::path& outer) {
     }
     return true;
 }
-
-// The output folder under construction: a hidden sibling of OUTPUT_DIR, renamed onto it by
-// commit(); removed by the destructor otherwise, so a failed conversion leaves nothing behind.
-class StagingFolder {
-public:
-    static Result<StagingFolder> begin(const fs::path& final_dir, bool overwrite) {
-        StagingFolder s;
-        s.final_ = final_dir;
-        std::error_code ec;
-        if (fs::exists(final_dir, ec)) {
-            if (!fs::is_directory(final_dir, ec))
-                return invalid_argument_error("OUTPUT_DIR {} exists and is not a folder",
-                                              final_dir.string());
-            if (!folder_is_empty(final_dir) && !overwrite)
-                return invalid_argument_error(
-                    "OUTPUT_DIR {} exists and is not empty; choose a new folder or pass "
-                    "--overwrite to replace it",
-                    final_dir.string());
-        }
-        fs::create_directories(final_dir.parent_path(), ec);
-        if (ec)
-            return io_error("{}: cannot create the folder: {}", final_dir.parent_path().string(),
-                            ec.message());
-        s.path_ = final_dir.parent_path() /
-                  fmt::format(".{}.partial-{}", final_dir.filename().string(), ::getpid());
-        fs::remove_all(s.path_, ec);
-        if (!fs::create_directory(s.path_, ec) || ec)
-            return io_error("{}: cannot create the staging folder: {}", s.path_.string(),
-                            ec ? ec.message() : std::string("it exists"));
-        s.active_ = true;
-        return s;
-    }
-
-    StagingFolder() = default;
-    StagingFolder(StagingFolder&& o) noexcept
-        : final_(std::move(o.final_)), path_(std::move(o.path_)), active_(o.active_) {
-        o.active_ = false;
-    }
-    StagingFolder& operator=(StagingFolder&&) = delete;
-    ~StagingFolder() {
-        if (!active_) return;
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-
-    std::string path() const { return path_.string(); }
-    std::string file(std::string_view name) const { return (path_ / name).string(); }
-
-    // Syncs the staged folder and renames it onto the final path. A previous non-empty folder
-    // there (allowed by `overwrite`) is moved aside first and removed after the rename.
-    Status commit() {
-        LATHE_RETURN_IF_ERROR(sync_folder(path_.string()));
-        std::error_code ec;
-        fs::path old;
-        if (fs::exists(final_, ec)) {
-            if (folder_is_empty(final_)) {
-                fs::remove(final_, ec);
-            } else {
-                old = final_.parent_path() /
-                      fmt::format(".{}.old-{}", final_.filename().string(), ::getpid());
-                fs::remove_all(old, ec);
-                fs::rename(final_, old, ec);
-            }
-            if (ec)
-                return io_error("{}: cannot replace the existing folder: {}", final_.string(),
-                                ec.message());
-        }
-        fs::rename(path_, final_, ec);
-        if (ec)
-            return io_error("{}: cannot rename the finished output into place: {}", final_.string(),
-                            ec.message());
-        active_ = false;
-        if (!old.empty()) fs::remove_all(old, ec);
-        return sync_folder(final_.parent_path().string());
-    }
-
-private:
-    fs::path final_, path_;
-    bool active_ = false;
-};
 
 // One parameter tensor to write: where it comes from and what it becomes.
 struct PlannedTensor {
@@ -310,8 +168,9 @@ int64_t first_difference(const SafetensorsTensor& a, const SafetensorsTensor& b,
     std::vector<float> x(std::min(n, kBlockElements)), y(x.size());
     for (uint64_t begin = 0; begin < n; begin += kBlockElements) {
         const uint64_t m = std::min(kBlockElements, n - begin);
-        convert_elements(a, begin, m, SafetensorsDtype::kF32, x.data());
-        convert_elements(b, begin, m, SafetensorsDtype::kF32, y.data());
+        LATHE_CHECK(safetensors_convert_elements(a, begin, m, SafetensorsDtype::kF32, x.data()) &&
+                        safetensors_convert_elements(b, begin, m, SafetensorsDtype::kF32, y.data()),
+                    "tied-head comparison of {} and {}: not float weights", a.name, b.name);
         if (std::memcmp(x.data(), y.data(), m * sizeof(float)) == 0) continue;
         for (uint64_t i = 0; i < m; ++i) {
             if (std::bit_cast<uint32_t>(x[i]) != std::bit_cast<uint32_t>(y[i])) {
@@ -492,7 +351,7 @@ std::vector<std::vector<size_t>> plan_shards(const std::vector<PlannedTensor>& t
 // Writes the planned tensors into `staging` as model.safetensors, or as shards plus the index,
 // converting one shard's tensors at a time. Tensors already in the output dtype are written
 // straight from the input's memory map.
-Status write_weights(const StagingFolder& staging, const std::vector<PlannedTensor>& tensors,
+Status write_weights(const StagedFolder& staging, const std::vector<PlannedTensor>& tensors,
                      uint64_t limit, ConvertResult& result) {
     const std::vector<std::vector<size_t>> shards = plan_shards(tensors, limit);
     uint64_t total = 0;
@@ -521,7 +380,10 @@ Status write_weights(const StagingFolder& staging, const std::vector<PlannedTens
                 w.data = t.src->data;
             } else {
                 buffers.emplace_back(new uint8_t[std::max<uint64_t>(t.out_bytes, 1)]);
-                convert_elements(*t.src, 0, t.src->numel(), t.out, buffers.back().get());
+                LATHE_CHECK(safetensors_convert_elements(*t.src, 0, t.src->numel(), t.out,
+                                                         buffers.back().get()),
+                            "{}: {} is not a float weight", t.src->name,
+                            safetensors_dtype_name(t.src->dtype));
                 w.data = buffers.back().get();
             }
             writes.push_back(std::move(w));
@@ -592,7 +454,7 @@ std::optional<TokenizerSpecialTokens> reconcile_special_ids(const std::string& d
 }
 
 // Copies the carried files (kCarriedFiles, kCarriedFolder) that exist in `from`.
-Status copy_carried_files(const std::string& from, const StagingFolder& staging,
+Status copy_carried_files(const std::string& from, const StagedFolder& staging,
                           std::vector<std::string>& copied) {
     for (std::string_view name : kCarriedFiles) {
         const fs::path src = fs::path(from) / name;
@@ -617,7 +479,7 @@ Status copy_carried_files(const std::string& from, const StagingFolder& staging,
             LATHE_RETURN_IF_ERROR(file_write_atomic((dst / f.filename()).string(), bytes));
             copied.push_back((fs::path(kCarriedFolder) / f.filename()).string());
         }
-        LATHE_RETURN_IF_ERROR(sync_folder(dst.string()));
+        LATHE_RETURN_IF_ERROR(folder_sync(dst.string()));
     }
     return ok_status();
 }
@@ -625,7 +487,7 @@ Status copy_carried_files(const std::string& from, const StagingFolder& staging,
 // optimizer.safetensors with zero AdamW moments for `table`'s arena layout (padding included, as
 // the trainer allocates them), and trainer_state.json at step 0, with the keys the trainer's
 // `continue` mode reads.
-Status write_fresh_training_state(const StagingFolder& staging, const ParamTable& table,
+Status write_fresh_training_state(const StagedFolder& staging, const ParamTable& table,
                                   const ConvertSource& source,
                                   const std::vector<std::string>& input_dtypes) {
     LATHE_RETURN_IF_ERROR(convert_write_zero_moments(staging.file(kOptimizerStateFile),
@@ -714,31 +576,11 @@ Result<uint64_t> convert_parse_size(std::string_view text) {
 }
 
 float convert_f16_to_f32(uint16_t h) {
-    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-    const uint32_t exp = (h >> 10) & 0x1Fu;
-    const uint32_t man = h & 0x3FFu;
-    if (exp == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (man << 13));  // inf, NaN
-    if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
-    // Zero or subnormal: man * 2^-24, exact in f32.
-    const float v = std::ldexp(float(man), -24);
-    return sign ? -v : v;
+    return f16_to_float(h);
 }
 
 uint16_t convert_f32_to_f16(float f) {
-    const uint32_t x = std::bit_cast<uint32_t>(f);
-    const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
-    const uint32_t ax = x & 0x7FFFFFFFu;
-    if (ax > 0x7F800000u) return sign | 0x7E00u;  // NaN -> quiet NaN (torch's encoding)
-    // 65520 = 65504 + half an ulp: from here on, round to nearest even gives infinity.
-    if (ax >= 0x477FF000u) return sign | 0x7C00u;
-    if (ax >= 0x38800000u) {  // a normal f16 (>= 2^-14): rebias the exponent, round 13 bits away
-        const uint32_t odd = (ax >> 13) & 1u;
-        return sign | uint16_t((ax - 0x38000000u + 0x0FFFu + odd) >> 13);
-    }
-    // Subnormal or zero: the value in units of 2^-24, rounded to nearest even (a carry to 1024
-    // is the smallest normal's encoding). The scaling is exact, nearbyint rounds ties to even.
-    const float units = std::nearbyint(std::bit_cast<float>(ax) * 0x1p24f);
-    return sign | uint16_t(units);
+    return float_to_f16(f);
 }
 
 // Writes `path`: a safetensors file holding two F32 tensors of `n` zeros, exp_avg and exp_avg_sq,
@@ -852,7 +694,8 @@ Result<ConvertResult> convert_run(const ConvertRequest& request) {
                  ? std::string()
                  : fmt::format("; not carried: {}", fmt::join(result.dropped, ", ")));
 
-    LATHE_ASSIGN_OR_RETURN(StagingFolder staging, StagingFolder::begin(out, request.overwrite));
+    LATHE_RETURN_IF_ERROR(output_folder_check(out.string(), request.overwrite, "OUTPUT_DIR"));
+    LATHE_ASSIGN_OR_RETURN(StagedFolder staging, StagedFolder::create(out.string()));
     LATHE_RETURN_IF_ERROR(write_weights(staging, tensors, limit, result));
 
     HfModelConfig hf = config.hf;
