@@ -21,15 +21,14 @@
 #include <simdjson.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
-#include <deque>
-#include <mutex>
+#include <memory>
 #include <optional>
 #include <thread>
 
 #include "cli/command.h"
 #include "core/log.h"
+#include "core/ordered_pool.h"
 #include "core/progress.h"
 #include "core/strings.h"
 #include "data/jsonl.h"
@@ -62,7 +61,6 @@ struct Batch {
     uint64_t first_line = 0;     // 1-based number of the first line
     std::string output;
     Status status;
-    bool done = false;
 };
 
 void append_int(std::string& out, int32_t v) {
@@ -165,64 +163,6 @@ private:
     std::vector<int32_t> ids_;
 };
 
-// A fixed pool of worker threads (each with its own BatchWorker, so per-thread tokenizer caches
-// stay warm) processing batches in any order; the caller consumes results in order.
-class WorkerPool {
-public:
-    WorkerPool(int threads, const Tokenizer& tok, const TokenizeArgs& args,
-               const std::string& input_name) {
-        for (int i = 0; i < threads; ++i) {
-            threads_.emplace_back([this, &tok, &args, &input_name] {
-                BatchWorker worker(tok, args, input_name);
-                while (true) {
-                    Batch* b = nullptr;
-                    {
-                        std::unique_lock<std::mutex> lock(mu_);
-                        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-                        if (queue_.empty()) return;
-                        b = queue_.front();
-                        queue_.pop_front();
-                    }
-                    worker.process(*b);
-                    {
-                        std::lock_guard<std::mutex> lock(mu_);
-                        b->done = true;
-                    }
-                    done_cv_.notify_all();
-                }
-            });
-        }
-    }
-    ~WorkerPool() {
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            stop_ = true;
-            queue_.clear();
-        }
-        cv_.notify_all();
-        for (auto& t : threads_) t.join();
-    }
-    void submit(Batch* b) {
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            queue_.push_back(b);
-        }
-        cv_.notify_one();
-    }
-    void wait(Batch* b) {
-        std::unique_lock<std::mutex> lock(mu_);
-        done_cv_.wait(lock, [b] { return b->done; });
-    }
-
-private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::condition_variable done_cv_;
-    std::deque<Batch*> queue_;
-    bool stop_ = false;
-    std::vector<std::thread> threads_;
-};
-
 // Where output goes: an atomic file, or stdout.
 class Output {
 public:
@@ -269,7 +209,6 @@ Status run_tokenize(const TokenizeArgs& args) {
         b.ends.clear();
         b.output.clear();
         b.status = ok_status();
-        b.done = false;
         std::string_view line;
         while (b.text.size() < kBatchBytes && b.ends.size() < kBatchLines) {
             LATHE_ASSIGN_OR_RETURN(bool more, lines.next(line));
@@ -288,47 +227,16 @@ Status run_tokenize(const TokenizeArgs& args) {
         return ok_status();
     };
 
-    if (threads == 1) {
-        // Everything on the calling thread: what "one thread" means in benchmarks.
-        BatchWorker worker(tok, args, input_name);
-        Batch b;
-        while (true) {
-            LATHE_ASSIGN_OR_RETURN(bool more, fill(b));
-            if (!more) break;
-            worker.process(b);
-            LATHE_RETURN_IF_ERROR(finish_batch(b));
-        }
-    } else {
-        // The calling thread reads and writes; `threads` workers encode. At most 2 batches per
-        // worker are in flight, which bounds memory.
-        const size_t max_in_flight = static_cast<size_t>(2 * threads);
-        std::vector<std::unique_ptr<Batch>> slots;
-        for (size_t i = 0; i < max_in_flight; ++i) slots.push_back(std::make_unique<Batch>());
-        std::deque<Batch*> in_flight;
-        std::vector<Batch*> free_slots;
-        for (auto& s : slots) free_slots.push_back(s.get());
-        WorkerPool pool(threads, tok, args, input_name);
-        bool eof = false;
-        while (!eof || !in_flight.empty()) {
-            while (!eof && !free_slots.empty()) {
-                Batch* b = free_slots.back();
-                LATHE_ASSIGN_OR_RETURN(bool more, fill(*b));
-                if (!more) {
-                    eof = true;
-                    break;
-                }
-                free_slots.pop_back();
-                in_flight.push_back(b);
-                pool.submit(b);
-            }
-            if (in_flight.empty()) break;
-            Batch* front = in_flight.front();
-            pool.wait(front);
-            in_flight.pop_front();
-            LATHE_RETURN_IF_ERROR(finish_batch(*front));
-            free_slots.push_back(front);
-        }
-    }
+    // With threads > 1 the calling thread reads and writes and `threads` workers, each with its own
+    // BatchWorker, encode or decode; threads == 1 is everything on the calling thread (what "one
+    // thread" means in benchmarks).
+    auto make_worker = [&] {
+        return [w = std::make_unique<BatchWorker>(tok, args, input_name)](Batch& b) {
+            w->process(b);
+            return b.status;
+        };
+    };
+    LATHE_RETURN_IF_ERROR(ordered_parallel_map<Batch>(threads, make_worker, fill, finish_batch));
     LATHE_RETURN_IF_ERROR(out.commit());
     // The summary line goes to stderr, except under --quiet.
     if (log_level() <= LogLevel::kInfo) progress.finish();
