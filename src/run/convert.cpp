@@ -55,28 +55,12 @@ constexpr const char* kTokenizerFile = "tokenizer.json";
 // The lathe-only files of a checkpoint (run/trainer.cpp writes them; the trainer's
 // `checkpoint.init_mode: continue` reads them with exactly these keys).
 
-// Files carried from input to output byte for byte: what transformers' tokenizer and generation
-// config loaders read, and the model card / license that belong with the weights.
-constexpr std::string_view kCarriedFiles[] = {
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "generation_config.json",
-    "README.md",
-    "LICENSE",
-    "LICENSE.txt",
-    "LICENSE.md",
-    "NOTICE",
-    "USE_POLICY.md",
+// Files carried from input to output byte for byte besides the tokenizer files
+// (kHfTokenizerFiles, kHfChatTemplateFolder): the model card and license that belong with the
+// weights.
+constexpr std::string_view kModelCardFiles[] = {
+    "README.md", "LICENSE", "LICENSE.txt", "LICENSE.md", "NOTICE", "USE_POLICY.md",
 };
-// transformers 5 stores extra named chat templates as files in this folder.
-constexpr std::string_view kCarriedFolder = "additional_chat_templates";
 
 // Conversions smaller than this finish too fast for a progress line to say anything.
 constexpr uint64_t kProgressMinBytes = 256ull << 20;
@@ -453,21 +437,25 @@ std::optional<TokenizerSpecialTokens> reconcile_special_ids(const std::string& d
     return specials;
 }
 
-// Copies the carried files (kCarriedFiles, kCarriedFolder) that exist in `from`.
+// Copies the carried files (kHfTokenizerFiles, kModelCardFiles, kHfChatTemplateFolder) that
+// exist in `from`.
 Status copy_carried_files(const std::string& from, const StagedFolder& staging,
                           std::vector<std::string>& copied) {
-    for (std::string_view name : kCarriedFiles) {
+    auto carry = [&](std::string_view name) -> Status {
         const fs::path src = fs::path(from) / name;
         std::error_code ec;
-        if (!fs::is_regular_file(src, ec)) continue;
+        if (!fs::is_regular_file(src, ec)) return ok_status();
         LATHE_ASSIGN_OR_RETURN(std::string bytes, file_read_all(src.string()));
         LATHE_RETURN_IF_ERROR(file_write_atomic(staging.file(name), bytes));
         copied.emplace_back(name);
-    }
-    const fs::path folder = fs::path(from) / kCarriedFolder;
+        return ok_status();
+    };
+    for (std::string_view name : kHfTokenizerFiles) LATHE_RETURN_IF_ERROR(carry(name));
+    for (std::string_view name : kModelCardFiles) LATHE_RETURN_IF_ERROR(carry(name));
+    const fs::path folder = fs::path(from) / kHfChatTemplateFolder;
     std::error_code ec;
     if (fs::is_directory(folder, ec)) {
-        const fs::path dst = fs::path(staging.path()) / kCarriedFolder;
+        const fs::path dst = fs::path(staging.path()) / kHfChatTemplateFolder;
         fs::create_directory(dst, ec);
         if (ec) return io_error("{}: cannot create: {}", dst.string(), ec.message());
         std::vector<fs::path> files;
@@ -477,7 +465,7 @@ Status copy_carried_files(const std::string& from, const StagedFolder& staging,
         for (const fs::path& f : files) {
             LATHE_ASSIGN_OR_RETURN(std::string bytes, file_read_all(f.string()));
             LATHE_RETURN_IF_ERROR(file_write_atomic((dst / f.filename()).string(), bytes));
-            copied.push_back((fs::path(kCarriedFolder) / f.filename()).string());
+            copied.push_back((fs::path(kHfChatTemplateFolder) / f.filename()).string());
         }
         LATHE_RETURN_IF_ERROR(folder_sync(dst.string()));
     }

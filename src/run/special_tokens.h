@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -27,6 +28,28 @@
 namespace lathe {
 
 class Tokenizer;
+
+// The files a Hugging Face model folder carries for its tokenizer and generation defaults, copied
+// byte for byte into every model folder lathe writes (convert's output, the trainer's checkpoints)
+// from where they sit: the fast tokenizer (tokenizer.json) and its config, special tokens and
+// added tokens; the chat template in whichever file transformers keeps it; the slow tokenizer's
+// vocabulary (vocab.json + merges.txt, or a SentencePiece tokenizer.model), which
+// AutoTokenizer(use_fast=False) and conversions to other runtimes read; and generation_config.json
+// (the eos ids and sampling defaults of generate).
+inline constexpr std::string_view kHfTokenizerFiles[] = {
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "generation_config.json",
+};
+// transformers 5 stores extra named chat templates as files in this folder.
+inline constexpr std::string_view kHfChatTemplateFolder = "additional_chat_templates";
 
 struct SpecialToken {
     std::string content;

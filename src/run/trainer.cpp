@@ -76,23 +76,22 @@ private:
 Status copy_tokenizer_files(const std::string& tokenizer_path, const std::string& dir) {
     const fs::path src = tokenizer_path;
     std::vector<std::pair<fs::path, std::string>> files = {{src, "tokenizer.json"}};
-    for (const char* extra :
-         {"tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-          "added_tokens.json", "chat_template.jinja", "chat_template.json"}) {
+    for (std::string_view extra : kHfTokenizerFiles) {
+        if (extra == "tokenizer.json") continue;  // the tokenizer itself, under whatever name
         const fs::path p = src.parent_path() / extra;
-        if (fs::exists(p)) files.push_back({p, extra});
+        if (fs::exists(p)) files.push_back({p, std::string(extra)});
     }
-    // transformers 5 keeps extra named chat templates in a folder.
-    const fs::path more = src.parent_path() / "additional_chat_templates";
+    const fs::path more = src.parent_path() / kHfChatTemplateFolder;
     if (fs::is_directory(more)) {
         std::error_code ec;
-        fs::create_directories(fs::path(dir) / "additional_chat_templates", ec);
+        fs::create_directories(fs::path(dir) / kHfChatTemplateFolder, ec);
         if (ec)
-            return io_error("{}: cannot create additional_chat_templates: {}", dir, ec.message());
+            return io_error("{}: cannot create {}: {}", dir, kHfChatTemplateFolder, ec.message());
         for (const auto& entry : fs::directory_iterator(more)) {
             if (entry.is_regular_file()) {
-                files.push_back({entry.path(),
-                                 "additional_chat_templates/" + entry.path().filename().string()});
+                files.push_back(
+                    {entry.path(),
+                     (fs::path(kHfChatTemplateFolder) / entry.path().filename()).string()});
             }
         }
     }

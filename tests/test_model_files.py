@@ -1,0 +1,84 @@
+"""The tokenizer files a model folder carries: the trainer's checkpoints and `lathe convert` carry
+the same set (kHfTokenizerFiles in run/special_tokens.h), byte for byte, from where they sit."""
+import gzip
+import json
+import os
+import subprocess
+from pathlib import Path
+
+LATHE = os.environ.get("LATHE_BIN", "build/lathe")
+
+TINY = """
+model:
+  family: llama
+  hidden_size: 32
+  intermediate_size: 64
+  num_hidden_layers: 1
+  num_attention_heads: 2
+  num_key_value_heads: 1
+  max_position_embeddings: 64
+  tie_word_embeddings: true
+data:
+  split: "100,0,0"
+  seq_length: 16
+train:
+  steps: 2
+  micro_batch_size: 2
+  gradient_accumulation_steps: 1
+  log_interval: 1
+  threads: 2
+optimizer:
+  lr: 1.0e-3
+checkpoint:
+  interval: 2
+"""
+
+# Every file of the list besides tokenizer.json, with content that says which it is.
+EXTRAS = {
+    "special_tokens_map.json": '{"eos_token": "<|endoftext|>"}\n',
+    "added_tokens.json": "{}\n",
+    "chat_template.jinja": "{% for m in messages %}{{ m.content }}{% endfor %}\n",
+    "chat_template.json": '{"chat_template": "{{ messages }}"}\n',
+    "vocab.json": '{"a": 0}\n',
+    "merges.txt": "#version: 0.2\n",
+    "tokenizer.model": "not really sentencepiece\n",
+    "generation_config.json": '{"do_sample": false}\n',
+    "additional_chat_templates/tool_use.jinja": "{{ tools }}\n",
+}
+
+
+def run(args):
+    p = subprocess.run([LATHE] + [str(a) for a in args], capture_output=True, text=True)
+    assert p.returncode == 0, f"lathe {' '.join(map(str, args))} failed:\n{p.stderr}"
+    return p
+
+
+def test_checkpoint_and_convert_carry_the_same_tokenizer_files(tmp_path):
+    raw = gzip.open("/usr/share/dictd/gcide.dict.dz", "rt", errors="replace").read(200_000)
+    with open(tmp_path / "c.jsonl", "w") as f:
+        for b in (b.strip() for b in raw.split("\n\n")):
+            if b:
+                f.write(json.dumps({"text": b}) + "\n")
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    run(["tokenizer", "train", "--vocab-size", 300, "--special-tokens", "<|endoftext|>",
+         "--input", tmp_path / "c.jsonl", "--output", tok_dir / "tokenizer.json"])
+    for name, text in EXTRAS.items():
+        (tok_dir / name).parent.mkdir(exist_ok=True)
+        (tok_dir / name).write_text(text)
+    run(["prepare", "--tokenizer", tok_dir / "tokenizer.json", "--input", tmp_path / "c.jsonl",
+         "--output-prefix", tmp_path / "gc", "--append-eod"])
+    (tmp_path / "tiny.yaml").write_text(
+        TINY + f"\ndata.path: {tmp_path / 'gc'}\ndata.tokenizer: {tok_dir / 'tokenizer.json'}\n")
+    run(["train", tmp_path / "tiny.yaml", "--run-dir", tmp_path / "r"])
+    ck = tmp_path / "r" / "checkpoints" / "step-00000002"
+    for name, text in EXTRAS.items():
+        assert (ck / name).is_file(), f"checkpoint lacks {name}"
+        assert (ck / name).read_text() == text, name
+    assert (ck / "tokenizer.json").read_bytes() == (tok_dir / "tokenizer.json").read_bytes()
+
+    out = tmp_path / "hf"
+    run(["convert", ck, out, "--to", "hf"])
+    for name, text in EXTRAS.items():
+        assert (out / name).read_text() == text, name
+    assert (out / "tokenizer.json").read_bytes() == (tok_dir / "tokenizer.json").read_bytes()
