@@ -10,6 +10,7 @@
 #include <random>
 
 #include "align/map.h"
+#include "core/check.h"
 #include "core/dtype.h"
 #include "core/log.h"
 #include "core/strings.h"
@@ -43,18 +44,13 @@ Result<std::vector<float>> read_f32(const SafetensorsTensor& t) {
 
 // f32 values stored back in `dtype` (round to nearest even for the narrow ones).
 std::vector<uint8_t> encode_as(const std::vector<float>& v, SafetensorsDtype dtype) {
-    std::vector<uint8_t> out;
-    if (dtype == SafetensorsDtype::kF32) {
-        out.resize(v.size() * 4);
-        std::memcpy(out.data(), v.data(), out.size());
-        return out;
-    }
-    out.resize(v.size() * 2);
-    for (size_t i = 0; i < v.size(); ++i) {
-        uint16_t h =
-            dtype == SafetensorsDtype::kBF16 ? float_to_bf16(v[i]).bits : float_to_f16(v[i]);
-        std::memcpy(out.data() + 2 * i, &h, 2);
-    }
+    SafetensorsTensor f32;
+    f32.dtype = SafetensorsDtype::kF32;
+    f32.shape = {int64_t(v.size())};
+    f32.data = reinterpret_cast<const uint8_t*>(v.data());
+    std::vector<uint8_t> out(v.size() * size_t(safetensors_dtype_bits(dtype) / 8));
+    LATHE_CHECK(safetensors_convert_elements(f32, 0, v.size(), dtype, out.data()),
+                "encode_as: F32 source");
     return out;
 }
 
