@@ -1,4 +1,4 @@
-// `lathe align`: vocabulary adaptation (issue 6, docs/ALIGN.md). The group only; each stage is
+// `lathe align`: vocabulary adaptation (docs/ALIGN.md). The group only; each stage is
 // one file, cli/align_<stage>.cpp, declared in cli/command.h and added here.
 #include "cli/command.h"
 
