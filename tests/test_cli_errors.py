@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from lathe_cli import LATHE, run
+
 ROOT = Path(__file__).resolve().parent.parent
-LATHE = os.environ.get("LATHE_BIN", str(ROOT / "build" / "lathe"))
 
 TINY = """
 model:
@@ -56,13 +57,6 @@ checkpoint:
   interval: 2
   keep_last: 0
 """
-
-
-def run(args, check=True, **kw):
-    p = subprocess.run([LATHE] + [str(a) for a in args], capture_output=True, text=True, timeout=600, **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(f"lathe {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
-    return p
 
 
 def fails(args, *needles, rc=None):
@@ -330,7 +324,6 @@ def render(tmp_path, template, messages):
 
 
 def jinja2_render(template, messages):
-    import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string(template).render(messages=messages)

@@ -2,11 +2,9 @@
 the same set (kHfTokenizerFiles in run/special_tokens.h), byte for byte, from where they sit."""
 import gzip
 import json
-import os
-import subprocess
-from pathlib import Path
 
-LATHE = os.environ.get("LATHE_BIN", "build/lathe")
+from lathe_cli import run
+
 
 TINY = """
 model:
@@ -45,12 +43,6 @@ EXTRAS = {
     "generation_config.json": '{"do_sample": false}\n',
     "additional_chat_templates/tool_use.jinja": "{{ tools }}\n",
 }
-
-
-def run(args):
-    p = subprocess.run([LATHE] + [str(a) for a in args], capture_output=True, text=True)
-    assert p.returncode == 0, f"lathe {' '.join(map(str, args))} failed:\n{p.stderr}"
-    return p
 
 
 def test_checkpoint_and_convert_carry_the_same_tokenizer_files(tmp_path):

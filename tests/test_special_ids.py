@@ -18,14 +18,14 @@ import gzip
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-LATHE = os.environ.get("LATHE_BIN", "build/lathe")
+from lathe_cli import run
+
 SHARED = Path(os.environ.get("LATHE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
 EOT = "<|endoftext|>"
 MAX_NEW = 16
@@ -68,14 +68,6 @@ optimizer:
 checkpoint:
   interval: 0
 """
-
-
-def run(args, check=True):
-    p = subprocess.run([LATHE] + [str(a) for a in args], capture_output=True, text=True,
-                       timeout=600)
-    if check and p.returncode != 0:
-        raise AssertionError(f"lathe {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
-    return p
 
 
 def shared_file(name):

@@ -10,7 +10,6 @@ The contract checked here (issue: training engine):
 """
 import gzip
 import json
-import os
 import signal
 import shutil
 import subprocess
@@ -20,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-LATHE = os.environ.get("LATHE_BIN", "build/lathe")
+from lathe_cli import LATHE, run
+
 
 TINY = """
 model:
@@ -51,13 +51,6 @@ checkpoint:
   interval: 4
   keep_last: 2
 """
-
-
-def run(args, check=True, **kw):
-    p = subprocess.run([LATHE] + [str(a) for a in args], capture_output=True, text=True, **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(f"lathe {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
-    return p
 
 
 @pytest.fixture(scope="module")

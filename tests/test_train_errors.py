@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-LATHE = os.environ.get("LATHE_BIN", "build/lathe")
+from lathe_cli import LATHE, run
+
 BUILD_DIR = os.environ.get("LATHE_BUILD_DIR", "build")
 
 TINY = """
@@ -55,13 +56,6 @@ checkpoint:
   interval: 2
   keep_last: 0
 """
-
-
-def run(args, check=True, **kw):
-    p = subprocess.run([LATHE] + [str(a) for a in args], capture_output=True, text=True, timeout=600, **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(f"lathe {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
-    return p
 
 
 @pytest.fixture(scope="module")

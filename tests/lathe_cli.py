@@ -1,0 +1,19 @@
+"""The `lathe` binary as the Python tests run it: LATHE (LATHE_BIN, which CTest sets, else the build
+folder's) and run(), which fails the calling test with lathe's stderr when the command fails."""
+
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LATHE = os.environ.get("LATHE_BIN", str(ROOT / "build" / "lathe"))
+
+
+def run(args, check=True, timeout=600, **kw):
+    """`lathe ARGS` (each argument str()-ed), output captured as text; with check, a non-zero exit
+    raises AssertionError naming the command, its exit code and its stderr."""
+    p = subprocess.run([LATHE] + [str(a) for a in args], capture_output=True, text=True,
+                       timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"lathe {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
+    return p
