@@ -105,9 +105,8 @@ public:
         const uint64_t n = file_.token_count();
         if (n == 0 || (unsigned_dtype && dtype_max <= hi))
             return std::optional<TokenIdOutOfRange>();
-        const std::string bin_path = indexed_bin_path(file_.prefix());
         // open() checked that the .bin holds exactly the tokens the index describes, from byte 0.
-        LATHE_ASSIGN_OR_RETURN(MappedFile bin, MappedFile::open(bin_path));
+        const MappedFile& bin = file_.bin();
         uint64_t at = n;
         switch (dtype) {
             case TokenDType::kUInt8:

@@ -162,6 +162,8 @@ public:
     const std::string& prefix() const { return prefix_; }
     uint64_t idx_bytes() const { return idx_.size(); }
     uint64_t bin_bytes() const { return bin_.size(); }
+    // The mapped .bin (the tokens, from byte 0, as open() checked).
+    const MappedFile& bin() const { return bin_; }
 
 private:
     IndexedDataset() = default;
