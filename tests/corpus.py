@@ -22,6 +22,7 @@ different corpus.
 """
 
 import gzip
+import json
 import random
 from pathlib import Path
 
@@ -39,6 +40,19 @@ DICTIONARIES = [
     ("freedict-eng-hin", "hi"),
     ("freedict-ell-eng", "el"),
 ]
+
+def write_gcide_jsonl(path, max_chars, doc_chars=None):
+    """GCIDE's first max_chars characters (text-mode read, invalid bytes replaced) written to path
+    as JSONL {"text": ...} documents, one per non-empty blank-line-separated entry (stripped, and
+    cut to doc_chars characters when given): the small training corpus of the CLI tests."""
+    with gzip.open(DICT_DIR / "gcide.dict.dz", "rt", errors="replace") as f:
+        raw = f.read(max_chars)
+    with open(path, "w") as out:
+        for b in raw.split("\n\n"):
+            b = b.strip()
+            if b:
+                out.write(json.dumps({"text": b[:doc_chars]}) + "\n")
+
 
 _text_cache = {}
 

@@ -16,7 +16,6 @@ Checked here, through the `lathe` binary (LATHE_BIN):
   - an exception no Status describes (here: memory running out under an address-space limit)
     ends as one `lathe: error:` line and exit code 1, not std::terminate.
 """
-import gzip
 import json
 import os
 import resource
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from corpus import write_gcide_jsonl
 from lathe_cli import LATHE, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,11 +77,7 @@ def fails(args, *needles, rc=None):
 def made(tmp_path_factory):
     """A tokenizer, token files, and a 4-step CPU run with checkpoints at steps 2 and 4."""
     d = tmp_path_factory.mktemp("cli_errors")
-    raw = gzip.open("/usr/share/dictd/gcide.dict.dz", "rt", errors="replace").read(200_000)
-    blocks = [b.strip() for b in raw.split("\n\n") if b.strip()]
-    with open(d / "c.jsonl", "w") as f:
-        for b in blocks:
-            f.write(json.dumps({"text": b}) + "\n")
+    write_gcide_jsonl(d / "c.jsonl", 200_000)
     run(["tokenizer", "train", "--vocab-size", 300, "--special-tokens", "<|endoftext|>",
          "--input", d / "c.jsonl", "--output", d / "tok.json"])
     run(["prepare", "--tokenizer", d / "tok.json", "--input", d / "c.jsonl",

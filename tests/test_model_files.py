@@ -1,8 +1,7 @@
 """The tokenizer files a model folder carries: the trainer's checkpoints and `lathe convert` carry
 the same set (kHfTokenizerFiles in run/special_tokens.h), byte for byte, from where they sit."""
-import gzip
-import json
 
+from corpus import write_gcide_jsonl
 from lathe_cli import run
 
 
@@ -46,11 +45,7 @@ EXTRAS = {
 
 
 def test_checkpoint_and_convert_carry_the_same_tokenizer_files(tmp_path):
-    raw = gzip.open("/usr/share/dictd/gcide.dict.dz", "rt", errors="replace").read(200_000)
-    with open(tmp_path / "c.jsonl", "w") as f:
-        for b in (b.strip() for b in raw.split("\n\n")):
-            if b:
-                f.write(json.dumps({"text": b}) + "\n")
+    write_gcide_jsonl(tmp_path / "c.jsonl", 200_000)
     tok_dir = tmp_path / "tok"
     tok_dir.mkdir()
     run(["tokenizer", "train", "--vocab-size", 300, "--special-tokens", "<|endoftext|>",

@@ -14,7 +14,6 @@ tokenizer's, and generate() stops at the document-end token: with a hook that ma
 argmax, it emits exactly one token (with a wrong eos_token_id it would run to max_new_tokens),
 and the trained model's own greedy continuation never runs past an eos.
 """
-import gzip
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from corpus import write_gcide_jsonl
 from lathe_cli import run
 
 SHARED = Path(os.environ.get("LATHE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
@@ -82,11 +82,7 @@ def corpus(tmp_path_factory):
     """GCIDE entries as short JSONL documents, a lathe BPE tokenizer with <|endoftext|> (id 0)
     and no tokenizer_config.json, the documents prepared with --append-eod."""
     d = tmp_path_factory.mktemp("special_ids")
-    raw = gzip.open("/usr/share/dictd/gcide.dict.dz", "rt", errors="replace").read(300_000)
-    blocks = [b.strip() for b in raw.split("\n\n") if b.strip()]
-    with open(d / "c.jsonl", "w") as f:
-        for b in blocks:
-            f.write(json.dumps({"text": b[:200]}) + "\n")
+    write_gcide_jsonl(d / "c.jsonl", 300_000, doc_chars=200)
     (d / "lathe_tok").mkdir()
     run(["tokenizer", "train", "--vocab-size", 384, "--special-tokens", EOT,
          "--input", d / "c.jsonl", "--output", d / "lathe_tok" / "tok.json"])

@@ -8,7 +8,6 @@ The contract checked here (issue: training engine):
   - the loss falls; checkpoints are complete Hugging Face folders; keep_last prunes;
   - `lathe eval loss` follows its stream-of-windows definition.
 """
-import gzip
 import json
 import signal
 import shutil
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from corpus import write_gcide_jsonl
 from lathe_cli import LATHE, run
 
 
@@ -56,11 +56,7 @@ checkpoint:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("train_corpus")
-    raw = gzip.open("/usr/share/dictd/gcide.dict.dz", "rt", errors="replace").read(600_000)
-    blocks = [b.strip() for b in raw.split("\n\n") if b.strip()]
-    with open(d / "c.jsonl", "w") as f:
-        for b in blocks:
-            f.write(json.dumps({"text": b}) + "\n")
+    write_gcide_jsonl(d / "c.jsonl", 600_000)
     run(["tokenizer", "train", "--vocab-size", 384, "--special-tokens", "<|endoftext|>",
          "--input", d / "c.jsonl", "--output", d / "tok.json"])
     run(["prepare", "--tokenizer", d / "tok.json", "--input", d / "c.jsonl",

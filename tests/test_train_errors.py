@@ -14,7 +14,6 @@ Checked here:
     as the build was configured;
   - checkpoint.init_from takes a checkpoint folder, a run folder and RUN/checkpoints/latest.
 """
-import gzip
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from corpus import write_gcide_jsonl
 from lathe_cli import LATHE, run
 
 BUILD_DIR = os.environ.get("LATHE_BUILD_DIR", "build")
@@ -61,11 +61,7 @@ checkpoint:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("train_errors")
-    raw = gzip.open("/usr/share/dictd/gcide.dict.dz", "rt", errors="replace").read(300_000)
-    blocks = [b.strip() for b in raw.split("\n\n") if b.strip()]
-    with open(d / "c.jsonl", "w") as f:
-        for b in blocks:
-            f.write(json.dumps({"text": b}) + "\n")
+    write_gcide_jsonl(d / "c.jsonl", 300_000)
     for vocab in (384, 1024):
         run(["tokenizer", "train", "--vocab-size", vocab, "--special-tokens", "<|endoftext|>",
              "--input", d / "c.jsonl", "--output", d / f"tok{vocab}.json"])
