@@ -102,10 +102,12 @@ Result<std::vector<int64_t>> CheckpointDir::complete_steps() const {
     return list_steps(root_, false);
 }
 
-Result<std::optional<std::string>> CheckpointDir::newest() const {
-    LATHE_ASSIGN_OR_RETURN(std::vector<int64_t> steps, complete_steps());
+Result<std::optional<std::string>> CheckpointDir::newest_in(const std::string& root) {
+    std::error_code ec;
+    if (!fs::is_directory(root, ec)) return std::optional<std::string>();
+    LATHE_ASSIGN_OR_RETURN(std::vector<int64_t> steps, list_steps(root, false));
     if (steps.empty()) return std::optional<std::string>();
-    return std::optional<std::string>((fs::path(root_) / step_name(steps.back())).string());
+    return std::optional<std::string>((fs::path(root) / step_name(steps.back())).string());
 }
 
 Result<std::string> CheckpointDir::begin(int64_t step) const {

@@ -39,7 +39,10 @@ public:
     // would resume or evaluate something other than what the folder suggests).
     Result<std::vector<int64_t>> complete_steps() const;
     // The newest complete checkpoint's folder, or nullopt when there is none.
-    Result<std::optional<std::string>> newest() const;
+    Result<std::optional<std::string>> newest() const { return newest_in(root_); }
+    // newest() for a `root` that is not open()ed: reads only (creates and cleans nothing);
+    // nullopt also when `root` is not a folder.
+    static Result<std::optional<std::string>> newest_in(const std::string& root);
 
     // Starts writing the checkpoint for `step`: returns a fresh empty ".partial-" folder to write
     // every file into. A leftover folder of the same step is removed first.

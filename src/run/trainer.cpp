@@ -588,36 +588,19 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
     return ok_status();
 }
 
-// The newest complete checkpoint of a run folder, found as CheckpointDir::newest() finds it but
-// without creating or cleaning anything (CheckpointDir::open does both), or nullopt.
-std::optional<fs::path> newest_checkpoint_read_only(const std::string& run_dir) {
-    const fs::path root = fs::path(run_dir) / "checkpoints";
-    std::error_code ec;
-    if (!fs::is_directory(root, ec)) return std::nullopt;
-    std::optional<int64_t> newest;
-    fs::path dir;
-    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-        const std::optional<int64_t> step =
-            CheckpointDir::parse_step_name(it->path().filename().string());
-        if (step && it->is_directory(ec) && (!newest || *step > *newest)) {
-            newest = step;
-            dir = it->path();
-        }
-    }
-    if (!newest) return std::nullopt;
-    return dir;
-}
-
 // A resume must keep what its exactness depends on (run/train_schema.h): compares `config` with
 // the configuration the newest checkpoint of the run was written with (RUN/config.yaml when the
 // checkpoint does not carry one), refuses an incompatible change naming every such key, and logs
 // each compatible one. Reads only: a refused resume leaves the run folder as it was.
 Status check_resume_config(const std::string& run_dir, const ConfigSchema& schema,
                            const Config& config) {
-    const std::optional<fs::path> checkpoint = newest_checkpoint_read_only(run_dir);
-    if (!checkpoint) return ok_status();  // a fresh start
+    // Read-only: CheckpointDir::open would create and clean.
+    LATHE_ASSIGN_OR_RETURN(const std::optional<std::string> newest,
+                           CheckpointDir::newest_in((fs::path(run_dir) / "checkpoints").string()));
+    if (!newest) return ok_status();  // a fresh start
+    const fs::path checkpoint = *newest;
     std::string text, from;
-    const std::string state_path = (*checkpoint / kTrainerStateFile).string();
+    const std::string state_path = (checkpoint / kTrainerStateFile).string();
     if (auto bytes = file_read_all(state_path); bytes.ok()) {
         const auto j = nlohmann::json::parse(*bytes, nullptr, false);
         if (j.is_object() && j.contains("config") && j.at("config").is_string()) {
@@ -637,7 +620,7 @@ Status check_resume_config(const std::string& run_dir, const ConfigSchema& schem
             "--run-dir {} resumes from {}, but the configuration it was written with "
             "cannot be read to check the resume against ({}); train into a new "
             "--run-dir",
-            run_dir, checkpoint->string(), before.status().message());
+            run_dir, checkpoint.string(), before.status().message());
     }
     const std::vector<TrainConfigChange> changes = train_config_changes(*before, config);
     std::string refused;
@@ -652,7 +635,7 @@ Status check_resume_config(const std::string& run_dir, const ConfigSchema& schem
             "resume depends on: {} (the run's value -> this one). Set them back (the "
             "run's configuration: {}), or train into a new --run-dir; `lathe train "
             "--help` lists the keys a resume may change",
-            run_dir, checkpoint->string(), refused, run_config);
+            run_dir, checkpoint.string(), refused, run_config);
     }
     for (const TrainConfigChange& c : changes) {
         log_info("resuming with a changed {}: {} -> {}", c.key, c.before, c.after);
