@@ -334,13 +334,15 @@ Status missing_token_files(const std::string& prefix) {
 }  // namespace
 
 Result<IndexedDataset> IndexedDataset::open(const std::string& prefix) {
-    if (::access(indexed_idx_path(prefix).c_str(), F_OK) != 0 && errno == ENOENT)
-        return missing_token_files(prefix);
     IndexedDataset ds;
     ds.prefix_ = prefix;
     const std::string idx_path = indexed_idx_path(prefix);
     const std::string bin_path = indexed_bin_path(prefix);
-    LATHE_ASSIGN_OR_RETURN(const IndexHeader h, indexed_read_header(idx_path));
+    Result<IndexHeader> header = indexed_read_header(idx_path);
+    // No .idx (the only not-found of indexed_read_header): say what to pass instead.
+    if (!header.ok() && header.status().code() == StatusCode::kNotFound)
+        return missing_token_files(prefix);
+    LATHE_ASSIGN_OR_RETURN(const IndexHeader h, std::move(header));
     LATHE_ASSIGN_OR_RETURN(ds.dtype_, token_dtype_from_code(h.dtype_code, idx_path));
     LATHE_ASSIGN_OR_RETURN(ds.idx_, MappedFile::open(idx_path));
     LATHE_ASSIGN_OR_RETURN(ds.bin_, MappedFile::open(bin_path));
