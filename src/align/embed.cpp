@@ -42,18 +42,24 @@ Status check_options(const EmbedOptions& o) {
     return ok_status();
 }
 
+}  // namespace
+
+std::string embed_cuda_unusable_reason(const GpuEnvironment& env) {
+    if (!env.cuda_build) return "this lathe was built without CUDA";
+    if (env.devices.empty()) return env.device_error.empty() ? "no CUDA device" : env.device_error;
+    if (!env.devices[0].kernel_image_ok)
+        return env.devices[0].name + ": " + env.devices[0].kernel_image_error;
+    return "";
+}
+
+namespace {
+
 // Whether to train on the GPU, and its name. --device cuda without a usable GPU is an error;
 // auto falls back to the CPU and says why.
 Result<bool> choose_cuda(EmbedDevice device, std::string& name) {
     if (device == EmbedDevice::kCpu) return false;
     const GpuEnvironment env = gpu_environment_probe(0);
-    std::string why;
-    if (!env.cuda_build)
-        why = "this lathe was built without CUDA";
-    else if (env.devices.empty())
-        why = env.device_error.empty() ? "no CUDA device" : env.device_error;
-    else if (!env.devices[0].kernel_image_ok)
-        why = env.devices[0].name + ": " + env.devices[0].kernel_image_error;
+    const std::string why = embed_cuda_unusable_reason(env);
     if (why.empty()) {
         name = env.devices[0].name;
         return true;

@@ -67,4 +67,8 @@ Result<EmbedDevice> embed_device_from_name(std::string_view name);
 // cannot be written.
 Result<EmbedReport> embed_tokens(const EmbedOptions& options);
 
+struct GpuEnvironment;
+// Why `env` (gpu_environment_probe) cannot train embeddings on its GPU 0, or "" when it can.
+std::string embed_cuda_unusable_reason(const GpuEnvironment& env);
+
 }  // namespace lathe

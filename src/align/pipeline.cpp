@@ -139,17 +139,6 @@ Status check_work_dir(const Config& c, const std::string& work) {
     return ok_status();
 }
 
-// Why a setting of `cuda` cannot be met on this machine, or "" when it can (the reasons `lathe
-// align embed` gives).
-std::string cuda_unusable_reason() {
-    const GpuEnvironment env = gpu_environment_probe(0);
-    if (!env.cuda_build) return "this lathe was built without CUDA";
-    if (env.devices.empty()) return env.device_error.empty() ? "no CUDA device" : env.device_error;
-    if (!env.devices[0].kernel_image_ok)
-        return env.devices[0].name + ": " + env.devices[0].kernel_image_error;
-    return "";
-}
-
 // Every path and setting of the run, checked before stage 1 writes anything: each input file
 // exists and is readable, the tokenizers load, the source checkpoint resolves and matches its
 // tokenizer and the eval window, numbers are in range, the devices asked for exist. Errors name
@@ -262,7 +251,7 @@ Status check_run_config(const Config& c, const AlignRunOptions& options) {
     // ---- devices ----
     for (const char* key : {"embed.device", "map.device"}) {
         if (c.get_string(key) != "cuda") continue;
-        const std::string why = cuda_unusable_reason();
+        const std::string why = embed_cuda_unusable_reason(gpu_environment_probe(0));
         if (!why.empty())
             return failed_precondition_error("{}: cuda: {}; use cpu or auto", where(c, key), why);
     }
