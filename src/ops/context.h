@@ -8,15 +8,19 @@
 // LATHE_HAVE_CUDA is defined). Model and trainer code only ever call the dispatching functions, so
 // swapping the backend means handing them another Context, nothing else.
 //
-// Adding the CUDA twin of an op: src/ops/cuda/<op>.cu holds the kernels and a host
-// launcher taking typed device pointers, sizes and the stream, declared in src/ops/cuda/<op>.h;
-// src/ops/<op>.cpp then calls it under `case Backend::kCuda:` inside `#if LATHE_HAVE_CUDA`
-// (defined for lathe_ops when nvcc is found), after the shared shape checks it already runs. Until
-// then a kCuda call stops with "no cuda implementation". The CUDA test runs both backends on the
-// same random inputs (ops/gradcheck.h, core/tensor.h's tensor_convert for bf16).
+// Adding the CUDA twin of an op: src/ops/cuda/<op>.cu holds the kernels and a host launcher,
+// declared in src/ops/cuda/<op>.h with CPU-visible types only (typed device pointers, sizes,
+// `CudaState&` and `CUstream_st*`) in the order outputs, saved statistics, inputs, weights, sizes,
+// then the state and stream; src/ops/cuda_stub/<op>.cpp defines the same launcher for builds
+// without CUDA as a call to detail::no_cuda (ops/cuda_stub/no_cuda.h). src/ops/<op>.cpp then calls
+// it under `case Backend::kCuda:`, with no preprocessor conditional, after the shared shape checks
+// it already runs. Until then a kCuda call stops with "no cuda implementation". The CUDA test runs
+// both backends on the same random inputs (ops/gradcheck.h, core/tensor.h's tensor_convert for
+// bf16).
 //
 // A Context owns nothing: the stream and the CUDA library handles belong to an RAII owner in
-// ops/cuda (one per device), which fills in `cuda`. No op keeps global state.
+// ops/cuda (one per device), which fills in `cuda`; the communicator belongs to whoever set up the
+// processes (src/dist, run/). No op keeps global state.
 
 #include <cstdint>
 #include <string_view>
@@ -34,8 +38,13 @@ constexpr std::string_view backend_name(Backend b) {
     return b == Backend::kCpu ? "cpu" : "cuda";
 }
 
-// Per-device CUDA state (cuBLASLt/cuDNN handles, workspaces), defined by ops/cuda.
+// Per-device CUDA state (cuBLASLt/cuDNN handles, workspaces, the compute, copy and communication
+// streams), defined by ops/cuda.
 struct CudaState;
+// The processes this one computes with (rank, world, collectives), defined by dist/communicator.h.
+// Ops never include dist/: code above the op layer (model, optimizer, trainer) calls the
+// collectives through this pointer.
+class Communicator;
 
 struct Context {
     Backend backend = Backend::kCpu;
@@ -46,6 +55,11 @@ struct Context {
     // variant that is not (it says so in its header: today the CUDA attention backward, whose
     // dQ is then accumulated with atomics, as PyTorch's flash attention does).
     bool deterministic = true;
+    // The group of processes this one trains with, owned elsewhere (run/ sets it up for the
+    // process's lifetime). Null means a single process: nothing to reduce, gather or broadcast.
+    // A Communicator's GPU collectives run on a stream the caller names (usually CudaState's
+    // communication stream, ordered against compute with CudaState::wait_for).
+    Communicator* comm = nullptr;
 
     // The memory space every tensor handed to an op under this context must live in.
     Device memory() const { return backend == Backend::kCpu ? Device::kCpu : Device::kCuda; }

@@ -64,9 +64,60 @@ TensorView DeviceBuffer::view(DType dtype, Shape shape) const {
     return TensorView(data_, dtype, shape, Device::kCuda);
 }
 
-CudaState::CudaState(int device) : device_(device) {
+CudaEvent::CudaEvent() {
+    LATHE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+}
+
+CudaEvent::~CudaEvent() {
+    if (event_ != nullptr) LATHE_CUDA_CHECK(cudaEventDestroy(event_));
+}
+
+CudaEvent::CudaEvent(CudaEvent&& other) noexcept : event_(other.event_) {
+    other.event_ = nullptr;
+}
+
+CudaEvent& CudaEvent::operator=(CudaEvent&& other) noexcept {
+    if (this != &other) {
+        if (event_ != nullptr) LATHE_CUDA_CHECK(cudaEventDestroy(event_));
+        event_ = other.event_;
+        other.event_ = nullptr;
+    }
+    return *this;
+}
+
+void CudaEvent::record(CUstream_st* stream) {
+    LATHE_CHECK(event_ != nullptr, "record on a moved-from CudaEvent");
+    LATHE_CUDA_CHECK(cudaEventRecord(event_, stream));
+}
+
+void CudaEvent::wait(CUstream_st* stream) const {
+    LATHE_CHECK(event_ != nullptr, "wait on a moved-from CudaEvent");
+    LATHE_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
+}
+
+void CudaEvent::synchronize() const {
+    LATHE_CHECK(event_ != nullptr, "synchronize on a moved-from CudaEvent");
+    LATHE_CUDA_CHECK(cudaEventSynchronize(event_));
+}
+
+namespace {
+
+// Makes `device` current and returns it: CudaState's first member is initialized with it, so the
+// events among the members are created on that device.
+int make_current(int device) {
     LATHE_CUDA_CHECK(cudaSetDevice(device));
+    return device;
+}
+
+}  // namespace
+
+CudaState::CudaState(int device) : device_(make_current(device)) {
     LATHE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    LATHE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    // Numerically lower is higher priority: `greatest` is the most urgent.
+    int least = 0, greatest = 0;
+    LATHE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    LATHE_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, greatest));
     LATHE_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
     workspace_ = DeviceBuffer(kWorkspaceBytes);
     scratch_ = DeviceBuffer(kScratchBytes);
@@ -75,10 +126,28 @@ CudaState::CudaState(int device) : device_(device) {
 
 CudaState::~CudaState() {
     // Work still queued may use the buffers freed below.
-    if (stream_ != nullptr) LATHE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    synchronize_all();
     attention_cache_.reset();  // its cuDNN handle is bound to the stream destroyed below
     if (cublaslt_ != nullptr) LATHE_CUBLAS_CHECK(cublasLtDestroy(cublaslt_));
-    if (stream_ != nullptr) LATHE_CUDA_CHECK(cudaStreamDestroy(stream_));
+    for (CUstream_st* s : {stream_, copy_stream_, comm_stream_})
+        if (s != nullptr) LATHE_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+void CudaState::wait_for(CUstream_st* waiter, CUstream_st* signaller) {
+    const CUstream_st* const streams[3] = {stream_, copy_stream_, comm_stream_};
+    int from = -1;
+    bool waiter_ours = false;
+    for (int i = 0; i < 3; ++i) {
+        if (streams[i] == signaller) from = i;
+        if (streams[i] == waiter) waiter_ours = true;
+    }
+    LATHE_CHECK(from >= 0 && waiter_ours,
+                "CudaState::wait_for: both streams must be this state's (compute, copy or "
+                "communication); signaller ours: {}, waiter ours: {}",
+                from >= 0, waiter_ours);
+    if (waiter == signaller) return;
+    order_events_[from].record(signaller);
+    order_events_[from].wait(waiter);
 }
 
 void* CudaState::scratch(size_t bytes, std::string_view op) const {
@@ -99,6 +168,11 @@ Context CudaState::context() {
 
 void CudaState::synchronize() const {
     LATHE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaState::synchronize_all() const {
+    for (CUstream_st* s : {stream_, copy_stream_, comm_stream_})
+        if (s != nullptr) LATHE_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 CudaState& cuda_state_of(const Context& ctx, std::string_view op) {

@@ -2,7 +2,8 @@
 // Ownership of CUDA resources for the ops (STYLE.md, "Ownership"): device memory and the per-device
 // state (stream, cuBLASLt handle, workspaces) that a Context points at.
 //
-// One CudaState per device. It owns one stream and everything an op may need besides its tensors:
+// One CudaState per device. It owns the device's streams and everything an op may need besides its
+// tensors:
 // the cuBLASLt handle and workspace, and a fixed scratch area for an op's small temporaries
 // (per-block partial sums of the deterministic reductions, per-row losses). All of it is
 // allocated once, in the constructor (nothing is allocated per step), and sized by the constants
@@ -12,6 +13,16 @@
 // handle, workspace or scratch must run on the state's own stream, one after another:
 // cuda_state_of() checks that the context's stream is the state's, which is what makes sharing one
 // scratch area between ops safe.
+//
+// Streams: `stream()` is the compute stream every op runs on. Beside it the state owns a copy
+// stream (host<->device transfers: staging, offload) and a communication stream (collectives,
+// dist/communicator.h), so that transfers and collectives can overlap compute. Work on two streams
+// is unordered unless ordered by an event: `wait_for(waiter, signaller)` makes what is enqueued on
+// `waiter` afterwards wait for everything enqueued on `signaller` so far, on the device, without
+// blocking the host or allocating. A buffer handed from one stream to another needs such an order
+// both ways: the reader waits for the writer, and the writer's next write waits for the reader.
+// CudaEvent is the same tool for orders that must be kept past one call (e.g. "the gradients of
+// layer i are ready").
 //
 // This header is included by CPU-compiled dispatchers (src/ops/<op>.cpp) and keeps CUDA headers
 // out of them: cudaStream_t is CUstream_st*, cublasLtHandle_t is cublasLtContext*.
@@ -25,6 +36,8 @@
 #include "ops/context.h"
 
 struct cublasLtContext;
+// cudaEvent_t is `struct CUevent_st*`.
+struct CUevent_st;
 
 namespace lathe {
 
@@ -51,6 +64,31 @@ private:
     size_t bytes_ = 0;
 };
 
+// A CUDA event that orders streams (created with cudaEventDisableTiming, the cheapest kind: it
+// cannot time). Created on the current device, destroyed with the object. Move-only.
+class CudaEvent {
+public:
+    CudaEvent();
+    ~CudaEvent();
+    CudaEvent(CudaEvent&& other) noexcept;
+    CudaEvent& operator=(CudaEvent&& other) noexcept;
+    CudaEvent(const CudaEvent&) = delete;
+    CudaEvent& operator=(const CudaEvent&) = delete;
+
+    CUevent_st* get() const { return event_; }
+    // Marks the point `stream` has reached: everything enqueued on it so far.
+    void record(CUstream_st* stream);
+    // Work enqueued on `stream` after this call waits for the point of the latest record() (a
+    // later record() does not change what this wait waits for). The host does not block; an
+    // event never recorded is complete.
+    void wait(CUstream_st* stream) const;
+    // Blocks the host until the point of the latest record() is reached.
+    void synchronize() const;
+
+private:
+    CUevent_st* event_ = nullptr;
+};
+
 struct CudaState {
 public:
     // cuBLASLt workspace: NVIDIA's recommendation for Hopper (larger split-K and stream-K tiles).
@@ -59,8 +97,10 @@ public:
     // kMaxRowChunks (ops/cuda/column_reduce.h) x C fp32 values per pass.
     static constexpr size_t kScratchBytes = size_t(32) << 20;
 
-    // Makes `device` current, creates a non-blocking stream, the cuBLASLt handle and the two
-    // buffers. Any failure (no such device, out of memory) stops with the failing call.
+    // Makes `device` current, creates the three non-blocking streams (communication at the
+    // device's highest priority, so collectives are not queued behind compute kernels), their
+    // ordering events, the cuBLASLt handle and the two buffers. Any failure (no such device, out
+    // of memory) stops with the failing call.
     explicit CudaState(int device);
     ~CudaState();
     // Contexts hold a pointer to the state: it never moves.
@@ -68,7 +108,19 @@ public:
     CudaState& operator=(const CudaState&) = delete;
 
     int device() const { return device_; }
+    // The compute stream: every op runs here (Context::stream).
     CUstream_st* stream() const { return stream_; }
+    // Host<->device transfers that overlap compute.
+    CUstream_st* copy_stream() const { return copy_stream_; }
+    // Collectives (Communicator calls on GPU buffers).
+    CUstream_st* comm_stream() const { return comm_stream_; }
+
+    // Work enqueued on `waiter` after this call waits for all work enqueued on `signaller` before
+    // it; both are streams of this state (checked). Records the state's event of `signaller` and
+    // makes `waiter` wait on it: no host blocking, no allocation; reusing the event is safe since a
+    // wait keeps the point recorded when it was enqueued. Call from the thread that drives the
+    // state. A no-op when waiter == signaller (a stream is ordered with itself).
+    void wait_for(CUstream_st* waiter, CUstream_st* signaller);
     cublasLtContext* cublaslt() const { return cublaslt_; }
     void* workspace() const { return workspace_.data(); }
     size_t workspace_bytes() const { return workspace_.bytes(); }
@@ -80,8 +132,11 @@ public:
     // A context that runs ops on this device, on this state's stream.
     Context context();
 
-    // Waits for everything enqueued on the stream; an asynchronous kernel error stops here.
+    // Waits for everything enqueued on the compute stream; an asynchronous kernel error stops
+    // here. The copy and communication streams are not waited for (synchronize_all does).
     void synchronize() const;
+    // Waits for all three streams.
+    void synchronize_all() const;
 
     // Cache of cuBLASLt algorithm choices, keyed by problem (ops/cuda/gemm.cu owns its contents).
     struct MatmulCache;
@@ -97,8 +152,13 @@ public:
     const AttentionCache* attention_cache_if_created() const { return attention_cache_.get(); }
 
 private:
+    // Initialized by making the device current, so that the members below are created on it.
     int device_ = 0;
     CUstream_st* stream_ = nullptr;
+    CUstream_st* copy_stream_ = nullptr;
+    CUstream_st* comm_stream_ = nullptr;
+    // wait_for's events, one per signalling stream: compute, copy, communication.
+    CudaEvent order_events_[3];
     cublasLtContext* cublaslt_ = nullptr;
     DeviceBuffer workspace_;
     DeviceBuffer scratch_;
