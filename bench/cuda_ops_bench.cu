@@ -2,10 +2,11 @@
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
 
-// Times each CUDA op at the shapes of the issue's two anchors (GPT-2 124M at B=32, T=1024; the
+// Times each CUDA op at the two training shapes (GPT-2 124M at B=32, T=1024; the
 // Llama-3.2-1B shape at B=8, T=2048) against its floor: the fewest bytes it must move over the
 // measured copy bandwidth, or its matmul FLOPs over the measured bf16 GEMM rate, whichever is
-// larger (METHOD.md, "two numbers first"). Built and run by scripts/gpu-ops-test.sh.
+// larger (METHOD.md, "two numbers first"). A CMake target (LATHE_CUDA_OPS_BENCH);
+// scripts/gpu-check.sh OUT opsbench runs it from the bundle.
 //
 //   cuda_ops_bench [--copy-gbps 3000] [--gemm-tflops 780] [--only SUBSTRING]
 //

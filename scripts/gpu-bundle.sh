@@ -7,7 +7,7 @@
 # shared libraries they need that the GPU machine lacks. CUDA's own libraries (cudart, cuBLASLt,
 # cuDNN, NVRTC) are the GPU machine's: the same CUDA 13.0 major.minor as here.
 #
-#   scripts/gpu-bundle.sh pack [BUILD_DIR]   here: ninja lathe and the three *_gpu_tests in BUILD_DIR
+#   scripts/gpu-bundle.sh pack [BUILD_DIR]   here: ninja lathe, the *_gpu_tests and cuda_ops_bench in BUILD_DIR
 #                                            (default build; a missing target stops it),
 #                                            strip copies, write .carry/gpu-bundle.tgz (git-ignored;
 #                                            name .carry in the run tool's carry list)
@@ -17,7 +17,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 # Everything scripts/gpu-check.sh runs; a build without one of them cannot pack.
-targets=(lathe ops_gpu_tests model_gpu_tests align_gpu_tests)
+targets=(lathe ops_gpu_tests model_gpu_tests align_gpu_tests cuda_ops_bench)
 
 die() {
     echo "gpu-bundle: $*" >&2

@@ -25,7 +25,12 @@
 #   profile    ncu kernel times of one step at both shapes
 #   curve      lathe train configs/tiny.yaml on the GPU and on the CPU (all cores), same data
 #              (.carry/train/{gcide.bin,gcide.idx,tokenizer.json}) and seed, the two loss curves
-# baseline, profile and curve are measurements; they fail the check only when their command does.
+#   sanitize   compute-sanitizer on ops_gpu_tests: memcheck over the tests (less those that abort
+#              on purpose or run the training shapes), racecheck over the tests of the kernels
+#              that use shared memory (cuBLASLt's nvjet kernels excluded); each must report 0
+#   opsbench   cuda_ops_bench: each CUDA op's time at the training shapes against its floor
+# baseline, profile, curve and opsbench are measurements; they fail the check only when their
+# command does.
 #
 # Every part writes its logs into a work folder; OUT gets verdict.txt and one archive of the logs
 # (gpu-check.tgz), since the run tool brings back only a few files.
@@ -351,6 +356,41 @@ part_profile() {
     done
 }
 
+part_sanitize() {
+    have ops_gpu_tests || return
+    local san rc errors
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    if [[ ! -x $san ]]; then
+        fail "sanitize: compute-sanitizer not found"
+        return
+    fi
+    timeout "$(limit 240)" "$san" --tool memcheck --leak-check no --error-exitcode 9 \
+        "$bin/ops_gpu_tests" --gtest_filter='-*DeathTest*:*Rejects*:*TrainingShape*:*Deterministic*' \
+        >"$out/sanitize_memcheck.txt" 2>&1
+    rc=$?
+    echo "rc=$rc" >>"$out/sanitize_memcheck.txt"
+    errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$out/sanitize_memcheck.txt" | tail -1)
+    if ((rc == 0)) && [[ $errors == 0 ]]; then pass "memcheck 0 errors"; else fail "memcheck: exit $rc, ${errors:-no} error summary"; fi
+    # cuBLASLt's own split-K kernels (nvjet_*) report shared-memory hazards of their design; the
+    # check covers lathe's kernels.
+    timeout "$(limit 120)" "$san" --tool racecheck --error-exitcode 9 --kernel-name-exclude kns=nvjet "$bin/ops_gpu_tests" \
+        --gtest_filter='CudaLmHeadCrossEntropy.*:CudaEmbedding.*:CudaGradNorm.*' \
+        >"$out/sanitize_racecheck.txt" 2>&1
+    rc=$?
+    echo "rc=$rc" >>"$out/sanitize_racecheck.txt"
+    errors=$(sed -n 's/.*RACECHECK SUMMARY: \([0-9]*\) hazard.*/\1/p; s/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$out/sanitize_racecheck.txt" | tail -1)
+    if ((rc == 0)) && [[ $errors == 0 ]]; then pass "racecheck 0 hazards"; else fail "racecheck: exit $rc, ${errors:-no} summary"; fi
+}
+
+part_opsbench() {
+    have cuda_ops_bench || return
+    timeout "$(limit 150)" "$bin/cuda_ops_bench" >"$out/opsbench.txt" 2>&1
+    local rc=$?
+    echo "rc=$rc" >>"$out/opsbench.txt"
+    # Rows of the Markdown table, less its header and separator.
+    ((rc == 0)) && pass "opsbench $(grep '^|' "$out/opsbench.txt" | tail -n +3 | wc -l) ops" || fail "opsbench: exit $rc"
+}
+
 part_curve() {
     have lathe || return
     if [[ ! -f .carry/train/gcide.idx ]]; then
@@ -373,14 +413,14 @@ part_curve() {
 
 for part in "${parts[@]}"; do
     case $part in
-        doctor | tests | bench | resume | baseline | profile | curve)
+        doctor | tests | bench | resume | baseline | profile | curve | sanitize | opsbench)
             if ((SECONDS >= deadline)); then
                 fail "$part: not run (the check's ${GPU_CHECK_BUDGET:-540} s were spent)"
             else
                 "part_$part"
             fi
             ;;
-        *) fail "unknown part '$part' (doctor tests bench resume baseline profile curve)" ;;
+        *) fail "unknown part '$part' (doctor tests bench resume baseline profile curve sanitize opsbench)" ;;
     esac
 done
 
@@ -389,7 +429,7 @@ for f in "$out"/*.txt; do
     [[ -e $f ]] || continue
     echo "-- $(basename "$f")"
     case $f in
-        *_top.txt) cut -c1-140 "$f" ;;
+        *_top.txt | opsbench.txt) cut -c1-160 "$f" ;;
         *) grep -E "^rc=|PASSED|FAILED|SKIPPED|ready|tokens_per_s|\[gpu|\[fusion\]|gemm: cuBLASLt|gpt2_124M|llama_1B|resume:|validation" "$f" |
             cut -c1-400 | tail -40 ;;
     esac

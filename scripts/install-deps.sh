@@ -44,8 +44,7 @@ fi
 
 # cuDNN frontend headers (header-only C++ API over libcudnn, used by the CUDA attention op):
 # NVIDIA ships them in the PyPI wheel nvidia-cudnn-frontend, whose include/ folder is all we need.
-# Unpacked into .deps/cudnn-frontend/include (ignored by git), where CMake and
-# scripts/gpu-ops-test.sh look first. Without them the build still works, minus attention on CUDA.
+# Unpacked into .deps/cudnn-frontend/include (ignored by git), where CMake looks first. Without them the build still works, minus attention on CUDA.
 CUDNN_FRONTEND_VERSION=1.32.0
 root=$(cd "$(dirname "$0")/.." && pwd)
 fe_dir=$root/.deps/cudnn-frontend

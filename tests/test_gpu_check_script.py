@@ -167,6 +167,57 @@ def test_no_bundle_fails(tmp_path):
 
 
 
+# compute-sanitizer and cuda_ops_bench stand-ins: STUB_MEMCHECK_ERRORS errors make memcheck exit
+# with --error-exitcode; STUB_OPSBENCH=fail makes the bench exit 1.
+SANITIZER_STUB = r"""#!/usr/bin/env bash
+tool=$2
+shift 2
+if [[ $tool == memcheck ]]; then
+  n=${STUB_MEMCHECK_ERRORS:-0}
+  echo "========= ERROR SUMMARY: $n errors"
+  ((n == 0)) || exit 9
+else
+  echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+fi
+"""
+
+OPSBENCH_STUB = r"""#!/usr/bin/env bash
+[[ ${STUB_OPSBENCH:-pass} == pass ]] || { echo "cudaErrorNoDevice" >&2; exit 1; }
+printf '| op | shape | us | floor us |\n|---|---|---|---|\n| gelu | 32x1024x3072 | 80.0 | 64.0 |\n'
+"""
+
+
+@pytest.fixture
+def tools_path(tmp_path):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    write_exe(tools / "compute-sanitizer", SANITIZER_STUB)
+    return f"{tools}:{os.environ['PATH']}"
+
+
+def test_sanitize_and_opsbench_pass(stub_bin, tmp_path, tools_path):
+    write_exe(stub_bin / "cuda_ops_bench", OPSBENCH_STUB)
+    rc, verdict, _ = check(stub_bin, tmp_path, "sanitize", "opsbench", PATH=tools_path)
+    assert rc == 0, verdict
+    assert verdict == "gpu-check: PASS (memcheck 0 errors, racecheck 0 hazards, opsbench 1 ops)"
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"STUB_MEMCHECK_ERRORS": "2"}, "memcheck: exit 9, 2 error summary"),
+    ({"STUB_OPSBENCH": "fail"}, "opsbench: exit 1"),
+])
+def test_sanitize_and_opsbench_failures_fail(stub_bin, tmp_path, tools_path, env, needle):
+    write_exe(stub_bin / "cuda_ops_bench", OPSBENCH_STUB)
+    rc, verdict, _ = check(stub_bin, tmp_path, "sanitize", "opsbench", PATH=tools_path, **env)
+    assert rc == 1
+    assert needle in verdict, verdict
+
+
+def test_opsbench_without_its_binary_fails(stub_bin, tmp_path):
+    rc, verdict, _ = check(stub_bin, tmp_path, "opsbench")
+    assert rc == 1 and "cuda_ops_bench: binary missing" in verdict
+
+
 def test_resume_part_passes_on_an_exact_resume(stub_bin, tmp_path):
     rc, verdict, stdout = check(stub_bin, tmp_path, "resume", GPU_CHECK_DEVICE="cpu",
                                 GPU_CHECK_RESUME_SETS=SMALL, GPU_CHECK_RESUME_STEPS=160,
