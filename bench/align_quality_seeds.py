@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run-to-run noise of the quality study's inits: several results.json of bench/align_quality.sh
+"""Run-to-run noise of the quality study's inits: several results.json of bench/align_quality.py
 that differ only in --align-seed (same source model), summarised per target and held-out set.
 
     python3 bench/align_quality_seeds.py runs/quality/results-seed1.json runs/quality/results-seed2.json ...

@@ -1,4 +1,4 @@
-"""bench/align_quality.sh, the quality study of docs/ALIGN.md ("Quality"), kept working in CI.
+"""bench/align_quality.py, the quality study of docs/ALIGN.md ("Quality"), kept working in CI.
 
 What is checked:
   * `--tiny` on a 1 MiB slice of GCIDE runs every step of the study on the CPU (source model,
@@ -21,6 +21,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def required_data():
 
 def study(out, *extra):
     """Runs the tiny study into `out`; returns its stderr (where the commands are printed)."""
-    cmd = ["bash", str(REPO / "bench" / "align_quality.sh"), "--tiny", "--lathe", LATHE,
+    cmd = [sys.executable, str(REPO / "bench" / "align_quality.py"), "--tiny", "--lathe", LATHE,
            "--gcide", str(GCIDE), "--pubmedqa", str(PUBMED), "--tokenizers", str(TOKENIZERS),
            "--out", str(out), "--max-gcide-mb", "1", "--train-steps", "8", "--stage1-steps", "3",
            "--stage2-steps", "3", "--eval-docs", "2", "--gcide-eval-docs", "4", *extra]

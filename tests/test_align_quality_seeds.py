@@ -1,4 +1,4 @@
-"""The seed knob of bench/align_quality.sh and bench/align_quality_seeds.py, which summarises
+"""The seed knob of bench/align_quality.py and bench/align_quality_seeds.py, which summarises
 several seeds' results.json into the noise and the margins against FVT that docs/ALIGN.md quotes.
 
 The summary is checked on results made up here, where every number is known: the mean, the
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "bench" / "align_quality.sh"
+SCRIPT = ROOT / "bench" / "align_quality.py"
 SEEDS = ROOT / "bench" / "align_quality_seeds.py"
 
 
@@ -63,14 +63,28 @@ def test_one_run_is_not_a_noise_measurement(tmp_path):
 
 
 def test_align_seed_is_checked_before_any_work(tmp_path):
-    r = subprocess.run(["bash", str(SCRIPT), "--tiny", "--out", str(tmp_path / "q"),
+    r = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--out", str(tmp_path / "q"),
                         "--align-seed", "x1"], capture_output=True, text=True)
     assert r.returncode != 0 and "--align-seed: 'x1'" in r.stderr, r.stderr
     assert not (tmp_path / "q").exists()
 
 
-def test_align_seed_reaches_the_align_runs_config():
-    text = SCRIPT.read_text()
-    assert "embed: {device: $DEVICE, seed: $EMBED_SEED}" in text
-    assert "map: {device: $DEVICE, seed: $MAP_SEED}" in text
-    assert '--seed "$MAP_SEED"' in text  # the hybrid's own map
+def test_align_seed_reaches_the_align_runs_config(tmp_path):
+    # The config `lathe align run` gets, as the study writes it, for a seed and for the default.
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import align_quality
+    finally:
+        sys.path.pop(0)
+    argv = ["--tiny", "--out", str(tmp_path / "q"), "--lathe", sys.executable]
+    for seed, embed, mapped in (("7", 7, 7), (None, 1, 0)):
+        o = align_quality.parse_args(argv + (["--align-seed", seed] if seed else []))
+        o.lathe, o.gcide, o.pubmedqa = sys.executable, __file__, __file__
+        o.tokenizers = str(tmp_path)
+        for t in ("gpt-neox-20b", "qwen3"):
+            (tmp_path / f"{t}.json").write_text("{}")
+        o = align_quality.settle(o)
+        text = align_quality.align_yaml(o, tmp_path / "w", tmp_path / "qwen3", "/ckpt", tmp_path / "data")
+        assert f"embed: {{device: cpu, seed: {embed}}}" in text, text
+        assert f"map: {{device: cpu, seed: {mapped}}}" in text, text
+        assert o.map_seed == mapped  # the hybrid's own map takes --seed o.map_seed
