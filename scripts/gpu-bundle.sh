@@ -11,8 +11,8 @@
 #                                            (default build; a missing target stops it),
 #                                            strip copies, write .carry/gpu-bundle.tgz (git-ignored;
 #                                            name .carry in the run tool's carry list)
-#   scripts/gpu-bundle.sh unpack DIR         there: unpack into DIR; prints the LD_LIBRARY_PATH to
-#                                            export (DIR/lib)
+#   scripts/gpu-bundle.sh unpack DIR [ARCHIVE]  there: unpack ARCHIVE (default the bundle) into DIR;
+#                                            prints the LD_LIBRARY_PATH to export (DIR/lib)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -57,14 +57,15 @@ pack() {
 }
 
 unpack() {
-    local dir=${1:?usage: gpu-bundle.sh unpack DIR}
+    local dir=${1:?usage: gpu-bundle.sh unpack DIR [ARCHIVE]}
+    local archive=${2:-$root/.carry/gpu-bundle.tgz}
     mkdir -p "$dir"
-    tar -C "$dir" -xzf "$root/.carry/gpu-bundle.tgz"
+    tar -C "$dir" -xzf "$archive"
     echo "$dir/lib"
 }
 
 case ${1:-} in
     pack) shift; pack "$@" ;;
     unpack) shift; unpack "$@" ;;
-    *) die "usage: gpu-bundle.sh pack [BUILD_DIR] | unpack DIR" ;;
+    *) die "usage: gpu-bundle.sh pack [BUILD_DIR] | unpack DIR [ARCHIVE]" ;;
 esac

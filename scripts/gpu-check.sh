@@ -29,7 +29,10 @@
 #              on purpose or run the training shapes), racecheck over the tests of the kernels
 #              that use shared memory (cuBLASLt's nvjet kernels excluded); each must report 0
 #   opsbench   cuda_ops_bench: each CUDA op's time at the training shapes against its floor
-# baseline, profile, curve and opsbench are measurements; they fail the check only when their
+#   compare    the gpt2 and llama bench rows from .carry/before-bundle.tgz (the code before a
+#              change, packed the same way and renamed) and from the bundle, alternating, two
+#              rounds: each run's tokens/s and after/before of the two medians
+# baseline, profile, curve, opsbench and compare are measurements; they fail the check only when their
 # command does.
 #
 # Every part writes its logs into a work folder; OUT gets verdict.txt and one archive of the logs
@@ -37,6 +40,7 @@
 #
 # Environment (for runs of this script's logic off the GPU machine; tests/test_gpu_check_script.py):
 #   GPU_CHECK_BIN     a folder holding lathe and the test binaries (no bundle is unpacked)
+#   GPU_CHECK_BEFORE_BIN  likewise for the compare part's "before" lathe
 #   GPU_CHECK_DEVICE  train.device of the resume part (default cuda)
 #   GPU_CHECK_RESUME_SETS  extra --set key=value words for the resume part's runs (a smaller model)
 #   GPU_CHECK_RESUME_STEPS, GPU_CHECK_RESUME_EVERY  its train.steps (300) and checkpoint.interval (20)
@@ -391,6 +395,52 @@ part_opsbench() {
     ((rc == 0)) && pass "opsbench $(grep '^|' "$out/opsbench.txt" | tail -n +3 | wc -l) ops" || fail "opsbench: exit $rc"
 }
 
+part_compare() {
+    have lathe || return
+    local before_bin=${GPU_CHECK_BEFORE_BIN:-}
+    if [[ -z $before_bin ]]; then
+        if [[ ! -f $root/.carry/before-bundle.tgz ]]; then
+            fail "compare: .carry/before-bundle.tgz missing (pack the code before the change, rename the bundle, carry it)"
+            return
+        fi
+        bash "$root/scripts/gpu-bundle.sh" unpack "$work/before" "$root/.carry/before-bundle.tgz" >/dev/null
+        before_bin=$work/before/bin
+    fi
+    local row name args round side exe log tps summary="" ok=1
+    local -A runs=()
+    for round in 1 2; do
+        for row in "${bench_rows[@]:0:2}"; do
+            name=${row%%|*} args=${row#*|}
+            for side in before after; do
+                exe=$lathe
+                [[ $side == before ]] && exe=$before_bin/lathe
+                log=$out/compare_${name}_${side}_$round.txt
+                # shellcheck disable=SC2086  # args are words
+                timeout "$(limit 150)" "$exe" bench $args --device cuda >"$log" 2>&1
+                echo "rc=$?" >>"$log"
+                tps=$(json_field "$log" tokens_per_s)
+                if [[ -z $tps ]]; then
+                    fail "compare $name $side round $round: no tokens_per_s ($(grep -v '^rc=' "$log" | tail -1 | cut -c1-160))"
+                    ok=0
+                fi
+                runs[$name.$side]+="${tps:-nan} "
+            done
+        done
+    done
+    ((ok)) || return
+    for row in "${bench_rows[@]:0:2}"; do
+        name=${row%%|*}
+        summary+=$(python3 - "$name" "${runs[$name.before]}" "${runs[$name.after]}" <<'EOF'
+import statistics, sys
+name, b, a = sys.argv[1], [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
+mb, ma = statistics.median(b), statistics.median(a)
+print(f"{name} {ma / mb:.3f}x (before {' '.join(f'{x:.0f}' for x in b)}, after {' '.join(f'{x:.0f}' for x in a)} tok/s); ", end="")
+EOF
+)
+    done
+    pass "compare after/before: ${summary%; }"
+}
+
 part_curve() {
     have lathe || return
     if [[ ! -f .carry/train/gcide.idx ]]; then
@@ -413,14 +463,14 @@ part_curve() {
 
 for part in "${parts[@]}"; do
     case $part in
-        doctor | tests | bench | resume | baseline | profile | curve | sanitize | opsbench)
+        doctor | tests | bench | resume | baseline | profile | curve | sanitize | opsbench | compare)
             if ((SECONDS >= deadline)); then
                 fail "$part: not run (the check's ${GPU_CHECK_BUDGET:-540} s were spent)"
             else
                 "part_$part"
             fi
             ;;
-        *) fail "unknown part '$part' (doctor tests bench resume baseline profile curve sanitize opsbench)" ;;
+        *) fail "unknown part '$part' (doctor tests bench resume baseline profile curve sanitize opsbench compare)" ;;
     esac
 done
 

@@ -218,6 +218,19 @@ def test_opsbench_without_its_binary_fails(stub_bin, tmp_path):
     assert rc == 1 and "cuda_ops_bench: binary missing" in verdict
 
 
+def test_compare_reports_after_over_before(stub_bin, tmp_path):
+    before = tmp_path / "before"
+    before.mkdir()
+    write_exe(before / "lathe", '#!/usr/bin/env bash\necho \'{"model": "stub", "tokens_per_s": 800.0}\'\n')
+    rc, verdict, _ = check(stub_bin, tmp_path, "compare", GPU_CHECK_BEFORE_BIN=before)
+    assert rc == 0, verdict
+    assert verdict == ("gpu-check: PASS (compare after/before: gpt2 1.250x (before 800 800, after 1000 "
+                       "1000 tok/s); llama 1.250x (before 800 800, after 1000 1000 tok/s))")
+    write_exe(before / "lathe", "#!/usr/bin/env bash\necho 'lathe: error: no GPU' >&2; exit 1\n")
+    rc, verdict, _ = check(stub_bin, tmp_path, "compare", GPU_CHECK_BEFORE_BIN=before)
+    assert rc == 1 and "compare gpt2 before round 1: no tokens_per_s (lathe: error: no GPU)" in verdict, verdict
+
+
 def test_resume_part_passes_on_an_exact_resume(stub_bin, tmp_path):
     rc, verdict, stdout = check(stub_bin, tmp_path, "resume", GPU_CHECK_DEVICE="cpu",
                                 GPU_CHECK_RESUME_SETS=SMALL, GPU_CHECK_RESUME_STEPS=160,
