@@ -4,11 +4,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -21,6 +20,7 @@
 #include "align/stage_cache.h"
 #include "core/hash.h"
 #include "core/log.h"
+#include "core/ordered_pool.h"
 #include "core/progress.h"
 #include "core/strings.h"
 #include "data/jsonl.h"
@@ -43,6 +43,8 @@ double seconds_since(Clock::time_point t0) {
 
 // Batches of documents handed from the reader to the workers: about this many bytes each.
 constexpr size_t kBatchBytes = size_t{1} << 20;
+// Candidates are scored in chunks of this many.
+constexpr size_t kScoreChunk = 256;
 // The shared candidate table is split into this many independently locked shards.
 constexpr size_t kShards = 64;
 
@@ -64,6 +66,10 @@ struct Batch {
     std::vector<uint64_t> lines;  // 1-based first line of each record
     const std::string* file = nullptr;
     bool jsonl = false;
+    // Filled by the worker.
+    uint64_t documents = 0;
+    uint64_t skipped = 0;
+    uint64_t pieces = 0;
 };
 
 // What one worker does with a document's raw pieces, and at the end of each batch.
@@ -85,25 +91,121 @@ struct TextPipeline {
     std::unique_ptr<PreTokenizer> pre_tokenizer;
 };
 
-// Reads `files` on one thread and runs `sink` on `threads` workers. The first error stops the
-// scan (reader and workers) and is returned.
+// Cuts `files` into batches of documents, in order, on the calling thread. Format auto looks at
+// the first non-blank line of each file, as `lathe prepare` does, and then reads it line by line
+// (one document per line) either way.
+class CorpusReader {
+public:
+    CorpusReader(const std::vector<std::string>& files, const TermsOptions& options,
+                 const std::string& label, Progress* progress)
+        : files_(files), options_(options), label_(label), progress_(progress) {}
+
+    Result<bool> read(Batch& b) {
+        for (;;) {
+            if (!open_) {
+                if (next_file_ == files_.size()) return false;
+                LATHE_RETURN_IF_ERROR(open(files_[next_file_++]));
+            }
+            b.data.clear();
+            b.ends.clear();
+            b.lines.clear();
+            b.file = &files_[next_file_ - 1];
+            b.jsonl = jsonl_;
+            auto add = [&b](std::string_view text, uint64_t line) {
+                b.data.append(text);
+                b.ends.push_back(static_cast<uint32_t>(b.data.size()));
+                b.lines.push_back(line);
+            };
+            if (pending_.has_value()) {
+                add(*pending_, pending_line_);
+                pending_.reset();
+            }
+            bool file_done = false;
+            while (b.data.size() < kBatchBytes) {
+                if (cancelled()) return cancelled_error("{}: cancelled", label_);
+                if (use_lines_) {
+                    std::string_view line;
+                    LATHE_ASSIGN_OR_RETURN(const bool more, open_->lines.next(line));
+                    if (!more) {
+                        file_done = true;
+                        break;
+                    }
+                    line = strip_cr(line);
+                    if (jsonl_ && is_blank_line(line)) continue;
+                    add(line, open_->lines.line_number());
+                } else {
+                    TextRecord rec;
+                    LATHE_ASSIGN_OR_RETURN(const bool more, open_->records.next(rec));
+                    if (!more) {
+                        file_done = true;
+                        break;
+                    }
+                    add(rec.text, rec.line);
+                }
+            }
+            const uint64_t raw = open_->in.raw_bytes_read();
+            if (progress_) progress_->add(raw - last_raw_, 0);
+            last_raw_ = raw;
+            if (file_done) open_.reset();
+            if (!b.ends.empty()) return true;
+        }
+    }
+
+private:
+    struct OpenFile {
+        InputStream in;
+        LineReader lines;
+        TextRecordReader records;
+        OpenFile(InputStream stream, TextRecordFormat format)
+            : in(std::move(stream)), lines(in), records(in, format) {}
+    };
+
+    bool cancelled() const { return options_.cancel != nullptr && options_.cancel->load(); }
+
+    Status open(const std::string& file) {
+        InputOptions in_options;
+        in_options.cancel = options_.cancel;
+        LATHE_ASSIGN_OR_RETURN(InputStream in, InputStream::open(file, in_options));
+        const bool blocks = options_.format == TermsFormat::kTextBlocks;
+        open_ = std::make_unique<OpenFile>(
+            std::move(in), blocks ? TextRecordFormat::kBlocks : TextRecordFormat::kLines);
+        last_raw_ = 0;
+        jsonl_ = options_.format == TermsFormat::kJsonl;
+        use_lines_ = jsonl_;
+        if (options_.format == TermsFormat::kAuto) {
+            std::string_view line;
+            for (;;) {
+                LATHE_ASSIGN_OR_RETURN(const bool more, open_->lines.next(line));
+                if (!more) break;
+                if (is_blank_line(line)) continue;
+                jsonl_ = trim(line).front() == '{';
+                pending_ = std::string(line);
+                pending_line_ = open_->lines.line_number();
+                break;
+            }
+            use_lines_ = true;
+        }
+        return ok_status();
+    }
+
+    const std::vector<std::string>& files_;
+    const TermsOptions& options_;
+    const std::string& label_;
+    Progress* progress_;
+    size_t next_file_ = 0;
+    std::unique_ptr<OpenFile> open_;      // the file being read; null between files
+    std::optional<std::string> pending_;  // the line read to detect the format
+    uint64_t pending_line_ = 0;
+    bool jsonl_ = false;
+    bool use_lines_ = false;
+    uint64_t last_raw_ = 0;
+};
+
+// Reads `files` on the calling thread and runs `sink` on `threads` workers (core/ordered_pool.h).
+// The first error in input order stops the scan and is returned.
 Status scan_corpus(const std::vector<std::string>& files, const TermsOptions& options,
                    const TextPipeline& pipeline, int threads, const ScanSink& sink,
                    const std::string& label, ScanTotals& totals) {
-    std::mutex mu;
-    std::condition_variable not_empty, not_full;
-    std::deque<Batch> queue;
-    const size_t capacity = static_cast<size_t>(2 * threads + 2);
-    bool reader_done = false;
-    std::atomic<bool> stop{false};
-    Status first_error;
-    auto fail = [&](Status s) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (first_error.ok()) first_error = std::move(s);
-        stop.store(true);
-        not_empty.notify_all();
-        not_full.notify_all();
-    };
     auto cancelled = [&] { return options.cancel != nullptr && options.cancel->load(); };
 
     uint64_t total_raw = 0;
@@ -113,206 +215,83 @@ Status scan_corpus(const std::vector<std::string>& files, const TermsOptions& op
     }
     std::optional<Progress> progress;
     if (options.show_progress) progress.emplace(label, total_raw, "docs");
-    std::atomic<uint64_t> documents{0}, skipped{0}, pieces{0}, input_bytes{0};
+    CorpusReader reader(files, options, label, progress ? &*progress : nullptr);
 
-    auto push = [&](Batch&& b) -> bool {
-        std::unique_lock<std::mutex> lock(mu);
-        not_full.wait(lock, [&] { return queue.size() < capacity || stop.load(); });
-        if (stop.load()) return false;
-        queue.push_back(std::move(b));
-        not_empty.notify_one();
-        return true;
+    std::atomic<int> next_worker{0};
+    auto make_worker = [&] {
+        return [&, w = next_worker++, json = JsonlFieldReader(options.json_key),
+                normalized = std::string(), raw = std::string(), piece_list = PieceList(),
+                scratch = PieceList(), raw_ends = std::vector<size_t>(),
+                raw_pieces = std::vector<std::string_view>()](Batch& batch) mutable -> Status {
+            batch.documents = batch.skipped = batch.pieces = 0;
+            uint32_t begin = 0;
+            for (size_t r = 0; r < batch.ends.size(); ++r) {
+                std::string_view text(batch.data.data() + begin, batch.ends[r] - begin);
+                begin = batch.ends[r];
+                std::string problem;
+                if (batch.jsonl) {
+                    auto v = json.extract(text);
+                    if (v.ok()) {
+                        text = *v;
+                    } else {
+                        problem = v.status().message();
+                    }
+                } else if (!utf8::is_valid(text)) {
+                    problem = fmt::format("invalid UTF-8 at byte {}", utf8::first_invalid(text));
+                }
+                if (!problem.empty()) {
+                    if (options.skip_bad_documents) {
+                        ++batch.skipped;
+                        continue;
+                    }
+                    return invalid_argument_error(
+                        "{}:{}: {} (fix the input, or pass --on-error skip to skip such "
+                        "documents)",
+                        *batch.file, batch.lines[r], problem);
+                }
+                std::string_view norm = text;
+                if (pipeline.normalizer) {
+                    normalized.clear();
+                    pipeline.normalizer->normalize(text, normalized);
+                    norm = normalized;
+                }
+                pipeline.pre_tokenizer->split(norm, piece_list, scratch);
+                raw.clear();
+                raw_ends.clear();
+                for (size_t i = 0; i < piece_list.size(); ++i) {
+                    // Byte-level symbols back to the bytes they stand for (always valid: the
+                    // pre-tokenizer produced them).
+                    byte_level_decode(piece_list.view(i), raw);
+                    raw_ends.push_back(raw.size());
+                }
+                raw_pieces.clear();
+                size_t b = 0;
+                for (size_t e : raw_ends) {
+                    raw_pieces.emplace_back(raw.data() + b, e - b);
+                    b = e;
+                }
+                sink.on_document(w, raw_pieces);
+                ++batch.documents;
+                batch.pieces += piece_list.size();
+            }
+            sink.on_batch_end(w);
+            if (cancelled()) return cancelled_error("{}: cancelled", label);
+            return ok_status();
+        };
     };
-
-    std::thread reader([&] {
-        InputOptions in_options;
-        in_options.cancel = options.cancel;
-        for (const std::string& file : files) {
-            auto in = InputStream::open(file, in_options);
-            if (!in.ok()) {
-                fail(in.status());
-                break;
-            }
-            // Format: auto looks at the first non-blank line, as `lathe prepare` does.
-            bool jsonl = options.format == TermsFormat::kJsonl;
-            const bool blocks = options.format == TermsFormat::kTextBlocks;
-            LineReader lines(*in);
-            TextRecordReader records(*in,
-                                     blocks ? TextRecordFormat::kBlocks : TextRecordFormat::kLines);
-            std::optional<std::string> pending;  // the line read to detect the format
-            uint64_t pending_line = 0;
-            bool use_lines = jsonl;
-            if (options.format == TermsFormat::kAuto) {
-                std::string_view line;
-                for (;;) {
-                    auto r = lines.next(line);
-                    if (!r.ok()) {
-                        fail(r.status());
-                        break;
-                    }
-                    if (!*r) break;
-                    if (is_blank_line(line)) continue;
-                    jsonl = trim(line).front() == '{';
-                    pending = std::string(line);
-                    pending_line = lines.line_number();
-                    break;
-                }
-                if (stop.load()) break;
-                // From here on auto reads line by line (one document per line) either way.
-                use_lines = true;
-            }
-            Batch batch;
-            batch.file = &file;
-            batch.jsonl = jsonl;
-            uint64_t last_raw = 0;
-            auto add = [&](std::string_view text, uint64_t line) -> bool {
-                batch.data.append(text);
-                batch.ends.push_back(static_cast<uint32_t>(batch.data.size()));
-                batch.lines.push_back(line);
-                if (batch.data.size() < kBatchBytes) return true;
-                const uint64_t raw = in->raw_bytes_read();
-                if (progress) progress->add(raw - last_raw, 0);
-                last_raw = raw;
-                Batch full = std::move(batch);
-                batch = Batch{};
-                batch.file = &file;
-                batch.jsonl = jsonl;
-                return push(std::move(full));
-            };
-            bool ok = true;
-            if (pending.has_value()) ok = add(*pending, pending_line);
-            while (ok && !stop.load()) {
-                if (cancelled()) {
-                    fail(cancelled_error("{}: cancelled", label));
-                    ok = false;
-                    break;
-                }
-                if (use_lines) {
-                    std::string_view line;
-                    auto r = lines.next(line);
-                    if (!r.ok()) {
-                        fail(r.status());
-                        ok = false;
-                        break;
-                    }
-                    if (!*r) break;
-                    line = strip_cr(line);
-                    if (jsonl && is_blank_line(line)) continue;
-                    ok = add(line, lines.line_number());
-                } else {
-                    TextRecord rec;
-                    auto r = records.next(rec);
-                    if (!r.ok()) {
-                        fail(r.status());
-                        ok = false;
-                        break;
-                    }
-                    if (!*r) break;
-                    ok = add(rec.text, rec.line);
-                }
-            }
-            if (!ok || stop.load()) break;
-            if (progress) progress->add(in->raw_bytes_read() - last_raw, 0);
-            if (!batch.ends.empty() && !push(std::move(batch))) break;
-        }
-        std::lock_guard<std::mutex> lock(mu);
-        reader_done = true;
-        not_empty.notify_all();
-    });
-
-    std::vector<std::thread> workers;
-    for (int w = 0; w < threads; ++w) {
-        workers.emplace_back([&, w] {
-            JsonlFieldReader json(options.json_key);
-            std::string normalized, raw;
-            PieceList piece_list, scratch;
-            std::vector<size_t> raw_ends;
-            std::vector<std::string_view> raw_pieces;
-            for (;;) {
-                Batch batch;
-                {
-                    std::unique_lock<std::mutex> lock(mu);
-                    not_empty.wait(lock,
-                                   [&] { return !queue.empty() || reader_done || stop.load(); });
-                    if (stop.load() || queue.empty()) return;
-                    batch = std::move(queue.front());
-                    queue.pop_front();
-                    not_full.notify_one();
-                }
-                uint64_t batch_docs = 0, batch_pieces = 0, batch_skipped = 0;
-                uint32_t begin = 0;
-                for (size_t r = 0; r < batch.ends.size(); ++r) {
-                    std::string_view text(batch.data.data() + begin, batch.ends[r] - begin);
-                    begin = batch.ends[r];
-                    std::string problem;
-                    if (batch.jsonl) {
-                        auto v = json.extract(text);
-                        if (v.ok()) {
-                            text = *v;
-                        } else {
-                            problem = v.status().message();
-                        }
-                    } else if (!utf8::is_valid(text)) {
-                        problem =
-                            fmt::format("invalid UTF-8 at byte {}", utf8::first_invalid(text));
-                    }
-                    if (!problem.empty()) {
-                        if (options.skip_bad_documents) {
-                            ++batch_skipped;
-                            continue;
-                        }
-                        fail(invalid_argument_error(
-                            "{}:{}: {} (fix the input, or pass --on-error skip to skip such "
-                            "documents)",
-                            *batch.file, batch.lines[r], problem));
-                        return;
-                    }
-                    std::string_view norm = text;
-                    if (pipeline.normalizer) {
-                        normalized.clear();
-                        pipeline.normalizer->normalize(text, normalized);
-                        norm = normalized;
-                    }
-                    pipeline.pre_tokenizer->split(norm, piece_list, scratch);
-                    raw.clear();
-                    raw_ends.clear();
-                    for (size_t i = 0; i < piece_list.size(); ++i) {
-                        // Byte-level symbols back to the bytes they stand for (always valid: the
-                        // pre-tokenizer produced them).
-                        byte_level_decode(piece_list.view(i), raw);
-                        raw_ends.push_back(raw.size());
-                    }
-                    raw_pieces.clear();
-                    size_t b = 0;
-                    for (size_t e : raw_ends) {
-                        raw_pieces.emplace_back(raw.data() + b, e - b);
-                        b = e;
-                    }
-                    sink.on_document(w, raw_pieces);
-                    ++batch_docs;
-                    batch_pieces += piece_list.size();
-                }
-                sink.on_batch_end(w);
-                documents += batch_docs;
-                skipped += batch_skipped;
-                pieces += batch_pieces;
-                input_bytes += batch.data.size();
-                if (progress) progress->add(0, batch_docs);
-                if (cancelled()) {
-                    fail(cancelled_error("{}: cancelled", label));
-                    return;
-                }
-            }
-        });
-    }
-    reader.join();
-    for (auto& t : workers) t.join();
+    ScanTotals sum;
+    auto write = [&](Batch& batch) -> Status {
+        sum.documents += batch.documents;
+        sum.skipped += batch.skipped;
+        sum.pieces += batch.pieces;
+        sum.input_bytes += batch.data.size();
+        if (progress) progress->add(0, batch.documents);
+        return ok_status();
+    };
+    LATHE_RETURN_IF_ERROR(ordered_parallel_map<Batch>(
+        threads, make_worker, [&reader](Batch& b) { return reader.read(b); }, write));
     if (progress) progress->finish();
-    if (!first_error.ok()) return first_error;
-    totals.documents = documents.load();
-    totals.skipped = skipped.load();
-    totals.pieces = pieces.load();
-    totals.input_bytes = input_bytes.load();
+    totals = sum;
     return ok_status();
 }
 
@@ -843,19 +822,27 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
         }
     }
 
-    // Score every candidate: its source encoding (in parallel; encode is thread-safe).
+    // Score every candidate: its source encoding (in parallel; encode is thread-safe), in chunks
+    // of kScoreChunk candidates.
     std::vector<Term> scored(candidates.size());
     {
-        std::atomic<size_t> next{0};
-        std::vector<std::thread> pool;
-        std::mutex err_mu;
-        Status err;
         const double n_domain = static_cast<double>(domain.pieces);
         const double n_general = static_cast<double>(report.general_pieces);
-        for (int w = 0; w < threads; ++w) {
-            pool.emplace_back([&] {
-                std::vector<int32_t> ids;
-                for (size_t i = next++; i < candidates.size(); i = next++) {
+        struct Chunk {
+            size_t begin = 0;
+            size_t end = 0;
+        };
+        size_t next = 0;
+        auto read = [&](Chunk& c) -> Result<bool> {
+            if (next == candidates.size()) return false;
+            c.begin = next;
+            c.end = std::min(candidates.size(), next + kScoreChunk);
+            next = c.end;
+            return true;
+        };
+        auto make_worker = [&] {
+            return [&, ids = std::vector<int32_t>()](Chunk& c) mutable -> Status {
+                for (size_t i = c.begin; i < c.end; ++i) {
                     Term& t = scored[i];
                     t.text = candidates[i].first;
                     t.count = candidates[i].second;
@@ -863,12 +850,7 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
                     // Already a single token (in the model vocabulary or added): nothing to gain,
                     // and HF would give it the existing id rather than a new one.
                     if (source.token_to_id(t.text).has_value()) continue;
-                    Status s = source.encode(t.text, /*add_special=*/false, ids);
-                    if (!s.ok()) {
-                        std::lock_guard<std::mutex> lock(err_mu);
-                        if (err.ok()) err = s;
-                        continue;
-                    }
+                    LATHE_RETURN_IF_ERROR(source.encode(t.text, /*add_special=*/false, ids));
                     if (ids.size() < 2) continue;
                     double score =
                         static_cast<double>(t.count) * static_cast<double>(ids.size() - 1);
@@ -881,10 +863,11 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
                     t.source_ids = ids;
                     t.score = score;
                 }
-            });
-        }
-        for (auto& t : pool) t.join();
-        if (!err.ok()) return err;
+                return ok_status();
+            };
+        };
+        LATHE_RETURN_IF_ERROR(ordered_parallel_map<Chunk>(threads, make_worker, read,
+                                                          [](Chunk&) { return ok_status(); }));
     }
     std::erase_if(scored, [](const Term& t) { return t.source_ids.empty() || !(t.score > 0.0); });
     const size_t keep = std::min(scored.size(), static_cast<size_t>(options.top_k));

@@ -4,16 +4,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <filesystem>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/log.h"
+#include "core/ordered_pool.h"
 #include "core/progress.h"
 #include "core/strings.h"
 #include "data/jsonl.h"
@@ -123,7 +121,6 @@ namespace {
 constexpr size_t kBatchMaxRecords = 8192;
 constexpr size_t kMaxSkipExamples = 10;
 constexpr size_t kMaxPeekLines = 1000;
-constexpr auto kWriterPoll = std::chrono::milliseconds(100);
 
 // How one input's records are read and turned into documents.
 enum class RecordKind { kJsonl, kText, kBlocks, kChat };
@@ -204,61 +201,33 @@ struct RecordRef {
     uint64_t line = 0;
 };
 
-// Records of one input, read by the reader thread.
-struct RawBatch {
-    uint64_t seq = 0;
+// Records of one input, read on the calling thread, and once a worker has tokenized them, their
+// documents (or the problems of the records that make none).
+struct Batch {
     size_t input = 0;
     RecordKind kind = RecordKind::kText;
     std::string text;  // the records' bytes back to back
     std::vector<RecordRef> records;
     Status read_error;  // the input failed after these records: the run stops here
-};
 
-// A RawBatch tokenized by a worker.
-struct EncodedBatch {
-    uint64_t seq = 0;
     std::vector<int32_t> tokens;
     std::vector<int32_t> labels;  // chat only
     std::vector<uint64_t> doc_sizes;
     std::vector<std::string> errors;  // "file:line: problem", in record order
-    Status read_error;
+
+    // Empties the batch and keeps its buffers for the next one.
+    void clear() {
+        text.clear();
+        records.clear();
+        read_error = ok_status();
+        tokens.clear();
+        labels.clear();
+        doc_sizes.clear();
+        errors.clear();
+    }
 };
 
-// Bounds the batches alive at once: the reader takes a credit per batch, the writer returns it.
-class Credits {
-public:
-    explicit Credits(size_t n) : available_(n) {}
-    // False when stopped.
-    bool acquire() {
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return available_ > 0 || stopped_; });
-        if (stopped_) return false;
-        --available_;
-        return true;
-    }
-    void release() {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            ++available_;
-        }
-        cv_.notify_one();
-    }
-    void stop() {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            stopped_ = true;
-        }
-        cv_.notify_all();
-    }
-
-private:
-    std::mutex mutex_;
-    std::condition_variable cv_;
-    size_t available_;
-    bool stopped_ = false;
-};
-
-// Everything the threads share.
+// What the reader and the workers share (read-only while the workers run).
 struct Shared {
     const PrepareOptions& options;
     const Tokenizer& tokenizer;
@@ -268,72 +237,7 @@ struct Shared {
     bool run_is_chat = false;
     std::vector<std::string> display_names;  // per input, for messages
 
-    std::atomic<bool> stop{false};
-    Credits credits;
-    Progress* progress = nullptr;
-
-    std::mutex work_mutex;
-    std::condition_variable work_cv;
-    std::deque<RawBatch> work;
-    bool work_closed = false;
-
-    std::mutex done_mutex;
-    std::condition_variable done_cv;
-    std::map<uint64_t, EncodedBatch> done;
-    bool reader_finished = false;
-    uint64_t total_batches = 0;
-
-    std::atomic<uint64_t> input_bytes{0};
-    std::atomic<uint64_t> raw_bytes{0};
-    std::atomic<uint64_t> blank_lines{0};  // blank lines that were not documents
-
-    Shared(const PrepareOptions& o, const Tokenizer& t, size_t credits_n)
-        : options(o), tokenizer(t), credits(credits_n) {}
-
-    void push_work(RawBatch&& b) {
-        {
-            std::lock_guard<std::mutex> lock(work_mutex);
-            work.push_back(std::move(b));
-        }
-        work_cv.notify_one();
-    }
-    bool pop_work(RawBatch& b) {
-        std::unique_lock<std::mutex> lock(work_mutex);
-        work_cv.wait(lock, [&] { return !work.empty() || work_closed || stop.load(); });
-        if (stop.load() || work.empty()) return false;
-        b = std::move(work.front());
-        work.pop_front();
-        return true;
-    }
-    void close_work() {
-        {
-            std::lock_guard<std::mutex> lock(work_mutex);
-            work_closed = true;
-        }
-        work_cv.notify_all();
-    }
-    void push_done(EncodedBatch&& e) {
-        {
-            std::lock_guard<std::mutex> lock(done_mutex);
-            done.emplace(e.seq, std::move(e));
-        }
-        done_cv.notify_all();
-    }
-    void finish_reading(uint64_t batches) {
-        {
-            std::lock_guard<std::mutex> lock(done_mutex);
-            reader_finished = true;
-            total_batches = batches;
-        }
-        done_cv.notify_all();
-        close_work();
-    }
-    void stop_all() {
-        stop = true;
-        credits.stop();
-        work_cv.notify_all();
-        done_cv.notify_all();
-    }
+    Shared(const PrepareOptions& o, const Tokenizer& t) : options(o), tokenizer(t) {}
 };
 
 // "an object", "a string", ... for a parsed JSON value.
@@ -353,7 +257,7 @@ bool starts_like_json_object(std::string_view line) {
 }
 
 // Decides how input `index` is read. Fails for an input that looks like chat data in a plain run.
-Result<RecordKind> resolve_kind(Shared& sh, size_t index, Source& source) {
+Result<RecordKind> resolve_kind(const Shared& sh, size_t index, Source& source) {
     switch (sh.options.format) {
         case PrepareFormat::kJsonl:
             return RecordKind::kJsonl;
@@ -391,49 +295,44 @@ Result<RecordKind> resolve_kind(Shared& sh, size_t index, Source& source) {
     return RecordKind::kJsonl;
 }
 
-// The reader thread: inputs -> batches, in order, each holding a credit.
-void reader_main(Shared& sh, std::unique_ptr<Source> first) {
-    uint64_t seq = 0;
-    // An input that cannot be opened or read ends the run after the batches before it.
-    const auto fail = [&](Status s, size_t input) {
-        if (!sh.credits.acquire()) return;
-        RawBatch b;
-        b.seq = seq++;
-        b.input = input;
-        b.read_error = std::move(s);
-        sh.push_work(std::move(b));
-    };
-    for (size_t i = 0; i < sh.options.inputs.size() && !sh.stop; ++i) {
-        std::unique_ptr<Source> source;
-        if (i == 0) {
-            source = std::move(first);
-        } else {
-            auto opened = Source::open(sh.options.inputs[i], &sh.stop, sh.options.max_record_bytes);
-            if (!opened.ok()) {
-                fail(opened.status(), i);
+// Cuts the inputs into batches, in order, on the calling thread. An input that cannot be opened
+// or read ends the run after the batches before it: its batch carries the error.
+class BatchReader {
+public:
+    BatchReader(const Shared& sh, std::unique_ptr<Source> first, Progress* progress)
+        : sh_(sh), source_(std::move(first)), progress_(progress) {}
+
+    Result<bool> read(Batch& b) {
+        b.clear();
+        while (!done_) {
+            if (sh_.options.cancel != nullptr && sh_.options.cancel->load()) {
+                return cancelled_error("interrupted; nothing was written under {}",
+                                       sh_.options.output_prefix);
+            }
+            if (input_ == sh_.options.inputs.size()) {
+                done_ = true;
                 break;
             }
-            source = std::move(*opened);
-        }
-        auto kind = resolve_kind(sh, i, *source);
-        if (!kind.ok()) {
-            fail(kind.status(), i);
-            break;
-        }
-        uint64_t raw_reported = 0;
-        bool input_done = false;
-        bool failed = false;
-        while (!input_done && !sh.stop) {
-            if (!sh.credits.acquire()) break;
-            RawBatch b;
-            b.input = i;
-            b.kind = *kind;
+            b.input = input_;
+            if (!kind_.has_value()) {
+                if (!source_) {
+                    auto opened = Source::open(sh_.options.inputs[input_], sh_.options.cancel,
+                                               sh_.options.max_record_bytes);
+                    if (!opened.ok()) return fail(b, opened.status());
+                    source_ = std::move(*opened);
+                }
+                auto kind = resolve_kind(sh_, input_, *source_);
+                if (!kind.ok()) return fail(b, kind.status());
+                kind_ = *kind;
+                raw_reported_ = 0;
+            }
+            b.kind = *kind_;
+            bool input_done = false;
             TextRecord rec;
-            while (b.text.size() < sh.options.batch_bytes && b.records.size() < kBatchMaxRecords) {
-                auto more = source->next(rec);
+            while (b.text.size() < sh_.options.batch_bytes && b.records.size() < kBatchMaxRecords) {
+                auto more = source_->next(rec);
                 if (!more.ok()) {
                     b.read_error = more.status();
-                    failed = true;
                     break;
                 }
                 if (!*more) {
@@ -442,48 +341,79 @@ void reader_main(Shared& sh, std::unique_ptr<Source> first) {
                 }
                 // A blank line is never a document: it separates blocks in text-blocks, and is
                 // passed over in text, JSONL and chat input (as `tokenizer train` does).
-                if (*kind != RecordKind::kBlocks && is_blank_line(rec.text)) {
-                    sh.blank_lines.fetch_add(1, std::memory_order_relaxed);
+                if (*kind_ != RecordKind::kBlocks && is_blank_line(rec.text)) {
+                    ++blank_lines_;
                     continue;
                 }
                 b.records.push_back({b.text.size(), rec.text.size(), rec.line});
                 b.text.append(rec.text);
             }
-            if (sh.progress != nullptr) {
-                const uint64_t raw = source->stream().raw_bytes_read();
-                sh.progress->add(raw - raw_reported, 0);
-                raw_reported = raw;
+            if (progress_ != nullptr) {
+                const uint64_t raw = source_->stream().raw_bytes_read();
+                progress_->add(raw - raw_reported_, 0);
+                raw_reported_ = raw;
             }
-            if (b.records.empty() && !failed) {
-                sh.credits.release();
-                break;
+            if (!b.read_error.ok()) {
+                finish_input();
+                done_ = true;
+                return true;
             }
-            b.seq = seq++;
-            sh.push_work(std::move(b));
-            if (failed) break;
+            if (input_done) {
+                finish_input();
+                ++input_;
+            }
+            if (!b.records.empty()) return true;
         }
-        sh.input_bytes += source->stream().bytes_read();
-        sh.raw_bytes += source->stream().raw_bytes_read();
-        if (failed) break;
+        return false;
     }
-    sh.finish_reading(seq);
-}
+
+    uint64_t input_bytes() const { return input_bytes_; }
+    uint64_t raw_bytes() const { return raw_bytes_; }
+    uint64_t blank_lines() const { return blank_lines_; }
+
+private:
+    // A batch with no records that ends the run with `s`.
+    Result<bool> fail(Batch& b, Status s) {
+        b.read_error = std::move(s);
+        done_ = true;
+        return true;
+    }
+
+    void finish_input() {
+        input_bytes_ += source_->stream().bytes_read();
+        raw_bytes_ += source_->stream().raw_bytes_read();
+        source_.reset();
+        kind_.reset();
+    }
+
+    const Shared& sh_;
+    std::unique_ptr<Source>
+        source_;  // the input being read (the first one is opened by the caller)
+    Progress* progress_;
+    size_t input_ = 0;
+    std::optional<RecordKind> kind_;  // set once the current input is opened and its kind decided
+    uint64_t raw_reported_ = 0;
+    bool done_ = false;
+    uint64_t input_bytes_ = 0;
+    uint64_t raw_bytes_ = 0;
+    uint64_t blank_lines_ = 0;  // blank lines that were not documents
+};
 
 // Per-thread state of a worker.
 struct Worker {
-    Shared& sh;
+    const Shared& sh;
     JsonlFieldReader jsonl;
     std::vector<int32_t> ids;
     ChatEncodeOptions chat_options;
 
-    explicit Worker(Shared& s) : sh(s), jsonl(s.json_key) {
+    explicit Worker(const Shared& s) : sh(s), jsonl(s.json_key) {
         chat_options.generation_role = s.options.generation_role;
         chat_options.only_last_turn = s.options.only_last_turn;
     }
 
     // Appends the record's document to `out`, or returns the problem (without file:line).
     // `line` may be moved forward to the line of the problem inside a block.
-    Status encode_text(RecordKind kind, std::string_view text, uint64_t& line, EncodedBatch& out) {
+    Status encode_text(RecordKind kind, std::string_view text, uint64_t& line, Batch& out) {
         if (kind == RecordKind::kJsonl) {
             LATHE_ASSIGN_OR_RETURN(text, jsonl.extract(text));
             if (text.empty()) {
@@ -514,7 +444,7 @@ struct Worker {
         return ok_status();
     }
 
-    Status encode_chat(std::string_view text, EncodedBatch& out) {
+    Status encode_chat(std::string_view text, Batch& out) {
         if (is_blank_line(text)) {
             return invalid_argument_error("empty line, expected a JSON object with a \"{}\" field",
                                           sh.json_key);
@@ -556,40 +486,20 @@ struct Worker {
         return ok_status();
     }
 
-    void run() {
-        RawBatch b;
-        while (sh.pop_work(b)) {
-            EncodedBatch out;
-            out.seq = b.seq;
-            out.read_error = std::move(b.read_error);
-            for (const RecordRef& r : b.records) {
-                if (sh.stop) break;
-                const std::string_view text(b.text.data() + r.offset, r.size);
-                uint64_t line = r.line;
-                Status s = b.kind == RecordKind::kChat ? encode_chat(text, out)
-                                                       : encode_text(b.kind, text, line, out);
-                if (!s.ok()) {
-                    out.errors.push_back(
-                        fmt::format("{}:{}: {}", sh.display_names[b.input], line, s.message()));
-                }
+    // Tokenizes the batch's records; a record that makes no document adds to b.errors.
+    Status operator()(Batch& b) {
+        for (const RecordRef& r : b.records) {
+            const std::string_view text(b.text.data() + r.offset, r.size);
+            uint64_t line = r.line;
+            Status s = b.kind == RecordKind::kChat ? encode_chat(text, b)
+                                                   : encode_text(b.kind, text, line, b);
+            if (!s.ok()) {
+                b.errors.push_back(
+                    fmt::format("{}:{}: {}", sh.display_names[b.input], line, s.message()));
             }
-            sh.push_done(std::move(out));
         }
+        return ok_status();
     }
-};
-
-// Joins every thread on scope exit, after telling them to stop.
-struct ThreadGroup {
-    Shared& sh;
-    std::vector<std::thread> threads;
-    void join_all() {
-        sh.stop_all();
-        for (std::thread& t : threads) {
-            if (t.joinable()) t.join();
-        }
-        threads.clear();
-    }
-    ~ThreadGroup() { join_all(); }
 };
 
 }  // namespace
@@ -627,14 +537,15 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     report.threads = options.threads > 0 ? options.threads : hw;
 
-    Shared sh(options, tokenizer, 2 * static_cast<size_t>(report.threads) + 2);
+    Shared sh(options, tokenizer);
     for (const std::string& path : options.inputs) {
         sh.display_names.push_back(path == kStdinPath ? "<stdin>" : path);
     }
 
     // The first input decides chat vs plain (auto), so it is opened here and handed to the reader.
-    LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Source> first,
-                           Source::open(options.inputs[0], &sh.stop, options.max_record_bytes));
+    LATHE_ASSIGN_OR_RETURN(
+        std::unique_ptr<Source> first,
+        Source::open(options.inputs[0], options.cancel, options.max_record_bytes));
     bool chat = options.format == PrepareFormat::kChat;
     report.format = options.format;
     if (options.format == PrepareFormat::kAuto) {
@@ -708,45 +619,18 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const auto t_start = std::chrono::steady_clock::now();
     std::optional<Progress> progress;
-    if (options.show_progress) {
-        progress.emplace("prepare", total_known ? total_raw : 0, "docs");
-        sh.progress = &*progress;
-    }
+    if (options.show_progress) progress.emplace("prepare", total_known ? total_raw : 0, "docs");
 
-    ThreadGroup group{sh, {}};
-    group.threads.emplace_back(reader_main, std::ref(sh), std::move(first));
-    for (int t = 0; t < report.threads; ++t) {
-        group.threads.emplace_back([&sh] { Worker(sh).run(); });
-    }
-
-    // The writer: batches strictly in input order.
-    uint64_t next = 0;
-    for (;;) {
-        EncodedBatch batch;
-        {
-            std::unique_lock<std::mutex> lock(sh.done_mutex);
-            sh.done_cv.wait_for(lock, kWriterPoll, [&] {
-                return sh.done.count(next) > 0 || (sh.reader_finished && next == sh.total_batches);
-            });
-            if (options.cancel != nullptr && options.cancel->load()) {
-                lock.unlock();
-                sh.stop_all();
-                return cancelled_error("interrupted; nothing was written under {}",
-                                       options.output_prefix);
-            }
-            const auto it = sh.done.find(next);
-            if (it == sh.done.end()) {
-                if (sh.reader_finished && next == sh.total_batches) break;
-                continue;
-            }
-            batch = std::move(it->second);
-            sh.done.erase(it);
+    // Read and write on this thread, tokenize on `threads` workers; batches are written strictly
+    // in input order.
+    BatchReader reader(sh, std::move(first), progress.has_value() ? &*progress : nullptr);
+    const auto write = [&](Batch& batch) -> Status {
+        if (options.cancel != nullptr && options.cancel->load()) {
+            return cancelled_error("interrupted; nothing was written under {}",
+                                   options.output_prefix);
         }
-        sh.credits.release();
-        ++next;
         if (!batch.errors.empty()) {
             if (options.on_error == OnError::kFail) {
-                sh.stop_all();
                 return invalid_argument_error(
                     "{} (fix the input, or pass --on-error skip to skip bad records)",
                     batch.errors.front());
@@ -770,12 +654,16 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
             offset += size;
         }
         if (progress.has_value()) progress->add(0, batch.doc_sizes.size());
-        if (!batch.read_error.ok()) {
-            sh.stop_all();
-            return batch.read_error;
-        }
+        return batch.read_error;
+    };
+    Status run = ordered_parallel_map<Batch>(
+        report.threads, [&sh] { return Worker(sh); },
+        [&reader](Batch& b) { return reader.read(b); }, write);
+    if (options.cancel != nullptr && options.cancel->load()) {
+        // A read waiting on stdin ends with its own cancelled error; the run reports one message.
+        return cancelled_error("interrupted; nothing was written under {}", options.output_prefix);
     }
-    group.join_all();  // every batch is written; the threads have finished
+    LATHE_RETURN_IF_ERROR(run);
     if (progress.has_value()) progress->finish();
 
     LATHE_RETURN_IF_ERROR(tokens_out.finalize());
@@ -794,9 +682,9 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
     }
     report.documents = tokens_out.document_count();
     report.tokens = tokens_out.token_count();
-    report.input_bytes = sh.input_bytes.load();
-    report.raw_bytes = sh.raw_bytes.load();
-    report.blank_lines = sh.blank_lines.load();
+    report.input_bytes = reader.input_bytes();
+    report.raw_bytes = reader.raw_bytes();
+    report.blank_lines = reader.blank_lines();
     report.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     return report;

@@ -2,11 +2,12 @@
 // `lathe prepare`: text, JSONL or chat JSONL in (plain, gzip, zstd, stdin), GPT-NeoX token files
 // out (data/indexed_dataset.h), on every core, with bounded memory.
 //
-// Pipeline: one reader thread cuts the inputs into records and packs them into batches of about
-// 1 MiB; worker threads parse (JSON), check (UTF-8, empty) and tokenize whole batches; the calling
-// thread writes the batches strictly in input order. At most `2 * threads + 2` batches exist at
-// any time (the reader waits for the writer), so memory does not grow with the corpus. The token
-// index grows by 12 bytes per document (data/indexed_dataset.h).
+// Pipeline (core/ordered_pool.h): the calling thread cuts the inputs into records and packs them
+// into batches of about 1 MiB; worker threads parse (JSON), check (UTF-8, empty) and tokenize whole
+// batches; the calling thread writes the batches strictly in input order. At most `2 * threads`
+// batches exist at any time (reading waits for the oldest batch to be written), so memory does
+// not grow with the corpus. The token index grows by 12 bytes per document
+// (data/indexed_dataset.h).
 //
 // Each document is tokenized as GPT-NeoX's tools/datasets/preprocess_data.py does with its
 // HFTokenizer: `tokenizer.encode(text)` with add_special_tokens=True (the post-processor's BOS and
