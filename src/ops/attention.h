@@ -1,26 +1,36 @@
 #pragma once
 // Causal self-attention with grouped-query heads, an optional sliding window and optional
-// per-document masking for packed sequences.
-//   For query (b, t, h), its key/value head is g = h / (H / Hkv) (Hkv divides H), and
-//   s[j] = scale * dot(q[b, t, h, :], k[b, j, g, :])            for every visible j
-//   p = softmax over visible j,  out[b, t, h, :] = sum_j p[j] * v[b, j, g, :]
-//   lse[b, h, t] = log sum_j exp(s[j])                          (saved for the backward)
-// visible(t, j) = j <= t                                     (causal)
-//   and t - window < j          when window > 0            (Mistral: `window` keys, self included)
-//   and docs[b, j] == docs[b, t] when docs is given         (packed documents see only themselves)
+// per-document masking for packed sequences; for inference, queries that continue a key/value
+// cache (a query length Tq below the key length Tk, at a position offset) and a decode step.
+//   For query (b, i, h) at absolute position p = q_offset + i, its key/value head is
+//   g = h / (H / Hkv) (Hkv divides H), and
+//   s[j] = scale * dot(q[b, i, h, :], k[b, j, g, :])            for every visible j
+//   p = softmax over visible j,  out[b, i, h, :] = sum_j p[j] * v[b, j, g, :]
+//   lse[b, h, i] = log sum_j exp(s[j])                          (saved for the backward)
+// visible(p, j) = j <= p                                     (causal)
+//   and p - window < j          when window > 0            (Mistral: `window` keys, self included)
+//   and docs[b, j] == docs[b, p] when docs is given         (packed documents see only themselves)
 // These are transformers' masking_utils rules (sliding_window_overlay: kv_idx > q_idx - window;
 // packed_sequence_mask: equal sequence ids). Every row sees at least itself, so no row is empty.
-// The model passes scale = 1 / sqrt(D).
-// Backward (P recomputed from lse, Di = dot(dout[b, t, h, :], out[b, t, h, :])):
+// Training runs Tq == Tk with q_offset 0 (query i is key i). With a cache, keys 0..Tk-1 hold
+// the positions 0..Tk-1 and q_offset + Tq <= Tk: the queries of a prompt chunk are the last Tq
+// positions when q_offset = Tk - Tq; keys past q_offset + Tq - 1 are never visible (a cache
+// buffer longer than what is filled). The model passes scale = 1 / sqrt(D).
+// Backward (training shapes only: Tq == Tk, q_offset 0; P recomputed from lse,
+// Di = dot(dout[b, t, h, :], out[b, t, h, :])):
 //   dP[j] = dot(dout, v[j]);  dS[j] = P[j] * (dP[j] - Di)
 //   dq = scale * sum_j dS[j] k[j];  dk[j] += scale * dS[j] q;  dv[j] += P[j] dout
 //   (dk, dv summed over the H / Hkv query heads that share a key/value head)
-// Shapes: q, out, dout, dq (B, T, H, D) | k, v, dk, dv (B, T, Hkv, D) | lse (B, H, T) f32 |
-//   docs (B, T) i32 or null. (B, T, H, D) is what the q/k/v projections write, no transposes.
-// Dtypes: CPU f32. CUDA: bf16 q, k, v, out (cuDNN flash attention), f32 lse.
+// Shapes: q, out, dout, dq (B, Tq, H, D) | k, v, dk, dv (B, Tk, Hkv, D) | lse (B, H, Tq) f32 |
+//   docs (B, Tk) i32 or null (the document of every key position; a query at p has docs[b, p]).
+//   (B, T, H, D) is what the q/k/v projections write, no transposes.
+// Dtypes: CPU f32. CUDA: bf16 q, k, v, out, f32 lse. Tq == Tk with q_offset 0 runs cuDNN's flash
+// attention; other shapes and attention_decode run lathe's own kernel (ops/cuda/attention.h).
 // Gradients: dq, dk, dv are overwritten (=). Deterministic unless ctx.deterministic is false
 // (CUDA: cuDNN's backward with atomic dQ, less workspace, a little faster) (CPU: matrix form per
 // head through sgemm, threads take whole heads; dk, dv sum a group's query heads in head order).
+// Shapes, dtypes and offsets that break these rules are caller bugs: they stop (LATHE_CHECK)
+// naming the tensor and the rule.
 #include <cstdint>
 
 #include "core/tensor.h"
@@ -37,6 +47,26 @@ const char* attention_unavailable_reason(Backend backend);
 void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstTensorView k,
                        ConstTensorView v, ConstTensorView docs, int64_t window, float scale,
                        const Context& ctx);
+
+// The same with queries at absolute positions q_offset + i against keys 0..Tk-1 (a key/value
+// cache): q (B, Tq, H, D), k, v (B, Tk, Hkv, D), Tq <= Tk, 0 <= q_offset <= Tk - Tq. The form above
+// is this with q_offset 0.
+void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstTensorView k,
+                       ConstTensorView v, ConstTensorView docs, int64_t window, float scale,
+                       int64_t q_offset, const Context& ctx);
+
+// One decode step for a batch of sequences of different lengths in a contiguous cache: row b's
+// new token has its key and value already written at k_cache[b, lengths[b] - 1] (and v_cache), and
+// its query q[b, 0] attends to keys 0..lengths[b] - 1 (with the window) as attention_forward does
+// for Tq = 1, q_offset = lengths[b] - 1, Tk = lengths[b]. Cache slots at or past lengths[b] are
+// never read.
+// Shapes: q, out (B, 1, H, D) | k_cache, v_cache (B, Tmax, Hkv, D) | lengths (B) i32, each in
+//   [1, Tmax] | lse (B, H, 1) f32. No document masks (one sequence per row).
+// A length outside [1, Tmax] is a caller bug: the CPU stops naming the row; the CUDA kernel cannot
+// stop without a synchronization and writes NaN to that row's out and lse instead.
+void attention_decode(TensorView out, TensorView lse, ConstTensorView q, ConstTensorView k_cache,
+                      ConstTensorView v_cache, ConstTensorView lengths, int64_t window, float scale,
+                      const Context& ctx);
 
 void attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout,
                         ConstTensorView q, ConstTensorView k, ConstTensorView v,

@@ -1,6 +1,8 @@
 #include "ops/attention.h"
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "ops/op_test.h"
@@ -163,6 +165,203 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
         EXPECT_TRUE(gradient_matches(k, dk, loss)) << "k, H " << c.H << " window " << c.window;
         EXPECT_TRUE(gradient_matches(v, dv, loss)) << "v, H " << c.H << " window " << c.window;
     }
+}
+
+// Rows t0 .. t0 + n - 1 of a (B, T, X, D) tensor as a (B, n, X, D) tensor.
+HostTensor rows_of(const HostTensor& x, int64_t t0, int64_t n) {
+    const Shape s = x.shape();
+    const int64_t B = s[0], T = s[1], row = s[2] * s[3];
+    HostTensor r = f32(Shape{B, n, s[2], s[3]});
+    for (int64_t b = 0; b < B; ++b)
+        std::memcpy(r.as<float>() + b * n * row, x.as<float>() + (b * T + t0) * row,
+                    size_t(n * row) * sizeof(float));
+    return r;
+}
+
+// lse (B, H, T) columns t0 .. t0 + n - 1 as (B, H, n).
+HostTensor lse_cols_of(const HostTensor& lse, int64_t t0, int64_t n) {
+    const Shape s = lse.shape();
+    HostTensor r = f32(Shape{s[0], s[1], n});
+    for (int64_t bh = 0; bh < s[0] * s[1]; ++bh)
+        for (int64_t i = 0; i < n; ++i)
+            r.as<float>()[bh * n + i] = lse.as<float>()[bh * s[2] + t0 + i];
+    return r;
+}
+
+bool same_bits(const HostTensor& a, const HostTensor& b) {
+    return a.numel() == b.numel() &&
+           std::memcmp(a.as<float>(), b.as<float>(), size_t(a.numel()) * sizeof(float)) == 0;
+}
+
+// Queries that continue a cache (the last Tq positions, q_offset = T - Tq, against all T keys)
+// give the last Tq rows of the full attention. The two compute each row with the same fp32 sums
+// (a dot of D products per score, Tk = T terms per output, fp64 softmax sums), but the matrix
+// products run as one sgemm over Tq rows against one over T rows, which BLAS may block
+// differently: each output may differ by the rounding of those two fp32 sums, at most
+// (D + T) 2^-24 of the scale of scores and values (unit here); 4x that bound is the tolerance.
+TEST(Attention, QueriesAtAnOffsetMatchTheLastRowsOfFullAttention) {
+    const Context ctx = cpu_context();
+    Rng rng(64);
+    for (const Case& c : kCases) {
+        HostTensor q = random_tensor(rng, Shape{c.B, c.T, c.H, c.D});
+        HostTensor k = random_tensor(rng, Shape{c.B, c.T, c.Hkv, c.D});
+        HostTensor v = random_tensor(rng, Shape{c.B, c.T, c.Hkv, c.D});
+        HostTensor docs = make_docs(rng, c.B, c.T);
+        const ConstTensorView dv = c.docs ? ConstTensorView(docs.view()) : ConstTensorView();
+        const float scale = 1.0f / std::sqrt(float(c.D));
+        HostTensor full = f32(q.shape()), full_lse = f32(Shape{c.B, c.H, c.T});
+        attention_forward(full.view(), full_lse.view(), q.view(), k.view(), v.view(), dv, c.window,
+                          scale, ctx);
+        const double tol = 4.0 * double(c.D + c.T) * std::ldexp(1.0, -24);
+        for (int64_t Tq : {int64_t(1), int64_t(3), c.T - 1, c.T}) {
+            const int64_t offset = c.T - Tq;
+            HostTensor qs = rows_of(q, offset, Tq);
+            HostTensor out = f32(qs.shape()), lse = f32(Shape{c.B, c.H, Tq});
+            attention_forward(out.view(), lse.view(), qs.view(), k.view(), v.view(), dv, c.window,
+                              scale, offset, ctx);
+            EXPECT_TRUE(close_to(out.view(), rows_of(full, offset, Tq).view(), tol))
+                << "Tq " << Tq << " H " << c.H << " Hkv " << c.Hkv << " window " << c.window;
+            EXPECT_TRUE(close_to(lse.view(), lse_cols_of(full_lse, offset, Tq).view(), tol))
+                << "Tq " << Tq;
+        }
+    }
+}
+
+// Keys past the last query's position are never read: a cache buffer longer than what is filled
+// (its tail NaN) gives the same bits as one that ends at the last query (the same products run).
+TEST(Attention, KeysPastTheLastQueryAreNeverRead) {
+    const Context ctx = cpu_context();
+    Rng rng(65);
+    const int64_t B = 2, Tq = 3, offset = 4, Tk = 12, H = 4, Hkv = 2, D = 4, filled = offset + Tq;
+    HostTensor q = random_tensor(rng, Shape{B, Tq, H, D});
+    HostTensor k = random_tensor(rng, Shape{B, Tk, Hkv, D});
+    HostTensor v = random_tensor(rng, Shape{B, Tk, Hkv, D});
+    HostTensor k_filled = rows_of(k, 0, filled), v_filled = rows_of(v, 0, filled);
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = (b * Tk + filled) * Hkv * D; i < (b + 1) * Tk * Hkv * D; ++i)
+            k.as<float>()[i] = v.as<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t window : {int64_t(0), int64_t(3)}) {
+        HostTensor out1 = f32(q.shape()), lse1 = f32(Shape{B, H, Tq});
+        HostTensor out2 = f32(q.shape()), lse2 = f32(Shape{B, H, Tq});
+        attention_forward(out1.view(), lse1.view(), q.view(), k.view(), v.view(), {}, window, 0.5f,
+                          offset, ctx);
+        attention_forward(out2.view(), lse2.view(), q.view(), k_filled.view(), v_filled.view(), {},
+                          window, 0.5f, offset, ctx);
+        EXPECT_TRUE(same_bits(out1, out2)) << "window " << window;
+        EXPECT_TRUE(same_bits(lse1, lse2)) << "window " << window;
+    }
+}
+
+// The causal, window and document rules at an offset by hand (q = 0: every visible key weighs the
+// same; v[j] = j, so out is the mean position of the keys a query sees).
+TEST(Attention, WindowAndDocumentMaskAtAnOffsetByHand) {
+    const Context ctx = cpu_context();
+    const int64_t T = 6, Tq = 2, offset = 3;  // the queries are at positions 3 and 4
+    HostTensor q = f32(Shape{1, Tq, 1, 1}), k = f32(Shape{1, T, 1, 1});
+    HostTensor v = tensor_of(Shape{1, T, 1, 1}, {0, 1, 2, 3, 4, 5});
+    HostTensor out = f32(Shape{1, Tq, 1, 1}), lse = f32(Shape{1, 1, Tq});
+    auto run = [&](int64_t window, ConstTensorView docs) {
+        attention_forward(out.view(), lse.view(), q.view(), k.view(), v.view(), docs, window, 1.0f,
+                          offset, ctx);
+        return std::vector<float>(out.as<float>(), out.as<float>() + Tq);
+    };
+    EXPECT_EQ(run(0, {}), (std::vector<float>{1.5f, 2}));       // keys 0..3, 0..4
+    EXPECT_EQ(run(2, {}), (std::vector<float>{2.5f, 3.5f}));    // keys 2..3, 3..4
+    EXPECT_EQ(run(1, {}), (std::vector<float>{3, 4}));          // itself only
+    HostTensor docs = ids_of(Shape{1, T}, {0, 0, 1, 1, 1, 2});  // documents of the key positions
+    EXPECT_EQ(run(0, docs.view()), (std::vector<float>{2.5f, 3}));
+    EXPECT_EQ(run(2, docs.view()), (std::vector<float>{2.5f, 3.5f}));
+    EXPECT_NEAR(lse.as<float>()[1], std::log(2.0f), 1e-7);
+}
+
+// The decode step: row b's query against its first lengths[b] cached keys is attention_forward
+// with Tq = 1 at q_offset lengths[b] - 1 over those keys (the same products: the same bits), and
+// cache slots at or past lengths[b] (NaN here) are never read.
+TEST(Attention, DecodeIsTheForwardOfEachRowsLastPosition) {
+    const Context ctx = cpu_context();
+    Rng rng(66);
+    const int64_t B = 3, Tmax = 9, H = 6, Hkv = 2, D = 4;
+    const int32_t len[B] = {9, 1, 5};
+    HostTensor q = random_tensor(rng, Shape{B, 1, H, D});
+    HostTensor k = random_tensor(rng, Shape{B, Tmax, Hkv, D});
+    HostTensor v = random_tensor(rng, Shape{B, Tmax, Hkv, D});
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = (b * Tmax + len[b]) * Hkv * D; i < (b + 1) * Tmax * Hkv * D; ++i)
+            k.as<float>()[i] = v.as<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+    HostTensor lengths = ids_of(Shape{B}, {len[0], len[1], len[2]});
+    for (int64_t window : {int64_t(0), int64_t(3)}) {
+        HostTensor out = f32(q.shape()), lse = f32(Shape{B, H, 1});
+        attention_decode(out.view(), lse.view(), q.view(), k.view(), v.view(), lengths.view(),
+                         window, 0.5f, ctx);
+        for (int64_t b = 0; b < B; ++b) {
+            // Row b alone, its cache cut at its length.
+            HostTensor qb = f32(Shape{1, 1, H, D}), kb = f32(Shape{1, len[b], Hkv, D}),
+                       vb = f32(Shape{1, len[b], Hkv, D});
+            std::memcpy(qb.as<float>(), q.as<float>() + b * H * D, size_t(H * D) * sizeof(float));
+            std::memcpy(kb.as<float>(), k.as<float>() + b * Tmax * Hkv * D,
+                        size_t(len[b] * Hkv * D) * sizeof(float));
+            std::memcpy(vb.as<float>(), v.as<float>() + b * Tmax * Hkv * D,
+                        size_t(len[b] * Hkv * D) * sizeof(float));
+            HostTensor ob = f32(qb.shape()), lb = f32(Shape{1, H, 1});
+            attention_forward(ob.view(), lb.view(), qb.view(), kb.view(), vb.view(), {}, window,
+                              0.5f, len[b] - 1, ctx);
+            EXPECT_EQ(std::memcmp(ob.as<float>(), out.as<float>() + b * H * D,
+                                  size_t(H * D) * sizeof(float)),
+                      0)
+                << "row " << b << " window " << window;
+            EXPECT_EQ(
+                std::memcmp(lb.as<float>(), lse.as<float>() + b * H, size_t(H) * sizeof(float)), 0)
+                << "row " << b << " window " << window;
+        }
+    }
+}
+
+TEST(AttentionDeathTest, QueriesLongerThanKeysStop) {
+    const Context ctx = cpu_context();
+    HostTensor q = f32(Shape{1, 4, 2, 4}), k = f32(Shape{1, 3, 2, 4});
+    HostTensor out = f32(q.shape()), lse = f32(Shape{1, 2, 4});
+    EXPECT_DEATH(attention_forward(out.view(), lse.view(), q.view(), k.view(), k.view(), {}, 0,
+                                   1.0f, 0, ctx),
+                 "attention_forward: q .* is longer than k .*Tq <= Tk");
+}
+
+TEST(AttentionDeathTest, AnOffsetPastTheKeysStops) {
+    const Context ctx = cpu_context();
+    HostTensor q = f32(Shape{1, 2, 2, 4}), k = f32(Shape{1, 5, 2, 4});
+    HostTensor out = f32(q.shape()), lse = f32(Shape{1, 2, 2});
+    EXPECT_DEATH(attention_forward(out.view(), lse.view(), q.view(), k.view(), k.view(), {}, 0,
+                                   1.0f, 4, ctx),
+                 "attention_forward: q_offset 4 with Tq = 2, Tk = 5.*0 <= q_offset <= Tk - Tq");
+    EXPECT_DEATH(attention_forward(out.view(), lse.view(), q.view(), k.view(), k.view(), {}, 0,
+                                   1.0f, -1, ctx),
+                 "attention_forward: q_offset -1");
+}
+
+TEST(AttentionDeathTest, BackwardTakesTrainingShapesOnly) {
+    const Context ctx = cpu_context();
+    HostTensor q = f32(Shape{1, 2, 2, 4}), k = f32(Shape{1, 5, 2, 4});
+    HostTensor lse = f32(Shape{1, 2, 2});
+    EXPECT_DEATH(attention_backward(q.view(), k.view(), k.view(), q.view(), q.view(), k.view(),
+                                    k.view(), q.view(), lse.view(), {}, 0, 1.0f, ctx),
+                 "attention_backward: .*the backward takes Tq == Tk");
+}
+
+TEST(AttentionDeathTest, DecodeLengthOutsideTheCacheStops) {
+    const Context ctx = cpu_context();
+    HostTensor q = f32(Shape{2, 1, 2, 4}), k = f32(Shape{2, 5, 2, 4});
+    HostTensor out = f32(q.shape()), lse = f32(Shape{2, 2, 1});
+    HostTensor zero = ids_of(Shape{2}, {3, 0}), past = ids_of(Shape{2}, {6, 1});
+    EXPECT_DEATH(attention_decode(out.view(), lse.view(), q.view(), k.view(), k.view(), zero.view(),
+                                  0, 1.0f, ctx),
+                 "attention_decode: lengths\\[1\\] = 0; each length is in \\[1, Tmax = 5\\]");
+    EXPECT_DEATH(attention_decode(out.view(), lse.view(), q.view(), k.view(), k.view(), past.view(),
+                                  0, 1.0f, ctx),
+                 "attention_decode: lengths\\[0\\] = 6");
+    HostTensor q2 = f32(Shape{2, 2, 2, 4}), lse2 = f32(Shape{2, 2, 2});
+    HostTensor ok = ids_of(Shape{2}, {3, 3});
+    EXPECT_DEATH(attention_decode(q2.view(), lse2.view(), q2.view(), k.view(), k.view(), ok.view(),
+                                  0, 1.0f, ctx),
+                 "attention_decode: q .*; one new token per row");
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/lru_cache.h"
 
 #if LATHE_HAVE_CUDNN_FRONTEND
 #include <cudnn.h>
@@ -60,9 +61,11 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kDO, kDQ, kDK, kDV };
 
 struct CudaState::AttentionCache {
     cudnnHandle_t handle = nullptr;
-    std::unordered_map<GraphKey, std::unique_ptr<AttentionGraph>, GraphKeyHash> graphs;
-    // Backward shape (with its workspace cap) -> the batch chunk its graph runs on.
-    std::unordered_map<GraphKey, int64_t, GraphKeyHash> backward_chunks;
+    LruCache<GraphKey, std::unique_ptr<AttentionGraph>, GraphKeyHash> graphs{
+        cuda::kAttentionGraphLimit};
+    // Backward shape (with its workspace cap) -> the batch chunk its graph runs on (bounded alike;
+    // an evicted decision is made again, to the same chunk).
+    LruCache<GraphKey, int64_t, GraphKeyHash> backward_chunks{cuda::kAttentionGraphLimit};
     DeviceBuffer workspace;  // the largest workspace a graph ran with that the loan did not fit
     DeviceBuffer bias;       // the docs bias, (B, 1, T, T) bf16 of the largest docs shape
     void* lent = nullptr;    // attention_lend_workspace's memory, or null
@@ -260,12 +263,15 @@ void grow(DeviceBuffer& buffer, size_t bytes, CudaState& state) {
 }
 
 // Caches `built` for (dir, s) and grows the docs bias to fit it. (The workspace is found, or
-// grown, by workspace_for at prepare or first execution.)
+// grown, by workspace_for at prepare or first execution.) A full cache drops its least recently
+// used graph, after waiting for the stream: queued calls may still run that graph's plan.
 AttentionGraph& insert_graph(CudaState& state, Direction dir, const AttentionShape& s,
                              std::unique_ptr<AttentionGraph> built) {
     CudaState::AttentionCache& cache = state.attention_cache();
     grow(cache.bias, bias_bytes(s), state);
-    return *cache.graphs.emplace(graph_key(dir, s), std::move(built)).first->second;
+    const GraphKey key = graph_key(dir, s);
+    if (cache.graphs.full() && !cache.graphs.contains(key)) state.synchronize();
+    return *cache.graphs.insert(key, std::move(built));
 }
 
 // The workspace `g` runs on: the lent memory when it fits, else the state's own buffer, grown
@@ -282,8 +288,8 @@ void* workspace_for(CudaState& state, const AttentionGraph& g) {
 // The cached graph for (dir, shape), built (and the state's buffers grown) on first use.
 AttentionGraph& graph_for(CudaState& state, Direction dir, const AttentionShape& s) {
     CudaState::AttentionCache& cache = state.attention_cache();
-    auto it = cache.graphs.find(graph_key(dir, s));
-    if (it != cache.graphs.end()) return *it->second;
+    if (std::unique_ptr<AttentionGraph>* cached = cache.graphs.find(graph_key(dir, s)))
+        return **cached;
     return insert_graph(state, dir, s, build_graph(cache.handle, dir, s));
 }
 
@@ -300,11 +306,10 @@ AttentionShape with_batch(AttentionShape s, int64_t B) {
 int64_t backward_chunk(CudaState& state, const AttentionShape& s) {
     CudaState::AttentionCache& cache = state.attention_cache();
     const GraphKey key = chunk_key(s);
-    if (auto it = cache.backward_chunks.find(key); it != cache.backward_chunks.end())
-        return it->second;
+    if (const int64_t* cached = cache.backward_chunks.find(key)) return *cached;
     int64_t chunk = s.B;
     if (s.backward_workspace_cap > 0 &&
-        cache.graphs.count(graph_key(Direction::kBackward, s)) == 0) {
+        !cache.graphs.contains(graph_key(Direction::kBackward, s))) {
         std::unique_ptr<AttentionGraph> whole = build_graph(cache.handle, Direction::kBackward, s);
         const size_t whole_bytes = size_t(whole->workspace_bytes);
         if (whole_bytes <= s.backward_workspace_cap) {
@@ -319,7 +324,7 @@ int64_t backward_chunk(CudaState& state, const AttentionShape& s) {
                 }
         }
     }
-    cache.backward_chunks.emplace(key, chunk);
+    cache.backward_chunks.insert(key, chunk);
     return chunk;
 }
 
@@ -436,6 +441,25 @@ size_t attention_buffer_bytes(const CudaState& state) {
     return cache == nullptr ? 0 : cache->workspace.bytes() + cache->bias.bytes();
 }
 
+void attention_limit_graphs(CudaState& state, size_t limit) {
+    LATHE_CHECK(limit >= 4, "attention_limit_graphs: {} graphs; a call holds up to 3, so >= 4",
+                limit);
+    CudaState::AttentionCache& cache = state.attention_cache();
+    if (cache.graphs.size() > limit) state.synchronize();  // queued calls may run evicted plans
+    cache.graphs.set_capacity(limit);
+    cache.backward_chunks.set_capacity(limit);
+}
+
+size_t attention_graph_count(const CudaState& state) {
+    const CudaState::AttentionCache* cache = state.attention_cache_if_created();
+    return cache == nullptr ? 0 : cache->graphs.size();
+}
+
+size_t attention_graph_evictions(const CudaState& state) {
+    const CudaState::AttentionCache* cache = state.attention_cache_if_created();
+    return cache == nullptr ? 0 : cache->graphs.evictions();
+}
+
 void attention_forward(CudaState& state, CUstream_st* stream, bf16* out, float* lse, const bf16* q,
                        const bf16* k, const bf16* v, const int32_t* docs,
                        const AttentionShape& shape) {
@@ -526,6 +550,16 @@ size_t attention_prepare(CudaState&, const AttentionShape&) {
 }
 
 size_t attention_buffer_bytes(const CudaState&) {
+    return 0;
+}
+
+void attention_limit_graphs(CudaState&, size_t) {}
+
+size_t attention_graph_count(const CudaState&) {
+    return 0;
+}
+
+size_t attention_graph_evictions(const CudaState&) {
     return 0;
 }
 

@@ -13,11 +13,24 @@
 // asks for the nondeterministic one (AttentionShape::nondeterministic_backward).
 //
 // Graphs: one per distinct (direction, B, T, H, Hkv, D, window, docs or not, scale, algorithm),
-// built at first use (or by attention_prepare) and cached in the CudaState, never rebuilt. The
-// workspace cuDNN asks for and the docs bias live in buffers of the state that grow only when a
-// graph is built (waiting for the stream first), never per call. Call attention_prepare for every
-// shape before step 1 (and before capturing a CUDA graph): building allocates and synchronizes.
+// built at first use (or by attention_prepare) and cached in the CudaState, at most
+// kAttentionGraphLimit of them (attention_limit_graphs): building one more into a full cache
+// first waits for the stream, then drops the least recently used graph (ops/lru_cache.h). A
+// training run has a handful of shapes and never reaches the bound, so its graphs are built once;
+// inference, whose prompt lengths vary, keeps the memory of its graphs bounded. The workspace
+// cuDNN asks for and the docs bias live in buffers of the state that grow only when a graph is
+// built (waiting for the stream first), never per call. Call attention_prepare for every shape
+// before step 1 (and before capturing a CUDA graph): building allocates and synchronizes.
 // Limits (cuDNN's): D <= 128 and D % 8 == 0; bf16 only; sm_80 or newer.
+//
+// Inference shapes (queries that continue a cache, Tq < Tk at q_offset; the decode step over
+// per-row lengths) run attention_forward_rows, lathe's own kernel (ops/cuda/attention_rows.cu),
+// not cuDNN: cuDNN's bottom-right diagonal alignment covers an offset only without a bias (no
+// document masks) and its padded-length decode needs a graph per (B, Tmax); the kernel covers
+// every case of ops/attention.h in one plain form that tests check against the CPU reference.
+// One block per (query row, head), four warps splitting the keys, an online softmax in fp32 per
+// warp, merged at the end; bf16 in and out. Correct first: its speed is not tuned (no tensor
+// cores, keys re-read by each query head of a group and by each query row of a chunk).
 // Device pointers; enqueued on `stream` (the state's). Internal to ops/cuda, CUDA-header free.
 
 #include <cstddef>
@@ -50,6 +63,36 @@ struct AttentionShape {
     // the size. Same results (the rows are independent), a little slower (docs/CUDA.md).
     size_t backward_workspace_cap = 0;
 };
+
+// The graphs a CudaState keeps at most unless attention_limit_graphs says otherwise: a training
+// run uses 2 or 3 per distinct shape; 64 leaves room for many prompt lengths at a few MB of host
+// memory (cuDNN plans) and no device memory (workspaces are shared).
+inline constexpr size_t kAttentionGraphLimit = 64;
+
+// Sets the bound on the state's cached graphs (>= 4: a call holds up to three graphs at once),
+// evicting the least recently used beyond it (after waiting for the stream).
+void attention_limit_graphs(CudaState& state, size_t limit);
+// The graphs the state holds now, and how many it has evicted (for tests and logs).
+size_t attention_graph_count(const CudaState& state);
+size_t attention_graph_evictions(const CudaState& state);
+
+// One inference attention problem for attention_forward_rows.
+struct AttentionRowsShape {
+    int64_t B = 0, Tq = 0, Tk = 0, H = 0, Hkv = 0, D = 0;
+    int64_t q_offset = 0;  // query i is at position q_offset + i (with lengths: unused)
+    int64_t window = 0;    // 0: none
+    float scale = 0.0f;
+};
+
+// Inference attention (the math of ops/attention.h) with lathe's kernel, no cuDNN, no workspace,
+// nothing allocated: out (B, Tq, H, D) bf16, lse (B, H, Tq) f32 from q (B, Tq, H, D), k, v
+// (B, Tk, Hkv, D) bf16. Without `lengths`, query i is at position q_offset + i (Tq <= Tk,
+// q_offset + Tq <= Tk) and `docs` (B, Tk) i32 or null masks documents. With `lengths` (B) i32
+// (the decode step; Tq = 1, docs null), row b's query is at position lengths[b] - 1; a length
+// outside [1, Tk] makes that row's out and lse NaN. Limits: D <= 256.
+void attention_forward_rows(CudaState& state, CUstream_st* stream, bf16* out, float* lse,
+                            const bf16* q, const bf16* k, const bf16* v, const int32_t* docs,
+                            const int32_t* lengths, const AttentionRowsShape& shape);
 
 // Null when this build has cuDNN attention; otherwise a sentence naming what was missing when it
 // was built (the cuDNN frontend headers, libcudnn) and how to get it.

@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "ops/attention.h"
 #include "ops/cuda/attention.h"
@@ -403,6 +405,248 @@ TEST(CudaAttention, Llama1BTrainingShapeBackwardWorkspaceCap) {
 TEST(CudaAttention, Llama1BTrainingShapePackedDocuments) {
     if (skip_if_unavailable()) GTEST_SKIP();
     check_training_shape({8, 2048, 32, 8, 64, 0, 500});
+}
+
+// Inference attention (lathe's kernel, ops/cuda/attention_rows.cu) against the CPU reference on the
+// same bf16 values. The kernel computes every output in fp32 (scores from exact bf16 products,
+// an fp32 online softmax, fp32 sums of p v) and rounds it to bf16 once: off by one bf16 rounding
+// of a sum, relative to the output's scale (kBf16Sum); lse is fp32 from the same inputs summed in
+// another order (kF32Sum, derived for up to 4096 terms: every case here has Tk <= 4096).
+struct RowsCase {
+    int64_t B, Tq, Tk, q_offset, H, Hkv, D, window;
+    int docs;  // 0: none; otherwise the mean document length
+};
+
+std::string rows_case_text(const RowsCase& c) {
+    return fmt::format("B={} Tq={} Tk={} q_offset={} H={} Hkv={} D={} window={} docs={}", c.B, c.Tq,
+                       c.Tk, c.q_offset, c.H, c.Hkv, c.D, c.window, c.docs);
+}
+
+// Cache rows from `from` on (every batch row) set to NaN: the op must never read them.
+void poison_rows_from(HostTensor& x, int64_t from) {
+    const Shape s = x.shape();
+    const int64_t row = s[2] * s[3];
+    for (int64_t b = 0; b < s[0]; ++b)
+        for (int64_t i = (b * s[1] + from) * row; i < (b + 1) * s[1] * row; ++i)
+            x.as<float>()[i] = NAN;
+}
+
+void check_rows(const RowsCase& c, uint64_t seed) {
+    SCOPED_TRACE(rows_case_text(c));
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(seed);
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    const HostTensor q = random_bf16_values(rng, {c.B, c.Tq, c.H, c.D}, -2.0f, 2.0f);
+    HostTensor k = random_bf16_values(rng, {c.B, c.Tk, c.Hkv, c.D}, -2.0f, 2.0f);
+    HostTensor v = random_bf16_values(rng, {c.B, c.Tk, c.Hkv, c.D});
+    poison_rows_from(k, c.q_offset + c.Tq);  // past the last query: never visible
+    poison_rows_from(v, c.q_offset + c.Tq);
+    const HostTensor docs = make_docs(rng, c.B, c.Tk, c.docs > 0 ? c.docs : 1);
+    const ConstTensorView docs_cpu = c.docs > 0 ? ConstTensorView(docs.view()) : ConstTensorView();
+
+    HostTensor out_ref(DType::kF32, q.shape()), lse_ref(DType::kF32, {c.B, c.H, c.Tq});
+    attention_forward(out_ref.view(), lse_ref.view(), q.view(), k.view(), v.view(), docs_cpu,
+                      c.window, scale, c.q_offset, cpu);
+
+    DeviceTensor gq = upload(q, DType::kBF16, state), gk = upload(k, DType::kBF16, state);
+    DeviceTensor gv = upload(v, DType::kBF16, state), gdocs = upload(docs, DType::kI32, state);
+    const ConstTensorView docs_gpu = c.docs > 0 ? ConstTensorView(gdocs.view) : ConstTensorView();
+    DeviceTensor out = device_tensor(DType::kBF16, q.shape(), state);
+    DeviceTensor lse = device_tensor(DType::kF32, {c.B, c.H, c.Tq}, state);
+    attention_forward(out.view, lse.view, gq.view, gk.view, gv.view, docs_gpu, c.window, scale,
+                      c.q_offset, gpu);
+    EXPECT_TRUE(matches(download_f32(out.view, state), out_ref, kBf16Sum)) << "out";
+    EXPECT_TRUE(matches(download_f32(lse.view, state), lse_ref, kF32Sum)) << "lse";
+    EXPECT_EQ(cuda::attention_buffer_bytes(state), 0u) << "the kernel needs no workspace";
+    EXPECT_EQ(cuda::attention_graph_count(state), 0u) << "and no cuDNN graph";
+}
+
+TEST(CudaAttentionRows, PromptChunkAtTheEndOfTheCacheGroupedQuery) {
+    check_rows({2, 37, 300, 263, 8, 2, 64, 0, 0}, 91);
+}
+
+TEST(CudaAttentionRows, ChunkInTheMiddleWithWindowD128) {
+    check_rows({1, 5, 200, 100, 4, 4, 128, 48, 0}, 92);
+}
+
+TEST(CudaAttentionRows, PackedDocumentsAtAnOffsetMultiQuery) {
+    check_rows({2, 16, 160, 144, 4, 1, 64, 0, 30}, 93);
+}
+
+TEST(CudaAttentionRows, OneQueryGpt2Heads) {
+    check_rows({3, 1, 129, 128, 12, 12, 64, 0, 0}, 94);
+}
+
+TEST(CudaAttentionRows, HeadDim256WithWindow) {
+    check_rows({1, 7, 64, 57, 2, 1, 256, 16, 0}, 95);
+}
+
+TEST(CudaAttentionRows, HeadDimNotAMultipleOf32) {
+    check_rows({1, 9, 90, 81, 4, 2, 80, 0, 0}, 96);
+}
+
+TEST(CudaAttentionRows, LongCacheLlama1BHeads) {
+    check_rows({1, 4, 4096, 4092, 32, 8, 64, 0, 0}, 97);
+}
+
+// The decode step against the CPU's: rows of different lengths (1 and Tmax included) in one
+// cache, slots at or past each length NaN.
+void check_decode(int64_t window, uint64_t seed) {
+    const int64_t B = 4, Tmax = 300, H = 32, Hkv = 8, D = 64;
+    const std::vector<int32_t> len = {1, 300, 77, 128};
+    SCOPED_TRACE(
+        fmt::format("decode B={} Tmax={} H={} Hkv={} D={} window={}", B, Tmax, H, Hkv, D, window));
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(seed);
+    const float scale = 1.0f / std::sqrt(float(D));
+    const HostTensor q = random_bf16_values(rng, {B, 1, H, D}, -2.0f, 2.0f);
+    HostTensor k = random_bf16_values(rng, {B, Tmax, Hkv, D}, -2.0f, 2.0f);
+    HostTensor v = random_bf16_values(rng, {B, Tmax, Hkv, D});
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = (b * Tmax + len[b]) * Hkv * D; i < (b + 1) * Tmax * Hkv * D; ++i)
+            k.as<float>()[i] = v.as<float>()[i] = NAN;
+    HostTensor lengths(DType::kI32, {B});
+    std::copy(len.begin(), len.end(), lengths.as<int32_t>());
+
+    HostTensor out_ref(DType::kF32, q.shape()), lse_ref(DType::kF32, {B, H, 1});
+    attention_decode(out_ref.view(), lse_ref.view(), q.view(), k.view(), v.view(), lengths.view(),
+                     window, scale, cpu);
+    DeviceTensor gq = upload(q, DType::kBF16, state), gk = upload(k, DType::kBF16, state);
+    DeviceTensor gv = upload(v, DType::kBF16, state), glen = upload(lengths, DType::kI32, state);
+    DeviceTensor out = device_tensor(DType::kBF16, q.shape(), state);
+    DeviceTensor lse = device_tensor(DType::kF32, {B, H, 1}, state);
+    attention_decode(out.view, lse.view, gq.view, gk.view, gv.view, glen.view, window, scale, gpu);
+    EXPECT_TRUE(matches(download_f32(out.view, state), out_ref, kBf16Sum)) << "out";
+    EXPECT_TRUE(matches(download_f32(lse.view, state), lse_ref, kF32Sum)) << "lse";
+}
+
+TEST(CudaAttentionDecode, MatchesCpuRowsOfDifferentLengths) {
+    check_decode(0, 98);
+}
+
+TEST(CudaAttentionDecode, MatchesCpuWithWindow) {
+    check_decode(64, 99);
+}
+
+// A length outside [1, Tmax] is a caller bug the kernel cannot report without a synchronization:
+// that row's out and lse are NaN, the other rows are what the CPU computes for them.
+TEST(CudaAttentionDecode, LengthOutsideTheCacheGivesNaNRows) {
+    const int64_t B = 3, Tmax = 40, H = 4, Hkv = 2, D = 64;
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(100);
+    const HostTensor q = random_bf16_values(rng, {B, 1, H, D});
+    const HostTensor k = random_bf16_values(rng, {B, Tmax, Hkv, D});
+    const HostTensor v = random_bf16_values(rng, {B, Tmax, Hkv, D});
+    HostTensor lengths(DType::kI32, {B}), good(DType::kI32, {B});
+    const int32_t bad[B] = {0, 17, Tmax + 1};
+    for (int64_t b = 0; b < B; ++b) {
+        lengths.as<int32_t>()[b] = bad[b];
+        good.as<int32_t>()[b] = 17;
+    }
+    HostTensor out_ref(DType::kF32, q.shape()), lse_ref(DType::kF32, {B, H, 1});
+    attention_decode(out_ref.view(), lse_ref.view(), q.view(), k.view(), v.view(), good.view(), 0,
+                     0.125f, cpu);  // row 1's reference (rows 0 and 2 are replaced by NaN below)
+    for (int64_t b : {0, 2}) {
+        for (int64_t i = 0; i < H * D; ++i) out_ref.as<float>()[b * H * D + i] = NAN;
+        for (int64_t i = 0; i < H; ++i) lse_ref.as<float>()[b * H + i] = NAN;
+    }
+    DeviceTensor gq = upload(q, DType::kBF16, state), gk = upload(k, DType::kBF16, state);
+    DeviceTensor gv = upload(v, DType::kBF16, state), glen = upload(lengths, DType::kI32, state);
+    DeviceTensor out = device_tensor(DType::kBF16, q.shape(), state);
+    DeviceTensor lse = device_tensor(DType::kF32, {B, H, 1}, state);
+    // Poisoned outputs are NaN already: fill them with zeros so that NaN means "written NaN".
+    cuda_fill_bytes(out.view, 0, state.stream());
+    cuda_fill_bytes(lse.view, 0, state.stream());
+    attention_decode(out.view, lse.view, gq.view, gk.view, gv.view, glen.view, 0, 0.125f, gpu);
+    EXPECT_TRUE(matches(download_f32(out.view, state), out_ref, kBf16Sum)) << "out";
+    EXPECT_TRUE(matches(download_f32(lse.view, state), lse_ref, kF32Sum)) << "lse";
+}
+
+// The training call through the offset form (q_offset 0, Tq == Tk) is the cuDNN graph: the same
+// bits as the training form, and a graph in the cache.
+TEST(CudaAttention, OffsetZeroFullLengthIsTheTrainingGraph) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    const Case c{2, 128, 4, 2, 64, 0, 0};
+    CudaState state(0);
+    const Context gpu = state.context();
+    optest::Rng rng(101);
+    DeviceTensor q =
+        upload(random_bf16_values(rng, {c.B, c.T, c.H, c.D}, -2, 2), DType::kBF16, state);
+    DeviceTensor k =
+        upload(random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}, -2, 2), DType::kBF16, state);
+    DeviceTensor v = upload(random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}), DType::kBF16, state);
+    DeviceTensor out1 = device_tensor(DType::kBF16, q.view.shape(), state);
+    DeviceTensor out2 = device_tensor(DType::kBF16, q.view.shape(), state);
+    DeviceTensor lse1 = device_tensor(DType::kF32, {c.B, c.H, c.T}, state);
+    DeviceTensor lse2 = device_tensor(DType::kF32, {c.B, c.H, c.T}, state);
+    attention_forward(out1.view, lse1.view, q.view, k.view, v.view, ConstTensorView(), 0, 0.125f,
+                      gpu);
+    attention_forward(out2.view, lse2.view, q.view, k.view, v.view, ConstTensorView(), 0, 0.125f, 0,
+                      gpu);
+    EXPECT_TRUE(bitwise_equal(download_raw(out1.view, state), download_raw(out2.view, state)));
+    EXPECT_TRUE(bitwise_equal(download_raw(lse1.view, state), download_raw(lse2.view, state)));
+    EXPECT_EQ(cuda::attention_graph_count(state), 1u);
+}
+
+// The graph cache keeps its bound: prompt lengths that all differ (the inference pattern) build a
+// graph each, the count never exceeds the limit, the least recently used go, and a shape whose
+// graph was evicted is built again and still matches the CPU.
+void run_forward_of_length(CudaState& state, int64_t T, HostTensor* got, HostTensor* ref) {
+    const int64_t B = 1, H = 2, Hkv = 1, D = 64;
+    optest::Rng rng(uint64_t(200 + T));
+    const HostTensor q = random_bf16_values(rng, {B, T, H, D}, -2, 2);
+    const HostTensor k = random_bf16_values(rng, {B, T, Hkv, D}, -2, 2);
+    const HostTensor v = random_bf16_values(rng, {B, T, Hkv, D});
+    DeviceTensor gq = upload(q, DType::kBF16, state), gk = upload(k, DType::kBF16, state);
+    DeviceTensor gv = upload(v, DType::kBF16, state);
+    DeviceTensor out = device_tensor(DType::kBF16, q.shape(), state);
+    DeviceTensor lse = device_tensor(DType::kF32, {B, H, T}, state);
+    attention_forward(out.view, lse.view, gq.view, gk.view, gv.view, ConstTensorView(), 0, 0.125f,
+                      state.context());
+    if (got != nullptr) {
+        *got = download_f32(out.view, state);
+        *ref = HostTensor(DType::kF32, q.shape());
+        HostTensor ref_lse(DType::kF32, {B, H, T});
+        attention_forward(ref->view(), ref_lse.view(), q.view(), k.view(), v.view(),
+                          ConstTensorView(), 0, 0.125f, cpu_context());
+    } else {
+        state.synchronize();
+    }
+}
+
+TEST(CudaAttention, GraphCacheKeepsItsBoundEvictingTheLeastRecentlyUsed) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    CudaState state(0);
+    cuda::attention_limit_graphs(state, 4);
+    for (int64_t i = 0; i < 10; ++i) {
+        run_forward_of_length(state, 16 + 8 * i, nullptr, nullptr);
+        EXPECT_EQ(cuda::attention_graph_count(state), size_t(std::min<int64_t>(i + 1, 4)));
+    }
+    EXPECT_EQ(cuda::attention_graph_evictions(state), 6u);
+    // T = 16's graph went first; building it again evicts the next oldest, and it is still right.
+    HostTensor got, ref;
+    run_forward_of_length(state, 16, &got, &ref);
+    EXPECT_EQ(cuda::attention_graph_count(state), 4u);
+    EXPECT_EQ(cuda::attention_graph_evictions(state), 7u);
+    EXPECT_TRUE(matches(got, ref, kBf16Derived));
+    // A shape still cached (the newest of the loop) builds nothing.
+    run_forward_of_length(state, 16 + 8 * 9, nullptr, nullptr);
+    EXPECT_EQ(cuda::attention_graph_evictions(state), 7u);
+}
+
+TEST(CudaAttention, GraphCacheDefaultBound) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    CudaState state(0);
+    const int64_t shapes = int64_t(cuda::kAttentionGraphLimit) + 3;
+    for (int64_t i = 0; i < shapes; ++i) {
+        run_forward_of_length(state, 8 + 8 * i, nullptr, nullptr);
+        ASSERT_LE(cuda::attention_graph_count(state), cuda::kAttentionGraphLimit) << "shape " << i;
+    }
+    EXPECT_EQ(cuda::attention_graph_count(state), cuda::kAttentionGraphLimit);
+    EXPECT_EQ(cuda::attention_graph_evictions(state), 3u);
 }
 
 class CudaAttentionDeathTest : public ::testing::Test {
