@@ -1,12 +1,9 @@
 #include "ops/gelu.h"
 
 #include "ops/cpu/activations.h"
-#include "ops/op_checks.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/gelu.h"
-#endif
+#include "ops/op_checks.h"
 
 namespace lathe {
 
@@ -22,13 +19,10 @@ void gelu_forward(TensorView y, ConstTensorView x, GeluKind kind, const Context&
             cpu::gelu_forward(y.as<float>(), x.as<float>(), x.numel(), kind == GeluKind::kTanh);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {y, x});
             cuda::gelu_forward(y.as<bf16>(), x.as<bf16>(), x.numel(), kind == GeluKind::kTanh,
                                ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -46,13 +40,10 @@ void gelu_backward(TensorView dx, ConstTensorView dy, ConstTensorView x, GeluKin
                                kind == GeluKind::kTanh);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, dy, x});
             cuda::gelu_backward(dx.as<bf16>(), dy.as<bf16>(), x.as<bf16>(), x.numel(),
                                 kind == GeluKind::kTanh, ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }

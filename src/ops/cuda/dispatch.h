@@ -1,6 +1,7 @@
 #pragma once
 // What the dispatching op functions (src/ops/<op>.cpp) need to call the CUDA backend: the
-// launchers' CudaState and the CUDA storage policy check. Included under LATHE_HAVE_CUDA only.
+// launchers' CudaState and the CUDA storage policy check. Included in every build: without CUDA,
+// cuda_state_of and the launchers are the stubs of src/ops/cuda_stub/ (no_cuda.h).
 //
 // Storage policy of the CUDA backend (docs/CUDA.md): activations, weights and their bf16 copies
 // are bf16; parameter gradients, master weights, optimizer moments and saved statistics (mean,
