@@ -1,0 +1,58 @@
+#pragma once
+// Which process of a multi-process job this one is: its rank among all processes (the world), the
+// world's size, and its rank among the processes of its own machine (the local rank, which picks
+// its GPU). Read from the variables the launcher sets; a process started without a launcher is
+// rank 0 of a world of 1.
+//
+// Launchers, in the order they are looked for (the first whose variables are set wins, since a
+// launcher may run inside another's allocation: torchrun or mpirun inside a SLURM job):
+//   torchrun   RANK, WORLD_SIZE, LOCAL_RANK (LOCAL_WORLD_SIZE when set), MASTER_ADDR, MASTER_PORT
+//   mpirun     OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK
+//              (OMPI_COMM_WORLD_LOCAL_SIZE when set)
+//   srun       SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (SLURM_NTASKS_PER_NODE is not read: it
+//              may be a list such as "4(x2)")
+// MASTER_ADDR and MASTER_PORT are read whichever launcher is found: they name the TCP rendezvous
+// of rank 0 (dist/rendezvous.h) where no MPI carries the NCCL id. A batch script run under sbatch
+// without srun sees SLURM_PROCID=0 and SLURM_NTASKS of the whole allocation: start lathe with srun.
+//
+// Everything here is a pure function of an environment map, so tests hand it any map.
+
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+
+namespace lathe {
+
+enum class Launcher : uint8_t { kNone, kTorchrun, kMpirun, kSlurm };
+
+// "none", "torchrun", "mpirun", "srun".
+std::string_view launcher_name(Launcher launcher);
+
+struct ProcessGroupInfo {
+    Launcher launcher = Launcher::kNone;
+    int rank = 0;        // in [0, world_size)
+    int world_size = 1;  // >= 1
+    int local_rank = 0;  // among the processes of this machine, in [0, local_world_size) when known
+    int local_world_size = 0;  // processes on this machine; 0 when the launcher does not say
+    std::string master_addr;   // rank 0's host for the TCP rendezvous; empty when unset
+    int master_port = 0;       // its port, in [1, 65535]; 0 when unset
+
+    bool single_process() const { return world_size == 1; }
+    // "rank 3 of 8 (local rank 1, torchrun)", for logs and messages.
+    std::string describe() const;
+};
+
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+// The process group `env` describes. Errors (invalid argument) name the variable: a value that is
+// not a whole number, a rank outside [0, world size), a world size below 1, a local rank outside
+// [0, local size) or above the rank, a launcher's variable set without its partners (RANK without
+// WORLD_SIZE), a world of more than one process without a local rank, a port outside [1, 65535].
+Result<ProcessGroupInfo> process_group_from_env(const EnvMap& env);
+
+// This process's environment (environ), as a map for process_group_from_env.
+EnvMap process_environment();
+
+}  // namespace lathe
