@@ -1,7 +1,8 @@
 """The folders of src/ are layers whose includes point down only (docs/ARCHITECTURE.md).
 
 Each folder may include its own headers and those of the layers below it in LAYERS; `fuzz` (the
-reader fuzzing harness) sits beside `data`, over the readers it fuzzes. A folder of src/ that is not
+reader fuzzing harness) sits beside `model`, over the readers it fuzzes (config.json is read by
+the model families). A folder of src/ that is not
 listed here fails the test, so a new folder has to take its place in the order.
 
 src/cli/ (the binary's argument parsing) is the top: nothing includes it.
@@ -15,7 +16,7 @@ SRC = ROOT / "src"
 # Lowest first: a folder may include itself and anything before it.
 LAYERS = ["core", "io", "tokenizer", "data", "ops", "dist", "model", "optim", "run", "align", "cli"]
 # Folders outside the chain, with the layer they sit on.
-BESIDE = {"fuzz": "data"}
+BESIDE = {"fuzz": "model"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z0-9_]+)/([^"]+)"', re.M)
 
@@ -64,5 +65,5 @@ def test_rule_catches_an_upward_include():
     # The rule itself: a core file including a model header would be refused.
     assert "model" not in allowed("core")
     assert "run" not in allowed("model")
-    assert "data" in allowed("fuzz") and "ops" not in allowed("fuzz")
+    assert "data" in allowed("fuzz") and "run" not in allowed("fuzz")
     assert "ops" in allowed("dist") and "model" not in allowed("dist")
