@@ -112,6 +112,16 @@ void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstT
                                         lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(),
                                         docs.as<int32_t>(),
                                         cuda_attention_shape(kOp, d, docs, window, scale, ctx));
+            } else if (docs.is_null() && cuda::attention_unavailable_reason() == nullptr &&
+                       d.D <= 128 && d.D % 8 == 0) {
+                // Queries that continue a cache: cuDNN's bottom-right aligned forward (its own
+                // kernel when cuDNN declines the shape).
+                cuda::AttentionShape shape{d.B, d.Tq, d.H, d.Hkv, d.D, window, false, scale};
+                shape.Tkv = q_offset + d.Tq;
+                shape.kv_rows = d.Tk;
+                cuda::attention_forward(cuda_state_of(ctx, kOp), ctx.stream, out.as<bf16>(),
+                                        lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(),
+                                        nullptr, shape);
             } else {
                 cuda::attention_forward_rows(cuda_state_of(ctx, kOp), ctx.stream, out.as<bf16>(),
                                              lse.as<float>(), q.as<bf16>(), k.as<bf16>(),

@@ -24,8 +24,9 @@
 // Shapes: q, out, dout, dq (B, Tq, H, D) | k, v, dk, dv (B, Tk, Hkv, D) | lse (B, H, Tq) f32 |
 //   docs (B, Tk) i32 or null (the document of every key position; a query at p has docs[b, p]).
 //   (B, T, H, D) is what the q/k/v projections write, no transposes.
-// Dtypes: CPU f32. CUDA: bf16 q, k, v, out, f32 lse. Tq == Tk with q_offset 0 runs cuDNN's flash
-// attention; other shapes and attention_decode run lathe's own kernel (ops/cuda/attention.h).
+// Dtypes: CPU f32. CUDA: bf16 q, k, v, out, f32 lse. cuDNN's flash attention runs Tq == Tk with
+// q_offset 0, and Tq < Tk without docs (D <= 128); documents at an offset, what cuDNN declines and
+// attention_decode run lathe's own kernel (ops/cuda/attention.h).
 // Gradients: dq, dk, dv are overwritten (=). Deterministic unless ctx.deterministic is false
 // (CUDA: cuDNN's backward with atomic dQ, less workspace, a little faster) (CPU: matrix form per
 // head through sgemm, threads take whole heads; dk, dv sum a group's query heads in head order).

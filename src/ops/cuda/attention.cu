@@ -45,7 +45,7 @@ struct AttentionGraph {
 
 enum class Direction : int64_t { kForward = 0, kBackward = 1 };
 
-using GraphKey = std::array<int64_t, 11>;
+using GraphKey = std::array<int64_t, 13>;
 struct GraphKeyHash {
     size_t operator()(const GraphKey& k) const {
         uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
@@ -100,9 +100,22 @@ namespace cuda {
 
 namespace {
 
-// cuDNN's diagonal band takes a left bound only below T; a window of T or more hides nothing.
+// Keys the queries see (T in the training form), rows per batch row in the k/v buffers, and
+// whether the shape is the cache form (queries at Tkv - T .. Tkv - 1, bottom-right aligned).
+int64_t kv_len(const AttentionShape& s) {
+    return s.Tkv > 0 ? s.Tkv : s.T;
+}
+int64_t kv_rows(const AttentionShape& s) {
+    return s.kv_rows > 0 ? s.kv_rows : kv_len(s);
+}
+bool continues_cache(const AttentionShape& s) {
+    return kv_len(s) != s.T;
+}
+
+// cuDNN's diagonal band takes a left bound only below the key count; a window of that many keys
+// or more hides nothing (the last query, at kv_len - 1, sees key 0).
 int64_t effective_window(const AttentionShape& s) {
-    return s.window > 0 && s.window < s.T ? s.window : 0;
+    return s.window > 0 && s.window < kv_len(s) ? s.window : 0;
 }
 
 GraphKey graph_key(Direction dir, const AttentionShape& s) {
@@ -117,6 +130,8 @@ GraphKey graph_key(Direction dir, const AttentionShape& s) {
             s.docs ? 1 : 0,
             int64_t(std::bit_cast<uint32_t>(s.scale)),
             nondeterministic ? 1 : 0,
+            s.Tkv,
+            s.kv_rows,
             0};
 }
 
@@ -128,11 +143,13 @@ GraphKey chunk_key(const AttentionShape& s) {
 }
 
 std::string shape_text(Direction dir, const AttentionShape& s) {
-    return fmt::format("attention {} B={} T={} H={} Hkv={} D={} window={} docs={} scale={}",
-                       dir == Direction::kForward    ? "forward"
-                       : s.nondeterministic_backward ? "backward (nondeterministic)"
-                                                     : "backward",
-                       s.B, s.T, s.H, s.Hkv, s.D, s.window, s.docs ? "yes" : "no", s.scale);
+    return fmt::format(
+        "attention {} B={} T={} H={} Hkv={} D={} window={} docs={} scale={}{}",
+        dir == Direction::kForward    ? "forward"
+        : s.nondeterministic_backward ? "backward (nondeterministic)"
+                                      : "backward",
+        s.B, s.T, s.H, s.Hkv, s.D, s.window, s.docs ? "yes" : "no", s.scale,
+        s.Tkv > 0 ? fmt::format(" Tkv={} kv_rows={}", s.Tkv, kv_rows(s)) : std::string());
 }
 
 void expect_ok(fe::error_t status, const char* step, Direction dir, const AttentionShape& s) {
@@ -140,15 +157,20 @@ void expect_ok(fe::error_t status, const char* step, Direction dir, const Attent
                 shape_text(dir, s), cudnnGetVersion(), status.get_message());
 }
 
-// (B, T, heads, D) storage seen as cuDNN's logical (B, heads, T, D).
+// (B, rows, heads, D) storage seen as cuDNN's logical (B, heads, T, D): the first T of `rows`
+// rows per batch row.
 fe::graph::Tensor_attributes btnd(const char* name, int64_t uid, const AttentionShape& s,
-                                  int64_t heads) {
+                                  int64_t heads, int64_t T, int64_t rows) {
     return fe::graph::Tensor_attributes()
         .set_name(name)
         .set_uid(uid)
-        .set_dim({s.B, heads, s.T, s.D})
-        .set_stride({s.T * heads * s.D, s.D, heads * s.D, 1})
+        .set_dim({s.B, heads, T, s.D})
+        .set_stride({rows * heads * s.D, s.D, heads * s.D, 1})
         .set_data_type(fe::DataType_t::BFLOAT16);
+}
+fe::graph::Tensor_attributes btnd(const char* name, int64_t uid, const AttentionShape& s,
+                                  int64_t heads) {
+    return btnd(name, uid, s, heads, s.T, s.T);
 }
 
 fe::graph::Tensor_attributes stats_tensor(const AttentionShape& s) {
@@ -171,21 +193,27 @@ fe::graph::Tensor_attributes bias_tensor(const AttentionShape& s) {
 
 // Causal (top-left diagonal, right bound 0) plus the window as the band's left bound: cuDNN keeps
 // key j for query t when j <= t and j + window > t, our visible(t, j).
+// The cache form aligns the diagonal bottom-right instead: query i (at position Tkv - T + i) keeps
+// key j when j <= Tkv - T + i and j + window > Tkv - T + i.
 template <class Attributes>
 void set_mask(Attributes& a, const AttentionShape& s) {
-    a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+    a.set_diagonal_alignment(continues_cache(s) ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
+                                                : fe::DiagonalAlignment_t::TOP_LEFT)
+        .set_diagonal_band_right_bound(0);
     if (effective_window(s) > 0) a.set_diagonal_band_left_bound(int(effective_window(s)));
 }
 
+// Builds the graph of (dir, s). A failing step stops naming the shape and cuDNN's reason, unless
+// `may_decline` (the cache form, which the caller can run on its own kernel): then null.
 std::unique_ptr<AttentionGraph> build_graph(cudnnHandle_t handle, Direction dir,
-                                            const AttentionShape& s) {
+                                            const AttentionShape& s, bool may_decline = false) {
     auto g = std::make_shared<fe::graph::Graph>();
     g->set_io_data_type(fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
     auto q = g->tensor(btnd("q", kQ, s, s.H));
-    auto k = g->tensor(btnd("k", kK, s, s.Hkv));
-    auto v = g->tensor(btnd("v", kV, s, s.Hkv));
+    auto k = g->tensor(btnd("k", kK, s, s.Hkv, kv_len(s), kv_rows(s)));
+    auto v = g->tensor(btnd("v", kV, s, s.Hkv, kv_len(s), kv_rows(s)));
     auto result = std::make_unique<AttentionGraph>();
     std::vector<int64_t> uids = {kQ, kK, kV};
     if (dir == Direction::kForward) {
@@ -233,13 +261,18 @@ std::unique_ptr<AttentionGraph> build_graph(cudnnHandle_t handle, Direction dir,
     }
     if (s.docs) uids.push_back(kBias);
 
-    expect_ok(g->validate(), "validate", dir, s);
-    expect_ok(g->build_operation_graph(handle), "build_operation_graph", dir, s);
-    expect_ok(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
-              "create_execution_plans", dir, s);
-    expect_ok(g->check_support(handle), "check_support", dir, s);
-    expect_ok(g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans", dir,
-              s);
+    auto ok = [&](fe::error_t status, const char* step) {
+        if (may_decline && !status.is_good()) return false;
+        expect_ok(status, step, dir, s);
+        return true;
+    };
+    if (!ok(g->validate(), "validate") ||
+        !ok(g->build_operation_graph(handle), "build_operation_graph") ||
+        !ok(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
+            "create_execution_plans") ||
+        !ok(g->check_support(handle), "check_support") ||
+        !ok(g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans"))
+        return nullptr;
     int64_t ws = 0;
     expect_ok(g->get_workspace_size(ws), "get_workspace_size", dir, s);
     LATHE_CHECK(ws >= 0, "{}: cuDNN reports a workspace of {} bytes", shape_text(dir, s), ws);
@@ -293,6 +326,20 @@ AttentionGraph& graph_for(CudaState& state, Direction dir, const AttentionShape&
     return insert_graph(state, dir, s, build_graph(cache.handle, dir, s));
 }
 
+// The forward graph of a shape with Tkv (forward only), or null when cuDNN declines the shape (the
+// decline is cached too, as a null entry, so it is asked once per shape).
+AttentionGraph* cache_form_graph(CudaState& state, const AttentionShape& s) {
+    CudaState::AttentionCache& cache = state.attention_cache();
+    const GraphKey key = graph_key(Direction::kForward, s);
+    if (std::unique_ptr<AttentionGraph>* cached = cache.graphs.find(key)) return cached->get();
+    std::unique_ptr<AttentionGraph> built =
+        build_graph(cache.handle, Direction::kForward, s, /*may_decline=*/true);
+    if (built != nullptr) return &insert_graph(state, Direction::kForward, s, std::move(built));
+    if (cache.graphs.full()) state.synchronize();
+    cache.graphs.insert(key, nullptr);
+    return nullptr;
+}
+
 AttentionShape with_batch(AttentionShape s, int64_t B) {
     s.B = B;
     return s;
@@ -335,6 +382,10 @@ void check_shape(const AttentionShape& s, const char* op) {
                 "{}: head dim D = {}; cuDNN's flash attention takes D <= 128, a multiple of 8", op,
                 s.D);
     LATHE_CHECK(s.window >= 0, "{}: window {} (0 means none)", op, s.window);
+    LATHE_CHECK(s.Tkv == 0 || (s.Tkv >= s.T && kv_rows(s) >= s.Tkv && !s.docs),
+                "{}: T={} Tkv={} kv_rows={} docs={}; the cache form takes T <= Tkv <= kv_rows and "
+                "no docs",
+                op, s.T, s.Tkv, s.kv_rows, s.docs);
 }
 
 void check_call(CudaState& state, CUstream_st* stream, const AttentionShape& s, const int32_t* docs,
@@ -404,6 +455,12 @@ int64_t attention_cudnn_version() {
 
 size_t attention_prepare(CudaState& state, const AttentionShape& shape) {
     check_shape(shape, "attention_prepare");
+    if (shape.Tkv > 0) {  // forward only; nothing when cuDNN declines (the kernel runs)
+        const AttentionGraph* fwd = cache_form_graph(state, shape);
+        if (fwd == nullptr) return 0;
+        workspace_for(state, *fwd);
+        return size_t(fwd->workspace_bytes);
+    }
     const AttentionGraph& fwd = graph_for(state, Direction::kForward, shape);
     const AttentionGraph& bwd =
         graph_for(state, Direction::kBackward, with_batch(shape, backward_chunk(state, shape)));
@@ -414,10 +471,21 @@ size_t attention_prepare(CudaState& state, const AttentionShape& shape) {
 
 size_t attention_workspace_bytes(CudaState& state, const AttentionShape& shape) {
     check_shape(shape, "attention_workspace_bytes");
+    if (shape.Tkv > 0) {
+        const AttentionGraph* fwd = cache_form_graph(state, shape);
+        return fwd == nullptr ? 0 : size_t(fwd->workspace_bytes);
+    }
     const AttentionGraph& fwd = graph_for(state, Direction::kForward, shape);
     const AttentionGraph& bwd =
         graph_for(state, Direction::kBackward, with_batch(shape, backward_chunk(state, shape)));
     return size_t(std::max(fwd.workspace_bytes, bwd.workspace_bytes));
+}
+
+bool attention_cudnn_takes(CudaState& state, const AttentionShape& shape) {
+    check_shape(shape, "attention_cudnn_takes");
+    if (shape.Tkv > 0) return cache_form_graph(state, shape) != nullptr;
+    graph_for(state, Direction::kForward, shape);
+    return true;
 }
 
 void attention_lend_workspace(CudaState& state, void* ptr, size_t bytes) {
@@ -464,7 +532,18 @@ void attention_forward(CudaState& state, CUstream_st* stream, bf16* out, float* 
                        const bf16* k, const bf16* v, const int32_t* docs,
                        const AttentionShape& shape) {
     check_call(state, stream, shape, docs, "attention_forward");
-    AttentionGraph& g = graph_for(state, Direction::kForward, shape);
+    AttentionGraph* cached = nullptr;
+    if (shape.Tkv > 0) {
+        cached = cache_form_graph(state, shape);
+        if (cached == nullptr) {  // cuDNN declined this shape: lathe's kernel
+            const AttentionRowsShape rows{shape.B,    shape.T, kv_rows(shape),      shape.H,
+                                          shape.Hkv,  shape.D, shape.Tkv - shape.T, shape.window,
+                                          shape.scale};
+            attention_forward_rows(state, stream, out, lse, q, k, v, nullptr, nullptr, rows);
+            return;
+        }
+    }
+    AttentionGraph& g = cached != nullptr ? *cached : graph_for(state, Direction::kForward, shape);
     set(g, kQ, q);
     set(g, kK, k);
     set(g, kV, v);
@@ -483,6 +562,9 @@ void attention_backward(CudaState& state, CUstream_st* stream, bf16* dq, bf16* d
                         const bf16* out, const float* lse, const int32_t* docs,
                         const AttentionShape& shape) {
     check_call(state, stream, shape, docs, "attention_backward");
+    LATHE_CHECK(shape.Tkv == 0 && shape.kv_rows == 0,
+                "attention_backward: Tkv={} kv_rows={}; the backward takes the training form only",
+                shape.Tkv, shape.kv_rows);
     const int64_t chunk = backward_chunk(state, shape);
     const AttentionShape part = with_batch(shape, chunk);
     AttentionGraph& g = graph_for(state, Direction::kBackward, part);
@@ -565,6 +647,10 @@ size_t attention_graph_evictions(const CudaState&) {
 
 size_t attention_workspace_bytes(CudaState&, const AttentionShape&) {
     unavailable("attention_workspace_bytes");
+}
+
+bool attention_cudnn_takes(CudaState&, const AttentionShape&) {
+    return false;
 }
 
 void attention_lend_workspace(CudaState&, void*, size_t) {}

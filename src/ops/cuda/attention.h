@@ -12,8 +12,8 @@
 // The backward uses cuDNN's deterministic algorithm (two runs give the same bits) unless the shape
 // asks for the nondeterministic one (AttentionShape::nondeterministic_backward).
 //
-// Graphs: one per distinct (direction, B, T, H, Hkv, D, window, docs or not, scale, algorithm),
-// built at first use (or by attention_prepare) and cached in the CudaState, at most
+// Graphs: one per distinct (direction, B, T, H, Hkv, D, window, docs or not, scale, algorithm,
+// Tkv, kv_rows), built at first use (or by attention_prepare) and cached in the CudaState, at most
 // kAttentionGraphLimit of them (attention_limit_graphs): building one more into a full cache
 // first waits for the stream, then drops the least recently used graph (ops/lru_cache.h). A
 // training run has a handful of shapes and never reaches the bound, so its graphs are built once;
@@ -23,14 +23,16 @@
 // before step 1 (and before capturing a CUDA graph): building allocates and synchronizes.
 // Limits (cuDNN's): D <= 128 and D % 8 == 0; bf16 only; sm_80 or newer.
 //
-// Inference shapes (queries that continue a cache, Tq < Tk at q_offset; the decode step over
-// per-row lengths) run attention_forward_rows, lathe's own kernel (ops/cuda/attention_rows.cu),
-// not cuDNN: cuDNN's bottom-right diagonal alignment covers an offset only without a bias (no
-// document masks) and its padded-length decode needs a graph per (B, Tmax); the kernel covers
-// every case of ops/attention.h in one plain form that tests check against the CPU reference.
-// One block per (query row, head), four warps splitting the keys, an online softmax in fp32 per
-// warp, merged at the end; bf16 in and out. Correct first: its speed is not tuned (no tensor
-// cores, keys re-read by each query head of a group and by each query row of a chunk).
+// Queries that continue a cache (AttentionShape::Tkv: the dispatcher's Tq < Tk at q_offset, keys
+// 0 .. q_offset + Tq - 1) run cuDNN's forward with a bottom-right aligned causal mask (and the
+// window as its left bound), when cuDNN takes the shape: no docs (cuDNN's bottom-right mask takes
+// no bias), D <= 128. When cuDNN declines such a graph (an older cuDNN), the call runs
+// attention_forward_rows instead, and the cache remembers the decline. Documents at an offset and
+// the decode step over per-row lengths always run attention_forward_rows, lathe's own kernel
+// (ops/cuda/attention_rows.cu): cuDNN's padded-length decode would need a graph per (B, Tmax).
+// The kernel: one block per (query row, head), four warps splitting the keys, an online softmax in
+// fp32 per warp, merged at the end; bf16 in and out. Correct first: its speed is not tuned (no
+// tensor cores, keys re-read by each query head of a group and by each query row of a chunk).
 // Device pointers; enqueued on `stream` (the state's). Internal to ops/cuda, CUDA-header free.
 
 #include <cstddef>
@@ -46,7 +48,8 @@ struct CudaState;
 
 namespace lathe::cuda {
 
-// What identifies one attention problem (and its cached graphs).
+// What identifies one attention problem (and its cached graphs). T is the query length (and the
+// key length of the training form).
 struct AttentionShape {
     int64_t B = 0, T = 0, H = 0, Hkv = 0, D = 0;
     int64_t window = 0;  // 0: none
@@ -62,6 +65,12 @@ struct AttentionShape {
     // rows each (Bc the largest divisor of B that fits; 1 when none does), with a workspace Bc / B
     // the size. Same results (the rows are independent), a little slower (docs/CUDA.md).
     size_t backward_workspace_cap = 0;
+    // 0: the training form (T keys, query i at position i). Otherwise the forward-only form of
+    // queries that continue a cache: the T queries sit at positions Tkv - T .. Tkv - 1 and see keys
+    // 0 .. Tkv - 1 (cuDNN's bottom-right diagonal alignment; no docs); k and v hold kv_rows >= Tkv
+    // rows per batch row (0: Tkv), the rows past Tkv unread.
+    int64_t Tkv = 0;
+    int64_t kv_rows = 0;
 };
 
 // The graphs a CudaState keeps at most unless attention_limit_graphs says otherwise: a training
@@ -104,6 +113,12 @@ const char* attention_unavailable_reason();
 // buffers to fit them, so that later calls with this shape allocate nothing. Stops when cuDNN
 // cannot run the shape, naming it and cuDNN's reason.
 size_t attention_prepare(CudaState& state, const AttentionShape& shape);
+
+// Whether cuDNN runs `shape` (building and caching its forward graph if not cached): false for a
+// cache-form shape (Tkv > 0) that cuDNN declines, which attention_forward then runs on lathe's
+// kernel; true for a training-form shape cuDNN can build (one it cannot stops, as
+// attention_prepare does).
+bool attention_cudnn_takes(CudaState& state, const AttentionShape& shape);
 
 // Bytes the state's attention buffers (workspace + docs bias) hold now: what a memory plan counts
 // after attention_prepare has seen every shape of the run. Lent memory (below) is not counted:

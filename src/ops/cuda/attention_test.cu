@@ -407,11 +407,13 @@ TEST(CudaAttention, Llama1BTrainingShapePackedDocuments) {
     check_training_shape({8, 2048, 32, 8, 64, 0, 500});
 }
 
-// Inference attention (lathe's kernel, ops/cuda/attention_rows.cu) against the CPU reference on the
-// same bf16 values. The kernel computes every output in fp32 (scores from exact bf16 products,
-// an fp32 online softmax, fp32 sums of p v) and rounds it to bf16 once: off by one bf16 rounding
-// of a sum, relative to the output's scale (kBf16Sum); lse is fp32 from the same inputs summed in
-// another order (kF32Sum, derived for up to 4096 terms: every case here has Tk <= 4096).
+// Inference attention (queries that continue a cache, the decode step) against the CPU reference
+// on the same bf16 values. lathe's kernel (ops/cuda/attention_rows.cu) computes every output in
+// fp32 (scores from exact bf16 products, an fp32 online softmax, fp32 sums of p v) and rounds it to
+// bf16 once: off by one bf16 rounding of a sum, relative to the output's scale (kBf16Sum). cuDNN's
+// cache form rounds P to bf16 before P V, as its training forward does (kBf16Derived). lse is fp32
+// from the same inputs summed in another order (kF32Sum, derived for up to 4096 terms: every case
+// here has Tk <= 4096).
 struct RowsCase {
     int64_t B, Tq, Tk, q_offset, H, Hkv, D, window;
     int docs;  // 0: none; otherwise the mean document length
@@ -431,6 +433,10 @@ void poison_rows_from(HostTensor& x, int64_t from) {
             x.as<float>()[i] = NAN;
 }
 
+// Both CUDA routes of a cache-form shape against the CPU: lathe's kernel called directly (no
+// workspace, no graph), then the dispatcher, which takes cuDNN's bottom-right aligned graph when
+// the shape allows it (no docs, D <= 128 and a multiple of 8, cuDNN built); the test expects
+// cuDNN to take such shapes (cuDNN >= 9.6), so that a cuDNN that declines them is seen.
 void check_rows(const RowsCase& c, uint64_t seed) {
     SCOPED_TRACE(rows_case_text(c));
     CudaState state(0);
@@ -452,14 +458,42 @@ void check_rows(const RowsCase& c, uint64_t seed) {
     DeviceTensor gq = upload(q, DType::kBF16, state), gk = upload(k, DType::kBF16, state);
     DeviceTensor gv = upload(v, DType::kBF16, state), gdocs = upload(docs, DType::kI32, state);
     const ConstTensorView docs_gpu = c.docs > 0 ? ConstTensorView(gdocs.view) : ConstTensorView();
+    {
+        SCOPED_TRACE("lathe's kernel");
+        DeviceTensor out = device_tensor(DType::kBF16, q.shape(), state);
+        DeviceTensor lse = device_tensor(DType::kF32, {c.B, c.H, c.Tq}, state);
+        const cuda::AttentionRowsShape shape{c.B, c.Tq,       c.Tk,     c.H,  c.Hkv,
+                                             c.D, c.q_offset, c.window, scale};
+        cuda::attention_forward_rows(state, state.stream(), out.view.as<bf16>(),
+                                     lse.view.as<float>(), gq.view.as<bf16>(), gk.view.as<bf16>(),
+                                     gv.view.as<bf16>(), docs_gpu.as<int32_t>(), nullptr, shape);
+        EXPECT_TRUE(matches(download_f32(out.view, state), out_ref, kBf16Sum)) << "out";
+        EXPECT_TRUE(matches(download_f32(lse.view, state), lse_ref, kF32Sum)) << "lse";
+        EXPECT_EQ(cuda::attention_buffer_bytes(state), 0u) << "the kernel needs no workspace";
+        EXPECT_EQ(cuda::attention_graph_count(state), 0u) << "and no cuDNN graph";
+    }
+    const bool cudnn_shape = c.docs == 0 && c.D <= 128 && c.D % 8 == 0 &&
+                             cuda::attention_unavailable_reason() == nullptr;
+    bool cudnn = false;
+    if (cudnn_shape) {
+        cuda::AttentionShape shape;
+        shape.B = c.B, shape.T = c.Tq, shape.H = c.H, shape.Hkv = c.Hkv, shape.D = c.D;
+        shape.window = c.window, shape.scale = scale;
+        shape.Tkv = c.q_offset + c.Tq, shape.kv_rows = c.Tk;
+        cudnn = cuda::attention_cudnn_takes(state, shape);
+        EXPECT_TRUE(cudnn) << "cuDNN " << cuda::attention_cudnn_version()
+                           << " declined the cache form (bottom-right causal mask); the dispatcher "
+                              "runs lathe's kernel instead";
+    }
+    SCOPED_TRACE(cudnn ? "dispatcher: cuDNN" : "dispatcher: lathe's kernel");
     DeviceTensor out = device_tensor(DType::kBF16, q.shape(), state);
     DeviceTensor lse = device_tensor(DType::kF32, {c.B, c.H, c.Tq}, state);
     attention_forward(out.view, lse.view, gq.view, gk.view, gv.view, docs_gpu, c.window, scale,
                       c.q_offset, gpu);
-    EXPECT_TRUE(matches(download_f32(out.view, state), out_ref, kBf16Sum)) << "out";
+    EXPECT_TRUE(matches(download_f32(out.view, state), out_ref, cudnn ? kBf16Derived : kBf16Sum))
+        << "out";
     EXPECT_TRUE(matches(download_f32(lse.view, state), lse_ref, kF32Sum)) << "lse";
-    EXPECT_EQ(cuda::attention_buffer_bytes(state), 0u) << "the kernel needs no workspace";
-    EXPECT_EQ(cuda::attention_graph_count(state), 0u) << "and no cuDNN graph";
+    EXPECT_EQ(cuda::attention_graph_count(state), cudnn_shape ? 1u : 0u);
 }
 
 TEST(CudaAttentionRows, PromptChunkAtTheEndOfTheCacheGroupedQuery) {
@@ -664,6 +698,17 @@ TEST_F(CudaAttentionDeathTest, HeadDimBeyondCudnnStopsWithTheLimit) {
     EXPECT_DEATH(attention_forward(out.view, lse.view, q.view, q.view, q.view, ConstTensorView(), 0,
                                    0.1f, gpu),
                  "attention_forward: head dim D = 136; cuDNN's flash attention takes D <= 128");
+}
+
+TEST_F(CudaAttentionDeathTest, CacheFormHeadDimBeyondTheKernelStopsWithTheLimit) {
+    CudaState state(0);
+    const Context gpu = state.context();
+    DeviceTensor q = device_tensor(DType::kBF16, {1, 2, 2, 264}, state);
+    DeviceTensor k = device_tensor(DType::kBF16, {1, 4, 1, 264}, state);
+    DeviceTensor lse = device_tensor(DType::kF32, {1, 2, 2}, state);
+    EXPECT_DEATH(attention_forward(q.view, lse.view, q.view, k.view, k.view, ConstTensorView(), 0,
+                                   0.1f, 2, gpu),
+                 "attention_forward_rows: head dim D = 264; this kernel takes D <= 256");
 }
 
 TEST_F(CudaAttentionDeathTest, WrongDtypeNamesTheTensor) {
