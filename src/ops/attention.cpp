@@ -1,12 +1,9 @@
 #include "ops/attention.h"
 
 #include "ops/cpu/attention.h"
-#include "ops/op_checks.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/attention.h"
 #include "ops/cuda/dispatch.h"
-#endif
+#include "ops/op_checks.h"
 
 namespace lathe {
 
@@ -70,11 +67,7 @@ cuda::AttentionRowsShape cuda_rows_shape(const AttentionDims& d, int64_t q_offse
 
 const char* attention_unavailable_reason(Backend backend) {
     if (backend == Backend::kCpu) return nullptr;
-#if LATHE_HAVE_CUDA
     return cuda::attention_unavailable_reason();
-#else
-    return "this lathe was built without the CUDA backend";
-#endif
 }
 
 void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstTensorView k,
@@ -105,7 +98,6 @@ void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstT
                                    d.H, d.Hkv, d.D, window, scale);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {out, q, k, v});
             if (d.Tq == d.Tk) {  // q_offset is 0: the training shape, cuDNN's flash attention
                 cuda::attention_forward(cuda_state_of(ctx, kOp), ctx.stream, out.as<bf16>(),
@@ -129,8 +121,6 @@ void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstT
                                              cuda_rows_shape(d, q_offset, window, scale));
             }
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -153,15 +143,12 @@ void attention_decode(TensorView out, TensorView lse, ConstTensorView q, ConstTe
                                   d.B, d.Tk, d.H, d.Hkv, d.D, window, scale);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {out, q, k_cache, v_cache});
             cuda::attention_forward_rows(cuda_state_of(ctx, kOp), ctx.stream, out.as<bf16>(),
                                          lse.as<float>(), q.as<bf16>(), k_cache.as<bf16>(),
                                          v_cache.as<bf16>(), nullptr, lengths.as<int32_t>(),
                                          cuda_rows_shape(d, 0, window, scale));
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -187,7 +174,6 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensor
                                     d.H, d.Hkv, d.D, window, scale);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {dq, dk, dv, dout, q, k, v, out});
             cuda::attention_backward(cuda_state_of(ctx, kOp), ctx.stream, dq.as<bf16>(),
                                      dk.as<bf16>(), dv.as<bf16>(), dout.as<bf16>(), q.as<bf16>(),
@@ -195,8 +181,6 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensor
                                      docs.as<int32_t>(),
                                      cuda_attention_shape(kOp, d, docs, window, scale, ctx));
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }

@@ -516,8 +516,9 @@ TEST(CudaAttentionRows, HeadDim256WithWindow) {
     check_rows({1, 7, 64, 57, 2, 1, 256, 16, 0}, 95);
 }
 
-TEST(CudaAttentionRows, HeadDimNotAMultipleOf32) {
-    check_rows({1, 9, 90, 81, 4, 2, 80, 0, 0}, 96);
+// D = 80: lanes 0..15 hold a third dim, the others two (documents: the kernel on both routes).
+TEST(CudaAttentionRows, HeadDimNotAMultipleOf32WithDocuments) {
+    check_rows({1, 9, 90, 81, 4, 2, 80, 0, 20}, 96);
 }
 
 TEST(CudaAttentionRows, LongCacheLlama1BHeads) {
