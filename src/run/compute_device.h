@@ -1,17 +1,22 @@
 #pragma once
 // Where a command computes: the CPU reference or one CUDA device. `train.device`, `--device` of
-// eval/bench/align take "auto" (the first GPU when this lathe was built with CUDA and the driver
-// reports one, and the build can run the whole model there, attention included; else the CPU),
-// "cpu" or "cuda" (an error when no GPU can be used, or the build has no CUDA attention). The
-// CUDA state
-// (stream, library handles, workspaces) lives as long as the ComputeDevice; the Context it hands
-// out points at it, so keep the ComputeDevice alive while any model or op uses the Context.
+// eval/bench/align take "auto" (a GPU when this lathe was built with CUDA and the driver reports
+// one, and the build can run the whole model there, attention included; else the CPU), "cpu",
+// "cuda" (an error when no GPU can be used, or the build has no CUDA attention) or "cuda:N" (GPU
+// N of those visible, explicitly). Which GPU auto and cuda take comes from the process group
+// (dist/process_group.h): GPU <local rank> of the visible ones, so that the processes a launcher
+// starts on one machine spread over its GPUs; when fewer GPUs are visible than the local rank
+// needs and exactly one is (a launcher that hides the others per process), that one. A single
+// process takes GPU 0. The CUDA state (streams, library handles, workspaces) lives as long as the
+// ComputeDevice; the Context it hands out points at it, so keep the ComputeDevice alive while any
+// model or op uses the Context.
 
 #include <memory>
 #include <string>
 #include <string_view>
 
 #include "core/status.h"
+#include "dist/process_group.h"
 #include "ops/context.h"
 #include "ops/device_info.h"
 
@@ -28,6 +33,16 @@ Result<Backend> compute_device_choose(std::string_view want, std::string_view ke
                                       const GpuEnvironment& env, const char* cuda_attention_missing,
                                       std::string& fallback_note);
 
+// Whether `want` is one of the forms above (auto, cpu, cuda, cuda:N with N a whole number >= 0).
+bool compute_device_name_valid(std::string_view want);
+
+// The CUDA device ordinal `want` (auto | cuda | cuda:N) computes on for `group`, with
+// `visible_devices` GPUs visible to this process (as the header comment says). Errors: a
+// malformed cuda:N; N or the local rank beyond the visible GPUs (the message says how many there
+// are and what to do).
+Result<int> compute_device_index(std::string_view want, std::string_view key,
+                                 const ProcessGroupInfo& group, int visible_devices);
+
 class ComputeDevice {
 public:
     ComputeDevice();  // the CPU
@@ -35,9 +50,14 @@ public:
     ComputeDevice(ComputeDevice&&) noexcept;
     ComputeDevice& operator=(ComputeDevice&&) noexcept;
 
-    // `want`: auto | cpu | cuda. `key` names the setting in errors (e.g. "train.device").
-    // Errors: an unknown value; cuda asked for in a build without CUDA or CUDA attention, or on a
-    // machine without a usable GPU (the message says which; compute_device_choose).
+    // `want`: auto | cpu | cuda | cuda:N. `key` names the setting in errors (e.g. "train.device").
+    // The GPU comes from `group` (compute_device_index). Errors: an unknown value; cuda asked for
+    // in a build without CUDA or CUDA attention, or on a machine without a usable GPU (the message
+    // says which; compute_device_choose); a device index beyond the visible GPUs.
+    static Result<ComputeDevice> open(std::string_view want, std::string_view key,
+                                      const ProcessGroupInfo& group);
+    // As above, with this process's group read from its environment (launcher variables) when a
+    // GPU may be used; errors of process_group_from_env come back as they are.
     static Result<ComputeDevice> open(std::string_view want, std::string_view key);
 
     const Context& context() const { return ctx_; }

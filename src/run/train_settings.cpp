@@ -11,6 +11,7 @@
 #include "io/hf_config.h"
 #include "model/registry.h"
 #include "run/checkpoint_dir.h"
+#include "run/compute_device.h"
 #include "run/special_tokens.h"
 #include "tokenizer/tokenizer.h"
 
@@ -215,9 +216,10 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     s.keep_last = static_cast<int>(c.get_int("checkpoint.keep_last"));
 
     const std::string device = c.get_string("train.device");
-    if (device != "auto" && device != "cpu" && device != "cuda") {
-        return invalid_argument_error("{}: 'train.device' is '{}'; choose auto, cpu or cuda",
-                                      c.source_of("train.device"), device);
+    if (!compute_device_name_valid(device)) {
+        return invalid_argument_error(
+            "{}: 'train.device' is '{}'; choose auto, cpu or cuda (cuda:N for GPU N)",
+            c.source_of("train.device"), device);
     }
     s.device = device;
     const std::string precision = c.get_string("train.precision");
@@ -231,7 +233,7 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
             "or fp32 (the CPU)",
             c.source_of("train.precision"));
     }
-    if (precision == "fp32" && device == "cuda") {
+    if (precision == "fp32" && device.starts_with("cuda")) {
         return invalid_argument_error(
             "{}: 'train.precision: fp32' with 'train.device: cuda': the CUDA backend "
             "trains in bf16 (fp32 master weights); set precision bf16, or device cpu",

@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
+#include "ops/cuda/device_count.h"
 #include "ops/cuda/gemm.h"
 
 namespace lathe {
@@ -184,6 +185,15 @@ CudaState& cuda_state_of(const Context& ctx, std::string_view op) {
                 "workspace and scratch must run on its stream",
                 op);
     return *ctx.cuda;
+}
+
+int cuda_visible_device_count() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();  // a failed call leaves a sticky last error
+        return 0;
+    }
+    return count;
 }
 
 void cuda_copy_sync(TensorView dst, ConstTensorView src, CUstream_st* stream) {
