@@ -31,9 +31,31 @@ LinearDims linear_dims(const char* op, const char* x_name, ConstTensorView x,
 
 }  // namespace
 
+std::string_view linear_precision_name(LinearPrecision p) {
+    switch (p) {
+        case LinearPrecision::kNative:
+            return "native";
+        case LinearPrecision::kFp8PerTensor:
+            return "fp8_per_tensor";
+        case LinearPrecision::kFp8Blockwise:
+            return "fp8_blockwise";
+    }
+    return "?";
+}
+
+void linear_expect_precision(std::string_view op, const LinearSpec& spec, const Context& ctx) {
+    LATHE_CHECK(spec.precision == LinearPrecision::kNative,
+                "{}: fp8 linear: no kernel for {} ({}) on the {} backend in this build; use the "
+                "native precision for this linear",
+                op, linear_precision_name(spec.precision),
+                spec.role.empty() ? std::string_view("linear") : spec.role,
+                backend_name(ctx.backend));
+}
+
 void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
-                    const Context& ctx) {
+                    const Context& ctx, const LinearSpec& spec) {
     constexpr const char* kOp = "linear_forward";
+    linear_expect_precision(kOp, spec, ctx);
     const auto [N, I, O] = linear_dims(kOp, "x", x, weight);
     op_expect_shape(kOp, "y", y, x.shape().with_dim(-1, O));
     if (!bias.is_null()) op_expect_shape(kOp, "bias", bias, Shape{O});
@@ -57,13 +79,15 @@ void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, Con
 }
 
 void linear_residual_forward(TensorView y, ConstTensorView x, ConstTensorView weight,
-                             ConstTensorView bias, ConstTensorView residual, const Context& ctx) {
+                             ConstTensorView bias, ConstTensorView residual, const Context& ctx,
+                             const LinearSpec& spec) {
     constexpr const char* kOp = "linear_residual_forward";
+    linear_expect_precision(kOp, spec, ctx);
     op_expect_shape(kOp, "residual", residual, y.shape());
     LATHE_CHECK(y.data() != residual.data() && y.data() != x.data(),
                 "{}: y must be another buffer than residual and x", kOp);
     if (ctx.backend == Backend::kCpu) {  // the two ops, checks and all
-        linear_forward(y, x, weight, bias, ctx);
+        linear_forward(y, x, weight, bias, ctx, spec);
         residual_forward(y, residual, y, ctx);
         return;
     }
@@ -85,8 +109,9 @@ void linear_residual_forward(TensorView y, ConstTensorView x, ConstTensorView we
 
 void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstTensorView dy,
                      ConstTensorView x, ConstTensorView weight, GradMode dx_mode,
-                     const Context& ctx) {
+                     const Context& ctx, const LinearSpec& spec) {
     constexpr const char* kOp = "linear_backward";
+    linear_expect_precision(kOp, spec, ctx);
     const auto [N, I, O] = linear_dims(kOp, "x", x, weight);
     op_expect_shape(kOp, "dy", dy, x.shape().with_dim(-1, O));
     if (!dx.is_null()) op_expect_shape(kOp, "dx", dx, x.shape());
@@ -116,8 +141,10 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
 }
 
 void linear_gelu_forward(TensorView act, TensorView pre, ConstTensorView x, ConstTensorView weight,
-                         ConstTensorView bias, GeluKind kind, const Context& ctx) {
+                         ConstTensorView bias, GeluKind kind, const Context& ctx,
+                         const LinearSpec& spec) {
     constexpr const char* kOp = "linear_gelu_forward";
+    linear_expect_precision(kOp, spec, ctx);
     const auto [N, I, O] = linear_dims(kOp, "x", x, weight);
     op_expect_shape(kOp, "pre", pre, x.shape().with_dim(-1, O));
     op_expect_shape(kOp, "act", act, x.shape().with_dim(-1, O));
@@ -147,8 +174,9 @@ void linear_gelu_forward(TensorView act, TensorView pre, ConstTensorView x, Cons
 void linear_gelu_backward(TensorView dpre, TensorView dpre_bias, TensorView dweight,
                           TensorView dbias, ConstTensorView dy, ConstTensorView act,
                           ConstTensorView pre, ConstTensorView weight, GeluKind kind,
-                          const Context& ctx) {
+                          const Context& ctx, const LinearSpec& spec) {
     constexpr const char* kOp = "linear_gelu_backward";
+    linear_expect_precision(kOp, spec, ctx);
     const auto [N, I, O] = linear_dims(kOp, "act", act, weight);
     op_expect_shape(kOp, "dy", dy, act.shape().with_dim(-1, O));
     op_expect_shape(kOp, "pre", pre, act.shape());

@@ -28,14 +28,46 @@
 //   width there). dpre_bias, dweight, dbias may be null (frozen). Dtypes as linear's.
 //   On CUDA the tanh GELU runs inside cuBLASLt, from the fp32 accumulator (pre is still saved
 //   rounded to bf16); the erf GELU, which cuBLASLt does not have, runs as the separate kernel.
+//
+// Precision: every linear op takes a LinearSpec, what its caller (the block schedule, per the
+// model's precision policy) asks of it. kNative is the dtypes above. The fp8 precisions are a
+// choice of GEMM kernel behind the same ops (the GEMMs take their operands' dtypes and scales
+// through ops/gemm_args.h); no backend has that kernel in the linear ops, so asking for one stops
+// with "fp8 linear: no kernel ...", naming the op, the precision, the linear's role and the
+// backend.
+#include <cstdint>
+#include <string_view>
+
 #include "core/tensor.h"
 #include "ops/context.h"
 #include "ops/gelu.h"
 
 namespace lathe {
 
+// The number format of a linear's GEMMs.
+//   kNative        the backend's: bf16 operands with fp32 accumulation on CUDA, f32 on the CPU
+//   kFp8PerTensor  e4m3 weights and activations, e5m2 gradients, one f32 scale per tensor
+//   kFp8Blockwise  the same formats with an f32 scale per block (1 x 128 of activations and
+//                  gradients, 128 x 128 of weights)
+enum class LinearPrecision : uint8_t { kNative, kFp8PerTensor, kFp8Blockwise };
+
+// "native", "fp8_per_tensor", "fp8_blockwise".
+std::string_view linear_precision_name(LinearPrecision p);
+
+// What a caller asks of one linear: its precision, and its role in the model ("qkv", "mlp_down":
+// for messages; empty reads as "linear").
+struct LinearSpec {
+    LinearPrecision precision = LinearPrecision::kNative;
+    std::string_view role;
+};
+
+// Stops (LATHE_CHECK) unless ctx's backend runs `spec` in this build, naming `op`, the precision,
+// the role and the backend. The linear ops call it first; a caller whose linear runs inside
+// another op (the LM head's GEMMs in lm_head_cross_entropy) calls it before that op.
+void linear_expect_precision(std::string_view op, const LinearSpec& spec, const Context& ctx);
+
 void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
-                    const Context& ctx);
+                    const Context& ctx, const LinearSpec& spec = {});
 
 // A projection whose output joins the residual stream:  y = residual + (x W^T + b).
 //   = linear_forward(y, x, W, b) then residual_forward(y, residual, y): so on the CPU, bit for bit
@@ -44,18 +76,20 @@ void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, Con
 //   Shapes: residual and y as y of linear_forward; y must not be residual or x (checked).
 //   The backward is linear_backward's, with the residual's gradient passing through unchanged.
 void linear_residual_forward(TensorView y, ConstTensorView x, ConstTensorView weight,
-                             ConstTensorView bias, ConstTensorView residual, const Context& ctx);
+                             ConstTensorView bias, ConstTensorView residual, const Context& ctx,
+                             const LinearSpec& spec = {});
 
 void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstTensorView dy,
                      ConstTensorView x, ConstTensorView weight, GradMode dx_mode,
-                     const Context& ctx);
+                     const Context& ctx, const LinearSpec& spec = {});
 
 void linear_gelu_forward(TensorView act, TensorView pre, ConstTensorView x, ConstTensorView weight,
-                         ConstTensorView bias, GeluKind kind, const Context& ctx);
+                         ConstTensorView bias, GeluKind kind, const Context& ctx,
+                         const LinearSpec& spec = {});
 
 void linear_gelu_backward(TensorView dpre, TensorView dpre_bias, TensorView dweight,
                           TensorView dbias, ConstTensorView dy, ConstTensorView act,
                           ConstTensorView pre, ConstTensorView weight, GeluKind kind,
-                          const Context& ctx);
+                          const Context& ctx, const LinearSpec& spec = {});
 
 }  // namespace lathe

@@ -1,6 +1,7 @@
 #include "ops/linear.h"
 
 #include <cstring>
+#include <string>
 
 #include "ops/gelu.h"
 #include "ops/op_test.h"
@@ -143,6 +144,45 @@ TEST(LinearGeluDeathTest, RejectsMismatchedShapes) {
     EXPECT_DEATH(
         linear_gelu_forward(act.view(), pre.view(), x.view(), w.view(), {}, GeluKind::kTanh, ctx),
         "linear_gelu_forward: act");
+}
+
+// Every linear op checks the precision it is asked for first: the native one runs (a role
+// changes nothing), an fp8 one stops naming the op, the precision, the role and the backend.
+TEST(Linear, Fp8PrecisionStopsNamingOpRoleAndBackend) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    const Context ctx = cpu_context();
+    Rng rng(43);
+    const int64_t N = 3, I = 4, O = 8;
+    HostTensor x = random_tensor(rng, Shape{N, I}), w = random_tensor(rng, Shape{O, I});
+    HostTensor b = random_tensor(rng, Shape{O}), res = random_tensor(rng, Shape{N, O});
+    HostTensor y1 = f32(Shape{N, O}), y2 = f32(Shape{N, O}), pre = f32(Shape{N, O});
+    HostTensor dy = random_tensor(rng, Shape{N, O}), dx = f32(Shape{N, I});
+    const LinearSpec native{LinearPrecision::kNative, "qkv"};
+    linear_forward(y1.view(), x.view(), w.view(), b.view(), ctx);
+    linear_forward(y2.view(), x.view(), w.view(), b.view(), ctx, native);
+    EXPECT_TRUE(bitwise_equal(y1, y2));
+
+    const LinearSpec fp8{LinearPrecision::kFp8PerTensor, "mlp_up"};
+    const char* want = "fp8 linear: no kernel for fp8_per_tensor \\(mlp_up\\) on the cpu backend";
+    EXPECT_DEATH(linear_forward(y1.view(), x.view(), w.view(), b.view(), ctx, fp8),
+                 std::string("linear_forward: ") + want);
+    EXPECT_DEATH(
+        linear_residual_forward(y1.view(), x.view(), w.view(), b.view(), res.view(), ctx, fp8),
+        std::string("linear_residual_forward: ") + want);
+    EXPECT_DEATH(linear_backward(dx.view(), {}, {}, dy.view(), x.view(), w.view(),
+                                 GradMode::kOverwrite, ctx, fp8),
+                 std::string("linear_backward: ") + want);
+    EXPECT_DEATH(linear_gelu_forward(y1.view(), pre.view(), x.view(), w.view(), b.view(),
+                                     GeluKind::kTanh, ctx, fp8),
+                 std::string("linear_gelu_forward: ") + want);
+    HostTensor w2 = random_tensor(rng, Shape{I, O}), dy2 = random_tensor(rng, Shape{N, I});
+    HostTensor dpre = f32(Shape{N, O});
+    EXPECT_DEATH(linear_gelu_backward(dpre.view(), {}, {}, {}, dy2.view(), y1.view(), pre.view(),
+                                      w2.view(), GeluKind::kTanh, ctx, fp8),
+                 std::string("linear_gelu_backward: ") + want);
+    EXPECT_DEATH(linear_forward(y1.view(), x.view(), w.view(), b.view(), ctx,
+                                LinearSpec{LinearPrecision::kFp8Blockwise, {}}),
+                 "no kernel for fp8_blockwise \\(linear\\)");
 }
 
 }  // namespace

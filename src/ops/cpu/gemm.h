@@ -9,7 +9,18 @@
 
 #include <cstdint>
 
+#include "ops/gemm_args.h"
+
 namespace lathe::cpu {
+
+// The reference GEMM of every backend: computes a GemmArgs (ops/gemm_args.h has the math) in
+// f32, reading and writing any float dtype of core/dtype.h (f32, bf16, e4m3, e5m2) for A, B, C, D,
+// aux and the bias; scale and amax pointers are host pointers. Every combination runs. All-f32
+// operands without scales, amax or a GELU go straight to sgemm_strided (alpha and beta included),
+// the bias added after it in f32: bit for bit the plain sgemm calls plus a bias loop. Any other
+// combination widens A and B to f32, multiplies them with sgemm_strided, and applies the rest per
+// element in f32 (the GELU in fp64, as the CPU's gelu op), rounding once into D. Deterministic.
+void gemm(const GemmArgs& g);
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            const float* B, float beta, float* C);

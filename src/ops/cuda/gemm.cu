@@ -65,70 +65,134 @@ uint32_t alignment_of(const void* p) {
 
 namespace {
 
+bool is_fp8(DType t) {
+    return t == DType::kE4M3 || t == DType::kE5M2;
+}
+
+cudaDataType_t cuda_type(DType t) {
+    switch (t) {
+        case DType::kF32:
+            return CUDA_R_32F;
+        case DType::kBF16:
+            return CUDA_R_16BF;
+        case DType::kE4M3:
+            return CUDA_R_8F_E4M3;
+        case DType::kE5M2:
+            return CUDA_R_8F_E5M2;
+        default:
+            break;
+    }
+    LATHE_CHECK(false, "cuda gemm: no cuBLASLt type for {}", dtype_name(t));
+    return CUDA_R_32F;
+}
+
+// Empty when the combination is one gemm.h lists, else what is outside the list.
+const char* unsupported(const GemmArgs& g) {
+    const bool bias = gemm_epilogue_has_bias(g.epilogue), gelu = gemm_epilogue_has_gelu(g.epilogue);
+    const bool scales = g.a_scale != nullptr || g.b_scale != nullptr;
+    const bool d_scaling = g.d_scale != nullptr || g.d_amax != nullptr;
+    if (is_fp8(g.a_dtype) || is_fp8(g.b_dtype)) {
+        if (!is_fp8(g.a_dtype) || !is_fp8(g.b_dtype)) return "fp8 next to a wider operand";
+        if (g.a_dtype == DType::kE5M2 && g.b_dtype == DType::kE5M2) return "e5m2 times e5m2";
+        if (g.trans_a || !g.trans_b)
+            return "fp8 takes A stored (M, K) and B stored (N, K) only (not trans_a, trans_b)";
+        if (g.d_dtype != DType::kBF16 && g.d_dtype != DType::kF32 && !is_fp8(g.d_dtype))
+            return "an fp8 product into a D that is not bf16, f32 or fp8";
+        if (is_fp8(g.d_dtype)) {
+            if (g.C != nullptr ? g.c_dtype != DType::kBF16 : g.beta != 0.0f)
+                return "an fp8 D reads a bf16 C (or beta 0)";
+        } else {
+            if (d_scaling) return "d_scale or d_amax without an fp8 D";
+            if (g.C != nullptr && g.c_dtype != g.d_dtype) return "C of another dtype than D";
+        }
+        if (bias && (g.d_dtype != DType::kBF16 || g.bias_dtype != DType::kBF16))
+            return "a bias that is not a bf16 bias next to a bf16 D";
+        if (gelu) return "a GELU epilogue on an fp8 product";
+        return nullptr;
+    }
+    if (scales || d_scaling) return "scale or amax pointers without fp8 A and B";
+    if (g.C != nullptr && g.c_dtype != g.d_dtype) return "C of another dtype than D";
+    if (g.a_dtype == DType::kBF16 && g.b_dtype == DType::kBF16) {
+        if (g.d_dtype != DType::kBF16 && g.d_dtype != DType::kF32)
+            return "a D that is not bf16 or f32";
+        if (bias && (g.d_dtype != DType::kBF16 || g.bias_dtype != DType::kBF16))
+            return "a bias that is not a bf16 bias next to a bf16 D";
+        if (gelu && (g.d_dtype != DType::kBF16 || g.beta != 0.0f || g.ldaux % 8 != 0))
+            return "a GELU epilogue needs a bf16 D, beta 0 and ldaux a multiple of 8";
+        return nullptr;
+    }
+    if (g.a_dtype == DType::kF32 && g.b_dtype == DType::kF32) {
+        if (g.d_dtype != DType::kF32) return "an f32 product into a D that is not f32";
+        if (g.epilogue != GemmEpilogue::kNone) return "an epilogue on an f32 product";
+        return nullptr;
+    }
+    return "A and B of these dtypes";
+}
+
 cublasLtEpilogue_t lt_epilogue(const GemmArgs& g) {
     switch (g.epilogue) {
-        case GemmEpilogue::kDefault:
-            return g.bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        case GemmEpilogue::kNone:
+            return CUBLASLT_EPILOGUE_DEFAULT;
+        case GemmEpilogue::kBias:
+            return CUBLASLT_EPILOGUE_BIAS;
         case GemmEpilogue::kGeluAux:
-            return g.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+            return CUBLASLT_EPILOGUE_GELU_AUX;
+        case GemmEpilogue::kGeluAuxBias:
+            return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     }
     return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-void check_args(const GemmArgs& g) {
-    LATHE_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "gemm: M={} N={} K={}", g.M, g.N, g.K);
-    LATHE_CHECK(g.A != nullptr && g.B != nullptr && g.D != nullptr, "gemm: a null operand");
-    LATHE_CHECK(
-        g.lda >= (g.trans_a ? g.M : g.K) && g.ldb >= (g.trans_b ? g.K : g.N) && g.ldd >= g.N,
-        "gemm: strides lda={} ldb={} ldd={} too small for M={} N={} K={} (trans {} {})", g.lda,
-        g.ldb, g.ldd, g.M, g.N, g.K, g.trans_a, g.trans_b);
-    LATHE_CHECK(g.d_dtype == DType::kBF16 || g.d_dtype == DType::kF32, "gemm: D of dtype {}",
-                dtype_name(g.d_dtype));
-    LATHE_CHECK(g.bias == nullptr || g.d_dtype == DType::kBF16, "gemm: a bias needs a bf16 D");
-    LATHE_CHECK(g.C == nullptr || (g.C != g.D && g.ldc >= g.N),
-                "gemm: C must be another buffer than D with ldc >= N ({}), got ldc={}", g.N, g.ldc);
-    switch (g.epilogue) {
-        case GemmEpilogue::kDefault:
-            LATHE_CHECK(g.aux == nullptr, "gemm: aux without an epilogue that uses it");
-            break;
-        case GemmEpilogue::kGeluAux:
-            LATHE_CHECK(g.aux != nullptr && g.ldaux >= g.N && g.ldaux % 8 == 0,
-                        "gemm: the GELU epilogue needs aux with ldaux >= N ({}) and a multiple of "
-                        "8, got ldaux={}",
-                        g.N, g.ldaux);
-            LATHE_CHECK(g.d_dtype == DType::kBF16 && g.beta == 0.0f,
-                        "gemm: the GELU epilogue takes a bf16 D and beta 0");
-            break;
-    }
+// Batched layouts: the batch count and the stride between matrices, set only for more than one
+// batch (a single matrix gets the descriptor cuBLASLt's defaults describe).
+void set_batches(const MatrixLayout& l, int64_t count, int64_t stride) {
+    if (count == 1) return;
+    const int32_t n = int32_t(count);
+    LATHE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        l.layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof(n)));
+    LATHE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        l.layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
 }
 
 }  // namespace
 
-void gemm_bf16(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
-    LATHE_CHECK(gemm_bf16_try(state, stream, g),
-                "gemm: cuBLASLt has no algorithm for M={} N={} K={} lda={} ldb={} ldd={} "
-                "trans_a={} trans_b={} D {} bias {} epilogue {} (alignments A {} B {} D {})",
-                g.M, g.N, g.K, g.lda, g.ldb, g.ldd, g.trans_a, g.trans_b, dtype_name(g.d_dtype),
-                g.bias != nullptr, int(g.epilogue), alignment_of(g.A), alignment_of(g.B),
-                alignment_of(g.D));
+void gemm(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
+    LATHE_CHECK(gemm_try(state, stream, g),
+                "cuda gemm: cuBLASLt has no algorithm for {} (alignments A {} B {} D {})",
+                gemm_args_describe(g), alignment_of(g.A), alignment_of(g.B), alignment_of(g.D));
 }
 
-bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
-    check_args(g);
+bool gemm_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
+    gemm_args_check(g, "cuda");
+    const char* reason = unsupported(g);
+    LATHE_CHECK(reason == nullptr, "cuda gemm: no kernel for {}: {}", gemm_args_describe(g),
+                reason != nullptr ? reason : "");
+    LATHE_CHECK(g.batch_count <= INT32_MAX, "cuda gemm: {} batches", g.batch_count);
+    const bool fused = gemm_epilogue_has_gelu(g.epilogue);
 
     // Row-major D (M, N) = op(A) op(B) is column-major D^T (N, M) = op(B)^T op(A)^T, so cuBLASLt
-    // computes m = N, n = M, k = K with B as its first operand and A as its second. A row-major
-    // (r, c) matrix with row stride ld is a column-major (c, r) matrix with the same ld. So
-    // cuBLASLt's bias (one per row of its D) is per column of ours, and its aux (ld >= its rows)
-    // is our row-major (M, N) with row stride ldaux.
-    const cudaDataType_t d_type = g.d_dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
-    MatrixLayout first = g.trans_b ? MatrixLayout(CUDA_R_16BF, g.K, g.N, g.ldb)
-                                   : MatrixLayout(CUDA_R_16BF, g.N, g.K, g.ldb);
-    MatrixLayout second = g.trans_a ? MatrixLayout(CUDA_R_16BF, g.M, g.K, g.lda)
-                                    : MatrixLayout(CUDA_R_16BF, g.K, g.M, g.lda);
+    // computes m = N, n = M, k = K with B as its first operand and A as its second (and so B's
+    // scale is its A scale and A's its B scale). A row-major (r, c) matrix with row stride ld is a
+    // column-major (c, r) matrix with the same ld. So cuBLASLt's bias (one per row of its D) is
+    // per column of ours, and its aux (ld >= its rows) is our row-major (M, N) with row stride
+    // ldaux. Without C, C is D; next to an fp8 D (beta 0 then) C is null with a bf16 layout, the
+    // type cuBLASLt takes there, which it does not read.
+    const cudaDataType_t d_type = cuda_type(g.d_dtype);
+    const cudaDataType_t c_type = g.C != nullptr      ? cuda_type(g.c_dtype)
+                                  : is_fp8(g.d_dtype) ? CUDA_R_16BF
+                                                      : d_type;
+    const cudaDataType_t a_type = cuda_type(g.a_dtype), b_type = cuda_type(g.b_dtype);
+    MatrixLayout first =
+        g.trans_b ? MatrixLayout(b_type, g.K, g.N, g.ldb) : MatrixLayout(b_type, g.N, g.K, g.ldb);
+    MatrixLayout second =
+        g.trans_a ? MatrixLayout(a_type, g.M, g.K, g.lda) : MatrixLayout(a_type, g.K, g.M, g.lda);
     MatrixLayout out(d_type, g.N, g.M, g.ldd);
-    MatrixLayout c_layout(d_type, g.N, g.M, g.C != nullptr ? g.ldc : g.ldd);
-    const void* c_ptr = g.C != nullptr ? g.C : g.D;
+    MatrixLayout c_layout(c_type, g.N, g.M, g.C != nullptr ? g.ldc : g.ldd);
+    const void* c_ptr = g.C != nullptr ? g.C : is_fp8(g.d_dtype) ? nullptr : g.D;
+    set_batches(first, g.batch_count, g.batch_stride_b);
+    set_batches(second, g.batch_count, g.batch_stride_a);
+    set_batches(out, g.batch_count, g.batch_stride_d);
+    set_batches(c_layout, g.batch_count, g.C != nullptr ? g.batch_stride_c : g.batch_stride_d);
 
     MatmulDesc desc;
     desc.set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
@@ -138,12 +202,21 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
         desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(epilogue));
     if (g.bias != nullptr) {
         desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
-        desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_16BF));
+        desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(cuda_type(g.bias_dtype)));
     }
     if (g.aux != nullptr) {
         desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
         desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(g.ldaux));
     }
+    // Scales and amax only when given (an unset pointer is cuBLASLt's 1 / no amax).
+    if (g.b_scale != nullptr)
+        desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(g.b_scale));
+    if (g.a_scale != nullptr)
+        desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(g.a_scale));
+    if (g.d_scale != nullptr)
+        desc.set(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(g.d_scale));
+    if (g.d_amax != nullptr)
+        desc.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(g.d_amax));
 
     const uint32_t align_a = alignment_of(g.A), align_b = alignment_of(g.B),
                    align_d = alignment_of(g.D);
@@ -168,6 +241,22 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
                                           g.ldaux,
                                           g.C ? alignment_of(g.C) : 0,
                                           g.C ? g.ldc : 0,
+                                          int64_t(a_type),
+                                          int64_t(b_type),
+                                          int64_t(c_type),
+                                          g.bias ? int64_t(g.bias_dtype) : -1,
+                                          g.a_scale != nullptr,
+                                          g.b_scale != nullptr,
+                                          g.d_scale != nullptr,
+                                          g.d_amax != nullptr,
+                                          g.batch_count,
+                                          g.batch_count > 1 ? g.batch_stride_a : 0,
+                                          g.batch_count > 1 ? g.batch_stride_b : 0,
+                                          g.batch_count > 1 ? g.batch_stride_c : 0,
+                                          g.batch_count > 1 ? g.batch_stride_d : 0,
+                                          0,
+                                          0,
+                                          0,
                                           0,
                                           0,
                                           0};
@@ -189,23 +278,28 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
             pref.pref, 1, &result, &found);
         // NOT_SUPPORTED (or no result) means no algorithm for this problem. A fused epilogue
         // can also be refused with INVALID_VALUE (on the H100, cuBLAS 13, an epilogue type
-        // combination it does not take), which its caller handles like no algorithm. For the
-        // plain GEMM any failure is a real error.
-        if (g.epilogue == GemmEpilogue::kDefault ||
-            (status != CUBLAS_STATUS_NOT_SUPPORTED && status != CUBLAS_STATUS_INVALID_VALUE))
+        // combination it does not take), which its caller handles like no algorithm. Any other
+        // failure is a real error.
+        if (status != CUBLAS_STATUS_NOT_SUPPORTED &&
+            !(fused && status == CUBLAS_STATUS_INVALID_VALUE))
             LATHE_CUBLAS_CHECK(status);
         CudaState::MatmulCache::Entry entry;
         entry.found =
             status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
         if (entry.found) entry.algo = result.algo;
-        if (!entry.found && g.epilogue != GemmEpilogue::kDefault)
+        if (!entry.found && fused)
             log_info(
                 "gemm: cuBLASLt has no algorithm for epilogue {} at M={} N={} K={}; "
                 "the op uses separate kernels for this shape",
-                int(epilogue), g.M, g.N, g.K);
+                gemm_epilogue_name(g.epilogue), g.M, g.N, g.K);
         it = algos.emplace(key, entry).first;
     }
-    if (!it->second.found) return false;
+    if (!it->second.found) {
+        LATHE_CHECK(fused,
+                    "cuda gemm: cuBLASLt has no algorithm for {} (alignments A {} B {} D {})",
+                    gemm_args_describe(g), align_a, align_b, align_d);
+        return false;
+    }
     const cublasStatus_t status =
         cublasLtMatmul(state.cublaslt(), desc.desc, &g.alpha, g.B, first.layout, g.A, second.layout,
                        &g.beta, c_ptr, c_layout.layout, g.D, out.layout, &it->second.algo,
@@ -213,13 +307,12 @@ bool gemm_bf16_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
     // cuBLASLt documents INVALID_VALUE for an epilogue type combination it does not support
     // (e.g. an aux or bias type); it then launches nothing, so a fused epilogue's caller can
     // still fall back. The plain GEMM has no fallback: any failure is an error.
-    if (g.epilogue != GemmEpilogue::kDefault &&
-        (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
+    if (fused && (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
         it->second.found = false;
         log_info(
             "gemm: cuBLASLt refused epilogue {} at M={} N={} K={} ({}); the op uses "
             "separate kernels for this shape",
-            int(epilogue), g.M, g.N, g.K, cublasLtGetStatusName(status));
+            gemm_epilogue_name(g.epilogue), g.M, g.N, g.K, cublasLtGetStatusName(status));
         return false;
     }
     LATHE_CUBLAS_CHECK(status);

@@ -19,7 +19,8 @@ GemmArgs forward_gemm(bf16* y, const bf16* x, const bf16* weight, const bf16* bi
     g.A = x, g.lda = I, g.trans_a = false;
     g.B = weight, g.ldb = I, g.trans_b = true;
     g.D = y, g.ldd = O, g.d_dtype = DType::kBF16;
-    g.bias = bias;
+    g.bias = bias, g.bias_dtype = DType::kBF16;
+    g.epilogue = bias != nullptr ? GemmEpilogue::kBias : GemmEpilogue::kNone;
     return g;
 }
 
@@ -45,7 +46,7 @@ void weight_and_bias_grad(CudaState& state, CUstream_st* stream, float* dweight,
         g.B = x, g.ldb = I, g.trans_b = false;
         g.D = dweight, g.ldd = I, g.d_dtype = DType::kF32;
         g.beta = 1.0f;
-        gemm_bf16(state, stream, g);
+        gemm(state, stream, g);
     }
     if (dbias != nullptr) column_sum_bf16_accumulate(state, stream, dbias, dy, N, O, op);
 }
@@ -55,7 +56,7 @@ void weight_and_bias_grad(CudaState& state, CUstream_st* stream, float* dweight,
 void linear_forward(CudaState& state, CUstream_st* stream, bf16* y, const bf16* x,
                     const bf16* weight, const bf16* bias, int64_t N, int64_t I, int64_t O) {
     if (N == 0) return;
-    gemm_bf16(state, stream, forward_gemm(y, x, weight, bias, N, I, O));
+    gemm(state, stream, forward_gemm(y, x, weight, bias, N, I, O));
 }
 
 void linear_residual_forward(CudaState& state, CUstream_st* stream, bf16* y, const bf16* x,
@@ -64,7 +65,7 @@ void linear_residual_forward(CudaState& state, CUstream_st* stream, bf16* y, con
     if (N == 0) return;
     GemmArgs g = forward_gemm(y, x, weight, bias, N, I, O);
     g.C = residual, g.ldc = O, g.beta = 1.0f;
-    gemm_bf16(state, stream, g);
+    gemm(state, stream, g);
 }
 
 void linear_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dweight, float* dbias,
@@ -74,7 +75,7 @@ void linear_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dwe
     if (dx != nullptr) {
         GemmArgs g = dx_gemm(dx, dy, weight, N, I, O);
         g.beta = dx_accumulate ? 1.0f : 0.0f;
-        gemm_bf16(state, stream, g);
+        gemm(state, stream, g);
     }
     weight_and_bias_grad(state, stream, dweight, dbias, dy, x, N, I, O, "linear_backward");
 }
@@ -87,9 +88,9 @@ void linear_gelu_forward(CudaState& state, CUstream_st* stream, bf16* act, bf16*
         // One GEMM: cuBLASLt's GELU epilogue is the tanh form (gemm.h), computed from the fp32
         // accumulator plus bias; pre is its aux output.
         GemmArgs g = forward_gemm(act, x, weight, bias, N, I, O);
-        g.epilogue = GemmEpilogue::kGeluAux;
+        g.epilogue = bias != nullptr ? GemmEpilogue::kGeluAuxBias : GemmEpilogue::kGeluAux;
         g.aux = pre, g.ldaux = O;
-        if (gemm_bf16_try(state, stream, g)) return;
+        if (gemm_try(state, stream, g)) return;
     }
     linear_forward(state, stream, pre, x, weight, bias, N, I, O);
     gelu_forward(act, pre, N * O, tanh_form, stream);
@@ -100,7 +101,7 @@ void linear_gelu_backward(CudaState& state, CUstream_st* stream, bf16* dpre, flo
                           const bf16* pre, const bf16* weight, int64_t N, int64_t I, int64_t O,
                           bool tanh_form) {
     if (N == 0) return;
-    gemm_bf16(state, stream, dx_gemm(dpre, dy, weight, N, I, O));
+    gemm(state, stream, dx_gemm(dpre, dy, weight, N, I, O));
     gelu_backward(dpre, dpre, pre, N * I, tanh_form, stream);  // in place (gelu.h allows it)
     if (dpre_bias != nullptr)
         column_sum_bf16_accumulate(state, stream, dpre_bias, dpre, N, I, "linear_gelu_backward");

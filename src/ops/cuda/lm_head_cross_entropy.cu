@@ -355,7 +355,7 @@ void run_chunks(CudaState& state, CUstream_st* stream, const ChunkWork& w, const
         logits.A = xc, logits.lda = C;
         logits.B = weight, logits.ldb = C, logits.trans_b = true;
         logits.D = chunk, logits.ldd = layout.ld, logits.d_dtype = DType::kBF16;
-        gemm_bf16(state, stream, logits);
+        gemm(state, stream, logits);
         RowArgs a{chunk,     layout.ld, V,     r0,      targets,   w.lse_in,
                   w.lse_out, w.losses,  count, w.dloss, w.backward};
         launch_rows(a, rows, layout.vec, stream);
@@ -365,7 +365,7 @@ void run_chunks(CudaState& state, CUstream_st* stream, const ChunkWork& w, const
         dx.A = chunk, dx.lda = layout.ld;
         dx.B = weight, dx.ldb = C;
         dx.D = w.dx + r0 * C, dx.ldd = C, dx.d_dtype = DType::kBF16;
-        gemm_bf16(state, stream, dx);
+        gemm(state, stream, dx);
         if (w.dweight == nullptr) continue;
         GemmArgs dw;  // (V, C) f32 += dlogits^T (V, rows) . x_chunk (rows, C)
         dw.M = V, dw.N = C, dw.K = rows;
@@ -373,7 +373,7 @@ void run_chunks(CudaState& state, CUstream_st* stream, const ChunkWork& w, const
         dw.B = xc, dw.ldb = C;
         dw.D = w.dweight, dw.ldd = C, dw.d_dtype = DType::kF32;
         dw.beta = 1.0f;
-        gemm_bf16(state, stream, dw);
+        gemm(state, stream, dw);
     }
 }
 
