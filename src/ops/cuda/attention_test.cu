@@ -500,6 +500,11 @@ TEST(CudaAttentionRows, PromptChunkAtTheEndOfTheCacheGroupedQuery) {
     check_rows({2, 37, 300, 263, 8, 2, 64, 0, 0}, 91);
 }
 
+// q_offset 0 with a longer cache: cuDNN's top-left aligned graph on the cache's strides.
+TEST(CudaAttentionRows, PromptAtTheStartOfALongerCache) {
+    check_rows({2, 24, 100, 0, 4, 2, 64, 0, 0}, 90);
+}
+
 TEST(CudaAttentionRows, ChunkInTheMiddleWithWindowD128) {
     check_rows({1, 5, 200, 100, 4, 4, 128, 48, 0}, 92);
 }
