@@ -19,6 +19,7 @@ import transformers
 
 BUILD_DIR = Path(os.environ.get("LATHE_BUILD_DIR", "build"))
 IO_TESTS = BUILD_DIR / "io_tests"
+MODEL_TESTS = BUILD_DIR / "model_tests"
 
 # safetensors header names -> the TensorSpec dtype strings of the Python API.
 SPEC_DTYPE = {
@@ -259,7 +260,7 @@ def test_truncated_python_file_is_refused_with_a_clear_error(tmp_path):
     assert "tensor 'w'" in proc.stdout and "truncated" in proc.stdout, proc.stdout
 
 
-# ---- config.json written by lathe (src/io/hf_config.*) loads in transformers ----
+# ---- config.json written by lathe (src/model/hf_config.*) loads in transformers ----
 
 HF_FIXTURES = ["llama-3.2-1b", "qwen2-0.5b", "mistral-7b-v0.1", "pythia-160m", "gpt2"]
 HF_CLASSES = {"llama-3.2-1b": "LlamaConfig", "qwen2-0.5b": "Qwen2Config",
@@ -270,7 +271,8 @@ HF_CLASSES = {"llama-3.2-1b": "LlamaConfig", "qwen2-0.5b": "Qwen2Config",
 @pytest.fixture(scope="module")
 def lathe_configs(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf_configs")
-    proc = subprocess.run([str(IO_TESTS), "--gtest_also_run_disabled_tests",
+    assert MODEL_TESTS.exists(), f"{MODEL_TESTS} is missing: build the model_tests target"
+    proc = subprocess.run([str(MODEL_TESTS), "--gtest_also_run_disabled_tests",
                            "--gtest_filter=HfConfigInterop.DISABLED_WriteForPython"],
                           env={**os.environ, "LATHE_HF_CONFIG_DIR": str(out)},
                           capture_output=True, text=True, timeout=120)

@@ -15,7 +15,6 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "io/file.h"
-#include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/registry.h"
 #include "run/convert.h"
@@ -29,7 +28,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr int64_t kNeoXPadMultiple = 128;
+constexpr int64_t kVocabPadMultiple = 128;
 
 // A (rows, C) f32 matrix read from a stored tensor of any float dtype lathe reads.
 Result<std::vector<float>> read_f32(const SafetensorsTensor& t) {
@@ -216,8 +215,10 @@ Result<AlignApplyResult> align_apply_run(const AlignApplyRequest& req) {
         if (*req.pad_to_multiple < 1)
             return invalid_argument_error("--pad-to-multiple must be >= 1");
         multiple = *req.pad_to_multiple;
-    } else if (cfg.model_type == "gpt_neox" || (V > Vs_tok && V % 128 == 0)) {
-        multiple = kNeoXPadMultiple;
+    } else if (family.vocab_multiple > 1) {
+        multiple = family.vocab_multiple;
+    } else if (V > Vs_tok && V % kVocabPadMultiple == 0) {
+        multiple = kVocabPadMultiple;
     }
     const int64_t Vnew = (Vt + multiple - 1) / multiple * multiple;
 
@@ -252,7 +253,7 @@ Result<AlignApplyResult> align_apply_run(const AlignApplyRequest& req) {
     const bool untied = !head_name.empty();
 
     AlignApplyResult result;
-    result.architecture = std::string(hf_arch_class_name(hf.arch));
+    result.architecture = std::string(family.architecture);
     result.source_vocab = V;
     result.target_tokens = Vt;
     result.vocab_size = Vnew;

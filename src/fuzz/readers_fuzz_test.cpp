@@ -18,9 +18,9 @@
 #include "fuzz/fuzz_harness.h"
 #include "io/config.h"
 #include "io/file.h"
-#include "io/hf_config.h"
 #include "io/input.h"
 #include "io/safetensors.h"
+#include "model/hf_config.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 

@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "model/block.h"
 #include "model/block_recompute.h"
+#include "model/registry.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/rope.h"
 
@@ -66,11 +67,18 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     const int64_t B = shape.batch, T = shape.seq_len, C = c.hidden_size, V = c.vocab_size;
     if (B <= 0) return invalid_argument_error("batch size {} must be positive", B);
     if (T <= 0) return invalid_argument_error("sequence length {} must be positive", T);
-    if (T > c.max_position_embeddings)
+    if (T > c.max_position_embeddings) {
+        // The family's own name for the key, where it has one.
+        std::string own_key;
+        Result<const ModelFamily*> family = model_family_find(c.model_type);
+        if (c.hf.family) family = c.hf.family;
+        if (family.ok() && (*family)->hf_keys.max_position_embeddings != "max_position_embeddings")
+            own_key = fmt::format(" / {}", (*family)->hf_keys.max_position_embeddings);
         return invalid_argument_error(
             "sequence length {} is longer than the model allows (config.json "
             "max_position_embeddings{} = {})",
-            T, c.model_type == "gpt2" ? " / n_positions" : "", c.max_position_embeddings);
+            T, own_key, c.max_position_embeddings);
+    }
     if (shape.lm_head_chunk_rows < 0)
         return invalid_argument_error("lm_head_chunk_rows {} must not be negative",
                                       shape.lm_head_chunk_rows);

@@ -8,7 +8,7 @@ namespace lathe {
 
 ModelConfig model_config_from_hf_common(const HfModelConfig& hf) {
     ModelConfig c;
-    c.model_type = std::string(hf_arch_model_type(hf.arch));
+    c.model_type = std::string(hf.model_type());
     c.vocab_size = hf.vocab_size;
     c.hidden_size = hf.hidden_size;
     c.num_layers = hf.num_hidden_layers;
@@ -58,7 +58,7 @@ Result<GeluKind> model_config_plain_gelu(const HfModelConfig& hf, std::string_vi
                 "{}: config.json key '{}' is '{}'; lathe implements 'gelu' "
                 "(erf) and the tanh forms ('gelu_new', "
                 "'gelu_pytorch_tanh', 'gelu_fast') for {}",
-                source, key, hf.hidden_act, hf_arch_model_type(hf.arch));
+                source, key, hf.hidden_act, hf.model_type());
     }
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // ModelConfig: what the model layer needs to know about an architecture, made from a Hugging Face
-// config.json (parsed by io/hf_config.h, with transformers' defaults) by the family's registry
+// config.json (parsed by model/hf_config.h, with transformers' defaults) by the family's registry
 // entry (model/registry.h).
 //
 // Dimension letters (STYLE.md): B batch, T sequence, C hidden_size, V vocab_size, H attention
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "io/hf_config.h"
+#include "model/hf_config.h"
 #include "ops/gelu.h"
 #include "ops/rope.h"
 
@@ -54,7 +54,7 @@ struct ModelConfig {
 
     double initializer_range = 0.02;  // std of the normal init (model/init.h)
 
-    // The config.json as parsed: written back with checkpoints (io/hf_config.h keeps the keys
+    // The config.json as parsed: written back with checkpoints (model/hf_config.h keeps the keys
     // lathe does not interpret), so HF -> lathe -> HF loses nothing.
     HfModelConfig hf;
 

@@ -22,10 +22,19 @@ Result<const ModelFamily*> model_family_find(std::string_view model_type) {
                                known);
 }
 
+std::string model_family_names(std::string_view separator, std::string_view last) {
+    const std::span<const ModelFamily* const> families = model_families();
+    std::string names;
+    for (size_t i = 0; i < families.size(); ++i) {
+        if (i > 0) names += i + 1 == families.size() ? last : separator;
+        names += families[i]->model_type;
+    }
+    return names;
+}
+
 Result<ModelConfig> model_config_from_hf(const HfModelConfig& hf, std::string_view source) {
-    LATHE_ASSIGN_OR_RETURN(const ModelFamily* family,
-                           model_family_find(hf_arch_model_type(hf.arch)));
-    return family->config_from_hf(hf, source);
+    LATHE_CHECK(hf.family != nullptr, "an HfModelConfig without its family");
+    return hf.family->config_from_hf(hf, source);
 }
 
 Result<ModelConfig> model_config_from_hf_json(std::string_view json_text, std::string_view source) {
@@ -39,6 +48,9 @@ Result<ModelConfig> model_config_from_hf_file(const std::string& path) {
 }
 
 const ModelFamily& model_family_of(const ModelConfig& config) {
+    // The family that parsed its config.json (registered or not), else the registry's entry.
+    if (config.hf.family != nullptr && config.hf.family->model_type == config.model_type)
+        return *config.hf.family;
     Result<const ModelFamily*> family = model_family_find(config.model_type);
     LATHE_CHECK(family.ok(), "{}", family.status().to_string());
     return **family;

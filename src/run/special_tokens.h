@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "io/hf_config.h"
+#include "model/hf_config.h"
 
 namespace lathe {
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "model/registry.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lathe {
@@ -107,7 +108,7 @@ TEST_F(Alone, ConfigTokenMissingFromTheVocabularyIsLeftOut) {
 
 TEST_F(Alone, ApplyFromTokenizerReplacesClassDefaults) {
     Loaded neox = load(copy("gpt-neox-20b.json"));
-    HfModelConfig hf = hf_config_default(HfArch::kGptNeoX);  // bos 0, eos 2 ("!")
+    HfModelConfig hf = hf_config_default(gpt_neox_family());  // bos 0, eos 2 ("!")
     const auto changes =
         special_ids_apply(hf, neox.tokenizer, neox.specials, SpecialIdsMode::kFromTokenizer);
     EXPECT_EQ(hf.bos_token_id, 0);
@@ -120,7 +121,7 @@ TEST_F(Alone, ApplyFromTokenizerReplacesClassDefaults) {
 TEST(SpecialTokens, ApplyKeepValidKeepsSpecialIdsAndRepairsOthers) {
     Loaded l3 = load(kTokenizers + "/llama3.json");
     // An instruct model's config: several eos ids, all special tokens: kept as they are.
-    HfModelConfig hf = hf_config_default(HfArch::kLlama);
+    HfModelConfig hf = hf_config_default(llama_family());
     hf.bos_token_id = 128000;
     hf.eos_token_ids = {128001, 128008, 128009};
     HfModelConfig kept = hf;
@@ -128,7 +129,7 @@ TEST(SpecialTokens, ApplyKeepValidKeepsSpecialIdsAndRepairsOthers) {
         special_ids_apply(kept, l3.tokenizer, l3.specials, SpecialIdsMode::kKeepValid).empty());
     EXPECT_EQ(kept, hf);
     // LlamaConfig's defaults 1 and 2 are '"' and '#' here: replaced by the tokenizer's.
-    HfModelConfig defaults = hf_config_default(HfArch::kLlama);
+    HfModelConfig defaults = hf_config_default(llama_family());
     const auto changes =
         special_ids_apply(defaults, l3.tokenizer, l3.specials, SpecialIdsMode::kKeepValid);
     EXPECT_EQ(changes.size(), 2u);
@@ -136,7 +137,7 @@ TEST(SpecialTokens, ApplyKeepValidKeepsSpecialIdsAndRepairsOthers) {
     EXPECT_EQ(defaults.eos_token_ids, std::vector<int64_t>{128001});
     // A missing id stays missing in kKeepValid, and is filled in kFromTokenizer.
     Loaded q3 = load(kTokenizers + "/qwen3.json");
-    HfModelConfig qwen = hf_config_default(HfArch::kQwen2);
+    HfModelConfig qwen = hf_config_default(qwen2_family());
     EXPECT_FALSE(qwen.pad_token_id);
     HfModelConfig keep = qwen;
     EXPECT_TRUE(
@@ -147,7 +148,7 @@ TEST(SpecialTokens, ApplyKeepValidKeepsSpecialIdsAndRepairsOthers) {
     EXPECT_EQ(qwen.eos_token_ids, std::vector<int64_t>{151645});
     EXPECT_FALSE(qwen.bos_token_id);
     // An id outside the vocabulary names no token: removed when the tokenizer has none.
-    HfModelConfig far = hf_config_default(HfArch::kQwen2);
+    HfModelConfig far = hf_config_default(qwen2_family());
     far.bos_token_id = 999999;
     special_ids_apply(far, q3.tokenizer, q3.specials, SpecialIdsMode::kKeepValid);
     EXPECT_FALSE(far.bos_token_id);
@@ -157,14 +158,14 @@ TEST_F(Alone, ApplyFromTokenizerElseCarriedKeepsWhatTheTokenizerDoesNotDefine) {
     // Llama 2's tokenizer.json alone defines bos (<s>) but no eos: a carried eos stays, even one
     // that is not a special token; a carried bos gives way to the tokenizer's.
     Loaded l2 = load(copy("llama2.json"));
-    HfModelConfig hf = hf_config_default(HfArch::kLlama);
+    HfModelConfig hf = hf_config_default(llama_family());
     hf.bos_token_id = 5;
     hf.eos_token_ids = {7};
     special_ids_apply(hf, l2.tokenizer, l2.specials, SpecialIdsMode::kFromTokenizerElseCarried);
     EXPECT_EQ(hf.bos_token_id, 1);
     EXPECT_EQ(hf.eos_token_ids, std::vector<int64_t>{7});
     // kFromTokenizer drops it: it names no special token.
-    HfModelConfig fresh = hf_config_default(HfArch::kLlama);
+    HfModelConfig fresh = hf_config_default(llama_family());
     fresh.eos_token_ids = {7};
     special_ids_apply(fresh, l2.tokenizer, l2.specials, SpecialIdsMode::kFromTokenizer);
     EXPECT_TRUE(fresh.eos_token_ids.empty());

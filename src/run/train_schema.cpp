@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "model/registry.h"
+
 namespace lathe {
 
 ConfigSchema train_config_schema() {
@@ -11,7 +13,7 @@ ConfigSchema train_config_schema() {
     s.add({"model.config", ConfigType::kString, "",
            "path of a Hugging Face config.json defining the model"});
     s.add({"model.family", ConfigType::kString, "",
-           "llama | mistral | qwen2 | gpt_neox | gpt2 (when model.config is not given)"});
+           model_family_names(" | ", " | ") + " (when model.config is not given)"});
     s.add({"model.hidden_size", ConfigType::kInt, "", "width of the residual stream (C)"});
     s.add({"model.intermediate_size", ConfigType::kInt, "", "MLP inner width"});
     s.add({"model.num_hidden_layers", ConfigType::kInt, "", "transformer blocks (L)"});

@@ -8,7 +8,6 @@
 #include "core/log.h"
 #include "data/gpt2_dataset.h"
 #include "io/file.h"
-#include "io/hf_config.h"
 #include "model/registry.h"
 #include "run/checkpoint_dir.h"
 #include "run/compute_device.h"
@@ -27,15 +26,13 @@ Status require_at_least(const Config& c, std::string_view key, int64_t min) {
     return ok_status();
 }
 
-Result<HfArch> family_arch(const Config& c) {
+Result<const ModelFamily*> family_named(const Config& c) {
     const std::string name = c.get_string("model.family");
-    for (HfArch a :
-         {HfArch::kLlama, HfArch::kMistral, HfArch::kQwen2, HfArch::kGptNeoX, HfArch::kGpt2}) {
-        if (hf_arch_model_type(a) == name) return a;
-    }
-    return invalid_argument_error(
-        "{}: 'model.family' is '{}'; choose llama, mistral, qwen2, gpt_neox or gpt2",
-        c.source_of("model.family"), name);
+    Result<const ModelFamily*> family = model_family_find(name);
+    if (family.ok()) return family;
+    return invalid_argument_error("{}: 'model.family' is '{}'; choose {}",
+                                  c.source_of("model.family"), name,
+                                  model_family_names(", ", " or "));
 }
 
 // Applies the inline model.* keys that are set on top of `hf`.
@@ -45,8 +42,8 @@ void apply_inline_model_keys(const Config& c, HfModelConfig& hf) {
     if (width_set) hf.hidden_size = c.get_int("model.hidden_size");
     if (c.has("model.intermediate_size"))
         hf.intermediate_size = c.get_int("model.intermediate_size");
-    else if (width_set && hf.arch == HfArch::kGpt2)
-        hf.intermediate_size = 4 * hf.hidden_size;
+    else if (width_set && hf.family->hf_intermediate_per_hidden > 0)
+        hf.intermediate_size = hf.family->hf_intermediate_per_hidden * hf.hidden_size;
     if (c.has("model.num_hidden_layers"))
         hf.num_hidden_layers = c.get_int("model.num_hidden_layers");
     if (heads_set) hf.num_attention_heads = c.get_int("model.num_attention_heads");
@@ -68,7 +65,8 @@ void apply_inline_model_keys(const Config& c, HfModelConfig& hf) {
         hf.tie_word_embeddings = c.get_bool("model.tie_word_embeddings");
     if (c.has("model.sliding_window")) {
         hf.sliding_window = c.get_int("model.sliding_window");
-        if (hf.arch == HfArch::kQwen2) hf.use_sliding_window = true;
+        // A family whose windows need turning on (use_sliding_window) gets them turned on.
+        if (hf.family->hf_settings & kHfWindowLayers) hf.use_sliding_window = true;
     }
 }
 
@@ -326,12 +324,11 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
         // The same config often serves pretraining and fine-tuning: model.* keys may stay, but
         // each must agree with the checkpoint's config.json.
         if (c.has("model.family")) {
-            LATHE_ASSIGN_OR_RETURN(HfArch arch, family_arch(c));
-            if (arch != hf.arch) {
+            LATHE_ASSIGN_OR_RETURN(const ModelFamily* family, family_named(c));
+            if (family != hf.family) {
                 return invalid_argument_error(
                     "{}: 'model.family' is {} but checkpoint.init_from {} holds a {} model",
-                    c.source_of("model.family"), hf_arch_model_type(arch), s.init_from,
-                    hf_arch_model_type(hf.arch));
+                    c.source_of("model.family"), family->model_type, s.init_from, hf.model_type());
             }
         }
         if (c.has("model.config")) {
@@ -359,8 +356,8 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
                 "no model: set 'model.config' (a Hugging Face config.json) or "
                 "'model.family' with the model.* sizes");
         }
-        LATHE_ASSIGN_OR_RETURN(HfArch arch, family_arch(c));
-        hf = hf_config_default(arch);
+        LATHE_ASSIGN_OR_RETURN(const ModelFamily* family, family_named(c));
+        hf = hf_config_default(*family);
         for (const char* key :
              {"model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads"}) {
             if (!c.has(key)) {
