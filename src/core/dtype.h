@@ -1,5 +1,6 @@
 #pragma once
-// Element types of tensors and the narrow floating-point storage formats: bf16, fp8 E4M3 and E5M2.
+// Element types of tensors and the narrow floating-point storage formats: bf16, IEEE fp16 (the F16
+// of checkpoints, as a bit pattern), fp8 E4M3 and E5M2.
 //
 // Storage types are plain bit containers (one uint16_t or uint8_t) with explicit conversions; all
 // arithmetic happens in fp32. Every narrowing conversion rounds to nearest, ties to even (RNE),
@@ -104,6 +105,39 @@ inline bf16 float_to_bf16(float f) {
     if (std::isnan(f)) return bf16{uint16_t((u >> 16) | 0x0040u)};
     const uint32_t lsb = (u >> 16) & 1u;               // ties go to the even neighbour
     return bf16{uint16_t((u + 0x7FFFu + lsb) >> 16)};  // carries into the exponent as needed
+}
+
+// IEEE binary16 (the F16 of fp16 checkpoints such as Pythia's), as a bit pattern, to fp32: exact,
+// NaN payloads kept.
+inline float f16_to_float(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1Fu;
+    const uint32_t man = h & 0x3FFu;
+    if (exp == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (man << 13));  // inf, NaN
+    if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
+    // Zero or subnormal: man * 2^-24, exact in f32.
+    const float v = std::ldexp(float(man), -24);
+    return sign ? -v : v;
+}
+
+// fp32 to IEEE binary16 as torch converts: round to nearest even, f16 subnormals kept, beyond the
+// largest finite (65504) rounds to infinity from 65520 on, NaN becomes the quiet NaN 0x7E00 of its
+// sign.
+inline uint16_t float_to_f16(float f) {
+    const uint32_t x = std::bit_cast<uint32_t>(f);
+    const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+    const uint32_t ax = x & 0x7FFFFFFFu;
+    if (ax > 0x7F800000u) return sign | 0x7E00u;
+    // 65520 = 65504 + half an ulp: from here on, round to nearest even gives infinity.
+    if (ax >= 0x477FF000u) return sign | 0x7C00u;
+    if (ax >= 0x38800000u) {  // a normal f16 (>= 2^-14): rebias the exponent, round 13 bits away
+        const uint32_t odd = (ax >> 13) & 1u;
+        return sign | uint16_t((ax - 0x38000000u + 0x0FFFu + odd) >> 13);
+    }
+    // Subnormal or zero: the value in units of 2^-24, rounded to nearest even (a carry to 1024
+    // is the smallest normal's encoding). The scaling is exact, nearbyint rounds ties to even.
+    const float units = std::nearbyint(std::bit_cast<float>(ax) * 0x1p24f);
+    return sign | uint16_t(units);
 }
 
 namespace detail {

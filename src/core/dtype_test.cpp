@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <random>
 #include <vector>
 
 namespace lathe {
@@ -50,6 +52,53 @@ TEST(DType, Bf16RoundsToNearestEven) {
     // A NaN whose payload sits only in the low bits must not turn into infinity.
     EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::bit_cast<float>(0x7F800001u)))));
 }
+
+TEST(DType, F16RoundTripsEveryEncoding) {
+    for (uint32_t h = 0; h < 0x10000; ++h) {
+        const float f = f16_to_float(uint16_t(h));
+        const bool nan = (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0;
+        if (nan) {
+            EXPECT_TRUE(std::isnan(f)) << h;
+            EXPECT_EQ(float_to_f16(f), (h & 0x8000) | 0x7E00) << h;
+        } else {
+            ASSERT_EQ(float_to_f16(f), h) << std::hex << h;
+        }
+    }
+    EXPECT_EQ(f16_to_float(0x3C00), 1.0f);
+    EXPECT_EQ(f16_to_float(0x0001), 0x1p-24f);
+    EXPECT_EQ(f16_to_float(0x7BFF), 65504.0f);
+}
+
+TEST(DType, F16RoundsToNearestEven) {
+    EXPECT_EQ(float_to_f16(1.0f + 0x1p-11f), 0x3C00);             // tie -> even (down)
+    EXPECT_EQ(float_to_f16(1.0f + 3 * 0x1p-11f), 0x3C02);         // tie -> even (up)
+    EXPECT_EQ(float_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3C01);  // above the tie
+    EXPECT_EQ(float_to_f16(65519.0f), 0x7BFF);
+    EXPECT_EQ(float_to_f16(65520.0f), 0x7C00);  // the tie above 65504 goes to infinity
+    EXPECT_EQ(float_to_f16(-1e10f), 0xFC00);
+    EXPECT_EQ(float_to_f16(0x1p-25f), 0x0000);            // half the smallest subnormal: tie -> 0
+    EXPECT_EQ(float_to_f16(3 * 0x1p-25f), 0x0002);        // 1.5 units: tie -> 2
+    EXPECT_EQ(float_to_f16(1023.5f * 0x1p-24f), 0x0400);  // rounds up into the normals
+    EXPECT_EQ(float_to_f16(-0.0f), 0x8000);
+    EXPECT_EQ(float_to_f16(1e-30f), 0x0000);
+}
+
+#if defined(__FLT16_MAX__)
+// The compiler's _Float16 conversion (IEEE round to nearest even) as an independent oracle.
+TEST(DType, F16AgreesWithTheCompilersFloat16) {
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<uint32_t> bits;
+    for (int i = 0; i < 2'000'000; ++i) {
+        uint32_t x = bits(rng);
+        // Concentrate on the f16 range (exponents 100..145) half of the time.
+        if (i % 2) x = (x & 0x807FFFFFu) | ((100u + x % 46u) << 23);
+        const float f = std::bit_cast<float>(x);
+        if (std::isnan(f)) continue;
+        const _Float16 h = static_cast<_Float16>(f);
+        ASSERT_EQ(float_to_f16(f), std::bit_cast<uint16_t>(h)) << std::hexfloat << f;
+    }
+}
+#endif
 
 TEST(DType, Fp8KnownEncodings) {
     EXPECT_EQ(e4m3_to_float(fp8_e4m3{0x7E}), 448.0f);

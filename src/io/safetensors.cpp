@@ -461,36 +461,70 @@ Result<const SafetensorsTensor*> SafetensorsFile::get(std::string_view name) con
 
 // ---- writing ----
 
-// IEEE binary16 (the F16 of fp16 checkpoints such as Pythia's) to fp32: exact, NaN payloads kept.
-float f16_to_float(uint16_t h) {
-    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-    const uint32_t exp = (h >> 10) & 0x1Fu;
-    const uint32_t man = h & 0x3FFu;
-    if (exp == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (man << 13));  // inf, NaN
-    if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
-    // Zero or subnormal: man * 2^-24, exact in f32.
-    const float v = std::ldexp(float(man), -24);
-    return sign ? -v : v;
+namespace {
+
+// Readers of element i of a source dtype (unaligned bytes) and writers of an output dtype: one
+// type per dtype, so that convert_loop's loop carries no dtype test.
+struct ReadF32 {
+    float operator()(const uint8_t* in, uint64_t i) const {
+        float v;
+        std::memcpy(&v, in + 4 * i, 4);
+        return v;
+    }
+};
+struct ReadBF16 {
+    float operator()(const uint8_t* in, uint64_t i) const {
+        uint16_t bits;
+        std::memcpy(&bits, in + 2 * i, 2);
+        return bf16_to_float(bf16{bits});
+    }
+};
+struct ReadF16 {
+    float operator()(const uint8_t* in, uint64_t i) const {
+        uint16_t bits;
+        std::memcpy(&bits, in + 2 * i, 2);
+        return f16_to_float(bits);
+    }
+};
+struct WriteF32 {
+    void operator()(uint8_t* out, uint64_t i, float v) const { std::memcpy(out + 4 * i, &v, 4); }
+};
+struct WriteBF16 {
+    void operator()(uint8_t* out, uint64_t i, float v) const {
+        const uint16_t bits = float_to_bf16(v).bits;
+        std::memcpy(out + 2 * i, &bits, 2);
+    }
+};
+struct WriteF16 {
+    void operator()(uint8_t* out, uint64_t i, float v) const {
+        const uint16_t bits = float_to_f16(v);
+        std::memcpy(out + 2 * i, &bits, 2);
+    }
+};
+
+template <typename Read, typename Write>
+void convert_loop(const uint8_t* in, uint64_t n, uint8_t* out) {
+    const Read read;
+    const Write write;
+    for (uint64_t i = 0; i < n; ++i) write(out, i, read(in, i));
 }
 
-// fp32 to IEEE binary16, round to nearest even; beyond the largest finite (65504) rounds to
-// infinity, NaN becomes the quiet NaN 0x7E00 of its sign (torch's encoding).
-uint16_t float_to_f16(float f) {
-    const uint32_t x = std::bit_cast<uint32_t>(f);
-    const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
-    const uint32_t ax = x & 0x7FFFFFFFu;
-    if (ax > 0x7F800000u) return sign | 0x7E00u;
-    // 65520 = 65504 + half an ulp: from here on, round to nearest even gives infinity.
-    if (ax >= 0x477FF000u) return sign | 0x7C00u;
-    if (ax >= 0x38800000u) {  // a normal f16 (>= 2^-14): rebias the exponent, round 13 bits away
-        const uint32_t odd = (ax >> 13) & 1u;
-        return sign | uint16_t((ax - 0x38000000u + 0x0FFFu + odd) >> 13);
+// The loop for source dtype `Read` into `to` (a float weight dtype, checked).
+template <typename Read>
+void convert_to(const uint8_t* in, uint64_t n, SafetensorsDtype to, uint8_t* out) {
+    switch (to) {
+        case SafetensorsDtype::kF32:
+            return convert_loop<Read, WriteF32>(in, n, out);
+        case SafetensorsDtype::kBF16:
+            return convert_loop<Read, WriteBF16>(in, n, out);
+        case SafetensorsDtype::kF16:
+            return convert_loop<Read, WriteF16>(in, n, out);
+        default:
+            LATHE_CHECK(false, "convert to {} is not a weight dtype", safetensors_dtype_name(to));
     }
-    // Subnormal or zero: the value in units of 2^-24, rounded to nearest even (a carry to 1024
-    // is the smallest normal's encoding). The scaling is exact, nearbyint rounds ties to even.
-    const float units = std::nearbyint(std::bit_cast<float>(ax) * 0x1p24f);
-    return sign | uint16_t(units);
 }
+
+}  // namespace
 
 bool safetensors_convert_elements(const SafetensorsTensor& src, uint64_t begin, uint64_t n,
                                   SafetensorsDtype to, void* dst) {
@@ -499,43 +533,21 @@ bool safetensors_convert_elements(const SafetensorsTensor& src, uint64_t begin, 
         return false;
     const int in_size = safetensors_dtype_bits(src.dtype) / 8;
     const uint8_t* in = src.data + begin * uint64_t(in_size);
+    uint8_t* out = static_cast<uint8_t*>(dst);
     if (src.dtype == to) {
-        std::memcpy(dst, in, n * uint64_t(in_size));
+        std::memcpy(out, in, n * uint64_t(in_size));
         return true;
     }
-    auto load = [&](uint64_t i) -> float {
-        if (src.dtype == SafetensorsDtype::kF32) {
-            float v;
-            std::memcpy(&v, in + 4 * i, 4);
-            return v;
-        }
-        uint16_t bits;
-        std::memcpy(&bits, in + 2 * i, 2);
-        return src.dtype == SafetensorsDtype::kBF16 ? bf16_to_float(bf16{bits})
-                                                    : f16_to_float(bits);
-    };
-    uint8_t* out = static_cast<uint8_t*>(dst);
-    switch (to) {
+    switch (src.dtype) {
         case SafetensorsDtype::kF32:
-            for (uint64_t i = 0; i < n; ++i) {
-                const float v = load(i);
-                std::memcpy(out + 4 * i, &v, 4);
-            }
+            convert_to<ReadF32>(in, n, to, out);
             break;
         case SafetensorsDtype::kBF16:
-            for (uint64_t i = 0; i < n; ++i) {
-                const uint16_t bits = float_to_bf16(load(i)).bits;
-                std::memcpy(out + 2 * i, &bits, 2);
-            }
+            convert_to<ReadBF16>(in, n, to, out);
             break;
-        case SafetensorsDtype::kF16:
-            for (uint64_t i = 0; i < n; ++i) {
-                const uint16_t bits = float_to_f16(load(i));
-                std::memcpy(out + 2 * i, &bits, 2);
-            }
+        default:  // kF16
+            convert_to<ReadF16>(in, n, to, out);
             break;
-        default:
-            LATHE_CHECK(false, "convert to {} is not a weight dtype", safetensors_dtype_name(to));
     }
     return true;
 }

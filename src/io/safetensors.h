@@ -150,15 +150,10 @@ struct SafetensorsWriteTensor {
     uint64_t nbytes = 0;
 };
 
-// IEEE binary16 (the F16 of fp16 checkpoints such as Pythia's) to fp32: exact, NaN payloads kept.
-float f16_to_float(uint16_t h);
-// fp32 to IEEE binary16, round to nearest even; beyond the largest finite (65504) rounds to
-// infinity, NaN becomes the quiet NaN 0x7E00 of its sign (torch's encoding).
-uint16_t float_to_f16(float f);
-
 // Converts elements [begin, begin + n) of `src` into `dst`, n elements of `to`: the float weight
-// dtypes F32, BF16 and F16 in any pairing. Narrowing rounds to nearest even (float_to_bf16,
-// float_to_f16); the same dtype copies the bytes, so every bit (NaN payloads included) survives.
+// dtypes F32, BF16 and F16 in any pairing, with core/dtype.h's conversions. Narrowing rounds to
+// nearest even (float_to_bf16, float_to_f16); the same dtype copies the bytes, so every bit (NaN
+// payloads included) survives.
 // Returns false, writing nothing, when `src` is of another dtype (the caller names the tensor);
 // `to` must be one of the three (checked).
 [[nodiscard]] bool safetensors_convert_elements(const SafetensorsTensor& src, uint64_t begin,

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -124,6 +125,52 @@ TEST(SafetensorsConvertElements, DecodesEveryFloatDtypeAndRefusesOthers) {
     out[0] = 7.0f;
     EXPECT_FALSE(safetensors_convert_elements(t, 0, 3, SafetensorsDtype::kF32, out));
     EXPECT_EQ(out[0], 7.0f);  // nothing written
+}
+
+// Every pairing of F32, BF16 and F16, over every 16-bit pattern (and their f32 values plus
+// random f32 bits), gives element for element the bits of core/dtype.h's scalar conversions.
+TEST(SafetensorsConvertElements, EveryPairingMatchesTheScalarConversionsBitForBit) {
+    std::vector<uint16_t> halves(0x10000);
+    for (uint32_t h = 0; h < 0x10000; ++h) halves[h] = uint16_t(h);
+    std::vector<float> floats;
+    for (uint32_t h = 0; h < 0x10000; ++h) {
+        floats.push_back(f16_to_float(uint16_t(h)));
+        floats.push_back(bf16_to_float(bf16{uint16_t(h)}));
+    }
+    std::mt19937 rng(11);
+    for (int i = 0; i < 100000; ++i) floats.push_back(std::bit_cast<float>(uint32_t(rng())));
+    auto bits_of = [](SafetensorsDtype d, float v) -> uint32_t {
+        if (d == SafetensorsDtype::kF32) return std::bit_cast<uint32_t>(v);
+        if (d == SafetensorsDtype::kBF16) return float_to_bf16(v).bits;
+        return float_to_f16(v);
+    };
+    const SafetensorsDtype kinds[] = {SafetensorsDtype::kF32, SafetensorsDtype::kBF16,
+                                      SafetensorsDtype::kF16};
+    for (SafetensorsDtype from : kinds) {
+        SafetensorsTensor t;
+        t.dtype = from;
+        const bool wide = from == SafetensorsDtype::kF32;
+        const uint64_t n = wide ? floats.size() : halves.size();
+        t.shape = {int64_t(n)};
+        t.data = wide ? reinterpret_cast<const uint8_t*>(floats.data())
+                      : reinterpret_cast<const uint8_t*>(halves.data());
+        for (SafetensorsDtype to : kinds) {
+            const int out_size = safetensors_dtype_bits(to) / 8;
+            std::vector<uint8_t> out(n * uint64_t(out_size));
+            ASSERT_TRUE(safetensors_convert_elements(t, 0, n, to, out.data()));
+            for (uint64_t i = 0; i < n; ++i) {
+                const float v = wide                              ? floats[i]
+                                : from == SafetensorsDtype::kBF16 ? bf16_to_float(bf16{halves[i]})
+                                                                  : f16_to_float(halves[i]);
+                uint32_t want = from == to ? (wide ? std::bit_cast<uint32_t>(floats[i]) : halves[i])
+                                           : bits_of(to, v);
+                uint32_t got = 0;
+                std::memcpy(&got, out.data() + i * uint64_t(out_size), size_t(out_size));
+                ASSERT_EQ(got, want) << safetensors_dtype_name(from) << " -> "
+                                     << safetensors_dtype_name(to) << " element " << i;
+            }
+        }
+    }
 }
 
 TEST(Safetensors, RoundTripEveryDtype) {
