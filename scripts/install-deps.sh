@@ -8,7 +8,7 @@ DEB_PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache git python3 python3-pip
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
   libzstd-dev zlib1g-dev libsimdjson-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev zstd clang-format
+  libopenblas-dev zstd clang-format libopenmpi-dev openmpi-bin
   dict-gcide dict-foldoc dict-freedict-deu-eng dict-freedict-fra-eng dict-freedict-jpn-eng
   dict-freedict-eng-rus dict-freedict-ara-eng dict-freedict-eng-hin dict-freedict-ell-eng
 )
