@@ -5,13 +5,10 @@
 #include <vector>
 
 #include "ops/cpu/optimizer.h"
-#include "ops/grad_norm.h"
-#include "ops/op_checks.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/adamw.h"
 #include "ops/cuda/dispatch.h"
-#endif
+#include "ops/grad_norm.h"
+#include "ops/op_checks.h"
 
 namespace lathe {
 
@@ -82,14 +79,11 @@ void adamw_update_with_copy(TensorView params, TensorView params_bf16, TensorVie
             return;
         }
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kF32, {params, m, v, grads});
-            cuda::adamw_update(params.as<float>(), m.as<float>(), v.as<float>(), grads.as<float>(),
-                               params_bf16.as<bf16>(), segments, hyper, step, clip_norm.as<float>(),
-                               max_norm, ctx.stream);
+            cuda::adamw_update(params.as<float>(), params_bf16.as<bf16>(), m.as<float>(),
+                               v.as<float>(), grads.as<float>(), segments, hyper, step,
+                               clip_norm.as<float>(), max_norm, ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }

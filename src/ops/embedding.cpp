@@ -1,12 +1,9 @@
 #include "ops/embedding.h"
 
 #include "ops/cpu/embedding.h"
-#include "ops/op_checks.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/embedding.h"
-#endif
+#include "ops/op_checks.h"
 
 namespace lathe {
 
@@ -49,14 +46,11 @@ void embedding_forward(TensorView out, ConstTensorView tokens, ConstTensorView p
                                    wte.as<float>(), wpe.as<float>(), d.B, d.T, d.C, d.V, d.P);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {out, wte, wpe});
             cuda::embedding_forward(out.as<bf16>(), tokens.as<int32_t>(), positions.as<int32_t>(),
                                     wte.as<bf16>(), wpe.as<bf16>(), d.B, d.T, d.C, d.V, d.P,
                                     ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -94,15 +88,12 @@ void embedding_backward(TensorView dwte, TensorView dwpe, ConstTensorView dout,
                                     tokens.as<int32_t>(), positions.as<int32_t>(), B, T, C, V, P);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kF32, {dwte, dwpe});
             op_expect_cuda_dtype(kOp, DType::kBF16, {dout});
-            cuda::embedding_backward(cuda_state_of(ctx, kOp), ctx.stream, dwte.as<float>(),
-                                     dwpe.as<float>(), dout.as<bf16>(), tokens.as<int32_t>(),
-                                     positions.as<int32_t>(), B, T, C, V, P);
+            cuda::embedding_backward(dwte.as<float>(), dwpe.as<float>(), dout.as<bf16>(),
+                                     tokens.as<int32_t>(), positions.as<int32_t>(), B, T, C, V, P,
+                                     cuda_state_of(ctx, kOp), ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }

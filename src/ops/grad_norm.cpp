@@ -1,16 +1,12 @@
 #include "ops/grad_norm.h"
 
 #include <cmath>
-
-#include "ops/cpu/optimizer.h"
-#include "ops/op_checks.h"
-
-#if LATHE_HAVE_CUDA
 #include <vector>
 
+#include "ops/cpu/optimizer.h"
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/grad_norm.h"
-#endif
+#include "ops/op_checks.h"
 
 namespace lathe {
 
@@ -42,17 +38,14 @@ void grad_norm_l2(TensorView norm, std::span<const ConstTensorView> grads, const
             return;
         }
         case Backend::kCuda: {
-#if LATHE_HAVE_CUDA
             std::vector<cuda::ConstGradSpan> spans;
             spans.reserve(grads.size());
             for (const ConstTensorView& g : grads) {
                 op_expect_cuda_dtype(kOp, DType::kF32, {g});
                 spans.push_back({g.as<float>(), g.numel()});
             }
-            cuda::grad_norm_l2(cuda_state_of(ctx, kOp), ctx.stream, norm.as<float>(), spans);
+            cuda::grad_norm_l2(norm.as<float>(), spans, cuda_state_of(ctx, kOp), ctx.stream);
             return;
-#endif
-            break;
         }
     }
     op_no_backend(kOp, ctx);
@@ -82,7 +75,6 @@ void grad_clip_by_norm(std::span<const TensorView> grads, ConstTensorView norm, 
             return;
         }
         case Backend::kCuda: {
-#if LATHE_HAVE_CUDA
             std::vector<cuda::GradSpan> spans;
             spans.reserve(grads.size());
             for (const TensorView& g : grads) {
@@ -91,8 +83,6 @@ void grad_clip_by_norm(std::span<const TensorView> grads, ConstTensorView norm, 
             }
             cuda::grad_clip_by_norm(spans, norm.as<float>(), max_norm, ctx.stream);
             return;
-#endif
-            break;
         }
     }
     op_no_backend(kOp, ctx);

@@ -1,13 +1,10 @@
 #include "ops/layernorm.h"
 
 #include "ops/cpu/layernorm.h"
-#include "ops/op_checks.h"
-#include "ops/residual.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/layernorm.h"
-#endif
+#include "ops/op_checks.h"
+#include "ops/residual.h"
 
 namespace lathe {
 
@@ -33,13 +30,10 @@ void layernorm_forward(TensorView y, TensorView mean, TensorView rstd, ConstTens
                                    weight.as<float>(), bias.as<float>(), N, C, eps);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {y, x, weight, bias});
             cuda::layernorm_forward(y.as<bf16>(), mean.as<float>(), rstd.as<float>(), x.as<bf16>(),
                                     weight.as<bf16>(), bias.as<bf16>(), N, C, eps, ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -64,15 +58,13 @@ void layernorm_residual_forward(TensorView x_out, TensorView y, TensorView mean,
     op_expect_dtype(kOp, "mean", mean, DType::kF32);
     op_expect_dtype(kOp, "rstd", rstd, DType::kF32);
     op_expect_memory(kOp, ctx, {x_out, y, mean, rstd, a, b, weight, bias});
-#if LATHE_HAVE_CUDA
     if (ctx.backend == Backend::kCuda) {
         op_expect_cuda_dtype(kOp, DType::kBF16, {x_out, y, a, b, weight, bias});
-        cuda::layernorm_residual_forward(y.as<bf16>(), mean.as<float>(), rstd.as<float>(),
-                                         x_out.as<bf16>(), a.as<bf16>(), b.as<bf16>(),
+        cuda::layernorm_residual_forward(x_out.as<bf16>(), y.as<bf16>(), mean.as<float>(),
+                                         rstd.as<float>(), a.as<bf16>(), b.as<bf16>(),
                                          weight.as<bf16>(), bias.as<bf16>(), N, C, eps, ctx.stream);
         return;
     }
-#endif
     op_no_backend(kOp, ctx);
 }
 
@@ -98,16 +90,13 @@ void layernorm_backward(TensorView dx, TensorView dweight, TensorView dbias, Con
                                     dx_mode == GradMode::kAccumulate);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, dy, x, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {dweight, dbias, mean, rstd});
-            cuda::layernorm_backward(cuda_state_of(ctx, kOp), ctx.stream, dx.as<bf16>(),
-                                     dweight.as<float>(), dbias.as<float>(), dy.as<bf16>(),
-                                     x.as<bf16>(), weight.as<bf16>(), mean.as<float>(),
-                                     rstd.as<float>(), N, C, dx_mode == GradMode::kAccumulate);
+            cuda::layernorm_backward(
+                dx.as<bf16>(), dweight.as<float>(), dbias.as<float>(), dy.as<bf16>(), x.as<bf16>(),
+                weight.as<bf16>(), mean.as<float>(), rstd.as<float>(), N, C,
+                dx_mode == GradMode::kAccumulate, cuda_state_of(ctx, kOp), ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }

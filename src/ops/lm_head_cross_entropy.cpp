@@ -1,12 +1,9 @@
 #include "ops/lm_head_cross_entropy.h"
 
 #include "ops/cpu/lm_head_cross_entropy.h"
-#include "ops/op_checks.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/lm_head_cross_entropy.h"
-#endif
+#include "ops/op_checks.h"
 
 namespace lathe {
 
@@ -52,7 +49,6 @@ void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorVie
                                                scratch.as<float>(), d.N, d.C, d.V, d.Nc);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {x, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {loss, losses, lse});
             cuda::lm_head_cross_entropy_forward(
@@ -60,8 +56,6 @@ void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorVie
                 lse.as<float>(), x.as<bf16>(), targets.as<int32_t>(), weight.as<bf16>(),
                 scratch.as<float>(), d.N, d.C, d.V, d.Nc);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -85,7 +79,6 @@ void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTens
                                                 d.C, d.V, d.Nc);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, x, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {dweight, lse});
             cuda::lm_head_cross_entropy_backward(
@@ -93,8 +86,6 @@ void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTens
                 x.as<bf16>(), targets.as<int32_t>(), weight.as<bf16>(), lse.as<float>(), dloss,
                 scratch.as<float>(), d.N, d.C, d.V, d.Nc);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -119,7 +110,6 @@ void lm_head_cross_entropy_forward_backward(TensorView loss, TensorView losses, 
                 scratch.as<float>(), d.N, d.C, d.V, d.Nc);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, x, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {loss, losses, dweight});
             cuda::lm_head_cross_entropy_forward_backward(
@@ -127,8 +117,6 @@ void lm_head_cross_entropy_forward_backward(TensorView loss, TensorView losses, 
                 dx.as<bf16>(), dweight.as<float>(), x.as<bf16>(), targets.as<int32_t>(),
                 weight.as<bf16>(), dloss, scratch.as<float>(), d.N, d.C, d.V, d.Nc);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }

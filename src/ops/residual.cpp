@@ -1,12 +1,9 @@
 #include "ops/residual.h"
 
 #include "ops/cpu/activations.h"
-#include "ops/op_checks.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/residual.h"
-#endif
+#include "ops/op_checks.h"
 
 namespace lathe {
 
@@ -23,13 +20,10 @@ void residual_forward(TensorView out, ConstTensorView a, ConstTensorView b, cons
             cpu::residual_forward(out.as<float>(), a.as<float>(), b.as<float>(), a.numel());
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {out, a, b});
             cuda::residual_forward(out.as<bf16>(), a.as<bf16>(), b.as<bf16>(), a.numel(),
                                    ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -48,13 +42,10 @@ void residual_backward(TensorView da, TensorView db, ConstTensorView dout, const
             cpu::residual_backward(da.as<float>(), db.as<float>(), dout.as<float>(), dout.numel());
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {da, db, dout});
             cuda::residual_backward(da.as<bf16>(), db.as<bf16>(), dout.as<bf16>(), dout.numel(),
                                     ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }

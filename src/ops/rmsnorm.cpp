@@ -1,13 +1,10 @@
 #include "ops/rmsnorm.h"
 
 #include "ops/cpu/rmsnorm.h"
-#include "ops/op_checks.h"
-#include "ops/residual.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/rmsnorm.h"
-#endif
+#include "ops/op_checks.h"
+#include "ops/residual.h"
 
 namespace lathe {
 
@@ -29,13 +26,10 @@ void rmsnorm_forward(TensorView y, TensorView rstd, ConstTensorView x, ConstTens
                                  N, C, eps);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {y, x, weight});
             cuda::rmsnorm_forward(y.as<bf16>(), rstd.as<float>(), x.as<bf16>(), weight.as<bf16>(),
                                   N, C, eps, ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -57,15 +51,13 @@ void rmsnorm_residual_forward(TensorView x_out, TensorView y, TensorView rstd, C
     op_expect_shape(kOp, "weight", weight, Shape{C});
     op_expect_dtype(kOp, "rstd", rstd, DType::kF32);
     op_expect_memory(kOp, ctx, {x_out, y, rstd, a, b, weight});
-#if LATHE_HAVE_CUDA
     if (ctx.backend == Backend::kCuda) {
         op_expect_cuda_dtype(kOp, DType::kBF16, {x_out, y, a, b, weight});
-        cuda::rmsnorm_residual_forward(y.as<bf16>(), rstd.as<float>(), x_out.as<bf16>(),
+        cuda::rmsnorm_residual_forward(x_out.as<bf16>(), y.as<bf16>(), rstd.as<float>(),
                                        a.as<bf16>(), b.as<bf16>(), weight.as<bf16>(), N, C, eps,
                                        ctx.stream);
         return;
     }
-#endif
     op_no_backend(kOp, ctx);
 }
 
@@ -88,16 +80,13 @@ void rmsnorm_backward(TensorView dx, TensorView dweight, ConstTensorView dy, Con
                                   dx_mode == GradMode::kAccumulate);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, dy, x, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {dweight, rstd});
-            cuda::rmsnorm_backward(cuda_state_of(ctx, kOp), ctx.stream, dx.as<bf16>(),
-                                   dweight.as<float>(), dy.as<bf16>(), x.as<bf16>(),
+            cuda::rmsnorm_backward(dx.as<bf16>(), dweight.as<float>(), dy.as<bf16>(), x.as<bf16>(),
                                    weight.as<bf16>(), rstd.as<float>(), N, C,
-                                   dx_mode == GradMode::kAccumulate);
+                                   dx_mode == GradMode::kAccumulate, cuda_state_of(ctx, kOp),
+                                   ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }

@@ -5,12 +5,9 @@
 #include <utility>
 
 #include "ops/cpu/rope.h"
-#include "ops/op_checks.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/rope.h"
-#endif
+#include "ops/op_checks.h"
 
 namespace lathe {
 
@@ -132,15 +129,12 @@ void rope_forward(TensorView out, ConstTensorView x, ConstTensorView positions, 
                               cos.as<float>(), sin.as<float>(), d.B, d.T, d.Hx, d.D, d.R, d.P);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {out, x});
             op_expect_cuda_dtype(kOp, DType::kF32, {cos, sin});
             cuda::rope_forward(out.as<bf16>(), x.as<bf16>(), positions.as<int32_t>(),
                                cos.as<float>(), sin.as<float>(), d.B, d.T, d.Hx, d.D, d.R, d.P,
                                ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -157,15 +151,12 @@ void rope_backward(TensorView dx, ConstTensorView dout, ConstTensorView position
                                cos.as<float>(), sin.as<float>(), d.B, d.T, d.Hx, d.D, d.R, d.P);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, dout});
             op_expect_cuda_dtype(kOp, DType::kF32, {cos, sin});
             cuda::rope_backward(dx.as<bf16>(), dout.as<bf16>(), positions.as<int32_t>(),
                                 cos.as<float>(), sin.as<float>(), d.B, d.T, d.Hx, d.D, d.R, d.P,
                                 ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -201,17 +192,14 @@ void rope_qk(const char* op, TensorView q_out, TensorView k_out, ConstTensorView
         return;
     }
     op_expect_memory(op, ctx, {q_out, k_out, q, k, positions, cos, sin});
-#if LATHE_HAVE_CUDA
     if (ctx.backend == Backend::kCuda) {
         op_expect_cuda_dtype(op, DType::kBF16, {q_out, k_out, q, k});
         op_expect_cuda_dtype(op, DType::kF32, {cos, sin});
-        cuda::rope_qk(q_out.as<bf16>(), q.as<bf16>(), k_out.as<bf16>(), k.as<bf16>(),
+        cuda::rope_qk(q_out.as<bf16>(), k_out.as<bf16>(), q.as<bf16>(), k.as<bf16>(),
                       positions.as<int32_t>(), cos.as<float>(), sin.as<float>(), dq.B, dq.T, dq.Hx,
                       dk.Hx, dq.D, dq.R, dq.P, backward, ctx.stream);
         return;
     }
-#endif
-    (void)dk;
     op_no_backend(op, ctx);
 }
 

@@ -1,12 +1,9 @@
 #include "ops/swiglu.h"
 
 #include "ops/cpu/activations.h"
-#include "ops/op_checks.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/swiglu.h"
-#endif
+#include "ops/op_checks.h"
 
 namespace lathe {
 
@@ -24,12 +21,9 @@ void swiglu_forward(TensorView out, ConstTensorView gate_up, const Context& ctx)
             cpu::swiglu_forward(out.as<float>(), gate_up.as<float>(), N, F2 / 2);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {out, gate_up});
             cuda::swiglu_forward(out.as<bf16>(), gate_up.as<bf16>(), N, F2 / 2, ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -49,13 +43,10 @@ void swiglu_backward(TensorView dgate_up, ConstTensorView dout, ConstTensorView 
                                  F2 / 2);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {dgate_up, dout, gate_up});
             cuda::swiglu_backward(dgate_up.as<bf16>(), dout.as<bf16>(), gate_up.as<bf16>(), N,
                                   F2 / 2, ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }

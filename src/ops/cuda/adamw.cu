@@ -85,7 +85,7 @@ __global__ void adamw_update_kernel(float* __restrict__ params, float* __restric
 
 }  // namespace
 
-void adamw_update(float* params, float* m, float* v, const float* grads, bf16* params_bf16,
+void adamw_update(float* params, bf16* params_bf16, float* m, float* v, const float* grads,
                   std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
                   const float* clip_norm, float max_norm, CUstream_st* stream) {
     // The scalars exactly as ops/cpu/optimizer.cpp forms them.

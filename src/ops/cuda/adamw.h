@@ -24,7 +24,7 @@ namespace lathe::cuda {
 // gradient element is first scaled as grad_clip_by_norm would scale it (coef = max_norm /
 // (norm + 1e-6) when below 1 and the norm is finite), in registers: the gradients in memory stay
 // unclipped, and the separate clip pass over them (a read and a write of every gradient) is gone.
-void adamw_update(float* params, float* m, float* v, const float* grads, bf16* params_bf16,
+void adamw_update(float* params, bf16* params_bf16, float* m, float* v, const float* grads,
                   std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
                   const float* clip_norm, float max_norm, CUstream_st* stream);
 

@@ -360,9 +360,9 @@ size_t embedding_backward_scratch_bytes(int64_t N, int64_t rows) {
     return 3 * align_up(size_t(N) * 4) + align_up(cub_sort_bytes(N, key_bits(rows)));
 }
 
-void embedding_backward(CudaState& state, CUstream_st* stream, float* dwte, float* dwpe,
-                        const bf16* dout, const int32_t* tokens, const int32_t* positions,
-                        int64_t B, int64_t T, int64_t C, int64_t V, int64_t P) {
+void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* tokens,
+                        const int32_t* positions, int64_t B, int64_t T, int64_t C, int64_t V,
+                        int64_t P, CudaState& state, CUstream_st* stream) {
     const int64_t N = B * T;
     if (N == 0) return;
     LATHE_CHECK(N < INT32_MAX, "embedding_backward: {} rows do not fit the row index", N);

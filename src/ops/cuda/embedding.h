@@ -35,9 +35,9 @@ void embedding_forward(bf16* out, const int32_t* tokens, const int32_t* position
                        const bf16* wpe, int64_t B, int64_t T, int64_t C, int64_t V, int64_t P,
                        CUstream_st* stream);
 
-void embedding_backward(CudaState& state, CUstream_st* stream, float* dwte, float* dwpe,
-                        const bf16* dout, const int32_t* tokens, const int32_t* positions,
-                        int64_t B, int64_t T, int64_t C, int64_t V, int64_t P);
+void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* tokens,
+                        const int32_t* positions, int64_t B, int64_t T, int64_t C, int64_t V,
+                        int64_t P, CudaState& state, CUstream_st* stream);
 
 // Bytes of the state's scratch that the sorted backward of N ids into a table of `rows` rows uses
 // (sorted keys, row numbers in and out, CUB's temporary storage); embedding_backward stops with a

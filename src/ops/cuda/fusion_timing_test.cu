@@ -106,13 +106,13 @@ TEST(CudaFusionTiming, Gpt2Mlp) {
     DeviceTensor pre2 = device_tensor(DType::kBF16, {N, F}, state);
     DeviceTensor act2 = device_tensor(DType::kBF16, {N, F}, state);
     auto fwd_unfused = [&] {
-        cuda::linear_forward(state, s, ptr<bf16>(pre1), ptr<bf16>(x), ptr<bf16>(w_up),
-                             ptr<bf16>(b_up), N, C, F);
+        cuda::linear_forward(ptr<bf16>(pre1), ptr<bf16>(x), ptr<bf16>(w_up), ptr<bf16>(b_up), N, C,
+                             F, state, s);
         cuda::gelu_forward(ptr<bf16>(act1), ptr<bf16>(pre1), N * F, true, s);
     };
     auto fwd_fused = [&] {
-        cuda::linear_gelu_forward(state, s, ptr<bf16>(act2), ptr<bf16>(pre2), ptr<bf16>(x),
-                                  ptr<bf16>(w_up), ptr<bf16>(b_up), N, C, F, true);
+        cuda::linear_gelu_forward(ptr<bf16>(act2), ptr<bf16>(pre2), ptr<bf16>(x), ptr<bf16>(w_up),
+                                  ptr<bf16>(b_up), N, C, F, true, state, s);
     };
     report("up projection + tanh GELU (N=32768 768->3072)", time_ms(state, fwd_unfused),
            time_ms(state, fwd_fused));
@@ -130,13 +130,13 @@ TEST(CudaFusionTiming, Gpt2Mlp) {
     DeviceTensor out2 = device_tensor(DType::kBF16, {N, C}, state);
     DeviceTensor b_down = random_device_bf16({C}, 8, -0.5f, 0.5f, state);
     auto down_unfused = [&] {
-        cuda::linear_forward(state, s, ptr<bf16>(tmp), ptr<bf16>(act1), ptr<bf16>(w_down),
-                             ptr<bf16>(b_down), N, F, C);
+        cuda::linear_forward(ptr<bf16>(tmp), ptr<bf16>(act1), ptr<bf16>(w_down), ptr<bf16>(b_down),
+                             N, F, C, state, s);
         cuda::residual_forward(ptr<bf16>(out1), ptr<bf16>(res), ptr<bf16>(tmp), N * C, s);
     };
     auto down_fused = [&] {
-        cuda::linear_residual_forward(state, s, ptr<bf16>(out2), ptr<bf16>(act1), ptr<bf16>(w_down),
-                                      ptr<bf16>(b_down), ptr<bf16>(res), N, F, C);
+        cuda::linear_residual_forward(ptr<bf16>(out2), ptr<bf16>(act1), ptr<bf16>(w_down),
+                                      ptr<bf16>(b_down), ptr<bf16>(res), N, F, C, state, s);
     };
     report("down projection + residual (N=32768 3072->768)", time_ms(state, down_unfused),
            time_ms(state, down_fused));
@@ -173,12 +173,12 @@ TEST(CudaFusionTiming, ResidualNormAndRope) {
         };
         auto fused = [&] {
             if (rms)
-                cuda::rmsnorm_residual_forward(ptr<bf16>(y2), ptr<float>(rstd), ptr<bf16>(x2),
+                cuda::rmsnorm_residual_forward(ptr<bf16>(x2), ptr<bf16>(y2), ptr<float>(rstd),
                                                ptr<bf16>(a), ptr<bf16>(b), ptr<bf16>(w), N, C,
                                                1e-5f, s);
             else
-                cuda::layernorm_residual_forward(ptr<bf16>(y2), ptr<float>(mean), ptr<float>(rstd),
-                                                 ptr<bf16>(x2), ptr<bf16>(a), ptr<bf16>(b),
+                cuda::layernorm_residual_forward(ptr<bf16>(x2), ptr<bf16>(y2), ptr<float>(mean),
+                                                 ptr<float>(rstd), ptr<bf16>(a), ptr<bf16>(b),
                                                  ptr<bf16>(w), ptr<bf16>(bias), N, C, 1e-5f, s);
         };
         report(rms ? "residual + rmsnorm (N=16384 C=2048)" : "residual + layernorm (N=32768 C=768)",
@@ -209,7 +209,7 @@ TEST(CudaFusionTiming, ResidualNormAndRope) {
                            B, T, Hkv, D, R, P, s);
     };
     auto one = [&] {
-        cuda::rope_qk(ptr<bf16>(q2), ptr<bf16>(q), ptr<bf16>(k2), ptr<bf16>(k), nullptr,
+        cuda::rope_qk(ptr<bf16>(q2), ptr<bf16>(k2), ptr<bf16>(q), ptr<bf16>(k), nullptr,
                       ptr<float>(cos), ptr<float>(sin), B, T, H, Hkv, D, R, P, false, s);
     };
     report("rope q + k (B=8 T=2048 H=32 Hkv=8 D=64)", time_ms(state, two), time_ms(state, one));

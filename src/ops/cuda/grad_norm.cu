@@ -57,8 +57,8 @@ int64_t blocks_of(int64_t n) {
 
 }  // namespace
 
-void grad_norm_l2(CudaState& state, CUstream_st* stream, float* norm,
-                  std::span<const ConstGradSpan> grads) {
+void grad_norm_l2(float* norm, std::span<const ConstGradSpan> grads, CudaState& state,
+                  CUstream_st* stream) {
     int64_t total_blocks = 0;
     for (const ConstGradSpan& t : grads) total_blocks += blocks_of(t.count);
     double* partials = static_cast<double*>(state.scratch(

@@ -29,8 +29,8 @@ struct GradSpan {
     int64_t count;
 };
 
-void grad_norm_l2(CudaState& state, CUstream_st* stream, float* norm,
-                  std::span<const ConstGradSpan> grads);
+void grad_norm_l2(float* norm, std::span<const ConstGradSpan> grads, CudaState& state,
+                  CUstream_st* stream);
 
 void grad_clip_by_norm(std::span<const GradSpan> grads, const float* norm, float max_norm,
                        CUstream_st* stream);

@@ -210,10 +210,10 @@ struct LayernormParamRows {
 
 void layernorm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const bf16* weight,
                        const bf16* bias, int64_t N, int64_t C, float eps, CUstream_st* stream) {
-    layernorm_residual_forward(y, mean, rstd, nullptr, x, nullptr, weight, bias, N, C, eps, stream);
+    layernorm_residual_forward(nullptr, y, mean, rstd, x, nullptr, weight, bias, N, C, eps, stream);
 }
 
-void layernorm_residual_forward(bf16* y, float* mean, float* rstd, bf16* x_out, const bf16* a,
+void layernorm_residual_forward(bf16* x_out, bf16* y, float* mean, float* rstd, const bf16* a,
                                 const bf16* b, const bf16* weight, const bf16* bias, int64_t N,
                                 int64_t C, float eps, CUstream_st* stream) {
     if (N == 0) return;
@@ -243,10 +243,9 @@ void layernorm_residual_forward(bf16* y, float* mean, float* rstd, bf16* x_out, 
     LATHE_CUDA_CHECK_LAUNCH();
 }
 
-void layernorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dweight,
-                        float* dbias, const bf16* dy, const bf16* x, const bf16* weight,
-                        const float* mean, const float* rstd, int64_t N, int64_t C,
-                        bool dx_accumulate) {
+void layernorm_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, const bf16* x,
+                        const bf16* weight, const float* mean, const float* rstd, int64_t N,
+                        int64_t C, bool dx_accumulate, CudaState& state, CUstream_st* stream) {
     if (N == 0) return;
     auto* dxb = reinterpret_cast<__nv_bfloat16*>(dx);
     const auto* dyb = reinterpret_cast<const __nv_bfloat16*>(dy);

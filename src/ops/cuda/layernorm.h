@@ -27,13 +27,12 @@ void layernorm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const b
 // Residual add fused in: x_out = a + b (each element rounded to bf16, as residual_forward), then
 // the forward above on x_out, in one kernel: the same bits as residual_forward followed by
 // layernorm_forward. x_out may be a or b.
-void layernorm_residual_forward(bf16* y, float* mean, float* rstd, bf16* x_out, const bf16* a,
+void layernorm_residual_forward(bf16* x_out, bf16* y, float* mean, float* rstd, const bf16* a,
                                 const bf16* b, const bf16* weight, const bf16* bias, int64_t N,
                                 int64_t C, float eps, CUstream_st* stream);
 
-void layernorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dweight,
-                        float* dbias, const bf16* dy, const bf16* x, const bf16* weight,
-                        const float* mean, const float* rstd, int64_t N, int64_t C,
-                        bool dx_accumulate);
+void layernorm_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, const bf16* x,
+                        const bf16* weight, const float* mean, const float* rstd, int64_t N,
+                        int64_t C, bool dx_accumulate, CudaState& state, CUstream_st* stream);
 
 }  // namespace lathe::cuda

@@ -132,9 +132,9 @@ TEST(CudaAdamW, WritesTheBf16CopyOfUpdatedElementsOnly) {
     DeviceTensor gp = upload(p, DType::kF32, state), gg = upload(g, DType::kF32, state);
     DeviceTensor gm = upload(zeros, DType::kF32, state), gv = upload(zeros, DType::kF32, state);
     DeviceTensor copy = device_tensor(DType::kBF16, {P}, state);  // poisoned
-    cuda::adamw_update(gp.view.as<float>(), gm.view.as<float>(), gv.view.as<float>(),
-                       gg.view.as<float>(), copy.view.as<bf16>(), segments, AdamWHyper{}, 1,
-                       nullptr, 0.0f, state.stream());
+    cuda::adamw_update(gp.view.as<float>(), copy.view.as<bf16>(), gm.view.as<float>(),
+                       gv.view.as<float>(), gg.view.as<float>(), segments, AdamWHyper{}, 1, nullptr,
+                       0.0f, state.stream());
     const HostTensor master = download_f32(gp.view, state);
     const HostTensor raw = download_raw(copy.view, state);
     for (int64_t i = 0; i < P; ++i) {

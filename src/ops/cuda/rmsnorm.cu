@@ -184,10 +184,10 @@ struct RmsnormDweightRows {
 
 void rmsnorm_forward(bf16* y, float* rstd, const bf16* x, const bf16* weight, int64_t N, int64_t C,
                      float eps, CUstream_st* stream) {
-    rmsnorm_residual_forward(y, rstd, nullptr, x, nullptr, weight, N, C, eps, stream);
+    rmsnorm_residual_forward(nullptr, y, rstd, x, nullptr, weight, N, C, eps, stream);
 }
 
-void rmsnorm_residual_forward(bf16* y, float* rstd, bf16* x_out, const bf16* a, const bf16* b,
+void rmsnorm_residual_forward(bf16* x_out, bf16* y, float* rstd, const bf16* a, const bf16* b,
                               const bf16* weight, int64_t N, int64_t C, float eps,
                               CUstream_st* stream) {
     if (N == 0) return;
@@ -216,9 +216,9 @@ void rmsnorm_residual_forward(bf16* y, float* rstd, bf16* x_out, const bf16* a, 
     LATHE_CUDA_CHECK_LAUNCH();
 }
 
-void rmsnorm_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dweight,
-                      const bf16* dy, const bf16* x, const bf16* weight, const float* rstd,
-                      int64_t N, int64_t C, bool dx_accumulate) {
+void rmsnorm_backward(bf16* dx, float* dweight, const bf16* dy, const bf16* x, const bf16* weight,
+                      const float* rstd, int64_t N, int64_t C, bool dx_accumulate, CudaState& state,
+                      CUstream_st* stream) {
     if (N == 0) return;
     auto* dxb = reinterpret_cast<__nv_bfloat16*>(dx);
     const auto* dyb = reinterpret_cast<const __nv_bfloat16*>(dy);

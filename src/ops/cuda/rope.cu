@@ -90,7 +90,7 @@ void rope_backward(bf16* dx, const bf16* dout, const int32_t* positions, const f
                 positions, cos, sin, T, D, R, P, -1.0f, stream);
 }
 
-void rope_qk(bf16* q_out, const bf16* q, bf16* k_out, const bf16* k, const int32_t* positions,
+void rope_qk(bf16* q_out, bf16* k_out, const bf16* q, const bf16* k, const int32_t* positions,
              const float* cos, const float* sin, int64_t B, int64_t T, int64_t H, int64_t Hkv,
              int64_t D, int64_t R, int64_t P, bool backward, CUstream_st* stream) {
     rope_launch(rope_tensor(q_out, q, B, T, H, D, R), rope_tensor(k_out, k, B, T, Hkv, D, R),

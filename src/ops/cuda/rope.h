@@ -25,7 +25,7 @@ void rope_backward(bf16* dx, const bf16* dout, const int32_t* positions, const f
 
 // Queries (B, T, H, D) and keys (B, T, Hkv, D) in one launch, forward (+angle) or backward
 // (-angle): the same bits as rope_forward / rope_backward on each.
-void rope_qk(bf16* q_out, const bf16* q, bf16* k_out, const bf16* k, const int32_t* positions,
+void rope_qk(bf16* q_out, bf16* k_out, const bf16* q, const bf16* k, const int32_t* positions,
              const float* cos, const float* sin, int64_t B, int64_t T, int64_t H, int64_t Hkv,
              int64_t D, int64_t R, int64_t P, bool backward, CUstream_st* stream);
 
