@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "data/indexed_dataset.h"
+#include "ops/cuda/cuda_state.h"
 #include "ops/device_info.h"
 
 namespace lathe {
@@ -171,7 +172,9 @@ Result<EmbedReport> embed_tokens(const EmbedOptions& options) {
         GloveModel model = glove_init(vocab.size(), options.dim, options.seed);
 #ifdef LATHE_HAVE_CUDA
         if (use_cuda) {
-            GloveCuda gpu(model, entries);
+            CudaState state(0);  // GPU 0, the one choose_cuda looked at
+            const Context ctx = state.context();
+            GloveCuda gpu(ctx, model, entries);
             for (int it = 0; it < options.iters; ++it) {
                 report.final_cost = gpu.epoch(lr, go.grad_clip);
                 log_info("glove: iteration {}/{}, cost {:.6f} ({:.1f} s)", it + 1, options.iters,
@@ -208,7 +211,9 @@ Result<EmbedReport> embed_tokens(const EmbedOptions& options) {
         const SgnsTables tables = sgns_make_tables(vocab, so);
 #ifdef LATHE_HAVE_CUDA
         if (use_cuda) {
-            SgnsCuda gpu(model, corpus, tables);
+            CudaState state(0);  // GPU 0, the one choose_cuda looked at
+            const Context ctx = state.context();
+            SgnsCuda gpu(ctx, model, corpus, tables);
             for (int it = 0; it < options.iters; ++it) {
                 report.final_cost = gpu.epoch(so, it);
                 log_info("sgns: epoch {}/{}, loss {:.6f} ({:.1f} s)", it + 1, options.iters,

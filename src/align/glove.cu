@@ -21,7 +21,7 @@
 #include "align/glove.h"
 #include "core/check.h"
 #include "ops/cuda/cuda_check.h"
-#include "ops/cuda/cuda_state.h"  // DeviceBuffer
+#include "ops/cuda/cuda_state.h"  // CudaState, DeviceBuffer
 
 namespace lathe {
 namespace {
@@ -83,11 +83,9 @@ __global__ void glove_epoch_hogwild_kernel(const GloveEntry* __restrict__ entrie
 
 }  // namespace
 
-namespace {}  // namespace
-
 struct GloveCuda::Buffers {
     DeviceBuffer entries, w, c, bw, bc, gw, gc, gbw, gbc, cost;
-    cudaStream_t stream = nullptr;
+    cudaStream_t stream = nullptr;  // the CudaState's compute stream (not owned)
 };
 
 namespace {
@@ -107,11 +105,13 @@ void download_to(std::vector<float>& dst, const DeviceBuffer& src, cudaStream_t 
 
 }  // namespace
 
-GloveCuda::GloveCuda(const GloveModel& model, std::span<const GloveEntry> entries, int warps)
+GloveCuda::GloveCuda(const Context& ctx, const GloveModel& model,
+                     std::span<const GloveEntry> entries, int warps)
     : V_(model.V), D_(model.D), n_(int64_t(entries.size())) {
     LATHE_CHECK(V_ > 0 && D_ > 0 && D_ <= (int64_t{1} << 30), "V={} D={}", V_, D_);
+    CudaState& state = cuda_state_of(ctx, "align glove");
     buffers_ = new Buffers();
-    LATHE_CUDA_CHECK(cudaStreamCreateWithFlags(&buffers_->stream, cudaStreamNonBlocking));
+    buffers_->stream = state.stream();
     cudaStream_t s = buffers_->stream;
     upload(buffers_->entries, entries.data(), entries.size_bytes(), s);
     upload(buffers_->w, model.w.data(), model.w.size() * sizeof(float), s);
@@ -124,9 +124,9 @@ GloveCuda::GloveCuda(const GloveModel& model, std::span<const GloveEntry> entrie
     upload(buffers_->gbc, model.gbc.data(), model.gbc.size() * sizeof(float), s);
     if (warps <= 0) {
         // Fill the device: as many resident blocks as the occupancy calculator allows.
-        int device = 0, sms = 0, blocks_per_sm = 0;
-        LATHE_CUDA_CHECK(cudaGetDevice(&device));
-        LATHE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        int sms = 0, blocks_per_sm = 0;
+        LATHE_CUDA_CHECK(
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, state.device()));
         LATHE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
             &blocks_per_sm, glove_epoch_hogwild_kernel, kBlockThreads, 0));
         warps = std::max(1, sms * blocks_per_sm) * (kBlockThreads / kWarpSize);
@@ -146,10 +146,8 @@ GloveCuda::GloveCuda(const GloveModel& model, std::span<const GloveEntry> entrie
 
 GloveCuda::~GloveCuda() {
     if (buffers_ == nullptr) return;
-    if (buffers_->stream != nullptr) {
-        cudaStreamSynchronize(buffers_->stream);
-        cudaStreamDestroy(buffers_->stream);
-    }
+    // The buffers go back only once the state's stream is done with them.
+    cudaStreamSynchronize(buffers_->stream);
     delete buffers_;
 }
 

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "align/cooccur.h"
+#include "ops/context.h"
 
 namespace lathe {
 
@@ -94,13 +95,16 @@ double glove_epoch_hogwild_cpu(GloveModel& model, std::span<const GloveEntry> en
 std::vector<float> glove_output_vectors(const GloveModel& model);
 
 #ifdef LATHE_HAVE_CUDA
-// The CUDA trainer: the model and entries live on the device between epochs.
+// The CUDA trainer: the model and entries live on the device between epochs, in buffers of its
+// own; uploads, kernels and downloads run on the compute stream of the CUDA context's CudaState.
 class GloveCuda {
 public:
-    // Uploads `model` and `entries` to the current device. `warps` = resident warps of the
-    // Hogwild kernel (0: enough to fill the device, at most about V / 16 so that conflicts stay
-    // rare; 1: deterministic, bitwise equal to glove_epoch_hogwild_cpu with threads = 1).
-    GloveCuda(const GloveModel& model, std::span<const GloveEntry> entries, int warps = 0);
+    // Uploads `model` and `entries` to the device of `ctx` (a CUDA context, whose CudaState must
+    // outlive the trainer). `warps` = resident warps of the Hogwild kernel (0: enough to fill the
+    // device, at most about V / 16 so that conflicts stay rare; 1: deterministic, bitwise equal to
+    // glove_epoch_hogwild_cpu with threads = 1).
+    GloveCuda(const Context& ctx, const GloveModel& model, std::span<const GloveEntry> entries,
+              int warps = 0);
     ~GloveCuda();
     GloveCuda(const GloveCuda&) = delete;
     GloveCuda& operator=(const GloveCuda&) = delete;

@@ -12,6 +12,7 @@
 
 #include "align/embed_test_util.h"
 #include "align/glove.h"
+#include "ops/cuda/cuda_state.h"
 
 #if defined(__NVCC__)
 #pragma nv_diag_suppress 177
@@ -50,13 +51,15 @@ void expect_bitwise_equal(const GloveModel& a, const GloveModel& b) {
 }
 
 TEST(GloveCuda, OneWarpIsBitwiseTheSingleThreadCpuEpoch) {
+    CudaState state(0);
+    const Context ctx = state.context();
     // D = 300 (TokAlign's): not a multiple of 32, so lanes hold 10 or 9 dimensions.
     const Problem p =
         make_problem(embedtest::zipf_docs(200, 60, 3000, 21), "glove_cuda_zipf", 2, 15, 4);
     ASSERT_GT(p.entries.size(), 10000u);
     for (int64_t D : {300, 16}) {
         GloveModel cpu = glove_init(p.vocab.size(), D, 9);
-        GloveCuda gpu(cpu, p.entries, /*warps=*/1);
+        GloveCuda gpu(ctx, cpu, p.entries, /*warps=*/1);
         for (int it = 0; it < 2; ++it) {
             const double cpu_cost = glove_epoch_hogwild_cpu(cpu, p.entries, 0.05, 100.0, 1);
             const double gpu_cost = gpu.epoch(0.05, 100.0);
@@ -69,6 +72,8 @@ TEST(GloveCuda, OneWarpIsBitwiseTheSingleThreadCpuEpoch) {
 }
 
 TEST(GloveCuda, HogwildReachesTheCpuCostAndNeighbours) {
+    CudaState state(0);
+    const Context ctx = state.context();
     // A ring of 4000 ids: enough rows for about 250 warps in flight (the kernel keeps
     // warps <= V / 16, see glove.cu), few enough for a test of a second.
     constexpr int kRing = 4000;
@@ -76,7 +81,7 @@ TEST(GloveCuda, HogwildReachesTheCpuCostAndNeighbours) {
         make_problem(embedtest::ring_docs(4000, 60, kRing, 3), "glove_cuda_ring", 5, 5, 1);
     const int64_t D = 16;
     GloveModel cpu = glove_init(p.vocab.size(), D, 1);
-    GloveCuda gpu(cpu, p.entries);
+    GloveCuda gpu(ctx, cpu, p.entries);
     ASSERT_GE(gpu.warps(), 200);
     double cpu_cost = 0, gpu_cost = 0;
     for (int it = 0; it < 30; ++it) {
@@ -111,11 +116,13 @@ TEST(GloveCuda, HogwildReachesTheCpuCostAndNeighbours) {
 }
 
 TEST(GloveCuda, FreshRandomProblemsStayFiniteAndCostFalls) {
+    CudaState state(0);
+    const Context ctx = state.context();
     for (uint64_t seed : {1u, 2u, 3u}) {
         const Problem p = make_problem(embedtest::zipf_docs(500, 80, 5000, seed * 7),
                                        "glove_cuda_rand", 1, 10, seed);
         GloveModel m = glove_init(p.vocab.size(), 64, seed);
-        GloveCuda gpu(m, p.entries);
+        GloveCuda gpu(ctx, m, p.entries);
         const double first = gpu.epoch(0.05, 100.0);
         double last = first;
         for (int it = 0; it < 5; ++it) last = gpu.epoch(0.05, 100.0);

@@ -21,6 +21,7 @@
 #include "io/file.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/parallel.h"
+#include "ops/cuda/cuda_state.h"
 #include "tokenizer/utf8.h"
 
 namespace lathe {
@@ -305,13 +306,30 @@ void align_top2_cpu(std::span<AlignTop2> out, const float* A, int64_t M, const f
 bool align_top2_cuda_available() {
     return false;
 }
-Status align_top2_cuda(std::span<AlignTop2>, const float*, int64_t, const float*, int64_t, int64_t,
-                       int64_t, int64_t) {
+#endif
+
+namespace {
+
+// align_top2_cuda on GPU 0, with a CUDA state of its own for the stage (streams, cuBLASLt handle,
+// workspace: created once here, released when the top-2 is on the host).
+Status align_top2_on_gpu(std::span<AlignTop2> out, const float* A, int64_t M, const float* B,
+                         int64_t N, int64_t K) {
+#ifdef LATHE_HAVE_CUDA
+    if (!align_top2_cuda_available()) {
+        return failed_precondition_error(
+            "align map --device cuda: no GPU is visible; use --device cpu or auto");
+    }
+    CudaState state(0);
+    return align_top2_cuda(state.context(), out, A, M, B, N, K);
+#else
+    (void)out, (void)A, (void)M, (void)B, (void)N, (void)K;
     return unimplemented_error(
         "align map --device cuda: this build has no CUDA (nvcc was not found "
         "when it was configured); use --device cpu");
-}
 #endif
+}
+
+}  // namespace
 
 // ---- decisions, files ----
 
@@ -479,7 +497,7 @@ Result<AlignMapResult> align_map_compute(const AlignTokenizer& source, const Ali
         result.gold, P, Mt, Ns, use_cuda ? "cuda" : "cpu");
     const auto t0 = Clock::now();
     if (use_cuda) {
-        LATHE_RETURN_IF_ERROR(align_top2_cuda(top, rel_t.data(), Mt, rel_s.data(), Ns, P));
+        LATHE_RETURN_IF_ERROR(align_top2_on_gpu(top, rel_t.data(), Mt, rel_s.data(), Ns, P));
     } else {
         align_top2_cpu(top, rel_t.data(), Mt, rel_s.data(), Ns, P);
     }

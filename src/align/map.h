@@ -42,6 +42,7 @@
 
 #include "align/vectors.h"
 #include "core/status.h"
+#include "ops/context.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lathe {
@@ -105,14 +106,19 @@ void align_top2_cpu(std::span<AlignTop2> out, const float* A, int64_t M, const f
 
 // Whether this build has the CUDA path (LATHE_HAVE_CUDA) and a GPU is visible.
 bool align_top2_cuda_available();
-// The CUDA twin of align_top2_cpu: A and B are host matrices, copied to the device; scores by
-// cuBLAS sgemm per tile (f32, CUBLAS_DEFAULT_MATH: no TF32), then a top-2 kernel (one warp per
-// row) merges the tile into the running top-2 kept on the device. Same contract and tie rule;
+#ifdef LATHE_HAVE_CUDA
+// The CUDA twin of align_top2_cpu on the CUDA context `ctx` (its CudaState's stream, cuBLASLt
+// handle and workspace): A and B are host matrices, copied to the device; scores by the backend's
+// GEMM per tile (ops/cuda/gemm.h: f32, fp32 accumulation, no TF32), then a top-2 kernel (one warp
+// per row) merges the tile into the running top-2 kept on the device. Same contract and tie rule;
 // scores can differ from the CPU's by GEMM rounding (so can the order of near-ties). Device memory:
-// A, B, one tile_rows x tile_cols score tile. Errors: kUnimplemented in a build without CUDA;
-// kFailedPrecondition when no GPU is visible or device memory is short (named, with the sizes).
-Status align_top2_cuda(std::span<AlignTop2> out, const float* A, int64_t M, const float* B,
-                       int64_t N, int64_t K, int64_t tile_rows = 16384, int64_t tile_cols = 8192);
+// A, B, one tile_rows x tile_cols score tile, allocated for the call and freed on return. Errors:
+// kFailedPrecondition when the device's free memory is short (named, with the sizes). Returns
+// after the results are on the host.
+Status align_top2_cuda(const Context& ctx, std::span<AlignTop2> out, const float* A, int64_t M,
+                       const float* B, int64_t N, int64_t K, int64_t tile_rows = 16384,
+                       int64_t tile_cols = 8192);
+#endif
 
 // ---- the whole stage ----
 

@@ -18,7 +18,7 @@
 #include "align/sgns_step.h"
 #include "core/check.h"
 #include "ops/cuda/cuda_check.h"
-#include "ops/cuda/cuda_state.h"  // DeviceBuffer
+#include "ops/cuda/cuda_state.h"  // CudaState, DeviceBuffer
 
 namespace lathe {
 namespace {
@@ -117,16 +117,17 @@ struct SgnsCuda::Buffers {
     std::unique_ptr<DeviceBuffer> rows, doc_offsets, keep, negatives, sigmoid, log, in, out, loss,
         updates;
     int64_t n = 0, docs = 0;
-    cudaStream_t stream = nullptr;
+    cudaStream_t stream = nullptr;  // the CudaState's compute stream (not owned)
 };
 
-SgnsCuda::SgnsCuda(const SgnsModel& model, const SgnsCorpus& corpus, const SgnsTables& tables,
-                   int warps)
+SgnsCuda::SgnsCuda(const Context& ctx, const SgnsModel& model, const SgnsCorpus& corpus,
+                   const SgnsTables& tables, int warps)
     : V_(model.V), D_(model.D) {
     LATHE_CHECK(V_ > 0 && D_ > 0 && D_ <= 4096, "V={} D={}", V_, D_);
+    CudaState& state = cuda_state_of(ctx, "align sgns");
     buffers_ = new Buffers();
     Buffers& b = *buffers_;
-    LATHE_CUDA_CHECK(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking));
+    b.stream = state.stream();
     b.rows = upload(corpus.rows, b.stream);
     b.doc_offsets = upload(corpus.doc_offsets, b.stream);
     b.keep = upload(tables.keep, b.stream);
@@ -142,9 +143,9 @@ SgnsCuda::SgnsCuda(const SgnsModel& model, const SgnsCorpus& corpus, const SgnsT
         LATHE_CUDA_CHECK(cudaFuncSetAttribute(
             sgns_epoch_hogwild_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     if (warps <= 0) {
-        int device = 0, sms = 0, blocks_per_sm = 0;
-        LATHE_CUDA_CHECK(cudaGetDevice(&device));
-        LATHE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        int sms = 0, blocks_per_sm = 0;
+        LATHE_CUDA_CHECK(
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, state.device()));
         LATHE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
             &blocks_per_sm, sgns_epoch_hogwild_kernel, kBlockThreads, smem));
         warps = std::max(1, sms * blocks_per_sm) * (kBlockThreads / kWarpSize);
@@ -165,10 +166,8 @@ SgnsCuda::SgnsCuda(const SgnsModel& model, const SgnsCorpus& corpus, const SgnsT
 
 SgnsCuda::~SgnsCuda() {
     if (buffers_ == nullptr) return;
-    if (buffers_->stream != nullptr) {
-        cudaStreamSynchronize(buffers_->stream);
-        cudaStreamDestroy(buffers_->stream);
-    }
+    // The buffers go back only once the state's stream is done with them.
+    cudaStreamSynchronize(buffers_->stream);
     delete buffers_;
 }
 

@@ -33,6 +33,7 @@
 #include "align/cooccur.h"
 #include "core/status.h"
 #include "data/indexed_dataset.h"
+#include "ops/context.h"
 
 namespace lathe {
 
@@ -82,11 +83,12 @@ double sgns_epoch_hogwild_cpu(SgnsModel& model, const SgnsCorpus& corpus, const 
                               const SgnsOptions& options, int epoch);
 
 #ifdef LATHE_HAVE_CUDA
-// The CUDA trainer: corpus, tables and model on the device between epochs. `warps` as GloveCuda.
+// The CUDA trainer: corpus, tables and model on the device between epochs, on the compute stream
+// of the CUDA context's CudaState (which must outlive the trainer). `warps` as GloveCuda.
 class SgnsCuda {
 public:
-    SgnsCuda(const SgnsModel& model, const SgnsCorpus& corpus, const SgnsTables& tables,
-             int warps = 0);
+    SgnsCuda(const Context& ctx, const SgnsModel& model, const SgnsCorpus& corpus,
+             const SgnsTables& tables, int warps = 0);
     ~SgnsCuda();
     SgnsCuda(const SgnsCuda&) = delete;
     SgnsCuda& operator=(const SgnsCuda&) = delete;

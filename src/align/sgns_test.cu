@@ -11,6 +11,7 @@
 
 #include "align/embed_test_util.h"
 #include "align/sgns.h"
+#include "ops/cuda/cuda_state.h"
 
 #if defined(__NVCC__)
 #pragma nv_diag_suppress 177
@@ -35,6 +36,8 @@ Problem make_problem(const std::vector<std::vector<int32_t>>& docs, const std::s
 }
 
 TEST(SgnsCuda, OneWarpIsBitwiseTheSingleThreadCpuEpoch) {
+    CudaState state(0);
+    const Context ctx = state.context();
     const Problem p = make_problem(embedtest::zipf_docs(100, 80, 2000, 13), "sgns_cuda_zipf", 2);
     for (int64_t D : {300, 16}) {
         SgnsOptions o;
@@ -45,7 +48,7 @@ TEST(SgnsCuda, OneWarpIsBitwiseTheSingleThreadCpuEpoch) {
         o.subsample = 1e-3;
         const SgnsTables tables = sgns_make_tables(p.vocab, o);
         SgnsModel cpu = sgns_init(p.vocab.size(), D, 3);
-        SgnsCuda gpu(cpu, p.corpus, tables, /*warps=*/1);
+        SgnsCuda gpu(ctx, cpu, p.corpus, tables, /*warps=*/1);
         for (int e = 0; e < o.epochs; ++e) {
             const double cpu_loss = sgns_epoch_hogwild_cpu(cpu, p.corpus, tables, o, e);
             const double gpu_loss = gpu.epoch(o, e);
@@ -59,6 +62,8 @@ TEST(SgnsCuda, OneWarpIsBitwiseTheSingleThreadCpuEpoch) {
 }
 
 TEST(SgnsCuda, HogwildReachesTheCpuLossAndNeighbours) {
+    CudaState state(0);
+    const Context ctx = state.context();
     // A ring of 4000 ids: about 250 warps in flight (warps <= V / 16, see sgns.cu).
     constexpr int kRing = 4000;
     const Problem p = make_problem(embedtest::ring_docs(4000, 60, kRing, 3), "sgns_cuda_ring", 5);
@@ -71,7 +76,7 @@ TEST(SgnsCuda, HogwildReachesTheCpuLossAndNeighbours) {
     o.subsample = 1e-3;
     const SgnsTables tables = sgns_make_tables(p.vocab, o);
     SgnsModel cpu = sgns_init(p.vocab.size(), D, 1);
-    SgnsCuda gpu(cpu, p.corpus, tables);
+    SgnsCuda gpu(ctx, cpu, p.corpus, tables);
     ASSERT_GE(gpu.warps(), 200);
     double cpu_loss = 0, gpu_loss = 0;
     for (int e = 0; e < o.epochs; ++e) {
