@@ -51,15 +51,15 @@
 // the terms added to its "added_tokens_decoder" (id -> the same properties as in tokenizer.json),
 // so `lathe prepare --chat`, stage 5 and transformers find it.
 //
-// Streaming and memory. One reader thread cuts the inputs into batches of documents; every worker
-// thread normalizes, pre-tokenizes and counts one batch into a local table, then merges it into a
-// shared table split into locked shards. When the shared table holds more than max_table_entries
-// keys, every key with a count below a floor is removed (the floor starts at 2 and grows until at
-// most half the limit remains), so memory stays bounded by the limit; a pruned key that comes back
-// starts again from 0, so its count can be low by at most the floors in force when it was
-// removed (reported as `pruned` in TermsReport). Counts, and so the outputs, are exact and the same
-// for any thread count when no pruning happened; with pruning and several threads, which keys are
-// dropped depends on the order in which batches were merged.
+// Streaming and memory. The calling thread cuts the inputs into batches of documents (in order,
+// core/ordered_pool.h); every worker thread normalizes, pre-tokenizes and counts one batch into a
+// local table, then merges it into a shared table split into locked shards. When the shared table
+// holds more than max_table_entries keys, every key with a count below a floor is removed (the
+// floor starts at 2 and grows until at most half the limit remains), so memory stays bounded by the
+// limit; a pruned key that comes back starts again from 0, so its count can be low by at most the
+// floors in force when it was removed (reported as `pruned` in TermsReport). Counts, and so the
+// outputs, are exact and the same for any thread count when no pruning happened; with pruning and
+// several threads, which keys are dropped depends on the order in which batches were merged.
 
 #include <atomic>
 #include <cstdint>
