@@ -4,7 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "ops/cpu/optimizer.h"
+#include "ops/cpu/adamw.h"
+#include "ops/cpu/grad_norm.h"
 #include "ops/cuda/adamw.h"
 #include "ops/cuda/dispatch.h"
 #include "ops/grad_norm.h"

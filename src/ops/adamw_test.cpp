@@ -50,7 +50,7 @@ TEST(AdamW, TenStepsMatchTorch) {
         step_grads(g.as<float>(), t);
         adamw_update(p.view(), m.view(), v.view(), g.view(), segments, hyper, t, cpu_context());
     }
-    // Bit for bit: the same fp32 operations in the same order (see ops/cpu/optimizer.cpp).
+    // Bit for bit: the same fp32 operations in the same order (see ops/cpu/adamw.cpp).
     for (int64_t i = 0; i < 10; ++i) {
         EXPECT_EQ(p.as<float>()[i], kTorchParams[i]) << i;
         EXPECT_EQ(m.as<float>()[i], kTorchExpAvg[i]) << i;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/context.h"
+#include "ops/device_info.h"
 #include "ops/gelu.h"
 
 namespace lathe {
@@ -20,6 +21,22 @@ TEST(CudaStubDeathTest, ACudaOpInABuildWithoutCudaStopsNamingTheLauncher) {
     cuda.backend = Backend::kCuda;
     EXPECT_DEATH(gelu_forward(x, x, GeluKind::kErf, cuda),
                  "cuda::gelu_forward: this lathe was built without CUDA");
+#endif
+}
+
+// The device probe answers in every build: a build without CUDA says so and finds no device.
+TEST(CudaStub, TheDeviceProbeSaysWhetherThisBuildHasCuda) {
+    const GpuEnvironment env = gpu_environment_probe(-1);
+#if LATHE_HAVE_CUDA
+    EXPECT_TRUE(env.cuda_build);
+#else
+    EXPECT_FALSE(env.cuda_build);
+    EXPECT_TRUE(env.no_gpu);
+    EXPECT_TRUE(env.devices.empty());
+    EXPECT_NE(env.device_error.find("built without the CUDA backend"), std::string::npos)
+        << env.device_error;
+    size_t free_bytes = 1, total_bytes = 1;
+    EXPECT_FALSE(gpu_memory_info(0, free_bytes, total_bytes));
 #endif
 }
 

@@ -9,13 +9,13 @@
 #include <random>
 
 #include "core/tensor.h"
+#include "ops/cuda/device_info.h"
 #include "ops/grad_norm.h"
 #include "ops/linear.h"
 #include "ops/rmsnorm.h"
 
 #if LATHE_HAVE_CUDA
 #include "ops/cuda/cuda_state.h"
-#include "ops/cuda/device_info.h"
 #endif
 
 namespace lathe {
@@ -193,17 +193,7 @@ std::string nccl_version_string(int version) {
 
 GpuEnvironment gpu_environment_probe(int only_device) {
     GpuEnvironment env;
-#if LATHE_HAVE_CUDA
     cuda::probe_environment(env, only_device);
-#else
-    (void)only_device;
-    env.cuda_build = false;
-    env.no_gpu = true;
-    env.device_error =
-        "this lathe was built without the CUDA backend (nvcc was not found, or "
-        "-DLATHE_CUDA=OFF)";
-    env.cublaslt.detail = "not linked (build without CUDA)";
-#endif
     env.driver_release = nvml_driver_release();
     // cudnnGetVersion: CUDNN_VERSION of the library loaded (major * 10000 + minor * 100 + patch
     // since cuDNN 9), which is what runs, whatever header lathe was compiled against.
@@ -215,14 +205,7 @@ GpuEnvironment gpu_environment_probe(int only_device) {
 }
 
 bool gpu_memory_info(int device, size_t& free_bytes, size_t& total_bytes) {
-#if LATHE_HAVE_CUDA
     return cuda::memory_info(device, free_bytes, total_bytes);
-#else
-    (void)device;
-    (void)free_bytes;
-    (void)total_bytes;
-    return false;
-#endif
 }
 
 std::vector<GpuSelfTestCheck> gpu_self_test(int device, uint64_t seed) {

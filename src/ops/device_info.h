@@ -4,11 +4,12 @@
 // CPU twins. For `lathe doctor` and `lathe bench`.
 //
 // Works in every build. In a build without CUDA (LATHE_HAVE_CUDA undefined) the probe says so
-// and lists no devices; cuDNN and NCCL are looked up with dlopen in any build, so a machine's
-// libraries can be checked before lathe is built with CUDA. Probing never stops the process: a
-// missing driver, no device or a missing library are answers (strings saying why), not errors.
-// The self-test, in contrast, runs real kernels: a CUDA error there stops with file:line as any
-// CUDA call does (STYLE.md, "Errors"), because a GPU that fails a small GEMM is broken.
+// and lists no devices (ops/cuda_stub/device_info.cpp); cuDNN and NCCL are looked up with dlopen in
+// any build, so a machine's libraries can be checked before lathe is built with CUDA. Probing never
+// stops the process: a missing driver, no device or a missing library are answers (strings saying
+// why), not errors. The self-test, in contrast, runs real kernels: a CUDA error there stops with
+// file:line as any CUDA call does (STYLE.md, "Errors"), because a GPU that fails a small GEMM is
+// broken.
 
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,6 @@
 #include "ops/gelu.h"
 
-#include "ops/cpu/activations.h"
+#include "ops/cpu/gelu.h"
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/gelu.h"
 #include "ops/op_checks.h"

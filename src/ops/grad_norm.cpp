@@ -3,7 +3,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ops/cpu/optimizer.h"
+#include "ops/cpu/grad_norm.h"
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/grad_norm.h"
 #include "ops/op_checks.h"

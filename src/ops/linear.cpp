@@ -1,6 +1,6 @@
 #include "ops/linear.h"
 
-#include "ops/cpu/activations.h"
+#include "ops/cpu/gelu.h"
 #include "ops/cpu/linear.h"
 #include "ops/op_checks.h"
 #include "ops/residual.h"

@@ -1,6 +1,6 @@
 #include "ops/residual.h"
 
-#include "ops/cpu/activations.h"
+#include "ops/cpu/residual.h"
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/residual.h"
 #include "ops/op_checks.h"

@@ -1,6 +1,6 @@
 #include "ops/swiglu.h"
 
-#include "ops/cpu/activations.h"
+#include "ops/cpu/swiglu.h"
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/swiglu.h"
 #include "ops/op_checks.h"

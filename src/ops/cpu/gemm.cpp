@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "ops/cpu/activations.h"
+#include "ops/cpu/gelu.h"
 #include "ops/cpu/parallel.h"
 
 // The build links a BLAS when CMake finds one (find_package(BLAS)); its CBLAS header comes with

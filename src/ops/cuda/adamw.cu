@@ -88,7 +88,7 @@ __global__ void adamw_update_kernel(float* __restrict__ params, float* __restric
 void adamw_update(float* params, bf16* params_bf16, float* m, float* v, const float* grads,
                   std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
                   const float* clip_norm, float max_norm, CUstream_st* stream) {
-    // The scalars exactly as ops/cpu/optimizer.cpp forms them.
+    // The scalars exactly as ops/cpu/adamw.cpp forms them.
     const double bias_correction1 = 1.0 - std::pow(hyper.beta1, double(step));
     const double bias_correction2 = 1.0 - std::pow(hyper.beta2, double(step));
     LaunchParams lp{};

@@ -1,6 +1,7 @@
 #pragma once
 // The CUDA half of ops/device_info.h: what only the CUDA runtime and cuBLASLt can tell. Compiled
-// when nvcc is there (LATHE_HAVE_CUDA); ops/device_info.cpp calls it and adds what dlopen finds.
+// when nvcc is there (LATHE_HAVE_CUDA); without it ops/cuda_stub/device_info.cpp answers "built
+// without CUDA". ops/device_info.cpp calls it and adds what dlopen finds.
 // Like the launchers' headers, it keeps CUDA headers out of the CPU-compiled caller.
 
 #include <cstddef>

@@ -1,8 +1,6 @@
-#include "ops/cpu/optimizer.h"
+#include "ops/cpu/adamw.h"
 
-#include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "ops/cpu/parallel.h"
 
@@ -42,27 +40,6 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
         m[i] = mi;
         v[i] = vi;
     }
-}
-
-double sum_of_squares(const float* g, int64_t n) {
-    constexpr int64_t kBlock = 4096;  // fixed: the result must not depend on the thread count
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-    std::vector<double> partial(size_t(blocks), 0.0);
-    LATHE_OMP_PARALLEL_FOR(n)
-    for (int64_t b = 0; b < blocks; ++b) {
-        double s = 0.0;
-        for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i)
-            s += double(g[i]) * g[i];
-        partial[size_t(b)] = s;
-    }
-    double total = 0.0;
-    for (double s : partial) total += s;
-    return total;
-}
-
-void scale_inplace(float* g, int64_t n, float coef) {
-    LATHE_OMP_PARALLEL_FOR(n)
-    for (int64_t i = 0; i < n; ++i) g[i] = g[i] * coef;
 }
 
 }  // namespace lathe::cpu
