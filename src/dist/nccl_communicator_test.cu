@@ -46,6 +46,9 @@ Dev upload(const std::vector<float>& host, DType dtype, int64_t n_total = -1) {
             reinterpret_cast<bf16*>(bytes.data())[i] = float_to_bf16(host[i]);
     }
     LATHE_CUDA_CHECK(cudaMemcpy(d.view.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+    // From pageable memory cudaMemcpy may return before the DMA lands; the collectives run on
+    // non-blocking streams, which do not wait for it.
+    LATHE_CUDA_CHECK(cudaDeviceSynchronize());
     return d;
 }
 

@@ -120,6 +120,8 @@ void run_rank(int rank, int port) {
             const std::string what =
                 fmt::format("rank {} {} {}", rank, dtype_name(dtype), reduce_op_name(op));
             LATHE_CUDA_CHECK(cudaMemcpy(vin.data(), host.data(), host.size(), cudaMemcpyDefault));
+            // A pageable upload may return before its DMA lands; the comm stream does not wait.
+            LATHE_CUDA_CHECK(cudaDeviceSynchronize());
             ASSERT_TRUE(comm.all_reduce(vout, vin, op, s).ok());
             ASSERT_TRUE(comm.reduce_scatter(vpart, vin, op, s).ok());
             state.synchronize_all();
@@ -138,9 +140,11 @@ void run_rank(int rank, int port) {
             cudaMemcpy(static_cast<char*>(vout.data()) + rank * chunk * dtype_size(dtype),
                        host.data() + rank * chunk * dtype_size(dtype), chunk * dtype_size(dtype),
                        cudaMemcpyDefault));
+        LATHE_CUDA_CHECK(cudaDeviceSynchronize());
         ASSERT_TRUE(comm.all_gather(vout, vout.slice(rank * chunk, (rank + 1) * chunk), s).ok());
         // broadcast from rank 1.
         LATHE_CUDA_CHECK(cudaMemcpy(vin.data(), host.data(), host.size(), cudaMemcpyDefault));
+        LATHE_CUDA_CHECK(cudaDeviceSynchronize());
         ASSERT_TRUE(comm.broadcast(vin, 1, s).ok());
         state.synchronize_all();
         std::vector<uint8_t> gathered(host.size()), bcast(host.size());
