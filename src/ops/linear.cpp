@@ -2,13 +2,10 @@
 
 #include "ops/cpu/gelu.h"
 #include "ops/cpu/linear.h"
-#include "ops/op_checks.h"
-#include "ops/residual.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/linear.h"
-#endif
+#include "ops/op_checks.h"
+#include "ops/residual.h"
 
 namespace lathe {
 
@@ -67,13 +64,10 @@ void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, Con
                                 N, I, O);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {y, x, weight, bias});
-            cuda::linear_forward(cuda_state_of(ctx, kOp), ctx.stream, y.as<bf16>(), x.as<bf16>(),
-                                 weight.as<bf16>(), bias.as<bf16>(), N, I, O);
+            cuda::linear_forward(y.as<bf16>(), x.as<bf16>(), weight.as<bf16>(), bias.as<bf16>(), N,
+                                 I, O, cuda_state_of(ctx, kOp), ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -95,15 +89,13 @@ void linear_residual_forward(TensorView y, ConstTensorView x, ConstTensorView we
     op_expect_shape(kOp, "y", y, x.shape().with_dim(-1, O));
     if (!bias.is_null()) op_expect_shape(kOp, "bias", bias, Shape{O});
     op_expect_memory(kOp, ctx, {y, x, weight, bias, residual});
-#if LATHE_HAVE_CUDA
     if (ctx.backend == Backend::kCuda) {
         op_expect_cuda_dtype(kOp, DType::kBF16, {y, x, weight, bias, residual});
-        cuda::linear_residual_forward(cuda_state_of(ctx, kOp), ctx.stream, y.as<bf16>(),
-                                      x.as<bf16>(), weight.as<bf16>(), bias.as<bf16>(),
-                                      residual.as<bf16>(), N, I, O);
+        cuda::linear_residual_forward(y.as<bf16>(), x.as<bf16>(), weight.as<bf16>(),
+                                      bias.as<bf16>(), residual.as<bf16>(), N, I, O,
+                                      cuda_state_of(ctx, kOp), ctx.stream);
         return;
     }
-#endif
     op_no_backend(kOp, ctx);
 }
 
@@ -126,16 +118,13 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
                                  dx_mode == GradMode::kAccumulate);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, dy, x, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {dweight, dbias});
-            cuda::linear_backward(cuda_state_of(ctx, kOp), ctx.stream, dx.as<bf16>(),
-                                  dweight.as<float>(), dbias.as<float>(), dy.as<bf16>(),
-                                  x.as<bf16>(), weight.as<bf16>(), N, I, O,
-                                  dx_mode == GradMode::kAccumulate);
+            cuda::linear_backward(dx.as<bf16>(), dweight.as<float>(), dbias.as<float>(),
+                                  dy.as<bf16>(), x.as<bf16>(), weight.as<bf16>(), N, I, O,
+                                  dx_mode == GradMode::kAccumulate, cuda_state_of(ctx, kOp),
+                                  ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -159,14 +148,11 @@ void linear_gelu_forward(TensorView act, TensorView pre, ConstTensorView x, Cons
             cpu::gelu_forward(act.as<float>(), pre.as<float>(), pre.numel(), tanh_form);
             return;
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {act, pre, x, weight, bias});
-            cuda::linear_gelu_forward(cuda_state_of(ctx, kOp), ctx.stream, act.as<bf16>(),
-                                      pre.as<bf16>(), x.as<bf16>(), weight.as<bf16>(),
-                                      bias.as<bf16>(), N, I, O, tanh_form);
+            cuda::linear_gelu_forward(act.as<bf16>(), pre.as<bf16>(), x.as<bf16>(),
+                                      weight.as<bf16>(), bias.as<bf16>(), N, I, O, tanh_form,
+                                      cuda_state_of(ctx, kOp), ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }
@@ -201,16 +187,13 @@ void linear_gelu_backward(TensorView dpre, TensorView dpre_bias, TensorView dwei
             return;
         }
         case Backend::kCuda:
-#if LATHE_HAVE_CUDA
             op_expect_cuda_dtype(kOp, DType::kBF16, {dpre, dy, act, pre, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {dpre_bias, dweight, dbias});
-            cuda::linear_gelu_backward(cuda_state_of(ctx, kOp), ctx.stream, dpre.as<bf16>(),
-                                       dpre_bias.as<float>(), dweight.as<float>(),
+            cuda::linear_gelu_backward(dpre.as<bf16>(), dpre_bias.as<float>(), dweight.as<float>(),
                                        dbias.as<float>(), dy.as<bf16>(), act.as<bf16>(),
-                                       pre.as<bf16>(), weight.as<bf16>(), N, I, O, tanh_form);
+                                       pre.as<bf16>(), weight.as<bf16>(), N, I, O, tanh_form,
+                                       cuda_state_of(ctx, kOp), ctx.stream);
             return;
-#endif
-            break;
     }
     op_no_backend(kOp, ctx);
 }

@@ -53,24 +53,24 @@ void weight_and_bias_grad(CudaState& state, CUstream_st* stream, float* dweight,
 
 }  // namespace
 
-void linear_forward(CudaState& state, CUstream_st* stream, bf16* y, const bf16* x,
-                    const bf16* weight, const bf16* bias, int64_t N, int64_t I, int64_t O) {
+void linear_forward(bf16* y, const bf16* x, const bf16* weight, const bf16* bias, int64_t N,
+                    int64_t I, int64_t O, CudaState& state, CUstream_st* stream) {
     if (N == 0) return;
     gemm(state, stream, forward_gemm(y, x, weight, bias, N, I, O));
 }
 
-void linear_residual_forward(CudaState& state, CUstream_st* stream, bf16* y, const bf16* x,
-                             const bf16* weight, const bf16* bias, const bf16* residual, int64_t N,
-                             int64_t I, int64_t O) {
+void linear_residual_forward(bf16* y, const bf16* x, const bf16* weight, const bf16* bias,
+                             const bf16* residual, int64_t N, int64_t I, int64_t O,
+                             CudaState& state, CUstream_st* stream) {
     if (N == 0) return;
     GemmArgs g = forward_gemm(y, x, weight, bias, N, I, O);
     g.C = residual, g.ldc = O, g.beta = 1.0f;
     gemm(state, stream, g);
 }
 
-void linear_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dweight, float* dbias,
-                     const bf16* dy, const bf16* x, const bf16* weight, int64_t N, int64_t I,
-                     int64_t O, bool dx_accumulate) {
+void linear_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, const bf16* x,
+                     const bf16* weight, int64_t N, int64_t I, int64_t O, bool dx_accumulate,
+                     CudaState& state, CUstream_st* stream) {
     if (N == 0) return;
     if (dx != nullptr) {
         GemmArgs g = dx_gemm(dx, dy, weight, N, I, O);
@@ -80,9 +80,9 @@ void linear_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dwe
     weight_and_bias_grad(state, stream, dweight, dbias, dy, x, N, I, O, "linear_backward");
 }
 
-void linear_gelu_forward(CudaState& state, CUstream_st* stream, bf16* act, bf16* pre, const bf16* x,
-                         const bf16* weight, const bf16* bias, int64_t N, int64_t I, int64_t O,
-                         bool tanh_form) {
+void linear_gelu_forward(bf16* act, bf16* pre, const bf16* x, const bf16* weight, const bf16* bias,
+                         int64_t N, int64_t I, int64_t O, bool tanh_form, CudaState& state,
+                         CUstream_st* stream) {
     if (N == 0) return;
     if (tanh_form && O % 8 == 0) {
         // One GEMM: cuBLASLt's GELU epilogue is the tanh form (gemm.h), computed from the fp32
@@ -92,14 +92,14 @@ void linear_gelu_forward(CudaState& state, CUstream_st* stream, bf16* act, bf16*
         g.aux = pre, g.ldaux = O;
         if (gemm_try(state, stream, g)) return;
     }
-    linear_forward(state, stream, pre, x, weight, bias, N, I, O);
+    linear_forward(pre, x, weight, bias, N, I, O, state, stream);
     gelu_forward(act, pre, N * O, tanh_form, stream);
 }
 
-void linear_gelu_backward(CudaState& state, CUstream_st* stream, bf16* dpre, float* dpre_bias,
-                          float* dweight, float* dbias, const bf16* dy, const bf16* act,
-                          const bf16* pre, const bf16* weight, int64_t N, int64_t I, int64_t O,
-                          bool tanh_form) {
+void linear_gelu_backward(bf16* dpre, float* dpre_bias, float* dweight, float* dbias,
+                          const bf16* dy, const bf16* act, const bf16* pre, const bf16* weight,
+                          int64_t N, int64_t I, int64_t O, bool tanh_form, CudaState& state,
+                          CUstream_st* stream) {
     if (N == 0) return;
     gemm(state, stream, dx_gemm(dpre, dy, weight, N, I, O));
     gelu_backward(dpre, dpre, pre, N * I, tanh_form, stream);  // in place (gelu.h allows it)

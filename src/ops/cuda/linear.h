@@ -17,7 +17,8 @@
 //       gradient); dweight += dy^T act; dbias += sum_n dy: the dx GEMM, the gelu backward in
 //       place, column reductions (the backward epilogues were slower on the H100: gemm.h).
 //   The forward's epilogue falls back to the separate kernels when cuBLASLt has no algorithm.
-// Pointers are device pointers; work is enqueued on `stream`, which must be the state's.
+// Pointers are device pointers; work is enqueued on `stream`, which must be the state's. Argument
+// order of every CUDA launcher: outputs, inputs, sizes, flags, then the state and the stream.
 
 #include <cstdint>
 
@@ -31,28 +32,28 @@ struct CudaState;
 
 namespace lathe::cuda {
 
-void linear_forward(CudaState& state, CUstream_st* stream, bf16* y, const bf16* x,
-                    const bf16* weight, const bf16* bias, int64_t N, int64_t I, int64_t O);
+void linear_forward(bf16* y, const bf16* x, const bf16* weight, const bf16* bias, int64_t N,
+                    int64_t I, int64_t O, CudaState& state, CUstream_st* stream);
 
 // y = residual + x . weight^T + bias in one GEMM: residual is cuBLASLt's C (beta 1), so the sum
 // is rounded to bf16 once. y must be another buffer than residual.
-void linear_residual_forward(CudaState& state, CUstream_st* stream, bf16* y, const bf16* x,
-                             const bf16* weight, const bf16* bias, const bf16* residual, int64_t N,
-                             int64_t I, int64_t O);
+void linear_residual_forward(bf16* y, const bf16* x, const bf16* weight, const bf16* bias,
+                             const bf16* residual, int64_t N, int64_t I, int64_t O,
+                             CudaState& state, CUstream_st* stream);
 
-void linear_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dweight, float* dbias,
-                     const bf16* dy, const bf16* x, const bf16* weight, int64_t N, int64_t I,
-                     int64_t O, bool dx_accumulate);
+void linear_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, const bf16* x,
+                     const bf16* weight, int64_t N, int64_t I, int64_t O, bool dx_accumulate,
+                     CudaState& state, CUstream_st* stream);
 
 // act, pre (N, O); bias may be null.
-void linear_gelu_forward(CudaState& state, CUstream_st* stream, bf16* act, bf16* pre, const bf16* x,
-                         const bf16* weight, const bf16* bias, int64_t N, int64_t I, int64_t O,
-                         bool tanh_form);
+void linear_gelu_forward(bf16* act, bf16* pre, const bf16* x, const bf16* weight, const bf16* bias,
+                         int64_t N, int64_t I, int64_t O, bool tanh_form, CudaState& state,
+                         CUstream_st* stream);
 
 // dy (N, O); act, pre, dpre (N, I); weight (O, I); dpre_bias (I), dweight, dbias may be null.
-void linear_gelu_backward(CudaState& state, CUstream_st* stream, bf16* dpre, float* dpre_bias,
-                          float* dweight, float* dbias, const bf16* dy, const bf16* act,
-                          const bf16* pre, const bf16* weight, int64_t N, int64_t I, int64_t O,
-                          bool tanh_form);
+void linear_gelu_backward(bf16* dpre, float* dpre_bias, float* dweight, float* dbias,
+                          const bf16* dy, const bf16* act, const bf16* pre, const bf16* weight,
+                          int64_t N, int64_t I, int64_t O, bool tanh_form, CudaState& state,
+                          CUstream_st* stream);
 
 }  // namespace lathe::cuda
