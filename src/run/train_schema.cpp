@@ -62,7 +62,7 @@ ConfigSchema train_config_schema() {
            "steps between validation passes; 0 = never"});
     s.add({"train.eval_iters", ConfigType::kInt, "10", "micro-batches per validation pass"});
     s.add({"train.seed", ConfigType::kInt, "1234", "seed for initialisation and sample order"});
-    s.add({"train.device", ConfigType::kString, "auto", "auto | cpu | cuda"});
+    s.add({"train.device", ConfigType::kString, "auto", "auto | cpu | cuda | cuda:N"});
     s.add({"train.precision", ConfigType::kString, "bf16",
            "fp32 | bf16 | fp8 (GPU); the CPU computes in fp32"});
     s.add({"train.recompute", ConfigType::kString, "none",
