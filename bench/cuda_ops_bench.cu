@@ -193,9 +193,9 @@ void lm_head(Bench& b, int64_t N, int64_t C, int64_t V) {
     // held-row kernel's time does not depend on the values.
     const std::string rs = "R=" + std::to_string(R) + " V=" + std::to_string(V);
     b.time("lm_head ce row kernel (fwd+bwd)", rs, 4.0 * R * V, 0, [&] {
-        cuda::cross_entropy_rows_forward_backward(b.state.stream(), logits.as<bf16>(), V, R, V,
-                                                  targets.as<int32_t>(), lse.as<float>(),
-                                                  losses.as<float>(), count.as<int32_t>(), 1.0f);
+        cuda::cross_entropy_rows_forward_backward(
+            logits.as<bf16>(), losses.as<float>(), lse.as<float>(), targets.as<int32_t>(),
+            count.as<int32_t>(), 1.0f, R, V, V, b.state.stream());
     });
     b.release();
 }

@@ -52,9 +52,9 @@ void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorVie
             op_expect_cuda_dtype(kOp, DType::kBF16, {x, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {loss, losses, lse});
             cuda::lm_head_cross_entropy_forward(
-                cuda_state_of(ctx, kOp), ctx.stream, loss.as<float>(), losses.as<float>(),
-                lse.as<float>(), x.as<bf16>(), targets.as<int32_t>(), weight.as<bf16>(),
-                scratch.as<float>(), d.N, d.C, d.V, d.Nc);
+                loss.as<float>(), losses.as<float>(), lse.as<float>(), x.as<bf16>(),
+                targets.as<int32_t>(), weight.as<bf16>(), scratch.as<float>(), d.N, d.C, d.V, d.Nc,
+                cuda_state_of(ctx, kOp), ctx.stream);
             return;
     }
     op_no_backend(kOp, ctx);
@@ -82,9 +82,9 @@ void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTens
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, x, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {dweight, lse});
             cuda::lm_head_cross_entropy_backward(
-                cuda_state_of(ctx, kOp), ctx.stream, dx.as<bf16>(), dweight.as<float>(),
-                x.as<bf16>(), targets.as<int32_t>(), weight.as<bf16>(), lse.as<float>(), dloss,
-                scratch.as<float>(), d.N, d.C, d.V, d.Nc);
+                dx.as<bf16>(), dweight.as<float>(), x.as<bf16>(), targets.as<int32_t>(),
+                weight.as<bf16>(), lse.as<float>(), dloss, scratch.as<float>(), d.N, d.C, d.V, d.Nc,
+                cuda_state_of(ctx, kOp), ctx.stream);
             return;
     }
     op_no_backend(kOp, ctx);
@@ -113,9 +113,9 @@ void lm_head_cross_entropy_forward_backward(TensorView loss, TensorView losses, 
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, x, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {loss, losses, dweight});
             cuda::lm_head_cross_entropy_forward_backward(
-                cuda_state_of(ctx, kOp), ctx.stream, loss.as<float>(), losses.as<float>(),
-                dx.as<bf16>(), dweight.as<float>(), x.as<bf16>(), targets.as<int32_t>(),
-                weight.as<bf16>(), dloss, scratch.as<float>(), d.N, d.C, d.V, d.Nc);
+                loss.as<float>(), losses.as<float>(), dx.as<bf16>(), dweight.as<float>(),
+                x.as<bf16>(), targets.as<int32_t>(), weight.as<bf16>(), dloss, scratch.as<float>(),
+                d.N, d.C, d.V, d.Nc, cuda_state_of(ctx, kOp), ctx.stream);
             return;
     }
     op_no_backend(kOp, ctx);

@@ -407,10 +407,10 @@ void check_sizes(const char* op, int64_t N, int64_t Nc, int64_t V) {
 
 }  // namespace
 
-void lm_head_cross_entropy_forward(CudaState& state, CUstream_st* stream, float* loss,
-                                   float* losses, float* lse, const bf16* x, const int32_t* targets,
-                                   const bf16* weight, float* scratch, int64_t N, int64_t C,
-                                   int64_t V, int64_t Nc) {
+void lm_head_cross_entropy_forward(float* loss, float* losses, float* lse, const bf16* x,
+                                   const int32_t* targets, const bf16* weight, float* scratch,
+                                   int64_t N, int64_t C, int64_t V, int64_t Nc, CudaState& state,
+                                   CUstream_st* stream) {
     constexpr const char* kOp = "lm_head_cross_entropy_forward";
     check_sizes(kOp, N, Nc, V);
     const OpScratch s = op_scratch(state, N, losses ? 0 : 1, kOp);
@@ -422,10 +422,10 @@ void lm_head_cross_entropy_forward(CudaState& state, CUstream_st* stream, float*
     mean_loss(loss, w.losses, s.count, N, stream);
 }
 
-void lm_head_cross_entropy_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dweight,
-                                    const bf16* x, const int32_t* targets, const bf16* weight,
-                                    const float* lse, float dloss, float* scratch, int64_t N,
-                                    int64_t C, int64_t V, int64_t Nc) {
+void lm_head_cross_entropy_backward(bf16* dx, float* dweight, const bf16* x, const int32_t* targets,
+                                    const bf16* weight, const float* lse, float dloss,
+                                    float* scratch, int64_t N, int64_t C, int64_t V, int64_t Nc,
+                                    CudaState& state, CUstream_st* stream) {
     constexpr const char* kOp = "lm_head_cross_entropy_backward";
     check_sizes(kOp, N, Nc, V);
     const OpScratch s = op_scratch(state, N, 0, kOp);
@@ -439,11 +439,11 @@ void lm_head_cross_entropy_backward(CudaState& state, CUstream_st* stream, bf16*
     run_chunks(state, stream, w, s.count, x, targets, weight, scratch, N, C, V, Nc);
 }
 
-void lm_head_cross_entropy_forward_backward(CudaState& state, CUstream_st* stream, float* loss,
-                                            float* losses, bf16* dx, float* dweight, const bf16* x,
-                                            const int32_t* targets, const bf16* weight, float dloss,
-                                            float* scratch, int64_t N, int64_t C, int64_t V,
-                                            int64_t Nc) {
+void lm_head_cross_entropy_forward_backward(float* loss, float* losses, bf16* dx, float* dweight,
+                                            const bf16* x, const int32_t* targets,
+                                            const bf16* weight, float dloss, float* scratch,
+                                            int64_t N, int64_t C, int64_t V, int64_t Nc,
+                                            CudaState& state, CUstream_st* stream) {
     constexpr const char* kOp = "lm_head_cross_entropy_forward_backward";
     check_sizes(kOp, N, Nc, V);
     const OpScratch s = op_scratch(state, N, 2, kOp);
@@ -459,9 +459,9 @@ void lm_head_cross_entropy_forward_backward(CudaState& state, CUstream_st* strea
     mean_loss(loss, w.losses, s.count, N, stream);
 }
 
-void cross_entropy_rows_forward_backward(CUstream_st* stream, bf16* logits, int64_t ld,
-                                         int64_t rows, int64_t V, const int32_t* targets,
-                                         float* lse, float* losses, const int* count, float dloss) {
+void cross_entropy_rows_forward_backward(bf16* logits, float* losses, float* lse,
+                                         const int32_t* targets, const int* count, float dloss,
+                                         int64_t rows, int64_t V, int64_t ld, CUstream_st* stream) {
     LATHE_CHECK(rows >= 1 && rows < INT32_MAX && V >= 1 && V < (int64_t(1) << 30) && ld >= V,
                 "cross_entropy_rows_forward_backward: rows={} V={} ld={}", rows, V, ld);
     const bool vec = ld % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;

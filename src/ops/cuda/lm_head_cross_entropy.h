@@ -51,28 +51,28 @@ struct CudaState;
 
 namespace lathe::cuda {
 
-void lm_head_cross_entropy_forward(CudaState& state, CUstream_st* stream, float* loss,
-                                   float* losses, float* lse, const bf16* x, const int32_t* targets,
-                                   const bf16* weight, float* scratch, int64_t N, int64_t C,
-                                   int64_t V, int64_t Nc);
+void lm_head_cross_entropy_forward(float* loss, float* losses, float* lse, const bf16* x,
+                                   const int32_t* targets, const bf16* weight, float* scratch,
+                                   int64_t N, int64_t C, int64_t V, int64_t Nc, CudaState& state,
+                                   CUstream_st* stream);
 
-void lm_head_cross_entropy_backward(CudaState& state, CUstream_st* stream, bf16* dx, float* dweight,
-                                    const bf16* x, const int32_t* targets, const bf16* weight,
-                                    const float* lse, float dloss, float* scratch, int64_t N,
-                                    int64_t C, int64_t V, int64_t Nc);
+void lm_head_cross_entropy_backward(bf16* dx, float* dweight, const bf16* x, const int32_t* targets,
+                                    const bf16* weight, const float* lse, float dloss,
+                                    float* scratch, int64_t N, int64_t C, int64_t V, int64_t Nc,
+                                    CudaState& state, CUstream_st* stream);
 
-void lm_head_cross_entropy_forward_backward(CudaState& state, CUstream_st* stream, float* loss,
-                                            float* losses, bf16* dx, float* dweight, const bf16* x,
-                                            const int32_t* targets, const bf16* weight, float dloss,
-                                            float* scratch, int64_t N, int64_t C, int64_t V,
-                                            int64_t Nc);
+void lm_head_cross_entropy_forward_backward(float* loss, float* losses, bf16* dx, float* dweight,
+                                            const bf16* x, const int32_t* targets,
+                                            const bf16* weight, float dloss, float* scratch,
+                                            int64_t N, int64_t C, int64_t V, int64_t Nc,
+                                            CudaState& state, CUstream_st* stream);
 
 // The forward+backward row kernel of step 2 alone, for timing it (bench/cuda_ops_bench.cu):
 // `rows` rows of bf16 logits with row stride ld (>= V) at `logits` become dlogits in place;
 // lse and losses (rows) are written; count is a device int (the divisor of the mean), dloss the
 // loss gradient. Rows are indexed from 0 into targets, lse and losses.
-void cross_entropy_rows_forward_backward(CUstream_st* stream, bf16* logits, int64_t ld,
-                                         int64_t rows, int64_t V, const int32_t* targets,
-                                         float* lse, float* losses, const int* count, float dloss);
+void cross_entropy_rows_forward_backward(bf16* logits, float* losses, float* lse,
+                                         const int32_t* targets, const int* count, float dloss,
+                                         int64_t rows, int64_t V, int64_t ld, CUstream_st* stream);
 
 }  // namespace lathe::cuda
