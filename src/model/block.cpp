@@ -45,13 +45,16 @@ void block_norm_backward(const ModelConfig& c, TensorView dx, TensorView dweight
         layernorm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, mode, ctx);
 }
 
-void block_forward(const ModelConfig& c, int layer, const BlockWeights& w, const BlockActs& a,
-                   const BlockScratch& s, const BlockInputs& in, const Context& ctx) {
+void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, const BlockWeights& w,
+                   const BlockActs& a, const BlockScratch& s, const BlockInputs& in,
+                   const Context& ctx) {
+    const LinearSpec qkv = p.spec(LinearRole::kQkv), out = p.spec(LinearRole::kAttnOut);
+    const LinearSpec up = p.spec(LinearRole::kMlpUp), down = p.spec(LinearRole::kMlpDown);
     // Attention branch.
     block_norm_forward(c, a.ln1_out, a.ln1_mean, a.ln1_rstd, a.x_in, w.norm1_w, w.norm1_b, ctx);
-    linear_forward(flat_heads(a.q), a.ln1_out, w.wq, w.bq, ctx);
-    linear_forward(flat_heads(a.k), a.ln1_out, w.wk, w.bk, ctx);
-    linear_forward(flat_heads(a.v), a.ln1_out, w.wv, w.bv, ctx);
+    linear_forward(flat_heads(a.q), a.ln1_out, w.wq, w.bq, ctx, qkv);
+    linear_forward(flat_heads(a.k), a.ln1_out, w.wk, w.bk, ctx, qkv);
+    linear_forward(flat_heads(a.v), a.ln1_out, w.wv, w.bv, ctx, qkv);
     if (c.position == PositionKind::kRope) {
         rope_qk_forward(a.q, a.k, a.q, a.k, in.positions, in.rope_cos, in.rope_sin, ctx);
     }
@@ -61,11 +64,11 @@ void block_forward(const ModelConfig& c, int layer, const BlockWeights& w, const
     // Residual and MLP branch.
     if (c.parallel_residual) {
         // x_out = x + o in the output projection's GEMM (the residual read as its C).
-        linear_residual_forward(a.x_out, flat_heads(a.att), w.wo, w.bo, a.x_in, ctx);
+        linear_residual_forward(a.x_out, flat_heads(a.att), w.wo, w.bo, a.x_in, ctx, out);
         block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, w.norm2_w, w.norm2_b, ctx);
     } else {
         // x_mid = x + o and norm2(x_mid) in one op (one kernel on CUDA).
-        linear_forward(s.tmp, flat_heads(a.att), w.wo, w.bo, ctx);
+        linear_forward(s.tmp, flat_heads(a.att), w.wo, w.bo, ctx, out);
         if (c.norm == NormKind::kRmsNorm)
             rmsnorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_rstd, a.x_in, s.tmp, w.norm2_w,
                                      float(c.norm_eps), ctx);
@@ -74,41 +77,44 @@ void block_forward(const ModelConfig& c, int layer, const BlockWeights& w, const
                                        w.norm2_w, w.norm2_b, float(c.norm_eps), ctx);
     }
     if (c.mlp == MlpKind::kSwiGlu) {
-        linear_forward(a.mlp_in, a.ln2_out, w.w_up, w.b_up, ctx);
+        linear_forward(a.mlp_in, a.ln2_out, w.w_up, w.b_up, ctx, up);
         swiglu_forward(a.mlp_act, a.mlp_in, ctx);
     } else {
         // The up projection with its GELU (one cuBLASLt call on CUDA for the tanh form; mlp_in
         // is kept as the pre-activation either way).
-        linear_gelu_forward(a.mlp_act, a.mlp_in, a.ln2_out, w.w_up, w.b_up, c.gelu, ctx);
+        linear_gelu_forward(a.mlp_act, a.mlp_in, a.ln2_out, w.w_up, w.b_up, c.gelu, ctx, up);
     }
     if (c.parallel_residual) {
         // x_out already holds x + o: the MLP output joins it through the temporary.
-        linear_forward(s.tmp, a.mlp_act, w.w_down, w.b_down, ctx);
+        linear_forward(s.tmp, a.mlp_act, w.w_down, w.b_down, ctx, down);
         residual_forward(a.x_out, a.x_out, s.tmp, ctx);
     } else {
         // x_out = x_mid + mlp in the down projection's GEMM (x_mid read as its C).
-        linear_residual_forward(a.x_out, a.mlp_act, w.w_down, w.b_down, a.x_mid, ctx);
+        linear_residual_forward(a.x_out, a.mlp_act, w.w_down, w.b_down, a.x_mid, ctx, down);
     }
 }
 
-void block_backward(const ModelConfig& c, int layer, const BlockWeights& w, const BlockGrads& g,
-                    const BlockActs& a, const BlockScratch& s, const BlockInputs& in,
-                    TensorView dres, const Context& ctx) {
+void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
+                    const BlockWeights& w, const BlockGrads& g, const BlockActs& a,
+                    const BlockScratch& s, const BlockInputs& in, TensorView dres,
+                    const Context& ctx) {
+    const LinearSpec qkv = p.spec(LinearRole::kQkv), out = p.spec(LinearRole::kAttnOut);
+    const LinearSpec up = p.spec(LinearRole::kMlpUp), down = p.spec(LinearRole::kMlpDown);
     // MLP branch: dres is d out, which the MLP output received unchanged.
     if (c.mlp == MlpKind::kSwiGlu) {
         linear_backward(s.dmlp_act, g.w_down, g.b_down, dres, a.mlp_act, w.w_down,
-                        GradMode::kOverwrite, ctx);
+                        GradMode::kOverwrite, ctx, down);
         swiglu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, ctx);
         linear_backward(s.dnorm2, g.w_up, g.b_up, s.dmlp_in, a.ln2_out, w.w_up,
-                        GradMode::kOverwrite, ctx);
+                        GradMode::kOverwrite, ctx, up);
     } else {
         // The down projection's backward with the GELU backward fused, which also gives the up
         // projection's bias gradient (d mlp_in summed over rows); so the up projection's own
         // backward has no bias gradient left to do.
         linear_gelu_backward(s.dmlp_in, g.b_up, g.w_down, g.b_down, dres, a.mlp_act, a.mlp_in,
-                             w.w_down, c.gelu, ctx);
+                             w.w_down, c.gelu, ctx, down);
         linear_backward(s.dnorm2, g.w_up, TensorView(), s.dmlp_in, a.ln2_out, w.w_up,
-                        GradMode::kOverwrite, ctx);
+                        GradMode::kOverwrite, ctx, up);
     }
     // Sequential: norm2 read x_mid, so its input gradient joins dres now, which then is d x_mid,
     // what the attention output received. Parallel: dres stays d out (the attention output
@@ -119,18 +125,18 @@ void block_backward(const ModelConfig& c, int layer, const BlockWeights& w, cons
 
     // Attention branch.
     linear_backward(flat_heads(s.datt), g.wo, g.bo, dres, flat_heads(a.att), w.wo,
-                    GradMode::kOverwrite, ctx);
+                    GradMode::kOverwrite, ctx, out);
     attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, in.docs,
                        c.window(layer), block_attention_scale(c), ctx);
     if (c.position == PositionKind::kRope) {
         rope_qk_backward(s.dq, s.dk, s.dq, s.dk, in.positions, in.rope_cos, in.rope_sin, ctx);
     }
     linear_backward(s.dnorm1, g.wq, g.bq, flat_heads(s.dq), a.ln1_out, w.wq, GradMode::kOverwrite,
-                    ctx);
+                    ctx, qkv);
     linear_backward(s.dnorm1, g.wk, g.bk, flat_heads(s.dk), a.ln1_out, w.wk, GradMode::kAccumulate,
-                    ctx);
+                    ctx, qkv);
     linear_backward(s.dnorm1, g.wv, g.bv, flat_heads(s.dv), a.ln1_out, w.wv, GradMode::kAccumulate,
-                    ctx);
+                    ctx, qkv);
     block_norm_backward(c, dres, g.norm1_w, g.norm1_b, s.dnorm1, a.x_in, w.norm1_w, a.ln1_mean,
                         a.ln1_rstd, GradMode::kAccumulate, ctx);
     if (c.parallel_residual)

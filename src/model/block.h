@@ -24,6 +24,7 @@
 
 #include "core/tensor.h"
 #include "model/model_config.h"
+#include "model/precision_policy.h"
 #include "ops/context.h"
 
 namespace lathe {
@@ -135,16 +136,18 @@ void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a,
 
 // Runs one block forward, filling `acts` (x_in is read, x_out written). Deterministic when the
 // ops are (ops/*.h).
-// `layer` picks the layer's attention window (ModelConfig::window).
-void block_forward(const ModelConfig& config, int layer, const BlockWeights& w,
-                   const BlockActs& acts, const BlockScratch& scratch, const BlockInputs& in,
-                   const Context& ctx);
+// `layer` picks the layer's attention window (ModelConfig::window); `precision` gives each
+// linear the spec of its role (model/precision_policy.h).
+void block_forward(const ModelConfig& config, const PrecisionPolicy& precision, int layer,
+                   const BlockWeights& w, const BlockActs& acts, const BlockScratch& scratch,
+                   const BlockInputs& in, const Context& ctx);
 
 // Runs one block backward from the activations its forward saved. `dres` (B, T, C) holds d x_out
 // on entry and d x_in on return; parameter gradients accumulate (+=) into `g`.
-void block_backward(const ModelConfig& config, int layer, const BlockWeights& w,
-                    const BlockGrads& g, const BlockActs& acts, const BlockScratch& scratch,
-                    const BlockInputs& in, TensorView dres, const Context& ctx);
+void block_backward(const ModelConfig& config, const PrecisionPolicy& precision, int layer,
+                    const BlockWeights& w, const BlockGrads& g, const BlockActs& acts,
+                    const BlockScratch& scratch, const BlockInputs& in, TensorView dres,
+                    const Context& ctx);
 
 // The attention softmax scale every block uses: 1 / sqrt(head_dim), in fp32. (The model builds
 // the CUDA attention graphs of its shape with it, so both must agree.)

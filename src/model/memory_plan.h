@@ -39,6 +39,7 @@
 #include "core/status.h"
 #include "model/model_config.h"
 #include "model/param_table.h"
+#include "model/precision_policy.h"
 #include "ops/context.h"
 
 namespace lathe {
@@ -78,6 +79,8 @@ struct ModelShape {
     // and backward, every window the model has). Unset: the plan estimates it
     // (memory_plan_attention_workspace_estimate); Model::create asks cuDNN and plans again.
     std::optional<size_t> attention_workspace_bytes = std::nullopt;
+    // The precision of each linear (model/precision_policy.h); kNative everywhere by default.
+    PrecisionPolicy precision{};
 };
 
 // The workspace of cuDNN 9's deterministic flash-attention backward for `config` at (B, T): an

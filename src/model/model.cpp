@@ -635,7 +635,8 @@ void Model::run_forward_blocks() {
     const BlockScratch scratch = block_scratch();
     const BlockInputs inputs = block_inputs();
     for (int l = 0; l < int(config_.num_layers); ++l)
-        block_forward(config_, l, block_weights(l), block_acts(l), scratch, inputs, ctx_);
+        block_forward(config_, plan_.shape.precision, l, block_weights(l), block_acts(l), scratch,
+                      inputs, ctx_);
     block_norm_forward(
         config_, act(plan_.final_norm_out, btc),
         plan_.final_norm_mean == MemoryPlan::kNoEntry ? TensorView()
@@ -664,11 +665,12 @@ void Model::run_backward_from_final(TensorView dfinal) {
         // (the next layer's input, or final_x) is rewritten with the same bits. Selective: refill
         // the shared norm and activation outputs from the layer's kept tensors.
         if (plan_.shape.recompute == Recompute::kFull)
-            block_forward(config_, l, block_weights(l), block_acts(l), scratch, inputs, ctx_);
+            block_forward(config_, plan_.shape.precision, l, block_weights(l), block_acts(l),
+                          scratch, inputs, ctx_);
         else if (plan_.shape.recompute == Recompute::kSelective)
             block_recompute_selective(config_, block_weights(l), block_acts(l), ctx_);
-        block_backward(config_, l, block_weights(l), block_grads(l), block_acts(l), scratch, inputs,
-                       dres, ctx_);
+        block_backward(config_, plan_.shape.precision, l, block_weights(l), block_grads(l),
+                       block_acts(l), scratch, inputs, dres, ctx_);
     }
     TensorView dwpe;
     ConstTensorView positions;
@@ -687,6 +689,8 @@ float Model::forward(const ModelBatch& batch) {
     run_forward_blocks();
     const int64_t N = dims_.B * dims_.T;
     TensorView loss = act(plan_.loss, Shape{1});
+    linear_expect_precision("lm_head_cross_entropy_forward",
+                            plan_.shape.precision.spec(LinearRole::kLmHead), ctx_);
     lm_head_cross_entropy_forward(loss, TensorView(), act(plan_.lm_lse, Shape{N}),
                                   act(plan_.final_norm_out, Shape{N, config_.hidden_size}),
                                   act(plan_.targets, Shape{N}), weights().view(head_entry()),
@@ -740,6 +744,8 @@ void Model::forward_backward_async(const ModelBatch& batch, float dloss, int64_t
     const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
     TensorView loss = acts_.view(plan_.loss).slice(loss_slot, loss_slot + 1);
     TensorView dfinal = block_scratch().dnorm1;
+    linear_expect_precision("lm_head_cross_entropy_forward_backward",
+                            plan_.shape.precision.spec(LinearRole::kLmHead), ctx_);
     lm_head_cross_entropy_forward_backward(
         loss, TensorView(), dfinal.reshape(Shape{N, C}), grads_.view(head_entry()),
         act(plan_.final_norm_out, Shape{N, C}), act(plan_.targets, Shape{N}),
@@ -759,7 +765,7 @@ void Model::logits(TensorView out, const ModelBatch& batch) {
     const TensorView x = act(plan_.final_norm_out, Shape{N, C});
     if (!on_cuda()) {
         linear_forward(out.reshape(Shape{N, V}), x, weights().view(head_entry()), ConstTensorView(),
-                       ctx_);
+                       ctx_, plan_.shape.precision.spec(LinearRole::kLmHead));
         return;
     }
 #if LATHE_HAVE_CUDA
@@ -772,7 +778,7 @@ void Model::logits(TensorView out, const ModelBatch& batch) {
         const int64_t r = std::min(rows, N - r0);
         const TensorView y(chunk.data(), DType::kBF16, Shape{r, V}, Device::kCuda);
         linear_forward(y, x.slice(r0, r0 + r), weights().view(head_entry()), ConstTensorView(),
-                       ctx_);
+                       ctx_, plan_.shape.precision.spec(LinearRole::kLmHead));
         const TensorView h = host.view().slice(0, r);
         cuda_copy_sync(h, y, ctx_.stream);
         const bf16* src = h.as<bf16>();
