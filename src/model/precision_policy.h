@@ -2,8 +2,9 @@
 // Which precision each linear of the model computes in (ops/linear.h, LinearPrecision), per role:
 // the block schedule (model/block.cpp) hands every linear op the spec of its role, and the model
 // checks the LM head's before its fused op. The default is kNative everywhere (bf16 on CUDA, f32
-// on the CPU); an fp8 training recipe is a policy that marks roles fp8, run by GEMM kernels the
-// linear ops choose (today every backend stops on an fp8 role, naming it).
+// on the CPU); an fp8 training recipe is a policy that marks roles fp8, run by the GEMM kernels
+// the linear ops choose for it (ops/gemm_args.h). No linear op has an fp8 kernel: every backend
+// stops on an fp8 role, naming it.
 //
 // Roles: the stacked q/k/v projection, the attention output projection, the MLP's up projection
 // (gate and up stacked, for the gated MLPs), its down projection, and the LM head (the logits

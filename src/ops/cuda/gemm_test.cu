@@ -40,7 +40,7 @@ GemmArgs on_host(GemmArgs g, const HostTensor& a, const HostTensor& b, HostTenso
 
 // bf16 operands, every transpose, padded row strides, three strided batches, alpha and beta
 // (D accumulates): a bf16 D is the reference's sum rounded once (kBf16Sum), an f32 D the same sum
-// in another order (kF32Sum). The padding between D's rows stays as it was.
+// in another order (kF32Sum). The padding between D's rows keeps its values.
 TEST(CudaGemm, Bf16ThroughArgsMatchesCpuReference) {
     CudaState state(0);
     optest::Rng rng(61);
