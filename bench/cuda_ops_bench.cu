@@ -156,9 +156,9 @@ void column_sum(Bench& b, int64_t N, int64_t C) {
     auto dy = b.tensor(DType::kBF16, {N, C}), db = b.tensor(DType::kF32, {C});
     b.time("column_sum (linear dbias)", "N=" + std::to_string(N) + " C=" + std::to_string(C),
            2.0 * N * C, 0, [&] {
-               cuda::column_sum_bf16_accumulate(
-                   b.state, b.state.stream(), static_cast<float*>(db.data()),
-                   static_cast<const bf16*>(dy.data()), N, C, "column_sum");
+               cuda::column_sum_bf16_accumulate(static_cast<float*>(db.data()),
+                                                static_cast<const bf16*>(dy.data()), N, C,
+                                                "column_sum", b.state, b.state.stream());
            });
     b.release();
 }

@@ -69,8 +69,8 @@ void column_partials_accumulate2(float* dst0, float* dst1, const float* partials
     LATHE_CUDA_CHECK_LAUNCH();
 }
 
-void column_sum_bf16_accumulate(CudaState& state, CUstream_st* stream, float* dst, const bf16* src,
-                                int64_t N, int64_t C, const char* op) {
+void column_sum_bf16_accumulate(float* dst, const bf16* src, int64_t N, int64_t C, const char* op,
+                                CudaState& state, CUstream_st* stream) {
     if (N == 0 || C == 0) return;
     const int64_t R = column_reduce_chunks(N, C);
     float* partials = static_cast<float*>(state.scratch(size_t(R * C) * sizeof(float), op));

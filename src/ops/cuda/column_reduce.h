@@ -63,7 +63,7 @@ void column_partials_accumulate2(float* dst0, float* dst1, const float* partials
 
 // Both passes for dst[c] += sum_n src[n, c], src (N, C) bf16, dst (C) f32; the partials live in
 // the state's scratch (R * C floats, checked against its size with `op` in the message).
-void column_sum_bf16_accumulate(CudaState& state, CUstream_st* stream, float* dst, const bf16* src,
-                                int64_t N, int64_t C, const char* op);
+void column_sum_bf16_accumulate(float* dst, const bf16* src, int64_t N, int64_t C, const char* op,
+                                CudaState& state, CUstream_st* stream);
 
 }  // namespace lathe::cuda

@@ -48,7 +48,7 @@ void weight_and_bias_grad(CudaState& state, CUstream_st* stream, float* dweight,
         g.beta = 1.0f;
         gemm(state, stream, g);
     }
-    if (dbias != nullptr) column_sum_bf16_accumulate(state, stream, dbias, dy, N, O, op);
+    if (dbias != nullptr) column_sum_bf16_accumulate(dbias, dy, N, O, op, state, stream);
 }
 
 }  // namespace
@@ -104,7 +104,7 @@ void linear_gelu_backward(bf16* dpre, float* dpre_bias, float* dweight, float* d
     gemm(state, stream, dx_gemm(dpre, dy, weight, N, I, O));
     gelu_backward(dpre, dpre, pre, N * I, tanh_form, stream);  // in place (gelu.h allows it)
     if (dpre_bias != nullptr)
-        column_sum_bf16_accumulate(state, stream, dpre_bias, dpre, N, I, "linear_gelu_backward");
+        column_sum_bf16_accumulate(dpre_bias, dpre, N, I, "linear_gelu_backward", state, stream);
     weight_and_bias_grad(state, stream, dweight, dbias, dy, act, N, I, O, "linear_gelu_backward");
 }
 

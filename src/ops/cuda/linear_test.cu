@@ -121,12 +121,12 @@ TEST(CudaColumnSum, VectorAndScalarPathsGiveSameBits) {
     const auto* offset_ptr = static_cast<const bf16*>(offset.view.data()) + 1;
     DeviceTensor a = upload(dst0, DType::kF32, state), b = upload(dst0, DType::kF32, state);
     DeviceTensor a2 = upload(dst0, DType::kF32, state);
-    cuda::column_sum_bf16_accumulate(state, state.stream(), static_cast<float*>(a.view.data()),
-                                     aligned_ptr, N, C, "test");
-    cuda::column_sum_bf16_accumulate(state, state.stream(), static_cast<float*>(b.view.data()),
-                                     offset_ptr, N, C, "test");
-    cuda::column_sum_bf16_accumulate(state, state.stream(), static_cast<float*>(a2.view.data()),
-                                     aligned_ptr, N, C, "test");
+    cuda::column_sum_bf16_accumulate(static_cast<float*>(a.view.data()), aligned_ptr, N, C, "test",
+                                     state, state.stream());
+    cuda::column_sum_bf16_accumulate(static_cast<float*>(b.view.data()), offset_ptr, N, C, "test",
+                                     state, state.stream());
+    cuda::column_sum_bf16_accumulate(static_cast<float*>(a2.view.data()), aligned_ptr, N, C, "test",
+                                     state, state.stream());
     HostTensor ref = optest::copy_tensor(dst0.view());
     auto* r = static_cast<float*>(ref.view().data());
     for (int64_t c = 0; c < C; ++c) {
