@@ -7,6 +7,7 @@
 #include "ops/context.h"
 #include "ops/device_info.h"
 #include "ops/gelu.h"
+#include "ops/rmsnorm.h"
 
 namespace lathe {
 namespace {
@@ -21,6 +22,13 @@ TEST(CudaStubDeathTest, ACudaOpInABuildWithoutCudaStopsNamingTheLauncher) {
     cuda.backend = Backend::kCuda;
     EXPECT_DEATH(gelu_forward(x, x, GeluKind::kErf, cuda),
                  "cuda::gelu_forward: this lathe was built without CUDA");
+    // An op that needs the CudaState stops at cuda_state_of, before its launcher.
+    bf16 weight_storage[4] = {};
+    float rstd_storage[2] = {};
+    const TensorView weight(weight_storage, DType::kBF16, Shape{4}, Device::kCuda);
+    const TensorView rstd(rstd_storage, DType::kF32, Shape{2}, Device::kCuda);
+    EXPECT_DEATH(rmsnorm_backward(x, TensorView(), x, x, weight, rstd, GradMode::kOverwrite, cuda),
+                 "cuda_state_of: this lathe was built without CUDA");
 #endif
 }
 
