@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -152,6 +153,37 @@ TEST(DType, E4M3RoundsToNearestEvenEverywhere) {
 
 TEST(DType, E5M2RoundsToNearestEvenEverywhere) {
     check_fp8_rounding<fp8_e5m2>([](float f) { return float_to_e5m2(f).bits; }, e5m2_to_float);
+}
+
+// Each of the 256 codes of each format: NaN codes decode to NaN (E4M3: S.1111.111; E5M2: exponent
+// all ones with a mantissa), every other code decodes to a value that encodes back to the same
+// code, signed zeros and E5M2's infinities included (without saturation), and a code with the
+// sign bit set is the negation of the code without it.
+TEST(DType, Fp8EveryCodeRoundTrips) {
+    for (int c = 0; c < 256; ++c) {
+        const uint8_t b = uint8_t(c);
+        const float v4 = e4m3_to_float(fp8_e4m3{b});
+        const float v5 = e5m2_to_float(fp8_e5m2{b});
+        const bool nan4 = (b & 0x7F) == 0x7F, nan5 = (b & 0x7C) == 0x7C && (b & 0x03) != 0;
+        EXPECT_EQ(std::isnan(v4), nan4) << c;
+        EXPECT_EQ(std::isnan(v5), nan5) << c;
+        if (!nan4) {
+            EXPECT_EQ(float_to_e4m3(v4, Fp8Overflow::kNoSaturate).bits, b) << c;
+            EXPECT_EQ(std::signbit(v4), (b & 0x80) != 0) << c;
+            EXPECT_EQ(v4, -e4m3_to_float(fp8_e4m3{uint8_t(b ^ 0x80)})) << c;
+        }
+        if (!nan5) {
+            EXPECT_EQ(float_to_e5m2(v5, Fp8Overflow::kNoSaturate).bits, b) << c;
+            EXPECT_EQ(std::signbit(v5), (b & 0x80) != 0) << c;
+            EXPECT_EQ(v5, -e5m2_to_float(fp8_e5m2{uint8_t(b ^ 0x80)})) << c;
+        }
+    }
+    EXPECT_EQ(e5m2_to_float(fp8_e5m2{0x7C}), std::numeric_limits<float>::infinity());
+    EXPECT_EQ(e5m2_to_float(fp8_e5m2{0xFC}), -std::numeric_limits<float>::infinity());
+    EXPECT_EQ(e4m3_to_float(fp8_e4m3{0x7E}), 448.0f);
+    EXPECT_EQ(e4m3_to_float(fp8_e4m3{0x01}), 0x1p-9f);
+    EXPECT_EQ(e5m2_to_float(fp8_e5m2{0x7B}), 57344.0f);
+    EXPECT_EQ(e5m2_to_float(fp8_e5m2{0x01}), 0x1p-16f);
 }
 
 TEST(DType, Fp8Overflow) {
