@@ -45,6 +45,7 @@ TEST(CudaStub, TheDeviceProbeSaysWhetherThisBuildHasCuda) {
         << env.device_error;
     size_t free_bytes = 1, total_bytes = 1;
     EXPECT_FALSE(gpu_memory_info(0, free_bytes, total_bytes));
+    EXPECT_TRUE(gpu_self_test(0, 1).empty());
 #endif
 }
 

@@ -5,6 +5,8 @@
 // Like the launchers' headers, it keeps CUDA headers out of the CPU-compiled caller.
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "ops/device_info.h"
 
@@ -18,5 +20,8 @@ void probe_environment(GpuEnvironment& env, int only_device);
 
 // cudaMemGetInfo on `device` (made current); false when the call fails.
 bool memory_info(int device, size_t& free_bytes, size_t& total_bytes);
+
+// gpu_self_test of ops/device_info.h (ops/cuda/self_checks.cu); without CUDA, no checks.
+std::vector<GpuSelfTestCheck> gpu_self_test(int device, uint64_t seed);
 
 }  // namespace lathe::cuda

@@ -19,4 +19,8 @@ bool cuda::memory_info(int, size_t&, size_t&) {
     return false;
 }
 
+std::vector<GpuSelfTestCheck> cuda::gpu_self_test(int, uint64_t) {
+    return {};
+}
+
 }  // namespace lathe
