@@ -4,8 +4,10 @@
 //
 //   parameters        the parameter table's arena: fp32 master weights; on CUDA also their bf16
 //                     compute copy (what the forward and backward read; AdamW rewrites it)
-//   gradients         the same layout (+= across micro-batches)
-//   optimizer state   AdamW's two moments, the same layout twice (the trainer allocates them)
+//   gradients         the same layout (+= across micro-batches); none for a model created
+//                     for evaluation or inference (ModelShape::training false)
+//   optimizer state   AdamW's two moments, the same layout twice (optim/ allocates them; none
+//                     without training)
 //   activations       what the forward saves for the backward: per layer the tensors block.h
 //                     lists, plus the embedding output, the final norm, the LM head's per-row
 //                     log-sum-exp, the loss, and the batch's tokens/targets/docs/positions
@@ -79,6 +81,8 @@ struct ModelShape {
     // and backward, every window the model has). Unset: the plan estimates it
     // (memory_plan_attention_workspace_estimate); Model::create asks cuDNN and plans again.
     std::optional<size_t> attention_workspace_bytes = std::nullopt;
+    // Gradients (and an optimizer) exist: false for evaluation and inference.
+    bool training = true;
     // The precision of each linear (model/precision_policy.h); kNative everywhere by default.
     PrecisionPolicy precision{};
 };
@@ -145,8 +149,8 @@ struct MemoryPlan {
     size_t runtime = 0;           // bytes of backend buffers outside the arenas (CUDA: CudaState's)
 
     size_t parameter_bytes() const { return params.total_bytes() + params_compute.total_bytes(); }
-    size_t gradient_bytes() const { return params.total_bytes(); }
-    size_t optimizer_bytes() const { return 2 * params.total_bytes(); }
+    size_t gradient_bytes() const { return shape.training ? params.total_bytes() : 0; }
+    size_t optimizer_bytes() const { return shape.training ? 2 * params.total_bytes() : 0; }
     size_t activation_bytes() const { return activations.total_bytes(); }
     size_t scratch_bytes() const { return scratch.total_bytes(); }
     size_t total_bytes() const {
