@@ -11,7 +11,7 @@
 // Build against a configured build folder (no CMake target: it is run by hand): in build/,
 //   c++ -std=c++20 -O2 -fopenmp -DLATHE_HAVE_CUDA=1 -DFMT_SHARED -DLATHE_SOURCE_DIR='"'$PWD/..'"'
 //   -I../src -isystem /usr/local/cuda/include ../bench/adamw_drift.cpp -o adamw_drift
-//   followed by the LINK_LIBRARIES of model_tests in build.ninja.
+//   followed by the LINK_LIBRARIES of optim_tests in build.ninja.
 //   ./adamw_drift S R      (S: the gradient noise rel-L2, R: seeds)
 //
 // Results (10 seeds, s = 3e-4, 1e-3, 4e-3, 1e-2, 2.6e-2): parameters after 8 steps at most
@@ -26,9 +26,17 @@
 
 #include "model/model.h"
 #include "model/model_fixture_test_util.h"
+#include "model/model_io.h"
 #include "model/registry.h"
+#include "optim/adamw_optimizer.h"
 
 using namespace lathe;
+
+static AdamWOptimizer optimizer_for(const Model& m) {
+    Result<AdamWOptimizer> o = AdamWOptimizer::create_for(m);
+    LATHE_CHECK(o.ok(), "{}", o.status().to_string());
+    return std::move(*o);
+}
 
 static const char* kFamilies[][2] = {
     {"llama", R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -110,7 +118,7 @@ int main(int argc, char** argv) {
             Model a = make(*c, kB, kT), b = make(*c, kB, kT);
             a.init(12);
             b.init(12);
-            LATHE_CHECK(a.enable_optimizer().ok() && b.enable_optimizer().ok());
+            AdamWOptimizer oa = optimizer_for(a), ob = optimizer_for(b);
             double worst_loss = 0;
             for (int step = 1; step <= 8; ++step) {
                 const HostTensor tok = random_ids(kB, kT, c->vocab_size, 100 + step % 2, false);
@@ -127,7 +135,9 @@ int main(int argc, char** argv) {
                     (m == &a ? la : lb) = l;
                     if (m == &b) add_noise(b, s, rng);
                     m->grad_norm();
-                    m->optimizer_step(m->adamw_segments(3e-3, 0.1), AdamWHyper{}, step, 1.0f);
+                    (m == &a ? oa : ob)
+                        .step(optimizer_target(*m), m->adamw_segments(3e-3, 0.1), AdamWHyper{},
+                              step, 1.0f);
                 }
                 worst_loss = std::max(worst_loss, std::abs(double(lb) - la) / la);
             }
@@ -153,8 +163,8 @@ int main(int argc, char** argv) {
         for (int r = 0; r < R; ++r) {
             std::mt19937_64 rng(2000 + r);
             Model a = make(f.config, f.B, f.T), b = make(f.config, f.B, f.T);
-            LATHE_CHECK(a.load_hf(f.weights).ok() && b.load_hf(f.weights).ok());
-            LATHE_CHECK(a.enable_optimizer().ok() && b.enable_optimizer().ok());
+            LATHE_CHECK(model_load_hf(a, f.weights).ok() && model_load_hf(b, f.weights).ok());
+            AdamWOptimizer oa = optimizer_for(a), ob = optimizer_for(b);
             const auto seg =
                 a.adamw_segments(h.at("lr").get<double>(), h.at("weight_decay").get<double>());
             const ModelBatch batch = f.batch();
@@ -166,7 +176,7 @@ int main(int argc, char** argv) {
                     const float l = m->forward_backward(batch);
                     (m == &a ? la : lb) = l;
                     if (m == &b) add_noise(b, s, rng);
-                    m->optimizer_step(seg, hyper, step);
+                    (m == &a ? oa : ob).step(optimizer_target(*m), seg, hyper, step);
                 }
                 wr = std::max(wr, std::abs(double(lb) - la) / la);
                 wf = std::max(wf, std::abs(double(lb) - la) / std::max(double(la), 0.5));

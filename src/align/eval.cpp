@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "model/model_io.h"
 #include "model/registry.h"
 #include "run/convert.h"
 #include "tokenizer/tokenizer.h"
@@ -118,10 +119,11 @@ Result<AlignEvalModel> align_bits_per_byte(const Context& ctx, const std::string
     ModelShape shape;
     shape.batch = batch;
     shape.seq_len = T;
+    shape.training = false;  // forward only: no gradients
     LATHE_ASSIGN_OR_RETURN(Model model, Model::create(config, shape, ctx));
     {
         LATHE_ASSIGN_OR_RETURN(SafetensorsCheckpoint ck, SafetensorsCheckpoint::open(src.dir));
-        LATHE_RETURN_IF_ERROR(model.load_hf(ck));
+        LATHE_RETURN_IF_ERROR(model_load_hf(model, ck));
     }
     AlignEvalModel out;
     out.checkpoint = checkpoint;

@@ -10,6 +10,7 @@
 
 #include "io/file.h"
 #include "model/model.h"
+#include "model/model_io.h"
 #include "model/registry.h"
 #include "tokenizer/tokenizer.h"
 
@@ -86,9 +87,9 @@ TEST(AlignEval, BitsPerByteOfAUniformModel) {
         ASSERT_TRUE(m.ok()) << m.status().to_string();
         m->init(1);
         std::vector<float> zeros(size_t(50304 * 16), 0.0f);
-        m->write_param_hf("model.embed_tokens.weight",
+        model_write_param_hf(*m, "model.embed_tokens.weight",
                           ConstTensorView(zeros.data(), DType::kF32, Shape{50304, 16}));
-        ASSERT_TRUE(m->save_hf(dir).ok());
+        ASSERT_TRUE(model_save_hf(*m, dir).ok());
     }
     auto tok_text = file_read_all(std::string(LATHE_SHARED_DIR) + "/tokenizers/gpt2.json");
     ASSERT_TRUE(tok_text.ok());

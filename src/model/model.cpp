@@ -4,13 +4,11 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <unordered_set>
 
 #include "core/check.h"
-#include "core/log.h"
-#include "io/safetensors.h"
 #include "model/block_recompute.h"
 #include "model/init.h"
+#include "model/param_staging.h"
 #include "model/registry.h"
 #include "ops/embedding.h"
 #include "ops/grad_norm.h"
@@ -19,10 +17,7 @@
 #include "ops/rope.h"
 
 #if LATHE_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
 #include "ops/cuda/attention.h"
-#include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/memory.h"
 #endif
@@ -148,26 +143,15 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
     m.config_ = std::move(config);
     m.ctx_ = ctx;
     LATHE_ASSIGN_OR_RETURN(m.params_, ModelArena::allocate(m.plan_.params, ctx));
-    LATHE_ASSIGN_OR_RETURN(m.grads_, ModelArena::allocate(m.plan_.params, ctx));
+    if (m.plan_.shape.training) {
+        LATHE_ASSIGN_OR_RETURN(m.grads_, ModelArena::allocate(m.plan_.params, ctx));
+    }
     LATHE_ASSIGN_OR_RETURN(m.acts_, ModelArena::allocate(m.plan_.activations, ctx));
     LATHE_ASSIGN_OR_RETURN(m.scratch_, ModelArena::allocate(m.plan_.scratch, ctx));
     if (m.on_cuda()) {
 #if LATHE_HAVE_CUDA
         LATHE_ASSIGN_OR_RETURN(m.params_compute_,
                                ModelArena::allocate(m.plan_.params_compute, ctx));
-        LATHE_ASSIGN_OR_RETURN(HostArena staging, HostArena::allocate(m.plan_.params));
-        m.staging_ = std::make_unique<HostArena>(std::move(staging));
-        // Two halves of tokens, targets, docs, positions: four (B, T) i32 tensors each; a
-        // micro-batch is staged into one half while the other's copy may still be in flight.
-        m.pinned_bytes_ =
-            2 * 4 * size_t(m.plan_.shape.batch * m.plan_.shape.seq_len) * sizeof(int32_t);
-        auto pinned = std::make_shared<PinnedHostBuffer>(m.pinned_bytes_);
-        m.pinned_ = std::shared_ptr<void>(pinned, pinned->data());
-        for (std::shared_ptr<CUevent_st>& e : m.staged_) {
-            cudaEvent_t event = nullptr;
-            LATHE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-            e = std::shared_ptr<CUevent_st>(event, [](cudaEvent_t ev) { cudaEventDestroy(ev); });
-        }
         CudaState& state = cuda_state_of(ctx, "model");
         if (!attention_shapes.empty()) {
             // The scratch buffers dead during attention are its workspace; the loan ends when
@@ -186,21 +170,23 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
         }
 #endif
     }
+    // Each half of the batch staging holds tokens, targets, docs, positions: four (B, T) i32
+    // tensors; a micro-batch is staged into one half while the other's copy may be in flight.
+    const size_t half_bytes =
+        4 * size_t(m.plan_.shape.batch * m.plan_.shape.seq_len) * sizeof(int32_t);
+    LATHE_ASSIGN_OR_RETURN(m.batch_staging_, BatchStaging::create(half_bytes, ctx));
     if (m.config_.position == PositionKind::kRope) {
         const TensorView cos = m.scratch_.view(m.plan_.rope_cos);
         HostTensor host_cos(DType::kF32, cos.shape()), host_sin(DType::kF32, cos.shape());
         rope_build_table(host_cos.view(), host_sin.view(), m.config_.rope);
-        m.copy_in(cos, host_cos.view(), size_t(-1));
-        m.copy_in(m.scratch_.view(m.plan_.rope_sin), host_sin.view(), size_t(-1));
+        m.copy_from_host(cos, host_cos.view());
+        m.copy_from_host(m.scratch_.view(m.plan_.rope_sin), host_sin.view());
     }
     m.synchronize();
     return m;
 }
 
-// Host -> model memory: a plain copy on the CPU. On CUDA, `pinned_offset` != -1 stages the bytes
-// in the pinned batch buffer at that offset and copies asynchronously (inside the half that
-// begin_staging() returned, which no copy in flight reads); -1 is a one-time synchronous upload.
-void Model::copy_in(TensorView dst, ConstTensorView src, size_t pinned_offset) {
+void Model::copy_from_host(TensorView dst, ConstTensorView src) {
     LATHE_CHECK(src.device() == Device::kCpu && dst.bytes() == src.bytes(), "copy of {} into {}",
                 src.to_string(), dst.to_string());
     if (!on_cuda()) {
@@ -208,36 +194,19 @@ void Model::copy_in(TensorView dst, ConstTensorView src, size_t pinned_offset) {
         return;
     }
 #if LATHE_HAVE_CUDA
-    const ConstTensorView flat_src = src.reshape(dst.shape());
-    if (pinned_offset == size_t(-1)) {
-        cuda_copy_sync(dst, flat_src, ctx_.stream);
+    cuda_copy_sync(dst, src.reshape(dst.shape()), ctx_.stream);
+#endif
+}
+
+void Model::copy_to_host(TensorView host, ConstTensorView src) const {
+    LATHE_CHECK(host.device() == Device::kCpu && host.bytes() == src.bytes(), "copy of {} into {}",
+                src.to_string(), host.to_string());
+    if (!on_cuda()) {
+        if (host.data() != src.data()) std::memcpy(host.data(), src.data(), src.bytes());
         return;
     }
-    LATHE_CHECK(pinned_offset + src.bytes() <= pinned_bytes_, "pinned batch buffer overflow");
-    void* staged = static_cast<std::byte*>(pinned_.get()) + pinned_offset;
-    std::memcpy(staged, src.data(), src.bytes());
-    cuda_copy_async(dst, ConstTensorView(staged, src.dtype(), dst.shape(), Device::kCpu),
-                    ctx_.stream);
-#endif
-}
-
-// The byte offset of the pinned buffer's half the next batch stages into: the other half from
-// the last batch's, once the copies that last read this half have finished (they were enqueued
-// a micro-batch ago, so this rarely waits). 0 on the CPU.
-size_t Model::begin_staging() {
-    if (!on_cuda()) return 0;
-    pinned_half_ ^= 1;
 #if LATHE_HAVE_CUDA
-    LATHE_CUDA_CHECK(cudaEventSynchronize(staged_[size_t(pinned_half_)].get()));
-#endif
-    return size_t(pinned_half_) * (pinned_bytes_ / 2);
-}
-
-// Marks the end of the copies out of the current half (begin_staging waits for it).
-void Model::end_staging() {
-    if (!on_cuda()) return;
-#if LATHE_HAVE_CUDA
-    LATHE_CUDA_CHECK(cudaEventRecord(staged_[size_t(pinned_half_)].get(), ctx_.stream));
+    cuda_copy_sync(host.reshape(src.shape()), src, ctx_.stream);
 #endif
 }
 
@@ -257,146 +226,30 @@ void Model::synchronize() const {
 #endif
 }
 
-TensorView Model::host_param(size_t arena_index) const {
-    if (!on_cuda()) return params_.view(arena_index);
-    return staging_->layout().view(staging_->bytes().data(), arena_index, Device::kCpu);
+void Model::read_param_entry(size_t arena_index, TensorView host) const {
+    copy_to_host(host, params_.view(arena_index));
 }
 
-void Model::download_params(size_t arena_index) const {
-    if (!on_cuda()) return;
-#if LATHE_HAVE_CUDA
-    const size_t n = plan_.params.size();
-    for (size_t i = 0; i < n; ++i) {
-        if (arena_index != size_t(-1) && i != arena_index) continue;
-        cuda_copy_sync(host_param(i), params_.view(i), ctx_.stream);
-    }
-#endif
+void Model::read_grad_entry(size_t arena_index, TensorView host) const {
+    LATHE_CHECK(arena_index < grads_.layout().size(),
+                "read_grad_entry({}): the model has {} gradient entries (created for training?)",
+                arena_index, grads_.layout().size());
+    copy_to_host(host, grads_.view(arena_index));
 }
 
-void Model::upload_params(size_t arena_index) {
-    if (!on_cuda()) return;
+void Model::write_param_entry(size_t arena_index, ConstTensorView host) {
+    copy_from_host(params_.view(arena_index), host);
 #if LATHE_HAVE_CUDA
-    const size_t n = plan_.params.size();
-    for (size_t i = 0; i < n; ++i) {
-        if (arena_index != size_t(-1) && i != arena_index) continue;
-        cuda_copy_sync(params_.view(i), host_param(i), ctx_.stream);
-        cuda_cast(params_compute_.view(i), params_.view(i), ctx_.stream);
-    }
-    synchronize();
+    if (on_cuda())
+        cuda_cast(params_compute_.view(arena_index), params_.view(arena_index), ctx_.stream);
 #endif
 }
 
 void Model::init(uint64_t seed) {
+    ParamStaging staging(*this);
     for (const HfParam& p : table_.hf_params())
-        init_hf_param(config_, p, host_param(table_.entries()[p.entry].arena_index), seed);
-    upload_params();
-}
-
-void Model::read_param_hf(std::string_view name, TensorView out) const {
-    const HfParam* p = table_.find_hf(name);
-    LATHE_CHECK(p != nullptr, "no parameter called {}", name);
-    const size_t index = table_.entries()[p->entry].arena_index;
-    download_params(index);
-    hf_param_export(*p, host_param(index), out);
-}
-
-void Model::read_grad_hf(std::string_view name, TensorView out) const {
-    const HfParam* p = table_.find_hf(name);
-    LATHE_CHECK(p != nullptr, "no parameter called {}", name);
-    const size_t index = table_.entries()[p->entry].arena_index;
-    if (!on_cuda()) {
-        hf_param_export(*p, grads_.view(index), out);
-        return;
-    }
-    const TensorView g = grads_.view(index);
-    HostTensor host(g.dtype(), g.shape());
-#if LATHE_HAVE_CUDA
-    cuda_copy_sync(host.view(), g, ctx_.stream);
-#endif
-    hf_param_export(*p, host.view(), out);
-}
-
-void Model::write_param_hf(std::string_view name, ConstTensorView hf) {
-    const HfParam* p = table_.find_hf(name);
-    LATHE_CHECK(p != nullptr, "no parameter called {}", name);
-    const size_t index = table_.entries()[p->entry].arena_index;
-    download_params(index);  // other HF tensors may share the entry (q, k, v)
-    hf_param_import(*p, host_param(index), hf);
-    upload_params(index);
-}
-
-Status Model::load_hf(const SafetensorsCheckpoint& ckpt) {
-    const ModelFamily& family = model_family_of(config_);
-    const std::vector<std::string> shards = ckpt.shard_paths();
-    const std::string where = !ckpt.index_path().empty() ? ckpt.index_path()
-                              : shards.empty()           ? std::string("checkpoint")
-                                                         : shards[0];
-    std::unordered_set<std::string> used;
-    for (const HfParam& p : table_.hf_params()) {
-        std::string name = p.name;
-        if (!ckpt.contains(name) && name.starts_with(family.base_model_prefix) &&
-            ckpt.contains(name.substr(family.base_model_prefix.size())))
-            name = name.substr(family.base_model_prefix.size());
-        Result<const SafetensorsTensor*> found = ckpt.tensor(name);
-        if (!found.ok())
-            return found.status().with_context(fmt::format("loading {} weights ({} parameters)",
-                                                           config_.model_type,
-                                                           table_.hf_params().size()));
-        const SafetensorsTensor& t = **found;
-        used.insert(name);
-        bool shape_ok = int(t.shape.size()) == p.shape.rank();
-        for (int i = 0; shape_ok && i < p.shape.rank(); ++i)
-            shape_ok = t.shape[size_t(i)] == p.shape[i];
-        if (!shape_ok)
-            return invalid_argument_error(
-                "{}: tensor {} has shape {}, but config.json gives {} for it; the checkpoint and "
-                "its config.json disagree",
-                where, name, t.shape_string(), p.shape.to_string());
-        HostTensor hf(DType::kF32, p.shape);
-        float* dst = hf.as<float>();
-        const int64_t n = p.shape.numel();
-        if (!safetensors_convert_elements(t, 0, uint64_t(n), SafetensorsDtype::kF32, dst))
-            return unimplemented_error(
-                "{}: tensor {} is {}; lathe loads F32, BF16 and F16 "
-                "weights",
-                where, name, safetensors_dtype_name(t.dtype));
-        hf_param_import(p, host_param(table_.entries()[p.entry].arena_index), hf.view());
-    }
-    upload_params();
-    std::string unused;
-    int unused_count = 0;
-    for (const std::string& name : ckpt.names()) {
-        if (used.count(name)) continue;
-        bool ignored = false;
-        for (std::string_view suffix : family.ignored_suffixes) ignored |= name.ends_with(suffix);
-        // A tied model's checkpoint may still carry the head (some exporters write it).
-        if (config_.tie_word_embeddings && (name == "lm_head.weight" || name == "embed_out.weight"))
-            ignored = true;
-        if (ignored) continue;
-        if (unused_count++ < 8) unused += fmt::format("{}{}", unused.empty() ? "" : ", ", name);
-    }
-    if (unused_count > 0)
-        log_warning("{}: {} tensors are not parameters of this {} model and were not loaded: {}{}",
-                    where, unused_count, config_.model_type, unused,
-                    unused_count > 8 ? ", ..." : "");
-    return ok_status();
-}
-
-Status Model::save_hf(const std::string& dir) const {
-    download_params();
-    std::vector<HostTensor> staged;  // HF-layout copies (also for kSame: the rows of an entry)
-    staged.reserve(table_.hf_params().size());
-    std::vector<SafetensorsWriteTensor> tensors;
-    for (const HfParam& p : table_.hf_params()) {
-        staged.emplace_back(DType::kF32, p.shape);
-        hf_param_export(p, host_param(table_.entries()[p.entry].arena_index), staged.back().view());
-        tensors.push_back(safetensors_write_tensor(p.name, staged.back().view()));
-    }
-    LATHE_ASSIGN_OR_RETURN(auto written, safetensors_write_checkpoint(dir, tensors));
-    (void)written;
-    HfModelConfig hf = config_.hf;
-    hf.torch_dtype = "float32";
-    return hf_config_save(dir + "/config.json", hf);
+        init_hf_param(config_, p, staging.host(table_.entries()[p.entry].arena_index), seed);
+    staging.upload_all(*this);
 }
 
 std::vector<AdamWSegment> Model::adamw_segments(double lr, double weight_decay) const {
@@ -410,6 +263,7 @@ std::vector<AdamWSegment> Model::adamw_segments(double lr, double weight_decay) 
 }
 
 void Model::zero_grads() {
+    LATHE_CHECK(training(), "zero_grads: the model was created without gradients");
     grads_.zero();
 }
 
@@ -417,67 +271,12 @@ void Model::zero_grad_entry(size_t index) {
     grads_.zero_entry(table_.entries().at(index).arena_index);
 }
 
-Status Model::enable_optimizer() {
-    if (has_optimizer()) return ok_status();
-    LATHE_ASSIGN_OR_RETURN(exp_avg_, ModelArena::allocate(plan_.params, ctx_));
-    LATHE_ASSIGN_OR_RETURN(exp_avg_sq_, ModelArena::allocate(plan_.params, ctx_));
-    return ok_status();
-}
-
 float Model::grad_norm() {
+    LATHE_CHECK(training(), "grad_norm: the model was created without gradients");
     const TensorView norm = scratch_.view(plan_.grad_norm);
     const ConstTensorView grads[] = {grads_flat()};
     grad_norm_l2(norm, grads, ctx_);
     return read_scalar(norm);
-}
-
-void Model::optimizer_step(std::span<const AdamWSegment> segments, const AdamWHyper& hyper,
-                           int64_t step, float max_grad_norm) {
-    LATHE_CHECK(has_optimizer(), "optimizer_step before enable_optimizer");
-    const ConstTensorView clip =
-        max_grad_norm > 0.0f ? ConstTensorView(scratch_.view(plan_.grad_norm)) : ConstTensorView();
-    adamw_update_with_copy(params_flat(),
-                           on_cuda() ? params_compute_.flat(DType::kBF16) : TensorView(),
-                           exp_avg_.flat_f32(), exp_avg_sq_.flat_f32(), grads_flat(), segments,
-                           hyper, step, clip, max_grad_norm, ctx_);
-}
-
-void Model::read_optimizer_state(std::span<float> m, std::span<float> v) const {
-    LATHE_CHECK(has_optimizer(), "read_optimizer_state before enable_optimizer");
-    const int64_t n = params_flat().numel();
-    LATHE_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n, "moments of {} / {} for {}",
-                m.size(), v.size(), n);
-    const std::pair<const ModelArena*, float*> pairs[] = {{&exp_avg_, m.data()},
-                                                          {&exp_avg_sq_, v.data()}};
-    for (const auto& [arena, dst] : pairs) {
-        const TensorView host(dst, DType::kF32, Shape{n});
-        if (!on_cuda()) {
-            std::memcpy(dst, arena->flat_f32().data(), host.bytes());
-            continue;
-        }
-#if LATHE_HAVE_CUDA
-        cuda_copy_sync(host, arena->flat_f32(), ctx_.stream);
-#endif
-    }
-}
-
-void Model::write_optimizer_state(std::span<const float> m, std::span<const float> v) {
-    LATHE_CHECK(has_optimizer(), "write_optimizer_state before enable_optimizer");
-    const int64_t n = params_flat().numel();
-    LATHE_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n, "moments of {} / {} for {}",
-                m.size(), v.size(), n);
-    const std::pair<ModelArena*, const float*> pairs[] = {{&exp_avg_, m.data()},
-                                                          {&exp_avg_sq_, v.data()}};
-    for (const auto& [arena, src] : pairs) {
-        const ConstTensorView host(src, DType::kF32, Shape{n});
-        if (!on_cuda()) {
-            std::memcpy(arena->flat_f32().data(), src, host.bytes());
-            continue;
-        }
-#if LATHE_HAVE_CUDA
-        cuda_copy_sync(arena->flat_f32(), host, ctx_.stream);
-#endif
-    }
 }
 
 // ---- Model: views ----
@@ -592,26 +391,26 @@ Model::Dims Model::load_batch(const ModelBatch& batch, bool need_targets) {
     check_ids(tok, "tokens", 0, config_.vocab_size, false);
     // Slots of the pinned buffer's half (CUDA): one (B, T) i32 tensor of the plan's size each.
     const size_t slot = size_t(plan_.shape.batch * plan_.shape.seq_len) * sizeof(int32_t);
-    const size_t half = begin_staging();
-    copy_in(act(plan_.tokens, bt), tok, half);
+    const size_t half = batch_staging_.begin();
+    batch_staging_.copy(act(plan_.tokens, bt), tok, half);
     LATHE_CHECK(!need_targets || !batch.targets.is_null(), "forward needs targets");
     if (!batch.targets.is_null()) {
         expect(batch.targets, "targets");
         check_ids(batch.targets, "targets", 0, config_.vocab_size, true);
-        copy_in(act(plan_.targets, bt), batch.targets, half + slot);
+        batch_staging_.copy(act(plan_.targets, bt), batch.targets, half + slot);
     }
     has_docs_ = !batch.docs.is_null();
     if (has_docs_) {
         expect(batch.docs, "docs");
-        copy_in(act(plan_.docs, bt), batch.docs, half + 2 * slot);
+        batch_staging_.copy(act(plan_.docs, bt), batch.docs, half + 2 * slot);
     }
     has_positions_ = !batch.positions.is_null();
     if (has_positions_) {
         expect(batch.positions, "positions");
         check_ids(batch.positions, "positions", 0, plan_.shape.seq_len, false);
-        copy_in(act(plan_.positions, bt), batch.positions, half + 3 * slot);
+        batch_staging_.copy(act(plan_.positions, bt), batch.positions, half + 3 * slot);
     }
-    end_staging();
+    batch_staging_.end();
     dims_ = d;
     return d;
 }
@@ -671,6 +470,7 @@ void Model::run_backward_from_final(TensorView dfinal) {
             block_recompute_selective(config_, block_weights(l), block_acts(l), ctx_);
         block_backward(config_, plan_.shape.precision, l, block_weights(l), block_grads(l),
                        block_acts(l), scratch, inputs, dres, ctx_);
+        if (grads_ready_) grads_ready_(l);
     }
     TensorView dwpe;
     ConstTensorView positions;
@@ -681,6 +481,7 @@ void Model::run_backward_from_final(TensorView dfinal) {
     }
     embedding_backward(entry_rows(grads_, ParamRole::kTokenEmbedding, -1, 0, config_.vocab_size),
                        dwpe, dres, act(plan_.tokens, bt), positions, ctx_);
+    if (grads_ready_) grads_ready_(kOutsideLayers);
 }
 
 float Model::forward(const ModelBatch& batch) {
@@ -701,6 +502,7 @@ float Model::forward(const ModelBatch& batch) {
 
 void Model::backward(float dloss) {
     LATHE_CHECK(backward_ready_, "backward() must follow a forward() of the same batch");
+    LATHE_CHECK(training(), "backward: the model was created without gradients");
     backward_ready_ = false;
     const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
     // The gradient at the final norm's output goes to the first block scratch (B, T, C) buffer
@@ -738,6 +540,7 @@ void Model::read_losses(std::span<float> out) const {
 void Model::forward_backward_async(const ModelBatch& batch, float dloss, int64_t loss_slot) {
     LATHE_CHECK(loss_slot >= 0 && loss_slot < kLossSlots, "loss slot {} outside [0, {})", loss_slot,
                 kLossSlots);
+    LATHE_CHECK(training(), "forward_backward: the model was created without gradients");
     backward_ready_ = false;
     load_batch(batch, /*need_targets=*/true);
     run_forward_blocks();

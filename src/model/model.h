@@ -6,7 +6,7 @@
 // Typical training step (gradient accumulation over micro-batches k = 1..K):
 //   model.zero_grads();
 //   for each micro-batch: loss_k = model.forward_backward(batch_k, dloss_k);   // grads +=
-//   adamw_update(model.params_flat(), m, v, model.grads_flat(), model.adamw_segments(lr, wd), ..)
+//   model.grad_norm(); optimizer.step(...)   // optim/adamw_optimizer.h owns the moments
 // where dloss_k weighs the micro-batch's mean loss in the objective (1/K for a mean of means).
 // A training loop that does not want to wait for the GPU per micro-batch uses
 // forward_backward_async(batch_k, dloss_k, k) and reads the K losses once, with read_losses().
@@ -17,18 +17,26 @@
 //
 // Backends: every tensor the ops see comes from the arenas (ModelArena), whose memory lives where
 // context().backend computes. On CUDA the model also keeps a bf16 compute copy of the parameters
-// (what the forward and backward read; optimizer_step() rewrites it in AdamW's pass), bf16
-// activations, and a pinned host buffer the batch is copied from asynchronously. init(), load_hf,
-// save_hf and the *_hf accessors work on host memory: on CUDA through a host staging copy of the
-// parameters, uploaded (and cast to bf16) when they change. Reading the loss or the gradient norm
-// waits for the GPU; nothing else in a step does.
+// (what the forward and backward read; the optimizer rewrites it in AdamW's pass), bf16
+// activations, and a pinned host buffer the batch is copied from asynchronously (BatchStaging).
+// Files and host copies of the parameters are model_io's (model_io.h: load, save, the HF-name
+// accessors) and ParamStaging's (param_staging.h), through the entry reads and writes below.
+// Reading the loss or the gradient norm waits for the GPU; nothing else in a step does.
 //
-// Gradients: the gradient arena has the parameter arena's layout element for element, so
-// params_flat(), grads_flat() and AdamW moments allocated with plan().params line up for
-// adamw_update. backward()/forward_backward() accumulate (+=) into it; zero_grads() clears it.
+// Gradients: a model created for training (ModelShape::training) has a gradient arena with the
+// parameter arena's layout element for element, so params_flat(), grads_flat() and AdamW moments
+// of params_flat().numel() elements line up for adamw_update. backward()/forward_backward()
+// accumulate (+=) into it; zero_grads() clears it. A model created for evaluation or inference
+// has none (and refuses backward). The optimizer (optim/) lives outside the model.
+//
+// Gradients-ready hook: set_grads_ready_hook(f) makes the backward call f(l) for l = L-1 .. 0, as
+// soon as layer l's parameter gradients are final for the micro-batch (its block backward has
+// been enqueued: on CUDA the values are final in stream order), then f(kOutsideLayers) once the
+// parameters outside the blocks (embeddings, LM head, final norm) are. Where a data-parallel
+// all-reduce or an offloaded optimizer starts its work on a layer. Unset, it costs nothing.
 
-#include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -38,6 +46,7 @@
 #include "core/arena.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "model/batch_staging.h"
 #include "model/block.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
@@ -45,11 +54,7 @@
 #include "ops/adamw.h"
 #include "ops/context.h"
 
-struct CUevent_st;
-
 namespace lathe {
-
-class SafetensorsCheckpoint;
 
 // One batch of token sequences, in host memory (the model copies it into its own arena).
 // B <= plan batch and T <= plan seq_len; a smaller batch reuses the front of every buffer.
@@ -94,8 +99,9 @@ private:
 class Model {
 public:
     // Plans and allocates a model of `config` (valid, from the registry) for batches up to
-    // `shape`. Parameters start at zero: call init() or load_hf(). Errors: from the plan (T too
-    // long, ...), allocation failure, a backend without arenas.
+    // `shape` (with gradients when shape.training). Parameters start at zero: call init() or
+    // model_load_hf(). Errors: from the plan (T too long, ...), allocation failure, a backend
+    // without arenas.
     static Result<Model> create(ModelConfig config, const ModelShape& shape, const Context& ctx);
 
     Model(Model&&) noexcept = default;
@@ -105,34 +111,33 @@ public:
     const ParamTable& params() const { return table_; }
     const MemoryPlan& plan() const { return plan_; }
     const Context& context() const { return ctx_; }
+    // Created with gradients (ModelShape::training).
+    bool training() const { return plan_.shape.training; }
 
     // ---- parameters ----
 
     // Initializes every parameter from `seed` (model/init.h).
     void init(uint64_t seed);
-    // Loads every parameter from a Hugging Face checkpoint (f32, bf16 or f16 tensors, converted to
-    // f32). Names may lack the family's base-model prefix (checkpoints of the bare base model).
-    // A tied model ignores a stored head. Errors name the checkpoint and tensor: a missing
-    // parameter, a wrong shape, an unsupported dtype. Tensors the model does not use are listed
-    // in a warning, except known buffers (ModelFamily::ignored_suffixes).
-    Status load_hf(const SafetensorsCheckpoint& checkpoint);
-    // Writes `dir`/model.safetensors with the HF names, stored shapes and layouts (f32), and
-    // `dir`/config.json (the config's JSON with torch_dtype float32). `dir` must exist.
-    Status save_hf(const std::string& dir) const;
-
-    // The parameter / gradient called `name` (an HF name) in its stored HF layout, copied into
-    // `out` (host, f32, the HF shape). An unknown name is a bug (checked); see params().find_hf.
-    void read_param_hf(std::string_view name, TensorView out) const;
-    void read_grad_hf(std::string_view name, TensorView out) const;
-    // Sets the parameter `name` from `hf` (host, f32, the HF shape).
-    void write_param_hf(std::string_view name, ConstTensorView hf);
+    // Parameter / gradient arena entry `arena_index` copied into `host` (host memory of the
+    // entry's dtype and shape), and parameter entry `arena_index` set from `host` (on CUDA its
+    // bf16 compute copy too). Synchronous; for files and checks (model_io.h, ParamStaging), never
+    // in a step.
+    void read_param_entry(size_t arena_index, TensorView host) const;
+    void read_grad_entry(size_t arena_index, TensorView host) const;
+    void write_param_entry(size_t arena_index, ConstTensorView host);
 
     // Arena views of parameter / gradient entry `index` of params().entries() (arena layout).
     TensorView param_entry(size_t index) const { return params_.view(index); }
     TensorView grad_entry(size_t index) const { return grads_.view(index); }
     // Every parameter / gradient as one flat f32 vector (for the optimizer and the grad norm).
+    // grads_flat() is empty for a model without gradients.
     TensorView params_flat() const { return params_.flat_f32(); }
     TensorView grads_flat() const { return grads_.flat_f32(); }
+    // CUDA: the bf16 compute copy as one flat vector, element for element params_flat()'s twin
+    // (the optimizer rewrites it with the masters). Null on the CPU.
+    TensorView params_compute_flat() const {
+        return on_cuda() ? params_compute_.flat(DType::kBF16) : TensorView();
+    }
     // AdamW segments over params_flat(): one per entry, weight decay `weight_decay` on matrices
     // and embeddings, 0 on norms and biases, learning rate `lr`.
     std::vector<AdamWSegment> adamw_segments(double lr, double weight_decay) const;
@@ -140,22 +145,16 @@ public:
     // Zeroes the gradient of entry `index` (a frozen parameter group).
     void zero_grad_entry(size_t index);
 
-    // ---- optimizer (AdamW moments live beside the parameters, on the same device) ----
-
-    // Allocates the two moments (zeroed); a model used only for evaluation never does.
-    Status enable_optimizer();
-    bool has_optimizer() const { return exp_avg_.layout().size() > 0; }
     // The L2 norm of every gradient (fp64 sums), computed where the model is and read back.
     float grad_norm();
-    // One AdamW update of the given segments (enable_optimizer() first); on CUDA the bf16 compute
-    // copy is rewritten in the same pass. max_grad_norm > 0 clips by the norm of the last
-    // grad_norm() inside the update (the gradients in memory stay as they are): the same update
-    // as grad_clip_by_norm (ops/grad_norm.h) followed by an unclipped one, one pass fewer.
-    void optimizer_step(std::span<const AdamWSegment> segments, const AdamWHyper& hyper,
-                        int64_t step, float max_grad_norm = 0.0f);
-    // The moments as flat f32 vectors of params_flat().numel() elements, host side (checkpoints).
-    void read_optimizer_state(std::span<float> exp_avg, std::span<float> exp_avg_sq) const;
-    void write_optimizer_state(std::span<const float> exp_avg, std::span<const float> exp_avg_sq);
+    // The (1) f32 where the last grad_norm() left the norm, where the model computes: what the
+    // optimizer clips by without reading it back.
+    ConstTensorView grad_norm_value() const { return scratch_.view(plan_.grad_norm); }
+
+    // The gradients-ready hook (file comment); an empty function unsets it.
+    static constexpr int kOutsideLayers = -1;
+    using GradsReadyHook = std::function<void(int layer)>;
+    void set_grads_ready_hook(GradsReadyHook hook) { grads_ready_ = std::move(hook); }
 
     // Waits for everything the model enqueued (CUDA); no-op on the CPU.
     void synchronize() const;
@@ -204,15 +203,10 @@ private:
     // The arena the ops read weights from: the bf16 compute copy on CUDA, the masters on the CPU.
     const ModelArena& weights() const { return on_cuda() ? params_compute_ : params_; }
     bool on_cuda() const { return ctx_.backend == Backend::kCuda; }
-    // Host views of the parameters for init/load/save: the arena itself on the CPU, the staging
-    // copy on CUDA (download_params() fills it; upload_params() sends it back and refreshes the
-    // bf16 copy).
-    TensorView host_param(size_t arena_index) const;
-    void download_params(size_t arena_index = size_t(-1)) const;
-    void upload_params(size_t arena_index = size_t(-1));
-    void copy_in(TensorView dst, ConstTensorView src, size_t pinned_offset);
-    size_t begin_staging();
-    void end_staging();
+    // Host -> model memory, synchronous (one-time uploads such as the RoPE tables).
+    void copy_from_host(TensorView dst, ConstTensorView src);
+    // Model memory -> host, synchronous.
+    void copy_to_host(TensorView host, ConstTensorView src) const;
     float read_scalar(ConstTensorView v) const;
     TensorView entry_rows(const ModelArena& arena, ParamRole role, int layer, int64_t begin,
                           int64_t end) const;
@@ -222,16 +216,12 @@ private:
     MemoryPlan plan_;
     Context ctx_;
     ModelArena params_, grads_, acts_, scratch_;
-    ModelArena params_compute_;           // CUDA: bf16 copy of params_
-    ModelArena exp_avg_, exp_avg_sq_;     // AdamW moments (enable_optimizer)
-    std::unique_ptr<HostArena> staging_;  // CUDA: host copy of params_ for init/load/save
-    std::shared_ptr<void> pinned_;        // CUDA: pinned host buffer for the batch, two halves
-    size_t pinned_bytes_ = 0;
-    int pinned_half_ = 0;                                // the half the last load_batch staged into
-    std::array<std::shared_ptr<CUevent_st>, 2> staged_;  // CUDA: recorded after each half's copies
+    ModelArena params_compute_;   // CUDA: bf16 copy of params_
+    BatchStaging batch_staging_;  // the batch's way into the activations (pinned on CUDA)
     // CUDA: the loan of the scratch bytes dead during attention to cuDNN's workspace
     // (memory_plan.h); its deleter ends the loan. Declared after the arenas: destroyed first.
     std::shared_ptr<void> attention_loan_;
+    GradsReadyHook grads_ready_;
     Dims dims_;  // of the batch in the activations
     bool has_docs_ = false, has_positions_ = false;
     bool backward_ready_ = false;  // a forward() with targets saved activations for backward()

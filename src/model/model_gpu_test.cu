@@ -3,8 +3,8 @@
 // norm, logits, and the loss after a few AdamW steps must agree within bf16 tolerance. The CPU
 // twin computes in fp32 from the fp32 masters; the GPU computes from their bf16 copy with bf16
 // activations, so the tolerances are bf16's (u = 2^-8) grown by the depth of the computation,
-// not fp32's. Also: packed documents, batches smaller than planned, checkpoints and optimizer
-// state read back from the device, and a step allocating nothing.
+// not fp32's. Also: packed documents, batches smaller than planned, checkpoints read back from the
+// device, and a step allocating nothing (optim/adamw_optimizer_gpu_test.cu: the optimizer's state).
 // clang-format off
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
@@ -17,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "model/adamw_moments_test_util.h"
 #include "model/model.h"
+#include "model/model_io.h"
 #include "model/registry.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/memory.h"
@@ -103,11 +105,11 @@ double worst_tensor_error(const Model& cpu, const Model& gpu, bool grads, std::s
     for (const HfParam& p : cpu.params().hf_params()) {
         HostTensor a(DType::kF32, p.shape), b(DType::kF32, p.shape);
         if (grads) {
-            gpu.read_grad_hf(p.name, a.view());
-            cpu.read_grad_hf(p.name, b.view());
+            model_read_grad_hf(gpu, p.name, a.view());
+            model_read_grad_hf(cpu, p.name, b.view());
         } else {
-            gpu.read_param_hf(p.name, a.view());
-            cpu.read_param_hf(p.name, b.view());
+            model_read_param_hf(gpu, p.name, a.view());
+            model_read_param_hf(cpu, p.name, b.view());
         }
         const double e = rel_l2(a.as<float>(), b.as<float>(), p.shape.numel());
         EXPECT_TRUE(std::isfinite(e)) << p.name;
@@ -190,8 +192,8 @@ constexpr double kParamDrift = 0.6, kStepLossDrift = 0.1;
 TEST_P(ModelGpu, LossesTrackTheCpuOverAdamWSteps) {
     const ModelConfig c = parse(GetParam().json);
     Pair m = make_pair(*state_, c, kB, kT, 12);
-    ASSERT_TRUE(m.cpu.enable_optimizer().ok());
-    ASSERT_TRUE(m.gpu.enable_optimizer().ok());
+    TestAdamWMoments cpu_moments = TestAdamWMoments::of(m.cpu);
+    TestAdamWMoments gpu_moments = TestAdamWMoments::of(m.gpu);
     const AdamWHyper hyper;
     std::vector<float> lc, lg;
     double grad_err = 0;  // the worst tensor's gradient rel-L2 at step 1
@@ -214,7 +216,8 @@ TEST_P(ModelGpu, LossesTrackTheCpuOverAdamWSteps) {
         }
         for (Model* model : {&m.cpu, &m.gpu}) {
             model->grad_norm();
-            model->optimizer_step(model->adamw_segments(3e-3, 0.1), hyper, step, 1.0f);
+            (model == &m.cpu ? cpu_moments : gpu_moments)
+                .step(*model, model->adamw_segments(3e-3, 0.1), hyper, step, 1.0f);
         }
     }
     // Each step's loss: the one-step bound (4e-3, OneTrainingStepMatchesTheCpuReference) plus the
@@ -243,14 +246,6 @@ TEST_P(ModelGpu, LossesTrackTheCpuOverAdamWSteps) {
         GetParam().name, param_err, worst_err, worst.c_str(), grad_err, param_tol, loss_tol);
     EXPECT_LT(grad_err, 5e-2);  // OneTrainingStepMatchesTheCpuReference's bound
     EXPECT_LT(param_err, param_tol);
-    // Optimizer state reads back from the device and round-trips.
-    const size_t n = size_t(m.gpu.params_flat().numel());
-    std::vector<float> m1(n), v1(n), m2(n), v2(n);
-    m.gpu.read_optimizer_state(m1, v1);
-    m.gpu.write_optimizer_state(m1, v1);
-    m.gpu.read_optimizer_state(m2, v2);
-    EXPECT_EQ(m1, m2);
-    EXPECT_EQ(v1, v2);
 }
 
 TEST_P(ModelGpu, PackedDocumentsAndSmallerBatchesMatchTheCpu) {
@@ -355,14 +350,14 @@ TEST_P(ModelGpu, AsyncMicroBatchesGiveTheSameBitsAsSyncOnes) {
 TEST_P(ModelGpu, AStepAllocatesNoDeviceMemory) {
     const ModelConfig c = parse(GetParam().json);
     Pair m = make_pair(*state_, c, kB, kT, 14);
-    ASSERT_TRUE(m.gpu.enable_optimizer().ok());
+    TestAdamWMoments moments = TestAdamWMoments::of(m.gpu);
     const HostTensor tok = random_ids(kB, kT, c.vocab_size, 7, false);
     const HostTensor tgt = random_ids(kB, kT, c.vocab_size, 8, true);
     auto step = [&] {
         m.gpu.zero_grads();
         m.gpu.forward_backward(ModelBatch{tok.view(), tgt.view(), {}, {}});
         m.gpu.grad_norm();
-        m.gpu.optimizer_step(m.gpu.adamw_segments(1e-3, 0.0), AdamWHyper{}, 1);
+        moments.step(m.gpu, m.gpu.adamw_segments(1e-3, 0.0), AdamWHyper{}, 1);
         m.gpu.synchronize();
     };
     step();  // first use builds the cached attention graphs and GEMM choices

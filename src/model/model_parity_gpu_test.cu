@@ -20,8 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "model/adamw_moments_test_util.h"
 #include "model/model.h"
 #include "model/model_fixture_test_util.h"
+#include "model/model_io.h"
 #include "ops/cuda/cuda_state.h"
 
 namespace lathe {
@@ -76,7 +78,7 @@ protected:
     Model make_model(const Fixture& f) {
         Result<Model> model = Model::create(f.config, ModelShape{f.B, f.T, 0}, state_->context());
         LATHE_CHECK(model.ok(), "{}", model.status().to_string());
-        const Status loaded = model->load_hf(f.weights);
+        const Status loaded = model_load_hf(*model, f.weights);
         LATHE_CHECK(loaded.ok(), "{}", loaded.to_string());
         return std::move(*model);
     }
@@ -102,7 +104,7 @@ TEST_P(ModelParityGpu, LogitsLossAndGradientsMatchTransformersWithinBf16) {
     std::string worst_name;
     for (const HfParam& p : model.params().hf_params()) {
         HostTensor grad(DType::kF32, p.shape);
-        model.read_grad_hf(p.name, grad.view());
+        model_read_grad_hf(model, p.name, grad.view());
         const double err = rel_error(grad.view(), f.ref("grad." + p.name));
         EXPECT_LT(err, kGradTol) << p.name;
         if (err >= worst) {
@@ -119,7 +121,7 @@ TEST_P(ModelParityGpu, LogitsLossAndGradientsMatchTransformersWithinBf16) {
 TEST_P(ModelParityGpu, TenAdamWStepsTrackTorchLosses) {
     const Fixture f = load_fixture(GetParam());
     Model model = make_model(f);
-    ASSERT_TRUE(model.enable_optimizer().ok());
+    TestAdamWMoments moments = TestAdamWMoments::of(model);
     const nlohmann::json& h = f.meta.at("adamw");
     const std::vector<double> expected = f.meta.at("adamw_losses").get<std::vector<double>>();
     const std::vector<AdamWSegment> segments =
@@ -134,7 +136,7 @@ TEST_P(ModelParityGpu, TenAdamWStepsTrackTorchLosses) {
         if (step == 1) {
             for (const HfParam& p : model.params().hf_params()) {
                 HostTensor grad(DType::kF32, p.shape);
-                model.read_grad_hf(p.name, grad.view());
+                model_read_grad_hf(model, p.name, grad.view());
                 grad_err = std::max(grad_err, rel_l2(grad.view(), f.ref("grad." + p.name)));
             }
             // LogitsLossAndGradientsMatchTransformersWithinBf16 bounds the gradients (by its own
@@ -145,7 +147,7 @@ TEST_P(ModelParityGpu, TenAdamWStepsTrackTorchLosses) {
         EXPECT_LT(err, tol) << "step " << step << ": lathe " << loss << " torch "
                             << expected[step - 1];
         worst = std::max(worst, err);
-        model.optimizer_step(segments, hyper, int64_t(step));
+        moments.step(model, segments, hyper, int64_t(step));
     }
     const float final_loss = model.forward(batch);
     const double want = f.meta.at("final_loss").get<double>();

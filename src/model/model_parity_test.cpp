@@ -18,6 +18,7 @@
 
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "model/model_io.h"
 #include "model/model_fixture_test_util.h"
 #include "model/registry.h"
 #include "ops/adamw.h"
@@ -42,7 +43,7 @@ Model make_model(const Fixture& f, int64_t lm_head_chunk_rows = 0) {
     Result<Model> model =
         Model::create(f.config, ModelShape{f.B, f.T, lm_head_chunk_rows}, cpu_context());
     LATHE_CHECK(model.ok(), "{}", model.status().to_string());
-    const Status loaded = model->load_hf(f.weights);
+    const Status loaded = model_load_hf(*model, f.weights);
     LATHE_CHECK(loaded.ok(), "{}", loaded.to_string());
     return std::move(*model);
 }
@@ -86,7 +87,7 @@ TEST_P(ModelParity, LogitsLossAndEveryGradientMatchTransformers) {
     std::string worst_name;
     for (const HfParam& p : model.params().hf_params()) {
         HostTensor grad(DType::kF32, p.shape);
-        model.read_grad_hf(p.name, grad.view());
+        model_read_grad_hf(model, p.name, grad.view());
         const double err = rel_error(grad.view(), f.ref("grad." + p.name));
         EXPECT_LT(err, kTolerance) << p.name;
         if (err >= worst) {
@@ -113,8 +114,8 @@ TEST_P(ModelParity, SeparateBackwardAndChunkedHeadAgreeWithFusedStep) {
     EXPECT_NEAR(a, b, 1e-6 * std::abs(a));
     for (const HfParam& p : fused.params().hf_params()) {
         HostTensor ga(DType::kF32, p.shape), gb(DType::kF32, p.shape);
-        fused.read_grad_hf(p.name, ga.view());
-        split.read_grad_hf(p.name, gb.view());
+        model_read_grad_hf(fused, p.name, ga.view());
+        model_read_grad_hf(split, p.name, gb.view());
         EXPECT_LT(rel_error(gb.view(), ga.view()), 1e-5) << p.name;
     }
 }

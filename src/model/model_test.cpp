@@ -18,6 +18,7 @@
 
 #include "io/safetensors.h"
 #include "model/init.h"
+#include "model/model_io.h"
 #include "model/registry.h"
 
 namespace lathe {
@@ -189,7 +190,7 @@ TEST(ModelInit, SeededNormalWithScaledOutputProjectionsOnesAndZeros) {
     auto stats = [&](std::string_view name) {
         const HfParam& p = *a.params().find_hf(name);
         HostTensor t(DType::kF32, p.shape);
-        a.read_param_hf(name, t.view());
+        model_read_param_hf(a, name, t.view());
         double sum = 0, sq = 0;
         for (int64_t i = 0; i < t.numel(); ++i) {
             sum += t.as<float>()[i];
@@ -207,7 +208,7 @@ TEST(ModelInit, SeededNormalWithScaledOutputProjectionsOnesAndZeros) {
     EXPECT_EQ(stats("gpt_neox.layers.0.attention.dense.bias"), (std::pair{0.0, 0.0}));
     // A tensor's draws depend on its name, not on its place: the first normal of the stream.
     HostTensor embed(DType::kF32, Shape{40, 24});
-    a.read_param_hf("gpt_neox.embed_in.weight", embed.view());
+    model_read_param_hf(a, "gpt_neox.embed_in.weight", embed.view());
     EXPECT_EQ(embed.as<float>()[0],
               float(0.02 * init_normal(1234, init_key("gpt_neox.embed_in.weight"), 0)));
 }
@@ -508,7 +509,7 @@ TEST(Model, SavedCheckpointLoadsBackIdenticallyWithItsConfig) {
         const Model m = make(c, 1, 4, 42);
         const std::string dir = testing::TempDir() + "lathe_model_ckpt_" + c.model_type;
         std::filesystem::create_directories(dir);
-        ASSERT_TRUE(m.save_hf(dir).ok());
+        ASSERT_TRUE(model_save_hf(m, dir).ok());
         Result<ModelConfig> back_config = model_config_from_hf_file(dir + "/config.json");
         ASSERT_TRUE(back_config.ok()) << back_config.status().to_string();
         EXPECT_EQ(model_config_summary(*back_config), model_config_summary(c));
@@ -523,7 +524,7 @@ TEST(Model, SavedCheckpointLoadsBackIdenticallyWithItsConfig) {
             EXPECT_EQ(int((*t)->shape.size()), p.shape.rank());
             EXPECT_EQ((*t)->shape[0], p.shape[0]) << p.name;
         }
-        ASSERT_TRUE(back->load_hf(*ckpt).ok());
+        ASSERT_TRUE(model_load_hf(*back, *ckpt).ok());
         const ConstTensorView a = m.params_flat(), b = back->params_flat();
         EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.bytes())) << c.model_type;
         std::filesystem::remove_all(dir);
@@ -544,7 +545,7 @@ TEST(Model, LoadsHalfPrecisionAndPrefixlessCheckpoints) {
         std::vector<SafetensorsWriteTensor> tensors;
         for (const HfParam& p : src.params().hf_params()) {
             HostTensor t(DType::kF32, p.shape);
-            src.read_param_hf(p.name, t.view());
+            model_read_param_hf(src, p.name, t.view());
             std::vector<uint16_t>& bits = data.emplace_back();
             for (int64_t i = 0; i < t.numel(); ++i) {
                 const float v = t.as<float>()[i];
@@ -569,12 +570,12 @@ TEST(Model, LoadsHalfPrecisionAndPrefixlessCheckpoints) {
         Result<SafetensorsCheckpoint> ckpt = SafetensorsCheckpoint::open(path);
         ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
         Model dst = make(c, 1, 4, 5);
-        const Status loaded = dst.load_hf(*ckpt);
+        const Status loaded = model_load_hf(dst, *ckpt);
         ASSERT_TRUE(loaded.ok()) << loaded.to_string();
         for (const HfParam& p : src.params().hf_params()) {
             HostTensor a(DType::kF32, p.shape), b(DType::kF32, p.shape);
-            src.read_param_hf(p.name, a.view());
-            dst.read_param_hf(p.name, b.view());
+            model_read_param_hf(src, p.name, a.view());
+            model_read_param_hf(dst, p.name, b.view());
             EXPECT_EQ(0, std::memcmp(a.as<float>(), b.as<float>(), size_t(a.numel()) * 4))
                 << p.name << " from " << safetensors_dtype_name(dtype);
         }
@@ -587,11 +588,11 @@ TEST(Model, LoadingNamesTheMissingTensorAndAWrongShape) {
     const ModelConfig neox = parse(kNeoxJson);
     const std::string dir = testing::TempDir() + "lathe_model_bad_ckpt";
     std::filesystem::create_directories(dir);
-    ASSERT_TRUE(make(neox, 1, 4).save_hf(dir).ok());
+    ASSERT_TRUE(model_save_hf(make(neox, 1, 4), dir).ok());
     Result<SafetensorsCheckpoint> ckpt = SafetensorsCheckpoint::open(dir);
     ASSERT_TRUE(ckpt.ok());
     Model m = make(llama, 1, 4);
-    const Status s = m.load_hf(*ckpt);
+    const Status s = model_load_hf(m, *ckpt);
     ASSERT_FALSE(s.ok());
     EXPECT_NE(s.message().find("model.embed_tokens.weight"), std::string::npos) << s.message();
 
@@ -599,7 +600,7 @@ TEST(Model, LoadingNamesTheMissingTensorAndAWrongShape) {
     std::string wide(kNeoxJson);
     wide.replace(wide.find("\"vocab_size\": 40"), 16, "\"vocab_size\": 48");
     Model w = make(parse(wide), 1, 4);
-    const Status shape = w.load_hf(*ckpt);
+    const Status shape = model_load_hf(w, *ckpt);
     ASSERT_FALSE(shape.ok());
     EXPECT_NE(shape.message().find("gpt_neox.embed_in.weight"), std::string::npos)
         << shape.message();

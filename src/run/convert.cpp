@@ -31,6 +31,8 @@
 #include "model/model_config.h"
 #include "model/param_table.h"
 #include "model/registry.h"
+#include "optim/optimizer_state.h"
+#include "run/carried_files.h"
 #include "run/checkpoint_dir.h"
 #include "run/special_tokens.h"
 #include "run/trainer_state.h"
@@ -441,34 +443,11 @@ std::optional<TokenizerSpecialTokens> reconcile_special_ids(const std::string& d
 // exist in `from`.
 Status copy_carried_files(const std::string& from, const StagedFolder& staging,
                           std::vector<std::string>& copied) {
-    auto carry = [&](std::string_view name) -> Status {
-        const fs::path src = fs::path(from) / name;
-        std::error_code ec;
-        if (!fs::is_regular_file(src, ec)) return ok_status();
-        LATHE_ASSIGN_OR_RETURN(std::string bytes, file_read_all(src.string()));
-        LATHE_RETURN_IF_ERROR(file_write_atomic(staging.file(name), bytes));
-        copied.emplace_back(name);
-        return ok_status();
-    };
-    for (std::string_view name : kHfTokenizerFiles) LATHE_RETURN_IF_ERROR(carry(name));
-    for (std::string_view name : kModelCardFiles) LATHE_RETURN_IF_ERROR(carry(name));
-    const fs::path folder = fs::path(from) / kHfChatTemplateFolder;
-    std::error_code ec;
-    if (fs::is_directory(folder, ec)) {
-        const fs::path dst = fs::path(staging.path()) / kHfChatTemplateFolder;
-        fs::create_directory(dst, ec);
-        if (ec) return io_error("{}: cannot create: {}", dst.string(), ec.message());
-        std::vector<fs::path> files;
-        for (const fs::directory_entry& e : fs::directory_iterator(folder, ec))
-            if (e.is_regular_file()) files.push_back(e.path());
-        std::sort(files.begin(), files.end());
-        for (const fs::path& f : files) {
-            LATHE_ASSIGN_OR_RETURN(std::string bytes, file_read_all(f.string()));
-            LATHE_RETURN_IF_ERROR(file_write_atomic((dst / f.filename()).string(), bytes));
-            copied.push_back((fs::path(kHfChatTemplateFolder) / f.filename()).string());
-        }
-        LATHE_RETURN_IF_ERROR(folder_sync(dst.string()));
-    }
+    std::vector<std::string_view> names(std::begin(kHfTokenizerFiles), std::end(kHfTokenizerFiles));
+    names.insert(names.end(), std::begin(kModelCardFiles), std::end(kModelCardFiles));
+    LATHE_ASSIGN_OR_RETURN(const std::vector<CarriedFile> files, carried_files_read(from, names));
+    LATHE_RETURN_IF_ERROR(carried_files_write(files, staging.path()));
+    for (std::string& name : carried_file_names(files)) copied.push_back(std::move(name));
     return ok_status();
 }
 
@@ -478,8 +457,8 @@ Status copy_carried_files(const std::string& from, const StagedFolder& staging,
 Status write_fresh_training_state(const StagedFolder& staging, const ParamTable& table,
                                   const ConvertSource& source,
                                   const std::vector<std::string>& input_dtypes) {
-    LATHE_RETURN_IF_ERROR(convert_write_zero_moments(staging.file(kOptimizerStateFile),
-                                                     table.layout().total_bytes() / sizeof(float)));
+    LATHE_RETURN_IF_ERROR(optimizer_state_write_zeros(
+        staging.file(kOptimizerStateFile), table.layout().total_bytes() / sizeof(float)));
     Json j = trainer_state_to_json(TrainerState{});
     j["converted_from"] = {{"path", normalized(source.dir).string()},
                            {"format", std::string(checkpoint_format_name(source.format))},
@@ -561,42 +540,6 @@ Result<uint64_t> convert_parse_size(std::string_view text) {
     if (!std::isfinite(bytes) || bytes >= 1.8e19) return bad();
     if (unit.empty() && number != std::floor(number)) return bad();
     return uint64_t(std::llround(bytes));
-}
-
-float convert_f16_to_f32(uint16_t h) {
-    return f16_to_float(h);
-}
-
-uint16_t convert_f32_to_f16(float f) {
-    return float_to_f16(f);
-}
-
-// Writes `path`: a safetensors file holding two F32 tensors of `n` zeros, exp_avg and exp_avg_sq,
-// with the metadata the trainer writes, laid out byte for byte as safetensors_write_file lays
-// them out (a test checks it) but with the data region left as a hole (ftruncate): zeros read
-// back from a sparse file cost no disk, so converting a 7B model does not write 56 GB of zeros.
-// A file system without holes stores real zeros; the content is the same.
-Status convert_write_zero_moments(const std::string& path, uint64_t n) {
-    const uint64_t bytes = n * sizeof(float);
-    std::string header = fmt::format(
-        "{{\"__metadata__\":{{\"format\":\"lathe-adamw\",\"layout\":\"parameter arena\"}},"
-        "\"exp_avg\":{{\"dtype\":\"F32\",\"shape\":[{0}],\"data_offsets\":[0,{1}]}},"
-        "\"exp_avg_sq\":{{\"dtype\":\"F32\",\"shape\":[{0}],\"data_offsets\":[{1},{2}]}}}}",
-        n, bytes, 2 * bytes);
-    header.resize((header.size() + 7) / 8 * 8, ' ');
-    std::string head(8, '\0');
-    const uint64_t len = header.size();
-    for (int i = 0; i < 8; ++i) head[size_t(i)] = char((len >> (8 * i)) & 0xFF);  // little-endian
-    head += header;
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return io_error("{}: cannot create: {}", path, std::strerror(errno));
-    bool ok = ::write(fd, head.data(), head.size()) == ssize_t(head.size());
-    ok = ok && ::ftruncate(fd, off_t(head.size() + 2 * bytes)) == 0;
-    ok = ok && ::fsync(fd) == 0;
-    const int err = errno;
-    ok = (::close(fd) == 0) && ok;
-    if (!ok) return io_error("{}: cannot write: {}", path, std::strerror(err));
-    return ok_status();
 }
 
 Result<ConvertSource> convert_find_source(const std::string& input) {

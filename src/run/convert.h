@@ -94,17 +94,6 @@ Result<ConvertDtype> convert_parse_dtype(std::string_view text);
 // "0" means no limit. Errors: kInvalidArgument naming the text and the accepted forms.
 Result<uint64_t> convert_parse_size(std::string_view text);
 
-// f16 <-> f32 as torch converts them: f16 -> f32 exact; f32 -> f16 rounds to nearest even, with
-// f16 subnormals, overflow to infinity (at and above 65520) and NaN kept quiet.
-float convert_f16_to_f32(uint16_t h);
-uint16_t convert_f32_to_f16(float f);
-
-// Writes `path` (a new file): the zero AdamW moments of a fresh lathe checkpoint, safetensors with
-// F32 tensors exp_avg and exp_avg_sq of `n` elements each and the trainer's metadata, byte for
-// byte what safetensors_write_file writes for them, except that the data region is a hole in a
-// sparse file (no disk used for the zeros). Errors: kIoError naming the path.
-Status convert_write_zero_moments(const std::string& path, uint64_t n);
-
 // A checkpoint folder found from what the user named.
 struct ConvertSource {
     std::string dir;  // the folder holding config.json and the weights

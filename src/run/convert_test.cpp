@@ -22,6 +22,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "model/model_io.h"
 #include "model/registry.h"
 
 namespace fs = std::filesystem;
@@ -132,53 +133,6 @@ std::vector<std::string> weight_file_names(const std::string& dir) {
 }
 
 // ---- dtype conversions ----
-
-TEST(ConvertDtype, F16RoundTripsEveryEncoding) {
-    for (uint32_t h = 0; h < 0x10000; ++h) {
-        const float f = convert_f16_to_f32(uint16_t(h));
-        const bool nan = (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0;
-        if (nan) {
-            EXPECT_TRUE(std::isnan(f)) << h;
-            EXPECT_EQ(convert_f32_to_f16(f), (h & 0x8000) | 0x7E00) << h;
-        } else {
-            ASSERT_EQ(convert_f32_to_f16(f), h) << std::hex << h;
-        }
-    }
-    EXPECT_EQ(convert_f16_to_f32(0x3C00), 1.0f);
-    EXPECT_EQ(convert_f16_to_f32(0x0001), 0x1p-24f);
-    EXPECT_EQ(convert_f16_to_f32(0x7BFF), 65504.0f);
-}
-
-TEST(ConvertDtype, F16RoundsToNearestEven) {
-    EXPECT_EQ(convert_f32_to_f16(1.0f + 0x1p-11f), 0x3C00);             // tie -> even (down)
-    EXPECT_EQ(convert_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3C02);         // tie -> even (up)
-    EXPECT_EQ(convert_f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3C01);  // above the tie
-    EXPECT_EQ(convert_f32_to_f16(65519.0f), 0x7BFF);
-    EXPECT_EQ(convert_f32_to_f16(65520.0f), 0x7C00);  // the tie above 65504 goes to infinity
-    EXPECT_EQ(convert_f32_to_f16(-1e10f), 0xFC00);
-    EXPECT_EQ(convert_f32_to_f16(0x1p-25f), 0x0000);      // half the smallest subnormal: tie -> 0
-    EXPECT_EQ(convert_f32_to_f16(3 * 0x1p-25f), 0x0002);  // 1.5 units: tie -> 2
-    EXPECT_EQ(convert_f32_to_f16(1023.5f * 0x1p-24f), 0x0400);  // rounds up into the normals
-    EXPECT_EQ(convert_f32_to_f16(-0.0f), 0x8000);
-    EXPECT_EQ(convert_f32_to_f16(1e-30f), 0x0000);
-}
-
-#if defined(__FLT16_MAX__)
-// The compiler's _Float16 conversion (IEEE round to nearest even) as an independent oracle.
-TEST(ConvertDtype, F16AgreesWithTheCompilersFloat16) {
-    std::mt19937 rng(7);
-    std::uniform_int_distribution<uint32_t> bits;
-    for (int i = 0; i < 2'000'000; ++i) {
-        uint32_t x = bits(rng);
-        // Concentrate on the f16 range (exponents 100..145) half of the time.
-        if (i % 2) x = (x & 0x807FFFFFu) | ((100u + x % 46u) << 23);
-        const float f = std::bit_cast<float>(x);
-        if (std::isnan(f)) continue;
-        const _Float16 h = static_cast<_Float16>(f);
-        ASSERT_EQ(convert_f32_to_f16(f), std::bit_cast<uint16_t>(h)) << std::hexfloat << f;
-    }
-}
-#endif
 
 TEST(ConvertDtype, Bf16RoundsToNearestEvenAsTorch) {
     // torch: (u + 0x7FFF + ((u >> 16) & 1)) >> 16.
@@ -327,7 +281,7 @@ TEST_P(ConvertFixture, LogitsAndLossMatchTransformersAfterConversion) {
     ASSERT_TRUE(model.ok());
     Result<SafetensorsCheckpoint> ck = SafetensorsCheckpoint::open(lathe_dir);
     ASSERT_TRUE(ck.ok());
-    ASSERT_TRUE(model->load_hf(*ck).ok());
+    ASSERT_TRUE(model_load_hf(*model, *ck).ok());
     ModelBatch batch{view("tokens"), view("targets"), {}, {}};
     if (meta.at("packed").get<bool>()) {
         batch.docs = view("docs");
@@ -668,26 +622,6 @@ TEST(Convert, LatheCheckpointHasFreshTrainingState) {
     EXPECT_EQ(state.at("converted_from").at("format"), "hf");
     EXPECT_EQ(hf_config_load(out)->torch_dtype, "float32");
     fs::remove_all(out);
-}
-
-// The sparse zero-moment file is what the house writer produces for the same tensors.
-TEST(Convert, ZeroMomentsAreTheWritersBytes) {
-    for (uint64_t n : {uint64_t(0), uint64_t(1), uint64_t(37), uint64_t(123456)}) {
-        const std::string dir = fresh_dir(fmt::format("moments_{}", n));
-        fs::create_directories(dir);
-        ASSERT_TRUE(convert_write_zero_moments(dir + "/sparse.safetensors", n).ok());
-        std::vector<float> zeros(n);
-        const ConstTensorView view(zeros.data(), DType::kF32, Shape{int64_t(n)});
-        const std::vector<SafetensorsWriteTensor> ts = {
-            safetensors_write_tensor("exp_avg", view),
-            safetensors_write_tensor("exp_avg_sq", view)};
-        ASSERT_TRUE(
-            safetensors_write_file(dir + "/dense.safetensors", ts,
-                                   {{"format", "lathe-adamw"}, {"layout", "parameter arena"}})
-                .ok());
-        EXPECT_EQ(slurp(dir + "/sparse.safetensors"), slurp(dir + "/dense.safetensors")) << n;
-        fs::remove_all(dir);
-    }
 }
 
 TEST(Convert, ExistingOutputNeedsOverwrite) {

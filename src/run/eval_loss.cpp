@@ -14,6 +14,7 @@
 #include "data/gpt2_dataset.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "model/model_io.h"
 #include "model/registry.h"
 #include "run/checkpoint_dir.h"
 #include "run/compute_device.h"
@@ -43,12 +44,13 @@ Result<EvalLossResult> eval_loss_run(const EvalLossRequest& r) {
     ModelShape shape;
     shape.batch = B;
     shape.seq_len = T;
+    shape.training = false;  // forward only: no gradients
     LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
     LATHE_ASSIGN_OR_RETURN(Model model, Model::create(*config, shape, device.context()));
     {
         auto ck = SafetensorsCheckpoint::open(checkpoint);
         if (!ck.ok()) return ck.status().with_context("--checkpoint");
-        LATHE_RETURN_IF_ERROR(model.load_hf(*ck));
+        LATHE_RETURN_IF_ERROR(model_load_hf(model, *ck));
     }
     auto docs = open_indexed_token_documents(r.data);
     if (!docs.ok()) return docs.status().with_context("--data");

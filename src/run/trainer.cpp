@@ -25,14 +25,18 @@
 #include "io/file.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "model/model_io.h"
 #include "model/registry.h"
+#include "optim/adamw_optimizer.h"
+#include "optim/optimizer_state.h"
 #include "run/batch_loader.h"
+#include "run/carried_files.h"
 #include "run/checkpoint_dir.h"
 #include "run/compute_device.h"
 #include "run/metrics.h"
-#include "run/special_tokens.h"
 #include "run/train_schema.h"
 #include "run/train_settings.h"
+#include "run/train_step.h"
 #include "run/trainer_state.h"
 
 namespace fs = std::filesystem;
@@ -70,43 +74,6 @@ private:
     }, old_int_{};
 };
 
-// Copies the tokenizer files that sit beside tokenizer.json into a checkpoint folder, so the
-// checkpoint is complete for transformers (tokenizer.json, tokenizer_config.json, the chat
-// template in whichever file transformers keeps it, ...).
-Status copy_tokenizer_files(const std::string& tokenizer_path, const std::string& dir) {
-    const fs::path src = tokenizer_path;
-    std::vector<std::pair<fs::path, std::string>> files = {{src, "tokenizer.json"}};
-    for (std::string_view extra : kHfTokenizerFiles) {
-        if (extra == "tokenizer.json") continue;  // the tokenizer itself, under whatever name
-        const fs::path p = src.parent_path() / extra;
-        if (fs::exists(p)) files.push_back({p, std::string(extra)});
-    }
-    const fs::path more = src.parent_path() / kHfChatTemplateFolder;
-    if (fs::is_directory(more)) {
-        std::error_code ec;
-        fs::create_directories(fs::path(dir) / kHfChatTemplateFolder, ec);
-        if (ec)
-            return io_error("{}: cannot create {}: {}", dir, kHfChatTemplateFolder, ec.message());
-        for (const auto& entry : fs::directory_iterator(more)) {
-            if (entry.is_regular_file()) {
-                files.push_back(
-                    {entry.path(),
-                     (fs::path(kHfChatTemplateFolder) / entry.path().filename()).string()});
-            }
-        }
-    }
-    // A tokenizer stored as NAME.json may have NAME.tokenizer_config.json beside it.
-    const fs::path named_cfg = src.parent_path() / (src.stem().string() + ".tokenizer_config.json");
-    if (fs::exists(named_cfg) && !fs::exists(src.parent_path() / "tokenizer_config.json")) {
-        files.push_back({named_cfg, "tokenizer_config.json"});
-    }
-    for (const auto& [from, name] : files) {
-        LATHE_ASSIGN_OR_RETURN(std::string bytes, file_read_all(from.string()));
-        LATHE_RETURN_IF_ERROR(file_write_atomic((fs::path(dir) / name).string(), bytes));
-    }
-    return ok_status();
-}
-
 class Trainer {
 public:
     Trainer(const TrainRequest& request, Config config, TrainSettings settings)
@@ -124,8 +91,6 @@ private:
     Status train_step(float& loss_out, float& norm_out, bool& skipped);
     Status evaluate(double& loss_out);
     Status log_line(double elapsed_s, int64_t steps_this_session);
-    void zero_frozen_grads();
-    std::vector<AdamWSegment> segments(double lr) const;
 
     const TrainRequest& request_;
     Config config_;
@@ -133,13 +98,16 @@ private:
     ComputeDevice device_;  // before model_: the model's Context points into it
     GptNeoxDatasets data_;
     std::optional<Model> model_;
-    std::vector<char> frozen_;  // per parameter entry
+    std::optional<AdamWOptimizer> optimizer_;  // over every parameter, on the model's device
+    std::vector<char> frozen_;                 // per parameter entry
+    std::optional<TrainStep> step_;            // the step's compute, over model_ and optimizer_
     std::optional<CheckpointDir> ckpt_;
+    // The tokenizer files every checkpoint carries, read once by setup().
+    std::vector<CarriedFile> tokenizer_files_;
     MetricsLog metrics_;
     TrainerState st_;  // the running values a checkpoint carries (run/trainer_state.h)
     std::optional<BatchLoader> loader_;  // the training micro-batches, read ahead by a thread
     BatchBuffers buf_;                   // validation micro-batches (read on this thread)
-    std::vector<float> losses_;          // one step's micro-batch losses, read from the model
     float last_norm_ = 0.0f;
     int stop_signal_ = 0;                // the signal that stopped the run before its last step
     std::set<std::string> ids_checked_;  // token files whose ids open_checked() has read
@@ -256,9 +224,12 @@ Status Trainer::setup() {
     auto model = Model::create(s_.model, shape, device_.context());
     if (!model.ok()) return model.status();
     model_.emplace(std::move(model).value());
+    const int64_t max_len = s_.model.hf.max_position_embeddings;
+    LATHE_ASSIGN_OR_RETURN(tokenizer_files_, carried_tokenizer_files(s_.tokenizer_path, max_len));
     // The plan as allocated (on CUDA it now counts the attention workspaces cuDNN asked for).
     std::fputs(model_->plan().table(model_config_summary(s_.model)).c_str(), stderr);
-    LATHE_RETURN_IF_ERROR(model_->enable_optimizer());
+    LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer, AdamWOptimizer::create_for(*model_));
+    optimizer_.emplace(std::move(optimizer));
 
     // Frozen parameter groups (train.freeze): an entry is frozen when its name, or every HF
     // tensor stored in it, matches a pattern.
@@ -293,6 +264,7 @@ Status Trainer::setup() {
                 pattern, params.hf_params().front().name);
         }
     }
+    step_.emplace(*model_, *optimizer_, frozen_);
     LATHE_ASSIGN_OR_RETURN(
         CheckpointDir ckpt,
         CheckpointDir::open((fs::path(request_.run_dir) / "checkpoints").string()));
@@ -301,45 +273,13 @@ Status Trainer::setup() {
                              config_.to_yaml());
 }
 
-std::vector<AdamWSegment> Trainer::segments(double lr) const {
-    std::vector<AdamWSegment> all = model_->adamw_segments(lr, s_.weight_decay);
-    LATHE_CHECK(all.size() == frozen_.size(), "{} AdamW segments for {} entries", all.size(),
-                frozen_.size());
-    std::vector<AdamWSegment> out;
-    for (size_t i = 0; i < all.size(); ++i) {
-        if (!frozen_[i]) out.push_back(all[i]);
-    }
-    return out;
-}
-
-void Trainer::zero_frozen_grads() {
-    for (size_t e = 0; e < frozen_.size(); ++e) {
-        if (frozen_[e]) model_->zero_grad_entry(e);
-    }
-}
-
 Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_state) {
     auto ck = SafetensorsCheckpoint::open(dir);
     if (!ck.ok()) return ck.status().with_context(dir);
-    LATHE_RETURN_IF_ERROR(model_->load_hf(*ck));
+    LATHE_RETURN_IF_ERROR(model_load_hf(*model_, *ck));
     if (!with_optimizer_and_state) return ok_status();
-    const std::string opt_path = (fs::path(dir) / kOptimizerStateFile).string();
-    auto opt = SafetensorsFile::open(opt_path);
-    if (!opt.ok()) return opt.status();
-    const size_t n = size_t(model_->params_flat().numel());
-    std::vector<float> m(n), v(n);
-    for (auto [name, dst] :
-         {std::pair<const char*, std::vector<float>*>{"exp_avg", &m}, {"exp_avg_sq", &v}}) {
-        LATHE_ASSIGN_OR_RETURN(const SafetensorsTensor* t, opt->get(name));
-        if (t->dtype != SafetensorsDtype::kF32 || t->nbytes() != dst->size() * sizeof(float)) {
-            return data_loss_error(
-                "{}: tensor '{}' has {} bytes of {}, expected {} f32 values (the model's "
-                "parameter count); was it written for another model?",
-                opt_path, name, t->nbytes(), safetensors_dtype_name(t->dtype), dst->size());
-        }
-        std::memcpy(dst->data(), t->data, t->nbytes());
-    }
-    model_->write_optimizer_state(m, v);
+    LATHE_RETURN_IF_ERROR(
+        optimizer_state_load(*optimizer_, (fs::path(dir) / kOptimizerStateFile).string()));
     const std::string state_path = (fs::path(dir) / kTrainerStateFile).string();
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(state_path));
     const auto j = nlohmann::json::parse(text, nullptr, false);
@@ -373,23 +313,10 @@ Status Trainer::init_or_resume() {
 
 Status Trainer::save_checkpoint() {
     LATHE_ASSIGN_OR_RETURN(std::string dir, ckpt_->begin(st_.step));
-    LATHE_RETURN_IF_ERROR(model_->save_hf(dir));
-    LATHE_RETURN_IF_ERROR(copy_tokenizer_files(s_.tokenizer_path, dir));
-    // A tokenizer without its tokenizer_config.json gets one, so that transformers knows its
-    // eos/bos tokens.
-    LATHE_RETURN_IF_ERROR(special_tokens_write_tokenizer_config(dir).status());
-    const size_t n = size_t(model_->params_flat().numel());
-    std::vector<float> m(n), v(n);
-    model_->read_optimizer_state(m, v);
-    const std::vector<SafetensorsWriteTensor> opt = {
-        safetensors_write_tensor("exp_avg",
-                                 ConstTensorView(m.data(), DType::kF32, Shape{int64_t(n)})),
-        safetensors_write_tensor("exp_avg_sq",
-                                 ConstTensorView(v.data(), DType::kF32, Shape{int64_t(n)})),
-    };
+    LATHE_RETURN_IF_ERROR(model_save_hf(*model_, dir));
+    LATHE_RETURN_IF_ERROR(carried_files_write(tokenizer_files_, dir));
     LATHE_RETURN_IF_ERROR(
-        safetensors_write_file((fs::path(dir) / kOptimizerStateFile).string(), opt,
-                               {{"format", "lathe-adamw"}, {"layout", "parameter arena"}}));
+        optimizer_state_save(*optimizer_, (fs::path(dir) / kOptimizerStateFile).string()));
     st_.consumed_train_samples = st_.step * s_.micro_batch * s_.grad_accum;
     st_.tokens = st_.step * s_.tokens_per_step();
     nlohmann::json j = trainer_state_to_json(st_);
@@ -404,28 +331,14 @@ Status Trainer::save_checkpoint() {
 
 Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
     const int64_t B = s_.micro_batch, T = s_.seq_len, K = s_.grad_accum;
-    model_->zero_grads();
-    // The micro-batches come from the loader thread (GPT-NeoX's order, read ahead); the model
-    // enqueues each without waiting for the GPU and keeps its loss on the device. The host waits
-    // once per step, for the gradient norm, then reads the losses (every kLossSlots micro-batches
-    // when K is larger), and sums them in micro-batch order.
-    losses_.resize(size_t(K));
-    int64_t read = 0;
-    auto read_losses = [&](int64_t upto) {
-        model_->read_losses(std::span<float>(losses_.data() + read, size_t(upto - read)));
-        read = upto;
-    };
-    for (int64_t k = 0; k < K; ++k) {
-        LATHE_ASSIGN_OR_RETURN(const BatchBuffers* buf, loader_->next(st_.step * K + k));
-        if (k - read == kLossSlots) read_losses(k);
-        model_->forward_backward_async(batch_views(*buf, B, T), 1.0f / float(K), k - read);
-    }
-    zero_frozen_grads();
-    const float norm = model_->grad_norm();
-    read_losses(K);
-    double loss_sum = 0.0;
-    for (const float l : losses_) loss_sum += l;
-    const float loss = float(loss_sum / double(K));
+    // The micro-batches come from the loader thread (GPT-NeoX's order, read ahead); the step
+    // enqueues each without waiting for the GPU and waits once, for the gradient norm.
+    LATHE_ASSIGN_OR_RETURN(
+        const TrainStepValues values, step_->gradients(K, [&](int64_t k) -> Result<ModelBatch> {
+            LATHE_ASSIGN_OR_RETURN(const BatchBuffers* buf, loader_->next(st_.step * K + k));
+            return batch_views(*buf, B, T);
+        }));
+    const float loss = values.loss, norm = values.norm;
     loss_out = loss;
     norm_out = norm;
 
@@ -460,10 +373,9 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
     skipped = false;
     st_.skipped_in_a_row = 0;
 
-    const double lr = s_.lr.lr_at(st_.step);
-    const std::vector<AdamWSegment> segs = segments(lr);
     ++st_.adam_step;
-    model_->optimizer_step(segs, s_.adam, st_.adam_step, float(s_.grad_clip));  // clips when > 0
+    step_->apply(s_.lr.lr_at(st_.step), s_.weight_decay, s_.adam, st_.adam_step,
+                 float(s_.grad_clip));  // clips when > 0
     st_.loss_count += 1;
     st_.loss_mean +=
         (double(loss) - st_.loss_mean) / double(std::min<int64_t>(st_.loss_count, 100));

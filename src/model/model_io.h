@@ -1,0 +1,41 @@
+#pragma once
+// Model I/O: a Model's parameters to and from Hugging Face safetensors checkpoints (the format
+// lathe's own checkpoints use for weights), and the parameter / gradient accessors by HF name.
+// Everything here works on host memory through a ParamStaging (param_staging.h) made for the call
+// and dropped after it; the model itself only reads and writes arena entries.
+//
+// Conversions: stored F32, BF16 and F16 tensors are read as f32 by safetensors_convert_elements
+// (io/safetensors.h), the one decoder of tensor bytes; the HF layout of each parameter (stacked
+// q/k/v, GPT-NeoX's interleaved qkv, GPT-2's transposed Conv1D) is the parameter table's
+// (hf_param_import / hf_param_export, model/param_table.h). Saving writes f32.
+
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace lathe {
+
+class Model;
+class SafetensorsCheckpoint;
+
+// Loads every parameter of `model` from `checkpoint` (f32, bf16 or f16 tensors, converted to
+// f32). Names may lack the family's base-model prefix (checkpoints of the bare base model). A
+// tied model ignores a stored head. Errors name the checkpoint and tensor: a missing parameter, a
+// wrong shape, an unsupported dtype. Tensors the model does not use are listed in a warning,
+// except known buffers (ModelFamily::ignored_suffixes).
+Status model_load_hf(Model& model, const SafetensorsCheckpoint& checkpoint);
+
+// Writes `dir`/model.safetensors with the HF names, stored shapes and layouts (f32), and
+// `dir`/config.json (the config's JSON with torch_dtype float32). `dir` must exist.
+Status model_save_hf(const Model& model, const std::string& dir);
+
+// The parameter / gradient called `name` (an HF name) in its stored HF layout, copied into `out`
+// (host, f32, the HF shape). An unknown name is a bug (checked); see ParamTable::find_hf.
+void model_read_param_hf(const Model& model, std::string_view name, TensorView out);
+void model_read_grad_hf(const Model& model, std::string_view name, TensorView out);
+// Sets the parameter `name` of `model` from `hf` (host, f32, the HF shape).
+void model_write_param_hf(Model& model, std::string_view name, ConstTensorView hf);
+
+}  // namespace lathe
