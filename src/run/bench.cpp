@@ -24,7 +24,9 @@
 #include "ops/adamw.h"
 #include "ops/attention.h"
 #include "ops/device_info.h"
+#include "optim/adamw_optimizer.h"
 #include "run/compute_device.h"
+#include "run/train_step.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -97,30 +99,6 @@ constexpr double kHopperPeakFlops = 989.4e12;
 // Distinct random batches cycled through the steps: different data each step (as in training)
 // without generating any inside the timed loop.
 constexpr int64_t kDistinctBatches = 4;
-
-struct StepValues {
-    float loss = 0.0f;
-    float norm = 0.0f;
-};
-
-// One optimizer step as Trainer::train_step runs it for one micro-batch (gradient accumulation
-// 1), with the default clip and without the skip-step decision (it only compares the loss and
-// norm read here): zero the gradients, forward + backward, the global gradient norm (read back:
-// the trainer logs it and tests it for non-finite values), clip, AdamW over every parameter (on
-// CUDA rewriting the bf16 compute copy in the same pass). The one place the bench touches the
-// model's step API: keep it in step with run/trainer.cpp.
-StepValues bench_train_step(Model& model, const ModelBatch& batch,
-                            std::span<const AdamWSegment> segments, int64_t adam_step) {
-    StepValues out;
-    model.zero_grads();
-    // As lathe train: the loss stays on the device until the gradient norm's read (the step's
-    // one wait), then is read with it.
-    model.forward_backward_async(batch, 1.0f, 0);
-    out.norm = model.grad_norm();
-    model.read_losses(std::span<float>(&out.loss, 1));
-    model.optimizer_step(segments, kAdam, adam_step, kGradClip);  // clipping fused into AdamW
-    return out;
-}
 
 struct BatchData {
     std::vector<int32_t> tokens, targets;  // (B, T) each
@@ -392,14 +370,17 @@ Result<std::string> bench_run(const BenchRequest& req) {
     std::fputs(model.plan().table(model_config_summary(config)).c_str(), stderr);
     j["plan_bytes"] = model.plan().total_bytes();
     model.init(req.seed);
-    LATHE_RETURN_IF_ERROR(model.enable_optimizer());
-    const std::vector<AdamWSegment> segments = model.adamw_segments(kLr, kWeightDecay);
+    LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer, AdamWOptimizer::create_for(model));
+    // `lathe train`'s step (run/train_step.h) for one micro-batch (gradient accumulation 1),
+    // with the default clip and without the trainer's skip decision (it only compares the loss
+    // and norm the step reads anyway).
+    TrainStep step(model, optimizer);
     const std::vector<BatchData> batches = random_batches(
         std::min<int64_t>(kDistinctBatches, req.warmup + req.steps), B, T, V, req.seed);
 
     size_t used_peak = 0;
     std::vector<double> step_ms;
-    StepValues first, last;
+    TrainStepValues first, last;
     const int64_t total = req.warmup + req.steps;
     for (int64_t s = 0; s < total; ++s) {
         const BatchData& data = batches[size_t(s % int64_t(batches.size()))];
@@ -407,7 +388,9 @@ Result<std::string> bench_run(const BenchRequest& req) {
         batch.tokens = ConstTensorView(data.tokens.data(), DType::kI32, Shape{B, T});
         batch.targets = ConstTensorView(data.targets.data(), DType::kI32, Shape{B, T});
         const auto t0 = std::chrono::steady_clock::now();
-        last = bench_train_step(model, batch, segments, s + 1);
+        LATHE_ASSIGN_OR_RETURN(
+            last, step.gradients(1, [&](int64_t) -> Result<ModelBatch> { return batch; }));
+        step.apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip);  // clipping fused into AdamW
         model.synchronize();
         const double ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)

@@ -1,0 +1,127 @@
+#include "optim/adamw_optimizer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/check.h"
+
+#if LATHE_HAVE_CUDA
+#include "ops/cuda/cuda_state.h"
+#endif
+
+namespace lathe {
+
+FlatRange flat_shard(int64_t total, int rank, int world) {
+    LATHE_CHECK(world >= 1 && rank >= 0 && rank < world && total >= 0,
+                "shard {} of {} over {} elements", rank, world, total);
+    const int64_t base = total / world, extra = total % world;
+    const int64_t begin = int64_t(rank) * base + std::min<int64_t>(rank, extra);
+    return FlatRange{begin, begin + base + (rank < extra ? 1 : 0)};
+}
+
+OptimizerTarget optimizer_target(const Model& model) {
+    LATHE_CHECK(model.training(), "optimizer_target of a model created without gradients");
+    OptimizerTarget t;
+    t.params = model.params_flat();
+    t.params_bf16 = model.params_compute_flat();
+    t.grads = model.grads_flat();
+    t.grad_norm = model.grad_norm_value();
+    return t;
+}
+
+Result<AdamWOptimizer> AdamWOptimizer::create(int64_t total, FlatRange range, const Context& ctx) {
+    if (total < 0 || range.begin < 0 || range.end < range.begin || range.end > total)
+        return invalid_argument_error(
+            "optimizer range [{}, {}) is not inside the {} elements of the parameters", range.begin,
+            range.end, total);
+    AdamWOptimizer opt;
+    opt.total_ = total;
+    opt.range_ = range;
+    opt.ctx_ = ctx;
+    ArenaLayout layout;
+    LATHE_RETURN_IF_ERROR(layout.add("exp_avg", DType::kF32, Shape{range.size()}).status());
+    LATHE_RETURN_IF_ERROR(layout.add("exp_avg_sq", DType::kF32, Shape{range.size()}).status());
+    LATHE_ASSIGN_OR_RETURN(opt.moments_, ModelArena::allocate(std::move(layout), ctx));
+    return opt;
+}
+
+Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model, FlatRange range,
+                                                  const Context& ctx) {
+    if (!model.training())
+        return failed_precondition_error(
+            "an optimizer needs a model created for training (ModelShape::training); this one "
+            "has no gradients");
+    if (ctx.backend != model.context().backend)
+        return unimplemented_error(
+            "an optimizer on {} over a model on {} needs its gradients and weights copied between "
+            "the two, which lathe does not do; create it on the model's device",
+            backend_name(ctx.backend), backend_name(model.context().backend));
+    return create(model.params_flat().numel(), range, ctx);
+}
+
+Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model) {
+    return create_for(model, FlatRange{0, model.params_flat().numel()}, model.context());
+}
+
+void AdamWOptimizer::step(const OptimizerTarget& target, std::span<const AdamWSegment> segments,
+                          const AdamWHyper& hyper, int64_t step, float max_grad_norm) {
+    const Device where = ctx_.memory();
+    LATHE_CHECK(target.params.numel() == total_ && target.grads.numel() == total_ &&
+                    target.params.device() == where && target.grads.device() == where,
+                "optimizer over {} elements on {}: params {}, grads {}", total_,
+                backend_name(ctx_.backend), target.params.to_string(), target.grads.to_string());
+    LATHE_CHECK(target.params_bf16.is_null() ||
+                    (target.params_bf16.numel() == total_ && target.params_bf16.device() == where),
+                "optimizer over {} elements: bf16 copy {}", total_, target.params_bf16.to_string());
+    local_.clear();
+    for (const AdamWSegment& s : segments) {
+        const int64_t lo = std::max(s.offset, range_.begin);
+        const int64_t hi = std::min(s.offset + s.count, range_.end);
+        if (hi > lo)
+            local_.push_back(AdamWSegment{lo - range_.begin, hi - lo, s.lr, s.weight_decay});
+    }
+    if (local_.empty()) return;
+    const ConstTensorView clip = max_grad_norm > 0.0f ? target.grad_norm : ConstTensorView();
+    const int64_t b = range_.begin, e = range_.end;
+    adamw_update_with_copy(
+        target.params.slice(b, e),
+        target.params_bf16.is_null() ? TensorView() : target.params_bf16.slice(b, e), exp_avg(),
+        exp_avg_sq(), target.grads.slice(b, e), local_, hyper, step, clip, max_grad_norm, ctx_);
+}
+
+void AdamWOptimizer::read_state(std::span<float> m, std::span<float> v) const {
+    const int64_t n = range_.size();
+    LATHE_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n, "moments of {} / {} for {}",
+                m.size(), v.size(), n);
+    const std::pair<TensorView, float*> pairs[] = {{exp_avg(), m.data()}, {exp_avg_sq(), v.data()}};
+    for (const auto& [src, dst] : pairs) {
+        const TensorView host(dst, DType::kF32, Shape{n});
+        if (ctx_.backend == Backend::kCpu) {
+            if (n > 0) std::memcpy(dst, src.data(), host.bytes());
+            continue;
+        }
+#if LATHE_HAVE_CUDA
+        cuda_copy_sync(host, src, ctx_.stream);
+#endif
+    }
+}
+
+void AdamWOptimizer::write_state(std::span<const float> m, std::span<const float> v) {
+    const int64_t n = range_.size();
+    LATHE_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n, "moments of {} / {} for {}",
+                m.size(), v.size(), n);
+    const std::pair<TensorView, const float*> pairs[] = {{exp_avg(), m.data()},
+                                                         {exp_avg_sq(), v.data()}};
+    for (const auto& [dst, src] : pairs) {
+        const ConstTensorView host(src, DType::kF32, Shape{n});
+        if (ctx_.backend == Backend::kCpu) {
+            if (n > 0) std::memcpy(dst.data(), src, host.bytes());
+            continue;
+        }
+#if LATHE_HAVE_CUDA
+        cuda_copy_sync(dst, host, ctx_.stream);
+#endif
+    }
+}
+
+}  // namespace lathe

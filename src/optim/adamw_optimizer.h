@@ -1,0 +1,116 @@
+#pragma once
+// AdamWOptimizer: AdamW's two moments and its update step over a flat f32 parameter vector (the
+// math is ops/adamw.h's, exactly torch.optim.AdamW's).
+//
+// What it updates: a flat vector of P f32 elements, its gradients (same layout) and optionally a
+// bf16 twin (OptimizerTarget; for a model, optimizer_target(model): the parameter arena seen as
+// one vector, padding included, so P = Model::params_flat().numel()).
+//
+// What it owns: the moments exp_avg and exp_avg_sq of the elements [range.begin, range.end) of
+// that vector, range.size() f32 each, zeroed at creation, where its Context computes. One
+// optimizer over everything has range {0, P}; a shard (ZeRO: rank r of n owns one contiguous
+// slice, flat_shard) owns any sub-range. step() takes the segments of the whole vector
+// (Model::adamw_segments: one per parameter entry with its lr and weight decay) and updates the
+// parts of them inside its range; the rest belongs to other shards. The update is elementwise,
+// so optimizers over a partition of [0, P) leave the same bits as one optimizer over all of it.
+//
+// Where it lives: its Context, given at create(). The update runs where the moments are, and
+// reads and writes the target in that memory, so the target must live there too (checked at
+// step()); an optimizer on the CPU over a model on CUDA (offload) is created with a CPU Context
+// over a CUDA target and is refused (kUnimplemented) by create_for(), since the copies of
+// gradients and weights between the two are not part of this class.
+//
+// Cost of step(): one adamw_update_with_copy over the range. On CUDA that is one kernel, which
+// rewrites the bf16 compute copy in the same pass and clips by the norm in device memory: no
+// synchronization, no device allocation, no copy. The segments of the range are built in a host
+// vector kept between steps.
+//
+// State as host f32 (checkpoints, optim/optimizer_state.h): read_state()/write_state() copy the
+// moments out and in, synchronously.
+//
+// Ownership: move-only; the moments are freed with it.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "model/model.h"
+#include "ops/adamw.h"
+#include "ops/context.h"
+
+namespace lathe {
+
+// Elements [begin, end) of a flat vector.
+struct FlatRange {
+    int64_t begin = 0;
+    int64_t end = 0;
+    int64_t size() const { return end - begin; }
+};
+
+// Shard `rank` of `world` contiguous shards of [0, total): the first total % world shards have
+// one element more than the others. 0 <= rank < world (checked).
+FlatRange flat_shard(int64_t total, int rank, int world);
+
+// The views one optimizer step reads and writes, every one of the full vector's P elements.
+struct OptimizerTarget {
+    TensorView params;          // (P) f32 master weights, updated in place
+    TensorView params_bf16;     // (P) bf16 copy rewritten with them, or null (none kept)
+    ConstTensorView grads;      // (P) f32 gradients
+    ConstTensorView grad_norm;  // (1) f32 global gradient norm to clip by, or null (no clipping)
+};
+
+// The target of `model` (created for training): its masters, its bf16 compute copy on CUDA, its
+// gradients and the norm its last grad_norm() left in device memory.
+OptimizerTarget optimizer_target(const Model& model);
+
+class AdamWOptimizer {
+public:
+    // Moments for `range` of a flat vector of `total` elements, allocated (zeroed) where `ctx`
+    // computes. Errors: a range outside [0, total] (kInvalidArgument), allocation failure.
+    static Result<AdamWOptimizer> create(int64_t total, FlatRange range, const Context& ctx);
+    // Moments for `range` of `model`'s parameters (created for training), where `ctx` computes:
+    // the model's own context for the usual optimizer. Errors as create(); a model without
+    // gradients (kFailedPrecondition); a context on another backend than the model's
+    // (kUnimplemented: offload).
+    static Result<AdamWOptimizer> create_for(const Model& model, FlatRange range,
+                                             const Context& ctx);
+    // Every parameter of `model`, on the model's context.
+    static Result<AdamWOptimizer> create_for(const Model& model);
+
+    AdamWOptimizer(AdamWOptimizer&&) noexcept = default;
+    AdamWOptimizer& operator=(AdamWOptimizer&&) noexcept = default;
+
+    int64_t total() const { return total_; }
+    FlatRange range() const { return range_; }
+    const Context& context() const { return ctx_; }
+    // The moments, (range.size()) f32 each, where the context computes: element i is element
+    // range.begin + i of the full vector.
+    TensorView exp_avg() const { return moments_.view(0); }
+    TensorView exp_avg_sq() const { return moments_.view(1); }
+
+    // One AdamW update, number `step` (1 for the first), of the parts of `segments` (offsets into
+    // the full vector, ops/adamw.h's rules) inside the range, with torch's bias corrections for
+    // `step`. With max_grad_norm > 0 and target.grad_norm given, the gradients count as clipped
+    // by the norm (grad_clip_by_norm's scale, applied inside the update; the gradients in memory
+    // stay as they are). The target must hold total() elements where the context computes
+    // (checked).
+    void step(const OptimizerTarget& target, std::span<const AdamWSegment> segments,
+              const AdamWHyper& hyper, int64_t step, float max_grad_norm = 0.0f);
+
+    // The moments copied to / from host memory, range.size() elements each (checked).
+    void read_state(std::span<float> exp_avg, std::span<float> exp_avg_sq) const;
+    void write_state(std::span<const float> exp_avg, std::span<const float> exp_avg_sq);
+
+private:
+    AdamWOptimizer() = default;
+
+    int64_t total_ = 0;
+    FlatRange range_;
+    Context ctx_;
+    ModelArena moments_;               // entries exp_avg, exp_avg_sq
+    std::vector<AdamWSegment> local_;  // step()'s segments, offsets relative to range.begin
+};
+
+}  // namespace lathe

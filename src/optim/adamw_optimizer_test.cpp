@@ -1,0 +1,238 @@
+// AdamWOptimizer on the CPU: the same bits as the AdamW op it wraps (over a model and over raw
+// vectors, with clipping), shards over a partition giving the bits of one optimizer over all,
+// its state copied out and in, and the errors of creation.
+
+#include "optim/adamw_optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string_view>
+#include <vector>
+
+#include "model/model.h"
+#include "model/registry.h"
+#include "ops/grad_norm.h"
+
+namespace lathe {
+namespace {
+
+constexpr std::string_view kLlamaJson = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32,
+  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false
+})";
+
+Model make_model(bool training) {
+    Result<ModelConfig> c = model_config_from_hf_json(kLlamaJson, "test/config.json");
+    LATHE_CHECK(c.ok(), "{}", c.status().to_string());
+    ModelShape shape;
+    shape.batch = 2;
+    shape.seq_len = 8;
+    shape.training = training;
+    Result<Model> m = Model::create(*c, shape, cpu_context());
+    LATHE_CHECK(m.ok(), "{}", m.status().to_string());
+    m->init(5);
+    return std::move(*m);
+}
+
+HostTensor ids(int64_t B, int64_t T, int64_t n, int salt) {
+    HostTensor t(DType::kI32, Shape{B, T});
+    for (int64_t i = 0; i < B * T; ++i)
+        t.as<int32_t>()[i] = int32_t((i * 7919 + salt * 104729) % n);
+    return t;
+}
+
+bool same_bits(ConstTensorView a, const std::vector<float>& b) {
+    return a.numel() == int64_t(b.size()) && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
+}
+
+// Three steps of a model through the optimizer, and of a twin model through adamw_update_with_copy
+// on moments of the arena's length (what the model's own step was): the same parameters and
+// moments, bit for bit, with clipping (a small max norm, so that it clips) and without.
+TEST(AdamWOptimizer, StepsAModelAsTheOpDoes) {
+    for (const float max_norm : {0.0f, 0.05f}) {
+        Model a = make_model(true), b = make_model(true);
+        Result<AdamWOptimizer> opt = AdamWOptimizer::create_for(a);
+        ASSERT_TRUE(opt.ok()) << opt.status().to_string();
+        EXPECT_EQ(opt->total(), a.params_flat().numel());
+        EXPECT_EQ(opt->range().size(), a.params_flat().numel());
+        const int64_t n = b.params_flat().numel();
+        std::vector<float> m(size_t(n), 0.0f), v(size_t(n), 0.0f);
+        const AdamWHyper hyper{0.9, 0.95, 1e-8};
+        float norm_a = 0, norm_b = 0;
+        for (int step = 1; step <= 3; ++step) {
+            const HostTensor t = ids(2, 8, 64, step), y = ids(2, 8, 64, step + 7);
+            const ModelBatch batch{t.view(), y.view(), {}, {}};
+            for (Model* model : {&a, &b}) {
+                model->zero_grads();
+                model->forward_backward(batch);
+                (model == &a ? norm_a : norm_b) = model->grad_norm();
+            }
+            EXPECT_EQ(norm_a, norm_b);
+            if (max_norm > 0) {
+                EXPECT_GT(norm_a, max_norm);  // the clip is exercised
+            }
+            opt->step(optimizer_target(a), a.adamw_segments(1e-2, 0.1), hyper, step, max_norm);
+            adamw_update_with_copy(
+                b.params_flat(), TensorView(), TensorView(m.data(), DType::kF32, Shape{n}),
+                TensorView(v.data(), DType::kF32, Shape{n}), b.grads_flat(),
+                b.adamw_segments(1e-2, 0.1), hyper, step,
+                max_norm > 0 ? b.grad_norm_value() : ConstTensorView(), max_norm, cpu_context());
+        }
+        const std::vector<float> pb(b.params_flat().as<float>(), b.params_flat().as<float>() + n);
+        EXPECT_TRUE(same_bits(a.params_flat(), pb)) << "max_norm " << max_norm;
+        EXPECT_TRUE(same_bits(opt->exp_avg(), m)) << "max_norm " << max_norm;
+        EXPECT_TRUE(same_bits(opt->exp_avg_sq(), v)) << "max_norm " << max_norm;
+        // And the parameters moved.
+        Model fresh = make_model(true);
+        EXPECT_FALSE(same_bits(fresh.params_flat(), pb));
+    }
+}
+
+// Raw flat vectors of P elements, segments of several groups with gaps between them (elements
+// outside every segment stay as they are).
+struct Problem {
+    int64_t P = 1000;
+    std::vector<float> params, grads;
+    std::vector<uint16_t> bf16;  // the twin the step rewrites
+    std::vector<AdamWSegment> segments;
+    float norm = 0;
+
+    Problem() {
+        std::mt19937 gen(42);
+        std::normal_distribution<float> d(0.0f, 1.0f);
+        params.resize(size_t(P));
+        grads.resize(size_t(P));
+        bf16.assign(size_t(P), 0);
+        for (float& x : params) x = d(gen);
+        for (float& x : grads) x = 0.1f * d(gen);
+        segments = {{0, 130, 1e-2, 0.1},
+                    {130, 7, 1e-2, 0.0},
+                    {144, 500, 3e-3, 0.1},  // straddles P / 2
+                    {700, 1, 1e-2, 0.0},
+                    {704, 296, 2e-2, 0.05}};
+        double s = 0;
+        for (float g : grads) s += double(g) * g;
+        norm = float(std::sqrt(s));
+    }
+    OptimizerTarget target() {
+        OptimizerTarget t;
+        t.params = TensorView(params.data(), DType::kF32, Shape{P});
+        t.params_bf16 = TensorView(bf16.data(), DType::kBF16, Shape{P});
+        t.grads = ConstTensorView(grads.data(), DType::kF32, Shape{P});
+        t.grad_norm = ConstTensorView(&norm, DType::kF32, Shape{1});
+        return t;
+    }
+};
+
+std::vector<float> host(ConstTensorView v) {
+    return std::vector<float>(v.as<float>(), v.as<float>() + v.numel());
+}
+
+// Shards over a partition of [0, P), each stepping only its range, leave the parameters, their
+// bf16 twin and the moments (concatenated) bit for bit as one optimizer over all of them does.
+TEST(AdamWOptimizer, ShardsOverAPartitionGiveTheBitsOfOne) {
+    for (const int world : {2, 3, 7}) {
+        Problem one, sharded;
+        Result<AdamWOptimizer> all = AdamWOptimizer::create(one.P, {0, one.P}, cpu_context());
+        ASSERT_TRUE(all.ok());
+        std::vector<AdamWOptimizer> shards;
+        for (int r = 0; r < world; ++r) {
+            Result<AdamWOptimizer> s =
+                AdamWOptimizer::create(sharded.P, flat_shard(sharded.P, r, world), cpu_context());
+            ASSERT_TRUE(s.ok());
+            shards.push_back(std::move(*s));
+        }
+        const AdamWHyper hyper{0.9, 0.999, 1e-8};
+        for (int step = 1; step <= 3; ++step) {
+            all->step(one.target(), one.segments, hyper, step, 0.5f);
+            for (AdamWOptimizer& s : shards)
+                s.step(sharded.target(), sharded.segments, hyper, step, 0.5f);
+            for (size_t i = 0; i < one.grads.size(); ++i) {  // new gradients for the next step
+                one.grads[i] = sharded.grads[i] = 0.9f * one.grads[i] + 0.01f * float(i % 13);
+            }
+        }
+        EXPECT_EQ(std::memcmp(one.params.data(), sharded.params.data(), size_t(one.P) * 4), 0)
+            << world;
+        EXPECT_EQ(one.bf16, sharded.bf16) << world;
+        std::vector<float> m, v;
+        for (const AdamWOptimizer& s : shards) {
+            const std::vector<float> sm = host(s.exp_avg()), sv = host(s.exp_avg_sq());
+            m.insert(m.end(), sm.begin(), sm.end());
+            v.insert(v.end(), sv.begin(), sv.end());
+        }
+        EXPECT_TRUE(same_bits(all->exp_avg(), m)) << world;
+        EXPECT_TRUE(same_bits(all->exp_avg_sq(), v)) << world;
+        // Elements between segments were left alone.
+        Problem start;
+        for (int64_t i : {130 + 7, 143, 644, 699, 701, 703})
+            EXPECT_EQ(one.params[size_t(i)], start.params[size_t(i)]) << i;
+    }
+}
+
+TEST(AdamWOptimizer, FlatShardsPartitionTheRange) {
+    EXPECT_EQ(flat_shard(10, 0, 3).begin, 0);
+    EXPECT_EQ(flat_shard(10, 0, 3).end, 4);
+    EXPECT_EQ(flat_shard(10, 1, 3).begin, 4);
+    EXPECT_EQ(flat_shard(10, 1, 3).end, 7);
+    EXPECT_EQ(flat_shard(10, 2, 3).begin, 7);
+    EXPECT_EQ(flat_shard(10, 2, 3).end, 10);
+    for (int world : {1, 2, 5, 64}) {
+        int64_t next = 0;
+        for (int r = 0; r < world; ++r) {
+            const FlatRange s = flat_shard(1001, r, world);
+            EXPECT_EQ(s.begin, next);
+            EXPECT_GE(s.size(), 1001 / world);
+            EXPECT_LE(s.size(), 1001 / world + 1);
+            next = s.end;
+        }
+        EXPECT_EQ(next, 1001);
+    }
+}
+
+TEST(AdamWOptimizer, StateCopiesOutAndIn) {
+    Problem p;
+    Result<AdamWOptimizer> opt = AdamWOptimizer::create(p.P, {100, 400}, cpu_context());
+    ASSERT_TRUE(opt.ok());
+    EXPECT_EQ(opt->exp_avg().numel(), 300);
+    opt->step(p.target(), p.segments, AdamWHyper{}, 1);
+    std::vector<float> m(300), v(300);
+    opt->read_state(m, v);
+    EXPECT_TRUE(same_bits(opt->exp_avg(), m));
+    EXPECT_TRUE(same_bits(opt->exp_avg_sq(), v));
+    EXPECT_NE(m, std::vector<float>(300, 0.0f));
+    Result<AdamWOptimizer> other = AdamWOptimizer::create(p.P, {100, 400}, cpu_context());
+    ASSERT_TRUE(other.ok());
+    EXPECT_EQ(host(other->exp_avg()), std::vector<float>(300, 0.0f));  // created zeroed
+    other->write_state(m, v);
+    EXPECT_TRUE(same_bits(other->exp_avg(), m));
+    EXPECT_TRUE(same_bits(other->exp_avg_sq(), v));
+}
+
+TEST(AdamWOptimizer, CreationErrors) {
+    Result<AdamWOptimizer> outside = AdamWOptimizer::create(10, {5, 11}, cpu_context());
+    ASSERT_FALSE(outside.ok());
+    EXPECT_EQ(outside.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(outside.status().message().find("[5, 11)"), std::string::npos);
+    EXPECT_FALSE(AdamWOptimizer::create(10, {6, 5}, cpu_context()).ok());
+
+    const Model eval = make_model(false);
+    Result<AdamWOptimizer> no_grads = AdamWOptimizer::create_for(eval);
+    ASSERT_FALSE(no_grads.ok());
+    EXPECT_EQ(no_grads.status().code(), StatusCode::kFailedPrecondition);
+
+    // Offload (an optimizer on another device than the model) is refused, not half done.
+    const Model train = make_model(true);
+    Context cuda;
+    cuda.backend = Backend::kCuda;
+    Result<AdamWOptimizer> offload =
+        AdamWOptimizer::create_for(train, {0, train.params_flat().numel()}, cuda);
+    ASSERT_FALSE(offload.ok());
+    EXPECT_EQ(offload.status().code(), StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace lathe

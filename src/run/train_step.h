@@ -1,0 +1,63 @@
+#pragma once
+// TrainStep: the compute of one optimizer step, as `lathe train` runs it and `lathe bench` times
+// it (one function for both). Split in two so that the trainer can decide between them whether
+// the step is applied (its skip and spike policy, run/trainer.cpp):
+//
+//   gradients(K, next)   zero the gradients; for k = 0..K-1, forward and backward of micro-batch
+//                        next(k) with dloss 1/K (the objective is the mean of the K means), the
+//                        loss left in device memory; zero the frozen entries' gradients; the
+//                        global gradient norm (the step's one wait for the GPU); the K losses read
+//                        back (every kLossSlots micro-batches when K is larger) and averaged in
+//                        micro-batch order (fp64 sum).
+//   apply(lr, ...)       one AdamW update of every entry that is not frozen (weight decay on
+//                        matrices and embeddings, Model::adamw_segments), clipped by the norm
+//                        gradients() computed when max_grad_norm > 0 (inside the update, with no
+//                        read back); on CUDA the bf16 compute copy is rewritten in the same pass.
+//
+// On the GPU neither adds a synchronization, a device allocation or a copy to what the model and
+// the optimizer enqueue; the host builds the segment list (one per parameter entry) while the GPU
+// computes.
+//
+// Ownership: holds references to the model and the optimizer, which must outlive it.
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "model/model.h"
+#include "ops/adamw.h"
+#include "optim/adamw_optimizer.h"
+
+namespace lathe {
+
+struct TrainStepValues {
+    float loss = 0.0f;  // mean over the micro-batches
+    float norm = 0.0f;  // global L2 norm of the gradients (before clipping)
+};
+
+class TrainStep {
+public:
+    // `frozen`: one flag per parameter entry (Model::params().entries()), nonzero for an entry
+    // that is not trained; empty trains every entry.
+    TrainStep(Model& model, AdamWOptimizer& optimizer, std::vector<char> frozen = {});
+
+    // Micro-batch k of the step (0 <= k < K); the batch's host memory may be reused once
+    // gradients() moves to the next one.
+    using NextBatch = std::function<Result<ModelBatch>(int64_t k)>;
+    // The gradients of one step (file comment); errors are next()'s.
+    Result<TrainStepValues> gradients(int64_t K, const NextBatch& next);
+    // The AdamW update number `adam_step` (file comment).
+    void apply(double lr, double weight_decay, const AdamWHyper& hyper, int64_t adam_step,
+               float max_grad_norm);
+
+private:
+    Model& model_;
+    AdamWOptimizer& optimizer_;
+    std::vector<char> frozen_;
+    std::vector<float> losses_;
+    std::vector<AdamWSegment> segments_;
+};
+
+}  // namespace lathe
