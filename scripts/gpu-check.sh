@@ -10,8 +10,8 @@
 #
 # PARTs, in the order given (default: doctor tests bench resume, the checked set):
 #   doctor     lathe doctor --json must say gpu_ready
-#   tests      ops_gpu_tests, model_gpu_tests, align_gpu_tests, dist_gpu_tests: each must be
-#              there and pass every test it ran, with none skipped (on the GPU machine nothing has
+#   tests      ops_gpu_tests, model_gpu_tests, align_gpu_tests, dist_gpu_tests, optim_gpu_tests: each
+#              must be there and pass every test it ran, with none skipped (on the GPU machine nothing has
 #              a reason to skip; dist_two_gpu_tests needs two GPUs and is not run here)
 #   bench      lathe bench at the training shapes (GPT-2 124M B32 T1024, Llama-1B B8 T2048;
 #              deterministic and not; selective and full recompute): every row must print its
@@ -150,7 +150,7 @@ gtest_verdict() {
 
 part_tests() {
     local t rc
-    for t in ops_gpu_tests model_gpu_tests align_gpu_tests dist_gpu_tests; do
+    for t in ops_gpu_tests model_gpu_tests align_gpu_tests dist_gpu_tests optim_gpu_tests; do
         have "$t" || continue
         timeout "$(limit 300)" "$bin/$t" >"$out/tests_$t.txt" 2>&1
         rc=$?
