@@ -15,7 +15,7 @@ TensorView ParamStaging::host(size_t arena_index) {
     LATHE_CHECK(arena_index < copies_.size(), "parameter arena entry {} of {}", arena_index,
                 copies_.size());
     HostTensor& copy = copies_[arena_index];
-    if (copy.numel() == 0) {
+    if (copy.view().data() == nullptr) {  // not staged yet (a default HostTensor holds nothing)
         const ArenaEntry& e = model_->plan().params.entries()[arena_index];
         copy = HostTensor(e.dtype, e.shape);
     }
@@ -35,7 +35,7 @@ void ParamStaging::upload_entry(Model& model, size_t arena_index) {
     LATHE_CHECK(&model == model_, "ParamStaging::upload into another model than its own");
     if (in_place_) return;
     const HostTensor& copy = copies_.at(arena_index);
-    if (copy.numel() > 0) model.write_param_entry(arena_index, copy.view());
+    if (copy.view().data() != nullptr) model.write_param_entry(arena_index, copy.view());
 }
 
 void ParamStaging::upload(Model& model, size_t arena_index) {
