@@ -14,7 +14,9 @@
 //                 per-tensor a_scale, b_scale; D bf16, f32, e4m3 or e5m2. An fp8 D takes d_scale
 //                 and d_amax (nothing else does) and a bf16 C (or beta 0). A bias (bf16) with a
 //                 bf16 D only; no GELU. cuBLASLt wants 16-byte aligned operands and leading
-//                 dimensions that are multiples of 16 here; it has no algorithm otherwise.
+//                 dimensions that are multiples of 16 here; it has no algorithm otherwise. Scale
+//                 and amax pointers 16-byte aligned (checked: cuBLASLt refuses 4-byte aligned
+//                 ones at launch).
 //   Every combination takes batch_count > 1 (strided batches), without an epilogue.
 // A bias with a bf16 D is what cuBLASLt's bias takes (D's type); the aux of the GELU epilogues is
 // the pre-activation in D's dtype. cuBLASLt's GELU is the tanh form (HF's "gelu_new"), so callers

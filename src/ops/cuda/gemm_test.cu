@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "ops/cpu/gemm.h"
 #include "ops/cuda/cuda_test_util.h"
@@ -145,7 +146,7 @@ TEST(CudaGemm, F32OperandsMatchCpuReference) {
 // below the bf16 rounding of D (kBf16Sum). An e4m3 D is one rounding to 3 mantissa bits: 2^-4
 // relative, twice that for an fp32 difference tipping it, and the same of the scale for values
 // near zero. The amax is an fp32 maximum of the same sums: within one bf16 unit of the reference.
-TEST(CudaGemm, Fp8PerTensorMatchesCpuReference) {
+TEST(CudaGemm, Fp8PerTensorIntoBf16MatchesCpuReference) {
     CudaState state(0);
     optest::Rng rng(64);
     const int64_t M = 64, N = 32, K = 128;
@@ -155,8 +156,15 @@ TEST(CudaGemm, Fp8PerTensorMatchesCpuReference) {
     float* s = scales.as<float>();
     s[0] = 0.5f, s[1] = 2.0f, s[2] = 4.0f;  // a, b, d
     DeviceTensor ga = upload(a, DType::kE4M3, state), gb = upload(b, DType::kE4M3, state);
-    DeviceTensor gs = upload(scales, DType::kF32, state);
-    const float* dev_s = gs.view.as<float>();
+    // Each scale in its own allocation (256-byte aligned), as a caller's per-tensor scales are.
+    HostTensor one(DType::kF32, {1});
+    std::vector<DeviceTensor> gs;
+    for (int i = 0; i < 3; ++i) {
+        one.as<float>()[0] = s[i];
+        gs.push_back(upload(one, DType::kF32, state));
+    }
+    const float* dev_s[3] = {gs[0].view.as<float>(), gs[1].view.as<float>(),
+                             gs[2].view.as<float>()};
 
     GemmArgs g;
     g.M = M, g.N = N, g.K = K;
@@ -168,9 +176,33 @@ TEST(CudaGemm, Fp8PerTensorMatchesCpuReference) {
     g.A = ga.view.data(), g.a_dtype = DType::kE4M3;
     g.B = gb.view.data(), g.b_dtype = DType::kE4M3;
     g.D = gd.view.data(), g.d_dtype = DType::kBF16;
-    g.a_scale = dev_s, g.b_scale = dev_s + 1;
+    g.a_scale = dev_s[0], g.b_scale = dev_s[1];
     cuda::gemm(state, state.stream(), g);
     EXPECT_TRUE(matches(download_f32(gd.view, state), ref, kBf16Sum)) << "bf16 D";
+}
+
+TEST(CudaGemm, Fp8PerTensorIntoFp8MatchesCpuReference) {
+    CudaState state(0);
+    optest::Rng rng(64);
+    const int64_t M = 64, N = 32, K = 128;
+    const HostTensor a = round_to(optest::random_tensor(rng, {M, K}, -2.0f, 2.0f), DType::kE4M3);
+    const HostTensor b = round_to(optest::random_tensor(rng, {N, K}, -2.0f, 2.0f), DType::kE4M3);
+    HostTensor scales(DType::kF32, {3});
+    float* s = scales.as<float>();
+    s[0] = 0.5f, s[1] = 2.0f, s[2] = 4.0f;  // a, b, d
+    DeviceTensor ga = upload(a, DType::kE4M3, state), gb = upload(b, DType::kE4M3, state);
+    // Each scale in its own allocation (256-byte aligned), as a caller's per-tensor scales are.
+    HostTensor one(DType::kF32, {1});
+    std::vector<DeviceTensor> gs;
+    for (int i = 0; i < 3; ++i) {
+        one.as<float>()[0] = s[i];
+        gs.push_back(upload(one, DType::kF32, state));
+    }
+    const float* dev_s[3] = {gs[0].view.as<float>(), gs[1].view.as<float>(),
+                             gs[2].view.as<float>()};
+    GemmArgs g;
+    g.M = M, g.N = N, g.K = K;
+    g.lda = K, g.ldb = K, g.trans_b = true, g.ldd = N;
 
     // e4m3 D: the reference is d_scale times the f32 result; amax is of the unscaled one.
     float amax_ref = 0.0f;
@@ -182,7 +214,7 @@ TEST(CudaGemm, Fp8PerTensorMatchesCpuReference) {
     g.A = ga.view.data(), g.a_dtype = DType::kE4M3;
     g.B = gb.view.data(), g.b_dtype = DType::kE4M3;
     g.D = gd8.view.data(), g.d_dtype = DType::kE4M3;
-    g.a_scale = dev_s, g.b_scale = dev_s + 1, g.d_scale = dev_s + 2;
+    g.a_scale = dev_s[0], g.b_scale = dev_s[1], g.d_scale = dev_s[2];
     g.d_amax = gamax.view.as<float>();
     cuda::gemm(state, state.stream(), g);
     constexpr double kE4M3Unit = 1.0 / 16;
@@ -215,6 +247,11 @@ TEST(CudaGemm, RefusesUnsupportedCombinations) {
                  "no kernel for .*A bf16 .* x B f32.*: A and B of these dtypes");
     EXPECT_DEATH(run([](GemmArgs& g, float*) { g.a_dtype = g.b_dtype = DType::kE5M2; }),
                  "no kernel for .*: e5m2 times e5m2");
+    EXPECT_DEATH(run([](GemmArgs& g, float* f) {
+                     g.a_dtype = g.b_dtype = DType::kE4M3;
+                     g.a_scale = f, g.b_scale = f + 1;
+                 }),
+                 "no kernel for .*: scale and amax pointers must be 16-byte aligned");
     EXPECT_DEATH(run([](GemmArgs& g, float*) {
                      g.a_dtype = g.b_dtype = DType::kE4M3;
                      g.trans_a = true;
