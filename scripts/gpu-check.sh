@@ -28,7 +28,8 @@
 #              (.carry/train/{gcide.bin,gcide.idx,tokenizer.json}) and seed, the two loss curves
 #   sanitize   compute-sanitizer on ops_gpu_tests: memcheck over the tests (less those that abort
 #              on purpose or run the training shapes), racecheck over the tests of the kernels
-#              that use shared memory (cuBLASLt's nvjet kernels excluded); each must report 0
+#              that use shared memory; memcheck 0 errors, racecheck no hazard outside cuBLASLt's
+#              own kernels (nvjet_*)
 #   opsbench   cuda_ops_bench: each CUDA op's time at the training shapes against its floor
 #   compare    the gpt2 and llama bench rows from .carry/before-bundle.tgz (the code before a
 #              change, packed the same way and renamed) and from the bundle, alternating, two
@@ -369,22 +370,33 @@ part_sanitize() {
         fail "sanitize: compute-sanitizer not found"
         return
     fi
-    timeout "$(limit 240)" "$san" --tool memcheck --leak-check no --error-exitcode 9 \
-        "$bin/ops_gpu_tests" --gtest_filter='-*DeathTest*:*Rejects*:*TrainingShape*:*Deterministic*' \
+    # Left out: death tests (they abort on purpose), the training-shape and determinism tests and
+    # the 67-graph cache bound (minutes under the sanitizer, the same kernels as smaller cases).
+    timeout "$(limit 420)" "$san" --tool memcheck --leak-check no --error-exitcode 9 \
+        "$bin/ops_gpu_tests" --gtest_filter='-*DeathTest*:*Rejects*:*Refuses*:*TrainingShape*:*Deterministic*:*GraphCacheDefaultBound*' \
         >"$out/sanitize_memcheck.txt" 2>&1
     rc=$?
     echo "rc=$rc" >>"$out/sanitize_memcheck.txt"
     errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$out/sanitize_memcheck.txt" | tail -1)
     if ((rc == 0)) && [[ $errors == 0 ]]; then pass "memcheck 0 errors"; else fail "memcheck: exit $rc, ${errors:-no} error summary"; fi
-    # cuBLASLt's own split-K kernels (nvjet_*) report shared-memory hazards of their design; the
-    # check covers lathe's kernels.
-    timeout "$(limit 120)" "$san" --tool racecheck --error-exitcode 9 --kernel-name-exclude kns=nvjet "$bin/ops_gpu_tests" \
+    # cuBLASLt's own split-K kernels (nvjet_*) report shared-memory hazards racecheck does not
+    # model (docs/CUDA.md, GPU runs); the check is that none is in lathe's kernels. (Excluding
+    # nvjet with --kernel-name-exclude made the sanitizer fail on a hardware exception.)
+    timeout "$(limit 120)" "$san" --tool racecheck "$bin/ops_gpu_tests" \
         --gtest_filter='CudaLmHeadCrossEntropy.*:CudaEmbedding.*:CudaGradNorm.*' \
         >"$out/sanitize_racecheck.txt" 2>&1
     rc=$?
     echo "rc=$rc" >>"$out/sanitize_racecheck.txt"
-    errors=$(sed -n 's/.*RACECHECK SUMMARY: \([0-9]*\) hazard.*/\1/p; s/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$out/sanitize_racecheck.txt" | tail -1)
-    if ((rc == 0)) && [[ $errors == 0 ]]; then pass "racecheck 0 hazards"; else fail "racecheck: exit $rc, ${errors:-no} summary"; fi
+    local log=$out/sanitize_racecheck.txt ours theirs
+    ours=$(grep -E 'Race reported between' "$log" | grep -vc nvjet)
+    theirs=$(grep -E 'Race reported between' "$log" | grep -c nvjet)
+    if ((rc != 0)) || grep -q 'Internal Sanitizer Error' "$log" || ! grep -q 'RACECHECK SUMMARY' "$log"; then
+        fail "racecheck: exit $rc ($(grep -m1 -E 'Internal Sanitizer Error|internal check failed|FAILED' "$log" | cut -c1-160))"
+    elif ((ours > 0)); then
+        fail "racecheck: $ours hazard reports in lathe's kernels ($(grep -E 'Race reported between' "$log" | grep -v nvjet | head -1 | cut -c1-160))"
+    else
+        pass "racecheck 0 hazards in lathe's kernels ($theirs reports inside cuBLASLt's nvjet)"
+    fi
 }
 
 part_opsbench() {
