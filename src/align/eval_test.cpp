@@ -88,7 +88,7 @@ TEST(AlignEval, BitsPerByteOfAUniformModel) {
         m->init(1);
         std::vector<float> zeros(size_t(50304 * 16), 0.0f);
         model_write_param_hf(*m, "model.embed_tokens.weight",
-                          ConstTensorView(zeros.data(), DType::kF32, Shape{50304, 16}));
+                             ConstTensorView(zeros.data(), DType::kF32, Shape{50304, 16}));
         ASSERT_TRUE(model_save_hf(*m, dir).ok());
     }
     auto tok_text = file_read_all(std::string(LATHE_SHARED_DIR) + "/tokenizers/gpt2.json");

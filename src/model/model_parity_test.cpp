@@ -18,8 +18,8 @@
 
 #include "io/safetensors.h"
 #include "model/model.h"
-#include "model/model_io.h"
 #include "model/model_fixture_test_util.h"
+#include "model/model_io.h"
 #include "model/registry.h"
 #include "ops/adamw.h"
 
