@@ -100,10 +100,10 @@ void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstT
         case Backend::kCuda:
             op_expect_cuda_dtype(kOp, DType::kBF16, {out, q, k, v});
             if (d.Tq == d.Tk) {  // q_offset is 0: the training shape, cuDNN's flash attention
-                cuda::attention_forward(cuda_state_of(ctx, kOp), ctx.stream, out.as<bf16>(),
-                                        lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(),
-                                        docs.as<int32_t>(),
-                                        cuda_attention_shape(kOp, d, docs, window, scale, ctx));
+                cuda::attention_forward(out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k.as<bf16>(),
+                                        v.as<bf16>(), docs.as<int32_t>(),
+                                        cuda_attention_shape(kOp, d, docs, window, scale, ctx),
+                                        cuda_state_of(ctx, kOp), ctx.stream);
             } else if (docs.is_null() && cuda::attention_unavailable_reason() == nullptr &&
                        d.D <= 128 && d.D % 8 == 0) {
                 // Queries that continue a cache: cuDNN's bottom-right aligned forward (its own
@@ -111,14 +111,14 @@ void attention_forward(TensorView out, TensorView lse, ConstTensorView q, ConstT
                 cuda::AttentionShape shape{d.B, d.Tq, d.H, d.Hkv, d.D, window, false, scale};
                 shape.Tkv = q_offset + d.Tq;
                 shape.kv_rows = d.Tk;
-                cuda::attention_forward(cuda_state_of(ctx, kOp), ctx.stream, out.as<bf16>(),
-                                        lse.as<float>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(),
-                                        nullptr, shape);
+                cuda::attention_forward(out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k.as<bf16>(),
+                                        v.as<bf16>(), nullptr, shape, cuda_state_of(ctx, kOp),
+                                        ctx.stream);
             } else {
-                cuda::attention_forward_rows(cuda_state_of(ctx, kOp), ctx.stream, out.as<bf16>(),
-                                             lse.as<float>(), q.as<bf16>(), k.as<bf16>(),
-                                             v.as<bf16>(), docs.as<int32_t>(), nullptr,
-                                             cuda_rows_shape(d, q_offset, window, scale));
+                cuda::attention_forward_rows(out.as<bf16>(), lse.as<float>(), q.as<bf16>(),
+                                             k.as<bf16>(), v.as<bf16>(), docs.as<int32_t>(),
+                                             nullptr, cuda_rows_shape(d, q_offset, window, scale),
+                                             cuda_state_of(ctx, kOp), ctx.stream);
             }
             return;
     }
@@ -144,10 +144,10 @@ void attention_decode(TensorView out, TensorView lse, ConstTensorView q, ConstTe
             return;
         case Backend::kCuda:
             op_expect_cuda_dtype(kOp, DType::kBF16, {out, q, k_cache, v_cache});
-            cuda::attention_forward_rows(cuda_state_of(ctx, kOp), ctx.stream, out.as<bf16>(),
-                                         lse.as<float>(), q.as<bf16>(), k_cache.as<bf16>(),
-                                         v_cache.as<bf16>(), nullptr, lengths.as<int32_t>(),
-                                         cuda_rows_shape(d, 0, window, scale));
+            cuda::attention_forward_rows(
+                out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k_cache.as<bf16>(),
+                v_cache.as<bf16>(), nullptr, lengths.as<int32_t>(),
+                cuda_rows_shape(d, 0, window, scale), cuda_state_of(ctx, kOp), ctx.stream);
             return;
     }
     op_no_backend(kOp, ctx);
@@ -175,11 +175,11 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensor
             return;
         case Backend::kCuda:
             op_expect_cuda_dtype(kOp, DType::kBF16, {dq, dk, dv, dout, q, k, v, out});
-            cuda::attention_backward(cuda_state_of(ctx, kOp), ctx.stream, dq.as<bf16>(),
-                                     dk.as<bf16>(), dv.as<bf16>(), dout.as<bf16>(), q.as<bf16>(),
-                                     k.as<bf16>(), v.as<bf16>(), out.as<bf16>(), lse.as<float>(),
-                                     docs.as<int32_t>(),
-                                     cuda_attention_shape(kOp, d, docs, window, scale, ctx));
+            cuda::attention_backward(dq.as<bf16>(), dk.as<bf16>(), dv.as<bf16>(), dout.as<bf16>(),
+                                     q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), out.as<bf16>(),
+                                     lse.as<float>(), docs.as<int32_t>(),
+                                     cuda_attention_shape(kOp, d, docs, window, scale, ctx),
+                                     cuda_state_of(ctx, kOp), ctx.stream);
             return;
     }
     op_no_backend(kOp, ctx);

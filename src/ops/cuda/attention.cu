@@ -528,9 +528,9 @@ size_t attention_graph_evictions(const CudaState& state) {
     return cache == nullptr ? 0 : cache->graphs.evictions();
 }
 
-void attention_forward(CudaState& state, CUstream_st* stream, bf16* out, float* lse, const bf16* q,
-                       const bf16* k, const bf16* v, const int32_t* docs,
-                       const AttentionShape& shape) {
+void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                       const int32_t* docs, const AttentionShape& shape, CudaState& state,
+                       CUstream_st* stream) {
     check_call(state, stream, shape, docs, "attention_forward");
     AttentionGraph* cached = nullptr;
     if (shape.Tkv > 0) {
@@ -539,7 +539,7 @@ void attention_forward(CudaState& state, CUstream_st* stream, bf16* out, float* 
             const AttentionRowsShape rows{shape.B,    shape.T, kv_rows(shape),      shape.H,
                                           shape.Hkv,  shape.D, shape.Tkv - shape.T, shape.window,
                                           shape.scale};
-            attention_forward_rows(state, stream, out, lse, q, k, v, nullptr, nullptr, rows);
+            attention_forward_rows(out, lse, q, k, v, nullptr, nullptr, rows, state, stream);
             return;
         }
     }
@@ -557,10 +557,10 @@ void attention_forward(CudaState& state, CUstream_st* stream, bf16* out, float* 
     execute(state, g, Direction::kForward, shape);
 }
 
-void attention_backward(CudaState& state, CUstream_st* stream, bf16* dq, bf16* dk, bf16* dv,
-                        const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                        const bf16* out, const float* lse, const int32_t* docs,
-                        const AttentionShape& shape) {
+void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                        const bf16* k, const bf16* v, const bf16* out, const float* lse,
+                        const int32_t* docs, const AttentionShape& shape, CudaState& state,
+                        CUstream_st* stream) {
     check_call(state, stream, shape, docs, "attention_backward");
     LATHE_CHECK(shape.Tkv == 0 && shape.kv_rows == 0,
                 "attention_backward: Tkv={} kv_rows={}; the backward takes the training form only",
@@ -657,14 +657,14 @@ void attention_lend_workspace(CudaState&, void*, size_t) {}
 
 void attention_end_loan(CudaState&, const void*) {}
 
-void attention_forward(CudaState&, CUstream_st*, bf16*, float*, const bf16*, const bf16*,
-                       const bf16*, const int32_t*, const AttentionShape&) {
+void attention_forward(bf16*, float*, const bf16*, const bf16*, const bf16*, const int32_t*,
+                       const AttentionShape&, CudaState&, CUstream_st*) {
     unavailable("attention_forward");
 }
 
-void attention_backward(CudaState&, CUstream_st*, bf16*, bf16*, bf16*, const bf16*, const bf16*,
-                        const bf16*, const bf16*, const bf16*, const float*, const int32_t*,
-                        const AttentionShape&) {
+void attention_backward(bf16*, bf16*, bf16*, const bf16*, const bf16*, const bf16*, const bf16*,
+                        const bf16*, const float*, const int32_t*, const AttentionShape&,
+                        CudaState&, CUstream_st*) {
     unavailable("attention_backward");
 }
 

@@ -99,9 +99,9 @@ struct AttentionRowsShape {
 // q_offset + Tq <= Tk) and `docs` (B, Tk) i32 or null masks documents. With `lengths` (B) i32
 // (the decode step; Tq = 1, docs null), row b's query is at position lengths[b] - 1; a length
 // outside [1, Tk] makes that row's out and lse NaN. Limits: D <= 256.
-void attention_forward_rows(CudaState& state, CUstream_st* stream, bf16* out, float* lse,
-                            const bf16* q, const bf16* k, const bf16* v, const int32_t* docs,
-                            const int32_t* lengths, const AttentionRowsShape& shape);
+void attention_forward_rows(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                            const int32_t* docs, const int32_t* lengths,
+                            const AttentionRowsShape& shape, CudaState& state, CUstream_st* stream);
 
 // Null when this build has cuDNN attention; otherwise a sentence naming what was missing when it
 // was built (the cuDNN frontend headers, libcudnn) and how to get it.
@@ -145,13 +145,13 @@ void attention_end_loan(CudaState& state, const void* ptr);
 // The cuDNN library version the process runs with (e.g. 91900), 0 when not built with cuDNN.
 int64_t attention_cudnn_version();
 
-void attention_forward(CudaState& state, CUstream_st* stream, bf16* out, float* lse, const bf16* q,
-                       const bf16* k, const bf16* v, const int32_t* docs,
-                       const AttentionShape& shape);
+void attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                       const int32_t* docs, const AttentionShape& shape, CudaState& state,
+                       CUstream_st* stream);
 
-void attention_backward(CudaState& state, CUstream_st* stream, bf16* dq, bf16* dk, bf16* dv,
-                        const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                        const bf16* out, const float* lse, const int32_t* docs,
-                        const AttentionShape& shape);
+void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                        const bf16* k, const bf16* v, const bf16* out, const float* lse,
+                        const int32_t* docs, const AttentionShape& shape, CudaState& state,
+                        CUstream_st* stream);
 
 }  // namespace lathe::cuda

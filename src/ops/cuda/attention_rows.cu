@@ -120,9 +120,9 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 
 }  // namespace
 
-void attention_forward_rows(CudaState& state, CUstream_st* stream, bf16* out, float* lse,
-                            const bf16* q, const bf16* k, const bf16* v, const int32_t* docs,
-                            const int32_t* lengths, const AttentionRowsShape& s) {
+void attention_forward_rows(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                            const int32_t* docs, const int32_t* lengths,
+                            const AttentionRowsShape& s, CudaState& state, CUstream_st* stream) {
     constexpr const char* kOp = "attention_forward_rows";
     LATHE_CHECK(stream == state.stream(), "{}: not on the CudaState's stream", kOp);
     LATHE_CHECK(

@@ -120,10 +120,10 @@ void check_attention(const Case& c, uint64_t seed) {
     if (c.nondeterministic_backward || c.backward_workspace_cap > 0) {
         // Variants the dispatcher does not offer: the launcher itself.
         const cuda::AttentionShape shape = cuda_shape(c, scale);
-        cuda::attention_backward(state, state.stream(), dq.view.as<bf16>(), dk.view.as<bf16>(),
-                                 dv.view.as<bf16>(), gdout.view.as<bf16>(), gq.view.as<bf16>(),
-                                 gk.view.as<bf16>(), gv.view.as<bf16>(), out.view.as<bf16>(),
-                                 lse.view.as<float>(), docs_gpu.as<int32_t>(), shape);
+        cuda::attention_backward(dq.view.as<bf16>(), dk.view.as<bf16>(), dv.view.as<bf16>(),
+                                 gdout.view.as<bf16>(), gq.view.as<bf16>(), gk.view.as<bf16>(),
+                                 gv.view.as<bf16>(), out.view.as<bf16>(), lse.view.as<float>(),
+                                 docs_gpu.as<int32_t>(), shape, state, state.stream());
     } else {
         attention_backward(dq.view, dk.view, dv.view, gdout.view, gq.view, gk.view, gv.view,
                            out.view, lse.view, docs_gpu, c.window, scale, gpu);
@@ -343,10 +343,10 @@ void check_training_shape(const Case& c) {
         cudaEventRecord(ev[1], state.stream());
         // out doubles as dout: any bf16 values do for timing and finiteness. The launcher, not the
         // dispatcher, so that the nondeterministic variant is timed too.
-        cuda::attention_backward(state, state.stream(), dq.view.as<bf16>(), dk.view.as<bf16>(),
-                                 dv.view.as<bf16>(), out.view.as<bf16>(), q.view.as<bf16>(),
-                                 k.view.as<bf16>(), v.view.as<bf16>(), out.view.as<bf16>(),
-                                 lse.view.as<float>(), docs_view.as<int32_t>(), shape);
+        cuda::attention_backward(dq.view.as<bf16>(), dk.view.as<bf16>(), dv.view.as<bf16>(),
+                                 out.view.as<bf16>(), q.view.as<bf16>(), k.view.as<bf16>(),
+                                 v.view.as<bf16>(), out.view.as<bf16>(), lse.view.as<float>(),
+                                 docs_view.as<int32_t>(), shape, state, state.stream());
         cudaEventRecord(ev[2], state.stream());
         ASSERT_EQ(cudaEventSynchronize(ev[2]), cudaSuccess);
         float f = 0, b = 0;
@@ -464,9 +464,9 @@ void check_rows(const RowsCase& c, uint64_t seed) {
         DeviceTensor lse = device_tensor(DType::kF32, {c.B, c.H, c.Tq}, state);
         const cuda::AttentionRowsShape shape{c.B, c.Tq,       c.Tk,     c.H,  c.Hkv,
                                              c.D, c.q_offset, c.window, scale};
-        cuda::attention_forward_rows(state, state.stream(), out.view.as<bf16>(),
-                                     lse.view.as<float>(), gq.view.as<bf16>(), gk.view.as<bf16>(),
-                                     gv.view.as<bf16>(), docs_gpu.as<int32_t>(), nullptr, shape);
+        cuda::attention_forward_rows(out.view.as<bf16>(), lse.view.as<float>(), gq.view.as<bf16>(),
+                                     gk.view.as<bf16>(), gv.view.as<bf16>(), docs_gpu.as<int32_t>(),
+                                     nullptr, shape, state, state.stream());
         EXPECT_TRUE(matches(download_f32(out.view, state), out_ref, kBf16Sum)) << "out";
         EXPECT_TRUE(matches(download_f32(lse.view, state), lse_ref, kF32Sum)) << "lse";
         EXPECT_EQ(cuda::attention_buffer_bytes(state), 0u) << "the kernel needs no workspace";

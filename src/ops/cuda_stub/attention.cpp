@@ -1,5 +1,5 @@
-// The launchers of ops/cuda/attention.h that the dispatcher (ops/attention.cpp) calls, in a build
-// without CUDA (ops/cuda_stub/no_cuda.h).
+// The functions of ops/cuda/attention.h that the dispatcher (ops/attention.cpp) and the model
+// (model/model.cpp) call, in a build without CUDA (ops/cuda_stub/no_cuda.h).
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda_stub/no_cuda.h"
@@ -11,21 +11,41 @@ const char* cuda::attention_unavailable_reason() {
     return "this lathe was built without the CUDA backend";
 }
 
-void cuda::attention_forward(CudaState&, CUstream_st*, bf16*, float*, const bf16*, const bf16*,
-                             const bf16*, const int32_t*, const AttentionShape&) {
+void cuda::attention_forward(bf16*, float*, const bf16*, const bf16*, const bf16*, const int32_t*,
+                             const AttentionShape&, CudaState&, CUstream_st*) {
     detail::no_cuda("cuda::attention_forward");
 }
 
-void cuda::attention_backward(CudaState&, CUstream_st*, bf16*, bf16*, bf16*, const bf16*,
-                              const bf16*, const bf16*, const bf16*, const bf16*, const float*,
-                              const int32_t*, const AttentionShape&) {
+void cuda::attention_backward(bf16*, bf16*, bf16*, const bf16*, const bf16*, const bf16*,
+                              const bf16*, const bf16*, const float*, const int32_t*,
+                              const AttentionShape&, CudaState&, CUstream_st*) {
     detail::no_cuda("cuda::attention_backward");
 }
 
-void cuda::attention_forward_rows(CudaState&, CUstream_st*, bf16*, float*, const bf16*, const bf16*,
-                                  const bf16*, const int32_t*, const int32_t*,
-                                  const AttentionRowsShape&) {
+void cuda::attention_forward_rows(bf16*, float*, const bf16*, const bf16*, const bf16*,
+                                  const int32_t*, const int32_t*, const AttentionRowsShape&,
+                                  CudaState&, CUstream_st*) {
     detail::no_cuda("cuda::attention_forward_rows");
+}
+
+size_t cuda::attention_prepare(CudaState&, const AttentionShape&) {
+    detail::no_cuda("cuda::attention_prepare");
+}
+
+size_t cuda::attention_buffer_bytes(const CudaState&) {
+    detail::no_cuda("cuda::attention_buffer_bytes");
+}
+
+size_t cuda::attention_workspace_bytes(CudaState&, const AttentionShape&) {
+    detail::no_cuda("cuda::attention_workspace_bytes");
+}
+
+void cuda::attention_lend_workspace(CudaState&, void*, size_t) {
+    detail::no_cuda("cuda::attention_lend_workspace");
+}
+
+void cuda::attention_end_loan(CudaState&, const void*) {
+    detail::no_cuda("cuda::attention_end_loan");
 }
 
 }  // namespace lathe
