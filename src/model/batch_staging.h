@@ -19,9 +19,9 @@
 #include "core/tensor.h"
 #include "ops/context.h"
 
-struct CUevent_st;
-
 namespace lathe {
+
+class CudaEvent;  // ops/cuda/cuda_state.h
 
 class BatchStaging {
 public:
@@ -45,8 +45,8 @@ private:
     CUstream_st* stream_ = nullptr;
     std::shared_ptr<void> pinned_;  // CUDA: the pinned buffer, two halves of half_bytes_
     size_t half_bytes_ = 0;
-    int half_ = 0;                                       // the half the last begin() returned
-    std::array<std::shared_ptr<CUevent_st>, 2> staged_;  // CUDA: recorded after each half's copies
+    int half_ = 0;                                      // the half the last begin() returned
+    std::array<std::shared_ptr<CudaEvent>, 2> staged_;  // CUDA: recorded after each half's copies
 };
 
 }  // namespace lathe

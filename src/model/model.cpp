@@ -10,17 +10,14 @@
 #include "model/init.h"
 #include "model/param_staging.h"
 #include "model/registry.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/cuda_state.h"
+#include "ops/cuda/memory.h"
 #include "ops/embedding.h"
 #include "ops/grad_norm.h"
 #include "ops/linear.h"
 #include "ops/lm_head_cross_entropy.h"
 #include "ops/rope.h"
-
-#if LATHE_HAVE_CUDA
-#include "ops/cuda/attention.h"
-#include "ops/cuda/cuda_state.h"
-#include "ops/cuda/memory.h"
-#endif
 
 namespace lathe {
 
@@ -52,7 +49,8 @@ Result<ModelArena> ModelArena::allocate(ArenaLayout layout, const Context& ctx) 
         arena.device_ = Device::kCpu;
         return arena;
     }
-#if LATHE_HAVE_CUDA
+    if (!cuda_backend_built())
+        return unimplemented_error("this lathe was built without CUDA (no nvcc at configure time)");
     const size_t bytes = layout.total_bytes();
     arena.layout_ = std::move(layout);
     arena.stream_ = ctx.stream;
@@ -65,9 +63,6 @@ Result<ModelArena> ModelArena::allocate(ArenaLayout layout, const Context& ctx) 
                         0, ctx.stream);
     }
     return arena;
-#else
-    return unimplemented_error("this lathe was built without CUDA (no nvcc at configure time)");
-#endif
 }
 
 TensorView ModelArena::view(size_t index, const Shape& shape) const {
@@ -87,9 +82,7 @@ void ModelArena::zero() {
         host_.zero();
         return;
     }
-#if LATHE_HAVE_CUDA
     cuda_fill_bytes(flat(DType::kU8), 0, stream_);
-#endif
 }
 
 void ModelArena::zero_entry(size_t index) {
@@ -98,9 +91,7 @@ void ModelArena::zero_entry(size_t index) {
         std::memset(v.data(), 0, v.bytes());
         return;
     }
-#if LATHE_HAVE_CUDA
     cuda_fill_bytes(v, 0, stream_);
-#endif
 }
 
 // ---- Model: creation and parameters ----
@@ -111,7 +102,6 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
     ModelShape planned = shape;
     planned.backend = ctx.backend;  // the plan's dtypes follow where the model computes
     LATHE_ASSIGN_OR_RETURN(m.plan_, memory_plan_make(config, m.table_, planned));
-#if LATHE_HAVE_CUDA
     // cuDNN's attention graphs for the planned shape, built now (packed-document graphs and
     // smaller batches build theirs at first use), and the plan made again with the workspace
     // they ask for instead of its estimate: the scratch arena holds it (memory_plan.h).
@@ -139,7 +129,6 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
         planned.attention_workspace_bytes = workspace;
         LATHE_ASSIGN_OR_RETURN(m.plan_, memory_plan_make(config, m.table_, planned));
     }
-#endif
     m.config_ = std::move(config);
     m.ctx_ = ctx;
     LATHE_ASSIGN_OR_RETURN(m.params_, ModelArena::allocate(m.plan_.params, ctx));
@@ -149,7 +138,6 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
     LATHE_ASSIGN_OR_RETURN(m.acts_, ModelArena::allocate(m.plan_.activations, ctx));
     LATHE_ASSIGN_OR_RETURN(m.scratch_, ModelArena::allocate(m.plan_.scratch, ctx));
     if (m.on_cuda()) {
-#if LATHE_HAVE_CUDA
         LATHE_ASSIGN_OR_RETURN(m.params_compute_,
                                ModelArena::allocate(m.plan_.params_compute, ctx));
         CudaState& state = cuda_state_of(ctx, "model");
@@ -168,7 +156,6 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
                 cuda::attention_prepare(state, s);
             m.plan_.runtime += cuda::attention_buffer_bytes(state);
         }
-#endif
     }
     // Each half of the batch staging holds tokens, targets, docs, positions: four (B, T) i32
     // tensors; a micro-batch is staged into one half while the other's copy may be in flight.
@@ -193,9 +180,7 @@ void Model::copy_from_host(TensorView dst, ConstTensorView src) {
         if (dst.data() != src.data()) std::memcpy(dst.data(), src.data(), src.bytes());
         return;
     }
-#if LATHE_HAVE_CUDA
     cuda_copy_sync(dst, src.reshape(dst.shape()), ctx_.stream);
-#endif
 }
 
 void Model::copy_to_host(TensorView host, ConstTensorView src) const {
@@ -205,25 +190,19 @@ void Model::copy_to_host(TensorView host, ConstTensorView src) const {
         if (host.data() != src.data()) std::memcpy(host.data(), src.data(), src.bytes());
         return;
     }
-#if LATHE_HAVE_CUDA
     cuda_copy_sync(host.reshape(src.shape()), src, ctx_.stream);
-#endif
 }
 
 float Model::read_scalar(ConstTensorView v) const {
     LATHE_CHECK(v.numel() == 1 && v.dtype() == DType::kF32, "read_scalar of {}", v.to_string());
     if (!on_cuda()) return *v.as<float>();
     float value = 0.0f;
-#if LATHE_HAVE_CUDA
     cuda_copy_sync(TensorView(&value, DType::kF32, Shape{1}), v.reshape(Shape{1}), ctx_.stream);
-#endif
     return value;
 }
 
 void Model::synchronize() const {
-#if LATHE_HAVE_CUDA
     if (on_cuda()) cuda_state_of(ctx_, "model").synchronize();
-#endif
 }
 
 void Model::read_param_entry(size_t arena_index, TensorView host) const {
@@ -239,10 +218,8 @@ void Model::read_grad_entry(size_t arena_index, TensorView host) const {
 
 void Model::write_param_entry(size_t arena_index, ConstTensorView host) {
     copy_from_host(params_.view(arena_index), host);
-#if LATHE_HAVE_CUDA
     if (on_cuda())
         cuda_cast(params_compute_.view(arena_index), params_.view(arena_index), ctx_.stream);
-#endif
 }
 
 void Model::init(uint64_t seed) {
@@ -532,9 +509,7 @@ void Model::read_losses(std::span<float> out) const {
         std::memcpy(out.data(), slots.data(), out.size_bytes());
         return;
     }
-#if LATHE_HAVE_CUDA
     cuda_copy_sync(TensorView(out.data(), DType::kF32, slots.shape()), slots, ctx_.stream);
-#endif
 }
 
 void Model::forward_backward_async(const ModelBatch& batch, float dloss, int64_t loss_slot) {
@@ -571,7 +546,6 @@ void Model::logits(TensorView out, const ModelBatch& batch) {
                        ctx_, plan_.shape.precision.spec(LinearRole::kLmHead));
         return;
     }
-#if LATHE_HAVE_CUDA
     // Chunk by chunk through the LM head's scratch: bf16 logits, then widened to f32 on the host.
     const TensorView chunk = scratch_.view(plan_.lm_chunk);
     const int64_t rows = plan_.shape.lm_head_chunk_rows;
@@ -587,7 +561,6 @@ void Model::logits(TensorView out, const ModelBatch& batch) {
         const bf16* src = h.as<bf16>();
         for (int64_t i = 0; i < r * V; ++i) dst[r0 * V + i] = bf16_to_float(src[i]);
     }
-#endif
 }
 
 }  // namespace lathe

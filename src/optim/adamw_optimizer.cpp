@@ -4,10 +4,7 @@
 #include <cstring>
 
 #include "core/check.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/cuda_state.h"
-#endif
 
 namespace lathe {
 
@@ -100,9 +97,7 @@ void AdamWOptimizer::read_state(std::span<float> m, std::span<float> v) const {
             if (n > 0) std::memcpy(dst, src.data(), host.bytes());
             continue;
         }
-#if LATHE_HAVE_CUDA
         cuda_copy_sync(host, src, ctx_.stream);
-#endif
     }
 }
 
@@ -118,9 +113,7 @@ void AdamWOptimizer::write_state(std::span<const float> m, std::span<const float
             if (n > 0) std::memcpy(dst.data(), src, host.bytes());
             continue;
         }
-#if LATHE_HAVE_CUDA
         cuda_copy_sync(dst, host, ctx_.stream);
-#endif
     }
 }
 

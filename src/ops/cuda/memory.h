@@ -3,8 +3,8 @@
 // ops: asynchronous copies, dtype casts of whole tensors (the bf16 compute copy of the parameters),
 // pinned host buffers (batches go to the GPU from them without a staging copy by the driver), and
 // the device's memory figures. Like cuda_state.h, this header keeps CUDA headers out of the
-// CPU-compiled code that includes it; the definitions exist only in builds with CUDA
-// (LATHE_HAVE_CUDA), so callers include it under that macro.
+// CPU-compiled code that includes it, in every build: without CUDA its functions are the stubs of
+// ops/cuda_stub/memory.cpp (ops/cuda_stub/no_cuda.h).
 
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +15,10 @@
 struct CUstream_st;
 
 namespace lathe {
+
+// Whether this build has the CUDA backend (false from the stub of a build without CUDA): callers
+// that return a Status refuse a CUDA context with it instead of reaching a stub that stops.
+bool cuda_backend_built();
 
 // Enqueues a copy of src into dst (same dtype and shape, checked) on `stream` and returns at once.
 // Host memory on either side must stay untouched until the stream passes the copy; it must be

@@ -1,8 +1,74 @@
-// cuda_state_of (ops/cuda/cuda_state.h) in a build without CUDA (ops/cuda_stub/no_cuda.h).
+// ops/cuda/cuda_state.h in a build without CUDA (ops/cuda_stub/no_cuda.h): cuda_state_of, the
+// state's synchronizations, the copies and fills stop, as do the constructors of DeviceBuffer
+// that allocates and of CudaEvent. A buffer or event here therefore holds nothing: destructors
+// and moves have nothing to free.
+
+#include <utility>
 
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda_stub/no_cuda.h"
 
+lathe::DeviceBuffer::DeviceBuffer(size_t) {
+    lathe::detail::no_cuda("DeviceBuffer");
+}
+
+lathe::DeviceBuffer::~DeviceBuffer() = default;
+
+lathe::DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+lathe::DeviceBuffer& lathe::DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    return *this;
+}
+
+lathe::TensorView lathe::DeviceBuffer::view(DType, Shape) const {
+    lathe::detail::no_cuda("DeviceBuffer::view");
+}
+
+lathe::CudaEvent::CudaEvent() {
+    lathe::detail::no_cuda("CudaEvent");
+}
+
+lathe::CudaEvent::~CudaEvent() = default;
+
+lathe::CudaEvent::CudaEvent(CudaEvent&& other) noexcept
+    : event_(std::exchange(other.event_, nullptr)) {}
+
+lathe::CudaEvent& lathe::CudaEvent::operator=(CudaEvent&& other) noexcept {
+    event_ = std::exchange(other.event_, nullptr);
+    return *this;
+}
+
+void lathe::CudaEvent::record(CUstream_st*) {
+    lathe::detail::no_cuda("CudaEvent::record");
+}
+
+void lathe::CudaEvent::wait(CUstream_st*) const {
+    lathe::detail::no_cuda("CudaEvent::wait");
+}
+
+void lathe::CudaEvent::synchronize() const {
+    lathe::detail::no_cuda("CudaEvent::synchronize");
+}
+
+void lathe::CudaState::synchronize() const {
+    lathe::detail::no_cuda("CudaState::synchronize");
+}
+
+void lathe::CudaState::synchronize_all() const {
+    lathe::detail::no_cuda("CudaState::synchronize_all");
+}
+
 lathe::CudaState& lathe::cuda_state_of(const Context&, std::string_view) {
-    detail::no_cuda("cuda_state_of");
+    lathe::detail::no_cuda("cuda_state_of");
+}
+
+void lathe::cuda_copy_sync(TensorView, ConstTensorView, CUstream_st*) {
+    lathe::detail::no_cuda("cuda_copy_sync");
+}
+
+void lathe::cuda_fill_bytes(TensorView, uint8_t, CUstream_st*) {
+    lathe::detail::no_cuda("cuda_fill_bytes");
 }
