@@ -146,75 +146,73 @@ TEST(CudaGemm, F32OperandsMatchCpuReference) {
 // below the bf16 rounding of D (kBf16Sum). An e4m3 D is one rounding to 3 mantissa bits: 2^-4
 // relative, twice that for an fp32 difference tipping it, and the same of the scale for values
 // near zero. The amax is an fp32 maximum of the same sums: within one bf16 unit of the reference.
-TEST(CudaGemm, Fp8PerTensorIntoBf16MatchesCpuReference) {
-    CudaState state(0);
-    optest::Rng rng(64);
-    const int64_t M = 64, N = 32, K = 128;
-    const HostTensor a = round_to(optest::random_tensor(rng, {M, K}, -2.0f, 2.0f), DType::kE4M3);
-    const HostTensor b = round_to(optest::random_tensor(rng, {N, K}, -2.0f, 2.0f), DType::kE4M3);
-    HostTensor scales(DType::kF32, {3});
-    float* s = scales.as<float>();
-    s[0] = 0.5f, s[1] = 2.0f, s[2] = 4.0f;  // a, b, d
-    DeviceTensor ga = upload(a, DType::kE4M3, state), gb = upload(b, DType::kE4M3, state);
-    // Each scale in its own allocation (256-byte aligned), as a caller's per-tensor scales are.
-    HostTensor one(DType::kF32, {1});
+// The operands both fp8 tests share: A (M, K) and B (N, K) rounded to e4m3, the scales of A, B
+// and D on the host and on the device, each in its own allocation (256-byte aligned), as a
+// caller's per-tensor scales are.
+struct Fp8Case {
+    static constexpr int64_t M = 64, N = 32, K = 128;
+    CudaState state{0};
+    HostTensor a, b, scales{DType::kF32, {3}};
+    DeviceTensor ga, gb;
     std::vector<DeviceTensor> gs;
-    for (int i = 0; i < 3; ++i) {
-        one.as<float>()[0] = s[i];
-        gs.push_back(upload(one, DType::kF32, state));
-    }
-    const float* dev_s[3] = {gs[0].view.as<float>(), gs[1].view.as<float>(),
-                             gs[2].view.as<float>()};
-
+    const float* dev_s[3] = {};
     GemmArgs g;
-    g.M = M, g.N = N, g.K = K;
-    g.lda = K, g.ldb = K, g.trans_b = true, g.ldd = N;
-    g.a_scale = s, g.b_scale = s + 1;
+
+    Fp8Case() {
+        optest::Rng rng(64);
+        a = round_to(optest::random_tensor(rng, {M, K}, -2.0f, 2.0f), DType::kE4M3);
+        b = round_to(optest::random_tensor(rng, {N, K}, -2.0f, 2.0f), DType::kE4M3);
+        float* s = scales.as<float>();
+        s[0] = 0.5f, s[1] = 2.0f, s[2] = 4.0f;  // a, b, d
+        ga = upload(a, DType::kE4M3, state), gb = upload(b, DType::kE4M3, state);
+        HostTensor one(DType::kF32, {1});
+        for (int i = 0; i < 3; ++i) {
+            one.as<float>()[0] = s[i];
+            gs.push_back(upload(one, DType::kF32, state));
+            dev_s[i] = gs.back().view.as<float>();
+        }
+        g.M = M, g.N = N, g.K = K;
+        g.lda = K, g.ldb = K, g.trans_b = true, g.ldd = N;
+    }
+    const float* host_scale(int i) const { return scales.as<float>() + i; }
+    // g pointed at the device operands (fp8) and D.
+    void on_device(void* d, DType d_dtype) {
+        g.A = ga.view.data(), g.a_dtype = DType::kE4M3;
+        g.B = gb.view.data(), g.b_dtype = DType::kE4M3;
+        g.D = d, g.d_dtype = d_dtype;
+    }
+};
+
+TEST(CudaGemm, Fp8PerTensorIntoBf16MatchesCpuReference) {
+    Fp8Case c;
+    const int64_t M = c.M, N = c.N;
+    CudaState& state = c.state;
+    GemmArgs& g = c.g;
+    g.a_scale = c.host_scale(0), g.b_scale = c.host_scale(1);
     HostTensor ref(DType::kF32, {M, N});
-    cpu::gemm(on_host(g, a, b, ref));
+    cpu::gemm(on_host(g, c.a, c.b, ref));
     DeviceTensor gd = device_tensor(DType::kBF16, {M, N}, state);
-    g.A = ga.view.data(), g.a_dtype = DType::kE4M3;
-    g.B = gb.view.data(), g.b_dtype = DType::kE4M3;
-    g.D = gd.view.data(), g.d_dtype = DType::kBF16;
-    g.a_scale = dev_s[0], g.b_scale = dev_s[1];
+    c.on_device(gd.view.data(), DType::kBF16);
+    g.a_scale = c.dev_s[0], g.b_scale = c.dev_s[1];
     cuda::gemm(state, state.stream(), g);
     EXPECT_TRUE(matches(download_f32(gd.view, state), ref, kBf16Sum)) << "bf16 D";
 }
 
 TEST(CudaGemm, Fp8PerTensorIntoFp8MatchesCpuReference) {
-    CudaState state(0);
-    optest::Rng rng(64);
-    const int64_t M = 64, N = 32, K = 128;
-    const HostTensor a = round_to(optest::random_tensor(rng, {M, K}, -2.0f, 2.0f), DType::kE4M3);
-    const HostTensor b = round_to(optest::random_tensor(rng, {N, K}, -2.0f, 2.0f), DType::kE4M3);
-    HostTensor scales(DType::kF32, {3});
-    float* s = scales.as<float>();
-    s[0] = 0.5f, s[1] = 2.0f, s[2] = 4.0f;  // a, b, d
-    DeviceTensor ga = upload(a, DType::kE4M3, state), gb = upload(b, DType::kE4M3, state);
-    // Each scale in its own allocation (256-byte aligned), as a caller's per-tensor scales are.
-    HostTensor one(DType::kF32, {1});
-    std::vector<DeviceTensor> gs;
-    for (int i = 0; i < 3; ++i) {
-        one.as<float>()[0] = s[i];
-        gs.push_back(upload(one, DType::kF32, state));
-    }
-    const float* dev_s[3] = {gs[0].view.as<float>(), gs[1].view.as<float>(),
-                             gs[2].view.as<float>()};
-    GemmArgs g;
-    g.M = M, g.N = N, g.K = K;
-    g.lda = K, g.ldb = K, g.trans_b = true, g.ldd = N;
-
+    Fp8Case c;
+    const int64_t M = c.M, N = c.N;
+    CudaState& state = c.state;
+    GemmArgs& g = c.g;
     // e4m3 D: the reference is d_scale times the f32 result; amax is of the unscaled one.
     float amax_ref = 0.0f;
-    g.a_scale = s, g.b_scale = s + 1, g.d_scale = s + 2, g.d_amax = &amax_ref;
+    g.a_scale = c.host_scale(0), g.b_scale = c.host_scale(1), g.d_scale = c.host_scale(2);
+    g.d_amax = &amax_ref;
     HostTensor ref8(DType::kF32, {M, N});
-    cpu::gemm(on_host(g, a, b, ref8));
+    cpu::gemm(on_host(g, c.a, c.b, ref8));
     DeviceTensor gd8 = device_tensor(DType::kE4M3, {M, N}, state);
     DeviceTensor gamax = device_tensor(DType::kF32, {1}, state);
-    g.A = ga.view.data(), g.a_dtype = DType::kE4M3;
-    g.B = gb.view.data(), g.b_dtype = DType::kE4M3;
-    g.D = gd8.view.data(), g.d_dtype = DType::kE4M3;
-    g.a_scale = dev_s[0], g.b_scale = dev_s[1], g.d_scale = dev_s[2];
+    c.on_device(gd8.view.data(), DType::kE4M3);
+    g.a_scale = c.dev_s[0], g.b_scale = c.dev_s[1], g.d_scale = c.dev_s[2];
     g.d_amax = gamax.view.as<float>();
     cuda::gemm(state, state.stream(), g);
     constexpr double kE4M3Unit = 1.0 / 16;
