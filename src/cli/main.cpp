@@ -55,6 +55,7 @@ int run(int argc, char** argv) {
     lathe::cli_add_align(app, action);
     lathe::cli_add_bench(app, action);
     lathe::cli_add_doctor(app, action);
+    lathe::cli_add_runs(app, action);
 
     try {
         app.parse(argc, argv);
