@@ -157,35 +157,27 @@ struct Placement {
 Result<Placement> choose_placement(BenchDevice wanted) {
     Placement p;
     if (wanted != BenchDevice::kCpu) {
+        // compute_device_choose decides on GPU 0 as ComputeDevice::open does: listed by the
+        // driver, kernels for it in this build, attention available.
         const GpuEnvironment env = gpu_environment_probe(/*only_device=*/0);
-        std::string why_not;
-        if (!env.cuda_build) {
-            why_not = env.device_error;
-        } else if (env.devices.empty()) {
-            why_not = env.device_error.empty() ? "no CUDA device" : env.device_error;
-        } else if (!env.devices[0].kernel_image_ok) {
-            why_not = fmt::format(
-                "this build has no kernels for GPU 0 ({}, compute capability "
-                "{}.{}): {}",
-                env.devices[0].name, env.devices[0].cc_major, env.devices[0].cc_minor,
-                env.devices[0].kernel_image_error);
-        } else if (const char* missing = attention_unavailable_reason(Backend::kCuda)) {
-            why_not = missing;  // no model runs on this GPU
-        }
-        if (why_not.empty()) {
+        std::string note;
+        LATHE_ASSIGN_OR_RETURN(
+            const Backend backend,
+            compute_device_choose(device_name(wanted), "--device", env,
+                                  attention_unavailable_reason(Backend::kCuda), note));
+        if (backend == Backend::kCuda) {
             const GpuDeviceInfo& d = env.devices[0];
             p.backend = Backend::kCuda;
             p.name = d.name;
             p.peak_flops = bench_peak_flops(d.cc_major, d.cc_minor);
             return p;
         }
-        if (wanted == BenchDevice::kCuda) {
-            return failed_precondition_error(
-                "--device cuda: no usable GPU ({}); see `lathe "
-                "doctor`, or use --device cpu",
-                why_not);
-        }
-        log_info("bench: no usable GPU ({}); running on the CPU", why_not);
+        // auto without a usable GPU: the note says why when a GPU is there, else the probe does.
+        if (note.empty())
+            note =
+                fmt::format("no GPU here ({}); computing on the CPU",
+                            env.device_error.empty() ? "the driver lists none" : env.device_error);
+        log_info("bench: {}", note);
     }
     int threads = 1;
 #ifdef _OPENMP

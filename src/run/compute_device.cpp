@@ -8,21 +8,18 @@
 #include "core/log.h"
 #include "model/memory_plan.h"
 #include "ops/attention.h"
-#include "ops/device_info.h"
-
-#if LATHE_HAVE_CUDA
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/device_count.h"
 #include "ops/cuda/memory.h"
-#endif
+#include "ops/device_info.h"
 
 namespace lathe {
 
+// The device's CUDA state. In a build without CUDA none is ever made: compute_device_choose picks
+// the CPU there, since the probe lists no GPU.
 struct ComputeDevice::Cuda {
-#if LATHE_HAVE_CUDA
     explicit Cuda(int device) : state(device) {}
     CudaState state;
-#endif
 };
 
 ComputeDevice::ComputeDevice() : ctx_(cpu_context()) {}
@@ -114,11 +111,9 @@ Result<ComputeDevice> ComputeDevice::open(std::string_view want, std::string_vie
     // Which GPU (none visible: 0, whose probe below says why it cannot be used), then the same
     // probe `lathe doctor` runs, of that GPU only.
     int device = 0;
-#if LATHE_HAVE_CUDA
     if (const int visible = cuda_visible_device_count(); visible > 0) {
         LATHE_ASSIGN_OR_RETURN(device, compute_device_index(want, key, group, visible));
     }
-#endif
     const GpuEnvironment env = gpu_environment_probe(/*only_device=*/device);
     std::string note;
     LATHE_ASSIGN_OR_RETURN(
@@ -126,38 +121,30 @@ Result<ComputeDevice> ComputeDevice::open(std::string_view want, std::string_vie
         compute_device_choose(want, key, env, attention_unavailable_reason(Backend::kCuda), note));
     if (!note.empty()) log_warning("{}", note);
     if (backend == Backend::kCpu) return d;
-#if LATHE_HAVE_CUDA
     d.cuda_ = std::make_unique<Cuda>(device);
     d.ctx_ = d.cuda_->state.context();
-#endif
     return d;
 }
 
 std::string ComputeDevice::describe() const {
-#if LATHE_HAVE_CUDA
     if (cuda_) {
         const int dev = cuda_->state.device();
         const CudaMemoryInfo info = cuda_memory_info(dev);
         return fmt::format("cuda:{} ({}, {})", dev, cuda_device_name(dev),
                            format_bytes(info.total_bytes));
     }
-#endif
     return "cpu";
 }
 
 size_t ComputeDevice::available_memory_bytes() const {
-#if LATHE_HAVE_CUDA
     if (cuda_) return cuda_memory_info(cuda_->state.device()).free_bytes;
-#endif
     const long pages = sysconf(_SC_PHYS_PAGES);
     const long page = sysconf(_SC_PAGE_SIZE);
     return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
 }
 
 void ComputeDevice::synchronize() const {
-#if LATHE_HAVE_CUDA
     if (cuda_) cuda_->state.synchronize();
-#endif
 }
 
 }  // namespace lathe

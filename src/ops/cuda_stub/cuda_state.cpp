@@ -1,12 +1,33 @@
-// ops/cuda/cuda_state.h in a build without CUDA (ops/cuda_stub/no_cuda.h): cuda_state_of, the
-// state's synchronizations, the copies and fills stop, as do the constructors of DeviceBuffer
-// that allocates and of CudaEvent. A buffer or event here therefore holds nothing: destructors
-// and moves have nothing to free.
+// ops/cuda/cuda_state.h and ops/cuda/device_count.h in a build without CUDA
+// (ops/cuda_stub/no_cuda.h): cuda_state_of, the state's constructor, context and
+// synchronizations, the copies and fills stop, as do the constructors of DeviceBuffer that
+// allocates and of CudaEvent. A state, buffer or event here therefore holds nothing: destructors
+// and moves have nothing to free. cuda_visible_device_count answers 0, as it never stops.
 
 #include <utility>
 
 #include "ops/cuda/cuda_state.h"
+#include "ops/cuda/device_count.h"
 #include "ops/cuda_stub/no_cuda.h"
+
+// Complete here only so that the state's destructor can be defined; no state is ever made.
+struct lathe::CudaState::MatmulCache {};
+
+int lathe::cuda_visible_device_count() {
+    return 0;
+}
+
+lathe::CudaState::CudaState(int) {
+    lathe::detail::no_cuda("CudaState");
+}
+
+lathe::CudaState::~CudaState() = default;
+
+void lathe::CudaState::AttentionCacheDeleter::operator()(AttentionCache*) const {}
+
+lathe::Context lathe::CudaState::context() {
+    lathe::detail::no_cuda("CudaState::context");
+}
 
 lathe::DeviceBuffer::DeviceBuffer(size_t) {
     lathe::detail::no_cuda("DeviceBuffer");
