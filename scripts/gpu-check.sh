@@ -174,16 +174,22 @@ bench_rows=(
 # The memory plan printed before step 1 against the measured peak: |peak / plan - 1| <= 5%.
 plan_tolerance=0.05
 
+# One bench row: LATHE bench ARGS on the GPU, its output and exit status into LOG; prints the
+# row's tokens_per_s ("" when its JSON line has none).
+bench_row() {
+    # shellcheck disable=SC2086  # args are words
+    timeout "$(limit 150)" "$1" bench $2 --device cuda >"$3" 2>&1
+    echo "rc=$?" >>"$3"
+    json_field "$3" tokens_per_s
+}
+
 part_bench() {
     have lathe || return
     local row name args log tps err ok=0 errs=()
     for row in "${bench_rows[@]}"; do
         name=${row%%|*} args=${row#*|}
         log=$out/bench_$name.txt
-        # shellcheck disable=SC2086  # args are words
-        timeout "$(limit 150)" "$lathe" bench $args --device cuda >"$log" 2>&1
-        echo "rc=$?" >>"$log"
-        tps=$(json_field "$log" tokens_per_s)
+        tps=$(bench_row "$lathe" "$args" "$log")
         err=$(json_field "$log" plan_error)
         if [[ -z $tps ]]; then
             fail "bench $name: no tokens_per_s (last line: $(grep -v '^rc=' "$log" | tail -1 | cut -c1-160); $(tail -1 "$log"))"
@@ -428,10 +434,7 @@ part_compare() {
                 exe=$lathe
                 [[ $side == before ]] && exe=$before_bin/lathe
                 log=$out/compare_${name}_${side}_$round.txt
-                # shellcheck disable=SC2086  # args are words
-                timeout "$(limit 150)" "$exe" bench $args --device cuda >"$log" 2>&1
-                echo "rc=$?" >>"$log"
-                tps=$(json_field "$log" tokens_per_s)
+                tps=$(bench_row "$exe" "$args" "$log")
                 if [[ -z $tps ]]; then
                     fail "compare $name $side round $round: no tokens_per_s ($(grep -v '^rc=' "$log" | tail -1 | cut -c1-160))"
                     ok=0
