@@ -67,6 +67,24 @@ HostTensor make_docs(Rng& rng, int64_t B, int64_t T) {
     return docs;
 }
 
+// A case's random inputs, drawn in this order: q (B, T, H, D), k and v (B, T, Hkv, D), document
+// ids (B, T); and the scale 1 / sqrt(D).
+struct CaseInputs {
+    HostTensor q, k, v, docs;
+    float scale;
+    // The document ids when the case packs documents, else a null view (no document mask).
+    ConstTensorView doc_ids(const Case& c) const {
+        return c.docs ? ConstTensorView(docs.view()) : ConstTensorView();
+    }
+};
+
+CaseInputs case_inputs(Rng& rng, const Case& c) {
+    return CaseInputs{random_tensor(rng, Shape{c.B, c.T, c.H, c.D}),
+                      random_tensor(rng, Shape{c.B, c.T, c.Hkv, c.D}),
+                      random_tensor(rng, Shape{c.B, c.T, c.Hkv, c.D}), make_docs(rng, c.B, c.T),
+                      1.0f / std::sqrt(float(c.D))};
+}
+
 const Case kCases[] = {
     {2, 6, 2, 2, 4, 0, false},  // plain multi-head causal
     {1, 7, 4, 2, 3, 0, false},  // GQA, 2 query heads per kv head
@@ -79,17 +97,15 @@ TEST(Attention, ForwardMatchesNaiveReference) {
     const Context ctx = cpu_context();
     Rng rng(61);
     for (const Case& c : kCases) {
-        HostTensor q = random_tensor(rng, Shape{c.B, c.T, c.H, c.D});
-        HostTensor k = random_tensor(rng, Shape{c.B, c.T, c.Hkv, c.D});
-        HostTensor v = random_tensor(rng, Shape{c.B, c.T, c.Hkv, c.D});
-        HostTensor docs = make_docs(rng, c.B, c.T);
-        const ConstTensorView dv = c.docs ? ConstTensorView(docs.view()) : ConstTensorView();
-        const float scale = 1.0f / std::sqrt(float(c.D));
+        CaseInputs in = case_inputs(rng, c);
+        HostTensor &q = in.q, &k = in.k, &v = in.v;
+        const ConstTensorView dv = in.doc_ids(c);
+        const float scale = in.scale;
         HostTensor out = f32(q.shape()), lse = f32(Shape{c.B, c.H, c.T});
         HostTensor ref = f32(q.shape()), ref_lse = f32(Shape{c.B, c.H, c.T});
         attention_forward(out.view(), lse.view(), q.view(), k.view(), v.view(), dv, c.window, scale,
                           ctx);
-        naive_attention(ref, ref_lse, q, k, v, c.docs ? docs.as<int32_t>() : nullptr, c, scale);
+        naive_attention(ref, ref_lse, q, k, v, c.docs ? in.docs.as<int32_t>() : nullptr, c, scale);
         EXPECT_TRUE(close_to(out.view(), ref.view(), 1e-6)) << "H " << c.H << " Hkv " << c.Hkv;
         EXPECT_TRUE(close_to(lse.view(), ref_lse.view(), 1e-6));
     }
@@ -144,12 +160,10 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
     const Context ctx = cpu_context();
     Rng rng(63);
     for (const Case& c : kCases) {
-        HostTensor q = random_tensor(rng, Shape{c.B, c.T, c.H, c.D});
-        HostTensor k = random_tensor(rng, Shape{c.B, c.T, c.Hkv, c.D});
-        HostTensor v = random_tensor(rng, Shape{c.B, c.T, c.Hkv, c.D});
-        HostTensor docs = make_docs(rng, c.B, c.T);
-        const ConstTensorView dv_docs = c.docs ? ConstTensorView(docs.view()) : ConstTensorView();
-        const float scale = 1.0f / std::sqrt(float(c.D));
+        CaseInputs in = case_inputs(rng, c);
+        HostTensor &q = in.q, &k = in.k, &v = in.v;
+        const ConstTensorView dv_docs = in.doc_ids(c);
+        const float scale = in.scale;
         HostTensor out = f32(q.shape()), lse = f32(Shape{c.B, c.H, c.T});
         HostTensor r = random_tensor(rng, q.shape());
         auto loss = [&] {
@@ -203,12 +217,10 @@ TEST(Attention, QueriesAtAnOffsetMatchTheLastRowsOfFullAttention) {
     const Context ctx = cpu_context();
     Rng rng(64);
     for (const Case& c : kCases) {
-        HostTensor q = random_tensor(rng, Shape{c.B, c.T, c.H, c.D});
-        HostTensor k = random_tensor(rng, Shape{c.B, c.T, c.Hkv, c.D});
-        HostTensor v = random_tensor(rng, Shape{c.B, c.T, c.Hkv, c.D});
-        HostTensor docs = make_docs(rng, c.B, c.T);
-        const ConstTensorView dv = c.docs ? ConstTensorView(docs.view()) : ConstTensorView();
-        const float scale = 1.0f / std::sqrt(float(c.D));
+        CaseInputs in = case_inputs(rng, c);
+        HostTensor &q = in.q, &k = in.k, &v = in.v;
+        const ConstTensorView dv = in.doc_ids(c);
+        const float scale = in.scale;
         HostTensor full = f32(q.shape()), full_lse = f32(Shape{c.B, c.H, c.T});
         attention_forward(full.view(), full_lse.view(), q.view(), k.view(), v.view(), dv, c.window,
                           scale, ctx);
