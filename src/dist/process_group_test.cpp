@@ -5,13 +5,21 @@
 namespace lathe {
 namespace {
 
+// The launcher and the four rank fields of a group read from the environment.
+void expect_ranks(const ProcessGroupInfo& g, Launcher launcher, int rank, int world_size,
+                  int local_rank, int local_world_size) {
+    SCOPED_TRACE(g.describe());
+    EXPECT_EQ(g.launcher, launcher);
+    EXPECT_EQ(g.rank, rank);
+    EXPECT_EQ(g.world_size, world_size);
+    EXPECT_EQ(g.local_rank, local_rank);
+    EXPECT_EQ(g.local_world_size, local_world_size);
+}
+
 TEST(ProcessGroup, NoLauncherIsOneProcess) {
     auto g = process_group_from_env({{"HOME", "/root"}, {"PATH", "/bin"}});
     ASSERT_TRUE(g.ok()) << g.status().to_string();
-    EXPECT_EQ(g->launcher, Launcher::kNone);
-    EXPECT_EQ(g->rank, 0);
-    EXPECT_EQ(g->world_size, 1);
-    EXPECT_EQ(g->local_rank, 0);
+    expect_ranks(*g, Launcher::kNone, 0, 1, 0, 0);
     EXPECT_TRUE(g->single_process());
     EXPECT_EQ(g->master_port, 0);
     EXPECT_EQ(g->describe(), "a single process (no launcher)");
@@ -25,11 +33,7 @@ TEST(ProcessGroup, Torchrun) {
                                      {"MASTER_ADDR", "node-a"},
                                      {"MASTER_PORT", "29500"}});
     ASSERT_TRUE(g.ok()) << g.status().to_string();
-    EXPECT_EQ(g->launcher, Launcher::kTorchrun);
-    EXPECT_EQ(g->rank, 5);
-    EXPECT_EQ(g->world_size, 8);
-    EXPECT_EQ(g->local_rank, 1);
-    EXPECT_EQ(g->local_world_size, 4);
+    expect_ranks(*g, Launcher::kTorchrun, 5, 8, 1, 4);
     EXPECT_EQ(g->master_addr, "node-a");
     EXPECT_EQ(g->master_port, 29500);
     EXPECT_EQ(g->describe(), "rank 5 of 8 (local rank 1, torchrun)");
@@ -39,22 +43,14 @@ TEST(ProcessGroup, SlurmAndOpenMpi) {
     auto s = process_group_from_env(
         {{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "3"}});
     ASSERT_TRUE(s.ok()) << s.status().to_string();
-    EXPECT_EQ(s->launcher, Launcher::kSlurm);
-    EXPECT_EQ(s->rank, 3);
-    EXPECT_EQ(s->world_size, 4);
-    EXPECT_EQ(s->local_rank, 3);
-    EXPECT_EQ(s->local_world_size, 0);  // srun's per-node count is not read
+    expect_ranks(*s, Launcher::kSlurm, 3, 4, 3, 0);  // srun's per-node count is not read
 
     auto m = process_group_from_env({{"OMPI_COMM_WORLD_RANK", "1"},
                                      {"OMPI_COMM_WORLD_SIZE", "2"},
                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
                                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
     ASSERT_TRUE(m.ok()) << m.status().to_string();
-    EXPECT_EQ(m->launcher, Launcher::kMpirun);
-    EXPECT_EQ(m->rank, 1);
-    EXPECT_EQ(m->world_size, 2);
-    EXPECT_EQ(m->local_rank, 1);
-    EXPECT_EQ(m->local_world_size, 2);
+    expect_ranks(*m, Launcher::kMpirun, 1, 2, 1, 2);
 }
 
 // A launcher inside another's allocation: its own variables win (torchrun, then mpirun, then srun).
