@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "model/param_staging.h"
 #include "model/registry.h"
+#include "model/tiny_model_test_util.h"
 
 namespace lathe {
 namespace {
@@ -55,11 +56,7 @@ constexpr std::string_view kFamilies[] = {
         "vocab_size": 50, "n_embd": 16, "n_layer": 1, "n_head": 2, "n_positions": 12})",
 };
 
-ModelConfig parse(std::string_view json) {
-    Result<ModelConfig> c = model_config_from_hf_json(json, "test/config.json");
-    LATHE_CHECK(c.ok(), "{}", c.status().to_string());
-    return std::move(*c);
-}
+using tiny_model::parse;
 
 Model make(const ModelConfig& config, uint64_t seed) {
     ModelShape shape;

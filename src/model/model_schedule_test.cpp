@@ -10,29 +10,22 @@
 
 #include "model/model.h"
 #include "model/registry.h"
+#include "model/tiny_model_test_util.h"
 
 namespace lathe {
 namespace {
 
-// Two layers (the hook's order shows), untied head (one more entry outside the layers).
-constexpr std::string_view kLlamaJson = R"({
-  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-  "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32,
-  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false
-})";
+// tiny_model::kLlamaJson: two layers (the hook's order shows), untied head (one more entry
+// outside the layers).
+using tiny_model::ids;
+using tiny_model::kLlamaJson;
+using tiny_model::parse;
 
 // Three layers, learned positions (their embedding is one of the entries outside the layers).
 constexpr std::string_view kGpt2Json = R"({
   "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
   "vocab_size": 50, "n_embd": 16, "n_layer": 3, "n_head": 2, "n_positions": 12
 })";
-
-ModelConfig parse(std::string_view json) {
-    Result<ModelConfig> c = model_config_from_hf_json(json, "test/config.json");
-    LATHE_CHECK(c.ok(), "{}", c.status().to_string());
-    return std::move(*c);
-}
 
 Model make(const ModelConfig& config, int64_t B, int64_t T, bool training,
            Recompute recompute = Recompute::kNone) {
@@ -45,13 +38,6 @@ Model make(const ModelConfig& config, int64_t B, int64_t T, bool training,
     LATHE_CHECK(m.ok(), "{}", m.status().to_string());
     m->init(11);
     return std::move(*m);
-}
-
-HostTensor ids(int64_t B, int64_t T, int64_t n, int salt) {
-    HostTensor t(DType::kI32, Shape{B, T});
-    for (int64_t i = 0; i < B * T; ++i)
-        t.as<int32_t>()[i] = int32_t((i * 7919 + salt * 104729) % n);
-    return t;
 }
 
 // The gradient bytes of every entry of `layer` (-1: the entries outside the blocks).

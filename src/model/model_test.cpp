@@ -20,6 +20,7 @@
 #include "model/init.h"
 #include "model/model_io.h"
 #include "model/registry.h"
+#include "model/tiny_model_test_util.h"
 
 namespace lathe {
 namespace {
@@ -34,23 +35,9 @@ constexpr std::string_view kLlamaJson = R"({
                    "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
 })";
 
-constexpr std::string_view kNeoxJson = R"({
-  "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
-  "vocab_size": 40, "hidden_size": 24, "intermediate_size": 40, "num_hidden_layers": 1,
-  "num_attention_heads": 3, "max_position_embeddings": 16, "rotary_pct": 0.5,
-  "use_parallel_residual": true
-})";
-
-constexpr std::string_view kGpt2Json = R"({
-  "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-  "vocab_size": 50, "n_embd": 16, "n_layer": 1, "n_head": 2, "n_positions": 12
-})";
-
-ModelConfig parse(std::string_view json) {
-    Result<ModelConfig> c = model_config_from_hf_json(json, "test/config.json");
-    LATHE_CHECK(c.ok(), "{}", c.status().to_string());
-    return std::move(*c);
-}
+using tiny_model::kGpt2Json;
+using tiny_model::kNeoxJson;
+using tiny_model::parse;
 
 Model make(const ModelConfig& config, int64_t B, int64_t T, uint64_t seed = 7) {
     Result<Model> m = Model::create(config, ModelShape{B, T, 0}, cpu_context());
@@ -59,13 +46,7 @@ Model make(const ModelConfig& config, int64_t B, int64_t T, uint64_t seed = 7) {
     return std::move(*m);
 }
 
-// Deterministic pseudo-random ids in [0, n).
-HostTensor ids(int64_t B, int64_t T, int64_t n, int salt) {
-    HostTensor t(DType::kI32, Shape{B, T});
-    for (int64_t i = 0; i < B * T; ++i)
-        t.as<int32_t>()[i] = int32_t((i * 7919 + salt * 104729) % n);
-    return t;
-}
+using tiny_model::ids;
 
 std::vector<float> grads_of(const Model& m) {
     const ConstTensorView g = m.grads_flat();

@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "model/model.h"
 #include "model/registry.h"
+#include "model/tiny_model_test_util.h"
 
 namespace lathe {
 namespace {
@@ -23,26 +24,12 @@ constexpr std::string_view kLlamaJson = R"({
   "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 16
 })";
 
-constexpr std::string_view kNeoxJson = R"({
-  "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
-  "vocab_size": 40, "hidden_size": 24, "intermediate_size": 40, "num_hidden_layers": 1,
-  "num_attention_heads": 3, "max_position_embeddings": 16, "rotary_pct": 0.5,
-  "use_parallel_residual": true
-})";
-
-constexpr std::string_view kGpt2Json = R"({
-  "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-  "vocab_size": 50, "n_embd": 16, "n_layer": 1, "n_head": 2, "n_positions": 12
-})";
+using tiny_model::kGpt2Json;
+using tiny_model::kNeoxJson;
+using tiny_model::parse;
 
 constexpr LinearRole kRoles[] = {LinearRole::kQkv, LinearRole::kAttnOut, LinearRole::kMlpUp,
                                  LinearRole::kMlpDown, LinearRole::kLmHead};
-
-ModelConfig parse(std::string_view json) {
-    Result<ModelConfig> c = model_config_from_hf_json(json, "test/config.json");
-    LATHE_CHECK(c.ok(), "{}", c.status().to_string());
-    return std::move(*c);
-}
 
 // One training step's forward and backward of a (1, 4) batch under `policy`; returns the loss.
 float train_step(const ModelConfig& config, const PrecisionPolicy& policy) {

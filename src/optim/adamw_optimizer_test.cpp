@@ -13,36 +13,24 @@
 
 #include "model/model.h"
 #include "model/registry.h"
+#include "model/tiny_model_test_util.h"
 #include "ops/grad_norm.h"
 
 namespace lathe {
 namespace {
 
-constexpr std::string_view kLlamaJson = R"({
-  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-  "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32,
-  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false
-})";
+using tiny_model::ids;
 
 Model make_model(bool training) {
-    Result<ModelConfig> c = model_config_from_hf_json(kLlamaJson, "test/config.json");
-    LATHE_CHECK(c.ok(), "{}", c.status().to_string());
+    const ModelConfig c = tiny_model::parse(tiny_model::kLlamaJson);
     ModelShape shape;
     shape.batch = 2;
     shape.seq_len = 8;
     shape.training = training;
-    Result<Model> m = Model::create(*c, shape, cpu_context());
+    Result<Model> m = Model::create(c, shape, cpu_context());
     LATHE_CHECK(m.ok(), "{}", m.status().to_string());
     m->init(5);
     return std::move(*m);
-}
-
-HostTensor ids(int64_t B, int64_t T, int64_t n, int salt) {
-    HostTensor t(DType::kI32, Shape{B, T});
-    for (int64_t i = 0; i < B * T; ++i)
-        t.as<int32_t>()[i] = int32_t((i * 7919 + salt * 104729) % n);
-    return t;
 }
 
 bool same_bits(ConstTensorView a, const std::vector<float>& b) {
