@@ -4,11 +4,11 @@
 #include "data/chat_jsonl.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
+#include "core/temp_files_test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lathe {
@@ -20,18 +20,7 @@ const std::string kShared = LATHE_SHARED_DIR;
 const std::string kQwen3 = kShared + "/tokenizers/qwen3.json";
 const std::string kQwen3Config = kShared + "/tokenizers/qwen3.tokenizer_config.json";
 
-std::string temp_path(const std::string& name) {
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("lathe_chat_jsonl_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    return (dir / name).string();
-}
-
-std::string write_file(const std::string& name, const std::string& bytes) {
-    const std::string path = temp_path(name);
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
-}
+const testutil::TempFiles kTemp("lathe_chat_jsonl_test");
 
 std::vector<std::string> read_lines(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
@@ -54,13 +43,13 @@ ChatJsonlOptions options(const std::string& input, const std::string& output) {
 
 TEST(ChatJsonl, RenderWritesTheTemplatesTextWithKwargs) {
     ASSERT_TRUE(std::filesystem::exists(kQwen3Config)) << "no " << kQwen3Config;
-    const std::string in = write_file(
+    const std::string in = kTemp.write(
         "render.jsonl",
         Json{{"messages", kConversation}}.dump() + "\n" +
             Json{{"messages", kConversation}, {"chat_template_kwargs", {{"enable_thinking", true}}}}
                 .dump() +
             "\n");
-    ChatJsonlOptions o = options(in, temp_path("render_out.jsonl"));
+    ChatJsonlOptions o = options(in, kTemp.path("render_out.jsonl"));
     o.kwargs = R"({"enable_thinking": false})";
     o.add_generation_prompt = true;
     Status s = chat_jsonl_run(o, ChatJsonlMode::kRender);
@@ -82,8 +71,8 @@ TEST(ChatJsonl, RenderWritesTheTemplatesTextWithKwargs) {
 TEST(ChatJsonl, EncodeWritesIdsAndLabels) {
     ASSERT_TRUE(std::filesystem::exists(kQwen3)) << "no " << kQwen3;
     const std::string in =
-        write_file("encode.jsonl", Json{{"messages", kConversation}}.dump() + "\n");
-    ChatJsonlOptions o = options(in, temp_path("encode_out.jsonl"));
+        kTemp.write("encode.jsonl", Json{{"messages", kConversation}}.dump() + "\n");
+    ChatJsonlOptions o = options(in, kTemp.path("encode_out.jsonl"));
     Status s = chat_jsonl_run(o, ChatJsonlMode::kEncode);
     ASSERT_TRUE(s.ok()) << s.message();
 
@@ -105,9 +94,9 @@ TEST(ChatJsonl, EncodeWritesIdsAndLabels) {
 TEST(ChatJsonl, TemplateFileReplacesTheConfigs) {
     ASSERT_TRUE(std::filesystem::exists(kQwen3Config)) << "no " << kQwen3Config;
     ChatJsonlOptions o =
-        options(write_file("plain.jsonl", Json{{"messages", kConversation}}.dump() + "\n"),
-                temp_path("plain_out.jsonl"));
-    o.chat_template = write_file(
+        options(kTemp.write("plain.jsonl", Json{{"messages", kConversation}}.dump() + "\n"),
+                kTemp.path("plain_out.jsonl"));
+    o.chat_template = kTemp.write(
         "plain.jinja", "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}");
     ASSERT_TRUE(chat_jsonl_run(o, ChatJsonlMode::kRender).ok());
     const std::vector<std::string> lines = read_lines(o.output);
@@ -118,8 +107,8 @@ TEST(ChatJsonl, TemplateFileReplacesTheConfigs) {
 TEST(ChatJsonl, BadLineNamesFileAndLine) {
     ASSERT_TRUE(std::filesystem::exists(kQwen3Config)) << "no " << kQwen3Config;
     const std::string in =
-        write_file("bad.jsonl", Json{{"messages", kConversation}}.dump() + "\n{\"msgs\": []}\n");
-    ChatJsonlOptions o = options(in, temp_path("bad_out.jsonl"));
+        kTemp.write("bad.jsonl", Json{{"messages", kConversation}}.dump() + "\n{\"msgs\": []}\n");
+    ChatJsonlOptions o = options(in, kTemp.path("bad_out.jsonl"));
     std::filesystem::remove(o.output);
     Status s = chat_jsonl_run(o, ChatJsonlMode::kRender);
     ASSERT_FALSE(s.ok());

@@ -4,11 +4,10 @@
 #include "data/tokenize_jsonl.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 
+#include "core/temp_files_test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lathe {
@@ -16,23 +15,7 @@ namespace {
 
 const std::string kGpt2 = std::string(LATHE_SHARED_DIR) + "/tokenizers/gpt2.json";
 
-std::string temp_path(const std::string& name) {
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("lathe_tokenize_jsonl_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    return (dir / name).string();
-}
-
-std::string write_file(const std::string& name, const std::string& bytes) {
-    const std::string path = temp_path(name);
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
-}
-
-std::string read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-}
+const testutil::TempFiles kTemp("lathe_tokenize_jsonl_test");
 
 std::vector<std::string> texts(int n) {
     std::vector<std::string> out;
@@ -70,26 +53,26 @@ TEST(TokenizeJsonl, EncodesAsTheTokenizerInOrderOnAnyThreadCount) {
         }
         expected += "]}\n";
     }
-    const std::string in = write_file("in.jsonl", input);
+    const std::string in = kTemp.write("in.jsonl", input);
     for (int threads : {1, 3}) {
-        const std::string out = temp_path("out" + std::to_string(threads) + ".jsonl");
+        const std::string out = kTemp.path("out" + std::to_string(threads) + ".jsonl");
         Status s = tokenize_jsonl(options(in, out, threads));
         ASSERT_TRUE(s.ok()) << s.message();
-        EXPECT_EQ(read_file(out), expected) << threads << " threads";
+        EXPECT_EQ(testutil::read_whole_file(out), expected) << threads << " threads";
     }
 }
 
 TEST(TokenizeJsonl, DecodeInvertsEncode) {
     ASSERT_TRUE(std::filesystem::exists(kGpt2)) << "no " << kGpt2 << " (required test data)";
-    const std::string in = write_file(
+    const std::string in = kTemp.write(
         "rt.jsonl", "{\"text\": \"Hello, world!\"}\n{\"text\": \"caf\\u00e9 \\\"q\\\"\"}\n");
-    const std::string ids = temp_path("rt_ids.jsonl");
+    const std::string ids = kTemp.path("rt_ids.jsonl");
     ASSERT_TRUE(tokenize_jsonl(options(in, ids, 2)).ok());
-    TokenizeJsonlOptions dec = options(ids, temp_path("rt_text.jsonl"), 2);
+    TokenizeJsonlOptions dec = options(ids, kTemp.path("rt_text.jsonl"), 2);
     dec.decode = true;
     Status s = tokenize_jsonl(dec);
     ASSERT_TRUE(s.ok()) << s.message();
-    EXPECT_EQ(read_file(dec.output),
+    EXPECT_EQ(testutil::read_whole_file(dec.output),
               "{\"text\":\"Hello, world!\"}\n{\"text\":\"caf\xc3\xa9 \\\"q\\\"\"}\n");
 }
 
@@ -98,8 +81,8 @@ TEST(TokenizeJsonl, BadLineNamesFileAndLineAndLeavesNoOutput) {
     std::string input;
     for (int i = 0; i < 5000; ++i) input += "{\"text\": \"ok\"}\n";
     input += "{\"txt\": \"no text field\"}\n";
-    const std::string in = write_file("bad.jsonl", input);
-    const std::string out = temp_path("bad_out.jsonl");
+    const std::string in = kTemp.write("bad.jsonl", input);
+    const std::string out = kTemp.path("bad_out.jsonl");
     std::filesystem::remove(out);
     for (int threads : {1, 4}) {
         Status s = tokenize_jsonl(options(in, out, threads));
@@ -107,7 +90,8 @@ TEST(TokenizeJsonl, BadLineNamesFileAndLineAndLeavesNoOutput) {
         EXPECT_NE(s.message().find(in + ":5001: "), std::string::npos) << s.message();
         EXPECT_FALSE(std::filesystem::exists(out));
     }
-    TokenizeJsonlOptions dec = options(write_file("bad_ids.jsonl", "{\"ids\": [1, -2]}\n"), out, 1);
+    TokenizeJsonlOptions dec =
+        options(kTemp.write("bad_ids.jsonl", "{\"ids\": [1, -2]}\n"), out, 1);
     dec.decode = true;
     Status s = tokenize_jsonl(dec);
     ASSERT_FALSE(s.ok());

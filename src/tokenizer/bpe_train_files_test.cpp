@@ -4,33 +4,16 @@
 #include "tokenizer/bpe_train_files.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 
+#include "core/temp_files_test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lathe {
 namespace {
 
-std::string temp_path(const std::string& name) {
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("lathe_bpe_train_files_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    return (dir / name).string();
-}
-
-std::string write_file(const std::string& name, const std::string& bytes) {
-    const std::string path = temp_path(name);
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
-}
-
-std::string read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-}
+const testutil::TempFiles kTemp("lathe_bpe_train_files_test");
 
 std::vector<std::string> documents() {
     std::vector<std::string> docs;
@@ -56,14 +39,15 @@ TEST(BpeTrainFiles, TextAndJsonlGiveTheSameLoadableTokenizer) {
         text += d + "\n\n";
         jsonl += "{\"id\": 1, \"text\": \"" + d + "\"}\n";
     }
-    const auto from_text = options({write_file("corpus.txt", text)}, temp_path("from_text.json"));
+    const auto from_text = options({kTemp.write("corpus.txt", text)}, kTemp.path("from_text.json"));
     const auto from_jsonl =
-        options({write_file("corpus.jsonl", jsonl)}, temp_path("from_jsonl.json"));
+        options({kTemp.write("corpus.jsonl", jsonl)}, kTemp.path("from_jsonl.json"));
     Status s = bpe_train_files(from_text);
     ASSERT_TRUE(s.ok()) << s.message();
     s = bpe_train_files(from_jsonl);
     ASSERT_TRUE(s.ok()) << s.message();
-    EXPECT_EQ(read_file(from_text.output), read_file(from_jsonl.output));
+    EXPECT_EQ(testutil::read_whole_file(from_text.output),
+              testutil::read_whole_file(from_jsonl.output));
 
     auto tok = Tokenizer::load(from_text.output);
     ASSERT_TRUE(tok.ok()) << tok.status().message();
@@ -74,33 +58,33 @@ TEST(BpeTrainFiles, TextAndJsonlGiveTheSameLoadableTokenizer) {
 }
 
 TEST(BpeTrainFiles, BadOptionsFailBeforeReading) {
-    const std::string missing = temp_path("no_such_input.txt");
-    BpeTrainFilesOptions o = options({missing}, temp_path("unused.json"));
+    const std::string missing = kTemp.path("no_such_input.txt");
+    BpeTrainFilesOptions o = options({missing}, kTemp.path("unused.json"));
     o.format = "csv";
     Status s = bpe_train_files(o);
     ASSERT_FALSE(s.ok());
     EXPECT_NE(s.message().find("--format: unknown format 'csv'"), std::string::npos);
-    o = options({missing}, temp_path("unused.json"));
+    o = options({missing}, kTemp.path("unused.json"));
     o.on_error = "ignore";
     EXPECT_NE(bpe_train_files(o).message().find("--on-error: expected fail or skip"),
               std::string::npos);
-    o = options({missing}, temp_path("unused.json"));
+    o = options({missing}, kTemp.path("unused.json"));
     o.special_tokens = {"<s>", ""};
     EXPECT_NE(bpe_train_files(o).message().find("--special-tokens: an empty name"),
               std::string::npos);
-    o = options({}, temp_path("unused.json"));
+    o = options({}, kTemp.path("unused.json"));
     EXPECT_NE(bpe_train_files(o).message().find("--input: give at least one file"),
               std::string::npos);
-    EXPECT_FALSE(std::filesystem::exists(temp_path("unused.json")));
+    EXPECT_FALSE(std::filesystem::exists(kTemp.path("unused.json")));
 }
 
 TEST(BpeTrainFiles, BadJsonlLineNamesFileAndLine) {
     const std::string in =
-        write_file("bad.jsonl", "{\"text\": \"fine\"}\n{\"body\": \"no text\"}\n");
-    Status s = bpe_train_files(options({in}, temp_path("bad.json")));
+        kTemp.write("bad.jsonl", "{\"text\": \"fine\"}\n{\"body\": \"no text\"}\n");
+    Status s = bpe_train_files(options({in}, kTemp.path("bad.json")));
     ASSERT_FALSE(s.ok());
     EXPECT_NE(s.message().find(in + ":2: no field 'text'"), std::string::npos) << s.message();
-    EXPECT_FALSE(std::filesystem::exists(temp_path("bad.json")));
+    EXPECT_FALSE(std::filesystem::exists(kTemp.path("bad.json")));
 }
 
 }  // namespace
