@@ -6,11 +6,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <system_error>
 
 #include "core/progress.h"
 #include "io/config.h"
-#include "io/file.h"
 #include "model/model_config.h"
 #include "model/registry.h"
 #include "run/checkpoint_dir.h"
@@ -24,12 +24,8 @@ namespace {
 
 // The run's config.yaml loaded with the train schema, or nullopt when it is missing or invalid.
 std::optional<Config> load_run_config(const fs::path& run, const ConfigSchema& schema) {
-    const fs::path path = run / "config.yaml";
-    std::error_code ec;
-    if (!fs::is_regular_file(path, ec)) return std::nullopt;
-    auto text = file_read_all(path.string());
-    if (!text.ok()) return std::nullopt;
-    auto config = Config::load_text(schema, *text, path.string());
+    const std::string path = (run / "config.yaml").string();
+    auto config = Config::load(schema, std::span(&path, 1), {});
     if (!config.ok()) return std::nullopt;
     return std::move(*config);
 }
