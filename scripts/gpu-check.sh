@@ -112,6 +112,11 @@ print("" if v is None else v)
 EOF
 }
 
+# The last line of a log less the "rc=" line the parts append, cut to 160 characters.
+last_line() {
+    grep -v '^rc=' "$1" | tail -1 | cut -c1-160
+}
+
 part_doctor() {
     have lathe || return
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm \
@@ -138,7 +143,7 @@ gtest_verdict() {
     if [[ -z $ran ]]; then
         local why="exit $rc"
         ((rc == 124)) && why="timed out"
-        fail "$t: no summary ($why; last line: $(grep -v '^rc=' "$log" | tail -1 | cut -c1-160))"
+        fail "$t: no summary ($why; last line: $(last_line "$log"))"
     elif [[ $rc -eq 0 && ${passed:-0} -eq $ran && $ran -gt 0 && $failed -eq 0 && $skipped -eq 0 ]]; then
         pass "$t $passed/$ran"
     else
@@ -192,7 +197,7 @@ part_bench() {
         tps=$(bench_row "$lathe" "$args" "$log")
         err=$(json_field "$log" plan_error)
         if [[ -z $tps ]]; then
-            fail "bench $name: no tokens_per_s (last line: $(grep -v '^rc=' "$log" | tail -1 | cut -c1-160); $(tail -1 "$log"))"
+            fail "bench $name: no tokens_per_s (last line: $(last_line "$log"); $(tail -1 "$log"))"
         elif [[ -z $err ]]; then
             fail "bench $name: no plan_error (measured peak against the plan) in its JSON line"
         elif ! python3 -c "import sys; sys.exit(0 if abs(float('$err')) <= $plan_tolerance else 1)"; then
@@ -436,7 +441,7 @@ part_compare() {
                 log=$out/compare_${name}_${side}_$round.txt
                 tps=$(bench_row "$exe" "$args" "$log")
                 if [[ -z $tps ]]; then
-                    fail "compare $name $side round $round: no tokens_per_s ($(grep -v '^rc=' "$log" | tail -1 | cut -c1-160))"
+                    fail "compare $name $side round $round: no tokens_per_s ($(last_line "$log"))"
                     ok=0
                 fi
                 runs[$name.$side]+="${tps:-nan} "
