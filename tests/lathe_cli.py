@@ -8,6 +8,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LATHE = os.environ.get("LATHE_BIN", str(ROOT / "build" / "lathe"))
 
+# The model and data sections of the tiny train config the CLI tests train: a one-layer Llama of
+# hidden size 32, 16-token sequences, every document for training (no validation split). A test
+# appends its train/optimizer/checkpoint sections, then data.path and data.tokenizer.
+TINY_MODEL = """
+model:
+  family: llama
+  hidden_size: 32
+  intermediate_size: 64
+  num_hidden_layers: 1
+  num_attention_heads: 2
+  num_key_value_heads: 1
+  max_position_embeddings: 64
+  tie_word_embeddings: true
+data:
+  split: "100,0,0"
+  seq_length: 16
+"""
+
 
 def run(args, check=True, timeout=600, **kw):
     """`lathe ARGS` (each argument str()-ed), output captured as text; with check, a non-zero exit

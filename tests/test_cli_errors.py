@@ -26,23 +26,11 @@ from pathlib import Path
 import pytest
 
 from corpus import write_gcide_jsonl
-from lathe_cli import LATHE, run
+from lathe_cli import LATHE, TINY_MODEL, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TINY = """
-model:
-  family: llama
-  hidden_size: 32
-  intermediate_size: 64
-  num_hidden_layers: 1
-  num_attention_heads: 2
-  num_key_value_heads: 1
-  max_position_embeddings: 64
-  tie_word_embeddings: true
-data:
-  split: "100,0,0"
-  seq_length: 16
+TINY = TINY_MODEL + """
 train:
   steps: 4
   micro_batch_size: 2

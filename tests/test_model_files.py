@@ -2,22 +2,10 @@
 the same set (kHfTokenizerFiles in run/special_tokens.h), byte for byte, from where they sit."""
 
 from corpus import write_gcide_jsonl
-from lathe_cli import run
+from lathe_cli import TINY_MODEL, run
 
 
-TINY = """
-model:
-  family: llama
-  hidden_size: 32
-  intermediate_size: 64
-  num_hidden_layers: 1
-  num_attention_heads: 2
-  num_key_value_heads: 1
-  max_position_embeddings: 64
-  tie_word_embeddings: true
-data:
-  split: "100,0,0"
-  seq_length: 16
+TINY = TINY_MODEL + """
 train:
   steps: 2
   micro_batch_size: 2
