@@ -13,13 +13,10 @@ std::span<const ModelFamily* const> model_families() {
 }
 
 Result<const ModelFamily*> model_family_find(std::string_view model_type) {
-    std::string known;
-    for (const ModelFamily* f : model_families()) {
+    for (const ModelFamily* f : model_families())
         if (f->model_type == model_type) return f;
-        known += fmt::format("{}{}", known.empty() ? "" : ", ", f->model_type);
-    }
     return unimplemented_error("model_type '{}' is not supported; lathe knows {}", model_type,
-                               known);
+                               model_family_names(", ", ", "));
 }
 
 std::string model_family_names(std::string_view separator, std::string_view last) {
