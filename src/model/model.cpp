@@ -505,11 +505,7 @@ void Model::read_losses(std::span<float> out) const {
                 out.size(), kLossSlots);
     if (out.empty()) return;
     const TensorView slots = act(plan_.loss, Shape{int64_t(out.size())});
-    if (!on_cuda()) {
-        std::memcpy(out.data(), slots.data(), out.size_bytes());
-        return;
-    }
-    cuda_copy_sync(TensorView(out.data(), DType::kF32, slots.shape()), slots, ctx_.stream);
+    copy_to_host(TensorView(out.data(), DType::kF32, slots.shape()), slots);
 }
 
 void Model::forward_backward_async(const ModelBatch& batch, float dloss, int64_t loss_slot) {
