@@ -734,8 +734,8 @@ def report(o, out):
         if os.path.exists(summ):  # `align run`'s own per-stage seconds, from its closing summary
             r["align_stages_s"] = {}
             for line in open(summ, encoding="utf-8"):
-                g = re.match(r"\s*(terms|prepare source|prepare target|embed source|embed target|map|apply)"
-                             r"\s+(ran|up to date|not configured)\s+([0-9.]+) s", line)
+                g = re.match(rf"\s*({'|'.join(STAGES)})\s+(ran|up to date|not configured)\s+([0-9.]+) s",
+                             line)
                 if g and g[2] != "up to date":
                     r["align_stages_s"][g[1]] = float(g[3]) if g[2] == "ran" else "n/a"
         m = r["bits_per_byte"]["medical"]
