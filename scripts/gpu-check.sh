@@ -421,25 +421,31 @@ part_opsbench() {
 
 part_compare() {
     have lathe || return
-    local before_bin=${GPU_CHECK_BEFORE_BIN:-}
+    # The "before" lathe runs with its own bundle's libraries (LD_LIBRARY_PATH), the bundle's with
+    # the bundle's.
+    local before_bin=${GPU_CHECK_BEFORE_BIN:-} before_ld=${LD_LIBRARY_PATH:-}
     if [[ -z $before_bin ]]; then
         if [[ ! -f $root/.carry/before-bundle.tgz ]]; then
             fail "compare: .carry/before-bundle.tgz missing (pack the code before the change, rename the bundle, carry it)"
             return
         fi
-        bash "$root/scripts/gpu-bundle.sh" unpack "$work/before" "$root/.carry/before-bundle.tgz" >/dev/null
+        local lib
+        lib=$(bash "$root/scripts/gpu-bundle.sh" unpack "$work/before" "$root/.carry/before-bundle.tgz")
         before_bin=$work/before/bin
+        before_ld=$lib:${LD_LIBRARY_PATH#*:}
     fi
-    local row name args round side exe log tps summary="" ok=1
+    local row name args round side log tps summary="" ok=1
     local -A runs=()
     for round in 1 2; do
         for row in "${bench_rows[@]:0:2}"; do
             name=${row%%|*} args=${row#*|}
             for side in before after; do
-                exe=$lathe
-                [[ $side == before ]] && exe=$before_bin/lathe
                 log=$out/compare_${name}_${side}_$round.txt
-                tps=$(bench_row "$exe" "$args" "$log")
+                if [[ $side == before ]]; then
+                    tps=$(LD_LIBRARY_PATH=$before_ld bench_row "$before_bin/lathe" "$args" "$log")
+                else
+                    tps=$(bench_row "$lathe" "$args" "$log")
+                fi
                 if [[ -z $tps ]]; then
                     fail "compare $name $side round $round: no tokens_per_s ($(last_line "$log"))"
                     ok=0
