@@ -1,0 +1,67 @@
+"""bench/fsdp2_baseline.py, the PyTorch FSDP2 + torch.compile baseline that scripts/gpu-check.sh's
+scaling part runs on the GPU machine, kept working off it: its --help, its error when
+torch_baseline.py (the shared bench folder's model) is not found, and a two-rank run under torchrun
+on the CPU (gloo, the tiny shape) that prints one JSON line with ddp_baseline.py's keys.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "fsdp2_baseline.py"
+SHARED_BENCH = Path(os.environ.get("LATHE_SHARED_DIR", ROOT.parent / "shared")) / "bench"
+
+
+def run(*args, timeout=300, **kw):
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def test_help_names_the_models_and_the_launcher():
+    p = run(SCRIPT, "--help")
+    assert p.returncode == 0, p.stderr
+    assert "torchrun" in p.stdout
+    for model in ("gpt2", "llama1b", "tiny"):
+        assert model in p.stdout
+
+
+def test_a_missing_torch_baseline_is_an_error(tmp_path):
+    p = run(SCRIPT, "tiny", "--device", "cpu", "--torch-baseline-dir", tmp_path)
+    assert p.returncode != 0
+    assert f"torch_baseline.py not found in {tmp_path}" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def ddp_keys():
+    """The keys of ddp_baseline.py's JSON line, read from its json.dumps({...}) call."""
+    text = (SHARED_BENCH / "ddp_baseline.py").read_text()
+    call = text[text.index("json.dumps({"):]
+    return set(re.findall(r'"(\w+)":', call[: call.index("})")]))
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-reshard"]])
+def test_two_ranks_on_the_cpu_print_one_json_line(extra):
+    if not (SHARED_BENCH / "torch_baseline.py").is_file():
+        pytest.skip(f"no torch_baseline.py in {SHARED_BENCH} (LATHE_SHARED_DIR)")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", SCRIPT, "tiny",
+            "--device", "cpu", "--torch-baseline-dir", SHARED_BENCH, "--steps", "3", "--warmup", "1",
+            *extra, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, p.stdout  # rank 0 alone prints
+    r = json.loads(lines[0])
+    assert ddp_keys() <= set(r), (ddp_keys(), r)
+    assert r["what"] == "fsdp2 tiny" and r["world"] == 2
+    assert r["B"] == 2 and r["T"] == 64 and r["reshard"] == (extra == [])
+    assert r["tok_s_per_gpu"] > 0 and r["step_ms"] > 0
+    # total = world * B * T / median step, per GPU = B * T / median step (rounded each)
+    assert abs(r["tok_s_total"] - 2 * r["tok_s_per_gpu"]) <= 2
+    # step_ms is rounded to 0.1 ms: up to 0.05 ms off, a relative 0.05 / step_ms of the rate.
+    rounding = r["tok_s_per_gpu"] * 0.05 / r["step_ms"]
+    assert abs(r["tok_s_per_gpu"] - 2 * 64 / (r["step_ms"] / 1e3)) <= rounding + 1
