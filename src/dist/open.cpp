@@ -7,6 +7,7 @@
 namespace lathe {
 
 int rendezvous_port(const ProcessGroupInfo& group) {
+    // torchrun's agent may hold MASTER_PORT (open.h); `lathe launch`, srun and mpirun hold none.
     if (group.master_port == 0) return 0;
     if (group.launcher != Launcher::kTorchrun) return group.master_port;
     return group.master_port < 65535 ? group.master_port + 1 : 0;

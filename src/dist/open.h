@@ -8,7 +8,24 @@
 //                             through MPI when mpirun started the job and this build has MPI,
 //                             otherwise through the TCP rendezvous (dist/rendezvous.h) at
 //                             MASTER_ADDR and MASTER_PORT, or MASTER_PORT + 1 under torchrun
-//                             (whose own store listens on MASTER_PORT)
+//                             (whose own store may listen on MASTER_PORT; below)
+//
+// Why MASTER_PORT + 1 under torchrun. torchrun's agent (one per node, the parent of that node's
+// workers) exports to its workers the MASTER_ADDR and MASTER_PORT of a c10d TCPStore:
+//   - static rendezvous (`--master-addr/--master-port`, or `--rdzv-backend static`): node 0's
+//     agent itself creates the TCPStore server on MASTER_PORT, before starting any worker, and
+//     tells the workers TORCHELASTIC_USE_AGENT_STORE=True, so that PyTorch's env:// init connects
+//     to that store as a client instead of listening. The port stays bound by the agent for the
+//     whole job: a worker that binds MASTER_PORT fails with "address in use".
+//   - c10d rendezvous (`--rdzv-backend c10d`, `--standalone`): MASTER_PORT is either the port of
+//     the rendezvous store that the agent shares with its workers (again bound by the agent), or,
+//     where the agent does not share it, a free port the agent found by binding port 0 and closing
+//     it, left for worker 0's own store.
+// So MASTER_PORT may be taken by torchrun and no worker may count on binding it. torchrun claims
+// nothing on MASTER_PORT + 1, and rank 0 (a worker on node 0, the host MASTER_ADDR names) binds
+// that; a port taken there by something else fails rank 0's rendezvous with an error naming the
+// port (then pick another MASTER_PORT). srun, mpirun and `lathe launch` listen on nothing, so
+// there the rendezvous uses MASTER_PORT itself.
 //
 // Every rank must call it at the same point; it returns when the communicator is made on all.
 

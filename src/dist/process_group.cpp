@@ -1,6 +1,7 @@
 #include "dist/process_group.h"
 
 #include <charconv>
+#include <cstdint>
 #include <optional>
 
 extern char** environ;
@@ -17,6 +18,8 @@ std::string_view launcher_name(Launcher launcher) {
             return "mpirun";
         case Launcher::kSlurm:
             return "srun";
+        case Launcher::kLaunch:
+            return "lathe launch";
     }
     return "?";
 }
@@ -118,7 +121,139 @@ Status read_launcher(const EnvMap& env, const LauncherVars& vars, ProcessGroupIn
     return ok_status();
 }
 
+// LATHE_LAUNCHER=launch (set by `lathe launch` beside torchrun's variables) turns the torchrun
+// group just read into a `lathe launch` one.
+Status read_launch_marker(const EnvMap& env, ProcessGroupInfo& info) {
+    const auto marker = lookup(env, "LATHE_LAUNCHER");
+    if (!marker) return ok_status();
+    if (*marker != "launch")
+        return invalid_argument_error(
+            "environment variable LATHE_LAUNCHER='{}' is not a launcher lathe knows: only `lathe "
+            "launch` sets it, to 'launch' (unset it)",
+            *marker);
+    if (info.launcher != Launcher::kTorchrun)
+        return invalid_argument_error(
+            "environment variable LATHE_LAUNCHER=launch is set but RANK and WORLD_SIZE are not: "
+            "`lathe launch` sets all three, so this process was not started by it (unset "
+            "LATHE_LAUNCHER)");
+    info.launcher = Launcher::kLaunch;
+    return ok_status();
+}
+
+// Digits only, at least one.
+bool all_digits(std::string_view s) {
+    if (s.empty()) return false;
+    for (const char c : s)
+        if (c < '0' || c > '9') return false;
+    return true;
+}
+
+// a <= b for two strings of digits of any length (leading zeros allowed).
+bool digits_less_equal(std::string_view a, std::string_view b) {
+    const auto strip = [](std::string_view s) {
+        while (s.size() > 1 && s.front() == '0') s.remove_prefix(1);
+        return s;
+    };
+    a = strip(a);
+    b = strip(b);
+    if (a.size() != b.size()) return a.size() < b.size();
+    return a <= b;
+}
+
+// Under srun, MASTER_ADDR and MASTER_PORT default to values every rank of the job computes alike
+// (process_group.h).
+Status read_slurm_defaults(const EnvMap& env, ProcessGroupInfo& info) {
+    if (info.master_addr.empty()) {
+        if (const auto list = lookup(env, "SLURM_JOB_NODELIST")) {
+            auto first = slurm_first_host(*list);
+            if (!first.ok())
+                return invalid_argument_error(
+                    "environment variable SLURM_JOB_NODELIST: {}; SLURM sets it, so check what "
+                    "set it by hand, or set MASTER_ADDR to rank 0's host",
+                    first.status().message());
+            info.master_addr = std::move(first).value();
+        }
+    }
+    if (info.master_port == 0) {
+        if (const auto id = lookup(env, "SLURM_JOB_ID")) {
+            uint64_t v = 0;
+            const char* end = id->data() + id->size();
+            const auto [ptr, ec] = std::from_chars(id->data(), end, v);
+            if (id->empty() || ec != std::errc() || ptr != end)
+                return invalid_argument_error(
+                    "environment variable SLURM_JOB_ID='{}' is not a whole number; SLURM sets "
+                    "it, so check what set it by hand, or set MASTER_PORT",
+                    *id);
+            info.master_port = 29500 + int(v % 1000);
+        }
+    }
+    return ok_status();
+}
+
 }  // namespace
+
+Result<std::string> slurm_first_host(std::string_view list) {
+    const auto bad = [&](size_t at, std::string_view what) {
+        return invalid_argument_error("host list '{}' has {} at character {}", list, what, at + 1);
+    };
+    if (list.empty()) return invalid_argument_error("host list is empty");
+    std::string first;
+    bool in_first = true;    // still reading the first host
+    bool host_empty = true;  // the host being read has nothing yet
+    size_t i = 0;
+    while (i < list.size()) {
+        const char c = list[i];
+        if (c == ',') {
+            if (host_empty) return bad(i, "an empty host name");
+            in_first = false;
+            host_empty = true;
+            ++i;
+            continue;
+        }
+        if (c == ']') return bad(i, "a ']' without its '['");
+        if (c == '[') {
+            const size_t close = list.find(']', i);
+            if (close == std::string_view::npos) return bad(i, "a '[' without its ']'");
+            const std::string_view body = list.substr(i + 1, close - i - 1);
+            if (const size_t inner = body.find('['); inner != std::string_view::npos)
+                return bad(i + 1 + inner, "a '[' inside brackets");
+            if (body.empty()) return bad(i, "empty brackets");
+            std::string_view first_number;
+            size_t at = i + 1;  // where the current item starts in `list`
+            for (size_t start = 0; start <= body.size();) {
+                size_t comma = body.find(',', start);
+                if (comma == std::string_view::npos) comma = body.size();
+                const std::string_view item = body.substr(start, comma - start);
+                const size_t dash = item.find('-');
+                const std::string_view low = item.substr(0, dash);
+                const std::string_view high =
+                    dash == std::string_view::npos ? low : item.substr(dash + 1);
+                if (item.empty()) return bad(at, "an empty number in brackets");
+                if (!all_digits(low) || !all_digits(high))
+                    return bad(at, fmt::format("'{}' in brackets, which is neither a number nor "
+                                               "a low-high range of numbers",
+                                               item));
+                if (!digits_less_equal(low, high))
+                    return bad(at, fmt::format("the range '{}', whose low end is above its high "
+                                               "end",
+                                               item));
+                if (first_number.empty()) first_number = low;
+                at += item.size() + 1;
+                start = comma + 1;
+            }
+            if (in_first) first += first_number;
+            host_empty = false;
+            i = close + 1;
+            continue;
+        }
+        if (c <= ' ' || c == 0x7f) return bad(i, "a space or control character");
+        if (in_first) first += c;
+        host_empty = false;
+        ++i;
+    }
+    if (host_empty) return bad(list.size() - 1, "an empty host name (a comma at the end)");
+    return first;
+}
 
 Result<ProcessGroupInfo> process_group_from_env(const EnvMap& env) {
     ProcessGroupInfo info;
@@ -134,6 +269,10 @@ Result<ProcessGroupInfo> process_group_from_env(const EnvMap& env) {
             return invalid_argument_error(
                 "environment variable MASTER_PORT={} is not a TCP port (1 to 65535)", *port);
         info.master_port = *port;
+    }
+    LATHE_RETURN_IF_ERROR(read_launch_marker(env, info));
+    if (info.launcher == Launcher::kSlurm) {
+        LATHE_RETURN_IF_ERROR(read_slurm_defaults(env, info));
     }
     return info;
 }

@@ -11,9 +11,16 @@
 //              (OMPI_COMM_WORLD_LOCAL_SIZE when set)
 //   srun       SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (SLURM_NTASKS_PER_NODE is not read: it
 //              may be a list such as "4(x2)")
+// `lathe launch` (dist/launch.h) sets torchrun's variables plus LATHE_LAUNCHER=launch, which makes
+// the launcher Launcher::kLaunch: the rendezvous then listens on MASTER_PORT itself, where under
+// torchrun it keeps clear of torchrun's own store (dist/open.h).
 // MASTER_ADDR and MASTER_PORT are read whichever launcher is found: they name the TCP rendezvous
-// of rank 0 (dist/rendezvous.h) where no MPI carries the NCCL id. A batch script run under sbatch
-// without srun sees SLURM_PROCID=0 and SLURM_NTASKS of the whole allocation: start lathe with srun.
+// of rank 0 (dist/rendezvous.h) where no MPI carries the NCCL id. Under srun, which sets neither,
+// each has a default every rank computes alike: MASTER_ADDR the first host of SLURM_JOB_NODELIST
+// (where SLURM starts rank 0), MASTER_PORT 29500 + SLURM_JOB_ID % 1000 (in [29500, 30499], so two
+// jobs sharing a node differ unless their ids differ by a multiple of 1000; set MASTER_PORT in the
+// batch script to choose). A batch script run under sbatch without srun sees SLURM_PROCID=0 and
+// SLURM_NTASKS of the whole allocation: start lathe with srun.
 //
 // Everything here is a pure function of an environment map, so tests hand it any map.
 
@@ -25,9 +32,9 @@
 
 namespace lathe {
 
-enum class Launcher : uint8_t { kNone, kTorchrun, kMpirun, kSlurm };
+enum class Launcher : uint8_t { kNone, kTorchrun, kMpirun, kSlurm, kLaunch };
 
-// "none", "torchrun", "mpirun", "srun".
+// "none", "torchrun", "mpirun", "srun", "lathe launch".
 std::string_view launcher_name(Launcher launcher);
 
 struct ProcessGroupInfo {
@@ -49,8 +56,19 @@ using EnvMap = std::map<std::string, std::string, std::less<>>;
 // The process group `env` describes. Errors (invalid argument) name the variable: a value that is
 // not a whole number, a rank outside [0, world size), a world size below 1, a local rank outside
 // [0, local size) or above the rank, a launcher's variable set without its partners (RANK without
-// WORLD_SIZE), a world of more than one process without a local rank, a port outside [1, 65535].
+// WORLD_SIZE), a world of more than one process without a local rank, a port outside [1, 65535],
+// LATHE_LAUNCHER set to anything but "launch" or without RANK and WORLD_SIZE, and under srun a
+// SLURM_JOB_NODELIST that is not a SLURM host list or a SLURM_JOB_ID that is not a whole number.
 Result<ProcessGroupInfo> process_group_from_env(const EnvMap& env);
+
+// The first host of a SLURM host list (SLURM_JOB_NODELIST): "gpu[001-004,010],login1" -> "gpu001",
+// "node1,node2" -> "node1", "a[1-2]-ib" -> "a1-ib", "r[1-2]n[08-09]" -> "r1n08". Hosts are
+// separated by commas outside brackets; a bracket holds comma-separated numbers or low-high ranges
+// (low <= high, digits only), and a host may have several brackets. The first host takes each
+// bracket's first number as written, so zero padding stays. The whole list is checked: an empty
+// list or host, an unclosed, nested or empty bracket, a range that is not low-high numbers, or a
+// space is an error (invalid argument) saying where.
+Result<std::string> slurm_first_host(std::string_view nodelist);
 
 // This process's environment (environ), as a map for process_group_from_env.
 EnvMap process_environment();

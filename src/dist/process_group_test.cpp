@@ -121,6 +121,160 @@ TEST(ProcessGroup, InconsistentValuesNameTheVariable) {
     }
 }
 
+// `lathe launch` sets torchrun's variables and LATHE_LAUNCHER=launch.
+TEST(ProcessGroup, LatheLaunch) {
+    auto g = process_group_from_env({{"RANK", "1"},
+                                     {"WORLD_SIZE", "3"},
+                                     {"LOCAL_RANK", "1"},
+                                     {"LOCAL_WORLD_SIZE", "3"},
+                                     {"MASTER_ADDR", "127.0.0.1"},
+                                     {"MASTER_PORT", "40123"},
+                                     {"LATHE_LAUNCHER", "launch"}});
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    expect_ranks(*g, Launcher::kLaunch, 1, 3, 1, 3);
+    EXPECT_EQ(g->master_port, 40123);
+    EXPECT_EQ(g->describe(), "rank 1 of 3 (local rank 1, lathe launch)");
+
+    const std::pair<EnvMap, std::string> bad[] = {
+        {{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LATHE_LAUNCHER", "torchrun"}},
+         "LATHE_LAUNCHER='torchrun' is not a launcher lathe knows"},
+        {{{"LATHE_LAUNCHER", "launch"}}, "LATHE_LAUNCHER=launch is set but RANK and WORLD_SIZE"},
+        {{{"OMPI_COMM_WORLD_RANK", "0"},
+          {"OMPI_COMM_WORLD_SIZE", "1"},
+          {"LATHE_LAUNCHER", "launch"}},
+         "LATHE_LAUNCHER=launch is set but RANK"},
+    };
+    for (const auto& [env, needle] : bad) {
+        auto e = process_group_from_env(env);
+        ASSERT_FALSE(e.ok()) << needle;
+        EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << needle;
+        EXPECT_NE(e.status().message().find(needle), std::string::npos)
+            << "want '" << needle << "' in: " << e.status().message();
+    }
+}
+
+TEST(SlurmHostList, FirstHost) {
+    const std::pair<std::string, std::string> cases[] = {
+        {"node1", "node1"},
+        {"node1,node2", "node1"},
+        {"gpu[001-004,010],login1", "gpu001"},
+        {"gpu[010,001-004]", "gpu010"},  // as written: the first number, not the smallest
+        {"a[1-2]-ib", "a1-ib"},
+        {"r[1-2]n[08-09]", "r1n08"},
+        {"login1,gpu[001-004]", "login1"},
+        {"gpu[7]", "gpu7"},
+        {"[3-5]x", "3x"},
+        {"n-01.cluster,n-02.cluster", "n-01.cluster"},
+        {"gpu[0009-0010]", "gpu0009"},
+        {"big[99999999999999999999-199999999999999999999]", "big99999999999999999999"},
+    };
+    for (const auto& [list, want] : cases) {
+        auto got = slurm_first_host(list);
+        ASSERT_TRUE(got.ok()) << list << ": " << got.status().to_string();
+        EXPECT_EQ(*got, want) << list;
+    }
+}
+
+TEST(SlurmHostList, MalformedListsSayWhere) {
+    const std::pair<std::string, std::string> cases[] = {
+        {"", "host list is empty"},
+        {"gpu[001-004", "a '[' without its ']' at character 4"},
+        {"gpu001]", "a ']' without its '[' at character 7"},
+        {"gpu[]", "empty brackets at character 4"},
+        {"gpu[1-[2]]", "a '[' inside brackets at character 7"},
+        {"gpu[a-b]", "'a-b' in brackets, which is neither a number"},
+        {"gpu[1-]", "'1-' in brackets"},
+        {"gpu[-3]", "'-3' in brackets"},
+        {"gpu[1-2-3]", "'1-2-3' in brackets"},
+        {"gpu[5-3]", "the range '5-3', whose low end is above its high end"},
+        {"gpu[1,,2]", "an empty number in brackets at character 7"},
+        {"gpu[1,]", "an empty number in brackets"},
+        {"node1,,node2", "an empty host name at character 7"},
+        {",node1", "an empty host name at character 1"},
+        {"node1,", "an empty host name (a comma at the end)"},
+        {"node1 node2", "a space or control character at character 6"},
+        {"gpu[1-2],ok[9-1]", "the range '9-1'"},  // the whole list is checked
+    };
+    for (const auto& [list, needle] : cases) {
+        auto got = slurm_first_host(list);
+        ASSERT_FALSE(got.ok()) << list << " gave " << *got;
+        EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument) << list;
+        EXPECT_NE(got.status().message().find(needle), std::string::npos)
+            << "want '" << needle << "' in: " << got.status().message();
+    }
+}
+
+// Under srun MASTER_ADDR and MASTER_PORT default to the first host of the job and 29500 + job id
+// mod 1000; values that are set win, and other launchers take no defaults from SLURM's variables.
+TEST(ProcessGroup, SrunDefaults) {
+    const EnvMap srun = {{"SLURM_PROCID", "5"},
+                         {"SLURM_NTASKS", "8"},
+                         {"SLURM_LOCALID", "1"},
+                         {"SLURM_JOB_NODELIST", "gpu[003-004]"},
+                         {"SLURM_JOB_ID", "1234567"}};
+    auto g = process_group_from_env(srun);
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    EXPECT_EQ(g->launcher, Launcher::kSlurm);
+    EXPECT_EQ(g->master_addr, "gpu003");
+    EXPECT_EQ(g->master_port, 29500 + 567);
+
+    EnvMap set = srun;
+    set["MASTER_ADDR"] = "head";
+    set["MASTER_PORT"] = "31000";
+    auto s = process_group_from_env(set);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    EXPECT_EQ(s->master_addr, "head");
+    EXPECT_EQ(s->master_port, 31000);
+
+    EnvMap edge = srun;
+    edge["SLURM_JOB_ID"] = "999";
+    auto e = process_group_from_env(edge);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    EXPECT_EQ(e->master_port, 30499);
+    edge["SLURM_JOB_ID"] = "4294967295";  // SLURM's ids are 32-bit unsigned
+    e = process_group_from_env(edge);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    EXPECT_EQ(e->master_port, 29500 + 295);
+
+    EnvMap none = srun;  // neither variable: the rendezvous has no address and says so later
+    none.erase("SLURM_JOB_NODELIST");
+    none.erase("SLURM_JOB_ID");
+    auto n = process_group_from_env(none);
+    ASSERT_TRUE(n.ok()) << n.status().to_string();
+    EXPECT_EQ(n->master_addr, "");
+    EXPECT_EQ(n->master_port, 0);
+
+    EnvMap torchrun = {{"RANK", "0"},
+                       {"WORLD_SIZE", "2"},
+                       {"LOCAL_RANK", "0"},
+                       {"SLURM_JOB_NODELIST", "gpu[003-004]"},
+                       {"SLURM_JOB_ID", "77"}};
+    auto t = process_group_from_env(torchrun);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_EQ(t->master_addr, "");
+    EXPECT_EQ(t->master_port, 0);
+
+    EnvMap bad_list = srun;
+    bad_list["SLURM_JOB_NODELIST"] = "gpu[003-";
+    auto bl = process_group_from_env(bad_list);
+    ASSERT_FALSE(bl.ok());
+    EXPECT_NE(bl.status().message().find("environment variable SLURM_JOB_NODELIST: host list "
+                                         "'gpu[003-' has a '[' without its ']'"),
+              std::string::npos)
+        << bl.status().message();
+    EnvMap bad_id = srun;
+    bad_id["SLURM_JOB_ID"] = "12x";
+    auto bi = process_group_from_env(bad_id);
+    ASSERT_FALSE(bi.ok());
+    EXPECT_NE(bi.status().message().find("SLURM_JOB_ID='12x' is not a whole number"),
+              std::string::npos)
+        << bi.status().message();
+    bad_id["SLURM_JOB_ID"] = "-5";
+    bi = process_group_from_env(bad_id);
+    ASSERT_FALSE(bi.ok());
+    EXPECT_NE(bi.status().message().find("SLURM_JOB_ID='-5'"), std::string::npos);
+}
+
 TEST(ProcessGroup, ProcessEnvironmentReadsEnviron) {
     ::setenv("LATHE_DIST_TEST_VAR", "a=b", 1);
     const EnvMap env = process_environment();
