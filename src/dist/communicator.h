@@ -37,6 +37,14 @@
 // Misuse (mismatched shapes or dtypes, a buffer in the wrong memory, a reduction over integers,
 // a root out of range) is a bug: LATHE_CHECK stops. A failure of the transport (a peer gone, a
 // network or NCCL error) is a Status error saying which collective and what the library said.
+//
+// Faults on other ranks: a collective whose peer died or hangs may never return. async_error()
+// and abort() serve the watchdog (dist/watchdog.h), which calls them from its own thread while
+// another thread waits in a collective: async_error() reports an error the library detected in
+// the background (NCCL: ncclCommGetAsyncError; others: none), abort() tears the communicator
+// down so that no wait on it can last (NCCL: ncclCommAbort, after which the object only awaits
+// destruction; MPI: MPI_Abort, which ends every process of the job with kCommAbortExitCode;
+// local: nothing). Both are safe to call from any thread.
 
 #include <cstdint>
 #include <memory>
@@ -49,6 +57,10 @@
 namespace lathe {
 
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
+
+// The exit status of a process ended because a collective could not complete (Communicator::
+// abort, the watchdog of dist/watchdog.h): 124, the status timeout(1) gives a command it stopped.
+inline constexpr int kCommAbortExitCode = 124;
 
 std::string_view reduce_op_name(ReduceOp op);
 
@@ -76,6 +88,14 @@ public:
     Status broadcast(TensorView buf, int root, CUstream_st* stream);
     // Every rank must call split. color >= 0 or kNoColor; a rank passing kNoColor gets null.
     Result<std::unique_ptr<Communicator>> split(int color, int key);
+
+    // An error the library detected outside any call (a peer gone, a network failure), or OK.
+    // Any thread; cheap enough to poll every 100 ms. The default: OK (nothing runs in the
+    // background).
+    virtual Status async_error() { return ok_status(); }
+    // Ends every pending and future wait on this communicator (see the header comment); any
+    // thread; the process is expected to exit right after. The default: nothing.
+    virtual void abort() {}
 
 protected:
     Communicator() = default;

@@ -123,6 +123,10 @@ public:
     std::string_view backend() const override { return "mpi"; }
     bool accepts(Device device) const override { return device == Device::kCpu; }
 
+    // MPI_Abort from the watchdog's thread while the funneled thread may sit in a collective:
+    // OpenMPI's abort goes through its runtime, which kills every process of the job.
+    void abort() override { MPI_Abort(comm_, kCommAbortExitCode); }
+
 private:
     Status do_all_reduce(TensorView out, ConstTensorView in, ReduceOp op, CUstream_st*) override {
         const void* send = in.data() == out.data() ? MPI_IN_PLACE : in.data();

@@ -4,7 +4,8 @@
 // (OpenMPI from Debian: libopenmpi-dev); otherwise asking for it is an error saying so.
 //
 // MPI is initialized at the first mpi_world_communicator() call (MPI_Init_thread with
-// MPI_THREAD_FUNNELED: one thread of the process calls MPI) unless something initialized it
+// MPI_THREAD_FUNNELED: one thread of the process calls MPI; abort() is the one exception, called
+// by the watchdog's thread to end a job that hangs) unless something initialized it
 // before, and finalized at exit (std::atexit) when this code initialized it, as mpirun requires.
 // f32 reduces with MPI_FLOAT's own sum and max; bf16 with user operations that add (or compare)
 // in f32 and round each partial result to bf16 (core/dtype.h); avg divides the sum by size() in

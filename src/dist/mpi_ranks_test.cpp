@@ -9,6 +9,7 @@
 
 #include "core/dtype.h"
 #include "dist/communicator.h"
+#include "dist/host_collectives.h"
 #include "dist/mpi_communicator.h"
 #include "dist/open.h"
 #include "dist/process_group.h"
@@ -195,6 +196,41 @@ TEST(MpiRanks, SplitMakesGroups) {
     if (c.rank() != 0) {
         EXPECT_EQ((*some)->size(), c.size() - 1);
     }
+}
+
+TEST(MpiRanks, HostCollectives) {
+    Communicator& c = world();
+    // An odd size, so no chunk is aligned to anything.
+    constexpr size_t n = 13;
+    std::vector<std::byte> mine(n), all(n * size_t(c.size()), std::byte{0});
+    for (size_t i = 0; i < n; ++i) mine[i] = std::byte(uint8_t(31 * c.rank() + i));
+    ASSERT_TRUE(all_gather_bytes(c, mine, all, nullptr).ok());
+    for (int r = 0; r < c.size(); ++r)
+        for (size_t i = 0; i < n; ++i)
+            ASSERT_EQ(all[size_t(r) * n + i], std::byte(uint8_t(31 * r + i))) << r << " " << i;
+
+    auto doubles = all_gather_value(c, 0.5 + c.rank(), nullptr);
+    ASSERT_TRUE(doubles.ok());
+    for (int r = 0; r < c.size(); ++r) EXPECT_EQ((*doubles)[size_t(r)], 0.5 + r);
+
+    ASSERT_TRUE(barrier(c, nullptr).ok());
+    // The largest value sits on the last rank, then on rank 0.
+    auto max = all_reduce_max(c, c.rank() == c.size() - 1 ? 7 : -c.rank(), nullptr);
+    ASSERT_TRUE(max.ok());
+    EXPECT_EQ(*max, 7);
+    max = all_reduce_max(c, c.rank() == 0 ? 1 : 0, nullptr);
+    ASSERT_TRUE(max.ok());
+    EXPECT_EQ(*max, 1);
+    // Sums: exact for integers beyond 2^53; doubles added in rank order give the same bits on
+    // every rank as that order on one process.
+    auto isum = all_reduce_sum(c, (int64_t(1) << 55) + c.rank(), nullptr);
+    ASSERT_TRUE(isum.ok());
+    EXPECT_EQ(*isum, int64_t(c.size()) * (int64_t(1) << 55) + c.size() * (c.size() - 1) / 2);
+    auto dsum = all_reduce_sum(c, 0.1 * (c.rank() + 1), nullptr);
+    ASSERT_TRUE(dsum.ok());
+    double want = 0;
+    for (int r = 0; r < c.size(); ++r) want += 0.1 * (r + 1);
+    EXPECT_EQ(*dsum, want);
 }
 
 }  // namespace

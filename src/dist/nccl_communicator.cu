@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "core/check.h"
@@ -65,14 +66,29 @@ public:
         ncclCommCount(comm_, &size_);
     }
     ~NcclCommunicator() override {
-        // Waits for this communicator's outstanding work, then frees it.
-        if (comm_ != nullptr) ncclCommDestroy(comm_);
+        // Waits for this communicator's outstanding work, then frees it (abort freed it already).
+        if (comm_ != nullptr && !aborted_.load()) ncclCommDestroy(comm_);
     }
 
     int rank() const override { return rank_; }
     int size() const override { return size_; }
     std::string_view backend() const override { return "nccl"; }
     bool accepts(Device device) const override { return device == Device::kCuda; }
+
+    Status async_error() override {
+        if (aborted_.load()) return ok_status();
+        ncclResult_t rc = ncclSuccess;
+        LATHE_RETURN_IF_ERROR(
+            nccl_status(ncclCommGetAsyncError(comm_, &rc), "ncclCommGetAsyncError", comm_));
+        // ncclInProgress: a nonblocking operation still running, not an error.
+        if (rc == ncclInProgress) return ok_status();
+        return nccl_status(rc, "NCCL (asynchronous error)", comm_);
+    }
+
+    void abort() override {
+        if (aborted_.exchange(true)) return;
+        ncclCommAbort(comm_);
+    }
 
 private:
     Status do_all_reduce(TensorView out, ConstTensorView in, ReduceOp op,
@@ -116,6 +132,7 @@ private:
     }
 
     ncclComm_t comm_ = nullptr;
+    std::atomic<bool> aborted_{false};
     int device_ = 0;
     int rank_ = 0;
     int size_ = 1;
