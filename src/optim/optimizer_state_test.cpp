@@ -1,6 +1,7 @@
 // optimizer.safetensors: the bytes (those of the house safetensors writer, dense or sparse), the
 // round trip through an optimizer (whole and shard), and the errors of reading, each naming the
-// file and the tensor.
+// file and the tensor. The shard sets: saved at one world size and loaded at every other (and
+// from the full file), bit for bit, and the errors of an incomplete, corrupt or foreign set.
 
 #include "optim/optimizer_state.h"
 
@@ -8,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -161,6 +163,243 @@ TEST(OptimizerState, ReadErrorsNameTheFileAndTheTensor) {
     }
     expect_error(optimizer_state_read(bf16, 10, {0, 10}, m, v), StatusCode::kDataLoss,
                  {bf16, "'exp_avg'", "BF16"});
+    fs::remove_all(dir);
+}
+
+// The shard sets. The reference vector has `kUsed` real elements; a world of W pads it to the
+// next multiple of W (`padded`), every rank holding an equal range, as the model's arena does.
+constexpr int64_t kUsed = 37;
+
+int64_t padded(int64_t used, int world) {
+    return (used + world - 1) / world * world;
+}
+
+// Distinct bits in every element, signs, a subnormal and a negative zero included.
+std::vector<float> reference_moment(float scale) {
+    std::vector<float> x(static_cast<size_t>(kUsed));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = scale * (float(i) - 11.5f) / 7.0f;
+    x[3] = -0.0f;
+    x[5] = 1e-41f;
+    return x;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Elements [r.begin, r.end) of `full` (zero from kUsed on), or `pad` at and after kUsed.
+std::vector<float> slice(const std::vector<float>& full, FlatRange r, float pad = 0.0f) {
+    std::vector<float> out;
+    for (int64_t i = r.begin; i < r.end; ++i) out.push_back(i < kUsed ? full[size_t(i)] : pad);
+    return out;
+}
+
+// Saves the reference as the shard set of `world` ranks into `dir`. The padding moments are
+// written as `pad` (a loader must zero them whatever the file holds).
+void save_shards(const std::string& dir, int world, const std::vector<float>& m,
+                 const std::vector<float>& v, float pad = 0.0f) {
+    const int64_t total = padded(kUsed, world);
+    for (int r = 0; r < world; ++r) {
+        const FlatRange range = flat_shard(total, r, world);
+        Result<AdamWOptimizer> opt = AdamWOptimizer::create(total, range, cpu_context());
+        ASSERT_TRUE(opt.ok());
+        opt->write_state(slice(m, range, pad), slice(v, range, pad));
+        const Status s = optimizer_state_save_shard(*opt, dir, r, world, kUsed);
+        ASSERT_TRUE(s.ok()) << s.to_string();
+    }
+}
+
+// Loads `dir` into every rank of a world of `world` over a vector of `total` elements and checks
+// each range against the reference, bit for bit.
+void expect_loads_at(const std::string& dir, int world, int64_t total, const std::vector<float>& m,
+                     const std::vector<float>& v) {
+    for (int r = 0; r < world; ++r) {
+        const FlatRange range = flat_shard(total, r, world);
+        Result<AdamWOptimizer> opt = AdamWOptimizer::create(total, range, cpu_context());
+        ASSERT_TRUE(opt.ok());
+        // Garbage first: loading replaces every element of the range.
+        opt->write_state(std::vector<float>(size_t(range.size()), 9.0f),
+                         std::vector<float>(size_t(range.size()), 9.0f));
+        const Status s = optimizer_state_load_checkpoint(*opt, dir, kUsed);
+        ASSERT_TRUE(s.ok()) << s.to_string();
+        std::vector<float> gm(size_t(range.size())), gv(size_t(range.size()));
+        opt->read_state(gm, gv);
+        EXPECT_TRUE(same_bits(gm, slice(m, range)))
+            << dir << " at rank " << r << " of " << world << " over " << total;
+        EXPECT_TRUE(same_bits(gv, slice(v, range)))
+            << dir << " at rank " << r << " of " << world << " over " << total;
+    }
+}
+
+TEST(OptimizerStateShards, NameAndMetadata) {
+    EXPECT_EQ(optimizer_state_shard_name(1, 4), "optimizer.rank-00001-of-00004.safetensors");
+    EXPECT_EQ(optimizer_state_shard_name(0, 1), "optimizer.rank-00000-of-00001.safetensors");
+    EXPECT_EQ(optimizer_state_shard_name(99999, 123456),
+              "optimizer.rank-99999-of-123456.safetensors");
+    const std::string dir = fresh_dir("shard_meta");
+    save_shards(dir, 4, reference_moment(1.0f), reference_moment(0.5f));
+    Result<SafetensorsFile> f =
+        SafetensorsFile::open(dir + "/optimizer.rank-00003-of-00004.safetensors");
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    const std::map<std::string, std::string> want = {{"format", "lathe-adamw-shard"},
+                                                     {"range_begin", "30"},
+                                                     {"range_end", "40"},
+                                                     {"total", "40"},
+                                                     {"used", "37"},
+                                                     {"rank", "3"},
+                                                     {"world", "4"}};
+    EXPECT_EQ(f->metadata(), want);
+    ASSERT_NE(f->find("exp_avg"), nullptr);
+    EXPECT_EQ(f->find("exp_avg")->shape, (std::vector<int64_t>{10}));
+    EXPECT_EQ(f->find("exp_avg_sq")->shape, (std::vector<int64_t>{10}));
+    for (const fs::directory_entry& e : fs::directory_iterator(dir))
+        EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+    fs::remove_all(dir);
+}
+
+TEST(OptimizerStateShards, EveryWorldLoadsAtEveryOtherWorldBitForBit) {
+    const std::vector<float> m = reference_moment(1.0f), v = reference_moment(0.25f);
+    for (int w : {1, 2, 3, 4}) {
+        const std::string dir = fresh_dir(fmt::format("shards_w{}", w));
+        save_shards(dir, w, m, v, /*pad=*/7.0f);
+        for (int to : {1, 2, 3, 4, 5}) expect_loads_at(dir, to, padded(kUsed, to), m, v);
+        // More padding than any world needs, and uneven ranges.
+        expect_loads_at(dir, 3, kUsed + 11, m, v);
+        expect_loads_at(dir, 6, kUsed + 1, m, v);
+        fs::remove_all(dir);
+    }
+}
+
+TEST(OptimizerStateShards, FullFileLoadsIntoShards) {
+    const std::vector<float> m = reference_moment(1.0f), v = reference_moment(0.25f);
+    // One process (no padding) and rank 0 of a run keeping the whole state over a padded arena
+    // (its padding moments zero, as training leaves them).
+    for (int64_t length : {kUsed, padded(kUsed, 4)}) {
+        const std::string dir = fresh_dir(fmt::format("full_{}", length));
+        ASSERT_TRUE(optimizer_state_write(dir + "/optimizer.safetensors", slice(m, {0, length}),
+                                          slice(v, {0, length}))
+                        .ok());
+        for (int to : {1, 2, 3, 4}) expect_loads_at(dir, to, padded(kUsed, to), m, v);
+        fs::remove_all(dir);
+    }
+}
+
+// A shard file written by hand: `n` elements of ones, with `meta` as its metadata.
+void write_shard_file(const std::string& path, int64_t n,
+                      const std::map<std::string, std::string>& meta) {
+    const std::vector<float> ones(size_t(n), 1.0f);
+    const Shape shape{n};
+    const std::vector<SafetensorsWriteTensor> ts = {
+        safetensors_write_tensor("exp_avg", ConstTensorView(ones.data(), DType::kF32, shape)),
+        safetensors_write_tensor("exp_avg_sq", ConstTensorView(ones.data(), DType::kF32, shape))};
+    ASSERT_TRUE(safetensors_write_file(path, ts, meta).ok());
+}
+
+Status load_into_one(const std::string& dir, int64_t used = kUsed) {
+    Result<AdamWOptimizer> opt = AdamWOptimizer::create(used, {0, used}, cpu_context());
+    LATHE_CHECK(opt.ok(), "{}", opt.status().to_string());
+    return optimizer_state_load_checkpoint(*opt, dir, used);
+}
+
+TEST(OptimizerStateShards, IncompleteMixedAndMissingSetsAreErrors) {
+    const std::vector<float> m = reference_moment(1.0f), v = reference_moment(0.25f);
+    // Neither kind: the folder is named.
+    const std::string empty = fresh_dir("empty");
+    expect_error(load_into_one(empty), StatusCode::kNotFound, {empty, "no optimizer state"});
+    expect_error(load_into_one(empty + "/none"), StatusCode::kNotFound, {empty + "/none"});
+    // Missing ranks: each missing file named.
+    const std::string part = fresh_dir("incomplete");
+    save_shards(part, 4, m, v);
+    fs::remove(part + "/optimizer.rank-00001-of-00004.safetensors");
+    fs::remove(part + "/optimizer.rank-00003-of-00004.safetensors");
+    expect_error(load_into_one(part), StatusCode::kNotFound,
+                 {part, "incomplete", "optimizer.rank-00001-of-00004.safetensors",
+                  "optimizer.rank-00003-of-00004.safetensors"});
+    // Both kinds in one folder.
+    const std::string both = fresh_dir("both");
+    save_shards(both, 2, m, v);
+    ASSERT_TRUE(optimizer_state_write(both + "/optimizer.safetensors", m, v).ok());
+    expect_error(load_into_one(both), StatusCode::kDataLoss,
+                 {both, "optimizer.safetensors", "optimizer.rank-00000-of-00002.safetensors"});
+    // Two worlds' sets.
+    const std::string two = fresh_dir("two_worlds");
+    save_shards(two, 2, m, v);
+    save_shards(two, 4, m, v);
+    expect_error(load_into_one(two), StatusCode::kDataLoss, {two, "world sizes (2, 4)"});
+    // Temporary and unrelated files are not shards.
+    const std::string other = fresh_dir("other_files");
+    save_shards(other, 2, m, v);
+    ASSERT_TRUE(
+        file_write_atomic(other + "/optimizer.rank-00000-of-00004.safetensors.tmp-1", "x").ok());
+    ASSERT_TRUE(file_write_atomic(other + "/optimizer.rank-00004-of-00004.safetensors", "x").ok());
+    ASSERT_TRUE(file_write_atomic(other + "/optimizer.rank-1-of-4.safetensors", "x").ok());
+    EXPECT_TRUE(load_into_one(other).ok());
+    for (const std::string& d : {empty, part, both, two, other}) fs::remove_all(d);
+}
+
+TEST(OptimizerStateShards, ForeignOrCorruptShardsAreErrorsNamingTheFile) {
+    const std::vector<float> m = reference_moment(1.0f), v = reference_moment(0.25f);
+    const std::string dir = fresh_dir("foreign");
+    save_shards(dir, 2, m, v);
+    const std::string r1 = dir + "/optimizer.rank-00001-of-00002.safetensors";
+    // Another model: `used` differs.
+    expect_error(load_into_one(dir, kUsed - 1), StatusCode::kDataLoss,
+                 {"optimizer.rank-00000-of-00002.safetensors", "another model", "37", "36"});
+    const std::map<std::string, std::string> good = {{"format", "lathe-adamw-shard"},
+                                                     {"range_begin", "19"},
+                                                     {"range_end", "38"},
+                                                     {"total", "38"},
+                                                     {"used", "37"},
+                                                     {"rank", "1"},
+                                                     {"world", "2"}};
+    write_shard_file(r1, 19, good);
+    EXPECT_TRUE(load_into_one(dir).ok());  // the hand-written file itself is a valid shard
+    struct Case {
+        std::string key, value;
+        std::vector<std::string> parts;
+    };
+    const std::vector<Case> cases = {
+        {"format", "lathe-adamw", {"'format' is 'lathe-adamw'", "lathe-adamw-shard"}},
+        {"range_begin", "x19", {"'range_begin' is 'x19'", "decimal"}},
+        {"range_begin", "-1", {"'range_begin' is '-1'"}},
+        {"range_begin", "20", {"range [20, 38)", "end at 19"}},
+        {"range_end", "37", {"end at 37, not at their total 38"}},
+        {"total", "40", {"total 40", "of total 38"}},
+        {"used", "99999999999999999999", {"'used'"}},
+        {"rank", "0", {"rank 0 of 2", "file name rank 1 of 2"}},
+        {"world", "3", {"rank 1 of 3"}},
+        {"range_end", "39", {"does not fit in total 38"}},
+    };
+    for (const Case& c : cases) {
+        std::map<std::string, std::string> meta = good;
+        meta[c.key] = c.value;
+        // Tensors as long as the range says, so that the metadata is what is wrong.
+        const bool shorter = (c.key == "range_end" && c.value == "37") || c.value == "20";
+        write_shard_file(r1, shorter ? 18 : 19, meta);
+        std::vector<std::string> parts = c.parts;
+        parts.push_back(r1);
+        expect_error(load_into_one(dir), StatusCode::kDataLoss, parts);
+    }
+    // A key missing.
+    std::map<std::string, std::string> no_used = good;
+    no_used.erase("used");
+    write_shard_file(r1, 19, no_used);
+    expect_error(load_into_one(dir), StatusCode::kDataLoss, {r1, "no 'used'"});
+    // Tensors of another length than the range.
+    write_shard_file(r1, 18, good);
+    expect_error(load_into_one(dir), StatusCode::kDataLoss, {r1, "'exp_avg'", "19 f32 values"});
+    // Not safetensors at all (truncated).
+    ASSERT_TRUE(file_write_atomic(r1, "truncated").ok());
+    expect_error(load_into_one(dir), StatusCode::kDataLoss, {r1});
+    fs::remove_all(dir);
+}
+
+TEST(OptimizerStateShards, FullFileShorterThanTheModelIsAnError) {
+    const std::string dir = fresh_dir("short_full");
+    const std::vector<float> m(size_t(kUsed - 1), 1.0f);
+    ASSERT_TRUE(optimizer_state_write(dir + "/optimizer.safetensors", m, m).ok());
+    expect_error(load_into_one(dir), StatusCode::kDataLoss,
+                 {dir + "/optimizer.safetensors", "36 f32 values", "37 parameters"});
     fs::remove_all(dir);
 }
 

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "core/check.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "io/file.h"
@@ -98,6 +99,20 @@ Result<CheckpointDir> CheckpointDir::open(const std::string& root) {
     return d;
 }
 
+Result<CheckpointDir> CheckpointDir::attach(const std::string& root) {
+    std::error_code ec;
+    if (!fs::is_directory(root, ec)) {
+        return failed_precondition_error(
+            "{}: no such checkpoint folder; rank 0 creates it before the other ranks attach, so "
+            "the run folder must be on a file system every rank shares",
+            root);
+    }
+    CheckpointDir d;
+    d.root_ = root;
+    d.attached_ = true;
+    return d;
+}
+
 Result<std::vector<int64_t>> CheckpointDir::complete_steps() const {
     return list_steps(root_, false);
 }
@@ -110,8 +125,13 @@ Result<std::optional<std::string>> CheckpointDir::newest_in(const std::string& r
     return std::optional<std::string>((fs::path(root) / step_name(steps.back())).string());
 }
 
+std::string CheckpointDir::partial_path(int64_t step) const {
+    return (fs::path(root_) / (std::string(kPartialPrefix) + step_name(step))).string();
+}
+
 Result<std::string> CheckpointDir::begin(int64_t step) const {
-    const fs::path partial = fs::path(root_) / (std::string(kPartialPrefix) + step_name(step));
+    LATHE_CHECK(!attached_, "{}: begin() on a folder attached by a rank other than 0", root_);
+    const fs::path partial = partial_path(step);
     std::error_code ec;
     fs::remove_all(partial, ec);
     fs::create_directories(partial, ec);
@@ -120,7 +140,8 @@ Result<std::string> CheckpointDir::begin(int64_t step) const {
 }
 
 Result<std::string> CheckpointDir::commit(int64_t step, int keep_last) const {
-    const fs::path partial = fs::path(root_) / (std::string(kPartialPrefix) + step_name(step));
+    LATHE_CHECK(!attached_, "{}: commit() on a folder attached by a rank other than 0", root_);
+    const fs::path partial = partial_path(step);
     const fs::path final_path = fs::path(root_) / step_name(step);
     std::error_code ec;
     if (!fs::is_directory(partial, ec)) {

@@ -11,6 +11,14 @@
 // any moment therefore leaves either the old or the new checkpoint as newest, never half of one.
 // Resume picks the newest complete step folder (it does not trust `latest` alone: a kill between
 // the rename and the marker update leaves `latest` one behind, which is still consistent).
+//
+// Several processes (the ranks of a data-parallel run, on a file system they share) write one
+// checkpoint together. Rank 0 owns the folder: it open()s it (creating it and cleaning leftover
+// ".partial-" folders), begin()s each checkpoint and commit()s it. The other ranks attach() (which
+// creates and cleans nothing) and write their files into partial_path(step) only after rank 0's
+// begin() returned, and rank 0 commits only after every rank has finished its files: the caller
+// orders both with a collective. Until the commit, the checkpoint is a ".partial-" folder, which
+// newest() never returns however many of its files are written.
 
 #include <cstdint>
 #include <filesystem>
@@ -25,7 +33,12 @@ namespace lathe {
 class CheckpointDir {
 public:
     // `root` is DIR/checkpoints; created if missing. Stale ".partial-*" folders are removed.
+    // Rank 0's (the one writer of the folder's structure).
     static Result<CheckpointDir> open(const std::string& root);
+    // `root`, opened by rank 0, for the other ranks of the run: creates and removes nothing.
+    // begin() and commit() are rank 0's (checked). Errors: `root` is not a folder
+    // (kFailedPrecondition: rank 0 opens it first, on a file system every rank shares).
+    static Result<CheckpointDir> attach(const std::string& root);
 
     // Folder name for a step: "step-00000100" (zero-padded so names sort by step).
     static std::string step_name(int64_t step);
@@ -44,8 +57,11 @@ public:
     // nullopt also when `root` is not a folder.
     static Result<std::optional<std::string>> newest_in(const std::string& root);
 
+    // The ".partial-" folder begin(step) creates, where every rank writes its files for `step`:
+    // "ROOT/.partial-step-00000100". Computes the name only.
+    std::string partial_path(int64_t step) const;
     // Starts writing the checkpoint for `step`: returns a fresh empty ".partial-" folder to write
-    // every file into. A leftover folder of the same step is removed first.
+    // every file into (partial_path(step)). A leftover folder of the same step is removed first.
     Result<std::string> begin(int64_t step) const;
     // Publishes the folder begun for `step`: syncs it, renames it to its final name (replacing an
     // existing checkpoint of the same step), updates `latest`, then prunes to the newest
@@ -54,8 +70,12 @@ public:
 
     const std::string& root() const { return root_; }
 
+    // Whether this is attach()'s (a rank other than 0) rather than open()'s.
+    bool attached() const { return attached_; }
+
 private:
     std::string root_;
+    bool attached_ = false;
 };
 
 // The file in DIR/checkpoints/ naming the newest complete checkpoint.

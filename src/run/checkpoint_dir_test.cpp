@@ -67,6 +67,81 @@ TEST(CheckpointDir, SameStepTwiceReplaces) {
     EXPECT_FALSE(d->commit(6, 0).ok());  // commit without begin
 }
 
+TEST(CheckpointDir, PartialPathIsBeginsFolder) {
+    auto d = CheckpointDir::open(fresh_dir("partial_path"));
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(d->partial_path(100), d->root() + "/.partial-step-00000100");
+    EXPECT_FALSE(fs::exists(d->partial_path(100)));  // the name only
+    auto begun = d->begin(100);
+    ASSERT_TRUE(begun.ok());
+    EXPECT_EQ(*begun, d->partial_path(100));
+    EXPECT_TRUE(fs::is_directory(*begun));
+    fs::remove_all(d->root());
+}
+
+// Rank 0 opens and begins, ranks 1..3 attach and write their shard files into the same partial
+// folder; until every file is there and rank 0 commits, newest() is the older checkpoint.
+TEST(CheckpointDir, RanksWriteOnePartialFolderThatIsNeverNewestUntilCommitted) {
+    const std::string root = fresh_dir("ranks");
+    auto rank0 = CheckpointDir::open(root);
+    ASSERT_TRUE(rank0.ok());
+    ASSERT_TRUE(write_checkpoint(*rank0, 10, 0).ok());
+    EXPECT_FALSE(rank0->attached());
+    auto partial = rank0->begin(20);
+    ASSERT_TRUE(partial.ok());
+    ASSERT_TRUE(file_write_atomic(*partial + "/config.json", "{}").ok());
+    ASSERT_TRUE(
+        file_write_atomic(*partial + "/optimizer.rank-00000-of-00004.safetensors", "0").ok());
+    for (int r = 1; r < 4; ++r) {
+        auto other = CheckpointDir::attach(root);
+        ASSERT_TRUE(other.ok()) << other.status().to_string();
+        EXPECT_TRUE(other->attached());
+        EXPECT_EQ(other->root(), root);
+        // Attaching cleans nothing: the partial folder and what rank 0 wrote stay.
+        ASSERT_TRUE(fs::is_directory(other->partial_path(20)));
+        EXPECT_TRUE(fs::exists(other->partial_path(20) + "/config.json"));
+        if (r < 3) {  // rank 3 has not written yet
+            ASSERT_TRUE(
+                file_write_atomic(other->partial_path(20) +
+                                      fmt::format("/optimizer.rank-{:05d}-of-00004.safetensors", r),
+                                  "r")
+                    .ok());
+        }
+        for (const CheckpointDir* d : {&*rank0, &*other}) {
+            auto newest = d->newest();
+            ASSERT_TRUE(newest.ok() && newest->has_value());
+            EXPECT_EQ(fs::path(**newest).filename(), "step-00000010");
+            EXPECT_EQ(*d->complete_steps(), (std::vector<int64_t>{10}));
+        }
+    }
+    auto newest = CheckpointDir::newest_in(root);
+    EXPECT_EQ(fs::path(**newest).filename(), "step-00000010");
+    ASSERT_TRUE(
+        file_write_atomic(*partial + "/optimizer.rank-00003-of-00004.safetensors", "3").ok());
+    auto committed = rank0->commit(20, 0);
+    ASSERT_TRUE(committed.ok()) << committed.status().to_string();
+    EXPECT_EQ(fs::path(**rank0->newest()).filename(), "step-00000020");
+    EXPECT_EQ(*file_read_all(*committed + "/optimizer.rank-00002-of-00004.safetensors"), "r");
+    fs::remove_all(root);
+}
+
+TEST(CheckpointDir, AttachNeedsTheFolderAndCannotBeginOrCommit) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    const std::string root = fresh_dir("attach");
+    auto missing = CheckpointDir::attach(root);
+    ASSERT_FALSE(missing.ok());
+    EXPECT_EQ(missing.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(missing.status().message().find(root), std::string::npos);
+    EXPECT_NE(missing.status().message().find("shares"), std::string::npos);
+    EXPECT_FALSE(fs::exists(root));  // attach creates nothing
+    ASSERT_TRUE(CheckpointDir::open(root).ok());
+    auto other = CheckpointDir::attach(root);
+    ASSERT_TRUE(other.ok());
+    EXPECT_DEATH((void)other->begin(5), "begin\\(\\) on a folder attached");
+    EXPECT_DEATH((void)other->commit(5, 0), "commit\\(\\) on a folder attached");
+    fs::remove_all(root);
+}
+
 TEST(CheckpointDir, StepNamesBeyondInt64AreErrorsNotCrashes) {
     EXPECT_EQ(CheckpointDir::parse_step_name("step-00000100"), 100);
     EXPECT_EQ(CheckpointDir::parse_step_name("step-9223372036854775807"), INT64_MAX);
