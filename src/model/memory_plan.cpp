@@ -67,6 +67,9 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     const int64_t B = shape.batch, T = shape.seq_len, C = c.hidden_size, V = c.vocab_size;
     if (B <= 0) return invalid_argument_error("batch size {} must be positive", B);
     if (T <= 0) return invalid_argument_error("sequence length {} must be positive", T);
+    if (shape.optimizer_shards < 1)
+        return invalid_argument_error("optimizer_shards {} must be positive",
+                                      shape.optimizer_shards);
     if (T > c.max_position_embeddings) {
         // The family's own name for the key, where it has one.
         std::string own_key;
@@ -93,6 +96,15 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
                                           (size_t(V) * sizeof(float))));
     plan.shape.lm_head_chunk_rows = Nc = std::min(Nc, N);
     plan.params = table.layout();
+    if (shape.optimizer_shards > 1) {
+        const int64_t multiple = kShardAlignElements * shape.optimizer_shards;
+        const int64_t n = int64_t(plan.params.total_bytes() / sizeof(float));
+        const int64_t padded = (n + multiple - 1) / multiple * multiple;
+        if (padded > n) add_entry(plan.params, kShardPaddingEntry, DType::kF32, Shape{padded - n});
+        LATHE_CHECK(plan.params.total_bytes() == size_t(padded) * sizeof(float),
+                    "memory plan: the parameter arena of {} elements does not pad to {}", n,
+                    padded);
+    }
     const DType a = activation_dtype(shape.backend);
     if (shape.backend == Backend::kCuda) {
         // Half the alignment makes every bf16 entry start at half its f32 twin's byte offset, so

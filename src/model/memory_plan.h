@@ -85,7 +85,17 @@ struct ModelShape {
     bool training = true;
     // The precision of each linear (model/precision_policy.h); kNative everywhere by default.
     PrecisionPolicy precision{};
+    // Ranks the optimizer state is sharded over (data parallel ZeRO-1, run/data_parallel.h): the
+    // parameter arena (and so the gradients and the bf16 copy) ends with a zero padding entry
+    // that makes its length a multiple of kShardAlignElements * optimizer_shards, so that every
+    // rank's shard has the same length and starts on an arena alignment boundary; the plan
+    // counts one shard of the moments. 1: no padding, the whole state.
+    int optimizer_shards = 1;
 };
+
+// The padding entry's name in a sharded plan's parameter arena, and the shard alignment.
+inline constexpr const char* kShardPaddingEntry = "padding.shards";
+inline constexpr int64_t kShardAlignElements = 64;  // f32: ArenaLayout::kDefaultAlignment bytes
 
 // The workspace of cuDNN 9's deterministic flash-attention backward for `config` at (B, T): an
 // fp32 partial dQ per block of 128 keys (ceil(T / 128) * B * H * T * D * 4 bytes), a float per
@@ -150,7 +160,9 @@ struct MemoryPlan {
 
     size_t parameter_bytes() const { return params.total_bytes() + params_compute.total_bytes(); }
     size_t gradient_bytes() const { return shape.training ? params.total_bytes() : 0; }
-    size_t optimizer_bytes() const { return shape.training ? 2 * params.total_bytes() : 0; }
+    size_t optimizer_bytes() const {
+        return shape.training ? 2 * params.total_bytes() / size_t(shape.optimizer_shards) : 0;
+    }
     size_t activation_bytes() const { return activations.total_bytes(); }
     size_t scratch_bytes() const { return scratch.total_bytes(); }
     size_t total_bytes() const {

@@ -46,8 +46,15 @@ ModelBatch batch_views(const BatchBuffers& buf, int64_t B, int64_t T) {
 }
 
 BatchLoader::BatchLoader(const SampleSource& source, int64_t begin, int64_t end, int64_t B,
-                         int64_t T, bool per_doc, int depth)
-    : source_(source), begin_(begin), end_(end), B_(B), T_(T), per_doc_(per_doc) {
+                         int64_t T, bool per_doc, int depth, int dp_world, int dp_rank)
+    : source_(source),
+      begin_(begin),
+      end_(end),
+      B_(B),
+      T_(T),
+      per_doc_(per_doc),
+      dp_world_(dp_world),
+      dp_rank_(dp_rank) {
     LATHE_CHECK(depth >= 1 && begin <= end, "BatchLoader depth {} over [{}, {})", depth, begin,
                 end);
     // `depth` filled ahead plus the one the caller holds.
@@ -79,7 +86,7 @@ void BatchLoader::run() {
         Status status;
         try {
             Result<int64_t> first =
-                gpt_neox_micro_batch_start(begin_ + i, B_, 1, 0, source_.size());
+                gpt_neox_micro_batch_start(begin_ + i, B_, dp_world_, dp_rank_, source_.size());
             status = first.ok() ? fill_batch(source_, *first, B_, T_, per_doc_, slot->buf)
                                 : first.status();
         } catch (const std::exception& e) {

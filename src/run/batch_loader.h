@@ -41,10 +41,11 @@ class BatchLoader {
 public:
     // Starts the thread, which fills micro-batches [begin, end) (counted as the trainer counts
     // them: step * gradient_accumulation_steps + k) of `source`, each the samples
-    // gpt_neox_micro_batch_start(i, B, 1 rank) names, at most `depth` (>= 1) ahead of the one the
-    // caller holds. `source` must outlive the loader.
+    // gpt_neox_micro_batch_start(i, B, dp_world, dp_rank) names (data-parallel rank dp_rank's
+    // slice of the global micro-batch i), at most `depth` (>= 1) ahead of the one the caller
+    // holds. `source` must outlive the loader.
     BatchLoader(const SampleSource& source, int64_t begin, int64_t end, int64_t B, int64_t T,
-                bool per_doc, int depth = 2);
+                bool per_doc, int depth = 2, int dp_world = 1, int dp_rank = 0);
     // Stops the thread (it finishes the micro-batch it is reading) and waits for it.
     ~BatchLoader();
     BatchLoader(const BatchLoader&) = delete;
@@ -61,6 +62,7 @@ private:
     const SampleSource& source_;
     const int64_t begin_, end_, B_, T_;
     const bool per_doc_;
+    const int dp_world_, dp_rank_;
     struct Slot {
         BatchBuffers buf;
         Status status;  // of filling buf

@@ -382,7 +382,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
         const auto t0 = std::chrono::steady_clock::now();
         LATHE_ASSIGN_OR_RETURN(
             last, step.gradients(1, [&](int64_t) -> Result<ModelBatch> { return batch; }));
-        step.apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip);  // clipping fused into AdamW
+        // Clipping fused into AdamW.
+        LATHE_RETURN_IF_ERROR(step.apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip));
         model.synchronize();
         const double ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)

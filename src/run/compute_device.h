@@ -63,6 +63,8 @@ public:
     const Context& context() const { return ctx_; }
     // Lets ops use their faster nondeterministic variants (Context::deterministic).
     void set_deterministic(bool deterministic) { ctx_.deterministic = deterministic; }
+    // The world communicator contexts handed out from now on carry (Context::comm; run/world.h).
+    void set_comm(Communicator* comm) { ctx_.comm = comm; }
     Backend backend() const { return ctx_.backend; }
     // "cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB)" or "cpu".
     std::string describe() const;

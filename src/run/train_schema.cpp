@@ -79,6 +79,13 @@ ConfigSchema train_config_schema() {
            "treat loss > factor x running mean as a spike (0 = off)"});
     s.add({"train.freeze", ConfigType::kStringList, "[]",
            "parameter-name patterns (glob) to keep frozen"});
+    // ---- parallel: several processes (ranks) train one model (run/data_parallel.h) ----
+    s.add({"parallel.zero_stage", ConfigType::kInt, "1",
+           "data parallel: 0 = every rank holds the whole optimizer state, 1 = AdamW state "
+           "sharded over the ranks (ZeRO-1)"});
+    s.add({"parallel.timeout_s", ConfigType::kFloat, "600",
+           "a rank waiting longer than this on the others stops the run, naming the wait "
+           "(0 = wait forever)"});
     // ---- optimizer (AdamW) ----
     s.add({"optimizer.lr", ConfigType::kFloat, "6e-4", "peak learning rate"});
     s.add({"optimizer.min_lr", ConfigType::kFloat, "0", "floor of the schedule"});
@@ -124,7 +131,7 @@ bool train_key_resume_compatible(std::string_view key) {
                                                        "checkpoint.interval",
                                                        "checkpoint.keep_last",
                                                        "checkpoint.init_mode"};
-    for (std::string_view prefix : {"optimizer.", "lr."}) {
+    for (std::string_view prefix : {"optimizer.", "lr.", "parallel."}) {
         if (key.starts_with(prefix)) return true;
     }
     for (std::string_view k : kCompatible) {

@@ -27,8 +27,11 @@ ConfigSchema train_config_schema();
 //   - logs every compatible key that differs and goes on: train.steps, train.log_interval,
 //     train.eval_interval, train.eval_iters, train.device, train.precision, train.recompute,
 //     train.threads, train.deterministic, train.nonfinite_policy, train.max_skipped_steps,
-//     train.spike_factor, train.freeze, optimizer.*, lr.*, checkpoint.interval,
-//     checkpoint.keep_last and checkpoint.init_mode. The steps after the change follow the new
+//     train.spike_factor, train.freeze, optimizer.*, lr.*, parallel.* (the optimizer state is
+//     re-sharded on load), checkpoint.interval, checkpoint.keep_last and checkpoint.init_mode.
+//   - a change of the number of ranks (data parallel) keeps the sample order only when the global
+//     batch, ranks x micro-batch x accumulation, stays: the trainer then accepts a change of
+//     train.gradient_accumulation_steps that keeps it (run/trainer.cpp). The steps after the change follow the new
 //     values; they differ from those of a run that had them from the start where the value
 //     shapes what came before (train.steps sizes GPT-NeoX's sample index and, with
 //     lr.decay_steps 0, the schedule; another device computes other last bits).

@@ -210,6 +210,20 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
                                       c.source_of("train.spike_factor"), s.spike_factor);
     }
     s.freeze = c.get_string_list("train.freeze");
+    s.zero_stage = int(c.get_int("parallel.zero_stage"));
+    if (s.zero_stage != 0 && s.zero_stage != 1) {
+        return invalid_argument_error(
+            "{}: 'parallel.zero_stage' {}: lathe trains at stage 0 (optimizer state on every "
+            "rank) or 1 (optimizer state sharded over the ranks); stages 2 and 3 are not part "
+            "of this build",
+            c.source_of("parallel.zero_stage"), c.get_int("parallel.zero_stage"));
+    }
+    s.timeout_s = c.get_float("parallel.timeout_s");
+    if (!(s.timeout_s >= 0.0) || s.timeout_s > 1e7) {
+        return invalid_argument_error(
+            "{}: 'parallel.timeout_s' must be seconds between 0 (wait forever) and 1e7, got {}",
+            c.source_of("parallel.timeout_s"), s.timeout_s);
+    }
     s.checkpoint_interval = c.get_int("checkpoint.interval");
     s.keep_last = static_cast<int>(c.get_int("checkpoint.keep_last"));
 

@@ -59,7 +59,13 @@ struct TrainSettings {
     std::string init_from;
     InitMode init_mode = InitMode::kFinetune;
 
-    int64_t tokens_per_step() const { return micro_batch * grad_accum * seq_len; }
+    int zero_stage = 1;      // parallel.zero_stage: 0 or 1
+    double timeout_s = 600;  // parallel.timeout_s; 0 = off
+    int64_t world = 1;       // data-parallel ranks: set by the trainer from the launcher
+
+    // Samples per optimizer step over all ranks, and their tokens.
+    int64_t global_batch() const { return micro_batch * grad_accum * world; }
+    int64_t tokens_per_step() const { return global_batch() * seq_len; }
 };
 
 // GPT-NeoX's padded vocabulary: the smallest multiple of `divisible_by` >= vocab.

@@ -1,18 +1,25 @@
 #include "run/train_step.h"
 
+#include <algorithm>
+#include <cstddef>
+
 #include "core/check.h"
+#include "dist/host_collectives.h"
+#include "run/data_parallel.h"
 
 namespace lathe {
 
-TrainStep::TrainStep(Model& model, AdamWOptimizer& optimizer, std::vector<char> frozen)
-    : model_(model), optimizer_(optimizer), frozen_(std::move(frozen)) {
+TrainStep::TrainStep(Model& model, AdamWOptimizer& optimizer, std::vector<char> frozen,
+                     DataParallel* dp)
+    : model_(model), optimizer_(optimizer), frozen_(std::move(frozen)), dp_(dp) {
     LATHE_CHECK(frozen_.empty() || frozen_.size() == model_.params().entries().size(),
                 "{} frozen flags for {} parameter entries", frozen_.size(),
                 model_.params().entries().size());
 }
 
-Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next) {
+Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next, int stop_request) {
     LATHE_CHECK(K >= 1, "a step of {} micro-batches", K);
+    const int64_t W = dp_ != nullptr ? dp_->world() : 1;
     model_.zero_grads();
     losses_.resize(size_t(K));
     int64_t read = 0;
@@ -20,29 +27,50 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next) {
         model_.read_losses(std::span<float>(losses_.data() + read, size_t(upto - read)));
         read = upto;
     };
+    const float dloss = 1.0f / float(W * K);
     for (int64_t k = 0; k < K; ++k) {
         LATHE_ASSIGN_OR_RETURN(const ModelBatch batch, next(k));
         if (k - read == kLossSlots) read_losses(k);
-        model_.forward_backward_async(batch, 1.0f / float(K), k - read);
+        if (dp_ != nullptr) dp_->reduce_during_backward(k == K - 1);
+        model_.forward_backward_async(batch, dloss, k - read);
     }
+    if (dp_ != nullptr) LATHE_RETURN_IF_ERROR(dp_->finish_gradients());
     for (size_t e = 0; e < frozen_.size(); ++e)
         if (frozen_[e]) model_.zero_grad_entry(e);
     TrainStepValues out;
     out.norm = model_.grad_norm();
     read_losses(K);
+    out.stop_request = stop_request;
     double sum = 0.0;
-    for (const float l : losses_) sum += l;
-    out.loss = float(sum / double(K));
+    if (dp_ == nullptr) {
+        for (const float l : losses_) sum += l;
+    } else {
+        // Every rank's losses and stop request in one gather: rank r's K + 1 values at r (K + 1).
+        losses_.push_back(float(stop_request));
+        gathered_.resize(size_t(W * (K + 1)));
+        LATHE_RETURN_IF_ERROR(
+            all_gather_bytes(dp_->comm(), std::as_bytes(std::span<const float>(losses_)),
+                             std::as_writable_bytes(std::span<float>(gathered_)), dp_->stream())
+                .with_context("gathering the step's losses"));
+        losses_.pop_back();
+        for (int64_t k = 0; k < K; ++k)
+            for (int64_t r = 0; r < W; ++r) sum += gathered_[size_t(r * (K + 1) + k)];
+        for (int64_t r = 0; r < W; ++r)
+            out.stop_request = std::max(out.stop_request, int(gathered_[size_t(r * (K + 1) + K)]));
+        out.comm_wait_ms = dp_->comm_wait_ms();
+    }
+    out.loss = float(sum / double(W * K));
     return out;
 }
 
-void TrainStep::apply(double lr, double weight_decay, const AdamWHyper& hyper, int64_t adam_step,
-                      float max_grad_norm) {
+Status TrainStep::apply(double lr, double weight_decay, const AdamWHyper& hyper, int64_t adam_step,
+                        float max_grad_norm) {
     const std::vector<AdamWSegment> all = model_.adamw_segments(lr, weight_decay);
     segments_.clear();
     for (size_t i = 0; i < all.size(); ++i)
         if (frozen_.empty() || !frozen_[i]) segments_.push_back(all[i]);
     optimizer_.step(optimizer_target(model_), segments_, hyper, adam_step, max_grad_norm);
+    return dp_ != nullptr ? dp_->finish_update() : ok_status();
 }
 
 }  // namespace lathe

@@ -18,6 +18,14 @@
 // the optimizer enqueue; the host builds the segment list (one per parameter entry) while the GPU
 // computes.
 //
+// Data parallel (a DataParallel given, run/data_parallel.h): each of the W ranks runs its K
+// micro-batches with dloss 1 / (W K); the last one's backward reduces the gradients over the
+// ranks layer by layer; the loss is the mean of all W K micro-batch losses, gathered from every
+// rank and summed (fp64) in the order one process with accumulation W K sees them (rank r's
+// micro-batch k is that process's micro-batch k W + r: run/batch_loader.h), so the loss, the
+// norm and every decision taken on them are the same on every rank. apply() updates the rank's
+// optimizer range and, at ZeRO-1, all-gathers the updated parameters.
+//
 // Ownership: holds references to the model and the optimizer, which must outlive it.
 
 #include <cstdint>
@@ -33,30 +41,40 @@
 namespace lathe {
 
 struct TrainStepValues {
-    float loss = 0.0f;  // mean over the micro-batches
+    float loss = 0.0f;  // mean over the micro-batches (of every rank)
     float norm = 0.0f;  // global L2 norm of the gradients (before clipping)
+    // Data parallel: the largest stop request any rank passed to gradients(), so that every rank
+    // stops after the same step; one process: the one it passed.
+    int stop_request = 0;
+    double comm_wait_ms = 0.0;  // data parallel: DataParallel::comm_wait_ms() of this step
 };
+
+class DataParallel;  // run/data_parallel.h
 
 class TrainStep {
 public:
     // `frozen`: one flag per parameter entry (Model::params().entries()), nonzero for an entry
     // that is not trained; empty trains every entry.
-    TrainStep(Model& model, AdamWOptimizer& optimizer, std::vector<char> frozen = {});
+    // `dp`: the data-parallel collectives (null: one process); must outlive the step.
+    TrainStep(Model& model, AdamWOptimizer& optimizer, std::vector<char> frozen = {},
+              DataParallel* dp = nullptr);
 
     // Micro-batch k of the step (0 <= k < K); the batch's host memory may be reused once
     // gradients() moves to the next one.
     using NextBatch = std::function<Result<ModelBatch>(int64_t k)>;
-    // The gradients of one step (file comment); errors are next()'s.
-    Result<TrainStepValues> gradients(int64_t K, const NextBatch& next);
+    // The gradients of one step (file comment); errors are next()'s and the collectives'.
+    // `stop_request`: this rank's wish to stop after the step (a signal number, 0 for none).
+    Result<TrainStepValues> gradients(int64_t K, const NextBatch& next, int stop_request = 0);
     // The AdamW update number `adam_step` (file comment).
-    void apply(double lr, double weight_decay, const AdamWHyper& hyper, int64_t adam_step,
-               float max_grad_norm);
+    Status apply(double lr, double weight_decay, const AdamWHyper& hyper, int64_t adam_step,
+                 float max_grad_norm);
 
 private:
     Model& model_;
     AdamWOptimizer& optimizer_;
     std::vector<char> frozen_;
-    std::vector<float> losses_;
+    DataParallel* dp_ = nullptr;
+    std::vector<float> losses_, gathered_;
     std::vector<AdamWSegment> segments_;
 };
 

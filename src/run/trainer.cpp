@@ -22,6 +22,7 @@
 #include "data/gpt2_dataset.h"
 #include "data/indexed_dataset.h"
 #include "data/sampling.h"
+#include "dist/host_collectives.h"
 #include "io/file.h"
 #include "io/safetensors.h"
 #include "model/model.h"
@@ -33,11 +34,13 @@
 #include "run/carried_files.h"
 #include "run/checkpoint_dir.h"
 #include "run/compute_device.h"
+#include "run/data_parallel.h"
 #include "run/metrics.h"
 #include "run/train_schema.h"
 #include "run/train_settings.h"
 #include "run/train_step.h"
 #include "run/trainer_state.h"
+#include "run/world.h"
 
 namespace fs = std::filesystem;
 
@@ -91,14 +94,21 @@ private:
     Status train_step(float& loss_out, float& norm_out, bool& skipped);
     Status evaluate(double& loss_out);
     Status log_line(double elapsed_s, int64_t steps_this_session);
+    // Data parallel: this process writes the run's shared files (metrics, config, the model).
+    bool lead() const { return world_.rank() == 0; }
+    bool multi() const { return !world_.single(); }
+    // Every rank waits for the others (data parallel; a no-op for one process).
+    Status barrier(std::string_view what);
 
     const TrainRequest& request_;
     Config config_;
     TrainSettings s_;
     ComputeDevice device_;  // before model_: the model's Context points into it
+    World world_;           // the ranks (one without a launcher); its communicator after device_
     GptNeoxDatasets data_;
     std::optional<Model> model_;
-    std::optional<AdamWOptimizer> optimizer_;  // over every parameter, on the model's device
+    std::optional<AdamWOptimizer> optimizer_;  // this rank's range, on the model's device
+    std::unique_ptr<DataParallel> dp_;         // with more than one rank
     std::vector<char> frozen_;                 // per parameter entry
     std::optional<TrainStep> step_;            // the step's compute, over model_ and optimizer_
     std::optional<CheckpointDir> ckpt_;
@@ -109,6 +119,9 @@ private:
     std::optional<BatchLoader> loader_;  // the training micro-batches, read ahead by a thread
     BatchBuffers buf_;                   // validation micro-batches (read on this thread)
     float last_norm_ = 0.0f;
+    int agreed_stop_ = 0;      // data parallel: the stop request every rank took from the step
+    double comm_wait_ms_ = 0;  // data parallel: summed over the steps since the last log line
+    int64_t comm_steps_ = 0;
     int stop_signal_ = 0;                // the signal that stopped the run before its last step
     std::set<std::string> ids_checked_;  // token files whose ids open_checked() has read
     Status ids_error_;                   // the id open_checked() found outside the vocabulary
@@ -181,17 +194,35 @@ Status Trainer::setup() {
     // usable GPU or without CUDA attention) is refused before anything is read or written.
     LATHE_ASSIGN_OR_RETURN(device_, ComputeDevice::open(s_.device, "train.device"));
     device_.set_deterministic(s_.deterministic);
+    // The other ranks, when a launcher started several (run/world.h): the rendezvous is bounded
+    // by parallel.timeout_s (or 5 minutes when that is off).
+    const int rendezvous_ms = s_.timeout_s > 0 ? int(std::min(s_.timeout_s, 1e6) * 1000) : 300'000;
+    LATHE_ASSIGN_OR_RETURN(world_, world_open(device_, rendezvous_ms));
+    s_.world = world_.size();
+    // One voice: ranks other than 0 report warnings and errors only.
+    if (!lead() && log_level() < LogLevel::kWarning) log_set_level(LogLevel::kWarning);
     if (!s_.deterministic) log_info("train.deterministic false: runs may differ in the last bits");
     log_info("computing on {}", device_.describe());
+    if (multi()) {
+        log_info(
+            "data parallel over {} ranks ({}), ZeRO-{}: each rank {} x {} micro-batches of "
+            "the global batch of {}",
+            world_.size(), launcher_name(world_.group.launcher), s_.zero_stage, s_.grad_accum,
+            s_.micro_batch, s_.global_batch());
+    }
     std::error_code ec;
     fs::create_directories(request_.run_dir, ec);
     if (ec) return io_error("{}: cannot create the run folder: {}", request_.run_dir, ec.message());
 #ifdef _OPENMP
     if (s_.threads > 0) omp_set_num_threads(s_.threads);
 #endif
-    // Data (GPT-NeoX's index building; caches beside the token files).
+    // Data (GPT-NeoX's index building; caches beside the token files): rank 0 builds the caches,
+    // the others read them once it has.
+    if (!lead()) LATHE_RETURN_IF_ERROR(barrier("rank 0 building the data index caches"));
     auto data = gpt_neox_build_datasets(
         s_.data, [this](const std::string& prefix) { return open_checked(prefix); });
+    if (lead() && multi() && data.ok())
+        LATHE_RETURN_IF_ERROR(barrier("rank 0 building the data index caches"));
     if (!data.ok()) return ids_error_.ok() ? data.status().with_context("data") : ids_error_;
     data_ = std::move(data).value();
     if (data_.train() == nullptr) {
@@ -209,6 +240,7 @@ Status Trainer::setup() {
     shape.seq_len = s_.seq_len;
     shape.backend = device_.backend();
     shape.recompute = s_.recompute;
+    shape.optimizer_shards = multi() && s_.zero_stage == 1 ? world_.size() : 1;
     const ParamTable table = model_param_table(s_.model);
     auto plan = memory_plan_make(s_.model, table, shape);
     if (!plan.ok()) return plan.status();
@@ -226,9 +258,21 @@ Status Trainer::setup() {
     model_.emplace(std::move(model).value());
     const int64_t max_len = s_.model.hf.max_position_embeddings;
     LATHE_ASSIGN_OR_RETURN(tokenizer_files_, carried_tokenizer_files(s_.tokenizer_path, max_len));
-    // The plan as allocated (on CUDA it now counts the attention workspaces cuDNN asked for).
-    std::fputs(model_->plan().table(model_config_summary(s_.model)).c_str(), stderr);
-    LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer, AdamWOptimizer::create_for(*model_));
+    // The plan as allocated (on CUDA it now counts the attention workspaces cuDNN asked for);
+    // with several ranks it is each rank's.
+    if (lead()) {
+        std::string title = model_config_summary(s_.model);
+        if (multi())
+            title += fmt::format(", per rank of {} (ZeRO-{})", world_.size(), s_.zero_stage);
+        std::fputs(model_->plan().table(title).c_str(), stderr);
+    }
+    FlatRange range{0, model_->params_flat().numel()};
+    if (multi()) {
+        LATHE_ASSIGN_OR_RETURN(dp_, DataParallel::create(*model_, *world_.comm, s_.zero_stage));
+        range = dp_->optimizer_range();
+    }
+    LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer,
+                           AdamWOptimizer::create_for(*model_, range, model_->context()));
     optimizer_.emplace(std::move(optimizer));
 
     // Frozen parameter groups (train.freeze): an entry is frozen when its name, or every HF
@@ -264,13 +308,28 @@ Status Trainer::setup() {
                 pattern, params.hf_params().front().name);
         }
     }
-    step_.emplace(*model_, *optimizer_, frozen_);
-    LATHE_ASSIGN_OR_RETURN(
-        CheckpointDir ckpt,
-        CheckpointDir::open((fs::path(request_.run_dir) / "checkpoints").string()));
-    ckpt_.emplace(std::move(ckpt));
-    return file_write_atomic((fs::path(request_.run_dir) / "config.yaml").string(),
-                             config_.to_yaml());
+    step_.emplace(*model_, *optimizer_, frozen_, dp_.get());
+    // Rank 0 opens the checkpoints folder (cleaning what a killed run left half-written); the
+    // others attach to it once it has.
+    const std::string root = (fs::path(request_.run_dir) / "checkpoints").string();
+    if (lead()) {
+        LATHE_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::open(root));
+        ckpt_.emplace(std::move(ckpt));
+        LATHE_RETURN_IF_ERROR(file_write_atomic(
+            (fs::path(request_.run_dir) / "config.yaml").string(), config_.to_yaml()));
+    }
+    LATHE_RETURN_IF_ERROR(barrier("rank 0 opening the checkpoints folder"));
+    if (!lead()) {
+        LATHE_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::attach(root));
+        ckpt_.emplace(std::move(ckpt));
+    }
+    return ok_status();
+}
+
+Status Trainer::barrier(std::string_view what) {
+    if (!multi()) return ok_status();
+    return lathe::barrier(*world_.comm, dp_ ? dp_->stream() : device_.context().stream)
+        .with_context(fmt::format("{}: waiting for {}", world_.who(), what));
 }
 
 Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_state) {
@@ -278,8 +337,9 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     if (!ck.ok()) return ck.status().with_context(dir);
     LATHE_RETURN_IF_ERROR(model_load_hf(*model_, *ck));
     if (!with_optimizer_and_state) return ok_status();
-    LATHE_RETURN_IF_ERROR(
-        optimizer_state_load(*optimizer_, (fs::path(dir) / kOptimizerStateFile).string()));
+    // Whatever world wrote it: one file, or one per rank, re-sharded onto this rank's range.
+    LATHE_RETURN_IF_ERROR(optimizer_state_load_checkpoint(
+        *optimizer_, dir, int64_t(model_->params().layout().total_bytes() / sizeof(float))));
     const std::string state_path = (fs::path(dir) / kTrainerStateFile).string();
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(state_path));
     const auto j = nlohmann::json::parse(text, nullptr, false);
@@ -293,9 +353,11 @@ Status Trainer::init_or_resume() {
     if (newest) {
         log_info("resuming from {}", *newest);
         LATHE_RETURN_IF_ERROR(load_checkpoint(*newest, true));
-        LATHE_ASSIGN_OR_RETURN(
-            metrics_,
-            MetricsLog::open((fs::path(request_.run_dir) / "metrics.jsonl").string(), st_.step));
+        if (lead()) {
+            LATHE_ASSIGN_OR_RETURN(
+                metrics_, MetricsLog::open((fs::path(request_.run_dir) / "metrics.jsonl").string(),
+                                           st_.step));
+        }
         return ok_status();
     }
     if (!s_.init_from.empty()) {
@@ -306,24 +368,61 @@ Status Trainer::init_or_resume() {
         log_info("initialising from seed {}", s_.seed);
         model_->init(s_.seed);
     }
-    LATHE_ASSIGN_OR_RETURN(
-        metrics_, MetricsLog::open((fs::path(request_.run_dir) / "metrics.jsonl").string(), -1));
+    if (lead()) {
+        LATHE_ASSIGN_OR_RETURN(
+            metrics_,
+            MetricsLog::open((fs::path(request_.run_dir) / "metrics.jsonl").string(), -1));
+    }
     return ok_status();
 }
 
 Status Trainer::save_checkpoint() {
-    LATHE_ASSIGN_OR_RETURN(std::string dir, ckpt_->begin(st_.step));
-    LATHE_RETURN_IF_ERROR(model_save_hf(*model_, dir));
-    LATHE_RETURN_IF_ERROR(carried_files_write(tokenizer_files_, dir));
-    LATHE_RETURN_IF_ERROR(
-        optimizer_state_save(*optimizer_, (fs::path(dir) / kOptimizerStateFile).string()));
-    st_.consumed_train_samples = st_.step * s_.micro_batch * s_.grad_accum;
-    st_.tokens = st_.step * s_.tokens_per_step();
-    nlohmann::json j = trainer_state_to_json(st_);
-    j["seed"] = s_.seed;
-    j["config"] = config_.to_yaml();
-    LATHE_RETURN_IF_ERROR(
-        file_write_atomic((fs::path(dir) / kTrainerStateFile).string(), j.dump(2) + "\n"));
+    // Rank 0 begins the step's folder, every rank writes its part into it (ZeRO-1: its optimizer
+    // shard; the gathered model and the rest come from rank 0), and rank 0 publishes it once every
+    // rank said its files are complete: a checkpoint with a rank's part missing is never published.
+    std::string dir;
+    if (lead()) {
+        LATHE_ASSIGN_OR_RETURN(dir, ckpt_->begin(st_.step));
+    }
+    LATHE_RETURN_IF_ERROR(barrier("rank 0 starting the checkpoint folder"));
+    if (!lead()) dir = ckpt_->partial_path(st_.step);
+    if (dp_) LATHE_RETURN_IF_ERROR(dp_->gather_masters());
+    const Status written = [&]() -> Status {
+        if (lead()) {
+            LATHE_RETURN_IF_ERROR(model_save_hf(*model_, dir));
+            LATHE_RETURN_IF_ERROR(carried_files_write(tokenizer_files_, dir));
+        }
+        const bool sharded = dp_ != nullptr && dp_->zero_stage() == 1;
+        if (sharded) {
+            LATHE_RETURN_IF_ERROR(optimizer_state_save_shard(*optimizer_, dir, world_.rank(),
+                                                             world_.size(), dp_->params_used()));
+        } else if (lead()) {
+            LATHE_RETURN_IF_ERROR(
+                optimizer_state_save(*optimizer_, (fs::path(dir) / kOptimizerStateFile).string()));
+        }
+        if (!lead()) return ok_status();
+        st_.consumed_train_samples = st_.step * s_.global_batch();
+        st_.tokens = st_.step * s_.tokens_per_step();
+        nlohmann::json j = trainer_state_to_json(st_);
+        j["seed"] = s_.seed;
+        j["config"] = config_.to_yaml();
+        if (multi()) j["world_size"] = world_.size();
+        return file_write_atomic((fs::path(dir) / kTrainerStateFile).string(), j.dump(2) + "\n");
+    }();
+    if (multi()) {
+        LATHE_ASSIGN_OR_RETURN(const int failed,
+                               all_reduce_max(*world_.comm, written.ok() ? 0 : 1,
+                                              dp_ ? dp_->stream() : device_.context().stream));
+        if (!written.ok()) return written;
+        if (failed != 0) {
+            return io_error(
+                "checkpoint of step {}: another rank could not write its part (its error is "
+                "above); the checkpoint is not published, the previous one is intact",
+                st_.step);
+        }
+    }
+    LATHE_RETURN_IF_ERROR(written);
+    if (!lead()) return ok_status();
     LATHE_ASSIGN_OR_RETURN(std::string final_dir, ckpt_->commit(st_.step, s_.keep_last));
     log_info("checkpoint {}", final_dir);
     return ok_status();
@@ -333,11 +432,18 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
     const int64_t B = s_.micro_batch, T = s_.seq_len, K = s_.grad_accum;
     // The micro-batches come from the loader thread (GPT-NeoX's order, read ahead); the step
     // enqueues each without waiting for the GPU and waits once, for the gradient norm.
-    LATHE_ASSIGN_OR_RETURN(
-        const TrainStepValues values, step_->gradients(K, [&](int64_t k) -> Result<ModelBatch> {
-            LATHE_ASSIGN_OR_RETURN(const BatchBuffers* buf, loader_->next(st_.step * K + k));
-            return batch_views(*buf, B, T);
-        }));
+    LATHE_ASSIGN_OR_RETURN(const TrainStepValues values,
+                           step_->gradients(
+                               K,
+                               [&](int64_t k) -> Result<ModelBatch> {
+                                   LATHE_ASSIGN_OR_RETURN(const BatchBuffers* buf,
+                                                          loader_->next(st_.step * K + k));
+                                   return batch_views(*buf, B, T);
+                               },
+                               g_stop_signal.load()));
+    agreed_stop_ = values.stop_request;
+    comm_wait_ms_ += values.comm_wait_ms;
+    ++comm_steps_;
     const float loss = values.loss, norm = values.norm;
     loss_out = loss;
     norm_out = norm;
@@ -374,8 +480,8 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
     st_.skipped_in_a_row = 0;
 
     ++st_.adam_step;
-    step_->apply(s_.lr.lr_at(st_.step), s_.weight_decay, s_.adam, st_.adam_step,
-                 float(s_.grad_clip));  // clips when > 0
+    LATHE_RETURN_IF_ERROR(step_->apply(s_.lr.lr_at(st_.step), s_.weight_decay, s_.adam,
+                                       st_.adam_step, float(s_.grad_clip)));  // clips when > 0
     st_.loss_count += 1;
     st_.loss_mean +=
         (double(loss) - st_.loss_mean) / double(std::min<int64_t>(st_.loss_count, 100));
@@ -383,20 +489,35 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
 }
 
 Status Trainer::evaluate(double& loss_out) {
-    const int64_t B = s_.micro_batch, T = s_.seq_len;
-    double sum = 0.0;
-    for (int64_t i = 0; i < s_.eval_iters; ++i) {
+    const int64_t B = s_.micro_batch, T = s_.seq_len, n = s_.eval_iters;
+    // Data parallel: rank r evaluates micro-batches r, r + W, ...; the losses are gathered and
+    // summed in micro-batch order, as one process sums them.
+    const int64_t W = world_.size(), per_rank = (n + W - 1) / W;
+    std::vector<float> mine(size_t(per_rank), 0.0f);
+    for (int64_t j = 0; j < per_rank; ++j) {
+        const int64_t i = j * W + world_.rank();
+        if (i >= n) break;
         // GPT-NeoX keeps one validation iterator across passes: pass p reads micro-batches
         // p * eval_iters + i.
-        LATHE_ASSIGN_OR_RETURN(const int64_t first,
-                               gpt_neox_micro_batch_start(st_.eval_passes * s_.eval_iters + i, B, 1,
-                                                          0, data_.valid()->size()));
+        LATHE_ASSIGN_OR_RETURN(
+            const int64_t first,
+            gpt_neox_micro_batch_start(st_.eval_passes * n + i, B, 1, 0, data_.valid()->size()));
         LATHE_RETURN_IF_ERROR(
             fill_batch(*data_.valid(), first, B, T, s_.per_document_attention, buf_));
-        sum += model_->forward(batch_views(buf_, B, T));
+        mine[size_t(j)] = model_->forward(batch_views(buf_, B, T));
     }
+    std::vector<float> all = mine;
+    if (multi()) {
+        all.resize(size_t(W * per_rank));
+        LATHE_RETURN_IF_ERROR(
+            all_gather_bytes(*world_.comm, std::as_bytes(std::span<const float>(mine)),
+                             std::as_writable_bytes(std::span<float>(all)), dp_->stream())
+                .with_context("gathering the validation losses"));
+    }
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += double(all[size_t((i % W) * per_rank + i / W)]);
     ++st_.eval_passes;
-    loss_out = sum / double(s_.eval_iters);
+    loss_out = sum / double(n);
     return ok_status();
 }
 
@@ -409,10 +530,11 @@ Status Trainer::run() {
     }
     StopSignals signals;
     log_info(
-        "training {} -> step {}: {} tokens per step (B {} x T {} x accumulation {}), {} "
+        "training {} -> step {}: {} tokens per step (B {} x T {} x accumulation {}{}), {} "
         "parameters, "
         "{} threads",
         st_.step, s_.steps, s_.tokens_per_step(), s_.micro_batch, s_.seq_len, s_.grad_accum,
+        multi() ? fmt::format(" x {} ranks", world_.size()) : std::string(),
         model_->params().num_elements(),
 #ifdef _OPENMP
         omp_get_max_threads()
@@ -422,7 +544,7 @@ Status Trainer::run() {
     );
     const int64_t K = s_.grad_accum;
     loader_.emplace(*data_.train(), st_.step * K, s_.steps * K, s_.micro_batch, s_.seq_len,
-                    s_.per_document_attention);
+                    s_.per_document_attention, /*depth=*/2, world_.size(), world_.rank());
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t first_step = st_.step;
     while (st_.step < s_.steps) {
@@ -444,16 +566,22 @@ Status Trainer::run() {
             (st_.step % s_.eval_interval == 0 || st_.step == s_.steps)) {
             double vloss = 0.0;
             LATHE_RETURN_IF_ERROR(evaluate(vloss));
-            std::fprintf(stderr, "step %lld/%lld | validation loss %.4f | perplexity %.2f\n",
-                         (long long)st_.step, (long long)s_.steps, vloss, std::exp(vloss));
-            LATHE_RETURN_IF_ERROR(metrics_.write({{"step", st_.step},
-                                                  {"split", std::string("valid")},
-                                                  {"loss", vloss},
-                                                  {"perplexity", std::exp(vloss)},
-                                                  {"tokens", st_.step * s_.tokens_per_step()}}));
+            if (lead()) {
+                std::fprintf(stderr, "step %lld/%lld | validation loss %.4f | perplexity %.2f\n",
+                             (long long)st_.step, (long long)s_.steps, vloss, std::exp(vloss));
+            }
+            if (lead())
+                LATHE_RETURN_IF_ERROR(
+                    metrics_.write({{"step", st_.step},
+                                    {"split", std::string("valid")},
+                                    {"loss", vloss},
+                                    {"perplexity", std::exp(vloss)},
+                                    {"tokens", st_.step * s_.tokens_per_step()}}));
         }
-        // A signal after the last step stops nothing: the run is complete.
-        const int sig = st_.step < s_.steps ? signals.received() : 0;
+        // A signal after the last step stops nothing: the run is complete. With several ranks,
+        // the request every rank agreed on in the step's gather (each may have seen the signal
+        // at another moment).
+        const int sig = st_.step < s_.steps ? (multi() ? agreed_stop_ : signals.received()) : 0;
         const bool interval_save =
             s_.checkpoint_interval > 0 && st_.step % s_.checkpoint_interval == 0;
         if (interval_save || st_.step == s_.steps || sig != 0)
@@ -473,6 +601,15 @@ Status Trainer::run() {
 }
 
 Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
+    const double comm_wait_ms = comm_wait_ms_;
+    const int64_t comm_steps = comm_steps_;
+    comm_wait_ms_ = 0.0;
+    comm_steps_ = 0;
+    if (!lead()) {
+        st_.interval_loss_sum = 0.0;
+        st_.interval_steps = 0;
+        return ok_status();
+    }
     const double mean =
         st_.interval_steps > 0 ? st_.interval_loss_sum / double(st_.interval_steps) : NAN;
     const double lr = s_.lr.lr_at(st_.step - 1);
@@ -487,14 +624,22 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
                  (long long)st_.step, (long long)s_.steps, mean, lr, double(last_norm_),
                  Progress::format_count(tok_s).c_str(), (long long)st_.skipped_steps,
                  Progress::format_duration(eta).c_str());
-    LATHE_RETURN_IF_ERROR(metrics_.write({{"step", st_.step},
-                                          {"split", std::string("train")},
-                                          {"loss", mean},
-                                          {"lr", lr},
-                                          {"grad_norm", double(last_norm_)},
-                                          {"tokens", st_.step * s_.tokens_per_step()},
-                                          {"skipped", st_.skipped_steps},
-                                          {"tokens_per_s", tok_s}}));
+    std::vector<std::pair<std::string, MetricValue>> fields = {
+        {"step", st_.step},
+        {"split", std::string("train")},
+        {"loss", mean},
+        {"lr", lr},
+        {"grad_norm", double(last_norm_)},
+        {"tokens", st_.step * s_.tokens_per_step()},
+        {"skipped", st_.skipped_steps},
+        {"tokens_per_s", tok_s}};
+    // Data parallel: the ranks, and what rank 0's compute waited on communication per step.
+    if (multi()) {
+        fields.emplace_back("world_size", int64_t(world_.size()));
+        fields.emplace_back("comm_wait_ms",
+                            comm_wait_ms / double(std::max<int64_t>(1, comm_steps)));
+    }
+    LATHE_RETURN_IF_ERROR(metrics_.write(fields));
     st_.interval_loss_sum = 0.0;
     st_.interval_steps = 0;
     return ok_status();
@@ -504,14 +649,19 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
 // the configuration the newest checkpoint of the run was written with (RUN/config.yaml when the
 // checkpoint does not carry one), refuses an incompatible change naming every such key, and logs
 // each compatible one. Reads only: a refused resume leaves the run folder as it was.
+//
+// The number of ranks (`world`, this run's; the checkpoint's world_size, 1 when it has none) may
+// change when the global batch (ranks x micro-batch x accumulation) stays, so that the sample
+// order does: train.gradient_accumulation_steps may then change with it.
 Status check_resume_config(const std::string& run_dir, const ConfigSchema& schema,
-                           const Config& config) {
+                           const Config& config, int world) {
     // Read-only: CheckpointDir::open would create and clean.
     LATHE_ASSIGN_OR_RETURN(const std::optional<std::string> newest,
                            CheckpointDir::newest_in((fs::path(run_dir) / "checkpoints").string()));
     if (!newest) return ok_status();  // a fresh start
     const fs::path checkpoint = *newest;
     std::string text, from;
+    int64_t world_before = 1;
     const std::string state_path = (checkpoint / kTrainerStateFile).string();
     if (auto bytes = file_read_all(state_path); bytes.ok()) {
         const auto j = nlohmann::json::parse(*bytes, nullptr, false);
@@ -519,6 +669,8 @@ Status check_resume_config(const std::string& run_dir, const ConfigSchema& schem
             text = j.at("config").get<std::string>();
             from = state_path;
         }
+        if (j.is_object() && j.contains("world_size") && j.at("world_size").is_number_integer())
+            world_before = std::max<int64_t>(1, j.at("world_size").get<int64_t>());
     }
     const std::string run_config = (fs::path(run_dir) / "config.yaml").string();
     if (from.empty()) {
@@ -534,8 +686,26 @@ Status check_resume_config(const std::string& run_dir, const ConfigSchema& schem
             "--run-dir",
             run_dir, checkpoint.string(), before.status().message());
     }
-    const std::vector<TrainConfigChange> changes = train_config_changes(*before, config);
+    std::vector<TrainConfigChange> changes = train_config_changes(*before, config);
+    const char* kAccum = "train.gradient_accumulation_steps";
+    const char* kMicro = "train.micro_batch_size";
+    const int64_t global_before = world_before * before->get_int(kMicro) * before->get_int(kAccum);
+    const int64_t global_now = int64_t(world) * config.get_int(kMicro) * config.get_int(kAccum);
     std::string refused;
+    if (world_before != world) {
+        if (global_before != global_now) {
+            refused = fmt::format(
+                "the global batch (ranks x {} x {}) {} x {} x {} = {} -> {} x {} x {} = {} "
+                "(with another number of ranks, set {} so that the global batch stays)",
+                kMicro, kAccum, world_before, before->get_int(kMicro), before->get_int(kAccum),
+                global_before, world, config.get_int(kMicro), config.get_int(kAccum), global_now,
+                kAccum);
+        }
+        for (TrainConfigChange& c : changes)
+            if (c.key == kAccum) c.compatible = true;  // the global batch decides (above)
+        log_info("resuming {} ranks' checkpoint with {} ranks: the optimizer state is re-sharded",
+                 world_before, world);
+    }
     for (const TrainConfigChange& c : changes) {
         if (!c.compatible)
             refused +=
@@ -563,7 +733,11 @@ Result<TrainOutcome> train_run(const TrainRequest& request) {
     LATHE_ASSIGN_OR_RETURN(Config config,
                            Config::load(schema, request.config_files, request.overrides));
     LATHE_ASSIGN_OR_RETURN(TrainSettings settings, train_settings_resolve(config));
-    LATHE_RETURN_IF_ERROR(check_resume_config(request.run_dir, schema, config));
+    // The ranks the launcher started (the world opens later, in the trainer): a resume may change
+    // their number only as check_resume_config says.
+    LATHE_ASSIGN_OR_RETURN(const ProcessGroupInfo group,
+                           process_group_from_env(process_environment()));
+    LATHE_RETURN_IF_ERROR(check_resume_config(request.run_dir, schema, config, group.world_size));
     Trainer trainer(request, std::move(config), std::move(settings));
     LATHE_RETURN_IF_ERROR(trainer.run());
     return trainer.outcome();

@@ -69,6 +69,11 @@ CudaEvent::CudaEvent() {
     LATHE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
 }
 
+CudaEvent::CudaEvent(Timing timing) {
+    LATHE_CUDA_CHECK(cudaEventCreateWithFlags(
+        &event_, timing == Timing::kOn ? cudaEventDefault : cudaEventDisableTiming));
+}
+
 CudaEvent::~CudaEvent() {
     if (event_ != nullptr) LATHE_CUDA_CHECK(cudaEventDestroy(event_));
 }
@@ -99,6 +104,14 @@ void CudaEvent::wait(CUstream_st* stream) const {
 void CudaEvent::synchronize() const {
     LATHE_CHECK(event_ != nullptr, "synchronize on a moved-from CudaEvent");
     LATHE_CUDA_CHECK(cudaEventSynchronize(event_));
+}
+
+float CudaEvent::elapsed_ms(const CudaEvent& start, const CudaEvent& end) {
+    LATHE_CHECK(start.event_ != nullptr && end.event_ != nullptr,
+                "elapsed_ms on a moved-from CudaEvent");
+    float ms = 0.0f;
+    LATHE_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, end.event_));
+    return ms;
 }
 
 namespace {

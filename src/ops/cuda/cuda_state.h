@@ -69,6 +69,9 @@ private:
 class CudaEvent {
 public:
     CudaEvent();
+    // An event that also keeps the time it was reached, for elapsed_ms (a little dearer to record).
+    enum class Timing { kOff, kOn };
+    explicit CudaEvent(Timing timing);
     ~CudaEvent();
     CudaEvent(CudaEvent&& other) noexcept;
     CudaEvent& operator=(CudaEvent&& other) noexcept;
@@ -84,6 +87,9 @@ public:
     void wait(CUstream_st* stream) const;
     // Blocks the host until the point of the latest record() is reached.
     void synchronize() const;
+    // Milliseconds between the points `start` and `end` were reached (both timing events, both
+    // recorded and reached: call after a synchronize that covers them).
+    static float elapsed_ms(const CudaEvent& start, const CudaEvent& end);
 
 private:
     CUevent_st* event_ = nullptr;

@@ -52,6 +52,10 @@ lathe::CudaEvent::CudaEvent() {
     lathe::detail::no_cuda("CudaEvent");
 }
 
+lathe::CudaEvent::CudaEvent(Timing) {
+    lathe::detail::no_cuda("CudaEvent");
+}
+
 lathe::CudaEvent::~CudaEvent() = default;
 
 lathe::CudaEvent::CudaEvent(CudaEvent&& other) noexcept
@@ -68,6 +72,10 @@ void lathe::CudaEvent::record(CUstream_st*) {
 
 void lathe::CudaEvent::wait(CUstream_st*) const {
     lathe::detail::no_cuda("CudaEvent::wait");
+}
+
+float lathe::CudaEvent::elapsed_ms(const CudaEvent&, const CudaEvent&) {
+    lathe::detail::no_cuda("CudaEvent::elapsed_ms");
 }
 
 void lathe::CudaEvent::synchronize() const {
