@@ -283,11 +283,16 @@ Status optimizer_state_save_shard(const AdamWOptimizer& optimizer, const std::st
     return safetensors_write_file((fs::path(dir) / name).string(), tensors, metadata);
 }
 
-Status optimizer_state_load_checkpoint(AdamWOptimizer& optimizer, const std::string& dir,
-                                       int64_t used) {
-    const FlatRange r = optimizer.range();
-    LATHE_CHECK(used >= 0 && used <= optimizer.total(), "used {} of a vector of {}", used,
-                optimizer.total());
+namespace {
+
+// Validates the state in `dir` for a model of `used` parameters and fills elements
+// [r.begin, r.end) of its vector into m and v (r.size() each, zero at and after `used`).
+Status read_checkpoint(const std::string& dir, int64_t used, FlatRange r, std::span<float> m,
+                       std::span<float> v) {
+    LATHE_CHECK(int64_t(m.size()) == r.size() && int64_t(v.size()) == r.size(),
+                "range of {} into {} / {} elements", r.size(), m.size(), v.size());
+    std::fill(m.begin(), m.end(), 0.0f);
+    std::fill(v.begin(), v.end(), 0.0f);
     // What the folder holds: the full file, shard files by world size.
     std::error_code ec;
     if (!fs::is_directory(dir, ec))
@@ -327,8 +332,6 @@ Status optimizer_state_load_checkpoint(AdamWOptimizer& optimizer, const std::str
             dir, worlds);
     }
 
-    const size_t n = size_t(r.size());
-    std::vector<float> m(n, 0.0f), v(n, 0.0f);
     const int64_t lo = r.begin, hi = std::min(r.end, used);  // what is read; the rest is zero
     if (full) {
         const std::string path = (fs::path(dir) / kOptimizerStateFullName).string();
@@ -397,8 +400,26 @@ Status optimizer_state_load_checkpoint(AdamWOptimizer& optimizer, const std::str
                 expect_begin, total);
         }
     }
+    return ok_status();
+}
+
+}  // namespace
+
+Status optimizer_state_load_checkpoint(AdamWOptimizer& optimizer, const std::string& dir,
+                                       int64_t used) {
+    const FlatRange r = optimizer.range();
+    LATHE_CHECK(used >= 0 && used <= optimizer.total(), "used {} of a vector of {}", used,
+                optimizer.total());
+    const size_t n = size_t(r.size());
+    std::vector<float> m(n), v(n);
+    LATHE_RETURN_IF_ERROR(read_checkpoint(dir, used, r, m, v));
     optimizer.write_state(m, v);
     return ok_status();
+}
+
+Status optimizer_state_check_checkpoint(const std::string& dir, int64_t used) {
+    LATHE_CHECK(used >= 0, "used {}", used);
+    return read_checkpoint(dir, used, {0, 0}, {}, {});
 }
 
 }  // namespace lathe

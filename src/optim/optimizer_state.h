@@ -91,4 +91,9 @@ Status optimizer_state_save_shard(const AdamWOptimizer& optimizer, const std::st
 Status optimizer_state_load_checkpoint(AdamWOptimizer& optimizer, const std::string& dir,
                                        int64_t used);
 
+// What optimizer_state_load_checkpoint checks of `dir` for a model of `used` parameters, reading
+// only the files' headers: for rank 0 to confirm, before it commits a checkpoint that every rank
+// wrote, that the folder holds a complete state. Errors: optimizer_state_load_checkpoint's.
+Status optimizer_state_check_checkpoint(const std::string& dir, int64_t used);
+
 }  // namespace lathe

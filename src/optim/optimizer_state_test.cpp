@@ -394,6 +394,27 @@ TEST(OptimizerStateShards, ForeignOrCorruptShardsAreErrorsNamingTheFile) {
     fs::remove_all(dir);
 }
 
+// Rank 0's check before a commit: the loader's checks without a range to fill.
+TEST(OptimizerStateShards, CheckFindsWhatTheLoaderRefuses) {
+    const std::vector<float> m = reference_moment(1.0f), v = reference_moment(0.25f);
+    const std::string dir = fresh_dir("check");
+    expect_error(optimizer_state_check_checkpoint(dir, kUsed), StatusCode::kNotFound, {dir});
+    save_shards(dir, 3, m, v);
+    EXPECT_TRUE(optimizer_state_check_checkpoint(dir, kUsed).ok());
+    expect_error(optimizer_state_check_checkpoint(dir, kUsed + 1), StatusCode::kDataLoss,
+                 {"optimizer.rank-00000-of-00003.safetensors", "another model"});
+    fs::remove(dir + "/optimizer.rank-00002-of-00003.safetensors");
+    expect_error(optimizer_state_check_checkpoint(dir, kUsed), StatusCode::kNotFound,
+                 {"optimizer.rank-00002-of-00003.safetensors"});
+    fs::remove_all(dir);
+    const std::string full = fresh_dir("check_full");
+    ASSERT_TRUE(optimizer_state_write(full + "/optimizer.safetensors", m, v).ok());
+    EXPECT_TRUE(optimizer_state_check_checkpoint(full, kUsed).ok());
+    expect_error(optimizer_state_check_checkpoint(full, kUsed + 1), StatusCode::kDataLoss,
+                 {full + "/optimizer.safetensors"});
+    fs::remove_all(full);
+}
+
 TEST(OptimizerStateShards, FullFileShorterThanTheModelIsAnError) {
     const std::string dir = fresh_dir("short_full");
     const std::vector<float> m(size_t(kUsed - 1), 1.0f);
