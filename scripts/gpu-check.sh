@@ -12,7 +12,7 @@
 #   doctor     lathe doctor --json must say gpu_ready
 #   tests      ops_gpu_tests, model_gpu_tests, align_gpu_tests, dist_gpu_tests, optim_gpu_tests: each
 #              must be there and pass every test it ran, with none skipped (on the GPU machine nothing has
-#              a reason to skip; dist_two_gpu_tests needs two GPUs and is not run here)
+#              a reason to skip; dist_two_gpu_tests needs two GPUs: the dist part runs it)
 #   bench      lathe bench at the training shapes (GPT-2 124M B32 T1024, Llama-1B B8 T2048;
 #              deterministic and not; selective and full recompute): every row must print its
 #              JSON line with tokens_per_s, and the memory plan must lie within +-5% of the
@@ -34,8 +34,22 @@
 #   compare    the gpt2 and llama bench rows from .carry/before-bundle.tgz (the code before a
 #              change, packed the same way and renamed) and from the bundle, alternating, two
 #              rounds: each run's tokens/s and after/before of the two medians
-# baseline, profile, curve, opsbench and compare are measurements; they fail the check only when their
-# command does.
+#   scaling    data parallel on N = 1, 2, 4 GPUs (those of nvidia-smi -L): `lathe launch --gpus N
+#              lathe bench` at GPT-2 124M (B32 T1024 per GPU; --zero-stage 1 and 0) and Llama-1B
+#              (B8 T2048 per GPU; --zero-stage 1), .carry/bench/ddp_baseline.py (PyTorch DDP +
+#              compile) and bench/fsdp2_baseline.py (FSDP2 + compile) under torchrun
+#              --nproc_per_node N; a table (scaling.txt, also in OUT): tokens/s total and per GPU,
+#              efficiency (total at N / (N x total at 1)), lathe/DDP and lathe/FSDP2 at each N.
+#              Every row must print its line (lathe's with world_size N); the speed goals
+#              (efficiency >= 95%, ahead of DDP and FSDP2) are reported, not failed.
+#              GPU_CHECK_SCALING_MODELS (default "gpt2 llama") picks the models: one call of
+#              600 s holds about one model's rows on 1, 2 and 4 GPUs, so take one model a call
+#   dist       on a machine of 2 GPUs or more: dist_two_gpu_tests (NCCL across two GPUs) and
+#              python3 -m pytest tests/test_data_parallel.py with LATHE_BIN the bundle's lathe;
+#              every test must pass, none skipped. pytest is the machine's, else installed from
+#              wheels carried in .carry/wheels/
+# baseline, profile, curve, opsbench, compare and scaling are measurements; they fail the check only
+# when a command does (scaling: or a row is missing). scaling and dist run only when named.
 #
 # Every part writes its logs into a work folder; OUT gets verdict.txt and one archive of the logs
 # (gpu-check.tgz), since the run tool brings back only a few files.
@@ -47,7 +61,17 @@
 #   GPU_CHECK_RESUME_SETS  extra --set key=value words for the resume part's runs (a smaller model)
 #   GPU_CHECK_RESUME_STEPS, GPU_CHECK_RESUME_EVERY  its train.steps (300) and checkpoint.interval (20)
 #   GPU_CHECK_BUDGET  seconds the whole check may take (default 540: one 600 s device call)
+#   GPU_CHECK_SCALING_MODELS  the scaling part's models (gpt2 llama); GPU_CHECK_SCALING_N its
+#                     GPU counts (default 1 2 4, those the machine has)
+#   GPU_CHECK_TORCH_BENCH  the folder of ddp_baseline.py and torch_baseline.py (.carry/bench)
+#   GPU_CHECK_TORCHRUN  the torchrun command (python3 -m torch.distributed.run)
+#   GPU_CHECK_DIST_TESTS  the dist part's pytest file (tests/test_data_parallel.py);
+#                     GPU_CHECK_DIST_PYTEST_ARGS  extra pytest words for it (a -k selection)
 set -uo pipefail
+
+# NVLink multicast stays off on the shared multi-GPU machines (NCCL, PyTorch, NVSHMEM): a program
+# that uses it can put the host's GPUs out of service.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 final_out=${1:?usage: gpu-check.sh OUT [PART...]}
@@ -488,16 +512,253 @@ part_curve() {
     done
 }
 
+# GPUs the driver lists (0 when nvidia-smi is missing or fails).
+gpu_count() {
+    nvidia-smi -L 2>/dev/null | grep -c '^GPU '
+}
+
+# The scaling part's runs by model: lathe bench's arguments, its ZeRO stages, the PyTorch
+# scripts' model name.
+declare -A scaling_lathe=(
+    [gpt2]="--model gpt2-124m --vocab-size 50304 --batch 32 --seq 1024 --steps 20"
+    [llama]="--model llama-1b --batch 8 --seq 2048 --steps 10"
+)
+declare -A scaling_zero=([gpt2]="1 0" [llama]="1")
+declare -A scaling_torch=([gpt2]=gpt2 [llama]=llama1b)
+
+part_scaling() {
+    have lathe || return
+    local g ns=() n m z who log script extra rows=() fsdp2=$root/bench/fsdp2_baseline.py
+    g=$(gpu_count)
+    for n in ${GPU_CHECK_SCALING_N:-1 2 4}; do
+        ((n <= g)) && ns+=("$n")
+    done
+    if ((${#ns[@]} == 0)); then
+        fail "scaling: nvidia-smi -L lists $g GPUs, none of N = ${GPU_CHECK_SCALING_N:-1 2 4}"
+        return
+    fi
+    local torch_bench=${GPU_CHECK_TORCH_BENCH:-$root/.carry/bench} torch_ok=1
+    if [[ ! -f $torch_bench/ddp_baseline.py || ! -f $torch_bench/torch_baseline.py ]]; then
+        fail "scaling: $torch_bench/{ddp_baseline.py,torch_baseline.py} missing (cp ../shared/bench/*.py .carry/bench/)"
+        torch_ok=0
+    fi
+    # shellcheck disable=SC2206  # a command of words
+    local torchrun=(${GPU_CHECK_TORCHRUN:-python3 -m torch.distributed.run})
+    for m in ${GPU_CHECK_SCALING_MODELS:-gpt2 llama}; do
+        if [[ -z ${scaling_lathe[$m]:-} ]]; then
+            fail "scaling: unknown model '$m' in GPU_CHECK_SCALING_MODELS (gpt2 llama)"
+            continue
+        fi
+        for n in "${ns[@]}"; do
+            # A row whose run did not start (the check's time was spent) has no log: missing.
+            for z in ${scaling_zero[$m]}; do
+                log=$out/scaling_${m}_lathe_z${z}_n$n.txt
+                rows+=("$m|lathe_z$z|$n|$log")
+                ((SECONDS < deadline)) || continue
+                # shellcheck disable=SC2086  # args are words
+                timeout "$(limit 180)" "$lathe" launch --gpus "$n" -- "$lathe" bench ${scaling_lathe[$m]} \
+                    --zero-stage "$z" --device cuda >"$log" 2>&1
+                echo "rc=$?" >>"$log"
+            done
+            ((torch_ok)) || continue
+            for who in ddp fsdp2; do
+                log=$out/scaling_${m}_${who}_n$n.txt
+                rows+=("$m|$who|$n|$log")
+                ((SECONDS < deadline)) || continue
+                script=$torch_bench/ddp_baseline.py extra=()
+                [[ $who == fsdp2 ]] && script=$fsdp2 extra=(--torch-baseline-dir "$torch_bench")
+                timeout "$(limit 300)" "${torchrun[@]}" --standalone --nproc_per_node "$n" "$script" \
+                    "${scaling_torch[$m]}" "${extra[@]}" >"$log" 2>&1
+                echo "rc=$?" >>"$log"
+            done
+        done
+    done
+    ((${#rows[@]})) || return
+    local verdict
+    verdict=$(python3 - "$out/scaling.txt" "${rows[@]}" <<'EOF'
+import json, sys
+table_path, rows = sys.argv[1], [r.split("|", 3) for r in sys.argv[2:]]
+
+
+def last_json(path):
+    """The last JSON object line of a log, and what ended the run (for messages)."""
+    obj, last, rc = None, "", "?"
+    try:
+        for line in open(path, errors="replace"):
+            line = line.strip()
+            if line.startswith("rc="):
+                rc = line[3:]
+            elif line:
+                last = line
+            if line.startswith("{"):
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    pass
+    except OSError:
+        return None, "not run: the check's time was spent"
+    return obj, f"exit {rc}{', timed out' if rc == '124' else ''}{': ' + last[:160] if last else ''}"
+
+
+got, missing = {}, []
+for model, who, n, log in rows:
+    n = int(n)
+    obj, last = last_json(log)
+    name = f"{model} {who.replace('_z', ' zero')} N={n}"
+    if obj is None:
+        missing.append(f"{name}: no result ({last})")
+        continue
+    if who.startswith("lathe"):
+        world, total = obj.get("world_size"), obj.get("tokens_per_s")
+        per = obj.get("tokens_per_s_per_gpu") or (total / n if total else None)
+        extra = {"mfu": obj.get("mfu"), "comm_wait_ms": obj.get("comm_wait_ms"),
+                 "peak_GiB": (obj.get("peak_memory_bytes") or 0) / 2**30}
+    else:
+        world, total, per = obj.get("world"), obj.get("tok_s_total"), obj.get("tok_s_per_gpu")
+        extra = {"mfu": obj.get("mfu"), "peak_GiB": obj.get("mem_GiB")}
+    if world != n:
+        missing.append(f"{name}: its line says world size {world}, not {n}")
+    elif not total or not per:
+        missing.append(f"{name}: no tokens/s in its line")
+    else:
+        got[(model, who, n)] = dict(total=float(total), per=float(per), **extra)
+
+
+def num(x, spec, unit=""):
+    return "-" if x is None else format(x, spec) + unit
+
+
+lines = ["| model | run | N | tokens/s total | tokens/s per GPU | efficiency | lathe/DDP | lathe/FSDP2 "
+         "| MFU | comm wait ms | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+goals, summary = [], []
+for model in dict.fromkeys(r[0] for r in rows):
+    ns = sorted({int(r[2]) for r in rows if r[0] == model})
+    eff_s, vs_s = [], {"ddp": [], "fsdp2": []}
+    for who in dict.fromkeys(r[1] for r in rows if r[0] == model):
+        for n in ns:
+            r = got.get((model, who, n))
+            if r is None:
+                continue
+            one = got.get((model, who, 1))
+            eff = r["total"] / (n * one["total"]) if one else None
+            vs = {b: r["total"] / got[(model, b, n)]["total"]
+                  for b in ("ddp", "fsdp2") if who.startswith("lathe") and (model, b, n) in got}
+            lines.append(f"| {model} | {who.replace('_z', ' zero ')} | {n} | {r['total']:.0f} | {r['per']:.0f} "
+                         f"| {num(eff and 100 * eff, '.1f', '%')} | {num(vs.get('ddp'), '.3f')} "
+                         f"| {num(vs.get('fsdp2'), '.3f')} | {num(r.get('mfu'), '.3f')} "
+                         f"| {num(r.get('comm_wait_ms'), '.1f')} | {num(r.get('peak_GiB'), '.1f')} |")
+            if who != "lathe_z1":
+                continue
+            if eff is not None and n > 1:
+                eff_s.append(f"{n}:{100 * eff:.1f}%")
+                if eff < 0.95:
+                    goals.append(f"{model} zero 1 efficiency {100 * eff:.1f}% at N={n} (goal 95%)")
+            for b, x in vs.items():
+                vs_s[b].append(f"{n}:{x:.2f}")
+                if x < 1:
+                    goals.append(f"{model} zero 1 behind {b.upper()} at N={n} ({x:.3f})")
+    summary.append(f"{model} zero 1 efficiency {' '.join(eff_s) or '-'}, lathe/DDP "
+                   f"{' '.join(vs_s['ddp']) or '-'}, lathe/FSDP2 {' '.join(vs_s['fsdp2']) or '-'}")
+table = "\n".join(lines) + "\n"
+if goals:
+    table += "\nspeed goals missed: " + "; ".join(goals) + "\n"
+open(table_path, "w").write(table)
+ok = len(rows) - len(missing)
+if missing:
+    more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+    print(f"FAIL|scaling {ok}/{len(rows)} rows: {'; '.join(missing[:3])}{more}")
+else:
+    print(f"PASS|scaling {ok}/{len(rows)} rows: {'; '.join(summary)}; "
+          f"{f'{len(goals)} speed goals missed' if goals else 'speed goals met'}")
+EOF
+)
+    cat "$out/scaling.txt"
+    cp "$out/scaling.txt" "$final_out/scaling.txt" 2>/dev/null
+    case $verdict in
+        PASS\|*) pass "${verdict#PASS|}" ;;
+        FAIL\|*) fail "${verdict#FAIL|}" ;;
+        *) fail "scaling: no table (the summary script printed '${verdict:0:100}')" ;;
+    esac
+}
+
+# pytest's counts from the summary line of its log ("3 passed, 1 skipped in 2.00s"), as
+# "passed failed skipped errors found" (found 0: no summary line).
+pytest_counts() {
+    python3 - "$1" <<'EOF'
+import re, sys
+line = ""
+for text in open(sys.argv[1], errors="replace"):
+    if re.search(r"\b(passed|failed|skipped|errors?|xfailed|xpassed|no tests ran)\b.* in [0-9.]+s", text):
+        line = text
+c = dict.fromkeys(("passed", "failed", "skipped", "error", "xfailed", "xpassed"), 0)
+for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)\b", line):
+    c["error" if k.startswith("error") else k] += int(n)
+print(c["passed"], c["failed"] + c["xpassed"], c["skipped"] + c["xfailed"], c["error"], int(bool(line)))
+EOF
+}
+
+part_dist() {
+    local g rc
+    g=$(gpu_count)
+    if ((g < 2)); then
+        fail "dist: needs 2 GPUs or more, nvidia-smi -L lists $g"
+        return
+    fi
+    if have dist_two_gpu_tests; then
+        timeout "$(limit 200)" "$bin/dist_two_gpu_tests" >"$out/dist_two_gpu_tests.txt" 2>&1
+        rc=$?
+        echo "rc=$rc" >>"$out/dist_two_gpu_tests.txt"
+        gtest_verdict dist_two_gpu_tests "$out/dist_two_gpu_tests.txt" "$rc"
+    fi
+    have lathe || return
+    local log=$out/dist_pytest.txt pypath=${PYTHONPATH:-} tests=${GPU_CHECK_DIST_TESTS:-tests/test_data_parallel.py}
+    local file=${tests##*/}
+    : >"$log"
+    if [[ ! -f $tests ]]; then
+        fail "dist: $tests missing"
+        return
+    fi
+    if ! python3 -c 'import pytest' 2>/dev/null; then
+        if compgen -G "$root/.carry/wheels/*.whl" >/dev/null; then
+            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" \
+                "$root"/.carry/wheels/*.whl >>"$log" 2>&1
+            pypath=$work/site${pypath:+:$pypath}
+        fi
+        if ! PYTHONPATH=$pypath python3 -c 'import pytest' >>"$log" 2>&1; then
+            fail "dist: python3 has no pytest here (carry its wheels in .carry/wheels: pytest, pluggy, iniconfig, packaging)"
+            return
+        fi
+    fi
+    # shellcheck disable=SC2086  # extra words
+    PYTHONPATH=$pypath LATHE_BIN=$lathe LATHE_BUILD_DIR=$bin timeout "$(limit 360)" \
+        python3 -m pytest -q -rfEs -p no:cacheprovider "$tests" \
+        ${GPU_CHECK_DIST_PYTEST_ARGS:-} >>"$log" 2>&1
+    rc=$?
+    echo "rc=$rc" >>"$log"
+    local passed failed skipped errors found names
+    read -r passed failed skipped errors found < <(pytest_counts "$log")
+    if ((!found)); then
+        local why="exit $rc"
+        ((rc == 124)) && why="timed out"
+        fail "$file: no summary ($why; last line: $(last_line "$log"))"
+    elif ((rc == 0 && passed > 0 && failed == 0 && skipped == 0 && errors == 0)); then
+        pass "$file $passed passed"
+    else
+        names=$(grep -E '^(FAILED|ERROR|SKIPPED) ' "$log" | cut -c1-120 | head -3 | tr '\n' ';')
+        fail "$file: exit $rc, $passed passed, $failed failed, $skipped skipped, $errors errors${names:+ (${names%;})}"
+    fi
+}
+
 for part in "${parts[@]}"; do
     case $part in
-        doctor | tests | bench | resume | baseline | profile | curve | sanitize | opsbench | compare)
+        doctor | tests | bench | resume | baseline | profile | curve | sanitize | opsbench | compare | scaling | dist)
             if ((SECONDS >= deadline)); then
                 fail "$part: not run (the check's ${GPU_CHECK_BUDGET:-540} s were spent)"
             else
                 "part_$part"
             fi
             ;;
-        *) fail "unknown part '$part' (doctor tests bench resume baseline profile curve sanitize opsbench compare)" ;;
+        *) fail "unknown part '$part' (doctor tests bench resume baseline profile curve sanitize opsbench compare scaling dist)" ;;
     esac
 done
 
@@ -507,6 +768,7 @@ for f in "$out"/*.txt; do
     echo "-- $(basename "$f")"
     case $f in
         *_top.txt | opsbench.txt) cut -c1-160 "$f" ;;
+        */scaling.txt) cat "$f" ;;
         *) grep -E "^rc=|PASSED|FAILED|SKIPPED|ready|tokens_per_s|\[gpu|\[fusion\]|gemm: cuBLASLt|gpt2_124M|llama_1B|resume:|validation" "$f" |
             cut -c1-400 | tail -40 ;;
     esac

@@ -41,13 +41,27 @@ case $1 in
     else
       echo "stub doctor"
     fi ;;
+  launch)
+    # launch --gpus N -- PROGRAM ARGS: the program runs as the world's rank 0 (STUB_WORLD).
+    # STUB_LAUNCH_FAIL=N fails --gpus N; STUB_LAUNCH_IGNORES=1 runs one process whatever N is.
+    n=$3
+    shift 4
+    if [[ ${STUB_LAUNCH_FAIL:-} == "$n" ]]; then
+      echo "lathe: error: stub launch: rank 1 exited with status 1" >&2; exit 1
+    fi
+    [[ ${STUB_LAUNCH_IGNORES:-} == 1 ]] && n=1
+    STUB_WORLD=$n exec "$@" ;;
   bench)
     args="$*"
     if [[ -n ${STUB_BENCH_DROP:-} && $args == *"$STUB_BENCH_DROP"* ]]; then
       echo "lathe: error: stub bench fails here" >&2; exit 1
     fi
     echo "plan table on stderr" >&2
-    if [[ ${STUB_BENCH_NO_PLAN:-} == 1 ]]; then
+    if [[ -n ${STUB_WORLD:-} ]]; then
+      # Under launch: N x 1000 tokens/s, times STUB_EFF (0.97) on more than one GPU.
+      tps=$(python3 -c "print(1000.0 * $STUB_WORLD * (1 if $STUB_WORLD == 1 else ${STUB_EFF:-0.97}))")
+      echo "{\"model\": \"stub\", \"world_size\": $STUB_WORLD, \"tokens_per_s\": $tps, \"mfu\": 0.5, \"comm_wait_ms\": 1.5, \"peak_memory_bytes\": 2147483648}"
+    elif [[ ${STUB_BENCH_NO_PLAN:-} == 1 ]]; then
       echo '{"model": "stub", "tokens_per_s": 1000.0}'
     else
       echo "{\"model\": \"stub\", \"tokens_per_s\": 1000.0, \"plan_error\": ${STUB_PLAN_ERROR:-0.004}}"
@@ -257,3 +271,151 @@ def test_resume_part_fails_when_the_final_checkpoint_differs(stub_bin, tmp_path)
                                 GPU_CHECK_RESUME_EVERY=10, STUB_CORRUPT_FINAL="1")
     assert rc == 1, stdout
     assert "resume: step-00000160 differs from the uninterrupted run's in model.safetensors" in verdict
+
+
+
+# The scaling and dist parts' machine: nvidia-smi -L lists STUB_GPUS GPUs (default 2); torchrun
+# (GPU_CHECK_TORCHRUN) prints ddp_baseline.py's line, 900 tokens/s per GPU for DDP and 800 for
+# FSDP2, or fails when "SCRIPT MODEL N" contains STUB_TORCH_FAIL.
+NVIDIA_SMI_STUB = r"""#!/usr/bin/env bash
+for ((i = 0; i < ${STUB_GPUS:-2}; i++)); do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)"; done
+"""
+
+TORCHRUN_STUB = r"""#!/usr/bin/env bash
+[[ $1 == --standalone && $2 == --nproc_per_node ]] || { echo "stub torchrun: bad arguments $*" >&2; exit 2; }
+n=$3 script=$4 model=$5
+[[ -f $script ]] || { echo "stub torchrun: no $script" >&2; exit 2; }
+who=ddp per=900
+[[ $script == *fsdp2_baseline.py ]] && who=fsdp2 per=800
+if [[ -n ${STUB_TORCH_FAIL:-} && "$who $model $n" == *"$STUB_TORCH_FAIL"* ]]; then
+  echo "torch.distributed.DistBackendError: NCCL error" >&2; exit 1
+fi
+echo "{\"what\": \"$who+compile $model\", \"world\": $n, \"tok_s_per_gpu\": $per, \"tok_s_total\": $((per * n)), \"step_ms\": 10.0, \"mem_GiB\": 3.0}"
+"""
+
+
+@pytest.fixture
+def multi(stub_bin, tmp_path):
+    """PATH with nvidia-smi, and the environment of the scaling part's stand-ins."""
+    tools = tmp_path / "multi-tools"
+    tools.mkdir()
+    write_exe(tools / "nvidia-smi", NVIDIA_SMI_STUB)
+    write_exe(tools / "torchrun", TORCHRUN_STUB)
+    torch_bench = tmp_path / "torch-bench"
+    torch_bench.mkdir()
+    for f in ("ddp_baseline.py", "torch_baseline.py"):
+        (torch_bench / f).write_text("# stand-in\n")
+    return {"PATH": f"{tools}:{os.environ['PATH']}", "GPU_CHECK_TORCHRUN": str(tools / "torchrun"),
+            "GPU_CHECK_TORCH_BENCH": str(torch_bench)}
+
+
+def test_scaling_on_two_gpus_reports_the_table(stub_bin, tmp_path, multi):
+    rc, verdict, stdout = check(stub_bin, tmp_path, "scaling", **multi)
+    assert rc == 0, stdout
+    # 1000 tokens/s on one GPU, 1940 on two: 97.0%; DDP 900 and 1800, FSDP2 800 and 1600.
+    assert verdict == ("gpu-check: PASS (scaling 14/14 rows: gpt2 zero 1 efficiency 2:97.0%, lathe/DDP "
+                       "1:1.11 2:1.08, lathe/FSDP2 1:1.25 2:1.21; llama zero 1 efficiency 2:97.0%, "
+                       "lathe/DDP 1:1.11 2:1.08, lathe/FSDP2 1:1.25 2:1.21; speed goals met)")
+    table = (tmp_path / "out" / "scaling.txt").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| gpt2") or line.startswith("| llama")]
+    assert len(rows) == 14
+    assert "| gpt2 | lathe zero 1 | 2 | 1940 | 970 | 97.0% | 1.078 | 1.212 | 0.500 | 1.5 | 2.0 |" in rows
+    assert "| gpt2 | lathe zero 0 | 1 | 1000 | 1000 | 100.0% | 1.111 | 1.250 | 0.500 | 1.5 | 2.0 |" in rows
+    assert "| llama | fsdp2 | 2 | 1600 | 800 | 100.0% | - | - | - | - | 3.0 |" in rows
+    assert table in stdout  # the table is in the call's output too
+
+
+def test_scaling_on_four_gpus_one_model(stub_bin, tmp_path, multi):
+    rc, verdict, stdout = check(stub_bin, tmp_path, "scaling", STUB_GPUS=4, GPU_CHECK_SCALING_MODELS="gpt2",
+                                STUB_EFF="0.9", **multi)
+    # A missed speed goal is reported, not failed.
+    assert rc == 0, stdout
+    assert verdict.startswith("gpu-check: PASS (scaling 12/12 rows: gpt2 zero 1 efficiency 2:90.0% 4:90.0%, ")
+    assert verdict.endswith("; 2 speed goals missed)")
+    table = (tmp_path / "out" / "scaling.txt").read_text()
+    assert "speed goals missed: gpt2 zero 1 efficiency 90.0% at N=2 (goal 95%); gpt2 zero 1 efficiency 90.0% at N=4" in table
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"STUB_TORCH_FAIL": "fsdp2 llama1b 2"},
+     "scaling 13/14 rows: llama fsdp2 N=2: no result (exit 1: torch.distributed.DistBackendError: NCCL error)"),
+    ({"STUB_LAUNCH_FAIL": "2"}, "scaling 11/14 rows: gpt2 lathe zero1 N=2: no result (exit 1: lathe: error: stub "
+                                "launch: rank 1 exited with status 1); gpt2 lathe zero0 N=2"),
+    ({"STUB_LAUNCH_IGNORES": "1"}, "gpt2 lathe zero1 N=2: its line says world size 1, not 2"),
+    ({"STUB_BENCH_DROP": "--zero-stage 0"}, "scaling 12/14 rows: gpt2 lathe zero0 N=1: no result (exit 1: lathe: error: stub bench fails here)"),
+    ({"STUB_GPUS": "0"}, "scaling: nvidia-smi -L lists 0 GPUs, none of N = 1 2 4"),
+    ({"GPU_CHECK_SCALING_MODELS": "gpt3"}, "scaling: unknown model 'gpt3'"),
+])
+def test_scaling_failures_fail(stub_bin, tmp_path, multi, env, needle):
+    rc, verdict, stdout = check(stub_bin, tmp_path, "scaling", **{**multi, **env})
+    assert rc == 1, stdout
+    assert needle in verdict, verdict
+
+
+def test_scaling_without_the_torch_scripts_fails_and_still_runs_lathe(stub_bin, tmp_path, multi):
+    (tmp_path / "torch-bench" / "ddp_baseline.py").unlink()
+    rc, verdict, _ = check(stub_bin, tmp_path, "scaling", GPU_CHECK_SCALING_MODELS="llama", **multi)
+    assert rc == 1
+    assert "ddp_baseline.py,torch_baseline.py} missing" in verdict
+    assert "scaling 2/2 rows: llama zero 1 efficiency 2:97.0%, lathe/DDP -, lathe/FSDP2 -" in verdict
+
+
+def test_scaling_rows_past_the_budget_are_missing(stub_bin, tmp_path, multi):
+    # The lathe stand-in sleeps 5 s; a budget of 4 s stops the first run and leaves the rest unrun.
+    write_exe(stub_bin / "lathe", LATHE_STUB.replace("  launch)\n", "  launch)\n    sleep 5\n"))
+    rc, verdict, _ = check(stub_bin, tmp_path, "scaling", GPU_CHECK_SCALING_MODELS="llama",
+                           GPU_CHECK_BUDGET="4", **multi)
+    assert rc == 1
+    assert ("scaling 0/6 rows: llama lathe zero1 N=1: no result (exit 124, timed out); llama ddp N=1: "
+            "no result (not run: the check's time was spent); llama fsdp2 N=1: no result (not run: "
+            "the check's time was spent) (and 3 more)") in verdict, verdict
+
+
+DIST_TESTS = """
+import os, pytest
+
+def test_lathe_is_given():
+    assert os.path.basename(os.environ["LATHE_BIN"]) == "lathe"
+
+def test_outcome():
+    what = os.environ.get("STUB_DIST", "pass")
+    if what == "skip":
+        pytest.skip("needs 2 GPUs")
+    assert what == "pass"
+"""
+
+
+@pytest.fixture
+def dist_env(stub_bin, tmp_path, multi):
+    write_exe(stub_bin / "dist_two_gpu_tests", GTEST_STUB % {"var": "DIST_TWO_GPU_TESTS"})
+    tests = tmp_path / "dist" / "test_dp_stub.py"
+    tests.parent.mkdir()
+    tests.write_text(DIST_TESTS)
+    return {**multi, "GPU_CHECK_DIST_TESTS": str(tests)}
+
+
+def test_dist_part_passes(stub_bin, tmp_path, dist_env):
+    rc, verdict, stdout = check(stub_bin, tmp_path, "dist", **dist_env)
+    assert rc == 0, stdout
+    assert verdict == "gpu-check: PASS (dist_two_gpu_tests 3/3, test_dp_stub.py 2 passed)"
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"STUB_DIST": "skip"}, "test_dp_stub.py: exit 0, 1 passed, 0 failed, 1 skipped, 0 errors (SKIPPED [1] "),
+    ({"STUB_DIST": "fail"}, "test_dp_stub.py: exit 1, 1 passed, 1 failed, 0 skipped, 0 errors (FAILED "),
+    ({"STUB_DIST_TWO_GPU_TESTS": "fail"}, "dist_two_gpu_tests 2/3 (exit 1, 1 failed"),
+    ({"STUB_DIST_TWO_GPU_TESTS": "skip"}, "dist_two_gpu_tests 2/3 (exit 0, 0 failed, 1 skipped"),
+    ({"STUB_GPUS": "1"}, "dist: needs 2 GPUs or more, nvidia-smi -L lists 1"),
+    ({"GPU_CHECK_DIST_TESTS": "/nonexistent/test_x.py"}, "dist: /nonexistent/test_x.py missing"),
+])
+def test_dist_part_failures_fail(stub_bin, tmp_path, dist_env, env, needle):
+    rc, verdict, stdout = check(stub_bin, tmp_path, "dist", **{**dist_env, **env})
+    assert rc == 1, stdout
+    assert needle in verdict, verdict
+
+
+def test_dist_part_without_its_binary_fails(stub_bin, tmp_path, dist_env):
+    (stub_bin / "dist_two_gpu_tests").unlink()
+    rc, verdict, _ = check(stub_bin, tmp_path, "dist", **dist_env)
+    assert rc == 1
+    assert "dist_two_gpu_tests: binary missing" in verdict and "test_dp_stub.py 2 passed" in verdict
