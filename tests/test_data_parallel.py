@@ -1,0 +1,591 @@
+"""Data-parallel `lathe train`: several processes (ranks) training one model.
+
+On the CPU the ranks run under `mpirun --oversubscribe -np N` (MPI collectives); this is the part CI
+runs. The contract checked here:
+  - N ranks of micro-batch b and accumulation a log the losses of one process of micro-batch b and
+    accumulation N*a (each rank reads its slice of every global batch, GPT-NeoX's order): the same
+    steps, learning rates and token counts, losses and gradient norms within 1e-5 relative (the
+    cross-rank f32 sums add the same terms in another order than one process does: a random walk
+    of about sqrt(K) 2^-24 of the terms' scale, under 1e-6 here, so 1e-5 is ten times that and
+    still far under any real difference of data or arithmetic);
+  - ZeRO 0 and 1 give the same bits at the same N (the same reductions, an elementwise AdamW), and
+    the same command twice gives the same bits;
+  - rank 0 alone writes metrics.jsonl, config.yaml and the model files; with ZeRO-1 each rank
+    writes its own optimizer shard, optimizer.rank-RRRRR-of-WWWWW.safetensors;
+  - SIGKILL of any rank ends the job, and the same command resumes exactly (metrics.jsonl and the
+    checkpoint files as those of a run never stopped); a checkpoint written by N ranks resumes at
+    M ranks (accumulation scaled so that ranks x accumulation stays) with the same losses, 1e-5;
+  - ranks whose configurations differ, ZeRO stages 2 and 3 and a rank that stops answering are
+    refused or stopped with a message naming the key or the wait.
+On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs the same comparisons on cuda:
+losses within a bf16 tolerance derived below, ZeRO 0/1 identical bits, and a bit-exact resume.
+"""
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import NEEDS_CUDA
+from corpus import write_gcide_jsonl
+from lathe_cli import LATHE, TINY_MODEL, run
+
+ROOT = Path(__file__).resolve().parent.parent
+MPIRUN = shutil.which("mpirun")
+needs_mpirun = pytest.mark.skipif(
+    MPIRUN is None, reason="needs mpirun (OpenMPI; scripts/install-deps.sh installs it)")
+
+# The CPU runs: a one-layer Llama of hidden size 32 (lathe_cli.TINY_MODEL) with a validation split,
+# 8 steps of micro-batch 2, every step logged, checkpoints at steps 4 and 8.
+SPLIT = 'split: "100,0,0"'
+assert SPLIT in TINY_MODEL
+TINY = TINY_MODEL.replace(SPLIT, 'split: "90,10,0"') + """
+train:
+  steps: 8
+  micro_batch_size: 2
+  gradient_accumulation_steps: 1
+  log_interval: 1
+  eval_interval: 4
+  eval_iters: 2
+  threads: 1
+  device: cpu
+optimizer:
+  lr: 3.0e-3
+lr:
+  warmup: 0.1
+checkpoint:
+  interval: 4
+  keep_last: 0
+"""
+
+# Cross-rank f32 sums against one process's: see the module docstring.
+CPU_RTOL = 1e-5
+
+
+def mpi_env(**extra):
+    """The environment of an mpirun job here: one thread per rank (2 cores), and OpenMPI's consent
+    to run as root (containers); NCCL's NVLink SHARP off for the GPU runs."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", NCCL_NVLS_ENABLE="0")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dp_corpus")
+    write_gcide_jsonl(d / "c.jsonl", 200_000)
+    run(["tokenizer", "train", "--vocab-size", 300, "--special-tokens", "<|endoftext|>",
+         "--input", d / "c.jsonl", "--output", d / "tok.json"])
+    run(["prepare", "--tokenizer", d / "tok.json", "--input", d / "c.jsonl",
+         "--output-prefix", d / "gc", "--append-eod"])
+    (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
+    return d
+
+
+def train_args(config, run_dir, *sets, program=LATHE):
+    args = [program, "train", config, "--run-dir", run_dir]
+    for s in sets:
+        args += ["--set", s]
+    return [str(a) for a in args]
+
+
+def mpirun_args(n, args):
+    return [MPIRUN, "--oversubscribe", "-np", str(n)] + args
+
+
+def run_ranks(n, args, check=True, timeout=300):
+    """`mpirun -np n ARGS` to completion; with check, a non-zero exit fails naming its stderr."""
+    p = subprocess.run(mpirun_args(n, args), capture_output=True, text=True, timeout=timeout,
+                       env=mpi_env())
+    if check and p.returncode != 0:
+        raise AssertionError(f"mpirun -np {n} {' '.join(args)} failed ({p.returncode}):\n"
+                             f"{p.stdout}\n{p.stderr}")
+    return p
+
+
+def train(corpus, run_dir, n, accumulation, *sets):
+    """The tiny run at n ranks (n = 1: one plain process, no mpirun) and this accumulation."""
+    args = train_args(corpus / "tiny.yaml", run_dir,
+                      f"train.gradient_accumulation_steps={accumulation}", *sets)
+    if n == 1:
+        return run(args[1:], env=mpi_env())
+    return run_ranks(n, args)
+
+
+def metric_lines(run_dir, world_size=False):
+    """metrics.jsonl's lines without their timings; without world_size unless asked (a
+    one-process run's lines have none)."""
+    out = []
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        j = json.loads(line)
+        for timing in ("tokens_per_s", "comm_wait_ms"):
+            j.pop(timing, None)
+        if not world_size:
+            j.pop("world_size", None)
+        out.append(j)
+    return out
+
+
+def world_sizes(run_dir):
+    """The world_size of each train line."""
+    return [m.get("world_size", 1) for m in metric_lines(run_dir, True) if m["split"] == "train"]
+
+
+def assert_metrics_close(got, want, rtol, what):
+    """The same lines (steps, splits, keys, learning rates and token counts exactly), every float
+    result (loss, grad_norm) within rtol relative; returns the largest relative difference."""
+    assert [(m["step"], m["split"]) for m in got] == [(m["step"], m["split"]) for m in want], what
+    worst = 0.0
+    for g, w in zip(got, want):
+        assert sorted(g) == sorted(w), (what, g, w)
+        for k in w:
+            if k in ("loss", "grad_norm"):
+                diff = abs(g[k] - w[k]) / abs(w[k])
+                worst = max(worst, diff)
+                assert diff <= rtol, f"{what}: step {w['step']} {w['split']} {k}: {g[k]} vs {w[k]} " \
+                                     f"(relative {diff:.3g} > {rtol:.3g})"
+            else:
+                assert g[k] == w[k], (what, k, g, w)
+    return worst
+
+
+def files_under(d):
+    """{relative path: bytes} of every file under d."""
+    d = Path(d)
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def shard_names(world):
+    return [f"optimizer.rank-{r:05d}-of-{world:05d}.safetensors" for r in range(world)]
+
+
+def optimizer_files(checkpoint):
+    return sorted(p.name for p in Path(checkpoint).iterdir() if p.name.startswith("optimizer"))
+
+
+def steps_of(run_dir):
+    return sorted(p.name for p in (Path(run_dir) / "checkpoints").iterdir()
+                  if p.name.startswith("step-"))
+
+
+# ---- processes of a running job, by rank ----------------------------------------------------
+
+def _children():
+    """{pid: [child pids]} of every process on the machine."""
+    kids = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kids.setdefault(int(fields[1]), []).append(int(p.name))
+    return kids
+
+
+def rank_pids(root_pid):
+    """{rank: pid} of the lathe processes under root_pid (mpirun or `lathe launch`), each rank read
+    from the launcher's variable in the process's environment."""
+    kids, out, todo = _children(), {}, [root_pid]
+    while todo:
+        pid = todo.pop()
+        todo += kids.get(pid, [])
+        if pid == root_pid:
+            continue
+        try:
+            env = dict(kv.split("=", 1) for kv in
+                       Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+                       if "=" in kv)
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            continue
+        rank = env.get("OMPI_COMM_WORLD_RANK", env.get("RANK"))
+        if rank is not None and Path(exe).name == "lathe":
+            out[int(rank)] = pid
+    return out
+
+
+def wait_for_step(run_dir, step, proc, timeout=300):
+    path = Path(run_dir) / "metrics.jsonl"
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if path.exists():
+            lines = [l for l in path.read_text().splitlines() if l.endswith("}")]
+            if lines and json.loads(lines[-1])["step"] >= step:
+                return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early ({proc.returncode}): {proc.stderr.read()}")
+        time.sleep(0.01)
+    raise AssertionError("timed out waiting for the run")
+
+
+def kill_rank_mid_run(args, run_dir, rank, at_step, world, env):
+    """Starts ARGS (a launcher command), SIGKILLs `rank`'s process once metrics.jsonl shows
+    at_step, and checks that the launcher then ends the whole job, non-zero, in bounded time."""
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_for_step(run_dir, at_step, p)
+        pids = rank_pids(p.pid)
+        assert sorted(pids) == list(range(world)), pids
+        os.kill(pids[rank], signal.SIGKILL)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode != 0, err
+    deadline = time.time() + 30  # no rank outlives the job by long
+    while any(alive(pid) for pid in pids.values()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in pids.values()), (pids, err)
+    return err
+
+
+def alive(pid):
+    """Whether pid runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ---- CPU: N ranks under mpirun ---------------------------------------------------------------
+
+# The CPU runs the tests compare: name -> (ranks, accumulation, parallel.zero_stage or None).
+RUNS = {"one_a4": (1, 4, None), "one_a2": (1, 2, None), "n2_a2_z1": (2, 2, 1),
+        "n2_a2_z1_again": (2, 2, 1), "n2_a2_z0": (2, 2, 0), "n4_a1_z1": (4, 1, 1),
+        "n2_a1_z1": (2, 1, 1)}
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+    """runs(name): the run folder of RUNS[name], trained on first use."""
+    d = tmp_path_factory.mktemp("dp_runs")
+    made = {}
+
+    def get(name):
+        if name not in made:
+            n, a, zero = RUNS[name]
+            sets = [] if zero is None else [f"parallel.zero_stage={zero}"]
+            train(corpus, d / name, n, a, *sets)
+            made[name] = d / name
+        return made[name]
+    return get
+
+
+@needs_mpirun
+@pytest.mark.parametrize("name,one", [("n2_a2_z1", "one_a4"), ("n4_a1_z1", "one_a4"),
+                                      ("n2_a1_z1", "one_a2")])
+def test_ranks_log_the_losses_of_one_process_with_their_accumulation(runs, name, one):
+    # N ranks x accumulation a against one process with accumulation N*a, the same micro-batch.
+    worst = assert_metrics_close(metric_lines(runs(name)), metric_lines(runs(one)), CPU_RTOL, name)
+    assert world_sizes(runs(name)) == [RUNS[name][0]] * 8 and world_sizes(runs(one)) == [1] * 8
+    print(f"{name} vs {one}: largest relative loss/grad_norm difference {worst:.3g}")
+    assert any(m["split"] == "valid" for m in metric_lines(runs(name)))
+
+
+@needs_mpirun
+@pytest.mark.parametrize("name,world", [("n2_a2_z1", 2), ("n4_a1_z1", 4)])
+def test_rank_zero_writes_the_run_files_and_each_rank_its_optimizer_shard(runs, name, world):
+    dp, one = runs(name), runs("one_a4")
+    # The same files as one process's run (rank 0's), but the optimizer state: one shard a rank.
+    same = {p for p in files_under(one) if "/optimizer" not in p}
+    got = set(files_under(dp))
+    assert {p for p in got if "/optimizer" not in p} == same
+    assert steps_of(dp) == ["step-00000004", "step-00000008"]
+    for step in steps_of(dp):
+        assert optimizer_files(dp / "checkpoints" / step) == shard_names(world), step
+    # Every step logged once (rank 0 alone appends).
+    train_steps = [m["step"] for m in metric_lines(dp) if m["split"] == "train"]
+    assert train_steps == list(range(1, 9))
+    assert optimizer_files(one / "checkpoints" / "step-00000008") == ["optimizer.safetensors"]
+
+
+@needs_mpirun
+def test_zero_0_and_1_give_the_same_bits(runs):
+    z0, z1 = runs("n2_a2_z0"), runs("n2_a2_z1")
+    assert metric_lines(z0, True) == metric_lines(z1, True)
+    for step in steps_of(z1):
+        a, b = z0 / "checkpoints" / step, z1 / "checkpoints" / step
+        assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes(), step
+        # ZeRO-0: every rank holds the whole state, rank 0 writes the full file.
+        assert optimizer_files(a) == ["optimizer.safetensors"]
+        # The shards, end to end, are the full file's moments (padding past it: zero).
+        from safetensors.numpy import load_file
+        full = load_file(str(a / "optimizer.safetensors"))
+        shards = [load_file(str(b / s)) for s in shard_names(2)]
+        for key in ("exp_avg", "exp_avg_sq"):
+            joined = np.concatenate([s[key] for s in shards])
+            n = min(len(joined), len(full[key]))
+            assert joined[:n].tobytes() == full[key][:n].tobytes(), (step, key)
+            assert not joined[n:].any() and not full[key][n:].any(), (step, key)
+
+
+@needs_mpirun
+def test_the_same_command_twice_gives_the_same_bits(runs):
+    a, b = runs("n2_a2_z1"), runs("n2_a2_z1_again")
+    assert metric_lines(a, True) == metric_lines(b, True)
+    fa, fb = files_under(a / "checkpoints"), files_under(b / "checkpoints")
+    assert sorted(fa) == sorted(fb)
+    for name in fa:
+        assert fa[name] == fb[name], name
+
+
+@pytest.fixture(scope="module")
+def long_reference(corpus, tmp_path_factory):
+    """An uninterrupted 2-rank run long enough that a kill lands mid-run on any machine."""
+    d = tmp_path_factory.mktemp("dp_long") / "ref"
+    sets = long_run_sets()
+    run_ranks(2, train_args(corpus / "tiny.yaml", d, "train.gradient_accumulation_steps=2", *sets))
+    return d, sets
+
+
+def long_run_sets():
+    return ("train.steps=200", "train.eval_interval=50", "checkpoint.interval=16",
+            "checkpoint.keep_last=2")
+
+
+@needs_mpirun
+@pytest.mark.parametrize("rank,at_step", [(1, 20), (0, 45)])
+def test_sigkill_of_a_rank_ends_the_job_and_the_rerun_resumes_exactly(corpus, tmp_path,
+                                                                      long_reference, rank,
+                                                                      at_step):
+    ref, sets = long_reference
+    killed = tmp_path / "killed"
+    args = train_args(corpus / "tiny.yaml", killed, "train.gradient_accumulation_steps=2", *sets)
+    kill_rank_mid_run(mpirun_args(2, args), killed, rank, at_step, 2, mpi_env())
+    assert not (killed / "checkpoints" / "step-00000200").exists()
+    run_ranks(2, args)
+    assert metric_lines(killed, True) == metric_lines(ref, True)
+    fa, fb = files_under(killed / "checkpoints"), files_under(ref / "checkpoints")
+    assert sorted(fa) == sorted(fb)
+    for name in fa:
+        assert fa[name] == fb[name], name
+
+
+@needs_mpirun
+@pytest.mark.parametrize("world,accumulation", [(1, 4), (4, 1)])
+def test_a_checkpoint_of_two_ranks_resumes_at_another_world_size(runs, tmp_path, corpus, world,
+                                                                 accumulation):
+    # The 2-rank run, as if stopped after its step-4 checkpoint, resumed by `world` ranks with
+    # ranks x accumulation unchanged.
+    src = runs("n2_a2_z1")
+    r = tmp_path / "r"
+    shutil.copytree(src, r)
+    shutil.rmtree(r / "checkpoints" / "step-00000008")
+    (r / "checkpoints" / "latest").write_text("step-00000004\n")
+    p = train(corpus, r, world, accumulation)
+    assert "resuming" in p.stderr, p.stderr
+    got, want = metric_lines(r), metric_lines(src)
+    assert got[:5] == want[:5]  # the lines through the checkpoint (train 1-4, valid 4) stay
+    worst = assert_metrics_close(got, want, CPU_RTOL, f"2 ranks -> {world}")
+    assert world_sizes(r) == [2] * 4 + [world] * 4
+    print(f"2 ranks -> {world}: largest relative loss/grad_norm difference {worst:.3g}")
+    want_optimizer = ["optimizer.safetensors"] if world == 1 else shard_names(world)
+    assert optimizer_files(r / "checkpoints" / "step-00000008") == want_optimizer
+    assert optimizer_files(r / "checkpoints" / "step-00000004") == shard_names(2)
+
+
+@needs_mpirun
+def test_a_checkpoint_whose_shard_set_is_incomplete_is_never_resumed_from(runs, corpus, tmp_path):
+    # A kill while the ranks write step 8 leaves its unpublished ".partial-" folder with one shard:
+    # the rerun resumes from step 4 and ends as the uninterrupted run did.
+    src = runs("n2_a2_z1")
+    r = tmp_path / "r"
+    shutil.copytree(src, r)
+    ck = r / "checkpoints"
+    (ck / "step-00000008").rename(ck / ".partial-step-00000008")
+    (ck / ".partial-step-00000008" / shard_names(2)[1]).unlink()
+    (ck / "latest").write_text("step-00000004\n")
+    p = train(corpus, r, 2, 2, "parallel.zero_stage=1")
+    assert "resuming from" in p.stderr and "step-00000004" in p.stderr, p.stderr
+    assert metric_lines(r, True) == metric_lines(src, True)
+    fa, fb = files_under(ck), files_under(src / "checkpoints")
+    assert sorted(fa) == sorted(fb)
+    for name in fa:
+        assert fa[name] == fb[name], name
+
+
+def error_lines(stderr):
+    assert "terminate called" not in stderr and "what():" not in stderr, stderr
+    errors = {l for l in stderr.splitlines() if l.startswith("lathe: error: ")}
+    assert errors, stderr
+    return errors
+
+
+@needs_mpirun
+def test_ranks_with_different_configurations_are_refused_naming_the_key(corpus, tmp_path):
+    # Rank 1 of 2 gets another learning rate through a wrapper that reads its rank.
+    wrapper = tmp_path / "rank_wrapper.sh"
+    wrapper.write_text("#!/bin/sh\n"
+                       'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then\n'
+                       f'  exec "{LATHE}" "$@" --set optimizer.lr=1.0e-3\n'
+                       "fi\n"
+                       f'exec "{LATHE}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    r = tmp_path / "r"
+    t0 = time.time()
+    p = run_ranks(2, train_args(corpus / "tiny.yaml", r, program=wrapper), check=False, timeout=120)
+    assert p.returncode != 0, p.stderr
+    errors = error_lines(p.stderr)
+    assert any("optimizer.lr" in e for e in errors), p.stderr
+    assert time.time() - t0 < 60
+    assert not (r / "checkpoints").exists() or not steps_of(r)
+    assert not (r / "metrics.jsonl").exists() or not (r / "metrics.jsonl").read_text()
+
+
+@needs_mpirun
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_stages_2_and_3_are_refused_naming_the_key(corpus, tmp_path, stage):
+    r = tmp_path / "r"
+    p = run_ranks(2, train_args(corpus / "tiny.yaml", r, f"parallel.zero_stage={stage}"),
+                  check=False, timeout=120)
+    assert p.returncode != 0, p.stderr
+    errors = error_lines(p.stderr)
+    assert any("parallel.zero_stage" in e and "unknown key" not in e for e in errors), p.stderr
+    assert not (r / "checkpoints").exists() or not steps_of(r)
+
+
+@needs_mpirun
+def test_a_rank_that_stops_answering_stops_the_run_within_the_timeout(corpus, tmp_path):
+    # SIGSTOP rank 1 mid-run: rank 0 waits in a collective until parallel.timeout_s, then the job
+    # ends (non-zero) with a message naming the wait, instead of hanging.
+    timeout_s = 3
+    r = tmp_path / "r"
+    args = train_args(corpus / "tiny.yaml", r, "train.gradient_accumulation_steps=2",
+                      *long_run_sets(), f"parallel.timeout_s={timeout_s}")
+    p = subprocess.Popen(mpirun_args(2, args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=mpi_env())
+    pids = {}
+    try:
+        wait_for_step(r, 5, p)
+        pids = rank_pids(p.pid)
+        assert sorted(pids) == [0, 1], pids
+        os.kill(pids[1], signal.SIGSTOP)
+        t0 = time.time()
+        _, err = p.communicate(timeout=timeout_s + 40)
+        waited = time.time() - t0
+    finally:
+        for pid in pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode != 0, err
+    # The watchdog checks at least every timeout / 4 and gives MPI_Abort 10 s (dist/watchdog.h).
+    assert waited < timeout_s + 10 + 10, waited
+    assert not (r / "checkpoints" / "step-00000200").exists()
+    assert any("parallel.timeout_s" in e for e in error_lines(err)), err
+
+
+# ---- GPUs: `lathe launch --gpus 2` ------------------------------------------------------------
+
+def gpu_count():
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return sum(l.startswith("GPU ") for l in p.stdout.splitlines()) if p.returncode == 0 else 0
+
+
+@pytest.fixture(scope="module")
+def gpus():
+    n = gpu_count()
+    if n < 2:
+        pytest.skip(NEEDS_CUDA + f"needs 2 GPUs, nvidia-smi -L lists {n}")
+    return n
+
+
+@pytest.fixture(scope="module")
+def gpu_corpus(tmp_path_factory, gpus):
+    d = tmp_path_factory.mktemp("dp_gpu_corpus")
+    write_gcide_jsonl(d / "c.jsonl", 600_000)
+    run(["tokenizer", "train", "--vocab-size", 384, "--special-tokens", "<|endoftext|>",
+         "--input", d / "c.jsonl", "--output", d / "tok.json"])
+    run(["prepare", "--tokenizer", d / "tok.json", "--input", d / "c.jsonl",
+         "--output-prefix", d / "gc", "--append-eod"])
+    return d
+
+
+def gpu_train_args(corpus, run_dir, accumulation, *sets, steps=20, interval=10):
+    # configs/tiny.yaml (4 layers, hidden 192, T 128, micro-batch 8) on cuda, every step logged.
+    return train_args(ROOT / "configs" / "tiny.yaml", run_dir,
+                      f"data.path={corpus / 'gc'}", f"data.tokenizer={corpus / 'tok.json'}",
+                      "train.device=cuda", f"train.steps={steps}", "train.log_interval=1",
+                      "train.eval_interval=0", f"checkpoint.interval={interval}", "checkpoint.keep_last=0",
+                      f"train.gradient_accumulation_steps={accumulation}", *sets)
+
+
+def launch_args(n, args):
+    return [LATHE, "launch", "--gpus", str(n), "--"] + args
+
+
+def launch(n, args, timeout=600):
+    p = subprocess.run(launch_args(n, args), capture_output=True, text=True, timeout=timeout,
+                       env=mpi_env())
+    if p.returncode != 0:
+        raise AssertionError(f"lathe launch --gpus {n} failed ({p.returncode}):\n{p.stderr}")
+    return p
+
+
+# The bf16 tolerance of 2 GPUs x accumulation 1 against one GPU x accumulation 2. Both compute each
+# micro-batch's forward and backward with the same kernels on the same bf16 weights, so step 1's
+# loss differs only in the f32 mean over the two micro-batches; the f32 parameter gradients
+# (docs/CUDA.md) differ by the order of one f32 add of the two micro-batches' terms (NCCL's sum
+# against cuBLAS's beta = 1 accumulate): s <= 2 * 2^-24 of the terms' scale per element, a
+# gradient rel-L2 s under 1e-5 even where the two terms cancel a hundredfold. AdamW turns a
+# gradient error s into step losses drifting by <= 0.075 sqrt(s) (docs/CUDA.md's measurement,
+# bench/adamw_drift.cpp), 2.4e-4 at s = 1e-5; the bf16 compute copy of a master that moved by that
+# flips at most one bf16 rounding (u = 2^-8) of the elements at a rounding boundary. One u of the
+# loss bounds both: each step's loss within 2^-8 relative, sixteen times the drift bound.
+GPU_RTOL = 2.0 ** -8
+
+
+def test_gpus_log_the_losses_of_one_gpu_with_their_accumulation(gpu_corpus, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(gpu_train_args(gpu_corpus, one, 2)[1:], env=mpi_env())
+    launch(2, gpu_train_args(gpu_corpus, two, 1))
+    got, want = metric_lines(two), metric_lines(one)
+    worst = max(abs(g["loss"] - w["loss"]) / abs(w["loss"]) for g, w in zip(got, want))
+    print(f"2 GPUs vs one GPU with accumulation 2: largest relative loss difference {worst:.3g} "
+          f"(tolerance {GPU_RTOL:.3g})")
+    assert [(m["step"], m["lr"], m["tokens"]) for m in got] == \
+           [(m["step"], m["lr"], m["tokens"]) for m in want]
+    assert worst <= GPU_RTOL, (got, want)
+    assert optimizer_files(two / "checkpoints" / "step-00000020") == shard_names(2)
+
+
+def test_gpus_zero_0_and_1_give_the_same_bits(gpu_corpus, tmp_path):
+    z0, z1 = tmp_path / "z0", tmp_path / "z1"
+    launch(2, gpu_train_args(gpu_corpus, z0, 1, "parallel.zero_stage=0"))
+    launch(2, gpu_train_args(gpu_corpus, z1, 1, "parallel.zero_stage=1"))
+    assert metric_lines(z0, True) == metric_lines(z1, True)
+    for step in steps_of(z1):
+        a, b = z0 / "checkpoints" / step, z1 / "checkpoints" / step
+        assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes(), step
+
+
+def test_gpus_sigkill_of_a_rank_resumes_exactly(gpu_corpus, tmp_path):
+    # Long enough that the kill lands mid-run: 400 steps of a few milliseconds.
+    steps = 400
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    launch(2, gpu_train_args(gpu_corpus, ref, 1, steps=steps, interval=50))
+    args = gpu_train_args(gpu_corpus, killed, 1, steps=steps, interval=50)
+    kill_rank_mid_run(launch_args(2, args), killed, 1, 60, 2, mpi_env())
+    assert not (killed / "checkpoints" / f"step-{steps:08d}").exists()
+    launch(2, args)
+    assert metric_lines(killed, True) == metric_lines(ref, True)
+    fa, fb = files_under(killed / "checkpoints"), files_under(ref / "checkpoints")
+    assert sorted(fa) == sorted(fb)
+    for name in fa:
+        assert fa[name] == fb[name], name
