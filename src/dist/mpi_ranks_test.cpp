@@ -4,15 +4,20 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "core/dtype.h"
 #include "dist/communicator.h"
+#include "dist/consistency.h"
 #include "dist/host_collectives.h"
 #include "dist/mpi_communicator.h"
 #include "dist/open.h"
 #include "dist/process_group.h"
+#include "dist/watchdog.h"
 
 namespace lathe {
 namespace {
@@ -231,6 +236,50 @@ TEST(MpiRanks, HostCollectives) {
     double want = 0;
     for (int r = 0; r < c.size(); ++r) want += 0.1 * (r + 1);
     EXPECT_EQ(*dsum, want);
+}
+
+TEST(MpiRanks, ConsistencyCheck) {
+    Communicator& c = world();
+    std::vector<RankItem> items = {{"binary", 11}, {"config", 22}, {"data index", 33}};
+    const Status same = check_same_across_ranks(c, items, nullptr);
+    EXPECT_TRUE(same.ok()) << same.to_string();
+
+    // Rank 1 runs another data index: every rank refuses, naming rank 1, its host and the key.
+    if (c.rank() == 1) items[2].hash = 34;
+    const Status differs = check_same_across_ranks(c, items, nullptr);
+    ASSERT_FALSE(differs.ok());
+    const std::string want =
+        "parallel: rank 1 on " + host_name() + " has a different data index than rank 0 on ";
+    EXPECT_NE(differs.message().find(want), std::string::npos) << differs.message();
+    EXPECT_EQ(differs.message().find("config:"), std::string::npos) << differs.message();
+    items[2].hash = 33;
+
+    // The last rank checks one key more.
+    if (c.rank() == c.size() - 1) items.push_back({"tokenizer", 44});
+    const Status keys = check_same_across_ranks(c, items, nullptr);
+    ASSERT_FALSE(keys.ok());
+    EXPECT_NE(keys.message().find(fmt::format("rank {} on", c.size() - 1)), std::string::npos)
+        << keys.message();
+    EXPECT_NE(keys.message().find("checks other keys (4) than rank 0 on"), std::string::npos)
+        << keys.message();
+}
+
+// Rank 0 waits at a barrier that rank 1 never reaches; rank 0's watchdog must end the job. Run by
+// tests/test_watchdog_mpi.py (it ends the job, so it is skipped in the ordinary run), which
+// checks the message, mpirun's exit status and the time taken.
+TEST(MpiWatchdog, EndsABarrierARankNeverReaches) {
+    const char* timeout_ms = std::getenv("LATHE_TEST_WATCHDOG_MS");
+    if (timeout_ms == nullptr) GTEST_SKIP() << "run by tests/test_watchdog_mpi.py (ends the job)";
+    Communicator& c = world();
+    Watchdog watchdog(&c, std::chrono::milliseconds(std::atoi(timeout_ms)), rank_description(c));
+    if (c.rank() == 1) {
+        // Never joins: the others wait for it.
+        std::this_thread::sleep_for(std::chrono::minutes(5));
+    } else {
+        auto guard = watchdog.arm("barrier of the watchdog test");
+        (void)barrier(c, nullptr);
+    }
+    ADD_FAILURE() << "the watchdog did not end the job";
 }
 
 }  // namespace
