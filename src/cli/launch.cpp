@@ -1,0 +1,67 @@
+// `lathe launch`: one process per GPU of this machine (see dist/launch.h).
+//
+//   lathe launch --gpus N [--master-port P] [--grace-s S] [--] COMMAND ARGS...
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "cli/command.h"
+#include "dist/launch.h"
+
+namespace lathe {
+
+void cli_add_launch(CLI::App& parent, CommandAction& action) {
+    auto o = std::make_shared<LaunchOptions>();
+    CLI::App* cmd = parent.add_subcommand(
+        "launch",
+        "Start N ranks of a command on this machine, one per GPU, as torchrun does: `lathe launch "
+        "--gpus 4 lathe train configs/tiny.yaml --run-dir runs/tiny`");
+    // Everything from the first word that is not one of launch's options on (or after `--`) is
+    // the command, so the command's own options (--run-dir, --help) are passed to it untouched.
+    cmd->add_option("command", o->command,
+                    "The program to start and its arguments (`lathe` is this lathe)");
+    cmd->positionals_at_end();
+    cmd->add_option("--gpus", o->gpus,
+                    "Ranks to start (one per GPU; not checked against the GPUs present, so CPU "
+                    "runs may start more)")
+        ->required();
+    cmd->add_option("--master-port", o->master_port,
+                    "MASTER_PORT for rank 0's rendezvous (default: a free port of 127.0.0.1)");
+    cmd->add_option("--grace-s", o->grace_s,
+                    "Seconds between SIGTERM and SIGKILL for the ranks still running after one "
+                    "fails")
+        ->capture_default_str();
+    cmd->footer(
+        "Rank i of N gets the variables torchrun gives its workers: RANK=LOCAL_RANK=i, "
+        "WORLD_SIZE=LOCAL_WORLD_SIZE=N, MASTER_ADDR=127.0.0.1, MASTER_PORT, plus "
+        "LATHE_LAUNCHER=launch; every other variable is passed on. COMMAND is found on PATH; "
+        "`lathe` means this lathe binary. The ranks share the launcher's terminal and output.\n"
+        "Signals: SIGINT, SIGTERM and SIGHUP are sent on to every rank (`lathe train` then saves "
+        "a checkpoint and exits 130 / 143). When a rank exits non-zero or is killed, the launcher "
+        "prints `lathe: error: launch: rank R (pid P) exited with status C; stopping the other K "
+        "ranks`, sends them SIGTERM, and SIGKILL to any still running --grace-s seconds later. A "
+        "launcher killed outright takes its ranks with it (each gets SIGTERM).\n"
+        "Exit codes: 0 when every rank exited 0; else the first non-zero rank's code (128 + the "
+        "signal's number for a rank killed by a signal, e.g. 143 after SIGTERM); 1 or 2 when no "
+        "rank could start (2: bad options, a command not found or not executable).\n"
+        "Relation to other launchers: this is torchrun --standalone --nproc-per-node N for one "
+        "machine, without torchrun's elastic restarts. Across machines, start one process per GPU "
+        "with "
+        "srun (SLURM) or mpirun, which lathe reads as well; torchrun works too. See "
+        "docs/DISTRIBUTED.md.");
+    cmd->callback([o, &action] {
+        action = [o]() -> Status {
+            LATHE_ASSIGN_OR_RETURN(const int code, launch_run(*o));
+            if (code != 0) {
+                // The ranks' exit code: main() knows only 0, 1 and 2, so the command ends the
+                // process here (the error line, if any, is printed).
+                std::fflush(stdout);
+                std::fflush(stderr);
+                std::exit(code);
+            }
+            return ok_status();
+        };
+    });
+}
+
+}  // namespace lathe

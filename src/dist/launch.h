@@ -1,0 +1,112 @@
+#pragma once
+// `lathe launch`: N processes of one command on this machine, one per GPU, each with the variables
+// torchrun gives its workers, so that every lathe command that reads a process group
+// (dist/process_group.h) runs data parallel under it as under torchrun:
+//
+//   RANK = LOCAL_RANK = i (0..N-1), WORLD_SIZE = LOCAL_WORLD_SIZE = N, MASTER_ADDR = 127.0.0.1,
+//   MASTER_PORT = --master-port, or a free port of 127.0.0.1 found by binding port 0 (free when
+//   looked at; rank 0's rendezvous binds it moments later), LATHE_LAUNCHER = launch (the launcher
+//   is then Launcher::kLaunch, whose rendezvous listens on MASTER_PORT itself: dist/open.h).
+//
+// Every other variable is passed on unchanged. The children keep the launcher's stdin, stdout,
+// stderr and process group (a Ctrl-C in a terminal reaches them all directly too), and each asks
+// Linux for SIGTERM when the launcher dies (PR_SET_PDEATHSIG), so a launcher killed by SIGKILL
+// leaves no orphans. One node only: across nodes, srun or mpirun start one process per GPU
+// themselves (docs/DISTRIBUTED.md).
+//
+// Supervision (LaunchSupervisor holds these rules; launch_run applies them to real processes):
+//   - SIGINT, SIGTERM and SIGHUP reaching the launcher are sent on to every rank still running
+//     (a trainer then saves a checkpoint and exits 130 or 143).
+//   - The first rank to end with a non-zero status or by a signal, unless a signal was forwarded
+//     before, is a failure: the launcher prints
+//       lathe: error: launch: rank R (pid P) exited with status C; stopping the other K ranks
+//     (or "was killed by SIGKILL"; K counts the ranks still running) and sends them SIGTERM.
+//   - From that first non-zero end (a failure, or a rank that ended after a forwarded signal),
+//     ranks still running after `grace_s` seconds get SIGKILL.
+//   - The exit code is that first non-zero end's (128 + the signal's number for a rank killed by
+//     a signal), else 0 once every rank has exited 0.
+
+#include <sys/types.h>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "dist/process_group.h"
+
+namespace lathe {
+
+struct LaunchOptions {
+    int gpus = 0;                      // ranks to start, >= 1 (not checked against the GPUs seen)
+    int master_port = 0;               // 1..65535, or 0 for a free port
+    double grace_s = 30;               // SIGTERM to SIGKILL, >= 0
+    std::vector<std::string> command;  // the program and its arguments; "lathe" is this binary
+};
+
+// Errors (invalid argument) name the flag: --gpus below 1, --master-port outside [0, 65535],
+// --grace-s negative or not finite, no command.
+Status launch_options_check(const LaunchOptions& options);
+
+// `base` with the variables of rank `rank` of `world_size` (above) set, replacing any there.
+EnvMap launch_rank_environment(const EnvMap& base, int rank, int world_size, int master_port);
+
+// The file to execute for `name`: `self_exe` for "lathe", `name` itself when it holds a '/', else
+// the first executable regular file `name` in the folders of `path_var` (a PATH value; an empty
+// entry is the current folder). Errors (invalid argument) name the command and the folders looked
+// in; a name with a '/' is left to exec, whose failure launch_run reports.
+Result<std::string> launch_resolve_program(std::string_view name, std::string_view path_var,
+                                           std::string_view self_exe);
+
+// A TCP port of 127.0.0.1 that is free now (the kernel's pick for port 0).
+Result<int> launch_free_port();
+
+// "SIGKILL" for SIGKILL (the common signals by name), "signal 42" otherwise.
+std::string signal_name(int sig);
+// What a waitpid() status says: "exited with status 3", "was killed by SIGKILL".
+std::string wait_status_text(int wait_status);
+// The shell's exit code for a waitpid() status: the status, or 128 + the signal.
+int wait_status_exit_code(int wait_status);
+
+// The launcher's decisions, apart from the processes (tests feed it events). Times are seconds on
+// any clock that does not go back.
+class LaunchSupervisor {
+public:
+    LaunchSupervisor(int world_size, double grace_s);
+
+    struct Decision {
+        std::vector<int> terminate;  // ranks to send SIGTERM to
+        std::string error;           // a line to print after "lathe: error: ", or empty
+    };
+    // Rank `rank` (process `pid`) ended with waitpid() status `wait_status` at `now`.
+    Decision on_exit(int rank, pid_t pid, int wait_status, double now);
+    // The launcher received `sig` (SIGINT, SIGTERM, SIGHUP): the ranks to send it on to.
+    std::vector<int> on_signal(int sig);
+    // The ranks to SIGKILL at `now`: those still running once the grace has run out (each once).
+    std::vector<int> overdue(double now);
+    // When the grace runs out; nullopt while no rank has ended non-zero.
+    std::optional<double> grace_deadline() const;
+
+    bool running(int rank) const { return running_[size_t(rank)]; }
+    int running_count() const;
+    bool finished() const { return running_count() == 0; }
+    // The first non-zero end's exit code, else 0.
+    int exit_code() const { return exit_code_; }
+
+private:
+    std::vector<bool> running_;
+    std::vector<bool> killed_;
+    double grace_s_;
+    bool forwarded_ = false;  // a user's signal was sent on
+    bool stopping_ = false;   // a rank ended non-zero
+    std::optional<double> deadline_;
+    int exit_code_ = 0;
+};
+
+// Starts options.command as options.gpus ranks and supervises them (above) until all have ended;
+// returns the exit code. Errors, with no rank left running: bad options, a command not found, a
+// command that cannot be executed (exec's reason, reported by the child through a close-on-exec
+// pipe), fork or pipe failing.
+Result<int> launch_run(const LaunchOptions& options);
+
+}  // namespace lathe

@@ -1,0 +1,253 @@
+#include "dist/launch.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "dist/open.h"
+
+namespace lathe {
+namespace {
+
+// waitpid() statuses as Linux encodes them: an exit code in bits 8..15, a signal in bits 0..6.
+int exited(int code) {
+    return code << 8;
+}
+int killed(int sig) {
+    return sig;
+}
+
+TEST(LaunchStatus, WaitStatusTextAndCode) {
+    ASSERT_TRUE(WIFEXITED(exited(3)));
+    ASSERT_TRUE(WIFSIGNALED(killed(SIGKILL)));
+    EXPECT_EQ(wait_status_text(exited(0)), "exited with status 0");
+    EXPECT_EQ(wait_status_text(exited(3)), "exited with status 3");
+    EXPECT_EQ(wait_status_text(killed(SIGKILL)), "was killed by SIGKILL");
+    EXPECT_EQ(wait_status_text(killed(SIGSEGV)), "was killed by SIGSEGV");
+    EXPECT_EQ(wait_status_exit_code(exited(0)), 0);
+    EXPECT_EQ(wait_status_exit_code(exited(143)), 143);
+    EXPECT_EQ(wait_status_exit_code(killed(SIGKILL)), 137);
+    EXPECT_EQ(wait_status_exit_code(killed(SIGTERM)), 143);
+    EXPECT_EQ(signal_name(SIGINT), "SIGINT");
+    EXPECT_EQ(signal_name(SIGRTMIN + 1), fmt::format("signal {}", SIGRTMIN + 1));
+}
+
+TEST(LaunchOptions, BadOptionsNameTheFlag) {
+    const auto check = [](LaunchOptions o, const std::string& needle) {
+        const Status s = launch_options_check(o);
+        ASSERT_FALSE(s.ok()) << needle;
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+    };
+    LaunchOptions good;
+    good.gpus = 2;
+    good.command = {"lathe", "doctor"};
+    EXPECT_TRUE(launch_options_check(good).ok());
+    LaunchOptions o = good;
+    o.gpus = 0;
+    check(o, "--gpus 0: start at least one");
+    o = good;
+    o.gpus = -3;
+    check(o, "--gpus -3");
+    o = good;
+    o.master_port = 65536;
+    check(o, "--master-port 65536 is not a TCP port");
+    o = good;
+    o.master_port = -1;
+    check(o, "--master-port -1");
+    o = good;
+    o.grace_s = -1;
+    check(o, "--grace-s -1");
+    o = good;
+    o.grace_s = std::nan("");
+    check(o, "--grace-s nan");
+    o = good;
+    o.command.clear();
+    check(o, "no command to start");
+    o = good;
+    o.command = {""};
+    check(o, "no command to start");
+}
+
+TEST(LaunchEnvironment, TorchrunVariablesAndTheMarker) {
+    const EnvMap base = {{"PATH", "/bin"}, {"RANK", "9"}, {"CUDA_VISIBLE_DEVICES", "0,1"}};
+    const EnvMap env = launch_rank_environment(base, 1, 3, 41000);
+    EXPECT_EQ(env.at("RANK"), "1");  // replaced
+    EXPECT_EQ(env.at("LOCAL_RANK"), "1");
+    EXPECT_EQ(env.at("WORLD_SIZE"), "3");
+    EXPECT_EQ(env.at("LOCAL_WORLD_SIZE"), "3");
+    EXPECT_EQ(env.at("MASTER_ADDR"), "127.0.0.1");
+    EXPECT_EQ(env.at("MASTER_PORT"), "41000");
+    EXPECT_EQ(env.at("LATHE_LAUNCHER"), "launch");
+    EXPECT_EQ(env.at("PATH"), "/bin");  // the rest passed on
+    EXPECT_EQ(env.at("CUDA_VISIBLE_DEVICES"), "0,1");
+
+    // What a rank reads from it: a `lathe launch` group whose rendezvous is MASTER_PORT itself.
+    auto g = process_group_from_env(env);
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    EXPECT_EQ(g->launcher, Launcher::kLaunch);
+    EXPECT_EQ(g->rank, 1);
+    EXPECT_EQ(g->world_size, 3);
+    EXPECT_EQ(g->local_world_size, 3);
+    EXPECT_EQ(rendezvous_port(*g), 41000);
+}
+
+TEST(LaunchProgram, ResolvesOnPathAndLatheIsThisBinary) {
+    const auto dir = std::filesystem::path(::testing::TempDir()) /
+                     fmt::format("launch_path_{}", long(::getpid()));
+    std::filesystem::create_directories(dir / "a");
+    std::filesystem::create_directories(dir / "b");
+    const auto make = [](const std::filesystem::path& p, bool exec) {
+        std::ofstream(p) << "#!/bin/sh\n";
+        ::chmod(p.c_str(), exec ? 0755 : 0644);
+    };
+    make(dir / "a" / "tool", false);  // not executable: skipped for the next folder's
+    make(dir / "b" / "tool", true);
+    make(dir / "a" / "only_plain", false);
+    std::filesystem::create_directories(dir / "a" / "folder");
+    const std::string path = (dir / "a").string() + ":" + (dir / "b").string();
+
+    auto t = launch_resolve_program("tool", path, "/self/lathe");
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_EQ(*t, (dir / "b" / "tool").string());
+    auto self = launch_resolve_program("lathe", path, "/self/lathe");
+    ASSERT_TRUE(self.ok());
+    EXPECT_EQ(*self, "/self/lathe");
+    auto slash = launch_resolve_program("./x/y", path, "/self/lathe");
+    ASSERT_TRUE(slash.ok());
+    EXPECT_EQ(*slash, "./x/y");  // exec reports a bad one
+
+    auto missing = launch_resolve_program("no_such_tool", path, "/self/lathe");
+    ASSERT_FALSE(missing.ok());
+    EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(missing.status().message().find("command 'no_such_tool' not found"),
+              std::string::npos)
+        << missing.status().message();
+    EXPECT_NE(missing.status().message().find(path), std::string::npos);
+    auto folder = launch_resolve_program("folder", path, "/self/lathe");
+    ASSERT_FALSE(folder.ok());
+    auto plain = launch_resolve_program("only_plain", path, "/self/lathe");
+    ASSERT_FALSE(plain.ok());
+    EXPECT_NE(plain.status().message().find("is not executable"), std::string::npos)
+        << plain.status().message();
+    auto no_self = launch_resolve_program("lathe", path, "");
+    ASSERT_FALSE(no_self.ok());
+    std::filesystem::remove_all(dir);
+}
+
+TEST(LaunchPort, FreePortIsAPort) {
+    auto p = launch_free_port();
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    EXPECT_GE(*p, 1);
+    EXPECT_LE(*p, 65535);
+}
+
+// The supervision rules, with made-up events.
+TEST(LaunchSupervisor, AllExitZero) {
+    LaunchSupervisor s(3, 30);
+    EXPECT_FALSE(s.finished());
+    for (int r : {2, 0, 1}) {
+        const auto d = s.on_exit(r, 100 + r, exited(0), 1.0);
+        EXPECT_TRUE(d.terminate.empty());
+        EXPECT_TRUE(d.error.empty());
+    }
+    EXPECT_TRUE(s.finished());
+    EXPECT_EQ(s.exit_code(), 0);
+    EXPECT_FALSE(s.grace_deadline());
+}
+
+TEST(LaunchSupervisor, FirstFailureStopsTheOthersAndGivesTheCode) {
+    LaunchSupervisor s(4, 5);
+    EXPECT_TRUE(s.on_exit(3, 103, exited(0), 1.0).error.empty());  // a clean end is no failure
+    const auto d = s.on_exit(1, 101, exited(3), 2.0);
+    EXPECT_EQ(d.error, "launch: rank 1 (pid 101) exited with status 3; stopping the other 2 ranks");
+    EXPECT_EQ(d.terminate, (std::vector<int>{0, 2}));
+    ASSERT_TRUE(s.grace_deadline());
+    EXPECT_DOUBLE_EQ(*s.grace_deadline(), 7.0);
+    EXPECT_EQ(s.exit_code(), 3);
+    // The ranks stopped by the launcher end by SIGTERM: neither a new failure nor a new code.
+    const auto later = s.on_exit(0, 100, killed(SIGTERM), 3.0);
+    EXPECT_TRUE(later.error.empty());
+    EXPECT_TRUE(later.terminate.empty());
+    EXPECT_EQ(s.exit_code(), 3);
+    EXPECT_TRUE(s.overdue(6.9).empty());
+    EXPECT_EQ(s.overdue(7.0), (std::vector<int>{2}));  // ignored SIGTERM: SIGKILL once
+    EXPECT_TRUE(s.overdue(8.0).empty());
+    s.on_exit(2, 102, killed(SIGKILL), 7.1);
+    EXPECT_TRUE(s.finished());
+    EXPECT_EQ(s.exit_code(), 3);
+}
+
+TEST(LaunchSupervisor, KilledRankGives128PlusSignal) {
+    LaunchSupervisor s(2, 30);
+    const auto d = s.on_exit(0, 55, killed(SIGKILL), 0.0);
+    EXPECT_EQ(d.error, "launch: rank 0 (pid 55) was killed by SIGKILL; stopping the other rank");
+    EXPECT_EQ(d.terminate, (std::vector<int>{1}));
+    EXPECT_EQ(s.exit_code(), 137);
+    LaunchSupervisor last(2, 30);
+    last.on_exit(0, 1, exited(0), 0.0);
+    const auto alone = last.on_exit(1, 2, exited(9), 0.0);  // nobody left to stop
+    EXPECT_EQ(alone.error, "launch: rank 1 (pid 2) exited with status 9");
+    EXPECT_TRUE(alone.terminate.empty());
+    EXPECT_EQ(last.exit_code(), 9);
+}
+
+// A user's signal goes to every running rank; their ends are the exit code, without an error
+// line or a second SIGTERM, and the grace bounds how long the others may take after the first.
+TEST(LaunchSupervisor, ForwardedSignal) {
+    LaunchSupervisor s(3, 10);
+    EXPECT_TRUE(s.on_exit(2, 12, exited(0), 0.0).error.empty());
+    EXPECT_EQ(s.on_signal(SIGTERM), (std::vector<int>{0, 1}));
+    const auto d = s.on_exit(0, 10, exited(143), 1.0);
+    EXPECT_TRUE(d.error.empty());
+    EXPECT_TRUE(d.terminate.empty());
+    EXPECT_EQ(s.exit_code(), 143);
+    EXPECT_EQ(s.overdue(11.0), (std::vector<int>{1}));
+    s.on_exit(1, 11, killed(SIGKILL), 11.5);
+    EXPECT_EQ(s.exit_code(), 143);
+
+    LaunchSupervisor clean(2, 10);  // the signal came after the last step: every rank exits 0
+    clean.on_signal(SIGINT);
+    clean.on_exit(0, 1, exited(0), 0.0);
+    clean.on_exit(1, 2, exited(0), 0.0);
+    EXPECT_TRUE(clean.finished());
+    EXPECT_EQ(clean.exit_code(), 0);
+}
+
+// launch_run on real processes (sh), the fast cases; tests/test_launch.py drives the binary.
+TEST(LaunchRun, ExitCodesOfRealProcesses) {
+    LaunchOptions o;
+    o.gpus = 2;
+    o.grace_s = 5;
+    o.command = {"sh", "-c", "exit 0"};
+    auto ok = launch_run(o);
+    ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+    EXPECT_EQ(*ok, 0);
+
+    // Rank 1 fails at once; rank 0 would sleep 30 s but is stopped by SIGTERM.
+    o.command = {"sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 4; fi; exec sleep 30"};
+    const auto t0 = std::chrono::steady_clock::now();
+    auto fail = launch_run(o);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(fail.ok()) << fail.status().to_string();
+    EXPECT_EQ(*fail, 4);
+    EXPECT_LT(took, 5.0);
+
+    o.command = {"/no/such/program"};
+    auto bad = launch_run(o);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("cannot execute '/no/such/program' for rank 0: No such "
+                                          "file or directory"),
+              std::string::npos)
+        << bad.status().message();
+}
+
+}  // namespace
+}  // namespace lathe

@@ -1,0 +1,212 @@
+"""`lathe launch --gpus N COMMAND ...` on this machine, through the real binary (LATHE_BIN).
+
+Checked here, with small python3 and sh children (no GPU needed):
+  - every rank sees torchrun's variables (RANK = LOCAL_RANK, WORLD_SIZE = LOCAL_WORLD_SIZE, one
+    MASTER_ADDR:MASTER_PORT, a free port or --master-port) and LATHE_LAUNCHER=launch, and gets
+    its own arguments untouched, options included;
+  - a rank that exits 3 makes the launcher print the failure, stop a sleeping sibling long before
+    its sleep ends, and exit 3; a rank that ignores SIGTERM is SIGKILLed --grace-s later;
+  - SIGTERM or SIGINT sent to the launcher reaches every rank (each writes a marker from its
+    handler) and the exit code is the ranks' (the first non-zero); a launcher killed by SIGKILL
+    leaves no rank running (each gets SIGTERM from Linux);
+  - a command not found, one that cannot be executed, no command and --gpus 0 are errors naming
+    them; `lathe` is this very binary (found with a PATH that holds no lathe).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lathe_cli import LATHE, run
+
+PY = sys.executable
+
+
+def launch(args, timeout=60, **kw):
+    return subprocess.run([LATHE, "launch"] + [str(a) for a in args], capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+def wait_for(paths, timeout=10.0):
+    """Waits until every path exists; fails the test naming the missing ones after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(Path(p).exists() for p in paths):
+            return
+        time.sleep(0.02)
+    missing = [str(p) for p in paths if not Path(p).exists()]
+    raise AssertionError(f"not written within {timeout} s: {missing}")
+
+
+ENV_DUMP = """
+import json, os, sys
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+        "LATHE_LAUNCHER", "LAUNCH_TEST_KEPT"]
+out = {k: os.environ.get(k) for k in keys}
+out["argv"] = sys.argv[1:]
+with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"] + ".json"), "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_ranks_see_torchrun_variables(tmp_path):
+    env = dict(os.environ, LAUNCH_TEST_KEPT="yes", RANK="99")
+    p = launch(["--gpus", 3, "--", PY, "-c", ENV_DUMP, tmp_path, "--gpus", "7", "--help"],
+               env=env)
+    assert p.returncode == 0, p.stderr
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    ports = {s["MASTER_PORT"] for s in seen}
+    assert len(ports) == 1, ports
+    port = int(ports.pop())
+    assert 1 <= port <= 65535
+    for r, s in enumerate(seen):
+        assert s == {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "3",
+                     "LOCAL_WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+                     "MASTER_PORT": str(port), "LATHE_LAUNCHER": "launch",
+                     "LAUNCH_TEST_KEPT": "yes",
+                     "argv": [str(tmp_path), "--gpus", "7", "--help"]}, s
+
+    # A given port, and a command without `--` before it.
+    fixed = tmp_path / "fixed"
+    fixed.mkdir()
+    p = launch(["--gpus", 2, "--master-port", 29999, PY, "-c", ENV_DUMP, fixed])
+    assert p.returncode == 0, p.stderr
+    for r in range(2):
+        assert json.loads((fixed / f"rank{r}.json").read_text())["MASTER_PORT"] == "29999"
+
+
+def test_failing_rank_stops_the_others(tmp_path):
+    code = ("import os, sys, time\n"
+            "if os.environ['RANK'] == '1': sys.exit(3)\n"
+            "time.sleep(30)\n")
+    t0 = time.monotonic()
+    p = launch(["--gpus", 2, PY, "-c", code], timeout=60)
+    took = time.monotonic() - t0
+    assert p.returncode == 3, p.stderr
+    assert took < 10, f"the sleeping rank was not stopped: the launcher took {took:.1f} s"
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("lathe: error: launch: rank 1")]
+    assert len(lines) == 1, p.stderr
+    assert " exited with status 3; stopping the other rank" in lines[0], lines[0]
+
+
+def test_killed_rank_gives_128_plus_signal():
+    p = launch(["--gpus", 2, "sh", "-c", 'if [ "$RANK" = 0 ]; then kill -9 $$; fi; sleep 30'])
+    assert p.returncode == 137, p.stderr
+    assert "lathe: error: launch: rank 0 (pid " in p.stderr
+    assert "was killed by SIGKILL; stopping the other rank" in p.stderr
+
+
+def test_rank_ignoring_sigterm_is_killed_after_grace(tmp_path):
+    ready = tmp_path / "ready"
+    code = ("import os, signal, sys, time\n"
+            f"ready = {str(ready)!r}\n"
+            "if os.environ['RANK'] == '0':\n"
+            "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "    open(ready, 'w').close()\n"
+            "    time.sleep(30)\n"
+            "while not os.path.exists(ready): time.sleep(0.01)\n"
+            "sys.exit(5)\n")
+    t0 = time.monotonic()
+    p = launch(["--gpus", 2, "--grace-s", 1, PY, "-c", code], timeout=60)
+    took = time.monotonic() - t0
+    assert p.returncode == 5, p.stderr
+    assert 1.0 <= took < 10, f"took {took:.1f} s; want the 1 s grace, then SIGKILL"
+    assert "rank 1 (pid " in p.stderr and "exited with status 5" in p.stderr, p.stderr
+    assert "rank 0 (pid " in p.stderr and "sending SIGKILL" in p.stderr, p.stderr
+
+
+# Each rank writes ready.R once its handler is in place; the handler writes sig.R and exits with
+# the rank's code (rank 0: 0, the others 128 + the signal, as `lathe train` does).
+HANDLER = """
+import os, signal, sys, time
+d, rank = sys.argv[1], os.environ["RANK"]
+def on_signal(sig, frame):
+    with open(os.path.join(d, "sig." + rank), "w") as f:
+        f.write(str(sig))
+    sys.exit(0 if rank == "0" else 128 + sig)
+signal.signal(signal.SIGTERM, on_signal)
+signal.signal(signal.SIGINT, on_signal)
+open(os.path.join(d, "ready." + rank), "w").close()
+time.sleep(30)
+sys.exit(9)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_launcher_reaches_every_rank(tmp_path, sig):
+    n = 3
+    proc = subprocess.Popen([LATHE, "launch", "--gpus", str(n), PY, "-c", HANDLER, str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for([tmp_path / f"ready.{r}" for r in range(n)])
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for r in range(n):
+        assert (tmp_path / f"sig.{r}").read_text() == str(int(sig)), f"rank {r}"
+    assert proc.returncode == 128 + sig, err
+    assert "lathe: error:" not in err, err  # the ranks' ends after a user's signal are expected
+
+
+def test_killed_launcher_leaves_no_orphans(tmp_path):
+    n = 2
+    proc = subprocess.Popen([LATHE, "launch", "--gpus", str(n), PY, "-c", HANDLER, str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for([tmp_path / f"ready.{r}" for r in range(n)])
+        proc.kill()
+        proc.wait(timeout=10)
+        wait_for([tmp_path / f"sig.{r}" for r in range(n)])  # SIGTERM from PR_SET_PDEATHSIG
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for r in range(n):
+        assert (tmp_path / f"sig.{r}").read_text() == str(int(signal.SIGTERM))
+
+
+def test_bad_commands_are_errors_naming_them(tmp_path):
+    p = launch(["--gpus", 2, "no_such_command_for_lathe_launch", "x"])
+    assert p.returncode == 2, p.stderr
+    assert ("lathe: error: launch: command 'no_such_command_for_lathe_launch' not found"
+            in p.stderr), p.stderr
+
+    plain = tmp_path / "not_executable.sh"
+    plain.write_text("#!/bin/sh\nexit 0\n")
+    plain.chmod(0o644)
+    p = launch(["--gpus", 2, plain])
+    assert p.returncode == 2, p.stderr
+    assert f"lathe: error: launch: cannot execute '{plain}' for rank 0: Permission denied" \
+        in p.stderr, p.stderr
+
+    p = launch(["--gpus", 2])
+    assert p.returncode == 2, p.stderr
+    assert "lathe: error: launch: no command to start" in p.stderr, p.stderr
+    p = launch(["--gpus", 0, "true"])
+    assert p.returncode == 2, p.stderr
+    assert "--gpus 0" in p.stderr, p.stderr
+    p = launch(["true"])  # --gpus is required
+    assert p.returncode != 0
+    assert "--gpus" in p.stderr, p.stderr
+
+
+def test_lathe_is_this_binary():
+    # PATH holds no lathe, so `lathe` can only be the launcher's own file.
+    env = dict(os.environ, PATH="/usr/bin:/bin")
+    p = launch(["--gpus", 2, "lathe", "doctor", "--json"], env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    reports = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+    assert len(reports) == 2, p.stdout
+
+
+def test_help_relates_to_other_launchers():
+    p = run(["launch", "--help"])
+    for word in ["--gpus", "--master-port", "--grace-s", "torchrun", "srun", "mpirun",
+                 "docs/DISTRIBUTED.md", "Exit codes"]:
+        assert word in p.stdout, word
