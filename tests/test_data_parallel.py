@@ -20,6 +20,7 @@ runs. The contract checked here:
 On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs the same comparisons on cuda:
 losses within a bf16 tolerance derived below, ZeRO 0/1 identical bits, and a bit-exact resume.
 """
+import filecmp
 import json
 import os
 import shutil
@@ -157,9 +158,17 @@ def assert_metrics_close(got, want, rtol, what):
 
 
 def files_under(d):
-    """{relative path: bytes} of every file under d."""
+    """The relative paths of every file under d, sorted."""
     d = Path(d)
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+
+
+def assert_same_files(a, b):
+    """The folders a and b hold the same files with the same bytes."""
+    names = files_under(a)
+    assert names == files_under(b), (a, b)
+    for name in names:
+        assert filecmp.cmp(Path(a) / name, Path(b) / name, shallow=False), name
 
 
 def shard_names(world):
@@ -297,9 +306,8 @@ def test_ranks_log_the_losses_of_one_process_with_their_accumulation(runs, name,
 def test_rank_zero_writes_the_run_files_and_each_rank_its_optimizer_shard(runs, name, world):
     dp, one = runs(name), runs("one_a4")
     # The same files as one process's run (rank 0's), but the optimizer state: one shard a rank.
-    same = {p for p in files_under(one) if "/optimizer" not in p}
-    got = set(files_under(dp))
-    assert {p for p in got if "/optimizer" not in p} == same
+    same = [p for p in files_under(one) if "/optimizer" not in p]
+    assert [p for p in files_under(dp) if "/optimizer" not in p] == same
     assert steps_of(dp) == ["step-00000004", "step-00000008"]
     for step in steps_of(dp):
         assert optimizer_files(dp / "checkpoints" / step) == shard_names(world), step
@@ -333,10 +341,7 @@ def test_zero_0_and_1_give_the_same_bits(runs):
 def test_the_same_command_twice_gives_the_same_bits(runs):
     a, b = runs("n2_a2_z1"), runs("n2_a2_z1_again")
     assert metric_lines(a, True) == metric_lines(b, True)
-    fa, fb = files_under(a / "checkpoints"), files_under(b / "checkpoints")
-    assert sorted(fa) == sorted(fb)
-    for name in fa:
-        assert fa[name] == fb[name], name
+    assert_same_files(a / "checkpoints", b / "checkpoints")
 
 
 @pytest.fixture(scope="module")
@@ -365,10 +370,7 @@ def test_sigkill_of_a_rank_ends_the_job_and_the_rerun_resumes_exactly(corpus, tm
     assert not (killed / "checkpoints" / "step-00000200").exists()
     run_ranks(2, args)
     assert metric_lines(killed, True) == metric_lines(ref, True)
-    fa, fb = files_under(killed / "checkpoints"), files_under(ref / "checkpoints")
-    assert sorted(fa) == sorted(fb)
-    for name in fa:
-        assert fa[name] == fb[name], name
+    assert_same_files(killed / "checkpoints", ref / "checkpoints")
 
 
 @needs_mpirun
@@ -408,10 +410,7 @@ def test_a_checkpoint_whose_shard_set_is_incomplete_is_never_resumed_from(runs, 
     p = train(corpus, r, 2, 2, "parallel.zero_stage=1")
     assert "resuming from" in p.stderr and "step-00000004" in p.stderr, p.stderr
     assert metric_lines(r, True) == metric_lines(src, True)
-    fa, fb = files_under(ck), files_under(src / "checkpoints")
-    assert sorted(fa) == sorted(fb)
-    for name in fa:
-        assert fa[name] == fb[name], name
+    assert_same_files(ck, src / "checkpoints")
 
 
 def error_lines(stderr):
@@ -517,17 +516,18 @@ def gpu_corpus(tmp_path_factory, gpus):
     return d
 
 
-def gpu_train_args(corpus, run_dir, accumulation, *sets, steps=20, interval=10):
+def gpu_train_args(corpus, run_dir, accumulation, *sets, steps=20, interval=10, keep=0):
     # configs/tiny.yaml (4 layers, hidden 192, T 128, micro-batch 8) on cuda, every step logged.
     return train_args(ROOT / "configs" / "tiny.yaml", run_dir,
                       f"data.path={corpus / 'gc'}", f"data.tokenizer={corpus / 'tok.json'}",
                       "train.device=cuda", f"train.steps={steps}", "train.log_interval=1",
-                      "train.eval_interval=0", f"checkpoint.interval={interval}", "checkpoint.keep_last=0",
+                      "train.eval_interval=0", f"checkpoint.interval={interval}",
+                      f"checkpoint.keep_last={keep}",
                       f"train.gradient_accumulation_steps={accumulation}", *sets)
 
 
 def launch_args(n, args):
-    return [LATHE, "launch", "--gpus", str(n), "--"] + args
+    return [LATHE, "launch", "--gpus", str(n)] + args
 
 
 def launch(n, args, timeout=600):
@@ -579,13 +579,10 @@ def test_gpus_sigkill_of_a_rank_resumes_exactly(gpu_corpus, tmp_path):
     # Long enough that the kill lands mid-run: 400 steps of a few milliseconds.
     steps = 400
     ref, killed = tmp_path / "ref", tmp_path / "killed"
-    launch(2, gpu_train_args(gpu_corpus, ref, 1, steps=steps, interval=50))
-    args = gpu_train_args(gpu_corpus, killed, 1, steps=steps, interval=50)
+    launch(2, gpu_train_args(gpu_corpus, ref, 1, steps=steps, interval=50, keep=2))
+    args = gpu_train_args(gpu_corpus, killed, 1, steps=steps, interval=50, keep=2)
     kill_rank_mid_run(launch_args(2, args), killed, 1, 60, 2, mpi_env())
     assert not (killed / "checkpoints" / f"step-{steps:08d}").exists()
     launch(2, args)
     assert metric_lines(killed, True) == metric_lines(ref, True)
-    fa, fb = files_under(killed / "checkpoints"), files_under(ref / "checkpoints")
-    assert sorted(fa) == sorted(fb)
-    for name in fa:
-        assert fa[name] == fb[name], name
+    assert_same_files(killed / "checkpoints", ref / "checkpoints")
