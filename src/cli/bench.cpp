@@ -25,7 +25,11 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         "done. JSON: tokens_per_s (B*T / median step), step_ms_median/mean/min/max, mfu "
         "((6N + 12 L C T) FLOPs per token, N without the input embedding tables, over 989.4 "
         "TFLOP/s on Hopper; null elsewhere), peak_memory_bytes (CUDA: cudaMemGetInfo in use "
-        "after each step minus before the bench; CPU: peak resident set), plan_bytes, params.");
+        "after each step minus before the bench; CPU: peak resident set), plan_bytes, params. "
+        "Under a launcher (lathe launch --gpus N lathe bench ...) the ranks train one model "
+        "data parallel (--zero-stage) and rank 0 prints the line: tokens_per_s of the world, "
+        "tokens_per_s_per_gpu, mfu per GPU, comm_wait_ms (median per step, the largest rank's), "
+        "peak memory of the fullest GPU, world_size.");
     struct Options {
         std::string model, device = "auto";
         BenchRequest req;
@@ -60,6 +64,10 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
            "Activation recompute, as train.recompute: none, selective (norm and activation "
            "outputs recomputed), full (one layer's activations kept); bare: full")
         ->expected(0, 1);
+    cmd->add_option("--zero-stage", o->req.zero_stage,
+                    "Under a launcher (lathe launch --gpus N lathe bench ...): parallel.zero_stage "
+                    "of the ranks' data parallelism (0 replicated, 1 sharded optimizer state)")
+        ->capture_default_str();
     cmd->add_flag("--plan-only", o->req.plan_only,
                   "Print the parameter count, FLOPs per token and the memory plan; run nothing");
     cmd->callback([o, cmd, &action] {
@@ -79,8 +87,10 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                 req.recompute = *mode;
             }
             LATHE_ASSIGN_OR_RETURN(const std::string line, bench_run(req));
-            std::printf("%s\n", line.c_str());
-            std::fflush(stdout);
+            if (!line.empty()) {  // empty on the ranks other than 0 of a launcher's world
+                std::printf("%s\n", line.c_str());
+                std::fflush(stdout);
+            }
             return ok_status();
         };
     });

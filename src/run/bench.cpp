@@ -16,6 +16,8 @@
 
 #include "core/log.h"
 #include "core/strings.h"
+#include "dist/host_collectives.h"
+#include "dist/process_group.h"
 #include "io/file.h"
 #include "io/hf_config.h"
 #include "model/memory_plan.h"
@@ -23,10 +25,13 @@
 #include "model/registry.h"
 #include "ops/adamw.h"
 #include "ops/attention.h"
+#include "ops/cuda/device_count.h"
 #include "ops/device_info.h"
 #include "optim/adamw_optimizer.h"
 #include "run/compute_device.h"
+#include "run/data_parallel.h"
 #include "run/train_step.h"
+#include "run/world.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -123,6 +128,13 @@ std::vector<BatchData> random_batches(int64_t count, int64_t B, int64_t T, int64
     return out;
 }
 
+// What each rank measured, gathered by rank 0 for the world's line (bench.h).
+struct RankNumbers {
+    double step_ms_median = 0;
+    double comm_wait_ms_median = 0;
+    uint64_t peak_memory_bytes = 0;
+};
+
 size_t peak_rss_bytes() {
     rusage usage{};
     if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
@@ -147,19 +159,25 @@ std::string_view device_name(BenchDevice d) {
     return "auto";
 }
 
-// Where the bench runs: the CPU, or CUDA device 0 (CUDA_VISIBLE_DEVICES picks which GPU).
+// Where the bench runs: the CPU, or the CUDA device of this process (GPU <local rank> of the
+// visible ones, compute_device_index: GPU 0 for a single process).
 struct Placement {
     Backend backend = Backend::kCpu;
+    int ordinal = 0;        // CUDA device
     std::string name;       // "cpu (16 threads)", "NVIDIA H100 80GB HBM3"
     double peak_flops = 0;  // for MFU; 0 = none
 };
 
-Result<Placement> choose_placement(BenchDevice wanted) {
+Result<Placement> choose_placement(BenchDevice wanted, const ProcessGroupInfo& group) {
     Placement p;
     if (wanted != BenchDevice::kCpu) {
-        // compute_device_choose decides on GPU 0 as ComputeDevice::open does: listed by the
+        if (const int visible = cuda_visible_device_count(); visible > 0) {
+            LATHE_ASSIGN_OR_RETURN(
+                p.ordinal, compute_device_index(device_name(wanted), "--device", group, visible));
+        }
+        // compute_device_choose decides on that GPU as ComputeDevice::open does: listed by the
         // driver, kernels for it in this build, attention available.
-        const GpuEnvironment env = gpu_environment_probe(/*only_device=*/0);
+        const GpuEnvironment env = gpu_environment_probe(/*only_device=*/p.ordinal);
         std::string note;
         LATHE_ASSIGN_OR_RETURN(
             const Backend backend,
@@ -285,18 +303,28 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (req.warmup < 0) return invalid_argument_error("--warmup must be >= 0, got {}", req.warmup);
     if (req.threads < 0)
         return invalid_argument_error("--threads must be >= 0, got {}", req.threads);
+    if (req.zero_stage < 0 || req.zero_stage > 3)
+        return invalid_argument_error("--zero-stage must be 0, 1, 2 or 3, got {}", req.zero_stage);
     LATHE_ASSIGN_OR_RETURN(ModelConfig config, bench_model_config(req.model, req.vocab_size));
     const int64_t B = req.batch, T = req.seq, V = config.vocab_size;
 #ifdef _OPENMP
     if (req.threads > 0) omp_set_num_threads(req.threads);
 #endif
+    // This process's place in a launcher's world (a world of one without a launcher): the world
+    // size shapes the plan (ZeRO-1 pads the parameters for W equal shards), the local rank picks
+    // the GPU. A plan alone is one process's.
+    ProcessGroupInfo group;
+    if (!req.plan_only) {
+        LATHE_ASSIGN_OR_RETURN(group, process_group_from_env(process_environment()));
+    }
+    const bool multi = group.world_size > 1;
     // A plan for CUDA needs no GPU; everything else asks the machine.
     Placement place;
     if (req.plan_only && req.device == BenchDevice::kCuda) {
         place.backend = Backend::kCuda;
         place.name = "cuda (planned only)";
     } else {
-        LATHE_ASSIGN_OR_RETURN(place, choose_placement(req.device));
+        LATHE_ASSIGN_OR_RETURN(place, choose_placement(req.device, group));
     }
 
     // The plan for the device chosen (bf16 activations and the CudaState's buffers on CUDA).
@@ -305,6 +333,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.seq_len = T;
     shape.backend = place.backend;
     shape.recompute = req.recompute;
+    shape.optimizer_shards = multi && req.zero_stage == 1 ? group.world_size : 1;
     const ParamTable table = model_param_table(config);
     auto plan = memory_plan_make(config, table, shape);
     if (!plan.ok()) return plan.status().with_context("--seq " + std::to_string(T));
@@ -340,38 +369,81 @@ Result<std::string> bench_run(const BenchRequest& req) {
     // the query creates it).
     size_t used_before = 0, free_bytes = 0, total_bytes = 0;
     const bool on_cuda = place.backend == Backend::kCuda;
-    if (on_cuda && gpu_memory_info(0, free_bytes, total_bytes))
+    if (on_cuda && gpu_memory_info(place.ordinal, free_bytes, total_bytes))
         used_before = total_bytes - free_bytes;
     LATHE_ASSIGN_OR_RETURN(ComputeDevice device,
-                           ComputeDevice::open(on_cuda ? "cuda" : "cpu", "--device"));
+                           ComputeDevice::open(on_cuda ? "cuda" : "cpu", "--device", group));
     device.set_deterministic(!req.nondeterministic);
+    // The other ranks (run/world.h; a world of one costs nothing). Declared after the device and
+    // before the model: it must outlive every Context that points at its communicator.
+    LATHE_ASSIGN_OR_RETURN(World world, world_open(device));
+    const bool lead = world.rank() == 0;
+    CUstream_st* const stream = device.context().stream;
+    // One voice: ranks other than 0 report warnings and errors only, and print no JSON line.
+    if (!lead && log_level() < LogLevel::kWarning) log_set_level(LogLevel::kWarning);
     const size_t have = device.available_memory_bytes();
-    if (have > 0 && plan->total_bytes() > have) {
+    const bool fits = have == 0 || plan->total_bytes() <= have;
+    if (multi) {
+        // Every rank learns whether all fit, so none goes on to wait for one that stopped.
+        LATHE_ASSIGN_OR_RETURN(const int64_t short_ranks,
+                               all_reduce_sum(*world.comm, int64_t(fits ? 0 : 1), stream));
+        if (fits && short_ranks > 0) {
+            return failed_precondition_error(
+                "{}: {} of the {} ranks lack the memory {} at --batch {} --seq {} needs per rank "
+                "({}); lower --batch or --seq",
+                world.who(), short_ranks, world.size(), req.model, B, T,
+                format_bytes(plan->total_bytes()));
+        }
+    }
+    if (!fits) {
         return invalid_argument_error(
             "{} at --batch {} --seq {} needs {} of memory, {} has {} "
-            "free; lower --batch or --seq",
+            "free; lower --batch or --seq{}",
             req.model, B, T, format_bytes(plan->total_bytes()), device.describe(),
-            format_bytes(have));
+            format_bytes(have), multi ? fmt::format(" ({})", world.who()) : std::string());
     }
 
     log_info("bench: {} ({}) on {}: B={} T={}, {} warmup + {} timed steps", req.model,
              model_config_summary(config), place.name, B, T, req.warmup, req.steps);
+    if (multi) {
+        log_info("bench: data parallel over {} ranks ({}), ZeRO-{}: B={} per rank", world.size(),
+                 launcher_name(world.group.launcher), req.zero_stage, B);
+    }
     LATHE_ASSIGN_OR_RETURN(Model model, Model::create(config, shape, device.context()));
     // The plan as allocated: on CUDA it now also counts the attention workspaces cuDNN asked for
-    // when Model::create built its graphs. This is the table `lathe train` prints before step 1.
-    std::fputs(model.plan().table(model_config_summary(config)).c_str(), stderr);
+    // when Model::create built its graphs. This is the table `lathe train` prints before step 1
+    // (each rank's, with several).
+    if (lead) {
+        std::string title = model_config_summary(config);
+        if (multi) title += fmt::format(", per rank of {} (ZeRO-{})", world.size(), req.zero_stage);
+        std::fputs(model.plan().table(title).c_str(), stderr);
+    }
     j["plan_bytes"] = model.plan().total_bytes();
+    // The same parameters on every rank (the same seed), as a broadcast from rank 0 would give.
     model.init(req.seed);
-    LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer, AdamWOptimizer::create_for(model));
+    // With several ranks: the trainer's collectives (run/data_parallel.h), and the optimizer over
+    // this rank's range (its shard at ZeRO-1).
+    std::unique_ptr<DataParallel> dp;
+    FlatRange range{0, model.params_flat().numel()};
+    if (multi) {
+        auto made = DataParallel::create(model, *world.comm, req.zero_stage);
+        if (!made.ok()) return made.status().with_context("--zero-stage");
+        dp = std::move(made).value();
+        range = dp->optimizer_range();
+    }
+    LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer,
+                           AdamWOptimizer::create_for(model, range, model.context()));
     // `lathe train`'s step (run/train_step.h) for one micro-batch (gradient accumulation 1),
     // with the default clip and without the trainer's skip decision (it only compares the loss
     // and norm the step reads anyway).
-    TrainStep step(model, optimizer);
-    const std::vector<BatchData> batches = random_batches(
-        std::min<int64_t>(kDistinctBatches, req.warmup + req.steps), B, T, V, req.seed);
+    TrainStep step(model, optimizer, {}, dp.get());
+    // Each rank its own batches (seed + rank), as each trains on its slice of the data.
+    const std::vector<BatchData> batches =
+        random_batches(std::min<int64_t>(kDistinctBatches, req.warmup + req.steps), B, T, V,
+                       req.seed + uint64_t(world.rank()));
 
     size_t used_peak = 0;
-    std::vector<double> step_ms;
+    std::vector<double> step_ms, wait_ms;
     TrainStepValues first, last;
     const int64_t total = req.warmup + req.steps;
     for (int64_t s = 0; s < total; ++s) {
@@ -388,14 +460,18 @@ Result<std::string> bench_run(const BenchRequest& req) {
         const double ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
-        if (on_cuda && gpu_memory_info(0, free_bytes, total_bytes))
+        if (on_cuda && gpu_memory_info(place.ordinal, free_bytes, total_bytes))
             used_peak = std::max(used_peak, total_bytes - free_bytes);
         if (s == 0) first = last;
         const bool timed = s >= req.warmup;
-        if (timed) step_ms.push_back(ms);
-        log_info("bench: {} step {}/{}: {:.1f} ms, loss {:.4f}, grad norm {:.3f}",
+        if (timed) {
+            step_ms.push_back(ms);
+            wait_ms.push_back(last.comm_wait_ms);
+        }
+        log_info("bench: {} step {}/{}: {:.1f} ms, loss {:.4f}, grad norm {:.3f}{}",
                  timed ? "timed" : "warmup", timed ? s - req.warmup + 1 : s + 1,
-                 timed ? req.steps : req.warmup, ms, last.loss, last.norm);
+                 timed ? req.steps : req.warmup, ms, last.loss, last.norm,
+                 multi ? fmt::format(", comm wait {:.2f} ms", last.comm_wait_ms) : std::string());
     }
     if (!std::isfinite(last.loss) || !std::isfinite(last.norm))
         log_warning("bench: the last step's loss ({}) or gradient norm ({}) is not finite",
@@ -404,7 +480,26 @@ Result<std::string> bench_run(const BenchRequest& req) {
     const double med = median(step_ms);
     const double mean =
         std::accumulate(step_ms.begin(), step_ms.end(), 0.0) / double(step_ms.size());
-    const double tokens_per_s = double(B * T) / (med / 1e3);
+    const size_t peak =
+        on_cuda ? (used_peak > used_before ? used_peak - used_before : 0) : peak_rss_bytes();
+    // The world's numbers (bench.h): every rank's median step time, median communication wait
+    // and peak memory, gathered; rank 0 reports the total, the largest wait and peak.
+    double tokens_per_s = double(B * T) / (med / 1e3);
+    double wait_max = 0.0;
+    uint64_t peak_max = peak;
+    if (multi) {
+        const RankNumbers mine{med, median(wait_ms), uint64_t(peak)};
+        LATHE_ASSIGN_OR_RETURN(const std::vector<RankNumbers> all,
+                               all_gather_value(*world.comm, mine, stream));
+        tokens_per_s = 0.0;
+        for (const RankNumbers& r : all) {
+            tokens_per_s += double(B * T) / (r.step_ms_median / 1e3);
+            wait_max = std::max(wait_max, r.comm_wait_ms_median);
+            peak_max = std::max(peak_max, r.peak_memory_bytes);
+        }
+    }
+    if (!lead) return std::string();
+    const double per_gpu = tokens_per_s / double(world.size());
     j["steps"] = req.steps;
     j["warmup"] = req.warmup;
     j["tokens_per_s"] = tokens_per_s;
@@ -414,20 +509,19 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["step_ms_max"] = *std::max_element(step_ms.begin(), step_ms.end());
     if (place.peak_flops > 0) {
         j["peak_flops"] = place.peak_flops;
-        j["mfu"] = tokens_per_s * bench_flops_per_token(config, T) / place.peak_flops;
+        j["mfu"] = per_gpu * bench_flops_per_token(config, T) / place.peak_flops;
     } else {
         j["peak_flops"] = nullptr;
         j["mfu"] = nullptr;
     }
     if (on_cuda) {
-        const size_t peak = used_peak > used_before ? used_peak - used_before : 0;
-        j["peak_memory_bytes"] = peak;
+        j["peak_memory_bytes"] = peak_max;
         j["peak_memory_source"] = "cuda_mem_get_info";
         // How far the measured peak is from the plan printed before step 1 (the issue asks
         // for 5%): positive when the process used more than planned.
-        j["plan_error"] = double(peak) / double(model.plan().total_bytes()) - 1.0;
+        j["plan_error"] = double(peak_max) / double(model.plan().total_bytes()) - 1.0;
     } else {
-        j["peak_memory_bytes"] = peak_rss_bytes();
+        j["peak_memory_bytes"] = peak_max;
         j["peak_memory_source"] = "max_rss";
     }
     j["loss_first"] = first.loss;
@@ -436,6 +530,21 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["seed"] = req.seed;
     j["deterministic"] = !req.nondeterministic;
     j["requested_device"] = std::string(device_name(req.device));
+    j["world_size"] = world.size();
+    if (multi) {
+        j["launcher"] = std::string(launcher_name(world.group.launcher));
+        j["zero_stage"] = req.zero_stage;
+        j["tokens_per_s_per_gpu"] = per_gpu;
+        j["comm_wait_ms"] = wait_max;
+        j["plan"] = {{"parameters", model.plan().parameter_bytes()},
+                     {"gradients", model.plan().gradient_bytes()},
+                     {"optimizer", model.plan().optimizer_bytes()},
+                     {"activations", model.plan().activation_bytes()},
+                     {"scratch", model.plan().scratch_bytes()},
+                     {"runtime", model.plan().runtime},
+                     {"attention_workspace", model.plan().attention_workspace},
+                     {"attention_workspace_shared", model.plan().attention_shared}};
+    }
     return j.dump();
 }
 

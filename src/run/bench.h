@@ -21,6 +21,25 @@
 //                    transient allocations inside a step that are freed before it ends are not
 //                    seen (lathe allocates nothing per step). CPU: the process's peak resident
 //                    set (getrusage ru_maxrss), everything included.
+//
+// Under a launcher (`lathe launch --gpus W lathe bench ...`, torchrun, srun, mpirun; run/world.h)
+// the W ranks train one model as `lathe train` does: the same DataParallel (run/data_parallel.h,
+// ZeRO stage --zero-stage) passed to the same TrainStep, the same parameters on every rank (one
+// seed), each rank its own random batches (seed + rank), B sequences per rank. Each rank times
+// its own steps; the ranks' numbers are gathered (dist/host_collectives.h) and rank 0 alone
+// prints the line (the others print nothing on stdout and log warnings only):
+//   tokens_per_s          the world's: sum over ranks r of B * T / (rank r's median step time)
+//   tokens_per_s_per_gpu  tokens_per_s / W
+//   mfu                   per GPU: tokens_per_s_per_gpu * flops_per_token / peak
+//   comm_wait_ms          per step, the time the compute waited on communication
+//                         (DataParallel::comm_wait_ms): each rank's median over the timed
+//                         steps, the largest over the ranks
+//   peak_memory_bytes     the largest over the ranks (each measured as above); plan_error
+//                         against one rank's plan
+//   plan_bytes, plan      one rank's memory plan (parameters, gradients, optimizer shard, ...)
+//   step_ms_*, loss_*     rank 0's step times; the loss and norm of the whole world's batch
+//   world_size, zero_stage, launcher
+// A single process adds only world_size 1 to the keys above.
 
 #include <cstdint>
 #include <optional>
@@ -49,6 +68,7 @@ struct BenchRequest {
     bool plan_only = false;                  // report the shape and memory plan; run nothing
     bool nondeterministic = false;           // Context::deterministic = false (train.deterministic)
     Recompute recompute = Recompute::kNone;  // train.recompute's modes
+    int zero_stage = 1;  // parallel.zero_stage of a run of several ranks (ignored by one process)
 };
 
 struct BenchPreset {
@@ -73,9 +93,13 @@ double bench_flops_per_token(const ModelConfig& config, int64_t seq);
 // no agreed figure (only Hopper: 989.4e12).
 double bench_peak_flops(int cc_major, int cc_minor);
 
-// Runs the benchmark and returns its JSON line (no newline). Progress goes to stderr (log).
-// Errors: a bad request (B, T, steps out of range, T beyond the model's positions), --device cuda
-// without a usable GPU, a plan that does not fit the machine's memory, model creation failures.
+// Runs the benchmark and returns its JSON line (no newline); on a rank other than 0 of several,
+// an empty string (nothing to print). Progress goes to stderr (log). Every rank of a launcher's
+// world calls it with the same request.
+// Errors: a bad request (B, T, steps out of range, T beyond the model's positions, a ZeRO stage
+// outside 0..3 or one DataParallel does not run), --device cuda without a usable GPU, a plan that
+// does not fit the machine's memory (on any rank: every rank stops), the launcher's variables
+// and the rendezvous (run/world.h), model creation failures, a collective's failure.
 Result<std::string> bench_run(const BenchRequest& request);
 
 }  // namespace lathe
