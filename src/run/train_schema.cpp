@@ -140,8 +140,6 @@ bool train_key_resume_compatible(std::string_view key) {
     return false;
 }
 
-namespace {
-
 std::string config_value_text(const Config& c, const ConfigKey& key) {
     if (!c.has(key.name)) return "(unset)";
     switch (key.type) {
@@ -160,8 +158,6 @@ std::string config_value_text(const Config& c, const ConfigKey& key) {
     }
     return "";
 }
-
-}  // namespace
 
 std::vector<TrainConfigChange> train_config_changes(const Config& before, const Config& after) {
     std::vector<TrainConfigChange> out;

@@ -31,12 +31,16 @@ ConfigSchema train_config_schema();
 //     re-sharded on load), checkpoint.interval, checkpoint.keep_last and checkpoint.init_mode.
 //   - a change of the number of ranks (data parallel) keeps the sample order only when the global
 //     batch, ranks x micro-batch x accumulation, stays: the trainer then accepts a change of
-//     train.gradient_accumulation_steps that keeps it (run/trainer.cpp). The steps after the change follow the new
-//     values; they differ from those of a run that had them from the start where the value
-//     shapes what came before (train.steps sizes GPT-NeoX's sample index and, with
+//     train.gradient_accumulation_steps that keeps it (run/trainer.cpp). The steps after the change
+//     follow the new values; they differ from those of a run that had them from the start where the
+//     value shapes what came before (train.steps sizes GPT-NeoX's sample index and, with
 //     lr.decay_steps 0, the schedule; another device computes other last bits).
 // A key added to the schema is incompatible unless it is listed here as compatible.
 bool train_key_resume_compatible(std::string_view key);
+
+// The value of `key` in `c` as YAML-like text ("(unset)" when it has none): for messages and for
+// comparing configurations.
+std::string config_value_text(const Config& c, const ConfigKey& key);
 
 // One key whose value differs between two configurations of the train schema.
 struct TrainConfigChange {

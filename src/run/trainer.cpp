@@ -17,12 +17,15 @@
 #include <omp.h>
 #endif
 
+#include "core/hash.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "data/gpt2_dataset.h"
 #include "data/indexed_dataset.h"
 #include "data/sampling.h"
+#include "dist/consistency.h"
 #include "dist/host_collectives.h"
+#include "dist/watchdog.h"
 #include "io/file.h"
 #include "io/safetensors.h"
 #include "model/model.h"
@@ -99,12 +102,17 @@ private:
     bool multi() const { return !world_.single(); }
     // Every rank waits for the others (data parallel; a no-op for one process).
     Status barrier(std::string_view what);
+    // Data parallel: every rank runs the same binary and configuration (`data` false), or reads
+    // the same data (true); a mismatch stops every rank, naming the key.
+    Status check_ranks_agree(bool data);
 
     const TrainRequest& request_;
     Config config_;
     TrainSettings s_;
     ComputeDevice device_;  // before model_: the model's Context points into it
     World world_;           // the ranks (one without a launcher); its communicator after device_
+    // Bounds every wait on the other ranks (parallel.timeout_s; off for one process).
+    std::unique_ptr<Watchdog> watchdog_;
     GptNeoxDatasets data_;
     std::optional<Model> model_;
     std::optional<AdamWOptimizer> optimizer_;  // this rank's range, on the model's device
@@ -199,6 +207,9 @@ Status Trainer::setup() {
     const int rendezvous_ms = s_.timeout_s > 0 ? int(std::min(s_.timeout_s, 1e6) * 1000) : 300'000;
     LATHE_ASSIGN_OR_RETURN(world_, world_open(device_, rendezvous_ms));
     s_.world = world_.size();
+    watchdog_ = std::make_unique<Watchdog>(
+        multi() ? world_.comm.get() : nullptr,
+        std::chrono::milliseconds(multi() ? int64_t(s_.timeout_s * 1000) : 0), world_.who());
     // One voice: ranks other than 0 report warnings and errors only.
     if (!lead() && log_level() < LogLevel::kWarning) log_set_level(LogLevel::kWarning);
     if (!s_.deterministic) log_info("train.deterministic false: runs may differ in the last bits");
@@ -216,6 +227,7 @@ Status Trainer::setup() {
 #ifdef _OPENMP
     if (s_.threads > 0) omp_set_num_threads(s_.threads);
 #endif
+    LATHE_RETURN_IF_ERROR(check_ranks_agree(/*data=*/false));
     // Data (GPT-NeoX's index building; caches beside the token files): rank 0 builds the caches,
     // the others read them once it has.
     if (!lead()) LATHE_RETURN_IF_ERROR(barrier("rank 0 building the data index caches"));
@@ -225,6 +237,7 @@ Status Trainer::setup() {
         LATHE_RETURN_IF_ERROR(barrier("rank 0 building the data index caches"));
     if (!data.ok()) return ids_error_.ok() ? data.status().with_context("data") : ids_error_;
     data_ = std::move(data).value();
+    LATHE_RETURN_IF_ERROR(check_ranks_agree(/*data=*/true));
     if (data_.train() == nullptr) {
         return invalid_argument_error(
             "data.path: the training split has no documents (data.split '{}')", s_.data.split);
@@ -326,8 +339,49 @@ Status Trainer::setup() {
     return ok_status();
 }
 
+Status Trainer::check_ranks_agree(bool data) {
+    if (!multi()) return ok_status();
+    auto guard = watchdog_->arm(data ? "the check that every rank reads the same data"
+                                     : "the check that every rank runs the same binary and "
+                                       "configuration");
+    std::vector<RankItem> items;
+    if (!data) {
+        LATHE_ASSIGN_OR_RETURN(const uint64_t exe, file_content_hash("/proc/self/exe"));
+        items.push_back({"the lathe binary", exe});
+        // Every key but those a rank may set for itself (its GPU, its CPU threads).
+        for (const ConfigKey& key : config_.schema().keys()) {
+            if (key.name == "train.device" || key.name == "train.threads") continue;
+            const std::string text = config_value_text(config_, key);
+            items.push_back({key.name, hash_bytes(text.data(), text.size())});
+        }
+    } else {
+        // The token files as each rank sees them: their index (.idx) bytes and the data (.bin)
+        // sizes, and the sample count of each split.
+        const GptNeoxDataArgs& d = s_.data;
+        std::vector<std::string> prefixes = {d.data_path};
+        for (const auto* list :
+             {&d.train_data_paths, &d.valid_data_paths, &d.test_data_paths,
+              &d.train_label_data_paths, &d.valid_label_data_paths, &d.test_label_data_paths})
+            prefixes.insert(prefixes.end(), list->begin(), list->end());
+        for (const std::string& prefix : prefixes) {
+            if (prefix.empty()) continue;
+            std::error_code ec;
+            const uint64_t bin = fs::file_size(prefix + ".bin", ec);
+            auto idx = file_content_hash(prefix + ".idx");
+            items.push_back(
+                {"data file " + prefix, (idx.ok() ? *idx : 0) * 31 + (ec ? uint64_t(-1) : bin)});
+        }
+        const SampleSource* splits[] = {data_.train(), data_.valid(), data_.test()};
+        const char* names[] = {"training samples", "validation samples", "test samples"};
+        for (int i = 0; i < 3; ++i)
+            items.push_back({names[i], splits[i] ? uint64_t(splits[i]->size()) : 0});
+    }
+    return check_same_across_ranks(*world_.comm, items, device_.context().stream);
+}
+
 Status Trainer::barrier(std::string_view what) {
     if (!multi()) return ok_status();
+    auto guard = watchdog_->arm(fmt::format("waiting for {}", what));
     return lathe::barrier(*world_.comm, dp_ ? dp_->stream() : device_.context().stream)
         .with_context(fmt::format("{}: waiting for {}", world_.who(), what));
 }
@@ -377,6 +431,8 @@ Status Trainer::init_or_resume() {
 }
 
 Status Trainer::save_checkpoint() {
+    auto guard =
+        watchdog_->arm(fmt::format("the checkpoint of step {} (written by every rank)", st_.step));
     // Rank 0 begins the step's folder, every rank writes its part into it (ZeRO-1: its optimizer
     // shard; the gathered model and the rest come from rank 0), and rank 0 publishes it once every
     // rank said its files are complete: a checkpoint with a rank's part missing is never published.
@@ -423,6 +479,10 @@ Status Trainer::save_checkpoint() {
     }
     LATHE_RETURN_IF_ERROR(written);
     if (!lead()) return ok_status();
+    // Every rank's shard is in the folder rank 0 sees (a run folder that only looks shared, e.g.
+    // node-local, is caught here, before the checkpoint is published).
+    if (dp_ != nullptr && dp_->zero_stage() == 1)
+        LATHE_RETURN_IF_ERROR(optimizer_state_check_checkpoint(dir, dp_->params_used()));
     LATHE_ASSIGN_OR_RETURN(std::string final_dir, ckpt_->commit(st_.step, s_.keep_last));
     log_info("checkpoint {}", final_dir);
     return ok_status();
@@ -550,7 +610,12 @@ Status Trainer::run() {
     while (st_.step < s_.steps) {
         float loss = 0.0f, norm = 0.0f;
         bool skipped = false;
-        LATHE_RETURN_IF_ERROR(train_step(loss, norm, skipped));
+        {
+            // The step's gradient reduction, loss gather and (ZeRO-1) parameter gather.
+            auto guard = watchdog_->arm(
+                fmt::format("step {} (its collectives with the other ranks)", st_.step + 1));
+            LATHE_RETURN_IF_ERROR(train_step(loss, norm, skipped));
+        }
         ++st_.step;
         if (!skipped) {
             st_.interval_loss_sum += loss;
@@ -565,7 +630,10 @@ Status Trainer::run() {
         if (s_.eval_interval > 0 && s_.eval_iters > 0 &&
             (st_.step % s_.eval_interval == 0 || st_.step == s_.steps)) {
             double vloss = 0.0;
-            LATHE_RETURN_IF_ERROR(evaluate(vloss));
+            {
+                auto guard = watchdog_->arm("the validation pass (its loss gather)");
+                LATHE_RETURN_IF_ERROR(evaluate(vloss));
+            }
             if (lead()) {
                 std::fprintf(stderr, "step %lld/%lld | validation loss %.4f | perplexity %.2f\n",
                              (long long)st_.step, (long long)s_.steps, vloss, std::exp(vloss));
@@ -618,12 +686,17 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
     const double eta = steps_this_session > 0
                            ? elapsed_s / double(steps_this_session) * double(s_.steps - st_.step)
                            : 0.0;
-    std::fprintf(stderr,
-                 "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | skipped %lld "
-                 "| ETA %s\n",
-                 (long long)st_.step, (long long)s_.steps, mean, lr, double(last_norm_),
-                 Progress::format_count(tok_s).c_str(), (long long)st_.skipped_steps,
-                 Progress::format_duration(eta).c_str());
+    const std::string comm =
+        multi() ? fmt::format(" | comm wait {:.1f} ms/step",
+                              comm_wait_ms / double(std::max<int64_t>(1, comm_steps)))
+                : std::string();
+    std::fprintf(
+        stderr,
+        "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s%s | skipped %lld "
+        "| ETA %s\n",
+        (long long)st_.step, (long long)s_.steps, mean, lr, double(last_norm_),
+        Progress::format_count(tok_s).c_str(), comm.c_str(), (long long)st_.skipped_steps,
+        Progress::format_duration(eta).c_str());
     std::vector<std::pair<std::string, MetricValue>> fields = {
         {"step", st_.step},
         {"split", std::string("train")},

@@ -10,11 +10,13 @@
 #include <string>
 
 #include "core/status.h"
+#include "optim/optimizer_state.h"
 
 namespace lathe {
 
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
-inline constexpr const char* kOptimizerStateFile = "optimizer.safetensors";  // exp_avg, exp_avg_sq
+// One process's AdamW state (optim/optimizer_state.h, which also names the per-rank shard files).
+inline constexpr const char* kOptimizerStateFile = kOptimizerStateFullName;
 
 struct TrainerState {
     int64_t step = 0;       // optimizer steps done (skipped ones included)
