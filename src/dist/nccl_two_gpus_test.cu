@@ -20,6 +20,8 @@
 
 #include "core/dtype.h"
 #include "dist/communicator.h"
+#include "dist/consistency.h"
+#include "dist/host_collectives.h"
 #include "dist/open.h"
 #include "dist/process_group.h"
 #include "ops/cuda/cuda_check.h"
@@ -160,6 +162,29 @@ void run_rank(int rank, int port) {
         }
         EXPECT_EQ(bcast, bytes_of(1, n, dtype)) << "broadcast on rank " << rank;
     }
+    // Host values through the device (dist/host_collectives.h), then the consistency check.
+    std::vector<std::byte> mine(37), all(37 * kWorld);
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = std::byte(uint8_t(rank * 100 + i));
+    ASSERT_TRUE(all_gather_bytes(comm, mine, all, s).ok());
+    for (int r = 0; r < kWorld; ++r)
+        for (size_t i = 0; i < mine.size(); ++i)
+            ASSERT_EQ(all[r * mine.size() + i], std::byte(uint8_t(r * 100 + i))) << rank;
+    ASSERT_TRUE(barrier(comm, s).ok());
+    auto max = all_reduce_max(comm, rank == 1 ? 5 : -5, s);
+    ASSERT_TRUE(max.ok()) << max.status().to_string();
+    EXPECT_EQ(*max, 5);
+    auto sum = all_reduce_sum(comm, 0.25 + rank, s);
+    ASSERT_TRUE(sum.ok());
+    EXPECT_EQ(*sum, 0.25 + (0.25 + 1));
+    std::vector<RankItem> items = {{"binary", 1}, {"config", 2}};
+    EXPECT_TRUE(check_same_across_ranks(comm, items, s).ok());
+    if (rank == 1) items[1].hash = 3;
+    const Status differs = check_same_across_ranks(comm, items, s);
+    EXPECT_NE(differs.message().find("rank 1 on " + host_name() + " has a different config"),
+              std::string::npos)
+        << differs.to_string();
+    EXPECT_TRUE(comm.async_error().ok());
+
     // A subgroup per rank: each alone.
     auto alone = comm.split(rank, 0);
     ASSERT_TRUE(alone.ok()) << alone.status().to_string();
