@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "dist/mpi_communicator.h"
 #include "dist/open.h"
 
 namespace lathe {
@@ -96,6 +97,23 @@ TEST(LaunchEnvironment, TorchrunVariablesAndTheMarker) {
     EXPECT_EQ(g->world_size, 3);
     EXPECT_EQ(g->local_world_size, 3);
     EXPECT_EQ(rendezvous_port(*g), 41000);
+}
+
+// On the CPU the collectives are MPI's: ranks that `lathe launch` or torchrun started are told to
+// use mpirun, before MPI is touched.
+TEST(LaunchEnvironment, CpuRanksNeedMpirun) {
+    for (const Launcher l : {Launcher::kLaunch, Launcher::kTorchrun}) {
+        ProcessGroupInfo g;
+        g.launcher = l;
+        g.rank = 1;
+        g.world_size = 2;
+        g.local_rank = 1;
+        auto comm = communicator_open(g, Backend::kCpu, 0);
+        ASSERT_FALSE(comm.ok());
+        const std::string want = mpi_available() ? "start the 2 ranks with `mpirun -np 2 lathe"
+                                                 : "install libopenmpi-dev";
+        EXPECT_NE(comm.status().message().find(want), std::string::npos) << comm.status().message();
+    }
 }
 
 TEST(LaunchProgram, ResolvesOnPathAndLatheIsThisBinary) {

@@ -3,7 +3,8 @@
 //
 //   a single process          LocalCommunicator (no library, no network)
 //   several, computing on CPU MpiCommunicator over MPI_COMM_WORLD: the job must be started by
-//                             mpirun (or srun with MPI support), so that MPI's world is the group
+//                             mpirun (or srun with MPI support), so that MPI's world is the group;
+//                             under torchrun or `lathe launch` it is an error saying so
 //   several, on CUDA          NcclCommunicator on `device`; rank 0's NCCL id reaches the others
 //                             through MPI when mpirun started the job and this build has MPI,
 //                             otherwise through the TCP rendezvous (dist/rendezvous.h) at
