@@ -6,7 +6,7 @@ Checked here, with small python3 and sh children (no GPU needed):
     its own arguments untouched, options included;
   - a rank that exits 3 makes the launcher print the failure, stop a sleeping sibling long before
     its sleep ends, and exit 3; a rank that ignores SIGTERM is SIGKILLed --grace-s later;
-  - SIGTERM or SIGINT sent to the launcher reaches every rank (each writes a marker from its
+  - SIGTERM, SIGINT or SIGHUP sent to the launcher reaches every rank (each writes a marker from its
     handler) and the exit code is the ranks' (the first non-zero); a launcher killed by SIGKILL
     leaves no rank running (each gets SIGTERM from Linux);
   - a command not found, one that cannot be executed, no command and --gpus 0 are errors naming
@@ -32,7 +32,7 @@ def launch(args, timeout=60, **kw):
                           text=True, timeout=timeout, **kw)
 
 
-def wait_for(paths, timeout=10.0):
+def wait_for(paths, timeout=30.0):
     """Waits until every path exists; fails the test naming the missing ones after `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -131,13 +131,14 @@ def on_signal(sig, frame):
     sys.exit(0 if rank == "0" else 128 + sig)
 signal.signal(signal.SIGTERM, on_signal)
 signal.signal(signal.SIGINT, on_signal)
+signal.signal(signal.SIGHUP, on_signal)
 open(os.path.join(d, "ready." + rank), "w").close()
 time.sleep(30)
 sys.exit(9)
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_to_launcher_reaches_every_rank(tmp_path, sig):
     n = 3
     proc = subprocess.Popen([LATHE, "launch", "--gpus", str(n), PY, "-c", HANDLER, str(tmp_path)],
