@@ -45,9 +45,12 @@
 #              GPU_CHECK_SCALING_MODELS (default "gpt2 llama") picks the models: one call of
 #              600 s holds about one model's rows on 1, 2 and 4 GPUs, so take one model a call
 #   dist       on a machine of 2 GPUs or more: dist_two_gpu_tests (NCCL across two GPUs) and
-#              python3 -m pytest tests/test_data_parallel.py with LATHE_BIN the bundle's lathe;
-#              every test must pass, none skipped. pytest is the machine's, else installed from
-#              wheels carried in .carry/wheels/
+#              the GPU cases of tests/test_data_parallel.py (pytest -k gpus; its CPU cases need
+#              mpirun and run in CI) with LATHE_BIN the bundle's lathe; every test must pass, none
+#              skipped. pytest is the machine's, else installed from wheels carried in
+#              .carry/wheels/; the tests' corpus, Debian's /usr/share/dictd/gcide.dict.dz, is
+#              installed from .carry/dictd/gcide.dict.dz where the machine lacks it (a prefix is
+#              enough: zcat /usr/share/dictd/gcide.dict.dz | head -c 4000000 | gzip)
 # baseline, profile, curve, opsbench, compare and scaling are measurements; they fail the check only
 # when a command does (scaling: or a row is missing). scaling and dist run only when named.
 #
@@ -66,7 +69,7 @@
 #   GPU_CHECK_TORCH_BENCH  the folder of ddp_baseline.py and torch_baseline.py (.carry/bench)
 #   GPU_CHECK_TORCHRUN  the torchrun command (python3 -m torch.distributed.run)
 #   GPU_CHECK_DIST_TESTS  the dist part's pytest file (tests/test_data_parallel.py);
-#                     GPU_CHECK_DIST_PYTEST_ARGS  extra pytest words for it (a -k selection)
+#                     GPU_CHECK_DIST_PYTEST_ARGS  its selection (default -k gpus)
 set -uo pipefail
 
 # NVLink multicast stays off on the shared multi-GPU machines (NCCL, PyTorch, NVSHMEM): a program
@@ -688,7 +691,7 @@ pytest_counts() {
 import re, sys
 line = ""
 for text in open(sys.argv[1], errors="replace"):
-    if re.search(r"\b(passed|failed|skipped|errors?|xfailed|xpassed|no tests ran)\b.* in [0-9.]+s", text):
+    if re.search(r"\b(passed|failed|skipped|errors?|xfailed|xpassed|deselected|no tests ran)\b.* in [0-9.]+s", text):
         line = text
 c = dict.fromkeys(("passed", "failed", "skipped", "error", "xfailed", "xpassed"), 0)
 for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)\b", line):
@@ -718,6 +721,14 @@ part_dist() {
         fail "dist: $tests missing"
         return
     fi
+    local dict=${GPU_CHECK_DICTD:-/usr/share/dictd}/gcide.dict.dz
+    if [[ ! -f $dict ]]; then
+        if [[ ! -f $root/.carry/dictd/gcide.dict.dz ]] ||
+            ! { mkdir -p "${dict%/*}" && cp "$root/.carry/dictd/gcide.dict.dz" "$dict"; } >>"$log" 2>&1; then
+            fail "dist: the tests' corpus $dict is missing here (carry .carry/dictd/gcide.dict.dz)"
+            return
+        fi
+    fi
     if ! python3 -c 'import pytest' 2>/dev/null; then
         if compgen -G "$root/.carry/wheels/*.whl" >/dev/null; then
             python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" \
@@ -732,7 +743,7 @@ part_dist() {
     # shellcheck disable=SC2086  # extra words
     PYTHONPATH=$pypath LATHE_BIN=$lathe LATHE_BUILD_DIR=$bin timeout "$(limit 360)" \
         python3 -m pytest -q -rfEs -p no:cacheprovider "$tests" \
-        ${GPU_CHECK_DIST_PYTEST_ARGS:-} >>"$log" 2>&1
+        ${GPU_CHECK_DIST_PYTEST_ARGS:--k gpus} >>"$log" 2>&1
     rc=$?
     echo "rc=$rc" >>"$log"
     local passed failed skipped errors found names

@@ -371,17 +371,21 @@ def test_scaling_rows_past_the_budget_are_missing(stub_bin, tmp_path, multi):
             "the check's time was spent) (and 3 more)") in verdict, verdict
 
 
+# The GPU cases (named test_gpus_*) are what the part selects; the CPU case fails if run.
 DIST_TESTS = """
 import os, pytest
 
-def test_lathe_is_given():
+def test_gpus_lathe_is_given():
     assert os.path.basename(os.environ["LATHE_BIN"]) == "lathe"
 
-def test_outcome():
+def test_gpus_outcome():
     what = os.environ.get("STUB_DIST", "pass")
     if what == "skip":
         pytest.skip("needs 2 GPUs")
     assert what == "pass"
+
+def test_cpu_ranks_under_mpirun():
+    assert False, "a CPU case ran on the GPU machine"
 """
 
 
@@ -407,6 +411,8 @@ def test_dist_part_passes(stub_bin, tmp_path, dist_env):
     ({"STUB_DIST_TWO_GPU_TESTS": "skip"}, "dist_two_gpu_tests 2/3 (exit 0, 0 failed, 1 skipped"),
     ({"STUB_GPUS": "1"}, "dist: needs 2 GPUs or more, nvidia-smi -L lists 1"),
     ({"GPU_CHECK_DIST_TESTS": "/nonexistent/test_x.py"}, "dist: /nonexistent/test_x.py missing"),
+    ({"GPU_CHECK_DIST_PYTEST_ARGS": "-k nothing_matches"}, "test_dp_stub.py: exit 5, 0 passed, 0 failed, 0 skipped"),
+    ({"GPU_CHECK_DIST_PYTEST_ARGS": "-k cpu"}, "test_dp_stub.py: exit 1, 0 passed, 1 failed"),
 ])
 def test_dist_part_failures_fail(stub_bin, tmp_path, dist_env, env, needle):
     rc, verdict, stdout = check(stub_bin, tmp_path, "dist", **{**dist_env, **env})
@@ -419,3 +425,14 @@ def test_dist_part_without_its_binary_fails(stub_bin, tmp_path, dist_env):
     rc, verdict, _ = check(stub_bin, tmp_path, "dist", **dist_env)
     assert rc == 1
     assert "dist_two_gpu_tests: binary missing" in verdict and "test_dp_stub.py 2 passed" in verdict
+
+
+def test_dist_part_installs_the_carried_corpus_where_it_is_missing(stub_bin, tmp_path, dist_env):
+    dictd = tmp_path / "dictd"
+    rc, verdict, stdout = check(stub_bin, tmp_path, "dist", GPU_CHECK_DICTD=dictd, **dist_env)
+    if (ROOT / ".carry" / "dictd" / "gcide.dict.dz").is_file():
+        assert rc == 0, stdout
+        assert (dictd / "gcide.dict.dz").read_bytes() == (ROOT / ".carry" / "dictd" / "gcide.dict.dz").read_bytes()
+    else:
+        assert rc == 1
+        assert f"dist: the tests' corpus {dictd}/gcide.dict.dz is missing here (carry .carry/dictd/gcide.dict.dz)" in verdict
