@@ -736,7 +736,7 @@ part_dist() {
             pypath=$work/site${pypath:+:$pypath}
         fi
         if ! PYTHONPATH=$pypath python3 -c 'import pytest' >>"$log" 2>&1; then
-            fail "dist: python3 has no pytest here (carry its wheels in .carry/wheels: pytest, pluggy, iniconfig, packaging)"
+            fail "dist: python3 has no pytest here (carry its wheels in .carry/wheels: pytest, pluggy, iniconfig, packaging, pygments)"
             return
         fi
     fi
