@@ -10,7 +10,9 @@ Checked here, with small python3 and sh children (no GPU needed):
     handler) and the exit code is the ranks' (the first non-zero); a launcher killed by SIGKILL
     leaves no rank running (each gets SIGTERM from Linux);
   - a command not found, one that cannot be executed, no command and --gpus 0 are errors naming
-    them; `lathe` is this very binary (found with a PATH that holds no lathe).
+    them; `lathe` is this very binary (found with a PATH that holds no lathe);
+  - `lathe train` on the CPU under it reads its rank as a `lathe launch` group and says to use
+    mpirun (the CPU backend's collectives are MPI's), and the launcher stops with its code.
 """
 import json
 import os
@@ -22,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from lathe_cli import LATHE, run
+from lathe_cli import LATHE, TINY_MODEL, run
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PY = sys.executable
 
@@ -211,3 +215,24 @@ def test_help_relates_to_other_launchers():
     for word in ["--gpus", "--master-port", "--grace-s", "torchrun", "srun", "mpirun",
                  "docs/DISTRIBUTED.md", "Exit codes"]:
         assert word in p.stdout, word
+
+
+def test_cpu_train_ranks_see_a_lathe_launch_group(tmp_path):
+    docs = tmp_path / "c.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"the quick brown fox {i} jumps. " * 8}) + "\n"
+                            for i in range(40)))
+    tokenizer = ROOT / "tests" / "fixtures" / "convert" / "hf" / "tokenizer.json"
+    run(["prepare", "--tokenizer", tokenizer, "--input", docs, "--output-prefix", tmp_path / "d",
+         "--append-eod"])
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_MODEL + "train:\n  steps: 2\n  device: cpu\n  threads: 1\n"
+                      f"data.path: {tmp_path / 'd'}\ndata.tokenizer: {tokenizer}\n")
+    p = launch(["--gpus", 2, "lathe", "train", config, "--run-dir", tmp_path / "run"])
+    assert p.returncode == 1, p.stderr
+    # The rank that fails first makes the launcher stop the other, which may not get to print.
+    said = [r for r in range(2) if
+            (f"lathe: error: rank {r} of 2 (local rank {r}, lathe launch): the CPU backend's "
+             "collectives are MPI's, and lathe launch starts processes that MPI does not know; "
+             "start the 2 ranks with `mpirun -np 2 lathe ...`") in p.stderr]
+    assert said, p.stderr
+    assert "lathe: error: launch: rank " in p.stderr and " exited with status 1" in p.stderr

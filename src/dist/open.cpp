@@ -41,11 +41,10 @@ Result<std::unique_ptr<Communicator>> communicator_open(const ProcessGroupInfo& 
                 group.describe());
         if (group.launcher == Launcher::kLaunch || group.launcher == Launcher::kTorchrun)
             return failed_precondition_error(
-                "{} on the CPU: the CPU backend's collectives are MPI's, and {} starts processes "
-                "that MPI does not know; start the {} ranks with `mpirun -np {} lathe ...` (or "
-                "srun with MPI support), or train on GPUs",
-                group.describe(), launcher_name(group.launcher), group.world_size,
-                group.world_size);
+                "the CPU backend's collectives are MPI's, and {} starts processes that MPI does "
+                "not know; start the {} ranks with `mpirun -np {} lathe ...` (or srun with MPI "
+                "support), or compute on GPUs",
+                launcher_name(group.launcher), group.world_size, group.world_size);
         return checked_mpi_world(group);
     }
     NcclId id{};
