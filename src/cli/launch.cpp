@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "cli/command.h"
 #include "dist/launch.h"
@@ -51,10 +52,14 @@ void cli_add_launch(CLI::App& parent, CommandAction& action) {
         "docs/DISTRIBUTED.md.");
     cmd->callback([o, &action] {
         action = [o]() -> Status {
-            LATHE_ASSIGN_OR_RETURN(const int code, launch_run(*o));
+            const auto print = [](const std::string& error) {
+                std::fprintf(stderr, "lathe: error: %s\n", error.c_str());
+                std::fflush(stderr);
+            };
+            LATHE_ASSIGN_OR_RETURN(const int code, launch_run(*o, print));
             if (code != 0) {
                 // The ranks' exit code: main() knows only 0, 1 and 2, so the command ends the
-                // process here (the error line, if any, is printed).
+                // process here (the failure line, if any, is printed already).
                 std::fflush(stdout);
                 std::fflush(stderr);
                 std::exit(code);

@@ -301,7 +301,7 @@ void stop_all(std::vector<pid_t>& pids, double grace_s) {
 
 }  // namespace
 
-Result<int> launch_run(const LaunchOptions& o) {
+Result<int> launch_run(const LaunchOptions& o, const LaunchReport& report) {
     LATHE_RETURN_IF_ERROR(launch_options_check(o));
     const EnvMap base = process_environment();
     const auto path_it = base.find("PATH");
@@ -388,10 +388,7 @@ Result<int> launch_run(const LaunchOptions& o) {
             int st = 0;
             if (::waitpid(pids[size_t(r)], &st, WNOHANG) != pids[size_t(r)]) continue;
             const auto d = sup.on_exit(r, pids[size_t(r)], st, monotonic_s());
-            if (!d.error.empty()) {
-                std::fprintf(stderr, "lathe: error: %s\n", d.error.c_str());
-                std::fflush(stderr);
-            }
+            if (!d.error.empty() && report) report(d.error);
             for (const int t : d.terminate) ::kill(pids[size_t(t)], SIGTERM);
         }
         if (sup.finished()) break;

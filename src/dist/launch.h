@@ -18,7 +18,7 @@
 //   - SIGINT, SIGTERM and SIGHUP reaching the launcher are sent on to every rank still running
 //     (a trainer then saves a checkpoint and exits 130 or 143).
 //   - The first rank to end with a non-zero status or by a signal, unless a signal was forwarded
-//     before, is a failure: the launcher prints
+//     before, is a failure: the launcher reports (and `lathe launch` prints)
 //       lathe: error: launch: rank R (pid P) exited with status C; stopping the other K ranks
 //     (or "was killed by SIGKILL"; K counts the ranks still running) and sends them SIGTERM.
 //   - From that first non-zero end (a failure, or a rank that ended after a forwarded signal),
@@ -27,6 +27,7 @@
 //     a signal), else 0 once every rank has exited 0.
 
 #include <sys/types.h>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -103,10 +104,14 @@ private:
     int exit_code_ = 0;
 };
 
+// Receives the failure line (LaunchSupervisor::Decision::error) the moment a rank fails, before
+// the others are stopped, which may take --grace-s; cli/ prints it after "lathe: error: ".
+using LaunchReport = std::function<void(const std::string& error)>;
+
 // Starts options.command as options.gpus ranks and supervises them (above) until all have ended;
-// returns the exit code. Errors, with no rank left running: bad options, a command not found, a
-// command that cannot be executed (exec's reason, reported by the child through a close-on-exec
-// pipe), fork or pipe failing.
-Result<int> launch_run(const LaunchOptions& options);
+// returns the exit code. `report` (may be empty) gets each failure line. Errors, with no rank left
+// running: bad options, a command not found, a command that cannot be executed (exec's reason,
+// reported by the child through a close-on-exec pipe), fork or pipe failing.
+Result<int> launch_run(const LaunchOptions& options, const LaunchReport& report);
 
 }  // namespace lathe

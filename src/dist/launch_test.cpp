@@ -243,23 +243,31 @@ TEST(LaunchRun, ExitCodesOfRealProcesses) {
     LaunchOptions o;
     o.gpus = 2;
     o.grace_s = 5;
+    std::vector<std::string> reported;
+    const LaunchReport report = [&](const std::string& e) { reported.push_back(e); };
     o.command = {"sh", "-c", "exit 0"};
-    auto ok = launch_run(o);
+    auto ok = launch_run(o, report);
     ASSERT_TRUE(ok.ok()) << ok.status().to_string();
     EXPECT_EQ(*ok, 0);
+    EXPECT_TRUE(reported.empty());
 
     // Rank 1 fails at once; rank 0 would sleep 30 s but is stopped by SIGTERM.
     o.command = {"sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 4; fi; exec sleep 30"};
     const auto t0 = std::chrono::steady_clock::now();
-    auto fail = launch_run(o);
+    auto fail = launch_run(o, report);
     const double took =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_TRUE(fail.ok()) << fail.status().to_string();
     EXPECT_EQ(*fail, 4);
     EXPECT_LT(took, 5.0);
+    ASSERT_EQ(reported.size(), 1u);
+    EXPECT_NE(reported[0].find("launch: rank 1 (pid "), std::string::npos) << reported[0];
+    EXPECT_NE(reported[0].find(") exited with status 4; stopping the other rank"),
+              std::string::npos)
+        << reported[0];
 
     o.command = {"/no/such/program"};
-    auto bad = launch_run(o);
+    auto bad = launch_run(o, nullptr);
     ASSERT_FALSE(bad.ok());
     EXPECT_NE(bad.status().message().find("cannot execute '/no/such/program' for rank 0: No such "
                                           "file or directory"),
