@@ -10,7 +10,8 @@ shapes ddp_baseline.py measures: GPT-2 124M at B 32, T 1024 per GPU and the Llam
 B 8, T 2048 per GPU, so the three trainers run the same work per GPU.
 
 Sharding (what FSDP2 users run, as torchtitan sets it up): each decoder block is compiled on its
-own (torch.compile per block, the form FSDP2's hooks compose with) and then made an FSDP unit,
+own (torch.compile per block, FSDP2's hooks staying outside the compiled code) and then made an
+FSDP unit,
 the embedding, final norm and tied head are the root unit; parameters are stored fp32, gathered as
 bf16 for compute, gradients reduce-scattered in fp32 (MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32)); each block's parameters are freed after its forward and gathered again for
@@ -108,10 +109,10 @@ def main(argv=None):
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else MixedPrecisionPolicy()
     last = len(model.blocks) - 1
-    for i, block in enumerate(model.blocks):
-        if compile_:
-            block.compile()
-        fully_shard(block, mp_policy=mp, reshard_after_forward=not a.no_reshard and i < last)
+    for i in range(len(model.blocks)):
+        if compile_:  # the compiled block takes the block's place, then becomes an FSDP unit
+            model.blocks[i] = torch.compile(model.blocks[i])
+        fully_shard(model.blocks[i], mp_policy=mp, reshard_after_forward=not a.no_reshard and i < last)
     fully_shard(model, mp_policy=mp, reshard_after_forward=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda, foreach=not cuda)
 

@@ -1,7 +1,8 @@
 """bench/fsdp2_baseline.py, the PyTorch FSDP2 + torch.compile baseline that scripts/gpu-check.sh's
 scaling part runs on the GPU machine, kept working off it: its --help, its error when
-torch_baseline.py (the shared bench folder's model) is not found, and a two-rank run under torchrun
-on the CPU (gloo, the tiny shape) that prints one JSON line with ddp_baseline.py's keys.
+torch_baseline.py (the shared bench folder's model) is not found, and two-rank runs under torchrun
+on the CPU (gloo, the tiny shape; eager, unsharded after the forward, and compiled) that print one
+JSON line with ddp_baseline.py's keys.
 """
 import json
 import os
@@ -44,7 +45,9 @@ def ddp_keys():
     return set(re.findall(r'"(\w+)":', call[: call.index("})")]))
 
 
-@pytest.mark.parametrize("extra", [[], ["--no-reshard"]])
+# --compile: the GPU runs' form (each block compiled, then sharded), here through inductor's CPU
+# backend (about a minute on two cores).
+@pytest.mark.parametrize("extra", [[], ["--no-reshard"], ["--compile"]])
 def test_two_ranks_on_the_cpu_print_one_json_line(extra):
     if not (SHARED_BENCH / "torch_baseline.py").is_file():
         pytest.skip(f"no torch_baseline.py in {SHARED_BENCH} (LATHE_SHARED_DIR)")
@@ -57,8 +60,8 @@ def test_two_ranks_on_the_cpu_print_one_json_line(extra):
     assert len(lines) == 1, p.stdout  # rank 0 alone prints
     r = json.loads(lines[0])
     assert ddp_keys() <= set(r), (ddp_keys(), r)
-    assert r["what"] == "fsdp2 tiny" and r["world"] == 2
-    assert r["B"] == 2 and r["T"] == 64 and r["reshard"] == (extra == [])
+    assert r["what"] == ("fsdp2+compile tiny" if "--compile" in extra else "fsdp2 tiny") and r["world"] == 2
+    assert r["B"] == 2 and r["T"] == 64 and r["reshard"] == ("--no-reshard" not in extra)
     assert r["tok_s_per_gpu"] > 0 and r["step_ms"] > 0
     # total = world * B * T / median step, per GPU = B * T / median step (rounded each)
     assert abs(r["tok_s_total"] - 2 * r["tok_s_per_gpu"]) <= 2
