@@ -419,7 +419,7 @@ def test_sigkill_of_a_rank_ends_the_job_and_the_rerun_resumes_exactly(corpus, tm
     args = train_args(corpus / "tiny.yaml", killed, "train.gradient_accumulation_steps=2", *sets)
     kill_rank_mid_run(mpirun_args(2, args), killed, rank, at_step, 2, mpi_env())
     assert not (killed / "checkpoints" / "step-00000200").exists()
-    run_ranks(2, args)
+    assert "resuming from" in run_ranks(2, args).stderr
     assert metric_lines(killed, True) == metric_lines(ref, True)
     assert_same_files(killed / "checkpoints", ref / "checkpoints")
 
@@ -536,7 +536,9 @@ def test_a_rank_that_stops_answering_stops_the_run_within_the_timeout(corpus, tm
     # The watchdog checks at least every timeout / 4 and gives MPI_Abort 10 s (dist/watchdog.h).
     assert waited < timeout_s + 10 + 10, waited
     assert not (r / "checkpoints" / "step-00000200").exists()
-    assert any("parallel.timeout_s" in e for e in error_lines(err)), err
+    errors = error_lines(err)
+    print("\n".join(errors))
+    assert any("parallel.timeout_s" in e for e in errors), err
 
 
 # ---- GPUs: `lathe launch --gpus 2` ------------------------------------------------------------
@@ -635,6 +637,6 @@ def test_gpus_sigkill_of_a_rank_resumes_exactly(gpu_corpus, tmp_path):
     args = gpu_train_args(gpu_corpus, killed, 1, steps=steps, interval=50, keep=2)
     kill_rank_mid_run(launch_args(2, args), killed, 1, 60, 2, mpi_env())
     assert not (killed / "checkpoints" / f"step-{steps:08d}").exists()
-    launch(2, args)
+    assert "resuming from" in launch(2, args).stderr
     assert metric_lines(killed, True) == metric_lines(ref, True)
     assert_same_files(killed / "checkpoints", ref / "checkpoints")
