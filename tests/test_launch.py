@@ -7,8 +7,9 @@ Checked here, with small python3 and sh children (no GPU needed):
   - a rank that exits 3 makes the launcher print the failure, stop a sleeping sibling long before
     its sleep ends, and exit 3; a rank that ignores SIGTERM is SIGKILLed --grace-s later;
   - SIGTERM, SIGINT or SIGHUP sent to the launcher reaches every rank (each writes a marker from its
-    handler) and the exit code is the ranks' (the first non-zero); a launcher killed by SIGKILL
-    leaves no rank running (each gets SIGTERM from Linux);
+    handler) and the exit code is the ranks' (the first non-zero); a rank still saving after the
+    others stopped is given its time, --grace-s or not; a launcher killed by SIGKILL leaves no
+    rank running (each gets SIGTERM from Linux);
   - a command not found, one that cannot be executed, no command and --gpus 0 are errors naming
     them; `lathe` is this very binary (found with a PATH that holds no lathe);
   - `lathe train` on the CPU under it reads its rank as a `lathe launch` group and says to use
@@ -158,6 +159,34 @@ def test_signal_to_launcher_reaches_every_rank(tmp_path, sig):
         assert (tmp_path / f"sig.{r}").read_text() == str(int(sig)), f"rank {r}"
     assert proc.returncode == 128 + sig, err
     assert "lathe: error:" not in err, err  # the ranks' ends after a user's signal are expected
+
+
+def test_ranks_stopping_after_a_signal_get_their_time(tmp_path):
+    """After a forwarded SIGTERM, rank 1 ends at once with 143 while rank 0 takes longer than
+    --grace-s to finish (as rank 0 writing a checkpoint's model does): it is not killed."""
+    code = ("import os, signal, sys, time\n"
+            f"d = {str(tmp_path)!r}\n"
+            "rank = os.environ['RANK']\n"
+            "def on_term(sig, frame):\n"
+            "    if rank == '0':\n"
+            "        time.sleep(1.5)\n"
+            "        open(os.path.join(d, 'saved'), 'w').close()\n"
+            "    sys.exit(143)\n"
+            "signal.signal(signal.SIGTERM, on_term)\n"
+            "open(os.path.join(d, 'ready.' + rank), 'w').close()\n"
+            "time.sleep(30)\n")
+    proc = subprocess.Popen([LATHE, "launch", "--gpus", "2", "--grace-s", "0.2", PY, "-c", code],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for([tmp_path / "ready.0", tmp_path / "ready.1"])
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert (tmp_path / "saved").exists(), err
+    assert "SIGKILL" not in err and "lathe: error:" not in err, err
 
 
 def test_killed_launcher_leaves_no_orphans(tmp_path):

@@ -179,11 +179,12 @@ LaunchSupervisor::Decision LaunchSupervisor::on_exit(int rank, pid_t pid, int wa
     running_[size_t(rank)] = false;
     Decision d;
     const int code = wait_status_exit_code(wait_status);
+    if (code != 0 && exit_code_ == 0) exit_code_ = code;
     if (code == 0 || stopping_) return d;
+    for (const int sig : forwarded_)
+        if (code == 128 + sig) return d;  // stopped by the user's signal, as asked
     stopping_ = true;
-    exit_code_ = code;
     deadline_ = now + grace_s_;
-    if (forwarded_) return d;  // the user's signal reached every rank: its ends are expected
     for (size_t r = 0; r < running_.size(); ++r)
         if (running_[r]) d.terminate.push_back(int(r));
     const size_t k = d.terminate.size();
@@ -194,8 +195,8 @@ LaunchSupervisor::Decision LaunchSupervisor::on_exit(int rank, pid_t pid, int wa
     return d;
 }
 
-std::vector<int> LaunchSupervisor::on_signal(int /*sig*/) {
-    forwarded_ = true;
+std::vector<int> LaunchSupervisor::on_signal(int sig) {
+    forwarded_.push_back(sig);
     std::vector<int> to;
     for (size_t r = 0; r < running_.size(); ++r)
         if (running_[r]) to.push_back(int(r));

@@ -17,14 +17,16 @@
 // Supervision (LaunchSupervisor holds these rules; launch_run applies them to real processes):
 //   - SIGINT, SIGTERM and SIGHUP reaching the launcher are sent on to every rank still running
 //     (a trainer then saves a checkpoint and exits 130 or 143).
-//   - The first rank to end with a non-zero status or by a signal, unless a signal was forwarded
-//     before, is a failure: the launcher reports (and `lathe launch` prints)
+//   - A rank's end is expected when its code is 0, or 128 + a signal the launcher sent on (a
+//     trainer that stopped and saved, or a process that signal killed): the launcher waits for the
+//     others however long they take, e.g. while rank 0 writes the model of the checkpoint.
+//   - The first other end (a non-zero code, or death by a signal nobody sent on) is a failure:
+//     the launcher reports (and `lathe launch` prints)
 //       lathe: error: launch: rank R (pid P) exited with status C; stopping the other K ranks
-//     (or "was killed by SIGKILL"; K counts the ranks still running) and sends them SIGTERM.
-//   - From that first non-zero end (a failure, or a rank that ended after a forwarded signal),
-//     ranks still running after `grace_s` seconds get SIGKILL.
-//   - The exit code is that first non-zero end's (128 + the signal's number for a rank killed by
-//     a signal), else 0 once every rank has exited 0.
+//     (or "was killed by SIGKILL"; K counts the ranks still running), sends them SIGTERM, and
+//     SIGKILL to those still running `grace_s` seconds later.
+//   - The exit code is that of the first rank to end non-zero (128 + the signal's number for a
+//     rank killed by a signal), else 0 once every rank has exited 0.
 
 #include <sys/types.h>
 #include <functional>
@@ -85,7 +87,7 @@ public:
     std::vector<int> on_signal(int sig);
     // The ranks to SIGKILL at `now`: those still running once the grace has run out (each once).
     std::vector<int> overdue(double now);
-    // When the grace runs out; nullopt while no rank has ended non-zero.
+    // When the grace runs out; nullopt while no rank has failed.
     std::optional<double> grace_deadline() const;
 
     bool running(int rank) const { return running_[size_t(rank)]; }
@@ -98,8 +100,8 @@ private:
     std::vector<bool> running_;
     std::vector<bool> killed_;
     double grace_s_;
-    bool forwarded_ = false;  // a user's signal was sent on
-    bool stopping_ = false;   // a rank ended non-zero
+    std::vector<int> forwarded_;  // the signals sent on
+    bool stopping_ = false;       // a rank failed
     std::optional<double> deadline_;
     int exit_code_ = 0;
 };

@@ -216,19 +216,40 @@ TEST(LaunchSupervisor, KilledRankGives128PlusSignal) {
     EXPECT_EQ(last.exit_code(), 9);
 }
 
-// A user's signal goes to every running rank; their ends are the exit code, without an error
-// line or a second SIGTERM, and the grace bounds how long the others may take after the first.
+// A user's signal goes to every running rank. Ends at 128 + that signal (or 0) are expected: no
+// error line, no SIGTERM, no grace, however long the others take (rank 0 writing a checkpoint);
+// the exit code is still the first non-zero one. Any other end after it is a failure as usual.
 TEST(LaunchSupervisor, ForwardedSignal) {
-    LaunchSupervisor s(3, 10);
-    EXPECT_TRUE(s.on_exit(2, 12, exited(0), 0.0).error.empty());
-    EXPECT_EQ(s.on_signal(SIGTERM), (std::vector<int>{0, 1}));
-    const auto d = s.on_exit(0, 10, exited(143), 1.0);
+    LaunchSupervisor s(4, 10);
+    EXPECT_TRUE(s.on_exit(3, 13, exited(0), 0.0).error.empty());
+    EXPECT_EQ(s.on_signal(SIGTERM), (std::vector<int>{0, 1, 2}));
+    const auto d = s.on_exit(1, 11, exited(143), 1.0);
     EXPECT_TRUE(d.error.empty());
     EXPECT_TRUE(d.terminate.empty());
     EXPECT_EQ(s.exit_code(), 143);
-    EXPECT_EQ(s.overdue(11.0), (std::vector<int>{1}));
-    s.on_exit(1, 11, killed(SIGKILL), 11.5);
+    EXPECT_FALSE(s.grace_deadline());
+    EXPECT_TRUE(s.overdue(1000.0).empty());
+    EXPECT_TRUE(s.on_exit(2, 12, killed(SIGTERM), 2.0).error.empty());  // killed by it: expected
+    EXPECT_FALSE(s.grace_deadline());
+    EXPECT_FALSE(s.finished());
+    s.on_exit(0, 10, exited(143), 500.0);
+    EXPECT_TRUE(s.finished());
     EXPECT_EQ(s.exit_code(), 143);
+
+    LaunchSupervisor other(3, 10);  // a rank that fails otherwise after the signal
+    other.on_signal(SIGINT);
+    other.on_exit(0, 10, exited(130), 0.0);
+    const auto f = other.on_exit(1, 11, exited(1), 2.0);
+    EXPECT_EQ(f.error, "launch: rank 1 (pid 11) exited with status 1; stopping the other rank");
+    EXPECT_EQ(f.terminate, (std::vector<int>{2}));
+    ASSERT_TRUE(other.grace_deadline());
+    EXPECT_DOUBLE_EQ(*other.grace_deadline(), 12.0);
+    EXPECT_EQ(other.overdue(12.0), (std::vector<int>{2}));
+    EXPECT_EQ(other.exit_code(), 130);  // the first non-zero end
+
+    LaunchSupervisor wrong(2, 10);  // 143 is no stop asked for after SIGINT
+    wrong.on_signal(SIGINT);
+    EXPECT_FALSE(wrong.on_exit(0, 10, exited(143), 0.0).error.empty());
 
     LaunchSupervisor clean(2, 10);  // the signal came after the last step: every rank exits 0
     clean.on_signal(SIGINT);
