@@ -250,15 +250,25 @@ def kill_rank_mid_run(args, run_dir, rank, at_step, world, env):
         os.kill(pids[rank], signal.SIGKILL)
         _, err = p.communicate(timeout=120)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        stop_job(p)
     assert p.returncode != 0, err
     deadline = time.time() + 30  # no rank outlives the job by long
     while any(alive(pid) for pid in pids.values()) and time.time() < deadline:
         time.sleep(0.05)
     assert not any(alive(pid) for pid in pids.values()), (pids, err)
     return err
+
+
+def stop_job(p):
+    """SIGKILL to a launcher still running and to its ranks (a test that failed midway)."""
+    if p.poll() is None:
+        for pid in rank_pids(p.pid).values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.kill()
+        p.wait()
 
 
 def alive(pid):
@@ -542,7 +552,6 @@ def test_a_rank_that_stops_answering_stops_the_run_within_the_timeout(corpus, tm
                       *long_run_sets(), f"parallel.timeout_s={timeout_s}")
     p = subprocess.Popen(mpirun_args(2, args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=mpi_env())
-    pids = {}
     try:
         wait_for_step(r, 5, p)
         pids = rank_pids(p.pid)
@@ -552,14 +561,7 @@ def test_a_rank_that_stops_answering_stops_the_run_within_the_timeout(corpus, tm
         _, err = p.communicate(timeout=timeout_s + 40)
         waited = time.time() - t0
     finally:
-        for pid in pids.values():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        stop_job(p)  # rank 1 too, stopped, if the job outlived the test
     assert p.returncode != 0, err
     # The watchdog checks at least every timeout / 4 and gives MPI_Abort 10 s (dist/watchdog.h).
     assert waited < timeout_s + 10 + 10, waited
