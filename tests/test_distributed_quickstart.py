@@ -149,7 +149,7 @@ def test_quoted_messages_are_in_the_sources():
         # The sources as written: clang-format may split a string literal across lines.
         text = re.sub(r'"\s*\n\s*"', "", (ROOT / path).read_text())
         for fragment in fragments:
-            assert fragment in text, f"{path} no longer prints '{fragment}' (docs/DISTRIBUTED.md quotes it)"
+            assert fragment in text, f"{path} does not print '{fragment}', which docs/DISTRIBUTED.md quotes"
 
 
 def test_sbatch_example_parses_and_uses_the_pages_srun_flags():
