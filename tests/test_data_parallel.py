@@ -609,8 +609,8 @@ def gpu_train_args(corpus, run_dir, accumulation, *sets, steps=20, interval=10, 
                       f"train.gradient_accumulation_steps={accumulation}", *sets)
 
 
-def launch_args(n, args):
-    return [LATHE, "launch", "--gpus", str(n)] + args
+def launch_args(n, args, *options):
+    return [LATHE, "launch", "--gpus", str(n), *options] + args
 
 
 def launch(n, args, timeout=600):
@@ -665,7 +665,9 @@ def test_gpus_sigkill_of_a_rank_resumes_exactly(gpu_corpus, tmp_path):
     ref, killed = tmp_path / "ref", tmp_path / "killed"
     launch(2, gpu_train_args(gpu_corpus, ref, 1, steps=steps, interval=50, keep=2))
     args = gpu_train_args(gpu_corpus, killed, 1, steps=steps, interval=50, keep=2)
-    kill_rank_mid_run(launch_args(2, args), killed, 1, 60, 2, mpi_env())
+    # --grace-s 5: rank 0, told to stop (SIGTERM) while waiting on the dead rank, gets SIGKILL 5 s
+    # later instead of 30.
+    kill_rank_mid_run(launch_args(2, args, "--grace-s", "5"), killed, 1, 60, 2, mpi_env())
     assert not (killed / "checkpoints" / f"step-{steps:08d}").exists()
     assert "resuming from" in launch(2, args).stderr
     assert metric_lines(killed, True) == metric_lines(ref, True)
