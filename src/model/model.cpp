@@ -400,6 +400,7 @@ void Model::run_forward_blocks() {
     TensorView x0 = act(plan_.block_acts[0][0], btc);
     TensorView wpe;
     ConstTensorView positions;
+    if (weights_needed_) weights_needed_(kInputWeights);
     if (config_.position == PositionKind::kLearned) {
         wpe = entry_rows(weights(), ParamRole::kPositionEmbedding, -1, 0,
                          config_.max_position_embeddings);
@@ -410,9 +411,12 @@ void Model::run_forward_blocks() {
                       wpe, ctx_);
     const BlockScratch scratch = block_scratch();
     const BlockInputs inputs = block_inputs();
-    for (int l = 0; l < int(config_.num_layers); ++l)
+    for (int l = 0; l < int(config_.num_layers); ++l) {
+        if (weights_needed_) weights_needed_(l);
         block_forward(config_, plan_.shape.precision, l, block_weights(l), block_acts(l), scratch,
                       inputs, ctx_);
+    }
+    if (weights_needed_) weights_needed_(kOutputWeights);
     block_norm_forward(
         config_, act(plan_.final_norm_out, btc),
         plan_.final_norm_mean == MemoryPlan::kNoEntry ? TensorView()

@@ -34,6 +34,13 @@
 // been enqueued: on CUDA the values are final in stream order), then f(kOutsideLayers) once the
 // parameters outside the blocks (embeddings, LM head, final norm) are. Where a data-parallel
 // all-reduce or an offloaded optimizer starts its work on a layer. Unset, it costs nothing.
+//
+// Weights-needed hook: set_weights_needed_hook(f) makes every forward (forward, the forward of
+// forward_backward, logits) call f(kInputWeights) before the embeddings are read, f(l) before
+// layer l's forward is enqueued (l = 0 .. L-1), and f(kOutputWeights) before the final norm and
+// the LM head (the embedding, when tied, is an input weight). Where weights that another stream
+// writes (a data-parallel gather of updated parameters) are waited for, piece by piece, so that
+// the forward of the first layers overlaps the transfer of the last ones. Unset, it costs nothing.
 
 #include <cstdint>
 #include <functional>
@@ -155,6 +162,10 @@ public:
     static constexpr int kOutsideLayers = -1;
     using GradsReadyHook = std::function<void(int layer)>;
     void set_grads_ready_hook(GradsReadyHook hook) { grads_ready_ = std::move(hook); }
+    // The weights-needed hook (file comment); an empty function unsets it.
+    static constexpr int kInputWeights = -1, kOutputWeights = -2;
+    using WeightsNeededHook = std::function<void(int piece)>;
+    void set_weights_needed_hook(WeightsNeededHook hook) { weights_needed_ = std::move(hook); }
 
     // Waits for everything the model enqueued (CUDA); no-op on the CPU.
     void synchronize() const;
@@ -222,6 +233,7 @@ private:
     // (memory_plan.h); its deleter ends the loan. Declared after the arenas: destroyed first.
     std::shared_ptr<void> attention_loan_;
     GradsReadyHook grads_ready_;
+    WeightsNeededHook weights_needed_;
     Dims dims_;  // of the batch in the activations
     bool has_docs_ = false, has_positions_ = false;
     bool backward_ready_ = false;  // a forward() with targets saved activations for backward()

@@ -1,5 +1,6 @@
-// The backward schedule's gradients-ready hook and models created without gradients (evaluation
-// and inference), on the CPU reference.
+// The backward schedule's gradients-ready hook, the forward's weights-needed hook, the padding of
+// a plan sharded over ranks, and models created without gradients (evaluation and inference), on
+// the CPU reference.
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -126,6 +127,103 @@ TEST(ModelSchedule, GradsReadyHookLeavesTheGradientsAsTheyAre) {
     const ConstTensorView ga = a.grads_flat(), gb = b.grads_flat();
     ASSERT_EQ(ga.numel(), gb.numel());
     EXPECT_EQ(std::memcmp(ga.data(), gb.data(), ga.bytes()), 0);
+}
+
+// The weights-needed hook fires before each piece of weights is read, in the forward's order:
+// a model whose weights are all zero and that receives each piece from the hook, just in time,
+// computes the loss, gradients and logits of the model it copies them from, bit for bit.
+TEST(ModelSchedule, WeightsNeededHookFiresBeforeEachPieceIsRead) {
+    for (const std::string_view json : {kLlamaJson, kGpt2Json}) {
+        const ModelConfig c = parse(json);
+        const int L = int(c.num_layers);
+        Model a = make(c, 2, 8, true), b = make(c, 2, 8, true);
+        const std::vector<ParamEntry>& entries = a.params().entries();
+        // Which piece each entry belongs to: its layer, or the inputs before the first layer and
+        // the outputs after the last.
+        auto piece_of = [&](size_t e) {
+            if (entries[e].layer >= 0) return entries[e].layer;
+            for (size_t f = 0; f < e; ++f)
+                if (entries[f].layer >= 0) return int(Model::kOutputWeights);
+            return int(Model::kInputWeights);
+        };
+        std::vector<int> calls;
+        auto fill_piece = [&](int piece) {
+            calls.push_back(piece);
+            for (size_t e = 0; e < entries.size(); ++e) {
+                if (piece_of(e) != piece) continue;
+                const size_t i = entries[e].arena_index;
+                b.write_param_entry(i, a.param_entry(i));
+            }
+        };
+        auto zero_all = [&] {
+            for (const ParamEntry& e : entries) {
+                std::vector<float> zeros(size_t(e.shape.numel()), 0.0f);
+                b.write_param_entry(e.arena_index,
+                                    ConstTensorView(zeros.data(), DType::kF32, e.shape));
+            }
+        };
+        b.set_weights_needed_hook(fill_piece);
+        std::vector<int> want = {Model::kInputWeights};
+        for (int l = 0; l < L; ++l) want.push_back(l);
+        want.push_back(Model::kOutputWeights);
+
+        const HostTensor t = ids(2, 8, c.vocab_size, 5), y = ids(2, 8, c.vocab_size, 6);
+        const ModelBatch batch{t.view(), y.view(), {}, {}};
+        a.zero_grads();
+        b.zero_grads();
+        zero_all();
+        const float la = a.forward_backward(batch), lb = b.forward_backward(batch);
+        EXPECT_EQ(calls, want);
+        EXPECT_EQ(std::memcmp(&la, &lb, sizeof(float)), 0) << la << " vs " << lb;
+        const ConstTensorView ga = a.grads_flat(), gb = b.grads_flat();
+        EXPECT_EQ(std::memcmp(ga.data(), gb.data(), ga.bytes()), 0);
+
+        calls.clear();
+        zero_all();
+        std::vector<float> xa(size_t(2 * 8 * c.vocab_size)), xb(xa.size());
+        const Shape lshape{2, 8, c.vocab_size};
+        a.logits(TensorView(xa.data(), DType::kF32, lshape), batch);
+        b.logits(TensorView(xb.data(), DType::kF32, lshape), batch);
+        EXPECT_EQ(calls, want);
+        EXPECT_EQ(std::memcmp(xa.data(), xb.data(), xa.size() * sizeof(float)), 0);
+
+        b.set_weights_needed_hook({});
+        calls.clear();
+        b.forward(batch);
+        EXPECT_TRUE(calls.empty());
+    }
+}
+
+// A plan sharded over W ranks pads the parameter arena (and so the gradients) to a multiple of
+// kShardAlignElements * W with one zero entry at its end, and counts one shard of the moments;
+// the parameters themselves keep their offsets.
+TEST(ModelSchedule, ShardedPlanPadsTheParameterArena) {
+    const ModelConfig c = parse(kGpt2Json);
+    const ParamTable table = model_param_table(c);
+    const size_t unpadded = table.layout().total_bytes();
+    for (const int W : {1, 2, 3, 4, 7}) {
+        ModelShape shape;
+        shape.batch = 2;
+        shape.seq_len = 8;
+        shape.optimizer_shards = W;
+        const Result<MemoryPlan> plan = memory_plan_make(c, table, shape);
+        ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+        const int64_t n = int64_t(plan->params.total_bytes() / sizeof(float));
+        EXPECT_EQ(n % (kShardAlignElements * W), 0) << "W " << W;
+        EXPECT_GE(plan->params.total_bytes(), unpadded);
+        EXPECT_LT(plan->params.total_bytes(), unpadded + size_t(kShardAlignElements * W) * 4);
+        EXPECT_EQ(plan->optimizer_bytes(), 2 * plan->params.total_bytes() / size_t(W));
+        for (const ParamEntry& e : table.entries())
+            EXPECT_EQ(plan->params.entries()[e.arena_index].offset,
+                      table.layout().entries()[e.arena_index].offset);
+        if (W > 1 && plan->params.total_bytes() > unpadded)
+            EXPECT_EQ(plan->params.entries().back().name, kShardPaddingEntry);
+    }
+    ModelShape bad;
+    bad.batch = 2;
+    bad.seq_len = 8;
+    bad.optimizer_shards = 0;
+    EXPECT_FALSE(memory_plan_make(c, table, bad).ok());
 }
 
 // A model created for evaluation has no gradient arena (the plan counts none, nor optimizer

@@ -83,15 +83,59 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage)
                         "layer {}'s parameters are not after layer {}'s", l, l - 1);
         }
     }
+    if (L > 0) {
+        LATHE_CHECK((front_.size() == 0 || front_.end <= layer_ranges_[0].begin) &&
+                        (back_.size() == 0 || back_.begin >= layer_ranges_[size_t(L - 1)].end),
+                    "the entries outside the layers are not before and after them");
+    }
     if (on_cuda(model)) {
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < 2; ++i)
             events_.push_back(std::make_unique<CudaEvent>(CudaEvent::Timing::kOn));
+        if (zero_stage == 1 && comm.size() > 1) {
+            std::vector<FlatRange> order = {front_};
+            order.insert(order.end(), layer_ranges_.begin(), layer_ranges_.end());
+            order.push_back(back_);
+            for (const FlatRange& r : order) {
+                Piece p;
+                p.range = r;
+                p.ready = std::make_unique<CudaEvent>();
+                p.wait_begin = std::make_unique<CudaEvent>(CudaEvent::Timing::kOn);
+                p.wait_end = std::make_unique<CudaEvent>(CudaEvent::Timing::kOn);
+                pieces_.push_back(std::move(p));
+            }
+            model_.set_weights_needed_hook([this](int piece) { on_weights_needed(piece); });
+        }
     }
     model_.set_grads_ready_hook([this](int layer) { on_layer_ready(layer); });
 }
 
 DataParallel::~DataParallel() {
+    if (!pieces_.empty()) wait_for_pieces();
     model_.set_grads_ready_hook({});
+    model_.set_weights_needed_hook({});
+}
+
+void DataParallel::on_weights_needed(int piece) {
+    const size_t i = piece == Model::kInputWeights    ? 0
+                     : piece == Model::kOutputWeights ? pieces_.size() - 1
+                                                      : size_t(piece) + 1;
+    Piece& p = pieces_[i];
+    if (!p.in_flight) return;
+    CUstream_st* compute = model_.context().stream;
+    p.wait_begin->record(compute);
+    p.ready->wait(compute);
+    p.wait_end->record(compute);
+    p.in_flight = false;
+    p.waited = true;
+}
+
+void DataParallel::wait_for_pieces() {
+    CUstream_st* compute = model_.context().stream;
+    for (Piece& p : pieces_) {
+        if (!p.in_flight) continue;
+        p.ready->wait(compute);
+        p.in_flight = false;
+    }
 }
 
 CUstream_st* DataParallel::stream() const {
@@ -136,7 +180,7 @@ Status DataParallel::finish_gradients() {
         events_[0]->record(state.stream());
         state.wait_for(state.stream(), state.comm_stream());
         events_[1]->record(state.stream());
-        recorded_[0] = true;
+        reduced_ = true;
     }
     Status s = first_error_;
     first_error_ = ok_status();
@@ -155,23 +199,29 @@ Status DataParallel::finish_update() {
                 .count();
         return s;
     }
+    // Each piece from the rank(s) whose shard holds it, in the next forward's order.
     CudaState& state = cuda_state_of(model_.context(), "data parallel");
     const TensorView all = model_.params_compute_flat();
     LATHE_CHECK(all.numel() == total_, "bf16 copy of {} elements for {} masters", all.numel(),
                 total_);
     state.wait_for(state.comm_stream(), state.stream());
-    LATHE_RETURN_IF_ERROR(
-        comm_.all_gather(all, all.slice(range_.begin, range_.begin + S), state.comm_stream()));
-    events_[2]->record(state.stream());
-    state.wait_for(state.stream(), state.comm_stream());
-    events_[3]->record(state.stream());
-    recorded_[1] = true;
+    for (Piece& p : pieces_) {
+        for (int r = 0; r < comm_.size(); ++r) {
+            const int64_t b = std::max(p.range.begin, r * S);
+            const int64_t e = std::min(p.range.end, (r + 1) * S);
+            if (b >= e) continue;
+            LATHE_RETURN_IF_ERROR(comm_.broadcast(all.slice(b, e), r, state.comm_stream()));
+        }
+        p.ready->record(state.comm_stream());
+        p.in_flight = true;
+    }
     return ok_status();
 }
 
 Status DataParallel::gather_masters() {
     if (zero_stage_ == 0 || comm_.size() == 1 || !on_cuda(model_)) return ok_status();
     CudaState& state = cuda_state_of(model_.context(), "data parallel");
+    wait_for_pieces();
     const TensorView all = model_.params_flat();
     state.wait_for(state.comm_stream(), state.stream());
     LATHE_RETURN_IF_ERROR(
@@ -184,10 +234,14 @@ Status DataParallel::gather_masters() {
 double DataParallel::comm_wait_ms() {
     double ms = host_comm_ms_;
     host_comm_ms_ = 0.0;
-    for (int pair = 0; pair < 2; ++pair) {
-        if (!recorded_[pair]) continue;
-        ms += CudaEvent::elapsed_ms(*events_[size_t(2 * pair)], *events_[size_t(2 * pair + 1)]);
-        recorded_[pair] = false;
+    if (reduced_) {
+        ms += CudaEvent::elapsed_ms(*events_[0], *events_[1]);
+        reduced_ = false;
+    }
+    for (Piece& p : pieces_) {
+        if (!p.waited) continue;
+        ms += CudaEvent::elapsed_ms(*p.wait_begin, *p.wait_end);
+        p.waited = false;
     }
     return ms;
 }

@@ -17,10 +17,14 @@
 //   ZeRO-0        every rank updates every parameter (the same bits on every rank: the update
 //                 is deterministic and its inputs are equal).
 //   ZeRO-1        rank r updates shard r only: AdamW's moments exist for that shard alone
-//                 (optimizer_range()), then the updated shards are all-gathered (the bf16 compute
-//                 copy on CUDA, what the next forward reads; the f32 masters on the CPU, which
-//                 compute with them). On CUDA the f32 masters outside the shard are gathered only
-//                 when a checkpoint needs them (gather_masters()).
+//                 (optimizer_range()), then the updated shards reach every rank. On the CPU the
+//                 f32 masters (what it computes with) are all-gathered at once. On CUDA the bf16
+//                 compute copy travels piece by piece in the next forward's order (embeddings,
+//                 layer 0, ..., layer L-1, final norm and head), each piece broadcast from the
+//                 rank(s) whose shard holds it on the communication stream, and the forward waits
+//                 for each piece just before it reads it (the model's weights-needed hook): the
+//                 first layers compute while the last ones are in flight. The f32 masters outside
+//                 the shard are gathered only when a checkpoint needs them (gather_masters()).
 // The gradients, and so every update, are the same bits at ZeRO 0 and 1: both reduce with the
 // same all-reduce calls over the same buffers, and AdamW is elementwise.
 //
@@ -96,7 +100,10 @@ public:
 private:
     DataParallel(Model& model, Communicator& comm, int zero_stage);
     void on_layer_ready(int layer);
+    void on_weights_needed(int piece);
     Status reduce_range(int64_t begin, int64_t end);
+    // CUDA: the compute stream waits for every piece still in flight.
+    void wait_for_pieces();
 
     Model& model_;
     Communicator& comm_;
@@ -110,10 +117,19 @@ private:
     bool reducing_ = false;
     Status first_error_;
     double host_comm_ms_ = 0.0;  // CPU: time inside collectives this step
-    // CUDA: timing events around the compute stream's waits: [0, 1] the gradient reductions,
-    // [2, 3] the parameter gather; recorded_ says which pairs hold an unread interval.
+    // CUDA: timing events around the compute stream's wait for the gradient reductions;
+    // reduced_ says whether they hold an unread interval.
     std::vector<std::unique_ptr<CudaEvent>> events_;
-    bool recorded_[2] = {false, false};
+    bool reduced_ = false;
+    // CUDA, ZeRO-1: the pieces of the parameter gather, in forward order (front, layers, back):
+    // `ready` recorded on the communication stream after the piece's broadcasts, the timing
+    // events around the compute stream's wait for it, and whether that wait is unread.
+    struct Piece {
+        FlatRange range;
+        std::unique_ptr<CudaEvent> ready, wait_begin, wait_end;
+        bool in_flight = false, waited = false;
+    };
+    std::vector<Piece> pieces_;
 };
 
 }  // namespace lathe
