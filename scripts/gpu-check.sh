@@ -616,6 +616,11 @@ for model, who, n, log in rows:
         per = obj.get("tokens_per_s_per_gpu") or (total / n if total else None)
         extra = {"mfu": obj.get("mfu"), "comm_wait_ms": obj.get("comm_wait_ms"),
                  "peak_GiB": (obj.get("peak_memory_bytes") or 0) / 2**30}
+        # Each rank's plan (NCCL's measured buffers included) against the fullest GPU's peak, as
+        # the bench part checks one GPU's.
+        pe = obj.get("plan_error")
+        if pe is not None and abs(pe) > 0.05:
+            missing.append(f"{name}: memory plan {100 * pe:+.1f}% off the measured peak (limit 5%)")
     else:
         world, total, per = obj.get("world"), obj.get("tok_s_total"), obj.get("tok_s_per_gpu")
         extra = {"mfu": obj.get("mfu"), "peak_GiB": obj.get("mem_GiB")}

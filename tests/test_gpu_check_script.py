@@ -60,7 +60,7 @@ case $1 in
     if [[ -n ${STUB_WORLD:-} ]]; then
       # Under launch: N x 1000 tokens/s, times STUB_EFF (0.97) on more than one GPU.
       tps=$(python3 -c "print(1000.0 * $STUB_WORLD * (1 if $STUB_WORLD == 1 else ${STUB_EFF:-0.97}))")
-      echo "{\"model\": \"stub\", \"world_size\": $STUB_WORLD, \"tokens_per_s\": $tps, \"mfu\": 0.5, \"comm_wait_ms\": 1.5, \"peak_memory_bytes\": 2147483648}"
+      echo "{\"model\": \"stub\", \"world_size\": $STUB_WORLD, \"tokens_per_s\": $tps, \"mfu\": 0.5, \"comm_wait_ms\": 1.5, \"peak_memory_bytes\": 2147483648, \"plan_error\": ${STUB_SCALING_PLAN_ERROR:-0.01}}"
     elif [[ ${STUB_BENCH_NO_PLAN:-} == 1 ]]; then
       echo '{"model": "stub", "tokens_per_s": 1000.0}'
     else
@@ -343,6 +343,8 @@ def test_scaling_on_four_gpus_one_model(stub_bin, tmp_path, multi):
                                 "launch: rank 1 exited with status 1); gpt2 lathe zero0 N=2"),
     ({"STUB_LAUNCH_IGNORES": "1"}, "gpt2 lathe zero1 N=2: its line says world size 1, not 2"),
     ({"STUB_BENCH_DROP": "--zero-stage 0"}, "scaling 12/14 rows: gpt2 lathe zero0 N=1: no result (exit 1: lathe: error: stub bench fails here)"),
+    ({"STUB_SCALING_PLAN_ERROR": "0.08"},
+     "gpt2 lathe zero1 N=1: memory plan +8.0% off the measured peak (limit 5%)"),
     ({"STUB_GPUS": "0"}, "scaling: nvidia-smi -L lists 0 GPUs, none of N = 1 2 4"),
     ({"GPU_CHECK_SCALING_MODELS": "gpt3"}, "scaling: unknown model 'gpt3'"),
 ])

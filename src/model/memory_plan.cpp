@@ -119,6 +119,7 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
         LATHE_CHECK(2 * plan.params_compute.total_bytes() == plan.params.total_bytes(),
                     "memory plan: bf16 copy of the parameters does not line up with the masters");
         plan.runtime = CudaState::kWorkspaceBytes + CudaState::kScratchBytes;
+        plan.communication = shape.communication_bytes;
     }
 
     ArenaLayout& act = plan.activations;
@@ -228,9 +229,12 @@ std::string MemoryPlan::table(std::string_view title) const {
         {"activations", activation_bytes()},
         {"scratch", scratch_bytes()},
         {"runtime (CUDA workspaces)", runtime},
+        {"communication (NCCL)", communication},
     };
-    for (const auto& [name, bytes] : rows)
+    for (const auto& [name, bytes] : rows) {
+        if (bytes == 0 && std::string_view(name) == "communication (NCCL)") continue;
         out += fmt::format("  {:<30} {:>16} B  {:>12}\n", name, bytes, format_bytes(bytes));
+    }
     out += fmt::format("  {:<30} {:>16} B  {:>12}\n", "total", total_bytes(),
                        format_bytes(total_bytes()));
     if (attention_workspace > 0)

@@ -91,6 +91,9 @@ struct ModelShape {
     // rank's shard has the same length and starts on an arena alignment boundary; the plan
     // counts one shard of the moments. 1: no padding, the whole state.
     int optimizer_shards = 1;
+    // Device memory the communicator of a multi-GPU run holds (NCCL's buffers), as measured when
+    // it was opened (run/world.h); counted as the plan's `communication` row. 0 for one process.
+    size_t communication_bytes = 0;
 };
 
 // The padding entry's name in a sharded plan's parameter arena, and the shard alignment.
@@ -157,6 +160,7 @@ struct MemoryPlan {
     size_t attention_offset = 0, attention_bytes = 0;
     size_t attention_shared = 0;  // of the workspace's bytes, those the dead buffers hold
     size_t runtime = 0;           // bytes of backend buffers outside the arenas (CUDA: CudaState's)
+    size_t communication = 0;     // the communicator's device memory (shape.communication_bytes)
 
     size_t parameter_bytes() const { return params.total_bytes() + params_compute.total_bytes(); }
     size_t gradient_bytes() const { return shape.training ? params.total_bytes() : 0; }
@@ -167,7 +171,7 @@ struct MemoryPlan {
     size_t scratch_bytes() const { return scratch.total_bytes(); }
     size_t total_bytes() const {
         return parameter_bytes() + gradient_bytes() + optimizer_bytes() + activation_bytes() +
-               scratch_bytes() + runtime;
+               scratch_bytes() + runtime + communication;
     }
 
     // The printable table, one row per category with bytes and a human-readable size, then the

@@ -377,6 +377,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     // The other ranks (run/world.h; a world of one costs nothing). Declared after the device and
     // before the model: it must outlive every Context that points at its communicator.
     LATHE_ASSIGN_OR_RETURN(World world, world_open(device));
+    shape.communication_bytes = world.device_bytes;  // NCCL's buffers, in the model's plan
     const bool lead = world.rank() == 0;
     CUstream_st* const stream = device.context().stream;
     // One voice: ranks other than 0 report warnings and errors only, and print no JSON line.
@@ -542,6 +543,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
                      {"activations", model.plan().activation_bytes()},
                      {"scratch", model.plan().scratch_bytes()},
                      {"runtime", model.plan().runtime},
+                     {"communication", model.plan().communication},
                      {"attention_workspace", model.plan().attention_workspace},
                      {"attention_workspace_shared", model.plan().attention_shared}};
     }

@@ -254,6 +254,7 @@ Status Trainer::setup() {
     shape.backend = device_.backend();
     shape.recompute = s_.recompute;
     shape.optimizer_shards = multi() && s_.zero_stage == 1 ? world_.size() : 1;
+    shape.communication_bytes = world_.device_bytes;
     const ParamTable table = model_param_table(s_.model);
     auto plan = memory_plan_make(s_.model, table, shape);
     if (!plan.ok()) return plan.status();

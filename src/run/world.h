@@ -24,6 +24,10 @@ struct World {
     ProcessGroupInfo group;
     std::unique_ptr<Communicator> comm;
     std::string host;  // this machine's name (gethostname)
+    // CUDA, several ranks: the device memory the communicator holds once every collective the
+    // training step uses has run once (NCCL allocates its buffers on first use), measured with
+    // cudaMemGetInfo around opening it; the memory plan counts it (ModelShape). 0 otherwise.
+    size_t device_bytes = 0;
 
     int rank() const { return group.rank; }
     int size() const { return group.world_size; }
@@ -33,9 +37,10 @@ struct World {
 };
 
 // Opens the world of this process (its launcher's variables) for `device`, and sets the
-// communicator into `device`'s contexts (ComputeDevice::set_comm). Every rank must call it at the
-// same point. `timeout_ms` bounds the rendezvous. Errors: those of process_group_from_env and
-// communicator_open, with the rank in the message.
+// communicator into `device`'s contexts (ComputeDevice::set_comm). On CUDA with several ranks it
+// then runs each collective once (all-reduce, all-gather, broadcast over 32 MiB) and measures
+// device_bytes. Every rank must call it at the same point. `timeout_ms` bounds the rendezvous.
+// Errors: those of process_group_from_env and communicator_open, with the rank in the message.
 Result<World> world_open(ComputeDevice& device, int timeout_ms = 300'000);
 
 }  // namespace lathe
