@@ -672,3 +672,33 @@ def test_gpus_sigkill_of_a_rank_resumes_exactly(gpu_corpus, tmp_path):
     assert "resuming from" in launch(2, args).stderr
     assert metric_lines(killed, True) == metric_lines(ref, True)
     assert_same_files(killed / "checkpoints", ref / "checkpoints")
+
+
+@needs_mpirun
+def test_runs_of_several_epochs_keep_the_one_process_order(tmp_path):
+    # A corpus of a few hundred training samples and a run that reads them about twice: the
+    # sample index GPT-NeoX builds for the run (its epochs and their shuffles) is sized by the
+    # global batch, so 2 ranks x accumulation 1 log the losses of one process x accumulation 2
+    # past the first epoch too.
+    d = tmp_path / "small"
+    d.mkdir()
+    write_gcide_jsonl(d / "c.jsonl", 20_000)
+    run(["tokenizer", "train", "--vocab-size", 300, "--special-tokens", "<|endoftext|>",
+         "--input", d / "c.jsonl", "--output", d / "tok.json"])
+    run(["prepare", "--tokenizer", d / "tok.json", "--input", d / "c.jsonl",
+         "--output-prefix", d / "gc", "--append-eod"])
+    cfg = d / "tiny.yaml"
+    cfg.write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
+    info = run(["data", "info", d / "gc"]).stdout
+    tokens = int(re.search(r"^tokens: (\d+)$", info, re.M).group(1))
+    steps = 2 * (tokens * 9 // 10 // 16) // 4 + 1  # twice the training samples, 4 per step
+    sets = (f"train.steps={steps}", "train.log_interval=5", "train.eval_interval=0",
+            "checkpoint.interval=0")
+    one = run(train_args(cfg, tmp_path / "one", "train.gradient_accumulation_steps=2",
+                         *sets)[1:], env=mpi_env())
+    assert one.returncode == 0
+    run_ranks(2, train_args(cfg, tmp_path / "two", "train.gradient_accumulation_steps=1", *sets))
+    worst = assert_metrics_close(metric_lines(tmp_path / "two"), metric_lines(tmp_path / "one"),
+                                 CPU_RTOL, "two epochs")
+    print(f"{steps} steps over about {tokens * 9 // 10 // 16} samples: largest relative "
+          f"difference {worst:.3g}")

@@ -17,7 +17,8 @@ TrainStep::TrainStep(Model& model, AdamWOptimizer& optimizer, std::vector<char> 
                 model_.params().entries().size());
 }
 
-Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next, int stop_request) {
+Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next,
+                                             const std::function<int()>& stop_request) {
     LATHE_CHECK(K >= 1, "a step of {} micro-batches", K);
     const int64_t W = dp_ != nullptr ? dp_->world() : 1;
     model_.zero_grads();
@@ -40,13 +41,13 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next, i
     TrainStepValues out;
     out.norm = model_.grad_norm();
     read_losses(K);
-    out.stop_request = stop_request;
+    out.stop_request = stop_request ? stop_request() : 0;
     double sum = 0.0;
     if (dp_ == nullptr) {
         for (const float l : losses_) sum += l;
     } else {
         // Every rank's losses and stop request in one gather: rank r's K + 1 values at r (K + 1).
-        losses_.push_back(float(stop_request));
+        losses_.push_back(float(out.stop_request));
         gathered_.resize(size_t(W * (K + 1)));
         LATHE_RETURN_IF_ERROR(
             all_gather_bytes(dp_->comm(), std::as_bytes(std::span<const float>(losses_)),

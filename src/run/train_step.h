@@ -63,8 +63,11 @@ public:
     // gradients() moves to the next one.
     using NextBatch = std::function<Result<ModelBatch>(int64_t k)>;
     // The gradients of one step (file comment); errors are next()'s and the collectives'.
-    // `stop_request`: this rank's wish to stop after the step (a signal number, 0 for none).
-    Result<TrainStepValues> gradients(int64_t K, const NextBatch& next, int stop_request = 0);
+    // `stop_request`: this rank's wish to stop after the step (a signal number, 0 for none), asked
+    // after the last micro-batch was enqueued, just before the ranks gather the step's values (so
+    // that a signal during the step stops the run after it); null: none.
+    Result<TrainStepValues> gradients(int64_t K, const NextBatch& next,
+                                      const std::function<int()>& stop_request = nullptr);
     // The AdamW update number `adam_step` (file comment).
     Status apply(double lr, double weight_decay, const AdamWHyper& hyper, int64_t adam_step,
                  float max_grad_norm);

@@ -68,16 +68,18 @@ public:
         sigemptyset(&sa.sa_mask);
         sigaction(SIGTERM, &sa, &old_term_);
         sigaction(SIGINT, &sa, &old_int_);
+        sigaction(SIGHUP, &sa, &old_hup_);
     }
     ~StopSignals() {
         sigaction(SIGTERM, &old_term_, nullptr);
         sigaction(SIGINT, &old_int_, nullptr);
+        sigaction(SIGHUP, &old_hup_, nullptr);
     }
     int received() const { return g_stop_signal.load(); }
 
 private:
     struct sigaction old_term_ {
-    }, old_int_{};
+    }, old_int_{}, old_hup_{};
 };
 
 class Trainer {
@@ -102,6 +104,11 @@ private:
     bool multi() const { return !world_.single(); }
     // Every rank waits for the others (data parallel; a no-op for one process).
     Status barrier(std::string_view what);
+    // Data parallel: every rank learns whether every rank's `mine` is ok, so that an error on one
+    // rank (often rank 0's alone: files, data caches) stops all of them with it, instead of
+    // leaving the others waiting in their next collective. Returns `mine` when it failed, else an
+    // error naming `what` when another rank's failed.
+    Status agree(Status mine, std::string_view what);
     // Data parallel: every rank runs the same binary and configuration (`data` false), or reads
     // the same data (true); a mismatch stops every rank, naming the key.
     Status check_ranks_agree(bool data);
@@ -228,14 +235,23 @@ Status Trainer::setup() {
     if (s_.threads > 0) omp_set_num_threads(s_.threads);
 #endif
     LATHE_RETURN_IF_ERROR(check_ranks_agree(/*data=*/false));
+    // GPT-NeoX sizes the sample index by the global batch (every rank's micro-batches of a
+    // step), so that the samples a run sees do not depend on how many ranks share them.
+    s_.data.train_batch_size = s_.global_batch();
     // Data (GPT-NeoX's index building; caches beside the token files): rank 0 builds the caches,
-    // the others read them once it has.
-    if (!lead()) LATHE_RETURN_IF_ERROR(barrier("rank 0 building the data index caches"));
-    auto data = gpt_neox_build_datasets(
-        s_.data, [this](const std::string& prefix) { return open_checked(prefix); });
-    if (lead() && multi() && data.ok())
-        LATHE_RETURN_IF_ERROR(barrier("rank 0 building the data index caches"));
-    if (!data.ok()) return ids_error_.ok() ? data.status().with_context("data") : ids_error_;
+    // the others read them once it has (and stop with it when it could not).
+    auto build = [this]() -> Result<GptNeoxDatasets> {
+        auto data = gpt_neox_build_datasets(
+            s_.data, [this](const std::string& prefix) { return open_checked(prefix); });
+        if (!data.ok()) return ids_error_.ok() ? data.status().with_context("data") : ids_error_;
+        return data;
+    };
+    Result<GptNeoxDatasets> data = invalid_argument_error("data: not built");
+    if (lead()) data = build();
+    LATHE_RETURN_IF_ERROR(
+        agree(lead() ? data.status() : ok_status(), "rank 0 building the data index caches"));
+    if (!lead()) data = build();
+    LATHE_RETURN_IF_ERROR(agree(data.status(), "opening the data"));
     data_ = std::move(data).value();
     LATHE_RETURN_IF_ERROR(check_ranks_agree(/*data=*/true));
     if (data_.train() == nullptr) {
@@ -326,13 +342,16 @@ Status Trainer::setup() {
     // Rank 0 opens the checkpoints folder (cleaning what a killed run left half-written); the
     // others attach to it once it has.
     const std::string root = (fs::path(request_.run_dir) / "checkpoints").string();
+    Status opened = ok_status();
     if (lead()) {
-        LATHE_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::open(root));
-        ckpt_.emplace(std::move(ckpt));
-        LATHE_RETURN_IF_ERROR(file_write_atomic(
-            (fs::path(request_.run_dir) / "config.yaml").string(), config_.to_yaml()));
+        opened = [&]() -> Status {
+            LATHE_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::open(root));
+            ckpt_.emplace(std::move(ckpt));
+            return file_write_atomic((fs::path(request_.run_dir) / "config.yaml").string(),
+                                     config_.to_yaml());
+        }();
     }
-    LATHE_RETURN_IF_ERROR(barrier("rank 0 opening the checkpoints folder"));
+    LATHE_RETURN_IF_ERROR(agree(opened, "rank 0 opening the checkpoints folder"));
     if (!lead()) {
         LATHE_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::attach(root));
         ckpt_.emplace(std::move(ckpt));
@@ -378,6 +397,21 @@ Status Trainer::check_ranks_agree(bool data) {
             items.push_back({names[i], splits[i] ? uint64_t(splits[i]->size()) : 0});
     }
     return check_same_across_ranks(*world_.comm, items, device_.context().stream);
+}
+
+Status Trainer::agree(Status mine, std::string_view what) {
+    if (!multi()) return mine;
+    auto guard = watchdog_->arm(fmt::format("agreeing on {}", what));
+    LATHE_ASSIGN_OR_RETURN(const int failed, all_reduce_max(*world_.comm, mine.ok() ? 0 : 1,
+                                                            device_.context().stream));
+    if (!mine.ok()) return mine;
+    if (failed != 0) {
+        return failed_precondition_error(
+            "{}: another rank failed at {} (its error is above or in the launcher's output); "
+            "stopping with it",
+            world_.who(), what);
+    }
+    return ok_status();
 }
 
 Status Trainer::barrier(std::string_view what) {
@@ -432,19 +466,23 @@ Status Trainer::init_or_resume() {
 }
 
 Status Trainer::save_checkpoint() {
-    auto guard =
-        watchdog_->arm(fmt::format("the checkpoint of step {} (written by every rank)", st_.step));
     // Rank 0 begins the step's folder, every rank writes its part into it (ZeRO-1: its optimizer
     // shard; the gathered model and the rest come from rank 0), and rank 0 publishes it once every
     // rank said its files are complete: a checkpoint with a rank's part missing is never published.
     std::string dir;
+    Status begun = ok_status();
     if (lead()) {
-        LATHE_ASSIGN_OR_RETURN(dir, ckpt_->begin(st_.step));
+        Result<std::string> d = ckpt_->begin(st_.step);
+        if (d.ok()) dir = *d;
+        begun = d.status();
     }
-    LATHE_RETURN_IF_ERROR(barrier("rank 0 starting the checkpoint folder"));
+    LATHE_RETURN_IF_ERROR(agree(begun, "rank 0 starting the checkpoint folder"));
     if (!lead()) dir = ckpt_->partial_path(st_.step);
-    if (dp_) LATHE_RETURN_IF_ERROR(dp_->gather_masters());
     const Status written = [&]() -> Status {
+        if (dp_) {
+            auto guard = watchdog_->arm("the gather of the parameters for the checkpoint");
+            LATHE_RETURN_IF_ERROR(dp_->gather_masters());
+        }
         if (lead()) {
             LATHE_RETURN_IF_ERROR(model_save_hf(*model_, dir));
             LATHE_RETURN_IF_ERROR(carried_files_write(tokenizer_files_, dir));
@@ -466,27 +504,25 @@ Status Trainer::save_checkpoint() {
         if (multi()) j["world_size"] = world_.size();
         return file_write_atomic((fs::path(dir) / kTrainerStateFile).string(), j.dump(2) + "\n");
     }();
-    if (multi()) {
-        LATHE_ASSIGN_OR_RETURN(const int failed,
-                               all_reduce_max(*world_.comm, written.ok() ? 0 : 1,
-                                              dp_ ? dp_->stream() : device_.context().stream));
-        if (!written.ok()) return written;
-        if (failed != 0) {
-            return io_error(
-                "checkpoint of step {}: another rank could not write its part (its error is "
-                "above); the checkpoint is not published, the previous one is intact",
-                st_.step);
-        }
+    LATHE_RETURN_IF_ERROR(agree(
+        written, fmt::format("writing its part of the checkpoint of step {} (the checkpoint is "
+                             "not published; the previous one is intact)",
+                             st_.step)));
+    // Rank 0 publishes; every rank waits for it (a rank that exited first could have the job
+    // ended, by mpirun or srun, while rank 0 is still publishing).
+    Status published = ok_status();
+    if (lead()) {
+        published = [&]() -> Status {
+            // Every rank's shard is in the folder rank 0 sees (a run folder that only looks
+            // shared, e.g. node-local, is caught here, before the checkpoint is published).
+            if (dp_ != nullptr && dp_->zero_stage() == 1)
+                LATHE_RETURN_IF_ERROR(optimizer_state_check_checkpoint(dir, dp_->params_used()));
+            LATHE_ASSIGN_OR_RETURN(std::string final_dir, ckpt_->commit(st_.step, s_.keep_last));
+            log_info("checkpoint {}", final_dir);
+            return ok_status();
+        }();
     }
-    LATHE_RETURN_IF_ERROR(written);
-    if (!lead()) return ok_status();
-    // Every rank's shard is in the folder rank 0 sees (a run folder that only looks shared, e.g.
-    // node-local, is caught here, before the checkpoint is published).
-    if (dp_ != nullptr && dp_->zero_stage() == 1)
-        LATHE_RETURN_IF_ERROR(optimizer_state_check_checkpoint(dir, dp_->params_used()));
-    LATHE_ASSIGN_OR_RETURN(std::string final_dir, ckpt_->commit(st_.step, s_.keep_last));
-    log_info("checkpoint {}", final_dir);
-    return ok_status();
+    return agree(published, fmt::format("rank 0 publishing the checkpoint of step {}", st_.step));
 }
 
 Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
@@ -501,7 +537,7 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
                                                           loader_->next(st_.step * K + k));
                                    return batch_views(*buf, B, T);
                                },
-                               g_stop_signal.load()));
+                               [] { return g_stop_signal.load(); }));
     agreed_stop_ = values.stop_request;
     comm_wait_ms_ += values.comm_wait_ms;
     ++comm_steps_;
@@ -569,6 +605,7 @@ Status Trainer::evaluate(double& loss_out) {
     }
     std::vector<float> all = mine;
     if (multi()) {
+        auto guard = watchdog_->arm("the gather of the validation losses");
         all.resize(size_t(W * per_rank));
         LATHE_RETURN_IF_ERROR(
             all_gather_bytes(*world_.comm, std::as_bytes(std::span<const float>(mine)),
@@ -584,7 +621,17 @@ Status Trainer::evaluate(double& loss_out) {
 
 Status Trainer::run() {
     LATHE_RETURN_IF_ERROR(setup());
-    LATHE_RETURN_IF_ERROR(init_or_resume());
+    LATHE_RETURN_IF_ERROR(agree(init_or_resume(), "loading the checkpoint or initialising"));
+    if (multi()) {
+        // Every rank resumed from the same checkpoint (a file system whose listings differ between
+        // nodes would make them start at different steps and call different collectives).
+        auto guard = watchdog_->arm("the check that every rank resumed from the same step");
+        const RankItem items[] = {{"resumed step", uint64_t(st_.step)},
+                                  {"resumed optimizer step", uint64_t(st_.adam_step)},
+                                  {"resumed validation passes", uint64_t(st_.eval_passes)}};
+        LATHE_RETURN_IF_ERROR(
+            check_same_across_ranks(*world_.comm, items, device_.context().stream));
+    }
     if (st_.step >= s_.steps) {
         log_info("the run is complete ({} of {} steps); nothing to do", st_.step, s_.steps);
         return ok_status();
@@ -631,10 +678,7 @@ Status Trainer::run() {
         if (s_.eval_interval > 0 && s_.eval_iters > 0 &&
             (st_.step % s_.eval_interval == 0 || st_.step == s_.steps)) {
             double vloss = 0.0;
-            {
-                auto guard = watchdog_->arm("the validation pass (its loss gather)");
-                LATHE_RETURN_IF_ERROR(evaluate(vloss));
-            }
+            LATHE_RETURN_IF_ERROR(evaluate(vloss));
             if (lead()) {
                 std::fprintf(stderr, "step %lld/%lld | validation loss %.4f | perplexity %.2f\n",
                              (long long)st_.step, (long long)s_.steps, vloss, std::exp(vloss));
@@ -660,7 +704,10 @@ Status Trainer::run() {
             log_info(
                 "stopped by {} after step {} of {}, checkpoint saved; the same command resumes "
                 "from here",
-                sig == SIGTERM ? "SIGTERM" : "SIGINT", st_.step, s_.steps);
+                sig == SIGTERM  ? "SIGTERM"
+                : sig == SIGHUP ? "SIGHUP"
+                                : "SIGINT",
+                st_.step, s_.steps);
             return ok_status();
         }
     }
@@ -777,8 +824,6 @@ Status check_resume_config(const std::string& run_dir, const ConfigSchema& schem
         }
         for (TrainConfigChange& c : changes)
             if (c.key == kAccum) c.compatible = true;  // the global batch decides (above)
-        log_info("resuming {} ranks' checkpoint with {} ranks: the optimizer state is re-sharded",
-                 world_before, world);
     }
     for (const TrainConfigChange& c : changes) {
         if (!c.compatible)
@@ -792,6 +837,12 @@ Status check_resume_config(const std::string& run_dir, const ConfigSchema& schem
             "run's configuration: {}), or train into a new --run-dir; `lathe train "
             "--help` lists the keys a resume may change",
             run_dir, checkpoint.string(), refused, run_config);
+    }
+    if (world_before != world) {
+        log_info(
+            "resuming a checkpoint of {} ranks with {}: each rank reads its part of the "
+            "optimizer state",
+            world_before, world);
     }
     for (const TrainConfigChange& c : changes) {
         log_info("resuming with a changed {}: {} -> {}", c.key, c.before, c.after);
@@ -811,6 +862,8 @@ Result<TrainOutcome> train_run(const TrainRequest& request) {
     // their number only as check_resume_config says.
     LATHE_ASSIGN_OR_RETURN(const ProcessGroupInfo group,
                            process_group_from_env(process_environment()));
+    // One voice: ranks other than 0 report warnings and errors only.
+    if (group.rank != 0 && log_level() < LogLevel::kWarning) log_set_level(LogLevel::kWarning);
     LATHE_RETURN_IF_ERROR(check_resume_config(request.run_dir, schema, config, group.world_size));
     Trainer trainer(request, std::move(config), std::move(settings));
     LATHE_RETURN_IF_ERROR(trainer.run());

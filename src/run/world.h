@@ -8,7 +8,9 @@
 // mpirun), on GPUs over NCCL (started by `lathe launch`, torchrun, srun or mpirun).
 //
 // Ownership: World owns the communicator; it must outlive every Context that points at it (the
-// ComputeDevice's, the Model's): declare it before them.
+// Model's; the ComputeDevice's points at it too but never uses it after the model is gone), and
+// NCCL's communicator must go before the CUDA state it runs on: declare the World after the
+// ComputeDevice and before the Model.
 
 #include <memory>
 #include <string>
