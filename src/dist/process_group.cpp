@@ -54,20 +54,23 @@ Result<std::optional<int>> read_int(const EnvMap& env, std::string_view name) {
     return std::optional<int>(v);
 }
 
-// The names of one launcher's variables.
+// The names of one launcher's variables. The launcher is present when its rank or its size is
+// set, or only when its size is set where `size_marks_launcher`: SLURM_PROCID is also in the
+// environment of a batch script's own process, which srun did not start (process_group.h).
 struct LauncherVars {
     Launcher launcher;
     const char* rank;
     const char* size;
     const char* local_rank;
     const char* local_size;
+    bool size_marks_launcher;
 };
 
 constexpr LauncherVars kLaunchers[] = {
-    {Launcher::kTorchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {Launcher::kTorchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", false},
     {Launcher::kMpirun, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-    {Launcher::kSlurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", false},
+    {Launcher::kSlurm, "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", nullptr, true},
 };
 
 Status read_launcher(const EnvMap& env, const LauncherVars& vars, ProcessGroupInfo& info) {
@@ -160,17 +163,23 @@ bool digits_less_equal(std::string_view a, std::string_view b) {
     return a <= b;
 }
 
-// Under srun, MASTER_ADDR and MASTER_PORT default to values every rank of the job computes alike
-// (process_group.h).
+// Under srun, MASTER_ADDR and MASTER_PORT default to values every task of the step computes
+// alike (process_group.h): the step's first node, the job's when the step's list is absent.
 Status read_slurm_defaults(const EnvMap& env, ProcessGroupInfo& info) {
     if (info.master_addr.empty()) {
-        if (const auto list = lookup(env, "SLURM_JOB_NODELIST")) {
+        const char* name = "SLURM_STEP_NODELIST";
+        auto list = lookup(env, name);
+        if (!list) {
+            name = "SLURM_JOB_NODELIST";
+            list = lookup(env, name);
+        }
+        if (list) {
             auto first = slurm_first_host(*list);
             if (!first.ok())
                 return invalid_argument_error(
-                    "environment variable SLURM_JOB_NODELIST: {}; SLURM sets it, so check what "
-                    "set it by hand, or set MASTER_ADDR to rank 0's host",
-                    first.status().message());
+                    "environment variable {}: {}; SLURM sets it, so check what set it by hand, "
+                    "or set MASTER_ADDR to rank 0's host",
+                    name, first.status().message());
             info.master_addr = std::move(first).value();
         }
     }
@@ -258,7 +267,10 @@ Result<std::string> slurm_first_host(std::string_view list) {
 Result<ProcessGroupInfo> process_group_from_env(const EnvMap& env) {
     ProcessGroupInfo info;
     for (const LauncherVars& vars : kLaunchers) {
-        if (!lookup(env, vars.rank) && !lookup(env, vars.size)) continue;
+        const bool present = vars.size_marks_launcher
+                                 ? lookup(env, vars.size).has_value()
+                                 : lookup(env, vars.rank) || lookup(env, vars.size);
+        if (!present) continue;
         LATHE_RETURN_IF_ERROR(read_launcher(env, vars, info));
         break;
     }

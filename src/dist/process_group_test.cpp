@@ -40,8 +40,12 @@ TEST(ProcessGroup, Torchrun) {
 }
 
 TEST(ProcessGroup, SlurmAndOpenMpi) {
-    auto s = process_group_from_env(
-        {{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "3"}});
+    // The step's task count, not SLURM_NTASKS (the allocation's under `srun -E`).
+    auto s = process_group_from_env({{"SLURM_PROCID", "3"},
+                                     {"SLURM_STEP_NUM_TASKS", "4"},
+                                     {"SLURM_NTASKS", "8"},
+                                     {"SLURM_LOCALID", "3"},
+                                     {"SLURM_STEP_TASKS_PER_NODE", "4"}});
     ASSERT_TRUE(s.ok()) << s.status().to_string();
     expect_ranks(*s, Launcher::kSlurm, 3, 4, 3, 0);  // srun's per-node count is not read
 
@@ -56,7 +60,7 @@ TEST(ProcessGroup, SlurmAndOpenMpi) {
 // A launcher inside another's allocation: its own variables win (torchrun, then mpirun, then srun).
 TEST(ProcessGroup, InnerLauncherWins) {
     auto g = process_group_from_env({{"SLURM_PROCID", "0"},
-                                     {"SLURM_NTASKS", "1"},
+                                     {"SLURM_STEP_NUM_TASKS", "1"},
                                      {"SLURM_LOCALID", "0"},
                                      {"OMPI_COMM_WORLD_RANK", "2"},
                                      {"OMPI_COMM_WORLD_SIZE", "4"},
@@ -65,7 +69,7 @@ TEST(ProcessGroup, InnerLauncherWins) {
     EXPECT_EQ(g->launcher, Launcher::kMpirun);
     EXPECT_EQ(g->rank, 2);
     auto t = process_group_from_env({{"SLURM_PROCID", "0"},
-                                     {"SLURM_NTASKS", "1"},
+                                     {"SLURM_STEP_NUM_TASKS", "1"},
                                      {"RANK", "3"},
                                      {"WORLD_SIZE", "4"},
                                      {"LOCAL_RANK", "3"}});
@@ -101,9 +105,13 @@ TEST(ProcessGroup, InconsistentValuesNameTheVariable) {
          "LOCAL_RANK=2 is outside [0, 2) given by LOCAL_WORLD_SIZE=2"},
         {{{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "8"}},
          "LOCAL_WORLD_SIZE=8 is outside [1, 4]"},
-        {{{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}},
-         "SLURM_PROCID=4 is outside [0, 4) given by SLURM_NTASKS=4"},
-        {{{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}}, "SLURM_LOCALID is not set"},
+        {{{"SLURM_PROCID", "4"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_LOCALID", "0"}},
+         "SLURM_PROCID=4 is outside [0, 4) given by SLURM_STEP_NUM_TASKS=4"},
+        {{{"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "4"}}, "SLURM_LOCALID is not set"},
+        {{{"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_LOCALID", "0"}},
+         "SLURM_STEP_NUM_TASKS is set but SLURM_PROCID is not"},
+        {{{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "four"}, {"SLURM_LOCALID", "0"}},
+         "SLURM_STEP_NUM_TASKS='four' is not a whole number"},
         {{{"OMPI_COMM_WORLD_RANK", "0"}}, "OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE"},
         {{{"OMPI_COMM_WORLD_RANK", "0"},
           {"OMPI_COMM_WORLD_SIZE", "2"},
@@ -204,19 +212,39 @@ TEST(SlurmHostList, MalformedListsSayWhere) {
     }
 }
 
-// Under srun MASTER_ADDR and MASTER_PORT default to the first host of the job and 29500 + job id
+// Under srun MASTER_ADDR and MASTER_PORT default to the first host of the step and 29500 + job id
 // mod 1000; values that are set win, and other launchers take no defaults from SLURM's variables.
 TEST(ProcessGroup, SrunDefaults) {
     const EnvMap srun = {{"SLURM_PROCID", "5"},
-                         {"SLURM_NTASKS", "8"},
+                         {"SLURM_STEP_NUM_TASKS", "8"},
                          {"SLURM_LOCALID", "1"},
                          {"SLURM_JOB_NODELIST", "gpu[003-004]"},
                          {"SLURM_JOB_ID", "1234567"}};
     auto g = process_group_from_env(srun);
     ASSERT_TRUE(g.ok()) << g.status().to_string();
     EXPECT_EQ(g->launcher, Launcher::kSlurm);
-    EXPECT_EQ(g->master_addr, "gpu003");
+    EXPECT_EQ(g->master_addr, "gpu003");  // no step list: the job's
     EXPECT_EQ(g->master_port, 29500 + 567);
+
+    // A step that leaves out the job's first node (`srun -r 2`, or one of two steps on half the
+    // nodes each): rank 0 is on the step's first node.
+    EnvMap step = srun;
+    step["SLURM_JOB_NODELIST"] = "gpu[001-004]";
+    step["SLURM_STEP_NODELIST"] = "gpu[003-004]";
+    auto st = process_group_from_env(step);
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    EXPECT_EQ(st->master_addr, "gpu003");
+    step["SLURM_JOB_NODELIST"] = "gpu[";  // not read when the step's list is there
+    st = process_group_from_env(step);
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    EXPECT_EQ(st->master_addr, "gpu003");
+    step["SLURM_STEP_NODELIST"] = "gpu[003-004";
+    st = process_group_from_env(step);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.status().message().find("environment variable SLURM_STEP_NODELIST: host list "
+                                         "'gpu[003-004' has a '[' without its ']'"),
+              std::string::npos)
+        << st.status().message();
 
     EnvMap set = srun;
     set["MASTER_ADDR"] = "head";
@@ -273,6 +301,56 @@ TEST(ProcessGroup, SrunDefaults) {
     bi = process_group_from_env(bad_id);
     ASSERT_FALSE(bi.ok());
     EXPECT_NE(bi.status().message().find("SLURM_JOB_ID='-5'"), std::string::npos);
+}
+
+// A batch script's own process (sbatch sets SLURM_PROCID=0 and the allocation's SLURM_NTASKS, but
+// no step variables) is one process, as without a launcher: `lathe prepare` before the srun line
+// runs alone. The tasks srun starts from that script are the ranks.
+TEST(ProcessGroup, BatchScriptWithoutSrunIsOneProcess) {
+    const EnvMap batch = {{"SLURM_JOB_ID", "4242"}, {"SLURM_NTASKS", "8"},
+                          {"SLURM_NPROCS", "8"},    {"SLURM_JOB_NODELIST", "gpu[001-002]"},
+                          {"SLURM_PROCID", "0"},    {"SLURM_LOCALID", "0"},
+                          {"SLURM_NODEID", "0"},    {"SLURM_TASKS_PER_NODE", "4(x2)"}};
+    auto b = process_group_from_env(batch);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    expect_ranks(*b, Launcher::kNone, 0, 1, 0, 0);
+    EXPECT_TRUE(b->single_process());
+    EXPECT_EQ(b->master_addr, "");  // SLURM's defaults are srun's only
+    EXPECT_EQ(b->master_port, 0);
+    EXPECT_EQ(b->describe(), "a single process (no launcher)");
+
+    // Without a launcher SLURM's variables are not read at all, malformed or not.
+    EnvMap odd = batch;
+    odd["SLURM_JOB_NODELIST"] = "gpu[";
+    odd["SLURM_PROCID"] = "x";
+    auto o = process_group_from_env(odd);
+    ASSERT_TRUE(o.ok()) << o.status().to_string();
+    EXPECT_EQ(o->launcher, Launcher::kNone);
+
+    // The same environment as srun passes it to the tasks of a step: rank 6 of 8.
+    EnvMap task = batch;
+    task["SLURM_STEP_ID"] = "0";
+    task["SLURM_STEP_NUM_TASKS"] = "8";
+    task["SLURM_STEP_NODELIST"] = "gpu[001-002]";
+    task["SLURM_STEP_TASKS_PER_NODE"] = "4(x2)";
+    task["SLURM_PROCID"] = "6";
+    task["SLURM_LOCALID"] = "2";
+    auto t = process_group_from_env(task);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    expect_ranks(*t, Launcher::kSlurm, 6, 8, 2, 0);
+    EXPECT_EQ(t->master_addr, "gpu001");
+    EXPECT_EQ(t->master_port, 29500 + 242);
+    EXPECT_EQ(t->describe(), "rank 6 of 8 (local rank 2, srun)");
+
+    // `srun -n 1 lathe prepare` in that script: a step of one task, whatever SLURM_NTASKS says.
+    EnvMap one = task;
+    one["SLURM_STEP_NUM_TASKS"] = "1";
+    one["SLURM_PROCID"] = "0";
+    one["SLURM_LOCALID"] = "0";
+    auto n = process_group_from_env(one);
+    ASSERT_TRUE(n.ok()) << n.status().to_string();
+    expect_ranks(*n, Launcher::kSlurm, 0, 1, 0, 0);
+    EXPECT_TRUE(n->single_process());
 }
 
 TEST(ProcessGroup, ProcessEnvironmentReadsEnviron) {
