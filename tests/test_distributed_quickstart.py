@@ -139,7 +139,7 @@ QUOTED = {
     "src/run/trainer.cpp": ["step {} (its collectives with the other ranks)",
                             "but this configuration changes what an exact",
                             "the global batch (ranks x {} x {})",
-                            "resuming {} ranks' checkpoint with {} ranks: the optimizer state is re-sharded"],
+                            "resuming a checkpoint of {} ranks with {}: each rank reads its part of the "],
     "src/optim/optimizer_state.cpp": ["the optimizer shard set of {} ranks is incomplete: missing {}"],
     "src/run/train_settings.cpp": ["stages 2 and 3 are not part "],
 }

@@ -231,7 +231,8 @@ def children_of(pid):
     return kids
 
 
-@pytest.mark.parametrize("sig,code,name", [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
+@pytest.mark.parametrize("sig,code,name", [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM"),
+                                           (signal.SIGHUP, 129, "SIGHUP")])
 def test_stopped_by_a_signal_exits_non_zero_after_saving(corpus, tmp_path, sig, code, name):
     # `lathe train ... && lathe convert ...` as a user writes it: the signal goes to the training
     # process once it is past its second step; the shell must not run the conversion.

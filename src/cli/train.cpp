@@ -22,9 +22,9 @@ void cli_add_train(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--set", req->overrides, "Override a key: --set train.steps=100 (repeatable)");
     cmd->footer(
         "Exit codes: 0 the run reached train.steps (or had already); 130 / 143 stopped by SIGINT / "
-        "SIGTERM after saving a checkpoint (the same command resumes), so `lathe train ... && "
-        "lathe "
-        "convert ...` converts only a finished model; 1 or 2 an error (2: a bad argument, "
+        "SIGTERM after saving a checkpoint (129 for SIGHUP; the same command resumes), so `lathe "
+        "train ... && lathe convert ...` converts only a finished model; 1 or 2 an error (2: a bad "
+        "argument, "
         "configuration value or data), after which no checkpoint is half-written.\n"
         "Resume: a rerun continues exactly (the same losses, bit for bit) from the newest "
         "checkpoint. It refuses, before writing anything, a configuration that changes what that "

@@ -16,7 +16,7 @@
 //
 // Supervision (LaunchSupervisor holds these rules; launch_run applies them to real processes):
 //   - SIGINT, SIGTERM and SIGHUP reaching the launcher are sent on to every rank still running
-//     (a trainer then saves a checkpoint and exits 130 or 143).
+//     (a trainer then saves a checkpoint and exits 128 + the signal: 130, 143 or 129).
 //   - A rank's end is expected when its code is 0, or 128 + a signal the launcher sent on (a
 //     trainer that stopped and saved, or a process that signal killed): the launcher waits for the
 //     others however long they take, e.g. while rank 0 writes the model of the checkpoint.

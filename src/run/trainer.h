@@ -21,9 +21,11 @@
 // vocabulary (data prepared with another tokenizer) is an error naming the file, the id and where
 // it is, before the first step.
 //
-// SIGTERM and SIGINT finish the current step, save a checkpoint, and return ok with the signal in
-// TrainOutcome (the command exits 128 + its number: 130, 143); a signal that arrives after the
-// last step changes nothing (the run is complete).
+// SIGTERM, SIGINT and SIGHUP finish the current step, save a checkpoint, and return ok with the
+// signal in TrainOutcome (the command exits 128 + its number: 143, 130, 129); a signal that
+// arrives after the last step changes nothing (the run is complete). With several ranks, each
+// rank's request joins the step's gather: every rank stops after the same step, the one during
+// which any of them received the signal.
 
 #include <cstdint>
 #include <string>
