@@ -674,6 +674,36 @@ def test_gpus_sigkill_of_a_rank_resumes_exactly(gpu_corpus, tmp_path):
     assert_same_files(killed / "checkpoints", ref / "checkpoints")
 
 
+def test_gpus_a_rank_that_stops_answering_stops_the_run_within_the_timeout(gpu_corpus, tmp_path):
+    # SIGSTOP rank 1 mid-run: rank 0's compute waits on an NCCL all-reduce that never completes;
+    # its watchdog ends it (exit 124) after parallel.timeout_s, naming the wait, and lathe launch
+    # then stops rank 1 (SIGKILL after --grace-s) and exits with rank 0's code.
+    timeout_s = 5
+    r = tmp_path / "r"
+    args = gpu_train_args(gpu_corpus, r, 1, f"parallel.timeout_s={timeout_s}", steps=100000,
+                          interval=0)
+    p = subprocess.Popen(launch_args(2, args, "--grace-s", "3"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=mpi_env())
+    try:
+        wait_for_step(r, 5, p)
+        pids = rank_pids(p.pid)
+        assert sorted(pids) == [0, 1], pids
+        os.kill(pids[1], signal.SIGSTOP)
+        t0 = time.time()
+        _, err = p.communicate(timeout=timeout_s + 60)
+        waited = time.time() - t0
+    finally:
+        stop_job(p)
+    errors = error_lines(err)
+    print(f"stopped {waited:.1f} s after the SIGSTOP:\n" + "\n".join(errors))
+    assert p.returncode == 124, err
+    # The watchdog checks at least every timeout / 4, gives ncclCommAbort 10 s (dist/watchdog.h);
+    # then the launcher's grace of 3 s.
+    assert waited < timeout_s + 10 + 3 + 10, waited
+    assert any("rank 0 of 2" in e and f"did not complete within {timeout_s} s" in e
+               for e in errors), err
+
+
 @needs_mpirun
 def test_runs_of_several_epochs_keep_the_one_process_order(tmp_path):
     # A corpus of a few hundred training samples and a run that reads them about twice: the
