@@ -1,8 +1,10 @@
 """The `lathe` binary as the Python tests run it: LATHE (LATHE_BIN, which CTest sets, else the build
 folder's) and run(), which fails the calling test with lathe's stderr when the command fails."""
 
+import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,3 +37,28 @@ def run(args, check=True, timeout=600, **kw):
     if check and p.returncode != 0:
         raise AssertionError(f"lathe {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
     return p
+
+
+def tokenize_corpus(jsonl, tokenizer, prefix, vocab_size, special_tokens="<|endoftext|>"):
+    """The tests' token files: a BPE tokenizer of vocab_size trained on jsonl (written to
+    tokenizer), then jsonl prepared with it into prefix.bin/.idx, an EOD after each document."""
+    run(["tokenizer", "train", "--vocab-size", vocab_size, "--special-tokens", special_tokens,
+         "--input", jsonl, "--output", tokenizer])
+    run(["prepare", "--tokenizer", tokenizer, "--input", jsonl, "--output-prefix", prefix,
+         "--append-eod"])
+
+
+def wait_for_step(run_dir, step, proc, timeout=300):
+    """Waits until run_dir/metrics.jsonl's last line has reached `step`; fails when proc (the
+    training process, stderr piped) ends first or the timeout passes."""
+    path = Path(run_dir) / "metrics.jsonl"
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if path.exists():
+            lines = [l for l in path.read_text().splitlines() if l.endswith("}")]
+            if lines and json.loads(lines[-1])["step"] >= step:
+                return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early ({proc.returncode}): {proc.stderr.read()}")
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting for the run")

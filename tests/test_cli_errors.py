@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from corpus import write_gcide_jsonl
-from lathe_cli import LATHE, TINY_MODEL, run
+from lathe_cli import LATHE, TINY_MODEL, run, tokenize_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,10 +66,7 @@ def made(tmp_path_factory):
     """A tokenizer, token files, and a 4-step CPU run with checkpoints at steps 2 and 4."""
     d = tmp_path_factory.mktemp("cli_errors")
     write_gcide_jsonl(d / "c.jsonl", 200_000)
-    run(["tokenizer", "train", "--vocab-size", 300, "--special-tokens", "<|endoftext|>",
-         "--input", d / "c.jsonl", "--output", d / "tok.json"])
-    run(["prepare", "--tokenizer", d / "tok.json", "--input", d / "c.jsonl",
-         "--output-prefix", d / "gc", "--append-eod"])
+    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 300)
     (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
     run(["train", d / "tiny.yaml", "--run-dir", d / "run"])
     ck = d / "run" / "checkpoints"

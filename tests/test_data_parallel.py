@@ -36,7 +36,7 @@ import pytest
 
 from conftest import NEEDS_CUDA
 from corpus import write_gcide_jsonl
-from lathe_cli import LATHE, TINY_MODEL, run
+from lathe_cli import LATHE, TINY_MODEL, run, tokenize_corpus, wait_for_step
 
 ROOT = Path(__file__).resolve().parent.parent
 MPIRUN = shutil.which("mpirun")
@@ -83,10 +83,7 @@ def mpi_env(**extra):
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("dp_corpus")
     write_gcide_jsonl(d / "c.jsonl", 200_000)
-    run(["tokenizer", "train", "--vocab-size", 300, "--special-tokens", "<|endoftext|>",
-         "--input", d / "c.jsonl", "--output", d / "tok.json"])
-    run(["prepare", "--tokenizer", d / "tok.json", "--input", d / "c.jsonl",
-         "--output-prefix", d / "gc", "--append-eod"])
+    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 300)
     (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
     return d
 
@@ -223,20 +220,6 @@ def rank_pids(root_pid):
         if rank is not None and Path(exe).name == "lathe":
             out[int(rank)] = pid
     return out
-
-
-def wait_for_step(run_dir, step, proc, timeout=300):
-    path = Path(run_dir) / "metrics.jsonl"
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if path.exists():
-            lines = [l for l in path.read_text().splitlines() if l.endswith("}")]
-            if lines and json.loads(lines[-1])["step"] >= step:
-                return
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended early ({proc.returncode}): {proc.stderr.read()}")
-        time.sleep(0.01)
-    raise AssertionError("timed out waiting for the run")
 
 
 def kill_rank_mid_run(args, run_dir, rank, at_step, world, env):
@@ -592,10 +575,7 @@ def gpus():
 def gpu_corpus(tmp_path_factory, gpus):
     d = tmp_path_factory.mktemp("dp_gpu_corpus")
     write_gcide_jsonl(d / "c.jsonl", 600_000)
-    run(["tokenizer", "train", "--vocab-size", 384, "--special-tokens", "<|endoftext|>",
-         "--input", d / "c.jsonl", "--output", d / "tok.json"])
-    run(["prepare", "--tokenizer", d / "tok.json", "--input", d / "c.jsonl",
-         "--output-prefix", d / "gc", "--append-eod"])
+    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 384)
     return d
 
 
@@ -713,10 +693,7 @@ def test_runs_of_several_epochs_keep_the_one_process_order(tmp_path):
     d = tmp_path / "small"
     d.mkdir()
     write_gcide_jsonl(d / "c.jsonl", 20_000)
-    run(["tokenizer", "train", "--vocab-size", 300, "--special-tokens", "<|endoftext|>",
-         "--input", d / "c.jsonl", "--output", d / "tok.json"])
-    run(["prepare", "--tokenizer", d / "tok.json", "--input", d / "c.jsonl",
-         "--output-prefix", d / "gc", "--append-eod"])
+    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 300)
     cfg = d / "tiny.yaml"
     cfg.write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
     info = run(["data", "info", d / "gc"]).stdout

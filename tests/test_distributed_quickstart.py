@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from corpus import write_gcide_jsonl
-from lathe_cli import LATHE, run
+from lathe_cli import LATHE, run, tokenize_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "DISTRIBUTED.md").read_text(encoding="utf-8")
@@ -63,10 +63,7 @@ def test_cpu_quick_start_runs_as_written(tmp_path):
     (root / "configs").symlink_to(ROOT / "configs")
     # What scripts/run-default.sh leaves in runs/default, at a CI size.
     write_gcide_jsonl(tmp_path / "c.jsonl", 200_000)
-    run(["tokenizer", "train", "--vocab-size", 300, "--special-tokens", "<|endoftext|>",
-         "--input", tmp_path / "c.jsonl", "--output", default / "tokenizer.json"])
-    run(["prepare", "--tokenizer", default / "tokenizer.json", "--input", tmp_path / "c.jsonl",
-         "--output-prefix", default / "gcide", "--append-eod"])
+    tokenize_corpus(tmp_path / "c.jsonl", default / "tokenizer.json", default / "gcide", 300)
 
     joined = re.sub(r"\\\n\s*", "", cpu_quick_start_block())
     command = joined.replace("mpirun ", "mpirun --oversubscribe ", 1)

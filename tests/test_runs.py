@@ -7,12 +7,11 @@ import shutil
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from corpus import write_gcide_jsonl
-from lathe_cli import LATHE, run
+from lathe_cli import LATHE, run, tokenize_corpus
 
 
 TINY = """
@@ -46,10 +45,7 @@ checkpoint:
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("runs_corpus")
     write_gcide_jsonl(d / "c.jsonl", 200_000)
-    run(["tokenizer", "train", "--vocab-size", 300, "--special-tokens", "<|endoftext|>",
-         "--input", d / "c.jsonl", "--output", d / "tok.json"])
-    run(["prepare", "--tokenizer", d / "tok.json", "--input", d / "c.jsonl",
-         "--output-prefix", d / "gc", "--append-eod"])
+    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 300)
     cfg = d / "tiny.yaml"
     cfg.write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
     root = d / "runs"

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from corpus import write_gcide_jsonl
-from lathe_cli import run
+from lathe_cli import run, tokenize_corpus
 
 SHARED = Path(os.environ.get("LATHE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
 EOT = "<|endoftext|>"
@@ -84,10 +84,7 @@ def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("special_ids")
     write_gcide_jsonl(d / "c.jsonl", 300_000, doc_chars=200)
     (d / "lathe_tok").mkdir()
-    run(["tokenizer", "train", "--vocab-size", 384, "--special-tokens", EOT,
-         "--input", d / "c.jsonl", "--output", d / "lathe_tok" / "tok.json"])
-    run(["prepare", "--tokenizer", d / "lathe_tok" / "tok.json", "--input", d / "c.jsonl",
-         "--output-prefix", d / "lathe_data", "--append-eod"])
+    tokenize_corpus(d / "c.jsonl", d / "lathe_tok" / "tok.json", d / "lathe_data", 384, EOT)
     return d
 
 

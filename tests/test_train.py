@@ -12,14 +12,13 @@ import json
 import signal
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from corpus import write_gcide_jsonl
-from lathe_cli import LATHE, run
+from lathe_cli import LATHE, run, tokenize_corpus, wait_for_step
 
 
 TINY = """
@@ -57,10 +56,7 @@ checkpoint:
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("train_corpus")
     write_gcide_jsonl(d / "c.jsonl", 600_000)
-    run(["tokenizer", "train", "--vocab-size", 384, "--special-tokens", "<|endoftext|>",
-         "--input", d / "c.jsonl", "--output", d / "tok.json"])
-    run(["prepare", "--tokenizer", d / "tok.json", "--input", d / "c.jsonl",
-         "--output-prefix", d / "gc", "--append-eod"])
+    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 384)
     (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
     return d
 
@@ -124,20 +120,6 @@ def test_recompute_trains_the_same_bits(corpus, tmp_path, mode):
         assert activations(b.stderr) < activations(c.stderr)
     ck = "checkpoints/step-00000004/model.safetensors"
     assert (plain / ck).read_bytes() == (recompute / ck).read_bytes()
-
-
-def wait_for_step(run_dir, step, proc, timeout=300):
-    path = Path(run_dir) / "metrics.jsonl"
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if path.exists():
-            lines = [l for l in path.read_text().splitlines() if l.endswith("}")]
-            if lines and json.loads(lines[-1])["step"] >= step:
-                return
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended early: {proc.stderr.read()}")
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting for the run")
 
 
 @pytest.mark.parametrize("kill_at", [6, 9])

@@ -20,14 +20,13 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from corpus import write_gcide_jsonl
-from lathe_cli import LATHE, run
+from lathe_cli import LATHE, run, tokenize_corpus, wait_for_step
 
 BUILD_DIR = os.environ.get("LATHE_BUILD_DIR", "build")
 
@@ -63,10 +62,7 @@ def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("train_errors")
     write_gcide_jsonl(d / "c.jsonl", 300_000)
     for vocab in (384, 1024):
-        run(["tokenizer", "train", "--vocab-size", vocab, "--special-tokens", "<|endoftext|>",
-             "--input", d / "c.jsonl", "--output", d / f"tok{vocab}.json"])
-        run(["prepare", "--tokenizer", d / f"tok{vocab}.json", "--input", d / "c.jsonl",
-             "--output-prefix", d / f"gc{vocab}", "--append-eod"])
+        tokenize_corpus(d / "c.jsonl", d / f"tok{vocab}.json", d / f"gc{vocab}", vocab)
     (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc384'}\ndata.tokenizer: {d / 'tok384.json'}\n")
     return d
 
@@ -203,19 +199,6 @@ def test_compatible_resume_logs_every_changed_key(corpus, tmp_path):
 
 
 # ---- stopped by a signal ----
-
-def wait_for_step(run_dir, step, proc, timeout=120):
-    path = Path(run_dir) / "metrics.jsonl"
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if path.exists():
-            lines = [l for l in path.read_text().splitlines() if l.endswith("}")]
-            if lines and json.loads(lines[-1])["step"] >= step:
-                return
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended early: {proc.stderr.read()}")
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting for the run")
 
 
 def children_of(pid):
