@@ -21,6 +21,7 @@ On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs the same co
 losses within a bf16 tolerance derived below, ZeRO 0/1 identical bits, and a bit-exact resume.
 """
 import filecmp
+import importlib.util
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -652,6 +654,24 @@ def test_gpus_sigkill_of_a_rank_resumes_exactly(gpu_corpus, tmp_path):
     assert "resuming from" in launch(2, args).stderr
     assert metric_lines(killed, True) == metric_lines(ref, True)
     assert_same_files(killed / "checkpoints", ref / "checkpoints")
+
+
+def test_gpus_under_torchrun_train_as_under_lathe_launch(gpu_corpus, tmp_path):
+    # torchrun's own store listens on MASTER_PORT, so lathe's rendezvous for the NCCL id takes
+    # MASTER_PORT + 1 (dist/open.h): the same run under torchrun gives lathe launch's bits.
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip(NEEDS_CUDA + "torchrun (PyTorch) is not installed")
+    a, b = tmp_path / "launch", tmp_path / "torchrun"
+    launch(2, gpu_train_args(gpu_corpus, a, 1))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", "--no-python"] + gpu_train_args(gpu_corpus, b, 1),
+                       capture_output=True, text=True, timeout=600, env=mpi_env())
+    assert p.returncode == 0, p.stderr
+    assert "(torchrun)" in p.stderr, p.stderr
+    assert metric_lines(a, True) == metric_lines(b, True)
+    for step in steps_of(a):
+        assert (a / "checkpoints" / step / "model.safetensors").read_bytes() == \
+               (b / "checkpoints" / step / "model.safetensors").read_bytes(), step
 
 
 def test_gpus_a_rank_that_stops_answering_stops_the_run_within_the_timeout(gpu_corpus, tmp_path):
