@@ -9,12 +9,14 @@ DEB_PACKAGES=(
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
   libzstd-dev zlib1g-dev libsimdjson-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev zstd clang-format libopenmpi-dev openmpi-bin
+  libprotobuf-dev protobuf-compiler libboost-dev
   dict-gcide dict-foldoc dict-freedict-deu-eng dict-freedict-fra-eng dict-freedict-jpn-eng
   dict-freedict-eng-rus dict-freedict-ara-eng dict-freedict-eng-hin dict-freedict-ell-eng
 )
 # torch: transformers' model classes need it, and the runtime-parity tests load lathe's converted
 # checkpoints with them (tests/test_convert.py, tests/test_align_map_apply.py).
-PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard transformers torch)
+# tensorboard: tests/test_tensorboard.py reads lathe's event files back with its EventAccumulator.
+PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard transformers torch tensorboard)
 
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
