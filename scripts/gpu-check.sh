@@ -340,7 +340,8 @@ def lines(path):
     out = []
     for line in open(path):
         j = json.loads(line)
-        j.pop("tokens_per_s", None)  # timing, not a result
+        for measured in ("tokens_per_s", "mfu", "memory_bytes"):  # timing and memory, not results
+            j.pop(measured, None)
         out.append(j)
     return out
 a, b = lines(sys.argv[1]), lines(sys.argv[2])

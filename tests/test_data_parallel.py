@@ -121,12 +121,12 @@ def train(corpus, run_dir, n, accumulation, *sets):
 
 
 def metric_lines(run_dir, world_size=False):
-    """metrics.jsonl's lines without their timings; without world_size unless asked (a
+    """metrics.jsonl's lines without their timings and memory; without world_size unless asked (a
     one-process run's lines have none)."""
     out = []
     for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
         j = json.loads(line)
-        for timing in ("tokens_per_s", "comm_wait_ms"):
+        for timing in ("tokens_per_s", "comm_wait_ms", "mfu", "memory_bytes"):
             j.pop(timing, None)
         if not world_size:
             j.pop("world_size", None)
@@ -160,9 +160,11 @@ def assert_metrics_close(got, want, rtol, what):
 
 
 def files_under(d):
-    """The relative paths of every file under d, sorted."""
+    """The relative paths of every file under d, sorted; a TensorBoard events file as
+    tb/events.out.tfevents.* (its name holds the time, host and pid of its writer)."""
     d = Path(d)
-    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+    return sorted(re.sub(r"^tb/events\.out\.tfevents\..*", "tb/events.out.tfevents.*",
+                         str(p.relative_to(d))) for p in d.rglob("*") if p.is_file())
 
 
 def assert_same_files(a, b):

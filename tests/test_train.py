@@ -72,7 +72,8 @@ def metric_lines(run_dir):
     out = []
     for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
         j = json.loads(line)
-        j.pop("tokens_per_s", None)  # timing, not a result
+        for measured in ("tokens_per_s", "mfu", "memory_bytes"):  # timing and memory, not results
+            j.pop(measured, None)
         out.append(j)
     return out
 

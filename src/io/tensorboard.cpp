@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/crc.hpp>
 #include <cerrno>
 #include <chrono>
@@ -66,6 +67,14 @@ std::string tensorboard_version_event(double wall_time) {
     return e.SerializeAsString();
 }
 
+std::string tensorboard_start_event(int64_t step, double wall_time) {
+    tensorboard::Event e;
+    e.set_wall_time(wall_time);
+    e.set_step(step);
+    e.mutable_session_log()->set_status(tensorboard::SessionLog::START);
+    return e.SerializeAsString();
+}
+
 std::string tensorboard_scalars_event(int64_t step, double wall_time,
                                       const std::vector<TensorBoardScalar>& scalars) {
     tensorboard::Event e;
@@ -80,13 +89,27 @@ std::string tensorboard_scalars_event(int64_t step, double wall_time,
     return e.SerializeAsString();
 }
 
-Result<TensorBoardWriter> TensorBoardWriter::open(const std::string& dir) {
+Result<TensorBoardWriter> TensorBoardWriter::open(const std::string& dir, int64_t start_step) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec) return io_error("{}: cannot create the folder: {}", dir, ec.message());
     const double now = unix_now();
+    // The name's seconds: now, or one past the newest events file's, so that names sort in the
+    // order the files were written.
+    int64_t seconds = int64_t(now);
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        constexpr std::string_view kPrefix = "events.out.tfevents.";
+        if (!name.starts_with(kPrefix)) continue;
+        int64_t t = 0;
+        size_t i = kPrefix.size();
+        for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i)
+            t = t * 10 + (name[i] - '0');
+        if (i > kPrefix.size()) seconds = std::max(seconds, t + 1);
+    }
+    if (ec) return io_error("{}: cannot list the folder: {}", dir, ec.message());
     const std::string stem =
-        (std::filesystem::path(dir) / ("events.out.tfevents." + std::to_string(int64_t(now)) + "." +
+        (std::filesystem::path(dir) / ("events.out.tfevents." + std::to_string(seconds) + "." +
                                        host_name() + "." + std::to_string(::getpid())))
             .string();
     TensorBoardWriter w;
@@ -98,6 +121,7 @@ Result<TensorBoardWriter> TensorBoardWriter::open(const std::string& dir) {
             return io_error("{}: cannot create: {}", w.path_, std::strerror(errno));
     }
     LATHE_RETURN_IF_ERROR(w.append(tensorboard_version_event(now)));
+    LATHE_RETURN_IF_ERROR(w.append(tensorboard_start_event(start_step, now)));
     return w;
 }
 

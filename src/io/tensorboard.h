@@ -7,12 +7,17 @@
 //   masked_crc(data)
 // with masked_crc(c) = ((c >> 15) | (c << 17)) + 0xa282ead8 over CRC-32C (Castagnoli, reflected,
 // initial and final xor 0xffffffff). Each record's data is one serialized Event protobuf
-// (io/tensorboard_event.proto): the first carries file_version "brain.Event:2", every later one a
-// Summary of simple_value scalars (f32) at a step.
+// (io/tensorboard_event.proto): the first carries file_version "brain.Event:2", the second a
+// SessionLog START at the step the writer starts from, every later one a Summary of simple_value
+// scalars (f32) at a step.
 //
 // Files are named events.out.tfevents.<unix seconds>.<host>.<pid>.lathe, the pattern TensorBoard
-// looks for in a folder; every open() starts a new one (a resumed run adds a file beside the old
-// ones, and TensorBoard reads a folder's files in name order, as one stream). Like metrics.jsonl,
+// looks for in a folder; every open() starts a new one. TensorBoard reads a folder's files in name
+// order as one stream, so the <unix seconds> of a new name is at least one past the newest
+// events file's already there (a restart within the same second still sorts after). A resumed
+// run adds a file whose START at its first step makes TensorBoard drop what the earlier files hold
+// from that step on: it shows each step once, with the value the resumed run logged, as
+// metrics.jsonl (cut back to the checkpoint on resume) does. Like metrics.jsonl,
 // an events file is appended to and flushed after each write, so that TensorBoard shows a live run
 // and a killed run keeps every record it wrote (a record cut by the kill is the only loss; the
 // reader stops there).
@@ -44,15 +49,18 @@ struct TensorBoardScalar {
 
 // The serialized Event of the first record (file_version "brain.Event:2").
 std::string tensorboard_version_event(double wall_time);
+// The serialized Event of a SessionLog START at `step`.
+std::string tensorboard_start_event(int64_t step, double wall_time);
 // The serialized Event of `scalars` at `step`.
 std::string tensorboard_scalars_event(int64_t step, double wall_time,
                                       const std::vector<TensorBoardScalar>& scalars);
 
 class TensorBoardWriter {
 public:
-    // Creates `dir` (with its parents) and a new events file in it, whose first record is the
-    // version event. Errors name the folder or file and the OS reason.
-    static Result<TensorBoardWriter> open(const std::string& dir);
+    // Creates `dir` (with its parents) and a new events file in it, whose first records are the
+    // version event and a START at `start_step` (the first step this writer will log). Errors
+    // name the folder or file and the OS reason.
+    static Result<TensorBoardWriter> open(const std::string& dir, int64_t start_step);
     TensorBoardWriter() = default;
     TensorBoardWriter(TensorBoardWriter&& other) noexcept;
     TensorBoardWriter& operator=(TensorBoardWriter&& other) noexcept;

@@ -73,6 +73,9 @@ TEST(TensorBoardEvent, WireBytes) {
     // A zero is written too (simple_value is in a oneof).
     EXPECT_EQ(tensorboard_scalars_event(0, 0.0, {{"z", 0.0f}}),
               bytes({0x2a, 0x0a, 0x0a, 0x08, 0x0a, 0x01, 'z', 0x15, 0, 0, 0, 0}));
+    // session_log = 7 { status = 1 START (1) }.
+    EXPECT_EQ(tensorboard_start_event(5, 1.5),
+              bytes({0x09, 0, 0, 0, 0, 0, 0, 0xf8, 0x3f, 0x10, 0x05, 0x3a, 0x02, 0x08, 0x01}));
     // file_version = 3.
     EXPECT_EQ(tensorboard_version_event(1.5),
               bytes({0x09, 0, 0, 0, 0, 0, 0, 0xf8, 0x3f, 0x1a, 0x0d}) + "brain.Event:2");
@@ -84,7 +87,7 @@ TEST(TensorBoardWriter, WritesFramedEventsIntoANewFile) {
     std::filesystem::remove_all(dir.parent_path());
     std::string first_path;
     {
-        auto w = TensorBoardWriter::open(dir.string());
+        auto w = TensorBoardWriter::open(dir.string(), 1);
         ASSERT_TRUE(w.ok()) << w.status().to_string();
         first_path = w->path();
         ASSERT_TRUE(w->write_scalars(3, {{"train/loss", 2.5f}, {"train/lr", 1e-4f}}).ok());
@@ -111,15 +114,17 @@ TEST(TensorBoardWriter, WritesFramedEventsIntoANewFile) {
         records.push_back(data);
         at += 12 + n + 4;
     }
-    ASSERT_EQ(records.size(), 2u);
+    ASSERT_EQ(records.size(), 3u);
     EXPECT_NE(records[0].find("brain.Event:2"), std::string::npos);
-    EXPECT_NE(records[1].find("train/loss"), std::string::npos);
-    EXPECT_NE(records[1].find("train/lr"), std::string::npos);
+    EXPECT_EQ(records[1].substr(9), bytes({0x10, 0x01, 0x3a, 0x02, 0x08, 0x01}));  // START at 1
+    EXPECT_NE(records[2].find("train/loss"), std::string::npos);
+    EXPECT_NE(records[2].find("train/lr"), std::string::npos);
 
-    // A second writer on the same folder starts another file.
-    auto again = TensorBoardWriter::open(dir.string());
+    // A second writer on the same folder, in the same second, starts another file that sorts
+    // after the first.
+    auto again = TensorBoardWriter::open(dir.string(), 4);
     ASSERT_TRUE(again.ok()) << again.status().to_string();
-    EXPECT_NE(again->path(), first_path);
+    EXPECT_GT(again->path(), first_path);
     std::filesystem::remove_all(dir.parent_path());
 }
 
@@ -127,7 +132,7 @@ TEST(TensorBoardWriter, UncreatableFolderIsAnError) {
     const auto base = std::filesystem::temp_directory_path() /
                       ("lathe_tb_test_file_" + std::to_string(::getpid()));
     ASSERT_TRUE(file_write_atomic(base.string(), "x").ok());
-    auto w = TensorBoardWriter::open((base / "tb").string());
+    auto w = TensorBoardWriter::open((base / "tb").string(), 1);
     EXPECT_FALSE(w.ok());
     EXPECT_NE(w.status().to_string().find(base.string()), std::string::npos);
     std::filesystem::remove(base);

@@ -110,6 +110,9 @@ ConfigSchema train_config_schema() {
            "(its newest checkpoint) or RUN/checkpoints/latest"});
     s.add({"checkpoint.init_mode", ConfigType::kString, "finetune",
            "finetune (weights only) | continue (optimizer and step too)"});
+    // ---- logging (besides the console and RUN_DIR/metrics.jsonl) ----
+    s.add({"logging.tensorboard", ConfigType::kBool, "true",
+           "write TensorBoard event files into RUN_DIR/tb/ (rank 0)"});
     return s;
 }
 
@@ -131,7 +134,7 @@ bool train_key_resume_compatible(std::string_view key) {
                                                        "checkpoint.interval",
                                                        "checkpoint.keep_last",
                                                        "checkpoint.init_mode"};
-    for (std::string_view prefix : {"optimizer.", "lr.", "parallel."}) {
+    for (std::string_view prefix : {"optimizer.", "lr.", "parallel.", "logging."}) {
         if (key.starts_with(prefix)) return true;
     }
     for (std::string_view k : kCompatible) {

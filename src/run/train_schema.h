@@ -28,7 +28,8 @@ ConfigSchema train_config_schema();
 //     train.eval_interval, train.eval_iters, train.device, train.precision, train.recompute,
 //     train.threads, train.deterministic, train.nonfinite_policy, train.max_skipped_steps,
 //     train.spike_factor, train.freeze, optimizer.*, lr.*, parallel.* (the optimizer state is
-//     re-sharded on load), checkpoint.interval, checkpoint.keep_last and checkpoint.init_mode.
+//     re-sharded on load), checkpoint.interval, checkpoint.keep_last, checkpoint.init_mode and
+//     logging.*.
 //   - a change of the number of ranks (data parallel) keeps the sample order only when the global
 //     batch, ranks x micro-batch x accumulation, stays: the trainer then accepts a change of
 //     train.gradient_accumulation_steps that keeps it (run/trainer.cpp). The steps after the change

@@ -197,6 +197,7 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     s.micro_batch = c.get_int("train.micro_batch_size");
     s.grad_accum = c.get_int("train.gradient_accumulation_steps");
     s.log_interval = c.get_int("train.log_interval");
+    s.tensorboard = c.get_bool("logging.tensorboard");
     s.eval_interval = c.get_int("train.eval_interval");
     s.eval_iters = c.get_int("train.eval_iters");
     s.seed = static_cast<uint64_t>(c.get_int("train.seed"));

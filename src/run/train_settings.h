@@ -63,6 +63,8 @@ struct TrainSettings {
     double timeout_s = 600;  // parallel.timeout_s; 0 = off
     int64_t world = 1;       // data-parallel ranks: set by the trainer from the launcher
 
+    bool tensorboard = true;  // logging.tensorboard: event files in RUN_DIR/tb/
+
     // Samples per optimizer step over all ranks, and their tokens.
     int64_t global_batch() const { return micro_batch * grad_accum * world; }
     int64_t tokens_per_step() const { return global_batch() * seq_len; }

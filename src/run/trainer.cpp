@@ -13,6 +13,8 @@
 #include <optional>
 #include <set>
 
+#include <sys/resource.h>
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -28,12 +30,16 @@
 #include "dist/watchdog.h"
 #include "io/file.h"
 #include "io/safetensors.h"
+#include "io/tensorboard.h"
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"
+#include "ops/cuda/memory.h"
+#include "ops/device_info.h"
 #include "optim/adamw_optimizer.h"
 #include "optim/optimizer_state.h"
 #include "run/batch_loader.h"
+#include "run/bench.h"
 #include "run/carried_files.h"
 #include "run/checkpoint_dir.h"
 #include "run/compute_device.h"
@@ -53,6 +59,18 @@ namespace {
 // Set by the signal handler, read by the loop between steps. A signal handler can reach nothing
 // else, so this is the one process-wide variable of the trainer.
 std::atomic<int> g_stop_signal{0};
+
+// Memory in use, for the log line: on CUDA the device's (cudaMemGetInfo total - free, so other
+// processes on the GPU count too), on the CPU the process's peak resident set size.
+uint64_t memory_in_use_bytes(const Context& ctx) {
+    if (ctx.backend == Backend::kCuda) {
+        const CudaMemoryInfo m = cuda_memory_info(ctx.device);
+        return m.total_bytes > m.free_bytes ? m.total_bytes - m.free_bytes : 0;
+    }
+    rusage usage{};
+    if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+    return uint64_t(usage.ru_maxrss) * 1024;  // Linux reports kilobytes
+}
 
 extern "C" void trainer_on_signal(int sig) {
     g_stop_signal.store(sig);
@@ -99,6 +117,8 @@ private:
     Status train_step(float& loss_out, float& norm_out, bool& skipped);
     Status evaluate(double& loss_out);
     Status log_line(double elapsed_s, int64_t steps_this_session);
+    // Rank 0 with logging.tensorboard: a new events file in RUN_DIR/tb/.
+    Status open_tensorboard();
     // Data parallel: this process writes the run's shared files (metrics, config, the model).
     bool lead() const { return world_.rank() == 0; }
     bool multi() const { return !world_.single(); }
@@ -130,6 +150,10 @@ private:
     // The tokenizer files every checkpoint carries, read once by setup().
     std::vector<CarriedFile> tokenizer_files_;
     MetricsLog metrics_;
+    std::optional<TensorBoardWriter> tb_;  // rank 0 with logging.tensorboard
+    // MFU's numbers (run/bench.h): the model's flops per token and the device's peak (0: none).
+    double flops_per_token_ = 0.0;
+    double peak_flops_ = 0.0;
     TrainerState st_;  // the running values a checkpoint carries (run/trainer_state.h)
     std::optional<BatchLoader> loader_;  // the training micro-batches, read ahead by a thread
     BatchBuffers buf_;                   // validation micro-batches (read on this thread)
@@ -209,6 +233,12 @@ Status Trainer::setup() {
     // usable GPU or without CUDA attention) is refused before anything is read or written.
     LATHE_ASSIGN_OR_RETURN(device_, ComputeDevice::open(s_.device, "train.device"));
     device_.set_deterministic(s_.deterministic);
+    if (device_.backend() == Backend::kCuda) {
+        const GpuEnvironment env = gpu_environment_probe(device_.context().device);
+        if (!env.devices.empty())
+            peak_flops_ = bench_peak_flops(env.devices[0].cc_major, env.devices[0].cc_minor);
+        flops_per_token_ = bench_flops_per_token(s_.model, s_.seq_len);
+    }
     // The other ranks, when a launcher started several (run/world.h): the rendezvous is bounded
     // by parallel.timeout_s (or 5 minutes when that is off).
     const int rendezvous_ms = s_.timeout_s > 0 ? int(std::min(s_.timeout_s, 1e6) * 1000) : 300'000;
@@ -465,6 +495,15 @@ Status Trainer::init_or_resume() {
     return ok_status();
 }
 
+Status Trainer::open_tensorboard() {
+    if (!s_.tensorboard) return ok_status();
+    LATHE_ASSIGN_OR_RETURN(
+        TensorBoardWriter w,
+        TensorBoardWriter::open((fs::path(request_.run_dir) / "tb").string(), st_.step + 1));
+    tb_.emplace(std::move(w));
+    return ok_status();
+}
+
 Status Trainer::save_checkpoint() {
     // Rank 0 begins the step's folder, every rank writes its part into it (ZeRO-1: its optimizer
     // shard; the gathered model and the rest come from rank 0), and rank 0 publishes it once every
@@ -636,6 +675,7 @@ Status Trainer::run() {
         log_info("the run is complete ({} of {} steps); nothing to do", st_.step, s_.steps);
         return ok_status();
     }
+    if (lead()) LATHE_RETURN_IF_ERROR(open_tensorboard());
     StopSignals signals;
     log_info(
         "training {} -> step {}: {} tokens per step (B {} x T {} x accumulation {}{}), {} "
@@ -683,13 +723,18 @@ Status Trainer::run() {
                 std::fprintf(stderr, "step %lld/%lld | validation loss %.4f | perplexity %.2f\n",
                              (long long)st_.step, (long long)s_.steps, vloss, std::exp(vloss));
             }
-            if (lead())
+            if (lead()) {
                 LATHE_RETURN_IF_ERROR(
                     metrics_.write({{"step", st_.step},
                                     {"split", std::string("valid")},
                                     {"loss", vloss},
                                     {"perplexity", std::exp(vloss)},
                                     {"tokens", st_.step * s_.tokens_per_step()}}));
+                if (tb_)
+                    LATHE_RETURN_IF_ERROR(tb_->write_scalars(
+                        st_.step, {{"valid/loss", float(vloss)},
+                                   {"valid/perplexity", float(std::exp(vloss))}}));
+            }
         }
         // A signal after the last step stops nothing: the run is complete. With several ranks,
         // the request every rank agreed on in the step's gather (each may have seen the signal
@@ -738,12 +783,20 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
         multi() ? fmt::format(" | comm wait {:.1f} ms/step",
                               comm_wait_ms / double(std::max<int64_t>(1, comm_steps)))
                 : std::string();
+    // MFU per GPU, as `lathe bench` computes it (run/bench.h); only where the device has a peak.
+    const std::optional<double> mfu =
+        peak_flops_ > 0
+            ? std::optional<double>(tok_s / double(world_.size()) * flops_per_token_ / peak_flops_)
+            : std::nullopt;
+    const uint64_t memory = memory_in_use_bytes(device_.context());
+    const std::string mfu_text = mfu ? fmt::format(" | MFU {:.1f}%", *mfu * 100.0) : std::string();
     std::fprintf(
         stderr,
-        "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s%s | skipped %lld "
-        "| ETA %s\n",
+        "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s%s%s | mem %s | skipped "
+        "%lld | ETA %s\n",
         (long long)st_.step, (long long)s_.steps, mean, lr, double(last_norm_),
-        Progress::format_count(tok_s).c_str(), comm.c_str(), (long long)st_.skipped_steps,
+        Progress::format_count(tok_s).c_str(), mfu_text.c_str(), comm.c_str(),
+        Progress::format_bytes(double(memory)).c_str(), (long long)st_.skipped_steps,
         Progress::format_duration(eta).c_str());
     std::vector<std::pair<std::string, MetricValue>> fields = {
         {"step", st_.step},
@@ -760,7 +813,20 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
         fields.emplace_back("comm_wait_ms",
                             comm_wait_ms / double(std::max<int64_t>(1, comm_steps)));
     }
+    if (mfu) fields.emplace_back("mfu", *mfu);
+    fields.emplace_back("memory_bytes", int64_t(memory));
     LATHE_RETURN_IF_ERROR(metrics_.write(fields));
+    if (tb_) {
+        // f32, as TensorBoard keeps scalars: each the metrics.jsonl value rounded to f32.
+        std::vector<TensorBoardScalar> scalars = {{"train/loss", float(mean)},
+                                                  {"train/lr", float(lr)},
+                                                  {"train/grad_norm", last_norm_},
+                                                  {"train/tokens_per_s", float(tok_s)},
+                                                  {"train/skipped", float(st_.skipped_steps)},
+                                                  {"train/memory_bytes", float(memory)}};
+        if (mfu) scalars.push_back({"train/mfu", float(*mfu)});
+        LATHE_RETURN_IF_ERROR(tb_->write_scalars(st_.step, scalars));
+    }
     st_.interval_loss_sum = 0.0;
     st_.interval_steps = 0;
     return ok_status();

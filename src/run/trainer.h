@@ -4,9 +4,24 @@
 // The run folder DIR holds:
 //   config.yaml      the resolved configuration (every key, defaults included)
 //   metrics.jsonl    one object per logged step (run/metrics.h) and per validation pass
+//   tb/              TensorBoard event files (io/tensorboard.h; logging.tensorboard, rank 0): the
+//                    scalars train/{loss,lr,grad_norm,tokens_per_s,skipped,memory_bytes,mfu} and
+//                    valid/{loss,perplexity}, each its metrics.jsonl value rounded to f32; a
+//                    resumed run adds a file whose START makes TensorBoard drop the steps after
+//                    the checkpoint that the earlier files hold, so it shows each step once, as
+//                    metrics.jsonl does
 //   checkpoints/     step folders (run/checkpoint_dir.h); each a Hugging Face checkpoint
 //                    (model.safetensors, config.json, tokenizer files) plus optimizer.safetensors
 //                    (AdamW moments, parameter layout) and trainer_state.json
+//
+// A train line of metrics.jsonl (and of the console) carries, after step, split, loss (the mean
+// over the interval's steps), lr, grad_norm, tokens, skipped, tokens_per_s (and world_size,
+// comm_wait_ms with several ranks):
+//   mfu           CUDA on a GPU with a known peak: tokens_per_s / ranks * flops_per_token / peak,
+//                 with `lathe bench`'s flops_per_token and peak (run/bench.h: 989.4e12 on Hopper);
+//                 left out elsewhere
+//   memory_bytes  CUDA: the device's memory in use at the log line (cudaMemGetInfo total - free,
+//                 so other processes on the GPU count too); CPU: the process's peak resident set
 //
 // Started again with the same command, a run resumes from its newest complete checkpoint, and the
 // losses it logs are the same, bit for bit, as a run that was never stopped: the sample order is a
