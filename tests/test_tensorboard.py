@@ -7,12 +7,14 @@ record's framing is checked with a CRC-32C written here; logging.tensorboard fal
 import json
 import shutil
 import struct
+import subprocess
 
 import numpy as np
 import pytest
 # scripts/install-deps.sh installs it (pip install tensorboard).
 from tensorboard.backend.event_processing import event_accumulator
 
+from conftest import NEEDS_CUDA
 from corpus import write_gcide_jsonl
 from lathe_cli import run, tokenize_corpus
 
@@ -178,3 +180,41 @@ def test_off(setup):
          "--set", "train.steps=2"])
     assert (run_dir / "metrics.jsonl").exists()
     assert not (run_dir / "tb").exists()
+
+
+def gpu0_compute_capability():
+    """GPU 0's compute capability as "9.0", or None without a GPU."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    p = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=compute_cap",
+                        "--format=csv,noheader"], capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else None
+
+
+def test_cuda_mfu_and_memory(setup):
+    """On a GPU: memory_bytes is the device's memory in use, and on Hopper mfu is tokens/s times
+    `lathe bench`'s flops per token (6 N + 12 L C T, N every parameter of this tied-embedding
+    Llama, counted here from its shape) over 989.4e12; TensorBoard has both."""
+    cc = gpu0_compute_capability()
+    if cc is None:
+        pytest.skip(NEEDS_CUDA + "no GPU (nvidia-smi lists none)")
+    d, cfg = setup
+    run_dir = d / "cuda"
+    p = run(["train", cfg, "--run-dir", run_dir, "--set", "train.device=cuda"])
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [j for j in lines if j["split"] == "train"]
+    assert all(0 < j["memory_bytes"] for j in train)
+    hopper = cc.startswith("9.")
+    assert all(("mfu" in j) == hopper for j in train), (cc, train[0])
+    if hopper:
+        hf = json.loads((run_dir / "checkpoints" / "step-00000012" / "config.json").read_text())
+        V, C, L = hf["vocab_size"], hf["hidden_size"], hf["num_hidden_layers"]
+        I, H, KV = hf["intermediate_size"], hf["num_attention_heads"], hf["num_key_value_heads"]
+        kv = KV * (C // H)
+        N = V * C + L * (2 * C * C + 2 * C * kv + 3 * C * I + 2 * C) + C
+        flops_per_token = 6 * N + 12 * L * C * 16
+        for j in train:
+            assert j["mfu"] == pytest.approx(j["tokens_per_s"] * flops_per_token / 989.4e12,
+                                             rel=1e-12)
+        assert "| MFU " in p.stderr
+    assert_same(read_scalars(run_dir / "tb"), expected_scalars(run_dir))
