@@ -27,6 +27,7 @@ void cli_add_align(CLI::App& parent, CommandAction& action);
 void cli_add_bench(CLI::App& parent, CommandAction& action);
 void cli_add_doctor(CLI::App& parent, CommandAction& action);
 void cli_add_runs(CLI::App& parent, CommandAction& action);
+void cli_add_report(CLI::App& parent, CommandAction& action);
 void cli_add_launch(CLI::App& parent, CommandAction& action);
 
 // The stages of `lathe align` , each in cli/align_<stage>.cpp; cli/align.cpp adds them

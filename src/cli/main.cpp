@@ -56,6 +56,7 @@ int run(int argc, char** argv) {
     lathe::cli_add_bench(app, action);
     lathe::cli_add_doctor(app, action);
     lathe::cli_add_runs(app, action);
+    lathe::cli_add_report(app, action);
     lathe::cli_add_launch(app, action);
 
     try {
