@@ -10,6 +10,8 @@ DEB_PACKAGES=(
   libzstd-dev zlib1g-dev libsimdjson-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev zstd clang-format libopenmpi-dev openmpi-bin
   libprotobuf-dev protobuf-compiler libboost-dev
+  # chromium: tests/test_report.py renders the page of `lathe report` headless to a PNG.
+  chromium
   dict-gcide dict-foldoc dict-freedict-deu-eng dict-freedict-fra-eng dict-freedict-jpn-eng
   dict-freedict-eng-rus dict-freedict-ara-eng dict-freedict-eng-hin dict-freedict-ell-eng
 )

@@ -4,7 +4,9 @@
 #   2. prepare GCIDE into GPT-NeoX token files with it (all cores), keeping the last ~2 MB apart
 #      as held-out text,
 #   3. train configs/tiny.yaml (a small Llama) on it until the loss has clearly fallen,
-#   4. evaluate the final checkpoint on the held-out text and print where it is.
+#   4. evaluate the final checkpoint on the held-out text and print where it is,
+#   5. write the run's HTML report (`lathe report`: loss, lr, grad norm, tokens/s plots) and
+#      print its path.
 # Installs what it needs and builds first. Outputs go to ${LATHE_RUN_DIR:-runs/default}.
 # Training runs on the GPU when one answers (train.device: auto), else on the CPU reference backend.
 set -euo pipefail
@@ -46,3 +48,5 @@ echo "== 4/4 held-out loss (a uniform guess over 8192 tokens scores ln 8192 = 9.
 CKPT="$RUN/tiny/checkpoints/$(cat "$RUN/tiny/checkpoints/latest")"
 $LATHE eval loss --checkpoint "$CKPT" --data "$RUN/heldout" --seq-len 128 --batches 64
 echo "== done: checkpoint $CKPT (a Hugging Face folder: config.json, model.safetensors, tokenizer.json)"
+echo "== report of the run (one HTML file, open it in a browser):"
+$LATHE report "$RUN/tiny" --output "$RUN/tiny/report.html"
