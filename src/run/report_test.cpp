@@ -110,6 +110,23 @@ TEST_F(ReportFileTest, JsonlFileOverlaysAndEscapesConfig) {
     EXPECT_EQ(html.find("http"), std::string::npos);
 }
 
+TEST_F(ReportFileTest, MfuIsPlottedOnlyWhenLogged) {
+    std::ofstream(root_ / "cpu.jsonl")
+        << "{\"step\": 1, \"loss\": 5}\n{\"step\": 2, \"loss\": 4}\n";
+    std::ofstream(root_ / "gpu.jsonl")
+        << "{\"step\": 1, \"loss\": 5, \"mfu\": 0.41}\n{\"step\": 2, \"loss\": 4, \"mfu\": 0.43}\n";
+    auto cpu = report_read_run((root_ / "cpu.jsonl").string());
+    auto gpu = report_read_run((root_ / "gpu.jsonl").string());
+    ASSERT_TRUE(cpu.ok() && gpu.ok());
+    EXPECT_EQ(report_html({*cpu}).find("MFU against"), std::string::npos);
+    const std::string both = report_html({*cpu, *gpu});
+    const size_t at = both.find(">MFU against step</text>");
+    ASSERT_NE(at, std::string::npos);
+    const std::string svg = both.substr(at, both.find("</svg>", at) - at);
+    EXPECT_EQ(count(svg, "<path "), 1u);
+    EXPECT_EQ(count(svg, "data-series=\"gpu.jsonl\""), 1u);
+}
+
 TEST_F(ReportFileTest, ErrorsNameTheFileAndLine) {
     std::ofstream(root_ / "bad.jsonl") << "{\"step\": 1, \"loss\": 5}\nnot json\n";
     auto bad = report_read_run((root_ / "bad.jsonl").string());
