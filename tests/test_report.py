@@ -113,6 +113,11 @@ def test_summary_config_and_no_scripts(report):
     config = (d / "runs" / "fast" / "config.yaml").read_text()
     assert ("<pre class=\"config\">" + config.replace("&", "&amp;").replace("<", "&lt;")
             .replace(">", "&gt;").replace('"', "&quot;").replace("'", "&#39;") + "</pre>") in html
+    # The memory plan lathe train printed before step 1 (RUN/memory_plan.txt), per run folder.
+    plan = (d / "runs" / "fast" / "memory_plan.txt").read_text()
+    assert "parameters" in plan and "total" in plan, plan
+    assert "<h2>fast: memory plan</h2>" in html
+    assert plan.splitlines()[-1].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") in html
 
 
 def test_errors(report, tmp_path):

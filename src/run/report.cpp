@@ -13,6 +13,7 @@
 
 #include "core/progress.h"
 #include "io/file.h"
+#include "run/trainer.h"
 
 namespace lathe {
 
@@ -275,6 +276,10 @@ Result<ReportRun> report_read_run(const std::string& path) {
         if (fs::is_regular_file(dir / "config.yaml", ec)) {
             LATHE_ASSIGN_OR_RETURN(run.config_yaml, file_read_all((dir / "config.yaml").string()));
         }
+        if (fs::is_regular_file(dir / kMemoryPlanFile, ec)) {
+            LATHE_ASSIGN_OR_RETURN(run.memory_plan,
+                                   file_read_all((dir / kMemoryPlanFile).string()));
+        }
         // The row `lathe runs` shows for this folder, found among its parent's runs.
         const fs::path parent = fs::absolute(dir, ec).parent_path();
         LATHE_ASSIGN_OR_RETURN(std::vector<RunRow> rows, run_list(parent.string()));
@@ -346,6 +351,10 @@ std::string report_html(const std::vector<ReportRun>& runs) {
         if (run.config_yaml.empty()) continue;
         out += fmt::format("<h2>{}: config.yaml</h2>\n<pre class=\"config\">{}</pre>\n",
                            html_escape(run.name), html_escape(run.config_yaml));
+        if (!run.memory_plan.empty()) {
+            out += fmt::format("<h2>{}: memory plan</h2>\n<pre class=\"config\">{}</pre>\n",
+                               html_escape(run.name), html_escape(run.memory_plan));
+        }
     }
     out += "</body>\n</html>\n";
     return out;

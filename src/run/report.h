@@ -10,8 +10,9 @@
 //   train loss, valid loss, lr, grad_norm, tokens_per_s, mfu, memory_bytes
 // Several runs are overlaid in one plot, one <path> per run, with a legend naming the runs. Below
 // the plots: a summary table (steps done/total, last loss, best validation loss, tokens/s and the
-// status as `lathe runs` computes it, run/run_list.h) and each run folder's config.yaml. Every
-// text read from a file is HTML-escaped.
+// status as `lathe runs` computes it, run/run_list.h), each run folder's config.yaml and its memory
+// plan (memory_plan.txt, the table `lathe train` prints before step 1). Every text read from a file
+// is HTML-escaped.
 
 #include <optional>
 #include <string>
@@ -35,6 +36,7 @@ struct ReportRun {
     std::string name;         // legend name: the folder's or file's name (made unique)
     std::string path;         // the folder or the JSONL file as given
     std::string config_yaml;  // the run folder's config.yaml, "" for a JSONL file
+    std::string memory_plan;  // the run folder's memory_plan.txt, "" when it has none
     RunRow row;               // the summary row (status "JSONL file" for a file)
     // Metric lines as read: split "valid" in valid, the others in train.
     std::vector<std::pair<int64_t, std::vector<std::pair<std::string, double>>>> train, valid;

@@ -324,7 +324,10 @@ Status Trainer::setup() {
         std::string title = model_config_summary(s_.model);
         if (multi())
             title += fmt::format(", per rank of {} (ZeRO-{})", world_.size(), s_.zero_stage);
-        std::fputs(model_->plan().table(title).c_str(), stderr);
+        const std::string table = model_->plan().table(title);
+        std::fputs(table.c_str(), stderr);
+        LATHE_RETURN_IF_ERROR(
+            file_write_atomic((fs::path(request_.run_dir) / kMemoryPlanFile).string(), table));
     }
     FlatRange range{0, model_->params_flat().numel()};
     if (multi()) {

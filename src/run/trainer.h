@@ -50,6 +50,10 @@
 
 namespace lathe {
 
+// RUN_DIR/memory_plan.txt: the memory plan table the trainer prints before step 1 (rank 0's, one
+// rank's plan with several), for `lathe report` and people.
+inline constexpr const char* kMemoryPlanFile = "memory_plan.txt";
+
 struct TrainRequest {
     std::vector<std::string> config_files;  // merged left to right
     std::vector<std::string> overrides;     // "key=value"
