@@ -707,6 +707,16 @@ def test_gpus_a_rank_that_stops_answering_stops_the_run_within_the_timeout(gpu_c
 
 
 @needs_mpirun
+def test_verbose_shows_each_ranks_tokens_per_second(corpus, tmp_path):
+    # Rank 0 alone prints; at -v it also names every rank's own tokens/s at each log line.
+    p = run_ranks(2, [LATHE, "-v"] + train_args(corpus / "tiny.yaml", tmp_path / "r")[1:])
+    lines = [l for l in p.stderr.splitlines() if "tokens/s per rank:" in l]
+    assert len(lines) == 8, p.stderr
+    assert all(re.search(r"step \d+: tokens/s per rank: rank 0 \S+, rank 1 \S+$", l) for l in lines)
+    assert sum("| loss " in l for l in p.stderr.splitlines()) == 8  # one voice
+
+
+@needs_mpirun
 def test_runs_of_several_epochs_keep_the_one_process_order(tmp_path):
     # A corpus of a few hundred training samples and a run that reads them about twice: the
     # sample index GPT-NeoX builds for the run (its epochs and their shuffles) is sized by the

@@ -246,3 +246,33 @@ def test_init_from_checkpoint_finetune_and_continue(corpus, tmp_path):
     p = run(train_cmd(corpus, tmp_path / "x", f"checkpoint.init_from={ck}", "model.hidden_size=64"),
             check=False)
     assert p.returncode != 0 and "'model.hidden_size' is 64 but the checkpoint" in p.stderr, p.stderr
+
+
+# ---- the console ----
+
+def test_quiet_prints_warnings_only(corpus, tmp_path):
+    # --quiet: no memory plan, no step or validation lines; the run's files are the same.
+    p = run(["-q"] + train_cmd(corpus, tmp_path / "r", "train.steps=4"))
+    assert p.stderr == "", p.stderr
+    assert [m["step"] for m in metric_lines(tmp_path / "r") if m["split"] == "train"] == [1, 2, 3, 4]
+    assert (tmp_path / "r" / "memory_plan.txt").read_text().startswith("memory plan:")
+
+
+def test_a_terminal_gets_a_progress_line_and_a_log_plain_lines(corpus, tmp_path):
+    # On a terminal (script(1) gives the run one) a progress line is redrawn in place after each
+    # step and cleared before each interval line; into a file or pipe only the plain lines go.
+    cmd = " ".join(f"'{a}'" for a in [LATHE] + [str(x) for x in train_cmd(
+        corpus, tmp_path / "tty", "train.steps=6", "train.log_interval=3")])
+    # Bytes: text mode would turn the carriage returns into newlines.
+    p = subprocess.run(["script", "-qfec", cmd, "/dev/null"], capture_output=True, timeout=300)
+    out = p.stdout.decode(errors="replace").replace("\r\n", "\n")
+    assert p.returncode == 0, out
+    assert "\r\x1b[Kstep 1/6 [=====" in out, out
+    assert "\r\x1b[Kstep 3/6 | loss " in out, out  # the bar cleared before the interval line
+    piped = subprocess.run([LATHE] + [str(x) for x in train_cmd(
+        corpus, tmp_path / "log", "train.steps=6", "train.log_interval=3")], capture_output=True,
+        timeout=300)
+    err = piped.stderr.decode()
+    assert piped.returncode == 0, err
+    assert "\x1b[K" not in err and "\r" not in err
+    assert "step 3/6 | loss " in err

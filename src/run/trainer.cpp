@@ -13,6 +13,8 @@
 #include <optional>
 #include <set>
 
+#include <unistd.h>
+
 #include <sys/resource.h>
 
 #ifdef _OPENMP
@@ -117,6 +119,13 @@ private:
     Status train_step(float& loss_out, float& norm_out, bool& skipped);
     Status evaluate(double& loss_out);
     Status log_line(double elapsed_s, int64_t steps_this_session);
+    // On a terminal (rank 0, stderr a tty, not --quiet): a progress line redrawn in place after
+    // each step, cleared before anything else is printed. Elsewhere (a log file) no-ops: the
+    // interval lines alone.
+    void draw_bar(double elapsed_s, int64_t steps_this_session);
+    void clear_bar();
+    // The interval and validation lines are info: --quiet (warnings only) drops them.
+    static bool print_lines() { return log_level() <= LogLevel::kInfo; }
     // Rank 0 with logging.tensorboard: a new events file in RUN_DIR/tb/.
     Status open_tensorboard();
     // Data parallel: this process writes the run's shared files (metrics, config, the model).
@@ -159,6 +168,7 @@ private:
     BatchBuffers buf_;                   // validation micro-batches (read on this thread)
     float last_norm_ = 0.0f;
     int agreed_stop_ = 0;      // data parallel: the stop request every rank took from the step
+    bool bar_ = false;         // draw_bar's line is on the terminal now
     double comm_wait_ms_ = 0;  // data parallel: summed over the steps since the last log line
     int64_t comm_steps_ = 0;
     int stop_signal_ = 0;                // the signal that stopped the run before its last step
@@ -325,7 +335,7 @@ Status Trainer::setup() {
         if (multi())
             title += fmt::format(", per rank of {} (ZeRO-{})", world_.size(), s_.zero_stage);
         const std::string table = model_->plan().table(title);
-        std::fputs(table.c_str(), stderr);
+        if (print_lines()) std::fputs(table.c_str(), stderr);
         LATHE_RETURN_IF_ERROR(
             file_write_atomic((fs::path(request_.run_dir) / kMemoryPlanFile).string(), table));
     }
@@ -604,6 +614,7 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
         }
         ++st_.skipped_steps;
         ++st_.skipped_in_a_row;
+        clear_bar();
         log_warning("step {}: {}; step skipped ({} in a row, {} in all)", st_.step + 1, what,
                     st_.skipped_in_a_row, st_.skipped_steps);
         if (s_.max_skipped > 0 && st_.skipped_in_a_row > s_.max_skipped) {
@@ -716,13 +727,15 @@ Status Trainer::run() {
         const double elapsed =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (st_.step % s_.log_interval == 0 || st_.step == s_.steps) {
+            clear_bar();
             LATHE_RETURN_IF_ERROR(log_line(elapsed, st_.step - first_step));
         }
         if (s_.eval_interval > 0 && s_.eval_iters > 0 &&
             (st_.step % s_.eval_interval == 0 || st_.step == s_.steps)) {
             double vloss = 0.0;
             LATHE_RETURN_IF_ERROR(evaluate(vloss));
-            if (lead()) {
+            if (lead() && print_lines()) {
+                clear_bar();
                 std::fprintf(stderr, "step %lld/%lld | validation loss %.4f | perplexity %.2f\n",
                              (long long)st_.step, (long long)s_.steps, vloss, std::exp(vloss));
             }
@@ -745,9 +758,14 @@ Status Trainer::run() {
         const int sig = st_.step < s_.steps ? (multi() ? agreed_stop_ : signals.received()) : 0;
         const bool interval_save =
             s_.checkpoint_interval > 0 && st_.step % s_.checkpoint_interval == 0;
-        if (interval_save || st_.step == s_.steps || sig != 0)
+        if (interval_save || st_.step == s_.steps || sig != 0) {
+            clear_bar();
             LATHE_RETURN_IF_ERROR(save_checkpoint());
+        }
+        draw_bar(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 st_.step - first_step);
         if (sig != 0) {
+            clear_bar();
             stop_signal_ = sig;
             log_info(
                 "stopped by {} after step {} of {}, checkpoint saved; the same command resumes "
@@ -759,9 +777,33 @@ Status Trainer::run() {
             return ok_status();
         }
     }
+    clear_bar();
     log_info("done: {} steps, {} skipped; checkpoint {}", st_.step, st_.skipped_steps,
              (fs::path(ckpt_->root()) / CheckpointDir::step_name(st_.step)).string());
     return ok_status();
+}
+
+void Trainer::draw_bar(double elapsed_s, int64_t steps_this_session) {
+    static const bool tty = ::isatty(STDERR_FILENO) == 1;
+    if (!tty || !lead() || !print_lines() || st_.step >= s_.steps) return;
+    constexpr int kWidth = 30;
+    const double done = double(st_.step) / double(s_.steps);
+    const int filled = int(done * kWidth);
+    const double eta = steps_this_session > 0
+                           ? elapsed_s / double(steps_this_session) * double(s_.steps - st_.step)
+                           : 0.0;
+    std::fprintf(stderr, "\r\033[Kstep %lld/%lld [%s%s] %.0f%% | ETA %s", (long long)st_.step,
+                 (long long)s_.steps, std::string(size_t(filled), '=').c_str(),
+                 std::string(size_t(kWidth - filled), ' ').c_str(), done * 100.0,
+                 Progress::format_duration(eta).c_str());
+    std::fflush(stderr);
+    bar_ = true;
+}
+
+void Trainer::clear_bar() {
+    if (!bar_) return;
+    std::fputs("\r\033[K", stderr);
+    bar_ = false;
 }
 
 Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
@@ -769,6 +811,25 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
     const int64_t comm_steps = comm_steps_;
     comm_wait_ms_ = 0.0;
     comm_steps_ = 0;
+    if (multi()) {
+        // Each rank's own tokens/s since this session started, shown by rank 0 at -v (every rank
+        // joins the gather, whatever its log level).
+        const double mine =
+            elapsed_s > 0
+                ? double(steps_this_session * s_.global_batch() / world_.size() * s_.seq_len) /
+                      elapsed_s
+                : 0.0;
+        auto guard = watchdog_->arm("the gather of the ranks' tokens/s");
+        LATHE_ASSIGN_OR_RETURN(const std::vector<double> per_rank,
+                               all_gather_value(*world_.comm, mine, device_.context().stream));
+        if (lead() && log_level() <= LogLevel::kDebug) {
+            std::string text;
+            for (size_t r = 0; r < per_rank.size(); ++r)
+                text += fmt::format("{}rank {} {}", r ? ", " : "", r,
+                                    Progress::format_count(per_rank[r]));
+            log_debug("step {}: tokens/s per rank: {}", st_.step, text);
+        }
+    }
     if (!lead()) {
         st_.interval_loss_sum = 0.0;
         st_.interval_steps = 0;
@@ -793,14 +854,15 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
             : std::nullopt;
     const uint64_t memory = memory_in_use_bytes(device_.context());
     const std::string mfu_text = mfu ? fmt::format(" | MFU {:.1f}%", *mfu * 100.0) : std::string();
-    std::fprintf(
-        stderr,
-        "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s%s%s | mem %s | skipped "
-        "%lld | ETA %s\n",
-        (long long)st_.step, (long long)s_.steps, mean, lr, double(last_norm_),
-        Progress::format_count(tok_s).c_str(), mfu_text.c_str(), comm.c_str(),
-        Progress::format_bytes(double(memory)).c_str(), (long long)st_.skipped_steps,
-        Progress::format_duration(eta).c_str());
+    if (print_lines())
+        std::fprintf(stderr,
+                     "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s%s%s | mem "
+                     "%s | skipped "
+                     "%lld | ETA %s\n",
+                     (long long)st_.step, (long long)s_.steps, mean, lr, double(last_norm_),
+                     Progress::format_count(tok_s).c_str(), mfu_text.c_str(), comm.c_str(),
+                     Progress::format_bytes(double(memory)).c_str(), (long long)st_.skipped_steps,
+                     Progress::format_duration(eta).c_str());
     std::vector<std::pair<std::string, MetricValue>> fields = {
         {"step", st_.step},
         {"split", std::string("train")},
