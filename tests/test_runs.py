@@ -4,6 +4,7 @@ and `--json` report each run's model, steps, losses and status, and a missing fo
 naming it."""
 import json
 import shutil
+import socket
 import signal
 import subprocess
 import time
@@ -11,7 +12,7 @@ import time
 import pytest
 
 from corpus import write_gcide_jsonl
-from lathe_cli import LATHE, run, tokenize_corpus
+from lathe_cli import LATHE, run, tokenize_corpus, wait_for_step
 
 
 TINY = """
@@ -125,3 +126,27 @@ def test_missing_folder_is_an_error(tmp_path):
     p = run(["runs", tmp_path / "nowhere"], check=False)
     assert p.returncode != 0
     assert p.stderr.startswith("lathe: error:") and str(tmp_path / "nowhere") in p.stderr
+
+
+def test_a_run_being_trained_is_running_and_cannot_be_trained_twice(runs, tmp_path):
+    # The trainer holds RUN/.lathe-train.lock: `lathe runs` says running (with its pid), a second
+    # `lathe train` of the same run is refused naming it, and once it stops the lock is gone.
+    cfg = runs.parent / "tiny.yaml"
+    r = tmp_path / "live"
+    p = subprocess.Popen([LATHE, "train", str(cfg), "--run-dir", str(r), "--set",
+                          "train.steps=100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        wait_for_step(r, 2, p)
+        rows = [json.loads(l) for l in run(["runs", tmp_path, "--json"]).stdout.splitlines()]
+        assert [row["status"] for row in rows] == [f"running (pid {p.pid} on host {socket.gethostname()})"], rows
+        second = run(["train", cfg, "--run-dir", r], check=False)
+        assert second.returncode != 0
+        assert f"another lathe train is training this run (pid {p.pid} on host" in second.stderr, \
+            second.stderr
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)
+    assert p.returncode == 143
+    rows = [json.loads(l) for l in run(["runs", tmp_path, "--json"]).stdout.splitlines()]
+    assert rows[0]["status"].startswith("stopped at step "), rows

@@ -1,6 +1,7 @@
 #include "io/file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -278,6 +279,55 @@ Status StagedFolder::commit() {
     LATHE_RETURN_IF_ERROR(folder_publish(path_, final_, aside_));
     active_ = false;
     return ok_status();
+}
+
+Result<FileLock> FileLock::try_exclusive(const std::string& path, std::string_view holder) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return io_error("{}: cannot open: {}", path, std::strerror(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        ::close(fd);
+        if (err == EWOULDBLOCK) {
+            Result<std::string> text = file_read_all(path);
+            std::string by = text.ok() ? *text : std::string();
+            while (!by.empty() && (by.back() == '\n' || by.back() == ' ')) by.pop_back();
+            return failed_precondition_error("{}", by.empty() ? "another process" : by);
+        }
+        return io_error("{}: cannot lock: {}", path, std::strerror(err));
+    }
+    FileLock lock;
+    lock.fd_ = fd;
+    const std::string line = std::string(holder) + "\n";
+    if (::ftruncate(fd, 0) != 0 ||
+        ::pwrite(fd, line.data(), line.size(), 0) != ssize_t(line.size()))
+        return io_error("{}: cannot write: {}", path, std::strerror(errno));
+    return lock;
+}
+
+std::optional<std::string> FileLock::holder(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return std::nullopt;
+    const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    ::close(fd);  // drops the shared lock when it was taken
+    if (!held) return std::nullopt;
+    Result<std::string> text = file_read_all(path);
+    std::string by = text.ok() ? *text : std::string();
+    while (!by.empty() && (by.back() == '\n' || by.back() == ' ')) by.pop_back();
+    return by;
+}
+
+FileLock::FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+
+FileLock& FileLock::operator=(FileLock&& other) noexcept {
+    if (this != &other) {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+}
+
+FileLock::~FileLock() {
+    if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace lathe

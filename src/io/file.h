@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -114,6 +115,31 @@ public:
 private:
     std::string final_, path_, aside_;
     bool active_ = false;
+};
+
+// An advisory lock on a file (flock(2), exclusive), held while the object lives: how one process
+// says it owns a folder (`lathe train` its run folder) and others find out. The file keeps a line
+// naming the holder; it is not removed on release (removing would race with the next holder). A
+// process killed outright releases the lock with its file descriptors.
+class FileLock {
+public:
+    // Takes the lock of `path` (created if missing) without waiting and writes `holder` into the
+    // file. Errors: kFailedPrecondition when another open file holds it (the message is what that
+    // holder wrote), kIoError naming the path when it cannot be opened.
+    static Result<FileLock> try_exclusive(const std::string& path, std::string_view holder);
+    // What the current holder of `path` wrote, or nullopt when nobody holds it (or it does not
+    // exist). Takes and drops a shared lock to find out.
+    static std::optional<std::string> holder(const std::string& path);
+
+    FileLock() = default;
+    FileLock(FileLock&& other) noexcept;
+    FileLock& operator=(FileLock&& other) noexcept;
+    FileLock(const FileLock&) = delete;
+    FileLock& operator=(const FileLock&) = delete;
+    ~FileLock();
+
+private:
+    int fd_ = -1;
 };
 
 }  // namespace lathe

@@ -116,5 +116,30 @@ TEST(OutputFolderCheck, RefusesFileAndNonEmptyFolderWithoutOverwrite) {
     EXPECT_NE(file.message().find("not a folder"), std::string::npos) << file.to_string();
 }
 
+// One holder at a time (flock locks belong to an open file, so a second open in this very
+// process conflicts as another process would); the holder's line is what the others read; the
+// lock goes with the object.
+TEST(FileLock, OneHolderAtATimeAndItsLineIsReadBack) {
+    const std::string path = temp_dir() + "/file_lock";
+    std::filesystem::remove(path);
+    EXPECT_FALSE(FileLock::holder(path).has_value());  // missing file: nobody
+    {
+        Result<FileLock> a = FileLock::try_exclusive(path, "pid 1 on host a");
+        ASSERT_TRUE(a.ok()) << a.status().to_string();
+        EXPECT_EQ(FileLock::holder(path), std::optional<std::string>("pid 1 on host a"));
+        Result<FileLock> b = FileLock::try_exclusive(path, "pid 2 on host b");
+        ASSERT_FALSE(b.ok());
+        EXPECT_EQ(b.status().code(), StatusCode::kFailedPrecondition);
+        EXPECT_EQ(b.status().message(), "pid 1 on host a");
+        FileLock moved = std::move(a).value();  // a move keeps the lock
+        EXPECT_TRUE(FileLock::holder(path).has_value());
+    }
+    EXPECT_FALSE(FileLock::holder(path).has_value());  // released: the file stays, unlocked
+    Result<FileLock> c = FileLock::try_exclusive(path, "pid 3 on host c");
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(FileLock::holder(path), std::optional<std::string>("pid 3 on host c"));
+    EXPECT_FALSE(FileLock::try_exclusive(temp_dir() + "/no/such/dir/lock", "x").ok());
+}
+
 }  // namespace
 }  // namespace lathe

@@ -11,10 +11,12 @@
 
 #include "core/progress.h"
 #include "io/config.h"
+#include "io/file.h"
 #include "model/model_config.h"
 #include "model/registry.h"
 #include "run/checkpoint_dir.h"
 #include "run/train_schema.h"
+#include "run/trainer.h"
 
 namespace lathe {
 
@@ -107,7 +109,9 @@ RunRow read_run(const fs::path& run, const ConfigSchema& schema) {
     row.model = run_model(run, config);
     if (config && config->has("train.steps")) row.steps_total = config->get_int("train.steps");
     if (!read_metrics(run / "metrics.jsonl", row)) return row;
-    if (row.steps_total && row.steps_done == *row.steps_total) {
+    if (const std::optional<std::string> by = FileLock::holder((run / kRunLockFile).string())) {
+        row.status = fmt::format("running ({})", *by);
+    } else if (row.steps_total && row.steps_done == *row.steps_total) {
         row.status = "finished";
     } else {
         row.status = fmt::format("stopped at step {}", row.steps_done);

@@ -6,8 +6,9 @@
 //   steps       the last "train" line of metrics.jsonl (0 when none) out of config.yaml's
 //               train.steps
 //   last loss, tokens/s   that last "train" line; best validation loss: the lowest "valid" loss
-//   status      "finished" when done == total, else "stopped at step N". The trainer keeps no
-//               lock or pid file, so a run being trained reads as stopped at its last logged step.
+//   status      "running (pid P on host H)" while a `lathe train` holds the run's lock
+//               (run/trainer.h kRunLockFile), else "finished" when done == total, else
+//               "stopped at step N".
 // A metrics.jsonl line that is not a JSON object makes that row's status
 // "unreadable: metrics.jsonl line N" (1-based), with no metrics; the other rows are unaffected.
 

@@ -149,6 +149,7 @@ private:
     World world_;           // the ranks (one without a launcher); its communicator after device_
     // Bounds every wait on the other ranks (parallel.timeout_s; off for one process).
     std::unique_ptr<Watchdog> watchdog_;
+    FileLock run_lock_;  // rank 0: RUN_DIR/kRunLockFile, held while this process trains the run
     GptNeoxDatasets data_;
     std::optional<Model> model_;
     std::optional<AdamWOptimizer> optimizer_;  // this rank's range, on the model's device
@@ -274,6 +275,26 @@ Status Trainer::setup() {
 #ifdef _OPENMP
     if (s_.threads > 0) omp_set_num_threads(s_.threads);
 #endif
+    // One trainer per run folder: rank 0 locks it (what `lathe runs` reads as "running") before
+    // anything in it is written.
+    Status locked = ok_status();
+    if (lead()) {
+        const std::string lock_path = (fs::path(request_.run_dir) / kRunLockFile).string();
+        auto lock = FileLock::try_exclusive(
+            lock_path, fmt::format("pid {} on host {}", ::getpid(), world_.host));
+        if (lock.ok()) {
+            run_lock_ = std::move(lock).value();
+        } else {
+            locked = lock.status().code() == StatusCode::kFailedPrecondition
+                         ? failed_precondition_error(
+                               "--run-dir {}: another lathe train is training this run ({}); "
+                               "wait for it to end or stop it (SIGTERM saves a checkpoint), "
+                               "or train into another --run-dir",
+                               request_.run_dir, lock.status().message())
+                         : lock.status();
+        }
+    }
+    LATHE_RETURN_IF_ERROR(agree(locked, "rank 0 locking the run folder"));
     LATHE_RETURN_IF_ERROR(check_ranks_agree(/*data=*/false));
     // GPT-NeoX sizes the sample index by the global batch (every rank's micro-batches of a
     // step), so that the samples a run sees do not depend on how many ranks share them.

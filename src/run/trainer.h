@@ -53,6 +53,10 @@ namespace lathe {
 // RUN_DIR/memory_plan.txt: the memory plan table the trainer prints before step 1 (rank 0's, one
 // rank's plan with several), for `lathe report` and people.
 inline constexpr const char* kMemoryPlanFile = "memory_plan.txt";
+// RUN_DIR/.lathe-train.lock: locked (io/file.h FileLock) by the trainer's rank 0 while it trains
+// the run, holding "pid P on host H"; a second `lathe train` of the same run is refused, and
+// `lathe runs` reads a locked run as running.
+inline constexpr const char* kRunLockFile = ".lathe-train.lock";
 
 struct TrainRequest {
     std::vector<std::string> config_files;  // merged left to right
