@@ -284,8 +284,16 @@ Status StagedFolder::commit() {
 Result<FileLock> FileLock::try_exclusive(const std::string& path, std::string_view holder) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return io_error("{}: cannot open: {}", path, std::strerror(errno));
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        const int err = errno;
+    // A reader's probe (holder(): a shared lock for an instant) must not refuse a trainer: retry
+    // for half a second before reporting the holder.
+    int rc = -1, err = 0;
+    for (int tries = 0; tries < 50; ++tries) {
+        rc = ::flock(fd, LOCK_EX | LOCK_NB);
+        err = errno;
+        if (rc == 0 || err != EWOULDBLOCK) break;
+        ::usleep(10'000);
+    }
+    if (rc != 0) {
         ::close(fd);
         if (err == EWOULDBLOCK) {
             Result<std::string> text = file_read_all(path);
@@ -320,14 +328,19 @@ FileLock::FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)
 
 FileLock& FileLock::operator=(FileLock&& other) noexcept {
     if (this != &other) {
-        if (fd_ >= 0) ::close(fd_);
-        fd_ = std::exchange(other.fd_, -1);
+        FileLock old;
+        old.fd_ = std::exchange(fd_, std::exchange(other.fd_, -1));
     }
     return *this;
 }
 
 FileLock::~FileLock() {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ < 0) return;
+    // Emptied before the lock goes, so that nobody quotes a holder that is gone.
+    if (::ftruncate(fd_, 0) != 0) {
+        // Nothing to do: the next holder rewrites the line.
+    }
+    ::close(fd_);
 }
 
 }  // namespace lathe

@@ -34,8 +34,12 @@ std::vector<double> nice_ticks(double lo, double hi, double* step_out) {
         step = m * mag;
         if (step >= raw) break;
     }
+    // Counted, not accumulated: a step too small for the range's magnitude cannot loop forever.
     std::vector<double> ticks;
-    for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) {
+    const double first = std::ceil(lo / step);
+    for (int i = 0; i <= 20; ++i) {
+        const double t = (first + i) * step;
+        if (t > hi + step * 1e-9) break;
         ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
     }
     *step_out = step;
@@ -99,12 +103,17 @@ std::string svg_plot(std::string_view title, std::string_view x_label, std::stri
         }
     }
     if (!std::isfinite(x0)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;  // no point: empty axes
-    // A single value gets a range around it so that it sits in the middle.
-    if (x1 == x0) x0 -= 0.5, x1 += 0.5;
-    if (y1 == y0) {
-        const double d = y0 == 0 ? 0.5 : std::abs(y0) * 0.1;
-        y0 -= d, y1 += d;
-    }
+    // A single value, or values a few ulps apart (e.g. a constant learning rate), get a range
+    // around them so that they sit in the middle and the ticks have a step to count with.
+    const auto widen = [](double& lo, double& hi, double around_zero) {
+        const double scale = std::max(std::abs(lo), std::abs(hi));
+        if (hi - lo > 1e-9 * scale && hi > lo) return;
+        const double d = scale == 0 ? around_zero : scale * 0.1;
+        const double mid = lo / 2 + hi / 2;
+        lo = mid - d, hi = mid + d;
+    };
+    widen(x0, x1, 0.5);
+    widen(y0, y1, 0.5);
     const auto sx = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
     const auto sy = [&](double y) { return top + ph - (y - y0) / (y1 - y0) * ph; };
 
@@ -143,16 +152,19 @@ std::string svg_plot(std::string_view title, std::string_view x_label, std::stri
     double legend_x = left;
     for (size_t i = 0; i < series.size(); ++i) {
         std::string d;
+        int drawn = 0;
         for (const auto& [x, y] : series[i].points) {
             if (!std::isfinite(x) || !std::isfinite(y)) continue;
             d += fmt::format("{}{} {}", d.empty() ? "M" : " L", px(sx(x)), px(sy(y)));
+            ++drawn;
         }
         if (d.empty()) continue;
+        if (drawn == 1) d += " h0.01";  // a lone point: a dot, drawn by the round line cap
         const char* colour = kPalette[i % kPalette.size()];
         const std::string name = html_escape(series[i].name);
         out += fmt::format(
             "<path class=\"series\" data-series=\"{}\" d=\"{}\" fill=\"none\" stroke=\"{}\" "
-            "stroke-width=\"1.5\"/>\n",
+            "stroke-width=\"1.5\" stroke-linecap=\"round\"/>\n",
             name, d, colour);
         out += fmt::format(
             "<line x1=\"{0}\" y1=\"32\" x2=\"{1}\" y2=\"32\" stroke=\"{2}\" stroke-width=\"3\"/>"

@@ -1,7 +1,9 @@
 #include "run/report.h"
 
 #include <gtest/gtest.h>
+
 #include <unistd.h>
+#include <cmath>
 
 #include <filesystem>
 #include <fstream>
@@ -68,6 +70,23 @@ TEST(ReportTest, NonFinitePointsAreLeftOut) {
     const std::string svg = svg_plot("T", "x", "y", {{"a", {{0, 1}, {1, std::nan("")}, {2, 3}}}});
     EXPECT_EQ(count(svg, " L"), 1u);
     EXPECT_EQ(svg.find("nan"), std::string::npos);
+}
+
+// Values a few ulps apart (a constant learning rate read back from text) get a widened range and a
+// handful of ticks, not a tick step too small to advance (which never ended).
+TEST(ReportTest, ValuesUlpsApartGetAWidenedRange) {
+    const double a = 0.001, b = std::nextafter(0.001, 1.0);
+    const std::string svg = svg_plot("T", "x", "y", {{"a", {{0, a}, {1, b}, {2, a}}}});
+    EXPECT_EQ(count(svg, "<path class=\"series\""), 1u);
+    EXPECT_LT(count(svg, "<line "), 40u);
+}
+
+// A series of one point is drawn as a dot (a zero-length segment with a round cap), not as a
+// lone move-to, which SVG draws as nothing.
+TEST(ReportTest, AOnePointSeriesIsADot) {
+    const std::string svg = svg_plot("T", "x", "y", {{"a", {{5, 1.5}}}, {"b", {{1, 1}, {2, 2}}}});
+    EXPECT_EQ(count(svg, " h0.01\""), 1u);
+    EXPECT_EQ(count(svg, "stroke-linecap=\"round\""), 2u);
 }
 
 class ReportFileTest : public ::testing::Test {

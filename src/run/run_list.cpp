@@ -108,9 +108,13 @@ RunRow read_run(const fs::path& run, const ConfigSchema& schema) {
     const std::optional<Config> config = load_run_config(run, schema);
     row.model = run_model(run, config);
     if (config && config->has("train.steps")) row.steps_total = config->get_int("train.steps");
-    if (!read_metrics(run / "metrics.jsonl", row)) return row;
-    if (const std::optional<std::string> by = FileLock::holder((run / kRunLockFile).string())) {
+    // A run being trained reads as running even when its last metrics line is half written.
+    const std::optional<std::string> by = FileLock::holder((run / kRunLockFile).string());
+    const bool readable = read_metrics(run / "metrics.jsonl", row);
+    if (by) {
         row.status = fmt::format("running ({})", *by);
+    } else if (!readable) {
+        return row;
     } else if (row.steps_total && row.steps_done == *row.steps_total) {
         row.status = "finished";
     } else {

@@ -102,6 +102,9 @@ private:
     }, old_int_{}, old_hup_{};
 };
 
+Status check_resume_config(const std::string& run_dir, const ConfigSchema& schema,
+                           const Config& config, int world);
+
 class Trainer {
 public:
     Trainer(const TrainRequest& request, Config config, TrainSettings settings)
@@ -295,6 +298,10 @@ Status Trainer::setup() {
         }
     }
     LATHE_RETURN_IF_ERROR(agree(locked, "rank 0 locking the run folder"));
+    // Only now, with the run locked, is the configuration compared with the newest checkpoint's
+    // (another trainer of the run could be publishing one).
+    LATHE_RETURN_IF_ERROR(
+        check_resume_config(request_.run_dir, config_.schema(), config_, world_.size()));
     LATHE_RETURN_IF_ERROR(check_ranks_agree(/*data=*/false));
     // GPT-NeoX sizes the sample index by the global batch (every rank's micro-batches of a
     // step), so that the samples a run sees do not depend on how many ranks share them.
@@ -694,6 +701,11 @@ Status Trainer::evaluate(double& loss_out) {
 }
 
 Status Trainer::run() {
+    // Whatever ends the run (an error included: main prints it next), the progress line goes.
+    struct ClearBarOnExit {
+        Trainer* t;
+        ~ClearBarOnExit() { t->clear_bar(); }
+    } clear_bar_on_exit{this};
     LATHE_RETURN_IF_ERROR(setup());
     LATHE_RETURN_IF_ERROR(agree(init_or_resume(), "loading the checkpoint or initialising"));
     if (multi()) {
@@ -1010,13 +1022,11 @@ Result<TrainOutcome> train_run(const TrainRequest& request) {
     LATHE_ASSIGN_OR_RETURN(Config config,
                            Config::load(schema, request.config_files, request.overrides));
     LATHE_ASSIGN_OR_RETURN(TrainSettings settings, train_settings_resolve(config));
-    // The ranks the launcher started (the world opens later, in the trainer): a resume may change
-    // their number only as check_resume_config says.
+    // This process's rank (the world opens later, in the trainer).
     LATHE_ASSIGN_OR_RETURN(const ProcessGroupInfo group,
                            process_group_from_env(process_environment()));
     // One voice: ranks other than 0 report warnings and errors only.
     if (group.rank != 0 && log_level() < LogLevel::kWarning) log_set_level(LogLevel::kWarning);
-    LATHE_RETURN_IF_ERROR(check_resume_config(request.run_dir, schema, config, group.world_size));
     Trainer trainer(request, std::move(config), std::move(settings));
     LATHE_RETURN_IF_ERROR(trainer.run());
     return trainer.outcome();
