@@ -29,6 +29,23 @@ data:
 """
 
 
+# A two-layer Llama of hidden size 32 with a validation split: the model and data sections that
+# the run-inspecting tests (runs, report, TensorBoard) share; a test appends its train sections.
+TINY_MODEL_2L = """
+model:
+  family: llama
+  hidden_size: 32
+  intermediate_size: 64
+  num_hidden_layers: 2
+  num_attention_heads: 4
+  num_key_value_heads: 2
+  max_position_embeddings: 64
+  tie_word_embeddings: true
+data:
+  split: "90,10,0"
+  seq_length: 16
+"""
+
 def run(args, check=True, timeout=600, **kw):
     """`lathe ARGS` (each argument str()-ed), output captured as text; with check, a non-zero exit
     raises AssertionError naming the command, its exit code and its stderr."""

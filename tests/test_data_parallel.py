@@ -529,6 +529,24 @@ def test_zero_stages_2_and_3_are_refused_naming_the_key(corpus, tmp_path, stage)
     assert not (r / "checkpoints").exists() or not steps_of(r)
 
 
+def stop_rank_1_mid_run(cmd, run_dir, wait_s):
+    """Starts the job `cmd`, SIGSTOPs its rank 1 once step 5 is logged and waits (at most wait_s)
+    for the job to end by itself; returns (process, its stderr, seconds after the SIGSTOP)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=mpi_env())
+    try:
+        wait_for_step(run_dir, 5, p)
+        pids = rank_pids(p.pid)
+        assert sorted(pids) == [0, 1], pids
+        os.kill(pids[1], signal.SIGSTOP)
+        t0 = time.time()
+        _, err = p.communicate(timeout=wait_s)
+        waited = time.time() - t0
+    finally:
+        stop_job(p)  # rank 1 too, stopped, if the job outlived the test
+    return p, err, waited
+
+
 @needs_mpirun
 def test_a_rank_that_stops_answering_stops_the_run_within_the_timeout(corpus, tmp_path):
     # SIGSTOP rank 1 mid-run: rank 0 waits in a collective until parallel.timeout_s, then the job
@@ -537,18 +555,7 @@ def test_a_rank_that_stops_answering_stops_the_run_within_the_timeout(corpus, tm
     r = tmp_path / "r"
     args = train_args(corpus / "tiny.yaml", r, "train.gradient_accumulation_steps=2",
                       *long_run_sets(), f"parallel.timeout_s={timeout_s}")
-    p = subprocess.Popen(mpirun_args(2, args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=mpi_env())
-    try:
-        wait_for_step(r, 5, p)
-        pids = rank_pids(p.pid)
-        assert sorted(pids) == [0, 1], pids
-        os.kill(pids[1], signal.SIGSTOP)
-        t0 = time.time()
-        _, err = p.communicate(timeout=timeout_s + 40)
-        waited = time.time() - t0
-    finally:
-        stop_job(p)  # rank 1 too, stopped, if the job outlived the test
+    p, err, waited = stop_rank_1_mid_run(mpirun_args(2, args), r, timeout_s + 40)
     assert p.returncode != 0, err
     # The watchdog checks at least every timeout / 4 and gives MPI_Abort 10 s (dist/watchdog.h).
     assert waited < timeout_s + 10 + 10, waited
@@ -684,18 +691,8 @@ def test_gpus_a_rank_that_stops_answering_stops_the_run_within_the_timeout(gpu_c
     r = tmp_path / "r"
     args = gpu_train_args(gpu_corpus, r, 1, f"parallel.timeout_s={timeout_s}", steps=100000,
                           interval=0)
-    p = subprocess.Popen(launch_args(2, args, "--grace-s", "3"), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=mpi_env())
-    try:
-        wait_for_step(r, 5, p)
-        pids = rank_pids(p.pid)
-        assert sorted(pids) == [0, 1], pids
-        os.kill(pids[1], signal.SIGSTOP)
-        t0 = time.time()
-        _, err = p.communicate(timeout=timeout_s + 60)
-        waited = time.time() - t0
-    finally:
-        stop_job(p)
+    p, err, waited = stop_rank_1_mid_run(launch_args(2, args, "--grace-s", "3"), r,
+                                         timeout_s + 60)
     errors = error_lines(err)
     print(f"stopped {waited:.1f} s after the SIGSTOP:\n" + "\n".join(errors))
     assert p.returncode == 124, err

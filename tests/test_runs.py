@@ -12,22 +12,10 @@ import time
 import pytest
 
 from corpus import write_gcide_jsonl
-from lathe_cli import LATHE, run, tokenize_corpus, wait_for_step
+from lathe_cli import LATHE, TINY_MODEL_2L, run, tokenize_corpus, wait_for_step
 
 
-TINY = """
-model:
-  family: llama
-  hidden_size: 32
-  intermediate_size: 64
-  num_hidden_layers: 2
-  num_attention_heads: 4
-  num_key_value_heads: 2
-  max_position_embeddings: 64
-  tie_word_embeddings: true
-data:
-  split: "90,10,0"
-  seq_length: 16
+TINY = TINY_MODEL_2L + """
 train:
   steps: 6
   micro_batch_size: 2

@@ -134,8 +134,6 @@ private:
     // Data parallel: this process writes the run's shared files (metrics, config, the model).
     bool lead() const { return world_.rank() == 0; }
     bool multi() const { return !world_.single(); }
-    // Every rank waits for the others (data parallel; a no-op for one process).
-    Status barrier(std::string_view what);
     // Data parallel: every rank learns whether every rank's `mine` is ok, so that an error on one
     // rank (often rank 0's alone: files, data caches) stops all of them with it, instead of
     // leaving the others waiting in their next collective. Returns `mine` when it failed, else an
@@ -483,13 +481,6 @@ Status Trainer::agree(Status mine, std::string_view what) {
             world_.who(), what);
     }
     return ok_status();
-}
-
-Status Trainer::barrier(std::string_view what) {
-    if (!multi()) return ok_status();
-    auto guard = watchdog_->arm(fmt::format("waiting for {}", what));
-    return lathe::barrier(*world_.comm, dp_ ? dp_->stream() : device_.context().stream)
-        .with_context(fmt::format("{}: waiting for {}", world_.who(), what));
 }
 
 Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_state) {
