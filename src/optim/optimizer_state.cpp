@@ -133,6 +133,10 @@ constexpr std::string_view kShardPrefix = "optimizer.rank-";
 constexpr std::string_view kShardOf = "-of-";
 constexpr std::string_view kShardSuffix = ".safetensors";
 constexpr const char* kShardFormat = "lathe-adamw-shard";
+constexpr const char* kRangesFormat = "lathe-adamw-ranges";
+// The metadata keys of each shard format, for messages.
+constexpr const char* kShardKeys = "format, range_begin, range_end, total, used, rank, world";
+constexpr const char* kRangesKeys = "format, ranges, used, rank, world";
 
 // A non-negative decimal int64 written by fmt ("0", "4096"), or nullopt.
 std::optional<int64_t> parse_decimal(std::string_view s) {
@@ -185,13 +189,12 @@ Result<std::pair<const SafetensorsTensor*, const SafetensorsTensor*>> moment_ten
     return std::make_pair(t[0], t[1]);
 }
 
-// The metadata value `key` of a shard file as a decimal int64.
-Result<int64_t> shard_meta(const SafetensorsFile& file, const char* key) {
+// The metadata value `key` of a shard file as a decimal int64; `keys` are those of its format.
+Result<int64_t> shard_meta(const SafetensorsFile& file, const char* key, const char* keys) {
     const auto it = file.metadata().find(key);
     if (it == file.metadata().end()) {
         return data_loss_error("{}: metadata has no '{}' (an optimizer shard file holds {})",
-                               file.path(), key,
-                               "format, range_begin, range_end, total, used, rank, world");
+                               file.path(), key, keys);
     }
     const std::optional<int64_t> v = parse_decimal(it->second);
     if (!v) {
@@ -201,7 +204,32 @@ Result<int64_t> shard_meta(const SafetensorsFile& file, const char* key) {
     return *v;
 }
 
-// One validated shard file: its range of the writer's vector.
+// The format of a shard file, kShardFormat or kRangesFormat, or the error naming the file.
+Result<std::string> shard_format(const SafetensorsFile& file) {
+    const auto format = file.metadata().find("format");
+    if (format == file.metadata().end() ||
+        (format->second != kShardFormat && format->second != kRangesFormat)) {
+        return data_loss_error("{}: metadata 'format' is {}, expected '{}' or '{}'", file.path(),
+                               format == file.metadata().end()
+                                   ? std::string("missing")
+                                   : "'" + escape_for_message(format->second) + "'",
+                               kShardFormat, kRangesFormat);
+    }
+    return format->second;
+}
+
+// Checks the metadata rank and world of a shard file against its name.
+Status check_shard_name(const SafetensorsFile& file, ShardName name, const char* keys) {
+    LATHE_ASSIGN_OR_RETURN(const int64_t rank, shard_meta(file, "rank", keys));
+    LATHE_ASSIGN_OR_RETURN(const int64_t world, shard_meta(file, "world", keys));
+    if (rank != name.rank || world != name.world) {
+        return data_loss_error("{}: metadata says rank {} of {}, the file name rank {} of {}",
+                               file.path(), rank, world, name.rank, name.world);
+    }
+    return ok_status();
+}
+
+// One validated single-range shard file: its range of the writer's vector.
 struct ShardFile {
     SafetensorsFile file;
     int64_t begin = 0, end = 0, total = 0, used = 0;
@@ -209,30 +237,16 @@ struct ShardFile {
     const SafetensorsTensor* exp_avg_sq = nullptr;
 };
 
-Result<ShardFile> open_shard(const std::string& path, ShardName name) {
-    LATHE_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path));
-    const auto format = file.metadata().find("format");
-    if (format == file.metadata().end() || format->second != kShardFormat) {
-        return data_loss_error("{}: metadata 'format' is {}, expected '{}'", path,
-                               format == file.metadata().end()
-                                   ? std::string("missing")
-                                   : "'" + escape_for_message(format->second) + "'",
-                               kShardFormat);
-    }
+Result<ShardFile> open_shard(SafetensorsFile file, ShardName name) {
     ShardFile s;
-    LATHE_ASSIGN_OR_RETURN(s.begin, shard_meta(file, "range_begin"));
-    LATHE_ASSIGN_OR_RETURN(s.end, shard_meta(file, "range_end"));
-    LATHE_ASSIGN_OR_RETURN(s.total, shard_meta(file, "total"));
-    LATHE_ASSIGN_OR_RETURN(s.used, shard_meta(file, "used"));
-    LATHE_ASSIGN_OR_RETURN(const int64_t rank, shard_meta(file, "rank"));
-    LATHE_ASSIGN_OR_RETURN(const int64_t world, shard_meta(file, "world"));
-    if (rank != name.rank || world != name.world) {
-        return data_loss_error("{}: metadata says rank {} of {}, the file name rank {} of {}", path,
-                               rank, world, name.rank, name.world);
-    }
+    LATHE_ASSIGN_OR_RETURN(s.begin, shard_meta(file, "range_begin", kShardKeys));
+    LATHE_ASSIGN_OR_RETURN(s.end, shard_meta(file, "range_end", kShardKeys));
+    LATHE_ASSIGN_OR_RETURN(s.total, shard_meta(file, "total", kShardKeys));
+    LATHE_ASSIGN_OR_RETURN(s.used, shard_meta(file, "used", kShardKeys));
+    LATHE_RETURN_IF_ERROR(check_shard_name(file, name, kShardKeys));
     if (s.begin > s.end || s.end > s.total || s.used > s.total) {
         return data_loss_error("{}: metadata range [{}, {}) with used {} does not fit in total {}",
-                               path, s.begin, s.end, s.used, s.total);
+                               file.path(), s.begin, s.end, s.used, s.total);
     }
     LATHE_ASSIGN_OR_RETURN(auto tensors, moment_tensors(file, s.end - s.begin));
     s.exp_avg = tensors.first;
@@ -241,58 +255,143 @@ Result<ShardFile> open_shard(const std::string& path, ShardName name) {
     return s;
 }
 
-// Copies elements [lo, hi) of the writer's vector from `t` (holding [t_begin, ...)) into `dst`
-// (holding [dst_begin, ...)).
-void copy_elements(const SafetensorsTensor& t, int64_t t_begin, int64_t lo, int64_t hi, float* dst,
-                   int64_t dst_begin) {
-    if (hi <= lo) return;
-    std::memcpy(dst + (lo - dst_begin), t.data + uint64_t(lo - t_begin) * sizeof(float),
-                size_t(hi - lo) * sizeof(float));
+// The metadata "ranges" of a range-list shard file written for `used` elements: non-empty,
+// sorted, disjoint, within [0, used).
+Result<std::vector<FlatRange>> parse_ranges(const SafetensorsFile& file, int64_t used) {
+    const auto it = file.metadata().find("ranges");
+    if (it == file.metadata().end()) {
+        return data_loss_error("{}: metadata has no 'ranges' (an optimizer shard file holds {})",
+                               file.path(), kRangesKeys);
+    }
+    std::vector<FlatRange> ranges;
+    if (it->second.empty()) return ranges;
+    const std::vector<std::string_view> items = split(it->second, ',');
+    for (size_t i = 0; i < items.size(); ++i) {
+        const std::string_view item = items[i];
+        const size_t dash = item.find('-');
+        const std::optional<int64_t> b =
+            dash == std::string_view::npos ? std::nullopt : parse_decimal(item.substr(0, dash));
+        const std::optional<int64_t> e =
+            dash == std::string_view::npos ? std::nullopt : parse_decimal(item.substr(dash + 1));
+        if (!b || !e) {
+            return data_loss_error(
+                "{}: metadata 'ranges' item {} is '{}', not B-E with non-negative decimal B and E",
+                file.path(), i, escape_for_message(item));
+        }
+        if (*b >= *e) {
+            return data_loss_error(
+                "{}: metadata 'ranges' item {} is '{}-{}', an empty range (B must be below E)",
+                file.path(), i, *b, *e);
+        }
+        if (!ranges.empty() && *b < ranges.back().end) {
+            return data_loss_error(
+                "{}: metadata 'ranges' item {} '{}-{}' begins before item {} '{}-{}' ends (the "
+                "ranges of a file are sorted and disjoint)",
+                file.path(), i, *b, *e, i - 1, ranges.back().begin, ranges.back().end);
+        }
+        if (*e > used) {
+            return data_loss_error("{}: metadata 'ranges' item {} '{}-{}' ends past 'used' {}",
+                                   file.path(), i, *b, *e, used);
+        }
+        ranges.push_back({*b, *e});
+    }
+    return ranges;
 }
 
-}  // namespace
+// One validated range-list shard file.
+struct ListShardFile {
+    SafetensorsFile file;
+    int64_t used = 0;
+    std::vector<FlatRange> ranges;
+    const SafetensorsTensor* exp_avg = nullptr;
+    const SafetensorsTensor* exp_avg_sq = nullptr;
+};
 
-std::string optimizer_state_shard_name(int rank, int world) {
-    LATHE_CHECK(rank >= 0 && rank < world, "shard {} of {}", rank, world);
-    return fmt::format("{}{:05d}{}{:05d}{}", kShardPrefix, rank, kShardOf, world, kShardSuffix);
+Result<ListShardFile> open_list_shard(SafetensorsFile file, ShardName name) {
+    ListShardFile s;
+    LATHE_ASSIGN_OR_RETURN(s.used, shard_meta(file, "used", kRangesKeys));
+    LATHE_RETURN_IF_ERROR(check_shard_name(file, name, kRangesKeys));
+    LATHE_ASSIGN_OR_RETURN(s.ranges, parse_ranges(file, s.used));
+    int64_t n = 0;
+    for (const FlatRange& r : s.ranges) n += r.size();
+    LATHE_ASSIGN_OR_RETURN(auto tensors, moment_tensors(file, n));
+    s.exp_avg = tensors.first;
+    s.exp_avg_sq = tensors.second;
+    s.file = std::move(file);  // the tensors point into the map, which moves with it
+    return s;
 }
 
-Status optimizer_state_save_shard(const AdamWOptimizer& optimizer, const std::string& dir, int rank,
-                                  int world, int64_t used) {
-    const FlatRange r = optimizer.range();
-    LATHE_CHECK(used >= 0 && used <= optimizer.total(), "used {} of a vector of {}", used,
-                optimizer.total());
-    const std::string name = optimizer_state_shard_name(rank, world);
-    const size_t n = size_t(r.size());
-    std::vector<float> m(n), v(n);
-    optimizer.read_state(m, v);
-    const Shape shape{int64_t(n)};
-    const SafetensorsWriteTensor tensors[] = {
-        safetensors_write_tensor(kExpAvg, ConstTensorView(m.data(), DType::kF32, shape)),
-        safetensors_write_tensor(kExpAvgSq, ConstTensorView(v.data(), DType::kF32, shape)),
-    };
-    const std::map<std::string, std::string> metadata = {
-        {"format", kShardFormat},
-        {"range_begin", std::to_string(r.begin)},
-        {"range_end", std::to_string(r.end)},
-        {"total", std::to_string(optimizer.total())},
-        {"used", std::to_string(used)},
-        {"rank", std::to_string(rank)},
-        {"world", std::to_string(world)},
-    };
-    return safetensors_write_file((fs::path(dir) / name).string(), tensors, metadata);
+// A run of canonical elements [begin, end) that one mapped file holds: the moments of `begin`
+// and on start at m and v.
+struct Piece {
+    int64_t begin = 0, end = 0;
+    const uint8_t* m = nullptr;
+    const uint8_t* v = nullptr;
+    size_t file = 0;  // index into OpenState::files
+};
+
+// A checkpoint's optimizer state, validated: the mapped files and their pieces, sorted by begin,
+// tiling [0, used) (the pieces point into the maps, which stay where they are when moved).
+struct OpenState {
+    std::vector<SafetensorsFile> files;
+    std::vector<Piece> pieces;
+};
+
+std::string range_string(int64_t begin, int64_t end) {
+    return fmt::format("{}-{}", begin, end);
 }
 
-namespace {
+// Checks that the pieces of a range-list set (sorted here) tile [0, used), naming the files of
+// an overlap or around a gap.
+Status check_tiling(const std::string& dir, int world, int64_t used, OpenState& st) {
+    std::sort(st.pieces.begin(), st.pieces.end(),
+              [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+    int64_t expect = 0;
+    const Piece* prev = nullptr;
+    for (const Piece& p : st.pieces) {
+        if (p.begin < expect) {
+            return data_loss_error(
+                "{}: range {} overlaps range {} of {}; two files hold the same elements, so the "
+                "optimizer shard set does not tile one vector",
+                st.files[p.file].path(), range_string(p.begin, p.end),
+                range_string(prev->begin, prev->end), st.files[prev->file].path());
+        }
+        if (p.begin > expect) {
+            return data_loss_error(
+                "{}: no file of the optimizer shard set of {} ranks holds elements [{}, {}) "
+                "(before range {} of {}); the set does not cover the model's {} parameters",
+                dir, world, expect, p.begin, range_string(p.begin, p.end), st.files[p.file].path(),
+                used);
+        }
+        expect = p.end;
+        prev = &p;
+    }
+    if (expect != used) {
+        if (prev == nullptr) {
+            return data_loss_error(
+                "{}: no file of the optimizer shard set of {} ranks holds any element (their "
+                "'ranges' are empty); the set does not cover the model's {} parameters",
+                dir, world, used);
+        }
+        return data_loss_error(
+            "{}: no file of the optimizer shard set of {} ranks holds elements [{}, {}) (after "
+            "range {} of {}); the set does not cover the model's {} parameters",
+            dir, world, expect, used, range_string(prev->begin, prev->end),
+            st.files[prev->file].path(), used);
+    }
+    return ok_status();
+}
 
-// Validates the state in `dir` for a model of `used` parameters and fills elements
-// [r.begin, r.end) of its vector into m and v (r.size() each, zero at and after `used`).
-Status read_checkpoint(const std::string& dir, int64_t used, FlatRange r, std::span<float> m,
-                       std::span<float> v) {
-    LATHE_CHECK(int64_t(m.size()) == r.size() && int64_t(v.size()) == r.size(),
-                "range of {} into {} / {} elements", r.size(), m.size(), v.size());
-    std::fill(m.begin(), m.end(), 0.0f);
-    std::fill(v.begin(), v.end(), 0.0f);
+std::string another_model(const std::string& path, int64_t theirs, int64_t ours) {
+    return fmt::format(
+        "{}: written for a model of {} parameters, this one has {}; the checkpoint belongs to "
+        "another model",
+        path, theirs, ours);
+}
+
+// Opens and validates the state in `dir` for a model of `used` parameters: the full file or a
+// complete shard set of either format.
+Result<OpenState> open_state(const std::string& dir, int64_t used) {
     // What the folder holds: the full file, shard files by world size.
     std::error_code ec;
     if (!fs::is_directory(dir, ec))
@@ -332,10 +431,10 @@ Status read_checkpoint(const std::string& dir, int64_t used, FlatRange r, std::s
             dir, worlds);
     }
 
-    const int64_t lo = r.begin, hi = std::min(r.end, used);  // what is read; the rest is zero
+    OpenState st;
     if (full) {
         const std::string path = (fs::path(dir) / kOptimizerStateFullName).string();
-        LATHE_ASSIGN_OR_RETURN(const SafetensorsFile file, SafetensorsFile::open(path));
+        LATHE_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path));
         LATHE_ASSIGN_OR_RETURN(auto tensors, moment_tensors(file, std::nullopt));
         const int64_t length = int64_t(tensors.first->nbytes() / sizeof(float));
         if (length < used) {
@@ -344,35 +443,49 @@ Status read_checkpoint(const std::string& dir, int64_t used, FlatRange r, std::s
                 "written for another model?",
                 path, length, used);
         }
-        copy_elements(*tensors.first, 0, lo, hi, m.data(), r.begin);
-        copy_elements(*tensors.second, 0, lo, hi, v.data(), r.begin);
-    } else {
-        const int world = ranks_by_world.begin()->first;
-        std::vector<int>& ranks = ranks_by_world.begin()->second;
-        std::sort(ranks.begin(), ranks.end());
-        if (int(ranks.size()) != world) {
-            std::string missing;
-            int count = 0;
-            for (int k = 0, i = 0; k < world; ++k) {
-                if (i < int(ranks.size()) && ranks[size_t(i)] == k) {
-                    ++i;
-                    continue;
-                }
-                if (count++ < 8)
-                    missing += fmt::format("{}{}", missing.empty() ? "" : ", ",
-                                           optimizer_state_shard_name(k, world));
+        if (used > 0) st.pieces.push_back({0, used, tensors.first->data, tensors.second->data, 0});
+        st.files.push_back(std::move(file));
+        return st;
+    }
+
+    const int world = ranks_by_world.begin()->first;
+    std::vector<int>& ranks = ranks_by_world.begin()->second;
+    std::sort(ranks.begin(), ranks.end());
+    if (int(ranks.size()) != world) {
+        std::string missing;
+        int count = 0;
+        for (int k = 0, i = 0; k < world; ++k) {
+            if (i < int(ranks.size()) && ranks[size_t(i)] == k) {
+                ++i;
+                continue;
             }
-            if (count > 8) missing += fmt::format(" and {} more", count - 8);
-            return not_found_error(
-                "{}: the optimizer shard set of {} ranks is incomplete: missing {} (the checkpoint "
-                "was not written by every rank; resume from an older one)",
-                dir, world, missing);
+            if (count++ < 8)
+                missing += fmt::format("{}{}", missing.empty() ? "" : ", ",
+                                       optimizer_state_shard_name(k, world));
         }
-        int64_t expect_begin = 0, total = 0;
-        for (int k = 0; k < world; ++k) {
-            const std::string path =
-                (fs::path(dir) / optimizer_state_shard_name(k, world)).string();
-            LATHE_ASSIGN_OR_RETURN(const ShardFile s, open_shard(path, {k, world}));
+        if (count > 8) missing += fmt::format(" and {} more", count - 8);
+        return not_found_error(
+            "{}: the optimizer shard set of {} ranks is incomplete: missing {} (the checkpoint "
+            "was not written by every rank; resume from an older one)",
+            dir, world, missing);
+    }
+    st.files.reserve(size_t(world));
+    std::string format;
+    int64_t expect_begin = 0, total = 0;  // the single-range set's tiling
+    for (int k = 0; k < world; ++k) {
+        const std::string path = (fs::path(dir) / optimizer_state_shard_name(k, world)).string();
+        LATHE_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path));
+        LATHE_ASSIGN_OR_RETURN(const std::string f, shard_format(file));
+        if (k == 0) format = f;
+        if (f != format) {
+            return data_loss_error(
+                "{}: metadata 'format' is '{}', but {} is '{}'; the files of a shard set lathe "
+                "writes have one format, so the set is not one checkpoint's",
+                path, f, optimizer_state_shard_name(0, world), format);
+        }
+        const size_t index = st.files.size();
+        if (f == kShardFormat) {
+            LATHE_ASSIGN_OR_RETURN(ShardFile s, open_shard(std::move(file), {k, world}));
             if (k == 0) total = s.total;
             if (s.total != total || s.begin != expect_begin) {
                 return data_loss_error(
@@ -380,18 +493,26 @@ Status read_checkpoint(const std::string& dir, int64_t used, FlatRange r, std::s
                     "{}; the shard set does not tile one vector",
                     path, s.begin, s.end, s.total, expect_begin, total);
             }
-            if (s.used != used) {
-                return data_loss_error(
-                    "{}: written for a model of {} parameters, this one has {}; the checkpoint "
-                    "belongs to another model",
-                    path, s.used, used);
-            }
+            if (s.used != used) return data_loss_error("{}", another_model(path, s.used, used));
             expect_begin = s.end;
-            copy_elements(*s.exp_avg, s.begin, std::max(lo, s.begin), std::min(hi, s.end), m.data(),
-                          r.begin);
-            copy_elements(*s.exp_avg_sq, s.begin, std::max(lo, s.begin), std::min(hi, s.end),
-                          v.data(), r.begin);
+            // The part below `used`; the padding after it is not read.
+            if (s.begin < std::min(s.end, used))
+                st.pieces.push_back(
+                    {s.begin, std::min(s.end, used), s.exp_avg->data, s.exp_avg_sq->data, index});
+            st.files.push_back(std::move(s.file));
+        } else {
+            LATHE_ASSIGN_OR_RETURN(ListShardFile s, open_list_shard(std::move(file), {k, world}));
+            if (s.used != used) return data_loss_error("{}", another_model(path, s.used, used));
+            uint64_t offset = 0;  // bytes into each tensor
+            for (const FlatRange& r : s.ranges) {
+                st.pieces.push_back(
+                    {r.begin, r.end, s.exp_avg->data + offset, s.exp_avg_sq->data + offset, index});
+                offset += uint64_t(r.size()) * sizeof(float);
+            }
+            st.files.push_back(std::move(s.file));
         }
+    }
+    if (format == kShardFormat) {
         if (expect_begin != total) {
             return data_loss_error(
                 "{}: the {} shards end at {}, not at their total {}; the shard set does not tile "
@@ -399,27 +520,149 @@ Status read_checkpoint(const std::string& dir, int64_t used, FlatRange r, std::s
                 (fs::path(dir) / optimizer_state_shard_name(world - 1, world)).string(), world,
                 expect_begin, total);
         }
+    } else {
+        LATHE_RETURN_IF_ERROR(check_tiling(dir, world, used, st));
     }
-    return ok_status();
+    return st;
+}
+
+// Copies canonical elements [want.begin, want.end) (within [0, used)) from the pieces into m
+// and v, reading only those bytes.
+void fill(const OpenState& st, FlatRange want, float* m, float* v) {
+    if (want.size() <= 0) return;
+    // The last piece beginning at or before want.begin: the pieces tile [0, used).
+    auto it = std::upper_bound(st.pieces.begin(), st.pieces.end(), want.begin,
+                               [](int64_t at, const Piece& p) { return at < p.begin; });
+    LATHE_CHECK(it != st.pieces.begin(), "element {} before the first piece", want.begin);
+    --it;
+    for (int64_t at = want.begin; at < want.end; ++it) {
+        LATHE_CHECK(it != st.pieces.end() && it->begin <= at && at < it->end,
+                    "element {} in no piece", at);
+        const int64_t hi = std::min(want.end, it->end);
+        const uint64_t from = uint64_t(at - it->begin) * sizeof(float);
+        const size_t bytes = size_t(hi - at) * sizeof(float);
+        std::memcpy(m + (at - want.begin), it->m + from, bytes);
+        std::memcpy(v + (at - want.begin), it->v + from, bytes);
+        at = hi;
+    }
 }
 
 }  // namespace
+
+std::string optimizer_state_shard_name(int rank, int world) {
+    LATHE_CHECK(rank >= 0 && rank < world, "shard {} of {}", rank, world);
+    return fmt::format("{}{:05d}{}{:05d}{}", kShardPrefix, rank, kShardOf, world, kShardSuffix);
+}
+
+Status optimizer_state_save_shard(const AdamWOptimizer& optimizer, const std::string& dir, int rank,
+                                  int world, int64_t used) {
+    const FlatRange r = optimizer.range();
+    LATHE_CHECK(used >= 0 && used <= optimizer.total(), "used {} of a vector of {}", used,
+                optimizer.total());
+    const std::string name = optimizer_state_shard_name(rank, world);
+    const size_t n = size_t(r.size());
+    std::vector<float> m(n), v(n);
+    optimizer.read_state(m, v);
+    const Shape shape{int64_t(n)};
+    const SafetensorsWriteTensor tensors[] = {
+        safetensors_write_tensor(kExpAvg, ConstTensorView(m.data(), DType::kF32, shape)),
+        safetensors_write_tensor(kExpAvgSq, ConstTensorView(v.data(), DType::kF32, shape)),
+    };
+    const std::map<std::string, std::string> metadata = {
+        {"format", kShardFormat},
+        {"range_begin", std::to_string(r.begin)},
+        {"range_end", std::to_string(r.end)},
+        {"total", std::to_string(optimizer.total())},
+        {"used", std::to_string(used)},
+        {"rank", std::to_string(rank)},
+        {"world", std::to_string(world)},
+    };
+    return safetensors_write_file((fs::path(dir) / name).string(), tensors, metadata);
+}
+
+Status optimizer_state_save_shard(std::span<const float> exp_avg, std::span<const float> exp_avg_sq,
+                                  std::span<const FlatRange> ranges, const std::string& dir,
+                                  int rank, int world, int64_t used) {
+    LATHE_CHECK(used >= 0, "used {}", used);
+    const std::string name = optimizer_state_shard_name(rank, world);
+    // The metadata list: empty ranges dropped, adjacent ones merged.
+    std::string list;
+    int64_t n = 0, prev_end = 0;
+    std::optional<FlatRange> open;
+    const auto flush = [&] {
+        if (open)
+            list +=
+                fmt::format("{}{}", list.empty() ? "" : ",", range_string(open->begin, open->end));
+    };
+    for (const FlatRange& r : ranges) {
+        LATHE_CHECK(r.begin >= prev_end && r.begin <= r.end && r.end <= used,
+                    "range [{}, {}) after one ending at {}, of {} elements: the ranges of a shard "
+                    "are sorted, disjoint and within [0, used)",
+                    r.begin, r.end, prev_end, used);
+        n += r.size();
+        prev_end = r.end;
+        if (r.size() == 0) continue;
+        if (open && open->end == r.begin) {
+            open->end = r.end;
+        } else {
+            flush();
+            open = r;
+        }
+    }
+    flush();
+    LATHE_CHECK(int64_t(exp_avg.size()) == n && int64_t(exp_avg_sq.size()) == n,
+                "moments of {} and {} elements for ranges of {}", exp_avg.size(), exp_avg_sq.size(),
+                n);
+    const Shape shape{n};
+    const SafetensorsWriteTensor tensors[] = {
+        safetensors_write_tensor(kExpAvg, ConstTensorView(exp_avg.data(), DType::kF32, shape)),
+        safetensors_write_tensor(kExpAvgSq, ConstTensorView(exp_avg_sq.data(), DType::kF32, shape)),
+    };
+    const std::map<std::string, std::string> metadata = {
+        {"format", kRangesFormat},        {"ranges", list},
+        {"used", std::to_string(used)},   {"rank", std::to_string(rank)},
+        {"world", std::to_string(world)},
+    };
+    return safetensors_write_file((fs::path(dir) / name).string(), tensors, metadata);
+}
+
+Status optimizer_state_load_ranges(const std::string& dir, int64_t used,
+                                   std::span<const FlatRange> ranges, std::span<float> exp_avg,
+                                   std::span<float> exp_avg_sq) {
+    int64_t n = 0;
+    for (const FlatRange& r : ranges) {
+        LATHE_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= used,
+                    "loading range [{}, {}) of a model of {} elements", r.begin, r.end, used);
+        n += r.size();
+    }
+    LATHE_CHECK(int64_t(exp_avg.size()) == n && int64_t(exp_avg_sq.size()) == n,
+                "ranges of {} elements into {} / {}", n, exp_avg.size(), exp_avg_sq.size());
+    LATHE_ASSIGN_OR_RETURN(const OpenState st, open_state(dir, used));
+    int64_t at = 0;
+    for (const FlatRange& r : ranges) {
+        fill(st, r, exp_avg.data() + at, exp_avg_sq.data() + at);
+        at += r.size();
+    }
+    return ok_status();
+}
 
 Status optimizer_state_load_checkpoint(AdamWOptimizer& optimizer, const std::string& dir,
                                        int64_t used) {
     const FlatRange r = optimizer.range();
     LATHE_CHECK(used >= 0 && used <= optimizer.total(), "used {} of a vector of {}", used,
                 optimizer.total());
+    // Elements at and after `used` are padding: zero.
     const size_t n = size_t(r.size());
-    std::vector<float> m(n), v(n);
-    LATHE_RETURN_IF_ERROR(read_checkpoint(dir, used, r, m, v));
+    std::vector<float> m(n, 0.0f), v(n, 0.0f);
+    LATHE_ASSIGN_OR_RETURN(const OpenState st, open_state(dir, used));
+    fill(st, {r.begin, std::max(r.begin, std::min(r.end, used))}, m.data(), v.data());
     optimizer.write_state(m, v);
     return ok_status();
 }
 
 Status optimizer_state_check_checkpoint(const std::string& dir, int64_t used) {
     LATHE_CHECK(used >= 0, "used {}", used);
-    return read_checkpoint(dir, used, {0, 0}, {}, {});
+    return open_state(dir, used).status();
 }
 
 }  // namespace lathe
