@@ -298,6 +298,14 @@ Result<std::vector<FlatRange>> parse_ranges(const SafetensorsFile& file, int64_t
     return ranges;
 }
 
+// The message for a shard file of another model.
+std::string another_model(const std::string& path, int64_t theirs, int64_t ours) {
+    return fmt::format(
+        "{}: written for a model of {} parameters, this one has {}; the checkpoint belongs to "
+        "another model",
+        path, theirs, ours);
+}
+
 // One validated range-list shard file.
 struct ListShardFile {
     SafetensorsFile file;
@@ -307,10 +315,12 @@ struct ListShardFile {
     const SafetensorsTensor* exp_avg_sq = nullptr;
 };
 
-Result<ListShardFile> open_list_shard(SafetensorsFile file, ShardName name) {
+// Validates a range-list shard file for a model of `used` elements.
+Result<ListShardFile> open_list_shard(SafetensorsFile file, ShardName name, int64_t used) {
     ListShardFile s;
     LATHE_ASSIGN_OR_RETURN(s.used, shard_meta(file, "used", kRangesKeys));
     LATHE_RETURN_IF_ERROR(check_shard_name(file, name, kRangesKeys));
+    if (s.used != used) return data_loss_error("{}", another_model(file.path(), s.used, used));
     LATHE_ASSIGN_OR_RETURN(s.ranges, parse_ranges(file, s.used));
     int64_t n = 0;
     for (const FlatRange& r : s.ranges) n += r.size();
@@ -380,13 +390,6 @@ Status check_tiling(const std::string& dir, int world, int64_t used, OpenState& 
             st.files[prev->file].path(), used);
     }
     return ok_status();
-}
-
-std::string another_model(const std::string& path, int64_t theirs, int64_t ours) {
-    return fmt::format(
-        "{}: written for a model of {} parameters, this one has {}; the checkpoint belongs to "
-        "another model",
-        path, theirs, ours);
 }
 
 // Opens and validates the state in `dir` for a model of `used` parameters: the full file or a
@@ -501,8 +504,8 @@ Result<OpenState> open_state(const std::string& dir, int64_t used) {
                     {s.begin, std::min(s.end, used), s.exp_avg->data, s.exp_avg_sq->data, index});
             st.files.push_back(std::move(s.file));
         } else {
-            LATHE_ASSIGN_OR_RETURN(ListShardFile s, open_list_shard(std::move(file), {k, world}));
-            if (s.used != used) return data_loss_error("{}", another_model(path, s.used, used));
+            LATHE_ASSIGN_OR_RETURN(ListShardFile s,
+                                   open_list_shard(std::move(file), {k, world}, used));
             uint64_t offset = 0;  // bytes into each tensor
             for (const FlatRange& r : s.ranges) {
                 st.pieces.push_back(

@@ -94,10 +94,10 @@ inline constexpr const char* kOptimizerStateFullName = "optimizer.safetensors";
 // 0 <= rank < world (checked).
 std::string optimizer_state_shard_name(int rank, int world);
 
-// Writes `dir`/optimizer_state_shard_name(rank, world) with the moments of `optimizer`'s range
-// and the shard metadata above; `used` is the end of the model's last real parameter
-// (0 <= used <= optimizer.total(), checked). The ranges of the `world` writers must tile
-// [0, total) in rank order (the loader checks). Errors: kIoError naming the file.
+// Writes `dir`/optimizer_state_shard_name(rank, world), a single-range shard: the moments of
+// `optimizer`'s range and the single-range metadata above; `used` is the end of the model's last
+// real parameter (0 <= used <= optimizer.total(), checked). The ranges of the `world` writers must
+// tile [0, total) in rank order (the loader checks). Errors: kIoError naming the file.
 Status optimizer_state_save_shard(const AdamWOptimizer& optimizer, const std::string& dir, int rank,
                                   int world, int64_t used);
 

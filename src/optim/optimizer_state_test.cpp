@@ -1,7 +1,10 @@
 // optimizer.safetensors: the bytes (those of the house safetensors writer, dense or sparse), the
 // round trip through an optimizer (whole and shard), and the errors of reading, each naming the
 // file and the tensor. The shard sets: saved at one world size and loaded at every other (and
-// from the full file), bit for bit, and the errors of an incomplete, corrupt or foreign set.
+// from the full file), bit for bit, and the errors of an incomplete, corrupt or foreign set. The
+// range-list sets of interleaved unit chunks: their metadata and bytes, round trips and
+// re-sharding between worlds, loads from single-range sets and the full file (and into the
+// single-range API), and every malformed set, refused alike by the loader and rank 0's check.
 
 #include "optim/optimizer_state.h"
 
@@ -422,6 +425,326 @@ TEST(OptimizerStateShards, FullFileShorterThanTheModelIsAnError) {
     expect_error(load_into_one(dir), StatusCode::kDataLoss,
                  {dir + "/optimizer.safetensors", "36 f32 values", "37 parameters"});
     fs::remove_all(dir);
+}
+
+// The range-list sets. A model of units (the entries before layer 0, each layer, those after the
+// last) of the given canonical lengths, one after another from 0 as in the one-process arena. With
+// W ranks each unit is padded to a multiple of granule * W and rank r owns chunk r of every unit:
+// in canonical coordinates, the part of [u + r * c, u + (r + 1) * c) below the unit's end (empty
+// for a chunk of padding only).
+std::vector<FlatRange> unit_chunks(const std::vector<int64_t>& units, int64_t granule, int world,
+                                   int rank) {
+    std::vector<FlatRange> out;
+    int64_t u = 0;
+    for (const int64_t n : units) {
+        const int64_t c = (n + granule * world - 1) / (granule * world) * granule;
+        out.push_back({std::min(u + rank * c, u + n), std::min(u + (rank + 1) * c, u + n)});
+        u += n;
+    }
+    return out;
+}
+
+int64_t units_used(const std::vector<int64_t>& units) {
+    int64_t n = 0;
+    for (const int64_t u : units) n += u;
+    return n;
+}
+
+// A canonical moment of `n` elements, distinct bits in each, signs, a subnormal and a negative
+// zero included.
+std::vector<float> canonical(int64_t n, float scale) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = scale * (float(i) - 11.5f) / 7.0f;
+    if (n > 5) {
+        x[3] = -0.0f;
+        x[5] = 1e-41f;
+    }
+    return x;
+}
+
+// The elements of `ranges` of `x`, concatenated in list order.
+std::vector<float> gather(const std::vector<float>& x, const std::vector<FlatRange>& ranges) {
+    std::vector<float> out;
+    for (const FlatRange& r : ranges) out.insert(out.end(), x.begin() + r.begin, x.begin() + r.end);
+    return out;
+}
+
+// Saves `m` and `v` (canonical, of units_used(units) elements) as the range-list set of `world`
+// ranks into `dir`.
+void save_list_set(const std::string& dir, const std::vector<int64_t>& units, int64_t granule,
+                   int world, const std::vector<float>& m, const std::vector<float>& v) {
+    for (int r = 0; r < world; ++r) {
+        const std::vector<FlatRange> ranges = unit_chunks(units, granule, world, r);
+        const Status s = optimizer_state_save_shard(gather(m, ranges), gather(v, ranges), ranges,
+                                                    dir, r, world, units_used(units));
+        ASSERT_TRUE(s.ok()) << s.to_string();
+    }
+}
+
+// Loads every rank's unit chunks of a world of `world` from `dir` and compares them with the
+// reference, bit for bit.
+void expect_list_loads(const std::string& dir, const std::vector<int64_t>& units, int64_t granule,
+                       int world, const std::vector<float>& m, const std::vector<float>& v) {
+    for (int r = 0; r < world; ++r) {
+        const std::vector<FlatRange> ranges = unit_chunks(units, granule, world, r);
+        const std::vector<float> want_m = gather(m, ranges), want_v = gather(v, ranges);
+        std::vector<float> gm(want_m.size(), 9.0f), gv(want_v.size(), 9.0f);  // garbage first
+        const Status s = optimizer_state_load_ranges(dir, units_used(units), ranges, gm, gv);
+        ASSERT_TRUE(s.ok()) << s.to_string();
+        EXPECT_TRUE(same_bits(gm, want_m)) << dir << " at rank " << r << " of " << world;
+        EXPECT_TRUE(same_bits(gv, want_v)) << dir << " at rank " << r << " of " << world;
+    }
+}
+
+TEST(OptimizerStateRanges, MetadataListsTheMergedRangesAndTheBytesAreTheHouseWriters) {
+    const std::string dir = fresh_dir("ranges_meta");
+    const std::vector<float> m = canonical(40, 1.0f), v = canonical(40, 0.5f);
+    // Adjacent ranges merge, empty ones vanish.
+    const std::vector<FlatRange> ranges = {{0, 5}, {5, 9}, {12, 12}, {20, 30}};
+    ASSERT_TRUE(
+        optimizer_state_save_shard(gather(m, ranges), gather(v, ranges), ranges, dir, 1, 3, 40)
+            .ok());
+    const std::string path = dir + "/optimizer.rank-00001-of-00003.safetensors";
+    Result<SafetensorsFile> f = SafetensorsFile::open(path);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    const std::map<std::string, std::string> want = {{"format", "lathe-adamw-ranges"},
+                                                     {"ranges", "0-9,20-30"},
+                                                     {"used", "40"},
+                                                     {"rank", "1"},
+                                                     {"world", "3"}};
+    EXPECT_EQ(f->metadata(), want);
+    ASSERT_NE(f->find("exp_avg"), nullptr);
+    EXPECT_EQ(f->find("exp_avg")->shape, (std::vector<int64_t>{19}));
+    EXPECT_EQ(f->find("exp_avg_sq")->shape, (std::vector<int64_t>{19}));
+    // The bytes: the house writer's for the two concatenated moments and this metadata.
+    const std::vector<float> cm = gather(m, ranges), cv = gather(v, ranges);
+    const Shape shape{19};
+    const std::vector<SafetensorsWriteTensor> ts = {
+        safetensors_write_tensor("exp_avg", ConstTensorView(cm.data(), DType::kF32, shape)),
+        safetensors_write_tensor("exp_avg_sq", ConstTensorView(cv.data(), DType::kF32, shape))};
+    ASSERT_TRUE(safetensors_write_file(dir + "/ref.safetensors", ts, want).ok());
+    EXPECT_EQ(slurp(path), slurp(dir + "/ref.safetensors"));
+    // A rank that owns nothing writes an empty list and empty moments.
+    ASSERT_TRUE(
+        optimizer_state_save_shard({}, {}, std::vector<FlatRange>{{7, 7}}, dir, 2, 3, 40).ok());
+    Result<SafetensorsFile> e =
+        SafetensorsFile::open(dir + "/optimizer.rank-00002-of-00003.safetensors");
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    EXPECT_EQ(e->metadata().at("ranges"), "");
+    EXPECT_EQ(e->find("exp_avg")->shape, (std::vector<int64_t>{0}));
+    for (const fs::directory_entry& de : fs::directory_iterator(dir))
+        EXPECT_EQ(de.path().filename().string().find(".tmp-"), std::string::npos) << de.path();
+    fs::remove_all(dir);
+}
+
+// Units small enough for every chunk boundary to be seen (granule 4, a unit shorter than one
+// chunk, so that some ranks own none of it) and units of the real granule, 64.
+const std::vector<std::pair<std::vector<int64_t>, int64_t>>& unit_models() {
+    static const std::vector<std::pair<std::vector<int64_t>, int64_t>> models = {
+        {{13, 50, 50, 50, 7}, 4},
+        {{300, 1000, 1000, 65}, 64},
+    };
+    return models;
+}
+
+TEST(OptimizerStateRanges, EveryWorldLoadsAtEveryOtherWorldBitForBit) {
+    for (const auto& [units, granule] : unit_models()) {
+        const int64_t used = units_used(units);
+        const std::vector<float> m = canonical(used, 1.0f), v = canonical(used, 0.25f);
+        for (int w : {1, 2, 3, 4, 8}) {
+            const std::string dir = fresh_dir(fmt::format("ranges_w{}_g{}", w, granule));
+            save_list_set(dir, units, granule, w, m, v);
+            EXPECT_TRUE(optimizer_state_check_checkpoint(dir, used).ok());
+            // The chunks of the interleaved layout do interleave: rank 0 holds several ranges.
+            if (w > 1) {
+                Result<SafetensorsFile> f =
+                    SafetensorsFile::open(dir + "/" + optimizer_state_shard_name(0, w));
+                ASSERT_TRUE(f.ok());
+                EXPECT_NE(f->metadata().at("ranges").find(','), std::string::npos);
+            }
+            for (int to : {1, 2, 3, 4, 5, 8}) expect_list_loads(dir, units, granule, to, m, v);
+            fs::remove_all(dir);
+        }
+    }
+}
+
+TEST(OptimizerStateRanges, RangesLoadInAnyOrderAndFromEveryKindOfState) {
+    // kUsed = 37 in units that sum to it: the single-range sets and the full file hold the same
+    // canonical vector.
+    const std::vector<int64_t> units = {5, 16, 16};
+    ASSERT_EQ(units_used(units), kUsed);
+    const std::vector<float> m = reference_moment(1.0f), v = reference_moment(0.25f);
+    for (int w : {1, 2, 3, 4}) {
+        // A single-range set (its padding written as 7: never read).
+        const std::string old_set = fresh_dir(fmt::format("ranges_from_old_w{}", w));
+        save_shards(old_set, w, m, v, /*pad=*/7.0f);
+        for (int to : {1, 2, 3, 5}) expect_list_loads(old_set, units, 2, to, m, v);
+        // A range-list set through the single-range API (an optimizer over a padded arena).
+        const std::string list_set = fresh_dir(fmt::format("ranges_to_old_w{}", w));
+        save_list_set(list_set, units, 2, w, m, v);
+        for (int to : {1, 2, 3, 4, 5}) expect_loads_at(list_set, to, padded(kUsed, to), m, v);
+        expect_loads_at(list_set, 3, kUsed + 11, m, v);
+        fs::remove_all(old_set);
+        fs::remove_all(list_set);
+    }
+    // The full file, without and with padding (nonzero: never read).
+    for (int64_t length : {kUsed, kUsed + 3}) {
+        const std::string dir = fresh_dir(fmt::format("ranges_from_full_{}", length));
+        ASSERT_TRUE(optimizer_state_write(dir + "/optimizer.safetensors",
+                                          slice(m, {0, length}, 7.0f), slice(v, {0, length}, 7.0f))
+                        .ok());
+        for (int to : {1, 2, 4}) expect_list_loads(dir, units, 2, to, m, v);
+        fs::remove_all(dir);
+    }
+    // Ranges in any order, empty ones and repeats included, from a set of 3.
+    const std::string dir = fresh_dir("ranges_any_order");
+    save_list_set(dir, units, 2, 3, m, v);
+    const std::vector<FlatRange> ask = {{30, 37}, {0, 3}, {10, 10}, {3, 8}, {0, 37}, {36, 37}};
+    const std::vector<float> want_m = gather(m, ask), want_v = gather(v, ask);
+    std::vector<float> gm(want_m.size(), 9.0f), gv(want_v.size(), 9.0f);
+    const Status s = optimizer_state_load_ranges(dir, kUsed, ask, gm, gv);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_TRUE(same_bits(gm, want_m));
+    EXPECT_TRUE(same_bits(gv, want_v));
+    fs::remove_all(dir);
+}
+
+Status load_all(const std::string& dir, int64_t used = kUsed) {
+    std::vector<float> m(size_t(used), 0.0f), v(size_t(used), 0.0f);
+    return optimizer_state_load_ranges(dir, used, std::vector<FlatRange>{{0, used}}, m, v);
+}
+
+// The loader and rank 0's check refuse alike.
+void expect_both_refuse(const std::string& dir, StatusCode code,
+                        const std::vector<std::string>& parts) {
+    expect_error(load_all(dir), code, parts);
+    expect_error(optimizer_state_check_checkpoint(dir, kUsed), code, parts);
+}
+
+std::map<std::string, std::string> list_meta(const std::string& ranges, int rank, int world) {
+    return {{"format", "lathe-adamw-ranges"},
+            {"ranges", ranges},
+            {"used", std::to_string(kUsed)},
+            {"rank", std::to_string(rank)},
+            {"world", std::to_string(world)}};
+}
+
+TEST(OptimizerStateRanges, MalformedSetsAreErrorsNamingTheFile) {
+    const std::string dir = fresh_dir("ranges_malformed");
+    const std::string r0 = dir + "/optimizer.rank-00000-of-00002.safetensors";
+    const std::string r1 = dir + "/optimizer.rank-00001-of-00002.safetensors";
+    write_shard_file(r0, 20, list_meta("0-20", 0, 2));
+    write_shard_file(r1, 17, list_meta("20-37", 1, 2));
+    EXPECT_TRUE(load_all(dir).ok());  // the hand-written set itself is valid
+    // Adjacent ranges in one file, and a rank holding nothing, are valid too.
+    write_shard_file(r1, 17, list_meta("20-30,30-37", 1, 2));
+    EXPECT_TRUE(load_all(dir).ok());
+    write_shard_file(r0, 37, list_meta("0-37", 0, 2));
+    write_shard_file(r1, 0, list_meta("", 1, 2));
+    EXPECT_TRUE(load_all(dir).ok());
+    write_shard_file(r0, 20, list_meta("0-20", 0, 2));
+
+    struct Case {
+        std::string key, value;
+        int64_t n;  // the tensors' length
+        std::vector<std::string> parts;
+    };
+    const std::vector<Case> cases = {
+        // Overlap with the other file, gaps inside and at the end.
+        {"ranges", "19-37", 18, {"range 19-37 overlaps range 0-20 of " + r0}},
+        {"ranges", "21-37", 16, {dir, "[20, 21)", "before range 21-37 of " + r1}},
+        {"ranges", "20-36", 16, {dir, "[36, 37)", "after range 20-36 of " + r1, "37 parameters"}},
+        // Malformed lists.
+        {"ranges", "20-38", 18, {"item 0 '20-38' ends past 'used' 37"}},
+        {"ranges", "20-25,24-37", 18, {"item 1 '24-37' begins before item 0 '20-25' ends"}},
+        {"ranges", "25-37,20-25", 17, {"item 1 '20-25' begins before item 0 '25-37' ends"}},
+        {"ranges", "20-20,20-37", 17, {"item 0 is '20-20', an empty range"}},
+        {"ranges", "30-20", 0, {"item 0 is '30-20', an empty range"}},
+        {"ranges", "20..37", 17, {"item 0 is '20..37', not B-E"}},
+        {"ranges", "20-37,", 17, {"item 1 is '', not B-E"}},
+        {"ranges", "-37", 17, {"item 0 is '-37', not B-E"}},
+        {"ranges", "20-", 17, {"item 0 is '20-', not B-E"}},
+        {"ranges", " 20-37", 17, {"item 0 is ' 20-37', not B-E"}},
+        {"ranges", "20-0x25", 17, {"item 0 is '20-0x25'"}},
+        {"ranges", "20-99999999999999999999", 17, {"not B-E"}},
+        // Another model, names and formats that disagree.
+        {"used", "36", 17, {"written for a model of 36 parameters, this one has 37"}},
+        {"used", "x", 17, {"'used' is 'x'", "decimal"}},
+        {"rank", "0", 17, {"rank 0 of 2", "file name rank 1 of 2"}},
+        {"world", "3", 17, {"rank 1 of 3"}},
+        {"format", "lathe-adamw", 17, {"'format' is 'lathe-adamw'", "lathe-adamw-ranges"}},
+        {"format",
+         "lathe-adamw-shard",
+         17,
+         {"'format' is 'lathe-adamw-shard'",
+          "optimizer.rank-00000-of-00002.safetensors is "
+          "'lathe-adamw-ranges'"}},
+        // Tensors of another length than the ranges.
+        {"ranges", "20-37", 16, {"'exp_avg'", "17 f32 values"}},
+    };
+    for (const Case& c : cases) {
+        std::map<std::string, std::string> meta = list_meta("20-37", 1, 2);
+        meta[c.key] = c.value;
+        write_shard_file(r1, c.n, meta);
+        std::vector<std::string> parts = c.parts;
+        parts.push_back(c.key == "ranges" && c.parts[0] == dir ? dir : r1);
+        SCOPED_TRACE(c.key + "=" + c.value);
+        expect_both_refuse(dir, StatusCode::kDataLoss, parts);
+    }
+    // Keys missing.
+    for (const char* key : {"ranges", "used", "rank", "format"}) {
+        std::map<std::string, std::string> meta = list_meta("20-37", 1, 2);
+        meta.erase(key);
+        write_shard_file(r1, 17, meta);
+        SCOPED_TRACE(key);
+        expect_both_refuse(dir, StatusCode::kDataLoss,
+                           {r1, std::string(key) == "format" ? "'format' is missing"
+                                                             : fmt::format("no '{}'", key)});
+    }
+    // No file holds anything.
+    write_shard_file(r0, 0, list_meta("", 0, 2));
+    write_shard_file(r1, 0, list_meta("", 1, 2));
+    expect_both_refuse(dir, StatusCode::kDataLoss, {dir, "holds any element", "37 parameters"});
+    // A file missing.
+    write_shard_file(r0, 20, list_meta("0-20", 0, 2));
+    fs::remove(r1);
+    expect_both_refuse(dir, StatusCode::kNotFound, {dir, "incomplete", r1.substr(dir.size() + 1)});
+    // Not safetensors at all.
+    ASSERT_TRUE(file_write_atomic(r1, "truncated").ok());
+    expect_both_refuse(dir, StatusCode::kDataLoss, {r1});
+    // A single-range file first, a range-list one after it.
+    write_shard_file(r1, 17, list_meta("20-37", 1, 2));
+    write_shard_file(r0, 19,
+                     {{"format", "lathe-adamw-shard"},
+                      {"range_begin", "0"},
+                      {"range_end", "19"},
+                      {"total", "38"},
+                      {"used", "37"},
+                      {"rank", "0"},
+                      {"world", "2"}});
+    expect_both_refuse(dir, StatusCode::kDataLoss,
+                       {r1, "'format' is 'lathe-adamw-ranges'", "is 'lathe-adamw-shard'"});
+    // The full file beside a range-list set.
+    write_shard_file(r0, 20, list_meta("0-20", 0, 2));
+    ASSERT_TRUE(load_all(dir).ok());
+    const std::vector<float> m = reference_moment(1.0f);
+    ASSERT_TRUE(optimizer_state_write(dir + "/optimizer.safetensors", m, m).ok());
+    expect_both_refuse(dir, StatusCode::kDataLoss, {dir, "holds both"});
+    fs::remove_all(dir);
+
+    // An overlap between files that are not neighbours by rank, found whatever their order.
+    const std::string three = fresh_dir("ranges_overlap3");
+    const std::string t0 = three + "/optimizer.rank-00000-of-00003.safetensors";
+    const std::string t2 = three + "/optimizer.rank-00002-of-00003.safetensors";
+    write_shard_file(t0, 10, list_meta("0-5,20-25", 0, 3));
+    write_shard_file(three + "/optimizer.rank-00001-of-00003.safetensors", 22,
+                     list_meta("5-20,30-37", 1, 3));
+    write_shard_file(t2, 5, list_meta("25-30", 2, 3));
+    ASSERT_TRUE(load_all(three).ok());
+    write_shard_file(t2, 6, list_meta("24-30", 2, 3));
+    expect_both_refuse(three, StatusCode::kDataLoss,
+                       {t2, "range 24-30 overlaps range 20-25 of " + t0});
+    fs::remove_all(three);
 }
 
 }  // namespace
