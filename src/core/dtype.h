@@ -14,7 +14,10 @@
 //        (the top byte of an fp16). Largest finite 57344, smallest subnormal 2^-16.
 // Overflow follows the two modes of CUDA's __nv_cvt_float_to_fp8: kSaturate clamps finite values
 // and infinities to the largest finite value of the sign (NaN stays NaN); kNoSaturate turns a value
-// that rounds beyond the largest finite into NaN (E4M3) or infinity (E5M2).
+// that rounds beyond the largest finite into NaN (E4M3) or infinity (E5M2). A NaN encodes as
+// S.1111111 in both formats and widens to a quiet f32 NaN of its sign with the fp8 mantissa on top:
+// torch's float8_e4m3fn (kSaturate) and float8_e5m2 (kNoSaturate) casts, bit for bit
+// (tests/test_fp8_formats.py).
 //
 // Host code only: CUDA kernels use cuda_bf16.h / cuda_fp8.h, and their tests compare against these.
 
@@ -180,7 +183,8 @@ inline fp8_e4m3 float_to_e4m3(float f, Fp8Overflow mode = Fp8Overflow::kSaturate
 
 // fp8 E5M2: round to nearest even; overflow per `mode`; infinities stay infinite unless saturated.
 inline fp8_e5m2 float_to_e5m2(float f, Fp8Overflow mode = Fp8Overflow::kSaturate) {
-    constexpr uint8_t kInf = 0x7C, kNaN = 0x7E, kMaxFinite = 0x7B;  // 57344
+    // NaN gives S.11111.11 as torch's float8_e5m2 cast does (the tests compare with torch).
+    constexpr uint8_t kInf = 0x7C, kNaN = 0x7F, kMaxFinite = 0x7B;  // 57344
     const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
     if (std::isnan(f)) return fp8_e5m2{uint8_t(sign | kNaN)};
     const float a = std::fabs(f);
@@ -196,9 +200,9 @@ inline float e4m3_to_float(fp8_e4m3 h) {
     const bool neg = h.bits & 0x80;
     const int exp = (h.bits >> 3) & 0xF, man = h.bits & 0x7;
     float v;
-    if (exp == 0xF && man == 0x7)
-        v = std::numeric_limits<float>::quiet_NaN();
-    else if (exp == 0)
+    if (exp == 0xF && man == 0x7)  // the NaN: quiet, its mantissa on top as torch widens it
+        return std::bit_cast<float>((neg ? 0x80000000u : 0u) | 0x7FF00000u);
+    if (exp == 0)
         v = std::ldexp(float(man), -9);  // subnormal: man * 2^-6 / 8
     else
         v = std::ldexp(float(8 + man), exp - 7 - 3);
@@ -209,9 +213,10 @@ inline float e5m2_to_float(fp8_e5m2 h) {
     const bool neg = h.bits & 0x80;
     const int exp = (h.bits >> 2) & 0x1F, man = h.bits & 0x3;
     float v;
+    if (exp == 0x1F && man != 0)  // NaN: quiet, its mantissa on top as torch widens it
+        return std::bit_cast<float>((neg ? 0x80000000u : 0u) | 0x7FC00000u | uint32_t(man) << 21);
     if (exp == 0x1F)
-        v = man == 0 ? std::numeric_limits<float>::infinity()
-                     : std::numeric_limits<float>::quiet_NaN();
+        v = std::numeric_limits<float>::infinity();
     else if (exp == 0)
         v = std::ldexp(float(man), -16);  // subnormal: man * 2^-14 / 4
     else
