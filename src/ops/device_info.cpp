@@ -3,9 +3,12 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <cctype>
+#include <fstream>
 #include <initializer_list>
 
 #include "ops/cuda/device_info.h"
+#include "ops/cuda/host_link.h"
 
 namespace lathe {
 namespace {
@@ -122,6 +125,49 @@ bool gpu_memory_info(int device, size_t& free_bytes, size_t& total_bytes) {
 
 std::vector<GpuSelfTestCheck> gpu_self_test(int device, uint64_t seed) {
     return cuda::gpu_self_test(device, seed);
+}
+
+bool host_memory_coherent(const HostLinkInfo& link) {
+    return link.error.empty() && link.pageable_memory_access && link.uses_host_page_tables;
+}
+
+HostMemoryPath choose_host_memory_path(const HostLinkInfo& link) {
+    return host_memory_coherent(link) ? HostMemoryPath::kSystemAllocated
+                                      : HostMemoryPath::kPageLocked;
+}
+
+std::string host_coherence_summary(const HostLinkInfo& link) {
+    if (!link.error.empty()) return "unknown (" + link.error + ")";
+    if (host_memory_coherent(link)) {
+        return fmt::format(
+            "yes (pageable host memory through the host's page tables{}; host buffers are "
+            "system-allocated)",
+            link.host_native_atomics ? ", native host atomics" : "");
+    }
+    if (link.pageable_memory_access) {
+        return "no (pageable host memory reachable by page migration (HMM), not through the "
+               "host's page tables; host buffers are page-locked)";
+    }
+    return "no (pageable host memory not reachable from the GPU; host buffers are page-locked)";
+}
+
+int pci_numa_node(const std::string& sysfs_root, const std::string& pci_bus_id) {
+    if (pci_bus_id.empty()) return -1;
+    // sysfs names PCI devices in lower case ("0000:1b:00.0"); CUDA writes hex digits in upper
+    // case.
+    std::string id = pci_bus_id;
+    for (char& c : id) c = char(std::tolower(static_cast<unsigned char>(c)));
+    std::ifstream in(sysfs_root + "/bus/pci/devices/" + id + "/numa_node");
+    int node = -1;
+    if (!(in >> node) || node < 0) return -1;
+    return node;
+}
+
+HostLinkInfo host_link_probe(int device, bool measure_bandwidth, size_t copy_bytes) {
+    HostLinkInfo link;
+    cuda::probe_host_link(link, device, measure_bandwidth, copy_bytes);
+    if (link.host_numa_node < 0) link.host_numa_node = pci_numa_node("/sys", link.pci_bus_id);
+    return link;
 }
 
 }  // namespace lathe

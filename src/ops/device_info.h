@@ -96,6 +96,62 @@ struct GpuSelfTestCheck {
 // against the CPU reference. `seed` draws the inputs. In a build without CUDA: no checks (empty).
 std::vector<GpuSelfTestCheck> gpu_self_test(int device, uint64_t seed);
 
+// How host memory reaches one GPU, from the CUDA runtime's device attributes and one timed copy.
+// On a coherent CPU-GPU link (GH200's NVLink-C2C: address translation through the host's page
+// tables, hardware coherence) the GPU reads and writes ordinary malloc'ed host memory at link
+// speed, so host-resident buffers (offloaded optimizer state, the batch path) need neither
+// cudaMallocHost nor cudaHostRegister; elsewhere (PCIe, x86-64 HMM) they must be page-locked to
+// be copied at link speed. For `lathe doctor`.
+struct HostLinkInfo {
+    int ordinal = 0;
+    // Why the attributes could not be read (no CUDA build, no such device, a failed query);
+    // empty when they were.
+    std::string error;
+    // cudaDevAttrPageableMemoryAccess: the GPU can access pageable (malloc'ed) host memory at
+    // all. True on GH200, and on x86-64 with HMM (open kernel modules), where it migrates pages.
+    bool pageable_memory_access = false;
+    // cudaDevAttrPageableMemoryAccessUsesHostPageTables: it does so through the host's page
+    // tables (ATS over a coherent link), without migrating pages.
+    bool uses_host_page_tables = false;
+    // cudaDevAttrHostNativeAtomicSupported: atomics on host memory go over the link natively.
+    bool host_native_atomics = false;
+    // NUMA nodes: the GPU's memory as a node of its own (cudaDevAttrNumaId; GH200 exposes HBM as
+    // one) and the host node closest to the GPU (cudaDevAttrHostNumaId, else the PCI device's
+    // numa_node in sysfs); -1 when the system has none.
+    int gpu_numa_node = -1;
+    int host_numa_node = -1;
+    std::string pci_bus_id;  // "0000:1b:00.0"
+    // Pinned host -> device copy bandwidth (bytes/s, best of a few copies of
+    // pinned_copy_bytes); 0 when not measured.
+    double pinned_h2d_bytes_per_s = 0;
+    size_t pinned_copy_bytes = 0;
+};
+
+// Coherent CPU-GPU memory: pageable host memory accessed through the host's page tables (both
+// attributes above). A GPU reaching pageable memory through HMM page migration alone is not.
+bool host_memory_coherent(const HostLinkInfo& link);
+
+// Where lathe puts host-resident buffers that the GPU reads: system-allocated (malloc'ed,
+// placed on the GPU's closest host NUMA node) memory where the link is coherent, page-locked
+// memory (cudaMallocHost / cudaHostRegister) elsewhere.
+enum class HostMemoryPath { kPageLocked, kSystemAllocated };
+HostMemoryPath choose_host_memory_path(const HostLinkInfo& link);
+
+// `lathe doctor`'s answer: "yes (...)" or "no (...)" with the attributes behind it, or
+// "unknown (<error>)" when they could not be read.
+std::string host_coherence_summary(const HostLinkInfo& link);
+
+// The host NUMA node of the PCI device `pci_bus_id` from `sysfs_root`/bus/pci/devices/<id>/
+// numa_node (sysfs_root is "/sys" on a real machine); -1 when the file is missing, unreadable or
+// says -1 (no NUMA).
+int pci_numa_node(const std::string& sysfs_root, const std::string& pci_bus_id);
+
+// Probes `device`'s link to the host as described above; with `measure_bandwidth`, times
+// pinned host -> device copies of `copy_bytes` (a few hundred MiB of host and device memory for
+// the duration). Never stops: what fails is in error.
+HostLinkInfo host_link_probe(int device, bool measure_bandwidth,
+                             size_t copy_bytes = size_t(256) << 20);
+
 // Device memory of `device`: false (and nothing written) when the build has no CUDA or the query
 // fails. Used by `lathe bench` to measure what the run keeps resident.
 bool gpu_memory_info(int device, size_t& free_bytes, size_t& total_bytes);
