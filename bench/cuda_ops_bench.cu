@@ -33,6 +33,8 @@
 #include "ops/cuda/column_reduce.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
+#include "ops/cuda/fp8_cast.h"
+#include "ops/cuda/fp8_linear.h"
 #include "ops/cuda/lm_head_cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/gelu.h"
@@ -350,6 +352,122 @@ void llama1b(Bench& b) {
     lm_head(b, N, C, 128256);
 }
 
+// The linears of one block in BF16 and in FP8 (per-tensor current scaling, E4M3 activations and
+// weights, E5M2 gradients), per GEMM: BF16 is linear_forward / linear_backward; FP8 is what a
+// micro-batch pays: the activation's amax pass and cast (+ transpose for the weight gradient),
+// the forward GEMM; the gradient's amax pass and cast (+ transpose), the input- and weight-
+// gradient GEMMs. The weight's casts (q and the transposed copy) happen once per optimizer step
+// and are timed on their own row ("per step"). Rows "layer linears" sum the four linears.
+void fp8_linears(Bench& b, const char* model, int64_t N, int64_t C, int64_t Q, int64_t F) {
+    struct Lin {
+        const char* name;
+        int64_t I, O;
+    };
+    const Lin lins[] = {{"qkv", C, Q}, {"attn_out", C, C}, {"gate_up", C, 2 * F}, {"down", F, C}};
+    double bf16_total = 0, fp8_total = 0;
+    auto timed = [&](const std::string& name, const std::string& shape, double bytes, double flops,
+                     const std::function<void()>& fn) {
+        // Median of 20 after 3 warm-ups, like Bench::time, and returned for the totals.
+        for (int i = 0; i < 3; ++i) fn();
+        cudaEvent_t start, stop;
+        LATHE_CUDA_CHECK(cudaEventCreate(&start));
+        LATHE_CUDA_CHECK(cudaEventCreate(&stop));
+        std::vector<float> ms;
+        for (int i = 0; i < 20; ++i) {
+            LATHE_CUDA_CHECK(cudaEventRecord(start, b.state.stream()));
+            fn();
+            LATHE_CUDA_CHECK(cudaEventRecord(stop, b.state.stream()));
+            LATHE_CUDA_CHECK(cudaEventSynchronize(stop));
+            float t = 0;
+            LATHE_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+            ms.push_back(t);
+        }
+        LATHE_CUDA_CHECK(cudaEventDestroy(start));
+        LATHE_CUDA_CHECK(cudaEventDestroy(stop));
+        std::sort(ms.begin(), ms.end());
+        const double median = ms[ms.size() / 2];
+        std::printf("| %-34s | %-26s | %9.3f | %9s | %5s | %8.0f | %7.1f |\n", name.c_str(),
+                    shape.c_str(), median, "", "", bytes / (median * 1e-3) / 1e9,
+                    flops / (median * 1e-3) / 1e12);
+        std::fflush(stdout);
+        return median;
+    };
+    if (!b.only.empty() && std::none_of(b.only.begin(), b.only.end(), [](const std::string& o) {
+            return std::string("fp8").find(o) != std::string::npos;
+        }))
+        return;
+    for (const Lin& l : lins) {
+        const int64_t I = l.I, O = l.O;
+        const std::string shape = std::string(model) + " N=" + std::to_string(N) + " " +
+                                  std::to_string(I) + "->" + std::to_string(O);
+        auto x = b.tensor(DType::kBF16, {N, I}), w = b.tensor(DType::kBF16, {O, I}, 0.05f);
+        auto y = b.tensor(DType::kBF16, {N, O}), dy = b.tensor(DType::kBF16, {N, O}, 1e-3f);
+        auto dx = b.tensor(DType::kBF16, {N, I}), dw = b.tensor(DType::kF32, {O, I});
+        const double flops = 2.0 * N * I * O;
+        bf16_total += timed(std::string("bf16 ") + l.name + " forward", shape, 0, flops,
+                            [&] { linear_forward(y, x, w, ConstTensorView(), b.ctx); });
+        bf16_total += timed(std::string("bf16 ") + l.name + " backward", shape, 0, 2 * flops, [&] {
+            linear_backward(dx, dw, TensorView(), dy, x, w, GradMode::kOverwrite, b.ctx);
+        });
+        // FP8 operands: codes and transposed codes (written by the casts before any read), and
+        // scalars at 16-byte aligned slots.
+        auto bytes = [&](int64_t r, int64_t c) {
+            b.buffers.emplace_back(size_t(r * c));
+            return b.buffers.back().view(DType::kU8, {r, c});
+        };
+        auto xq = bytes(N, I), xqt = bytes(I, N), wq = bytes(O, I), wqt = bytes(I, O);
+        auto dyq = bytes(N, O), dyqt = bytes(O, N);
+        auto sc = b.tensor(DType::kF32, {64});
+        float* f = static_cast<float*>(sc.data());
+        auto cast = [&](TensorView src, int64_t r, int64_t c, DType t, void* q, void* qt,
+                        int slot) {
+            Fp8CastArgs a;
+            a.rows = r;
+            a.cols = c;
+            a.x = static_cast<const bf16*>(src.data());
+            a.dtype = t;
+            a.q = q;
+            a.qt = qt;
+            a.amax = f + slot * 8;
+            a.scale_inv = f + slot * 8 + 4;
+            cuda::fp8_cast(a, b.state.stream());
+        };
+        timed(std::string("fp8 ") + l.name + " weight casts (per step)", shape, 2.0 * O * I * 2, 0,
+              [&] { cast(w, O, I, DType::kE4M3, wq.data(), wqt.data(), 1); });
+        const cuda::Fp8Operand ox{xq.data(), DType::kE4M3, f + 4},
+            oxt{xqt.data(), DType::kE4M3, f + 4}, ow{wq.data(), DType::kE4M3, f + 12},
+            owt{wqt.data(), DType::kE4M3, f + 12}, ody{dyq.data(), DType::kE5M2, f + 20},
+            odyt{dyqt.data(), DType::kE5M2, f + 20};
+        fp8_total +=
+            timed(std::string("fp8 ") + l.name + " forward (+ x casts)", shape, 2.0 * N * I * 2,
+                  flops, [&] {
+                      cast(x, N, I, DType::kE4M3, xq.data(), xqt.data(), 0);
+                      cuda::fp8_linear_forward(static_cast<bf16*>(y.data()), ox, ow, nullptr,
+                                               nullptr, N, I, O, b.state, b.state.stream());
+                  });
+        fp8_total +=
+            timed(std::string("fp8 ") + l.name + " backward (+ dy casts)", shape, 2.0 * N * O * 2,
+                  2 * flops, [&] {
+                      cast(dy, N, O, DType::kE5M2, dyq.data(), dyqt.data(), 2);
+                      cuda::fp8_linear_backward_input(static_cast<bf16*>(dx.data()), ody, owt, N, I,
+                                                      O, false, b.state, b.state.stream());
+                      cuda::fp8_linear_backward_weight(static_cast<float*>(dw.data()), odyt, oxt, N,
+                                                       I, O, b.state, b.state.stream());
+                  });
+        timed(std::string("fp8 ") + l.name + " forward GEMM alone", shape, 0, flops, [&] {
+            cuda::fp8_linear_forward(static_cast<bf16*>(y.data()), ox, ow, nullptr, nullptr, N, I,
+                                     O, b.state, b.state.stream());
+        });
+        timed(std::string("fp8 ") + l.name + " x amax + cast + transpose", shape, 2.0 * N * I * 2,
+              0, [&] { cast(x, N, I, DType::kE4M3, xq.data(), xqt.data(), 0); });
+        b.release();
+    }
+    std::printf("| %-34s | %-26s | %9.3f | %9s | %5s | %8s | %7s |\n", "bf16 layer linears", model,
+                bf16_total, "", "", "", "");
+    std::printf("| %-34s | %-26s | %9.3f | %9s | %5.2f | %8s | %7s |\n",
+                "fp8 layer linears (speedup in x)", model, fp8_total, "", bf16_total / fp8_total,
+                "", "");
+}
 }  // namespace
 }  // namespace lathe
 
@@ -381,5 +499,9 @@ int main(int argc, char** argv) {
                 std::string(10, '-').c_str(), std::string(9, '-').c_str());
     lathe::gpt2(b);
     lathe::llama1b(b);
+    // FP8 against BF16 per linear: the Llama-3-8B layer at T=4096 (hidden 4096, 32 heads, 8 KV
+    // heads of 128, FFN 14336) and the Llama-3.2-1B layer at B=8, T=2048.
+    lathe::fp8_linears(b, "llama3-8b", 4096, 4096, 4096 + 2 * 1024, 14336);
+    lathe::fp8_linears(b, "llama3.2-1b", 16384, 2048, 2048 + 2 * 512, 8192);
     return 0;
 }
