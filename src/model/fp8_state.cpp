@@ -53,13 +53,15 @@ Result<Fp8Settings> fp8_settings_parse(std::string_view recipe, std::string_view
     else
         return invalid_argument_error(
             "{}: 'fp8.recipe' is '{}'; choose tensorwise, delayed or blockwise", source, recipe);
-    if (grad_format == "e4m3")
+    if (grad_format == "auto")
+        s.grad_dtype = s.recipe == Fp8Recipe::kBlockwise ? DType::kE4M3 : DType::kE5M2;
+    else if (grad_format == "e4m3")
         s.grad_dtype = DType::kE4M3;
     else if (grad_format == "e5m2")
         s.grad_dtype = DType::kE5M2;
     else
-        return invalid_argument_error("{}: 'fp8.grad_format' is '{}'; choose e4m3 or e5m2", source,
-                                      grad_format);
+        return invalid_argument_error("{}: 'fp8.grad_format' is '{}'; choose auto, e4m3 or e5m2",
+                                      source, grad_format);
     if (s.recipe == Fp8Recipe::kBlockwise && s.grad_dtype != DType::kE4M3)
         return invalid_argument_error(
             "{}: 'fp8.recipe: blockwise' casts gradients to e4m3 (DeepSeek-V3's scheme), but "

@@ -41,7 +41,8 @@ std::string_view fp8_amax_reduction_name(Fp8AmaxReduction r);
 
 struct Fp8Settings {
     Fp8Recipe recipe = Fp8Recipe::kTensorwise;
-    DType grad_dtype = DType::kE5M2;  // fp8.grad_format: the dtype of dy's casts
+    DType grad_dtype = DType::kE5M2;  // fp8.grad_format: the dtype of dy's casts (auto: E5M2,
+                                      // E4M3 for blockwise)
     bool lm_head = false;             // fp8.lm_head
     int amax_history = 16;            // fp8.amax_history (delayed)
     Fp8AmaxReduction amax_reduction = Fp8AmaxReduction::kMax;  // fp8.amax_reduction (delayed)

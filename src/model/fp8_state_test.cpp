@@ -34,6 +34,9 @@ TEST(Fp8Settings, ParsesEachRecipe) {
     auto b = parse("blockwise", "e4m3");
     ASSERT_TRUE(b.ok());
     EXPECT_EQ(b.value().recipe, Fp8Recipe::kBlockwise);
+    // auto: E5M2 gradients, E4M3 for blockwise.
+    EXPECT_EQ(parse("tensorwise", "auto").value().grad_dtype, DType::kE5M2);
+    EXPECT_EQ(parse("blockwise", "auto").value().grad_dtype, DType::kE4M3);
 }
 
 TEST(Fp8Settings, RefusesBadValuesNamingKeyAndSource) {

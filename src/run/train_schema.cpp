@@ -110,6 +110,17 @@ ConfigSchema train_config_schema() {
            "(its newest checkpoint) or RUN/checkpoints/latest"});
     s.add({"checkpoint.init_mode", ConfigType::kString, "finetune",
            "finetune (weights only) | continue (optimizer and step too)"});
+    // ---- fp8 (read with train.precision: fp8; model/fp8_state.h) ----
+    s.add({"fp8.recipe", ConfigType::kString, "tensorwise",
+           "tensorwise (scale from each tensor's amax) | delayed (from an amax history) | "
+           "blockwise (1x128 / 128x128 scales, e4m3 everywhere)"});
+    s.add({"fp8.grad_format", ConfigType::kString, "auto",
+           "the fp8 format of gradients: auto (e5m2; blockwise: e4m3) | e5m2 | e4m3"});
+    s.add({"fp8.lm_head", ConfigType::kBool, "false", "the LM head's GEMMs in fp8 too"});
+    s.add({"fp8.amax_history", ConfigType::kInt, "16",
+           "delayed: steps of amax history a scale is computed from (1-4096)"});
+    s.add({"fp8.amax_reduction", ConfigType::kString, "max",
+           "delayed: max | most_recent of the amax history"});
     // ---- logging (besides the console and RUN_DIR/metrics.jsonl) ----
     s.add({"logging.tensorboard", ConfigType::kBool, "true",
            "write TensorBoard event files into RUN_DIR/tb/ (rank 0)"});

@@ -240,6 +240,12 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
         return invalid_argument_error("{}: 'train.precision' is '{}'; choose fp32, bf16 or fp8",
                                       c.source_of("train.precision"), precision);
     }
+    // The fp8.* keys are checked in every run, so a mistyped recipe shows before it is used.
+    auto fp8 = fp8_settings_parse(c.get_string("fp8.recipe"), c.get_string("fp8.grad_format"),
+                                  c.get_bool("fp8.lm_head"), c.get_int("fp8.amax_history"),
+                                  c.get_string("fp8.amax_reduction"), c.source_of("fp8.recipe"));
+    if (!fp8.ok()) return fp8.status();
+    s.fp8 = fp8.value();
     if (precision == "fp8") {
         return unimplemented_error(
             "{}: 'train.precision: fp8' is not built yet; use bf16 (the CUDA backend) "

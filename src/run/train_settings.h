@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "data/blend.h"
 #include "io/config.h"
+#include "model/fp8_state.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "ops/adamw.h"
@@ -64,6 +65,7 @@ struct TrainSettings {
     int64_t world = 1;       // data-parallel ranks: set by the trainer from the launcher
 
     bool tensorboard = true;  // logging.tensorboard: event files in RUN_DIR/tb/
+    Fp8Settings fp8;          // fp8.*: the recipe of train.precision fp8 (checked in every run)
 
     // Samples per optimizer step over all ranks, and their tokens.
     int64_t global_batch() const { return micro_batch * grad_accum * world; }
