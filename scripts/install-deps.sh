@@ -2,7 +2,13 @@
 # Installs what lathe needs to build and test on a fresh Debian/Ubuntu machine: the -dev packages
 # it links, the Debian dictionaries it uses as embedded default corpora, and the Python packages
 # its reference tests compare against. Idempotent and quick when everything is there already.
+#
+#   scripts/install-deps.sh            what the native build and its tests need
+#   scripts/install-deps.sh --aarch64  that, plus the aarch64 cross build's (scripts/test-aarch64.sh):
+#                                      Debian's cross toolchain, qemu-user, the :arm64 -dev packages
 set -euo pipefail
+aarch64=0
+[ "${1:-}" = --aarch64 ] && aarch64=1
 
 DEB_PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache git python3 python3-pip
@@ -10,6 +16,8 @@ DEB_PACKAGES=(
   libzstd-dev zlib1g-dev libsimdjson-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev zstd clang-format libopenmpi-dev openmpi-bin
   libprotobuf-dev protobuf-compiler libboost-dev
+  # patchelf: scripts/package.sh points the tarball's binary and libraries at its own lib/.
+  patchelf
   # chromium: tests/test_report.py renders the page of `lathe report` headless to a PNG.
   chromium
   dict-gcide dict-foldoc dict-freedict-deu-eng dict-freedict-fra-eng dict-freedict-jpn-eng
@@ -19,6 +27,24 @@ DEB_PACKAGES=(
 # checkpoints with them (tests/test_convert.py, tests/test_align_map_apply.py).
 # tensorboard: tests/test_tensorboard.py reads lathe's event files back with its EventAccumulator.
 PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard transformers torch tensorboard)
+
+# The aarch64 cross build (cmake/aarch64-linux-gnu.cmake, CPU only): the libraries lathe links, for
+# arm64 through multiarch; header-only ones (nlohmann-json, CLI11) are architecture-independent and
+# come from the native list. No MPI: the cross build runs single-process tests.
+if ((aarch64)); then
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    echo "install-deps: dpkg --add-architecture arm64"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO dpkg --add-architecture arm64
+  fi
+  DEB_PACKAGES+=(
+    crossbuild-essential-arm64 qemu-user-static binfmt-support
+    libyaml-cpp-dev:arm64 libfmt-dev:arm64 libpcre2-dev:arm64 libutf8proc-dev:arm64
+    libzstd-dev:arm64 zlib1g-dev:arm64 libsimdjson-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64
+    libopenblas-dev:arm64 libprotobuf-dev:arm64 libboost-dev:arm64
+  )
+fi
 
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
