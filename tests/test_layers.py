@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 
 # Lowest first: a folder may include itself and anything before it.
-LAYERS = ["core", "io", "tokenizer", "data", "ops", "dist", "model", "optim", "run", "align", "cli"]
+LAYERS = ["core", "io", "tokenizer", "data", "ops", "dist", "model", "optim", "infer", "run", "align", "cli"]
 # Folders outside the chain, with the layer they sit on.
 BESIDE = {"fuzz": "model"}
 

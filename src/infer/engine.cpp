@@ -1,0 +1,381 @@
+#include "infer/engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "ops/attention.h"
+#include "ops/cuda/cuda_state.h"
+#include "ops/cuda/memory.h"
+#include "ops/embedding.h"
+#include "ops/layernorm.h"
+#include "ops/linear.h"
+#include "ops/residual.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+
+namespace lathe {
+
+namespace {
+
+// (B, T, H, D) seen as (B, T, H*D).
+TensorView flat_heads(const TensorView& v) {
+    return v.reshape(Shape{v.dim(0), v.dim(1), v.dim(2) * v.dim(3)});
+}
+
+}  // namespace
+
+Result<InferenceEngine> InferenceEngine::create(const Model& model, const EngineLimits& limits) {
+    const ModelConfig& c = model.config();
+    EngineLimits lim = limits;
+    if (lim.max_len == 0) lim.max_len = c.max_position_embeddings;
+    if (lim.max_sequences < 1 || lim.max_len < 1 || lim.prefill_chunk < 1) {
+        return invalid_argument_error(
+            "inference limits: max_sequences {}, max_len {}, prefill_chunk {} must be >= 1",
+            lim.max_sequences, lim.max_len, lim.prefill_chunk);
+    }
+    if (lim.max_len > c.max_position_embeddings) {
+        return invalid_argument_error(
+            "inference: {} tokens per sequence exceed the model's max_position_embeddings {}",
+            lim.max_len, c.max_position_embeddings);
+    }
+    InferenceEngine e;
+    e.model_ = &model;
+    e.limits_ = lim;
+    e.ctx_ = model.context();
+    e.act_ = e.ctx_.backend == Backend::kCuda ? DType::kBF16 : DType::kF32;
+    KvCacheShape ks;
+    ks.layers = c.num_layers;
+    ks.rows = lim.max_sequences;
+    ks.max_len = lim.max_len;
+    ks.kv_heads = c.num_kv_heads;
+    ks.head_dim = c.head_dim;
+    ks.dtype = e.act_;
+    LATHE_ASSIGN_OR_RETURN(e.cache_, KvCache::create(ks, e.ctx_));
+
+    const int64_t N = std::max(lim.prefill_chunk, lim.max_sequences), S = lim.max_sequences;
+    const int64_t C = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+    const int64_t F = c.intermediate_size, up = c.mlp == MlpKind::kSwiGlu ? 2 * F : F;
+    const DType a = e.act_, f32 = DType::kF32, i32 = DType::kI32;
+    ArenaLayout layout;
+    auto add = [&](const char* name, DType t, Shape s) { return layout.add(name, t, s); };
+    LATHE_ASSIGN_OR_RETURN(e.ix_.x0, add("x0", a, Shape{N, C}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.x1, add("x1", a, Shape{N, C}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.ln, add("ln", a, Shape{N, C}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.mean, add("mean", f32, Shape{N}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.rstd, add("rstd", f32, Shape{N}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.q, add("q", a, Shape{N, H, D}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.knew, add("k_new", a, Shape{S, Hkv, D}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.vnew, add("v_new", a, Shape{S, Hkv, D}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.att, add("att", a, Shape{N, H, D}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.lse, add("lse", f32, Shape{N * H}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.tmp, add("tmp", a, Shape{N, C}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.mlp_in, add("mlp_in", a, Shape{N, up}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.mlp_act, add("mlp_act", a, Shape{N, F}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.logits, add("logits", a, Shape{S, c.vocab_size}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.tokens, add("tokens", i32, Shape{N}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.positions, add("positions", i32, Shape{N}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.lengths, add("lengths", i32, Shape{S}));
+    const int64_t half = c.position == PositionKind::kRope ? rope_rotary_dim(c.rope) / 2 : 1;
+    LATHE_ASSIGN_OR_RETURN(e.ix_.rope_cos, add("rope_cos", f32, Shape{lim.max_len, half}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.rope_sin, add("rope_sin", f32, Shape{lim.max_len, half}));
+    LATHE_ASSIGN_OR_RETURN(e.scratch_, ModelArena::allocate(std::move(layout), e.ctx_));
+    if (c.position == PositionKind::kRope) {
+        HostTensor cos(f32, Shape{lim.max_len, half}), sin(f32, Shape{lim.max_len, half});
+        rope_build_table(cos.view(), sin.view(), c.rope);
+        e.copy(e.scratch_.view(e.ix_.rope_cos), cos.view());
+        e.copy(e.scratch_.view(e.ix_.rope_sin), sin.view());
+        model.synchronize();
+    }
+    return e;
+}
+
+void InferenceEngine::copy(TensorView dst, ConstTensorView src) const {
+    LATHE_CHECK(dst.bytes() == src.bytes(), "inference copy of {} into {}", src.to_string(),
+                dst.to_string());
+    if (ctx_.backend == Backend::kCuda)
+        cuda_copy_async(dst, src.reshape(dst.shape()), ctx_.stream);
+    else if (dst.data() != src.data())
+        std::memcpy(dst.data(), src.data(), src.bytes());
+}
+
+void InferenceEngine::upload(TensorView dst, std::span<const int32_t> host) const {
+    copy(dst, ConstTensorView(host.data(), DType::kI32, dst.shape(), Device::kCpu));
+}
+
+TensorView InferenceEngine::weight(ParamRole role, int layer, int64_t begin, int64_t end) const {
+    const ParamTable& table = model_->params();
+    const size_t e = table.find_entry(role, layer);
+    if (e == ParamTable::kNone) return TensorView();
+    const ParamEntry& entry = table.entries()[e];
+    if (ctx_.backend != Backend::kCuda)
+        return model_->param_entry(entry.arena_index).slice(begin, end);
+    // The bf16 compute copy lines up element for element with the f32 parameter arena.
+    const ArenaEntry& a = table.layout().entries()[entry.arena_index];
+    const int64_t first = int64_t(a.offset / dtype_size(DType::kF32));
+    const TensorView flat = model_->params_compute_flat();
+    return flat.slice(first, first + entry.shape.numel()).reshape(entry.shape).slice(begin, end);
+}
+
+BlockWeights InferenceEngine::block_weights(int l) const {
+    const ModelConfig& c = config();
+    const int64_t C = c.hidden_size, q = c.num_heads * c.head_dim;
+    const int64_t kv = c.num_kv_heads * c.head_dim;
+    const int64_t up = c.mlp == MlpKind::kSwiGlu ? 2 * c.intermediate_size : c.intermediate_size;
+    BlockWeights v;
+    v.norm1_w = weight(ParamRole::kNorm1Weight, l, 0, C);
+    v.norm1_b = weight(ParamRole::kNorm1Bias, l, 0, C);
+    v.wq = weight(ParamRole::kQkvWeight, l, 0, q);
+    v.wk = weight(ParamRole::kQkvWeight, l, q, q + kv);
+    v.wv = weight(ParamRole::kQkvWeight, l, q + kv, q + 2 * kv);
+    v.bq = weight(ParamRole::kQkvBias, l, 0, q);
+    v.bk = weight(ParamRole::kQkvBias, l, q, q + kv);
+    v.bv = weight(ParamRole::kQkvBias, l, q + kv, q + 2 * kv);
+    v.wo = weight(ParamRole::kOutWeight, l, 0, C);
+    v.bo = weight(ParamRole::kOutBias, l, 0, C);
+    v.norm2_w = weight(ParamRole::kNorm2Weight, l, 0, C);
+    v.norm2_b = weight(ParamRole::kNorm2Bias, l, 0, C);
+    v.w_up = weight(ParamRole::kUpWeight, l, 0, up);
+    v.b_up = weight(ParamRole::kUpBias, l, 0, up);
+    v.w_down = weight(ParamRole::kDownWeight, l, 0, C);
+    v.b_down = weight(ParamRole::kDownBias, l, 0, C);
+    return v;
+}
+
+template <typename Attend>
+TensorView InferenceEngine::run_blocks(int64_t B, int64_t T, ConstTensorView tokens,
+                                       ConstTensorView positions, Attend&& attend) {
+    const ModelConfig& c = config();
+    const PrecisionPolicy& p = model_->plan().shape.precision;
+    const int64_t N = B * T, C = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads;
+    const int64_t D = c.head_dim, F = c.intermediate_size;
+    const int64_t up = c.mlp == MlpKind::kSwiGlu ? 2 * F : F;
+    const Shape btc{B, T, C};
+    TensorView cur = scratch(ix_.x0, btc), other = scratch(ix_.x1, btc);
+    const TensorView ln = scratch(ix_.ln, btc), tmp = scratch(ix_.tmp, btc);
+    const TensorView mean =
+        c.norm == NormKind::kLayerNorm ? scratch(ix_.mean, Shape{N}) : TensorView();
+    const TensorView rstd = scratch(ix_.rstd, Shape{N});
+    const TensorView q = scratch(ix_.q, Shape{B, T, H, D});
+    const TensorView att = scratch(ix_.att, Shape{B, T, H, D});
+    const TensorView lse = scratch(ix_.lse, Shape{B, H, T});
+    const TensorView mlp_in = scratch(ix_.mlp_in, Shape{B, T, up});
+    const TensorView mlp_act = scratch(ix_.mlp_act, Shape{B, T, F});
+    (void)Hkv;
+
+    TensorView wpe;
+    ConstTensorView learned_positions;
+    if (c.position == PositionKind::kLearned) {
+        wpe = weight(ParamRole::kPositionEmbedding, -1, 0, c.max_position_embeddings);
+        learned_positions = positions;
+    }
+    embedding_forward(cur, tokens, learned_positions,
+                      weight(ParamRole::kTokenEmbedding, -1, 0, c.vocab_size), wpe, ctx_);
+    const LinearSpec qkv = p.spec(LinearRole::kQkv), out = p.spec(LinearRole::kAttnOut);
+    const LinearSpec up_spec = p.spec(LinearRole::kMlpUp), down = p.spec(LinearRole::kMlpDown);
+    for (int l = 0; l < int(c.num_layers); ++l) {
+        const BlockWeights w = block_weights(l);
+        block_norm_forward(c, ln, mean, rstd, cur, w.norm1_w, w.norm1_b, ctx_);
+        // attend(layer, ln, q, att, lse, qkv spec): projections, RoPE, cache writes, attention.
+        attend(l, w, ln, q, att, lse, qkv, positions);
+        if (c.parallel_residual) {
+            linear_residual_forward(other, flat_heads(att), w.wo, w.bo, cur, ctx_, out);
+            block_norm_forward(c, ln, mean, rstd, cur, w.norm2_w, w.norm2_b, ctx_);
+        } else {
+            linear_forward(tmp, flat_heads(att), w.wo, w.bo, ctx_, out);
+            if (c.norm == NormKind::kRmsNorm)
+                rmsnorm_residual_forward(other, ln, rstd, cur, tmp, w.norm2_w, float(c.norm_eps),
+                                         ctx_);
+            else
+                layernorm_residual_forward(other, ln, mean, rstd, cur, tmp, w.norm2_w, w.norm2_b,
+                                           float(c.norm_eps), ctx_);
+        }
+        if (c.mlp == MlpKind::kSwiGlu) {
+            linear_forward(mlp_in, ln, w.w_up, w.b_up, ctx_, up_spec);
+            swiglu_forward(mlp_act, mlp_in, ctx_);
+        } else {
+            linear_gelu_forward(mlp_act, mlp_in, ln, w.w_up, w.b_up, c.gelu, ctx_, up_spec);
+        }
+        if (c.parallel_residual) {
+            // other holds x + o; the MLP output joins it; other is the next layer's input.
+            linear_forward(tmp, mlp_act, w.w_down, w.b_down, ctx_, down);
+            residual_forward(other, other, tmp, ctx_);
+            std::swap(cur, other);
+        } else {
+            // other holds x_mid = x + o; cur (x, no longer read) takes x_mid + mlp.
+            linear_residual_forward(cur, mlp_act, w.w_down, w.b_down, other, ctx_, down);
+        }
+    }
+    return cur;
+}
+
+void InferenceEngine::last_logits(ConstTensorView x, int64_t n, std::span<float> out) {
+    const ModelConfig& c = config();
+    const int64_t C = c.hidden_size, V = c.vocab_size;
+    const TensorView y = scratch(ix_.ln, Shape{n, C});
+    block_norm_forward(
+        c, y, c.norm == NormKind::kLayerNorm ? scratch(ix_.mean, Shape{n}) : TensorView(),
+        scratch(ix_.rstd, Shape{n}), x, weight(ParamRole::kFinalNormWeight, -1, 0, C),
+        weight(ParamRole::kFinalNormBias, -1, 0, C), ctx_);
+    const ParamRole head = c.tie_word_embeddings ? ParamRole::kTokenEmbedding : ParamRole::kLmHead;
+    const TensorView logits = scratch(ix_.logits, Shape{n, V});
+    linear_forward(logits, y, weight(head, -1, 0, V), ConstTensorView(), ctx_,
+                   model_->plan().shape.precision.spec(LinearRole::kLmHead));
+    LATHE_CHECK(int64_t(out.size()) == n * V, "logits: {} floats for ({}, {})", out.size(), n, V);
+    if (ctx_.backend != Backend::kCuda) {
+        std::memcpy(out.data(), logits.data(), out.size() * sizeof(float));
+        return;
+    }
+    host_bf16_.resize(size_t(n * V));
+    cuda_copy_sync(TensorView(host_bf16_.data(), DType::kBF16, Shape{n, V}, Device::kCpu), logits,
+                   ctx_.stream);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(bf16{host_bf16_[i]});
+}
+
+Status InferenceEngine::prefill(SeqId seq, std::span<const int32_t> tokens,
+                                std::span<float> logits) {
+    const ModelConfig& c = config();
+    if (!cache_.is_open(seq))
+        return invalid_argument_error("prefill: sequence {} is not open", seq);
+    if (tokens.empty()) return invalid_argument_error("prefill: no tokens for sequence {}", seq);
+    if (int64_t(logits.size()) != c.vocab_size) {
+        return invalid_argument_error("prefill: logits hold {} floats, the vocabulary is {}",
+                                      logits.size(), c.vocab_size);
+    }
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
+            return invalid_argument_error("token {} at index {} is outside the vocabulary [0, {})",
+                                          tokens[i], i, c.vocab_size);
+        }
+    }
+    const int64_t len0 = cache_.length(seq);
+    if (len0 + int64_t(tokens.size()) > limits_.max_len) {
+        return invalid_argument_error(
+            "{} tokens after the {} already in sequence {} exceed its {}-token context",
+            tokens.size(), len0, seq, limits_.max_len);
+    }
+    const int64_t row = cache_.row(seq);
+    const ModelConfig& cfg = c;
+    const float scale = block_attention_scale(cfg);
+    for (size_t begin = 0; begin < tokens.size(); begin += size_t(limits_.prefill_chunk)) {
+        const int64_t T = std::min<int64_t>(limits_.prefill_chunk, int64_t(tokens.size() - begin));
+        const int64_t pos0 = cache_.length(seq);
+        host_pos_.resize(size_t(T));
+        for (int64_t t = 0; t < T; ++t) host_pos_[size_t(t)] = int32_t(pos0 + t);
+        const TensorView tok = scratch(ix_.tokens, Shape{1, T});
+        const TensorView pos = scratch(ix_.positions, Shape{1, T});
+        upload(tok, tokens.subspan(begin, size_t(T)));
+        upload(pos, host_pos_);
+        auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q,
+                          const TensorView& att, const TensorView& lse, const LinearSpec& spec,
+                          ConstTensorView positions) {
+            // The chunk's keys and values go straight into the cache row.
+            const TensorView k = cache_.keys(l, row, pos0, pos0 + T);
+            const TensorView v = cache_.values(l, row, pos0, pos0 + T);
+            linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
+            linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
+            linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
+            if (cfg.position == PositionKind::kRope) {
+                rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
+                                scratch_.view(ix_.rope_sin), ctx_);
+            }
+            attention_forward(att, lse, q, cache_.keys(l, row, 0, pos0 + T),
+                              cache_.values(l, row, 0, pos0 + T), ConstTensorView(), cfg.window(l),
+                              scale, pos0, ctx_);
+        };
+        const TensorView x = run_blocks(1, T, tok, pos, attend);
+        cache_.set_length(seq, pos0 + T);
+        if (begin + size_t(T) == tokens.size()) {
+            const TensorView rows = x.reshape(Shape{T, cfg.hidden_size});
+            last_logits(rows.slice(T - 1, T), 1, logits);
+        }
+    }
+    return ok_status();
+}
+
+Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<float> logits) {
+    const ModelConfig& c = config();
+    const int64_t n = cache_.rows_in_use(), V = c.vocab_size;
+    if (int64_t(steps.size()) != n) {
+        return invalid_argument_error(
+            "decode: {} steps for {} open sequences (every open sequence steps at once)",
+            steps.size(), n);
+    }
+    if (n == 0) return ok_status();
+    if (int64_t(logits.size()) != n * V) {
+        return invalid_argument_error("decode: logits hold {} floats, need {} x {}", logits.size(),
+                                      n, V);
+    }
+    // Row r of the batch is cache row r; step_of_row maps it back to the caller's order.
+    std::vector<int64_t> step_of_row(size_t(n), -1);
+    host_i32_.assign(size_t(n), 0);
+    host_pos_.assign(size_t(n), 0);
+    host_len_.assign(size_t(n), 0);
+    for (size_t i = 0; i < steps.size(); ++i) {
+        const DecodeStep& s = steps[i];
+        if (!cache_.is_open(s.seq))
+            return invalid_argument_error("decode: sequence {} is not open", s.seq);
+        const int64_t r = cache_.row(s.seq), len = cache_.length(s.seq);
+        if (step_of_row[size_t(r)] >= 0)
+            return invalid_argument_error("decode: sequence {} appears twice", s.seq);
+        if (len == 0)
+            return invalid_argument_error("decode: sequence {} has no prompt (prefill it)", s.seq);
+        if (len >= limits_.max_len) {
+            return invalid_argument_error("decode: sequence {} fills its {}-token context", s.seq,
+                                          limits_.max_len);
+        }
+        if (s.token < 0 || s.token >= V) {
+            return invalid_argument_error("decode: token {} of sequence {} is outside [0, {})",
+                                          s.token, s.seq, V);
+        }
+        step_of_row[size_t(r)] = int64_t(i);
+        host_i32_[size_t(r)] = s.token;
+        host_pos_[size_t(r)] = int32_t(len);
+        host_len_[size_t(r)] = int32_t(len + 1);
+    }
+    const TensorView tok = scratch(ix_.tokens, Shape{n, 1});
+    const TensorView pos = scratch(ix_.positions, Shape{n, 1});
+    const TensorView lengths = scratch(ix_.lengths, Shape{n});
+    upload(tok, host_i32_);
+    upload(pos, host_pos_);
+    upload(lengths, host_len_);
+    const float scale = block_attention_scale(c);
+    const int64_t Hkv = c.num_kv_heads, D = c.head_dim, Tmax = limits_.max_len;
+    auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q,
+                      const TensorView& att, const TensorView& lse, const LinearSpec& spec,
+                      ConstTensorView positions) {
+        const TensorView k = scratch(ix_.knew, Shape{n, 1, Hkv, D});
+        const TensorView v = scratch(ix_.vnew, Shape{n, 1, Hkv, D});
+        linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
+        linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
+        linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
+        if (c.position == PositionKind::kRope) {
+            rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
+                            scratch_.view(ix_.rope_sin), ctx_);
+        }
+        // Each row's new key and value go to its own position of the cache.
+        for (int64_t r = 0; r < n; ++r) {
+            const int64_t p = host_pos_[size_t(r)];
+            copy(cache_.keys(l, r, p, p + 1), k.slice(r, r + 1));
+            copy(cache_.values(l, r, p, p + 1), v.slice(r, r + 1));
+        }
+        attention_decode(att, lse, q, cache_.keys(l).slice(0, n), cache_.values(l).slice(0, n),
+                         lengths, c.window(l), scale, ctx_);
+        (void)Tmax;
+    };
+    const TensorView x = run_blocks(n, 1, tok, pos, attend);
+    for (int64_t r = 0; r < n; ++r) cache_.set_length(cache_.seq_at(r), host_len_[size_t(r)]);
+    // Logits come out in row order; the caller's order is step order.
+    std::vector<float> by_row(size_t(n * V));
+    last_logits(x.reshape(Shape{n, c.hidden_size}), n, by_row);
+    for (int64_t r = 0; r < n; ++r) {
+        std::memcpy(logits.data() + step_of_row[size_t(r)] * V, by_row.data() + r * V,
+                    size_t(V) * sizeof(float));
+    }
+    return ok_status();
+}
+
+}  // namespace lathe

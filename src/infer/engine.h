@@ -1,0 +1,119 @@
+#pragma once
+// The inference engine: a forward-only decoder over a loaded Model's weights that keeps a KV
+// cache (kv_cache.h) and gives the logits of the last position only.
+//
+// Two calls move sequences forward, and they are what a continuous-batching server drives:
+//   prefill(seq, tokens)        appends a prompt (or any run of tokens) of T tokens to one
+//                               sequence at positions len..len+T-1, in chunks of at most
+//                               prefill_chunk tokens: each chunk's keys/values are written into
+//                               the cache row, its queries attend to the row's filled prefix
+//                               (attention_forward at q_offset = len); logits of the last token.
+//   decode(steps)               one token for every open sequence at once, each at its own
+//                               position: the new keys/values are written at each row's length,
+//                               attention_decode reads each row up to its length; one logits row
+//                               per sequence.
+// A server keeps requests waiting in its own queue, opens a sequence (open()) when one joins,
+// prefills it, then includes it in every decode step until it finishes and is closed (close());
+// sequences of different lengths share a step. Joining and leaving happen between steps.
+//
+// Per layer (the block schedule of model/block.h, forward only, nothing saved):
+//   h = norm1(x); q, k, v = h Wq^T + bq, ...; rope(q, k) at the tokens' positions;
+//   k, v -> cache; a = attention(q, cache); then the residual and MLP exactly as block_forward.
+// Logits: final norm and the LM head on the last row of each sequence only, (n, V).
+// Numbers: the CPU computes in f32 through the same ops as the model, so a prompt's logits equal
+// Model::logits' last row up to the attention's summation order; CUDA in bf16 (the model's bf16
+// compute copy of the weights), cuDNN or lathe's attention as in training, attention_decode for
+// decode; logits come back widened to f32.
+//
+// Memory: the engine reads the model's weights (the model must outlive it) and owns the KV cache
+// and one scratch arena sized for max(prefill_chunk, max_sequences) tokens, allocated once.
+// Not thread-safe; one engine per model and stream.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "infer/kv_cache.h"
+#include "model/block.h"
+#include "model/model.h"
+
+namespace lathe {
+
+struct EngineLimits {
+    int64_t max_sequences = 1;    // S: sequences open at once (KV cache rows)
+    int64_t max_len = 0;          // Tmax: tokens per sequence; 0 = max_position_embeddings
+    int64_t prefill_chunk = 256;  // tokens of one prefill forward
+};
+
+// One sequence's next token in a decode step.
+struct DecodeStep {
+    SeqId seq = 0;
+    int32_t token = 0;
+};
+
+class InferenceEngine {
+public:
+    // Errors: limits below 1, max_len beyond max_position_embeddings, allocation failure.
+    static Result<InferenceEngine> create(const Model& model, const EngineLimits& limits);
+
+    InferenceEngine(InferenceEngine&&) noexcept = default;
+    InferenceEngine& operator=(InferenceEngine&&) noexcept = default;
+
+    const ModelConfig& config() const { return model_->config(); }
+    const EngineLimits& limits() const { return limits_; }
+    int64_t vocab_size() const { return model_->config().vocab_size; }
+    const KvCache& cache() const { return cache_; }
+
+    // A new sequence of length 0; error when max_sequences are open.
+    Result<SeqId> open() { return cache_.open(); }
+    void close(SeqId seq) { cache_.close(seq); }
+    int64_t length(SeqId seq) const { return cache_.length(seq); }
+    int64_t open_sequences() const { return cache_.rows_in_use(); }
+
+    // Appends `tokens` (at least one) to `seq` and writes the logits that follow the last one into
+    // `logits` (V floats). Errors: an unknown sequence, no tokens, a token outside [0, V), more
+    // tokens than max_len leaves room for.
+    Status prefill(SeqId seq, std::span<const int32_t> tokens, std::span<float> logits);
+
+    // Appends steps[i].token to steps[i].seq for every open sequence (each exactly once, any
+    // order) and writes the logits that follow into rows i of `logits` (steps.size() x V floats).
+    // Errors: a sequence missing, repeated, unknown or never prefilled; a token outside [0, V); a
+    // sequence at max_len.
+    Status decode(std::span<const DecodeStep> steps, std::span<float> logits);
+
+private:
+    InferenceEngine() = default;
+    BlockWeights block_weights(int layer) const;
+    // Rows [begin, end) of the parameter entry (role, layer) in the compute dtype; null if absent.
+    TensorView weight(ParamRole role, int layer, int64_t begin, int64_t end) const;
+    TensorView scratch(size_t index, const Shape& shape) const {
+        return scratch_.view(index, shape);
+    }
+    void upload(TensorView dst, std::span<const int32_t> host) const;
+    void copy(TensorView dst, ConstTensorView src) const;
+    // Runs the blocks over x (B, T, C) = scratch x0 with the given attention; leaves the output
+    // in the returned buffer (x0 or x1).
+    template <typename Attend>
+    TensorView run_blocks(int64_t B, int64_t T, ConstTensorView tokens, ConstTensorView positions,
+                          Attend&& attend);
+    // Final norm and LM head over the (n, C) rows `x`; logits widened to f32 into `out`.
+    void last_logits(ConstTensorView x, int64_t n, std::span<float> out);
+
+    const Model* model_ = nullptr;
+    EngineLimits limits_;
+    Context ctx_;
+    DType act_ = DType::kF32;
+    KvCache cache_;
+    ModelArena scratch_;
+    struct Index {
+        size_t x0, x1, ln, mean, rstd, q, knew, vnew, att, lse, tmp, mlp_in, mlp_act, logits,
+            tokens, positions, lengths, rope_cos, rope_sin;
+    } ix_{};
+    std::vector<int32_t> host_i32_;  // staging of tokens / positions / lengths
+    std::vector<int32_t> host_pos_, host_len_;
+    std::vector<uint16_t> host_bf16_;
+};
+
+}  // namespace lathe
