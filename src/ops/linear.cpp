@@ -3,6 +3,8 @@
 #include "ops/cpu/gelu.h"
 #include "ops/cpu/linear.h"
 #include "ops/cuda/dispatch.h"
+#include "ops/cuda/fp8_cast.h"
+#include "ops/cuda/fp8_linear.h"
 #include "ops/cuda/linear.h"
 #include "ops/op_checks.h"
 #include "ops/residual.h"
@@ -26,6 +28,42 @@ LinearDims linear_dims(const char* op, const char* x_name, ConstTensorView x,
     return {N, I, weight.dim(0)};
 }
 
+// Whether the op runs `spec` through the FP8 path (kFp8PerTensor with buffers on CUDA; the
+// precision check has stopped every other fp8 case).
+bool fp8_path(const LinearSpec& spec) {
+    return spec.precision == LinearPrecision::kFp8PerTensor;
+}
+
+void count_gemm(const Fp8LinearBuffers& b) {
+    if (b.gemm_count != nullptr) ++*b.gemm_count;
+}
+
+// x (rows, cols) bf16 -> codes q, qt with its current amax into the scalar slot at `slot`.
+void fp8_cast_current(const bf16* x, int64_t rows, int64_t cols, DType dtype, void* q, void* qt,
+                      float* slot, CUstream_st* stream) {
+    Fp8CastArgs a;
+    a.rows = rows;
+    a.cols = cols;
+    a.x = x;
+    a.dtype = dtype;
+    a.q = q;
+    a.qt = qt;
+    a.amax = slot;
+    a.scale_inv = slot + 4;
+    cuda::fp8_cast(a, stream);
+}
+
+// The FP8 forward: y = sx sw (xq . wq^T) + bias [+ residual].
+void fp8_forward(bf16* y, const bf16* x, const bf16* bias, const bf16* residual, int64_t N,
+                 int64_t I, int64_t O, const Fp8LinearBuffers& b, CudaState& state,
+                 CUstream_st* stream) {
+    fp8_cast_current(x, N, I, DType::kE4M3, b.xq, b.xqt, b.scalars + 0, stream);
+    cuda::fp8_linear_forward(y, {b.xq, DType::kE4M3, b.scalars + 4},
+                             {b.wq, DType::kE4M3, b.scalars + 12}, bias, residual, N, I, O, state,
+                             stream);
+    count_gemm(b);
+}
+
 }  // namespace
 
 std::string_view linear_precision_name(LinearPrecision p) {
@@ -41,12 +79,28 @@ std::string_view linear_precision_name(LinearPrecision p) {
 }
 
 void linear_expect_precision(std::string_view op, const LinearSpec& spec, const Context& ctx) {
-    LATHE_CHECK(spec.precision == LinearPrecision::kNative,
-                "{}: fp8 linear: no kernel for {} ({}) on the {} backend in this build; use the "
-                "native precision for this linear",
-                op, linear_precision_name(spec.precision),
-                spec.role.empty() ? std::string_view("linear") : spec.role,
-                backend_name(ctx.backend));
+    if (spec.precision == LinearPrecision::kNative) return;
+    const std::string_view role = spec.role.empty() ? std::string_view("linear") : spec.role;
+    const bool fp8_op = op == "linear_forward" || op == "linear_residual_forward" ||
+                        op == "linear_backward" || op == "linear_fp8_cast_weight";
+    LATHE_CHECK(
+        spec.precision == LinearPrecision::kFp8PerTensor && ctx.backend == Backend::kCuda && fp8_op,
+        "{}: fp8 linear: no kernel for {} ({}) on the {} backend in this build; use the "
+        "native precision for this linear",
+        op, linear_precision_name(spec.precision), role, backend_name(ctx.backend));
+    LATHE_CHECK(spec.fp8 != nullptr && spec.fp8->scalars != nullptr,
+                "{}: fp8 linear {} ({}) on the cuda backend without its buffers (LinearSpec::fp8)",
+                op, linear_precision_name(spec.precision), role);
+}
+
+void linear_fp8_cast_weight(ConstTensorView weight, const Context& ctx, const LinearSpec& spec) {
+    constexpr const char* kOp = "linear_fp8_cast_weight";
+    linear_expect_precision(kOp, spec, ctx);
+    LATHE_CHECK(weight.rank() == 2, "{}: weight {}", kOp, weight.to_string());
+    op_expect_memory(kOp, ctx, {weight});
+    op_expect_cuda_dtype(kOp, DType::kBF16, {weight});
+    fp8_cast_current(weight.as<bf16>(), weight.dim(0), weight.dim(1), DType::kE4M3, spec.fp8->wq,
+                     spec.fp8->wqt, spec.fp8->scalars + 8, ctx.stream);
 }
 
 void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
@@ -65,6 +119,11 @@ void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, Con
             return;
         case Backend::kCuda:
             op_expect_cuda_dtype(kOp, DType::kBF16, {y, x, weight, bias});
+            if (fp8_path(spec)) {
+                fp8_forward(y.as<bf16>(), x.as<bf16>(), bias.as<bf16>(), nullptr, N, I, O,
+                            *spec.fp8, cuda_state_of(ctx, kOp), ctx.stream);
+                return;
+            }
             cuda::linear_forward(y.as<bf16>(), x.as<bf16>(), weight.as<bf16>(), bias.as<bf16>(), N,
                                  I, O, cuda_state_of(ctx, kOp), ctx.stream);
             return;
@@ -91,6 +150,11 @@ void linear_residual_forward(TensorView y, ConstTensorView x, ConstTensorView we
     op_expect_memory(kOp, ctx, {y, x, weight, bias, residual});
     if (ctx.backend == Backend::kCuda) {
         op_expect_cuda_dtype(kOp, DType::kBF16, {y, x, weight, bias, residual});
+        if (fp8_path(spec)) {
+            fp8_forward(y.as<bf16>(), x.as<bf16>(), bias.as<bf16>(), residual.as<bf16>(), N, I, O,
+                        *spec.fp8, cuda_state_of(ctx, kOp), ctx.stream);
+            return;
+        }
         cuda::linear_residual_forward(y.as<bf16>(), x.as<bf16>(), weight.as<bf16>(),
                                       bias.as<bf16>(), residual.as<bf16>(), N, I, O,
                                       cuda_state_of(ctx, kOp), ctx.stream);
@@ -120,6 +184,30 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
         case Backend::kCuda:
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, dy, x, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {dweight, dbias});
+            if (fp8_path(spec)) {
+                // x's codes (xqt) and scale are the forward's; dy is cast here.
+                const Fp8LinearBuffers& b = *spec.fp8;
+                CudaState& state = cuda_state_of(ctx, kOp);
+                fp8_cast_current(dy.as<bf16>(), N, O, b.grad_dtype, b.dyq, b.dyqt, b.scalars + 16,
+                                 ctx.stream);
+                if (!dx.is_null()) {
+                    cuda::fp8_linear_backward_input(
+                        dx.as<bf16>(), {b.dyq, b.grad_dtype, b.scalars + 20},
+                        {b.wqt, DType::kE4M3, b.scalars + 12}, N, I, O,
+                        dx_mode == GradMode::kAccumulate, state, ctx.stream);
+                    count_gemm(b);
+                }
+                if (!dweight.is_null()) {
+                    cuda::fp8_linear_backward_weight(
+                        dweight.as<float>(), {b.dyqt, b.grad_dtype, b.scalars + 20},
+                        {b.xqt, DType::kE4M3, b.scalars + 4}, N, I, O, state, ctx.stream);
+                    count_gemm(b);
+                }
+                if (!dbias.is_null())
+                    cuda::fp8_linear_backward_bias(dbias.as<float>(), dy.as<bf16>(), N, O, state,
+                                                   ctx.stream);
+                return;
+            }
             cuda::linear_backward(dx.as<bf16>(), dweight.as<float>(), dbias.as<float>(),
                                   dy.as<bf16>(), x.as<bf16>(), weight.as<bf16>(), N, I, O,
                                   dx_mode == GradMode::kAccumulate, cuda_state_of(ctx, kOp),

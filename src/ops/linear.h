@@ -32,9 +32,17 @@
 // Precision: every linear op takes a LinearSpec, what its caller (the block schedule, per the
 // model's precision policy) asks of it. kNative is the dtypes above. The fp8 precisions are a
 // choice of GEMM kernel behind the same ops (the GEMMs take their operands' dtypes and scales
-// through ops/gemm_args.h); no backend has that kernel in the linear ops, so asking for one stops
-// with "fp8 linear: no kernel ...", naming the op, the precision, the linear's role and the
-// backend.
+// through ops/gemm_args.h). kFp8PerTensor runs on CUDA in linear_forward, linear_residual_forward
+// and linear_backward, in the caller's Fp8LinearBuffers (below):
+//   forward:  x cast to E4M3 with its current amax (codes xq and the transpose xqt, one read of
+//             x after its amax pass), y = sx sw (xq . wq^T) + bias [+ residual] (ops/cuda/
+//             fp8_linear.h), wq and wqt cast from W once per optimizer step by
+//             linear_fp8_cast_weight;
+//   backward: dy cast to grad_dtype (dyq, dyqt), dx = sdy sw (dyq . wqt^T) (= or +=),
+//             dweight += sdy sx (dyqt . xqt^T), dbias += sum_n dy (bf16 dy, as the native op).
+// Every other fp8 case stops with "fp8 linear: no kernel ...", naming the op, the precision, the
+// linear's role and the backend: the CPU backend, kFp8Blockwise, the GELU ops, and a CUDA call
+// without buffers.
 #include <cstdint>
 #include <string_view>
 
@@ -54,11 +62,28 @@ enum class LinearPrecision : uint8_t { kNative, kFp8PerTensor, kFp8Blockwise };
 // "native", "fp8_per_tensor", "fp8_blockwise".
 std::string_view linear_precision_name(LinearPrecision p);
 
-// What a caller asks of one linear: its precision, and its role in the model ("qkv", "mlp_down":
-// for messages; empty reads as "linear").
+// Device memory of one kFp8PerTensor linear on CUDA, owned by the caller; N is the token count of
+// the micro-batch, (O, I) the weight's shape. Codes are one byte an element; every pointer
+// 16-byte aligned.
+struct Fp8LinearBuffers {
+    void* wq = nullptr;               // (O, I) E4M3: the weight's codes (linear_fp8_cast_weight)
+    void* wqt = nullptr;              // (I, O) E4M3: their transpose
+    void* xq = nullptr;               // (N, I): the forward's scratch
+    void* xqt = nullptr;              // (I, N): written by the forward, read by the backward
+    void* dyq = nullptr;              // (N, O): the backward's scratch
+    void* dyqt = nullptr;             // (O, N): the backward's scratch
+    float* scalars = nullptr;         // 24 f32: amax and scale_inv of x at 0 and 4, w at 8 and 12,
+                                      // dy at 16 and 20
+    DType grad_dtype = DType::kE5M2;  // dy's codes: E5M2 or E4M3
+    int64_t* gemm_count = nullptr;    // host counter: += 1 per FP8 GEMM enqueued (may be null)
+};
+
+// What a caller asks of one linear: its precision, its role in the model ("qkv", "mlp_down":
+// for messages; empty reads as "linear"), and for kFp8PerTensor on CUDA its buffers.
 struct LinearSpec {
     LinearPrecision precision = LinearPrecision::kNative;
     std::string_view role;
+    const Fp8LinearBuffers* fp8 = nullptr;
 };
 
 // Stops (LATHE_CHECK) unless ctx's backend runs `spec` in this build, naming `op`, the precision,
@@ -68,6 +93,11 @@ void linear_expect_precision(std::string_view op, const LinearSpec& spec, const 
 
 void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
                     const Context& ctx, const LinearSpec& spec = {});
+
+// The weight's FP8 copies for a kFp8PerTensor linear: wq and wqt of spec.fp8 from weight (O, I)
+// bf16, scaled by its current amax. Once per optimizer step (after the update), not per
+// micro-batch. CUDA only; stops elsewhere, naming the role.
+void linear_fp8_cast_weight(ConstTensorView weight, const Context& ctx, const LinearSpec& spec);
 
 // A projection whose output joins the residual stream:  y = residual + (x W^T + b).
 //   = linear_forward(y, x, W, b) then residual_forward(y, residual, y): so on the CPU, bit for bit

@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "ops/cpu/fp8_cast.h"
 #include "ops/cpu/gemm.h"
+#include "ops/cuda/column_reduce.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/fp8_cast.h"
@@ -85,6 +86,11 @@ void fp8_linear_backward_weight(float* dweight, Fp8Operand dyt, Fp8Operand xt, i
     g.ldd = I;
     g.beta = 1.0f;
     gemm(state, stream, g);
+}
+
+void fp8_linear_backward_bias(float* dbias, const bf16* dy, int64_t N, int64_t O, CudaState& state,
+                              CUstream_st* stream) {
+    column_sum_bf16_accumulate(dbias, dy, N, O, "fp8 linear_backward", state, stream);
 }
 
 std::string fp8_support_problem(int device) {

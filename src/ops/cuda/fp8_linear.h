@@ -47,6 +47,11 @@ void fp8_linear_backward_input(bf16* dx, Fp8Operand dy, Fp8Operand wt, int64_t N
 void fp8_linear_backward_weight(float* dweight, Fp8Operand dyt, Fp8Operand xt, int64_t N, int64_t I,
                                 int64_t O, CudaState& state, CUstream_st* stream);
 
+// dbias (O) f32 += sum_n dy[n, :] over dy (N, O) bf16: the native linear's bias gradient (two
+// passes, no atomics: ops/cuda/column_reduce.h), for the FP8 backward.
+void fp8_linear_backward_bias(float* dbias, const bf16* dy, int64_t N, int64_t O, CudaState& state,
+                              CUstream_st* stream);
+
 // Empty when `device` has FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper and
 // later); otherwise what is missing, naming the GPU and its compute capability, e.g.
 // "GPU 0 (Tesla V100-SXM2-16GB, compute capability 7.0) has no FP8 tensor cores (8.9 or newer:

@@ -23,6 +23,7 @@
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/fp8_cast.h"
 #include "ops/cuda/fp8_linear.h"
+#include "ops/linear.h"
 
 #if defined(__NVCC__)
 #pragma nv_diag_suppress 177
@@ -222,6 +223,152 @@ TEST(CudaFp8Linear, TransposedCopiesHoldTheSameCodes) {
     for (int64_t r = 0; r < R; ++r)
         for (int64_t k = 0; k < C; ++k)
             ASSERT_EQ(c.hqt[size_t(k * R + r)], c.hq[size_t(r * C + k)]);
+}
+
+// The linear ops with LinearSpec kFp8PerTensor against the same ops in BF16, within the error FP8
+// quantization can make, derived per element of P = A (M, K) . B (N, K)^T: a quantized operand
+// is within u |v| + h of v (u: the format's unit roundoff, 2^-4 for E4M3 and 2^-3 for E5M2; h:
+// half its smallest subnormal step times the tensor's scale_inv), so
+//   |P8 - P| <= sum_k (2u + u^2 ...) |a||b| + (1 + uB) hA sum|b| + (1 + uA) hB sum|a| + K hA hB
+// (with each operand's own u and h), plus the accumulation terms of both GEMMs (fp32 orders and
+// Hopper's FP8 accumulator, as above) and the output roundings of both (bf16: 2^-9 of each).
+std::vector<double> fp8_vs_native_bound(const std::vector<float>& a, const std::vector<float>& b,
+                                        int64_t M, int64_t N, int64_t K, double ua, double ha,
+                                        double ub, double hb, double out_unit,
+                                        const std::vector<float>& y8,
+                                        const std::vector<float>& y16) {
+    std::vector<float> aa(a.size()), ab(b.size()), s(size_t(M * N));
+    for (size_t i = 0; i < a.size(); ++i) aa[i] = std::fabs(a[i]);
+    for (size_t i = 0; i < b.size(); ++i) ab[i] = std::fabs(b[i]);
+    cpu::sgemm(false, true, M, N, K, 1.0f, aa.data(), ab.data(), 0.0f, s.data());
+    std::vector<double> ra(size_t(M), 0), rb(size_t(N), 0);
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k) ra[size_t(m)] += aa[size_t(m * K + k)];
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) rb[size_t(n)] += ab[size_t(n * K + k)];
+    const double quant = ua + ub + ua * ub;
+    const double accum =
+        (2.0 * double(K) * 0x1p-24 + 0x1p-13) * (1 + ua) * (1 + ub) + 2.0 * double(K) * 0x1p-24;
+    std::vector<double> bound(s.size());
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+            const size_t i = size_t(m * N + n);
+            bound[i] = (quant + accum) * s[i] + (1 + ub) * ha * rb[size_t(n)] +
+                       (1 + ua) * hb * ra[size_t(m)] + double(K) * ha * hb +
+                       out_unit * (std::fabs(y8[i]) + std::fabs(y16[i])) + 1e-30;
+        }
+    return bound;
+}
+
+std::vector<float> transpose(const std::vector<float>& v, int64_t rows, int64_t cols) {
+    std::vector<float> t(v.size());
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = v[size_t(r * cols + c)];
+    return t;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want,
+                  const std::vector<double>& bound, const char* what) {
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+        if (!(std::fabs(double(got[i]) - want[i]) <= bound[i]) && ++bad <= 5)
+            ADD_FAILURE() << what << " element " << i << ": fp8 " << got[i] << " bf16 " << want[i]
+                          << " (bound " << bound[i] << ")";
+    EXPECT_EQ(bad, 0) << what;
+}
+
+TEST(CudaFp8Linear, LinearOpsInFp8MatchBf16WithinTheQuantizationBound) {
+    const int64_t N = 256, I = 512, O = 384;
+    for (DType grad : {DType::kE5M2, DType::kE4M3}) {
+        SCOPED_TRACE(dtype_name(grad));
+        CudaState state(0);
+        const Context ctx = state.context();
+        const auto hx = random_bf16(N * I, 31, 1.0f), hw = random_bf16(O * I, 32, 0.05f);
+        const auto hdy = random_bf16(N * O, 33, 1e-3f), hb = random_bf16(O, 34, 0.1f);
+        const Dev x = upload(hx), w = upload(hw), dy = upload(hdy), bias = upload(hb);
+        const std::vector<float> zeros_w(size_t(O * I), 0.0f), zeros_b(size_t(O), 0.0f);
+        Dev y16(size_t(N * O) * 2), y8(size_t(N * O) * 2), dx16(size_t(N * I) * 2),
+            dx8(size_t(N * I) * 2);
+        Dev dw16 = upload(zeros_w), dw8 = upload(zeros_w), db16 = upload(zeros_b),
+            db8 = upload(zeros_b);
+        Dev wq(size_t(O * I)), wqt(size_t(O * I)), xq(size_t(N * I)), xqt(size_t(N * I)),
+            dyq(size_t(N * O)), dyqt(size_t(N * O)), scalars(32 * 4);
+        int64_t gemms = 0;
+        Fp8LinearBuffers buf;
+        buf.wq = wq.as<void>();
+        buf.wqt = wqt.as<void>();
+        buf.xq = xq.as<void>();
+        buf.xqt = xqt.as<void>();
+        buf.dyq = dyq.as<void>();
+        buf.dyqt = dyqt.as<void>();
+        buf.scalars = scalars.as<float>();
+        buf.grad_dtype = grad;
+        buf.gemm_count = &gemms;
+        LinearSpec spec{LinearPrecision::kFp8PerTensor, "mlp_up", &buf};
+        auto view = [](const Dev& d, DType t, Shape s) { return d.buf.view(t, s); };
+        const auto vx = view(x, DType::kBF16, {N, I}), vw = view(w, DType::kBF16, {O, I});
+        const auto vdy = view(dy, DType::kBF16, {N, O}), vb = view(bias, DType::kBF16, {O});
+        linear_forward(view(y16, DType::kBF16, {N, O}), vx, vw, vb, ctx);
+        linear_backward(view(dx16, DType::kBF16, {N, I}), view(dw16, DType::kF32, {O, I}),
+                        view(db16, DType::kF32, {O}), vdy, vx, vw, GradMode::kOverwrite, ctx);
+        linear_fp8_cast_weight(vw, ctx, spec);
+        linear_forward(view(y8, DType::kBF16, {N, O}), vx, vw, vb, ctx, spec);
+        linear_backward(view(dx8, DType::kBF16, {N, I}), view(dw8, DType::kF32, {O, I}),
+                        view(db8, DType::kF32, {O}), vdy, vx, vw, GradMode::kOverwrite, ctx, spec);
+        const auto sc = download<float>(scalars.as<void>(), 24);
+        EXPECT_EQ(gemms, 3);  // forward, input gradient, weight gradient
+
+        auto widen_dev = [](const Dev& d, size_t n) {
+            const auto h = download<bf16>(d.as<void>(), n);
+            std::vector<float> f(n);
+            for (size_t i = 0; i < n; ++i) f[i] = bf16_to_float(h[i]);
+            return f;
+        };
+        const auto fx = widen(hx), fw = widen(hw), fdy = widen(hdy);
+        const double u4 = 1.0 / 16, h4 = 0x1p-10;
+        const double ug = grad == DType::kE4M3 ? 1.0 / 16 : 1.0 / 8;
+        const double hg = grad == DType::kE4M3 ? 0x1p-10 : 0x1p-17;
+        // Forward: x (N, I) . w (O, I)^T, bf16 outputs; the bias adds the same bf16 to both.
+        const auto a8 = widen_dev(y8, size_t(N * O)), a16 = widen_dev(y16, size_t(N * O));
+        expect_close(
+            a8, a16,
+            fp8_vs_native_bound(fx, fw, N, O, I, u4, h4 * sc[4], u4, h4 * sc[12], 0x1p-9, a8, a16),
+            "forward y");
+        // Input gradient: dy (N, O) . (w^T) (I, O)^T.
+        const auto d8 = widen_dev(dx8, size_t(N * I)), d16 = widen_dev(dx16, size_t(N * I));
+        expect_close(d8, d16,
+                     fp8_vs_native_bound(fdy, transpose(fw, O, I), N, I, O, ug, hg * sc[20], u4,
+                                         h4 * sc[12], 0x1p-9, d8, d16),
+                     "input gradient");
+        // Weight gradient: dy^T (O, N) . x^T (I, N)^T, f32 outputs.
+        const auto g8 = download<float>(dw8.as<void>(), size_t(O * I));
+        const auto g16 = download<float>(dw16.as<void>(), size_t(O * I));
+        expect_close(g8, g16,
+                     fp8_vs_native_bound(transpose(fdy, N, O), transpose(fx, N, I), O, I, N, ug,
+                                         hg * sc[20], u4, h4 * sc[4], 0x1p-24, g8, g16),
+                     "weight gradient");
+        // The bias gradient is the native op's own sum over the bf16 dy: the same bits.
+        const auto b8 = download<float>(db8.as<void>(), size_t(O));
+        const auto b16 = download<float>(db16.as<void>(), size_t(O));
+        for (int64_t o = 0; o < O; ++o) ASSERT_EQ(b8[size_t(o)], b16[size_t(o)]) << o;
+    }
+}
+
+// Blockwise and the GELU ops have no FP8 kernel in the linear ops, and a CUDA call without
+// buffers is refused: each stops naming the op and the role.
+TEST(CudaFp8Linear, UnsupportedFp8CasesStopNamingTheRole) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    CudaState state(0);
+    const Context ctx = state.context();
+    const Dev x(64 * 64 * 2), w(64 * 64 * 2), y(64 * 64 * 2);
+    const auto vx = x.buf.view(DType::kBF16, {64, 64}), vw = w.buf.view(DType::kBF16, {64, 64});
+    const auto vy = y.buf.view(DType::kBF16, {64, 64});
+    EXPECT_DEATH(linear_forward(vy, vx, vw, ConstTensorView(), ctx,
+                                LinearSpec{LinearPrecision::kFp8PerTensor, "qkv", nullptr}),
+                 "fp8 linear fp8_per_tensor \\(qkv\\) on the cuda backend without its buffers");
+    EXPECT_DEATH(linear_forward(vy, vx, vw, ConstTensorView(), ctx,
+                                LinearSpec{LinearPrecision::kFp8Blockwise, "attn_out", nullptr}),
+                 "no kernel for fp8_blockwise \\(attn_out\\) on the cuda backend");
 }
 
 TEST(CudaFp8Linear, DeviceSupportAndSelfTest) {

@@ -21,6 +21,11 @@ void cuda::fp8_linear_backward_weight(float*, Fp8Operand, Fp8Operand, int64_t, i
     detail::no_cuda("cuda::fp8_linear_backward_weight");
 }
 
+void cuda::fp8_linear_backward_bias(float*, const bf16*, int64_t, int64_t, CudaState&,
+                                    CUstream_st*) {
+    detail::no_cuda("cuda::fp8_linear_backward_bias");
+}
+
 std::string cuda::fp8_support_problem(int) {
     return "this lathe was built without CUDA: FP8 training needs a CUDA build and a GPU with FP8 "
            "tensor cores (compute capability 8.9 or newer)";
