@@ -18,6 +18,7 @@ import ctypes
 import json
 import math
 import os
+import platform
 import shutil
 import subprocess
 
@@ -142,6 +143,33 @@ def test_doctor_on_a_gpu_runs_the_self_test():
         assert t["passed"], t
         assert t["failing_elements"] == 0 and t["max_abs_error"] is not None
     assert j["status"] == "gpu_ready" and p.returncode == 0
+
+
+def test_doctor_coherent_memory_line():
+    """Without a GPU: "coherent CPU-GPU memory: no GPU" and null in JSON. With one: a yes/no
+    answer per GPU with the attributes behind it and the pinned host->device bandwidth measured;
+    an x86-64 host has no coherent CPU-GPU link (GH200's NVLink-C2C is aarch64 only)."""
+    p, j = doctor_json(env={"CUDA_VISIBLE_DEVICES": ""})
+    assert j["coherent_cpu_gpu_memory"] is None
+    text = run(["doctor"], env={"CUDA_VISIBLE_DEVICES": ""}).stdout.splitlines()
+    assert "           coherent CPU-GPU memory: no GPU" in text
+
+    p, j = doctor_json()
+    if not j["devices"]:
+        pytest.skip(NEEDS_CUDA + "no GPU here: " + str(j["device_error"]))
+    text = run(["doctor"]).stdout
+    for d in j["devices"]:
+        link = d["host_link"]
+        assert link["error"] is None, link
+        assert link["coherent"] == (link["pageable_memory_access"] and link["uses_host_page_tables"])
+        assert link["summary"].startswith("yes (" if link["coherent"] else "no (")
+        assert link["host_memory_path"] == ("system_allocated" if link["coherent"] else "page_locked")
+        assert link["pinned_copy_bytes"] > 0 and link["pinned_h2d_bytes_per_s"] > 1e9, link
+        assert "coherent CPU-GPU memory: " + link["summary"] in text
+        assert f"pinned host->device {link['pinned_h2d_bytes_per_s'] / 1e9:.1f} GB/s" in text
+        if platform.machine() == "x86_64":
+            assert not link["coherent"], link
+    assert j["coherent_cpu_gpu_memory"] == all(d["host_link"]["coherent"] for d in j["devices"])
 
 
 # ---- bench ----

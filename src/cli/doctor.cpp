@@ -33,6 +33,7 @@ constexpr uint64_t kSelfTestSeed = 20261126;
 
 struct DeviceReport {
     const GpuDeviceInfo* info = nullptr;
+    HostLinkInfo host_link;  // coherence of its link to the host, pinned copy bandwidth
     std::vector<GpuSelfTestCheck> checks;
     std::string problem;  // why lathe cannot use this device; empty when it can
 };
@@ -69,6 +70,7 @@ Report make_report() {
     for (const GpuDeviceInfo& d : r.env.devices) {
         DeviceReport dr;
         dr.info = &d;
+        dr.host_link = host_link_probe(d.ordinal, /*measure_bandwidth=*/true);
         if (!d.has_bf16()) {
             dr.problem = fmt::format(
                 "compute capability {} has no bf16 tensor cores (lathe needs "
@@ -162,6 +164,36 @@ nlohmann::ordered_json library_json(const GpuLibraryInfo& lib) {
     return j;
 }
 
+// The host link in words: bandwidth and NUMA placement ("-" for a node the system does not have).
+std::string host_link_line(const HostLinkInfo& link) {
+    auto node = [](int n) { return n >= 0 ? std::to_string(n) : std::string("-"); };
+    return fmt::format(
+        "host link: pinned host->device {} ({} copies); host NUMA node {}, GPU memory NUMA "
+        "node {}",
+        link.pinned_h2d_bytes_per_s > 0
+            ? fmt::format("{:.1f} GB/s", link.pinned_h2d_bytes_per_s / 1e9)
+            : std::string("not measured"),
+        format_bytes(link.pinned_copy_bytes), node(link.host_numa_node), node(link.gpu_numa_node));
+}
+
+nlohmann::ordered_json host_link_json(const HostLinkInfo& link) {
+    using json = nlohmann::ordered_json;
+    return {{"coherent", host_memory_coherent(link)},
+            {"summary", host_coherence_summary(link)},
+            {"pageable_memory_access", link.pageable_memory_access},
+            {"uses_host_page_tables", link.uses_host_page_tables},
+            {"host_native_atomics", link.host_native_atomics},
+            {"host_memory_path", choose_host_memory_path(link) == HostMemoryPath::kSystemAllocated
+                                     ? "system_allocated"
+                                     : "page_locked"},
+            {"host_numa_node", link.host_numa_node},
+            {"gpu_numa_node", link.gpu_numa_node},
+            {"pci_bus_id", link.pci_bus_id},
+            {"pinned_h2d_bytes_per_s", link.pinned_h2d_bytes_per_s},
+            {"pinned_copy_bytes", link.pinned_copy_bytes},
+            {"error", link.error.empty() ? json(nullptr) : json(link.error)}};
+}
+
 std::string readiness_name(Readiness r) {
     switch (r) {
         case Readiness::kGpuReady:
@@ -189,6 +221,8 @@ std::string report_json(const Report& r) {
     j["no_gpu"] = r.env.no_gpu;
     json devices = json::array();
     json self_test = json::array();
+    // Whether every listed GPU shares coherent memory with the CPU; null without a GPU.
+    json coherent = r.devices.empty() ? json(nullptr) : json(true);
     for (const DeviceReport& dr : r.devices) {
         const GpuDeviceInfo& d = *dr.info;
         devices.push_back({{"index", d.ordinal},
@@ -200,7 +234,9 @@ std::string report_json(const Report& r) {
                            {"bf16", d.has_bf16()},
                            {"fp8", d.has_fp8()},
                            {"kernels", d.kernel_image_ok},
+                           {"host_link", host_link_json(dr.host_link)},
                            {"problem", dr.problem.empty() ? json(nullptr) : json(dr.problem)}});
+        if (!host_memory_coherent(dr.host_link)) coherent = false;
         for (const GpuSelfTestCheck& c : dr.checks) {
             self_test.push_back({{"device", d.ordinal},
                                  {"name", c.name},
@@ -213,6 +249,7 @@ std::string report_json(const Report& r) {
         }
     }
     j["devices"] = devices;
+    j["coherent_cpu_gpu_memory"] = coherent;
     j["libraries"] = {{"cublaslt", library_json(r.env.cublaslt)},
                       {"cudnn", library_json(r.env.cudnn)},
                       {"nccl", library_json(r.env.nccl)}};
@@ -264,8 +301,11 @@ void print_report(const Report& r) {
         row("", fmt::format("bf16 tensor cores: {}; fp8 tensor cores: {}; lathe kernels: {}",
                             d.has_bf16() ? "yes" : "no", d.has_fp8() ? "yes" : "no",
                             d.kernel_image_ok ? "yes" : "no (" + d.kernel_image_error + ")"));
+        row("", "coherent CPU-GPU memory: " + host_coherence_summary(dr.host_link));
+        row("", host_link_line(dr.host_link));
         for (const GpuSelfTestCheck& c : dr.checks) row("self-test", check_summary(c));
     }
+    if (r.devices.empty()) row("", "coherent CPU-GPU memory: no GPU");
     out += r.verdict + "\n";
     std::fputs(out.c_str(), stdout);
 }
@@ -277,7 +317,9 @@ void cli_add_doctor(CLI::App& parent, CommandAction& action) {
         "doctor", "Check this machine and build for GPU training, with a numerics self-test");
     cmd->footer(
         "Reports the GPUs (compute capability, SMs, memory, bf16/fp8 tensor cores, whether this "
-        "build has kernels for them), the driver, the CUDA runtime, cuBLASLt, cuDNN and NCCL "
+        "build has kernels for them, whether each shares coherent memory with the CPU and its "
+        "measured pinned host->device bandwidth), the driver, the CUDA runtime, cuBLASLt, cuDNN "
+        "and NCCL "
         "versions, whether this build runs attention on CUDA (cuDNN), a self-test of CUDA ops "
         "against the CPU reference, and one verdict line. Exit code 0 when lathe can work here (a "
         "machine without a GPU included), 1 when a GPU is "
