@@ -91,18 +91,21 @@ PrecisionPolicy fp8_precision_policy(const Fp8Settings& s) {
     return policy;
 }
 
-int64_t fp8_tensor_index(int64_t layers, int64_t layer, LinearRole role, Fp8Tensor t) {
-    if (role == LinearRole::kLmHead) return layers * 4 * 3 + int64_t(t);
+int64_t fp8_tensor_index(int64_t layers, int64_t layer, Fp8Linear linear, Fp8Tensor t) {
     LATHE_CHECK(layer >= 0 && layer < layers, "fp8_tensor_index: layer {} of {}", layer, layers);
-    return (layer * 4 + int64_t(role)) * 3 + int64_t(t);
+    return (layer * kFp8LinearsPerLayer + int64_t(linear)) * 3 + int64_t(t);
+}
+
+int64_t fp8_head_tensor_index(int64_t layers, Fp8Tensor t) {
+    return layers * kFp8LinearsPerLayer * 3 + int64_t(t);
 }
 
 int64_t fp8_tensor_count(int64_t layers, const Fp8Settings& s) {
-    return layers * 4 * 3 + (s.lm_head ? 3 : 0);
+    return layers * kFp8LinearsPerLayer * 3 + (s.lm_head ? 3 : 0);
 }
 
 int64_t fp8_gemms_per_step(int64_t layers, const Fp8Settings& s, int64_t micro_batches) {
-    return (layers * 4 + (s.lm_head ? 1 : 0)) * 3 * micro_batches;
+    return (layers * kFp8LinearsPerLayer + (s.lm_head ? 1 : 0)) * 3 * micro_batches;
 }
 
 Fp8ScalingState::Fp8ScalingState(std::vector<DType> dtypes, int history, Fp8AmaxReduction reduction)

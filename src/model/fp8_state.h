@@ -18,7 +18,8 @@
 // Attention, norms and embeddings stay bf16; master weights and moments f32.
 //
 // Scaled tensors of the delayed state: three per FP8 linear of each layer (its input x, its
-// weight w, the gradient dy of its output), in the order fp8_tensor_index gives, then the LM
+// weight w, the gradient dy of its output; six linears a layer: q, k, v, the attention output,
+// the MLP's up (gate and up stacked) and down), in the order fp8_tensor_index gives, then the LM
 // head's three when it is FP8.
 
 #include <cstdint>
@@ -64,12 +65,36 @@ Result<Fp8Settings> fp8_settings_parse(std::string_view recipe, std::string_view
 // kFp8PerTensor (tensorwise, delayed) or kFp8Blockwise; everything else kNative.
 PrecisionPolicy fp8_precision_policy(const Fp8Settings& s);
 
+// The FP8 linears of a block, as the block schedule calls them (model/block.cpp): q, k and v are
+// three GEMMs on the same input, the gated MLP's gate and up one stacked GEMM.
+enum class Fp8Linear : uint8_t { kQ, kK, kV, kAttnOut, kMlpUp, kMlpDown };
+inline constexpr int64_t kFp8LinearsPerLayer = 6;
+
+// The role whose spec an FP8 linear gets (model/precision_policy.h).
+constexpr LinearRole fp8_linear_role(Fp8Linear l) {
+    switch (l) {
+        case Fp8Linear::kQ:
+        case Fp8Linear::kK:
+        case Fp8Linear::kV:
+            return LinearRole::kQkv;
+        case Fp8Linear::kAttnOut:
+            return LinearRole::kAttnOut;
+        case Fp8Linear::kMlpUp:
+            return LinearRole::kMlpUp;
+        case Fp8Linear::kMlpDown:
+            return LinearRole::kMlpDown;
+    }
+    return LinearRole::kQkv;
+}
+
 // Which scaled tensor of an FP8 linear.
 enum class Fp8Tensor : uint8_t { kInput, kWeight, kGradOutput };
 
 // The index of a scaled tensor in the delayed state (see the file comment). `layers` is the
-// model's layer count; role kLmHead takes the three slots after the layers' (layer is not read).
-int64_t fp8_tensor_index(int64_t layers, int64_t layer, LinearRole role, Fp8Tensor t);
+// model's layer count.
+int64_t fp8_tensor_index(int64_t layers, int64_t layer, Fp8Linear linear, Fp8Tensor t);
+// The LM head's three, after the layers' (with fp8.lm_head).
+int64_t fp8_head_tensor_index(int64_t layers, Fp8Tensor t);
 // How many scaled tensors a model of `layers` layers has under `s`.
 int64_t fp8_tensor_count(int64_t layers, const Fp8Settings& s);
 
@@ -127,7 +152,8 @@ struct Fp8GemmCounter {
     }
 };
 
-// FP8 GEMMs one optimizer step runs: 3 per FP8 linear per micro-batch (forward, dx, dW).
+// FP8 GEMMs one optimizer step runs: 3 per FP8 linear per micro-batch (forward, dx, dW), six
+// linears a layer plus the head with fp8.lm_head.
 int64_t fp8_gemms_per_step(int64_t layers, const Fp8Settings& s, int64_t micro_batches);
 
 }  // namespace lathe
