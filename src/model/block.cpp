@@ -45,16 +45,44 @@ void block_norm_backward(const ModelConfig& c, TensorView dx, TensorView dweight
         layernorm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, mode, ctx);
 }
 
+namespace {
+
+// The spec of one of the block's linear calls: its role's, with the layer's FP8 buffers of that
+// linear (null for a native role, which does not read them).
+LinearSpec block_spec(const PrecisionPolicy& p, const BlockFp8& f8, Fp8Linear l) {
+    LinearSpec spec = p.spec(fp8_linear_role(l));
+    spec.fp8 = f8.linear[size_t(l)];
+    return spec;
+}
+
+}  // namespace
+
 void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, const BlockWeights& w,
                    const BlockActs& a, const BlockScratch& s, const BlockInputs& in,
                    const Context& ctx) {
-    const LinearSpec qkv = p.spec(LinearRole::kQkv), out = p.spec(LinearRole::kAttnOut);
-    const LinearSpec up = p.spec(LinearRole::kMlpUp), down = p.spec(LinearRole::kMlpDown);
+    block_forward(c, p, layer, w, a, s, in, ctx, BlockFp8{});
+}
+
+void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
+                    const BlockWeights& w, const BlockGrads& g, const BlockActs& a,
+                    const BlockScratch& s, const BlockInputs& in, TensorView dres,
+                    const Context& ctx) {
+    block_backward(c, p, layer, w, g, a, s, in, dres, ctx, BlockFp8{});
+}
+
+void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, const BlockWeights& w,
+                   const BlockActs& a, const BlockScratch& s, const BlockInputs& in,
+                   const Context& ctx, const BlockFp8& f8) {
+    const LinearSpec qs = block_spec(p, f8, Fp8Linear::kQ), ks = block_spec(p, f8, Fp8Linear::kK);
+    const LinearSpec vs = block_spec(p, f8, Fp8Linear::kV);
+    const LinearSpec out = block_spec(p, f8, Fp8Linear::kAttnOut);
+    const LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
+    const LinearSpec down = block_spec(p, f8, Fp8Linear::kMlpDown);
     // Attention branch.
     block_norm_forward(c, a.ln1_out, a.ln1_mean, a.ln1_rstd, a.x_in, w.norm1_w, w.norm1_b, ctx);
-    linear_forward(flat_heads(a.q), a.ln1_out, w.wq, w.bq, ctx, qkv);
-    linear_forward(flat_heads(a.k), a.ln1_out, w.wk, w.bk, ctx, qkv);
-    linear_forward(flat_heads(a.v), a.ln1_out, w.wv, w.bv, ctx, qkv);
+    linear_forward(flat_heads(a.q), a.ln1_out, w.wq, w.bq, ctx, qs);
+    linear_forward(flat_heads(a.k), a.ln1_out, w.wk, w.bk, ctx, ks);
+    linear_forward(flat_heads(a.v), a.ln1_out, w.wv, w.bv, ctx, vs);
     if (c.position == PositionKind::kRope) {
         rope_qk_forward(a.q, a.k, a.q, a.k, in.positions, in.rope_cos, in.rope_sin, ctx);
     }
@@ -97,9 +125,12 @@ void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, co
 void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
                     const BlockWeights& w, const BlockGrads& g, const BlockActs& a,
                     const BlockScratch& s, const BlockInputs& in, TensorView dres,
-                    const Context& ctx) {
-    const LinearSpec qkv = p.spec(LinearRole::kQkv), out = p.spec(LinearRole::kAttnOut);
-    const LinearSpec up = p.spec(LinearRole::kMlpUp), down = p.spec(LinearRole::kMlpDown);
+                    const Context& ctx, const BlockFp8& f8) {
+    const LinearSpec qs = block_spec(p, f8, Fp8Linear::kQ), ks = block_spec(p, f8, Fp8Linear::kK);
+    const LinearSpec vs = block_spec(p, f8, Fp8Linear::kV);
+    const LinearSpec out = block_spec(p, f8, Fp8Linear::kAttnOut);
+    const LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
+    const LinearSpec down = block_spec(p, f8, Fp8Linear::kMlpDown);
     // MLP branch: dres is d out, which the MLP output received unchanged.
     if (c.mlp == MlpKind::kSwiGlu) {
         linear_backward(s.dmlp_act, g.w_down, g.b_down, dres, a.mlp_act, w.w_down,
@@ -132,11 +163,11 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
         rope_qk_backward(s.dq, s.dk, s.dq, s.dk, in.positions, in.rope_cos, in.rope_sin, ctx);
     }
     linear_backward(s.dnorm1, g.wq, g.bq, flat_heads(s.dq), a.ln1_out, w.wq, GradMode::kOverwrite,
-                    ctx, qkv);
+                    ctx, qs);
     linear_backward(s.dnorm1, g.wk, g.bk, flat_heads(s.dk), a.ln1_out, w.wk, GradMode::kAccumulate,
-                    ctx, qkv);
+                    ctx, ks);
     linear_backward(s.dnorm1, g.wv, g.bv, flat_heads(s.dv), a.ln1_out, w.wv, GradMode::kAccumulate,
-                    ctx, qkv);
+                    ctx, vs);
     block_norm_backward(c, dres, g.norm1_w, g.norm1_b, s.dnorm1, a.x_in, w.norm1_w, a.ln1_mean,
                         a.ln1_rstd, GradMode::kAccumulate, ctx);
     if (c.parallel_residual)

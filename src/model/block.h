@@ -20,9 +20,11 @@
 // Their shapes for a batch (B, T) are listed once, by block_acts_for_each and
 // block_scratch_for_each, which the memory plan and the model both use.
 
+#include <array>
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "model/fp8_state.h"
 #include "model/model_config.h"
 #include "model/precision_policy.h"
 #include "ops/context.h"
@@ -134,6 +136,15 @@ void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a,
     f("block.dmlp_in", &BlockScratch::dmlp_in, a, Shape{B, T, up});
 }
 
+// The FP8 buffers of one layer's linears (ops/linear.h), indexed by Fp8Linear (model/fp8_state.h:
+// q, k, v, attention output, MLP up, MLP down); null for a linear whose role is native. The
+// caller owns them and casts the weights into them once per optimizer step
+// (linear_fp8_cast_weight). The overloads without it run every role's spec without buffers,
+// which an fp8 role on CUDA refuses (ops/linear.h).
+struct BlockFp8 {
+    std::array<const Fp8LinearBuffers*, kFp8LinearsPerLayer> linear{};
+};
+
 // Runs one block forward, filling `acts` (x_in is read, x_out written). Deterministic when the
 // ops are (ops/*.h).
 // `layer` picks the layer's attention window (ModelConfig::window); `precision` gives each
@@ -141,6 +152,9 @@ void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a,
 void block_forward(const ModelConfig& config, const PrecisionPolicy& precision, int layer,
                    const BlockWeights& w, const BlockActs& acts, const BlockScratch& scratch,
                    const BlockInputs& in, const Context& ctx);
+void block_forward(const ModelConfig& config, const PrecisionPolicy& precision, int layer,
+                   const BlockWeights& w, const BlockActs& acts, const BlockScratch& scratch,
+                   const BlockInputs& in, const Context& ctx, const BlockFp8& fp8);
 
 // Runs one block backward from the activations its forward saved. `dres` (B, T, C) holds d x_out
 // on entry and d x_in on return; parameter gradients accumulate (+=) into `g`.
@@ -148,6 +162,10 @@ void block_backward(const ModelConfig& config, const PrecisionPolicy& precision,
                     const BlockWeights& w, const BlockGrads& g, const BlockActs& acts,
                     const BlockScratch& scratch, const BlockInputs& in, TensorView dres,
                     const Context& ctx);
+void block_backward(const ModelConfig& config, const PrecisionPolicy& precision, int layer,
+                    const BlockWeights& w, const BlockGrads& g, const BlockActs& acts,
+                    const BlockScratch& scratch, const BlockInputs& in, TensorView dres,
+                    const Context& ctx, const BlockFp8& fp8);
 
 // The attention softmax scale every block uses: 1 / sqrt(head_dim), in fp32. (The model builds
 // the CUDA attention graphs of its shape with it, so both must agree.)
