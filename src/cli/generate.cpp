@@ -142,7 +142,9 @@ Result<std::vector<int32_t>> prompt_of_line(const Prompting& p, const std::strin
 Status run_generate(const GenerateRequest& r) {
     if (r.input.empty() == r.prompt.empty())
         return invalid_argument_error("give exactly one of --input F.jsonl and --prompt TEXT");
-    LATHE_ASSIGN_OR_RETURN(fs::path dir, resolve_checkpoint(r.checkpoint));
+    const Result<fs::path> resolved = resolve_checkpoint(r.checkpoint);
+    if (!resolved.ok()) return resolved.status().with_context("--checkpoint");
+    const fs::path dir = *resolved;
     Prompting p;
     p.dir = dir.string();
     if (fs::exists(dir / "tokenizer.json")) {
