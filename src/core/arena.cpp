@@ -1,5 +1,6 @@
 #include "core/arena.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -26,6 +27,10 @@ Result<size_t> ArenaLayout::add(std::string name, DType dtype, Shape shape) {
     index_.emplace(e.name, entries_.size());
     entries_.push_back(std::move(e));
     return entries_.size() - 1;
+}
+
+void ArenaLayout::reserve_to(size_t end) {
+    total_bytes_ = std::max(total_bytes_, round_up(end, alignment_));
 }
 
 Result<size_t> ArenaLayout::find(std::string_view name) const {

@@ -39,6 +39,9 @@ public:
     // Appends a tensor after the previous ones; returns its index. Fails (invalid argument) when
     // the name is empty or already in the table.
     Result<size_t> add(std::string name, DType dtype, Shape shape);
+    // Leaves the bytes before `end` unused (zero in a new allocation): the next entry starts at
+    // or after round_up(end, alignment()). No effect when the entries already reach `end`.
+    void reserve_to(size_t end);
 
     // Index of the entry called `name`; not found names the arena's entry count.
     Result<size_t> find(std::string_view name) const;

@@ -62,6 +62,88 @@ std::string format_bytes(size_t bytes) {
     return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", v, units[u]);
 }
 
+FlatRange ShardLayout::chunk(size_t u, int rank) const {
+    LATHE_CHECK(u < arena.size() && rank >= 0 && rank < world, "chunk {} of unit {} of {}", rank, u,
+                arena.size());
+    const int64_t S = arena[u].size() / world;
+    return FlatRange{arena[u].begin + rank * S, arena[u].begin + (rank + 1) * S};
+}
+
+std::vector<FlatRange> ShardLayout::chunks(int rank) const {
+    std::vector<FlatRange> out;
+    for (size_t u = 0; u < arena.size(); ++u) {
+        const FlatRange c = chunk(u, rank);
+        if (c.size() > 0) out.push_back(c);
+    }
+    return out;
+}
+
+std::vector<FlatRange> ShardLayout::to_canonical(std::span<const FlatRange> ranges) const {
+    std::vector<FlatRange> out;
+    for (const FlatRange& r : ranges) {
+        if (r.size() == 0) continue;
+        const auto it = std::upper_bound(arena.begin(), arena.end(), r.begin,
+                                         [](int64_t v, const FlatRange& a) { return v < a.end; });
+        LATHE_CHECK(it != arena.end() && r.begin >= it->begin && r.end <= it->end,
+                    "range [{}, {}) is not inside one unit", r.begin, r.end);
+        const size_t u = size_t(it - arena.begin());
+        const int64_t own_end = arena[u].begin + canonical[u].size();
+        const int64_t b = r.begin, e = std::min(r.end, own_end);
+        if (e > b)
+            out.push_back(FlatRange{b - arena[u].begin + canonical[u].begin,
+                                    e - arena[u].begin + canonical[u].begin});
+    }
+    return out;
+}
+
+ShardLayout shard_layout_make(const ParamTable& table, int world) {
+    LATHE_CHECK(world >= 1, "a shard layout over {} ranks", world);
+    const ArenaLayout& layout = table.layout();
+    int num_layers = 0;
+    for (const ParamEntry& e : table.entries()) num_layers = std::max(num_layers, e.layer + 1);
+    // Each arena entry's unit, in arena (offset) order.
+    std::vector<int> layer_of(layout.size(), -1);
+    for (const ParamEntry& e : table.entries()) layer_of[e.arena_index] = e.layer;
+    ShardLayout sl;
+    sl.world = world;
+    sl.used = int64_t(layout.total_bytes() / sizeof(float));
+    const size_t U = size_t(num_layers) + 2;
+    std::vector<int64_t> first(U, -1), last(U, -1);
+    bool seen_layer = false;
+    size_t prev = 0;
+    const int64_t align = int64_t(layout.alignment() / sizeof(float));
+    for (size_t i = 0; i < layout.size(); ++i) {
+        seen_layer = seen_layer || layer_of[i] >= 0;
+        const size_t u = layer_of[i] >= 0 ? size_t(layer_of[i]) + 1 : seen_layer ? U - 1 : 0;
+        LATHE_CHECK(u >= prev, "parameter entry {} ({}) comes after a later unit's entries", i,
+                    layout.entries()[i].name);
+        prev = u;
+        const ArenaEntry& a = layout.entries()[i];
+        const int64_t b = int64_t(a.offset / sizeof(float));
+        const int64_t e =
+            (int64_t(a.offset + a.bytes) / int64_t(sizeof(float)) + align - 1) / align * align;
+        if (first[u] < 0) first[u] = b;
+        last[u] = std::max(last[u], e);
+    }
+    // Canonical: each unit from the end of the one before to its own last element (the last unit
+    // to `used`), so that they tile [0, used).
+    sl.canonical.resize(U);
+    sl.arena.resize(U);
+    int64_t c = 0, a = 0;
+    const int64_t multiple = kShardAlignElements * world;
+    for (size_t u = 0; u < U; ++u) {
+        LATHE_CHECK(first[u] < 0 || first[u] >= c, "unit {} starts inside the one before it", u);
+        const int64_t end = u + 1 == U ? sl.used : std::max(c, last[u]);
+        sl.canonical[u] = FlatRange{c, end};
+        const int64_t n = world == 1 ? end - c : (end - c + multiple - 1) / multiple * multiple;
+        sl.arena[u] = FlatRange{a, a + n};
+        c = end;
+        a += n;
+    }
+    sl.total = a;
+    return sl;
+}
+
 Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& table,
                                     const ModelShape& shape) {
     const int64_t B = shape.batch, T = shape.seq_len, C = c.hidden_size, V = c.vocab_size;
@@ -95,15 +177,27 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
                                                                            : kLmHeadChunkBytes) /
                                           (size_t(V) * sizeof(float))));
     plan.shape.lm_head_chunk_rows = Nc = std::min(Nc, N);
-    plan.params = table.layout();
-    if (shape.optimizer_shards > 1) {
-        const int64_t multiple = kShardAlignElements * shape.optimizer_shards;
-        const int64_t n = int64_t(plan.params.total_bytes() / sizeof(float));
-        const int64_t padded = (n + multiple - 1) / multiple * multiple;
-        if (padded > n) add_entry(plan.params, kShardPaddingEntry, DType::kF32, Shape{padded - n});
-        LATHE_CHECK(plan.params.total_bytes() == size_t(padded) * sizeof(float),
-                    "memory plan: the parameter arena of {} elements does not pad to {}", n,
-                    padded);
+    plan.shards = shard_layout_make(table, shape.optimizer_shards);
+    if (shape.optimizer_shards == 1) {
+        plan.params = table.layout();
+    } else {
+        // The table's entries in order, each unit moved to its padded start.
+        const ShardLayout& sl = plan.shards;
+        plan.params = ArenaLayout(table.layout().alignment());
+        size_t u = 0;
+        for (const ArenaEntry& e : table.layout().entries()) {
+            const int64_t o = int64_t(e.offset / sizeof(float));
+            while (o >= sl.canonical[u].end) ++u;
+            const int64_t at = o - sl.canonical[u].begin + sl.arena[u].begin;
+            plan.params.reserve_to(size_t(at) * sizeof(float));
+            const size_t i = add_entry(plan.params, e.name, e.dtype, e.shape);
+            LATHE_CHECK(plan.params.entries()[i].offset == size_t(at) * sizeof(float),
+                        "memory plan: entry {} is not at its unit's offset", e.name);
+        }
+        plan.params.reserve_to(size_t(sl.total) * sizeof(float));
+        LATHE_CHECK(plan.params.total_bytes() == size_t(sl.total) * sizeof(float),
+                    "memory plan: the parameter arena of {} bytes is not the {} units' {} elements",
+                    plan.params.total_bytes(), sl.units(), sl.total);
     }
     const DType a = activation_dtype(shape.backend);
     if (shape.backend == Backend::kCuda) {
@@ -112,10 +206,12 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
         // the same pass, by flat index.
         plan.params_compute = ArenaLayout(plan.params.alignment() / 2);
         for (const ArenaEntry& e : plan.params.entries()) {
+            plan.params_compute.reserve_to(e.offset / 2);
             const size_t i = add_entry(plan.params_compute, e.name, DType::kBF16, e.shape);
             LATHE_CHECK(2 * plan.params_compute.entries()[i].offset == e.offset,
                         "memory plan: bf16 copy of {} is not aligned with its f32 master", e.name);
         }
+        plan.params_compute.reserve_to(plan.params.total_bytes() / 2);
         LATHE_CHECK(2 * plan.params_compute.total_bytes() == plan.params.total_bytes(),
                     "memory plan: bf16 copy of the parameters does not line up with the masters");
         plan.runtime = CudaState::kWorkspaceBytes + CudaState::kScratchBytes;

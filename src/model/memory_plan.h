@@ -33,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -85,20 +86,62 @@ struct ModelShape {
     bool training = true;
     // The precision of each linear (model/precision_policy.h); kNative everywhere by default.
     PrecisionPolicy precision{};
-    // Ranks the optimizer state is sharded over (data parallel ZeRO-1, run/data_parallel.h): the
-    // parameter arena (and so the gradients and the bf16 copy) ends with a zero padding entry
-    // that makes its length a multiple of kShardAlignElements * optimizer_shards, so that every
-    // rank's shard has the same length and starts on an arena alignment boundary; the plan
-    // counts one shard of the moments. 1: no padding, the whole state.
+    // Ranks W the gradients and the optimizer state are sharded over (data parallel,
+    // run/data_parallel.h). W > 1 pads every unit of the parameter arena (ShardLayout below) with
+    // zeros to a multiple of kShardAlignElements * W, so that each rank's chunk of each unit has
+    // one length and starts on an arena alignment boundary (the gradients and the bf16 copy share
+    // the layout); the plan counts 1/W of the moments. 1: the parameter table's layout as is.
     int optimizer_shards = 1;
     // Device memory the communicator of a multi-GPU run holds (NCCL's buffers), as measured when
     // it was opened (run/world.h); counted as the plan's `communication` row. 0 for one process.
     size_t communication_bytes = 0;
 };
 
-// The padding entry's name in a sharded plan's parameter arena, and the shard alignment.
-inline constexpr const char* kShardPaddingEntry = "padding.shards";
+// The chunk alignment of a sharded parameter arena.
 inline constexpr int64_t kShardAlignElements = 64;  // f32: ArenaLayout::kDefaultAlignment bytes
+
+// Elements [begin, end) of a flat vector.
+struct FlatRange {
+    int64_t begin = 0;
+    int64_t end = 0;
+    int64_t size() const { return end - begin; }
+};
+
+// The units of the parameter arena and their chunks, for data parallel over W ranks.
+//
+// A unit is a contiguous run of parameter entries: the entries before layer 0 (front), each
+// layer, the entries after the last layer (back); units are in arena order: front, layer 0, ...,
+// layer L-1, back. The canonical coordinates are those of the parameter table's layout (the
+// one-process arena): unit u covers canonical [c_u, c_u+1), its entries and their alignment gap,
+// and the units tile [0, used). In the plan's arena unit u covers [a_u, a_u + n_u) with
+// n_u = round_up(c_u+1 - c_u, kShardAlignElements * W) (zero padding after the unit's own
+// elements) and a_u+1 = a_u + n_u; its chunk r is [a_u + r n_u / W, a_u + (r + 1) n_u / W).
+// Within a unit the entries keep their offsets from the unit's start, so an element's arena
+// index is its canonical index - c_u + a_u. W = 1 adds no padding: the two coordinates agree.
+struct ShardLayout {
+    static constexpr size_t kFront = 0;  // unit index of the front; layer l is unit l + 1
+
+    int world = 1;
+    int64_t used = 0;                  // canonical length (the table layout's elements)
+    int64_t total = 0;                 // arena length (the sum of the n_u)
+    std::vector<FlatRange> arena;      // [u] unit u in the plan's arena, padding included
+    std::vector<FlatRange> canonical;  // [u] unit u in canonical coordinates
+
+    size_t units() const { return arena.size(); }
+    size_t back() const { return arena.size() - 1; }
+    size_t layer_unit(int layer) const { return size_t(layer) + 1; }
+    // Chunk `rank` of unit u, in arena coordinates (empty for an empty unit).
+    FlatRange chunk(size_t u, int rank) const;
+    // The non-empty chunks of `rank`, in unit order (arena coordinates).
+    std::vector<FlatRange> chunks(int rank) const;
+    // Arena ranges (each inside one unit) to canonical: each range cut to its unit's own elements
+    // (padding dropped) and moved to canonical coordinates; empty results dropped, order kept.
+    std::vector<FlatRange> to_canonical(std::span<const FlatRange> ranges) const;
+};
+
+// The units of `table` (entries grouped by ParamEntry::layer; every layer's entries contiguous,
+// front and back around them, checked) over `world` ranks.
+ShardLayout shard_layout_make(const ParamTable& table, int world);
 
 // The workspace of cuDNN 9's deterministic flash-attention backward for `config` at (B, T): an
 // fp32 partial dQ per block of 128 keys (ceil(T / 128) * B * H * T * D * 4 bytes), a float per
@@ -127,6 +170,7 @@ struct MemoryPlan {
 
     ModelShape shape;            // lm_head_chunk_rows resolved
     ArenaLayout params;          // also the layout of the gradients and of each AdamW moment
+    ShardLayout shards;          // the units of `params` over shape.optimizer_shards ranks
     ArenaLayout params_compute;  // CUDA: params' entries in bf16, element offsets equal to
                                  // params' (empty on the CPU)
     ArenaLayout activations;

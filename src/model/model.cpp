@@ -10,6 +10,7 @@
 #include "model/init.h"
 #include "model/param_staging.h"
 #include "model/registry.h"
+#include "ops/cpu/grad_norm.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/memory.h"
@@ -254,6 +255,29 @@ float Model::grad_norm() {
     const ConstTensorView grads[] = {grads_flat()};
     grad_norm_l2(norm, grads, ctx_);
     return read_scalar(norm);
+}
+
+double Model::grad_sum_of_squares(std::span<const FlatRange> ranges) {
+    LATHE_CHECK(training(), "grad_sum_of_squares: the model was created without gradients");
+    const TensorView all = grads_flat();
+    if (!on_cuda()) {
+        double sum = 0.0;
+        for (const FlatRange& r : ranges)
+            sum += cpu::sum_of_squares(all.as<float>() + r.begin, r.size());
+        return sum;
+    }
+    const TensorView norm = scratch_.view(plan_.grad_norm);
+    std::vector<ConstTensorView> grads;
+    grads.reserve(ranges.size());
+    for (const FlatRange& r : ranges) grads.push_back(all.slice(r.begin, r.end));
+    grad_norm_l2(norm, grads, ctx_);
+    const double n = read_scalar(norm);
+    return n * n;
+}
+
+void Model::set_grad_norm_value(float norm) {
+    LATHE_CHECK(training(), "set_grad_norm_value: the model was created without gradients");
+    copy_from_host(scratch_.view(plan_.grad_norm), ConstTensorView(&norm, DType::kF32, Shape{1}));
 }
 
 // ---- Model: views ----

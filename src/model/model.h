@@ -154,6 +154,12 @@ public:
 
     // The L2 norm of every gradient (fp64 sums), computed where the model is and read back.
     float grad_norm();
+    // The sum of squares of the gradients in `ranges` of grads_flat(), read back: one rank's part
+    // of a sharded norm. CPU: fp64 sums, range by range. CUDA: the square of grad_norm_l2's f32
+    // norm of the ranges (fp64 sums on the GPU; the root's rounding makes it 2^-23 relative).
+    double grad_sum_of_squares(std::span<const FlatRange> ranges);
+    // Writes `norm` where grad_norm_value() is (synchronous): the norm of every rank's ranges.
+    void set_grad_norm_value(float norm);
     // The (1) f32 where the last grad_norm() left the norm, where the model computes: what the
     // optimizer clips by without reading it back.
     ConstTensorView grad_norm_value() const { return scratch_.view(plan_.grad_norm); }

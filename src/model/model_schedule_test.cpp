@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string_view>
 #include <vector>
@@ -194,36 +196,138 @@ TEST(ModelSchedule, WeightsNeededHookFiresBeforeEachPieceIsRead) {
     }
 }
 
-// A plan sharded over W ranks pads the parameter arena (and so the gradients) to a multiple of
-// kShardAlignElements * W with one zero entry at its end, and counts one shard of the moments;
-// the parameters themselves keep their offsets.
-TEST(ModelSchedule, ShardedPlanPadsTheParameterArena) {
-    const ModelConfig c = parse(kGpt2Json);
-    const ParamTable table = model_param_table(c);
-    const size_t unpadded = table.layout().total_bytes();
-    for (const int W : {1, 2, 3, 4, 7}) {
-        ModelShape shape;
-        shape.batch = 2;
-        shape.seq_len = 8;
-        shape.optimizer_shards = W;
-        const Result<MemoryPlan> plan = memory_plan_make(c, table, shape);
-        ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-        const int64_t n = int64_t(plan->params.total_bytes() / sizeof(float));
-        EXPECT_EQ(n % (kShardAlignElements * W), 0) << "W " << W;
-        EXPECT_GE(plan->params.total_bytes(), unpadded);
-        EXPECT_LT(plan->params.total_bytes(), unpadded + size_t(kShardAlignElements * W) * 4);
-        EXPECT_EQ(plan->optimizer_bytes(), 2 * plan->params.total_bytes() / size_t(W));
-        for (const ParamEntry& e : table.entries())
-            EXPECT_EQ(plan->params.entries()[e.arena_index].offset,
-                      table.layout().entries()[e.arena_index].offset);
-        if (W > 1 && plan->params.total_bytes() > unpadded)
-            EXPECT_EQ(plan->params.entries().back().name, kShardPaddingEntry);
+// A plan sharded over W ranks pads every unit (front, each layer, back) to a multiple of
+// kShardAlignElements * W, keeps each entry's offset from its unit's start, and counts 1/W of the
+// moments; W = 1 is the table's layout exactly.
+TEST(ModelSchedule, ShardedPlanPadsEveryUnit) {
+    for (const std::string_view json : {kGpt2Json, kLlamaJson}) {
+        const ModelConfig c = parse(json);
+        const ParamTable table = model_param_table(c);
+        const int64_t used = int64_t(table.layout().total_bytes() / sizeof(float));
+        for (const int W : {1, 2, 3, 4, 7}) {
+            ModelShape shape;
+            shape.batch = 2;
+            shape.seq_len = 8;
+            shape.optimizer_shards = W;
+            const Result<MemoryPlan> plan = memory_plan_make(c, table, shape);
+            ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+            const ShardLayout& sl = plan->shards;
+            ASSERT_EQ(sl.units(), size_t(c.num_layers) + 2);
+            EXPECT_EQ(sl.used, used);
+            EXPECT_EQ(int64_t(plan->params.total_bytes() / sizeof(float)), sl.total);
+            EXPECT_EQ(plan->optimizer_bytes(), 2 * plan->params.total_bytes() / size_t(W));
+            int64_t a = 0, cpos = 0;
+            for (size_t u = 0; u < sl.units(); ++u) {
+                EXPECT_EQ(sl.arena[u].begin, a) << "W " << W << " unit " << u;
+                EXPECT_EQ(sl.canonical[u].begin, cpos);
+                EXPECT_EQ(sl.arena[u].size() % (kShardAlignElements * W), 0);
+                EXPECT_GE(sl.arena[u].size(), sl.canonical[u].size());
+                EXPECT_LT(sl.arena[u].size(), sl.canonical[u].size() + kShardAlignElements * W);
+                if (W == 1) EXPECT_EQ(sl.arena[u].size(), sl.canonical[u].size());
+                a = sl.arena[u].end;
+                cpos = sl.canonical[u].end;
+                // The chunks of the ranks tile the unit in rank order.
+                int64_t at = sl.arena[u].begin;
+                for (int r = 0; r < W; ++r) {
+                    EXPECT_EQ(sl.chunk(u, r).begin, at);
+                    at = sl.chunk(u, r).end;
+                }
+                EXPECT_EQ(at, sl.arena[u].end);
+            }
+            EXPECT_EQ(cpos, used);
+            for (const ParamEntry& e : table.entries()) {
+                const size_t u = e.layer >= 0 ? sl.layer_unit(e.layer)
+                                 : table.layout().entries()[e.arena_index].offset <
+                                         size_t(sl.canonical[1].begin) * sizeof(float)
+                                     ? ShardLayout::kFront
+                                     : sl.back();
+                const int64_t canon =
+                    int64_t(table.layout().entries()[e.arena_index].offset / sizeof(float));
+                const int64_t arena =
+                    int64_t(plan->params.entries()[e.arena_index].offset / sizeof(float));
+                EXPECT_EQ(plan->params.entries()[e.arena_index].name,
+                          table.layout().entries()[e.arena_index].name);
+                EXPECT_EQ(arena - sl.arena[u].begin, canon - sl.canonical[u].begin) << e.name;
+                // to_canonical maps the entry's arena range onto its canonical one.
+                const int64_t n = e.shape.numel();
+                const FlatRange r{arena, arena + n};
+                const std::vector<FlatRange> back =
+                    sl.to_canonical(std::span<const FlatRange>(&r, 1));
+                ASSERT_EQ(back.size(), 1u);
+                EXPECT_EQ(back[0].begin, canon);
+                EXPECT_EQ(back[0].end, canon + n);
+            }
+            // Every rank's chunks, cut to the units' own elements, tile [0, used) in canonical
+            // coordinates.
+            std::vector<FlatRange> all;
+            for (int r = 0; r < W; ++r) {
+                const std::vector<FlatRange> mine = sl.chunks(r);
+                const std::vector<FlatRange> c = sl.to_canonical(mine);
+                all.insert(all.end(), c.begin(), c.end());
+            }
+            std::sort(all.begin(), all.end(),
+                      [](const FlatRange& x, const FlatRange& y) { return x.begin < y.begin; });
+            int64_t at = 0;
+            for (const FlatRange& r : all) {
+                EXPECT_EQ(r.begin, at);
+                at = r.end;
+            }
+            EXPECT_EQ(at, used);
+            if (W == 1) {
+                ASSERT_EQ(plan->params.entries().size(), table.layout().entries().size());
+                for (size_t i = 0; i < plan->params.entries().size(); ++i)
+                    EXPECT_EQ(plan->params.entries()[i].offset, table.layout().entries()[i].offset);
+                EXPECT_EQ(plan->params.total_bytes(), table.layout().total_bytes());
+            }
+        }
     }
     ModelShape bad;
     bad.batch = 2;
     bad.seq_len = 8;
     bad.optimizer_shards = 0;
-    EXPECT_FALSE(memory_plan_make(c, table, bad).ok());
+    EXPECT_FALSE(memory_plan_make(parse(kGpt2Json), model_param_table(parse(kGpt2Json)), bad).ok());
+}
+
+// A model whose units are padded for W ranks computes, from the same weights, the loss and the
+// gradients of a model of the table's layout (W = 1), element for element at the entries, with
+// zero gradients in the padding.
+TEST(ModelSchedule, ShardedModelComputesTheSameGradients) {
+    const ModelConfig c = parse(kGpt2Json);
+    Model one = make(c, 2, 8, true);
+    ModelShape shape;
+    shape.batch = 2;
+    shape.seq_len = 8;
+    shape.optimizer_shards = 3;
+    Result<Model> made = Model::create(c, shape, cpu_context());
+    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    Model three = std::move(made).value();
+    one.init(7);
+    three.init(7);
+    std::vector<int32_t> tokens(16), targets(16);
+    for (int i = 0; i < 16; ++i) {
+        tokens[size_t(i)] = (i * 7 + 3) % int32_t(c.vocab_size);
+        targets[size_t(i)] = (i * 5 + 1) % int32_t(c.vocab_size);
+    }
+    ModelBatch batch;
+    batch.tokens = ConstTensorView(tokens.data(), DType::kI32, Shape{2, 8});
+    batch.targets = ConstTensorView(targets.data(), DType::kI32, Shape{2, 8});
+    one.zero_grads();
+    three.zero_grads();
+    const float l1 = one.forward_backward(batch, 1.0f), l3 = three.forward_backward(batch, 1.0f);
+    EXPECT_EQ(l1, l3);
+    const TensorView g1 = one.grads_flat(), g3 = three.grads_flat();
+    const ShardLayout& sl = three.plan().shards;
+    double padding = 0.0;
+    for (size_t u = 0; u < sl.units(); ++u) {
+        const int64_t own = sl.canonical[u].size();
+        EXPECT_EQ(std::memcmp(g1.as<float>() + sl.canonical[u].begin,
+                              g3.as<float>() + sl.arena[u].begin, size_t(own) * sizeof(float)),
+                  0)
+            << "unit " << u;
+        for (int64_t i = sl.arena[u].begin + own; i < sl.arena[u].end; ++i)
+            padding += std::fabs(double(g3.as<float>()[i]));
+    }
+    EXPECT_EQ(padding, 0.0);
 }
 
 // A model created for evaluation has no gradient arena (the plan counts none, nor optimizer

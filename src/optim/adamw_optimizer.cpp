@@ -27,22 +27,44 @@ OptimizerTarget optimizer_target(const Model& model) {
 }
 
 Result<AdamWOptimizer> AdamWOptimizer::create(int64_t total, FlatRange range, const Context& ctx) {
-    if (total < 0 || range.begin < 0 || range.end < range.begin || range.end > total)
-        return invalid_argument_error(
-            "optimizer range [{}, {}) is not inside the {} elements of the parameters", range.begin,
-            range.end, total);
+    return create(total, std::vector<FlatRange>{range}, ctx);
+}
+
+Result<AdamWOptimizer> AdamWOptimizer::create(int64_t total, std::vector<FlatRange> ranges,
+                                              const Context& ctx) {
+    int64_t at = 0, n = 0;
+    for (const FlatRange& r : ranges) {
+        if (total < 0 || r.begin < at || r.end < r.begin || r.end > total)
+            return invalid_argument_error(
+                "optimizer range [{}, {}) is not inside the {} elements of the parameters, after "
+                "the ranges before it",
+                r.begin, r.end, total);
+        at = r.end;
+        n += r.size();
+    }
     AdamWOptimizer opt;
     opt.total_ = total;
-    opt.range_ = range;
+    opt.ranges_ = std::move(ranges);
+    opt.numel_ = n;
     opt.ctx_ = ctx;
     ArenaLayout layout;
-    LATHE_RETURN_IF_ERROR(layout.add("exp_avg", DType::kF32, Shape{range.size()}).status());
-    LATHE_RETURN_IF_ERROR(layout.add("exp_avg_sq", DType::kF32, Shape{range.size()}).status());
+    LATHE_RETURN_IF_ERROR(layout.add("exp_avg", DType::kF32, Shape{n}).status());
+    LATHE_RETURN_IF_ERROR(layout.add("exp_avg_sq", DType::kF32, Shape{n}).status());
     LATHE_ASSIGN_OR_RETURN(opt.moments_, ModelArena::allocate(std::move(layout), ctx));
     return opt;
 }
 
+FlatRange AdamWOptimizer::range() const {
+    LATHE_CHECK(ranges_.size() == 1, "range() of an optimizer over {} ranges", ranges_.size());
+    return ranges_[0];
+}
+
 Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model, FlatRange range,
+                                                  const Context& ctx) {
+    return create_for(model, std::vector<FlatRange>{range}, ctx);
+}
+
+Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model, std::vector<FlatRange> ranges,
                                                   const Context& ctx) {
     if (!model.training())
         return failed_precondition_error(
@@ -53,7 +75,7 @@ Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model, FlatRange 
             "an optimizer on {} over a model on {} needs its gradients and weights copied between "
             "the two, which lathe does not do; create it on the model's device",
             backend_name(ctx.backend), backend_name(model.context().backend));
-    return create(model.params_flat().numel(), range, ctx);
+    return create(model.params_flat().numel(), std::move(ranges), ctx);
 }
 
 Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model) {
@@ -70,24 +92,29 @@ void AdamWOptimizer::step(const OptimizerTarget& target, std::span<const AdamWSe
     LATHE_CHECK(target.params_bf16.is_null() ||
                     (target.params_bf16.numel() == total_ && target.params_bf16.device() == where),
                 "optimizer over {} elements: bf16 copy {}", total_, target.params_bf16.to_string());
-    local_.clear();
-    for (const AdamWSegment& s : segments) {
-        const int64_t lo = std::max(s.offset, range_.begin);
-        const int64_t hi = std::min(s.offset + s.count, range_.end);
-        if (hi > lo)
-            local_.push_back(AdamWSegment{lo - range_.begin, hi - lo, s.lr, s.weight_decay});
-    }
-    if (local_.empty()) return;
     const ConstTensorView clip = max_grad_norm > 0.0f ? target.grad_norm : ConstTensorView();
-    const int64_t b = range_.begin, e = range_.end;
-    adamw_update_with_copy(
-        target.params.slice(b, e),
-        target.params_bf16.is_null() ? TensorView() : target.params_bf16.slice(b, e), exp_avg(),
-        exp_avg_sq(), target.grads.slice(b, e), local_, hyper, step, clip, max_grad_norm, ctx_);
+    int64_t at = 0;  // the range's first element in the moments
+    for (const FlatRange& range : ranges_) {
+        local_.clear();
+        for (const AdamWSegment& s : segments) {
+            const int64_t lo = std::max(s.offset, range.begin);
+            const int64_t hi = std::min(s.offset + s.count, range.end);
+            if (hi > lo)
+                local_.push_back(AdamWSegment{lo - range.begin, hi - lo, s.lr, s.weight_decay});
+        }
+        const int64_t b = range.begin, e = range.end;
+        if (!local_.empty())
+            adamw_update_with_copy(
+                target.params.slice(b, e),
+                target.params_bf16.is_null() ? TensorView() : target.params_bf16.slice(b, e),
+                exp_avg().slice(at, at + range.size()), exp_avg_sq().slice(at, at + range.size()),
+                target.grads.slice(b, e), local_, hyper, step, clip, max_grad_norm, ctx_);
+        at += range.size();
+    }
 }
 
 void AdamWOptimizer::read_state(std::span<float> m, std::span<float> v) const {
-    const int64_t n = range_.size();
+    const int64_t n = numel_;
     LATHE_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n, "moments of {} / {} for {}",
                 m.size(), v.size(), n);
     const std::pair<TensorView, float*> pairs[] = {{exp_avg(), m.data()}, {exp_avg_sq(), v.data()}};
@@ -102,7 +129,7 @@ void AdamWOptimizer::read_state(std::span<float> m, std::span<float> v) const {
 }
 
 void AdamWOptimizer::write_state(std::span<const float> m, std::span<const float> v) {
-    const int64_t n = range_.size();
+    const int64_t n = numel_;
     LATHE_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n, "moments of {} / {} for {}",
                 m.size(), v.size(), n);
     const std::pair<TensorView, const float*> pairs[] = {{exp_avg(), m.data()},

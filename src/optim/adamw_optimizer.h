@@ -6,12 +6,13 @@
 // bf16 twin (OptimizerTarget; for a model, optimizer_target(model): the parameter arena seen as
 // one vector, padding included, so P = Model::params_flat().numel()).
 //
-// What it owns: the moments exp_avg and exp_avg_sq of the elements [range.begin, range.end) of
-// that vector, range.size() f32 each, zeroed at creation, where its Context computes. One
-// optimizer over everything has range {0, P}; a shard (ZeRO: rank r of n owns one contiguous
-// slice, flat_shard) owns any sub-range. step() takes the segments of the whole vector
+// What it owns: the moments exp_avg and exp_avg_sq of a list of ranges of that vector (sorted,
+// disjoint), each moment the ranges' elements concatenated in list order (numel() f32), zeroed
+// at creation, where its Context computes. One optimizer over everything has the one range
+// {0, P}; a shard owns any sub-range (flat_shard) or any list of them (ZeRO over units: rank r's
+// chunk of every unit, ShardLayout::chunks). step() takes the segments of the whole vector
 // (Model::adamw_segments: one per parameter entry with its lr and weight decay) and updates the
-// parts of them inside its range; the rest belongs to other shards. The update is elementwise,
+// parts of them inside its ranges; the rest belongs to other shards. The update is elementwise,
 // so optimizers over a partition of [0, P) leave the same bits as one optimizer over all of it.
 //
 // Where it lives: its Context, given at create(). The update runs where the moments are, and
@@ -20,7 +21,7 @@
 // over a CUDA target and is refused (kUnimplemented) by create_for(), since the copies of
 // gradients and weights between the two are not part of this class.
 //
-// Cost of step(): one adamw_update_with_copy over the range. On CUDA that is one kernel, which
+// Cost of step(): one adamw_update_with_copy per range. On CUDA that is one kernel, which
 // rewrites the bf16 compute copy in the same pass and clips by the norm in device memory: no
 // synchronization, no device allocation, no copy. The segments of the range are built in a host
 // vector kept between steps.
@@ -42,12 +43,7 @@
 
 namespace lathe {
 
-// Elements [begin, end) of a flat vector.
-struct FlatRange {
-    int64_t begin = 0;
-    int64_t end = 0;
-    int64_t size() const { return end - begin; }
-};
+// FlatRange (elements [begin, end) of a flat vector) is model/memory_plan.h's.
 
 // Shard `rank` of `world` contiguous shards of [0, total): the first total % world shards have
 // one element more than the others. 0 <= rank < world (checked).
@@ -70,11 +66,18 @@ public:
     // Moments for `range` of a flat vector of `total` elements, allocated (zeroed) where `ctx`
     // computes. Errors: a range outside [0, total] (kInvalidArgument), allocation failure.
     static Result<AdamWOptimizer> create(int64_t total, FlatRange range, const Context& ctx);
+    // Moments for the list `ranges` (sorted, disjoint, inside [0, total]; empty ones kept, they
+    // own nothing). Errors: ranges unsorted, overlapping or outside (kInvalidArgument), allocation
+    // failure.
+    static Result<AdamWOptimizer> create(int64_t total, std::vector<FlatRange> ranges,
+                                         const Context& ctx);
     // Moments for `range` of `model`'s parameters (created for training), where `ctx` computes:
     // the model's own context for the usual optimizer. Errors as create(); a model without
     // gradients (kFailedPrecondition); a context on another backend than the model's
     // (kUnimplemented: offload).
     static Result<AdamWOptimizer> create_for(const Model& model, FlatRange range,
+                                             const Context& ctx);
+    static Result<AdamWOptimizer> create_for(const Model& model, std::vector<FlatRange> ranges,
                                              const Context& ctx);
     // Every parameter of `model`, on the model's context.
     static Result<AdamWOptimizer> create_for(const Model& model);
@@ -83,10 +86,14 @@ public:
     AdamWOptimizer& operator=(AdamWOptimizer&&) noexcept = default;
 
     int64_t total() const { return total_; }
-    FlatRange range() const { return range_; }
+    // The one range of an optimizer over a single range (checked: a list of several has none).
+    FlatRange range() const;
+    const std::vector<FlatRange>& ranges() const { return ranges_; }
+    // Elements owned: the sum of the ranges' sizes.
+    int64_t numel() const { return numel_; }
     const Context& context() const { return ctx_; }
-    // The moments, (range.size()) f32 each, where the context computes: element i is element
-    // range.begin + i of the full vector.
+    // The moments, (numel()) f32 each, where the context computes: the ranges' elements in list
+    // order (for one range, element i is element range.begin + i of the full vector).
     TensorView exp_avg() const { return moments_.view(0); }
     TensorView exp_avg_sq() const { return moments_.view(1); }
 
@@ -99,7 +106,7 @@ public:
     void step(const OptimizerTarget& target, std::span<const AdamWSegment> segments,
               const AdamWHyper& hyper, int64_t step, float max_grad_norm = 0.0f);
 
-    // The moments copied to / from host memory, range.size() elements each (checked).
+    // The moments copied to / from host memory, numel() elements each (checked).
     void read_state(std::span<float> exp_avg, std::span<float> exp_avg_sq) const;
     void write_state(std::span<const float> exp_avg, std::span<const float> exp_avg_sq);
 
@@ -107,10 +114,11 @@ private:
     AdamWOptimizer() = default;
 
     int64_t total_ = 0;
-    FlatRange range_;
+    std::vector<FlatRange> ranges_;
+    int64_t numel_ = 0;
     Context ctx_;
     ModelArena moments_;               // entries exp_avg, exp_avg_sq
-    std::vector<AdamWSegment> local_;  // step()'s segments, offsets relative to range.begin
+    std::vector<AdamWSegment> local_;  // step()'s segments of one range, relative to its begin
 };
 
 }  // namespace lathe

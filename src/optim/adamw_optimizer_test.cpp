@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string_view>
@@ -118,6 +119,66 @@ struct Problem {
 
 std::vector<float> host(ConstTensorView v) {
     return std::vector<float>(v.as<float>(), v.as<float>() + v.numel());
+}
+
+// Optimizers over lists of ranges that together partition [0, P) (rank r owning piece r of each
+// of several units, pieces of unequal length, some empty) leave the parameters, their bf16 twin
+// and the moments, each element where its range puts it, bit for bit as one over all does; and
+// a list that is unsorted, overlapping or outside the vector is refused.
+TEST(AdamWOptimizer, ListsOfRangesOverAPartitionGiveTheBitsOfOne) {
+    for (const int world : {2, 3, 5}) {
+        Problem one, sharded;
+        Result<AdamWOptimizer> all = AdamWOptimizer::create(one.P, {0, one.P}, cpu_context());
+        ASSERT_TRUE(all.ok());
+        // Units of lengths 1, 7, 0, 64, ... cut at P; piece r of unit u is its r-th of `world`.
+        std::vector<std::vector<FlatRange>> lists(static_cast<size_t>(world));
+        int64_t at = 0;
+        for (int64_t u = 0; at < one.P; ++u) {
+            const int64_t len = std::min<int64_t>(one.P - at, (u * 37 + 1) % 71);
+            for (int r = 0; r < world; ++r) {
+                const FlatRange piece = flat_shard(len, r, world);
+                lists[size_t(r)].push_back(FlatRange{at + piece.begin, at + piece.end});
+            }
+            at += len;
+        }
+        std::vector<AdamWOptimizer> shards;
+        for (int r = 0; r < world; ++r) {
+            Result<AdamWOptimizer> s =
+                AdamWOptimizer::create(sharded.P, lists[size_t(r)], cpu_context());
+            ASSERT_TRUE(s.ok()) << s.status().to_string();
+            shards.push_back(std::move(*s));
+        }
+        const AdamWHyper hyper{0.9, 0.999, 1e-8};
+        for (int step = 1; step <= 3; ++step) {
+            all->step(one.target(), one.segments, hyper, step, 0.5f);
+            for (AdamWOptimizer& s : shards)
+                s.step(sharded.target(), sharded.segments, hyper, step, 0.5f);
+            for (size_t i = 0; i < one.grads.size(); ++i)
+                one.grads[i] = sharded.grads[i] = 0.9f * one.grads[i] + 0.01f * float(i % 13);
+        }
+        EXPECT_EQ(std::memcmp(one.params.data(), sharded.params.data(), size_t(one.P) * 4), 0)
+            << world;
+        EXPECT_EQ(one.bf16, sharded.bf16) << world;
+        const std::vector<float> am = host(all->exp_avg()), av = host(all->exp_avg_sq());
+        std::vector<float> m(am.size(), -1.0f), v(av.size(), -1.0f);
+        for (const AdamWOptimizer& s : shards) {
+            const std::vector<float> sm = host(s.exp_avg()), sv = host(s.exp_avg_sq());
+            ASSERT_EQ(int64_t(sm.size()), s.numel());
+            int64_t k = 0;
+            for (const FlatRange& r : s.ranges())
+                for (int64_t i = r.begin; i < r.end; ++i, ++k) {
+                    m[size_t(i)] = sm[size_t(k)];
+                    v[size_t(i)] = sv[size_t(k)];
+                }
+        }
+        EXPECT_EQ(std::memcmp(am.data(), m.data(), am.size() * 4), 0) << world;
+        EXPECT_EQ(std::memcmp(av.data(), v.data(), av.size() * 4), 0) << world;
+    }
+    const Context ctx = cpu_context();
+    EXPECT_FALSE(AdamWOptimizer::create(100, std::vector<FlatRange>{{10, 20}, {5, 8}}, ctx).ok());
+    EXPECT_FALSE(AdamWOptimizer::create(100, std::vector<FlatRange>{{10, 20}, {15, 30}}, ctx).ok());
+    EXPECT_FALSE(AdamWOptimizer::create(100, std::vector<FlatRange>{{90, 101}}, ctx).ok());
+    EXPECT_FALSE(AdamWOptimizer::create(100, std::vector<FlatRange>{{9, 8}}, ctx).ok());
 }
 
 // Shards over a partition of [0, P), each stepping only its range, leave the parameters, their

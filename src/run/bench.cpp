@@ -333,7 +333,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.seq_len = T;
     shape.backend = place.backend;
     shape.recompute = req.recompute;
-    shape.optimizer_shards = multi && req.zero_stage == 1 ? group.world_size : 1;
+    shape.optimizer_shards = multi ? group.world_size : 1;
     const ParamTable table = model_param_table(config);
     auto plan = memory_plan_make(config, table, shape);
     if (!plan.ok()) return plan.status().with_context("--seq " + std::to_string(T));
@@ -425,15 +425,15 @@ Result<std::string> bench_run(const BenchRequest& req) {
     // With several ranks: the trainer's collectives (run/data_parallel.h), and the optimizer over
     // this rank's range (its shard at ZeRO-1).
     std::unique_ptr<DataParallel> dp;
-    FlatRange range{0, model.params_flat().numel()};
+    std::vector<FlatRange> ranges{FlatRange{0, model.params_flat().numel()}};
     if (multi) {
         auto made = DataParallel::create(model, *world.comm, req.zero_stage);
         if (!made.ok()) return made.status().with_context("--zero-stage");
         dp = std::move(made).value();
-        range = dp->optimizer_range();
+        ranges = dp->optimizer_ranges();
     }
     LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer,
-                           AdamWOptimizer::create_for(model, range, model.context()));
+                           AdamWOptimizer::create_for(model, ranges, model.context()));
     // `lathe train`'s step (run/train_step.h) for one micro-batch (gradient accumulation 1),
     // with the default clip and without the trainer's skip decision (it only compares the loss
     // and norm the step reads anyway).

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cmath>
+#include <filesystem>
 
 #include <fmt/format.h>
 
 #include "core/check.h"
 #include "model/memory_plan.h"
 #include "ops/cuda/cuda_state.h"
+#include "optim/optimizer_state.h"
 
 namespace lathe {
 
@@ -38,66 +41,38 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(Model& model, Communi
             memory == Device::kCuda ? "GPU" : "CPU",
             memory == Device::kCuda ? "NCCL" : "MPI (start with mpirun)");
     }
-    const int64_t total = model.params_flat().numel();
-    if (zero_stage == 1 && total % (kShardAlignElements * comm.size()) != 0) {
+    const ShardLayout& sl = model.plan().shards;
+    if (comm.size() > 1 && sl.world != comm.size()) {
         return invalid_argument_error(
-            "ZeRO-1 over {} ranks: the parameter arena of {} elements is not padded to {} "
-            "shards (create the model with ModelShape::optimizer_shards = {})",
-            comm.size(), total, comm.size(), comm.size());
+            "data parallel over {} ranks: the parameter arena's units are padded for {} (create "
+            "the model with ModelShape::optimizer_shards = {})",
+            comm.size(), sl.world, comm.size());
     }
     std::unique_ptr<DataParallel> dp(new DataParallel(model, comm, zero_stage));
     return dp;
 }
 
 DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage)
-    : model_(model), comm_(comm), zero_stage_(zero_stage) {
-    total_ = model.params_flat().numel();
-    used_ = int64_t(model.params().layout().total_bytes() / sizeof(float));
-    if (zero_stage == 1) {
-        const int64_t S = total_ / comm.size();
-        range_ = FlatRange{comm.rank() * S, (comm.rank() + 1) * S};
+    : model_(model), comm_(comm), zero_stage_(zero_stage), layout_(model.plan().shards) {
+    LATHE_CHECK(layout_.total == model.params_flat().numel(),
+                "shard layout of {} elements over an arena of {}", layout_.total,
+                model.params_flat().numel());
+    if (comm.size() > 1) {
+        chunks_ = layout_.chunks(comm.rank());
     } else {
-        range_ = FlatRange{0, total_};
+        for (const FlatRange& u : layout_.arena)
+            if (u.size() > 0) chunks_.push_back(u);
     }
-    // Flat element ranges of the entries, grouped by layer.
-    const int L = int(model.config().num_layers);
-    layer_ranges_.assign(size_t(L), FlatRange{INT64_MAX, 0});
-    front_ = back_ = FlatRange{INT64_MAX, 0};
-    const auto& arena = model.params().layout().entries();
-    bool seen_layer = false;  // entries outside the blocks before the first layer are in front
-    for (const ParamEntry& e : model.params().entries()) {
-        const ArenaEntry& a = arena[e.arena_index];
-        const int64_t b = int64_t(a.offset / sizeof(float)), n = int64_t(a.bytes / sizeof(float));
-        seen_layer = seen_layer || e.layer >= 0;
-        FlatRange& r = e.layer >= 0 ? layer_ranges_[size_t(e.layer)] : seen_layer ? back_ : front_;
-        r.begin = std::min(r.begin, b);
-        r.end = std::max(r.end, b + n);
-    }
-    for (FlatRange* r : {&front_, &back_})
-        if (r->begin == INT64_MAX) *r = FlatRange{0, 0};
-    for (int l = 0; l < L; ++l) {
-        const FlatRange& r = layer_ranges_[size_t(l)];
-        LATHE_CHECK(r.begin < r.end, "layer {} has no parameters", l);
-        if (l > 0) {
-            LATHE_CHECK(r.begin >= layer_ranges_[size_t(l - 1)].end,
-                        "layer {}'s parameters are not after layer {}'s", l, l - 1);
-        }
-    }
-    if (L > 0) {
-        LATHE_CHECK((front_.size() == 0 || front_.end <= layer_ranges_[0].begin) &&
-                        (back_.size() == 0 || back_.begin >= layer_ranges_[size_t(L - 1)].end),
-                    "the entries outside the layers are not before and after them");
-    }
+    if (zero_stage == 1 && comm.size() > 1)
+        ranges_ = chunks_;
+    else
+        ranges_ = {FlatRange{0, layout_.total}};
     if (on_cuda(model)) {
         for (int i = 0; i < 2; ++i)
             events_.push_back(std::make_unique<CudaEvent>(CudaEvent::Timing::kOn));
         if (zero_stage == 1 && comm.size() > 1) {
-            std::vector<FlatRange> order = {front_};
-            order.insert(order.end(), layer_ranges_.begin(), layer_ranges_.end());
-            order.push_back(back_);
-            for (const FlatRange& r : order) {
+            for (size_t u = 0; u < layout_.units(); ++u) {
                 Piece p;
-                p.range = r;
                 p.ready = std::make_unique<CudaEvent>();
                 p.wait_begin = std::make_unique<CudaEvent>(CudaEvent::Timing::kOn);
                 p.wait_end = std::make_unique<CudaEvent>(CudaEvent::Timing::kOn);
@@ -142,12 +117,16 @@ CUstream_st* DataParallel::stream() const {
     return on_cuda(model_) ? model_.context().stream : nullptr;
 }
 
-Status DataParallel::reduce_range(int64_t begin, int64_t end) {
-    if (begin >= end) return ok_status();
-    const TensorView grads = model_.grads_flat().slice(begin, end);
+Status DataParallel::reduce_unit(size_t unit) {
+    const FlatRange u = layout_.arena[unit];
+    if (u.size() == 0) return ok_status();
+    const FlatRange c = layout_.chunk(unit, comm_.rank());
+    const TensorView grads = model_.grads_flat();
+    const TensorView all = grads.slice(u.begin, u.end), mine = grads.slice(c.begin, c.end);
     if (!on_cuda(model_)) {
         const auto t0 = std::chrono::steady_clock::now();
-        Status s = comm_.all_reduce(grads, grads, ReduceOp::kSum, nullptr);
+        Status s = comm_.reduce_scatter(mine, all, ReduceOp::kSum, nullptr);
+        if (s.ok() && zero_stage_ == 0) s = comm_.all_gather(all, mine, nullptr);
         host_comm_ms_ +=
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
@@ -155,22 +134,31 @@ Status DataParallel::reduce_range(int64_t begin, int64_t end) {
     }
     CudaState& state = cuda_state_of(model_.context(), "data parallel");
     state.wait_for(state.comm_stream(), state.stream());
-    return comm_.all_reduce(grads, grads, ReduceOp::kSum, state.comm_stream());
+    LATHE_RETURN_IF_ERROR(comm_.reduce_scatter(mine, all, ReduceOp::kSum, state.comm_stream()));
+    if (zero_stage_ == 0) LATHE_RETURN_IF_ERROR(comm_.all_gather(all, mine, state.comm_stream()));
+    return ok_status();
 }
 
 void DataParallel::on_layer_ready(int layer) {
     if (!reducing_ || comm_.size() == 1) return;
     Status s;
     if (layer >= 0) {
-        const FlatRange& r = layer_ranges_[size_t(layer)];
-        s = reduce_range(r.begin, r.end);
+        s = reduce_unit(layout_.layer_unit(layer));
     } else {
-        s = reduce_range(back_.begin, back_.end);
-        if (s.ok()) s = reduce_range(front_.begin, front_.end);
+        s = reduce_unit(layout_.back());
+        if (s.ok()) s = reduce_unit(ShardLayout::kFront);
     }
     if (!s.ok() && first_error_.ok())
         first_error_ = s.with_context(layer >= 0 ? fmt::format("the gradients of layer {}", layer)
                                                  : std::string("the embedding/head gradients"));
+}
+
+float DataParallel::set_grad_norm(std::span<const double> rank_sums) {
+    double sum = 0.0;
+    for (const double s : rank_sums) sum += s;
+    const float norm = float(std::sqrt(sum));
+    model_.set_grad_norm_value(norm);
+    return norm;
 }
 
 Status DataParallel::finish_gradients() {
@@ -189,31 +177,34 @@ Status DataParallel::finish_gradients() {
 
 Status DataParallel::finish_update() {
     if (zero_stage_ == 0 || comm_.size() == 1) return ok_status();
-    const int64_t S = range_.size();
     if (!on_cuda(model_)) {
         const TensorView all = model_.params_flat();
         const auto t0 = std::chrono::steady_clock::now();
-        Status s = comm_.all_gather(all, all.slice(range_.begin, range_.end), nullptr);
+        Status s = ok_status();
+        for (size_t u = 0; u < layout_.units() && s.ok(); ++u) {
+            const FlatRange unit = layout_.arena[u], c = layout_.chunk(u, comm_.rank());
+            if (unit.size() == 0) continue;
+            s = comm_.all_gather(all.slice(unit.begin, unit.end), all.slice(c.begin, c.end),
+                                 nullptr);
+        }
         host_comm_ms_ +=
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
         return s;
     }
-    // Each piece from the rank(s) whose shard holds it, in the next forward's order.
+    // Unit by unit in the next forward's order, each all-gathered in place.
     CudaState& state = cuda_state_of(model_.context(), "data parallel");
     const TensorView all = model_.params_compute_flat();
-    LATHE_CHECK(all.numel() == total_, "bf16 copy of {} elements for {} masters", all.numel(),
-                total_);
+    LATHE_CHECK(all.numel() == layout_.total, "bf16 copy of {} elements for {} masters",
+                all.numel(), layout_.total);
     state.wait_for(state.comm_stream(), state.stream());
-    for (Piece& p : pieces_) {
-        for (int r = 0; r < comm_.size(); ++r) {
-            const int64_t b = std::max(p.range.begin, r * S);
-            const int64_t e = std::min(p.range.end, (r + 1) * S);
-            if (b >= e) continue;
-            LATHE_RETURN_IF_ERROR(comm_.broadcast(all.slice(b, e), r, state.comm_stream()));
-        }
-        p.ready->record(state.comm_stream());
-        p.in_flight = true;
+    for (size_t u = 0; u < layout_.units(); ++u) {
+        const FlatRange unit = layout_.arena[u], c = layout_.chunk(u, comm_.rank());
+        if (unit.size() > 0)
+            LATHE_RETURN_IF_ERROR(comm_.all_gather(all.slice(unit.begin, unit.end),
+                                                   all.slice(c.begin, c.end), state.comm_stream()));
+        pieces_[u].ready->record(state.comm_stream());
+        pieces_[u].in_flight = true;
     }
     return ok_status();
 }
@@ -224,11 +215,95 @@ Status DataParallel::gather_masters() {
     wait_for_pieces();
     const TensorView all = model_.params_flat();
     state.wait_for(state.comm_stream(), state.stream());
-    LATHE_RETURN_IF_ERROR(
-        comm_.all_gather(all, all.slice(range_.begin, range_.end), state.comm_stream()));
+    for (size_t u = 0; u < layout_.units(); ++u) {
+        const FlatRange unit = layout_.arena[u], c = layout_.chunk(u, comm_.rank());
+        if (unit.size() == 0) continue;
+        LATHE_RETURN_IF_ERROR(comm_.all_gather(all.slice(unit.begin, unit.end),
+                                               all.slice(c.begin, c.end), state.comm_stream()));
+    }
     state.wait_for(state.stream(), state.comm_stream());
     state.synchronize();
     return ok_status();
+}
+
+int64_t DataParallel::moment_offset(const AdamWOptimizer& optimizer, int64_t at) {
+    int64_t offset = 0;
+    for (const FlatRange& r : optimizer.ranges()) {
+        if (at >= r.begin && at < r.end) return offset + (at - r.begin);
+        offset += r.size();
+    }
+    LATHE_CHECK(false, "element {} is outside the optimizer's ranges", at);
+    return -1;
+}
+
+Status DataParallel::save_optimizer(const AdamWOptimizer& optimizer, const std::string& dir) const {
+    const int64_t n = optimizer.numel();
+    std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+    optimizer.read_state(m, v);
+    if (zero_stage_ == 0) {
+        // Every rank holds the whole state: rank 0 writes the canonical vector as the full file.
+        if (comm_.rank() != 0) return ok_status();
+        std::vector<float> cm, cv;
+        cm.reserve(size_t(layout_.used));
+        cv.reserve(size_t(layout_.used));
+        for (size_t u = 0; u < layout_.units(); ++u) {
+            const int64_t at = layout_.arena[u].begin, len = layout_.canonical[u].size();
+            cm.insert(cm.end(), m.begin() + at, m.begin() + at + len);
+            cv.insert(cv.end(), v.begin() + at, v.begin() + at + len);
+        }
+        return optimizer_state_write(
+            (std::filesystem::path(dir) / kOptimizerStateFullName).string(), cm, cv);
+    }
+    // Each chunk's own elements are its front (the padding is at its unit's end).
+    std::vector<FlatRange> canonical;
+    std::vector<float> cm, cv;
+    for (const FlatRange& c : chunks_) {
+        const std::vector<FlatRange> own = layout_.to_canonical(std::span<const FlatRange>(&c, 1));
+        if (own.empty()) continue;
+        const int64_t at = moment_offset(optimizer, c.begin), len = own[0].size();
+        cm.insert(cm.end(), m.begin() + at, m.begin() + at + len);
+        cv.insert(cv.end(), v.begin() + at, v.begin() + at + len);
+        canonical.push_back(own[0]);
+    }
+    return optimizer_state_save_shard(cm, cv, canonical, dir, comm_.rank(), comm_.size(),
+                                      layout_.used);
+}
+
+Status DataParallel::load_optimizer(AdamWOptimizer& optimizer, const std::string& dir) const {
+    // The arena ranges this rank's moments hold: its chunks (ZeRO-1) or every unit (ZeRO-0).
+    std::vector<FlatRange> mine;
+    for (const FlatRange& r : optimizer.ranges()) {
+        for (const FlatRange& u : layout_.arena) {
+            const FlatRange x{std::max(r.begin, u.begin), std::min(r.end, u.end)};
+            if (x.size() > 0) mine.push_back(x);
+        }
+    }
+    std::vector<FlatRange> canonical;
+    std::vector<int64_t> offsets;  // [i] the moment offset of canonical[i]'s first element
+    for (const FlatRange& r : mine) {
+        const std::vector<FlatRange> c = layout_.to_canonical(std::span<const FlatRange>(&r, 1));
+        if (c.empty()) continue;
+        canonical.push_back(c[0]);
+        offsets.push_back(moment_offset(optimizer, r.begin));
+    }
+    int64_t k = 0;
+    for (const FlatRange& c : canonical) k += c.size();
+    std::vector<float> cm(static_cast<size_t>(k)), cv(static_cast<size_t>(k));
+    LATHE_RETURN_IF_ERROR(optimizer_state_load_ranges(dir, layout_.used, canonical, cm, cv));
+    std::vector<float> m(size_t(optimizer.numel()), 0.0f), v(size_t(optimizer.numel()), 0.0f);
+    int64_t at = 0;
+    for (size_t i = 0; i < canonical.size(); ++i) {
+        const int64_t len = canonical[i].size();
+        std::copy(cm.begin() + at, cm.begin() + at + len, m.begin() + offsets[i]);
+        std::copy(cv.begin() + at, cv.begin() + at + len, v.begin() + offsets[i]);
+        at += len;
+    }
+    optimizer.write_state(m, v);
+    return ok_status();
+}
+
+Status DataParallel::check_checkpoint(const std::string& dir) const {
+    return optimizer_state_check_checkpoint(dir, layout_.used);
 }
 
 double DataParallel::comm_wait_ms() {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 
 #include "core/check.h"
 #include "dist/host_collectives.h"
@@ -39,25 +40,36 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next,
     for (size_t e = 0; e < frozen_.size(); ++e)
         if (frozen_[e]) model_.zero_grad_entry(e);
     TrainStepValues out;
-    out.norm = model_.grad_norm();
+    // Data parallel: this rank's part of the norm (a sum of squares), combined once every rank's
+    // is gathered.
+    const double part = dp_ != nullptr ? dp_->local_grad_sum_of_squares() : 0.0;
+    if (dp_ == nullptr) out.norm = model_.grad_norm();
     read_losses(K);
     out.stop_request = stop_request ? stop_request() : 0;
     double sum = 0.0;
     if (dp_ == nullptr) {
         for (const float l : losses_) sum += l;
     } else {
-        // Every rank's losses and stop request in one gather: rank r's K + 1 values at r (K + 1).
+        // Every rank's losses, stop request and norm part (its fp64 bytes in two slots) in one
+        // gather: rank r's K + 3 values at r (K + 3).
+        const int64_t n = K + 3;
         losses_.push_back(float(out.stop_request));
-        gathered_.resize(size_t(W * (K + 1)));
+        losses_.resize(size_t(n));
+        std::memcpy(&losses_[size_t(K + 1)], &part, sizeof(double));
+        gathered_.resize(size_t(W * n));
         LATHE_RETURN_IF_ERROR(
             all_gather_bytes(dp_->comm(), std::as_bytes(std::span<const float>(losses_)),
                              std::as_writable_bytes(std::span<float>(gathered_)), dp_->stream())
                 .with_context("gathering the step's losses"));
-        losses_.pop_back();
+        losses_.resize(size_t(K));
         for (int64_t k = 0; k < K; ++k)
-            for (int64_t r = 0; r < W; ++r) sum += gathered_[size_t(r * (K + 1) + k)];
-        for (int64_t r = 0; r < W; ++r)
-            out.stop_request = std::max(out.stop_request, int(gathered_[size_t(r * (K + 1) + K)]));
+            for (int64_t r = 0; r < W; ++r) sum += gathered_[size_t(r * n + k)];
+        norms_.resize(size_t(W));
+        for (int64_t r = 0; r < W; ++r) {
+            out.stop_request = std::max(out.stop_request, int(gathered_[size_t(r * n + K)]));
+            std::memcpy(&norms_[size_t(r)], &gathered_[size_t(r * n + K + 1)], sizeof(double));
+        }
+        out.norm = dp_->set_grad_norm(norms_);
         out.comm_wait_ms = dp_->comm_wait_ms();
     }
     out.loss = float(sum / double(W * K));

@@ -22,9 +22,10 @@
 // micro-batches with dloss 1 / (W K); the last one's backward reduces the gradients over the
 // ranks layer by layer; the loss is the mean of all W K micro-batch losses, gathered from every
 // rank and summed (fp64) in the order one process with accumulation W K sees them (rank r's
-// micro-batch k is that process's micro-batch k W + r: run/batch_loader.h), so the loss, the
-// norm and every decision taken on them are the same on every rank. apply() updates the rank's
-// optimizer range and, at ZeRO-1, all-gathers the updated parameters.
+// micro-batch k is that process's micro-batch k W + r: run/batch_loader.h); the norm is
+// combined from each rank's sum of squares over its chunks, gathered with the losses; so the loss,
+// the norm and every decision taken on them are the same on every rank. apply() updates the rank's
+// optimizer ranges and, at ZeRO-1, all-gathers the updated parameters.
 //
 // Ownership: holds references to the model and the optimizer, which must outlive it.
 
@@ -78,6 +79,7 @@ private:
     std::vector<char> frozen_;
     DataParallel* dp_ = nullptr;
     std::vector<float> losses_, gathered_;
+    std::vector<double> norms_;
     std::vector<AdamWSegment> segments_;
 };
 

@@ -335,7 +335,7 @@ Status Trainer::setup() {
     shape.seq_len = s_.seq_len;
     shape.backend = device_.backend();
     shape.recompute = s_.recompute;
-    shape.optimizer_shards = multi() && s_.zero_stage == 1 ? world_.size() : 1;
+    shape.optimizer_shards = multi() ? world_.size() : 1;
     shape.communication_bytes = world_.device_bytes;
     const ParamTable table = model_param_table(s_.model);
     auto plan = memory_plan_make(s_.model, table, shape);
@@ -365,13 +365,13 @@ Status Trainer::setup() {
         LATHE_RETURN_IF_ERROR(
             file_write_atomic((fs::path(request_.run_dir) / kMemoryPlanFile).string(), table));
     }
-    FlatRange range{0, model_->params_flat().numel()};
+    std::vector<FlatRange> ranges{FlatRange{0, model_->params_flat().numel()}};
     if (multi()) {
         LATHE_ASSIGN_OR_RETURN(dp_, DataParallel::create(*model_, *world_.comm, s_.zero_stage));
-        range = dp_->optimizer_range();
+        ranges = dp_->optimizer_ranges();
     }
     LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer,
-                           AdamWOptimizer::create_for(*model_, range, model_->context()));
+                           AdamWOptimizer::create_for(*model_, ranges, model_->context()));
     optimizer_.emplace(std::move(optimizer));
 
     // Frozen parameter groups (train.freeze): an entry is frozen when its name, or every HF
@@ -488,9 +488,13 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     if (!ck.ok()) return ck.status().with_context(dir);
     LATHE_RETURN_IF_ERROR(model_load_hf(*model_, *ck));
     if (!with_optimizer_and_state) return ok_status();
-    // Whatever world wrote it: one file, or one per rank, re-sharded onto this rank's range.
-    LATHE_RETURN_IF_ERROR(optimizer_state_load_checkpoint(
-        *optimizer_, dir, int64_t(model_->params().layout().total_bytes() / sizeof(float))));
+    // Whatever world wrote it: one file, or one per rank, re-sharded onto this rank's ranges.
+    if (dp_) {
+        LATHE_RETURN_IF_ERROR(dp_->load_optimizer(*optimizer_, dir));
+    } else {
+        LATHE_RETURN_IF_ERROR(optimizer_state_load_checkpoint(
+            *optimizer_, dir, int64_t(model_->params().layout().total_bytes() / sizeof(float))));
+    }
     const std::string state_path = (fs::path(dir) / kTrainerStateFile).string();
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(state_path));
     const auto j = nlohmann::json::parse(text, nullptr, false);
@@ -558,10 +562,8 @@ Status Trainer::save_checkpoint() {
             LATHE_RETURN_IF_ERROR(model_save_hf(*model_, dir));
             LATHE_RETURN_IF_ERROR(carried_files_write(tokenizer_files_, dir));
         }
-        const bool sharded = dp_ != nullptr && dp_->zero_stage() == 1;
-        if (sharded) {
-            LATHE_RETURN_IF_ERROR(optimizer_state_save_shard(*optimizer_, dir, world_.rank(),
-                                                             world_.size(), dp_->params_used()));
+        if (dp_) {
+            LATHE_RETURN_IF_ERROR(dp_->save_optimizer(*optimizer_, dir));
         } else if (lead()) {
             LATHE_RETURN_IF_ERROR(
                 optimizer_state_save(*optimizer_, (fs::path(dir) / kOptimizerStateFile).string()));
@@ -586,8 +588,7 @@ Status Trainer::save_checkpoint() {
         published = [&]() -> Status {
             // Every rank's shard is in the folder rank 0 sees (a run folder that only looks
             // shared, e.g. node-local, is caught here, before the checkpoint is published).
-            if (dp_ != nullptr && dp_->zero_stage() == 1)
-                LATHE_RETURN_IF_ERROR(optimizer_state_check_checkpoint(dir, dp_->params_used()));
+            if (dp_ != nullptr) LATHE_RETURN_IF_ERROR(dp_->check_checkpoint(dir));
             LATHE_ASSIGN_OR_RETURN(std::string final_dir, ckpt_->commit(st_.step, s_.keep_last));
             log_info("checkpoint {}", final_dir);
             return ok_status();
