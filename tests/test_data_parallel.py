@@ -302,7 +302,8 @@ def alive(pid):
 # The CPU runs the tests compare: name -> (ranks, accumulation, parallel.zero_stage or None).
 RUNS = {"one_a4": (1, 4, None), "one_a2": (1, 2, None), "one_a6": (1, 6, None),
         "n2_a2_z1": (2, 2, 1), "n2_a2_z1_again": (2, 2, 1), "n2_a2_z0": (2, 2, 0),
-        "n4_a1_z1": (4, 1, 1), "n2_a1_z1": (2, 1, 1), "n3_a2_z1": (3, 2, 1)}
+        "n4_a1_z1": (4, 1, 1), "n2_a1_z1": (2, 1, 1), "n3_a2_z1": (3, 2, 1),
+        "n3_a1_z0": (3, 1, 0), "n3_a1_z1": (3, 1, 1)}
 
 
 @pytest.fixture(scope="module")
@@ -399,8 +400,9 @@ def test_rank_one_writes_only_its_optimizer_shards(corpus, tmp_path):
 
 
 @needs_mpirun
-def test_zero_0_and_1_give_the_same_bits(runs):
-    z0, z1 = runs("n2_a2_z0"), runs("n2_a2_z1")
+@pytest.mark.parametrize("zero0,zero1", [("n2_a2_z0", "n2_a2_z1"), ("n3_a1_z0", "n3_a1_z1")])
+def test_zero_0_and_1_give_the_same_bits(runs, zero0, zero1):
+    z0, z1 = runs(zero0), runs(zero1)
     assert metric_lines(z0, True) == metric_lines(z1, True)
     for step in steps_of(z1):
         a, b = z0 / "checkpoints" / step, z1 / "checkpoints" / step
