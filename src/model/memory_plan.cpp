@@ -149,9 +149,11 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     const int64_t B = shape.batch, T = shape.seq_len, C = c.hidden_size, V = c.vocab_size;
     if (B <= 0) return invalid_argument_error("batch size {} must be positive", B);
     if (T <= 0) return invalid_argument_error("sequence length {} must be positive", T);
-    if (shape.optimizer_shards < 1)
-        return invalid_argument_error("optimizer_shards {} must be positive",
-                                      shape.optimizer_shards);
+    if (shape.unit_shards < 1)
+        return invalid_argument_error("unit_shards {} must be positive", shape.unit_shards);
+    if (shape.optimizer_shards != 1 && shape.optimizer_shards != shape.unit_shards)
+        return invalid_argument_error("optimizer_shards {} must be 1 or unit_shards ({})",
+                                      shape.optimizer_shards, shape.unit_shards);
     if (T > c.max_position_embeddings) {
         // The family's own name for the key, where it has one.
         std::string own_key;
@@ -177,8 +179,8 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
                                                                            : kLmHeadChunkBytes) /
                                           (size_t(V) * sizeof(float))));
     plan.shape.lm_head_chunk_rows = Nc = std::min(Nc, N);
-    plan.shards = shard_layout_make(table, shape.optimizer_shards);
-    if (shape.optimizer_shards == 1) {
+    plan.shards = shard_layout_make(table, shape.unit_shards);
+    if (shape.unit_shards == 1) {
         plan.params = table.layout();
     } else {
         // The table's entries in order, each unit moved to its padded start.

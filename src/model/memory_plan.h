@@ -86,11 +86,14 @@ struct ModelShape {
     bool training = true;
     // The precision of each linear (model/precision_policy.h); kNative everywhere by default.
     PrecisionPolicy precision{};
-    // Ranks W the gradients and the optimizer state are sharded over (data parallel,
-    // run/data_parallel.h). W > 1 pads every unit of the parameter arena (ShardLayout below) with
-    // zeros to a multiple of kShardAlignElements * W, so that each rank's chunk of each unit has
-    // one length and starts on an arena alignment boundary (the gradients and the bf16 copy share
-    // the layout); the plan counts 1/W of the moments. 1: the parameter table's layout as is.
+    // Ranks W of a data-parallel run (run/data_parallel.h). W > 1 pads every unit of the
+    // parameter arena (ShardLayout below) with zeros to a multiple of kShardAlignElements * W, so
+    // that each rank's chunk of each unit has one length and starts on an arena alignment
+    // boundary (the gradients and the bf16 copy share the layout). 1: the parameter table's
+    // layout as is.
+    int unit_shards = 1;
+    // Ranks the AdamW moments are sharded over: the plan counts 1/optimizer_shards of them
+    // (ZeRO-1: unit_shards; 1 where every rank keeps the whole state). 1 or unit_shards.
     int optimizer_shards = 1;
     // Device memory the communicator of a multi-GPU run holds (NCCL's buffers), as measured when
     // it was opened (run/world.h); counted as the plan's `communication` row. 0 for one process.
@@ -170,7 +173,7 @@ struct MemoryPlan {
 
     ModelShape shape;            // lm_head_chunk_rows resolved
     ArenaLayout params;          // also the layout of the gradients and of each AdamW moment
-    ShardLayout shards;          // the units of `params` over shape.optimizer_shards ranks
+    ShardLayout shards;          // the units of `params` over shape.unit_shards ranks
     ArenaLayout params_compute;  // CUDA: params' entries in bf16, element offsets equal to
                                  // params' (empty on the CPU)
     ArenaLayout activations;

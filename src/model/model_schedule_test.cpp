@@ -208,10 +208,18 @@ TEST(ModelSchedule, ShardedPlanPadsEveryUnit) {
             ModelShape shape;
             shape.batch = 2;
             shape.seq_len = 8;
+            shape.unit_shards = W;
             shape.optimizer_shards = W;
             const Result<MemoryPlan> plan = memory_plan_make(c, table, shape);
             ASSERT_TRUE(plan.ok()) << plan.status().to_string();
             const ShardLayout& sl = plan->shards;
+            // Every rank keeping the whole state (ZeRO-0) counts all of the moments.
+            ModelShape whole = shape;
+            whole.optimizer_shards = 1;
+            const Result<MemoryPlan> z0 = memory_plan_make(c, table, whole);
+            ASSERT_TRUE(z0.ok());
+            EXPECT_EQ(z0->params.total_bytes(), plan->params.total_bytes());
+            EXPECT_EQ(z0->optimizer_bytes(), 2 * plan->params.total_bytes());
             ASSERT_EQ(sl.units(), size_t(c.num_layers) + 2);
             EXPECT_EQ(sl.used, used);
             EXPECT_EQ(int64_t(plan->params.total_bytes() / sizeof(float)), sl.total);
@@ -284,7 +292,10 @@ TEST(ModelSchedule, ShardedPlanPadsEveryUnit) {
     ModelShape bad;
     bad.batch = 2;
     bad.seq_len = 8;
-    bad.optimizer_shards = 0;
+    bad.unit_shards = 0;
+    EXPECT_FALSE(memory_plan_make(parse(kGpt2Json), model_param_table(parse(kGpt2Json)), bad).ok());
+    bad.unit_shards = 2;
+    bad.optimizer_shards = 3;
     EXPECT_FALSE(memory_plan_make(parse(kGpt2Json), model_param_table(parse(kGpt2Json)), bad).ok());
 }
 
@@ -297,7 +308,7 @@ TEST(ModelSchedule, ShardedModelComputesTheSameGradients) {
     ModelShape shape;
     shape.batch = 2;
     shape.seq_len = 8;
-    shape.optimizer_shards = 3;
+    shape.unit_shards = 3;
     Result<Model> made = Model::create(c, shape, cpu_context());
     ASSERT_TRUE(made.ok()) << made.status().to_string();
     Model three = std::move(made).value();

@@ -45,8 +45,15 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(Model& model, Communi
     if (comm.size() > 1 && sl.world != comm.size()) {
         return invalid_argument_error(
             "data parallel over {} ranks: the parameter arena's units are padded for {} (create "
-            "the model with ModelShape::optimizer_shards = {})",
+            "the model with ModelShape::unit_shards = {})",
             comm.size(), sl.world, comm.size());
+    }
+    const int want = zero_stage >= 1 ? comm.size() : 1;
+    if (model.plan().shape.optimizer_shards != want) {
+        return invalid_argument_error(
+            "ZeRO-{} over {} ranks: the memory plan counts the moments of {} shards (create the "
+            "model with ModelShape::optimizer_shards = {})",
+            zero_stage, comm.size(), model.plan().shape.optimizer_shards, want);
     }
     std::unique_ptr<DataParallel> dp(new DataParallel(model, comm, zero_stage));
     return dp;

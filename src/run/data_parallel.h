@@ -5,7 +5,7 @@
 // Units and chunks (model/memory_plan.h, ShardLayout): the parameter arena is cut into units
 // (the entries before layer 0, each layer, the entries after the last layer), each padded with
 // zeros to a multiple of kShardAlignElements * W (the model is created with
-// ModelShape::optimizer_shards = W); rank r owns chunk r of every unit.
+// ModelShape::unit_shards = W); rank r owns chunk r of every unit.
 //
 // One step over W ranks, each with K micro-batches (TrainStep drives it, run/train_step.h):
 //
