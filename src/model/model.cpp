@@ -106,8 +106,11 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
     // cuDNN's attention graphs for the planned shape, built now (packed-document graphs and
     // smaller batches build theirs at first use), and the plan made again with the workspace
     // they ask for instead of its estimate: the scratch arena holds it (memory_plan.h).
+    // A model planned for one-token sequences (the inference engine's parameter holder, whose
+    // attention runs over its own KV cache) has no graph to build: cuDNN takes no s_q = s_kv = 1.
     std::vector<cuda::AttentionShape> attention_shapes;
-    if (ctx.backend == Backend::kCuda && cuda::attention_unavailable_reason() == nullptr) {
+    if (ctx.backend == Backend::kCuda && cuda::attention_unavailable_reason() == nullptr &&
+        m.plan_.shape.seq_len > 1) {
         CudaState& state = cuda_state_of(ctx, "model");
         std::vector<int64_t> windows;
         for (int l = 0; l < int(config.num_layers); ++l)
