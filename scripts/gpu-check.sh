@@ -10,7 +10,7 @@
 #
 # PARTs, in the order given (default: doctor tests bench resume, the checked set):
 #   doctor     lathe doctor --json must say gpu_ready
-#   tests      ops_gpu_tests, model_gpu_tests, align_gpu_tests, dist_gpu_tests, optim_gpu_tests: each
+#   tests      ops_gpu_tests, model_gpu_tests, align_gpu_tests, dist_gpu_tests, optim_gpu_tests, infer_gpu_tests: each
 #              must be there and pass every test it ran, with none skipped (on the GPU machine nothing has
 #              a reason to skip; dist_two_gpu_tests needs two GPUs: the dist part runs it)
 #   bench      lathe bench at the training shapes (GPT-2 124M B32 T1024, Llama-1B B8 T2048;
@@ -183,7 +183,7 @@ gtest_verdict() {
 
 part_tests() {
     local t rc
-    for t in ops_gpu_tests model_gpu_tests align_gpu_tests dist_gpu_tests optim_gpu_tests; do
+    for t in ops_gpu_tests model_gpu_tests align_gpu_tests dist_gpu_tests optim_gpu_tests infer_gpu_tests; do
         have "$t" || continue
         timeout "$(limit 300)" "$bin/$t" >"$out/tests_$t.txt" 2>&1
         rc=$?
