@@ -230,3 +230,11 @@ def test_other_errors(tmp_path):
     empty.write_text("\n")
     assert "no prompts" in error_of(["--checkpoint", MODELS / "llama", "--input", empty],
                                     tmp_path)
+
+
+def test_a_broken_chat_template_is_named(tmp_path):
+    folder, _ = with_tokenizer(tmp_path)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% for %}"}))
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"messages": [{"role": "user", "content": "x"}]}])
+    err = error_of(["--checkpoint", folder, "--input", inp], tmp_path)
+    assert "tokenizer_config.json" in err and f"{inp}:1" in err

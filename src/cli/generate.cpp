@@ -78,6 +78,7 @@ Result<std::vector<int32_t>> read_eos_ids(const fs::path& dir) {
 struct Prompting {
     std::optional<Tokenizer> tokenizer;
     std::optional<ChatTemplate> chat;
+    Status chat_error;  // why tokenizer_config.json gave no template, for a chat prompt
     std::string dir;
 };
 
@@ -92,6 +93,7 @@ Result<std::vector<int32_t>> encode_text(const Prompting& p, const std::string& 
 
 Result<std::vector<int32_t>> encode_messages(const Prompting& p,
                                              const nlohmann::ordered_json& messages) {
+    if (!p.chat && !p.chat_error.ok()) return p.chat_error;
     if (!p.chat) {
         return failed_precondition_error(
             "{} has no chat template (tokenizer_config.json with chat_template)", p.dir);
@@ -156,7 +158,10 @@ Status run_generate(const GenerateRequest& r) {
     if (fs::exists(tc)) {
         auto c = ChatTemplate::load(tc.string());
         // A config without a chat template is fine until a chat prompt needs one.
-        if (c.ok()) p.chat.emplace(std::move(*c));
+        if (c.ok())
+            p.chat.emplace(std::move(*c));
+        else
+            p.chat_error = c.status().with_context(tc.string());
     }
 
     // The prompts, each with where it came from.
