@@ -90,6 +90,10 @@ void lathe::CudaState::synchronize_all() const {
     lathe::detail::no_cuda("CudaState::synchronize_all");
 }
 
+void lathe::CudaState::wait_for(CUstream_st*, CUstream_st*) {
+    lathe::detail::no_cuda("CudaState::wait_for");
+}
+
 lathe::CudaState& lathe::cuda_state_of(const Context&, std::string_view) {
     lathe::detail::no_cuda("cuda_state_of");
 }
