@@ -85,7 +85,15 @@ TEST(DType, F16RoundsToNearestEven) {
 }
 
 #if defined(__FLT16_MAX__)
-// The compiler's _Float16 conversion (IEEE round to nearest even) as an independent oracle.
+// The compiler's half type: _Float16, which GCC's C++ has on x86-64 from GCC 12 and on aarch64
+// from GCC 13; before that, aarch64's __fp16 (IEEE binary16 there, converted by fcvt).
+#if defined(__aarch64__) && !defined(__clang__) && __GNUC__ < 13
+using CompilerHalf = __fp16;
+#else
+using CompilerHalf = _Float16;
+#endif
+
+// The compiler's half conversion (IEEE round to nearest even) as an independent oracle.
 TEST(DType, F16AgreesWithTheCompilersFloat16) {
     std::mt19937 rng(7);
     std::uniform_int_distribution<uint32_t> bits;
@@ -95,7 +103,7 @@ TEST(DType, F16AgreesWithTheCompilersFloat16) {
         if (i % 2) x = (x & 0x807FFFFFu) | ((100u + x % 46u) << 23);
         const float f = std::bit_cast<float>(x);
         if (std::isnan(f)) continue;
-        const _Float16 h = static_cast<_Float16>(f);
+        const CompilerHalf h = static_cast<CompilerHalf>(f);
         ASSERT_EQ(float_to_f16(f), std::bit_cast<uint16_t>(h)) << std::hexfloat << f;
     }
 }
