@@ -1,7 +1,9 @@
-// `lathe eval`: model evaluation. `lathe eval loss`: see run/eval_loss.h.
+// `lathe eval`: model evaluation. `lathe eval loss`: see run/eval_loss.h; `lathe eval bpb`:
+// run/eval_bpb.h.
 #include <cstdio>
 
 #include "cli/command.h"
+#include "run/eval_bpb.h"
 #include "run/eval_loss.h"
 
 namespace lathe {
@@ -32,6 +34,26 @@ void cli_add_eval(CLI::App& parent, CommandAction& action) {
         action = [req]() -> Status {
             LATHE_ASSIGN_OR_RETURN(EvalLossResult r, eval_loss_run(*req));
             std::printf("%s\n", eval_loss_json(*req, r).c_str());
+            return ok_status();
+        };
+    });
+    auto bpb_req = std::make_shared<EvalBpbRequest>();
+    CLI::App* bpb = cmd->add_subcommand(
+        "bpb",
+        "Bits per byte of a corpus (.jsonl of {\"text\"} lines, or a text file); prints one "
+        "JSON line {bpb, nats, bytes, tokens, ...}");
+    bpb->add_option("--checkpoint", bpb_req->checkpoint,
+                    "Checkpoint folder with tokenizer.json, a run folder or its checkpoints/")
+        ->required();
+    bpb->add_option("--data", bpb_req->data, "Corpus: FILE.jsonl ({\"text\"} lines) or a text file")
+        ->required();
+    bpb->add_option("--seq-len", bpb_req->seq_len, "T: predictions per window")
+        ->capture_default_str();
+    bpb->add_option("--device", bpb_req->device, "auto | cpu | cuda")->capture_default_str();
+    bpb->callback([bpb_req, &action] {
+        action = [bpb_req]() -> Status {
+            LATHE_ASSIGN_OR_RETURN(EvalBpbResult r, eval_bpb_run(*bpb_req));
+            std::printf("%s\n", eval_bpb_json(*bpb_req, r).c_str());
             return ok_status();
         };
     });

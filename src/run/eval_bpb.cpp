@@ -1,0 +1,147 @@
+#include "run/eval_bpb.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "model/model_io.h"
+#include "model/registry.h"
+#include "run/checkpoint_dir.h"
+#include "run/compute_device.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lathe {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// config.json's bos_token_id, else its eos_token_id (the first of a list).
+Result<int32_t> prefix_token(const fs::path& dir) {
+    const fs::path path = dir / "config.json";
+    std::ifstream in(path);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded()) return invalid_argument_error("{}: not valid JSON", path.string());
+    for (const char* key : {"bos_token_id", "eos_token_id"}) {
+        if (!j.contains(key)) continue;
+        const nlohmann::json& v = j[key];
+        if (v.is_number_integer()) return v.get<int32_t>();
+        if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int32_t>();
+    }
+    return invalid_argument_error(
+        "{}: neither bos_token_id nor eos_token_id is set (bpb predicts a document's first token "
+        "from one of them)",
+        path.string());
+}
+
+Result<std::vector<std::string>> read_documents(const std::string& data) {
+    std::ifstream in(data, std::ios::binary);
+    if (!in) return not_found_error("--data {}: cannot open", data);
+    std::vector<std::string> docs;
+    if (fs::path(data).extension() != ".jsonl") {
+        std::ostringstream all;
+        all << in.rdbuf();
+        docs.push_back(all.str());
+        return docs;
+    }
+    std::string line;
+    for (int64_t n = 1; std::getline(in, line); ++n) {
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object() || !j.contains("text") || !j["text"].is_string())
+            return invalid_argument_error("{}:{}: expected {{\"text\": \"...\"}}", data, n);
+        docs.push_back(j["text"].get<std::string>());
+    }
+    return docs;
+}
+
+}  // namespace
+
+Result<EvalBpbResult> eval_bpb_run(const EvalBpbRequest& r) {
+    if (r.seq_len < 1) return invalid_argument_error("--seq-len must be >= 1, got {}", r.seq_len);
+    const Result<fs::path> resolved = resolve_checkpoint(r.checkpoint);
+    if (!resolved.ok()) return resolved.status().with_context("--checkpoint");
+    const fs::path dir = *resolved;
+    if (!fs::exists(dir / "tokenizer.json"))
+        return failed_precondition_error("--checkpoint {}: no tokenizer.json", dir.string());
+    auto tok = Tokenizer::load((dir / "tokenizer.json").string());
+    if (!tok.ok()) return tok.status().with_context("--checkpoint");
+    LATHE_ASSIGN_OR_RETURN(const int32_t prefix, prefix_token(dir));
+    auto config = model_config_from_hf_file(dir.string());
+    if (!config.ok()) return config.status().with_context("--checkpoint");
+    if (r.seq_len > config->max_position_embeddings) {
+        return invalid_argument_error("--seq-len {} exceeds the model's max_position_embeddings {}",
+                                      r.seq_len, config->max_position_embeddings);
+    }
+    LATHE_ASSIGN_OR_RETURN(std::vector<std::string> docs, read_documents(r.data));
+    EvalBpbResult out;
+    out.checkpoint = dir.string();
+    out.documents = int64_t(docs.size());
+    for (const std::string& d : docs) out.bytes += int64_t(d.size());
+    if (out.bytes == 0) return invalid_argument_error("--data {}: no text", r.data);
+
+    const int64_t T = r.seq_len;
+    ModelShape shape;
+    shape.batch = 1;
+    shape.seq_len = T;
+    shape.training = false;
+    LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
+    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(*config, shape, device.context()));
+    {
+        auto ck = SafetensorsCheckpoint::open(dir.string());
+        if (!ck.ok()) return ck.status().with_context("--checkpoint");
+        LATHE_RETURN_IF_ERROR(model_load_hf(model, *ck));
+    }
+    std::vector<int32_t> tokens(static_cast<size_t>(T)), targets(static_cast<size_t>(T));
+    for (size_t d = 0; d < docs.size(); ++d) {
+        LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->encode(docs[d], false));
+        if (ids.empty()) continue;
+        std::vector<int32_t> s;
+        s.reserve(ids.size() + 1);
+        s.push_back(prefix);
+        s.insert(s.end(), ids.begin(), ids.end());
+        for (int32_t id : s) {
+            if (id < 0 || id >= config->vocab_size) {
+                return invalid_argument_error(
+                    "--data {}: document {} encodes to id {}, outside the model's vocabulary ({})",
+                    r.data, d + 1, id, config->vocab_size);
+            }
+        }
+        for (int64_t w = 0; w * T + 1 < int64_t(s.size()); ++w) {
+            const int64_t n = std::min<int64_t>(T, int64_t(s.size()) - 1 - w * T);
+            std::fill(tokens.begin(), tokens.end(), 0);
+            std::fill(targets.begin(), targets.end(), -100);
+            std::copy_n(s.begin() + w * T, n, tokens.begin());
+            std::copy_n(s.begin() + w * T + 1, n, targets.begin());
+            ModelBatch batch;
+            batch.tokens = ConstTensorView(tokens.data(), DType::kI32, Shape{1, T});
+            batch.targets = ConstTensorView(targets.data(), DType::kI32, Shape{1, T});
+            out.nats += double(model.forward(batch)) * double(n);
+            out.tokens += n;
+        }
+    }
+    out.bpb = out.nats / (std::log(2.0) * double(out.bytes));
+    return out;
+}
+
+std::string eval_bpb_json(const EvalBpbRequest& request, const EvalBpbResult& result) {
+    nlohmann::ordered_json j;
+    j["bpb"] = result.bpb;
+    j["nats"] = result.nats;
+    j["bytes"] = result.bytes;
+    j["tokens"] = result.tokens;
+    j["documents"] = result.documents;
+    j["seq_len"] = request.seq_len;
+    j["device"] = request.device;
+    j["checkpoint"] = result.checkpoint;
+    j["data"] = request.data;
+    return j.dump();
+}
+
+}  // namespace lathe
