@@ -269,6 +269,12 @@ Status InferenceEngine::prefill(SeqId seq, std::span<const int32_t> tokens,
         const TensorView pos = scratch(ix_.positions, Shape{1, T});
         upload(tok, tokens.subspan(begin, size_t(T)));
         upload(pos, host_pos_);
+        // A one-token chunk attends through attention_decode, which reads the row's length.
+        const TensorView one_length = scratch(ix_.lengths, Shape{1});
+        if (T == 1) {
+            host_len_.assign(1, int32_t(pos0 + 1));
+            upload(one_length, host_len_);
+        }
         auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q,
                           const TensorView& att, const TensorView& lse, const LinearSpec& spec,
                           ConstTensorView positions) {
@@ -281,6 +287,13 @@ Status InferenceEngine::prefill(SeqId seq, std::span<const int32_t> tokens,
             if (cfg.position == PositionKind::kRope) {
                 rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
                                 scratch_.view(ix_.rope_sin), ctx_);
+            }
+            if (T == 1) {
+                // One query: the decode kernel over the row (cuDNN takes no one-by-one graph).
+                attention_decode(att, lse, q, cache_.keys(l, row, 0, limits_.max_len),
+                                 cache_.values(l, row, 0, limits_.max_len), one_length,
+                                 cfg.window(l), scale, ctx_);
+                return;
             }
             attention_forward(att, lse, q, cache_.keys(l, row, 0, pos0 + T),
                               cache_.values(l, row, 0, pos0 + T), ConstTensorView(), cfg.window(l),

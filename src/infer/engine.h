@@ -7,7 +7,8 @@
 //                               sequence at positions len..len+T-1, in chunks of at most
 //                               prefill_chunk tokens: each chunk's keys/values are written into
 //                               the cache row, its queries attend to the row's filled prefix
-//                               (attention_forward at q_offset = len); logits of the last token.
+//                               (attention_forward at q_offset = len; a one-token chunk
+//                               through attention_decode); logits of the last token.
 //   decode(steps)               one token for every open sequence at once, each at its own
 //                               position: the new keys/values are written at each row's length,
 //                               attention_decode reads each row up to its length; one logits row

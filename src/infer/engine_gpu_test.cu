@@ -133,7 +133,7 @@ TEST_P(EngineGpu, TwoSequencesTeacherForcedLogitsWithinBf16Bound) {
     Model gpu_model = make_model(f, state_->context());
     InferenceEngine cpu = make_engine(cpu_model, 2), gpu = make_engine(gpu_model, 2);
     const int32_t* t = f.ref("tokens").as<int32_t>();
-    const int64_t lens[2] = {3, 7};
+    const int64_t lens[2] = {1, 7};  // 1: a one-token prefill (attention_decode)
     for (InferenceEngine* e : {&cpu, &gpu}) {
         for (int i = 0; i < 2; ++i) {
             const SeqId s = *e->open();

@@ -93,9 +93,9 @@ TEST_P(EngineParity, SequencesOfDifferentLengthsShareDecodeSteps) {
     lim.prefill_chunk = 8;
     Result<InferenceEngine> e = InferenceEngine::create(L.model, lim);
     ASSERT_TRUE(e.ok()) << e.status().to_string();
-    // Three copies of the sequence at prompt lengths 2, 5 and 3; all step together; the second
+    // Three copies of the sequence at prompt lengths 1, 5 and 3; all step together; the second
     // leaves after two steps (the third's row moves into its place).
-    const int64_t starts[3] = {2, 5, 3};
+    const int64_t starts[3] = {1, 5, 3};  // 1: a one-token prompt
     SeqId seq[3];
     int64_t pos[3];
     std::vector<float> one(static_cast<size_t>(V));
