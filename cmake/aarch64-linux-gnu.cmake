@@ -26,8 +26,11 @@ set(ENV{PKG_CONFIG_PATH} "")
 
 # Test executables (gtest_discover_tests lists each binary's tests at build time) and
 # try_run results run under qemu-user.
+# OPENBLAS_NUM_THREADS=1: OpenBLAS's thread pool hangs at start-up under qemu-user (lathe runs
+# its BLAS single-threaded anyway).
 find_program(LATHE_QEMU_AARCH64 NAMES qemu-aarch64-static qemu-aarch64 REQUIRED)
-set(CMAKE_CROSSCOMPILING_EMULATOR ${LATHE_QEMU_AARCH64};-L;/usr/${LATHE_CROSS_TRIPLE})
+set(CMAKE_CROSSCOMPILING_EMULATOR
+    env;OPENBLAS_NUM_THREADS=1;${LATHE_QEMU_AARCH64};-L;/usr/${LATHE_CROSS_TRIPLE})
 
 # No CUDA in a cross build: the aarch64 CUDA backend is built natively with the sbsa toolkit.
 set(LATHE_CUDA OFF CACHE BOOL "" FORCE)
