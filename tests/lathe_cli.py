@@ -46,6 +46,14 @@ data:
   seq_length: 16
 """
 
+def train_cmd(corpus, run_dir, *sets):
+    """The arguments of `lathe train CORPUS/tiny.yaml --run-dir RUN_DIR --set S...`."""
+    args = ["train", corpus / "tiny.yaml", "--run-dir", run_dir]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
 def run(args, check=True, timeout=600, **kw):
     """`lathe ARGS` (each argument str()-ed), output captured as text; with check, a non-zero exit
     raises AssertionError naming the command, its exit code and its stderr."""

@@ -4,22 +4,9 @@ and what to choose (run/train_settings.cpp through model/fp8_state.h's fp8_setti
 import pytest
 
 from corpus import write_gcide_jsonl
-from lathe_cli import run, tokenize_corpus
+from lathe_cli import TINY_MODEL_2L, run, tokenize_corpus, train_cmd
 
-TINY = """
-model:
-  family: llama
-  hidden_size: 48
-  intermediate_size: 96
-  num_hidden_layers: 2
-  num_attention_heads: 4
-  num_key_value_heads: 2
-  max_position_embeddings: 64
-  tie_word_embeddings: true
-data:
-  split: "90,10,0"
-  seq_length: 32
-train:
+TINY = TINY_MODEL_2L + """train:
   steps: 2
   micro_batch_size: 2
   threads: 2
@@ -33,13 +20,6 @@ def corpus(tmp_path_factory):
     tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 384)
     (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
     return d
-
-
-def train_cmd(corpus, run_dir, *sets):
-    args = ["train", corpus / "tiny.yaml", "--run-dir", run_dir]
-    for s in sets:
-        args += ["--set", s]
-    return args
 
 
 @pytest.mark.parametrize("sets,needle", [

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from corpus import write_gcide_jsonl
-from lathe_cli import LATHE, run, tokenize_corpus, wait_for_step
+from lathe_cli import LATHE, run, tokenize_corpus, train_cmd, wait_for_step
 
 
 TINY = """
@@ -59,13 +59,6 @@ def corpus(tmp_path_factory):
     tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 384)
     (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
     return d
-
-
-def train_cmd(corpus, run_dir, *sets):
-    args = ["train", corpus / "tiny.yaml", "--run-dir", run_dir]
-    for s in sets:
-        args += ["--set", s]
-    return args
 
 
 def metric_lines(run_dir):
