@@ -22,7 +22,6 @@
 #include "data/line_output.h"
 #include "infer/engine.h"
 #include "infer/generate.h"
-#include "io/safetensors.h"
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"
@@ -226,12 +225,8 @@ Status run_generate(const GenerateRequest& r) {
     shape.seq_len = 1;
     shape.training = false;
     LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
-    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(*config, shape, device.context()));
-    {
-        auto ck = SafetensorsCheckpoint::open(dir.string());
-        if (!ck.ok()) return ck.status().with_context("--checkpoint");
-        LATHE_RETURN_IF_ERROR(model_load_hf(model, *ck));
-    }
+    LATHE_ASSIGN_OR_RETURN(Model model,
+                           model_create_loaded(*config, shape, device.context(), dir.string()));
     EngineLimits limits;
     limits.max_sequences = o.batch_size;
     limits.max_len = max_len;

@@ -32,6 +32,15 @@ std::string checkpoint_where(const SafetensorsCheckpoint& ckpt) {
 
 }  // namespace
 
+Result<Model> model_create_loaded(const ModelConfig& config, const ModelShape& shape,
+                                  const Context& ctx, const std::string& dir) {
+    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(config, shape, ctx));
+    auto ck = SafetensorsCheckpoint::open(dir);
+    if (!ck.ok()) return ck.status().with_context("--checkpoint");
+    LATHE_RETURN_IF_ERROR(model_load_hf(model, *ck));
+    return model;
+}
+
 Status model_load_hf(Model& model, const SafetensorsCheckpoint& ckpt) {
     const ModelConfig& config = model.config();
     const ParamTable& table = model.params();

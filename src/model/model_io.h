@@ -14,10 +14,10 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "model/model.h"
 
 namespace lathe {
 
-class Model;
 class SafetensorsCheckpoint;
 
 // Loads every parameter of `model` from `checkpoint` (f32, bf16 or f16 tensors, converted to
@@ -26,6 +26,13 @@ class SafetensorsCheckpoint;
 // wrong shape, an unsupported dtype. Tensors the model does not use are listed in a warning,
 // except known buffers (ModelFamily::ignored_suffixes).
 Status model_load_hf(Model& model, const SafetensorsCheckpoint& checkpoint);
+
+// A model of `config` for `shape` on `ctx`, its parameters loaded from the safetensors of the
+// checkpoint folder `dir` (model_load_hf): what every command that evaluates or generates from a
+// checkpoint starts with. Errors: Model::create's, and the checkpoint's with "--checkpoint" as
+// context.
+Result<Model> model_create_loaded(const ModelConfig& config, const ModelShape& shape,
+                                  const Context& ctx, const std::string& dir);
 
 // Writes `dir`/model.safetensors with the HF names, stored shapes and layouts (f32), and
 // `dir`/config.json (the config's JSON with torch_dtype float32). `dir` must exist.

@@ -8,7 +8,6 @@
 #include <sstream>
 #include <vector>
 
-#include "io/safetensors.h"
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"
@@ -92,12 +91,8 @@ Result<EvalBpbResult> eval_bpb_run(const EvalBpbRequest& r) {
     shape.seq_len = T;
     shape.training = false;
     LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
-    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(*config, shape, device.context()));
-    {
-        auto ck = SafetensorsCheckpoint::open(dir.string());
-        if (!ck.ok()) return ck.status().with_context("--checkpoint");
-        LATHE_RETURN_IF_ERROR(model_load_hf(model, *ck));
-    }
+    LATHE_ASSIGN_OR_RETURN(Model model,
+                           model_create_loaded(*config, shape, device.context(), dir.string()));
     std::vector<int32_t> tokens(static_cast<size_t>(T)), targets(static_cast<size_t>(T));
     for (size_t d = 0; d < docs.size(); ++d) {
         LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->encode(docs[d], false));

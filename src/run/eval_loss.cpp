@@ -12,7 +12,6 @@
 #endif
 
 #include "data/gpt2_dataset.h"
-#include "io/safetensors.h"
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"
@@ -46,12 +45,8 @@ Result<EvalLossResult> eval_loss_run(const EvalLossRequest& r) {
     shape.seq_len = T;
     shape.training = false;  // forward only: no gradients
     LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
-    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(*config, shape, device.context()));
-    {
-        auto ck = SafetensorsCheckpoint::open(checkpoint);
-        if (!ck.ok()) return ck.status().with_context("--checkpoint");
-        LATHE_RETURN_IF_ERROR(model_load_hf(model, *ck));
-    }
+    LATHE_ASSIGN_OR_RETURN(Model model,
+                           model_create_loaded(*config, shape, device.context(), checkpoint));
     auto docs = open_indexed_token_documents(r.data);
     if (!docs.ok()) return docs.status().with_context("--data");
     const TokenDocuments& file = **docs;
