@@ -100,7 +100,7 @@ for lib in "$stage/$name/lib"/*; do
 done
 
 libs=$(sed 's/^/  /' "$stage/libs.txt")
-glibc=$(ldd --version 2>/dev/null | head -1 | sed 's/.* //')
+glibc=$(ldd --version 2>/dev/null | sed -n '1s/.* //p')
 cuda_needed=$(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(lib\(cuda\|cublas\|cudnn\|nccl\|nvrtc\)[^]]*\)\]/    \1/p')
 if [ -n "$cuda_needed" ]; then
   provides="  the NVIDIA driver, and these libraries of the CUDA toolkit, cuDNN 9 and NCCL (a GPU
