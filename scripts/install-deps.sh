@@ -16,6 +16,8 @@ DEB_PACKAGES=(
   libzstd-dev zlib1g-dev libsimdjson-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev zstd clang-format libopenmpi-dev openmpi-bin
   libprotobuf-dev protobuf-compiler libboost-dev
+  # libcpp-httplib-dev: the HTTP server of `lathe serve` (header-only).
+  libcpp-httplib-dev
   # patchelf: scripts/package.sh points the tarball's binary and libraries at its own lib/.
   patchelf
   # chromium: tests/test_report.py renders the page of `lathe report` headless to a PNG.
@@ -26,7 +28,8 @@ DEB_PACKAGES=(
 # torch: transformers' model classes need it, and the runtime-parity tests load lathe's converted
 # checkpoints with them (tests/test_convert.py, tests/test_align_map_apply.py).
 # tensorboard: tests/test_tensorboard.py reads lathe's event files back with its EventAccumulator.
-PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard transformers torch tensorboard)
+# openai: tests/test_serve.py talks to `lathe serve` through the OpenAI Python client.
+PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard transformers torch tensorboard openai)
 
 # The aarch64 cross build (cmake/aarch64-linux-gnu.cmake, CPU only): the libraries lathe links, for
 # arm64 through multiarch; header-only ones (nlohmann-json, CLI11) are architecture-independent and
