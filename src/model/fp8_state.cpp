@@ -108,6 +108,12 @@ int64_t fp8_gemms_per_step(int64_t layers, const Fp8Settings& s, int64_t micro_b
     return (layers * kFp8LinearsPerLayer + (s.lm_head ? 1 : 0)) * 3 * micro_batches;
 }
 
+int64_t fp8_gemms_per_step(int64_t layers, const Fp8Settings& s, int64_t micro_batches,
+                           bool full_recompute) {
+    return fp8_gemms_per_step(layers, s, micro_batches) +
+           (full_recompute ? layers * kFp8LinearsPerLayer * micro_batches : 0);
+}
+
 Fp8ScalingState::Fp8ScalingState(std::vector<DType> dtypes, int history, Fp8AmaxReduction reduction)
     : dtypes_(std::move(dtypes)),
       history_(history),

@@ -155,5 +155,9 @@ struct Fp8GemmCounter {
 // FP8 GEMMs one optimizer step runs: 3 per FP8 linear per micro-batch (forward, dx, dW), six
 // linears a layer plus the head with fp8.lm_head.
 int64_t fp8_gemms_per_step(int64_t layers, const Fp8Settings& s, int64_t micro_batches);
+// The same when the backward runs each layer's forward again (full activation recompute,
+// memory_plan.h): one more forward GEMM per block linear per micro-batch.
+int64_t fp8_gemms_per_step(int64_t layers, const Fp8Settings& s, int64_t micro_batches,
+                           bool full_recompute);
 
 }  // namespace lathe

@@ -41,6 +41,31 @@ std::optional<Recompute> recompute_from_name(std::string_view name) {
     return std::nullopt;
 }
 
+bool precision_has_fp8(const PrecisionPolicy& p) {
+    for (LinearPrecision x : p.linear)
+        if (x != LinearPrecision::kNative) return true;
+    return false;
+}
+
+Fp8LinearDims fp8_linear_dims(const ModelConfig& c, Fp8Linear l) {
+    const int64_t C = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+    const int64_t F = c.intermediate_size, up = c.mlp == MlpKind::kSwiGlu ? 2 * F : F;
+    switch (l) {
+        case Fp8Linear::kQ:
+            return {C, q};
+        case Fp8Linear::kK:
+        case Fp8Linear::kV:
+            return {C, kv};
+        case Fp8Linear::kAttnOut:
+            return {q, C};
+        case Fp8Linear::kMlpUp:
+            return {C, up};
+        case Fp8Linear::kMlpDown:
+            return {F, C};
+    }
+    return {};
+}
+
 size_t memory_plan_attention_workspace_estimate(const ModelConfig& c, int64_t B, int64_t T) {
     const size_t key_blocks = size_t((T + 127) / 128);
     const size_t rows = size_t(B) * size_t(c.num_heads) * size_t(T);       // (b, h, t)
@@ -308,6 +333,40 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
         plan.attention_offset = dead_begin;
         plan.attention_bytes = scr.total_bytes() - dead_begin;
     }
+    if (shape.backend == Backend::kCuda && precision_has_fp8(shape.precision)) {
+        // The fp8 buffers (memory_plan.h). Per layer and linear: wq (O, I), wqt (I, O) E4M3 and
+        // xqt (I, N) E4M3; shared: xq / dyq, dyqt; then the scalars and the delayed state.
+        ArenaLayout& f8 = plan.fp8;
+        int64_t q_scratch = 0, dyqt = 0;
+        plan.fp8_linears.resize(size_t(c.num_layers));
+        for (int64_t l = 0; l < c.num_layers; ++l) {
+            for (int64_t i = 0; i < kFp8LinearsPerLayer; ++i) {
+                const Fp8Linear lin = Fp8Linear(i);
+                const LinearRole role = fp8_linear_role(lin);
+                if (shape.precision.of(role) == LinearPrecision::kNative) continue;
+                const auto [I, O] = fp8_linear_dims(c, lin);
+                static constexpr const char* kNames[] = {"q",        "k",      "v",
+                                                         "attn_out", "mlp_up", "mlp_down"};
+                const std::string name = fmt::format("layers.{}.fp8.{}", l, kNames[i]);
+                Fp8LinearEntries& e = plan.fp8_linears[size_t(l)][size_t(i)];
+                e.wq = add_entry(f8, name + ".wq", DType::kE4M3, Shape{O, I});
+                e.wqt = add_entry(f8, name + ".wqt", DType::kE4M3, Shape{I, O});
+                e.xqt = add_entry(f8, name + ".xqt", DType::kE4M3, Shape{I, N});
+                e.scalars_offset = (l * kFp8LinearsPerLayer + i) * 24;
+                q_scratch = std::max({q_scratch, N * I, N * O});
+                dyqt = std::max(dyqt, N * O);
+            }
+        }
+        plan.fp8_q_scratch = add_entry(f8, "fp8.xq_dyq", DType::kU8, Shape{q_scratch});
+        plan.fp8_dyqt = add_entry(f8, "fp8.dyqt", DType::kU8, Shape{dyqt});
+        plan.fp8_scalars = add_entry(f8, "fp8.scalars", DType::kF32,
+                                     Shape{c.num_layers * kFp8LinearsPerLayer * 24});
+        if (shape.fp8.recipe == Fp8Recipe::kDelayed) {
+            const int64_t n = fp8_tensor_count(c.num_layers, shape.fp8);
+            plan.fp8_scales = add_entry(f8, "fp8.scales", DType::kF32, Shape{n});
+            plan.fp8_step_amax = add_entry(f8, "fp8.step_amax", DType::kF32, Shape{n});
+        }
+    }
     return plan;
 }
 
@@ -326,15 +385,33 @@ std::string MemoryPlan::table(std::string_view title) const {
         {"optimizer state (AdamW m, v)", optimizer_bytes()},
         {"activations", activation_bytes()},
         {"scratch", scratch_bytes()},
+        {"fp8 buffers (codes, scales)", fp8_bytes()},
         {"runtime (CUDA workspaces)", runtime},
         {"communication (NCCL)", communication},
     };
     for (const auto& [name, bytes] : rows) {
-        if (bytes == 0 && std::string_view(name) == "communication (NCCL)") continue;
+        if (bytes == 0 && (std::string_view(name) == "communication (NCCL)" ||
+                           std::string_view(name) == "fp8 buffers (codes, scales)"))
+            continue;
         out += fmt::format("  {:<30} {:>16} B  {:>12}\n", name, bytes, format_bytes(bytes));
     }
     out += fmt::format("  {:<30} {:>16} B  {:>12}\n", "total", total_bytes(),
                        format_bytes(total_bytes()));
+    if (fp8_bytes() > 0) {
+        size_t weights = 0, inputs = 0, linears = 0;
+        for (const auto& layer : fp8_linears)
+            for (const Fp8LinearEntries& e : layer) {
+                if (e.wq == kNoEntry) continue;
+                ++linears;
+                weights += fp8.entries()[e.wq].bytes + fp8.entries()[e.wqt].bytes;
+                inputs += fp8.entries()[e.xqt].bytes;
+            }
+        out += fmt::format(
+            "  fp8 buffers: {} linears ({}): weight codes and transposes {}, saved input codes "
+            "{}, shared cast scratch and scalars {}\n",
+            linears, fp8_recipe_name(shape.fp8.recipe), format_bytes(weights), format_bytes(inputs),
+            format_bytes(fp8_bytes() - weights - inputs));
+    }
     if (attention_workspace > 0)
         out += fmt::format(
             "  cuDNN's attention workspace ({}) shares {} of scratch with buffers dead during "

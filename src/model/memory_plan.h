@@ -23,6 +23,14 @@
 //                     what it needs beyond them.
 //   runtime           CUDA only: the buffers the CudaState owns (cuBLASLt workspace, op scratch,
 //                     attention buffers it had to grow itself, such as the docs mask)
+//   fp8 buffers       CUDA with fp8 linear roles only (ModelShape::precision): each FP8 linear's
+//                     Fp8LinearBuffers (ops/linear.h): per layer and linear the weight's codes
+//                     and their transpose (rewritten once per optimizer step) and the transposed
+//                     input codes xqt (written by the forward, read by the layer's backward, so
+//                     one per layer); shared by all linears the forward's xq and the backward's
+//                     dyq (one buffer: never live at once) and dyqt; the 24 scalars of each
+//                     linear; with delayed scaling the scales and the step's amaxes of every
+//                     scaled tensor (fp8_tensor_index order)
 //
 // Dtypes follow the backend (ModelShape::backend): on the CPU reference every float entry is f32;
 // on CUDA activations, their gradients and the compute copy of the weights are bf16 while master
@@ -30,6 +38,7 @@
 // logits chunk stay f32 (docs/CUDA.md, "Storage policy"). Activation names: "layers.{l}.{name}"
 // with the names of block_acts_for_each, and "embed.*", "final.*", "lm_head.*", "input.*".
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -40,6 +49,7 @@
 
 #include "core/arena.h"
 #include "core/status.h"
+#include "model/fp8_state.h"
 #include "model/model_config.h"
 #include "model/param_table.h"
 #include "model/precision_policy.h"
@@ -95,6 +105,9 @@ struct ModelShape {
     // Ranks the AdamW moments are sharded over: the plan counts 1/optimizer_shards of them
     // (ZeRO-1: unit_shards; 1 where every rank keeps the whole state). 1 or unit_shards.
     int optimizer_shards = 1;
+    // The fp8 recipe of the policy's fp8 roles (model/fp8_state.h): gradient format, delayed
+    // scaling. Read only when a role is fp8.
+    Fp8Settings fp8{};
     // Device memory the communicator of a multi-GPU run holds (NCCL's buffers), as measured when
     // it was opened (run/world.h); counted as the plan's `communication` row. 0 for one process.
     size_t communication_bytes = 0;
@@ -168,6 +181,21 @@ constexpr DType activation_dtype(Backend backend) {
     return backend == Backend::kCuda ? DType::kBF16 : DType::kF32;
 }
 
+// Whether `p` has a linear role in fp8.
+bool precision_has_fp8(const PrecisionPolicy& p);
+
+// The (I, O) of FP8 linear `l` of a block of `config`: its input and output widths.
+struct Fp8LinearDims {
+    int64_t in = 0, out = 0;
+};
+Fp8LinearDims fp8_linear_dims(const ModelConfig& config, Fp8Linear l);
+
+// Entry indices into MemoryPlan::fp8 of one FP8 linear (kNoEntry for a native one).
+struct Fp8LinearEntries {
+    size_t wq = size_t(-1), wqt = size_t(-1), xqt = size_t(-1);
+    int64_t scalars_offset = -1;  // its 24 f32 in the "fp8.scalars" entry, in floats
+};
+
 struct MemoryPlan {
     static constexpr size_t kNoEntry = size_t(-1);
 
@@ -206,8 +234,16 @@ struct MemoryPlan {
     size_t attention_workspace = 0;  // bytes the workspace needs (shape's, or the estimate)
     size_t attention_offset = 0, attention_bytes = 0;
     size_t attention_shared = 0;  // of the workspace's bytes, those the dead buffers hold
-    size_t runtime = 0;           // bytes of backend buffers outside the arenas (CUDA: CudaState's)
-    size_t communication = 0;     // the communicator's device memory (shape.communication_bytes)
+    // CUDA with fp8 roles: the fp8 buffers' arena (file comment) and its entries; empty else.
+    ArenaLayout fp8;
+    std::vector<std::array<Fp8LinearEntries, kFp8LinearsPerLayer>> fp8_linears;  // [layer][l]
+    size_t fp8_q_scratch = kNoEntry;  // (max N I, N O) bytes: xq of a forward, dyq of a backward
+    size_t fp8_dyqt = kNoEntry;       // (max O N) bytes
+    size_t fp8_scalars = kNoEntry;    // (L * 6 * 24) f32
+    size_t fp8_scales = kNoEntry;     // delayed: (fp8_tensor_count) f32, the casts' scales
+    size_t fp8_step_amax = kNoEntry;  // delayed: (fp8_tensor_count) f32, the step's amaxes
+    size_t runtime = 0;        // bytes of backend buffers outside the arenas (CUDA: CudaState's)
+    size_t communication = 0;  // the communicator's device memory (shape.communication_bytes)
 
     size_t parameter_bytes() const { return params.total_bytes() + params_compute.total_bytes(); }
     size_t gradient_bytes() const { return shape.training ? params.total_bytes() : 0; }
@@ -216,9 +252,10 @@ struct MemoryPlan {
     }
     size_t activation_bytes() const { return activations.total_bytes(); }
     size_t scratch_bytes() const { return scratch.total_bytes(); }
+    size_t fp8_bytes() const { return fp8.total_bytes(); }
     size_t total_bytes() const {
         return parameter_bytes() + gradient_bytes() + optimizer_bytes() + activation_bytes() +
-               scratch_bytes() + runtime + communication;
+               scratch_bytes() + fp8_bytes() + runtime + communication;
     }
 
     // The printable table, one row per category with bytes and a human-readable size, then the

@@ -97,7 +97,51 @@ void ModelArena::zero_entry(size_t index) {
 
 // ---- Model: creation and parameters ----
 
+Status model_check_fp8(const ModelConfig& config, const ModelShape& shape) {
+    const PrecisionPolicy& p = shape.precision;
+    if (!precision_has_fp8(p)) return ok_status();
+    for (LinearPrecision x : p.linear)
+        if (x == LinearPrecision::kFp8Blockwise)
+            return unimplemented_error(
+                "fp8.recipe: blockwise: ops/linear has no blockwise fp8 GEMM in this build; "
+                "use fp8.recipe: tensorwise or delayed");
+    if (p.of(LinearRole::kLmHead) != LinearPrecision::kNative)
+        return unimplemented_error(
+            "fp8.lm_head: true: the LM head's fused GEMMs (lm_head_cross_entropy) have no fp8 "
+            "kernel in this build; set fp8.lm_head: false");
+    if (config.mlp != MlpKind::kSwiGlu && (p.of(LinearRole::kMlpUp) != LinearPrecision::kNative ||
+                                           p.of(LinearRole::kMlpDown) != LinearPrecision::kNative))
+        return unimplemented_error(
+            "fp8: {}'s GELU MLP runs its GEMMs fused with the GELU (linear_gelu_*), which have no "
+            "fp8 kernel; fp8 training needs a gated (SwiGLU) MLP: Llama, Mistral, Qwen2",
+            config.model_type);
+    // cuBLASLt's FP8 GEMMs: every leading dimension a multiple of 16 (ops/cuda/fp8_linear.h).
+    const int64_t N = shape.batch * shape.seq_len;
+    if (N % 16 != 0)
+        return invalid_argument_error(
+            "fp8: the batch's tokens (micro-batch {} x sequence length {} = {}) must be a "
+            "multiple of 16 for the FP8 GEMMs",
+            shape.batch, shape.seq_len, N);
+    for (int64_t i = 0; i < kFp8LinearsPerLayer; ++i) {
+        const Fp8Linear l = Fp8Linear(i);
+        if (p.of(fp8_linear_role(l)) == LinearPrecision::kNative) continue;
+        const auto [I, O] = fp8_linear_dims(config, l);
+        if (I % 16 != 0 || O % 16 != 0)
+            return invalid_argument_error(
+                "fp8: the {} linear of {} is {} x {} (in x out); the FP8 GEMMs need both a "
+                "multiple of 16",
+                linear_role_name(fp8_linear_role(l)), config.model_type, I, O);
+    }
+    return ok_status();
+}
+
 Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const Context& ctx) {
+    if (precision_has_fp8(shape.precision) && ctx.backend != Backend::kCuda)
+        return failed_precondition_error(
+            "fp8 linears run on the CUDA backend (a GPU with FP8 tensor cores); this model "
+            "computes on the {} backend: train in bf16 there, or on such a GPU",
+            backend_name(ctx.backend));
+    LATHE_RETURN_IF_ERROR(model_check_fp8(config, shape));
     Model m;
     m.table_ = model_param_table(config);
     ModelShape planned = shape;
@@ -161,6 +205,45 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
             m.plan_.runtime += cuda::attention_buffer_bytes(state);
         }
     }
+    if (!m.plan_.fp8.entries().empty()) {
+        // The fp8 buffers of every FP8 linear (memory_plan.h), pointing into one arena.
+        LATHE_ASSIGN_OR_RETURN(m.fp8_arena_, ModelArena::allocate(m.plan_.fp8, ctx));
+        m.fp8_gemms_ = std::make_unique<Fp8GemmCounter>();
+        const Fp8Settings& f8 = m.plan_.shape.fp8;
+        const int64_t L = m.config_.num_layers;
+        const bool delayed = f8.recipe == Fp8Recipe::kDelayed;
+        if (delayed) {
+            std::vector<DType> dtypes;
+            for (int64_t t = 0; t < fp8_tensor_count(L, f8); ++t)
+                dtypes.push_back(t % 3 == int64_t(Fp8Tensor::kGradOutput) ? f8.grad_dtype
+                                                                          : DType::kE4M3);
+            m.fp8_state_.emplace(std::move(dtypes), f8.amax_history, f8.amax_reduction);
+        }
+        auto data = [&](size_t e) { return m.fp8_arena_.view(e).data(); };
+        float* scalars = m.fp8_arena_.view(m.plan_.fp8_scalars).as<float>();
+        m.fp8_buffers_.resize(size_t(L));
+        for (int64_t l = 0; l < L; ++l) {
+            for (int64_t i = 0; i < kFp8LinearsPerLayer; ++i) {
+                const Fp8LinearEntries& e = m.plan_.fp8_linears[size_t(l)][size_t(i)];
+                if (e.wq == MemoryPlan::kNoEntry) continue;
+                Fp8LinearBuffers& b = m.fp8_buffers_[size_t(l)][size_t(i)];
+                b.wq = data(e.wq);
+                b.wqt = data(e.wqt);
+                b.xqt = data(e.xqt);
+                b.xq = b.dyq = data(m.plan_.fp8_q_scratch);
+                b.dyqt = data(m.plan_.fp8_dyqt);
+                b.scalars = scalars + e.scalars_offset;
+                b.grad_dtype = f8.grad_dtype;
+                b.gemm_count = &m.fp8_gemms_->step_gemms;
+                if (delayed) {
+                    const int64_t t = fp8_tensor_index(L, l, Fp8Linear(i), Fp8Tensor::kInput);
+                    b.delayed_scale = m.fp8_arena_.view(m.plan_.fp8_scales).as<float>() + t;
+                    b.step_amax = m.fp8_arena_.view(m.plan_.fp8_step_amax).as<float>() + t;
+                }
+            }
+        }
+        if (delayed) m.fp8_upload_scales();
+    }
     // Each half of the batch staging holds tokens, targets, docs, positions: four (B, T) i32
     // tensors; a micro-batch is staged into one half while the other's copy may be in flight.
     const size_t half_bytes =
@@ -221,6 +304,7 @@ void Model::read_grad_entry(size_t arena_index, TensorView host) const {
 }
 
 void Model::write_param_entry(size_t arena_index, ConstTensorView host) {
+    fp8_weights_stale_ = true;
     copy_from_host(params_.view(arena_index), host);
     if (on_cuda())
         cuda_cast(params_compute_.view(arena_index), params_.view(arena_index), ctx_.stream);
@@ -281,6 +365,49 @@ double Model::grad_sum_of_squares(std::span<const FlatRange> ranges) {
 void Model::set_grad_norm_value(float norm) {
     LATHE_CHECK(training(), "set_grad_norm_value: the model was created without gradients");
     copy_from_host(scratch_.view(plan_.grad_norm), ConstTensorView(&norm, DType::kF32, Shape{1}));
+}
+
+// ---- Model: FP8 ----
+
+void Model::fp8_upload_scales() {
+    if (!fp8_state_) return;
+    const std::vector<float>& scales = fp8_state_->scales();
+    copy_from_host(fp8_arena_.view(plan_.fp8_scales),
+                   ConstTensorView(scales.data(), DType::kF32, Shape{int64_t(scales.size())}));
+}
+
+void Model::fp8_end_step() {
+    if (!fp8_state_) return;
+    const TensorView amax = fp8_arena_.view(plan_.fp8_step_amax);
+    fp8_host_.resize(size_t(amax.numel()));
+    copy_to_host(TensorView(fp8_host_.data(), DType::kF32, amax.shape()), amax);
+    for (int64_t t = 0; t < amax.numel(); ++t) fp8_state_->record(t, fp8_host_[size_t(t)]);
+    fp8_state_->update();
+    fp8_arena_.zero_entry(plan_.fp8_step_amax);
+    fp8_upload_scales();
+}
+
+BlockFp8 Model::block_fp8(int layer) const {
+    BlockFp8 f8;
+    if (fp8_buffers_.empty()) return f8;
+    for (size_t i = 0; i < size_t(kFp8LinearsPerLayer); ++i) {
+        const Fp8LinearBuffers& b = fp8_buffers_[size_t(layer)][i];
+        f8.linear[i] = b.scalars != nullptr ? &b : nullptr;
+    }
+    return f8;
+}
+
+void Model::fp8_cast_weights(int layer) {
+    const BlockWeights w = block_weights(layer);
+    const ConstTensorView weights[kFp8LinearsPerLayer] = {w.wq, w.wk, w.wv, w.wo, w.w_up, w.w_down};
+    const BlockFp8 f8 = block_fp8(layer);
+    for (size_t i = 0; i < size_t(kFp8LinearsPerLayer); ++i) {
+        if (f8.linear[i] == nullptr) continue;
+        LinearSpec spec = plan_.shape.precision.spec(fp8_linear_role(Fp8Linear(i)));
+        spec.fp8 = f8.linear[i];
+        linear_fp8_cast_weight(weights[i], ctx_, spec);
+        ++fp8_weight_casts_;
+    }
 }
 
 // ---- Model: views ----
@@ -438,11 +565,14 @@ void Model::run_forward_blocks() {
                       wpe, ctx_);
     const BlockScratch scratch = block_scratch();
     const BlockInputs inputs = block_inputs();
+    const bool cast_fp8 = fp8() && fp8_weights_stale_;
     for (int l = 0; l < int(config_.num_layers); ++l) {
         if (weights_needed_) weights_needed_(l);
+        if (cast_fp8) fp8_cast_weights(l);
         block_forward(config_, plan_.shape.precision, l, block_weights(l), block_acts(l), scratch,
-                      inputs, ctx_);
+                      inputs, ctx_, block_fp8(l));
     }
+    if (cast_fp8) fp8_weights_stale_ = false;
     if (weights_needed_) weights_needed_(kOutputWeights);
     block_norm_forward(
         config_, act(plan_.final_norm_out, btc),
@@ -471,13 +601,14 @@ void Model::run_backward_from_final(TensorView dfinal) {
         // Full recompute: refill the shared activations from the layer's saved input. Its x_out
         // (the next layer's input, or final_x) is rewritten with the same bits. Selective: refill
         // the shared norm and activation outputs from the layer's kept tensors.
+        const BlockFp8 f8 = block_fp8(l);
         if (plan_.shape.recompute == Recompute::kFull)
             block_forward(config_, plan_.shape.precision, l, block_weights(l), block_acts(l),
-                          scratch, inputs, ctx_);
+                          scratch, inputs, ctx_, f8);
         else if (plan_.shape.recompute == Recompute::kSelective)
             block_recompute_selective(config_, block_weights(l), block_acts(l), ctx_);
         block_backward(config_, plan_.shape.precision, l, block_weights(l), block_grads(l),
-                       block_acts(l), scratch, inputs, dres, ctx_);
+                       block_acts(l), scratch, inputs, dres, ctx_, f8);
         if (grads_ready_) grads_ready_(l);
     }
     TensorView dwpe;

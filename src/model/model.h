@@ -35,6 +35,16 @@
 // parameters outside the blocks (embeddings, LM head, final norm) are. Where a data-parallel
 // all-reduce or an offloaded optimizer starts its work on a layer. Unset, it costs nothing.
 //
+// FP8 linears (ModelShape::precision with fp8 roles, CUDA only; model/fp8_state.h): the model
+// owns every FP8 linear's buffers (the plan's fp8 arena, memory_plan.h) and hands them to the
+// block schedule. The weights' fp8 codes are cast from the bf16 compute copy once per optimizer
+// step: at the first forward after fp8_weights_updated() (which the step calls after the
+// optimizer rewrote the compute copy) or after a parameter write, layer by layer just before
+// the layer's forward (after the weights-needed hook, so a gathered layer is cast once it has
+// arrived), never per micro-batch. Delayed scaling keeps its Fp8ScalingState here: the casts
+// use its scales (on the device) and max their amaxes into a device block, which
+// fp8_end_step() reads back once per optimizer step (one wait, at the step's existing one).
+//
 // Weights-needed hook: set_weights_needed_hook(f) makes every forward (forward, the forward of
 // forward_backward, logits) call f(kInputWeights) before the embeddings are read, f(l) before
 // layer l's forward is enqueued (l = 0 .. L-1), and f(kOutputWeights) before the final norm and
@@ -42,9 +52,11 @@
 // writes (a data-parallel gather of updated parameters) are waited for, piece by piece, so that
 // the forward of the first layers overlaps the transfer of the last ones. Unset, it costs nothing.
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -102,6 +114,13 @@ private:
     void* base_ = nullptr;
     Device device_ = Device::kCpu;
 };
+
+// What fp8 linear roles in `shape.precision` need of `config` and the batch, apart from the
+// backend (Model::create refuses them off CUDA): per-tensor recipes only (no blockwise GEMM in
+// ops/linear), the LM head native (its fused op has no fp8 kernel), a gated MLP (the GELU MLP's
+// fused ops have none), every FP8 linear's width and the batch's tokens (B T) multiples of 16
+// (cuBLASLt's FP8 GEMMs). An error names the fp8.* key or the dimension; ok without fp8 roles.
+Status model_check_fp8(const ModelConfig& config, const ModelShape& shape);
 
 class Model {
 public:
@@ -176,6 +195,27 @@ public:
     // Waits for everything the model enqueued (CUDA); no-op on the CPU.
     void synchronize() const;
 
+    // ---- FP8 (file comment) ----
+
+    // Some linear role runs in fp8.
+    bool fp8() const { return !fp8_buffers_.empty(); }
+    // The optimizer rewrote the compute copy: the next forward casts the fp8 weight codes again.
+    void fp8_weights_updated() { fp8_weights_stale_ = true; }
+    // FP8 GEMMs enqueued since the last call (Fp8LinearBuffers::gemm_count), and the count
+    // starts again at 0.
+    int64_t fp8_take_gemms() { return fp8_gemms_ ? fp8_gemms_->take() : 0; }
+    // Weight casts (linear_fp8_cast_weight calls) since the model was created.
+    int64_t fp8_weight_casts() const { return fp8_weight_casts_; }
+    // Delayed scaling's state, or null (no fp8, or another recipe).
+    Fp8ScalingState* fp8_scaling() { return fp8_state_ ? &*fp8_state_ : nullptr; }
+    const Fp8ScalingState* fp8_scaling() const { return fp8_state_ ? &*fp8_state_ : nullptr; }
+    // Delayed scaling: copies the scales of fp8_scaling() to the device (after a load).
+    void fp8_upload_scales();
+    // Delayed scaling, at the end of an optimizer step's micro-batches: reads the step's amaxes
+    // back (waits for the GPU), records them in the state, updates its scales for the next step,
+    // uploads them and zeroes the device amaxes. No-op without delayed scaling.
+    void fp8_end_step();
+
     // ---- steps ----
 
     // Runs the forward pass and returns the mean loss; saves what backward() needs.
@@ -215,6 +255,9 @@ private:
     BlockActs block_acts(int layer) const;
     BlockScratch block_scratch() const;
     BlockInputs block_inputs() const;
+    BlockFp8 block_fp8(int layer) const;
+    // Casts layer `layer`'s fp8 weight codes from the compute copy (file comment).
+    void fp8_cast_weights(int layer);
     TensorView act(size_t index, const Shape& shape) const { return acts_.view(index, shape); }
     size_t head_entry() const;
     // The arena the ops read weights from: the bf16 compute copy on CUDA, the masters on the CPU.
@@ -243,6 +286,16 @@ private:
     Dims dims_;  // of the batch in the activations
     bool has_docs_ = false, has_positions_ = false;
     bool backward_ready_ = false;  // a forward() with targets saved activations for backward()
+    // FP8 (file comment): the arena of the plan's fp8 entries, each layer's buffers (empty
+    // without fp8; pointers into fp8_), the GEMM counter they count into (on the heap: the
+    // buffers point to it across moves), the weight-cast state and the delayed state.
+    ModelArena fp8_arena_;
+    std::vector<std::array<Fp8LinearBuffers, kFp8LinearsPerLayer>> fp8_buffers_;
+    std::unique_ptr<Fp8GemmCounter> fp8_gemms_;
+    bool fp8_weights_stale_ = true;
+    int64_t fp8_weight_casts_ = 0;
+    std::optional<Fp8ScalingState> fp8_state_;
+    std::vector<float> fp8_host_;  // delayed: the amaxes read back, the scales uploaded
 };
 
 }  // namespace lathe

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "model/fp8_state.h"
 #include "model/init.h"
 #include "model/model_io.h"
 #include "model/registry.h"
@@ -284,6 +285,111 @@ TEST(MemoryPlan, TheAttentionWorkspaceSharesTheScratchDeadDuringAttention) {
     EXPECT_EQ(memory_plan_attention_workspace_estimate(shape, 8, 2048), size_t(2178) << 20);
     shape.num_heads = shape.num_kv_heads = 12;
     EXPECT_EQ(memory_plan_attention_workspace_estimate(shape, 32, 1024), size_t(1539) << 19);
+}
+
+// An fp8 policy on CUDA adds the fp8 buffers' arena (memory_plan.h): per layer and FP8 linear
+// the weight's codes (O, I), their transpose (I, O) and the saved input codes (I, N), one byte an
+// element; the shared cast scratch (xq / dyq: the largest N I or N O; dyqt: the largest N O);
+// 24 scalars per linear; with delayed scaling a scale and an amax per scaled tensor. The table
+// prints the row; a plan without fp8 roles has none (and its table no fp8 line).
+TEST(MemoryPlan, Fp8PolicyAddsEachLinearsBuffers) {
+    const ModelConfig c = parse(kLlamaJson);  // C 32, H 4 x D 8, Hkv 2, F 48, 2 layers
+    const ParamTable t = model_param_table(c);
+    const int64_t N = 2 * 16;
+    for (Fp8Recipe recipe : {Fp8Recipe::kTensorwise, Fp8Recipe::kDelayed}) {
+        SCOPED_TRACE(std::string(fp8_recipe_name(recipe)));
+        ModelShape shape{2, 16, 0};
+        shape.backend = Backend::kCuda;
+        shape.attention_workspace_bytes = 0;
+        const Result<MemoryPlan> bf16 = memory_plan_make(c, t, shape);
+        ASSERT_TRUE(bf16.ok());
+        EXPECT_EQ(bf16->fp8_bytes(), 0u);
+        EXPECT_EQ(bf16->table("t").find("fp8"), std::string::npos) << bf16->table("t");
+        shape.fp8.recipe = recipe;
+        shape.precision = fp8_precision_policy(shape.fp8);
+        const Result<MemoryPlan> plan = memory_plan_make(c, t, shape);
+        ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+        const ArenaLayout& f8 = plan->fp8;
+        // (I, O) of q, k, v, attention output, MLP up (gate and up), MLP down.
+        const int64_t dims[6][2] = {{32, 32}, {32, 16}, {32, 16}, {32, 32}, {32, 96}, {48, 32}};
+        size_t sum = 0;
+        ASSERT_EQ(plan->fp8_linears.size(), 2u);
+        for (size_t l = 0; l < 2; ++l) {
+            for (size_t i = 0; i < 6; ++i) {
+                const Fp8LinearEntries& e = plan->fp8_linears[l][i];
+                const int64_t I = dims[i][0], O = dims[i][1];
+                ASSERT_NE(e.wq, MemoryPlan::kNoEntry);
+                EXPECT_EQ(f8.entries()[e.wq].bytes, size_t(O * I));
+                EXPECT_EQ(f8.entries()[e.wq].shape, Shape({O, I}));
+                EXPECT_EQ(f8.entries()[e.wqt].shape, Shape({I, O}));
+                EXPECT_EQ(f8.entries()[e.xqt].shape, Shape({I, N}));
+                EXPECT_EQ(f8.entries()[e.wq].dtype, DType::kE4M3);
+                EXPECT_EQ(e.scalars_offset, int64_t((l * 6 + i) * 24));
+                sum += size_t(2 * O * I + I * N);
+            }
+        }
+        EXPECT_EQ(f8.entries()[plan->fp8_linears[1][4].wq].name, "layers.1.fp8.mlp_up.wq");
+        EXPECT_EQ(f8.entries()[plan->fp8_linears[0][1].xqt].name, "layers.0.fp8.k.xqt");
+        EXPECT_EQ(f8.entries()[plan->fp8_q_scratch].bytes, size_t(N * 96));  // N x (2F)
+        EXPECT_EQ(f8.entries()[plan->fp8_dyqt].bytes, size_t(N * 96));
+        EXPECT_EQ(f8.entries()[plan->fp8_scalars].shape, Shape({2 * 6 * 24}));
+        sum += size_t(2 * N * 96 + 2 * 6 * 24 * 4);
+        if (recipe == Fp8Recipe::kDelayed) {
+            EXPECT_EQ(f8.entries()[plan->fp8_scales].shape, Shape({2 * 6 * 3}));
+            EXPECT_EQ(f8.entries()[plan->fp8_step_amax].shape, Shape({2 * 6 * 3}));
+            sum += 2 * 2 * 6 * 3 * 4;
+        } else {
+            EXPECT_EQ(plan->fp8_scales, MemoryPlan::kNoEntry);
+            EXPECT_EQ(plan->fp8_step_amax, MemoryPlan::kNoEntry);
+        }
+        EXPECT_GE(plan->fp8_bytes(), sum);
+        EXPECT_LT(plan->fp8_bytes(), sum + f8.size() * f8.alignment());  // alignment only
+        EXPECT_EQ(plan->total_bytes(), bf16->total_bytes() + plan->fp8_bytes());
+        const std::string table = plan->table("t");
+        EXPECT_NE(table.find("fp8 buffers (codes, scales)"), std::string::npos) << table;
+        EXPECT_NE(table.find(std::to_string(plan->fp8_bytes())), std::string::npos) << table;
+        EXPECT_NE(table.find("12 linears (" + std::string(fp8_recipe_name(recipe)) + ")"),
+                  std::string::npos)
+            << table;
+        // The CPU plans no fp8 buffers (Model::create refuses fp8 roles there).
+        shape.backend = Backend::kCpu;
+        EXPECT_EQ(memory_plan_make(c, t, shape)->fp8_bytes(), 0u);
+    }
+}
+
+// What an fp8 policy needs of the model and the batch, each refusal naming its key or dimension;
+// and the CPU backend refused at creation, naming it.
+TEST(Model, Fp8PolicyChecksNameWhatIsMissing) {
+    const ModelConfig c = parse(kLlamaJson);
+    ModelShape shape{2, 16, 0};
+    Fp8Settings f8;
+    shape.precision = fp8_precision_policy(f8);
+    EXPECT_TRUE(model_check_fp8(c, shape).ok());
+    auto message = [&](const ModelConfig& config, const ModelShape& s) {
+        const Status st = model_check_fp8(config, s);
+        return st.ok() ? std::string("ok") : std::string(st.message());
+    };
+    f8.lm_head = true;
+    ModelShape head = shape;
+    head.precision = fp8_precision_policy(f8);
+    EXPECT_NE(message(c, head).find("fp8.lm_head: true"), std::string::npos) << message(c, head);
+    f8 = Fp8Settings{};
+    f8.recipe = Fp8Recipe::kBlockwise;
+    ModelShape block = shape;
+    block.precision = fp8_precision_policy(f8);
+    EXPECT_NE(message(c, block).find("fp8.recipe: blockwise"), std::string::npos);
+    EXPECT_NE(message(parse(kGpt2Json), shape).find("GELU MLP"), std::string::npos);
+    ModelShape odd = shape;
+    odd.seq_len = 15;  // 30 tokens
+    EXPECT_NE(message(c, odd).find("= 30) must be a multiple of 16"), std::string::npos)
+        << message(c, odd);
+    ModelConfig narrow = c;
+    narrow.intermediate_size = 40;  // mlp_down's input 40
+    EXPECT_NE(message(narrow, shape).find("mlp_down linear of llama is 40 x 32"), std::string::npos)
+        << message(narrow, shape);
+    const Result<Model> cpu = Model::create(c, shape, cpu_context());
+    ASSERT_FALSE(cpu.ok());
+    EXPECT_NE(cpu.status().message().find("on the cpu backend"), std::string::npos);
 }
 
 TEST(MemoryPlan, SequenceLongerThanTheModelAllowsNamesTheKey) {

@@ -38,9 +38,11 @@ void count_gemm(const Fp8LinearBuffers& b) {
     if (b.gemm_count != nullptr) ++*b.gemm_count;
 }
 
-// x (rows, cols) bf16 -> codes q, qt with its current amax into the scalar slot at `slot`.
-void fp8_cast_current(const bf16* x, int64_t rows, int64_t cols, DType dtype, void* q, void* qt,
-                      float* slot, CUstream_st* stream) {
+// x (rows, cols) bf16 -> codes q, qt: tensor `t` of the linear (its amax and scale_inv in the
+// scalar slot at `slot`). Current scaling: with x's own amax. Delayed: with b's scale of t; the
+// amax the cast reports joins the step's (Fp8LinearBuffers::step_amax).
+void fp8_cast_tensor(const bf16* x, int64_t rows, int64_t cols, DType dtype, void* q, void* qt,
+                     float* slot, const Fp8LinearBuffers& b, int t, CUstream_st* stream) {
     Fp8CastArgs a;
     a.rows = rows;
     a.cols = cols;
@@ -50,14 +52,16 @@ void fp8_cast_current(const bf16* x, int64_t rows, int64_t cols, DType dtype, vo
     a.qt = qt;
     a.amax = slot;
     a.scale_inv = slot + 4;
+    if (b.delayed_scale != nullptr) a.scale = b.delayed_scale + t;
     cuda::fp8_cast(a, stream);
+    if (b.delayed_scale != nullptr) cuda::fp8_amax_max_into(b.step_amax + t, slot, stream);
 }
 
 // The FP8 forward: y = sx sw (xq . wq^T) + bias [+ residual].
 void fp8_forward(bf16* y, const bf16* x, const bf16* bias, const bf16* residual, int64_t N,
                  int64_t I, int64_t O, const Fp8LinearBuffers& b, CudaState& state,
                  CUstream_st* stream) {
-    fp8_cast_current(x, N, I, DType::kE4M3, b.xq, b.xqt, b.scalars + 0, stream);
+    fp8_cast_tensor(x, N, I, DType::kE4M3, b.xq, b.xqt, b.scalars + 0, b, 0, stream);
     cuda::fp8_linear_forward(y, {b.xq, DType::kE4M3, b.scalars + 4},
                              {b.wq, DType::kE4M3, b.scalars + 12}, bias, residual, N, I, O, state,
                              stream);
@@ -91,6 +95,9 @@ void linear_expect_precision(std::string_view op, const LinearSpec& spec, const 
     LATHE_CHECK(spec.fp8 != nullptr && spec.fp8->scalars != nullptr,
                 "{}: fp8 linear {} ({}) on the cuda backend without its buffers (LinearSpec::fp8)",
                 op, linear_precision_name(spec.precision), role);
+    LATHE_CHECK(spec.fp8->delayed_scale == nullptr || spec.fp8->step_amax != nullptr,
+                "{}: fp8 linear {} ({}) with delayed scales but no step_amax", op,
+                linear_precision_name(spec.precision), role);
 }
 
 void linear_fp8_cast_weight(ConstTensorView weight, const Context& ctx, const LinearSpec& spec) {
@@ -99,8 +106,8 @@ void linear_fp8_cast_weight(ConstTensorView weight, const Context& ctx, const Li
     LATHE_CHECK(weight.rank() == 2, "{}: weight {}", kOp, weight.to_string());
     op_expect_memory(kOp, ctx, {weight});
     op_expect_cuda_dtype(kOp, DType::kBF16, {weight});
-    fp8_cast_current(weight.as<bf16>(), weight.dim(0), weight.dim(1), DType::kE4M3, spec.fp8->wq,
-                     spec.fp8->wqt, spec.fp8->scalars + 8, ctx.stream);
+    fp8_cast_tensor(weight.as<bf16>(), weight.dim(0), weight.dim(1), DType::kE4M3, spec.fp8->wq,
+                    spec.fp8->wqt, spec.fp8->scalars + 8, *spec.fp8, 1, ctx.stream);
 }
 
 void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
@@ -188,8 +195,8 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
                 // x's codes (xqt) and scale are the forward's; dy is cast here.
                 const Fp8LinearBuffers& b = *spec.fp8;
                 CudaState& state = cuda_state_of(ctx, kOp);
-                fp8_cast_current(dy.as<bf16>(), N, O, b.grad_dtype, b.dyq, b.dyqt, b.scalars + 16,
-                                 ctx.stream);
+                fp8_cast_tensor(dy.as<bf16>(), N, O, b.grad_dtype, b.dyq, b.dyqt, b.scalars + 16, b,
+                                2, ctx.stream);
                 if (!dx.is_null()) {
                     cuda::fp8_linear_backward_input(
                         dx.as<bf16>(), {b.dyq, b.grad_dtype, b.scalars + 20},

@@ -40,6 +40,9 @@
 //             linear_fp8_cast_weight;
 //   backward: dy cast to grad_dtype (dyq, dyqt), dx = sdy sw (dyq . wqt^T) (= or +=),
 //             dweight += sdy sx (dyqt . xqt^T), dbias += sum_n dy (bf16 dy, as the native op).
+//   Delayed scaling (Fp8LinearBuffers::delayed_scale set): every cast above uses the given
+//             scale instead of its tensor's amax (one read of x, w, dy) and reports the amax
+//             into Fp8LinearBuffers::step_amax.
 // Every other fp8 case stops with "fp8 linear: no kernel ...", naming the op, the precision, the
 // linear's role and the backend: the CPU backend, kFp8Blockwise, the GELU ops, and a CUDA call
 // without buffers.
@@ -76,6 +79,14 @@ struct Fp8LinearBuffers {
                                       // dy at 16 and 20
     DType grad_dtype = DType::kE5M2;  // dy's codes: E5M2 or E4M3
     int64_t* gemm_count = nullptr;    // host counter: += 1 per FP8 GEMM enqueued (may be null)
+    // Delayed scaling (fp8.recipe delayed, model/fp8_state.h): 3 f32 scales of x, w and dy, in
+    // that order (Fp8Tensor's), that the casts use instead of each tensor's current amax; null:
+    // current scaling. With them step_amax (3 f32, same order) is required: each cast reports
+    // its tensor's amax into its slot of scalars, then max-accumulates it into step_amax (an
+    // integer max of the f32 bits, as the casts' own amax), so the micro-batches of a step
+    // leave the step's amax there for the caller to read once per optimizer step and zero.
+    const float* delayed_scale = nullptr;
+    float* step_amax = nullptr;
 };
 
 // What a caller asks of one linear: its precision, its role in the model ("qkv", "mlp_down":

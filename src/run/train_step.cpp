@@ -45,6 +45,8 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next,
     const double part = dp_ != nullptr ? dp_->local_grad_sum_of_squares() : 0.0;
     if (dp_ == nullptr) out.norm = model_.grad_norm();
     read_losses(K);
+    // Delayed fp8 scaling: the step's amaxes, read back now that the GPU has caught up.
+    model_.fp8_end_step();
     out.stop_request = stop_request ? stop_request() : 0;
     double sum = 0.0;
     if (dp_ == nullptr) {
@@ -83,6 +85,7 @@ Status TrainStep::apply(double lr, double weight_decay, const AdamWHyper& hyper,
     for (size_t i = 0; i < all.size(); ++i)
         if (frozen_.empty() || !frozen_[i]) segments_.push_back(all[i]);
     optimizer_.step(optimizer_target(model_), segments_, hyper, adam_step, max_grad_norm);
+    model_.fp8_weights_updated();  // the next forward casts the fp8 weight codes (model.h)
     return dp_ != nullptr ? dp_->finish_update() : ok_status();
 }
 

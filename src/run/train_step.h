@@ -8,11 +8,13 @@
 //                        loss left in device memory; zero the frozen entries' gradients; the
 //                        global gradient norm (the step's one wait for the GPU); the K losses read
 //                        back (every kLossSlots micro-batches when K is larger) and averaged in
-//                        micro-batch order (fp64 sum).
+//                        micro-batch order (fp64 sum); with delayed fp8 scaling the step's
+//                        amaxes read back and the scales updated (Model::fp8_end_step).
 //   apply(lr, ...)       one AdamW update of every entry that is not frozen (weight decay on
 //                        matrices and embeddings, Model::adamw_segments), clipped by the norm
 //                        gradients() computed when max_grad_norm > 0 (inside the update, with no
-//                        read back); on CUDA the bf16 compute copy is rewritten in the same pass.
+//                        read back); on CUDA the bf16 compute copy is rewritten in the same pass
+//                        (and, with fp8 linears, the model told to cast its weights again).
 //
 // On the GPU neither adds a synchronization, a device allocation or a copy to what the model and
 // the optimizer enqueue; the host builds the segment list (one per parameter entry) while the GPU

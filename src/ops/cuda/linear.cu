@@ -3,6 +3,7 @@
 // clang-format on
 
 #include "ops/cuda/column_reduce.h"
+#include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gelu.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/linear.h"
@@ -106,6 +107,20 @@ void linear_gelu_backward(bf16* dpre, float* dpre_bias, float* dweight, float* d
     if (dpre_bias != nullptr)
         column_sum_bf16_accumulate(dpre_bias, dpre, N, I, "linear_gelu_backward", state, stream);
     weight_and_bias_grad(state, stream, dweight, dbias, dy, act, N, I, O, "linear_gelu_backward");
+}
+
+namespace {
+
+__global__ void amax_max_into_kernel(unsigned* step_amax, const unsigned* amax) {
+    atomicMax(step_amax, *amax);
+}
+
+}  // namespace
+
+void fp8_amax_max_into(float* step_amax, const float* amax, CUstream_st* stream) {
+    amax_max_into_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<unsigned*>(step_amax),
+                                              reinterpret_cast<const unsigned*>(amax));
+    LATHE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace lathe::cuda

@@ -56,4 +56,9 @@ void linear_gelu_backward(bf16* dpre, float* dpre_bias, float* dweight, float* d
                           int64_t N, int64_t I, int64_t O, bool tanh_form, CudaState& state,
                           CUstream_st* stream);
 
+// FP8 delayed scaling's step amax (ops/linear.h, Fp8LinearBuffers::step_amax): *step_amax =
+// max(*step_amax, *amax) as an integer max of the f32 bits (amaxes are non-negative or NaN, whose
+// bits order above every finite amax: the casts' own rule). One thread; device pointers.
+void fp8_amax_max_into(float* step_amax, const float* amax, CUstream_st* stream);
+
 }  // namespace lathe::cuda

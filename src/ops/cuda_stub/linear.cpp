@@ -31,4 +31,8 @@ void cuda::linear_gelu_backward(bf16*, float*, float*, float*, const bf16*, cons
     detail::no_cuda("cuda::linear_gelu_backward");
 }
 
+void cuda::fp8_amax_max_into(float*, const float*, CUstream_st*) {
+    detail::no_cuda("cuda::fp8_amax_max_into");
+}
+
 }  // namespace lathe
