@@ -1,10 +1,11 @@
 // `lathe eval`: model evaluation. `lathe eval loss`: see run/eval_loss.h; `lathe eval bpb`:
-// run/eval_bpb.h.
+// run/eval_bpb.h; `lathe eval tasks`: run/eval_tasks.h.
 #include <cstdio>
 
 #include "cli/command.h"
 #include "run/eval_bpb.h"
 #include "run/eval_loss.h"
+#include "run/eval_tasks.h"
 
 namespace lathe {
 
@@ -54,6 +55,34 @@ void cli_add_eval(CLI::App& parent, CommandAction& action) {
         action = [bpb_req]() -> Status {
             LATHE_ASSIGN_OR_RETURN(EvalBpbResult r, eval_bpb_run(*bpb_req));
             std::printf("%s\n", eval_bpb_json(*bpb_req, r).c_str());
+            return ok_status();
+        };
+    });
+    auto tasks_req = std::make_shared<EvalTasksRequest>();
+    CLI::App* tasks = cmd->add_subcommand(
+        "tasks",
+        "Multiple-choice (acc, acc_norm) and generation (exact_match) tasks from task YAML "
+        "files, scored as lm-evaluation-harness scores them; prints one JSON line");
+    tasks
+        ->add_option("--checkpoint", tasks_req->checkpoint,
+                     "Checkpoint folder with tokenizer.json, a run folder or its checkpoints/")
+        ->required();
+    tasks->add_option("--tasks", tasks_req->tasks, "Task YAML file (repeat for several)")
+        ->required();
+    tasks->add_option("--output", tasks_req->output, "Also write the summary JSON to this file");
+    tasks->add_option("--samples", tasks_req->samples,
+                      "Per-example JSONL: context, choices, log-likelihoods, scores");
+    tasks
+        ->add_option("--batch-size", tasks_req->batch_size,
+                     "Log-likelihood requests per forward pass (memory only)")
+        ->capture_default_str();
+    tasks->add_option("--limit", tasks_req->limit, "First N records of each task (0 = all)")
+        ->capture_default_str();
+    tasks->add_option("--device", tasks_req->device, "auto | cpu | cuda")->capture_default_str();
+    tasks->callback([tasks_req, &action] {
+        action = [tasks_req]() -> Status {
+            LATHE_ASSIGN_OR_RETURN(EvalTasksResult r, eval_tasks_run(*tasks_req));
+            std::printf("%s\n", eval_tasks_json(*tasks_req, r).c_str());
             return ok_status();
         };
     });
