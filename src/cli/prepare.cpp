@@ -67,7 +67,13 @@ void print_report(const PrepareReport& r) {
     }
     std::printf("  documents: %llu\n", static_cast<unsigned long long>(r.documents));
     std::printf("  tokens: %llu\n", static_cast<unsigned long long>(r.tokens));
-    std::printf("  skipped: %llu\n", static_cast<unsigned long long>(r.skipped));
+    std::string by_problem;
+    for (const auto& [problem, n] : r.skipped_by_problem) {
+        by_problem += fmt::format("{}{}: {}", by_problem.empty() ? " (" : ", ", problem, n);
+    }
+    if (!by_problem.empty()) by_problem += ')';
+    std::printf("  skipped: %llu%s\n", static_cast<unsigned long long>(r.skipped),
+                by_problem.c_str());
     std::printf("  blank lines: %llu\n", static_cast<unsigned long long>(r.blank_lines));
     std::printf("  bytes: %llu (%s; %s read from disk)\n",
                 static_cast<unsigned long long>(r.input_bytes),
@@ -92,9 +98,11 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
         "Formats: jsonl (one JSON object per line, --json-key field), text (one document per\n"
         "line), text-blocks (documents separated by blank lines), chat (JSONL with\n"
         "\"messages\": [{role, content}], rendered with the tokenizer_config.json chat template;\n"
-        "also writes <prefix>_label.bin/.idx with -100 where there is no loss). auto picks jsonl\n"
-        "for inputs whose first line starts with '{', chat when that line has \"messages\" and\n"
-        "no \"text\", else text.\n"
+        "also writes <prefix>_label.bin/.idx with -100 where there is no loss), alpaca and\n"
+        "sharegpt (LLaMA-Factory's layouts, mapped onto messages and rendered as chat; see\n"
+        "docs/SFT.md). chat, alpaca and sharegpt inputs may also be one JSON array of records.\n"
+        "auto picks jsonl for inputs whose first line starts with '{', chat when that line has\n"
+        "\"messages\" and no \"text\", else text.\n"
         "Blank lines (empty or only whitespace) are never documents: text-blocks splits at them;\n"
         "text, jsonl and chat pass over them (counted as 'blank lines'), as tokenizer train does.");
     auto opts = std::make_shared<PrepareOptions>();
@@ -104,6 +112,7 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
     auto json_key = std::make_shared<std::string>();
     auto eod_token = std::make_shared<std::string>();
     auto no_progress = std::make_shared<bool>(false);
+    auto role_tags = std::make_shared<std::string>();
 
     cmd->add_option("--tokenizer", opts->tokenizer_path, "Hugging Face tokenizer.json")->required();
     cmd->add_option("--input", *inputs,
@@ -118,7 +127,7 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
                     "tokenizer_config.json beside the tokenizer)");
     cmd->add_option("--json-key,--jsonl-keys", *json_key,
                     "JSONL field holding the document (default text; chat: messages)");
-    cmd->add_option("--format", *format, "auto, jsonl, text, text-blocks or chat")
+    cmd->add_option("--format", *format, "auto, jsonl, text, text-blocks, chat, alpaca or sharegpt")
         ->capture_default_str();
     cmd->add_option("--on-error", *on_error,
                     "fail: stop at the first bad record; skip: count and skip bad records")
@@ -131,6 +140,13 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
         ->capture_default_str();
     cmd->add_flag("--only-last-turn", opts->only_last_turn,
                   "Chat: only the last turn keeps loss (GPT-NeoX --only-last)");
+    cmd->add_option("--role-tags", *role_tags,
+                    "sharegpt: KEY=VALUE,... with keys role_tag, content_tag, user_tag, "
+                    "assistant_tag, system_tag, observation_tag, function_tag (several tags: "
+                    "a|b)");
+    cmd->add_option("--seq-length", opts->max_tokens,
+                    "chat, alpaca, sharegpt: a conversation of more tokens is a bad record "
+                    "(default: no limit)");
     cmd->add_flag("--no-progress", *no_progress, "Do not show the progress display");
 
     cmd->callback([=, &action] {
@@ -149,6 +165,13 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
             if (!eod_token->empty()) o.eod_token = *eod_token;
             if (o.threads < 0)
                 return invalid_argument_error("--threads {}: must be >= 1", o.threads);
+            if (o.max_tokens < 0)
+                return invalid_argument_error("--seq-length {}: must be >= 1", o.max_tokens);
+            if (!role_tags->empty()) {
+                if (o.format != PrepareFormat::kSharegpt)
+                    return invalid_argument_error("--role-tags applies to --format sharegpt only");
+                LATHE_RETURN_IF_ERROR(sharegpt_tags_parse(*role_tags, o.sharegpt_tags));
+            }
             o.show_progress = !*no_progress && log_level() <= LogLevel::kInfo;
             prepare_install_signal_handlers();
             o.cancel = &prepare_interrupt_flag();

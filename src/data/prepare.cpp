@@ -35,17 +35,29 @@ const char* prepare_format_name(PrepareFormat format) {
             return "text-blocks";
         case PrepareFormat::kChat:
             return "chat";
+        case PrepareFormat::kAlpaca:
+            return "alpaca";
+        case PrepareFormat::kSharegpt:
+            return "sharegpt";
     }
     return "?";
 }
 
+bool prepare_format_is_conversation(PrepareFormat format) {
+    return format == PrepareFormat::kChat || format == PrepareFormat::kAlpaca ||
+           format == PrepareFormat::kSharegpt;
+}
+
 Result<PrepareFormat> prepare_format_from_name(std::string_view name) {
     for (PrepareFormat f : {PrepareFormat::kAuto, PrepareFormat::kJsonl, PrepareFormat::kText,
-                            PrepareFormat::kTextBlocks, PrepareFormat::kChat}) {
+                            PrepareFormat::kTextBlocks, PrepareFormat::kChat,
+                            PrepareFormat::kAlpaca, PrepareFormat::kSharegpt}) {
         if (name == prepare_format_name(f)) return f;
     }
     return invalid_argument_error(
-        "unknown input format '{}': expected auto, jsonl, text, text-blocks or chat", name);
+        "unknown input format '{}': expected auto, jsonl, text, text-blocks, chat, alpaca or "
+        "sharegpt",
+        name);
 }
 
 std::optional<std::string> prepare_find_tokenizer_config(const std::string& tokenizer_path) {
@@ -123,7 +135,7 @@ constexpr size_t kMaxSkipExamples = 10;
 constexpr size_t kMaxPeekLines = 1000;
 
 // How one input's records are read and turned into documents.
-enum class RecordKind { kJsonl, kText, kBlocks, kChat };
+enum class RecordKind { kJsonl, kText, kBlocks, kChat, kAlpaca, kSharegpt };
 
 // One input: a stream, its record reader, and lines looked at for format detection that are
 // still to be handed out as records.
@@ -157,6 +169,42 @@ public:
         return peek_result_;
     }
 
+    // Reads the whole input as one JSON array whose elements are the records (after
+    // peek_first_content_line found '['). Each record's line is its index in the array.
+    Status set_json_array(const std::string& name) {
+        std::string all;
+        for (const auto& [text, line] : pending_) {
+            all += text;
+            all += '\n';
+        }
+        pending_.clear();
+        std::string_view line;
+        while (true) {
+            LATHE_ASSIGN_OR_RETURN(const bool more, lines_->next(line));
+            if (!more) break;
+            all.append(line);
+            all += '\n';
+        }
+        try {
+            array_ = nlohmann::ordered_json::parse(all);
+        } catch (const nlohmann::json::exception& e) {
+            std::string what = e.what();
+            const size_t cut = what.find("] ");  // drop "[json.exception.parse_error.101] "
+            if (cut != std::string::npos) what = what.substr(cut + 2);
+            return invalid_argument_error(
+                "{}: starts with '[' but is not valid JSON ({}); give one JSON array of records, "
+                "or JSONL with one record per line",
+                name, what);
+        }
+        if (!array_.is_array()) {
+            return invalid_argument_error("{}: expected one JSON array of records", name);
+        }
+        is_array_ = true;
+        return ok_status();
+    }
+
+    bool is_array() const { return is_array_; }
+
     // Reads blank-line-separated blocks from now on (nothing may have been peeked).
     void set_blocks() {
         lines_.reset();
@@ -166,6 +214,16 @@ public:
 
     Result<bool> next(TextRecord& rec) {
         if (blocks_) return blocks_->next(rec);
+        if (is_array_) {
+            if (array_index_ == array_.size()) return false;
+            nlohmann::ordered_json& element = array_[array_index_];
+            // The parse checked the UTF-8; the element's text is released once written out.
+            current_.first = element.dump(-1, ' ', false);
+            element = nullptr;
+            rec.text = current_.first;
+            rec.line = array_index_++;
+            return true;
+        }
         if (!pending_.empty()) {
             current_ = std::move(pending_.front());
             pending_.pop_front();
@@ -193,6 +251,9 @@ private:
     std::pair<std::string, uint64_t> current_;
     bool peeked_ = false;
     std::optional<std::string> peek_result_;
+    bool is_array_ = false;
+    nlohmann::ordered_json array_;  // a JSON array input, read whole
+    size_t array_index_ = 0;
 };
 
 struct RecordRef {
@@ -206,14 +267,16 @@ struct RecordRef {
 struct Batch {
     size_t input = 0;
     RecordKind kind = RecordKind::kText;
-    std::string text;  // the records' bytes back to back
+    bool json_array = false;  // records are elements of a JSON array; RecordRef::line is the index
+    std::string text;         // the records' bytes back to back
     std::vector<RecordRef> records;
     Status read_error;  // the input failed after these records: the run stops here
 
     std::vector<int32_t> tokens;
     std::vector<int32_t> labels;  // chat only
     std::vector<uint64_t> doc_sizes;
-    std::vector<std::string> errors;  // "file:line: problem", in record order
+    std::vector<std::string> errors;      // "file:line: problem", in record order
+    std::vector<RecordProblem> problems;  // why, for each of `errors`
 
     // Empties the batch and keeps its buffers for the next one.
     void clear() {
@@ -224,6 +287,7 @@ struct Batch {
         labels.clear();
         doc_sizes.clear();
         errors.clear();
+        problems.clear();
     }
 };
 
@@ -267,7 +331,19 @@ Result<RecordKind> resolve_kind(const Shared& sh, size_t index, Source& source) 
             source.set_blocks();
             return RecordKind::kBlocks;
         case PrepareFormat::kChat:
-            return RecordKind::kChat;
+        case PrepareFormat::kAlpaca:
+        case PrepareFormat::kSharegpt: {
+            LATHE_ASSIGN_OR_RETURN(const std::optional<std::string> first,
+                                   source.peek_first_content_line());
+            if (first.has_value()) {
+                const size_t at = first->find_first_not_of(" \t\r\v\f");
+                if (at != std::string::npos && (*first)[at] == '[')
+                    LATHE_RETURN_IF_ERROR(source.set_json_array(sh.display_names[index]));
+            }
+            return sh.options.format == PrepareFormat::kChat     ? RecordKind::kChat
+                   : sh.options.format == PrepareFormat::kAlpaca ? RecordKind::kAlpaca
+                                                                 : RecordKind::kSharegpt;
+        }
         case PrepareFormat::kAuto:
             break;
     }
@@ -327,6 +403,7 @@ public:
                 raw_reported_ = 0;
             }
             b.kind = *kind_;
+            b.json_array = source_->is_array();
             bool input_done = false;
             TextRecord rec;
             while (b.text.size() < sh_.options.batch_bytes && b.records.size() < kBatchMaxRecords) {
@@ -405,6 +482,7 @@ struct Worker {
     JsonlFieldReader jsonl;
     std::vector<int32_t> ids;
     ChatEncodeOptions chat_options;
+    nlohmann::ordered_json mapped;  // an alpaca or sharegpt record's messages
 
     explicit Worker(const Shared& s) : sh(s), jsonl(s.json_key) {
         chat_options.generation_role = s.options.generation_role;
@@ -413,14 +491,18 @@ struct Worker {
 
     // Appends the record's document to `out`, or returns the problem (without file:line).
     // `line` may be moved forward to the line of the problem inside a block.
-    Status encode_text(RecordKind kind, std::string_view text, uint64_t& line, Batch& out) {
+    Status encode_text(RecordKind kind, std::string_view text, uint64_t& line, Batch& out,
+                       RecordProblem& problem) {
+        problem = RecordProblem::kText;
         if (kind == RecordKind::kJsonl) {
             LATHE_ASSIGN_OR_RETURN(text, jsonl.extract(text));
             if (text.empty()) {
+                problem = RecordProblem::kEmpty;
                 return invalid_argument_error("empty document (field \"{}\" is \"\")", sh.json_key);
             }
         } else {
             if (text.empty()) {
+                problem = RecordProblem::kEmpty;
                 return invalid_argument_error("empty document");
             }
             if (!simdjson::validate_utf8(text.data(), text.size())) {
@@ -437,19 +519,25 @@ struct Worker {
         if (Status s = sh.tokenizer.encode(text, /*add_special=*/true, ids); !s.ok()) {
             return invalid_argument_error("tokenizer: {}", s.message());
         }
-        if (ids.empty()) return invalid_argument_error("the document encodes to no tokens");
+        if (ids.empty()) {
+            problem = RecordProblem::kEmpty;
+            return invalid_argument_error("the document encodes to no tokens");
+        }
         out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
         if (sh.eod_id.has_value()) out.tokens.push_back(*sh.eod_id);
         out.doc_sizes.push_back(ids.size() + (sh.eod_id.has_value() ? 1 : 0));
         return ok_status();
     }
 
-    Status encode_chat(std::string_view text, Batch& out) {
+    // A conversation record (chat, alpaca or sharegpt) through the chat template.
+    Status encode_chat(RecordKind kind, std::string_view text, Batch& out, RecordProblem& problem) {
+        problem = RecordProblem::kEmpty;
         if (is_blank_line(text)) {
             return invalid_argument_error("empty line, expected a JSON object with a \"{}\" field",
                                           sh.json_key);
         }
         nlohmann::ordered_json record;
+        problem = RecordProblem::kNotJson;
         try {
             record = nlohmann::ordered_json::parse(text);
         } catch (const nlohmann::json::exception& e) {
@@ -459,27 +547,63 @@ struct Worker {
             return invalid_argument_error("not valid JSON: {}", what);
         }
         if (!record.is_object()) {
+            problem = RecordProblem::kWrongType;
+            if (kind == RecordKind::kAlpaca) {
+                return invalid_argument_error(
+                    "expected a JSON object with \"instruction\" and \"output\", found {}",
+                    json_kind(record));
+            }
             return invalid_argument_error("expected a JSON object with a \"{}\" field, found {}",
                                           sh.json_key, json_kind(record));
+        }
+        if (kind == RecordKind::kAlpaca) {
+            LATHE_RETURN_IF_ERROR(alpaca_to_messages(record, mapped, problem));
+            return encode_messages(mapped, out, problem);
+        }
+        if (kind == RecordKind::kSharegpt) {
+            LATHE_RETURN_IF_ERROR(sharegpt_to_messages(record, sh.json_key,
+                                                       sh.options.sharegpt_tags, mapped, problem));
+            return encode_messages(mapped, out, problem);
         }
         const auto it = record.find(sh.json_key);
         if (it == record.end()) {
             std::string keys;
             for (const auto& [k, v] : record.items())
                 keys += (keys.empty() ? "\"" : ", \"") + k + "\"";
+            problem = RecordProblem::kMissingField;
             return invalid_argument_error("no \"{}\" field (the object has {})", sh.json_key,
                                           keys.empty() ? std::string("no keys") : "keys " + keys);
         }
         if (!it->is_array()) {
+            problem = RecordProblem::kWrongType;
             return invalid_argument_error("field \"{}\" is {}, expected an array of messages",
                                           sh.json_key, json_kind(*it));
         }
-        if (it->empty())
+        if (it->empty()) {
+            problem = RecordProblem::kEmpty;
             return invalid_argument_error("empty conversation (\"{}\" is [])", sh.json_key);
-        auto enc = sh.chat->encode_with_labels(sh.tokenizer, *it, chat_options);
-        if (!enc.ok()) return invalid_argument_error("chat template: {}", enc.status().message());
-        if (enc->ids.empty())
+        }
+        return encode_messages(*it, out, problem);
+    }
+
+    // Messages through the chat template into `out`: ids, labels and the document's size.
+    Status encode_messages(const nlohmann::ordered_json& messages, Batch& out,
+                           RecordProblem& problem) {
+        auto enc = sh.chat->encode_with_labels(sh.tokenizer, messages, chat_options);
+        if (!enc.ok()) {
+            problem = RecordProblem::kTemplate;
+            return invalid_argument_error("chat template: {}", enc.status().message());
+        }
+        if (enc->ids.empty()) {
+            problem = RecordProblem::kEmpty;
             return invalid_argument_error("the conversation encodes to no tokens");
+        }
+        if (sh.options.max_tokens > 0 && int64_t(enc->ids.size()) > sh.options.max_tokens) {
+            problem = RecordProblem::kTooLong;
+            return invalid_argument_error(
+                "the conversation has {} tokens, more than --seq-length {}", enc->ids.size(),
+                sh.options.max_tokens);
+        }
         out.tokens.insert(out.tokens.end(), enc->ids.begin(), enc->ids.end());
         out.labels.insert(out.labels.end(), enc->labels.begin(), enc->labels.end());
         out.doc_sizes.push_back(enc->ids.size());
@@ -491,11 +615,18 @@ struct Worker {
         for (const RecordRef& r : b.records) {
             const std::string_view text(b.text.data() + r.offset, r.size);
             uint64_t line = r.line;
-            Status s = b.kind == RecordKind::kChat ? encode_chat(text, b)
-                                                   : encode_text(b.kind, text, line, b);
+            RecordProblem problem = RecordProblem::kText;
+            const bool conversation = b.kind == RecordKind::kChat ||
+                                      b.kind == RecordKind::kAlpaca ||
+                                      b.kind == RecordKind::kSharegpt;
+            Status s = conversation ? encode_chat(b.kind, text, b, problem)
+                                    : encode_text(b.kind, text, line, b, problem);
             if (!s.ok()) {
                 b.errors.push_back(
-                    fmt::format("{}:{}: {}", sh.display_names[b.input], line, s.message()));
+                    b.json_array
+                        ? fmt::format("{}[{}]: {}", sh.display_names[b.input], line, s.message())
+                        : fmt::format("{}:{}: {}", sh.display_names[b.input], line, s.message()));
+                b.problems.push_back(problem);
             }
         }
         return ok_status();
@@ -546,7 +677,7 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
     LATHE_ASSIGN_OR_RETURN(
         std::unique_ptr<Source> first,
         Source::open(options.inputs[0], options.cancel, options.max_record_bytes));
-    bool chat = options.format == PrepareFormat::kChat;
+    bool chat = prepare_format_is_conversation(options.format);
     report.format = options.format;
     if (options.format == PrepareFormat::kAuto) {
         LATHE_ASSIGN_OR_RETURN(const std::optional<std::string> line,
@@ -558,9 +689,24 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
         }
         report.format = json ? PrepareFormat::kJsonl : PrepareFormat::kText;
     }
-    if (chat) report.format = PrepareFormat::kChat;
+    if (chat && !prepare_format_is_conversation(report.format))
+        report.format = PrepareFormat::kChat;
     sh.run_is_chat = chat;
-    sh.json_key = options.json_key.value_or(chat ? "messages" : "text");
+    if (options.format == PrepareFormat::kAlpaca && options.json_key.has_value()) {
+        return invalid_argument_error(
+            "--json-key does not apply to --format alpaca (its fields are instruction, input, "
+            "output, system and history)");
+    }
+    sh.json_key =
+        options.json_key.value_or(options.format == PrepareFormat::kSharegpt ? "conversations"
+                                  : chat                                     ? "messages"
+                                                                             : "text");
+    if (options.max_tokens > 0 && !chat) {
+        return invalid_argument_error(
+            "--seq-length applies to conversation formats (chat, alpaca, sharegpt); this run is "
+            "{}",
+            prepare_format_name(report.format));
+    }
 
     std::optional<ChatTemplate> chat_template;
     if (chat) {
@@ -635,7 +781,9 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
                     "{} (fix the input, or pass --on-error skip to skip bad records)",
                     batch.errors.front());
             }
-            for (std::string& e : batch.errors) {
+            for (size_t i = 0; i < batch.errors.size(); ++i) {
+                std::string& e = batch.errors[i];
+                ++report.skipped_by_problem[record_problem_name(batch.problems[i])];
                 if (report.skipped < kMaxSkipExamples) {
                     log_warning("skipped {}", e);
                     report.skipped_examples.push_back(std::move(e));

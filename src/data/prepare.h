@@ -18,12 +18,24 @@
 // "text" of "", a conversation that renders to nothing) is an error, or is counted as skipped with
 // OnError::kSkip, like a malformed line; GPT-NeoX drops empty documents silently.
 //
+// Conversation formats (chat, alpaca, sharegpt) render each record with the model's chat template
+// (tokenizer/chat_template.h: the ids of transformers' apply_chat_template(messages,
+// tokenize=True)) and write a label file beside the tokens: the tokens of every generation-role
+// (assistant) message and its end of turn keep their id, every other token is -100. alpaca and
+// sharegpt records are mapped onto messages as LLaMA-Factory maps them (data/sft_records.h). An
+// input of these formats may also be one JSON array of records (the first non-blank character is
+// '['; the array is read whole); its records are named "<file>[index]" in messages. With
+// max_tokens, a conversation of more tokens is a bad record. Bad records stop the run, or with
+// OnError::kSkip are counted per RecordProblem. Training packs the conversations several to a
+// sample (data/gpt2_dataset.h), with per-document attention when the run asks for it.
+//
 // Outputs appear only when the whole run succeeded: an error, a cancellation or a kill leaves
 // nothing under the final names (temporary files are removed, except after SIGKILL, when a
 // "<name>.tmp-<pid>" may remain).
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -31,6 +43,7 @@
 
 #include "core/status.h"
 #include "data/indexed_dataset.h"
+#include "data/sft_records.h"
 
 namespace lathe {
 
@@ -43,9 +56,14 @@ enum class PrepareFormat {
     kText,        // one document per line ("\n" or "\r\n"); blank lines are passed over
     kTextBlocks,  // one document per run of non-blank lines
     kChat,        // JSONL whose `json_key` (default "messages") is [{role, content}, ...]
+    kAlpaca,      // LLaMA-Factory alpaca records (instruction, input, output, system, history)
+    kSharegpt,    // LLaMA-Factory sharegpt records (`json_key`, default "conversations")
 };
 
-// "auto", "jsonl", "text", "text-blocks", "chat".
+// True for the formats rendered with a chat template: kChat, kAlpaca, kSharegpt.
+bool prepare_format_is_conversation(PrepareFormat format);
+
+// "auto", "jsonl", "text", "text-blocks", "chat", "alpaca", "sharegpt".
 const char* prepare_format_name(PrepareFormat format);
 // The inverse; an unknown name is an error listing the valid ones.
 Result<PrepareFormat> prepare_format_from_name(std::string_view name);
@@ -67,6 +85,9 @@ struct PrepareOptions {
     std::string chat_template_config;
     std::string generation_role = "assistant";
     bool only_last_turn = false;
+    SharegptTags sharegpt_tags;  // sharegpt: turn keys and role tags (--role-tags)
+    // Conversation formats: a conversation of more tokens is a bad record (0 = no limit).
+    int64_t max_tokens = 0;
     // Presentation and limits.
     bool show_progress = true;
     size_t batch_bytes = size_t{1} << 20;
@@ -93,6 +114,8 @@ struct PrepareReport {
     std::optional<int32_t> eod_id;              // with append_eod (or chat: the template's eos)
     std::string eod_token;
     std::string eod_source;  // where the EOD token came from, in words
+    // Bad records skipped under OnError::kSkip, per record_problem_name.
+    std::map<std::string, uint64_t> skipped_by_problem;
 };
 
 // Runs the whole pipeline. Errors (the first bad record in input order under kFail, an
