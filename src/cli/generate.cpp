@@ -22,6 +22,7 @@
 #include "data/line_output.h"
 #include "infer/engine.h"
 #include "infer/generate.h"
+#include "infer/prompting.h"
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"
@@ -45,63 +46,6 @@ struct GenerateRequest {
     bool chat = false;
 };
 
-// The EOS ids: generation_config.json's eos_token_id (an id or a list), else config.json's.
-Result<std::vector<int32_t>> read_eos_ids(const fs::path& dir) {
-    for (const char* name : {"generation_config.json", "config.json"}) {
-        const fs::path path = dir / name;
-        if (!fs::exists(path)) continue;
-        std::ifstream in(path);
-        nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-        if (j.is_discarded()) return invalid_argument_error("{}: not valid JSON", path.string());
-        if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) continue;
-        const nlohmann::json& e = j["eos_token_id"];
-        std::vector<int32_t> ids;
-        if (e.is_number_integer()) {
-            ids.push_back(e.get<int32_t>());
-        } else if (e.is_array()) {
-            for (const auto& x : e) {
-                if (!x.is_number_integer())
-                    return invalid_argument_error("{}: eos_token_id holds a non-integer",
-                                                  path.string());
-                ids.push_back(x.get<int32_t>());
-            }
-        } else {
-            return invalid_argument_error("{}: eos_token_id must be an integer or a list of them",
-                                          path.string());
-        }
-        return ids;
-    }
-    return std::vector<int32_t>{};
-}
-
-struct Prompting {
-    std::optional<Tokenizer> tokenizer;
-    std::optional<ChatTemplate> chat;
-    Status chat_error;  // why tokenizer_config.json gave no template, for a chat prompt
-    std::string dir;
-};
-
-Result<std::vector<int32_t>> encode_text(const Prompting& p, const std::string& text,
-                                         bool add_special) {
-    if (!p.tokenizer) {
-        return failed_precondition_error(
-            "{} has no tokenizer.json: give token ids ({{\"prompt_ids\": [...]}})", p.dir);
-    }
-    return p.tokenizer->encode(text, add_special);
-}
-
-Result<std::vector<int32_t>> encode_messages(const Prompting& p,
-                                             const nlohmann::ordered_json& messages) {
-    if (!p.chat && !p.chat_error.ok()) return p.chat_error;
-    if (!p.chat) {
-        return failed_precondition_error(
-            "{} has no chat template (tokenizer_config.json with chat_template)", p.dir);
-    }
-    LATHE_ASSIGN_OR_RETURN(std::string text, p.chat->render(messages, true));
-    // The template writes BOS itself where the model wants one.
-    return encode_text(p, text, /*add_special=*/false);
-}
-
 // One input line's prompt ids; errors are the caller's to place (file:line).
 Result<std::vector<int32_t>> prompt_of_line(const Prompting& p, const std::string& line,
                                             bool chat) {
@@ -119,9 +63,9 @@ Result<std::vector<int32_t>> prompt_of_line(const Prompting& p, const std::strin
         if (chat) {
             nlohmann::ordered_json m = nlohmann::ordered_json::array();
             m.push_back({{"role", "user"}, {"content", text}});
-            return encode_messages(p, m);
+            return p.encode_messages(m);
         }
-        return encode_text(p, text, /*add_special=*/true);
+        return p.encode_text(text, /*add_special=*/true);
     }
     if (j.contains("prompt_ids")) {
         const auto& a = j["prompt_ids"];
@@ -137,7 +81,7 @@ Result<std::vector<int32_t>> prompt_of_line(const Prompting& p, const std::strin
     }
     if (!j["messages"].is_array())
         return invalid_argument_error("\"messages\" must be a list of {{\"role\", \"content\"}}");
-    return encode_messages(p, j["messages"]);
+    return p.encode_messages(j["messages"]);
 }
 
 Status run_generate(const GenerateRequest& r) {
@@ -146,22 +90,9 @@ Status run_generate(const GenerateRequest& r) {
     const Result<fs::path> resolved = resolve_checkpoint(r.checkpoint);
     if (!resolved.ok()) return resolved.status().with_context("--checkpoint");
     const fs::path dir = *resolved;
-    Prompting p;
-    p.dir = dir.string();
-    if (fs::exists(dir / "tokenizer.json")) {
-        auto t = Tokenizer::load((dir / "tokenizer.json").string());
-        if (!t.ok()) return t.status().with_context("--checkpoint");
-        p.tokenizer.emplace(std::move(*t));
-    }
-    const fs::path tc = dir / "tokenizer_config.json";
-    if (fs::exists(tc)) {
-        auto c = ChatTemplate::load(tc.string());
-        // A config without a chat template is fine until a chat prompt needs one.
-        if (c.ok())
-            p.chat.emplace(std::move(*c));
-        else
-            p.chat_error = c.status().with_context(tc.string());
-    }
+    Result<Prompting> loaded = Prompting::load(dir);
+    if (!loaded.ok()) return loaded.status().with_context("--checkpoint");
+    const Prompting& p = *loaded;
 
     // The prompts, each with where it came from.
     std::vector<std::vector<int32_t>> prompts;
@@ -180,10 +111,10 @@ Status run_generate(const GenerateRequest& r) {
         if (prompts.empty()) return invalid_argument_error("--input {}: no prompts", r.input);
     } else {
         Result<std::vector<int32_t>> ids = [&]() -> Result<std::vector<int32_t>> {
-            if (!r.chat) return encode_text(p, r.prompt, true);
+            if (!r.chat) return p.encode_text(r.prompt, true);
             nlohmann::ordered_json m = nlohmann::ordered_json::array();
             m.push_back({{"role", "user"}, {"content", r.prompt}});
-            return encode_messages(p, m);
+            return p.encode_messages(m);
         }();
         if (!ids.ok()) return ids.status().with_context("--prompt");
         if (ids->empty()) return invalid_argument_error("--prompt: the prompt has no tokens");

@@ -237,13 +237,24 @@ void InferenceEngine::last_logits(ConstTensorView x, int64_t n, std::span<float>
 
 Status InferenceEngine::prefill(SeqId seq, std::span<const int32_t> tokens,
                                 std::span<float> logits) {
+    return prefill_impl(seq, tokens, logits, /*all=*/false);
+}
+
+Status InferenceEngine::prefill_all(SeqId seq, std::span<const int32_t> tokens,
+                                    std::span<float> all_logits) {
+    return prefill_impl(seq, tokens, all_logits, /*all=*/true);
+}
+
+Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
+                                     std::span<float> logits, bool all) {
     const ModelConfig& c = config();
     if (!cache_.is_open(seq))
         return invalid_argument_error("prefill: sequence {} is not open", seq);
     if (tokens.empty()) return invalid_argument_error("prefill: no tokens for sequence {}", seq);
-    if (int64_t(logits.size()) != c.vocab_size) {
-        return invalid_argument_error("prefill: logits hold {} floats, the vocabulary is {}",
-                                      logits.size(), c.vocab_size);
+    const int64_t rows_out = all ? int64_t(tokens.size()) : 1;
+    if (int64_t(logits.size()) != rows_out * c.vocab_size) {
+        return invalid_argument_error("prefill: logits hold {} floats, need {} x {}", logits.size(),
+                                      rows_out, c.vocab_size);
     }
     for (size_t i = 0; i < tokens.size(); ++i) {
         if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
@@ -301,8 +312,16 @@ Status InferenceEngine::prefill(SeqId seq, std::span<const int32_t> tokens,
         };
         const TensorView x = run_blocks(1, T, tok, pos, attend);
         cache_.set_length(seq, pos0 + T);
-        if (begin + size_t(T) == tokens.size()) {
-            const TensorView rows = x.reshape(Shape{T, cfg.hidden_size});
+        const TensorView rows = x.reshape(Shape{T, cfg.hidden_size});
+        if (all) {
+            // The logits scratch holds max_sequences rows: the chunk's rows go in pieces.
+            const int64_t V = cfg.vocab_size, piece = limits_.max_sequences;
+            for (int64_t a = 0; a < T; a += piece) {
+                const int64_t b = std::min(T, a + piece);
+                last_logits(rows.slice(a, b), b - a,
+                            logits.subspan(size_t((int64_t(begin) + a) * V), size_t((b - a) * V)));
+            }
+        } else if (begin + size_t(T) == tokens.size()) {
             last_logits(rows.slice(T - 1, T), 1, logits);
         }
     }

@@ -77,6 +77,10 @@ public:
     // `logits` (V floats). Errors: an unknown sequence, no tokens, a token outside [0, V), more
     // tokens than max_len leaves room for.
     Status prefill(SeqId seq, std::span<const int32_t> tokens, std::span<float> logits);
+    // The same, with the logits that follow every token of `tokens`: row t of `all_logits`
+    // (tokens.size() x V floats) follows tokens[t] (the LM head runs on every position, in pieces
+    // of max_sequences rows). A server's echo of prompt log-probabilities reads them.
+    Status prefill_all(SeqId seq, std::span<const int32_t> tokens, std::span<float> all_logits);
 
     // Appends steps[i].token to steps[i].seq for every open sequence (each exactly once, any
     // order) and writes the logits that follow into rows i of `logits` (steps.size() x V floats).
@@ -101,6 +105,10 @@ private:
                           Attend&& attend);
     // Final norm and LM head over the (n, C) rows `x`; logits widened to f32 into `out`.
     void last_logits(ConstTensorView x, int64_t n, std::span<float> out);
+    // prefill and prefill_all: `logits` holds V floats (the last token's) or, with `all`,
+    // tokens.size() x V.
+    Status prefill_impl(SeqId seq, std::span<const int32_t> tokens, std::span<float> logits,
+                        bool all);
 
     const Model* model_ = nullptr;
     EngineLimits limits_;

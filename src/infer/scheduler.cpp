@@ -1,0 +1,331 @@
+#include "infer/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/check.h"
+
+namespace lathe {
+
+namespace {
+
+// log_softmax(row)[id] and the k most probable tokens (decreasing, ties by increasing id), in
+// double over the raw logits.
+TokenLogprob logprob_of(std::span<const float> row, int32_t id, int64_t k) {
+    double m = -INFINITY;
+    for (float x : row) m = std::max(m, double(x));
+    double sum = 0;
+    for (float x : row) sum += std::exp(double(x) - m);
+    const double lse = m + std::log(sum);
+    TokenLogprob lp;
+    lp.id = id;
+    lp.logprob = float(double(row[size_t(id)]) - lse);
+    lp.has_logprob = true;
+    if (k > 0) {
+        std::vector<int32_t> idx(row.size());
+        std::iota(idx.begin(), idx.end(), 0);
+        const size_t kk = std::min(size_t(k), idx.size());
+        std::partial_sort(idx.begin(), idx.begin() + ptrdiff_t(kk), idx.end(),
+                          [&](int32_t a, int32_t b) {
+                              return row[size_t(a)] > row[size_t(b)] ||
+                                     (row[size_t(a)] == row[size_t(b)] && a < b);
+                          });
+        for (size_t i = 0; i < kk; ++i)
+            lp.top.emplace_back(idx[i], float(double(row[size_t(idx[i])]) - lse));
+    }
+    return lp;
+}
+
+const std::string kReplacement = "\xEF\xBF\xBD";  // what a decoder writes for an unfinished char
+
+}  // namespace
+
+uint64_t SequenceTicket::wait(uint64_t version, SequenceState& out) const {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return version_ != version; });
+    out = state_;
+    return version_;
+}
+
+SequenceState SequenceTicket::snapshot() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return state_;
+}
+
+void SequenceTicket::publish(const SequenceState& s) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        state_ = s;
+        ++version_;
+    }
+    cv_.notify_all();
+}
+
+Scheduler::Scheduler(InferenceEngine& engine, Detokenizer detokenize, int64_t max_queue)
+    : engine_(engine),
+      detokenize_(std::move(detokenize)),
+      max_queue_(std::max<int64_t>(1, max_queue)) {}
+
+Scheduler::~Scheduler() {
+    stop();
+}
+
+Result<std::vector<std::shared_ptr<SequenceTicket>>> Scheduler::submit(
+    std::vector<SequenceParams> group) {
+    const int64_t V = engine_.vocab_size(), T = engine_.limits().max_len;
+    for (const SequenceParams& p : group) {
+        LATHE_RETURN_IF_ERROR(sampling_validate(p.sampling));
+        if (p.prompt.empty()) return invalid_argument_error("the prompt has no tokens");
+        for (size_t i = 0; i < p.prompt.size(); ++i) {
+            if (p.prompt[i] < 0 || p.prompt[i] >= V) {
+                return invalid_argument_error(
+                    "token {} at index {} of the prompt is outside the vocabulary [0, {})",
+                    p.prompt[i], i, V);
+            }
+        }
+        if (p.max_tokens < 0)
+            return invalid_argument_error("max_tokens must be >= 0, got {}", p.max_tokens);
+        if (int64_t(p.prompt.size()) + p.max_tokens > T) {
+            return invalid_argument_error(
+                "the prompt's {} tokens and max_tokens {} exceed the {}-token context: shorten "
+                "the prompt or lower max_tokens",
+                p.prompt.size(), p.max_tokens, T);
+        }
+        if (!p.stop_strings.empty() && !detokenize_)
+            return invalid_argument_error("stop strings need a tokenizer to decode text");
+        if (p.top_logprobs < -1)
+            return invalid_argument_error("top_logprobs must be >= -1, got {}", p.top_logprobs);
+    }
+    std::vector<std::shared_ptr<SequenceTicket>> tickets;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) return cancelled_error("the server is shutting down");
+        if (int64_t(waiting_.size() + group.size()) > max_queue_) {
+            return failed_precondition_error(
+                "the queue is full ({} sequences waiting, at most {}): retry later",
+                waiting_.size(), max_queue_);
+        }
+        for (SequenceParams& p : group) {
+            tickets.push_back(std::make_shared<SequenceTicket>());
+            waiting_.emplace_back(tickets.back(), std::move(p));
+        }
+    }
+    cv_.notify_all();
+    return tickets;
+}
+
+bool Scheduler::accept(Running& r, std::span<float> logits) {
+    SequenceState& st = r.state;
+    const SequenceParams& p = r.params;
+    std::vector<float> raw;
+    if (p.top_logprobs >= 0) raw.assign(logits.begin(), logits.end());
+    const int32_t token = sample_token(logits, r.seen, p.sampling, r.rng, prob_, order_);
+    if (p.top_logprobs >= 0) st.logprobs.push_back(logprob_of(raw, token, p.top_logprobs));
+    st.ids.push_back(token);
+    r.seen.push_back(token);
+    r.last = token;
+    generated_.fetch_add(1);
+    if (detokenize_) {
+        Result<std::string> text = detokenize_(st.ids);
+        if (!text.ok()) {
+            st.error = text.status();
+            return true;
+        }
+        st.text = std::move(*text);
+    }
+    if (std::find(p.stop_ids.begin(), p.stop_ids.end(), token) != p.stop_ids.end()) {
+        st.finish = "stop";
+    } else {
+        // The earliest stop string ends the text right before it.
+        size_t cut = std::string::npos;
+        for (const std::string& s : p.stop_strings) {
+            const size_t at = s.empty() ? std::string::npos : st.text.find(s);
+            if (at != std::string::npos) cut = std::min(cut, at);
+        }
+        if (cut != std::string::npos) {
+            st.text.resize(cut);
+            st.finish = "stop";
+        }
+    }
+    if (st.finish.empty() && int64_t(st.ids.size()) >= p.max_tokens) st.finish = "length";
+    if (st.finish.empty() && engine_.length(r.seq) >= engine_.limits().max_len)
+        st.finish = "length";
+    if (!st.finish.empty()) return true;
+    // Stable text: not an unfinished character at the end, and not the last (longest stop
+    // string - 1) bytes, which a stop string completed by a later token may still cut. A stop
+    // string found later starts after the bytes held back, so the stable prefix only grows.
+    size_t stable = st.text.size();
+    if (stable >= kReplacement.size() &&
+        st.text.compare(stable - kReplacement.size(), kReplacement.size(), kReplacement) == 0)
+        stable -= kReplacement.size();
+    size_t longest = 0;
+    for (const std::string& s : p.stop_strings) longest = std::max(longest, s.size());
+    stable = longest > 1 ? (stable >= longest - 1 ? stable - (longest - 1) : 0) : stable;
+    st.stable_text = std::max(st.stable_text, stable);
+    r.ticket->publish(st);
+    return false;
+}
+
+void Scheduler::finish(Running& r) {
+    engine_.close(r.seq);
+    r.state.done = true;
+    r.state.stable_text = r.state.text.size();
+    finished_.fetch_add(1);
+    r.ticket->publish(r.state);
+}
+
+bool Scheduler::step() {
+    bool worked = false;
+    const int64_t V = engine_.vocab_size();
+    // Leave: sequences whose client went away.
+    for (size_t i = 0; i < running_.size();) {
+        if (!running_[i].ticket->cancelled()) {
+            ++i;
+            continue;
+        }
+        running_[i].state.error = cancelled_error("the request was cancelled");
+        finish(running_[i]);
+        running_.erase(running_.begin() + ptrdiff_t(i));
+        worked = true;
+    }
+    // Join: waiting sequences while the engine has room.
+    while (engine_.open_sequences() < engine_.limits().max_sequences) {
+        std::pair<std::shared_ptr<SequenceTicket>, SequenceParams> item;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (waiting_.empty()) break;
+            item = std::move(waiting_.front());
+            waiting_.pop_front();
+        }
+        worked = true;
+        Running r;
+        r.ticket = std::move(item.first);
+        r.params = std::move(item.second);
+        if (r.ticket->cancelled()) {
+            r.state.error = cancelled_error("the request was cancelled");
+            r.state.done = true;
+            r.ticket->publish(r.state);
+            continue;
+        }
+        r.rng = SampleRng(r.params.seed_state);
+        r.seen = r.params.prompt;
+        Result<SeqId> seq = engine_.open();
+        LATHE_CHECK(seq.ok(), "scheduler: open with {} of {} sequences open",
+                    engine_.open_sequences(), engine_.limits().max_sequences);
+        r.seq = *seq;
+        const std::vector<int32_t>& prompt = r.params.prompt;
+        const size_t T = prompt.size();
+        const size_t rows = r.params.prompt_logprobs ? T : 1;
+        logits_.resize(rows * size_t(V));
+        const Status s = r.params.prompt_logprobs ? engine_.prefill_all(r.seq, prompt, logits_)
+                                                  : engine_.prefill(r.seq, prompt, logits_);
+        if (!s.ok()) {
+            r.state.error = s;
+            finish(r);
+            continue;
+        }
+        prompt_tokens_.fetch_add(int64_t(T));
+        if (r.params.prompt_logprobs) {
+            TokenLogprob first;
+            first.id = prompt[0];
+            r.state.prompt.push_back(first);
+            const int64_t k = std::max<int64_t>(r.params.top_logprobs, 0);
+            for (size_t t = 1; t < T; ++t) {
+                const std::span<const float> row(logits_.data() + (t - 1) * size_t(V), size_t(V));
+                r.state.prompt.push_back(logprob_of(row, prompt[t], k));
+            }
+        }
+        if (r.params.max_tokens == 0) {
+            r.state.finish = "length";
+            finish(r);
+            continue;
+        }
+        const std::span<float> last(logits_.data() + (rows - 1) * size_t(V), size_t(V));
+        if (accept(r, last))
+            finish(r);
+        else
+            running_.push_back(std::move(r));
+    }
+    running_count_.store(int64_t(running_.size()));
+    if (running_.empty()) return worked;
+    // One decode step for every running sequence.
+    std::vector<DecodeStep> steps;
+    for (const Running& r : running_) steps.push_back(DecodeStep{r.seq, r.last});
+    logits_.resize(running_.size() * size_t(V));
+    const Status s = engine_.decode(steps, logits_);
+    steps_.fetch_add(1);
+    std::vector<Running> still;
+    for (size_t k = 0; k < running_.size(); ++k) {
+        Running& r = running_[k];
+        if (!s.ok()) {
+            r.state.error = s;
+            finish(r);
+            continue;
+        }
+        const std::span<float> row(logits_.data() + k * size_t(V), size_t(V));
+        if (accept(r, row))
+            finish(r);
+        else
+            still.push_back(std::move(r));
+    }
+    running_ = std::move(still);
+    running_count_.store(int64_t(running_.size()));
+    return true;
+}
+
+void Scheduler::loop() {
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running_.empty(); });
+            if (stopping_) break;
+        }
+        step();
+    }
+}
+
+void Scheduler::start() {
+    LATHE_CHECK(!thread_.joinable(), "scheduler started twice");
+    thread_ = std::thread([this] { loop(); });
+}
+
+void Scheduler::stop() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    // Everything still in flight ends with an error its waiter reports.
+    for (Running& r : running_) {
+        r.state.error = cancelled_error("the server is shutting down");
+        finish(r);
+    }
+    running_.clear();
+    running_count_.store(0);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [ticket, params] : waiting_) {
+        SequenceState st;
+        st.error = cancelled_error("the server is shutting down");
+        st.done = true;
+        ticket->publish(st);
+    }
+    waiting_.clear();
+}
+
+SchedulerStats Scheduler::stats() const {
+    SchedulerStats s;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        s.waiting = int64_t(waiting_.size());
+    }
+    s.running = running_count_.load();
+    s.sequences_finished = finished_.load();
+    s.prompt_tokens = prompt_tokens_.load();
+    s.generated_tokens = generated_.load();
+    s.decode_steps = steps_.load();
+    return s;
+}
+
+}  // namespace lathe
