@@ -87,11 +87,17 @@ void linear_expect_precision(std::string_view op, const LinearSpec& spec, const 
     const std::string_view role = spec.role.empty() ? std::string_view("linear") : spec.role;
     const bool fp8_op = op == "linear_forward" || op == "linear_residual_forward" ||
                         op == "linear_backward" || op == "linear_fp8_cast_weight";
-    LATHE_CHECK(
-        spec.precision == LinearPrecision::kFp8PerTensor && ctx.backend == Backend::kCuda && fp8_op,
-        "{}: fp8 linear: no kernel for {} ({}) on the {} backend in this build; use the "
-        "native precision for this linear",
-        op, linear_precision_name(spec.precision), role, backend_name(ctx.backend));
+    LATHE_CHECK(ctx.backend == Backend::kCuda && fp8_op,
+                "{}: fp8 linear: no kernel for {} ({}) on the {} backend in this build; use the "
+                "native precision for this linear",
+                op, linear_precision_name(spec.precision), role, backend_name(ctx.backend));
+    if (spec.precision == LinearPrecision::kFp8Blockwise) {
+        LATHE_CHECK(spec.fp8_block != nullptr && spec.fp8_block->cast_scales != nullptr,
+                    "{}: fp8 linear {} ({}) on the cuda backend without its buffers "
+                    "(LinearSpec::fp8_block)",
+                    op, linear_precision_name(spec.precision), role);
+        return;
+    }
     LATHE_CHECK(spec.fp8 != nullptr && spec.fp8->scalars != nullptr,
                 "{}: fp8 linear {} ({}) on the cuda backend without its buffers (LinearSpec::fp8)",
                 op, linear_precision_name(spec.precision), role);
@@ -106,6 +112,11 @@ void linear_fp8_cast_weight(ConstTensorView weight, const Context& ctx, const Li
     LATHE_CHECK(weight.rank() == 2, "{}: weight {}", kOp, weight.to_string());
     op_expect_memory(kOp, ctx, {weight});
     op_expect_cuda_dtype(kOp, DType::kBF16, {weight});
+    if (spec.precision == LinearPrecision::kFp8Blockwise) {
+        fp8_blockwise_cast_weight(weight.as<bf16>(), weight.dim(0), weight.dim(1), *spec.fp8_block,
+                                  ctx.stream);
+        return;
+    }
     fp8_cast_tensor(weight.as<bf16>(), weight.dim(0), weight.dim(1), DType::kE4M3, spec.fp8->wq,
                     spec.fp8->wqt, spec.fp8->scalars + 8, *spec.fp8, 1, ctx.stream);
 }
@@ -126,6 +137,11 @@ void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, Con
             return;
         case Backend::kCuda:
             op_expect_cuda_dtype(kOp, DType::kBF16, {y, x, weight, bias});
+            if (spec.precision == LinearPrecision::kFp8Blockwise) {
+                fp8_blockwise_forward(y.as<bf16>(), x.as<bf16>(), bias.as<bf16>(), nullptr, N, I, O,
+                                      *spec.fp8_block, cuda_state_of(ctx, kOp), ctx.stream);
+                return;
+            }
             if (fp8_path(spec)) {
                 fp8_forward(y.as<bf16>(), x.as<bf16>(), bias.as<bf16>(), nullptr, N, I, O,
                             *spec.fp8, cuda_state_of(ctx, kOp), ctx.stream);
@@ -157,6 +173,11 @@ void linear_residual_forward(TensorView y, ConstTensorView x, ConstTensorView we
     op_expect_memory(kOp, ctx, {y, x, weight, bias, residual});
     if (ctx.backend == Backend::kCuda) {
         op_expect_cuda_dtype(kOp, DType::kBF16, {y, x, weight, bias, residual});
+        if (spec.precision == LinearPrecision::kFp8Blockwise) {
+            fp8_blockwise_forward(y.as<bf16>(), x.as<bf16>(), bias.as<bf16>(), residual.as<bf16>(),
+                                  N, I, O, *spec.fp8_block, cuda_state_of(ctx, kOp), ctx.stream);
+            return;
+        }
         if (fp8_path(spec)) {
             fp8_forward(y.as<bf16>(), x.as<bf16>(), bias.as<bf16>(), residual.as<bf16>(), N, I, O,
                         *spec.fp8, cuda_state_of(ctx, kOp), ctx.stream);
@@ -191,6 +212,13 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
         case Backend::kCuda:
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, dy, x, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {dweight, dbias});
+            if (spec.precision == LinearPrecision::kFp8Blockwise) {
+                // x's transposed codes (xqt) and their scales are the forward's; dy is cast here.
+                fp8_blockwise_backward(dx.as<bf16>(), dweight.as<float>(), dbias.as<float>(),
+                                       dy.as<bf16>(), N, I, O, dx_mode == GradMode::kAccumulate,
+                                       *spec.fp8_block, cuda_state_of(ctx, kOp), ctx.stream);
+                return;
+            }
             if (fp8_path(spec)) {
                 // x's codes (xqt) and scale are the forward's; dy is cast here.
                 const Fp8LinearBuffers& b = *spec.fp8;

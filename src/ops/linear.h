@@ -43,14 +43,19 @@
 //   Delayed scaling (Fp8LinearBuffers::delayed_scale set): every cast above uses the given
 //             scale instead of its tensor's amax (one read of x, w, dy) and reports the amax
 //             into Fp8LinearBuffers::step_amax.
+// kFp8Blockwise runs on CUDA in the same ops (and linear_fp8_cast_weight), in the caller's
+// Fp8BlockwiseBuffers (LinearSpec::fp8_block; ops/fp8_blockwise.h has the scheme, the buffers and
+// fp8_blockwise_buffer_bytes(N, I, O) for a memory plan): E4M3 codes with an f32 scale per 1 x 128
+// block of x and dy (their transposes re-quantized in 1 x 128 blocks along the tokens for the
+// weight gradient) and per 128 x 128 block of W, through cuBLASLt's block-scaled GEMMs.
 // Every other fp8 case stops with "fp8 linear: no kernel ...", naming the op, the precision, the
-// linear's role and the backend: the CPU backend, kFp8Blockwise, the GELU ops, and a CUDA call
-// without buffers.
+// linear's role and the backend: the CPU backend, the GELU ops, and a CUDA call without buffers.
 #include <cstdint>
 #include <string_view>
 
 #include "core/tensor.h"
 #include "ops/context.h"
+#include "ops/fp8_blockwise.h"
 #include "ops/gelu.h"
 
 namespace lathe {
@@ -58,8 +63,8 @@ namespace lathe {
 // The number format of a linear's GEMMs.
 //   kNative        the backend's: bf16 operands with fp32 accumulation on CUDA, f32 on the CPU
 //   kFp8PerTensor  e4m3 weights and activations, e5m2 gradients, one f32 scale per tensor
-//   kFp8Blockwise  the same formats with an f32 scale per block (1 x 128 of activations and
-//                  gradients, 128 x 128 of weights)
+//   kFp8Blockwise  e4m3 weights, activations and gradients with an f32 scale per block
+//                  (1 x 128 of activations and gradients, 128 x 128 of weights)
 enum class LinearPrecision : uint8_t { kNative, kFp8PerTensor, kFp8Blockwise };
 
 // "native", "fp8_per_tensor", "fp8_blockwise".
@@ -95,6 +100,7 @@ struct LinearSpec {
     LinearPrecision precision = LinearPrecision::kNative;
     std::string_view role;
     const Fp8LinearBuffers* fp8 = nullptr;
+    const Fp8BlockwiseBuffers* fp8_block = nullptr;  // for kFp8Blockwise on CUDA
 };
 
 // Stops (LATHE_CHECK) unless ctx's backend runs `spec` in this build, naming `op`, the precision,

@@ -356,8 +356,8 @@ TEST(CudaFp8Linear, LinearOpsInFp8MatchBf16WithinTheQuantizationBound) {
     }
 }
 
-// Blockwise and the GELU ops have no FP8 kernel in the linear ops, and a CUDA call without
-// buffers is refused: each stops naming the op and the role.
+// A CUDA call without its precision's buffers is refused: each stops naming the op and the
+// role.
 TEST(CudaFp8Linear, UnsupportedFp8CasesStopNamingTheRole) {
     GTEST_FLAG_SET(death_test_style, "threadsafe");
     CudaState state(0);
@@ -370,7 +370,8 @@ TEST(CudaFp8Linear, UnsupportedFp8CasesStopNamingTheRole) {
                  "fp8 linear fp8_per_tensor \\(qkv\\) on the cuda backend without its buffers");
     EXPECT_DEATH(linear_forward(vy, vx, vw, ConstTensorView(), ctx,
                                 LinearSpec{LinearPrecision::kFp8Blockwise, "attn_out", nullptr}),
-                 "no kernel for fp8_blockwise \\(attn_out\\) on the cuda backend");
+                 "fp8 linear fp8_blockwise \\(attn_out\\) on the cuda backend without its "
+                 "buffers \\(LinearSpec::fp8_block\\)");
 }
 
 TEST(CudaFp8Linear, DeviceSupportAndSelfTest) {
