@@ -495,7 +495,19 @@ struct Worker {
                        RecordProblem& problem) {
         problem = RecordProblem::kText;
         if (kind == RecordKind::kJsonl) {
-            LATHE_ASSIGN_OR_RETURN(text, jsonl.extract(text));
+            Result<std::string_view> field = jsonl.extract(text);
+            if (!field.ok()) {
+                // The reader's messages (data/jsonl.h) say which problem it is.
+                const std::string_view m = field.status().message();
+                problem = starts_with(m, "not valid JSON") ? RecordProblem::kNotJson
+                          : starts_with(m, "no \"")        ? RecordProblem::kMissingField
+                          : starts_with(m, "field \"") || starts_with(m, "expected a JSON object")
+                              ? RecordProblem::kWrongType
+                          : starts_with(m, "empty line") ? RecordProblem::kEmpty
+                                                         : RecordProblem::kText;
+                return field.status();
+            }
+            text = *field;
             if (text.empty()) {
                 problem = RecordProblem::kEmpty;
                 return invalid_argument_error("empty document (field \"{}\" is \"\")", sh.json_key);

@@ -328,6 +328,19 @@ TEST(SftPrepare, SkippedRecordsAreCountedPerProblem) {
     EXPECT_NE(f.status().message().find(input + ":2: conversations[0]: \"gpt\" where a user"),
               std::string::npos)
         << f.status().message();
+    // Plain JSONL records are counted by problem too.
+    const std::string plain_input =
+        write_file("plain.jsonl",
+                   "{\"text\": \"fine\"}\n{\"text\": \n{\"body\": \"x\"}\n"
+                   "{\"text\": 3}\n[1]\n{\"text\": \"\"}\n");
+    PrepareOptions counted = sft_options(plain_input, "counted", PrepareFormat::kJsonl);
+    counted.on_error = OnError::kSkip;
+    auto c = prepare_run(counted);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    EXPECT_EQ(c->documents, 1u);
+    const std::map<std::string, uint64_t> plain_expected = {
+        {"not JSON", 1}, {"missing field", 1}, {"wrong type", 2}, {"empty", 1}};
+    EXPECT_EQ(c->skipped_by_problem, plain_expected);
     // --seq-length is for conversation formats only.
     PrepareOptions plain = sft_options(input, "plain", PrepareFormat::kJsonl);
     plain.max_tokens = 20;
