@@ -11,7 +11,8 @@ What is checked, for the shared Llama-3 and Qwen3 tokenizers and their chat temp
     the rendered text independently of lathe;
   * each conversation is one document of the token files, so the packed training samples know
     where each conversation starts (the sample-level check is data_tests
-    SftPrepare.ConversationsPackIntoSamplesWithTheirOwnBoundariesAndLabels);
+    SftPrepare.ConversationsPackIntoSamplesWithTheirOwnBoundariesAndLabels), and `lathe train`
+    on CPU takes the prepared files with their labels and per-document attention;
   * bad records under --on-error fail (file:line, nothing written) and skip (counts per problem).
 """
 
@@ -295,3 +296,55 @@ def test_bad_records_under_each_on_error(tmp_path, fmt, records):
     r = prepare("llama3", src, tmp_path / "x", "--format", fmt, "--on-error", "ignore",
                 check=False)
     assert r.returncode != 0 and b"--on-error ignore: expected fail or skip" in r.stderr
+
+
+TRAIN = """
+model:
+  family: llama
+  hidden_size: 32
+  intermediate_size: 64
+  num_hidden_layers: 1
+  num_attention_heads: 2
+  max_position_embeddings: 64
+  tie_word_embeddings: true
+data:
+  split: "100,0,0"
+  seq_length: 64
+train:
+  steps: 1
+  micro_batch_size: 2
+  log_interval: 1
+  eval_interval: 0
+  threads: 2
+  device: cpu
+optimizer:
+  lr: 3.0e-3
+checkpoint:
+  interval: 0
+"""
+
+
+def test_prepared_conversations_train_packed_with_per_document_attention(tmp_path):
+    # Conversations of 20 to 40 tokens, so that each 64-token sample packs several of them.
+    records = [{"instruction": f"Count to {i % 7 + 1}.", "input": "" if i % 3 else "in words",
+                "output": f"Counting {i} done, " + "one two three " * (i % 4)} for i in range(60)]
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    prepare("llama3", src, tmp_path / "sft", "--format", "alpaca", "--seq-length", "64")
+    (tmp_path / "t.yaml").write_text(TRAIN)
+    first_loss = {}
+    for per_doc in ("true", "false"):
+        run_dir = tmp_path / f"run_{per_doc}"
+        sets = [f"data.path={tmp_path / 'sft'}", f"data.label_path={tmp_path / 'sft_label'}",
+                f"data.valid_path={tmp_path / 'sft'}",
+                f"data.valid_label_path={tmp_path / 'sft_label'}",
+                f"data.tokenizer={TOKENIZERS / 'llama3.json'}",
+                f"data.per_document_attention={per_doc}"]
+        lathe("train", tmp_path / "t.yaml", "--run-dir", run_dir,
+              *[a for s in sets for a in ("--set", s)])
+        step = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+        assert step["split"] == "train" and np.isfinite(step["loss"])
+        first_loss[per_doc] = step["loss"]
+    # Same weights, same samples: only the attention mask differs, and it changes the loss
+    # because the samples hold several conversations.
+    assert first_loss["true"] != first_loss["false"], first_loss
