@@ -104,7 +104,8 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
         "auto picks jsonl for inputs whose first line starts with '{', chat when that line has\n"
         "\"messages\" and no \"text\", else text.\n"
         "Blank lines (empty or only whitespace) are never documents: text-blocks splits at them;\n"
-        "text, jsonl and chat pass over them (counted as 'blank lines'), as tokenizer train does.");
+        "text, jsonl, chat, alpaca and sharegpt pass over them (counted as 'blank lines'), as\n"
+        "tokenizer train does.");
     auto opts = std::make_shared<PrepareOptions>();
     auto inputs = std::make_shared<std::vector<std::string>>();
     auto format = std::make_shared<std::string>("auto");
@@ -126,7 +127,8 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
                     "End-of-document token (default: <|endoftext|>, else the eos_token of the "
                     "tokenizer_config.json beside the tokenizer)");
     cmd->add_option("--json-key,--jsonl-keys", *json_key,
-                    "JSONL field holding the document (default text; chat: messages)");
+                    "JSONL field holding the document (default text; chat: messages; sharegpt: "
+                    "conversations)");
     cmd->add_option("--format", *format, "auto, jsonl, text, text-blocks, chat, alpaca or sharegpt")
         ->capture_default_str();
     cmd->add_option("--on-error", *on_error,
