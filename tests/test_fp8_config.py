@@ -1,5 +1,10 @@
 """The fp8.* keys of lathe train: each bad value stops before any work, naming the key, the value
-and what to choose (run/train_settings.cpp through model/fp8_state.h's fp8_settings_parse)."""
+and what to choose (run/train_settings.cpp through model/fp8_state.h's fp8_settings_parse); and
+train.precision fp8 where it cannot run (the CPU backend, a recipe or an LM head ops/linear has no
+fp8 GEMM for) stops before step 1, naming the backend or the key (run/trainer.cpp,
+model/model.h's model_check_fp8)."""
+
+import shutil
 
 import pytest
 
@@ -45,3 +50,30 @@ def test_valid_fp8_keys_are_accepted_with_bf16(corpus, tmp_path):
                       "fp8.lm_head=true"), check=False)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "ok" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("sets,needle", [
+    (["fp8.recipe=blockwise", "fp8.grad_format=e4m3"],
+     "fp8.recipe: blockwise: ops/linear has no blockwise fp8 GEMM in this build"),
+    (["fp8.lm_head=true"], "fp8.lm_head: true: the LM head's fused GEMMs"),
+    (["data.seq_length=15"], "(micro-batch 2 x sequence length 15 = 30) must be a multiple of 16"),
+])
+def test_fp8_what_the_linears_cannot_run_stops_before_work(corpus, tmp_path, sets, needle):
+    p = run(train_cmd(corpus, tmp_path / "bad", "train.precision=fp8", *sets), check=False)
+    assert p.returncode != 0
+    assert "lathe: error:" in p.stderr and "'train.precision: fp8'" in p.stderr, p.stderr
+    assert needle in p.stderr, p.stderr
+    assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine may have a GPU")
+@pytest.mark.parametrize("recipe", ["tensorwise", "delayed"])
+def test_fp8_on_the_cpu_backend_is_an_error_naming_it(corpus, tmp_path, recipe):
+    """train.device auto falls back to the CPU here: fp8 never falls back with it."""
+    p = run(train_cmd(corpus, tmp_path / "cpu", "train.precision=fp8", f"fp8.recipe={recipe}"),
+            check=False)
+    assert p.returncode != 0
+    assert "lathe: error:" in p.stderr, p.stderr
+    assert "the cpu backend, which has no fp8 linear" in p.stderr, p.stderr
+    assert not (tmp_path / "cpu" / "checkpoints").exists()
+    assert not (tmp_path / "cpu" / "metrics.jsonl").exists()

@@ -161,7 +161,9 @@ def test_sigterm_saves_and_rerun_continues_exactly(corpus, tmp_path):
     (["train.freeze=[nothing.*]"], "train.freeze: 'nothing.*' matches no parameter"),
     (["train.device=tpu"], "'train.device' is 'tpu'; choose auto, cpu or cuda"),
     (["train.precision=fp32", "train.device=cuda"], "the CUDA backend trains in bf16"),
-    (["train.precision=fp8"], "'train.precision: fp8' is not built yet"),
+    (["train.precision=fp8", "train.device=cpu"],
+     "'train.precision: fp8' with 'train.device: cpu': the CPU backend has no fp8 linear"),
+    (["train.precision=fp8"], "the k linear of llama is 48 x 24 (in x out); the FP8 GEMMs need"),
     (["train.recompute=some"], "'train.recompute' is 'some'; choose none, selective or full"),
 ])
 def test_bad_config_fails_before_work_naming_the_key(corpus, tmp_path, sets, needle):

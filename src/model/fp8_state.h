@@ -70,6 +70,12 @@ PrecisionPolicy fp8_precision_policy(const Fp8Settings& s);
 enum class Fp8Linear : uint8_t { kQ, kK, kV, kAttnOut, kMlpUp, kMlpDown };
 inline constexpr int64_t kFp8LinearsPerLayer = 6;
 
+// "q", "k", "v", "attn_out", "mlp_up", "mlp_down".
+constexpr std::string_view fp8_linear_name(Fp8Linear l) {
+    constexpr std::string_view kNames[] = {"q", "k", "v", "attn_out", "mlp_up", "mlp_down"};
+    return kNames[size_t(l)];
+}
+
 // The role whose spec an FP8 linear gets (model/precision_policy.h).
 constexpr LinearRole fp8_linear_role(Fp8Linear l) {
     switch (l) {

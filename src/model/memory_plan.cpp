@@ -345,9 +345,7 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
                 const LinearRole role = fp8_linear_role(lin);
                 if (shape.precision.of(role) == LinearPrecision::kNative) continue;
                 const auto [I, O] = fp8_linear_dims(c, lin);
-                static constexpr const char* kNames[] = {"q",        "k",      "v",
-                                                         "attn_out", "mlp_up", "mlp_down"};
-                const std::string name = fmt::format("layers.{}.fp8.{}", l, kNames[i]);
+                const std::string name = fmt::format("layers.{}.fp8.{}", l, fp8_linear_name(lin));
                 Fp8LinearEntries& e = plan.fp8_linears[size_t(l)][size_t(i)];
                 e.wq = add_entry(f8, name + ".wq", DType::kE4M3, Shape{O, I});
                 e.wqt = add_entry(f8, name + ".wqt", DType::kE4M3, Shape{I, O});

@@ -130,7 +130,7 @@ Status model_check_fp8(const ModelConfig& config, const ModelShape& shape) {
             return invalid_argument_error(
                 "fp8: the {} linear of {} is {} x {} (in x out); the FP8 GEMMs need both a "
                 "multiple of 16",
-                linear_role_name(fp8_linear_role(l)), config.model_type, I, O);
+                fp8_linear_name(l), config.model_type, I, O);
     }
     return ok_status();
 }

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "data/gpt2_dataset.h"
 #include "io/file.h"
+#include "model/model.h"
 #include "model/registry.h"
 #include "run/checkpoint_dir.h"
 #include "run/compute_device.h"
@@ -246,10 +247,12 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
                                   c.get_string("fp8.amax_reduction"), c.source_of("fp8.recipe"));
     if (!fp8.ok()) return fp8.status();
     s.fp8 = fp8.value();
-    if (precision == "fp8") {
-        return unimplemented_error(
-            "{}: 'train.precision: fp8' is not built yet; use bf16 (the CUDA backend) "
-            "or fp32 (the CPU)",
+    s.precision = precision;
+    if (precision == "fp8" && device == "cpu") {
+        return invalid_argument_error(
+            "{}: 'train.precision: fp8' with 'train.device: cpu': the CPU backend has no fp8 "
+            "linear (fp8 trains on a GPU with FP8 tensor cores, compute capability 8.9 or "
+            "newer); set train.device cuda (or auto), or train.precision fp32 on the CPU",
             c.source_of("train.precision"));
     }
     if (precision == "fp32" && device.starts_with("cuda")) {
@@ -423,6 +426,19 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
             "(max_position_embeddings, {})",
             c.source_of("data.seq_length"), s.seq_len, s.model.max_position_embeddings,
             s.model_source);
+    }
+    if (s.precision == "fp8") {
+        // What the fp8 linears need of the model and the batch (model/model.h), before any work.
+        ModelShape shape;
+        shape.batch = s.micro_batch;
+        shape.seq_len = s.seq_len;
+        shape.precision = fp8_precision_policy(s.fp8);
+        shape.fp8 = s.fp8;
+        const Status fp8_ok = model_check_fp8(s.model, shape);
+        if (!fp8_ok.ok())
+            return Status(fp8_ok.code(), fmt::format("{}: 'train.precision: fp8' ({}): {}",
+                                                     c.source_of("train.precision"), s.model_source,
+                                                     fp8_ok.message()));
     }
 
     // ---- data ----

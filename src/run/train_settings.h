@@ -42,6 +42,7 @@ struct TrainSettings {
     uint64_t seed = 0;
     int threads = 0;                         // 0 = all cores
     std::string device = "auto";             // auto | cpu | cuda (train.device)
+    std::string precision = "bf16";          // fp32 | bf16 | fp8 (train.precision)
     bool deterministic = true;               // train.deterministic
     Recompute recompute = Recompute::kNone;  // train.recompute
 

@@ -36,6 +36,7 @@
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"
+#include "ops/cuda/fp8_linear.h"
 #include "ops/cuda/memory.h"
 #include "ops/device_info.h"
 #include "optim/adamw_optimizer.h"
@@ -142,6 +143,14 @@ private:
     // Data parallel: every rank runs the same binary and configuration (`data` false), or reads
     // the same data (true); a mismatch stops every rank, naming the key.
     Status check_ranks_agree(bool data);
+    // train.precision fp8: the run's linears in fp8 (model/fp8_state.h).
+    bool fp8_run() const { return s_.precision == "fp8"; }
+    // The precision the run computes in, for the first log line and metrics.jsonl: "fp32" (the
+    // CPU), "bf16", or "fp8 (recipe ..., gradients ..., LM head ...)".
+    std::string precision_text() const;
+    // fp8: the device has FP8 tensor cores and passes the FP8 self-test (one GEMM against the
+    // CPU reference), before anything else is read or written.
+    Status check_fp8_device();
 
     const TrainRequest& request_;
     Config config_;
@@ -169,9 +178,10 @@ private:
     std::optional<BatchLoader> loader_;  // the training micro-batches, read ahead by a thread
     BatchBuffers buf_;                   // validation micro-batches (read on this thread)
     float last_norm_ = 0.0f;
-    int agreed_stop_ = 0;      // data parallel: the stop request every rank took from the step
-    bool bar_ = false;         // draw_bar's line is on the terminal now
-    double comm_wait_ms_ = 0;  // data parallel: summed over the steps since the last log line
+    int64_t last_fp8_gemms_ = 0;  // fp8: the FP8 GEMMs of the last step (metrics' fp8_gemms)
+    int agreed_stop_ = 0;         // data parallel: the stop request every rank took from the step
+    bool bar_ = false;            // draw_bar's line is on the terminal now
+    double comm_wait_ms_ = 0;     // data parallel: summed over the steps since the last log line
     int64_t comm_steps_ = 0;
     int stop_signal_ = 0;                // the signal that stopped the run before its last step
     std::set<std::string> ids_checked_;  // token files whose ids open_checked() has read
@@ -245,6 +255,7 @@ Status Trainer::setup() {
     // usable GPU or without CUDA attention) is refused before anything is read or written.
     LATHE_ASSIGN_OR_RETURN(device_, ComputeDevice::open(s_.device, "train.device"));
     device_.set_deterministic(s_.deterministic);
+    if (fp8_run()) LATHE_RETURN_IF_ERROR(check_fp8_device());
     if (device_.backend() == Backend::kCuda) {
         const GpuEnvironment env = gpu_environment_probe(device_.context().device);
         if (!env.devices.empty())
@@ -262,7 +273,16 @@ Status Trainer::setup() {
     // One voice: ranks other than 0 report warnings and errors only.
     if (!lead() && log_level() < LogLevel::kWarning) log_set_level(LogLevel::kWarning);
     if (!s_.deterministic) log_info("train.deterministic false: runs may differ in the last bits");
-    log_info("computing on {}", device_.describe());
+    log_info("computing on {} in {}", device_.describe(), precision_text());
+    if (fp8_run() && multi() && s_.fp8.recipe == Fp8Recipe::kDelayed) {
+        // Each rank's casts see its own micro-batches: the amax histories would differ between
+        // ranks, and a checkpoint holds one.
+        return unimplemented_error(
+            "'fp8.recipe: delayed' with {} data-parallel ranks: the amax histories are per "
+            "rank (no reduction over the ranks in this build); use fp8.recipe: tensorwise, or "
+            "one rank",
+            world_.size());
+    }
     if (multi()) {
         log_info(
             "data parallel over {} ranks ({}), ZeRO-{}: each rank {} x {} micro-batches of "
@@ -338,6 +358,10 @@ Status Trainer::setup() {
     shape.unit_shards = multi() ? world_.size() : 1;
     shape.optimizer_shards = multi() && s_.zero_stage >= 1 ? world_.size() : 1;
     shape.communication_bytes = world_.device_bytes;
+    if (fp8_run()) {
+        shape.precision = fp8_precision_policy(s_.fp8);
+        shape.fp8 = s_.fp8;
+    }
     const ParamTable table = model_param_table(s_.model);
     auto plan = memory_plan_make(s_.model, table, shape);
     if (!plan.ok()) return plan.status();
@@ -501,6 +525,20 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     const auto j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded()) return data_loss_error("{}: not valid JSON", state_path);
     LATHE_ASSIGN_OR_RETURN(st_, trainer_state_from_json(j, state_path));
+    if (Fp8ScalingState* scaling = model_->fp8_scaling()) {
+        // Delayed fp8 scaling: the histories and scales the checkpoint's run reached, so that
+        // the next step casts with the same scales, bit for bit.
+        const std::string path = (fs::path(dir) / kFp8ScalingFile).string();
+        if (file_exists(path)) {
+            LATHE_RETURN_IF_ERROR(scaling->load(path));
+            model_->fp8_upload_scales();
+        } else {
+            log_warning(
+                "{}: no {} (a checkpoint of a run without delayed fp8 scaling): the amax "
+                "histories start empty",
+                dir, kFp8ScalingFile);
+        }
+    }
     return ok_status();
 }
 
@@ -528,7 +566,62 @@ Status Trainer::init_or_resume() {
         LATHE_ASSIGN_OR_RETURN(
             metrics_,
             MetricsLog::open((fs::path(request_.run_dir) / "metrics.jsonl").string(), -1));
+        if (fp8_run()) {
+            // The header of an fp8 run: the precision its linears compute in (step 0: kept by a
+            // resume, which cuts the file back to the checkpoint's step).
+            LATHE_RETURN_IF_ERROR(
+                metrics_.write({{"step", int64_t(0)},
+                                {"split", std::string("header")},
+                                {"precision", std::string("fp8")},
+                                {"fp8_recipe", std::string(fp8_recipe_name(s_.fp8.recipe))},
+                                {"fp8_grad_format", std::string(dtype_name(s_.fp8.grad_dtype))},
+                                {"fp8_lm_head", std::string(s_.fp8.lm_head ? "fp8" : "bf16")},
+                                {"fp8_gemms_per_step",
+                                 fp8_gemms_per_step(s_.model.num_layers, s_.fp8, s_.grad_accum,
+                                                    s_.recompute == Recompute::kFull)}}));
+        }
     }
+    return ok_status();
+}
+
+std::string Trainer::precision_text() const {
+    if (device_.backend() != Backend::kCuda) return "fp32";
+    if (!fp8_run()) return "bf16";
+    return fmt::format(
+        "fp8 (recipe {}{}, weights and activations e4m3, gradients {}, LM head {}; attention, "
+        "norms and embeddings bf16)",
+        fp8_recipe_name(s_.fp8.recipe),
+        s_.fp8.recipe == Fp8Recipe::kDelayed
+            ? fmt::format(": amax history {}, {}", s_.fp8.amax_history,
+                          fp8_amax_reduction_name(s_.fp8.amax_reduction))
+            : std::string(),
+        dtype_name(s_.fp8.grad_dtype), s_.fp8.lm_head ? "fp8" : "bf16");
+}
+
+Status Trainer::check_fp8_device() {
+    if (device_.backend() != Backend::kCuda) {
+        return failed_precondition_error(
+            "'train.precision: fp8': train.device {} computes on {}, the {} backend, which has "
+            "no fp8 linear; fp8 trains on a GPU with FP8 tensor cores (compute capability 8.9 "
+            "or newer: Ada, Hopper); train with train.precision fp32 here, or on such a GPU",
+            s_.device, device_.describe(), backend_name(device_.backend()));
+    }
+    const int device = device_.context().device;
+    const std::string problem = cuda::fp8_support_problem(device);
+    if (!problem.empty()) {
+        return failed_precondition_error(
+            "'train.precision: fp8': {}; train in bf16 on it, or on a GPU with FP8 tensor cores",
+            problem);
+    }
+    bool ok = false;
+    const std::string line = cuda::fp8_self_test(device, ok);
+    if (!ok) {
+        return internal_error(
+            "'train.precision: fp8': the FP8 self-test failed before step 1 ({}); `lathe "
+            "doctor` shows it too: train in bf16 until it passes",
+            line);
+    }
+    log_debug("{}", line);
     return ok_status();
 }
 
@@ -570,6 +663,8 @@ Status Trainer::save_checkpoint() {
                 optimizer_state_save(*optimizer_, (fs::path(dir) / kOptimizerStateFile).string()));
         }
         if (!lead()) return ok_status();
+        if (const Fp8ScalingState* scaling = model_->fp8_scaling())
+            LATHE_RETURN_IF_ERROR(scaling->save((fs::path(dir) / kFp8ScalingFile).string()));
         st_.consumed_train_samples = st_.step * s_.global_batch();
         st_.tokens = st_.step * s_.tokens_per_step();
         nlohmann::json j = trainer_state_to_json(st_);
@@ -613,6 +708,20 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
                                [] { return g_stop_signal.load(); }));
     agreed_stop_ = values.stop_request;
     comm_wait_ms_ += values.comm_wait_ms;
+    if (fp8_run()) {
+        // The proof that the step ran its linears in fp8: the GEMMs the linear ops counted.
+        const int64_t gemms = model_->fp8_take_gemms();
+        const int64_t want =
+            fp8_gemms_per_step(s_.model.num_layers, s_.fp8, K, s_.recompute == Recompute::kFull);
+        if (gemms != want) {
+            return internal_error(
+                "step {}: the linear ops ran {} FP8 GEMMs, where fp8_gemms_per_step predicts {} "
+                "({} layers, {} micro-batches): a bug in lathe's fp8 wiring; train in bf16 and "
+                "report it",
+                st_.step + 1, gemms, want, s_.model.num_layers, K);
+        }
+        last_fp8_gemms_ = gemms;
+    }
     ++comm_steps_;
     const float loss = values.loss, norm = values.norm;
     loss_out = loss;
@@ -689,6 +798,7 @@ Status Trainer::evaluate(double& loss_out) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; ++i) sum += double(all[size_t((i % W) * per_rank + i / W)]);
     ++st_.eval_passes;
+    model_->fp8_take_gemms();  // the forwards' FP8 GEMMs are no step's
     loss_out = sum / double(n);
     return ok_status();
 }
@@ -906,6 +1016,7 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
     }
     if (mfu) fields.emplace_back("mfu", *mfu);
     fields.emplace_back("memory_bytes", int64_t(memory));
+    if (fp8_run()) fields.emplace_back("fp8_gemms", last_fp8_gemms_);
     LATHE_RETURN_IF_ERROR(metrics_.write(fields));
     if (tb_) {
         // f32, as TensorBoard keeps scalars: each the metrics.jsonl value rounded to f32.

@@ -17,6 +17,8 @@ namespace lathe {
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 // One process's AdamW state (optim/optimizer_state.h, which also names the per-rank shard files).
 inline constexpr const char* kOptimizerStateFile = kOptimizerStateFullName;
+// A checkpoint's delayed fp8 scaling state (fp8.recipe delayed: model/fp8_state.h), beside it.
+inline constexpr const char* kFp8ScalingFile = "fp8_scaling.json";
 
 struct TrainerState {
     int64_t step = 0;       // optimizer steps done (skipped ones included)
