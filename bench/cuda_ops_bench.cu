@@ -33,6 +33,7 @@
 #include "ops/cuda/column_reduce.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
+#include "ops/cuda/fp8_blockwise.h"
 #include "ops/cuda/fp8_cast.h"
 #include "ops/cuda/fp8_linear.h"
 #include "ops/cuda/lm_head_cross_entropy.h"
@@ -358,13 +359,16 @@ void llama1b(Bench& b) {
 // the forward GEMM; the gradient's amax pass and cast (+ transpose), the input- and weight-
 // gradient GEMMs. The weight's casts (q and the transposed copy) happen once per optimizer step
 // and are timed on their own row ("per step"). Rows "layer linears" sum the four linears.
+// "fp8b" rows are the blockwise recipe (ops/fp8_blockwise.h: E4M3 everywhere, 1 x 128 blocks of x
+// and dy and of their transposes, 128 x 128 of W), the same steps: its casts write q, qt and the
+// block scales in one read, re-laid out for cuBLASLt's block-scaled GEMMs.
 void fp8_linears(Bench& b, const char* model, int64_t N, int64_t C, int64_t Q, int64_t F) {
     struct Lin {
         const char* name;
         int64_t I, O;
     };
     const Lin lins[] = {{"qkv", C, Q}, {"attn_out", C, C}, {"gate_up", C, 2 * F}, {"down", F, C}};
-    double bf16_total = 0, fp8_total = 0;
+    double bf16_total = 0, fp8_total = 0, fp8b_total = 0;
     auto timed = [&](const std::string& name, const std::string& shape, double bytes, double flops,
                      const std::function<void()>& fn) {
         // Median of 20 after 3 warm-ups, like Bench::time, and returned for the totals.
@@ -460,12 +464,63 @@ void fp8_linears(Bench& b, const char* model, int64_t N, int64_t C, int64_t Q, i
         });
         timed(std::string("fp8 ") + l.name + " x amax + cast + transpose", shape, 2.0 * N * I * 2,
               0, [&] { cast(x, N, I, DType::kE4M3, xq.data(), xqt.data(), 0); });
+        // Blockwise: the linear's buffers carved from one allocation, 256-byte aligned.
+        const Fp8BlockwiseBufferBytes bb = fp8_blockwise_buffer_bytes(N, I, O);
+        b.buffers.emplace_back(bb.total());
+        auto* at = static_cast<unsigned char*>(b.buffers.back().data());
+        auto take = [&](size_t n) {
+            void* p = at;
+            at += (n + 255) / 256 * 256;
+            return p;
+        };
+        Fp8BlockwiseBuffers fb;
+        fb.wq = take(bb.wq);
+        fb.wqt = take(bb.wqt);
+        fb.w_scale = static_cast<float*>(take(bb.w_scale));
+        fb.wt_scale = static_cast<float*>(take(bb.wt_scale));
+        fb.xq = take(bb.xq);
+        fb.xqt = take(bb.xqt);
+        fb.x_scale = static_cast<float*>(take(bb.x_scale));
+        fb.xt_scale = static_cast<float*>(take(bb.xt_scale));
+        fb.dyq = take(bb.dyq);
+        fb.dyqt = take(bb.dyqt);
+        fb.dy_scale = static_cast<float*>(take(bb.dy_scale));
+        fb.dyt_scale = static_cast<float*>(take(bb.dyt_scale));
+        fb.cast_scales = static_cast<float*>(take(bb.cast_scales));
+        const auto* xb = static_cast<const bf16*>(x.data());
+        const auto* dyb = static_cast<const bf16*>(dy.data());
+        timed(std::string("fp8b ") + l.name + " weight casts (per step)", shape, 2.0 * O * I * 2, 0,
+              [&] {
+                  fp8_blockwise_cast_weight(static_cast<const bf16*>(w.data()), O, I, fb,
+                                            b.state.stream());
+              });
+        fp8b_total +=
+            timed(std::string("fp8b ") + l.name + " forward (+ x casts)", shape, 2.0 * N * I * 2,
+                  flops, [&] {
+                      fp8_blockwise_forward(static_cast<bf16*>(y.data()), xb, nullptr, nullptr, N,
+                                            I, O, fb, b.state, b.state.stream());
+                  });
+        fp8b_total += timed(std::string("fp8b ") + l.name + " backward (+ dy casts)", shape,
+                            2.0 * N * O * 2, 2 * flops, [&] {
+                                fp8_blockwise_backward(
+                                    static_cast<bf16*>(dx.data()), static_cast<float*>(dw.data()),
+                                    nullptr, dyb, N, I, O, false, fb, b.state, b.state.stream());
+                            });
+        timed(std::string("fp8b ") + l.name + " forward GEMM alone", shape, 0, flops, [&] {
+            cuda::fp8_blockwise_forward_gemm(static_cast<bf16*>(y.data()),
+                                             {fb.xq, DType::kE4M3, Fp8Block::k1x128, fb.x_scale},
+                                             {fb.wq, DType::kE4M3, Fp8Block::k128x128, fb.w_scale},
+                                             nullptr, nullptr, N, I, O, b.state, b.state.stream());
+        });
         b.release();
     }
     std::printf("| %-34s | %-26s | %9.3f | %9s | %5s | %8s | %7s |\n", "bf16 layer linears", model,
                 bf16_total, "", "", "", "");
     std::printf("| %-34s | %-26s | %9.3f | %9s | %5.2f | %8s | %7s |\n",
                 "fp8 layer linears (speedup in x)", model, fp8_total, "", bf16_total / fp8_total,
+                "", "");
+    std::printf("| %-34s | %-26s | %9.3f | %9s | %5.2f | %8s | %7s |\n",
+                "fp8b layer linears (speedup in x)", model, fp8b_total, "", bf16_total / fp8b_total,
                 "", "");
 }
 }  // namespace

@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -346,6 +347,70 @@ TEST(CudaFp8Blockwise, ScalesToGemmLayoutMatchesTheFormulas) {
             expect_scales_equal(out.as<float>(), gemm_layout(src, block, tr, R, K), "re-layout");
         }
     }
+}
+
+// Which scale layout cuBLASLt reads, asked directly: the forward GEMM on the same codes with the
+// scales laid out each candidate way, against the reference. The layout of ops/fp8_blockwise.h
+// must be the one that matches; when it is not, the failure names the candidates that do, so
+// one run says what to change. x (64, 384) 1x128 (Kb 3), w (256, 384) 128x128 (Rb 2, Kb 3 is
+// not a multiple of 4, so the padded and unpadded layouts differ).
+//   1x128 of (R, K):   "R-major"  s[kb * R4(R) + r]   (ops/fp8_blockwise.h)
+//                      "K-major"  s[r * Kb + kb]
+//   128x128 of (R, K): "Kb-padded" s[rb * R4(Kb) + kb] (ops/fp8_blockwise.h)
+//                      "Kb-unpadded" s[rb * Kb + kb]
+//                      "Rb-major" s[kb * R4(Rb) + rb]
+TEST(CudaFp8Blockwise, CublasLtReadsTheAssumedScaleLayout) {
+    constexpr int64_t N = 64, I = 384, O = 256;
+    const int64_t Ib = fp8_blocks(I), Ob = fp8_blocks(O);
+    CudaState state(0);
+    const std::vector<bf16> hx = random_bf16(N * I, 500, 1.0f), hw = random_bf16(O * I, 501, 0.05f);
+    const CpuCast cx(hx, N, I, Fp8Block::k1x128), cw(hw, O, I, Fp8Block::k128x128);
+    std::vector<float> acc(size_t(N * O)), mag(size_t(N * O));
+    fp8_blockwise_gemm_reference(acc.data(), O, view(cx.q, I, cx.s, 1, Ib, 1),
+                                 view(cw.q, I, cw.s, 128, Ib, 1), N, O, I, 0.0f, mag.data());
+    std::vector<std::vector<float>> xs(2), ws(3);
+    xs[0] = gemm_layout(cx.s, Fp8Block::k1x128, false, N, I);
+    xs[1] = cx.s;
+    ws[0] = gemm_layout(cw.s, Fp8Block::k128x128, false, O, I);
+    ws[1] = cw.s;
+    ws[2].assign(size_t(Ib * fp8_round4(Ob)), 0.0f);
+    for (int64_t rb = 0; rb < Ob; ++rb)
+        for (int64_t kb = 0; kb < Ib; ++kb)
+            ws[2][size_t(kb * fp8_round4(Ob) + rb)] = cw.s[size_t(rb * Ib + kb)];
+    const char* x_names[] = {"R-major", "K-major"};
+    const char* w_names[] = {"Kb-padded", "Kb-unpadded", "Rb-major"};
+    const Dev xq = upload(cx.q), wq = upload(cw.q);
+    const double sum_rel = 2.0 * double(I) * 0x1p-24 + 0x1p-13;
+    std::string matching, worst_of_each;
+    bool assumed_matches = false;
+    for (int xi = 0; xi < 2; ++xi)
+        for (int wi = 0; wi < 3; ++wi) {
+            const Dev sx = upload(xs[size_t(xi)]), sw = upload(ws[size_t(wi)]);
+            const Dev y(size_t(N * O) * 2);
+            cuda::fp8_blockwise_forward_gemm(
+                y.as<bf16>(), {xq.as<void>(), DType::kE4M3, Fp8Block::k1x128, sx.as<float>()},
+                {wq.as<void>(), DType::kE4M3, Fp8Block::k128x128, sw.as<float>()}, nullptr, nullptr,
+                N, I, O, state, state.stream());
+            ASSERT_EQ(cudaStreamSynchronize(state.stream()), cudaSuccess);
+            const std::vector<bf16> got = download<bf16>(y.as<void>(), size_t(N * O));
+            double worst = 0;
+            for (size_t i = 0; i < got.size(); ++i) {
+                const double numeric = sum_rel * mag[i];
+                const double bound = numeric + 0x1p-8 * (std::fabs(acc[i]) + numeric) + 1e-30;
+                const double err = std::fabs(double(bf16_to_float(got[i])) - double(acc[i]));
+                worst = std::max(worst, std::isnan(err) ? INFINITY : err / bound);
+            }
+            const std::string name = std::string("x ") + x_names[xi] + ", w " + w_names[wi];
+            worst_of_each += name + ": " + std::to_string(worst) + "; ";
+            if (worst <= 1.0) {
+                matching += name + "; ";
+                if (xi == 0 && wi == 0) assumed_matches = true;
+            }
+        }
+    std::printf("scale layouts (worst error over bound): %s\n", worst_of_each.c_str());
+    EXPECT_TRUE(assumed_matches) << "cuBLASLt does not read ops/fp8_blockwise.h's scale layout; "
+                                 << "layouts that match: " << (matching.empty() ? "none" : matching)
+                                 << " (all: " << worst_of_each << ")";
 }
 
 // A Llama-3-8B-like layer at a test-sized token count (K up to 4096, O 1024).
