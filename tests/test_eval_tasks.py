@@ -42,7 +42,7 @@ GEN_SHOTS = [("one plus two", "three"), ("two minus one", "one"), ("three times 
              ("six minus one", "five")]
 GEN_ROWS = [
     ("two plus two", "four"), ("three plus one", "four"), ("one plus one", "two"),
-    ("five minus two", "three"), ("four minus four", "zero"), ("two times three", "six"),
+    ("five minus two", "Three!"), ("four minus four", "zero"), ("two times three", "six"),
 ]
 
 
@@ -105,6 +105,9 @@ doc_to_target: a
 num_fewshot: 2
 until: ["\\n", "."]
 max_gen_toks: 8
+strip: true
+ignore_case: true
+ignore_punctuation: true
 """)
     (tmp / "lm" / "mc.yaml").write_text(f"""task: lathe_mc
 dataset_path: json
@@ -138,8 +141,15 @@ generation_kwargs:
   until: ["\\n", "."]
   max_gen_toks: 8
   do_sample: false
+filter_list:
+  - name: strip
+    filter:
+      - function: remove_whitespace
+      - function: take_first
 metric_list:
   - metric: exact_match
+    ignore_case: true
+    ignore_punctuation: true
 """)
     return [tmp / "lathe" / "mc.yaml", tmp / "lathe" / "gen.yaml"]
 
@@ -180,7 +190,8 @@ def test_scores_equal_lm_eval_harness(tmp_path):
     _, first = lathe_tasks(ck, tasks, tmp_path, "first")
     first_gen = [r for r in first if r["task"] == "gen"]
     for i in range(0, len(gen_rows), 2):
-        gen_rows[i]["a"] = first_gen[i]["generation"]
+        gen_rows[i]["a"] = "".join(c.upper() if c.isascii() else c
+                                   for c in first_gen[i]["generation"]) + "?"
     write_jsonl(gen, gen_rows)
 
     summary, rows = lathe_tasks(ck, tasks, tmp_path, "second")
@@ -208,6 +219,7 @@ def test_scores_equal_lm_eval_harness(tmp_path):
         ctx = args[0]["arg_0"] if isinstance(args[0], dict) else args[0][0]
         assert o["context"] == ctx
         assert o["generation"] == t["filtered_resps"][0], f"record {o['index']}"
+        assert o["generation"] == o["generation"].strip()
         assert o["exact_match"] == t["exact_match"]
     assert sum(r["exact_match"] for r in g_ours) >= len(GEN_ROWS) // 2
 
@@ -215,6 +227,75 @@ def test_scores_equal_lm_eval_harness(tmp_path):
                          ("lathe_gen", summary["tasks"]["gen"])]:
         r = results[name]
         for metric in ["acc", "acc_norm"] if name == "lathe_mc" else ["exact_match"]:
-            assert ours_t[metric] == pytest.approx(r[f"{metric},none"], abs=1e-12), metric
-            assert ours_t[f"{metric}_stderr"] == pytest.approx(r[f"{metric}_stderr,none"],
+            key = "none" if name == "lathe_mc" else "strip"
+            assert ours_t[metric] == pytest.approx(r[f"{metric},{key}"], abs=1e-12), metric
+            assert ours_t[f"{metric}_stderr"] == pytest.approx(r[f"{metric}_stderr,{key}"],
                                                                abs=1e-12), metric
+
+
+SHARED = Path(os.environ.get("LATHE_SHARED_DIR", ROOT.parent / "shared"))
+TASKS = ROOT / "configs" / "tasks"
+
+
+def test_shipped_task_files_run(tmp_path):
+    ck = make_checkpoint(tmp_path / "ck")
+    files = [TASKS / "science_mc.yaml", TASKS / "number_words.yaml"]
+    pubmed = SHARED / "corpora" / "pubmedqa_ori_pqal.json"
+    if pubmed.exists():
+        # The shipped file points at ../shared from the project root; read it from wherever the
+        # shared folder is here.
+        text = (TASKS / "pubmedqa.yaml").read_text()
+        assert "data: ../../../shared/corpora/pubmedqa_ori_pqal.json" in text
+        (tmp_path / "pubmedqa.yaml").write_text(
+            text.replace("../../../shared/corpora/pubmedqa_ori_pqal.json", str(pubmed)))
+        files.append(tmp_path / "pubmedqa.yaml")
+    samples = tmp_path / "s.jsonl"
+    summary_file = tmp_path / "summary.json"
+    out = run(["eval", "tasks", "--checkpoint", ck, *sum([["--tasks", f] for f in files], []),
+               "--limit", 3, "--samples", samples, "--output", summary_file, "--device", "cpu"])
+    summary = json.loads(out.stdout)
+    assert json.loads(summary_file.read_text()) == summary
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    sci = summary["tasks"]["science_mc"]
+    assert sci["records"] == 3 and 0 <= sci["acc"] <= 1 and 0 <= sci["acc_norm"] <= 1
+    assert sci["acc"] * 3 == sum(r["acc"] for r in rows if r["task"] == "science_mc")
+    first = [r for r in rows if r["task"] == "science_mc"][0]
+    assert first["context"].count("\n\nQuestion: ") == 5  # 5 shots, then the question
+    assert first["choices"] == ["copper", "rubber", "wood", "glass"] and first["gold"] == 0
+    assert summary["tasks"]["number_words"]["records"] == 3
+    if pubmed.exists():
+        data = json.loads(pubmed.read_text())
+        want = list(data.values())[:3]
+        got = [r for r in rows if r["task"] == "pubmedqa"]
+        assert len(got) == 3
+        for w, g in zip(want, got):
+            assert g["context"] == ("Abstract: " + "\n".join(w["CONTEXTS"]) + "\nQuestion: " +
+                                    w["QUESTION"] + "\nAnswer:")
+            assert g["choices"] == ["yes", "no", "maybe"]
+            assert g["choices"][g["gold"]] == w["final_decision"]
+
+
+def test_bad_task_files_name_file_line_and_key(tmp_path):
+    ck = make_checkpoint(tmp_path / "ck")
+    write_jsonl(tmp_path / "d.jsonl", [{"q": "a", "c": ["x", "y"], "t": 0}])
+    cases = [
+        ("name: t\nkind: multiple_choice\ndata: d.jsonl\ndoc_to_text: q\ndoc_to_choice: c\n"
+         "doc_to_target: t\nfewshot: 2\n", "bad.yaml:7: unknown key 'fewshot'"),
+        ("name: t\nkind: multiple_choice\ndata: d.jsonl\ndoc_to_text: q\ndoc_to_target: t\n",
+         "missing required key 'doc_to_choice'"),
+        ("name: t\nkind: generate\ndata: d.jsonl\ndoc_to_text: q\ndoc_to_target: t\n"
+         "max_gen_toks: 0\n", "bad.yaml:6: key 'max_gen_toks' must be >= 1"),
+        ("name: t\nkind: multiple_choice\ndata: d.jsonl\ndoc_to_text: q\ndoc_to_choice: c\n"
+         "doc_to_target: t\nnum_fewshot: 1\n", "num_fewshot 1 needs 2 records"),
+        ("name: t\nkind: multiple_choice\ndata: d.jsonl\ndoc_to_text: \"{{question}}\"\n"
+         "doc_to_choice: c\ndoc_to_target: t\n", "no field 'question'"),
+    ]
+    for yaml, want in cases:
+        f = tmp_path / "bad.yaml"
+        f.write_text(yaml)
+        out = tmp_path / "out.json"
+        p = run(["eval", "tasks", "--checkpoint", ck, "--tasks", f, "--output", out,
+                 "--device", "cpu"], check=False)
+        assert p.returncode != 0
+        assert "lathe: error:" in p.stderr and want in p.stderr, p.stderr
+        assert not out.exists()

@@ -58,6 +58,21 @@ int64_t code_points(const std::string& s) {
     return n;
 }
 
+constexpr const char* kSpace = " \t\n\r\f\v";
+
+// exact_match's comparison form of a text: ASCII-lowercased and without ASCII punctuation
+// (Python's string.punctuation) as the task asks.
+std::string match_form(std::string s, const EvalTaskSpec& spec) {
+    if (spec.ignore_case)
+        for (char& c : s)
+            if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
+    if (spec.ignore_punctuation) {
+        static const std::string kPunct = R"(!"#$%&'()*+,-./:;<=>?@[\]^_`{|}~)";
+        std::erase_if(s, [](char c) { return kPunct.find(c) != std::string::npos; });
+    }
+    return s;
+}
+
 // The first index of the largest value (numpy's argmax).
 size_t argmax(const std::vector<double>& v) {
     size_t best = 0;
@@ -319,6 +334,12 @@ Result<EvalTasksResult> eval_tasks_run(const EvalTasksRequest& r) {
                     const size_t at = x.text.find(s);
                     if (at != std::string::npos) x.text.resize(at);
                 }
+                if (t.spec.strip) {
+                    const size_t b = x.text.find_first_not_of(kSpace);
+                    x.text = b == std::string::npos
+                                 ? std::string()
+                                 : x.text.substr(b, x.text.find_last_not_of(kSpace) - b + 1);
+                }
                 gens.push_back(std::move(x));
             }
         }
@@ -370,7 +391,9 @@ Result<EvalTasksResult> eval_tasks_run(const EvalTasksRequest& r) {
             std::vector<double> em;
             for (size_t d = 0; d < t.docs.size(); ++d) {
                 const GenerateResult& g = gens[gen_at++];
-                em.push_back(g.text == t.docs[d].gold_text ? 1.0 : 0.0);
+                em.push_back(match_form(g.text, t.spec) == match_form(t.docs[d].gold_text, t.spec)
+                                 ? 1.0
+                                 : 0.0);
                 if (!r.samples.empty()) {
                     ojson j;
                     j["task"] = t.spec.name;

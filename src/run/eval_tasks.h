@@ -23,7 +23,9 @@
 // until an EOS id (generation_config.json's eos_token_id, else config.json's), max_gen_toks, or
 // a stop string; text = decode(new tokens, skipping special tokens) cut before the first
 // occurrence of each string of until + [decode(EOS)] in turn;
-//   exact_match = [text == target].
+// then, with strip, without leading and trailing ASCII whitespace;
+//   exact_match = [form(text) == form(target)], form: ASCII-lowercased with ignore_case, ASCII
+//   punctuation removed with ignore_punctuation (the identity otherwise).
 // Each metric's score is the mean over records and its stderr the sample standard deviation over
 // records divided by sqrt(n) (lm-eval's mean_stderr; null for one record).
 //

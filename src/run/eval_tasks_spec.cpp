@@ -18,21 +18,12 @@ namespace {
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
-const std::set<std::string> kKeys = {"name",
-                                     "kind",
-                                     "data",
-                                     "fewshot_data",
-                                     "doc_to_text",
-                                     "doc_to_choice",
-                                     "doc_to_target",
-                                     "description",
-                                     "target_delimiter",
-                                     "fewshot_delimiter",
-                                     "num_fewshot",
-                                     "fewshot_seed",
-                                     "fewshot_sampler",
-                                     "until",
-                                     "max_gen_toks"};
+// clang-format off
+const std::set<std::string> kKeys = {
+    "name", "kind", "data", "fewshot_data", "doc_to_text", "doc_to_choice", "doc_to_target",
+    "description", "target_delimiter", "fewshot_delimiter", "num_fewshot", "fewshot_seed",
+    "fewshot_sampler", "until", "max_gen_toks", "strip", "ignore_case", "ignore_punctuation"};
+// clang-format on
 
 std::string where(const std::string& file, const YAML::Node& n) {
     return n.Mark().is_null() ? file : fmt::format("{}:{}", file, n.Mark().line + 1);
@@ -58,6 +49,15 @@ Result<int64_t> get_int(const std::string& file, const YAML::Node& n, const std:
         if (used == s.size() && !s.empty()) return v;
     }
     return invalid_argument_error("{}: key '{}' must be an integer", where(file, n), key);
+}
+
+Result<bool> get_bool(const std::string& file, const YAML::Node& n, const std::string& key) {
+    if (n.IsScalar()) {
+        const std::string s = n.as<std::string>();
+        if (s == "true" || s == "True" || s == "TRUE") return true;
+        if (s == "false" || s == "False" || s == "FALSE") return false;
+    }
+    return invalid_argument_error("{}: key '{}' must be true or false", where(file, n), key);
 }
 
 Result<std::vector<std::string>> get_strings(const std::string& file, const YAML::Node& n,
@@ -296,7 +296,8 @@ Result<EvalTaskSpec> eval_task_load(const std::string& path) {
         } else {
             LATHE_ASSIGN_OR_RETURN(s.choice_field, get_string(path, c, "doc_to_choice"));
         }
-        for (const char* key : {"until", "max_gen_toks"}) {
+        for (const char* key :
+             {"until", "max_gen_toks", "strip", "ignore_case", "ignore_punctuation"}) {
             if (root[key])
                 return invalid_argument_error("{}: key '{}' applies to kind generate only",
                                               where(path, root[key]), key);
@@ -314,6 +315,17 @@ Result<EvalTaskSpec> eval_task_load(const std::string& path) {
             }
         } else {
             s.until = {s.fewshot_delimiter};
+        }
+        if (root["strip"]) {
+            LATHE_ASSIGN_OR_RETURN(s.strip, get_bool(path, root["strip"], "strip"));
+        }
+        if (root["ignore_case"]) {
+            LATHE_ASSIGN_OR_RETURN(s.ignore_case,
+                                   get_bool(path, root["ignore_case"], "ignore_case"));
+        }
+        if (root["ignore_punctuation"]) {
+            LATHE_ASSIGN_OR_RETURN(s.ignore_punctuation, get_bool(path, root["ignore_punctuation"],
+                                                                  "ignore_punctuation"));
         }
         if (root["max_gen_toks"]) {
             LATHE_ASSIGN_OR_RETURN(s.max_gen_toks,
@@ -430,6 +442,19 @@ Result<Resolved> resolve(const EvalTaskSpec& s, const ojson& rec) {
     return r;
 }
 
+// doc_to_text: a field's string, or the rendered template.
+Result<std::string> doc_text(const EvalTaskSpec& s, const ojson& rec) {
+    if (!is_field(s.doc_to_text, rec)) return eval_template_render(s.doc_to_text, rec);
+    const ojson& v = rec[s.doc_to_text];
+    if (!v.is_string()) {
+        return invalid_argument_error(
+            "field '{}' is {}; doc_to_text must give a string (lm-eval reads an integer as one "
+            "context per choice, which lathe does not support)",
+            s.doc_to_text, v.type_name());
+    }
+    return v.get<std::string>();
+}
+
 }  // namespace
 
 Result<std::vector<EvalTaskDoc>> eval_task_build(const EvalTaskSpec& s,
@@ -450,7 +475,7 @@ Result<std::vector<EvalTaskDoc>> eval_task_build(const EvalTaskSpec& s,
             auto res = resolve(s, pool[i]);
             if (!res.ok())
                 return res.status().with_context(fmt::format("{}: record {}", pool_file, i + 1));
-            auto q = eval_template_render(s.doc_to_text, pool[i]);
+            auto q = doc_text(s, pool[i]);
             if (!q.ok())
                 return q.status().with_context(
                     fmt::format("{}: record {}: doc_to_text", pool_file, i + 1));
@@ -522,7 +547,7 @@ Result<std::vector<EvalTaskDoc>> eval_task_build(const EvalTaskSpec& s,
                     k));
             for (int64_t i : picked) doc.context += shot_text[size_t(i)];
         }
-        auto q = eval_template_render(s.doc_to_text, rec);
+        auto q = doc_text(s, rec);
         if (!q.ok()) return ctx(q.status().with_context("doc_to_text"));
         doc.context += *q;
         docs.push_back(std::move(doc));

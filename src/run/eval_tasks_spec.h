@@ -23,13 +23,17 @@
 //   fewshot_sampler: random      # random | first_n
 //   until: ["\n\n"]              # generate: stop strings (default [fewshot_delimiter])
 //   max_gen_toks: 256            # generate: most new tokens
+//   strip: false                 # generate: strip the generation's leading and trailing ASCII
+//                                # whitespace (lm-eval's remove_whitespace filter)
+//   ignore_case: false           # generate: exact_match compares ASCII-lowercased texts
+//   ignore_punctuation: false    # generate: exact_match drops ASCII punctuation from both
 //
 // Templates: text with {{ PATH }} and {{ PATH | join("SEP") }} (or `| join`, SEP = ""); PATH is
 // a field name followed by .name or [index] steps. A string renders as itself, an integer in
 // decimal, true/false as True/False, null as None (Python's str()); lists only through join (of
-// strings). A field reference (doc_to_choice, doc_to_target) is a string without "{{" that names
-// a field of the record; any other string is a template, as lm-eval decides by the dataset's
-// features.
+// strings). A field reference (doc_to_text, doc_to_target, description) is a string without "{{"
+// that names a field of the record; any other string is a template, as lm-eval decides by the
+// dataset's features. doc_to_choice is a field (a list of strings) or a YAML list.
 //
 // Per record (lm-eval's fewshot_context and construct_requests, plain text):
 //   target   doc_to_target: a field's value (integer or string), or the rendered template, read
@@ -73,6 +77,7 @@ struct EvalTaskSpec {
     bool first_n = false;
     std::vector<std::string> until;
     int64_t max_gen_toks = 256;
+    bool strip = false, ignore_case = false, ignore_punctuation = false;
 };
 
 // Reads and checks a task file. Errors name FILE:LINE and the key: unknown keys, missing required
