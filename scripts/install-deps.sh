@@ -29,7 +29,10 @@ DEB_PACKAGES=(
 # checkpoints with them (tests/test_convert.py, tests/test_align_map_apply.py).
 # tensorboard: tests/test_tensorboard.py reads lathe's event files back with its EventAccumulator.
 # openai: tests/test_serve.py talks to `lathe serve` through the OpenAI Python client.
-PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard transformers torch tensorboard openai)
+# lm_eval, accelerate (its HF backend imports it): tests/test_eval_tasks.py scores the same tasks
+# with lm-evaluation-harness.
+PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard transformers torch tensorboard openai
+  lm_eval accelerate)
 
 # The aarch64 cross build (cmake/aarch64-linux-gnu.cmake, CPU only): the libraries lathe links, for
 # arm64 through multiarch; header-only ones (nlohmann-json, CLI11) are architecture-independent and
