@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "model/model_io.h"
 #include "model/registry.h"
 #include "ops/cuda/cuda_state.h"
+#include "ops/cuda/fp8_linear.h"
 #include "ops/cuda/memory.h"
 
 namespace lathe {
@@ -365,6 +367,248 @@ TEST_P(ModelGpu, AStepAllocatesNoDeviceMemory) {
     for (int i = 0; i < 3; ++i) step();
     EXPECT_EQ(cuda_memory_info(0).free_bytes, before);
 }
+
+// ---- FP8 training (model.h, "FP8 linears"; model/fp8_state.h) ----
+//
+// A Llama of the shape of kFamilies' (every FP8 linear's width and the batch's B T = 192 tokens
+// multiples of 16, as cuBLASLt's FP8 GEMMs want) with its four block roles in fp8, next to the
+// same model in bf16.
+//
+// Tolerances. E4M3 keeps 3 mantissa bits: rounding to it moves a value by at most u4 = 2^-4
+// of itself (half an ulp), E5M2 (the gradients) by u5 = 2^-3; over many elements the rounding
+// is uniform in [-u, u]: rms u / sqrt(3). A GEMM output sums K products whose two operands
+// were rounded independently: the relative rms error of each output element (errors of random
+// sign adding in quadrature like the products themselves) is
+//   forward (x, w E4M3):        e_f  = sqrt(2) u4 / sqrt(3)        = 0.051
+//   dx, dW (dy E5M2, w/x E4M3): e_b  = sqrt(u5^2 + u4^2) / sqrt(3) = 0.081
+// (the fp32 accumulation and the bf16 output, 2^-8, are small beside them). The logits see
+// every forward GEMM of the 2 layers, n_f = 6 L = 12 of them, each layer's error carried on
+// through the residual stream with a gain of about 1: e_z = sqrt(n_f) e_f = 0.18 relative
+// (rms); allowed: twice that. A parameter gradient carries the forward's errors and those of
+// the backward GEMMs behind it (n_b = 6 L dx GEMMs, its own dW): e_g = sqrt(n_f e_f^2 +
+// (n_b + 1) e_b^2) = 0.34; allowed: twice that. A wiring error (a wrong scale, operand or
+// layout) gives errors of 1 or more; a linear silently in bf16 shows in the GEMM counter.
+// The loss: per token CE(z + dz) - CE(z) = (p - e_t) . dz + r, |r| <= |dz|^2 / 4 (the Hessian of
+// CE in z, diag(p) - p p^T, has norm <= 1/2), and |(p - e_t) . dz| <= sqrt(2) |dz|: so the mean
+// loss moves by at most sqrt(2) mean|dz| + mean|dz|^2 / 4, with dz measured from the logits
+// (Model::logits gives them rounded to bf16: that rounding only adds to the measured dz), plus
+// 1e-3 of the loss for the two fp32 loss reductions' summation orders.
+// Delayed scaling's first step casts with the initial scale 1 (Transformer Engine's too): the
+// weights (std 0.02) land among E4M3's subnormals and most of the gradients (~1e-5) below
+// E5M2's smallest; its comparison starts at step 2, with scales from the recorded amaxes.
+constexpr const char* kFp8Llama = R"({"architectures": ["LlamaForCausalLM"],
+  "model_type": "llama", "vocab_size": 384, "hidden_size": 128, "intermediate_size": 256,
+  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+  "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+  "tie_word_embeddings": false})";
+
+class ModelFp8Gpu : public ::testing::TestWithParam<Fp8Recipe> {
+protected:
+    static void SetUpTestSuite() { state_ = new CudaState(0); }
+    static void TearDownTestSuite() {
+        delete state_;
+        state_ = nullptr;
+    }
+    void SetUp() override {
+        const std::string problem = cuda::fp8_support_problem(0);
+        if (!problem.empty()) GTEST_SKIP() << problem;
+    }
+    static Model make(const ModelConfig& c, const Fp8Settings* fp8, uint64_t seed) {
+        ModelShape shape{kB, kT, 0};
+        if (fp8 != nullptr) {
+            shape.precision = fp8_precision_policy(*fp8);
+            shape.fp8 = *fp8;
+        }
+        Result<Model> m = Model::create(c, shape, state_->context());
+        LATHE_CHECK(m.ok(), "{}", m.status().to_string());
+        m->init(seed);
+        return std::move(*m);
+    }
+    static CudaState* state_;
+};
+CudaState* ModelFp8Gpu::state_ = nullptr;
+
+// The repeated training batch: random tokens, each target the next token.
+struct Fp8Batch {
+    HostTensor tok, tgt;
+    ModelBatch batch() const { return ModelBatch{tok.view(), tgt.view(), {}, {}}; }
+};
+Fp8Batch fp8_batch(const ModelConfig& c) {
+    Fp8Batch b{random_ids(kB, kT, c.vocab_size, 41, false), HostTensor(DType::kI32, Shape{kB, kT})};
+    for (int64_t r = 0; r < kB; ++r)
+        for (int64_t t = 0; t < kT; ++t)
+            b.tgt.as<int32_t>()[r * kT + t] =
+                t + 1 < kT ? b.tok.as<int32_t>()[r * kT + t + 1] : -100;
+    return b;
+}
+
+std::vector<float> device_floats(ConstTensorView v, CUstream_st* stream) {
+    std::vector<float> host(size_t(v.numel()));
+    cuda_copy_sync(TensorView(host.data(), DType::kF32, v.shape()), v, stream);
+    return host;
+}
+
+// dst's master weights (and so its bf16 copy) set to src's.
+void copy_params(const Model& src, Model& dst) {
+    for (const ParamEntry& e : src.params().entries()) {
+        HostTensor h(DType::kF32, e.shape);
+        src.read_param_entry(e.arena_index, h.view());
+        dst.write_param_entry(e.arena_index, h.view());
+    }
+}
+
+// Each step: the bf16 model trains (AdamW); the fp8 model gets its weights, casts them once
+// (the weight-cast counter) and runs the same batch: logits, loss and every gradient within the
+// bounds above, and the FP8 GEMMs the linear ops counted equal to fp8_gemms_per_step.
+TEST_P(ModelFp8Gpu, TracksBf16OnTheSameWeightsAndCountsItsGemms) {
+    const ModelConfig c = parse(kFp8Llama);
+    Fp8Settings f8;
+    f8.recipe = GetParam();
+    Model bf = make(c, nullptr, 21), f = make(c, &f8, 21);
+    ASSERT_TRUE(f.fp8());
+    ASSERT_FALSE(bf.fp8());
+    EXPECT_EQ(f.fp8_scaling() != nullptr, f8.recipe == Fp8Recipe::kDelayed);
+    TestAdamWMoments moments = TestAdamWMoments::of(bf);
+    const Fp8Batch data = fp8_batch(c);
+    const int64_t L = c.num_layers, V = c.vocab_size, N = kB * kT;
+    const double e_f = std::sqrt(2.0 / 3.0) / 16, e_b = std::sqrt((1.0 / 64 + 1.0 / 256) / 3.0);
+    const double z_tol = 2 * std::sqrt(6.0 * L) * e_f;
+    const double g_tol = 2 * std::sqrt(6.0 * L * e_f * e_f + (6.0 * L + 1) * e_b * e_b);
+    HostTensor zb(DType::kF32, Shape{kB, kT, V}), zf(DType::kF32, Shape{kB, kT, V});
+    int64_t casts = f.fp8_weight_casts();
+    EXPECT_EQ(casts, 0);
+    for (int step = 1; step <= 6; ++step) {
+        copy_params(bf, f);
+        f.fp8_weights_updated();
+        bf.logits(zb.view(), data.batch());
+        f.logits(zf.view(), data.batch());
+        EXPECT_EQ(f.fp8_weight_casts() - casts, 6 * L) << "step " << step;
+        casts = f.fp8_weight_casts();
+        EXPECT_EQ(f.fp8_take_gemms(), 6 * L) << "the logits' forward, step " << step;
+        bf.zero_grads();
+        f.zero_grads();
+        const float lb = bf.forward_backward(data.batch());
+        const float lf = f.forward_backward(data.batch());
+        f.fp8_end_step();
+        EXPECT_EQ(f.fp8_weight_casts(), casts) << "a forward cast the weights again";
+        EXPECT_EQ(f.fp8_take_gemms(), fp8_gemms_per_step(L, f8, 1)) << "step " << step;
+        EXPECT_EQ(bf.fp8_take_gemms(), 0);
+        // Logits: rel-L2 over all of them; per token |dz| for the loss bound.
+        double num = 0, den = 0, dz_sum = 0, dz2_sum = 0;
+        int64_t counted = 0;
+        for (int64_t n = 0; n < N; ++n) {
+            double d2 = 0;
+            for (int64_t v = 0; v < V; ++v) {
+                const double a = zf.as<float>()[n * V + v], b = zb.as<float>()[n * V + v];
+                d2 += (a - b) * (a - b);
+                den += b * b;
+            }
+            num += d2;
+            if (data.tgt.as<int32_t>()[n] >= 0) {
+                dz_sum += std::sqrt(d2);
+                dz2_sum += d2;
+                ++counted;
+            }
+        }
+        const double z_err = std::sqrt(num / den);
+        const double loss_tol =
+            std::sqrt(2.0) * dz_sum / double(counted) + dz2_sum / double(counted) / 4 + 1e-3 * lb;
+        const std::vector<float> gb = device_floats(bf.grads_flat(), state_->stream()),
+                                 gf = device_floats(f.grads_flat(), state_->stream());
+        const double g_err = rel_l2(gf.data(), gb.data(), int64_t(gb.size()));
+        std::printf(
+            "[fp8-vs-bf16] %-10s step %d loss %.5f vs %.5f (allowed %.2e)  logits rel-L2 %.3f "
+            "(allowed %.3f)  gradients rel-L2 %.3f (allowed %.3f)\n",
+            std::string(fp8_recipe_name(f8.recipe)).c_str(), step, lf, lb, loss_tol, z_err, z_tol,
+            g_err, g_tol);
+        if (f8.recipe != Fp8Recipe::kDelayed || step >= 2) {
+            EXPECT_LT(z_err, z_tol) << "step " << step;
+            EXPECT_NEAR(lf, lb, loss_tol) << "step " << step;
+            EXPECT_LT(g_err, g_tol) << "step " << step;
+        }
+        bf.grad_norm();
+        moments.step(bf, bf.adamw_segments(3e-3, 0.1), AdamWHyper{}, step, 1.0f);
+    }
+}
+
+// The fp8 model trains by itself (its own AdamW, told of each update as TrainStep tells it):
+// the repeated batch is learnt as the bf16 model learns it (LossesTrackTheCpuOverAdamWSteps asks
+// a drop of 0.3 in 8 steps), and the weights are cast once per step.
+TEST_P(ModelFp8Gpu, LearnsTheRepeatedBatchCastingWeightsOncePerStep) {
+    const ModelConfig c = parse(kFp8Llama);
+    Fp8Settings f8;
+    f8.recipe = GetParam();
+    Model f = make(c, &f8, 22);
+    TestAdamWMoments moments = TestAdamWMoments::of(f);
+    const Fp8Batch data = fp8_batch(c);
+    constexpr int64_t K = 2;  // two micro-batches a step: counts and amaxes over both
+    std::vector<float> losses;
+    for (int step = 1; step <= 8; ++step) {
+        f.zero_grads();
+        float loss = 0;
+        for (int64_t k = 0; k < K; ++k) loss += f.forward_backward(data.batch(), 1.0f / K) / K;
+        f.fp8_end_step();
+        losses.push_back(loss);
+        EXPECT_EQ(f.fp8_take_gemms(), fp8_gemms_per_step(c.num_layers, f8, K));
+        EXPECT_EQ(f.fp8_weight_casts(), 6 * c.num_layers * step) << "step " << step;
+        f.grad_norm();
+        moments.step(f, f.adamw_segments(3e-3, 0.1), AdamWHyper{}, step, 1.0f);
+        f.fp8_weights_updated();
+        std::printf("[fp8-train] %-10s step %d loss %.5f\n",
+                    std::string(fp8_recipe_name(f8.recipe)).c_str(), step, loss);
+    }
+    EXPECT_LT(losses.back(), losses.front() - 0.3f);
+    if (const Fp8ScalingState* s = f.fp8_scaling()) {
+        // Every scaled tensor was seen: every scale came from an amax (none kept the initial 1).
+        for (int64_t t = 0; t < s->tensors(); ++t) EXPECT_NE(s->scale(t), 1.0f) << "tensor " << t;
+    }
+}
+
+// Delayed scaling resumes bit for bit: a model given another's weights and its saved scaling
+// state computes the next step with the same loss and gradient bits and reaches the same state.
+TEST_P(ModelFp8Gpu, DelayedStateSavedAndLoadedGivesTheSameNextStepBits) {
+    if (GetParam() != Fp8Recipe::kDelayed) GTEST_SKIP() << "tensorwise scaling has no state";
+    const ModelConfig c = parse(kFp8Llama);
+    Fp8Settings f8;
+    f8.recipe = Fp8Recipe::kDelayed;
+    f8.amax_history = 4;
+    Model a = make(c, &f8, 23), b = make(c, &f8, 99);
+    TestAdamWMoments moments = TestAdamWMoments::of(a);
+    const Fp8Batch data = fp8_batch(c);
+    for (int step = 1; step <= 3; ++step) {
+        a.zero_grads();
+        a.forward_backward(data.batch());
+        a.fp8_end_step();
+        a.grad_norm();
+        moments.step(a, a.adamw_segments(3e-3, 0.1), AdamWHyper{}, step, 1.0f);
+        a.fp8_weights_updated();
+    }
+    const std::string path = ::testing::TempDir() + "/fp8_scaling_resume.json";
+    ASSERT_TRUE(a.fp8_scaling()->save(path).ok());
+    // Both bf16 copies from the masters the same way (as a checkpoint load writes them).
+    copy_params(a, a);
+    copy_params(a, b);
+    ASSERT_FALSE(*b.fp8_scaling() == *a.fp8_scaling());
+    ASSERT_TRUE(b.fp8_scaling()->load(path).ok());
+    b.fp8_upload_scales();
+    EXPECT_TRUE(*b.fp8_scaling() == *a.fp8_scaling());
+    for (Model* m : {&a, &b}) m->zero_grads();
+    const float la = a.forward_backward(data.batch()), lb = b.forward_backward(data.batch());
+    a.fp8_end_step();
+    b.fp8_end_step();
+    EXPECT_EQ(std::bit_cast<uint32_t>(la), std::bit_cast<uint32_t>(lb)) << la << " vs " << lb;
+    const std::vector<float> ga = device_floats(a.grads_flat(), state_->stream()),
+                             gb = device_floats(b.grads_flat(), state_->stream());
+    EXPECT_EQ(std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float)), 0);
+    EXPECT_TRUE(*b.fp8_scaling() == *a.fp8_scaling());
+    std::remove(path.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, ModelFp8Gpu,
+                         ::testing::Values(Fp8Recipe::kTensorwise, Fp8Recipe::kDelayed),
+                         [](const ::testing::TestParamInfo<Fp8Recipe>& info) {
+                             return std::string(fp8_recipe_name(info.param));
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelGpu, ::testing::ValuesIn(kFamilies),
                          [](const ::testing::TestParamInfo<Family>& info) {
