@@ -142,6 +142,14 @@ def test_doctor_on_a_gpu_runs_the_self_test():
     for t in j["self_test"]:
         assert t["passed"], t
         assert t["failing_elements"] == 0 and t["max_abs_error"] is not None
+    # The FP8 line of every usable GPU: one FP8 GEMM against the CPU reference where it has FP8
+    # tensor cores, "fp8: none (...)" naming the GPU where it has not.
+    for d in j["devices"]:
+        if not (d["bf16"] and d["kernels"]):
+            continue
+        f = d["fp8_self_test"]
+        assert f["line"].startswith("fp8: ok" if d["fp8"] else "fp8: none"), f
+        assert f["passed"] == d["fp8"], f
     assert j["status"] == "gpu_ready" and p.returncode == 0
 
 

@@ -18,6 +18,7 @@
 #include "cli/command.h"
 #include "model/memory_plan.h"
 #include "ops/attention.h"
+#include "ops/cuda/fp8_linear.h"
 #include "ops/device_info.h"
 
 namespace lathe {
@@ -36,6 +37,11 @@ struct DeviceReport {
     HostLinkInfo host_link;  // coherence of its link to the host, pinned copy bandwidth
     std::vector<GpuSelfTestCheck> checks;
     std::string problem;  // why lathe cannot use this device; empty when it can
+    // The FP8 line (cuda::fp8_self_test: one FP8 GEMM against the CPU reference, or why the GPU
+    // has none); empty where the device is not usable. Not a readiness problem: bf16 training
+    // does not need it, and train.precision fp8 runs the same test before its first step.
+    std::string fp8_line;
+    bool fp8_ok = false;
 };
 
 enum class Readiness { kGpuReady, kCpuOnly, kNotReady };
@@ -83,6 +89,7 @@ Report make_report() {
                 cc_string(d), d.kernel_image_error, d.cc_major, d.cc_minor);
         } else {
             dr.checks = gpu_self_test(d.ordinal, kSelfTestSeed);
+            dr.fp8_line = cuda::fp8_self_test(d.ordinal, dr.fp8_ok);
             for (const GpuSelfTestCheck& c : dr.checks) {
                 if (!c.passed && dr.problem.empty())
                     dr.problem = "the numerics self-test failed: " + check_summary(c);
@@ -235,6 +242,9 @@ std::string report_json(const Report& r) {
                            {"fp8", d.has_fp8()},
                            {"kernels", d.kernel_image_ok},
                            {"host_link", host_link_json(dr.host_link)},
+                           {"fp8_self_test", dr.fp8_line.empty() ? json(nullptr)
+                                                                 : json{{"passed", dr.fp8_ok},
+                                                                        {"line", dr.fp8_line}}},
                            {"problem", dr.problem.empty() ? json(nullptr) : json(dr.problem)}});
         if (!host_memory_coherent(dr.host_link)) coherent = false;
         for (const GpuSelfTestCheck& c : dr.checks) {
@@ -304,6 +314,7 @@ void print_report(const Report& r) {
         row("", "coherent CPU-GPU memory: " + host_coherence_summary(dr.host_link));
         row("", host_link_line(dr.host_link));
         for (const GpuSelfTestCheck& c : dr.checks) row("self-test", check_summary(c));
+        if (!dr.fp8_line.empty()) row("self-test", dr.fp8_line);
     }
     if (r.devices.empty()) row("", "coherent CPU-GPU memory: no GPU");
     out += r.verdict + "\n";
