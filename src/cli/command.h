@@ -23,6 +23,7 @@ void cli_add_chat(CLI::App& parent, CommandAction& action);
 void cli_add_train(CLI::App& parent, CommandAction& action);
 void cli_add_eval(CLI::App& parent, CommandAction& action);
 void cli_add_generate(CLI::App& parent, CommandAction& action);
+void cli_add_serve(CLI::App& parent, CommandAction& action);
 void cli_add_convert(CLI::App& parent, CommandAction& action);
 void cli_add_align(CLI::App& parent, CommandAction& action);
 void cli_add_bench(CLI::App& parent, CommandAction& action);

@@ -52,6 +52,7 @@ int run(int argc, char** argv) {
     lathe::cli_add_train(app, action);
     lathe::cli_add_eval(app, action);
     lathe::cli_add_generate(app, action);
+    lathe::cli_add_serve(app, action);
     lathe::cli_add_convert(app, action);
     lathe::cli_add_align(app, action);
     lathe::cli_add_bench(app, action);

@@ -152,12 +152,13 @@ bool Scheduler::accept(Running& r, std::span<float> logits) {
     if (st.finish.empty() && engine_.length(r.seq) >= engine_.limits().max_len)
         st.finish = "length";
     if (!st.finish.empty()) return true;
-    // Stable text: not an unfinished character at the end, and not the last (longest stop
+    // Stable text: not the replacement characters at the end (bytes of a character that later
+    // tokens may complete, which a decoder may write as several), and not the last (longest stop
     // string - 1) bytes, which a stop string completed by a later token may still cut. A stop
     // string found later starts after the bytes held back, so the stable prefix only grows.
     size_t stable = st.text.size();
-    if (stable >= kReplacement.size() &&
-        st.text.compare(stable - kReplacement.size(), kReplacement.size(), kReplacement) == 0)
+    while (stable >= kReplacement.size() &&
+           st.text.compare(stable - kReplacement.size(), kReplacement.size(), kReplacement) == 0)
         stable -= kReplacement.size();
     size_t longest = 0;
     for (const std::string& s : p.stop_strings) longest = std::max(longest, s.size());

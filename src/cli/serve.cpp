@@ -1,0 +1,835 @@
+// `lathe serve`: an OpenAI-compatible HTTP server over the continuous-batching scheduler
+// (src/infer/scheduler.h). docs/INFERENCE.md has the endpoints and fields.
+//
+//   lathe serve --checkpoint DIR [--host 127.0.0.1] [--port 8000] [--device auto|cpu|cuda]
+//       [--api-key KEY] [--max-seqs N] [--max-queue N] [--max-len N] [--model-name NAME]
+//
+// Threads: the HTTP library's pool parses requests, submits their sequences to the scheduler
+// and waits on (or streams from) their tickets; the scheduler's one engine thread owns the model;
+// one more thread waits for SIGINT/SIGTERM and stops the server. Every error a request can cause
+// is answered with an OpenAI error object ({"error": {"message", "type", "param", "code"}}) and a
+// 4xx (503 with Retry-After when the queue is full); the server keeps serving.
+#ifdef LATHE_HAVE_HTTPLIB
+#include <httplib.h>
+#endif
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/command.h"
+#include "infer/engine.h"
+#include "infer/prompting.h"
+#include "infer/scheduler.h"
+#include "model/model.h"
+#include "model/model_io.h"
+#include "model/registry.h"
+#include "run/checkpoint_dir.h"
+#include "run/compute_device.h"
+
+namespace lathe {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+struct ServeRequest {
+    std::string checkpoint, host = "127.0.0.1", device = "auto", api_key, model_name;
+    int port = 8000;
+    int64_t max_seqs = 8, max_queue = 64, max_len = 0;
+};
+
+#ifdef LATHE_HAVE_HTTPLIB
+
+// An OpenAI-style error: the HTTP status and the error object's fields.
+struct ApiError {
+    int http = 400;
+    std::string message, type = "invalid_request_error", param, code;
+};
+
+std::string dump(const json& j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+    json err;
+    err["message"] = e.message;
+    err["type"] = e.type;
+    err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+    err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
+    res.status = e.http;
+    if (e.http == 503) res.set_header("Retry-After", "1");
+    res.set_content(dump(json{{"error", err}}), "application/json");
+}
+
+ApiError bad(std::string param, std::string message) {
+    ApiError e;
+    e.param = std::move(param);
+    e.message = std::move(message);
+    return e;
+}
+
+// The scheduler's refusal as an API error: invalid input 400, a full queue or shutdown 503.
+ApiError from_status(const Status& s, const std::string& param) {
+    ApiError e;
+    e.message = s.message();
+    if (s.code() == StatusCode::kFailedPrecondition || s.code() == StatusCode::kCancelled) {
+        e.http = 503;
+        e.type = "server_error";
+        e.code = "overloaded";
+    } else if (s.code() == StatusCode::kInvalidArgument) {
+        e.param = param;
+        if (s.message().find("context") != std::string::npos) e.code = "context_length_exceeded";
+    } else {
+        e.http = 500;
+        e.type = "server_error";
+    }
+    return e;
+}
+
+// Prometheus counters and the latency histogram of the completion endpoints.
+class Metrics {
+public:
+    void count(const std::string& path, int code) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++requests_[{path, code}];
+    }
+    void latency(double seconds) {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (size_t i = 0; i < kBuckets.size(); ++i)
+            if (seconds <= kBuckets[i]) ++buckets_[i];
+        ++latency_count_;
+        latency_sum_ += seconds;
+    }
+    std::string text(const SchedulerStats& s) const {
+        std::lock_guard<std::mutex> lock(mu_);
+        std::string o;
+        o += "# HELP lathe_requests_total HTTP requests answered, by path and status code.\n";
+        o += "# TYPE lathe_requests_total counter\n";
+        for (const auto& [key, n] : requests_) {
+            o += fmt::format("lathe_requests_total{{path=\"{}\",code=\"{}\"}} {}\n", key.first,
+                             key.second, n);
+        }
+        auto one = [&](const char* name, const char* type, const char* help, int64_t v) {
+            o +=
+                fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+        };
+        one("lathe_prompt_tokens_total", "counter", "Prompt tokens prefilled.", s.prompt_tokens);
+        one("lathe_generation_tokens_total", "counter", "Tokens generated.", s.generated_tokens);
+        one("lathe_sequences_finished_total", "counter", "Sequences that left the batch.",
+            s.sequences_finished);
+        one("lathe_decode_steps_total", "counter", "Decode steps of the running batch.",
+            s.decode_steps);
+        one("lathe_queue_depth", "gauge", "Sequences waiting to join the batch.", s.waiting);
+        one("lathe_running_sequences", "gauge", "Sequences in the running batch.", s.running);
+        o += "# HELP lathe_request_latency_seconds Completion request latency, arrival to the "
+             "last byte.\n# TYPE lathe_request_latency_seconds histogram\n";
+        for (size_t i = 0; i < kBuckets.size(); ++i) {
+            o += fmt::format("lathe_request_latency_seconds_bucket{{le=\"{}\"}} {}\n", kBuckets[i],
+                             buckets_[i]);
+        }
+        o +=
+            fmt::format("lathe_request_latency_seconds_bucket{{le=\"+Inf\"}} {}\n", latency_count_);
+        o += fmt::format("lathe_request_latency_seconds_sum {}\n", latency_sum_);
+        o += fmt::format("lathe_request_latency_seconds_count {}\n", latency_count_);
+        return o;
+    }
+
+private:
+    static constexpr std::array<double, 10> kBuckets = {0.01, 0.025, 0.05, 0.1, 0.25,
+                                                        0.5,  1,     2.5,  5,   10};
+    mutable std::mutex mu_;
+    std::map<std::pair<std::string, int>, int64_t> requests_;
+    std::array<int64_t, 10> buckets_{};
+    int64_t latency_count_ = 0;
+    double latency_sum_ = 0;
+};
+
+// One parsed completion or chat request: its sequences (prompt-major, n per prompt) and how to
+// answer.
+struct Job {
+    bool chat = false, stream = false, echo = false;
+    int64_t n = 1;
+    int64_t logprobs = -1;  // top alternatives per token; -1 = no logprobs
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::string> prompt_texts;  // for echo
+    std::vector<SequenceParams> sequences;
+};
+
+class Server {
+public:
+    Server(const ServeRequest& r, const Prompting& p, std::vector<int32_t> eos, Scheduler& s,
+           std::string model_id)
+        : req_(r), prompting_(p), eos_(std::move(eos)), sched_(s), model_id_(std::move(model_id)) {}
+
+    void install(httplib::Server& http);
+
+private:
+    using Clock = std::chrono::steady_clock;
+    std::optional<ApiError> parse_common(const json& j, Job& job) const;
+    std::optional<ApiError> parse_prompts(const json& j, Job& job) const;
+    std::optional<ApiError> parse_messages(const json& j, Job& job) const;
+    void handle(const httplib::Request& req, httplib::Response& res, bool chat);
+    std::string token_text(int32_t id) const;
+    json completion_choice(const Job& job, size_t k, const SequenceState& st) const;
+    json chat_choice(const Job& job, size_t k, const SequenceState& st) const;
+    json logprobs_json(const Job& job, size_t k, const SequenceState& st, size_t from_prompt,
+                       size_t from_token, size_t offset0) const;
+
+    const ServeRequest& req_;
+    const Prompting& prompting_;
+    std::vector<int32_t> eos_;
+    Scheduler& sched_;
+    std::string model_id_;
+    Metrics metrics_;
+    std::atomic<uint64_t> next_id_{0};
+    const int64_t created_ = std::chrono::duration_cast<std::chrono::seconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
+};
+
+// Numbers and flags of a request body, each checked for its type and range.
+std::optional<ApiError> get_number(const json& j, const char* key, double lo, double hi,
+                                   double& out) {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    if (!j[key].is_number())
+        return bad(key, fmt::format("'{}' must be a number, got {}", key, dump(j[key])));
+    const double v = j[key].get<double>();
+    if (!(v >= lo && v <= hi))
+        return bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+    out = v;
+    return std::nullopt;
+}
+
+std::optional<ApiError> get_int(const json& j, const char* key, int64_t lo, int64_t hi,
+                                int64_t& out) {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    if (!j[key].is_number_integer())
+        return bad(key, fmt::format("'{}' must be an integer, got {}", key, dump(j[key])));
+    const int64_t v = j[key].get<int64_t>();
+    if (v < lo || v > hi)
+        return bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+    out = v;
+    return std::nullopt;
+}
+
+std::optional<ApiError> get_bool(const json& j, const char* key, bool& out) {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    if (!j[key].is_boolean())
+        return bad(key, fmt::format("'{}' must be true or false, got {}", key, dump(j[key])));
+    out = j[key].get<bool>();
+    return std::nullopt;
+}
+
+#define API_TRY(expr)                                    \
+    do {                                                 \
+        if (auto api_error_ = (expr)) return api_error_; \
+    } while (0)
+
+std::optional<ApiError> Server::parse_common(const json& j, Job& job) const {
+    SequenceParams base;
+    base.sampling.temperature = 1.0;
+    double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition = 1.0;
+    int64_t top_k = 0, seed = -1, max_tokens = -1;
+    API_TRY(get_number(j, "temperature", 0, 2, temperature));
+    API_TRY(get_number(j, "top_p", 1e-9, 1, top_p));
+    API_TRY(get_number(j, "min_p", 0, 1, min_p));
+    API_TRY(get_number(j, "repetition_penalty", 1e-9, 100, repetition));
+    API_TRY(get_int(j, "top_k", 0, INT32_MAX, top_k));
+    API_TRY(get_int(j, "n", 1, std::max<int64_t>(1, req_.max_queue), job.n));
+    API_TRY(get_int(j, "seed", INT64_MIN, INT64_MAX, seed));
+    API_TRY(get_bool(j, "stream", job.stream));
+    const int64_t ctx = sched_.max_len();
+    const char* max_key =
+        j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    API_TRY(get_int(j, max_key, 0, INT64_MAX, max_tokens));
+    if (j.contains("logit_bias") && !j["logit_bias"].is_null() &&
+        !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
+        return bad("logit_bias", "'logit_bias' is not supported");
+    for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+        double v = 0;
+        API_TRY(get_number(j, penalty, -2, 2, v));
+        if (v != 0) return bad(penalty, fmt::format("'{}' other than 0 is not supported", penalty));
+    }
+    std::vector<std::string> stops;
+    if (j.contains("stop") && !j["stop"].is_null()) {
+        const json& s = j["stop"];
+        if (s.is_string()) {
+            stops.push_back(s.get<std::string>());
+        } else if (s.is_array()) {
+            for (const json& x : s) {
+                if (!x.is_string())
+                    return bad("stop", "'stop' must be a string or a list of strings");
+                stops.push_back(x.get<std::string>());
+            }
+        } else {
+            return bad("stop", "'stop' must be a string or a list of strings");
+        }
+        for (const std::string& x : stops)
+            if (x.empty()) return bad("stop", "'stop' strings must not be empty");
+        if (!stops.empty() && !prompting_.tokenizer)
+            return bad("stop", "'stop' needs the checkpoint's tokenizer.json to decode text");
+    }
+    base.sampling.temperature = temperature;
+    base.sampling.top_p = top_p;
+    base.sampling.top_k = top_k;
+    base.sampling.min_p = min_p;
+    base.sampling.repetition_penalty = repetition;
+    base.stop_ids = eos_;
+    base.stop_strings = stops;
+    base.top_logprobs = job.logprobs;
+    base.prompt_logprobs = job.echo && job.logprobs >= 0;
+    // Without a seed, each request draws one.
+    const bool seeded = j.contains("seed") && !j["seed"].is_null();
+    const uint64_t seed_base = seeded ? uint64_t(seed) : uint64_t(std::random_device{}());
+    if (job.chat && max_tokens == 0) return bad(max_key, fmt::format("'{}' must be >= 1", max_key));
+    for (size_t i = 0; i < job.prompts.size(); ++i) {
+        const int64_t len = int64_t(job.prompts[i].size());
+        if (len == 0) return bad(job.chat ? "messages" : "prompt", "the prompt has no tokens");
+        // Chat without max_tokens: up to the context; completions: 16 (OpenAI's default).
+        int64_t m = max_tokens >= 0 ? max_tokens : (job.chat ? ctx - len : 16);
+        if (len + m > ctx) {
+            ApiError e = bad(max_key, fmt::format("the prompt's {} tokens and max_tokens {} exceed "
+                                                  "the model's {}-token context",
+                                                  len, m, ctx));
+            if (max_tokens < 0 || len >= ctx) e.param = job.chat ? "messages" : "prompt";
+            e.code = "context_length_exceeded";
+            return e;
+        }
+        for (int64_t c = 0; c < job.n; ++c) {
+            SequenceParams s = base;
+            s.prompt = job.prompts[i];
+            s.max_tokens = m;
+            s.seed_state = sample_seed(seed_base, uint64_t(int64_t(i) * job.n + c));
+            job.sequences.push_back(std::move(s));
+        }
+    }
+    return std::nullopt;
+}
+
+std::optional<ApiError> Server::parse_prompts(const json& j, Job& job) const {
+    if (!j.contains("prompt")) return bad("prompt", "'prompt' is required");
+    const json& p = j["prompt"];
+    auto ids_of = [&](const json& a, std::vector<int32_t>& ids) -> std::optional<ApiError> {
+        for (const json& x : a) {
+            if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
+                x.get<int64_t>() >= int64_t(std::numeric_limits<int32_t>::max()))
+                return bad("prompt", fmt::format("'prompt' holds {}, not a token id", dump(x)));
+            ids.push_back(x.get<int32_t>());
+        }
+        return std::nullopt;
+    };
+    auto text_of = [&](const json& s) -> std::optional<ApiError> {
+        Result<std::vector<int32_t>> ids = prompting_.encode_text(s.get<std::string>(), true);
+        if (!ids.ok()) return bad("prompt", ids.status().message());
+        job.prompts.push_back(std::move(*ids));
+        job.prompt_texts.push_back(s.get<std::string>());
+        return std::nullopt;
+    };
+    auto decoded = [&](const std::vector<int32_t>& ids) -> std::optional<ApiError> {
+        std::string text;
+        if (prompting_.tokenizer) {
+            Result<std::string> t = prompting_.tokenizer->decode(ids, /*skip_special=*/false);
+            if (!t.ok()) return bad("prompt", t.status().message());
+            text = std::move(*t);
+        }
+        job.prompt_texts.push_back(std::move(text));
+        return std::nullopt;
+    };
+    if (p.is_string()) {
+        API_TRY(text_of(p));
+    } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+        std::vector<int32_t> ids;
+        API_TRY(ids_of(p, ids));
+        API_TRY(decoded(ids));
+        job.prompts.push_back(std::move(ids));
+    } else if (p.is_array() && !p.empty()) {
+        for (const json& x : p) {
+            if (x.is_string()) {
+                API_TRY(text_of(x));
+            } else if (x.is_array()) {
+                std::vector<int32_t> ids;
+                API_TRY(ids_of(x, ids));
+                API_TRY(decoded(ids));
+                job.prompts.push_back(std::move(ids));
+            } else {
+                return bad("prompt", "'prompt' list items must be strings or lists of token ids");
+            }
+        }
+    } else {
+        return bad("prompt",
+                   "'prompt' must be a string, a list of strings, a list of token ids or a list "
+                   "of lists of token ids (not empty)");
+    }
+    return std::nullopt;
+}
+
+std::optional<ApiError> Server::parse_messages(const json& j, Job& job) const {
+    if (!j.contains("messages")) return bad("messages", "'messages' is required");
+    const json& m = j["messages"];
+    if (!m.is_array() || m.empty())
+        return bad("messages", "'messages' must be a non-empty list of {role, content}");
+    for (const json& x : m) {
+        if (!x.is_object() || !x.contains("role") || !x["role"].is_string() ||
+            !x.contains("content") || !x["content"].is_string())
+            return bad("messages", "each message must be an object with string role and content");
+    }
+    Result<std::vector<int32_t>> ids = prompting_.encode_messages(m);
+    if (!ids.ok()) return bad("messages", ids.status().message());
+    job.prompts.push_back(std::move(*ids));
+    job.prompt_texts.emplace_back();
+    return std::nullopt;
+}
+
+std::string Server::token_text(int32_t id) const {
+    if (prompting_.tokenizer) {
+        const int32_t one[1] = {id};
+        Result<std::string> t = prompting_.tokenizer->decode(one, /*skip_special=*/false);
+        if (t.ok()) return *t;
+    }
+    return fmt::format("token_id:{}", id);
+}
+
+// The completion logprobs object over prompt tokens [from_prompt, ...) (echo) and new tokens
+// [from_token, ...); text_offset counts bytes from offset0.
+json Server::logprobs_json(const Job& job, size_t k, const SequenceState& st, size_t from_prompt,
+                           size_t from_token, size_t offset0) const {
+    (void)k;
+    json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    size_t offset = offset0;
+    auto add = [&](const TokenLogprob& t) {
+        const std::string s = token_text(t.id);
+        tokens.push_back(s);
+        lps.push_back(t.has_logprob ? json(t.logprob) : json(nullptr));
+        if (!t.has_logprob) {
+            tops.push_back(nullptr);
+        } else {
+            json d = json::object();
+            for (const auto& [id, lp] : t.top) d[token_text(id)] = lp;
+            tops.push_back(d);
+        }
+        offsets.push_back(offset);
+        offset += s.size();
+    };
+    if (job.echo)
+        for (size_t i = from_prompt; i < st.prompt.size(); ++i) add(st.prompt[i]);
+    for (size_t i = from_token; i < st.logprobs.size(); ++i) add(st.logprobs[i]);
+    return json{{"tokens", tokens},
+                {"token_logprobs", lps},
+                {"top_logprobs", tops},
+                {"text_offset", offsets}};
+}
+
+json Server::completion_choice(const Job& job, size_t k, const SequenceState& st) const {
+    const size_t prompt = k / size_t(job.n);
+    json c;
+    c["index"] = k;
+    c["text"] = (job.echo ? job.prompt_texts[prompt] : std::string()) + st.text;
+    c["logprobs"] = job.logprobs >= 0 ? logprobs_json(job, k, st, 0, 0, 0) : json(nullptr);
+    c["finish_reason"] = st.finish;
+    return c;
+}
+
+json Server::chat_choice(const Job& job, size_t k, const SequenceState& st) const {
+    json c;
+    c["index"] = k;
+    c["message"] = json{{"role", "assistant"}, {"content", st.text}};
+    if (job.logprobs >= 0) {
+        json content = json::array();
+        for (const TokenLogprob& t : st.logprobs) {
+            json top = json::array();
+            for (const auto& [id, lp] : t.top)
+                top.push_back(json{{"token", token_text(id)}, {"logprob", lp}});
+            content.push_back(
+                json{{"token", token_text(t.id)}, {"logprob", t.logprob}, {"top_logprobs", top}});
+        }
+        c["logprobs"] = json{{"content", content}};
+    } else {
+        c["logprobs"] = nullptr;
+    }
+    c["finish_reason"] = st.finish;
+    return c;
+}
+
+void Server::handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+    const Clock::time_point start = Clock::now();
+    json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return send_error(res, bad("", "the request body is not valid JSON"));
+    if (!j.is_object()) return send_error(res, bad("", "the request body must be a JSON object"));
+    auto job = std::make_shared<Job>();
+    job->chat = chat;
+    if (auto e = get_bool(j, "echo", job->echo)) return send_error(res, *e);
+    if (chat) {
+        job->echo = false;
+        bool want = false;
+        if (auto e = get_bool(j, "logprobs", want)) return send_error(res, *e);
+        int64_t top = 0;
+        if (auto e = get_int(j, "top_logprobs", 0, 20, top)) return send_error(res, *e);
+        job->logprobs = want ? top : -1;
+        if (auto e = parse_messages(j, *job)) return send_error(res, *e);
+    } else {
+        if (auto e = get_int(j, "logprobs", 0, 20, job->logprobs)) return send_error(res, *e);
+        if (auto e = parse_prompts(j, *job)) return send_error(res, *e);
+    }
+    if (auto e = parse_common(j, *job)) return send_error(res, *e);
+    Result<std::vector<std::shared_ptr<SequenceTicket>>> submitted =
+        sched_.submit(std::move(job->sequences));
+    if (!submitted.ok())
+        return send_error(res, from_status(submitted.status(), chat ? "messages" : "prompt"));
+    auto tickets =
+        std::make_shared<std::vector<std::shared_ptr<SequenceTicket>>>(std::move(*submitted));
+    const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id_.fetch_add(1));
+    const char* object = chat ? "chat.completion" : "text_completion";
+
+    if (!job->stream) {
+        json choices = json::array();
+        int64_t prompt_tokens = 0, completion_tokens = 0;
+        for (size_t k = 0; k < tickets->size(); ++k) {
+            SequenceState st;
+            for (uint64_t v = 0; !st.done;) v = (*tickets)[k]->wait(v, st);
+            if (!st.error.ok()) {
+                for (auto& t : *tickets) t->cancel();
+                ApiError e = from_status(st.error, "");
+                if (e.http == 400) e.http = 500, e.type = "server_error";
+                return send_error(res, e);
+            }
+            if (k % size_t(job->n) == 0) prompt_tokens += int64_t(job->prompts[k / job->n].size());
+            completion_tokens += int64_t(st.ids.size());
+            choices.push_back(chat ? chat_choice(*job, k, st) : completion_choice(*job, k, st));
+        }
+        json out;
+        out["id"] = id;
+        out["object"] = object;
+        out["created"] = created_;
+        out["model"] = model_id_;
+        out["choices"] = choices;
+        out["usage"] = json{{"prompt_tokens", prompt_tokens},
+                            {"completion_tokens", completion_tokens},
+                            {"total_tokens", prompt_tokens + completion_tokens}};
+        res.set_content(dump(out), "application/json");
+        metrics_.latency(std::chrono::duration<double>(Clock::now() - start).count());
+        return;
+    }
+
+    // Streaming: server-sent events, one chunk per change of any choice, then [DONE].
+    struct Progress {
+        uint64_t version = 0;
+        size_t text = 0, tokens = 0;
+        bool started = false, finished = false;
+    };
+    auto progress = std::make_shared<std::vector<Progress>>(tickets->size());
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, job, tickets, progress, id, chat](size_t, httplib::DataSink& sink) {
+            auto chunk = [&](size_t k, const json& choice) {
+                json out;
+                out["id"] = id;
+                out["object"] = chat ? "chat.completion.chunk" : "text_completion";
+                out["created"] = created_;
+                out["model"] = model_id_;
+                out["choices"] = json::array({choice});
+                const std::string s = "data: " + dump(out) + "\n\n";
+                (void)k;
+                return sink.write(s.data(), s.size());
+            };
+            // The first unfinished choice: wait for its next change, then send every choice's.
+            size_t open = tickets->size();
+            for (size_t k = 0; k < tickets->size(); ++k)
+                if (!(*progress)[k].finished) {
+                    open = k;
+                    break;
+                }
+            if (open == tickets->size()) {
+                const std::string done = "data: [DONE]\n\n";
+                sink.write(done.data(), done.size());
+                sink.done();
+                return true;
+            }
+            SequenceState st;
+            (*progress)[open].version = (*tickets)[open]->wait((*progress)[open].version, st);
+            for (size_t k = 0; k < tickets->size(); ++k) {
+                Progress& pr = (*progress)[k];
+                if (pr.finished) continue;
+                if (k != open) st = (*tickets)[k]->snapshot();
+                if (!st.error.ok()) {
+                    json err{{"error", json{{"message", st.error.message()},
+                                            {"type", "server_error"},
+                                            {"param", nullptr},
+                                            {"code", nullptr}}}};
+                    const std::string s = "data: " + dump(err) + "\n\n";
+                    sink.write(s.data(), s.size());
+                    for (auto& t : *tickets) t->cancel();
+                    return false;
+                }
+                const size_t upto = st.done ? st.text.size() : st.stable_text;
+                const bool changed =
+                    upto > pr.text || st.ids.size() > pr.tokens || st.done || !pr.started;
+                if (!changed) continue;
+                json c;
+                c["index"] = k;
+                const std::string delta = st.text.substr(pr.text, upto - pr.text);
+                if (chat) {
+                    json d = json::object();
+                    if (!pr.started) d["role"] = "assistant";
+                    d["content"] = delta;
+                    c["delta"] = d;
+                    c["logprobs"] = nullptr;
+                } else {
+                    const std::string echo =
+                        (!pr.started && job->echo) ? job->prompt_texts[k / size_t(job->n)] : "";
+                    c["text"] = echo + delta;
+                    c["logprobs"] =
+                        job->logprobs >= 0
+                            ? logprobs_json(*job, k, st, pr.started ? st.prompt.size() : 0,
+                                            pr.tokens, 0)
+                            : json(nullptr);
+                }
+                c["finish_reason"] = st.done ? json(st.finish) : json(nullptr);
+                pr.started = true;
+                pr.text = upto;
+                pr.tokens = st.logprobs.size();
+                if (st.done) pr.finished = true;
+                if (!chunk(k, c)) {
+                    // The client went away: its sequences leave at the next step.
+                    for (auto& t : *tickets) t->cancel();
+                    return false;
+                }
+            }
+            return true;
+        },
+        [this, tickets, start](bool) {
+            for (auto& t : *tickets) t->cancel();
+            metrics_.latency(std::chrono::duration<double>(Clock::now() - start).count());
+        });
+}
+
+void Server::install(httplib::Server& http) {
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+        if (req_.api_key.empty() || req.path == "/health")
+            return httplib::Server::HandlerResponse::Unhandled;
+        if (req.get_header_value("Authorization") == "Bearer " + req_.api_key)
+            return httplib::Server::HandlerResponse::Unhandled;
+        ApiError e;
+        e.http = 401;
+        e.message = "a valid API key is required: 'Authorization: Bearer KEY'";
+        e.code = "invalid_api_key";
+        send_error(res, e);
+        return httplib::Server::HandlerResponse::Handled;
+    });
+    http.Post("/v1/completions",
+              [this](const httplib::Request& q, httplib::Response& r) { handle(q, r, false); });
+    http.Post("/v1/chat/completions",
+              [this](const httplib::Request& q, httplib::Response& r) { handle(q, r, true); });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
+        json m{{"id", model_id_},
+               {"object", "model"},
+               {"created", created_},
+               {"owned_by", "lathe"},
+               {"max_model_len", sched_.max_len()}};
+        r.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}),
+                      "application/json");
+    });
+    http.Get("/health", [](const httplib::Request&, httplib::Response& r) {
+        r.set_content("{\"status\":\"ok\"}", "application/json");
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
+        r.set_content(metrics_.text(sched_.stats()), "text/plain; version=0.0.4");
+    });
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return;  // an error a handler wrote already
+        ApiError e;
+        e.http = res.status;
+        e.message = res.status == 404 ? fmt::format("no route {} {}", req.method, req.path)
+                                      : fmt::format("HTTP {}", res.status);
+        if (res.status == 404) e.code = "not_found";
+        send_error(res, e);
+    });
+    http.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+            ApiError e;
+            e.http = 500;
+            e.type = "server_error";
+            e.message = "internal error";
+            try {
+                if (ep) std::rethrow_exception(ep);
+            } catch (const std::exception& x) {
+                e.message = x.what();
+            } catch (...) {
+            }
+            send_error(res, e);
+        });
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+        static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models",
+                                      "/health", "/metrics"};
+        std::string path = "other";
+        for (const char* k : known)
+            if (req.path == k) path = k;
+        metrics_.count(path, res.status);
+    });
+}
+
+// SIGINT/SIGTERM set this flag (a handler reaches only static storage); the handlers are one-shot
+// (SA_RESETHAND): a second signal ends the process at once.
+std::atomic<bool>& serve_stop_flag() {
+    static std::atomic<bool> flag{false};
+    return flag;
+}
+
+extern "C" void serve_on_signal(int) {
+    serve_stop_flag().store(true);
+}
+
+void serve_install_signal_handlers() {
+    struct sigaction sa {};
+    sa.sa_handler = serve_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+}
+
+Status run_serve(const ServeRequest& r) {
+    if (r.port < 0 || r.port > 65535)
+        return invalid_argument_error("--port must be in [0, 65535], got {}", r.port);
+    if (r.max_seqs < 1)
+        return invalid_argument_error("--max-seqs must be >= 1, got {}", r.max_seqs);
+    if (r.max_queue < 1)
+        return invalid_argument_error("--max-queue must be >= 1, got {}", r.max_queue);
+    if (r.max_len < 0) return invalid_argument_error("--max-len must be >= 0, got {}", r.max_len);
+    const Result<fs::path> resolved = resolve_checkpoint(r.checkpoint);
+    if (!resolved.ok()) return resolved.status().with_context("--checkpoint");
+    const fs::path dir = *resolved;
+    Result<Prompting> prompting = Prompting::load(dir);
+    if (!prompting.ok()) return prompting.status().with_context("--checkpoint");
+    LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> eos, read_eos_ids(dir));
+    auto config = model_config_from_hf_file(dir.string());
+    if (!config.ok()) return config.status().with_context("--checkpoint");
+    if (r.max_len > config->max_position_embeddings) {
+        return invalid_argument_error("--max-len {} exceeds the model's {}-token context",
+                                      r.max_len, config->max_position_embeddings);
+    }
+    ModelShape shape;
+    shape.batch = 1;
+    shape.seq_len = 1;
+    shape.training = false;
+    LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
+    LATHE_ASSIGN_OR_RETURN(Model model,
+                           model_create_loaded(*config, shape, device.context(), dir.string()));
+    EngineLimits limits;
+    limits.max_sequences = r.max_seqs;
+    limits.max_len = r.max_len > 0 ? r.max_len : config->max_position_embeddings;
+    limits.prefill_chunk = std::min<int64_t>(256, limits.max_len);
+    LATHE_ASSIGN_OR_RETURN(InferenceEngine engine, InferenceEngine::create(model, limits));
+
+    const Prompting& p = *prompting;
+    Detokenizer detok;
+    if (p.tokenizer) detok = [&p](std::span<const int32_t> ids) { return p.decode(ids); };
+    serve_install_signal_handlers();
+
+    Scheduler scheduler(engine, detok, r.max_queue);
+    std::string model_id = r.model_name;
+    if (model_id.empty()) model_id = dir.filename().string();
+    if (model_id.empty()) model_id = dir.parent_path().filename().string();
+    Server server(r, p, eos, scheduler, model_id);
+    httplib::Server http;
+    // Each waiting or streaming request holds a pool thread; idle keep-alive connections too.
+    const size_t threads = size_t(std::min<int64_t>(512, 2 * (r.max_seqs + r.max_queue) + 16));
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http.set_keep_alive_timeout(2);
+    http.set_payload_max_length(size_t(64) << 20);
+    server.install(http);
+    const int port = r.port == 0 ? http.bind_to_any_port(r.host)
+                                 : (http.bind_to_port(r.host, r.port) ? r.port : -1);
+    if (port < 0) {
+        return io_error(
+            "cannot listen on {}:{} (--host, --port): the address is taken or not "
+            "local",
+            r.host, r.port);
+    }
+    scheduler.start();
+    // The signal handler only sets a flag; this thread polls it and stops the server.
+    std::atomic<bool> listening_done{false};
+    std::thread waiter([&] {
+        while (!listening_done.load()) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            if (serve_stop_flag().load()) {
+                std::fprintf(stderr, "lathe serve: stopping\n");
+                // Waiting and streaming handlers end first (their sequences fail as cancelled),
+                // so that the HTTP pool's threads can be joined.
+                scheduler.stop();
+                http.stop();
+                return;
+            }
+        }
+    });
+    std::fprintf(stderr,
+                 "lathe serve: %s on http://%s:%d (%lld sequences, queue %lld, %lld-token "
+                 "context)\n",
+                 model_id.c_str(), r.host.c_str(), port, (long long)r.max_seqs,
+                 (long long)r.max_queue, (long long)limits.max_len);
+    std::fflush(stderr);
+    const bool listened = http.listen_after_bind();
+    listening_done.store(true);
+    waiter.join();
+    scheduler.stop();
+    if (!listened) return io_error("the server on {}:{} stopped with an error", r.host, port);
+    return ok_status();
+}
+
+#else
+
+Status run_serve(const ServeRequest&) {
+    return unimplemented_error(
+        "this lathe was built without cpp-httplib: install libcpp-httplib-dev "
+        "(scripts/install-deps.sh), rerun cmake and rebuild");
+}
+
+#endif  // LATHE_HAVE_HTTPLIB
+
+}  // namespace
+
+void cli_add_serve(CLI::App& parent, CommandAction& action) {
+    auto req = std::make_shared<ServeRequest>();
+    CLI::App* cmd = parent.add_subcommand(
+        "serve",
+        "Serve a checkpoint over an OpenAI-compatible HTTP API with continuous batching "
+        "(docs/INFERENCE.md)");
+    cmd->add_option("--checkpoint", req->checkpoint,
+                    "A lathe checkpoint or Hugging Face folder (config.json, safetensors, "
+                    "tokenizer.json for text)")
+        ->required();
+    cmd->add_option("--host", req->host, "Address to bind")->capture_default_str();
+    cmd->add_option("--port", req->port, "Port (0 = any free port, printed)")
+        ->capture_default_str();
+    cmd->add_option("--device", req->device, "auto | cpu | cuda")->capture_default_str();
+    cmd->add_option("--api-key", req->api_key,
+                    "Require 'Authorization: Bearer KEY' on /v1/* and /metrics");
+    cmd->add_option("--max-seqs", req->max_seqs, "Sequences decoded together (KV cache rows)")
+        ->capture_default_str();
+    cmd->add_option("--max-queue", req->max_queue,
+                    "Sequences waiting at most; more are answered 503")
+        ->capture_default_str();
+    cmd->add_option("--max-len", req->max_len,
+                    "Tokens per sequence (prompt and output); 0 = the model's context")
+        ->capture_default_str();
+    cmd->add_option("--model-name", req->model_name,
+                    "The model id of /v1/models (default: the checkpoint folder's name)");
+    cmd->callback([req, &action] { action = [req] { return run_serve(*req); }; });
+}
+
+}  // namespace lathe

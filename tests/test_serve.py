@@ -1,0 +1,331 @@
+"""`lathe serve` (src/cli/serve.cpp, src/infer/scheduler.h, docs/INFERENCE.md) through the real
+`openai` client and raw HTTP, on the CPU with the llama parity fixture and a byte-level tokenizer
+(test_generate.with_tokenizer: each id is one byte of text):
+
+  - greedy completions equal `lathe generate`'s output, one at a time, as a list of prompts and
+    from concurrent clients (continuous batching changes no token); streamed text equals it too;
+  - echo + logprobs (lm-evaluation-harness's loglikelihood request) equal transformers' fp32
+    log-likelihoods within 1e-4; the chat endpoint equals `lathe generate` with the template;
+  - n > 1 with a seed is reproducible; bad input gets an OpenAI error object and a 4xx, and the
+    server answers after each; a client leaving mid-stream; overload 503 with Retry-After;
+    --api-key; SIGINT/SIGTERM stop it with exit code 0.
+"""
+import json
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import openai
+import pytest
+import torch
+import transformers
+
+from lathe_cli import LATHE, run
+from test_generate import MODELS, PROMPTS, read_jsonl, with_tokenizer, write_jsonl
+
+NEW = 12
+CTX = 96  # --max-len: tokens per sequence
+
+
+@contextmanager
+def serve(folder, *flags, sig=signal.SIGTERM, ctx=CTX):
+    """A `lathe serve` on a free port; yields its base URL; stops it with `sig` (exit code 0)."""
+    p = subprocess.Popen([LATHE, "serve", "--checkpoint", str(folder), "--port", "0", "--device",
+                          "cpu", "--max-len", str(ctx), *map(str, flags)],
+                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    line = p.stderr.readline()
+    if "http://" not in line:
+        p.kill()
+        raise AssertionError(f"lathe serve did not start: {line}{p.stderr.read()}")
+    url = line.split("http://")[1].split()[0]
+    try:
+        yield "http://" + url
+    finally:
+        p.send_signal(sig)
+        try:
+            rc = p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise AssertionError("lathe serve did not stop on a signal")
+        rest = p.stderr.read()
+        assert rc == 0, rest
+        assert "stopping" in rest
+
+
+class Reply:
+    def __init__(self, status, headers, text):
+        self.status_code, self.headers, self.text = status, headers, text
+
+    def json(self):
+        return json.loads(self.text)
+
+
+def http(method, url, content=None, json_body=None, timeout=30):
+    """One raw HTTP request (urllib): its status, headers (lower-case names) and body text."""
+    if json_body is not None:
+        content = json.dumps(json_body).encode()
+    req = urllib.request.Request(url, data=content, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return Reply(r.status, {k.lower(): v for k, v in r.headers.items()},
+                         r.read().decode())
+    except urllib.error.HTTPError as e:
+        return Reply(e.code, {k.lower(): v for k, v in e.headers.items()}, e.read().decode())
+
+
+def post(url, content=None, json=None, timeout=30):
+    return http("POST", url, content, json, timeout)
+
+
+def get(url):
+    return http("GET", url)
+
+
+@contextmanager
+def open_stream(url, body):
+    """A raw streaming completion read until its first event; closing it leaves mid-stream."""
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)))
+    data = json.dumps({**body, "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    got = b""
+    while b"data:" not in got:
+        chunk = s.recv(4096)
+        assert chunk, got
+        got += chunk
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def client(url, key="none"):
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    f, _ = with_tokenizer(tmp_path_factory.mktemp("serve"))
+    return f
+
+
+@pytest.fixture(scope="module")
+def reference(folder, tmp_path_factory):
+    """`lathe generate`'s greedy text for PROMPTS and one chat prompt."""
+    tmp = tmp_path_factory.mktemp("ref")
+    rows = [{"prompt_ids": p} for p in PROMPTS]
+    rows.append({"messages": [{"role": "user", "content": "hi there"}]})
+    out = tmp / "out.jsonl"
+    run(["generate", "--checkpoint", folder, "--input", write_jsonl(tmp / "in.jsonl", rows),
+         "--output", out, "--temperature", 0, "--max-new-tokens", NEW, "--device", "cpu"])
+    return [r["text"] for r in read_jsonl(out)]
+
+
+def test_greedy_streaming_and_concurrent_equal_generate(folder, reference):
+    with serve(folder, "--max-seqs", 3) as url:
+        c = client(url)
+        # One at a time.
+        for p, want in zip(PROMPTS, reference):
+            r = c.completions.create(model="tok", prompt=p, max_tokens=NEW, temperature=0)
+            assert r.choices[0].text == want
+            assert r.usage.prompt_tokens == len(p)
+        # A list of prompts: choices in prompt order.
+        r = c.completions.create(model="tok", prompt=PROMPTS, max_tokens=NEW, temperature=0)
+        assert [ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)] == reference[:4]
+        # Streamed: the deltas add up to the same text.
+        for p, want in zip(PROMPTS, reference):
+            parts = [ch.choices[0].text for ch in c.completions.create(
+                model="tok", prompt=p, max_tokens=NEW, temperature=0, stream=True)]
+            assert "".join(parts) == want
+        # Concurrent clients: 12 requests over 3 engine sequences, joining and leaving.
+        jobs = [PROMPTS[i % 4] for i in range(12)]
+        with ThreadPoolExecutor(12) as ex:
+            got = list(ex.map(lambda p: c.completions.create(
+                model="tok", prompt=p, max_tokens=NEW, temperature=0).choices[0].text, jobs))
+        assert got == [reference[i % 4] for i in range(12)]
+        assert "lathe_generation_tokens_total" in get(url + "/metrics").text
+        assert c.models.list().data[0].id == "tok"
+
+
+def hf_loglik(folder, ids):
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+    return [float(lp[t - 1, ids[t]]) for t in range(1, len(ids))], lp
+
+
+def test_echo_logprobs_equal_transformers(folder):
+    ctx, cont = [5, 9, 17, 40, 41], [42, 43, 44]
+    ids = ctx + cont
+    want, lp = hf_loglik(folder, ids)
+    with serve(folder) as url:
+        c = client(url)
+        # lm-evaluation-harness's loglikelihood request: token ids, echo, logprobs=1, temperature
+        # 0; max_tokens 1 (its request) and 0.
+        for max_tokens in (1, 0):
+            r = c.completions.create(model="tok", prompt=[ids, ctx], echo=True, logprobs=1,
+                                     max_tokens=max_tokens, temperature=0, seed=1234)
+            ch = sorted(r.choices, key=lambda ch: ch.index)
+            got = ch[0].logprobs.token_logprobs
+            assert got[0] is None and len(got) == len(ids) + max_tokens
+            assert max(abs(a - b) for a, b in zip(got[1:len(ids)], want)) < 1e-4
+            for t in range(1, len(ids)):
+                top = ch[0].logprobs.top_logprobs[t]
+                assert abs(max(top.values()) - float(lp[t - 1].max())) < 1e-4
+            assert ch[0].text.startswith(bytes(ids).decode("latin-1")[:0])
+            assert len(ch[1].logprobs.token_logprobs) == len(ctx) + max_tokens
+            if max_tokens == 1:  # the greedy token after the prompt and its log-probability
+                assert abs(got[-1] - float(lp[-1].max())) < 1e-4
+        # Generated tokens' logprobs without echo.
+        r = c.completions.create(model="tok", prompt=ids, logprobs=2, max_tokens=3,
+                                 temperature=0)
+        lps = r.choices[0].logprobs
+        assert len(lps.token_logprobs) == 3 and all(len(t) == 2 for t in lps.top_logprobs)
+        assert abs(lps.token_logprobs[0] - float(lp[-1].max())) < 1e-4
+
+
+def test_seeded_n_chat_and_stops(folder, reference):
+    with serve(folder) as url:
+        c = client(url)
+        kw = dict(model="tok", prompt="hello", max_tokens=NEW, temperature=1.0, n=3)
+        a = [ch.text for ch in c.completions.create(seed=5, **kw).choices]
+        assert a == [ch.text for ch in c.completions.create(seed=5, **kw).choices]
+        assert a != [ch.text for ch in c.completions.create(seed=6, **kw).choices]
+        assert len(set(a)) > 1
+        # Chat: the checkpoint's template, as `lathe generate` renders messages.
+        msgs = [{"role": "user", "content": "hi there"}]
+        r = c.chat.completions.create(model="tok", messages=msgs, max_tokens=NEW, temperature=0)
+        assert r.choices[0].message.content == reference[4]
+        assert r.choices[0].message.role == "assistant"
+        s = c.chat.completions.create(model="tok", messages=msgs, max_tokens=NEW, temperature=0,
+                                      stream=True)
+        assert "".join(ch.choices[0].delta.content or "" for ch in s) == reference[4]
+        # A stop string: the text ends right before it.
+        free = c.completions.create(model="tok", prompt="hi", max_tokens=24, temperature=1,
+                                    seed=3).choices[0].text
+        stop = next(ch for ch in free[2:] if ch.isalnum())
+        r = c.completions.create(model="tok", prompt="hi", max_tokens=24, temperature=1, seed=3,
+                                 stop=["zzz", stop])
+        assert r.choices[0].text == free[:free.index(stop)]
+        assert r.choices[0].finish_reason == "stop"
+        parts = [ch.choices[0].text for ch in c.completions.create(
+            model="tok", prompt="hi", max_tokens=24, temperature=1, seed=3, stop=["zzz", stop],
+            stream=True)]
+        assert "".join(parts) == free[:free.index(stop)]
+
+
+BAD = [
+    (b'{"prompt": "x"', 400, None),
+    (b'[1, 2]', 400, None),
+    (b'{"max_tokens": 2}', 400, "prompt"),
+    (b'{"prompt": 5}', 400, "prompt"),
+    (b'{"prompt": []}', 400, "prompt"),
+    (b'{"prompt": [1, "a"]}', 400, "prompt"),
+    (b'{"prompt": [1, 256]}', 400, "prompt"),
+    (b'{"prompt": "x", "max_tokens": "2"}', 400, "max_tokens"),
+    (b'{"prompt": "x", "max_tokens": 1000}', 400, "max_tokens"),
+    (b'{"prompt": "x", "temperature": 5}', 400, "temperature"),
+    (b'{"prompt": "x", "top_p": 0}', 400, "top_p"),
+    (b'{"prompt": "x", "n": 0}', 400, "n"),
+    (b'{"prompt": "x", "stop": 3}', 400, "stop"),
+    (b'{"prompt": "x", "stream": "yes"}', 400, "stream"),
+    (b'{"prompt": "x", "logprobs": 99}', 400, "logprobs"),
+    (b'{"prompt": "' + b"a" * 200 + b'"}', 400, "prompt"),
+]
+
+
+def test_bad_input_never_takes_the_server_down(folder):
+    with serve(folder) as url:
+        for body, code, param in BAD:
+            r = post(url + "/v1/completions", content=body, timeout=30)
+            assert r.status_code == code, (body, r.text)
+            err = r.json()["error"]
+            assert set(err) == {"message", "type", "param", "code"} and err["message"]
+            assert err["param"] == param, (body, err)
+            assert get(url + "/health").status_code == 200
+        long = post(url + "/v1/completions", json={"prompt": "a" * 200}).json()["error"]
+        assert long["code"] == "context_length_exceeded"
+        chat = post(url + "/v1/chat/completions", json={"messages": "x"})
+        assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+        missing = get(url + "/v1/nothing")
+        assert missing.status_code == 404 and "error" in missing.json()
+        # A client that leaves mid-stream: its sequence leaves the batch, the server goes on.
+        with open_stream(url, {"prompt": "hello", "max_tokens": 80, "temperature": 1}):
+            pass
+        r = client(url).completions.create(model="tok", prompt="hi", max_tokens=2)
+        assert len(r.choices[0].text) > 0
+        deadline = time.time() + 10
+        while "lathe_running_sequences 0" not in get(url + "/metrics").text:
+            assert time.time() < deadline
+            time.sleep(0.05)
+
+
+def metric(url, name):
+    for line in get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def wait_for(cond, what, timeout=20):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, what
+        time.sleep(0.02)
+
+
+def test_overload_answers_503(folder):
+    with serve(folder, "--max-seqs", 1, "--max-queue", 1, ctx=4096) as url:
+        c = client(url)
+        want = c.completions.create(model="tok", prompt="hi", max_tokens=5,
+                                    temperature=0).choices[0].text
+        # A long stream holds the one engine sequence, a second request waits in the queue of
+        # one: a third is refused with 503 and Retry-After (the openai client sees the status).
+        with open_stream(url, {"prompt": "hello", "max_tokens": 4000, "temperature": 0}):
+            with ThreadPoolExecutor(1) as ex:
+                waiting = ex.submit(lambda: c.completions.create(
+                    model="tok", prompt="hi", max_tokens=5, temperature=0).choices[0].text)
+                wait_for(lambda: metric(url, "lathe_queue_depth") == 1, "a queued request")
+                r = post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+                assert r.status_code == 503 and r.headers["retry-after"] == "1"
+                assert r.json()["error"]["code"] == "overloaded"
+                with pytest.raises(openai.APIStatusError) as e:
+                    c.completions.create(model="tok", prompt="x", max_tokens=2)
+                assert e.value.status_code == 503
+                assert metric(url, "lathe_running_sequences") == 1
+            # Leaving the stream cancels it; the queued request runs (above, on leaving).
+        assert waiting.result() == want
+        # n beyond what the queue can ever hold is the request's fault: 400.
+        r = post(url + "/v1/completions", json={"prompt": "x", "n": 3, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+        assert c.completions.create(model="tok", prompt="hi", max_tokens=5,
+                                    temperature=0).choices[0].text == want
+
+
+def test_api_key_and_sigint(folder):
+    with serve(folder, "--api-key", "sekret", sig=signal.SIGINT) as url:
+        with pytest.raises(openai.AuthenticationError):
+            client(url, "wrong").completions.create(model="tok", prompt="x", max_tokens=1)
+        r = post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert get(url + "/health").status_code == 200
+        assert get(url + "/metrics").status_code == 401
+        r = client(url, "sekret").completions.create(model="tok", prompt="x", max_tokens=1)
+        assert len(r.choices) == 1
+
+
+def test_flag_errors(tmp_path):
+    for args, needle in [(["--checkpoint", tmp_path / "none"], "--checkpoint"),
+                         (["--checkpoint", MODELS / "llama", "--max-seqs", 0], "--max-seqs"),
+                         (["--checkpoint", MODELS / "llama", "--max-len", 10**7], "--max-len"),
+                         (["--checkpoint", MODELS / "llama", "--device", "tpu"], "--device")]:
+        p = run(["serve", *args], check=False)
+        assert p.returncode != 0 and p.stderr.startswith("lathe: error:") and needle in p.stderr
