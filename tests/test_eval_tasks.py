@@ -15,7 +15,6 @@ lm-evaluation-harness with its Hugging Face backend, on the CPU in fp32:
     naming the file, line and key.
 """
 import json
-import math
 import os
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 import torch
 import transformers
 
+from conftest import NEEDS_CUDA
 from lathe_cli import ROOT, run
 
 CTX = 160
@@ -299,3 +299,58 @@ def test_bad_task_files_name_file_line_and_key(tmp_path):
         assert p.returncode != 0
         assert "lathe: error:" in p.stderr and want in p.stderr, p.stderr
         assert not out.exists()
+
+
+def test_cuda_log_likelihoods_match_the_cpu_within_bf16_rounding(tmp_path):
+    """On CUDA the model computes in bf16 and Model::logits returns bf16-rounded logits.
+
+    The bar (the engine's, src/infer/engine_gpu_test.cu): each of the L blocks and the LM head
+    rounds to bf16 (u = 2^-8 relative), so a logit differs from the CPU's by at most
+    eps = 4 (L + 1) u max|z|. A log-softmax value z_t - logsumexp(z) then moves by at most 2 eps
+    (|d z_t| + max |d z_v|), and a continuation of n tokens by at most 2 n eps. acc may differ
+    only where the CPU's best choice leads the next by less than the two choices' bounds.
+    """
+    ck = make_checkpoint(tmp_path / "ck")
+    mc = write_jsonl(tmp_path / "mc.jsonl",
+                     [{"question": q, "choices": c, "answer": a} for q, c, a in MC_ROWS])
+    task = tmp_path / "mc.yaml"
+    task.write_text("name: mc\nkind: multiple_choice\ndata: mc.jsonl\n"
+                    "doc_to_text: \"Question: {{question}}\\nAnswer:\"\ndoc_to_choice: choices\n"
+                    "doc_to_target: answer\nnum_fewshot: 2\n")
+    cuda = tmp_path / "cuda.jsonl"
+    p = run(["eval", "tasks", "--checkpoint", ck, "--tasks", task, "--samples", cuda,
+             "--device", "cuda"], check=False)
+    if p.returncode != 0 and "--device: cuda, but" in p.stderr:
+        pytest.skip(NEEDS_CUDA + p.stderr.strip())
+    assert p.returncode == 0, p.stderr
+    cpu = tmp_path / "cpu.jsonl"
+    run(["eval", "tasks", "--checkpoint", ck, "--tasks", task, "--samples", cpu,
+         "--device", "cpu"])
+    g = [json.loads(line) for line in cuda.read_text().splitlines()]
+    c = [json.loads(line) for line in cpu.read_text().splitlines()]
+    # max|z| over every position the requests read, from transformers in fp32.
+    model = transformers.AutoModelForCausalLM.from_pretrained(ck, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(ck)
+    zmax = 0.0
+    with torch.no_grad():
+        for row in c:
+            for choice in row["choices"]:
+                ids = tok(row["context"] + " " + choice)["input_ids"][-(CTX + 1):][:-1]
+                zmax = max(zmax, float(model(torch.tensor([ids])).logits.abs().max()))
+    layers = model.config.num_hidden_layers
+    eps = 4 * (layers + 1) * 2.0**-8 * zmax
+    for a, b in zip(g, c):
+        assert a["context"] == b["context"] and a["continuation_tokens"] == b["continuation_tokens"]
+        bounds = [2 * n * eps for n in b["continuation_tokens"]]
+        for lg, lc, bound in zip(a["loglikelihoods"], b["loglikelihoods"], bounds):
+            assert abs(lg - lc) <= bound, (lg, lc, bound)
+        lls = b["loglikelihoods"]
+        best = max(range(len(lls)), key=lambda i: (lls[i], -i))
+        if all(lls[best] - lls[i] > bounds[best] + bounds[i] for i in range(len(lls)) if i != best):
+            assert a["acc"] == b["acc"]
+    # Generation on CUDA runs through the engine (greedy outputs may part from the CPU's at
+    # near-ties, so only the run and the score's range are checked).
+    out = run(["eval", "tasks", "--checkpoint", ck, "--tasks", TASKS / "number_words.yaml",
+               "--limit", 4, "--device", "cuda"])
+    em = json.loads(out.stdout)["tasks"]["number_words"]
+    assert em["records"] == 4 and 0.0 <= em["exact_match"] <= 1.0

@@ -363,7 +363,9 @@ Result<EvalTasksResult> eval_tasks_run(const EvalTasksRequest& r) {
                 const EvalTaskDoc& doc = t.docs[d];
                 std::vector<double> lls, norm;
                 std::vector<bool> greedy;
+                std::vector<int64_t> cont_tokens;
                 for (const std::string& c : doc.choices) {
+                    cont_tokens.push_back(reqs[q].cont_len);
                     lls.push_back(reqs[q].ll);
                     greedy.push_back(reqs[q].greedy);
                     norm.push_back(reqs[q].ll / double(code_points(c)));
@@ -380,6 +382,7 @@ Result<EvalTasksResult> eval_tasks_run(const EvalTasksRequest& r) {
                     j["gold"] = doc.gold;
                     j["loglikelihoods"] = lls;
                     j["is_greedy"] = greedy;
+                    j["continuation_tokens"] = cont_tokens;
                     j["acc"] = acc.back();
                     j["acc_norm"] = acc_norm.back();
                     lines += j.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n";
