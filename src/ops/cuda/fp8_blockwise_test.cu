@@ -413,6 +413,55 @@ TEST(CudaFp8Blockwise, CublasLtReadsTheAssumedScaleLayout) {
                                  << " (all: " << worst_of_each << ")";
 }
 
+// The same question for the weight gradient's two 1x128 operands (cuBLASLt's A and B both
+// VEC128_32F): dyt (192, 384) and xt (256, 384), K = N = 384 tokens (Kb 3), each operand's
+// scales laid out R-major (ops/fp8_blockwise.h) or K-major.
+TEST(CudaFp8Blockwise, CublasLtReadsTheAssumedScaleLayoutOfTwoVectorOperands) {
+    constexpr int64_t N = 384, I = 256, O = 192;
+    const int64_t Nb = fp8_blocks(N);
+    CudaState state(0);
+    const std::vector<bf16> hx = random_bf16(N * I, 600, 1.0f),
+                            hdy = random_bf16(N * O, 601, 0.01f);
+    const CpuCast cx(hx, N, I, Fp8Block::k1x128), cdy(hdy, N, O, Fp8Block::k1x128);
+    std::vector<float> acc(size_t(O * I)), mag(size_t(O * I));
+    fp8_blockwise_gemm_reference(acc.data(), I, view(cdy.qt, N, cdy.st, 1, Nb, 1),
+                                 view(cx.qt, N, cx.st, 1, Nb, 1), O, I, N, 0.0f, mag.data());
+    const std::vector<float> dys[2] = {gemm_layout(cdy.st, Fp8Block::k1x128, false, O, N), cdy.st};
+    const std::vector<float> xs[2] = {gemm_layout(cx.st, Fp8Block::k1x128, false, I, N), cx.st};
+    const char* names[] = {"R-major", "K-major"};
+    const Dev dyqt = upload(cdy.qt), xqt = upload(cx.qt);
+    const double sum_rel = 2.0 * double(N) * 0x1p-24 + 0x1p-13;
+    std::string matching, worst_of_each;
+    bool assumed_matches = false;
+    for (int di = 0; di < 2; ++di)
+        for (int xi = 0; xi < 2; ++xi) {
+            const Dev sd = upload(dys[di]), sx = upload(xs[xi]);
+            const Dev dw = upload(std::vector<float>(size_t(O * I), 0.0f));
+            cuda::fp8_blockwise_weight_grad_gemm(
+                dw.as<float>(), {dyqt.as<void>(), DType::kE4M3, Fp8Block::k1x128, sd.as<float>()},
+                {xqt.as<void>(), DType::kE4M3, Fp8Block::k1x128, sx.as<float>()}, N, I, O, state,
+                state.stream());
+            ASSERT_EQ(cudaStreamSynchronize(state.stream()), cudaSuccess);
+            const std::vector<float> got = download<float>(dw.as<void>(), size_t(O * I));
+            double worst = 0;
+            for (size_t i = 0; i < got.size(); ++i) {
+                const double bound = sum_rel * mag[i] + 1e-30;
+                const double err = std::fabs(double(got[i]) - double(acc[i]));
+                worst = std::max(worst, std::isnan(err) ? INFINITY : err / bound);
+            }
+            const std::string name = std::string("dyt ") + names[di] + ", xt " + names[xi];
+            worst_of_each += name + ": " + std::to_string(worst) + "; ";
+            if (worst <= 1.0) {
+                matching += name + "; ";
+                if (di == 0 && xi == 0) assumed_matches = true;
+            }
+        }
+    std::printf("scale layouts (worst error over bound): %s\n", worst_of_each.c_str());
+    EXPECT_TRUE(assumed_matches) << "cuBLASLt does not read ops/fp8_blockwise.h's scale layout; "
+                                 << "layouts that match: " << (matching.empty() ? "none" : matching)
+                                 << " (all: " << worst_of_each << ")";
+}
+
 // A Llama-3-8B-like layer at a test-sized token count (K up to 4096, O 1024).
 TEST(CudaFp8Blockwise, Llama8BShapeMatchesTheReference) {
     check_linear(512, 4096, 1024, false, false, false, 100);
