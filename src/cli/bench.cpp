@@ -29,12 +29,15 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         "Under a launcher (lathe launch --gpus N lathe bench ...) the ranks train one model "
         "data parallel (--zero-stage) and rank 0 prints the line: tokens_per_s of the world, "
         "tokens_per_s_per_gpu, mfu per GPU, comm_wait_ms (median per step, the largest rank's), "
-        "peak memory of the fullest GPU, world_size.");
+        "peak memory of the fullest GPU, world_size. --precision fp8 runs the block's linears in "
+        "fp8 (train.precision fp8) with the same fields, plus fp8_recipe, fp8_gemms_per_step and "
+        "fp8_weight_casts_per_step.");
     struct Options {
         std::string model, device = "auto";
         BenchRequest req;
         int64_t vocab = 0;
         std::string recompute;
+        std::string precision = "bf16", fp8_recipe = "tensorwise";
     };
     auto o = std::make_shared<Options>();
     cmd->add_option("--model", o->model,
@@ -68,6 +71,17 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "Under a launcher (lathe launch --gpus N lathe bench ...): parallel.zero_stage "
                     "of the ranks' data parallelism (0 replicated, 1 sharded optimizer state)")
         ->capture_default_str();
+    cmd->add_option("--precision", o->precision,
+                    "bf16 (the CUDA backend's; the CPU computes in fp32), or fp8: the block's "
+                    "linears in fp8 (--fp8-recipe), as train.precision fp8, on a GPU with FP8 "
+                    "tensor cores")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"bf16", "fp8"}));
+    cmd->add_option("--fp8-recipe", o->fp8_recipe,
+                    "With --precision fp8: tensorwise or delayed (fp8.recipe; blockwise is "
+                    "refused where ops/linear has no blockwise GEMM)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"tensorwise", "delayed", "blockwise"}));
     cmd->add_flag("--plan-only", o->req.plan_only,
                   "Print the parameter count, FLOPs per token and the memory plan; run nothing");
     cmd->callback([o, cmd, &action] {
@@ -85,6 +99,13 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     return invalid_argument_error(
                         "--recompute is '{}'; choose none, selective or full", name);
                 req.recompute = *mode;
+            }
+            if (o->precision == "fp8") {
+                LATHE_ASSIGN_OR_RETURN(req.fp8, fp8_settings_parse(o->fp8_recipe, "auto", false, 16,
+                                                                   "max", "--fp8-recipe"));
+            } else if (cmd->count("--fp8-recipe") > 0) {
+                return invalid_argument_error(
+                    "--fp8-recipe {} without --precision fp8: add --precision fp8", o->fp8_recipe);
             }
             LATHE_ASSIGN_OR_RETURN(const std::string line, bench_run(req));
             if (!line.empty()) {  // empty on the ranks other than 0 of a launcher's world

@@ -26,6 +26,7 @@
 #include "ops/adamw.h"
 #include "ops/attention.h"
 #include "ops/cuda/device_count.h"
+#include "ops/cuda/fp8_linear.h"
 #include "ops/device_info.h"
 #include "optim/adamw_optimizer.h"
 #include "run/compute_device.h"
@@ -335,6 +336,28 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.recompute = req.recompute;
     shape.unit_shards = multi ? group.world_size : 1;
     shape.optimizer_shards = multi && req.zero_stage >= 1 ? group.world_size : 1;
+    if (req.fp8) {
+        // fp8 (bench.h): on a GPU with FP8 tensor cores only, never a fallback.
+        if (place.backend != Backend::kCuda)
+            return failed_precondition_error(
+                "--precision fp8: the bench computes on {}, the cpu backend, which has no fp8 "
+                "linear; fp8 runs on a GPU with FP8 tensor cores (compute capability 8.9 or "
+                "newer)",
+                place.name);
+        shape.precision = fp8_precision_policy(*req.fp8);
+        shape.fp8 = *req.fp8;
+        const Status ok = model_check_fp8(config, shape);
+        if (!ok.ok()) return ok.with_context("--precision fp8");
+        if (!req.plan_only) {
+            const std::string problem = cuda::fp8_support_problem(place.ordinal);
+            if (!problem.empty()) return failed_precondition_error("--precision fp8: {}", problem);
+            bool passed = false;
+            const std::string line = cuda::fp8_self_test(place.ordinal, passed);
+            if (!passed)
+                return internal_error("--precision fp8: the FP8 self-test failed ({})", line);
+            log_info("bench: {}", line);
+        }
+    }
     const ParamTable table = model_param_table(config);
     auto plan = memory_plan_make(config, table, shape);
     if (!plan.ok()) return plan.status().with_context("--seq " + std::to_string(T));
@@ -350,6 +373,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["flops_per_token"] = bench_flops_per_token(config, T);
     j["plan_bytes"] = plan->total_bytes();
     j["recompute"] = recompute_name(req.recompute);
+    j["precision"] = req.fp8 ? "fp8" : place.backend == Backend::kCuda ? "bf16" : "fp32";
+    if (req.fp8) j["fp8_recipe"] = std::string(fp8_recipe_name(req.fp8->recipe));
     if (req.plan_only) {
         // The table `lathe train` prints, and its rows in the JSON line. On CUDA without a GPU
         // the attention workspace is the plan's estimate (memory_plan.h).
@@ -361,7 +386,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
                      {"scratch", plan->scratch_bytes()},
                      {"runtime", plan->runtime},
                      {"attention_workspace", plan->attention_workspace},
-                     {"attention_workspace_shared", plan->attention_shared}};
+                     {"attention_workspace_shared", plan->attention_shared},
+                     {"fp8_buffers", plan->fp8_bytes()}};
         j["plan_only"] = true;
         return j.dump();
     }
@@ -446,6 +472,11 @@ Result<std::string> bench_run(const BenchRequest& req) {
 
     size_t used_peak = 0;
     std::vector<double> step_ms, wait_ms;
+    // fp8: the FP8 GEMMs each step must run (bench.h), and the weight casts of the timed steps.
+    const int64_t fp8_gemms_want = req.fp8 ? fp8_gemms_per_step(config.num_layers, *req.fp8, 1,
+                                                                req.recompute == Recompute::kFull)
+                                           : 0;
+    int64_t fp8_casts_before = 0;
     TrainStepValues first, last;
     const int64_t total = req.warmup + req.steps;
     for (int64_t s = 0; s < total; ++s) {
@@ -459,6 +490,12 @@ Result<std::string> bench_run(const BenchRequest& req) {
         // Clipping fused into AdamW.
         LATHE_RETURN_IF_ERROR(step.apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip));
         model.synchronize();
+        if (const int64_t gemms = model.fp8_take_gemms(); gemms != fp8_gemms_want)
+            return internal_error(
+                "bench step {}: the linear ops ran {} FP8 GEMMs, where fp8_gemms_per_step "
+                "predicts {}: a bug in lathe's fp8 wiring",
+                s + 1, gemms, fp8_gemms_want);
+        if (s + 1 == req.warmup) fp8_casts_before = model.fp8_weight_casts();
         const double ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
@@ -533,6 +570,13 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["deterministic"] = !req.nondeterministic;
     j["requested_device"] = std::string(device_name(req.device));
     j["world_size"] = world.size();
+    if (req.fp8) {
+        j["fp8_gemms_per_step"] = fp8_gemms_want;
+        // The casts of the timed steps' forwards: the first timed step's forward casts the
+        // warmup's last update (or, with no warmup, the initial weights).
+        j["fp8_weight_casts_per_step"] =
+            double(model.fp8_weight_casts() - fp8_casts_before) / double(req.steps);
+    }
     if (multi) {
         j["launcher"] = std::string(launcher_name(world.group.launcher));
         j["zero_stage"] = req.zero_stage;

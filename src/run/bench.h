@@ -40,6 +40,16 @@
 //   step_ms_*, loss_*     rank 0's step times; the loss and norm of the whole world's batch
 //   world_size, zero_stage, launcher
 // A single process adds only world_size 1 to the keys above.
+//
+// Precision (--precision): bf16 (the CUDA backend's; the CPU computes in fp32) or fp8, the
+// block's linears (q, k, v, attention output, MLP up and down) in fp8 with --fp8-recipe
+// tensorwise or delayed (model/fp8_state.h), as `lathe train` with train.precision fp8: a GPU
+// with FP8 tensor cores (else an error naming it, never a fallback), the FP8 self-test before the
+// first step, and every step's FP8 GEMM count checked against fp8_gemms_per_step. The line's
+// fields are the same in both, so that an fp8 line compares with a bf16 one of the same shape
+// (mfu: against the same bf16 peak); "precision" says which, and an fp8 line adds fp8_recipe,
+// fp8_gemms_per_step (the count the linear ops made each timed step) and
+// fp8_weight_casts_per_step (weights cast to fp8: once per step each).
 
 #include <cstdint>
 #include <optional>
@@ -48,6 +58,7 @@
 #include <string_view>
 
 #include "core/status.h"
+#include "model/fp8_state.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 
@@ -69,6 +80,7 @@ struct BenchRequest {
     bool nondeterministic = false;           // Context::deterministic = false (train.deterministic)
     Recompute recompute = Recompute::kNone;  // train.recompute's modes
     int zero_stage = 1;  // parallel.zero_stage of a run of several ranks (ignored by one process)
+    std::optional<Fp8Settings> fp8;  // --precision fp8 (its recipe); nullopt: bf16
 };
 
 struct BenchPreset {

@@ -1,0 +1,58 @@
+"""`lathe bench --precision fp8` where no FP8 GPU is needed (run/bench.h): the CPU backend is an
+error naming it (never a fallback to bf16); a recipe ops/linear has no GEMM for stops naming the
+key; --fp8-recipe alone is refused; the CUDA plan (--plan-only, no GPU needed) gains the fp8
+buffers' row, and the line keeps the bf16 line's fields plus precision and fp8_recipe. The runs
+themselves (fp8_gemms_per_step, fp8_weight_casts_per_step) are the GPU's: scripts/gpu-check.sh."""
+import json
+import os
+import subprocess
+
+LATHE = os.environ.get("LATHE_BIN", "build/lathe")
+TINY = ["--model", "tiny", "--batch", "2", "--seq", "16", "--steps", "1", "--warmup", "0",
+        "--threads", "1"]
+
+
+def bench(*args):
+    return subprocess.run([LATHE, "bench", *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_fp8_on_the_cpu_backend_is_an_error_naming_it():
+    p = bench(*TINY, "--device", "cpu", "--precision", "fp8")
+    assert p.returncode != 0 and p.stdout == ""
+    assert "lathe: error: --precision fp8: the bench computes on cpu" in p.stderr, p.stderr
+    assert "the cpu backend, which has no fp8 linear" in p.stderr, p.stderr
+
+
+def test_fp8_recipe_without_fp8_and_blockwise_are_refused():
+    p = bench(*TINY, "--device", "cpu", "--fp8-recipe", "delayed")
+    assert p.returncode != 0
+    assert "--fp8-recipe delayed without --precision fp8" in p.stderr, p.stderr
+    p = bench(*TINY, "--device", "cuda", "--plan-only", "--precision", "fp8",
+              "--fp8-recipe", "blockwise")
+    assert p.returncode != 0
+    assert "--precision fp8: fp8.recipe: blockwise" in p.stderr, p.stderr
+
+
+def test_fp8_plan_adds_the_buffers_row_and_keeps_the_fields():
+    lines = {}
+    for precision, recipe in [("bf16", None), ("fp8", "tensorwise"), ("fp8", "delayed")]:
+        args = [*TINY, "--device", "cuda", "--plan-only", "--precision", precision]
+        if recipe:
+            args += ["--fp8-recipe", recipe]
+        p = bench(*args)
+        assert p.returncode == 0, p.stderr
+        lines[recipe or precision] = (json.loads(p.stdout), p.stderr)
+    bf16, bf16_table = lines["bf16"]
+    assert bf16["precision"] == "bf16" and "fp8_recipe" not in bf16
+    assert bf16["plan"]["fp8_buffers"] == 0 and "fp8" not in bf16_table
+    for recipe in ("tensorwise", "delayed"):
+        j, table = lines[recipe]
+        assert j["precision"] == "fp8" and j["fp8_recipe"] == recipe
+        assert set(bf16) <= set(j) and set(j) - set(bf16) == {"fp8_recipe"}
+        # tiny: 2 layers x 6 linears; each (O, I) weight twice (codes and transpose) at a byte.
+        assert j["plan"]["fp8_buffers"] > 0
+        assert j["plan_bytes"] == bf16["plan_bytes"] + j["plan"]["fp8_buffers"]
+        assert "fp8 buffers (codes, scales)" in table and f"12 linears ({recipe})" in table
+    # Delayed scaling adds a scale and an amax per scaled tensor (3 per linear) to tensorwise's.
+    assert lines["delayed"][0]["plan"]["fp8_buffers"] > lines["tensorwise"][0]["plan"]["fp8_buffers"]
