@@ -6,13 +6,15 @@ lm-evaluation-harness with its Hugging Face backend, on the CPU in fp32:
     context/continuation split matters), a context window of 160 tokens (2-shot prompts beyond
     it are left-truncated on both sides);
   - a multiple-choice task (2-shot, the random sampler with lm-eval's seed, the evaluated record
-    excluded) and a generation task (2-shot from a separate pool, stop strings, exact_match),
-    each defined once for
-    lathe (its YAML) and once for lm-eval (a task YAML in lm-eval's schema over the same JSONL);
+    excluded), a generation task (2-shot from a separate pool, stop strings, strip, exact_match
+    ignoring case and punctuation) and the shipped PubMedQA task on its first 5 records (when
+    ../shared has the corpus), each defined once for lathe (its YAML) and once for lm-eval (a
+    task YAML in lm-eval's schema over the same JSONL);
   - per example: the same prompt string, log-likelihoods within 1e-4, the same is_greedy, acc,
     acc_norm, generation and exact_match; per task the same scores and stderrs;
   - the shipped task files load and run (configs/tasks), and bad task files get `lathe: error:`
-    naming the file, line and key.
+    naming the file, line and key;
+  - on a GPU (skipped without one): log-likelihoods within the bf16 bound of the CPU's.
 """
 import json
 import os
@@ -26,6 +28,9 @@ from conftest import NEEDS_CUDA
 from lathe_cli import ROOT, run
 
 CTX = 160
+SHARED = Path(os.environ.get("LATHE_SHARED_DIR", ROOT.parent / "shared"))
+TASKS = ROOT / "configs" / "tasks"
+PUBMED = SHARED / "corpora" / "pubmedqa_ori_pqal.json"
 MC_ROWS = [
     ("Which of these is a metal?", ["copper", "wood", "glass", "water"], 0),
     ("What do plants need for photosynthesis?", ["sand", "light", "salt", "noise"], 1),
@@ -163,7 +168,36 @@ def lathe_tasks(ck, tasks, tmp, name):
     return summary, rows
 
 
-def lm_eval_tasks(ck, include):
+def pubmed_task_files(tmp):
+    """The shipped PubMedQA task over its first 5 records (a JSONL copy), for lathe and lm-eval;
+    [] without the shared corpus."""
+    if not PUBMED.exists():
+        return []
+    rows = list(json.loads(PUBMED.read_text()).values())[:5]
+    data = write_jsonl(tmp / "pubmed.jsonl", rows)
+    shipped = (TASKS / "pubmedqa.yaml").read_text()
+    line = "data: ../../../shared/corpora/pubmedqa_ori_pqal.json"
+    assert line in shipped
+    (tmp / "lathe" / "pubmedqa.yaml").write_text(shipped.replace(line, f"data: {data}"))
+    text = [ln for ln in shipped.splitlines() if ln.startswith("doc_to_text:")][0]
+    (tmp / "lm" / "pubmedqa.yaml").write_text(f"""task: lathe_pubmedqa
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+{text}
+doc_to_choice: ["yes", "no", "maybe"]
+doc_to_target: final_decision
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+""")
+    return [tmp / "lathe" / "pubmedqa.yaml"]
+
+
+def lm_eval_tasks(ck, include, names):
     lm_eval = pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
 
@@ -171,9 +205,23 @@ def lm_eval_tasks(ck, include):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     res = lm_eval.simple_evaluate(
         model="hf", model_args=f"pretrained={ck},dtype=float32,device=cpu", batch_size=1,
-        tasks=["lathe_mc", "lathe_gen"], task_manager=TaskManager(include_path=str(include)),
+        tasks=names, task_manager=TaskManager(include_path=str(include)),
         log_samples=True, fewshot_random_seed=1234)
     return res["results"], res["samples"]
+
+
+def compare_multiple_choice(ours, theirs):
+    for o, t in zip(ours, theirs):
+        args = t["arguments"]
+        ctx = args[0]["arg_0"] if isinstance(args[0], dict) else args[0][0]
+        assert o["context"] == ctx, f"record {o['index']}: prompts differ"
+        lls = [float(r[0][0]) for r in t["resps"]]
+        greedy = [bool(r[0][1]) for r in t["resps"]]
+        # fp32 on both sides over at most 160 positions: the summed log-probabilities agree to
+        # ~1e-6; 1e-4 is the issue's bound.
+        assert o["loglikelihoods"] == pytest.approx(lls, abs=1e-4), f"record {o['index']}"
+        assert o["is_greedy"] == greedy
+        assert o["acc"] == t["acc"] and o["acc_norm"] == t["acc_norm"], f"record {o['index']}"
 
 
 def test_scores_equal_lm_eval_harness(tmp_path):
@@ -194,23 +242,19 @@ def test_scores_equal_lm_eval_harness(tmp_path):
                                    for c in first_gen[i]["generation"]) + "?"
     write_jsonl(gen, gen_rows)
 
-    summary, rows = lathe_tasks(ck, tasks, tmp_path, "second")
-    results, samples = lm_eval_tasks(ck, tmp_path / "lm")
+    pubmed = pubmed_task_files(tmp_path)
+    summary, rows = lathe_tasks(ck, tasks + pubmed, tmp_path, "second")
+    names = ["lathe_mc", "lathe_gen"] + (["lathe_pubmedqa"] if pubmed else [])
+    results, samples = lm_eval_tasks(ck, tmp_path / "lm", names)
 
-    ours = [r for r in rows if r["task"] == "mc"]
-    theirs = sorted(samples["lathe_mc"], key=lambda s: s["doc_id"])
-    assert len(ours) == len(theirs) == len(MC_ROWS)
-    for o, t in zip(ours, theirs):
-        args = [a for a in t["arguments"]]
-        ctx = args[0]["arg_0"] if isinstance(args[0], dict) else args[0][0]
-        assert o["context"] == ctx, f"record {o['index']}: prompts differ"
-        lls = [float(r[0][0]) for r in t["resps"]]
-        greedy = [bool(r[0][1]) for r in t["resps"]]
-        # fp32 on both sides over at most 160 positions: the summed log-probabilities agree to
-        # ~1e-6; 1e-4 is the issue's bound.
-        assert o["loglikelihoods"] == pytest.approx(lls, abs=1e-4), f"record {o['index']}"
-        assert o["is_greedy"] == greedy
-        assert o["acc"] == t["acc"] and o["acc_norm"] == t["acc_norm"], f"record {o['index']}"
+    pairs = [("mc", "lathe_mc", len(MC_ROWS))] + ([("pubmedqa", "lathe_pubmedqa", 5)]
+                                                   if pubmed else [])
+    for ours_name, theirs_name, n in pairs:
+        ours = [r for r in rows if r["task"] == ours_name]
+        theirs = sorted(samples[theirs_name], key=lambda s: s["doc_id"])
+        assert len(ours) == len(theirs) == n
+        compare_multiple_choice(ours, theirs)
+
     g_ours = [r for r in rows if r["task"] == "gen"]
     g_theirs = sorted(samples["lathe_gen"], key=lambda s: s["doc_id"])
     assert len(g_ours) == len(g_theirs) == len(GEN_ROWS)
@@ -223,24 +267,21 @@ def test_scores_equal_lm_eval_harness(tmp_path):
         assert o["exact_match"] == t["exact_match"]
     assert sum(r["exact_match"] for r in g_ours) >= len(GEN_ROWS) // 2
 
-    for name, ours_t in [("lathe_mc", summary["tasks"]["mc"]),
-                         ("lathe_gen", summary["tasks"]["gen"])]:
+    for name, ours_t in [(t, summary["tasks"][o]) for o, t, _ in pairs] + [
+            ("lathe_gen", summary["tasks"]["gen"])]:
         r = results[name]
-        for metric in ["acc", "acc_norm"] if name == "lathe_mc" else ["exact_match"]:
-            key = "none" if name == "lathe_mc" else "strip"
+        for metric in ["exact_match"] if name == "lathe_gen" else ["acc", "acc_norm"]:
+            key = "strip" if name == "lathe_gen" else "none"
             assert ours_t[metric] == pytest.approx(r[f"{metric},{key}"], abs=1e-12), metric
             assert ours_t[f"{metric}_stderr"] == pytest.approx(r[f"{metric}_stderr,{key}"],
                                                                abs=1e-12), metric
 
 
-SHARED = Path(os.environ.get("LATHE_SHARED_DIR", ROOT.parent / "shared"))
-TASKS = ROOT / "configs" / "tasks"
-
 
 def test_shipped_task_files_run(tmp_path):
     ck = make_checkpoint(tmp_path / "ck")
     files = [TASKS / "science_mc.yaml", TASKS / "number_words.yaml"]
-    pubmed = SHARED / "corpora" / "pubmedqa_ori_pqal.json"
+    pubmed = PUBMED
     if pubmed.exists():
         # The shipped file points at ../shared from the project root; read it from wherever the
         # shared folder is here.
