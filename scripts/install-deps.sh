@@ -5,7 +5,8 @@
 #
 #   scripts/install-deps.sh            what the native build and its tests need
 #   scripts/install-deps.sh --aarch64  that, plus the aarch64 cross build's (scripts/test-aarch64.sh):
-#                                      Debian's cross toolchain, qemu-user, the :arm64 -dev packages
+#                                      Debian's cross toolchain, qemu-user, and a private sysroot of
+#                                      the :arm64 libraries lathe links (below)
 set -euo pipefail
 aarch64=0
 [ "${1:-}" = --aarch64 ] && aarch64=1
@@ -34,22 +35,11 @@ DEB_PACKAGES=(
 PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard transformers torch tensorboard openai
   lm_eval accelerate)
 
-# The aarch64 cross build (cmake/aarch64-linux-gnu.cmake, CPU only): the libraries lathe links, for
-# arm64 through multiarch; header-only ones (nlohmann-json, CLI11) are architecture-independent and
-# come from the native list. No MPI: the cross build runs single-process tests.
+# The aarch64 cross build (cmake/aarch64-linux-gnu.cmake, CPU only): Debian's cross toolchain (its
+# own aarch64 glibc, libstdc++ and libgomp in /usr/aarch64-linux-gnu) and qemu-user, both native
+# packages. No MPI: the cross build runs single-process tests.
 if ((aarch64)); then
-  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
-    echo "install-deps: dpkg --add-architecture arm64"
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO dpkg --add-architecture arm64
-  fi
-  DEB_PACKAGES+=(
-    crossbuild-essential-arm64 qemu-user-static binfmt-support
-    libyaml-cpp-dev:arm64 libfmt-dev:arm64 libpcre2-dev:arm64 libutf8proc-dev:arm64
-    libzstd-dev:arm64 zlib1g-dev:arm64 libsimdjson-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64
-    libopenblas-dev:arm64 libprotobuf-dev:arm64 libboost-dev:arm64
-  )
+  DEB_PACKAGES+=(crossbuild-essential-arm64 qemu-user-static)
 fi
 
 missing=()
@@ -62,6 +52,79 @@ if ((${#missing[@]})); then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The aarch64 libraries lathe links live in a private sysroot, never installed through multiarch:
+# some of their -dev packages (libyaml-cpp-dev, libsimdjson-dev) are not "Multi-Arch: same", and
+# apt would remove their amd64 twins that the native build needs. `apt-get download` fetches the
+# :arm64 .deb files (which needs arm64 among dpkg's architectures for the package lists; that adds
+# the lists, installs nothing) and `dpkg-deb -x` unpacks them into
+# ${LATHE_AARCH64_SYSROOT:-~/.cache/lathe/aarch64-sysroot}, which cmake/aarch64-linux-gnu.cmake
+# reads. Each -dev package comes with the libraries its .so links point at; OpenBLAS needs
+# libgfortran5. glibc, libstdc++, libgcc_s and libgomp are the cross toolchain's.
+AARCH64_SYSROOT_PACKAGES=(
+  libyaml-cpp-dev libyaml-cpp0.7 libfmt-dev libfmt9
+  libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
+  libutf8proc-dev libutf8proc2 libzstd-dev libzstd1 zlib1g-dev zlib1g
+  libsimdjson-dev libsimdjson14 libgtest-dev libgmock-dev
+  libopenblas-dev libopenblas-pthread-dev libopenblas0 libopenblas0-pthread libgfortran5
+  libprotobuf-dev libprotobuf32 libprotobuf-lite32 libboost1.74-dev
+  libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 libbrotli-dev libbrotli1
+)
+# Architecture-independent header-only packages (CMake config files under usr/share/cmake).
+AARCH64_SYSROOT_ALL_PACKAGES=(nlohmann-json3-dev libcli11-dev)
+aarch64_sysroot() {
+  local sysroot=$1 SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    echo "install-deps: dpkg --add-architecture arm64 (package lists only; nothing arm64 is installed)"
+    $SUDO dpkg --add-architecture arm64
+    $SUDO apt-get update -qq
+  fi
+  local names=("${AARCH64_SYSROOT_PACKAGES[@]/%/:arm64}" "${AARCH64_SYSROOT_ALL_PACKAGES[@]}")
+  # The stamp: every package and the version apt would fetch; the sysroot is rebuilt when it changes.
+  local want
+  want=$(apt-cache show --no-all-versions "${names[@]}" | sed -n 's/^\(Package\|Version\): //p')
+  if [ "$(cat "$sysroot/.lathe-packages" 2>/dev/null)" = "$want" ]; then
+    return
+  fi
+  echo "install-deps: aarch64 sysroot ($((${#names[@]})) packages) -> $sysroot"
+  local tmp
+  tmp=$(mktemp -d "${sysroot%/}.XXXXXX")
+  (cd "$tmp" && apt-get download -qq "${names[@]}" 2>/dev/null) || {
+    echo "install-deps: error: apt-get download of the arm64 packages failed (try apt-get update)" >&2
+    rm -rf "$tmp"
+    exit 1
+  }
+  mkdir -p "$tmp/root"
+  for deb in "$tmp"/*.deb; do
+    dpkg-deb -x "$deb" "$tmp/root"
+  done
+  # Absolute symbolic links (usr/lib/<triple>/libz.so -> /lib/<triple>/libz.so.1.2.13) point
+  # into the sysroot instead of the machine's root.
+  local link target
+  while IFS= read -r -d '' link; do
+    target=$(readlink "$link")
+    ln -sfn "$(realpath -m --relative-to="$(dirname "$link")" "$tmp/root$target")" "$link"
+  done < <(find "$tmp/root" -type l -lname '/*' -print0)
+  # What update-alternatives does for OpenBLAS on an installed system: the generic BLAS names and
+  # cblas.h point at the pthread variant.
+  local lib=$tmp/root/usr/lib/aarch64-linux-gnu inc=$tmp/root/usr/include/aarch64-linux-gnu
+  for so in libopenblas.so libopenblas.so.0 libblas.so libblas.so.3 liblapack.so liblapack.so.3; do
+    ln -sfn "openblas-pthread/$so" "$lib/$so"
+  done
+  ln -sfn openblas-pthread/cblas.h "$inc/cblas.h"
+  ln -sfn openblas-pthread/openblas_config.h "$inc/openblas_config.h"
+  printf '%s\n' "$want" >"$tmp/root/.lathe-packages"
+  rm -rf "${sysroot%/}.old"
+  [ -e "$sysroot" ] && mv "$sysroot" "${sysroot%/}.old"
+  mv "$tmp/root" "$sysroot"
+  rm -rf "$tmp" "${sysroot%/}.old"
+}
+if ((aarch64)); then
+  sysroot=${LATHE_AARCH64_SYSROOT:-$HOME/.cache/lathe/aarch64-sysroot}
+  mkdir -p "$(dirname "$sysroot")"
+  aarch64_sysroot "$sysroot"
 fi
 
 # One interpreter looks for every module (importing torch alone takes seconds).

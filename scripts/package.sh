@@ -10,7 +10,9 @@
 #
 # The architecture is read from the binary (x86-64 or aarch64, a cross build included), and the
 # libraries from that architecture's multiarch folders (/usr/lib/<triple>, /lib/<triple>) and the
-# binary's own RUNPATH, so the same script packs build/ and build-aarch64/. Needs readelf,
+# binary's own RUNPATH, so the same script packs build/ and build-aarch64/; LATHE_PACKAGE_LIBDIRS
+# (colon-separated folders, searched first) points at libraries kept outside those folders (the
+# aarch64 cross build's sysroot, scripts/test-aarch64.sh). Needs readelf,
 # patchelf and the architecture's strip (binutils-aarch64-linux-gnu for aarch64). Prints the
 # tarball's path. Written under a temporary name, renamed when complete.
 set -euo pipefail
@@ -55,7 +57,7 @@ cp "$bin" "$stage/$name/bin/lathe"
 "$strip" --strip-debug "$stage/$name/bin/lathe"
 
 # The DT_NEEDED closure, resolved as the dynamic loader would on a Debian machine of that
-# architecture: the binary's RUNPATH first, then the multiarch folders.
+# architecture: the binary's RUNPATH first, then LATHE_PACKAGE_LIBDIRS, then the multiarch folders.
 python3 - "$bin" "$triple" "$stage/$name/lib" >"$stage/libs.txt" <<'PY'
 import os, re, shutil, subprocess, sys
 binary, triple, dest = sys.argv[1:]
@@ -73,7 +75,8 @@ def dynamic(path):
     dirs = [d for r in runpath for d in r.split(":") if d and "$ORIGIN" not in d]
     return needed, dirs
 
-search = [f"/usr/lib/{triple}", f"/lib/{triple}", "/usr/lib", "/lib"]
+extra = [d for d in os.environ.get("LATHE_PACKAGE_LIBDIRS", "").split(":") if d]
+search = extra + [f"/usr/lib/{triple}", f"/lib/{triple}", "/usr/lib", "/lib"]
 seen, queue = {}, [binary]
 while queue:
     needed, dirs = dynamic(queue.pop())
