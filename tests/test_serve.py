@@ -310,8 +310,10 @@ def test_overload_answers_503(folder):
                                     temperature=0).choices[0].text == want
 
 
-def test_api_key_and_sigint(folder):
-    with serve(folder, "--api-key", "sekret", sig=signal.SIGINT) as url:
+def test_api_key_small_kv_pool_and_sigint(folder):
+    # A paged KV pool of 4 blocks of 8 positions: a sequence longer than 32 can never run.
+    with serve(folder, "--api-key", "sekret", "--kv-block-size", 8, "--kv-blocks", 4,
+               sig=signal.SIGINT) as url:
         with pytest.raises(openai.AuthenticationError):
             client(url, "wrong").completions.create(model="tok", prompt="x", max_tokens=1)
         r = post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
@@ -320,12 +322,20 @@ def test_api_key_and_sigint(folder):
         assert get(url + "/metrics").status_code == 401
         r = client(url, "sekret").completions.create(model="tok", prompt="x", max_tokens=1)
         assert len(r.choices) == 1
+        with pytest.raises(openai.BadRequestError) as e:
+            client(url, "sekret").completions.create(model="tok", prompt="x", max_tokens=40)
+        assert "KV blocks" in str(e.value)
+        # Three sequences of 2 blocks each share the pool two at a time, in greedy agreement.
+        texts = [ch.text for ch in client(url, "sekret").completions.create(
+            model="tok", prompt=["hi", "hi", "hi"], max_tokens=12, temperature=0).choices]
+        assert len(set(texts)) == 1 and len(texts[0]) > 0
 
 
 def test_flag_errors(tmp_path):
     for args, needle in [(["--checkpoint", tmp_path / "none"], "--checkpoint"),
                          (["--checkpoint", MODELS / "llama", "--max-seqs", 0], "--max-seqs"),
                          (["--checkpoint", MODELS / "llama", "--max-len", 10**7], "--max-len"),
-                         (["--checkpoint", MODELS / "llama", "--device", "tpu"], "--device")]:
+                         (["--checkpoint", MODELS / "llama", "--device", "tpu"], "--device"),
+                         (["--checkpoint", MODELS / "llama", "--kv-blocks", -1], "--kv-blocks")]:
         p = run(["serve", *args], check=False)
         assert p.returncode != 0 and p.stderr.startswith("lathe: error:") and needle in p.stderr

@@ -51,6 +51,7 @@ struct ServeRequest {
     std::string checkpoint, host = "127.0.0.1", device = "auto", api_key, model_name;
     int port = 8000;
     int64_t max_seqs = 8, max_queue = 64, max_len = 0;
+    int64_t kv_block_size = -1, kv_blocks = 0;  // -1: 16 (paged) on the CPU, rows on CUDA
 };
 
 #ifdef LATHE_HAVE_HTTPLIB
@@ -711,6 +712,8 @@ Status run_serve(const ServeRequest& r) {
     if (r.max_queue < 1)
         return invalid_argument_error("--max-queue must be >= 1, got {}", r.max_queue);
     if (r.max_len < 0) return invalid_argument_error("--max-len must be >= 0, got {}", r.max_len);
+    if (r.kv_blocks < 0)
+        return invalid_argument_error("--kv-blocks must be >= 0, got {}", r.kv_blocks);
     const Result<fs::path> resolved = resolve_checkpoint(r.checkpoint);
     if (!resolved.ok()) return resolved.status().with_context("--checkpoint");
     const fs::path dir = *resolved;
@@ -734,7 +737,12 @@ Status run_serve(const ServeRequest& r) {
     limits.max_sequences = r.max_seqs;
     limits.max_len = r.max_len > 0 ? r.max_len : config->max_position_embeddings;
     limits.prefill_chunk = std::min<int64_t>(256, limits.max_len);
-    LATHE_ASSIGN_OR_RETURN(InferenceEngine engine, InferenceEngine::create(model, limits));
+    const bool cpu = device.context().backend == Backend::kCpu;
+    limits.kv_block_size = r.kv_block_size >= 0 ? r.kv_block_size : (cpu ? 16 : 0);
+    limits.kv_blocks = r.kv_blocks;
+    Result<InferenceEngine> created = InferenceEngine::create(model, limits);
+    if (!created.ok()) return created.status().with_context("--kv-block-size, --kv-blocks");
+    InferenceEngine engine = std::move(*created);
 
     const Prompting& p = *prompting;
     Detokenizer detok;
@@ -827,6 +835,11 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--max-len", req->max_len,
                     "Tokens per sequence (prompt and output); 0 = the model's context")
         ->capture_default_str();
+    cmd->add_option("--kv-block-size", req->kv_block_size,
+                    "Positions per paged KV block (CPU; default 16); 0 = one row of --max-len "
+                    "per sequence (the only cache on CUDA)");
+    cmd->add_option("--kv-blocks", req->kv_blocks,
+                    "Paged KV pool in blocks (default: --max-seqs full-length sequences)");
     cmd->add_option("--model-name", req->model_name,
                     "The model id of /v1/models (default: the checkpoint folder's name)");
     cmd->callback([req, &action] { action = [req] { return run_serve(*req); }; });

@@ -47,14 +47,37 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
     e.limits_ = lim;
     e.ctx_ = model.context();
     e.act_ = e.ctx_.backend == Backend::kCuda ? DType::kBF16 : DType::kF32;
-    KvCacheShape ks;
-    ks.layers = c.num_layers;
-    ks.rows = lim.max_sequences;
-    ks.max_len = lim.max_len;
-    ks.kv_heads = c.num_kv_heads;
-    ks.head_dim = c.head_dim;
-    ks.dtype = e.act_;
-    LATHE_ASSIGN_OR_RETURN(e.cache_, KvCache::create(ks, e.ctx_));
+    if (lim.kv_block_size < 0 || lim.kv_blocks < 0) {
+        return invalid_argument_error("inference: kv_block_size {} and kv_blocks {} must be >= 0",
+                                      lim.kv_block_size, lim.kv_blocks);
+    }
+    e.paged_ = lim.kv_block_size > 0;
+    if (e.paged_) {
+        if (e.ctx_.backend != Backend::kCpu) {
+            return unimplemented_error(
+                "a paged KV cache runs on the CPU only (the CUDA decode attention reads "
+                "contiguous rows): use the row cache on CUDA");
+        }
+        PagedKvShape ps;
+        ps.layers = c.num_layers;
+        ps.block_size = lim.kv_block_size;
+        ps.blocks =
+            lim.kv_blocks > 0
+                ? lim.kv_blocks
+                : lim.max_sequences * ((lim.max_len + lim.kv_block_size - 1) / lim.kv_block_size);
+        ps.kv_heads = c.num_kv_heads;
+        ps.head_dim = c.head_dim;
+        LATHE_ASSIGN_OR_RETURN(e.paged_cache_, PagedKvCache::create(ps));
+    } else {
+        KvCacheShape ks;
+        ks.layers = c.num_layers;
+        ks.rows = lim.max_sequences;
+        ks.max_len = lim.max_len;
+        ks.kv_heads = c.num_kv_heads;
+        ks.head_dim = c.head_dim;
+        ks.dtype = e.act_;
+        LATHE_ASSIGN_OR_RETURN(e.cache_, KvCache::create(ks, e.ctx_));
+    }
 
     const int64_t N = std::max(lim.prefill_chunk, lim.max_sequences), S = lim.max_sequences;
     const int64_t C = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
@@ -68,8 +91,15 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
     LATHE_ASSIGN_OR_RETURN(e.ix_.mean, add("mean", f32, Shape{N}));
     LATHE_ASSIGN_OR_RETURN(e.ix_.rstd, add("rstd", f32, Shape{N}));
     LATHE_ASSIGN_OR_RETURN(e.ix_.q, add("q", a, Shape{N, H, D}));
-    LATHE_ASSIGN_OR_RETURN(e.ix_.knew, add("k_new", a, Shape{S, Hkv, D}));
-    LATHE_ASSIGN_OR_RETURN(e.ix_.vnew, add("v_new", a, Shape{S, Hkv, D}));
+    // Paged, a prefill chunk's keys and values go through these too.
+    const int64_t kv_rows = e.paged_ ? N : S;
+    LATHE_ASSIGN_OR_RETURN(e.ix_.knew, add("k_new", a, Shape{kv_rows, Hkv, D}));
+    LATHE_ASSIGN_OR_RETURN(e.ix_.vnew, add("v_new", a, Shape{kv_rows, Hkv, D}));
+    if (e.paged_) {
+        // One sequence's filled prefix, gathered from its blocks for the prefill's attention.
+        LATHE_ASSIGN_OR_RETURN(e.ix_.kgather, add("k_gather", a, Shape{lim.max_len, Hkv, D}));
+        LATHE_ASSIGN_OR_RETURN(e.ix_.vgather, add("v_gather", a, Shape{lim.max_len, Hkv, D}));
+    }
     LATHE_ASSIGN_OR_RETURN(e.ix_.att, add("att", a, Shape{N, H, D}));
     LATHE_ASSIGN_OR_RETURN(e.ix_.lse, add("lse", f32, Shape{N * H}));
     LATHE_ASSIGN_OR_RETURN(e.ix_.tmp, add("tmp", a, Shape{N, C}));
@@ -91,6 +121,41 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
         model.synchronize();
     }
     return e;
+}
+
+Result<SeqId> InferenceEngine::open() {
+    if (!paged_) return cache_.open();
+    if (paged_cache_.open_sequences() >= limits_.max_sequences) {
+        return failed_precondition_error("all {} sequences are open (close one first)",
+                                         limits_.max_sequences);
+    }
+    return paged_cache_.open();
+}
+
+void InferenceEngine::close(SeqId seq) {
+    if (paged_)
+        paged_cache_.close(seq);
+    else
+        cache_.close(seq);
+}
+
+int64_t InferenceEngine::length(SeqId seq) const {
+    return paged_ ? paged_cache_.length(seq) : cache_.length(seq);
+}
+
+int64_t InferenceEngine::open_sequences() const {
+    return paged_ ? paged_cache_.open_sequences() : cache_.rows_in_use();
+}
+
+bool InferenceEngine::is_open(SeqId seq) const {
+    return paged_ ? paged_cache_.is_open(seq) : cache_.is_open(seq);
+}
+
+void InferenceEngine::set_length(SeqId seq, int64_t length) {
+    if (paged_)
+        paged_cache_.set_length(seq, length);
+    else
+        cache_.set_length(seq, length);
 }
 
 void InferenceEngine::copy(TensorView dst, ConstTensorView src) const {
@@ -248,8 +313,7 @@ Status InferenceEngine::prefill_all(SeqId seq, std::span<const int32_t> tokens,
 Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
                                      std::span<float> logits, bool all) {
     const ModelConfig& c = config();
-    if (!cache_.is_open(seq))
-        return invalid_argument_error("prefill: sequence {} is not open", seq);
+    if (!is_open(seq)) return invalid_argument_error("prefill: sequence {} is not open", seq);
     if (tokens.empty()) return invalid_argument_error("prefill: no tokens for sequence {}", seq);
     const int64_t rows_out = all ? int64_t(tokens.size()) : 1;
     if (int64_t(logits.size()) != rows_out * c.vocab_size) {
@@ -262,18 +326,19 @@ Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
                                           tokens[i], i, c.vocab_size);
         }
     }
-    const int64_t len0 = cache_.length(seq);
+    const int64_t len0 = length(seq);
     if (len0 + int64_t(tokens.size()) > limits_.max_len) {
         return invalid_argument_error(
             "{} tokens after the {} already in sequence {} exceed its {}-token context",
             tokens.size(), len0, seq, limits_.max_len);
     }
-    const int64_t row = cache_.row(seq);
+    if (paged_) LATHE_RETURN_IF_ERROR(paged_cache_.reserve(seq, len0 + int64_t(tokens.size())));
+    const int64_t row = paged_ ? -1 : cache_.row(seq);
     const ModelConfig& cfg = c;
     const float scale = block_attention_scale(cfg);
     for (size_t begin = 0; begin < tokens.size(); begin += size_t(limits_.prefill_chunk)) {
         const int64_t T = std::min<int64_t>(limits_.prefill_chunk, int64_t(tokens.size() - begin));
-        const int64_t pos0 = cache_.length(seq);
+        const int64_t pos0 = length(seq);
         host_pos_.resize(size_t(T));
         for (int64_t t = 0; t < T; ++t) host_pos_[size_t(t)] = int32_t(pos0 + t);
         const TensorView tok = scratch(ix_.tokens, Shape{1, T});
@@ -289,6 +354,32 @@ Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
         auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q,
                           const TensorView& att, const TensorView& lse, const LinearSpec& spec,
                           ConstTensorView positions) {
+            if (paged_) {
+                // The chunk's keys and values go to its blocks; the filled prefix comes back
+                // contiguous for the attention.
+                const int64_t Hkv = cfg.num_kv_heads, D = cfg.head_dim, hd = Hkv * D;
+                const TensorView k = scratch(ix_.knew, Shape{1, T, Hkv, D});
+                const TensorView v = scratch(ix_.vnew, Shape{1, T, Hkv, D});
+                linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
+                linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
+                linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
+                if (cfg.position == PositionKind::kRope) {
+                    rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
+                                    scratch_.view(ix_.rope_sin), ctx_);
+                }
+                for (int64_t t = 0; t < T; ++t) {
+                    std::memcpy(paged_cache_.key(l, seq, pos0 + t), k.as<float>() + t * hd,
+                                size_t(hd) * sizeof(float));
+                    std::memcpy(paged_cache_.value(l, seq, pos0 + t), v.as<float>() + t * hd,
+                                size_t(hd) * sizeof(float));
+                }
+                const TensorView kg = scratch(ix_.kgather, Shape{1, pos0 + T, Hkv, D});
+                const TensorView vg = scratch(ix_.vgather, Shape{1, pos0 + T, Hkv, D});
+                paged_cache_.gather(l, seq, pos0 + T, kg.as<float>(), vg.as<float>());
+                attention_forward(att, lse, q, kg, vg, ConstTensorView(), cfg.window(l), scale,
+                                  pos0, ctx_);
+                return;
+            }
             // The chunk's keys and values go straight into the cache row.
             const TensorView k = cache_.keys(l, row, pos0, pos0 + T);
             const TensorView v = cache_.values(l, row, pos0, pos0 + T);
@@ -311,7 +402,7 @@ Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
                               scale, pos0, ctx_);
         };
         const TensorView x = run_blocks(1, T, tok, pos, attend);
-        cache_.set_length(seq, pos0 + T);
+        set_length(seq, pos0 + T);
         const TensorView rows = x.reshape(Shape{T, cfg.hidden_size});
         if (all) {
             // The logits scratch holds max_sequences rows: the chunk's rows go in pieces.
@@ -330,7 +421,7 @@ Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
 
 Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<float> logits) {
     const ModelConfig& c = config();
-    const int64_t n = cache_.rows_in_use(), V = c.vocab_size;
+    const int64_t n = open_sequences(), V = c.vocab_size;
     if (int64_t(steps.size()) != n) {
         return invalid_argument_error(
             "decode: {} steps for {} open sequences (every open sequence steps at once)",
@@ -341,6 +432,7 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
         return invalid_argument_error("decode: logits hold {} floats, need {} x {}", logits.size(),
                                       n, V);
     }
+    if (paged_) return decode_paged(steps, logits);
     // Row r of the batch is cache row r; step_of_row maps it back to the caller's order.
     std::vector<int64_t> step_of_row(size_t(n), -1);
     host_i32_.assign(size_t(n), 0);
@@ -407,6 +499,79 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
         std::memcpy(logits.data() + step_of_row[size_t(r)] * V, by_row.data() + r * V,
                     size_t(V) * sizeof(float));
     }
+    return ok_status();
+}
+
+Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::span<float> logits) {
+    const ModelConfig& c = config();
+    const int64_t n = int64_t(steps.size());
+    // Batch row i is step i; its sequence's blocks are wherever the pool put them.
+    std::vector<SeqId> seqs(static_cast<size_t>(n));
+    host_i32_.assign(size_t(n), 0);
+    host_pos_.assign(size_t(n), 0);
+    host_len_.assign(size_t(n), 0);
+    int64_t need = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const DecodeStep& s = steps[size_t(i)];
+        if (!paged_cache_.is_open(s.seq))
+            return invalid_argument_error("decode: sequence {} is not open", s.seq);
+        if (std::find(seqs.begin(), seqs.begin() + i, s.seq) != seqs.begin() + i)
+            return invalid_argument_error("decode: sequence {} appears twice", s.seq);
+        const int64_t len = paged_cache_.length(s.seq);
+        if (len == 0)
+            return invalid_argument_error("decode: sequence {} has no prompt (prefill it)", s.seq);
+        if (len >= limits_.max_len) {
+            return invalid_argument_error("decode: sequence {} fills its {}-token context", s.seq,
+                                          limits_.max_len);
+        }
+        if (s.token < 0 || s.token >= c.vocab_size) {
+            return invalid_argument_error("decode: token {} of sequence {} is outside [0, {})",
+                                          s.token, s.seq, c.vocab_size);
+        }
+        seqs[size_t(i)] = s.seq;
+        host_i32_[size_t(i)] = s.token;
+        host_pos_[size_t(i)] = int32_t(len);
+        host_len_[size_t(i)] = int32_t(len + 1);
+        need += std::max<int64_t>(
+            0, paged_cache_.blocks_for(len + 1) - int64_t(paged_cache_.table(s.seq).size()));
+    }
+    if (need > paged_cache_.free_blocks()) {
+        return failed_precondition_error(
+            "decode: the step needs {} new KV blocks, {} are free (admit fewer sequences)", need,
+            paged_cache_.free_blocks());
+    }
+    for (int64_t i = 0; i < n; ++i)
+        LATHE_RETURN_IF_ERROR(paged_cache_.reserve(seqs[size_t(i)], host_len_[size_t(i)]));
+    const TensorView tok = scratch(ix_.tokens, Shape{n, 1});
+    const TensorView pos = scratch(ix_.positions, Shape{n, 1});
+    upload(tok, host_i32_);
+    upload(pos, host_pos_);
+    const float scale = block_attention_scale(c);
+    const int64_t Hkv = c.num_kv_heads, D = c.head_dim, hd = Hkv * D;
+    auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q,
+                      const TensorView& att, const TensorView& lse, const LinearSpec& spec,
+                      ConstTensorView positions) {
+        const TensorView k = scratch(ix_.knew, Shape{n, 1, Hkv, D});
+        const TensorView v = scratch(ix_.vnew, Shape{n, 1, Hkv, D});
+        linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
+        linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
+        linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
+        if (c.position == PositionKind::kRope) {
+            rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
+                            scratch_.view(ix_.rope_sin), ctx_);
+        }
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t p = host_pos_[size_t(i)];
+            std::memcpy(paged_cache_.key(l, seqs[size_t(i)], p), k.as<float>() + i * hd,
+                        size_t(hd) * sizeof(float));
+            std::memcpy(paged_cache_.value(l, seqs[size_t(i)], p), v.as<float>() + i * hd,
+                        size_t(hd) * sizeof(float));
+        }
+        paged_attention_decode(att, lse, q, paged_cache_, l, seqs, host_len_, c.window(l), scale);
+    };
+    const TensorView x = run_blocks(n, 1, tok, pos, attend);
+    for (int64_t i = 0; i < n; ++i) paged_cache_.set_length(seqs[size_t(i)], host_len_[size_t(i)]);
+    last_logits(x.reshape(Shape{n, c.hidden_size}), n, logits);
     return ok_status();
 }
 

@@ -37,6 +37,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "infer/kv_cache.h"
+#include "infer/paged_kv_cache.h"
 #include "model/block.h"
 #include "model/model.h"
 
@@ -46,6 +47,11 @@ struct EngineLimits {
     int64_t max_sequences = 1;    // S: sequences open at once (KV cache rows)
     int64_t max_len = 0;          // Tmax: tokens per sequence; 0 = max_position_embeddings
     int64_t prefill_chunk = 256;  // tokens of one prefill forward
+    // > 0: a paged KV cache (paged_kv_cache.h, CPU only) of blocks of this many positions,
+    // instead of max_sequences rows of max_len; kv_blocks is its pool (0 = as many as
+    // max_sequences full-length sequences need).
+    int64_t kv_block_size = 0;
+    int64_t kv_blocks = 0;
 };
 
 // One sequence's next token in a decode step.
@@ -65,13 +71,21 @@ public:
     const ModelConfig& config() const { return model_->config(); }
     const EngineLimits& limits() const { return limits_; }
     int64_t vocab_size() const { return model_->config().vocab_size; }
-    const KvCache& cache() const { return cache_; }
+    const KvCache& cache() const { return cache_; }  // the row cache (empty when paged)
+    bool paged() const { return paged_; }
+    const PagedKvCache& paged_cache() const { return paged_cache_; }
+    // Paged: the pool's blocks and how many a sequence of `length` positions holds; 0 and 0 with
+    // the row cache (a row holds max_len positions).
+    int64_t kv_total_blocks() const { return paged_ ? paged_cache_.shape().blocks : 0; }
+    int64_t kv_blocks_for(int64_t length) const {
+        return paged_ ? paged_cache_.blocks_for(length) : 0;
+    }
 
     // A new sequence of length 0; error when max_sequences are open.
-    Result<SeqId> open() { return cache_.open(); }
-    void close(SeqId seq) { cache_.close(seq); }
-    int64_t length(SeqId seq) const { return cache_.length(seq); }
-    int64_t open_sequences() const { return cache_.rows_in_use(); }
+    Result<SeqId> open();
+    void close(SeqId seq);
+    int64_t length(SeqId seq) const;
+    int64_t open_sequences() const;
 
     // Appends `tokens` (at least one) to `seq` and writes the logits that follow the last one into
     // `logits` (V floats). Errors: an unknown sequence, no tokens, a token outside [0, V), more
@@ -109,16 +123,21 @@ private:
     // tokens.size() x V.
     Status prefill_impl(SeqId seq, std::span<const int32_t> tokens, std::span<float> logits,
                         bool all);
+    Status decode_paged(std::span<const DecodeStep> steps, std::span<float> logits);
+    bool is_open(SeqId seq) const;
+    void set_length(SeqId seq, int64_t length);
 
     const Model* model_ = nullptr;
     EngineLimits limits_;
     Context ctx_;
     DType act_ = DType::kF32;
     KvCache cache_;
+    bool paged_ = false;
+    PagedKvCache paged_cache_;
     ModelArena scratch_;
     struct Index {
         size_t x0, x1, ln, mean, rstd, q, knew, vnew, att, lse, tmp, mlp_in, mlp_act, logits,
-            tokens, positions, lengths, rope_cos, rope_sin;
+            tokens, positions, lengths, rope_cos, rope_sin, kgather, vgather;
     } ix_{};
     std::vector<int32_t> host_i32_;  // staging of tokens / positions / lengths
     std::vector<int32_t> host_pos_, host_len_;

@@ -92,6 +92,13 @@ Result<std::vector<std::shared_ptr<SequenceTicket>>> Scheduler::submit(
                 "the prompt or lower max_tokens",
                 p.prompt.size(), p.max_tokens, T);
         }
+        const int64_t blocks = engine_.kv_blocks_for(int64_t(p.prompt.size()) + p.max_tokens);
+        if (blocks > engine_.kv_total_blocks()) {
+            return invalid_argument_error(
+                "the prompt's {} tokens and max_tokens {} need {} KV blocks, the pool has {}: "
+                "shorten the prompt or lower max_tokens",
+                p.prompt.size(), p.max_tokens, blocks, engine_.kv_total_blocks());
+        }
         if (!p.stop_strings.empty() && !detokenize_)
             return invalid_argument_error("stop strings need a tokenizer to decode text");
         if (p.top_logprobs < -1)
@@ -170,6 +177,7 @@ bool Scheduler::accept(Running& r, std::span<float> logits) {
 
 void Scheduler::finish(Running& r) {
     engine_.close(r.seq);
+    reserved_blocks_ -= r.blocks;
     r.state.done = true;
     r.state.stable_text = r.state.text.size();
     finished_.fetch_add(1);
@@ -193,9 +201,17 @@ bool Scheduler::step() {
     // Join: waiting sequences while the engine has room.
     while (engine_.open_sequences() < engine_.limits().max_sequences) {
         std::pair<std::shared_ptr<SequenceTicket>, SequenceParams> item;
+        int64_t blocks = 0;
         {
             std::lock_guard<std::mutex> lock(mu_);
             if (waiting_.empty()) break;
+            // A paged cache admits what its free blocks can finish (the prompt and max_tokens
+            // of every running sequence are spoken for); the queue keeps its order.
+            const SequenceParams& front = waiting_.front().second;
+            blocks = engine_.kv_blocks_for(int64_t(front.prompt.size()) + front.max_tokens);
+            if (reserved_blocks_ + blocks > engine_.kv_total_blocks() &&
+                !waiting_.front().first->cancelled())
+                break;
             item = std::move(waiting_.front());
             waiting_.pop_front();
         }
@@ -215,6 +231,8 @@ bool Scheduler::step() {
         LATHE_CHECK(seq.ok(), "scheduler: open with {} of {} sequences open",
                     engine_.open_sequences(), engine_.limits().max_sequences);
         r.seq = *seq;
+        r.blocks = blocks;
+        reserved_blocks_ += blocks;
         const std::vector<int32_t>& prompt = r.params.prompt;
         const size_t T = prompt.size();
         const size_t rows = r.params.prompt_logprobs ? T : 1;

@@ -6,9 +6,11 @@
 //                   appends them all to the waiting queue, or none: a full queue (max_queue
 //                   sequences waiting) is kFailedPrecondition, which a server answers 503.
 //   step()          one iteration of the engine thread: cancelled sequences leave; waiting ones
-//                   join while the engine has free sequences (opened, prefilled, first token
-//                   sampled); then one decode step for every running sequence. Joining and
-//                   leaving happen only here, between decode steps.
+//                   join in order while the engine has free sequences and, with a paged KV
+//                   cache, free blocks for their prompt + max_tokens beyond what the running
+//                   sequences may still fill (opened, prefilled, first token sampled); then one
+//                   decode step for every running sequence. Joining and leaving happen only here,
+//                   between decode steps.
 //   start()/stop()  the engine thread runs step() while there is work and sleeps otherwise;
 //                   stop() ends every ticket still waiting or running with an error and joins.
 //
@@ -126,6 +128,7 @@ private:
         SampleRng rng;
         std::vector<int32_t> seen;
         int32_t last = 0;
+        int64_t blocks = 0;  // KV blocks spoken for (paged cache)
     };
     // Appends a sampled token; true when the sequence finished.
     bool accept(Running& r, std::span<float> logits);
@@ -142,6 +145,7 @@ private:
     std::thread thread_;
     // Engine-thread state.
     std::vector<Running> running_;
+    int64_t reserved_blocks_ = 0;  // KV blocks the running sequences may still fill
     std::vector<float> logits_;
     std::vector<double> prob_;
     std::vector<int32_t> order_;

@@ -1,0 +1,245 @@
+// The paged KV cache (paged_kv_cache.h): the block pool and free list; the engine on a paged
+// cache against Model::logits of one full forward (prefill in chunks that cross block edges,
+// then decode) and against the row cache with several sequences in one step; the scheduler
+// admitting by free blocks.
+// Tolerance: as engine_test.cpp, (L + 1) K f32 eps relative (both paths run the same f32 ops up
+// to the attention's summation order).
+#include "infer/paged_kv_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "infer/engine.h"
+#include "infer/scheduler.h"
+#include "model/model_fixture_test_util.h"
+#include "model/model_io.h"
+
+namespace lathe {
+namespace {
+
+TEST(PagedKvCache, BlocksComeFromAndReturnToTheFreeList) {
+    PagedKvShape s{1, 4, 3, 2, 2};  // 4 blocks of 3 positions, (2, 2) per position
+    Result<PagedKvCache> made = PagedKvCache::create(s);
+    ASSERT_TRUE(made.ok());
+    PagedKvCache& c = *made;
+    const SeqId a = c.open(), b = c.open();
+    EXPECT_EQ(c.free_blocks(), 4);
+    ASSERT_TRUE(c.reserve(a, 4).ok());  // 2 blocks
+    EXPECT_EQ(c.table(a).size(), 2u);
+    ASSERT_TRUE(c.reserve(b, 3).ok());  // 1 block
+    EXPECT_EQ(c.free_blocks(), 1);
+    // Short of blocks: nothing is taken.
+    const Status full = c.reserve(b, 7);
+    EXPECT_EQ(full.code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(c.table(b).size(), 1u);
+    EXPECT_EQ(c.free_blocks(), 1);
+    // Positions land in their blocks; gather reads them back in order.
+    for (int64_t p = 0; p < 4; ++p) {
+        for (int i = 0; i < 4; ++i) {
+            c.key(0, a, p)[i] = float(10 * p + i);
+            c.value(0, a, p)[i] = -float(10 * p + i);
+        }
+    }
+    c.set_length(a, 4);
+    std::vector<float> k(16), v(16);
+    c.gather(0, a, 4, k.data(), v.data());
+    for (int64_t p = 0; p < 4; ++p) {
+        for (int i = 0; i < 4; ++i) {
+            EXPECT_EQ(k[size_t(p * 4 + i)], float(10 * p + i));
+            EXPECT_EQ(v[size_t(p * 4 + i)], -float(10 * p + i));
+        }
+    }
+    EXPECT_NE(c.table(a)[0], c.table(b)[0]);
+    c.close(a);
+    EXPECT_EQ(c.free_blocks(), 3);
+    EXPECT_EQ(c.open_sequences(), 1);
+    const SeqId d = c.open();
+    ASSERT_TRUE(c.reserve(d, 9).ok());  // the freed blocks serve again
+    EXPECT_EQ(c.free_blocks(), 0);
+    EXPECT_FALSE(PagedKvCache::create(PagedKvShape{1, 0, 3, 2, 2}).ok());
+}
+
+struct Loaded {
+    model_fixture::Fixture f;
+    Model model;
+    std::vector<int32_t> tokens;
+    HostTensor logits;  // (1, T, V)
+    double tol = 0;
+};
+
+Loaded load(const std::string& name) {
+    model_fixture::Fixture f = model_fixture::load(name);
+    ModelShape shape;
+    shape.batch = 1;
+    shape.seq_len = f.T;
+    shape.training = false;
+    Result<Model> m = Model::create(f.config, shape, Context{});
+    LATHE_CHECK(m.ok(), "{}", m.status().to_string());
+    LATHE_CHECK(model_load_hf(*m, f.weights).ok(), "load {}", name);
+    const int32_t* t = f.ref("tokens").as<int32_t>();
+    std::vector<int32_t> tokens(t, t + f.T);
+    HostTensor logits(DType::kF32, Shape{1, f.T, f.config.vocab_size});
+    m->logits(
+        logits.view(),
+        ModelBatch{
+            ConstTensorView(tokens.data(), DType::kI32, Shape{1, f.T}, Device::kCpu), {}, {}, {}});
+    const ModelConfig& c = f.config;
+    const int64_t K = std::max({c.intermediate_size, c.hidden_size, f.T});
+    const double tol = double(c.num_layers + 1) * double(K) * std::numeric_limits<float>::epsilon();
+    return Loaded{std::move(f), std::move(*m), std::move(tokens), std::move(logits), tol};
+}
+
+double error_of(std::span<const float> got, std::span<const float> want) {
+    const int64_t V = int64_t(want.size());
+    return model_fixture::rel_error(
+        ConstTensorView(got.data(), DType::kF32, Shape{V}, Device::kCpu),
+        ConstTensorView(want.data(), DType::kF32, Shape{V}, Device::kCpu));
+}
+
+InferenceEngine make(const Model& m, int64_t seqs, int64_t max_len, int64_t block, int64_t blocks) {
+    EngineLimits lim;
+    lim.max_sequences = seqs;
+    lim.max_len = max_len;
+    lim.prefill_chunk = 3;
+    lim.kv_block_size = block;
+    lim.kv_blocks = blocks;
+    Result<InferenceEngine> e = InferenceEngine::create(m, lim);
+    LATHE_CHECK(e.ok(), "{}", e.status().to_string());
+    return std::move(*e);
+}
+
+class PagedEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PagedEngine, EqualsTheFullForwardAndTheRowCache) {
+    Loaded L = load(GetParam());
+    const int64_t T = L.f.T, V = L.f.config.vocab_size, P = T / 2;
+    const float* full = L.logits.view().as<float>();
+    // Blocks of 2 positions, chunks of 3: every chunk and step crosses block edges.
+    InferenceEngine e = make(L.model, 3, T, 2, 0);
+    ASSERT_TRUE(e.paged());
+    const SeqId s = *e.open();
+    std::vector<float> logits(static_cast<size_t>(V));
+    ASSERT_TRUE(e.prefill(s, std::span(L.tokens).first(size_t(P)), logits).ok());
+    EXPECT_LE(error_of(logits, {full + (P - 1) * V, size_t(V)}), L.tol);
+    for (int64_t t = P; t < T; ++t) {
+        const DecodeStep step{s, L.tokens[size_t(t)]};
+        ASSERT_TRUE(e.decode({&step, 1}, logits).ok());
+        EXPECT_LE(error_of(logits, {full + t * V, size_t(V)}), L.tol) << "position " << t;
+    }
+    e.close(s);
+    EXPECT_EQ(e.paged_cache().free_blocks(), e.kv_total_blocks());
+
+    // Three sequences of different lengths in one step, one leaving mid-way, against the row
+    // cache doing the same.
+    InferenceEngine rows = make(L.model, 3, T, 0, 0);
+    InferenceEngine paged = make(L.model, 3, T, 2, 0);
+    const std::vector<int64_t> lens = {2, 5, 3};
+    std::vector<SeqId> a, b;
+    std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
+    for (int64_t n : lens) {
+        a.push_back(*rows.open());
+        b.push_back(*paged.open());
+        const auto prompt = std::span(L.tokens).subspan(size_t(T - n - 3), size_t(n));
+        ASSERT_TRUE(rows.prefill(a.back(), prompt, la).ok());
+        ASSERT_TRUE(paged.prefill(b.back(), prompt, lb).ok());
+        EXPECT_LE(error_of(lb, la), L.tol);
+    }
+    for (int step = 0; step < 3; ++step) {
+        if (step == 2) {  // the middle one leaves
+            rows.close(a[1]);
+            paged.close(b[1]);
+            a.erase(a.begin() + 1);
+            b.erase(b.begin() + 1);
+        }
+        std::vector<DecodeStep> sa, sb;
+        for (size_t i = 0; i < a.size(); ++i) {
+            sa.push_back({a[i], L.tokens[i + size_t(step)]});
+            sb.push_back({b[i], L.tokens[i + size_t(step)]});
+        }
+        std::vector<float> ra(a.size() * size_t(V)), rb(b.size() * size_t(V));
+        ASSERT_TRUE(rows.decode(sa, ra).ok());
+        ASSERT_TRUE(paged.decode(sb, rb).ok());
+        for (size_t i = 0; i < a.size(); ++i) {
+            EXPECT_LE(error_of({rb.data() + i * size_t(V), size_t(V)},
+                               {ra.data() + i * size_t(V), size_t(V)}),
+                      L.tol)
+                << "step " << step << " row " << i;
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, PagedEngine,
+                         ::testing::Values("llama", "mistral", "gpt_neox", "gpt2"));
+
+TEST(PagedEngine, PoolLimitsAndErrors) {
+    Loaded L = load("llama");
+    const int64_t T = L.f.T, V = L.f.config.vocab_size;
+    InferenceEngine e = make(L.model, 2, T, 4, 3);  // 12 positions in all
+    const SeqId a = *e.open(), b = *e.open();
+    std::vector<float> logits(static_cast<size_t>(V));
+    ASSERT_TRUE(e.prefill(a, std::span(L.tokens).first(8), logits).ok());  // 2 blocks
+    const Status s = e.prefill(b, std::span(L.tokens).first(5), logits);   // 2 more: 1 free
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.to_string();
+    ASSERT_TRUE(e.prefill(b, std::span(L.tokens).first(4), logits).ok());
+    // a at 8 needs a third block for position 8, b at 4 a second: 2 needed, 0 free.
+    std::vector<float> two(2 * static_cast<size_t>(V));
+    const DecodeStep steps[2] = {{a, 1}, {b, 2}};
+    EXPECT_EQ(e.decode(steps, two).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(e.length(a), 8);  // nothing happened
+    e.close(b);
+    ASSERT_TRUE(e.decode({steps, 1}, logits).ok());
+    EXPECT_EQ(e.length(a), 9);
+    EXPECT_EQ(e.open().status().ok(), true);
+}
+
+TEST(PagedScheduler, AdmitsByFreeBlocksAndGivesGeneratesTokens) {
+    Loaded L = load("llama");
+    const int64_t T = L.f.T;
+    const std::vector<std::vector<int32_t>> prompts = {{L.tokens.begin(), L.tokens.begin() + 3},
+                                                       {L.tokens.begin() + 1, L.tokens.begin() + 6},
+                                                       {L.tokens[2]}};
+    // The reference: generate() on the row cache, one at a time.
+    InferenceEngine ref = make(L.model, 1, T, 0, 0);
+    GenerateOptions o;
+    o.sampling.temperature = 0;
+    o.max_new_tokens = 5;
+    auto want = generate(ref, prompts, o, {});
+    ASSERT_TRUE(want.ok());
+    // Blocks of 4; prompt + 5 tokens need 2, 3 and 2 blocks; a pool of 3 holds one of them at a
+    // time, though the engine could open three.
+    InferenceEngine e = make(L.model, 3, T, 4, 3);
+    Scheduler sched(e, {}, 8);
+    std::vector<std::shared_ptr<SequenceTicket>> tickets;
+    for (const auto& p : prompts) {
+        SequenceParams sp;
+        sp.prompt = p;
+        sp.sampling.temperature = 0;
+        sp.max_tokens = 5;
+        auto t = sched.submit({sp});
+        ASSERT_TRUE(t.ok()) << t.status().to_string();
+        tickets.push_back((*t)[0]);
+    }
+    sched.step();
+    EXPECT_EQ(e.open_sequences(), 1);  // 3 + 5 -> 2 blocks; 5 + 5 -> 3 more do not fit
+    EXPECT_EQ(sched.stats().waiting, 2);
+    while (sched.step()) {
+    }
+    for (size_t i = 0; i < prompts.size(); ++i)
+        EXPECT_EQ(tickets[i]->snapshot().ids, (*want)[i].ids) << i;
+    EXPECT_EQ(e.paged_cache().free_blocks(), 3);
+    // The queue keeps its order: the third waits behind the second, so each runs alone, 4
+    // decode steps after its prefill's token.
+    EXPECT_EQ(sched.stats().decode_steps, 12);
+    // More than the whole pool can ever hold: refused.
+    SequenceParams big;
+    big.prompt = {1, 2, 3};
+    big.max_tokens = 10;  // 13 positions: 4 blocks
+    auto r = sched.submit({big});
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("KV blocks"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lathe
