@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "infer/engine.h"
+#include "infer/engine_test_util.h"
 #include "infer/scheduler.h"
 #include "model/model_fixture_test_util.h"
 #include "model/model_io.h"
@@ -61,35 +62,8 @@ TEST(PagedKvCache, BlocksComeFromAndReturnToTheFreeList) {
     EXPECT_FALSE(PagedKvCache::create(PagedKvShape{1, 0, 3, 2, 2}).ok());
 }
 
-struct Loaded {
-    model_fixture::Fixture f;
-    Model model;
-    std::vector<int32_t> tokens;
-    HostTensor logits;  // (1, T, V)
-    double tol = 0;
-};
-
-Loaded load(const std::string& name) {
-    model_fixture::Fixture f = model_fixture::load(name);
-    ModelShape shape;
-    shape.batch = 1;
-    shape.seq_len = f.T;
-    shape.training = false;
-    Result<Model> m = Model::create(f.config, shape, Context{});
-    LATHE_CHECK(m.ok(), "{}", m.status().to_string());
-    LATHE_CHECK(model_load_hf(*m, f.weights).ok(), "load {}", name);
-    const int32_t* t = f.ref("tokens").as<int32_t>();
-    std::vector<int32_t> tokens(t, t + f.T);
-    HostTensor logits(DType::kF32, Shape{1, f.T, f.config.vocab_size});
-    m->logits(
-        logits.view(),
-        ModelBatch{
-            ConstTensorView(tokens.data(), DType::kI32, Shape{1, f.T}, Device::kCpu), {}, {}, {}});
-    const ModelConfig& c = f.config;
-    const int64_t K = std::max({c.intermediate_size, c.hidden_size, f.T});
-    const double tol = double(c.num_layers + 1) * double(K) * std::numeric_limits<float>::epsilon();
-    return Loaded{std::move(f), std::move(*m), std::move(tokens), std::move(logits), tol};
-}
+using engine_test::load;
+using engine_test::Loaded;
 
 double error_of(std::span<const float> got, std::span<const float> want) {
     const int64_t V = int64_t(want.size());

@@ -17,44 +17,15 @@
 #include <limits>
 #include <thread>
 
+#include "infer/engine_test_util.h"
 #include "model/model_fixture_test_util.h"
 #include "model/model_io.h"
 
 namespace lathe {
 namespace {
 
-using model_fixture::Fixture;
-
-struct Loaded {
-    Fixture f;
-    Model model;
-    std::vector<int32_t> tokens;  // row 0 of the fixture's batch
-    HostTensor logits;            // (1, T, V) of Model::logits
-    double tol = 0;
-};
-
-Loaded load(const std::string& name) {
-    Fixture f = model_fixture::load(name);
-    ModelShape shape;
-    shape.batch = 1;
-    shape.seq_len = f.T;
-    shape.training = false;
-    Result<Model> m = Model::create(f.config, shape, Context{});
-    LATHE_CHECK(m.ok(), "{}", m.status().to_string());
-    Status s = model_load_hf(*m, f.weights);
-    LATHE_CHECK(s.ok(), "{}", s.to_string());
-    const int32_t* t = f.ref("tokens").as<int32_t>();
-    std::vector<int32_t> tokens(t, t + f.T);
-    HostTensor logits(DType::kF32, Shape{1, f.T, f.config.vocab_size});
-    m->logits(
-        logits.view(),
-        ModelBatch{
-            ConstTensorView(tokens.data(), DType::kI32, Shape{1, f.T}, Device::kCpu), {}, {}, {}});
-    const ModelConfig& c = f.config;
-    const int64_t K = std::max({c.intermediate_size, c.hidden_size, f.T});
-    const double tol = double(c.num_layers + 1) * double(K) * std::numeric_limits<float>::epsilon();
-    return Loaded{std::move(f), std::move(*m), std::move(tokens), std::move(logits), tol};
-}
+using engine_test::load;
+using engine_test::Loaded;
 
 InferenceEngine engine_of(const Model& model, int64_t seqs, int64_t max_len, int64_t chunk) {
     EngineLimits lim;
