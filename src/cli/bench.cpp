@@ -78,8 +78,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         ->capture_default_str()
         ->check(CLI::IsMember({"bf16", "fp8"}));
     cmd->add_option("--fp8-recipe", o->fp8_recipe,
-                    "With --precision fp8: tensorwise or delayed (fp8.recipe; blockwise is "
-                    "refused where ops/linear has no blockwise GEMM)")
+                    "With --precision fp8: tensorwise, delayed or blockwise (fp8.recipe; "
+                    "blockwise with E4M3 gradients)")
         ->capture_default_str()
         ->check(CLI::IsMember({"tensorwise", "delayed", "blockwise"}));
     cmd->add_flag("--plan-only", o->req.plan_only,

@@ -52,6 +52,7 @@ namespace {
 LinearSpec block_spec(const PrecisionPolicy& p, const BlockFp8& f8, Fp8Linear l) {
     LinearSpec spec = p.spec(fp8_linear_role(l));
     spec.fp8 = f8.linear[size_t(l)];
+    spec.fp8_block = f8.block[size_t(l)];
     return spec;
 }
 

@@ -143,6 +143,8 @@ void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a,
 // which an fp8 role on CUDA refuses (ops/linear.h).
 struct BlockFp8 {
     std::array<const Fp8LinearBuffers*, kFp8LinearsPerLayer> linear{};
+    // kFp8Blockwise linears' buffers (ops/fp8_blockwise.h), the same way.
+    std::array<const Fp8BlockwiseBuffers*, kFp8LinearsPerLayer> block{};
 };
 
 // Runs one block forward, filling `acts` (x_in is read, x_out written). Deterministic when the

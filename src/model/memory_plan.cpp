@@ -7,6 +7,7 @@
 #include "model/block_recompute.h"
 #include "model/registry.h"
 #include "ops/cuda/cuda_state.h"
+#include "ops/fp8_blockwise.h"
 #include "ops/rope.h"
 
 namespace lathe {
@@ -337,7 +338,9 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
         // The fp8 buffers (memory_plan.h). Per layer and linear: wq (O, I), wqt (I, O) E4M3 and
         // xqt (I, N) E4M3; shared: xq / dyq, dyqt; then the scalars and the delayed state.
         ArenaLayout& f8 = plan.fp8;
+        const bool blockwise = shape.fp8.recipe == Fp8Recipe::kBlockwise;
         int64_t q_scratch = 0, dyqt = 0;
+        size_t scale_scratch = 0, dyt_scale = 0, cast_scales = 0;  // blockwise, bytes
         plan.fp8_linears.resize(size_t(c.num_layers));
         for (int64_t l = 0; l < c.num_layers; ++l) {
             for (int64_t i = 0; i < kFp8LinearsPerLayer; ++i) {
@@ -350,15 +353,34 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
                 e.wq = add_entry(f8, name + ".wq", DType::kE4M3, Shape{O, I});
                 e.wqt = add_entry(f8, name + ".wqt", DType::kE4M3, Shape{I, O});
                 e.xqt = add_entry(f8, name + ".xqt", DType::kE4M3, Shape{I, N});
-                e.scalars_offset = (l * kFp8LinearsPerLayer + i) * 24;
                 q_scratch = std::max({q_scratch, N * I, N * O});
                 dyqt = std::max(dyqt, N * O);
+                if (!blockwise) {
+                    e.scalars_offset = (l * kFp8LinearsPerLayer + i) * 24;
+                    continue;
+                }
+                const Fp8BlockwiseBufferBytes bb = fp8_blockwise_buffer_bytes(N, I, O);
+                auto f32s = [](size_t bytes) { return Shape{int64_t(bytes / sizeof(float))}; };
+                e.w_scale = add_entry(f8, name + ".w_scale", DType::kF32, f32s(bb.w_scale));
+                e.wt_scale = add_entry(f8, name + ".wt_scale", DType::kF32, f32s(bb.wt_scale));
+                e.xt_scale = add_entry(f8, name + ".xt_scale", DType::kF32, f32s(bb.xt_scale));
+                scale_scratch = std::max({scale_scratch, bb.x_scale, bb.dy_scale});
+                dyt_scale = std::max(dyt_scale, bb.dyt_scale);
+                cast_scales = std::max(cast_scales, bb.cast_scales);
             }
         }
         plan.fp8_q_scratch = add_entry(f8, "fp8.xq_dyq", DType::kU8, Shape{q_scratch});
         plan.fp8_dyqt = add_entry(f8, "fp8.dyqt", DType::kU8, Shape{dyqt});
-        plan.fp8_scalars = add_entry(f8, "fp8.scalars", DType::kF32,
-                                     Shape{c.num_layers * kFp8LinearsPerLayer * 24});
+        if (blockwise) {
+            auto f32s = [](size_t bytes) { return Shape{int64_t(bytes / sizeof(float))}; };
+            plan.fp8_scale_scratch =
+                add_entry(f8, "fp8.x_dy_scale", DType::kF32, f32s(scale_scratch));
+            plan.fp8_dyt_scale = add_entry(f8, "fp8.dyt_scale", DType::kF32, f32s(dyt_scale));
+            plan.fp8_cast_scales = add_entry(f8, "fp8.cast_scales", DType::kF32, f32s(cast_scales));
+        } else {
+            plan.fp8_scalars = add_entry(f8, "fp8.scalars", DType::kF32,
+                                         Shape{c.num_layers * kFp8LinearsPerLayer * 24});
+        }
         if (shape.fp8.recipe == Fp8Recipe::kDelayed) {
             const int64_t n = fp8_tensor_count(c.num_layers, shape.fp8);
             plan.fp8_scales = add_entry(f8, "fp8.scales", DType::kF32, Shape{n});

@@ -29,8 +29,10 @@
 //                     input codes xqt (written by the forward, read by the layer's backward, so
 //                     one per layer); shared by all linears the forward's xq and the backward's
 //                     dyq (one buffer: never live at once) and dyqt; the 24 scalars of each
-//                     linear; with delayed scaling the scales and the step's amaxes of every
-//                     scaled tensor (fp8_tensor_index order)
+//                     linear (per-tensor recipes) or the blocks' scale grids (blockwise: the
+//                     weight's and the saved input's per layer, the rest shared); with delayed
+//                     scaling the scales and the step's amaxes of every scaled tensor
+//                     (fp8_tensor_index order)
 //
 // Dtypes follow the backend (ModelShape::backend): on the CPU reference every float entry is f32;
 // on CUDA activations, their gradients and the compute copy of the weights are bf16 while master
@@ -193,7 +195,10 @@ Fp8LinearDims fp8_linear_dims(const ModelConfig& config, Fp8Linear l);
 // Entry indices into MemoryPlan::fp8 of one FP8 linear (kNoEntry for a native one).
 struct Fp8LinearEntries {
     size_t wq = size_t(-1), wqt = size_t(-1), xqt = size_t(-1);
-    int64_t scalars_offset = -1;  // its 24 f32 in the "fp8.scalars" entry, in floats
+    int64_t scalars_offset = -1;  // per-tensor: its 24 f32 in the "fp8.scalars" entry, in floats
+    // Blockwise (ops/fp8_blockwise.h, Fp8BlockwiseBuffers): the weight's two scale grids and the
+    // saved transposed input's, per layer like the codes.
+    size_t w_scale = size_t(-1), wt_scale = size_t(-1), xt_scale = size_t(-1);
 };
 
 struct MemoryPlan {
@@ -239,7 +244,10 @@ struct MemoryPlan {
     std::vector<std::array<Fp8LinearEntries, kFp8LinearsPerLayer>> fp8_linears;  // [layer][l]
     size_t fp8_q_scratch = kNoEntry;  // (max N I, N O) bytes: xq of a forward, dyq of a backward
     size_t fp8_dyqt = kNoEntry;       // (max O N) bytes
-    size_t fp8_scalars = kNoEntry;    // (L * 6 * 24) f32
+    size_t fp8_scalars = kNoEntry;    // per-tensor: (L * 6 * 24) f32
+    // Blockwise: the shared scale scratch (x_scale of a forward / dy_scale of a backward; the
+    // backward's dyt_scale; the casts' row-major scales), each the largest any linear needs.
+    size_t fp8_scale_scratch = kNoEntry, fp8_dyt_scale = kNoEntry, fp8_cast_scales = kNoEntry;
     size_t fp8_scales = kNoEntry;     // delayed: (fp8_tensor_count) f32, the casts' scales
     size_t fp8_step_amax = kNoEntry;  // delayed: (fp8_tensor_count) f32, the step's amaxes
     size_t runtime = 0;        // bytes of backend buffers outside the arenas (CUDA: CudaState's)

@@ -100,11 +100,6 @@ void ModelArena::zero_entry(size_t index) {
 Status model_check_fp8(const ModelConfig& config, const ModelShape& shape) {
     const PrecisionPolicy& p = shape.precision;
     if (!precision_has_fp8(p)) return ok_status();
-    for (LinearPrecision x : p.linear)
-        if (x == LinearPrecision::kFp8Blockwise)
-            return unimplemented_error(
-                "fp8.recipe: blockwise: ops/linear has no blockwise fp8 GEMM in this build; "
-                "use fp8.recipe: tensorwise or delayed");
     if (p.of(LinearRole::kLmHead) != LinearPrecision::kNative)
         return unimplemented_error(
             "fp8.lm_head: true: the LM head's fused GEMMs (lm_head_cross_entropy) have no fp8 "
@@ -220,9 +215,33 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
             m.fp8_state_.emplace(std::move(dtypes), f8.amax_history, f8.amax_reduction);
         }
         auto data = [&](size_t e) { return m.fp8_arena_.view(e).data(); };
-        float* scalars = m.fp8_arena_.view(m.plan_.fp8_scalars).as<float>();
-        m.fp8_buffers_.resize(size_t(L));
-        for (int64_t l = 0; l < L; ++l) {
+        auto floats = [&](size_t e) { return m.fp8_arena_.view(e).as<float>(); };
+        const bool blockwise = f8.recipe == Fp8Recipe::kBlockwise;
+        if (blockwise) {
+            m.fp8_block_buffers_.resize(size_t(L));
+            for (int64_t l = 0; l < L; ++l) {
+                for (int64_t i = 0; i < kFp8LinearsPerLayer; ++i) {
+                    const Fp8LinearEntries& e = m.plan_.fp8_linears[size_t(l)][size_t(i)];
+                    if (e.wq == MemoryPlan::kNoEntry) continue;
+                    Fp8BlockwiseBuffers& b = m.fp8_block_buffers_[size_t(l)][size_t(i)];
+                    b.wq = data(e.wq);
+                    b.wqt = data(e.wqt);
+                    b.w_scale = floats(e.w_scale);
+                    b.wt_scale = floats(e.wt_scale);
+                    b.xq = b.dyq = data(m.plan_.fp8_q_scratch);
+                    b.xqt = data(e.xqt);
+                    b.x_scale = b.dy_scale = floats(m.plan_.fp8_scale_scratch);
+                    b.xt_scale = floats(e.xt_scale);
+                    b.dyqt = data(m.plan_.fp8_dyqt);
+                    b.dyt_scale = floats(m.plan_.fp8_dyt_scale);
+                    b.cast_scales = floats(m.plan_.fp8_cast_scales);
+                    b.gemm_count = &m.fp8_gemms_->step_gemms;
+                }
+            }
+        }
+        float* scalars = blockwise ? nullptr : floats(m.plan_.fp8_scalars);
+        if (!blockwise) m.fp8_buffers_.resize(size_t(L));
+        for (int64_t l = 0; l < L && !blockwise; ++l) {
             for (int64_t i = 0; i < kFp8LinearsPerLayer; ++i) {
                 const Fp8LinearEntries& e = m.plan_.fp8_linears[size_t(l)][size_t(i)];
                 if (e.wq == MemoryPlan::kNoEntry) continue;
@@ -389,10 +408,15 @@ void Model::fp8_end_step() {
 
 BlockFp8 Model::block_fp8(int layer) const {
     BlockFp8 f8;
-    if (fp8_buffers_.empty()) return f8;
     for (size_t i = 0; i < size_t(kFp8LinearsPerLayer); ++i) {
-        const Fp8LinearBuffers& b = fp8_buffers_[size_t(layer)][i];
-        f8.linear[i] = b.scalars != nullptr ? &b : nullptr;
+        if (!fp8_buffers_.empty()) {
+            const Fp8LinearBuffers& b = fp8_buffers_[size_t(layer)][i];
+            f8.linear[i] = b.scalars != nullptr ? &b : nullptr;
+        }
+        if (!fp8_block_buffers_.empty()) {
+            const Fp8BlockwiseBuffers& b = fp8_block_buffers_[size_t(layer)][i];
+            f8.block[i] = b.cast_scales != nullptr ? &b : nullptr;
+        }
     }
     return f8;
 }
@@ -402,9 +426,10 @@ void Model::fp8_cast_weights(int layer) {
     const ConstTensorView weights[kFp8LinearsPerLayer] = {w.wq, w.wk, w.wv, w.wo, w.w_up, w.w_down};
     const BlockFp8 f8 = block_fp8(layer);
     for (size_t i = 0; i < size_t(kFp8LinearsPerLayer); ++i) {
-        if (f8.linear[i] == nullptr) continue;
+        if (f8.linear[i] == nullptr && f8.block[i] == nullptr) continue;
         LinearSpec spec = plan_.shape.precision.spec(fp8_linear_role(Fp8Linear(i)));
         spec.fp8 = f8.linear[i];
+        spec.fp8_block = f8.block[i];
         linear_fp8_cast_weight(weights[i], ctx_, spec);
         ++fp8_weight_casts_;
     }

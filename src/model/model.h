@@ -116,10 +116,10 @@ private:
 };
 
 // What fp8 linear roles in `shape.precision` need of `config` and the batch, apart from the
-// backend (Model::create refuses them off CUDA): per-tensor recipes only (no blockwise GEMM in
-// ops/linear), the LM head native (its fused op has no fp8 kernel), a gated MLP (the GELU MLP's
-// fused ops have none), every FP8 linear's width and the batch's tokens (B T) multiples of 16
-// (cuBLASLt's FP8 GEMMs). An error names the fp8.* key or the dimension; ok without fp8 roles.
+// backend (Model::create refuses them off CUDA): the LM head native (its fused op has no fp8
+// kernel), a gated MLP (the GELU MLP's fused ops have none), every FP8 linear's width and the
+// batch's tokens (B T) multiples of 16 (cuBLASLt's FP8 GEMMs, per-tensor and blockwise). An
+// error names the fp8.* key or the dimension; ok without fp8 roles.
 Status model_check_fp8(const ModelConfig& config, const ModelShape& shape);
 
 class Model {
@@ -198,7 +198,7 @@ public:
     // ---- FP8 (file comment) ----
 
     // Some linear role runs in fp8.
-    bool fp8() const { return !fp8_buffers_.empty(); }
+    bool fp8() const { return fp8_gemms_ != nullptr; }
     // The optimizer rewrote the compute copy: the next forward casts the fp8 weight codes again.
     void fp8_weights_updated() { fp8_weights_stale_ = true; }
     // FP8 GEMMs enqueued since the last call (Fp8LinearBuffers::gemm_count), and the count
@@ -291,6 +291,7 @@ private:
     // buffers point to it across moves), the weight-cast state and the delayed state.
     ModelArena fp8_arena_;
     std::vector<std::array<Fp8LinearBuffers, kFp8LinearsPerLayer>> fp8_buffers_;
+    std::vector<std::array<Fp8BlockwiseBuffers, kFp8LinearsPerLayer>> fp8_block_buffers_;
     std::unique_ptr<Fp8GemmCounter> fp8_gemms_;
     bool fp8_weights_stale_ = true;
     int64_t fp8_weight_casts_ = 0;

@@ -371,8 +371,8 @@ TEST_P(ModelGpu, AStepAllocatesNoDeviceMemory) {
 // ---- FP8 training (model.h, "FP8 linears"; model/fp8_state.h) ----
 //
 // A Llama of the shape of kFamilies' (every FP8 linear's width and the batch's B T = 192 tokens
-// multiples of 16, as cuBLASLt's FP8 GEMMs want) with its four block roles in fp8, next to the
-// same model in bf16.
+// multiples of 16, as cuBLASLt's FP8 GEMMs want) with its four block roles in fp8 (tensorwise,
+// delayed, blockwise), next to the same model in bf16.
 //
 // Tolerances. E4M3 keeps 3 mantissa bits: rounding to it moves a value by at most u4 = 2^-4
 // of itself (half an ulp), E5M2 (the gradients) by u5 = 2^-3; over many elements the rounding
@@ -381,6 +381,7 @@ TEST_P(ModelGpu, AStepAllocatesNoDeviceMemory) {
 // sign adding in quadrature like the products themselves) is
 //   forward (x, w E4M3):        e_f  = sqrt(2) u4 / sqrt(3)        = 0.051
 //   dx, dW (dy E5M2, w/x E4M3): e_b  = sqrt(u5^2 + u4^2) / sqrt(3) = 0.081
+//   (blockwise: dy E4M3 too,    e_b  = e_f; its finer scales only keep more values normal)
 // (the fp32 accumulation and the bf16 output, 2^-8, are small beside them). The logits see
 // every forward GEMM of the 2 layers, n_f = 6 L = 12 of them, each layer's error carried on
 // through the residual stream with a gain of about 1: e_z = sqrt(n_f) e_f = 0.18 relative
@@ -428,6 +429,14 @@ protected:
 };
 CudaState* ModelFp8Gpu::state_ = nullptr;
 
+// The settings of `recipe` as the config's defaults give them (blockwise: E4M3 gradients).
+Fp8Settings recipe_settings(Fp8Recipe recipe) {
+    Result<Fp8Settings> s =
+        fp8_settings_parse(fp8_recipe_name(recipe), "auto", false, 16, "max", "test");
+    LATHE_CHECK(s.ok(), "{}", s.status().to_string());
+    return *s;
+}
+
 // The repeated training batch: random tokens, each target the next token.
 struct Fp8Batch {
     HostTensor tok, tgt;
@@ -462,8 +471,7 @@ void copy_params(const Model& src, Model& dst) {
 // bounds above, and the FP8 GEMMs the linear ops counted equal to fp8_gemms_per_step.
 TEST_P(ModelFp8Gpu, TracksBf16OnTheSameWeightsAndCountsItsGemms) {
     const ModelConfig c = parse(kFp8Llama);
-    Fp8Settings f8;
-    f8.recipe = GetParam();
+    Fp8Settings f8 = recipe_settings(GetParam());
     Model bf = make(c, nullptr, 21), f = make(c, &f8, 21);
     ASSERT_TRUE(f.fp8());
     ASSERT_FALSE(bf.fp8());
@@ -471,7 +479,8 @@ TEST_P(ModelFp8Gpu, TracksBf16OnTheSameWeightsAndCountsItsGemms) {
     TestAdamWMoments moments = TestAdamWMoments::of(bf);
     const Fp8Batch data = fp8_batch(c);
     const int64_t L = c.num_layers, V = c.vocab_size, N = kB * kT;
-    const double e_f = std::sqrt(2.0 / 3.0) / 16, e_b = std::sqrt((1.0 / 64 + 1.0 / 256) / 3.0);
+    const double u4 = 1.0 / 16, ug = f8.grad_dtype == DType::kE5M2 ? 1.0 / 8 : 1.0 / 16;
+    const double e_f = std::sqrt(2.0 / 3.0) * u4, e_b = std::sqrt((ug * ug + u4 * u4) / 3.0);
     const double z_tol = 2 * std::sqrt(6.0 * L) * e_f;
     const double g_tol = 2 * std::sqrt(6.0 * L * e_f * e_f + (6.0 * L + 1) * e_b * e_b);
     HostTensor zb(DType::kF32, Shape{kB, kT, V}), zf(DType::kF32, Shape{kB, kT, V});
@@ -536,8 +545,7 @@ TEST_P(ModelFp8Gpu, TracksBf16OnTheSameWeightsAndCountsItsGemms) {
 // a drop of 0.3 in 8 steps), and the weights are cast once per step.
 TEST_P(ModelFp8Gpu, LearnsTheRepeatedBatchCastingWeightsOncePerStep) {
     const ModelConfig c = parse(kFp8Llama);
-    Fp8Settings f8;
-    f8.recipe = GetParam();
+    const Fp8Settings f8 = recipe_settings(GetParam());
     Model f = make(c, &f8, 22);
     TestAdamWMoments moments = TestAdamWMoments::of(f);
     const Fp8Batch data = fp8_batch(c);
@@ -605,7 +613,8 @@ TEST_P(ModelFp8Gpu, DelayedStateSavedAndLoadedGivesTheSameNextStepBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, ModelFp8Gpu,
-                         ::testing::Values(Fp8Recipe::kTensorwise, Fp8Recipe::kDelayed),
+                         ::testing::Values(Fp8Recipe::kTensorwise, Fp8Recipe::kDelayed,
+                                           Fp8Recipe::kBlockwise),
                          [](const ::testing::TestParamInfo<Fp8Recipe>& info) {
                              return std::string(fp8_recipe_name(info.param));
                          });

@@ -22,6 +22,7 @@
 #include "model/model_io.h"
 #include "model/registry.h"
 #include "model/tiny_model_test_util.h"
+#include "ops/fp8_blockwise.h"
 
 namespace lathe {
 namespace {
@@ -296,8 +297,9 @@ TEST(MemoryPlan, Fp8PolicyAddsEachLinearsBuffers) {
     const ModelConfig c = parse(kLlamaJson);  // C 32, H 4 x D 8, Hkv 2, F 48, 2 layers
     const ParamTable t = model_param_table(c);
     const int64_t N = 2 * 16;
-    for (Fp8Recipe recipe : {Fp8Recipe::kTensorwise, Fp8Recipe::kDelayed}) {
+    for (Fp8Recipe recipe : {Fp8Recipe::kTensorwise, Fp8Recipe::kDelayed, Fp8Recipe::kBlockwise}) {
         SCOPED_TRACE(std::string(fp8_recipe_name(recipe)));
+        const bool blockwise = recipe == Fp8Recipe::kBlockwise;
         ModelShape shape{2, 16, 0};
         shape.backend = Backend::kCuda;
         shape.attention_workspace_bytes = 0;
@@ -324,16 +326,45 @@ TEST(MemoryPlan, Fp8PolicyAddsEachLinearsBuffers) {
                 EXPECT_EQ(f8.entries()[e.wqt].shape, Shape({I, O}));
                 EXPECT_EQ(f8.entries()[e.xqt].shape, Shape({I, N}));
                 EXPECT_EQ(f8.entries()[e.wq].dtype, DType::kE4M3);
-                EXPECT_EQ(e.scalars_offset, int64_t((l * 6 + i) * 24));
                 sum += size_t(2 * O * I + I * N);
+                if (blockwise) {
+                    // The weight's two scale grids and the saved input's, as ops/fp8_blockwise.h
+                    // sizes them; no per-tensor scalars.
+                    const Fp8BlockwiseBufferBytes bb = fp8_blockwise_buffer_bytes(N, I, O);
+                    EXPECT_EQ(e.scalars_offset, -1);
+                    EXPECT_EQ(f8.entries()[e.w_scale].bytes, bb.w_scale);
+                    EXPECT_EQ(f8.entries()[e.wt_scale].bytes, bb.wt_scale);
+                    EXPECT_EQ(f8.entries()[e.xt_scale].bytes, bb.xt_scale);
+                    sum += bb.w_scale + bb.wt_scale + bb.xt_scale;
+                } else {
+                    EXPECT_EQ(e.scalars_offset, int64_t((l * 6 + i) * 24));
+                    EXPECT_EQ(e.w_scale, MemoryPlan::kNoEntry);
+                }
             }
         }
         EXPECT_EQ(f8.entries()[plan->fp8_linears[1][4].wq].name, "layers.1.fp8.mlp_up.wq");
         EXPECT_EQ(f8.entries()[plan->fp8_linears[0][1].xqt].name, "layers.0.fp8.k.xqt");
         EXPECT_EQ(f8.entries()[plan->fp8_q_scratch].bytes, size_t(N * 96));  // N x (2F)
         EXPECT_EQ(f8.entries()[plan->fp8_dyqt].bytes, size_t(N * 96));
-        EXPECT_EQ(f8.entries()[plan->fp8_scalars].shape, Shape({2 * 6 * 24}));
-        sum += size_t(2 * N * 96 + 2 * 6 * 24 * 4);
+        sum += size_t(2 * N * 96);
+        if (blockwise) {
+            // Shared: x_scale / dy_scale, dyt_scale, the casts' scales: the largest of any linear.
+            size_t xdy = 0, dyt = 0, cast = 0;
+            for (const auto& d : dims) {
+                const Fp8BlockwiseBufferBytes bb = fp8_blockwise_buffer_bytes(N, d[0], d[1]);
+                xdy = std::max({xdy, bb.x_scale, bb.dy_scale});
+                dyt = std::max(dyt, bb.dyt_scale);
+                cast = std::max(cast, bb.cast_scales);
+            }
+            EXPECT_EQ(f8.entries()[plan->fp8_scale_scratch].bytes, xdy);
+            EXPECT_EQ(f8.entries()[plan->fp8_dyt_scale].bytes, dyt);
+            EXPECT_EQ(f8.entries()[plan->fp8_cast_scales].bytes, cast);
+            EXPECT_EQ(plan->fp8_scalars, MemoryPlan::kNoEntry);
+            sum += xdy + dyt + cast;
+        } else {
+            EXPECT_EQ(f8.entries()[plan->fp8_scalars].shape, Shape({2 * 6 * 24}));
+            sum += size_t(2 * 6 * 24 * 4);
+        }
         if (recipe == Fp8Recipe::kDelayed) {
             EXPECT_EQ(f8.entries()[plan->fp8_scales].shape, Shape({2 * 6 * 3}));
             EXPECT_EQ(f8.entries()[plan->fp8_step_amax].shape, Shape({2 * 6 * 3}));
@@ -377,7 +408,7 @@ TEST(Model, Fp8PolicyChecksNameWhatIsMissing) {
     f8.recipe = Fp8Recipe::kBlockwise;
     ModelShape block = shape;
     block.precision = fp8_precision_policy(f8);
-    EXPECT_NE(message(c, block).find("fp8.recipe: blockwise"), std::string::npos);
+    EXPECT_TRUE(model_check_fp8(c, block).ok()) << message(c, block);  // ops/linear runs it
     EXPECT_NE(message(parse(kGpt2Json), shape).find("GELU MLP"), std::string::npos);
     ModelShape odd = shape;
     odd.seq_len = 15;  // 30 tokens

@@ -43,9 +43,9 @@
 //
 // Precision (--precision): bf16 (the CUDA backend's; the CPU computes in fp32) or fp8, the
 // block's linears (q, k, v, attention output, MLP up and down) in fp8 with --fp8-recipe
-// tensorwise or delayed (model/fp8_state.h), as `lathe train` with train.precision fp8: a GPU
-// with FP8 tensor cores (else an error naming it, never a fallback), the FP8 self-test before the
-// first step, and every step's FP8 GEMM count checked against fp8_gemms_per_step. The line's
+// tensorwise, delayed or blockwise (model/fp8_state.h), as `lathe train` with train.precision fp8:
+// a GPU with FP8 tensor cores (else an error naming it, never a fallback), the FP8 self-test before
+// the first step, and every step's FP8 GEMM count checked against fp8_gemms_per_step. The line's
 // fields are the same in both, so that an fp8 line compares with a bf16 one of the same shape
 // (mfu: against the same bf16 peak); "precision" says which, and an fp8 line adds fp8_recipe,
 // fp8_gemms_per_step (the count the linear ops made each timed step) and
