@@ -428,7 +428,7 @@ std::string MemoryPlan::table(std::string_view title) const {
             }
         out += fmt::format(
             "  fp8 buffers: {} linears ({}): weight codes and transposes {}, saved input codes "
-            "{}, shared cast scratch and scalars {}\n",
+            "{}, scales and shared cast scratch {}\n",
             linears, fp8_recipe_name(shape.fp8.recipe), format_bytes(weights), format_bytes(inputs),
             format_bytes(fp8_bytes() - weights - inputs));
     }
