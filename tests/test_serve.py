@@ -306,6 +306,8 @@ def test_overload_answers_503(folder):
         # n beyond what the queue can ever hold is the request's fault: 400.
         r = post(url + "/v1/completions", json={"prompt": "x", "n": 3, "max_tokens": 2})
         assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+        r = post(url + "/v1/completions", json={"prompt": ["x", "y"], "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
         assert c.completions.create(model="tok", prompt="hi", max_tokens=5,
                                     temperature=0).choices[0].text == want
 

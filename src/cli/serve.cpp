@@ -487,6 +487,14 @@ void Server::handle(const httplib::Request& req, httplib::Response& res, bool ch
         if (auto e = parse_prompts(j, *job)) return send_error(res, *e);
     }
     if (auto e = parse_common(j, *job)) return send_error(res, *e);
+    if (int64_t(job->sequences.size()) > req_.max_queue) {
+        // More sequences than the queue ever holds: no retry would help.
+        return send_error(
+            res, bad(job->n > 1 ? "n" : "prompt",
+                     fmt::format("{} prompts x n = {} sequences exceed the queue of "
+                                 "{} (--max-queue)",
+                                 job->prompts.size(), job->sequences.size(), req_.max_queue)));
+    }
     Result<std::vector<std::shared_ptr<SequenceTicket>>> submitted =
         sched_.submit(std::move(job->sequences));
     if (!submitted.ok())
