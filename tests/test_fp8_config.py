@@ -4,7 +4,10 @@ train.precision fp8 where it cannot run (the CPU backend, an LM head ops/linear 
 for, token counts cuBLASLt's FP8 GEMMs do not take) stops before step 1, naming the backend or
 the key (run/trainer.cpp, model/model.h's model_check_fp8)."""
 
+import json
+import math
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +78,58 @@ def test_fp8_on_the_cpu_backend_is_an_error_naming_it(corpus, tmp_path, recipe):
     assert "the cpu backend, which has no fp8 linear" in p.stderr, p.stderr
     assert not (tmp_path / "cpu" / "checkpoints").exists()
     assert not (tmp_path / "cpu" / "metrics.jsonl").exists()
+
+
+def fp8_gpu():
+    """Whether `lathe doctor` lists a usable GPU with FP8 tensor cores."""
+    p = run(["doctor", "--json"], check=False)
+    try:
+        devices = json.loads(p.stdout)["devices"]
+    except (ValueError, KeyError):
+        return False
+    return any(d["fp8"] and d["bf16"] and d["kernels"] for d in devices)
+
+
+def fp8_metric_lines(run_dir):
+    out = []
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        j = json.loads(line)
+        for measured in ("tokens_per_s", "mfu", "memory_bytes"):  # timing and memory
+            j.pop(measured, None)
+        out.append(j)
+    return out
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "delayed", "blockwise"])
+def test_fp8_trains_says_so_counts_its_gemms_and_resumes_exactly(corpus, tmp_path, recipe):
+    """On a GPU with FP8 tensor cores (skipped elsewhere): the first log line and metrics.jsonl's
+    header name the precision and recipe, every train line has fp8_gemms equal to the header's
+    fp8_gemms_per_step (2 layers x 6 linears x 3 GEMMs), and a run stopped at its step-3
+    checkpoint and resumed logs the same lines, bit for bit, as one that ran straight through
+    (delayed scaling: its state travels in the checkpoint)."""
+    if not fp8_gpu():
+        pytest.skip("needs a GPU with FP8 tensor cores (lathe doctor)")
+    sets = ["train.precision=fp8", f"fp8.recipe={recipe}", "train.device=cuda",
+            "train.log_interval=1", "checkpoint.interval=3"]
+    straight = tmp_path / "straight"
+    p = run(train_cmd(corpus, straight, *sets, "train.steps=6"))
+    assert f"in fp8 (recipe {recipe}" in p.stderr, p.stderr
+    lines = fp8_metric_lines(straight)
+    header = lines[0]
+    assert header["split"] == "header" and header["step"] == 0, header
+    assert header["precision"] == "fp8" and header["fp8_recipe"] == recipe, header
+    assert header["fp8_grad_format"] == ("e4m3" if recipe == "blockwise" else "e5m2"), header
+    assert header["fp8_gemms_per_step"] == 2 * 6 * 3, header
+    train = [l for l in lines if l["split"] == "train"]
+    assert [l["step"] for l in train] == [1, 2, 3, 4, 5, 6]
+    assert all(l["fp8_gemms"] == 36 for l in train), train
+    assert all(math.isfinite(l["loss"]) for l in train), train
+    ckpt = straight / "checkpoints" / "step-00000003"
+    if recipe == "delayed":
+        assert (ckpt / "fp8_scaling.json").exists()
+    # The run as if stopped after its step-3 checkpoint: the same command resumes from it.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-00000006")
+    run(train_cmd(corpus, resumed, *sets, "train.steps=6"))
+    assert fp8_metric_lines(resumed) == lines
