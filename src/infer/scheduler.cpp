@@ -170,6 +170,9 @@ bool Scheduler::accept(Running& r, std::span<float> logits) {
     size_t longest = 0;
     for (const std::string& s : p.stop_strings) longest = std::max(longest, s.size());
     stable = longest > 1 ? (stable >= longest - 1 ? stable - (longest - 1) : 0) : stable;
+    // Whole characters only: a stream's pieces are each valid UTF-8.
+    while (stable > 0 && stable < st.text.size() && (uint8_t(st.text[stable]) & 0xC0) == 0x80)
+        --stable;
     st.stable_text = std::max(st.stable_text, stable);
     r.ticket->publish(st);
     return false;

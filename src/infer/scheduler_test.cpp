@@ -282,6 +282,26 @@ TEST(Scheduler, CancelStopStringsAndShutdown) {
     EXPECT_EQ(s.text, f.text.substr(0, first));
     EXPECT_EQ(s.ids, std::vector<int32_t>(f.ids.begin(), f.ids.begin() + ptrdiff_t(first + 2)));
 
+    // The stable text ends on a character boundary: with two-byte characters and a stop string
+    // of two bytes, holding back one byte would split a character.
+    Detokenizer accents = [](std::span<const int32_t> ids) -> Result<std::string> {
+        std::string s;
+        for (size_t i = 0; i < ids.size(); ++i) s += "\xC3\xA9";  // U+00E9
+        return s;
+    };
+    InferenceEngine e2 = engine_of(L.model, 1, L.f.T, 4);
+    Scheduler two(e2, accents, 2);
+    SequenceParams ap = params_of(prompt, 0.0, 0, 6);
+    ap.stop_strings = {"zz"};
+    auto at = two.submit({ap});
+    ASSERT_TRUE(at.ok());
+    for (int i = 0; i < 3; ++i) {
+        two.step();
+        const SequenceState st = (*at)[0]->snapshot();
+        EXPECT_EQ(st.stable_text % 2, 0u) << st.stable_text;
+        EXPECT_EQ(st.stable_text, st.text.size() - 2);
+    }
+
     // Cancelled while running: it leaves at the next step and frees its sequence.
     auto c = sched.submit({params_of(prompt, 0.0, 0, 12)});
     ASSERT_TRUE(c.ok());
