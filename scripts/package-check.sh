@@ -56,7 +56,7 @@ while read -r lib arrow path _; do
   if [ "$path" = "not" ]; then
     echo "package-check: FAIL: $lib not found" >&2
     bad=1
-  elif [[ $path != "$pkg/bin/../lib/"* && $path != "$pkg/lib/"* ]] && ! [[ $lib =~ $system ]]; then
+  elif [[ $path != "$pkg/bin/../lib/"* && $path != "$pkg/lib/"* ]] && ! [[ ${lib##*/} =~ $system ]]; then
     echo "package-check: FAIL: $lib resolves outside the tarball: $path" >&2
     bad=1
   fi
