@@ -333,8 +333,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.seq_len = T;
     shape.backend = place.backend;
     shape.recompute = req.recompute;
-    shape.unit_shards = multi ? group.world_size : 1;
-    shape.optimizer_shards = multi && req.zero_stage >= 1 ? group.world_size : 1;
+    data_parallel_shape(shape, multi ? group.world_size : 1, req.zero_stage);
     const ParamTable table = model_param_table(config);
     auto plan = memory_plan_make(config, table, shape);
     if (!plan.ok()) return plan.status().with_context("--seq " + std::to_string(T));
