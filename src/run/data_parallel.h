@@ -62,9 +62,9 @@
 //
 // Communication time: comm_wait_ms() is what the compute stream spent waiting for
 // communication in the last step (CUDA: timed with events around the wait for the last
-// micro-batch's reductions and around each wait for a gathered unit; the waits of earlier
-// micro-batches' units are not timed; CPU: the host time inside the collectives, which the CPU
-// does not overlap).
+// micro-batch's reductions and around each wait for a gathered unit; the waits before a unit's
+// gradients are written, for an earlier micro-batch's reduction or a free ZeRO-2 window, are not
+// timed; CPU: the host time inside the collectives, which the CPU does not overlap).
 //
 // Ownership: holds references to the model and the communicator, which must outlive it; installs
 // the model's gradients-ready and gradient windows hooks (and at ZeRO 1 and 2 on CUDA its
