@@ -789,16 +789,22 @@ def test_gpus_zero_0_and_1_give_the_same_bits(gpu_corpus, tmp_path):
 
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_gpus_zero_2_gives_the_bits_of_zero_1(gpu_corpus, tmp_path, accumulation):
-    # configs/tiny.yaml has 4 layers: both layer windows are taken in turn in every backward, the
-    # compute stream waiting on events for the reductions that last read them.
+    # configs/tiny.yaml with 8 layers: both layer windows are taken in turn four times in every
+    # backward, the compute stream waiting on events for the reductions that last read them; and
+    # half the model plus the windows (front, back, two layers) is less than the whole gradients
+    # (at its 4 layers and 2 ranks it would not be).
     z1, z2 = tmp_path / "z1", tmp_path / "z2"
-    launch(2, gpu_train_args(gpu_corpus, z1, accumulation, "parallel.zero_stage=1"))
-    launch(2, gpu_train_args(gpu_corpus, z2, accumulation, "parallel.zero_stage=2"))
+    layers = "model.num_hidden_layers=8"
+    launch(2, gpu_train_args(gpu_corpus, z1, accumulation, "parallel.zero_stage=1", layers))
+    launch(2, gpu_train_args(gpu_corpus, z2, accumulation, "parallel.zero_stage=2", layers))
     assert metric_lines(z1, True) == metric_lines(z2, True)
     assert_same_models_and_moments(z1, z2)
     _, r1 = plan_of(z1)
     t2, r2 = plan_of(z2)
-    assert "gradients sharded over 2 ranks" in t2 and r2["gradients"] < r1["gradients"], t2
+    m = re.search(r"gradients sharded over 2 ranks: shard (\d+) B \(.*?\) \+ unit windows "
+                  r"(\d+) B", t2)
+    assert m and 2 * int(m.group(1)) == r1["gradients"], t2
+    assert r2["gradients"] == int(m.group(1)) + int(m.group(2)) < r1["gradients"], t2
 
 
 def test_gpus_zero_2_sigkill_of_a_rank_resumes_exactly(gpu_corpus, tmp_path):
