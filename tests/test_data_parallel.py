@@ -8,17 +8,20 @@ runs. The contract checked here:
     cross-rank f32 sums add the same terms in another order than one process does: a random walk
     of about sqrt(K) 2^-24 of the terms' scale, under 1e-6 here, so 1e-5 is ten times that and
     still far under any real difference of data or arithmetic);
-  - ZeRO 0 and 1 give the same bits at the same N (the same reductions, an elementwise AdamW), and
-    the same command twice gives the same bits;
+  - ZeRO 0, 1 and 2 give the same bits at the same N, with and without accumulation (every stage
+    reduces every micro-batch into the same buffer values with the same collective, an elementwise
+    AdamW), and the same command twice gives the same bits;
+  - ZeRO-2's memory plan shows its gradients as the rank's shard plus unit windows, less than the
+    whole model's;
   - rank 0 alone writes metrics.jsonl, config.yaml and the model files; with ZeRO-1 each rank
     writes its own optimizer shard, optimizer.rank-RRRRR-of-WWWWW.safetensors;
   - SIGKILL of any rank ends the job, and the same command resumes exactly (metrics.jsonl and the
     checkpoint files as those of a run never stopped); a checkpoint written by N ranks resumes at
     M ranks (accumulation scaled so that ranks x accumulation stays) with the same losses, 1e-5;
-  - ranks whose configurations differ, ZeRO stages 2 and 3 and a rank that stops answering are
-    refused or stopped with a message naming the key or the wait.
+  - ranks whose configurations differ, ZeRO stage 3 and a rank that stops answering are refused or
+    stopped with a message naming the key or the wait.
 On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs the same comparisons on cuda:
-losses within a bf16 tolerance derived below, ZeRO 0/1 identical bits, and a bit-exact resume.
+losses within a bf16 tolerance derived below, ZeRO 0/1/2 identical bits, and a bit-exact resume.
 """
 import filecmp
 import importlib.util
@@ -299,11 +302,23 @@ def alive(pid):
 
 # ---- CPU: N ranks under mpirun ---------------------------------------------------------------
 
-# The CPU runs the tests compare: name -> (ranks, accumulation, parallel.zero_stage or None).
+# The CPU runs the tests compare: name -> (ranks, accumulation, parallel.zero_stage or None, and
+# optionally more --set values). "_l6": six layers, so that ZeRO-2's layer window is reused within
+# each backward and its shard and windows (one layer window on the CPU) hold less than the whole
+# model's gradients.
+SIX_LAYERS = "model.num_hidden_layers=6"
+# Frozen groups: the tied embedding (the front unit) and half of layer 0 (parts of every rank's
+# chunk of its unit), zeroed in the shard at ZeRO-2.
+FROZEN = "train.freeze=[model.embed_tokens.*, model.layers.0.mlp.*]"
 RUNS = {"one_a4": (1, 4, None), "one_a2": (1, 2, None), "one_a6": (1, 6, None),
         "n2_a2_z1": (2, 2, 1), "n2_a2_z1_again": (2, 2, 1), "n2_a2_z0": (2, 2, 0),
         "n4_a1_z1": (4, 1, 1), "n2_a1_z1": (2, 1, 1), "n3_a2_z1": (3, 2, 1),
-        "n3_a1_z0": (3, 1, 0), "n3_a1_z1": (3, 1, 1)}
+        "n3_a1_z0": (3, 1, 0), "n3_a1_z1": (3, 1, 1),
+        "n2_a1_z2": (2, 1, 2), "n2_a2_z2": (2, 2, 2), "n2_a2_z2_again": (2, 2, 2),
+        "n3_a1_z2": (3, 1, 2), "n3_a2_z2": (3, 2, 2),
+        "n2_a2_z1_l6": (2, 2, 1, SIX_LAYERS), "n2_a2_z2_l6": (2, 2, 2, SIX_LAYERS),
+        "n3_a2_z0_l6": (3, 2, 0, SIX_LAYERS), "n3_a2_z2_l6": (3, 2, 2, SIX_LAYERS),
+        "n2_a2_z1_frozen": (2, 2, 1, FROZEN), "n2_a2_z2_frozen": (2, 2, 2, FROZEN)}
 
 
 @pytest.fixture(scope="module")
@@ -314,8 +329,8 @@ def runs(corpus, tmp_path_factory):
 
     def get(name):
         if name not in made:
-            n, a, zero = RUNS[name]
-            sets = [] if zero is None else [f"parallel.zero_stage={zero}"]
+            n, a, zero, *more = RUNS[name]
+            sets = ([] if zero is None else [f"parallel.zero_stage={zero}"]) + more
             train(corpus, d / name, n, a, *sets)
             made[name] = d / name
         return made[name]
@@ -324,7 +339,8 @@ def runs(corpus, tmp_path_factory):
 
 @needs_mpirun
 @pytest.mark.parametrize("name,one", [("n2_a2_z1", "one_a4"), ("n4_a1_z1", "one_a4"),
-                                      ("n2_a1_z1", "one_a2"), ("n3_a2_z1", "one_a6")])
+                                      ("n2_a1_z1", "one_a2"), ("n3_a2_z1", "one_a6"),
+                                      ("n2_a2_z2", "one_a4"), ("n3_a2_z2", "one_a6")])
 def test_ranks_log_the_losses_of_one_process_with_their_accumulation(runs, name, one):
     # N ranks x accumulation a against one process with accumulation N*a, the same micro-batch.
     worst = assert_metrics_close(metric_lines(runs(name)), metric_lines(runs(one)), CPU_RTOL, name)
@@ -415,9 +431,81 @@ def test_zero_0_and_1_give_the_same_bits(runs, zero0, zero1):
             assert shards[key].tobytes() == full[key].tobytes(), (step, key)
 
 
+def assert_same_models_and_moments(a, b):
+    """Runs a and b wrote the same model files and the same canonical optimizer state."""
+    assert steps_of(a) == steps_of(b)
+    for step in steps_of(b):
+        ca, cb = a / "checkpoints" / step, b / "checkpoints" / step
+        assert (ca / "model.safetensors").read_bytes() == (cb / "model.safetensors").read_bytes(), step
+        ma, mb = canonical_moments(ca), canonical_moments(cb)
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert ma[key].tobytes() == mb[key].tobytes(), (step, key)
+
+
 @needs_mpirun
-def test_the_same_command_twice_gives_the_same_bits(runs):
-    a, b = runs("n2_a2_z1"), runs("n2_a2_z1_again")
+@pytest.mark.parametrize("other,zero2", [
+    ("n2_a1_z1", "n2_a1_z2"), ("n2_a2_z1", "n2_a2_z2"), ("n3_a1_z1", "n3_a1_z2"),
+    ("n3_a2_z1", "n3_a2_z2"), ("n2_a2_z1_l6", "n2_a2_z2_l6"), ("n3_a2_z0_l6", "n3_a2_z2_l6"),
+    ("n2_a2_z0", "n2_a2_z2"), ("n2_a2_z1_frozen", "n2_a2_z2_frozen")])
+def test_zero_2_gives_the_bits_of_zero_0_and_1(runs, other, zero2):
+    # Gradients sharded, accumulated per micro-batch in the shard: the same losses, norms,
+    # weights and moments as ZeRO 0 and 1 at the same world size, with and without accumulation.
+    a, b = runs(other), runs(zero2)
+    assert metric_lines(a, True) == metric_lines(b, True)
+    assert_same_models_and_moments(a, b)
+    world = RUNS[zero2][0]
+    for step in steps_of(b):
+        assert optimizer_files(b / "checkpoints" / step) == shard_names(world), step
+        if RUNS[other][2] == 1:  # ZeRO-2 writes ZeRO-1's shard files, byte for byte
+            for name in shard_names(world):
+                assert filecmp.cmp(a / "checkpoints" / step / name,
+                                   b / "checkpoints" / step / name, shallow=False), (step, name)
+
+
+def plan_of(run_dir):
+    """memory_plan.txt of a run: its text and {row name: bytes}."""
+    text = (Path(run_dir) / "memory_plan.txt").read_text()
+    rows = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"  (\S.*?)\s+(\d+) B\s+\S+ \S+", line)
+        if m:
+            rows[m.group(1)] = int(m.group(2))
+    return text, rows
+
+
+@needs_mpirun
+@pytest.mark.parametrize("zero1,zero2", [("n2_a2_z1_l6", "n2_a2_z2_l6"),
+                                         ("n3_a2_z0_l6", "n3_a2_z2_l6")])
+def test_zero_2_plans_a_gradient_shard_and_windows_instead_of_the_whole_gradients(runs, zero1,
+                                                                                zero2):
+    world = RUNS[zero2][0]
+    t1, r1 = plan_of(runs(zero1))
+    t2, r2 = plan_of(runs(zero2))
+    assert f"per rank of {world} (ZeRO-2)" in t2, t2
+    # On the CPU the parameters are the f32 masters alone: the unsharded gradients' twin.
+    assert r1["gradients"] == r1["parameters"] == r2["parameters"], t1
+    m = re.search(r"gradients sharded over (\d+) ranks: shard (\d+) B \(.*?\) \+ unit windows "
+                  r"(\d+) B \(.*?\), of (\d+) B \(.*?\) unsharded", t2)
+    assert m, t2
+    shard, windows, whole = int(m.group(2)), int(m.group(3)), int(m.group(4))
+    assert int(m.group(1)) == world and whole == r1["gradients"]
+    assert shard * world == whole  # every unit padded to a multiple of the ranks' chunks
+    assert r2["gradients"] == shard + windows < whole
+    # The windows: the front unit (the tied embedding), the back unit (the final norm) and one
+    # layer's, each padded like its unit.
+    assert 0 < windows < whole - shard
+    assert all(r1[k] == r2[k] for k in ("parameters", "activations", "scratch"))
+    optimizer = "optimizer state (AdamW m, v)"
+    assert r2["total"] - r2["gradients"] - r2[optimizer] == \
+        r1["total"] - r1["gradients"] - r1[optimizer]
+    assert "gradients sharded" not in t1
+
+
+@needs_mpirun
+@pytest.mark.parametrize("name,again", [("n2_a2_z1", "n2_a2_z1_again"),
+                                        ("n2_a2_z2", "n2_a2_z2_again")])
+def test_the_same_command_twice_gives_the_same_bits(runs, name, again):
+    a, b = runs(name), runs(again)
     assert metric_lines(a, True) == metric_lines(b, True)
     assert_same_files(a / "checkpoints", b / "checkpoints")
 
@@ -451,6 +539,22 @@ def test_sigkill_of_a_rank_ends_the_job_and_the_rerun_resumes_exactly(corpus, tm
     assert_same_files(killed / "checkpoints", ref / "checkpoints")
 
 
+@needs_mpirun
+def test_sigkill_of_a_zero_2_rank_resumes_with_the_bits_of_the_uninterrupted_run(corpus, tmp_path,
+                                                                               long_reference):
+    # The reference runs at ZeRO-1, whose bits ZeRO-2 gives: the killed ZeRO-2 job, rerun, ends
+    # with the reference's metrics, weights and optimizer state.
+    ref, sets = long_reference
+    killed = tmp_path / "killed"
+    args = train_args(corpus / "tiny.yaml", killed, "train.gradient_accumulation_steps=2",
+                      "parallel.zero_stage=2", *sets)
+    kill_rank_mid_run(mpirun_args(2, args), killed, 1, 20, 2, mpi_env())
+    assert not (killed / "checkpoints" / "step-00000200").exists()
+    assert "resuming from" in run_ranks(2, args).stderr
+    assert metric_lines(killed, True) == metric_lines(ref, True)
+    assert_same_models_and_moments(killed, ref)
+
+
 def stopped_after_step_4(src, r):
     """r: a copy of the run src as if stopped after its step-4 checkpoint (metrics.jsonl still
     holding the lines of later steps, as after a kill)."""
@@ -462,12 +566,13 @@ def stopped_after_step_4(src, r):
 @needs_mpirun
 @pytest.mark.parametrize("name,world,accumulation,zero", [
     ("n2_a2_z1", 1, 4, 1), ("n2_a2_z1", 4, 1, 1), ("n3_a2_z1", 2, 3, 1), ("n3_a2_z1", 2, 3, 0),
-    ("n2_a2_z0", 4, 1, 1)])
+    ("n2_a2_z0", 4, 1, 1), ("n3_a2_z1", 2, 3, 2), ("n2_a2_z2", 4, 1, 2), ("n3_a2_z2", 2, 3, 0),
+    ("n2_a2_z2", 1, 4, 2), ("n2_a2_z0", 4, 1, 2)])
 def test_a_checkpoint_resumes_at_another_world_size(runs, tmp_path, corpus, name, world,
                                                     accumulation, zero):
     # Resumed by `world` ranks with ranks x accumulation unchanged: the optimizer state re-sharded
     # (3 -> 2: other chunks and another padding of every unit), at the same or the other stage.
-    src, (n, _, _) = runs(name), RUNS[name]
+    src, n = runs(name), RUNS[name][0]
     r = tmp_path / "r"
     stopped_after_step_4(src, r)
     p = train(corpus, r, world, accumulation, f"parallel.zero_stage={zero}")
@@ -485,11 +590,12 @@ def test_a_checkpoint_resumes_at_another_world_size(runs, tmp_path, corpus, name
 
 
 @needs_mpirun
-@pytest.mark.parametrize("name,zero", [("n2_a2_z0", 1), ("n2_a2_z1", 0)])
+@pytest.mark.parametrize("name,zero", [("n2_a2_z0", 1), ("n2_a2_z1", 0), ("n2_a2_z0", 2),
+                                       ("n2_a2_z1", 2), ("n2_a2_z2", 0), ("n2_a2_z2", 1)])
 def test_a_checkpoint_resumes_at_the_other_zero_stage_with_the_same_bits(runs, tmp_path, corpus,
                                                                          name, zero):
     # The full optimizer file read into shards, or the shards into every rank's whole state: the
-    # run goes on with the bits of the uninterrupted one (ZeRO 0 and 1 compute the same bits).
+    # run goes on with the bits of the uninterrupted one (ZeRO 0, 1 and 2 compute the same bits).
     src = runs(name)
     r = tmp_path / "r"
     stopped_after_step_4(src, r)
@@ -499,7 +605,7 @@ def test_a_checkpoint_resumes_at_the_other_zero_stage_with_the_same_bits(runs, t
     last = "checkpoints/step-00000008/"
     assert (r / last / "model.safetensors").read_bytes() == \
         (src / last / "model.safetensors").read_bytes()
-    want = shard_names(2) if zero == 1 else ["optimizer.safetensors"]
+    want = shard_names(2) if zero >= 1 else ["optimizer.safetensors"]
     assert optimizer_files(r / last) == want
 
 
@@ -549,8 +655,8 @@ def test_ranks_with_different_configurations_are_refused_naming_the_key(corpus, 
 
 
 @needs_mpirun
-@pytest.mark.parametrize("stage", [2, 3])
-def test_zero_stages_2_and_3_are_refused_naming_the_key(corpus, tmp_path, stage):
+@pytest.mark.parametrize("stage", [3, 4, -1])
+def test_zero_stage_3_and_unknown_stages_are_refused_naming_the_key(corpus, tmp_path, stage):
     r = tmp_path / "r"
     p = run_ranks(2, train_args(corpus / "tiny.yaml", r, f"parallel.zero_stage={stage}"),
                   check=False, timeout=120)
@@ -679,6 +785,39 @@ def test_gpus_zero_0_and_1_give_the_same_bits(gpu_corpus, tmp_path):
     for step in steps_of(z1):
         a, b = z0 / "checkpoints" / step, z1 / "checkpoints" / step
         assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes(), step
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_gpus_zero_2_gives_the_bits_of_zero_1(gpu_corpus, tmp_path, accumulation):
+    # configs/tiny.yaml with 8 layers: both layer windows are taken in turn four times in every
+    # backward, the compute stream waiting on events for the reductions that last read them; and
+    # half the model plus the windows (front, back, two layers) is less than the whole gradients
+    # (at its 4 layers and 2 ranks it would not be).
+    z1, z2 = tmp_path / "z1", tmp_path / "z2"
+    layers = "model.num_hidden_layers=8"
+    launch(2, gpu_train_args(gpu_corpus, z1, accumulation, "parallel.zero_stage=1", layers))
+    launch(2, gpu_train_args(gpu_corpus, z2, accumulation, "parallel.zero_stage=2", layers))
+    assert metric_lines(z1, True) == metric_lines(z2, True)
+    assert_same_models_and_moments(z1, z2)
+    _, r1 = plan_of(z1)
+    t2, r2 = plan_of(z2)
+    m = re.search(r"gradients sharded over 2 ranks: shard (\d+) B \(.*?\) \+ unit windows "
+                  r"(\d+) B", t2)
+    assert m and 2 * int(m.group(1)) == r1["gradients"], t2
+    assert r2["gradients"] == int(m.group(1)) + int(m.group(2)) < r1["gradients"], t2
+
+
+def test_gpus_zero_2_sigkill_of_a_rank_resumes_exactly(gpu_corpus, tmp_path):
+    steps = 400
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    sets = ("parallel.zero_stage=2",)
+    launch(2, gpu_train_args(gpu_corpus, ref, 2, *sets, steps=steps, interval=50, keep=2))
+    args = gpu_train_args(gpu_corpus, killed, 2, *sets, steps=steps, interval=50, keep=2)
+    kill_rank_mid_run(launch_args(2, args, "--grace-s", "5"), killed, 1, 60, 2, mpi_env())
+    assert not (killed / "checkpoints" / f"step-{steps:08d}").exists()
+    assert "resuming from" in launch(2, args).stderr
+    assert metric_lines(killed, True) == metric_lines(ref, True)
+    assert_same_files(killed / "checkpoints", ref / "checkpoints")
 
 
 def test_gpus_sigkill_of_a_rank_resumes_exactly(gpu_corpus, tmp_path):

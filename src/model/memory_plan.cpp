@@ -22,7 +22,42 @@ size_t add_entry(ArenaLayout& layout, std::string name, DType dtype, Shape shape
     return *index;
 }
 
+// plan.gradients (memory_plan.h) from plan.params, plan.shards and plan.shape.
+void plan_gradients(MemoryPlan& plan) {
+    const int W = plan.shape.gradient_shards;
+    if (W == 1) {
+        plan.gradients = plan.params;
+        return;
+    }
+    const ShardLayout& sl = plan.shards;
+    plan.gradients = ArenaLayout(plan.params.alignment());
+    plan.grad_shard = add_entry(plan.gradients, "gradients.shard", DType::kF32,
+                                Shape{std::max<int64_t>(1, sl.total / W)});
+    auto window = [&](std::string name, int64_t n) {
+        return n > 0 ? add_entry(plan.gradients, std::move(name), DType::kF32, Shape{n})
+                     : MemoryPlan::kNoEntry;
+    };
+    plan.grad_front_window = window("gradients.window.front", sl.arena[ShardLayout::kFront].size());
+    plan.grad_back_window = window("gradients.window.back", sl.arena[sl.back()].size());
+    int64_t longest = 0;
+    for (size_t u = ShardLayout::kFront + 1; u < sl.back(); ++u)
+        longest = std::max(longest, sl.arena[u].size());
+    for (int i = 0; i < gradient_layer_windows(plan.shape.backend) && longest > 0; ++i)
+        plan.grad_layer_windows.push_back(
+            window(fmt::format("gradients.window.layer.{}", i), longest));
+}
+
 }  // namespace
+
+size_t MemoryPlan::gradient_shard_bytes() const {
+    if (!shape.training || grad_shard == kNoEntry) return 0;
+    return gradients.entries()[grad_shard].bytes;
+}
+
+size_t MemoryPlan::gradient_window_bytes() const {
+    if (!shape.training || grad_shard == kNoEntry) return 0;
+    return gradients.total_bytes() - gradients.entries()[grad_shard].bytes;
+}
 
 const char* recompute_name(Recompute mode) {
     switch (mode) {
@@ -180,6 +215,9 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     if (shape.optimizer_shards != 1 && shape.optimizer_shards != shape.unit_shards)
         return invalid_argument_error("optimizer_shards {} must be 1 or unit_shards ({})",
                                       shape.optimizer_shards, shape.unit_shards);
+    if (shape.gradient_shards != 1 && shape.gradient_shards != shape.unit_shards)
+        return invalid_argument_error("gradient_shards {} must be 1 or unit_shards ({})",
+                                      shape.gradient_shards, shape.unit_shards);
     if (T > c.max_position_embeddings) {
         // The family's own name for the key, where it has one.
         std::string own_key;
@@ -227,6 +265,7 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
                     "memory plan: the parameter arena of {} bytes is not the {} units' {} elements",
                     plan.params.total_bytes(), sl.units(), sl.total);
     }
+    plan_gradients(plan);
     const DType a = activation_dtype(shape.backend);
     if (shape.backend == Backend::kCuda) {
         // Half the alignment makes every bf16 entry start at half its f32 twin's byte offset, so
@@ -432,6 +471,13 @@ std::string MemoryPlan::table(std::string_view title) const {
             linears, fp8_recipe_name(shape.fp8.recipe), format_bytes(weights), format_bytes(inputs),
             format_bytes(fp8_bytes() - weights - inputs));
     }
+    if (gradient_shard_bytes() > 0)
+        out += fmt::format(
+            "  gradients sharded over {} ranks: shard {} B ({}) + unit windows {} B ({}), of {} "
+            "B ({}) unsharded\n",
+            shape.gradient_shards, gradient_shard_bytes(), format_bytes(gradient_shard_bytes()),
+            gradient_window_bytes(), format_bytes(gradient_window_bytes()), params.total_bytes(),
+            format_bytes(params.total_bytes()));
     if (attention_workspace > 0)
         out += fmt::format(
             "  cuDNN's attention workspace ({}) shares {} of scratch with buffers dead during "

@@ -110,6 +110,11 @@ struct ModelShape {
     // The fp8 recipe of the policy's fp8 roles (model/fp8_state.h): gradient format, delayed
     // scaling. Read only when a role is fp8.
     Fp8Settings fp8{};
+    // Ranks the gradients are sharded over (ZeRO-2: unit_shards; 1 or unit_shards). Above 1 the
+    // gradient arena is not the parameter arena's twin: it holds this rank's 1/W shard (its chunk
+    // of every unit, in unit order) and the unit-sized windows the backward writes one unit's
+    // gradients into (MemoryPlan::gradients below).
+    int gradient_shards = 1;
     // Device memory the communicator of a multi-GPU run holds (NCCL's buffers), as measured when
     // it was opened (run/world.h); counted as the plan's `communication` row. 0 for one process.
     size_t communication_bytes = 0;
@@ -169,6 +174,14 @@ ShardLayout shard_layout_make(const ParamTable& table, int world);
 // counts; Model::create asks cuDNN.
 size_t memory_plan_attention_workspace_estimate(const ModelConfig& config, int64_t B, int64_t T);
 
+// Windows for layers' gradients when the gradients are sharded (ModelShape::gradient_shards):
+// on CUDA two, the backward writing layer l into one while the reduction of layer l + 1's runs
+// from the other on the communication stream; on the CPU one (its reductions finish before the
+// backward goes on).
+constexpr int gradient_layer_windows(Backend backend) {
+    return backend == Backend::kCuda ? 2 : 1;
+}
+
 // Device slots for micro-batch losses (Model::forward_backward_async): a training step reads the
 // losses of up to this many micro-batches at once.
 inline constexpr int64_t kLossSlots = 64;
@@ -205,12 +218,22 @@ struct MemoryPlan {
     static constexpr size_t kNoEntry = size_t(-1);
 
     ModelShape shape;            // lm_head_chunk_rows resolved
-    ArenaLayout params;          // also the layout of the gradients and of each AdamW moment
+    ArenaLayout params;          // also the layout of each AdamW moment
     ShardLayout shards;          // the units of `params` over shape.unit_shards ranks
     ArenaLayout params_compute;  // CUDA: params' entries in bf16, element offsets equal to
                                  // params' (empty on the CPU)
     ArenaLayout activations;
     ArenaLayout scratch;
+
+    // The gradient arena: `params` itself (every element's gradient at its parameter's offset),
+    // or with shape.gradient_shards = W > 1: "gradients.shard" (ShardLayout::total / W f32: the
+    // rank's chunks of every unit, in unit order, empty units holding none), then the windows
+    // "gradients.window.front" and "gradients.window.back" (the front and back units' lengths:
+    // they collect gradients over the whole backward) and gradient_layer_windows(backend) windows
+    // "gradients.window.layer.{i}" of the longest layer unit. Entry indices below.
+    ArenaLayout gradients;
+    size_t grad_shard = kNoEntry, grad_front_window = kNoEntry, grad_back_window = kNoEntry;
+    std::vector<size_t> grad_layer_windows;  // [i], i < gradient_layer_windows(backend)
 
     // Entry indices into `activations`, for the model's views. With full recompute every layer's
     // entries but the first (its input) are the same shared indices; with selective recompute
@@ -254,7 +277,10 @@ struct MemoryPlan {
     size_t communication = 0;  // the communicator's device memory (shape.communication_bytes)
 
     size_t parameter_bytes() const { return params.total_bytes() + params_compute.total_bytes(); }
-    size_t gradient_bytes() const { return shape.training ? params.total_bytes() : 0; }
+    size_t gradient_bytes() const { return shape.training ? gradients.total_bytes() : 0; }
+    // Of gradient_bytes() with sharded gradients: the shard, and the windows (0 otherwise).
+    size_t gradient_shard_bytes() const;
+    size_t gradient_window_bytes() const;
     size_t optimizer_bytes() const {
         return shape.training ? 2 * params.total_bytes() / size_t(shape.optimizer_shards) : 0;
     }

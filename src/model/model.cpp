@@ -78,6 +78,28 @@ TensorView ModelArena::flat(DType dtype) const {
                       device_);
 }
 
+ModelArena ModelArena::borrowed(ArenaLayout layout, Device device) {
+    ModelArena arena;
+    arena.layout_ = std::move(layout);
+    arena.device_ = device;
+    arena.borrowed_ = true;
+    return arena;
+}
+
+void ModelArena::place(void* base, size_t origin_bytes) {
+    LATHE_CHECK(borrowed_, "place() of an arena that owns its memory");
+    base_ = base;
+    origin_ = origin_bytes;
+}
+
+TensorView ModelArena::placed_view(size_t index) const {
+    const ArenaEntry& e = layout_.entries().at(index);
+    LATHE_CHECK(e.offset >= origin_, "entry {} lies before the window placed at offset {}", e.name,
+                origin_);
+    return TensorView(static_cast<std::byte*>(base_) + (e.offset - origin_), e.dtype, e.shape,
+                      device_);
+}
+
 void ModelArena::zero() {
     if (device_ == Device::kCpu) {
         host_.zero();
@@ -176,7 +198,7 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
     m.ctx_ = ctx;
     LATHE_ASSIGN_OR_RETURN(m.params_, ModelArena::allocate(m.plan_.params, ctx));
     if (m.plan_.shape.training) {
-        LATHE_ASSIGN_OR_RETURN(m.grads_, ModelArena::allocate(m.plan_.params, ctx));
+        LATHE_ASSIGN_OR_RETURN(m.grads_, ModelArena::allocate(m.plan_.gradients, ctx));
     }
     LATHE_ASSIGN_OR_RETURN(m.acts_, ModelArena::allocate(m.plan_.activations, ctx));
     LATHE_ASSIGN_OR_RETURN(m.scratch_, ModelArena::allocate(m.plan_.scratch, ctx));
@@ -316,6 +338,8 @@ void Model::read_param_entry(size_t arena_index, TensorView host) const {
 }
 
 void Model::read_grad_entry(size_t arena_index, TensorView host) const {
+    LATHE_CHECK(plan_.shape.gradient_shards == 1,
+                "read_grad_entry: the gradients are sharded (no arena entry per parameter)");
     LATHE_CHECK(arena_index < grads_.layout().size(),
                 "read_grad_entry({}): the model has {} gradient entries (created for training?)",
                 arena_index, grads_.layout().size());
@@ -352,6 +376,8 @@ void Model::zero_grads() {
 }
 
 void Model::zero_grad_entry(size_t index) {
+    LATHE_CHECK(plan_.shape.gradient_shards == 1,
+                "zero_grad_entry: the gradients are sharded (no arena entry per parameter)");
     grads_.zero_entry(table_.entries().at(index).arena_index);
 }
 
@@ -444,6 +470,46 @@ TensorView Model::entry_rows(const ModelArena& arena, ParamRole role, int layer,
     return arena.view(table_.entries()[e].arena_index).slice(begin, end);
 }
 
+void Model::set_grad_window_hook(GradWindowHook hook) {
+    grad_window_ = std::move(hook);
+    grad_window_arena_ =
+        grad_window_ ? ModelArena::borrowed(plan_.params, on_cuda() ? Device::kCuda : Device::kCpu)
+                     : ModelArena();
+}
+
+int Model::piece_of_entry(size_t arena_index) const {
+    const ShardLayout& sl = plan_.shards;
+    const int64_t at = int64_t(plan_.params.entries()[arena_index].offset / sizeof(float));
+    size_t u = 0;
+    while (u + 1 < sl.units() && at >= sl.arena[u].end) ++u;
+    return u == ShardLayout::kFront ? kInputWeights : u == sl.back() ? kOutputWeights : int(u) - 1;
+}
+
+const ModelArena& Model::grads_for(int piece) const {
+    if (!grad_window_) return grads_;
+    const TensorView w = grad_window_(piece);
+    if (w.is_null()) return grads_;
+    const ShardLayout& sl = plan_.shards;
+    const FlatRange unit = sl.arena[piece == kInputWeights    ? ShardLayout::kFront
+                                    : piece == kOutputWeights ? sl.back()
+                                                              : sl.layer_unit(piece)];
+    LATHE_CHECK(w.dtype() == DType::kF32 && w.numel() >= unit.size(),
+                "gradient window {} for a unit of {} elements", w.to_string(), unit.size());
+    grad_window_arena_.place(w.data(), size_t(unit.begin) * sizeof(float));
+    return grad_window_arena_;
+}
+
+const ModelArena& Model::grads_of(ParamRole role) const {
+    const size_t e = table_.find_entry(role);
+    if (!grad_window_ || e == ParamTable::kNone) return grads_;
+    return grads_for(piece_of_entry(table_.entries()[e].arena_index));
+}
+
+TensorView Model::grads_at(size_t arena_index) const {
+    if (!grad_window_) return grads_.view(arena_index);
+    return grads_for(piece_of_entry(arena_index)).view(arena_index);
+}
+
 size_t Model::head_entry() const {
     const size_t e = table_.find_entry(config_.tie_word_embeddings ? ParamRole::kTokenEmbedding
                                                                    : ParamRole::kLmHead);
@@ -486,7 +552,7 @@ BlockWeights Model::block_weights(int l) const {
 
 BlockGrads Model::block_grads(int l) const {
     BlockGrads g;
-    fill_block_views(g, grads_, l);
+    fill_block_views(g, grads_for(l), l);
     return g;
 }
 
@@ -614,8 +680,10 @@ void Model::run_backward_from_final(TensorView dfinal) {
     const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
     TensorView dres = scratch_.view(plan_.dres, btc);
     block_norm_backward(
-        config_, dres, entry_rows(grads_, ParamRole::kFinalNormWeight, -1, 0, C),
-        entry_rows(grads_, ParamRole::kFinalNormBias, -1, 0, C), dfinal, act(plan_.final_x, btc),
+        config_, dres,
+        entry_rows(grads_of(ParamRole::kFinalNormWeight), ParamRole::kFinalNormWeight, -1, 0, C),
+        entry_rows(grads_of(ParamRole::kFinalNormBias), ParamRole::kFinalNormBias, -1, 0, C),
+        dfinal, act(plan_.final_x, btc),
         entry_rows(weights(), ParamRole::kFinalNormWeight, -1, 0, C),
         plan_.final_norm_mean == MemoryPlan::kNoEntry ? TensorView()
                                                       : act(plan_.final_norm_mean, Shape{N}),
@@ -639,11 +707,12 @@ void Model::run_backward_from_final(TensorView dfinal) {
     TensorView dwpe;
     ConstTensorView positions;
     if (config_.position == PositionKind::kLearned) {
-        dwpe = entry_rows(grads_, ParamRole::kPositionEmbedding, -1, 0,
-                          config_.max_position_embeddings);
+        dwpe = entry_rows(grads_of(ParamRole::kPositionEmbedding), ParamRole::kPositionEmbedding,
+                          -1, 0, config_.max_position_embeddings);
         if (has_positions_) positions = act(plan_.positions, bt);
     }
-    embedding_backward(entry_rows(grads_, ParamRole::kTokenEmbedding, -1, 0, config_.vocab_size),
+    embedding_backward(entry_rows(grads_of(ParamRole::kTokenEmbedding), ParamRole::kTokenEmbedding,
+                                  -1, 0, config_.vocab_size),
                        dwpe, dres, act(plan_.tokens, bt), positions, ctx_);
     if (grads_ready_) grads_ready_(kOutsideLayers);
 }
@@ -672,11 +741,10 @@ void Model::backward(float dloss) {
     // The gradient at the final norm's output goes to the first block scratch (B, T, C) buffer
     // that the final norm's backward reads before any block writes it.
     TensorView dfinal = block_scratch().dnorm1;
-    lm_head_cross_entropy_backward(dfinal.reshape(Shape{N, C}), grads_.view(head_entry()),
-                                   act(plan_.final_norm_out, Shape{N, C}),
-                                   act(plan_.targets, Shape{N}), weights().view(head_entry()),
-                                   act(plan_.lm_lse, Shape{N}), dloss,
-                                   scratch_.view(plan_.lm_chunk), ctx_);
+    lm_head_cross_entropy_backward(
+        dfinal.reshape(Shape{N, C}), grads_at(head_entry()), act(plan_.final_norm_out, Shape{N, C}),
+        act(plan_.targets, Shape{N}), weights().view(head_entry()), act(plan_.lm_lse, Shape{N}),
+        dloss, scratch_.view(plan_.lm_chunk), ctx_);
     run_backward_from_final(dfinal);
 }
 
@@ -708,7 +776,7 @@ void Model::forward_backward_async(const ModelBatch& batch, float dloss, int64_t
     linear_expect_precision("lm_head_cross_entropy_forward_backward",
                             plan_.shape.precision.spec(LinearRole::kLmHead), ctx_);
     lm_head_cross_entropy_forward_backward(
-        loss, TensorView(), dfinal.reshape(Shape{N, C}), grads_.view(head_entry()),
+        loss, TensorView(), dfinal.reshape(Shape{N, C}), grads_at(head_entry()),
         act(plan_.final_norm_out, Shape{N, C}), act(plan_.targets, Shape{N}),
         weights().view(head_entry()), dloss, scratch_.view(plan_.lm_chunk), ctx_);
     run_backward_from_final(dfinal);

@@ -51,6 +51,18 @@
 // the LM head (the embedding, when tied, is an input weight). Where weights that another stream
 // writes (a data-parallel gather of updated parameters) are waited for, piece by piece, so that
 // the forward of the first layers overlaps the transfer of the last ones. Unset, it costs nothing.
+//
+// Gradient windows hook: set_grad_window_hook(f) makes the backward call f(piece) before it
+// writes the gradients of a unit of the parameter arena (memory_plan.h's ShardLayout), pieces as
+// the weights-needed hook names them: f(kOutputWeights) and f(kInputWeights) for the back and
+// front units (the LM head, the final norm and the embeddings are written early and late in the
+// backward, so these are asked for more than once), f(l) just before layer l's block backward.
+// f returns where that unit's gradients go: an f32 window of at least the unit's arena length,
+// holding each entry at its offset from the unit's start, or a null view for the gradient arena
+// itself. Within one backward every call for a piece must return the same place. The backward
+// accumulates (+=) there as it does in the arena. Where ZeRO-2 keeps the full gradient of a
+// unit only while it is reduced (run/data_parallel.h), and where a data-parallel step prepares
+// a unit's gradients before a micro-batch writes them. Unset, it costs nothing.
 
 #include <array>
 #include <cstdint>
@@ -92,9 +104,17 @@ public:
     // Allocates (zeroed) memory for `layout` where `ctx` computes (host memory, or cudaMalloc on
     // ctx's device). Fails on allocation failure, or for CUDA in a build without it.
     static Result<ModelArena> allocate(ArenaLayout layout, const Context& ctx);
+    // `layout`'s entries over memory another owner holds, placed with place(): how a window of
+    // one unit shows that unit's entries. Owns nothing; zero() is not for it.
+    static ModelArena borrowed(ArenaLayout layout, Device device);
+    // The borrowed arena's entries at offsets from `origin_bytes` on lie at `base` + (offset -
+    // origin_bytes); entries before the origin are not viewed (checked).
+    void place(void* base, size_t origin_bytes);
 
     const ArenaLayout& layout() const { return layout_; }
-    TensorView view(size_t index) const { return layout_.view(base_, index, device_); }
+    TensorView view(size_t index) const {
+        return origin_ == 0 ? layout_.view(base_, index, device_) : placed_view(index);
+    }
     // Entry `index` seen with a smaller shape of the same dtype (numel <= the entry's; checked):
     // how a batch smaller than planned uses the front of each buffer.
     TensorView view(size_t index, const Shape& shape) const;
@@ -107,7 +127,11 @@ public:
     void zero_entry(size_t index);
 
 private:
+    TensorView placed_view(size_t index) const;
+
     ArenaLayout layout_;
+    bool borrowed_ = false;
+    size_t origin_ = 0;  // borrowed: the layout offset that `base_` stands for
     HostArena host_;
     std::shared_ptr<void> device_mem_;  // CUDA: the cudaMalloc block (freed by its deleter)
     CUstream_st* stream_ = nullptr;
@@ -159,6 +183,9 @@ public:
     // grads_flat() is empty for a model without gradients.
     TensorView params_flat() const { return params_.flat_f32(); }
     TensorView grads_flat() const { return grads_.flat_f32(); }
+    // Entry `index` of the gradient arena's layout (plan().gradients): with sharded gradients
+    // (ModelShape::gradient_shards > 1) the shard (plan().grad_shard) and the windows.
+    TensorView gradient_arena_entry(size_t index) const { return grads_.view(index); }
     // CUDA: the bf16 compute copy as one flat vector, element for element params_flat()'s twin
     // (the optimizer rewrites it with the masters). Null on the CPU.
     TensorView params_compute_flat() const {
@@ -191,6 +218,9 @@ public:
     static constexpr int kInputWeights = -1, kOutputWeights = -2;
     using WeightsNeededHook = std::function<void(int piece)>;
     void set_weights_needed_hook(WeightsNeededHook hook) { weights_needed_ = std::move(hook); }
+    // The gradient windows hook (file comment); an empty function unsets it.
+    using GradWindowHook = std::function<TensorView(int piece)>;
+    void set_grad_window_hook(GradWindowHook hook);
 
     // Waits for everything the model enqueued (CUDA); no-op on the CPU.
     void synchronize() const;
@@ -260,6 +290,14 @@ private:
     void fp8_cast_weights(int layer);
     TensorView act(size_t index, const Shape& shape) const { return acts_.view(index, shape); }
     size_t head_entry() const;
+    // Where the backward writes the gradients of `piece`'s unit: the gradient windows hook's
+    // window, or the gradient arena. grads_of / grads_at: of the entry of `role` outside the
+    // layers / of parameter arena entry `arena_index`.
+    const ModelArena& grads_for(int piece) const;
+    const ModelArena& grads_of(ParamRole role) const;
+    TensorView grads_at(size_t arena_index) const;
+    // The hook piece of the unit holding parameter arena entry `arena_index`.
+    int piece_of_entry(size_t arena_index) const;
     // The arena the ops read weights from: the bf16 compute copy on CUDA, the masters on the CPU.
     const ModelArena& weights() const { return on_cuda() ? params_compute_ : params_; }
     bool on_cuda() const { return ctx_.backend == Backend::kCuda; }
@@ -297,6 +335,9 @@ private:
     int64_t fp8_weight_casts_ = 0;
     std::optional<Fp8ScalingState> fp8_state_;
     std::vector<float> fp8_host_;  // delayed: the amaxes read back, the scales uploaded
+
+    GradWindowHook grad_window_;
+    mutable ModelArena grad_window_arena_;  // borrowed over the hook's window (grads_for)
 };
 
 }  // namespace lathe

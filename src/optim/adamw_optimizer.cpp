@@ -21,7 +21,12 @@ OptimizerTarget optimizer_target(const Model& model) {
     OptimizerTarget t;
     t.params = model.params_flat();
     t.params_bf16 = model.params_compute_flat();
-    t.grads = model.grads_flat();
+    if (model.plan().shape.gradient_shards > 1) {
+        t.grads = model.gradient_arena_entry(model.plan().grad_shard);
+        t.grads_of_ranges = true;
+    } else {
+        t.grads = model.grads_flat();
+    }
     t.grad_norm = model.grad_norm_value();
     return t;
 }
@@ -85,7 +90,8 @@ Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model) {
 void AdamWOptimizer::step(const OptimizerTarget& target, std::span<const AdamWSegment> segments,
                           const AdamWHyper& hyper, int64_t step, float max_grad_norm) {
     const Device where = ctx_.memory();
-    LATHE_CHECK(target.params.numel() == total_ && target.grads.numel() == total_ &&
+    LATHE_CHECK(target.params.numel() == total_ &&
+                    target.grads.numel() == (target.grads_of_ranges ? numel_ : total_) &&
                     target.params.device() == where && target.grads.device() == where,
                 "optimizer over {} elements on {}: params {}, grads {}", total_,
                 backend_name(ctx_.backend), target.params.to_string(), target.grads.to_string());
@@ -108,7 +114,9 @@ void AdamWOptimizer::step(const OptimizerTarget& target, std::span<const AdamWSe
                 target.params.slice(b, e),
                 target.params_bf16.is_null() ? TensorView() : target.params_bf16.slice(b, e),
                 exp_avg().slice(at, at + range.size()), exp_avg_sq().slice(at, at + range.size()),
-                target.grads.slice(b, e), local_, hyper, step, clip, max_grad_norm, ctx_);
+                target.grads_of_ranges ? target.grads.slice(at, at + range.size())
+                                       : target.grads.slice(b, e),
+                local_, hyper, step, clip, max_grad_norm, ctx_);
         at += range.size();
     }
 }

@@ -51,14 +51,19 @@ FlatRange flat_shard(int64_t total, int rank, int world);
 
 // The views one optimizer step reads and writes, every one of the full vector's P elements.
 struct OptimizerTarget {
-    TensorView params;          // (P) f32 master weights, updated in place
-    TensorView params_bf16;     // (P) bf16 copy rewritten with them, or null (none kept)
-    ConstTensorView grads;      // (P) f32 gradients
+    TensorView params;       // (P) f32 master weights, updated in place
+    TensorView params_bf16;  // (P) bf16 copy rewritten with them, or null (none kept)
+    ConstTensorView grads;   // (P) f32 gradients, or see grads_of_ranges
+    // grads holds the gradients of the optimizer's ranges alone, concatenated in list order
+    // (numel() elements, the moments' layout): sharded gradients (ZeRO-2), where a rank keeps
+    // no gradient outside its chunks.
+    bool grads_of_ranges = false;
     ConstTensorView grad_norm;  // (1) f32 global gradient norm to clip by, or null (no clipping)
 };
 
 // The target of `model` (created for training): its masters, its bf16 compute copy on CUDA, its
-// gradients and the norm its last grad_norm() left in device memory.
+// gradients (with sharded gradients, ModelShape::gradient_shards > 1, the rank's shard:
+// grads_of_ranges) and the norm its last grad_norm() left in device memory.
 OptimizerTarget optimizer_target(const Model& model);
 
 class AdamWOptimizer {

@@ -181,6 +181,50 @@ TEST(AdamWOptimizer, ListsOfRangesOverAPartitionGiveTheBitsOfOne) {
     EXPECT_FALSE(AdamWOptimizer::create(100, std::vector<FlatRange>{{9, 8}}, ctx).ok());
 }
 
+// Sharded gradients (OptimizerTarget::grads_of_ranges): each optimizer over a list of ranges
+// reading only its ranges' gradients, concatenated in list order, leaves the parameters, their
+// bf16 twin and the moments bit for bit as it does reading them from the full vector.
+TEST(AdamWOptimizer, GradientsOfTheRangesAloneGiveTheBitsOfTheFullVector) {
+    const int world = 3;
+    Problem full, compact;
+    std::vector<std::vector<FlatRange>> lists(static_cast<size_t>(world));
+    int64_t at = 0;
+    for (int64_t u = 0; at < full.P; ++u) {
+        const int64_t len = std::min<int64_t>(full.P - at, (u * 37 + 1) % 71);
+        for (int r = 0; r < world; ++r) {
+            const FlatRange piece = flat_shard(len, r, world);
+            lists[size_t(r)].push_back(FlatRange{at + piece.begin, at + piece.end});
+        }
+        at += len;
+    }
+    const AdamWHyper hyper{0.9, 0.999, 1e-8};
+    for (int r = 0; r < world; ++r) {
+        Result<AdamWOptimizer> a = AdamWOptimizer::create(full.P, lists[size_t(r)], cpu_context());
+        Result<AdamWOptimizer> b = AdamWOptimizer::create(full.P, lists[size_t(r)], cpu_context());
+        ASSERT_TRUE(a.ok() && b.ok());
+        for (int step = 1; step <= 3; ++step) {
+            std::vector<float> mine;
+            for (const FlatRange& x : b->ranges())
+                mine.insert(mine.end(), compact.grads.begin() + x.begin,
+                            compact.grads.begin() + x.end);
+            ASSERT_EQ(int64_t(mine.size()), b->numel());
+            OptimizerTarget t = compact.target();
+            t.grads = ConstTensorView(mine.data(), DType::kF32, Shape{b->numel()});
+            t.grads_of_ranges = true;
+            a->step(full.target(), full.segments, hyper, step, 0.5f);
+            b->step(t, compact.segments, hyper, step, 0.5f);
+            for (size_t i = 0; i < full.grads.size(); ++i)
+                full.grads[i] = compact.grads[i] = 0.9f * full.grads[i] + 0.01f * float(i % 13);
+        }
+        EXPECT_EQ(host(a->exp_avg()), host(b->exp_avg())) << r;
+        EXPECT_EQ(host(a->exp_avg_sq()), host(b->exp_avg_sq())) << r;
+    }
+    EXPECT_EQ(std::memcmp(full.params.data(), compact.params.data(), size_t(full.P) * 4), 0);
+    EXPECT_EQ(full.bf16, compact.bf16);
+    // Every element was updated by one of the shards: the parameters moved.
+    EXPECT_NE(std::memcmp(full.params.data(), Problem().params.data(), size_t(full.P) * 4), 0);
+}
+
 // Shards over a partition of [0, P), each stepping only its range, leave the parameters, their
 // bf16 twin and the moments (concatenated) bit for bit as one optimizer over all of them does.
 TEST(AdamWOptimizer, ShardsOverAPartitionGiveTheBitsOfOne) {

@@ -352,8 +352,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.seq_len = T;
     shape.backend = place.backend;
     shape.recompute = req.recompute;
-    shape.unit_shards = multi ? group.world_size : 1;
-    shape.optimizer_shards = multi && req.zero_stage >= 1 ? group.world_size : 1;
+    data_parallel_shape(shape, multi ? group.world_size : 1, req.zero_stage);
     if (req.fp8) {
         // fp8 (bench.h): on a GPU with FP8 tensor cores only, never a fallback.
         if (place.backend != Backend::kCuda)

@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "model/memory_plan.h"
 #include "ops/cuda/cuda_state.h"
+#include "ops/cuda/memory.h"
 #include "optim/optimizer_state.h"
 
 namespace lathe {
@@ -23,12 +24,19 @@ bool on_cuda(const Model& model) {
 
 }  // namespace
 
+void data_parallel_shape(ModelShape& shape, int world, int zero_stage) {
+    const int W = std::max(world, 1);
+    shape.unit_shards = W;
+    shape.optimizer_shards = zero_stage >= 1 ? W : 1;
+    shape.gradient_shards = zero_stage >= 2 ? W : 1;
+}
+
 Result<std::unique_ptr<DataParallel>> DataParallel::create(Model& model, Communicator& comm,
                                                            int zero_stage) {
-    if (zero_stage != 0 && zero_stage != 1) {
+    if (zero_stage < 0 || zero_stage > 2) {
         return invalid_argument_error(
-            "parallel.zero_stage {}: stages 0 (replicated optimizer) and 1 (optimizer state "
-            "sharded) are built",
+            "parallel.zero_stage {}: stages 0 (replicated optimizer), 1 (optimizer state "
+            "sharded) and 2 (optimizer state and gradients sharded) are built; use one of them",
             zero_stage);
     }
     if (!model.training())
@@ -55,6 +63,13 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(Model& model, Communi
             "model with ModelShape::optimizer_shards = {})",
             zero_stage, comm.size(), model.plan().shape.optimizer_shards, want);
     }
+    const int want_grads = zero_stage >= 2 && comm.size() > 1 ? comm.size() : 1;
+    if (model.plan().shape.gradient_shards != want_grads) {
+        return invalid_argument_error(
+            "ZeRO-{} over {} ranks: the memory plan shards the gradients over {} (create the "
+            "model with ModelShape::gradient_shards = {})",
+            zero_stage, comm.size(), model.plan().shape.gradient_shards, want_grads);
+    }
     std::unique_ptr<DataParallel> dp(new DataParallel(model, comm, zero_stage));
     return dp;
 }
@@ -70,14 +85,39 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage)
         for (const FlatRange& u : layout_.arena)
             if (u.size() > 0) chunks_.push_back(u);
     }
-    if (zero_stage == 1 && comm.size() > 1)
+    if (zero_stage >= 1 && comm.size() > 1)
         ranges_ = chunks_;
     else
         ranges_ = {FlatRange{0, layout_.total}};
+    sharded_ = zero_stage >= 2 && comm.size() > 1;
+    const size_t U = layout_.units();
+    prepared_.assign(U, 0);
+    windows_.assign(U, TensorView());
+    slot_of_.assign(U, -1);
+    shard_at_.assign(U, 0);
+    if (sharded_) {
+        // The shard entry's place in grads_flat(), then each unit's chunk in unit order.
+        const MemoryPlan& plan = model.plan();
+        const int64_t base = int64_t(plan.gradients.entries()[plan.grad_shard].offset / 4);
+        int64_t at = 0;
+        for (size_t u = 0; u < U; ++u) {
+            shard_at_[u] = at;
+            const FlatRange c = layout_.chunk(u, comm.rank());
+            if (c.size() > 0) norm_ranges_.push_back({base + at, base + at + c.size()});
+            at += c.size();
+        }
+    } else {
+        norm_ranges_ = chunks_;
+    }
     if (on_cuda(model)) {
         for (int i = 0; i < 2; ++i)
             events_.push_back(std::make_unique<CudaEvent>(CudaEvent::Timing::kOn));
-        if (zero_stage == 1 && comm.size() > 1) {
+        if (comm.size() > 1) {
+            for (size_t u = 0; u < U; ++u) unit_reduced_.push_back(std::make_unique<CudaEvent>());
+            for (size_t i = 0; i < model.plan().grad_layer_windows.size(); ++i)
+                window_free_.push_back(std::make_unique<CudaEvent>());
+        }
+        if (zero_stage >= 1 && comm.size() > 1) {
             for (size_t u = 0; u < layout_.units(); ++u) {
                 Piece p;
                 p.ready = std::make_unique<CudaEvent>();
@@ -89,12 +129,15 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage)
         }
     }
     model_.set_grads_ready_hook([this](int layer) { on_layer_ready(layer); });
+    if (comm.size() > 1)
+        model_.set_grad_window_hook([this](int piece) { return on_grad_window(piece); });
 }
 
 DataParallel::~DataParallel() {
     if (!pieces_.empty()) wait_for_pieces();
     model_.set_grads_ready_hook({});
     model_.set_weights_needed_hook({});
+    model_.set_grad_window_hook({});
 }
 
 void DataParallel::on_weights_needed(int piece) {
@@ -124,16 +167,95 @@ CUstream_st* DataParallel::stream() const {
     return on_cuda(model_) ? model_.context().stream : nullptr;
 }
 
+void DataParallel::begin_micro_batch(bool last) {
+    ++micro_;
+    ++epoch_;
+    last_ = last;
+}
+
+size_t DataParallel::unit_of_piece(int piece) const {
+    return piece == Model::kInputWeights    ? ShardLayout::kFront
+           : piece == Model::kOutputWeights ? layout_.back()
+                                            : layout_.layer_unit(piece);
+}
+
+TensorView DataParallel::on_grad_window(int piece) {
+    const size_t u = unit_of_piece(piece);
+    if (prepared_[u] == epoch_) return windows_[u];
+    prepared_[u] = epoch_;
+    windows_[u] = TensorView();
+    const FlatRange unit = layout_.arena[u];
+    // The first micro-batch of a step finds zeros (zero_grads()) at ZeRO 0 and 1.
+    if (unit.size() == 0 || (!sharded_ && micro_ <= 1)) return TensorView();
+    const bool cuda = on_cuda(model_);
+    CUstream_st* compute = model_.context().stream;
+    const FlatRange c = layout_.chunk(u, comm_.rank());
+    // The buffer unit u's gradients collect in this micro-batch, and this rank's chunk of it.
+    TensorView buffer, shard_chunk;
+    int slot = -1;
+    if (sharded_) {
+        const MemoryPlan& plan = model_.plan();
+        size_t entry = 0;
+        if (u == ShardLayout::kFront) {
+            entry = plan.grad_front_window;
+        } else if (u == layout_.back()) {
+            entry = plan.grad_back_window;
+        } else {
+            slot = next_slot_;
+            next_slot_ = (next_slot_ + 1) % int(plan.grad_layer_windows.size());
+            entry = plan.grad_layer_windows[size_t(slot)];
+        }
+        buffer = model_.gradient_arena_entry(entry).slice(0, unit.size());
+        shard_chunk = model_.gradient_arena_entry(plan.grad_shard)
+                          .slice(shard_at_[u], shard_at_[u] + c.size());
+        if (cuda && slot >= 0) window_free_[size_t(slot)]->wait(compute);
+    } else {
+        buffer = model_.grads_flat().slice(unit.begin, unit.end);
+    }
+    slot_of_[u] = slot;
+    // The reduction of the micro-batch before wrote this unit's chunk (and read its buffer).
+    if (cuda) unit_reduced_[u]->wait(compute);
+    const int64_t b = c.begin - unit.begin, e = c.end - unit.begin, n = unit.size();
+    if (cuda) {
+        if (b > 0) cuda_fill_bytes(buffer.slice(0, b), 0, compute);
+        if (e < n) cuda_fill_bytes(buffer.slice(e, n), 0, compute);
+        if (sharded_) cuda_copy_async(buffer.slice(b, e), shard_chunk, compute);
+    } else {
+        float* p = buffer.as<float>();
+        std::fill(p, p + b, 0.0f);
+        std::fill(p + e, p + n, 0.0f);
+        if (sharded_) {
+            const float* from = shard_chunk.as<float>();
+            std::copy(from, from + (e - b), p + b);
+        }
+    }
+    if (sharded_) windows_[u] = buffer;
+    return windows_[u];
+}
+
 Status DataParallel::reduce_unit(size_t unit) {
     const FlatRange u = layout_.arena[unit];
     if (u.size() == 0) return ok_status();
+    // A unit the backward wrote nothing into still joins the reduction (its zeros).
+    on_grad_window(unit == ShardLayout::kFront ? Model::kInputWeights
+                   : unit == layout_.back()    ? Model::kOutputWeights
+                                               : int(unit) - 1);
     const FlatRange c = layout_.chunk(unit, comm_.rank());
-    const TensorView grads = model_.grads_flat();
-    const TensorView all = grads.slice(u.begin, u.end), mine = grads.slice(c.begin, c.end);
+    TensorView all, mine;
+    if (sharded_) {
+        all = windows_[unit];
+        mine = model_.gradient_arena_entry(model_.plan().grad_shard)
+                   .slice(shard_at_[unit], shard_at_[unit] + c.size());
+    } else {
+        const TensorView grads = model_.grads_flat();
+        all = grads.slice(u.begin, u.end);
+        mine = grads.slice(c.begin, c.end);
+    }
+    const bool gather = zero_stage_ == 0 && last_;
     if (!on_cuda(model_)) {
         const auto t0 = std::chrono::steady_clock::now();
         Status s = comm_.reduce_scatter(mine, all, ReduceOp::kSum, nullptr);
-        if (s.ok() && zero_stage_ == 0) s = comm_.all_gather(all, mine, nullptr);
+        if (s.ok() && gather) s = comm_.all_gather(all, mine, nullptr);
         host_comm_ms_ +=
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
@@ -142,12 +264,14 @@ Status DataParallel::reduce_unit(size_t unit) {
     CudaState& state = cuda_state_of(model_.context(), "data parallel");
     state.wait_for(state.comm_stream(), state.stream());
     LATHE_RETURN_IF_ERROR(comm_.reduce_scatter(mine, all, ReduceOp::kSum, state.comm_stream()));
-    if (zero_stage_ == 0) LATHE_RETURN_IF_ERROR(comm_.all_gather(all, mine, state.comm_stream()));
+    if (gather) LATHE_RETURN_IF_ERROR(comm_.all_gather(all, mine, state.comm_stream()));
+    unit_reduced_[unit]->record(state.comm_stream());
+    if (slot_of_[unit] >= 0) window_free_[size_t(slot_of_[unit])]->record(state.comm_stream());
     return ok_status();
 }
 
 void DataParallel::on_layer_ready(int layer) {
-    if (!reducing_ || comm_.size() == 1) return;
+    if (comm_.size() == 1) return;
     Status s;
     if (layer >= 0) {
         s = reduce_unit(layout_.layer_unit(layer));
@@ -168,8 +292,30 @@ float DataParallel::set_grad_norm(std::span<const double> rank_sums) {
     return norm;
 }
 
+void DataParallel::zero_grad_entry(size_t index) {
+    if (!sharded_) {
+        model_.zero_grad_entry(index);
+        return;
+    }
+    const ArenaEntry& a =
+        model_.plan().params.entries()[model_.params().entries().at(index).arena_index];
+    const int64_t lo = int64_t(a.offset / sizeof(float)), hi = lo + a.shape.numel();
+    const TensorView shard = model_.gradient_arena_entry(model_.plan().grad_shard);
+    for (size_t u = 0; u < layout_.units(); ++u) {
+        const FlatRange c = layout_.chunk(u, comm_.rank());
+        const int64_t b = std::max(lo, c.begin), e = std::min(hi, c.end);
+        if (e <= b) continue;
+        const TensorView part =
+            shard.slice(shard_at_[u] + (b - c.begin), shard_at_[u] + (e - c.begin));
+        if (on_cuda(model_))
+            cuda_fill_bytes(part, 0, model_.context().stream);
+        else
+            std::fill(part.as<float>(), part.as<float>() + part.numel(), 0.0f);
+    }
+}
+
 Status DataParallel::finish_gradients() {
-    reducing_ = false;
+    micro_ = 0;
     if (on_cuda(model_) && comm_.size() > 1) {
         CudaState& state = cuda_state_of(model_.context(), "data parallel");
         events_[0]->record(state.stream());
@@ -184,6 +330,7 @@ Status DataParallel::finish_gradients() {
 
 Status DataParallel::finish_update() {
     if (zero_stage_ == 0 || comm_.size() == 1) return ok_status();
+    LATHE_CHECK(micro_ == 0, "finish_update() inside a step: finish_gradients() first");
     if (!on_cuda(model_)) {
         const TensorView all = model_.params_flat();
         const auto t0 = std::chrono::steady_clock::now();

@@ -1,6 +1,6 @@
 #pragma once
 // DataParallel: the collectives that make W processes (ranks) train one model as one process
-// would, each computing the gradients of its slice of every global batch (ZeRO stages 0 and 1).
+// would, each computing the gradients of its slice of every global batch (ZeRO stages 0, 1, 2).
 //
 // Units and chunks (model/memory_plan.h, ShardLayout): the parameter arena is cut into units
 // (the entries before layer 0, each layer, the entries after the last layer), each padded with
@@ -9,44 +9,66 @@
 //
 // One step over W ranks, each with K micro-batches (TrainStep drives it, run/train_step.h):
 //
-//   every rank    K forward/backward passes over its micro-batches, dloss 1 / (W K): the local
-//                 gradient sum. During the backward of the last micro-batch the model's
-//                 gradients-ready hook (model/model.h) hands over each layer as soon as it is
-//                 final, and its unit's gradients are reduce-scattered over the ranks (in place:
-//                 rank r's chunk receives the sum of every rank's chunk r) while the backward of
-//                 the layers below it runs: on CUDA on the communication stream, ordered after
-//                 the layer's backward with CudaState::wait_for; on the CPU (MPI) at once. The
-//                 front and back units go at the last call. Accumulation reduces once per step:
-//                 the earlier micro-batches add into the local gradients only.
-//   ZeRO-0        each reduced chunk is all-gathered back into its unit right after its
-//                 reduce-scatter, so every rank holds every summed gradient.
+//   every rank    K forward/backward passes over its micro-batches, dloss 1 / (W K). During
+//                 each backward the model's gradients-ready hook (model/model.h) hands over each
+//                 layer as soon as it is final for the micro-batch, and its unit's gradients are
+//                 reduce-scattered over the ranks (rank r's chunk receives the sum of every
+//                 rank's chunk r) while the backward of the layers below it runs: on CUDA on the
+//                 communication stream, ordered after the layer's backward with
+//                 CudaState::wait_for; on the CPU (MPI) at once. The front and back units go at
+//                 the last call.
+//   accumulation  every micro-batch is reduced, and the sums add up in one order at every
+//                 stage: before micro-batch k > 1 writes unit u (the model's gradient windows
+//                 hook), the unit's buffer holds zeros except this rank's chunk, which holds the
+//                 reduced sum of micro-batches 1..k-1; the backward adds its gradients into it
+//                 and the reduce-scatter of that buffer gives the sum through k. So the chunk
+//                 after K micro-batches is the same bits at ZeRO 0, 1 and 2 (the same values
+//                 in the same collective), at the price of K reductions a step instead of one
+//                 (docs/DISTRIBUTED.md, "Gradient accumulation").
+//   ZeRO-0, 1     the buffer of unit u is its place in the full gradient arena: reduced in
+//                 place; for micro-batch k > 1 the other ranks' chunks are zeroed first.
+//   ZeRO-2        the gradient arena is the rank's shard (its chunks of every unit, in unit
+//                 order: ModelShape::gradient_shards = W) and a few unit-sized windows
+//                 (MemoryPlan::gradients): the front and back units' own (their gradients
+//                 collect over the whole backward) and gradient_layer_windows() for the layers,
+//                 taken in turn. Before the backward writes a unit, its window is zeroed and the
+//                 shard's chunk copied into the rank's chunk of it; the window's reduce-scatter
+//                 writes the chunk back into the shard. On CUDA the compute stream waits, with
+//                 events and no host wait, for the reduction that last read the window and for
+//                 the one that last wrote the unit's chunk.
+//   ZeRO-0        each reduced chunk of the last micro-batch is all-gathered back into its unit
+//                 right after its reduce-scatter, so every rank holds every summed gradient.
 //   the norm      each rank's sum of squares over its own chunks (fp64), gathered with the
 //                 step's losses, summed in rank order (fp64), its root written back for the
 //                 clip: the same value on every rank and at every stage.
 //   ZeRO-0        every rank updates every parameter (the same bits on every rank).
-//   ZeRO-1        rank r updates its chunks only: AdamW's moments exist for them alone
-//                 (optimizer_ranges()), then the updated chunks reach every rank, unit by unit in
-//                 the next forward's order (front, layer 0, ..., layer L-1, back), each unit
-//                 all-gathered in place. On the CPU the f32 masters (what it computes with) are
-//                 gathered at once. On CUDA the bf16 compute copy travels on the communication
-//                 stream, and the forward waits for each unit just before it reads it (the
-//                 model's weights-needed hook): the first layers compute while the last ones are
-//                 in flight. The f32 masters outside the chunks are gathered only when a
-//                 checkpoint needs them (gather_masters()).
+//   ZeRO-1, 2     rank r updates its chunks only: AdamW's moments exist for them alone
+//                 (optimizer_ranges()), at ZeRO-2 reading the gradients from the shard; then the
+//                 updated chunks reach every rank, unit by unit in the next forward's order
+//                 (front, layer 0, ..., layer L-1, back), each unit all-gathered in place. On the
+//                 CPU the f32 masters (what it computes with) are gathered at once. On CUDA the
+//                 bf16 compute copy travels on the communication stream, and the forward waits
+//                 for each unit just before it reads it (the model's weights-needed hook): the
+//                 first layers compute while the last ones are in flight. The f32 masters
+//                 outside the chunks are gathered only when a checkpoint needs them
+//                 (gather_masters()).
 // At a fixed world size the stages sum the same buffers with the same collectives, so the
-// gradients, the norm and every update are the same bits at ZeRO 0 and 1.
+// gradients, the norm and every update are the same bits at ZeRO 0, 1 and 2.
 //
 // Checkpoints: the optimizer state is written and read in canonical coordinates (the one-process
-// arena, ShardLayout): at ZeRO-1 each rank its own chunks (optim/optimizer_state.h's range-list
-// shard set), at ZeRO-0 rank 0 the full file; so a checkpoint resumes at any world size and
-// stage.
+// arena, ShardLayout): at ZeRO-1 and 2 each rank its own chunks (optim/optimizer_state.h's
+// range-list shard set), at ZeRO-0 rank 0 the full file; so a checkpoint resumes at any world size
+// and stage.
 //
 // Communication time: comm_wait_ms() is what the compute stream spent waiting for
-// communication in the last step (CUDA: timed with events around each wait; CPU: the host time
-// inside the collectives, which the CPU does not overlap).
+// communication in the last step (CUDA: timed with events around the wait for the last
+// micro-batch's reductions and around each wait for a gathered unit; the waits before a unit's
+// gradients are written, for an earlier micro-batch's reduction or a free ZeRO-2 window, are not
+// timed; CPU: the host time inside the collectives, which the CPU does not overlap).
 //
 // Ownership: holds references to the model and the communicator, which must outlive it; installs
-// the model's gradients-ready hook and removes it when destroyed.
+// the model's gradients-ready and gradient windows hooks (and at ZeRO 1 and 2 on CUDA its
+// weights-needed hook) and removes them when destroyed.
 
 #include <cstdint>
 #include <memory>
@@ -63,12 +85,18 @@ namespace lathe {
 
 class CudaEvent;
 
+// Sets `shape`'s unit_shards, optimizer_shards and gradient_shards for data parallel over `world`
+// ranks at `zero_stage` (1 rank: none sharded).
+void data_parallel_shape(ModelShape& shape, int world, int zero_stage);
+
 class DataParallel {
 public:
-    // Over the world `comm` (every rank calls it with the same model shape). zero_stage 0 or 1.
-    // Errors (invalid argument): another stage; more than one rank over a model whose units are
-    // not padded for comm.size() ranks; a model without gradients; a communicator that does not
-    // take the model's memory.
+    // Over the world `comm` (every rank calls it with the same model shape). zero_stage 0, 1 or 2.
+    // Errors (invalid argument): another stage (naming parallel.zero_stage); more than one rank
+    // over a model whose units are not padded for comm.size() ranks, or whose optimizer or
+    // gradient shards are not the stage's (ModelShape::optimizer_shards, gradient_shards; see
+    // data_parallel_shape); a model without gradients; a communicator that does not take the
+    // model's memory.
     static Result<std::unique_ptr<DataParallel>> create(Model& model, Communicator& comm,
                                                         int zero_stage);
     ~DataParallel();
@@ -89,12 +117,15 @@ public:
     // The stream host-value collectives run on (the compute stream on CUDA; null on the CPU).
     CUstream_st* stream() const;
 
-    // Reduce each layer's gradients as the backward hands it over: on for the backward of the last
-    // micro-batch of a step, off otherwise.
-    void reduce_during_backward(bool on) { reducing_ = on; }
+    // Before each micro-batch's forward/backward: `last` says whether it is the step's last (its
+    // reduced gradients are final; at ZeRO-0 they are gathered onto every rank).
+    void begin_micro_batch(bool last);
     // After the last micro-batch's backward was enqueued: the compute stream waits for every
     // reduction; returns the first error a collective gave.
     Status finish_gradients();
+    // Zeroes this rank's gradients of parameter entry `index` (params().entries(); a frozen
+    // group), after finish_gradients(): in the shard at ZeRO-2, in the model's arena otherwise.
+    void zero_grad_entry(size_t index);
     // After the optimizer step (ZeRO-1): every rank's updated shard reaches every rank.
     Status finish_update();
     // ZeRO-1 on CUDA: the f32 masters of every shard gathered onto every rank, for a checkpoint
@@ -103,7 +134,7 @@ public:
     // This rank's sum of squares over its chunks, read back (the step's one wait for the GPU),
     // and the world's norm, sqrt of every rank's part summed in rank order (fp64), written where
     // the optimizer clips and returned.
-    double local_grad_sum_of_squares() { return model_.grad_sum_of_squares(chunks_); }
+    double local_grad_sum_of_squares() { return model_.grad_sum_of_squares(norm_ranges_); }
     float set_grad_norm(std::span<const double> rank_sums);
     // The optimizer state of this rank's chunks written into the checkpoint folder `dir`
     // (range-list shard, canonical; at ZeRO-0 rank 0 writes the whole canonical vector as the
@@ -121,6 +152,10 @@ private:
     DataParallel(Model& model, Communicator& comm, int zero_stage);
     void on_layer_ready(int layer);
     void on_weights_needed(int piece);
+    // The gradient windows hook: prepares unit `piece`'s buffer for this micro-batch (once) and
+    // returns its window (ZeRO-2) or null (the model's arena).
+    TensorView on_grad_window(int piece);
+    size_t unit_of_piece(int piece) const;
     Status reduce_unit(size_t unit);
     // The moments' offset (optimizer coordinates) of arena element `at` of `optimizer`'s ranges.
     static int64_t moment_offset(const AdamWOptimizer& optimizer, int64_t at);
@@ -132,13 +167,26 @@ private:
     int zero_stage_ = 0;
     const ShardLayout& layout_;  // the model's plan's
     std::vector<FlatRange> chunks_, ranges_;
-    bool reducing_ = false;
+    // Where this rank's sum of squares reads: its chunks in the model's arena, or in the shard.
+    std::vector<FlatRange> norm_ranges_;
+    bool sharded_ = false;             // ZeRO-2 over more than one rank
+    int64_t micro_ = 0;                // micro-batches begun in this step (1 for the first)
+    int64_t epoch_ = 0;                // micro-batches begun since creation
+    bool last_ = false;                // the current micro-batch is the step's last
+    std::vector<int64_t> prepared_;    // [u] the epoch unit u's buffer was last prepared for
+    std::vector<TensorView> windows_;  // [u] ZeRO-2: unit u's window this micro-batch
+    std::vector<int> slot_of_;         // [u] ZeRO-2: its layer window, -1 for front and back
+    std::vector<int64_t> shard_at_;    // [u] ZeRO-2: the offset of its chunk in the shard
+    int next_slot_ = 0;
     Status first_error_;
     double host_comm_ms_ = 0.0;  // CPU: time inside collectives this step
     // CUDA: timing events around the compute stream's wait for the gradient reductions;
     // reduced_ says whether they hold an unread interval.
     std::vector<std::unique_ptr<CudaEvent>> events_;
     bool reduced_ = false;
+    // CUDA: recorded on the communication stream after unit u's reduce-scatter, and after the
+    // reduce-scatter that last read layer window i (ZeRO-2).
+    std::vector<std::unique_ptr<CudaEvent>> unit_reduced_, window_free_;
     // CUDA, ZeRO-1: the pieces of the parameter gather, one per unit in forward order (front,
     // layers, back): `ready` recorded on the communication stream after the unit's all-gather,
     // the timing events around the compute stream's wait for it, and whether that wait is unread.

@@ -61,7 +61,7 @@ struct TrainSettings {
     std::string init_from;
     InitMode init_mode = InitMode::kFinetune;
 
-    int zero_stage = 1;      // parallel.zero_stage: 0 or 1
+    int zero_stage = 1;      // parallel.zero_stage: 0, 1 or 2
     double timeout_s = 600;  // parallel.timeout_s; 0 = off
     int64_t world = 1;       // data-parallel ranks: set by the trainer from the launcher
 

@@ -33,12 +33,12 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next,
     for (int64_t k = 0; k < K; ++k) {
         LATHE_ASSIGN_OR_RETURN(const ModelBatch batch, next(k));
         if (k - read == kLossSlots) read_losses(k);
-        if (dp_ != nullptr) dp_->reduce_during_backward(k == K - 1);
+        if (dp_ != nullptr) dp_->begin_micro_batch(k == K - 1);
         model_.forward_backward_async(batch, dloss, k - read);
     }
     if (dp_ != nullptr) LATHE_RETURN_IF_ERROR(dp_->finish_gradients());
     for (size_t e = 0; e < frozen_.size(); ++e)
-        if (frozen_[e]) model_.zero_grad_entry(e);
+        if (frozen_[e]) dp_ != nullptr ? dp_->zero_grad_entry(e) : model_.zero_grad_entry(e);
     TrainStepValues out;
     // Data parallel: this rank's part of the norm (a sum of squares), combined once every rank's
     // is gathered.

@@ -355,8 +355,7 @@ Status Trainer::setup() {
     shape.seq_len = s_.seq_len;
     shape.backend = device_.backend();
     shape.recompute = s_.recompute;
-    shape.unit_shards = multi() ? world_.size() : 1;
-    shape.optimizer_shards = multi() && s_.zero_stage >= 1 ? world_.size() : 1;
+    data_parallel_shape(shape, multi() ? world_.size() : 1, s_.zero_stage);
     shape.communication_bytes = world_.device_bytes;
     if (fp8_run()) {
         shape.precision = fp8_precision_policy(s_.fp8);
