@@ -7,7 +7,9 @@
 # shared libraries they need that the GPU machine lacks. CUDA's own libraries (cudart, cuBLASLt,
 # cuDNN, NVRTC) are the GPU machine's: the same CUDA 13.0 major.minor as here.
 #
-#   scripts/gpu-bundle.sh pack [BUILD_DIR]   here: ninja lathe, the *_gpu_tests and cuda_ops_bench in BUILD_DIR
+#   scripts/gpu-bundle.sh pack [BUILD_DIR]   here: touch the sources changed since the last pack began
+#                                            (.carry/gpu-bundle.stamp), ninja lathe, the *_gpu_tests
+#                                            and cuda_ops_bench in BUILD_DIR
 #                                            (default build; a missing target stops it),
 #                                            strip copies, write .carry/gpu-bundle.tgz (git-ignored;
 #                                            name .carry in the run tool's carry list)
@@ -33,6 +35,17 @@ pack() {
         ninja -C "$build" -t query "$t" >/dev/null 2>&1 ||
             die "$build has no target $t (configure it where nvcc is, with tests on)"
     done
+    # A source edited while its object compiled leaves an object older in content but newer in
+    # time than the source, which ninja keeps. Every source changed since the last pack began is
+    # touched, so its object is compiled again (ccache returns the same object when the content
+    # is the one compiled).
+    local stamp=$root/.carry/gpu-bundle.stamp
+    mkdir -p "$root/.carry"
+    if [[ -f $stamp ]]; then
+        find "$root/src" "$root/bench" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' \
+            -o -name '*.cuh' \) -newer "$stamp" -exec touch {} +
+    fi
+    touch "$stamp"
     ninja -C "$build" -j"$(nproc)" "${have[@]}" || die "the build failed"
     local stage
     stage=$(mktemp -d)
