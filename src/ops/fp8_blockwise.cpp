@@ -100,6 +100,55 @@ void fp8_blockwise_gemm_reference(float* D, int64_t ldd, const Fp8BlockOperandVi
     }
 }
 
+void fp8_blockwise_mma_error_bound(float* bound, int64_t ldd, const Fp8BlockOperandView& A,
+                                   const Fp8BlockOperandView& B, int64_t M, int64_t N, int64_t K,
+                                   int64_t step, int bits) {
+    LATHE_CHECK(M > 0 && N > 0 && K > 0 && ldd >= N && A.ld >= K && B.ld >= K && step > 0 &&
+                    bits > 1 && bits < 53,
+                "fp8_blockwise_mma_error_bound: M {} N {} K {} lda {} ldb {} ldd {} step {} "
+                "bits {}",
+                M, N, K, A.ld, B.ld, ldd, step, bits);
+    const std::vector<float> a = widen(A, M, K), b = widen(B, N, K);
+    const int64_t kblocks = fp8_blocks(K);
+    const double u = std::ldexp(1.0, 1 - bits);
+    LATHE_OMP_PARALLEL_FOR(M * N * K)
+    for (int64_t m = 0; m < M; ++m) {
+        for (int64_t n = 0; n < N; ++n) {
+            const float* ar = a.data() + m * K;
+            const float* br = b.data() + n * K;
+            double total = 0.0;
+            for (int64_t kb = 0; kb < kblocks; ++kb) {
+                const int64_t k0 = kb * kFp8BlockSize, k1 = std::min(K, k0 + kFp8BlockSize);
+                double part = 0.0, part_err = 0.0;  // exact running sum; its bound so far
+                for (int64_t s0 = k0; s0 < k1; s0 += step) {
+                    const int64_t s1 = std::min(k1, s0 + step);
+                    double top = std::fabs(part) + part_err, sum = 0.0, sum_abs = 0.0;
+                    for (int64_t k = s0; k < s1; ++k) {
+                        top = std::max(top, std::fabs(double(ar[k]) * double(br[k])));
+                        sum_abs += std::fabs(double(ar[k]) * double(br[k]));
+                    }
+                    if (top == 0.0) continue;
+                    // The grid of the aligned terms: bits significant bits below top's exponent.
+                    const double ulp = std::ldexp(1.0, std::ilogb(top) - bits + 1);
+                    int64_t off_grid = part != 0.0 || part_err != 0.0 ? 1 : 0;
+                    for (int64_t k = s0; k < s1; ++k) {
+                        const double p = double(ar[k]) * double(br[k]);  // exact
+                        if (std::fmod(p, ulp) != 0.0) ++off_grid;
+                        sum += p;  // exact for e4m3 (products span < 2^40, 128 of them)
+                    }
+                    // The aligned terms' truncation, then the step's result kept to `bits`.
+                    part_err += double(off_grid) * ulp +
+                                std::ldexp(std::fabs(part) + part_err + sum_abs, 1 - bits);
+                    part += sum;
+                }
+                total +=
+                    std::fabs(double(scale_of(A, m, kb)) * double(scale_of(B, n, kb))) * part_err;
+            }
+            bound[m * ldd + n] = float(total * (1.0 + 0x1p-20));
+        }
+    }
+}
+
 size_t Fp8BlockwiseBufferBytes::total() const {
     size_t t = 0;
     for (size_t s : {wq, wqt, w_scale, wt_scale, xq, xqt, x_scale, xt_scale, dyq, dyqt, dy_scale,

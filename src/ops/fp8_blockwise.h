@@ -80,6 +80,22 @@ void fp8_blockwise_gemm_reference(float* D, int64_t ldd, const Fp8BlockOperandVi
                                   const Fp8BlockOperandView& B, int64_t M, int64_t N, int64_t K,
                                   float beta, float* abs_sum = nullptr);
 
+// Bound on how far an FP8 tensor-core GEMM of the same operands may land from the reference
+// through its limited-precision accumulation (Hopper's FP8 MMA keeps about 14 significant bits,
+// an e8m13 accumulator, truncating; DeepSeek-V3 section 3.3.2). Model: the MMA adds `step`
+// products at a time (32 for Hopper's fp8 wgmma) to its running sum of the current 128-wide K
+// block, all step + 1 terms aligned to the largest magnitude among them on a grid of 2^(1 - bits)
+// of that magnitude's power of two, each term off the grid losing less than one grid unit, and
+// the step's result kept to `bits` significant bits (less than 2^(1 - bits) of |running sum| +
+// sum |step's products|); the block's sum is then promoted to fp32 and scaled. Per element:
+// bound[m, n] = sum_kb |sa sb| sum_steps (those two errors), the running sum's magnitude taken
+// with the bound so far added. The fp32 summation of the promoted blocks is not included (the
+// caller adds 2 K 2^-24 abs_sum). Same operands and sizes as fp8_blockwise_gemm_reference;
+// bound (M, N) with row stride ldd.
+void fp8_blockwise_mma_error_bound(float* bound, int64_t ldd, const Fp8BlockOperandView& A,
+                                   const Fp8BlockOperandView& B, int64_t M, int64_t N, int64_t K,
+                                   int64_t step, int bits);
+
 // The device memory of one kFp8Blockwise linear on CUDA, owned by the caller (sizes from
 // fp8_blockwise_buffer_bytes); N is the micro-batch's token count, (O, I) the weight's shape.
 // Codes are E4M3, one byte an element; scales f32 in the GEMM-ready layout; every pointer

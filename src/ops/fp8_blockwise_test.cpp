@@ -166,6 +166,43 @@ TEST(Fp8BlockwiseReference, BetaAddsTheProductToD) {
     for (size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d[i], d0[i] + prod[i]) << "at " << i;
 }
 
+// The MMA error bound on one row of products worked by hand (scales 1, one 32-wide step, 14
+// bits): 32 products of 1 are all on the grid of their largest (2^-13), so only the step's result
+// is truncated: 32 2^-13; a product of 256 moves the grid to 2^-5, where products of 1 still lie
+// (256 + 31) 2^-13, but products of 2^-6 do not: each of the 31 adds 2^-5; a second step adds
+// its own terms and the running sum's (one more grid unit of the running sum's magnitude).
+TEST(Fp8BlockwiseReference, MmaErrorBoundCountsTheTermsOffTheAlignedGrid) {
+    constexpr uint8_t kOne = 0x38, k256 = 0x78, kTiny = 0x08;  // e4m3 1, 256, 2^-6
+    const std::vector<float> ones(1, 1.0f);
+    const auto bound_of = [&](const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+        Fp8BlockOperandView va, vb;
+        va.q = a.data();
+        vb.q = b.data();
+        va.ld = vb.ld = int64_t(a.size());
+        va.scale = vb.scale = ones.data();
+        va.scale_row_stride = vb.scale_row_stride = 0;
+        va.scale_k_stride = vb.scale_k_stride = 0;
+        float bound = 0;
+        fp8_blockwise_mma_error_bound(&bound, 1, va, vb, 1, 1, int64_t(a.size()), 32, 14);
+        return double(bound);
+    };
+    const double tol = 0x1p-19;  // the function's (1 + 2^-20) and float rounding
+    std::vector<uint8_t> a(32, kOne), b(32, kOne);
+    EXPECT_NEAR(bound_of(a, b) / (32 * 0x1p-13), 1.0, tol);
+    a[0] = k256;
+    EXPECT_NEAR(bound_of(a, b) / ((256 + 31) * 0x1p-13), 1.0, tol);
+    for (size_t k = 1; k < 32; ++k) a[k] = kTiny;
+    const double one_step = 31 * 0x1p-5 + (256 + 31 * 0x1p-6) * 0x1p-13;
+    EXPECT_NEAR(bound_of(a, b) / one_step, 1.0, tol);
+    // Second step: 32 products of 1 against a running sum near 256.49 (+ one_step): grid 2^-5,
+    // the products on it, the running sum off it (1 unit), the result truncated.
+    std::vector<uint8_t> a2 = a, b2(64, kOne);
+    a2.resize(64, kOne);
+    const double part = 256 + 31 * 0x1p-6;
+    const double two_steps = one_step + 0x1p-5 + (part + one_step + 32) * 0x1p-13;
+    EXPECT_NEAR(bound_of(a2, b2) / two_steps, 1.0, tol);
+}
+
 TEST(Fp8BlockwiseBuffers, ByteSizesOfALlamaLayerAndARaggedOne) {
     // N 512 tokens, I 4096, O 1024: Ib 32, Ob 8, Nb 4.
     const Fp8BlockwiseBufferBytes s = fp8_blockwise_buffer_bytes(512, 4096, 1024);
