@@ -575,6 +575,19 @@ def gptneox_build_chat(name, chat, generation_role="assistant", only_last=False,
     return tokens, mask
 
 
+def mask_trailing_header(name, chat, ref, generation_role="assistant"):
+    """GPT-NeoX's labels with the Llama-3 base template's trailing assistant header (rendered
+    after the last turn's <|eot_id|>, even without add_generation_prompt) masked: build_chat
+    slices it into the last turn, lathe gives it no loss, as it gives none to every other header."""
+    ids, labels = ref
+    if name != "llama3" or chat[-1]["role"] != generation_role:
+        return ref
+    header = hf_tokenizer(name).encode("<|start_header_id|>assistant<|end_header_id|>\n\n",
+                                       add_special_tokens=False)
+    assert ids[-len(header):] == header
+    return ids, labels[:-len(header)] + [IGNORE] * len(header)
+
+
 def prefix_tokens_stable(name, chat, tools=None, template=None):
     """Whether every prefix rendering's tokens start the full rendering's tokens."""
     full = hf_ids(name, chat, False, tools, template)
@@ -615,10 +628,8 @@ def expected_loss_text(name, text, messages):
             continue
         last = i == len(blocks) - 1
         if name == "llama3" and last:
-            # The Llama-3 base template always ends with an (empty) assistant header; it is part
-            # of the last turn, so it keeps loss when that turn is the assistant's.
-            if messages[-1]["role"] == "assistant":
-                out += open_tag + block
+            # The Llama-3 base template always ends with an (empty) assistant header; it follows
+            # the last turn's <|eot_id|> and carries no loss.
             continue
         out += body
     return out
@@ -651,7 +662,8 @@ def encode_cases(name, rng, n):
 def test_encode_equals_apply_chat_template(tmp_path, name):
     """The whole token sequence is transformers' apply_chat_template(tokenize=True), with no
     end token appended (each template ends its turns itself); labels keep each assistant turn,
-    as GPT-NeoX's build_chat() slices it where prefixes are token-stable."""
+    as GPT-NeoX's build_chat() slices it where prefixes are token-stable, except the Llama-3
+    template's trailing assistant header, which lathe masks (mask_trailing_header)."""
     rng = random.Random(5)
     convs, template = encode_cases(name, rng, 60)
     template_file = None
@@ -678,8 +690,9 @@ def test_encode_equals_apply_chat_template(tmp_path, name):
             assert len(g["labels"]) == len(g["ids"])
             assert all(l in (IGNORE, i) for i, l in zip(g["ids"], g["labels"]))
             if st:  # GPT-NeoX's labels whenever prefixes are token-stable
-                ref = gptneox_build_chat(name, msgs, only_last=only_last, tools=tools,
-                                         template=template)
+                ref = mask_trailing_header(
+                    name, msgs, gptneox_build_chat(name, msgs, only_last=only_last, tools=tools,
+                                                   template=template))
                 ok = (g["ids"], g["labels"]) == ref
             else:  # otherwise GPT-NeoX mis-slices; the loss is each assistant turn's own text.
                 ref = None

@@ -535,8 +535,20 @@ CHATS = [
 ]
 
 
+# The tokens each template renders after a final assistant turn's end-of-turn: llama3's
+# assistant header after <|eot_id|> (<|start_header_id|> assistant <|end_header_id|> "\n\n");
+# qwen3 ends with <|im_end|>"\n", and that newline is the turn's own, kept as in every turn.
+TRAILING_AFTER_LAST_TURN = {"llama3": [128006, 78191, 128007, 271], "qwen3": []}
+
+
 @pytest.mark.parametrize("tokenizer", ["llama3", "qwen3"])
 def test_chat_tokens_and_labels_equal_gpt_neox(tmp_path, tokenizer):
+    """The ids equal GPT-NeoX's build_chat() tokens, and so do the labels, except after the last
+    assistant turn: llama3's template renders an assistant header after the final <|eot_id|>
+    (even without add_generation_prompt). build_chat slices it into the last turn, so it keeps
+    loss there; lathe masks it, as it masks every header: the label file keeps each assistant
+    message and its end-of-turn token and nothing after it. The test asserts those trailing
+    tokens are -100."""
     chats = list(CHATS)
     if tokenizer == "qwen3":
         # llama3's template ends every rendering with an assistant header, so after a system turn
@@ -550,9 +562,16 @@ def test_chat_tokens_and_labels_equal_gpt_neox(tmp_path, tokenizer):
     r = prepare(tokenizer, [src], prefix, "--threads", "2")
     assert "format: chat" in r.stdout.decode()
     expected = [neox_build_chat(tokenizer, m) for m in chats]
+    trailer = TRAILING_AFTER_LAST_TURN[tokenizer]
+    labels = []
+    for tokens, mask in expected:
+        n = len(trailer)
+        if n:
+            assert tokens[-n:] == trailer and mask[-n:] == trailer  # build_chat keeps loss there
+        labels.append(mask[:len(mask) - n] + [-100] * n)
     # Both files are int32, as GPT-NeoX's chat script forces (labels hold -100).
     assert_files_equal_reference(prefix, [t for t, _ in expected], np.int32)
-    assert_files_equal_reference(f"{prefix}_label", [m for _, m in expected], np.int32)
+    assert_files_equal_reference(f"{prefix}_label", labels, np.int32)
     # --format chat with a custom field name, from gzip.
     gz = tmp_path / "conv.jsonl.gz"
     gz.write_bytes(gzip.compress("".join(json.dumps({"conversation": m}) + "\n"

@@ -6,8 +6,8 @@ What is checked, for the shared Llama-3 and Qwen3 tokenizers and their chat temp
     here): system, history, multi-turn, custom role tags, an empty input, a JSON array file;
   * each document's ids are transformers' apply_chat_template(messages, tokenize=True);
   * the label file keeps exactly the tokens of each assistant message, from the end of the
-    assistant header through its end-of-turn token (and the newline the template puts after it;
-    after the final turn, whatever the template appends), and -100 everywhere else, located in
+    assistant header through its end-of-turn token (and the newline the template puts after it),
+    and -100 everywhere else (a header the template appends after the final turn too), located in
     the rendered text independently of lathe;
   * each conversation is one document of the token files, so the packed training samples know
     where each conversation starts (the sample-level check is data_tests
@@ -114,9 +114,10 @@ def sharegpt_messages(r, key="conversations", role="from", content="value", role
 
 def expected_labels(name, messages, ids):
     """-100 except on each assistant message's tokens: from where the generation prompt before
-    it ends through its end-of-turn token and the whitespace after it (for a final assistant
-    turn: to the end of the text), found in the text that transformers renders. A token belongs
-    to the span its first character lies in."""
+    it ends through its end-of-turn token and the whitespace after it, found in the text that
+    transformers renders; text the template renders after that (the shared Llama-3 template's
+    assistant header after the final turn) is -100. A token belongs to the span its first
+    character lies in."""
     tok = hf(name)
     full = tok.apply_chat_template(messages, tokenize=False)
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
@@ -132,11 +133,6 @@ def expected_labels(name, messages, ids):
         end = full.index(END_OF_TURN[name], start) + len(END_OF_TURN[name])
         while end < len(full) and full[end] in " \n":
             end += 1
-        if k == len(messages) - 1:
-            # Text the template appends after the last turn (the shared Llama-3 template's
-            # assistant header, which it emits even without add_generation_prompt) is the last
-            # turn's, as in GPT-NeoX's build_chat.
-            end = len(full)
         spans.append((start, end))
     return [t if any(a <= s < b for a, b in spans) else -100
             for t, (s, _) in zip(ids, enc["offset_mapping"])]

@@ -414,6 +414,31 @@ Result<ChatEncoding> ChatTemplate::encode_with_labels(const Tokenizer& tokenizer
         prev_byte = byte_end;
         prev_tok = end[i];
     }
+    if (roles[n - 1] == options.generation_role) {
+        // What the template renders after the last turn's end-of-turn (the Llama-3 base
+        // template's trailing assistant header) belongs to no turn and carries no loss. The last
+        // turn ends where the middle turns end: where the rendering with one more (probe) message
+        // parts from the full one, found with the same alignment. A template that rejects the
+        // probe leaves the last turn running to the end of the rendering.
+        Json probed = messages;
+        probed.push_back(
+            {{"role", options.generation_role == "user" ? "assistant" : "user"}, {"content", "x"}});
+        LATHE_ASSIGN_OR_RETURN(Value probe_msgs, messages_value(probed));
+        Result<std::string> next = impl_->render(probe_msgs, false, tool_values, extra_variables);
+        std::string_view trailer;
+        if (next.ok()) turn_end_in_full(full, *next, &trailer);
+        if (!trailer.empty()) {
+            const size_t byte_end = size_t(trailer.data() - full.data());
+            prefix_ids.clear();
+            LATHE_RETURN_IF_ERROR(
+                tokenizer.encode(std::string_view(full).substr(0, byte_end), false, prefix_ids));
+            size_t k = common_tokens(prefix_ids, out.ids);
+            if (k == prefix_ids.size() && k > prev_tok && k < out.ids.size() &&
+                tokenizer.is_special(out.ids[k - 1]) && !tokenizer.is_special(out.ids[k]))
+                k -= 1;  // the special token that opens the trailing header, as in the loop
+            end[n - 1] = std::max(prev_tok, k);
+        }
+    }
     out.labels.assign(out.ids.size(), kChatIgnoreLabel);
     size_t begin = 0;
     for (size_t i = 0; i < n; ++i) {

@@ -109,7 +109,13 @@ public:
     // rendering dropped from an earlier turn is skipped; at the end, the longest rest of the
     // prefix that the full text continues with still belongs to turn i; an appended header
     // belongs to the next turn). A token belongs to the turn in which it starts. Where prefix
-    // tokens do start the full tokens (the usual case), the result equals GPT-NeoX's exactly.
+    // tokens do start the full tokens (the usual case), the result equals GPT-NeoX's exactly,
+    // except after a final generation-role turn: what the template renders after that turn's
+    // end-of-turn (the Llama-3 base template's trailing assistant header) carries no loss here,
+    // where GPT-NeoX keeps it in the last turn. That turn ends where the rendering with one more
+    // (probe) message appended parts from the full one, aligned as above; qwen3's "\n" after
+    // <|im_end|> stays in the turn, as in every other turn. A template that rejects the probe
+    // message leaves the last turn running to the end of the rendering.
     // Errors: a render error, a message that is not an object with a string `role`, a tokenizer
     // error, or an eos_token to append that is not in the vocabulary.
     Result<ChatEncoding> encode_with_labels(

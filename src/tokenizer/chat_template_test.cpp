@@ -252,6 +252,34 @@ TEST_F(ChatLabels, HistoryRewrittenByTheTemplate) {
               "It is 4.<|im_end|>\n<think>\nadd again\n</think>\n\nIt is 6.<|im_end|>\n");
 }
 
+TEST(ChatLabelsLlama3, TrailingGenerationHeaderCarriesNoLoss) {
+    // The Llama-3 base template renders an assistant header after every conversation, even one
+    // that ends with an assistant turn. The ids keep it; the last turn ends at its <|eot_id|>.
+    auto tok = Tokenizer::load(kShared + "/tokenizers/llama3.json");
+    ASSERT_TRUE(tok.ok()) << tok.status().message();
+    auto tmpl = ChatTemplate::load(kShared + "/tokenizers/llama3.tokenizer_config.json");
+    ASSERT_TRUE(tmpl.ok()) << tmpl.status().message();
+    const Json msgs =
+        conv({{"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}, {"assistant", "Bye!"}});
+    auto e = tmpl->encode_with_labels(*tok, msgs);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    EXPECT_EQ(e->ids, *tok->encode(*tmpl->render(msgs, false), false));
+    ASSERT_EQ(e->ids.size(), e->labels.size());
+    std::vector<int32_t> kept;
+    for (size_t i = 0; i < e->ids.size(); ++i)
+        if (e->labels[i] != kChatIgnoreLabel) kept.push_back(e->ids[i]);
+    EXPECT_EQ(*tok->decode(kept, false), "Hello!<|eot_id|>Bye!<|eot_id|>");
+    // The trailing header's tokens are the last ones, and all are masked.
+    const std::vector<int32_t> header =
+        *tok->encode("<|start_header_id|>assistant<|end_header_id|>\n\n", false);
+    ASSERT_LT(header.size(), e->ids.size());
+    for (size_t i = e->ids.size() - header.size(); i < e->ids.size(); ++i) {
+        EXPECT_EQ(e->ids[i], header[i - (e->ids.size() - header.size())]);
+        EXPECT_EQ(e->labels[i], kChatIgnoreLabel);
+    }
+    EXPECT_EQ(e->labels[e->ids.size() - header.size() - 1], *tok->token_to_id("<|eot_id|>"));
+}
+
 TEST_F(ChatLabels, BadConversations) {
     auto e = tmpl_->encode_with_labels(*tok_, Json::array());
     ASSERT_FALSE(e.ok());
