@@ -110,7 +110,6 @@ void fp8_blockwise_mma_error_bound(float* bound, int64_t ldd, const Fp8BlockOper
                 M, N, K, A.ld, B.ld, ldd, step, bits);
     const std::vector<float> a = widen(A, M, K), b = widen(B, N, K);
     const int64_t kblocks = fp8_blocks(K);
-    const double u = std::ldexp(1.0, 1 - bits);
     LATHE_OMP_PARALLEL_FOR(M * N * K)
     for (int64_t m = 0; m < M; ++m) {
         for (int64_t n = 0; n < N; ++n) {
