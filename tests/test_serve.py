@@ -341,3 +341,19 @@ def test_flag_errors(tmp_path):
                          (["--checkpoint", MODELS / "llama", "--kv-blocks", -1], "--kv-blocks")]:
         p = run(["serve", *args], check=False)
         assert p.returncode != 0 and p.stderr.startswith("lathe: error:") and needle in p.stderr
+
+
+def test_hostile_bodies_get_4xx_and_the_server_goes_on(folder):
+    with serve(folder) as url:
+        # Nesting far deeper than the parser's limit (the DOM and its printing recurse per level).
+        for deep in (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                     b'{"prompt": "x", "n": ' + b'{"a":' * 50_000 + b"1" + b"}" * 50_000 + b"}",
+                     b"[" * 100_000):
+            r = post(url + "/v1/completions", content=deep)
+            assert r.status_code == 400 and "deeper than 32" in r.json()["error"]["message"]
+        # A bad value is named by its type, never printed whole.
+        r = post(url + "/v1/completions", json={"prompt": "x", "max_tokens": [[1] * 5000]})
+        assert r.status_code == 400 and len(r.text) < 400 and "array of 1 items" in r.text
+        r = post(url + "/v1/completions", json={"prompt": "x", "stream": "y" * 100_000})
+        assert r.status_code == 400 and len(r.text) < 400
+        assert client(url).completions.create(model="tok", prompt="hi", max_tokens=2).choices

@@ -66,6 +66,50 @@ std::string dump(const json& j) {
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// Request bodies nest arrays and objects at most this deep; deeper bodies are refused before they
+// are parsed (the DOM and its serialization recurse per level).
+constexpr int64_t kMaxJsonDepth = 32;
+
+// The deepest array/object nesting of a JSON text, counted outside strings; stops counting past
+// `limit`. Linear in the text, no allocation.
+int64_t json_depth(const std::string& text, int64_t limit) {
+    int64_t depth = 0, deepest = 0;
+    bool in_string = false, escaped = false;
+    for (const char c : text) {
+        if (in_string) {
+            if (escaped)
+                escaped = false;
+            else if (c == '\\')
+                escaped = true;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            deepest = std::max(deepest, ++depth);
+            if (deepest > limit) return deepest;
+        } else if (c == ']' || c == '}') {
+            --depth;
+        }
+    }
+    return deepest;
+}
+
+// A user's value in an error message: scalars as written (strings cut to 64 bytes), arrays and
+// objects by their type and size, never their whole text.
+std::string describe(const json& x) {
+    if (x.is_array()) return fmt::format("an array of {} items", x.size());
+    if (x.is_object()) return fmt::format("an object of {} keys", x.size());
+    if (x.is_string()) {
+        const std::string& s = x.get_ref<const std::string&>();
+        if (s.size() <= 64) return dump(x);
+        size_t cut = 64;
+        while (cut > 0 && (uint8_t(s[cut]) & 0xC0) == 0x80) --cut;  // whole characters
+        return dump(json(s.substr(0, cut))) + fmt::format(" (cut; {} bytes)", s.size());
+    }
+    return dump(x);
+}
+
 void send_error(httplib::Response& res, const ApiError& e) {
     json err;
     err["message"] = e.message;
@@ -208,7 +252,7 @@ std::optional<ApiError> get_number(const json& j, const char* key, double lo, do
                                    double& out) {
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
     if (!j[key].is_number())
-        return bad(key, fmt::format("'{}' must be a number, got {}", key, dump(j[key])));
+        return bad(key, fmt::format("'{}' must be a number, got {}", key, describe(j[key])));
     const double v = j[key].get<double>();
     if (!(v >= lo && v <= hi))
         return bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
@@ -220,7 +264,7 @@ std::optional<ApiError> get_int(const json& j, const char* key, int64_t lo, int6
                                 int64_t& out) {
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
     if (!j[key].is_number_integer())
-        return bad(key, fmt::format("'{}' must be an integer, got {}", key, dump(j[key])));
+        return bad(key, fmt::format("'{}' must be an integer, got {}", key, describe(j[key])));
     const int64_t v = j[key].get<int64_t>();
     if (v < lo || v > hi)
         return bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
@@ -231,7 +275,7 @@ std::optional<ApiError> get_int(const json& j, const char* key, int64_t lo, int6
 std::optional<ApiError> get_bool(const json& j, const char* key, bool& out) {
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
     if (!j[key].is_boolean())
-        return bad(key, fmt::format("'{}' must be true or false, got {}", key, dump(j[key])));
+        return bad(key, fmt::format("'{}' must be true or false, got {}", key, describe(j[key])));
     out = j[key].get<bool>();
     return std::nullopt;
 }
@@ -329,7 +373,7 @@ std::optional<ApiError> Server::parse_prompts(const json& j, Job& job) const {
         for (const json& x : a) {
             if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
                 x.get<int64_t>() >= int64_t(std::numeric_limits<int32_t>::max()))
-                return bad("prompt", fmt::format("'prompt' holds {}, not a token id", dump(x)));
+                return bad("prompt", fmt::format("'prompt' holds {}, not a token id", describe(x)));
             ids.push_back(x.get<int32_t>());
         }
         return std::nullopt;
@@ -468,6 +512,11 @@ json Server::chat_choice(const Job& job, size_t k, const SequenceState& st) cons
 
 void Server::handle(const httplib::Request& req, httplib::Response& res, bool chat) {
     const Clock::time_point start = Clock::now();
+    if (json_depth(req.body, kMaxJsonDepth) > kMaxJsonDepth) {
+        return send_error(res, bad("", fmt::format("the request body nests arrays/objects deeper "
+                                                   "than {} levels",
+                                                   kMaxJsonDepth)));
+    }
     json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return send_error(res, bad("", "the request body is not valid JSON"));
     if (!j.is_object()) return send_error(res, bad("", "the request body must be a JSON object"));
