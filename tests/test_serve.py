@@ -357,3 +357,22 @@ def test_hostile_bodies_get_4xx_and_the_server_goes_on(folder):
         r = post(url + "/v1/completions", json={"prompt": "x", "stream": "y" * 100_000})
         assert r.status_code == 400 and len(r.text) < 400
         assert client(url).completions.create(model="tok", prompt="hi", max_tokens=2).choices
+
+
+def test_huge_max_tokens_is_refused_and_others_go_on(folder):
+    # A small paged pool: an over-committed admission would end the running sequences.
+    with serve(folder, "--kv-block-size", 8, "--kv-blocks", 24) as url:
+        with open_stream(url, {"prompt": "hello", "max_tokens": 60, "temperature": 0}) as s:
+            for m in (2**63 - 1, 2**63 - 2, 2**63 - 90, 97):
+                r = post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": m})
+                assert r.status_code == 400, r.text
+                assert r.json()["error"]["code"] == "context_length_exceeded"
+            r = post(url + "/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2**63 - 1})
+            assert r.status_code == 400
+            got = b""
+            while b"[DONE]" not in got:
+                chunk = s.recv(65536)
+                assert chunk, got
+                got += chunk
+            assert b'"error"' not in got and b'"finish_reason":"length"' in got

@@ -146,6 +146,16 @@ ApiError from_status(const Status& s, const std::string& param) {
     return e;
 }
 
+// A sequence's error while it ran: a shutdown (cancelled) is 503 and may be retried elsewhere;
+// anything else is the server's fault (500), never "overloaded".
+ApiError from_run_error(const Status& s) {
+    ApiError e;
+    e.message = s.message();
+    e.type = "server_error";
+    e.http = s.code() == StatusCode::kCancelled ? 503 : 500;
+    return e;
+}
+
 // Prometheus counters and the latency histogram of the completion endpoints.
 class Metrics {
 public:
@@ -301,7 +311,11 @@ std::optional<ApiError> Server::parse_common(const json& j, Job& job) const {
     const int64_t ctx = sched_.max_len();
     const char* max_key =
         j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    API_TRY(get_int(j, max_key, 0, INT64_MAX, max_tokens));
+    // At most the context: no sequence holds more tokens.
+    if (auto e = get_int(j, max_key, 0, ctx, max_tokens)) {
+        e->code = "context_length_exceeded";
+        return e;
+    }
     if (j.contains("logit_bias") && !j["logit_bias"].is_null() &&
         !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
         return bad("logit_bias", "'logit_bias' is not supported");
@@ -347,7 +361,7 @@ std::optional<ApiError> Server::parse_common(const json& j, Job& job) const {
         if (len == 0) return bad(job.chat ? "messages" : "prompt", "the prompt has no tokens");
         // Chat without max_tokens: up to the context; completions: 16 (OpenAI's default).
         int64_t m = max_tokens >= 0 ? max_tokens : (job.chat ? ctx - len : 16);
-        if (len + m > ctx) {
+        if (len > ctx || m > ctx - len) {
             ApiError e = bad(max_key, fmt::format("the prompt's {} tokens and max_tokens {} exceed "
                                                   "the model's {}-token context",
                                                   len, m, ctx));
@@ -561,9 +575,7 @@ void Server::handle(const httplib::Request& req, httplib::Response& res, bool ch
             for (uint64_t v = 0; !st.done;) v = (*tickets)[k]->wait(v, st);
             if (!st.error.ok()) {
                 for (auto& t : *tickets) t->cancel();
-                ApiError e = from_status(st.error, "");
-                if (e.http == 400) e.http = 500, e.type = "server_error";
-                return send_error(res, e);
+                return send_error(res, from_run_error(st.error));
             }
             if (k % size_t(job->n) == 0) prompt_tokens += int64_t(job->prompts[k / job->n].size());
             completion_tokens += int64_t(st.ids.size());

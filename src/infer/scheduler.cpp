@@ -86,7 +86,8 @@ Result<std::vector<std::shared_ptr<SequenceTicket>>> Scheduler::submit(
         }
         if (p.max_tokens < 0)
             return invalid_argument_error("max_tokens must be >= 0, got {}", p.max_tokens);
-        if (int64_t(p.prompt.size()) + p.max_tokens > T) {
+        // Overflow-free: max_tokens may be anything up to INT64_MAX.
+        if (int64_t(p.prompt.size()) > T || p.max_tokens > T - int64_t(p.prompt.size())) {
             return invalid_argument_error(
                 "the prompt's {} tokens and max_tokens {} exceed the {}-token context: shorten "
                 "the prompt or lower max_tokens",

@@ -239,6 +239,9 @@ TEST(Scheduler, QueueBoundAndValidation) {
     bad(params_of({}, 0.0, 0, 2), "no tokens");
     bad(params_of({1, int32_t(L.f.config.vocab_size)}, 0.0, 0, 2), "outside the vocabulary");
     bad(params_of({1, 2}, 0.0, 0, T - 1), "context");
+    // max_tokens near INT64_MAX: refused, not wrapped around into a small sum.
+    bad(params_of({1, 2}, 0.0, 0, std::numeric_limits<int64_t>::max()), "context");
+    bad(params_of({1, 2}, 0.0, 0, std::numeric_limits<int64_t>::max() - 1), "context");
     bad(params_of({1, 2}, -1.0, 0, 2), "temperature");
     SequenceParams s = ok;
     s.stop_strings = {"x"};
