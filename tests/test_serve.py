@@ -376,3 +376,24 @@ def test_huge_max_tokens_is_refused_and_others_go_on(folder):
                 assert chunk, got
                 got += chunk
             assert b'"error"' not in got and b'"finish_reason":"length"' in got
+
+
+def test_large_requests_are_refused_before_the_work(folder):
+    with serve(folder, "--max-body-bytes", 200_000) as url:
+        # Many prompts: refused by count against the queue before tokenizing any.
+        t = time.time()
+        r = post(url + "/v1/completions", json={"prompt": ["ab"] * 20_000, "max_tokens": 1})
+        assert r.status_code == 400 and "--max-queue" in r.json()["error"]["message"]
+        assert time.time() - t < 2
+        r = post(url + "/v1/completions", json={"prompt": ["ab"] * 40, "n": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+        for stop, needle in ((["a", "b", "c", "d", "e"], "at most 4"),
+                             (["x" * 257], "at most 256")):
+            r = post(url + "/v1/completions", json={"prompt": "x", "stop": stop})
+            assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+        r = post(url + "/v1/completions", json={"prompt": "x", "stop": ["x" * 256] * 4,
+                                                "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        r = post(url + "/v1/completions", json={"prompt": "x" * 300_000})
+        assert r.status_code == 413 and "--max-body-bytes" in r.json()["error"]["message"]
+        assert client(url).completions.create(model="tok", prompt="hi", max_tokens=2).choices

@@ -52,6 +52,7 @@ struct ServeRequest {
     int port = 8000;
     int64_t max_seqs = 8, max_queue = 64, max_len = 0;
     int64_t kv_block_size = -1, kv_blocks = 0;  // -1: 16 (paged) on the CPU, rows on CUDA
+    int64_t max_body_bytes = int64_t(16) << 20;
 };
 
 #ifdef LATHE_HAVE_HTTPLIB
@@ -69,6 +70,8 @@ std::string dump(const json& j) {
 // Request bodies nest arrays and objects at most this deep; deeper bodies are refused before they
 // are parsed (the DOM and its serialization recurse per level).
 constexpr int64_t kMaxJsonDepth = 32;
+// 'stop': at most 4 strings (OpenAI's limit) of at most 256 bytes each.
+constexpr size_t kMaxStops = 4, kMaxStopBytes = 256;
 
 // The deepest array/object nesting of a JSON text, counted outside strings; stops counting past
 // `limit`. Linear in the text, no allocation.
@@ -330,6 +333,10 @@ std::optional<ApiError> Server::parse_common(const json& j, Job& job) const {
         if (s.is_string()) {
             stops.push_back(s.get<std::string>());
         } else if (s.is_array()) {
+            if (s.size() > kMaxStops) {
+                return bad("stop",
+                           fmt::format("'stop' holds {} strings, at most {}", s.size(), kMaxStops));
+            }
             for (const json& x : s) {
                 if (!x.is_string())
                     return bad("stop", "'stop' must be a string or a list of strings");
@@ -338,8 +345,13 @@ std::optional<ApiError> Server::parse_common(const json& j, Job& job) const {
         } else {
             return bad("stop", "'stop' must be a string or a list of strings");
         }
-        for (const std::string& x : stops)
+        for (const std::string& x : stops) {
             if (x.empty()) return bad("stop", "'stop' strings must not be empty");
+            if (x.size() > kMaxStopBytes) {
+                return bad("stop", fmt::format("a 'stop' string of {} bytes: at most {}", x.size(),
+                                               kMaxStopBytes));
+            }
+        }
         if (!stops.empty() && !prompting_.tokenizer)
             return bad("stop", "'stop' needs the checkpoint's tokenizer.json to decode text");
     }
@@ -383,6 +395,13 @@ std::optional<ApiError> Server::parse_common(const json& j, Job& job) const {
 std::optional<ApiError> Server::parse_prompts(const json& j, Job& job) const {
     if (!j.contains("prompt")) return bad("prompt", "'prompt' is required");
     const json& p = j["prompt"];
+    // Prompts x n beyond what the queue ever holds are refused before any is tokenized.
+    const int64_t count = p.is_array() && !p.empty() && !p[0].is_number() ? int64_t(p.size()) : 1;
+    if (count > std::max<int64_t>(1, req_.max_queue) / job.n) {
+        return bad(job.n > 1 ? "n" : "prompt",
+                   fmt::format("{} prompts x n = {} exceed the queue of {} sequences (--max-queue)",
+                               count, job.n, req_.max_queue));
+    }
     auto ids_of = [&](const json& a, std::vector<int32_t>& ids) -> std::optional<ApiError> {
         for (const json& x : a) {
             if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
@@ -547,6 +566,8 @@ void Server::handle(const httplib::Request& req, httplib::Response& res, bool ch
         if (auto e = parse_messages(j, *job)) return send_error(res, *e);
     } else {
         if (auto e = get_int(j, "logprobs", 0, 20, job->logprobs)) return send_error(res, *e);
+        if (auto e = get_int(j, "n", 1, std::max<int64_t>(1, req_.max_queue), job->n))
+            return send_error(res, *e);
         if (auto e = parse_prompts(j, *job)) return send_error(res, *e);
     }
     if (auto e = parse_common(j, *job)) return send_error(res, *e);
@@ -720,13 +741,17 @@ void Server::install(httplib::Server& http) {
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
         r.set_content(metrics_.text(sched_.stats()), "text/plain; version=0.0.4");
     });
-    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return;  // an error a handler wrote already
         ApiError e;
         e.http = res.status;
         e.message = res.status == 404 ? fmt::format("no route {} {}", req.method, req.path)
                                       : fmt::format("HTTP {}", res.status);
         if (res.status == 404) e.code = "not_found";
+        if (res.status == 413) {
+            e.message = fmt::format("the request body exceeds {} bytes (--max-body-bytes)",
+                                    req_.max_body_bytes);
+        }
         send_error(res, e);
     });
     http.set_exception_handler(
@@ -783,6 +808,10 @@ Status run_serve(const ServeRequest& r) {
     if (r.max_len < 0) return invalid_argument_error("--max-len must be >= 0, got {}", r.max_len);
     if (r.kv_blocks < 0)
         return invalid_argument_error("--kv-blocks must be >= 0, got {}", r.kv_blocks);
+    if (r.max_body_bytes < 1024 || r.max_body_bytes > (int64_t(1) << 30)) {
+        return invalid_argument_error("--max-body-bytes must be in [1024, 2^30], got {}",
+                                      r.max_body_bytes);
+    }
     const Result<fs::path> resolved = resolve_checkpoint(r.checkpoint);
     if (!resolved.ok()) return resolved.status().with_context("--checkpoint");
     const fs::path dir = *resolved;
@@ -828,7 +857,7 @@ Status run_serve(const ServeRequest& r) {
     const size_t threads = size_t(std::min<int64_t>(512, 2 * (r.max_seqs + r.max_queue) + 16));
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http.set_keep_alive_timeout(2);
-    http.set_payload_max_length(size_t(64) << 20);
+    http.set_payload_max_length(size_t(r.max_body_bytes));
     server.install(http);
     const int port = r.port == 0 ? http.bind_to_any_port(r.host)
                                  : (http.bind_to_port(r.host, r.port) ? r.port : -1);
@@ -909,6 +938,9 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
                     "per sequence (the only cache on CUDA)");
     cmd->add_option("--kv-blocks", req->kv_blocks,
                     "Paged KV pool in blocks (default: --max-seqs full-length sequences)");
+    cmd->add_option("--max-body-bytes", req->max_body_bytes,
+                    "Largest request body; larger ones are answered 413")
+        ->capture_default_str();
     cmd->add_option("--model-name", req->model_name,
                     "The model id of /v1/models (default: the checkpoint folder's name)");
     cmd->callback([req, &action] { action = [req] { return run_serve(*req); }; });
