@@ -33,6 +33,10 @@ NEW = 12
 CTX = 96  # --max-len: tokens per sequence
 
 
+class Url(str):
+    """A server's base URL; .proc its process."""
+
+
 @contextmanager
 def serve(folder, *flags, sig=signal.SIGTERM, ctx=CTX):
     """A `lathe serve` on a free port; yields its base URL; stops it with `sig` (exit code 0)."""
@@ -43,11 +47,13 @@ def serve(folder, *flags, sig=signal.SIGTERM, ctx=CTX):
     if "http://" not in line:
         p.kill()
         raise AssertionError(f"lathe serve did not start: {line}{p.stderr.read()}")
-    url = line.split("http://")[1].split()[0]
+    url = Url("http://" + line.split("http://")[1].split()[0])
+    url.proc = p
     try:
-        yield "http://" + url
+        yield url
     finally:
-        p.send_signal(sig)
+        if p.poll() is None:
+            p.send_signal(sig)
         try:
             rc = p.wait(timeout=20)
         except subprocess.TimeoutExpired:
@@ -397,3 +403,22 @@ def test_large_requests_are_refused_before_the_work(folder):
         r = post(url + "/v1/completions", json={"prompt": "x" * 300_000})
         assert r.status_code == 413 and "--max-body-bytes" in r.json()["error"]["message"]
         assert client(url).completions.create(model="tok", prompt="hi", max_tokens=2).choices
+
+
+def read_to_end(s):
+    got = b""
+    while chunk := s.recv(65536):
+        got += chunk
+    return got
+
+
+def test_a_stream_ended_by_shutdown_closes_cleanly(folder):
+    with serve(folder, ctx=4096) as url:
+        with open_stream(url, {"prompt": "hello", "max_tokens": 4000, "temperature": 0}) as s:
+            url.proc.send_signal(signal.SIGTERM)
+            s.settimeout(20)
+            got = read_to_end(s)
+        # The error event, then [DONE] and the chunked body's last chunk.
+        assert b'"error"' in got and b"shutting down" in got, got[-300:]
+        assert got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), got[-300:]
+        assert url.proc.wait(timeout=20) == 0

@@ -662,10 +662,13 @@ void Server::handle(const httplib::Request& req, httplib::Response& res, bool ch
                                             {"type", "server_error"},
                                             {"param", nullptr},
                                             {"code", nullptr}}}};
-                    const std::string s = "data: " + dump(err) + "\n\n";
-                    sink.write(s.data(), s.size());
+                    // The error event, then the stream's usual end: clients see a clean close.
+                    const std::string s = "data: " + dump(err) + "\n\ndata: [DONE]\n\n";
                     for (auto& t : *tickets) t->cancel();
-                    return false;
+                    for (Progress& other : *progress) other.finished = true;
+                    if (!sink.write(s.data(), s.size())) return false;
+                    sink.done();
+                    return true;
                 }
                 const size_t upto = st.done ? st.text.size() : st.stable_text;
                 const bool changed =
