@@ -344,7 +344,19 @@ def test_flag_errors(tmp_path):
                          (["--checkpoint", MODELS / "llama", "--max-seqs", 0], "--max-seqs"),
                          (["--checkpoint", MODELS / "llama", "--max-len", 10**7], "--max-len"),
                          (["--checkpoint", MODELS / "llama", "--device", "tpu"], "--device"),
-                         (["--checkpoint", MODELS / "llama", "--kv-blocks", -1], "--kv-blocks")]:
+                         (["--checkpoint", MODELS / "llama", "--kv-blocks", -1], "--kv-blocks"),
+                         (["--checkpoint", MODELS / "llama", "--kv-block-size", -5],
+                          "--kv-block-size must be in [0, 65536]"),
+                         (["--checkpoint", MODELS / "llama", "--kv-block-size", -1],
+                          "--kv-block-size"),
+                         (["--checkpoint", MODELS / "llama", "--max-seqs", 2**63 - 1],
+                          "--max-seqs must be in [1, 4096]"),
+                         (["--checkpoint", MODELS / "llama", "--max-queue", 2**63 - 1],
+                          "--max-queue must be in [1, 65536]"),
+                         (["--checkpoint", MODELS / "llama", "--kv-blocks", 2**62],
+                          "--kv-blocks must be in"),
+                         (["--checkpoint", MODELS / "llama", "--max-body-bytes", 10],
+                          "--max-body-bytes")]:
         p = run(["serve", *args], check=False)
         assert p.returncode != 0 and p.stderr.startswith("lathe: error:") and needle in p.stderr
 

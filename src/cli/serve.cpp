@@ -53,6 +53,7 @@ struct ServeRequest {
     int64_t max_seqs = 8, max_queue = 64, max_len = 0;
     int64_t kv_block_size = -1, kv_blocks = 0;  // -1: 16 (paged) on the CPU, rows on CUDA
     int64_t max_body_bytes = int64_t(16) << 20;
+    bool kv_block_size_given = false;
 };
 
 #ifdef LATHE_HAVE_HTTPLIB
@@ -804,13 +805,18 @@ void serve_install_signal_handlers() {
 Status run_serve(const ServeRequest& r) {
     if (r.port < 0 || r.port > 65535)
         return invalid_argument_error("--port must be in [0, 65535], got {}", r.port);
-    if (r.max_seqs < 1)
-        return invalid_argument_error("--max-seqs must be >= 1, got {}", r.max_seqs);
-    if (r.max_queue < 1)
-        return invalid_argument_error("--max-queue must be >= 1, got {}", r.max_queue);
-    if (r.max_len < 0) return invalid_argument_error("--max-len must be >= 0, got {}", r.max_len);
-    if (r.kv_blocks < 0)
-        return invalid_argument_error("--kv-blocks must be >= 0, got {}", r.kv_blocks);
+    // Each flag within a range its uses (thread counts, block arithmetic) cannot overflow.
+    auto in_range = [](const char* flag, int64_t v, int64_t lo, int64_t hi) -> Status {
+        if (v < lo || v > hi)
+            return invalid_argument_error("{} must be in [{}, {}], got {}", flag, lo, hi, v);
+        return ok_status();
+    };
+    LATHE_RETURN_IF_ERROR(in_range("--max-seqs", r.max_seqs, 1, 4096));
+    LATHE_RETURN_IF_ERROR(in_range("--max-queue", r.max_queue, 1, 1 << 16));
+    LATHE_RETURN_IF_ERROR(in_range("--max-len", r.max_len, 0, int64_t(1) << 24));
+    LATHE_RETURN_IF_ERROR(in_range("--kv-blocks", r.kv_blocks, 0, int64_t(1) << 24));
+    if (r.kv_block_size_given)
+        LATHE_RETURN_IF_ERROR(in_range("--kv-block-size", r.kv_block_size, 0, 1 << 16));
     if (r.max_body_bytes < 1024 || r.max_body_bytes > (int64_t(1) << 30)) {
         return invalid_argument_error("--max-body-bytes must be in [1024, 2^30], got {}",
                                       r.max_body_bytes);
@@ -936,9 +942,10 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--max-len", req->max_len,
                     "Tokens per sequence (prompt and output); 0 = the model's context")
         ->capture_default_str();
-    cmd->add_option("--kv-block-size", req->kv_block_size,
-                    "Positions per paged KV block (CPU; default 16); 0 = one row of --max-len "
-                    "per sequence (the only cache on CUDA)");
+    CLI::Option* block_size =
+        cmd->add_option("--kv-block-size", req->kv_block_size,
+                        "Positions per paged KV block (CPU; default 16); 0 = one row of --max-len "
+                        "per sequence (the only cache on CUDA)");
     cmd->add_option("--kv-blocks", req->kv_blocks,
                     "Paged KV pool in blocks (default: --max-seqs full-length sequences)");
     cmd->add_option("--max-body-bytes", req->max_body_bytes,
@@ -946,7 +953,10 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
         ->capture_default_str();
     cmd->add_option("--model-name", req->model_name,
                     "The model id of /v1/models (default: the checkpoint folder's name)");
-    cmd->callback([req, &action] { action = [req] { return run_serve(*req); }; });
+    cmd->callback([req, block_size, &action] {
+        req->kv_block_size_given = block_size->count() > 0;
+        action = [req] { return run_serve(*req); };
+    });
 }
 
 }  // namespace lathe
