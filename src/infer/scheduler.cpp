@@ -134,6 +134,9 @@ bool Scheduler::accept(Running& r, std::span<float> logits) {
     r.seen.push_back(token);
     r.last = token;
     generated_.fetch_add(1);
+    // A stop string that this token completes starts at or after the stable text of the step
+    // before (below: the text before it holds no stop string's start); only that tail is searched.
+    const size_t search_from = st.stable_text;
     if (detokenize_) {
         Result<std::string> text = detokenize_(st.ids);
         if (!text.ok()) {
@@ -148,7 +151,9 @@ bool Scheduler::accept(Running& r, std::span<float> logits) {
         // The earliest stop string ends the text right before it.
         size_t cut = std::string::npos;
         for (const std::string& s : p.stop_strings) {
-            const size_t at = s.empty() ? std::string::npos : st.text.find(s);
+            const size_t at = s.empty() || search_from >= st.text.size()
+                                  ? std::string::npos
+                                  : st.text.find(s, search_from);
             if (at != std::string::npos) cut = std::min(cut, at);
         }
         if (cut != std::string::npos) {

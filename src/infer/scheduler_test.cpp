@@ -285,6 +285,23 @@ TEST(Scheduler, CancelStopStringsAndShutdown) {
     EXPECT_EQ(s.text, f.text.substr(0, first));
     EXPECT_EQ(s.ids, std::vector<int32_t>(f.ids.begin(), f.ids.begin() + ptrdiff_t(first + 2)));
 
+    // Only the tail after the last stable text is searched: every stop string of 1 to 3 letters
+    // at each position still ends the text at its first occurrence, as a whole-text search.
+    for (size_t len = 1; len <= 3; ++len) {
+        for (size_t at = 0; at + len <= f.text.size(); ++at) {
+            SequenceParams q = params_of(prompt, 1.0, 3, 12);
+            q.stop_strings = {"zzzz", f.text.substr(at, len)};
+            auto r = sched.submit({q});
+            ASSERT_TRUE(r.ok());
+            while (sched.step()) {
+            }
+            const SequenceState st = (*r)[0]->snapshot();
+            EXPECT_EQ(st.finish, "stop");
+            EXPECT_EQ(st.text, f.text.substr(0, f.text.find(q.stop_strings[1])))
+                << at << " " << len;
+        }
+    }
+
     // The stable text ends on a character boundary: with two-byte characters and a stop string
     // of two bytes, holding back one byte would split a character.
     Detokenizer accents = [](std::span<const int32_t> ids) -> Result<std::string> {
