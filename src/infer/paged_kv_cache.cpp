@@ -26,6 +26,13 @@ Result<PagedKvCache> PagedKvCache::create(const PagedKvShape& s) {
 }
 
 SeqId PagedKvCache::open() {
+    if (!free_ids_.empty()) {
+        const SeqId seq = free_ids_.back();
+        free_ids_.pop_back();
+        open_flag_[size_t(seq)] = 1;
+        ++open_;
+        return seq;
+    }
     const SeqId seq = SeqId(tables_.size());
     tables_.emplace_back();
     lengths_.push_back(0);
@@ -46,6 +53,7 @@ void PagedKvCache::close(SeqId seq) {
     t.shrink_to_fit();
     lengths_[size_t(seq)] = 0;
     open_flag_[size_t(seq)] = 0;
+    free_ids_.push_back(seq);
     --open_;
 }
 

@@ -47,6 +47,8 @@ public:
     }
     int64_t free_blocks() const { return int64_t(free_.size()); }
 
+    // A new sequence; the ids of closed sequences are handed out again (the per-sequence tables
+    // stay as long as the most sequences open at once).
     SeqId open();
     // Returns the sequence's blocks to the free list (an open handle, else checked).
     void close(SeqId seq);
@@ -76,6 +78,7 @@ private:
     std::vector<std::vector<int32_t>> tables_;       // sequence -> its blocks
     std::vector<int64_t> lengths_;                   // sequence -> filled positions
     std::vector<char> open_flag_;
+    std::vector<SeqId> free_ids_;  // closed sequence ids (a stack)
     int64_t open_ = 0;
 };
 

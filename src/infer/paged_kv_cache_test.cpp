@@ -57,8 +57,19 @@ TEST(PagedKvCache, BlocksComeFromAndReturnToTheFreeList) {
     EXPECT_EQ(c.free_blocks(), 3);
     EXPECT_EQ(c.open_sequences(), 1);
     const SeqId d = c.open();
+    EXPECT_EQ(d, a);  // the closed sequence's id serves again
+    EXPECT_EQ(c.length(d), 0);
+    EXPECT_TRUE(c.table(d).empty());
     ASSERT_TRUE(c.reserve(d, 9).ok());  // the freed blocks serve again
     EXPECT_EQ(c.free_blocks(), 0);
+    // Opening and closing many times uses no more ids than were open at once.
+    c.close(d);
+    for (int i = 0; i < 1000; ++i) {
+        const SeqId x = c.open();
+        EXPECT_LE(x, 1);
+        c.close(x);
+    }
+    EXPECT_EQ(c.open_sequences(), 1);
     EXPECT_FALSE(PagedKvCache::create(PagedKvShape{1, 0, 3, 2, 2}).ok());
 }
 
