@@ -434,3 +434,37 @@ def test_a_stream_ended_by_shutdown_closes_cleanly(folder):
         assert b'"error"' in got and b"shutting down" in got, got[-300:]
         assert got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), got[-300:]
         assert url.proc.wait(timeout=20) == 0
+
+
+def test_text_offsets_continue_from_the_prompt_and_across_chunks(folder):
+    with serve(folder) as url:
+        body = {"prompt": "hello", "max_tokens": 6, "temperature": 0, "logprobs": 1}
+        whole = post(url + "/v1/completions", json=body).json()["choices"][0]
+        lp = whole["logprobs"]
+        # The first new token follows the prompt's 5 bytes; each next one its token's bytes.
+        want = [5]
+        for t in lp["tokens"][:-1]:
+            want.append(want[-1] + len(t.encode()))
+        assert lp["text_offset"] == want
+        echo = post(url + "/v1/completions", json={**body, "echo": True}).json()["choices"][0]
+        assert echo["logprobs"]["text_offset"][0] == 0
+        assert echo["logprobs"]["text_offset"][-len(lp["tokens"]):] == lp["text_offset"]
+        offsets = []
+        got = stream_raw(url, body)
+        for line in got.split(b"\n"):
+            if line.startswith(b"data: {"):
+                ch = json.loads(line[6:])["choices"][0]
+                if ch["logprobs"]:
+                    offsets += ch["logprobs"]["text_offset"]
+        assert offsets == lp["text_offset"]
+
+
+def stream_raw(url, body):
+    """A whole streaming completion's raw bytes (Connection: close: the server closes at its end)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as s:
+        data = json.dumps({**body, "stream": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: " + str(len(data)).encode()
+                  + b"\r\n\r\n" + data)
+        return read_to_end(s)

@@ -247,7 +247,7 @@ private:
     json completion_choice(const Job& job, size_t k, const SequenceState& st) const;
     json chat_choice(const Job& job, size_t k, const SequenceState& st) const;
     json logprobs_json(const Job& job, size_t k, const SequenceState& st, size_t from_prompt,
-                       size_t from_token, size_t offset0) const;
+                       size_t from_token, size_t offset0, size_t* offset_end = nullptr) const;
 
     const ServeRequest& req_;
     const Prompting& prompting_;
@@ -484,9 +484,10 @@ std::string Server::token_text(int32_t id) const {
 }
 
 // The completion logprobs object over prompt tokens [from_prompt, ...) (echo) and new tokens
-// [from_token, ...); text_offset counts bytes from offset0.
+// [from_token, ...); text_offset counts bytes from offset0 (the offset of the first token listed in
+// the prompt and completion's text); *offset_end gets the offset after the last.
 json Server::logprobs_json(const Job& job, size_t k, const SequenceState& st, size_t from_prompt,
-                           size_t from_token, size_t offset0) const {
+                           size_t from_token, size_t offset0, size_t* offset_end) const {
     (void)k;
     json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
     size_t offset = offset0;
@@ -507,6 +508,7 @@ json Server::logprobs_json(const Job& job, size_t k, const SequenceState& st, si
     if (job.echo)
         for (size_t i = from_prompt; i < st.prompt.size(); ++i) add(st.prompt[i]);
     for (size_t i = from_token; i < st.logprobs.size(); ++i) add(st.logprobs[i]);
+    if (offset_end) *offset_end = offset;
     return json{{"tokens", tokens},
                 {"token_logprobs", lps},
                 {"top_logprobs", tops},
@@ -518,7 +520,10 @@ json Server::completion_choice(const Job& job, size_t k, const SequenceState& st
     json c;
     c["index"] = k;
     c["text"] = (job.echo ? job.prompt_texts[prompt] : std::string()) + st.text;
-    c["logprobs"] = job.logprobs >= 0 ? logprobs_json(job, k, st, 0, 0, 0) : json(nullptr);
+    // Offsets are into the prompt and completion's text: without echo the first new token's
+    // offset is the prompt text's length.
+    const size_t offset0 = job.echo ? 0 : job.prompt_texts[prompt].size();
+    c["logprobs"] = job.logprobs >= 0 ? logprobs_json(job, k, st, 0, 0, offset0) : json(nullptr);
     c["finish_reason"] = st.finish;
     return c;
 }
@@ -621,6 +626,7 @@ void Server::handle(const httplib::Request& req, httplib::Response& res, bool ch
     struct Progress {
         uint64_t version = 0;
         size_t text = 0, tokens = 0;
+        size_t offset = 0;  // text_offset of the next token listed
         bool started = false, finished = false;
     };
     auto progress = std::make_shared<std::vector<Progress>>(tickets->size());
@@ -688,10 +694,13 @@ void Server::handle(const httplib::Request& req, httplib::Response& res, bool ch
                     const std::string echo =
                         (!pr.started && job->echo) ? job->prompt_texts[k / size_t(job->n)] : "";
                     c["text"] = echo + delta;
+                    // Offsets go on from the chunk before (the first: as completion_choice).
+                    if (!pr.started && !job->echo)
+                        pr.offset = job->prompt_texts[k / size_t(job->n)].size();
                     c["logprobs"] =
                         job->logprobs >= 0
                             ? logprobs_json(*job, k, st, pr.started ? st.prompt.size() : 0,
-                                            pr.tokens, 0)
+                                            pr.tokens, pr.offset, &pr.offset)
                             : json(nullptr);
                 }
                 c["finish_reason"] = st.done ? json(st.finish) : json(nullptr);
