@@ -127,6 +127,8 @@ Result<Tokenized> encode_pair(const Tokenizer& tok, std::string context, std::st
     return t;
 }
 
+// Log-likelihoods of `reqs`, in groups of at most eval_tasks_logits_rows requests so that the
+// host logits buffer stays within kEvalTasksLogitsBudget (or one request's logits).
 Status run_loglikelihoods(Model& model, std::vector<LlRequest>& reqs, int64_t batch_size,
                           int64_t vocab) {
     std::vector<size_t> order(reqs.size());
@@ -136,11 +138,12 @@ Status run_loglikelihoods(Model& model, std::vector<LlRequest>& reqs, int64_t ba
     });
     std::vector<int32_t> tokens;
     std::vector<float> logits;
-    for (size_t b0 = 0; b0 < order.size(); b0 += size_t(batch_size)) {
-        const size_t b1 = std::min(order.size(), b0 + size_t(batch_size));
+    for (size_t b0 = 0, b1 = 0; b0 < order.size(); b0 = b1) {
+        const int64_t T = int64_t(reqs[order[b0]].input.size());  // the longest of the group
+        const int64_t rows = eval_tasks_logits_rows(batch_size, T, vocab, kEvalTasksLogitsBudget);
+        b1 = std::min(order.size(), b0 + size_t(rows));
         const int64_t B = int64_t(b1 - b0);
-        const int64_t T = int64_t(reqs[order[b0]].input.size());  // the longest of the batch
-        tokens.assign(size_t(B * T), 0);                          // right padding
+        tokens.assign(size_t(B * T), 0);  // right padding
         for (int64_t r = 0; r < B; ++r) {
             const std::vector<int32_t>& in = reqs[order[b0 + size_t(r)]].input;
             std::copy(in.begin(), in.end(), tokens.begin() + r * T);

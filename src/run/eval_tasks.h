@@ -29,10 +29,13 @@
 // Each metric's score is the mean over records and its stderr the sample standard deviation over
 // records divided by sqrt(n) (lm-eval's mean_stderr; null for one record).
 //
-// Batching: the log-likelihood requests are sorted by length (longest first) and run
-// --batch-size at a time through Model::logits; the result of a request does not depend on its
-// batch. On the CPU the model computes in f32; on CUDA the logits are bf16 rounded, so scores
-// can differ from an f32 reference where choices are within bf16 rounding of each other.
+// Batching: the log-likelihood requests are sorted by length (longest first) and run through
+// Model::logits in groups of eval_tasks_logits_rows(--batch-size, T, V, kEvalTasksLogitsBudget)
+// (T: the group's longest input; eval_tasks_spec.h), so the host logits buffer holds at most
+// max(kEvalTasksLogitsBudget, T*V*4) bytes: 1 GiB, or one request's (T, V) f32 logits where
+// that alone is larger. The result of a request does not depend on its group. On the CPU the model
+// computes in f32; on CUDA the logits are bf16 rounded, so scores can differ from an f32 reference
+// where choices are within bf16 rounding of each other.
 
 #include <cstdint>
 #include <string>

@@ -657,4 +657,11 @@ std::vector<int64_t> PyRandom::sample(int64_t n, int64_t k) {
     return result;
 }
 
+int64_t eval_tasks_logits_rows(int64_t batch_size, int64_t T, int64_t V, int64_t budget_bytes) {
+    LATHE_CHECK(batch_size >= 1 && T >= 1 && V >= 1 && budget_bytes >= 0,
+                "logits rows: batch {}, T {}, V {}, budget {}", batch_size, T, V, budget_bytes);
+    const int64_t per_request = T * V * int64_t(sizeof(float));
+    return std::clamp<int64_t>(budget_bytes / per_request, 1, batch_size);
+}
+
 }  // namespace lathe

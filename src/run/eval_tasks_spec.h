@@ -127,4 +127,10 @@ private:
     int index_ = 625;
 };
 
+// The host logits budget of one Model::logits call (bytes).
+inline constexpr int64_t kEvalTasksLogitsBudget = int64_t(1) << 30;
+
+// Requests per Model::logits call: min(batch_size, budget / (T * V * 4)), at least 1.
+int64_t eval_tasks_logits_rows(int64_t batch_size, int64_t T, int64_t V, int64_t budget_bytes);
+
 }  // namespace lathe

@@ -133,5 +133,24 @@ TEST_F(EvalTasksFiles, ErrorsNameFileLineAndKey) {
     EXPECT_NE(bad.status().message().find("f.jsonl:2:"), std::string::npos);
 }
 
+// Llama-3's vocabulary at 4096 tokens is 2.1 GB of f32 logits per request: one per call; short
+// requests fill the budget up to --batch-size.
+TEST(EvalTasksLogitsRows, BoundsTheHostLogitsBuffer) {
+    const int64_t V = 128256;
+    EXPECT_EQ(eval_tasks_logits_rows(8, 4096, V, kEvalTasksLogitsBudget), 1);
+    EXPECT_EQ(eval_tasks_logits_rows(8, 512, V, kEvalTasksLogitsBudget), 4);  // 263 MB each
+    EXPECT_EQ(eval_tasks_logits_rows(8, 64, V, kEvalTasksLogitsBudget), 8);
+    for (int64_t T : {1, 100, 1000, 4096, 100000}) {
+        const int64_t rows = eval_tasks_logits_rows(8, T, V, kEvalTasksLogitsBudget);
+        EXPECT_GE(rows, 1);
+        EXPECT_LE(rows, 8);
+        EXPECT_LE(rows * T * V * 4, std::max(kEvalTasksLogitsBudget, T * V * 4)) << T;
+    }
+    EXPECT_EQ(eval_tasks_logits_rows(3, 10, 10, 0), 1);
+    EXPECT_EQ(eval_tasks_logits_rows(3, 10, 10, 400), 1);
+    EXPECT_EQ(eval_tasks_logits_rows(3, 10, 10, 799), 1);
+    EXPECT_EQ(eval_tasks_logits_rows(3, 10, 10, 800), 2);
+}
+
 }  // namespace
 }  // namespace lathe
