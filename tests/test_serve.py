@@ -355,6 +355,8 @@ def test_flag_errors(tmp_path):
                           "--max-queue must be in [1, 65536]"),
                          (["--checkpoint", MODELS / "llama", "--kv-blocks", 2**62],
                           "--kv-blocks must be in"),
+                         (["--checkpoint", MODELS / "llama", "--default-max-tokens", 0],
+                          "--default-max-tokens must be in"),
                          (["--checkpoint", MODELS / "llama", "--max-body-bytes", 10],
                           "--max-body-bytes")]:
         p = run(["serve", *args], check=False)
@@ -460,7 +462,7 @@ def test_text_offsets_continue_from_the_prompt_and_across_chunks(folder):
 
 
 def stream_raw(url, body):
-    """A whole streaming completion's raw bytes (Connection: close: the server closes at its end)."""
+    """A whole streaming completion's raw bytes (Connection: close: the server ends it)."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=20) as s:
         data = json.dumps({**body, "stream": True}).encode()
@@ -468,3 +470,15 @@ def stream_raw(url, body):
                   b"Content-Type: application/json\r\nContent-Length: " + str(len(data)).encode()
                   + b"\r\n\r\n" + data)
         return read_to_end(s)
+
+
+def test_chat_without_max_tokens_is_bounded(folder):
+    msgs = [{"role": "user", "content": "hi"}]
+    with serve(folder, "--default-max-tokens", 3) as url:
+        r = post(url + "/v1/chat/completions", json={"messages": msgs, "temperature": 1,
+                                                      "seed": 5, "stop": None})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] <= 3
+        r = post(url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 5,
+                                                      "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 5

@@ -53,6 +53,9 @@ struct ServeRequest {
     int64_t max_seqs = 8, max_queue = 64, max_len = 0;
     int64_t kv_block_size = -1, kv_blocks = 0;  // -1: 16 (paged) on the CPU, rows on CUDA
     int64_t max_body_bytes = int64_t(16) << 20;
+    // A chat request without max_tokens generates at most this many (and the remaining context):
+    // a non-streaming client that leaves is not noticed until its sequences end.
+    int64_t default_max_tokens = 1024;
     bool kv_block_size_given = false;
 };
 
@@ -372,8 +375,11 @@ std::optional<ApiError> Server::parse_common(const json& j, Job& job) const {
     for (size_t i = 0; i < job.prompts.size(); ++i) {
         const int64_t len = int64_t(job.prompts[i].size());
         if (len == 0) return bad(job.chat ? "messages" : "prompt", "the prompt has no tokens");
-        // Chat without max_tokens: up to the context; completions: 16 (OpenAI's default).
-        int64_t m = max_tokens >= 0 ? max_tokens : (job.chat ? ctx - len : 16);
+        // Chat without max_tokens: up to the context and --default-max-tokens; completions: 16
+        // (OpenAI's default).
+        int64_t m = max_tokens >= 0
+                        ? max_tokens
+                        : (job.chat ? std::min(ctx - len, req_.default_max_tokens) : 16);
         if (len > ctx || m > ctx - len) {
             ApiError e = bad(max_key, fmt::format("the prompt's {} tokens and max_tokens {} exceed "
                                                   "the model's {}-token context",
@@ -824,6 +830,8 @@ Status run_serve(const ServeRequest& r) {
     LATHE_RETURN_IF_ERROR(in_range("--max-queue", r.max_queue, 1, 1 << 16));
     LATHE_RETURN_IF_ERROR(in_range("--max-len", r.max_len, 0, int64_t(1) << 24));
     LATHE_RETURN_IF_ERROR(in_range("--kv-blocks", r.kv_blocks, 0, int64_t(1) << 24));
+    LATHE_RETURN_IF_ERROR(
+        in_range("--default-max-tokens", r.default_max_tokens, 1, int64_t(1) << 24));
     if (r.kv_block_size_given)
         LATHE_RETURN_IF_ERROR(in_range("--kv-block-size", r.kv_block_size, 0, 1 << 16));
     if (r.max_body_bytes < 1024 || r.max_body_bytes > (int64_t(1) << 30)) {
@@ -959,6 +967,10 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
                     "Paged KV pool in blocks (default: --max-seqs full-length sequences)");
     cmd->add_option("--max-body-bytes", req->max_body_bytes,
                     "Largest request body; larger ones are answered 413")
+        ->capture_default_str();
+    cmd->add_option("--default-max-tokens", req->default_max_tokens,
+                    "max_tokens of a chat request that names none (and at most the remaining "
+                    "context); completions default to 16")
         ->capture_default_str();
     cmd->add_option("--model-name", req->model_name,
                     "The model id of /v1/models (default: the checkpoint folder's name)");
