@@ -239,6 +239,8 @@ public:
         : req_(r), prompting_(p), eos_(std::move(eos)), sched_(s), model_id_(std::move(model_id)) {}
 
     void install(httplib::Server& http);
+    // Streams whose content provider has not finished (their last chunk not yet written).
+    int64_t open_streams() const { return open_streams_.load(); }
 
 private:
     using Clock = std::chrono::steady_clock;
@@ -259,6 +261,7 @@ private:
     std::string model_id_;
     Metrics metrics_;
     std::atomic<uint64_t> next_id_{0};
+    std::atomic<int64_t> open_streams_{0};
     const int64_t created_ = std::chrono::duration_cast<std::chrono::seconds>(
                                  std::chrono::system_clock::now().time_since_epoch())
                                  .count();
@@ -637,6 +640,7 @@ void Server::handle(const httplib::Request& req, httplib::Response& res, bool ch
     };
     auto progress = std::make_shared<std::vector<Progress>>(tickets->size());
     res.set_header("Cache-Control", "no-cache");
+    open_streams_.fetch_add(1);
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, job, tickets, progress, id, chat](size_t, httplib::DataSink& sink) {
@@ -723,6 +727,7 @@ void Server::handle(const httplib::Request& req, httplib::Response& res, bool ch
             return true;
         },
         [this, tickets, start](bool) {
+            open_streams_.fetch_sub(1);
             for (auto& t : *tickets) t->cancel();
             metrics_.latency(std::chrono::duration<double>(Clock::now() - start).count());
         });
@@ -904,6 +909,11 @@ Status run_serve(const ServeRequest& r) {
                 // Waiting and streaming handlers end first (their sequences fail as cancelled),
                 // so that the HTTP pool's threads can be joined.
                 scheduler.stop();
+                // Streams write their error event and [DONE] before the server stops (which
+                // ends chunked writes); a client that does not read is waited for 2 s at most.
+                const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+                while (server.open_streams() > 0 && std::chrono::steady_clock::now() < until)
+                    std::this_thread::sleep_for(std::chrono::milliseconds(10));
                 http.stop();
                 return;
             }
