@@ -5,11 +5,10 @@
 #include "data/sft_records.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 
+#include "core/temp_files_test_util.h"
 #include "data/gpt2_dataset.h"
 #include "data/prepare.h"
 
@@ -210,22 +209,10 @@ TEST(SftRecords, SharegptBadRecordsNameTheTurnAndProblem) {
 // ---------------------------------------------------------------------------------------------
 // prepare with alpaca and sharegpt input
 
-std::string temp_dir() {
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("lathe_sft_records_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    return dir.string();
-}
-
-std::string write_file(const std::string& name, const std::string& bytes) {
-    const std::string path = temp_dir() + "/" + name;
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
-}
-
-std::string read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(f), {});
+// Files of this test program under the temporary directory (core/temp_files_test_util.h).
+const testutil::TempFiles& temp() {
+    static const testutil::TempFiles files("lathe_sft_records_test");
+    return files;
 }
 
 PrepareOptions sft_options(const std::string& input, const std::string& name,
@@ -233,7 +220,7 @@ PrepareOptions sft_options(const std::string& input, const std::string& name,
     PrepareOptions o;
     o.tokenizer_path = kLlama3;
     o.inputs = {input};
-    o.output_prefix = temp_dir() + "/" + name;
+    o.output_prefix = temp().path(name);
     o.format = format;
     o.threads = 2;
     o.batch_bytes = 200;  // several batches, so that order across workers matters
@@ -261,8 +248,8 @@ TEST(SftPrepare, JsonlAndJsonArrayGiveTheSameFiles) {
     std::string jsonl;
     for (const Json& r : records) jsonl += r.dump() + "\n";
     const Json array(records);
-    const std::string a = write_file("a.jsonl", jsonl);
-    const std::string b = write_file("b.json", "\n  " + array.dump(2) + "\n");
+    const std::string a = temp().write("a.jsonl", jsonl);
+    const std::string b = temp().write("b.json", "\n  " + array.dump(2) + "\n");
     auto ra = prepare_run(sft_options(a, "a", PrepareFormat::kAlpaca));
     ASSERT_TRUE(ra.ok()) << ra.status().to_string();
     auto rb = prepare_run(sft_options(b, "b", PrepareFormat::kAlpaca));
@@ -271,19 +258,20 @@ TEST(SftPrepare, JsonlAndJsonArrayGiveTheSameFiles) {
     EXPECT_EQ(rb->documents, 20u);
     EXPECT_EQ(ra->format, PrepareFormat::kAlpaca);
     for (const char* suffix : {".bin", ".idx", "_label.bin", "_label.idx"}) {
-        EXPECT_EQ(read_file(temp_dir() + "/a" + suffix), read_file(temp_dir() + "/b" + suffix))
+        EXPECT_EQ(testutil::read_whole_file(temp().path("a" + std::string(suffix))),
+                  testutil::read_whole_file(temp().path("b" + std::string(suffix))))
             << suffix;
     }
     // An array input's bad record is named by its index.
     Json bad = array;
     bad[3].erase("output");
-    const std::string c = write_file("c.json", bad.dump());
+    const std::string c = temp().write("c.json", bad.dump());
     auto rc = prepare_run(sft_options(c, "c", PrepareFormat::kAlpaca));
     ASSERT_FALSE(rc.ok());
     EXPECT_NE(rc.status().message().find(c + "[3]: no \"output\" field"), std::string::npos)
         << rc.status().message();
     // A broken array is an error of the whole input.
-    const std::string d = write_file("d.json", "[{\"instruction\": \"q\", \"output\": \"a\"},");
+    const std::string d = temp().write("d.json", "[{\"instruction\": \"q\", \"output\": \"a\"},");
     auto rd = prepare_run(sft_options(d, "d", PrepareFormat::kAlpaca));
     ASSERT_FALSE(rd.ok());
     EXPECT_NE(rd.status().message().find("starts with '[' but is not valid JSON"),
@@ -292,7 +280,7 @@ TEST(SftPrepare, JsonlAndJsonArrayGiveTheSameFiles) {
 }
 
 TEST(SftPrepare, SkippedRecordsAreCountedPerProblem) {
-    const std::string input = write_file(
+    const std::string input = temp().write(
         "mixed.jsonl",
         R"({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]})"
         "\n"
@@ -330,9 +318,9 @@ TEST(SftPrepare, SkippedRecordsAreCountedPerProblem) {
         << f.status().message();
     // Plain JSONL records are counted by problem too.
     const std::string plain_input =
-        write_file("plain.jsonl",
-                   "{\"text\": \"fine\"}\n{\"text\": \n{\"body\": \"x\"}\n"
-                   "{\"text\": 3}\n[1]\n{\"text\": \"\"}\n");
+        temp().write("plain.jsonl",
+                     "{\"text\": \"fine\"}\n{\"text\": \n{\"body\": \"x\"}\n"
+                     "{\"text\": 3}\n[1]\n{\"text\": \"\"}\n");
     PrepareOptions counted = sft_options(plain_input, "counted", PrepareFormat::kJsonl);
     counted.on_error = OnError::kSkip;
     auto c = prepare_run(counted);
@@ -354,12 +342,12 @@ TEST(SftPrepare, ConversationsPackIntoSamplesWithTheirOwnBoundariesAndLabels) {
     const std::vector<Json> records = alpaca_records(12);
     std::string jsonl;
     for (const Json& r : records) jsonl += r.dump() + "\n";
-    const std::string input = write_file("pack.jsonl", jsonl);
+    const std::string input = temp().write("pack.jsonl", jsonl);
     auto run = prepare_run(sft_options(input, "pack", PrepareFormat::kAlpaca));
     ASSERT_TRUE(run.ok()) << run.status().to_string();
-    auto tokens = open_indexed_token_documents(temp_dir() + "/pack");
+    auto tokens = open_indexed_token_documents(temp().path("pack"));
     ASSERT_TRUE(tokens.ok()) << tokens.status().to_string();
-    auto labels = open_indexed_token_documents(temp_dir() + "/pack_label");
+    auto labels = open_indexed_token_documents(temp().path("pack_label"));
     ASSERT_TRUE(labels.ok()) << labels.status().to_string();
     const std::span<const int32_t> sizes = (*tokens)->sizes();
     ASSERT_EQ(sizes.size(), 12u);
@@ -376,7 +364,7 @@ TEST(SftPrepare, ConversationsPackIntoSamplesWithTheirOwnBoundariesAndLabels) {
     // Samples of 128 tokens: each conversation here has fewer, so samples hold several.
     IndexMappingRequest req;
     req.name = "train";
-    req.data_prefix = temp_dir() + "/pack";
+    req.data_prefix = temp().path("pack");
     req.documents = {0, 12};
     req.num_samples = total / 128;
     req.seq_length = 128;

@@ -228,4 +228,12 @@ Result<fs::path> resolve_checkpoint(const fs::path& path) {
                            path.string(), kAcceptedForms);
 }
 
+Result<Tokenizer> checkpoint_tokenizer(const fs::path& dir) {
+    if (!fs::exists(dir / "tokenizer.json"))
+        return failed_precondition_error("--checkpoint {}: no tokenizer.json", dir.string());
+    auto tok = Tokenizer::load((dir / "tokenizer.json").string());
+    if (!tok.ok()) return tok.status().with_context("--checkpoint");
+    return tok;
+}
+
 }  // namespace lathe

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "tokenizer/tokenizer.h"
 
 namespace lathe {
 
@@ -94,5 +95,9 @@ inline constexpr const char* kLatestCheckpointFile = "latest";
 // no checkpoint, a run folder with no complete checkpoint, a folder of none of these kinds, a
 // step folder whose number does not fit in int64.
 Result<std::filesystem::path> resolve_checkpoint(const std::filesystem::path& path);
+
+// The tokenizer of checkpoint folder `dir` (resolved): DIR/tokenizer.json, loaded, for the commands
+// that score text. Errors, in --checkpoint's context: no tokenizer.json, one that does not load.
+Result<Tokenizer> checkpoint_tokenizer(const std::filesystem::path& dir);
 
 }  // namespace lathe

@@ -67,10 +67,7 @@ Result<EvalBpbResult> eval_bpb_run(const EvalBpbRequest& r) {
     const Result<fs::path> resolved = resolve_checkpoint(r.checkpoint);
     if (!resolved.ok()) return resolved.status().with_context("--checkpoint");
     const fs::path dir = *resolved;
-    if (!fs::exists(dir / "tokenizer.json"))
-        return failed_precondition_error("--checkpoint {}: no tokenizer.json", dir.string());
-    auto tok = Tokenizer::load((dir / "tokenizer.json").string());
-    if (!tok.ok()) return tok.status().with_context("--checkpoint");
+    LATHE_ASSIGN_OR_RETURN(const Tokenizer tok, checkpoint_tokenizer(dir));
     LATHE_ASSIGN_OR_RETURN(const int32_t prefix, prefix_token(dir));
     auto config = model_config_from_hf_file(dir.string());
     if (!config.ok()) return config.status().with_context("--checkpoint");
@@ -95,7 +92,7 @@ Result<EvalBpbResult> eval_bpb_run(const EvalBpbRequest& r) {
                            model_create_loaded(*config, shape, device.context(), dir.string()));
     std::vector<int32_t> tokens(static_cast<size_t>(T)), targets(static_cast<size_t>(T));
     for (size_t d = 0; d < docs.size(); ++d) {
-        LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->encode(docs[d], false));
+        LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode(docs[d], false));
         if (ids.empty()) continue;
         std::vector<int32_t> s;
         s.reserve(ids.size() + 1);

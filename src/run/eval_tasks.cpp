@@ -195,10 +195,7 @@ Result<EvalTasksResult> eval_tasks_run(const EvalTasksRequest& r) {
     const Result<fs::path> resolved = resolve_checkpoint(r.checkpoint);
     if (!resolved.ok()) return resolved.status().with_context("--checkpoint");
     const fs::path dir = *resolved;
-    if (!fs::exists(dir / "tokenizer.json"))
-        return failed_precondition_error("--checkpoint {}: no tokenizer.json", dir.string());
-    auto tok = Tokenizer::load((dir / "tokenizer.json").string());
-    if (!tok.ok()) return tok.status().with_context("--checkpoint");
+    LATHE_ASSIGN_OR_RETURN(const Tokenizer tok, checkpoint_tokenizer(dir));
     auto config = model_config_from_hf_file(dir.string());
     if (!config.ok()) return config.status().with_context("--checkpoint");
     const int64_t L = config->max_position_embeddings, V = config->vocab_size;
@@ -238,7 +235,7 @@ Result<EvalTasksResult> eval_tasks_run(const EvalTasksRequest& r) {
                 return s.with_context(fmt::format("{}: record {}", t.spec.data, d + 1));
             };
             if (t.spec.kind == EvalTaskKind::kGenerate) {
-                auto ids = tok->encode(doc.context, true);
+                auto ids = tok.encode(doc.context, true);
                 if (!ids.ok()) return where(ids.status());
                 if (ids->empty())
                     return where(invalid_argument_error("the prompt encodes to no token"));
@@ -260,7 +257,7 @@ Result<EvalTasksResult> eval_tasks_run(const EvalTasksRequest& r) {
                 if (!prefix_ids && doc.context.empty())
                     return where(failed_precondition_error(
                         "an empty context needs config.json's bos_token_id or eos_token_id"));
-                auto p = encode_pair(*tok, doc.context, t.spec.target_delimiter + choice,
+                auto p = encode_pair(tok, doc.context, t.spec.target_delimiter + choice,
                                      prefix_ids ? (*prefix_ids)[0] : 0);
                 if (!p.ok()) return where(p.status());
                 if (p->cont.empty())
@@ -306,12 +303,12 @@ Result<EvalTasksResult> eval_tasks_run(const EvalTasksRequest& r) {
         limits.prefill_chunk = std::min<int64_t>(256, limits.max_len);
         LATHE_ASSIGN_OR_RETURN(InferenceEngine engine, InferenceEngine::create(model, limits));
         const Detokenizer detok = [&tok](std::span<const int32_t> ids) {
-            return tok->decode(ids, true);
+            return tok.decode(ids, true);
         };
         std::string eos_text;
         if (eos) {
             const int32_t e = (*eos)[0];
-            LATHE_ASSIGN_OR_RETURN(eos_text, tok->decode(std::span<const int32_t>(&e, 1), false));
+            LATHE_ASSIGN_OR_RETURN(eos_text, tok.decode(std::span<const int32_t>(&e, 1), false));
         }
         // Generate task by task (each has its own stop strings and token budget).
         for (const LoadedTask& t : tasks) {
@@ -331,7 +328,7 @@ Result<EvalTasksResult> eval_tasks_run(const EvalTasksRequest& r) {
             for (GenerateResult& x : g) {
                 // lm-eval decodes every new token (special ones skipped) and cuts the text
                 // before the first occurrence of each stop string in turn.
-                LATHE_ASSIGN_OR_RETURN(x.text, tok->decode(x.ids, true));
+                LATHE_ASSIGN_OR_RETURN(x.text, tok.decode(x.ids, true));
                 for (const std::string& s : o.stop_strings) {
                     if (s.empty()) continue;
                     const size_t at = x.text.find(s);
