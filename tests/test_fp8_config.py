@@ -67,15 +67,16 @@ def test_fp8_what_the_linears_cannot_run_stops_before_work(corpus, tmp_path, set
     assert not (tmp_path / "bad" / "checkpoints").exists()
 
 
-@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine may have a GPU")
 @pytest.mark.parametrize("recipe", ["tensorwise", "delayed", "blockwise"])
 def test_fp8_on_the_cpu_backend_is_an_error_naming_it(corpus, tmp_path, recipe):
-    """train.device auto falls back to the CPU here: fp8 never falls back with it."""
-    p = run(train_cmd(corpus, tmp_path / "cpu", "train.precision=fp8", f"fp8.recipe={recipe}"),
-            check=False)
+    """train.device cpu asked for by name, on any machine (with a GPU or without): fp8 stops
+    before any work, naming both keys and what to set."""
+    p = run(train_cmd(corpus, tmp_path / "cpu", "train.precision=fp8", f"fp8.recipe={recipe}",
+                      "train.device=cpu"), check=False)
     assert p.returncode != 0
     assert "lathe: error:" in p.stderr, p.stderr
-    assert "the cpu backend, which has no fp8 linear" in p.stderr, p.stderr
+    assert "'train.precision: fp8' with 'train.device: cpu'" in p.stderr, p.stderr
+    assert "the CPU backend has no fp8 linear" in p.stderr, p.stderr
     assert not (tmp_path / "cpu" / "checkpoints").exists()
     assert not (tmp_path / "cpu" / "metrics.jsonl").exists()
 
@@ -106,11 +107,14 @@ def test_fp8_trains_says_so_counts_its_gemms_and_resumes_exactly(corpus, tmp_pat
     header name the precision and recipe, every train line has fp8_gemms equal to the header's
     fp8_gemms_per_step (2 layers x 6 linears x 3 GEMMs), and a run stopped at its step-3
     checkpoint and resumed logs the same lines, bit for bit, as one that ran straight through
-    (delayed scaling: its state travels in the checkpoint)."""
+    (delayed scaling: its state travels in the checkpoint). The validation pass runs at steps 3
+    and 6, before the checkpoints: its forwards record no amax, so the straight run's step 4 is
+    the resumed run's."""
     if not fp8_gpu():
         pytest.skip("needs a GPU with FP8 tensor cores (lathe doctor)")
     sets = ["train.precision=fp8", f"fp8.recipe={recipe}", "train.device=cuda",
-            "train.log_interval=1", "checkpoint.interval=3"]
+            "train.log_interval=1", "checkpoint.interval=3", "train.eval_interval=3",
+            "train.eval_iters=2"]
     straight = tmp_path / "straight"
     p = run(train_cmd(corpus, straight, *sets, "train.steps=6"))
     assert f"in fp8 (recipe {recipe}" in p.stderr, p.stderr
@@ -124,6 +128,8 @@ def test_fp8_trains_says_so_counts_its_gemms_and_resumes_exactly(corpus, tmp_pat
     assert [l["step"] for l in train] == [1, 2, 3, 4, 5, 6]
     assert all(l["fp8_gemms"] == 36 for l in train), train
     assert all(math.isfinite(l["loss"]) for l in train), train
+    valid = [l for l in lines if l["split"] == "valid"]
+    assert [l["step"] for l in valid] == [3, 6], valid
     ckpt = straight / "checkpoints" / "step-00000003"
     if recipe == "delayed":
         assert (ckpt / "fp8_scaling.json").exists()

@@ -424,6 +424,7 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
             const int64_t n = fp8_tensor_count(c.num_layers, shape.fp8);
             plan.fp8_scales = add_entry(f8, "fp8.scales", DType::kF32, Shape{n});
             plan.fp8_step_amax = add_entry(f8, "fp8.step_amax", DType::kF32, Shape{n});
+            plan.fp8_eval_amax = add_entry(f8, "fp8.eval_amax", DType::kF32, Shape{n});
         }
     }
     return plan;

@@ -273,6 +273,9 @@ struct MemoryPlan {
     size_t fp8_scale_scratch = kNoEntry, fp8_dyt_scale = kNoEntry, fp8_cast_scales = kNoEntry;
     size_t fp8_scales = kNoEntry;     // delayed: (fp8_tensor_count) f32, the casts' scales
     size_t fp8_step_amax = kNoEntry;  // delayed: (fp8_tensor_count) f32, the step's amaxes
+    // Delayed: (fp8_tensor_count) f32 where the casts of a forward outside the training steps
+    // (Model::eval_forward, Model::logits) put their amaxes, never read.
+    size_t fp8_eval_amax = kNoEntry;
     size_t runtime = 0;        // bytes of backend buffers outside the arenas (CUDA: CudaState's)
     size_t communication = 0;  // the communicator's device memory (shape.communication_bytes)
 

@@ -283,7 +283,20 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
                 }
             }
         }
-        if (delayed) m.fp8_upload_scales();
+        if (delayed) {
+            // The twins for forwards outside the training steps: amaxes to the unread block.
+            m.fp8_eval_buffers_ = m.fp8_buffers_;
+            float* eval_amax = m.fp8_arena_.view(m.plan_.fp8_eval_amax).as<float>();
+            for (int64_t l = 0; l < L; ++l) {
+                for (int64_t i = 0; i < kFp8LinearsPerLayer; ++i) {
+                    Fp8LinearBuffers& b = m.fp8_eval_buffers_[size_t(l)][size_t(i)];
+                    if (b.scalars == nullptr) continue;
+                    b.step_amax =
+                        eval_amax + fp8_tensor_index(L, l, Fp8Linear(i), Fp8Tensor::kInput);
+                }
+            }
+            m.fp8_upload_scales();
+        }
     }
     // Each half of the batch staging holds tokens, targets, docs, positions: four (B, T) i32
     // tensors; a micro-batch is staged into one half while the other's copy may be in flight.
@@ -432,11 +445,12 @@ void Model::fp8_end_step() {
     fp8_upload_scales();
 }
 
-BlockFp8 Model::block_fp8(int layer) const {
+BlockFp8 Model::block_fp8(int layer, bool step) const {
     BlockFp8 f8;
+    const auto& linear = step || fp8_eval_buffers_.empty() ? fp8_buffers_ : fp8_eval_buffers_;
     for (size_t i = 0; i < size_t(kFp8LinearsPerLayer); ++i) {
-        if (!fp8_buffers_.empty()) {
-            const Fp8LinearBuffers& b = fp8_buffers_[size_t(layer)][i];
+        if (!linear.empty()) {
+            const Fp8LinearBuffers& b = linear[size_t(layer)][i];
             f8.linear[i] = b.scalars != nullptr ? &b : nullptr;
         }
         if (!fp8_block_buffers_.empty()) {
@@ -447,10 +461,10 @@ BlockFp8 Model::block_fp8(int layer) const {
     return f8;
 }
 
-void Model::fp8_cast_weights(int layer) {
+void Model::fp8_cast_weights(int layer, bool step) {
     const BlockWeights w = block_weights(layer);
     const ConstTensorView weights[kFp8LinearsPerLayer] = {w.wq, w.wk, w.wv, w.wo, w.w_up, w.w_down};
-    const BlockFp8 f8 = block_fp8(layer);
+    const BlockFp8 f8 = block_fp8(layer, step);
     for (size_t i = 0; i < size_t(kFp8LinearsPerLayer); ++i) {
         if (f8.linear[i] == nullptr && f8.block[i] == nullptr) continue;
         LinearSpec spec = plan_.shape.precision.spec(fp8_linear_role(Fp8Linear(i)));
@@ -637,7 +651,7 @@ Model::Dims Model::load_batch(const ModelBatch& batch, bool need_targets) {
     return d;
 }
 
-void Model::run_forward_blocks() {
+void Model::run_forward_blocks(bool step) {
     const Shape bt{dims_.B, dims_.T};
     const Shape btc{dims_.B, dims_.T, config_.hidden_size};
     const int64_t N = dims_.B * dims_.T;
@@ -656,14 +670,19 @@ void Model::run_forward_blocks() {
                       wpe, ctx_);
     const BlockScratch scratch = block_scratch();
     const BlockInputs inputs = block_inputs();
-    const bool cast_fp8 = fp8() && fp8_weights_stale_;
+    // The weight codes: cast when stale, and by a training forward after a forward outside the
+    // steps cast them under delayed scaling (file comment).
+    const bool cast_fp8 = fp8() && (fp8_weights_stale_ || (step && fp8_step_cast_due_));
     for (int l = 0; l < int(config_.num_layers); ++l) {
         if (weights_needed_) weights_needed_(l);
-        if (cast_fp8) fp8_cast_weights(l);
+        if (cast_fp8) fp8_cast_weights(l, step);
         block_forward(config_, plan_.shape.precision, l, block_weights(l), block_acts(l), scratch,
-                      inputs, ctx_, block_fp8(l));
+                      inputs, ctx_, block_fp8(l, step));
     }
-    if (cast_fp8) fp8_weights_stale_ = false;
+    if (cast_fp8) {
+        fp8_weights_stale_ = false;
+        fp8_step_cast_due_ = !step && fp8_state_.has_value();
+    }
     if (weights_needed_) weights_needed_(kOutputWeights);
     block_norm_forward(
         config_, act(plan_.final_norm_out, btc),
@@ -718,9 +737,19 @@ void Model::run_backward_from_final(TensorView dfinal) {
 }
 
 float Model::forward(const ModelBatch& batch) {
+    const float loss = forward_loss(batch, /*step=*/true);
+    backward_ready_ = true;
+    return loss;
+}
+
+float Model::eval_forward(const ModelBatch& batch) {
+    return forward_loss(batch, /*step=*/false);
+}
+
+float Model::forward_loss(const ModelBatch& batch, bool step) {
     backward_ready_ = false;
     load_batch(batch, /*need_targets=*/true);
-    run_forward_blocks();
+    run_forward_blocks(step);
     const int64_t N = dims_.B * dims_.T;
     TensorView loss = act(plan_.loss, Shape{1});
     linear_expect_precision("lm_head_cross_entropy_forward",
@@ -729,7 +758,6 @@ float Model::forward(const ModelBatch& batch) {
                                   act(plan_.final_norm_out, Shape{N, config_.hidden_size}),
                                   act(plan_.targets, Shape{N}), weights().view(head_entry()),
                                   scratch_.view(plan_.lm_chunk), ctx_);
-    backward_ready_ = true;
     return read_scalar(loss);
 }
 
@@ -769,7 +797,7 @@ void Model::forward_backward_async(const ModelBatch& batch, float dloss, int64_t
     LATHE_CHECK(training(), "forward_backward: the model was created without gradients");
     backward_ready_ = false;
     load_batch(batch, /*need_targets=*/true);
-    run_forward_blocks();
+    run_forward_blocks(/*step=*/true);
     const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
     TensorView loss = acts_.view(plan_.loss).slice(loss_slot, loss_slot + 1);
     TensorView dfinal = block_scratch().dnorm1;
@@ -785,7 +813,7 @@ void Model::forward_backward_async(const ModelBatch& batch, float dloss, int64_t
 void Model::logits(TensorView out, const ModelBatch& batch) {
     backward_ready_ = false;
     const Dims d = load_batch(batch, /*need_targets=*/false);
-    run_forward_blocks();
+    run_forward_blocks(/*step=*/false);
     const int64_t N = d.B * d.T, C = config_.hidden_size, V = config_.vocab_size;
     LATHE_CHECK(out.device() == Device::kCpu && out.dtype() == DType::kF32 &&
                     out.shape() == Shape({d.B, d.T, V}),

@@ -44,6 +44,11 @@
 // arrived), never per micro-batch. Delayed scaling keeps its Fp8ScalingState here: the casts
 // use its scales (on the device) and max their amaxes into a device block, which
 // fp8_end_step() reads back once per optimizer step (one wait, at the step's existing one).
+// A forward outside the training steps (eval_forward, logits) changes nothing a training step
+// computes: its casts put their amaxes in a block nobody reads (a validation pass leaves the
+// scales' history as it was), and under delayed scaling the weight codes it casts are not kept
+// for training (the next training forward casts them again, with the scales current then, and
+// records their amax in its step's block).
 //
 // Weights-needed hook: set_weights_needed_hook(f) makes every forward (forward, the forward of
 // forward_backward, logits) call f(kInputWeights) before the embeddings are read, f(l) before
@@ -251,6 +256,9 @@ public:
     // Runs the forward pass and returns the mean loss; saves what backward() needs.
     // `batch.targets` must be given. Checks (LATHE_CHECK) the ids as the ops would.
     float forward(const ModelBatch& batch);
+    // forward() of a batch no training step learns from (a validation loss): the same loss,
+    // and no fp8 amax recorded (file comment, "FP8 linears"). A backward() may not follow.
+    float eval_forward(const ModelBatch& batch);
     // Backward of `dloss * loss` for the last forward(): gradients += . Must follow forward().
     void backward(float dloss = 1.0f);
     // forward() then backward(dloss) with the LM head run once (its fused forward-backward).
@@ -276,7 +284,11 @@ private:
         int64_t B = 0, T = 0;
     };
     Dims load_batch(const ModelBatch& batch, bool need_targets);
-    void run_forward_blocks();
+    // `step`: the forward of a training step (forward, forward_backward); false: eval_forward
+    // and logits (file comment, "FP8 linears").
+    void run_forward_blocks(bool step);
+    // The mean loss of `batch`'s forward (forward, eval_forward); backward() refused after it.
+    float forward_loss(const ModelBatch& batch, bool step);
     void run_backward_from_final(TensorView dfinal);
     template <typename Views>
     void fill_block_views(Views& views, const ModelArena& arena, int layer) const;
@@ -285,9 +297,10 @@ private:
     BlockActs block_acts(int layer) const;
     BlockScratch block_scratch() const;
     BlockInputs block_inputs() const;
-    BlockFp8 block_fp8(int layer) const;
+    // Layer `layer`'s fp8 buffers; !step: those whose delayed amaxes go to the unread block.
+    BlockFp8 block_fp8(int layer, bool step = true) const;
     // Casts layer `layer`'s fp8 weight codes from the compute copy (file comment).
-    void fp8_cast_weights(int layer);
+    void fp8_cast_weights(int layer, bool step);
     TensorView act(size_t index, const Shape& shape) const { return acts_.view(index, shape); }
     size_t head_entry() const;
     // Where the backward writes the gradients of `piece`'s unit: the gradient windows hook's
@@ -332,6 +345,10 @@ private:
     std::vector<std::array<Fp8BlockwiseBuffers, kFp8LinearsPerLayer>> fp8_block_buffers_;
     std::unique_ptr<Fp8GemmCounter> fp8_gemms_;
     bool fp8_weights_stale_ = true;
+    // Delayed: a forward outside the steps cast the codes; the next training forward casts again.
+    bool fp8_step_cast_due_ = false;
+    // Delayed: fp8_buffers_'s twins with step_amax in plan_.fp8_eval_amax (file comment).
+    std::vector<std::array<Fp8LinearBuffers, kFp8LinearsPerLayer>> fp8_eval_buffers_;
     int64_t fp8_weight_casts_ = 0;
     std::optional<Fp8ScalingState> fp8_state_;
     std::vector<float> fp8_host_;  // delayed: the amaxes read back, the scales uploaded

@@ -368,10 +368,12 @@ TEST(MemoryPlan, Fp8PolicyAddsEachLinearsBuffers) {
         if (recipe == Fp8Recipe::kDelayed) {
             EXPECT_EQ(f8.entries()[plan->fp8_scales].shape, Shape({2 * 6 * 3}));
             EXPECT_EQ(f8.entries()[plan->fp8_step_amax].shape, Shape({2 * 6 * 3}));
-            sum += 2 * 2 * 6 * 3 * 4;
+            EXPECT_EQ(f8.entries()[plan->fp8_eval_amax].shape, Shape({2 * 6 * 3}));
+            sum += 3 * 2 * 6 * 3 * 4;
         } else {
             EXPECT_EQ(plan->fp8_scales, MemoryPlan::kNoEntry);
             EXPECT_EQ(plan->fp8_step_amax, MemoryPlan::kNoEntry);
+            EXPECT_EQ(plan->fp8_eval_amax, MemoryPlan::kNoEntry);
         }
         EXPECT_GE(plan->fp8_bytes(), sum);
         EXPECT_LT(plan->fp8_bytes(), sum + f8.size() * f8.alignment());  // alignment only
@@ -456,6 +458,23 @@ TEST(Model, GradientsAccumulateAcrossMicroBatches) {
     }
     EXPECT_GT(scale, 0.0);
     EXPECT_LT(worst / scale, 1e-5);
+}
+
+// eval_forward (a validation loss) gives forward()'s loss bits, and a training step after it the
+// same loss and gradient bits as one without it.
+TEST(Model, EvalForwardGivesForwardsLossAndLeavesTheNextStepAsItIs) {
+    const ModelConfig c = parse(kLlamaJson);
+    Model a = make(c, 2, 8), b = make(c, 2, 8);
+    const HostTensor t1 = ids(2, 8, 64, 5), y1 = ids(2, 8, 64, 6);
+    const HostTensor t2 = ids(2, 8, 64, 7), y2 = ids(2, 8, 64, 8);
+    const ModelBatch train{t1.view(), y1.view(), {}, {}}, valid{t2.view(), y2.view(), {}, {}};
+    const float eval_loss = a.eval_forward(valid);
+    EXPECT_TRUE(std::isfinite(eval_loss));
+    EXPECT_EQ(eval_loss, b.forward(valid));
+    a.zero_grads();
+    b.zero_grads();
+    EXPECT_EQ(a.forward_backward(train), b.forward_backward(train));
+    EXPECT_EQ(grads_of(a), grads_of(b));
 }
 
 // forward_backward_async keeps each micro-batch's loss in its slot until read_losses: the same

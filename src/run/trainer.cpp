@@ -783,7 +783,9 @@ Status Trainer::evaluate(double& loss_out) {
             gpt_neox_micro_batch_start(st_.eval_passes * n + i, B, 1, 0, data_.valid()->size()));
         LATHE_RETURN_IF_ERROR(
             fill_batch(*data_.valid(), first, B, T, s_.per_document_attention, buf_));
-        mine[size_t(j)] = model_->forward(batch_views(buf_, B, T));
+        // No training step's: with delayed fp8 scaling, the validation batches' amaxes join no
+        // step's history (model.h, "FP8 linears"), so eval_interval leaves the training as it is.
+        mine[size_t(j)] = model_->eval_forward(batch_views(buf_, B, T));
     }
     std::vector<float> all = mine;
     if (multi()) {
