@@ -25,14 +25,6 @@
 
 namespace lathe {
 
-const char* adamw_state_dtype_name(AdamWStateDType d) {
-    return d == AdamWStateDType::kBF16 ? "bf16" : "fp32";
-}
-
-size_t adamw_state_dtype_bytes(AdamWStateDType d) {
-    return d == AdamWStateDType::kBF16 ? 2 : 4;
-}
-
 const char* cpu_adamw_path_name(CpuAdamWPath path) {
     switch (path) {
         case CpuAdamWPath::kAuto:

@@ -58,14 +58,12 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "model/host_memory_plan.h"
 #include "ops/adamw.h"
 
 namespace lathe {
 
-// optimizer.state_dtype: the storage of AdamW's moments.
-enum class AdamWStateDType { kF32, kBF16 };
-const char* adamw_state_dtype_name(AdamWStateDType d);  // "fp32" | "bf16"
-size_t adamw_state_dtype_bytes(AdamWStateDType d);      // 4 | 2
+// AdamWStateDType (optimizer.state_dtype) is model/host_memory_plan.h's.
 
 // The inner loop's instruction set. kAuto picks the widest available one.
 enum class CpuAdamWPath { kAuto, kScalar, kAvx2, kAvx512, kNeon };
