@@ -28,7 +28,8 @@ TensorView flat_heads(const TensorView& v) {
 
 }  // namespace
 
-Result<InferenceEngine> InferenceEngine::create(const Model& model, const EngineLimits& limits) {
+Result<InferenceEngine> InferenceEngine::create(const Model& model, const EngineLimits& limits,
+                                                Communicator* tensor_parallel) {
     const ModelConfig& c = model.config();
     EngineLimits lim = limits;
     if (lim.max_len == 0) lim.max_len = c.max_position_embeddings;
@@ -47,6 +48,15 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
     e.limits_ = lim;
     e.ctx_ = model.context();
     e.act_ = e.ctx_.backend == Backend::kCuda ? DType::kBF16 : DType::kF32;
+    if (tensor_parallel != nullptr && tensor_parallel->size() > 1) {
+        const Device where = e.ctx_.backend == Backend::kCuda ? Device::kCuda : Device::kCpu;
+        if (!tensor_parallel->accepts(where)) {
+            return invalid_argument_error(
+                "inference: the tensor-parallel communicator ({}) cannot reduce {} buffers",
+                tensor_parallel->backend(), where == Device::kCuda ? "GPU" : "host");
+        }
+        e.tp_ = tensor_parallel;
+    }
     if (lim.kv_block_size < 0 || lim.kv_blocks < 0) {
         return invalid_argument_error("inference: kv_block_size {} and kv_blocks {} must be >= 0",
                                       lim.kv_block_size, lim.kv_blocks);
@@ -210,9 +220,33 @@ BlockWeights InferenceEngine::block_weights(int l) const {
     return v;
 }
 
+Status InferenceEngine::reduce(TensorView partial) {
+    return tp_->all_reduce(partial, partial, ReduceOp::kSum, ctx_.stream);
+}
+
+Status InferenceEngine::agree_tokens(std::span<int32_t> tokens) {
+    if (tp_ == nullptr || tokens.empty()) return ok_status();
+    if (ctx_.backend != Backend::kCuda) {
+        return tp_->broadcast(
+            TensorView(tokens.data(), DType::kI32, Shape{int64_t(tokens.size())}, Device::kCpu), 0,
+            nullptr);
+    }
+    // Through the tokens scratch, in pieces of its size.
+    const int64_t cap = std::max(limits_.prefill_chunk, limits_.max_sequences);
+    for (size_t a = 0; a < tokens.size(); a += size_t(cap)) {
+        const int64_t n = std::min<int64_t>(cap, int64_t(tokens.size() - a));
+        const TensorView dev = scratch(ix_.tokens, Shape{n});
+        const TensorView host(tokens.data() + a, DType::kI32, Shape{n}, Device::kCpu);
+        cuda_copy_sync(dev, host, ctx_.stream);
+        LATHE_RETURN_IF_ERROR(tp_->broadcast(dev, 0, ctx_.stream));
+        cuda_copy_sync(host, dev, ctx_.stream);
+    }
+    return ok_status();
+}
+
 template <typename Attend>
-TensorView InferenceEngine::run_blocks(int64_t B, int64_t T, ConstTensorView tokens,
-                                       ConstTensorView positions, Attend&& attend) {
+Result<TensorView> InferenceEngine::run_blocks(int64_t B, int64_t T, ConstTensorView tokens,
+                                               ConstTensorView positions, Attend&& attend) {
     const ModelConfig& c = config();
     const PrecisionPolicy& p = model_->plan().shape.precision;
     const int64_t N = B * T, C = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads;
@@ -246,11 +280,18 @@ TensorView InferenceEngine::run_blocks(int64_t B, int64_t T, ConstTensorView tok
         block_norm_forward(c, ln, mean, rstd, cur, w.norm1_w, w.norm1_b, ctx_);
         // attend(layer, ln, q, att, lse, qkv spec): projections, RoPE, cache writes, attention.
         attend(l, w, ln, q, att, lse, qkv, positions);
-        if (c.parallel_residual) {
+        if (c.parallel_residual && tp_ != nullptr) {
+            // The attention output is this rank's partial sum: reduced before the residual.
+            linear_forward(tmp, flat_heads(att), w.wo, w.bo, ctx_, out);
+            LATHE_RETURN_IF_ERROR(reduce(tmp));
+            residual_forward(other, cur, tmp, ctx_);
+            block_norm_forward(c, ln, mean, rstd, cur, w.norm2_w, w.norm2_b, ctx_);
+        } else if (c.parallel_residual) {
             linear_residual_forward(other, flat_heads(att), w.wo, w.bo, cur, ctx_, out);
             block_norm_forward(c, ln, mean, rstd, cur, w.norm2_w, w.norm2_b, ctx_);
         } else {
             linear_forward(tmp, flat_heads(att), w.wo, w.bo, ctx_, out);
+            if (tp_ != nullptr) LATHE_RETURN_IF_ERROR(reduce(tmp));
             if (c.norm == NormKind::kRmsNorm)
                 rmsnorm_residual_forward(other, ln, rstd, cur, tmp, w.norm2_w, float(c.norm_eps),
                                          ctx_);
@@ -267,8 +308,13 @@ TensorView InferenceEngine::run_blocks(int64_t B, int64_t T, ConstTensorView tok
         if (c.parallel_residual) {
             // other holds x + o; the MLP output joins it; other is the next layer's input.
             linear_forward(tmp, mlp_act, w.w_down, w.b_down, ctx_, down);
+            if (tp_ != nullptr) LATHE_RETURN_IF_ERROR(reduce(tmp));
             residual_forward(other, other, tmp, ctx_);
             std::swap(cur, other);
+        } else if (tp_ != nullptr) {
+            linear_forward(tmp, mlp_act, w.w_down, w.b_down, ctx_, down);
+            LATHE_RETURN_IF_ERROR(reduce(tmp));
+            residual_forward(cur, other, tmp, ctx_);
         } else {
             // other holds x_mid = x + o; cur (x, no longer read) takes x_mid + mlp.
             linear_residual_forward(cur, mlp_act, w.w_down, w.b_down, other, ctx_, down);
@@ -401,7 +447,7 @@ Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
                               cache_.values(l, row, 0, pos0 + T), ConstTensorView(), cfg.window(l),
                               scale, pos0, ctx_);
         };
-        const TensorView x = run_blocks(1, T, tok, pos, attend);
+        LATHE_ASSIGN_OR_RETURN(const TensorView x, run_blocks(1, T, tok, pos, attend));
         set_length(seq, pos0 + T);
         const TensorView rows = x.reshape(Shape{T, cfg.hidden_size});
         if (all) {
@@ -490,7 +536,7 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
                          lengths, c.window(l), scale, ctx_);
         (void)Tmax;
     };
-    const TensorView x = run_blocks(n, 1, tok, pos, attend);
+    LATHE_ASSIGN_OR_RETURN(const TensorView x, run_blocks(n, 1, tok, pos, attend));
     for (int64_t r = 0; r < n; ++r) cache_.set_length(cache_.seq_at(r), host_len_[size_t(r)]);
     // Logits come out in row order; the caller's order is step order.
     std::vector<float> by_row(size_t(n * V));
@@ -569,7 +615,7 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
         }
         paged_attention_decode(att, lse, q, paged_cache_, l, seqs, host_len_, c.window(l), scale);
     };
-    const TensorView x = run_blocks(n, 1, tok, pos, attend);
+    LATHE_ASSIGN_OR_RETURN(const TensorView x, run_blocks(n, 1, tok, pos, attend));
     for (int64_t i = 0; i < n; ++i) paged_cache_.set_length(seqs[size_t(i)], host_len_[size_t(i)]);
     last_logits(x.reshape(Shape{n, c.hidden_size}), n, logits);
     return ok_status();

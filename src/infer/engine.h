@@ -26,6 +26,14 @@
 // compute copy of the weights), cuDNN or lathe's attention as in training, attention_decode for
 // decode; logits come back widened to f32.
 //
+// Tensor parallel (infer/tensor_parallel.h): given a communicator of T > 1 ranks, the model is
+// a rank's shard (H/T heads, Hkv/T key/value heads, F/T MLP width) and the engine sums the
+// partial outputs of the attention output projection and of the MLP down projection over the
+// ranks (all_reduce, on the engine's stream on CUDA) before each residual add: one unfused
+// projection, the reduce, then the residual (or the residual norm) in place of the fused op.
+// The KV cache holds the rank's Hkv/T heads. Every rank must make the same calls with the same
+// tokens (agree_tokens). Without a communicator, or with one of size 1, nothing changes.
+//
 // Memory: the engine reads the model's weights (the model must outlive it) and owns the KV cache
 // and one scratch arena sized for max(prefill_chunk, max_sequences) tokens, allocated once.
 // Not thread-safe; one engine per model and stream.
@@ -36,6 +44,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "dist/communicator.h"
 #include "infer/kv_cache.h"
 #include "infer/paged_kv_cache.h"
 #include "model/block.h"
@@ -62,8 +71,12 @@ struct DecodeStep {
 
 class InferenceEngine {
 public:
-    // Errors: limits below 1, max_len beyond max_position_embeddings, allocation failure.
-    static Result<InferenceEngine> create(const Model& model, const EngineLimits& limits);
+    // Errors: limits below 1, max_len beyond max_position_embeddings, allocation failure, a
+    // tensor-parallel communicator that cannot reduce the engine's memory.
+    // `tensor_parallel`: the ranks sharing the model (header comment), or null; it must outlive
+    // the engine.
+    static Result<InferenceEngine> create(const Model& model, const EngineLimits& limits,
+                                          Communicator* tensor_parallel = nullptr);
 
     InferenceEngine(InferenceEngine&&) noexcept = default;
     InferenceEngine& operator=(InferenceEngine&&) noexcept = default;
@@ -80,6 +93,14 @@ public:
     int64_t kv_blocks_for(int64_t length) const {
         return paged_ ? paged_cache_.blocks_for(length) : 0;
     }
+
+    // Ranks of the tensor-parallel group (1 without one) and this one's rank.
+    int tensor_parallel() const { return tp_ ? tp_->size() : 1; }
+    int tensor_parallel_rank() const { return tp_ ? tp_->rank() : 0; }
+    // Tensor parallel: overwrites `tokens` with rank 0's (every rank calls it with as many), so
+    // that every rank feeds the engine what rank 0 sampled. No-op otherwise. Errors: the
+    // communicator's.
+    Status agree_tokens(std::span<int32_t> tokens);
 
     // A new sequence of length 0; error when max_sequences are open.
     Result<SeqId> open();
@@ -115,8 +136,11 @@ private:
     // Runs the blocks over x (B, T, C) = scratch x0 with the given attention; leaves the output
     // in the returned buffer (x0 or x1).
     template <typename Attend>
-    TensorView run_blocks(int64_t B, int64_t T, ConstTensorView tokens, ConstTensorView positions,
-                          Attend&& attend);
+    Result<TensorView> run_blocks(int64_t B, int64_t T, ConstTensorView tokens,
+                                  ConstTensorView positions, Attend&& attend);
+    // Tensor parallel: `partial` (a projection's output on this rank) summed over the ranks, in
+    // place.
+    Status reduce(TensorView partial);
     // Final norm and LM head over the (n, C) rows `x`; logits widened to f32 into `out`.
     void last_logits(ConstTensorView x, int64_t n, std::span<float> out);
     // prefill and prefill_all: `logits` holds V floats (the last token's) or, with `all`,
@@ -128,6 +152,7 @@ private:
     void set_length(SeqId seq, int64_t length);
 
     const Model* model_ = nullptr;
+    Communicator* tp_ = nullptr;  // null or size 1: one process
     EngineLimits limits_;
     Context ctx_;
     DType act_ = DType::kF32;

@@ -87,7 +87,9 @@ Result<std::vector<GenerateResult>> generate(InferenceEngine& engine,
                 engine.close(r.seq);
                 return s.with_context("request " + std::to_string(i));
             }
-            const int32_t token = sample_token(logits, r.seen, o.sampling, r.rng, prob, order);
+            int32_t token = sample_token(logits, r.seen, o.sampling, r.rng, prob, order);
+            // Tensor parallel: rank 0's token on every rank.
+            LATHE_RETURN_IF_ERROR(engine.agree_tokens(std::span<int32_t>(&token, 1)));
             LATHE_ASSIGN_OR_RETURN(bool done, accept(r, token));
             if (done)
                 engine.close(r.seq);
@@ -100,12 +102,17 @@ Result<std::vector<GenerateResult>> generate(InferenceEngine& engine,
         for (const Running& r : running) steps.push_back(DecodeStep{r.seq, r.last});
         logits.resize(running.size() * size_t(V));
         LATHE_RETURN_IF_ERROR(engine.decode(steps, logits));
-        std::vector<Running> still;
+        std::vector<int32_t> tokens(running.size());
         for (size_t k = 0; k < running.size(); ++k) {
             Running& r = running[k];
             const std::span<float> row(logits.data() + k * size_t(V), size_t(V));
-            const int32_t token = sample_token(row, r.seen, o.sampling, r.rng, prob, order);
-            LATHE_ASSIGN_OR_RETURN(bool done, accept(r, token));
+            tokens[k] = sample_token(row, r.seen, o.sampling, r.rng, prob, order);
+        }
+        LATHE_RETURN_IF_ERROR(engine.agree_tokens(tokens));
+        std::vector<Running> still;
+        for (size_t k = 0; k < running.size(); ++k) {
+            Running& r = running[k];
+            LATHE_ASSIGN_OR_RETURN(bool done, accept(r, tokens[k]));
             if (done)
                 engine.close(r.seq);
             else

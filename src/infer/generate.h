@@ -8,6 +8,8 @@
 // string appears in its text (the token that completed it is the last), after max_new_tokens, or
 // when its sequence fills the engine's context (max_len). Each request samples with its own
 // generator, SampleRng(sample_seed(seed, index)), so its tokens do not depend on the batch.
+// Tensor parallel (the engine has a group): each sampled token is rank 0's on every rank
+// (InferenceEngine::agree_tokens), so every rank takes the same steps and stops alike.
 
 #include <cstdint>
 #include <functional>

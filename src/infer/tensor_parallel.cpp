@@ -1,0 +1,325 @@
+#include "infer/tensor_parallel.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "core/arena.h"
+#include "core/check.h"
+#include "io/safetensors.h"
+#include "model/registry.h"
+#include "ops/cuda/cuda_state.h"
+
+namespace lathe {
+
+namespace {
+
+// The parameter table of `config`, as Model::create builds it.
+ParamTable table_of(const ModelConfig& config) {
+    ParamTableBuilder b;
+    model_family_of(config).build_params(config, b);
+    return std::move(b).finish();
+}
+
+// splitmix64: the counter-based generator of the random weights.
+uint64_t mix(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+uint64_t name_key(std::string_view name) {
+    uint64_t h = 0xCBF29CE484222325ULL;  // FNV-1a
+    for (char ch : name) h = (h ^ uint8_t(ch)) * 0x100000001B3ULL;
+    return h;
+}
+
+// Fills x[0, n) with uniform numbers in [-a, a] keyed by (seed, key, index), on all cores.
+void fill_uniform(float* x, int64_t n, double a, uint64_t seed, uint64_t key) {
+    const int threads = int(
+        std::clamp<int64_t>(n / (1 << 20), 1, std::max(1u, std::thread::hardware_concurrency())));
+    auto run = [&](int64_t begin, int64_t end) {
+        const uint64_t base = mix(seed ^ mix(key));
+        for (int64_t i = begin; i < end; ++i) {
+            const uint64_t u = mix(base + uint64_t(i));
+            // 53 random bits -> [0, 1) -> [-a, a).
+            x[i] = float((double(u >> 11) * 0x1.0p-53 * 2.0 - 1.0) * a);
+        }
+    };
+    if (threads == 1) {
+        run(0, n);
+        return;
+    }
+    std::vector<std::thread> pool;
+    const int64_t per = (n + threads - 1) / threads;
+    for (int t = 0; t < threads; ++t)
+        pool.emplace_back(run, std::min(n, t * per), std::min(n, (t + 1) * per));
+    for (std::thread& t : pool) t.join();
+}
+
+}  // namespace
+
+TpSplit tp_split_of(ParamRole role) {
+    switch (role) {
+        case ParamRole::kQkvWeight:
+        case ParamRole::kQkvBias:
+        case ParamRole::kUpWeight:
+        case ParamRole::kUpBias:
+            return TpSplit::kOutputs;
+        case ParamRole::kOutWeight:
+        case ParamRole::kDownWeight:
+            return TpSplit::kInputs;
+        case ParamRole::kOutBias:
+        case ParamRole::kDownBias:
+            return TpSplit::kRankZero;
+        default:
+            return TpSplit::kReplicated;
+    }
+}
+
+Result<ModelConfig> tp_local_config(const ModelConfig& full, int tp, std::string_view flag) {
+    if (tp < 1) return invalid_argument_error("{} must be >= 1, got {}", flag, tp);
+    if (full.num_heads % tp != 0 || full.num_kv_heads % tp != 0 ||
+        full.intermediate_size % tp != 0) {
+        return invalid_argument_error(
+            "{} {} must divide the attention heads ({}), the key/value heads ({}) and the MLP "
+            "width intermediate_size ({}) of this {} model; choose a divisor of all three",
+            flag, tp, full.num_heads, full.num_kv_heads, full.intermediate_size, full.model_type);
+    }
+    ModelConfig local = full;
+    local.num_heads = full.num_heads / tp;
+    local.num_kv_heads = full.num_kv_heads / tp;
+    local.intermediate_size = full.intermediate_size / tp;
+    // head_dim is a field of its own (not hidden / heads), so it stays the full model's.
+    if (tp > 1) {
+        // Each split tensor of the local table must be the full one's with the split dimension
+        // divided by tp: a family that sizes a projection from hidden_size rather than the heads
+        // (GPT-NeoX's query_key_value and dense) has no shard of this form.
+        const ParamTable table = table_of(local), whole = table_of(full);
+        for (const HfParam& p : table.hf_params()) {
+            const TpSplit s = tp_split_of(table.entries()[p.entry].role);
+            if (s == TpSplit::kReplicated || s == TpSplit::kRankZero) continue;
+            const HfParam* f = whole.find_hf(p.name);
+            const int axis = s == TpSplit::kOutputs ? 0 : p.shape.rank() - 1;
+            if (f == nullptr || f->shape != p.shape.with_dim(axis, p.shape[axis] * tp)) {
+                return unimplemented_error(
+                    "{} {}: {} sizes {} from the hidden size, not from the heads, so it has no "
+                    "tensor-parallel shard; tensor parallel runs the llama, mistral and qwen2 "
+                    "families (use {} 1)",
+                    flag, tp, full.model_type, p.name, flag);
+            }
+            if (p.layout == HfLayout::kTransposed) {
+                return unimplemented_error(
+                    "{} {}: {} stores {} transposed (Conv1D), and its tensor-parallel slice is "
+                    "not a row range; tensor parallel runs the llama, mistral and qwen2 families "
+                    "(use {} 1)",
+                    flag, tp, full.model_type, p.name, flag);
+            }
+        }
+    }
+    return local;
+}
+
+Status tp_read_slice(const SafetensorsTensor& full, const HfParam& local, ParamRole role, int rank,
+                     int tp, std::string_view where, TensorView out) {
+    LATHE_CHECK(
+        out.dtype() == DType::kF32 && out.device() == Device::kCpu && out.shape() == local.shape,
+        "tp_read_slice of {} into {}", local.name, out.to_string());
+    LATHE_CHECK(rank >= 0 && rank < tp, "rank {} of {}", rank, tp);
+    const TpSplit split = tp_split_of(role);
+    const Shape& ls = local.shape;
+    // The shape the checkpoint must have: the local shape with the split dimension times tp.
+    std::vector<int64_t> want;
+    for (int i = 0; i < ls.rank(); ++i) want.push_back(ls[i]);
+    int axis = -1;
+    if (split == TpSplit::kOutputs) axis = 0;
+    if (split == TpSplit::kInputs) axis = ls.rank() - 1;
+    if (axis >= 0 && local.layout == HfLayout::kTransposed)
+        return unimplemented_error("{}: tensor {} is stored transposed; it cannot be split", where,
+                                   local.name);
+    if (axis >= 0) want[size_t(axis)] *= tp;
+    if (full.shape != want) {
+        return invalid_argument_error(
+            "{}: tensor {} has shape {}, but config.json gives [{}] for it; the checkpoint and its "
+            "config.json disagree",
+            where, local.name, full.shape_string(), fmt::join(want, ", "));
+    }
+    float* dst = out.as<float>();
+    auto read = [&](uint64_t begin, uint64_t n, float* to) -> Status {
+        if (!safetensors_convert_elements(full, begin, n, SafetensorsDtype::kF32, to))
+            return unimplemented_error("{}: tensor {} is {}; lathe loads F32, BF16 and F16 weights",
+                                       where, local.name, safetensors_dtype_name(full.dtype));
+        return ok_status();
+    };
+    const int64_t n = ls.numel();
+    switch (split) {
+        case TpSplit::kReplicated:
+            return read(0, uint64_t(n), dst);
+        case TpSplit::kRankZero:
+            if (rank == 0) return read(0, uint64_t(n), dst);
+            std::fill(dst, dst + n, 0.0f);
+            return ok_status();
+        case TpSplit::kOutputs:
+            // Rows rank*n0 .. (rank+1)*n0 of the HF tensor: one contiguous range.
+            return read(uint64_t(rank) * uint64_t(n), uint64_t(n), dst);
+        case TpSplit::kInputs: {
+            // Columns rank*w .. (rank+1)*w of every row.
+            const int64_t w = ls[ls.rank() - 1], rows = n / w, full_w = w * tp;
+            for (int64_t r = 0; r < rows; ++r)
+                LATHE_RETURN_IF_ERROR(
+                    read(uint64_t(r * full_w + rank * w), uint64_t(w), dst + r * w));
+            return ok_status();
+        }
+    }
+    return ok_status();
+}
+
+Result<Model> tp_model_create_loaded(const ModelConfig& full, int rank, int tp,
+                                     const ModelShape& shape, const Context& ctx,
+                                     const std::string& dir) {
+    LATHE_ASSIGN_OR_RETURN(ModelConfig local, tp_local_config(full, tp, "--tensor-parallel"));
+    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(local, shape, ctx));
+    auto opened = SafetensorsCheckpoint::open(dir);
+    if (!opened.ok()) return opened.status().with_context("--checkpoint");
+    const SafetensorsCheckpoint& ckpt = *opened;
+    const ParamTable& table = model.params();
+    const ModelFamily& family = model_family_of(local);
+    const std::string where = !ckpt.index_path().empty()
+                                  ? ckpt.index_path()
+                                  : (ckpt.shard_paths().empty() ? dir : ckpt.shard_paths()[0]);
+    // Entry by entry: the HF tensors of an entry (q, k, v stacked) fill one host copy of it.
+    std::vector<std::vector<const HfParam*>> of_entry(table.entries().size());
+    for (const HfParam& p : table.hf_params()) of_entry[p.entry].push_back(&p);
+    HostTensor hf;
+    for (size_t e = 0; e < table.entries().size(); ++e) {
+        const ParamEntry& entry = table.entries()[e];
+        HostTensor host(DType::kF32, entry.shape);
+        for (const HfParam* p : of_entry[e]) {
+            std::string name = p->name;
+            if (!ckpt.contains(name) && name.starts_with(family.base_model_prefix) &&
+                ckpt.contains(name.substr(family.base_model_prefix.size())))
+                name = name.substr(family.base_model_prefix.size());
+            Result<const SafetensorsTensor*> found = ckpt.tensor(name);
+            if (!found.ok())
+                return found.status().with_context(
+                    fmt::format("--checkpoint: loading the rank {} shard of {} of {} weights", rank,
+                                tp, local.model_type));
+            hf = HostTensor(DType::kF32, p->shape);
+            LATHE_RETURN_IF_ERROR(
+                tp_read_slice(**found, *p, entry.role, rank, tp, where, hf.view()));
+            hf_param_import(*p, host.view(), hf.view());
+        }
+        model.write_param_entry(entry.arena_index, host.view());
+    }
+    model.synchronize();
+    return model;
+}
+
+Result<Model> tp_model_create_random(const ModelConfig& full, int rank, int tp,
+                                     const ModelShape& shape, const Context& ctx, uint64_t seed) {
+    (void)rank;  // every rank draws the same numbers (header comment)
+    LATHE_ASSIGN_OR_RETURN(ModelConfig local, tp_local_config(full, tp, "--tensor-parallel"));
+    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(local, shape, ctx));
+    const ParamTable& table = model.params();
+    std::vector<std::vector<const HfParam*>> of_entry(table.entries().size());
+    for (const HfParam& p : table.hf_params()) of_entry[p.entry].push_back(&p);
+    for (size_t e = 0; e < table.entries().size(); ++e) {
+        const ParamEntry& entry = table.entries()[e];
+        HostTensor host(DType::kF32, entry.shape);
+        const int64_t row = entry.shape.rank() > 1 ? entry.shape.numel() / entry.shape[0] : 1;
+        for (const HfParam* p : of_entry[e]) {
+            float* x = host.as<float>() + p->row_begin * row;
+            const int64_t n = p->rows * row;
+            switch (p->init) {
+                case InitKind::kOnes:
+                    std::fill(x, x + n, 1.0f);
+                    break;
+                case InitKind::kZeros:
+                    std::fill(x, x + n, 0.0f);
+                    break;
+                case InitKind::kNormal:
+                case InitKind::kNormalScaledByDepth: {
+                    double std = local.initializer_range;
+                    if (p->init == InitKind::kNormalScaledByDepth)
+                        std /= std::sqrt(2.0 * double(local.num_layers));
+                    // uniform(-a, a) has standard deviation a / sqrt(3).
+                    fill_uniform(x, n, std * std::sqrt(3.0), seed, name_key(p->name));
+                    break;
+                }
+            }
+        }
+        model.write_param_entry(entry.arena_index, host.view());
+    }
+    model.synchronize();
+    return model;
+}
+
+Status tp_broadcast_bytes(Communicator& comm, const Context& ctx, std::vector<uint8_t>& bytes) {
+    if (comm.size() == 1) return ok_status();
+    const bool device = ctx.backend == Backend::kCuda;
+    int64_t size = comm.rank() == 0 ? int64_t(bytes.size()) : 0;
+    if (!device) {
+        LATHE_RETURN_IF_ERROR(
+            comm.broadcast(TensorView(&size, DType::kI64, Shape{1}, Device::kCpu), 0, nullptr));
+        bytes.resize(size_t(size));
+        if (size == 0) return ok_status();
+        return comm.broadcast(TensorView(bytes.data(), DType::kU8, Shape{size}, Device::kCpu), 0,
+                              nullptr);
+    }
+    // NCCL: through a device buffer (the size in its first 8 bytes, then the bytes).
+    ArenaLayout layout;
+    LATHE_ASSIGN_OR_RETURN(const size_t head, layout.add("size", DType::kI64, Shape{1}));
+    LATHE_ASSIGN_OR_RETURN(ModelArena small, ModelArena::allocate(std::move(layout), ctx));
+    const TensorView dsize = small.view(head);
+    const TensorView hsize(&size, DType::kI64, Shape{1}, Device::kCpu);
+    cuda_copy_sync(dsize, hsize, ctx.stream);
+    LATHE_RETURN_IF_ERROR(comm.broadcast(dsize, 0, ctx.stream));
+    cuda_copy_sync(hsize, dsize, ctx.stream);
+    bytes.resize(size_t(size));
+    if (size == 0) return ok_status();
+    ArenaLayout body;
+    LATHE_ASSIGN_OR_RETURN(const size_t b, body.add("bytes", DType::kU8, Shape{size}));
+    LATHE_ASSIGN_OR_RETURN(ModelArena big, ModelArena::allocate(std::move(body), ctx));
+    const TensorView dbytes = big.view(b);
+    const TensorView hbytes(bytes.data(), DType::kU8, Shape{size}, Device::kCpu);
+    cuda_copy_sync(dbytes, hbytes, ctx.stream);
+    LATHE_RETURN_IF_ERROR(comm.broadcast(dbytes, 0, ctx.stream));
+    cuda_copy_sync(hbytes, dbytes, ctx.stream);
+    return ok_status();
+}
+
+Status tp_broadcast_token_lists(Communicator& comm, const Context& ctx,
+                                std::vector<std::vector<int32_t>>& lists) {
+    if (comm.size() == 1) return ok_status();
+    // [count, len_0, ids_0..., len_1, ids_1...] as i32.
+    std::vector<int32_t> flat;
+    if (comm.rank() == 0) {
+        flat.push_back(int32_t(lists.size()));
+        for (const auto& l : lists) {
+            flat.push_back(int32_t(l.size()));
+            flat.insert(flat.end(), l.begin(), l.end());
+        }
+    }
+    std::vector<uint8_t> bytes(flat.size() * sizeof(int32_t));
+    if (!bytes.empty()) std::memcpy(bytes.data(), flat.data(), bytes.size());
+    LATHE_RETURN_IF_ERROR(tp_broadcast_bytes(comm, ctx, bytes));
+    flat.resize(bytes.size() / sizeof(int32_t));
+    if (!bytes.empty()) std::memcpy(flat.data(), bytes.data(), bytes.size());
+    if (comm.rank() == 0) return ok_status();
+    lists.clear();
+    size_t at = 0;
+    const int32_t count = flat.at(at++);
+    for (int32_t i = 0; i < count; ++i) {
+        const size_t len = size_t(flat.at(at++));
+        lists.emplace_back(flat.begin() + int64_t(at), flat.begin() + int64_t(at + len));
+        at += len;
+    }
+    return ok_status();
+}
+
+}  // namespace lathe

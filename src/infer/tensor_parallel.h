@@ -1,0 +1,88 @@
+#pragma once
+// Tensor-parallel inference (Megatron-style): T processes, one per GPU (or CPU process under
+// mpirun), each holding a shard of every block's projections, run the engine together.
+//
+// A rank's shard is itself a Model, of the local config: the full config with H/T attention
+// heads, Hkv/T key/value heads and F/T MLP width (hidden size, vocabulary, layers, head_dim
+// unchanged), so the local model's parameter entries ARE the shards. For rank r of T:
+//   column-parallel (kOutputs): Wq, Wk, Wv, gate, up and their biases: rows r n .. (r+1) n of the
+//       HF [out, in] tensor (n its local rows), i.e. heads r H/T .. (r+1) H/T and the matching
+//       key/value heads (GQA groups stay whole: local query head j reads local kv head
+//       j / (H/Hkv), as globally); GPT-NeoX's per-head interleaved qkv is a row range too;
+//   row-parallel (kInputs): Wo and down: columns r n .. (r+1) n of the HF [out, in] tensor;
+//   row-parallel biases (kRankZero): the full bias on rank 0, zeros elsewhere, so that it is
+//       added once by the all-reduce that sums the partial outputs;
+//   replicated: embeddings, norms and the LM head, whole on every rank (a vocabulary-parallel LM
+//       head is a later step; the logits are computed whole on every rank).
+// The engine (engine.h) all-reduces (sums) the partial outputs of Wo and down before the
+// residual add. The families whose projections are sized by the heads (llama, mistral, qwen2)
+// split; GPT-2 (q, k, v in one transposed c_attn) and GPT-NeoX (query_key_value and dense sized
+// by hidden_size) are refused.
+//
+// Loading reads each HF tensor of the checkpoint through its memory map, converting only the
+// rank's slice to f32 and writing it into the local model one entry at a time: neither the
+// full model nor the whole shard sits in host memory at once.
+//
+// Determinism: every rank must feed the engine the same tokens. Rank 0 reads the input and
+// samples; tp_broadcast_bytes / InferenceEngine::agree_tokens carry its choices to the others.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "dist/communicator.h"
+#include "model/model.h"
+#include "model/model_config.h"
+#include "model/param_table.h"
+
+namespace lathe {
+
+class SafetensorsTensor;
+
+// How one HF tensor is split among the ranks (header comment).
+enum class TpSplit : uint8_t { kReplicated, kOutputs, kInputs, kRankZero };
+
+TpSplit tp_split_of(ParamRole role);
+
+// The local config of a rank of `tp` (header comment). Errors (invalid argument) name `flag` and
+// the numbers: tp < 1, or tp not dividing the attention heads, the key/value heads or the MLP
+// width; a family whose tensors have no shard of this form (GPT-2, GPT-NeoX) is unimplemented.
+Result<ModelConfig> tp_local_config(const ModelConfig& full, int tp, std::string_view flag);
+
+// Copies rank `rank` of `tp`'s part of the HF tensor `full` (the checkpoint's, any float dtype)
+// into `out` (host, f32, shape local.shape, the stored layout of `local`, a parameter of the
+// local model). Errors name `where` and the tensor: a shape that is not the local shape with the
+// split dimension times tp, an unsupported dtype, a layout whose slice is not a row or column
+// range (transposed).
+Status tp_read_slice(const SafetensorsTensor& full, const HfParam& local, ParamRole role, int rank,
+                     int tp, std::string_view where, TensorView out);
+
+// A model of the local config of `full` for rank `rank` of `tp` on `ctx`, its shard read from the
+// safetensors of the checkpoint folder `dir`. Errors: tp_local_config's, Model::create's, the
+// checkpoint's (a missing tensor, a shape that disagrees) with "--checkpoint" as context.
+Result<Model> tp_model_create_loaded(const ModelConfig& full, int rank, int tp,
+                                     const ModelShape& shape, const Context& ctx,
+                                     const std::string& dir);
+
+// A model of the local config with random weights from `seed`, for timing shapes that have no
+// checkpoint (a 70B config.json alone): each entry is filled on the host with uniform numbers of
+// model/init.h's standard deviation (norm weights 1, biases 0), keyed by (seed, tensor name,
+// element), on all cores, and written to the model entry by entry. Replicated tensors are thus
+// equal on every rank; each rank's shards are those of a full model whose shards repeat. Not a
+// trained model: for throughput and memory only. tp = 1 gives the whole model.
+Result<Model> tp_model_create_random(const ModelConfig& full, int rank, int tp,
+                                     const ModelShape& shape, const Context& ctx, uint64_t seed);
+
+// Sends rank 0's `bytes` to every rank of `comm` (the size first, then the bytes); on return
+// every rank's `bytes` equals rank 0's. CPU communicators move host memory; NCCL goes through a
+// device buffer of `ctx`, allocated for the call. Every rank calls it at the same point. Errors:
+// the communicator's, an allocation failure.
+Status tp_broadcast_bytes(Communicator& comm, const Context& ctx, std::vector<uint8_t>& bytes);
+
+// The same for token-id lists (prompts): rank 0's `lists` on every rank.
+Status tp_broadcast_token_lists(Communicator& comm, const Context& ctx,
+                                std::vector<std::vector<int32_t>>& lists);
+
+}  // namespace lathe
