@@ -1,5 +1,7 @@
 // `lathe bench --model NAME --batch B --seq T [--steps N] [--warmup W] [--device auto|cpu|cuda]`:
-// see run/bench.h. The JSON line goes to stdout, progress to stderr.
+// see run/bench.h. `lathe bench --generate [--preset P | --config F] [--prefill 4096,32768]
+// [--decode-batches 1,16,64] [--prompt-len 1024] [--decode-steps N]`: inference speed, see
+// run/bench_generate.h. The JSON line goes to stdout, progress to stderr.
 #include "run/bench.h"
 
 #include <cstdio>
@@ -8,6 +10,8 @@
 #include <string>
 
 #include "cli/command.h"
+#include "io/file.h"
+#include "run/bench_generate.h"
 
 namespace lathe {
 
@@ -31,20 +35,60 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         "tokens_per_s_per_gpu, mfu per GPU, comm_wait_ms (median per step, the largest rank's), "
         "peak memory of the fullest GPU, world_size. --precision fp8 runs the block's linears in "
         "fp8 (train.precision fp8) with the same fields, plus fp8_recipe, fp8_gemms_per_step and "
-        "fp8_weight_casts_per_step.");
+        "fp8_weight_casts_per_step.\n\n"
+        "--generate measures inference through the engine of `lathe generate` and `lathe serve` "
+        "instead (random weights, bf16 on CUDA): per --prefill length T, one sequence's prefill "
+        "time (median of --prefill-repeats after a warm-up), tokens/s and mfu = (2 N_body T + "
+        "2 V C + 2 L H D T (T+1)) / seconds / 989.4 TFLOP/s (N_body: the flop parameters "
+        "without the LM head, which runs on the last token; the last term is the causal "
+        "attention); per --decode-batches B, after B prompts of --prompt-len tokens: ms per "
+        "decode step (median), tokens/s (B per step), bytes_per_step (weights + the KV cache at "
+        "the sequences' lengths) and bandwidth_fraction = bytes_per_step / step time / the "
+        "copy_bandwidth of a device-to-device copy (reads + writes) measured first (null on the "
+        "CPU). --model, --preset or --config names the model (presets: llama3-8b for the "
+        "Llama-3-8B shape).");
     struct Options {
         std::string model, device = "auto";
         BenchRequest req;
         int64_t vocab = 0;
         std::string recompute;
         std::string precision = "bf16", fp8_recipe = "tensorwise";
+        std::string preset, config;  // --model's two spellings
+        bool generate = false;
+        GenerateBenchRequest gen;
+        std::string prefill = "4096,32768", decode_batches = "1,16,64";
     };
     auto o = std::make_shared<Options>();
     cmd->add_option("--model", o->model,
-                    "A preset, or a Hugging Face config.json (file or folder). Presets:" + presets)
-        ->required();
-    cmd->add_option("--batch", o->req.batch, "Sequences per step (B)")->required();
-    cmd->add_option("--seq", o->req.seq, "Tokens per sequence (T)")->required();
+                    "A preset, or a Hugging Face config.json (file or folder). Presets:" + presets);
+    cmd->add_option("--preset", o->preset, "A preset (as --model)");
+    cmd->add_option("--config", o->config,
+                    "A Hugging Face config.json, file or folder (as --model)");
+    cmd->add_option("--batch", o->req.batch, "Sequences per step (B; training)");
+    cmd->add_option("--seq", o->req.seq, "Tokens per sequence (T; training)");
+    cmd->add_flag("--generate", o->generate,
+                  "Measure inference (prefill and decode through the inference engine) instead "
+                  "of training");
+    cmd->add_option("--prefill", o->prefill,
+                    "--generate: prefill lengths, comma-separated; empty for none")
+        ->capture_default_str();
+    cmd->add_option("--decode-batches", o->decode_batches,
+                    "--generate: decode batch sizes, comma-separated; empty for none")
+        ->capture_default_str();
+    cmd->add_option("--prompt-len", o->gen.prompt_len,
+                    "--generate: tokens each decode sequence is prefilled with first")
+        ->capture_default_str();
+    cmd->add_option("--decode-steps", o->gen.decode_steps, "--generate: timed decode steps")
+        ->capture_default_str();
+    cmd->add_option("--decode-warmup", o->gen.decode_warmup,
+                    "--generate: untimed decode steps before them")
+        ->capture_default_str();
+    cmd->add_option("--prefill-repeats", o->gen.prefill_repeats,
+                    "--generate: timed prefills per length (after one warm-up)")
+        ->capture_default_str();
+    cmd->add_option("--prefill-chunk", o->gen.prefill_chunk,
+                    "--generate: tokens per prefill forward; 0 = min(4096, longest prefill)")
+        ->capture_default_str();
     cmd->add_option("--steps", o->req.steps, "Timed steps")->capture_default_str();
     cmd->add_option("--warmup", o->req.warmup, "Untimed steps before them")->capture_default_str();
     cmd->add_option("--device", o->device, "auto (the GPU when there is a usable one), cpu, cuda")
@@ -86,11 +130,65 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                   "Print the parameter count, FLOPs per token and the memory plan; run nothing");
     cmd->callback([o, cmd, &action] {
         action = [o, cmd]() -> Status {
+            const size_t named =
+                cmd->count("--model") + cmd->count("--preset") + cmd->count("--config");
+            if (named != 1)
+                return invalid_argument_error(
+                    "lathe bench: name the model with exactly one of --model, --preset and "
+                    "--config (got {})",
+                    named);
+            if (cmd->count("--preset") > 0) {
+                bool known = false;
+                for (const BenchPreset& p : bench_model_presets()) known |= p.name == o->preset;
+                if (!known)
+                    return invalid_argument_error(
+                        "--preset '{}' is not a preset; see `lathe bench --help` for the list, or "
+                        "pass a config.json with --config",
+                        o->preset);
+            }
+            if (cmd->count("--config") > 0 && !file_exists(o->config))
+                return not_found_error("--config {}: no such file or folder", o->config);
+            const std::string model = cmd->count("--preset") > 0   ? o->preset
+                                      : cmd->count("--config") > 0 ? o->config
+                                                                   : o->model;
+            const BenchDevice device = o->device == "cpu"    ? BenchDevice::kCpu
+                                       : o->device == "cuda" ? BenchDevice::kCuda
+                                                             : BenchDevice::kAuto;
+            if (o->generate) {
+                for (const char* training :
+                     {"--batch", "--seq", "--steps", "--warmup", "--recompute", "--zero-stage",
+                      "--precision", "--fp8-recipe", "--plan-only", "--nondeterministic"})
+                    if (cmd->count(training) > 0)
+                        return invalid_argument_error(
+                            "{} is a training bench option; --generate takes --prefill, "
+                            "--decode-batches, --prompt-len, --decode-steps (see --help)",
+                            training);
+                GenerateBenchRequest g = o->gen;
+                g.model = model;
+                g.device = device;
+                g.seed = o->req.seed;
+                g.threads = o->req.threads;
+                if (cmd->count("--vocab-size") > 0) g.vocab_size = o->vocab;
+                LATHE_ASSIGN_OR_RETURN(g.prefill, parse_length_list(o->prefill, "--prefill"));
+                LATHE_ASSIGN_OR_RETURN(g.decode_batches,
+                                       parse_length_list(o->decode_batches, "--decode-batches"));
+                LATHE_ASSIGN_OR_RETURN(const std::string line, bench_generate_run(g));
+                std::printf("%s\n", line.c_str());
+                std::fflush(stdout);
+                return ok_status();
+            }
+            for (const char* inference :
+                 {"--prefill", "--decode-batches", "--prompt-len", "--decode-steps",
+                  "--decode-warmup", "--prefill-repeats", "--prefill-chunk"})
+                if (cmd->count(inference) > 0)
+                    return invalid_argument_error("{} needs --generate", inference);
+            for (const char* needed : {"--batch", "--seq"})
+                if (cmd->count(needed) == 0)
+                    return invalid_argument_error(
+                        "lathe bench: {} is required (or --generate for inference)", needed);
             BenchRequest req = o->req;
-            req.model = o->model;
-            req.device = o->device == "cpu"    ? BenchDevice::kCpu
-                         : o->device == "cuda" ? BenchDevice::kCuda
-                                               : BenchDevice::kAuto;
+            req.model = model;
+            req.device = device;
             if (cmd->count("--vocab-size") > 0) req.vocab_size = o->vocab;
             if (cmd->count("--recompute") > 0) {
                 const std::string name = o->recompute.empty() ? "full" : o->recompute;

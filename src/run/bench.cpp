@@ -80,6 +80,19 @@ constexpr std::string_view kLlama3_8bSlice = R"({
   "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": 128001
 })";
 
+// Llama-3-8B's architecture (8,030,261,248 parameters) with 32768 positions (the release has 8192;
+// rope has no table of positions, so the count is unchanged) so that a 32k prefill fits: the shape
+// of `lathe bench --generate`'s inference measurements (bf16 weights of 16 GB; training it needs
+// more than one GPU).
+constexpr std::string_view kLlama3_8b = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+  "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+  "rope_theta": 500000.0, "attention_bias": false, "mlp_bias": false,
+  "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": 128001
+})";
+
 // Small enough that a CPU step takes milliseconds: for tests and for trying the command.
 constexpr std::string_view kTinyLlama = R"({
   "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -102,6 +115,10 @@ constexpr BenchPreset kPresets[] = {
      "Llama-3.2-1B shape: 16 layers, 32 heads, 8 KV heads, C 2048, F 8192, V 128256, tied, "
      "rope theta 500000",
      kLlama1b},
+    {"llama3-8b",
+     "Llama-3-8B shape: 32 layers, 32 heads, 8 KV heads, C 4096, F 14336, V 128256, untied, "
+     "32768 positions (for --generate)",
+     kLlama3_8b},
     {"llama3-8b-10l",
      "Llama-3-8B's layer shape, 10 of its 32 layers: 32 heads, 8 KV heads, C 4096, F 14336, "
      "V 128256, untied, rope theta 500000",
@@ -178,14 +195,7 @@ std::string_view device_name(BenchDevice d) {
     return "auto";
 }
 
-// Where the bench runs: the CPU, or the CUDA device of this process (GPU <local rank> of the
-// visible ones, compute_device_index: GPU 0 for a single process).
-struct Placement {
-    Backend backend = Backend::kCpu;
-    int ordinal = 0;        // CUDA device
-    std::string name;       // "cpu (16 threads)", "NVIDIA H100 80GB HBM3"
-    double peak_flops = 0;  // for MFU; 0 = none
-};
+using Placement = BenchPlacement;
 
 Result<Placement> choose_placement(BenchDevice wanted, const ProcessGroupInfo& group) {
     Placement p;
@@ -260,6 +270,10 @@ Status check_looks_like_json(const std::string& path) {
 }
 
 }  // namespace
+
+Result<BenchPlacement> bench_placement(BenchDevice wanted, const ProcessGroupInfo& group) {
+    return choose_placement(wanted, group);
+}
 
 std::span<const BenchPreset> bench_model_presets() {
     return kPresets;

@@ -58,9 +58,11 @@
 #include <string_view>
 
 #include "core/status.h"
+#include "dist/process_group.h"
 #include "model/fp8_state.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
+#include "ops/context.h"
 
 namespace lathe {
 
@@ -89,7 +91,8 @@ struct BenchPreset {
     std::string_view config_json;  // a Hugging Face config.json
 };
 
-// The presets: gpt2-124m, llama-1b, tiny (a Llama-family model of 2 layers), tiny-gpt2.
+// The presets: gpt2-124m, llama-1b, llama3-8b, llama3-8b-10l, tiny (a Llama-family model of 2
+// layers), tiny-gpt2.
 std::span<const BenchPreset> bench_model_presets();
 
 // The ModelConfig of a preset name or config.json path, with `vocab_size` applied. Errors: an
@@ -104,6 +107,18 @@ double bench_flops_per_token(const ModelConfig& config, int64_t seq);
 // Peak dense bf16 FLOP/s of a GPU of compute capability major.minor for MFU, or 0 when lathe has
 // no agreed figure (only Hopper: 989.4e12).
 double bench_peak_flops(int cc_major, int cc_minor);
+
+// Where a bench computes: the CPU, or the CUDA device of this process (GPU <local rank> of the
+// visible ones: GPU 0 for a single process).
+struct BenchPlacement {
+    Backend backend = Backend::kCpu;
+    int ordinal = 0;        // CUDA device
+    std::string name;       // "cpu (16 threads)", "NVIDIA H100 80GB HBM3"
+    double peak_flops = 0;  // for MFU; 0 = none
+};
+// The placement for --device `wanted` (auto takes a usable GPU, else the CPU with a note in the
+// log). Errors: cuda without a usable GPU.
+Result<BenchPlacement> bench_placement(BenchDevice wanted, const ProcessGroupInfo& group);
 
 // Runs the benchmark and returns its JSON line (no newline); on a rank other than 0 of several,
 // an empty string (nothing to print). Progress goes to stderr (log). Every rank of a launcher's
