@@ -96,6 +96,18 @@ ConfigSchema train_config_schema() {
     s.add({"optimizer.eps", ConfigType::kFloat, "1e-8", "AdamW epsilon"});
     s.add(
         {"optimizer.gradient_clipping", ConfigType::kFloat, "1.0", "global L2 norm clip; 0 = off"});
+    // Optimizer offload (model/host_memory_plan.h). No schema defaults: unset keys stay out of
+    // a run's config.yaml; train_settings_resolve applies none, 1 and fp32.
+    s.add({"optimizer.offload", ConfigType::kString, "",
+           "none (default) | cpu: the f32 masters and AdamW moments of "
+           "optimizer.offload_fraction of the parameters in pinned host memory, stepped on the "
+           "CPU; lathe train refuses cpu (docs/SFT.md, \"Optimizer offload\")"});
+    s.add({"optimizer.offload_fraction", ConfigType::kFloat, "",
+           "with optimizer.offload: cpu, the fraction of the parameters offloaded, in (0, 1]; "
+           "default 1"});
+    s.add({"optimizer.state_dtype", ConfigType::kString, "",
+           "AdamW moment storage: fp32 (default) | bf16 (rounded to nearest even on store); "
+           "lathe train refuses bf16"});
     // ---- learning-rate schedule (GPT-NeoX AnnealingLR) ----
     s.add({"lr.decay_style", ConfigType::kString, "cosine",
            "constant | linear | cosine | exponential"});

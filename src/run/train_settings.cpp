@@ -27,6 +27,60 @@ Status require_at_least(const Config& c, std::string_view key, int64_t min) {
     return ok_status();
 }
 
+// optimizer.offload / offload_fraction / state_dtype: unset keys take none, 1 and fp32.
+Status resolve_offload(const Config& c, OffloadSettings& out) {
+    if (c.has("optimizer.offload")) {
+        const std::string v = c.get_string("optimizer.offload");
+        if (v == "none")
+            out.offload = OptimizerOffload::kNone;
+        else if (v == "cpu")
+            out.offload = OptimizerOffload::kCpu;
+        else
+            return invalid_argument_error("{}: 'optimizer.offload' is '{}'; choose none or cpu",
+                                          c.source_of("optimizer.offload"), v);
+    }
+    if (c.has("optimizer.offload_fraction")) {
+        const double f = c.get_float("optimizer.offload_fraction");
+        if (!(f > 0.0 && f <= 1.0))
+            return invalid_argument_error(
+                "{}: 'optimizer.offload_fraction' must be in (0, 1] (the fraction of the "
+                "parameters whose AdamW state lives in host memory), got {}",
+                c.source_of("optimizer.offload_fraction"), f);
+        out.fraction = f;
+    }
+    if (c.has("optimizer.state_dtype")) {
+        const std::string v = c.get_string("optimizer.state_dtype");
+        if (v == "fp32")
+            out.state_dtype = AdamWStateDType::kF32;
+        else if (v == "bf16")
+            out.state_dtype = AdamWStateDType::kBF16;
+        else
+            return invalid_argument_error(
+                "{}: 'optimizer.state_dtype' is '{}'; choose fp32 or bf16",
+                c.source_of("optimizer.state_dtype"), v);
+    }
+    return ok_status();
+}
+
+// The trainer keeps every master and moment on the training device in f32: a valid offload or
+// bf16-moment setting stops the run here, after every other key is checked, rather than being
+// ignored. The CPU AdamW (optim/cpu_adamw.h) and the host memory plan are its building blocks.
+Status refuse_offload(const Config& c, const OffloadSettings& o) {
+    if (o.offload == OptimizerOffload::kCpu)
+        return unimplemented_error(
+            "{}: 'optimizer.offload: cpu': lathe train keeps the masters and AdamW moments on the "
+            "training device and has no CPU-offloaded optimizer step (docs/SFT.md, \"Optimizer "
+            "offload\"); remove the key or set optimizer.offload: none",
+            c.source_of("optimizer.offload"));
+    if (o.state_dtype == AdamWStateDType::kBF16)
+        return unimplemented_error(
+            "{}: 'optimizer.state_dtype: bf16': lathe train keeps AdamW's moments in fp32 "
+            "(docs/SFT.md, \"Optimizer offload\"); remove the key or set optimizer.state_dtype: "
+            "fp32",
+            c.source_of("optimizer.state_dtype"));
+    return ok_status();
+}
+
 Result<const ModelFamily*> family_named(const Config& c) {
     const std::string name = c.get_string("model.family");
     Result<const ModelFamily*> family = model_family_find(name);
@@ -300,6 +354,7 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     if (!(s.grad_clip >= 0.0))
         return invalid_argument_error("{}: 'optimizer.gradient_clipping' must be >= 0 (0 = off)",
                                       c.source_of("optimizer.gradient_clipping"));
+    LATHE_RETURN_IF_ERROR(resolve_offload(c, s.offload));
     auto style = lr_decay_style_from_string(c.get_string("lr.decay_style"));
     if (!style.ok())
         return style.status().with_context(c.source_of("lr.decay_style") + ": 'lr.decay_style'");
@@ -493,6 +548,7 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
         }
     }
     s.per_document_attention = c.get_bool("data.per_document_attention");
+    LATHE_RETURN_IF_ERROR(refuse_offload(c, s.offload));
     return s;
 }
 

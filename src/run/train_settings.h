@@ -12,6 +12,7 @@
 #include "data/blend.h"
 #include "io/config.h"
 #include "model/fp8_state.h"
+#include "model/host_memory_plan.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "ops/adamw.h"
@@ -55,6 +56,9 @@ struct TrainSettings {
     double weight_decay = 0.0;
     AdamWHyper adam;
     double grad_clip = 0.0;  // 0 = off
+    // optimizer.offload, optimizer.offload_fraction, optimizer.state_dtype (validated; a run
+    // with offload cpu or bf16 moments is refused by train_settings_resolve).
+    OffloadSettings offload;
 
     int64_t checkpoint_interval = 0;  // 0 = only at the end
     int keep_last = 0;
