@@ -3,10 +3,15 @@
 //   lathe generate --checkpoint DIR [--input F.jsonl] [--output F.jsonl] [--prompt TEXT]
 //       [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]
 //       [--repetition-penalty R] [--seed S] [--stop S]... [--chat] [--device auto|cpu|cuda]
-//       [--batch-size N]
+//       [--batch-size N] [--tensor-parallel T] [--random-weights SEED]
 // Input lines: {"prompt": "..."} | {"prompt_ids": [...]} | {"messages": [...]} (blank lines are
 // skipped). Output lines, in input order: {"ids": [...], "text": "..."}, the new tokens only (a
 // stop token included). Without --input, --prompt TEXT streams its text to stdout.
+// --tensor-parallel T: T processes (`lathe launch --gpus T lathe generate ...` on GPUs, `mpirun -np
+// T lathe generate --device cpu ...` on the CPU) each hold a shard (infer/tensor_parallel.h); rank
+// 0 reads the input and broadcasts the prompts, every rank takes rank 0's sampled tokens, and
+// rank 0 alone writes the output. --random-weights SEED: no safetensors are read; each rank's
+// shard is drawn from SEED (timing a shape that has only a config.json).
 // docs/INFERENCE.md has the definitions.
 #include <filesystem>
 #include <fstream>
@@ -23,11 +28,13 @@
 #include "infer/engine.h"
 #include "infer/generate.h"
 #include "infer/prompting.h"
+#include "infer/tensor_parallel.h"
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"
 #include "run/checkpoint_dir.h"
 #include "run/compute_device.h"
+#include "run/world.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -44,6 +51,8 @@ struct GenerateRequest {
     uint64_t seed = 0;
     std::vector<std::string> stop;
     bool chat = false;
+    int tensor_parallel = 1;
+    int64_t random_weights = -1;  // < 0: load the checkpoint's safetensors
 };
 
 // One input line's prompt ids; errors are the caller's to place (file:line).
@@ -84,18 +93,9 @@ Result<std::vector<int32_t>> prompt_of_line(const Prompting& p, const std::strin
     return p.encode_messages(j["messages"]);
 }
 
-Status run_generate(const GenerateRequest& r) {
-    if (r.input.empty() == r.prompt.empty())
-        return invalid_argument_error("give exactly one of --input F.jsonl and --prompt TEXT");
-    const Result<fs::path> resolved = resolve_checkpoint(r.checkpoint);
-    if (!resolved.ok()) return resolved.status().with_context("--checkpoint");
-    const fs::path dir = *resolved;
-    Result<Prompting> loaded = Prompting::load(dir);
-    if (!loaded.ok()) return loaded.status().with_context("--checkpoint");
-    const Prompting& p = *loaded;
-
-    // The prompts, each with where it came from.
-    std::vector<std::vector<int32_t>> prompts;
+// The prompts of --input or --prompt.
+Status read_prompts(const GenerateRequest& r, const Prompting& p,
+                    std::vector<std::vector<int32_t>>& prompts) {
     if (!r.input.empty()) {
         std::ifstream in(r.input);
         if (!in) return not_found_error("--input {}: cannot open", r.input);
@@ -120,6 +120,51 @@ Status run_generate(const GenerateRequest& r) {
         if (ids->empty()) return invalid_argument_error("--prompt: the prompt has no tokens");
         prompts.push_back(std::move(*ids));
     }
+    return ok_status();
+}
+
+Status run_generate(const GenerateRequest& r) {
+    if (r.input.empty() == r.prompt.empty())
+        return invalid_argument_error("give exactly one of --input F.jsonl and --prompt TEXT");
+    const Result<fs::path> resolved = resolve_checkpoint(r.checkpoint);
+    if (!resolved.ok()) return resolved.status().with_context("--checkpoint");
+    const fs::path dir = *resolved;
+    Result<Prompting> loaded = Prompting::load(dir);
+    if (!loaded.ok()) return loaded.status().with_context("--checkpoint");
+    const Prompting& p = *loaded;
+
+    // Tensor parallel: one process per rank, the world of this job.
+    const int tp = r.tensor_parallel;
+    if (tp < 1) return invalid_argument_error("--tensor-parallel must be >= 1, got {}", tp);
+    LATHE_ASSIGN_OR_RETURN(const ProcessGroupInfo group,
+                           process_group_from_env(process_environment()));
+    if (tp > 1 && tp != group.world_size) {
+        return invalid_argument_error(
+            "--tensor-parallel {} must equal the number of processes of this job, {} ({}): start "
+            "{} processes (`lathe launch --gpus {} lathe generate ...`, or `mpirun -np {} ...` "
+            "with --device cpu) or pass --tensor-parallel {}",
+            tp, group.world_size, group.describe(), tp, tp, tp, group.world_size);
+    }
+    auto config = model_config_from_hf_file(dir.string());
+    if (!config.ok()) return config.status().with_context("--checkpoint");
+    // Refused before any process waits on another.
+    if (tp > 1) LATHE_RETURN_IF_ERROR(tp_local_config(*config, tp, "--tensor-parallel").status());
+    LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
+    std::optional<World> world;
+    if (tp > 1) {
+        LATHE_ASSIGN_OR_RETURN(World w, world_open(device));
+        world.emplace(std::move(w));
+    }
+    const bool rank0 = !world || world->rank() == 0;
+
+    // The prompts: rank 0 reads them and sends them to the others.
+    std::vector<std::vector<int32_t>> prompts;
+    Status read = rank0 ? read_prompts(r, p, prompts) : ok_status();
+    if (world) {
+        LATHE_RETURN_IF_ERROR(
+            tp_broadcast_token_lists(*world->comm, device.context(), prompts, !read.ok()));
+    }
+    LATHE_RETURN_IF_ERROR(read);
 
     GenerateOptions o;
     o.sampling.temperature = r.temperature;
@@ -140,8 +185,6 @@ Status run_generate(const GenerateRequest& r) {
     if (!r.stop.empty() && !p.tokenizer)
         return failed_precondition_error("--stop needs {}/tokenizer.json to decode text", p.dir);
 
-    auto config = model_config_from_hf_file(dir.string());
-    if (!config.ok()) return config.status().with_context("--checkpoint");
     size_t longest = 0;
     for (const auto& q : prompts) longest = std::max(longest, q.size());
     const int64_t max_len =
@@ -155,14 +198,21 @@ Status run_generate(const GenerateRequest& r) {
     shape.batch = 1;
     shape.seq_len = 1;
     shape.training = false;
-    LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
-    LATHE_ASSIGN_OR_RETURN(Model model,
-                           model_create_loaded(*config, shape, device.context(), dir.string()));
+    const int rank = world ? world->rank() : 0;
+    Result<Model> made =
+        r.random_weights >= 0 ? tp_model_create_random(*config, rank, tp, shape, device.context(),
+                                                       uint64_t(r.random_weights))
+        : tp > 1 ? tp_model_create_loaded(*config, rank, tp, shape, device.context(), dir.string())
+                 : model_create_loaded(*config, shape, device.context(), dir.string());
+    if (!made.ok()) return made.status();
+    Model model = std::move(*made);
     EngineLimits limits;
     limits.max_sequences = o.batch_size;
     limits.max_len = max_len;
     limits.prefill_chunk = std::min<int64_t>(256, max_len);
-    LATHE_ASSIGN_OR_RETURN(InferenceEngine engine, InferenceEngine::create(model, limits));
+    LATHE_ASSIGN_OR_RETURN(
+        InferenceEngine engine,
+        InferenceEngine::create(model, limits, world ? world->comm.get() : nullptr));
 
     Detokenizer detok;
     if (p.tokenizer) {
@@ -171,7 +221,7 @@ Status run_generate(const GenerateRequest& r) {
     // --prompt streams: each time the text grows by whole characters, the new part is printed.
     size_t printed = 0;
     TokenCallback stream;
-    if (!r.prompt.empty() && r.output == "-") {
+    if (!r.prompt.empty() && r.output == "-" && rank0) {
         stream = [&printed](size_t, const GenerateResult& g) {
             static const std::string kReplacement = "\xEF\xBF\xBD";  // an unfinished character
             size_t end = g.text.size();
@@ -185,6 +235,7 @@ Status run_generate(const GenerateRequest& r) {
     }
     LATHE_ASSIGN_OR_RETURN(std::vector<GenerateResult> results,
                            generate(engine, prompts, o, detok, stream));
+    if (!rank0) return ok_status();  // rank 0 writes
     if (stream) {
         std::fputc('\n', stdout);
         return ok_status();
@@ -232,6 +283,13 @@ void cli_add_generate(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--device", req->device, "auto | cpu | cuda")->capture_default_str();
     cmd->add_option("--batch-size", req->batch_size, "Requests decoded together")
         ->capture_default_str();
+    cmd->add_option("--tensor-parallel", req->tensor_parallel,
+                    "Processes (GPUs) sharing the model's heads and MLP; must equal the job's "
+                    "process count (docs/INFERENCE.md)")
+        ->capture_default_str();
+    cmd->add_option("--random-weights", req->random_weights,
+                    "Draw the weights from this seed instead of reading safetensors (timing a "
+                    "shape from its config.json alone; the output is noise)");
     cmd->callback([req, &action] { action = [req] { return run_generate(*req); }; });
 }
 

@@ -294,11 +294,13 @@ Status tp_broadcast_bytes(Communicator& comm, const Context& ctx, std::vector<ui
 }
 
 Status tp_broadcast_token_lists(Communicator& comm, const Context& ctx,
-                                std::vector<std::vector<int32_t>>& lists) {
+                                std::vector<std::vector<int32_t>>& lists, bool rank0_failed) {
     if (comm.size() == 1) return ok_status();
-    // [count, len_0, ids_0..., len_1, ids_1...] as i32.
+    // [count, len_0, ids_0..., len_1, ids_1...] as i32; count -1: rank 0 failed.
     std::vector<int32_t> flat;
-    if (comm.rank() == 0) {
+    if (comm.rank() == 0 && rank0_failed) {
+        flat.push_back(-1);
+    } else if (comm.rank() == 0) {
         flat.push_back(int32_t(lists.size()));
         for (const auto& l : lists) {
             flat.push_back(int32_t(l.size()));
@@ -314,6 +316,10 @@ Status tp_broadcast_token_lists(Communicator& comm, const Context& ctx,
     lists.clear();
     size_t at = 0;
     const int32_t count = flat.at(at++);
+    if (count < 0) {
+        return failed_precondition_error(
+            "rank {}: rank 0 could not read the input (rank 0 prints why)", comm.rank());
+    }
     for (int32_t i = 0; i < count; ++i) {
         const size_t len = size_t(flat.at(at++));
         lists.emplace_back(flat.begin() + int64_t(at), flat.begin() + int64_t(at + len));

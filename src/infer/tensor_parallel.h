@@ -81,8 +81,11 @@ Result<Model> tp_model_create_random(const ModelConfig& full, int rank, int tp,
 // the communicator's, an allocation failure.
 Status tp_broadcast_bytes(Communicator& comm, const Context& ctx, std::vector<uint8_t>& bytes);
 
-// The same for token-id lists (prompts): rank 0's `lists` on every rank.
+// The same for token-id lists (prompts): rank 0's `lists` on every rank. `rank0_failed` (read on
+// rank 0): rank 0 could not make its lists; the other ranks then return a failed-precondition
+// error saying so, and rank 0 returns ok (it reports its own error).
 Status tp_broadcast_token_lists(Communicator& comm, const Context& ctx,
-                                std::vector<std::vector<int32_t>>& lists);
+                                std::vector<std::vector<int32_t>>& lists,
+                                bool rank0_failed = false);
 
 }  // namespace lathe
