@@ -1,5 +1,5 @@
-// CPU AdamW throughput (optim/cpu_adamw.h): one update of N parameters, per path (scalar and the
-// widest vector path of this CPU) and thread count (1 and all cores), for f32 and bf16 moments.
+// CPU AdamW throughput (optim/cpu_adamw.h): one update of N parameters, per path (scalar and
+// every vector path this CPU has) and thread count (1 and all cores), for f32 and bf16 moments.
 //
 //   ninja -C build cpu_adamw_bench && ./build/cpu_adamw_bench [N] [steps]
 //
@@ -62,10 +62,9 @@ int main(int argc, char** argv) {
         auto m = untouched<char>(n * int64_t(es));
         auto v = untouched<char>(n * int64_t(es));
         const double bytes = dtype == AdamWStateDType::kF32 ? 30.0 : 22.0;
-        std::vector<CpuAdamWPath> paths = {CpuAdamWPath::kScalar};
-        if (lathe::cpu_adamw_best_path() != CpuAdamWPath::kScalar)
-            paths.push_back(lathe::cpu_adamw_best_path());
-        for (CpuAdamWPath path : paths) {
+        for (CpuAdamWPath path : {CpuAdamWPath::kScalar, CpuAdamWPath::kAvx2, CpuAdamWPath::kAvx512,
+                                  CpuAdamWPath::kNeon}) {
+            if (!lathe::cpu_adamw_path_available(path)) continue;
             for (int threads : {1, all}) {
                 auto opt = CpuAdamW::create(threads, path);
                 if (!opt.ok()) {
