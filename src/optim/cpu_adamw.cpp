@@ -50,7 +50,10 @@ bool cpu_adamw_path_available(CpuAdamWPath path) {
         case CpuAdamWPath::kAvx2:
             return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
         case CpuAdamWPath::kAvx512:
-            return __builtin_cpu_supports("avx512f");
+            // Its functions are compiled for AVX-512F with AVX2 and FMA (every AVX-512 CPU has
+            // both; the check keeps the claim honest).
+            return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+                   __builtin_cpu_supports("fma");
 #endif
 #if LATHE_NEON
         case CpuAdamWPath::kNeon:
