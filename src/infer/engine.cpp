@@ -122,6 +122,12 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
     const int64_t half = c.position == PositionKind::kRope ? rope_rotary_dim(c.rope) / 2 : 1;
     LATHE_ASSIGN_OR_RETURN(e.ix_.rope_cos, add("rope_cos", f32, Shape{lim.max_len, half}));
     LATHE_ASSIGN_OR_RETURN(e.ix_.rope_sin, add("rope_sin", f32, Shape{lim.max_len, half}));
+    if (e.tp_ != nullptr && e.ctx_.backend == Backend::kCuda) {
+        // follow(): a call's payload (a prompt's tokens, or a step's sequence and token pairs).
+        LATHE_ASSIGN_OR_RETURN(
+            e.ix_.message,
+            add("message", DType::kI64, Shape{std::max(lim.max_len, 2 * lim.max_sequences)}));
+    }
     LATHE_ASSIGN_OR_RETURN(e.scratch_, ModelArena::allocate(std::move(layout), e.ctx_));
     if (c.position == PositionKind::kRope) {
         HostTensor cos(f32, Shape{lim.max_len, half}), sin(f32, Shape{lim.max_len, half});
@@ -134,6 +140,13 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
 }
 
 Result<SeqId> InferenceEngine::open() {
+    Result<SeqId> seq = open_here();
+    // The followers open theirs (a refusal here is theirs too: nothing to send).
+    if (leading_ && seq.ok()) LATHE_RETURN_IF_ERROR(send(Op::kOpen, *seq, {}));
+    return seq;
+}
+
+Result<SeqId> InferenceEngine::open_here() {
     if (!paged_) return cache_.open();
     if (paged_cache_.open_sequences() >= limits_.max_sequences) {
         return failed_precondition_error("all {} sequences are open (close one first)",
@@ -143,6 +156,7 @@ Result<SeqId> InferenceEngine::open() {
 }
 
 void InferenceEngine::close(SeqId seq) {
+    if (leading_ && lead_error_.ok()) lead_error_ = send(Op::kClose, seq, {});
     if (paged_)
         paged_cache_.close(seq);
     else
@@ -242,6 +256,97 @@ Status InferenceEngine::agree_tokens(std::span<int32_t> tokens) {
         cuda_copy_sync(host, dev, ctx_.stream);
     }
     return ok_status();
+}
+
+void InferenceEngine::lead() {
+    leading_ = tp_ != nullptr && tp_->rank() == 0;
+}
+
+Status InferenceEngine::broadcast_i64(int64_t* data, int64_t n) {
+    const TensorView host(data, DType::kI64, Shape{n}, Device::kCpu);
+    if (ctx_.backend != Backend::kCuda) return tp_->broadcast(host, 0, nullptr);
+    const TensorView dev = scratch(ix_.message, Shape{n});
+    cuda_copy_sync(dev, host, ctx_.stream);
+    LATHE_RETURN_IF_ERROR(tp_->broadcast(dev, 0, ctx_.stream));
+    cuda_copy_sync(host, dev, ctx_.stream);
+    return ok_status();
+}
+
+Status InferenceEngine::send(Op op, int64_t seq, std::span<const int64_t> payload) {
+    LATHE_RETURN_IF_ERROR(lead_error_);
+    const int64_t cap = std::max(limits_.max_len, 2 * limits_.max_sequences);
+    // A payload beyond the buffer is a call the engine refuses anyway (more tokens than the
+    // context, more steps than sequences): the followers get none of it and refuse alike.
+    const int64_t n = std::min<int64_t>(int64_t(payload.size()), cap);
+    int64_t head[3] = {int64_t(op), seq, int64_t(payload.size()) > cap ? -1 : n};
+    LATHE_RETURN_IF_ERROR(broadcast_i64(head, 3));
+    if (head[2] <= 0) return ok_status();
+    std::vector<int64_t> body(payload.begin(), payload.begin() + n);
+    return broadcast_i64(body.data(), n);
+}
+
+Status InferenceEngine::send_tokens(Op op, SeqId seq, std::span<const int32_t> tokens) {
+    message_.assign(tokens.begin(), tokens.end());
+    return send(op, seq, message_);
+}
+
+Status InferenceEngine::receive(int64_t head[3], std::vector<int64_t>& payload) {
+    LATHE_RETURN_IF_ERROR(broadcast_i64(head, 3));
+    payload.assign(size_t(std::max<int64_t>(head[2], 0)), 0);
+    if (head[2] > 0) LATHE_RETURN_IF_ERROR(broadcast_i64(payload.data(), head[2]));
+    return ok_status();
+}
+
+Status InferenceEngine::stop_followers() {
+    if (!leading_) return ok_status();
+    leading_ = false;
+    int64_t head[3] = {int64_t(Op::kStop), 0, 0};
+    return broadcast_i64(head, 3);
+}
+
+Status InferenceEngine::follow() {
+    if (tp_ == nullptr || tp_->rank() == 0) return ok_status();
+    const int64_t V = vocab_size();
+    std::vector<int64_t> payload;
+    std::vector<int32_t> tokens;
+    std::vector<DecodeStep> steps;
+    std::vector<float> logits;
+    for (;;) {
+        int64_t head[3] = {0, 0, 0};
+        LATHE_RETURN_IF_ERROR(receive(head, payload));
+        const Op op = Op(head[0]);
+        const SeqId seq = head[1];
+        if (op == Op::kStop) return ok_status();
+        // A failure here is rank 0's too (the same state and call), which reports it.
+        if (op == Op::kOpen) {
+            const Result<SeqId> opened = open();
+            if (!opened.ok() || *opened != seq) {
+                return internal_error(
+                    "rank {}: rank 0 opened sequence {}, this rank {}: the ranks' engines "
+                    "diverged",
+                    tp_->rank(), seq,
+                    opened.ok() ? std::to_string(*opened) : opened.status().to_string());
+            }
+        } else if (op == Op::kClose) {
+            if (is_open(seq)) close(seq);
+        } else if (op == Op::kPrefill || op == Op::kPrefillAll) {
+            tokens.assign(payload.begin(), payload.end());
+            if (head[2] < 0) tokens.clear();  // too long for the buffer: refused below
+            const bool all = op == Op::kPrefillAll;
+            logits.resize(size_t((all ? std::max<size_t>(tokens.size(), 1) : 1) * size_t(V)));
+            const Status s = all ? prefill_all(seq, tokens, logits) : prefill(seq, tokens, logits);
+            (void)s;
+        } else if (op == Op::kDecode) {
+            steps.clear();
+            for (size_t i = 0; i + 1 < payload.size(); i += 2)
+                steps.push_back(DecodeStep{payload[i], int32_t(payload[i + 1])});
+            logits.resize(steps.size() * size_t(V));
+            const Status s = decode(steps, logits);
+            (void)s;
+        } else {
+            return internal_error("rank {}: an unknown call {} from rank 0", tp_->rank(), head[0]);
+        }
+    }
 }
 
 template <typename Attend>
@@ -348,11 +453,13 @@ void InferenceEngine::last_logits(ConstTensorView x, int64_t n, std::span<float>
 
 Status InferenceEngine::prefill(SeqId seq, std::span<const int32_t> tokens,
                                 std::span<float> logits) {
+    if (leading_) LATHE_RETURN_IF_ERROR(send_tokens(Op::kPrefill, seq, tokens));
     return prefill_impl(seq, tokens, logits, /*all=*/false);
 }
 
 Status InferenceEngine::prefill_all(SeqId seq, std::span<const int32_t> tokens,
                                     std::span<float> all_logits) {
+    if (leading_) LATHE_RETURN_IF_ERROR(send_tokens(Op::kPrefillAll, seq, tokens));
     return prefill_impl(seq, tokens, all_logits, /*all=*/true);
 }
 
@@ -466,6 +573,14 @@ Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
 }
 
 Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<float> logits) {
+    if (leading_) {
+        message_.clear();
+        for (const DecodeStep& s : steps) {
+            message_.push_back(s.seq);
+            message_.push_back(s.token);
+        }
+        LATHE_RETURN_IF_ERROR(send(Op::kDecode, 0, message_));
+    }
     const ModelConfig& c = config();
     const int64_t n = open_sequences(), V = c.vocab_size;
     if (int64_t(steps.size()) != n) {

@@ -32,7 +32,12 @@
 // ranks (all_reduce, on the engine's stream on CUDA) before each residual add: one unfused
 // projection, the reduce, then the residual (or the residual norm) in place of the fused op.
 // The KV cache holds the rank's Hkv/T heads. Every rank must make the same calls with the same
-// tokens (agree_tokens). Without a communicator, or with one of size 1, nothing changes.
+// tokens: either every rank runs the same driver and takes rank 0's sampled tokens
+// (agree_tokens; generate()), or rank 0 alone drives the engine after lead() and the other ranks
+// replay its calls in follow(): each open, close, prefill, prefill_all and decode on rank 0 first
+// sends the call (its sequence and tokens) to them, and stop_followers() ends their follow()
+// (`lathe serve`, where only rank 0 has a scheduler). Without a communicator, or with one of
+// size 1, nothing changes.
 //
 // Memory: the engine reads the model's weights (the model must outlive it) and owns the KV cache
 // and one scratch arena sized for max(prefill_chunk, max_sequences) tokens, allocated once.
@@ -101,6 +106,15 @@ public:
     // that every rank feeds the engine what rank 0 sampled. No-op otherwise. Errors: the
     // communicator's.
     Status agree_tokens(std::span<int32_t> tokens);
+    // Tensor parallel, rank 0: every later open/close/prefill/prefill_all/decode is sent to the
+    // other ranks before it runs here (header comment). No-op without tensor parallel.
+    void lead();
+    // Tensor parallel, the other ranks: runs rank 0's calls in its order until stop_followers();
+    // a call that fails here failed alike on rank 0 (which reports it) and is skipped. Errors: the
+    // communicator's, or a sequence id that differs from rank 0's (the ranks diverged).
+    Status follow();
+    // Rank 0 after lead(): ends the followers' follow(). Errors: the communicator's.
+    Status stop_followers();
 
     // A new sequence of length 0; error when max_sequences are open.
     Result<SeqId> open();
@@ -149,10 +163,20 @@ private:
                         bool all);
     Status decode_paged(std::span<const DecodeStep> steps, std::span<float> logits);
     bool is_open(SeqId seq) const;
+    Result<SeqId> open_here();  // open() without sending it
+    // lead()/follow(): one call sent from rank 0 (op, sequence, payload of i64).
+    enum class Op : int64_t { kOpen = 1, kClose, kPrefill, kPrefillAll, kDecode, kStop };
+    Status send(Op op, int64_t seq, std::span<const int64_t> payload);
+    Status send_tokens(Op op, SeqId seq, std::span<const int32_t> tokens);
+    Status receive(int64_t head[3], std::vector<int64_t>& payload);
+    Status broadcast_i64(int64_t* data, int64_t n);
     void set_length(SeqId seq, int64_t length);
 
     const Model* model_ = nullptr;
     Communicator* tp_ = nullptr;  // null or size 1: one process
+    bool leading_ = false;        // rank 0 after lead()
+    Status lead_error_;           // a send of close() that failed, returned by the next call
+    std::vector<int64_t> message_;
     EngineLimits limits_;
     Context ctx_;
     DType act_ = DType::kF32;
@@ -162,7 +186,7 @@ private:
     ModelArena scratch_;
     struct Index {
         size_t x0, x1, ln, mean, rstd, q, knew, vnew, att, lse, tmp, mlp_in, mlp_act, logits,
-            tokens, positions, lengths, rope_cos, rope_sin, kgather, vgather;
+            tokens, positions, lengths, rope_cos, rope_sin, kgather, vgather, message;
     } ix_{};
     std::vector<int32_t> host_i32_;  // staging of tokens / positions / lengths
     std::vector<int32_t> host_pos_, host_len_;

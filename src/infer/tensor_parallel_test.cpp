@@ -7,6 +7,9 @@
 //   - the engine over T shards, its partial sums reduced by the ranks' communicator, gives the
 //     full engine's logits for a prefill and decode steps, and agree_tokens hands every rank
 //     rank 0's tokens;
+//   - with rank 0 leading and the others following (lathe serve), the followers replay its
+//     opens, closes, prefills, refused calls and decode steps, and rank 0's logits are the full
+//     engine's;
 //   - a T that does not divide the heads, GPT-2's transposed fused qkv and GPT-NeoX's
 //     hidden-sized query_key_value are refused.
 //
@@ -241,6 +244,80 @@ TEST_P(TpShards, EngineOverShardsGivesTheFullEnginesLogits) {
             EXPECT_LE(err, tol) << "rank " << r << " row " << i;
         }
         EXPECT_EQ(agreed[size_t(r)], (std::vector<int32_t>{100, 0})) << "rank " << r;
+    }
+}
+
+TEST_P(TpShards, FollowersReplayTheLeadersCalls) {
+    const Case& k = GetParam();
+    engine_test::Loaded L = engine_test::load(k.fixture);
+    const std::string dir = model_fixture::dir(k.fixture);
+    const int64_t V = L.f.config.vocab_size;
+    EngineLimits lim;
+    lim.max_sequences = 2;
+    lim.max_len = L.f.T;
+    lim.prefill_chunk = 4;
+    const std::vector<int32_t> a(L.tokens.begin(), L.tokens.begin() + 3);
+    const std::vector<int32_t> b(L.tokens.begin() + 1, L.tokens.begin() + 6);
+    // Two sequences, a refused call (a token outside the vocabulary), decode steps together, one
+    // leaving, then prefill_all of a third: the logits of every call, concatenated.
+    auto drive = [&](InferenceEngine& e) {
+        std::vector<float> out, z(static_cast<size_t>(V)), zz(2 * static_cast<size_t>(V));
+        const SeqId s0 = *e.open(), s1 = *e.open();
+        LATHE_CHECK(e.prefill(s0, a, z).ok(), "prefill");
+        out.insert(out.end(), z.begin(), z.end());
+        LATHE_CHECK(!e.prefill(s1, std::vector<int32_t>{int32_t(V)}, z).ok(), "a bad token");
+        LATHE_CHECK(e.prefill(s1, b, z).ok(), "prefill");
+        out.insert(out.end(), z.begin(), z.end());
+        for (int step = 0; step < 3; ++step) {
+            const DecodeStep steps[2] = {{s1, int32_t((step * 5 + 1) % V)},
+                                         {s0, int32_t((step * 3 + 2) % V)}};
+            LATHE_CHECK(e.decode(steps, zz).ok(), "decode");
+            out.insert(out.end(), zz.begin(), zz.end());
+        }
+        e.close(s0);
+        const SeqId s2 = *e.open();
+        std::vector<float> all(a.size() * static_cast<size_t>(V));
+        LATHE_CHECK(e.prefill_all(s2, a, all).ok(), "prefill_all");
+        out.insert(out.end(), all.begin(), all.end());
+        const DecodeStep steps[2] = {{s1, 1}, {s2, 2}};
+        LATHE_CHECK(e.decode(steps, zz).ok(), "decode");
+        out.insert(out.end(), zz.begin(), zz.end());
+        return out;
+    };
+    Result<InferenceEngine> whole = InferenceEngine::create(L.model, lim);
+    ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+    const std::vector<float> want = drive(*whole);
+
+    std::vector<float> got;
+    Status followed = internal_error("rank 1 did not run");
+    run_ranks(k.tp, [&](Communicator& comm) {
+        Result<Model> m = tp_model_create_loaded(L.f.config, comm.rank(), k.tp, one_token_shape(),
+                                                 Context{}, dir);
+        LATHE_CHECK(m.ok(), "{}", m.status().to_string());
+        Result<InferenceEngine> e = InferenceEngine::create(*m, lim, &comm);
+        LATHE_CHECK(e.ok(), "{}", e.status().to_string());
+        if (comm.rank() == 0) {
+            e->lead();
+            got = drive(*e);
+            LATHE_CHECK(e->stop_followers().ok(), "stop_followers");
+        } else {
+            const Status s = e->follow();
+            if (comm.rank() == 1) followed = s;
+            // The followers' engines took the same steps: the third sequence is open.
+            LATHE_CHECK(e->open_sequences() == 2, "rank {}: {} open", comm.rank(),
+                        e->open_sequences());
+        }
+    });
+    EXPECT_TRUE(followed.ok()) << followed.to_string();
+    const ModelConfig& c = L.f.config;
+    const int64_t K = std::max({c.intermediate_size, c.hidden_size, L.f.T});
+    const double tol = double(c.num_layers + 1) * double(K) * std::numeric_limits<float>::epsilon();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); i += size_t(V)) {
+        const double err = model_fixture::rel_error(
+            ConstTensorView(got.data() + i, DType::kF32, Shape{V}, Device::kCpu),
+            ConstTensorView(want.data() + i, DType::kF32, Shape{V}, Device::kCpu));
+        EXPECT_LE(err, tol) << "logits row " << i / size_t(V);
     }
 }
 
