@@ -44,8 +44,9 @@
 #              (efficiency >= 95%, ahead of DDP and FSDP2) are reported, not failed.
 #              GPU_CHECK_SCALING_MODELS (default "gpt2 llama") picks the models: one call of
 #              600 s holds about one model's rows on 1, 2 and 4 GPUs, so take one model a call
-#   dist       on a machine of 2 GPUs or more: dist_two_gpu_tests (NCCL across two GPUs) and
-#              the GPU cases of tests/test_data_parallel.py (pytest -k gpus; its CPU cases need
+#   dist       on a machine of 2 GPUs or more: dist_two_gpu_tests and infer_two_gpu_tests (NCCL
+#              across two GPUs) and the GPU cases of tests/test_data_parallel.py, or of each file
+#              GPU_CHECK_DIST_TESTS names (pytest -k gpus; their CPU cases need
 #              mpirun and run in CI) with LATHE_BIN the bundle's lathe; every test must pass, none
 #              skipped. pytest is the machine's, else installed from wheels carried in
 #              .carry/wheels/; the tests' corpus, Debian's /usr/share/dictd/gcide.dict.dz, is
@@ -68,7 +69,8 @@
 #                     GPU counts (default 1 2 4, those the machine has)
 #   GPU_CHECK_TORCH_BENCH  the folder of ddp_baseline.py and torch_baseline.py (.carry/bench)
 #   GPU_CHECK_TORCHRUN  the torchrun command (python3 -m torch.distributed.run)
-#   GPU_CHECK_DIST_TESTS  the dist part's pytest file (tests/test_data_parallel.py);
+#   GPU_CHECK_TESTS   the tests part's binaries (default: the six *_gpu_tests above)
+#   GPU_CHECK_DIST_TESTS  the dist part's pytest files (tests/test_data_parallel.py);
 #                     GPU_CHECK_DIST_PYTEST_ARGS  its selection (default -k gpus)
 set -uo pipefail
 
@@ -183,7 +185,8 @@ gtest_verdict() {
 
 part_tests() {
     local t rc
-    for t in ops_gpu_tests model_gpu_tests align_gpu_tests dist_gpu_tests optim_gpu_tests infer_gpu_tests; do
+    # shellcheck disable=SC2086  # a list of names
+    for t in ${GPU_CHECK_TESTS:-ops_gpu_tests model_gpu_tests align_gpu_tests dist_gpu_tests optim_gpu_tests infer_gpu_tests}; do
         have "$t" || continue
         timeout "$(limit 300)" "$bin/$t" >"$out/tests_$t.txt" 2>&1
         rc=$?
@@ -713,15 +716,26 @@ part_dist() {
         fail "dist: needs 2 GPUs or more, nvidia-smi -L lists $g"
         return
     fi
-    if have dist_two_gpu_tests; then
-        timeout "$(limit 200)" "$bin/dist_two_gpu_tests" >"$out/dist_two_gpu_tests.txt" 2>&1
+    local t
+    for t in dist_two_gpu_tests infer_two_gpu_tests; do
+        have "$t" || continue
+        timeout "$(limit 200)" "$bin/$t" >"$out/$t.txt" 2>&1
         rc=$?
-        echo "rc=$rc" >>"$out/dist_two_gpu_tests.txt"
-        gtest_verdict dist_two_gpu_tests "$out/dist_two_gpu_tests.txt" "$rc"
-    fi
+        echo "rc=$rc" >>"$out/$t.txt"
+        gtest_verdict "$t" "$out/$t.txt" "$rc"
+    done
     have lathe || return
-    local log=$out/dist_pytest.txt pypath=${PYTHONPATH:-} tests=${GPU_CHECK_DIST_TESTS:-tests/test_data_parallel.py}
+    local tests
+    for tests in ${GPU_CHECK_DIST_TESTS:-tests/test_data_parallel.py}; do
+        dist_pytest "$tests"
+    done
+}
+
+# One pytest file of the dist part (its GPU cases), with the corpus and pytest it needs.
+dist_pytest() {
+    local tests=$1 rc
     local file=${tests##*/}
+    local log=$out/dist_pytest_${file%.py}.txt pypath=${PYTHONPATH:-}
     : >"$log"
     if [[ ! -f $tests ]]; then
         fail "dist: $tests missing"

@@ -158,6 +158,13 @@ def test_a_missing_binary_fails(stub_bin, tmp_path):
     assert "ops_gpu_tests 3/3" in verdict  # the others still ran
 
 
+def test_tests_part_runs_the_binaries_named(stub_bin, tmp_path):
+    (stub_bin / "ops_gpu_tests").unlink()
+    rc, verdict, _ = check(stub_bin, tmp_path, "tests", GPU_CHECK_TESTS="model_gpu_tests infer_gpu_tests")
+    assert rc == 0, verdict
+    assert verdict == "gpu-check: PASS (model_gpu_tests 3/3, infer_gpu_tests 3/3)"
+
+
 def test_unknown_part_and_nothing_checked_fail(stub_bin, tmp_path):
     rc, verdict, _ = check(stub_bin, tmp_path, "tests", "benhc")
     assert rc == 1 and "unknown part 'benhc'" in verdict
@@ -395,6 +402,7 @@ def test_cpu_ranks_under_mpirun():
 @pytest.fixture
 def dist_env(stub_bin, tmp_path, multi):
     write_exe(stub_bin / "dist_two_gpu_tests", GTEST_STUB % {"var": "DIST_TWO_GPU_TESTS"})
+    write_exe(stub_bin / "infer_two_gpu_tests", GTEST_STUB % {"var": "INFER_TWO_GPU_TESTS"})
     tests = tmp_path / "dist" / "test_dp_stub.py"
     tests.parent.mkdir()
     tests.write_text(DIST_TESTS)
@@ -404,7 +412,8 @@ def dist_env(stub_bin, tmp_path, multi):
 def test_dist_part_passes(stub_bin, tmp_path, dist_env):
     rc, verdict, stdout = check(stub_bin, tmp_path, "dist", **dist_env)
     assert rc == 0, stdout
-    assert verdict == "gpu-check: PASS (dist_two_gpu_tests 3/3, test_dp_stub.py 2 passed)"
+    assert verdict == ("gpu-check: PASS (dist_two_gpu_tests 3/3, infer_two_gpu_tests 3/3, "
+                       "test_dp_stub.py 2 passed)")
 
 
 @pytest.mark.parametrize("env,needle", [
@@ -412,6 +421,7 @@ def test_dist_part_passes(stub_bin, tmp_path, dist_env):
     ({"STUB_DIST": "fail"}, "test_dp_stub.py: exit 1, 1 passed, 1 failed, 0 skipped, 0 errors (FAILED "),
     ({"STUB_DIST_TWO_GPU_TESTS": "fail"}, "dist_two_gpu_tests 2/3 (exit 1, 1 failed"),
     ({"STUB_DIST_TWO_GPU_TESTS": "skip"}, "dist_two_gpu_tests 2/3 (exit 0, 0 failed, 1 skipped"),
+    ({"STUB_INFER_TWO_GPU_TESTS": "fail"}, "infer_two_gpu_tests 2/3 (exit 1, 1 failed"),
     ({"STUB_GPUS": "1"}, "dist: needs 2 GPUs or more, nvidia-smi -L lists 1"),
     ({"GPU_CHECK_DIST_TESTS": "/nonexistent/test_x.py"}, "dist: /nonexistent/test_x.py missing"),
     ({"GPU_CHECK_DIST_PYTEST_ARGS": "-k nothing_matches"}, "test_dp_stub.py: exit 5, 0 passed, 0 failed, 0 skipped"),
