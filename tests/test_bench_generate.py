@@ -125,6 +125,21 @@ def test_bad_requests_are_errors_naming_the_option(args, needle):
     assert p.stdout == ""
 
 
+def test_not_enough_memory_says_how_much_is_needed(tmp_path):
+    # 2e9 tied embeddings of 65536 f32: 477 TiB of weights, more than any machine has, refused
+    # before anything is allocated.
+    cfg = tmp_path / "huge.json"
+    cfg.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 2_000_000_000,
+        "hidden_size": 65536, "intermediate_size": 131072, "num_hidden_layers": 2,
+        "num_attention_heads": 512, "num_key_value_heads": 8, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-05, "hidden_act": "silu", "tie_word_embeddings": True}))
+    p = run("--generate", "--config", cfg, "--prefill", 16, "--decode-batches", 1,
+            "--prompt-len", 8, "--decode-steps", 2, "--device", "cpu")
+    assert p.returncode == 2 and p.stdout == ""
+    assert "lathe: error:" in p.stderr and "needs about 477.10 TiB of memory" in p.stderr, p.stderr
+
+
 def test_generate_options_need_generate():
     p = run("--model", "tiny", "--batch", 1, "--seq", 8, "--prefill", "16", "--device", "cpu")
     assert p.returncode != 0 and "--prefill needs --generate" in p.stderr

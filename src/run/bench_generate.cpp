@@ -86,8 +86,9 @@ Status check_fits(const ComputeDevice& device, size_t need, std::string_view wha
     const size_t have = device.available_memory_bytes();
     if (have == 0 || need <= have) return ok_status();
     return invalid_argument_error(
-        "{} needs about {} of memory, {} has {} free; lower the lengths or batches ({})", what,
-        format_bytes(need), device.describe(), format_bytes(have),
+        "{} needs about {} of memory, {} has {} free; lower the lengths or batches ({}), or "
+        "measure a smaller model",
+        what, format_bytes(need), device.describe(), format_bytes(have),
         "--prefill, --decode-batches, --prompt-len, --decode-steps");
 }
 
