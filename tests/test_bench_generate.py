@@ -4,12 +4,15 @@ mfu null without a peak) and the decode rows (ms per step, tokens/s, bytes read 
 lengths, bandwidth fraction null without a measured copy); batch 4 decodes 4 tokens a step where
 batch 1 decodes 1; the preset and config.json spellings agree; bad lists, lengths beyond the
 model's positions and options of the other mode are `lathe: error:` lines naming the option.
+On a GPU (skipped without one): the measured copy bandwidth, the bandwidth fraction of each decode
+batch and, on Hopper, the prefill MFU are in the line.
 """
 import json
 import os
 import subprocess
 
 import pytest
+from conftest import NEEDS_CUDA
 
 LATHE = os.environ.get("LATHE_BIN", "build/lathe")
 SMOKE = ["--prefill", "64,128", "--decode-batches", "1,4", "--prompt-len", "32",
@@ -145,3 +148,30 @@ def test_generate_options_need_generate():
     assert p.returncode != 0 and "--prefill needs --generate" in p.stderr
     p = run("--model", "tiny", "--seq", 8, "--device", "cpu")
     assert p.returncode != 0 and "--batch is required" in p.stderr
+
+
+def gpu_or_skip():
+    p = subprocess.run([LATHE, "doctor", "--json"], capture_output=True, text=True, timeout=300)
+    j = json.loads(p.stdout.strip().splitlines()[-1])
+    if not j["devices"]:
+        pytest.skip(NEEDS_CUDA + "no GPU here: " + str(j["device_error"]))
+    return j["devices"][0]
+
+
+def test_cuda_line_has_bandwidth_and_mfu():
+    d = gpu_or_skip()
+    r = bench("--preset", "tiny", *[a for a in SMOKE if a != "cpu" and a != "--device"],
+              "--device", "cuda")
+    assert r["device"] == "cuda" and r["precision"] == "bf16"
+    assert r["copy_bytes"] == 2**30 and r["copy_bandwidth"] > 1e10
+    assert r["weight_bytes"] == 2 * r["flop_params"]  # bf16 weights
+    assert r["kv_bytes_per_position"] == 2 * 2 * 2 * 16 * 2
+    hopper = d["compute_capability"].startswith("9.")
+    assert (r["peak_flops"] == 989.4e12) if hopper else r["peak_flops"] is None
+    for row in r["prefill"]:
+        assert row["seconds"] > 0 and ((row["mfu"] > 0) if hopper else row["mfu"] is None)
+    for row in r["decode"]:
+        assert row["ms_per_step"] > 0 and row["bandwidth_fraction"] > 0
+        assert row["bandwidth_fraction"] == pytest.approx(
+            row["bytes_per_step"] / (row["ms_per_step"] / 1e3) / r["copy_bandwidth"])
+    assert r["peak_memory_source"] == "cuda_mem_get_info" and r["peak_memory_bytes"] > 0

@@ -2,7 +2,8 @@
 compared with on the GPU, kept working off it: a CPU smoke run on the tiny shape (eager decode)
 prints one JSON line whose keys are those of lathe's line (plus the baseline's decode_mode and
 compile_error), whose numbers follow the definitions both share (bytes per decode step from the
-lengths, FLOPs of a prefill), and bad requests exit 2 with an error naming the option.
+lengths, FLOPs of a prefill), and bad requests exit 2 with an error naming the option. On a GPU (skipped without one) the
+tiny shape runs in bf16 and the line carries the copy bandwidth and each batch's fraction of it.
 """
 import json
 import os
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import NEEDS_CUDA
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "generate_baseline.py"
@@ -90,3 +92,18 @@ def test_bad_requests_exit_2_naming_the_option(args, needle):
     p = run("--preset", "tiny", "--device", "cpu", *args)
     assert p.returncode == 2, p.stderr
     assert needle in p.stderr and "Traceback" not in p.stderr
+
+
+def test_cuda_smoke_run_measures_the_copy_bandwidth():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip(NEEDS_CUDA + "torch sees no GPU here")
+    p = run("--preset", "tiny", "--device", "cuda", "--compile", "off", *SMOKE)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["device"] == "cuda" and r["precision"] == "bf16" and r["copy_bandwidth"] > 1e10
+    assert r["weight_bytes"] == 2 * r["flop_params"]
+    for row in r["decode"]:
+        assert row["bandwidth_fraction"] == pytest.approx(
+            row["bytes_per_step"] / (row["ms_per_step"] / 1e3) / r["copy_bandwidth"])
