@@ -10,13 +10,22 @@
     safetensors in the folder;
   - refusals name the flag and the numbers: --tensor-parallel without as many processes, a T that
     does not divide the key/value heads, families whose projections have no head shards, and bad
-    input read by rank 0 ends every rank with `lathe: error:` and leaves no output.
+    input read by rank 0 ends every rank with `lathe: error:` and leaves no output;
+  - `lathe serve --tensor-parallel 2` (rank 0 serves, rank 1 replays its engine calls) answers the
+    openai client with one-process `lathe generate`'s greedy text, one at a time, streamed and
+    from concurrent clients; echo log-probabilities and a refused request leave it serving; a
+    SIGTERM to rank 0 stops both ranks with exit code 0.
 """
 import json
 import os
 import shutil
+import signal
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+
+import openai
 
 import pytest
 import torch
@@ -153,3 +162,98 @@ def test_bad_input_on_rank0_ends_every_rank(tmp_path):
     assert f"{inp}:2" in p.stderr and "prompt_ids" in p.stderr, p.stderr
     assert "rank 0 could not read the input" in p.stderr, p.stderr
     assert not out.exists()
+
+
+# ---- lathe serve --tensor-parallel 2 ----
+
+@pytest.fixture(scope="module")
+def tok_folder(tmp_path_factory):
+    from test_generate import with_tokenizer
+    f, _ = with_tokenizer(tmp_path_factory.mktemp("serve_tp"))
+    return f
+
+
+def rank0_pid(mpirun_pid):
+    """The pid of rank 0 among mpirun's children (OMPI_COMM_WORLD_RANK in its environment)."""
+    kids = subprocess.run(["pgrep", "-P", str(mpirun_pid)], capture_output=True,
+                          text=True).stdout.split()
+    for k in kids:
+        env = Path(f"/proc/{k}/environ").read_bytes().split(b"\0")
+        if b"OMPI_COMM_WORLD_RANK=0" in env:
+            return int(k)
+    raise AssertionError(f"no rank 0 among mpirun's children {kids}")
+
+
+@contextmanager
+def serve_tp(folder, *flags):
+    """`mpirun -np 2 lathe serve --tensor-parallel 2` on a free port; yields its base URL; stops
+    it with SIGTERM to rank 0, which stops serving and releases rank 1: both exit with 0, and so
+    does mpirun."""
+    cmd = [MPIRUN, "--oversubscribe", "-np", "2", LATHE, "serve", "--checkpoint", str(folder),
+           "--port", "0", "--device", "cpu", "--max-len", "96", "--tensor-parallel", "2",
+           *map(str, flags)]
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                         env=mpi_env())
+    seen = ""
+    while True:
+        line = p.stderr.readline()
+        seen += line
+        if "http://" in line or not line:
+            break
+    if "http://" not in line:
+        p.kill()
+        raise AssertionError(f"lathe serve did not start: {seen}{p.stderr.read()}")
+    assert "tensor parallel 2" in line
+    url = "http://" + line.split("http://")[1].split()[0]
+    try:
+        yield url
+    finally:
+        if p.poll() is None:
+            os.kill(rank0_pid(p.pid), signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise AssertionError("mpirun lathe serve did not stop on SIGTERM to rank 0")
+        rest = p.stderr.read()
+        assert rc == 0, rest
+        assert "stopping" in rest
+
+
+def test_serve_tp2_equals_generate(tok_folder, tmp_path):
+    # The reference: one-process `lathe generate`, greedy, and a seeded sample.
+    rows = [{"prompt_ids": p} for p in PROMPTS]
+    out = tmp_path / "ref.jsonl"
+    run(["generate", "--checkpoint", tok_folder, "--input", write_jsonl(tmp_path / "in.jsonl", rows),
+         "--output", out, "--temperature", 0, "--max-new-tokens", NEW, "--device", "cpu"])
+    want = [json.loads(line)["text"] for line in out.read_text().splitlines()]
+    with serve_tp(tok_folder, "--max-seqs", 3) as url:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+        for p, w in zip(PROMPTS, want):
+            r = c.completions.create(model="m", prompt=p, max_tokens=NEW, temperature=0)
+            assert r.choices[0].text == w
+        # Streamed, and concurrent clients over 3 engine sequences (joining and leaving).
+        parts = [ch.choices[0].text for ch in c.completions.create(
+            model="m", prompt=PROMPTS[1], max_tokens=NEW, temperature=0, stream=True)]
+        assert "".join(parts) == want[1]
+        jobs = [PROMPTS[i % 4] for i in range(10)]
+        with ThreadPoolExecutor(10) as ex:
+            got = list(ex.map(lambda p: c.completions.create(
+                model="m", prompt=p, max_tokens=NEW, temperature=0).choices[0].text, jobs))
+        assert got == [want[i % 4] for i in range(10)]
+        # Echo with log-probabilities (prefill_all on every rank) and a refused request; the
+        # server goes on after it.
+        r = c.completions.create(model="m", prompt=PROMPTS[0], max_tokens=0, echo=True,
+                                 logprobs=1)
+        assert len(r.choices[0].logprobs.token_logprobs) == len(PROMPTS[0])
+        with pytest.raises(openai.BadRequestError):
+            c.completions.create(model="m", prompt=[10**6], max_tokens=2)
+        r = c.completions.create(model="m", prompt=PROMPTS[2], max_tokens=NEW, temperature=0)
+        assert r.choices[0].text == want[2]
+
+
+def test_serve_tp_needs_as_many_processes(tok_folder):
+    p = run(["serve", "--checkpoint", tok_folder, "--port", "0", "--device", "cpu",
+             "--tensor-parallel", 2], check=False, timeout=60)
+    assert p.returncode != 0
+    assert "--tensor-parallel 2" in p.stderr and "processes of this job, 1" in p.stderr

@@ -3,12 +3,19 @@
 //
 //   lathe serve --checkpoint DIR [--host 127.0.0.1] [--port 8000] [--device auto|cpu|cuda]
 //       [--api-key KEY] [--max-seqs N] [--max-queue N] [--max-len N] [--model-name NAME]
+//       [--tensor-parallel T] [--random-weights SEED]
 //
 // Threads: the HTTP library's pool parses requests, submits their sequences to the scheduler
 // and waits on (or streams from) their tickets; the scheduler's one engine thread owns the model;
 // one more thread waits for SIGINT/SIGTERM and stops the server. Every error a request can cause
 // is answered with an OpenAI error object ({"error": {"message", "type", "param", "code"}}) and a
 // 4xx (503 with Retry-After when the queue is full); the server keeps serving.
+//
+// --tensor-parallel T (one process per GPU: `lathe launch --gpus T lathe serve ...`, or mpirun on
+// the CPU): each process holds a shard (infer/tensor_parallel.h). Rank 0 alone listens and
+// schedules, its main thread running the scheduler's steps (MPI is called from one thread); its
+// engine sends every call to the other ranks, which replay it (InferenceEngine::lead/follow)
+// until rank 0 stops and releases them.
 #ifdef LATHE_HAVE_HTTPLIB
 #include <httplib.h>
 #endif
@@ -34,11 +41,13 @@
 #include "infer/engine.h"
 #include "infer/prompting.h"
 #include "infer/scheduler.h"
+#include "infer/tensor_parallel.h"
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"
 #include "run/checkpoint_dir.h"
 #include "run/compute_device.h"
+#include "run/world.h"
 
 namespace lathe {
 
@@ -57,6 +66,8 @@ struct ServeRequest {
     // a non-streaming client that leaves is not noticed until its sequences end.
     int64_t default_max_tokens = 1024;
     bool kv_block_size_given = false;
+    int tensor_parallel = 1;
+    int64_t random_weights = -1;  // < 0: load the checkpoint's safetensors
 };
 
 #ifdef LATHE_HAVE_HTTPLIB
@@ -859,9 +870,33 @@ Status run_serve(const ServeRequest& r) {
     shape.batch = 1;
     shape.seq_len = 1;
     shape.training = false;
+    // Tensor parallel: one process per rank, the world of this job.
+    const int tp = r.tensor_parallel;
+    if (tp < 1) return invalid_argument_error("--tensor-parallel must be >= 1, got {}", tp);
+    LATHE_ASSIGN_OR_RETURN(const ProcessGroupInfo group,
+                           process_group_from_env(process_environment()));
+    if (tp > 1 && tp != group.world_size) {
+        return invalid_argument_error(
+            "--tensor-parallel {} must equal the number of processes of this job, {} ({}): start "
+            "{} processes (`lathe launch --gpus {} lathe serve ...`, or `mpirun -np {} ...` "
+            "with --device cpu) or pass --tensor-parallel {}",
+            tp, group.world_size, group.describe(), tp, tp, tp, group.world_size);
+    }
+    if (tp > 1) LATHE_RETURN_IF_ERROR(tp_local_config(*config, tp, "--tensor-parallel").status());
     LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
-    LATHE_ASSIGN_OR_RETURN(Model model,
-                           model_create_loaded(*config, shape, device.context(), dir.string()));
+    std::optional<World> world;
+    if (tp > 1) {
+        LATHE_ASSIGN_OR_RETURN(World w, world_open(device));
+        world.emplace(std::move(w));
+    }
+    const int rank = world ? world->rank() : 0;
+    Result<Model> made =
+        r.random_weights >= 0 ? tp_model_create_random(*config, rank, tp, shape, device.context(),
+                                                       uint64_t(r.random_weights))
+        : tp > 1 ? tp_model_create_loaded(*config, rank, tp, shape, device.context(), dir.string())
+                 : model_create_loaded(*config, shape, device.context(), dir.string());
+    if (!made.ok()) return made.status();
+    Model model = std::move(*made);
     EngineLimits limits;
     limits.max_sequences = r.max_seqs;
     limits.max_len = r.max_len > 0 ? r.max_len : config->max_position_embeddings;
@@ -869,9 +904,26 @@ Status run_serve(const ServeRequest& r) {
     const bool cpu = device.context().backend == Backend::kCpu;
     limits.kv_block_size = r.kv_block_size >= 0 ? r.kv_block_size : (cpu ? 16 : 0);
     limits.kv_blocks = r.kv_blocks;
-    Result<InferenceEngine> created = InferenceEngine::create(model, limits);
+    Result<InferenceEngine> created =
+        InferenceEngine::create(model, limits, world ? world->comm.get() : nullptr);
     if (!created.ok()) return created.status().with_context("--kv-block-size, --kv-blocks");
     InferenceEngine engine = std::move(*created);
+    if (world && rank != 0) {
+        // A signal to the job (mpirun passes it on to every rank) ends rank 0's server, which
+        // then releases this rank: here it only sets the flag.
+        serve_install_signal_handlers();
+        return engine.follow();  // rank 0's calls, until it stops
+    }
+    // Rank 0 of several: the others wait in follow() until this process releases them, on every
+    // way out of here.
+    engine.lead();
+    struct Release {
+        InferenceEngine& e;
+        ~Release() {
+            if (Status s = e.stop_followers(); !s.ok())
+                std::fprintf(stderr, "lathe serve: %s\n", s.to_string().c_str());
+        }
+    } release{engine};
 
     const Prompting& p = *prompting;
     Detokenizer detok;
@@ -897,6 +949,34 @@ Status run_serve(const ServeRequest& r) {
             "cannot listen on {}:{} (--host, --port): the address is taken or not "
             "local",
             r.host, r.port);
+    }
+    if (world) {
+        std::fprintf(stderr,
+                     "lathe serve: %s on http://%s:%d (%lld sequences, queue %lld, %lld-token "
+                     "context, tensor parallel %d)\n",
+                     model_id.c_str(), r.host.c_str(), port, (long long)r.max_seqs,
+                     (long long)r.max_queue, (long long)limits.max_len, tp);
+        std::fflush(stderr);
+        // The HTTP server listens on a thread of its own; this thread runs the scheduler (and so
+        // every collective) until a signal or the server's end.
+        std::atomic<bool> listened{false}, listening_done{false};
+        std::thread listener([&] {
+            listened.store(http.listen_after_bind());
+            listening_done.store(true);
+        });
+        while (!serve_stop_flag().load() && !listening_done.load()) {
+            if (!scheduler.step()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        std::fprintf(stderr, "lathe serve: stopping\n");
+        scheduler.stop();
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        while (server.open_streams() > 0 && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        http.stop();
+        listener.join();
+        if (!listened.load() && !serve_stop_flag().load())
+            return io_error("the server on {}:{} stopped with an error", r.host, port);
+        return ok_status();
     }
     scheduler.start();
     // The signal handler only sets a flag; this thread polls it and stops the server.
@@ -984,6 +1064,13 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
         ->capture_default_str();
     cmd->add_option("--model-name", req->model_name,
                     "The model id of /v1/models (default: the checkpoint folder's name)");
+    cmd->add_option("--tensor-parallel", req->tensor_parallel,
+                    "Processes (GPUs) sharing the model's heads and MLP; must equal the job's "
+                    "process count; rank 0 serves (docs/INFERENCE.md)")
+        ->capture_default_str();
+    cmd->add_option("--random-weights", req->random_weights,
+                    "Draw the weights from this seed instead of reading safetensors (timing a "
+                    "shape from its config.json alone; the output is noise)");
     cmd->callback([req, block_size, &action] {
         req->kv_block_size_given = block_size->count() > 0;
         action = [req] { return run_serve(*req); };
