@@ -170,6 +170,76 @@ TEST_P(TpTwoGpus, LogitsWithinBf16BoundOfTheCpuAndGreedyEqualUntilANearTie) {
     }
 }
 
+// The device paths of the messages between ranks: the prompts (tp_broadcast_token_lists through a
+// device buffer), agree_tokens through the tokens scratch, and rank 0 driving the engine alone
+// (lead) while rank 1 replays its calls (follow): rank 0's logits are held to the same eps.
+TEST_P(TpTwoGpus, PromptsTokensAndLeadFollowOverNccl) {
+    int devices = 0;
+    LATHE_CUDA_CHECK(cudaGetDeviceCount(&devices));
+    ASSERT_GE(devices, kWorld) << "infer_two_gpu_tests needs two GPUs";
+    const model_fixture::Fixture f = model_fixture::load(GetParam());
+    const std::string dir = model_fixture::dir(GetParam());
+    Result<Model> cpu_model = tp_model_create_loaded(f.config, 0, 1, one_token(), Context{}, dir);
+    ASSERT_TRUE(cpu_model.ok()) << cpu_model.status().to_string();
+    Result<InferenceEngine> cpu = InferenceEngine::create(*cpu_model, limits());
+    ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+    const Trace want = trace(*cpu, f);
+
+    Result<NcclId> id = nccl_unique_id();
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    const std::vector<std::vector<int32_t>> lists = {{1, 2, 3}, {}, {40000, 5}};
+    std::vector<std::vector<std::vector<int32_t>>> got_lists(kWorld);
+    std::vector<std::vector<int32_t>> got_tokens(kWorld);
+    Trace led;
+    std::vector<int> ok(kWorld, 0);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < kWorld; ++r) {
+        ranks.emplace_back([&, r] {
+            CudaState state(r);
+            auto comm = nccl_communicator_create(*id, r, kWorld, r);
+            LATHE_CHECK(comm.ok(), "rank {}: {}", r, comm.status().to_string());
+            std::vector<std::vector<int32_t>> mine =
+                r == 0 ? lists : std::vector<std::vector<int32_t>>{{9}};
+            LATHE_CHECK(tp_broadcast_token_lists(**comm, state.context(), mine).ok(), "lists");
+            got_lists[size_t(r)] = mine;
+            Result<Model> m =
+                tp_model_create_loaded(f.config, r, kWorld, one_token(), state.context(), dir);
+            LATHE_CHECK(m.ok(), "rank {}: {}", r, m.status().to_string());
+            Result<InferenceEngine> e = InferenceEngine::create(*m, limits(), comm->get());
+            LATHE_CHECK(e.ok(), "rank {}: {}", r, e.status().to_string());
+            std::vector<int32_t> tokens(40, 0);
+            for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i) * (r == 0 ? 3 : 7);
+            LATHE_CHECK(e->agree_tokens(tokens).ok(), "agree_tokens");
+            got_tokens[size_t(r)] = tokens;
+            if (r == 0) {
+                e->lead();
+                led = trace(*e, f);
+                LATHE_CHECK(e->stop_followers().ok(), "stop_followers");
+            } else {
+                const Status s = e->follow();
+                LATHE_CHECK(s.ok(), "follow: {}", s.to_string());
+            }
+            state.synchronize();
+            ok[size_t(r)] = 1;
+        });
+    }
+    for (std::thread& t : ranks) t.join();
+    for (int r = 0; r < kWorld; ++r) {
+        EXPECT_EQ(ok[size_t(r)], 1);
+        EXPECT_EQ(got_lists[size_t(r)], lists) << "rank " << r;
+        ASSERT_EQ(got_tokens[size_t(r)].size(), 40u);
+        for (size_t i = 0; i < 40; ++i) EXPECT_EQ(got_tokens[size_t(r)][i], int32_t(i) * 3);
+    }
+    const double eps_rel = (kSlack + 2.0) * double(f.config.num_layers + 1) * kU;
+    const int64_t V = f.config.vocab_size;
+    ASSERT_EQ(led.forced.size(), want.forced.size());
+    for (size_t i = 0; i < want.forced.size(); ++i) {
+        const ConstTensorView a(want.forced[i].data(), DType::kF32, Shape{V}, Device::kCpu);
+        const ConstTensorView b(led.forced[i].data(), DType::kF32, Shape{V}, Device::kCpu);
+        EXPECT_LE(model_fixture::rel_error(b, a), eps_rel) << GetParam() << " forced row " << i;
+    }
+}
+
 // Llama: GQA (4 heads, 2 key/value heads: one per rank); Qwen2: q/k/v biases; a Llama with the
 // output projection's and the MLP's biases (rank 0's, added once by the reduce).
 INSTANTIATE_TEST_SUITE_P(Families, TpTwoGpus,
