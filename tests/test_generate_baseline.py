@@ -95,9 +95,10 @@ def test_bad_requests_exit_2_naming_the_option(args, needle):
 
 
 def test_cuda_smoke_run_measures_the_copy_bandwidth():
-    import torch
-
-    if not torch.cuda.is_available():
+    # Asked in a child: torch loaded here would bring its own CUDA libraries into this process.
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True, timeout=120)
+    if probe.stdout.strip() != "True":
         pytest.skip(NEEDS_CUDA + "torch sees no GPU here")
     p = run("--preset", "tiny", "--device", "cuda", "--compile", "off", *SMOKE)
     assert p.returncode == 0, p.stderr
