@@ -3,7 +3,8 @@
 // a batch of B sequences of T tokens, computed from the config before anything is allocated.
 //
 //   parameters        the parameter table's arena: fp32 master weights; on CUDA also their bf16
-//                     compute copy (what the forward and backward read; AdamW rewrites it)
+//                     compute copy (what the forward and backward read; AdamW rewrites it),
+//                     and a CUDA model without training holds the bf16 copy alone
 //   gradients         the same layout (+= across micro-batches); none for a model created
 //                     for evaluation or inference (ModelShape::training false)
 //   optimizer state   AdamW's two moments, the same layout twice (optim/ allocates them; none
@@ -279,7 +280,13 @@ struct MemoryPlan {
     size_t runtime = 0;        // bytes of backend buffers outside the arenas (CUDA: CudaState's)
     size_t communication = 0;  // the communicator's device memory (shape.communication_bytes)
 
-    size_t parameter_bytes() const { return params.total_bytes() + params_compute.total_bytes(); }
+    // Whether the model keeps the f32 masters in its own memory: always but for a CUDA model
+    // without training, whose forward reads only the bf16 compute copy (an inference model
+    // holds 2 bytes a parameter, not 6; entry writes round the host's f32 values into it).
+    bool keeps_masters() const { return shape.training || shape.backend != Backend::kCuda; }
+    size_t parameter_bytes() const {
+        return (keeps_masters() ? params.total_bytes() : 0) + params_compute.total_bytes();
+    }
     size_t gradient_bytes() const { return shape.training ? gradients.total_bytes() : 0; }
     // Of gradient_bytes() with sharded gradients: the shard, and the windows (0 otherwise).
     size_t gradient_shard_bytes() const;

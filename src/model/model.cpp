@@ -4,8 +4,10 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/check.h"
+#include "core/dtype.h"
 #include "model/block_recompute.h"
 #include "model/init.h"
 #include "model/param_staging.h"
@@ -196,7 +198,9 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
     }
     m.config_ = std::move(config);
     m.ctx_ = ctx;
-    LATHE_ASSIGN_OR_RETURN(m.params_, ModelArena::allocate(m.plan_.params, ctx));
+    if (m.plan_.keeps_masters()) {
+        LATHE_ASSIGN_OR_RETURN(m.params_, ModelArena::allocate(m.plan_.params, ctx));
+    }
     if (m.plan_.shape.training) {
         LATHE_ASSIGN_OR_RETURN(m.grads_, ModelArena::allocate(m.plan_.gradients, ctx));
     }
@@ -347,7 +351,18 @@ void Model::synchronize() const {
 }
 
 void Model::read_param_entry(size_t arena_index, TensorView host) const {
-    copy_to_host(host, params_.view(arena_index));
+    if (plan_.keeps_masters()) {
+        copy_to_host(host, params_.view(arena_index));
+        return;
+    }
+    // The bf16 compute copy alone (memory_plan.h): widened exactly.
+    LATHE_CHECK(host.dtype() == DType::kF32, "read_param_entry: f32 host memory, not {}",
+                host.to_string());
+    const TensorView src = params_compute_.view(arena_index);
+    std::vector<bf16> codes(size_t(src.numel()));
+    copy_to_host(TensorView(codes.data(), DType::kBF16, src.shape()), src);
+    float* out = host.as<float>();
+    for (size_t i = 0; i < codes.size(); ++i) out[i] = bf16_to_float(codes[i]);
 }
 
 void Model::read_grad_entry(size_t arena_index, TensorView host) const {
@@ -361,6 +376,19 @@ void Model::read_grad_entry(size_t arena_index, TensorView host) const {
 
 void Model::write_param_entry(size_t arena_index, ConstTensorView host) {
     fp8_weights_stale_ = true;
+    if (!plan_.keeps_masters()) {
+        // Rounded to nearest even on the host, as cuda_cast rounds, into the compute copy.
+        LATHE_CHECK(host.dtype() == DType::kF32, "write_param_entry: f32 host memory, not {}",
+                    host.to_string());
+        const TensorView dst = params_compute_.view(arena_index);
+        LATHE_CHECK(host.numel() == dst.numel(), "write_param_entry: {} into {}", host.to_string(),
+                    dst.to_string());
+        std::vector<bf16> codes(size_t(dst.numel()));
+        const float* in = host.as<float>();
+        for (size_t i = 0; i < codes.size(); ++i) codes[i] = float_to_bf16(in[i]);
+        copy_from_host(dst, ConstTensorView(codes.data(), DType::kBF16, dst.shape()));
+        return;
+    }
     copy_from_host(params_.view(arena_index), host);
     if (on_cuda())
         cuda_cast(params_compute_.view(arena_index), params_.view(arena_index), ctx_.stream);

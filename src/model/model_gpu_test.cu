@@ -368,6 +368,38 @@ TEST_P(ModelGpu, AStepAllocatesNoDeviceMemory) {
     EXPECT_EQ(cuda_memory_info(0).free_bytes, before);
 }
 
+// An inference model on CUDA (ModelShape::training false) holds the bf16 compute copy alone
+// (memory_plan.h, keeps_masters): its parameter row is the bf16 copy's bytes, an entry read back
+// is the written f32 rounded to bf16 (nearest even, as the training model's cast), and its
+// logits are the training model's bits (both forwards read the same bf16 weights).
+TEST_P(ModelGpu, AnInferenceModelHoldsTheBf16CopyAloneAndGivesTheSameLogits) {
+    const ModelConfig c = parse(GetParam().json);
+    ModelShape shape{kB, kT, 0};
+    shape.training = false;
+    Result<Model> inf = Model::create(c, shape, state_->context());
+    Result<Model> train = Model::create(c, ModelShape{kB, kT, 0}, state_->context());
+    ASSERT_TRUE(inf.ok() && train.ok()) << inf.status().to_string();
+    EXPECT_FALSE(inf->plan().keeps_masters());
+    EXPECT_EQ(inf->plan().parameter_bytes(), inf->plan().params_compute.total_bytes());
+    EXPECT_EQ(2 * inf->plan().parameter_bytes(), inf->plan().params.total_bytes());
+    inf->init(21);
+    train->init(21);
+    for (const HfParam& p : train->params().hf_params()) {
+        HostTensor a(DType::kF32, p.shape), b(DType::kF32, p.shape);
+        model_read_param_hf(*inf, p.name, a.view());
+        model_read_param_hf(*train, p.name, b.view());
+        int64_t off = 0;
+        for (int64_t i = 0; i < p.shape.numel(); ++i)
+            off += a.as<float>()[i] != bf16_to_float(float_to_bf16(b.as<float>()[i]));
+        EXPECT_EQ(off, 0) << p.name;
+    }
+    const HostTensor tok = random_ids(kB, kT, c.vocab_size, 31, false);
+    HostTensor za(DType::kF32, Shape{kB, kT, c.vocab_size}), zb(DType::kF32, za.shape());
+    inf->logits(za.view(), ModelBatch{tok.view(), {}, {}, {}});
+    train->logits(zb.view(), ModelBatch{tok.view(), {}, {}, {}});
+    EXPECT_EQ(std::memcmp(za.as<float>(), zb.as<float>(), za.view().bytes()), 0);
+}
+
 // ---- FP8 training (model.h, "FP8 linears"; model/fp8_state.h) ----
 //
 // A Llama of the shape of kFamilies' (every FP8 linear's width and the batch's B T = 192 tokens
