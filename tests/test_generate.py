@@ -59,6 +59,19 @@ def test_greedy_equals_transformers_in_one_batch(family, tmp_path):
         assert line["text"] == ""  # the fixtures have no tokenizer
 
 
+def test_prompts_prefilled_in_small_chunks_give_the_same_greedy_ids(tmp_path):
+    # --prefill-chunk 3: each prompt in pieces of 3 tokens, each attending to the cached prefix.
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"prompt_ids": p} for p in PROMPTS])
+    outs = []
+    for chunk in (0, 3):
+        out = tmp_path / f"out{chunk}.jsonl"
+        run(["generate", "--checkpoint", MODELS / "llama", "--input", inp, "--output", out,
+             "--max-new-tokens", NEW, "--temperature", 0, "--prefill-chunk", chunk, "--device", "cpu"])
+        outs.append([r["ids"] for r in read_jsonl(out)])
+    assert outs[0] == outs[1]
+    assert max(len(p) for p in PROMPTS) > 3  # some prompt is cut into several chunks
+
+
 def sample(folder, tmp_path, name, seed, batch):
     inp = write_jsonl(tmp_path / "in.jsonl", [{"prompt_ids": p} for p in PROMPTS])
     out = tmp_path / f"{name}.jsonl"
@@ -205,6 +218,7 @@ def test_bad_lines_name_file_and_line(line, needle, tmp_path):
     (["--repetition-penalty", "0"], "--repetition-penalty"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--batch-size", "0"], "--batch-size"),
+    (["--prefill-chunk", "-1"], "--prefill-chunk"),
     (["--device", "tpu"], "--device"),
     (["--stop", "x"], "tokenizer.json"),
 ])

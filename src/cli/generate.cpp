@@ -47,6 +47,7 @@ namespace fs = std::filesystem;
 struct GenerateRequest {
     std::string checkpoint, input, output = "-", prompt, device = "auto";
     int64_t max_new_tokens = 64, batch_size = 8, top_k = 0;
+    int64_t prefill_chunk = 0;  // 0: 2048 on CUDA, 256 on the CPU
     double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
     uint64_t seed = 0;
     std::vector<std::string> stop;
@@ -177,6 +178,8 @@ Status run_generate(const GenerateRequest& r) {
         return invalid_argument_error("--max-new-tokens must be >= 1, got {}", r.max_new_tokens);
     if (r.batch_size < 1)
         return invalid_argument_error("--batch-size must be >= 1, got {}", r.batch_size);
+    if (r.prefill_chunk < 0)
+        return invalid_argument_error("--prefill-chunk must be >= 0, got {}", r.prefill_chunk);
     o.seed = r.seed;
     o.max_new_tokens = r.max_new_tokens;
     o.stop_strings = r.stop;
@@ -209,7 +212,10 @@ Status run_generate(const GenerateRequest& r) {
     EngineLimits limits;
     limits.max_sequences = o.batch_size;
     limits.max_len = max_len;
-    limits.prefill_chunk = std::min<int64_t>(256, max_len);
+    const int64_t chunk = r.prefill_chunk > 0                         ? r.prefill_chunk
+                          : device.context().backend == Backend::kCpu ? 256
+                                                                      : 2048;
+    limits.prefill_chunk = std::min<int64_t>(chunk, max_len);
     LATHE_ASSIGN_OR_RETURN(
         InferenceEngine engine,
         InferenceEngine::create(model, limits, world ? world->comm.get() : nullptr));
@@ -281,6 +287,9 @@ void cli_add_generate(CLI::App& parent, CommandAction& action) {
     cmd->add_flag("--chat", req->chat,
                   "Render prompts as one user message through the chat template");
     cmd->add_option("--device", req->device, "auto | cpu | cuda")->capture_default_str();
+    cmd->add_option("--prefill-chunk", req->prefill_chunk,
+                    "Prompt tokens of one prefill forward; 0 = 2048 on CUDA, 256 on the CPU")
+        ->capture_default_str();
     cmd->add_option("--batch-size", req->batch_size, "Requests decoded together")
         ->capture_default_str();
     cmd->add_option("--tensor-parallel", req->tensor_parallel,

@@ -2,7 +2,8 @@
 // (src/infer/scheduler.h). docs/INFERENCE.md has the endpoints and fields.
 //
 //   lathe serve --checkpoint DIR [--host 127.0.0.1] [--port 8000] [--device auto|cpu|cuda]
-//       [--api-key KEY] [--max-seqs N] [--max-queue N] [--max-len N] [--model-name NAME]
+//       [--api-key KEY] [--max-seqs N] [--max-queue N] [--max-len N] [--prefill-chunk N]
+//       [--model-name NAME]
 //       [--tensor-parallel T] [--random-weights SEED]
 //
 // Threads: the HTTP library's pool parses requests, submits their sequences to the scheduler
@@ -61,6 +62,7 @@ struct ServeRequest {
     int port = 8000;
     int64_t max_seqs = 8, max_queue = 64, max_len = 0;
     int64_t kv_block_size = -1, kv_blocks = 0;  // -1: 16 (paged) on the CPU, rows on CUDA
+    int64_t prefill_chunk = 0;                  // 0: 2048 on CUDA, 256 on the CPU
     int64_t max_body_bytes = int64_t(16) << 20;
     // A chat request without max_tokens generates at most this many (and the remaining context):
     // a non-streaming client that leaves is not noticed until its sequences end.
@@ -845,6 +847,7 @@ Status run_serve(const ServeRequest& r) {
     LATHE_RETURN_IF_ERROR(in_range("--max-seqs", r.max_seqs, 1, 4096));
     LATHE_RETURN_IF_ERROR(in_range("--max-queue", r.max_queue, 1, 1 << 16));
     LATHE_RETURN_IF_ERROR(in_range("--max-len", r.max_len, 0, int64_t(1) << 24));
+    LATHE_RETURN_IF_ERROR(in_range("--prefill-chunk", r.prefill_chunk, 0, int64_t(1) << 20));
     LATHE_RETURN_IF_ERROR(in_range("--kv-blocks", r.kv_blocks, 0, int64_t(1) << 24));
     LATHE_RETURN_IF_ERROR(
         in_range("--default-max-tokens", r.default_max_tokens, 1, int64_t(1) << 24));
@@ -900,8 +903,11 @@ Status run_serve(const ServeRequest& r) {
     EngineLimits limits;
     limits.max_sequences = r.max_seqs;
     limits.max_len = r.max_len > 0 ? r.max_len : config->max_position_embeddings;
-    limits.prefill_chunk = std::min<int64_t>(256, limits.max_len);
     const bool cpu = device.context().backend == Backend::kCpu;
+    limits.prefill_chunk = std::min<int64_t>(r.prefill_chunk > 0 ? r.prefill_chunk
+                                             : cpu               ? 256
+                                                                 : 2048,
+                                             limits.max_len);
     limits.kv_block_size = r.kv_block_size >= 0 ? r.kv_block_size : (cpu ? 16 : 0);
     limits.kv_blocks = r.kv_blocks;
     Result<InferenceEngine> created =
@@ -1048,6 +1054,10 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
         ->capture_default_str();
     cmd->add_option("--max-len", req->max_len,
                     "Tokens per sequence (prompt and output); 0 = the model's context")
+        ->capture_default_str();
+    cmd->add_option("--prefill-chunk", req->prefill_chunk,
+                    "Prompt tokens of one prefill forward (at most --max-len); 0 = 2048 on CUDA, "
+                    "256 on the CPU. Longer chunks read the weights fewer times per prompt")
         ->capture_default_str();
     CLI::Option* block_size =
         cmd->add_option("--kv-block-size", req->kv_block_size,
