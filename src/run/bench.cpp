@@ -352,7 +352,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.seq_len = T;
     shape.backend = place.backend;
     shape.recompute = req.recompute;
-    data_parallel_shape(shape, multi ? group.world_size : 1, req.zero_stage);
+    data_parallel_shape(shape, multi ? group.world_size : 1, req.zero_stage,
+                        multi ? group.rank : 0);
     if (req.fp8) {
         // fp8 (bench.h): on a GPU with FP8 tensor cores only, never a fallback.
         if (place.backend != Backend::kCuda)
@@ -469,7 +470,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     // With several ranks: the trainer's collectives (run/data_parallel.h), and the optimizer over
     // this rank's range (its shard at ZeRO-1).
     std::unique_ptr<DataParallel> dp;
-    std::vector<FlatRange> ranges{FlatRange{0, model.params_flat().numel()}};
+    std::vector<FlatRange> ranges{FlatRange{0, model.params_total()}};
     if (multi) {
         auto made = DataParallel::create(model, *world.comm, req.zero_stage);
         if (!made.ok()) return made.status().with_context("--zero-stage");
