@@ -80,6 +80,18 @@ constexpr std::string_view kLlama3_8bSlice = R"({
   "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": 128001
 })";
 
+// Llama-3-8B itself (all 32 layers of the slice's shape): at ZeRO-3 over 4 GPUs its parameters,
+// gradients and AdamW state take about 45 GB a GPU (docs/DISTRIBUTED.md), so it trains at
+// T = 4096 with full recompute on 80 GB GPUs.
+constexpr std::string_view kLlama3_8b = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+  "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+  "rope_theta": 500000.0, "attention_bias": false, "mlp_bias": false,
+  "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": 128001
+})";
+
 // Small enough that a CPU step takes milliseconds: for tests and for trying the command.
 constexpr std::string_view kTinyLlama = R"({
   "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -106,6 +118,10 @@ constexpr BenchPreset kPresets[] = {
      "Llama-3-8B's layer shape, 10 of its 32 layers: 32 heads, 8 KV heads, C 4096, F 14336, "
      "V 128256, untied, rope theta 500000",
      kLlama3_8bSlice},
+    {"llama3-8b",
+     "Llama-3-8B's shape, all 32 layers: 32 heads, 8 KV heads, C 4096, F 14336, V 128256, "
+     "untied, rope theta 500000 (ZeRO-3 over several GPUs)",
+     kLlama3_8b},
     {"tiny", "Llama family, 2 layers, 4 heads, 2 KV heads, C 64, F 192, V 512 (tests)", kTinyLlama},
     {"tiny-gpt2", "GPT-2 family, 2 layers, 4 heads, C 64, V 512 (tests)", kTinyGpt2},
 };
@@ -333,8 +349,17 @@ Result<std::string> bench_run(const BenchRequest& req) {
     // size shapes the plan (ZeRO-1 pads the parameters for W equal shards), the local rank picks
     // the GPU. A plan alone is one process's.
     ProcessGroupInfo group;
+    if (req.plan_ranks < 1)
+        return invalid_argument_error("--plan-ranks must be >= 1, got {}", req.plan_ranks);
+    if (req.plan_ranks > 1 && !req.plan_only)
+        return invalid_argument_error(
+            "--plan-ranks {} plans one rank of a world without running it: give --plan-only "
+            "(a run takes its world from the launcher)",
+            req.plan_ranks);
     if (!req.plan_only) {
         LATHE_ASSIGN_OR_RETURN(group, process_group_from_env(process_environment()));
+    } else {
+        group.world_size = req.plan_ranks;
     }
     const bool multi = group.world_size > 1;
     // A plan for CUDA needs no GPU; everything else asks the machine.
@@ -396,7 +421,10 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (req.plan_only) {
         // The table `lathe train` prints, and its rows in the JSON line. On CUDA without a GPU
         // the attention workspace is the plan's estimate (memory_plan.h).
-        std::fputs(plan->table(model_config_summary(config)).c_str(), stderr);
+        std::string title = model_config_summary(config);
+        if (multi)
+            title += fmt::format(", per rank of {} (ZeRO-{})", group.world_size, req.zero_stage);
+        std::fputs(plan->table(title).c_str(), stderr);
         j["plan"] = {{"parameters", plan->parameter_bytes()},
                      {"gradients", plan->gradient_bytes()},
                      {"optimizer", plan->optimizer_bytes()},
