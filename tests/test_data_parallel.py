@@ -866,17 +866,21 @@ def test_gpus_zero_2_gives_the_bits_of_zero_1(gpu_corpus, tmp_path, accumulation
     assert r2["gradients"] == int(m.group(1)) + int(m.group(2)) < r1["gradients"], t2
 
 
-@pytest.mark.parametrize("accumulation", [1, 2])
-def test_gpus_zero_3_gives_the_bits_of_zero_2(gpu_corpus, tmp_path, accumulation):
+@pytest.mark.parametrize("accumulation,precision", [(1, "bf16"), (2, "bf16"), (2, "fp8")])
+def test_gpus_zero_3_gives_the_bits_of_zero_2(gpu_corpus, tmp_path, accumulation, precision):
     # configs/tiny.yaml with 8 layers: both layer weight windows are taken in turn four times in
     # every forward and every backward, each gather issued on the communication stream one layer
     # ahead and waited for on the compute stream with an event. The bf16 weights each unit
     # gathers are the bf16 copy ZeRO-2 gathers after its update, so every bit is the same, and
-    # the model file gathered to rank 0 for the checkpoint is ZeRO-2's.
+    # the model file gathered to rank 0 for the checkpoint is ZeRO-2's. In fp8 (tensorwise) each
+    # layer's weight codes are cast from its gathered window at the first forward after an update.
+    # Validation every 10 steps over 3 micro-batches: rank 1 runs a forward past the last one
+    # (every rank gathers the layers with the other), whose loss it drops.
     z2, z3 = tmp_path / "z2", tmp_path / "z3"
-    layers = "model.num_hidden_layers=8"
-    launch(2, gpu_train_args(gpu_corpus, z2, accumulation, "parallel.zero_stage=2", layers))
-    launch(2, gpu_train_args(gpu_corpus, z3, accumulation, "parallel.zero_stage=3", layers))
+    sets = ("model.num_hidden_layers=8", "train.eval_interval=10", "train.eval_iters=3",
+            f"train.precision={precision}")
+    launch(2, gpu_train_args(gpu_corpus, z2, accumulation, "parallel.zero_stage=2", *sets))
+    launch(2, gpu_train_args(gpu_corpus, z3, accumulation, "parallel.zero_stage=3", *sets))
     assert metric_lines(z2, True) == metric_lines(z3, True)
     assert_same_models_and_moments(z2, z3)
     # Memory: the parameters (f32 masters and bf16 copy) are half of ZeRO-2's plus the windows

@@ -78,9 +78,10 @@
 // the same bf16 or f32 values ZeRO-1 and 2 gather after their updates).
 //
 // Checkpoints: the optimizer state is written and read in canonical coordinates (the one-process
-// arena, ShardLayout): at ZeRO-1 and 2 each rank its own chunks (optim/optimizer_state.h's
+// arena, ShardLayout): at ZeRO 1 to 3 each rank its own chunks (optim/optimizer_state.h's
 // range-list shard set), at ZeRO-0 rank 0 the full file; so a checkpoint resumes at any world size
-// and stage.
+// and stage. A ZeRO-3 model reads each rank's chunks of a loaded checkpoint (every rank reads the
+// file; Model::write_param_entry keeps its chunks).
 //
 // Communication time: comm_wait_ms() is what the compute stream spent waiting for
 // communication in the last step (CUDA: timed with events around the wait for the last
