@@ -280,6 +280,9 @@ TensorView DataParallel::on_weight_window(int piece) {
             const size_t other = first + (slot - first + 1) % count;
             fill_window(other, layout_.layer_unit(next), /*use=*/false);
         }
+        // The back unit (final norm, untied head) travels during the forward's last two layers.
+        if (next > piece && piece >= L - 2 && !weight_windows_[1].view.is_null())
+            fill_window(1, layout_.back(), /*use=*/false);
     }
     last_layer_ = piece;
     return weight_windows_[slot].view;

@@ -68,7 +68,8 @@
 //                 the layer computed next (l + 1 after l - 1, l - 1 after l + 1: the forward's
 //                 and the backward's orders) into the other window, whose last reader has been
 //                 enqueued by then, so that it travels while layer l computes; each micro-batch
-//                 begins by issuing the front's and layer 0's. On the CPU (MPI) the gathers are
+//                 begins by issuing the front's and layer 0's, and the forward's last two
+//                 layers issue the back unit's. On the CPU (MPI) the gathers are
 //                 synchronous, when a unit is asked for. After the optimizer step nothing is
 //                 gathered: every window is stale until the next forward gathers it again.
 //                 The checkpoint's model is gathered entry by entry to rank 0's host memory
