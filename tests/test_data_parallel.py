@@ -897,6 +897,24 @@ def test_gpus_zero_3_gives_the_bits_of_zero_2(gpu_corpus, tmp_path, accumulation
     assert all(l["comm_wait_ms"] >= 0 for l in lines if l["split"] == "train"), lines[:2]
 
 
+@pytest.mark.parametrize("first,then", [(3, 2), (2, 3)])
+def test_gpus_a_checkpoint_resumes_across_zero_3_with_the_same_bits(gpu_corpus, tmp_path, first,
+                                                                     then):
+    # 20 steps at ZeRO-`first`, checkpoints at 10 and 20; the run cut back to its step-10
+    # checkpoint and resumed at ZeRO-`then` ends with the same metrics, model and moments: a
+    # ZeRO-3 checkpoint's model (gathered to rank 0) loads into ZeRO-2's replicated weights, and a
+    # ZeRO-2 one into each ZeRO-3 rank's shards (f32 and bf16).
+    src, r = tmp_path / "src", tmp_path / "r"
+    launch(2, gpu_train_args(gpu_corpus, src, 1, f"parallel.zero_stage={first}"))
+    shutil.copytree(src, r)
+    shutil.rmtree(r / "checkpoints" / "step-00000020")
+    (r / "checkpoints" / "latest").write_text("step-00000010\n")
+    p = launch(2, gpu_train_args(gpu_corpus, r, 1, f"parallel.zero_stage={then}"))
+    assert "resuming from" in p.stderr, p.stderr
+    assert metric_lines(r, True) == metric_lines(src, True)
+    assert_same_models_and_moments(r, src)
+
+
 def test_gpus_zero_2_sigkill_of_a_rank_resumes_exactly(gpu_corpus, tmp_path):
     steps = 400
     ref, killed = tmp_path / "ref", tmp_path / "killed"
