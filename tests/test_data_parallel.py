@@ -8,20 +8,22 @@ runs. The contract checked here:
     cross-rank f32 sums add the same terms in another order than one process does: a random walk
     of about sqrt(K) 2^-24 of the terms' scale, under 1e-6 here, so 1e-5 is ten times that and
     still far under any real difference of data or arithmetic);
-  - ZeRO 0, 1 and 2 give the same bits at the same N, with and without accumulation (every stage
-    reduces every micro-batch into the same buffer values with the same collective, an elementwise
-    AdamW), and the same command twice gives the same bits;
+  - ZeRO 0, 1, 2 and 3 give the same bits at the same N, with and without accumulation (every
+    stage reduces every micro-batch into the same buffer values with the same collective, an
+    elementwise AdamW; ZeRO-3 computes from gathered copies of the same weights), and the same
+    command twice gives the same bits; ZeRO-3's checkpoint holds the model file of ZeRO 0's;
   - ZeRO-2's memory plan shows its gradients as the rank's shard plus unit windows, less than the
-    whole model's;
+    whole model's, and ZeRO-3's its parameters as the rank's shard plus gathered unit windows;
   - rank 0 alone writes metrics.jsonl, config.yaml and the model files; with ZeRO-1 each rank
     writes its own optimizer shard, optimizer.rank-RRRRR-of-WWWWW.safetensors;
   - SIGKILL of any rank ends the job, and the same command resumes exactly (metrics.jsonl and the
     checkpoint files as those of a run never stopped); a checkpoint written by N ranks resumes at
-    M ranks (accumulation scaled so that ranks x accumulation stays) with the same losses, 1e-5;
-  - ranks whose configurations differ, ZeRO stage 3 and a rank that stops answering are refused or
-    stopped with a message naming the key or the wait.
+    M ranks (accumulation scaled so that ranks x accumulation stays) with the same losses, 1e-5,
+    and at another ZeRO stage (3 included, both ways) with the same bits;
+  - ranks whose configurations differ, unknown ZeRO stages and a rank that stops answering are
+    refused or stopped with a message naming the key or the wait.
 On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs the same comparisons on cuda:
-losses within a bf16 tolerance derived below, ZeRO 0/1/2 identical bits, and a bit-exact resume.
+losses within a bf16 tolerance derived below, ZeRO 0/1/2/3 identical bits, and a bit-exact resume.
 """
 import filecmp
 import importlib.util
@@ -318,7 +320,10 @@ RUNS = {"one_a4": (1, 4, None), "one_a2": (1, 2, None), "one_a6": (1, 6, None),
         "n3_a1_z2": (3, 1, 2), "n3_a2_z2": (3, 2, 2),
         "n2_a2_z1_l6": (2, 2, 1, SIX_LAYERS), "n2_a2_z2_l6": (2, 2, 2, SIX_LAYERS),
         "n3_a2_z0_l6": (3, 2, 0, SIX_LAYERS), "n3_a2_z2_l6": (3, 2, 2, SIX_LAYERS),
-        "n2_a2_z1_frozen": (2, 2, 1, FROZEN), "n2_a2_z2_frozen": (2, 2, 2, FROZEN)}
+        "n2_a2_z1_frozen": (2, 2, 1, FROZEN), "n2_a2_z2_frozen": (2, 2, 2, FROZEN),
+        "n2_a1_z3": (2, 1, 3), "n2_a2_z3": (2, 2, 3), "n3_a2_z3": (3, 2, 3),
+        "n2_a2_z3_l6": (2, 2, 3, SIX_LAYERS), "n3_a2_z3_l6": (3, 2, 3, SIX_LAYERS),
+        "n2_a2_z3_frozen": (2, 2, 3, FROZEN)}
 
 
 @pytest.fixture(scope="module")
@@ -340,7 +345,8 @@ def runs(corpus, tmp_path_factory):
 @needs_mpirun
 @pytest.mark.parametrize("name,one", [("n2_a2_z1", "one_a4"), ("n4_a1_z1", "one_a4"),
                                       ("n2_a1_z1", "one_a2"), ("n3_a2_z1", "one_a6"),
-                                      ("n2_a2_z2", "one_a4"), ("n3_a2_z2", "one_a6")])
+                                      ("n2_a2_z2", "one_a4"), ("n3_a2_z2", "one_a6"),
+                                      ("n2_a2_z3", "one_a4"), ("n3_a2_z3", "one_a6")])
 def test_ranks_log_the_losses_of_one_process_with_their_accumulation(runs, name, one):
     # N ranks x accumulation a against one process with accumulation N*a, the same micro-batch.
     worst = assert_metrics_close(metric_lines(runs(name)), metric_lines(runs(one)), CPU_RTOL, name)
@@ -462,6 +468,31 @@ def test_zero_2_gives_the_bits_of_zero_0_and_1(runs, other, zero2):
                                    b / "checkpoints" / step / name, shallow=False), (step, name)
 
 
+@needs_mpirun
+@pytest.mark.parametrize("zero2,zero3", [
+    ("n2_a1_z2", "n2_a1_z3"), ("n2_a2_z2", "n2_a2_z3"), ("n3_a2_z2", "n3_a2_z3"),
+    ("n2_a2_z2_l6", "n2_a2_z3_l6"), ("n3_a2_z2_l6", "n3_a2_z3_l6"), ("n2_a2_z0", "n2_a2_z3"),
+    ("n2_a2_z2_frozen", "n2_a2_z3_frozen")])
+def test_zero_3_gives_the_bits_of_zero_0_and_2(runs, zero2, zero3):
+    # Parameters sharded, each unit gathered from the ranks' shards before it computes: the same
+    # losses, norms, moments and model files (gathered to rank 0 for the checkpoint) as ZeRO 0
+    # and 2 at the same world size, with and without accumulation, frozen groups and six layers
+    # (the layer windows taken in turn in every forward and backward).
+    a, b = runs(zero2), runs(zero3)
+    assert metric_lines(a, True) == metric_lines(b, True)
+    assert_same_models_and_moments(a, b)
+    world = RUNS[zero3][0]
+    for step in steps_of(b):
+        ca, cb = a / "checkpoints" / step, b / "checkpoints" / step
+        assert optimizer_files(cb) == shard_names(world), step
+        # The model folder: the same files, byte for byte, as the other stage's.
+        for name in ("model.safetensors", "config.json"):
+            assert filecmp.cmp(ca / name, cb / name, shallow=False), (step, name)
+        if RUNS[zero2][2] == 2:  # ZeRO-3 writes ZeRO-2's shard files, byte for byte
+            for name in shard_names(world):
+                assert filecmp.cmp(ca / name, cb / name, shallow=False), (step, name)
+
+
 def plan_of(run_dir):
     """memory_plan.txt of a run: its text and {row name: bytes}."""
     text = (Path(run_dir) / "memory_plan.txt").read_text()
@@ -499,6 +530,32 @@ def test_zero_2_plans_a_gradient_shard_and_windows_instead_of_the_whole_gradient
     assert r2["total"] - r2["gradients"] - r2[optimizer] == \
         r1["total"] - r1["gradients"] - r1[optimizer]
     assert "gradients sharded" not in t1
+
+
+@needs_mpirun
+@pytest.mark.parametrize("zero2,zero3", [("n2_a2_z2_l6", "n2_a2_z3_l6"),
+                                         ("n3_a2_z2_l6", "n3_a2_z3_l6")])
+def test_zero_3_plans_a_parameter_shard_and_windows_instead_of_the_whole_parameters(runs, zero2,
+                                                                                  zero3):
+    world = RUNS[zero3][0]
+    t2, r2 = plan_of(runs(zero2))
+    t3, r3 = plan_of(runs(zero3))
+    assert f"per rank of {world} (ZeRO-3)" in t3, t3
+    m = re.search(r"parameters sharded over (\d+) ranks: shard (\d+) B \(.*?\) \+ gathered unit "
+                  r"windows (\d+) B \(.*?\), of (\d+) B \(.*?\) unsharded", t3)
+    assert m, t3
+    shard, windows, whole = int(m.group(2)), int(m.group(3)), int(m.group(4))
+    assert int(m.group(1)) == world and whole == r2["parameters"]
+    assert shard * world == whole  # every unit padded to a multiple of the ranks' chunks
+    # The windows (the CPU computes from f32 masters): the front unit, the back unit and two
+    # layers', each padded like its unit; with six layers less than the rest of the model.
+    assert 0 < windows < whole - shard
+    assert r3["parameters"] == shard + windows < whole
+    # Gradients and optimizer state as ZeRO-2's; nothing else changes.
+    optimizer = "optimizer state (AdamW m, v)"
+    assert all(r2[k] == r3[k] for k in ("gradients", optimizer, "activations", "scratch"))
+    assert r2["total"] - r3["total"] == whole - shard - windows
+    assert "parameters sharded" not in t2
 
 
 @needs_mpirun
@@ -567,7 +624,8 @@ def stopped_after_step_4(src, r):
 @pytest.mark.parametrize("name,world,accumulation,zero", [
     ("n2_a2_z1", 1, 4, 1), ("n2_a2_z1", 4, 1, 1), ("n3_a2_z1", 2, 3, 1), ("n3_a2_z1", 2, 3, 0),
     ("n2_a2_z0", 4, 1, 1), ("n3_a2_z1", 2, 3, 2), ("n2_a2_z2", 4, 1, 2), ("n3_a2_z2", 2, 3, 0),
-    ("n2_a2_z2", 1, 4, 2), ("n2_a2_z0", 4, 1, 2)])
+    ("n2_a2_z2", 1, 4, 2), ("n2_a2_z0", 4, 1, 2), ("n2_a2_z3", 1, 4, 3), ("one_a4", 2, 2, 3),
+    ("n3_a2_z3", 2, 3, 3), ("n2_a2_z3", 4, 1, 1)])
 def test_a_checkpoint_resumes_at_another_world_size(runs, tmp_path, corpus, name, world,
                                                     accumulation, zero):
     # Resumed by `world` ranks with ranks x accumulation unchanged: the optimizer state re-sharded
@@ -585,13 +643,14 @@ def test_a_checkpoint_resumes_at_another_world_size(runs, tmp_path, corpus, name
     full = world == 1 or zero == 0
     want_optimizer = ["optimizer.safetensors"] if full else shard_names(world)
     assert optimizer_files(r / "checkpoints" / "step-00000008") == want_optimizer
-    written = ["optimizer.safetensors"] if RUNS[name][2] == 0 else shard_names(n)
+    written = ["optimizer.safetensors"] if RUNS[name][2] in (0, None) else shard_names(n)
     assert optimizer_files(r / "checkpoints" / "step-00000004") == written
 
 
 @needs_mpirun
 @pytest.mark.parametrize("name,zero", [("n2_a2_z0", 1), ("n2_a2_z1", 0), ("n2_a2_z0", 2),
-                                       ("n2_a2_z1", 2), ("n2_a2_z2", 0), ("n2_a2_z2", 1)])
+                                       ("n2_a2_z1", 2), ("n2_a2_z2", 0), ("n2_a2_z2", 1),
+                                       ("n2_a2_z3", 0), ("n2_a2_z3", 2), ("n2_a2_z1", 3)])
 def test_a_checkpoint_resumes_at_the_other_zero_stage_with_the_same_bits(runs, tmp_path, corpus,
                                                                          name, zero):
     # The full optimizer file read into shards, or the shards into every rank's whole state: the
@@ -655,8 +714,8 @@ def test_ranks_with_different_configurations_are_refused_naming_the_key(corpus, 
 
 
 @needs_mpirun
-@pytest.mark.parametrize("stage", [3, 4, -1])
-def test_zero_stage_3_and_unknown_stages_are_refused_naming_the_key(corpus, tmp_path, stage):
+@pytest.mark.parametrize("stage", [4, -1])
+def test_unknown_zero_stages_are_refused_naming_the_key(corpus, tmp_path, stage):
     r = tmp_path / "r"
     p = run_ranks(2, train_args(corpus / "tiny.yaml", r, f"parallel.zero_stage={stage}"),
                   check=False, timeout=120)
@@ -805,6 +864,55 @@ def test_gpus_zero_2_gives_the_bits_of_zero_1(gpu_corpus, tmp_path, accumulation
                   r"(\d+) B", t2)
     assert m and 2 * int(m.group(1)) == r1["gradients"], t2
     assert r2["gradients"] == int(m.group(1)) + int(m.group(2)) < r1["gradients"], t2
+
+
+@pytest.mark.parametrize("accumulation,precision", [(1, "bf16"), (2, "bf16"), (2, "fp8")])
+def test_gpus_zero_3_gives_the_bits_of_zero_2(gpu_corpus, tmp_path, accumulation, precision):
+    # configs/tiny.yaml with 8 layers: both layer weight windows are taken in turn four times in
+    # every forward and every backward, each gather issued on the communication stream one layer
+    # ahead and waited for on the compute stream with an event. The bf16 weights each unit
+    # gathers are the bf16 copy ZeRO-2 gathers after its update, so every bit is the same, and
+    # the model file gathered to rank 0 for the checkpoint is ZeRO-2's. In fp8 (tensorwise) each
+    # layer's weight codes are cast from its gathered window at the first forward after an update.
+    # Validation every 10 steps over 3 micro-batches: rank 1 runs a forward past the last one
+    # (every rank gathers the layers with the other), whose loss it drops.
+    z2, z3 = tmp_path / "z2", tmp_path / "z3"
+    sets = ("model.num_hidden_layers=8", "train.eval_interval=10", "train.eval_iters=3",
+            f"train.precision={precision}")
+    launch(2, gpu_train_args(gpu_corpus, z2, accumulation, "parallel.zero_stage=2", *sets))
+    launch(2, gpu_train_args(gpu_corpus, z3, accumulation, "parallel.zero_stage=3", *sets))
+    assert metric_lines(z2, True) == metric_lines(z3, True)
+    assert_same_models_and_moments(z2, z3)
+    # Memory: the parameters (f32 masters and bf16 copy) are half of ZeRO-2's plus the windows
+    # (bf16: front, back, two layers), less than the whole.
+    _, r2 = plan_of(z2)
+    t3, r3 = plan_of(z3)
+    m = re.search(r"parameters sharded over 2 ranks: shard (\d+) B \(.*?\) \+ gathered unit "
+                  r"windows (\d+) B", t3)
+    assert m and 2 * int(m.group(1)) == r2["parameters"], t3
+    assert r3["parameters"] == int(m.group(1)) + int(m.group(2)) < r2["parameters"], t3
+    assert r3["gradients"] == r2["gradients"], t3
+    # comm_wait_ms counts the gathers' waits: logged on every train line.
+    lines = [json.loads(l) for l in (z3 / "metrics.jsonl").read_text().splitlines()]
+    assert all(l["comm_wait_ms"] >= 0 for l in lines if l["split"] == "train"), lines[:2]
+
+
+@pytest.mark.parametrize("first,then", [(3, 2), (2, 3)])
+def test_gpus_a_checkpoint_resumes_across_zero_3_with_the_same_bits(gpu_corpus, tmp_path, first,
+                                                                     then):
+    # 20 steps at ZeRO-`first`, checkpoints at 10 and 20; the run cut back to its step-10
+    # checkpoint and resumed at ZeRO-`then` ends with the same metrics, model and moments: a
+    # ZeRO-3 checkpoint's model (gathered to rank 0) loads into ZeRO-2's replicated weights, and a
+    # ZeRO-2 one into each ZeRO-3 rank's shards (f32 and bf16).
+    src, r = tmp_path / "src", tmp_path / "r"
+    launch(2, gpu_train_args(gpu_corpus, src, 1, f"parallel.zero_stage={first}"))
+    shutil.copytree(src, r)
+    shutil.rmtree(r / "checkpoints" / "step-00000020")
+    (r / "checkpoints" / "latest").write_text("step-00000010\n")
+    p = launch(2, gpu_train_args(gpu_corpus, r, 1, f"parallel.zero_stage={then}"))
+    assert "resuming from" in p.stderr, p.stderr
+    assert metric_lines(r, True) == metric_lines(src, True)
+    assert_same_models_and_moments(r, src)
 
 
 def test_gpus_zero_2_sigkill_of_a_rank_resumes_exactly(gpu_corpus, tmp_path):

@@ -138,7 +138,7 @@ QUOTED = {
                             "the global batch (ranks x {} x {})",
                             "resuming a checkpoint of {} ranks with {}: each rank reads its part of the "],
     "src/optim/optimizer_state.cpp": ["the optimizer shard set of {} ranks is incomplete: missing {}"],
-    "src/run/train_settings.cpp": ["stage 3 (parameters sharded) is not part of this build"],
+    "src/run/train_settings.cpp": ["or 3 (optimizer state, gradients and parameters sharded)"],
 }
 
 

@@ -113,7 +113,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         ->expected(0, 1);
     cmd->add_option("--zero-stage", o->req.zero_stage,
                     "Under a launcher (lathe launch --gpus N lathe bench ...): parallel.zero_stage "
-                    "of the ranks' data parallelism (0 replicated, 1 sharded optimizer state)")
+                    "of the ranks' data parallelism (0 replicated, 1 sharded optimizer state, 2 "
+                    "and gradients, 3 and parameters)")
         ->capture_default_str();
     cmd->add_option("--precision", o->precision,
                     "bf16 (the CUDA backend's; the CPU computes in fp32), or fp8: the block's "
@@ -128,6 +129,10 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         ->check(CLI::IsMember({"tensorwise", "delayed", "blockwise"}));
     cmd->add_flag("--plan-only", o->req.plan_only,
                   "Print the parameter count, FLOPs per token and the memory plan; run nothing");
+    cmd->add_option("--plan-ranks", o->req.plan_ranks,
+                    "With --plan-only: the memory plan of one rank of this many data-parallel "
+                    "ranks at --zero-stage")
+        ->capture_default_str();
     cmd->callback([o, cmd, &action] {
         action = [o, cmd]() -> Status {
             const size_t named =

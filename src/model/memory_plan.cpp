@@ -47,7 +47,52 @@ void plan_gradients(MemoryPlan& plan) {
             window(fmt::format("gradients.window.layer.{}", i), longest));
 }
 
+// plan.param_storage and plan.compute_storage (memory_plan.h) from plan.params,
+// plan.params_compute, plan.shards and plan.shape.
+void plan_param_storage(MemoryPlan& plan) {
+    const int W = plan.shape.param_shards;
+    const bool cuda = plan.shape.backend == Backend::kCuda;
+    if (W == 1) {
+        plan.param_storage = plan.params;
+        plan.compute_storage = plan.params_compute;
+        return;
+    }
+    const ShardLayout& sl = plan.shards;
+    const Shape shard{std::max<int64_t>(1, sl.total / W)};
+    plan.param_storage = ArenaLayout(plan.params.alignment());
+    plan.param_shard = add_entry(plan.param_storage, "params.shard", DType::kF32, shard);
+    if (cuda) {
+        plan.compute_storage = ArenaLayout(plan.params_compute.alignment());
+        plan.compute_shard =
+            add_entry(plan.compute_storage, "params_compute.shard", DType::kBF16, shard);
+    }
+    ArenaLayout& computes = cuda ? plan.compute_storage : plan.param_storage;
+    const DType dtype = cuda ? DType::kBF16 : DType::kF32;
+    auto window = [&](std::string name, int64_t n) {
+        return n > 0 ? add_entry(computes, std::move(name), dtype, Shape{n}) : MemoryPlan::kNoEntry;
+    };
+    plan.weight_front_window = window("params.window.front", sl.arena[ShardLayout::kFront].size());
+    plan.weight_back_window = window("params.window.back", sl.arena[sl.back()].size());
+    int64_t longest = 0;
+    for (size_t u = ShardLayout::kFront + 1; u < sl.back(); ++u)
+        longest = std::max(longest, sl.arena[u].size());
+    for (int i = 0; i < kWeightLayerWindows && longest > 0; ++i)
+        plan.weight_layer_windows.push_back(
+            window(fmt::format("params.window.layer.{}", i), longest));
+}
+
 }  // namespace
+
+size_t MemoryPlan::param_shard_bytes() const {
+    if (param_shard == kNoEntry) return 0;
+    return param_storage.entries()[param_shard].bytes +
+           (compute_shard == kNoEntry ? 0 : compute_storage.entries()[compute_shard].bytes);
+}
+
+size_t MemoryPlan::weight_window_bytes() const {
+    if (param_shard == kNoEntry) return 0;
+    return parameter_bytes() - param_shard_bytes();
+}
 
 size_t MemoryPlan::gradient_shard_bytes() const {
     if (!shape.training || grad_shard == kNoEntry) return 0;
@@ -218,6 +263,14 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     if (shape.gradient_shards != 1 && shape.gradient_shards != shape.unit_shards)
         return invalid_argument_error("gradient_shards {} must be 1 or unit_shards ({})",
                                       shape.gradient_shards, shape.unit_shards);
+    if (shape.param_shards != 1 &&
+        (shape.param_shards != shape.unit_shards || shape.gradient_shards != shape.unit_shards))
+        return invalid_argument_error(
+            "param_shards {} must be 1, or unit_shards ({}) with gradient_shards ({}) equal to it",
+            shape.param_shards, shape.unit_shards, shape.gradient_shards);
+    if (shape.shard_rank < 0 || shape.shard_rank >= shape.unit_shards)
+        return invalid_argument_error("shard_rank {} is outside [0, {})", shape.shard_rank,
+                                      shape.unit_shards);
     if (T > c.max_position_embeddings) {
         // The family's own name for the key, where it has one.
         std::string own_key;
@@ -284,6 +337,7 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
         plan.runtime = CudaState::kWorkspaceBytes + CudaState::kScratchBytes;
         plan.communication = shape.communication_bytes;
     }
+    plan_param_storage(plan);
 
     ArenaLayout& act = plan.activations;
     plan.tokens = add_entry(act, "input.tokens", DType::kI32, Shape{B, T});
@@ -479,6 +533,14 @@ std::string MemoryPlan::table(std::string_view title) const {
             shape.gradient_shards, gradient_shard_bytes(), format_bytes(gradient_shard_bytes()),
             gradient_window_bytes(), format_bytes(gradient_window_bytes()), params.total_bytes(),
             format_bytes(params.total_bytes()));
+    if (param_shard_bytes() > 0)
+        out += fmt::format(
+            "  parameters sharded over {} ranks: shard {} B ({}) + gathered unit windows {} B "
+            "({}), of {} B ({}) unsharded\n",
+            shape.param_shards, param_shard_bytes(), format_bytes(param_shard_bytes()),
+            weight_window_bytes(), format_bytes(weight_window_bytes()),
+            params.total_bytes() + params_compute.total_bytes(),
+            format_bytes(params.total_bytes() + params_compute.total_bytes()));
     if (attention_workspace > 0)
         out += fmt::format(
             "  cuDNN's attention workspace ({}) shares {} of scratch with buffers dead during "

@@ -116,6 +116,16 @@ struct ModelShape {
     // of every unit, in unit order) and the unit-sized windows the backward writes one unit's
     // gradients into (MemoryPlan::gradients below).
     int gradient_shards = 1;
+    // Ranks the parameters are sharded over (ZeRO-3: unit_shards; 1 or unit_shards). Above 1 the
+    // parameter arena (f32 masters) and, on CUDA, the bf16 compute copy hold this rank's 1/W
+    // shard only (its chunk of every unit, in unit order, the layout of the gradient shard), and
+    // the arena the model computes with (the compute copy on CUDA, the masters on the CPU) holds
+    // unit-sized windows the gathered weights of a unit are read from (MemoryPlan::param_storage
+    // below). Needs gradient_shards = unit_shards.
+    int param_shards = 1;
+    // This process's rank among the unit_shards ranks: which chunks a sharded parameter arena
+    // holds (0 with param_shards = 1).
+    int shard_rank = 0;
     // Device memory the communicator of a multi-GPU run holds (NCCL's buffers), as measured when
     // it was opened (run/world.h); counted as the plan's `communication` row. 0 for one process.
     size_t communication_bytes = 0;
@@ -183,6 +193,10 @@ constexpr int gradient_layer_windows(Backend backend) {
     return backend == Backend::kCuda ? 2 : 1;
 }
 
+// Windows for layers' gathered weights when the parameters are sharded (ModelShape::param_shards):
+// two on every backend, a layer computing from one while the next one's gather fills the other.
+inline constexpr int kWeightLayerWindows = 2;
+
 // Device slots for micro-batch losses (Model::forward_backward_async): a training step reads the
 // losses of up to this many micro-batches at once.
 inline constexpr int64_t kLossSlots = 64;
@@ -223,6 +237,20 @@ struct MemoryPlan {
     ShardLayout shards;          // the units of `params` over shape.unit_shards ranks
     ArenaLayout params_compute;  // CUDA: params' entries in bf16, element offsets equal to
                                  // params' (empty on the CPU)
+    // What the model allocates for its parameters: `params` and `params_compute` themselves, or
+    // with shape.param_shards = W > 1: param_storage "params.shard" (ShardLayout::total / W f32,
+    // the rank's chunks of every unit in unit order, the gradient shard's layout) and on CUDA
+    // compute_storage "params_compute.shard" (its bf16 twin, element for element); then, in the
+    // arena the model computes with (compute_storage on CUDA, in bf16; param_storage on the CPU,
+    // in f32), the weight windows "params.window.front" and "params.window.back" (the front and
+    // back units' lengths: kept from a forward through its backward) and kWeightLayerWindows
+    // windows "params.window.layer.{i}" of the longest layer unit, each a gathered unit's
+    // entries at their offsets from the unit's start. `params` and `params_compute` stay the
+    // layouts a unit's entries are viewed with (placed over a window). Entry indices below.
+    ArenaLayout param_storage, compute_storage;
+    size_t param_shard = kNoEntry, compute_shard = kNoEntry;
+    size_t weight_front_window = kNoEntry, weight_back_window = kNoEntry;
+    std::vector<size_t> weight_layer_windows;  // [i], i < kWeightLayerWindows
     ArenaLayout activations;
     ArenaLayout scratch;
 
@@ -285,8 +313,12 @@ struct MemoryPlan {
     // holds 2 bytes a parameter, not 6; entry writes round the host's f32 values into it).
     bool keeps_masters() const { return shape.training || shape.backend != Backend::kCuda; }
     size_t parameter_bytes() const {
-        return (keeps_masters() ? params.total_bytes() : 0) + params_compute.total_bytes();
+        return (keeps_masters() ? param_storage.total_bytes() : 0) + compute_storage.total_bytes();
     }
+    // Of parameter_bytes() with sharded parameters: the shards (masters and compute copy), and
+    // the weight windows (0 otherwise).
+    size_t param_shard_bytes() const;
+    size_t weight_window_bytes() const;
     size_t gradient_bytes() const { return shape.training ? gradients.total_bytes() : 0; }
     // Of gradient_bytes() with sharded gradients: the shard, and the windows (0 otherwise).
     size_t gradient_shard_bytes() const;

@@ -199,7 +199,7 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
     m.config_ = std::move(config);
     m.ctx_ = ctx;
     if (m.plan_.keeps_masters()) {
-        LATHE_ASSIGN_OR_RETURN(m.params_, ModelArena::allocate(m.plan_.params, ctx));
+        LATHE_ASSIGN_OR_RETURN(m.params_, ModelArena::allocate(m.plan_.param_storage, ctx));
     }
     if (m.plan_.shape.training) {
         LATHE_ASSIGN_OR_RETURN(m.grads_, ModelArena::allocate(m.plan_.gradients, ctx));
@@ -208,7 +208,7 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
     LATHE_ASSIGN_OR_RETURN(m.scratch_, ModelArena::allocate(m.plan_.scratch, ctx));
     if (m.on_cuda()) {
         LATHE_ASSIGN_OR_RETURN(m.params_compute_,
-                               ModelArena::allocate(m.plan_.params_compute, ctx));
+                               ModelArena::allocate(m.plan_.compute_storage, ctx));
         CudaState& state = cuda_state_of(ctx, "model");
         if (!attention_shapes.empty()) {
             // The scratch buffers dead during attention are its workspace; the loan ends when
@@ -350,7 +350,19 @@ void Model::synchronize() const {
     if (on_cuda()) cuda_state_of(ctx_, "model").synchronize();
 }
 
+TensorView Model::param_entry(size_t index) const {
+    LATHE_CHECK(!params_sharded(),
+                "param_entry({}): the parameters are sharded over {} ranks (ZeRO-3); this rank "
+                "holds no entry whole",
+                index, plan_.shape.param_shards);
+    return params_.view(index);
+}
+
 void Model::read_param_entry(size_t arena_index, TensorView host) const {
+    LATHE_CHECK(!params_sharded(),
+                "read_param_entry({}): the parameters are sharded over {} ranks (ZeRO-3); the "
+                "gathered parameters come from DataParallel::gather_params",
+                arena_index, plan_.shape.param_shards);
     if (plan_.keeps_masters()) {
         copy_to_host(host, params_.view(arena_index));
         return;
@@ -387,6 +399,31 @@ void Model::write_param_entry(size_t arena_index, ConstTensorView host) {
         const float* in = host.as<float>();
         for (size_t i = 0; i < codes.size(); ++i) codes[i] = float_to_bf16(in[i]);
         copy_from_host(dst, ConstTensorView(codes.data(), DType::kBF16, dst.shape()));
+        return;
+    }
+    if (params_sharded()) {
+        // This rank's chunk of each unit the entry lies in (one unit: entries do not straddle).
+        const ArenaEntry& a = plan_.params.entries().at(arena_index);
+        LATHE_CHECK(host.device() == Device::kCpu && host.dtype() == DType::kF32 &&
+                        host.numel() == a.shape.numel(),
+                    "write_param_entry({}) of {}", a.name, host.to_string());
+        const ShardLayout& sl = plan_.shards;
+        const int rank = plan_.shape.shard_rank;
+        const ConstTensorView flat = host.reshape(Shape{host.numel()});
+        const int64_t lo = int64_t(a.offset / sizeof(float)), hi = lo + a.shape.numel();
+        int64_t at = 0;  // the unit's chunk in the shard
+        for (size_t u = 0; u < sl.units(); ++u) {
+            const FlatRange c = sl.chunk(u, rank);
+            const int64_t b = std::max(lo, c.begin), e = std::min(hi, c.end);
+            if (e > b) {
+                const int64_t s = at + (b - c.begin);
+                const TensorView dst = params_flat().slice(s, s + (e - b));
+                copy_from_host(dst, flat.slice(b - lo, e - lo));
+                if (on_cuda())
+                    cuda_cast(params_compute_flat().slice(s, s + (e - b)), dst, ctx_.stream);
+            }
+            at += c.size();
+        }
         return;
     }
     copy_from_host(params_.view(arena_index), host);
@@ -519,6 +556,46 @@ void Model::set_grad_window_hook(GradWindowHook hook) {
                      : ModelArena();
 }
 
+void Model::set_weight_window_hook(WeightWindowHook hook) {
+    weight_window_ = std::move(hook);
+    weight_window_arena_ =
+        weight_window_ ? ModelArena::borrowed(on_cuda() ? plan_.params_compute : plan_.params,
+                                              on_cuda() ? Device::kCuda : Device::kCpu)
+                       : ModelArena();
+}
+
+const ModelArena& Model::weights_for(int piece) const {
+    const TensorView w = weight_window_ ? weight_window_(piece) : TensorView();
+    if (w.is_null()) {
+        LATHE_CHECK(!params_sharded(),
+                    "the parameters are sharded over {} ranks (ZeRO-3): the model computes from "
+                    "the weight windows hook's windows (run/data_parallel.h), and it gave none "
+                    "for piece {}",
+                    plan_.shape.param_shards, piece);
+        return weights();
+    }
+    const ShardLayout& sl = plan_.shards;
+    const FlatRange unit = sl.arena[piece == kInputWeights    ? ShardLayout::kFront
+                                    : piece == kOutputWeights ? sl.back()
+                                                              : sl.layer_unit(piece)];
+    const DType dtype = on_cuda() ? DType::kBF16 : DType::kF32;
+    LATHE_CHECK(w.dtype() == dtype && w.numel() >= unit.size(),
+                "weight window {} for a unit of {} {} elements", w.to_string(), unit.size(),
+                dtype_name(dtype));
+    weight_window_arena_.place(w.data(), size_t(unit.begin) * dtype_size(dtype));
+    return weight_window_arena_;
+}
+
+const ModelArena& Model::weights_of(ParamRole role) const {
+    const size_t e = table_.find_entry(role);
+    if (e == ParamTable::kNone) return weights();
+    return weights_for(piece_of_entry(table_.entries()[e].arena_index));
+}
+
+TensorView Model::weights_at(size_t arena_index) const {
+    return weights_for(piece_of_entry(arena_index)).view(arena_index);
+}
+
 int Model::piece_of_entry(size_t arena_index) const {
     const ShardLayout& sl = plan_.shards;
     const int64_t at = int64_t(plan_.params.entries()[arena_index].offset / sizeof(float));
@@ -588,7 +665,7 @@ void Model::fill_block_views(Views& v, const ModelArena& arena, int l) const {
 
 BlockWeights Model::block_weights(int l) const {
     BlockWeights w;
-    fill_block_views(w, weights(), l);
+    fill_block_views(w, weights_for(l), l);
     return w;
 }
 
@@ -689,12 +766,13 @@ void Model::run_forward_blocks(bool step) {
     ConstTensorView positions;
     if (weights_needed_) weights_needed_(kInputWeights);
     if (config_.position == PositionKind::kLearned) {
-        wpe = entry_rows(weights(), ParamRole::kPositionEmbedding, -1, 0,
-                         config_.max_position_embeddings);
+        wpe = entry_rows(weights_of(ParamRole::kPositionEmbedding), ParamRole::kPositionEmbedding,
+                         -1, 0, config_.max_position_embeddings);
         if (has_positions_) positions = act(plan_.positions, bt);
     }
     embedding_forward(x0, act(plan_.tokens, bt), positions,
-                      entry_rows(weights(), ParamRole::kTokenEmbedding, -1, 0, config_.vocab_size),
+                      entry_rows(weights_of(ParamRole::kTokenEmbedding), ParamRole::kTokenEmbedding,
+                                 -1, 0, config_.vocab_size),
                       wpe, ctx_);
     const BlockScratch scratch = block_scratch();
     const BlockInputs inputs = block_inputs();
@@ -712,13 +790,16 @@ void Model::run_forward_blocks(bool step) {
         fp8_step_cast_due_ = !step && fp8_state_.has_value();
     }
     if (weights_needed_) weights_needed_(kOutputWeights);
-    block_norm_forward(
-        config_, act(plan_.final_norm_out, btc),
-        plan_.final_norm_mean == MemoryPlan::kNoEntry ? TensorView()
-                                                      : act(plan_.final_norm_mean, Shape{N}),
-        act(plan_.final_norm_rstd, Shape{N}), act(plan_.final_x, btc),
-        entry_rows(weights(), ParamRole::kFinalNormWeight, -1, 0, config_.hidden_size),
-        entry_rows(weights(), ParamRole::kFinalNormBias, -1, 0, config_.hidden_size), ctx_);
+    block_norm_forward(config_, act(plan_.final_norm_out, btc),
+                       plan_.final_norm_mean == MemoryPlan::kNoEntry
+                           ? TensorView()
+                           : act(plan_.final_norm_mean, Shape{N}),
+                       act(plan_.final_norm_rstd, Shape{N}), act(plan_.final_x, btc),
+                       entry_rows(weights_of(ParamRole::kFinalNormWeight),
+                                  ParamRole::kFinalNormWeight, -1, 0, config_.hidden_size),
+                       entry_rows(weights_of(ParamRole::kFinalNormBias), ParamRole::kFinalNormBias,
+                                  -1, 0, config_.hidden_size),
+                       ctx_);
 }
 
 void Model::run_backward_from_final(TensorView dfinal) {
@@ -731,7 +812,7 @@ void Model::run_backward_from_final(TensorView dfinal) {
         entry_rows(grads_of(ParamRole::kFinalNormWeight), ParamRole::kFinalNormWeight, -1, 0, C),
         entry_rows(grads_of(ParamRole::kFinalNormBias), ParamRole::kFinalNormBias, -1, 0, C),
         dfinal, act(plan_.final_x, btc),
-        entry_rows(weights(), ParamRole::kFinalNormWeight, -1, 0, C),
+        entry_rows(weights_of(ParamRole::kFinalNormWeight), ParamRole::kFinalNormWeight, -1, 0, C),
         plan_.final_norm_mean == MemoryPlan::kNoEntry ? TensorView()
                                                       : act(plan_.final_norm_mean, Shape{N}),
         act(plan_.final_norm_rstd, Shape{N}), GradMode::kOverwrite, ctx_);
@@ -784,7 +865,7 @@ float Model::forward_loss(const ModelBatch& batch, bool step) {
                             plan_.shape.precision.spec(LinearRole::kLmHead), ctx_);
     lm_head_cross_entropy_forward(loss, TensorView(), act(plan_.lm_lse, Shape{N}),
                                   act(plan_.final_norm_out, Shape{N, config_.hidden_size}),
-                                  act(plan_.targets, Shape{N}), weights().view(head_entry()),
+                                  act(plan_.targets, Shape{N}), weights_at(head_entry()),
                                   scratch_.view(plan_.lm_chunk), ctx_);
     return read_scalar(loss);
 }
@@ -799,8 +880,8 @@ void Model::backward(float dloss) {
     TensorView dfinal = block_scratch().dnorm1;
     lm_head_cross_entropy_backward(
         dfinal.reshape(Shape{N, C}), grads_at(head_entry()), act(plan_.final_norm_out, Shape{N, C}),
-        act(plan_.targets, Shape{N}), weights().view(head_entry()), act(plan_.lm_lse, Shape{N}),
-        dloss, scratch_.view(plan_.lm_chunk), ctx_);
+        act(plan_.targets, Shape{N}), weights_at(head_entry()), act(plan_.lm_lse, Shape{N}), dloss,
+        scratch_.view(plan_.lm_chunk), ctx_);
     run_backward_from_final(dfinal);
 }
 
@@ -834,7 +915,7 @@ void Model::forward_backward_async(const ModelBatch& batch, float dloss, int64_t
     lm_head_cross_entropy_forward_backward(
         loss, TensorView(), dfinal.reshape(Shape{N, C}), grads_at(head_entry()),
         act(plan_.final_norm_out, Shape{N, C}), act(plan_.targets, Shape{N}),
-        weights().view(head_entry()), dloss, scratch_.view(plan_.lm_chunk), ctx_);
+        weights_at(head_entry()), dloss, scratch_.view(plan_.lm_chunk), ctx_);
     run_backward_from_final(dfinal);
 }
 
@@ -849,7 +930,7 @@ void Model::logits(TensorView out, const ModelBatch& batch) {
                 out.to_string());
     const TensorView x = act(plan_.final_norm_out, Shape{N, C});
     if (!on_cuda()) {
-        linear_forward(out.reshape(Shape{N, V}), x, weights().view(head_entry()), ConstTensorView(),
+        linear_forward(out.reshape(Shape{N, V}), x, weights_at(head_entry()), ConstTensorView(),
                        ctx_, plan_.shape.precision.spec(LinearRole::kLmHead));
         return;
     }
@@ -861,8 +942,8 @@ void Model::logits(TensorView out, const ModelBatch& batch) {
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
         const int64_t r = std::min(rows, N - r0);
         const TensorView y(chunk.data(), DType::kBF16, Shape{r, V}, Device::kCuda);
-        linear_forward(y, x.slice(r0, r0 + r), weights().view(head_entry()), ConstTensorView(),
-                       ctx_, plan_.shape.precision.spec(LinearRole::kLmHead));
+        linear_forward(y, x.slice(r0, r0 + r), weights_at(head_entry()), ConstTensorView(), ctx_,
+                       plan_.shape.precision.spec(LinearRole::kLmHead));
         const TensorView h = host.view().slice(0, r);
         cuda_copy_sync(h, y, ctx_.stream);
         const bf16* src = h.as<bf16>();

@@ -68,6 +68,24 @@
 // accumulates (+=) there as it does in the arena. Where ZeRO-2 keeps the full gradient of a
 // unit only while it is reduced (run/data_parallel.h), and where a data-parallel step prepares
 // a unit's gradients before a micro-batch writes them. Unset, it costs nothing.
+//
+// Sharded parameters (ModelShape::param_shards = W > 1, ZeRO-3): the masters and the compute
+// copy hold this rank's shard (memory_plan.h, MemoryPlan::param_storage): params_flat() and
+// params_compute_flat() are the shard vectors (the rank's chunks in unit order, lining up with
+// the gradient shard for AdamW), and the weights a forward or backward reads come from windows
+// another component fills with the gathered units. Weight windows hook: set_weight_window_hook(f)
+// makes the model call f(piece) (pieces as above) each time it takes views of a unit's weights:
+// in every forward before the embeddings (kInputWeights), before layer l's forward (its fp8 cast
+// included), before the final norm and the LM head (kOutputWeights, or kInputWeights for a tied
+// head); in the backward before the LM head's and the final norm's backward, and before layer
+// l's block backward (and its recompute), which may ask for l more than once. f returns where
+// that unit's weights are: a window of the unit's arena length in the compute dtype (bf16 on
+// CUDA, f32 on the CPU), each entry at its offset from the unit's start, or a null view for the
+// model's own arena. The views are taken at once, so the window must hold the unit, in stream
+// order, until the ops of the piece are enqueued and the next piece is asked for. A sharded model
+// refuses to compute without it (checked). Writes of parameter entries (write_param_entry,
+// init) write the rank's chunks of each entry; reads (read_param_entry) are refused: the
+// gathered copy comes from the component that holds the communicator (run/data_parallel.h).
 
 #include <array>
 #include <cstdint>
@@ -177,24 +195,45 @@ public:
     // entry's dtype and shape), and parameter entry `arena_index` set from `host` (on CUDA its
     // bf16 compute copy too). Synchronous; for files and checks (model_io.h, ParamStaging), never
     // in a step.
+    // With sharded parameters (file comment) read_param_entry is refused (checked) and
+    // write_param_entry writes this rank's chunks of the entry.
     void read_param_entry(size_t arena_index, TensorView host) const;
     void read_grad_entry(size_t arena_index, TensorView host) const;
     void write_param_entry(size_t arena_index, ConstTensorView host);
 
-    // Arena views of parameter / gradient entry `index` of params().entries() (arena layout).
-    TensorView param_entry(size_t index) const { return params_.view(index); }
+    // The parameters are sharded over ModelShape::param_shards > 1 ranks (file comment).
+    bool params_sharded() const { return plan_.shape.param_shards > 1; }
+    // The length of the flat parameter vector the optimizer's ranges index: the arena's (padding
+    // included), also when this rank holds only its shard of it.
+    int64_t params_total() const { return int64_t(plan_.params.total_bytes() / sizeof(float)); }
+
+    // Arena views of parameter / gradient entry `index` of params().entries() (arena layout);
+    // param_entry is refused with sharded parameters (checked).
+    TensorView param_entry(size_t index) const;
     TensorView grad_entry(size_t index) const { return grads_.view(index); }
-    // Every parameter / gradient as one flat f32 vector (for the optimizer and the grad norm).
+    // Every parameter / gradient as one flat f32 vector (for the optimizer and the grad norm);
+    // with sharded parameters params_flat() is the rank's shard (params_total() / W elements).
     // grads_flat() is empty for a model without gradients.
-    TensorView params_flat() const { return params_.flat_f32(); }
+    TensorView params_flat() const {
+        return params_sharded() ? params_.view(plan_.param_shard) : params_.flat_f32();
+    }
     TensorView grads_flat() const { return grads_.flat_f32(); }
     // Entry `index` of the gradient arena's layout (plan().gradients): with sharded gradients
     // (ModelShape::gradient_shards > 1) the shard (plan().grad_shard) and the windows.
     TensorView gradient_arena_entry(size_t index) const { return grads_.view(index); }
     // CUDA: the bf16 compute copy as one flat vector, element for element params_flat()'s twin
     // (the optimizer rewrites it with the masters). Null on the CPU.
+    // With sharded parameters the compute copy's shard.
     TensorView params_compute_flat() const {
-        return on_cuda() ? params_compute_.flat(DType::kBF16) : TensorView();
+        if (!on_cuda()) return TensorView();
+        return params_sharded() ? params_compute_.view(plan_.compute_shard)
+                                : params_compute_.flat(DType::kBF16);
+    }
+    // Entry `index` of the arena the model computes with (plan().compute_storage on CUDA,
+    // plan().param_storage on the CPU): with sharded parameters the weight windows
+    // (plan().weight_front_window, ...).
+    TensorView weight_arena_entry(size_t index) const {
+        return (on_cuda() ? params_compute_ : params_).view(index);
     }
     // AdamW segments over params_flat(): one per entry, weight decay `weight_decay` on matrices
     // and embeddings, 0 on norms and biases, learning rate `lr`.
@@ -226,6 +265,9 @@ public:
     // The gradient windows hook (file comment); an empty function unsets it.
     using GradWindowHook = std::function<TensorView(int piece)>;
     void set_grad_window_hook(GradWindowHook hook);
+    // The weight windows hook (file comment); an empty function unsets it.
+    using WeightWindowHook = std::function<TensorView(int piece)>;
+    void set_weight_window_hook(WeightWindowHook hook);
 
     // Waits for everything the model enqueued (CUDA); no-op on the CPU.
     void synchronize() const;
@@ -313,6 +355,12 @@ private:
     int piece_of_entry(size_t arena_index) const;
     // The arena the ops read weights from: the bf16 compute copy on CUDA, the masters on the CPU.
     const ModelArena& weights() const { return on_cuda() ? params_compute_ : params_; }
+    // Where the ops read the weights of `piece`'s unit: the weight windows hook's window, or
+    // weights(). weights_of / weights_at: of the entry of `role` outside the layers / of
+    // parameter arena entry `arena_index`.
+    const ModelArena& weights_for(int piece) const;
+    const ModelArena& weights_of(ParamRole role) const;
+    TensorView weights_at(size_t arena_index) const;
     bool on_cuda() const { return ctx_.backend == Backend::kCuda; }
     // Host -> model memory, synchronous (one-time uploads such as the RoPE tables).
     void copy_from_host(TensorView dst, ConstTensorView src);
@@ -355,6 +403,8 @@ private:
 
     GradWindowHook grad_window_;
     mutable ModelArena grad_window_arena_;  // borrowed over the hook's window (grads_for)
+    WeightWindowHook weight_window_;
+    mutable ModelArena weight_window_arena_;  // borrowed over the hook's window (weights_for)
 };
 
 }  // namespace lathe

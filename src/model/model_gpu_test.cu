@@ -349,6 +349,89 @@ TEST_P(ModelGpu, AsyncMicroBatchesGiveTheSameBitsAsSyncOnes) {
     EXPECT_EQ(grads(), want_grads);
 }
 
+// Weight windows on CUDA (model.h): model b's bf16 compute copy copied unit by unit into device
+// windows, the copy itself then filled with 0xFF (bf16 NaN): b reading every weight through the
+// windows gives model a's loss and gradients bit for bit (exact: the same kernels read the same
+// bf16 values; a weight read from b's own copy would be NaN). Then two sharded models (the
+// parameters over 2 ranks, ZeRO-3's layout): each rank's f32 and bf16 shards hold its chunks of
+// the unsharded model's arenas, bit for bit (write_param_entry casts them as the unsharded
+// write does).
+TEST_P(ModelGpu, WeightWindowsGiveTheArenasBits) {
+    const ModelConfig c = parse(GetParam().json);
+    CUstream_st* stream = state_->stream();
+    ModelShape shape{kB, kT, 0};
+    shape.unit_shards = 2;
+    shape.optimizer_shards = 2;
+    Result<Model> a = Model::create(c, shape, state_->context());
+    Result<Model> b = Model::create(c, shape, state_->context());
+    ASSERT_TRUE(a.ok() && b.ok());
+    a->init(21);
+    b->init(21);
+    const ShardLayout& sl = b->plan().shards;
+    const TensorView compute = b->params_compute_flat();
+    std::vector<DeviceBuffer> windows;
+    std::vector<TensorView> views;
+    for (size_t u = 0; u < sl.units(); ++u) {
+        const int64_t n = sl.arena[u].size();
+        windows.emplace_back(size_t(std::max<int64_t>(n, 1)) * 2);
+        views.push_back(windows.back().view(DType::kBF16, Shape{n}));
+        if (n > 0)
+            cuda_copy_sync(views.back(), compute.slice(sl.arena[u].begin, sl.arena[u].end), stream);
+    }
+    cuda_fill_bytes(compute, 0xFF, stream);
+    int asked = 0;
+    b->set_weight_window_hook([&](int piece) {
+        ++asked;
+        return views[piece == Model::kInputWeights    ? ShardLayout::kFront
+                     : piece == Model::kOutputWeights ? sl.back()
+                                                      : sl.layer_unit(piece)];
+    });
+    const HostTensor tok = random_ids(kB, kT, c.vocab_size, 61, false);
+    const HostTensor tgt = random_ids(kB, kT, c.vocab_size, 62, true);
+    const ModelBatch batch{tok.view(), tgt.view(), {}, {}};
+    a->zero_grads();
+    b->zero_grads();
+    const float la = a->forward_backward(batch, 1.0f), lb = b->forward_backward(batch, 1.0f);
+    EXPECT_TRUE(std::isfinite(lb));
+    EXPECT_EQ(std::bit_cast<uint32_t>(la), std::bit_cast<uint32_t>(lb)) << la << " vs " << lb;
+    EXPECT_GE(asked, 2 * int(c.num_layers) + 2);
+    auto host = [&](ConstTensorView v) {
+        std::vector<uint8_t> h(size_t(v.bytes()));
+        cuda_copy_sync(TensorView(h.data(), DType::kU8, Shape{int64_t(h.size())}),
+                       ConstTensorView(v.data(), DType::kU8, Shape{int64_t(v.bytes())}, v.device()),
+                       stream);
+        return h;
+    };
+    EXPECT_EQ(host(a->grads_flat()), host(b->grads_flat()));
+
+    std::vector<uint8_t> whole32 = host(a->params_flat()), whole16 = host(a->params_compute_flat());
+    for (int r = 0; r < 2; ++r) {
+        ModelShape sharded = shape;
+        sharded.gradient_shards = 2;
+        sharded.param_shards = 2;
+        sharded.shard_rank = r;
+        Result<Model> m = Model::create(c, sharded, state_->context());
+        ASSERT_TRUE(m.ok()) << m.status().to_string();
+        m->init(21);
+        ASSERT_EQ(m->params_flat().numel(), sl.total / 2);
+        const std::vector<uint8_t> s32 = host(m->params_flat()),
+                                   s16 = host(m->params_compute_flat());
+        int64_t at = 0;
+        for (size_t u = 0; u < sl.units(); ++u) {
+            const FlatRange ch = sl.chunk(u, r);
+            EXPECT_EQ(std::memcmp(s32.data() + at * 4, whole32.data() + ch.begin * 4,
+                                  size_t(ch.size()) * 4),
+                      0)
+                << "rank " << r << " unit " << u;
+            EXPECT_EQ(std::memcmp(s16.data() + at * 2, whole16.data() + ch.begin * 2,
+                                  size_t(ch.size()) * 2),
+                      0)
+                << "rank " << r << " unit " << u;
+            at += ch.size();
+        }
+    }
+}
+
 TEST_P(ModelGpu, AStepAllocatesNoDeviceMemory) {
     const ModelConfig c = parse(GetParam().json);
     Pair m = make_pair(*state_, c, kB, kT, 14);

@@ -95,9 +95,13 @@ Status model_load_hf(Model& model, const SafetensorsCheckpoint& ckpt) {
 }
 
 Status model_save_hf(const Model& model, const std::string& dir) {
-    const ParamTable& table = model.params();
     ParamStaging staging(model);
     staging.download_all();
+    return model_save_hf_staged(model, staging, dir);
+}
+
+Status model_save_hf_staged(const Model& model, ParamStaging& staging, const std::string& dir) {
+    const ParamTable& table = model.params();
     std::vector<HostTensor> staged;  // HF-layout copies (also for kSame: the rows of an entry)
     staged.reserve(table.hf_params().size());
     std::vector<SafetensorsWriteTensor> tensors;

@@ -18,6 +18,7 @@
 
 namespace lathe {
 
+class ParamStaging;
 class SafetensorsCheckpoint;
 
 // Loads every parameter of `model` from `checkpoint` (f32, bf16 or f16 tensors, converted to
@@ -37,6 +38,9 @@ Result<Model> model_create_loaded(const ModelConfig& config, const ModelShape& s
 // Writes `dir`/model.safetensors with the HF names, stored shapes and layouts (f32), and
 // `dir`/config.json (the config's JSON with torch_dtype float32). `dir` must exist.
 Status model_save_hf(const Model& model, const std::string& dir);
+// model_save_hf of the entries `staging` (a ParamStaging over `model`) holds: filled by another
+// reader, such as the gather of a sharded model's parameters (run/data_parallel.h).
+Status model_save_hf_staged(const Model& model, ParamStaging& staging, const std::string& dir);
 
 // The parameter / gradient called `name` (an HF name) in its stored HF layout, copied into `out`
 // (host, f32, the HF shape). An unknown name is a bug (checked); see ParamTable::find_hf.

@@ -6,7 +6,8 @@
 namespace lathe {
 
 ParamStaging::ParamStaging(const Model& model)
-    : model_(&model), in_place_(model.context().backend == Backend::kCpu) {
+    : model_(&model),
+      in_place_(model.context().backend == Backend::kCpu && !model.params_sharded()) {
     if (!in_place_) copies_.resize(model.plan().params.size());
 }
 

@@ -24,6 +24,7 @@ OptimizerTarget optimizer_target(const Model& model) {
     if (model.plan().shape.gradient_shards > 1) {
         t.grads = model.gradient_arena_entry(model.plan().grad_shard);
         t.grads_of_ranges = true;
+        t.params_of_ranges = model.params_sharded();
     } else {
         t.grads = model.grads_flat();
     }
@@ -80,23 +81,24 @@ Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model, std::vecto
             "an optimizer on {} over a model on {} needs its gradients and weights copied between "
             "the two, which lathe does not do; create it on the model's device",
             backend_name(ctx.backend), backend_name(model.context().backend));
-    return create(model.params_flat().numel(), std::move(ranges), ctx);
+    return create(model.params_total(), std::move(ranges), ctx);
 }
 
 Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model) {
-    return create_for(model, FlatRange{0, model.params_flat().numel()}, model.context());
+    return create_for(model, FlatRange{0, model.params_total()}, model.context());
 }
 
 void AdamWOptimizer::step(const OptimizerTarget& target, std::span<const AdamWSegment> segments,
                           const AdamWHyper& hyper, int64_t step, float max_grad_norm) {
     const Device where = ctx_.memory();
-    LATHE_CHECK(target.params.numel() == total_ &&
+    const int64_t params_numel = target.params_of_ranges ? numel_ : total_;
+    LATHE_CHECK(target.params.numel() == params_numel &&
                     target.grads.numel() == (target.grads_of_ranges ? numel_ : total_) &&
                     target.params.device() == where && target.grads.device() == where,
                 "optimizer over {} elements on {}: params {}, grads {}", total_,
                 backend_name(ctx_.backend), target.params.to_string(), target.grads.to_string());
-    LATHE_CHECK(target.params_bf16.is_null() ||
-                    (target.params_bf16.numel() == total_ && target.params_bf16.device() == where),
+    LATHE_CHECK(target.params_bf16.is_null() || (target.params_bf16.numel() == params_numel &&
+                                                 target.params_bf16.device() == where),
                 "optimizer over {} elements: bf16 copy {}", total_, target.params_bf16.to_string());
     const ConstTensorView clip = max_grad_norm > 0.0f ? target.grad_norm : ConstTensorView();
     int64_t at = 0;  // the range's first element in the moments
@@ -108,7 +110,9 @@ void AdamWOptimizer::step(const OptimizerTarget& target, std::span<const AdamWSe
             if (hi > lo)
                 local_.push_back(AdamWSegment{lo - range.begin, hi - lo, s.lr, s.weight_decay});
         }
-        const int64_t b = range.begin, e = range.end;
+        // Where the range lies in the parameter views: at its moments' offset when they hold
+        // the ranges alone.
+        const int64_t b = target.params_of_ranges ? at : range.begin, e = b + range.size();
         if (!local_.empty())
             adamw_update_with_copy(
                 target.params.slice(b, e),

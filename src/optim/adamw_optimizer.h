@@ -58,12 +58,17 @@ struct OptimizerTarget {
     // (numel() elements, the moments' layout): sharded gradients (ZeRO-2), where a rank keeps
     // no gradient outside its chunks.
     bool grads_of_ranges = false;
+    // params (and params_bf16) hold the optimizer's ranges alone, concatenated in list order:
+    // sharded parameters (ZeRO-3, Model::params_flat() the rank's shard).
+    bool params_of_ranges = false;
     ConstTensorView grad_norm;  // (1) f32 global gradient norm to clip by, or null (no clipping)
 };
 
 // The target of `model` (created for training): its masters, its bf16 compute copy on CUDA, its
 // gradients (with sharded gradients, ModelShape::gradient_shards > 1, the rank's shard:
-// grads_of_ranges) and the norm its last grad_norm() left in device memory.
+// grads_of_ranges; with sharded parameters, ModelShape::param_shards > 1, the masters and the
+// compute copy are the rank's shard too: params_of_ranges) and the norm its last grad_norm() left
+// in device memory.
 OptimizerTarget optimizer_target(const Model& model);
 
 class AdamWOptimizer {

@@ -80,10 +80,12 @@ constexpr std::string_view kLlama3_8bSlice = R"({
   "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": 128001
 })";
 
-// Llama-3-8B's architecture (8,030,261,248 parameters) with 32768 positions (the release has 8192;
-// rope has no table of positions, so the count is unchanged) so that a 32k prefill fits: the shape
-// of `lathe bench --generate`'s inference measurements (bf16 weights of 16 GB; training it needs
-// more than one GPU).
+// Llama-3-8B's architecture (8,030,261,248 parameters, all 32 layers) with 32768 positions (the
+// release has 8192; rope has no table of positions, so the count is unchanged) so that a 32k
+// prefill fits: the shape of `lathe bench --generate`'s inference measurements (bf16 weights of
+// 16 GB), and of training over several GPUs: at ZeRO-3 over 4 GPUs its parameters, gradients and
+// AdamW state take about 45 GB a GPU (docs/DISTRIBUTED.md), so it trains at T = 4096 with full
+// recompute on 80 GB GPUs.
 constexpr std::string_view kLlama3_8b = R"({
   "architectures": ["LlamaForCausalLM"], "model_type": "llama",
   "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
@@ -117,7 +119,7 @@ constexpr BenchPreset kPresets[] = {
      kLlama1b},
     {"llama3-8b",
      "Llama-3-8B shape: 32 layers, 32 heads, 8 KV heads, C 4096, F 14336, V 128256, untied, "
-     "32768 positions (for --generate)",
+     "rope theta 500000, 32768 positions (--generate; training: ZeRO-3 over several GPUs)",
      kLlama3_8b},
     {"llama3-8b-10l",
      "Llama-3-8B's layer shape, 10 of its 32 layers: 32 heads, 8 KV heads, C 4096, F 14336, "
@@ -347,8 +349,17 @@ Result<std::string> bench_run(const BenchRequest& req) {
     // size shapes the plan (ZeRO-1 pads the parameters for W equal shards), the local rank picks
     // the GPU. A plan alone is one process's.
     ProcessGroupInfo group;
+    if (req.plan_ranks < 1)
+        return invalid_argument_error("--plan-ranks must be >= 1, got {}", req.plan_ranks);
+    if (req.plan_ranks > 1 && !req.plan_only)
+        return invalid_argument_error(
+            "--plan-ranks {} plans one rank of a world without running it: give --plan-only "
+            "(a run takes its world from the launcher)",
+            req.plan_ranks);
     if (!req.plan_only) {
         LATHE_ASSIGN_OR_RETURN(group, process_group_from_env(process_environment()));
+    } else {
+        group.world_size = req.plan_ranks;
     }
     const bool multi = group.world_size > 1;
     // A plan for CUDA needs no GPU; everything else asks the machine.
@@ -366,7 +377,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.seq_len = T;
     shape.backend = place.backend;
     shape.recompute = req.recompute;
-    data_parallel_shape(shape, multi ? group.world_size : 1, req.zero_stage);
+    data_parallel_shape(shape, multi ? group.world_size : 1, req.zero_stage,
+                        multi ? group.rank : 0);
     if (req.fp8) {
         // fp8 (bench.h): on a GPU with FP8 tensor cores only, never a fallback.
         if (place.backend != Backend::kCuda)
@@ -409,7 +421,10 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (req.plan_only) {
         // The table `lathe train` prints, and its rows in the JSON line. On CUDA without a GPU
         // the attention workspace is the plan's estimate (memory_plan.h).
-        std::fputs(plan->table(model_config_summary(config)).c_str(), stderr);
+        std::string title = model_config_summary(config);
+        if (multi)
+            title += fmt::format(", per rank of {} (ZeRO-{})", group.world_size, req.zero_stage);
+        std::fputs(plan->table(title).c_str(), stderr);
         j["plan"] = {{"parameters", plan->parameter_bytes()},
                      {"gradients", plan->gradient_bytes()},
                      {"optimizer", plan->optimizer_bytes()},
@@ -483,7 +498,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     // With several ranks: the trainer's collectives (run/data_parallel.h), and the optimizer over
     // this rank's range (its shard at ZeRO-1).
     std::unique_ptr<DataParallel> dp;
-    std::vector<FlatRange> ranges{FlatRange{0, model.params_flat().numel()}};
+    std::vector<FlatRange> ranges{FlatRange{0, model.params_total()}};
     if (multi) {
         auto made = DataParallel::create(model, *world.comm, req.zero_stage);
         if (!made.ok()) return made.status().with_context("--zero-stage");

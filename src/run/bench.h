@@ -82,6 +82,7 @@ struct BenchRequest {
     bool nondeterministic = false;           // Context::deterministic = false (train.deterministic)
     Recompute recompute = Recompute::kNone;  // train.recompute's modes
     int zero_stage = 1;  // parallel.zero_stage of a run of several ranks (ignored by one process)
+    int plan_ranks = 1;  // with plan_only: plan one rank of this many at zero_stage
     std::optional<Fp8Settings> fp8;  // --precision fp8 (its recipe); nullopt: bf16
 };
 

@@ -4,12 +4,14 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
 
 #include "core/check.h"
 #include "model/memory_plan.h"
+#include "model/param_staging.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/memory.h"
 #include "optim/optimizer_state.h"
@@ -24,19 +26,22 @@ bool on_cuda(const Model& model) {
 
 }  // namespace
 
-void data_parallel_shape(ModelShape& shape, int world, int zero_stage) {
+void data_parallel_shape(ModelShape& shape, int world, int zero_stage, int rank) {
     const int W = std::max(world, 1);
     shape.unit_shards = W;
     shape.optimizer_shards = zero_stage >= 1 ? W : 1;
     shape.gradient_shards = zero_stage >= 2 ? W : 1;
+    shape.param_shards = zero_stage >= 3 ? W : 1;
+    shape.shard_rank = W > 1 ? rank : 0;
 }
 
 Result<std::unique_ptr<DataParallel>> DataParallel::create(Model& model, Communicator& comm,
                                                            int zero_stage) {
-    if (zero_stage < 0 || zero_stage > 2) {
+    if (zero_stage < 0 || zero_stage > 3) {
         return invalid_argument_error(
             "parallel.zero_stage {}: stages 0 (replicated optimizer), 1 (optimizer state "
-            "sharded) and 2 (optimizer state and gradients sharded) are built; use one of them",
+            "sharded), 2 (optimizer state and gradients sharded) and 3 (optimizer state, "
+            "gradients and parameters sharded) are built; use one of them",
             zero_stage);
     }
     if (!model.training())
@@ -70,15 +75,25 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(Model& model, Communi
             "model with ModelShape::gradient_shards = {})",
             zero_stage, comm.size(), model.plan().shape.gradient_shards, want_grads);
     }
+    const int want_params = zero_stage >= 3 && comm.size() > 1 ? comm.size() : 1;
+    if (model.plan().shape.param_shards != want_params ||
+        (want_params > 1 && model.plan().shape.shard_rank != comm.rank())) {
+        return invalid_argument_error(
+            "ZeRO-{} over {} ranks, this one rank {}: the memory plan shards the parameters over "
+            "{} for rank {} (create the model with ModelShape::param_shards = {}, shard_rank = "
+            "{})",
+            zero_stage, comm.size(), comm.rank(), model.plan().shape.param_shards,
+            model.plan().shape.shard_rank, want_params, comm.rank());
+    }
     std::unique_ptr<DataParallel> dp(new DataParallel(model, comm, zero_stage));
     return dp;
 }
 
 DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage)
     : model_(model), comm_(comm), zero_stage_(zero_stage), layout_(model.plan().shards) {
-    LATHE_CHECK(layout_.total == model.params_flat().numel(),
+    LATHE_CHECK(layout_.total == model.params_total(),
                 "shard layout of {} elements over an arena of {}", layout_.total,
-                model.params_flat().numel());
+                model.params_total());
     if (comm.size() > 1) {
         chunks_ = layout_.chunks(comm.rank());
     } else {
@@ -90,6 +105,7 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage)
     else
         ranges_ = {FlatRange{0, layout_.total}};
     sharded_ = zero_stage >= 2 && comm.size() > 1;
+    params_sharded_ = zero_stage >= 3 && comm.size() > 1;
     const size_t U = layout_.units();
     prepared_.assign(U, 0);
     windows_.assign(U, TensorView());
@@ -117,7 +133,7 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage)
             for (size_t i = 0; i < model.plan().grad_layer_windows.size(); ++i)
                 window_free_.push_back(std::make_unique<CudaEvent>());
         }
-        if (zero_stage >= 1 && comm.size() > 1) {
+        if ((zero_stage == 1 || zero_stage == 2) && comm.size() > 1) {
             for (size_t u = 0; u < layout_.units(); ++u) {
                 Piece p;
                 p.ready = std::make_unique<CudaEvent>();
@@ -128,6 +144,22 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage)
             model_.set_weights_needed_hook([this](int piece) { on_weights_needed(piece); });
         }
     }
+    if (params_sharded_) {
+        const MemoryPlan& plan = model.plan();
+        std::vector<size_t> entries{plan.weight_front_window, plan.weight_back_window};
+        entries.insert(entries.end(), plan.weight_layer_windows.begin(),
+                       plan.weight_layer_windows.end());
+        LATHE_CHECK(plan.weight_layer_windows.size() == size_t(kWeightLayerWindows),
+                    "ZeRO-3 over a plan of {} layer weight windows",
+                    plan.weight_layer_windows.size());
+        for (const size_t e : entries) {
+            WeightWindow w;
+            if (e != MemoryPlan::kNoEntry) w.view = model.weight_arena_entry(e);
+            if (on_cuda(model)) w.ready = std::make_unique<CudaEvent>();
+            weight_windows_.push_back(std::move(w));
+        }
+        model_.set_weight_window_hook([this](int piece) { return on_weight_window(piece); });
+    }
     model_.set_grads_ready_hook([this](int layer) { on_layer_ready(layer); });
     if (comm.size() > 1)
         model_.set_grad_window_hook([this](int piece) { return on_grad_window(piece); });
@@ -135,8 +167,11 @@ DataParallel::DataParallel(Model& model, Communicator& comm, int zero_stage)
 
 DataParallel::~DataParallel() {
     if (!pieces_.empty()) wait_for_pieces();
+    for (WeightWindow& w : weight_windows_)
+        if (w.pending) w.ready->wait(model_.context().stream);
     model_.set_grads_ready_hook({});
     model_.set_weights_needed_hook({});
+    model_.set_weight_window_hook({});
     model_.set_grad_window_hook({});
 }
 
@@ -152,6 +187,105 @@ void DataParallel::on_weights_needed(int piece) {
     p.wait_end->record(compute);
     p.in_flight = false;
     p.waited = true;
+}
+
+void DataParallel::fill_window(size_t slot, size_t unit, bool use) {
+    WeightWindow& w = weight_windows_[slot];
+    if (w.unit != int64_t(unit) || w.version != version_) {
+        // Every rank's chunk of the unit from its shard: the compute copy on CUDA, the masters
+        // on the CPU (what each computes with).
+        const FlatRange u = layout_.arena[unit];
+        const int64_t len = u.size() / comm_.size();
+        const bool cuda = on_cuda(model_);
+        const TensorView shard = cuda ? model_.params_compute_flat() : model_.params_flat();
+        const TensorView mine = shard.slice(shard_at_[unit], shard_at_[unit] + len);
+        const TensorView all = w.view.slice(0, u.size());
+        w.unit = int64_t(unit);
+        w.version = version_;
+        Status s;
+        if (!cuda) {
+            const auto t0 = std::chrono::steady_clock::now();
+            s = comm_.all_gather(all, mine, nullptr);
+            host_comm_ms_ +=
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count();
+        } else {
+            // After everything enqueued on the compute stream so far: the window's last reader
+            // (the model asks for a piece once the ops of the one before are enqueued) and the
+            // optimizer's update of the shard.
+            CudaState& state = cuda_state_of(model_.context(), "data parallel");
+            state.wait_for(state.comm_stream(), state.stream());
+            s = comm_.all_gather(all, mine, state.comm_stream());
+            w.ready->record(state.comm_stream());
+            w.pending = true;
+        }
+        if (!s.ok()) {
+            w.unit = -1;
+            if (first_error_.ok())
+                first_error_ = s.with_context(fmt::format("the gather of unit {}'s weights", unit));
+        }
+    }
+    if (use) wait_for_window(slot);
+}
+
+void DataParallel::wait_for_window(size_t slot) {
+    WeightWindow& w = weight_windows_[slot];
+    if (!w.pending) return;
+    CUstream_st* compute = model_.context().stream;
+    if (waits_ < kTimedWaits) {
+        if (waits_ == wait_begin_.size()) {
+            wait_begin_.push_back(std::make_unique<CudaEvent>(CudaEvent::Timing::kOn));
+            wait_end_.push_back(std::make_unique<CudaEvent>(CudaEvent::Timing::kOn));
+        }
+        wait_begin_[waits_]->record(compute);
+        w.ready->wait(compute);
+        wait_end_[waits_]->record(compute);
+        ++waits_;
+    } else {
+        w.ready->wait(compute);
+    }
+    w.pending = false;
+}
+
+TensorView DataParallel::on_weight_window(int piece) {
+    if (piece == Model::kInputWeights || piece == Model::kOutputWeights) {
+        const size_t slot = piece == Model::kInputWeights ? 0 : 1;
+        if (weight_windows_[slot].view.is_null()) return TensorView();
+        fill_window(slot, unit_of_piece(piece), /*use=*/true);
+        return weight_windows_[slot].view;
+    }
+    // The layer window holding the unit, else the one the previous layer does not use.
+    const size_t unit = layout_.layer_unit(piece), first = 2, count = weight_windows_.size() - 2;
+    auto holds = [&](size_t slot, size_t u) {
+        return weight_windows_[slot].unit == int64_t(u) &&
+               weight_windows_[slot].version == version_;
+    };
+    size_t slot = first;
+    for (size_t i = first; i < first + count; ++i)
+        if (holds(i, unit)) slot = i;
+    if (!holds(slot, unit)) {
+        for (size_t i = first; i < first + count; ++i) {
+            if (weight_windows_[i].unit != int64_t(layout_.layer_unit(last_layer_))) {
+                slot = i;
+                break;
+            }
+        }
+    }
+    fill_window(slot, unit, /*use=*/true);
+    if (piece != last_layer_) {
+        // The layer computed next, in the order this one was reached in, travels meanwhile.
+        const int next = piece + (piece > last_layer_ ? 1 : -1);
+        const int L = int(layout_.units()) - 2;
+        if (next >= 0 && next < L) {
+            const size_t other = first + (slot - first + 1) % count;
+            fill_window(other, layout_.layer_unit(next), /*use=*/false);
+        }
+        // The back unit (final norm, untied head) travels during the forward's last two layers.
+        if (next > piece && piece >= L - 2 && !weight_windows_[1].view.is_null())
+            fill_window(1, layout_.back(), /*use=*/false);
+    }
+    last_layer_ = piece;
+    return weight_windows_[slot].view;
 }
 
 void DataParallel::wait_for_pieces() {
@@ -171,6 +305,17 @@ void DataParallel::begin_micro_batch(bool last) {
     ++micro_;
     ++epoch_;
     last_ = last;
+    if (params_sharded_) {
+        // The forward's first units travel while the batch is staged.
+        last_layer_ = -1;
+        if (!weight_windows_[0].view.is_null()) fill_window(0, ShardLayout::kFront, /*use=*/false);
+        if (layout_.units() > 2) {
+            size_t slot = 2;
+            for (size_t i = 2; i < weight_windows_.size(); ++i)
+                if (weight_windows_[i].unit == int64_t(layout_.layer_unit(0))) slot = i;
+            fill_window(slot, layout_.layer_unit(0), /*use=*/false);
+        }
+    }
 }
 
 size_t DataParallel::unit_of_piece(int piece) const {
@@ -331,6 +476,11 @@ Status DataParallel::finish_gradients() {
 Status DataParallel::finish_update() {
     if (zero_stage_ == 0 || comm_.size() == 1) return ok_status();
     LATHE_CHECK(micro_ == 0, "finish_update() inside a step: finish_gradients() first");
+    if (params_sharded_) {
+        // Every window holds weights of before the update; the next forward gathers again.
+        ++version_;
+        return ok_status();
+    }
     if (!on_cuda(model_)) {
         const TensorView all = model_.params_flat();
         const auto t0 = std::chrono::steady_clock::now();
@@ -364,7 +514,8 @@ Status DataParallel::finish_update() {
 }
 
 Status DataParallel::gather_masters() {
-    if (zero_stage_ == 0 || comm_.size() == 1 || !on_cuda(model_)) return ok_status();
+    if (zero_stage_ == 0 || params_sharded_ || comm_.size() == 1 || !on_cuda(model_))
+        return ok_status();
     CudaState& state = cuda_state_of(model_.context(), "data parallel");
     wait_for_pieces();
     const TensorView all = model_.params_flat();
@@ -377,6 +528,50 @@ Status DataParallel::gather_masters() {
     }
     state.wait_for(state.stream(), state.comm_stream());
     state.synchronize();
+    return ok_status();
+}
+
+Status DataParallel::gather_params(ParamStaging* staging) {
+    LATHE_CHECK(params_sharded_, "gather_params: the parameters are not sharded (ZeRO-{})",
+                zero_stage_);
+    LATHE_CHECK(micro_ == 0, "gather_params() inside a step");
+    const MemoryPlan& plan = model_.plan();
+    const bool cuda = on_cuda(model_);
+    CUstream_st* compute = model_.context().stream;
+    if (cuda) {
+        // No reduction still reads a gradient window.
+        CudaState& state = cuda_state_of(model_.context(), "data parallel");
+        state.wait_for(state.stream(), state.comm_stream());
+    }
+    const TensorView shard = model_.params_flat();
+    const std::vector<ArenaEntry>& entries = plan.params.entries();
+    for (size_t u = 0; u < layout_.units(); ++u) {
+        const FlatRange unit = layout_.arena[u];
+        if (unit.size() == 0) continue;
+        const size_t window = u == ShardLayout::kFront ? plan.grad_front_window
+                              : u == layout_.back()    ? plan.grad_back_window
+                                                       : plan.grad_layer_windows.at(0);
+        const TensorView all = model_.gradient_arena_entry(window).slice(0, unit.size());
+        const int64_t len = unit.size() / comm_.size();
+        LATHE_RETURN_IF_ERROR(
+            comm_
+                .all_gather(all, shard.slice(shard_at_[u], shard_at_[u] + len),
+                            cuda ? compute : nullptr)
+                .with_context(fmt::format("gathering unit {} of the parameters", u)));
+        if (staging == nullptr) continue;
+        for (size_t i = 0; i < entries.size(); ++i) {
+            const int64_t at = int64_t(entries[i].offset / sizeof(float));
+            if (at < unit.begin || at >= unit.end) continue;
+            const TensorView host = staging->host(i);
+            const TensorView to = host.reshape(Shape{host.numel()});
+            const TensorView from = all.slice(at - unit.begin, at - unit.begin + host.numel());
+            if (cuda)
+                cuda_copy_sync(to, from, compute);
+            else
+                std::memcpy(to.data(), from.data(), size_t(from.bytes()));
+        }
+    }
+    if (cuda) model_.synchronize();
     return ok_status();
 }
 
@@ -467,6 +662,8 @@ double DataParallel::comm_wait_ms() {
         ms += CudaEvent::elapsed_ms(*events_[0], *events_[1]);
         reduced_ = false;
     }
+    for (size_t i = 0; i < waits_; ++i) ms += CudaEvent::elapsed_ms(*wait_begin_[i], *wait_end_[i]);
+    waits_ = 0;
     for (Piece& p : pieces_) {
         if (!p.waited) continue;
         ms += CudaEvent::elapsed_ms(*p.wait_begin, *p.wait_end);

@@ -1,6 +1,6 @@
 #pragma once
 // DataParallel: the collectives that make W processes (ranks) train one model as one process
-// would, each computing the gradients of its slice of every global batch (ZeRO stages 0, 1, 2).
+// would, each computing the gradients of its slice of every global batch (ZeRO stages 0 to 3).
 //
 // Units and chunks (model/memory_plan.h, ShardLayout): the parameter arena is cut into units
 // (the entries before layer 0, each layer, the entries after the last layer), each padded with
@@ -52,23 +52,48 @@
 //                 first layers compute while the last ones are in flight. The f32 masters
 //                 outside the chunks are gathered only when a checkpoint needs them
 //                 (gather_masters()).
+//   ZeRO-3        the parameters are sharded too (ModelShape::param_shards = W): the f32
+//                 masters and on CUDA the bf16 compute copy are the rank's shard (its chunks in
+//                 unit order, the gradient shard's layout), which AdamW updates in place, and the
+//                 gradients go as at ZeRO-2. The model computes from unit-sized windows
+//                 (MemoryPlan::param_storage) that this class fills through the model's weight
+//                 windows hook, each unit all-gathered from every rank's shard (the compute copy
+//                 on CUDA, the masters on the CPU): the front and back units into their own
+//                 windows, once after each update (a forward gathers them, its backward and the
+//                 following micro-batches of the step read them again), the layers in turn
+//                 through two windows. On CUDA the gathers run on the communication stream,
+//                 each after an event recorded on the compute stream when it is issued, and the
+//                 compute stream waits for a unit's gather (an event, no host wait) when the
+//                 model first asks for it; asked for layer l, the hook also issues the gather of
+//                 the layer computed next (l + 1 after l - 1, l - 1 after l + 1: the forward's
+//                 and the backward's orders) into the other window, whose last reader has been
+//                 enqueued by then, so that it travels while layer l computes; each micro-batch
+//                 begins by issuing the front's and layer 0's, and the forward's last two
+//                 layers issue the back unit's. On the CPU (MPI) the gathers are
+//                 synchronous, when a unit is asked for. After the optimizer step nothing is
+//                 gathered: every window is stale until the next forward gathers it again.
+//                 The checkpoint's model is gathered entry by entry to rank 0's host memory
+//                 (gather_params), unit by unit through the gradient windows.
 // At a fixed world size the stages sum the same buffers with the same collectives, so the
-// gradients, the norm and every update are the same bits at ZeRO 0, 1 and 2.
+// gradients, the norm and every update are the same bits at ZeRO 0, 1, 2 and 3 (ZeRO-3 gathers
+// the same bf16 or f32 values ZeRO-1 and 2 gather after their updates).
 //
 // Checkpoints: the optimizer state is written and read in canonical coordinates (the one-process
-// arena, ShardLayout): at ZeRO-1 and 2 each rank its own chunks (optim/optimizer_state.h's
+// arena, ShardLayout): at ZeRO 1 to 3 each rank its own chunks (optim/optimizer_state.h's
 // range-list shard set), at ZeRO-0 rank 0 the full file; so a checkpoint resumes at any world size
-// and stage.
+// and stage. A ZeRO-3 model reads each rank's chunks of a loaded checkpoint (every rank reads the
+// file; Model::write_param_entry keeps its chunks).
 //
 // Communication time: comm_wait_ms() is what the compute stream spent waiting for
 // communication in the last step (CUDA: timed with events around the wait for the last
-// micro-batch's reductions and around each wait for a gathered unit; the waits before a unit's
+// micro-batch's reductions and around each wait for a gathered unit, at ZeRO-3 those of the
+// forwards and the backwards; the waits before a unit's
 // gradients are written, for an earlier micro-batch's reduction or a free ZeRO-2 window, are not
 // timed; CPU: the host time inside the collectives, which the CPU does not overlap).
 //
 // Ownership: holds references to the model and the communicator, which must outlive it; installs
 // the model's gradients-ready and gradient windows hooks (and at ZeRO 1 and 2 on CUDA its
-// weights-needed hook) and removes them when destroyed.
+// weights-needed hook, at ZeRO-3 its weight windows hook) and removes them when destroyed.
 
 #include <cstdint>
 #include <memory>
@@ -84,19 +109,21 @@
 namespace lathe {
 
 class CudaEvent;
+class ParamStaging;
 
-// Sets `shape`'s unit_shards, optimizer_shards and gradient_shards for data parallel over `world`
-// ranks at `zero_stage` (1 rank: none sharded).
-void data_parallel_shape(ModelShape& shape, int world, int zero_stage);
+// Sets `shape`'s unit_shards, optimizer_shards, gradient_shards, param_shards and shard_rank for
+// data parallel over `world` ranks at `zero_stage`, this process being `rank` (1 rank: none
+// sharded).
+void data_parallel_shape(ModelShape& shape, int world, int zero_stage, int rank = 0);
 
 class DataParallel {
 public:
-    // Over the world `comm` (every rank calls it with the same model shape). zero_stage 0, 1 or 2.
+    // Over the world `comm` (every rank calls it with the same model shape). zero_stage 0 to 3.
     // Errors (invalid argument): another stage (naming parallel.zero_stage); more than one rank
-    // over a model whose units are not padded for comm.size() ranks, or whose optimizer or
-    // gradient shards are not the stage's (ModelShape::optimizer_shards, gradient_shards; see
-    // data_parallel_shape); a model without gradients; a communicator that does not take the
-    // model's memory.
+    // over a model whose units are not padded for comm.size() ranks, or whose optimizer,
+    // gradient or parameter shards are not the stage's (ModelShape::optimizer_shards,
+    // gradient_shards, param_shards, shard_rank; see data_parallel_shape); a model without
+    // gradients; a communicator that does not take the model's memory.
     static Result<std::unique_ptr<DataParallel>> create(Model& model, Communicator& comm,
                                                         int zero_stage);
     ~DataParallel();
@@ -128,9 +155,18 @@ public:
     void zero_grad_entry(size_t index);
     // After the optimizer step (ZeRO-1): every rank's updated shard reaches every rank.
     Status finish_update();
-    // ZeRO-1 on CUDA: the f32 masters of every shard gathered onto every rank, for a checkpoint
-    // (synchronous). Elsewhere a no-op.
+    // ZeRO-1 and 2 on CUDA: the f32 masters of every shard gathered onto every rank, for a
+    // checkpoint (synchronous). Elsewhere a no-op (ZeRO-3: gather_params).
     Status gather_masters();
+    // Whether the model's parameters are sharded (ZeRO-3 over more than one rank): a checkpoint
+    // gathers them with gather_params, and no rank holds a parameter entry whole.
+    bool params_sharded() const { return params_sharded_; }
+    // ZeRO-3: every parameter entry's f32 masters gathered from every rank's shard, unit by unit
+    // through the model's gradient windows (the whole model is never on one GPU), into
+    // `staging`'s host copy of the entry (ParamStaging over this model), on the ranks that pass
+    // one (rank 0 for a checkpoint). Every rank calls it (collective); synchronous, between steps.
+    // Errors: a collective's.
+    Status gather_params(ParamStaging* staging);
     // This rank's sum of squares over its chunks, read back (the step's one wait for the GPU),
     // and the world's norm, sqrt of every rank's part summed in rank order (fp64), written where
     // the optimizer clips and returned.
@@ -152,6 +188,8 @@ private:
     DataParallel(Model& model, Communicator& comm, int zero_stage);
     void on_layer_ready(int layer);
     void on_weights_needed(int piece);
+    // ZeRO-3: the weight windows hook (file comment).
+    TensorView on_weight_window(int piece);
     // The gradient windows hook: prepares unit `piece`'s buffer for this micro-batch (once) and
     // returns its window (ZeRO-2) or null (the model's arena).
     TensorView on_grad_window(int piece);
@@ -161,6 +199,12 @@ private:
     static int64_t moment_offset(const AdamWOptimizer& optimizer, int64_t at);
     // CUDA: the compute stream waits for every piece still in flight.
     void wait_for_pieces();
+    // ZeRO-3: weight window `slot` (0 front, 1 back, 2.. layers) made to hold unit `unit` of the
+    // current parameters (gathered, or its gather issued, unless it holds it already), and the
+    // compute stream made to wait for it when `use`.
+    void fill_window(size_t slot, size_t unit, bool use);
+    // ZeRO-3, CUDA: the compute stream waits for window `slot`'s gather (timed).
+    void wait_for_window(size_t slot);
 
     Model& model_;
     Communicator& comm_;
@@ -195,6 +239,24 @@ private:
         bool in_flight = false, waited = false;
     };
     std::vector<Piece> pieces_;
+    // ZeRO-3: the weight windows, [0] front, [1] back, [2 + i] layer window i: which unit of
+    // which parameter version each holds (unit -1: none), and on CUDA `ready` recorded on the
+    // communication stream after its gather, `pending` until the compute stream waited for it.
+    struct WeightWindow {
+        TensorView view;
+        int64_t unit = -1, version = -1;
+        bool pending = false;
+        std::unique_ptr<CudaEvent> ready;
+    };
+    bool params_sharded_ = false;  // ZeRO-3 over more than one rank
+    std::vector<WeightWindow> weight_windows_;
+    int64_t version_ = 0;  // parameter updates since creation (finish_update)
+    int last_layer_ = -1;  // the layer the weight windows hook was last asked for
+    // CUDA: timing events around the compute stream's waits for gathered windows this step, the
+    // first waits_ of them recorded (at most kTimedWaits a step; later waits go untimed).
+    static constexpr size_t kTimedWaits = 4096;
+    std::vector<std::unique_ptr<CudaEvent>> wait_begin_, wait_end_;
+    size_t waits_ = 0;
 };
 
 }  // namespace lathe

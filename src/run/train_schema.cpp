@@ -82,7 +82,8 @@ ConfigSchema train_config_schema() {
     // ---- parallel: several processes (ranks) train one model (run/data_parallel.h) ----
     s.add({"parallel.zero_stage", ConfigType::kInt, "1",
            "data parallel: 0 = every rank holds the whole optimizer state, 1 = AdamW state "
-           "sharded over the ranks (ZeRO-1), 2 = AdamW state and gradients sharded (ZeRO-2)"});
+           "sharded over the ranks (ZeRO-1), 2 = AdamW state and gradients sharded (ZeRO-2), "
+           "3 = AdamW state, gradients and parameters sharded (ZeRO-3)"});
     s.add({"parallel.timeout_s", ConfigType::kFloat, "600",
            "a rank waiting longer than this on the others stops the run, naming the wait "
            "(0 = wait forever)"});

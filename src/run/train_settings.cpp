@@ -267,11 +267,11 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     }
     s.freeze = c.get_string_list("train.freeze");
     s.zero_stage = int(c.get_int("parallel.zero_stage"));
-    if (s.zero_stage < 0 || s.zero_stage > 2) {
+    if (s.zero_stage < 0 || s.zero_stage > 3) {
         return invalid_argument_error(
             "{}: 'parallel.zero_stage' {}: lathe trains at stage 0 (optimizer state on every "
-            "rank), 1 (optimizer state sharded over the ranks) or 2 (optimizer state and "
-            "gradients sharded); stage 3 (parameters sharded) is not part of this build",
+            "rank), 1 (optimizer state sharded over the ranks), 2 (optimizer state and "
+            "gradients sharded) or 3 (optimizer state, gradients and parameters sharded)",
             c.source_of("parallel.zero_stage"), c.get_int("parallel.zero_stage"));
     }
     s.timeout_s = c.get_float("parallel.timeout_s");

@@ -35,6 +35,7 @@
 #include "io/tensorboard.h"
 #include "model/model.h"
 #include "model/model_io.h"
+#include "model/param_staging.h"
 #include "model/registry.h"
 #include "ops/cuda/fp8_linear.h"
 #include "ops/cuda/memory.h"
@@ -355,7 +356,8 @@ Status Trainer::setup() {
     shape.seq_len = s_.seq_len;
     shape.backend = device_.backend();
     shape.recompute = s_.recompute;
-    data_parallel_shape(shape, multi() ? world_.size() : 1, s_.zero_stage);
+    data_parallel_shape(shape, multi() ? world_.size() : 1, s_.zero_stage,
+                        multi() ? world_.rank() : 0);
     shape.communication_bytes = world_.device_bytes;
     if (fp8_run()) {
         shape.precision = fp8_precision_policy(s_.fp8);
@@ -389,7 +391,7 @@ Status Trainer::setup() {
         LATHE_RETURN_IF_ERROR(
             file_write_atomic((fs::path(request_.run_dir) / kMemoryPlanFile).string(), table));
     }
-    std::vector<FlatRange> ranges{FlatRange{0, model_->params_flat().numel()}};
+    std::vector<FlatRange> ranges{FlatRange{0, model_->params_total()}};
     if (multi()) {
         LATHE_ASSIGN_OR_RETURN(dp_, DataParallel::create(*model_, *world_.comm, s_.zero_stage));
         ranges = dp_->optimizer_ranges();
@@ -651,8 +653,16 @@ Status Trainer::save_checkpoint() {
             auto guard = watchdog_->arm("the gather of the parameters for the checkpoint");
             LATHE_RETURN_IF_ERROR(dp_->gather_masters());
         }
-        if (lead()) {
+        if (dp_ && dp_->params_sharded()) {
+            // ZeRO-3: every rank joins the gathers, rank 0 keeps the entries and writes them.
+            auto guard = watchdog_->arm("the gather of the parameters for the checkpoint");
+            ParamStaging staging(*model_);
+            LATHE_RETURN_IF_ERROR(dp_->gather_params(lead() ? &staging : nullptr));
+            if (lead()) LATHE_RETURN_IF_ERROR(model_save_hf_staged(*model_, staging, dir));
+        } else if (lead()) {
             LATHE_RETURN_IF_ERROR(model_save_hf(*model_, dir));
+        }
+        if (lead()) {
             LATHE_RETURN_IF_ERROR(carried_files_write(tokenizer_files_, dir));
         }
         if (dp_) {
@@ -773,19 +783,24 @@ Status Trainer::evaluate(double& loss_out) {
     // summed in micro-batch order, as one process sums them.
     const int64_t W = world_.size(), per_rank = (n + W - 1) / W;
     std::vector<float> mine(size_t(per_rank), 0.0f);
+    // ZeRO-3: every forward gathers the layers with the other ranks, so every rank runs
+    // per_rank of them; one past the last micro-batch evaluates micro-batch i % n again and
+    // drops its loss.
+    const bool every_rank_forwards = dp_ != nullptr && dp_->params_sharded();
     for (int64_t j = 0; j < per_rank; ++j) {
         const int64_t i = j * W + world_.rank();
-        if (i >= n) break;
+        if (i >= n && !every_rank_forwards) break;
         // GPT-NeoX keeps one validation iterator across passes: pass p reads micro-batches
         // p * eval_iters + i.
-        LATHE_ASSIGN_OR_RETURN(
-            const int64_t first,
-            gpt_neox_micro_batch_start(st_.eval_passes * n + i, B, 1, 0, data_.valid()->size()));
+        LATHE_ASSIGN_OR_RETURN(const int64_t first,
+                               gpt_neox_micro_batch_start(st_.eval_passes * n + i % n, B, 1, 0,
+                                                          data_.valid()->size()));
         LATHE_RETURN_IF_ERROR(
             fill_batch(*data_.valid(), first, B, T, s_.per_document_attention, buf_));
         // No training step's: with delayed fp8 scaling, the validation batches' amaxes join no
         // step's history (model.h, "FP8 linears"), so eval_interval leaves the training as it is.
-        mine[size_t(j)] = model_->eval_forward(batch_views(buf_, B, T));
+        const float loss = model_->eval_forward(batch_views(buf_, B, T));
+        if (i < n) mine[size_t(j)] = loss;
     }
     std::vector<float> all = mine;
     if (multi()) {
