@@ -1,0 +1,39 @@
+"""bench/serve_latency.py, the client side of the tensor-parallel serving job (docs/INFERENCE.md),
+kept working off the GPU machine: against a `lathe serve` of a random-weight config on the CPU it
+times one long request and a concurrent set, and the usage it reports is every prompt token read
+and every new token written; a server that never answers is an error naming the URL."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from test_serve import serve
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "serve_latency.py"
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512,
+          "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
+          "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
+
+
+def test_times_the_long_and_the_concurrent_set(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    with serve(tmp_path, "--random-weights", 3, "--max-seqs", 4, ctx=1024) as url:
+        p = subprocess.run([sys.executable, SCRIPT, "--url", url, "--vocab", "512", "--long", "700",
+                            "--short", "150", "--concurrent", "6", "--new", "9", "--wait", "30"],
+                           capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["long"]["prompt_tokens"] == 700 and out["long"]["completion_tokens"] == 9
+    c = out["concurrent"]
+    assert c["requests"] == 6 and len(c["request_s"]) == 6 and not c["errors"]
+    assert c["prompt_tokens"] == 6 * 150 and c["completion_tokens"] == 6 * 9
+    assert 0 < max(c["request_s"]) <= c["wall_s"]
+
+
+def test_a_server_that_never_answers_is_named():
+    p = subprocess.run([sys.executable, SCRIPT, "--url", "http://127.0.0.1:9", "--vocab", "512",
+                        "--wait", "2"], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert "serve_latency: error: http://127.0.0.1:9/health" in p.stderr
