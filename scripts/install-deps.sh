@@ -31,9 +31,10 @@ DEB_PACKAGES=(
 # tensorboard: tests/test_tensorboard.py reads lathe's event files back with its EventAccumulator.
 # openai: tests/test_serve.py talks to `lathe serve` through the OpenAI Python client.
 # lm_eval, accelerate (its HF backend imports it): tests/test_eval_tasks.py scores the same tasks
-# with lm-evaluation-harness.
+# with lm-evaluation-harness; tenacity (its API models import it): tests/test_lm_eval_serve.py
+# scores them through `lathe serve` with lm_eval's local-completions model.
 PY_PACKAGES=(tokenizers numpy jinja2 pytest safetensors zstandard transformers torch tensorboard openai
-  lm_eval accelerate)
+  lm_eval accelerate tenacity)
 
 # The aarch64 cross build (cmake/aarch64-linux-gnu.cmake, CPU only): Debian's cross toolchain (its
 # own aarch64 glibc, libstdc++ and libgomp in /usr/aarch64-linux-gnu) and qemu-user, both native
