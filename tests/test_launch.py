@@ -131,8 +131,10 @@ HANDLER = """
 import os, signal, sys, time
 d, rank = sys.argv[1], os.environ["RANK"]
 def on_signal(sig, frame):
-    with open(os.path.join(d, "sig." + rank), "w") as f:
+    # Written then renamed: a reader that sees the file sees its content.
+    with open(os.path.join(d, "sig." + rank + ".tmp"), "w") as f:
         f.write(str(sig))
+    os.replace(os.path.join(d, "sig." + rank + ".tmp"), os.path.join(d, "sig." + rank))
     sys.exit(0 if rank == "0" else 128 + sig)
 signal.signal(signal.SIGTERM, on_signal)
 signal.signal(signal.SIGINT, on_signal)
