@@ -33,6 +33,10 @@
 // The kernel: one block per (query row, head), four warps splitting the keys, an online softmax in
 // fp32 per warp, merged at the end; bf16 in and out. Correct first: its speed is not tuned (no
 // tensor cores, keys re-read by each query head of a group and by each query row of a chunk).
+// The decode step runs a split-K path instead when D % 8 == 0 and the caches are 16-byte aligned
+// (always, for the engine's caches): blocks of (row, kv head, key split) that serve all the query
+// heads of the group, partial softmax states in the op scratch, merged in split order by a second
+// kernel (deterministic: the splits depend on the shape, the lengths and the SM count only).
 // Device pointers; enqueued on `stream` (the state's). Internal to ops/cuda, CUDA-header free.
 
 #include <cstddef>
@@ -93,12 +97,13 @@ struct AttentionRowsShape {
     float scale = 0.0f;
 };
 
-// Inference attention (the math of ops/attention.h) with lathe's kernel, no cuDNN, no workspace,
-// nothing allocated: out (B, Tq, H, D) bf16, lse (B, H, Tq) f32 from q (B, Tq, H, D), k, v
-// (B, Tk, Hkv, D) bf16. Without `lengths`, query i is at position q_offset + i (Tq <= Tk,
-// q_offset + Tq <= Tk) and `docs` (B, Tk) i32 or null masks documents. With `lengths` (B) i32
-// (the decode step; Tq = 1, docs null), row b's query is at position lengths[b] - 1; a length
-// outside [1, Tk] makes that row's out and lse NaN. Limits: D <= 256.
+// Inference attention (the math of ops/attention.h) with lathe's kernels, no cuDNN, nothing
+// allocated (the decode path's partials use the state's op scratch): out (B, Tq, H, D) bf16, lse
+// (B, H, Tq) f32 from q (B, Tq, H, D), k, v (B, Tk, Hkv, D) bf16. Without `lengths`, query i is at
+// position q_offset + i (Tq <= Tk, q_offset + Tq <= Tk) and `docs` (B, Tk) i32 or null masks
+// documents. With `lengths` (B) i32 (the decode step; Tq = 1, docs null), row b's query is at
+// position lengths[b] - 1; a length outside [1, Tk] makes that row's out and lse NaN. Limits: D <=
+// 256.
 void attention_forward_rows(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                             const int32_t* docs, const int32_t* lengths,
                             const AttentionRowsShape& shape, CudaState& state, CUstream_st* stream);

@@ -2,10 +2,19 @@
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
 
-// lathe's own attention kernel for the inference shapes (ops/cuda/attention.h:
+// lathe's own attention kernels for the inference shapes (ops/cuda/attention.h:
 // attention_forward_rows): queries that continue a key/value cache and the decode step. No cuDNN.
+// Two paths: attention_rows_kernel (one block per (query row, head), any D <= 256) runs queries
+// at an offset, and a decode step the split path does not take; the decode step (lengths given)
+// with 16-byte K/V rows runs the split-K path (decode_split_kernel + decode_combine_kernel), which
+// cuts each row's keys into splits so that a batch of a few long rows still fills the GPU, and
+// reads each K/V element once for all the query heads of its group. Its workspace (per split:
+// m, l (B, H) f32 and acc (B, H, D) f32) is the CudaState's op scratch, so the step allocates
+// nothing; the split count keeps it within CudaState::kScratchBytes.
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "core/check.h"
 #include "ops/cuda/attention.h"
@@ -118,6 +127,302 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
     if (threadIdx.x == 0) *l = M + logf(S);
 }
 
+// The decode step (with lengths): split-K ("flash-decoding"). Block (s, g, b) takes row b's kv head
+// g, ALL the query heads h of its group (h / G == g, G = H / Hkv) and the keys
+// [lo + s C, min(lo + (s + 1) C, p + 1)) of that row (C the chunk, a multiple of kTile; split s
+// exists for the row when s < n_b = ceil((p - lo + 1) / C)). Each K and V element it reads serves
+// all G heads. It walks its keys in tiles of kTile rows: the tile's K and V rows are loaded into
+// shared memory with 16-byte loads, the G x kTile scores are computed from shared memory, and
+// each head keeps an online softmax in f32 (running max m_h, sum l_h of exp(score - m_h),
+// output sum acc_h scaled alike). A row of one split writes out = acc / l and lse = m + log l
+// itself; otherwise the split writes its (m, l, acc) in f32 to the workspace and
+// decode_combine_kernel merges the row's splits in split order:
+//   M = max_s m_s,  L = sum_s l_s exp(m_s - M),  out = sum_s acc_s exp(m_s - M) / L,
+//   lse = M + log L.
+// Every split sees at least one key, so each m_s is finite.
+constexpr int kTile = 64;  // keys per shared-memory tile
+constexpr int kDecodeThreads = 128;
+constexpr int kKPad = 8;  // bf16 padding of a K row in shared memory (conflict-free 16-byte reads)
+
+struct DecodeSmem {
+    // Byte offsets into the dynamic shared memory of one block, and its size.
+    size_t k, v, q, p, acc, stats, bytes;
+};
+
+__host__ __device__ inline DecodeSmem decode_smem(int G, int D) {
+    DecodeSmem s{};
+    s.k = 0;                                      // kTile x (D + kKPad) bf16
+    s.v = s.k + size_t(kTile) * (D + kKPad) * 2;  // kTile x D bf16
+    s.q = s.v + size_t(kTile) * D * 2;            // G x D f32 (scaled query)
+    s.p = s.q + size_t(G) * D * 4;                // G x kTile f32 (scores, then p)
+    s.acc = s.p + size_t(G) * kTile * 4;          // G x D f32
+    s.stats = s.acc + size_t(G) * D * 4;          // m, l, carry: 3 x G f32
+    s.bytes = s.stats + size_t(3) * G * 4;
+    return s;
+}
+
+__device__ inline void bf16x8_to_float(const uint4& raw, float* f) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 x = __bfloat1622float2(h[i]);
+        f[2 * i] = x.x;
+        f[2 * i + 1] = x.y;
+    }
+}
+
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_split_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+                        float* __restrict__ ws_m, float* __restrict__ ws_l,
+                        float* __restrict__ ws_acc, const __nv_bfloat16* __restrict__ q,
+                        const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
+                        const int32_t* __restrict__ lengths, int64_t Tk, int H, int Hkv, int D,
+                        int64_t window, float scale, int64_t chunk, int splits) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int s = int(blockIdx.x), g = int(blockIdx.y);
+    const int64_t b = blockIdx.z;
+    const int G = H / Hkv, tid = int(threadIdx.x);
+    const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+    const DecodeSmem L = decode_smem(G, D);
+    auto* k_s = reinterpret_cast<__nv_bfloat16*>(smem + L.k);
+    auto* v_s = reinterpret_cast<__nv_bfloat16*>(smem + L.v);
+    auto* q_s = reinterpret_cast<float*>(smem + L.q);
+    auto* p_s = reinterpret_cast<float*>(smem + L.p);
+    auto* acc_s = reinterpret_cast<float*>(smem + L.acc);
+    float* m_s = reinterpret_cast<float*>(smem + L.stats);
+    float* l_s = m_s + G;
+    float* carry_s = l_s + G;
+
+    const int64_t len = int64_t(lengths[b]);
+    if (len < 1 || len > Tk) {  // a caller bug the host cannot see without a synchronization
+        if (s != 0) return;
+        for (int i = tid; i < G * D; i += kDecodeThreads)
+            out[(b * H + int64_t(g) * G) * D + i] = __float2bfloat16(NAN);
+        for (int i = tid; i < G; i += kDecodeThreads) lse[b * H + g * G + i] = NAN;
+        return;
+    }
+    const int64_t p = len - 1;
+    const int64_t lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    const int64_t n_splits = (p - lo + chunk) / chunk;  // ceil((p - lo + 1) / chunk)
+    if (s >= n_splits) return;
+    const int64_t k0 = lo + int64_t(s) * chunk;
+    const int64_t k1 = k0 + chunk < p + 1 ? k0 + chunk : p + 1;
+
+    for (int i = tid; i < G * D; i += kDecodeThreads) {
+        q_s[i] = scale * __bfloat162float(q[(b * H + int64_t(g) * G) * D + i]);
+        acc_s[i] = 0.0f;
+    }
+    for (int i = tid; i < G; i += kDecodeThreads) {
+        m_s[i] = -INFINITY;
+        l_s[i] = 0.0f;
+    }
+    const int vecs = D / 8;  // 16-byte vectors per K or V row
+    const int64_t row_stride = int64_t(Hkv) * D;
+    const __nv_bfloat16* kb = k + (b * Tk * Hkv + g) * D;
+    const __nv_bfloat16* vb = v + (b * Tk * Hkv + g) * D;
+    for (int64_t t0 = k0; t0 < k1; t0 += kTile) {
+        const int n = int(k1 - t0 < kTile ? k1 - t0 : kTile);
+        __syncthreads();  // the previous tile's K, V and p are consumed (and q_s, acc_s written)
+        for (int i = tid; i < n * vecs; i += kDecodeThreads) {
+            const int j = i / vecs, c = i % vecs;
+            const int64_t off = (t0 + j) * row_stride + c * 8;
+            *reinterpret_cast<uint4*>(k_s + j * (D + kKPad) + c * 8) =
+                __ldg(reinterpret_cast<const uint4*>(kb + off));
+            *reinterpret_cast<uint4*>(v_s + j * D + c * 8) =
+                __ldg(reinterpret_cast<const uint4*>(vb + off));
+        }
+        __syncthreads();
+        // Scores: thread pair (h, j) with the lanes of a warp on consecutive keys.
+        for (int i = tid; i < G * kTile; i += kDecodeThreads) {
+            const int h = i / kTile, j = i % kTile;
+            float dot = -INFINITY;
+            if (j < n) {
+                dot = 0.0f;
+                const __nv_bfloat16* kr = k_s + j * (D + kKPad);
+                const float* qr = q_s + h * D;
+                for (int c = 0; c < vecs; ++c) {
+                    float kf[8];
+                    bf16x8_to_float(*reinterpret_cast<const uint4*>(kr + c * 8), kf);
+                    const float4 qa = *reinterpret_cast<const float4*>(qr + c * 8);
+                    const float4 qb = *reinterpret_cast<const float4*>(qr + c * 8 + 4);
+                    dot += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
+                           qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                }
+            }
+            p_s[h * kTile + j] = dot;
+        }
+        __syncthreads();
+        // Online softmax per head: warp w takes heads w, w + 4, ...
+        for (int h = warp; h < G; h += kDecodeThreads / kWarpSize) {
+            float* ph = p_s + h * kTile;
+            const float a = ph[lane], c = ph[lane + kWarpSize];
+            const float m_old = m_s[h];
+            const float m_new = fmaxf(m_old, warp_max(fmaxf(a, c)));
+            const float ea = expf(a - m_new), ec = expf(c - m_new);  // exp(-inf) = 0 past n
+            ph[lane] = ea;
+            ph[lane + kWarpSize] = ec;
+            const float sum = warp_sum(ea + ec);
+            if (lane == 0) {
+                const float carry = expf(m_old - m_new);  // 0 for the first tile
+                carry_s[h] = carry;
+                l_s[h] = l_s[h] * carry + sum;
+                m_s[h] = m_new;
+            }
+        }
+        __syncthreads();
+        // acc[h, d..d+3] = acc * carry_h + sum_j p[h, j] v[j, d..d+3]
+        for (int i = tid; i < G * D / 4; i += kDecodeThreads) {
+            const int h = (i * 4) / D, d = (i * 4) % D;
+            const float carry = carry_s[h];
+            float4 a = *reinterpret_cast<float4*>(acc_s + h * D + d);
+            a.x *= carry, a.y *= carry, a.z *= carry, a.w *= carry;
+            const float* ph = p_s + h * kTile;
+            for (int j = 0; j < n; ++j) {
+                const float pj = ph[j];
+                const uint2 raw = *reinterpret_cast<const uint2*>(v_s + j * D + d);
+                const float2 x =
+                    __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+                const float2 y =
+                    __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+                a.x += pj * x.x, a.y += pj * x.y, a.z += pj * y.x, a.w += pj * y.y;
+            }
+            *reinterpret_cast<float4*>(acc_s + h * D + d) = a;
+        }
+    }
+    __syncthreads();
+    if (n_splits == 1) {
+        for (int i = tid; i < G * D; i += kDecodeThreads)
+            out[(b * H + int64_t(g) * G) * D + i] = __float2bfloat16(acc_s[i] / l_s[i / D]);
+        for (int h = tid; h < G; h += kDecodeThreads)
+            lse[b * H + g * G + h] = m_s[h] + logf(l_s[h]);
+        return;
+    }
+    // Partials of head h = g G + hh at ((b H + h) splits + s).
+    for (int i = tid; i < G * D; i += kDecodeThreads) {
+        const int64_t bh = b * H + int64_t(g) * G + i / D;
+        ws_acc[(bh * splits + s) * D + i % D] = acc_s[i];
+    }
+    for (int h = tid; h < G; h += kDecodeThreads) {
+        const int64_t bh = b * H + int64_t(g) * G + h;
+        ws_m[bh * splits + s] = m_s[h];
+        ws_l[bh * splits + s] = l_s[h];
+    }
+}
+
+// One block per (row b, head h): merges the row's n_b > 1 splits in split order (rows of one
+// split, and rows of a bad length, were written by decode_split_kernel). The weights
+// exp(m_s - M) go through shared memory (n_b <= kMaxSplits).
+constexpr int kMaxSplits = 1024;
+
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_combine_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+                          const float* __restrict__ ws_m, const float* __restrict__ ws_l,
+                          const float* __restrict__ ws_acc, const int32_t* __restrict__ lengths,
+                          int64_t Tk, int H, int D, int64_t window, int64_t chunk, int splits) {
+    __shared__ float weight[kMaxSplits];
+    const int64_t bh = blockIdx.x, b = bh / H;
+    const int tid = int(threadIdx.x);
+    const int64_t len = int64_t(lengths[b]);
+    if (len < 1 || len > Tk) return;
+    const int64_t p = len - 1;
+    const int64_t lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    const int n = int((p - lo + chunk) / chunk);
+    if (n == 1) return;
+    const float* m = ws_m + bh * splits;
+    const float* l = ws_l + bh * splits;
+    float M = -INFINITY;
+    for (int s = 0; s < n; ++s) M = fmaxf(M, m[s]);
+    for (int s = tid; s < n; s += kDecodeThreads) weight[s] = expf(m[s] - M);
+    __syncthreads();
+    float total = 0.0f;  // every thread sums in the same order: the same value
+    for (int s = 0; s < n; ++s) total += l[s] * weight[s];
+    const float* acc = ws_acc + bh * splits * D;
+    for (int d = tid; d < D; d += kDecodeThreads) {
+        float sum = 0.0f;
+        for (int s = 0; s < n; ++s) sum += acc[int64_t(s) * D + d] * weight[s];
+        out[bh * D + d] = __float2bfloat16(sum / total);
+    }
+    if (tid == 0) lse[bh] = M + logf(total);
+}
+
+// The decode path's launch plan for one call: the key chunk C of a split and the splits S of the
+// longest row. S fills the GPU: about kBlocksPerSm blocks per SM over the B x Hkv x S blocks, at
+// least kMinChunk keys a split, at most kMaxSplits, and the workspace (B x H x S x (D + 2) f32)
+// within the state's scratch. It depends on (B, Hkv, H, D, Tk, window) and the device's SM count
+// only, and a row's splits on its length: the same inputs give the same bits.
+constexpr int kBlocksPerSm = 4;
+constexpr int64_t kMinChunk = 2 * kTile;
+
+struct DecodePlan {
+    int64_t chunk = 0;
+    int splits = 1;
+    size_t workspace_bytes = 0;  // 0 when splits == 1
+};
+
+DecodePlan decode_plan(const AttentionRowsShape& s, int sms) {
+    const int64_t span = s.window > 0 && s.window < s.Tk ? s.window : s.Tk;
+    const int64_t want = (int64_t(kBlocksPerSm) * sms + s.B * s.Hkv - 1) / (s.B * s.Hkv);
+    const int64_t most = (span + kMinChunk - 1) / kMinChunk;
+    const size_t per_split = size_t(s.B * s.H * (s.D + 2)) * sizeof(float);
+    const int64_t fit = int64_t(CudaState::kScratchBytes / per_split);
+    const int64_t splits = std::max<int64_t>(1, std::min({want, most, int64_t(kMaxSplits), fit}));
+    DecodePlan plan;
+    const int64_t per = (span + splits - 1) / splits;
+    plan.chunk = (per + kTile - 1) / kTile * kTile;
+    plan.splits = int((span + plan.chunk - 1) / plan.chunk);
+    plan.workspace_bytes = plan.splits > 1 ? size_t(plan.splits) * per_split : 0;
+    return plan;
+}
+
+int sm_count(const CudaState& state) {
+    int sms = 0;
+    LATHE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, state.device()));
+    return sms;
+}
+
+// Whether the split path runs this decode step: 16-byte K/V rows (D % 8 == 0, 16-byte aligned
+// caches) and one block's shared memory within the device's limit. Otherwise the one-block-per-
+// (row, head) kernel above runs it (any D <= kMaxD, any alignment, any group size).
+bool decode_split_takes(const bf16* k, const bf16* v, const AttentionRowsShape& s,
+                        const CudaState& state) {
+    if (s.D % 8 != 0 || reinterpret_cast<uintptr_t>(k) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(v) % 16 != 0 || s.B > 65535 || s.Hkv > 65535)
+        return false;
+    int optin = 0;
+    LATHE_CUDA_CHECK(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, state.device()));
+    return decode_smem(int(s.H / s.Hkv), int(s.D)).bytes <= size_t(optin);
+}
+
+void decode_split(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                  const int32_t* lengths, const AttentionRowsShape& s, CudaState& state,
+                  CUstream_st* stream) {
+    const DecodePlan plan = decode_plan(s, sm_count(state));
+    const size_t smem = decode_smem(int(s.H / s.Hkv), int(s.D)).bytes;
+    if (smem > 48 * 1024)
+        LATHE_CUDA_CHECK(cudaFuncSetAttribute(
+            decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    float* ws = plan.workspace_bytes > 0
+                    ? static_cast<float*>(state.scratch(plan.workspace_bytes, "attention_decode"))
+                    : nullptr;
+    const int64_t parts = s.B * s.H * plan.splits;
+    float* ws_m = ws;
+    float* ws_l = ws != nullptr ? ws + parts : nullptr;
+    float* ws_acc = ws != nullptr ? ws + 2 * parts : nullptr;
+    auto* o = reinterpret_cast<__nv_bfloat16*>(out);
+    const dim3 grid(unsigned(plan.splits), unsigned(s.Hkv), unsigned(s.B));
+    decode_split_kernel<<<grid, kDecodeThreads, smem, stream>>>(
+        o, lse, ws_m, ws_l, ws_acc, reinterpret_cast<const __nv_bfloat16*>(q),
+        reinterpret_cast<const __nv_bfloat16*>(k), reinterpret_cast<const __nv_bfloat16*>(v),
+        lengths, s.Tk, int(s.H), int(s.Hkv), int(s.D), s.window, s.scale, plan.chunk, plan.splits);
+    LATHE_CUDA_CHECK_LAUNCH();
+    if (plan.splits == 1) return;
+    decode_combine_kernel<<<unsigned(s.B * s.H), kDecodeThreads, 0, stream>>>(
+        o, lse, ws_m, ws_l, ws_acc, lengths, s.Tk, int(s.H), int(s.D), s.window, plan.chunk,
+        plan.splits);
+    LATHE_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void attention_forward_rows(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
@@ -138,6 +443,10 @@ void attention_forward_rows(bf16* out, float* lse, const bf16* q, const bf16* k,
     } else {
         LATHE_CHECK(s.q_offset >= 0 && s.q_offset + s.Tq <= s.Tk,
                     "{}: q_offset {} with Tq = {}, Tk = {}", kOp, s.q_offset, s.Tq, s.Tk);
+    }
+    if (lengths != nullptr && decode_split_takes(k, v, s, state)) {
+        decode_split(out, lse, q, k, v, lengths, s, state, stream);
+        return;
     }
     const dim3 grid(unsigned(s.B * s.Tq), unsigned(s.H));
     attention_rows_kernel<<<grid, kWarps * kWarpSize, 0, stream>>>(

@@ -570,21 +570,122 @@ TEST(CudaAttentionDecode, MatchesCpuWithWindow) {
     check_decode(64, 99);
 }
 
-// A length outside [1, Tmax] is a caller bug the kernel cannot report without a synchronization:
-// that row's out and lse are NaN, the other rows are what the CPU computes for them.
-TEST(CudaAttentionDecode, LengthOutsideTheCacheGivesNaNRows) {
-    const int64_t B = 3, Tmax = 40, H = 4, Hkv = 2, D = 64;
+// The split-K decode path (ops/cuda/attention_rows.cu) against the CPU, row by row: rows of
+// lengths 1 .. 31000 in one cache (Tmax the longest; slots at or past each length NaN, so a key
+// read past its row shows), out and lse of each row checked against that row's own scale (a long
+// row's outputs average thousands of values and sit far below a one-key row's), then the same call
+// again for the same bits (the splits and their merge order depend on the shape and the lengths
+// only, no atomics).
+// Bound: q, k, v are bf16 values fed exactly to both sides; the GPU computes in f32 and rounds out
+// once to bf16. Its f32 error against the CPU's f32 comes from other summation orders: a score is
+// a D-term dot product (D = 128: about sqrt(D) 2^-24 of |q||k| scale, under 1e-6), p = exp of a
+// score (2 ulp), and l and acc sum a split's keys in tiles (a 6-level tree per 64-key tile, then
+// one addition per tile) and the splits in split order: at most (6 + Tk / 64 / splits + splits)
+// additions, each 2^-24 relative, 1e-5 at the worst for 31000 keys, against a bf16 unit of 2^-8.
+// So out is one bf16 rounding (half a unit) from a value 1e-5 from the reference: kBf16Sum
+// (2 units relative plus 2 units of the row's scale, the existing decode bound) holds with room,
+// and lse = m + log l is f32 with an error of about 1e-5 absolute against |lse| ~ 10: kF32Sum.
+struct DecodeCase {
+    int64_t H, Hkv, D, window;
+    std::vector<int32_t> lengths;
+};
+
+void check_decode_rows(const DecodeCase& c, uint64_t seed) {
+    const int64_t B = int64_t(c.lengths.size()), H = c.H, Hkv = c.Hkv, D = c.D;
+    const int64_t Tmax = *std::max_element(c.lengths.begin(), c.lengths.end());
+    SCOPED_TRACE(fmt::format("decode B={} Tmax={} H={} Hkv={} D={} window={}", B, Tmax, H, Hkv, D,
+                             c.window));
     CudaState state(0);
     const Context gpu = state.context(), cpu = cpu_context();
-    optest::Rng rng(100);
+    optest::Rng rng(seed);
+    const float scale = 1.0f / std::sqrt(float(D));
+    const HostTensor q = random_bf16_values(rng, {B, 1, H, D}, -2.0f, 2.0f);
+    // Only the filled slots are drawn (31000 x 6 rows of random keys would dominate the test).
+    HostTensor k(DType::kF32, {B, Tmax, Hkv, D}), v(DType::kF32, {B, Tmax, Hkv, D});
+    std::fill_n(k.as<float>(), k.numel(), NAN);
+    std::fill_n(v.as<float>(), v.numel(), NAN);
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = b * Tmax * Hkv * D; i < (b * Tmax + c.lengths[b]) * Hkv * D; ++i) {
+            k.as<float>()[i] = rng.uniform(-2.0f, 2.0f);
+            v.as<float>()[i] = rng.uniform(-1.0f, 1.0f);
+        }
+    k = round_to_bf16(k);
+    v = round_to_bf16(v);
+    HostTensor lengths(DType::kI32, {B});
+    std::copy(c.lengths.begin(), c.lengths.end(), lengths.as<int32_t>());
+
+    HostTensor out_ref(DType::kF32, q.shape()), lse_ref(DType::kF32, {B, H, 1});
+    attention_decode(out_ref.view(), lse_ref.view(), q.view(), k.view(), v.view(), lengths.view(),
+                     c.window, scale, cpu);
+    DeviceTensor gq = upload(q, DType::kBF16, state), gk = upload(k, DType::kBF16, state);
+    DeviceTensor gv = upload(v, DType::kBF16, state), glen = upload(lengths, DType::kI32, state);
+    DeviceTensor out = device_tensor(DType::kBF16, q.shape(), state);
+    DeviceTensor lse = device_tensor(DType::kF32, {B, H, 1}, state);
+    attention_decode(out.view, lse.view, gq.view, gk.view, gv.view, glen.view, c.window, scale,
+                     gpu);
+    const HostTensor out_got = download_f32(out.view, state);
+    const HostTensor lse_got = download_f32(lse.view, state);
+    for (int64_t b = 0; b < B; ++b) {
+        SCOPED_TRACE(fmt::format("row {} of length {}", b, c.lengths[b]));
+        auto row = [](const HostTensor& t, int64_t b, int64_t n) {
+            HostTensor r(DType::kF32, {n});
+            std::copy_n(t.as<float>() + b * n, n, r.as<float>());
+            return r;
+        };
+        EXPECT_TRUE(matches(row(out_got, b, H * D), row(out_ref, b, H * D), kBf16Sum)) << "out";
+        EXPECT_TRUE(matches(row(lse_got, b, H), row(lse_ref, b, H), kF32Sum)) << "lse";
+    }
+    DeviceTensor out2 = device_tensor(DType::kBF16, q.shape(), state);
+    DeviceTensor lse2 = device_tensor(DType::kF32, {B, H, 1}, state);
+    attention_decode(out2.view, lse2.view, gq.view, gk.view, gv.view, glen.view, c.window, scale,
+                     gpu);
+    EXPECT_TRUE(bitwise_equal(download_raw(out.view, state), download_raw(out2.view, state)))
+        << "out run to run";
+    EXPECT_TRUE(bitwise_equal(download_raw(lse.view, state), download_raw(lse2.view, state)))
+        << "lse run to run";
+}
+
+const std::vector<int32_t> kDecodeLengths = {1, 7, 128, 1000, 4097, 31000};
+
+TEST(CudaAttentionDecode, SplitKLlama8BHeadsLengthsTo31000) {
+    check_decode_rows({32, 8, 128, 0, kDecodeLengths}, 110);
+}
+
+TEST(CudaAttentionDecode, SplitKMultiHeadD64LengthsTo31000) {
+    check_decode_rows({4, 4, 64, 0, kDecodeLengths}, 111);
+}
+
+// lo = p - 4095: the row of 4097 keys drops key 0, the row of 31000 reads 4096 of them.
+TEST(CudaAttentionDecode, SplitKWindowLengthsTo31000) {
+    check_decode_rows({32, 8, 128, 4096, kDecodeLengths}, 112);
+}
+
+// One long row: the most splits (the bench's batch-1 shape).
+TEST(CudaAttentionDecode, SplitKOneRowOf31000Keys) {
+    check_decode_rows({32, 8, 128, 0, {31000}}, 113);
+}
+
+// D % 8 != 0: no 16-byte rows, the one-block-per-(row, head) kernel runs the step.
+TEST(CudaAttentionDecode, HeadDimNotAMultipleOf8) {
+    check_decode_rows({4, 2, 36, 0, {1, 50, 300}}, 114);
+}
+
+// A length outside [1, Tmax] is a caller bug the kernel cannot report without a synchronization:
+// that row's out and lse are NaN, the other rows are what the CPU computes for them.
+void check_bad_lengths(const int64_t Tmax, uint64_t seed) {
+    const int64_t B = 3, H = 4, Hkv = 2, D = 64;
+    SCOPED_TRACE(fmt::format("Tmax={}", Tmax));
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(seed);
     const HostTensor q = random_bf16_values(rng, {B, 1, H, D});
     const HostTensor k = random_bf16_values(rng, {B, Tmax, Hkv, D});
     const HostTensor v = random_bf16_values(rng, {B, Tmax, Hkv, D});
     HostTensor lengths(DType::kI32, {B}), good(DType::kI32, {B});
-    const int32_t bad[B] = {0, 17, Tmax + 1};
+    const int32_t bad[B] = {0, int32_t(Tmax - 1), int32_t(Tmax + 1)};
     for (int64_t b = 0; b < B; ++b) {
         lengths.as<int32_t>()[b] = bad[b];
-        good.as<int32_t>()[b] = 17;
+        good.as<int32_t>()[b] = bad[1];
     }
     HostTensor out_ref(DType::kF32, q.shape()), lse_ref(DType::kF32, {B, H, 1});
     attention_decode(out_ref.view(), lse_ref.view(), q.view(), k.view(), v.view(), good.view(), 0,
@@ -603,6 +704,15 @@ TEST(CudaAttentionDecode, LengthOutsideTheCacheGivesNaNRows) {
     attention_decode(out.view, lse.view, gq.view, gk.view, gv.view, glen.view, 0, 0.125f, gpu);
     EXPECT_TRUE(matches(download_f32(out.view, state), out_ref, kBf16Sum)) << "out";
     EXPECT_TRUE(matches(download_f32(lse.view, state), lse_ref, kF32Sum)) << "lse";
+}
+
+TEST(CudaAttentionDecode, LengthOutsideTheCacheGivesNaNRows) {
+    check_bad_lengths(40, 100);
+}
+
+// Long enough that the good row has several splits: the merge skips the NaN rows.
+TEST(CudaAttentionDecode, LengthOutsideTheCacheGivesNaNRowsSplitK) {
+    check_bad_lengths(3000, 101);
 }
 
 // The training call through the offset form (q_offset 0, Tq == Tk) is the cuDNN graph: the same
