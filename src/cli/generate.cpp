@@ -34,6 +34,7 @@
 #include "model/registry.h"
 #include "run/checkpoint_dir.h"
 #include "run/compute_device.h"
+#include "run/inference_processes.h"
 #include "run/world.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -134,28 +135,14 @@ Status run_generate(const GenerateRequest& r) {
     if (!loaded.ok()) return loaded.status().with_context("--checkpoint");
     const Prompting& p = *loaded;
 
-    // Tensor parallel: one process per rank, the world of this job.
-    const int tp = r.tensor_parallel;
-    if (tp < 1) return invalid_argument_error("--tensor-parallel must be >= 1, got {}", tp);
-    LATHE_ASSIGN_OR_RETURN(const ProcessGroupInfo group,
-                           process_group_from_env(process_environment()));
-    if (tp > 1 && tp != group.world_size) {
-        return invalid_argument_error(
-            "--tensor-parallel {} must equal the number of processes of this job, {} ({}): start "
-            "{} processes (`lathe launch --gpus {} lathe generate ...`, or `mpirun -np {} ...` "
-            "with --device cpu) or pass --tensor-parallel {}",
-            tp, group.world_size, group.describe(), tp, tp, tp, group.world_size);
-    }
     auto config = model_config_from_hf_file(dir.string());
     if (!config.ok()) return config.status().with_context("--checkpoint");
-    // Refused before any process waits on another.
-    if (tp > 1) LATHE_RETURN_IF_ERROR(tp_local_config(*config, tp, "--tensor-parallel").status());
-    LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
-    std::optional<World> world;
-    if (tp > 1) {
-        LATHE_ASSIGN_OR_RETURN(World w, world_open(device));
-        world.emplace(std::move(w));
-    }
+    // Tensor parallel: one process per rank, the world of this job.
+    LATHE_ASSIGN_OR_RETURN(
+        InferenceProcesses procs,
+        inference_processes_open(*config, r.tensor_parallel, r.device, "generate"));
+    const ComputeDevice& device = procs.device;
+    std::optional<World>& world = procs.world;
     const bool rank0 = !world || world->rank() == 0;
 
     // The prompts: rank 0 reads them and sends them to the others.
@@ -197,25 +184,13 @@ Status run_generate(const GenerateRequest& r) {
             "a prompt of {} tokens leaves no room in the model's {}-token context", longest,
             config->max_position_embeddings);
     }
-    ModelShape shape;
-    shape.batch = 1;
-    shape.seq_len = 1;
-    shape.training = false;
-    const int rank = world ? world->rank() : 0;
-    Result<Model> made =
-        r.random_weights >= 0 ? tp_model_create_random(*config, rank, tp, shape, device.context(),
-                                                       uint64_t(r.random_weights))
-        : tp > 1 ? tp_model_create_loaded(*config, rank, tp, shape, device.context(), dir.string())
-                 : model_create_loaded(*config, shape, device.context(), dir.string());
+    Result<Model> made = inference_model_create(*config, procs, r.random_weights, dir);
     if (!made.ok()) return made.status();
     Model model = std::move(*made);
     EngineLimits limits;
     limits.max_sequences = o.batch_size;
     limits.max_len = max_len;
-    const int64_t chunk = r.prefill_chunk > 0                         ? r.prefill_chunk
-                          : device.context().backend == Backend::kCpu ? 256
-                                                                      : 2048;
-    limits.prefill_chunk = std::min<int64_t>(chunk, max_len);
+    limits.prefill_chunk = inference_prefill_chunk(r.prefill_chunk, procs, max_len);
     LATHE_ASSIGN_OR_RETURN(
         InferenceEngine engine,
         InferenceEngine::create(model, limits, world ? world->comm.get() : nullptr));

@@ -48,6 +48,7 @@
 #include "model/registry.h"
 #include "run/checkpoint_dir.h"
 #include "run/compute_device.h"
+#include "run/inference_processes.h"
 #include "run/world.h"
 
 namespace lathe {
@@ -869,45 +870,20 @@ Status run_serve(const ServeRequest& r) {
         return invalid_argument_error("--max-len {} exceeds the model's {}-token context",
                                       r.max_len, config->max_position_embeddings);
     }
-    ModelShape shape;
-    shape.batch = 1;
-    shape.seq_len = 1;
-    shape.training = false;
     // Tensor parallel: one process per rank, the world of this job.
-    const int tp = r.tensor_parallel;
-    if (tp < 1) return invalid_argument_error("--tensor-parallel must be >= 1, got {}", tp);
-    LATHE_ASSIGN_OR_RETURN(const ProcessGroupInfo group,
-                           process_group_from_env(process_environment()));
-    if (tp > 1 && tp != group.world_size) {
-        return invalid_argument_error(
-            "--tensor-parallel {} must equal the number of processes of this job, {} ({}): start "
-            "{} processes (`lathe launch --gpus {} lathe serve ...`, or `mpirun -np {} ...` "
-            "with --device cpu) or pass --tensor-parallel {}",
-            tp, group.world_size, group.describe(), tp, tp, tp, group.world_size);
-    }
-    if (tp > 1) LATHE_RETURN_IF_ERROR(tp_local_config(*config, tp, "--tensor-parallel").status());
-    LATHE_ASSIGN_OR_RETURN(ComputeDevice device, ComputeDevice::open(r.device, "--device"));
-    std::optional<World> world;
-    if (tp > 1) {
-        LATHE_ASSIGN_OR_RETURN(World w, world_open(device));
-        world.emplace(std::move(w));
-    }
-    const int rank = world ? world->rank() : 0;
-    Result<Model> made =
-        r.random_weights >= 0 ? tp_model_create_random(*config, rank, tp, shape, device.context(),
-                                                       uint64_t(r.random_weights))
-        : tp > 1 ? tp_model_create_loaded(*config, rank, tp, shape, device.context(), dir.string())
-                 : model_create_loaded(*config, shape, device.context(), dir.string());
+    LATHE_ASSIGN_OR_RETURN(InferenceProcesses procs,
+                           inference_processes_open(*config, r.tensor_parallel, r.device, "serve"));
+    const ComputeDevice& device = procs.device;
+    std::optional<World>& world = procs.world;
+    const int tp = procs.tensor_parallel, rank = procs.rank();
+    Result<Model> made = inference_model_create(*config, procs, r.random_weights, dir);
     if (!made.ok()) return made.status();
     Model model = std::move(*made);
     EngineLimits limits;
     limits.max_sequences = r.max_seqs;
     limits.max_len = r.max_len > 0 ? r.max_len : config->max_position_embeddings;
     const bool cpu = device.context().backend == Backend::kCpu;
-    limits.prefill_chunk = std::min<int64_t>(r.prefill_chunk > 0 ? r.prefill_chunk
-                                             : cpu               ? 256
-                                                                 : 2048,
-                                             limits.max_len);
+    limits.prefill_chunk = inference_prefill_chunk(r.prefill_chunk, procs, limits.max_len);
     limits.kv_block_size = r.kv_block_size >= 0 ? r.kv_block_size : (cpu ? 16 : 0);
     limits.kv_blocks = r.kv_blocks;
     Result<InferenceEngine> created =
