@@ -3,7 +3,11 @@
 // texts small enough to step on the CPU, their parse into a ModelConfig, and deterministic token
 // ids. Test code only.
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <string_view>
 #include <utility>
 
@@ -49,5 +53,31 @@ inline HostTensor ids(int64_t B, int64_t T, int64_t n, int salt) {
         t.as<int32_t>()[i] = int32_t((i * 7919 + salt * 104729) % n);
     return t;
 }
+
+// A CPU model of `shape`, initialized from seed 7.
+inline Model make(const ModelConfig& config, const ModelShape& shape) {
+    Result<Model> m = Model::create(config, shape, cpu_context());
+    LATHE_CHECK(m.ok(), "{}", m.status().to_string());
+    m->init(7);
+    return std::move(*m);
+}
+
+// Zeroed f32 memory aligned as an arena's entries are (ArenaLayout::kDefaultAlignment): a window
+// for the gradient and weight windows hooks.
+struct Window {
+    struct Free {
+        void operator()(float* p) const { std::free(p); }
+    };
+    std::unique_ptr<float[], Free> data;
+    int64_t n = 0;
+
+    explicit Window(int64_t count) : n(count) {
+        const size_t a = ArenaLayout::kDefaultAlignment;
+        const size_t bytes = (size_t(std::max<int64_t>(n, 1)) * sizeof(float) + a - 1) / a * a;
+        data.reset(static_cast<float*>(std::aligned_alloc(a, bytes)));
+        std::memset(data.get(), 0, bytes);
+    }
+    TensorView view() const { return TensorView(data.get(), DType::kF32, Shape{n}); }
+};
 
 }  // namespace lathe::tiny_model

@@ -25,7 +25,9 @@ using tiny_model::ids;
 using tiny_model::kGpt2Json;
 using tiny_model::kLlamaJson;
 using tiny_model::kNeoxJson;
+using tiny_model::make;
 using tiny_model::parse;
+using tiny_model::Window;
 
 ModelShape sharded_shape(int world, int param_shards, int rank) {
     ModelShape s{2, 8, 0};
@@ -36,30 +38,6 @@ ModelShape sharded_shape(int world, int param_shards, int rank) {
     s.shard_rank = rank;
     return s;
 }
-
-Model make(const ModelConfig& config, const ModelShape& shape) {
-    Result<Model> m = Model::create(config, shape, cpu_context());
-    LATHE_CHECK(m.ok(), "{}", m.status().to_string());
-    m->init(7);
-    return std::move(*m);
-}
-
-// Zeroed f32 memory aligned as an arena's entries are (ArenaLayout::kDefaultAlignment).
-struct Window {
-    struct Free {
-        void operator()(float* p) const { std::free(p); }
-    };
-    std::unique_ptr<float[], Free> data;
-    int64_t n = 0;
-
-    explicit Window(int64_t count) : n(count) {
-        const size_t a = ArenaLayout::kDefaultAlignment;
-        const size_t bytes = (size_t(std::max<int64_t>(n, 1)) * sizeof(float) + a - 1) / a * a;
-        data.reset(static_cast<float*>(std::aligned_alloc(a, bytes)));
-        std::memset(data.get(), 0, bytes);
-    }
-    TensorView view() const { return TensorView(data.get(), DType::kF32, Shape{n}); }
-};
 
 size_t unit_of(const ShardLayout& sl, int piece) {
     return piece == Model::kInputWeights    ? ShardLayout::kFront
