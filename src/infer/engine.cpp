@@ -129,6 +129,10 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
             add("message", DType::kI64, Shape{std::max(lim.max_len, 2 * lim.max_sequences)}));
     }
     LATHE_ASSIGN_OR_RETURN(e.scratch_, ModelArena::allocate(std::move(layout), e.ctx_));
+    if (e.ctx_.backend == Backend::kCuda) {
+        e.pinned_inputs_ = PinnedHostBuffer(size_t(3 * S) * sizeof(int32_t));
+        e.pinned_logits_ = PinnedHostBuffer(size_t(S * c.vocab_size) * sizeof(uint16_t));
+    }
     if (c.position == PositionKind::kRope) {
         HostTensor cos(f32, Shape{lim.max_len, half}), sin(f32, Shape{lim.max_len, half});
         rope_build_table(cos.view(), sin.view(), c.rope);
@@ -428,7 +432,8 @@ Result<TensorView> InferenceEngine::run_blocks(int64_t B, int64_t T, ConstTensor
     return cur;
 }
 
-void InferenceEngine::last_logits(ConstTensorView x, int64_t n, std::span<float> out) {
+void InferenceEngine::last_logits(ConstTensorView x, int64_t n, std::span<float> out,
+                                  std::span<const int64_t> out_row) {
     const ModelConfig& c = config();
     const int64_t C = c.hidden_size, V = c.vocab_size;
     const TensorView y = scratch(ix_.ln, Shape{n, C});
@@ -441,14 +446,24 @@ void InferenceEngine::last_logits(ConstTensorView x, int64_t n, std::span<float>
     linear_forward(logits, y, weight(head, -1, 0, V), ConstTensorView(), ctx_,
                    model_->plan().shape.precision.spec(LinearRole::kLmHead));
     LATHE_CHECK(int64_t(out.size()) == n * V, "logits: {} floats for ({}, {})", out.size(), n, V);
+    LATHE_CHECK(out_row.empty() || int64_t(out_row.size()) == n,
+                "logits: {} row places for {} rows", out_row.size(), n);
+    auto dst = [&](int64_t r) {
+        return out.data() + (out_row.empty() ? r : out_row[size_t(r)]) * V;
+    };
     if (ctx_.backend != Backend::kCuda) {
-        std::memcpy(out.data(), logits.data(), out.size() * sizeof(float));
+        for (int64_t r = 0; r < n; ++r)
+            std::memcpy(dst(r), logits.as<float>() + r * V, size_t(V) * sizeof(float));
         return;
     }
-    host_bf16_.resize(size_t(n * V));
-    cuda_copy_sync(TensorView(host_bf16_.data(), DType::kBF16, Shape{n, V}, Device::kCpu), logits,
+    auto* staged = static_cast<uint16_t*>(pinned_logits_.data());
+    cuda_copy_sync(TensorView(staged, DType::kBF16, Shape{n, V}, Device::kCpu), logits,
                    ctx_.stream);
-    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(bf16{host_bf16_[i]});
+    for (int64_t r = 0; r < n; ++r) {
+        float* o = dst(r);
+        const uint16_t* in = staged + r * V;
+        for (int64_t i = 0; i < V; ++i) o[i] = bf16_to_float(bf16{in[i]});
+    }
 }
 
 Status InferenceEngine::prefill(SeqId seq, std::span<const int32_t> tokens,
@@ -594,8 +609,8 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
                                       n, V);
     }
     if (paged_) return decode_paged(steps, logits);
-    // Row r of the batch is cache row r; step_of_row maps it back to the caller's order.
-    std::vector<int64_t> step_of_row(size_t(n), -1);
+    // Row r of the batch is cache row r; step_of_row_ maps it back to the caller's order.
+    step_of_row_.assign(size_t(n), -1);
     host_i32_.assign(size_t(n), 0);
     host_pos_.assign(size_t(n), 0);
     host_len_.assign(size_t(n), 0);
@@ -604,7 +619,7 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
         if (!cache_.is_open(s.seq))
             return invalid_argument_error("decode: sequence {} is not open", s.seq);
         const int64_t r = cache_.row(s.seq), len = cache_.length(s.seq);
-        if (step_of_row[size_t(r)] >= 0)
+        if (step_of_row_[size_t(r)] >= 0)
             return invalid_argument_error("decode: sequence {} appears twice", s.seq);
         if (len == 0)
             return invalid_argument_error("decode: sequence {} has no prompt (prefill it)", s.seq);
@@ -616,7 +631,7 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
             return invalid_argument_error("decode: token {} of sequence {} is outside [0, {})",
                                           s.token, s.seq, V);
         }
-        step_of_row[size_t(r)] = int64_t(i);
+        step_of_row_[size_t(r)] = int64_t(i);
         host_i32_[size_t(r)] = s.token;
         host_pos_[size_t(r)] = int32_t(len);
         host_len_[size_t(r)] = int32_t(len + 1);
@@ -624,9 +639,25 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
     const TensorView tok = scratch(ix_.tokens, Shape{n, 1});
     const TensorView pos = scratch(ix_.positions, Shape{n, 1});
     const TensorView lengths = scratch(ix_.lengths, Shape{n});
-    upload(tok, host_i32_);
-    upload(pos, host_pos_);
-    upload(lengths, host_len_);
+    const bool cuda = ctx_.backend == Backend::kCuda;
+    if (cuda) {
+        // Page-locked copies: the three uploads are asynchronous (the previous step's read-back
+        // waited for the stream, so no copy still reads them).
+        auto* staged = static_cast<int32_t*>(pinned_inputs_.data());
+        const int64_t S = limits_.max_sequences;
+        const std::vector<int32_t>* from[3] = {&host_i32_, &host_pos_, &host_len_};
+        const TensorView to[3] = {tok, pos, lengths};
+        for (int i = 0; i < 3; ++i) {
+            std::copy(from[i]->begin(), from[i]->end(), staged + i * S);
+            cuda_copy_async(
+                to[i], ConstTensorView(staged + i * S, DType::kI32, to[i].shape(), Device::kCpu),
+                ctx_.stream);
+        }
+    } else {
+        upload(tok, host_i32_);
+        upload(pos, host_pos_);
+        upload(lengths, host_len_);
+    }
     const float scale = block_attention_scale(c);
     const int64_t Hkv = c.num_kv_heads, D = c.head_dim, Tmax = limits_.max_len;
     auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q,
@@ -641,25 +672,40 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
             rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
                             scratch_.view(ix_.rope_sin), ctx_);
         }
-        // Each row's new key and value go to its own position of the cache.
-        for (int64_t r = 0; r < n; ++r) {
-            const int64_t p = host_pos_[size_t(r)];
-            copy(cache_.keys(l, r, p, p + 1), k.slice(r, r + 1));
-            copy(cache_.values(l, r, p, p + 1), v.slice(r, r + 1));
+        // Each row's new key and value go to its own position of the cache. On CUDA a run of
+        // rows at one position (a batch that started together) is one strided copy each for K and
+        // V, instead of one per row.
+        for (int64_t r0 = 0; r0 < n;) {
+            const int64_t p = host_pos_[size_t(r0)];
+            int64_t r1 = r0 + 1;
+            while (cuda && r1 < n && host_pos_[size_t(r1)] == p) ++r1;
+            if (r1 - r0 == 1) {
+                copy(cache_.keys(l, r0, p, p + 1), k.slice(r0, r0 + 1));
+                copy(cache_.values(l, r0, p, p + 1), v.slice(r0, r0 + 1));
+            } else {
+                const size_t row = size_t(Hkv * D) * dtype_size(act_);
+                const size_t cache_pitch = size_t(Tmax) * row;
+                cuda_copy_rows_async(cache_.keys(l, r0, p, p + 1).data(), cache_pitch,
+                                     k.slice(r0, r1).data(), row, row, size_t(r1 - r0),
+                                     ctx_.stream);
+                cuda_copy_rows_async(cache_.values(l, r0, p, p + 1).data(), cache_pitch,
+                                     v.slice(r0, r1).data(), row, row, size_t(r1 - r0),
+                                     ctx_.stream);
+            }
+            r0 = r1;
         }
         attention_decode(att, lse, q, cache_.keys(l).slice(0, n), cache_.values(l).slice(0, n),
                          lengths, c.window(l), scale, ctx_);
-        (void)Tmax;
     };
-    LATHE_ASSIGN_OR_RETURN(const TensorView x, run_blocks(n, 1, tok, pos, attend));
-    for (int64_t r = 0; r < n; ++r) cache_.set_length(cache_.seq_at(r), host_len_[size_t(r)]);
-    // Logits come out in row order; the caller's order is step order.
-    std::vector<float> by_row(size_t(n * V));
-    last_logits(x.reshape(Shape{n, c.hidden_size}), n, by_row);
-    for (int64_t r = 0; r < n; ++r) {
-        std::memcpy(logits.data() + step_of_row[size_t(r)] * V, by_row.data() + r * V,
-                    size_t(V) * sizeof(float));
+    const Result<TensorView> x = run_blocks(n, 1, tok, pos, attend);
+    if (!x.ok()) {
+        // The uploads may still read the page-locked inputs: the next step rewrites them.
+        if (cuda) model_->synchronize();
+        return x.status();
     }
+    for (int64_t r = 0; r < n; ++r) cache_.set_length(cache_.seq_at(r), host_len_[size_t(r)]);
+    // Logits come out in row order; row r goes to the caller's row step_of_row_[r].
+    last_logits(x->reshape(Shape{n, c.hidden_size}), n, logits, step_of_row_);
     return ok_status();
 }
 

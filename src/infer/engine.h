@@ -54,6 +54,7 @@
 #include "infer/paged_kv_cache.h"
 #include "model/block.h"
 #include "model/model.h"
+#include "ops/cuda/memory.h"
 
 namespace lathe {
 
@@ -155,8 +156,11 @@ private:
     // Tensor parallel: `partial` (a projection's output on this rank) summed over the ranks, in
     // place.
     Status reduce(TensorView partial);
-    // Final norm and LM head over the (n, C) rows `x`; logits widened to f32 into `out`.
-    void last_logits(ConstTensorView x, int64_t n, std::span<float> out);
+    // Final norm and LM head over the (n, C) rows `x`; logits widened to f32 into `out`, row r
+    // into row out_row[r] (row r when out_row is empty). On CUDA the read-back is the call's one
+    // wait for the stream.
+    void last_logits(ConstTensorView x, int64_t n, std::span<float> out,
+                     std::span<const int64_t> out_row = {});
     // prefill and prefill_all: `logits` holds V floats (the last token's) or, with `all`,
     // tokens.size() x V.
     Status prefill_impl(SeqId seq, std::span<const int32_t> tokens, std::span<float> logits,
@@ -190,7 +194,12 @@ private:
     } ix_{};
     std::vector<int32_t> host_i32_;  // staging of tokens / positions / lengths
     std::vector<int32_t> host_pos_, host_len_;
-    std::vector<uint16_t> host_bf16_;
+    std::vector<int64_t> step_of_row_;  // decode: the step (caller's order) of batch row r
+    // CUDA only (empty on the CPU): page-locked copies of a decode step's tokens, positions and
+    // lengths (3 x max_sequences i32), uploaded from here asynchronously (the step's read-back,
+    // which waits for the stream, comes after them, so the next step may rewrite them), and the
+    // logits' read-back (max_sequences x V bf16). Allocated once, at create().
+    PinnedHostBuffer pinned_inputs_, pinned_logits_;
 };
 
 }  // namespace lathe

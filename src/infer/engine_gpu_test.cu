@@ -125,15 +125,17 @@ TEST_P(EngineGpu, GreedyEqualsTheCpuUntilTheFirstNearTie) {
                 (long long)compared, (long long)kNew);
 }
 
-TEST_P(EngineGpu, TwoSequencesTeacherForcedLogitsWithinBf16Bound) {
-    const model_fixture::Fixture f = model_fixture::load(GetParam());
+// Two sequences prefilled with lens[i] tokens, then six decode steps of both, the steps given in
+// row order or reversed (the logits still come out in step order).
+void check_two_sequences(const std::string& family, const int64_t lens[2], bool reversed,
+                         CudaState& state) {
+    const model_fixture::Fixture f = model_fixture::load(family);
     const double eps_rel = kSlack * double(f.config.num_layers + 1) * kU;
     const int64_t V = f.config.vocab_size;
     Model cpu_model = make_model(f, Context{});
-    Model gpu_model = make_model(f, state_->context());
+    Model gpu_model = make_model(f, state.context());
     InferenceEngine cpu = make_engine(cpu_model, 2), gpu = make_engine(gpu_model, 2);
     const int32_t* t = f.ref("tokens").as<int32_t>();
-    const int64_t lens[2] = {1, 7};  // 1: a one-token prefill (attention_decode)
     for (InferenceEngine* e : {&cpu, &gpu}) {
         for (int i = 0; i < 2; ++i) {
             const SeqId s = *e->open();
@@ -143,8 +145,9 @@ TEST_P(EngineGpu, TwoSequencesTeacherForcedLogitsWithinBf16Bound) {
     }
     for (int64_t step = 0; step < 6; ++step) {
         // Both engines opened sequences 0 and 1 in the same order.
-        const DecodeStep steps[2] = {{0, int32_t((step * 37 + 5) % V)},
-                                     {1, int32_t((step * 11 + 2) % V)}};
+        DecodeStep steps[2] = {{0, int32_t((step * 37 + 5) % V)},
+                               {1, int32_t((step * 11 + 2) % V)}};
+        if (reversed) std::swap(steps[0], steps[1]);
         std::vector<float> za(2 * static_cast<size_t>(V)), zb(2 * static_cast<size_t>(V));
         ASSERT_TRUE(cpu.decode(steps, za).ok());
         ASSERT_TRUE(gpu.decode(steps, zb).ok());
@@ -152,9 +155,21 @@ TEST_P(EngineGpu, TwoSequencesTeacherForcedLogitsWithinBf16Bound) {
             const ConstTensorView ra(za.data() + i * V, DType::kF32, Shape{V}, Device::kCpu);
             const ConstTensorView rb(zb.data() + i * V, DType::kF32, Shape{V}, Device::kCpu);
             EXPECT_LE(model_fixture::rel_error(rb, ra), eps_rel)
-                << GetParam() << " step " << step << " sequence " << i;
+                << family << " step " << step << " step row " << i;
         }
     }
+}
+
+TEST_P(EngineGpu, TwoSequencesTeacherForcedLogitsWithinBf16Bound) {
+    const int64_t lens[2] = {1, 7};  // 1: a one-token prefill (attention_decode)
+    check_two_sequences(GetParam(), lens, false, *state_);
+}
+
+// Rows at one position: each layer's new keys and values go to the cache in one strided copy.
+// The steps come in reverse row order, so the logits are placed by step, not by row.
+TEST_P(EngineGpu, TwoSequencesOfOneLengthStepsInReverseOrder) {
+    const int64_t lens[2] = {5, 5};
+    check_two_sequences(GetParam(), lens, true, *state_);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, EngineGpu,

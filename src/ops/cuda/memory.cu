@@ -40,6 +40,13 @@ void cuda_copy_async(TensorView dst, ConstTensorView src, CUstream_st* stream) {
         cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault, stream));
 }
 
+void cuda_copy_rows_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                          size_t row_bytes, size_t rows, CUstream_st* stream) {
+    if (row_bytes == 0 || rows == 0) return;
+    LATHE_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
+                                       cudaMemcpyDefault, stream));
+}
+
 void cuda_cast(TensorView dst, ConstTensorView src, CUstream_st* stream) {
     LATHE_CHECK(dst.device() == Device::kCuda && src.device() == Device::kCuda &&
                     dst.numel() == src.numel(),

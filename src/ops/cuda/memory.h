@@ -25,6 +25,13 @@ bool cuda_backend_built();
 // pinned (PinnedHostBuffer) for the copy to be truly asynchronous.
 void cuda_copy_async(TensorView dst, ConstTensorView src, CUstream_st* stream);
 
+// Enqueues a copy of `rows` rows of `row_bytes` bytes each, from src (rows src_pitch bytes apart)
+// to dst (rows dst_pitch bytes apart), in whichever direction their memory spaces say
+// (cudaMemcpy2DAsync); returns at once, as cuda_copy_async. One call for what would be `rows`
+// copies: e.g. a batch's new keys into the rows of a cache, at one position in each.
+void cuda_copy_rows_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                          size_t row_bytes, size_t rows, CUstream_st* stream);
+
 // dst = src converted elementwise, both device tensors of equal element count: f32 -> bf16
 // (round to nearest even, as core/dtype.h's float_to_bf16) or bf16 -> f32 (exact). Enqueued.
 void cuda_cast(TensorView dst, ConstTensorView src, CUstream_st* stream);

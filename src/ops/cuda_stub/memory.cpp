@@ -16,6 +16,10 @@ void lathe::cuda_copy_async(TensorView, ConstTensorView, CUstream_st*) {
     lathe::detail::no_cuda("cuda_copy_async");
 }
 
+void lathe::cuda_copy_rows_async(void*, size_t, const void*, size_t, size_t, size_t, CUstream_st*) {
+    lathe::detail::no_cuda("cuda_copy_rows_async");
+}
+
 void lathe::cuda_cast(TensorView, ConstTensorView, CUstream_st*) {
     lathe::detail::no_cuda("cuda_cast");
 }
