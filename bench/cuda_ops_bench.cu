@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "ops/adamw.h"
+#include "ops/attention.h"
 #include "ops/cuda/column_reduce.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
@@ -199,6 +200,26 @@ void lm_head(Bench& b, int64_t N, int64_t C, int64_t V) {
         cuda::cross_entropy_rows_forward_backward(
             logits.as<bf16>(), losses.as<float>(), lse.as<float>(), targets.as<int32_t>(),
             count.as<int32_t>(), 1.0f, R, V, V, b.state.stream());
+    });
+    b.release();
+}
+
+// The decode step's attention (attention_decode: the split-K path of ops/cuda/attention_rows.cu)
+// at the Llama-3-8B heads (H 32, Hkv 8, D 128), every row of length L in a cache of L positions.
+// Floor: reading each row's K and V once (q and out are B x H x D, counted too).
+void decode_attention(Bench& b, int64_t B, int64_t L) {
+    const int64_t H = 32, Hkv = 8, D = 128;
+    auto q = b.tensor(DType::kBF16, {B, 1, H, D}), out = b.tensor(DType::kBF16, {B, 1, H, D});
+    auto k = b.tensor(DType::kBF16, {B, L, Hkv, D}), v = b.tensor(DType::kBF16, {B, L, Hkv, D});
+    auto lse = b.tensor(DType::kF32, {B, H, 1}), lengths = b.tensor(DType::kI32, {B});
+    const std::vector<int32_t> len(static_cast<size_t>(B), static_cast<int32_t>(L));
+    LATHE_CUDA_CHECK(cudaMemcpyAsync(lengths.data(), len.data(), len.size() * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, b.state.stream()));
+    b.state.synchronize();  // `len` goes out of scope
+    const double bytes = 2.0 * (2 * B * L * Hkv * D + 2 * B * H * D);
+    const std::string s = "B=" + std::to_string(B) + " L=" + std::to_string(L) + " H=32/8 D=128";
+    b.time("attention_decode", s, bytes, 4.0 * B * L * H * D, [&] {
+        attention_decode(out, lse, q, k, v, lengths, 0, 1.0f / std::sqrt(float(D)), b.ctx);
     });
     b.release();
 }
@@ -554,6 +575,9 @@ int main(int argc, char** argv) {
                 std::string(10, '-').c_str(), std::string(9, '-').c_str());
     lathe::gpt2(b);
     lathe::llama1b(b);
+    lathe::decode_attention(b, 1, 1024);
+    lathe::decode_attention(b, 1, 31000);
+    lathe::decode_attention(b, 64, 1024);
     // FP8 against BF16 per linear: the Llama-3-8B layer at T=4096 (hidden 4096, 32 heads, 8 KV
     // heads of 128, FFN 14336) and the Llama-3.2-1B layer at B=8, T=2048.
     lathe::fp8_linears(b, "llama3-8b", 4096, 4096, 4096 + 2 * 1024, 14336);
