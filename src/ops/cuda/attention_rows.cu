@@ -142,6 +142,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 // Every split sees at least one key, so each m_s is finite.
 constexpr int kTile = 64;  // keys per shared-memory tile
 constexpr int kDecodeThreads = 128;
+constexpr int kLoadBatch = 8;  // 16-byte loads of K (and of V) a thread issues before storing
 constexpr int kKPad = 8;  // bf16 padding of a K row in shared memory (conflict-free 16-byte reads)
 
 struct DecodeSmem {
@@ -223,13 +224,27 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int64_t t0 = k0; t0 < k1; t0 += kTile) {
         const int n = int(k1 - t0 < kTile ? k1 - t0 : kTile);
         __syncthreads();  // the previous tile's K, V and p are consumed (and q_s, acc_s written)
-        for (int i = tid; i < n * vecs; i += kDecodeThreads) {
-            const int j = i / vecs, c = i % vecs;
-            const int64_t off = (t0 + j) * row_stride + c * 8;
-            *reinterpret_cast<uint4*>(k_s + j * (D + kKPad) + c * 8) =
-                __ldg(reinterpret_cast<const uint4*>(kb + off));
-            *reinterpret_cast<uint4*>(v_s + j * D + c * 8) =
-                __ldg(reinterpret_cast<const uint4*>(vb + off));
+        // kLoadBatch vectors of K and of V per thread in flight before any is stored.
+        for (int base = 0; base < n * vecs; base += kLoadBatch * kDecodeThreads) {
+            uint4 kr[kLoadBatch], vr[kLoadBatch];
+#pragma unroll
+            for (int u = 0; u < kLoadBatch; ++u) {
+                const int i = base + u * kDecodeThreads + tid;
+                if (i < n * vecs) {
+                    const int64_t off = (t0 + i / vecs) * row_stride + (i % vecs) * 8;
+                    kr[u] = __ldg(reinterpret_cast<const uint4*>(kb + off));
+                    vr[u] = __ldg(reinterpret_cast<const uint4*>(vb + off));
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kLoadBatch; ++u) {
+                const int i = base + u * kDecodeThreads + tid;
+                if (i < n * vecs) {
+                    const int j = i / vecs, c = i % vecs;
+                    *reinterpret_cast<uint4*>(k_s + j * (D + kKPad) + c * 8) = kr[u];
+                    *reinterpret_cast<uint4*>(v_s + j * D + c * 8) = vr[u];
+                }
+            }
         }
         __syncthreads();
         // Scores: thread pair (h, j) with the lanes of a warp on consecutive keys.
