@@ -268,6 +268,10 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
         return invalid_argument_error(
             "param_shards {} must be 1, or unit_shards ({}) with gradient_shards ({}) equal to it",
             shape.param_shards, shape.unit_shards, shape.gradient_shards);
+    if (shape.masters_on_host && (!shape.training || shape.unit_shards != 1))
+        return invalid_argument_error(
+            "masters_on_host needs a training model of one rank (training {}, unit_shards {})",
+            shape.training, shape.unit_shards);
     if (shape.shard_rank < 0 || shape.shard_rank >= shape.unit_shards)
         return invalid_argument_error("shard_rank {} is outside [0, {})", shape.shard_rank,
                                       shape.unit_shards);
@@ -511,6 +515,10 @@ std::string MemoryPlan::table(std::string_view title) const {
     }
     out += fmt::format("  {:<30} {:>16} B  {:>12}\n", "total", total_bytes(),
                        format_bytes(total_bytes()));
+    if (shape.masters_on_host)
+        out +=
+            fmt::format("  f32 masters and AdamW state in host memory (optimizer.offload: cpu){}\n",
+                        shape.backend == Backend::kCuda ? "; parameters: the bf16 copy" : "");
     if (fp8_bytes() > 0) {
         size_t weights = 0, inputs = 0, linears = 0;
         for (const auto& layer : fp8_linears)

@@ -126,6 +126,13 @@ struct ModelShape {
     // This process's rank among the unit_shards ranks: which chunks a sharded parameter arena
     // holds (0 with param_shards = 1).
     int shard_rank = 0;
+    // Optimizer offload (optimizer.offload: cpu, optim/host_optimizer.h): the f32 masters and the
+    // AdamW moments live in host memory outside the model. On CUDA the model holds the bf16
+    // compute copy alone (keeps_masters() false; entry reads and writes go through the host
+    // masters the optimizer attaches, Model::attach_host_masters); on the CPU it keeps the f32
+    // weights it computes with. The plan counts no optimizer state. Needs training and
+    // param_shards = 1.
+    bool masters_on_host = false;
     // Device memory the communicator of a multi-GPU run holds (NCCL's buffers), as measured when
     // it was opened (run/world.h); counted as the plan's `communication` row. 0 for one process.
     size_t communication_bytes = 0;
@@ -310,8 +317,11 @@ struct MemoryPlan {
 
     // Whether the model keeps the f32 masters in its own memory: always but for a CUDA model
     // without training, whose forward reads only the bf16 compute copy (an inference model
-    // holds 2 bytes a parameter, not 6; entry writes round the host's f32 values into it).
-    bool keeps_masters() const { return shape.training || shape.backend != Backend::kCuda; }
+    // holds 2 bytes a parameter, not 6; entry writes round the host's f32 values into it), and
+    // a CUDA model whose masters are in host memory (shape.masters_on_host).
+    bool keeps_masters() const {
+        return (shape.training && !shape.masters_on_host) || shape.backend != Backend::kCuda;
+    }
     size_t parameter_bytes() const {
         return (keeps_masters() ? param_storage.total_bytes() : 0) + compute_storage.total_bytes();
     }
@@ -324,7 +334,9 @@ struct MemoryPlan {
     size_t gradient_shard_bytes() const;
     size_t gradient_window_bytes() const;
     size_t optimizer_bytes() const {
-        return shape.training ? 2 * params.total_bytes() / size_t(shape.optimizer_shards) : 0;
+        return shape.training && !shape.masters_on_host
+                   ? 2 * params.total_bytes() / size_t(shape.optimizer_shards)
+                   : 0;
     }
     size_t activation_bytes() const { return activations.total_bytes(); }
     size_t scratch_bytes() const { return scratch.total_bytes(); }

@@ -363,6 +363,14 @@ void Model::read_param_entry(size_t arena_index, TensorView host) const {
                 "read_param_entry({}): the parameters are sharded over {} ranks (ZeRO-3); the "
                 "gathered parameters come from DataParallel::gather_params",
                 arena_index, plan_.shape.param_shards);
+    if (!host_masters_.empty()) {
+        const ArenaEntry& a = plan_.params.entries().at(arena_index);
+        LATHE_CHECK(host.device() == Device::kCpu && host.dtype() == DType::kF32 &&
+                        host.numel() == a.shape.numel(),
+                    "read_param_entry({}) of {}", a.name, host.to_string());
+        std::memcpy(host.data(), host_masters_.data() + a.offset / sizeof(float), a.bytes);
+        return;
+    }
     if (plan_.keeps_masters()) {
         copy_to_host(host, params_.view(arena_index));
         return;
@@ -386,8 +394,23 @@ void Model::read_grad_entry(size_t arena_index, TensorView host) const {
     copy_to_host(host, grads_.view(arena_index));
 }
 
+void Model::attach_host_masters(std::span<float> masters) {
+    LATHE_CHECK(masters.empty() ||
+                    (plan_.shape.masters_on_host && int64_t(masters.size()) == params_total()),
+                "attach_host_masters: {} elements for a model of {} (masters_on_host {})",
+                masters.size(), params_total(), plan_.shape.masters_on_host);
+    host_masters_ = masters;
+}
+
 void Model::write_param_entry(size_t arena_index, ConstTensorView host) {
     fp8_weights_stale_ = true;
+    if (!host_masters_.empty()) {
+        const ArenaEntry& a = plan_.params.entries().at(arena_index);
+        LATHE_CHECK(host.device() == Device::kCpu && host.dtype() == DType::kF32 &&
+                        host.numel() == a.shape.numel(),
+                    "write_param_entry({}) of {}", a.name, host.to_string());
+        std::memcpy(host_masters_.data() + a.offset / sizeof(float), host.data(), a.bytes);
+    }
     if (!plan_.keeps_masters()) {
         // Rounded to nearest even on the host, as cuda_cast rounds, into the compute copy.
         LATHE_CHECK(host.dtype() == DType::kF32, "write_param_entry: f32 host memory, not {}",

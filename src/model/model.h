@@ -201,6 +201,15 @@ public:
     void read_grad_entry(size_t arena_index, TensorView host) const;
     void write_param_entry(size_t arena_index, ConstTensorView host);
 
+    // Masters in host memory (ModelShape::masters_on_host): `masters` (params_total() f32,
+    // the parameter arena's layout, owned by the caller: optim/host_optimizer.h) becomes where
+    // read_param_entry reads and write_param_entry writes the f32 values of an entry;
+    // write_param_entry then also writes the weights the model computes with (the bf16 copy,
+    // rounded to nearest even, on CUDA; the f32 weights on the CPU). The span must outlive the
+    // model's use of it; an empty span detaches. Checked: masters_on_host, the length.
+    void attach_host_masters(std::span<float> masters);
+    std::span<float> host_masters() const { return host_masters_; }
+
     // The parameters are sharded over ModelShape::param_shards > 1 ranks (file comment).
     bool params_sharded() const { return plan_.shape.param_shards > 1; }
     // The length of the flat parameter vector the optimizer's ranges index: the arena's (padding
@@ -401,6 +410,7 @@ private:
     std::optional<Fp8ScalingState> fp8_state_;
     std::vector<float> fp8_host_;  // delayed: the amaxes read back, the scales uploaded
 
+    std::span<float> host_masters_;  // attach_host_masters
     GradWindowHook grad_window_;
     mutable ModelArena grad_window_arena_;  // borrowed over the hook's window (grads_for)
     WeightWindowHook weight_window_;

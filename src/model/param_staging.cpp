@@ -7,7 +7,8 @@ namespace lathe {
 
 ParamStaging::ParamStaging(const Model& model)
     : model_(&model),
-      in_place_(model.context().backend == Backend::kCpu && !model.params_sharded()) {
+      in_place_(model.context().backend == Backend::kCpu && !model.params_sharded() &&
+                model.host_masters().empty()) {
     if (!in_place_) copies_.resize(model.plan().params.size());
 }
 

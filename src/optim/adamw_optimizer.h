@@ -17,9 +17,9 @@
 //
 // Where it lives: its Context, given at create(). The update runs where the moments are, and
 // reads and writes the target in that memory, so the target must live there too (checked at
-// step()); an optimizer on the CPU over a model on CUDA (offload) is created with a CPU Context
-// over a CUDA target and is refused (kUnimplemented) by create_for(), since the copies of
-// gradients and weights between the two are not part of this class.
+// step()); an optimizer on the CPU over a model on CUDA is created with a CPU Context over a
+// CUDA target and is refused (kUnimplemented) by create_for(), since the copies of gradients and
+// weights between the two are not part of this class (optim/host_optimizer.h offloads).
 //
 // Cost of step(): one adamw_update_with_copy per range. On CUDA that is one kernel, which
 // rewrites the bf16 compute copy in the same pass and clips by the norm in device memory: no

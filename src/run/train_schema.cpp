@@ -102,13 +102,13 @@ ConfigSchema train_config_schema() {
     s.add({"optimizer.offload", ConfigType::kString, "",
            "none (default) | cpu: the f32 masters and AdamW moments of "
            "optimizer.offload_fraction of the parameters in pinned host memory, stepped on the "
-           "CPU; lathe train refuses cpu (docs/SFT.md, \"Optimizer offload\")"});
+           "CPU (docs/SFT.md, \"Optimizer offload\")"});
     s.add({"optimizer.offload_fraction", ConfigType::kFloat, "",
            "with optimizer.offload: cpu, the fraction of the parameters offloaded, in (0, 1]; "
-           "default 1"});
+           "default 1; lathe train runs 1"});
     s.add({"optimizer.state_dtype", ConfigType::kString, "",
            "AdamW moment storage: fp32 (default) | bf16 (rounded to nearest even on store); "
-           "lathe train refuses bf16"});
+           "bf16 needs optimizer.offload: cpu"});
     // ---- learning-rate schedule (GPT-NeoX AnnealingLR) ----
     s.add({"lr.decay_style", ConfigType::kString, "cosine",
            "constant | linear | cosine | exponential"});

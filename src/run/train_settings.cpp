@@ -62,21 +62,21 @@ Status resolve_offload(const Config& c, OffloadSettings& out) {
     return ok_status();
 }
 
-// The trainer keeps every master and moment on the training device in f32: a valid offload or
-// bf16-moment setting stops the run here, after every other key is checked, rather than being
-// ignored. The CPU AdamW (optim/cpu_adamw.h) and the host memory plan are its building blocks.
+// What lathe train runs of the offload keys: optimizer.offload: cpu with the whole optimizer on
+// the host (offload_fraction 1; optim/host_optimizer.h), with fp32 or bf16 moments; bf16
+// moments only there. The rest stops the run here, after every other key is checked, rather
+// than being ignored.
 Status refuse_offload(const Config& c, const OffloadSettings& o) {
-    if (o.offload == OptimizerOffload::kCpu)
+    if (o.offload == OptimizerOffload::kCpu && o.fraction < 1.0)
         return unimplemented_error(
-            "{}: 'optimizer.offload: cpu': lathe train keeps the masters and AdamW moments on the "
-            "training device and has no CPU-offloaded optimizer step (docs/SFT.md, \"Optimizer "
-            "offload\"); remove the key or set optimizer.offload: none",
-            c.source_of("optimizer.offload"));
-    if (o.state_dtype == AdamWStateDType::kBF16)
+            "{}: 'optimizer.offload_fraction' {}: lathe train offloads the whole optimizer "
+            "(docs/SFT.md, \"Optimizer offload\"); remove the key or set it to 1",
+            c.source_of("optimizer.offload_fraction"), o.fraction);
+    if (o.offload != OptimizerOffload::kCpu && o.state_dtype == AdamWStateDType::kBF16)
         return unimplemented_error(
-            "{}: 'optimizer.state_dtype: bf16': lathe train keeps AdamW's moments in fp32 "
-            "(docs/SFT.md, \"Optimizer offload\"); remove the key or set optimizer.state_dtype: "
-            "fp32",
+            "{}: 'optimizer.state_dtype: bf16': lathe train keeps bf16 AdamW moments only with "
+            "optimizer.offload: cpu (docs/SFT.md, \"Optimizer offload\"); set "
+            "optimizer.offload: cpu, or remove the key or set optimizer.state_dtype: fp32",
             c.source_of("optimizer.state_dtype"));
     return ok_status();
 }

@@ -12,7 +12,14 @@ namespace lathe {
 
 TrainStep::TrainStep(Model& model, AdamWOptimizer& optimizer, std::vector<char> frozen,
                      DataParallel* dp)
-    : model_(model), optimizer_(optimizer), frozen_(std::move(frozen)), dp_(dp) {
+    : model_(model), optimizer_(&optimizer), frozen_(std::move(frozen)), dp_(dp) {
+    LATHE_CHECK(frozen_.empty() || frozen_.size() == model_.params().entries().size(),
+                "{} frozen flags for {} parameter entries", frozen_.size(),
+                model_.params().entries().size());
+}
+
+TrainStep::TrainStep(Model& model, HostOptimizer& optimizer, std::vector<char> frozen)
+    : model_(model), host_(&optimizer), frozen_(std::move(frozen)) {
     LATHE_CHECK(frozen_.empty() || frozen_.size() == model_.params().entries().size(),
                 "{} frozen flags for {} parameter entries", frozen_.size(),
                 model_.params().entries().size());
@@ -75,6 +82,7 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next,
         out.comm_wait_ms = dp_->comm_wait_ms();
     }
     out.loss = float(sum / double(W * K));
+    norm_ = out.norm;
     return out;
 }
 
@@ -84,7 +92,10 @@ Status TrainStep::apply(double lr, double weight_decay, const AdamWHyper& hyper,
     segments_.clear();
     for (size_t i = 0; i < all.size(); ++i)
         if (frozen_.empty() || !frozen_[i]) segments_.push_back(all[i]);
-    optimizer_.step(optimizer_target(model_), segments_, hyper, adam_step, max_grad_norm);
+    if (host_ != nullptr)
+        host_->step(model_, segments_, hyper, adam_step, norm_, max_grad_norm);
+    else
+        optimizer_->step(optimizer_target(model_), segments_, hyper, adam_step, max_grad_norm);
     model_.fp8_weights_updated();  // the next forward casts the fp8 weight codes (model.h)
     return dp_ != nullptr ? dp_->finish_update() : ok_status();
 }

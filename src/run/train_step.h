@@ -29,6 +29,9 @@
 // the norm and every decision taken on them are the same on every rank. apply() updates the rank's
 // optimizer ranges and, at ZeRO-1, all-gathers the updated parameters.
 //
+// Optimizer offload (a HostOptimizer given, optim/host_optimizer.h): apply() runs the host
+// optimizer's step, clipped by the norm gradients() read back; everything else is as above.
+//
 // Ownership: holds references to the model and the optimizer, which must outlive it.
 
 #include <cstdint>
@@ -40,6 +43,7 @@
 #include "model/model.h"
 #include "ops/adamw.h"
 #include "optim/adamw_optimizer.h"
+#include "optim/host_optimizer.h"
 
 namespace lathe {
 
@@ -61,6 +65,8 @@ public:
     // `dp`: the data-parallel collectives (null: one process); must outlive the step.
     TrainStep(Model& model, AdamWOptimizer& optimizer, std::vector<char> frozen = {},
               DataParallel* dp = nullptr);
+    // The offloaded optimizer of one process (file comment).
+    TrainStep(Model& model, HostOptimizer& optimizer, std::vector<char> frozen = {});
 
     // Micro-batch k of the step (0 <= k < K); the batch's host memory may be reused once
     // gradients() moves to the next one.
@@ -77,7 +83,9 @@ public:
 
 private:
     Model& model_;
-    AdamWOptimizer& optimizer_;
+    AdamWOptimizer* optimizer_ = nullptr;  // one of optimizer_ and host_
+    HostOptimizer* host_ = nullptr;
+    float norm_ = 0.0f;  // the last gradients()'s norm (host_'s clipping)
     std::vector<char> frozen_;
     DataParallel* dp_ = nullptr;
     std::vector<float> losses_, gathered_;

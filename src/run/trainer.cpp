@@ -41,6 +41,7 @@
 #include "ops/cuda/memory.h"
 #include "ops/device_info.h"
 #include "optim/adamw_optimizer.h"
+#include "optim/host_optimizer.h"
 #include "optim/optimizer_state.h"
 #include "run/batch_loader.h"
 #include "run/bench.h"
@@ -164,9 +165,12 @@ private:
     GptNeoxDatasets data_;
     std::optional<Model> model_;
     std::optional<AdamWOptimizer> optimizer_;  // this rank's range, on the model's device
-    std::unique_ptr<DataParallel> dp_;         // with more than one rank
-    std::vector<char> frozen_;                 // per parameter entry
-    std::optional<TrainStep> step_;            // the step's compute, over model_ and optimizer_
+    // optimizer.offload: cpu (one process): the masters and moments in host memory, instead of
+    // optimizer_; the model reads and writes its parameter entries in its masters.
+    std::optional<HostOptimizer> host_optimizer_;
+    std::unique_ptr<DataParallel> dp_;  // with more than one rank
+    std::vector<char> frozen_;          // per parameter entry
+    std::optional<TrainStep> step_;     // the step's compute, over model_ and optimizer_
     std::optional<CheckpointDir> ckpt_;
     // The tokenizer files every checkpoint carries, read once by setup().
     std::vector<CarriedFile> tokenizer_files_;
@@ -359,6 +363,14 @@ Status Trainer::setup() {
     data_parallel_shape(shape, multi() ? world_.size() : 1, s_.zero_stage,
                         multi() ? world_.rank() : 0);
     shape.communication_bytes = world_.device_bytes;
+    const bool offload = s_.offload.offload == OptimizerOffload::kCpu;
+    if (offload && multi()) {
+        return unimplemented_error(
+            "{}: 'optimizer.offload: cpu' runs in one process; a run of {} ranks keeps its "
+            "optimizer on the devices (remove the key or launch one rank)",
+            config_.source_of("optimizer.offload"), world_.size());
+    }
+    shape.masters_on_host = offload;
     if (fp8_run()) {
         shape.precision = fp8_precision_policy(s_.fp8);
         shape.fp8 = s_.fp8;
@@ -386,19 +398,37 @@ Status Trainer::setup() {
         std::string title = model_config_summary(s_.model);
         if (multi())
             title += fmt::format(", per rank of {} (ZeRO-{})", world_.size(), s_.zero_stage);
-        const std::string table = model_->plan().table(title);
+        std::string table = model_->plan().table(title);
+        if (offload) {
+            LATHE_ASSIGN_OR_RETURN(const HostMemoryPlan host,
+                                   host_memory_plan(model_->params_total(), s_.offload));
+            table += fmt::format("{}  moments in {} (optimizer.state_dtype), stepped by CpuAdamW\n",
+                                 host.to_string(), adamw_state_dtype_name(s_.offload.state_dtype));
+        }
         if (print_lines()) std::fputs(table.c_str(), stderr);
         LATHE_RETURN_IF_ERROR(
             file_write_atomic((fs::path(request_.run_dir) / kMemoryPlanFile).string(), table));
+    }
+    if (offload) {
+        // The pinned host bytes checked against what the host has, before they are allocated.
+        LATHE_ASSIGN_OR_RETURN(const HostMemoryPlan host,
+                               host_memory_plan(model_->params_total(), s_.offload));
+        LATHE_ASSIGN_OR_RETURN(const HostMemoryAvailable avail, host_memory_available());
+        LATHE_RETURN_IF_ERROR(host_memory_check(host, avail));
+        LATHE_ASSIGN_OR_RETURN(HostOptimizer host_optimizer,
+                               HostOptimizer::create_for(*model_, s_.offload.state_dtype));
+        host_optimizer_.emplace(std::move(host_optimizer));
     }
     std::vector<FlatRange> ranges{FlatRange{0, model_->params_total()}};
     if (multi()) {
         LATHE_ASSIGN_OR_RETURN(dp_, DataParallel::create(*model_, *world_.comm, s_.zero_stage));
         ranges = dp_->optimizer_ranges();
     }
-    LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer,
-                           AdamWOptimizer::create_for(*model_, ranges, model_->context()));
-    optimizer_.emplace(std::move(optimizer));
+    if (!offload) {
+        LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer,
+                               AdamWOptimizer::create_for(*model_, ranges, model_->context()));
+        optimizer_.emplace(std::move(optimizer));
+    }
 
     // Frozen parameter groups (train.freeze): an entry is frozen when its name, or every HF
     // tensor stored in it, matches a pattern.
@@ -433,7 +463,10 @@ Status Trainer::setup() {
                 pattern, params.hf_params().front().name);
         }
     }
-    step_.emplace(*model_, *optimizer_, frozen_, dp_.get());
+    if (host_optimizer_)
+        step_.emplace(*model_, *host_optimizer_, frozen_);
+    else
+        step_.emplace(*model_, *optimizer_, frozen_, dp_.get());
     // Rank 0 opens the checkpoints folder (cleaning what a killed run left half-written); the
     // others attach to it once it has.
     const std::string root = (fs::path(request_.run_dir) / "checkpoints").string();
@@ -517,6 +550,16 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     // Whatever world wrote it: one file, or one per rank, re-sharded onto this rank's ranges.
     if (dp_) {
         LATHE_RETURN_IF_ERROR(dp_->load_optimizer(*optimizer_, dir));
+    } else if (host_optimizer_) {
+        // The canonical elements [0, used); the padding after them stays zero.
+        const int64_t used = int64_t(model_->params().layout().total_bytes() / sizeof(float));
+        const size_t n = size_t(host_optimizer_->total());
+        std::vector<float> m(n, 0.0f), v(n, 0.0f);
+        const FlatRange r{0, used};
+        LATHE_RETURN_IF_ERROR(optimizer_state_load_ranges(dir, used, std::span(&r, 1),
+                                                          std::span(m.data(), size_t(used)),
+                                                          std::span(v.data(), size_t(used))));
+        host_optimizer_->write_state(m, v);
     } else {
         LATHE_RETURN_IF_ERROR(optimizer_state_load_checkpoint(
             *optimizer_, dir, int64_t(model_->params().layout().total_bytes() / sizeof(float))));
@@ -667,6 +710,12 @@ Status Trainer::save_checkpoint() {
         }
         if (dp_) {
             LATHE_RETURN_IF_ERROR(dp_->save_optimizer(*optimizer_, dir));
+        } else if (host_optimizer_) {
+            const size_t n = size_t(host_optimizer_->total());
+            std::vector<float> m(n), v(n);
+            host_optimizer_->read_state(m, v);
+            LATHE_RETURN_IF_ERROR(
+                optimizer_state_write((fs::path(dir) / kOptimizerStateFile).string(), m, v));
         } else if (lead()) {
             LATHE_RETURN_IF_ERROR(
                 optimizer_state_save(*optimizer_, (fs::path(dir) / kOptimizerStateFile).string()));

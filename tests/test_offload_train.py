@@ -1,0 +1,174 @@
+"""lathe train with optimizer.offload: cpu (optim/host_optimizer.h): the f32 masters and AdamW
+moments in host memory, stepped by CpuAdamW, whose math is ops' AdamW exactly. On the CPU
+backend an offloaded run's losses, gradient norms and checkpoint (weights and optimizer state)
+equal the device optimizer's bit for bit; a checkpoint of either resumes under the other with
+the same bits; bf16 moments train and resume exactly. The gpu case does the same on CUDA (skipped
+without a GPU)."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from corpus import write_gcide_jsonl
+from lathe_cli import run, tokenize_corpus, train_cmd
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TINY = """
+model:
+  family: llama
+  hidden_size: 48
+  intermediate_size: 96
+  num_hidden_layers: 2
+  num_attention_heads: 4
+  num_key_value_heads: 2
+  max_position_embeddings: 64
+  tie_word_embeddings: true
+data:
+  split: "90,10,0"
+  seq_length: 32
+train:
+  steps: 6
+  micro_batch_size: 4
+  gradient_accumulation_steps: 2
+  log_interval: 1
+  eval_interval: 3
+  eval_iters: 2
+  threads: 2
+optimizer:
+  lr: 3.0e-3
+  weight_decay: 0.1
+lr:
+  warmup: 0.1
+checkpoint:
+  interval: 3
+  keep_last: 0
+"""
+
+OFFLOAD = "optimizer.offload=cpu"
+CKPT_FILES = ("model.safetensors", "optimizer.safetensors")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("offload_train_corpus")
+    write_gcide_jsonl(d / "c.jsonl", 300_000)
+    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 384)
+    (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
+    return d
+
+
+def metric_lines(run_dir):
+    out = []
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        j = json.loads(line)
+        for measured in ("tokens_per_s", "mfu", "memory_bytes"):
+            j.pop(measured, None)
+        out.append(j)
+    return out
+
+
+def checkpoint_bytes(run_dir, step):
+    d = Path(run_dir) / "checkpoints" / f"step-{step:08d}"
+    return {f: (d / f).read_bytes() for f in CKPT_FILES}
+
+
+def rewind(src, dst, step):
+    """A copy of run `src` as a run stopped after checkpoint `step`: the later checkpoints gone,
+    `latest` naming it."""
+    shutil.copytree(src, dst)
+    ck = Path(dst) / "checkpoints"
+    for d in ck.iterdir():
+        if d.name.startswith("step-") and int(d.name.split("-")[1]) > step:
+            shutil.rmtree(d)
+    (ck / "latest").write_text(f"step-{step:08d}\n")
+
+
+def test_offload_equals_device_optimizer_bit_for_bit(corpus, tmp_path):
+    plain, off = tmp_path / "plain", tmp_path / "off"
+    run(train_cmd(corpus, plain))
+    p = run(train_cmd(corpus, off, OFFLOAD))
+    assert "host memory plan (optimizer offload" in p.stderr, p.stderr
+    assert "AdamW state in host memory" in p.stderr, p.stderr
+    assert metric_lines(off) == metric_lines(plain)
+    for step in (3, 6):
+        assert checkpoint_bytes(off, step) == checkpoint_bytes(plain, step), step
+
+
+@pytest.mark.parametrize("first,then", [((OFFLOAD,), (OFFLOAD,)), ((OFFLOAD,), ()), ((), (OFFLOAD,))])
+def test_resume_is_exact_with_and_across_offload(corpus, tmp_path, first, then):
+    ref = tmp_path / "ref"
+    run(train_cmd(corpus, ref, *first))
+    resumed = tmp_path / "resumed"
+    rewind(ref, resumed, 3)
+    run(train_cmd(corpus, resumed, *then))
+    assert metric_lines(resumed) == metric_lines(ref)
+    assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(ref, 6)
+
+
+def test_bf16_moments_train_and_resume_exactly(corpus, tmp_path):
+    bf16 = (OFFLOAD, "optimizer.state_dtype=bf16", "train.steps=12", "checkpoint.interval=6")
+    ref = tmp_path / "ref"
+    p = run(train_cmd(corpus, ref, *bf16))
+    assert "moments in bf16" in p.stderr, p.stderr
+    lines = [m for m in metric_lines(ref) if m["split"] == "train"]
+    assert lines[-1]["loss"] < lines[0]["loss"] - 0.3, (lines[0], lines[-1])
+    fp32 = tmp_path / "fp32"
+    run(train_cmd(corpus, fp32, OFFLOAD, "train.steps=12", "checkpoint.interval=6"))
+    assert metric_lines(fp32) != metric_lines(ref)  # the moments carry 8 bits between steps
+    resumed = tmp_path / "resumed"
+    rewind(ref, resumed, 6)
+    run(train_cmd(corpus, resumed, *bf16))
+    assert metric_lines(resumed) == metric_lines(ref)
+    assert checkpoint_bytes(resumed, 12) == checkpoint_bytes(ref, 12)
+
+
+@pytest.mark.parametrize("sets,needle", [
+    ((OFFLOAD, "optimizer.offload_fraction=0.5"), "'optimizer.offload_fraction' 0.5"),
+    (("optimizer.state_dtype=bf16",), "'optimizer.state_dtype: bf16'"),
+])
+def test_what_is_not_built_is_refused_naming_the_key(corpus, tmp_path, sets, needle):
+    p = run(train_cmd(corpus, tmp_path / "r", *sets), check=False)
+    assert p.returncode != 0
+    assert "lathe: error:" in p.stderr and needle in p.stderr, p.stderr
+    assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+# ---- GPU: the same bits on CUDA ---------------------------------------------------------------
+
+def gpu_present():
+    return shutil.which("nvidia-smi") is not None and \
+        subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU (nvidia-smi -L)")
+def test_gpu_offload_equals_device_optimizer_and_resumes_exactly(corpus, tmp_path):
+    # configs/tiny.yaml on cuda, deterministic kernels: the offloaded step (gradients D2H, CpuAdamW,
+    # bf16 weights H2D) against the CUDA AdamW kernel, same bits; resume across both ways.
+    def args(run_dir, *sets):
+        return ["train", ROOT / "configs" / "tiny.yaml", "--run-dir", run_dir,
+                "--set", f"data.path={corpus / 'gc'}", "--set", f"data.tokenizer={corpus / 'tok.json'}",
+                "--set", "train.device=cuda", "--set", "train.deterministic=true",
+                "--set", "train.steps=6", "--set", "train.gradient_accumulation_steps=2",
+                "--set", "train.log_interval=1", "--set", "train.eval_interval=3",
+                "--set", "checkpoint.interval=3", "--set", "checkpoint.keep_last=0",
+                *[a for s in sets for a in ("--set", s)]]
+    plain, off = tmp_path / "plain", tmp_path / "off"
+    run(args(plain))
+    run(args(off, OFFLOAD))
+    assert metric_lines(off) == metric_lines(plain)
+    for step in (3, 6):
+        assert checkpoint_bytes(off, step) == checkpoint_bytes(plain, step), step
+    for src, then in ((off, ()), (plain, (OFFLOAD,))):
+        resumed = tmp_path / f"resumed-{src.name}"
+        rewind(src, resumed, 3)
+        run(args(resumed, *then))
+        assert metric_lines(resumed) == metric_lines(src)
+        assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(src, 6)
+    bf16 = tmp_path / "bf16"
+    run(args(bf16, OFFLOAD, "optimizer.state_dtype=bf16"))
+    lines = [m for m in metric_lines(bf16) if m["split"] == "train"]
+    assert lines[-1]["loss"] < lines[0]["loss"], (lines[0], lines[-1])
