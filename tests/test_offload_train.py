@@ -172,3 +172,23 @@ def test_gpu_offload_equals_device_optimizer_and_resumes_exactly(corpus, tmp_pat
     run(args(bf16, OFFLOAD, "optimizer.state_dtype=bf16"))
     lines = [m for m in metric_lines(bf16) if m["split"] == "train"]
     assert lines[-1]["loss"] < lines[0]["loss"], (lines[0], lines[-1])
+
+
+def test_bench_offload_steps_the_same_bits():
+    """lathe bench --offload cpu times the offloaded step: on the CPU backend its losses and norm
+    equal the device optimizer's; the plan and the host memory plan are printed."""
+    def bench(*extra):
+        p = run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32", "--steps", "3",
+                 "--warmup", "1", "--device", "cpu", *extra])
+        return json.loads(p.stdout), p.stderr
+    plain, _ = bench()
+    off, err = bench("--offload", "cpu")
+    for key in ("loss_first", "loss_last", "grad_norm_last"):
+        assert off[key] == plain[key], key
+    assert off["offload"] == "cpu" and off["host_pinned_bytes"] > 0
+    assert "host memory plan (optimizer offload" in err, err
+    bf16, _ = bench("--offload", "cpu", "--state-dtype", "bf16")
+    assert bf16["state_dtype"] == "bf16"
+    p = run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32", "--device", "cpu",
+             "--state-dtype", "bf16"], check=False)
+    assert p.returncode != 0 and "--state-dtype bf16 needs --offload cpu" in p.stderr, p.stderr

@@ -53,6 +53,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         int64_t vocab = 0;
         std::string recompute;
         std::string precision = "bf16", fp8_recipe = "tensorwise";
+        std::string offload = "none", state_dtype = "fp32";
         std::string preset, config;  // --model's two spellings
         bool generate = false;
         GenerateBenchRequest gen;
@@ -127,6 +128,16 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "blockwise with E4M3 gradients)")
         ->capture_default_str()
         ->check(CLI::IsMember({"tensorwise", "delayed", "blockwise"}));
+    cmd->add_option("--offload", o->offload,
+                    "none, or cpu: the f32 masters and AdamW moments in pinned host memory, "
+                    "stepped by the CPU AdamW, as optimizer.offload: cpu (one process)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"none", "cpu"}));
+    cmd->add_option("--state-dtype", o->state_dtype,
+                    "With --offload cpu: the AdamW moments' storage, fp32 or bf16 "
+                    "(optimizer.state_dtype)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"fp32", "bf16"}));
     cmd->add_flag("--plan-only", o->req.plan_only,
                   "Print the parameter count, FLOPs per token and the memory plan; run nothing");
     cmd->add_option("--plan-ranks", o->req.plan_ranks,
@@ -162,7 +173,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
             if (o->generate) {
                 for (const char* training :
                      {"--batch", "--seq", "--steps", "--warmup", "--recompute", "--zero-stage",
-                      "--precision", "--fp8-recipe", "--plan-only", "--nondeterministic"})
+                      "--precision", "--fp8-recipe", "--plan-only", "--nondeterministic",
+                      "--offload", "--state-dtype"})
                     if (cmd->count(training) > 0)
                         return invalid_argument_error(
                             "{} is a training bench option; --generate takes --prefill, "
@@ -210,6 +222,9 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                 return invalid_argument_error(
                     "--fp8-recipe {} without --precision fp8: add --precision fp8", o->fp8_recipe);
             }
+            req.offload = o->offload == "cpu" ? OptimizerOffload::kCpu : OptimizerOffload::kNone;
+            req.state_dtype =
+                o->state_dtype == "bf16" ? AdamWStateDType::kBF16 : AdamWStateDType::kF32;
             LATHE_ASSIGN_OR_RETURN(const std::string line, bench_run(req));
             if (!line.empty()) {  // empty on the ranks other than 0 of a launcher's world
                 std::printf("%s\n", line.c_str());

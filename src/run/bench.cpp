@@ -29,6 +29,7 @@
 #include "ops/cuda/fp8_linear.h"
 #include "ops/device_info.h"
 #include "optim/adamw_optimizer.h"
+#include "optim/host_optimizer.h"
 #include "run/compute_device.h"
 #include "run/data_parallel.h"
 #include "run/train_step.h"
@@ -379,6 +380,15 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.recompute = req.recompute;
     data_parallel_shape(shape, multi ? group.world_size : 1, req.zero_stage,
                         multi ? group.rank : 0);
+    const bool offload = req.offload == OptimizerOffload::kCpu;
+    if (offload && multi)
+        return unimplemented_error(
+            "--offload cpu runs in one process; a world of {} ranks keeps its optimizer on the "
+            "devices",
+            group.world_size);
+    if (!offload && req.state_dtype == AdamWStateDType::kBF16)
+        return invalid_argument_error("--state-dtype bf16 needs --offload cpu");
+    shape.masters_on_host = offload;
     if (req.fp8) {
         // fp8 (bench.h): on a GPU with FP8 tensor cores only, never a fallback.
         if (place.backend != Backend::kCuda)
@@ -418,6 +428,18 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["recompute"] = recompute_name(req.recompute);
     j["precision"] = req.fp8 ? "fp8" : place.backend == Backend::kCuda ? "bf16" : "fp32";
     if (req.fp8) j["fp8_recipe"] = std::string(fp8_recipe_name(req.fp8->recipe));
+    if (offload) {
+        j["offload"] = "cpu";
+        j["state_dtype"] = adamw_state_dtype_name(req.state_dtype);
+    }
+    // The host memory plan of the offloaded optimizer (printed under the device's).
+    OffloadSettings offload_settings;
+    offload_settings.offload = req.offload;
+    offload_settings.state_dtype = req.state_dtype;
+    LATHE_ASSIGN_OR_RETURN(
+        const HostMemoryPlan host_plan,
+        host_memory_plan(int64_t(plan->params.total_bytes() / sizeof(float)), offload_settings));
+    if (offload) j["host_pinned_bytes"] = host_plan.pinned_bytes();
     if (req.plan_only) {
         // The table `lathe train` prints, and its rows in the JSON line. On CUDA without a GPU
         // the attention workspace is the plan's estimate (memory_plan.h).
@@ -425,6 +447,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         if (multi)
             title += fmt::format(", per rank of {} (ZeRO-{})", group.world_size, req.zero_stage);
         std::fputs(plan->table(title).c_str(), stderr);
+        if (offload) std::fputs(host_plan.to_string().c_str(), stderr);
         j["plan"] = {{"parameters", plan->parameter_bytes()},
                      {"gradients", plan->gradient_bytes()},
                      {"optimizer", plan->optimizer_bytes()},
@@ -491,8 +514,19 @@ Result<std::string> bench_run(const BenchRequest& req) {
         std::string title = model_config_summary(config);
         if (multi) title += fmt::format(", per rank of {} (ZeRO-{})", world.size(), req.zero_stage);
         std::fputs(model.plan().table(title).c_str(), stderr);
+        if (offload) std::fputs(host_plan.to_string().c_str(), stderr);
     }
     j["plan_bytes"] = model.plan().total_bytes();
+    // --offload cpu: the host buffers, checked against the host's memory first; created before
+    // init() so that it writes the masters there.
+    std::optional<HostOptimizer> host_optimizer;
+    if (offload) {
+        LATHE_ASSIGN_OR_RETURN(const HostMemoryAvailable avail, host_memory_available());
+        LATHE_RETURN_IF_ERROR(host_memory_check(host_plan, avail).with_context("--offload cpu"));
+        LATHE_ASSIGN_OR_RETURN(HostOptimizer made,
+                               HostOptimizer::create_for(model, req.state_dtype));
+        host_optimizer.emplace(std::move(made));
+    }
     // The same parameters on every rank (the same seed), as a broadcast from rank 0 would give.
     model.init(req.seed);
     // With several ranks: the trainer's collectives (run/data_parallel.h), and the optimizer over
@@ -505,12 +539,20 @@ Result<std::string> bench_run(const BenchRequest& req) {
         dp = std::move(made).value();
         ranges = dp->optimizer_ranges();
     }
-    LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer,
-                           AdamWOptimizer::create_for(model, ranges, model.context()));
+    std::optional<AdamWOptimizer> optimizer;
+    if (!offload) {
+        LATHE_ASSIGN_OR_RETURN(AdamWOptimizer made,
+                               AdamWOptimizer::create_for(model, ranges, model.context()));
+        optimizer.emplace(std::move(made));
+    }
     // `lathe train`'s step (run/train_step.h) for one micro-batch (gradient accumulation 1),
     // with the default clip and without the trainer's skip decision (it only compares the loss
     // and norm the step reads anyway).
-    TrainStep step(model, optimizer, {}, dp.get());
+    std::optional<TrainStep> step;
+    if (offload)
+        step.emplace(model, *host_optimizer);
+    else
+        step.emplace(model, *optimizer, std::vector<char>{}, dp.get());
     // Each rank its own batches (seed + rank), as each trains on its slice of the data.
     const std::vector<BatchData> batches =
         random_batches(std::min<int64_t>(kDistinctBatches, req.warmup + req.steps), B, T, V,
@@ -532,9 +574,9 @@ Result<std::string> bench_run(const BenchRequest& req) {
         batch.targets = ConstTensorView(data.targets.data(), DType::kI32, Shape{B, T});
         const auto t0 = std::chrono::steady_clock::now();
         LATHE_ASSIGN_OR_RETURN(
-            last, step.gradients(1, [&](int64_t) -> Result<ModelBatch> { return batch; }));
+            last, step->gradients(1, [&](int64_t) -> Result<ModelBatch> { return batch; }));
         // Clipping fused into AdamW.
-        LATHE_RETURN_IF_ERROR(step.apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip));
+        LATHE_RETURN_IF_ERROR(step->apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip));
         model.synchronize();
         if (const int64_t gemms = model.fp8_take_gemms(); gemms != fp8_gemms_want)
             return internal_error(

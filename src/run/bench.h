@@ -50,6 +50,14 @@
 // (mfu: against the same bf16 peak); "precision" says which, and an fp8 line adds fp8_recipe,
 // fp8_gemms_per_step (the count the linear ops made each timed step) and
 // fp8_weight_casts_per_step (weights cast to fp8: once per step each).
+//
+// Optimizer offload (--offload cpu, one process): the step of `lathe train` with
+// optimizer.offload: cpu (optim/host_optimizer.h): the model holds no device masters, the
+// HostOptimizer's pinned host buffers (checked against the host's memory first) hold the masters
+// and moments, the step times include the gradients' D2H copy, the CPU AdamW and the bf16
+// weights' H2D copy. --state-dtype bf16 stores the moments in bf16. The line adds offload,
+// state_dtype and host_pinned_bytes (the host memory plan's pinned total); the host plan is
+// printed under the device's table (with --plan-only too).
 
 #include <cstdint>
 #include <optional>
@@ -60,6 +68,7 @@
 #include "core/status.h"
 #include "dist/process_group.h"
 #include "model/fp8_state.h"
+#include "model/host_memory_plan.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "ops/context.h"
@@ -84,6 +93,10 @@ struct BenchRequest {
     int zero_stage = 1;  // parallel.zero_stage of a run of several ranks (ignored by one process)
     int plan_ranks = 1;  // with plan_only: plan one rank of this many at zero_stage
     std::optional<Fp8Settings> fp8;  // --precision fp8 (its recipe); nullopt: bf16
+    // --offload cpu, --state-dtype: optimizer.offload with the whole optimizer on the host
+    // (optim/host_optimizer.h), one process; the moments' storage.
+    OptimizerOffload offload = OptimizerOffload::kNone;
+    AdamWStateDType state_dtype = AdamWStateDType::kF32;
 };
 
 struct BenchPreset {
