@@ -1,0 +1,122 @@
+// HostOptimizer on the CPU backend: over a model created with its masters on the host, three
+// steps give the bits of AdamWOptimizer over the same model with device-side masters (with and
+// without clipping, fp32 moments); the model's entry reads and writes go through the host
+// masters; bf16 moments round on write_state and widen exactly on read_state; creation refuses a
+// model that keeps its masters.
+
+#include "optim/host_optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "model/model.h"
+#include "model/tiny_model_test_util.h"
+#include "optim/adamw_optimizer.h"
+
+namespace lathe {
+namespace {
+
+using tiny_model::ids;
+
+Model make_model(bool masters_on_host) {
+    const ModelConfig c = tiny_model::parse(tiny_model::kLlamaJson);
+    ModelShape shape;
+    shape.batch = 2;
+    shape.seq_len = 8;
+    shape.masters_on_host = masters_on_host;
+    Result<Model> m = Model::create(c, shape, cpu_context());
+    LATHE_CHECK(m.ok(), "{}", m.status().to_string());
+    return std::move(*m);
+}
+
+bool same_bits(const float* a, const float* b, int64_t n) {
+    return std::memcmp(a, b, size_t(n) * sizeof(float)) == 0;
+}
+
+TEST(HostOptimizer, StepsAsTheDeviceOptimizerDoes) {
+    for (const float max_norm : {0.0f, 0.05f}) {
+        Model a = make_model(true), b = make_model(false);
+        Result<HostOptimizer> host = HostOptimizer::create_for(a, AdamWStateDType::kF32, 2);
+        ASSERT_TRUE(host.ok()) << host.status().to_string();
+        a.init(5);  // after create_for: init writes the host masters
+        b.init(5);
+        const int64_t n = b.params_flat().numel();
+        ASSERT_EQ(host->total(), n);
+        EXPECT_TRUE(same_bits(host->masters().data(), b.params_flat().as<float>(), n));
+        Result<AdamWOptimizer> dev = AdamWOptimizer::create_for(b);
+        ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+        const AdamWHyper hyper{0.9, 0.95, 1e-8};
+        for (int step = 1; step <= 3; ++step) {
+            const HostTensor t = ids(2, 8, 64, step), y = ids(2, 8, 64, step + 7);
+            const ModelBatch batch{t.view(), y.view(), {}, {}};
+            float norms[2];
+            int i = 0;
+            for (Model* model : {&a, &b}) {
+                model->zero_grads();
+                model->forward_backward(batch);
+                norms[i++] = model->grad_norm();
+            }
+            ASSERT_EQ(norms[0], norms[1]);
+            if (max_norm > 0) {
+                EXPECT_GT(norms[0], max_norm);  // the clip is exercised
+            }
+            host->step(a, a.adamw_segments(1e-2, 0.1), hyper, step, norms[0], max_norm);
+            dev->step(optimizer_target(b), b.adamw_segments(1e-2, 0.1), hyper, step, max_norm);
+        }
+        EXPECT_TRUE(same_bits(host->masters().data(), b.params_flat().as<float>(), n));
+        // The weights the CPU model computes with are the masters.
+        EXPECT_TRUE(same_bits(a.params_flat().as<float>(), b.params_flat().as<float>(), n));
+        const size_t count = static_cast<size_t>(n);
+        std::vector<float> m(count), v(count);
+        host->read_state(m, v);
+        EXPECT_TRUE(same_bits(m.data(), dev->exp_avg().as<float>(), n));
+        EXPECT_TRUE(same_bits(v.data(), dev->exp_avg_sq().as<float>(), n));
+        // Entry reads come from the host masters.
+        const size_t e = a.params().entries()[0].arena_index;
+        const ArenaEntry& ae = a.plan().params.entries()[e];
+        HostTensor got(DType::kF32, ae.shape);
+        a.read_param_entry(e, got.view());
+        EXPECT_TRUE(same_bits(got.view().as<float>(),
+                              host->masters().data() + ae.offset / sizeof(float),
+                              ae.shape.numel()));
+    }
+}
+
+TEST(HostOptimizer, Bf16MomentsRoundOnWriteAndWidenOnRead) {
+    Model a = make_model(true);
+    Result<HostOptimizer> host = HostOptimizer::create_for(a, AdamWStateDType::kBF16, 1);
+    ASSERT_TRUE(host.ok()) << host.status().to_string();
+    const int64_t n = host->total();
+    const size_t count = static_cast<size_t>(n);
+    std::vector<float> m(count), v(count), m2(count), v2(count);
+    host->read_state(m2, v2);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(m2[size_t(i)], 0.0f);  // zeroed at creation
+    for (int64_t i = 0; i < n; ++i) {
+        m[size_t(i)] = 1.0f + float(i) * 1e-4f;
+        v[size_t(i)] = 1e-6f * float(i % 97);
+    }
+    host->write_state(m, v);
+    host->read_state(m2, v2);
+    for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(m2[size_t(i)], bf16_to_float(float_to_bf16(m[size_t(i)]))) << i;
+        ASSERT_EQ(v2[size_t(i)], bf16_to_float(float_to_bf16(v[size_t(i)]))) << i;
+    }
+    // Widened values go back in exactly.
+    std::vector<float> m3(count), v3(count);
+    host->write_state(m2, v2);
+    host->read_state(m3, v3);
+    EXPECT_TRUE(same_bits(m3.data(), m2.data(), n));
+    EXPECT_TRUE(same_bits(v3.data(), v2.data(), n));
+}
+
+TEST(HostOptimizer, RefusesAModelThatKeepsItsMasters) {
+    Model b = make_model(false);
+    Result<HostOptimizer> host = HostOptimizer::create_for(b, AdamWStateDType::kF32);
+    ASSERT_FALSE(host.ok());
+    EXPECT_EQ(host.status().code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace lathe
