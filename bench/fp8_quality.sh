@@ -17,11 +17,18 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 mkdir -p "$out"
 data=$(mktemp -d)
+trap 'rm -rf "$data"' EXIT  # the token files and each run's folder (its final checkpoint: GBs)
 "$lathe" prepare --tokenizer "$tok" --input "$corpus" --format text-blocks --on-error skip \
   --append-eod --output-prefix "$data/corpus" --no-progress >"$out/prepare.log" 2>&1 ||
   { echo "fp8_quality: prepare failed (see $out/prepare.log)"; exit 1; }
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-((gpus > 0)) || gpus=1
+# The GPUs this script may use: CUDA_VISIBLE_DEVICES's list when set, else every GPU.
+if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+  IFS=, read -ra devices <<<"$CUDA_VISIBLE_DEVICES"
+else
+  mapfile -t devices < <(nvidia-smi -L 2>/dev/null | grep '^GPU' | sed 's/^GPU \([0-9]*\):.*/\1/')
+fi
+((${#devices[@]} > 0)) || devices=(0)
+gpus=${#devices[@]}
 recipes=(bf16 tensorwise delayed blockwise)
 run() {  # recipe gpu
   local sets=(--set "data.path=$data/corpus" --set "data.tokenizer=$tok" --set train.device=cuda)
@@ -34,7 +41,7 @@ run() {  # recipe gpu
 }
 i=0
 for r in "${recipes[@]}"; do
-  run "$r" $((i % gpus)) &
+  run "$r" "${devices[$((i % gpus))]}" &
   i=$((i + 1))
   ((i % gpus == 0)) && wait
 done

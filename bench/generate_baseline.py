@@ -251,9 +251,12 @@ def main(argv):
                 except Exception as e:
                     if step is eager_step:
                         raise
-                    # The compiled step failed on its first call: measure the eager one.
+                    # The compiled step failed on its first call: measure the eager one, from
+                    # a clock started again after the failure.
                     compile_error = f"{type(e).__name__}: {e}".splitlines()[0]
                     step, mode = eager_step, "eager"
+                    sync()
+                    t0 = time.perf_counter()
                     logits = step(ids, cache, pos)
                 sync()
                 s = time.perf_counter() - t0
@@ -263,7 +266,8 @@ def main(argv):
                     total_bytes += flop_params * elem + kv_per_position * B * (length + 1)
             s = median(times)
             bytes_per_step = total_bytes / a.decode_steps
-            decode_rows.append({"batch": B, "tokens_per_step": B, "ms_per_step": s * 1e3,
+            decode_rows.append({"batch": B, "decode_mode": mode, "tokens_per_step": B,
+                                "ms_per_step": s * 1e3,
                                 "tokens_per_s": B / s, "bytes_per_step": bytes_per_step,
                                 "bandwidth_fraction":
                                     bytes_per_step / s / bandwidth if bandwidth else None})
@@ -271,6 +275,8 @@ def main(argv):
             if on_cuda:
                 torch.cuda.empty_cache()
     out["decode"] = decode_rows
+    # The whole line's mode: the last row's (each row has its own: a compile that fails at a
+    # later batch leaves the earlier rows compiled).
     out["decode_mode"] = mode if a.decode_batches else None
     out["compile_error"] = compile_error
     if on_cuda:

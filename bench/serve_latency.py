@@ -89,8 +89,12 @@ def main():
         sys.exit(f"serve_latency: error: {a.url}/health did not answer 200 within {a.wait:g} s")
     rng = random.Random(a.seed)
     ids = lambda n: [rng.randrange(a.vocab) for _ in range(n)]
-    # A short warm-up request (first-use costs: graphs, GEMM choices) that is not timed.
-    run_set(a.url, [ids(16)], 4, a.model, a.timeout)
+    # Warm-up requests that are not timed (first-use costs: graphs, GEMM choices): one prompt
+    # longer than a 2048-token prefill chunk (as long as the long set's allows), then a set of
+    # the concurrent set's shape.
+    run_set(a.url, [ids(max(16, min(2100, a.long)))], 4, a.model, a.timeout)
+    if a.short > 0 and a.concurrent > 0:
+        run_set(a.url, [ids(a.short) for _ in range(a.concurrent)], 4, a.model, a.timeout)
     out = {"url": a.url, "new_tokens": a.new}
     if a.long > 0:
         out["long"] = run_set(a.url, [ids(a.long)], a.new, a.model, a.timeout)

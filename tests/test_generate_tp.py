@@ -6,8 +6,8 @@
     Llama with every bias (the output projection's and the MLP's, added once after the reduce),
     with prompts of different lengths in one batch; the Llama run also equals transformers';
   - sampled output with a seed equals the one-process run's (every rank takes rank 0's tokens);
-  - --random-weights draws a model from a seed alone, the same with one process or two, with no
-    safetensors in the folder;
+  - --random-weights draws a model from a seed alone, with no safetensors in the folder (each rank
+    draws its shard, so a two-rank model is not the one-process model of the same seed);
   - refusals name the flag and the numbers: --tensor-parallel without as many processes, a T that
     does not divide the key/value heads, families whose projections have no head shards, and bad
     input read by rank 0 ends every rank with `lathe: error:` and leaves no output;

@@ -237,8 +237,14 @@ bool Scheduler::step() {
         r.rng = SampleRng(r.params.seed_state);
         r.seen = r.params.prompt;
         Result<SeqId> seq = engine_.open();
-        LATHE_CHECK(seq.ok(), "scheduler: open with {} of {} sequences open",
-                    engine_.open_sequences(), engine_.limits().max_sequences);
+        if (!seq.ok()) {
+            // The admission above leaves a free row, so only the tensor-parallel lead's message
+            // to its followers can fail here: the request ends with that error.
+            r.state.error = seq.status();
+            r.state.done = true;
+            r.ticket->publish(r.state);
+            continue;
+        }
         r.seq = *seq;
         r.blocks = blocks;
         reserved_blocks_ += blocks;

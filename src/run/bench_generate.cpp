@@ -235,9 +235,12 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     shape.backend = place.backend;
     const ParamTable table = model_param_table(config);
     LATHE_ASSIGN_OR_RETURN(const MemoryPlan plan, memory_plan_make(config, table, shape));
-    const int64_t chunk = req.prefill_chunk > 0
-                              ? req.prefill_chunk
-                              : std::min<int64_t>(4096, std::max<int64_t>(longest, 1));
+    // The default chunk: 4096 tokens, at most the longest prompt of the run (the decode
+    // prompts' --prompt-len included, so a decode-only run prefills in whole chunks too).
+    const int64_t chunk =
+        req.prefill_chunk > 0
+            ? req.prefill_chunk
+            : std::min<int64_t>(4096, std::max<int64_t>({longest, req.prompt_len, 1}));
     EngineLimits prefill_limits;
     prefill_limits.max_sequences = 1;
     prefill_limits.max_len = std::max<int64_t>(longest, 1);
