@@ -124,10 +124,11 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
     LATHE_ASSIGN_OR_RETURN(e.ix_.rope_cos, add("rope_cos", f32, Shape{lim.max_len, half}));
     LATHE_ASSIGN_OR_RETURN(e.ix_.rope_sin, add("rope_sin", f32, Shape{lim.max_len, half}));
     if (e.tp_ != nullptr && e.ctx_.backend == Backend::kCuda) {
-        // follow(): a call's payload (a prompt's tokens, or a step's sequence and token pairs).
+        // follow(): a call's payload (a prompt's tokens, or a step's sequence and token pairs),
+        // and the 3-element header before it.
         LATHE_ASSIGN_OR_RETURN(
-            e.ix_.message,
-            add("message", DType::kI64, Shape{std::max(lim.max_len, 2 * lim.max_sequences)}));
+            e.ix_.message, add("message", DType::kI64,
+                               Shape{std::max({int64_t(3), lim.max_len, 2 * lim.max_sequences})}));
     }
     LATHE_ASSIGN_OR_RETURN(e.scratch_, ModelArena::allocate(std::move(layout), e.ctx_));
     if (e.ctx_.backend == Backend::kCuda) {
