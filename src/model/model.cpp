@@ -368,7 +368,8 @@ void Model::read_param_entry(size_t arena_index, TensorView host) const {
         LATHE_CHECK(host.device() == Device::kCpu && host.dtype() == DType::kF32 &&
                         host.numel() == a.shape.numel(),
                     "read_param_entry({}) of {}", a.name, host.to_string());
-        std::memcpy(host.data(), host_masters_.data() + a.offset / sizeof(float), a.bytes);
+        const float* src = host_masters_.data() + a.offset / sizeof(float);
+        if (src != host.data()) std::memcpy(host.data(), src, a.bytes);
         return;
     }
     if (plan_.keeps_masters()) {
@@ -409,7 +410,8 @@ void Model::write_param_entry(size_t arena_index, ConstTensorView host) {
         LATHE_CHECK(host.device() == Device::kCpu && host.dtype() == DType::kF32 &&
                         host.numel() == a.shape.numel(),
                     "write_param_entry({}) of {}", a.name, host.to_string());
-        std::memcpy(host_masters_.data() + a.offset / sizeof(float), host.data(), a.bytes);
+        float* dst = host_masters_.data() + a.offset / sizeof(float);
+        if (dst != host.data()) std::memcpy(dst, host.data(), a.bytes);  // ParamStaging's views
     }
     if (!plan_.keeps_masters()) {
         // Rounded to nearest even on the host, as cuda_cast rounds, into the compute copy.

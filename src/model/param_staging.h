@@ -8,6 +8,9 @@
 // CUDA they are host copies, allocated zeroed on first use of an entry and freed with the object:
 // download() fills them from the model, upload() writes them back (Model::write_param_entry,
 // which refreshes the bf16 compute copy). Memory: at most the parameter arena's bytes on the host.
+// With host masters attached (Model::attach_host_masters, optimizer offload) the views are the
+// host masters themselves on either backend (no copy): download does nothing, upload writes the
+// entries used so far into the weights the model computes with (write_param_entry).
 
 #include <cstddef>
 #include <vector>
@@ -38,6 +41,8 @@ private:
 
     const Model* model_ = nullptr;
     bool in_place_ = false;           // the model's arena is host memory: the views are it
+    bool masters_ = false;            // the views are the model's host masters
+    std::vector<char> used_;          // masters_: the entries host() gave out
     std::vector<HostTensor> copies_;  // CUDA: one per arena entry, empty until first used
 };
 

@@ -1,5 +1,6 @@
 #include "optim/host_optimizer.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -7,6 +8,7 @@
 #include "core/check.h"
 #include "core/dtype.h"
 #include "ops/cuda/memory.h"
+#include "optim/optimizer_state.h"
 
 namespace lathe {
 
@@ -115,6 +117,46 @@ void HostOptimizer::step(Model& model, std::span<const AdamWSegment> segments,
         std::memcpy(model.params_flat().data(), impl_->masters.get(),
                     size_t(total_) * sizeof(float));
     }
+}
+
+Status HostOptimizer::save_state(const std::string& path) {
+    const size_t n = size_t(total_);
+    if (state_dtype_ == AdamWStateDType::kF32)
+        return optimizer_state_write(path, std::span(static_cast<const float*>(impl_->m.get()), n),
+                                     std::span(static_cast<const float*>(impl_->v.get()), n));
+    std::vector<float> own, v(n);
+    float* m = impl_->cuda ? static_cast<float*>(impl_->landing.get()) : nullptr;
+    if (m == nullptr) {
+        own.resize(n);
+        m = own.data();
+    }
+    read_state(std::span(m, n), v);
+    return optimizer_state_write(path, std::span<const float>(m, n), v);
+}
+
+Status HostOptimizer::load_state(const std::string& dir, int64_t used) {
+    LATHE_CHECK(used >= 0 && used <= total_, "used {} of a vector of {}", used, total_);
+    const size_t n = size_t(total_), u = size_t(used);
+    const FlatRange all{0, used};
+    if (state_dtype_ == AdamWStateDType::kF32) {
+        float* m = static_cast<float*>(impl_->m.get());
+        float* v = static_cast<float*>(impl_->v.get());
+        std::fill(m + u, m + n, 0.0f);
+        std::fill(v + u, v + n, 0.0f);
+        return optimizer_state_load_ranges(dir, used, std::span(&all, 1), std::span(m, u),
+                                           std::span(v, u));
+    }
+    std::vector<float> own, v(n, 0.0f);
+    float* m = impl_->cuda ? static_cast<float*>(impl_->landing.get()) : nullptr;
+    if (m == nullptr) {
+        own.resize(n);
+        m = own.data();
+    }
+    std::fill(m, m + n, 0.0f);
+    LATHE_RETURN_IF_ERROR(optimizer_state_load_ranges(dir, used, std::span(&all, 1),
+                                                      std::span(m, u), std::span(v.data(), u)));
+    write_state(std::span<const float>(m, n), v);
+    return ok_status();
 }
 
 void HostOptimizer::read_state(std::span<float> exp_avg, std::span<float> exp_avg_sq) const {

@@ -23,9 +23,13 @@
 // again). Clipping uses the norm read back, the float the device optimizer clips by, so the
 // update is bitwise the device optimizer's (CpuAdamW's math is ops/adamw.h's).
 //
-// Checkpoints: read_state()/write_state() give and take the moments as f32 over the whole vector
-// (bf16 moments widened exactly / rounded to nearest even), the layout optim/optimizer_state.h
-// saves for the device optimizer, so a checkpoint resumes with or without offload.
+// Checkpoints: save_state()/load_state() write and read optim/optimizer_state.h's full file, the
+// one the device optimizer of one process writes (the moments as f32 over the whole vector: bf16
+// moments widened exactly, rounded to nearest even on load), so a checkpoint resumes with or
+// without offload. Host memory: f32 moments are written from and read into the pinned moments
+// directly; bf16 moments go through f32 buffers of P elements each, the landing buffer (idle
+// between steps) for the first moment on CUDA, so a save or load adds at most 4 P bytes there.
+// read_state()/write_state() copy the moments as f32 (tests).
 //
 // Ownership: move-only; owns its buffers and CpuAdamW's threads. The model it was created for
 // must outlive it or detach the masters (attach_host_masters({})) first.
@@ -33,6 +37,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "core/status.h"
 #include "model/host_memory_plan.h"
@@ -63,6 +68,13 @@ public:
     // max_grad_norm > 0 the gradients count as clipped by it.
     void step(Model& model, std::span<const AdamWSegment> segments, const AdamWHyper& hyper,
               int64_t step, float norm, float max_grad_norm);
+
+    // Writes the full optimizer state file `path` (optimizer_state_write's bytes).
+    Status save_state(const std::string& path);
+    // Reads the moments from the checkpoint folder `dir` (the full file or a complete shard set
+    // of any world, optimizer_state_load_ranges) over the canonical elements [0, used), used <=
+    // total() (checked); the rest become zero. Errors: the loader's.
+    Status load_state(const std::string& dir, int64_t used);
 
     // The moments as f32, total() elements each (checked).
     void read_state(std::span<float> exp_avg, std::span<float> exp_avg_sq) const;

@@ -551,15 +551,8 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     if (dp_) {
         LATHE_RETURN_IF_ERROR(dp_->load_optimizer(*optimizer_, dir));
     } else if (host_optimizer_) {
-        // The canonical elements [0, used); the padding after them stays zero.
-        const int64_t used = int64_t(model_->params().layout().total_bytes() / sizeof(float));
-        const size_t n = size_t(host_optimizer_->total());
-        std::vector<float> m(n, 0.0f), v(n, 0.0f);
-        const FlatRange r{0, used};
-        LATHE_RETURN_IF_ERROR(optimizer_state_load_ranges(dir, used, std::span(&r, 1),
-                                                          std::span(m.data(), size_t(used)),
-                                                          std::span(v.data(), size_t(used))));
-        host_optimizer_->write_state(m, v);
+        LATHE_RETURN_IF_ERROR(host_optimizer_->load_state(
+            dir, int64_t(model_->params().layout().total_bytes() / sizeof(float))));
     } else {
         LATHE_RETURN_IF_ERROR(optimizer_state_load_checkpoint(
             *optimizer_, dir, int64_t(model_->params().layout().total_bytes() / sizeof(float))));
@@ -711,11 +704,8 @@ Status Trainer::save_checkpoint() {
         if (dp_) {
             LATHE_RETURN_IF_ERROR(dp_->save_optimizer(*optimizer_, dir));
         } else if (host_optimizer_) {
-            const size_t n = size_t(host_optimizer_->total());
-            std::vector<float> m(n), v(n);
-            host_optimizer_->read_state(m, v);
             LATHE_RETURN_IF_ERROR(
-                optimizer_state_write((fs::path(dir) / kOptimizerStateFile).string(), m, v));
+                host_optimizer_->save_state((fs::path(dir) / kOptimizerStateFile).string()));
         } else if (lead()) {
             LATHE_RETURN_IF_ERROR(
                 optimizer_state_save(*optimizer_, (fs::path(dir) / kOptimizerStateFile).string()));
