@@ -124,21 +124,22 @@ Status HostOptimizer::save_state(const std::string& path) {
     if (state_dtype_ == AdamWStateDType::kF32)
         return optimizer_state_write(path, std::span(static_cast<const float*>(impl_->m.get()), n),
                                      std::span(static_cast<const float*>(impl_->v.get()), n));
-    std::vector<float> own, v(n);
-    float* m = impl_->cuda ? static_cast<float*>(impl_->landing.get()) : nullptr;
-    if (m == nullptr) {
-        own.resize(n);
-        m = own.data();
-    }
-    read_state(std::span(m, n), v);
-    return optimizer_state_write(path, std::span<const float>(m, n), v);
+    // bf16: widened chunk by chunk as the file is written.
+    const bf16* moments[2] = {static_cast<const bf16*>(impl_->m.get()),
+                              static_cast<const bf16*>(impl_->v.get())};
+    return optimizer_state_write_streamed(path, uint64_t(n),
+                                          [&](int moment, uint64_t begin, std::span<float> out) {
+                                              const bf16* src = moments[moment] + begin;
+                                              for (size_t i = 0; i < out.size(); ++i)
+                                                  out[i] = bf16_to_float(src[i]);
+                                          });
 }
 
 Status HostOptimizer::load_state(const std::string& dir, int64_t used) {
     LATHE_CHECK(used >= 0 && used <= total_, "used {} of a vector of {}", used, total_);
     const size_t n = size_t(total_), u = size_t(used);
-    const FlatRange all{0, used};
     if (state_dtype_ == AdamWStateDType::kF32) {
+        const FlatRange all{0, used};
         float* m = static_cast<float*>(impl_->m.get());
         float* v = static_cast<float*>(impl_->v.get());
         std::fill(m + u, m + n, 0.0f);
@@ -146,16 +147,23 @@ Status HostOptimizer::load_state(const std::string& dir, int64_t used) {
         return optimizer_state_load_ranges(dir, used, std::span(&all, 1), std::span(m, u),
                                            std::span(v, u));
     }
-    std::vector<float> own, v(n, 0.0f);
-    float* m = impl_->cuda ? static_cast<float*>(impl_->landing.get()) : nullptr;
-    if (m == nullptr) {
-        own.resize(n);
-        m = own.data();
+    // bf16: read in ranges of kChunk elements, each rounded into the moments.
+    constexpr int64_t kChunk = int64_t(1) << 24;
+    bf16* m = static_cast<bf16*>(impl_->m.get());
+    bf16* v = static_cast<bf16*>(impl_->v.get());
+    std::fill(m + u, m + n, float_to_bf16(0.0f));
+    std::fill(v + u, v + n, float_to_bf16(0.0f));
+    std::vector<float> mf(size_t(std::min(kChunk, std::max<int64_t>(used, 1)))), vf(mf.size());
+    for (int64_t b = 0; b < used; b += kChunk) {
+        const FlatRange r{b, std::min(used, b + kChunk)};
+        const size_t c = size_t(r.size());
+        LATHE_RETURN_IF_ERROR(optimizer_state_load_ranges(
+            dir, used, std::span(&r, 1), std::span(mf.data(), c), std::span(vf.data(), c)));
+        for (size_t i = 0; i < c; ++i) {
+            m[size_t(b) + i] = float_to_bf16(mf[i]);
+            v[size_t(b) + i] = float_to_bf16(vf[i]);
+        }
     }
-    std::fill(m, m + n, 0.0f);
-    LATHE_RETURN_IF_ERROR(optimizer_state_load_ranges(dir, used, std::span(&all, 1),
-                                                      std::span(m, u), std::span(v.data(), u)));
-    write_state(std::span<const float>(m, n), v);
     return ok_status();
 }
 

@@ -27,8 +27,8 @@
 // one the device optimizer of one process writes (the moments as f32 over the whole vector: bf16
 // moments widened exactly, rounded to nearest even on load), so a checkpoint resumes with or
 // without offload. Host memory: f32 moments are written from and read into the pinned moments
-// directly; bf16 moments go through f32 buffers of P elements each, the landing buffer (idle
-// between steps) for the first moment on CUDA, so a save or load adds at most 4 P bytes there.
+// directly; bf16 moments are widened (save) and rounded (load) in chunks of at most 2^24
+// elements, so neither holds a copy of the state.
 // read_state()/write_state() copy the moments as f32 (tests).
 //
 // Ownership: move-only; owns its buffers and CpuAdamW's threads. The model it was created for

@@ -18,6 +18,7 @@
 
 #include "core/check.h"
 #include "core/strings.h"
+#include "io/file.h"
 #include "io/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -48,9 +49,12 @@ Status optimizer_state_write(const std::string& path, std::span<const float> exp
     return safetensors_write_file(path, tensors, state_metadata());
 }
 
-// The header is safetensors_write_file's for these two tensors: keys in data order after
-// "__metadata__", no spaces, padded with spaces to a multiple of 8 (a test compares the bytes).
-Status optimizer_state_write_zeros(const std::string& path, uint64_t n) {
+namespace {
+
+// The 8-byte length and the header of the full file of two moments of n elements:
+// safetensors_write_file's for these two tensors: keys in data order after "__metadata__", no
+// spaces, padded with spaces to a multiple of 8 (a test compares the bytes).
+std::string full_file_head(uint64_t n) {
     const uint64_t bytes = n * sizeof(float);
     std::string meta;
     for (const auto& [k, v] : state_metadata())
@@ -65,6 +69,30 @@ Status optimizer_state_write_zeros(const std::string& path, uint64_t n) {
     const uint64_t len = header.size();
     for (int i = 0; i < 8; ++i) head[size_t(i)] = char((len >> (8 * i)) & 0xFF);  // little-endian
     head += header;
+    return head;
+}
+
+}  // namespace
+
+Status optimizer_state_write_streamed(
+    const std::string& path, uint64_t n,
+    const std::function<void(int moment, uint64_t begin, std::span<float> out)>& fill) {
+    LATHE_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::create(path));
+    LATHE_RETURN_IF_ERROR(f.write(full_file_head(n)));
+    constexpr uint64_t kChunk = uint64_t(1) << 20;
+    std::vector<float> buf(size_t(std::min<uint64_t>(n, kChunk)));
+    for (int moment = 0; moment < 2; ++moment)
+        for (uint64_t b = 0; b < n; b += kChunk) {
+            const uint64_t c = std::min(kChunk, n - b);
+            fill(moment, b, std::span<float>(buf.data(), size_t(c)));
+            LATHE_RETURN_IF_ERROR(f.write(buf.data(), size_t(c) * sizeof(float)));
+        }
+    return f.commit();
+}
+
+Status optimizer_state_write_zeros(const std::string& path, uint64_t n) {
+    const uint64_t bytes = n * sizeof(float);
+    const std::string head = full_file_head(n);
     const std::string temp = fmt::format("{}.tmp-{}", path, ::getpid());
     const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return io_error("{}: cannot create: {}", path, std::strerror(errno));

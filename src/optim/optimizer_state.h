@@ -58,6 +58,8 @@
 #include <span>
 #include <string>
 
+#include <functional>
+
 #include "core/status.h"
 #include "optim/adamw_optimizer.h"
 
@@ -66,6 +68,14 @@ namespace lathe {
 // Writes `path` with the two moments (the same length, checked).
 Status optimizer_state_write(const std::string& path, std::span<const float> exp_avg,
                              std::span<const float> exp_avg_sq);
+
+// Writes `path` with moments of `n` elements, byte for byte what optimizer_state_write writes for
+// them, without holding them whole: fill(moment, begin, out) writes elements [begin, begin +
+// out.size()) of moment 0 (exp_avg) or 1 (exp_avg_sq) into out, called in file order over chunks
+// of at most 2^20 elements. Atomic (io/file.h AtomicFile). Errors: kIoError naming the path.
+Status optimizer_state_write_streamed(
+    const std::string& path, uint64_t n,
+    const std::function<void(int moment, uint64_t begin, std::span<float> out)>& fill);
 
 // Writes `path` with moments of `n` zeros (a fresh optimizer), byte for byte what
 // optimizer_state_write writes for them, except that the data region is a hole in a sparse file:
