@@ -98,6 +98,17 @@ def test_offload_equals_device_optimizer_bit_for_bit(corpus, tmp_path):
         assert checkpoint_bytes(off, step) == checkpoint_bytes(plain, step), step
 
 
+def test_offload_with_frozen_groups_equals_device_optimizer(corpus, tmp_path):
+    """train.freeze: the frozen entries are left out of the host step's segments as out of the
+    device step's: the same bits."""
+    freeze = "train.freeze=[model.embed_tokens.*, model.layers.0.mlp.*]"
+    plain, off = tmp_path / "plain", tmp_path / "off"
+    run(train_cmd(corpus, plain, freeze, "train.steps=3"))
+    run(train_cmd(corpus, off, freeze, "train.steps=3", OFFLOAD))
+    assert metric_lines(off) == metric_lines(plain)
+    assert checkpoint_bytes(off, 3) == checkpoint_bytes(plain, 3)
+
+
 @pytest.mark.parametrize("first,then", [((OFFLOAD,), (OFFLOAD,)), ((OFFLOAD,), ()), ((), (OFFLOAD,))])
 def test_resume_is_exact_with_and_across_offload(corpus, tmp_path, first, then):
     ref = tmp_path / "ref"
