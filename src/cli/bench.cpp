@@ -106,7 +106,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         "--nondeterministic", o->req.nondeterministic,
         "Let the GPU use its faster nondeterministic kernels, as train.deterministic: false "
         "(the attention backward's dQ by atomics, as PyTorch's flash attention)");
-    // Given bare, --recompute means full (its spelling when full was the only mode).
+    // Given bare, --recompute means full: the mode that keeps the least.
     cmd->add_option(
            "--recompute", o->recompute,
            "Activation recompute, as train.recompute: none, selective (norm and activation "
