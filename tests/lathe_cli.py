@@ -73,6 +73,18 @@ def tokenize_corpus(jsonl, tokenizer, prefix, vocab_size, special_tokens="<|endo
          "--append-eod"])
 
 
+def tiny_training_folder(d, config_text, chars, vocab_size=384):
+    """A folder a tiny training run reads: d/c.jsonl (GCIDE's first `chars` characters), its
+    tokenizer d/tok.json and token files d/gc (tokenize_corpus), and d/tiny.yaml, config_text with
+    data.path and data.tokenizer pointing at them. Returns d."""
+    from corpus import write_gcide_jsonl
+    d = Path(d)
+    write_gcide_jsonl(d / "c.jsonl", chars)
+    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", vocab_size)
+    (d / "tiny.yaml").write_text(config_text + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
+    return d
+
+
 def wait_for_step(run_dir, step, proc, timeout=300):
     """Waits until run_dir/metrics.jsonl's last line has reached `step`; fails when proc (the
     training process, stderr piped) ends first or the timeout passes."""

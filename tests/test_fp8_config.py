@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus import write_gcide_jsonl
-from lathe_cli import TINY_MODEL_2L, run, tokenize_corpus, train_cmd
+from lathe_cli import TINY_MODEL_2L, run, tiny_training_folder, train_cmd
 
 TINY = TINY_MODEL_2L + """train:
   steps: 2
@@ -23,11 +22,7 @@ TINY = TINY_MODEL_2L + """train:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fp8_corpus")
-    write_gcide_jsonl(d / "c.jsonl", 200_000)
-    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 384)
-    (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
-    return d
+    return tiny_training_folder(tmp_path_factory.mktemp("fp8_corpus"), TINY, 200_000)
 
 
 @pytest.mark.parametrize("sets,needle", [

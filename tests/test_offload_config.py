@@ -7,8 +7,7 @@ the run's config.yaml."""
 
 import pytest
 
-from corpus import write_gcide_jsonl
-from lathe_cli import TINY_MODEL_2L, run, tokenize_corpus, train_cmd
+from lathe_cli import TINY_MODEL_2L, run, tiny_training_folder, train_cmd
 
 TINY = TINY_MODEL_2L + """train:
   steps: 1
@@ -19,11 +18,7 @@ TINY = TINY_MODEL_2L + """train:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("offload_corpus")
-    write_gcide_jsonl(d / "c.jsonl", 100_000)
-    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 384)
-    (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
-    return d
+    return tiny_training_folder(tmp_path_factory.mktemp("offload_corpus"), TINY, 100_000)
 
 
 @pytest.mark.parametrize("sets,needle", [

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus import write_gcide_jsonl
-from lathe_cli import run, tokenize_corpus, train_cmd
+from lathe_cli import run, tiny_training_folder, train_cmd
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,11 +53,7 @@ CKPT_FILES = ("model.safetensors", "optimizer.safetensors")
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("offload_train_corpus")
-    write_gcide_jsonl(d / "c.jsonl", 300_000)
-    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 384)
-    (d / "tiny.yaml").write_text(TINY + f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n")
-    return d
+    return tiny_training_folder(tmp_path_factory.mktemp("offload_train_corpus"), TINY, 300_000)
 
 
 def metric_lines(run_dir):
