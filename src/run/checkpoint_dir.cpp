@@ -91,7 +91,11 @@ Result<CheckpointDir> CheckpointDir::open(const std::string& root) {
     if (ec) return io_error("{}: cannot create checkpoint folder: {}", root, ec.message());
     for (const auto& entry : fs::directory_iterator(root, ec)) {
         const std::string name = entry.path().filename().string();
-        if (name.rfind(kPartialPrefix, 0) == 0) fs::remove_all(entry.path(), ec);
+        // Left by a run killed while writing: a partial checkpoint, or the temporary file of
+        // `latest` (io/file.h's file_write_atomic names it latest.tmp-PID).
+        if (name.rfind(kPartialPrefix, 0) == 0 ||
+            name.rfind(std::string(kLatestCheckpointFile) + ".tmp-", 0) == 0)
+            fs::remove_all(entry.path(), ec);
     }
     if (ec) return io_error("{}: cannot list: {}", root, ec.message());
     CheckpointDir d;

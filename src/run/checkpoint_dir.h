@@ -5,6 +5,7 @@
 //   step-00000200/        files, optimizer state, trainer_state.json)
 //   latest                text file naming the newest complete checkpoint ("step-00000200")
 //   .partial-step-.../    a checkpoint being written; never read, removed on the next start
+//   latest.tmp-PID        `latest` being written; removed on the next start
 //
 // A checkpoint is written into a ".partial-" folder and renamed to its final name only when every
 // file in it is complete (and fsynced); `latest` moves after that, atomically. A run killed at
@@ -33,7 +34,8 @@ namespace lathe {
 
 class CheckpointDir {
 public:
-    // `root` is DIR/checkpoints; created if missing. Stale ".partial-*" folders are removed.
+    // `root` is DIR/checkpoints; created if missing. Stale ".partial-*" folders and
+    // "latest.tmp-*" files (of a run killed while writing them) are removed.
     // Rank 0's (the one writer of the folder's structure).
     static Result<CheckpointDir> open(const std::string& root);
     // `root`, opened by rank 0, for the other ranks of the run: creates and removes nothing.

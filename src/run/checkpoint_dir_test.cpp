@@ -53,9 +53,13 @@ TEST(CheckpointDir, PartialIsNeverNewestAndIsCleanedOnOpen) {
         auto newest = d->newest();
         EXPECT_EQ(fs::path(**newest).filename(), "step-00000010");
     }
+    // and killed while writing `latest` (file_write_atomic's temporary of another process)
+    ASSERT_TRUE(file_write_atomic(root + "/latest.tmp-1", "step-00000020\n").ok());
     auto again = CheckpointDir::open(root);
     ASSERT_TRUE(again.ok());
     EXPECT_FALSE(fs::exists(root + "/.partial-step-00000020"));
+    EXPECT_FALSE(fs::exists(root + "/latest.tmp-1"));
+    EXPECT_EQ(*file_read_all(root + "/latest"), "step-00000010\n");
     EXPECT_EQ(*again->complete_steps(), (std::vector<int64_t>{10}));
 }
 
