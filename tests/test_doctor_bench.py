@@ -335,3 +335,32 @@ def test_bench_errors_name_the_option():
     p = run(["bench", "--model", "tiny", "--batch", 1, "--seq", 8, "--device", "cuda"],
             env={"CUDA_VISIBLE_DEVICES": ""})
     assert p.returncode == 1 and "--device: cuda, but" in p.stderr and "use auto or cpu" in p.stderr, p.stderr
+
+
+def test_bench_kernel_breakdown_is_a_gpu_option():
+    p = run(["bench", "--model", "tiny", "--batch", 1, "--seq", 8, "--device", "cpu",
+             "--kernel-breakdown", 2])
+    assert p.returncode != 0 and "--kernel-breakdown profiles GPU kernels" in p.stderr, p.stderr
+    p = run(["bench", "--model", "tiny", "--generate", "--kernel-breakdown", 2])
+    assert p.returncode != 0 and "--kernel-breakdown is a training bench option" in p.stderr
+
+
+def test_bench_kernel_breakdown_on_a_gpu():
+    """The CUPTI breakdown: every step's GEMMs, attention, norms and optimizer are seen, busy <=
+    span, and the timed numbers are the timed steps' (the same loss as a run without it)."""
+    doctor = doctor_json()[1]
+    if doctor["status"] != "gpu_ready":
+        pytest.skip(NEEDS_CUDA + "lathe doctor says: " + doctor["verdict"])
+    args = ["--model", "tiny", "--batch", 2, "--seq", 64, "--steps", 2, "--warmup", 1,
+            "--device", "cuda"]
+    r = bench(*args, "--kernel-breakdown", 2)
+    k = r["kernels"]
+    assert k["steps"] == 2
+    assert 0 < k["busy_ms_per_step"] <= k["span_ms_per_step"] + 1e-9
+    assert k["gaps_ms_per_step"] == pytest.approx(k["span_ms_per_step"] - k["busy_ms_per_step"])
+    groups = {g["name"]: g for g in k["groups"]}
+    for g in ("gemm", "attention", "norms", "optimizer"):
+        assert g in groups and groups[g]["ms_per_step"] > 0, (g, sorted(groups))
+    assert len(k["top"]) > 0
+    plain = bench(*args)
+    assert r["loss_last"] == plain["loss_last"]

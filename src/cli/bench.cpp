@@ -138,6 +138,12 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "(optimizer.state_dtype)")
         ->capture_default_str()
         ->check(CLI::IsMember({"fp32", "bf16"}));
+    cmd->add_option("--kernel-breakdown", o->req.kernel_breakdown_steps,
+                    "CUDA: after the timed steps, run this many more under CUPTI and add the "
+                    "kernel time per group (GEMMs, attention, norms, ...) and the GPU's idle "
+                    "time per step to the line (ops/kernel_groups.h); 0 = off")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--plan-only", o->req.plan_only,
                   "Print the parameter count, FLOPs per token and the memory plan; run nothing");
     cmd->add_option("--plan-ranks", o->req.plan_ranks,
@@ -174,7 +180,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                 for (const char* training :
                      {"--batch", "--seq", "--steps", "--warmup", "--recompute", "--zero-stage",
                       "--precision", "--fp8-recipe", "--plan-only", "--nondeterministic",
-                      "--offload", "--state-dtype"})
+                      "--offload", "--state-dtype", "--kernel-breakdown"})
                     if (cmd->count(training) > 0)
                         return invalid_argument_error(
                             "{} is a training bench option; --generate takes --prefill, "

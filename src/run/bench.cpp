@@ -27,7 +27,9 @@
 #include "ops/attention.h"
 #include "ops/cuda/device_count.h"
 #include "ops/cuda/fp8_linear.h"
+#include "ops/cuda/kernel_profile.h"
 #include "ops/device_info.h"
+#include "ops/kernel_groups.h"
 #include "optim/adamw_optimizer.h"
 #include "optim/host_optimizer.h"
 #include "run/compute_device.h"
@@ -567,7 +569,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
     int64_t fp8_casts_before = 0;
     TrainStepValues first, last;
     const int64_t total = req.warmup + req.steps;
-    for (int64_t s = 0; s < total; ++s) {
+    // One training step (s counts from 0), its wall time in ms.
+    const auto one_step = [&](int64_t s) -> Result<double> {
         const BatchData& data = batches[size_t(s % int64_t(batches.size()))];
         ModelBatch batch;
         batch.tokens = ConstTensorView(data.tokens.data(), DType::kI32, Shape{B, T});
@@ -584,9 +587,11 @@ Result<std::string> bench_run(const BenchRequest& req) {
                 "predicts {}: a bug in lathe's fp8 wiring",
                 s + 1, gemms, fp8_gemms_want);
         if (s + 1 == req.warmup) fp8_casts_before = model.fp8_weight_casts();
-        const double ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count();
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+            .count();
+    };
+    for (int64_t s = 0; s < total; ++s) {
+        LATHE_ASSIGN_OR_RETURN(const double ms, one_step(s));
         if (on_cuda && gpu_memory_info(place.ordinal, free_bytes, total_bytes))
             used_peak = std::max(used_peak, total_bytes - free_bytes);
         if (s == 0) first = last;
@@ -599,6 +604,32 @@ Result<std::string> bench_run(const BenchRequest& req) {
                  timed ? "timed" : "warmup", timed ? s - req.warmup + 1 : s + 1,
                  timed ? req.steps : req.warmup, ms, last.loss, last.norm,
                  multi ? fmt::format(", comm wait {:.2f} ms", last.comm_wait_ms) : std::string());
+    }
+    // --kernel-breakdown: more steps under CUPTI, after the timed ones (bench.h); the line's
+    // loss and fp8 cast count stay the timed steps'.
+    const int64_t fp8_casts_timed = model.fp8_weight_casts() - fp8_casts_before;
+    const TrainStepValues last_timed = last;
+    std::optional<KernelBreakdown> kernels;
+    if (req.kernel_breakdown_steps > 0) {
+        if (!on_cuda)
+            return failed_precondition_error(
+                "--kernel-breakdown profiles GPU kernels; this bench runs on the CPU");
+        model.synchronize();
+        if (std::string e = cuda::kernel_profile_start(); !e.empty())
+            return failed_precondition_error("--kernel-breakdown: {}", e);
+        std::vector<KernelRecord> records;
+        for (int64_t s = 0; s < req.kernel_breakdown_steps; ++s) {
+            Result<double> ms = one_step(total + s);
+            if (!ms.ok()) {
+                (void)cuda::kernel_profile_stop(records);
+                return ms.status();
+            }
+        }
+        model.synchronize();
+        if (std::string e = cuda::kernel_profile_stop(records); !e.empty())
+            return internal_error("--kernel-breakdown: {}", e);
+        kernels = summarize_kernels(records, 12);
+        last = last_timed;
     }
     if (!std::isfinite(last.loss) || !std::isfinite(last.norm))
         log_warning("bench: the last step's loss ({}) or gradient norm ({}) is not finite",
@@ -662,8 +693,27 @@ Result<std::string> bench_run(const BenchRequest& req) {
         j["fp8_gemms_per_step"] = fp8_gemms_want;
         // The casts of the timed steps' forwards: the first timed step's forward casts the
         // warmup's last update (or, with no warmup, the initial weights).
-        j["fp8_weight_casts_per_step"] =
-            double(model.fp8_weight_casts() - fp8_casts_before) / double(req.steps);
+        j["fp8_weight_casts_per_step"] = double(fp8_casts_timed) / double(req.steps);
+    }
+    if (kernels) {
+        const double n = double(req.kernel_breakdown_steps);
+        const auto totals = [n](const std::vector<KernelTotal>& list, double busy) {
+            json out = json::array();
+            for (const KernelTotal& t : list) {
+                json e = {{"name", t.name},
+                          {"ms_per_step", t.ms / n},
+                          {"launches_per_step", double(t.count) / n}};
+                if (busy > 0) e["share"] = t.ms / busy;
+                out.push_back(std::move(e));
+            }
+            return out;
+        };
+        j["kernels"] = {{"steps", req.kernel_breakdown_steps},
+                        {"span_ms_per_step", kernels->span_ms / n},
+                        {"busy_ms_per_step", kernels->busy_ms / n},
+                        {"gaps_ms_per_step", (kernels->span_ms - kernels->busy_ms) / n},
+                        {"groups", totals(kernels->groups, kernels->busy_ms)},
+                        {"top", totals(kernels->top, 0.0)}};
     }
     if (multi) {
         j["launcher"] = std::string(launcher_name(world.group.launcher));

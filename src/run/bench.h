@@ -51,6 +51,16 @@
 // fp8_gemms_per_step (the count the linear ops made each timed step) and
 // fp8_weight_casts_per_step (weights cast to fp8: once per step each).
 //
+// Kernel breakdown (--kernel-breakdown N, CUDA): after the timed steps, N more steps run with
+// CUPTI recording every kernel, copy and set (ops/cuda/kernel_profile.h; CUPTI slows launches, so
+// these steps are not timed ones). The line adds "kernels": steps N, span_ms_per_step (first
+// kernel start to last kernel end, over N), busy_ms_per_step (the union of the records' intervals),
+// gaps_ms_per_step (span - busy: the GPU idle inside the work), groups (ops/kernel_groups.h's,
+// largest first, each name, ms_per_step, launches_per_step and share = ms / busy; kernels that
+// overlap on two streams make the shares sum above 1) and top (the 12 kernels of largest time,
+// name, ms_per_step, launches_per_step). Under a launcher each rank profiles its own process;
+// rank 0's breakdown is the line's.
+//
 // Optimizer offload (--offload cpu, one process): the step of `lathe train` with
 // optimizer.offload: cpu (optim/host_optimizer.h): the model holds no device masters, the
 // HostOptimizer's pinned host buffers (checked against the host's memory first) hold the masters
@@ -97,6 +107,9 @@ struct BenchRequest {
     // (optim/host_optimizer.h), one process; the moments' storage.
     OptimizerOffload offload = OptimizerOffload::kNone;
     AdamWStateDType state_dtype = AdamWStateDType::kF32;
+    // --kernel-breakdown N: N more steps after the timed ones, recorded by CUPTI (CUDA only;
+    // kernel_breakdown below); 0: none.
+    int64_t kernel_breakdown_steps = 0;
 };
 
 struct BenchPreset {

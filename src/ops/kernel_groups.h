@@ -1,0 +1,59 @@
+#pragma once
+// Kernel-time breakdown of GPU work (`lathe bench --kernel-breakdown N`): the kernels, copies
+// and sets that a profiler recorded (ops/cuda/kernel_profile.h: CUPTI's activity records), each
+// put in a group by its name, summed per group, and the time the GPU ran nothing.
+//
+// Groups (kernel_group, first match in this order, on the lower-cased name):
+//   communication  NCCL's kernels ("nccl")
+//   attention      cuDNN's fused attention and lathe's own ("cudnn", "fmha", "flash", "sdpa",
+//                  "attention", "decode_split", "decode_combine", "docs_bias")
+//   gemm           cuBLAS/cuBLASLt matmuls ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas")
+//   optimizer      AdamW and the gradient norm ("adamw", "grad_scale", "sum_of_squares",
+//                  "norm_from_partials")
+//   lm_head_ce     the cross-entropy around the LM head's GEMMs ("cross_entropy", "held_row",
+//                  "stream_row"); the head's GEMMs themselves are in gemm
+//   norms          RMSNorm and LayerNorm ("rmsnorm", "layernorm")
+//   fp8_casts      FP8 casts and amaxes ("amax", "cast_transpose", "block_cast", "scales_to_gemm",
+//                  "fp8", and "cast_kernel")
+//   elementwise    RoPE, SwiGLU, GELU, residual adds, embeddings, bf16/f32 casts, bias
+//                  reductions, fills ("rope", "swiglu", "gelu", "residual", "embedding", "cast",
+//                  "column_partials", "fill", "add_one")
+//   copies         memcpy and memset records (is_copy)
+//   other          anything else (named in the top kernels list)
+// busy: the length of the union of all records' [start, end) intervals; span: from the first
+// start to the last end; gaps = span - busy, the time inside the profiled work when the GPU ran
+// nothing (launch latency, host work, waits on the host).
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lathe {
+
+struct KernelRecord {
+    std::string name;  // a kernel's (demangled where possible); "memcpy ..." / "memset" for copies
+    uint64_t start_ns = 0;
+    uint64_t end_ns = 0;
+    bool is_copy = false;
+};
+
+std::string_view kernel_group(std::string_view name, bool is_copy = false);
+
+struct KernelTotal {
+    std::string name;  // the group's, or the kernel's in `top`
+    double ms = 0;     // summed duration
+    int64_t count = 0;
+};
+
+struct KernelBreakdown {
+    double span_ms = 0;
+    double busy_ms = 0;
+    std::vector<KernelTotal> groups;  // every group with a record, largest time first
+    std::vector<KernelTotal> top;     // the `top_n` kernels (by name) of largest time
+};
+
+KernelBreakdown summarize_kernels(std::span<const KernelRecord> records, int top_n);
+
+}  // namespace lathe

@@ -1,0 +1,65 @@
+#include "ops/kernel_groups.h"
+
+#include <gtest/gtest.h>
+
+namespace lathe {
+namespace {
+
+TEST(KernelGroups, NamesOfTheLibrariesAndOfLatheGoToTheirGroups) {
+    // Kernel names as CUPTI reports them on an H100 (cuBLASLt's Hopper matmuls are nvjet_*,
+    // cuDNN's fused attention carries sm90 and wgmma in its name, NCCL's are ncclDevKernel_*).
+    EXPECT_EQ(kernel_group("nvjet_tst_192x192_64x3_2x1_v_bz_coopA_TNN"), "gemm");
+    EXPECT_EQ(kernel_group("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64"), "gemm");
+    EXPECT_EQ(kernel_group("cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu>"), "gemm");
+    EXPECT_EQ(kernel_group("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3"),
+              "attention");
+    EXPECT_EQ(kernel_group("void lathe::cuda::(anonymous namespace)::decode_split_kernel<128>()"),
+              "attention");
+    EXPECT_EQ(kernel_group("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage)"),
+              "communication");
+    EXPECT_EQ(kernel_group("void lathe::cuda::adamw_update_kernel<float>(...)"), "optimizer");
+    EXPECT_EQ(kernel_group("sum_of_squares_partials_kernel"), "optimizer");
+    EXPECT_EQ(kernel_group("void lathe::cuda::held_row_kernel<256>(...)"), "lm_head_ce");
+    EXPECT_EQ(kernel_group("rmsnorm_forward_warp_per_row_kernel"), "norms");
+    EXPECT_EQ(kernel_group("rmsnorm_backward_fused_kernel"), "norms");
+    EXPECT_EQ(kernel_group("void lathe::cuda::cast_transpose_kernel<__nv_bfloat16>()"),
+              "fp8_casts");
+    EXPECT_EQ(kernel_group("void lathe::cuda::cast_kernel<__nv_fp8_e4m3>()"), "fp8_casts");
+    EXPECT_EQ(kernel_group("amax_kernel"), "fp8_casts");
+    EXPECT_EQ(kernel_group("void lathe::cuda::cast_f32_to_bf16_kernel()"), "elementwise");
+    EXPECT_EQ(kernel_group("swiglu_forward_kernel"), "elementwise");
+    EXPECT_EQ(kernel_group("rope_rotate_pair_per_thread_kernel"), "elementwise");
+    EXPECT_EQ(kernel_group("some_library_kernel"), "other");
+    EXPECT_EQ(kernel_group("memcpy", true), "copies");
+}
+
+TEST(KernelGroups, BusyIsTheUnionOfIntervalsAndGapsAreTheRest) {
+    // Two overlapping kernels on two streams (0-4 ms and 2-6 ms), a gap, then a copy (8-9 ms).
+    const std::vector<KernelRecord> records = {
+        {"nvjet_a", 0, 4'000'000, false},
+        {"rmsnorm_forward_warp_per_row_kernel", 2'000'000, 6'000'000, false},
+        {"memcpy", 8'000'000, 9'000'000, true},
+        {"nvjet_a", 9'000'000, 9'500'000, false},
+    };
+    const KernelBreakdown b = summarize_kernels(records, 2);
+    EXPECT_DOUBLE_EQ(b.span_ms, 9.5);
+    EXPECT_DOUBLE_EQ(b.busy_ms, 7.5);  // [0,6) + [8,9.5)
+    ASSERT_EQ(b.groups.size(), 3u);
+    EXPECT_EQ(b.groups[0].name, "gemm");
+    EXPECT_DOUBLE_EQ(b.groups[0].ms, 4.5);
+    EXPECT_EQ(b.groups[0].count, 2);
+    EXPECT_EQ(b.groups[1].name, "norms");
+    EXPECT_EQ(b.groups[2].name, "copies");
+    ASSERT_EQ(b.top.size(), 2u);
+    EXPECT_EQ(b.top[0].name, "nvjet_a");
+    EXPECT_EQ(b.top[1].name, "rmsnorm_forward_warp_per_row_kernel");
+}
+
+TEST(KernelGroups, NoRecordsGiveAnEmptyBreakdown) {
+    const KernelBreakdown b = summarize_kernels({}, 5);
+    EXPECT_EQ(b.span_ms, 0);
+    EXPECT_TRUE(b.groups.empty());
+}
+
+}  // namespace
+}  // namespace lathe
