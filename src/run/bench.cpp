@@ -83,6 +83,18 @@ constexpr std::string_view kLlama3_8bSlice = R"({
   "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": 128001
 })";
 
+// The 8-layer slice of Llama-3-8B that ../shared/bench/torch_baseline.py's llama8b runs (and
+// fp8_baseline.py's llama_8B_slice8L), at B 2 T 4096: the shape the BF16 and FP8 speed tables
+// compare against torch.compile and torchao.
+constexpr std::string_view kLlama3_8bSlice8 = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+  "num_hidden_layers": 8, "num_attention_heads": 32, "num_key_value_heads": 8,
+  "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+  "rope_theta": 500000.0, "attention_bias": false, "mlp_bias": false,
+  "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": 128001
+})";
+
 // Llama-3-8B's architecture (8,030,261,248 parameters, all 32 layers) with 32768 positions (the
 // release has 8192; rope has no table of positions, so the count is unchanged) so that a 32k
 // prefill fits: the shape of `lathe bench --generate`'s inference measurements (bf16 weights of
@@ -124,6 +136,10 @@ constexpr BenchPreset kPresets[] = {
      "Llama-3-8B shape: 32 layers, 32 heads, 8 KV heads, C 4096, F 14336, V 128256, untied, "
      "rope theta 500000, 32768 positions (--generate; training: ZeRO-3 over several GPUs)",
      kLlama3_8b},
+    {"llama3-8b-8l",
+     "Llama-3-8B's layer shape, 8 of its 32 layers (torch_baseline.py's llama8b slice): 32 "
+     "heads, 8 KV heads, C 4096, F 14336, V 128256, untied, rope theta 500000",
+     kLlama3_8bSlice8},
     {"llama3-8b-10l",
      "Llama-3-8B's layer shape, 10 of its 32 layers: 32 heads, 8 KV heads, C 4096, F 14336, "
      "V 128256, untied, rope theta 500000",

@@ -118,8 +118,8 @@ struct BenchPreset {
     std::string_view config_json;  // a Hugging Face config.json
 };
 
-// The presets: gpt2-124m, llama-1b, llama3-8b, llama3-8b-10l, tiny (a Llama-family model of 2
-// layers), tiny-gpt2.
+// The presets: gpt2-124m, llama-1b, llama3-8b, llama3-8b-8l, llama3-8b-10l, tiny (a Llama-family
+// model of 2 layers), tiny-gpt2.
 std::span<const BenchPreset> bench_model_presets();
 
 // The ModelConfig of a preset name or config.json path, with `vocab_size` applied. Errors: an
