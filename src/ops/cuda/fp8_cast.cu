@@ -144,6 +144,71 @@ __global__ void cast_transpose_kernel(const unsigned short* __restrict__ x, int6
     if (amax_out != nullptr) warp_atomic_max(m, amax_out);
 }
 
+// The same q (may be null) and qt as cast_transpose_kernel, at the memory's speed, for rows and
+// cols multiples of 8 with 16-byte aligned x and 8-byte aligned q and qt (every FP8 linear of a
+// training step: model_check_fp8 asks for multiples of 16). 64 x 64 tiles, 256 threads: each
+// thread reads 8 bf16 of a tile row in one 16-byte load (two per thread), writes their 8 codes to q
+// in one 8-byte store and stages them in shared memory; then each thread gathers 8 codes of a
+// tile column (8 consecutive rows of x) and writes them as 8 consecutive bytes of a qt row, so
+// that 8 neighbouring threads store 64 contiguous bytes. The 32 x 32 kernel moves a byte a thread
+// (2 bytes read, 1 written per instruction) and reached about a quarter of the copy bandwidth on
+// an H100 (docs/PERF.md, the FP8 kernel breakdown).
+constexpr int kVecTile = 64;
+constexpr int kVecPitch = kVecTile + 8;  // bytes per staged row: 8-byte aligned, banks staggered
+
+template <bool kE4M3>
+__global__ void __launch_bounds__(kThreads)
+    cast_transpose_vec8_kernel(const unsigned short* __restrict__ x, int64_t rows, int64_t cols,
+                               const float* scale_in, const float* amax_in, float maxv,
+                               unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
+                               unsigned* amax_out, float* __restrict__ scale_inv) {
+    __shared__ __align__(16) unsigned char tile[kVecTile * kVecPitch];
+    const float scale = cast_scale(scale_in, amax_in, maxv);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
+    const int64_t c0 = int64_t(blockIdx.x) * kVecTile, r0 = int64_t(blockIdx.y) * kVecTile;
+    unsigned m = 0;
+    constexpr int kGroups = kVecTile / 8;  // 8-element groups per tile row (and column)
+#pragma unroll
+    for (int pass = 0; pass < kVecTile * kGroups / kThreads; ++pass) {
+        const int t = pass * kThreads + int(threadIdx.x);
+        const int tr = t / kGroups, tg = t % kGroups;
+        const int64_t r = r0 + tr, c = c0 + 8 * tg;
+        if (r < rows && c < cols) {
+            const uint4 w = *reinterpret_cast<const uint4*>(x + r * cols + c);
+            const unsigned words[4] = {w.x, w.y, w.z, w.w};
+            unsigned out[2] = {0, 0};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const unsigned short lo = (unsigned short)(words[k] & 0xFFFFu);
+                const unsigned short hi = (unsigned short)(words[k] >> 16);
+                m = max(m, max(magnitude_bits(lo), magnitude_bits(hi)));
+                const unsigned pair =
+                    unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(lo), scale))) |
+                    unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(hi), scale))) << 8;
+                out[k / 2] |= pair << (16 * (k % 2));
+            }
+            const uint2 codes = make_uint2(out[0], out[1]);
+            *reinterpret_cast<uint2*>(tile + tr * kVecPitch + 8 * tg) = codes;
+            if (q != nullptr) *reinterpret_cast<uint2*>(q + r * cols + c) = codes;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int pass = 0; pass < kVecTile * kGroups / kThreads; ++pass) {
+        const int t = pass * kThreads + int(threadIdx.x);
+        const int tc = t / kGroups, tg = t % kGroups;  // tile column, group of 8 tile rows
+        const int64_t c = c0 + tc, r = r0 + 8 * tg;
+        if (r < rows && c < cols) {
+            unsigned out[2] = {0, 0};
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                out[i / 4] |= unsigned(tile[(8 * tg + i) * kVecPitch + tc]) << (8 * (i % 4));
+            *reinterpret_cast<uint2*>(qt + c * rows + r) = make_uint2(out[0], out[1]);
+        }
+    }
+    if (amax_out != nullptr) warp_atomic_max(m, amax_out);
+}
+
 // Blockwise: one CTA of 256 threads per 128 x 128 tile of x, staged in shared memory (zeros
 // beyond the edges, which change no maximum).
 constexpr int kB = int(kFp8BlockSize);
@@ -231,6 +296,10 @@ __global__ void block_cast_kernel(const unsigned short* __restrict__ x, int64_t 
         }
 }
 
+bool aligned(const void* p, uintptr_t bytes) {
+    return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
 void check_common(DType t, int64_t rows, int64_t cols, const void* x, const char* what) {
     LATHE_CHECK(is_fp8(t), "cuda::{}: the fp8 dtype must be e4m3 or e5m2, not {}", what,
                 dtype_name(t));
@@ -279,6 +348,16 @@ void fp8_cast(const Fp8CastArgs& a, CUstream_st* stream) {
         else
             cast_kernel<false><<<blocks, kThreads, 0, stream>>>(x, n, vec8, a.scale, amax_in, maxv,
                                                                 q, amax_out, a.scale_inv);
+    } else if (a.rows % 8 == 0 && a.cols % 8 == 0 && aligned(a.x, 16) &&
+               (q == nullptr || aligned(q, 8)) && aligned(qt, 8)) {
+        const dim3 grid(unsigned(std::max<int64_t>(1, (a.cols + kVecTile - 1) / kVecTile)),
+                        unsigned(std::max<int64_t>(1, (a.rows + kVecTile - 1) / kVecTile)));
+        if (e4m3)
+            cast_transpose_vec8_kernel<true><<<grid, kThreads, 0, stream>>>(
+                x, a.rows, a.cols, a.scale, amax_in, maxv, q, qt, amax_out, a.scale_inv);
+        else
+            cast_transpose_vec8_kernel<false><<<grid, kThreads, 0, stream>>>(
+                x, a.rows, a.cols, a.scale, amax_in, maxv, q, qt, amax_out, a.scale_inv);
     } else {
         const dim3 grid(unsigned(std::max<int64_t>(1, (a.cols + kTile - 1) / kTile)),
                         unsigned(std::max<int64_t>(1, (a.rows + kTile - 1) / kTile)));
