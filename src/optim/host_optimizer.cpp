@@ -217,6 +217,9 @@ void HostOptimizer::Impl::finish() {
 void HostOptimizer::Impl::copy_grads(size_t unit) {
     const FlatRange r = units[unit];
     if (r.size() == 0) return;
+    // The worker reads the unit's landing gradients until it has stepped the unit (the forward
+    // before this backward waited for every unit: no wait in practice).
+    if (in_flight) wait_done(unit);
     const TensorView grads = model->grads_flat();
     if (cuda) {
         cuda_copy_async(
@@ -429,7 +432,7 @@ void HostOptimizer::step(Model& model, std::span<const AdamWSegment> segments,
 
 void HostOptimizer::arm_gradient_copies() {
     if (schedule_ != OffloadSchedule::kOverlapped) return;
-    impl_->finish();  // the worker reads landing until it is done
+    // No finish(): with one micro-batch this precedes the forward that overlaps the update.
     impl_->armed = true;
     impl_->back_copied = false;
     impl_->landed_valid = false;

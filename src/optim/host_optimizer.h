@@ -50,8 +50,9 @@
 //     destructor call it; a caller reading the masters (a checkpoint's model.safetensors) first.
 // The H2D copies cover the stepped segments only (adjacent entries merged into one copy), so
 // frozen entries keep the weights they were written with, and never exceed the host's staging.
-// The landing buffer is reused by the next step's copies only after finish() (arm calls it); the
-// compute stream's next zero_grads waits for the landing event (before_zero_grads).
+// The next step's gradient copies rewrite a unit's landing gradients only once the worker has
+// stepped that unit (the forward before the backward waited for every unit); the compute
+// stream's next zero_grads waits for the landing event (before_zero_grads).
 //
 // Checkpoints: save_state()/load_state() write and read optim/optimizer_state.h's full file, the
 // one the device optimizer of one process writes (the moments as f32 over the whole vector: bf16
@@ -107,7 +108,7 @@ public:
 
     // Overlapped schedule (no-ops in the serial one), file comment:
     // the next backward's gradients-ready hook copies the gradients unit by unit (call before
-    // the step's last micro-batch; finishes the update in flight first).
+    // the step's last micro-batch, also before its forward: the update in flight goes on).
     void arm_gradient_copies();
     // The compute stream waits for the gradient copies of the last armed backward (enqueued, no
     // host wait): call before the gradients are zeroed.

@@ -626,6 +626,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
                 "predicts {}: a bug in lathe's fp8 wiring",
                 s + 1, gemms, fp8_gemms_want);
         if (s + 1 == req.warmup) fp8_casts_before = model.fp8_weight_casts();
+        const double ms = ms_since(t0);
         if (on_cuda && gpu_memory_info(place.ordinal, free_bytes, total_bytes))
             used_peak = std::max(used_peak, total_bytes - free_bytes);
         if (s == 0) first = last;
@@ -637,7 +638,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         if (offload) {
             pending = Pending{s, t0, busy_ms};
         } else {
-            record(s, ms_since(t0), busy_ms);
+            record(s, ms, busy_ms);
         }
     }
     if (pending.s >= 0) {
