@@ -49,7 +49,7 @@
 //     every copy: step() (of the next step), save_state, load_state, read/write_state and the
 //     destructor call it; a caller reading the masters (a checkpoint's model.safetensors) first.
 // The H2D copies cover the stepped segments only (adjacent entries merged into one copy), so
-// frozen entries keep the weights they were written with, and never exceed the host's staging.
+// frozen entries keep the weights they were written with.
 // The next step's gradient copies rewrite a unit's landing gradients only once the worker has
 // stepped that unit (the forward before the backward waited for every unit); the compute
 // stream's next zero_grads waits for the landing event (before_zero_grads).
@@ -64,7 +64,8 @@
 //
 // Ownership: move-only; owns its buffers, CpuAdamW's threads and the overlapped schedule's worker
 // thread; the overlapped schedule sets the model's gradients-ready and weights-needed hooks and
-// the destructor unsets them. The model it was created for must outlive it.
+// the destructor unsets them. The model it was created for must outlive it and not move (the
+// hooks and the worker hold its address).
 
 #include <cstdint>
 #include <memory>
@@ -96,6 +97,7 @@ public:
     int64_t total() const { return total_; }
     OffloadSchedule schedule() const { return schedule_; }
     AdamWStateDType state_dtype() const { return state_dtype_; }
+    // The f32 masters; with an overlapped update in flight, finish() first to read its result.
     std::span<float> masters() const;
 
     // One AdamW update number `step` of `segments` (Model::adamw_segments) with the gradients in
