@@ -29,6 +29,8 @@ def corpus(tmp_path_factory):
     (["optimizer.offload_fraction=-0.25"], "got -0.25"),
     (["optimizer.state_dtype=fp16"], "'optimizer.state_dtype' is 'fp16'; choose fp32 or bf16"),
     (["optimizer.offload_fraction=half"], "optimizer.offload_fraction"),
+    (["optimizer.offload_schedule=eager"],
+     "'optimizer.offload_schedule' is 'eager'; choose overlapped or serial"),
 ])
 def test_bad_offload_keys_fail_before_work_naming_the_key(corpus, tmp_path, sets, needle):
     p = run(train_cmd(corpus, tmp_path / "bad", *sets), check=False)
@@ -66,7 +68,7 @@ def test_default_keys_train_and_stay_out_of_config_yaml(corpus, tmp_path):
     p = run(train_cmd(corpus, tmp_path / "plain"), check=False)
     assert p.returncode == 0, p.stderr
     text = (tmp_path / "plain" / "config.yaml").read_text()
-    for key in ("offload:", "offload_fraction:", "state_dtype:"):
+    for key in ("offload:", "offload_fraction:", "offload_schedule:", "state_dtype:"):
         assert key not in text, text
     p = run(train_cmd(corpus, tmp_path / "explicit", "optimizer.offload=none",
                       "optimizer.offload_fraction=0.5", "optimizer.state_dtype=fp32"), check=False)

@@ -2,8 +2,9 @@
 moments in host memory, stepped by CpuAdamW, whose math is ops' AdamW exactly. On the CPU
 backend an offloaded run's losses, gradient norms and checkpoint (weights and optimizer state)
 equal the device optimizer's bit for bit; a checkpoint of either resumes under the other with
-the same bits; bf16 moments train and resume exactly. The gpu case does the same on CUDA (skipped
-without a GPU)."""
+the same bits; bf16 moments train and resume exactly; the overlapped schedule (the default) and
+the serial one give the same bits and resume each other's checkpoints. The gpu cases do the same
+on CUDA (skipped without a GPU)."""
 
 import json
 import shutil
@@ -48,6 +49,7 @@ checkpoint:
 """
 
 OFFLOAD = "optimizer.offload=cpu"
+SERIAL = "optimizer.offload_schedule=serial"
 CKPT_FILES = ("model.safetensors", "optimizer.safetensors")
 
 
@@ -104,6 +106,25 @@ def test_offload_with_frozen_groups_equals_device_optimizer(corpus, tmp_path):
     assert checkpoint_bytes(off, 3) == checkpoint_bytes(plain, 3)
 
 
+def test_serial_and_overlapped_schedules_give_the_same_bits(corpus, tmp_path):
+    """optimizer.offload_schedule: the overlapped step (gradients copied unit by unit from the
+    backward's hook, the update on a worker thread while the next forward waits per unit) and the
+    serial one give the same losses, norms and checkpoints, with a frozen group too; a checkpoint
+    of the overlapped run resumes under the serial schedule bit-exactly."""
+    freeze = "train.freeze=[model.layers.0.mlp.*]"
+    over, serial = tmp_path / "over", tmp_path / "serial"
+    run(train_cmd(corpus, over, OFFLOAD, freeze))
+    run(train_cmd(corpus, serial, OFFLOAD, SERIAL, freeze))
+    assert metric_lines(over) == metric_lines(serial)
+    for step in (3, 6):
+        assert checkpoint_bytes(over, step) == checkpoint_bytes(serial, step), step
+    resumed = tmp_path / "resumed"
+    rewind(over, resumed, 3)
+    run(train_cmd(corpus, resumed, OFFLOAD, SERIAL, freeze))
+    assert metric_lines(resumed) == metric_lines(over)
+    assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(over, 6)
+
+
 @pytest.mark.parametrize("first,then", [((OFFLOAD,), (OFFLOAD,)), ((OFFLOAD,), ()), ((), (OFFLOAD,))])
 def test_resume_is_exact_with_and_across_offload(corpus, tmp_path, first, then):
     ref = tmp_path / "ref"
@@ -150,18 +171,24 @@ def gpu_present():
         subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
 
 
+def gpu_train_args(corpus, run_dir, *sets):
+    """configs/tiny.yaml on cuda with deterministic kernels, 6 steps of accumulation 2."""
+    return ["train", ROOT / "configs" / "tiny.yaml", "--run-dir", run_dir,
+            "--set", f"data.path={corpus / 'gc'}", "--set", f"data.tokenizer={corpus / 'tok.json'}",
+            "--set", "train.device=cuda", "--set", "train.deterministic=true",
+            "--set", "train.steps=6", "--set", "train.gradient_accumulation_steps=2",
+            "--set", "train.log_interval=1", "--set", "train.eval_interval=3",
+            "--set", "checkpoint.interval=3", "--set", "checkpoint.keep_last=0",
+            *[a for s in sets for a in ("--set", s)]]
+
+
 @pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU (nvidia-smi -L)")
 def test_gpu_offload_equals_device_optimizer_and_resumes_exactly(corpus, tmp_path):
-    # configs/tiny.yaml on cuda, deterministic kernels: the offloaded step (gradients D2H, CpuAdamW,
-    # bf16 weights H2D) against the CUDA AdamW kernel, same bits; resume across both ways.
+    # The offloaded step (overlapped: gradients D2H per unit during the backward, CpuAdamW on the
+    # worker, bf16 weights H2D per unit before each layer's forward) against the CUDA AdamW
+    # kernel, same bits; resume across both ways.
     def args(run_dir, *sets):
-        return ["train", ROOT / "configs" / "tiny.yaml", "--run-dir", run_dir,
-                "--set", f"data.path={corpus / 'gc'}", "--set", f"data.tokenizer={corpus / 'tok.json'}",
-                "--set", "train.device=cuda", "--set", "train.deterministic=true",
-                "--set", "train.steps=6", "--set", "train.gradient_accumulation_steps=2",
-                "--set", "train.log_interval=1", "--set", "train.eval_interval=3",
-                "--set", "checkpoint.interval=3", "--set", "checkpoint.keep_last=0",
-                *[a for s in sets for a in ("--set", s)]]
+        return gpu_train_args(corpus, run_dir, *sets)
     plain, off = tmp_path / "plain", tmp_path / "off"
     run(args(plain))
     run(args(off, OFFLOAD))
@@ -180,6 +207,28 @@ def test_gpu_offload_equals_device_optimizer_and_resumes_exactly(corpus, tmp_pat
     assert lines[-1]["loss"] < lines[0]["loss"], (lines[0], lines[-1])
 
 
+@pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU (nvidia-smi -L)")
+def test_gpu_schedules_and_frozen_groups_give_the_device_bits(corpus, tmp_path):
+    # With a frozen group (its weights copied back to the GPU by neither schedule): the serial
+    # and the overlapped schedule give the CUDA AdamW kernel's bits; an overlapped checkpoint
+    # resumes under the serial schedule exactly.
+    freeze = "train.freeze=[model.layers.0.mlp.*]"
+    plain, over, serial = tmp_path / "plain", tmp_path / "over", tmp_path / "serial"
+    run(gpu_train_args(corpus, plain, freeze))
+    run(gpu_train_args(corpus, over, freeze, OFFLOAD))
+    run(gpu_train_args(corpus, serial, freeze, OFFLOAD, SERIAL))
+    assert metric_lines(over) == metric_lines(plain)
+    assert metric_lines(serial) == metric_lines(plain)
+    for step in (3, 6):
+        assert checkpoint_bytes(over, step) == checkpoint_bytes(plain, step), step
+        assert checkpoint_bytes(serial, step) == checkpoint_bytes(plain, step), step
+    resumed = tmp_path / "resumed"
+    rewind(over, resumed, 3)
+    run(gpu_train_args(corpus, resumed, freeze, OFFLOAD, SERIAL))
+    assert metric_lines(resumed) == metric_lines(over)
+    assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(over, 6)
+
+
 def test_bench_offload_steps_the_same_bits():
     """lathe bench --offload cpu times the offloaded step: on the CPU backend its losses and norm
     equal the device optimizer's; the plan and the host memory plan are printed."""
@@ -192,9 +241,19 @@ def test_bench_offload_steps_the_same_bits():
     for key in ("loss_first", "loss_last", "grad_norm_last"):
         assert off[key] == plain[key], key
     assert off["offload"] == "cpu" and off["host_pinned_bytes"] > 0
+    assert off["offload_schedule"] == "overlapped" and off["host_peak_rss_bytes"] > 0
+    assert "gpu_busy_fraction" not in off  # CUDA only
     assert "host memory plan (optimizer offload" in err, err
+    serial, _ = bench("--offload", "cpu", "--offload-schedule", "serial")
+    assert serial["offload_schedule"] == "serial"
+    for key in ("loss_first", "loss_last", "grad_norm_last"):
+        assert serial[key] == plain[key], key
     bf16, _ = bench("--offload", "cpu", "--state-dtype", "bf16")
     assert bf16["state_dtype"] == "bf16"
     p = run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32", "--device", "cpu",
              "--state-dtype", "bf16"], check=False)
     assert p.returncode != 0 and "--state-dtype bf16 needs --offload cpu" in p.stderr, p.stderr
+    p = run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32", "--device", "cpu",
+             "--offload-schedule", "serial"], check=False)
+    assert p.returncode != 0 and "--offload-schedule serial needs --offload cpu" in p.stderr, \
+        p.stderr

@@ -53,7 +53,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         int64_t vocab = 0;
         std::string recompute;
         std::string precision = "bf16", fp8_recipe = "tensorwise";
-        std::string offload = "none", state_dtype = "fp32";
+        std::string offload = "none", state_dtype = "fp32", offload_schedule = "overlapped";
         std::string preset, config;  // --model's two spellings
         bool generate = false;
         GenerateBenchRequest gen;
@@ -133,6 +133,12 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "stepped by the CPU AdamW, as optimizer.offload: cpu (one process)")
         ->capture_default_str()
         ->check(CLI::IsMember({"none", "cpu"}));
+    cmd->add_option("--offload-schedule", o->offload_schedule,
+                    "With --offload cpu: overlapped (gradient copies during the backward, the "
+                    "CPU update while the next forward waits per layer) or serial "
+                    "(optimizer.offload_schedule)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"overlapped", "serial"}));
     cmd->add_option("--state-dtype", o->state_dtype,
                     "With --offload cpu: the AdamW moments' storage, fp32 or bf16 "
                     "(optimizer.state_dtype)")
@@ -180,7 +186,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                 for (const char* training :
                      {"--batch", "--seq", "--steps", "--warmup", "--recompute", "--zero-stage",
                       "--precision", "--fp8-recipe", "--plan-only", "--nondeterministic",
-                      "--offload", "--state-dtype", "--kernel-breakdown"})
+                      "--offload", "--state-dtype", "--offload-schedule", "--kernel-breakdown"})
                     if (cmd->count(training) > 0)
                         return invalid_argument_error(
                             "{} is a training bench option; --generate takes --prefill, "
@@ -231,6 +237,11 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
             req.offload = o->offload == "cpu" ? OptimizerOffload::kCpu : OptimizerOffload::kNone;
             req.state_dtype =
                 o->state_dtype == "bf16" ? AdamWStateDType::kBF16 : AdamWStateDType::kF32;
+            if (cmd->count("--offload-schedule") > 0 && req.offload != OptimizerOffload::kCpu)
+                return invalid_argument_error("--offload-schedule {} needs --offload cpu",
+                                              o->offload_schedule);
+            req.offload_schedule = o->offload_schedule == "serial" ? OffloadSchedule::kSerial
+                                                                   : OffloadSchedule::kOverlapped;
             LATHE_ASSIGN_OR_RETURN(const std::string line, bench_run(req));
             if (!line.empty()) {  // empty on the ranks other than 0 of a launcher's world
                 std::printf("%s\n", line.c_str());

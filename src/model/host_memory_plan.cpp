@@ -17,6 +17,10 @@ const char* optimizer_offload_name(OptimizerOffload o) {
     return o == OptimizerOffload::kCpu ? "cpu" : "none";
 }
 
+const char* offload_schedule_name(OffloadSchedule s) {
+    return s == OffloadSchedule::kSerial ? "serial" : "overlapped";
+}
+
 const char* adamw_state_dtype_name(AdamWStateDType d) {
     return d == AdamWStateDType::kBF16 ? "bf16" : "fp32";
 }

@@ -43,10 +43,18 @@ enum class AdamWStateDType { kF32, kBF16 };
 const char* adamw_state_dtype_name(AdamWStateDType d);  // "fp32" | "bf16"
 size_t adamw_state_dtype_bytes(AdamWStateDType d);      // 4 | 2
 
+// optimizer.offload_schedule: how the offloaded step meets the GPU's (optim/host_optimizer.h):
+// serial (whole-vector copies after the backward, the CPU update, then the next forward) or
+// overlapped (unit by unit: gradient copies during the backward, the update on a worker thread
+// while the next forward waits per layer). Same bits.
+enum class OffloadSchedule { kSerial, kOverlapped };
+const char* offload_schedule_name(OffloadSchedule s);  // "serial" | "overlapped"
+
 struct OffloadSettings {
     OptimizerOffload offload = OptimizerOffload::kNone;
     double fraction = 1.0;  // optimizer.offload_fraction, in (0, 1]
     AdamWStateDType state_dtype = AdamWStateDType::kF32;
+    OffloadSchedule schedule = OffloadSchedule::kOverlapped;
 };
 
 struct HostMemoryPlan {

@@ -1,12 +1,17 @@
 #include "optim/host_optimizer.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "ops/cuda/cuda_state.h"
 #include "ops/cuda/memory.h"
 #include "optim/optimizer_state.h"
 
@@ -29,57 +34,332 @@ Result<std::shared_ptr<void>> host_block(size_t bytes, bool pinned) {
     return std::shared_ptr<void>(p, std::free);
 }
 
+// Consecutive stepped segments (arena order) whose entries are adjacent in the model's entry
+// list, merged: the ranges the bf16 weights are copied back over (the gap between two adjacent
+// entries is alignment padding, zero in staging and in the compute copy alike).
+// `entry_offsets`: every entry's offset, ascending.
+void append_runs(std::span<const AdamWSegment> segments, const std::vector<int64_t>& entry_offsets,
+                 std::vector<FlatRange>& runs) {
+    size_t last = 0;
+    for (size_t i = 0; i < segments.size(); ++i) {
+        const AdamWSegment& g = segments[i];
+        const size_t e =
+            size_t(std::lower_bound(entry_offsets.begin(), entry_offsets.end(), g.offset) -
+                   entry_offsets.begin());
+        if (i > 0 && e == last + 1 && runs.back().end <= g.offset)
+            runs.back().end = g.offset + g.count;
+        else
+            runs.push_back(FlatRange{g.offset, g.offset + g.count});
+        last = e;
+    }
+}
+
 }  // namespace
 
 struct HostOptimizer::Impl {
     bool cuda = false;
+    OffloadSchedule schedule = OffloadSchedule::kSerial;
+    int64_t total = 0;
+    AdamWStateDType state_dtype = AdamWStateDType::kF32;
+    Model* model = nullptr;
     std::shared_ptr<void> masters, m, v, landing, staging;
     CpuAdamW adamw;
+    std::vector<int64_t> entry_offsets;  // every parameter entry's arena offset, ascending
+
+    // ---- overlapped schedule (host_optimizer.h) ----
+    std::vector<FlatRange> units;  // ShardLayout's arena units: forward order
+    // The update handed to the worker: per unit its segments and its weight copy ranges.
+    std::vector<std::vector<AdamWSegment>> unit_segments;
+    std::vector<std::vector<FlatRange>> unit_runs;
+    AdamWHyper hyper;
+    int64_t adam_step = 0;
+    float norm = 0.0f, max_grad_norm = 0.0f;
+    // Worker state, under `mu`: a job posted, units done of it, the job over, stop.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool job_posted = false, job_running = false, quit = false;
+    size_t done = 0;
+    std::thread worker;
+    // Main thread only: an update is in flight (step() to finish()); its units uploaded (H2D
+    // enqueued) so far; gradient copies armed for the next backward, the back unit copied, the
+    // copies of a backward all enqueued.
+    bool in_flight = false;
+    size_t uploaded = 0;
+    std::vector<char> awaited;  // per unit: a forward waited for it since the update was posted
+    bool armed = false, back_copied = false, landed_valid = false;
+    // CUDA: the last gradient copy; each unit's weight copy; the wait timing pairs.
+    std::optional<CudaEvent> landed;
+    std::vector<CudaEvent> unit_uploaded;
+    bool wait_timing = false;
+    std::vector<CudaEvent> wait_begin, wait_end;
+    std::vector<char> wait_recorded;
+
     explicit Impl(CpuAdamW a) : adamw(std::move(a)) {}
-    CpuAdamWBuffers buffers(int64_t n, AdamWStateDType dtype, const float* grads) const {
+    CpuAdamWBuffers buffers(const float* grads) const {
         CpuAdamWBuffers b;
-        b.numel = n;
+        b.numel = total;
         b.params = static_cast<float*>(masters.get());
         b.m = m.get();
         b.v = v.get();
         b.grads = grads;
         b.params_bf16 = static_cast<bf16*>(staging.get());
-        b.state_dtype = dtype;
+        b.state_dtype = state_dtype;
         return b;
     }
+    float* landing_f32() const { return static_cast<float*>(landing.get()); }
+
+    void run_worker();
+    void post(std::span<const AdamWSegment> segments);
+    void wait_done(size_t unit);
+    void upload_done();
+    void finish();
+    void copy_grads(size_t unit);
+    void on_grads_ready(int layer);
+    void on_weights_needed(int piece);
+    void shutdown();
 };
+
+// The worker: each posted update, unit by unit in forward order.
+void HostOptimizer::Impl::run_worker() {
+    std::unique_lock lock(mu);
+    for (;;) {
+        cv.wait(lock, [&] { return job_posted || quit; });
+        if (quit) return;
+        job_posted = false;
+        lock.unlock();
+        const bool clip = max_grad_norm > 0.0f;
+        float* params = cuda ? nullptr : model->params_flat().as<float>();
+        const float* src = static_cast<const float*>(masters.get());
+        for (size_t u = 0; u < units.size(); ++u) {
+            if (!unit_segments[u].empty())
+                adamw.step(buffers(landing_f32()), unit_segments[u], hyper, adam_step,
+                           clip ? &norm : nullptr, max_grad_norm);
+            // CPU: the model computes with f32 weights, the masters' copy.
+            if (params != nullptr)
+                for (const FlatRange& r : unit_runs[u])
+                    std::memcpy(params + r.begin, src + r.begin, size_t(r.size()) * sizeof(float));
+            lock.lock();
+            done = u + 1;
+            lock.unlock();
+            cv.notify_all();
+        }
+        lock.lock();
+        job_running = false;
+        cv.notify_all();
+    }
+}
+
+void HostOptimizer::Impl::post(std::span<const AdamWSegment> segments) {
+    for (auto& s : unit_segments) s.clear();
+    for (auto& r : unit_runs) r.clear();
+    // Each segment lies inside one unit (units are runs of whole entries).
+    size_t u = 0;
+    for (const AdamWSegment& g : segments) {
+        while (u + 1 < units.size() && g.offset >= units[u].end) ++u;
+        while (u > 0 && g.offset < units[u].begin) --u;
+        LATHE_CHECK(g.offset >= units[u].begin && g.offset + g.count <= units[u].end,
+                    "segment [{}, {}) outside the arena's units", g.offset, g.offset + g.count);
+        unit_segments[u].push_back(g);
+    }
+    for (size_t i = 0; i < units.size(); ++i)
+        append_runs(unit_segments[i], entry_offsets, unit_runs[i]);
+    {
+        std::lock_guard lock(mu);
+        done = 0;
+        job_posted = job_running = true;
+    }
+    cv.notify_all();
+    in_flight = true;
+    uploaded = 0;
+    awaited.assign(units.size(), 0);
+}
+
+void HostOptimizer::Impl::wait_done(size_t unit) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done > unit; });
+}
+
+// CUDA: the H2D copies of every unit the worker has done and that is not uploaded yet.
+void HostOptimizer::Impl::upload_done() {
+    if (!cuda) return;
+    size_t now;
+    {
+        std::lock_guard lock(mu);
+        now = done;
+    }
+    CUstream_st* copy = cuda_state_of(model->context(), "optimizer offload").copy_stream();
+    const TensorView compute = model->params_compute_flat();
+    const bf16* stage = static_cast<const bf16*>(staging.get());
+    for (; uploaded < now; ++uploaded) {
+        for (const FlatRange& r : unit_runs[uploaded])
+            cuda_copy_async(
+                compute.slice(r.begin, r.end),
+                ConstTensorView(stage + r.begin, DType::kBF16, Shape{r.size()}, Device::kCpu),
+                copy);
+        unit_uploaded[uploaded].record(copy);
+    }
+}
+
+void HostOptimizer::Impl::finish() {
+    if (!in_flight) return;
+    {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return !job_running; });
+    }
+    upload_done();
+    if (cuda) {
+        CudaState& st = cuda_state_of(model->context(), "optimizer offload");
+        st.wait_for(st.stream(), st.copy_stream());
+    }
+    in_flight = false;
+}
+
+void HostOptimizer::Impl::copy_grads(size_t unit) {
+    const FlatRange r = units[unit];
+    if (r.size() == 0) return;
+    // The worker reads the unit's landing gradients until it has stepped the unit (the forward
+    // before this backward waited for every unit: no wait in practice).
+    if (in_flight) wait_done(unit);
+    const TensorView grads = model->grads_flat();
+    if (cuda) {
+        cuda_copy_async(
+            TensorView(landing_f32() + r.begin, DType::kF32, Shape{r.size()}, Device::kCpu),
+            grads.slice(r.begin, r.end),
+            cuda_state_of(model->context(), "optimizer offload").copy_stream());
+    } else {
+        std::memcpy(landing_f32() + r.begin, grads.as<float>() + r.begin,
+                    size_t(r.size()) * sizeof(float));
+    }
+}
+
+// Gradients-ready hook: layer l's unit (and the back unit, final since the LM head's and the
+// final norm's backward ran before the layers'), then the front unit.
+void HostOptimizer::Impl::on_grads_ready(int layer) {
+    if (!armed) return;
+    if (cuda) {
+        CudaState& st = cuda_state_of(model->context(), "optimizer offload");
+        st.wait_for(st.copy_stream(), st.stream());
+    }
+    const size_t back = units.size() - 1;
+    if (!back_copied) {
+        copy_grads(back);
+        back_copied = true;
+    }
+    if (layer >= 0) {
+        copy_grads(size_t(layer) + 1);
+        return;
+    }
+    copy_grads(0);
+    if (cuda) landed->record(cuda_state_of(model->context(), "optimizer offload").copy_stream());
+    armed = false;
+    landed_valid = true;
+}
+
+// Weights-needed hook: the unit of `piece` done by the worker, its copy waited for.
+void HostOptimizer::Impl::on_weights_needed(int piece) {
+    if (!in_flight) return;
+    const size_t u = piece == Model::kInputWeights    ? 0
+                     : piece == Model::kOutputWeights ? units.size() - 1
+                                                      : size_t(piece) + 1;
+    if (awaited[u]) return;
+    awaited[u] = 1;
+    CUstream_st* compute = model->context().stream;
+    // Recorded before the host waits: the GPU's idle time from the end of the work enqueued so
+    // far to the weights' arrival.
+    if (cuda && wait_timing) wait_begin[u].record(compute);
+    wait_done(u);
+    upload_done();
+    if (cuda) {
+        unit_uploaded[u].wait(compute);
+        if (wait_timing) {
+            wait_end[u].record(compute);
+            wait_recorded[u] = 1;
+        }
+    }
+}
+
+void HostOptimizer::Impl::shutdown() {
+    if (schedule != OffloadSchedule::kOverlapped) return;
+    finish();
+    {
+        std::lock_guard lock(mu);
+        quit = true;
+    }
+    cv.notify_all();
+    if (worker.joinable()) worker.join();
+    model->set_grads_ready_hook({});
+    model->set_weights_needed_hook({});
+}
 
 HostOptimizer::HostOptimizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HostOptimizer::HostOptimizer(HostOptimizer&&) noexcept = default;
-HostOptimizer& HostOptimizer::operator=(HostOptimizer&&) noexcept = default;
-HostOptimizer::~HostOptimizer() = default;
+HostOptimizer& HostOptimizer::operator=(HostOptimizer&& other) noexcept {
+    if (this != &other) {
+        if (impl_) impl_->shutdown();
+        impl_ = std::move(other.impl_);
+        total_ = other.total_;
+        state_dtype_ = other.state_dtype_;
+        schedule_ = other.schedule_;
+    }
+    return *this;
+}
+HostOptimizer::~HostOptimizer() {
+    if (impl_) impl_->shutdown();
+}
 
 Result<HostOptimizer> HostOptimizer::create_for(Model& model, AdamWStateDType state_dtype,
-                                                int threads) {
+                                                int threads, OffloadSchedule schedule) {
     if (!model.training() || !model.plan().shape.masters_on_host)
         return failed_precondition_error(
             "optimizer offload: the model was not created with its masters on the host");
     LATHE_ASSIGN_OR_RETURN(CpuAdamW adamw, CpuAdamW::create(threads));
     auto impl = std::make_unique<Impl>(std::move(adamw));
     impl->cuda = model.context().backend == Backend::kCuda;
+    impl->schedule = schedule;
+    impl->model = &model;
     const int64_t n = model.params_total();
+    impl->total = n;
+    impl->state_dtype = state_dtype;
+    const bool overlapped = schedule == OffloadSchedule::kOverlapped;
     const size_t sb = adamw_state_dtype_bytes(state_dtype);
     LATHE_ASSIGN_OR_RETURN(impl->masters, host_block(size_t(n) * sizeof(float), impl->cuda));
     LATHE_ASSIGN_OR_RETURN(impl->m, host_block(size_t(n) * sb, impl->cuda));
     LATHE_ASSIGN_OR_RETURN(impl->v, host_block(size_t(n) * sb, impl->cuda));
+    if (impl->cuda || overlapped) {
+        LATHE_ASSIGN_OR_RETURN(impl->landing, host_block(size_t(n) * sizeof(float), impl->cuda));
+    }
     if (impl->cuda) {
-        LATHE_ASSIGN_OR_RETURN(impl->landing, host_block(size_t(n) * sizeof(float), true));
         LATHE_ASSIGN_OR_RETURN(impl->staging, host_block(size_t(n) * sizeof(bf16), true));
+        // The padding between entries is copied with them (append_runs): zero, as on the device.
+        std::memset(impl->staging.get(), 0, size_t(n) * sizeof(bf16));
     }
     std::memset(impl->masters.get(), 0, size_t(n) * sizeof(float));
+    for (const AdamWSegment& g : model.adamw_segments(0.0, 0.0))
+        impl->entry_offsets.push_back(g.offset);
+    std::sort(impl->entry_offsets.begin(), impl->entry_offsets.end());
     const AdamWSegment all{0, n, 0.0, 0.0};
     // zero_state writes the moments alone; the gradients it is given are not read.
-    impl->adamw.zero_state(
-        impl->buffers(n, state_dtype, static_cast<const float*>(impl->masters.get())),
-        std::span(&all, 1));
+    impl->adamw.zero_state(impl->buffers(static_cast<const float*>(impl->masters.get())),
+                           std::span(&all, 1));
+    if (overlapped) {
+        impl->units = model.plan().shards.arena;
+        LATHE_CHECK(impl->units.size() == size_t(model.config().num_layers) + 2,
+                    "{} units for {} layers", impl->units.size(), model.config().num_layers);
+        impl->unit_segments.resize(impl->units.size());
+        impl->unit_runs.resize(impl->units.size());
+        if (impl->cuda) {
+            impl->landed.emplace();
+            impl->unit_uploaded.resize(impl->units.size());
+        }
+        Impl* p = impl.get();
+        impl->worker = std::thread([p] { p->run_worker(); });
+        model.set_grads_ready_hook([p](int layer) { p->on_grads_ready(layer); });
+        model.set_weights_needed_hook([p](int piece) { p->on_weights_needed(piece); });
+    }
     HostOptimizer out(std::move(impl));
     out.total_ = n;
     out.state_dtype_ = state_dtype;
+    out.schedule_ = schedule;
     model.attach_host_masters(out.masters());
     return out;
 }
@@ -90,36 +370,109 @@ std::span<float> HostOptimizer::masters() const {
 
 void HostOptimizer::step(Model& model, std::span<const AdamWSegment> segments,
                          const AdamWHyper& hyper, int64_t step, float norm, float max_grad_norm) {
-    LATHE_CHECK(model.params_total() == total_, "a model of {} parameters, an optimizer of {}",
+    LATHE_CHECK(model.params_total() == total_ && &model == impl_->model,
+                "a model of {} parameters, an optimizer of {} created for another",
                 model.params_total(), total_);
+    Impl& im = *impl_;
+    im.finish();
+    const bool clip = max_grad_norm > 0.0f;
+    if (schedule_ == OffloadSchedule::kOverlapped) {
+        // The gradients in landing: the armed backward's copies, waited for, or all of them now.
+        if (im.landed_valid) {
+            if (im.cuda) im.landed->synchronize();
+        } else if (im.cuda) {
+            cuda_copy_async(TensorView(im.landing_f32(), DType::kF32, Shape{total_}, Device::kCpu),
+                            model.grads_flat(), model.context().stream);
+            model.synchronize();
+        } else {
+            std::memcpy(im.landing_f32(), model.grads_flat().as<float>(),
+                        size_t(total_) * sizeof(float));
+        }
+        im.landed_valid = false;
+        im.armed = false;
+        im.hyper = hyper;
+        im.adam_step = step;
+        im.norm = norm;
+        im.max_grad_norm = max_grad_norm;
+        if (im.cuda) {
+            // The weight copies go after every compute-stream read of the weights enqueued so far.
+            CudaState& st = cuda_state_of(model.context(), "optimizer offload");
+            st.wait_for(st.copy_stream(), st.stream());
+        }
+        im.post(segments);
+        return;
+    }
     const float* grads = nullptr;
-    if (impl_->cuda) {
+    if (im.cuda) {
         // The whole step's gradients, then the wait (the norm's read back already waited for the
         // backward; this waits for the copy).
-        float* landing = static_cast<float*>(impl_->landing.get());
-        cuda_copy_async(TensorView(landing, DType::kF32, Shape{total_}, Device::kCpu),
+        cuda_copy_async(TensorView(im.landing_f32(), DType::kF32, Shape{total_}, Device::kCpu),
                         model.grads_flat(), model.context().stream);
         model.synchronize();
-        grads = landing;
+        grads = im.landing_f32();
     } else {
         grads = model.grads_flat().as<float>();
     }
-    const bool clip = max_grad_norm > 0.0f;
-    impl_->adamw.step(impl_->buffers(total_, state_dtype_, grads), segments, hyper, step,
-                      clip ? &norm : nullptr, max_grad_norm);
-    if (impl_->cuda) {
-        // Enqueued: the next forward, on the same stream, reads the weights after the copy.
-        cuda_copy_async(
-            model.params_compute_flat(),
-            ConstTensorView(impl_->staging.get(), DType::kBF16, Shape{total_}, Device::kCpu),
-            model.context().stream);
+    im.adamw.step(im.buffers(grads), segments, hyper, step, clip ? &norm : nullptr, max_grad_norm);
+    if (im.cuda) {
+        // Enqueued: the next forward, on the same stream, reads the weights after the copies.
+        std::vector<FlatRange> runs;
+        append_runs(segments, im.entry_offsets, runs);
+        const TensorView compute = model.params_compute_flat();
+        const bf16* stage = static_cast<const bf16*>(im.staging.get());
+        for (const FlatRange& r : runs)
+            cuda_copy_async(
+                compute.slice(r.begin, r.end),
+                ConstTensorView(stage + r.begin, DType::kBF16, Shape{r.size()}, Device::kCpu),
+                model.context().stream);
     } else {
-        std::memcpy(model.params_flat().data(), impl_->masters.get(),
-                    size_t(total_) * sizeof(float));
+        std::memcpy(model.params_flat().data(), im.masters.get(), size_t(total_) * sizeof(float));
     }
 }
 
+void HostOptimizer::arm_gradient_copies() {
+    if (schedule_ != OffloadSchedule::kOverlapped) return;
+    // No finish(): with one micro-batch this precedes the forward that overlaps the update.
+    impl_->armed = true;
+    impl_->back_copied = false;
+    impl_->landed_valid = false;
+}
+
+void HostOptimizer::before_zero_grads() {
+    if (schedule_ != OffloadSchedule::kOverlapped || !impl_->cuda) return;
+    impl_->landed->wait(impl_->model->context().stream);
+}
+
+void HostOptimizer::finish() {
+    impl_->finish();
+}
+
+void HostOptimizer::set_wait_timing(bool on) {
+    Impl& im = *impl_;
+    if (!im.cuda || schedule_ != OffloadSchedule::kOverlapped) return;
+    im.wait_timing = on;
+    if (on && im.wait_begin.empty()) {
+        for (size_t u = 0; u < im.units.size(); ++u) {
+            im.wait_begin.emplace_back(CudaEvent::Timing::kOn);
+            im.wait_end.emplace_back(CudaEvent::Timing::kOn);
+        }
+        im.wait_recorded.assign(im.units.size(), 0);
+    }
+}
+
+double HostOptimizer::take_weight_wait_ms() {
+    Impl& im = *impl_;
+    double ms = 0.0;
+    for (size_t u = 0; u < im.wait_recorded.size(); ++u) {
+        if (!im.wait_recorded[u]) continue;
+        ms += double(CudaEvent::elapsed_ms(im.wait_begin[u], im.wait_end[u]));
+        im.wait_recorded[u] = 0;
+    }
+    return ms;
+}
+
 Status HostOptimizer::save_state(const std::string& path) {
+    impl_->finish();
     const size_t n = size_t(total_);
     if (state_dtype_ == AdamWStateDType::kF32)
         return optimizer_state_write(path, std::span(static_cast<const float*>(impl_->m.get()), n),
@@ -137,6 +490,7 @@ Status HostOptimizer::save_state(const std::string& path) {
 
 Status HostOptimizer::load_state(const std::string& dir, int64_t used) {
     LATHE_CHECK(used >= 0 && used <= total_, "used {} of a vector of {}", used, total_);
+    impl_->finish();
     const size_t n = size_t(total_), u = size_t(used);
     if (state_dtype_ == AdamWStateDType::kF32) {
         const FlatRange all{0, used};
@@ -168,6 +522,7 @@ Status HostOptimizer::load_state(const std::string& dir, int64_t used) {
 }
 
 void HostOptimizer::read_state(std::span<float> exp_avg, std::span<float> exp_avg_sq) const {
+    impl_->finish();
     LATHE_CHECK(int64_t(exp_avg.size()) == total_ && int64_t(exp_avg_sq.size()) == total_,
                 "read_state: {} and {} elements of {}", exp_avg.size(), exp_avg_sq.size(), total_);
     const size_t n = size_t(total_);
@@ -185,6 +540,7 @@ void HostOptimizer::read_state(std::span<float> exp_avg, std::span<float> exp_av
 }
 
 void HostOptimizer::write_state(std::span<const float> exp_avg, std::span<const float> exp_avg_sq) {
+    impl_->finish();
     LATHE_CHECK(int64_t(exp_avg.size()) == total_ && int64_t(exp_avg_sq.size()) == total_,
                 "write_state: {} and {} elements of {}", exp_avg.size(), exp_avg_sq.size(), total_);
     const size_t n = size_t(total_);

@@ -8,20 +8,51 @@
 //   masters   (P) f32          the master weights; the model reads and writes its entries here
 //                              (Model::attach_host_masters, done by create_for)
 //   m, v      (P) f32 or bf16  AdamW's moments, as optimizer.state_dtype
-//   landing   (P) f32          CUDA: the step's gradients copied from the device
+//   landing   (P) f32          CUDA, and the CPU backend's overlapped schedule: the step's
+//                              gradients copied from the model's gradient arena
 //   staging   (P) bf16         CUDA: the updated weights' bf16 copy, copied to the device
 // On CUDA every buffer is pinned (PinnedHostBuffer: cudaMallocHost), so the copies run at the
-// link's speed; on the CPU backend they are plain host memory, there is no landing buffer (the
-// model's gradients are host memory already) and no staging (the model computes with f32
-// weights, which step() copies from the masters).
+// link's speed; on the CPU backend they are plain host memory, there is no staging (the model
+// computes with f32 weights, copied from the masters) and the serial schedule has no landing
+// buffer (it reads the model's gradients, host memory already).
 //
-// One step (step()): after the backward and the gradient norm (TrainStep::gradients), the whole
-// gradient vector goes device -> landing in one copy on the model's stream, waited for; CpuAdamW
-// updates masters and moments over the segments and writes the bf16 copy into staging; staging
-// goes host -> device in one copy on the model's stream, enqueued (the next forward, on the same
-// stream, runs after it; the next step's gradient copy waits for it before staging is written
-// again). Clipping uses the norm read back, the float the device optimizer clips by, so the
-// update is bitwise the device optimizer's (CpuAdamW's math is ops/adamw.h's).
+// Clipping needs the global gradient norm before any update: the norm comes from the GPU
+// (grad_norm over every gradient, the f32 TrainStep::gradients reads back once the backward is
+// done), the float the device optimizer clips by, so the update is bitwise the device
+// optimizer's (CpuAdamW's math is ops/adamw.h's). Nothing is updated speculatively. Two
+// schedules (optimizer.offload_schedule, OffloadSchedule in model/host_memory_plan.h) give the
+// same bits:
+//
+// Serial (step()): the whole gradient vector goes device -> landing in one copy on the model's
+// stream, waited for; CpuAdamW updates masters and moments over the segments and writes the bf16
+// copy into staging; staging goes host -> device on the model's stream, enqueued (the next
+// forward, on the same stream, runs after it).
+//
+// Overlapped: the units of the parameter arena (ShardLayout: the embeddings, each layer, the
+// final norm and LM head) move one by one.
+//   * Gradients: arm_gradient_copies() (TrainStep, before the step's last micro-batch) makes the
+//     gradients-ready hook copy each unit's gradients D2H into landing on the copy stream as
+//     soon as its backward is enqueued (the copy stream waits for an event of the compute stream
+//     recorded there): the back unit and layer L-1 at the hook's first call, then each layer,
+//     the front unit last; an event marks the last copy.
+//   * Update: step() waits for that event (the front unit, the last the backward writes, lands
+//     just after the backward: the CPU cannot start the forward-order update sooner) and hands
+//     the update to a worker thread, which steps the units in forward order (front, layer 0, ...,
+//     back), each with the segments inside it, and marks each unit done; step() returns at once.
+//   * Weights: the weights-needed hook, before each piece of the next forward (or any forward),
+//     waits on the host until the worker has done that unit, enqueues the H2D copies of staging
+//     for every unit done so far on the copy stream (one event each), and makes the compute
+//     stream wait for its unit's event only: layer l computes while the CPU steps layer l + 1.
+//     On the CPU backend the worker copies each unit's masters into the model's f32 weights and
+//     the hook waits for the unit on the host; the gradients go to landing by memcpy in the hook.
+//   * finish() waits for the worker, enqueues what is left and orders the compute stream after
+//     every copy: step() (of the next step), save_state, load_state, read/write_state and the
+//     destructor call it; a caller reading the masters (a checkpoint's model.safetensors) first.
+// The H2D copies cover the stepped segments only (adjacent entries merged into one copy), so
+// frozen entries keep the weights they were written with.
+// The next step's gradient copies rewrite a unit's landing gradients only once the worker has
+// stepped that unit (the forward before the backward waited for every unit); the compute
+// stream's next zero_grads waits for the landing event (before_zero_grads).
 //
 // Checkpoints: save_state()/load_state() write and read optim/optimizer_state.h's full file, the
 // one the device optimizer of one process writes (the moments as f32 over the whole vector: bf16
@@ -31,8 +62,10 @@
 // elements, so neither holds a copy of the state.
 // read_state()/write_state() copy the moments as f32 (tests).
 //
-// Ownership: move-only; owns its buffers and CpuAdamW's threads. The model it was created for
-// must outlive it or detach the masters (attach_host_masters({})) first.
+// Ownership: move-only; owns its buffers, CpuAdamW's threads and the overlapped schedule's worker
+// thread; the overlapped schedule sets the model's gradients-ready and weights-needed hooks and
+// the destructor unsets them. The model it was created for must outlive it and not move (the
+// hooks and the worker hold its address).
 
 #include <cstdint>
 #include <memory>
@@ -52,22 +85,44 @@ public:
     // Buffers for every parameter of `model` (created with ModelShape::masters_on_host, checked:
     // kFailedPrecondition), moments of `state_dtype` zeroed, masters zero and attached to the
     // model. threads: CpuAdamW's (0: every core). Errors: allocation failure, CpuAdamW's.
-    static Result<HostOptimizer> create_for(Model& model, AdamWStateDType state_dtype,
-                                            int threads = 0);
+    // schedule: serial or overlapped (file comment); overlapped sets the model's hooks.
+    static Result<HostOptimizer> create_for(
+        Model& model, AdamWStateDType state_dtype, int threads = 0,
+        OffloadSchedule schedule = OffloadSchedule::kOverlapped);
 
     HostOptimizer(HostOptimizer&&) noexcept;
     HostOptimizer& operator=(HostOptimizer&&) noexcept;
     ~HostOptimizer();
 
     int64_t total() const { return total_; }
+    OffloadSchedule schedule() const { return schedule_; }
     AdamWStateDType state_dtype() const { return state_dtype_; }
+    // The f32 masters; with an overlapped update in flight, finish() first to read its result.
     std::span<float> masters() const;
 
     // One AdamW update number `step` of `segments` (Model::adamw_segments) with the gradients in
     // `model`'s gradient arena (file comment). norm: the global gradient norm read back; with
-    // max_grad_norm > 0 the gradients count as clipped by it.
+    // max_grad_norm > 0 the gradients count as clipped by it. Overlapped: returns once the update
+    // is handed to the worker (the gradients of a backward without arm_gradient_copies() are
+    // copied whole first).
     void step(Model& model, std::span<const AdamWSegment> segments, const AdamWHyper& hyper,
               int64_t step, float norm, float max_grad_norm);
+
+    // Overlapped schedule (no-ops in the serial one), file comment:
+    // the next backward's gradients-ready hook copies the gradients unit by unit (call before
+    // the step's last micro-batch, also before its forward: the update in flight goes on).
+    void arm_gradient_copies();
+    // The compute stream waits for the gradient copies of the last armed backward (enqueued, no
+    // host wait): call before the gradients are zeroed.
+    void before_zero_grads();
+    // Waits for the update in flight and orders the compute stream after its weight copies.
+    void finish();
+    // Timing of the forward's waits for the CPU (CUDA, for lathe bench): with `on`, the
+    // weights-needed hook records timing events around its wait; take_weight_wait_ms() gives
+    // the GPU's stalled milliseconds since the last call (call after the compute stream is
+    // synchronized) and starts again at 0.
+    void set_wait_timing(bool on);
+    double take_weight_wait_ms();
 
     // Writes the full optimizer state file `path` (optimizer_state_write's bytes).
     Status save_state(const std::string& path);
@@ -86,6 +141,7 @@ private:
     std::unique_ptr<Impl> impl_;
     int64_t total_ = 0;
     AdamWStateDType state_dtype_ = AdamWStateDType::kF32;
+    OffloadSchedule schedule_ = OffloadSchedule::kSerial;
 };
 
 }  // namespace lathe

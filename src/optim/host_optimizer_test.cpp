@@ -1,8 +1,11 @@
 // HostOptimizer on the CPU backend: over a model created with its masters on the host, three
 // steps give the bits of AdamWOptimizer over the same model with device-side masters (with and
-// without clipping, fp32 moments); the model's entry reads and writes go through the host
-// masters; bf16 moments round on write_state and widen exactly on read_state; creation refuses a
-// model that keeps its masters.
+// without clipping, fp32 moments, both schedules); the overlapped schedule (gradients copied unit
+// by unit from the gradients-ready hook, the update on the worker thread while the next forward
+// waits per unit) gives the serial schedule's bits over steps of two micro-batches with a frozen
+// entry, fp32 and bf16 moments; the model's entry reads and writes go through the host masters;
+// bf16 moments round on write_state and widen exactly on read_state; creation refuses a model
+// that keeps its masters.
 
 #include "optim/host_optimizer.h"
 
@@ -36,51 +39,129 @@ bool same_bits(const float* a, const float* b, int64_t n) {
 }
 
 TEST(HostOptimizer, StepsAsTheDeviceOptimizerDoes) {
-    for (const float max_norm : {0.0f, 0.05f}) {
-        Model a = make_model(true), b = make_model(false);
-        Result<HostOptimizer> host = HostOptimizer::create_for(a, AdamWStateDType::kF32, 2);
-        ASSERT_TRUE(host.ok()) << host.status().to_string();
-        a.init(5);  // after create_for: init writes the host masters
-        b.init(5);
-        const int64_t n = b.params_flat().numel();
-        ASSERT_EQ(host->total(), n);
-        EXPECT_TRUE(same_bits(host->masters().data(), b.params_flat().as<float>(), n));
-        Result<AdamWOptimizer> dev = AdamWOptimizer::create_for(b);
-        ASSERT_TRUE(dev.ok()) << dev.status().to_string();
-        const AdamWHyper hyper{0.9, 0.95, 1e-8};
-        for (int step = 1; step <= 3; ++step) {
-            const HostTensor t = ids(2, 8, 64, step), y = ids(2, 8, 64, step + 7);
-            const ModelBatch batch{t.view(), y.view(), {}, {}};
-            float norms[2];
-            int i = 0;
-            for (Model* model : {&a, &b}) {
-                model->zero_grads();
-                model->forward_backward(batch);
-                norms[i++] = model->grad_norm();
+    for (const OffloadSchedule schedule : {OffloadSchedule::kSerial, OffloadSchedule::kOverlapped})
+        for (const float max_norm : {0.0f, 0.05f}) {
+            Model a = make_model(true), b = make_model(false);
+            Result<HostOptimizer> host =
+                HostOptimizer::create_for(a, AdamWStateDType::kF32, 2, schedule);
+            ASSERT_TRUE(host.ok()) << host.status().to_string();
+            a.init(5);  // after create_for: init writes the host masters
+            b.init(5);
+            const int64_t n = b.params_flat().numel();
+            ASSERT_EQ(host->total(), n);
+            EXPECT_TRUE(same_bits(host->masters().data(), b.params_flat().as<float>(), n));
+            Result<AdamWOptimizer> dev = AdamWOptimizer::create_for(b);
+            ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+            const AdamWHyper hyper{0.9, 0.95, 1e-8};
+            for (int step = 1; step <= 3; ++step) {
+                const HostTensor t = ids(2, 8, 64, step), y = ids(2, 8, 64, step + 7);
+                const ModelBatch batch{t.view(), y.view(), {}, {}};
+                float norms[2];
+                int i = 0;
+                for (Model* model : {&a, &b}) {
+                    model->zero_grads();
+                    model->forward_backward(batch);
+                    norms[i++] = model->grad_norm();
+                }
+                ASSERT_EQ(norms[0], norms[1]);
+                if (max_norm > 0) {
+                    EXPECT_GT(norms[0], max_norm);  // the clip is exercised
+                }
+                host->step(a, a.adamw_segments(1e-2, 0.1), hyper, step, norms[0], max_norm);
+                dev->step(optimizer_target(b), b.adamw_segments(1e-2, 0.1), hyper, step, max_norm);
             }
-            ASSERT_EQ(norms[0], norms[1]);
-            if (max_norm > 0) {
-                EXPECT_GT(norms[0], max_norm);  // the clip is exercised
-            }
-            host->step(a, a.adamw_segments(1e-2, 0.1), hyper, step, norms[0], max_norm);
-            dev->step(optimizer_target(b), b.adamw_segments(1e-2, 0.1), hyper, step, max_norm);
+            host->finish();  // overlapped: the last update reaches the masters and the weights
+            EXPECT_TRUE(same_bits(host->masters().data(), b.params_flat().as<float>(), n));
+            // The weights the CPU model computes with are the masters.
+            EXPECT_TRUE(same_bits(a.params_flat().as<float>(), b.params_flat().as<float>(), n));
+            const size_t count = static_cast<size_t>(n);
+            std::vector<float> m(count), v(count);
+            host->read_state(m, v);
+            EXPECT_TRUE(same_bits(m.data(), dev->exp_avg().as<float>(), n));
+            EXPECT_TRUE(same_bits(v.data(), dev->exp_avg_sq().as<float>(), n));
+            // Entry reads come from the host masters.
+            const size_t e = a.params().entries()[0].arena_index;
+            const ArenaEntry& ae = a.plan().params.entries()[e];
+            HostTensor got(DType::kF32, ae.shape);
+            a.read_param_entry(e, got.view());
+            EXPECT_TRUE(same_bits(got.view().as<float>(),
+                                  host->masters().data() + ae.offset / sizeof(float),
+                                  ae.shape.numel()));
         }
-        EXPECT_TRUE(same_bits(host->masters().data(), b.params_flat().as<float>(), n));
-        // The weights the CPU model computes with are the masters.
-        EXPECT_TRUE(same_bits(a.params_flat().as<float>(), b.params_flat().as<float>(), n));
-        const size_t count = static_cast<size_t>(n);
-        std::vector<float> m(count), v(count);
-        host->read_state(m, v);
-        EXPECT_TRUE(same_bits(m.data(), dev->exp_avg().as<float>(), n));
-        EXPECT_TRUE(same_bits(v.data(), dev->exp_avg_sq().as<float>(), n));
-        // Entry reads come from the host masters.
-        const size_t e = a.params().entries()[0].arena_index;
-        const ArenaEntry& ae = a.plan().params.entries()[e];
-        HostTensor got(DType::kF32, ae.shape);
-        a.read_param_entry(e, got.view());
-        EXPECT_TRUE(same_bits(got.view().as<float>(),
-                              host->masters().data() + ae.offset / sizeof(float),
-                              ae.shape.numel()));
+}
+
+// What one training run leaves: every micro-batch's loss, the norms, masters, the model's
+// weights and both moments.
+struct RunResult {
+    std::vector<float> losses, norms, masters, weights, m, v;
+};
+
+// `steps` steps of TrainStep's sequence (run/train_step.h) over `model` with `host`: two
+// micro-batches (dloss 1/2), the gradient copies armed before the last, entry `frozen` kept out
+// of the update (its gradient zeroed, as the trainer does), clipping at 0.05.
+RunResult train(Model& model, HostOptimizer& host, int steps, size_t frozen) {
+    RunResult r;
+    const AdamWHyper hyper{0.9, 0.95, 1e-8};
+    for (int step = 1; step <= steps; ++step) {
+        host.before_zero_grads();
+        model.zero_grads();
+        for (int k = 0; k < 2; ++k) {
+            const HostTensor t = ids(2, 8, 64, 2 * step + k), y = ids(2, 8, 64, 2 * step + k + 9);
+            if (k == 1) host.arm_gradient_copies();
+            r.losses.push_back(
+                model.forward_backward(ModelBatch{t.view(), y.view(), {}, {}}, 0.5f));
+        }
+        model.zero_grad_entry(frozen);
+        r.norms.push_back(model.grad_norm());
+        std::vector<AdamWSegment> segments = model.adamw_segments(1e-2, 0.1);
+        segments.erase(segments.begin() + std::ptrdiff_t(frozen));
+        host.step(model, segments, hyper, step, r.norms.back(), 0.05f);
+    }
+    host.finish();
+    const size_t n = size_t(host.total());
+    r.masters.assign(host.masters().begin(), host.masters().end());
+    const float* w = model.params_flat().as<float>();
+    r.weights.assign(w, w + n);
+    r.m.resize(n);
+    r.v.resize(n);
+    host.read_state(r.m, r.v);
+    return r;
+}
+
+TEST(HostOptimizer, OverlappedScheduleGivesTheSerialBits) {
+    for (const AdamWStateDType dtype : {AdamWStateDType::kF32, AdamWStateDType::kBF16}) {
+        Model a = make_model(true), b = make_model(true);
+        Result<HostOptimizer> serial =
+            HostOptimizer::create_for(a, dtype, 2, OffloadSchedule::kSerial);
+        Result<HostOptimizer> overlapped =
+            HostOptimizer::create_for(b, dtype, 2, OffloadSchedule::kOverlapped);
+        ASSERT_TRUE(serial.ok()) << serial.status().to_string();
+        ASSERT_TRUE(overlapped.ok()) << overlapped.status().to_string();
+        a.init(11);
+        b.init(11);
+        // A layer's entry: its unit is stepped without it, and its weights stay as written.
+        const size_t frozen = 3;
+        ASSERT_EQ(a.params().entries()[frozen].layer, 0);
+        const RunResult x = train(a, *serial, 4, frozen), y = train(b, *overlapped, 4, frozen);
+        ASSERT_EQ(x.losses.size(), 8u);
+        for (size_t i = 0; i < x.losses.size(); ++i) EXPECT_EQ(x.losses[i], y.losses[i]) << i;
+        for (size_t i = 0; i < x.norms.size(); ++i) {
+            EXPECT_EQ(x.norms[i], y.norms[i]) << i;
+            EXPECT_GT(x.norms[i], 0.05f);  // the clip is exercised
+        }
+        const int64_t n = serial->total();
+        EXPECT_TRUE(same_bits(x.masters.data(), y.masters.data(), n));
+        EXPECT_TRUE(same_bits(x.weights.data(), y.weights.data(), n));
+        EXPECT_TRUE(same_bits(x.m.data(), y.m.data(), n));
+        EXPECT_TRUE(same_bits(x.v.data(), y.v.data(), n));
+        // The frozen entry kept its initial values; the others moved.
+        Model c = make_model(false);
+        c.init(11);
+        const ArenaEntry& fe = a.plan().params.entries()[a.params().entries()[frozen].arena_index];
+        const size_t off = fe.offset / sizeof(float);
+        EXPECT_TRUE(
+            same_bits(y.masters.data() + off, c.params_flat().as<float>() + off, fe.shape.numel()));
+        EXPECT_FALSE(same_bits(y.masters.data(), c.params_flat().as<float>(), n));
     }
 }
 

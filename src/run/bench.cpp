@@ -25,6 +25,7 @@
 #include "model/registry.h"
 #include "ops/adamw.h"
 #include "ops/attention.h"
+#include "ops/cuda/cuda_state.h"
 #include "ops/cuda/device_count.h"
 #include "ops/cuda/fp8_linear.h"
 #include "ops/cuda/kernel_profile.h"
@@ -449,6 +450,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (offload) {
         j["offload"] = "cpu";
         j["state_dtype"] = adamw_state_dtype_name(req.state_dtype);
+        j["offload_schedule"] = offload_schedule_name(req.offload_schedule);
     }
     // The host memory plan of the offloaded optimizer (printed under the device's).
     OffloadSettings offload_settings;
@@ -541,9 +543,11 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (offload) {
         LATHE_ASSIGN_OR_RETURN(const HostMemoryAvailable avail, host_memory_available());
         LATHE_RETURN_IF_ERROR(host_memory_check(host_plan, avail).with_context("--offload cpu"));
-        LATHE_ASSIGN_OR_RETURN(HostOptimizer made,
-                               HostOptimizer::create_for(model, req.state_dtype));
+        LATHE_ASSIGN_OR_RETURN(
+            HostOptimizer made,
+            HostOptimizer::create_for(model, req.state_dtype, /*threads=*/0, req.offload_schedule));
         host_optimizer.emplace(std::move(made));
+        host_optimizer->set_wait_timing(on_cuda);
     }
     // The same parameters on every rank (the same seed), as a broadcast from rank 0 would give.
     model.init(req.seed);
@@ -585,15 +589,52 @@ Result<std::string> bench_run(const BenchRequest& req) {
     int64_t fp8_casts_before = 0;
     TrainStepValues first, last;
     const int64_t total = req.warmup + req.steps;
-    // One training step (s counts from 0), its wall time in ms.
-    const auto one_step = [&](int64_t s) -> Result<double> {
+    // Offload on CUDA (bench.h): timing events around each step's gradients, for the GPU's busy
+    // time; the busy and wall milliseconds of the timed steps.
+    std::optional<CudaEvent> gpu_begin, gpu_end;
+    if (offload && on_cuda) {
+        gpu_begin.emplace(CudaEvent::Timing::kOn);
+        gpu_end.emplace(CudaEvent::Timing::kOn);
+    }
+    double busy_ms_sum = 0.0, wall_ms_sum = 0.0;
+    // Offload: a step's time runs from its start to the next step's (to the end of the last
+    // update for the last step), since the overlapped update of step s ends in step s + 1's
+    // forward; `pending`: the step whose time is known at the next start.
+    struct Pending {
+        int64_t s = -1;
+        std::chrono::steady_clock::time_point t0;
+        double busy_ms = 0.0;
+    } pending;
+    auto record = [&](int64_t s, double ms, double busy_ms) {
+        const bool timed = s >= req.warmup;
+        if (timed) {
+            step_ms.push_back(ms);
+            wait_ms.push_back(last.comm_wait_ms);
+            busy_ms_sum += busy_ms;
+            wall_ms_sum += ms;
+        }
+        log_info("bench: {} step {}/{}: {:.1f} ms{}, loss {:.4f}, grad norm {:.3f}{}",
+                 timed ? "timed" : "warmup", timed ? s - req.warmup + 1 : s + 1,
+                 timed ? req.steps : req.warmup, ms,
+                 gpu_begin ? fmt::format(" (GPU busy {:.1f} ms)", busy_ms) : std::string(),
+                 last.loss, last.norm,
+                 multi ? fmt::format(", comm wait {:.2f} ms", last.comm_wait_ms) : std::string());
+    };
+    auto ms_since = [](std::chrono::steady_clock::time_point t) {
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
+            .count();
+    };
+    for (int64_t s = 0; s < total; ++s) {
         const BatchData& data = batches[size_t(s % int64_t(batches.size()))];
         ModelBatch batch;
         batch.tokens = ConstTensorView(data.tokens.data(), DType::kI32, Shape{B, T});
         batch.targets = ConstTensorView(data.targets.data(), DType::kI32, Shape{B, T});
         const auto t0 = std::chrono::steady_clock::now();
+        if (pending.s >= 0) record(pending.s, ms_since(pending.t0), pending.busy_ms);
+        if (gpu_begin) gpu_begin->record(model.context().stream);
         LATHE_ASSIGN_OR_RETURN(
             last, step->gradients(1, [&](int64_t) -> Result<ModelBatch> { return batch; }));
+        if (gpu_end) gpu_end->record(model.context().stream);
         // Clipping fused into AdamW.
         LATHE_RETURN_IF_ERROR(step->apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip));
         model.synchronize();
@@ -603,23 +644,25 @@ Result<std::string> bench_run(const BenchRequest& req) {
                 "predicts {}: a bug in lathe's fp8 wiring",
                 s + 1, gemms, fp8_gemms_want);
         if (s + 1 == req.warmup) fp8_casts_before = model.fp8_weight_casts();
-        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-            .count();
-    };
-    for (int64_t s = 0; s < total; ++s) {
-        LATHE_ASSIGN_OR_RETURN(const double ms, one_step(s));
+        const double ms = ms_since(t0);
         if (on_cuda && gpu_memory_info(place.ordinal, free_bytes, total_bytes))
             used_peak = std::max(used_peak, total_bytes - free_bytes);
         if (s == 0) first = last;
-        const bool timed = s >= req.warmup;
-        if (timed) {
-            step_ms.push_back(ms);
-            wait_ms.push_back(last.comm_wait_ms);
+        // GPU busy: the compute stream's time from the step's first kernel to the norm, less its
+        // waits for the weights the CPU had not yet updated.
+        const double busy_ms = gpu_begin ? double(CudaEvent::elapsed_ms(*gpu_begin, *gpu_end)) -
+                                               host_optimizer->take_weight_wait_ms()
+                                         : 0.0;
+        if (offload) {
+            pending = Pending{s, t0, busy_ms};
+        } else {
+            record(s, ms, busy_ms);
         }
-        log_info("bench: {} step {}/{}: {:.1f} ms, loss {:.4f}, grad norm {:.3f}{}",
-                 timed ? "timed" : "warmup", timed ? s - req.warmup + 1 : s + 1,
-                 timed ? req.steps : req.warmup, ms, last.loss, last.norm,
-                 multi ? fmt::format(", comm wait {:.2f} ms", last.comm_wait_ms) : std::string());
+    }
+    if (pending.s >= 0) {
+        host_optimizer->finish();
+        model.synchronize();
+        record(pending.s, ms_since(pending.t0), pending.busy_ms);
     }
     // --kernel-breakdown: more steps under CUPTI, after the timed ones (bench.h); the line's
     // loss and fp8 cast count stay the timed steps'.
@@ -634,11 +677,24 @@ Result<std::string> bench_run(const BenchRequest& req) {
         if (std::string e = cuda::kernel_profile_start(); !e.empty())
             return failed_precondition_error("--kernel-breakdown: {}", e);
         std::vector<KernelRecord> records;
+        // The steps as the timed ones run them (the loop above), untimed.
+        const auto profiled_step = [&](int64_t s) -> Status {
+            const BatchData& data = batches[size_t(s % int64_t(batches.size()))];
+            ModelBatch batch;
+            batch.tokens = ConstTensorView(data.tokens.data(), DType::kI32, Shape{B, T});
+            batch.targets = ConstTensorView(data.targets.data(), DType::kI32, Shape{B, T});
+            LATHE_ASSIGN_OR_RETURN(
+                last, step->gradients(1, [&](int64_t) -> Result<ModelBatch> { return batch; }));
+            LATHE_RETURN_IF_ERROR(step->apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip));
+            if (host_optimizer) host_optimizer->finish();
+            model.synchronize();
+            (void)model.fp8_take_gemms();
+            return ok_status();
+        };
         for (int64_t s = 0; s < req.kernel_breakdown_steps; ++s) {
-            Result<double> ms = one_step(total + s);
-            if (!ms.ok()) {
+            if (Status st = profiled_step(total + s); !st.ok()) {
                 (void)cuda::kernel_profile_stop(records);
-                return ms.status();
+                return st;
             }
         }
         model.synchronize();
@@ -701,6 +757,12 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["loss_first"] = first.loss;
     j["loss_last"] = last.loss;
     j["grad_norm_last"] = last.norm;
+    if (offload) {
+        // The step's GPU time over its wall time (timed steps), and the process's peak
+        // resident host memory (the pinned buffers included once touched).
+        if (gpu_begin) j["gpu_busy_fraction"] = busy_ms_sum / wall_ms_sum;
+        j["host_peak_rss_bytes"] = uint64_t(peak_rss_bytes());
+    }
     j["seed"] = req.seed;
     j["deterministic"] = !req.nondeterministic;
     j["requested_device"] = std::string(device_name(req.device));

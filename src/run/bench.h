@@ -65,9 +65,15 @@
 // optimizer.offload: cpu (optim/host_optimizer.h): the model holds no device masters, the
 // HostOptimizer's pinned host buffers (checked against the host's memory first) hold the masters
 // and moments, the step times include the gradients' D2H copy, the CPU AdamW and the bf16
-// weights' H2D copy. --state-dtype bf16 stores the moments in bf16. The line adds offload,
-// state_dtype and host_pinned_bytes (the host memory plan's pinned total); the host plan is
-// printed under the device's table (with --plan-only too).
+// weights' H2D copy. --state-dtype bf16 stores the moments in bf16; --offload-schedule serial or
+// overlapped (optimizer.offload_schedule). A step's time runs from its start to the next step's
+// start (the last: to the end of its update), since the overlapped update ends inside the next
+// step's forward. The line adds offload, state_dtype, offload_schedule, host_pinned_bytes (the
+// host memory plan's pinned total), host_peak_rss_bytes (getrusage's peak resident set) and, on
+// CUDA, gpu_busy_fraction: over the timed steps, the compute stream's time from each step's first
+// forward kernel to its gradient norm (timing events), less the forward's waits for weights the
+// CPU had not yet updated (timing events around each wait, HostOptimizer::set_wait_timing), over
+// the steps' wall time. The host plan is printed under the device's table (with --plan-only too).
 
 #include <cstdint>
 #include <optional>
@@ -107,6 +113,7 @@ struct BenchRequest {
     // (optim/host_optimizer.h), one process; the moments' storage.
     OptimizerOffload offload = OptimizerOffload::kNone;
     AdamWStateDType state_dtype = AdamWStateDType::kF32;
+    OffloadSchedule offload_schedule = OffloadSchedule::kOverlapped;  // --offload-schedule
     // --kernel-breakdown N: N more steps after the timed ones, recorded by CUPTI (CUDA only;
     // kernel_breakdown below); 0: none.
     int64_t kernel_breakdown_steps = 0;

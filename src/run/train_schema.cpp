@@ -106,6 +106,11 @@ ConfigSchema train_config_schema() {
     s.add({"optimizer.offload_fraction", ConfigType::kFloat, "",
            "with optimizer.offload: cpu, the fraction of the parameters offloaded, in (0, 1]; "
            "default 1; lathe train runs 1"});
+    s.add({"optimizer.offload_schedule", ConfigType::kString, "",
+           "with optimizer.offload: cpu: overlapped (default: gradients leave the GPU layer by "
+           "layer during the backward, the CPU steps on a worker thread while the next forward "
+           "waits per layer) | serial (whole-vector copies and the update between the steps); "
+           "same bits"});
     s.add({"optimizer.state_dtype", ConfigType::kString, "",
            "AdamW moment storage: fp32 (default) | bf16 (rounded to nearest even on store); "
            "bf16 needs optimizer.offload: cpu"});

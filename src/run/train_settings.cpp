@@ -27,7 +27,8 @@ Status require_at_least(const Config& c, std::string_view key, int64_t min) {
     return ok_status();
 }
 
-// optimizer.offload / offload_fraction / state_dtype: unset keys take none, 1 and fp32.
+// optimizer.offload / offload_fraction / offload_schedule / state_dtype: unset keys take none, 1,
+// overlapped and fp32.
 Status resolve_offload(const Config& c, OffloadSettings& out) {
     if (c.has("optimizer.offload")) {
         const std::string v = c.get_string("optimizer.offload");
@@ -47,6 +48,17 @@ Status resolve_offload(const Config& c, OffloadSettings& out) {
                 "parameters whose AdamW state lives in host memory), got {}",
                 c.source_of("optimizer.offload_fraction"), f);
         out.fraction = f;
+    }
+    if (c.has("optimizer.offload_schedule")) {
+        const std::string v = c.get_string("optimizer.offload_schedule");
+        if (v == "overlapped")
+            out.schedule = OffloadSchedule::kOverlapped;
+        else if (v == "serial")
+            out.schedule = OffloadSchedule::kSerial;
+        else
+            return invalid_argument_error(
+                "{}: 'optimizer.offload_schedule' is '{}'; choose overlapped or serial",
+                c.source_of("optimizer.offload_schedule"), v);
     }
     if (c.has("optimizer.state_dtype")) {
         const std::string v = c.get_string("optimizer.state_dtype");

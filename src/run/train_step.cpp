@@ -29,6 +29,7 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next,
                                              const std::function<int()>& stop_request) {
     LATHE_CHECK(K >= 1, "a step of {} micro-batches", K);
     const int64_t W = dp_ != nullptr ? dp_->world() : 1;
+    if (host_ != nullptr) host_->before_zero_grads();
     model_.zero_grads();
     losses_.resize(size_t(K));
     int64_t read = 0;
@@ -41,6 +42,7 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next,
         LATHE_ASSIGN_OR_RETURN(const ModelBatch batch, next(k));
         if (k - read == kLossSlots) read_losses(k);
         if (dp_ != nullptr) dp_->begin_micro_batch(k == K - 1);
+        if (host_ != nullptr && k == K - 1) host_->arm_gradient_copies();
         model_.forward_backward_async(batch, dloss, k - read);
     }
     if (dp_ != nullptr) LATHE_RETURN_IF_ERROR(dp_->finish_gradients());

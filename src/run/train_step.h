@@ -30,7 +30,11 @@
 // optimizer ranges and, at ZeRO-1, all-gathers the updated parameters.
 //
 // Optimizer offload (a HostOptimizer given, optim/host_optimizer.h): apply() runs the host
-// optimizer's step, clipped by the norm gradients() read back; everything else is as above.
+// optimizer's step, clipped by the norm gradients() read back; everything else is as above. With
+// the overlapped schedule gradients() arms the per-unit gradient copies before the last
+// micro-batch (and orders zero_grads after the previous step's copies), and apply() returns once
+// the update is handed to the optimizer's worker: the next forward waits for it layer by layer,
+// and a caller that reads the masters (a checkpoint) calls HostOptimizer::finish() first.
 //
 // Ownership: holds references to the model and the optimizer, which must outlive it.
 

@@ -416,7 +416,8 @@ Status Trainer::setup() {
         LATHE_ASSIGN_OR_RETURN(const HostMemoryAvailable avail, host_memory_available());
         LATHE_RETURN_IF_ERROR(host_memory_check(host, avail));
         LATHE_ASSIGN_OR_RETURN(HostOptimizer host_optimizer,
-                               HostOptimizer::create_for(*model_, s_.offload.state_dtype));
+                               HostOptimizer::create_for(*model_, s_.offload.state_dtype,
+                                                         /*threads=*/0, s_.offload.schedule));
         host_optimizer_.emplace(std::move(host_optimizer));
     }
     std::vector<FlatRange> ranges{FlatRange{0, model_->params_total()}};
@@ -685,6 +686,8 @@ Status Trainer::save_checkpoint() {
     LATHE_RETURN_IF_ERROR(agree(begun, "rank 0 starting the checkpoint folder"));
     if (!lead()) dir = ckpt_->partial_path(st_.step);
     const Status written = [&]() -> Status {
+        // Offload, overlapped: the update in flight reaches the masters the files are read from.
+        if (host_optimizer_) host_optimizer_->finish();
         if (dp_) {
             auto guard = watchdog_->arm("the gather of the parameters for the checkpoint");
             LATHE_RETURN_IF_ERROR(dp_->gather_masters());

@@ -1,0 +1,157 @@
+// HostOptimizer on CUDA (CTest label gpu): over GPU models created with their masters on the host,
+// the overlapped schedule (gradients D2H unit by unit on the copy stream from the backward's
+// hook, CpuAdamW on the worker thread, the bf16 weights H2D unit by unit while the next forward
+// waits per unit) and the serial one give the bits of AdamWOptimizer on the device: losses,
+// norms, masters, the bf16 compute copy and both moments, over steps of two micro-batches with
+// clipping, weight decay and a frozen entry (whose compute copy neither schedule rewrites).
+// Exact equality, no tolerance: the kernels are deterministic, the copies move bytes, and
+// CpuAdamW's math is the CUDA kernel's to the bit (optim/cpu_adamw.h).
+// clang-format off
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+// clang-format on
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "model/model.h"
+#include "model/registry.h"
+#include "ops/cuda/cuda_state.h"
+#include "ops/cuda/memory.h"
+#include "optim/adamw_optimizer.h"
+#include "optim/host_optimizer.h"
+
+namespace lathe {
+namespace {
+
+constexpr const char* kLlamaJson = R"({"architectures": ["LlamaForCausalLM"],
+  "model_type": "llama", "vocab_size": 384, "hidden_size": 128, "intermediate_size": 256,
+  "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+  "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+  "tie_word_embeddings": false})";
+
+constexpr int64_t kB = 2, kT = 64;
+constexpr float kMaxNorm = 0.05f;
+constexpr size_t kFrozen = 3;  // an entry of layer 0
+
+class HostOptimizerGpu : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() { state_ = new CudaState(0); }
+    static void TearDownTestSuite() {
+        delete state_;
+        state_ = nullptr;
+    }
+
+    static Model make_model(bool masters_on_host) {
+        Result<ModelConfig> c = model_config_from_hf_json(kLlamaJson, "test/config.json");
+        LATHE_CHECK(c.ok(), "{}", c.status().to_string());
+        ModelShape shape;
+        shape.batch = kB;
+        shape.seq_len = kT;
+        shape.masters_on_host = masters_on_host;
+        Result<Model> m = Model::create(*c, shape, state_->context());
+        LATHE_CHECK(m.ok(), "{}", m.status().to_string());
+        return std::move(*m);
+    }
+
+    static std::vector<uint8_t> bytes(ConstTensorView v) {
+        std::vector<uint8_t> out(v.bytes());
+        cuda_copy_sync(
+            TensorView(out.data(), DType::kU8, Shape{int64_t(out.size())}),
+            ConstTensorView(v.data(), DType::kU8, Shape{int64_t(v.bytes())}, Device::kCuda),
+            state_->stream());
+        return out;
+    }
+    template <typename T>
+    static std::vector<uint8_t> bytes(const std::vector<T>& v) {
+        std::vector<uint8_t> out(v.size() * sizeof(T));
+        std::memcpy(out.data(), v.data(), out.size());
+        return out;
+    }
+
+    // What a run leaves: per micro-batch losses, per step norms, the masters, the compute copy,
+    // both moments.
+    struct Run {
+        std::vector<float> losses, norms;
+        std::vector<uint8_t> masters, compute, m, v;
+    };
+
+    // TrainStep's sequence (run/train_step.h): two micro-batches with dloss 1/2, the gradient
+    // copies armed before the last, the frozen entry's gradient zeroed, the norm read back.
+    // `host` null: the device optimizer `dev`.
+    static Run train(Model& model, HostOptimizer* host, AdamWOptimizer* dev, int steps) {
+        Run r;
+        const AdamWHyper hyper{0.9, 0.95, 1e-8};
+        for (int step = 1; step <= steps; ++step) {
+            if (host) host->before_zero_grads();
+            model.zero_grads();
+            for (int k = 0; k < 2; ++k) {
+                HostTensor tok(DType::kI32, Shape{kB, kT}), tgt(DType::kI32, Shape{kB, kT});
+                const int salt = 2 * step + k;
+                for (int64_t i = 0; i < kB * kT; ++i) {
+                    tok.as<int32_t>()[i] = int32_t((i * 7919 + salt * 104729) % 384);
+                    tgt.as<int32_t>()[i] = int32_t((i * 104729 + salt * 7919) % 384);
+                }
+                if (host && k == 1) host->arm_gradient_copies();
+                r.losses.push_back(
+                    model.forward_backward(ModelBatch{tok.view(), tgt.view(), {}, {}}, 0.5f));
+            }
+            model.zero_grad_entry(kFrozen);
+            r.norms.push_back(model.grad_norm());
+            std::vector<AdamWSegment> segments = model.adamw_segments(1e-2, 0.1);
+            segments.erase(segments.begin() + std::ptrdiff_t(kFrozen));
+            if (host)
+                host->step(model, segments, hyper, step, r.norms.back(), kMaxNorm);
+            else
+                dev->step(optimizer_target(model), segments, hyper, step, kMaxNorm);
+        }
+        if (host) host->finish();
+        model.synchronize();
+        const size_t n = size_t(model.params_total());
+        std::vector<float> m(n), v(n);
+        if (host) {
+            r.masters = bytes(std::vector<float>(host->masters().begin(), host->masters().end()));
+            host->read_state(m, v);
+        } else {
+            r.masters = bytes(model.params_flat());
+            dev->read_state(m, v);
+        }
+        r.compute = bytes(model.params_compute_flat());
+        r.m = bytes(m);
+        r.v = bytes(v);
+        return r;
+    }
+
+    static CudaState* state_;
+};
+CudaState* HostOptimizerGpu::state_ = nullptr;
+
+TEST_F(HostOptimizerGpu, SchedulesGiveTheDeviceOptimizersBits) {
+    Model d = make_model(false);
+    d.init(5);
+    Result<AdamWOptimizer> dev = AdamWOptimizer::create_for(d);
+    ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+    ASSERT_EQ(d.params().entries()[kFrozen].layer, 0);
+    const Run want = train(d, nullptr, &*dev, 4);
+    for (const float n : want.norms) EXPECT_GT(n, kMaxNorm);  // the clip is exercised
+    for (const OffloadSchedule schedule :
+         {OffloadSchedule::kSerial, OffloadSchedule::kOverlapped}) {
+        SCOPED_TRACE(offload_schedule_name(schedule));
+        Model h = make_model(true);
+        Result<HostOptimizer> host =
+            HostOptimizer::create_for(h, AdamWStateDType::kF32, 0, schedule);
+        ASSERT_TRUE(host.ok()) << host.status().to_string();
+        h.init(5);  // after create_for: init writes the host masters and the compute copy
+        const Run got = train(h, &*host, nullptr, 4);
+        EXPECT_EQ(got.losses, want.losses);
+        EXPECT_EQ(got.norms, want.norms);
+        EXPECT_EQ(got.masters, want.masters);
+        EXPECT_EQ(got.compute, want.compute);
+        EXPECT_EQ(got.m, want.m);
+        EXPECT_EQ(got.v, want.v);
+    }
+}
+
+}  // namespace
+}  // namespace lathe
