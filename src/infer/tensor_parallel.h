@@ -33,12 +33,14 @@
 
 #include "core/status.h"
 #include "dist/communicator.h"
+#include "model/memory_plan.h"
 #include "model/model.h"
 #include "model/model_config.h"
 #include "model/param_table.h"
 
 namespace lathe {
 
+class ParamStaging;
 class SafetensorsTensor;
 
 // How one HF tensor is split among the ranks (header comment).
@@ -74,6 +76,33 @@ Result<Model> tp_model_create_loaded(const ModelConfig& full, int rank, int tp,
 // trained model: for throughput and memory only. tp = 1 gives the whole model.
 Result<Model> tp_model_create_random(const ModelConfig& full, int rank, int tp,
                                      const ModelShape& shape, const Context& ctx, uint64_t seed);
+
+// ---- Training (run/trainer.cpp, parallel.tensor; docs/DISTRIBUTED.md) ----
+// A tensor-parallel training rank trains a model of the local config; its Model's tensor-parallel
+// sum (model.h) all-reduces over the group of `tp` consecutive ranks.
+
+// Sets `local` (a model of tp_local_config(full, tp)) to rank `rank`'s shard of the weights that
+// Model::init(seed) gives a model of `full`: the same full weights at every tp (model/init.h's
+// draws are keyed by the tensor name and the element's index in the full tensor).
+void tp_model_init(Model& local, const ModelConfig& full, int rank, int tp, uint64_t seed);
+
+// Loads rank `rank`'s shard of `tp` of the checkpoint folder `dir` (a model of the full config)
+// into `local`, a model of the local config.
+// Errors as tp_model_create_loaded's.
+Status tp_model_load(Model& local, int rank, int tp, const std::string& dir);
+
+// The arena ranges (params_flat() coordinates) of `local`'s parameter entries that every rank
+// holds whole (TpSplit::kReplicated): counted once in a global gradient norm.
+std::vector<FlatRange> tp_replicated_ranges(const Model& local);
+
+// The HF tensors of a model of `full` assembled from the shards of the `tp` ranks of `comm` (the
+// tensor-parallel group, comm.size() == tp): each rank passes its local model and `staging`, a
+// ParamStaging over it holding its parameters (filled by the caller); rank 0 of `comm` then
+// writes `dir`/model.safetensors and `dir`/config.json, the files model_save_hf writes for a
+// model of `full`. Collective over `comm` (every rank calls it); the shards travel tensor by
+// tensor (on CUDA through a device buffer of `ctx`). Errors: the communicator's, the writer's.
+Status tp_save_hf(const Model& local, ParamStaging& staging, const ModelConfig& full,
+                  Communicator& comm, const Context& ctx, const std::string& dir);
 
 // Sends rank 0's `bytes` to every rank of `comm` (the size first, then the bytes); on return
 // every rank's `bytes` equals rank 0's. CPU communicators move host memory; NCCL goes through a

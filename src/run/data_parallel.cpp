@@ -429,6 +429,33 @@ void DataParallel::on_layer_ready(int layer) {
                                                  : std::string("the embedding/head gradients"));
 }
 
+void DataParallel::exclude_from_norm(std::span<const FlatRange> arena) {
+    // norm_ranges_[i] is chunks_[i] where the sum reads it (the arena, or the ZeRO-2 shard).
+    LATHE_CHECK(norm_ranges_.size() == chunks_.size(), "{} norm ranges for {} chunks",
+                norm_ranges_.size(), chunks_.size());
+    std::vector<FlatRange> kept;
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+        const FlatRange c = chunks_[i];
+        LATHE_CHECK(norm_ranges_[i].size() == c.size(), "norm range {} of {} for a chunk of {}", i,
+                    norm_ranges_[i].size(), c.size());
+        const int64_t shift = norm_ranges_[i].begin - c.begin;
+        // c minus every excluded range, in order.
+        std::vector<FlatRange> cut;
+        for (const FlatRange& x : arena)
+            if (x.end > c.begin && x.begin < c.end)
+                cut.push_back({std::max(x.begin, c.begin), std::min(x.end, c.end)});
+        std::sort(cut.begin(), cut.end(),
+                  [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
+        int64_t at = c.begin;
+        for (const FlatRange& x : cut) {
+            if (x.begin > at) kept.push_back({at + shift, x.begin + shift});
+            at = std::max(at, x.end);
+        }
+        if (at < c.end) kept.push_back({at + shift, c.end + shift});
+    }
+    norm_ranges_ = std::move(kept);
+}
+
 float DataParallel::set_grad_norm(std::span<const double> rank_sums) {
     double sum = 0.0;
     for (const double s : rank_sums) sum += s;

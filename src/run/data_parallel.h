@@ -172,6 +172,10 @@ public:
     // the optimizer clips and returned.
     double local_grad_sum_of_squares() { return model_.grad_sum_of_squares(norm_ranges_); }
     float set_grad_norm(std::span<const double> rank_sums);
+    // Leaves the parameter arena ranges `arena` (params_flat() coordinates) out of this rank's
+    // sum of squares: the entries another rank counts (tensor parallel's replicated entries on
+    // tensor ranks other than 0, run/trainer.cpp).
+    void exclude_from_norm(std::span<const FlatRange> arena);
     // The optimizer state of this rank's chunks written into the checkpoint folder `dir`
     // (range-list shard, canonical; at ZeRO-0 rank 0 writes the whole canonical vector as the
     // full file and the others nothing), and read back from any checkpoint folder of any world:
