@@ -269,17 +269,7 @@ Result<Model> tp_model_create_random(const ModelConfig& full, int rank, int tp,
     return model;
 }
 
-namespace {
-
-// The axis of the HF tensor that `split` cuts (-1: none).
-int split_axis(TpSplit split, const Shape& shape) {
-    if (split == TpSplit::kOutputs) return 0;
-    if (split == TpSplit::kInputs) return shape.rank() - 1;
-    return -1;
-}
-
-// Rank `rank`'s part of the full HF tensor `whole` (host f32) into `part` (the local HF shape).
-void slice_of(ConstTensorView whole, TpSplit split, int rank, int tp, TensorView part) {
+void tp_slice_hf(ConstTensorView whole, TpSplit split, int rank, int tp, TensorView part) {
     const float* src = whole.as<float>();
     float* dst = part.as<float>();
     const int64_t n = part.numel();
@@ -305,6 +295,8 @@ void slice_of(ConstTensorView whole, TpSplit split, int rank, int tp, TensorView
         }
     }
 }
+
+namespace {
 
 // `ranks` (tp chunks of the local HF tensor's numel, in rank order) assembled into the full HF
 // tensor `whole`: slice_of's inverse.
@@ -373,7 +365,7 @@ void tp_model_init(Model& local, const ModelConfig& full, int rank, int tp, uint
             init_hf_param(full, *f, full_entry.view(), seed);
             HostTensor full_hf(DType::kF32, f->shape), part(DType::kF32, p->shape);
             hf_param_export(*f, full_entry.view(), full_hf.view());
-            slice_of(full_hf.view(), tp_split_of(entry.role), rank, tp, part.view());
+            tp_slice_hf(full_hf.view(), tp_split_of(entry.role), rank, tp, part.view());
             hf_param_import(*p, host.view(), part.view());
         }
         local.write_param_entry(entry.arena_index, host.view());

@@ -86,6 +86,11 @@ Result<Model> tp_model_create_random(const ModelConfig& full, int rank, int tp,
 // draws are keyed by the tensor name and the element's index in the full tensor).
 void tp_model_init(Model& local, const ModelConfig& full, int rank, int tp, uint64_t seed);
 
+// Rank `rank`'s part of the full HF tensor `whole` (host f32, the full HF shape) written into
+// `part` (host f32, the local HF shape) as `split` cuts it: the rows or columns of the shard, the
+// whole tensor (kReplicated; kRankZero on rank 0), or zeros (kRankZero elsewhere).
+void tp_slice_hf(ConstTensorView whole, TpSplit split, int rank, int tp, TensorView part);
+
 // Loads rank `rank`'s shard of `tp` of the checkpoint folder `dir` (a model of the full config)
 // into `local`, a model of the local config.
 // Errors as tp_model_create_loaded's.
