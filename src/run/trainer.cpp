@@ -324,7 +324,7 @@ Status Trainer::setup() {
             "one rank",
             world_.size());
     }
-    if (multi()) {
+    if (dp_size() > 1) {
         log_info(
             "data parallel over {} ranks ({}), ZeRO-{}: each rank {} x {} micro-batches of "
             "the global batch of {}",
