@@ -7,14 +7,15 @@ runs. The contract checked here:
     of one process within 1e-5 relative, for a GQA Llama (8 heads, 4 key/value heads, untied head)
     and a Qwen2 (q/k/v biases): the ranks add the partial sums of the attention-output and down
     projections, and of the norm-output gradients, in another order than one process's GEMM does
-    (f32, a few terms: ~1e-7 relative), far under 1e-5 and far under any difference of data or
-    arithmetic (a missing sum or a doubled bias changes the first loss at 1e-2);
+    (f32, a few terms: ~1e-7 relative), ten times under 1e-5; and a Mistral
+    with a tied embedding and a sliding window at TP = 2;
   - the seed gives every layout the weights of one process: with lr 0 the saved Hugging Face folder
     holds the same bytes as one process's; after training, the same tensors within 1e-5 of each
     tensor's largest weight times the steps, the key biases excepted (their gradient is zero up
     to rounding, which AdamW turns into steps of about lr either way);
-  - the optimizer state of a layout resumes at the same layout (the same losses as a run never
-    stopped), and another parallel.tensor is refused naming both layouts;
+  - the optimizer state resumes at the same parallel.tensor, with the same or more data-parallel
+    ranks and another ZeRO stage (the same losses as a run never stopped), and another
+    parallel.tensor is refused naming both layouts;
   - a T that does not divide the heads, the key/value heads, the MLP width or the ranks, and the
     GPT-2 family, are refused with `lathe: error:` naming parallel.tensor.
 On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs TP = 2 against one GPU.
@@ -68,6 +69,9 @@ checkpoint:
 """
 QWEN2 = LLAMA.replace("family: llama", "family: qwen2").replace("num_attention_heads: 8",
                                                                 "num_attention_heads: 4")
+# Mistral: a tied embedding (the LM head is the embedding, replicated) and a sliding window.
+MISTRAL = LLAMA.replace("family: llama", "family: mistral").replace(
+    "tie_word_embeddings: false", "tie_word_embeddings: true\n  sliding_window: 8")
 GPT2 = LLAMA.replace("family: llama", "family: gpt2")
 
 
@@ -77,7 +81,7 @@ def corpus(tmp_path_factory):
     write_gcide_jsonl(d / "c.jsonl", 100_000)
     tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 300)
     data = f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n"
-    for name, text in (("llama", LLAMA), ("qwen2", QWEN2), ("gpt2", GPT2)):
+    for name, text in (("llama", LLAMA), ("qwen2", QWEN2), ("mistral", MISTRAL), ("gpt2", GPT2)):
         (d / f"{name}.yaml").write_text(text + data)
     return d
 
@@ -136,6 +140,12 @@ def test_tensor_parallel_logs_the_losses_of_one_process(runs, family, tensor):
 
 
 @needs_mpirun
+def test_tensor_parallel_mistral_with_a_tied_embedding(runs):
+    assert_metrics_close(metric_lines(runs("mistral", 2, 2)), metric_lines(runs("mistral", 1, 1)),
+                         CPU_RTOL, "mistral TP=2")
+
+
+@needs_mpirun
 @pytest.mark.parametrize("zero", [1, 2, 3])
 def test_tensor_2_by_data_2_logs_the_losses_of_one_process(runs, zero):
     # Two data-parallel ranks of micro-batch 2: one process of micro-batch 2 and accumulation 2.
@@ -170,6 +180,20 @@ def test_a_checkpoint_resumes_at_its_layout_and_refuses_another(corpus, runs, tm
     assert p.returncode != 0
     assert "lathe: error:" in p.stderr
     assert "parallel.tensor 2, this run has parallel.tensor 4" in p.stderr, p.stderr
+
+
+@needs_mpirun
+def test_a_checkpoint_resumes_at_its_tensor_size_with_more_data_parallel_ranks(corpus, runs,
+                                                                                tmp_path):
+    # TP 2 x DP 1 with accumulation 2 stopped at step 2, resumed as TP 2 x DP 2 at ZeRO-2 with
+    # accumulation 1 (the same global batch): the losses of one process with accumulation 2.
+    one = runs("llama", 1, 1, "train.gradient_accumulation_steps=2")
+    grown = tmp_path / "grown"
+    shutil.copytree(runs("llama", 2, 2, "train.gradient_accumulation_steps=2"), grown)
+    shutil.rmtree(grown / "checkpoints" / "step-00000004")
+    p = train(corpus, "llama", grown, 4, 2, "parallel.zero_stage=2")
+    assert "resuming from" in p.stderr, p.stderr
+    assert_metrics_close(metric_lines(grown), metric_lines(one), CPU_RTOL, "TP 2: DP 1 -> 2")
 
 
 def test_gpt2_is_refused_naming_the_key_and_the_family(corpus, tmp_path):
