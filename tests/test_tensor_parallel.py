@@ -13,9 +13,9 @@ runs. The contract checked here:
     holds the same bytes as one process's; after training, the same tensors within 1e-5 of each
     tensor's largest weight times the steps, the key biases excepted (their gradient is zero up
     to rounding, which AdamW turns into steps of about lr either way);
-  - the optimizer state resumes at the same parallel.tensor, with the same or more data-parallel
-    ranks and another ZeRO stage (the same losses as a run never stopped), and another
-    parallel.tensor is refused naming both layouts;
+  - the optimizer state resumes at the same parallel.tensor, with more data-parallel ranks and
+    another ZeRO stage, and at another parallel.tensor (1 -> 2, 2 -> 1, 2 -> 4: converted): the
+    losses of a run never stopped; an offloaded optimizer refuses another layout naming both;
   - a T that does not divide the heads, the key/value heads, the MLP width or the ranks, and the
     GPT-2 family, are refused with `lathe: error:` naming parallel.tensor.
 On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs TP = 2 against one GPU.
@@ -163,23 +163,35 @@ def test_the_seed_gives_every_layout_the_weights_of_one_process(runs, tensor):
     assert a.read_bytes() == b.read_bytes()
 
 
+def stopped_at_step_2(run_dir, tmp_path, name):
+    """A copy of run_dir without its last checkpoint: a run to resume from step 2."""
+    copy = tmp_path / name
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(copy / "checkpoints" / "step-00000004")
+    return copy
+
+
 @needs_mpirun
-def test_a_checkpoint_resumes_at_its_layout_and_refuses_another(corpus, runs, tmp_path):
-    # The run of 4 steps with its last checkpoint removed resumes from step 2.
-    whole = runs("llama", 2, 2)
-    half = tmp_path / "half"
-    shutil.copytree(whole, half)
-    shutil.rmtree(half / "checkpoints" / "step-00000004")
-    p = train(corpus, "llama", half, 2, 2)
+@pytest.mark.parametrize("before, after", [(2, 2), (2, 4), (2, 1), (1, 2)])
+def test_a_checkpoint_resumes_at_any_tensor_size(corpus, runs, tmp_path, before, after):
+    # The optimizer state of another parallel.tensor is converted (each tensor's moments
+    # assembled from the ranks that wrote them and sliced for the new ones): the losses of the
+    # run never stopped.
+    resumed = stopped_at_step_2(runs("llama", before, before), tmp_path, "resumed")
+    p = train(corpus, "llama", resumed, after, after)
     assert "resuming from" in p.stderr, p.stderr
-    assert_metrics_close(metric_lines(half), metric_lines(whole), CPU_RTOL, "resumed TP=2")
-    other = tmp_path / "other"
-    shutil.copytree(whole, other)
-    shutil.rmtree(other / "checkpoints" / "step-00000004")
-    p = train(corpus, "llama", other, 4, 4, check=False)
+    assert ("converting the optimizer state" in p.stderr) == (before != after), p.stderr
+    assert_metrics_close(metric_lines(resumed), metric_lines(runs("llama", 1, 1)), CPU_RTOL,
+                         f"TP {before} -> {after}")
+
+
+@needs_mpirun
+def test_an_offloaded_optimizer_refuses_another_tensor_size(corpus, runs, tmp_path):
+    other = stopped_at_step_2(runs("llama", 2, 2), tmp_path, "other")
+    p = train(corpus, "llama", other, 1, 1, "optimizer.offload=cpu", check=False)
     assert p.returncode != 0
     assert "lathe: error:" in p.stderr
-    assert "parallel.tensor 2, this run has parallel.tensor 4" in p.stderr, p.stderr
+    assert "parallel.tensor 2, this run has parallel.tensor 1" in p.stderr, p.stderr
 
 
 @needs_mpirun
@@ -188,9 +200,8 @@ def test_a_checkpoint_resumes_at_its_tensor_size_with_more_data_parallel_ranks(c
     # TP 2 x DP 1 with accumulation 2 stopped at step 2, resumed as TP 2 x DP 2 at ZeRO-2 with
     # accumulation 1 (the same global batch): the losses of one process with accumulation 2.
     one = runs("llama", 1, 1, "train.gradient_accumulation_steps=2")
-    grown = tmp_path / "grown"
-    shutil.copytree(runs("llama", 2, 2, "train.gradient_accumulation_steps=2"), grown)
-    shutil.rmtree(grown / "checkpoints" / "step-00000004")
+    grown = stopped_at_step_2(runs("llama", 2, 2, "train.gradient_accumulation_steps=2"),
+                              tmp_path, "grown")
     p = train(corpus, "llama", grown, 4, 2, "parallel.zero_stage=2")
     assert "resuming from" in p.stderr, p.stderr
     assert_metrics_close(metric_lines(grown), metric_lines(one), CPU_RTOL, "TP 2: DP 1 -> 2")

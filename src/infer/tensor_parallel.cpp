@@ -384,6 +384,58 @@ std::vector<FlatRange> tp_replicated_ranges(const Model& local) {
     return out;
 }
 
+namespace {
+
+ModelConfig checked_local(const ModelConfig& full, int tp) {
+    Result<ModelConfig> local = tp_local_config(full, tp, "parallel.tensor");
+    LATHE_CHECK(local.ok(), "{}", local.status().to_string());
+    return std::move(*local);
+}
+
+}  // namespace
+
+int64_t tp_canonical_length(const ModelConfig& full, int tp) {
+    return int64_t(table_of(checked_local(full, tp)).layout().total_bytes() / sizeof(float));
+}
+
+std::vector<float> tp_reshard_moments(const ModelConfig& full, int from,
+                                      std::span<const std::vector<float>> old, int tp, int rank) {
+    LATHE_CHECK(int(old.size()) == from, "{} moment vectors of a split over {}", old.size(), from);
+    const ParamTable before = table_of(checked_local(full, from));
+    const ParamTable after = table_of(checked_local(full, tp));
+    const ParamTable whole = table_of(full);
+    const int64_t used_before = int64_t(before.layout().total_bytes() / sizeof(float));
+    for (const std::vector<float>& v : old)
+        LATHE_CHECK(int64_t(v.size()) == used_before, "moments of {} elements, the split has {}",
+                    v.size(), used_before);
+    std::vector<float> out(after.layout().total_bytes() / sizeof(float), 0.0f);
+    std::vector<float> ranks;
+    for (const HfParam& p : after.hf_params()) {
+        const HfParam* q = before.find_hf(p.name);
+        const HfParam* f = whole.find_hf(p.name);
+        LATHE_CHECK(q != nullptr && f != nullptr, "tp_reshard_moments: no tensor {}", p.name);
+        const TpSplit split = tp_split_of(after.entries()[p.entry].role);
+        const ParamEntry& qe = before.entries()[q->entry];
+        const size_t q_at = before.layout().entries()[qe.arena_index].offset / sizeof(float);
+        const int64_t n = q->shape.numel();
+        ranks.resize(size_t(n * from));
+        for (int r = 0; r < from; ++r) {
+            const ConstTensorView entry(old[size_t(r)].data() + q_at, DType::kF32, qe.shape,
+                                        Device::kCpu);
+            hf_param_export(*q, entry,
+                            TensorView(ranks.data() + r * n, DType::kF32, q->shape, Device::kCpu));
+        }
+        HostTensor full_hf(DType::kF32, f->shape), part(DType::kF32, p.shape);
+        assemble(ranks.data(), q->shape, split, from, full_hf.view());
+        tp_slice_hf(full_hf.view(), split, rank, tp, part.view());
+        const ParamEntry& pe = after.entries()[p.entry];
+        const size_t p_at = after.layout().entries()[pe.arena_index].offset / sizeof(float);
+        hf_param_import(p, TensorView(out.data() + p_at, DType::kF32, pe.shape, Device::kCpu),
+                        part.view());
+    }
+    return out;
+}
+
 Status tp_save_hf(const Model& local, ParamStaging& staging, const ModelConfig& full,
                   Communicator& comm, const Context& ctx, const std::string& dir) {
     const int tp = comm.size();

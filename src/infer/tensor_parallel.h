@@ -27,6 +27,7 @@
 // samples; tp_broadcast_bytes / InferenceEngine::agree_tokens carry its choices to the others.
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -99,6 +100,17 @@ Status tp_model_load(Model& local, int rank, int tp, const std::string& dir);
 // The arena ranges (params_flat() coordinates) of `local`'s parameter entries that every rank
 // holds whole (TpSplit::kReplicated): counted once in a global gradient norm.
 std::vector<FlatRange> tp_replicated_ranges(const Model& local);
+
+// Optimizer moments from one split to another (a checkpoint of parallel.tensor `from` resumed at
+// `tp`): `old[r]` is rank r's moment vector of `from` in canonical coordinates (optim/
+// optimizer_state.h: the parameter table layout of a model of tp_local_config(full, from), flat
+// f32); returns rank `rank`'s of `tp`, each HF tensor's moments assembled whole from the old
+// shards and sliced as tp_slice_hf slices the weights. Both splits must be valid (checked).
+std::vector<float> tp_reshard_moments(const ModelConfig& full, int from,
+                                      std::span<const std::vector<float>> old, int tp, int rank);
+
+// The canonical length (optim/optimizer_state.h) of the moments of a rank of `tp` (checked valid).
+int64_t tp_canonical_length(const ModelConfig& full, int tp);
 
 // The HF tensors of a model of `full` assembled from the shards of the `tp` ranks of `comm` (the
 // tensor-parallel group, comm.size() == tp): each rank passes its local model and `staging`, a

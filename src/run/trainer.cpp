@@ -612,28 +612,61 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
         LATHE_RETURN_IF_ERROR(model_load_hf(*model_, *ck));
     }
     if (!with_optimizer_and_state) return ok_status();
-    // The optimizer state is per tensor-parallel layout: a checkpoint of another
-    // parallel.tensor holds no state of this rank's shard.
+    // The optimizer state is written per tensor rank: a checkpoint of another parallel.tensor is
+    // converted, each HF tensor's moments assembled from its ranks and sliced for this one.
+    int64_t written_tp = 1;
     {
         const std::string state_path = (fs::path(dir) / kTrainerStateFile).string();
-        int64_t written_tp = 1;
         if (auto text = file_read_all(state_path); text.ok()) {
             const auto j = nlohmann::json::parse(*text, nullptr, false);
             if (j.is_object() && j.contains("tensor_parallel") &&
                 j.at("tensor_parallel").is_number_integer())
                 written_tp = j.at("tensor_parallel").get<int64_t>();
         }
-        if (written_tp != tp()) {
+    }
+    if (written_tp != tp()) {
+        const Result<ModelConfig> before =
+            tp_local_config(s_.model, int(std::clamp<int64_t>(written_tp, 0, 1 << 20)),
+                            fmt::format("{}: tensor_parallel", kTrainerStateFile));
+        if (!before.ok() || host_optimizer_) {
             return failed_precondition_error(
                 "{}: the checkpoint was written at parallel.tensor {}, this run has "
-                "parallel.tensor {}: its optimizer state is sharded for the other layout. Resume "
-                "with parallel.tensor {}, or start a new --run-dir from its weights "
-                "(checkpoint.init_from: {}, which any layout loads)",
-                dir, written_tp, tp(), written_tp, dir);
+                "parallel.tensor {}{}. Resume with parallel.tensor {}, or start a new --run-dir "
+                "from its weights (checkpoint.init_from: {}, which any layout loads)",
+                dir, written_tp, tp(),
+                host_optimizer_ ? " and optimizer.offload cpu, which reads its own layout only"
+                                : fmt::format(" ({})", before.status().message()),
+                written_tp, dir);
         }
-    }
-    // Whatever world wrote it: one file, or one per rank, re-sharded onto this rank's ranges.
-    if (dp_) {
+        log_info("converting the optimizer state of parallel.tensor {} to {}", written_tp, tp());
+        const int from = int(written_tp);
+        const int64_t used_before = tp_canonical_length(s_.model, from);
+        std::vector<std::vector<float>> old_m(static_cast<size_t>(from)),
+            old_v(static_cast<size_t>(from));
+        for (int r = 0; r < from; ++r) {
+            const std::string folder =
+                from == 1 ? dir
+                          : (fs::path(dir) / fmt::format("tensor-rank-{:05d}-of-{:05d}", r, from))
+                                .string();
+            old_m[size_t(r)].resize(size_t(used_before));
+            old_v[size_t(r)].resize(size_t(used_before));
+            const FlatRange all{0, used_before};
+            LATHE_RETURN_IF_ERROR(optimizer_state_load_ranges(folder, used_before,
+                                                              std::span<const FlatRange>(&all, 1),
+                                                              old_m[size_t(r)], old_v[size_t(r)]));
+        }
+        std::vector<float> m = tp_reshard_moments(s_.model, from, old_m, tp(), tp_rank());
+        std::vector<float> v = tp_reshard_moments(s_.model, from, old_v, tp(), tp_rank());
+        if (dp_) {
+            dp_->load_optimizer_canonical(*optimizer_, m, v);
+        } else {
+            // One process: its arena is the canonical vector, zero padded at its end.
+            m.resize(size_t(optimizer_->numel()), 0.0f);
+            v.resize(size_t(optimizer_->numel()), 0.0f);
+            optimizer_->write_state(m, v);
+        }
+    } else if (dp_) {
+        // Whatever world wrote it: one file, or one per rank, re-sharded onto this rank's ranges.
         LATHE_RETURN_IF_ERROR(dp_->load_optimizer(*optimizer_, optimizer_dir(dir)));
     } else if (host_optimizer_) {
         LATHE_RETURN_IF_ERROR(host_optimizer_->load_state(
