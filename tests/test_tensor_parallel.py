@@ -3,7 +3,8 @@ layer (infer/tensor_parallel.h's shards), the ranks of one tensor rank form a da
 
 On the CPU the ranks run under `mpirun --oversubscribe -np N` (MPI collectives); this is the part CI
 runs. The contract checked here:
-  - TP = 2 and 4 (and TP = 2 x DP = 2 at ZeRO 1, 2 and 3) log the per-step losses and gradient norms
+  - TP = 2 and 4 (and TP = 2 x DP = 2 at ZeRO 1, 2 and 3, and TP = 2 with full or selective
+    recompute) log the per-step losses and gradient norms
     of one process within 1e-5 relative, for a GQA Llama (8 heads, 4 key/value heads, untied head)
     and a Qwen2 (q/k/v biases): the ranks add the partial sums of the attention-output and down
     projections, and of the norm-output gradients, in another order than one process's GEMM does
@@ -143,6 +144,14 @@ def test_tensor_parallel_logs_the_losses_of_one_process(runs, family, tensor):
 def test_tensor_parallel_mistral_with_a_tied_embedding(runs):
     assert_metrics_close(metric_lines(runs("mistral", 2, 2)), metric_lines(runs("mistral", 1, 1)),
                          CPU_RTOL, "mistral TP=2")
+
+
+@needs_mpirun
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_tensor_parallel_with_recompute(runs, recompute):
+    # Full recompute runs each layer's forward again in the backward, its sums included.
+    assert_metrics_close(metric_lines(runs("llama", 2, 2, f"train.recompute={recompute}")),
+                         metric_lines(runs("llama", 1, 1)), CPU_RTOL, f"recompute {recompute}")
 
 
 @needs_mpirun
