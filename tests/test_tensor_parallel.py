@@ -4,12 +4,12 @@ layer (infer/tensor_parallel.h's shards), the ranks of one tensor rank form a da
 On the CPU the ranks run under `mpirun --oversubscribe -np N` (MPI collectives); this is the part CI
 runs. The contract checked here:
   - TP = 2 and 4 (and TP = 2 x DP = 2 at ZeRO 1, 2 and 3, and TP = 2 with full or selective
-    recompute) log the per-step losses and gradient norms
-    of one process within 1e-5 relative, for a GQA Llama (8 heads, 4 key/value heads, untied head)
-    and a Qwen2 (q/k/v biases): the ranks add the partial sums of the attention-output and down
-    projections, and of the norm-output gradients, in another order than one process's GEMM does
-    (f32, a few terms: ~1e-7 relative), ten times under 1e-5; and a Mistral
-    with a tied embedding and a sliding window at TP = 2;
+    recompute) log the per-step losses and gradient norms of one process within 1e-5 relative,
+    for a GQA Llama (8 heads, 4 key/value heads, untied head) and a Qwen2 (q/k/v biases): the
+    ranks add the partial sums of the attention-output and down projections, and of the
+    norm-output gradients, in another order than one process's GEMM does (f32, a few terms:
+    ~1e-7 relative), ten times under 1e-5; and a Mistral with a tied embedding and a sliding
+    window at TP = 2;
   - the seed gives every layout the weights of one process: with lr 0 the saved Hugging Face folder
     holds the same bytes as one process's; after training, the same tensors within 1e-5 of each
     tensor's largest weight times the steps, the key biases excepted (their gradient is zero up
