@@ -8,7 +8,7 @@ runs. The contract checked here:
     for a GQA Llama (8 heads, 4 key/value heads, untied head) and a Qwen2 (q/k/v biases): the
     ranks add the partial sums of the attention-output and down projections, and of the
     norm-output gradients, in another order than one process's GEMM does (f32, a few terms:
-    ~1e-7 relative), ten times under 1e-5; and a Mistral with a tied embedding and a sliding
+    ~1e-7 relative), a hundred times under 1e-5; and a Mistral with a tied embedding and a sliding
     window at TP = 2;
   - the seed gives every layout the weights of one process: with lr 0 the saved Hugging Face folder
     holds the same bytes as one process's; after training, the same tensors within 1e-5 of each
