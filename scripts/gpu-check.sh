@@ -45,7 +45,8 @@
 #              GPU_CHECK_SCALING_MODELS (default "gpt2 llama") picks the models: one call of
 #              600 s holds about one model's rows on 1, 2 and 4 GPUs, so take one model a call
 #   dist       on a machine of 2 GPUs or more: dist_two_gpu_tests and infer_two_gpu_tests (NCCL
-#              across two GPUs) and the GPU cases of tests/test_data_parallel.py, or of each file
+#              across two GPUs) and the GPU cases of tests/test_data_parallel.py and
+#              tests/test_tensor_parallel.py, or of each file
 #              GPU_CHECK_DIST_TESTS names (pytest -k gpus; their CPU cases need
 #              mpirun and run in CI) with LATHE_BIN the bundle's lathe; every test must pass, none
 #              skipped. pytest is the machine's, else installed from wheels carried in
@@ -70,7 +71,8 @@
 #   GPU_CHECK_TORCH_BENCH  the folder of ddp_baseline.py and torch_baseline.py (.carry/bench)
 #   GPU_CHECK_TORCHRUN  the torchrun command (python3 -m torch.distributed.run)
 #   GPU_CHECK_TESTS   the tests part's binaries (default: the six *_gpu_tests above)
-#   GPU_CHECK_DIST_TESTS  the dist part's pytest files (tests/test_data_parallel.py);
+#   GPU_CHECK_DIST_TESTS  the dist part's pytest files (tests/test_data_parallel.py
+#                     tests/test_tensor_parallel.py);
 #                     GPU_CHECK_DIST_PYTEST_ARGS  its selection (default -k gpus)
 set -uo pipefail
 
@@ -726,7 +728,7 @@ part_dist() {
     done
     have lathe || return
     local tests
-    for tests in ${GPU_CHECK_DIST_TESTS:-tests/test_data_parallel.py}; do
+    for tests in ${GPU_CHECK_DIST_TESTS:-tests/test_data_parallel.py tests/test_tensor_parallel.py}; do
         dist_pytest "$tests"
     done
 }

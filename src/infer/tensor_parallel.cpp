@@ -6,11 +6,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <thread>
 
 #include "core/arena.h"
 #include "core/check.h"
 #include "io/safetensors.h"
+#include "model/hf_config.h"
+#include "model/init.h"
+#include "model/param_staging.h"
 #include "model/registry.h"
 #include "ops/cuda/cuda_state.h"
 
@@ -184,6 +188,12 @@ Result<Model> tp_model_create_loaded(const ModelConfig& full, int rank, int tp,
                                      const std::string& dir) {
     LATHE_ASSIGN_OR_RETURN(ModelConfig local, tp_local_config(full, tp, "--tensor-parallel"));
     LATHE_ASSIGN_OR_RETURN(Model model, Model::create(local, shape, ctx));
+    LATHE_RETURN_IF_ERROR(tp_model_load(model, rank, tp, dir));
+    return model;
+}
+
+Status tp_model_load(Model& model, int rank, int tp, const std::string& dir) {
+    const ModelConfig& local = model.config();
     auto opened = SafetensorsCheckpoint::open(dir);
     if (!opened.ok()) return opened.status().with_context("--checkpoint");
     const SafetensorsCheckpoint& ckpt = *opened;
@@ -217,7 +227,7 @@ Result<Model> tp_model_create_loaded(const ModelConfig& full, int rank, int tp,
         model.write_param_entry(entry.arena_index, host.view());
     }
     model.synchronize();
-    return model;
+    return ok_status();
 }
 
 Result<Model> tp_model_create_random(const ModelConfig& full, int rank, int tp,
@@ -257,6 +267,211 @@ Result<Model> tp_model_create_random(const ModelConfig& full, int rank, int tp,
     }
     model.synchronize();
     return model;
+}
+
+void tp_slice_hf(ConstTensorView whole, TpSplit split, int rank, int tp, TensorView part) {
+    const float* src = whole.as<float>();
+    float* dst = part.as<float>();
+    const int64_t n = part.numel();
+    switch (split) {
+        case TpSplit::kReplicated:
+            std::copy(src, src + n, dst);
+            return;
+        case TpSplit::kRankZero:
+            if (rank == 0)
+                std::copy(src, src + n, dst);
+            else
+                std::fill(dst, dst + n, 0.0f);
+            return;
+        case TpSplit::kOutputs:
+            std::copy(src + int64_t(rank) * n, src + int64_t(rank + 1) * n, dst);
+            return;
+        case TpSplit::kInputs: {
+            const int64_t w = part.shape()[part.rank() - 1], rows = n / w, full_w = w * tp;
+            for (int64_t r = 0; r < rows; ++r)
+                std::copy(src + r * full_w + rank * w, src + r * full_w + (rank + 1) * w,
+                          dst + r * w);
+            return;
+        }
+    }
+}
+
+namespace {
+
+// `ranks` (tp chunks of the local HF tensor's numel, in rank order) assembled into the full HF
+// tensor `whole`: slice_of's inverse.
+void assemble(const float* ranks, const Shape& local, TpSplit split, int tp, TensorView whole) {
+    float* dst = whole.as<float>();
+    const int64_t n = local.numel();
+    switch (split) {
+        case TpSplit::kReplicated:
+        case TpSplit::kRankZero:
+            std::copy(ranks, ranks + n, dst);
+            return;
+        case TpSplit::kOutputs:
+            std::copy(ranks, ranks + n * tp, dst);
+            return;
+        case TpSplit::kInputs: {
+            const int64_t w = local[local.rank() - 1], rows = n / w, full_w = w * tp;
+            for (int k = 0; k < tp; ++k)
+                for (int64_t r = 0; r < rows; ++r)
+                    std::copy(ranks + k * n + r * w, ranks + k * n + (r + 1) * w,
+                              dst + r * full_w + k * w);
+            return;
+        }
+    }
+}
+
+// Every rank's `mine` (host f32) in rank order into `all` (comm.size() times as long), through a
+// device buffer of `ctx` on CUDA.
+Status gather_host(Communicator& comm, const Context& ctx, std::span<const float> mine,
+                   std::span<float> all) {
+    const int64_t n = int64_t(mine.size()), W = comm.size();
+    LATHE_CHECK(int64_t(all.size()) == n * W, "gather of {} x {} into {}", W, n, all.size());
+    if (ctx.backend != Backend::kCuda) {
+        return comm.all_gather(TensorView(all.data(), DType::kF32, Shape{n * W}, Device::kCpu),
+                               ConstTensorView(mine.data(), DType::kF32, Shape{n}, Device::kCpu),
+                               nullptr);
+    }
+    ArenaLayout layout;
+    LATHE_ASSIGN_OR_RETURN(const size_t at, layout.add("gather", DType::kF32, Shape{n * W}));
+    LATHE_ASSIGN_OR_RETURN(ModelArena buf, ModelArena::allocate(std::move(layout), ctx));
+    const TensorView dall = buf.view(at);
+    const TensorView dmine = dall.slice(comm.rank() * n, (comm.rank() + 1) * n);
+    cuda_copy_sync(dmine, ConstTensorView(mine.data(), DType::kF32, Shape{n}, Device::kCpu),
+                   ctx.stream);
+    LATHE_RETURN_IF_ERROR(comm.all_gather(dall, dmine, ctx.stream));
+    cuda_copy_sync(TensorView(all.data(), DType::kF32, Shape{n * W}, Device::kCpu), dall,
+                   ctx.stream);
+    return ok_status();
+}
+
+}  // namespace
+
+void tp_model_init(Model& local, const ModelConfig& full, int rank, int tp, uint64_t seed) {
+    const ParamTable& table = local.params();
+    const ParamTable whole = table_of(full);
+    std::vector<std::vector<const HfParam*>> of_entry(table.entries().size());
+    for (const HfParam& p : table.hf_params()) of_entry[p.entry].push_back(&p);
+    for (size_t e = 0; e < table.entries().size(); ++e) {
+        const ParamEntry& entry = table.entries()[e];
+        HostTensor host(DType::kF32, entry.shape);
+        for (const HfParam* p : of_entry[e]) {
+            const HfParam* f = whole.find_hf(p->name);
+            LATHE_CHECK(f != nullptr, "tp_model_init: {} has no tensor {}", full.model_type,
+                        p->name);
+            // The full model's entry, with only f's rows drawn; then f's rows as its HF tensor.
+            HostTensor full_entry(DType::kF32, whole.entries()[f->entry].shape);
+            init_hf_param(full, *f, full_entry.view(), seed);
+            HostTensor full_hf(DType::kF32, f->shape), part(DType::kF32, p->shape);
+            hf_param_export(*f, full_entry.view(), full_hf.view());
+            tp_slice_hf(full_hf.view(), tp_split_of(entry.role), rank, tp, part.view());
+            hf_param_import(*p, host.view(), part.view());
+        }
+        local.write_param_entry(entry.arena_index, host.view());
+    }
+    local.synchronize();
+}
+
+std::vector<FlatRange> tp_replicated_ranges(const Model& local) {
+    std::vector<FlatRange> out;
+    for (const ParamEntry& e : local.params().entries()) {
+        if (tp_split_of(e.role) != TpSplit::kReplicated) continue;
+        const ArenaEntry& a = local.plan().params.entries()[e.arena_index];
+        const int64_t begin = int64_t(a.offset / sizeof(float));
+        out.push_back(FlatRange{begin, begin + e.shape.numel()});
+    }
+    return out;
+}
+
+namespace {
+
+ModelConfig checked_local(const ModelConfig& full, int tp) {
+    Result<ModelConfig> local = tp_local_config(full, tp, "parallel.tensor");
+    LATHE_CHECK(local.ok(), "{}", local.status().to_string());
+    return std::move(*local);
+}
+
+}  // namespace
+
+int64_t tp_canonical_length(const ModelConfig& full, int tp) {
+    return int64_t(table_of(checked_local(full, tp)).layout().total_bytes() / sizeof(float));
+}
+
+std::vector<float> tp_reshard_moments(const ModelConfig& full, int from,
+                                      std::span<const std::vector<float>> old, int tp, int rank) {
+    LATHE_CHECK(int(old.size()) == from, "{} moment vectors of a split over {}", old.size(), from);
+    const ParamTable before = table_of(checked_local(full, from));
+    const ParamTable after = table_of(checked_local(full, tp));
+    const ParamTable whole = table_of(full);
+    const int64_t used_before = int64_t(before.layout().total_bytes() / sizeof(float));
+    for (const std::vector<float>& v : old)
+        LATHE_CHECK(int64_t(v.size()) == used_before, "moments of {} elements, the split has {}",
+                    v.size(), used_before);
+    std::vector<float> out(after.layout().total_bytes() / sizeof(float), 0.0f);
+    std::vector<float> ranks;
+    for (const HfParam& p : after.hf_params()) {
+        const HfParam* q = before.find_hf(p.name);
+        const HfParam* f = whole.find_hf(p.name);
+        LATHE_CHECK(q != nullptr && f != nullptr, "tp_reshard_moments: no tensor {}", p.name);
+        const TpSplit split = tp_split_of(after.entries()[p.entry].role);
+        const ParamEntry& qe = before.entries()[q->entry];
+        const size_t q_at = before.layout().entries()[qe.arena_index].offset / sizeof(float);
+        const int64_t n = q->shape.numel();
+        ranks.resize(size_t(n * from));
+        for (int r = 0; r < from; ++r) {
+            const ConstTensorView entry(old[size_t(r)].data() + q_at, DType::kF32, qe.shape,
+                                        Device::kCpu);
+            hf_param_export(*q, entry,
+                            TensorView(ranks.data() + r * n, DType::kF32, q->shape, Device::kCpu));
+        }
+        HostTensor full_hf(DType::kF32, f->shape), part(DType::kF32, p.shape);
+        assemble(ranks.data(), q->shape, split, from, full_hf.view());
+        tp_slice_hf(full_hf.view(), split, rank, tp, part.view());
+        const ParamEntry& pe = after.entries()[p.entry];
+        const size_t p_at = after.layout().entries()[pe.arena_index].offset / sizeof(float);
+        hf_param_import(p, TensorView(out.data() + p_at, DType::kF32, pe.shape, Device::kCpu),
+                        part.view());
+    }
+    return out;
+}
+
+Status tp_save_hf(const Model& local, ParamStaging& staging, const ModelConfig& full,
+                  Communicator& comm, const Context& ctx, const std::string& dir) {
+    const int tp = comm.size();
+    const ParamTable& table = local.params();
+    const ParamTable whole = table_of(full);
+    const bool writer = comm.rank() == 0;
+    std::vector<HostTensor> staged;
+    staged.reserve(whole.hf_params().size());
+    std::vector<SafetensorsWriteTensor> tensors;
+    std::vector<float> all;
+    // In the full table's order: the file lists the tensors as model_save_hf does.
+    for (const HfParam& f : whole.hf_params()) {
+        const HfParam* p = table.find_hf(f.name);
+        LATHE_CHECK(p != nullptr, "tp_save_hf: the local model has no tensor {}", f.name);
+        const TpSplit split = tp_split_of(table.entries()[p->entry].role);
+        HostTensor mine(DType::kF32, p->shape);
+        hf_param_export(*p, staging.host(table.entries()[p->entry].arena_index), mine.view());
+        const int64_t n = p->shape.numel();
+        const bool whole_here = split == TpSplit::kReplicated || split == TpSplit::kRankZero;
+        if (!whole_here) {
+            all.resize(size_t(n * tp));
+            LATHE_RETURN_IF_ERROR(
+                gather_host(comm, ctx, std::span<const float>(mine.as<float>(), size_t(n)), all)
+                    .with_context(fmt::format("gathering {} for the checkpoint", f.name)));
+        }
+        if (!writer) continue;
+        staged.emplace_back(DType::kF32, f.shape);
+        assemble(whole_here ? mine.as<float>() : all.data(), p->shape, split, tp,
+                 staged.back().view());
+        tensors.push_back(safetensors_write_tensor(f.name, staged.back().view()));
+    }
+    if (!writer) return ok_status();
+    LATHE_RETURN_IF_ERROR(safetensors_write_checkpoint(dir, tensors).status());
+    HfModelConfig hf = full.hf;
+    hf.torch_dtype = "float32";
+    return hf_config_save(dir + "/config.json", hf);
 }
 
 Status tp_broadcast_bytes(Communicator& comm, const Context& ctx, std::vector<uint8_t>& bytes) {

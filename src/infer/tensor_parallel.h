@@ -27,18 +27,21 @@
 // samples; tp_broadcast_bytes / InferenceEngine::agree_tokens carry its choices to the others.
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/status.h"
 #include "dist/communicator.h"
+#include "model/memory_plan.h"
 #include "model/model.h"
 #include "model/model_config.h"
 #include "model/param_table.h"
 
 namespace lathe {
 
+class ParamStaging;
 class SafetensorsTensor;
 
 // How one HF tensor is split among the ranks (header comment).
@@ -74,6 +77,49 @@ Result<Model> tp_model_create_loaded(const ModelConfig& full, int rank, int tp,
 // trained model: for throughput and memory only. tp = 1 gives the whole model.
 Result<Model> tp_model_create_random(const ModelConfig& full, int rank, int tp,
                                      const ModelShape& shape, const Context& ctx, uint64_t seed);
+
+// ---- Training (run/trainer.cpp, parallel.tensor; docs/DISTRIBUTED.md) ----
+// A tensor-parallel training rank trains a model of the local config; its Model's tensor-parallel
+// sum (model.h) all-reduces over the group of `tp` consecutive ranks.
+
+// Sets `local` (a model of tp_local_config(full, tp)) to rank `rank`'s shard of the weights that
+// Model::init(seed) gives a model of `full`: the same full weights at every tp (model/init.h's
+// draws are keyed by the tensor name and the element's index in the full tensor).
+void tp_model_init(Model& local, const ModelConfig& full, int rank, int tp, uint64_t seed);
+
+// Rank `rank`'s part of the full HF tensor `whole` (host f32, the full HF shape) written into
+// `part` (host f32, the local HF shape) as `split` cuts it: the rows or columns of the shard, the
+// whole tensor (kReplicated; kRankZero on rank 0), or zeros (kRankZero elsewhere).
+void tp_slice_hf(ConstTensorView whole, TpSplit split, int rank, int tp, TensorView part);
+
+// Loads rank `rank`'s shard of `tp` of the checkpoint folder `dir` (a model of the full config)
+// into `local`, a model of the local config.
+// Errors as tp_model_create_loaded's.
+Status tp_model_load(Model& local, int rank, int tp, const std::string& dir);
+
+// The arena ranges (params_flat() coordinates) of `local`'s parameter entries that every rank
+// holds whole (TpSplit::kReplicated): counted once in a global gradient norm.
+std::vector<FlatRange> tp_replicated_ranges(const Model& local);
+
+// Optimizer moments from one split to another (a checkpoint of parallel.tensor `from` resumed at
+// `tp`): `old[r]` is rank r's moment vector of `from` in canonical coordinates (optim/
+// optimizer_state.h: the parameter table layout of a model of tp_local_config(full, from), flat
+// f32); returns rank `rank`'s of `tp`, each HF tensor's moments assembled whole from the old
+// shards and sliced as tp_slice_hf slices the weights. Both splits must be valid (checked).
+std::vector<float> tp_reshard_moments(const ModelConfig& full, int from,
+                                      std::span<const std::vector<float>> old, int tp, int rank);
+
+// The canonical length (optim/optimizer_state.h) of the moments of a rank of `tp` (checked valid).
+int64_t tp_canonical_length(const ModelConfig& full, int tp);
+
+// The HF tensors of a model of `full` assembled from the shards of the `tp` ranks of `comm` (the
+// tensor-parallel group, comm.size() == tp): each rank passes its local model and `staging`, a
+// ParamStaging over it holding its parameters (filled by the caller); rank 0 of `comm` then
+// writes `dir`/model.safetensors and `dir`/config.json, the files model_save_hf writes for a
+// model of `full`. Collective over `comm` (every rank calls it); the shards travel tensor by
+// tensor (on CUDA through a device buffer of `ctx`). Errors: the communicator's, the writer's.
+Status tp_save_hf(const Model& local, ParamStaging& staging, const ModelConfig& full,
+                  Communicator& comm, const Context& ctx, const std::string& dir);
 
 // Sends rank 0's `bytes` to every rank of `comm` (the size first, then the bytes); on return
 // every rank's `bytes` equals rank 0's. CPU communicators move host memory; NCCL goes through a

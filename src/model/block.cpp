@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/check.h"
+
 #include "ops/attention.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
@@ -91,6 +93,30 @@ void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, co
                       block_attention_scale(c), ctx);
 
     // Residual and MLP branch.
+    const std::function<void(TensorView)>* tp = in.tp_sum;
+    LATHE_CHECK(tp == nullptr || !c.parallel_residual,
+                "tensor parallel runs blocks with the sequential residual");
+    if (tp != nullptr) {
+        // o, then the MLP output: this rank's partial sums, summed before the residual adds.
+        linear_forward(s.tmp, flat_heads(a.att), w.wo, w.bo, ctx, out);
+        (*tp)(s.tmp);
+        if (c.norm == NormKind::kRmsNorm)
+            rmsnorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_rstd, a.x_in, s.tmp, w.norm2_w,
+                                     float(c.norm_eps), ctx);
+        else
+            layernorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, s.tmp,
+                                       w.norm2_w, w.norm2_b, float(c.norm_eps), ctx);
+        if (c.mlp == MlpKind::kSwiGlu) {
+            linear_forward(a.mlp_in, a.ln2_out, w.w_up, w.b_up, ctx, up);
+            swiglu_forward(a.mlp_act, a.mlp_in, ctx);
+        } else {
+            linear_gelu_forward(a.mlp_act, a.mlp_in, a.ln2_out, w.w_up, w.b_up, c.gelu, ctx, up);
+        }
+        linear_forward(s.tmp, a.mlp_act, w.w_down, w.b_down, ctx, down);
+        (*tp)(s.tmp);
+        residual_forward(a.x_out, a.x_mid, s.tmp, ctx);
+        return;
+    }
     if (c.parallel_residual) {
         // x_out = x + o in the output projection's GEMM (the residual read as its C).
         linear_residual_forward(a.x_out, flat_heads(a.att), w.wo, w.bo, a.x_in, ctx, out);
@@ -148,6 +174,8 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
         linear_backward(s.dnorm2, g.w_up, TensorView(), s.dmlp_in, a.ln2_out, w.w_up,
                         GradMode::kOverwrite, ctx, up);
     }
+    // Tensor parallel: each rank's dnorm2 is its shard's part of the sum (block.h header).
+    if (in.tp_sum != nullptr) (*in.tp_sum)(s.dnorm2);
     // Sequential: norm2 read x_mid, so its input gradient joins dres now, which then is d x_mid,
     // what the attention output received. Parallel: dres stays d out (the attention output
     // received it too), and norm2's gradient joins at the end, once dres is no longer read.
@@ -169,6 +197,7 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
                     ctx, ks);
     linear_backward(s.dnorm1, g.wv, g.bv, flat_heads(s.dv), a.ln1_out, w.wv, GradMode::kAccumulate,
                     ctx, vs);
+    if (in.tp_sum != nullptr) (*in.tp_sum)(s.dnorm1);
     block_norm_backward(c, dres, g.norm1_w, g.norm1_b, s.dnorm1, a.x_in, w.norm1_w, a.ln1_mean,
                         a.ln1_rstd, GradMode::kAccumulate, ctx);
     if (c.parallel_residual)

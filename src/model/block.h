@@ -15,6 +15,13 @@
 // Backward: the exact reverse, with `dres` carrying the residual stream's gradient: it holds
 // d out on entry and d x on return. Parameter gradients accumulate (+=); nothing else is kept.
 //
+// Tensor parallel (BlockInputs::tp_sum set; infer/tensor_parallel.h gives the sharding): the
+// weights are one rank's shard (H/T heads, F/T MLP width), so o and the MLP output are partial
+// sums, summed over the tensor-parallel group before their residual adds; in the backward the
+// gradients at the norm outputs (dnorm1, dnorm2) are partial sums of the column-parallel
+// projections' input gradients, summed before the norms' backward. Every other tensor of the
+// residual stream is the same on every rank. Sequential residual only (the split families).
+//
 // Buffers: BlockActs are saved by the forward for the backward (one set per layer, in the
 // activation arena); BlockScratch is overwritten by every block (one set, in the scratch arena).
 // Their shapes for a batch (B, T) are listed once, by block_acts_for_each and
@@ -22,6 +29,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 
 #include "core/tensor.h"
 #include "model/fp8_state.h"
@@ -92,6 +100,9 @@ struct BlockInputs {
     ConstTensorView positions;  // (B, T) i32 RoPE positions, or null (0..T-1)
     ConstTensorView rope_cos;   // (P, R/2) f32, RoPE families
     ConstTensorView rope_sin;
+    // Tensor parallel: sums a (B, T, C) partial tensor over the group in place (block.h header);
+    // null for one rank.
+    const std::function<void(TensorView)>* tp_sum = nullptr;
 };
 
 // Calls f(name, member, dtype, shape) for each saved tensor a block of `config` needs for a

@@ -734,6 +734,7 @@ BlockInputs Model::block_inputs() const {
         in.rope_cos = scratch_.view(plan_.rope_cos);
         in.rope_sin = scratch_.view(plan_.rope_sin);
     }
+    if (tp_sum_) in.tp_sum = &tp_sum_;
     return in;
 }
 

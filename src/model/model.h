@@ -278,6 +278,13 @@ public:
     using WeightWindowHook = std::function<TensorView(int piece)>;
     void set_weight_window_hook(WeightWindowHook hook);
 
+    // Tensor parallel (infer/tensor_parallel.h; model/block.h's header): the model is one rank's
+    // shard, and `sum` sums a (B, T, C) partial tensor over the tensor-parallel group in place,
+    // in stream order: every forward and backward calls it twice per layer (the row-parallel
+    // outputs, the gradients at the norm outputs). An empty function: one rank.
+    using TensorParallelSum = std::function<void(TensorView)>;
+    void set_tensor_parallel_sum(TensorParallelSum sum) { tp_sum_ = std::move(sum); }
+
     // Waits for everything the model enqueued (CUDA); no-op on the CPU.
     void synchronize() const;
 
@@ -391,6 +398,7 @@ private:
     std::shared_ptr<void> attention_loan_;
     GradsReadyHook grads_ready_;
     WeightsNeededHook weights_needed_;
+    TensorParallelSum tp_sum_;
     Dims dims_;  // of the batch in the activations
     bool has_docs_ = false, has_positions_ = false;
     bool backward_ready_ = false;  // a forward() with targets saved activations for backward()

@@ -429,6 +429,33 @@ void DataParallel::on_layer_ready(int layer) {
                                                  : std::string("the embedding/head gradients"));
 }
 
+void DataParallel::exclude_from_norm(std::span<const FlatRange> arena) {
+    // norm_ranges_[i] is chunks_[i] where the sum reads it (the arena, or the ZeRO-2 shard).
+    LATHE_CHECK(norm_ranges_.size() == chunks_.size(), "{} norm ranges for {} chunks",
+                norm_ranges_.size(), chunks_.size());
+    std::vector<FlatRange> kept;
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+        const FlatRange c = chunks_[i];
+        LATHE_CHECK(norm_ranges_[i].size() == c.size(), "norm range {} of {} for a chunk of {}", i,
+                    norm_ranges_[i].size(), c.size());
+        const int64_t shift = norm_ranges_[i].begin - c.begin;
+        // c minus every excluded range, in order.
+        std::vector<FlatRange> cut;
+        for (const FlatRange& x : arena)
+            if (x.end > c.begin && x.begin < c.end)
+                cut.push_back({std::max(x.begin, c.begin), std::min(x.end, c.end)});
+        std::sort(cut.begin(), cut.end(),
+                  [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
+        int64_t at = c.begin;
+        for (const FlatRange& x : cut) {
+            if (x.begin > at) kept.push_back({at + shift, x.begin + shift});
+            at = std::max(at, x.end);
+        }
+        if (at < c.end) kept.push_back({at + shift, c.end + shift});
+    }
+    norm_ranges_ = std::move(kept);
+}
+
 float DataParallel::set_grad_norm(std::span<const double> rank_sums) {
     double sum = 0.0;
     for (const double s : rank_sums) sum += s;
@@ -618,7 +645,9 @@ Status DataParallel::save_optimizer(const AdamWOptimizer& optimizer, const std::
                                       layout_.used);
 }
 
-Status DataParallel::load_optimizer(AdamWOptimizer& optimizer, const std::string& dir) const {
+void DataParallel::canonical_ranges(const AdamWOptimizer& optimizer,
+                                    std::vector<FlatRange>& canonical,
+                                    std::vector<int64_t>& offsets) const {
     // The arena ranges this rank's moments hold: its chunks (ZeRO-1) or every unit (ZeRO-0).
     std::vector<FlatRange> mine;
     for (const FlatRange& r : optimizer.ranges()) {
@@ -627,14 +656,20 @@ Status DataParallel::load_optimizer(AdamWOptimizer& optimizer, const std::string
             if (x.size() > 0) mine.push_back(x);
         }
     }
-    std::vector<FlatRange> canonical;
-    std::vector<int64_t> offsets;  // [i] the moment offset of canonical[i]'s first element
+    canonical.clear();
+    offsets.clear();  // [i] the moment offset of canonical[i]'s first element
     for (const FlatRange& r : mine) {
         const std::vector<FlatRange> c = layout_.to_canonical(std::span<const FlatRange>(&r, 1));
         if (c.empty()) continue;
         canonical.push_back(c[0]);
         offsets.push_back(moment_offset(optimizer, r.begin));
     }
+}
+
+Status DataParallel::load_optimizer(AdamWOptimizer& optimizer, const std::string& dir) const {
+    std::vector<FlatRange> canonical;
+    std::vector<int64_t> offsets;
+    canonical_ranges(optimizer, canonical, offsets);
     int64_t k = 0;
     for (const FlatRange& c : canonical) k += c.size();
     std::vector<float> cm(static_cast<size_t>(k)), cv(static_cast<size_t>(k));
@@ -649,6 +684,25 @@ Status DataParallel::load_optimizer(AdamWOptimizer& optimizer, const std::string
     }
     optimizer.write_state(m, v);
     return ok_status();
+}
+
+void DataParallel::load_optimizer_canonical(AdamWOptimizer& optimizer,
+                                            std::span<const float> exp_avg,
+                                            std::span<const float> exp_avg_sq) const {
+    LATHE_CHECK(
+        int64_t(exp_avg.size()) == layout_.used && int64_t(exp_avg_sq.size()) == layout_.used,
+        "canonical moments of {} and {} elements for a model of {}", exp_avg.size(),
+        exp_avg_sq.size(), layout_.used);
+    std::vector<FlatRange> canonical;
+    std::vector<int64_t> offsets;
+    canonical_ranges(optimizer, canonical, offsets);
+    std::vector<float> m(size_t(optimizer.numel()), 0.0f), v(size_t(optimizer.numel()), 0.0f);
+    for (size_t i = 0; i < canonical.size(); ++i) {
+        const FlatRange c = canonical[i];
+        std::copy(exp_avg.begin() + c.begin, exp_avg.begin() + c.end, m.begin() + offsets[i]);
+        std::copy(exp_avg_sq.begin() + c.begin, exp_avg_sq.begin() + c.end, v.begin() + offsets[i]);
+    }
+    optimizer.write_state(m, v);
 }
 
 Status DataParallel::check_checkpoint(const std::string& dir) const {

@@ -172,6 +172,10 @@ public:
     // the optimizer clips and returned.
     double local_grad_sum_of_squares() { return model_.grad_sum_of_squares(norm_ranges_); }
     float set_grad_norm(std::span<const double> rank_sums);
+    // Leaves the parameter arena ranges `arena` (params_flat() coordinates) out of this rank's
+    // sum of squares: the entries another rank counts (tensor parallel's replicated entries on
+    // tensor ranks other than 0, run/trainer.cpp).
+    void exclude_from_norm(std::span<const FlatRange> arena);
     // The optimizer state of this rank's chunks written into the checkpoint folder `dir`
     // (range-list shard, canonical; at ZeRO-0 rank 0 writes the whole canonical vector as the
     // full file and the others nothing), and read back from any checkpoint folder of any world:
@@ -180,6 +184,11 @@ public:
     Status save_optimizer(const AdamWOptimizer& optimizer, const std::string& dir) const;
     Status load_optimizer(AdamWOptimizer& optimizer, const std::string& dir) const;
     Status check_checkpoint(const std::string& dir) const;
+    // load_optimizer from the whole canonical moment vectors `exp_avg`, `exp_avg_sq` (of
+    // params_used() elements) in memory: a state another layout wrote, converted
+    // (parallel.tensor, infer/tensor_parallel.h's tp_reshard_moments).
+    void load_optimizer_canonical(AdamWOptimizer& optimizer, std::span<const float> exp_avg,
+                                  std::span<const float> exp_avg_sq) const;
     // Milliseconds the compute waited on communication in the last step; call after the step's
     // gradient norm was read (the events it times have completed then).
     double comm_wait_ms();
@@ -195,6 +204,9 @@ private:
     TensorView on_grad_window(int piece);
     size_t unit_of_piece(int piece) const;
     Status reduce_unit(size_t unit);
+    // The canonical ranges `optimizer`'s moments hold, and each one's moment offset.
+    void canonical_ranges(const AdamWOptimizer& optimizer, std::vector<FlatRange>& canonical,
+                          std::vector<int64_t>& offsets) const;
     // The moments' offset (optimizer coordinates) of arena element `at` of `optimizer`'s ranges.
     static int64_t moment_offset(const AdamWOptimizer& optimizer, int64_t at);
     // CUDA: the compute stream waits for every piece still in flight.

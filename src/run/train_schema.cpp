@@ -84,6 +84,10 @@ ConfigSchema train_config_schema() {
            "data parallel: 0 = every rank holds the whole optimizer state, 1 = AdamW state "
            "sharded over the ranks (ZeRO-1), 2 = AdamW state and gradients sharded (ZeRO-2), "
            "3 = AdamW state, gradients and parameters sharded (ZeRO-3)"});
+    s.add({"parallel.tensor", ConfigType::kInt, "1",
+           "tensor parallel: T consecutive ranks share every layer (Megatron-style, "
+           "infer/tensor_parallel.h); the world is T x data-parallel ranks; T divides the "
+           "attention heads, the key/value heads and the MLP width (llama, mistral, qwen2)"});
     s.add({"parallel.timeout_s", ConfigType::kFloat, "600",
            "a rank waiting longer than this on the others stops the run, naming the wait "
            "(0 = wait forever)"});

@@ -286,6 +286,14 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
             "gradients sharded) or 3 (optimizer state, gradients and parameters sharded)",
             c.source_of("parallel.zero_stage"), c.get_int("parallel.zero_stage"));
     }
+    const int64_t tensor = c.get_int("parallel.tensor");
+    if (tensor < 1 || tensor > 4096) {
+        return invalid_argument_error(
+            "{}: 'parallel.tensor' must be the ranks of a tensor-parallel group, 1 (off) to "
+            "4096, got {}",
+            c.source_of("parallel.tensor"), tensor);
+    }
+    s.tensor = int(tensor);
     s.timeout_s = c.get_float("parallel.timeout_s");
     if (!(s.timeout_s >= 0.0) || s.timeout_s > 1e7) {
         return invalid_argument_error(

@@ -5,14 +5,16 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "dist/communicator.h"
 #include "dist/host_collectives.h"
 #include "run/data_parallel.h"
 
 namespace lathe {
 
 TrainStep::TrainStep(Model& model, AdamWOptimizer& optimizer, std::vector<char> frozen,
-                     DataParallel* dp)
-    : model_(model), optimizer_(&optimizer), frozen_(std::move(frozen)), dp_(dp) {
+                     DataParallel* dp, Communicator* tp)
+    : model_(model), optimizer_(&optimizer), frozen_(std::move(frozen)), dp_(dp), tp_(tp) {
+    LATHE_CHECK(tp_ == nullptr || dp_ != nullptr, "tensor parallel steps through DataParallel");
     LATHE_CHECK(frozen_.empty() || frozen_.size() == model_.params().entries().size(),
                 "{} frozen flags for {} parameter entries", frozen_.size(),
                 model_.params().entries().size());
@@ -51,7 +53,18 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next,
     TrainStepValues out;
     // Data parallel: this rank's part of the norm (a sum of squares), combined once every rank's
     // is gathered.
-    const double part = dp_ != nullptr ? dp_->local_grad_sum_of_squares() : 0.0;
+    double part = dp_ != nullptr ? dp_->local_grad_sum_of_squares() : 0.0;
+    if (tp_ != nullptr && tp_->size() > 1) {
+        // Tensor parallel: the shards of the group (its replicated entries counted by tensor
+        // rank 0 alone, DataParallel::exclude_from_norm), summed in rank order.
+        std::vector<double> parts(size_t(tp_->size()));
+        LATHE_RETURN_IF_ERROR(
+            all_gather_bytes(*tp_, std::as_bytes(std::span<const double>(&part, 1)),
+                             std::as_writable_bytes(std::span<double>(parts)), dp_->stream())
+                .with_context("gathering the tensor-parallel gradient norm"));
+        part = 0.0;
+        for (const double p : parts) part += p;
+    }
     if (dp_ == nullptr) out.norm = model_.grad_norm();
     read_losses(K);
     // Delayed fp8 scaling: the step's amaxes, read back now that the GPU has caught up.

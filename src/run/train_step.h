@@ -60,6 +60,7 @@ struct TrainStepValues {
     double comm_wait_ms = 0.0;  // data parallel: DataParallel::comm_wait_ms() of this step
 };
 
+class Communicator;  // dist/communicator.h
 class DataParallel;  // run/data_parallel.h
 
 class TrainStep {
@@ -67,8 +68,10 @@ public:
     // `frozen`: one flag per parameter entry (Model::params().entries()), nonzero for an entry
     // that is not trained; empty trains every entry.
     // `dp`: the data-parallel collectives (null: one process); must outlive the step.
+    // `tp`: the tensor-parallel group (null: none; parallel.tensor, run/trainer.cpp): each rank's
+    // part of the norm is summed over it (in rank order, fp64) before the data-parallel sum.
     TrainStep(Model& model, AdamWOptimizer& optimizer, std::vector<char> frozen = {},
-              DataParallel* dp = nullptr);
+              DataParallel* dp = nullptr, Communicator* tp = nullptr);
     // The offloaded optimizer of one process (file comment).
     TrainStep(Model& model, HostOptimizer& optimizer, std::vector<char> frozen = {});
 
@@ -92,6 +95,7 @@ private:
     float norm_ = 0.0f;  // the last gradients()'s norm (host_'s clipping)
     std::vector<char> frozen_;
     DataParallel* dp_ = nullptr;
+    Communicator* tp_ = nullptr;
     std::vector<float> losses_, gathered_;
     std::vector<double> norms_;
     std::vector<AdamWSegment> segments_;

@@ -30,6 +30,7 @@
 #include "dist/consistency.h"
 #include "dist/host_collectives.h"
 #include "dist/watchdog.h"
+#include "infer/tensor_parallel.h"
 #include "io/file.h"
 #include "io/safetensors.h"
 #include "io/tensorboard.h"
@@ -137,6 +138,18 @@ private:
     // Data parallel: this process writes the run's shared files (metrics, config, the model).
     bool lead() const { return world_.rank() == 0; }
     bool multi() const { return !world_.single(); }
+    // Tensor parallel (parallel.tensor > 1): groups of tp() consecutive ranks share every layer,
+    // and the ranks of one tensor-parallel rank form a data-parallel group (docs/DISTRIBUTED.md).
+    int tp() const { return s_.tensor; }
+    int tp_rank() const { return tp_comm_ ? tp_comm_->rank() : 0; }
+    // The data-parallel group of this rank: the world without tensor parallel.
+    Communicator& dp_comm() const { return dp_comm_ ? *dp_comm_ : *world_.comm; }
+    int dp_size() const { return dp_comm_ ? dp_comm_->size() : world_.size(); }
+    int dp_rank() const { return dp_comm_ ? dp_comm_->rank() : world_.rank(); }
+    // parallel.tensor > 1: checks the model and the world, splits the world's communicator.
+    Status setup_tensor_parallel();
+    // The folder of `dir` the optimizer state of this rank's data-parallel group goes in.
+    std::string optimizer_dir(const std::string& dir) const;
     // Data parallel: every rank learns whether every rank's `mine` is ok, so that an error on one
     // rank (often rank 0's alone: files, data caches) stops all of them with it, instead of
     // leaving the others waiting in their next collective. Returns `mine` when it failed, else an
@@ -159,6 +172,12 @@ private:
     TrainSettings s_;
     ComputeDevice device_;  // before model_: the model's Context points into it
     World world_;           // the ranks (one without a launcher); its communicator after device_
+    // Tensor parallel: this rank's tensor-parallel and data-parallel groups (split from the
+    // world's communicator, destroyed before it), the model config of a rank's shard, and the
+    // first error of a sum the model asked for.
+    std::unique_ptr<Communicator> tp_comm_, dp_comm_;
+    ModelConfig local_model_;
+    Status tp_error_;
     // Bounds every wait on the other ranks (parallel.timeout_s; off for one process).
     std::unique_ptr<Watchdog> watchdog_;
     FileLock run_lock_;  // rank 0: RUN_DIR/kRunLockFile, held while this process trains the run
@@ -270,8 +289,25 @@ Status Trainer::setup() {
     // The other ranks, when a launcher started several (run/world.h): the rendezvous is bounded
     // by parallel.timeout_s (or 5 minutes when that is off).
     const int rendezvous_ms = s_.timeout_s > 0 ? int(std::min(s_.timeout_s, 1e6) * 1000) : 300'000;
+    // A model tensor parallel cannot split is refused before the other ranks are waited for.
+    local_model_ = s_.model;
+    if (tp() > 1) {
+        const std::string& family = s_.model.model_type;
+        if (family != "llama" && family != "mistral" && family != "qwen2") {
+            return unimplemented_error(
+                "{}: 'parallel.tensor' {}: the {} family has no tensor-parallel split (its "
+                "attention projections are not sized by the heads); tensor parallel trains the "
+                "llama, mistral and qwen2 families (set parallel.tensor 1)",
+                config_.source_of("parallel.tensor"), tp(), family);
+        }
+        LATHE_ASSIGN_OR_RETURN(local_model_,
+                               tp_local_config(s_.model, tp(),
+                                               fmt::format("{}: 'parallel.tensor'",
+                                                           config_.source_of("parallel.tensor"))));
+    }
     LATHE_ASSIGN_OR_RETURN(world_, world_open(device_, rendezvous_ms));
-    s_.world = world_.size();
+    if (tp() > 1) LATHE_RETURN_IF_ERROR(setup_tensor_parallel());
+    s_.world = dp_size();
     watchdog_ = std::make_unique<Watchdog>(
         multi() ? world_.comm.get() : nullptr,
         std::chrono::milliseconds(multi() ? int64_t(s_.timeout_s * 1000) : 0), world_.who());
@@ -288,12 +324,19 @@ Status Trainer::setup() {
             "one rank",
             world_.size());
     }
-    if (multi()) {
+    if (dp_size() > 1) {
         log_info(
             "data parallel over {} ranks ({}), ZeRO-{}: each rank {} x {} micro-batches of "
             "the global batch of {}",
-            world_.size(), launcher_name(world_.group.launcher), s_.zero_stage, s_.grad_accum,
+            dp_size(), launcher_name(world_.group.launcher), s_.zero_stage, s_.grad_accum,
             s_.micro_batch, s_.global_batch());
+    }
+    if (tp() > 1) {
+        log_info(
+            "tensor parallel over groups of {} consecutive ranks: each holds {} of {} heads, "
+            "{} of {} key/value heads and {} of {} MLP columns",
+            tp(), local_model_.num_heads, s_.model.num_heads, local_model_.num_kv_heads,
+            s_.model.num_kv_heads, local_model_.intermediate_size, s_.model.intermediate_size);
     }
     std::error_code ec;
     fs::create_directories(request_.run_dir, ec);
@@ -324,7 +367,7 @@ Status Trainer::setup() {
     // Only now, with the run locked, is the configuration compared with the newest checkpoint's
     // (another trainer of the run could be publishing one).
     LATHE_RETURN_IF_ERROR(
-        check_resume_config(request_.run_dir, config_.schema(), config_, world_.size()));
+        check_resume_config(request_.run_dir, config_.schema(), config_, dp_size()));
     LATHE_RETURN_IF_ERROR(check_ranks_agree(/*data=*/false));
     // GPT-NeoX sizes the sample index by the global batch (every rank's micro-batches of a
     // step), so that the samples a run sees do not depend on how many ranks share them.
@@ -360,8 +403,7 @@ Status Trainer::setup() {
     shape.seq_len = s_.seq_len;
     shape.backend = device_.backend();
     shape.recompute = s_.recompute;
-    data_parallel_shape(shape, multi() ? world_.size() : 1, s_.zero_stage,
-                        multi() ? world_.rank() : 0);
+    data_parallel_shape(shape, multi() ? dp_size() : 1, s_.zero_stage, multi() ? dp_rank() : 0);
     shape.communication_bytes = world_.device_bytes;
     const bool offload = s_.offload.offload == OptimizerOffload::kCpu;
     if (offload && multi()) {
@@ -375,8 +417,8 @@ Status Trainer::setup() {
         shape.precision = fp8_precision_policy(s_.fp8);
         shape.fp8 = s_.fp8;
     }
-    const ParamTable table = model_param_table(s_.model);
-    auto plan = memory_plan_make(s_.model, table, shape);
+    const ParamTable table = model_param_table(local_model_);
+    auto plan = memory_plan_make(local_model_, table, shape);
     if (!plan.ok()) return plan.status();
     const size_t need = plan->total_bytes();
     const size_t have = device_.available_memory_bytes();
@@ -387,9 +429,17 @@ Status Trainer::setup() {
             "train.gradient_accumulation_steps to keep the batch)",
             s_.micro_batch, s_.seq_len, format_bytes(need), device_.describe(), format_bytes(have));
     }
-    auto model = Model::create(s_.model, shape, device_.context());
+    auto model = Model::create(local_model_, shape, device_.context());
     if (!model.ok()) return model.status();
     model_.emplace(std::move(model).value());
+    if (tp() > 1) {
+        // The row-parallel outputs and the norm-output gradients, summed over the group in
+        // stream order (model/block.h); a failure stops the step that called it.
+        model_->set_tensor_parallel_sum([this](TensorView v) {
+            if (!tp_error_.ok()) return;
+            tp_error_ = tp_comm_->all_reduce(v, v, ReduceOp::kSum, device_.context().stream);
+        });
+    }
     const int64_t max_len = s_.model.hf.max_position_embeddings;
     LATHE_ASSIGN_OR_RETURN(tokenizer_files_, carried_tokenizer_files(s_.tokenizer_path, max_len));
     // The plan as allocated (on CUDA it now counts the attention workspaces cuDNN asked for);
@@ -397,7 +447,8 @@ Status Trainer::setup() {
     if (lead()) {
         std::string title = model_config_summary(s_.model);
         if (multi())
-            title += fmt::format(", per rank of {} (ZeRO-{})", world_.size(), s_.zero_stage);
+            title += fmt::format(", per rank of {} (ZeRO-{}{})", world_.size(), s_.zero_stage,
+                                 tp() > 1 ? fmt::format(", tensor parallel {}", tp()) : "");
         std::string table = model_->plan().table(title);
         if (offload) {
             LATHE_ASSIGN_OR_RETURN(const HostMemoryPlan host,
@@ -422,8 +473,11 @@ Status Trainer::setup() {
     }
     std::vector<FlatRange> ranges{FlatRange{0, model_->params_total()}};
     if (multi()) {
-        LATHE_ASSIGN_OR_RETURN(dp_, DataParallel::create(*model_, *world_.comm, s_.zero_stage));
+        LATHE_ASSIGN_OR_RETURN(dp_, DataParallel::create(*model_, dp_comm(), s_.zero_stage));
         ranges = dp_->optimizer_ranges();
+        // Tensor parallel: the entries every rank holds whole count once in the gradient norm
+        // (tensor rank 0's), the shards once each (summed over the group by TrainStep).
+        if (tp_rank() != 0) dp_->exclude_from_norm(tp_replicated_ranges(*model_));
     }
     if (!offload) {
         LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer,
@@ -464,10 +518,16 @@ Status Trainer::setup() {
                 pattern, params.hf_params().front().name);
         }
     }
+    if (tp_rank() != 0) {
+        // The biases of the row-parallel projections live on tensor rank 0 (zeros elsewhere,
+        // infer/tensor_parallel.h): the other ranks neither train them nor count their norm.
+        for (size_t e = 0; e < params.entries().size(); ++e)
+            if (tp_split_of(params.entries()[e].role) == TpSplit::kRankZero) frozen_[e] = 1;
+    }
     if (host_optimizer_)
         step_.emplace(*model_, *host_optimizer_, frozen_);
     else
-        step_.emplace(*model_, *optimizer_, frozen_, dp_.get());
+        step_.emplace(*model_, *optimizer_, frozen_, dp_.get(), tp_comm_.get());
     // Rank 0 opens the checkpoints folder (cleaning what a killed run left half-written); the
     // others attach to it once it has.
     const std::string root = (fs::path(request_.run_dir) / "checkpoints").string();
@@ -544,13 +604,71 @@ Status Trainer::agree(Status mine, std::string_view what) {
 }
 
 Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_state) {
-    auto ck = SafetensorsCheckpoint::open(dir);
-    if (!ck.ok()) return ck.status().with_context(dir);
-    LATHE_RETURN_IF_ERROR(model_load_hf(*model_, *ck));
+    if (tp() > 1) {
+        // Any checkpoint of the model (one Hugging Face folder at every layout): this rank's shard.
+        LATHE_RETURN_IF_ERROR(tp_model_load(*model_, tp_rank(), tp(), dir));
+    } else {
+        auto ck = SafetensorsCheckpoint::open(dir);
+        if (!ck.ok()) return ck.status().with_context(dir);
+        LATHE_RETURN_IF_ERROR(model_load_hf(*model_, *ck));
+    }
     if (!with_optimizer_and_state) return ok_status();
-    // Whatever world wrote it: one file, or one per rank, re-sharded onto this rank's ranges.
-    if (dp_) {
-        LATHE_RETURN_IF_ERROR(dp_->load_optimizer(*optimizer_, dir));
+    // The optimizer state is written per tensor rank: a checkpoint of another parallel.tensor is
+    // converted, each HF tensor's moments assembled from its ranks and sliced for this one.
+    int64_t written_tp = 1;
+    {
+        const std::string state_path = (fs::path(dir) / kTrainerStateFile).string();
+        if (auto text = file_read_all(state_path); text.ok()) {
+            const auto j = nlohmann::json::parse(*text, nullptr, false);
+            if (j.is_object() && j.contains("tensor_parallel") &&
+                j.at("tensor_parallel").is_number_integer())
+                written_tp = j.at("tensor_parallel").get<int64_t>();
+        }
+    }
+    if (written_tp != tp()) {
+        const Result<ModelConfig> before =
+            tp_local_config(s_.model, int(std::clamp<int64_t>(written_tp, 0, 1 << 20)),
+                            fmt::format("{}: tensor_parallel", kTrainerStateFile));
+        if (!before.ok() || host_optimizer_) {
+            return failed_precondition_error(
+                "{}: the checkpoint was written at parallel.tensor {}, this run has "
+                "parallel.tensor {}{}. Resume with parallel.tensor {}, or start a new --run-dir "
+                "from its weights (checkpoint.init_from: {}, which any layout loads)",
+                dir, written_tp, tp(),
+                host_optimizer_ ? " and optimizer.offload cpu, which reads its own layout only"
+                                : fmt::format(" ({})", before.status().message()),
+                written_tp, dir);
+        }
+        log_info("converting the optimizer state of parallel.tensor {} to {}", written_tp, tp());
+        const int from = int(written_tp);
+        const int64_t used_before = tp_canonical_length(s_.model, from);
+        std::vector<std::vector<float>> old_m(static_cast<size_t>(from)),
+            old_v(static_cast<size_t>(from));
+        for (int r = 0; r < from; ++r) {
+            const std::string folder =
+                from == 1 ? dir
+                          : (fs::path(dir) / fmt::format("tensor-rank-{:05d}-of-{:05d}", r, from))
+                                .string();
+            old_m[size_t(r)].resize(size_t(used_before));
+            old_v[size_t(r)].resize(size_t(used_before));
+            const FlatRange all{0, used_before};
+            LATHE_RETURN_IF_ERROR(optimizer_state_load_ranges(folder, used_before,
+                                                              std::span<const FlatRange>(&all, 1),
+                                                              old_m[size_t(r)], old_v[size_t(r)]));
+        }
+        std::vector<float> m = tp_reshard_moments(s_.model, from, old_m, tp(), tp_rank());
+        std::vector<float> v = tp_reshard_moments(s_.model, from, old_v, tp(), tp_rank());
+        if (dp_) {
+            dp_->load_optimizer_canonical(*optimizer_, m, v);
+        } else {
+            // One process: its arena is the canonical vector, zero padded at its end.
+            m.resize(size_t(optimizer_->numel()), 0.0f);
+            v.resize(size_t(optimizer_->numel()), 0.0f);
+            optimizer_->write_state(m, v);
+        }
+    } else if (dp_) {
+        // Whatever world wrote it: one file, or one per rank, re-sharded onto this rank's ranges.
+        LATHE_RETURN_IF_ERROR(dp_->load_optimizer(*optimizer_, optimizer_dir(dir)));
     } else if (host_optimizer_) {
         LATHE_RETURN_IF_ERROR(host_optimizer_->load_state(
             dir, int64_t(model_->params().layout().total_bytes() / sizeof(float))));
@@ -598,7 +716,10 @@ Status Trainer::init_or_resume() {
         LATHE_RETURN_IF_ERROR(load_checkpoint(s_.init_from, cont));
     } else {
         log_info("initialising from seed {}", s_.seed);
-        model_->init(s_.seed);
+        if (tp() > 1)
+            tp_model_init(*model_, s_.model, tp_rank(), tp(), s_.seed);  // TP=1's weights
+        else
+            model_->init(s_.seed);
     }
     if (lead()) {
         LATHE_ASSIGN_OR_RETURN(
@@ -672,6 +793,40 @@ Status Trainer::open_tensorboard() {
     return ok_status();
 }
 
+Status Trainer::setup_tensor_parallel() {
+    const std::string key =
+        fmt::format("{}: 'parallel.tensor'", config_.source_of("parallel.tensor"));
+    if (world_.size() % tp() != 0) {
+        return invalid_argument_error(
+            "{} {} must divide the number of ranks ({}): the world is tensor x data-parallel "
+            "ranks; launch a multiple of {} ranks",
+            key, tp(), world_.size(), tp());
+    }
+    if (s_.offload.offload == OptimizerOffload::kCpu) {
+        return unimplemented_error(
+            "{}: 'optimizer.offload: cpu' runs in one process; tensor parallel keeps its "
+            "optimizer on the devices (remove the key, or set parallel.tensor 1)",
+            config_.source_of("optimizer.offload"));
+    }
+    if (fp8_run()) {
+        return unimplemented_error(
+            "{} {}: train.precision fp8 runs without tensor parallel (set "
+            "parallel.tensor 1, or train.precision bf16)",
+            key, tp());
+    }
+    const int rank = world_.rank();
+    // Consecutive ranks share a tensor-parallel group (inside a node); the ranks of one tensor
+    // rank form a data-parallel group.
+    LATHE_ASSIGN_OR_RETURN(tp_comm_, world_.comm->split(rank / tp(), rank));
+    LATHE_ASSIGN_OR_RETURN(dp_comm_, world_.comm->split(rank % tp(), rank));
+    return ok_status();
+}
+
+std::string Trainer::optimizer_dir(const std::string& dir) const {
+    if (tp() == 1) return dir;
+    return (fs::path(dir) / fmt::format("tensor-rank-{:05d}-of-{:05d}", tp_rank(), tp())).string();
+}
+
 Status Trainer::save_checkpoint() {
     // Rank 0 begins the step's folder, every rank writes its part into it (ZeRO-1: its optimizer
     // shard; the gathered model and the rest come from rank 0), and rank 0 publishes it once every
@@ -692,7 +847,20 @@ Status Trainer::save_checkpoint() {
             auto guard = watchdog_->arm("the gather of the parameters for the checkpoint");
             LATHE_RETURN_IF_ERROR(dp_->gather_masters());
         }
-        if (dp_ && dp_->params_sharded()) {
+        if (tp() > 1) {
+            // One Hugging Face folder of the full model: the ranks of data-parallel rank 0 (the
+            // first tensor-parallel group) gather their shards to rank 0, which writes it.
+            auto guard = watchdog_->arm("the gather of the parameters for the checkpoint");
+            const bool first_group = dp_rank() == 0;
+            ParamStaging staging(*model_);
+            if (dp_ && dp_->params_sharded())
+                LATHE_RETURN_IF_ERROR(dp_->gather_params(first_group ? &staging : nullptr));
+            else if (first_group)
+                staging.download_all();
+            if (first_group)
+                LATHE_RETURN_IF_ERROR(
+                    tp_save_hf(*model_, staging, s_.model, *tp_comm_, device_.context(), dir));
+        } else if (dp_ && dp_->params_sharded()) {
             // ZeRO-3: every rank joins the gathers, rank 0 keeps the entries and writes them.
             auto guard = watchdog_->arm("the gather of the parameters for the checkpoint");
             ParamStaging staging(*model_);
@@ -705,7 +873,13 @@ Status Trainer::save_checkpoint() {
             LATHE_RETURN_IF_ERROR(carried_files_write(tokenizer_files_, dir));
         }
         if (dp_) {
-            LATHE_RETURN_IF_ERROR(dp_->save_optimizer(*optimizer_, dir));
+            const std::string odir = optimizer_dir(dir);
+            if (odir != dir) {
+                std::error_code ec;
+                fs::create_directories(odir, ec);
+                if (ec) return io_error("{}: cannot create the folder: {}", odir, ec.message());
+            }
+            LATHE_RETURN_IF_ERROR(dp_->save_optimizer(*optimizer_, odir));
         } else if (host_optimizer_) {
             LATHE_RETURN_IF_ERROR(
                 host_optimizer_->save_state((fs::path(dir) / kOptimizerStateFile).string()));
@@ -721,7 +895,8 @@ Status Trainer::save_checkpoint() {
         nlohmann::json j = trainer_state_to_json(st_);
         j["seed"] = s_.seed;
         j["config"] = config_.to_yaml();
-        if (multi()) j["world_size"] = world_.size();
+        if (multi()) j["world_size"] = dp_size();
+        if (tp() > 1) j["tensor_parallel"] = tp();
         return file_write_atomic((fs::path(dir) / kTrainerStateFile).string(), j.dump(2) + "\n");
     }();
     LATHE_RETURN_IF_ERROR(agree(
@@ -735,7 +910,7 @@ Status Trainer::save_checkpoint() {
         published = [&]() -> Status {
             // Every rank's shard is in the folder rank 0 sees (a run folder that only looks
             // shared, e.g. node-local, is caught here, before the checkpoint is published).
-            if (dp_ != nullptr) LATHE_RETURN_IF_ERROR(dp_->check_checkpoint(dir));
+            if (dp_ != nullptr) LATHE_RETURN_IF_ERROR(dp_->check_checkpoint(optimizer_dir(dir)));
             LATHE_ASSIGN_OR_RETURN(std::string final_dir, ckpt_->commit(st_.step, s_.keep_last));
             log_info("checkpoint {}", final_dir);
             return ok_status();
@@ -757,6 +932,7 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
                                    return batch_views(*buf, B, T);
                                },
                                [] { return g_stop_signal.load(); }));
+    LATHE_RETURN_IF_ERROR(tp_error_.with_context("the tensor-parallel sum of a layer"));
     agreed_stop_ = values.stop_request;
     comm_wait_ms_ += values.comm_wait_ms;
     if (fp8_run()) {
@@ -823,14 +999,14 @@ Status Trainer::evaluate(double& loss_out) {
     const int64_t B = s_.micro_batch, T = s_.seq_len, n = s_.eval_iters;
     // Data parallel: rank r evaluates micro-batches r, r + W, ...; the losses are gathered and
     // summed in micro-batch order, as one process sums them.
-    const int64_t W = world_.size(), per_rank = (n + W - 1) / W;
+    const int64_t W = dp_size(), per_rank = (n + W - 1) / W;
     std::vector<float> mine(size_t(per_rank), 0.0f);
     // ZeRO-3: every forward gathers the layers with the other ranks, so every rank runs
     // per_rank of them; one past the last micro-batch evaluates micro-batch i % n again and
     // drops its loss.
     const bool every_rank_forwards = dp_ != nullptr && dp_->params_sharded();
     for (int64_t j = 0; j < per_rank; ++j) {
-        const int64_t i = j * W + world_.rank();
+        const int64_t i = j * W + dp_rank();
         if (i >= n && !every_rank_forwards) break;
         // GPT-NeoX keeps one validation iterator across passes: pass p reads micro-batches
         // p * eval_iters + i.
@@ -842,6 +1018,7 @@ Status Trainer::evaluate(double& loss_out) {
         // No training step's: with delayed fp8 scaling, the validation batches' amaxes join no
         // step's history (model.h, "FP8 linears"), so eval_interval leaves the training as it is.
         const float loss = model_->eval_forward(batch_views(buf_, B, T));
+        LATHE_RETURN_IF_ERROR(tp_error_.with_context("the tensor-parallel sum of a layer"));
         if (i < n) mine[size_t(j)] = loss;
     }
     std::vector<float> all = mine;
@@ -849,7 +1026,7 @@ Status Trainer::evaluate(double& loss_out) {
         auto guard = watchdog_->arm("the gather of the validation losses");
         all.resize(size_t(W * per_rank));
         LATHE_RETURN_IF_ERROR(
-            all_gather_bytes(*world_.comm, std::as_bytes(std::span<const float>(mine)),
+            all_gather_bytes(dp_comm(), std::as_bytes(std::span<const float>(mine)),
                              std::as_writable_bytes(std::span<float>(all)), dp_->stream())
                 .with_context("gathering the validation losses"));
     }
@@ -900,7 +1077,7 @@ Status Trainer::run() {
     );
     const int64_t K = s_.grad_accum;
     loader_.emplace(*data_.train(), st_.step * K, s_.steps * K, s_.micro_batch, s_.seq_len,
-                    s_.per_document_attention, /*depth=*/2, world_.size(), world_.rank());
+                    s_.per_document_attention, /*depth=*/2, dp_size(), dp_rank());
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t first_step = st_.step;
     while (st_.step < s_.steps) {

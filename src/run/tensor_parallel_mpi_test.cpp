@@ -1,0 +1,128 @@
+// run_mpi_tests: run by CTest as `mpirun -np 2 --oversubscribe run_mpi_tests` (any number of ranks
+// that divides the heads, the key/value heads and the MLP width of the tiny models: 1 or 2).
+// Tensor-parallel training's forward and backward (model/block.h's sums, the shards of
+// infer/tensor_parallel.h) against one process's: every rank builds the whole model too, so it
+// knows the answer.
+//
+// Tolerance: the ranks' sums of the attention-output and down projections, and of the norm-output
+// gradients, add the same f32 terms as one process's GEMMs in another order (2 partial sums of
+// 8 to 24 terms each): a few 2^-24 relative of the terms' magnitudes. 1e-5 of each tensor's
+// largest gradient is a hundred times that, and far under a missing or doubled term.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "dist/open.h"
+#include "dist/process_group.h"
+#include "infer/tensor_parallel.h"
+#include "model/model_io.h"
+#include "model/tiny_model_test_util.h"
+
+namespace lathe {
+namespace {
+
+Communicator& world() {
+    static std::unique_ptr<Communicator> comm = [] {
+        auto group = process_group_from_env(process_environment());
+        LATHE_CHECK(group.ok(), "{}", group.status().to_string());
+        auto c = communicator_open(*group, Backend::kCpu, 0);
+        LATHE_CHECK(c.ok(), "{}", c.status().to_string());
+        return std::move(*c);
+    }();
+    return *comm;
+}
+
+ModelConfig config_of(const std::string& family) {
+    std::string json(tiny_model::kLlamaJson);
+    if (family == "qwen2") {
+        // Qwen2: the llama shape with q, k and v biases.
+        json.replace(json.find("LlamaForCausalLM"), std::string("LlamaForCausalLM").size(),
+                     "Qwen2ForCausalLM");
+        json.replace(json.find("\"llama\""), std::string("\"llama\"").size(), "\"qwen2\"");
+    }
+    return tiny_model::parse(json);
+}
+
+Model make_model(const ModelConfig& c) {
+    ModelShape shape;
+    shape.batch = 2;
+    shape.seq_len = 8;
+    shape.training = true;
+    Result<Model> m = Model::create(c, shape, cpu_context());
+    LATHE_CHECK(m.ok(), "{}", m.status().to_string());
+    return std::move(*m);
+}
+
+class TensorParallelTraining : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOnesAgree) {
+    Communicator& comm = world();
+    const int T = comm.size(), rank = comm.rank();
+    const ModelConfig full = config_of(GetParam());
+    Result<ModelConfig> local_config = tp_local_config(full, T, "parallel.tensor");
+    ASSERT_TRUE(local_config.ok()) << local_config.status().to_string();
+
+    Model one = make_model(full);
+    one.init(7);
+    Model local = make_model(*local_config);
+    tp_model_init(local, full, rank, T, 7);
+    Status sum_error = ok_status();
+    local.set_tensor_parallel_sum([&](TensorView v) {
+        if (sum_error.ok()) sum_error = comm.all_reduce(v, v, ReduceOp::kSum, nullptr);
+    });
+
+    const int64_t V = full.vocab_size;
+    const HostTensor tokens = tiny_model::ids(2, 8, V, 1), targets = tiny_model::ids(2, 8, V, 2);
+    const ModelBatch batch{tokens.view(), targets.view(), {}, {}};
+    // Two micro-batches: the gradients accumulate as in a step.
+    one.zero_grads();
+    local.zero_grads();
+    for (int k = 0; k < 2; ++k) {
+        const float want = one.forward_backward(batch, 0.5f);
+        const float got = local.forward_backward(batch, 0.5f);
+        ASSERT_TRUE(sum_error.ok()) << sum_error.to_string();
+        EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << "micro-batch " << k;
+    }
+
+    const ParamTable& table = local.params();
+    for (const HfParam& p : table.hf_params()) {
+        const HfParam* f = one.params().find_hf(p.name);
+        ASSERT_NE(f, nullptr) << p.name;
+        const TpSplit split = tp_split_of(table.entries()[p.entry].role);
+        HostTensor whole(DType::kF32, f->shape), want(DType::kF32, p.shape),
+            got(DType::kF32, p.shape);
+        model_read_grad_hf(one, p.name, whole.view());
+        tp_slice_hf(whole.view(), split, rank, T, want.view());
+        model_read_grad_hf(local, p.name, got.view());
+        double scale = 0.0;
+        for (int64_t i = 0; i < whole.numel(); ++i)
+            scale = std::max(scale, double(std::abs(whole.as<float>()[i])));
+        const int64_t n = p.shape.numel();
+        for (int64_t i = 0; i < n; ++i) {
+            ASSERT_NEAR(got.as<float>()[i], want.as<float>()[i], 1e-5 * scale + 1e-30)
+                << p.name << " element " << i << " on rank " << rank;
+        }
+        if (split != TpSplit::kReplicated) continue;
+        // A replicated parameter's gradient: the same bits on every rank (the optimizer then
+        // makes the same update everywhere, with no reduction).
+        std::vector<float> all(size_t(n * T));
+        ASSERT_TRUE(comm.all_gather(TensorView(all.data(), DType::kF32, Shape{n * T}),
+                                    ConstTensorView(got.as<float>(), DType::kF32, Shape{n}),
+                                    nullptr)
+                        .ok());
+        for (int r = 1; r < T; ++r)
+            for (int64_t i = 0; i < n; ++i)
+                ASSERT_EQ(all[size_t(r * n + i)], all[size_t(i)])
+                    << p.name << " element " << i << ": rank " << r << " differs from rank 0";
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TensorParallelTraining, ::testing::Values("llama", "qwen2"));
+
+}  // namespace
+}  // namespace lathe

@@ -1,0 +1,284 @@
+"""Tensor-parallel `lathe train` (parallel.tensor: T): groups of T consecutive ranks share every
+layer (infer/tensor_parallel.h's shards), the ranks of one tensor rank form a data-parallel group.
+
+On the CPU the ranks run under `mpirun --oversubscribe -np N` (MPI collectives); this is the part CI
+runs. The contract checked here:
+  - TP = 2 and 4 (and TP = 2 x DP = 2 at ZeRO 1, 2 and 3, and TP = 2 with full or selective
+    recompute) log the per-step losses and gradient norms of one process within 1e-5 relative,
+    for a GQA Llama (8 heads, 4 key/value heads, untied head) and a Qwen2 (q/k/v biases): the
+    ranks add the partial sums of the attention-output and down projections, and of the
+    norm-output gradients, in another order than one process's GEMM does (f32, a few terms:
+    ~1e-7 relative), a hundred times under 1e-5; and a Mistral with a tied embedding and a sliding
+    window at TP = 2;
+  - the seed gives every layout the weights of one process: with lr 0 the saved Hugging Face folder
+    holds the same bytes as one process's; after training, the same tensors within 1e-5 of each
+    tensor's largest weight times the steps, the key biases excepted (their gradient is zero up
+    to rounding, which AdamW turns into steps of about lr either way);
+  - the optimizer state resumes at the same parallel.tensor, with more data-parallel ranks and
+    another ZeRO stage, and at another parallel.tensor (1 -> 2, 2 -> 1, 2 -> 4: converted): the
+    losses of a run never stopped; an offloaded optimizer refuses another layout naming both;
+  - a T that does not divide the heads, the key/value heads, the MLP width or the ranks, and the
+    GPT-2 family, are refused with `lathe: error:` naming parallel.tensor.
+On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs TP = 2 against one GPU.
+"""
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from conftest import NEEDS_CUDA
+from corpus import write_gcide_jsonl
+from lathe_cli import LATHE, run, tokenize_corpus
+from test_data_parallel import (assert_metrics_close, gpu_count, metric_lines, mpi_env,
+                                needs_mpirun, run_ranks, train_args)
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_RTOL = 1e-5
+
+LLAMA = """
+model:
+  family: llama
+  hidden_size: 32
+  intermediate_size: 64
+  num_hidden_layers: 2
+  num_attention_heads: 8
+  num_key_value_heads: 4
+  max_position_embeddings: 64
+  tie_word_embeddings: false
+data:
+  split: "90,10,0"
+  seq_length: 16
+train:
+  steps: 4
+  micro_batch_size: 2
+  gradient_accumulation_steps: 1
+  log_interval: 1
+  eval_interval: 2
+  eval_iters: 2
+  threads: 1
+  device: cpu
+optimizer:
+  lr: 3.0e-3
+lr:
+  warmup: 0.1
+checkpoint:
+  interval: 2
+  keep_last: 0
+"""
+QWEN2 = LLAMA.replace("family: llama", "family: qwen2").replace("num_attention_heads: 8",
+                                                                "num_attention_heads: 4")
+# Mistral: a tied embedding (the LM head is the embedding, replicated) and a sliding window.
+MISTRAL = LLAMA.replace("family: llama", "family: mistral").replace(
+    "tie_word_embeddings: false", "tie_word_embeddings: true\n  sliding_window: 8")
+GPT2 = LLAMA.replace("family: llama", "family: gpt2")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tp_corpus")
+    write_gcide_jsonl(d / "c.jsonl", 100_000)
+    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 300)
+    data = f"\ndata.path: {d / 'gc'}\ndata.tokenizer: {d / 'tok.json'}\n"
+    for name, text in (("llama", LLAMA), ("qwen2", QWEN2), ("mistral", MISTRAL), ("gpt2", GPT2)):
+        (d / f"{name}.yaml").write_text(text + data)
+    return d
+
+
+def train(corpus, family, run_dir, ranks, tensor, *sets, check=True):
+    args = train_args(corpus / f"{family}.yaml", run_dir, f"parallel.tensor={tensor}", *sets)
+    if ranks == 1:
+        return run(args[1:], env=mpi_env(), check=check)
+    return run_ranks(ranks, args, check=check)
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+    """runs(family, ranks, tensor, *sets): the run folder, trained on first use."""
+    d = tmp_path_factory.mktemp("tp_runs")
+    made = {}
+
+    def get(family, ranks, tensor, *sets):
+        key = (family, ranks, tensor) + sets
+        if key not in made:
+            run_dir = d / "_".join(str(k).replace("=", "-").replace(".", "-") for k in key)
+            train(corpus, family, run_dir, ranks, tensor, *sets)
+            made[key] = run_dir
+        return made[key]
+    return get
+
+
+def final_model(run_dir):
+    return load_file(run_dir / "checkpoints" / "step-00000004" / "model.safetensors")
+
+
+@needs_mpirun
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("tensor", [2, 4])
+def test_tensor_parallel_logs_the_losses_of_one_process(runs, family, tensor):
+    one, tp = runs(family, 1, 1), runs(family, tensor, tensor)
+    worst = assert_metrics_close(metric_lines(tp), metric_lines(one), CPU_RTOL,
+                                 f"{family} TP={tensor}")
+    print(f"{family} TP={tensor}: largest relative difference {worst:.3g}")
+    a, b = final_model(one), final_model(tp)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name].shape == b[name].shape, name
+        if name.endswith("k_proj.bias"):
+            # Its gradient is zero up to rounding (a key bias adds the same amount to every
+            # score of a query, which the softmax cancels): AdamW steps it by about lr in the
+            # direction of that rounding noise, in any layout.
+            continue
+        scale = float(np.abs(a[name]).max())
+        assert float(np.abs(a[name] - b[name]).max()) <= CPU_RTOL * 4 * scale, name
+    ckpt = tp / "checkpoints" / "step-00000004"
+    assert (ckpt / "config.json").read_bytes() == \
+           (one / "checkpoints" / "step-00000004" / "config.json").read_bytes()
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("tensor-rank")) == \
+           [f"tensor-rank-{r:05d}-of-{tensor:05d}" for r in range(tensor)]
+
+
+@needs_mpirun
+def test_tensor_parallel_mistral_with_a_tied_embedding(runs):
+    assert_metrics_close(metric_lines(runs("mistral", 2, 2)), metric_lines(runs("mistral", 1, 1)),
+                         CPU_RTOL, "mistral TP=2")
+
+
+@needs_mpirun
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_tensor_parallel_with_recompute(runs, recompute):
+    # Full recompute runs each layer's forward again in the backward, its sums included.
+    assert_metrics_close(metric_lines(runs("llama", 2, 2, f"train.recompute={recompute}")),
+                         metric_lines(runs("llama", 1, 1)), CPU_RTOL, f"recompute {recompute}")
+
+
+@needs_mpirun
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_tensor_2_by_data_2_logs_the_losses_of_one_process(runs, zero):
+    # Two data-parallel ranks of micro-batch 2: one process of micro-batch 2 and accumulation 2.
+    one = runs("llama", 1, 1, "train.gradient_accumulation_steps=2")
+    both = runs("llama", 4, 2, f"parallel.zero_stage={zero}")
+    assert_metrics_close(metric_lines(both), metric_lines(one), CPU_RTOL, f"TP 2 x DP 2 ZeRO-{zero}")
+
+
+@needs_mpirun
+@pytest.mark.parametrize("tensor", [2, 4])
+def test_the_seed_gives_every_layout_the_weights_of_one_process(runs, tensor):
+    one, tp = runs("qwen2", 1, 1, "optimizer.lr=0"), runs("qwen2", tensor, tensor, "optimizer.lr=0")
+    a = one / "checkpoints" / "step-00000004" / "model.safetensors"
+    b = tp / "checkpoints" / "step-00000004" / "model.safetensors"
+    assert a.read_bytes() == b.read_bytes()
+
+
+def stopped_at_step_2(run_dir, tmp_path, name):
+    """A copy of run_dir without its last checkpoint: a run to resume from step 2."""
+    copy = tmp_path / name
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(copy / "checkpoints" / "step-00000004")
+    return copy
+
+
+@needs_mpirun
+@pytest.mark.parametrize("before, after", [(2, 2), (2, 4), (2, 1), (1, 2)])
+def test_a_checkpoint_resumes_at_any_tensor_size(corpus, runs, tmp_path, before, after):
+    # The optimizer state of another parallel.tensor is converted (each tensor's moments
+    # assembled from the ranks that wrote them and sliced for the new ones): the losses of the
+    # run never stopped.
+    resumed = stopped_at_step_2(runs("llama", before, before), tmp_path, "resumed")
+    p = train(corpus, "llama", resumed, after, after)
+    assert "resuming from" in p.stderr, p.stderr
+    assert ("converting the optimizer state" in p.stderr) == (before != after), p.stderr
+    assert_metrics_close(metric_lines(resumed), metric_lines(runs("llama", 1, 1)), CPU_RTOL,
+                         f"TP {before} -> {after}")
+
+
+@needs_mpirun
+def test_an_offloaded_optimizer_refuses_another_tensor_size(corpus, runs, tmp_path):
+    other = stopped_at_step_2(runs("llama", 2, 2), tmp_path, "other")
+    p = train(corpus, "llama", other, 1, 1, "optimizer.offload=cpu", check=False)
+    assert p.returncode != 0
+    assert "lathe: error:" in p.stderr
+    assert "parallel.tensor 2, this run has parallel.tensor 1" in p.stderr, p.stderr
+
+
+@needs_mpirun
+def test_a_checkpoint_resumes_at_its_tensor_size_with_more_data_parallel_ranks(corpus, runs,
+                                                                                tmp_path):
+    # TP 2 x DP 1 with accumulation 2 stopped at step 2, resumed as TP 2 x DP 2 at ZeRO-2 with
+    # accumulation 1 (the same global batch): the losses of one process with accumulation 2.
+    one = runs("llama", 1, 1, "train.gradient_accumulation_steps=2")
+    grown = stopped_at_step_2(runs("llama", 2, 2, "train.gradient_accumulation_steps=2"),
+                              tmp_path, "grown")
+    p = train(corpus, "llama", grown, 4, 2, "parallel.zero_stage=2")
+    assert "resuming from" in p.stderr, p.stderr
+    assert_metrics_close(metric_lines(grown), metric_lines(one), CPU_RTOL, "TP 2: DP 1 -> 2")
+
+
+def test_gpt2_is_refused_naming_the_key_and_the_family(corpus, tmp_path):
+    p = train(corpus, "gpt2", tmp_path / "g", 1, 2, check=False)
+    assert p.returncode != 0
+    assert "lathe: error:" in p.stderr and "'parallel.tensor' 2" in p.stderr, p.stderr
+    assert "gpt2 family" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("tensor, what", [(3, "must divide the attention heads (8), the key/value "
+                                                 "heads (4) and the MLP width"),
+                                          (2, "must divide the number of ranks (1)")])
+def test_a_tensor_size_that_does_not_divide_is_refused(corpus, tmp_path, tensor, what):
+    p = train(corpus, "llama", tmp_path / "t", 1, tensor, check=False)
+    assert p.returncode != 0
+    assert "lathe: error:" in p.stderr and "parallel.tensor" in p.stderr, p.stderr
+    assert what in p.stderr, p.stderr
+
+
+# ---- GPUs: `lathe launch --gpus 2` ------------------------------------------------------------
+
+# The bf16 tolerance of TP = 2 against one GPU. Every GEMM is the same bf16 x bf16 -> f32 product
+# except the attention-output and down projections, whose f32 sums over the inner dimension
+# are split in two halves, each rounded to bf16 and added by NCCL in bf16: two bf16 roundings
+# (2 u, u = 2^-8) where one GPU rounds once, on the branch outputs of each of the 4 layers, and
+# the norm-output gradients the same way. A per-layer relative perturbation of u of a branch
+# output moves the loss by at most about u (the final norm renormalizes the stream); the 4 layers'
+# two branches, forward and backward, stay under 2^-6 of the loss at the first steps, and AdamW
+# keeps later steps within it (test_data_parallel.py's derivation of the drift: <= 0.075 sqrt(s)).
+GPU_RTOL = 2.0 ** -6
+
+
+@pytest.fixture(scope="module")
+def gpu_corpus(tmp_path_factory):
+    n = gpu_count()
+    if n < 2:
+        pytest.skip(NEEDS_CUDA + f"needs 2 GPUs, nvidia-smi -L lists {n}")
+    d = tmp_path_factory.mktemp("tp_gpu_corpus")
+    write_gcide_jsonl(d / "c.jsonl", 600_000)
+    tokenize_corpus(d / "c.jsonl", d / "tok.json", d / "gc", 384)
+    return d
+
+
+def gpu_args(corpus, run_dir, *sets):
+    # configs/tiny.yaml (4 layers, hidden 192, 6 heads, 2 key/value heads, MLP 512) on cuda.
+    return train_args(ROOT / "configs" / "tiny.yaml", run_dir, f"data.path={corpus / 'gc'}",
+                      f"data.tokenizer={corpus / 'tok.json'}", "train.device=cuda",
+                      "train.steps=20", "train.log_interval=1", "train.eval_interval=0",
+                      "checkpoint.interval=20", "checkpoint.keep_last=0", *sets)
+
+
+def test_gpus_tensor_2_logs_the_losses_of_one_gpu(gpu_corpus, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(gpu_args(gpu_corpus, one)[1:], env=mpi_env())
+    p = subprocess.run([str(LATHE), "launch", "--gpus", "2"] +
+                       gpu_args(gpu_corpus, two, "parallel.tensor=2"),
+                       capture_output=True, text=True, timeout=600, env=mpi_env())
+    assert p.returncode == 0, p.stderr
+    got, want = metric_lines(two), metric_lines(one)
+    worst = max(abs(g["loss"] - w["loss"]) / abs(w["loss"]) for g, w in zip(got, want))
+    print(f"TP=2 on 2 GPUs vs one GPU: largest relative loss difference {worst:.3g} "
+          f"(tolerance {GPU_RTOL:.3g})")
+    assert [(m["step"], m["lr"], m["tokens"]) for m in got] == \
+           [(m["step"], m["lr"], m["tokens"]) for m in want]
+    assert worst <= GPU_RTOL, (got, want)
+    a = load_file(one / "checkpoints" / "step-00000020" / "model.safetensors")
+    b = load_file(two / "checkpoints" / "step-00000020" / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in a)
