@@ -85,8 +85,10 @@ std::string_view linear_precision_name(LinearPrecision p) {
 void linear_expect_precision(std::string_view op, const LinearSpec& spec, const Context& ctx) {
     if (spec.precision == LinearPrecision::kNative) return;
     const std::string_view role = spec.role.empty() ? std::string_view("linear") : spec.role;
-    const bool fp8_op = op == "linear_forward" || op == "linear_residual_forward" ||
-                        op == "linear_backward" || op == "linear_fp8_cast_weight";
+    const bool fp8_op =
+        op == "linear_forward" || op == "linear_residual_forward" || op == "linear_backward" ||
+        op == "linear_fp8_cast_weight" || op == "lm_head_cross_entropy_forward" ||
+        op == "lm_head_cross_entropy_backward" || op == "lm_head_cross_entropy_forward_backward";
     LATHE_CHECK(ctx.backend == Backend::kCuda && fp8_op,
                 "{}: fp8 linear: no kernel for {} ({}) on the {} backend in this build; use the "
                 "native precision for this linear",
