@@ -595,7 +595,15 @@ void Model::fp8_cast_weights(int layer, bool step) {
 LinearSpec Model::head_spec(bool step) const {
     LinearSpec spec = plan_.shape.precision.spec(LinearRole::kLmHead);
     if (fp8_head_.scalars != nullptr) spec.fp8 = step ? &fp8_head_ : &fp8_head_eval_;
+    spec.x_amax = head_x_amax().as<float>();
     return spec;
+}
+
+TensorView Model::head_x_amax() const {
+    if (fp8_head_.scalars == nullptr || fp8_head_.delayed_scale != nullptr ||
+        config_.norm != NormKind::kRmsNorm)
+        return {};
+    return TensorView(fp8_head_.scalars, DType::kF32, Shape{1}, Device::kCuda);
 }
 
 // ---- Model: views ----
@@ -861,7 +869,7 @@ void Model::run_forward_blocks(bool step) {
                                   ParamRole::kFinalNormWeight, -1, 0, config_.hidden_size),
                        entry_rows(weights_of(ParamRole::kFinalNormBias), ParamRole::kFinalNormBias,
                                   -1, 0, config_.hidden_size),
-                       ctx_);
+                       ctx_, head_x_amax());
 }
 
 void Model::run_backward_from_final(TensorView dfinal) {

@@ -353,6 +353,9 @@ private:
     // The LM head's spec: with fp8.lm_head its buffers (!step: the twin whose delayed amaxes go
     // to the unread block).
     LinearSpec head_spec(bool step) const;
+    // The FP8 head's x amax slot, written by the final RMSNorm as it writes the head's input
+    // (LinearSpec::x_amax; current scaling only), or a null view.
+    TensorView head_x_amax() const;
     // Casts layer `layer`'s fp8 weight codes from the compute copy (file comment).
     void fp8_cast_weights(int layer, bool step);
     TensorView act(size_t index, const Shape& shape) const { return acts_.view(index, shape); }

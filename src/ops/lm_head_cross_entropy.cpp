@@ -43,6 +43,7 @@ const cuda::LmHeadFp8* head_fp8(const char* op, const LinearSpec& spec, const Co
     out.wq = b.wq, out.wqt = b.wqt, out.xq = b.xq, out.xqt = b.xqt;
     out.scalars = b.scalars, out.grad_dtype = b.grad_dtype;
     out.delayed_scale = b.delayed_scale, out.step_amax = b.step_amax;
+    out.x_amax = spec.x_amax;
     return &out;
 }
 

@@ -26,8 +26,9 @@
 // step amaxes (x, w, dlogits in that order); dyq / dyqt unused (the chunk's scratch holds the
 // dlogits' codes; ops/cuda/lm_head_cross_entropy.h has the layout and the GEMMs). gemm_count
 // counts the head as one linear: 1 for the logits, 1 for dx, 1 for dweight per call, whatever
-// the chunk count. Every other fp8 case stops before any work, naming the op and the precision
-// (kFp8Blockwise: no block-scaled head).
+// the chunk count. spec.x_amax (current scaling): amax(x) from the kernel that wrote x (the
+// final RMSNorm), so x's cast reads x once. Every other fp8 case stops before any work, naming the
+// op and the precision (kFp8Blockwise: no block-scaled head).
 #include <cstdint>
 
 #include "core/tensor.h"

@@ -417,11 +417,13 @@ void run_chunks(CudaState& state, CUstream_st* stream, const ChunkWork& w, const
 // x (rows, cols) bf16 -> codes q and/or qt of tensor t of the head (its amax and scale_inv in
 // the scalar slot at `slot`): current scaling from x's amax (amax_ready: the producer wrote it
 // into the slot), delayed with the head's scale of t, the amax joining the step's.
+// ready_amax: where the producer left it (read only), else the slot (written by the row kernel).
 void head_cast(const bf16* x, int64_t rows, int64_t cols, DType dtype, void* q, void* qt,
-               float* slot, const LmHeadFp8& f, int t, bool amax_ready, CUstream_st* stream) {
+               float* slot, const LmHeadFp8& f, int t, bool amax_ready, CUstream_st* stream,
+               const float* ready_amax = nullptr) {
     Fp8CastArgs c;
     c.rows = rows, c.cols = cols, c.x = x, c.dtype = dtype, c.q = q, c.qt = qt;
-    c.amax = slot;
+    c.amax = ready_amax != nullptr ? const_cast<float*>(ready_amax) : slot;
     c.amax_ready = amax_ready;
     c.scale_inv = slot + 4;
     if (f.delayed_scale != nullptr) c.scale = f.delayed_scale + t;
@@ -457,9 +459,10 @@ void run_chunks_fp8(CudaState& state, CUstream_st* stream, const ChunkWork& w, c
     float* dy_slot = f.scalars + 16;
     // x once for every chunk: xq for the logits, xqt (C, N) for the weight gradient (one read of x
     // after its amax pass; delayed: one read).
-    head_cast(x, N, C, DType::kE4M3, f.xq, w.backward && w.dweight != nullptr ? f.xqt : nullptr,
-              x_slot, f, 0, false, stream);
     const bool fused_amax = f.delayed_scale == nullptr;
+    const bool x_ready = fused_amax && f.x_amax != nullptr;
+    head_cast(x, N, C, DType::kE4M3, f.xq, w.backward && w.dweight != nullptr ? f.xqt : nullptr,
+              x_slot, f, 0, x_ready, stream, x_ready ? f.x_amax : nullptr);
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
         const int64_t rows = std::min(chunk_rows, N - r0);
         // (rows, V) bf16 = sx sw (xq_chunk . wq^T)

@@ -77,6 +77,9 @@ struct LmHeadFp8 {
     // cast's amax max-accumulated); null: current scaling.
     const float* delayed_scale = nullptr;
     float* step_amax = nullptr;
+    // Current scaling: amax(x) as the kernel that wrote x computed it (LinearSpec::x_amax), so
+    // x's cast reads x once; null: the cast computes it.
+    const float* x_amax = nullptr;
 };
 
 void lm_head_cross_entropy_forward(float* loss, float* losses, float* lse, const bf16* x,
