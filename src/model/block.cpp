@@ -59,13 +59,13 @@ LinearSpec block_spec(const PrecisionPolicy& p, const BlockFp8& f8, Fp8Linear l)
 }
 
 // Where the producer of linear l's input writes that input's amax (LinearSpec::x_amax): the
-// linear's own x slot (Fp8LinearBuffers::scalars + 0), for a per-tensor linear with current
-// scaling; null otherwise (delayed scaling reports the amax from its one cast pass; blockwise
-// scales per block).
-TensorView producer_amax(const BlockFp8& f8, Fp8Linear l) {
+// linear's own x slot (Fp8LinearBuffers::scalars + 0; the dy slot, 16, for LinearSpec::dy_amax),
+// for a per-tensor linear with current scaling; null otherwise (delayed scaling reports the amax
+// from its one cast pass; blockwise scales per block).
+TensorView producer_amax(const BlockFp8& f8, Fp8Linear l, int slot = 0) {
     const Fp8LinearBuffers* b = f8.linear[size_t(l)];
     if (b == nullptr || b->delayed_scale != nullptr) return {};
-    return TensorView(b->scalars, DType::kF32, Shape{1}, Device::kCuda);
+    return TensorView(b->scalars + slot, DType::kF32, Shape{1}, Device::kCuda);
 }
 
 }  // namespace
@@ -164,13 +164,18 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
     const LinearSpec qs = block_spec(p, f8, Fp8Linear::kQ), ks = block_spec(p, f8, Fp8Linear::kK);
     const LinearSpec vs = block_spec(p, f8, Fp8Linear::kV);
     const LinearSpec out = block_spec(p, f8, Fp8Linear::kAttnOut);
-    const LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
+    LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
     const LinearSpec down = block_spec(p, f8, Fp8Linear::kMlpDown);
     // MLP branch: dres is d out, which the MLP output received unchanged.
     if (c.mlp == MlpKind::kSwiGlu) {
         linear_backward(s.dmlp_act, g.w_down, g.b_down, dres, a.mlp_act, w.w_down,
                         GradMode::kOverwrite, ctx, down);
-        swiglu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, ctx);
+        // FP8 with current scaling: SwiGLU's backward computes the amax of d mlp_in (the up
+        // projection's dy, the layer's widest gradient) into that linear's dy slot as it writes
+        // it, so the dy cast reads it once.
+        const TensorView dmlp_in_amax = producer_amax(f8, Fp8Linear::kMlpUp, 16);
+        if (!dmlp_in_amax.is_null()) up.dy_amax = dmlp_in_amax.as<float>();
+        swiglu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, ctx, dmlp_in_amax);
         linear_backward(s.dnorm2, g.w_up, g.b_up, s.dmlp_in, a.ln2_out, w.w_up,
                         GradMode::kOverwrite, ctx, up);
     } else {

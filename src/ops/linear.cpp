@@ -234,7 +234,7 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
                 const Fp8LinearBuffers& b = *spec.fp8;
                 CudaState& state = cuda_state_of(ctx, kOp);
                 fp8_cast_tensor(dy.as<bf16>(), N, O, b.grad_dtype, b.dyq, b.dyqt, b.scalars + 16, b,
-                                2, ctx.stream);
+                                2, ctx.stream, spec.dy_amax);
                 if (!dx.is_null()) {
                     cuda::fp8_linear_backward_input(
                         dx.as<bf16>(), {b.dyq, b.grad_dtype, b.scalars + 20},

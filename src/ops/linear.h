@@ -108,6 +108,9 @@ struct LinearSpec {
     // computes it. Not read under delayed scaling (the cast's own pass reports the amax) nor by
     // the other precisions.
     const float* x_amax = nullptr;
+    // The same for the backward's dy (swiglu_backward's dgate_up_amax for the MLP's up
+    // projection): linear_backward's dy cast reads dy once.
+    const float* dy_amax = nullptr;
 };
 
 // Stops (LATHE_CHECK) unless ctx's backend runs `spec` in this build, naming `op`, the precision,

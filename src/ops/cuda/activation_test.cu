@@ -60,6 +60,18 @@ void check_swiglu_amax(int64_t N, int64_t F, uint64_t seed) {
     const float got = download_raw(amax.view, state).as<float>()[0];
     EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << got << " vs " << want;
     EXPECT_GT(got, 0.0f);
+    // The backward's dgate_up_amax the same way.
+    DeviceTensor gd = upload(random_bf16_values(rng, {N, F}), DType::kBF16, state);
+    DeviceTensor dplain = device_tensor(DType::kBF16, {N, 2 * F}, state);
+    DeviceTensor dgu = device_tensor(DType::kBF16, {N, 2 * F}, state);
+    swiglu_backward(dplain.view, gd.view, ggu.view, gpu);
+    swiglu_backward(dgu.view, gd.view, ggu.view, gpu, amax.view);
+    const HostTensor draw = download_raw(dgu.view, state);
+    EXPECT_TRUE(bitwise_equal(draw, download_raw(dplain.view, state)));
+    const float dwant = cpu::fp8_amax(draw.as<bf16>(), N * 2 * F);
+    const float dgot = download_raw(amax.view, state).as<float>()[0];
+    EXPECT_EQ(std::bit_cast<uint32_t>(dgot), std::bit_cast<uint32_t>(dwant))
+        << "backward: " << dgot << " vs " << dwant;
 }
 
 TEST(CudaSwiglu, OutputAmaxIsTheCastsBitForBit) {

@@ -44,8 +44,9 @@ template <int kVec>
 __global__ void swiglu_backward_kernel(__nv_bfloat16* __restrict__ dgate_up,
                                        const __nv_bfloat16* __restrict__ dout,
                                        const __nv_bfloat16* __restrict__ gate_up, int64_t N,
-                                       int64_t F) {
+                                       int64_t F, unsigned* dgate_up_amax) {
     const int64_t groups = N * F / kVec;
+    unsigned m = 0;
     for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < groups;
          idx += int64_t(gridDim.x) * blockDim.x) {
         const int64_t n = idx * kVec / F, f = idx * kVec % F;
@@ -58,10 +59,12 @@ __global__ void swiglu_backward_kernel(__nv_bfloat16* __restrict__ dgate_up,
             const float sg = sigmoid(g[i]);
             dg[i] = d[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
             du[i] = d[i] * g[i] * sg;
+            m = max(m, max(bf16_magnitude_bits(dg[i]), bf16_magnitude_bits(du[i])));
         }
         store_bf16<kVec>(dgate_up + n * 2 * F + f, dg);
         store_bf16<kVec>(dgate_up + n * 2 * F + F + f, du);
     }
+    if (dgate_up_amax != nullptr) warp_amax_into(m, dgate_up_amax);
 }
 
 }  // namespace
@@ -83,17 +86,19 @@ void swiglu_forward(bf16* out, const bf16* gate_up, int64_t N, int64_t F, CUstre
 }
 
 void swiglu_backward(bf16* dgate_up, const bf16* dout, const bf16* gate_up, int64_t N, int64_t F,
-                     CUstream_st* stream) {
+                     CUstream_st* stream, float* dgate_up_amax) {
+    auto* amax = reinterpret_cast<unsigned*>(dgate_up_amax);
+    if (amax != nullptr) LATHE_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
     if (N * F == 0) return;
     auto* dgu = reinterpret_cast<__nv_bfloat16*>(dgate_up);
     const auto* d = reinterpret_cast<const __nv_bfloat16*>(dout);
     const auto* gu = reinterpret_cast<const __nv_bfloat16*>(gate_up);
     if (vec8_ok(F, {dgate_up, dout, gate_up}))
         swiglu_backward_kernel<8>
-            <<<blocks_for(N * F / 8, kThreads), kThreads, 0, stream>>>(dgu, d, gu, N, F);
+            <<<blocks_for(N * F / 8, kThreads), kThreads, 0, stream>>>(dgu, d, gu, N, F, amax);
     else
         swiglu_backward_kernel<1>
-            <<<blocks_for(N * F, kThreads), kThreads, 0, stream>>>(dgu, d, gu, N, F);
+            <<<blocks_for(N * F, kThreads), kThreads, 0, stream>>>(dgu, d, gu, N, F, amax);
     LATHE_CUDA_CHECK_LAUNCH();
 }
 

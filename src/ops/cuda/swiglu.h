@@ -7,6 +7,8 @@
 // out_amax (forward, may be null): *out_amax = amax(out) as ops/fp8_cast.h defines it (the f32
 // bits of the largest |out| of the stored bf16 values), for the fp8 cast of out that follows
 // (Fp8CastArgs::amax_ready): computed as out is written, saving the cast's amax pass.
+// dgate_up_amax (backward, may be null): the same of dgate_up, for the fp8 cast of the gradient
+// that the gate/up projection's backward makes.
 
 #include <cstdint>
 
@@ -20,6 +22,6 @@ void swiglu_forward(bf16* out, const bf16* gate_up, int64_t N, int64_t F, CUstre
                     float* out_amax = nullptr);
 
 void swiglu_backward(bf16* dgate_up, const bf16* dout, const bf16* gate_up, int64_t N, int64_t F,
-                     CUstream_st* stream);
+                     CUstream_st* stream, float* dgate_up_amax = nullptr);
 
 }  // namespace lathe::cuda
