@@ -487,6 +487,22 @@ void fp8_linears(Bench& b, const char* model, int64_t N, int64_t C, int64_t Q, i
         });
         timed(std::string("fp8 ") + l.name + " x amax + cast + transpose", shape, 2.0 * N * I * 2,
               0, [&] { cast(x, N, I, DType::kE4M3, xq.data(), xqt.data(), 0); });
+        // The same cast with the amax from x's producer (the norm or SwiGLU that wrote x,
+        // LinearSpec::x_amax): one read of x (2 bytes an element) and q, qt written (1 each); the
+        // slot holds the amax of the run above.
+        timed(std::string("fp8 ") + l.name + " x cast + transpose (producer amax)", shape,
+              4.0 * N * I, 0, [&] {
+                  Fp8CastArgs a;
+                  a.rows = N;
+                  a.cols = I;
+                  a.x = static_cast<const bf16*>(x.data());
+                  a.q = xq.data();
+                  a.qt = xqt.data();
+                  a.amax = f;
+                  a.amax_ready = true;
+                  a.scale_inv = f + 4;
+                  cuda::fp8_cast(a, b.state.stream());
+              });
         // Blockwise: the linear's buffers carved from one allocation, 256-byte aligned.
         const Fp8BlockwiseBufferBytes bb = fp8_blockwise_buffer_bytes(N, I, O);
         b.buffers.emplace_back(bb.total());
