@@ -98,13 +98,14 @@ struct Bench {
         buffers.clear();
     }
 
-    // Median milliseconds of `fn` over 20 runs after 3 warm-ups; prints a table row.
-    void time(const std::string& name, const std::string& shape, double bytes, double flops,
-              const std::function<void()>& fn) {
+    // Median milliseconds of `fn` over 20 runs after 3 warm-ups; prints a table row and returns
+    // the median (0 when --only leaves the op out).
+    double time(const std::string& name, const std::string& shape, double bytes, double flops,
+                const std::function<void()>& fn) {
         if (!only.empty() && std::none_of(only.begin(), only.end(), [&](const std::string& o) {
                 return name.find(o) != std::string::npos;
             }))
-            return;
+            return 0;
         for (int i = 0; i < 3; ++i) fn();
         cudaEvent_t start, stop;
         LATHE_CUDA_CHECK(cudaEventCreate(&start));
@@ -128,6 +129,7 @@ struct Bench {
                     shape.c_str(), median, floor_ms, median / floor_ms,
                     bytes / (median * 1e-3) / 1e9, flops / (median * 1e-3) / 1e12);
         std::fflush(stdout);
+        return median;
     }
 };
 
@@ -485,6 +487,22 @@ void fp8_linears(Bench& b, const char* model, int64_t N, int64_t C, int64_t Q, i
         });
         timed(std::string("fp8 ") + l.name + " x amax + cast + transpose", shape, 2.0 * N * I * 2,
               0, [&] { cast(x, N, I, DType::kE4M3, xq.data(), xqt.data(), 0); });
+        // The same cast with the amax from x's producer (the norm or SwiGLU that wrote x,
+        // LinearSpec::x_amax): one read of x (2 bytes an element) and q, qt written (1 each); the
+        // slot holds the amax of the run above.
+        timed(std::string("fp8 ") + l.name + " x cast + transpose (producer amax)", shape,
+              4.0 * N * I, 0, [&] {
+                  Fp8CastArgs a;
+                  a.rows = N;
+                  a.cols = I;
+                  a.x = static_cast<const bf16*>(x.data());
+                  a.q = xq.data();
+                  a.qt = xqt.data();
+                  a.amax = f;
+                  a.amax_ready = true;
+                  a.scale_inv = f + 4;
+                  cuda::fp8_cast(a, b.state.stream());
+              });
         // Blockwise: the linear's buffers carved from one allocation, 256-byte aligned.
         const Fp8BlockwiseBufferBytes bb = fp8_blockwise_buffer_bytes(N, I, O);
         b.buffers.emplace_back(bb.total());
@@ -544,6 +562,48 @@ void fp8_linears(Bench& b, const char* model, int64_t N, int64_t C, int64_t Q, i
                 "fp8b layer linears (speedup in x)", model, fp8b_total, "", bf16_total / fp8b_total,
                 "", "");
 }
+
+// The LM head + cross-entropy in BF16 and with its GEMMs in FP8 per tensor (fp8.lm_head:
+// ops/cuda/lm_head_cross_entropy.h, "FP8"), forward + backward as a training step runs it, at
+// the memory plan's chunk (512 MiB of f32 rows: 2 Nc bf16 rows a chunk, or Nc rounded down to 16
+// rows in FP8, whose chunk also holds the dlogits' codes). The FP8 row includes the x casts and
+// every chunk's dlogits cast; the weight's casts (once per optimizer step) are their own row. The
+// summary row gives BF16 / FP8. At the Llama-3-8B slice's shape (B 2 x T 4096 tokens, hidden
+// 4096, vocabulary 128256): `cuda_ops_bench --only lm_head`.
+void fp8_lm_head(Bench& b, const char* model, int64_t N, int64_t C, int64_t V) {
+    const int64_t Nc = std::min<int64_t>(N, (int64_t(512) << 20) / (4 * V) / 16 * 16);
+    const std::string s =
+        std::string(model) + " N=" + std::to_string(N) + " V=" + std::to_string(V);
+    auto x = b.tensor(DType::kBF16, {N, C}), w = b.tensor(DType::kBF16, {V, C}, 0.05f);
+    auto targets = b.tensor(DType::kI32, {N}, 1.0f, int32_t(V));
+    auto scratch = b.tensor(DType::kF32, {Nc, V});
+    auto loss = b.tensor(DType::kF32, {1}), dx = b.tensor(DType::kBF16, {N, C});
+    auto dw = b.tensor(DType::kF32, {V, C});
+    const double flops = 3 * 2.0 * N * C * V;
+    const double bf16_ms = b.time("bf16 lm_head_ce fwd+bwd", s, 0, flops, [&] {
+        lm_head_cross_entropy_forward_backward(loss, TensorView(), dx, dw, x, targets, w, 1.0f,
+                                               scratch, b.ctx);
+    });
+    auto bytes = [&](int64_t n) {
+        b.buffers.emplace_back(size_t(n));
+        return b.buffers.back().data();
+    };
+    Fp8LinearBuffers f;
+    f.wq = bytes(V * C), f.wqt = bytes(V * C), f.xq = bytes(N * C), f.xqt = bytes(N * C);
+    f.scalars = static_cast<float*>(bytes(24 * sizeof(float)));
+    const LinearSpec spec{LinearPrecision::kFp8PerTensor, "lm_head", &f};
+    b.time("fp8 lm_head weight casts (per step)", s, 2.0 * V * C * 2 + 2.0 * V * C, 0,
+           [&] { linear_fp8_cast_weight(w, b.ctx, spec); });
+    linear_fp8_cast_weight(w, b.ctx, spec);
+    const double fp8_ms = b.time("fp8 lm_head_ce fwd+bwd (+ casts)", s, 0, flops, [&] {
+        lm_head_cross_entropy_forward_backward(loss, TensorView(), dx, dw, x, targets, w, 1.0f,
+                                               scratch, b.ctx, spec);
+    });
+    if (bf16_ms > 0 && fp8_ms > 0)
+        std::printf("| %-34s | %-26s | %9.3f | %9s | %5.2f | %8s | %7s |\n",
+                    "fp8 lm_head_ce (speedup in x)", model, fp8_ms, "", bf16_ms / fp8_ms, "", "");
+    b.release();
+}
 }  // namespace
 }  // namespace lathe
 
@@ -582,5 +642,9 @@ int main(int argc, char** argv) {
     // heads of 128, FFN 14336) and the Llama-3.2-1B layer at B=8, T=2048.
     lathe::fp8_linears(b, "llama3-8b", 4096, 4096, 4096 + 2 * 1024, 14336);
     lathe::fp8_linears(b, "llama3.2-1b", 16384, 2048, 2048 + 2 * 512, 8192);
+    // The LM head, BF16 against FP8: the Llama-3-8B slice (B 2 x T 4096) and the Llama-3.2-1B
+    // shape (B 8 x T 2048, hidden 2048), both with Llama 3's vocabulary.
+    lathe::fp8_lm_head(b, "llama3-8b", 8192, 4096, 128256);
+    lathe::fp8_lm_head(b, "llama3.2-1b", 16384, 2048, 128256);
     return 0;
 }

@@ -52,3 +52,22 @@ def test_fp8_plan_adds_the_buffers_row_and_keeps_the_fields():
         assert "fp8 buffers (codes, scales)" in table and f"12 linears ({recipe})" in table
     # Delayed scaling adds a scale and an amax per scaled tensor (3 per linear) to tensorwise's.
     assert lines["delayed"][0]["plan"]["fp8_buffers"] > lines["tensorwise"][0]["plan"]["fp8_buffers"]
+
+
+def test_fp8_lm_head_adds_the_heads_codes_to_the_plan():
+    """--fp8-lm-head (fp8.lm_head: true): the head counts as one more fp8 linear, its weight's
+    codes and transpose (V x C bytes each) join the fp8 buffers; refused without --precision fp8
+    and, naming the keys, with the blockwise recipe."""
+    base = [*TINY, "--device", "cuda", "--plan-only", "--precision", "fp8"]
+    layers = bench(*base)
+    head = bench(*base, "--fp8-lm-head")
+    assert layers.returncode == 0 and head.returncode == 0, head.stderr
+    jl, jh = json.loads(layers.stdout), json.loads(head.stdout)
+    assert "fp8_lm_head" not in jl and jh["fp8_lm_head"] is True
+    assert jh["plan"]["fp8_buffers"] >= jl["plan"]["fp8_buffers"] + 2 * 512 * 64  # tiny: V 512, C 64
+    assert "13 linears (tensorwise)" in head.stderr, head.stderr
+    p = bench(*TINY, "--device", "cpu", "--fp8-lm-head")
+    assert p.returncode != 0 and "--fp8-lm-head without --precision fp8" in p.stderr, p.stderr
+    p = bench(*base, "--fp8-recipe", "blockwise", "--fp8-lm-head")
+    assert p.returncode != 0
+    assert "fp8.lm_head: true with fp8.recipe: blockwise" in p.stderr, p.stderr

@@ -51,7 +51,8 @@ def test_valid_fp8_keys_are_accepted_with_bf16(corpus, tmp_path):
 
 
 @pytest.mark.parametrize("sets,needle", [
-    (["fp8.lm_head=true"], "fp8.lm_head: true: the LM head's fused GEMMs"),
+    (["fp8.lm_head=true", "fp8.recipe=blockwise", "fp8.grad_format=e4m3"],
+     "fp8.lm_head: true with fp8.recipe: blockwise"),
     (["data.seq_length=15"], "(micro-batch 2 x sequence length 15 = 30) must be a multiple of 16"),
 ])
 def test_fp8_what_the_linears_cannot_run_stops_before_work(corpus, tmp_path, sets, needle):

@@ -35,7 +35,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         "tokens_per_s_per_gpu, mfu per GPU, comm_wait_ms (median per step, the largest rank's), "
         "peak memory of the fullest GPU, world_size. --precision fp8 runs the block's linears in "
         "fp8 (train.precision fp8) with the same fields, plus fp8_recipe, fp8_gemms_per_step and "
-        "fp8_weight_casts_per_step.\n\n"
+        "fp8_weight_casts_per_step; --fp8-lm-head puts the LM head's GEMMs in fp8 too "
+        "(fp8.lm_head: true) and adds fp8_lm_head.\n\n"
         "--generate measures inference through the engine of `lathe generate` and `lathe serve` "
         "instead (random weights, bf16 on CUDA): per --prefill length T, one sequence's prefill "
         "time (median of --prefill-repeats after a warm-up), tokens/s and mfu = (2 N_body T + "
@@ -53,6 +54,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         int64_t vocab = 0;
         std::string recompute;
         std::string precision = "bf16", fp8_recipe = "tensorwise";
+        bool fp8_lm_head = false;
         std::string offload = "none", state_dtype = "fp32", offload_schedule = "overlapped";
         std::string preset, config;  // --model's two spellings
         bool generate = false;
@@ -128,6 +130,9 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "blockwise with E4M3 gradients)")
         ->capture_default_str()
         ->check(CLI::IsMember({"tensorwise", "delayed", "blockwise"}));
+    cmd->add_flag("--fp8-lm-head", o->fp8_lm_head,
+                  "With --precision fp8 (tensorwise or delayed): the LM head's GEMMs in fp8 too, "
+                  "as fp8.lm_head: true");
     cmd->add_option("--offload", o->offload,
                     "none, or cpu: the f32 masters and AdamW moments in pinned host memory, "
                     "stepped by the CPU AdamW, as optimizer.offload: cpu (one process)")
@@ -185,8 +190,9 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
             if (o->generate) {
                 for (const char* training :
                      {"--batch", "--seq", "--steps", "--warmup", "--recompute", "--zero-stage",
-                      "--precision", "--fp8-recipe", "--plan-only", "--nondeterministic",
-                      "--offload", "--state-dtype", "--offload-schedule", "--kernel-breakdown"})
+                      "--precision", "--fp8-recipe", "--fp8-lm-head", "--plan-only",
+                      "--nondeterministic", "--offload", "--state-dtype", "--offload-schedule",
+                      "--kernel-breakdown"})
                     if (cmd->count(training) > 0)
                         return invalid_argument_error(
                             "{} is a training bench option; --generate takes --prefill, "
@@ -228,11 +234,15 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                 req.recompute = *mode;
             }
             if (o->precision == "fp8") {
-                LATHE_ASSIGN_OR_RETURN(req.fp8, fp8_settings_parse(o->fp8_recipe, "auto", false, 16,
-                                                                   "max", "--fp8-recipe"));
+                LATHE_ASSIGN_OR_RETURN(
+                    req.fp8, fp8_settings_parse(o->fp8_recipe, "auto", o->fp8_lm_head, 16, "max",
+                                                "--fp8-recipe"));
             } else if (cmd->count("--fp8-recipe") > 0) {
                 return invalid_argument_error(
                     "--fp8-recipe {} without --precision fp8: add --precision fp8", o->fp8_recipe);
+            } else if (o->fp8_lm_head) {
+                return invalid_argument_error(
+                    "--fp8-lm-head without --precision fp8: add --precision fp8");
             }
             req.offload = o->offload == "cpu" ? OptimizerOffload::kCpu : OptimizerOffload::kNone;
             req.state_dtype =

@@ -30,11 +30,13 @@ float block_attention_scale(const ModelConfig& c) {
 
 void block_norm_forward(const ModelConfig& c, TensorView y, TensorView mean, TensorView rstd,
                         ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
-                        const Context& ctx) {
-    if (c.norm == NormKind::kRmsNorm)
-        rmsnorm_forward(y, rstd, x, weight, float(c.norm_eps), ctx);
-    else
-        layernorm_forward(y, mean, rstd, x, weight, bias, float(c.norm_eps), ctx);
+                        const Context& ctx, TensorView y_amax) {
+    if (c.norm == NormKind::kRmsNorm) {
+        rmsnorm_forward(y, rstd, x, weight, float(c.norm_eps), ctx, y_amax);
+        return;
+    }
+    LATHE_CHECK(y_amax.is_null(), "block_norm_forward: LayerNorm computes no amax of its output");
+    layernorm_forward(y, mean, rstd, x, weight, bias, float(c.norm_eps), ctx);
 }
 
 void block_norm_backward(const ModelConfig& c, TensorView dx, TensorView dweight, TensorView dbias,
@@ -58,6 +60,16 @@ LinearSpec block_spec(const PrecisionPolicy& p, const BlockFp8& f8, Fp8Linear l)
     return spec;
 }
 
+// Where the producer of linear l's input writes that input's amax (LinearSpec::x_amax): the
+// linear's own x slot (Fp8LinearBuffers::scalars + 0; the dy slot, 16, for LinearSpec::dy_amax),
+// for a per-tensor linear with current scaling; null otherwise (delayed scaling reports the amax
+// from its one cast pass; blockwise scales per block).
+TensorView producer_amax(const BlockFp8& f8, Fp8Linear l, int slot = 0) {
+    const Fp8LinearBuffers* b = f8.linear[size_t(l)];
+    if (b == nullptr || b->delayed_scale != nullptr) return {};
+    return TensorView(b->scalars + slot, DType::kF32, Shape{1}, Device::kCuda);
+}
+
 }  // namespace
 
 void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, const BlockWeights& w,
@@ -76,13 +88,34 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
 void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, const BlockWeights& w,
                    const BlockActs& a, const BlockScratch& s, const BlockInputs& in,
                    const Context& ctx, const BlockFp8& f8) {
-    const LinearSpec qs = block_spec(p, f8, Fp8Linear::kQ), ks = block_spec(p, f8, Fp8Linear::kK);
-    const LinearSpec vs = block_spec(p, f8, Fp8Linear::kV);
+    LinearSpec qs = block_spec(p, f8, Fp8Linear::kQ), ks = block_spec(p, f8, Fp8Linear::kK);
+    LinearSpec vs = block_spec(p, f8, Fp8Linear::kV);
     const LinearSpec out = block_spec(p, f8, Fp8Linear::kAttnOut);
-    const LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
-    const LinearSpec down = block_spec(p, f8, Fp8Linear::kMlpDown);
+    LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
+    LinearSpec down = block_spec(p, f8, Fp8Linear::kMlpDown);
+    // FP8 with current scaling: the kernels that write the linears' inputs compute their amax
+    // (RMSNorm for q, k, v, which share ln1_out's, and for the MLP's up projection; SwiGLU for
+    // the down projection), so each cast reads its input once: per cast 2 bytes an element
+    // instead of 4 (amax pass + cast), for 1 byte an element the kernel adds nothing to read.
+    // A producer writing the fp8 codes itself (a scale known before the kernel: delayed scaling)
+    // would save that read too, but q, k and v each need the codes and their transpose (the
+    // weight gradient's operand, 32 x 32 tiles of the input), which a row kernel cannot write
+    // without a second pass over the tile; delayed scaling keeps its single-pass cast.
+    const bool rms = c.norm == NormKind::kRmsNorm;
+    const TensorView ln1_amax = rms ? producer_amax(f8, Fp8Linear::kQ) : TensorView();
+    const TensorView ln2_amax = rms ? producer_amax(f8, Fp8Linear::kMlpUp) : TensorView();
+    const TensorView act_amax =
+        c.mlp == MlpKind::kSwiGlu ? producer_amax(f8, Fp8Linear::kMlpDown) : TensorView();
+    if (!ln1_amax.is_null()) {
+        qs.x_amax = ln1_amax.as<float>();
+        if (ks.fp8 != nullptr) ks.x_amax = qs.x_amax;
+        if (vs.fp8 != nullptr) vs.x_amax = qs.x_amax;
+    }
+    if (!ln2_amax.is_null()) up.x_amax = ln2_amax.as<float>();
+    if (!act_amax.is_null()) down.x_amax = act_amax.as<float>();
     // Attention branch.
-    block_norm_forward(c, a.ln1_out, a.ln1_mean, a.ln1_rstd, a.x_in, w.norm1_w, w.norm1_b, ctx);
+    block_norm_forward(c, a.ln1_out, a.ln1_mean, a.ln1_rstd, a.x_in, w.norm1_w, w.norm1_b, ctx,
+                       ln1_amax);
     linear_forward(flat_heads(a.q), a.ln1_out, w.wq, w.bq, ctx, qs);
     linear_forward(flat_heads(a.k), a.ln1_out, w.wk, w.bk, ctx, ks);
     linear_forward(flat_heads(a.v), a.ln1_out, w.wv, w.bv, ctx, vs);
@@ -120,20 +153,21 @@ void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, co
     if (c.parallel_residual) {
         // x_out = x + o in the output projection's GEMM (the residual read as its C).
         linear_residual_forward(a.x_out, flat_heads(a.att), w.wo, w.bo, a.x_in, ctx, out);
-        block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, w.norm2_w, w.norm2_b, ctx);
+        block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, w.norm2_w, w.norm2_b, ctx,
+                           ln2_amax);
     } else {
         // x_mid = x + o and norm2(x_mid) in one op (one kernel on CUDA).
         linear_forward(s.tmp, flat_heads(a.att), w.wo, w.bo, ctx, out);
         if (c.norm == NormKind::kRmsNorm)
             rmsnorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_rstd, a.x_in, s.tmp, w.norm2_w,
-                                     float(c.norm_eps), ctx);
+                                     float(c.norm_eps), ctx, ln2_amax);
         else
             layernorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, s.tmp,
                                        w.norm2_w, w.norm2_b, float(c.norm_eps), ctx);
     }
     if (c.mlp == MlpKind::kSwiGlu) {
         linear_forward(a.mlp_in, a.ln2_out, w.w_up, w.b_up, ctx, up);
-        swiglu_forward(a.mlp_act, a.mlp_in, ctx);
+        swiglu_forward(a.mlp_act, a.mlp_in, ctx, act_amax);
     } else {
         // The up projection with its GELU (one cuBLASLt call on CUDA for the tanh form; mlp_in
         // is kept as the pre-activation either way).
@@ -156,13 +190,18 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
     const LinearSpec qs = block_spec(p, f8, Fp8Linear::kQ), ks = block_spec(p, f8, Fp8Linear::kK);
     const LinearSpec vs = block_spec(p, f8, Fp8Linear::kV);
     const LinearSpec out = block_spec(p, f8, Fp8Linear::kAttnOut);
-    const LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
+    LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
     const LinearSpec down = block_spec(p, f8, Fp8Linear::kMlpDown);
     // MLP branch: dres is d out, which the MLP output received unchanged.
     if (c.mlp == MlpKind::kSwiGlu) {
         linear_backward(s.dmlp_act, g.w_down, g.b_down, dres, a.mlp_act, w.w_down,
                         GradMode::kOverwrite, ctx, down);
-        swiglu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, ctx);
+        // FP8 with current scaling: SwiGLU's backward computes the amax of d mlp_in (the up
+        // projection's dy, the layer's widest gradient) into that linear's dy slot as it writes
+        // it, so the dy cast reads it once.
+        const TensorView dmlp_in_amax = producer_amax(f8, Fp8Linear::kMlpUp, 16);
+        if (!dmlp_in_amax.is_null()) up.dy_amax = dmlp_in_amax.as<float>();
+        swiglu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, ctx, dmlp_in_amax);
         linear_backward(s.dnorm2, g.w_up, g.b_up, s.dmlp_in, a.ln2_out, w.w_up,
                         GradMode::kOverwrite, ctx, up);
     } else {

@@ -187,7 +187,7 @@ float block_attention_scale(const ModelConfig& config);
 // Norm dispatch shared with the final norm: RMSNorm ignores `bias` and `mean`.
 void block_norm_forward(const ModelConfig& config, TensorView y, TensorView mean, TensorView rstd,
                         ConstTensorView x, ConstTensorView weight, ConstTensorView bias,
-                        const Context& ctx);
+                        const Context& ctx, TensorView y_amax = {});
 // dx per `mode`; dweight, dbias accumulate.
 void block_norm_backward(const ModelConfig& config, TensorView dx, TensorView dweight,
                          TensorView dbias, ConstTensorView dy, ConstTensorView x,

@@ -299,6 +299,10 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
         Nc = std::max<int64_t>(1, int64_t((shape.backend == Backend::kCuda ? kLmHeadChunkBytesCuda
                                                                            : kLmHeadChunkBytes) /
                                           (size_t(V) * sizeof(float))));
+    // The FP8 head's chunk (ops/cuda/lm_head_cross_entropy.h): a multiple of 16 rows (N is one).
+    const bool fp8_head = shape.backend == Backend::kCuda &&
+                          shape.precision.of(LinearRole::kLmHead) != LinearPrecision::kNative;
+    if (fp8_head) Nc = (Nc + 15) / 16 * 16;
     plan.shape.lm_head_chunk_rows = Nc = std::min(Nc, N);
     plan.shards = shard_layout_make(table, shape.unit_shards);
     if (shape.unit_shards == 1) {
@@ -466,6 +470,14 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
                 cast_scales = std::max(cast_scales, bb.cast_scales);
             }
         }
+        if (fp8_head) {
+            // The head's weight codes; x's codes go to the shared xq and dyqt buffers.
+            plan.fp8_head.wq = add_entry(f8, "lm_head.fp8.wq", DType::kE4M3, Shape{V, C});
+            plan.fp8_head.wqt = add_entry(f8, "lm_head.fp8.wqt", DType::kE4M3, Shape{C, V});
+            plan.fp8_head.scalars_offset = c.num_layers * kFp8LinearsPerLayer * 24;
+            q_scratch = std::max(q_scratch, N * C);
+            dyqt = std::max(dyqt, N * C);
+        }
         plan.fp8_q_scratch = add_entry(f8, "fp8.xq_dyq", DType::kU8, Shape{q_scratch});
         plan.fp8_dyqt = add_entry(f8, "fp8.dyqt", DType::kU8, Shape{dyqt});
         if (blockwise) {
@@ -475,8 +487,9 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
             plan.fp8_dyt_scale = add_entry(f8, "fp8.dyt_scale", DType::kF32, f32s(dyt_scale));
             plan.fp8_cast_scales = add_entry(f8, "fp8.cast_scales", DType::kF32, f32s(cast_scales));
         } else {
-            plan.fp8_scalars = add_entry(f8, "fp8.scalars", DType::kF32,
-                                         Shape{c.num_layers * kFp8LinearsPerLayer * 24});
+            plan.fp8_scalars =
+                add_entry(f8, "fp8.scalars", DType::kF32,
+                          Shape{(c.num_layers * kFp8LinearsPerLayer + (fp8_head ? 1 : 0)) * 24});
         }
         if (shape.fp8.recipe == Fp8Recipe::kDelayed) {
             const int64_t n = fp8_tensor_count(c.num_layers, shape.fp8);
@@ -528,6 +541,10 @@ std::string MemoryPlan::table(std::string_view title) const {
                 weights += fp8.entries()[e.wq].bytes + fp8.entries()[e.wqt].bytes;
                 inputs += fp8.entries()[e.xqt].bytes;
             }
+        if (fp8_head.wq != kNoEntry) {
+            ++linears;
+            weights += fp8.entries()[fp8_head.wq].bytes + fp8.entries()[fp8_head.wqt].bytes;
+        }
         out += fmt::format(
             "  fp8 buffers: {} linears ({}): weight codes and transposes {}, saved input codes "
             "{}, scales and shared cast scratch {}\n",

@@ -33,7 +33,12 @@
 //                     linear (per-tensor recipes) or the blocks' scale grids (blockwise: the
 //                     weight's and the saved input's per layer, the rest shared); with delayed
 //                     scaling the scales and the step's amaxes of every scaled tensor
-//                     (fp8_tensor_index order)
+//                     (fp8_tensor_index order). With the LM head in fp8 (fp8.lm_head): its
+//                     weight's codes "lm_head.fp8.wq" (V, C) and "lm_head.fp8.wqt" (C, V), its 24
+//                     scalars after the layers'; its x codes use the shared xq and dyqt buffers
+//                     (at least N C bytes each) and its dlogits' codes the logits chunk
+//                     (ops/cuda/lm_head_cross_entropy.h), whose rows Nc round up to a multiple
+//                     of 16
 //
 // Dtypes follow the backend (ModelShape::backend): on the CPU reference every float entry is f32;
 // on CUDA activations, their gradients and the compute copy of the weights are bf16 while master
@@ -303,7 +308,8 @@ struct MemoryPlan {
     std::vector<std::array<Fp8LinearEntries, kFp8LinearsPerLayer>> fp8_linears;  // [layer][l]
     size_t fp8_q_scratch = kNoEntry;  // (max N I, N O) bytes: xq of a forward, dyq of a backward
     size_t fp8_dyqt = kNoEntry;       // (max O N) bytes
-    size_t fp8_scalars = kNoEntry;    // per-tensor: (L * 6 * 24) f32
+    size_t fp8_scalars = kNoEntry;    // per-tensor: ((L * 6 + head) * 24) f32
+    Fp8LinearEntries fp8_head;        // the LM head's wq, wqt (xqt unused) and scalars_offset
     // Blockwise: the shared scale scratch (x_scale of a forward / dy_scale of a backward; the
     // backward's dyt_scale; the casts' row-major scales), each the largest any linear needs.
     size_t fp8_scale_scratch = kNoEntry, fp8_dyt_scale = kNoEntry, fp8_cast_scales = kNoEntry;

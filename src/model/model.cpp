@@ -124,10 +124,11 @@ void ModelArena::zero_entry(size_t index) {
 Status model_check_fp8(const ModelConfig& config, const ModelShape& shape) {
     const PrecisionPolicy& p = shape.precision;
     if (!precision_has_fp8(p)) return ok_status();
-    if (p.of(LinearRole::kLmHead) != LinearPrecision::kNative)
+    if (p.of(LinearRole::kLmHead) == LinearPrecision::kFp8Blockwise)
         return unimplemented_error(
-            "fp8.lm_head: true: the LM head's fused GEMMs (lm_head_cross_entropy) have no fp8 "
-            "kernel in this build; set fp8.lm_head: false");
+            "fp8.lm_head: true with fp8.recipe: blockwise: the LM head's fused GEMMs "
+            "(lm_head_cross_entropy) run fp8 with per-tensor scales only; set fp8.lm_head: false "
+            "or fp8.recipe: tensorwise / delayed");
     if (config.mlp != MlpKind::kSwiGlu && (p.of(LinearRole::kMlpUp) != LinearPrecision::kNative ||
                                            p.of(LinearRole::kMlpDown) != LinearPrecision::kNative))
         return unimplemented_error(
@@ -151,6 +152,12 @@ Status model_check_fp8(const ModelConfig& config, const ModelShape& shape) {
                 "multiple of 16",
                 fp8_linear_name(l), config.model_type, I, O);
     }
+    if (p.of(LinearRole::kLmHead) != LinearPrecision::kNative &&
+        (config.hidden_size % 16 != 0 || config.vocab_size % 16 != 0))
+        return invalid_argument_error(
+            "fp8.lm_head: true: the LM head of {} is {} x {} (hidden x vocabulary); the FP8 GEMMs "
+            "need both a multiple of 16; set fp8.lm_head: false",
+            config.model_type, config.hidden_size, config.vocab_size);
     return ok_status();
 }
 
@@ -286,6 +293,26 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
                     b.step_amax = m.fp8_arena_.view(m.plan_.fp8_step_amax).as<float>() + t;
                 }
             }
+        }
+        if (m.plan_.fp8_head.wq != MemoryPlan::kNoEntry) {
+            // The LM head (memory_plan.h): x's codes in the shared xq and dyqt buffers.
+            Fp8LinearBuffers& b = m.fp8_head_;
+            b.wq = data(m.plan_.fp8_head.wq);
+            b.wqt = data(m.plan_.fp8_head.wqt);
+            b.xq = data(m.plan_.fp8_q_scratch);
+            b.xqt = data(m.plan_.fp8_dyqt);
+            b.scalars = scalars + m.plan_.fp8_head.scalars_offset;
+            b.grad_dtype = f8.grad_dtype;
+            b.gemm_count = &m.fp8_gemms_->step_gemms;
+            if (delayed) {
+                const int64_t t = fp8_head_tensor_index(L, Fp8Tensor::kInput);
+                b.delayed_scale = m.fp8_arena_.view(m.plan_.fp8_scales).as<float>() + t;
+                b.step_amax = m.fp8_arena_.view(m.plan_.fp8_step_amax).as<float>() + t;
+            }
+            m.fp8_head_eval_ = b;
+            if (delayed)
+                m.fp8_head_eval_.step_amax = m.fp8_arena_.view(m.plan_.fp8_eval_amax).as<float>() +
+                                             fp8_head_tensor_index(L, Fp8Tensor::kInput);
         }
         if (delayed) {
             // The twins for forwards outside the training steps: amaxes to the unread block.
@@ -565,6 +592,20 @@ void Model::fp8_cast_weights(int layer, bool step) {
     }
 }
 
+LinearSpec Model::head_spec(bool step) const {
+    LinearSpec spec = plan_.shape.precision.spec(LinearRole::kLmHead);
+    if (fp8_head_.scalars != nullptr) spec.fp8 = step ? &fp8_head_ : &fp8_head_eval_;
+    spec.x_amax = head_x_amax().as<float>();
+    return spec;
+}
+
+TensorView Model::head_x_amax() const {
+    if (fp8_head_.scalars == nullptr || fp8_head_.delayed_scale != nullptr ||
+        config_.norm != NormKind::kRmsNorm)
+        return {};
+    return TensorView(fp8_head_.scalars, DType::kF32, Shape{1}, Device::kCuda);
+}
+
 // ---- Model: views ----
 
 TensorView Model::entry_rows(const ModelArena& arena, ParamRole role, int layer, int64_t begin,
@@ -811,11 +852,15 @@ void Model::run_forward_blocks(bool step) {
         block_forward(config_, plan_.shape.precision, l, block_weights(l), block_acts(l), scratch,
                       inputs, ctx_, block_fp8(l, step));
     }
+    if (weights_needed_) weights_needed_(kOutputWeights);
+    if (cast_fp8 && fp8_head_.scalars != nullptr) {
+        linear_fp8_cast_weight(weights_at(head_entry()), ctx_, head_spec(step));
+        ++fp8_weight_casts_;
+    }
     if (cast_fp8) {
         fp8_weights_stale_ = false;
         fp8_step_cast_due_ = !step && fp8_state_.has_value();
     }
-    if (weights_needed_) weights_needed_(kOutputWeights);
     block_norm_forward(config_, act(plan_.final_norm_out, btc),
                        plan_.final_norm_mean == MemoryPlan::kNoEntry
                            ? TensorView()
@@ -825,7 +870,7 @@ void Model::run_forward_blocks(bool step) {
                                   ParamRole::kFinalNormWeight, -1, 0, config_.hidden_size),
                        entry_rows(weights_of(ParamRole::kFinalNormBias), ParamRole::kFinalNormBias,
                                   -1, 0, config_.hidden_size),
-                       ctx_);
+                       ctx_, head_x_amax());
 }
 
 void Model::run_backward_from_final(TensorView dfinal) {
@@ -887,12 +932,10 @@ float Model::forward_loss(const ModelBatch& batch, bool step) {
     run_forward_blocks(step);
     const int64_t N = dims_.B * dims_.T;
     TensorView loss = act(plan_.loss, Shape{1});
-    linear_expect_precision("lm_head_cross_entropy_forward",
-                            plan_.shape.precision.spec(LinearRole::kLmHead), ctx_);
     lm_head_cross_entropy_forward(loss, TensorView(), act(plan_.lm_lse, Shape{N}),
                                   act(plan_.final_norm_out, Shape{N, config_.hidden_size}),
                                   act(plan_.targets, Shape{N}), weights_at(head_entry()),
-                                  scratch_.view(plan_.lm_chunk), ctx_);
+                                  scratch_.view(plan_.lm_chunk), ctx_, head_spec(step));
     return read_scalar(loss);
 }
 
@@ -907,7 +950,7 @@ void Model::backward(float dloss) {
     lm_head_cross_entropy_backward(
         dfinal.reshape(Shape{N, C}), grads_at(head_entry()), act(plan_.final_norm_out, Shape{N, C}),
         act(plan_.targets, Shape{N}), weights_at(head_entry()), act(plan_.lm_lse, Shape{N}), dloss,
-        scratch_.view(plan_.lm_chunk), ctx_);
+        scratch_.view(plan_.lm_chunk), ctx_, head_spec(/*step=*/true));
     run_backward_from_final(dfinal);
 }
 
@@ -936,12 +979,11 @@ void Model::forward_backward_async(const ModelBatch& batch, float dloss, int64_t
     const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
     TensorView loss = acts_.view(plan_.loss).slice(loss_slot, loss_slot + 1);
     TensorView dfinal = block_scratch().dnorm1;
-    linear_expect_precision("lm_head_cross_entropy_forward_backward",
-                            plan_.shape.precision.spec(LinearRole::kLmHead), ctx_);
     lm_head_cross_entropy_forward_backward(
         loss, TensorView(), dfinal.reshape(Shape{N, C}), grads_at(head_entry()),
         act(plan_.final_norm_out, Shape{N, C}), act(plan_.targets, Shape{N}),
-        weights_at(head_entry()), dloss, scratch_.view(plan_.lm_chunk), ctx_);
+        weights_at(head_entry()), dloss, scratch_.view(plan_.lm_chunk), ctx_,
+        head_spec(/*step=*/true));
     run_backward_from_final(dfinal);
 }
 
@@ -957,7 +999,7 @@ void Model::logits(TensorView out, const ModelBatch& batch) {
     const TensorView x = act(plan_.final_norm_out, Shape{N, C});
     if (!on_cuda()) {
         linear_forward(out.reshape(Shape{N, V}), x, weights_at(head_entry()), ConstTensorView(),
-                       ctx_, plan_.shape.precision.spec(LinearRole::kLmHead));
+                       ctx_, head_spec(/*step=*/false));
         return;
     }
     // Chunk by chunk through the LM head's scratch: bf16 logits, then widened to f32 on the host.
@@ -969,7 +1011,7 @@ void Model::logits(TensorView out, const ModelBatch& batch) {
         const int64_t r = std::min(rows, N - r0);
         const TensorView y(chunk.data(), DType::kBF16, Shape{r, V}, Device::kCuda);
         linear_forward(y, x.slice(r0, r0 + r), weights_at(head_entry()), ConstTensorView(), ctx_,
-                       plan_.shape.precision.spec(LinearRole::kLmHead));
+                       head_spec(/*step=*/false));
         const TensorView h = host.view().slice(0, r);
         cuda_copy_sync(h, y, ctx_.stream);
         const bf16* src = h.as<bf16>();

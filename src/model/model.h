@@ -357,6 +357,12 @@ private:
     BlockInputs block_inputs() const;
     // Layer `layer`'s fp8 buffers; !step: those whose delayed amaxes go to the unread block.
     BlockFp8 block_fp8(int layer, bool step = true) const;
+    // The LM head's spec: with fp8.lm_head its buffers (!step: the twin whose delayed amaxes go
+    // to the unread block).
+    LinearSpec head_spec(bool step) const;
+    // The FP8 head's x amax slot, written by the final RMSNorm as it writes the head's input
+    // (LinearSpec::x_amax; current scaling only), or a null view.
+    TensorView head_x_amax() const;
     // Casts layer `layer`'s fp8 weight codes from the compute copy (file comment).
     void fp8_cast_weights(int layer, bool step);
     TensorView act(size_t index, const Shape& shape) const { return acts_.view(index, shape); }
@@ -415,6 +421,8 @@ private:
     // Delayed: fp8_buffers_'s twins with step_amax in plan_.fp8_eval_amax (file comment).
     std::vector<std::array<Fp8LinearBuffers, kFp8LinearsPerLayer>> fp8_eval_buffers_;
     int64_t fp8_weight_casts_ = 0;
+    // The LM head's buffers with fp8.lm_head (scalars null without), and the eval twin.
+    Fp8LinearBuffers fp8_head_, fp8_head_eval_;
     std::optional<Fp8ScalingState> fp8_state_;
     std::vector<float> fp8_host_;  // delayed: the amaxes read back, the scales uploaded
 

@@ -540,6 +540,8 @@ protected:
         m->init(seed);
         return std::move(*m);
     }
+    // TracksBf16OnTheSameWeightsAndCountsItsGemms for `f8` (with or without the LM head).
+    static void tracks_bf16(const Fp8Settings& f8);
     static CudaState* state_;
 };
 CudaState* ModelFp8Gpu::state_ = nullptr;
@@ -584,9 +586,8 @@ void copy_params(const Model& src, Model& dst) {
 // Each step: the bf16 model trains (AdamW); the fp8 model gets its weights, casts them once
 // (the weight-cast counter) and runs the same batch: logits, loss and every gradient within the
 // bounds above, and the FP8 GEMMs the linear ops counted equal to fp8_gemms_per_step.
-TEST_P(ModelFp8Gpu, TracksBf16OnTheSameWeightsAndCountsItsGemms) {
+void ModelFp8Gpu::tracks_bf16(const Fp8Settings& f8) {
     const ModelConfig c = parse(kFp8Llama);
-    Fp8Settings f8 = recipe_settings(GetParam());
     Model bf = make(c, nullptr, 21), f = make(c, &f8, 21);
     ASSERT_TRUE(f.fp8());
     ASSERT_FALSE(bf.fp8());
@@ -594,10 +595,14 @@ TEST_P(ModelFp8Gpu, TracksBf16OnTheSameWeightsAndCountsItsGemms) {
     TestAdamWMoments moments = TestAdamWMoments::of(bf);
     const Fp8Batch data = fp8_batch(c);
     const int64_t L = c.num_layers, V = c.vocab_size, N = kB * kT;
+    const int64_t head = f8.lm_head ? 1 : 0;  // the LM head: one more FP8 linear
     const double u4 = 1.0 / 16, ug = f8.grad_dtype == DType::kE5M2 ? 1.0 / 8 : 1.0 / 16;
     const double e_f = std::sqrt(2.0 / 3.0) * u4, e_b = std::sqrt((ug * ug + u4 * u4) / 3.0);
-    const double z_tol = 2 * std::sqrt(6.0 * L) * e_f;
-    const double g_tol = 2 * std::sqrt(6.0 * L * e_f * e_f + (6.0 * L + 1) * e_b * e_b);
+    // n_f = 6 L (+ 1 with the head: the logits' own GEMM) forward GEMMs before the logits; a
+    // gradient's chain has n_b = 6 L (+ 1: the head's dx) dx GEMMs and its own dW.
+    const double n_f = 6.0 * L + head, n_b = 6.0 * L + head;
+    const double z_tol = 2 * std::sqrt(n_f) * e_f;
+    const double g_tol = 2 * std::sqrt(n_f * e_f * e_f + (n_b + 1) * e_b * e_b);
     HostTensor zb(DType::kF32, Shape{kB, kT, V}), zf(DType::kF32, Shape{kB, kT, V});
     int64_t casts = f.fp8_weight_casts();
     EXPECT_EQ(casts, 0);
@@ -606,9 +611,10 @@ TEST_P(ModelFp8Gpu, TracksBf16OnTheSameWeightsAndCountsItsGemms) {
         f.fp8_weights_updated();
         bf.logits(zb.view(), data.batch());
         f.logits(zf.view(), data.batch());
-        EXPECT_EQ(f.fp8_weight_casts() - casts, 6 * L) << "step " << step;
+        EXPECT_EQ(f.fp8_weight_casts() - casts, 6 * L + head) << "step " << step;
         casts = f.fp8_weight_casts();
-        EXPECT_EQ(f.fp8_take_gemms(), 6 * L) << "the logits' forward, step " << step;
+        // The head's logits run in one chunk here (B T = 192 rows): one GEMM.
+        EXPECT_EQ(f.fp8_take_gemms(), 6 * L + head) << "the logits' forward, step " << step;
         bf.zero_grads();
         f.zero_grads();
         const float lb = bf.forward_backward(data.batch());
@@ -616,7 +622,7 @@ TEST_P(ModelFp8Gpu, TracksBf16OnTheSameWeightsAndCountsItsGemms) {
         f.fp8_end_step();
         // Delayed: the training forward casts the weights again (the logits' cast recorded no
         // amax, model.h); the other recipes keep the logits' codes.
-        const int64_t recast = f8.recipe == Fp8Recipe::kDelayed ? 6 * L : 0;
+        const int64_t recast = f8.recipe == Fp8Recipe::kDelayed ? 6 * L + head : 0;
         EXPECT_EQ(f.fp8_weight_casts(), casts + recast) << "step " << step;
         casts = f.fp8_weight_casts();
         EXPECT_EQ(f.fp8_take_gemms(), fp8_gemms_per_step(L, f8, 1)) << "step " << step;
@@ -645,10 +651,10 @@ TEST_P(ModelFp8Gpu, TracksBf16OnTheSameWeightsAndCountsItsGemms) {
                                  gf = device_floats(f.grads_flat(), state_->stream());
         const double g_err = rel_l2(gf.data(), gb.data(), int64_t(gb.size()));
         std::printf(
-            "[fp8-vs-bf16] %-10s step %d loss %.5f vs %.5f (allowed %.2e)  logits rel-L2 %.3f "
+            "[fp8-vs-bf16] %-10s%s step %d loss %.5f vs %.5f (allowed %.2e)  logits rel-L2 %.3f "
             "(allowed %.3f)  gradients rel-L2 %.3f (allowed %.3f)\n",
-            std::string(fp8_recipe_name(f8.recipe)).c_str(), step, lf, lb, loss_tol, z_err, z_tol,
-            g_err, g_tol);
+            std::string(fp8_recipe_name(f8.recipe)).c_str(), head ? " +head" : "", step, lf, lb,
+            loss_tol, z_err, z_tol, g_err, g_tol);
         if (f8.recipe != Fp8Recipe::kDelayed || step >= 2) {
             EXPECT_LT(z_err, z_tol) << "step " << step;
             EXPECT_NEAR(lf, lb, loss_tol) << "step " << step;
@@ -656,6 +662,47 @@ TEST_P(ModelFp8Gpu, TracksBf16OnTheSameWeightsAndCountsItsGemms) {
         }
         bf.grad_norm();
         moments.step(bf, bf.adamw_segments(3e-3, 0.1), AdamWHyper{}, step, 1.0f);
+    }
+}
+
+TEST_P(ModelFp8Gpu, TracksBf16OnTheSameWeightsAndCountsItsGemms) {
+    tracks_bf16(recipe_settings(GetParam()));
+}
+
+// fp8.lm_head: the LM head's three GEMMs in FP8 too (ops/cuda/lm_head_cross_entropy.h): the
+// same comparison with the head counted as one more FP8 linear in the bounds, the GEMM count and
+// the weight casts; and the repeated batch learnt.
+class ModelFp8HeadGpu : public ModelFp8Gpu {};
+TEST_P(ModelFp8HeadGpu, TracksBf16WithTheLmHeadInFp8) {
+    Fp8Settings f8 = recipe_settings(GetParam());
+    f8.lm_head = true;
+    tracks_bf16(f8);
+}
+
+TEST_P(ModelFp8HeadGpu, LearnsTheRepeatedBatchWithTheLmHeadInFp8) {
+    const ModelConfig c = parse(kFp8Llama);
+    Fp8Settings f8 = recipe_settings(GetParam());
+    f8.lm_head = true;
+    Model f = make(c, &f8, 23);
+    TestAdamWMoments moments = TestAdamWMoments::of(f);
+    const Fp8Batch data = fp8_batch(c);
+    std::vector<float> losses;
+    for (int step = 1; step <= 8; ++step) {
+        f.zero_grads();
+        losses.push_back(f.forward_backward(data.batch()));
+        f.fp8_end_step();
+        EXPECT_EQ(f.fp8_take_gemms(), fp8_gemms_per_step(c.num_layers, f8, 1));
+        EXPECT_EQ(f.fp8_weight_casts(), (6 * c.num_layers + 1) * step) << "step " << step;
+        f.grad_norm();
+        moments.step(f, f.adamw_segments(3e-3, 0.1), AdamWHyper{}, step, 1.0f);
+        f.fp8_weights_updated();
+        std::printf("[fp8-train] %-10s +head step %d loss %.5f\n",
+                    std::string(fp8_recipe_name(f8.recipe)).c_str(), step, losses.back());
+    }
+    EXPECT_LT(losses.back(), losses.front() - 0.3f);
+    if (const Fp8ScalingState* s = f.fp8_scaling()) {
+        ASSERT_EQ(s->tensors(), fp8_tensor_count(c.num_layers, f8));
+        for (int64_t t = 0; t < s->tensors(); ++t) EXPECT_NE(s->scale(t), 1.0f) << "tensor " << t;
     }
 }
 
@@ -783,6 +830,12 @@ TEST_F(ModelFp8DelayedGpu, EvalForwardsBetweenStepsLeaveTheTrainingBits) {
 INSTANTIATE_TEST_SUITE_P(Recipes, ModelFp8Gpu,
                          ::testing::Values(Fp8Recipe::kTensorwise, Fp8Recipe::kDelayed,
                                            Fp8Recipe::kBlockwise),
+                         [](const ::testing::TestParamInfo<Fp8Recipe>& info) {
+                             return std::string(fp8_recipe_name(info.param));
+                         });
+
+INSTANTIATE_TEST_SUITE_P(Recipes, ModelFp8HeadGpu,
+                         ::testing::Values(Fp8Recipe::kTensorwise, Fp8Recipe::kDelayed),
                          [](const ::testing::TestParamInfo<Fp8Recipe>& info) {
                              return std::string(fp8_recipe_name(info.param));
                          });

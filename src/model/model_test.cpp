@@ -405,7 +405,17 @@ TEST(Model, Fp8PolicyChecksNameWhatIsMissing) {
     f8.lm_head = true;
     ModelShape head = shape;
     head.precision = fp8_precision_policy(f8);
-    EXPECT_NE(message(c, head).find("fp8.lm_head: true"), std::string::npos) << message(c, head);
+    EXPECT_TRUE(model_check_fp8(c, head).ok()) << message(c, head);  // per-tensor: runs
+    ModelConfig odd_vocab = c;
+    odd_vocab.vocab_size = 72;
+    EXPECT_NE(message(odd_vocab, head).find("LM head of llama is 32 x 72"), std::string::npos)
+        << message(odd_vocab, head);
+    f8.recipe = Fp8Recipe::kBlockwise;
+    f8.grad_dtype = DType::kE4M3;
+    head.precision = fp8_precision_policy(f8);
+    EXPECT_NE(message(c, head).find("fp8.lm_head: true with fp8.recipe: blockwise"),
+              std::string::npos)
+        << message(c, head);
     f8 = Fp8Settings{};
     f8.recipe = Fp8Recipe::kBlockwise;
     ModelShape block = shape;
@@ -423,6 +433,49 @@ TEST(Model, Fp8PolicyChecksNameWhatIsMissing) {
     const Result<Model> cpu = Model::create(c, shape, cpu_context());
     ASSERT_FALSE(cpu.ok());
     EXPECT_NE(cpu.status().message().find("on the cpu backend"), std::string::npos);
+}
+
+// fp8.lm_head: the head's weight codes (V, C) and their transpose (C, V), 24 more scalars after
+// the layers', x's codes in the shared buffers (at least N C each), the chunk's rows a multiple
+// of 16; the table counts the head as a linear; CPU plans none of it.
+TEST(MemoryPlan, Fp8LmHeadAddsItsWeightCodes) {
+    const ModelConfig c = parse(kLlamaJson);  // V 64, C 32, 2 layers
+    const ParamTable t = model_param_table(c);
+    for (Fp8Recipe recipe : {Fp8Recipe::kTensorwise, Fp8Recipe::kDelayed}) {
+        SCOPED_TRACE(std::string(fp8_recipe_name(recipe)));
+        ModelShape shape{2, 16, 5};  // 5 chunk rows asked for: 16 for the FP8 head
+        shape.backend = Backend::kCuda;
+        shape.attention_workspace_bytes = 0;
+        shape.fp8.recipe = recipe;
+        shape.precision = fp8_precision_policy(shape.fp8);
+        const Result<MemoryPlan> layers = memory_plan_make(c, t, shape);
+        ASSERT_TRUE(layers.ok());
+        EXPECT_EQ(layers->fp8_head.wq, MemoryPlan::kNoEntry);
+        EXPECT_EQ(layers->shape.lm_head_chunk_rows, 5);
+        shape.fp8.lm_head = true;
+        shape.precision = fp8_precision_policy(shape.fp8);
+        const Result<MemoryPlan> plan = memory_plan_make(c, t, shape);
+        ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+        const ArenaLayout& f8 = plan->fp8;
+        ASSERT_NE(plan->fp8_head.wq, MemoryPlan::kNoEntry);
+        EXPECT_EQ(f8.entries()[plan->fp8_head.wq].name, "lm_head.fp8.wq");
+        EXPECT_EQ(f8.entries()[plan->fp8_head.wq].shape, Shape({64, 32}));
+        EXPECT_EQ(f8.entries()[plan->fp8_head.wq].dtype, DType::kE4M3);
+        EXPECT_EQ(f8.entries()[plan->fp8_head.wqt].shape, Shape({32, 64}));
+        EXPECT_EQ(plan->fp8_head.scalars_offset, 2 * 6 * 24);
+        EXPECT_EQ(f8.entries()[plan->fp8_scalars].shape, Shape({(2 * 6 + 1) * 24}));
+        EXPECT_GE(f8.entries()[plan->fp8_q_scratch].bytes, size_t(32 * 32));
+        EXPECT_GE(f8.entries()[plan->fp8_dyqt].bytes, size_t(32 * 32));
+        EXPECT_EQ(plan->shape.lm_head_chunk_rows, 16);
+        if (recipe == Fp8Recipe::kDelayed)
+            EXPECT_EQ(f8.entries()[plan->fp8_scales].shape, Shape({2 * 6 * 3 + 3}));
+        // The weight codes (2 V C bytes) more than the layers' plan (the 24 scalars may fit in
+        // the scalars entry's alignment padding: its shape is checked above).
+        EXPECT_GE(plan->fp8_bytes(), layers->fp8_bytes() + 2 * 64 * 32);
+        EXPECT_NE(plan->table("t").find("13 linears"), std::string::npos) << plan->table("t");
+        shape.backend = Backend::kCpu;
+        EXPECT_EQ(memory_plan_make(c, t, shape)->fp8_bytes(), 0u);
+    }
 }
 
 TEST(MemoryPlan, SequenceLongerThanTheModelAllowsNamesTheKey) {

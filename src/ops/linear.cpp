@@ -41,8 +41,10 @@ void count_gemm(const Fp8LinearBuffers& b) {
 // x (rows, cols) bf16 -> codes q, qt: tensor `t` of the linear (its amax and scale_inv in the
 // scalar slot at `slot`). Current scaling: with x's own amax. Delayed: with b's scale of t; the
 // amax the cast reports joins the step's (Fp8LinearBuffers::step_amax).
+// ready_amax (current scaling only): amax(x) as the producer of x computed it.
 void fp8_cast_tensor(const bf16* x, int64_t rows, int64_t cols, DType dtype, void* q, void* qt,
-                     float* slot, const Fp8LinearBuffers& b, int t, CUstream_st* stream) {
+                     float* slot, const Fp8LinearBuffers& b, int t, CUstream_st* stream,
+                     const float* ready_amax = nullptr) {
     Fp8CastArgs a;
     a.rows = rows;
     a.cols = cols;
@@ -52,16 +54,22 @@ void fp8_cast_tensor(const bf16* x, int64_t rows, int64_t cols, DType dtype, voi
     a.qt = qt;
     a.amax = slot;
     a.scale_inv = slot + 4;
-    if (b.delayed_scale != nullptr) a.scale = b.delayed_scale + t;
+    if (b.delayed_scale != nullptr) {
+        a.scale = b.delayed_scale + t;
+    } else if (ready_amax != nullptr) {
+        // Read only (amax_ready): the cast writes neither it nor the slot's amax.
+        a.amax = const_cast<float*>(ready_amax);
+        a.amax_ready = true;
+    }
     cuda::fp8_cast(a, stream);
     if (b.delayed_scale != nullptr) cuda::fp8_amax_max_into(b.step_amax + t, slot, stream);
 }
 
 // The FP8 forward: y = sx sw (xq . wq^T) + bias [+ residual].
 void fp8_forward(bf16* y, const bf16* x, const bf16* bias, const bf16* residual, int64_t N,
-                 int64_t I, int64_t O, const Fp8LinearBuffers& b, CudaState& state,
-                 CUstream_st* stream) {
-    fp8_cast_tensor(x, N, I, DType::kE4M3, b.xq, b.xqt, b.scalars + 0, b, 0, stream);
+                 int64_t I, int64_t O, const Fp8LinearBuffers& b, const float* x_amax,
+                 CudaState& state, CUstream_st* stream) {
+    fp8_cast_tensor(x, N, I, DType::kE4M3, b.xq, b.xqt, b.scalars + 0, b, 0, stream, x_amax);
     cuda::fp8_linear_forward(y, {b.xq, DType::kE4M3, b.scalars + 4},
                              {b.wq, DType::kE4M3, b.scalars + 12}, bias, residual, N, I, O, state,
                              stream);
@@ -85,8 +93,10 @@ std::string_view linear_precision_name(LinearPrecision p) {
 void linear_expect_precision(std::string_view op, const LinearSpec& spec, const Context& ctx) {
     if (spec.precision == LinearPrecision::kNative) return;
     const std::string_view role = spec.role.empty() ? std::string_view("linear") : spec.role;
-    const bool fp8_op = op == "linear_forward" || op == "linear_residual_forward" ||
-                        op == "linear_backward" || op == "linear_fp8_cast_weight";
+    const bool fp8_op =
+        op == "linear_forward" || op == "linear_residual_forward" || op == "linear_backward" ||
+        op == "linear_fp8_cast_weight" || op == "lm_head_cross_entropy_forward" ||
+        op == "lm_head_cross_entropy_backward" || op == "lm_head_cross_entropy_forward_backward";
     LATHE_CHECK(ctx.backend == Backend::kCuda && fp8_op,
                 "{}: fp8 linear: no kernel for {} ({}) on the {} backend in this build; use the "
                 "native precision for this linear",
@@ -144,7 +154,7 @@ void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, Con
             }
             if (fp8_path(spec)) {
                 fp8_forward(y.as<bf16>(), x.as<bf16>(), bias.as<bf16>(), nullptr, N, I, O,
-                            *spec.fp8, cuda_state_of(ctx, kOp), ctx.stream);
+                            *spec.fp8, spec.x_amax, cuda_state_of(ctx, kOp), ctx.stream);
                 return;
             }
             cuda::linear_forward(y.as<bf16>(), x.as<bf16>(), weight.as<bf16>(), bias.as<bf16>(), N,
@@ -180,7 +190,7 @@ void linear_residual_forward(TensorView y, ConstTensorView x, ConstTensorView we
         }
         if (fp8_path(spec)) {
             fp8_forward(y.as<bf16>(), x.as<bf16>(), bias.as<bf16>(), residual.as<bf16>(), N, I, O,
-                        *spec.fp8, cuda_state_of(ctx, kOp), ctx.stream);
+                        *spec.fp8, spec.x_amax, cuda_state_of(ctx, kOp), ctx.stream);
             return;
         }
         cuda::linear_residual_forward(y.as<bf16>(), x.as<bf16>(), weight.as<bf16>(),
@@ -224,7 +234,7 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
                 const Fp8LinearBuffers& b = *spec.fp8;
                 CudaState& state = cuda_state_of(ctx, kOp);
                 fp8_cast_tensor(dy.as<bf16>(), N, O, b.grad_dtype, b.dyq, b.dyqt, b.scalars + 16, b,
-                                2, ctx.stream);
+                                2, ctx.stream, spec.dy_amax);
                 if (!dx.is_null()) {
                     cuda::fp8_linear_backward_input(
                         dx.as<bf16>(), {b.dyq, b.grad_dtype, b.scalars + 20},

@@ -101,6 +101,16 @@ struct LinearSpec {
     std::string_view role;
     const Fp8LinearBuffers* fp8 = nullptr;
     const Fp8BlockwiseBuffers* fp8_block = nullptr;  // for kFp8Blockwise on CUDA
+    // kFp8PerTensor with current scaling: a device f32 holding amax(x) of the forward's input,
+    // computed by the kernel that wrote x (rmsnorm_forward's y_amax, swiglu_forward's out_amax),
+    // so x's cast reads x once instead of twice (Fp8CastArgs::amax_ready; the cast takes the
+    // amax from here, its slot in Fp8LinearBuffers::scalars stays unwritten). Null: the cast
+    // computes it. Not read under delayed scaling (the cast's own pass reports the amax) nor by
+    // the other precisions.
+    const float* x_amax = nullptr;
+    // The same for the backward's dy (swiglu_backward's dgate_up_amax for the MLP's up
+    // projection): linear_backward's dy cast reads dy once.
+    const float* dy_amax = nullptr;
 };
 
 // Stops (LATHE_CHECK) unless ctx's backend runs `spec` in this build, naming `op`, the precision,

@@ -29,12 +29,36 @@ LmHeadDims lm_head_check(const char* op, ConstTensorView x, ConstTensorView targ
     d.Nc = scratch.dim(0);
     return d;
 }
+
+// The CUDA FP8 head's buffers from `spec` (null: native), after the precision check.
+const cuda::LmHeadFp8* head_fp8(const char* op, const LinearSpec& spec, const Context& ctx,
+                                cuda::LmHeadFp8& out) {
+    LATHE_CHECK(spec.precision != LinearPrecision::kFp8Blockwise,
+                "{}: the LM head has no {} kernel (fp8.recipe: blockwise with fp8.lm_head: true); "
+                "use per-tensor scales (tensorwise, delayed) or a native head",
+                op, linear_precision_name(spec.precision));
+    linear_expect_precision(op, spec, ctx);
+    if (spec.precision == LinearPrecision::kNative) return nullptr;
+    const Fp8LinearBuffers& b = *spec.fp8;
+    out.wq = b.wq, out.wqt = b.wqt, out.xq = b.xq, out.xqt = b.xqt;
+    out.scalars = b.scalars, out.grad_dtype = b.grad_dtype;
+    out.delayed_scale = b.delayed_scale, out.step_amax = b.step_amax;
+    out.x_amax = spec.x_amax;
+    return &out;
+}
+
+void count_head_gemms(const LinearSpec& spec, int64_t n) {
+    if (spec.fp8 != nullptr && spec.fp8->gemm_count != nullptr) *spec.fp8->gemm_count += n;
+}
 }  // namespace
 
 void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorView lse,
                                    ConstTensorView x, ConstTensorView targets,
-                                   ConstTensorView weight, TensorView scratch, const Context& ctx) {
+                                   ConstTensorView weight, TensorView scratch, const Context& ctx,
+                                   const LinearSpec& spec) {
     constexpr const char* kOp = "lm_head_cross_entropy_forward";
+    cuda::LmHeadFp8 f8;
+    const cuda::LmHeadFp8* fp8 = head_fp8(kOp, spec, ctx, f8);
     const LmHeadDims d = lm_head_check(kOp, x, targets, weight, scratch);
     op_expect_shape(kOp, "loss", loss, Shape{1});
     op_expect_shape(kOp, "lse", lse, Shape{d.N});
@@ -54,7 +78,8 @@ void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorVie
             cuda::lm_head_cross_entropy_forward(
                 loss.as<float>(), losses.as<float>(), lse.as<float>(), x.as<bf16>(),
                 targets.as<int32_t>(), weight.as<bf16>(), scratch.as<float>(), d.N, d.C, d.V, d.Nc,
-                cuda_state_of(ctx, kOp), ctx.stream);
+                cuda_state_of(ctx, kOp), ctx.stream, fp8);
+            if (fp8) count_head_gemms(spec, 1);
             return;
     }
     op_no_backend(kOp, ctx);
@@ -63,8 +88,10 @@ void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorVie
 void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTensorView x,
                                     ConstTensorView targets, ConstTensorView weight,
                                     ConstTensorView lse, float dloss, TensorView scratch,
-                                    const Context& ctx) {
+                                    const Context& ctx, const LinearSpec& spec) {
     constexpr const char* kOp = "lm_head_cross_entropy_backward";
+    cuda::LmHeadFp8 f8;
+    const cuda::LmHeadFp8* fp8 = head_fp8(kOp, spec, ctx, f8);
     const LmHeadDims d = lm_head_check(kOp, x, targets, weight, scratch);
     op_expect_shape(kOp, "dx", dx, x.shape());
     op_expect_shape(kOp, "lse", lse, Shape{d.N});
@@ -84,7 +111,8 @@ void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTens
             cuda::lm_head_cross_entropy_backward(
                 dx.as<bf16>(), dweight.as<float>(), x.as<bf16>(), targets.as<int32_t>(),
                 weight.as<bf16>(), lse.as<float>(), dloss, scratch.as<float>(), d.N, d.C, d.V, d.Nc,
-                cuda_state_of(ctx, kOp), ctx.stream);
+                cuda_state_of(ctx, kOp), ctx.stream, fp8);
+            if (fp8) count_head_gemms(spec, dweight.is_null() ? 1 : 2);
             return;
     }
     op_no_backend(kOp, ctx);
@@ -93,8 +121,11 @@ void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTens
 void lm_head_cross_entropy_forward_backward(TensorView loss, TensorView losses, TensorView dx,
                                             TensorView dweight, ConstTensorView x,
                                             ConstTensorView targets, ConstTensorView weight,
-                                            float dloss, TensorView scratch, const Context& ctx) {
+                                            float dloss, TensorView scratch, const Context& ctx,
+                                            const LinearSpec& spec) {
     constexpr const char* kOp = "lm_head_cross_entropy_forward_backward";
+    cuda::LmHeadFp8 f8;
+    const cuda::LmHeadFp8* fp8 = head_fp8(kOp, spec, ctx, f8);
     const LmHeadDims d = lm_head_check(kOp, x, targets, weight, scratch);
     op_expect_shape(kOp, "loss", loss, Shape{1});
     if (!losses.is_null()) op_expect_shape(kOp, "losses", losses, Shape{d.N});
@@ -115,7 +146,8 @@ void lm_head_cross_entropy_forward_backward(TensorView loss, TensorView losses, 
             cuda::lm_head_cross_entropy_forward_backward(
                 loss.as<float>(), losses.as<float>(), dx.as<bf16>(), dweight.as<float>(),
                 x.as<bf16>(), targets.as<int32_t>(), weight.as<bf16>(), dloss, scratch.as<float>(),
-                d.N, d.C, d.V, d.Nc, cuda_state_of(ctx, kOp), ctx.stream);
+                d.N, d.C, d.V, d.Nc, cuda_state_of(ctx, kOp), ctx.stream, fp8);
+            if (fp8) count_head_gemms(spec, dweight.is_null() ? 2 : 3);
             return;
     }
     op_no_backend(kOp, ctx);

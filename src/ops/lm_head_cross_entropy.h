@@ -19,10 +19,21 @@
 //   shares it with embedding_backward), null when frozen.
 // Targets outside [0, V) other than -100 are bugs upstream: checked on the CPU.
 // Deterministic for a given BLAS build, whatever the thread count (loss: fp64 row sums in order).
+//
+// Precision: `spec` is the LM head's (ops/linear.h). kFp8PerTensor runs on CUDA with the caller's
+// Fp8LinearBuffers: wq / wqt the weight's codes from linear_fp8_cast_weight (once per optimizer
+// step), xq and xqt scratch of (N, C) bytes each, scalars, grad_dtype, the delayed scales and
+// step amaxes (x, w, dlogits in that order); dyq / dyqt unused (the chunk's scratch holds the
+// dlogits' codes; ops/cuda/lm_head_cross_entropy.h has the layout and the GEMMs). gemm_count
+// counts the head as one linear: 1 for the logits, 1 for dx, 1 for dweight per call, whatever
+// the chunk count. spec.x_amax (current scaling): amax(x) from the kernel that wrote x (the
+// final RMSNorm), so x's cast reads x once. Every other fp8 case stops before any work, naming the
+// op and the precision (kFp8Blockwise: no block-scaled head).
 #include <cstdint>
 
 #include "core/tensor.h"
 #include "ops/context.h"
+#include "ops/linear.h"
 
 namespace lathe {
 
@@ -30,18 +41,20 @@ inline constexpr int32_t kIgnoreIndex = -100;
 
 void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorView lse,
                                    ConstTensorView x, ConstTensorView targets,
-                                   ConstTensorView weight, TensorView scratch, const Context& ctx);
+                                   ConstTensorView weight, TensorView scratch, const Context& ctx,
+                                   const LinearSpec& spec = {});
 
 void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTensorView x,
                                     ConstTensorView targets, ConstTensorView weight,
                                     ConstTensorView lse, float dloss, TensorView scratch,
-                                    const Context& ctx);
+                                    const Context& ctx, const LinearSpec& spec = {});
 
 // Forward and backward in one pass over the chunks (each chunk's logits are computed once and
 // turned into dlogits in place): what a training step calls. Same results as the pair above.
 void lm_head_cross_entropy_forward_backward(TensorView loss, TensorView losses, TensorView dx,
                                             TensorView dweight, ConstTensorView x,
                                             ConstTensorView targets, ConstTensorView weight,
-                                            float dloss, TensorView scratch, const Context& ctx);
+                                            float dloss, TensorView scratch, const Context& ctx,
+                                            const LinearSpec& spec = {});
 
 }  // namespace lathe

@@ -138,5 +138,30 @@ TEST(LmHeadCrossEntropyDeathTest, TargetOutsideVocabularyStops) {
         "target 11 at row 0 is neither -100 nor in");
 }
 
+// The head's fp8 precisions: the CPU backend runs none (naming the op, the precision and the
+// backend), and no backend runs a blockwise head (naming what to choose instead).
+TEST(LmHeadCrossEntropyDeathTest, Fp8PrecisionsStopNamingWhy) {
+    Rng rng(105);
+    Problem p = make_problem(rng);
+    HostTensor scratch = f32(Shape{4, V}), loss = f32(Shape{1}), lse = f32(Shape{N});
+    HostTensor dx = f32(Shape{N, C}), dw = f32(Shape{V, C});
+    const LinearSpec per_tensor{LinearPrecision::kFp8PerTensor, "lm_head"};
+    const LinearSpec blockwise{LinearPrecision::kFp8Blockwise, "lm_head"};
+    EXPECT_DEATH(
+        lm_head_cross_entropy_forward(loss.view(), {}, lse.view(), p.x.view(), p.targets.view(),
+                                      p.w.view(), scratch.view(), cpu_context(), per_tensor),
+        "lm_head_cross_entropy_forward: fp8 linear: no kernel for fp8_per_tensor "
+        "\\(lm_head\\) on the cpu backend");
+    EXPECT_DEATH(lm_head_cross_entropy_forward_backward(
+                     loss.view(), {}, dx.view(), dw.view(), p.x.view(), p.targets.view(),
+                     p.w.view(), 1.0f, scratch.view(), cpu_context(), blockwise),
+                 "lm_head_cross_entropy_forward_backward: the LM head has no fp8_blockwise "
+                 "kernel.*use per-tensor scales");
+    EXPECT_DEATH(lm_head_cross_entropy_backward(dx.view(), dw.view(), p.x.view(), p.targets.view(),
+                                                p.w.view(), lse.view(), 1.0f, scratch.view(),
+                                                cpu_context(), per_tensor),
+                 "lm_head_cross_entropy_backward: fp8 linear: no kernel");
+}
+
 }  // namespace
 }  // namespace lathe::optest

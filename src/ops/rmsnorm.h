@@ -8,13 +8,17 @@
 // Dtypes: CPU f32. CUDA: bf16 x, y, weight; f32 rstd.
 // Gradients: dx per `dx_mode` (= or +=); dweight accumulates (+=), may be null (frozen).
 // Deterministic (fp64 row sums; dweight sums rows in order).
+// y_amax (forwards, (1) f32, or null): amax(y) as ops/fp8_cast.h defines it, over the values y
+//   holds (bf16 on CUDA, f32 on the CPU), for an fp8 cast of y that follows
+//   (Fp8CastArgs::amax_ready, LinearSpec::x_amax): CUDA computes it as y is written, so the
+//   cast reads y once instead of twice.
 #include "core/tensor.h"
 #include "ops/context.h"
 
 namespace lathe {
 
 void rmsnorm_forward(TensorView y, TensorView rstd, ConstTensorView x, ConstTensorView weight,
-                     float eps, const Context& ctx);
+                     float eps, const Context& ctx, TensorView y_amax = {});
 
 // The residual add before a norm, fused (a block's x_mid = x + o followed by norm2):
 //   x_out = a + b  (residual_forward),  then  rmsnorm_forward(y, rstd, x_out, ...)
@@ -23,7 +27,7 @@ void rmsnorm_forward(TensorView y, TensorView rstd, ConstTensorView x, ConstTens
 // pass over x_out and a launch). Shapes: a, b, x_out, y (N, C); x_out may be a or b.
 void rmsnorm_residual_forward(TensorView x_out, TensorView y, TensorView rstd, ConstTensorView a,
                               ConstTensorView b, ConstTensorView weight, float eps,
-                              const Context& ctx);
+                              const Context& ctx, TensorView y_amax = {});
 
 void rmsnorm_backward(TensorView dx, TensorView dweight, ConstTensorView dy, ConstTensorView x,
                       ConstTensorView weight, ConstTensorView rstd, GradMode dx_mode,

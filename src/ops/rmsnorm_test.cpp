@@ -16,6 +16,21 @@ TEST(RmsNorm, ForwardByHand) {
     EXPECT_NEAR(y.as<float>()[1], 8.0 / rms, 1e-6);
 }
 
+// y_amax on the CPU: the largest |y|, exactly one of y's values; the residual-fused op the same.
+TEST(RmsNorm, OutputAmaxIsTheLargestMagnitude) {
+    HostTensor x = tensor_of(Shape{2, 2}, {3, 4, -5, 1}), w = tensor_of(Shape{2}, {1, 2});
+    HostTensor y = f32(Shape{2, 2}), rstd = f32(Shape{2}), amax = f32(Shape{1});
+    rmsnorm_forward(y.view(), rstd.view(), x.view(), w.view(), 0.0f, cpu_context(), amax.view());
+    float want = 0;
+    for (int i = 0; i < 4; ++i) want = std::max(want, std::fabs(y.as<float>()[i]));
+    EXPECT_EQ(amax.as<float>()[0], want);
+    HostTensor zero = tensor_of(Shape{2, 2}, {0, 0, 0, 0}), x_out = f32(Shape{2, 2});
+    HostTensor amax2 = f32(Shape{1});
+    rmsnorm_residual_forward(x_out.view(), y.view(), rstd.view(), x.view(), zero.view(), w.view(),
+                             0.0f, cpu_context(), amax2.view());
+    EXPECT_EQ(amax2.as<float>()[0], want);
+}
+
 TEST(RmsNorm, GradientsMatchFiniteDifferences) {
     const Context ctx = cpu_context();
     Rng rng(21);

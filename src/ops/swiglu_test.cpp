@@ -14,6 +14,20 @@ TEST(SwiGlu, ForwardByHand) {
     EXPECT_NEAR(out.as<float>()[1], 3.0 * -2.0 / (1.0 + std::exp(2.0)), 1e-6);
 }
 
+// out_amax and dgate_up_amax on the CPU: the largest |value|, exactly one of the values.
+TEST(SwiGlu, OutputAmaxIsTheLargestMagnitude) {
+    HostTensor gate_up = tensor_of(Shape{1, 4}, {1, -2, 2, 3});
+    HostTensor out = f32(Shape{1, 2}), amax = f32(Shape{1});
+    swiglu_forward(out.view(), gate_up.view(), cpu_context(), amax.view());
+    EXPECT_EQ(amax.as<float>()[0],
+              std::max(std::fabs(out.as<float>()[0]), std::fabs(out.as<float>()[1])));
+    HostTensor dout = tensor_of(Shape{1, 2}, {0.5, -1}), dgu = f32(Shape{1, 4});
+    swiglu_backward(dgu.view(), dout.view(), gate_up.view(), cpu_context(), amax.view());
+    float want = 0;
+    for (int i = 0; i < 4; ++i) want = std::max(want, std::fabs(dgu.as<float>()[i]));
+    EXPECT_EQ(amax.as<float>()[0], want);
+}
+
 TEST(SwiGlu, GradientsMatchFiniteDifferences) {
     const Context ctx = cpu_context();
     Rng rng(71);

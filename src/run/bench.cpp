@@ -447,6 +447,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["recompute"] = recompute_name(req.recompute);
     j["precision"] = req.fp8 ? "fp8" : place.backend == Backend::kCuda ? "bf16" : "fp32";
     if (req.fp8) j["fp8_recipe"] = std::string(fp8_recipe_name(req.fp8->recipe));
+    if (req.fp8 && req.fp8->lm_head) j["fp8_lm_head"] = true;
     if (offload) {
         j["offload"] = "cpu";
         j["state_dtype"] = adamw_state_dtype_name(req.state_dtype);

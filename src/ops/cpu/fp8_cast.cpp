@@ -35,6 +35,12 @@ float fp8_amax(const bf16* x, int64_t n) {
     return std::bit_cast<float>(m);
 }
 
+float fp8_amax(const float* x, int64_t n) {
+    uint32_t m = 0;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu);
+    return std::bit_cast<float>(m);
+}
+
 void fp8_cast(const Fp8CastArgs& a) {
     check_dtype(a.dtype, "fp8_cast");
     LATHE_CHECK(a.rows >= 0 && a.cols >= 0 && a.x != nullptr, "fp8_cast: no input ({} x {})",

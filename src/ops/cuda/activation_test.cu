@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
+
+#include "ops/cpu/fp8_cast.h"
 #include "ops/cuda/cuda_test_util.h"
 #include "ops/gelu.h"
 #include "ops/residual.h"
@@ -35,6 +38,46 @@ void check_swiglu(int64_t N, int64_t F, uint64_t seed) {
     swiglu_backward(dgu.view, gd.view, ggu.view, gpu);
     EXPECT_TRUE(matches(download_f32(out.view, state), out_ref, kBf16Rounded));
     EXPECT_TRUE(matches(download_f32(dgu.view, state), dgu_ref, kBf16Rounded));
+}
+
+// out_amax: the amax the fp8 cast of out would compute (cpu::fp8_amax of the bf16 values the
+// kernel wrote), bit for bit, on the vector and scalar paths; out's bits unchanged by asking.
+void check_swiglu_amax(int64_t N, int64_t F, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " F=" << F);
+    CudaState state(0);
+    const Context gpu = state.context();
+    optest::Rng rng(seed);
+    DeviceTensor ggu =
+        upload(random_bf16_values(rng, {N, 2 * F}, -4.0f, 4.0f), DType::kBF16, state);
+    DeviceTensor plain = device_tensor(DType::kBF16, {N, F}, state);
+    DeviceTensor out = device_tensor(DType::kBF16, {N, F}, state);
+    DeviceTensor amax = device_tensor(DType::kF32, {1}, state);
+    swiglu_forward(plain.view, ggu.view, gpu);
+    swiglu_forward(out.view, ggu.view, gpu, amax.view);
+    const HostTensor raw = download_raw(out.view, state);
+    EXPECT_TRUE(bitwise_equal(raw, download_raw(plain.view, state)));
+    const float want = cpu::fp8_amax(raw.as<bf16>(), N * F);
+    const float got = download_raw(amax.view, state).as<float>()[0];
+    EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << got << " vs " << want;
+    EXPECT_GT(got, 0.0f);
+    // The backward's dgate_up_amax the same way.
+    DeviceTensor gd = upload(random_bf16_values(rng, {N, F}), DType::kBF16, state);
+    DeviceTensor dplain = device_tensor(DType::kBF16, {N, 2 * F}, state);
+    DeviceTensor dgu = device_tensor(DType::kBF16, {N, 2 * F}, state);
+    swiglu_backward(dplain.view, gd.view, ggu.view, gpu);
+    swiglu_backward(dgu.view, gd.view, ggu.view, gpu, amax.view);
+    const HostTensor draw = download_raw(dgu.view, state);
+    EXPECT_TRUE(bitwise_equal(draw, download_raw(dplain.view, state)));
+    const float dwant = cpu::fp8_amax(draw.as<bf16>(), N * 2 * F);
+    const float dgot = download_raw(amax.view, state).as<float>()[0];
+    EXPECT_EQ(std::bit_cast<uint32_t>(dgot), std::bit_cast<uint32_t>(dwant))
+        << "backward: " << dgot << " vs " << dwant;
+}
+
+TEST(CudaSwiglu, OutputAmaxIsTheCastsBitForBit) {
+    check_swiglu_amax(48, 256, 51);     // 16-byte path
+    check_swiglu_amax(7, 36, 52);       // scalar path
+    check_swiglu_amax(4096, 1024, 53);  // many blocks, grid-stride loop
 }
 
 TEST(CudaSwiglu, MatchesCpuVectorized) {

@@ -90,6 +90,21 @@ __device__ __forceinline__ void store_bf16(__nv_bfloat16* p, const float (&in)[k
     }
 }
 
+// The amax an fp8 cast of a kernel's bf16 output needs (ops/fp8_cast.h), computed by that kernel
+// as it writes the output, so the cast reads it once (Fp8CastArgs::amax_ready): |v|'s f32 bits
+// once v is rounded to bf16, the integer ops/cuda/fp8_cast.cu's amax reduces (unsigned maxima of
+// these are maxima of the magnitudes, NaNs above every number): bit for bit its amax.
+__device__ __forceinline__ unsigned bf16_magnitude_bits(float v) {
+    return (unsigned(__bfloat16_as_ushort(__float2bfloat16_rn(v))) & 0x7FFFu) << 16;
+}
+
+// The warp's max of m, one atomicMax per warp into *amax (order-independent: the same bits every
+// run). Every lane of the warp calls it.
+__device__ __forceinline__ void warp_amax_into(unsigned m, unsigned* amax) {
+    m = __reduce_max_sync(kFullMask, m);
+    if (threadIdx.x % kWarpSize == 0 && m != 0) atomicMax(amax, m);
+}
+
 // The residual step of the fused residual + norm kernels: out = a + b rounded to bf16 (as
 // residual_forward rounds it) and stored; v gets the stored, rounded values, which is what the
 // norm reads in the unfused sequence, so the fused kernels stay bitwise equal to it.

@@ -7,8 +7,10 @@
 #include "core/check.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
+#include "ops/cuda/fp8_cast.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/linear.h"
 #include "ops/cuda/lm_head_cross_entropy.h"
 
 namespace lathe::cuda {
@@ -71,7 +73,32 @@ struct RowArgs {
     const int* count;
     float dloss;
     bool write_dlogits;
+    // FP8 head, current scaling: *amax = max over the written bf16 dlogits of |dlogit|'s f32
+    // bits (zeroed by the caller; ops/cuda/fp8_cast.cu's amax, bit for bit). Null: not computed.
+    unsigned* amax = nullptr;
 };
+
+// |b|'s f32 bits from a bf16 pattern, as ops/cuda/fp8_cast.cu's amax reduces them: unsigned
+// maxima of these are maxima of the magnitudes, NaNs above every number.
+__device__ __forceinline__ unsigned magnitude_bits(unsigned short b) {
+    return unsigned(b & 0x7FFFu) << 16;
+}
+
+__device__ __forceinline__ unsigned magnitude_bits8(const uint4& raw) {
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+    unsigned m = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+        m = max(m, max(magnitude_bits((unsigned short)(words[k] & 0xFFFFu)),
+                       magnitude_bits((unsigned short)(words[k] >> 16))));
+    return m;
+}
+
+// The warp's max, one atomicMax per warp (order-independent: the same bits every run).
+__device__ __forceinline__ void warp_amax(unsigned m, unsigned* amax) {
+    m = __reduce_max_sync(0xFFFFFFFFu, m);
+    if (threadIdx.x % 32 == 0 && m != 0) atomicMax(amax, m);
+}
 
 __device__ __forceinline__ float dlogit_scale(const RowArgs& a, bool ignored) {
     const int total = *a.count;
@@ -134,6 +161,7 @@ __global__ void __launch_bounds__(kRowThreads) stream_row_kernel(RowArgs a) {
     if (!a.write_dlogits) return;
     const float scale = dlogit_scale(a, ignored);
     const float lb = lse * kLog2e;
+    unsigned amax = 0;
     for (int64_t v = int64_t(threadIdx.x) * kVec; v < V; v += int64_t(kRowThreads) * kVec) {
         float l[kVec];
         if constexpr (kVec == 8) {
@@ -147,11 +175,16 @@ __global__ void __launch_bounds__(kRowThreads) stream_row_kernel(RowArgs a) {
                        ? 0.0f
                        : scale * exp2f(fmaf(l[i], kLog2e, -lb)) - (v + i == target ? scale : 0.0f);
         if constexpr (kVec == 8) {
-            *reinterpret_cast<uint4*>(row + v) = pack8(l);
+            const uint4 raw = pack8(l);
+            *reinterpret_cast<uint4*>(row + v) = raw;
+            amax = max(amax, magnitude_bits8(raw));
         } else {
-            row[v] = __float2bfloat16_rn(l[0]);
+            const __nv_bfloat16 b = __float2bfloat16_rn(l[0]);
+            row[v] = b;
+            amax = max(amax, magnitude_bits(__bfloat16_as_ushort(b)));
         }
     }
+    if (a.amax != nullptr) warp_amax(amax, a.amax);
 }
 
 // Forward + backward of one row read from HBM exactly once: the row (ceil(V / 8) 16-byte vectors)
@@ -242,6 +275,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) held_row_ke
 
     const float scale = dlogit_scale(a, ignored);
     const float lb = lse * kLog2e;
+    unsigned amax = 0;
     auto dlogits = [&](const uint4& raw, int j) {
         float l[8];
         unpack8(l, raw);
@@ -251,7 +285,9 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) held_row_ke
             l[k] = v >= V ? 0.0f
                           : scale * exp2f(fmaf(l[k], kLog2e, -lb)) - (v == target ? scale : 0.0f);
         }
-        row[j] = pack8(l);
+        const uint4 out = pack8(l);
+        row[j] = out;
+        amax = max(amax, magnitude_bits8(out));
     };
 #pragma unroll
     for (int i = 0; i < kRegVecs; ++i) {
@@ -260,6 +296,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) held_row_ke
     }
     for (int j = tid + kRegVecs * kThreads; j < nvec; j += kThreads)
         dlogits(spill[j - kRegVecs * kThreads], j);
+    if (a.amax != nullptr) warp_amax(amax, a.amax);
 }
 
 // loss[0] = sum_n losses[n] / count (0 when count is 0), the sum in fp64 in a fixed order.
@@ -377,6 +414,98 @@ void run_chunks(CudaState& state, CUstream_st* stream, const ChunkWork& w, const
     }
 }
 
+// x (rows, cols) bf16 -> codes q and/or qt of tensor t of the head (its amax and scale_inv in
+// the scalar slot at `slot`): current scaling from x's amax (amax_ready: the producer wrote it
+// into the slot), delayed with the head's scale of t, the amax joining the step's.
+// ready_amax: where the producer left it (read only), else the slot (written by the row kernel).
+void head_cast(const bf16* x, int64_t rows, int64_t cols, DType dtype, void* q, void* qt,
+               float* slot, const LmHeadFp8& f, int t, bool amax_ready, CUstream_st* stream,
+               const float* ready_amax = nullptr) {
+    Fp8CastArgs c;
+    c.rows = rows, c.cols = cols, c.x = x, c.dtype = dtype, c.q = q, c.qt = qt;
+    c.amax = ready_amax != nullptr ? const_cast<float*>(ready_amax) : slot;
+    c.amax_ready = amax_ready;
+    c.scale_inv = slot + 4;
+    if (f.delayed_scale != nullptr) c.scale = f.delayed_scale + t;
+    fp8_cast(c, stream);
+    if (f.delayed_scale != nullptr) fp8_amax_max_into(f.step_amax + t, slot, stream);
+}
+
+// The scaled product D = sa sb (A (M, K) . B (N, K)^T) in cuBLASLt's fp8 "TN" layout.
+GemmArgs fp8_tn(const void* A, DType a_dtype, int64_t lda, const float* a_scale, const void* B,
+                int64_t ldb, const float* b_scale, int64_t M, int64_t N, int64_t K) {
+    GemmArgs g;
+    g.M = M, g.N = N, g.K = K;
+    g.A = A, g.a_dtype = a_dtype, g.lda = lda, g.a_scale = a_scale;
+    g.B = B, g.b_dtype = DType::kE4M3, g.ldb = ldb, g.b_scale = b_scale, g.trans_b = true;
+    return g;
+}
+
+// run_chunks with the three GEMMs in FP8 per tensor (the header's "FP8"). The chunk's bytes:
+// rows bf16 logits / dlogits (ld = V), then dlogits' codes q (rows, V) and qt (V, rows): 4 bytes
+// a logit, the f32 scratch's own size, so rows = Nc rounded down to a multiple of 16 (the FP8
+// GEMMs' leading dimensions and 16-byte offsets into xqt).
+void run_chunks_fp8(CudaState& state, CUstream_st* stream, const ChunkWork& w, const int* count,
+                    const bf16* x, const int32_t* targets, float* scratch, int64_t N, int64_t C,
+                    int64_t V, int64_t Nc, const LmHeadFp8& f) {
+    const int64_t chunk_rows = Nc / 16 * 16;
+    LATHE_CHECK(reinterpret_cast<uintptr_t>(scratch) % 16 == 0,
+                "FP8 LM head: the chunk scratch must be 16-byte aligned");
+    auto* chunk = reinterpret_cast<__nv_bfloat16*>(scratch);
+    unsigned char* dlq = reinterpret_cast<unsigned char*>(scratch) + chunk_rows * V * 2;
+    unsigned char* dlqt = dlq + chunk_rows * V;
+    float* x_slot = f.scalars + 0;
+    float* w_slot = f.scalars + 8;
+    float* dy_slot = f.scalars + 16;
+    // x once for every chunk: xq for the logits, xqt (C, N) for the weight gradient (one read of x
+    // after its amax pass; delayed: one read).
+    const bool fused_amax = f.delayed_scale == nullptr;
+    const bool x_ready = fused_amax && f.x_amax != nullptr;
+    head_cast(x, N, C, DType::kE4M3, f.xq, w.backward && w.dweight != nullptr ? f.xqt : nullptr,
+              x_slot, f, 0, x_ready, stream, x_ready ? f.x_amax : nullptr);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+        const int64_t rows = std::min(chunk_rows, N - r0);
+        // (rows, V) bf16 = sx sw (xq_chunk . wq^T)
+        GemmArgs logits = fp8_tn(static_cast<const unsigned char*>(f.xq) + r0 * C, DType::kE4M3, C,
+                                 x_slot + 4, f.wq, C, w_slot + 4, rows, V, C);
+        logits.D = chunk, logits.ldd = V, logits.d_dtype = DType::kBF16;
+        gemm(state, stream, logits);
+        RowArgs a{chunk,     V,        V,     r0,      targets,   w.lse_in,
+                  w.lse_out, w.losses, count, w.dloss, w.backward};
+        // Current scaling: the row kernel that writes dlogits computes their amax, so their
+        // cast reads them once (2 bytes a logit) instead of twice.
+        if (w.backward && fused_amax) {
+            LATHE_CUDA_CHECK(cudaMemsetAsync(dy_slot, 0, sizeof(float), stream));
+            a.amax = reinterpret_cast<unsigned*>(dy_slot);
+        }
+        launch_rows(a, rows, /*vec=*/true, stream);
+        if (!w.backward) continue;
+        head_cast(reinterpret_cast<const bf16*>(chunk), rows, V, f.grad_dtype, dlq,
+                  w.dweight != nullptr ? dlqt : nullptr, dy_slot, f, 2, fused_amax, stream);
+        // (rows, C) bf16 = sdl sw (dlq (rows, V) . wqt (C, V)^T)
+        GemmArgs dx = fp8_tn(dlq, f.grad_dtype, V, dy_slot + 4, f.wqt, V, w_slot + 4, rows, C, V);
+        dx.D = w.dx + r0 * C, dx.ldd = C, dx.d_dtype = DType::kBF16;
+        gemm(state, stream, dx);
+        if (w.dweight == nullptr) continue;
+        // (V, C) f32 += sdl sx (dlqt (V, rows) . xqt[:, r0 : r0 + rows] (C, rows; row stride N)^T)
+        GemmArgs dw =
+            fp8_tn(dlqt, f.grad_dtype, rows, dy_slot + 4,
+                   static_cast<const unsigned char*>(f.xqt) + r0, N, x_slot + 4, V, C, rows);
+        dw.D = w.dweight, dw.ldd = C, dw.d_dtype = DType::kF32;
+        dw.beta = 1.0f;
+        gemm(state, stream, dw);
+    }
+}
+
+void check_fp8(const char* op, const LmHeadFp8& f, int64_t N, int64_t C, int64_t V, int64_t Nc) {
+    LATHE_CHECK(N % 16 == 0 && C % 16 == 0 && V % 16 == 0 && Nc >= 16,
+                "{}: the FP8 LM head needs N (tokens {}), C (hidden {}) and V (vocabulary {}) "
+                "multiples of 16 and a chunk of at least 16 rows (Nc = {})",
+                op, N, C, V, Nc);
+    LATHE_CHECK(f.wq && f.wqt && f.xq && f.xqt && f.scalars && (!f.delayed_scale || f.step_amax),
+                "{}: FP8 LM head without its buffers", op);
+}
+
 // The count slot and, when asked, two N-float arrays from the state's scratch.
 struct OpScratch {
     int* count;
@@ -410,24 +539,29 @@ void check_sizes(const char* op, int64_t N, int64_t Nc, int64_t V) {
 void lm_head_cross_entropy_forward(float* loss, float* losses, float* lse, const bf16* x,
                                    const int32_t* targets, const bf16* weight, float* scratch,
                                    int64_t N, int64_t C, int64_t V, int64_t Nc, CudaState& state,
-                                   CUstream_st* stream) {
+                                   CUstream_st* stream, const LmHeadFp8* fp8) {
     constexpr const char* kOp = "lm_head_cross_entropy_forward";
     check_sizes(kOp, N, Nc, V);
+    if (fp8) check_fp8(kOp, *fp8, N, C, V, Nc);
     const OpScratch s = op_scratch(state, N, losses ? 0 : 1, kOp);
     count_targets(s.count, targets, N, V, stream);
     ChunkWork w;
     w.lse_out = lse;
     w.losses = losses ? losses : s.first;
-    run_chunks(state, stream, w, s.count, x, targets, weight, scratch, N, C, V, Nc);
+    if (fp8)
+        run_chunks_fp8(state, stream, w, s.count, x, targets, scratch, N, C, V, Nc, *fp8);
+    else
+        run_chunks(state, stream, w, s.count, x, targets, weight, scratch, N, C, V, Nc);
     mean_loss(loss, w.losses, s.count, N, stream);
 }
 
 void lm_head_cross_entropy_backward(bf16* dx, float* dweight, const bf16* x, const int32_t* targets,
                                     const bf16* weight, const float* lse, float dloss,
                                     float* scratch, int64_t N, int64_t C, int64_t V, int64_t Nc,
-                                    CudaState& state, CUstream_st* stream) {
+                                    CudaState& state, CUstream_st* stream, const LmHeadFp8* fp8) {
     constexpr const char* kOp = "lm_head_cross_entropy_backward";
     check_sizes(kOp, N, Nc, V);
+    if (fp8) check_fp8(kOp, *fp8, N, C, V, Nc);
     const OpScratch s = op_scratch(state, N, 0, kOp);
     count_targets(s.count, targets, N, V, stream);
     ChunkWork w;
@@ -436,16 +570,21 @@ void lm_head_cross_entropy_backward(bf16* dx, float* dweight, const bf16* x, con
     w.dloss = dloss;
     w.dx = reinterpret_cast<__nv_bfloat16*>(dx);
     w.dweight = dweight;
-    run_chunks(state, stream, w, s.count, x, targets, weight, scratch, N, C, V, Nc);
+    if (fp8)
+        run_chunks_fp8(state, stream, w, s.count, x, targets, scratch, N, C, V, Nc, *fp8);
+    else
+        run_chunks(state, stream, w, s.count, x, targets, weight, scratch, N, C, V, Nc);
 }
 
 void lm_head_cross_entropy_forward_backward(float* loss, float* losses, bf16* dx, float* dweight,
                                             const bf16* x, const int32_t* targets,
                                             const bf16* weight, float dloss, float* scratch,
                                             int64_t N, int64_t C, int64_t V, int64_t Nc,
-                                            CudaState& state, CUstream_st* stream) {
+                                            CudaState& state, CUstream_st* stream,
+                                            const LmHeadFp8* fp8) {
     constexpr const char* kOp = "lm_head_cross_entropy_forward_backward";
     check_sizes(kOp, N, Nc, V);
+    if (fp8) check_fp8(kOp, *fp8, N, C, V, Nc);
     const OpScratch s = op_scratch(state, N, 2, kOp);
     count_targets(s.count, targets, N, V, stream);
     ChunkWork w;
@@ -455,7 +594,10 @@ void lm_head_cross_entropy_forward_backward(float* loss, float* losses, bf16* dx
     w.dloss = dloss;
     w.dx = reinterpret_cast<__nv_bfloat16*>(dx);
     w.dweight = dweight;
-    run_chunks(state, stream, w, s.count, x, targets, weight, scratch, N, C, V, Nc);
+    if (fp8)
+        run_chunks_fp8(state, stream, w, s.count, x, targets, scratch, N, C, V, Nc, *fp8);
+    else
+        run_chunks(state, stream, w, s.count, x, targets, weight, scratch, N, C, V, Nc);
     mean_loss(loss, w.losses, s.count, N, stream);
 }
 

@@ -34,6 +34,20 @@
 // at most u (max_v |l_v| + |l_target|): for GPT-2-scale logits (|l| <~ 20) <= 0.16 in the worst
 // case, typically ~u times the softmax-weighted |l| (1e-2 or less), far below the step-to-step
 // noise of a training loss. The softmax in dlogits inherits a relative error <= 2u max|l|.
+// FP8 (a non-null LmHeadFp8, per-tensor scales: ops/fp8_cast.h, ops/cuda/fp8_linear.h): the three
+// GEMMs run in cuBLASLt's FP8 matmul with fp32 accumulation. The weight's codes wq (V, C) and
+// wqt (C, V) E4M3 are the caller's (cast once per optimizer step, linear_fp8_cast_weight); x is
+// cast once per call to xq (N, C) and, with a weight gradient, xqt (C, N) E4M3; each chunk's
+// bf16 dlogits are cast to grad_dtype (q and qt) with the chunk's own scale (current scaling:
+// the row kernel computes their amax as it writes them, so the cast reads them once) or the
+// head's delayed scale. The chunk's bytes hold R = floor(Nc / 16) 16 rows: bf16 dlogits
+// (2V bytes a row), q and qt (V each), so the f32 scratch needs no more bytes. Per chunk:
+//   logits (r, V) bf16 = sx sw (xq_chunk . wq^T)
+//   dx_chunk (r, C) bf16 = sdl sw (dlq . wqt^T)
+//   dweight (V, C) f32 += sdl sx (dlqt . xqt_chunk^T)   (xqt_chunk: columns r0..r0+r, stride N)
+// Needs N, C, V multiples of 16, Nc >= 16 and a 16-byte aligned scratch (checked). Scalars as a
+// linear's (ops/linear.h, Fp8LinearBuffers::scalars): x at 0 / 4, w at 8 / 12, dlogits at 16 /
+// 20 (amax / scale_inv); after a call, slot 16 / 20 hold the last chunk's.
 // count (rows with a target) is reduced on the device, so nothing waits for the host; a target
 // neither -100 nor in [0, V) traps the kernel. The mean loss is an fp64 sum over rows in a fixed
 // order. Deterministic. The state's scratch holds count, and lse/losses where the caller gives
@@ -51,21 +65,40 @@ struct CudaState;
 
 namespace lathe::cuda {
 
+// The FP8 head's device buffers (above); every pointer 16-byte aligned.
+struct LmHeadFp8 {
+    const void* wq = nullptr;   // (V, C) E4M3
+    const void* wqt = nullptr;  // (C, V) E4M3
+    void* xq = nullptr;         // (N, C): scratch
+    void* xqt = nullptr;        // (C, N): scratch
+    float* scalars = nullptr;   // 24 f32
+    DType grad_dtype = DType::kE5M2;
+    // Delayed scaling: the scales of x, w, dlogits (3 f32) and the step's amaxes (3 f32, each
+    // cast's amax max-accumulated); null: current scaling.
+    const float* delayed_scale = nullptr;
+    float* step_amax = nullptr;
+    // Current scaling: amax(x) as the kernel that wrote x computed it (LinearSpec::x_amax), so
+    // x's cast reads x once; null: the cast computes it.
+    const float* x_amax = nullptr;
+};
+
 void lm_head_cross_entropy_forward(float* loss, float* losses, float* lse, const bf16* x,
                                    const int32_t* targets, const bf16* weight, float* scratch,
                                    int64_t N, int64_t C, int64_t V, int64_t Nc, CudaState& state,
-                                   CUstream_st* stream);
+                                   CUstream_st* stream, const LmHeadFp8* fp8 = nullptr);
 
 void lm_head_cross_entropy_backward(bf16* dx, float* dweight, const bf16* x, const int32_t* targets,
                                     const bf16* weight, const float* lse, float dloss,
                                     float* scratch, int64_t N, int64_t C, int64_t V, int64_t Nc,
-                                    CudaState& state, CUstream_st* stream);
+                                    CudaState& state, CUstream_st* stream,
+                                    const LmHeadFp8* fp8 = nullptr);
 
 void lm_head_cross_entropy_forward_backward(float* loss, float* losses, bf16* dx, float* dweight,
                                             const bf16* x, const int32_t* targets,
                                             const bf16* weight, float dloss, float* scratch,
                                             int64_t N, int64_t C, int64_t V, int64_t Nc,
-                                            CudaState& state, CUstream_st* stream);
+                                            CudaState& state, CUstream_st* stream,
+                                            const LmHeadFp8* fp8 = nullptr);
 
 // The forward+backward row kernel of step 2 alone, for timing it (bench/cuda_ops_bench.cu):
 // `rows` rows of bf16 logits with row stride ld (>= V) at `logits` become dlogits in place;

@@ -6,9 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "ops/cpu/fp8_cast.h"
 #include "ops/cuda/cuda_test_util.h"
+#include "ops/fp8_cast.h"
+#include "ops/linear.h"
 #include "ops/lm_head_cross_entropy.h"
 
 namespace lathe {
@@ -305,6 +309,276 @@ TEST(CudaLmHeadCrossEntropy, AllTargetsIgnored) {
     const HostTensor dx_host = download_f32(dx.view, state);
     for (int64_t i = 0; i < dx_host.numel(); ++i) ASSERT_EQ(dx_host.as<float>()[i], 0.0f) << i;
     EXPECT_TRUE(bitwise_equal(download_f32(dw.view, state), dw0));
+}
+
+// ---- FP8 LM head (ops/cuda/lm_head_cross_entropy.h, "FP8") ----
+//
+// The reference is the scaled FP8 GEMM math on the codes the GPU made, in fp64: the weight's and
+// x's codes are first checked bit for bit against the CPU's casts (ops/cpu/fp8_cast.h), and so
+// are the last chunk's dlogits codes, cast on the CPU from the bf16 dlogits the GPU left in the
+// chunk (which also checks the amax the row kernel computed as it wrote them). Earlier chunks'
+// rows have every target ignored, so their dlogits are exactly 0 and the whole weight gradient is
+// the last chunk's: the reference covers every GEMM of the op, including the last chunk's
+// offset into x's transposed codes. Bounds, per element (docs/FP8.md's GEMM bound): products of
+// two fp8 values are exact in fp32; two fp32 summation orders of K terms differ by at most
+// 2 K 2^-24 S (S = sum_k |a_k b_k| sa sb); Hopper's FP8 MMA accumulates with about 14
+// significant bits before cuBLASLt promotes to fp32: 2^-13 S; the output's rounding: 2^-8 of the
+// value for bf16, 2^-24 for f32 (twice where a C is added).
+double fp8_value(uint8_t code, DType t) {
+    return t == DType::kE4M3 ? e4m3_to_float(fp8_e4m3{code}) : e5m2_to_float(fp8_e5m2{code});
+}
+
+// sa sb sum_k a[i, k] b[j, k] over codes (rows of K with strides lda, ldb), its S and bound.
+struct ScaledDot {
+    double value, bound;
+};
+ScaledDot scaled_dot(const uint8_t* a, DType at, int64_t sa_stride, const uint8_t* b, DType bt,
+                     int64_t sb_stride, int64_t K, double sa, double sb, double out_unit) {
+    double v = 0, S = 0;
+    for (int64_t k = 0; k < K; ++k) {
+        const double p = fp8_value(a[k * sa_stride], at) * fp8_value(b[k * sb_stride], bt);
+        v += p;
+        S += std::fabs(p);
+    }
+    v *= sa * sb;
+    S *= sa * sb;
+    return {v, (2.0 * double(K) * 0x1p-24 + 0x1p-13) * S + out_unit * std::fabs(v)};
+}
+
+void check_fp8_head(int64_t N, int64_t C, int64_t V, int64_t Nc, bool delayed, DType grad_dtype,
+                    uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " C=" << C << " V=" << V << " Nc=" << Nc
+                                      << " delayed=" << delayed);
+    CudaState state(0);
+    const Context gpu = state.context();
+    optest::Rng rng(seed);
+    const int64_t rows = Nc / 16 * 16, last = (N - 1) / rows * rows;  // the last chunk's first row
+    HostTensor targets(DType::kI32, {N});
+    for (int64_t n = 0; n < N; ++n)
+        targets.as<int32_t>()[n] = n < last ? kIgnoreIndex : int32_t(rng.integer(0, V - 1));
+    const HostTensor x = random_bf16_values(rng, {N, C}, -2.0f, 2.0f);
+    const HostTensor w = random_bf16_values(rng, {V, C}, -0.5f, 0.5f);
+    const HostTensor dw0 = optest::random_tensor(rng, {V, C}, -0.01f, 0.01f);
+    const float dloss = 0.7f;
+
+    DeviceTensor gx = upload(x, DType::kBF16, state), gw = upload(w, DType::kBF16, state);
+    DeviceTensor gt = upload(targets, DType::kI32, state);
+    DeviceTensor scratch = device_tensor(DType::kF32, {Nc, V}, state);
+    DeviceTensor wq = device_tensor(DType::kU8, {V, C}, state);
+    DeviceTensor wqt = device_tensor(DType::kU8, {C, V}, state);
+    DeviceTensor xq = device_tensor(DType::kU8, {N, C}, state);
+    DeviceTensor xqt = device_tensor(DType::kU8, {C, N}, state);
+    DeviceTensor scalars = device_tensor(DType::kF32, {24}, state);
+    DeviceTensor scales = device_tensor(DType::kF32, {3}, state);
+    DeviceTensor step_amax = device_tensor(DType::kF32, {3}, state);
+    // Delayed: scales from amaxes a little above the tensors' own (as a history would give).
+    const float delayed_scale[3] = {fp8_scale_from_amax(2.5f, DType::kE4M3),
+                                    fp8_scale_from_amax(0.6f, DType::kE4M3),
+                                    fp8_scale_from_amax(0.05f, grad_dtype)};
+    HostTensor hs(DType::kF32, {3}), zero(DType::kF32, {3});
+    for (int i = 0; i < 3; ++i) hs.as<float>()[i] = delayed_scale[i], zero.as<float>()[i] = 0;
+    cuda_copy_sync(scales.view, hs.view(), state.stream());
+    cuda_copy_sync(step_amax.view, zero.view(), state.stream());
+
+    Fp8LinearBuffers b;
+    b.wq = wq.view.data(), b.wqt = wqt.view.data(), b.xq = xq.view.data();
+    b.xqt = xqt.view.data(), b.scalars = scalars.view.as<float>(), b.grad_dtype = grad_dtype;
+    int64_t gemms = 0;
+    b.gemm_count = &gemms;
+    if (delayed)
+        b.delayed_scale = scales.view.as<float>(), b.step_amax = step_amax.view.as<float>();
+    const LinearSpec spec{LinearPrecision::kFp8PerTensor, "lm_head", &b};
+    linear_fp8_cast_weight(gw.view, gpu, spec);
+
+    DeviceTensor loss = device_tensor(DType::kF32, {1}, state);
+    DeviceTensor losses = device_tensor(DType::kF32, {N}, state);
+    DeviceTensor dx = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor dw = upload(dw0, DType::kF32, state);
+    lm_head_cross_entropy_forward_backward(loss.view, losses.view, dx.view, dw.view, gx.view,
+                                           gt.view, gw.view, dloss, scratch.view, gpu, spec);
+    EXPECT_EQ(gemms, 3);
+
+    // The casts of x and w against the CPU's, bit for bit (codes, amax, scale_inv).
+    const HostTensor sc = download_raw(scalars.view, state);
+    auto cpu_cast = [&](const HostTensor& src, int64_t r, int64_t c, DType t, const float* scale,
+                        HostTensor& q, HostTensor& qt, float* slot) {
+        HostTensor b16(DType::kBF16, {r, c});
+        tensor_convert(b16.view(), src.view());
+        Fp8CastArgs a;
+        a.rows = r, a.cols = c, a.x = b16.as<bf16>(), a.dtype = t, a.q = q.view().data();
+        a.qt = qt.view().data(), a.scale = scale, a.amax = slot, a.scale_inv = slot + 1;
+        cpu::fp8_cast(a);
+    };
+    HostTensor xq_ref(DType::kU8, {N, C}), xqt_ref(DType::kU8, {C, N});
+    HostTensor wq_ref(DType::kU8, {V, C}), wqt_ref(DType::kU8, {C, V});
+    float xs[2], ws[2];
+    cpu_cast(x, N, C, DType::kE4M3, delayed ? &delayed_scale[0] : nullptr, xq_ref, xqt_ref, xs);
+    cpu_cast(w, V, C, DType::kE4M3, delayed ? &delayed_scale[1] : nullptr, wq_ref, wqt_ref, ws);
+    EXPECT_TRUE(bitwise_equal(download_raw(xq.view, state), xq_ref));
+    EXPECT_TRUE(bitwise_equal(download_raw(xqt.view, state), xqt_ref));
+    EXPECT_TRUE(bitwise_equal(download_raw(wq.view, state), wq_ref));
+    EXPECT_TRUE(bitwise_equal(download_raw(wqt.view, state), wqt_ref));
+    EXPECT_EQ(sc.as<float>()[0], xs[0]);
+    EXPECT_EQ(sc.as<float>()[4], xs[1]);
+    EXPECT_EQ(sc.as<float>()[8], ws[0]);
+    EXPECT_EQ(sc.as<float>()[12], ws[1]);
+    if (delayed) {
+        const HostTensor sa = download_raw(step_amax.view, state);
+        EXPECT_EQ(sa.as<float>()[0], xs[0]);
+        EXPECT_EQ(sa.as<float>()[1], ws[0]);
+    }
+
+    // Logits from the codes (with their bounds) and each row's lse, in fp64.
+    const auto* xqc = reinterpret_cast<const uint8_t*>(xq_ref.view().data());
+    const auto* wqc = reinterpret_cast<const uint8_t*>(wq_ref.view().data());
+    std::vector<ScaledDot> l(static_cast<size_t>(N * V));
+    std::vector<double> lse_ref(static_cast<size_t>(N)), emax(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) {
+        double m = -INFINITY, e = 0;
+        for (int64_t v = 0; v < V; ++v) {
+            ScaledDot& d = l[size_t(n * V + v)];
+            d = scaled_dot(xqc + n * C, DType::kE4M3, 1, wqc + v * C, DType::kE4M3, 1, C, xs[1],
+                           ws[1], kBf16Unit);
+            m = std::max(m, d.value);
+            e = std::max(e, d.bound);
+        }
+        double sum = 0;
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(l[size_t(n * V + v)].value - m);
+        lse_ref[size_t(n)] = m + std::log(sum);
+        emax[size_t(n)] = e;
+    }
+    int64_t count = 0;
+    for (int64_t n = 0; n < N; ++n) count += targets.as<int32_t>()[n] != kIgnoreIndex;
+
+    // Per-row loss within the logits' bound: lse and a loss are 1-Lipschitz in the max norm of
+    // the logits (max_v bound_v, plus the target's for the loss); 1e-5 relative on top for the
+    // row kernel's fp32 arithmetic.
+    const HostTensor losses_gpu = download_f32(losses.view, state);
+    for (int64_t n = 0; n < N; ++n) {
+        const int32_t t = targets.as<int32_t>()[n];
+        if (t == kIgnoreIndex) {
+            EXPECT_EQ(losses_gpu.as<float>()[n], 0.0f) << "ignored row " << n;
+            continue;
+        }
+        const double want = lse_ref[size_t(n)] - l[size_t(n * V + t)].value;
+        const double bound = emax[size_t(n)] + l[size_t(n * V + t)].bound +
+                             1e-5 * (1 + std::fabs(lse_ref[size_t(n)]));
+        EXPECT_LE(std::fabs(losses_gpu.as<float>()[n] - want), bound) << "loss of row " << n;
+    }
+
+    // A backward's gradients against the last chunk's codes it left in the scratch (earlier
+    // chunks' dlogits are exactly 0): the bf16 dlogits against the reference softmax, their codes
+    // against the CPU's cast of them (codes, amax, scale_inv), dx and dweight against the scaled
+    // GEMMs of those codes.
+    auto check_backward = [&](const DeviceTensor& gdx, const DeviceTensor& gdw, const char* what) {
+        SCOPED_TRACE(what);
+        const int64_t r = N - last;
+        const HostTensor chunk = download_raw(scratch.view, state);
+        const auto* bytes = reinterpret_cast<const uint8_t*>(chunk.view().data());
+        HostTensor dl(DType::kF32, {r, V});
+        for (int64_t i = 0; i < r * V; ++i)
+            dl.as<float>()[i] = bf16_to_float(reinterpret_cast<const bf16*>(bytes)[i]);
+        HostTensor dlq_ref(DType::kU8, {r, V}), dlqt_ref(DType::kU8, {V, r});
+        float ds[2];
+        cpu_cast(dl, r, V, grad_dtype, delayed ? &delayed_scale[2] : nullptr, dlq_ref, dlqt_ref,
+                 ds);
+        const uint8_t* dlq = bytes + rows * V * 2;
+        const uint8_t* dlqt = dlq + rows * V;
+        EXPECT_EQ(std::memcmp(dlq, dlq_ref.view().data(), size_t(r * V)), 0) << "dlogits codes";
+        EXPECT_EQ(std::memcmp(dlqt, dlqt_ref.view().data(), size_t(r * V)), 0) << "dlogits^T codes";
+        const HostTensor sc2 = download_raw(scalars.view, state);
+        EXPECT_EQ(sc2.as<float>()[16], ds[0]) << "dlogits amax (the row kernel's when current)";
+        EXPECT_EQ(sc2.as<float>()[20], ds[1]);
+        if (delayed) {
+            // The step's dlogits amax: the largest over the chunks (earlier ones are all zero).
+            EXPECT_EQ(download_raw(step_amax.view, state).as<float>()[2], ds[0]);
+        }
+        // dlogits = dloss / count (softmax - onehot) from logits within bound_v and an lse
+        // within emax (+ fp32: 1e-5 relative): the softmax within a factor exp(bound_v + emax),
+        // 1e-5 more for fp32 exp and sums, 2^-24 of the scale for the fp32 subtraction, then one
+        // bf16 rounding of the result.
+        const double scale = double(dloss) / double(count);
+        for (int64_t n = last; n < N; ++n) {
+            const int32_t t = targets.as<int32_t>()[n];
+            const double lse = lse_ref[size_t(n)];
+            const double dlse = emax[size_t(n)] + 1e-5 * (1 + std::fabs(lse));
+            for (int64_t v = 0; v < V; ++v) {
+                const ScaledDot& z = l[size_t(n * V + v)];
+                const double p = std::exp(z.value - lse);
+                const double want = scale * (p - (v == t ? 1.0 : 0.0));
+                const double got = dl.as<float>()[(n - last) * V + v];
+                const double bound = scale * p * (std::expm1(z.bound + dlse) + 1e-5) +
+                                     kBf16Unit * std::fabs(got) + 0x1p-23 * scale;
+                ASSERT_LE(std::fabs(got - want), bound) << "dlogit " << n << ", " << v;
+            }
+        }
+        const HostTensor dx_gpu = download_f32(gdx.view, state);
+        const HostTensor dw_gpu = download_f32(gdw.view, state);
+        for (int64_t n = 0; n < N; ++n)
+            for (int64_t c = 0; c < C; ++c) {
+                const double got = dx_gpu.as<float>()[n * C + c];
+                if (n < last) {
+                    ASSERT_EQ(got, 0.0) << "dx of an ignored row " << n;
+                    continue;
+                }
+                const ScaledDot d = scaled_dot(dlq + (n - last) * V, grad_dtype, 1, wqc + c,
+                                               DType::kE4M3, C, V, ds[1], ws[1], kBf16Unit);
+                ASSERT_LE(std::fabs(got - d.value), d.bound) << "dx " << n << ", " << c;
+            }
+        for (int64_t v = 0; v < V; ++v)
+            for (int64_t c = 0; c < C; ++c) {
+                const ScaledDot d = scaled_dot(dlqt + v * r, grad_dtype, 1, xqc + last * C + c,
+                                               DType::kE4M3, C, r, ds[1], xs[1], 0x1p-24);
+                const double want = double(dw0.as<float>()[v * C + c]) + d.value;
+                const double bound = d.bound + 0x1p-24 * (std::fabs(want) + std::fabs(d.value));
+                ASSERT_LE(std::fabs(dw_gpu.as<float>()[v * C + c] - want), bound)
+                    << "dweight " << v << ", " << c;
+            }
+    };
+    check_backward(dx, dw, "forward_backward");
+
+    // Deterministic: the same bits again.
+    DeviceTensor dx2 = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor dw2 = upload(dw0, DType::kF32, state);
+    DeviceTensor loss2 = device_tensor(DType::kF32, {1}, state);
+    lm_head_cross_entropy_forward_backward(loss2.view, TensorView(), dx2.view, dw2.view, gx.view,
+                                           gt.view, gw.view, dloss, scratch.view, gpu, spec);
+    EXPECT_TRUE(bitwise_equal(download_raw(loss2.view, state), download_raw(loss.view, state)));
+    EXPECT_TRUE(bitwise_equal(download_raw(dx2.view, state), download_raw(dx.view, state)));
+    EXPECT_TRUE(bitwise_equal(download_raw(dw2.view, state), download_raw(dw.view, state)));
+
+    // The forward alone (its loss equals forward_backward's up to the two row kernels' fp32
+    // summation orders), then the backward alone from its lse: the same checks on its codes.
+    DeviceTensor loss3 = device_tensor(DType::kF32, {1}, state);
+    DeviceTensor lse3 = device_tensor(DType::kF32, {N}, state);
+    lm_head_cross_entropy_forward(loss3.view, TensorView(), lse3.view, gx.view, gt.view, gw.view,
+                                  scratch.view, gpu, spec);
+    EXPECT_TRUE(matches(download_f32(loss3.view, state), download_f32(loss.view, state), kF32Sum));
+    DeviceTensor dx3 = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor dw3 = upload(dw0, DType::kF32, state);
+    if (delayed) cuda_copy_sync(step_amax.view, zero.view(), state.stream());
+    lm_head_cross_entropy_backward(dx3.view, dw3.view, gx.view, gt.view, gw.view, lse3.view, dloss,
+                                   scratch.view, gpu, spec);
+    EXPECT_EQ(gemms, 3 + 3 + 1 + 2);
+    check_backward(dx3, dw3, "backward alone");
+}
+
+TEST(CudaLmHeadCrossEntropyFp8, TensorwiseOneChunk) {
+    check_fp8_head(48, 64, 1024, 48, false, DType::kE5M2, 71);
+}
+
+TEST(CudaLmHeadCrossEntropyFp8, TensorwiseThreeChunks) {
+    // Nc = 40 f32 rows: chunks of 32 rows (a multiple of 16), the last at row 64.
+    check_fp8_head(96, 64, 2048, 40, false, DType::kE5M2, 72);
+}
+
+TEST(CudaLmHeadCrossEntropyFp8, TensorwiseE4M3GradientsWideVocabulary) {
+    // The Llama-3 vocabulary: the 1024-thread row kernel's amax.
+    check_fp8_head(32, 32, 128256, 16, false, DType::kE4M3, 73);
+}
+
+TEST(CudaLmHeadCrossEntropyFp8, DelayedTwoChunks) {
+    check_fp8_head(64, 64, 1024, 32, true, DType::kE5M2, 74);
 }
 
 }  // namespace

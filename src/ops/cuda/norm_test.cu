@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <vector>
 
+#include "ops/cpu/fp8_cast.h"
 #include "ops/cuda/cuda_test_util.h"
 #include "ops/layernorm.h"
 #include "ops/residual.h"
@@ -137,6 +139,48 @@ void check_layernorm(int64_t N, int64_t C, uint64_t seed) {
     EXPECT_TRUE(bitwise_equal(download_raw(dw2.view, state), download_raw(dw.view, state)));
     EXPECT_TRUE(bitwise_equal(download_raw(db2.view, state), download_raw(db.view, state)));
     EXPECT_TRUE(bitwise_equal(download_raw(dx2.view, state), download_raw(dx.view, state)));
+}
+
+// y_amax: the amax the fp8 cast of y would compute (cpu::fp8_amax of the bf16 values the kernel
+// wrote), bit for bit, plain and with the residual fused, on the vector and scalar paths; y's
+// (and x_out's) bits unchanged by asking.
+void check_rmsnorm_amax(int64_t N, int64_t C, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " C=" << C);
+    CudaState state(0);
+    const Context gpu = state.context();
+    optest::Rng rng(seed);
+    DeviceTensor x = upload(random_bf16_values(rng, {N, C}, -3.0f, 3.0f), DType::kBF16, state);
+    DeviceTensor b = upload(random_bf16_values(rng, {N, C}), DType::kBF16, state);
+    DeviceTensor w = upload(random_bf16_values(rng, {C}, 0.5f, 1.5f), DType::kBF16, state);
+    DeviceTensor rstd = device_tensor(DType::kF32, {N}, state);
+    DeviceTensor plain = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor y = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor amax = device_tensor(DType::kF32, {1}, state);
+    auto expect_amax = [&](const char* what) {
+        const HostTensor raw = download_raw(y.view, state);
+        EXPECT_TRUE(bitwise_equal(raw, download_raw(plain.view, state))) << what;
+        const float want = cpu::fp8_amax(raw.as<bf16>(), N * C);
+        const float got = download_raw(amax.view, state).as<float>()[0];
+        EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+            << what << ": " << got << " vs " << want;
+        EXPECT_GT(got, 0.0f) << what;
+    };
+    rmsnorm_forward(plain.view, rstd.view, x.view, w.view, kEps, gpu);
+    rmsnorm_forward(y.view, rstd.view, x.view, w.view, kEps, gpu, amax.view);
+    expect_amax("rmsnorm_forward");
+    DeviceTensor xo1 = device_tensor(DType::kBF16, {N, C}, state);
+    DeviceTensor xo2 = device_tensor(DType::kBF16, {N, C}, state);
+    rmsnorm_residual_forward(xo1.view, plain.view, rstd.view, x.view, b.view, w.view, kEps, gpu);
+    rmsnorm_residual_forward(xo2.view, y.view, rstd.view, x.view, b.view, w.view, kEps, gpu,
+                             amax.view);
+    EXPECT_TRUE(bitwise_equal(download_raw(xo2.view, state), download_raw(xo1.view, state)));
+    expect_amax("rmsnorm_residual_forward");
+}
+
+TEST(CudaRmsnorm, OutputAmaxIsTheCastsBitForBit) {
+    check_rmsnorm_amax(300, 768, 91);  // 16-byte path
+    check_rmsnorm_amax(37, 100, 92);   // scalar path
+    check_rmsnorm_amax(4100, 4096, 93);
 }
 
 TEST(CudaRmsnorm, MatchesCpuVectorized) {

@@ -24,7 +24,7 @@ template <int kVec, bool kResidual>
 __global__ void rmsnorm_forward_warp_per_row_kernel(
     __nv_bfloat16* __restrict__ y, float* __restrict__ rstd, const __nv_bfloat16* __restrict__ x,
     __nv_bfloat16* x_out, const __nv_bfloat16* res_a, const __nv_bfloat16* res_b,
-    const __nv_bfloat16* __restrict__ weight, int64_t N, int64_t C, float eps) {
+    const __nv_bfloat16* __restrict__ weight, int64_t N, int64_t C, float eps, unsigned* y_amax) {
     const int lane = threadIdx.x % kWarpSize;
     const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
     if (n >= N) return;
@@ -44,14 +44,19 @@ __global__ void rmsnorm_forward_warp_per_row_kernel(
     const float s = 1.0f / sqrtf(sum / float(C) + eps);
     if (lane == 0) rstd[n] = s;
     __nv_bfloat16* yr = y + n * C;
+    unsigned m = 0;
     for (int64_t c = int64_t(lane) * kVec; c < C; c += kWarpSize * kVec) {
         float v[kVec], w[kVec], out[kVec];
         load_bf16<kVec>(v, xr + c);
         load_bf16<kVec>(w, weight + c);
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) out[i] = v[i] * s * w[i];
+        for (int i = 0; i < kVec; ++i) {
+            out[i] = v[i] * s * w[i];
+            m = max(m, bf16_magnitude_bits(out[i]));
+        }
         store_bf16<kVec>(yr + c, out);
     }
+    if (y_amax != nullptr) warp_amax_into(m, y_amax);  // the whole warp is here (one row)
 }
 
 // dx = rstd * (g - norm * mean_c(g * norm)),  g = dy * weight, norm = x * rstd.
@@ -183,13 +188,15 @@ struct RmsnormDweightRows {
 }  // namespace
 
 void rmsnorm_forward(bf16* y, float* rstd, const bf16* x, const bf16* weight, int64_t N, int64_t C,
-                     float eps, CUstream_st* stream) {
-    rmsnorm_residual_forward(nullptr, y, rstd, x, nullptr, weight, N, C, eps, stream);
+                     float eps, CUstream_st* stream, float* y_amax) {
+    rmsnorm_residual_forward(nullptr, y, rstd, x, nullptr, weight, N, C, eps, stream, y_amax);
 }
 
 void rmsnorm_residual_forward(bf16* x_out, bf16* y, float* rstd, const bf16* a, const bf16* b,
                               const bf16* weight, int64_t N, int64_t C, float eps,
-                              CUstream_st* stream) {
+                              CUstream_st* stream, float* y_amax) {
+    auto* amax = reinterpret_cast<unsigned*>(y_amax);
+    if (amax != nullptr) LATHE_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
     if (N == 0) return;
     auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
     auto* xo = reinterpret_cast<__nv_bfloat16*>(x_out);
@@ -201,17 +208,17 @@ void rmsnorm_residual_forward(bf16* x_out, bf16* y, float* rstd, const bf16* a, 
     if (x_out == nullptr) {  // plain: a is x
         if (vec)
             rmsnorm_forward_warp_per_row_kernel<8, false><<<blocks, kRowThreads, 0, stream>>>(
-                yb, rstd, ab, nullptr, nullptr, nullptr, wb, N, C, eps);
+                yb, rstd, ab, nullptr, nullptr, nullptr, wb, N, C, eps, amax);
         else
             rmsnorm_forward_warp_per_row_kernel<1, false><<<blocks, kRowThreads, 0, stream>>>(
-                yb, rstd, ab, nullptr, nullptr, nullptr, wb, N, C, eps);
+                yb, rstd, ab, nullptr, nullptr, nullptr, wb, N, C, eps, amax);
     } else {
         if (vec)
-            rmsnorm_forward_warp_per_row_kernel<8, true>
-                <<<blocks, kRowThreads, 0, stream>>>(yb, rstd, nullptr, xo, ab, bb, wb, N, C, eps);
+            rmsnorm_forward_warp_per_row_kernel<8, true><<<blocks, kRowThreads, 0, stream>>>(
+                yb, rstd, nullptr, xo, ab, bb, wb, N, C, eps, amax);
         else
-            rmsnorm_forward_warp_per_row_kernel<1, true>
-                <<<blocks, kRowThreads, 0, stream>>>(yb, rstd, nullptr, xo, ab, bb, wb, N, C, eps);
+            rmsnorm_forward_warp_per_row_kernel<1, true><<<blocks, kRowThreads, 0, stream>>>(
+                yb, rstd, nullptr, xo, ab, bb, wb, N, C, eps, amax);
     }
     LATHE_CUDA_CHECK_LAUNCH();
 }

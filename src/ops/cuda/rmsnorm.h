@@ -20,15 +20,18 @@ struct CudaState;
 
 namespace lathe::cuda {
 
+// y_amax (may be null): *y_amax = amax(y) as ops/fp8_cast.h defines it (the f32 bits of the largest
+// |y| of the stored bf16 values), for the fp8 cast of y that follows (Fp8CastArgs::amax_ready):
+// computed as y is written, saving the cast's amax pass over y.
 void rmsnorm_forward(bf16* y, float* rstd, const bf16* x, const bf16* weight, int64_t N, int64_t C,
-                     float eps, CUstream_st* stream);
+                     float eps, CUstream_st* stream, float* y_amax = nullptr);
 
 // Residual add fused in: x_out = a + b (each element rounded to bf16, as residual_forward), then
 // the forward above on x_out, in one kernel: the same bits as residual_forward followed by
 // rmsnorm_forward. x_out may be a or b.
 void rmsnorm_residual_forward(bf16* x_out, bf16* y, float* rstd, const bf16* a, const bf16* b,
                               const bf16* weight, int64_t N, int64_t C, float eps,
-                              CUstream_st* stream);
+                              CUstream_st* stream, float* y_amax = nullptr);
 
 void rmsnorm_backward(bf16* dx, float* dweight, const bf16* dy, const bf16* x, const bf16* weight,
                       const float* rstd, int64_t N, int64_t C, bool dx_accumulate, CudaState& state,

@@ -20,8 +20,9 @@ __device__ __forceinline__ float sigmoid(float g) {
 template <int kVec>
 __global__ void swiglu_forward_kernel(__nv_bfloat16* __restrict__ out,
                                       const __nv_bfloat16* __restrict__ gate_up, int64_t N,
-                                      int64_t F) {
+                                      int64_t F, unsigned* out_amax) {
     const int64_t groups = N * F / kVec;
+    unsigned m = 0;
     for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < groups;
          idx += int64_t(gridDim.x) * blockDim.x) {
         const int64_t n = idx * kVec / F, f = idx * kVec % F;
@@ -29,9 +30,13 @@ __global__ void swiglu_forward_kernel(__nv_bfloat16* __restrict__ out,
         load_bf16<kVec>(g, gate_up + n * 2 * F + f);
         load_bf16<kVec>(u, gate_up + n * 2 * F + F + f);
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) o[i] = g[i] * sigmoid(g[i]) * u[i];
+        for (int i = 0; i < kVec; ++i) {
+            o[i] = g[i] * sigmoid(g[i]) * u[i];
+            m = max(m, bf16_magnitude_bits(o[i]));
+        }
         store_bf16<kVec>(out + n * F + f, o);
     }
+    if (out_amax != nullptr) warp_amax_into(m, out_amax);
 }
 
 // dgate = dout * up * sg * (1 + gate * (1 - sg)),  dup = dout * gate * sg.
@@ -39,8 +44,9 @@ template <int kVec>
 __global__ void swiglu_backward_kernel(__nv_bfloat16* __restrict__ dgate_up,
                                        const __nv_bfloat16* __restrict__ dout,
                                        const __nv_bfloat16* __restrict__ gate_up, int64_t N,
-                                       int64_t F) {
+                                       int64_t F, unsigned* dgate_up_amax) {
     const int64_t groups = N * F / kVec;
+    unsigned m = 0;
     for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < groups;
          idx += int64_t(gridDim.x) * blockDim.x) {
         const int64_t n = idx * kVec / F, f = idx * kVec % F;
@@ -53,38 +59,46 @@ __global__ void swiglu_backward_kernel(__nv_bfloat16* __restrict__ dgate_up,
             const float sg = sigmoid(g[i]);
             dg[i] = d[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
             du[i] = d[i] * g[i] * sg;
+            m = max(m, max(bf16_magnitude_bits(dg[i]), bf16_magnitude_bits(du[i])));
         }
         store_bf16<kVec>(dgate_up + n * 2 * F + f, dg);
         store_bf16<kVec>(dgate_up + n * 2 * F + F + f, du);
     }
+    if (dgate_up_amax != nullptr) warp_amax_into(m, dgate_up_amax);
 }
 
 }  // namespace
 
-void swiglu_forward(bf16* out, const bf16* gate_up, int64_t N, int64_t F, CUstream_st* stream) {
+void swiglu_forward(bf16* out, const bf16* gate_up, int64_t N, int64_t F, CUstream_st* stream,
+                    float* out_amax) {
+    auto* amax = reinterpret_cast<unsigned*>(out_amax);
+    if (amax != nullptr) LATHE_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
     if (N * F == 0) return;
     auto* o = reinterpret_cast<__nv_bfloat16*>(out);
     const auto* gu = reinterpret_cast<const __nv_bfloat16*>(gate_up);
     if (vec8_ok(F, {out, gate_up}))
         swiglu_forward_kernel<8>
-            <<<blocks_for(N * F / 8, kThreads), kThreads, 0, stream>>>(o, gu, N, F);
+            <<<blocks_for(N * F / 8, kThreads), kThreads, 0, stream>>>(o, gu, N, F, amax);
     else
-        swiglu_forward_kernel<1><<<blocks_for(N * F, kThreads), kThreads, 0, stream>>>(o, gu, N, F);
+        swiglu_forward_kernel<1>
+            <<<blocks_for(N * F, kThreads), kThreads, 0, stream>>>(o, gu, N, F, amax);
     LATHE_CUDA_CHECK_LAUNCH();
 }
 
 void swiglu_backward(bf16* dgate_up, const bf16* dout, const bf16* gate_up, int64_t N, int64_t F,
-                     CUstream_st* stream) {
+                     CUstream_st* stream, float* dgate_up_amax) {
+    auto* amax = reinterpret_cast<unsigned*>(dgate_up_amax);
+    if (amax != nullptr) LATHE_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
     if (N * F == 0) return;
     auto* dgu = reinterpret_cast<__nv_bfloat16*>(dgate_up);
     const auto* d = reinterpret_cast<const __nv_bfloat16*>(dout);
     const auto* gu = reinterpret_cast<const __nv_bfloat16*>(gate_up);
     if (vec8_ok(F, {dgate_up, dout, gate_up}))
         swiglu_backward_kernel<8>
-            <<<blocks_for(N * F / 8, kThreads), kThreads, 0, stream>>>(dgu, d, gu, N, F);
+            <<<blocks_for(N * F / 8, kThreads), kThreads, 0, stream>>>(dgu, d, gu, N, F, amax);
     else
         swiglu_backward_kernel<1>
-            <<<blocks_for(N * F, kThreads), kThreads, 0, stream>>>(dgu, d, gu, N, F);
+            <<<blocks_for(N * F, kThreads), kThreads, 0, stream>>>(dgu, d, gu, N, F, amax);
     LATHE_CUDA_CHECK_LAUNCH();
 }
 

@@ -6,12 +6,12 @@
 namespace lathe {
 
 void cuda::rmsnorm_forward(bf16*, float*, const bf16*, const bf16*, int64_t, int64_t, float,
-                           CUstream_st*) {
+                           CUstream_st*, float*) {
     detail::no_cuda("cuda::rmsnorm_forward");
 }
 
 void cuda::rmsnorm_residual_forward(bf16*, bf16*, float*, const bf16*, const bf16*, const bf16*,
-                                    int64_t, int64_t, float, CUstream_st*) {
+                                    int64_t, int64_t, float, CUstream_st*, float*) {
     detail::no_cuda("cuda::rmsnorm_residual_forward");
 }
 

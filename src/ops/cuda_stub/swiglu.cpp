@@ -5,11 +5,12 @@
 
 namespace lathe {
 
-void cuda::swiglu_forward(bf16*, const bf16*, int64_t, int64_t, CUstream_st*) {
+void cuda::swiglu_forward(bf16*, const bf16*, int64_t, int64_t, CUstream_st*, float*) {
     detail::no_cuda("cuda::swiglu_forward");
 }
 
-void cuda::swiglu_backward(bf16*, const bf16*, const bf16*, int64_t, int64_t, CUstream_st*) {
+void cuda::swiglu_backward(bf16*, const bf16*, const bf16*, int64_t, int64_t, CUstream_st*,
+                           float*) {
     detail::no_cuda("cuda::swiglu_backward");
 }
 
