@@ -322,8 +322,8 @@ TEST(CudaLmHeadCrossEntropy, AllTargetsIgnored) {
 // offset into x's transposed codes. Bounds, per element (docs/FP8.md's GEMM bound): products of
 // two fp8 values are exact in fp32; two fp32 summation orders of K terms differ by at most
 // 2 K 2^-24 S (S = sum_k |a_k b_k| sa sb); Hopper's FP8 MMA accumulates with about 14
-// significant bits before cuBLASLt promotes to fp32: 2^-13 S; the output's rounding: 2^-8 of the
-// value for bf16, 2^-24 for f32 (twice where a C is added).
+// significant bits before cuBLASLt promotes to fp32 (the per-step model below); the output's
+// rounding: 2^-8 of the value for bf16, 2^-24 for f32 (twice where a C is added).
 double fp8_value(uint8_t code, DType t) {
     return t == DType::kE4M3 ? e4m3_to_float(fp8_e4m3{code}) : e5m2_to_float(fp8_e5m2{code});
 }
@@ -332,17 +332,46 @@ double fp8_value(uint8_t code, DType t) {
 struct ScaledDot {
     double value, bound;
 };
+//
+// The MMA's part is the per-step model of docs/FP8.md ("Why the blockwise bound differs", and
+// fp8_blockwise_mma_error_bound): per 128-wide K block, 32 products a step join the running sum in
+// the tensor core's e8m13 accumulator, all 33 terms aligned to the largest of them on a grid of
+// 2^-13 of its power of two (each term off the grid loses less than one unit) and the step's
+// result kept to 14 bits (2^-13 of |running sum| + the step's |products|); the block's sum is
+// then promoted to fp32. A single 2^-13 S is not a bound for the head's gradients: a row of
+// dlogits holds one term near -dloss/count (the target's p - 1) among V - 1 of about 1/V of it, so
+// within a step the small products fall off the grid of the large one (measured on an H100: dx
+// and dW errors up to 1.03x of 2^-13 S plus the fp32 and rounding terms).
 ScaledDot scaled_dot(const uint8_t* a, DType at, int64_t sa_stride, const uint8_t* b, DType bt,
                      int64_t sb_stride, int64_t K, double sa, double sb, double out_unit) {
-    double v = 0, S = 0;
-    for (int64_t k = 0; k < K; ++k) {
-        const double p = fp8_value(a[k * sa_stride], at) * fp8_value(b[k * sb_stride], bt);
-        v += p;
-        S += std::fabs(p);
+    constexpr int64_t kBlock = 128, kStep = 32;
+    double v = 0, S = 0, mma = 0;
+    for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
+        const int64_t k1 = std::min(K, k0 + kBlock);
+        double run = 0, err = 0;  // the block's exact running sum and its error bound so far
+        for (int64_t s0 = k0; s0 < k1; s0 += kStep) {
+            double largest = std::fabs(run) + err, step_abs = 0, step_sum = 0;
+            int terms = 1;  // the running sum
+            for (int64_t k = s0; k < std::min(k1, s0 + kStep); ++k) {
+                const double p = fp8_value(a[k * sa_stride], at) * fp8_value(b[k * sb_stride], bt);
+                largest = std::max(largest, std::fabs(p));
+                step_abs += std::fabs(p);
+                step_sum += p;
+                ++terms;
+            }
+            const double grid = largest > 0 ? std::ldexp(1.0, std::ilogb(largest) - 13) : 0.0;
+            err += double(terms) * grid + 0x1p-13 * (std::fabs(run) + err + step_abs);
+            run += step_sum;
+        }
+        v += run;
+        mma += err;
+        for (int64_t k = k0; k < k1; ++k)
+            S += std::fabs(fp8_value(a[k * sa_stride], at) * fp8_value(b[k * sb_stride], bt));
     }
     v *= sa * sb;
     S *= sa * sb;
-    return {v, (2.0 * double(K) * 0x1p-24 + 0x1p-13) * S + out_unit * std::fabs(v)};
+    mma *= std::fabs(sa * sb);
+    return {v, 2.0 * double(K) * 0x1p-24 * S + mma + out_unit * std::fabs(v)};
 }
 
 void check_fp8_head(int64_t N, int64_t C, int64_t V, int64_t Nc, bool delayed, DType grad_dtype,
