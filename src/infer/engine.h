@@ -62,9 +62,9 @@ struct EngineLimits {
     int64_t max_sequences = 1;    // S: sequences open at once (KV cache rows)
     int64_t max_len = 0;          // Tmax: tokens per sequence; 0 = max_position_embeddings
     int64_t prefill_chunk = 256;  // tokens of one prefill forward
-    // > 0: a paged KV cache (paged_kv_cache.h, CPU only) of blocks of this many positions,
-    // instead of max_sequences rows of max_len; kv_blocks is its pool (0 = as many as
-    // max_sequences full-length sequences need).
+    // > 0: a paged KV cache (paged_kv_cache.h; CPU, and CUDA for head_dim % 8 == 0) of blocks
+    // of this many positions, instead of max_sequences rows of max_len; kv_blocks is its pool
+    // (0 = as many as max_sequences full-length sequences need).
     int64_t kv_block_size = 0;
     int64_t kv_blocks = 0;
 };
@@ -190,7 +190,8 @@ private:
     ModelArena scratch_;
     struct Index {
         size_t x0, x1, ln, mean, rstd, q, knew, vnew, att, lse, tmp, mlp_in, mlp_act, logits,
-            tokens, positions, lengths, rope_cos, rope_sin, kgather, vgather, message;
+            tokens, positions, lengths, rope_cos, rope_sin, kgather, vgather, message, tables,
+            slots;
     } ix_{};
     std::vector<int32_t> host_i32_;  // staging of tokens / positions / lengths
     std::vector<int32_t> host_pos_, host_len_;

@@ -172,12 +172,17 @@ __device__ inline void bf16x8_to_float(const uint4& raw, float* f) {
     }
 }
 
+// kPaged: k and v are pools of (N, Bk, Hkv, D) blocks and row b's position t lives in block
+// tables[b * table_width + t / Bk] at offset t % Bk (Tk = table_width * Bk); otherwise k and v are
+// (B, Tk, Hkv, D) and row b's position t is row b * Tk + t. Only the address of a key differs.
+template <bool kPaged>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_split_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ lse,
                         float* __restrict__ ws_m, float* __restrict__ ws_l,
                         float* __restrict__ ws_acc, const __nv_bfloat16* __restrict__ q,
                         const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
-                        const int32_t* __restrict__ lengths, int64_t Tk, int H, int Hkv, int D,
+                        const int32_t* __restrict__ lengths, const int32_t* __restrict__ tables,
+                        int64_t table_width, int block_size, int64_t Tk, int H, int Hkv, int D,
                         int64_t window, float scale, int64_t chunk, int splits) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int s = int(blockIdx.x), g = int(blockIdx.y);
@@ -219,8 +224,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
     const int vecs = D / 8;  // 16-byte vectors per K or V row
     const int64_t row_stride = int64_t(Hkv) * D;
-    const __nv_bfloat16* kb = k + (b * Tk * Hkv + g) * D;
-    const __nv_bfloat16* vb = v + (b * Tk * Hkv + g) * D;
+    const __nv_bfloat16* kb = k + int64_t(g) * D;
+    const __nv_bfloat16* vb = v + int64_t(g) * D;
+    const int32_t* table = kPaged ? tables + b * table_width : nullptr;
     for (int64_t t0 = k0; t0 < k1; t0 += kTile) {
         const int n = int(k1 - t0 < kTile ? k1 - t0 : kTile);
         __syncthreads();  // the previous tile's K, V and p are consumed (and q_s, acc_s written)
@@ -231,7 +237,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
             for (int u = 0; u < kLoadBatch; ++u) {
                 const int i = base + u * kDecodeThreads + tid;
                 if (i < n * vecs) {
-                    const int64_t off = (t0 + i / vecs) * row_stride + (i % vecs) * 8;
+                    const int64_t t = t0 + i / vecs;
+                    const int64_t at =
+                        kPaged ? int64_t(table[t / block_size]) * block_size + t % block_size
+                               : b * Tk + t;
+                    const int64_t off = at * row_stride + (i % vecs) * 8;
                     kr[u] = __ldg(reinterpret_cast<const uint4*>(kb + off));
                     vr[u] = __ldg(reinterpret_cast<const uint4*>(vb + off));
                 }
@@ -409,14 +419,17 @@ bool decode_split_takes(const bf16* k, const bf16* v, const AttentionRowsShape& 
     return decode_smem(int(s.H / s.Hkv), int(s.D)).bytes <= size_t(optin);
 }
 
+// tables null: the contiguous cache; otherwise the paged pools (decode_split_kernel<true>).
 void decode_split(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                  const int32_t* lengths, const AttentionRowsShape& s, CudaState& state,
+                  const int32_t* lengths, const int32_t* tables, int64_t table_width,
+                  int64_t block_size, const AttentionRowsShape& s, CudaState& state,
                   CUstream_st* stream) {
     const DecodePlan plan = decode_plan(s, sm_count(state));
     const size_t smem = decode_smem(int(s.H / s.Hkv), int(s.D)).bytes;
+    auto* kernel = tables != nullptr ? decode_split_kernel<true> : decode_split_kernel<false>;
     if (smem > 48 * 1024)
-        LATHE_CUDA_CHECK(cudaFuncSetAttribute(
-            decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        LATHE_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     float* ws = plan.workspace_bytes > 0
                     ? static_cast<float*>(state.scratch(plan.workspace_bytes, "attention_decode"))
                     : nullptr;
@@ -426,10 +439,11 @@ void decode_split(bf16* out, float* lse, const bf16* q, const bf16* k, const bf1
     float* ws_acc = ws != nullptr ? ws + 2 * parts : nullptr;
     auto* o = reinterpret_cast<__nv_bfloat16*>(out);
     const dim3 grid(unsigned(plan.splits), unsigned(s.Hkv), unsigned(s.B));
-    decode_split_kernel<<<grid, kDecodeThreads, smem, stream>>>(
+    kernel<<<grid, kDecodeThreads, smem, stream>>>(
         o, lse, ws_m, ws_l, ws_acc, reinterpret_cast<const __nv_bfloat16*>(q),
         reinterpret_cast<const __nv_bfloat16*>(k), reinterpret_cast<const __nv_bfloat16*>(v),
-        lengths, s.Tk, int(s.H), int(s.Hkv), int(s.D), s.window, s.scale, plan.chunk, plan.splits);
+        lengths, tables, table_width, int(block_size), s.Tk, int(s.H), int(s.Hkv), int(s.D),
+        s.window, s.scale, plan.chunk, plan.splits);
     LATHE_CUDA_CHECK_LAUNCH();
     if (plan.splits == 1) return;
     decode_combine_kernel<<<unsigned(s.B * s.H), kDecodeThreads, 0, stream>>>(
@@ -460,7 +474,7 @@ void attention_forward_rows(bf16* out, float* lse, const bf16* q, const bf16* k,
                     "{}: q_offset {} with Tq = {}, Tk = {}", kOp, s.q_offset, s.Tq, s.Tk);
     }
     if (lengths != nullptr && decode_split_takes(k, v, s, state)) {
-        decode_split(out, lse, q, k, v, lengths, s, state, stream);
+        decode_split(out, lse, q, k, v, lengths, nullptr, 0, 0, s, state, stream);
         return;
     }
     const dim3 grid(unsigned(s.B * s.Tq), unsigned(s.H));
@@ -469,6 +483,79 @@ void attention_forward_rows(bf16* out, float* lse, const bf16* q, const bf16* k,
         reinterpret_cast<const __nv_bfloat16*>(k), reinterpret_cast<const __nv_bfloat16*>(v), docs,
         lengths, s.Tq, s.Tk, s.q_offset, int(s.H), int(s.Hkv), int(s.D), s.window, s.scale);
     LATHE_CUDA_CHECK_LAUNCH();
+}
+
+void attention_decode_paged(bf16* out, float* lse, const bf16* q, const bf16* k_pool,
+                            const bf16* v_pool, const int32_t* tables, int64_t table_width,
+                            int64_t block_size, const int32_t* lengths, const AttentionRowsShape& s,
+                            CudaState& state, CUstream_st* stream) {
+    constexpr const char* kOp = "attention_decode_paged";
+    LATHE_CHECK(stream == state.stream(), "{}: not on the CudaState's stream", kOp);
+    LATHE_CHECK(s.B > 0 && s.Tq == 1 && s.H > 0 && s.Hkv > 0 && s.H % s.Hkv == 0 && s.D > 0 &&
+                    table_width > 0 && block_size > 0 && s.Tk == table_width * block_size,
+                "{}: B={} Tq={} Tk={} H={} Hkv={} D={} table width {} block {}", kOp, s.B, s.Tq,
+                s.Tk, s.H, s.Hkv, s.D, table_width, block_size);
+    LATHE_CHECK(block_size <= (int64_t(1) << 30), "{}: block size {}", kOp, block_size);
+    LATHE_CHECK(s.window >= 0, "{}: window {} (0 means none)", kOp, s.window);
+    // The paged cache has the split path only: 16-byte K/V rows (D % 8 == 0) and a block's
+    // shared memory within the device's limit.
+    LATHE_CHECK(decode_split_takes(k_pool, v_pool, s, state),
+                "{}: head dim D = {} with H / Hkv = {}: the paged decode kernel takes D % 8 == 0, "
+                "16-byte aligned pools and its shared memory within the device's; use the row "
+                "cache (kv_block_size 0)",
+                kOp, s.D, s.H / s.Hkv);
+    decode_split(out, lse, q, k_pool, v_pool, lengths, tables, table_width, block_size, s, state,
+                 stream);
+}
+
+namespace {
+
+// Row i of `rows` <-> row idx[i] of `pool`, in units U (16 bytes when the row's bytes allow).
+template <typename U, bool kScatter>
+__global__ void kv_rows_copy_kernel(U* __restrict__ dst, const U* __restrict__ src,
+                                    const int32_t* __restrict__ idx, int64_t n, int units) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n * units) return;
+    const int64_t r = i / units, u = i % units;
+    const int64_t at = int64_t(idx[r]) * units + u;
+    if (kScatter)
+        dst[at] = src[r * units + u];
+    else
+        dst[r * units + u] = src[at];
+}
+
+template <bool kScatter>
+void kv_rows_copy(void* dst, const void* src, const int32_t* idx, int64_t n, size_t row_bytes,
+                  CUstream_st* stream) {
+    if (n == 0) return;
+    constexpr int kThreads = 256;
+    const bool wide = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(src) % 16 == 0;
+    if (wide) {
+        const int units = int(row_bytes / 16);
+        const unsigned blocks = unsigned((n * units + kThreads - 1) / kThreads);
+        kv_rows_copy_kernel<uint4, kScatter><<<blocks, kThreads, 0, stream>>>(
+            static_cast<uint4*>(dst), static_cast<const uint4*>(src), idx, n, units);
+    } else {
+        const int units = int(row_bytes);
+        const unsigned blocks = unsigned((n * units + kThreads - 1) / kThreads);
+        kv_rows_copy_kernel<unsigned char, kScatter><<<blocks, kThreads, 0, stream>>>(
+            static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), idx, n,
+            units);
+    }
+    LATHE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void kv_rows_scatter(void* pool, const void* rows, const int32_t* slots, int64_t n,
+                     size_t row_bytes, CUstream_st* stream) {
+    kv_rows_copy<true>(pool, rows, slots, n, row_bytes, stream);
+}
+
+void kv_rows_gather(void* rows, const void* pool, const int32_t* slots, int64_t n, size_t row_bytes,
+                    CUstream_st* stream) {
+    kv_rows_copy<false>(rows, pool, slots, n, row_bytes, stream);
 }
 
 }  // namespace lathe::cuda
