@@ -3,7 +3,7 @@
 //
 //   lathe serve --checkpoint DIR [--host 127.0.0.1] [--port 8000] [--device auto|cpu|cuda]
 //       [--api-key KEY] [--max-seqs N] [--max-queue N] [--max-len N] [--prefill-chunk N]
-//       [--model-name NAME]
+//       [--model-name NAME] [--kv-block-size 16] [--kv-blocks N] [--cuda-graphs 1]
 //       [--tensor-parallel T] [--random-weights SEED]
 //
 // Threads: the HTTP library's pool parses requests, submits their sequences to the scheduler
@@ -69,6 +69,7 @@ struct ServeRequest {
     // a non-streaming client that leaves is not noticed until its sequences end.
     int64_t default_max_tokens = 1024;
     bool kv_block_size_given = false;
+    bool cuda_graphs = true;  // the paged CUDA decode step replayed from CUDA graphs
     int tensor_parallel = 1;
     int64_t random_weights = -1;  // < 0: load the checkpoint's safetensors
 };
@@ -889,6 +890,7 @@ Status run_serve(const ServeRequest& r) {
     const bool paged_ok = cpu || config->head_dim % 8 == 0;
     limits.kv_block_size = r.kv_block_size >= 0 ? r.kv_block_size : (paged_ok ? 16 : 0);
     limits.kv_blocks = r.kv_blocks;
+    limits.cuda_graphs = r.cuda_graphs;
     Result<InferenceEngine> created =
         InferenceEngine::create(model, limits, world ? world->comm.get() : nullptr);
     if (!created.ok()) return created.status().with_context("--kv-block-size, --kv-blocks");
@@ -1053,6 +1055,10 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
         ->capture_default_str();
     cmd->add_option("--model-name", req->model_name,
                     "The model id of /v1/models (default: the checkpoint folder's name)");
+    cmd->add_option("--cuda-graphs", req->cuda_graphs,
+                    "1 = replay each decode step of the paged CUDA cache from a CUDA graph of "
+                    "its batch bucket (not with --tensor-parallel), 0 = launch kernels one by one")
+        ->capture_default_str();
     cmd->add_option("--tensor-parallel", req->tensor_parallel,
                     "Processes (GPUs) sharing the model's heads and MLP; must equal the job's "
                     "process count; rank 0 serves (docs/INFERENCE.md)")

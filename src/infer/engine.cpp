@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/log.h"
 #include "ops/attention.h"
 #include "ops/cpu/parallel.h"
 #include "ops/cuda/cuda_state.h"
@@ -145,6 +146,11 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
         // Tokens, positions, lengths, slots (S each) and, paged, the tables (S x M).
         e.pinned_inputs_ = PinnedHostBuffer(size_t(4 * S + S * M) * sizeof(int32_t));
         e.pinned_logits_ = PinnedHostBuffer(size_t(S * c.vocab_size) * sizeof(uint16_t));
+    }
+    if (e.paged_ && cuda && lim.cuda_graphs) {
+        e.graphs_.resize(size_t(S + 1));
+        e.graph_warm_.assign(size_t(S + 1), 0);
+        e.graph_failed_.assign(size_t(S + 1), 0);
     }
     if (c.position == PositionKind::kRope) {
         HostTensor cos(f32, Shape{lim.max_len, half}), sin(f32, Shape{lim.max_len, half});
@@ -447,6 +453,10 @@ Result<TensorView> InferenceEngine::run_blocks(int64_t B, int64_t T, ConstTensor
 
 void InferenceEngine::last_logits(ConstTensorView x, int64_t n, std::span<float> out,
                                   std::span<const int64_t> out_row) {
+    read_logits(logits_forward(x, n), n, out, out_row);
+}
+
+TensorView InferenceEngine::logits_forward(ConstTensorView x, int64_t n) {
     const ModelConfig& c = config();
     const int64_t C = c.hidden_size, V = c.vocab_size;
     const TensorView y = scratch(ix_.ln, Shape{n, C});
@@ -458,6 +468,13 @@ void InferenceEngine::last_logits(ConstTensorView x, int64_t n, std::span<float>
     const TensorView logits = scratch(ix_.logits, Shape{n, V});
     linear_forward(logits, y, weight(head, -1, 0, V), ConstTensorView(), ctx_,
                    model_->plan().shape.precision.spec(LinearRole::kLmHead));
+    return logits;
+}
+
+void InferenceEngine::read_logits(ConstTensorView all, int64_t n, std::span<float> out,
+                                  std::span<const int64_t> out_row) {
+    const int64_t V = config().vocab_size;
+    const ConstTensorView logits = all.slice(0, n);
     LATHE_CHECK(int64_t(out.size()) == n * V, "logits: {} floats for ({}, {})", out.size(), n, V);
     LATHE_CHECK(out_row.empty() || int64_t(out_row.size()) == n,
                 "logits: {} row places for {} rows", out_row.size(), n);
@@ -812,21 +829,31 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
     }
     for (int64_t i = 0; i < n; ++i)
         LATHE_RETURN_IF_ERROR(paged_cache_.reserve(seqs[size_t(i)], host_len_[size_t(i)]));
-    const TensorView tok = scratch(ix_.tokens, Shape{n, 1});
-    const TensorView pos = scratch(ix_.positions, Shape{n, 1});
     const bool cuda = ctx_.backend == Backend::kCuda;
+    const bool graphed = cuda && limits_.cuda_graphs && tp_ == nullptr;
+    // The batch the step runs: n, or n's CUDA-graph bucket (rows n..nb-1 are padding).
+    const int64_t nb = graphed ? graph_bucket(n) : n;
+    const TensorView tok = scratch(ix_.tokens, Shape{nb, 1});
+    const TensorView pos = scratch(ix_.positions, Shape{nb, 1});
     TensorView lengths, slots, tables;
     if (cuda) {
         // Page-locked inputs, uploaded asynchronously (the previous step's read-back waited for
         // the stream): tokens, positions, lengths, the new keys' slots and the block tables,
         // each row M entries wide (entries past a sequence's blocks are 0 and never read).
+        // Padding rows: token 0 at position 0, length 1, slot -1 (not written), table of 0s.
         const int64_t S = limits_.max_sequences, M = paged_cache_.blocks_for(limits_.max_len);
-        lengths = scratch(ix_.lengths, Shape{n});
-        slots = scratch(ix_.slots, Shape{n});
-        tables = scratch(ix_.tables, Shape{n, M});
+        lengths = scratch(ix_.lengths, Shape{nb});
+        slots = scratch(ix_.slots, Shape{nb});
+        tables = scratch(ix_.tables, Shape{nb, M});
         auto* staged = static_cast<int32_t*>(pinned_inputs_.data());
         int32_t* staged_tables = staged + 4 * S;
-        std::fill(staged_tables, staged_tables + n * M, 0);
+        std::fill(staged_tables, staged_tables + nb * M, 0);
+        for (int64_t i = n; i < nb; ++i) {
+            staged[i] = 0;
+            staged[S + i] = 0;
+            staged[2 * S + i] = 1;
+            staged[3 * S + i] = -1;
+        }
         for (int64_t i = 0; i < n; ++i) {
             staged[i] = host_i32_[size_t(i)];
             staged[S + i] = host_pos_[size_t(i)];
@@ -853,8 +880,8 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
     auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q,
                       const TensorView& att, const TensorView& lse, const LinearSpec& spec,
                       ConstTensorView positions) {
-        const TensorView k = scratch(ix_.knew, Shape{n, 1, Hkv, D});
-        const TensorView v = scratch(ix_.vnew, Shape{n, 1, Hkv, D});
+        const TensorView k = scratch(ix_.knew, Shape{nb, 1, Hkv, D});
+        const TensorView v = scratch(ix_.vnew, Shape{nb, 1, Hkv, D});
         linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
         linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
         linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
@@ -879,15 +906,47 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
         }
         paged_attention_decode(att, lse, q, paged_cache_, l, seqs, host_len_, c.window(l), scale);
     };
-    const Result<TensorView> x = run_blocks(n, 1, tok, pos, attend);
-    if (!x.ok()) {
+    // The step up to the logits scratch: eager, or captured into the bucket's graph.
+    auto forward = [&]() -> Result<TensorView> {
+        LATHE_ASSIGN_OR_RETURN(const TensorView x, run_blocks(nb, 1, tok, pos, attend));
+        return logits_forward(x.reshape(Shape{nb, c.hidden_size}), nb);
+    };
+    Result<TensorView> out = scratch(ix_.logits, Shape{nb, c.vocab_size});
+    const size_t b = size_t(nb);
+    if (graphed && !graphs_[b].empty()) {
+        graphs_[b].launch(ctx_.stream);
+    } else if (graphed && graph_warm_[b] && !graph_failed_[b]) {
+        CudaGraph::begin_capture(ctx_.stream);
+        out = forward();
+        Result<CudaGraph> g = CudaGraph::end_capture(ctx_.stream);
+        if (out.ok() && g.ok()) {
+            graphs_[b] = std::move(*g);
+            graphs_[b].launch(ctx_.stream);
+        } else if (out.ok()) {
+            // CUDA refused the capture: this bucket runs eagerly from now on.
+            log_warning("inference: decode batch {} runs without a CUDA graph: {}", nb,
+                        g.status().to_string());
+            graph_failed_[b] = 1;
+            out = forward();
+        }
+    } else {
+        out = forward();
+        if (graphed) graph_warm_[b] = 1;
+    }
+    if (!out.ok()) {
         // The uploads may still read the page-locked inputs: the next step rewrites them.
         if (cuda) model_->synchronize();
-        return x.status();
+        return out.status();
     }
     for (int64_t i = 0; i < n; ++i) paged_cache_.set_length(seqs[size_t(i)], host_len_[size_t(i)]);
-    last_logits(x->reshape(Shape{n, c.hidden_size}), n, logits);
+    read_logits(*out, n, logits);
     return ok_status();
+}
+
+int64_t InferenceEngine::graph_bucket(int64_t n) const {
+    int64_t b = 1;
+    while (b < n) b *= 2;
+    return std::min(b, limits_.max_sequences);
 }
 
 }  // namespace lathe

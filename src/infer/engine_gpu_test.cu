@@ -45,8 +45,10 @@ Model make_model(const model_fixture::Fixture& f, const Context& ctx) {
     return std::move(*m);
 }
 
-InferenceEngine make_engine(const Model& m, int64_t rows, int64_t block = 0, int64_t blocks = 0) {
+InferenceEngine make_engine(const Model& m, int64_t rows, int64_t block = 0, int64_t blocks = 0,
+                            bool graphs = false) {
     EngineLimits lim;
+    lim.cuda_graphs = graphs;
     lim.max_sequences = rows;
     lim.max_len = kPrompt + kNew + 8;
     lim.prefill_chunk = 8;
@@ -318,6 +320,81 @@ TEST_P(EngineGpu, PagedOutOfBlocksIsAnError) {
     EXPECT_EQ(full.code(), StatusCode::kFailedPrecondition) << full.to_string();
     paged.close(a);
     EXPECT_EQ(paged.paged_cache().free_blocks(), 2);
+}
+
+// The decode step replayed from CUDA graphs against the same paged engine launching eagerly: 4
+// sequences may be open, so a step of 3 runs the bucket of 4 (one padding row) and steps of 2 and
+// 1 their own buckets; each bucket runs eagerly once, is captured the next step and replayed
+// after. Greedy tokens (each sequence fed its own argmax) must be identical up to the first
+// near-tie and every logits row within eps: the replayed kernels are the eager ones, but a
+// padded bucket's matmuls have more rows than the eager step's, and cuBLASLt may pick another
+// algorithm (another summation order) for them.
+TEST_P(EngineGpu, CudaGraphDecodeEqualsEager) {
+    const model_fixture::Fixture f = model_fixture::load(GetParam());
+    const double eps_rel = kSlack * double(f.config.num_layers + 1) * kU;
+    const int64_t V = f.config.vocab_size;
+    Model model = make_model(f, state_->context());
+    const int32_t* t = f.ref("tokens").as<int32_t>();
+    InferenceEngine eager = make_engine(model, 4, 16, 0, false);
+    InferenceEngine graphs = make_engine(model, 4, 16, 0, true);
+    std::vector<SeqId> se, sg;
+    std::vector<int32_t> next;  // each open sequence's next token (the eager engine's argmax)
+    std::vector<char> parted;   // the two engines' greedy choices parted after a near-tie
+    std::vector<float> za(static_cast<size_t>(V)), zb(static_cast<size_t>(V));
+    auto join = [&](int64_t n) {
+        se.push_back(*eager.open());
+        sg.push_back(*graphs.open());
+        const std::vector<int32_t> prompt(t, t + n);
+        ASSERT_TRUE(eager.prefill(se.back(), prompt, za).ok());
+        ASSERT_TRUE(graphs.prefill(sg.back(), prompt, zb).ok());
+        next.push_back(argmax(za));
+        parted.push_back(0);
+    };
+    auto steps = [&](int64_t count) {
+        for (int64_t step = 0; step < count; ++step) {
+            std::vector<DecodeStep> a, b;
+            for (size_t i = 0; i < se.size(); ++i) {
+                a.push_back({se[i], next[i]});
+                b.push_back({sg[i], next[i]});
+            }
+            std::vector<float> la(se.size() * size_t(V)), lb(se.size() * size_t(V));
+            ASSERT_TRUE(eager.decode(a, la).ok());
+            const Status s = graphs.decode(b, lb);
+            ASSERT_TRUE(s.ok()) << s.to_string();
+            for (size_t i = 0; i < se.size(); ++i) {
+                const std::vector<float> ra(la.begin() + i * V, la.begin() + (i + 1) * V);
+                const std::vector<float> rb(lb.begin() + i * V, lb.begin() + (i + 1) * V);
+                EXPECT_LE(model_fixture::rel_error(
+                              ConstTensorView(rb.data(), DType::kF32, Shape{V}, Device::kCpu),
+                              ConstTensorView(ra.data(), DType::kF32, Shape{V}, Device::kCpu)),
+                          eps_rel)
+                    << GetParam() << " batch " << se.size() << " step " << step << " row " << i;
+                if (top2_gap(ra) < 2 * eps_rel * max_abs(ra)) parted[i] = 1;
+                if (!parted[i]) {
+                    EXPECT_EQ(argmax(ra), argmax(rb))
+                        << GetParam() << " batch " << se.size() << " step " << step << " row " << i;
+                }
+                next[i] = argmax(ra);
+            }
+        }
+    };
+    auto leave = [&](size_t i) {
+        eager.close(se[i]);
+        graphs.close(sg[i]);
+        se.erase(se.begin() + long(i));
+        sg.erase(sg.begin() + long(i));
+        next.erase(next.begin() + long(i));
+        parted.erase(parted.begin() + long(i));
+    };
+    join(4);
+    steps(3);  // bucket 1: eager, captured, replayed
+    join(6);
+    join(3);
+    steps(4);  // bucket 4 (3 rows and a padding row)
+    leave(1);
+    steps(3);  // bucket 2
+    EXPECT_EQ(graphs.decode_graphs(), 3);
+    EXPECT_EQ(eager.decode_graphs(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, EngineGpu,

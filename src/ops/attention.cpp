@@ -243,6 +243,7 @@ size_t kv_rows_check(const char* op, ConstTensorView pool, ConstTensorView rows,
 void kv_rows_cpu(const char* op, char* dst, const char* src, const int32_t* slots, int64_t n,
                  size_t row_bytes, int64_t pool_rows, bool scatter) {
     for (int64_t i = 0; i < n; ++i) {
+        if (scatter && slots[i] == -1) continue;  // a padding row: nothing written
         LATHE_CHECK(slots[i] >= 0 && slots[i] < pool_rows, "{}: slots[{}] = {} outside [0, {})", op,
                     i, slots[i], pool_rows);
         const size_t at = size_t(slots[i]) * row_bytes, r = size_t(i) * row_bytes;

@@ -86,7 +86,8 @@ void attention_decode_paged(TensorView out, TensorView lse, ConstTensorView q,
 // Rows between a contiguous buffer and a paged pool, one row being a position's (Hkv, D) keys or
 // values: pool (N, Bk, Hkv, D) seen as N Bk rows, rows (n, Hkv, D) (any shape of n * Hkv * D
 // elements), slots (n) i32 in [0, N Bk) (the slot of position j of a sequence: its block id times
-// Bk plus j % Bk). kv_rows_scatter writes rows[i] to pool slot slots[i] (slots distinct);
+// Bk plus j % Bk). kv_rows_scatter writes rows[i] to pool slot slots[i] (slots distinct) and
+// skips a row whose slot is -1 (the padding rows of a CUDA-graph decode bucket, infer/engine.h);
 // kv_rows_gather reads pool slot slots[i] into rows[i]. The same dtype on both sides.
 void kv_rows_scatter(TensorView pool, ConstTensorView rows, ConstTensorView slots,
                      const Context& ctx);

@@ -341,8 +341,8 @@ TEST(Attention, DecodePagedIsTheDecodeOfEachRowsPositionsInOrder) {
     }
 }
 
-// kv_rows_scatter writes row i to pool slot slots[i] and touches no other slot; kv_rows_gather
-// reads the slots back in the given order.
+// kv_rows_scatter writes row i to pool slot slots[i] and touches no other slot (a slot of -1
+// writes nothing); kv_rows_gather reads the slots back in the given order.
 TEST(Attention, KvRowsScatterThenGatherReadsTheRowsBack) {
     const Context ctx = cpu_context();
     Rng rng(71);
@@ -355,7 +355,11 @@ TEST(Attention, KvRowsScatterThenGatherReadsTheRowsBack) {
     }();
     HostTensor rows = random_tensor(rng, Shape{3, 1, Hkv, D});
     HostTensor slots = ids_of(Shape{3}, {11, 0, 5});
-    kv_rows_scatter(pool.view(), rows.view(), slots.view(), ctx);
+    // A fourth row with slot -1 (padding) writes nothing.
+    HostTensor padded = random_tensor(rng, Shape{4, 1, Hkv, D});
+    std::memcpy(padded.as<float>(), rows.as<float>(), rows.view().bytes());
+    HostTensor padded_slots = ids_of(Shape{4}, {11, 0, 5, -1});
+    kv_rows_scatter(pool.view(), padded.view(), padded_slots.view(), ctx);
     for (int64_t s = 0; s < N * Bk; ++s) {
         const int64_t i = s == 11 ? 0 : s == 0 ? 1 : s == 5 ? 2 : -1;
         const float* want = i >= 0 ? rows.as<float>() + i * row : before.as<float>() + s * row;

@@ -121,7 +121,7 @@ void attention_decode_paged(bf16* out, float* lse, const bf16* q, const bf16* k_
 
 // Rows of row_bytes bytes between a contiguous (n, row) buffer and a pool of rows: scatter writes
 // rows[i] to pool[slots[i]], gather reads pool[slots[i]] into rows[i]. Slots must be distinct for
-// the scatter and inside the pool (not checked on the device).
+// the scatter and inside the pool (not checked on the device); the scatter skips a negative slot.
 void kv_rows_scatter(void* pool, const void* rows, const int32_t* slots, int64_t n,
                      size_t row_bytes, CUstream_st* stream);
 void kv_rows_gather(void* rows, const void* pool, const int32_t* slots, int64_t n, size_t row_bytes,

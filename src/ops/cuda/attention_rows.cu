@@ -517,6 +517,7 @@ __global__ void kv_rows_copy_kernel(U* __restrict__ dst, const U* __restrict__ s
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n * units) return;
     const int64_t r = i / units, u = i % units;
+    if (kScatter && idx[r] < 0) return;  // a padding row of a CUDA-graph bucket
     const int64_t at = int64_t(idx[r]) * units + u;
     if (kScatter)
         dst[at] = src[r * units + u];
