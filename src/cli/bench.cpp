@@ -92,6 +92,14 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--prefill-chunk", o->gen.prefill_chunk,
                     "--generate: tokens per prefill forward; 0 = min(4096, longest prefill)")
         ->capture_default_str();
+    cmd->add_option("--kv-block-size", o->gen.kv_block_size,
+                    "--generate: decode KV cache paged in blocks of this many positions; 0 = "
+                    "one row of max_len per sequence")
+        ->capture_default_str();
+    cmd->add_option("--cuda-graphs", o->gen.cuda_graphs,
+                    "--generate: 1 = replay the paged CUDA decode step from CUDA graphs (with "
+                    "--kv-block-size > 0), 0 = launch its kernels one by one")
+        ->capture_default_str();
     cmd->add_option("--steps", o->req.steps, "Timed steps")->capture_default_str();
     cmd->add_option("--warmup", o->req.warmup, "Untimed steps before them")->capture_default_str();
     cmd->add_option("--device", o->device, "auto (the GPU when there is a usable one), cpu, cuda")

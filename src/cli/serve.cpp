@@ -3,7 +3,7 @@
 //
 //   lathe serve --checkpoint DIR [--host 127.0.0.1] [--port 8000] [--device auto|cpu|cuda]
 //       [--api-key KEY] [--max-seqs N] [--max-queue N] [--max-len N] [--prefill-chunk N]
-//       [--model-name NAME]
+//       [--model-name NAME] [--kv-block-size 16] [--kv-blocks N] [--cuda-graphs 1]
 //       [--tensor-parallel T] [--random-weights SEED]
 //
 // Threads: the HTTP library's pool parses requests, submits their sequences to the scheduler
@@ -62,13 +62,14 @@ struct ServeRequest {
     std::string checkpoint, host = "127.0.0.1", device = "auto", api_key, model_name;
     int port = 8000;
     int64_t max_seqs = 8, max_queue = 64, max_len = 0;
-    int64_t kv_block_size = -1, kv_blocks = 0;  // -1: 16 (paged) on the CPU, rows on CUDA
+    int64_t kv_block_size = -1, kv_blocks = 0;  // -1: 16 (paged); rows on CUDA if D % 8 != 0
     int64_t prefill_chunk = 0;                  // 0: 2048 on CUDA, 256 on the CPU
     int64_t max_body_bytes = int64_t(16) << 20;
     // A chat request without max_tokens generates at most this many (and the remaining context):
     // a non-streaming client that leaves is not noticed until its sequences end.
     int64_t default_max_tokens = 1024;
     bool kv_block_size_given = false;
+    bool cuda_graphs = true;  // the paged CUDA decode step replayed from CUDA graphs
     int tensor_parallel = 1;
     int64_t random_weights = -1;  // < 0: load the checkpoint's safetensors
 };
@@ -884,8 +885,12 @@ Status run_serve(const ServeRequest& r) {
     limits.max_len = r.max_len > 0 ? r.max_len : config->max_position_embeddings;
     const bool cpu = device.context().backend == Backend::kCpu;
     limits.prefill_chunk = inference_prefill_chunk(r.prefill_chunk, procs, limits.max_len);
-    limits.kv_block_size = r.kv_block_size >= 0 ? r.kv_block_size : (cpu ? 16 : 0);
+    // Paged by default on both backends, so that a request holds the blocks its length needs,
+    // not a row of max_len; the CUDA paged cache takes head_dim % 8 == 0 (else the row cache).
+    const bool paged_ok = cpu || config->head_dim % 8 == 0;
+    limits.kv_block_size = r.kv_block_size >= 0 ? r.kv_block_size : (paged_ok ? 16 : 0);
     limits.kv_blocks = r.kv_blocks;
+    limits.cuda_graphs = r.cuda_graphs;
     Result<InferenceEngine> created =
         InferenceEngine::create(model, limits, world ? world->comm.get() : nullptr);
     if (!created.ok()) return created.status().with_context("--kv-block-size, --kv-blocks");
@@ -1037,8 +1042,8 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
         ->capture_default_str();
     CLI::Option* block_size =
         cmd->add_option("--kv-block-size", req->kv_block_size,
-                        "Positions per paged KV block (CPU; default 16); 0 = one row of --max-len "
-                        "per sequence (the only cache on CUDA)");
+                        "Positions per paged KV block (default 16; on CUDA the row cache when "
+                        "head_dim % 8 != 0); 0 = one row of --max-len per sequence");
     cmd->add_option("--kv-blocks", req->kv_blocks,
                     "Paged KV pool in blocks (default: --max-seqs full-length sequences)");
     cmd->add_option("--max-body-bytes", req->max_body_bytes,
@@ -1050,6 +1055,10 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
         ->capture_default_str();
     cmd->add_option("--model-name", req->model_name,
                     "The model id of /v1/models (default: the checkpoint folder's name)");
+    cmd->add_option("--cuda-graphs", req->cuda_graphs,
+                    "1 = replay each decode step of the paged CUDA cache from a CUDA graph of "
+                    "its batch bucket (not with --tensor-parallel), 0 = launch kernels one by one")
+        ->capture_default_str();
     cmd->add_option("--tensor-parallel", req->tensor_parallel,
                     "Processes (GPUs) sharing the model's heads and MLP; must equal the job's "
                     "process count; rank 0 serves (docs/INFERENCE.md)")

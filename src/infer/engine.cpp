@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/log.h"
 #include "ops/attention.h"
 #include "ops/cpu/parallel.h"
 #include "ops/cuda/cuda_state.h"
@@ -63,11 +64,13 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
                                       lim.kv_block_size, lim.kv_blocks);
     }
     e.paged_ = lim.kv_block_size > 0;
+    const bool cuda = e.ctx_.backend == Backend::kCuda;
     if (e.paged_) {
-        if (e.ctx_.backend != Backend::kCpu) {
-            return unimplemented_error(
-                "a paged KV cache runs on the CPU only (the CUDA decode attention reads "
-                "contiguous rows): use the row cache on CUDA");
+        if (cuda && c.head_dim % 8 != 0) {
+            return invalid_argument_error(
+                "inference: the CUDA paged KV cache reads 16-byte key rows and takes head_dim % 8 "
+                "== 0 (this model's head_dim is {}): use the row cache (kv_block_size 0)",
+                c.head_dim);
         }
         PagedKvShape ps;
         ps.layers = c.num_layers;
@@ -78,7 +81,7 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
                 : lim.max_sequences * ((lim.max_len + lim.kv_block_size - 1) / lim.kv_block_size);
         ps.kv_heads = c.num_kv_heads;
         ps.head_dim = c.head_dim;
-        LATHE_ASSIGN_OR_RETURN(e.paged_cache_, PagedKvCache::create(ps));
+        LATHE_ASSIGN_OR_RETURN(e.paged_cache_, PagedKvCache::create(ps, e.ctx_));
     } else {
         KvCacheShape ks;
         ks.layers = c.num_layers;
@@ -111,6 +114,14 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
         LATHE_ASSIGN_OR_RETURN(e.ix_.kgather, add("k_gather", a, Shape{lim.max_len, Hkv, D}));
         LATHE_ASSIGN_OR_RETURN(e.ix_.vgather, add("v_gather", a, Shape{lim.max_len, Hkv, D}));
     }
+    // CUDA paged: a decode step's block tables (one row of table_width() entries per sequence)
+    // and the pool slots its keys/values go to (or, in a prefill, the slots of the sequence's
+    // positions 0..len-1: the chunk's are written, all are gathered).
+    const int64_t M = e.paged_ ? e.paged_cache_.blocks_for(lim.max_len) : 0;
+    if (e.paged_ && cuda) {
+        LATHE_ASSIGN_OR_RETURN(e.ix_.tables, add("block_tables", i32, Shape{S, M}));
+        LATHE_ASSIGN_OR_RETURN(e.ix_.slots, add("slots", i32, Shape{std::max(lim.max_len, S)}));
+    }
     LATHE_ASSIGN_OR_RETURN(e.ix_.att, add("att", a, Shape{N, H, D}));
     LATHE_ASSIGN_OR_RETURN(e.ix_.lse, add("lse", f32, Shape{N * H}));
     LATHE_ASSIGN_OR_RETURN(e.ix_.tmp, add("tmp", a, Shape{N, C}));
@@ -132,8 +143,14 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
     }
     LATHE_ASSIGN_OR_RETURN(e.scratch_, ModelArena::allocate(std::move(layout), e.ctx_));
     if (e.ctx_.backend == Backend::kCuda) {
-        e.pinned_inputs_ = PinnedHostBuffer(size_t(3 * S) * sizeof(int32_t));
+        // Tokens, positions, lengths, slots (S each) and, paged, the tables (S x M).
+        e.pinned_inputs_ = PinnedHostBuffer(size_t(4 * S + S * M) * sizeof(int32_t));
         e.pinned_logits_ = PinnedHostBuffer(size_t(S * c.vocab_size) * sizeof(uint16_t));
+    }
+    if (e.paged_ && cuda && lim.cuda_graphs) {
+        e.graphs_.resize(size_t(S + 1));
+        e.graph_warm_.assign(size_t(S + 1), 0);
+        e.graph_failed_.assign(size_t(S + 1), 0);
     }
     if (c.position == PositionKind::kRope) {
         HostTensor cos(f32, Shape{lim.max_len, half}), sin(f32, Shape{lim.max_len, half});
@@ -436,6 +453,10 @@ Result<TensorView> InferenceEngine::run_blocks(int64_t B, int64_t T, ConstTensor
 
 void InferenceEngine::last_logits(ConstTensorView x, int64_t n, std::span<float> out,
                                   std::span<const int64_t> out_row) {
+    read_logits(logits_forward(x, n), n, out, out_row);
+}
+
+TensorView InferenceEngine::logits_forward(ConstTensorView x, int64_t n) {
     const ModelConfig& c = config();
     const int64_t C = c.hidden_size, V = c.vocab_size;
     const TensorView y = scratch(ix_.ln, Shape{n, C});
@@ -447,6 +468,13 @@ void InferenceEngine::last_logits(ConstTensorView x, int64_t n, std::span<float>
     const TensorView logits = scratch(ix_.logits, Shape{n, V});
     linear_forward(logits, y, weight(head, -1, 0, V), ConstTensorView(), ctx_,
                    model_->plan().shape.precision.spec(LinearRole::kLmHead));
+    return logits;
+}
+
+void InferenceEngine::read_logits(ConstTensorView all, int64_t n, std::span<float> out,
+                                  std::span<const int64_t> out_row) {
+    const int64_t V = config().vocab_size;
+    const ConstTensorView logits = all.slice(0, n);
     LATHE_CHECK(int64_t(out.size()) == n * V, "logits: {} floats for ({}, {})", out.size(), n, V);
     LATHE_CHECK(out_row.empty() || int64_t(out_row.size()) == n,
                 "logits: {} row places for {} rows", out_row.size(), n);
@@ -528,9 +556,52 @@ Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
             host_len_.assign(1, int32_t(pos0 + 1));
             upload(one_length, host_len_);
         }
+        // CUDA paged: the slots of positions 0..pos0+T-1 (the chunk's are the last T).
+        const bool cuda_paged = paged_ && ctx_.backend == Backend::kCuda;
+        const TensorView slots = cuda_paged ? scratch(ix_.slots, Shape{pos0 + T}) : TensorView();
+        if (cuda_paged) {
+            host_i32_.resize(size_t(pos0 + T));
+            for (int64_t j = 0; j < pos0 + T; ++j) host_i32_[size_t(j)] = paged_cache_.slot(seq, j);
+            upload(slots, host_i32_);
+        }
         auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q,
                           const TensorView& att, const TensorView& lse, const LinearSpec& spec,
                           ConstTensorView positions) {
+            if (cuda_paged) {
+                // The chunk's keys and values go to its blocks (kv_rows_scatter). Its attention
+                // reads the sequence's filled prefix contiguous: the first chunk's own keys, else
+                // the prefix gathered from the blocks into a scratch (kv_rows_gather), because
+                // the prefill attention (cuDNN, or lathe's rows kernel) takes (B, Tk, Hkv, D)
+                // keys; the gather reads and writes the prefix once per layer and chunk, small
+                // next to the chunk's projections and attention over that prefix.
+                const int64_t Hkv = cfg.num_kv_heads, D = cfg.head_dim, Tk = pos0 + T;
+                const TensorView k = scratch(ix_.knew, Shape{1, T, Hkv, D});
+                const TensorView v = scratch(ix_.vnew, Shape{1, T, Hkv, D});
+                linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
+                linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
+                linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
+                if (cfg.position == PositionKind::kRope) {
+                    rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
+                                    scratch_.view(ix_.rope_sin), ctx_);
+                }
+                const TensorView chunk_slots = slots.slice(pos0, Tk);
+                kv_rows_scatter(paged_cache_.keys(l), k, chunk_slots, ctx_);
+                kv_rows_scatter(paged_cache_.values(l), v, chunk_slots, ctx_);
+                TensorView kk = k, vv = v;
+                if (pos0 > 0) {
+                    kk = scratch(ix_.kgather, Shape{1, Tk, Hkv, D});
+                    vv = scratch(ix_.vgather, Shape{1, Tk, Hkv, D});
+                    kv_rows_gather(kk, paged_cache_.keys(l), slots, ctx_);
+                    kv_rows_gather(vv, paged_cache_.values(l), slots, ctx_);
+                }
+                if (T == 1) {
+                    attention_decode(att, lse, q, kk, vv, one_length, cfg.window(l), scale, ctx_);
+                    return;
+                }
+                attention_forward(att, lse, q, kk, vv, ConstTensorView(), cfg.window(l), scale,
+                                  pos0, ctx_);
+                return;
+            }
             if (paged_) {
                 // The chunk's keys and values go to its blocks; the filled prefix comes back
                 // contiguous for the attention.
@@ -758,23 +829,73 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
     }
     for (int64_t i = 0; i < n; ++i)
         LATHE_RETURN_IF_ERROR(paged_cache_.reserve(seqs[size_t(i)], host_len_[size_t(i)]));
-    const TensorView tok = scratch(ix_.tokens, Shape{n, 1});
-    const TensorView pos = scratch(ix_.positions, Shape{n, 1});
-    upload(tok, host_i32_);
-    upload(pos, host_pos_);
+    const bool cuda = ctx_.backend == Backend::kCuda;
+    const bool graphed = cuda && limits_.cuda_graphs && tp_ == nullptr;
+    // The batch the step runs: n, or n's CUDA-graph bucket (rows n..nb-1 are padding).
+    const int64_t nb = graphed ? graph_bucket(n) : n;
+    const TensorView tok = scratch(ix_.tokens, Shape{nb, 1});
+    const TensorView pos = scratch(ix_.positions, Shape{nb, 1});
+    TensorView lengths, slots, tables;
+    if (cuda) {
+        // Page-locked inputs, uploaded asynchronously (the previous step's read-back waited for
+        // the stream): tokens, positions, lengths, the new keys' slots and the block tables,
+        // each row M entries wide (entries past a sequence's blocks are 0 and never read).
+        // Padding rows: token 0 at position 0, length 1, slot -1 (not written), table of 0s.
+        const int64_t S = limits_.max_sequences, M = paged_cache_.blocks_for(limits_.max_len);
+        lengths = scratch(ix_.lengths, Shape{nb});
+        slots = scratch(ix_.slots, Shape{nb});
+        tables = scratch(ix_.tables, Shape{nb, M});
+        auto* staged = static_cast<int32_t*>(pinned_inputs_.data());
+        int32_t* staged_tables = staged + 4 * S;
+        std::fill(staged_tables, staged_tables + nb * M, 0);
+        for (int64_t i = n; i < nb; ++i) {
+            staged[i] = 0;
+            staged[S + i] = 0;
+            staged[2 * S + i] = 1;
+            staged[3 * S + i] = -1;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+            staged[i] = host_i32_[size_t(i)];
+            staged[S + i] = host_pos_[size_t(i)];
+            staged[2 * S + i] = host_len_[size_t(i)];
+            staged[3 * S + i] = paged_cache_.slot(seqs[size_t(i)], host_pos_[size_t(i)]);
+            const std::vector<int32_t>& t = paged_cache_.table(seqs[size_t(i)]);
+            std::copy(t.begin(), t.end(), staged_tables + i * M);
+        }
+        const TensorView to[4] = {tok, pos, lengths, slots};
+        for (int i = 0; i < 4; ++i) {
+            cuda_copy_async(
+                to[i], ConstTensorView(staged + i * S, DType::kI32, to[i].shape(), Device::kCpu),
+                ctx_.stream);
+        }
+        cuda_copy_async(tables,
+                        ConstTensorView(staged_tables, DType::kI32, tables.shape(), Device::kCpu),
+                        ctx_.stream);
+    } else {
+        upload(tok, host_i32_);
+        upload(pos, host_pos_);
+    }
     const float scale = block_attention_scale(c);
     const int64_t Hkv = c.num_kv_heads, D = c.head_dim, hd = Hkv * D;
     auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q,
                       const TensorView& att, const TensorView& lse, const LinearSpec& spec,
                       ConstTensorView positions) {
-        const TensorView k = scratch(ix_.knew, Shape{n, 1, Hkv, D});
-        const TensorView v = scratch(ix_.vnew, Shape{n, 1, Hkv, D});
+        const TensorView k = scratch(ix_.knew, Shape{nb, 1, Hkv, D});
+        const TensorView v = scratch(ix_.vnew, Shape{nb, 1, Hkv, D});
         linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
         linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
         linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
         if (c.position == PositionKind::kRope) {
             rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
                             scratch_.view(ix_.rope_sin), ctx_);
+        }
+        if (cuda) {
+            // Each row's new key and value to its slot, then the attention through the tables.
+            kv_rows_scatter(paged_cache_.keys(l), k, slots, ctx_);
+            kv_rows_scatter(paged_cache_.values(l), v, slots, ctx_);
+            attention_decode_paged(att, lse, q, paged_cache_.keys(l), paged_cache_.values(l),
+                                   tables, lengths, c.window(l), scale, ctx_);
+            return;
         }
         for (int64_t i = 0; i < n; ++i) {
             const int64_t p = host_pos_[size_t(i)];
@@ -785,10 +906,47 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
         }
         paged_attention_decode(att, lse, q, paged_cache_, l, seqs, host_len_, c.window(l), scale);
     };
-    LATHE_ASSIGN_OR_RETURN(const TensorView x, run_blocks(n, 1, tok, pos, attend));
+    // The step up to the logits scratch: eager, or captured into the bucket's graph.
+    auto forward = [&]() -> Result<TensorView> {
+        LATHE_ASSIGN_OR_RETURN(const TensorView x, run_blocks(nb, 1, tok, pos, attend));
+        return logits_forward(x.reshape(Shape{nb, c.hidden_size}), nb);
+    };
+    Result<TensorView> out = scratch(ix_.logits, Shape{nb, c.vocab_size});
+    const size_t b = size_t(nb);
+    if (graphed && !graphs_[b].empty()) {
+        graphs_[b].launch(ctx_.stream);
+    } else if (graphed && graph_warm_[b] && !graph_failed_[b]) {
+        CudaGraph::begin_capture(ctx_.stream);
+        out = forward();
+        Result<CudaGraph> g = CudaGraph::end_capture(ctx_.stream);
+        if (out.ok() && g.ok()) {
+            graphs_[b] = std::move(*g);
+            graphs_[b].launch(ctx_.stream);
+        } else if (out.ok()) {
+            // CUDA refused the capture: this bucket runs eagerly from now on.
+            log_warning("inference: decode batch {} runs without a CUDA graph: {}", nb,
+                        g.status().to_string());
+            graph_failed_[b] = 1;
+            out = forward();
+        }
+    } else {
+        out = forward();
+        if (graphed) graph_warm_[b] = 1;
+    }
+    if (!out.ok()) {
+        // The uploads may still read the page-locked inputs: the next step rewrites them.
+        if (cuda) model_->synchronize();
+        return out.status();
+    }
     for (int64_t i = 0; i < n; ++i) paged_cache_.set_length(seqs[size_t(i)], host_len_[size_t(i)]);
-    last_logits(x.reshape(Shape{n, c.hidden_size}), n, logits);
+    read_logits(*out, n, logits);
     return ok_status();
+}
+
+int64_t InferenceEngine::graph_bucket(int64_t n) const {
+    int64_t b = 1;
+    while (b < n) b *= 2;
+    return std::min(b, limits_.max_sequences);
 }
 
 }  // namespace lathe

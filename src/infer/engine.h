@@ -39,6 +39,19 @@
 // (`lathe serve`, where only rank 0 has a scheduler). Without a communicator, or with one of
 // size 1, nothing changes.
 //
+// CUDA graphs (limits.cuda_graphs): the paged decode step on CUDA (embedding, every layer's
+// projections, cache writes and attention, the final norm and LM head into the logits scratch)
+// is captured once per batch bucket (1, 2, 4, ... up to max_sequences, and max_sequences) and
+// replayed; a step of n sequences runs the bucket of the smallest size >= n, its padding rows
+// fed token 0 at position 0 with length 1, a slot of -1 (kv_rows_scatter skips it: no block is
+// written) and a table of block 0 (read, never written); their logits are not read back. The
+// step's tokens, positions, lengths, slots and tables are copied into the same device buffers
+// before every replay; the logits' read-back follows the replay. A bucket's first step runs
+// eagerly (the ops' one-time setup: cuBLASLt algorithm choice, kernel attributes), its second is
+// captured. Eager instead: the CPU; the row cache (its cache writes go to addresses chosen on the
+// host per step); tensor parallel (the all-reduce is NCCL's, not captured here); prefill (one
+// sequence, shapes that change per chunk); a bucket whose capture CUDA refuses (logged once).
+//
 // Memory: the engine reads the model's weights (the model must outlive it) and owns the KV cache
 // and one scratch arena sized for max(prefill_chunk, max_sequences) tokens, allocated once.
 // Not thread-safe; one engine per model and stream.
@@ -54,6 +67,7 @@
 #include "infer/paged_kv_cache.h"
 #include "model/block.h"
 #include "model/model.h"
+#include "ops/cuda/graph.h"
 #include "ops/cuda/memory.h"
 
 namespace lathe {
@@ -62,11 +76,14 @@ struct EngineLimits {
     int64_t max_sequences = 1;    // S: sequences open at once (KV cache rows)
     int64_t max_len = 0;          // Tmax: tokens per sequence; 0 = max_position_embeddings
     int64_t prefill_chunk = 256;  // tokens of one prefill forward
-    // > 0: a paged KV cache (paged_kv_cache.h, CPU only) of blocks of this many positions,
-    // instead of max_sequences rows of max_len; kv_blocks is its pool (0 = as many as
-    // max_sequences full-length sequences need).
+    // > 0: a paged KV cache (paged_kv_cache.h; CPU, and CUDA for head_dim % 8 == 0) of blocks
+    // of this many positions, instead of max_sequences rows of max_len; kv_blocks is its pool
+    // (0 = as many as max_sequences full-length sequences need).
     int64_t kv_block_size = 0;
     int64_t kv_blocks = 0;
+    // CUDA with the paged cache and no tensor parallel: each decode step is replayed from a CUDA
+    // graph of its batch bucket (header comment, "CUDA graphs"). Ignored elsewhere (eager).
+    bool cuda_graphs = false;
 };
 
 // One sequence's next token in a decode step.
@@ -98,6 +115,13 @@ public:
     int64_t kv_total_blocks() const { return paged_ ? paged_cache_.shape().blocks : 0; }
     int64_t kv_blocks_for(int64_t length) const {
         return paged_ ? paged_cache_.blocks_for(length) : 0;
+    }
+
+    // CUDA graphs: the batch buckets whose decode step is captured (0 without graphs).
+    int64_t decode_graphs() const {
+        int64_t n = 0;
+        for (const CudaGraph& g : graphs_) n += g.empty() ? 0 : 1;
+        return n;
     }
 
     // Ranks of the tensor-parallel group (1 without one) and this one's rank.
@@ -161,6 +185,13 @@ private:
     // wait for the stream.
     void last_logits(ConstTensorView x, int64_t n, std::span<float> out,
                      std::span<const int64_t> out_row = {});
+    // last_logits in two halves: the final norm and LM head into the logits scratch (n, V), and
+    // the read-back of its first rows.
+    TensorView logits_forward(ConstTensorView x, int64_t n);
+    void read_logits(ConstTensorView logits, int64_t n, std::span<float> out,
+                     std::span<const int64_t> out_row = {});
+    // CUDA graphs: the bucket of a step of n sequences.
+    int64_t graph_bucket(int64_t n) const;
     // prefill and prefill_all: `logits` holds V floats (the last token's) or, with `all`,
     // tokens.size() x V.
     Status prefill_impl(SeqId seq, std::span<const int32_t> tokens, std::span<float> logits,
@@ -190,7 +221,8 @@ private:
     ModelArena scratch_;
     struct Index {
         size_t x0, x1, ln, mean, rstd, q, knew, vnew, att, lse, tmp, mlp_in, mlp_act, logits,
-            tokens, positions, lengths, rope_cos, rope_sin, kgather, vgather, message;
+            tokens, positions, lengths, rope_cos, rope_sin, kgather, vgather, message, tables,
+            slots;
     } ix_{};
     std::vector<int32_t> host_i32_;  // staging of tokens / positions / lengths
     std::vector<int32_t> host_pos_, host_len_;
@@ -200,6 +232,10 @@ private:
     // which waits for the stream, comes after them, so the next step may rewrite them), and the
     // logits' read-back (max_sequences x V bf16). Allocated once, at create().
     PinnedHostBuffer pinned_inputs_, pinned_logits_;
+    // CUDA graphs, indexed by bucket size (max_sequences + 1 entries): the captured step, whether
+    // the bucket ran once eagerly, and whether its capture failed (eager from then on).
+    std::vector<CudaGraph> graphs_;
+    std::vector<char> graph_warm_, graph_failed_;
 };
 
 }  // namespace lathe

@@ -45,11 +45,15 @@ Model make_model(const model_fixture::Fixture& f, const Context& ctx) {
     return std::move(*m);
 }
 
-InferenceEngine make_engine(const Model& m, int64_t rows) {
+InferenceEngine make_engine(const Model& m, int64_t rows, int64_t block = 0, int64_t blocks = 0,
+                            bool graphs = false) {
     EngineLimits lim;
+    lim.cuda_graphs = graphs;
     lim.max_sequences = rows;
     lim.max_len = kPrompt + kNew + 8;
     lim.prefill_chunk = 8;
+    lim.kv_block_size = block;
+    lim.kv_blocks = blocks;
     Result<InferenceEngine> e = InferenceEngine::create(m, lim);
     LATHE_CHECK(e.ok(), "{}", e.status().to_string());
     return std::move(*e);
@@ -170,6 +174,227 @@ TEST_P(EngineGpu, TwoSequencesTeacherForcedLogitsWithinBf16Bound) {
 TEST_P(EngineGpu, TwoSequencesOfOneLengthStepsInReverseOrder) {
     const int64_t lens[2] = {5, 5};
     check_two_sequences(GetParam(), lens, true, *state_);
+}
+
+// The paged cache on CUDA against the row cache on CUDA. Both compute in bf16 from the same
+// weights; the prefill's attention reads the same keys (the paged engine's gathered from its
+// blocks), and the decode step runs the same split-K kernel with only the key addresses taken
+// through the block table. They can differ only where the split plan differs (it depends on Tk:
+// max_len for the rows, the table width times Bk for the pool), a different f32 summation order
+// whose effect is within one bf16 rounding of a block's attention output; so the CPU-vs-GPU bar
+// eps = kSlack (L + 1) u max|z| bounds them, and greedy tokens must be identical up to the first
+// near-tie (top-2 gap of the row cache's logits below 2 eps).
+//
+// Greedy: one sequence, kNew tokens, blocks of 1, 3 and 16 positions (the prompt of 4 and the
+// context of 28 are not multiples of 3 or 16).
+TEST_P(EngineGpu, PagedGreedyEqualsTheRowCache) {
+    const model_fixture::Fixture f = model_fixture::load(GetParam());
+    const double eps_rel = kSlack * double(f.config.num_layers + 1) * kU;
+    Model model = make_model(f, state_->context());
+    const int32_t* t = f.ref("tokens").as<int32_t>();
+    const std::vector<int32_t> prompt(t, t + kPrompt);
+    InferenceEngine rows = make_engine(model, 1);
+    const GreedyRun a = greedy(rows, prompt);
+    for (int64_t block : {1, 3, 16}) {
+        InferenceEngine paged = make_engine(model, 1, block);
+        ASSERT_TRUE(paged.paged());
+        const GreedyRun b = greedy(paged, prompt);
+        EXPECT_EQ(paged.paged_cache().free_blocks(), paged.kv_total_blocks());
+        for (int64_t i = 0; i < kNew; ++i) {
+            const double tie = 2 * eps_rel * max_abs(a.logits[size_t(i)]);
+            if (top2_gap(a.logits[size_t(i)]) < tie) break;
+            ASSERT_EQ(a.tokens[size_t(i)], b.tokens[size_t(i)])
+                << GetParam() << " block " << block << " step " << i;
+            const int64_t V = f.config.vocab_size;
+            EXPECT_LE(
+                model_fixture::rel_error(ConstTensorView(b.logits[size_t(i)].data(), DType::kF32,
+                                                         Shape{V}, Device::kCpu),
+                                         ConstTensorView(a.logits[size_t(i)].data(), DType::kF32,
+                                                         Shape{V}, Device::kCpu)),
+                eps_rel)
+                << GetParam() << " block " << block << " step " << i;
+        }
+    }
+}
+
+// Sequences join and leave: A (prompt 5), B (prompt 11: chunks of 8 and 3, the second attending
+// through the gathered prefix) and C (prompt 9: a one-token second chunk) decode 4 steps, A
+// leaves, D (prompt 7) joins and takes A's freed blocks (the pool holds exactly what B, C and D
+// reach), 4 more steps; the same tokens are fed to both engines (teacher forcing) and every
+// logits row is held to eps. At the end every block is free again.
+TEST_P(EngineGpu, PagedEqualsTheRowCacheAsSequencesJoinAndLeave) {
+    const model_fixture::Fixture f = model_fixture::load(GetParam());
+    const double eps_rel = kSlack * double(f.config.num_layers + 1) * kU;
+    const int64_t V = f.config.vocab_size;
+    Model model = make_model(f, state_->context());
+    const int32_t* t = f.ref("tokens").as<int32_t>();
+    const int64_t avail = f.ref("tokens").numel();
+    auto prompt = [&](int64_t n, int64_t from) {
+        std::vector<int32_t> p;
+        for (int64_t i = 0; i < n; ++i) p.push_back(t[(from + i) % avail]);
+        return p;
+    };
+    for (int64_t block : {1, 3, 16}) {
+        SCOPED_TRACE(GetParam() + " block " + std::to_string(block));
+        auto blocks = [&](int64_t n) { return (n + block - 1) / block; };
+        // A ends at 5 + 4 (it leaves), B at 11 + 8, C at 9 + 8, D at 7 + 4: the pool is what
+        // B, C and D reach, at least what A, B and C reach before A leaves.
+        const int64_t pool = blocks(19) + blocks(17) + blocks(11);
+        ASSERT_GE(pool, blocks(9) + blocks(15) + blocks(13));
+        InferenceEngine rows = make_engine(model, 3);
+        InferenceEngine paged = make_engine(model, 3, block, pool);
+        ASSERT_EQ(paged.kv_total_blocks(), pool);
+        std::vector<SeqId> ra, pa;  // the open sequences of each engine, in step order
+        std::vector<float> za(static_cast<size_t>(V)), zb(static_cast<size_t>(V));
+        auto join = [&](int64_t n, int64_t from) {
+            ra.push_back(*rows.open());
+            pa.push_back(*paged.open());
+            ASSERT_TRUE(rows.prefill(ra.back(), prompt(n, from), za).ok());
+            const Status s = paged.prefill(pa.back(), prompt(n, from), zb);
+            ASSERT_TRUE(s.ok()) << s.to_string();
+            EXPECT_LE(model_fixture::rel_error(
+                          ConstTensorView(zb.data(), DType::kF32, Shape{V}, Device::kCpu),
+                          ConstTensorView(za.data(), DType::kF32, Shape{V}, Device::kCpu)),
+                      eps_rel)
+                << "prefill of " << n;
+        };
+        auto steps = [&](int64_t count, int64_t step0) {
+            for (int64_t step = step0; step < step0 + count; ++step) {
+                std::vector<DecodeStep> sa, sb;
+                for (size_t i = 0; i < ra.size(); ++i) {
+                    const int32_t tok = int32_t((step * 37 + int64_t(i) * 11 + 5) % V);
+                    sa.push_back({ra[i], tok});
+                    sb.push_back({pa[i], tok});
+                }
+                std::vector<float> la(ra.size() * size_t(V)), lb(ra.size() * size_t(V));
+                ASSERT_TRUE(rows.decode(sa, la).ok());
+                const Status s = paged.decode(sb, lb);
+                ASSERT_TRUE(s.ok()) << s.to_string();
+                for (size_t i = 0; i < ra.size(); ++i) {
+                    EXPECT_LE(model_fixture::rel_error(
+                                  ConstTensorView(lb.data() + i * size_t(V), DType::kF32, Shape{V},
+                                                  Device::kCpu),
+                                  ConstTensorView(la.data() + i * size_t(V), DType::kF32, Shape{V},
+                                                  Device::kCpu)),
+                              eps_rel)
+                        << "step " << step << " row " << i;
+                }
+            }
+        };
+        join(5, 0);
+        join(11, 3);
+        join(9, 6);
+        steps(4, 0);
+        const std::vector<int32_t> a_blocks = paged.paged_cache().table(pa[0]);
+        rows.close(ra[0]);
+        paged.close(pa[0]);
+        ra.erase(ra.begin());
+        pa.erase(pa.begin());
+        join(7, 2);
+        const std::vector<int32_t>& d_blocks = paged.paged_cache().table(pa.back());
+        EXPECT_TRUE(std::any_of(d_blocks.begin(), d_blocks.end(), [&](int32_t b) {
+            return std::find(a_blocks.begin(), a_blocks.end(), b) != a_blocks.end();
+        })) << "D reuses A's blocks";
+        steps(4, 4);
+        EXPECT_EQ(paged.paged_cache().free_blocks(), 0) << "the pool is exactly what they reach";
+        for (SeqId s : pa) paged.close(s);
+        EXPECT_EQ(paged.paged_cache().free_blocks(), pool);
+    }
+}
+
+// Out of blocks is an error the caller sees (the scheduler admits by free blocks), never a stop:
+// a prefill beyond the pool and a decode step that needs a block none has.
+TEST_P(EngineGpu, PagedOutOfBlocksIsAnError) {
+    const model_fixture::Fixture f = model_fixture::load(GetParam());
+    Model model = make_model(f, state_->context());
+    const int64_t V = f.config.vocab_size;
+    const int32_t* t = f.ref("tokens").as<int32_t>();
+    InferenceEngine paged = make_engine(model, 2, 2, 2);  // 2 blocks of 2 positions
+    std::vector<float> z(static_cast<size_t>(V));
+    const SeqId a = *paged.open();
+    const Status big = paged.prefill(a, std::vector<int32_t>(t, t + 5), z);
+    EXPECT_EQ(big.code(), StatusCode::kFailedPrecondition) << big.to_string();
+    ASSERT_TRUE(paged.prefill(a, std::vector<int32_t>(t, t + 4), z).ok());
+    const DecodeStep step{a, t[0]};
+    const Status full = paged.decode(std::span(&step, 1), z);
+    EXPECT_EQ(full.code(), StatusCode::kFailedPrecondition) << full.to_string();
+    paged.close(a);
+    EXPECT_EQ(paged.paged_cache().free_blocks(), 2);
+}
+
+// The decode step replayed from CUDA graphs against the same paged engine launching eagerly: 4
+// sequences may be open, so a step of 3 runs the bucket of 4 (one padding row) and steps of 2 and
+// 1 their own buckets; each bucket runs eagerly once, is captured the next step and replayed
+// after. Greedy tokens (each sequence fed its own argmax) must be identical up to the first
+// near-tie and every logits row within eps: the replayed kernels are the eager ones, but a
+// padded bucket's matmuls have more rows than the eager step's, and cuBLASLt may pick another
+// algorithm (another summation order) for them.
+TEST_P(EngineGpu, CudaGraphDecodeEqualsEager) {
+    const model_fixture::Fixture f = model_fixture::load(GetParam());
+    const double eps_rel = kSlack * double(f.config.num_layers + 1) * kU;
+    const int64_t V = f.config.vocab_size;
+    Model model = make_model(f, state_->context());
+    const int32_t* t = f.ref("tokens").as<int32_t>();
+    InferenceEngine eager = make_engine(model, 4, 16, 0, false);
+    InferenceEngine graphs = make_engine(model, 4, 16, 0, true);
+    std::vector<SeqId> se, sg;
+    std::vector<int32_t> next;  // each open sequence's next token (the eager engine's argmax)
+    std::vector<char> parted;   // the two engines' greedy choices parted after a near-tie
+    std::vector<float> za(static_cast<size_t>(V)), zb(static_cast<size_t>(V));
+    auto join = [&](int64_t n) {
+        se.push_back(*eager.open());
+        sg.push_back(*graphs.open());
+        const std::vector<int32_t> prompt(t, t + n);
+        ASSERT_TRUE(eager.prefill(se.back(), prompt, za).ok());
+        ASSERT_TRUE(graphs.prefill(sg.back(), prompt, zb).ok());
+        next.push_back(argmax(za));
+        parted.push_back(0);
+    };
+    auto steps = [&](int64_t count) {
+        for (int64_t step = 0; step < count; ++step) {
+            std::vector<DecodeStep> a, b;
+            for (size_t i = 0; i < se.size(); ++i) {
+                a.push_back({se[i], next[i]});
+                b.push_back({sg[i], next[i]});
+            }
+            std::vector<float> la(se.size() * size_t(V)), lb(se.size() * size_t(V));
+            ASSERT_TRUE(eager.decode(a, la).ok());
+            const Status s = graphs.decode(b, lb);
+            ASSERT_TRUE(s.ok()) << s.to_string();
+            for (size_t i = 0; i < se.size(); ++i) {
+                const std::vector<float> ra(la.begin() + i * V, la.begin() + (i + 1) * V);
+                const std::vector<float> rb(lb.begin() + i * V, lb.begin() + (i + 1) * V);
+                EXPECT_LE(model_fixture::rel_error(
+                              ConstTensorView(rb.data(), DType::kF32, Shape{V}, Device::kCpu),
+                              ConstTensorView(ra.data(), DType::kF32, Shape{V}, Device::kCpu)),
+                          eps_rel)
+                    << GetParam() << " batch " << se.size() << " step " << step << " row " << i;
+                if (top2_gap(ra) < 2 * eps_rel * max_abs(ra)) parted[i] = 1;
+                if (!parted[i]) {
+                    EXPECT_EQ(argmax(ra), argmax(rb))
+                        << GetParam() << " batch " << se.size() << " step " << step << " row " << i;
+                }
+                next[i] = argmax(ra);
+            }
+        }
+    };
+    auto leave = [&](size_t i) {
+        eager.close(se[i]);
+        graphs.close(sg[i]);
+        se.erase(se.begin() + long(i));
+        sg.erase(sg.begin() + long(i));
+        next.erase(next.begin() + long(i));
+        parted.erase(parted.begin() + long(i));
+    };
+    join(4);
+    steps(3);  // bucket 1: eager, captured, replayed
+    join(6);
+    join(3);
+    steps(4);  // bucket 4 (3 rows and a padding row)
+    leave(1);
+    steps(3);  // bucket 2
+    EXPECT_EQ(graphs.decode_graphs(), 3);
+    EXPECT_EQ(eager.decode_graphs(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, EngineGpu,

@@ -3,23 +3,44 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <string>
 
 #include "core/check.h"
 
 namespace lathe {
 
-Result<PagedKvCache> PagedKvCache::create(const PagedKvShape& s) {
+Result<PagedKvCache> PagedKvCache::create(const PagedKvShape& s, const Context& ctx) {
     if (s.layers < 1 || s.blocks < 1 || s.block_size < 1 || s.kv_heads < 1 || s.head_dim < 1) {
         return invalid_argument_error(
             "paged KV cache: layers {}, blocks {}, block_size {}, kv_heads {}, head_dim {} must "
             "all be >= 1",
             s.layers, s.blocks, s.block_size, s.kv_heads, s.head_dim);
     }
+    if (s.blocks > std::numeric_limits<int32_t>::max() / s.block_size) {
+        return invalid_argument_error(
+            "paged KV cache: {} blocks of {} positions exceed 2^31 positions (fewer kv_blocks)",
+            s.blocks, s.block_size);
+    }
     PagedKvCache c;
     c.shape_ = s;
-    const size_t n = size_t(s.blocks * s.block_size * s.kv_heads * s.head_dim);
-    c.keys_.assign(size_t(s.layers), std::vector<float>(n, 0.0f));
-    c.values_.assign(size_t(s.layers), std::vector<float>(n, 0.0f));
+    if (ctx.backend == Backend::kCuda) {
+        c.device_ = true;
+        ArenaLayout layout;
+        const Shape pool{s.blocks, s.block_size, s.kv_heads, s.head_dim};
+        for (int64_t l = 0; l < s.layers; ++l) {
+            LATHE_ASSIGN_OR_RETURN(size_t k,
+                                   layout.add("kv.k." + std::to_string(l), DType::kBF16, pool));
+            LATHE_ASSIGN_OR_RETURN(size_t v,
+                                   layout.add("kv.v." + std::to_string(l), DType::kBF16, pool));
+            LATHE_CHECK(k == size_t(2 * l) && v == k + 1, "paged KV cache layout order");
+        }
+        LATHE_ASSIGN_OR_RETURN(c.arena_, ModelArena::allocate(std::move(layout), ctx));
+    } else {
+        const size_t n = size_t(s.blocks * s.block_size * s.kv_heads * s.head_dim);
+        c.keys_.assign(size_t(s.layers), std::vector<float>(n, 0.0f));
+        c.values_.assign(size_t(s.layers), std::vector<float>(n, 0.0f));
+    }
     // Block 0 is handed out first.
     for (int64_t b = s.blocks - 1; b >= 0; --b) c.free_.push_back(int32_t(b));
     return c;
@@ -91,7 +112,31 @@ const std::vector<int32_t>& PagedKvCache::table(SeqId seq) const {
     return tables_[size_t(seq)];
 }
 
+int32_t PagedKvCache::slot(SeqId seq, int64_t pos) const {
+    const std::vector<int32_t>& t = table(seq);
+    const int64_t Bk = shape_.block_size;
+    LATHE_CHECK(pos >= 0 && pos / Bk < int64_t(t.size()),
+                "paged KV cache: position {} of sequence {} beyond its {} blocks", pos, seq,
+                t.size());
+    return int32_t(int64_t(t[size_t(pos / Bk)]) * Bk + pos % Bk);
+}
+
+TensorView PagedKvCache::keys(int layer) const {
+    if (device_) return arena_.view(size_t(2 * layer));
+    const Shape pool{shape_.blocks, shape_.block_size, shape_.kv_heads, shape_.head_dim};
+    return TensorView(const_cast<float*>(keys_[size_t(layer)].data()), DType::kF32, pool,
+                      Device::kCpu);
+}
+
+TensorView PagedKvCache::values(int layer) const {
+    if (device_) return arena_.view(size_t(2 * layer + 1));
+    const Shape pool{shape_.blocks, shape_.block_size, shape_.kv_heads, shape_.head_dim};
+    return TensorView(const_cast<float*>(values_[size_t(layer)].data()), DType::kF32, pool,
+                      Device::kCpu);
+}
+
 float* PagedKvCache::at(std::vector<float>& pool, SeqId seq, int64_t pos) {
+    LATHE_CHECK(!device_, "paged KV cache: a host pointer into the device pools");
     const std::vector<int32_t>& t = table(seq);
     const int64_t Bk = shape_.block_size, row = shape_.kv_heads * shape_.head_dim;
     LATHE_CHECK(pos >= 0 && pos / Bk < int64_t(t.size()),
@@ -109,6 +154,7 @@ float* PagedKvCache::value(int layer, SeqId seq, int64_t pos) {
 }
 
 void PagedKvCache::gather(int layer, SeqId seq, int64_t length, float* k, float* v) const {
+    LATHE_CHECK(!device_, "paged KV cache: a host gather of the device pools");
     const std::vector<int32_t>& t = table(seq);
     const int64_t Bk = shape_.block_size, row = shape_.kv_heads * shape_.head_dim;
     LATHE_CHECK(blocks_for(length) <= int64_t(t.size()), "paged KV cache: gather {} of {}", length,

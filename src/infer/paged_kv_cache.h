@@ -1,11 +1,15 @@
 #pragma once
-// A paged key/value cache for the CPU engine: memory is a pool of fixed-size blocks shared by all
-// sequences, handed out from a free list as sequences grow and returned when they close, so a
-// sequence holds ceil(length / block) blocks, not a row of the longest length.
+// A paged key/value cache for the inference engine: memory is a pool of fixed-size blocks shared
+// by all sequences, handed out from a free list as sequences grow and returned when they close,
+// so a sequence holds ceil(length / block) blocks, not a row of the longest length.
 //
-// Layout, per layer l: keys(l) and values(l) are pools of shape (N, Bk, Hkv, D) f32 in host
-// memory (N blocks of Bk positions). Sequence s's position j lives in block table(s)[j / Bk] at
-// offset j % Bk. Bytes: 2 L N Bk Hkv D 4, allocated once.
+// Layout, per layer l: keys(l) and values(l) are pools of shape (N, Bk, Hkv, D) (N blocks of Bk
+// positions): f32 in host memory on the CPU, bf16 in device memory on CUDA (one allocation,
+// ModelArena). Sequence s's position j lives in block table(s)[j / Bk] at offset j % Bk, the
+// pool's row slot(s, j) = table(s)[j / Bk] Bk + j % Bk. Bytes: 2 L N Bk Hkv D dtype_size,
+// allocated once. The bookkeeping (free list, tables, lengths) is host-side on both backends; on
+// CUDA the engine uploads a step's tables and slots, and the ops of ops/attention.h
+// (attention_decode_paged, kv_rows_scatter, kv_rows_gather) read and write the pools.
 //
 // paged_attention_decode reads keys through the tables: for row b of a decode step (its new key
 // and value already written at position lengths[b] - 1) and query head h (key/value head
@@ -23,6 +27,8 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "infer/kv_cache.h"
+#include "model/model.h"
+#include "ops/context.h"
 
 namespace lathe {
 
@@ -37,11 +43,17 @@ struct PagedKvShape {
 class PagedKvCache {
 public:
     PagedKvCache() = default;
-    // Errors: a non-positive dimension.
-    static Result<PagedKvCache> create(const PagedKvShape& shape);
+    // Pools where `ctx` computes (f32 host vectors on the CPU, a bf16 device arena on CUDA),
+    // zeroed. Errors: a non-positive dimension, a pool of more than 2^31 positions (slots are
+    // i32), allocation failure.
+    static Result<PagedKvCache> create(const PagedKvShape& shape, const Context& ctx = Context{});
 
     const PagedKvShape& shape() const { return shape_; }
-    size_t bytes() const { return 2 * keys_.size() * keys_[0].size() * sizeof(float); }
+    bool on_device() const { return device_; }
+    size_t bytes() const {
+        return device_ ? arena_.layout().total_bytes()
+                       : 2 * keys_.size() * keys_[0].size() * sizeof(float);
+    }
     int64_t blocks_for(int64_t length) const {
         return (length + shape_.block_size - 1) / shape_.block_size;
     }
@@ -60,7 +72,13 @@ public:
     // list is short; nothing is taken then.
     Status reserve(SeqId seq, int64_t length);
     const std::vector<int32_t>& table(SeqId seq) const;
+    // The pool row of `seq`'s position `pos` (< the blocks it holds, checked).
+    int32_t slot(SeqId seq, int64_t pos) const;
+    // The (N, Bk, Hkv, D) pools of a layer, on either backend.
+    TensorView keys(int layer) const;
+    TensorView values(int layer) const;
 
+    // Host pools only (the CPU engine):
     // The (Hkv, D) key / value of `seq` at position `pos` (< the blocks it holds).
     float* key(int layer, SeqId seq, int64_t pos);
     float* value(int layer, SeqId seq, int64_t pos);
@@ -73,7 +91,9 @@ private:
     float* at(std::vector<float>& pool, SeqId seq, int64_t pos);
 
     PagedKvShape shape_;
-    std::vector<std::vector<float>> keys_, values_;  // per layer, (N, Bk, Hkv, D)
+    bool device_ = false;                            // pools in arena_ (CUDA), else keys_/values_
+    ModelArena arena_;                               // CUDA: keys, values of layer l at 2l, 2l+1
+    std::vector<std::vector<float>> keys_, values_;  // CPU: per layer, (N, Bk, Hkv, D)
     std::vector<int32_t> free_;                      // free block ids (a stack)
     std::vector<std::vector<int32_t>> tables_;       // sequence -> its blocks
     std::vector<int64_t> lengths_;                   // sequence -> filled positions

@@ -73,6 +73,32 @@ TEST(PagedKvCache, BlocksComeFromAndReturnToTheFreeList) {
     EXPECT_FALSE(PagedKvCache::create(PagedKvShape{1, 0, 3, 2, 2}).ok());
 }
 
+// slot(seq, pos) names the pool row that key(layer, seq, pos) points at, and keys(layer) /
+// values(layer) view the pools the kv_rows_* and attention_decode_paged ops read (what the CUDA
+// engine uploads as a step's slots and tables).
+TEST(PagedKvCache, SlotsAndPoolViewsNameTheRowsKeyPointsAt) {
+    PagedKvShape s{2, 5, 3, 2, 2};
+    Result<PagedKvCache> made = PagedKvCache::create(s);
+    ASSERT_TRUE(made.ok());
+    PagedKvCache& c = *made;
+    EXPECT_FALSE(c.on_device());
+    const SeqId a = c.open(), b = c.open();
+    ASSERT_TRUE(c.reserve(a, 2).ok());
+    ASSERT_TRUE(c.reserve(b, 4).ok());
+    ASSERT_TRUE(c.reserve(a, 7).ok());  // a's blocks interleave with b's
+    const TensorView keys = c.keys(1), values = c.values(1);
+    EXPECT_EQ(keys.shape(), (Shape{5, 3, 2, 2}));
+    for (SeqId seq : {a, b}) {
+        for (int64_t p = 0; p < int64_t(c.table(seq).size()) * 3; ++p) {
+            const int32_t slot = c.slot(seq, p);
+            EXPECT_EQ(slot, c.table(seq)[size_t(p / 3)] * 3 + p % 3);
+            EXPECT_EQ(c.key(1, seq, p), keys.as<float>() + slot * 4);
+            EXPECT_EQ(c.value(1, seq, p), values.as<float>() + slot * 4);
+        }
+    }
+    EXPECT_FALSE(PagedKvCache::create(PagedKvShape{1, int64_t(1) << 30, 4, 1, 1}).ok());
+}
+
 using engine_test::load;
 using engine_test::Loaded;
 

@@ -1,5 +1,9 @@
 #include "ops/attention.h"
 
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "ops/cpu/attention.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/dispatch.h"
@@ -148,6 +152,141 @@ void attention_decode(TensorView out, TensorView lse, ConstTensorView q, ConstTe
                 out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k_cache.as<bf16>(),
                 v_cache.as<bf16>(), nullptr, lengths.as<int32_t>(),
                 cuda_rows_shape(d, 0, window, scale), cuda_state_of(ctx, kOp), ctx.stream);
+            return;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+void attention_decode_paged(TensorView out, TensorView lse, ConstTensorView q,
+                            ConstTensorView k_pool, ConstTensorView v_pool,
+                            ConstTensorView block_tables, ConstTensorView lengths, int64_t window,
+                            float scale, const Context& ctx) {
+    constexpr const char* kOp = "attention_decode_paged";
+    LATHE_CHECK(q.rank() == 4 && q.dim(1) == 1 && k_pool.rank() == 4 && block_tables.rank() == 2,
+                "{}: q {}, k_pool {}, block_tables {}; expected (B, 1, H, D), (N, Bk, Hkv, D), "
+                "(B, M)",
+                kOp, q.to_string(), k_pool.to_string(), block_tables.to_string());
+    const int64_t B = q.dim(0), H = q.dim(2), D = q.dim(3);
+    const int64_t N = k_pool.dim(0), Bk = k_pool.dim(1), Hkv = k_pool.dim(2);
+    const int64_t M = block_tables.dim(1);
+    LATHE_CHECK(Hkv > 0 && H % Hkv == 0, "{}: Hkv = {} does not divide H = {}", kOp, Hkv, H);
+    LATHE_CHECK(window >= 0, "{}: window {} (0 means none)", kOp, window);
+    op_expect_shape(kOp, "k_pool", k_pool, Shape{N, Bk, Hkv, D});
+    op_expect_shape(kOp, "v_pool", v_pool, Shape{N, Bk, Hkv, D});
+    op_expect_shape(kOp, "out", out, q.shape());
+    op_expect_shape(kOp, "lse", lse, Shape{B, H, 1});
+    op_expect_dtype(kOp, "lse", lse, DType::kF32);
+    op_expect_shape(kOp, "block_tables", block_tables, Shape{B, M});
+    op_expect_dtype(kOp, "block_tables", block_tables, DType::kI32);
+    op_expect_shape(kOp, "lengths", lengths, Shape{B});
+    op_expect_dtype(kOp, "lengths", lengths, DType::kI32);
+    op_expect_memory(kOp, ctx, {out, lse, q, k_pool, v_pool, block_tables, lengths});
+    switch (ctx.backend) {
+        case Backend::kCpu: {
+            op_expect_cpu_f32(kOp, {out, q, k_pool, v_pool});
+            // The reference: each row's positions gathered in order, then attention_decode's
+            // kernel on that one contiguous row.
+            const int64_t row = Hkv * D;
+            const int32_t* tables = block_tables.as<int32_t>();
+            const int32_t* lens = lengths.as<int32_t>();
+            std::vector<float> k, v;
+            for (int64_t b = 0; b < B; ++b) {
+                const int64_t len = lens[b];
+                LATHE_CHECK(len >= 1 && len <= M * Bk,
+                            "{}: lengths[{}] = {}; each length is in [1, M Bk = {}]", kOp, b, len,
+                            M * Bk);
+                k.resize(size_t(len * row));
+                v.resize(size_t(len * row));
+                for (int64_t j = 0; j < len; ++j) {
+                    const int64_t block = tables[b * M + j / Bk];
+                    LATHE_CHECK(block >= 0 && block < N,
+                                "{}: block_tables[{}, {}] = {} outside the pool's {} blocks", kOp,
+                                b, j / Bk, block, N);
+                    const int64_t at = (block * Bk + j % Bk) * row;
+                    std::copy_n(k_pool.as<float>() + at, row, k.data() + j * row);
+                    std::copy_n(v_pool.as<float>() + at, row, v.data() + j * row);
+                }
+                const int32_t one = int32_t(len);
+                cpu::attention_decode(out.as<float>() + b * H * D, lse.as<float>() + b * H,
+                                      q.as<float>() + b * H * D, k.data(), v.data(), &one, 1, len,
+                                      H, Hkv, D, window, scale);
+            }
+            return;
+        }
+        case Backend::kCuda:
+            op_expect_cuda_dtype(kOp, DType::kBF16, {out, q, k_pool, v_pool});
+            cuda::attention_decode_paged(
+                out.as<bf16>(), lse.as<float>(), q.as<bf16>(), k_pool.as<bf16>(), v_pool.as<bf16>(),
+                block_tables.as<int32_t>(), M, Bk, lengths.as<int32_t>(),
+                {B, 1, M * Bk, H, Hkv, D, 0, window, scale}, cuda_state_of(ctx, kOp), ctx.stream);
+            return;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+namespace {
+
+// kv_rows_scatter / kv_rows_gather: the checks, and the row's bytes.
+size_t kv_rows_check(const char* op, ConstTensorView pool, ConstTensorView rows,
+                     ConstTensorView slots, const Context& ctx) {
+    LATHE_CHECK(pool.rank() == 4, "{}: pool {}; expected (N, Bk, Hkv, D)", op, pool.to_string());
+    op_expect_dtype(op, "slots", slots, DType::kI32);
+    LATHE_CHECK(slots.rank() == 1, "{}: slots {}; expected (n)", op, slots.to_string());
+    const int64_t row = pool.dim(2) * pool.dim(3);
+    LATHE_CHECK(rows.numel() == slots.dim(0) * row && rows.dtype() == pool.dtype(),
+                "{}: rows {} for {} slots of {} with pool {}", op, rows.to_string(), slots.dim(0),
+                row, pool.to_string());
+    op_expect_memory(op, ctx, {pool, rows, slots});
+    return size_t(row) * dtype_size(pool.dtype());
+}
+
+void kv_rows_cpu(const char* op, char* dst, const char* src, const int32_t* slots, int64_t n,
+                 size_t row_bytes, int64_t pool_rows, bool scatter) {
+    for (int64_t i = 0; i < n; ++i) {
+        if (scatter && slots[i] == -1) continue;  // a padding row: nothing written
+        LATHE_CHECK(slots[i] >= 0 && slots[i] < pool_rows, "{}: slots[{}] = {} outside [0, {})", op,
+                    i, slots[i], pool_rows);
+        const size_t at = size_t(slots[i]) * row_bytes, r = size_t(i) * row_bytes;
+        if (scatter)
+            std::memcpy(dst + at, src + r, row_bytes);
+        else
+            std::memcpy(dst + r, src + at, row_bytes);
+    }
+}
+
+}  // namespace
+
+void kv_rows_scatter(TensorView pool, ConstTensorView rows, ConstTensorView slots,
+                     const Context& ctx) {
+    constexpr const char* kOp = "kv_rows_scatter";
+    const size_t row_bytes = kv_rows_check(kOp, pool, rows, slots, ctx);
+    const int64_t n = slots.dim(0);
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            kv_rows_cpu(kOp, static_cast<char*>(pool.data()), static_cast<const char*>(rows.data()),
+                        slots.as<int32_t>(), n, row_bytes, pool.dim(0) * pool.dim(1), true);
+            return;
+        case Backend::kCuda:
+            cuda::kv_rows_scatter(pool.data(), rows.data(), slots.as<int32_t>(), n, row_bytes,
+                                  ctx.stream);
+            return;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+void kv_rows_gather(TensorView rows, ConstTensorView pool, ConstTensorView slots,
+                    const Context& ctx) {
+    constexpr const char* kOp = "kv_rows_gather";
+    const size_t row_bytes = kv_rows_check(kOp, pool, rows, slots, ctx);
+    const int64_t n = slots.dim(0);
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            kv_rows_cpu(kOp, static_cast<char*>(rows.data()), static_cast<const char*>(pool.data()),
+                        slots.as<int32_t>(), n, row_bytes, pool.dim(0) * pool.dim(1), false);
+            return;
+        case Backend::kCuda:
+            cuda::kv_rows_gather(rows.data(), pool.data(), slots.as<int32_t>(), n, row_bytes,
+                                 ctx.stream);
             return;
     }
     op_no_backend(kOp, ctx);

@@ -69,6 +69,31 @@ void attention_decode(TensorView out, TensorView lse, ConstTensorView q, ConstTe
                       ConstTensorView v_cache, ConstTensorView lengths, int64_t window, float scale,
                       const Context& ctx);
 
+// The same decode step over a paged cache (infer/paged_kv_cache.h): keys and values live in
+// pools of fixed-size blocks, and row b's position j in block block_tables[b, j / Bk] at offset
+// j % Bk. Row b's new key and value are already written at its position lengths[b] - 1; the math
+// is attention_decode's over the row's positions 0..lengths[b] - 1 gathered in order.
+// Shapes: q, out (B, 1, H, D) | k_pool, v_pool (N, Bk, Hkv, D) | block_tables (B, M) i32, entries
+//   [0, ceil(lengths[b] / Bk)) of row b in [0, N) (the rest never read) | lengths (B) i32, each in
+//   [1, M Bk] | lse (B, H, 1) f32.
+// CUDA: bf16, D % 8 == 0 (ops/cuda/attention.h: attention_decode_paged). A length outside
+// [1, M Bk] stops on the CPU and makes that row NaN on CUDA, as attention_decode.
+void attention_decode_paged(TensorView out, TensorView lse, ConstTensorView q,
+                            ConstTensorView k_pool, ConstTensorView v_pool,
+                            ConstTensorView block_tables, ConstTensorView lengths, int64_t window,
+                            float scale, const Context& ctx);
+
+// Rows between a contiguous buffer and a paged pool, one row being a position's (Hkv, D) keys or
+// values: pool (N, Bk, Hkv, D) seen as N Bk rows, rows (n, Hkv, D) (any shape of n * Hkv * D
+// elements), slots (n) i32 in [0, N Bk) (the slot of position j of a sequence: its block id times
+// Bk plus j % Bk). kv_rows_scatter writes rows[i] to pool slot slots[i] (slots distinct) and
+// skips a row whose slot is -1 (the padding rows of a CUDA-graph decode bucket, infer/engine.h);
+// kv_rows_gather reads pool slot slots[i] into rows[i]. The same dtype on both sides.
+void kv_rows_scatter(TensorView pool, ConstTensorView rows, ConstTensorView slots,
+                     const Context& ctx);
+void kv_rows_gather(TensorView rows, ConstTensorView pool, ConstTensorView slots,
+                    const Context& ctx);
+
 void attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout,
                         ConstTensorView q, ConstTensorView k, ConstTensorView v,
                         ConstTensorView out, ConstTensorView lse, ConstTensorView docs,

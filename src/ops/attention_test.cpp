@@ -1,5 +1,6 @@
 #include "ops/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -284,6 +285,90 @@ TEST(Attention, WindowAndDocumentMaskAtAnOffsetByHand) {
     EXPECT_EQ(run(0, docs.view()), (std::vector<float>{2.5f, 3}));
     EXPECT_EQ(run(2, docs.view()), (std::vector<float>{2.5f, 3.5f}));
     EXPECT_NEAR(lse.as<float>()[1], std::log(2.0f), 1e-7);
+}
+
+// The paged decode step is attention_decode over each row's positions laid out in order: rows
+// whose blocks are scattered through the pool in a shuffled order (lengths 1, a multiple of the
+// block and not), pool blocks no row holds NaN (so a key read through a wrong table entry shows),
+// the same bits as attention_decode on the contiguous cache built from the tables.
+TEST(Attention, DecodePagedIsTheDecodeOfEachRowsPositionsInOrder) {
+    const Context ctx = cpu_context();
+    const int64_t B = 3, H = 6, Hkv = 2, D = 4;
+    const int32_t len[B] = {1, 8, 11};
+    for (int64_t Bk : {int64_t(1), int64_t(4), int64_t(16)}) {
+        Rng rng(uint64_t(70 + Bk));
+        const int64_t M = (11 + Bk - 1) / Bk, N = B * M + 2, row = Hkv * D;
+        HostTensor q = random_tensor(rng, Shape{B, 1, H, D});
+        HostTensor kp = random_tensor(rng, Shape{N, Bk, Hkv, D});
+        HostTensor vp = random_tensor(rng, Shape{N, Bk, Hkv, D});
+        // Block ids in a reversed order: row b's i-th block is N - 1 - (b M + i).
+        std::vector<int32_t> table(size_t(B * M), 0);
+        std::vector<char> used(size_t(N), 0);
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t i = 0; i < (len[b] + Bk - 1) / Bk; ++i) {
+                table[size_t(b * M + i)] = int32_t(N - 1 - (b * M + i));
+                used[size_t(N - 1 - (b * M + i))] = 1;
+            }
+        for (int64_t n = 0; n < N; ++n)
+            if (!used[size_t(n)])
+                for (int64_t i = n * Bk * row; i < (n + 1) * Bk * row; ++i)
+                    kp.as<float>()[i] = vp.as<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+        const int64_t Tmax = M * Bk;
+        HostTensor k = f32(Shape{B, Tmax, Hkv, D}), v = f32(Shape{B, Tmax, Hkv, D});
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t j = 0; j < len[b]; ++j) {
+                const int64_t at = (table[size_t(b * M + j / Bk)] * Bk + j % Bk) * row;
+                std::memcpy(k.as<float>() + (b * Tmax + j) * row, kp.as<float>() + at,
+                            size_t(row) * sizeof(float));
+                std::memcpy(v.as<float>() + (b * Tmax + j) * row, vp.as<float>() + at,
+                            size_t(row) * sizeof(float));
+            }
+        HostTensor tables(DType::kI32, Shape{B, M});
+        std::copy(table.begin(), table.end(), tables.as<int32_t>());
+        HostTensor lengths = ids_of(Shape{B}, {len[0], len[1], len[2]});
+        for (int64_t window : {int64_t(0), int64_t(3)}) {
+            HostTensor out = f32(q.shape()), lse = f32(Shape{B, H, 1});
+            HostTensor out_ref = f32(q.shape()), lse_ref = f32(Shape{B, H, 1});
+            attention_decode_paged(out.view(), lse.view(), q.view(), kp.view(), vp.view(),
+                                   tables.view(), lengths.view(), window, 0.5f, ctx);
+            attention_decode(out_ref.view(), lse_ref.view(), q.view(), k.view(), v.view(),
+                             lengths.view(), window, 0.5f, ctx);
+            EXPECT_EQ(std::memcmp(out.as<float>(), out_ref.as<float>(), out.view().bytes()), 0)
+                << "Bk " << Bk << " window " << window;
+            EXPECT_EQ(std::memcmp(lse.as<float>(), lse_ref.as<float>(), lse.view().bytes()), 0)
+                << "Bk " << Bk << " window " << window;
+        }
+    }
+}
+
+// kv_rows_scatter writes row i to pool slot slots[i] and touches no other slot (a slot of -1
+// writes nothing); kv_rows_gather reads the slots back in the given order.
+TEST(Attention, KvRowsScatterThenGatherReadsTheRowsBack) {
+    const Context ctx = cpu_context();
+    Rng rng(71);
+    const int64_t N = 3, Bk = 4, Hkv = 2, D = 3, row = Hkv * D;
+    HostTensor pool = random_tensor(rng, Shape{N, Bk, Hkv, D});
+    const HostTensor before = [&] {
+        HostTensor c = f32(pool.shape());
+        std::memcpy(c.as<float>(), pool.as<float>(), pool.view().bytes());
+        return c;
+    }();
+    HostTensor rows = random_tensor(rng, Shape{3, 1, Hkv, D});
+    HostTensor slots = ids_of(Shape{3}, {11, 0, 5});
+    // A fourth row with slot -1 (padding) writes nothing.
+    HostTensor padded = random_tensor(rng, Shape{4, 1, Hkv, D});
+    std::memcpy(padded.as<float>(), rows.as<float>(), rows.view().bytes());
+    HostTensor padded_slots = ids_of(Shape{4}, {11, 0, 5, -1});
+    kv_rows_scatter(pool.view(), padded.view(), padded_slots.view(), ctx);
+    for (int64_t s = 0; s < N * Bk; ++s) {
+        const int64_t i = s == 11 ? 0 : s == 0 ? 1 : s == 5 ? 2 : -1;
+        const float* want = i >= 0 ? rows.as<float>() + i * row : before.as<float>() + s * row;
+        EXPECT_EQ(std::memcmp(pool.as<float>() + s * row, want, size_t(row) * sizeof(float)), 0)
+            << "slot " << s;
+    }
+    HostTensor back = f32(Shape{3, 1, Hkv, D});
+    kv_rows_gather(back.view(), pool.view(), slots.view(), ctx);
+    EXPECT_EQ(std::memcmp(back.as<float>(), rows.as<float>(), rows.view().bytes()), 0);
 }
 
 // The decode step: row b's query against its first lengths[b] cached keys is attention_forward

@@ -171,6 +171,9 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
                                       req.prefill_repeats);
     if (req.prefill_chunk < 0)
         return invalid_argument_error("--prefill-chunk must be >= 0, got {}", req.prefill_chunk);
+    if (req.kv_block_size < 0 || req.kv_block_size > (1 << 16))
+        return invalid_argument_error("--kv-block-size must be in [0, 65536], got {}",
+                                      req.kv_block_size);
     if (req.threads < 0)
         return invalid_argument_error("--threads must be >= 0, got {}", req.threads);
     LATHE_ASSIGN_OR_RETURN(const ModelConfig config, bench_model_config(req.model, req.vocab_size));
@@ -249,6 +252,8 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     decode_limits.max_sequences = std::max<int64_t>(largest_batch, 1);
     decode_limits.max_len = decode_len;
     decode_limits.prefill_chunk = std::min(chunk, req.prompt_len);
+    decode_limits.kv_block_size = req.kv_block_size;
+    decode_limits.cuda_graphs = req.cuda_graphs;
     const size_t act = size_t(elem);
     const size_t engine_need =
         std::max(req.prefill.empty() ? 0 : engine_bytes(config, prefill_limits, act),
@@ -309,6 +314,8 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     j["prefill"] = prefill_rows;
 
     j["prompt_len"] = req.prompt_len;
+    j["kv_block_size"] = req.kv_block_size;
+    j["cuda_graphs"] = on_cuda && req.kv_block_size > 0 && req.cuda_graphs;
     j["decode_steps"] = req.decode_steps;
     j["decode_warmup"] = req.decode_warmup;
     j["weight_bytes"] = generate_weight_bytes(config, elem);

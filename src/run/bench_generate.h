@@ -67,6 +67,11 @@ struct GenerateBenchRequest {
     int64_t decode_warmup = 4;                       // untimed decode steps before them
     int64_t prefill_repeats = 3;                     // timed prefills per length
     int64_t prefill_chunk = 0;  // tokens per prefill forward; 0 = min(4096, longest prefill)
+    // The decode engine's KV cache: 0 = rows of max_len, > 0 = paged in blocks of this many
+    // positions (infer/paged_kv_cache.h); cuda_graphs replays the paged CUDA decode step from CUDA
+    // graphs (infer/engine.h; no effect with rows or on the CPU).
+    int64_t kv_block_size = 0;
+    bool cuda_graphs = true;
     size_t copy_bytes = size_t(1) << 30;  // the bandwidth copy's size (CUDA)
     BenchDevice device = BenchDevice::kAuto;
     uint64_t seed = 1234;

@@ -108,6 +108,25 @@ void attention_forward_rows(bf16* out, float* lse, const bf16* q, const bf16* k,
                             const int32_t* docs, const int32_t* lengths,
                             const AttentionRowsShape& shape, CudaState& state, CUstream_st* stream);
 
+// The decode step over a paged cache (infer/paged_kv_cache.h): q, out (B, 1, H, D) bf16, lse
+// (B, H, 1) f32; k_pool, v_pool (N, Bk, Hkv, D) bf16; tables (B, table_width) i32, row b's
+// position t in block tables[b, t / Bk] at offset t % Bk; lengths (B) i32 in [1, Tk] with
+// shape.Tk = table_width * Bk (a length outside makes that row's out and lse NaN). The split-K
+// path of attention_forward_rows reading keys through the table (each K/V element once for all
+// the query heads of its group); it takes D % 8 == 0 and 16-byte aligned pools (stops otherwise).
+void attention_decode_paged(bf16* out, float* lse, const bf16* q, const bf16* k_pool,
+                            const bf16* v_pool, const int32_t* tables, int64_t table_width,
+                            int64_t block_size, const int32_t* lengths,
+                            const AttentionRowsShape& shape, CudaState& state, CUstream_st* stream);
+
+// Rows of row_bytes bytes between a contiguous (n, row) buffer and a pool of rows: scatter writes
+// rows[i] to pool[slots[i]], gather reads pool[slots[i]] into rows[i]. Slots must be distinct for
+// the scatter and inside the pool (not checked on the device); the scatter skips a negative slot.
+void kv_rows_scatter(void* pool, const void* rows, const int32_t* slots, int64_t n,
+                     size_t row_bytes, CUstream_st* stream);
+void kv_rows_gather(void* rows, const void* pool, const int32_t* slots, int64_t n, size_t row_bytes,
+                    CUstream_st* stream);
+
 // Null when this build has cuDNN attention; otherwise a sentence naming what was missing when it
 // was built (the cuDNN frontend headers, libcudnn) and how to get it.
 const char* attention_unavailable_reason();

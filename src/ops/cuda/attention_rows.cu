@@ -132,11 +132,13 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 // [lo + s C, min(lo + (s + 1) C, p + 1)) of that row (C the chunk, a multiple of kTile; split s
 // exists for the row when s < n_b = ceil((p - lo + 1) / C)). Each K and V element it reads serves
 // all G heads. It walks its keys in tiles of kTile rows: the tile's K and V rows are loaded into
-// shared memory with 16-byte loads, the G x kTile scores are computed from shared memory, and
-// each head keeps an online softmax in f32 (running max m_h, sum l_h of exp(score - m_h),
-// output sum acc_h scaled alike). A row of one split writes out = acc / l and lse = m + log l
-// itself; otherwise the split writes its (m, l, acc) in f32 to the workspace and
-// decode_combine_kernel merges the row's splits in split order:
+// shared memory with 16-byte loads, the G x kTile scores are computed from shared memory (each
+// K row read from shared memory once for all G heads, and each V row once per kHeadChunk heads,
+// so that shared-memory traffic stays below the tile's global reads), and each head keeps an online
+// softmax in f32 (running max m_h, sum l_h of exp(score - m_h), output sum acc_h scaled alike). A
+// row of one split writes out = acc / l and lse = m + log l itself; otherwise the split writes its
+// (m, l, acc) in f32 to the workspace and decode_combine_kernel merges the row's splits in split
+// order:
 //   M = max_s m_s,  L = sum_s l_s exp(m_s - M),  out = sum_s acc_s exp(m_s - M) / L,
 //   lse = M + log L.
 // Every split sees at least one key, so each m_s is finite.
@@ -145,20 +147,31 @@ constexpr int kDecodeThreads = 128;
 constexpr int kLoadBatch = 8;  // 16-byte loads of K (and of V) a thread issues before storing
 constexpr int kKPad = 8;  // bf16 padding of a K row in shared memory (conflict-free 16-byte reads)
 
+constexpr int kHeadChunk = 4;  // heads a thread accumulates at once (registers)
+static_assert(2 * kTile == kDecodeThreads, "the scores take one thread per (half, key)");
+
 struct DecodeSmem {
     // Byte offsets into the dynamic shared memory of one block, and its size.
-    size_t k, v, q, p, acc, stats, bytes;
+    size_t k, v, q, p, pt, acc, stats, red, bytes;
 };
 
+// G rounded up to a multiple of 4: the row of the transposed p (16-byte reads of 4 heads).
+__host__ __device__ inline int decode_heads_padded(int G) {
+    return (G + 3) / 4 * 4;
+}
+
 __host__ __device__ inline DecodeSmem decode_smem(int G, int D) {
+    const int groups = kDecodeThreads / (D / 2), hc = G < kHeadChunk ? G : kHeadChunk;
     DecodeSmem s{};
     s.k = 0;                                      // kTile x (D + kKPad) bf16
     s.v = s.k + size_t(kTile) * (D + kKPad) * 2;  // kTile x D bf16
     s.q = s.v + size_t(kTile) * D * 2;            // G x D f32 (scaled query)
-    s.p = s.q + size_t(G) * D * 4;                // G x kTile f32 (scores, then p)
-    s.acc = s.p + size_t(G) * kTile * 4;          // G x D f32
-    s.stats = s.acc + size_t(G) * D * 4;          // m, l, carry: 3 x G f32
-    s.bytes = s.stats + size_t(3) * G * 4;
+    s.p = s.q + size_t(G) * D * 4;                // 2 x G x kTile f32 (the scores' halves)
+    s.pt = s.p + size_t(2) * G * kTile * 4;       // kTile x Gp f32 (p, key-major)
+    s.acc = s.pt + size_t(kTile) * decode_heads_padded(G) * 4;  // G x D f32
+    s.stats = s.acc + size_t(G) * D * 4;                        // m, l, carry: 3 x G f32
+    s.red = (s.stats + size_t(3) * G * 4 + 15) / 16 * 16;       // groups x hc x D f32 (P V sums)
+    s.bytes = s.red + size_t(groups) * hc * D * 4;
     return s;
 }
 
@@ -172,12 +185,17 @@ __device__ inline void bf16x8_to_float(const uint4& raw, float* f) {
     }
 }
 
+// kPaged: k and v are pools of (N, Bk, Hkv, D) blocks and row b's position t lives in block
+// tables[b * table_width + t / Bk] at offset t % Bk (Tk = table_width * Bk); otherwise k and v are
+// (B, Tk, Hkv, D) and row b's position t is row b * Tk + t. Only the address of a key differs.
+template <bool kPaged>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_split_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ lse,
                         float* __restrict__ ws_m, float* __restrict__ ws_l,
                         float* __restrict__ ws_acc, const __nv_bfloat16* __restrict__ q,
                         const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
-                        const int32_t* __restrict__ lengths, int64_t Tk, int H, int Hkv, int D,
+                        const int32_t* __restrict__ lengths, const int32_t* __restrict__ tables,
+                        int64_t table_width, int block_size, int64_t Tk, int H, int Hkv, int D,
                         int64_t window, float scale, int64_t chunk, int splits) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int s = int(blockIdx.x), g = int(blockIdx.y);
@@ -193,6 +211,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     float* m_s = reinterpret_cast<float*>(smem + L.stats);
     float* l_s = m_s + G;
     float* carry_s = l_s + G;
+    auto* red_s = reinterpret_cast<float*>(smem + L.red);
+    auto* pt_s = reinterpret_cast<float*>(smem + L.pt);
+    const int Gp = decode_heads_padded(G);
 
     const int64_t len = int64_t(lengths[b]);
     if (len < 1 || len > Tk) {  // a caller bug the host cannot see without a synchronization
@@ -219,8 +240,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
     const int vecs = D / 8;  // 16-byte vectors per K or V row
     const int64_t row_stride = int64_t(Hkv) * D;
-    const __nv_bfloat16* kb = k + (b * Tk * Hkv + g) * D;
-    const __nv_bfloat16* vb = v + (b * Tk * Hkv + g) * D;
+    const __nv_bfloat16* kb = k + int64_t(g) * D;
+    const __nv_bfloat16* vb = v + int64_t(g) * D;
+    const int32_t* table = kPaged ? tables + b * table_width : nullptr;
     for (int64_t t0 = k0; t0 < k1; t0 += kTile) {
         const int n = int(k1 - t0 < kTile ? k1 - t0 : kTile);
         __syncthreads();  // the previous tile's K, V and p are consumed (and q_s, acc_s written)
@@ -231,7 +253,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
             for (int u = 0; u < kLoadBatch; ++u) {
                 const int i = base + u * kDecodeThreads + tid;
                 if (i < n * vecs) {
-                    const int64_t off = (t0 + i / vecs) * row_stride + (i % vecs) * 8;
+                    const int64_t t = t0 + i / vecs;
+                    const int64_t at =
+                        kPaged ? int64_t(table[t / block_size]) * block_size + t % block_size
+                               : b * Tk + t;
+                    const int64_t off = at * row_stride + (i % vecs) * 8;
                     kr[u] = __ldg(reinterpret_cast<const uint4*>(kb + off));
                     vr[u] = __ldg(reinterpret_cast<const uint4*>(vb + off));
                 }
@@ -247,35 +273,54 @@ __global__ void __launch_bounds__(kDecodeThreads)
             }
         }
         __syncthreads();
-        // Scores: thread pair (h, j) with the lanes of a warp on consecutive keys.
-        for (int i = tid; i < G * kTile; i += kDecodeThreads) {
-            const int h = i / kTile, j = i % kTile;
-            float dot = -INFINITY;
-            if (j < n) {
-                dot = 0.0f;
-                const __nv_bfloat16* kr = k_s + j * (D + kKPad);
-                const float* qr = q_s + h * D;
-                for (int c = 0; c < vecs; ++c) {
+        // Scores: thread (half, j) = (tid / kTile, tid % kTile) reads key j's half of the 16-byte
+        // columns from shared memory once and dots it with every head's query (the lanes of a
+        // warp on consecutive keys, so their 16-byte K reads are conflict-free, and on one query
+        // column, which shared memory broadcasts). The halves' partial sums go to p_s (half 0)
+        // and p_s + G kTile (half 1); the softmax adds them. Past n: -inf + 0.
+        {
+            const int j = tid % kTile, half = tid / kTile;
+            const int c_mid = (vecs + 1) / 2;
+            const int c0 = half == 0 ? 0 : c_mid, c1 = half == 0 ? c_mid : vecs;
+            float* part = p_s + half * G * kTile;
+            const __nv_bfloat16* kr = k_s + j * (D + kKPad);
+            for (int h0 = 0; h0 < G; h0 += kHeadChunk) {
+                float dot[kHeadChunk];
+#pragma unroll
+                for (int hh = 0; hh < kHeadChunk; ++hh) dot[hh] = 0.0f;
+                for (int c = c0; j < n && c < c1; ++c) {
                     float kf[8];
                     bf16x8_to_float(*reinterpret_cast<const uint4*>(kr + c * 8), kf);
-                    const float4 qa = *reinterpret_cast<const float4*>(qr + c * 8);
-                    const float4 qb = *reinterpret_cast<const float4*>(qr + c * 8 + 4);
-                    dot += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
-                           qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+#pragma unroll
+                    for (int hh = 0; hh < kHeadChunk; ++hh) {
+                        if (h0 + hh < G) {
+                            const float* qr = q_s + (h0 + hh) * D + c * 8;
+                            const float4 qa = *reinterpret_cast<const float4*>(qr);
+                            const float4 qb = *reinterpret_cast<const float4*>(qr + 4);
+                            dot[hh] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
+                                       qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                        }
+                    }
+                }
+#pragma unroll
+                for (int hh = 0; hh < kHeadChunk; ++hh) {
+                    if (h0 + hh < G)
+                        part[(h0 + hh) * kTile + j] =
+                            j < n ? dot[hh] : (half == 0 ? -INFINITY : 0.0f);
                 }
             }
-            p_s[h * kTile + j] = dot;
         }
         __syncthreads();
         // Online softmax per head: warp w takes heads w, w + 4, ...
         for (int h = warp; h < G; h += kDecodeThreads / kWarpSize) {
             float* ph = p_s + h * kTile;
-            const float a = ph[lane], c = ph[lane + kWarpSize];
+            const float* ph2 = p_s + (G + h) * kTile;
+            const float a = ph[lane] + ph2[lane], c = ph[lane + kWarpSize] + ph2[lane + kWarpSize];
             const float m_old = m_s[h];
             const float m_new = fmaxf(m_old, warp_max(fmaxf(a, c)));
             const float ea = expf(a - m_new), ec = expf(c - m_new);  // exp(-inf) = 0 past n
-            ph[lane] = ea;
-            ph[lane + kWarpSize] = ec;
+            pt_s[lane * Gp + h] = ea;
+            pt_s[(lane + kWarpSize) * Gp + h] = ec;
             const float sum = warp_sum(ea + ec);
             if (lane == 0) {
                 const float carry = expf(m_old - m_new);  // 0 for the first tile
@@ -285,23 +330,61 @@ __global__ void __launch_bounds__(kDecodeThreads)
             }
         }
         __syncthreads();
-        // acc[h, d..d+3] = acc * carry_h + sum_j p[h, j] v[j, d..d+3]
-        for (int i = tid; i < G * D / 4; i += kDecodeThreads) {
-            const int h = (i * 4) / D, d = (i * 4) % D;
-            const float carry = carry_s[h];
-            float4 a = *reinterpret_cast<float4*>(acc_s + h * D + d);
-            a.x *= carry, a.y *= carry, a.z *= carry, a.w *= carry;
-            const float* ph = p_s + h * kTile;
-            for (int j = 0; j < n; ++j) {
-                const float pj = ph[j];
-                const uint2 raw = *reinterpret_cast<const uint2*>(v_s + j * D + d);
-                const float2 x =
-                    __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-                const float2 y =
-                    __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-                a.x += pj * x.x, a.y += pj * x.y, a.z += pj * y.x, a.w += pj * y.y;
+        // acc[h, :] = acc * carry_h + sum_j p[h, j] v[j, :]. Thread (kg, dp) = (tid / (D / 2),
+        // tid % (D / 2)) takes dims 2 dp, 2 dp + 1 of keys kg, kg + groups, ... for up to
+        // kHeadChunk heads at once (V read from shared memory once per key; p key-major, 4 heads
+        // per broadcast 16-byte read); the key groups' sums meet in red and are added in group
+        // order (no atomics: the same bits every run).
+        {
+            const int pairs = D / 2, groups = kDecodeThreads / pairs;
+            const int hc = G < kHeadChunk ? G : kHeadChunk;
+            const int dp = tid % pairs, kg = tid / pairs;
+            for (int h0 = 0; h0 < G; h0 += kHeadChunk) {
+                const int hn = G - h0 < kHeadChunk ? G - h0 : kHeadChunk;
+                if (kg < groups) {
+                    float a0[kHeadChunk], a1[kHeadChunk];
+#pragma unroll
+                    for (int hh = 0; hh < kHeadChunk; ++hh) a0[hh] = a1[hh] = 0.0f;
+                    for (int j = kg; j < n; j += groups) {
+                        const float2 x = __bfloat1622float2(
+                            *reinterpret_cast<const __nv_bfloat162*>(v_s + j * D + 2 * dp));
+                        float pj[kHeadChunk];
+#pragma unroll
+                        for (int q4 = 0; q4 < kHeadChunk / 4; ++q4) {
+                            if (4 * q4 < hn) {
+                                const float4 p4 =
+                                    *reinterpret_cast<const float4*>(pt_s + j * Gp + h0 + 4 * q4);
+                                pj[4 * q4] = p4.x;
+                                pj[4 * q4 + 1] = p4.y;
+                                pj[4 * q4 + 2] = p4.z;
+                                pj[4 * q4 + 3] = p4.w;
+                            }
+                        }
+#pragma unroll
+                        for (int hh = 0; hh < kHeadChunk; ++hh) {
+                            if (hh < hn) {
+                                a0[hh] += pj[hh] * x.x;
+                                a1[hh] += pj[hh] * x.y;
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int hh = 0; hh < kHeadChunk; ++hh) {
+                        if (hh < hn) {
+                            *reinterpret_cast<float2*>(red_s + (kg * hc + hh) * D + 2 * dp) =
+                                make_float2(a0[hh], a1[hh]);
+                        }
+                    }
+                }
+                __syncthreads();
+                for (int i = tid; i < hn * D; i += kDecodeThreads) {
+                    const int hh = i / D, d = i % D, h = h0 + hh;
+                    float sum = 0.0f;
+                    for (int k2 = 0; k2 < groups; ++k2) sum += red_s[(k2 * hc + hh) * D + d];
+                    acc_s[h * D + d] = acc_s[h * D + d] * carry_s[h] + sum;
+                }
+                __syncthreads();  // red_s is rewritten by the next chunk of heads
             }
-            *reinterpret_cast<float4*>(acc_s + h * D + d) = a;
         }
     }
     __syncthreads();
@@ -409,14 +492,17 @@ bool decode_split_takes(const bf16* k, const bf16* v, const AttentionRowsShape& 
     return decode_smem(int(s.H / s.Hkv), int(s.D)).bytes <= size_t(optin);
 }
 
+// tables null: the contiguous cache; otherwise the paged pools (decode_split_kernel<true>).
 void decode_split(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                  const int32_t* lengths, const AttentionRowsShape& s, CudaState& state,
+                  const int32_t* lengths, const int32_t* tables, int64_t table_width,
+                  int64_t block_size, const AttentionRowsShape& s, CudaState& state,
                   CUstream_st* stream) {
     const DecodePlan plan = decode_plan(s, sm_count(state));
     const size_t smem = decode_smem(int(s.H / s.Hkv), int(s.D)).bytes;
+    auto* kernel = tables != nullptr ? decode_split_kernel<true> : decode_split_kernel<false>;
     if (smem > 48 * 1024)
-        LATHE_CUDA_CHECK(cudaFuncSetAttribute(
-            decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        LATHE_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     float* ws = plan.workspace_bytes > 0
                     ? static_cast<float*>(state.scratch(plan.workspace_bytes, "attention_decode"))
                     : nullptr;
@@ -426,10 +512,11 @@ void decode_split(bf16* out, float* lse, const bf16* q, const bf16* k, const bf1
     float* ws_acc = ws != nullptr ? ws + 2 * parts : nullptr;
     auto* o = reinterpret_cast<__nv_bfloat16*>(out);
     const dim3 grid(unsigned(plan.splits), unsigned(s.Hkv), unsigned(s.B));
-    decode_split_kernel<<<grid, kDecodeThreads, smem, stream>>>(
+    kernel<<<grid, kDecodeThreads, smem, stream>>>(
         o, lse, ws_m, ws_l, ws_acc, reinterpret_cast<const __nv_bfloat16*>(q),
         reinterpret_cast<const __nv_bfloat16*>(k), reinterpret_cast<const __nv_bfloat16*>(v),
-        lengths, s.Tk, int(s.H), int(s.Hkv), int(s.D), s.window, s.scale, plan.chunk, plan.splits);
+        lengths, tables, table_width, int(block_size), s.Tk, int(s.H), int(s.Hkv), int(s.D),
+        s.window, s.scale, plan.chunk, plan.splits);
     LATHE_CUDA_CHECK_LAUNCH();
     if (plan.splits == 1) return;
     decode_combine_kernel<<<unsigned(s.B * s.H), kDecodeThreads, 0, stream>>>(
@@ -460,7 +547,7 @@ void attention_forward_rows(bf16* out, float* lse, const bf16* q, const bf16* k,
                     "{}: q_offset {} with Tq = {}, Tk = {}", kOp, s.q_offset, s.Tq, s.Tk);
     }
     if (lengths != nullptr && decode_split_takes(k, v, s, state)) {
-        decode_split(out, lse, q, k, v, lengths, s, state, stream);
+        decode_split(out, lse, q, k, v, lengths, nullptr, 0, 0, s, state, stream);
         return;
     }
     const dim3 grid(unsigned(s.B * s.Tq), unsigned(s.H));
@@ -469,6 +556,80 @@ void attention_forward_rows(bf16* out, float* lse, const bf16* q, const bf16* k,
         reinterpret_cast<const __nv_bfloat16*>(k), reinterpret_cast<const __nv_bfloat16*>(v), docs,
         lengths, s.Tq, s.Tk, s.q_offset, int(s.H), int(s.Hkv), int(s.D), s.window, s.scale);
     LATHE_CUDA_CHECK_LAUNCH();
+}
+
+void attention_decode_paged(bf16* out, float* lse, const bf16* q, const bf16* k_pool,
+                            const bf16* v_pool, const int32_t* tables, int64_t table_width,
+                            int64_t block_size, const int32_t* lengths, const AttentionRowsShape& s,
+                            CudaState& state, CUstream_st* stream) {
+    constexpr const char* kOp = "attention_decode_paged";
+    LATHE_CHECK(stream == state.stream(), "{}: not on the CudaState's stream", kOp);
+    LATHE_CHECK(s.B > 0 && s.Tq == 1 && s.H > 0 && s.Hkv > 0 && s.H % s.Hkv == 0 && s.D > 0 &&
+                    table_width > 0 && block_size > 0 && s.Tk == table_width * block_size,
+                "{}: B={} Tq={} Tk={} H={} Hkv={} D={} table width {} block {}", kOp, s.B, s.Tq,
+                s.Tk, s.H, s.Hkv, s.D, table_width, block_size);
+    LATHE_CHECK(block_size <= (int64_t(1) << 30), "{}: block size {}", kOp, block_size);
+    LATHE_CHECK(s.window >= 0, "{}: window {} (0 means none)", kOp, s.window);
+    // The paged cache has the split path only: 16-byte K/V rows (D % 8 == 0) and a block's
+    // shared memory within the device's limit.
+    LATHE_CHECK(decode_split_takes(k_pool, v_pool, s, state),
+                "{}: head dim D = {} with H / Hkv = {}: the paged decode kernel takes D % 8 == 0, "
+                "16-byte aligned pools and its shared memory within the device's; use the row "
+                "cache (kv_block_size 0)",
+                kOp, s.D, s.H / s.Hkv);
+    decode_split(out, lse, q, k_pool, v_pool, lengths, tables, table_width, block_size, s, state,
+                 stream);
+}
+
+namespace {
+
+// Row i of `rows` <-> row idx[i] of `pool`, in units U (16 bytes when the row's bytes allow).
+template <typename U, bool kScatter>
+__global__ void kv_rows_copy_kernel(U* __restrict__ dst, const U* __restrict__ src,
+                                    const int32_t* __restrict__ idx, int64_t n, int units) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n * units) return;
+    const int64_t r = i / units, u = i % units;
+    if (kScatter && idx[r] < 0) return;  // a padding row of a CUDA-graph bucket
+    const int64_t at = int64_t(idx[r]) * units + u;
+    if (kScatter)
+        dst[at] = src[r * units + u];
+    else
+        dst[r * units + u] = src[at];
+}
+
+template <bool kScatter>
+void kv_rows_copy(void* dst, const void* src, const int32_t* idx, int64_t n, size_t row_bytes,
+                  CUstream_st* stream) {
+    if (n == 0) return;
+    constexpr int kThreads = 256;
+    const bool wide = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(src) % 16 == 0;
+    if (wide) {
+        const int units = int(row_bytes / 16);
+        const unsigned blocks = unsigned((n * units + kThreads - 1) / kThreads);
+        kv_rows_copy_kernel<uint4, kScatter><<<blocks, kThreads, 0, stream>>>(
+            static_cast<uint4*>(dst), static_cast<const uint4*>(src), idx, n, units);
+    } else {
+        const int units = int(row_bytes);
+        const unsigned blocks = unsigned((n * units + kThreads - 1) / kThreads);
+        kv_rows_copy_kernel<unsigned char, kScatter><<<blocks, kThreads, 0, stream>>>(
+            static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), idx, n,
+            units);
+    }
+    LATHE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void kv_rows_scatter(void* pool, const void* rows, const int32_t* slots, int64_t n,
+                     size_t row_bytes, CUstream_st* stream) {
+    kv_rows_copy<true>(pool, rows, slots, n, row_bytes, stream);
+}
+
+void kv_rows_gather(void* rows, const void* pool, const int32_t* slots, int64_t n, size_t row_bytes,
+                    CUstream_st* stream) {
+    kv_rows_copy<false>(rows, pool, slots, n, row_bytes, stream);
 }
 
 }  // namespace lathe::cuda

@@ -645,6 +645,120 @@ void check_decode_rows(const DecodeCase& c, uint64_t seed) {
         << "lse run to run";
 }
 
+// The paged decode step (attention_decode_paged) against the CPU's: the rows' blocks scattered
+// through the pool in a shuffled order, pool blocks no row holds NaN (a key read through a wrong
+// table entry, or past a row's length, shows), block sizes that do and do not divide the lengths
+// and the split-K tile (64 keys). The GPU runs the split-K kernel of the contiguous decode with
+// only the key addresses taken through the table, so the bound is check_decode_rows': kBf16Sum
+// for out (one bf16 rounding of an f32 value within 1e-5 of the reference), kF32Sum for lse.
+struct PagedCase {
+    int64_t H, Hkv, D, Bk, window;
+    std::vector<int32_t> lengths;
+};
+
+void check_decode_paged(const PagedCase& c, uint64_t seed) {
+    const int64_t B = int64_t(c.lengths.size()), H = c.H, Hkv = c.Hkv, D = c.D, Bk = c.Bk;
+    const int64_t longest = *std::max_element(c.lengths.begin(), c.lengths.end());
+    const int64_t M = (longest + Bk - 1) / Bk, row = Hkv * D;
+    int64_t held = 0;
+    for (int32_t n : c.lengths) held += (n + Bk - 1) / Bk;
+    const int64_t N = held + 3;  // three blocks nobody holds
+    SCOPED_TRACE(fmt::format("paged decode B={} H={} Hkv={} D={} Bk={} window={} M={} N={}", B, H,
+                             Hkv, D, Bk, c.window, M, N));
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(seed);
+    const float scale = 1.0f / std::sqrt(float(D));
+    const HostTensor q = random_bf16_values(rng, {B, 1, H, D}, -2.0f, 2.0f);
+    // Block ids handed out in a shuffled order (Fisher-Yates on the rng).
+    std::vector<int32_t> ids(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) ids[size_t(i)] = int32_t(i);
+    for (int64_t i = N - 1; i > 0; --i) std::swap(ids[size_t(i)], ids[size_t(rng.integer(0, i))]);
+    HostTensor tables(DType::kI32, {B, M});
+    std::fill_n(tables.as<int32_t>(), B * M, 0);
+    HostTensor kp(DType::kF32, {N, Bk, Hkv, D}), vp(DType::kF32, {N, Bk, Hkv, D});
+    std::fill_n(kp.as<float>(), kp.numel(), NAN);
+    std::fill_n(vp.as<float>(), vp.numel(), NAN);
+    size_t next = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        for (int64_t i = 0; i < (c.lengths[size_t(b)] + Bk - 1) / Bk; ++i)
+            tables.as<int32_t>()[b * M + i] = ids[next++];
+        for (int64_t j = 0; j < c.lengths[size_t(b)]; ++j) {
+            const int64_t at = (tables.as<int32_t>()[b * M + j / Bk] * Bk + j % Bk) * row;
+            for (int64_t e = 0; e < row; ++e) {
+                kp.as<float>()[at + e] = rng.uniform(-2.0f, 2.0f);
+                vp.as<float>()[at + e] = rng.uniform(-1.0f, 1.0f);
+            }
+        }
+    }
+    kp = round_to_bf16(kp);
+    vp = round_to_bf16(vp);
+    HostTensor lengths(DType::kI32, {B});
+    std::copy(c.lengths.begin(), c.lengths.end(), lengths.as<int32_t>());
+
+    HostTensor out_ref(DType::kF32, q.shape()), lse_ref(DType::kF32, {B, H, 1});
+    attention_decode_paged(out_ref.view(), lse_ref.view(), q.view(), kp.view(), vp.view(),
+                           tables.view(), lengths.view(), c.window, scale, cpu);
+    DeviceTensor gq = upload(q, DType::kBF16, state), gk = upload(kp, DType::kBF16, state);
+    DeviceTensor gv = upload(vp, DType::kBF16, state), glen = upload(lengths, DType::kI32, state);
+    DeviceTensor gt = upload(tables, DType::kI32, state);
+    DeviceTensor out = device_tensor(DType::kBF16, q.shape(), state);
+    DeviceTensor lse = device_tensor(DType::kF32, {B, H, 1}, state);
+    attention_decode_paged(out.view, lse.view, gq.view, gk.view, gv.view, gt.view, glen.view,
+                           c.window, scale, gpu);
+    const HostTensor out_got = download_f32(out.view, state);
+    const HostTensor lse_got = download_f32(lse.view, state);
+    for (int64_t b = 0; b < B; ++b) {
+        SCOPED_TRACE(fmt::format("row {} of length {}", b, c.lengths[size_t(b)]));
+        auto part = [](const HostTensor& t, int64_t b, int64_t n) {
+            HostTensor r(DType::kF32, {n});
+            std::copy_n(t.as<float>() + b * n, n, r.as<float>());
+            return r;
+        };
+        EXPECT_TRUE(matches(part(out_got, b, H * D), part(out_ref, b, H * D), kBf16Sum)) << "out";
+        EXPECT_TRUE(matches(part(lse_got, b, H), part(lse_ref, b, H), kF32Sum)) << "lse";
+    }
+}
+
+TEST(CudaAttentionDecodePaged, Llama8BHeadsBlocksOf16MatchCpu) {
+    check_decode_paged({32, 8, 128, 16, 0, {1, 15, 16, 17, 300, 1000, 4097}}, 120);
+}
+
+TEST(CudaAttentionDecodePaged, BlocksOf5AndOf64D64MatchCpu) {
+    check_decode_paged({32, 8, 64, 5, 0, {1, 4, 5, 6, 77, 128, 2049}}, 121);
+    check_decode_paged({4, 4, 64, 64, 0, {1, 63, 64, 65, 300}}, 122);
+}
+
+TEST(CudaAttentionDecodePaged, WindowMatchesCpu) {
+    check_decode_paged({32, 8, 128, 32, 100, {1, 99, 100, 101, 1000}}, 123);
+}
+
+// kv_rows_scatter on the GPU writes the same bits as on the CPU (a copy), and kv_rows_gather
+// reads them back; rows of 16-byte multiples (the vector path) and of 12 bytes (the byte path).
+TEST(CudaKvRows, ScatterAndGatherEqualTheCpu) {
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(124);
+    for (int64_t D : {int64_t(64), int64_t(3)}) {
+        SCOPED_TRACE(fmt::format("D={}", D));
+        const int64_t N = 4, Bk = 8, Hkv = 2;
+        HostTensor pool = random_bf16_values(rng, {N, Bk, Hkv, D});
+        const HostTensor rows = random_bf16_values(rng, {5, 1, Hkv, D});
+        HostTensor slots(DType::kI32, {5});
+        const int32_t s[5] = {31, 0, 9, 17, 8};
+        std::copy_n(s, 5, slots.as<int32_t>());
+        DeviceTensor gpool = upload(pool, DType::kBF16, state);
+        DeviceTensor grows = upload(rows, DType::kBF16, state);
+        DeviceTensor gslots = upload(slots, DType::kI32, state);
+        kv_rows_scatter(pool.view(), rows.view(), slots.view(), cpu);
+        kv_rows_scatter(gpool.view, grows.view, gslots.view, gpu);
+        EXPECT_TRUE(bitwise_equal(download_f32(gpool.view, state), pool)) << "scatter";
+        DeviceTensor back = device_tensor(DType::kBF16, rows.shape(), state);
+        kv_rows_gather(back.view, gpool.view, gslots.view, gpu);
+        EXPECT_TRUE(bitwise_equal(download_f32(back.view, state), rows)) << "gather";
+    }
+}
+
 const std::vector<int32_t> kDecodeLengths = {1, 7, 128, 1000, 4097, 31000};
 
 TEST(CudaAttentionDecode, SplitKLlama8BHeadsLengthsTo31000) {

@@ -28,6 +28,20 @@ void cuda::attention_forward_rows(bf16*, float*, const bf16*, const bf16*, const
     detail::no_cuda("cuda::attention_forward_rows");
 }
 
+void cuda::attention_decode_paged(bf16*, float*, const bf16*, const bf16*, const bf16*,
+                                  const int32_t*, int64_t, int64_t, const int32_t*,
+                                  const AttentionRowsShape&, CudaState&, CUstream_st*) {
+    detail::no_cuda("cuda::attention_decode_paged");
+}
+
+void cuda::kv_rows_scatter(void*, const void*, const int32_t*, int64_t, size_t, CUstream_st*) {
+    detail::no_cuda("cuda::kv_rows_scatter");
+}
+
+void cuda::kv_rows_gather(void*, const void*, const int32_t*, int64_t, size_t, CUstream_st*) {
+    detail::no_cuda("cuda::kv_rows_gather");
+}
+
 size_t cuda::attention_prepare(CudaState&, const AttentionShape&) {
     detail::no_cuda("cuda::attention_prepare");
 }
