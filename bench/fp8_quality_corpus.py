@@ -15,20 +15,30 @@ import random
 import sys
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def source_arguments(description):
+    """The command line both corpus scripts share: OUT, --gcide, --pubmedqa, --seed."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("out")
     ap.add_argument("--gcide", default="/usr/share/dictd/gcide.dict.dz")
     ap.add_argument("--pubmedqa", default="../shared/corpora/pubmedqa_ori_pqal.json")
     ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args()
+    return ap
+
+
+def read_sources(a, who):
+    """GCIDE's text and PubMedQA's records, or exit naming the file that could not be read."""
     try:
         with gzip.open(a.gcide, "rb") as f:
             gcide = f.read().decode("utf-8", "replace")
         with open(a.pubmedqa, encoding="utf-8") as f:
-            pubmed = json.load(f)
+            return gcide, json.load(f)
     except OSError as e:
-        sys.exit(f"fp8_quality_corpus: error: {e}")
+        sys.exit(f"{who}: error: {e}")
+
+
+def main():
+    a = source_arguments(__doc__.split("\n\n")[0]).parse_args()
+    gcide, pubmed = read_sources(a, "fp8_quality_corpus")
     docs = [b for b in gcide.split("\n\n") if b.strip()]
     for entry in pubmed.values():
         text = entry["QUESTION"] + "\n" + " ".join(entry["CONTEXTS"]) + "\n" + entry.get("LONG_ANSWER", "")

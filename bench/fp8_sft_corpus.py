@@ -12,13 +12,14 @@ Written as JSON Lines for `lathe prepare --format alpaca`.
     python3 bench/fp8_sft_corpus.py OUT.jsonl [--gcide /usr/share/dictd/gcide.dict.dz]
         [--pubmedqa ../shared/corpora/pubmedqa_ori_pqal.json] [--gcide-records 20000] [--seed 0]
 """
-import argparse
-import gzip
 import json
 import os
 import random
 import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fp8_quality_corpus import read_sources, source_arguments  # noqa: E402
 
 HEADWORD = re.compile(r"^([A-Za-z][^\\\n]{0,40}?) \\[^\\\n]*\\,?(.*)$")
 
@@ -42,20 +43,10 @@ def gcide_records(text, limit, rng):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out")
-    ap.add_argument("--gcide", default="/usr/share/dictd/gcide.dict.dz")
-    ap.add_argument("--pubmedqa", default="../shared/corpora/pubmedqa_ori_pqal.json")
+    ap = source_arguments(__doc__.split("\n\n")[0])
     ap.add_argument("--gcide-records", type=int, default=20000)
-    ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    try:
-        with gzip.open(a.gcide, "rb") as f:
-            gcide = f.read().decode("utf-8", "replace")
-        with open(a.pubmedqa, encoding="utf-8") as f:
-            pubmed = json.load(f)
-    except OSError as e:
-        sys.exit(f"fp8_sft_corpus: error: {e}")
+    gcide, pubmed = read_sources(a, "fp8_sft_corpus")
     rng = random.Random(a.seed)
     records = gcide_records(gcide, a.gcide_records, rng)
     for entry in pubmed.values():
