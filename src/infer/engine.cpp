@@ -72,6 +72,14 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
                 "== 0 (this model's head_dim is {}): use the row cache (kv_block_size 0)",
                 c.head_dim);
         }
+        // The paged decode kernel's value pass gives each head D / 2 lanes of a 128-thread
+        // group (ops/cuda/attention_rows.cu): beyond 256 no lane would accumulate.
+        if (cuda && c.head_dim > 256) {
+            return invalid_argument_error(
+                "inference: the CUDA paged KV cache's decode attention takes head_dim <= 256 (this "
+                "model's head_dim is {})",
+                c.head_dim);
+        }
         PagedKvShape ps;
         ps.layers = c.num_layers;
         ps.block_size = lim.kv_block_size;
