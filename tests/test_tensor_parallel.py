@@ -18,10 +18,14 @@ runs. The contract checked here:
     another ZeRO stage, and at another parallel.tensor (1 -> 2, 2 -> 1, 2 -> 4: converted): the
     losses of a run never stopped; an offloaded optimizer refuses another layout naming both;
   - a T that does not divide the heads, the key/value heads, the MLP width or the ranks, and the
-    GPT-2 family, are refused with `lathe: error:` naming parallel.tensor.
+    GPT-2 family, are refused with `lathe: error:` naming parallel.tensor;
+  - SIGTERM to one rank of a tensor group stops every rank after the same step, with a checkpoint
+    (the stop request travels with the tensor group's norm gather).
 On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs TP = 2 against one GPU.
 """
+import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -32,8 +36,10 @@ from safetensors.numpy import load_file
 from conftest import NEEDS_CUDA
 from corpus import write_gcide_jsonl
 from lathe_cli import LATHE, run, tokenize_corpus
+from lathe_cli import wait_for_step
 from test_data_parallel import (assert_metrics_close, gpu_count, metric_lines, mpi_env,
-                                needs_mpirun, run_ranks, train_args)
+                                mpirun_args, needs_mpirun, rank_pids, run_ranks, stop_job,
+                                train_args)
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_RTOL = 1e-5
@@ -192,6 +198,31 @@ def test_a_checkpoint_resumes_at_any_tensor_size(corpus, runs, tmp_path, before,
     assert ("converting the optimizer state" in p.stderr) == (before != after), p.stderr
     assert_metrics_close(metric_lines(resumed), metric_lines(runs("llama", 1, 1)), CPU_RTOL,
                          f"TP {before} -> {after}")
+
+
+@needs_mpirun
+def test_sigterm_to_one_rank_of_a_tensor_group_stops_the_whole_group(corpus, tmp_path):
+    # Pure tensor parallel (TP 2, DP 1): rank 1 alone gets SIGTERM. Both ranks must stop after
+    # the same step and publish its checkpoint; a stop agreed inside the data-parallel group alone
+    # would leave rank 0 waiting in the next step's tensor-parallel sum until the timeout.
+    run_dir = tmp_path / "stop"
+    args = train_args(corpus / "llama.yaml", run_dir, "parallel.tensor=2", "train.steps=100000",
+                      "checkpoint.interval=100000", "train.eval_interval=100000")
+    p = subprocess.Popen(mpirun_args(2, args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=mpi_env())
+    try:
+        wait_for_step(run_dir, 3, p)
+        pids = rank_pids(p.pid)
+        assert sorted(pids) == [0, 1], pids
+        os.kill(pids[1], signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        stop_job(p)
+    assert p.returncode != 0 and "stopped by" in err, (p.returncode, err)
+    steps = sorted(d.name for d in (run_dir / "checkpoints").glob("step-*"))
+    assert len(steps) == 1, steps
+    last = metric_lines(run_dir)[-1]["step"]
+    assert steps[0] == f"step-{last:08d}", (steps, last)
 
 
 @needs_mpirun

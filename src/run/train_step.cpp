@@ -54,22 +54,28 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next,
     // Data parallel: this rank's part of the norm (a sum of squares), combined once every rank's
     // is gathered.
     double part = dp_ != nullptr ? dp_->local_grad_sum_of_squares() : 0.0;
+    out.stop_request = stop_request ? stop_request() : 0;
     if (tp_ != nullptr && tp_->size() > 1) {
         // Tensor parallel: the shards of the group (its replicated entries counted by tensor
-        // rank 0 alone, DataParallel::exclude_from_norm), summed in rank order.
-        std::vector<double> parts(size_t(tp_->size()));
+        // rank 0 alone, DataParallel::exclude_from_norm), summed in rank order; the stop request
+        // travels with them, so that the group's largest goes into the data-parallel gather below
+        // and every rank of the world stops after the same step.
+        const double mine[2] = {part, double(out.stop_request)};
+        std::vector<double> parts(size_t(2 * tp_->size()));
         LATHE_RETURN_IF_ERROR(
-            all_gather_bytes(*tp_, std::as_bytes(std::span<const double>(&part, 1)),
+            all_gather_bytes(*tp_, std::as_bytes(std::span<const double>(mine, 2)),
                              std::as_writable_bytes(std::span<double>(parts)), dp_->stream())
                 .with_context("gathering the tensor-parallel gradient norm"));
         part = 0.0;
-        for (const double p : parts) part += p;
+        for (size_t r = 0; r < size_t(tp_->size()); ++r) {
+            part += parts[2 * r];
+            out.stop_request = std::max(out.stop_request, int(parts[2 * r + 1]));
+        }
     }
     if (dp_ == nullptr) out.norm = model_.grad_norm();
     read_losses(K);
     // Delayed fp8 scaling: the step's amaxes, read back now that the GPU has caught up.
     model_.fp8_end_step();
-    out.stop_request = stop_request ? stop_request() : 0;
     double sum = 0.0;
     if (dp_ == nullptr) {
         for (const float l : losses_) sum += l;
