@@ -1067,7 +1067,10 @@ Status Trainer::run() {
         "parameters, "
         "{} threads",
         st_.step, s_.steps, s_.tokens_per_step(), s_.micro_batch, s_.seq_len, s_.grad_accum,
-        multi() ? fmt::format(" x {} ranks", world_.size()) : std::string(),
+        multi() ? (tp() > 1 ? fmt::format(" x {} data-parallel ranks, each a group of {}",
+                                          dp_size(), tp())
+                            : fmt::format(" x {} ranks", world_.size()))
+                : std::string(),
         model_->params().num_elements(),
 #ifdef _OPENMP
         omp_get_max_threads()
@@ -1187,7 +1190,7 @@ Status Trainer::log_line(double elapsed_s, int64_t steps_this_session) {
         // joins the gather, whatever its log level).
         const double mine =
             elapsed_s > 0
-                ? double(steps_this_session * s_.global_batch() / world_.size() * s_.seq_len) /
+                ? double(steps_this_session * s_.global_batch() / dp_size() * s_.seq_len) /
                       elapsed_s
                 : 0.0;
         auto guard = watchdog_->arm("the gather of the ranks' tokens/s");
