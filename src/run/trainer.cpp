@@ -1017,6 +1017,11 @@ Status Trainer::evaluate(double& loss_out) {
             fill_batch(*data_.valid(), first, B, T, s_.per_document_attention, buf_));
         // No training step's: with delayed fp8 scaling, the validation batches' amaxes join no
         // step's history (model.h, "FP8 linears"), so eval_interval leaves the training as it is.
+        // The forward's collectives (ZeRO-3's gathers, the tensor-parallel sums) under the
+        // watchdog, as a training step's are: a peer that failed or stopped ends the run within
+        // parallel.timeout_s instead of leaving this rank waiting.
+        auto guard = watchdog_->arm(fmt::format(
+            "validation micro-batch {} (its collectives with the other ranks)", i % n + 1));
         const float loss = model_->eval_forward(batch_views(buf_, B, T));
         LATHE_RETURN_IF_ERROR(tp_error_.with_context("the tensor-parallel sum of a layer"));
         if (i < n) mine[size_t(j)] = loss;
