@@ -625,11 +625,16 @@ Result<std::string> bench_run(const BenchRequest& req) {
         return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
             .count();
     };
-    for (int64_t s = 0; s < total; ++s) {
+    // Step s's batch: the views of one of the random batches, in turn.
+    const auto batch_at = [&](int64_t s) {
         const BatchData& data = batches[size_t(s % int64_t(batches.size()))];
         ModelBatch batch;
         batch.tokens = ConstTensorView(data.tokens.data(), DType::kI32, Shape{B, T});
         batch.targets = ConstTensorView(data.targets.data(), DType::kI32, Shape{B, T});
+        return batch;
+    };
+    for (int64_t s = 0; s < total; ++s) {
+        const ModelBatch batch = batch_at(s);
         const auto t0 = std::chrono::steady_clock::now();
         if (pending.s >= 0) record(pending.s, ms_since(pending.t0), pending.busy_ms);
         if (gpu_begin) gpu_begin->record(model.context().stream);
@@ -680,10 +685,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         std::vector<KernelRecord> records;
         // The steps as the timed ones run them (the loop above), untimed.
         const auto profiled_step = [&](int64_t s) -> Status {
-            const BatchData& data = batches[size_t(s % int64_t(batches.size()))];
-            ModelBatch batch;
-            batch.tokens = ConstTensorView(data.tokens.data(), DType::kI32, Shape{B, T});
-            batch.targets = ConstTensorView(data.targets.data(), DType::kI32, Shape{B, T});
+            const ModelBatch batch = batch_at(s);
             LATHE_ASSIGN_OR_RETURN(
                 last, step->gradients(1, [&](int64_t) -> Result<ModelBatch> { return batch; }));
             LATHE_RETURN_IF_ERROR(step->apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip));
