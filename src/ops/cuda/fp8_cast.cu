@@ -37,6 +37,24 @@ __device__ __forceinline__ unsigned char encode(float v) {
     return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kE4M3 ? __NV_E4M3 : __NV_E5M2);
 }
 
+// Eight bf16 values (one 16-byte load) scaled and encoded to eight E4M3 codes (one 8-byte
+// store), their largest magnitude folded into m.
+template <bool kE4M3>
+__device__ __forceinline__ uint2 encode8(uint4 w, float scale, unsigned& m) {
+    const unsigned words[4] = {w.x, w.y, w.z, w.w};
+    unsigned out[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const unsigned short lo = (unsigned short)(words[k] & 0xFFFFu);
+        const unsigned short hi = (unsigned short)(words[k] >> 16);
+        m = max(m, max(magnitude_bits(lo), magnitude_bits(hi)));
+        const unsigned pair = unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(lo), scale))) |
+                              unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(hi), scale))) << 8;
+        out[k / 2] |= pair << (16 * (k % 2));
+    }
+    return make_uint2(out[0], out[1]);
+}
+
 // The max over the warp, then one atomicMax per warp into *out (order-independent).
 __device__ __forceinline__ void warp_atomic_max(unsigned v, unsigned* out) {
     v = __reduce_max_sync(kFullMask, v);
@@ -86,19 +104,7 @@ __global__ void cast_kernel(const unsigned short* __restrict__ x, int64_t n, boo
         uint2* qv = reinterpret_cast<uint2*>(q);
         for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < n / 8; g += stride) {
             const uint4 w = xv[g];
-            const unsigned words[4] = {w.x, w.y, w.z, w.w};
-            unsigned out[2] = {0, 0};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const unsigned short lo = (unsigned short)(words[k] & 0xFFFFu);
-                const unsigned short hi = (unsigned short)(words[k] >> 16);
-                m = max(m, max(magnitude_bits(lo), magnitude_bits(hi)));
-                const unsigned pair =
-                    unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(lo), scale))) |
-                    unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(hi), scale))) << 8;
-                out[k / 2] |= pair << (16 * (k % 2));
-            }
-            qv[g] = make_uint2(out[0], out[1]);
+            qv[g] = encode8<kE4M3>(w, scale, m);
         }
     } else {
         for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -175,19 +181,7 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t r = r0 + tr, c = c0 + 8 * tg;
         if (r < rows && c < cols) {
             const uint4 w = *reinterpret_cast<const uint4*>(x + r * cols + c);
-            const unsigned words[4] = {w.x, w.y, w.z, w.w};
-            unsigned out[2] = {0, 0};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const unsigned short lo = (unsigned short)(words[k] & 0xFFFFu);
-                const unsigned short hi = (unsigned short)(words[k] >> 16);
-                m = max(m, max(magnitude_bits(lo), magnitude_bits(hi)));
-                const unsigned pair =
-                    unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(lo), scale))) |
-                    unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(hi), scale))) << 8;
-                out[k / 2] |= pair << (16 * (k % 2));
-            }
-            const uint2 codes = make_uint2(out[0], out[1]);
+            const uint2 codes = encode8<kE4M3>(w, scale, m);
             *reinterpret_cast<uint2*>(tile + tr * kVecPitch + 8 * tg) = codes;
             if (q != nullptr) *reinterpret_cast<uint2*>(q + r * cols + c) = codes;
         }
