@@ -248,6 +248,12 @@ def test_bench_offload_steps_the_same_bits():
     assert serial["offload_schedule"] == "serial"
     for key in ("loss_first", "loss_last", "grad_norm_last"):
         assert serial[key] == plain[key], key
+    # accumulation: the offloaded step of 2 micro-batches, the device optimizer's bits
+    accum, _ = bench("--accum", "2")
+    off_accum, _ = bench("--accum", "2", "--offload", "cpu")
+    for key in ("loss_first", "loss_last", "grad_norm_last"):
+        assert off_accum[key] == accum[key], key
+    assert accum["loss_last"] != plain["loss_last"]
     bf16, _ = bench("--offload", "cpu", "--state-dtype", "bf16")
     assert bf16["state_dtype"] == "bf16"
     p = run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32", "--device", "cpu",

@@ -26,7 +26,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
     cmd->footer(
         "Random init, random token batches, W warmup then N timed steps of what `lathe train` "
         "runs per step (forward+backward, grad norm, clip, AdamW), each timed until the device is "
-        "done. JSON: tokens_per_s (B*T / median step), step_ms_median/mean/min/max, mfu "
+        "done. JSON: tokens_per_s (K*B*T / median step, K = --accum), step_ms_median/mean/min/max, "
+        "s_per_it (the median step in seconds), mfu "
         "((6N + 12 L C T) FLOPs per token, N without the input embedding tables, over 989.4 "
         "TFLOP/s on Hopper; null elsewhere), peak_memory_bytes (CUDA: cudaMemGetInfo in use "
         "after each step minus before the bench; CPU: peak resident set), plan_bytes, params. "
@@ -99,6 +100,10 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--cuda-graphs", o->gen.cuda_graphs,
                     "--generate: 1 = replay the paged CUDA decode step from CUDA graphs (with "
                     "--kv-block-size > 0), 0 = launch its kernels one by one")
+        ->capture_default_str();
+    cmd->add_option("--accum", o->req.accum,
+                    "Micro-batches of --batch sequences per step (gradient accumulation, as "
+                    "train.gradient_accumulation_steps)")
         ->capture_default_str();
     cmd->add_option("--steps", o->req.steps, "Timed steps")->capture_default_str();
     cmd->add_option("--warmup", o->req.warmup, "Untimed steps before them")->capture_default_str();
@@ -197,8 +202,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                                                              : BenchDevice::kAuto;
             if (o->generate) {
                 for (const char* training :
-                     {"--batch", "--seq", "--steps", "--warmup", "--recompute", "--zero-stage",
-                      "--precision", "--fp8-recipe", "--fp8-lm-head", "--plan-only",
+                     {"--batch", "--seq", "--accum", "--steps", "--warmup", "--recompute",
+                      "--zero-stage", "--precision", "--fp8-recipe", "--fp8-lm-head", "--plan-only",
                       "--nondeterministic", "--offload", "--state-dtype", "--offload-schedule",
                       "--kernel-breakdown"})
                     if (cmd->count(training) > 0)

@@ -8,9 +8,13 @@
 // (Model::init), batches are random token ids (seeded; each row's targets are its tokens shifted
 // by one). After `warmup` untimed steps, `steps` steps are timed one by one, each ending when
 // the device has finished it (a stream synchronize on CUDA), as torch_baseline.py times its steps.
+// A step is `lathe train`'s optimizer step: --accum K micro-batches of B sequences (forward and
+// backward each), then the norm, clipping and one update.
 //
 // Definitions (the same as ../shared/bench/torch_baseline.py, so the two compare directly):
-//   tokens_per_s     B * T / median step time
+//   tokens_per_s     K * B * T / median step time (K = --accum, micro-batches a step)
+//   s_per_it         the median step time in seconds (a step: K forward+backward passes, the
+//                    gradient norm, one optimizer update)
 //   flops_per_token  6 N + 12 L C T (PaLM's convention), N = the parameters without the input
 //                    embedding tables (token and learned positions), with the LM head: a tied
 //                    model counts its embedding once, as the head
@@ -99,6 +103,7 @@ struct BenchRequest {
     int64_t seq = 0;     // T
     int64_t steps = 10;  // timed steps
     int64_t warmup = 2;  // untimed steps first (cuBLASLt heuristics, caches, lazy loading)
+    int64_t accum = 1;   // K: micro-batches of B sequences per step (gradient accumulation)
     BenchDevice device = BenchDevice::kAuto;
     std::optional<int64_t> vocab_size;       // overrides the config's (e.g. GPT-2 padded to 50304)
     uint64_t seed = 1234;                    // parameters and batches
@@ -125,8 +130,8 @@ struct BenchPreset {
     std::string_view config_json;  // a Hugging Face config.json
 };
 
-// The presets: gpt2-124m, llama-1b, llama3-8b, llama3-8b-8l, llama3-8b-10l, tiny (a Llama-family
-// model of 2 layers), tiny-gpt2.
+// The presets: gpt2-124m, llama-1b, llama3-8b, llama3-8b-8l, llama3-8b-10l, llama2-13b, tiny (a
+// Llama-family model of 2 layers), tiny-gpt2.
 std::span<const BenchPreset> bench_model_presets();
 
 // The ModelConfig of a preset name or config.json path, with `vocab_size` applied. Errors: an
