@@ -157,6 +157,11 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "(optimizer.offload_schedule)")
         ->capture_default_str()
         ->check(CLI::IsMember({"overlapped", "serial"}));
+    cmd->add_option("--offload-fraction", o->req.offload_fraction,
+                    "With --offload cpu: the fraction of the parameters offloaded, in (0, 1] "
+                    "(optimizer.offload_fraction): the last layers and the LM head first; the "
+                    "rest keeps its masters and moments on the device")
+        ->capture_default_str();
     cmd->add_option("--state-dtype", o->state_dtype,
                     "With --offload cpu: the AdamW moments' storage, fp32 or bf16 "
                     "(optimizer.state_dtype)")
@@ -205,7 +210,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                      {"--batch", "--seq", "--accum", "--steps", "--warmup", "--recompute",
                       "--zero-stage", "--precision", "--fp8-recipe", "--fp8-lm-head", "--plan-only",
                       "--nondeterministic", "--offload", "--state-dtype", "--offload-schedule",
-                      "--kernel-breakdown"})
+                      "--offload-fraction", "--kernel-breakdown"})
                     if (cmd->count(training) > 0)
                         return invalid_argument_error(
                             "{} is a training bench option; --generate takes --prefill, "

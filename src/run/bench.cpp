@@ -424,6 +424,13 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (!offload && req.state_dtype == AdamWStateDType::kBF16)
         return invalid_argument_error("--state-dtype bf16 needs --offload cpu");
     shape.masters_on_host = offload;
+    if (!(req.offload_fraction > 0.0 && req.offload_fraction <= 1.0))
+        return invalid_argument_error("--offload-fraction must be in (0, 1], got {}",
+                                      req.offload_fraction);
+    if (!offload && req.offload_fraction < 1.0)
+        return invalid_argument_error("--offload-fraction {} needs --offload cpu",
+                                      req.offload_fraction);
+    shape.offload_fraction = req.offload_fraction;
     if (req.fp8) {
         // fp8 (bench.h): on a GPU with FP8 tensor cores only, never a fallback.
         if (place.backend != Backend::kCuda)
@@ -469,15 +476,20 @@ Result<std::string> bench_run(const BenchRequest& req) {
         j["offload"] = "cpu";
         j["state_dtype"] = adamw_state_dtype_name(req.state_dtype);
         j["offload_schedule"] = offload_schedule_name(req.offload_schedule);
+        j["offload_fraction"] = req.offload_fraction;
     }
     // The host memory plan of the offloaded optimizer (printed under the device's).
     OffloadSettings offload_settings;
     offload_settings.offload = req.offload;
     offload_settings.state_dtype = req.state_dtype;
-    LATHE_ASSIGN_OR_RETURN(
-        const HostMemoryPlan host_plan,
-        host_memory_plan(int64_t(plan->params.total_bytes() / sizeof(float)), offload_settings));
-    if (offload) j["host_pinned_bytes"] = host_plan.pinned_bytes();
+    offload_settings.fraction = req.offload_fraction;
+    LATHE_ASSIGN_OR_RETURN(const HostMemoryPlan host_plan,
+                           host_memory_plan(int64_t(plan->params.total_bytes() / sizeof(float)),
+                                            plan->offload_begin, offload_settings));
+    if (offload) {
+        j["host_pinned_bytes"] = host_plan.pinned_bytes();
+        j["offloaded_params"] = host_plan.offloaded_params;
+    }
     if (req.plan_only) {
         // The table `lathe train` prints, and its rows in the JSON line. On CUDA without a GPU
         // the attention workspace is the plan's estimate (memory_plan.h).

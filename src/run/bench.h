@@ -70,14 +70,17 @@
 // HostOptimizer's pinned host buffers (checked against the host's memory first) hold the masters
 // and moments, the step times include the gradients' D2H copy, the CPU AdamW and the bf16
 // weights' H2D copy. --state-dtype bf16 stores the moments in bf16; --offload-schedule serial or
-// overlapped (optimizer.offload_schedule). A step's time runs from its start to the next step's
-// start (the last: to the end of its update), since the overlapped update ends inside the next
-// step's forward. The line adds offload, state_dtype, offload_schedule, host_pinned_bytes (the
-// host memory plan's pinned total), host_peak_rss_bytes (getrusage's peak resident set) and, on
-// CUDA, gpu_busy_fraction: over the timed steps, the compute stream's time from each step's first
-// forward kernel to its gradient norm (timing events), less the forward's waits for weights the
-// CPU had not yet updated (timing events around each wait, HostOptimizer::set_wait_timing), over
-// the steps' wall time. The host plan is printed under the device's table (with --plan-only too).
+// overlapped (optimizer.offload_schedule); --offload-fraction F offloads the last units holding
+// at least F of the parameters and steps the rest on the device (optimizer.offload_fraction,
+// ModelShape::offload_fraction; the plans count both parts). A step's time runs from its start to
+// the next step's start (the last: to the end of its update), since the overlapped update ends
+// inside the next step's forward. The line adds offload, state_dtype, offload_schedule,
+// offload_fraction, offloaded_params, host_pinned_bytes (the host memory plan's pinned total),
+// host_peak_rss_bytes (getrusage's peak resident set) and, on CUDA, gpu_busy_fraction: over the
+// timed steps, the compute stream's time from each step's first forward kernel to its gradient norm
+// (timing events), less the forward's waits for weights the CPU had not yet updated (timing events
+// around each wait, HostOptimizer::set_wait_timing), over the steps' wall time. The host plan is
+// printed under the device's table (with --plan-only too).
 
 #include <cstdint>
 #include <optional>
@@ -119,6 +122,7 @@ struct BenchRequest {
     OptimizerOffload offload = OptimizerOffload::kNone;
     AdamWStateDType state_dtype = AdamWStateDType::kF32;
     OffloadSchedule offload_schedule = OffloadSchedule::kOverlapped;  // --offload-schedule
+    double offload_fraction = 1.0;  // --offload-fraction: optimizer.offload_fraction, (0, 1]
     // --kernel-breakdown N: N more steps after the timed ones, recorded by CUPTI (CUDA only;
     // kernel_breakdown below); 0: none.
     int64_t kernel_breakdown_steps = 0;
