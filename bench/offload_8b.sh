@@ -20,8 +20,12 @@
 # memory) hands over to the next while the row's time lasts. A row without a setting that ran is
 # written as {"row": ..., "error": ...} with the last failure's message.
 #
-# Time: each row runs under `timeout` (8b-bf16 200 s, 8b-fp8 190 s, 13b-bf16 130 s, and never
-# past 535 s after the start), so the script ends within 540 s.
+# A row that ran is `lathe bench`'s JSON line with "row" (its name) and "wall_s" (the run's seconds,
+# the host's pinning and the initialization included) added.
+#
+# Time: each row runs under `timeout` (8b-bf16 225 s, 8b-fp8 215 s, 13b-bf16 what is left, and
+# never past 535 s after the start), so the script ends within 540 s. The 8B rows take the most:
+# pinning about 105 GiB and initializing 8e9 parameters on the host come before the 3 steps.
 set -u
 OUT=${1:?usage: bench/offload_8b.sh OUT_DIR (LATHE=path/to/lathe)}
 LATHE=${LATHE:-build/lathe}
@@ -94,11 +98,17 @@ run_row() {
                     break 3
                 fi
                 echo "offload_8b.sh: $name: running ${args[*]} (timeout ${left} s)" | tee -a "$log" >&2
+                local t0
+                t0=$(date +%s)
                 timeout --signal=TERM --kill-after=10 "$left" "$LATHE" bench "${args[@]}" --device cuda \
                     >"$json.tmp" 2>>"$log"
                 local rc=$?
                 if [ "$rc" -eq 0 ]; then
-                    mv "$json.tmp" "$json"
+                    python3 -c 'import json,sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+r["row"], r["wall_s"] = sys.argv[2], int(sys.argv[3])
+print(json.dumps(r))' "$json.tmp" "$name" $(($(date +%s) - t0)) >"$json"
+                    rm -f "$json.tmp"
                     cat "$json" >>"$OUT/rows.jsonl"
                     return 0
                 fi
@@ -114,8 +124,8 @@ run_row() {
 }
 
 COMMON=(--accum 4 --recompute full --steps 2 --warmup 1)
-run_row 8b-bf16 200 "6 4 2" -- --preset llama3-8b --seq 4096 "${COMMON[@]}"
-run_row 8b-fp8 190 "6 4 2" -- --preset llama3-8b --seq 4096 "${COMMON[@]}" --precision fp8
-run_row 13b-bf16 130 "2 1" -- --preset llama2-13b --seq 2048 "${COMMON[@]}"
+run_row 8b-bf16 225 "6 4 2" -- --preset llama3-8b --seq 4096 "${COMMON[@]}"
+run_row 8b-fp8 215 "6 4 2" -- --preset llama3-8b --seq 4096 "${COMMON[@]}" --precision fp8
+run_row 13b-bf16 535 "2 1" -- --preset llama2-13b --seq 2048 "${COMMON[@]}"
 echo "offload_8b.sh: done in $(($(date +%s) - START)) s; rows in $OUT/rows.jsonl" >&2
 cat "$OUT/rows.jsonl"

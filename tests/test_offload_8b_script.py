@@ -62,6 +62,10 @@ def run_script(tmp_path, fraction):
     assert len(rows) == 3, rows
     for name, row in zip(("8b-bf16", "8b-fp8", "13b-bf16"), rows):
         assert json.loads((out / f"{name}.json").read_text()) == row
+        assert row["row"] == name
+        if "error" not in row:
+            assert 0 <= row.pop("wall_s") < 60
+        row.pop("row")
     return rows
 
 
@@ -74,7 +78,7 @@ def test_rows_take_the_largest_batch_and_the_moments_that_fit(tmp_path):
     # the fp8 run at B 6 fails: the next micro-batch runs
     assert fp8["precision"] == "fp8" and fp8["batch"] == 4 and fp8["state_dtype"] == "bf16"
     # 13e9 x 14 B = 169 GiB of pinned memory fits no setting without fractions
-    assert big["row"] == "13b-bf16" and "no setting's plan fits" in big["error"], big
+    assert "no setting's plan fits" in big["error"], big
 
 
 def test_fractions_below_one_where_the_bench_has_them(tmp_path):
