@@ -69,7 +69,8 @@ run_row() {
     shift 4
     local row_end=$(($(date +%s) + budget))
     [ "$row_end" -gt "$DEADLINE" ] && row_end=$DEADLINE
-    local gpu host err="no setting's plan fits: the GPU has $(gpu_free_bytes) B free, the host $(host_available_bytes) B available"
+    local gpu host err
+    err="no setting's plan fits: the GPU has $(gpu_free_bytes) B free, the host $(host_available_bytes) B available"
     local log="$OUT/$name.log" json="$OUT/$name.json" plan="$OUT/$name.plan.json"
     : >"$log"
     for b in $batches; do
