@@ -70,7 +70,7 @@ def find_torch_baseline(given):
         if (Path(d) / "torch_baseline.py").is_file():
             return Path(d)
     where = ", ".join(str(d) for d in candidates)
-    sys.exit(f"fsdp2_baseline.py: error: torch_baseline.py not found in {where}; "
+    sys.exit(f"{Path(sys.argv[0]).name}: error: torch_baseline.py not found in {where}; "
              "pass --torch-baseline-dir (the shared bench folder, or .carry/bench on the GPU machine)")
 
 

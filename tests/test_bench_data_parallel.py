@@ -28,9 +28,9 @@ TINY = ["--model", "tiny", "--batch", "2", "--seq", "16", "--steps", "3", "--war
         "--device", "cpu", "--threads", "1"]
 
 # The keys of a one-process line, in order (run/bench.h); several ranks add those of MULTI_KEYS.
-SINGLE_KEYS = ["model", "device", "device_name", "batch", "seq", "params", "flop_params",
+SINGLE_KEYS = ["model", "device", "device_name", "batch", "seq", "accum", "params", "flop_params",
                "flops_per_token", "plan_bytes", "recompute", "precision", "steps", "warmup", "tokens_per_s",
-               "step_ms_median", "step_ms_mean", "step_ms_min", "step_ms_max", "peak_flops", "mfu",
+               "step_ms_median", "s_per_it", "step_ms_mean", "step_ms_min", "step_ms_max", "peak_flops", "mfu",
                "peak_memory_bytes", "peak_memory_source", "loss_first", "loss_last",
                "grad_norm_last", "seed", "deterministic", "requested_device", "world_size"]
 MULTI_KEYS = ["launcher", "zero_stage", "tokens_per_s_per_gpu", "comm_wait_ms", "plan"]
@@ -120,3 +120,29 @@ def test_zero_2_and_3_give_the_bits_of_zero_1_and_3_shards_the_parameters():
     assert "per rank of 2 (ZeRO-3)" in p3.stderr
     assert "parameters sharded over 2 ranks: shard" in p3.stderr, p3.stderr
     assert 0 < z3["comm_wait_ms"] < 1000
+
+
+def test_accumulation_runs_k_micro_batches_a_step():
+    """--accum K: a step is K micro-batches of B sequences. The bench's rows are drawn one after
+    another, so K = 2 micro-batches of 1 sequence see the tokens of one micro-batch of 2: the first
+    step's loss and gradient norm agree up to fp32 rounding (the mean of two means against one
+    mean of the same 2 T tokens, and the gradients summed in another order: a few ulps, so a
+    relative 1e-5), and tokens_per_s counts K B T tokens a step."""
+    def bench(*extra):
+        p = subprocess.run([LATHE, "bench", "--preset", "tiny", "--seq", "16", "--steps", "1",
+                            "--warmup", "0", "--device", "cpu", "--threads", "1", *extra],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+    one = bench("--batch", "2")
+    two = bench("--batch", "1", "--accum", "2")
+    assert (one["accum"], two["accum"]) == (1, 2)
+    assert two["loss_first"] == pytest.approx(one["loss_first"], rel=1e-5)
+    assert two["grad_norm_last"] == pytest.approx(one["grad_norm_last"], rel=1e-5)
+    assert two["loss_first"] != bench("--batch", "1")["loss_first"]  # the second micro-batch counts
+    assert two["s_per_it"] == pytest.approx(two["step_ms_median"] / 1e3, rel=1e-12)
+    assert two["tokens_per_s"] == pytest.approx(2 * 16 / two["s_per_it"], rel=1e-12)
+    p = subprocess.run([LATHE, "bench", "--preset", "tiny", "--batch", "1", "--seq", "16",
+                        "--accum", "0", "--device", "cpu"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "--accum must be >= 1, got 0" in p.stderr, p.stderr

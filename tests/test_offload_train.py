@@ -3,7 +3,10 @@ moments in host memory, stepped by CpuAdamW, whose math is ops' AdamW exactly. O
 backend an offloaded run's losses, gradient norms and checkpoint (weights and optimizer state)
 equal the device optimizer's bit for bit; a checkpoint of either resumes under the other with
 the same bits; bf16 moments train and resume exactly; the overlapped schedule (the default) and
-the serial one give the same bits and resume each other's checkpoints. The gpu cases do the same
+the serial one give the same bits and resume each other's checkpoints; with
+optimizer.offload_fraction below 1 (the last units offloaded, the rest stepped by the device AdamW)
+the bits are those of offload none and of offload 1, and a checkpoint of a run at fraction 0.5
+resumes at fraction 1 and without offload as the unstopped run goes on. The gpu cases do the same
 on CUDA (skipped without a GPU)."""
 
 import json
@@ -153,8 +156,67 @@ def test_bf16_moments_train_and_resume_exactly(corpus, tmp_path):
     assert checkpoint_bytes(resumed, 12) == checkpoint_bytes(ref, 12)
 
 
+# Clipping at 0.25 (the tiny run's norms are above it: checked), so that both optimizers scale
+# every gradient by the norm they read.
+CLIP = "optimizer.gradient_clipping=0.25"
+HALF = "optimizer.offload_fraction=0.5"
+
+
+def train_norms(run_dir):
+    return [m["grad_norm"] for m in metric_lines(run_dir) if m["split"] == "train"]
+
+
+def test_fraction_equals_offload_none_and_offload_one_bit_for_bit(corpus, tmp_path):
+    """offload_fraction 0.5 and 0.01 (the back unit and the last layer on the host, the rest on
+    the device AdamW) under both schedules, and 0.5 with a frozen group in each part: losses,
+    norms and both checkpoint files equal offload none's and offload 1's."""
+    runs = {}
+    for name, sets in (("none", ()), ("one", (OFFLOAD,)), ("half", (OFFLOAD, HALF)),
+                       ("half-serial", (OFFLOAD, HALF, SERIAL)),
+                       ("small", (OFFLOAD, "optimizer.offload_fraction=0.01"))):
+        runs[name] = tmp_path / name
+        p = run(train_cmd(corpus, runs[name], CLIP, *sets))
+        if name == "half":
+            assert "master mirror (f32, GPU part)" in p.stderr, p.stderr
+            assert "offload_fraction 0.5" in p.stderr, p.stderr
+    assert min(train_norms(runs["none"])) > 0.25  # the clip is exercised at every step
+    for name in ("one", "half", "half-serial", "small"):
+        assert metric_lines(runs[name]) == metric_lines(runs["none"]), name
+        for step in (3, 6):
+            assert checkpoint_bytes(runs[name], step) == checkpoint_bytes(runs["none"], step), \
+                (name, step)
+    freeze = "train.freeze=[model.embed_tokens.*, model.layers.1.mlp.*]"
+    plain, half = tmp_path / "freeze-none", tmp_path / "freeze-half"
+    run(train_cmd(corpus, plain, CLIP, freeze, "train.steps=3"))
+    run(train_cmd(corpus, half, CLIP, freeze, "train.steps=3", OFFLOAD, HALF))
+    assert metric_lines(half) == metric_lines(plain)
+    assert checkpoint_bytes(half, 3) == checkpoint_bytes(plain, 3)
+
+
+@pytest.mark.parametrize("then", [(OFFLOAD,), (), (OFFLOAD, HALF, SERIAL)],
+                         ids=["at-one", "at-none", "at-half-serial"])
+def test_fraction_checkpoint_resumes_exactly_across_fractions(corpus, tmp_path, then):
+    """A run at fraction 0.5 stopped after step 3 and resumed at fraction 1, without offload and
+    at 0.5 under the serial schedule goes on as the unstopped run: the same metrics and step-6
+    checkpoint; and a checkpoint of offload 1 resumes at 0.5."""
+    ref = tmp_path / "ref"
+    run(train_cmd(corpus, ref, CLIP, OFFLOAD, HALF))
+    resumed = tmp_path / "resumed"
+    rewind(ref, resumed, 3)
+    run(train_cmd(corpus, resumed, CLIP, *then))
+    assert metric_lines(resumed) == metric_lines(ref)
+    assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(ref, 6)
+    if then == (OFFLOAD,):
+        one = tmp_path / "one"
+        run(train_cmd(corpus, one, CLIP, OFFLOAD))
+        back = tmp_path / "back"
+        rewind(one, back, 3)
+        run(train_cmd(corpus, back, CLIP, OFFLOAD, HALF))
+        assert metric_lines(back) == metric_lines(ref)
+        assert checkpoint_bytes(back, 6) == checkpoint_bytes(ref, 6)
+
+
 @pytest.mark.parametrize("sets,needle", [
-    ((OFFLOAD, "optimizer.offload_fraction=0.5"), "'optimizer.offload_fraction' 0.5"),
     (("optimizer.state_dtype=bf16",), "'optimizer.state_dtype: bf16'"),
 ])
 def test_what_is_not_built_is_refused_naming_the_key(corpus, tmp_path, sets, needle):
@@ -229,6 +291,69 @@ def test_gpu_schedules_and_frozen_groups_give_the_device_bits(corpus, tmp_path):
     assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(over, 6)
 
 
+@pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU (nvidia-smi -L)")
+def test_gpu_fraction_gives_the_device_bits_and_resumes_across_fractions(corpus, tmp_path):
+    # offload_fraction 0.5 under both schedules (the first units stepped by the CUDA AdamW kernel
+    # over their device masters, the last ones by CpuAdamW) with clipping: the bits of offload
+    # none and of offload 1; a checkpoint at 0.5 resumes at 1 and without offload as the
+    # unstopped run goes on.
+    def args(run_dir, *sets):
+        return gpu_train_args(corpus, run_dir, CLIP, *sets)
+    plain, one, half, serial = (tmp_path / n for n in ("plain", "one", "half", "serial"))
+    run(args(plain))
+    run(args(one, OFFLOAD))
+    p = run(args(half, OFFLOAD, HALF))
+    assert "master mirror (f32, GPU part)" in p.stderr, p.stderr
+    run(args(serial, OFFLOAD, HALF, SERIAL))
+    for other in (one, half, serial):
+        assert metric_lines(other) == metric_lines(plain), other.name
+        for step in (3, 6):
+            assert checkpoint_bytes(other, step) == checkpoint_bytes(plain, step), (other.name, step)
+    for then in ((OFFLOAD,), ()):
+        resumed = tmp_path / f"resumed-{len(then)}"
+        rewind(half, resumed, 3)
+        run(args(resumed, *then))
+        assert metric_lines(resumed) == metric_lines(half)
+        assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(half, 6)
+
+
+def test_bench_offload_fraction_plans_and_steps_the_same_bits():
+    """lathe bench --offload cpu --offload-fraction F: the device optimizer's losses and norm on
+    the CPU backend at several fractions; the plans count the split: the GPU plan of the 8B shape
+    adds 12 B (f32 master and moments) per element kept on the device, the host plan holds 18 B
+    per offloaded element and a 4 B mirror of the rest."""
+    def bench(*extra):
+        p = run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32", "--steps", "3",
+                 "--warmup", "1", "--accum", "2", "--device", "cpu", *extra])
+        return json.loads(p.stdout)
+    plain = bench()
+    for f in ("1", "0.5", "0.01"):
+        off = bench("--offload", "cpu", "--offload-fraction", f)
+        assert off["offload_fraction"] == float(f)
+        for key in ("loss_first", "loss_last", "grad_norm_last"):
+            assert off[key] == plain[key], (f, key)
+
+    def plan(*extra):
+        p = run(["bench", "--preset", "llama3-8b", "--batch", "1", "--seq", "4096", "--recompute",
+                 "full", "--device", "cuda", "--plan-only", *extra])
+        return json.loads(p.stdout)
+    whole = plan("--offload", "cpu")
+    half = plan("--offload", "cpu", "--offload-fraction", "0.5")
+    P = whole["params"]
+    kept = P - half["offloaded_params"]  # elements on the device (the arena has no padding here)
+    assert whole["offloaded_params"] == P and 0 < kept <= P // 2
+    assert half["plan"]["optimizer"] == 8 * kept
+    assert half["plan"]["parameters"] == whole["plan"]["parameters"] + 4 * kept
+    assert half["plan_bytes"] == whole["plan_bytes"] + 12 * kept
+    assert half["host_pinned_bytes"] == 18 * (P - kept) + 4 * kept
+    p = run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32", "--device", "cpu",
+             "--offload-fraction", "0.5"], check=False)
+    assert p.returncode != 0 and "--offload-fraction 0.5 needs --offload cpu" in p.stderr, p.stderr
+    p = run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32", "--device", "cpu",
+             "--offload", "cpu", "--offload-fraction", "0"], check=False)
+    assert p.returncode != 0 and "--offload-fraction must be in (0, 1], got 0" in p.stderr, p.stderr
+
+
 def test_bench_offload_steps_the_same_bits():
     """lathe bench --offload cpu times the offloaded step: on the CPU backend its losses and norm
     equal the device optimizer's; the plan and the host memory plan are printed."""
@@ -248,6 +373,12 @@ def test_bench_offload_steps_the_same_bits():
     assert serial["offload_schedule"] == "serial"
     for key in ("loss_first", "loss_last", "grad_norm_last"):
         assert serial[key] == plain[key], key
+    # accumulation: the offloaded step of 2 micro-batches, the device optimizer's bits
+    accum, _ = bench("--accum", "2")
+    off_accum, _ = bench("--accum", "2", "--offload", "cpu")
+    for key in ("loss_first", "loss_last", "grad_norm_last"):
+        assert off_accum[key] == accum[key], key
+    assert accum["loss_last"] != plain["loss_last"]
     bf16, _ = bench("--offload", "cpu", "--state-dtype", "bf16")
     assert bf16["state_dtype"] == "bf16"
     p = run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32", "--device", "cpu",

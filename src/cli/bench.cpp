@@ -26,7 +26,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
     cmd->footer(
         "Random init, random token batches, W warmup then N timed steps of what `lathe train` "
         "runs per step (forward+backward, grad norm, clip, AdamW), each timed until the device is "
-        "done. JSON: tokens_per_s (B*T / median step), step_ms_median/mean/min/max, mfu "
+        "done. JSON: tokens_per_s (K*B*T / median step, K = --accum), step_ms_median/mean/min/max, "
+        "s_per_it (the median step in seconds), mfu "
         "((6N + 12 L C T) FLOPs per token, N without the input embedding tables, over 989.4 "
         "TFLOP/s on Hopper; null elsewhere), peak_memory_bytes (CUDA: cudaMemGetInfo in use "
         "after each step minus before the bench; CPU: peak resident set), plan_bytes, params. "
@@ -100,6 +101,10 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "--generate: 1 = replay the paged CUDA decode step from CUDA graphs (with "
                     "--kv-block-size > 0), 0 = launch its kernels one by one")
         ->capture_default_str();
+    cmd->add_option("--accum", o->req.accum,
+                    "Micro-batches of --batch sequences per step (gradient accumulation, as "
+                    "train.gradient_accumulation_steps)")
+        ->capture_default_str();
     cmd->add_option("--steps", o->req.steps, "Timed steps")->capture_default_str();
     cmd->add_option("--warmup", o->req.warmup, "Untimed steps before them")->capture_default_str();
     cmd->add_option("--device", o->device, "auto (the GPU when there is a usable one), cpu, cuda")
@@ -152,6 +157,11 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "(optimizer.offload_schedule)")
         ->capture_default_str()
         ->check(CLI::IsMember({"overlapped", "serial"}));
+    cmd->add_option("--offload-fraction", o->req.offload_fraction,
+                    "With --offload cpu: the fraction of the parameters offloaded, in (0, 1] "
+                    "(optimizer.offload_fraction): the last layers and the LM head first; the "
+                    "rest keeps its masters and moments on the device")
+        ->capture_default_str();
     cmd->add_option("--state-dtype", o->state_dtype,
                     "With --offload cpu: the AdamW moments' storage, fp32 or bf16 "
                     "(optimizer.state_dtype)")
@@ -197,10 +207,10 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                                                              : BenchDevice::kAuto;
             if (o->generate) {
                 for (const char* training :
-                     {"--batch", "--seq", "--steps", "--warmup", "--recompute", "--zero-stage",
-                      "--precision", "--fp8-recipe", "--fp8-lm-head", "--plan-only",
+                     {"--batch", "--seq", "--accum", "--steps", "--warmup", "--recompute",
+                      "--zero-stage", "--precision", "--fp8-recipe", "--fp8-lm-head", "--plan-only",
                       "--nondeterministic", "--offload", "--state-dtype", "--offload-schedule",
-                      "--kernel-breakdown"})
+                      "--offload-fraction", "--kernel-breakdown"})
                     if (cmd->count(training) > 0)
                         return invalid_argument_error(
                             "{} is a training bench option; --generate takes --prefill, "

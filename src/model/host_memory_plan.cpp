@@ -37,6 +37,7 @@ std::string HostMemoryPlan::to_string() const {
         out += fmt::format("  {:<30} {:>16} B  {:>12}\n", name, bytes, format_bytes(size_t(bytes)));
     };
     row("masters (f32)", master_bytes);
+    if (master_mirror_bytes > 0) row("master mirror (f32, GPU part)", master_mirror_bytes);
     row("moments", moment_bytes);
     row("gradient landing (f32)", grad_landing_bytes);
     row("weight staging (bf16)", weight_staging_bytes);
@@ -45,8 +46,12 @@ std::string HostMemoryPlan::to_string() const {
     return out;
 }
 
-Result<HostMemoryPlan> host_memory_plan(int64_t params, const OffloadSettings& settings) {
+Result<HostMemoryPlan> host_memory_plan(int64_t params, int64_t offload_begin,
+                                        const OffloadSettings& settings) {
     if (params < 0) return invalid_argument_error("host memory plan: {} parameters", params);
+    if (offload_begin < 0 || offload_begin > params)
+        return invalid_argument_error("host memory plan: offload from element {} of {}",
+                                      offload_begin, params);
     if (!(settings.fraction > 0.0 && settings.fraction <= 1.0))
         return invalid_argument_error(
             "'optimizer.offload_fraction' must be in (0, 1] (the fraction of the parameters whose "
@@ -55,11 +60,11 @@ Result<HostMemoryPlan> host_memory_plan(int64_t params, const OffloadSettings& s
     HostMemoryPlan plan;
     plan.params = params;
     if (settings.offload == OptimizerOffload::kNone) return plan;
-    // ceil(f * P), never above P (f * P in fp64 is exact for P < 2^53 up to one rounding).
-    const int64_t n = std::min(params, int64_t(std::ceil(settings.fraction * double(params))));
+    const int64_t n = params - offload_begin;
     const int64_t state = int64_t(adamw_state_dtype_bytes(settings.state_dtype));
     plan.offloaded_params = n;
     plan.master_bytes = 4 * n;
+    plan.master_mirror_bytes = 4 * offload_begin;
     plan.moment_bytes = 2 * state * n;
     plan.grad_landing_bytes = 4 * n;
     plan.weight_staging_bytes = 2 * n;
@@ -177,10 +182,15 @@ Status host_memory_check(const HostMemoryPlan& plan, const HostMemoryAvailable& 
                                   : std::string("MemAvailable in /proc/meminfo");
     return failed_precondition_error(
         "optimizer offload needs {:.2f} GiB of pinned host memory (masters {:.2f}, moments {:.2f}, "
-        "gradient landing {:.2f}, weight staging {:.2f} for {} parameters), {:.2f} GiB available "
-        "({}); lower optimizer.offload_fraction or use optimizer.state_dtype: bf16",
+        "gradient landing {:.2f}, weight staging {:.2f} for {} parameters{}), {:.2f} GiB "
+        "available ({}); lower optimizer.offload_fraction or use optimizer.state_dtype: bf16",
         gib(need), gib(plan.master_bytes), gib(plan.moment_bytes), gib(plan.grad_landing_bytes),
-        gib(plan.weight_staging_bytes), plan.offloaded_params, gib(avail.bytes()), where);
+        gib(plan.weight_staging_bytes), plan.offloaded_params,
+        plan.master_mirror_bytes > 0
+            ? fmt::format("; master mirror {:.2f} for the {} on the GPU",
+                          gib(plan.master_mirror_bytes), plan.params - plan.offloaded_params)
+            : std::string(),
+        gib(avail.bytes()), where);
 }
 
 }  // namespace lathe

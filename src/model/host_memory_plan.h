@@ -3,8 +3,10 @@
 // optimizer.offload: cpu keeps in pinned host memory, what that saves on the GPU, and whether
 // the host has it.
 //
-// Design (docs/SFT.md, "Optimizer offload"). A fraction f of the parameters, N = ceil(f * P) of
-// the P parameters, is stepped on the host by optim/cpu_adamw.h instead of on the GPU:
+// Design (docs/SFT.md, "Optimizer offload"). A fraction f of the parameters, the last units of
+// the parameter arena holding N >= ceil(f * P) of its P elements (offload_split_begin in
+// model/memory_plan.h: the elements [P - N, P)), is stepped on the host by optim/cpu_adamw.h
+// instead of on the GPU:
 //   masters          N f32                 the FP32 master weights of those parameters
 //   moments          2 N state_dtype       AdamW's exp_avg and exp_avg_sq (f32, or bf16 with
 //                                          optimizer.state_dtype: bf16)
@@ -14,10 +16,16 @@
 //                                          before the first update
 //   weight staging   N bf16                the updated weights' bf16 copy the CPU AdamW writes,
 //                                          copied H2D layer by layer ahead of the next forward
+//   master mirror    (P - N) f32           with f < 1: a host copy of the masters that stay on
+//                                          the GPU, which the model's entry reads and writes
+//                                          (init, checkpoints) go through as they do for the
+//                                          offloaded masters; refreshed from the GPU when a
+//                                          caller asks for the masters (HostOptimizer::finish)
 // all pinned (page-locked), so the copies run at full link speed without a bounce buffer.
 // The GPU keeps the bf16 compute copy and the f32 gradients of every parameter and gives up the
 // masters and both f32 moments of the N: 12 N bytes saved.
-// The rest (P - N parameters) stays as it is: masters and moments on the GPU, stepped there.
+// The rest (P - N parameters) stays as it is: masters and moments on the GPU, stepped there by
+// the device AdamW (the GPU's memory plan counts them, model/memory_plan.h).
 //
 // Host memory available (host_memory_available): /proc/meminfo's MemAvailable, lowered to the
 // room left under a cgroup's memory limit when the process runs in one (cgroup v2:
@@ -59,23 +67,27 @@ struct OffloadSettings {
 
 struct HostMemoryPlan {
     int64_t params = 0;                // P
-    int64_t offloaded_params = 0;      // N = ceil(f * P) (0 with offload none)
+    int64_t offloaded_params = 0;      // N (0 with offload none)
     int64_t master_bytes = 0;          // 4 N
+    int64_t master_mirror_bytes = 0;   // 4 (P - N)
     int64_t moment_bytes = 0;          // 2 N state bytes
     int64_t grad_landing_bytes = 0;    // 4 N
     int64_t weight_staging_bytes = 0;  // 2 N
     int64_t gpu_bytes_saved = 0;       // 12 N
 
     int64_t pinned_bytes() const {
-        return master_bytes + moment_bytes + grad_landing_bytes + weight_staging_bytes;
+        return master_bytes + master_mirror_bytes + moment_bytes + grad_landing_bytes +
+               weight_staging_bytes;
     }
     // One line per buffer and the total, as model/memory_plan.h prints its table.
     std::string to_string() const;
 };
 
-// The plan for P = params parameters. Errors (kInvalidArgument): params < 0, a fraction
-// outside (0, 1].
-Result<HostMemoryPlan> host_memory_plan(int64_t params, const OffloadSettings& settings);
+// The plan for P = params parameters of which [offload_begin, P) are offloaded (MemoryPlan::
+// offload_begin, the split settings.fraction gives). Errors (kInvalidArgument): params < 0,
+// offload_begin outside [0, P], a fraction outside (0, 1].
+Result<HostMemoryPlan> host_memory_plan(int64_t params, int64_t offload_begin,
+                                        const OffloadSettings& settings);
 
 struct HostMemoryAvailable {
     int64_t mem_available = 0;           // /proc/meminfo MemAvailable, bytes

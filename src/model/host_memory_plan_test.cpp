@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include "model/memory_plan.h"
+#include "model/registry.h"
+#include "model/tiny_model_test_util.h"
+
 namespace lathe {
 namespace {
 
@@ -18,7 +22,7 @@ TEST(HostMemoryPlan, Llama8BFullOffloadBytes) {
     const int64_t P = 8030261248;
     OffloadSettings s;
     s.offload = OptimizerOffload::kCpu;
-    auto plan = host_memory_plan(P, s);
+    auto plan = host_memory_plan(P, 0, s);
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
     EXPECT_EQ(plan->offloaded_params, P);
     EXPECT_EQ(plan->master_bytes, 4 * P);
@@ -28,7 +32,7 @@ TEST(HostMemoryPlan, Llama8BFullOffloadBytes) {
     EXPECT_EQ(plan->pinned_bytes(), 18 * P);
     EXPECT_EQ(plan->gpu_bytes_saved, 12 * P);
     s.state_dtype = AdamWStateDType::kBF16;
-    plan = host_memory_plan(P, s);
+    plan = host_memory_plan(P, 0, s);
     ASSERT_TRUE(plan.ok());
     EXPECT_EQ(plan->moment_bytes, 4 * P);
     EXPECT_EQ(plan->pinned_bytes(), 14 * P);
@@ -36,17 +40,22 @@ TEST(HostMemoryPlan, Llama8BFullOffloadBytes) {
     EXPECT_NE(plan->to_string().find("total pinned"), std::string::npos);
 }
 
-TEST(HostMemoryPlan, FractionRoundsUpAndIsChecked) {
+TEST(HostMemoryPlan, SplitCountsTheMirrorAndIsChecked) {
     OffloadSettings s;
     s.offload = OptimizerOffload::kCpu;
     s.fraction = 0.25;
-    auto plan = host_memory_plan(10, s);
+    auto plan = host_memory_plan(10, 7, s);  // elements [7, 10) offloaded
     ASSERT_TRUE(plan.ok());
-    EXPECT_EQ(plan->offloaded_params, 3);  // ceil(2.5)
-    EXPECT_EQ(plan->pinned_bytes(), 18 * 3);
+    EXPECT_EQ(plan->offloaded_params, 3);
+    EXPECT_EQ(plan->master_mirror_bytes, 4 * 7);
+    EXPECT_EQ(plan->pinned_bytes(), 18 * 3 + 4 * 7);
+    EXPECT_EQ(plan->gpu_bytes_saved, 12 * 3);
+    EXPECT_NE(plan->to_string().find("master mirror (f32, GPU part)"), std::string::npos);
+    EXPECT_FALSE(host_memory_plan(10, 11, s).ok());
+    EXPECT_FALSE(host_memory_plan(10, -1, s).ok());
     for (double bad : {0.0, -0.5, 1.0000001, std::nan("")}) {
         s.fraction = bad;
-        auto r = host_memory_plan(10, s);
+        auto r = host_memory_plan(10, 0, s);
         ASSERT_FALSE(r.ok()) << bad;
         EXPECT_NE(r.status().message().find("'optimizer.offload_fraction' must be in (0, 1]"),
                   std::string::npos)
@@ -54,7 +63,7 @@ TEST(HostMemoryPlan, FractionRoundsUpAndIsChecked) {
     }
     s.offload = OptimizerOffload::kNone;
     s.fraction = 1.0;
-    plan = host_memory_plan(10, s);
+    plan = host_memory_plan(10, 0, s);
     ASSERT_TRUE(plan.ok());
     EXPECT_EQ(plan->pinned_bytes(), 0);
     EXPECT_EQ(plan->gpu_bytes_saved, 0);
@@ -101,10 +110,53 @@ TEST(HostMemoryPlan, BadFilesAreErrors) {
     EXPECT_FALSE(host_memory_available_from(kMeminfo, "12x\n", "0", "", "").ok());
 }
 
+TEST(HostMemoryPlan, SplitOffloadsTheFewestLastUnitsHoldingTheFraction) {
+    ShardLayout units;  // front 40, layers 20 and 30, back 10: 100 elements
+    units.arena = {FlatRange{0, 40}, FlatRange{40, 60}, FlatRange{60, 90}, FlatRange{90, 100}};
+    EXPECT_EQ(offload_split_begin(units, 1.0), 0);
+    EXPECT_EQ(offload_split_begin(units, 0.1), 90);    // 10 >= ceil(10)
+    EXPECT_EQ(offload_split_begin(units, 0.101), 60);  // 11 needs the last layer too: 40
+    EXPECT_EQ(offload_split_begin(units, 0.4), 60);
+    EXPECT_EQ(offload_split_begin(units, 0.41), 40);  // 41 > 40: 60
+    EXPECT_EQ(offload_split_begin(units, 0.6), 40);
+    EXPECT_EQ(offload_split_begin(units, 0.61), 0);   // every unit
+    EXPECT_EQ(offload_split_begin(units, 1e-9), 90);  // ceil(1e-7) = 1: the back unit
+}
+
+TEST(HostMemoryPlan, DevicePlanCountsTheMastersAndMomentsItKeeps) {
+    const ModelConfig c = tiny_model::parse(tiny_model::kLlamaJson);
+    const ParamTable table = model_param_table(c);
+    ModelShape shape;
+    shape.batch = 2;
+    shape.seq_len = 8;
+    shape.backend = Backend::kCuda;  // planned only: no GPU needed
+    shape.masters_on_host = true;
+    Result<MemoryPlan> whole = memory_plan_make(c, table, shape);
+    ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+    EXPECT_EQ(whole->offload_begin, 0);
+    EXPECT_EQ(whole->optimizer_bytes(), 0u);
+    shape.offload_fraction = 0.5;
+    Result<MemoryPlan> half = memory_plan_make(c, table, shape);
+    ASSERT_TRUE(half.ok()) << half.status().to_string();
+    const int64_t P = half->shards.total, o = half->offload_begin;
+    EXPECT_GT(o, 0);
+    EXPECT_LE(o, P / 2);  // the offloaded P - o >= ceil(P / 2)
+    // Its split is a unit boundary.
+    bool boundary = false;
+    for (const FlatRange& u : half->shards.arena) boundary |= u.begin == o;
+    EXPECT_TRUE(boundary);
+    EXPECT_EQ(half->optimizer_bytes(), size_t(8 * o));
+    EXPECT_EQ(half->parameter_bytes(), whole->parameter_bytes() + size_t(4 * o));
+    EXPECT_EQ(half->total_bytes(), whole->total_bytes() + size_t(12 * o));
+    EXPECT_NE(half->table("t").find("offload_fraction 0.5"), std::string::npos);
+    shape.offload_fraction = 0.0;
+    EXPECT_FALSE(memory_plan_make(c, table, shape).ok());
+}
+
 TEST(HostMemoryPlan, CheckRefusesWithNumbers) {
     OffloadSettings s;
     s.offload = OptimizerOffload::kCpu;
-    auto plan = host_memory_plan(8030261248, s);  // 18 B x 8.03e9 = 134.6 GiB pinned
+    auto plan = host_memory_plan(8030261248, 0, s);  // 18 B x 8.03e9 = 134.6 GiB pinned
     ASSERT_TRUE(plan.ok());
     auto roomy = host_memory_available_from(kMeminfo, "", "", "", "");  // 190.7 GiB
     ASSERT_TRUE(roomy.ok());
@@ -122,12 +174,13 @@ TEST(HostMemoryPlan, CheckRefusesWithNumbers) {
     EXPECT_NE(st.message().find("lower optimizer.offload_fraction or use "
                                 "optimizer.state_dtype: bf16"),
               std::string::npos);
-    // bf16 moments: 14 B x 8.03e9 = 104.7 GiB, still above 100; half the fraction fits.
+    // bf16 moments: 14 B x 8.03e9 = 104.7 GiB, still above 100; half offloaded fits (14 B x
+    // 4.02e9 and the 4 B mirror of the other half: 67.3 GiB).
     s.state_dtype = AdamWStateDType::kBF16;
-    plan = host_memory_plan(8030261248, s);
+    plan = host_memory_plan(8030261248, 0, s);
     EXPECT_FALSE(host_memory_check(*plan, *tight).ok());
     s.fraction = 0.5;
-    plan = host_memory_plan(8030261248, s);
+    plan = host_memory_plan(8030261248, 8030261248 / 2, s);
     EXPECT_TRUE(host_memory_check(*plan, *tight).ok());
 }
 

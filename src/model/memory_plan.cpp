@@ -1,6 +1,7 @@
 #include "model/memory_plan.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/check.h"
 #include "model/block.h"
@@ -202,6 +203,19 @@ std::vector<FlatRange> ShardLayout::to_canonical(std::span<const FlatRange> rang
     return out;
 }
 
+int64_t offload_split_begin(const ShardLayout& units, double fraction) {
+    LATHE_CHECK(fraction > 0.0 && fraction <= 1.0, "offload fraction {} outside (0, 1]", fraction);
+    const int64_t total = units.arena.empty() ? 0 : units.arena.back().end;
+    // ceil(f * total), never above total (f * total in fp64: exact below 2^53 up to one rounding).
+    const int64_t need = std::min(total, int64_t(std::ceil(fraction * double(total))));
+    int64_t held = 0;
+    for (size_t u = units.arena.size(); u-- > 0;) {
+        held += units.arena[u].size();
+        if (held >= need) return units.arena[u].begin;
+    }
+    return 0;
+}
+
 ShardLayout shard_layout_make(const ParamTable& table, int world) {
     LATHE_CHECK(world >= 1, "a shard layout over {} ranks", world);
     const ArenaLayout& layout = table.layout();
@@ -305,6 +319,12 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     if (fp8_head) Nc = (Nc + 15) / 16 * 16;
     plan.shape.lm_head_chunk_rows = Nc = std::min(Nc, N);
     plan.shards = shard_layout_make(table, shape.unit_shards);
+    if (shape.masters_on_host) {
+        if (!(shape.offload_fraction > 0.0 && shape.offload_fraction <= 1.0))
+            return invalid_argument_error("offload_fraction {} is outside (0, 1]",
+                                          shape.offload_fraction);
+        plan.offload_begin = offload_split_begin(plan.shards, shape.offload_fraction);
+    }
     if (shape.unit_shards == 1) {
         plan.params = table.layout();
     } else {
@@ -528,10 +548,19 @@ std::string MemoryPlan::table(std::string_view title) const {
     }
     out += fmt::format("  {:<30} {:>16} B  {:>12}\n", "total", total_bytes(),
                        format_bytes(total_bytes()));
-    if (shape.masters_on_host)
+    if (shape.masters_on_host && offload_begin == 0)
         out +=
             fmt::format("  f32 masters and AdamW state in host memory (optimizer.offload: cpu){}\n",
                         shape.backend == Backend::kCuda ? "; parameters: the bf16 copy" : "");
+    else if (shape.masters_on_host)
+        out += fmt::format(
+            "  f32 masters and AdamW state of elements [{}, {}) in host memory (optimizer.offload: "
+            "cpu, offload_fraction {}); of [0, {}) here{}\n",
+            offload_begin, shards.total, shape.offload_fraction, offload_begin,
+            shape.backend == Backend::kCuda
+                ? fmt::format("; parameters: the bf16 copy and {} of f32 masters",
+                              format_bytes(device_master_bytes()))
+                : "");
     if (fp8_bytes() > 0) {
         size_t weights = 0, inputs = 0, linears = 0;
         for (const auto& layer : fp8_linears)

@@ -135,9 +135,15 @@ struct ModelShape {
     // AdamW moments live in host memory outside the model. On CUDA the model holds the bf16
     // compute copy alone (keeps_masters() false; entry reads and writes go through the host
     // masters the optimizer attaches, Model::attach_host_masters); on the CPU it keeps the f32
-    // weights it computes with. The plan counts no optimizer state. Needs training and
-    // param_shards = 1.
+    // weights it computes with. Needs training and param_shards = 1.
     bool masters_on_host = false;
+    // With masters_on_host: optimizer.offload_fraction f, in (0, 1]. The units of the parameter
+    // arena whose masters and moments live in host memory are its last ones (the back unit, then
+    // layer L-1, L-2, ...), as few as hold at least ceil(f P) of its P elements
+    // (offload_split_begin); the units before them, [0, MemoryPlan::offload_begin), keep f32
+    // masters and both moments on the device, stepped there by the device AdamW, and the plan
+    // counts them (parameters: 4 B, optimizer state: 8 B an element). f = 1 offloads everything.
+    double offload_fraction = 1.0;
     // Device memory the communicator of a multi-GPU run holds (NCCL's buffers), as measured when
     // it was opened (run/world.h); counted as the plan's `communication` row. 0 for one process.
     size_t communication_bytes = 0;
@@ -188,6 +194,15 @@ struct ShardLayout {
 // The units of `table` (entries grouped by ParamEntry::layer; every layer's entries contiguous,
 // front and back around them, checked) over `world` ranks.
 ShardLayout shard_layout_make(const ParamTable& table, int world);
+
+// Optimizer offload's split (ModelShape::offload_fraction): the first element of the shortest
+// run of last units (arena coordinates) holding at least ceil(fraction * total) elements; the
+// units before it stay on the device. Why the last units go first: the backward finishes them
+// first, so their gradient copies overlap the rest of the backward, and the forward needs them
+// last, so their CPU update has the whole forward up to them to finish in; the front unit (the
+// embeddings), which the forward needs first and whose CPU update the overlapped schedule
+// waits for, is the last to go. fraction 1 gives 0; fraction in (0, 1] (checked).
+int64_t offload_split_begin(const ShardLayout& units, double fraction);
 
 // The workspace of cuDNN 9's deterministic flash-attention backward for `config` at (B, T): an
 // fp32 partial dQ per block of 128 keys (ceil(T / 128) * B * H * T * D * 4 bytes), a float per
@@ -244,9 +259,12 @@ struct Fp8LinearEntries {
 struct MemoryPlan {
     static constexpr size_t kNoEntry = size_t(-1);
 
-    ModelShape shape;            // lm_head_chunk_rows resolved
-    ArenaLayout params;          // also the layout of each AdamW moment
-    ShardLayout shards;          // the units of `params` over shape.unit_shards ranks
+    ModelShape shape;    // lm_head_chunk_rows resolved
+    ArenaLayout params;  // also the layout of each AdamW moment
+    ShardLayout shards;  // the units of `params` over shape.unit_shards ranks
+    // With shape.masters_on_host: elements [0, offload_begin) of the parameter vector keep their
+    // masters and moments on the device (ModelShape::offload_fraction); 0 offloads everything.
+    int64_t offload_begin = 0;
     ArenaLayout params_compute;  // CUDA: params' entries in bf16, element offsets equal to
                                  // params' (empty on the CPU)
     // What the model allocates for its parameters: `params` and `params_compute` themselves, or
@@ -328,8 +346,16 @@ struct MemoryPlan {
     bool keeps_masters() const {
         return (shape.training && !shape.masters_on_host) || shape.backend != Backend::kCuda;
     }
+    // f32 masters of the elements that optimizer offload keeps on the device (CUDA; the CPU's
+    // model computes with its f32 weights, which are those masters): 4 B x offload_begin.
+    size_t device_master_bytes() const {
+        return shape.masters_on_host && shape.backend == Backend::kCuda
+                   ? size_t(offload_begin) * sizeof(float)
+                   : 0;
+    }
     size_t parameter_bytes() const {
-        return (keeps_masters() ? param_storage.total_bytes() : 0) + compute_storage.total_bytes();
+        return (keeps_masters() ? param_storage.total_bytes() : 0) + compute_storage.total_bytes() +
+               device_master_bytes();
     }
     // Of parameter_bytes() with sharded parameters: the shards (masters and compute copy), and
     // the weight windows (0 otherwise).
@@ -340,9 +366,9 @@ struct MemoryPlan {
     size_t gradient_shard_bytes() const;
     size_t gradient_window_bytes() const;
     size_t optimizer_bytes() const {
-        return shape.training && !shape.masters_on_host
-                   ? 2 * params.total_bytes() / size_t(shape.optimizer_shards)
-                   : 0;
+        if (!shape.training) return 0;
+        if (shape.masters_on_host) return 2 * size_t(offload_begin) * sizeof(float);
+        return 2 * params.total_bytes() / size_t(shape.optimizer_shards);
     }
     size_t activation_bytes() const { return activations.total_bytes(); }
     size_t scratch_bytes() const { return scratch.total_bytes(); }

@@ -432,6 +432,7 @@ void Model::attach_host_masters(std::span<float> masters) {
 
 void Model::write_param_entry(size_t arena_index, ConstTensorView host) {
     fp8_weights_stale_ = true;
+    ++param_writes_;
     if (!host_masters_.empty()) {
         const ArenaEntry& a = plan_.params.entries().at(arena_index);
         LATHE_CHECK(host.device() == Device::kCpu && host.dtype() == DType::kF32 &&

@@ -209,6 +209,9 @@ public:
     // model's use of it; an empty span detaches. Checked: masters_on_host, the length.
     void attach_host_masters(std::span<float> masters);
     std::span<float> host_masters() const { return host_masters_; }
+    // How many write_param_entry calls the model has had: an optimizer holding its own copy of
+    // some masters (optim/host_optimizer.h with offload_fraction < 1) sees the entries change.
+    uint64_t param_writes() const { return param_writes_; }
 
     // The parameters are sharded over ModelShape::param_shards > 1 ranks (file comment).
     bool params_sharded() const { return plan_.shape.param_shards > 1; }
@@ -427,6 +430,7 @@ private:
     std::vector<float> fp8_host_;  // delayed: the amaxes read back, the scales uploaded
 
     std::span<float> host_masters_;  // attach_host_masters
+    uint64_t param_writes_ = 0;      // write_param_entry calls
     GradWindowHook grad_window_;
     mutable ModelArena grad_window_arena_;  // borrowed over the hook's window (grads_for)
     WeightWindowHook weight_window_;

@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/memory.h"
+#include "optim/adamw_optimizer.h"
 #include "optim/optimizer_state.h"
 
 namespace lathe {
@@ -60,11 +61,24 @@ struct HostOptimizer::Impl {
     bool cuda = false;
     OffloadSchedule schedule = OffloadSchedule::kSerial;
     int64_t total = 0;
+    // MemoryPlan::offload_begin: elements [base, total) are offloaded; m, v, landing and staging
+    // hold those alone (element i of them is element base + i of the vector); masters hold all.
+    int64_t base = 0;
     AdamWStateDType state_dtype = AdamWStateDType::kF32;
     Model* model = nullptr;
     std::shared_ptr<void> masters, m, v, landing, staging;
     CpuAdamW adamw;
     std::vector<int64_t> entry_offsets;  // every parameter entry's arena offset, ascending
+    // step()'s segments of [base, total): as given, and shifted by -base (the host buffers').
+    std::vector<AdamWSegment> host_segments_abs, host_segments;
+
+    // ---- the part kept on the device, [0, base) (base > 0: offload_fraction < 1) ----
+    std::optional<AdamWOptimizer> device;  // its moments, where the model computes
+    ModelArena device_masters;             // CUDA: (base) f32; the CPU steps the model's weights
+    // model->param_writes() when the device masters were last made the mirror's (masters[0,
+    // base)); the mirror is behind the device masters after a device update until finish().
+    uint64_t writes_seen = ~uint64_t(0);
+    bool mirror_stale = false;
 
     // ---- overlapped schedule (host_optimizer.h) ----
     std::vector<FlatRange> units;  // ShardLayout's arena units: forward order
@@ -95,10 +109,11 @@ struct HostOptimizer::Impl {
     std::vector<char> wait_recorded;
 
     explicit Impl(CpuAdamW a) : adamw(std::move(a)) {}
+    // The offloaded part's buffers (grads: its gradients, element i of them element base + i).
     CpuAdamWBuffers buffers(const float* grads) const {
         CpuAdamWBuffers b;
-        b.numel = total;
-        b.params = static_cast<float*>(masters.get());
+        b.numel = total - base;
+        b.params = static_cast<float*>(masters.get()) + base;
         b.m = m.get();
         b.v = v.get();
         b.grads = grads;
@@ -107,6 +122,11 @@ struct HostOptimizer::Impl {
         return b;
     }
     float* landing_f32() const { return static_cast<float*>(landing.get()); }
+    int64_t offloaded() const { return total - base; }
+    // The device part's masters (CUDA: device_masters; the CPU: the model's f32 weights).
+    TensorView device_params() const {
+        return cuda ? device_masters.flat_f32() : model->params_flat().slice(0, base);
+    }
 
     void run_worker();
     void post(std::span<const AdamWSegment> segments);
@@ -117,7 +137,49 @@ struct HostOptimizer::Impl {
     void on_grads_ready(int layer);
     void on_weights_needed(int piece);
     void shutdown();
+    void step_device(std::span<const AdamWSegment> segments, const AdamWHyper& hyper,
+                     int64_t adam_step, float max_grad_norm);
+    void refresh_mirror();
 };
+
+// The device part's update (enqueued on the model's stream): the device AdamW over [0, base),
+// clipped by the norm in device memory, as the device optimizer steps; entry writes since the
+// last update first reach its masters.
+void HostOptimizer::Impl::step_device(std::span<const AdamWSegment> segments,
+                                      const AdamWHyper& hyper, int64_t adam_step,
+                                      float max_grad_norm) {
+    if (!device) return;
+    if (model->param_writes() != writes_seen) {
+        // CUDA: the mirror (pinned) to the device masters; the CPU's weights are written by
+        // write_param_entry itself.
+        if (cuda)
+            cuda_copy_async(device_masters.flat_f32(),
+                            ConstTensorView(static_cast<const float*>(masters.get()), DType::kF32,
+                                            Shape{base}, Device::kCpu),
+                            model->context().stream);
+        writes_seen = model->param_writes();
+    }
+    OptimizerTarget t;
+    t.params = device_params();
+    t.params_bf16 = cuda ? model->params_compute_flat().slice(0, base) : TensorView();
+    t.params_of_ranges = true;
+    t.grads = model->grads_flat();
+    t.grad_norm = model->grad_norm_value();
+    device->step(t, segments, hyper, adam_step, max_grad_norm);
+    mirror_stale = true;
+}
+
+// The mirror made the device masters' again (a caller is about to read the masters).
+void HostOptimizer::Impl::refresh_mirror() {
+    if (!device || !mirror_stale) return;
+    float* mirror = static_cast<float*>(masters.get());
+    if (cuda)
+        cuda_copy_sync(TensorView(mirror, DType::kF32, Shape{base}, Device::kCpu),
+                       device_masters.flat_f32(), model->context().stream);
+    else
+        std::memcpy(mirror, model->params_flat().data(), size_t(base) * sizeof(float));
+    mirror_stale = false;
+}
 
 // The worker: each posted update, unit by unit in forward order.
 void HostOptimizer::Impl::run_worker() {
@@ -152,17 +214,22 @@ void HostOptimizer::Impl::run_worker() {
 void HostOptimizer::Impl::post(std::span<const AdamWSegment> segments) {
     for (auto& s : unit_segments) s.clear();
     for (auto& r : unit_runs) r.clear();
-    // Each segment lies inside one unit (units are runs of whole entries).
+    // Each segment lies inside one unit (units are runs of whole entries); `segments` are the
+    // offloaded part's, shifted by base: the runs are the vector's coordinates.
     size_t u = 0;
-    for (const AdamWSegment& g : segments) {
+    for (const AdamWSegment& s : segments) {
+        AdamWSegment g = s;
+        g.offset += base;
         while (u + 1 < units.size() && g.offset >= units[u].end) ++u;
         while (u > 0 && g.offset < units[u].begin) --u;
         LATHE_CHECK(g.offset >= units[u].begin && g.offset + g.count <= units[u].end,
                     "segment [{}, {}) outside the arena's units", g.offset, g.offset + g.count);
         unit_segments[u].push_back(g);
     }
-    for (size_t i = 0; i < units.size(); ++i)
+    for (size_t i = 0; i < units.size(); ++i) {
         append_runs(unit_segments[i], entry_offsets, unit_runs[i]);
+        for (AdamWSegment& g : unit_segments[i]) g.offset -= base;
+    }
     {
         std::lock_guard lock(mu);
         done = 0;
@@ -192,10 +259,10 @@ void HostOptimizer::Impl::upload_done() {
     const bf16* stage = static_cast<const bf16*>(staging.get());
     for (; uploaded < now; ++uploaded) {
         for (const FlatRange& r : unit_runs[uploaded])
-            cuda_copy_async(
-                compute.slice(r.begin, r.end),
-                ConstTensorView(stage + r.begin, DType::kBF16, Shape{r.size()}, Device::kCpu),
-                copy);
+            cuda_copy_async(compute.slice(r.begin, r.end),
+                            ConstTensorView(stage + (r.begin - base), DType::kBF16, Shape{r.size()},
+                                            Device::kCpu),
+                            copy);
         unit_uploaded[uploaded].record(copy);
     }
 }
@@ -216,18 +283,18 @@ void HostOptimizer::Impl::finish() {
 
 void HostOptimizer::Impl::copy_grads(size_t unit) {
     const FlatRange r = units[unit];
-    if (r.size() == 0) return;
+    if (r.size() == 0 || r.begin < base) return;  // empty, or stepped on the device
     // The worker reads the unit's landing gradients until it has stepped the unit (the forward
     // before this backward waited for every unit: no wait in practice).
     if (in_flight) wait_done(unit);
     const TensorView grads = model->grads_flat();
     if (cuda) {
-        cuda_copy_async(
-            TensorView(landing_f32() + r.begin, DType::kF32, Shape{r.size()}, Device::kCpu),
-            grads.slice(r.begin, r.end),
-            cuda_state_of(model->context(), "optimizer offload").copy_stream());
+        cuda_copy_async(TensorView(landing_f32() + (r.begin - base), DType::kF32, Shape{r.size()},
+                                   Device::kCpu),
+                        grads.slice(r.begin, r.end),
+                        cuda_state_of(model->context(), "optimizer offload").copy_stream());
     } else {
-        std::memcpy(landing_f32() + r.begin, grads.as<float>() + r.begin,
+        std::memcpy(landing_f32() + (r.begin - base), grads.as<float>() + r.begin,
                     size_t(r.size()) * sizeof(float));
     }
 }
@@ -319,25 +386,42 @@ Result<HostOptimizer> HostOptimizer::create_for(Model& model, AdamWStateDType st
     impl->model = &model;
     const int64_t n = model.params_total();
     impl->total = n;
+    impl->base = model.plan().offload_begin;
+    LATHE_CHECK(impl->base >= 0 && impl->base <= n, "offload from element {} of {}", impl->base, n);
+    const int64_t off = n - impl->base;  // the offloaded elements
     impl->state_dtype = state_dtype;
     const bool overlapped = schedule == OffloadSchedule::kOverlapped;
     const size_t sb = adamw_state_dtype_bytes(state_dtype);
     LATHE_ASSIGN_OR_RETURN(impl->masters, host_block(size_t(n) * sizeof(float), impl->cuda));
-    LATHE_ASSIGN_OR_RETURN(impl->m, host_block(size_t(n) * sb, impl->cuda));
-    LATHE_ASSIGN_OR_RETURN(impl->v, host_block(size_t(n) * sb, impl->cuda));
+    LATHE_ASSIGN_OR_RETURN(impl->m, host_block(size_t(off) * sb, impl->cuda));
+    LATHE_ASSIGN_OR_RETURN(impl->v, host_block(size_t(off) * sb, impl->cuda));
     if (impl->cuda || overlapped) {
-        LATHE_ASSIGN_OR_RETURN(impl->landing, host_block(size_t(n) * sizeof(float), impl->cuda));
+        LATHE_ASSIGN_OR_RETURN(impl->landing, host_block(size_t(off) * sizeof(float), impl->cuda));
     }
     if (impl->cuda) {
-        LATHE_ASSIGN_OR_RETURN(impl->staging, host_block(size_t(n) * sizeof(bf16), true));
+        LATHE_ASSIGN_OR_RETURN(impl->staging, host_block(size_t(off) * sizeof(bf16), true));
         // The padding between entries is copied with them (append_runs): zero, as on the device.
-        std::memset(impl->staging.get(), 0, size_t(n) * sizeof(bf16));
+        if (off > 0) std::memset(impl->staging.get(), 0, size_t(off) * sizeof(bf16));
     }
     std::memset(impl->masters.get(), 0, size_t(n) * sizeof(float));
+    if (impl->base > 0) {
+        // The device part: moments (zeroed) and, on CUDA, masters where the model computes.
+        LATHE_ASSIGN_OR_RETURN(
+            AdamWOptimizer device,
+            AdamWOptimizer::create(n, FlatRange{0, impl->base}, model.context()));
+        impl->device.emplace(std::move(device));
+        if (impl->cuda) {
+            ArenaLayout layout;
+            LATHE_RETURN_IF_ERROR(
+                layout.add("offload.device_masters", DType::kF32, Shape{impl->base}).status());
+            LATHE_ASSIGN_OR_RETURN(impl->device_masters,
+                                   ModelArena::allocate(std::move(layout), model.context()));
+        }
+    }
     for (const AdamWSegment& g : model.adamw_segments(0.0, 0.0))
         impl->entry_offsets.push_back(g.offset);
     std::sort(impl->entry_offsets.begin(), impl->entry_offsets.end());
-    const AdamWSegment all{0, n, 0.0, 0.0};
+    const AdamWSegment all{0, off, 0.0, 0.0};
     // zero_state writes the moments alone; the gradients it is given are not read.
     impl->adamw.zero_state(impl->buffers(static_cast<const float*>(impl->masters.get())),
                            std::span(&all, 1));
@@ -376,17 +460,33 @@ void HostOptimizer::step(Model& model, std::span<const AdamWSegment> segments,
     Impl& im = *impl_;
     im.finish();
     const bool clip = max_grad_norm > 0.0f;
+    // The device part first (enqueued), then the offloaded segments, shifted to the host
+    // buffers' coordinates (a segment is one entry, inside one unit: on one side of base).
+    im.step_device(segments, hyper, step, max_grad_norm);
+    im.host_segments_abs.clear();
+    im.host_segments.clear();
+    for (const AdamWSegment& g : segments) {
+        LATHE_CHECK(g.offset >= im.base || g.offset + g.count <= im.base,
+                    "segment [{}, {}) straddles the offload split at {}", g.offset,
+                    g.offset + g.count, im.base);
+        if (g.offset < im.base) continue;
+        im.host_segments_abs.push_back(g);
+        im.host_segments.push_back(g);
+        im.host_segments.back().offset -= im.base;
+    }
+    const std::span<const AdamWSegment> host_segments = im.host_segments;
+    const int64_t off = im.offloaded();
+    const TensorView grads_off = model.grads_flat().slice(im.base, total_);
     if (schedule_ == OffloadSchedule::kOverlapped) {
         // The gradients in landing: the armed backward's copies, waited for, or all of them now.
         if (im.landed_valid) {
             if (im.cuda) im.landed->synchronize();
         } else if (im.cuda) {
-            cuda_copy_async(TensorView(im.landing_f32(), DType::kF32, Shape{total_}, Device::kCpu),
-                            model.grads_flat(), model.context().stream);
+            cuda_copy_async(TensorView(im.landing_f32(), DType::kF32, Shape{off}, Device::kCpu),
+                            grads_off, model.context().stream);
             model.synchronize();
-        } else {
-            std::memcpy(im.landing_f32(), model.grads_flat().as<float>(),
-                        size_t(total_) * sizeof(float));
+        } else if (off > 0) {
+            std::memcpy(im.landing_f32(), grads_off.data(), size_t(off) * sizeof(float));
         }
         im.landed_valid = false;
         im.armed = false;
@@ -399,34 +499,38 @@ void HostOptimizer::step(Model& model, std::span<const AdamWSegment> segments,
             CudaState& st = cuda_state_of(model.context(), "optimizer offload");
             st.wait_for(st.copy_stream(), st.stream());
         }
-        im.post(segments);
+        im.post(host_segments);
         return;
     }
+    if (off == 0) return;
     const float* grads = nullptr;
     if (im.cuda) {
         // The whole step's gradients, then the wait (the norm's read back already waited for the
         // backward; this waits for the copy).
-        cuda_copy_async(TensorView(im.landing_f32(), DType::kF32, Shape{total_}, Device::kCpu),
-                        model.grads_flat(), model.context().stream);
+        cuda_copy_async(TensorView(im.landing_f32(), DType::kF32, Shape{off}, Device::kCpu),
+                        grads_off, model.context().stream);
         model.synchronize();
         grads = im.landing_f32();
     } else {
-        grads = model.grads_flat().as<float>();
+        grads = grads_off.as<float>();
     }
-    im.adamw.step(im.buffers(grads), segments, hyper, step, clip ? &norm : nullptr, max_grad_norm);
+    im.adamw.step(im.buffers(grads), host_segments, hyper, step, clip ? &norm : nullptr,
+                  max_grad_norm);
     if (im.cuda) {
         // Enqueued: the next forward, on the same stream, reads the weights after the copies.
         std::vector<FlatRange> runs;
-        append_runs(segments, im.entry_offsets, runs);
+        append_runs(im.host_segments_abs, im.entry_offsets, runs);
         const TensorView compute = model.params_compute_flat();
         const bf16* stage = static_cast<const bf16*>(im.staging.get());
         for (const FlatRange& r : runs)
-            cuda_copy_async(
-                compute.slice(r.begin, r.end),
-                ConstTensorView(stage + r.begin, DType::kBF16, Shape{r.size()}, Device::kCpu),
-                model.context().stream);
+            cuda_copy_async(compute.slice(r.begin, r.end),
+                            ConstTensorView(stage + (r.begin - im.base), DType::kBF16,
+                                            Shape{r.size()}, Device::kCpu),
+                            model.context().stream);
     } else {
-        std::memcpy(model.params_flat().data(), im.masters.get(), size_t(total_) * sizeof(float));
+        std::memcpy(model.params_flat().as<float>() + im.base,
+                    static_cast<const float*>(im.masters.get()) + im.base,
+                    size_t(off) * sizeof(float));
     }
 }
 
@@ -445,6 +549,7 @@ void HostOptimizer::before_zero_grads() {
 
 void HostOptimizer::finish() {
     impl_->finish();
+    impl_->refresh_mirror();
 }
 
 void HostOptimizer::set_wait_timing(bool on) {
@@ -472,44 +577,70 @@ double HostOptimizer::take_weight_wait_ms() {
 }
 
 Status HostOptimizer::save_state(const std::string& path) {
-    impl_->finish();
-    const size_t n = size_t(total_);
-    if (state_dtype_ == AdamWStateDType::kF32)
-        return optimizer_state_write(path, std::span(static_cast<const float*>(impl_->m.get()), n),
-                                     std::span(static_cast<const float*>(impl_->v.get()), n));
-    // bf16: widened chunk by chunk as the file is written.
-    const bf16* moments[2] = {static_cast<const bf16*>(impl_->m.get()),
-                              static_cast<const bf16*>(impl_->v.get())};
-    return optimizer_state_write_streamed(path, uint64_t(n),
-                                          [&](int moment, uint64_t begin, std::span<float> out) {
-                                              const bf16* src = moments[moment] + begin;
-                                              for (size_t i = 0; i < out.size(); ++i)
-                                                  out[i] = bf16_to_float(src[i]);
-                                          });
+    Impl& im = *impl_;
+    im.finish();
+    const size_t n = size_t(total_), base = size_t(im.base);
+    if (state_dtype_ == AdamWStateDType::kF32 && base == 0)
+        return optimizer_state_write(path, std::span(static_cast<const float*>(im.m.get()), n),
+                                     std::span(static_cast<const float*>(im.v.get()), n));
+    // The device part's moments read back (f32, base elements each); the offloaded ones widened
+    // from bf16 or read as they are, chunk by chunk as the file is written.
+    std::vector<float> dm(base), dv(base);
+    if (im.device) im.device->read_state(dm, dv);
+    const float* device[2] = {dm.data(), dv.data()};
+    const void* host[2] = {im.m.get(), im.v.get()};
+    const bool f32 = state_dtype_ == AdamWStateDType::kF32;
+    return optimizer_state_write_streamed(
+        path, uint64_t(n), [&](int moment, uint64_t begin, std::span<float> out) {
+            for (size_t i = 0; i < out.size(); ++i) {
+                const size_t e = size_t(begin) + i;
+                if (e < base)
+                    out[i] = device[moment][e];
+                else if (f32)
+                    out[i] = static_cast<const float*>(host[moment])[e - base];
+                else
+                    out[i] = bf16_to_float(static_cast<const bf16*>(host[moment])[e - base]);
+            }
+        });
 }
 
 Status HostOptimizer::load_state(const std::string& dir, int64_t used) {
     LATHE_CHECK(used >= 0 && used <= total_, "used {} of a vector of {}", used, total_);
-    impl_->finish();
-    const size_t n = size_t(total_), u = size_t(used);
+    Impl& im = *impl_;
+    im.finish();
+    const int64_t base = im.base, off = im.offloaded();
+    if (im.device) {
+        // [0, min(base, used)) from the file, the rest of the device part zero.
+        std::vector<float> dm(size_t(base), 0.0f), dv(size_t(base), 0.0f);
+        const int64_t k = std::min(base, used);
+        const FlatRange r{0, k};
+        if (k > 0)
+            LATHE_RETURN_IF_ERROR(optimizer_state_load_ranges(dir, used, std::span(&r, 1),
+                                                              std::span(dm.data(), size_t(k)),
+                                                              std::span(dv.data(), size_t(k))));
+        im.device->write_state(dm, dv);
+    }
+    // The offloaded part: elements [base, used) of the file, the rest zero.
+    const int64_t u = std::max<int64_t>(0, used - base);
     if (state_dtype_ == AdamWStateDType::kF32) {
-        const FlatRange all{0, used};
-        float* m = static_cast<float*>(impl_->m.get());
-        float* v = static_cast<float*>(impl_->v.get());
-        std::fill(m + u, m + n, 0.0f);
-        std::fill(v + u, v + n, 0.0f);
-        return optimizer_state_load_ranges(dir, used, std::span(&all, 1), std::span(m, u),
-                                           std::span(v, u));
+        float* m = static_cast<float*>(im.m.get());
+        float* v = static_cast<float*>(im.v.get());
+        std::fill(m + u, m + off, 0.0f);
+        std::fill(v + u, v + off, 0.0f);
+        if (u == 0) return ok_status();
+        const FlatRange r{base, base + u};
+        return optimizer_state_load_ranges(dir, used, std::span(&r, 1), std::span(m, size_t(u)),
+                                           std::span(v, size_t(u)));
     }
     // bf16: read in ranges of kChunk elements, each rounded into the moments.
     constexpr int64_t kChunk = int64_t(1) << 24;
-    bf16* m = static_cast<bf16*>(impl_->m.get());
-    bf16* v = static_cast<bf16*>(impl_->v.get());
-    std::fill(m + u, m + n, float_to_bf16(0.0f));
-    std::fill(v + u, v + n, float_to_bf16(0.0f));
-    std::vector<float> mf(size_t(std::min(kChunk, std::max<int64_t>(used, 1)))), vf(mf.size());
-    for (int64_t b = 0; b < used; b += kChunk) {
-        const FlatRange r{b, std::min(used, b + kChunk)};
+    bf16* m = static_cast<bf16*>(im.m.get());
+    bf16* v = static_cast<bf16*>(im.v.get());
+    std::fill(m + u, m + off, float_to_bf16(0.0f));
+    std::fill(v + u, v + off, float_to_bf16(0.0f));
+    std::vector<float> mf(size_t(std::min(kChunk, std::max<int64_t>(u, 1)))), vf(mf.size());
+    for (int64_t b = 0; b < u; b += kChunk) {
+        const FlatRange r{base + b, base + std::min(u, b + kChunk)};
         const size_t c = size_t(r.size());
         LATHE_RETURN_IF_ERROR(optimizer_state_load_ranges(
             dir, used, std::span(&r, 1), std::span(mf.data(), c), std::span(vf.data(), c)));
@@ -525,17 +656,22 @@ void HostOptimizer::read_state(std::span<float> exp_avg, std::span<float> exp_av
     impl_->finish();
     LATHE_CHECK(int64_t(exp_avg.size()) == total_ && int64_t(exp_avg_sq.size()) == total_,
                 "read_state: {} and {} elements of {}", exp_avg.size(), exp_avg_sq.size(), total_);
-    const size_t n = size_t(total_);
+    const size_t base = size_t(impl_->base), off = size_t(impl_->offloaded());
+    if (impl_->device)
+        impl_->device->read_state(exp_avg.subspan(0, base), exp_avg_sq.subspan(0, base));
+    float* m_out = exp_avg.data() + base;
+    float* v_out = exp_avg_sq.data() + base;
     if (state_dtype_ == AdamWStateDType::kF32) {
-        std::memcpy(exp_avg.data(), impl_->m.get(), n * sizeof(float));
-        std::memcpy(exp_avg_sq.data(), impl_->v.get(), n * sizeof(float));
+        if (off == 0) return;
+        std::memcpy(m_out, impl_->m.get(), off * sizeof(float));
+        std::memcpy(v_out, impl_->v.get(), off * sizeof(float));
         return;
     }
     const bf16* m = static_cast<const bf16*>(impl_->m.get());
     const bf16* v = static_cast<const bf16*>(impl_->v.get());
-    for (size_t i = 0; i < n; ++i) {
-        exp_avg[i] = bf16_to_float(m[i]);
-        exp_avg_sq[i] = bf16_to_float(v[i]);
+    for (size_t i = 0; i < off; ++i) {
+        m_out[i] = bf16_to_float(m[i]);
+        v_out[i] = bf16_to_float(v[i]);
     }
 }
 
@@ -543,17 +679,22 @@ void HostOptimizer::write_state(std::span<const float> exp_avg, std::span<const 
     impl_->finish();
     LATHE_CHECK(int64_t(exp_avg.size()) == total_ && int64_t(exp_avg_sq.size()) == total_,
                 "write_state: {} and {} elements of {}", exp_avg.size(), exp_avg_sq.size(), total_);
-    const size_t n = size_t(total_);
+    const size_t base = size_t(impl_->base), off = size_t(impl_->offloaded());
+    if (impl_->device)
+        impl_->device->write_state(exp_avg.subspan(0, base), exp_avg_sq.subspan(0, base));
+    const float* m_in = exp_avg.data() + base;
+    const float* v_in = exp_avg_sq.data() + base;
     if (state_dtype_ == AdamWStateDType::kF32) {
-        std::memcpy(impl_->m.get(), exp_avg.data(), n * sizeof(float));
-        std::memcpy(impl_->v.get(), exp_avg_sq.data(), n * sizeof(float));
+        if (off == 0) return;
+        std::memcpy(impl_->m.get(), m_in, off * sizeof(float));
+        std::memcpy(impl_->v.get(), v_in, off * sizeof(float));
         return;
     }
     bf16* m = static_cast<bf16*>(impl_->m.get());
     bf16* v = static_cast<bf16*>(impl_->v.get());
-    for (size_t i = 0; i < n; ++i) {
-        m[i] = float_to_bf16(exp_avg[i]);
-        v[i] = float_to_bf16(exp_avg_sq[i]);
+    for (size_t i = 0; i < off; ++i) {
+        m[i] = float_to_bf16(m_in[i]);
+        v[i] = float_to_bf16(v_in[i]);
     }
 }
 

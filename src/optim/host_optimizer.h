@@ -1,16 +1,26 @@
 #pragma once
 // HostOptimizer: AdamW with the f32 masters and both moments in host memory, stepped on the CPU
-// by optim/cpu_adamw.h (optimizer.offload: cpu, the whole optimizer: offload_fraction 1; design in
-// docs/SFT.md, "Optimizer offload").
+// by optim/cpu_adamw.h (optimizer.offload: cpu; design in docs/SFT.md, "Optimizer offload").
 //
-// What it owns, each over the model's whole flat parameter vector (P = Model::params_total()
-// elements, the parameter arena's layout, padding included and zero):
+// The split (optimizer.offload_fraction f, ModelShape::offload_fraction): the model's plan puts
+// the last units of the parameter arena, elements [B, P) with B = MemoryPlan::offload_begin, on
+// the host (model/memory_plan.h, offload_split_begin, says which and why); f = 1 gives B = 0, the
+// whole optimizer here. The first B elements keep f32 masters and both moments where the model
+// computes (an AdamWOptimizer over [0, B) and, on CUDA, a device buffer of B masters; on the CPU
+// backend the model's f32 weights are those masters), stepped by the device AdamW in step()
+// before the host part, clipped by the norm in device memory: the device optimizer's bits.
+//
+// What it owns (P = Model::params_total() elements, the parameter arena's layout, padding
+// included and zero; N = P - B offloaded):
 //   masters   (P) f32          the master weights; the model reads and writes its entries here
-//                              (Model::attach_host_masters, done by create_for)
-//   m, v      (P) f32 or bf16  AdamW's moments, as optimizer.state_dtype
-//   landing   (P) f32          CUDA, and the CPU backend's overlapped schedule: the step's
-//                              gradients copied from the model's gradient arena
-//   staging   (P) bf16         CUDA: the updated weights' bf16 copy, copied to the device
+//                              (Model::attach_host_masters, done by create_for). [0, B) is a
+//                              mirror of the device part's masters: entry writes reach the
+//                              device at the next step() (Model::param_writes), the device's
+//                              values reach the mirror at finish()
+//   m, v      (N) f32 or bf16  AdamW's moments of [B, P), as optimizer.state_dtype
+//   landing   (N) f32          CUDA, and the CPU backend's overlapped schedule: the step's
+//                              gradients of [B, P) copied from the model's gradient arena
+//   staging   (N) bf16         CUDA: the updated weights' bf16 copy, copied to the device
 // On CUDA every buffer is pinned (PinnedHostBuffer: cudaMallocHost), so the copies run at the
 // link's speed; on the CPU backend they are plain host memory, there is no staging (the model
 // computes with f32 weights, copied from the masters) and the serial schedule has no landing
@@ -47,15 +57,19 @@
 //     the hook waits for the unit on the host; the gradients go to landing by memcpy in the hook.
 //   * finish() waits for the worker, enqueues what is left and orders the compute stream after
 //     every copy: step() (of the next step), save_state, load_state, read/write_state and the
-//     destructor call it; a caller reading the masters (a checkpoint's model.safetensors) first.
+//     destructor call it; a caller reading the masters (a checkpoint's model.safetensors) first
+//     (the public finish() also copies the device part's masters into the mirror).
+//   With B > 0 the units before B are neither copied nor stepped here: their gradients stay on
+//   the device and the forward waits for nothing before them.
 // The H2D copies cover the stepped segments only (adjacent entries merged into one copy), so
 // frozen entries keep the weights they were written with.
 // The next step's gradient copies rewrite a unit's landing gradients only once the worker has
 // stepped that unit (the forward before the backward waited for every unit); the compute
 // stream's next zero_grads waits for the landing event (before_zero_grads).
 //
-// Checkpoints: save_state()/load_state() write and read optim/optimizer_state.h's full file, the
-// one the device optimizer of one process writes (the moments as f32 over the whole vector: bf16
+// Checkpoints: save_state()/load_state() write and read optim/optimizer_state.h's full file (the
+// device part's moments read back and written with the host's), the one the device optimizer of
+// one process writes (the moments as f32 over the whole vector: bf16
 // moments widened exactly, rounded to nearest even on load), so a checkpoint resumes with or
 // without offload. Host memory: f32 moments are written from and read into the pinned moments
 // directly; bf16 moments are widened (save) and rounded (load) in chunks of at most 2^24
@@ -83,9 +97,10 @@ namespace lathe {
 class HostOptimizer {
 public:
     // Buffers for every parameter of `model` (created with ModelShape::masters_on_host, checked:
-    // kFailedPrecondition), moments of `state_dtype` zeroed, masters zero and attached to the
-    // model. threads: CpuAdamW's (0: every core). Errors: allocation failure, CpuAdamW's.
-    // schedule: serial or overlapped (file comment); overlapped sets the model's hooks.
+    // kFailedPrecondition), split at its plan's offload_begin (file comment), moments of
+    // `state_dtype` zeroed (the device part's f32), masters zero and attached to the model.
+    // threads: CpuAdamW's (0: every core). Errors: allocation failure, CpuAdamW's. schedule: serial
+    // or overlapped (file comment); overlapped sets the model's hooks.
     static Result<HostOptimizer> create_for(
         Model& model, AdamWStateDType state_dtype, int threads = 0,
         OffloadSchedule schedule = OffloadSchedule::kOverlapped);
@@ -115,7 +130,9 @@ public:
     // The compute stream waits for the gradient copies of the last armed backward (enqueued, no
     // host wait): call before the gradients are zeroed.
     void before_zero_grads();
-    // Waits for the update in flight and orders the compute stream after its weight copies.
+    // Waits for the update in flight and orders the compute stream after its weight copies; with
+    // a device part (offload_fraction < 1), copies its masters into masters()[0, B): after it
+    // masters() holds every current master.
     void finish();
     // Timing of the forward's waits for the CPU (CUDA, for lathe bench): with `on`, the
     // weights-needed hook records timing events around its wait; take_weight_wait_ms() gives

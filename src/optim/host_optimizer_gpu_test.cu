@@ -4,6 +4,9 @@
 // waits per unit) and the serial one give the bits of AdamWOptimizer on the device: losses,
 // norms, masters, the bf16 compute copy and both moments, over steps of two micro-batches with
 // clipping, weight decay and a frozen entry (whose compute copy neither schedule rewrites).
+// With offload_fraction below 1 (the last units offloaded, the first ones' masters and moments
+// kept on the GPU and stepped by the CUDA AdamW kernel) the same bits, with an entry of the GPU
+// part read and written between steps (the host mirror reaches the device masters).
 // Exact equality, no tolerance: the kernels are deterministic, the copies move bytes, and
 // CpuAdamW's math is the CUDA kernel's to the bit (optim/cpu_adamw.h).
 // clang-format off
@@ -43,13 +46,14 @@ protected:
         state_ = nullptr;
     }
 
-    static Model make_model(bool masters_on_host) {
+    static Model make_model(bool masters_on_host, double fraction = 1.0) {
         Result<ModelConfig> c = model_config_from_hf_json(kLlamaJson, "test/config.json");
         LATHE_CHECK(c.ok(), "{}", c.status().to_string());
         ModelShape shape;
         shape.batch = kB;
         shape.seq_len = kT;
         shape.masters_on_host = masters_on_host;
+        shape.offload_fraction = fraction;
         Result<Model> m = Model::create(*c, shape, state_->context());
         LATHE_CHECK(m.ok(), "{}", m.status().to_string());
         return std::move(*m);
@@ -105,6 +109,16 @@ protected:
                 host->step(model, segments, hyper, step, r.norms.back(), kMaxNorm);
             else
                 dev->step(optimizer_target(model), segments, hyper, step, kMaxNorm);
+            if (step == 2) {
+                // The first entry (the embeddings: the GPU part below fraction 1) halved between
+                // steps, read and written as a checkpoint load does.
+                if (host) host->finish();
+                const size_t e0 = model.params().entries()[0].arena_index;
+                HostTensor w(DType::kF32, model.plan().params.entries()[e0].shape);
+                model.read_param_entry(e0, w.view());
+                for (int64_t i = 0; i < w.view().numel(); ++i) w.view().as<float>()[i] *= 0.5f;
+                model.write_param_entry(e0, w.view());
+            }
         }
         if (host) host->finish();
         model.synchronize();
@@ -135,22 +149,25 @@ TEST_F(HostOptimizerGpu, SchedulesGiveTheDeviceOptimizersBits) {
     ASSERT_EQ(d.params().entries()[kFrozen].layer, 0);
     const Run want = train(d, nullptr, &*dev, 4);
     for (const float n : want.norms) EXPECT_GT(n, kMaxNorm);  // the clip is exercised
-    for (const OffloadSchedule schedule :
-         {OffloadSchedule::kSerial, OffloadSchedule::kOverlapped}) {
-        SCOPED_TRACE(offload_schedule_name(schedule));
-        Model h = make_model(true);
-        Result<HostOptimizer> host =
-            HostOptimizer::create_for(h, AdamWStateDType::kF32, 0, schedule);
-        ASSERT_TRUE(host.ok()) << host.status().to_string();
-        h.init(5);  // after create_for: init writes the host masters and the compute copy
-        const Run got = train(h, &*host, nullptr, 4);
-        EXPECT_EQ(got.losses, want.losses);
-        EXPECT_EQ(got.norms, want.norms);
-        EXPECT_EQ(got.masters, want.masters);
-        EXPECT_EQ(got.compute, want.compute);
-        EXPECT_EQ(got.m, want.m);
-        EXPECT_EQ(got.v, want.v);
-    }
+    for (const double fraction : {1.0, 0.6, 0.2, 1e-6})
+        for (const OffloadSchedule schedule :
+             {OffloadSchedule::kSerial, OffloadSchedule::kOverlapped}) {
+            SCOPED_TRACE(offload_schedule_name(schedule));
+            SCOPED_TRACE(fraction);
+            Model h = make_model(true, fraction);
+            EXPECT_EQ(h.plan().offload_begin == 0, fraction == 1.0);
+            Result<HostOptimizer> host =
+                HostOptimizer::create_for(h, AdamWStateDType::kF32, 0, schedule);
+            ASSERT_TRUE(host.ok()) << host.status().to_string();
+            h.init(5);  // after create_for: init writes the host masters and the compute copy
+            const Run got = train(h, &*host, nullptr, 4);
+            EXPECT_EQ(got.losses, want.losses);
+            EXPECT_EQ(got.norms, want.norms);
+            EXPECT_EQ(got.masters, want.masters);
+            EXPECT_EQ(got.compute, want.compute);
+            EXPECT_EQ(got.m, want.m);
+            EXPECT_EQ(got.v, want.v);
+        }
 }
 
 }  // namespace

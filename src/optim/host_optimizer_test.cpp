@@ -5,7 +5,9 @@
 // waits per unit) gives the serial schedule's bits over steps of two micro-batches with a frozen
 // entry, fp32 and bf16 moments; the model's entry reads and writes go through the host masters;
 // bf16 moments round on write_state and widen exactly on read_state; creation refuses a model
-// that keeps its masters.
+// that keeps its masters. With offload_fraction below 1 (the last units on the host, the rest
+// stepped by the device AdamW) every one of these gives the same bits, an entry written between
+// steps included.
 
 #include "optim/host_optimizer.h"
 
@@ -23,12 +25,13 @@ namespace {
 
 using tiny_model::ids;
 
-Model make_model(bool masters_on_host) {
+Model make_model(bool masters_on_host, double fraction = 1.0) {
     const ModelConfig c = tiny_model::parse(tiny_model::kLlamaJson);
     ModelShape shape;
     shape.batch = 2;
     shape.seq_len = 8;
     shape.masters_on_host = masters_on_host;
+    shape.offload_fraction = fraction;
     Result<Model> m = Model::create(c, shape, cpu_context());
     LATHE_CHECK(m.ok(), "{}", m.status().to_string());
     return std::move(*m);
@@ -38,56 +41,78 @@ bool same_bits(const float* a, const float* b, int64_t n) {
     return std::memcmp(a, b, size_t(n) * sizeof(float)) == 0;
 }
 
+// Fractions: everything offloaded; about half (the back unit and the last layer); the back unit
+// alone (the smallest fraction).
+constexpr double kFractions[] = {1.0, 0.5, 1e-6};
+
 TEST(HostOptimizer, StepsAsTheDeviceOptimizerDoes) {
-    for (const OffloadSchedule schedule : {OffloadSchedule::kSerial, OffloadSchedule::kOverlapped})
-        for (const float max_norm : {0.0f, 0.05f}) {
-            Model a = make_model(true), b = make_model(false);
-            Result<HostOptimizer> host =
-                HostOptimizer::create_for(a, AdamWStateDType::kF32, 2, schedule);
-            ASSERT_TRUE(host.ok()) << host.status().to_string();
-            a.init(5);  // after create_for: init writes the host masters
-            b.init(5);
-            const int64_t n = b.params_flat().numel();
-            ASSERT_EQ(host->total(), n);
-            EXPECT_TRUE(same_bits(host->masters().data(), b.params_flat().as<float>(), n));
-            Result<AdamWOptimizer> dev = AdamWOptimizer::create_for(b);
-            ASSERT_TRUE(dev.ok()) << dev.status().to_string();
-            const AdamWHyper hyper{0.9, 0.95, 1e-8};
-            for (int step = 1; step <= 3; ++step) {
-                const HostTensor t = ids(2, 8, 64, step), y = ids(2, 8, 64, step + 7);
-                const ModelBatch batch{t.view(), y.view(), {}, {}};
-                float norms[2];
-                int i = 0;
-                for (Model* model : {&a, &b}) {
-                    model->zero_grads();
-                    model->forward_backward(batch);
-                    norms[i++] = model->grad_norm();
+    for (const double fraction : kFractions)
+        for (const OffloadSchedule schedule :
+             {OffloadSchedule::kSerial, OffloadSchedule::kOverlapped})
+            for (const float max_norm : {0.0f, 0.05f}) {
+                SCOPED_TRACE(fraction);
+                Model a = make_model(true, fraction), b = make_model(false);
+                EXPECT_EQ(a.plan().offload_begin == 0, fraction == 1.0);
+                Result<HostOptimizer> host =
+                    HostOptimizer::create_for(a, AdamWStateDType::kF32, 2, schedule);
+                ASSERT_TRUE(host.ok()) << host.status().to_string();
+                a.init(5);  // after create_for: init writes the host masters
+                b.init(5);
+                const int64_t n = b.params_flat().numel();
+                ASSERT_EQ(host->total(), n);
+                EXPECT_TRUE(same_bits(host->masters().data(), b.params_flat().as<float>(), n));
+                Result<AdamWOptimizer> dev = AdamWOptimizer::create_for(b);
+                ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+                const AdamWHyper hyper{0.9, 0.95, 1e-8};
+                for (int step = 1; step <= 3; ++step) {
+                    const HostTensor t = ids(2, 8, 64, step), y = ids(2, 8, 64, step + 7);
+                    const ModelBatch batch{t.view(), y.view(), {}, {}};
+                    float norms[2];
+                    int i = 0;
+                    for (Model* model : {&a, &b}) {
+                        model->zero_grads();
+                        model->forward_backward(batch);
+                        norms[i++] = model->grad_norm();
+                    }
+                    ASSERT_EQ(norms[0], norms[1]);
+                    if (max_norm > 0) {
+                        EXPECT_GT(norms[0], max_norm);  // the clip is exercised
+                    }
+                    host->step(a, a.adamw_segments(1e-2, 0.1), hyper, step, norms[0], max_norm);
+                    dev->step(optimizer_target(b), b.adamw_segments(1e-2, 0.1), hyper, step,
+                              max_norm);
+                    if (step == 2) {
+                        // An entry of the front unit (on the device with a fraction below 1) read
+                        // and written between steps, halved: the next step starts from it.
+                        host->finish();
+                        for (Model* model : {&a, &b}) {
+                            const size_t e0 = model->params().entries()[0].arena_index;
+                            HostTensor w(DType::kF32, model->plan().params.entries()[e0].shape);
+                            model->read_param_entry(e0, w.view());
+                            for (int64_t i = 0; i < w.view().numel(); ++i)
+                                w.view().as<float>()[i] *= 0.5f;
+                            model->write_param_entry(e0, w.view());
+                        }
+                    }
                 }
-                ASSERT_EQ(norms[0], norms[1]);
-                if (max_norm > 0) {
-                    EXPECT_GT(norms[0], max_norm);  // the clip is exercised
-                }
-                host->step(a, a.adamw_segments(1e-2, 0.1), hyper, step, norms[0], max_norm);
-                dev->step(optimizer_target(b), b.adamw_segments(1e-2, 0.1), hyper, step, max_norm);
+                host->finish();  // overlapped: the last update reaches the masters and the weights
+                EXPECT_TRUE(same_bits(host->masters().data(), b.params_flat().as<float>(), n));
+                // The weights the CPU model computes with are the masters.
+                EXPECT_TRUE(same_bits(a.params_flat().as<float>(), b.params_flat().as<float>(), n));
+                const size_t count = static_cast<size_t>(n);
+                std::vector<float> m(count), v(count);
+                host->read_state(m, v);
+                EXPECT_TRUE(same_bits(m.data(), dev->exp_avg().as<float>(), n));
+                EXPECT_TRUE(same_bits(v.data(), dev->exp_avg_sq().as<float>(), n));
+                // Entry reads come from the host masters.
+                const size_t e = a.params().entries()[0].arena_index;
+                const ArenaEntry& ae = a.plan().params.entries()[e];
+                HostTensor got(DType::kF32, ae.shape);
+                a.read_param_entry(e, got.view());
+                EXPECT_TRUE(same_bits(got.view().as<float>(),
+                                      host->masters().data() + ae.offset / sizeof(float),
+                                      ae.shape.numel()));
             }
-            host->finish();  // overlapped: the last update reaches the masters and the weights
-            EXPECT_TRUE(same_bits(host->masters().data(), b.params_flat().as<float>(), n));
-            // The weights the CPU model computes with are the masters.
-            EXPECT_TRUE(same_bits(a.params_flat().as<float>(), b.params_flat().as<float>(), n));
-            const size_t count = static_cast<size_t>(n);
-            std::vector<float> m(count), v(count);
-            host->read_state(m, v);
-            EXPECT_TRUE(same_bits(m.data(), dev->exp_avg().as<float>(), n));
-            EXPECT_TRUE(same_bits(v.data(), dev->exp_avg_sq().as<float>(), n));
-            // Entry reads come from the host masters.
-            const size_t e = a.params().entries()[0].arena_index;
-            const ArenaEntry& ae = a.plan().params.entries()[e];
-            HostTensor got(DType::kF32, ae.shape);
-            a.read_param_entry(e, got.view());
-            EXPECT_TRUE(same_bits(got.view().as<float>(),
-                                  host->masters().data() + ae.offset / sizeof(float),
-                                  ae.shape.numel()));
-        }
 }
 
 // What one training run leaves: every micro-batch's loss, the norms, masters, the model's
@@ -129,40 +154,43 @@ RunResult train(Model& model, HostOptimizer& host, int steps, size_t frozen) {
 }
 
 TEST(HostOptimizer, OverlappedScheduleGivesTheSerialBits) {
-    for (const AdamWStateDType dtype : {AdamWStateDType::kF32, AdamWStateDType::kBF16}) {
-        Model a = make_model(true), b = make_model(true);
-        Result<HostOptimizer> serial =
-            HostOptimizer::create_for(a, dtype, 2, OffloadSchedule::kSerial);
-        Result<HostOptimizer> overlapped =
-            HostOptimizer::create_for(b, dtype, 2, OffloadSchedule::kOverlapped);
-        ASSERT_TRUE(serial.ok()) << serial.status().to_string();
-        ASSERT_TRUE(overlapped.ok()) << overlapped.status().to_string();
-        a.init(11);
-        b.init(11);
-        // A layer's entry: its unit is stepped without it, and its weights stay as written.
-        const size_t frozen = 3;
-        ASSERT_EQ(a.params().entries()[frozen].layer, 0);
-        const RunResult x = train(a, *serial, 4, frozen), y = train(b, *overlapped, 4, frozen);
-        ASSERT_EQ(x.losses.size(), 8u);
-        for (size_t i = 0; i < x.losses.size(); ++i) EXPECT_EQ(x.losses[i], y.losses[i]) << i;
-        for (size_t i = 0; i < x.norms.size(); ++i) {
-            EXPECT_EQ(x.norms[i], y.norms[i]) << i;
-            EXPECT_GT(x.norms[i], 0.05f);  // the clip is exercised
+    for (const double fraction : kFractions)
+        for (const AdamWStateDType dtype : {AdamWStateDType::kF32, AdamWStateDType::kBF16}) {
+            SCOPED_TRACE(fraction);
+            Model a = make_model(true, fraction), b = make_model(true, fraction);
+            Result<HostOptimizer> serial =
+                HostOptimizer::create_for(a, dtype, 2, OffloadSchedule::kSerial);
+            Result<HostOptimizer> overlapped =
+                HostOptimizer::create_for(b, dtype, 2, OffloadSchedule::kOverlapped);
+            ASSERT_TRUE(serial.ok()) << serial.status().to_string();
+            ASSERT_TRUE(overlapped.ok()) << overlapped.status().to_string();
+            a.init(11);
+            b.init(11);
+            // A layer's entry: its unit is stepped without it, and its weights stay as written.
+            const size_t frozen = 3;
+            ASSERT_EQ(a.params().entries()[frozen].layer, 0);
+            const RunResult x = train(a, *serial, 4, frozen), y = train(b, *overlapped, 4, frozen);
+            ASSERT_EQ(x.losses.size(), 8u);
+            for (size_t i = 0; i < x.losses.size(); ++i) EXPECT_EQ(x.losses[i], y.losses[i]) << i;
+            for (size_t i = 0; i < x.norms.size(); ++i) {
+                EXPECT_EQ(x.norms[i], y.norms[i]) << i;
+                EXPECT_GT(x.norms[i], 0.05f);  // the clip is exercised
+            }
+            const int64_t n = serial->total();
+            EXPECT_TRUE(same_bits(x.masters.data(), y.masters.data(), n));
+            EXPECT_TRUE(same_bits(x.weights.data(), y.weights.data(), n));
+            EXPECT_TRUE(same_bits(x.m.data(), y.m.data(), n));
+            EXPECT_TRUE(same_bits(x.v.data(), y.v.data(), n));
+            // The frozen entry kept its initial values; the others moved.
+            Model c = make_model(false);
+            c.init(11);
+            const ArenaEntry& fe =
+                a.plan().params.entries()[a.params().entries()[frozen].arena_index];
+            const size_t off = fe.offset / sizeof(float);
+            EXPECT_TRUE(same_bits(y.masters.data() + off, c.params_flat().as<float>() + off,
+                                  fe.shape.numel()));
+            EXPECT_FALSE(same_bits(y.masters.data(), c.params_flat().as<float>(), n));
         }
-        const int64_t n = serial->total();
-        EXPECT_TRUE(same_bits(x.masters.data(), y.masters.data(), n));
-        EXPECT_TRUE(same_bits(x.weights.data(), y.weights.data(), n));
-        EXPECT_TRUE(same_bits(x.m.data(), y.m.data(), n));
-        EXPECT_TRUE(same_bits(x.v.data(), y.v.data(), n));
-        // The frozen entry kept its initial values; the others moved.
-        Model c = make_model(false);
-        c.init(11);
-        const ArenaEntry& fe = a.plan().params.entries()[a.params().entries()[frozen].arena_index];
-        const size_t off = fe.offset / sizeof(float);
-        EXPECT_TRUE(
-            same_bits(y.masters.data() + off, c.params_flat().as<float>() + off, fe.shape.numel()));
-        EXPECT_FALSE(same_bits(y.masters.data(), c.params_flat().as<float>(), n));
-    }
 }
 
 TEST(HostOptimizer, Bf16MomentsRoundOnWriteAndWidenOnRead) {

@@ -111,6 +111,17 @@ constexpr std::string_view kLlama3_8b = R"({
   "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": 128001
 })";
 
+// Llama-2-13B's architecture (13,015,864,320 parameters: 40 layers, hidden 5120, 40 heads of 128
+// without grouped KV, FFN 13824, vocabulary 32000, untied, 4096 positions, rope theta 10000).
+constexpr std::string_view kLlama2_13b = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "vocab_size": 32000, "hidden_size": 5120, "intermediate_size": 13824,
+  "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40,
+  "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+  "rope_theta": 10000.0, "attention_bias": false, "mlp_bias": false,
+  "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2
+})";
+
 // Small enough that a CPU step takes milliseconds: for tests and for trying the command.
 constexpr std::string_view kTinyLlama = R"({
   "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -145,6 +156,10 @@ constexpr BenchPreset kPresets[] = {
      "Llama-3-8B's layer shape, 10 of its 32 layers: 32 heads, 8 KV heads, C 4096, F 14336, "
      "V 128256, untied, rope theta 500000",
      kLlama3_8bSlice},
+    {"llama2-13b",
+     "Llama-2-13B shape: 40 layers, 40 heads (no grouped KV), C 5120, F 13824, V 32000, untied, "
+     "rope theta 10000, 4096 positions",
+     kLlama2_13b},
     {"tiny", "Llama family, 2 layers, 4 heads, 2 KV heads, C 64, F 192, V 512 (tests)", kTinyLlama},
     {"tiny-gpt2", "GPT-2 family, 2 layers, 4 heads, C 64, V 512 (tests)", kTinyGpt2},
 };
@@ -355,13 +370,14 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (req.batch < 1) return invalid_argument_error("--batch must be >= 1, got {}", req.batch);
     if (req.seq < 1) return invalid_argument_error("--seq must be >= 1, got {}", req.seq);
     if (req.steps < 1) return invalid_argument_error("--steps must be >= 1, got {}", req.steps);
+    if (req.accum < 1) return invalid_argument_error("--accum must be >= 1, got {}", req.accum);
     if (req.warmup < 0) return invalid_argument_error("--warmup must be >= 0, got {}", req.warmup);
     if (req.threads < 0)
         return invalid_argument_error("--threads must be >= 0, got {}", req.threads);
     if (req.zero_stage < 0 || req.zero_stage > 3)
         return invalid_argument_error("--zero-stage must be 0, 1, 2 or 3, got {}", req.zero_stage);
     LATHE_ASSIGN_OR_RETURN(ModelConfig config, bench_model_config(req.model, req.vocab_size));
-    const int64_t B = req.batch, T = req.seq, V = config.vocab_size;
+    const int64_t B = req.batch, T = req.seq, V = config.vocab_size, K = req.accum;
 #ifdef _OPENMP
     if (req.threads > 0) omp_set_num_threads(req.threads);
 #endif
@@ -408,6 +424,13 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (!offload && req.state_dtype == AdamWStateDType::kBF16)
         return invalid_argument_error("--state-dtype bf16 needs --offload cpu");
     shape.masters_on_host = offload;
+    if (!(req.offload_fraction > 0.0 && req.offload_fraction <= 1.0))
+        return invalid_argument_error("--offload-fraction must be in (0, 1], got {}",
+                                      req.offload_fraction);
+    if (!offload && req.offload_fraction < 1.0)
+        return invalid_argument_error("--offload-fraction {} needs --offload cpu",
+                                      req.offload_fraction);
+    shape.offload_fraction = req.offload_fraction;
     if (req.fp8) {
         // fp8 (bench.h): on a GPU with FP8 tensor cores only, never a fallback.
         if (place.backend != Backend::kCuda)
@@ -440,6 +463,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["device_name"] = place.name;
     j["batch"] = B;
     j["seq"] = T;
+    j["accum"] = K;
     j["params"] = model_config_num_parameters(config);
     j["flop_params"] = bench_flop_parameters(config);
     j["flops_per_token"] = bench_flops_per_token(config, T);
@@ -452,15 +476,20 @@ Result<std::string> bench_run(const BenchRequest& req) {
         j["offload"] = "cpu";
         j["state_dtype"] = adamw_state_dtype_name(req.state_dtype);
         j["offload_schedule"] = offload_schedule_name(req.offload_schedule);
+        j["offload_fraction"] = req.offload_fraction;
     }
     // The host memory plan of the offloaded optimizer (printed under the device's).
     OffloadSettings offload_settings;
     offload_settings.offload = req.offload;
     offload_settings.state_dtype = req.state_dtype;
-    LATHE_ASSIGN_OR_RETURN(
-        const HostMemoryPlan host_plan,
-        host_memory_plan(int64_t(plan->params.total_bytes() / sizeof(float)), offload_settings));
-    if (offload) j["host_pinned_bytes"] = host_plan.pinned_bytes();
+    offload_settings.fraction = req.offload_fraction;
+    LATHE_ASSIGN_OR_RETURN(const HostMemoryPlan host_plan,
+                           host_memory_plan(int64_t(plan->params.total_bytes() / sizeof(float)),
+                                            plan->offload_begin, offload_settings));
+    if (offload) {
+        j["host_pinned_bytes"] = host_plan.pinned_bytes();
+        j["offloaded_params"] = host_plan.offloaded_params;
+    }
     if (req.plan_only) {
         // The table `lathe train` prints, and its rows in the JSON line. On CUDA without a GPU
         // the attention workspace is the plan's estimate (memory_plan.h).
@@ -521,8 +550,9 @@ Result<std::string> bench_run(const BenchRequest& req) {
             format_bytes(have), multi ? fmt::format(" ({})", world.who()) : std::string());
     }
 
-    log_info("bench: {} ({}) on {}: B={} T={}, {} warmup + {} timed steps", req.model,
-             model_config_summary(config), place.name, B, T, req.warmup, req.steps);
+    log_info("bench: {} ({}) on {}: B={} T={}, {} micro-batch{} a step, {} warmup + {} timed steps",
+             req.model, model_config_summary(config), place.name, B, T, K, K == 1 ? "" : "es",
+             req.warmup, req.steps);
     if (multi) {
         log_info("bench: data parallel over {} ranks ({}), ZeRO-{}: B={} per rank", world.size(),
                  launcher_name(world.group.launcher), req.zero_stage, B);
@@ -568,7 +598,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
                                AdamWOptimizer::create_for(model, ranges, model.context()));
         optimizer.emplace(std::move(made));
     }
-    // `lathe train`'s step (run/train_step.h) for one micro-batch (gradient accumulation 1),
+    // `lathe train`'s step (run/train_step.h) for K micro-batches (gradient accumulation K),
     // with the default clip and without the trainer's skip decision (it only compares the loss
     // and norm the step reads anyway).
     std::optional<TrainStep> step;
@@ -578,13 +608,13 @@ Result<std::string> bench_run(const BenchRequest& req) {
         step.emplace(model, *optimizer, std::vector<char>{}, dp.get());
     // Each rank its own batches (seed + rank), as each trains on its slice of the data.
     const std::vector<BatchData> batches =
-        random_batches(std::min<int64_t>(kDistinctBatches, req.warmup + req.steps), B, T, V,
+        random_batches(std::min<int64_t>(kDistinctBatches, (req.warmup + req.steps) * K), B, T, V,
                        req.seed + uint64_t(world.rank()));
 
     size_t used_peak = 0;
     std::vector<double> step_ms, wait_ms;
     // fp8: the FP8 GEMMs each step must run (bench.h), and the weight casts of the timed steps.
-    const int64_t fp8_gemms_want = req.fp8 ? fp8_gemms_per_step(config.num_layers, *req.fp8, 1,
+    const int64_t fp8_gemms_want = req.fp8 ? fp8_gemms_per_step(config.num_layers, *req.fp8, K,
                                                                 req.recompute == Recompute::kFull)
                                            : 0;
     int64_t fp8_casts_before = 0;
@@ -625,21 +655,22 @@ Result<std::string> bench_run(const BenchRequest& req) {
         return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
             .count();
     };
-    // Step s's batch: the views of one of the random batches, in turn.
-    const auto batch_at = [&](int64_t s) {
-        const BatchData& data = batches[size_t(s % int64_t(batches.size()))];
+    // Micro-batch m's batch (micro-batch k of step s is m = s K + k): the views of one of the
+    // random batches, in turn.
+    const auto batch_at = [&](int64_t m) {
+        const BatchData& data = batches[size_t(m % int64_t(batches.size()))];
         ModelBatch batch;
         batch.tokens = ConstTensorView(data.tokens.data(), DType::kI32, Shape{B, T});
         batch.targets = ConstTensorView(data.targets.data(), DType::kI32, Shape{B, T});
         return batch;
     };
     for (int64_t s = 0; s < total; ++s) {
-        const ModelBatch batch = batch_at(s);
         const auto t0 = std::chrono::steady_clock::now();
         if (pending.s >= 0) record(pending.s, ms_since(pending.t0), pending.busy_ms);
         if (gpu_begin) gpu_begin->record(model.context().stream);
-        LATHE_ASSIGN_OR_RETURN(
-            last, step->gradients(1, [&](int64_t) -> Result<ModelBatch> { return batch; }));
+        LATHE_ASSIGN_OR_RETURN(last, step->gradients(K, [&](int64_t k) -> Result<ModelBatch> {
+            return batch_at(s * K + k);
+        }));
         if (gpu_end) gpu_end->record(model.context().stream);
         // Clipping fused into AdamW.
         LATHE_RETURN_IF_ERROR(step->apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip));
@@ -685,9 +716,9 @@ Result<std::string> bench_run(const BenchRequest& req) {
         std::vector<KernelRecord> records;
         // The steps as the timed ones run them (the loop above), untimed.
         const auto profiled_step = [&](int64_t s) -> Status {
-            const ModelBatch batch = batch_at(s);
-            LATHE_ASSIGN_OR_RETURN(
-                last, step->gradients(1, [&](int64_t) -> Result<ModelBatch> { return batch; }));
+            LATHE_ASSIGN_OR_RETURN(last, step->gradients(K, [&](int64_t k) -> Result<ModelBatch> {
+                return batch_at(s * K + k);
+            }));
             LATHE_RETURN_IF_ERROR(step->apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip));
             if (host_optimizer) host_optimizer->finish();
             model.synchronize();
@@ -717,7 +748,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         on_cuda ? (used_peak > used_before ? used_peak - used_before : 0) : peak_rss_bytes();
     // The world's numbers (bench.h): every rank's median step time, median communication wait
     // and peak memory, gathered; rank 0 reports the total, the largest wait and peak.
-    double tokens_per_s = double(B * T) / (med / 1e3);
+    double tokens_per_s = double(B * T * K) / (med / 1e3);
     double wait_max = 0.0;
     uint64_t peak_max = peak;
     if (multi) {
@@ -726,7 +757,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
                                all_gather_value(*world.comm, mine, stream));
         tokens_per_s = 0.0;
         for (const RankNumbers& r : all) {
-            tokens_per_s += double(B * T) / (r.step_ms_median / 1e3);
+            tokens_per_s += double(B * T * K) / (r.step_ms_median / 1e3);
             wait_max = std::max(wait_max, r.comm_wait_ms_median);
             peak_max = std::max(peak_max, r.peak_memory_bytes);
         }
@@ -737,6 +768,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["warmup"] = req.warmup;
     j["tokens_per_s"] = tokens_per_s;
     j["step_ms_median"] = med;
+    j["s_per_it"] = med / 1e3;
     j["step_ms_mean"] = mean;
     j["step_ms_min"] = *std::min_element(step_ms.begin(), step_ms.end());
     j["step_ms_max"] = *std::max_element(step_ms.begin(), step_ms.end());

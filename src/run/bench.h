@@ -8,9 +8,13 @@
 // (Model::init), batches are random token ids (seeded; each row's targets are its tokens shifted
 // by one). After `warmup` untimed steps, `steps` steps are timed one by one, each ending when
 // the device has finished it (a stream synchronize on CUDA), as torch_baseline.py times its steps.
+// A step is `lathe train`'s optimizer step: --accum K micro-batches of B sequences (forward and
+// backward each), then the norm, clipping and one update.
 //
 // Definitions (the same as ../shared/bench/torch_baseline.py, so the two compare directly):
-//   tokens_per_s     B * T / median step time
+//   tokens_per_s     K * B * T / median step time (K = --accum, micro-batches a step)
+//   s_per_it         the median step time in seconds (a step: K forward+backward passes, the
+//                    gradient norm, one optimizer update)
 //   flops_per_token  6 N + 12 L C T (PaLM's convention), N = the parameters without the input
 //                    embedding tables (token and learned positions), with the LM head: a tied
 //                    model counts its embedding once, as the head
@@ -66,14 +70,17 @@
 // HostOptimizer's pinned host buffers (checked against the host's memory first) hold the masters
 // and moments, the step times include the gradients' D2H copy, the CPU AdamW and the bf16
 // weights' H2D copy. --state-dtype bf16 stores the moments in bf16; --offload-schedule serial or
-// overlapped (optimizer.offload_schedule). A step's time runs from its start to the next step's
-// start (the last: to the end of its update), since the overlapped update ends inside the next
-// step's forward. The line adds offload, state_dtype, offload_schedule, host_pinned_bytes (the
-// host memory plan's pinned total), host_peak_rss_bytes (getrusage's peak resident set) and, on
-// CUDA, gpu_busy_fraction: over the timed steps, the compute stream's time from each step's first
-// forward kernel to its gradient norm (timing events), less the forward's waits for weights the
-// CPU had not yet updated (timing events around each wait, HostOptimizer::set_wait_timing), over
-// the steps' wall time. The host plan is printed under the device's table (with --plan-only too).
+// overlapped (optimizer.offload_schedule); --offload-fraction F offloads the last units holding
+// at least F of the parameters and steps the rest on the device (optimizer.offload_fraction,
+// ModelShape::offload_fraction; the plans count both parts). A step's time runs from its start to
+// the next step's start (the last: to the end of its update), since the overlapped update ends
+// inside the next step's forward. The line adds offload, state_dtype, offload_schedule,
+// offload_fraction, offloaded_params, host_pinned_bytes (the host memory plan's pinned total),
+// host_peak_rss_bytes (getrusage's peak resident set) and, on CUDA, gpu_busy_fraction: over the
+// timed steps, the compute stream's time from each step's first forward kernel to its gradient norm
+// (timing events), less the forward's waits for weights the CPU had not yet updated (timing events
+// around each wait, HostOptimizer::set_wait_timing), over the steps' wall time. The host plan is
+// printed under the device's table (with --plan-only too).
 
 #include <cstdint>
 #include <optional>
@@ -99,6 +106,7 @@ struct BenchRequest {
     int64_t seq = 0;     // T
     int64_t steps = 10;  // timed steps
     int64_t warmup = 2;  // untimed steps first (cuBLASLt heuristics, caches, lazy loading)
+    int64_t accum = 1;   // K: micro-batches of B sequences per step (gradient accumulation)
     BenchDevice device = BenchDevice::kAuto;
     std::optional<int64_t> vocab_size;       // overrides the config's (e.g. GPT-2 padded to 50304)
     uint64_t seed = 1234;                    // parameters and batches
@@ -114,6 +122,7 @@ struct BenchRequest {
     OptimizerOffload offload = OptimizerOffload::kNone;
     AdamWStateDType state_dtype = AdamWStateDType::kF32;
     OffloadSchedule offload_schedule = OffloadSchedule::kOverlapped;  // --offload-schedule
+    double offload_fraction = 1.0;  // --offload-fraction: optimizer.offload_fraction, (0, 1]
     // --kernel-breakdown N: N more steps after the timed ones, recorded by CUPTI (CUDA only;
     // kernel_breakdown below); 0: none.
     int64_t kernel_breakdown_steps = 0;
@@ -125,8 +134,8 @@ struct BenchPreset {
     std::string_view config_json;  // a Hugging Face config.json
 };
 
-// The presets: gpt2-124m, llama-1b, llama3-8b, llama3-8b-8l, llama3-8b-10l, tiny (a Llama-family
-// model of 2 layers), tiny-gpt2.
+// The presets: gpt2-124m, llama-1b, llama3-8b, llama3-8b-8l, llama3-8b-10l, llama2-13b, tiny (a
+// Llama-family model of 2 layers), tiny-gpt2.
 std::span<const BenchPreset> bench_model_presets();
 
 // The ModelConfig of a preset name or config.json path, with `vocab_size` applied. Errors: an

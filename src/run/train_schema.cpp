@@ -109,7 +109,8 @@ ConfigSchema train_config_schema() {
            "CPU (docs/SFT.md, \"Optimizer offload\")"});
     s.add({"optimizer.offload_fraction", ConfigType::kFloat, "",
            "with optimizer.offload: cpu, the fraction of the parameters offloaded, in (0, 1]; "
-           "default 1; lathe train runs 1"});
+           "default 1: the last layers (and the LM head) go first, as few as hold the fraction; "
+           "the rest keeps its masters and moments on the GPU, stepped there"});
     s.add({"optimizer.offload_schedule", ConfigType::kString, "",
            "with optimizer.offload: cpu: overlapped (default: gradients leave the GPU layer by "
            "layer during the backward, the CPU steps on a worker thread while the next forward "

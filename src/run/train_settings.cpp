@@ -74,16 +74,10 @@ Status resolve_offload(const Config& c, OffloadSettings& out) {
     return ok_status();
 }
 
-// What lathe train runs of the offload keys: optimizer.offload: cpu with the whole optimizer on
-// the host (offload_fraction 1; optim/host_optimizer.h), with fp32 or bf16 moments; bf16
-// moments only there. The rest stops the run here, after every other key is checked, rather
-// than being ignored.
+// What lathe train runs of the offload keys: optimizer.offload: cpu with any offload_fraction
+// (optim/host_optimizer.h), with fp32 or bf16 moments; bf16 moments only there. The rest stops
+// the run here, after every other key is checked, rather than being ignored.
 Status refuse_offload(const Config& c, const OffloadSettings& o) {
-    if (o.offload == OptimizerOffload::kCpu && o.fraction < 1.0)
-        return unimplemented_error(
-            "{}: 'optimizer.offload_fraction' {}: lathe train offloads the whole optimizer "
-            "(docs/SFT.md, \"Optimizer offload\"); remove the key or set it to 1",
-            c.source_of("optimizer.offload_fraction"), o.fraction);
     if (o.offload != OptimizerOffload::kCpu && o.state_dtype == AdamWStateDType::kBF16)
         return unimplemented_error(
             "{}: 'optimizer.state_dtype: bf16': lathe train keeps bf16 AdamW moments only with "

@@ -56,9 +56,8 @@ struct TrainSettings {
     double weight_decay = 0.0;
     AdamWHyper adam;
     double grad_clip = 0.0;  // 0 = off
-    // optimizer.offload, optimizer.offload_fraction, optimizer.state_dtype (validated; an
-    // offload_fraction below 1, or bf16 moments without offload, is refused by
-    // train_settings_resolve).
+    // optimizer.offload, optimizer.offload_fraction, optimizer.state_dtype (validated; bf16
+    // moments without offload are refused by train_settings_resolve).
     OffloadSettings offload;
 
     int64_t checkpoint_interval = 0;  // 0 = only at the end

@@ -413,6 +413,7 @@ Status Trainer::setup() {
             config_.source_of("optimizer.offload"), world_.size());
     }
     shape.masters_on_host = offload;
+    shape.offload_fraction = s_.offload.fraction;
     if (fp8_run()) {
         shape.precision = fp8_precision_policy(s_.fp8);
         shape.fp8 = s_.fp8;
@@ -451,8 +452,9 @@ Status Trainer::setup() {
                                  tp() > 1 ? fmt::format(", tensor parallel {}", tp()) : "");
         std::string table = model_->plan().table(title);
         if (offload) {
-            LATHE_ASSIGN_OR_RETURN(const HostMemoryPlan host,
-                                   host_memory_plan(model_->params_total(), s_.offload));
+            LATHE_ASSIGN_OR_RETURN(
+                const HostMemoryPlan host,
+                host_memory_plan(model_->params_total(), model_->plan().offload_begin, s_.offload));
             table += fmt::format("{}  moments in {} (optimizer.state_dtype), stepped by CpuAdamW\n",
                                  host.to_string(), adamw_state_dtype_name(s_.offload.state_dtype));
         }
@@ -462,8 +464,9 @@ Status Trainer::setup() {
     }
     if (offload) {
         // The pinned host bytes checked against what the host has, before they are allocated.
-        LATHE_ASSIGN_OR_RETURN(const HostMemoryPlan host,
-                               host_memory_plan(model_->params_total(), s_.offload));
+        LATHE_ASSIGN_OR_RETURN(
+            const HostMemoryPlan host,
+            host_memory_plan(model_->params_total(), model_->plan().offload_begin, s_.offload));
         LATHE_ASSIGN_OR_RETURN(const HostMemoryAvailable avail, host_memory_available());
         LATHE_RETURN_IF_ERROR(host_memory_check(host, avail));
         LATHE_ASSIGN_OR_RETURN(HostOptimizer host_optimizer,
