@@ -11,7 +11,9 @@
 //   cuda_ops_bench [--copy-gbps 3000] [--gemm-tflops 780] [--only SUBSTRING]
 //
 // --only times just the ops whose name contains one of the comma-separated substrings (e.g.
-// "norm_backward,column_sum").
+// "norm_backward,column_sum"). The decode rows ("decode_linear": the skinny GEMM of
+// ops/cuda/gemv.h against cuBLASLt at the Llama-3-8B decode projections, M = 1..16 rows) follow
+// the decode attention.
 //
 // Inputs are pseudo-random (never zeros), each op is warmed up 3 times, then timed 20 times with
 // CUDA events; the median is printed. The ceilings default to the H100 numbers in DESIGN.md.

@@ -42,9 +42,10 @@ __device__ __forceinline__ void widen8(float (&f)[kChunk], const uint4& raw) {
 // thread loads before it multiplies, so kUnroll x kGemvCols loads of 16 bytes are in flight.
 template <int kMaxRows, int kUnroll>
 __global__ void __launch_bounds__(kGemvThreads)
-    gemv_kernel(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,
+    gemv_kernel(__nv_bfloat16* y, const __nv_bfloat16* __restrict__ x,
                 const __nv_bfloat16* __restrict__ weight, const __nv_bfloat16* __restrict__ bias,
                 const __nv_bfloat16* residual, int M, int K, int N) {
+    // y and residual may be one buffer (gemv.h): neither is __restrict__.
     __shared__ float partial[kGemvWarps][kMaxRows][kGemvCols];
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     const int64_t n0 = int64_t(blockIdx.x) * kGemvCols;

@@ -9,6 +9,7 @@
 
 #include "ops/cuda/cuda_test_util.h"
 #include "ops/cuda/gemv.h"
+#include "ops/gelu.h"
 #include "ops/linear.h"
 #include "ops/residual.h"
 
@@ -185,6 +186,34 @@ TEST(CudaGemv, LinearOpsWithSkinnyGemvMatchCpu) {
         EXPECT_TRUE(bitwise_equal(download_raw(y.view, state), download_raw(direct.view, state)));
         EXPECT_TRUE(
             bitwise_equal(download_raw(yr.view, state), download_raw(direct_res.view, state)));
+    }
+}
+
+// linear_gelu_forward with LinearSpec::skinny_gemv (both GELU forms): pre is the kernel's, within
+// the bound of the CPU twin; act is the GELU kernel on that bf16 pre: against the CPU's GELU of
+// its own f32 pre, one rounding of pre (u, times |gelu'| <= 1.13) and one of act, kBf16Derived.
+TEST(CudaGemv, LinearGeluWithSkinnyGemvMatchesCpu) {
+    const int64_t M = 3, K = 512, N = 72;
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    LinearSpec spec;
+    spec.skinny_gemv = true;
+    for (const GeluKind kind : {GeluKind::kErf, GeluKind::kTanh}) {
+        optest::Rng rng(kind == GeluKind::kErf ? 501 : 502);
+        const HostTensor x = random_bf16_values(rng, {M, K});
+        const HostTensor w = random_bf16_values(rng, {N, K}, -0.2f, 0.2f);
+        const HostTensor b = random_bf16_values(rng, {N});
+        HostTensor pre_ref(DType::kF32, {M, N}), act_ref(DType::kF32, {M, N});
+        linear_gelu_forward(act_ref.view(), pre_ref.view(), x.view(), w.view(), b.view(), kind,
+                            cpu);
+        DeviceTensor dx = upload(x, DType::kBF16, state), dw = upload(w, DType::kBF16, state);
+        DeviceTensor db = upload(b, DType::kBF16, state);
+        DeviceTensor pre = device_tensor(DType::kBF16, {M, N}, state);
+        DeviceTensor act = device_tensor(DType::kBF16, {M, N}, state);
+        linear_gelu_forward(act.view, pre.view, dx.view, dw.view, db.view, kind, gpu, spec);
+        EXPECT_TRUE(
+            within_bound(download_f32(pre.view, state), pre_ref, x, w, &b, nullptr, M, K, N));
+        EXPECT_TRUE(matches(download_f32(act.view, state), act_ref, kBf16Derived));
     }
 }
 
