@@ -11,7 +11,9 @@
 //   cuda_ops_bench [--copy-gbps 3000] [--gemm-tflops 780] [--only SUBSTRING]
 //
 // --only times just the ops whose name contains one of the comma-separated substrings (e.g.
-// "norm_backward,column_sum").
+// "norm_backward,column_sum"). The decode rows ("decode_linear": the skinny GEMM of
+// ops/cuda/gemv.h against cuBLASLt at the Llama-3-8B decode projections, M = 1..16 rows) follow
+// the decode attention.
 //
 // Inputs are pseudo-random (never zeros), each op is warmed up 3 times, then timed 20 times with
 // CUDA events; the median is printed. The ceilings default to the H100 numbers in DESIGN.md.
@@ -37,6 +39,7 @@
 #include "ops/cuda/fp8_blockwise.h"
 #include "ops/cuda/fp8_cast.h"
 #include "ops/cuda/fp8_linear.h"
+#include "ops/cuda/gemv.h"
 #include "ops/cuda/lm_head_cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/gelu.h"
@@ -224,6 +227,57 @@ void decode_attention(Bench& b, int64_t B, int64_t L) {
         attention_decode(out, lse, q, k, v, lengths, 0, 1.0f / std::sqrt(float(D)), b.ctx);
     });
     b.release();
+}
+
+// The decode step's projections at the Llama-3-8B shapes (hidden 4096, q + k + v 6144, FFN
+// 14336, vocabulary 128256) for M = 1..16 rows (the batch): the skinny GEMM of ops/cuda/gemv.h
+// against cuBLASLt (linear_forward), both bf16 without bias. Each timed run goes through enough
+// copies of the weight (distinct buffers, at least 256 MiB in all) that every call reads its
+// weight from memory, not from the 50 MiB L2, as a decode step does; the shape column names the
+// copies. Floor: the weights', x's and y's bytes. `cuda_ops_bench --only decode_linear`.
+void decode_linears(Bench& b) {
+    struct Lin {
+        const char* name;
+        int64_t K, N;
+    };
+    const Lin lins[] = {{"qkv", 4096, 6144},
+                        {"attn_out", 4096, 4096},
+                        {"gate_up", 4096, 2 * 14336},
+                        {"down", 14336, 4096},
+                        {"lm_head", 4096, 128256}};
+    const std::string gemv = "decode_linear gemv", lt = "decode_linear cublaslt";
+    if (!b.only.empty() && std::none_of(b.only.begin(), b.only.end(), [&](const std::string& o) {
+            return gemv.find(o) != std::string::npos || lt.find(o) != std::string::npos;
+        }))
+        return;
+    for (const Lin& l : lins) {
+        const int64_t K = l.K, N = l.N, wbytes = 2 * K * N;
+        const int64_t copies = std::max<int64_t>(1, ((int64_t(256) << 20) + wbytes - 1) / wbytes);
+        std::vector<TensorView> w;
+        for (int64_t i = 0; i < copies; ++i) w.push_back(b.tensor(DType::kBF16, {N, K}, 0.05f));
+        auto x = b.tensor(DType::kBF16, {cuda::kGemvMaxRows, K});
+        auto y = b.tensor(DType::kBF16, {cuda::kGemvMaxRows, N});
+        for (int64_t M : {1, 2, 4, 8, 16}) {
+            const TensorView xm = x.slice(0, M), ym = y.slice(0, M);
+            const std::string shape = "M=" + std::to_string(M) + " " + std::to_string(K) + "->" +
+                                      std::to_string(N) + " x" + std::to_string(copies);
+            const double bytes = double(copies) * (wbytes + 2.0 * M * (K + N));
+            const double flops = double(copies) * 2.0 * M * K * N;
+            const double t_gemv = b.time(gemv + " " + l.name, shape, bytes, flops, [&] {
+                for (const TensorView& wi : w)
+                    cuda::gemv_forward(ym.as<bf16>(), xm.as<bf16>(), wi.as<bf16>(), nullptr,
+                                       nullptr, M, K, N, b.state.stream());
+            });
+            const double t_lt = b.time(lt + " " + l.name, shape, bytes, flops, [&] {
+                for (const TensorView& wi : w) linear_forward(ym, xm, wi, ConstTensorView(), b.ctx);
+            });
+            if (t_gemv > 0 && t_lt > 0)
+                std::printf("| %-34s | %-26s | %9s | %9s | %5.2f | %8s | %7s |\n",
+                            ("decode_linear " + std::string(l.name) + " cublaslt/gemv").c_str(),
+                            shape.c_str(), "", "", t_lt / t_gemv, "", "");
+        }
+        b.release();
+    }
 }
 
 void gpt2(Bench& b) {
@@ -638,6 +692,7 @@ int main(int argc, char** argv) {
     lathe::decode_attention(b, 1, 1024);
     lathe::decode_attention(b, 1, 31000);
     lathe::decode_attention(b, 64, 1024);
+    lathe::decode_linears(b);
     // FP8 against BF16 per linear: the Llama-3-8B layer at T=4096 (hidden 4096, 32 heads, 8 KV
     // heads of 128, FFN 14336) and the Llama-3.2-1B layer at B=8, T=2048.
     lathe::fp8_linears(b, "llama3-8b", 4096, 4096, 4096 + 2 * 1024, 14336);

@@ -143,6 +143,14 @@ def test_not_enough_memory_says_how_much_is_needed(tmp_path):
     assert "lathe: error:" in p.stderr and "needs about 477.10 TiB of memory" in p.stderr, p.stderr
 
 
+def test_decode_gemv_is_in_the_line_and_checked():
+    r = bench("--preset", "tiny", *SMOKE, "--decode-gemv", "auto")
+    assert r["decode_gemv"] == "auto"
+    assert bench("--preset", "tiny", *SMOKE)["decode_gemv"] == "off"
+    p = run("--generate", "--preset", "tiny", *SMOKE, "--decode-gemv", "sometimes")
+    assert p.returncode != 0 and "--decode-gemv" in p.stderr, p.stderr
+
+
 def test_generate_options_need_generate():
     p = run("--model", "tiny", "--batch", 1, "--seq", 8, "--prefill", "16", "--device", "cpu")
     assert p.returncode != 0 and "--prefill needs --generate" in p.stderr
@@ -175,3 +183,24 @@ def test_cuda_line_has_bandwidth_and_mfu():
         assert row["bandwidth_fraction"] == pytest.approx(
             row["bytes_per_step"] / (row["ms_per_step"] / 1e3) / r["copy_bandwidth"])
     assert r["peak_memory_source"] == "cuda_mem_get_info" and r["peak_memory_bytes"] > 0
+
+
+def test_cuda_decode_kernel_breakdown_and_gemv():
+    """--kernel-breakdown with --generate: each decode batch's row has the CUPTI breakdown of its
+    decode steps (GEMMs and attention seen, busy <= span); --decode-gemv on gives the same line
+    keys, its GEMMs under the gemm group (the skinny kernel's name holds "gemv")."""
+    gpu_or_skip()
+    args = ["--preset", "tiny", "--prefill", "", "--decode-batches", "1,4", "--prompt-len", 32,
+            "--decode-steps", 4, "--decode-warmup", 1, "--kv-block-size", 16, "--device", "cuda"]
+    for mode in ("off", "on"):
+        r = bench(*args, "--kernel-breakdown", 2, "--decode-gemv", mode)
+        assert r["decode_gemv"] == mode
+        for row in r["decode"]:
+            k = row["kernels"]
+            assert k["steps"] == 2
+            assert 0 < k["busy_ms_per_step"] <= k["span_ms_per_step"] + 1e-9
+            groups = {g["name"]: g for g in k["groups"]}
+            for g in ("gemm", "attention"):
+                assert g in groups and groups[g]["ms_per_step"] > 0, (g, sorted(groups))
+            if mode == "on":
+                assert any("gemv" in t["name"] for t in k["top"]), k["top"]

@@ -341,8 +341,9 @@ def test_bench_kernel_breakdown_is_a_gpu_option():
     p = run(["bench", "--model", "tiny", "--batch", 1, "--seq", 8, "--device", "cpu",
              "--kernel-breakdown", 2])
     assert p.returncode != 0 and "--kernel-breakdown profiles GPU kernels" in p.stderr, p.stderr
-    p = run(["bench", "--model", "tiny", "--generate", "--kernel-breakdown", 2])
-    assert p.returncode != 0 and "--kernel-breakdown is a training bench option" in p.stderr
+    p = run(["bench", "--model", "tiny", "--generate", "--prefill", 16, "--prompt-len", 8,
+             "--decode-steps", 2, "--device", "cpu", "--kernel-breakdown", 2])
+    assert p.returncode != 0 and "it takes CUDA and --decode-batches" in p.stderr, p.stderr
 
 
 def test_bench_kernel_breakdown_on_a_gpu():

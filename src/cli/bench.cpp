@@ -61,6 +61,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         bool generate = false;
         GenerateBenchRequest gen;
         std::string prefill = "4096,32768", decode_batches = "1,16,64";
+        std::string decode_gemv = "off";
     };
     auto o = std::make_shared<Options>();
     cmd->add_option("--model", o->model,
@@ -105,6 +106,12 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "Micro-batches of --batch sequences per step (gradient accumulation, as "
                     "train.gradient_accumulation_steps)")
         ->capture_default_str();
+    cmd->add_option("--decode-gemv", o->decode_gemv,
+                    "--generate: the GEMM of decode steps of few sequences: off = cuBLASLt; on = "
+                    "lathe's skinny GEMM (ops/cuda/gemv.h) up to 16 rows; auto = it up to 4 rows "
+                    "(CUDA)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "on", "off"}));
     cmd->add_option("--steps", o->req.steps, "Timed steps")->capture_default_str();
     cmd->add_option("--warmup", o->req.warmup, "Untimed steps before them")->capture_default_str();
     cmd->add_option("--device", o->device, "auto (the GPU when there is a usable one), cpu, cuda")
@@ -170,7 +177,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--kernel-breakdown", o->req.kernel_breakdown_steps,
                     "CUDA: after the timed steps, run this many more under CUPTI and add the "
                     "kernel time per group (GEMMs, attention, norms, ...) and the GPU's idle "
-                    "time per step to the line (ops/kernel_groups.h); 0 = off")
+                    "time per step to the line (ops/kernel_groups.h); with --generate, decode "
+                    "steps per --decode-batches batch, in each batch's row; 0 = off")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--plan-only", o->req.plan_only,
@@ -210,7 +218,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                      {"--batch", "--seq", "--accum", "--steps", "--warmup", "--recompute",
                       "--zero-stage", "--precision", "--fp8-recipe", "--fp8-lm-head", "--plan-only",
                       "--nondeterministic", "--offload", "--state-dtype", "--offload-schedule",
-                      "--offload-fraction", "--kernel-breakdown"})
+                      "--offload-fraction"})
                     if (cmd->count(training) > 0)
                         return invalid_argument_error(
                             "{} is a training bench option; --generate takes --prefill, "
@@ -222,6 +230,9 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                 g.seed = o->req.seed;
                 g.threads = o->req.threads;
                 if (cmd->count("--vocab-size") > 0) g.vocab_size = o->vocab;
+                g.kernel_breakdown_steps = o->req.kernel_breakdown_steps;
+                LATHE_ASSIGN_OR_RETURN(g.decode_gemv,
+                                       decode_gemv_parse(o->decode_gemv, "--decode-gemv"));
                 LATHE_ASSIGN_OR_RETURN(g.prefill, parse_length_list(o->prefill, "--prefill"));
                 LATHE_ASSIGN_OR_RETURN(g.decode_batches,
                                        parse_length_list(o->decode_batches, "--decode-batches"));

@@ -55,6 +55,7 @@ struct GenerateRequest {
     bool chat = false;
     int tensor_parallel = 1;
     int64_t random_weights = -1;  // < 0: load the checkpoint's safetensors
+    std::string decode_gemv = "off";
 };
 
 // One input line's prompt ids; errors are the caller's to place (file:line).
@@ -191,6 +192,7 @@ Status run_generate(const GenerateRequest& r) {
     limits.max_sequences = o.batch_size;
     limits.max_len = max_len;
     limits.prefill_chunk = inference_prefill_chunk(r.prefill_chunk, procs, max_len);
+    LATHE_ASSIGN_OR_RETURN(limits.decode_gemv, decode_gemv_parse(r.decode_gemv, "--decode-gemv"));
     LATHE_ASSIGN_OR_RETURN(
         InferenceEngine engine,
         InferenceEngine::create(model, limits, world ? world->comm.get() : nullptr));
@@ -265,6 +267,12 @@ void cli_add_generate(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--prefill-chunk", req->prefill_chunk,
                     "Prompt tokens of one prefill forward; 0 = 2048 on CUDA, 256 on the CPU")
         ->capture_default_str();
+    cmd->add_option(
+           "--decode-gemv", req->decode_gemv,
+           "The GEMM of decode steps of few sequences: off = cuBLASLt; on = lathe's skinny GEMM "
+           "(ops/cuda/gemv.h) up to 16 rows; auto = it up to 4 rows (CUDA)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "on", "off"}));
     cmd->add_option("--batch-size", req->batch_size, "Requests decoded together")
         ->capture_default_str();
     cmd->add_option("--tensor-parallel", req->tensor_parallel,

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "core/log.h"
 #include "infer/engine.h"
 #include "infer/prompting.h"
 #include "infer/scheduler.h"
@@ -62,8 +63,9 @@ struct ServeRequest {
     std::string checkpoint, host = "127.0.0.1", device = "auto", api_key, model_name;
     int port = 8000;
     int64_t max_seqs = 8, max_queue = 64, max_len = 0;
-    int64_t kv_block_size = -1, kv_blocks = 0;  // -1: 16 (paged); rows on CUDA if D % 8 != 0
-    int64_t prefill_chunk = 0;                  // 0: 2048 on CUDA, 256 on the CPU
+    int64_t kv_block_size = -1, kv_blocks = 0;  // -1: 16 (paged), or rows (run_serve)
+    std::string decode_gemv = "off";
+    int64_t prefill_chunk = 0;  // 0: 2048 on CUDA, 256 on the CPU
     int64_t max_body_bytes = int64_t(16) << 20;
     // A chat request without max_tokens generates at most this many (and the remaining context):
     // a non-streaming client that leaves is not noticed until its sequences end.
@@ -883,14 +885,17 @@ Status run_serve(const ServeRequest& r) {
     EngineLimits limits;
     limits.max_sequences = r.max_seqs;
     limits.max_len = r.max_len > 0 ? r.max_len : config->max_position_embeddings;
-    const bool cpu = device.context().backend == Backend::kCpu;
     limits.prefill_chunk = inference_prefill_chunk(r.prefill_chunk, procs, limits.max_len);
     // Paged by default on both backends, so that a request holds the blocks its length needs,
-    // not a row of max_len; the CUDA paged cache takes head_dim % 8 == 0 (else the row cache).
-    const bool paged_ok = cpu || config->head_dim % 8 == 0;
-    limits.kv_block_size = r.kv_block_size >= 0 ? r.kv_block_size : (paged_ok ? 16 : 0);
+    // not a row of max_len; the row cache where the CUDA paged decode attention cannot take the
+    // model (its head_dim, or its GQA group beyond this GPU's shared memory per block).
+    const Status paged_ok = InferenceEngine::paged_cache_supported(*config, device.context());
+    if (r.kv_block_size < 0 && !paged_ok.ok())
+        log_info("serve: the row KV cache ({})", paged_ok.message());
+    limits.kv_block_size = r.kv_block_size >= 0 ? r.kv_block_size : (paged_ok.ok() ? 16 : 0);
     limits.kv_blocks = r.kv_blocks;
     limits.cuda_graphs = r.cuda_graphs;
+    LATHE_ASSIGN_OR_RETURN(limits.decode_gemv, decode_gemv_parse(r.decode_gemv, "--decode-gemv"));
     Result<InferenceEngine> created =
         InferenceEngine::create(model, limits, world ? world->comm.get() : nullptr);
     if (!created.ok()) return created.status().with_context("--kv-block-size, --kv-blocks");
@@ -1043,7 +1048,14 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
     CLI::Option* block_size =
         cmd->add_option("--kv-block-size", req->kv_block_size,
                         "Positions per paged KV block (default 16; on CUDA the row cache when "
-                        "head_dim % 8 != 0); 0 = one row of --max-len per sequence");
+                        "the paged decode attention cannot take the model's head_dim or GQA "
+                        "group); 0 = one row of --max-len per sequence");
+    cmd->add_option(
+           "--decode-gemv", req->decode_gemv,
+           "The GEMM of decode steps of few sequences: off = cuBLASLt; on = lathe's skinny GEMM "
+           "(ops/cuda/gemv.h) up to 16 rows; auto = it up to 4 rows (CUDA)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "on", "off"}));
     cmd->add_option("--kv-blocks", req->kv_blocks,
                     "Paged KV pool in blocks (default: --max-seqs full-length sequences)");
     cmd->add_option("--max-body-bytes", req->max_body_bytes,

@@ -10,6 +10,8 @@
 #include "ops/attention.h"
 #include "ops/cpu/parallel.h"
 #include "ops/cuda/cuda_state.h"
+#include "ops/cuda/device_info.h"
+#include "ops/cuda/gemv.h"
 #include "ops/cuda/memory.h"
 #include "ops/embedding.h"
 #include "ops/layernorm.h"
@@ -29,6 +31,24 @@ TensorView flat_heads(const TensorView& v) {
 }
 
 }  // namespace
+
+std::string_view decode_gemv_name(DecodeGemv mode) {
+    switch (mode) {
+        case DecodeGemv::kOff:
+            return "off";
+        case DecodeGemv::kOn:
+            return "on";
+        case DecodeGemv::kAuto:
+            return "auto";
+    }
+    return "?";
+}
+
+Result<DecodeGemv> decode_gemv_parse(std::string_view text, std::string_view flag) {
+    for (DecodeGemv m : {DecodeGemv::kOff, DecodeGemv::kOn, DecodeGemv::kAuto})
+        if (text == decode_gemv_name(m)) return m;
+    return invalid_argument_error("{} must be auto, on or off, got '{}'", flag, text);
+}
 
 Result<InferenceEngine> InferenceEngine::create(const Model& model, const EngineLimits& limits,
                                                 Communicator* tensor_parallel) {
@@ -66,20 +86,9 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
     e.paged_ = lim.kv_block_size > 0;
     const bool cuda = e.ctx_.backend == Backend::kCuda;
     if (e.paged_) {
-        if (cuda && c.head_dim % 8 != 0) {
-            return invalid_argument_error(
-                "inference: the CUDA paged KV cache reads 16-byte key rows and takes head_dim % 8 "
-                "== 0 (this model's head_dim is {}): use the row cache (kv_block_size 0)",
-                c.head_dim);
-        }
-        // The paged decode kernel's value pass gives each head D / 2 lanes of a 128-thread
-        // group (ops/cuda/attention_rows.cu): beyond 256 no lane would accumulate.
-        if (cuda && c.head_dim > 256) {
-            return invalid_argument_error(
-                "inference: the CUDA paged KV cache's decode attention takes head_dim <= 256 (this "
-                "model's head_dim is {})",
-                c.head_dim);
-        }
+        // Checked here, before the first decode step would stop in the kernel's launch check.
+        const Status supported = paged_cache_supported(c, e.ctx_);
+        if (!supported.ok()) return supported.with_context("inference");
         PagedKvShape ps;
         ps.layers = c.num_layers;
         ps.block_size = lim.kv_block_size;
@@ -168,6 +177,14 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
         model.synchronize();
     }
     return e;
+}
+
+Status InferenceEngine::paged_cache_supported(const ModelConfig& config, const Context& ctx) {
+    if (ctx.backend != Backend::kCuda) return ok_status();
+    const int64_t limit =
+        cuda::shared_memory_per_block_optin(cuda_state_of(ctx, "inference").device());
+    return attention_decode_paged_supports(config.num_heads, config.num_kv_heads, config.head_dim,
+                                           limit);
 }
 
 Result<SeqId> InferenceEngine::open() {
@@ -409,8 +426,10 @@ Result<TensorView> InferenceEngine::run_blocks(int64_t B, int64_t T, ConstTensor
     }
     embedding_forward(cur, tokens, learned_positions,
                       weight(ParamRole::kTokenEmbedding, -1, 0, c.vocab_size), wpe, ctx_);
-    const LinearSpec qkv = p.spec(LinearRole::kQkv), out = p.spec(LinearRole::kAttnOut);
-    const LinearSpec up_spec = p.spec(LinearRole::kMlpUp), down = p.spec(LinearRole::kMlpDown);
+    LinearSpec qkv = p.spec(LinearRole::kQkv), out = p.spec(LinearRole::kAttnOut);
+    LinearSpec up_spec = p.spec(LinearRole::kMlpUp), down = p.spec(LinearRole::kMlpDown);
+    const bool skinny = skinny_gemv(N);
+    for (LinearSpec* s : {&qkv, &out, &up_spec, &down}) s->skinny_gemv = skinny;
     for (int l = 0; l < int(c.num_layers); ++l) {
         const BlockWeights w = block_weights(l);
         block_norm_forward(c, ln, mean, rstd, cur, w.norm1_w, w.norm1_b, ctx_);
@@ -474,8 +493,9 @@ TensorView InferenceEngine::logits_forward(ConstTensorView x, int64_t n) {
         weight(ParamRole::kFinalNormBias, -1, 0, C), ctx_);
     const ParamRole head = c.tie_word_embeddings ? ParamRole::kTokenEmbedding : ParamRole::kLmHead;
     const TensorView logits = scratch(ix_.logits, Shape{n, V});
-    linear_forward(logits, y, weight(head, -1, 0, V), ConstTensorView(), ctx_,
-                   model_->plan().shape.precision.spec(LinearRole::kLmHead));
+    LinearSpec spec = model_->plan().shape.precision.spec(LinearRole::kLmHead);
+    spec.skinny_gemv = skinny_gemv(n);
+    linear_forward(logits, y, weight(head, -1, 0, V), ConstTensorView(), ctx_, spec);
     return logits;
 }
 
@@ -924,16 +944,25 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
     if (graphed && !graphs_[b].empty()) {
         graphs_[b].launch(ctx_.stream);
     } else if (graphed && graph_warm_[b] && !graph_failed_[b]) {
-        CudaGraph::begin_capture(ctx_.stream);
-        out = forward();
-        Result<CudaGraph> g = CudaGraph::end_capture(ctx_.stream);
-        if (out.ok() && g.ok()) {
-            graphs_[b] = std::move(*g);
-            graphs_[b].launch(ctx_.stream);
-        } else if (out.ok()) {
-            // CUDA refused the capture: this bucket runs eagerly from now on.
+        Status captured = CudaGraph::begin_capture(ctx_.stream);
+        if (captured.ok()) {
+            if (fail_next_capture_) {
+                fail_next_capture_ = false;
+                model_->synchronize();  // invalidates the capture (a test's broken op)
+            }
+            out = forward();
+            Result<CudaGraph> g = CudaGraph::end_capture(ctx_.stream);
+            if (g.ok() && out.ok()) {
+                graphs_[b] = std::move(*g);
+                graphs_[b].launch(ctx_.stream);
+            } else if (!g.ok()) {
+                captured = g.status();
+            }
+        }
+        if (!captured.ok() && out.ok()) {
+            // Nothing of the failed capture ran: this bucket runs eagerly from now on.
             log_warning("inference: decode batch {} runs without a CUDA graph: {}", nb,
-                        g.status().to_string());
+                        captured.to_string());
             graph_failed_[b] = 1;
             out = forward();
         }
@@ -949,6 +978,18 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
     for (int64_t i = 0; i < n; ++i) paged_cache_.set_length(seqs[size_t(i)], host_len_[size_t(i)]);
     read_logits(*out, n, logits);
     return ok_status();
+}
+
+bool InferenceEngine::skinny_gemv(int64_t rows) const {
+    switch (limits_.decode_gemv) {
+        case DecodeGemv::kOff:
+            return false;
+        case DecodeGemv::kOn:
+            return rows <= cuda::kGemvMaxRows;
+        case DecodeGemv::kAuto:
+            return rows <= kDecodeGemvAutoRows;
+    }
+    return false;
 }
 
 int64_t InferenceEngine::graph_bucket(int64_t n) const {

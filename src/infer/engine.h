@@ -50,7 +50,9 @@
 // eagerly (the ops' one-time setup: cuBLASLt algorithm choice, kernel attributes), its second is
 // captured. Eager instead: the CPU; the row cache (its cache writes go to addresses chosen on the
 // host per step); tensor parallel (the all-reduce is NCCL's, not captured here); prefill (one
-// sequence, shapes that change per chunk); a bucket whose capture CUDA refuses (logged once).
+// sequence, shapes that change per chunk); a bucket whose capture fails (CUDA refuses to start
+// it, an operation in it cannot be captured, or its graph cannot be instantiated): one warning
+// line, and that bucket launches eagerly from then on (the failed capture ran nothing).
 //
 // Memory: the engine reads the model's weights (the model must outlive it) and owns the KV cache
 // and one scratch arena sized for max(prefill_chunk, max_sequences) tokens, allocated once.
@@ -58,6 +60,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -72,6 +75,22 @@
 
 namespace lathe {
 
+// Which GEMM runs the projections (q/k/v, attention output, MLP, LM head) of a forward of few
+// rows, a decode step of a small batch (EngineLimits::decode_gemv). CUDA only; the CPU ignores it.
+//   kOff   cuBLASLt, as every other forward
+//   kOn    the skinny GEMM of ops/cuda/gemv.h whenever the rows (batch x tokens) are at most
+//          cuda::kGemvMaxRows and the kernel takes the shape (cuda::gemv_supports)
+//   kAuto  the same for at most kDecodeGemvAutoRows rows: there the kernel's multiply-adds (M
+//          per weight element, on the SMs' fp32 units) stay well below what the SMs do while
+//          the weights stream in, so the weight bytes alone set its time
+enum class DecodeGemv : uint8_t { kOff, kOn, kAuto };
+inline constexpr int64_t kDecodeGemvAutoRows = 4;
+
+// "off", "on", "auto".
+std::string_view decode_gemv_name(DecodeGemv mode);
+// The mode named `text` ("auto", "on", "off"). Errors: any other text, naming `flag`.
+Result<DecodeGemv> decode_gemv_parse(std::string_view text, std::string_view flag);
+
 struct EngineLimits {
     int64_t max_sequences = 1;    // S: sequences open at once (KV cache rows)
     int64_t max_len = 0;          // Tmax: tokens per sequence; 0 = max_position_embeddings
@@ -84,6 +103,8 @@ struct EngineLimits {
     // CUDA with the paged cache and no tensor parallel: each decode step is replayed from a CUDA
     // graph of its batch bucket (header comment, "CUDA graphs"). Ignored elsewhere (eager).
     bool cuda_graphs = false;
+    // The GEMM of a forward of few rows (DecodeGemv above).
+    DecodeGemv decode_gemv = DecodeGemv::kOff;
 };
 
 // One sequence's next token in a decode step.
@@ -100,6 +121,14 @@ public:
     // the engine.
     static Result<InferenceEngine> create(const Model& model, const EngineLimits& limits,
                                           Communicator* tensor_parallel = nullptr);
+
+    // Whether a paged KV cache (EngineLimits::kv_block_size > 0) suits `config` where `ctx`
+    // computes: always on the CPU; on CUDA, when the paged decode attention takes its head_dim
+    // and GQA group within this device's shared memory per block (ops/attention.h,
+    // attention_decode_paged_supports). create() refuses a paged cache otherwise; a caller that
+    // picks the cache itself takes the row cache then. Errors: that function's, naming head_dim,
+    // the group and the remedy.
+    static Status paged_cache_supported(const ModelConfig& config, const Context& ctx);
 
     InferenceEngine(InferenceEngine&&) noexcept = default;
     InferenceEngine& operator=(InferenceEngine&&) noexcept = default;
@@ -123,6 +152,11 @@ public:
         for (const CudaGraph& g : graphs_) n += g.empty() ? 0 : 1;
         return n;
     }
+
+    // Tests only: the next CUDA-graph capture of a decode step makes an uncapturable call (a
+    // stream synchronization) first, as a broken op would, so that the capture fails and the
+    // bucket falls back to eager launches (header comment, "CUDA graphs").
+    void testing_fail_next_graph_capture() { fail_next_capture_ = true; }
 
     // Ranks of the tensor-parallel group (1 without one) and this one's rank.
     int tensor_parallel() const { return tp_ ? tp_->size() : 1; }
@@ -192,6 +226,9 @@ private:
                      std::span<const int64_t> out_row = {});
     // CUDA graphs: the bucket of a step of n sequences.
     int64_t graph_bucket(int64_t n) const;
+    // Whether a forward of `rows` rows runs its projections through the skinny GEMM
+    // (limits_.decode_gemv); sets LinearSpec::skinny_gemv.
+    bool skinny_gemv(int64_t rows) const;
     // prefill and prefill_all: `logits` holds V floats (the last token's) or, with `all`,
     // tokens.size() x V.
     Status prefill_impl(SeqId seq, std::span<const int32_t> tokens, std::span<float> logits,
@@ -236,6 +273,7 @@ private:
     // the bucket ran once eagerly, and whether its capture failed (eager from then on).
     std::vector<CudaGraph> graphs_;
     std::vector<char> graph_warm_, graph_failed_;
+    bool fail_next_capture_ = false;  // testing_fail_next_graph_capture()
 };
 
 }  // namespace lathe

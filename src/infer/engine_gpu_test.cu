@@ -46,9 +46,10 @@ Model make_model(const model_fixture::Fixture& f, const Context& ctx) {
 }
 
 InferenceEngine make_engine(const Model& m, int64_t rows, int64_t block = 0, int64_t blocks = 0,
-                            bool graphs = false) {
+                            bool graphs = false, DecodeGemv gemv = DecodeGemv::kOff) {
     EngineLimits lim;
     lim.cuda_graphs = graphs;
+    lim.decode_gemv = gemv;
     lim.max_sequences = rows;
     lim.max_len = kPrompt + kNew + 8;
     lim.prefill_chunk = 8;
@@ -322,6 +323,75 @@ TEST_P(EngineGpu, PagedOutOfBlocksIsAnError) {
     EXPECT_EQ(paged.paged_cache().free_blocks(), 2);
 }
 
+// Two engines fed the same tokens: `ref` and `test`. Each step feeds every open sequence the
+// reference's argmax and checks each of test's logits rows within eps_rel of ref's (and the same
+// bits when asked); greedy tokens must agree up to a sequence's first near-tie (top-2 gap below
+// 2 eps), after which that sequence's argmaxes are no longer compared.
+struct TwinEngines {
+    InferenceEngine& ref;
+    InferenceEngine& test;
+    const model_fixture::Fixture& f;
+    double eps_rel = 0;
+    std::vector<SeqId> sr, st;
+    std::vector<int32_t> next;  // each open sequence's next token (the reference's argmax)
+    std::vector<char> parted;   // the two engines' greedy choices parted after a near-tie
+
+    void join(int64_t n) {
+        const int64_t V = f.config.vocab_size;
+        std::vector<float> za(static_cast<size_t>(V)), zb(static_cast<size_t>(V));
+        sr.push_back(*ref.open());
+        st.push_back(*test.open());
+        const int32_t* t = f.ref("tokens").as<int32_t>();
+        const std::vector<int32_t> prompt(t, t + n);
+        ASSERT_TRUE(ref.prefill(sr.back(), prompt, za).ok());
+        ASSERT_TRUE(test.prefill(st.back(), prompt, zb).ok());
+        next.push_back(argmax(za));
+        parted.push_back(0);
+    }
+
+    void steps(int64_t count, bool bitwise = false) {
+        const int64_t V = f.config.vocab_size;
+        const std::string name = f.config.model_type;
+        for (int64_t step = 0; step < count; ++step) {
+            std::vector<DecodeStep> a, b;
+            for (size_t i = 0; i < sr.size(); ++i) {
+                a.push_back({sr[i], next[i]});
+                b.push_back({st[i], next[i]});
+            }
+            std::vector<float> la(sr.size() * size_t(V)), lb(sr.size() * size_t(V));
+            ASSERT_TRUE(ref.decode(a, la).ok());
+            const Status s = test.decode(b, lb);
+            ASSERT_TRUE(s.ok()) << s.to_string();
+            if (bitwise)
+                EXPECT_TRUE(la == lb) << name << " batch " << sr.size() << " step " << step;
+            for (size_t i = 0; i < sr.size(); ++i) {
+                const std::vector<float> ra(la.begin() + i * V, la.begin() + (i + 1) * V);
+                const std::vector<float> rb(lb.begin() + i * V, lb.begin() + (i + 1) * V);
+                EXPECT_LE(model_fixture::rel_error(
+                              ConstTensorView(rb.data(), DType::kF32, Shape{V}, Device::kCpu),
+                              ConstTensorView(ra.data(), DType::kF32, Shape{V}, Device::kCpu)),
+                          eps_rel)
+                    << name << " batch " << sr.size() << " step " << step << " row " << i;
+                if (top2_gap(ra) < 2 * eps_rel * max_abs(ra)) parted[i] = 1;
+                if (!parted[i]) {
+                    EXPECT_EQ(argmax(ra), argmax(rb))
+                        << name << " batch " << sr.size() << " step " << step << " row " << i;
+                }
+                next[i] = argmax(ra);
+            }
+        }
+    }
+
+    void leave(size_t i) {
+        ref.close(sr[i]);
+        test.close(st[i]);
+        sr.erase(sr.begin() + long(i));
+        st.erase(st.begin() + long(i));
+        next.erase(next.begin() + long(i));
+        parted.erase(parted.begin() + long(i));
+    }
+};
+
 // The decode step replayed from CUDA graphs against the same paged engine launching eagerly: 4
 // sequences may be open, so a step of 3 runs the bucket of 4 (one padding row) and steps of 2 and
 // 1 their own buckets; each bucket runs eagerly once, is captured the next step and replayed
@@ -331,70 +401,105 @@ TEST_P(EngineGpu, PagedOutOfBlocksIsAnError) {
 // algorithm (another summation order) for them.
 TEST_P(EngineGpu, CudaGraphDecodeEqualsEager) {
     const model_fixture::Fixture f = model_fixture::load(GetParam());
-    const double eps_rel = kSlack * double(f.config.num_layers + 1) * kU;
-    const int64_t V = f.config.vocab_size;
     Model model = make_model(f, state_->context());
-    const int32_t* t = f.ref("tokens").as<int32_t>();
     InferenceEngine eager = make_engine(model, 4, 16, 0, false);
     InferenceEngine graphs = make_engine(model, 4, 16, 0, true);
-    std::vector<SeqId> se, sg;
-    std::vector<int32_t> next;  // each open sequence's next token (the eager engine's argmax)
-    std::vector<char> parted;   // the two engines' greedy choices parted after a near-tie
-    std::vector<float> za(static_cast<size_t>(V)), zb(static_cast<size_t>(V));
-    auto join = [&](int64_t n) {
-        se.push_back(*eager.open());
-        sg.push_back(*graphs.open());
-        const std::vector<int32_t> prompt(t, t + n);
-        ASSERT_TRUE(eager.prefill(se.back(), prompt, za).ok());
-        ASSERT_TRUE(graphs.prefill(sg.back(), prompt, zb).ok());
-        next.push_back(argmax(za));
-        parted.push_back(0);
-    };
-    auto steps = [&](int64_t count) {
-        for (int64_t step = 0; step < count; ++step) {
-            std::vector<DecodeStep> a, b;
-            for (size_t i = 0; i < se.size(); ++i) {
-                a.push_back({se[i], next[i]});
-                b.push_back({sg[i], next[i]});
-            }
-            std::vector<float> la(se.size() * size_t(V)), lb(se.size() * size_t(V));
-            ASSERT_TRUE(eager.decode(a, la).ok());
-            const Status s = graphs.decode(b, lb);
-            ASSERT_TRUE(s.ok()) << s.to_string();
-            for (size_t i = 0; i < se.size(); ++i) {
-                const std::vector<float> ra(la.begin() + i * V, la.begin() + (i + 1) * V);
-                const std::vector<float> rb(lb.begin() + i * V, lb.begin() + (i + 1) * V);
-                EXPECT_LE(model_fixture::rel_error(
-                              ConstTensorView(rb.data(), DType::kF32, Shape{V}, Device::kCpu),
-                              ConstTensorView(ra.data(), DType::kF32, Shape{V}, Device::kCpu)),
-                          eps_rel)
-                    << GetParam() << " batch " << se.size() << " step " << step << " row " << i;
-                if (top2_gap(ra) < 2 * eps_rel * max_abs(ra)) parted[i] = 1;
-                if (!parted[i]) {
-                    EXPECT_EQ(argmax(ra), argmax(rb))
-                        << GetParam() << " batch " << se.size() << " step " << step << " row " << i;
-                }
-                next[i] = argmax(ra);
-            }
-        }
-    };
-    auto leave = [&](size_t i) {
-        eager.close(se[i]);
-        graphs.close(sg[i]);
-        se.erase(se.begin() + long(i));
-        sg.erase(sg.begin() + long(i));
-        next.erase(next.begin() + long(i));
-        parted.erase(parted.begin() + long(i));
-    };
-    join(4);
-    steps(3);  // bucket 1: eager, captured, replayed
-    join(6);
-    join(3);
-    steps(4);  // bucket 4 (3 rows and a padding row)
-    leave(1);
-    steps(3);  // bucket 2
+    TwinEngines twin{eager, graphs, f, kSlack * double(f.config.num_layers + 1) * kU};
+    twin.join(4);
+    twin.steps(3);  // bucket 1: eager, captured, replayed
+    twin.join(6);
+    twin.join(3);
+    twin.steps(4);  // bucket 4 (3 rows and a padding row)
+    twin.leave(1);
+    twin.steps(3);  // bucket 2
     EXPECT_EQ(graphs.decode_graphs(), 3);
     EXPECT_EQ(eager.decode_graphs(), 0);
+}
+
+// A bucket whose capture fails (testing_fail_next_graph_capture: a stream synchronization inside
+// the capture, which CUDA refuses and which invalidates it) does not stop the process: one
+// warning line, and the bucket launches eagerly from then on, with the eager engine's bits (the
+// same kernels on the same inputs: bucket 1 of one sequence has no padding row). The next bucket
+// still captures and replays: the failed capture left the stream and the checks sound.
+TEST_P(EngineGpu, FailedGraphCaptureFallsBackToEager) {
+    const model_fixture::Fixture f = model_fixture::load(GetParam());
+    Model model = make_model(f, state_->context());
+    InferenceEngine eager = make_engine(model, 2, 16, 0, false);
+    InferenceEngine graphs = make_engine(model, 2, 16, 0, true);
+    TwinEngines twin{eager, graphs, f, kSlack * double(f.config.num_layers + 1) * kU};
+    twin.join(4);
+    graphs.testing_fail_next_graph_capture();
+    testing::internal::CaptureStderr();
+    twin.steps(4, /*bitwise=*/true);  // bucket 1: eager, the failed capture (eager), eager, eager
+    const std::string log = testing::internal::GetCapturedStderr();
+    size_t warnings = 0;
+    for (size_t at = log.find("runs without a CUDA graph"); at != std::string::npos;
+         at = log.find("runs without a CUDA graph", at + 1))
+        ++warnings;
+    EXPECT_EQ(warnings, 1u) << log;
+    EXPECT_EQ(graphs.decode_graphs(), 0);
+    twin.join(3);
+    twin.steps(3);  // bucket 2: eager, captured, replayed
+    EXPECT_EQ(graphs.decode_graphs(), 1);
+}
+
+// The decode step with its projections through the skinny GEMM (--decode-gemv on) against the
+// same engine on cuBLASLt, eager and replayed from CUDA graphs (buckets 1, 2 and 4, one padding
+// row): both sum the same bf16 products in fp32 in other orders and round once to bf16, so the
+// logits stay within the bf16 bound of the header and greedy tokens agree up to a near-tie.
+TEST_P(EngineGpu, SkinnyGemvDecodeEqualsCublaslt) {
+    const model_fixture::Fixture f = model_fixture::load(GetParam());
+    Model model = make_model(f, state_->context());
+    for (const bool graphs : {false, true}) {
+        SCOPED_TRACE(graphs ? "CUDA graphs" : "eager");
+        InferenceEngine lt = make_engine(model, 4, 16, 0, graphs);
+        InferenceEngine gemv = make_engine(model, 4, 16, 0, graphs, DecodeGemv::kOn);
+        TwinEngines twin{lt, gemv, f, kSlack * double(f.config.num_layers + 1) * kU};
+        twin.join(4);
+        twin.steps(3);
+        twin.join(5);
+        twin.steps(3);
+        twin.join(3);
+        twin.steps(3);
+    }
+}
+
+// The paged cache's decode kernel keeps a block's GQA group of queries, scores and sums in shared
+// memory: a group too large for the device's limit per block is refused when the engine is
+// created (an error naming head_dim and the group, never a stop at the first decode step), and
+// an engine with the row cache is created for the same model. The llama fixture with 280 query
+// heads over one key/value head of 8 dims: about 240 KB a block (ops/cuda/attention_decode_smem.h),
+// past the H100's 227 KB.
+TEST(EngineGpuPagedLimits, GroupBeyondSharedMemoryIsRefusedAtCreation) {
+    CudaState state(0);
+    model_fixture::Fixture f = model_fixture::load("llama");
+    ModelConfig c = f.config;
+    c.num_heads = 280;
+    c.num_kv_heads = 1;
+    c.head_dim = 8;
+    c.rope.head_dim = 8;
+    ModelShape shape;
+    shape.batch = 1;
+    shape.seq_len = 1;
+    shape.training = false;
+    Result<Model> m = Model::create(c, shape, state.context());
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    const Status supported = InferenceEngine::paged_cache_supported(c, state.context());
+    ASSERT_FALSE(supported.ok());
+    EngineLimits lim;
+    lim.max_sequences = 2;
+    lim.max_len = 32;
+    lim.prefill_chunk = 8;
+    lim.kv_block_size = 16;
+    Result<InferenceEngine> paged = InferenceEngine::create(*m, lim);
+    ASSERT_FALSE(paged.ok());
+    EXPECT_EQ(paged.status().code(), StatusCode::kInvalidArgument);
+    for (const char* part : {"head_dim 8", "GQA group of 280", "--kv-block-size 0"})
+        EXPECT_NE(paged.status().message().find(part), std::string::npos)
+            << paged.status().message();
+    lim.kv_block_size = 0;
+    Result<InferenceEngine> rows = InferenceEngine::create(*m, lim);
+    EXPECT_TRUE(rows.ok()) << rows.status().to_string();
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, EngineGpu,

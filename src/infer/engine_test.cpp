@@ -141,5 +141,37 @@ TEST(Engine, BadInputComesBackAsErrors) {
     EXPECT_FALSE(InferenceEngine::create(L.model, too_long).ok());
 }
 
+// --decode-gemv's names round-trip; any other text is an error naming the flag. The CPU engine
+// takes every mode (it has one GEMM) and computes the same logits.
+TEST(Engine, DecodeGemvModes) {
+    for (DecodeGemv m : {DecodeGemv::kOff, DecodeGemv::kOn, DecodeGemv::kAuto}) {
+        const Result<DecodeGemv> back = decode_gemv_parse(decode_gemv_name(m), "--decode-gemv");
+        ASSERT_TRUE(back.ok());
+        EXPECT_EQ(*back, m);
+    }
+    const Result<DecodeGemv> bad = decode_gemv_parse("fast", "--decode-gemv");
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("--decode-gemv must be auto, on or off, got 'fast'"),
+              std::string::npos)
+        << bad.status().to_string();
+    engine_test::Loaded L = engine_test::load("llama");
+    const int64_t V = L.f.config.vocab_size;
+    std::vector<std::vector<float>> out;
+    for (DecodeGemv m : {DecodeGemv::kOff, DecodeGemv::kOn}) {
+        EngineLimits lim;
+        lim.max_len = 8;
+        lim.decode_gemv = m;
+        Result<InferenceEngine> e = InferenceEngine::create(L.model, lim);
+        ASSERT_TRUE(e.ok()) << e.status().to_string();
+        const SeqId s = *e->open();
+        std::vector<float> z(static_cast<size_t>(V));
+        ASSERT_TRUE(e->prefill(s, std::span(L.tokens.data(), 3), z).ok());
+        const DecodeStep step{s, L.tokens[3]};
+        ASSERT_TRUE(e->decode(std::span(&step, 1), z).ok());
+        out.push_back(z);
+    }
+    EXPECT_EQ(out[0], out[1]);
+}
+
 }  // namespace
 }  // namespace lathe

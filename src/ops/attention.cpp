@@ -6,6 +6,7 @@
 
 #include "ops/cpu/attention.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_decode_smem.h"
 #include "ops/cuda/dispatch.h"
 #include "ops/op_checks.h"
 
@@ -322,6 +323,38 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensor
             return;
     }
     op_no_backend(kOp, ctx);
+}
+
+Status attention_decode_paged_supports(int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                       int64_t smem_limit_bytes) {
+    if (kv_heads < 1 || heads < kv_heads || heads % kv_heads != 0 || head_dim < 1) {
+        return invalid_argument_error(
+            "the paged decode attention: {} query heads over {} key/value heads of head_dim {}",
+            heads, kv_heads, head_dim);
+    }
+    const int64_t G = heads / kv_heads;
+    constexpr const char* kRemedy = "use the row cache (kv_block_size 0, --kv-block-size 0)";
+    if (head_dim % 8 != 0) {
+        return invalid_argument_error(
+            "the CUDA paged KV cache reads 16-byte key rows and takes head_dim % 8 == 0 (this "
+            "model's head_dim is {}): {}",
+            head_dim, kRemedy);
+    }
+    if (head_dim > 2 * cuda::kDecodeThreads) {
+        return invalid_argument_error(
+            "the CUDA paged KV cache's decode attention takes head_dim <= {} (this model's "
+            "head_dim is {}): {}",
+            2 * cuda::kDecodeThreads, head_dim, kRemedy);
+    }
+    const size_t need = cuda::decode_smem(int(std::min<int64_t>(G, 1 << 20)), int(head_dim)).bytes;
+    if (need > size_t(std::max<int64_t>(smem_limit_bytes, 0))) {
+        return invalid_argument_error(
+            "the CUDA paged KV cache's decode attention needs {} bytes of shared memory per block "
+            "for head_dim {} and a GQA group of {} query heads per key/value head ({} / {}); this "
+            "GPU allows {}: {}",
+            need, head_dim, G, heads, kv_heads, smem_limit_bytes, kRemedy);
+    }
+    return ok_status();
 }
 
 }  // namespace lathe

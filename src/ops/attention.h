@@ -34,6 +34,7 @@
 // naming the tensor and the rule.
 #include <cstdint>
 
+#include "core/status.h"
 #include "core/tensor.h"
 #include "ops/context.h"
 
@@ -82,6 +83,18 @@ void attention_decode_paged(TensorView out, TensorView lse, ConstTensorView q,
                             ConstTensorView k_pool, ConstTensorView v_pool,
                             ConstTensorView block_tables, ConstTensorView lengths, int64_t window,
                             float scale, const Context& ctx);
+
+// Whether attention_decode_paged's CUDA kernel takes a model of `heads` query heads and
+// `kv_heads` key/value heads of `head_dim` on a device whose blocks may use at most
+// `smem_limit_bytes` of shared memory (cuda::shared_memory_per_block_optin): head_dim % 8 == 0
+// (16-byte key rows), head_dim <= 256 (its value pass gives a head head_dim / 2 lanes of a
+// 128-thread block), and the block's shared memory for the GQA group G = heads / kv_heads and
+// head_dim (ops/cuda/attention_decode_smem.h; it grows with G and head_dim) within the limit.
+// Errors (invalid argument): which rule fails, naming head_dim, the group, the bytes needed and
+// the limit, and the remedy: the row cache (kv_block_size 0), whose decode kernel takes any
+// group. Plain arithmetic: callable in a build without CUDA.
+Status attention_decode_paged_supports(int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                       int64_t smem_limit_bytes);
 
 // Rows between a contiguous buffer and a paged pool, one row being a position's (Hkv, D) keys or
 // values: pool (N, Bk, Hkv, D) seen as N Bk rows, rows (n, Hkv, D) (any shape of n * Hkv * D

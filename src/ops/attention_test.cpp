@@ -461,5 +461,40 @@ TEST(AttentionDeathTest, DecodeLengthOutsideTheCacheStops) {
                  "attention_decode: q .*; one new token per row");
 }
 
+// The paged decode kernel's rules, checked before any launch (the inference engine at creation):
+// a block's shared memory grows with the GQA group and head_dim; past the device's limit per
+// block the check refuses, naming head_dim, the group, the bytes and the remedy.
+TEST(AttentionDecodePagedSupports, RefusesWhatTheKernelCannotTake) {
+    // cudaDevAttrMaxSharedMemoryPerBlockOptin of compute capability 9.0 (the H100): 227 KiB.
+    constexpr int64_t kSm90Limit = 227 * 1024;
+    EXPECT_TRUE(attention_decode_paged_supports(32, 8, 128, kSm90Limit).ok());  // Llama-3-8B
+    EXPECT_TRUE(attention_decode_paged_supports(16, 16, 256, kSm90Limit).ok());
+    EXPECT_TRUE(attention_decode_paged_supports(8, 1, 64, kSm90Limit).ok());
+
+    // The group, one query head per key/value head more at a time, until the bytes pass the
+    // limit: then every larger group is refused too.
+    int64_t first_refused = 0;
+    for (int64_t G = 1; G <= 512 && first_refused == 0; ++G)
+        if (!attention_decode_paged_supports(G, 1, 128, kSm90Limit).ok()) first_refused = G;
+    ASSERT_GT(first_refused, 8);
+    EXPECT_FALSE(attention_decode_paged_supports(2 * first_refused, 2, 128, kSm90Limit).ok());
+    const Status big = attention_decode_paged_supports(first_refused, 1, 128, kSm90Limit);
+    EXPECT_EQ(big.code(), StatusCode::kInvalidArgument);
+    for (const std::string& part :
+         {std::string("head_dim 128"), "GQA group of " + std::to_string(first_refused),
+          std::string("allows 232448"), std::string("--kv-block-size 0")})
+        EXPECT_NE(big.message().find(part), std::string::npos) << big.message();
+    // The same model on a device with less shared memory per block is refused sooner.
+    EXPECT_FALSE(attention_decode_paged_supports(32, 8, 128, 16 * 1024).ok());
+    EXPECT_FALSE(attention_decode_paged_supports(32, 8, 128, 0).ok());  // the query failed
+
+    const Status odd = attention_decode_paged_supports(12, 4, 12, kSm90Limit);
+    EXPECT_NE(odd.message().find("head_dim % 8 == 0"), std::string::npos) << odd.message();
+    const Status wide = attention_decode_paged_supports(4, 4, 264, kSm90Limit);
+    EXPECT_NE(wide.message().find("head_dim <= 256"), std::string::npos) << wide.message();
+    EXPECT_FALSE(
+        attention_decode_paged_supports(6, 4, 64, kSm90Limit).ok());  // 4 does not divide 6
+}
+
 }  // namespace
 }  // namespace lathe::optest

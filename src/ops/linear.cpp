@@ -5,6 +5,8 @@
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/fp8_cast.h"
 #include "ops/cuda/fp8_linear.h"
+#include "ops/cuda/gelu.h"
+#include "ops/cuda/gemv.h"
 #include "ops/cuda/linear.h"
 #include "ops/op_checks.h"
 #include "ops/residual.h"
@@ -157,6 +159,11 @@ void linear_forward(TensorView y, ConstTensorView x, ConstTensorView weight, Con
                             *spec.fp8, spec.x_amax, cuda_state_of(ctx, kOp), ctx.stream);
                 return;
             }
+            if (spec.skinny_gemv && cuda::gemv_supports(N, I, O, x.data(), weight.data())) {
+                cuda::gemv_forward(y.as<bf16>(), x.as<bf16>(), weight.as<bf16>(), bias.as<bf16>(),
+                                   nullptr, N, I, O, ctx.stream);
+                return;
+            }
             cuda::linear_forward(y.as<bf16>(), x.as<bf16>(), weight.as<bf16>(), bias.as<bf16>(), N,
                                  I, O, cuda_state_of(ctx, kOp), ctx.stream);
             return;
@@ -191,6 +198,11 @@ void linear_residual_forward(TensorView y, ConstTensorView x, ConstTensorView we
         if (fp8_path(spec)) {
             fp8_forward(y.as<bf16>(), x.as<bf16>(), bias.as<bf16>(), residual.as<bf16>(), N, I, O,
                         *spec.fp8, spec.x_amax, cuda_state_of(ctx, kOp), ctx.stream);
+            return;
+        }
+        if (spec.skinny_gemv && cuda::gemv_supports(N, I, O, x.data(), weight.data())) {
+            cuda::gemv_forward(y.as<bf16>(), x.as<bf16>(), weight.as<bf16>(), bias.as<bf16>(),
+                               residual.as<bf16>(), N, I, O, ctx.stream);
             return;
         }
         cuda::linear_residual_forward(y.as<bf16>(), x.as<bf16>(), weight.as<bf16>(),
@@ -282,6 +294,12 @@ void linear_gelu_forward(TensorView act, TensorView pre, ConstTensorView x, Cons
             return;
         case Backend::kCuda:
             op_expect_cuda_dtype(kOp, DType::kBF16, {act, pre, x, weight, bias});
+            if (spec.skinny_gemv && cuda::gemv_supports(N, I, O, x.data(), weight.data())) {
+                cuda::gemv_forward(pre.as<bf16>(), x.as<bf16>(), weight.as<bf16>(), bias.as<bf16>(),
+                                   nullptr, N, I, O, ctx.stream);
+                cuda::gelu_forward(act.as<bf16>(), pre.as<bf16>(), N * O, tanh_form, ctx.stream);
+                return;
+            }
             cuda::linear_gelu_forward(act.as<bf16>(), pre.as<bf16>(), x.as<bf16>(),
                                       weight.as<bf16>(), bias.as<bf16>(), N, I, O, tanh_form,
                                       cuda_state_of(ctx, kOp), ctx.stream);

@@ -111,6 +111,13 @@ struct LinearSpec {
     // The same for the backward's dy (swiglu_backward's dgate_up_amax for the MLP's up
     // projection): linear_backward's dy cast reads dy once.
     const float* dy_amax = nullptr;
+    // kNative on CUDA: linear_forward, linear_residual_forward and linear_gelu_forward run the
+    // skinny GEMM of ops/cuda/gemv.h instead of cuBLASLt when x has at most cuda::kGemvMaxRows
+    // rows and the shape suits it (cuda::gemv_supports); otherwise cuBLASLt as without it. The
+    // GELU then runs as its own kernel on the bf16 pre-activation (as the erf form always does).
+    // The decode step's choice (infer/engine.h, EngineLimits::decode_gemv). Ignored by the CPU
+    // and the other ops.
+    bool skinny_gemv = false;
 };
 
 // Stops (LATHE_CHECK) unless ctx's backend runs `spec` in this build, naming `op`, the precision,

@@ -710,14 +710,11 @@ Result<std::string> bench_run(const BenchRequest& req) {
         if (!on_cuda)
             return failed_precondition_error(
                 "--kernel-breakdown profiles GPU kernels; this bench runs on the CPU");
-        model.synchronize();
-        if (std::string e = cuda::kernel_profile_start(); !e.empty())
-            return failed_precondition_error("--kernel-breakdown: {}", e);
-        std::vector<KernelRecord> records;
         // The steps as the timed ones run them (the loop above), untimed.
-        const auto profiled_step = [&](int64_t s) -> Status {
-            LATHE_ASSIGN_OR_RETURN(last, step->gradients(K, [&](int64_t k) -> Result<ModelBatch> {
-                return batch_at(s * K + k);
+        const auto profiled_step = [&](int64_t k) -> Status {
+            const int64_t s = total + k;
+            LATHE_ASSIGN_OR_RETURN(last, step->gradients(K, [&](int64_t j) -> Result<ModelBatch> {
+                return batch_at(s * K + j);
             }));
             LATHE_RETURN_IF_ERROR(step->apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip));
             if (host_optimizer) host_optimizer->finish();
@@ -725,16 +722,9 @@ Result<std::string> bench_run(const BenchRequest& req) {
             (void)model.fp8_take_gemms();
             return ok_status();
         };
-        for (int64_t s = 0; s < req.kernel_breakdown_steps; ++s) {
-            if (Status st = profiled_step(total + s); !st.ok()) {
-                (void)cuda::kernel_profile_stop(records);
-                return st;
-            }
-        }
-        model.synchronize();
-        if (std::string e = cuda::kernel_profile_stop(records); !e.empty())
-            return internal_error("--kernel-breakdown: {}", e);
-        kernels = summarize_kernels(records, 12);
+        LATHE_ASSIGN_OR_RETURN(kernels,
+                               bench_kernel_breakdown(req.kernel_breakdown_steps, profiled_step,
+                                                      [&] { model.synchronize(); }));
         last = last_timed;
     }
     if (!std::isfinite(last.loss) || !std::isfinite(last.norm))
@@ -808,26 +798,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         // warmup's last update (or, with no warmup, the initial weights).
         j["fp8_weight_casts_per_step"] = double(fp8_casts_timed) / double(req.steps);
     }
-    if (kernels) {
-        const double n = double(req.kernel_breakdown_steps);
-        const auto totals = [n](const std::vector<KernelTotal>& list, double busy) {
-            json out = json::array();
-            for (const KernelTotal& t : list) {
-                json e = {{"name", t.name},
-                          {"ms_per_step", t.ms / n},
-                          {"launches_per_step", double(t.count) / n}};
-                if (busy > 0) e["share"] = t.ms / busy;
-                out.push_back(std::move(e));
-            }
-            return out;
-        };
-        j["kernels"] = {{"steps", req.kernel_breakdown_steps},
-                        {"span_ms_per_step", kernels->span_ms / n},
-                        {"busy_ms_per_step", kernels->busy_ms / n},
-                        {"gaps_ms_per_step", (kernels->span_ms - kernels->busy_ms) / n},
-                        {"groups", totals(kernels->groups, kernels->busy_ms)},
-                        {"top", totals(kernels->top, 0.0)}};
-    }
+    if (kernels) j["kernels"] = bench_kernel_breakdown_json(*kernels, req.kernel_breakdown_steps);
     if (multi) {
         j["launcher"] = std::string(launcher_name(world.group.launcher));
         j["zero_stage"] = req.zero_stage;
@@ -844,6 +815,47 @@ Result<std::string> bench_run(const BenchRequest& req) {
                      {"attention_workspace_shared", model.plan().attention_shared}};
     }
     return j.dump();
+}
+
+Result<KernelBreakdown> bench_kernel_breakdown(int64_t steps,
+                                               const std::function<Status(int64_t)>& step,
+                                               const std::function<void()>& synchronize) {
+    synchronize();
+    if (std::string e = cuda::kernel_profile_start(); !e.empty())
+        return failed_precondition_error("--kernel-breakdown: {}", e);
+    std::vector<KernelRecord> records;
+    for (int64_t s = 0; s < steps; ++s) {
+        if (Status st = step(s); !st.ok()) {
+            (void)cuda::kernel_profile_stop(records);
+            return st;
+        }
+    }
+    synchronize();
+    if (std::string e = cuda::kernel_profile_stop(records); !e.empty())
+        return internal_error("--kernel-breakdown: {}", e);
+    return summarize_kernels(records, 12);
+}
+
+nlohmann::ordered_json bench_kernel_breakdown_json(const KernelBreakdown& kernels, int64_t steps) {
+    using json = nlohmann::ordered_json;
+    const double n = double(steps);
+    const auto totals = [n](const std::vector<KernelTotal>& list, double busy) {
+        json out = json::array();
+        for (const KernelTotal& t : list) {
+            json e = {{"name", t.name},
+                      {"ms_per_step", t.ms / n},
+                      {"launches_per_step", double(t.count) / n}};
+            if (busy > 0) e["share"] = t.ms / busy;
+            out.push_back(std::move(e));
+        }
+        return out;
+    };
+    return {{"steps", steps},
+            {"span_ms_per_step", kernels.span_ms / n},
+            {"busy_ms_per_step", kernels.busy_ms / n},
+            {"gaps_ms_per_step", (kernels.span_ms - kernels.busy_ms) / n},
+            {"groups", totals(kernels.groups, kernels.busy_ms)},
+            {"top", totals(kernels.top, 0.0)}};
 }
 
 }  // namespace lathe

@@ -83,6 +83,8 @@
 // printed under the device's table (with --plan-only too).
 
 #include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -95,6 +97,7 @@
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "ops/context.h"
+#include "ops/kernel_groups.h"
 
 namespace lathe {
 
@@ -171,5 +174,15 @@ Result<BenchPlacement> bench_placement(BenchDevice wanted, const ProcessGroupInf
 // does not fit the machine's memory (on any rank: every rank stops), the launcher's variables
 // and the rendezvous (run/world.h), model creation failures, a collective's failure.
 Result<std::string> bench_run(const BenchRequest& request);
+
+// Kernel breakdown ("Kernel breakdown" above): runs step(0) .. step(steps - 1) under CUPTI
+// (ops/cuda/kernel_profile.h), `synchronize` (the device's) called before the profile starts and
+// after the last step, and sums what they ran (the 12 kernels of largest time in top). Errors:
+// CUPTI cannot start (failed precondition) or stop, or a step's error (the profile stopped).
+Result<KernelBreakdown> bench_kernel_breakdown(int64_t steps,
+                                               const std::function<Status(int64_t)>& step,
+                                               const std::function<void()>& synchronize);
+// The line's "kernels" object for a breakdown of `steps` steps (the fields above).
+nlohmann::ordered_json bench_kernel_breakdown_json(const KernelBreakdown& kernels, int64_t steps);
 
 }  // namespace lathe

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -176,6 +177,9 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
                                       req.kv_block_size);
     if (req.threads < 0)
         return invalid_argument_error("--threads must be >= 0, got {}", req.threads);
+    if (req.kernel_breakdown_steps < 0)
+        return invalid_argument_error("--kernel-breakdown must be >= 0, got {}",
+                                      req.kernel_breakdown_steps);
     LATHE_ASSIGN_OR_RETURN(const ModelConfig config, bench_model_config(req.model, req.vocab_size));
     const int64_t positions = config.max_position_embeddings, V = config.vocab_size;
     const int64_t longest =
@@ -184,12 +188,14 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
         return invalid_argument_error(
             "--prefill {}: longer than {}'s max_position_embeddings {}; give lengths up to {}",
             longest, req.model, positions, positions);
-    const int64_t decode_len = req.prompt_len + req.decode_warmup + req.decode_steps;
+    const int64_t decode_len =
+        req.prompt_len + req.decode_warmup + req.decode_steps + req.kernel_breakdown_steps;
     if (!req.decode_batches.empty() && decode_len > positions)
         return invalid_argument_error(
-            "--prompt-len {} + {} warm-up + --decode-steps {} = {} positions, beyond {}'s "
-            "max_position_embeddings {}",
-            req.prompt_len, req.decode_warmup, req.decode_steps, decode_len, req.model, positions);
+            "--prompt-len {} + {} warm-up + --decode-steps {} + --kernel-breakdown {} = {} "
+            "positions, beyond {}'s max_position_embeddings {}",
+            req.prompt_len, req.decode_warmup, req.decode_steps, req.kernel_breakdown_steps,
+            decode_len, req.model, positions);
     const int64_t largest_batch =
         req.decode_batches.empty()
             ? 0
@@ -201,6 +207,10 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     const ProcessGroupInfo group;  // one process
     LATHE_ASSIGN_OR_RETURN(const BenchPlacement place, bench_placement(req.device, group));
     const bool on_cuda = place.backend == Backend::kCuda;
+    if (req.kernel_breakdown_steps > 0 && (!on_cuda || req.decode_batches.empty()))
+        return failed_precondition_error(
+            "--kernel-breakdown profiles the GPU kernels of decode steps: it takes CUDA and "
+            "--decode-batches");
     size_t used_before = 0, free_bytes = 0, total_bytes = 0;
     if (on_cuda && gpu_memory_info(place.ordinal, free_bytes, total_bytes))
         used_before = total_bytes - free_bytes;
@@ -254,6 +264,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     decode_limits.prefill_chunk = std::min(chunk, req.prompt_len);
     decode_limits.kv_block_size = req.kv_block_size;
     decode_limits.cuda_graphs = req.cuda_graphs;
+    decode_limits.decode_gemv = req.decode_gemv;
     const size_t act = size_t(elem);
     const size_t engine_need =
         std::max(req.prefill.empty() ? 0 : engine_bytes(config, prefill_limits, act),
@@ -316,6 +327,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     j["prompt_len"] = req.prompt_len;
     j["kv_block_size"] = req.kv_block_size;
     j["cuda_graphs"] = on_cuda && req.kv_block_size > 0 && req.cuda_graphs;
+    j["decode_gemv"] = decode_gemv_name(req.decode_gemv);
     j["decode_steps"] = req.decode_steps;
     j["decode_warmup"] = req.decode_warmup;
     j["weight_bytes"] = generate_weight_bytes(config, elem);
@@ -342,14 +354,19 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
             double bytes = 0.0;
             std::vector<DecodeStep> steps(static_cast<size_t>(B));
             const std::span<float> out(logits.data(), size_t(B * V));
-            Status st = ok_status();
-            for (int64_t k = 0; k < req.decode_warmup + req.decode_steps && st.ok(); ++k) {
+            // One decode step of the batch with random next tokens, until its logits are back.
+            const auto decode_step = [&]() -> Status {
                 const std::vector<int32_t> next = random_tokens(gen, B, V);
                 for (int64_t b = 0; b < B; ++b)
                     steps[size_t(b)] = {seqs[size_t(b)], next[size_t(b)]};
-                const auto t0 = Clock::now();
-                st = engine.decode(steps, out);
+                const Status done = engine.decode(steps, out);
                 model.synchronize();
+                return done;
+            };
+            Status st = ok_status();
+            for (int64_t k = 0; k < req.decode_warmup + req.decode_steps && st.ok(); ++k) {
+                const auto t0 = Clock::now();
+                st = decode_step();
                 const double s = seconds_since(t0);
                 if (k >= req.decode_warmup) {
                     times.push_back(s);
@@ -357,6 +374,16 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
                     for (const SeqId seq : seqs) lengths.push_back(engine.length(seq));
                     bytes += generate_step_bytes(config, elem, lengths);
                 }
+            }
+            std::optional<KernelBreakdown> kernels;
+            if (st.ok() && req.kernel_breakdown_steps > 0) {
+                Result<KernelBreakdown> k = bench_kernel_breakdown(
+                    req.kernel_breakdown_steps, [&](int64_t) { return decode_step(); },
+                    [&] { model.synchronize(); });
+                if (k.ok())
+                    kernels = std::move(*k);
+                else
+                    st = k.status();
             }
             sample_memory();
             for (const SeqId seq : seqs) engine.close(seq);
@@ -372,6 +399,8 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
             row["bytes_per_step"] = bytes;
             row["bandwidth_fraction"] =
                 bandwidth ? json(bytes / step_s / *bandwidth) : json(nullptr);
+            if (kernels)
+                row["kernels"] = bench_kernel_breakdown_json(*kernels, req.kernel_breakdown_steps);
             decode_rows.push_back(row);
         }
     }

@@ -16,7 +16,11 @@
 //             steps of one token per sequence (random next tokens, so no sampling is timed), each
 //             timed until its logits are on the host; the median step reported. One engine of
 //             max_sequences = the largest B and max_len = prompt_len + decode_warmup +
-//             decode_steps serves every batch.
+//             decode_steps + kernel_breakdown_steps serves every batch.
+//   kernels   with kernel_breakdown_steps N > 0 (CUDA): after a batch's timed steps, N more
+//             decode steps of that batch under CUPTI; the batch's row adds "kernels", the
+//             fields of run/bench.h's kernel breakdown per decode step (span, busy, gaps: the
+//             GPU idle inside the step, the kernel groups and the top kernels).
 //
 // Definitions (bench/generate_baseline.py reports the same keys for transformers):
 //   prefill_flops(T) = 2 N_body T + 2 V C + 2 L H D T (T + 1)
@@ -52,6 +56,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "infer/engine.h"
 #include "model/model_config.h"
 #include "run/bench.h"
 
@@ -72,6 +77,9 @@ struct GenerateBenchRequest {
     // graphs (infer/engine.h; no effect with rows or on the CPU).
     int64_t kv_block_size = 0;
     bool cuda_graphs = true;
+    // The decode engine's GEMM for few rows (infer/engine.h, DecodeGemv; --decode-gemv).
+    DecodeGemv decode_gemv = DecodeGemv::kOff;
+    int64_t kernel_breakdown_steps = 0;   // profiled decode steps per batch (kernels above)
     size_t copy_bytes = size_t(1) << 30;  // the bandwidth copy's size (CUDA)
     BenchDevice device = BenchDevice::kAuto;
     uint64_t seed = 1234;

@@ -18,6 +18,7 @@
 
 #include "core/check.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_decode_smem.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/kernel_util.cuh"
@@ -142,38 +143,13 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 //   M = max_s m_s,  L = sum_s l_s exp(m_s - M),  out = sum_s acc_s exp(m_s - M) / L,
 //   lse = M + log L.
 // Every split sees at least one key, so each m_s is finite.
-constexpr int kTile = 64;  // keys per shared-memory tile
-constexpr int kDecodeThreads = 128;
-constexpr int kLoadBatch = 8;  // 16-byte loads of K (and of V) a thread issues before storing
-constexpr int kKPad = 8;  // bf16 padding of a K row in shared memory (conflict-free 16-byte reads)
-
-constexpr int kHeadChunk = 4;  // heads a thread accumulates at once (registers)
+constexpr int kTile = kDecodeTile;  // keys per shared-memory tile
+constexpr int kLoadBatch = 8;       // 16-byte loads of K (and of V) a thread issues before storing
+constexpr int kKPad = kDecodeKPad;
+constexpr int kHeadChunk = kDecodeHeadChunk;
 static_assert(2 * kTile == kDecodeThreads, "the scores take one thread per (half, key)");
 
-struct DecodeSmem {
-    // Byte offsets into the dynamic shared memory of one block, and its size.
-    size_t k, v, q, p, pt, acc, stats, red, bytes;
-};
-
-// G rounded up to a multiple of 4: the row of the transposed p (16-byte reads of 4 heads).
-__host__ __device__ inline int decode_heads_padded(int G) {
-    return (G + 3) / 4 * 4;
-}
-
-__host__ __device__ inline DecodeSmem decode_smem(int G, int D) {
-    const int groups = kDecodeThreads / (D / 2), hc = G < kHeadChunk ? G : kHeadChunk;
-    DecodeSmem s{};
-    s.k = 0;                                      // kTile x (D + kKPad) bf16
-    s.v = s.k + size_t(kTile) * (D + kKPad) * 2;  // kTile x D bf16
-    s.q = s.v + size_t(kTile) * D * 2;            // G x D f32 (scaled query)
-    s.p = s.q + size_t(G) * D * 4;                // 2 x G x kTile f32 (the scores' halves)
-    s.pt = s.p + size_t(2) * G * kTile * 4;       // kTile x Gp f32 (p, key-major)
-    s.acc = s.pt + size_t(kTile) * decode_heads_padded(G) * 4;  // G x D f32
-    s.stats = s.acc + size_t(G) * D * 4;                        // m, l, carry: 3 x G f32
-    s.red = (s.stats + size_t(3) * G * 4 + 15) / 16 * 16;       // groups x hc x D f32 (P V sums)
-    s.bytes = s.red + size_t(groups) * hc * D * 4;
-    return s;
-}
+// The block's shared memory: DecodeSmem and decode_smem (ops/cuda/attention_decode_smem.h).
 
 __device__ inline void bf16x8_to_float(const uint4& raw, float* f) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);

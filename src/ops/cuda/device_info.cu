@@ -80,6 +80,16 @@ void probe_environment(GpuEnvironment& env, int only_device) {
     }
 }
 
+int64_t shared_memory_per_block_optin(int device) {
+    int bytes = 0;
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return bytes;
+}
+
 bool memory_info(int device, size_t& free_bytes, size_t& total_bytes) {
     if (cudaSetDevice(device) != cudaSuccess) {
         (void)cudaGetLastError();

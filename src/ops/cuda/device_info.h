@@ -21,6 +21,10 @@ void probe_environment(GpuEnvironment& env, int only_device);
 // cudaMemGetInfo on `device` (made current); false when the call fails.
 bool memory_info(int device, size_t& free_bytes, size_t& total_bytes);
 
+// The most shared memory one block may use on `device` (cudaDevAttrMaxSharedMemoryPerBlockOptin,
+// bytes), or 0 when the query fails.
+int64_t shared_memory_per_block_optin(int device);
+
 // gpu_self_test of ops/device_info.h (ops/cuda/self_checks.cu); without CUDA, no checks.
 std::vector<GpuSelfTestCheck> gpu_self_test(int device, uint64_t seed);
 

@@ -13,6 +13,24 @@
 
 namespace lathe {
 
+namespace {
+
+// The stream the calling thread is capturing (begin_capture to end_capture), or null.
+thread_local cudaStream_t capturing = nullptr;
+
+}  // namespace
+
+namespace cuda::detail {
+
+bool capture_invalidated() {
+    if (capturing == nullptr) return false;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(capturing, &status) == cudaSuccess &&
+           status == cudaStreamCaptureStatusInvalidated;
+}
+
+}  // namespace cuda::detail
+
 CudaGraph::~CudaGraph() {
     if (exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
     if (graph_ != nullptr) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
@@ -30,14 +48,22 @@ CudaGraph& CudaGraph::operator=(CudaGraph&& other) noexcept {
     return *this;
 }
 
-void CudaGraph::begin_capture(CUstream_st* stream) {
+Status CudaGraph::begin_capture(CUstream_st* stream) {
     LATHE_CHECK(stream != nullptr, "CUDA graph capture on the legacy default stream");
-    LATHE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    const cudaError_t began = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed);
+    if (began != cudaSuccess) {
+        cudaGetLastError();
+        return internal_error("CUDA graph capture did not start: {} ({})",
+                              cudaGetErrorString(began), cudaGetErrorName(began));
+    }
+    capturing = stream;
+    return ok_status();
 }
 
 Result<CudaGraph> CudaGraph::end_capture(CUstream_st* stream) {
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    capturing = nullptr;
     if (ended != cudaSuccess || graph == nullptr) {
         if (graph != nullptr) cudaGraphDestroy(graph);
         cudaGetLastError();  // the capture's error is reported here, not left for the next check

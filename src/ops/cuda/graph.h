@@ -12,6 +12,11 @@
 // allowed; what cannot be captured is a synchronization or a copy to pageable host memory on the
 // stream, which invalidates the capture (end_capture returns the error). cuBLASLt takes its
 // workspace explicitly (CudaState::workspace), a fixed buffer, so its matmuls capture.
+//
+// A failed capture does not stop the process: once the capture is invalidated, the calls that
+// fail after it (every launch into the stream) pass the CUDA and cuBLAS checks (ops/cuda/
+// cuda_check.h) without effect, end_capture returns the error, and the caller runs the same work
+// again without a graph.
 
 #include "core/status.h"
 
@@ -29,8 +34,9 @@ public:
     CudaGraph& operator=(const CudaGraph&) = delete;
 
     // Starts capturing the launches enqueued on `stream` (which must not be the legacy default
-    // stream): nothing runs until the graph is launched.
-    static void begin_capture(CUstream_st* stream);
+    // stream) from the calling thread: nothing runs until the graph is launched. Errors: CUDA
+    // refuses to start the capture (then nothing is being captured).
+    static Status begin_capture(CUstream_st* stream);
     // Ends the capture begun on `stream` and instantiates the graph. Errors: the capture was
     // invalidated (an operation in it cannot be captured), with CUDA's reason.
     static Result<CudaGraph> end_capture(CUstream_st* stream);

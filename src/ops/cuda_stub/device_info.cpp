@@ -15,6 +15,10 @@ void cuda::probe_environment(GpuEnvironment& env, int) {
     env.cublaslt.detail = "not linked (build without CUDA)";
 }
 
+int64_t cuda::shared_memory_per_block_optin(int) {
+    return 0;
+}
+
 bool cuda::memory_info(int, size_t&, size_t&) {
     return false;
 }

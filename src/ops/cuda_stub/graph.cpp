@@ -17,7 +17,7 @@ lathe::CudaGraph& lathe::CudaGraph::operator=(CudaGraph&& other) noexcept {
     return *this;
 }
 
-void lathe::CudaGraph::begin_capture(CUstream_st*) {
+lathe::Status lathe::CudaGraph::begin_capture(CUstream_st*) {
     lathe::detail::no_cuda("CudaGraph::begin_capture");
 }
 
