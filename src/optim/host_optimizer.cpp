@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/memory.h"
+#include "optim/adamw_optimizer.h"
 #include "optim/optimizer_state.h"
 
 namespace lathe {
@@ -150,17 +151,8 @@ void HostOptimizer::Impl::run_worker() {
 }
 
 void HostOptimizer::Impl::post(std::span<const AdamWSegment> segments) {
-    for (auto& s : unit_segments) s.clear();
     for (auto& r : unit_runs) r.clear();
-    // Each segment lies inside one unit (units are runs of whole entries).
-    size_t u = 0;
-    for (const AdamWSegment& g : segments) {
-        while (u + 1 < units.size() && g.offset >= units[u].end) ++u;
-        while (u > 0 && g.offset < units[u].begin) --u;
-        LATHE_CHECK(g.offset >= units[u].begin && g.offset + g.count <= units[u].end,
-                    "segment [{}, {}) outside the arena's units", g.offset, g.offset + g.count);
-        unit_segments[u].push_back(g);
-    }
+    adamw_segments_by_unit(units, segments, unit_segments);
     for (size_t i = 0; i < units.size(); ++i)
         append_runs(unit_segments[i], entry_offsets, unit_runs[i]);
     {
