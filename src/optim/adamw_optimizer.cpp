@@ -43,19 +43,23 @@ struct AdamWOptimizer::Overlap {
     float max_grad_norm = 0.0f;
     bool pending = false;
     std::vector<char> done;
-    // CUDA: the optimizer stream's context and each unit's event.
+    // CUDA: the optimizer stream's context, each unit's event (its weights updated) and the
+    // event of the last gradient zeroing.
     bool cuda = false;
     Context stream_ctx;
     std::vector<CudaEvent> unit_done;
+    std::optional<CudaEvent> grads_zeroed;
 
-    // Unit u's update and its gradients' zeroing, on the optimizer stream (CUDA) or now (CPU).
-    void run_unit(size_t u) {
-        const FlatRange r = units[u];
+    // Unit u's update, on the optimizer stream (CUDA) or now (CPU).
+    void update_unit(size_t u) {
+        if (unit_segments[u].empty()) return;
         const ConstTensorView clip = max_grad_norm > 0.0f ? target.grad_norm : ConstTensorView();
-        if (!unit_segments[u].empty())
-            adamw_update_with_copy(target.params, target.params_bf16, m, v, target.grads,
-                                   unit_segments[u], hyper, step, clip, max_grad_norm,
-                                   stream_ctx);
+        adamw_update_with_copy(target.params, target.params_bf16, m, v, target.grads,
+                               unit_segments[u], hyper, step, clip, max_grad_norm, stream_ctx);
+    }
+    // Unit u's gradients zeroed (after its update read them), as update_unit.
+    void zero_unit_grads(size_t u) {
+        const FlatRange r = units[u];
         if (r.size() == 0) return;
         const TensorView g = grads.slice(r.begin, r.end);
         if (cuda)
@@ -63,23 +67,33 @@ struct AdamWOptimizer::Overlap {
         else
             std::memset(g.data(), 0, g.bytes());
     }
+    // CPU: unit u's update and zeroing, once per posted update.
+    void run_unit(size_t u) {
+        if (done[u]) return;
+        update_unit(u);
+        zero_unit_grads(u);
+        done[u] = 1;
+    }
     // The unit of a weights-needed hook's piece.
     size_t unit_of(int piece) const {
         return piece == Model::kInputWeights    ? ShardLayout::kFront
                : piece == Model::kOutputWeights ? units.size() - 1
                                                 : size_t(piece) + 1;
     }
+    // The forward's hook: unit u's weights first. The gradients are zeroed after every unit's
+    // update on the optimizer stream (the forward's first units wait for the updates alone);
+    // the back unit's piece, before the LM head whose fused backward writes the first
+    // gradients, also waits for the zeroing.
     void on_weights_needed(int piece) {
         if (!pending) return;
         const size_t u = unit_of(piece);
-        if (cuda) {
-            unit_done[u].wait(model->context().stream);
+        if (!cuda) {
+            run_unit(u);
             return;
         }
-        if (!done[u]) {
-            run_unit(u);
-            done[u] = 1;
-        }
+        CUstream_st* compute = model->context().stream;
+        unit_done[u].wait(compute);
+        if (piece == Model::kOutputWeights) grads_zeroed->wait(compute);
     }
     void finish() {
         if (!pending) return;
@@ -87,11 +101,7 @@ struct AdamWOptimizer::Overlap {
             CudaState& st = cuda_state_of(model->context(), "adamw optimizer");
             st.wait_for(st.stream(), st.optimizer_stream());
         } else {
-            for (size_t u = 0; u < units.size(); ++u)
-                if (!done[u]) {
-                    run_unit(u);
-                    done[u] = 1;
-                }
+            for (size_t u = 0; u < units.size(); ++u) run_unit(u);
         }
         pending = false;
     }
@@ -243,6 +253,7 @@ Status AdamWOptimizer::overlap_with(Model& model) {
     if (o->cuda) {
         o->stream_ctx.stream = cuda_state_of(ctx_, "adamw optimizer").optimizer_stream();
         o->unit_done.resize(o->units.size());
+        o->grads_zeroed.emplace();
     }
     Overlap* p = o.get();
     model.set_weights_needed_hook([p](int piece) { p->on_weights_needed(piece); });
@@ -323,9 +334,11 @@ void AdamWOptimizer::step_overlapped(const OptimizerTarget& target,
     CudaState& st = cuda_state_of(ctx_, "adamw optimizer");
     st.wait_for(st.optimizer_stream(), st.stream());
     for (size_t u = 0; u < o.units.size(); ++u) {
-        o.run_unit(u);
+        o.update_unit(u);
         o.unit_done[u].record(st.optimizer_stream());
     }
+    for (size_t u = 0; u < o.units.size(); ++u) o.zero_unit_grads(u);
+    o.grads_zeroed->record(st.optimizer_stream());
 }
 
 void AdamWOptimizer::read_state(std::span<float> m, std::span<float> v) const {

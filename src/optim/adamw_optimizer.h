@@ -38,16 +38,19 @@
 //     first waits for everything the compute stream enqueued (the backward, the norm, earlier
 //     reads of the weights); each unit records an event. On the CPU step() only posts the units,
 //     and each runs when first needed (below): the same schedule, run synchronously.
-//   * After its update, each unit's gradients are zeroed (on CUDA on the optimizer stream, after
-//     the kernel that read them): the next step's backward accumulates into zeros without a
-//     zero_grads() that would have to wait for every unit (TrainStep skips it after such a
-//     step). The gradients of a stepped unit read zero from then on.
+//   * After the update each unit's gradients are zeroed (CUDA: on the optimizer stream once every
+//     unit is updated, then one more event; CPU: with the unit): the next step's backward
+//     accumulates into zeros without a zero_grads() that would have to wait for every unit
+//     (TrainStep skips it after such a step). The gradients of a stepped unit read zero from
+//     then on.
 //   * The model's weights-needed hook, before each unit's weights are read by any forward (a
 //     training step's, its recompute in the backward coming after it in stream order, an
 //     evaluation's), makes the compute stream wait for that unit's event (cudaStreamWaitEvent,
 //     no host wait) or, on the CPU, runs the unit: the next forward's first layers overlap the
 //     update of its last ones. The bf16 compute copy (written by the same kernel) and the fp8
-//     weight casts (after the hook, model.h) are covered by the same event.
+//     weight casts (after the hook, model.h) are covered by the same event. The back unit's
+//     piece (before the final norm and the LM head, whose fused backward writes the first
+//     gradients) also waits for the zeroing.
 //   * finish() orders the compute stream after every pending unit (CPU: runs them). A caller
 //     that reads or writes the weights, the moments or the gradients other than through a
 //     forward (a checkpoint's model.safetensors, an entry write) calls it first;
