@@ -56,7 +56,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         std::string recompute;
         std::string precision = "bf16", fp8_recipe = "tensorwise";
         bool fp8_lm_head = false;
-        std::string offload = "none", state_dtype = "fp32", offload_schedule = "overlapped";
+        std::string offload = "none", state_dtype = "fp32", offload_schedule = "overlapped",
+                    optimizer_schedule = "serial";
         std::string preset, config;  // --model's two spellings
         bool generate = false;
         GenerateBenchRequest gen;
@@ -169,6 +170,12 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "(optimizer.offload_fraction): the last layers and the LM head first; the "
                     "rest keeps its masters and moments on the device")
         ->capture_default_str();
+    cmd->add_option("--optimizer-schedule", o->optimizer_schedule,
+                    "Without --offload: serial (the device AdamW between the backward and the "
+                    "next forward) or overlapped (unit by unit on a low-priority stream while the "
+                    "next forward waits per unit), as optimizer.schedule")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"serial", "overlapped"}));
     cmd->add_option("--state-dtype", o->state_dtype,
                     "With --offload cpu: the AdamW moments' storage, fp32 or bf16 "
                     "(optimizer.state_dtype)")
@@ -281,6 +288,9 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                                               o->offload_schedule);
             req.offload_schedule = o->offload_schedule == "serial" ? OffloadSchedule::kSerial
                                                                    : OffloadSchedule::kOverlapped;
+            req.optimizer_schedule = o->optimizer_schedule == "overlapped"
+                                         ? OptimizerSchedule::kOverlapped
+                                         : OptimizerSchedule::kSerial;
             LATHE_ASSIGN_OR_RETURN(const std::string line, bench_run(req));
             if (!line.empty()) {  // empty on the ranks other than 0 of a launcher's world
                 std::printf("%s\n", line.c_str());

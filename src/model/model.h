@@ -274,6 +274,7 @@ public:
     static constexpr int kInputWeights = -1, kOutputWeights = -2;
     using WeightsNeededHook = std::function<void(int piece)>;
     void set_weights_needed_hook(WeightsNeededHook hook) { weights_needed_ = std::move(hook); }
+    bool has_weights_needed_hook() const { return bool(weights_needed_); }
     // The gradient windows hook (file comment); an empty function unsets it.
     using GradWindowHook = std::function<TensorView(int piece)>;
     void set_grad_window_hook(GradWindowHook hook);

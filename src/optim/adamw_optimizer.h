@@ -26,12 +26,46 @@
 // synchronization, no device allocation, no copy. The segments of the range are built in a host
 // vector kept between steps.
 //
+// Schedules (optimizer.schedule, OptimizerSchedule): serial, the update above inside step(), in
+// stream order between the backward and the next forward; or overlapped (overlap_with(model)),
+// which takes the update off the compute stream's path and gives the same bits:
+//   * step() (after the backward and the global gradient norm, which clipping needs before any
+//     update) splits the segments over the units of the parameter arena (ShardLayout: the
+//     embeddings, each layer, the final norm and LM head) and updates them unit by unit in
+//     forward order, each with one adamw_update_with_copy over the unit's segments (one kernel
+//     per unit on CUDA: the same kernel and per-element math as the serial launch). On CUDA the
+//     units run on the state's optimizer stream (lowest priority, ops/cuda/cuda_state.h), which
+//     first waits for everything the compute stream enqueued (the backward, the norm, earlier
+//     reads of the weights); each unit records an event. On the CPU step() only posts the units,
+//     and each runs when first needed (below): the same schedule, run synchronously.
+//   * After the update each unit's gradients are zeroed (CUDA: on the optimizer stream once every
+//     unit is updated, then one more event; CPU: with the unit): the next step's backward
+//     accumulates into zeros without a zero_grads() that would have to wait for every unit
+//     (TrainStep skips it after such a step). The gradients of a stepped unit read zero from
+//     then on.
+//   * The model's weights-needed hook, before each unit's weights are read by any forward (a
+//     training step's, its recompute in the backward coming after it in stream order, an
+//     evaluation's), makes the compute stream wait for that unit's event (cudaStreamWaitEvent,
+//     no host wait) or, on the CPU, runs the unit: the next forward's first layers overlap the
+//     update of its last ones. The bf16 compute copy (written by the same kernel) and the fp8
+//     weight casts (after the hook, model.h) are covered by the same event. The back unit's
+//     piece (before the final norm and the LM head, whose fused backward writes the first
+//     gradients) also waits for the zeroing.
+//   * finish() orders the compute stream after every pending unit (CPU: runs them). A caller
+//     that reads or writes the weights, the moments or the gradients other than through a
+//     forward (a checkpoint's model.safetensors, an entry write) calls it first;
+//     read_state()/write_state() and the destructor call it.
+// One process, one range {0, total} over the model's own (unsharded) parameters and gradients;
+// data and tensor parallelism and offload keep the serial schedule (overlap_with refuses).
+//
 // State as host f32 (checkpoints, optim/optimizer_state.h): read_state()/write_state() copy the
 // moments out and in, synchronously.
 //
-// Ownership: move-only; the moments are freed with it.
+// Ownership: move-only; the moments are freed with it. Overlapped, it sets the model's
+// weights-needed hook and the destructor unsets it: the model must outlive it and not move.
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -44,6 +78,18 @@
 namespace lathe {
 
 // FlatRange (elements [begin, end) of a flat vector) is model/memory_plan.h's.
+
+// optimizer.schedule (file comment): the update between the steps, or unit by unit beside the
+// next forward.
+enum class OptimizerSchedule { kSerial, kOverlapped };
+const char* optimizer_schedule_name(OptimizerSchedule s);  // "serial" | "overlapped"
+
+// `segments` split over `units` (consecutive ranges in ascending order): out[u] (resized to the
+// units) holds the segments inside unit u, in their order. A segment across a unit boundary or
+// outside every unit is a broken invariant (checked): units are runs of whole entries.
+void adamw_segments_by_unit(std::span<const FlatRange> units,
+                            std::span<const AdamWSegment> segments,
+                            std::vector<std::vector<AdamWSegment>>& out);
 
 // Shard `rank` of `world` contiguous shards of [0, total): the first total % world shards have
 // one element more than the others. 0 <= rank < world (checked).
@@ -92,8 +138,21 @@ public:
     // Every parameter of `model`, on the model's context.
     static Result<AdamWOptimizer> create_for(const Model& model);
 
-    AdamWOptimizer(AdamWOptimizer&&) noexcept = default;
-    AdamWOptimizer& operator=(AdamWOptimizer&&) noexcept = default;
+    AdamWOptimizer(AdamWOptimizer&&) noexcept;
+    AdamWOptimizer& operator=(AdamWOptimizer&&) noexcept;
+    ~AdamWOptimizer();
+
+    // The overlapped schedule over `model` (file comment): sets its weights-needed hook.
+    // Errors (kFailedPrecondition, the serial schedule kept): an optimizer not over the one range
+    // {0, params_total()} of `model` on its context, sharded gradients or parameters, a model
+    // without gradients; called twice.
+    Status overlap_with(Model& model);
+    OptimizerSchedule schedule() const {
+        return overlap_ ? OptimizerSchedule::kOverlapped : OptimizerSchedule::kSerial;
+    }
+    // Overlapped: every pending unit's update reaches the weights, the moments and the gradients
+    // before anything enqueued on the compute stream afterwards (CPU: runs them). Serial: no-op.
+    void finish();
 
     int64_t total() const { return total_; }
     // The one range of an optimizer over a single range (checked: a list of several has none).
@@ -112,7 +171,9 @@ public:
     // `step`. With max_grad_norm > 0 and target.grad_norm given, the gradients count as clipped
     // by the norm (grad_clip_by_norm's scale, applied inside the update; the gradients in memory
     // stay as they are). The target must hold total() elements where the context computes
-    // (checked).
+    // (checked). Overlapped: the target must be optimizer_target(model) of overlap_with's model
+    // (checked); the update is enqueued or posted unit by unit and the gradients zeroed after it
+    // (file comment).
     void step(const OptimizerTarget& target, std::span<const AdamWSegment> segments,
               const AdamWHyper& hyper, int64_t step, float max_grad_norm = 0.0f);
 
@@ -122,6 +183,8 @@ public:
 
 private:
     AdamWOptimizer() = default;
+    void step_overlapped(const OptimizerTarget& target, std::span<const AdamWSegment> segments,
+                         const AdamWHyper& hyper, int64_t step, float max_grad_norm);
 
     int64_t total_ = 0;
     std::vector<FlatRange> ranges_;
@@ -129,6 +192,9 @@ private:
     Context ctx_;
     ModelArena moments_;               // entries exp_avg, exp_avg_sq
     std::vector<AdamWSegment> local_;  // step()'s segments of one range, relative to its begin
+    // The overlapped schedule's state (on the heap: the model's hook holds its address).
+    struct Overlap;
+    std::unique_ptr<Overlap> overlap_;
 };
 
 }  // namespace lathe

@@ -212,20 +212,12 @@ void HostOptimizer::Impl::run_worker() {
 }
 
 void HostOptimizer::Impl::post(std::span<const AdamWSegment> segments) {
-    for (auto& s : unit_segments) s.clear();
     for (auto& r : unit_runs) r.clear();
-    // Each segment lies inside one unit (units are runs of whole entries); `segments` are the
-    // offloaded part's, shifted by base: the runs are the vector's coordinates.
-    size_t u = 0;
-    for (const AdamWSegment& s : segments) {
-        AdamWSegment g = s;
-        g.offset += base;
-        while (u + 1 < units.size() && g.offset >= units[u].end) ++u;
-        while (u > 0 && g.offset < units[u].begin) --u;
-        LATHE_CHECK(g.offset >= units[u].begin && g.offset + g.count <= units[u].end,
-                    "segment [{}, {}) outside the arena's units", g.offset, g.offset + g.count);
-        unit_segments[u].push_back(g);
-    }
+    // `segments` are the offloaded part's, shifted by base: the units and runs are the vector's
+    // coordinates.
+    std::vector<AdamWSegment> shifted(segments.begin(), segments.end());
+    for (AdamWSegment& g : shifted) g.offset += base;
+    adamw_segments_by_unit(units, shifted, unit_segments);
     for (size_t i = 0; i < units.size(); ++i) {
         append_runs(unit_segments[i], entry_offsets, unit_runs[i]);
         for (AdamWSegment& g : unit_segments[i]) g.offset -= base;

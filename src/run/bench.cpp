@@ -423,6 +423,13 @@ Result<std::string> bench_run(const BenchRequest& req) {
             group.world_size);
     if (!offload && req.state_dtype == AdamWStateDType::kBF16)
         return invalid_argument_error("--state-dtype bf16 needs --offload cpu");
+    const bool overlapped = req.optimizer_schedule == OptimizerSchedule::kOverlapped;
+    if (overlapped && (offload || multi))
+        return invalid_argument_error(
+            "--optimizer-schedule overlapped schedules the device optimizer of one process; {}",
+            offload ? "with --offload cpu use --offload-schedule"
+                    : fmt::format("a world of {} ranks keeps the serial schedule",
+                                  group.world_size));
     shape.masters_on_host = offload;
     if (!(req.offload_fraction > 0.0 && req.offload_fraction <= 1.0))
         return invalid_argument_error("--offload-fraction must be in (0, 1], got {}",
@@ -477,6 +484,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
         j["state_dtype"] = adamw_state_dtype_name(req.state_dtype);
         j["offload_schedule"] = offload_schedule_name(req.offload_schedule);
         j["offload_fraction"] = req.offload_fraction;
+    } else {
+        j["optimizer_schedule"] = optimizer_schedule_name(req.optimizer_schedule);
     }
     // The host memory plan of the offloaded optimizer (printed under the device's).
     OffloadSettings offload_settings;
@@ -597,6 +606,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         LATHE_ASSIGN_OR_RETURN(AdamWOptimizer made,
                                AdamWOptimizer::create_for(model, ranges, model.context()));
         optimizer.emplace(std::move(made));
+        if (overlapped) LATHE_RETURN_IF_ERROR(optimizer->overlap_with(model));
     }
     // `lathe train`'s step (run/train_step.h) for K micro-batches (gradient accumulation K),
     // with the default clip and without the trainer's skip decision (it only compares the loss
@@ -690,14 +700,15 @@ Result<std::string> bench_run(const BenchRequest& req) {
         const double busy_ms = gpu_begin ? double(CudaEvent::elapsed_ms(*gpu_begin, *gpu_end)) -
                                                host_optimizer->take_weight_wait_ms()
                                          : 0.0;
-        if (offload) {
+        if (offload || overlapped) {
             pending = Pending{s, t0, busy_ms};
         } else {
             record(s, ms, busy_ms);
         }
     }
     if (pending.s >= 0) {
-        host_optimizer->finish();
+        if (host_optimizer) host_optimizer->finish();
+        if (optimizer) optimizer->finish();
         model.synchronize();
         record(pending.s, ms_since(pending.t0), pending.busy_ms);
     }
@@ -718,6 +729,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
             }));
             LATHE_RETURN_IF_ERROR(step->apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip));
             if (host_optimizer) host_optimizer->finish();
+            if (optimizer) optimizer->finish();
             model.synchronize();
             (void)model.fp8_take_gemms();
             return ok_status();

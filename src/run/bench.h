@@ -55,6 +55,12 @@
 // fp8_gemms_per_step (the count the linear ops made each timed step) and
 // fp8_weight_casts_per_step (weights cast to fp8: once per step each).
 //
+// Optimizer schedule (--optimizer-schedule, optimizer.schedule; without --offload): serial or
+// overlapped (optim/adamw_optimizer.h: the device AdamW unit by unit on the optimizer stream
+// while the next forward waits per unit). Overlapped, a step's time runs from its start to the
+// next step's start, as with offload (the last: to the end of its update). The line's
+// "optimizer_schedule" says which (absent with --offload, whose offload_schedule says it).
+//
 // Kernel breakdown (--kernel-breakdown N, CUDA): after the timed steps, N more steps run with
 // CUPTI recording every kernel, copy and set (ops/cuda/kernel_profile.h; CUPTI slows launches, so
 // these steps are not timed ones). The line adds "kernels": steps N, span_ms_per_step (first
@@ -98,6 +104,7 @@
 #include "model/model_config.h"
 #include "ops/context.h"
 #include "ops/kernel_groups.h"
+#include "optim/adamw_optimizer.h"
 
 namespace lathe {
 
@@ -126,6 +133,8 @@ struct BenchRequest {
     AdamWStateDType state_dtype = AdamWStateDType::kF32;
     OffloadSchedule offload_schedule = OffloadSchedule::kOverlapped;  // --offload-schedule
     double offload_fraction = 1.0;  // --offload-fraction: optimizer.offload_fraction, (0, 1]
+    // --optimizer-schedule: the device optimizer's (one process, no offload; bench.h).
+    OptimizerSchedule optimizer_schedule = OptimizerSchedule::kSerial;
     // --kernel-breakdown N: N more steps after the timed ones, recorded by CUPTI (CUDA only;
     // kernel_breakdown below); 0: none.
     int64_t kernel_breakdown_steps = 0;

@@ -116,6 +116,10 @@ ConfigSchema train_config_schema() {
            "layer during the backward, the CPU steps on a worker thread while the next forward "
            "waits per layer) | serial (whole-vector copies and the update between the steps); "
            "same bits"});
+    s.add({"optimizer.schedule", ConfigType::kString, "",
+           "the device AdamW: serial (default: the whole update between the backward and the "
+           "next forward) | overlapped (after the gradient norm, unit by unit on a low-priority "
+           "stream while the next forward waits per unit); same bits; one process, no offload"});
     s.add({"optimizer.state_dtype", ConfigType::kString, "",
            "AdamW moment storage: fp32 (default) | bf16 (rounded to nearest even on store); "
            "bf16 needs optimizer.offload: cpu"});

@@ -369,6 +369,24 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
         return invalid_argument_error("{}: 'optimizer.gradient_clipping' must be >= 0 (0 = off)",
                                       c.source_of("optimizer.gradient_clipping"));
     LATHE_RETURN_IF_ERROR(resolve_offload(c, s.offload));
+    if (c.has("optimizer.schedule")) {
+        const std::string v = c.get_string("optimizer.schedule");
+        if (v == "overlapped")
+            s.schedule = OptimizerSchedule::kOverlapped;
+        else if (v == "serial")
+            s.schedule = OptimizerSchedule::kSerial;
+        else
+            return invalid_argument_error(
+                "{}: 'optimizer.schedule' is '{}'; choose serial or overlapped",
+                c.source_of("optimizer.schedule"), v);
+        if (s.schedule == OptimizerSchedule::kOverlapped &&
+            s.offload.offload == OptimizerOffload::kCpu)
+            return invalid_argument_error(
+                "{}: 'optimizer.schedule: overlapped' schedules the device optimizer; with "
+                "optimizer.offload: cpu set optimizer.offload_schedule instead and remove "
+                "optimizer.schedule",
+                c.source_of("optimizer.schedule"));
+    }
     auto style = lr_decay_style_from_string(c.get_string("lr.decay_style"));
     if (!style.ok())
         return style.status().with_context(c.source_of("lr.decay_style") + ": 'lr.decay_style'");

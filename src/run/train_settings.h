@@ -16,6 +16,7 @@
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "ops/adamw.h"
+#include "optim/adamw_optimizer.h"
 #include "run/lr_schedule.h"
 
 namespace lathe {
@@ -59,6 +60,10 @@ struct TrainSettings {
     // optimizer.offload, optimizer.offload_fraction, optimizer.state_dtype (validated; bf16
     // moments without offload are refused by train_settings_resolve).
     OffloadSettings offload;
+    // optimizer.schedule: the device AdamW's (optim/adamw_optimizer.h); unset: serial. The
+    // trainer refuses overlapped with several ranks; with offload the key is refused here
+    // (optimizer.offload_schedule is that optimizer's).
+    OptimizerSchedule schedule = OptimizerSchedule::kSerial;
 
     int64_t checkpoint_interval = 0;  // 0 = only at the end
     int keep_last = 0;

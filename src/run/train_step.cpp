@@ -15,6 +15,8 @@ TrainStep::TrainStep(Model& model, AdamWOptimizer& optimizer, std::vector<char> 
                      DataParallel* dp, Communicator* tp)
     : model_(model), optimizer_(&optimizer), frozen_(std::move(frozen)), dp_(dp), tp_(tp) {
     LATHE_CHECK(tp_ == nullptr || dp_ != nullptr, "tensor parallel steps through DataParallel");
+    LATHE_CHECK(dp_ == nullptr || optimizer.schedule() == OptimizerSchedule::kSerial,
+                "data parallel steps with the serial optimizer schedule");
     LATHE_CHECK(frozen_.empty() || frozen_.size() == model_.params().entries().size(),
                 "{} frozen flags for {} parameter entries", frozen_.size(),
                 model_.params().entries().size());
@@ -32,7 +34,11 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next,
     LATHE_CHECK(K >= 1, "a step of {} micro-batches", K);
     const int64_t W = dp_ != nullptr ? dp_->world() : 1;
     if (host_ != nullptr) host_->before_zero_grads();
-    model_.zero_grads();
+    // After an overlapped device update the gradients are zero, or become zero unit by unit
+    // before the forward reads the unit's weights (optim/adamw_optimizer.h): a zero_grads here
+    // would wait for every unit's update.
+    if (!grads_zeroed_) model_.zero_grads();
+    grads_zeroed_ = false;
     losses_.resize(size_t(K));
     int64_t read = 0;
     auto read_losses = [&](int64_t upto) {
@@ -117,6 +123,7 @@ Status TrainStep::apply(double lr, double weight_decay, const AdamWHyper& hyper,
         host_->step(model_, segments_, hyper, adam_step, norm_, max_grad_norm);
     else
         optimizer_->step(optimizer_target(model_), segments_, hyper, adam_step, max_grad_norm);
+    grads_zeroed_ = optimizer_ != nullptr && optimizer_->schedule() == OptimizerSchedule::kOverlapped;
     model_.fp8_weights_updated();  // the next forward casts the fp8 weight codes (model.h)
     return dp_ != nullptr ? dp_->finish_update() : ok_status();
 }

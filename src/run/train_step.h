@@ -36,6 +36,13 @@
 // the update is handed to the optimizer's worker: the next forward waits for it layer by layer,
 // and a caller that reads the masters (a checkpoint) calls HostOptimizer::finish() first.
 //
+// Overlapped device optimizer (AdamWOptimizer::overlap_with, optimizer.schedule: overlapped; one
+// process): apply() enqueues the update unit by unit on the optimizer stream and returns; the
+// next forward waits per unit (optim/adamw_optimizer.h). The update leaves the gradients zero, so
+// the next gradients() does not zero them (a gradients() after one that was not applied does);
+// a caller that reads the weights or the moments other than through a forward (a checkpoint)
+// calls AdamWOptimizer::finish() first.
+//
 // Ownership: holds references to the model and the optimizer, which must outlive it.
 
 #include <cstdint>
@@ -99,6 +106,8 @@ private:
     std::vector<float> losses_, gathered_;
     std::vector<double> norms_;
     std::vector<AdamWSegment> segments_;
+    // The last apply() ran the overlapped device schedule, which zeroes the gradients it read.
+    bool grads_zeroed_ = false;
 };
 
 }  // namespace lathe

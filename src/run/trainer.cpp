@@ -527,6 +527,15 @@ Status Trainer::setup() {
         for (size_t e = 0; e < params.entries().size(); ++e)
             if (tp_split_of(params.entries()[e].role) == TpSplit::kRankZero) frozen_[e] = 1;
     }
+    if (optimizer_ && s_.schedule == OptimizerSchedule::kOverlapped) {
+        if (multi())
+            return invalid_argument_error(
+                "{}: 'optimizer.schedule: overlapped' runs in one process; a world of {} ranks "
+                "keeps the serial schedule: set optimizer.schedule: serial",
+                config_.source_of("optimizer.schedule"), world_.size());
+        LATHE_RETURN_IF_ERROR(
+            optimizer_->overlap_with(*model_).with_context("'optimizer.schedule: overlapped'"));
+    }
     if (host_optimizer_)
         step_.emplace(*model_, *host_optimizer_, frozen_);
     else
@@ -846,6 +855,8 @@ Status Trainer::save_checkpoint() {
     const Status written = [&]() -> Status {
         // Offload, overlapped: the update in flight reaches the masters the files are read from.
         if (host_optimizer_) host_optimizer_->finish();
+        // Overlapped device update: the pending units reach the weights and moments first.
+        if (optimizer_) optimizer_->finish();
         if (dp_) {
             auto guard = watchdog_->arm("the gather of the parameters for the checkpoint");
             LATHE_RETURN_IF_ERROR(dp_->gather_masters());

@@ -15,8 +15,12 @@
 // scratch area between ops safe.
 //
 // Streams: `stream()` is the compute stream every op runs on. Beside it the state owns a copy
-// stream (host<->device transfers: staging, offload) and a communication stream (collectives,
-// dist/communicator.h), so that transfers and collectives can overlap compute. Work on two streams
+// stream (host<->device transfers: staging, offload), a communication stream (collectives,
+// dist/communicator.h) and an optimizer stream (the overlapped AdamW update,
+// optim/adamw_optimizer.h), so that transfers, collectives and the update can overlap compute.
+// Priorities: communication the device's highest, compute one level above the lowest, the
+// optimizer stream the lowest, so that the update's blocks fill the SMs the forward leaves idle
+// rather than delaying it (where the device has a single priority level, all share it). Work on two streams
 // is unordered unless ordered by an event: `wait_for(waiter, signaller)` makes what is enqueued on
 // `waiter` afterwards wait for everything enqueued on `signaller` so far, on the device, without
 // blocking the host or allocating. A buffer handed from one stream to another needs such an order
@@ -103,8 +107,9 @@ public:
     // kMaxRowChunks (ops/cuda/column_reduce.h) x C fp32 values per pass.
     static constexpr size_t kScratchBytes = size_t(32) << 20;
 
-    // Makes `device` current, creates the three non-blocking streams (communication at the
-    // device's highest priority, so collectives are not queued behind compute kernels), their
+    // Makes `device` current, creates the four non-blocking streams (communication at the
+    // device's highest priority, so collectives are not queued behind compute kernels; the
+    // optimizer stream below compute, file comment), their
     // ordering events, the cuBLASLt handle and the two buffers. Any failure (no such device, out
     // of memory) stops with the failing call.
     explicit CudaState(int device);
@@ -120,6 +125,8 @@ public:
     CUstream_st* copy_stream() const { return copy_stream_; }
     // Collectives (Communicator calls on GPU buffers).
     CUstream_st* comm_stream() const { return comm_stream_; }
+    // The overlapped AdamW update (optim/adamw_optimizer.h), at the lowest priority.
+    CUstream_st* optimizer_stream() const { return optimizer_stream_; }
 
     // Work enqueued on `waiter` after this call waits for all work enqueued on `signaller` before
     // it; both are streams of this state (checked). Records the state's event of `signaller` and
@@ -139,9 +146,9 @@ public:
     Context context();
 
     // Waits for everything enqueued on the compute stream; an asynchronous kernel error stops
-    // here. The copy and communication streams are not waited for (synchronize_all does).
+    // here. The other streams are not waited for (synchronize_all does).
     void synchronize() const;
-    // Waits for all three streams.
+    // Waits for all four streams.
     void synchronize_all() const;
 
     // Cache of cuBLASLt algorithm choices, keyed by problem (ops/cuda/gemm.cu owns its contents).
@@ -163,8 +170,9 @@ private:
     CUstream_st* stream_ = nullptr;
     CUstream_st* copy_stream_ = nullptr;
     CUstream_st* comm_stream_ = nullptr;
-    // wait_for's events, one per signalling stream: compute, copy, communication.
-    CudaEvent order_events_[3];
+    CUstream_st* optimizer_stream_ = nullptr;
+    // wait_for's events, one per signalling stream: compute, copy, communication, optimizer.
+    CudaEvent order_events_[4];
     cublasLtContext* cublaslt_ = nullptr;
     DeviceBuffer workspace_;
     DeviceBuffer scratch_;

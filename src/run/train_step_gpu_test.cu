@@ -1,0 +1,108 @@
+// TrainStep with the device optimizer's two schedules on CUDA (CTest label gpu;
+// optim/adamw_optimizer.h, "Schedules"): the overlapped schedule (AdamW unit by unit on the
+// optimizer stream, the next forward waiting per unit on events, the gradients zeroed there after
+// the update) gives the serial schedule's bits: losses, norms, a validation loss, the f32
+// masters, the bf16 compute copy and both moments, over steps of two micro-batches with
+// clipping, weight decay, a frozen entry, a step computed but not applied, a validation forward
+// between steps and a checkpoint resumed in a fresh model and optimizer; in bf16 and with the
+// block's linears in fp8 (tensorwise: the weight casts once per step read the compute copy after
+// the hook's wait). Exact equality, no tolerance: the same deterministic kernel runs over the
+// same elements with the same scalars, only on another stream and in unit-sized launches.
+// clang-format off
+#include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
+// clang-format on
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "model/fp8_state.h"
+#include "model/registry.h"
+#include "ops/cuda/cuda_state.h"
+#include "ops/cuda/fp8_linear.h"
+#include "run/train_step_schedule_test_util.h"
+
+namespace lathe {
+namespace {
+
+using schedule_test::RunPlan;
+using schedule_test::RunResult;
+
+constexpr const char* kLlamaJson = R"({"architectures": ["LlamaForCausalLM"],
+  "model_type": "llama", "vocab_size": 384, "hidden_size": 128, "intermediate_size": 256,
+  "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+  "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+  "tie_word_embeddings": false})";
+
+class TrainStepScheduleGpu : public ::testing::TestWithParam<bool> {
+protected:
+    static void SetUpTestSuite() { state_ = new CudaState(0); }
+    static void TearDownTestSuite() {
+        delete state_;
+        state_ = nullptr;
+    }
+    void SetUp() override {
+        if (!GetParam()) return;
+        const std::string problem = cuda::fp8_support_problem(0);
+        if (!problem.empty()) GTEST_SKIP() << problem;
+    }
+
+    static RunPlan plan() {
+        RunPlan p;
+        p.B = 2;
+        p.T = 64;  // B T a multiple of 16 (fp8 GEMMs)
+        p.V = 384;
+        p.max_norm = 0.05f;
+        return p;
+    }
+    // A model of kLlamaJson at plan()'s shape, bf16 or with the block's linears in fp8
+    // (tensorwise), initialized from `seed`.
+    static Model make(bool fp8, uint64_t seed) {
+        Result<ModelConfig> c = model_config_from_hf_json(kLlamaJson, "test/config.json");
+        LATHE_CHECK(c.ok(), "{}", c.status().to_string());
+        ModelShape shape;
+        shape.batch = plan().B;
+        shape.seq_len = plan().T;
+        if (fp8) {
+            Result<Fp8Settings> s = fp8_settings_parse("tensorwise", "auto", false, 16, "max",
+                                                       "test");
+            LATHE_CHECK(s.ok(), "{}", s.status().to_string());
+            shape.precision = fp8_precision_policy(*s);
+            shape.fp8 = *s;
+        }
+        Result<Model> m = Model::create(*c, shape, state_->context());
+        LATHE_CHECK(m.ok(), "{}", m.status().to_string());
+        m->init(seed);
+        return std::move(*m);
+    }
+
+    static CudaState* state_;
+};
+CudaState* TrainStepScheduleGpu::state_ = nullptr;
+
+TEST_P(TrainStepScheduleGpu, OverlappedGivesTheSerialBits) {
+    const bool fp8 = GetParam();
+    auto make_model = [fp8](uint64_t seed) { return make(fp8, seed); };
+    const RunResult want = schedule_test::run(plan(), OptimizerSchedule::kSerial, make_model);
+    const RunResult got = schedule_test::run(plan(), OptimizerSchedule::kOverlapped, make_model);
+    ASSERT_EQ(want.losses.size(), size_t(plan().steps));
+    for (const float n : want.norms) EXPECT_GT(n, plan().max_norm);  // the clip is exercised
+    EXPECT_EQ(got.losses, want.losses);
+    EXPECT_EQ(got.norms, want.norms);
+    ASSERT_EQ(want.evals.size(), 1u);
+    EXPECT_EQ(got.evals, want.evals);
+    EXPECT_EQ(got.params, want.params);
+    EXPECT_EQ(got.compute, want.compute);
+    EXPECT_EQ(got.m, want.m);
+    EXPECT_EQ(got.v, want.v);
+    // The run trained: the weights left their initial values.
+    EXPECT_NE(want.params, schedule_test::read_params(make(fp8, 1)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, TrainStepScheduleGpu, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                             return std::string(p.param ? "Fp8Tensorwise" : "Bf16");
+                         });
+
+}  // namespace
+}  // namespace lathe
