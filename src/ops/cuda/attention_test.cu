@@ -250,6 +250,59 @@ TEST(CudaAttention, BackwardIsDeterministicGroupedQuery) {
     check_backward_is_deterministic({2, 1024, 8, 2, 64, 0, 0}, 82);
 }
 
+// The backward under a workspace cap (Context::attention_backward_workspace_cap, which a training
+// model sets to the scratch it lends: model/memory_plan.h) runs one batch row per call, and gives
+// bitwise the dq, dk, dv of the one call on the whole batch: the rows are independent, so the
+// memory plan may chunk without changing a bit. The GQA head shapes of Llama-3-8B (D = 128) and
+// Llama-3.2-1B (D = 64), through the op's dispatcher as block_backward calls it.
+void check_chunked_backward_gives_the_whole_batchs_bits(const Case& c, uint64_t seed) {
+    SCOPED_TRACE(case_text(c));
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    optest::Rng rng(seed);
+    const HostTensor hq = random_bf16_values(rng, {c.B, c.T, c.H, c.D}, -2, 2);
+    const HostTensor hk = random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}, -2, 2);
+    const HostTensor hv = random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D});
+    const HostTensor hdout = random_bf16_values(rng, {c.B, c.T, c.H, c.D});
+    HostTensor results[2][3];
+    size_t workspace[2] = {0, 0};
+    for (int capped = 0; capped < 2; ++capped) {
+        CudaState state(0);
+        Context gpu = state.context();
+        gpu.attention_backward_workspace_cap = capped ? 1 : 0;  // 1 byte: one row a call
+        cuda::AttentionShape shape = cuda_shape(c, scale);
+        shape.backward_workspace_cap = gpu.attention_backward_workspace_cap;
+        workspace[capped] = cuda::attention_workspace_bytes(state, shape);
+        DeviceTensor q = upload(hq, DType::kBF16, state), k = upload(hk, DType::kBF16, state);
+        DeviceTensor v = upload(hv, DType::kBF16, state), dout = upload(hdout, DType::kBF16, state);
+        DeviceTensor out = device_tensor(DType::kBF16, {c.B, c.T, c.H, c.D}, state);
+        DeviceTensor lse = device_tensor(DType::kF32, {c.B, c.H, c.T}, state);
+        DeviceTensor dq = device_tensor(DType::kBF16, q.view.shape(), state);
+        DeviceTensor dk = device_tensor(DType::kBF16, k.view.shape(), state);
+        DeviceTensor dv = device_tensor(DType::kBF16, v.view.shape(), state);
+        attention_forward(out.view, lse.view, q.view, k.view, v.view, ConstTensorView(), c.window,
+                          scale, gpu);
+        attention_backward(dq.view, dk.view, dv.view, dout.view, q.view, k.view, v.view, out.view,
+                           lse.view, ConstTensorView(), c.window, scale, gpu);
+        results[capped][0] = download_raw(dq.view, state);
+        results[capped][1] = download_raw(dk.view, state);
+        results[capped][2] = download_raw(dv.view, state);
+    }
+    EXPECT_LT(workspace[1], workspace[0]) << "one row a call asks for less workspace";
+    EXPECT_TRUE(bitwise_equal(results[1][0], results[0][0])) << "dq";
+    EXPECT_TRUE(bitwise_equal(results[1][1], results[0][1])) << "dk";
+    EXPECT_TRUE(bitwise_equal(results[1][2], results[0][2])) << "dv";
+}
+
+TEST(CudaAttention, ChunkedBackwardGivesTheWholeBatchsBitsHeadDim128) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_chunked_backward_gives_the_whole_batchs_bits({2, 1024, 32, 8, 128, 0, 0}, 86);
+}
+
+TEST(CudaAttention, ChunkedBackwardGivesTheWholeBatchsBitsHeadDim64) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_chunked_backward_gives_the_whole_batchs_bits({4, 1024, 32, 8, 64, 0, 0}, 87);
+}
+
 // A workspace lent by the caller (the model lends scratch that is dead during attention): the
 // graphs run on it, the state grows no buffer of its own, and the results are bitwise those on
 // the state's own workspace; once the loan ends the state grows its own again. The lent memory is
