@@ -448,6 +448,26 @@ TEST(CudaAttention, Llama1BTrainingShape) {
     check_training_shape({8, 2048, 32, 8, 64, 0, 0});
 }
 
+// The training shapes as the models run them: the backward capped at the scratch the model's
+// plan lends it (MemoryPlan::attention_backward_cap, from `lathe bench --plan-only --device cuda`:
+// 1,543,256,064 B for llama-1b B8 T2048, 1,442,592,768 B for llama3-8b-8l B2 T4096), so in batch
+// chunks where the whole batch asks for more; the printed times against the uncapped rows give
+// what the chunks cost. The Llama-3-8B layer shape uncapped too.
+TEST(CudaAttention, Llama1BTrainingShapeInTheModelsChunks) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({8, 2048, 32, 8, 64, 0, 0, 0.0f, false, size_t(1543256064)});
+}
+
+TEST(CudaAttention, Llama3_8BTrainingShape) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({2, 4096, 32, 8, 128, 0, 0});
+}
+
+TEST(CudaAttention, Llama3_8BTrainingShapeInTheModelsChunks) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({2, 4096, 32, 8, 128, 0, 0, 0.0f, false, size_t(1442592768)});
+}
+
 TEST(CudaAttention, Gpt2TrainingShapeNondeterministicBackward) {
     if (skip_if_unavailable()) GTEST_SKIP();
     check_training_shape({32, 1024, 12, 12, 64, 0, 0, 0.0f, true});
