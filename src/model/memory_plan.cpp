@@ -7,6 +7,7 @@
 #include "model/block.h"
 #include "model/block_recompute.h"
 #include "model/registry.h"
+#include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/fp8_blockwise.h"
 #include "ops/rope.h"
@@ -444,10 +445,16 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     plan.block_scratch = std::move(block_scratch);
     plan.lm_chunk = add_entry(scr, "lm_head.logits_chunk", DType::kF32, Shape{Nc, V});
     if (shape.backend == Backend::kCuda) {
-        plan.attention_workspace = shape.attention_workspace_bytes
-                                       ? *shape.attention_workspace_bytes
-                                       : memory_plan_attention_workspace_estimate(c, B, T);
+        // The backward runs in batch chunks whose workspace fits the dead buffers, when a chunk
+        // of fewer rows does (the estimate is linear in B, as cuDNN's workspace is).
         const size_t dead = scr.total_bytes() - dead_begin;
+        plan.attention_backward_cap = dead;
+        const size_t whole = memory_plan_attention_workspace_estimate(c, B, T);
+        plan.attention_workspace =
+            shape.attention_workspace_bytes
+                ? *shape.attention_workspace_bytes
+                : memory_plan_attention_workspace_estimate(
+                      c, cuda::attention_backward_chunk_rows(B, whole, dead), T);
         if (plan.attention_workspace > dead)
             add_entry(scr, "attention.workspace", DType::kU8,
                       Shape{int64_t(plan.attention_workspace - dead)});

@@ -21,7 +21,8 @@
 //
 //                     On CUDA, cuDNN's attention workspace too: it shares the bytes of the
 //                     scratch buffers that are dead while attention runs (below), and adds only
-//                     what it needs beyond them.
+//                     what it needs beyond them (the backward runs in batch chunks that fit
+//                     them where it can: attention_backward_cap).
 //   runtime           CUDA only: the buffers the CudaState owns (cuBLASLt workspace, op scratch,
 //                     attention buffers it had to grow itself, such as the docs mask)
 //   fp8 buffers       CUDA with fp8 linear roles only (ModelShape::precision): each FP8 linear's
@@ -204,7 +205,8 @@ ShardLayout shard_layout_make(const ParamTable& table, int world);
 // waits for, is the last to go. fraction 1 gives 0; fraction in (0, 1] (checked).
 int64_t offload_split_begin(const ShardLayout& units, double fraction);
 
-// The workspace of cuDNN 9's deterministic flash-attention backward for `config` at (B, T): an
+// The workspace of cuDNN 9's deterministic flash-attention backward for `config` at (B, T) in one
+// call (the plan counts the batch chunk it runs in: MemoryPlan::attention_backward_cap): an
 // fp32 partial dQ per block of 128 keys (ceil(T / 128) * B * H * T * D * 4 bytes), a float per
 // (b, h, t), and with GQA dK and dV per query head in bf16 (2 * B * H * T * D * 2). That is what
 // cuDNN 9.14 asked for at both issue-4 shapes (769.5 MiB for GPT-2 124M at B = 32, T = 1024;
@@ -321,6 +323,12 @@ struct MemoryPlan {
     size_t attention_workspace = 0;  // bytes the workspace needs (shape's, or the estimate)
     size_t attention_offset = 0, attention_bytes = 0;
     size_t attention_shared = 0;  // of the workspace's bytes, those the dead buffers hold
+    // The bytes of those dead buffers: the bound the model puts on the backward's workspace
+    // (Context::attention_backward_workspace_cap). Where the whole batch's deterministic
+    // backward asks for more, it runs in batch chunks that fit, when one row does
+    // (cuda::attention_backward_chunk_rows): the same bits, and no workspace beyond the
+    // dead buffers. The estimate takes the chunk the same way.
+    size_t attention_backward_cap = 0;
     // CUDA with fp8 roles: the fp8 buffers' arena (file comment) and its entries; empty else.
     ArenaLayout fp8;
     std::vector<std::array<Fp8LinearEntries, kFp8LinearsPerLayer>> fp8_linears;  // [layer][l]

@@ -197,6 +197,7 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
                                    false,
                                    block_attention_scale(config)};
             s.nondeterministic_backward = !ctx.deterministic;
+            s.backward_workspace_cap = m.plan_.attention_backward_cap;
             workspace = std::max(workspace, cuda::attention_workspace_bytes(state, s));
             attention_shapes.push_back(s);
         }
@@ -205,6 +206,9 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
     }
     m.config_ = std::move(config);
     m.ctx_ = ctx;
+    // The attention backward's workspace stays within the scratch the model lends it (the same
+    // cap as the shapes above, so the calls run the graphs planned and prepared here).
+    m.ctx_.attention_backward_workspace_cap = m.plan_.attention_backward_cap;
     if (m.plan_.keeps_masters()) {
         LATHE_ASSIGN_OR_RETURN(m.params_, ModelArena::allocate(m.plan_.param_storage, ctx));
     }

@@ -19,9 +19,11 @@
 #include <vector>
 
 #include "model/adamw_moments_test_util.h"
+#include "model/block.h"
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"
+#include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/fp8_linear.h"
 #include "ops/cuda/memory.h"
@@ -839,6 +841,69 @@ INSTANTIATE_TEST_SUITE_P(Recipes, ModelFp8HeadGpu,
                          [](const ::testing::TestParamInfo<Fp8Recipe>& info) {
                              return std::string(fp8_recipe_name(info.param));
                          });
+
+// A shape whose attention backward asks for more workspace than the scratch dead during attention
+// (head_dim 128, 4 key blocks, a small MLP and LM-head chunk: about 2.6x by the plan's estimate):
+// the model caps the backward at that scratch (MemoryPlan::attention_backward_cap, its Context's
+// attention_backward_workspace_cap), so it runs in batch chunks and the plan holds cuDNN's
+// chunked workspace, less than the whole batch's; a step grows nothing, and the step still agrees
+// with the CPU reference (the chunked call gives the whole call's bits: ops/cuda/attention_test.cu,
+// ChunkedBackwardGivesTheWholeBatchsBits*).
+TEST(ModelGpuAttentionMemory, TheBackwardRunsInBatchChunksWithinTheDeadScratch) {
+    const ModelConfig c = parse(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+      "vocab_size": 384, "hidden_size": 256, "intermediate_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512,
+      "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false})");
+    const int64_t B = 4, T = 512;
+    CudaState state(0);
+    ModelShape shape{B, T, 16};  // 16 rows of logits a chunk
+    Result<Model> cpu = Model::create(c, shape, cpu_context());
+    Result<Model> gpu = Model::create(c, shape, state.context());
+    ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status().to_string() << gpu.status().to_string();
+    const MemoryPlan& plan = gpu->plan();
+    EXPECT_EQ(gpu->context().attention_backward_workspace_cap, plan.attention_backward_cap);
+    // What one call on the whole batch asks for (a state of its own: the model's holds the
+    // chunked graphs).
+    size_t whole = 0;
+    {
+        CudaState other(0);
+        cuda::AttentionShape s;
+        s.B = B, s.T = T, s.H = c.num_heads, s.Hkv = c.num_kv_heads, s.D = c.head_dim;
+        s.scale = block_attention_scale(c);
+        whole = cuda::attention_workspace_bytes(other, s);
+    }
+    std::printf("[attention-chunks] whole batch %zu B, chunked %zu B, dead scratch %zu B\n", whole,
+                plan.attention_workspace, plan.attention_backward_cap);
+    ASSERT_GT(whole, plan.attention_backward_cap) << "the shape must need chunks";
+    EXPECT_LT(plan.attention_workspace, whole);
+    EXPECT_EQ(plan.attention_bytes,
+              std::max(plan.attention_backward_cap, plan.attention_workspace));
+    EXPECT_EQ(cuda::attention_buffer_bytes(state), 0u) << "the lent scratch holds the workspace";
+
+    cpu->init(21);
+    gpu->init(21);
+    const HostTensor tok = random_ids(B, T, c.vocab_size, 22, false);
+    const HostTensor tgt = random_ids(B, T, c.vocab_size, 23, true);
+    const ModelBatch batch{tok.view(), tgt.view(), {}, {}};
+    cpu->zero_grads();
+    gpu->zero_grads();
+    const float loss_cpu = cpu->forward_backward(batch);
+    const float loss_gpu = gpu->forward_backward(batch);
+    gpu->synchronize();
+    const size_t before = cuda_memory_info(0).free_bytes;
+    gpu->zero_grads();
+    EXPECT_EQ(gpu->forward_backward(batch), loss_gpu) << "deterministic";
+    gpu->synchronize();
+    EXPECT_EQ(cuda_memory_info(0).free_bytes, before) << "a step allocates nothing";
+    EXPECT_EQ(cuda::attention_buffer_bytes(state), 0u);
+    std::string worst;
+    const double grad_err = worst_tensor_error(*cpu, *gpu, true, &worst);
+    std::printf("[attention-chunks] loss %.6f vs %.6f, worst grad rel-L2 %.2e (%s)\n", loss_gpu,
+                loss_cpu, grad_err, worst.c_str());
+    // The tolerances of OneTrainingStepMatchesTheCpuReference (two layers; derived there).
+    EXPECT_NEAR(loss_gpu, loss_cpu, 4e-3 * loss_cpu);
+    EXPECT_LT(grad_err, 5e-2) << worst;
+}
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelGpu, ::testing::ValuesIn(kFamilies),
                          [](const ::testing::TestParamInfo<Family>& info) {

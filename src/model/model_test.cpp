@@ -22,6 +22,7 @@
 #include "model/model_io.h"
 #include "model/registry.h"
 #include "model/tiny_model_test_util.h"
+#include "ops/cuda/attention.h"
 #include "ops/fp8_blockwise.h"
 
 namespace lathe {
@@ -253,6 +254,7 @@ TEST(MemoryPlan, TheAttentionWorkspaceSharesTheScratchDeadDuringAttention) {
                 EXPECT_EQ(in_region, dead_name) << e.name;
             }
             const size_t dead = dead_end - plan->attention_offset;
+            EXPECT_EQ(plan->attention_backward_cap, dead);
             EXPECT_EQ(plan->attention_shared, std::min(dead, workspace));
             EXPECT_EQ(has_extra, workspace > dead) << dead;
             // One block's scratch entries are all there, in block_scratch_for_each order.
@@ -293,6 +295,63 @@ TEST(MemoryPlan, TheAttentionWorkspaceSharesTheScratchDeadDuringAttention) {
 // element; the shared cast scratch (xq / dyq: the largest N I or N O; dyqt: the largest N O);
 // 24 scalars per linear; with delayed scaling a scale and an amax per scaled tensor. The table
 // prints the row; a plan without fp8 roles has none (and its table no fp8 line).
+// The deterministic attention backward runs in batch chunks whose workspace fits the scratch
+// dead during attention (MemoryPlan::attention_backward_cap): the estimate a plan without a GPU
+// counts takes the chunk cuda::attention_backward_chunk_rows picks. The three training shapes of
+// docs/PERF.md: GPT-2 fits whole, Llama-1B runs 2 chunks of 4 rows within the dead scratch, the
+// Llama-3-8B slice one row a call (its estimated row does not fit: only the rest is added).
+TEST(MemoryPlan, TheAttentionBackwardRunsInBatchChunksThatFitTheDeadScratch) {
+    struct Case {
+        const char* json;
+        int64_t B, T, chunk_rows;
+    };
+    const Case cases[] = {
+        {R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 50304,
+             "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024})",
+         32, 1024, 32},
+        {R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+             "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+             "num_attention_heads": 32, "num_key_value_heads": 8,
+             "max_position_embeddings": 2048, "tie_word_embeddings": true})",
+         8, 2048, 4},
+        {R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+             "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 8,
+             "num_attention_heads": 32, "num_key_value_heads": 8,
+             "max_position_embeddings": 4096, "tie_word_embeddings": false})",
+         2, 4096, 1},
+    };
+    for (const Case& k : cases) {
+        const ModelConfig c = parse(k.json);
+        SCOPED_TRACE(fmt::format("{} B={} T={}", c.model_type, k.B, k.T));
+        const ParamTable t = model_param_table(c);
+        ModelShape shape{k.B, k.T, 0};
+        shape.backend = Backend::kCuda;
+        Result<MemoryPlan> plan = memory_plan_make(c, t, shape);
+        ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+        const size_t whole = memory_plan_attention_workspace_estimate(c, k.B, k.T);
+        const size_t chunked = memory_plan_attention_workspace_estimate(c, k.chunk_rows, k.T);
+        EXPECT_EQ(cuda::attention_backward_chunk_rows(k.B, whole, plan->attention_backward_cap),
+                  k.chunk_rows);
+        EXPECT_EQ(plan->attention_workspace, chunked);
+        const size_t dead = plan->attention_backward_cap;
+        EXPECT_EQ(plan->attention_bytes, std::max(dead, chunked));
+        EXPECT_EQ(plan->attention_shared, std::min(dead, chunked));
+        // The same plan with the whole batch's workspace (what one call would ask for) holds
+        // exactly what the chunks save beyond the dead scratch.
+        ModelShape one_call = shape;
+        one_call.attention_workspace_bytes = whole;
+        Result<MemoryPlan> whole_plan = memory_plan_make(c, t, one_call);
+        ASSERT_TRUE(whole_plan.ok());
+        EXPECT_EQ(whole_plan->attention_backward_cap, dead);
+        EXPECT_EQ(whole_plan->total_bytes() - plan->total_bytes(),
+                  std::max(dead, whole) - std::max(dead, chunked));
+        if (k.chunk_rows < k.B) {
+            EXPECT_GT(whole, dead);
+            EXPECT_LT(plan->total_bytes(), whole_plan->total_bytes());
+        }
+    }
+}
+
 TEST(MemoryPlan, Fp8PolicyAddsEachLinearsBuffers) {
     const ModelConfig c = parse(kLlamaJson);  // C 32, H 4 x D 8, Hkv 2, F 48, 2 layers
     const ParamTable t = model_param_table(c);

@@ -61,6 +61,7 @@ cuda::AttentionShape cuda_attention_shape(const char* op, const AttentionDims& d
     LATHE_CHECK(missing == nullptr, "{}: {}", op, missing);
     cuda::AttentionShape shape{d.B, d.Tq, d.H, d.Hkv, d.D, window, !docs.is_null(), scale};
     shape.nondeterministic_backward = !ctx.deterministic;
+    shape.backward_workspace_cap = ctx.attention_backward_workspace_cap;
     return shape;
 }
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/cuda/attention.h"
 #include "ops/op_test.h"
 
 namespace lathe::optest {
@@ -498,3 +499,20 @@ TEST(AttentionDecodePagedSupports, RefusesWhatTheKernelCannotTake) {
 
 }  // namespace
 }  // namespace lathe::optest
+
+// The rule that picks the CUDA attention backward's batch chunk (ops/cuda/attention.h), host-only
+// arithmetic shared by the op and the memory plan.
+TEST(Attention, BackwardChunkRowsAreTheLargestDivisorOfBWhoseShareFitsTheCap) {
+    using lathe::cuda::attention_backward_chunk_rows;
+    EXPECT_EQ(attention_backward_chunk_rows(8, 800, 0), 8);    // no cap
+    EXPECT_EQ(attention_backward_chunk_rows(8, 800, 800), 8);  // the whole batch fits
+    EXPECT_EQ(attention_backward_chunk_rows(8, 800, 799), 4);  // 7, 6, 5 do not divide 8
+    EXPECT_EQ(attention_backward_chunk_rows(8, 800, 400), 4);
+    EXPECT_EQ(attention_backward_chunk_rows(8, 800, 399), 2);
+    EXPECT_EQ(attention_backward_chunk_rows(6, 600, 500), 3);  // 5 and 4 do not divide 6
+    EXPECT_EQ(attention_backward_chunk_rows(2, 200, 150), 1);
+    EXPECT_EQ(attention_backward_chunk_rows(2, 200, 99), 1);  // no chunk fits: one row
+    EXPECT_EQ(attention_backward_chunk_rows(1, 200, 99), 1);
+    // Llama-3.2-1B at B = 8, T = 2048: cuDNN's 2178 MiB over the 1472 MiB of its dead scratch.
+    EXPECT_EQ(attention_backward_chunk_rows(8, size_t(2178) << 20, size_t(1472) << 20), 4);
+}

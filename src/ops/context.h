@@ -22,6 +22,7 @@
 // ops/cuda (one per device), which fills in `cuda`; the communicator belongs to whoever set up the
 // processes (src/dist, run/). No op keeps global state.
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -60,6 +61,11 @@ struct Context {
     // A Communicator's GPU collectives run on a stream the caller names (usually CudaState's
     // communication stream, ordered against compute with CudaState::wait_for).
     Communicator* comm = nullptr;
+    // A bound on the workspace of the CUDA attention backward (cuda::AttentionShape::
+    // backward_workspace_cap): above it the deterministic backward runs in batch chunks, the
+    // same bits in less memory. 0: no bound. A training model sets it in its own copy to the
+    // scratch it lends the attention workspace (model/memory_plan.h, attention_backward_cap).
+    size_t attention_backward_workspace_cap = 0;
 
     // The memory space every tensor handed to an op under this context must live in.
     Device memory() const { return backend == Backend::kCpu ? Device::kCpu : Device::kCuda; }

@@ -345,11 +345,9 @@ AttentionShape with_batch(AttentionShape s, int64_t B) {
     return s;
 }
 
-// How many batch rows one backward graph call takes: all of them, unless the shape caps the
-// workspace and the whole batch's graph asks for more. cuDNN's workspace grows linearly with B
-// (per-row partial dQ), so the chunk is the largest divisor of B whose share fits the cap (one
-// row when none does: the cap is then exceeded, as little as possible). Decided once per shape;
-// the whole batch's graph is kept only when it is the one used.
+// How many batch rows one backward graph call takes (attention_backward_chunk_rows of the whole
+// batch graph's workspace). Decided once per shape; the whole batch's graph is kept only when it
+// is the one used.
 int64_t backward_chunk(CudaState& state, const AttentionShape& s) {
     CudaState::AttentionCache& cache = state.attention_cache();
     const GraphKey key = chunk_key(s);
@@ -358,18 +356,9 @@ int64_t backward_chunk(CudaState& state, const AttentionShape& s) {
     if (s.backward_workspace_cap > 0 &&
         !cache.graphs.contains(graph_key(Direction::kBackward, s))) {
         std::unique_ptr<AttentionGraph> whole = build_graph(cache.handle, Direction::kBackward, s);
-        const size_t whole_bytes = size_t(whole->workspace_bytes);
-        if (whole_bytes <= s.backward_workspace_cap) {
-            insert_graph(state, Direction::kBackward, s, std::move(whole));
-        } else {
-            const double per_row = double(whole_bytes) / double(s.B);
-            chunk = 1;
-            for (int64_t c = s.B - 1; c >= 1; --c)
-                if (s.B % c == 0 && per_row * double(c) <= double(s.backward_workspace_cap)) {
-                    chunk = c;
-                    break;
-                }
-        }
+        chunk = attention_backward_chunk_rows(s.B, size_t(whole->workspace_bytes),
+                                              s.backward_workspace_cap);
+        if (chunk == s.B) insert_graph(state, Direction::kBackward, s, std::move(whole));
     }
     cache.backward_chunks.insert(key, chunk);
     return chunk;

@@ -68,6 +68,7 @@ struct AttentionShape {
     // when the whole batch's graph asks for more, the backward runs as B / Bc calls on Bc batch
     // rows each (Bc the largest divisor of B that fits; 1 when none does), with a workspace Bc / B
     // the size. Same results (the rows are independent), a little slower (docs/CUDA.md).
+    // The training model sets it from its Context (Context::attention_backward_workspace_cap).
     size_t backward_workspace_cap = 0;
     // 0: the training form (T keys, query i at position i). Otherwise the forward-only form of
     // queries that continue a cache: the T queries sit at positions Tkv - T .. Tkv - 1 and see keys
@@ -76,6 +77,19 @@ struct AttentionShape {
     int64_t Tkv = 0;
     int64_t kv_rows = 0;
 };
+
+// Batch rows one deterministic backward call takes for B rows whose whole-batch workspace is
+// `whole_bytes`, under `cap` (AttentionShape::backward_workspace_cap): B when cap is 0 or the whole
+// batch fits; else the largest divisor of B whose share (whole_bytes * rows / B: cuDNN's workspace
+// grows linearly with B, a partial dQ per row) fits the cap; 1 when none does (the cap is then
+// exceeded, as little as possible). The memory plan chooses its estimate's chunk with it too.
+inline int64_t attention_backward_chunk_rows(int64_t B, size_t whole_bytes, size_t cap) {
+    if (cap == 0 || whole_bytes <= cap) return B;
+    const double per_row = double(whole_bytes) / double(B);
+    for (int64_t c = B - 1; c >= 1; --c)
+        if (B % c == 0 && per_row * double(c) <= double(cap)) return c;
+    return 1;
+}
 
 // The graphs a CudaState keeps at most unless attention_limit_graphs says otherwise: a training
 // run uses 2 or 3 per distinct shape; 64 leaves room for many prompt lengths at a few MB of host

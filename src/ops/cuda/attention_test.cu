@@ -250,6 +250,86 @@ TEST(CudaAttention, BackwardIsDeterministicGroupedQuery) {
     check_backward_is_deterministic({2, 1024, 8, 2, 64, 0, 0}, 82);
 }
 
+// One attention problem's inputs on the host: q, k in [-2, 2], v and dout in [-1, 1].
+struct HostInputs {
+    HostTensor q, k, v, dout;
+};
+
+HostInputs random_inputs(optest::Rng& rng, const Case& c) {
+    HostInputs in;
+    in.q = random_bf16_values(rng, {c.B, c.T, c.H, c.D}, -2, 2);
+    in.k = random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}, -2, 2);
+    in.v = random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D});
+    in.dout = random_bf16_values(rng, {c.B, c.T, c.H, c.D});
+    return in;
+}
+
+// The device tensors of one forward and backward through the dispatcher (no docs).
+struct DeviceRun {
+    DeviceTensor q, k, v, dout, out, lse, dq, dk, dv;
+
+    // Uploads `in` to `state` and runs the forward, then the backward, under `gpu`.
+    DeviceRun(const HostInputs& in, const Case& c, float scale, CudaState& state,
+              const Context& gpu)
+        : q(upload(in.q, DType::kBF16, state)),
+          k(upload(in.k, DType::kBF16, state)),
+          v(upload(in.v, DType::kBF16, state)),
+          dout(upload(in.dout, DType::kBF16, state)),
+          out(device_tensor(DType::kBF16, {c.B, c.T, c.H, c.D}, state)),
+          lse(device_tensor(DType::kF32, {c.B, c.H, c.T}, state)),
+          dq(device_tensor(DType::kBF16, q.view.shape(), state)),
+          dk(device_tensor(DType::kBF16, k.view.shape(), state)),
+          dv(device_tensor(DType::kBF16, v.view.shape(), state)) {
+        attention_forward(out.view, lse.view, q.view, k.view, v.view, ConstTensorView(), c.window,
+                          scale, gpu);
+        backward(c, scale, gpu);
+    }
+    void backward(const Case& c, float scale, const Context& gpu) {
+        attention_backward(dq.view, dk.view, dv.view, dout.view, q.view, k.view, v.view, out.view,
+                           lse.view, ConstTensorView(), c.window, scale, gpu);
+    }
+};
+
+// The backward under a workspace cap (Context::attention_backward_workspace_cap, which a training
+// model sets to the scratch it lends: model/memory_plan.h) runs one batch row per call, and gives
+// bitwise the dq, dk, dv of the one call on the whole batch: the rows are independent, so the
+// memory plan may chunk without changing a bit. The GQA head shapes of Llama-3-8B (D = 128) and
+// Llama-3.2-1B (D = 64), through the op's dispatcher as block_backward calls it.
+void check_chunked_backward_gives_the_whole_batchs_bits(const Case& c, uint64_t seed) {
+    SCOPED_TRACE(case_text(c));
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    optest::Rng rng(seed);
+    const HostInputs in = random_inputs(rng, c);
+    HostTensor results[2][3];
+    size_t workspace[2] = {0, 0};
+    for (int capped = 0; capped < 2; ++capped) {
+        CudaState state(0);
+        Context gpu = state.context();
+        gpu.attention_backward_workspace_cap = capped ? 1 : 0;  // 1 byte: one row a call
+        cuda::AttentionShape shape = cuda_shape(c, scale);
+        shape.backward_workspace_cap = gpu.attention_backward_workspace_cap;
+        workspace[capped] = cuda::attention_workspace_bytes(state, shape);
+        const DeviceRun run(in, c, scale, state, gpu);
+        results[capped][0] = download_raw(run.dq.view, state);
+        results[capped][1] = download_raw(run.dk.view, state);
+        results[capped][2] = download_raw(run.dv.view, state);
+    }
+    EXPECT_LT(workspace[1], workspace[0]) << "one row a call asks for less workspace";
+    EXPECT_TRUE(bitwise_equal(results[1][0], results[0][0])) << "dq";
+    EXPECT_TRUE(bitwise_equal(results[1][1], results[0][1])) << "dk";
+    EXPECT_TRUE(bitwise_equal(results[1][2], results[0][2])) << "dv";
+}
+
+TEST(CudaAttention, ChunkedBackwardGivesTheWholeBatchsBitsHeadDim128) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_chunked_backward_gives_the_whole_batchs_bits({2, 1024, 32, 8, 128, 0, 0}, 86);
+}
+
+TEST(CudaAttention, ChunkedBackwardGivesTheWholeBatchsBitsHeadDim64) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_chunked_backward_gives_the_whole_batchs_bits({4, 1024, 32, 8, 64, 0, 0}, 87);
+}
+
 // A workspace lent by the caller (the model lends scratch that is dead during attention): the
 // graphs run on it, the state grows no buffer of its own, and the results are bitwise those on
 // the state's own workspace; once the loan ends the state grows its own again. The lent memory is
@@ -260,10 +340,7 @@ TEST(CudaAttention, LentWorkspaceGivesTheSameBitsAndGrowsNothing) {
     SCOPED_TRACE(case_text(c));
     const float scale = 1.0f / std::sqrt(float(c.D));
     optest::Rng rng(83);
-    const HostTensor hq = random_bf16_values(rng, {c.B, c.T, c.H, c.D}, -2, 2);
-    const HostTensor hk = random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D}, -2, 2);
-    const HostTensor hv = random_bf16_values(rng, {c.B, c.T, c.Hkv, c.D});
-    const HostTensor hdout = random_bf16_values(rng, {c.B, c.T, c.H, c.D});
+    const HostInputs in = random_inputs(rng, c);
     HostTensor results[2][5];
     for (int lend = 0; lend < 2; ++lend) {
         CudaState state(0);
@@ -276,29 +353,18 @@ TEST(CudaAttention, LentWorkspaceGivesTheSameBitsAndGrowsNothing) {
             cuda_fill_bytes(lent.view, 0xA5, state.stream());
             cuda::attention_lend_workspace(state, lent.view.data(), need + 256);
         }
-        DeviceTensor q = upload(hq, DType::kBF16, state), k = upload(hk, DType::kBF16, state);
-        DeviceTensor v = upload(hv, DType::kBF16, state), dout = upload(hdout, DType::kBF16, state);
-        DeviceTensor out = device_tensor(DType::kBF16, {c.B, c.T, c.H, c.D}, state);
-        DeviceTensor lse = device_tensor(DType::kF32, {c.B, c.H, c.T}, state);
-        DeviceTensor dq = device_tensor(DType::kBF16, q.view.shape(), state);
-        DeviceTensor dk = device_tensor(DType::kBF16, k.view.shape(), state);
-        DeviceTensor dv = device_tensor(DType::kBF16, v.view.shape(), state);
-        attention_forward(out.view, lse.view, q.view, k.view, v.view, ConstTensorView(), c.window,
-                          scale, gpu);
-        attention_backward(dq.view, dk.view, dv.view, dout.view, q.view, k.view, v.view, out.view,
-                           lse.view, ConstTensorView(), c.window, scale, gpu);
-        results[lend][0] = download_raw(out.view, state);
-        results[lend][1] = download_raw(lse.view, state);
-        results[lend][2] = download_raw(dq.view, state);
-        results[lend][3] = download_raw(dk.view, state);
-        results[lend][4] = download_raw(dv.view, state);
+        DeviceRun run(in, c, scale, state, gpu);
+        results[lend][0] = download_raw(run.out.view, state);
+        results[lend][1] = download_raw(run.lse.view, state);
+        results[lend][2] = download_raw(run.dq.view, state);
+        results[lend][3] = download_raw(run.dk.view, state);
+        results[lend][4] = download_raw(run.dv.view, state);
         if (lend) {
             EXPECT_EQ(cuda::attention_buffer_bytes(state), 0u) << "the lent memory fit";
             cuda::attention_end_loan(state, lent.view.data());
-            attention_backward(dq.view, dk.view, dv.view, dout.view, q.view, k.view, v.view,
-                               out.view, lse.view, ConstTensorView(), c.window, scale, gpu);
+            run.backward(c, scale, gpu);
             EXPECT_GE(cuda::attention_buffer_bytes(state), need) << "own workspace after the loan";
-            EXPECT_TRUE(bitwise_equal(download_raw(dq.view, state), results[1][2]));
+            EXPECT_TRUE(bitwise_equal(download_raw(run.dq.view, state), results[1][2]));
         } else {
             EXPECT_GE(cuda::attention_buffer_bytes(state), need);
         }
@@ -380,6 +446,26 @@ TEST(CudaAttention, Gpt2TrainingShape) {
 TEST(CudaAttention, Llama1BTrainingShape) {
     if (skip_if_unavailable()) GTEST_SKIP();
     check_training_shape({8, 2048, 32, 8, 64, 0, 0});
+}
+
+// The training shapes as the models run them: the backward capped at the scratch the model's
+// plan lends it (MemoryPlan::attention_backward_cap, from `lathe bench --plan-only --device cuda`:
+// 1,543,256,064 B for llama-1b B8 T2048, 1,442,592,768 B for llama3-8b-8l B2 T4096), so in batch
+// chunks where the whole batch asks for more; the printed times against the uncapped rows give
+// what the chunks cost. The Llama-3-8B layer shape uncapped too.
+TEST(CudaAttention, Llama1BTrainingShapeInTheModelsChunks) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({8, 2048, 32, 8, 64, 0, 0, 0.0f, false, size_t(1543256064)});
+}
+
+TEST(CudaAttention, Llama3_8BTrainingShape) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({2, 4096, 32, 8, 128, 0, 0});
+}
+
+TEST(CudaAttention, Llama3_8BTrainingShapeInTheModelsChunks) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_training_shape({2, 4096, 32, 8, 128, 0, 0, 0.0f, false, size_t(1442592768)});
 }
 
 TEST(CudaAttention, Gpt2TrainingShapeNondeterministicBackward) {
