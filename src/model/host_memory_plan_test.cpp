@@ -121,6 +121,10 @@ TEST(HostMemoryPlan, SplitOffloadsTheFewestLastUnitsHoldingTheFraction) {
     EXPECT_EQ(offload_split_begin(units, 0.6), 40);
     EXPECT_EQ(offload_split_begin(units, 0.61), 0);   // every unit
     EXPECT_EQ(offload_split_begin(units, 1e-9), 90);  // ceil(1e-7) = 1: the back unit
+    // 0.07 * 100 is 7.000000000000001 in fp64: still 7 elements, the back unit alone.
+    ShardLayout small;  // front 93, back 7
+    small.arena = {FlatRange{0, 93}, FlatRange{93, 100}};
+    EXPECT_EQ(offload_split_begin(small, 0.07), 93);
 }
 
 TEST(HostMemoryPlan, DevicePlanCountsTheMastersAndMomentsItKeeps) {

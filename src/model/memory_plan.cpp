@@ -207,8 +207,12 @@ std::vector<FlatRange> ShardLayout::to_canonical(std::span<const FlatRange> rang
 int64_t offload_split_begin(const ShardLayout& units, double fraction) {
     LATHE_CHECK(fraction > 0.0 && fraction <= 1.0, "offload fraction {} outside (0, 1]", fraction);
     const int64_t total = units.arena.empty() ? 0 : units.arena.back().end;
-    // ceil(f * total), never above total (f * total in fp64: exact below 2^53 up to one rounding).
-    const int64_t need = std::min(total, int64_t(std::ceil(fraction * double(total))));
+    // ceil(f * total), never above total. f * total in fp64 can land one rounding above an integer
+    // (0.07 * 100 = 7.000000000000001), which ceil would turn into one more element and, on a
+    // unit boundary, one more unit: the product is taken down by a relative 1e-12 first (far
+    // above fp64's rounding, far below one element of any model under 10^12 parameters).
+    const int64_t need =
+        std::min(total, int64_t(std::ceil(fraction * double(total) * (1.0 - 1e-12))));
     int64_t held = 0;
     for (size_t u = units.arena.size(); u-- > 0;) {
         held += units.arena[u].size();

@@ -395,6 +395,7 @@ void Model::read_param_entry(size_t arena_index, TensorView host) const {
                 "gathered parameters come from DataParallel::gather_params",
                 arena_index, plan_.shape.param_shards);
     if (!host_masters_.empty()) {
+        if (host_masters_hook_) host_masters_hook_();
         const ArenaEntry& a = plan_.params.entries().at(arena_index);
         LATHE_CHECK(host.device() == Device::kCpu && host.dtype() == DType::kF32 &&
                         host.numel() == a.shape.numel(),
@@ -438,6 +439,7 @@ void Model::write_param_entry(size_t arena_index, ConstTensorView host) {
     fp8_weights_stale_ = true;
     ++param_writes_;
     if (!host_masters_.empty()) {
+        if (host_masters_hook_) host_masters_hook_();
         const ArenaEntry& a = plan_.params.entries().at(arena_index);
         LATHE_CHECK(host.device() == Device::kCpu && host.dtype() == DType::kF32 &&
                         host.numel() == a.shape.numel(),

@@ -212,6 +212,11 @@ public:
     // How many write_param_entry calls the model has had: an optimizer holding its own copy of
     // some masters (optim/host_optimizer.h with offload_fraction < 1) sees the entries change.
     uint64_t param_writes() const { return param_writes_; }
+    // Called before read_param_entry or write_param_entry touches the host masters: an optimizer
+    // whose copy of some masters runs ahead of them (optim/host_optimizer.h, offload_fraction
+    // < 1 on CUDA) brings them up to date first. Empty: none.
+    using HostMastersHook = std::function<void()>;
+    void set_host_masters_hook(HostMastersHook hook) { host_masters_hook_ = std::move(hook); }
 
     // The parameters are sharded over ModelShape::param_shards > 1 ranks (file comment).
     bool params_sharded() const { return plan_.shape.param_shards > 1; }
@@ -431,6 +436,7 @@ private:
     std::vector<float> fp8_host_;  // delayed: the amaxes read back, the scales uploaded
 
     std::span<float> host_masters_;  // attach_host_masters
+    HostMastersHook host_masters_hook_;
     uint64_t param_writes_ = 0;      // write_param_entry calls
     GradWindowHook grad_window_;
     mutable ModelArena grad_window_arena_;  // borrowed over the hook's window (grads_for)

@@ -363,7 +363,9 @@ HostOptimizer& HostOptimizer::operator=(HostOptimizer&& other) noexcept {
     return *this;
 }
 HostOptimizer::~HostOptimizer() {
-    if (impl_) impl_->shutdown();
+    if (!impl_) return;
+    impl_->shutdown();
+    impl_->model->set_host_masters_hook({});
 }
 
 Result<HostOptimizer> HostOptimizer::create_for(Model& model, AdamWStateDType state_dtype,
@@ -432,11 +434,20 @@ Result<HostOptimizer> HostOptimizer::create_for(Model& model, AdamWStateDType st
         model.set_grads_ready_hook([p](int layer) { p->on_grads_ready(layer); });
         model.set_weights_needed_hook([p](int piece) { p->on_weights_needed(piece); });
     }
+    Impl* const p = impl.get();
     HostOptimizer out(std::move(impl));
     out.total_ = n;
     out.state_dtype_ = state_dtype;
     out.schedule_ = schedule;
     model.attach_host_masters(out.masters());
+    // An entry read or written between steps sees, and lands in, masters that hold the step's
+    // whole update (the host part's finished, the device part's mirrored first): a write then
+    // races no worker, is not lost to a later refresh, and is not made over a stale mirror that
+    // the next step would copy to the device.
+    model.set_host_masters_hook([p] {
+        p->finish();
+        p->refresh_mirror();
+    });
     return out;
 }
 

@@ -16,7 +16,8 @@
 //                              (Model::attach_host_masters, done by create_for). [0, B) is a
 //                              mirror of the device part's masters: entry writes reach the
 //                              device at the next step() (Model::param_writes), the device's
-//                              values reach the mirror at finish()
+//                              values reach the mirror at finish() and before any entry is
+//                              read or written (Model::set_host_masters_hook)
 //   m, v      (N) f32 or bf16  AdamW's moments of [B, P), as optimizer.state_dtype
 //   landing   (N) f32          CUDA, and the CPU backend's overlapped schedule: the step's
 //                              gradients of [B, P) copied from the model's gradient arena
