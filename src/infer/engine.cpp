@@ -960,7 +960,7 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
             }
         }
         if (!captured.ok() && out.ok()) {
-            // Nothing of the failed capture ran: this bucket runs eagerly from now on.
+            // Nothing of the failed capture ran: this bucket runs eagerly from here on.
             log_warning("inference: decode batch {} runs without a CUDA graph: {}", nb,
                         captured.to_string());
             graph_failed_[b] = 1;

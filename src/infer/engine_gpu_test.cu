@@ -326,7 +326,7 @@ TEST_P(EngineGpu, PagedOutOfBlocksIsAnError) {
 // Two engines fed the same tokens: `ref` and `test`. Each step feeds every open sequence the
 // reference's argmax and checks each of test's logits rows within eps_rel of ref's (and the same
 // bits when asked); greedy tokens must agree up to a sequence's first near-tie (top-2 gap below
-// 2 eps), after which that sequence's argmaxes are no longer compared.
+// 2 eps), after which that sequence's argmaxes are left uncompared.
 struct TwinEngines {
     InferenceEngine& ref;
     InferenceEngine& test;
