@@ -107,12 +107,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "Micro-batches of --batch sequences per step (gradient accumulation, as "
                     "train.gradient_accumulation_steps)")
         ->capture_default_str();
-    cmd->add_option("--decode-gemv", o->decode_gemv,
-                    "--generate: the GEMM of decode steps of few sequences: off = cuBLASLt; on = "
-                    "lathe's skinny GEMM (ops/cuda/gemv.h) up to 16 rows; auto = it up to 4 rows "
-                    "(CUDA)")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"auto", "on", "off"}));
+    cli_add_decode_gemv(cmd, o->decode_gemv, "--generate: ");
     cmd->add_option("--steps", o->req.steps, "Timed steps")->capture_default_str();
     cmd->add_option("--warmup", o->req.warmup, "Untimed steps before them")->capture_default_str();
     cmd->add_option("--device", o->device, "auto (the GPU when there is a usable one), cpu, cuda")

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
 
 #include "core/status.h"
 
@@ -40,5 +41,19 @@ void cli_add_align_map(CLI::App& align, CommandAction& action);
 void cli_add_align_apply(CLI::App& align, CommandAction& action);
 void cli_add_align_eval(CLI::App& align, CommandAction& action);
 void cli_add_align_run(CLI::App& align, CommandAction& action);
+
+// --decode-gemv auto|on|off (infer/engine.h, DecodeGemv) on `cmd`, into `value`, which the action
+// reads with decode_gemv_parse; `prefix` starts its help ("--generate: " in bench).
+inline CLI::Option* cli_add_decode_gemv(CLI::App* cmd, std::string& value,
+                                        const std::string& prefix = "") {
+    return cmd
+        ->add_option("--decode-gemv", value,
+                     prefix +
+                         "The GEMM of decode steps of few sequences: off = cuBLASLt; on = "
+                         "lathe's skinny GEMM (ops/cuda/gemv.h) up to 16 rows; auto = it up to 4 "
+                         "rows (CUDA)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "on", "off"}));
+}
 
 }  // namespace lathe

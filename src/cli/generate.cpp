@@ -267,12 +267,7 @@ void cli_add_generate(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--prefill-chunk", req->prefill_chunk,
                     "Prompt tokens of one prefill forward; 0 = 2048 on CUDA, 256 on the CPU")
         ->capture_default_str();
-    cmd->add_option(
-           "--decode-gemv", req->decode_gemv,
-           "The GEMM of decode steps of few sequences: off = cuBLASLt; on = lathe's skinny GEMM "
-           "(ops/cuda/gemv.h) up to 16 rows; auto = it up to 4 rows (CUDA)")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"auto", "on", "off"}));
+    cli_add_decode_gemv(cmd, req->decode_gemv);
     cmd->add_option("--batch-size", req->batch_size, "Requests decoded together")
         ->capture_default_str();
     cmd->add_option("--tensor-parallel", req->tensor_parallel,

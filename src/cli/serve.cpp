@@ -1050,12 +1050,7 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
                         "Positions per paged KV block (default 16; on CUDA the row cache when "
                         "the paged decode attention cannot take the model's head_dim or GQA "
                         "group); 0 = one row of --max-len per sequence");
-    cmd->add_option(
-           "--decode-gemv", req->decode_gemv,
-           "The GEMM of decode steps of few sequences: off = cuBLASLt; on = lathe's skinny GEMM "
-           "(ops/cuda/gemv.h) up to 16 rows; auto = it up to 4 rows (CUDA)")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"auto", "on", "off"}));
+    cli_add_decode_gemv(cmd, req->decode_gemv);
     cmd->add_option("--kv-blocks", req->kv_blocks,
                     "Paged KV pool in blocks (default: --max-seqs full-length sequences)");
     cmd->add_option("--max-body-bytes", req->max_body_bytes,

@@ -122,6 +122,8 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
     LATHE_ASSIGN_OR_RETURN(e.ix_.mean, add("mean", f32, Shape{N}));
     LATHE_ASSIGN_OR_RETURN(e.ix_.rstd, add("rstd", f32, Shape{N}));
     LATHE_ASSIGN_OR_RETURN(e.ix_.q, add("q", a, Shape{N, H, D}));
+    // A one-row decode step's q, k and v end to end (decode_qkv).
+    LATHE_ASSIGN_OR_RETURN(e.ix_.qkv, add("qkv", a, Shape{1, (H + 2 * Hkv) * D}));
     // Paged, a prefill chunk's keys and values go through these too.
     const int64_t kv_rows = e.paged_ ? N : S;
     LATHE_ASSIGN_OR_RETURN(e.ix_.knew, add("k_new", a, Shape{kv_rows, Hkv, D}));
@@ -768,18 +770,10 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
     }
     const float scale = block_attention_scale(c);
     const int64_t Hkv = c.num_kv_heads, D = c.head_dim, Tmax = limits_.max_len;
-    auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q,
+    auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q_rows,
                       const TensorView& att, const TensorView& lse, const LinearSpec& spec,
                       ConstTensorView positions) {
-        const TensorView k = scratch(ix_.knew, Shape{n, 1, Hkv, D});
-        const TensorView v = scratch(ix_.vnew, Shape{n, 1, Hkv, D});
-        linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
-        linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
-        linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
-        if (c.position == PositionKind::kRope) {
-            rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
-                            scratch_.view(ix_.rope_sin), ctx_);
-        }
+        const auto [q, k, v] = decode_qkv(l, w, ln, q_rows, n, spec, positions);
         // Each row's new key and value go to its own position of the cache. On CUDA a run of
         // rows at one position (a batch that started together) is one strided copy each for K and
         // V, instead of one per row.
@@ -905,18 +899,10 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
     }
     const float scale = block_attention_scale(c);
     const int64_t Hkv = c.num_kv_heads, D = c.head_dim, hd = Hkv * D;
-    auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q,
+    auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q_rows,
                       const TensorView& att, const TensorView& lse, const LinearSpec& spec,
                       ConstTensorView positions) {
-        const TensorView k = scratch(ix_.knew, Shape{nb, 1, Hkv, D});
-        const TensorView v = scratch(ix_.vnew, Shape{nb, 1, Hkv, D});
-        linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
-        linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
-        linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
-        if (c.position == PositionKind::kRope) {
-            rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
-                            scratch_.view(ix_.rope_sin), ctx_);
-        }
+        const auto [q, k, v] = decode_qkv(l, w, ln, q_rows, nb, spec, positions);
         if (cuda) {
             // Each row's new key and value to its slot, then the attention through the tables.
             kv_rows_scatter(paged_cache_.keys(l), k, slots, ctx_);
@@ -960,7 +946,7 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
             }
         }
         if (!captured.ok() && out.ok()) {
-            // Nothing of the failed capture ran: this bucket runs eagerly from now on.
+            // Nothing of the failed capture ran: this bucket runs eagerly from here on.
             log_warning("inference: decode batch {} runs without a CUDA graph: {}", nb,
                         captured.to_string());
             graph_failed_[b] = 1;
@@ -978,6 +964,37 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
     for (int64_t i = 0; i < n; ++i) paged_cache_.set_length(seqs[size_t(i)], host_len_[size_t(i)]);
     read_logits(*out, n, logits);
     return ok_status();
+}
+
+InferenceEngine::DecodeQkv InferenceEngine::decode_qkv(int layer, const BlockWeights& w,
+                                                       ConstTensorView ln, const TensorView& q_rows,
+                                                       int64_t n, const LinearSpec& spec,
+                                                       ConstTensorView positions) {
+    const ModelConfig& c = config();
+    const int64_t H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+    DecodeQkv o;
+    if (n == 1) {
+        const int64_t qn = H * D, kvn = Hkv * D;
+        const TensorView row = scratch(ix_.qkv, Shape{1, 1, qn + 2 * kvn});
+        linear_forward(row, ln, weight(ParamRole::kQkvWeight, layer, 0, qn + 2 * kvn),
+                       weight(ParamRole::kQkvBias, layer, 0, qn + 2 * kvn), ctx_, spec);
+        const TensorView flat = row.reshape(Shape{qn + 2 * kvn});
+        o.q = flat.slice(0, qn).reshape(Shape{1, 1, H, D});
+        o.k = flat.slice(qn, qn + kvn).reshape(Shape{1, 1, Hkv, D});
+        o.v = flat.slice(qn + kvn, qn + 2 * kvn).reshape(Shape{1, 1, Hkv, D});
+    } else {
+        o.q = q_rows;
+        o.k = scratch(ix_.knew, Shape{n, 1, Hkv, D});
+        o.v = scratch(ix_.vnew, Shape{n, 1, Hkv, D});
+        linear_forward(flat_heads(o.q), ln, w.wq, w.bq, ctx_, spec);
+        linear_forward(flat_heads(o.k), ln, w.wk, w.bk, ctx_, spec);
+        linear_forward(flat_heads(o.v), ln, w.wv, w.bv, ctx_, spec);
+    }
+    if (c.position == PositionKind::kRope) {
+        rope_qk_forward(o.q, o.k, o.q, o.k, positions, scratch_.view(ix_.rope_cos),
+                        scratch_.view(ix_.rope_sin), ctx_);
+    }
+    return o;
 }
 
 bool InferenceEngine::skinny_gemv(int64_t rows) const {

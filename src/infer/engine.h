@@ -226,6 +226,18 @@ private:
                      std::span<const int64_t> out_row = {});
     // CUDA graphs: the bucket of a step of n sequences.
     int64_t graph_bucket(int64_t n) const;
+    // A decode step's projections of its n rows ln (n, 1, C), RoPE applied: q (n, 1, H, D), the
+    // new keys and values k, v (n, 1, Hkv, D). One row: one linear over the stacked q/k/v
+    // parameter (BlockWeights' wq, wk, wv are its row blocks) into the qkv scratch, whose row
+    // holds q, k and v end to end, so the three are views of it: one GEMM instead of three, which
+    // also gives the GPU more rows than k's or v's Hkv D alone. More rows: three linears, into
+    // q_rows (n, 1, H, D) and the k/v scratch.
+    struct DecodeQkv {
+        TensorView q, k, v;
+    };
+    DecodeQkv decode_qkv(int layer, const BlockWeights& w, ConstTensorView ln,
+                         const TensorView& q_rows, int64_t n, const LinearSpec& spec,
+                         ConstTensorView positions);
     // Whether a forward of `rows` rows runs its projections through the skinny GEMM
     // (limits_.decode_gemv); sets LinearSpec::skinny_gemv.
     bool skinny_gemv(int64_t rows) const;
@@ -257,7 +269,7 @@ private:
     PagedKvCache paged_cache_;
     ModelArena scratch_;
     struct Index {
-        size_t x0, x1, ln, mean, rstd, q, knew, vnew, att, lse, tmp, mlp_in, mlp_act, logits,
+        size_t x0, x1, ln, mean, rstd, q, qkv, knew, vnew, att, lse, tmp, mlp_in, mlp_act, logits,
             tokens, positions, lengths, rope_cos, rope_sin, kgather, vgather, message, tables,
             slots;
     } ix_{};
