@@ -411,9 +411,9 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (overlapped && (offload || multi))
         return invalid_argument_error(
             "--optimizer-schedule overlapped schedules the device optimizer of one process; {}",
-            offload ? "with --offload cpu use --offload-schedule"
-                    : fmt::format("a world of {} ranks keeps the serial schedule",
-                                  group.world_size));
+            offload
+                ? "with --offload cpu use --offload-schedule"
+                : fmt::format("a world of {} ranks keeps the serial schedule", group.world_size));
     shape.masters_on_host = offload;
     if (req.fp8) {
         // fp8 (bench.h): on a GPU with FP8 tensor cores only, never a fallback.

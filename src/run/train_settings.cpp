@@ -55,8 +55,7 @@ Status resolve_choice(const Config& c, std::string_view key,
 Status resolve_offload(const Config& c, OffloadSettings& out) {
     LATHE_RETURN_IF_ERROR(resolve_choice(
         c, "optimizer.offload",
-        {{"none", OptimizerOffload::kNone}, {"cpu", OptimizerOffload::kCpu}},
-        out.offload));
+        {{"none", OptimizerOffload::kNone}, {"cpu", OptimizerOffload::kCpu}}, out.offload));
     if (c.has("optimizer.offload_fraction")) {
         const double f = c.get_float("optimizer.offload_fraction");
         if (!(f > 0.0 && f <= 1.0))
@@ -66,13 +65,12 @@ Status resolve_offload(const Config& c, OffloadSettings& out) {
                 c.source_of("optimizer.offload_fraction"), f);
         out.fraction = f;
     }
-    LATHE_RETURN_IF_ERROR(resolve_choice(c, "optimizer.offload_schedule",
-                                         {{"overlapped", OffloadSchedule::kOverlapped},
-                                          {"serial", OffloadSchedule::kSerial}},
-                                         out.schedule));
+    LATHE_RETURN_IF_ERROR(resolve_choice(
+        c, "optimizer.offload_schedule",
+        {{"overlapped", OffloadSchedule::kOverlapped}, {"serial", OffloadSchedule::kSerial}},
+        out.schedule));
     return resolve_choice(c, "optimizer.state_dtype",
-                          {{"fp32", AdamWStateDType::kF32},
-                           {"bf16", AdamWStateDType::kBF16}},
+                          {{"fp32", AdamWStateDType::kF32}, {"bf16", AdamWStateDType::kBF16}},
                           out.state_dtype);
 }
 
@@ -377,10 +375,10 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
         return invalid_argument_error("{}: 'optimizer.gradient_clipping' must be >= 0 (0 = off)",
                                       c.source_of("optimizer.gradient_clipping"));
     LATHE_RETURN_IF_ERROR(resolve_offload(c, s.offload));
-    LATHE_RETURN_IF_ERROR(resolve_choice(c, "optimizer.schedule",
-                                         {{"serial", OptimizerSchedule::kSerial},
-                                          {"overlapped", OptimizerSchedule::kOverlapped}},
-                                         s.schedule));
+    LATHE_RETURN_IF_ERROR(resolve_choice(
+        c, "optimizer.schedule",
+        {{"serial", OptimizerSchedule::kSerial}, {"overlapped", OptimizerSchedule::kOverlapped}},
+        s.schedule));
     if (s.schedule == OptimizerSchedule::kOverlapped && s.offload.offload == OptimizerOffload::kCpu)
         return invalid_argument_error(
             "{}: 'optimizer.schedule: overlapped' schedules the device optimizer; with "

@@ -64,8 +64,8 @@ protected:
         shape.batch = plan().B;
         shape.seq_len = plan().T;
         if (fp8) {
-            Result<Fp8Settings> s = fp8_settings_parse("tensorwise", "auto", false, 16, "max",
-                                                       "test");
+            Result<Fp8Settings> s =
+                fp8_settings_parse("tensorwise", "auto", false, 16, "max", "test");
             LATHE_CHECK(s.ok(), "{}", s.status().to_string());
             shape.precision = fp8_precision_policy(*s);
             shape.fp8 = *s;

@@ -114,8 +114,9 @@ inline RunResult run(const RunPlan& plan, OptimizerSchedule schedule,
         if (s == plan.skip_at) continue;
         const Status applied = step->apply(1e-2, 0.1, hyper, ++adam_step, plan.max_norm);
         LATHE_CHECK(applied.ok(), "{}", applied.to_string());
-        if (s == plan.eval_at) r.evals.push_back(model->eval_forward(
-                                   ModelBatch{tok[0].view(), tgt[0].view(), {}, {}}));
+        if (s == plan.eval_at)
+            r.evals.push_back(
+                model->eval_forward(ModelBatch{tok[0].view(), tgt[0].view(), {}, {}}));
         if (s == plan.save_at) {
             // The checkpoint (run/trainer.cpp): pending units first, then weights and moments.
             opt->finish();
@@ -140,10 +141,10 @@ inline RunResult run(const RunPlan& plan, OptimizerSchedule schedule,
     if (model->context().backend == Backend::kCuda) {
         const TensorView c = model->params_compute_flat();
         r.compute.resize(c.bytes());
-        cuda_copy_sync(TensorView(r.compute.data(), DType::kU8, Shape{int64_t(c.bytes())}),
-                       ConstTensorView(c.data(), DType::kU8, Shape{int64_t(c.bytes())},
-                                       Device::kCuda),
-                       model->context().stream);
+        cuda_copy_sync(
+            TensorView(r.compute.data(), DType::kU8, Shape{int64_t(c.bytes())}),
+            ConstTensorView(c.data(), DType::kU8, Shape{int64_t(c.bytes())}, Device::kCuda),
+            model->context().stream);
     }
     return r;
 }
