@@ -75,8 +75,12 @@ inline void write_params(Model& model, const std::vector<float>& values) {
 
 // The run of `plan` with `schedule`. `make(seed)`: a model initialized from `seed` (the resumed
 // model is made with another seed, so that only the checkpoint's values can make it match).
+// `before_apply`, when given, is called just before each update (the GPU test delays the
+// optimizer stream there, so that a read of the weights that does not wait for the update sees
+// the old ones).
 inline RunResult run(const RunPlan& plan, OptimizerSchedule schedule,
-                     const std::function<Model(uint64_t seed)>& make) {
+                     const std::function<Model(uint64_t seed)>& make,
+                     const std::function<void()>& before_apply = nullptr) {
     RunResult r;
     std::optional<Model> model;
     std::optional<AdamWOptimizer> opt;
@@ -112,6 +116,7 @@ inline RunResult run(const RunPlan& plan, OptimizerSchedule schedule,
         r.losses.push_back(v->loss);
         r.norms.push_back(v->norm);
         if (s == plan.skip_at) continue;
+        if (before_apply) before_apply();
         const Status applied = step->apply(1e-2, 0.1, hyper, ++adam_step, plan.max_norm);
         LATHE_CHECK(applied.ok(), "{}", applied.to_string());
         if (s == plan.eval_at)

@@ -45,8 +45,9 @@ TEST(TrainStepSchedule, OverlappedGivesTheSerialBits) {
         const RunResult want = schedule_test::run(plan, OptimizerSchedule::kSerial, make_llama);
         const RunResult got = schedule_test::run(plan, OptimizerSchedule::kOverlapped, make_llama);
         ASSERT_EQ(want.losses.size(), size_t(plan.steps));
-        if (max_norm > 0.0f)
+        if (max_norm > 0.0f) {
             for (const float n : want.norms) EXPECT_GT(n, max_norm);  // the clip is exercised
+        }
         EXPECT_EQ(got.losses, want.losses);
         EXPECT_EQ(got.norms, want.norms);
         ASSERT_EQ(want.evals.size(), 1u);
