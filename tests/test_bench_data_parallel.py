@@ -29,7 +29,8 @@ TINY = ["--model", "tiny", "--batch", "2", "--seq", "16", "--steps", "3", "--war
 
 # The keys of a one-process line, in order (run/bench.h); several ranks add those of MULTI_KEYS.
 SINGLE_KEYS = ["model", "device", "device_name", "batch", "seq", "accum", "params", "flop_params",
-               "flops_per_token", "plan_bytes", "recompute", "precision", "steps", "warmup", "tokens_per_s",
+               "flops_per_token", "plan_bytes", "recompute", "precision", "optimizer_schedule",
+               "steps", "warmup", "tokens_per_s",
                "step_ms_median", "s_per_it", "step_ms_mean", "step_ms_min", "step_ms_max", "peak_flops", "mfu",
                "peak_memory_bytes", "peak_memory_source", "loss_first", "loss_last",
                "grad_norm_last", "seed", "deterministic", "requested_device", "world_size"]
@@ -101,6 +102,13 @@ def test_a_stage_outside_the_range_is_an_error():
     p = subprocess.run([LATHE, "bench", *TINY, "--zero-stage", "5"], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 2 and "--zero-stage must be 0, 1, 2 or 3, got 5" in p.stderr, p.stderr
+
+
+@needs_mpirun
+def test_the_overlapped_optimizer_schedule_is_refused_for_several_ranks():
+    p = ranks(2, *TINY, "--optimizer-schedule", "overlapped", check=False)
+    assert p.returncode != 0
+    assert "a world of 2 ranks keeps the serial schedule" in p.stderr, p.stderr
 
 
 @needs_mpirun

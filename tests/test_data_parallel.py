@@ -714,6 +714,20 @@ def test_ranks_with_different_configurations_are_refused_naming_the_key(corpus, 
 
 
 @needs_mpirun
+def test_the_overlapped_optimizer_schedule_is_refused_naming_the_key(corpus, tmp_path):
+    # optimizer.schedule: overlapped steps one process's device optimizer; the ranks keep the
+    # serial schedule (optim/adamw_optimizer.h).
+    r = tmp_path / "r"
+    p = run_ranks(2, train_args(corpus / "tiny.yaml", r, "optimizer.schedule=overlapped"),
+                  check=False, timeout=120)
+    assert p.returncode != 0, p.stderr
+    errors = error_lines(p.stderr)
+    assert any("optimizer.schedule" in e and "keeps the serial schedule" in e
+               for e in errors), p.stderr
+    assert not (r / "checkpoints").exists() or not steps_of(r)
+
+
+@needs_mpirun
 @pytest.mark.parametrize("stage", [4, -1])
 def test_unknown_zero_stages_are_refused_naming_the_key(corpus, tmp_path, stage):
     r = tmp_path / "r"

@@ -220,6 +220,11 @@ def test_fraction_checkpoint_resumes_exactly_across_fractions(corpus, tmp_path, 
     (("optimizer.state_dtype=bf16",), "'optimizer.state_dtype: bf16'"),
 ])
 def test_what_is_not_built_is_refused_naming_the_key(corpus, tmp_path, sets, needle):
+    assert_train_refused(corpus, tmp_path, sets, needle)
+
+
+def assert_train_refused(corpus, tmp_path, sets, needle):
+    """lathe train with `sets` stops before its first checkpoint with an error holding `needle`."""
     p = run(train_cmd(corpus, tmp_path / "r", *sets), check=False)
     assert p.returncode != 0
     assert "lathe: error:" in p.stderr and needle in p.stderr, p.stderr

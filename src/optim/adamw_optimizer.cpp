@@ -241,13 +241,13 @@ Status AdamWOptimizer::overlap_with(Model& model) {
     auto o = std::make_unique<Overlap>();
     o->model = &model;
     o->units = model.plan().shards.arena;
-    LATHE_CHECK(o->units.size() == size_t(model.config().num_layers) + 2,
-                "{} units for {} layers", o->units.size(), model.config().num_layers);
+    LATHE_CHECK(o->units.size() == size_t(model.config().num_layers) + 2, "{} units for {} layers",
+                o->units.size(), model.config().num_layers);
     for (size_t u = 0; u < o->units.size(); ++u)
-        LATHE_CHECK(o->units[u].begin == (u == 0 ? 0 : o->units[u - 1].end) &&
-                        o->units[u].end <= total_,
-                    "unit {} [{}, {}) does not follow the one before inside the {} parameters", u,
-                    o->units[u].begin, o->units[u].end, total_);
+        LATHE_CHECK(
+            o->units[u].begin == (u == 0 ? 0 : o->units[u - 1].end) && o->units[u].end <= total_,
+            "unit {} [{}, {}) does not follow the one before inside the {} parameters", u,
+            o->units[u].begin, o->units[u].end, total_);
     o->cuda = ctx_.backend == Backend::kCuda;
     o->stream_ctx = ctx_;
     if (o->cuda) {

@@ -427,9 +427,9 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (overlapped && (offload || multi))
         return invalid_argument_error(
             "--optimizer-schedule overlapped schedules the device optimizer of one process; {}",
-            offload ? "with --offload cpu use --offload-schedule"
-                    : fmt::format("a world of {} ranks keeps the serial schedule",
-                                  group.world_size));
+            offload
+                ? "with --offload cpu use --offload-schedule"
+                : fmt::format("a world of {} ranks keeps the serial schedule", group.world_size));
     shape.masters_on_host = offload;
     if (!(req.offload_fraction > 0.0 && req.offload_fraction <= 1.0))
         return invalid_argument_error("--offload-fraction must be in (0, 1], got {}",

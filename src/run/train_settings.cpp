@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <initializer_list>
 #include <limits>
+#include <utility>
 
 #include "core/log.h"
 #include "data/gpt2_dataset.h"
@@ -27,19 +29,33 @@ Status require_at_least(const Config& c, std::string_view key, int64_t min) {
     return ok_status();
 }
 
+// String key `key`, when set, as one of `choices` (name, value) into `out`; another string is
+// an error naming the key and the names in `choices`' order.
+template <typename T>
+Status resolve_choice(const Config& c, std::string_view key,
+                      std::initializer_list<std::pair<const char*, T>> choices, T& out) {
+    if (!c.has(key)) return ok_status();
+    const std::string v = c.get_string(key);
+    std::string names;
+    size_t i = 0;
+    for (const auto& [name, value] : choices) {
+        if (v == name) {
+            out = value;
+            return ok_status();
+        }
+        names += i == 0 ? "" : (i + 1 == choices.size() ? " or " : ", ");
+        names += name;
+        ++i;
+    }
+    return invalid_argument_error("{}: '{}' is '{}'; choose {}", c.source_of(key), key, v, names);
+}
+
 // optimizer.offload / offload_fraction / offload_schedule / state_dtype: unset keys take none, 1,
 // overlapped and fp32.
 Status resolve_offload(const Config& c, OffloadSettings& out) {
-    if (c.has("optimizer.offload")) {
-        const std::string v = c.get_string("optimizer.offload");
-        if (v == "none")
-            out.offload = OptimizerOffload::kNone;
-        else if (v == "cpu")
-            out.offload = OptimizerOffload::kCpu;
-        else
-            return invalid_argument_error("{}: 'optimizer.offload' is '{}'; choose none or cpu",
-                                          c.source_of("optimizer.offload"), v);
-    }
+    LATHE_RETURN_IF_ERROR(resolve_choice(
+        c, "optimizer.offload",
+        {{"none", OptimizerOffload::kNone}, {"cpu", OptimizerOffload::kCpu}}, out.offload));
     if (c.has("optimizer.offload_fraction")) {
         const double f = c.get_float("optimizer.offload_fraction");
         if (!(f > 0.0 && f <= 1.0))
@@ -49,29 +65,13 @@ Status resolve_offload(const Config& c, OffloadSettings& out) {
                 c.source_of("optimizer.offload_fraction"), f);
         out.fraction = f;
     }
-    if (c.has("optimizer.offload_schedule")) {
-        const std::string v = c.get_string("optimizer.offload_schedule");
-        if (v == "overlapped")
-            out.schedule = OffloadSchedule::kOverlapped;
-        else if (v == "serial")
-            out.schedule = OffloadSchedule::kSerial;
-        else
-            return invalid_argument_error(
-                "{}: 'optimizer.offload_schedule' is '{}'; choose overlapped or serial",
-                c.source_of("optimizer.offload_schedule"), v);
-    }
-    if (c.has("optimizer.state_dtype")) {
-        const std::string v = c.get_string("optimizer.state_dtype");
-        if (v == "fp32")
-            out.state_dtype = AdamWStateDType::kF32;
-        else if (v == "bf16")
-            out.state_dtype = AdamWStateDType::kBF16;
-        else
-            return invalid_argument_error(
-                "{}: 'optimizer.state_dtype' is '{}'; choose fp32 or bf16",
-                c.source_of("optimizer.state_dtype"), v);
-    }
-    return ok_status();
+    LATHE_RETURN_IF_ERROR(resolve_choice(
+        c, "optimizer.offload_schedule",
+        {{"overlapped", OffloadSchedule::kOverlapped}, {"serial", OffloadSchedule::kSerial}},
+        out.schedule));
+    return resolve_choice(c, "optimizer.state_dtype",
+                          {{"fp32", AdamWStateDType::kF32}, {"bf16", AdamWStateDType::kBF16}},
+                          out.state_dtype);
 }
 
 // What lathe train runs of the offload keys: optimizer.offload: cpu with any offload_fraction
@@ -369,24 +369,16 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
         return invalid_argument_error("{}: 'optimizer.gradient_clipping' must be >= 0 (0 = off)",
                                       c.source_of("optimizer.gradient_clipping"));
     LATHE_RETURN_IF_ERROR(resolve_offload(c, s.offload));
-    if (c.has("optimizer.schedule")) {
-        const std::string v = c.get_string("optimizer.schedule");
-        if (v == "overlapped")
-            s.schedule = OptimizerSchedule::kOverlapped;
-        else if (v == "serial")
-            s.schedule = OptimizerSchedule::kSerial;
-        else
-            return invalid_argument_error(
-                "{}: 'optimizer.schedule' is '{}'; choose serial or overlapped",
-                c.source_of("optimizer.schedule"), v);
-        if (s.schedule == OptimizerSchedule::kOverlapped &&
-            s.offload.offload == OptimizerOffload::kCpu)
-            return invalid_argument_error(
-                "{}: 'optimizer.schedule: overlapped' schedules the device optimizer; with "
-                "optimizer.offload: cpu set optimizer.offload_schedule instead and remove "
-                "optimizer.schedule",
-                c.source_of("optimizer.schedule"));
-    }
+    LATHE_RETURN_IF_ERROR(resolve_choice(
+        c, "optimizer.schedule",
+        {{"serial", OptimizerSchedule::kSerial}, {"overlapped", OptimizerSchedule::kOverlapped}},
+        s.schedule));
+    if (s.schedule == OptimizerSchedule::kOverlapped && s.offload.offload == OptimizerOffload::kCpu)
+        return invalid_argument_error(
+            "{}: 'optimizer.schedule: overlapped' schedules the device optimizer; with "
+            "optimizer.offload: cpu set optimizer.offload_schedule instead and remove "
+            "optimizer.schedule",
+            c.source_of("optimizer.schedule"));
     auto style = lr_decay_style_from_string(c.get_string("lr.decay_style"));
     if (!style.ok())
         return style.status().with_context(c.source_of("lr.decay_style") + ": 'lr.decay_style'");

@@ -123,7 +123,8 @@ Status TrainStep::apply(double lr, double weight_decay, const AdamWHyper& hyper,
         host_->step(model_, segments_, hyper, adam_step, norm_, max_grad_norm);
     else
         optimizer_->step(optimizer_target(model_), segments_, hyper, adam_step, max_grad_norm);
-    grads_zeroed_ = optimizer_ != nullptr && optimizer_->schedule() == OptimizerSchedule::kOverlapped;
+    grads_zeroed_ =
+        optimizer_ != nullptr && optimizer_->schedule() == OptimizerSchedule::kOverlapped;
     model_.fp8_weights_updated();  // the next forward casts the fp8 weight codes (model.h)
     return dp_ != nullptr ? dp_->finish_update() : ok_status();
 }

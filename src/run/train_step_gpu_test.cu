@@ -6,8 +6,10 @@
 // clipping, weight decay, a frozen entry, a step computed but not applied, a validation forward
 // between steps and a checkpoint resumed in a fresh model and optimizer; in bf16 and with the
 // block's linears in fp8 (tensorwise: the weight casts once per step read the compute copy after
-// the hook's wait). Exact equality, no tolerance: the same deterministic kernel runs over the
-// same elements with the same scalars, only on another stream and in unit-sized launches.
+// the hook's wait). Before each overlapped update a kernel holds the optimizer stream for about
+// 20 ms, so that any read of the weights that does not wait for its unit reads the old ones.
+// Exact equality, no tolerance: the same deterministic kernel runs over the same elements with
+// the same scalars, only on another stream and in unit-sized launches.
 // clang-format off
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
@@ -18,6 +20,7 @@
 
 #include "model/fp8_state.h"
 #include "model/registry.h"
+#include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/fp8_linear.h"
 #include "run/train_step_schedule_test_util.h"
@@ -33,6 +36,13 @@ constexpr const char* kLlamaJson = R"({"architectures": ["LlamaForCausalLM"],
   "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
   "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
   "tie_word_embeddings": false})";
+
+// Spins one thread for about `ns` nanoseconds: enqueued on the optimizer stream before each
+// update, it holds the overlapped units back well past the next forward's start, so that a read
+// of a unit's weights without its wait reads the old weights and the bits differ.
+__global__ void spin_kernel(int64_t ns) {
+    for (int64_t waited = 0; waited < ns; waited += 1000) __nanosleep(1000);
+}
 
 class TrainStepScheduleGpu : public ::testing::TestWithParam<bool> {
 protected:
@@ -64,8 +74,8 @@ protected:
         shape.batch = plan().B;
         shape.seq_len = plan().T;
         if (fp8) {
-            Result<Fp8Settings> s = fp8_settings_parse("tensorwise", "auto", false, 16, "max",
-                                                       "test");
+            Result<Fp8Settings> s =
+                fp8_settings_parse("tensorwise", "auto", false, 16, "max", "test");
             LATHE_CHECK(s.ok(), "{}", s.status().to_string());
             shape.precision = fp8_precision_policy(*s);
             shape.fp8 = *s;
@@ -84,7 +94,11 @@ TEST_P(TrainStepScheduleGpu, OverlappedGivesTheSerialBits) {
     const bool fp8 = GetParam();
     auto make_model = [fp8](uint64_t seed) { return make(fp8, seed); };
     const RunResult want = schedule_test::run(plan(), OptimizerSchedule::kSerial, make_model);
-    const RunResult got = schedule_test::run(plan(), OptimizerSchedule::kOverlapped, make_model);
+    const RunResult got =
+        schedule_test::run(plan(), OptimizerSchedule::kOverlapped, make_model, [] {
+            spin_kernel<<<1, 1, 0, state_->optimizer_stream()>>>(int64_t(20) * 1000 * 1000);
+            LATHE_CUDA_CHECK_LAUNCH();
+        });
     ASSERT_EQ(want.losses.size(), size_t(plan().steps));
     for (const float n : want.norms) EXPECT_GT(n, plan().max_norm);  // the clip is exercised
     EXPECT_EQ(got.losses, want.losses);

@@ -75,8 +75,12 @@ inline void write_params(Model& model, const std::vector<float>& values) {
 
 // The run of `plan` with `schedule`. `make(seed)`: a model initialized from `seed` (the resumed
 // model is made with another seed, so that only the checkpoint's values can make it match).
+// `before_apply`, when given, is called just before each update (the GPU test delays the
+// optimizer stream there, so that a read of the weights that does not wait for the update sees
+// the old ones).
 inline RunResult run(const RunPlan& plan, OptimizerSchedule schedule,
-                     const std::function<Model(uint64_t seed)>& make) {
+                     const std::function<Model(uint64_t seed)>& make,
+                     const std::function<void()>& before_apply = nullptr) {
     RunResult r;
     std::optional<Model> model;
     std::optional<AdamWOptimizer> opt;
@@ -112,10 +116,12 @@ inline RunResult run(const RunPlan& plan, OptimizerSchedule schedule,
         r.losses.push_back(v->loss);
         r.norms.push_back(v->norm);
         if (s == plan.skip_at) continue;
+        if (before_apply) before_apply();
         const Status applied = step->apply(1e-2, 0.1, hyper, ++adam_step, plan.max_norm);
         LATHE_CHECK(applied.ok(), "{}", applied.to_string());
-        if (s == plan.eval_at) r.evals.push_back(model->eval_forward(
-                                   ModelBatch{tok[0].view(), tgt[0].view(), {}, {}}));
+        if (s == plan.eval_at)
+            r.evals.push_back(
+                model->eval_forward(ModelBatch{tok[0].view(), tgt[0].view(), {}, {}}));
         if (s == plan.save_at) {
             // The checkpoint (run/trainer.cpp): pending units first, then weights and moments.
             opt->finish();
@@ -140,10 +146,10 @@ inline RunResult run(const RunPlan& plan, OptimizerSchedule schedule,
     if (model->context().backend == Backend::kCuda) {
         const TensorView c = model->params_compute_flat();
         r.compute.resize(c.bytes());
-        cuda_copy_sync(TensorView(r.compute.data(), DType::kU8, Shape{int64_t(c.bytes())}),
-                       ConstTensorView(c.data(), DType::kU8, Shape{int64_t(c.bytes())},
-                                       Device::kCuda),
-                       model->context().stream);
+        cuda_copy_sync(
+            TensorView(r.compute.data(), DType::kU8, Shape{int64_t(c.bytes())}),
+            ConstTensorView(c.data(), DType::kU8, Shape{int64_t(c.bytes())}, Device::kCuda),
+            model->context().stream);
     }
     return r;
 }

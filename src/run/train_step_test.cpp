@@ -26,16 +26,15 @@ Model make_llama(uint64_t seed) {
     ModelShape shape;
     shape.batch = 2;
     shape.seq_len = 8;
-    Result<Model> m = Model::create(tiny_model::parse(tiny_model::kLlamaJson), shape,
-                                    cpu_context());
+    Result<Model> m =
+        Model::create(tiny_model::parse(tiny_model::kLlamaJson), shape, cpu_context());
     LATHE_CHECK(m.ok(), "{}", m.status().to_string());
     m->init(seed);
     return std::move(*m);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() &&
-           std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 TEST(TrainStepSchedule, OverlappedGivesTheSerialBits) {
@@ -46,8 +45,9 @@ TEST(TrainStepSchedule, OverlappedGivesTheSerialBits) {
         const RunResult want = schedule_test::run(plan, OptimizerSchedule::kSerial, make_llama);
         const RunResult got = schedule_test::run(plan, OptimizerSchedule::kOverlapped, make_llama);
         ASSERT_EQ(want.losses.size(), size_t(plan.steps));
-        if (max_norm > 0.0f)
+        if (max_norm > 0.0f) {
             for (const float n : want.norms) EXPECT_GT(n, max_norm);  // the clip is exercised
+        }
         EXPECT_EQ(got.losses, want.losses);
         EXPECT_EQ(got.norms, want.norms);
         ASSERT_EQ(want.evals.size(), 1u);
@@ -108,8 +108,7 @@ TEST(TrainStepSchedule, OverlappedRefusesAModelWhoseHookIsTaken) {
     // A shard of the vector (data parallel's ranges): refused.
     Model other = make_llama(1);
     Result<AdamWOptimizer> shard =
-        AdamWOptimizer::create_for(other, FlatRange{0, other.params_total() / 2},
-                                   other.context());
+        AdamWOptimizer::create_for(other, FlatRange{0, other.params_total() / 2}, other.context());
     ASSERT_TRUE(shard.ok());
     EXPECT_EQ(shard->overlap_with(other).code(), StatusCode::kFailedPrecondition);
 }
