@@ -139,19 +139,31 @@ Bf16LogitsReference bf16_logits_reference(const HostTensor& x, const HostTensor&
     return ::testing::AssertionSuccess() << loose << " rows with a logit rounded the other way";
 }
 
+// A case's random inputs: targets (a fraction c.ignored of them -100), x and the weight rounded
+// to bf16, and the weight gradient the backward adds to.
+struct LmHeadInputs {
+    HostTensor targets, x, w, dw0;
+};
+
+LmHeadInputs lm_head_inputs(const LmHeadCase& c, optest::Rng& rng) {
+    HostTensor targets(DType::kI32, {c.N});
+    for (int64_t n = 0; n < c.N; ++n)
+        targets.as<int32_t>()[n] =
+            rng.uniform(0.0f, 1.0f) < c.ignored ? kIgnoreIndex : int32_t(rng.integer(0, c.V - 1));
+    HostTensor x = random_bf16_values(rng, {c.N, c.C});
+    HostTensor w = random_bf16_values(rng, {c.V, c.C}, -0.5f, 0.5f);
+    HostTensor dw0 = optest::random_tensor(rng, {c.V, c.C}, -0.01f, 0.01f);
+    return {std::move(targets), std::move(x), std::move(w), std::move(dw0)};
+}
+
 void check_lm_head(const LmHeadCase& c, uint64_t seed) {
     SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C << " V=" << c.V
                                       << " Nc=" << c.Nc << " ignored=" << c.ignored);
     CudaState state(0);
     const Context gpu = state.context(), cpu = cpu_context();
     optest::Rng rng(seed);
-    HostTensor targets(DType::kI32, {c.N});
-    for (int64_t n = 0; n < c.N; ++n)
-        targets.as<int32_t>()[n] =
-            rng.uniform(0.0f, 1.0f) < c.ignored ? kIgnoreIndex : int32_t(rng.integer(0, c.V - 1));
-    const HostTensor x = random_bf16_values(rng, {c.N, c.C});
-    const HostTensor w = random_bf16_values(rng, {c.V, c.C}, -0.5f, 0.5f);
-    const HostTensor dw0 = optest::random_tensor(rng, {c.V, c.C}, -0.01f, 0.01f);
+    const LmHeadInputs in = lm_head_inputs(c, rng);
+    const HostTensor &targets = in.targets, &x = in.x, &w = in.w, &dw0 = in.dw0;
     const float dloss = 0.7f;
 
     // The fp32 CPU twin (loss and lse bounds) and the fp64 reference from bf16 logits.
@@ -306,13 +318,8 @@ void check_vocab_parallel(const LmHeadCase& c, int64_t S, uint64_t seed) {
     CudaState state(0);
     const Context gpu = state.context(), cpu = cpu_context();
     optest::Rng rng(seed);
-    HostTensor targets(DType::kI32, {c.N});
-    for (int64_t n = 0; n < c.N; ++n)
-        targets.as<int32_t>()[n] =
-            rng.uniform(0.0f, 1.0f) < c.ignored ? kIgnoreIndex : int32_t(rng.integer(0, c.V - 1));
-    const HostTensor x = random_bf16_values(rng, {c.N, c.C});
-    const HostTensor w = random_bf16_values(rng, {c.V, c.C}, -0.5f, 0.5f);
-    const HostTensor dw0 = optest::random_tensor(rng, {c.V, c.C}, -0.01f, 0.01f);
+    const LmHeadInputs in = lm_head_inputs(c, rng);
+    const HostTensor &targets = in.targets, &x = in.x, &w = in.w, &dw0 = in.dw0;
     const float dloss = 0.7f;
     const Bf16LogitsReference ref = bf16_logits_reference(x, w, targets, dw0, dloss, c.N, c.C, c.V);
     const int64_t Vs = c.V / S, N = c.N;
