@@ -19,8 +19,8 @@ runs. The contract checked here:
   - the optimizer state resumes at the same parallel.tensor, with more data-parallel ranks and
     another ZeRO stage, and at another parallel.tensor (1 -> 2, 2 -> 1, 2 -> 4: converted): the
     losses of a run never stopped; an offloaded optimizer refuses another layout naming both;
-  - a T that does not divide the heads, the key/value heads, the MLP width or the ranks, and the
-    GPT-2 family, are refused with `lathe: error:` naming parallel.tensor;
+  - a T that does not divide the heads, the key/value heads, the MLP width, the vocabulary or the
+    ranks, and the GPT-2 family, are refused with `lathe: error:` naming parallel.tensor;
   - SIGTERM to one rank of a tensor group stops every rank after the same step, with a checkpoint
     (the stop request travels with the tensor group's norm gather).
 On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs TP = 2 against one GPU.
@@ -285,11 +285,13 @@ def test_gpt2_is_refused_naming_the_key_and_the_family(corpus, tmp_path):
     assert "gpt2 family" in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("tensor, what", [(3, "must divide the attention heads (8), the key/value "
-                                                 "heads (4) and the MLP width"),
-                                          (2, "must divide the number of ranks (1)")])
-def test_a_tensor_size_that_does_not_divide_is_refused(corpus, tmp_path, tensor, what):
-    p = train(corpus, "llama", tmp_path / "t", 1, tensor, check=False)
+@pytest.mark.parametrize("tensor, what, sets", [
+    (3, "must divide the attention heads (8), the key/value heads (4) and the MLP width", ()),
+    (2, "must divide the number of ranks (1)", ()),
+    # The vocabulary is split by rows without padding.
+    (4, "4 must divide the vocabulary (390 tokens)", ("model.vocab_size=390",))])
+def test_a_tensor_size_that_does_not_divide_is_refused(corpus, tmp_path, tensor, what, sets):
+    p = train(corpus, "llama", tmp_path / "t", 1, tensor, *sets, check=False)
     assert p.returncode != 0
     assert "lathe: error:" in p.stderr and "parallel.tensor" in p.stderr, p.stderr
     assert what in p.stderr, p.stderr

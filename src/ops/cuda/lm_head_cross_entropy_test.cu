@@ -139,13 +139,17 @@ Bf16LogitsReference bf16_logits_reference(const HostTensor& x, const HostTensor&
     return ::testing::AssertionSuccess() << loose << " rows with a logit rounded the other way";
 }
 
-// A case's random inputs: targets (a fraction c.ignored of them -100), x and the weight rounded
-// to bf16, and the weight gradient the backward adds to.
+// A case's random inputs from `seed`: targets (a fraction c.ignored of them -100), x and the
+// weight rounded to bf16, and the weight gradient the backward adds to; rng draws whatever else
+// the check needs.
 struct LmHeadInputs {
+    optest::Rng rng;
     HostTensor targets, x, w, dw0;
+    float dloss = 0.7f;
 };
 
-LmHeadInputs lm_head_inputs(const LmHeadCase& c, optest::Rng& rng) {
+LmHeadInputs lm_head_inputs(const LmHeadCase& c, uint64_t seed) {
+    optest::Rng rng(seed);
     HostTensor targets(DType::kI32, {c.N});
     for (int64_t n = 0; n < c.N; ++n)
         targets.as<int32_t>()[n] =
@@ -153,7 +157,7 @@ LmHeadInputs lm_head_inputs(const LmHeadCase& c, optest::Rng& rng) {
     HostTensor x = random_bf16_values(rng, {c.N, c.C});
     HostTensor w = random_bf16_values(rng, {c.V, c.C}, -0.5f, 0.5f);
     HostTensor dw0 = optest::random_tensor(rng, {c.V, c.C}, -0.01f, 0.01f);
-    return {std::move(targets), std::move(x), std::move(w), std::move(dw0)};
+    return {rng, std::move(targets), std::move(x), std::move(w), std::move(dw0)};
 }
 
 void check_lm_head(const LmHeadCase& c, uint64_t seed) {
@@ -161,10 +165,9 @@ void check_lm_head(const LmHeadCase& c, uint64_t seed) {
                                       << " Nc=" << c.Nc << " ignored=" << c.ignored);
     CudaState state(0);
     const Context gpu = state.context(), cpu = cpu_context();
-    optest::Rng rng(seed);
-    const LmHeadInputs in = lm_head_inputs(c, rng);
+    LmHeadInputs in = lm_head_inputs(c, seed);
     const HostTensor &targets = in.targets, &x = in.x, &w = in.w, &dw0 = in.dw0;
-    const float dloss = 0.7f;
+    const float dloss = in.dloss;
 
     // The fp32 CPU twin (loss and lse bounds) and the fp64 reference from bf16 logits.
     HostTensor scratch(DType::kF32, {c.Nc, c.V});
@@ -317,10 +320,10 @@ void check_vocab_parallel(const LmHeadCase& c, int64_t S, uint64_t seed) {
     ASSERT_EQ(c.V % S, 0);
     CudaState state(0);
     const Context gpu = state.context(), cpu = cpu_context();
-    optest::Rng rng(seed);
-    const LmHeadInputs in = lm_head_inputs(c, rng);
+    LmHeadInputs in = lm_head_inputs(c, seed);
     const HostTensor &targets = in.targets, &x = in.x, &w = in.w, &dw0 = in.dw0;
-    const float dloss = 0.7f;
+    const float dloss = in.dloss;
+    optest::Rng& rng = in.rng;
     const Bf16LogitsReference ref = bf16_logits_reference(x, w, targets, dw0, dloss, c.N, c.C, c.V);
     const int64_t Vs = c.V / S, N = c.N;
 
