@@ -68,8 +68,11 @@ void fill_uniform(float* x, int64_t n, double a, uint64_t seed, uint64_t key) {
 
 }  // namespace
 
-TpSplit tp_split_of(ParamRole role) {
+TpSplit tp_split_of(ParamRole role, TpVocab vocab) {
     switch (role) {
+        case ParamRole::kTokenEmbedding:
+        case ParamRole::kLmHead:
+            return vocab == TpVocab::kParallel ? TpSplit::kOutputs : TpSplit::kReplicated;
         case ParamRole::kQkvWeight:
         case ParamRole::kQkvBias:
         case ParamRole::kUpWeight:
@@ -86,8 +89,14 @@ TpSplit tp_split_of(ParamRole role) {
     }
 }
 
-Result<ModelConfig> tp_local_config(const ModelConfig& full, int tp, std::string_view flag) {
+TpVocab tp_vocab_of(const ModelConfig& local) {
+    return local.vocab_parallel() ? TpVocab::kParallel : TpVocab::kReplicated;
+}
+
+Result<ModelConfig> tp_local_config(const ModelConfig& full, int tp, std::string_view flag,
+                                    TpVocab vocab, int rank) {
     if (tp < 1) return invalid_argument_error("{} must be >= 1, got {}", flag, tp);
+    LATHE_CHECK(rank >= 0 && rank < tp, "tp_local_config: rank {} of {}", rank, tp);
     if (full.num_heads % tp != 0 || full.num_kv_heads % tp != 0 ||
         full.intermediate_size % tp != 0) {
         return invalid_argument_error(
@@ -99,6 +108,19 @@ Result<ModelConfig> tp_local_config(const ModelConfig& full, int tp, std::string
     local.num_heads = full.num_heads / tp;
     local.num_kv_heads = full.num_kv_heads / tp;
     local.intermediate_size = full.intermediate_size / tp;
+    if (vocab == TpVocab::kParallel) {
+        // No padding: a vocabulary that T does not divide is refused (a padded one would need
+        // rows no checkpoint has and logits no target may name).
+        if (full.vocab_size % tp != 0) {
+            return invalid_argument_error(
+                "{} {} must divide the vocabulary ({} tokens) of this {} model: the embedding "
+                "and the LM head are split by vocabulary rows; choose a divisor of {}",
+                flag, tp, full.vocab_size, full.model_type, full.vocab_size);
+        }
+        local.vocab_size = full.vocab_size / tp;
+        local.vocab_total = full.vocab_size;
+        local.vocab_begin = int64_t(rank) * local.vocab_size;
+    }
     // head_dim is a field of its own (not hidden / heads), so it stays the full model's.
     if (tp > 1) {
         // Each split tensor of the local table must be the full one's with the split dimension
@@ -106,7 +128,7 @@ Result<ModelConfig> tp_local_config(const ModelConfig& full, int tp, std::string
         // (GPT-NeoX's query_key_value and dense) has no shard of this form.
         const ParamTable table = table_of(local), whole = table_of(full);
         for (const HfParam& p : table.hf_params()) {
-            const TpSplit s = tp_split_of(table.entries()[p.entry].role);
+            const TpSplit s = tp_split_of(table.entries()[p.entry].role, vocab);
             if (s == TpSplit::kReplicated || s == TpSplit::kRankZero) continue;
             const HfParam* f = whole.find_hf(p.name);
             const int axis = s == TpSplit::kOutputs ? 0 : p.shape.rank() - 1;
@@ -130,12 +152,12 @@ Result<ModelConfig> tp_local_config(const ModelConfig& full, int tp, std::string
 }
 
 Status tp_read_slice(const SafetensorsTensor& full, const HfParam& local, ParamRole role, int rank,
-                     int tp, std::string_view where, TensorView out) {
+                     int tp, std::string_view where, TensorView out, TpVocab vocab) {
     LATHE_CHECK(
         out.dtype() == DType::kF32 && out.device() == Device::kCpu && out.shape() == local.shape,
         "tp_read_slice of {} into {}", local.name, out.to_string());
     LATHE_CHECK(rank >= 0 && rank < tp, "rank {} of {}", rank, tp);
-    const TpSplit split = tp_split_of(role);
+    const TpSplit split = tp_split_of(role, vocab);
     const Shape& ls = local.shape;
     // The shape the checkpoint must have: the local shape with the split dimension times tp.
     std::vector<int64_t> want;
@@ -221,7 +243,8 @@ Status tp_model_load(Model& model, int rank, int tp, const std::string& dir) {
                                 tp, local.model_type));
             hf = HostTensor(DType::kF32, p->shape);
             LATHE_RETURN_IF_ERROR(
-                tp_read_slice(**found, *p, entry.role, rank, tp, where, hf.view()));
+                tp_read_slice(**found, *p, entry.role, rank, tp, where, hf.view(),
+                              tp_vocab_of(local)));
             hf_param_import(*p, host.view(), hf.view());
         }
         model.write_param_entry(entry.arena_index, host.view());
@@ -365,7 +388,8 @@ void tp_model_init(Model& local, const ModelConfig& full, int rank, int tp, uint
             init_hf_param(full, *f, full_entry.view(), seed);
             HostTensor full_hf(DType::kF32, f->shape), part(DType::kF32, p->shape);
             hf_param_export(*f, full_entry.view(), full_hf.view());
-            tp_slice_hf(full_hf.view(), tp_split_of(entry.role), rank, tp, part.view());
+            tp_slice_hf(full_hf.view(), tp_split_of(entry.role, tp_vocab_of(local.config())), rank,
+                        tp, part.view());
             hf_param_import(*p, host.view(), part.view());
         }
         local.write_param_entry(entry.arena_index, host.view());
@@ -376,7 +400,7 @@ void tp_model_init(Model& local, const ModelConfig& full, int rank, int tp, uint
 std::vector<FlatRange> tp_replicated_ranges(const Model& local) {
     std::vector<FlatRange> out;
     for (const ParamEntry& e : local.params().entries()) {
-        if (tp_split_of(e.role) != TpSplit::kReplicated) continue;
+        if (tp_split_of(e.role, tp_vocab_of(local.config())) != TpSplit::kReplicated) continue;
         const ArenaEntry& a = local.plan().params.entries()[e.arena_index];
         const int64_t begin = int64_t(a.offset / sizeof(float));
         out.push_back(FlatRange{begin, begin + e.shape.numel()});
@@ -386,23 +410,25 @@ std::vector<FlatRange> tp_replicated_ranges(const Model& local) {
 
 namespace {
 
-ModelConfig checked_local(const ModelConfig& full, int tp) {
-    Result<ModelConfig> local = tp_local_config(full, tp, "parallel.tensor");
+ModelConfig checked_local(const ModelConfig& full, int tp, TpVocab vocab) {
+    Result<ModelConfig> local = tp_local_config(full, tp, "parallel.tensor", vocab);
     LATHE_CHECK(local.ok(), "{}", local.status().to_string());
     return std::move(*local);
 }
 
 }  // namespace
 
-int64_t tp_canonical_length(const ModelConfig& full, int tp) {
-    return int64_t(table_of(checked_local(full, tp)).layout().total_bytes() / sizeof(float));
+int64_t tp_canonical_length(const ModelConfig& full, int tp, TpVocab vocab) {
+    return int64_t(table_of(checked_local(full, tp, vocab)).layout().total_bytes() /
+                   sizeof(float));
 }
 
 std::vector<float> tp_reshard_moments(const ModelConfig& full, int from,
-                                      std::span<const std::vector<float>> old, int tp, int rank) {
+                                      std::span<const std::vector<float>> old, int tp, int rank,
+                                      TpVocab vocab) {
     LATHE_CHECK(int(old.size()) == from, "{} moment vectors of a split over {}", old.size(), from);
-    const ParamTable before = table_of(checked_local(full, from));
-    const ParamTable after = table_of(checked_local(full, tp));
+    const ParamTable before = table_of(checked_local(full, from, vocab));
+    const ParamTable after = table_of(checked_local(full, tp, vocab));
     const ParamTable whole = table_of(full);
     const int64_t used_before = int64_t(before.layout().total_bytes() / sizeof(float));
     for (const std::vector<float>& v : old)
@@ -414,7 +440,7 @@ std::vector<float> tp_reshard_moments(const ModelConfig& full, int from,
         const HfParam* q = before.find_hf(p.name);
         const HfParam* f = whole.find_hf(p.name);
         LATHE_CHECK(q != nullptr && f != nullptr, "tp_reshard_moments: no tensor {}", p.name);
-        const TpSplit split = tp_split_of(after.entries()[p.entry].role);
+        const TpSplit split = tp_split_of(after.entries()[p.entry].role, vocab);
         const ParamEntry& qe = before.entries()[q->entry];
         const size_t q_at = before.layout().entries()[qe.arena_index].offset / sizeof(float);
         const int64_t n = q->shape.numel();
@@ -450,7 +476,8 @@ Status tp_save_hf(const Model& local, ParamStaging& staging, const ModelConfig& 
     for (const HfParam& f : whole.hf_params()) {
         const HfParam* p = table.find_hf(f.name);
         LATHE_CHECK(p != nullptr, "tp_save_hf: the local model has no tensor {}", f.name);
-        const TpSplit split = tp_split_of(table.entries()[p->entry].role);
+        const TpSplit split =
+            tp_split_of(table.entries()[p->entry].role, tp_vocab_of(local.config()));
         HostTensor mine(DType::kF32, p->shape);
         hf_param_export(*p, staging.host(table.entries()[p->entry].arena_index), mine.view());
         const int64_t n = p->shape.numel();

@@ -12,8 +12,11 @@
 //   row-parallel (kInputs): Wo and down: columns r n .. (r+1) n of the HF [out, in] tensor;
 //   row-parallel biases (kRankZero): the full bias on rank 0, zeros elsewhere, so that it is
 //       added once by the all-reduce that sums the partial outputs;
-//   replicated: embeddings, norms and the LM head, whole on every rank (a vocabulary-parallel LM
-//       head is a later step; the logits are computed whole on every rank).
+//   replicated: norms, whole on every rank; in inference also the embeddings and the LM head
+//       (the logits are computed whole on every rank);
+//   vocabulary-parallel (TpVocab::kParallel, training): the token embedding and the LM head
+//       (tied or not) are column-parallel too: rows r V/T .. (r+1) V/T of the vocabulary, V a
+//       multiple of T (model/model.h, "Tensor parallel", has the forward and backward).
 // The engine (engine.h) all-reduces (sums) the partial outputs of Wo and down before the
 // residual add. The families whose projections are sized by the heads (llama, mistral, qwen2)
 // split; GPT-2 (q, k, v in one transposed c_attn) and GPT-NeoX (query_key_value and dense sized
@@ -46,13 +49,21 @@ class SafetensorsTensor;
 
 // How one HF tensor is split among the ranks (header comment).
 enum class TpSplit : uint8_t { kReplicated, kOutputs, kInputs, kRankZero };
+// Whether the token embedding and the LM head are whole on every rank (inference) or split by
+// vocabulary rows (training; header comment).
+enum class TpVocab : uint8_t { kReplicated, kParallel };
 
-TpSplit tp_split_of(ParamRole role);
+TpSplit tp_split_of(ParamRole role, TpVocab vocab = TpVocab::kReplicated);
+// The vocabulary split of a local config (ModelConfig::vocab_parallel).
+TpVocab tp_vocab_of(const ModelConfig& local);
 
-// The local config of a rank of `tp` (header comment). Errors (invalid argument) name `flag` and
-// the numbers: tp < 1, or tp not dividing the attention heads, the key/value heads or the MLP
-// width; a family whose tensors have no shard of this form (GPT-2, GPT-NeoX) is unimplemented.
-Result<ModelConfig> tp_local_config(const ModelConfig& full, int tp, std::string_view flag);
+// The local config of rank `rank` of `tp` (header comment); with TpVocab::kParallel its
+// vocab_size is V / tp, vocab_total V and vocab_begin rank V / tp. Errors (invalid argument) name
+// `flag` and the numbers: tp < 1, or tp not dividing the attention heads, the key/value heads or
+// the MLP width, or (kParallel) the vocabulary; a family whose tensors have no shard of this form
+// (GPT-2, GPT-NeoX) is unimplemented.
+Result<ModelConfig> tp_local_config(const ModelConfig& full, int tp, std::string_view flag,
+                                    TpVocab vocab = TpVocab::kReplicated, int rank = 0);
 
 // Copies rank `rank` of `tp`'s part of the HF tensor `full` (the checkpoint's, any float dtype)
 // into `out` (host, f32, shape local.shape, the stored layout of `local`, a parameter of the
@@ -60,7 +71,8 @@ Result<ModelConfig> tp_local_config(const ModelConfig& full, int tp, std::string
 // split dimension times tp, an unsupported dtype, a layout whose slice is not a row or column
 // range (transposed).
 Status tp_read_slice(const SafetensorsTensor& full, const HfParam& local, ParamRole role, int rank,
-                     int tp, std::string_view where, TensorView out);
+                     int tp, std::string_view where, TensorView out,
+                     TpVocab vocab = TpVocab::kReplicated);
 
 // A model of the local config of `full` for rank `rank` of `tp` on `ctx`, its shard read from the
 // safetensors of the checkpoint folder `dir`. Errors: tp_local_config's, Model::create's, the
@@ -93,24 +105,27 @@ void tp_model_init(Model& local, const ModelConfig& full, int rank, int tp, uint
 void tp_slice_hf(ConstTensorView whole, TpSplit split, int rank, int tp, TensorView part);
 
 // Loads rank `rank`'s shard of `tp` of the checkpoint folder `dir` (a model of the full config)
-// into `local`, a model of the local config.
+// into `local`, a model of the local config (its vocabulary split: tp_vocab_of).
 // Errors as tp_model_create_loaded's.
 Status tp_model_load(Model& local, int rank, int tp, const std::string& dir);
 
 // The arena ranges (params_flat() coordinates) of `local`'s parameter entries that every rank
-// holds whole (TpSplit::kReplicated): counted once in a global gradient norm.
+// holds whole (TpSplit::kReplicated under tp_vocab_of(local.config())): counted once in a global
+// gradient norm.
 std::vector<FlatRange> tp_replicated_ranges(const Model& local);
 
 // Optimizer moments from one split to another (a checkpoint of parallel.tensor `from` resumed at
 // `tp`): `old[r]` is rank r's moment vector of `from` in canonical coordinates (optim/
 // optimizer_state.h: the parameter table layout of a model of tp_local_config(full, from), flat
 // f32); returns rank `rank`'s of `tp`, each HF tensor's moments assembled whole from the old
-// shards and sliced as tp_slice_hf slices the weights. Both splits must be valid (checked).
+// shards and sliced as tp_slice_hf slices the weights, both splits with the vocabulary split
+// `vocab`. Both splits must be valid (checked).
 std::vector<float> tp_reshard_moments(const ModelConfig& full, int from,
-                                      std::span<const std::vector<float>> old, int tp, int rank);
+                                      std::span<const std::vector<float>> old, int tp, int rank,
+                                      TpVocab vocab = TpVocab::kReplicated);
 
 // The canonical length (optim/optimizer_state.h) of the moments of a rank of `tp` (checked valid).
-int64_t tp_canonical_length(const ModelConfig& full, int tp);
+int64_t tp_canonical_length(const ModelConfig& full, int tp, TpVocab vocab = TpVocab::kReplicated);
 
 // The HF tensors of a model of `full` assembled from the shards of the `tp` ranks of `comm` (the
 // tensor-parallel group, comm.size() == tp): each rank passes its local model and `staging`, a

@@ -346,6 +346,39 @@ TEST(TpConfig, RefusesATpThatDoesNotDivideTheHeadsOrTheMlp) {
     EXPECT_EQ(two->hidden_size, c.hidden_size);
 }
 
+TEST(TpConfig, VocabularyParallelSplitsTheVocabularyOrRefusesIt) {
+    const ModelConfig c = tiny_model::parse(tiny_model::kLlamaJson);  // V 64
+    for (int rank = 0; rank < 2; ++rank) {
+        Result<ModelConfig> two = tp_local_config(c, 2, "parallel.tensor", TpVocab::kParallel, rank);
+        ASSERT_TRUE(two.ok()) << two.status().to_string();
+        EXPECT_EQ(two->vocab_size, 32);
+        EXPECT_EQ(two->vocab_total, 64);
+        EXPECT_EQ(two->vocab_begin, 32 * rank);
+        EXPECT_EQ(two->vocab_ids(), 64);
+        EXPECT_EQ(tp_vocab_of(*two), TpVocab::kParallel);
+    }
+    // Inference keeps the vocabulary whole.
+    Result<ModelConfig> whole = tp_local_config(c, 2, "--tensor-parallel");
+    ASSERT_TRUE(whole.ok());
+    EXPECT_EQ(whole->vocab_size, 64);
+    EXPECT_FALSE(whole->vocab_parallel());
+    EXPECT_EQ(tp_split_of(ParamRole::kLmHead), TpSplit::kReplicated);
+    EXPECT_EQ(tp_split_of(ParamRole::kTokenEmbedding, TpVocab::kParallel), TpSplit::kOutputs);
+    EXPECT_EQ(tp_split_of(ParamRole::kLmHead, TpVocab::kParallel), TpSplit::kOutputs);
+    EXPECT_EQ(tp_split_of(ParamRole::kFinalNormWeight, TpVocab::kParallel), TpSplit::kReplicated);
+    // A vocabulary the size does not divide (no padding).
+    std::string json(tiny_model::kLlamaJson);
+    json.replace(json.find("\"vocab_size\": 64"), std::string("\"vocab_size\": 64").size(),
+                 "\"vocab_size\": 65");
+    Result<ModelConfig> odd =
+        tp_local_config(tiny_model::parse(json), 2, "parallel.tensor", TpVocab::kParallel);
+    ASSERT_FALSE(odd.ok());
+    EXPECT_NE(odd.status().message().find("parallel.tensor 2 must divide the vocabulary (65 "
+                                          "tokens)"),
+              std::string::npos)
+        << odd.status().to_string();
+}
+
 TEST(TpConfig, RefusesGpt2AndGptNeoxWhoseTensorsHaveNoHeadShards) {
     const ModelConfig c = tiny_model::parse(tiny_model::kGpt2Json);  // 2 heads
     Result<ModelConfig> r = tp_local_config(c, 2, "--tensor-parallel");

@@ -377,6 +377,8 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     plan.targets = add_entry(act, "input.targets", DType::kI32, Shape{B, T});
     plan.docs = add_entry(act, "input.docs", DType::kI32, Shape{B, T});
     plan.positions = add_entry(act, "input.positions", DType::kI32, Shape{B, T});
+    if (c.vocab_parallel())
+        plan.vocab_ids = add_entry(act, "input.vocab_shard_ids", DType::kI32, Shape{B, T});
     plan.block_acts.resize(size_t(c.num_layers));
     // Recompute: the entries every layer shares (one set, refilled before each layer's
     // backward), by block_acts_for_each position; the rest are per layer.
@@ -444,6 +446,9 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
         plan.rope_sin = add_entry(scr, "rope.sin", DType::kF32, Shape{T, half});
     }
     plan.grad_norm = add_entry(scr, "optimizer.grad_norm", DType::kF32, Shape{1});
+    if (c.vocab_parallel())
+        plan.lm_vocab_parallel =
+            add_entry(scr, "lm_head.vocab_parallel", DType::kF32, Shape{4, N});
     const size_t dead_begin = scr.total_bytes();
     add_block_scratch(true);
     plan.block_scratch = std::move(block_scratch);

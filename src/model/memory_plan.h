@@ -307,12 +307,18 @@ struct MemoryPlan {
     size_t lm_lse = 0;  // (B T) per-row log-sum-exp of the logits
     size_t loss = 0;    // (kLossSlots) micro-batch losses (slot 0 for forward())
     size_t tokens = 0, targets = 0, docs = 0, positions = 0;  // (B, T) i32 each
+    // A vocabulary shard (ModelConfig::vocab_parallel): (B, T) i32, each token's row in the
+    // shard (ops/vocab_parallel.h); the embedding's forward and backward read it.
+    size_t vocab_ids = kNoEntry;
     // Entry indices into `scratch`.
     std::vector<size_t> block_scratch;                // in block_scratch_for_each order
     size_t dres = 0;                                  // (B, T, C) gradient of the residual stream
     size_t lm_chunk = 0;                              // (Nc, V)
     size_t rope_cos = kNoEntry, rope_sin = kNoEntry;  // (T, R/2), RoPE families
     size_t grad_norm = 0;                             // (1) f32, the step's gradient norm
+    // A vocabulary shard: (4, B T) f32, cross_entropy_vocab_parallel_combine's work (3 rows)
+    // and the shard's row losses (ops/vocab_parallel.h).
+    size_t lm_vocab_parallel = kNoEntry;
     // CUDA: cuDNN's attention workspace lives in the scratch arena, over the scratch entries
     // that no op reads or writes while an attention call runs (their contents never outlive the
     // op sequence that wrote them): one block's tmp, dnorm1, dnorm2 (sequential residual),

@@ -21,6 +21,7 @@
 #include "ops/linear.h"
 #include "ops/lm_head_cross_entropy.h"
 #include "ops/rope.h"
+#include "ops/vocab_parallel.h"
 
 namespace lathe {
 
@@ -803,7 +804,7 @@ Model::Dims Model::load_batch(const ModelBatch& batch, bool need_targets) {
                     "{} must be ({}, {}) i32 on the host like tokens, got {}", what, d.B, d.T,
                     v.to_string());
     };
-    check_ids(tok, "tokens", 0, config_.vocab_size, false);
+    check_ids(tok, "tokens", 0, config_.vocab_ids(), false);
     // Slots of the pinned buffer's half (CUDA): one (B, T) i32 tensor of the plan's size each.
     const size_t slot = size_t(plan_.shape.batch * plan_.shape.seq_len) * sizeof(int32_t);
     const size_t half = batch_staging_.begin();
@@ -811,7 +812,7 @@ Model::Dims Model::load_batch(const ModelBatch& batch, bool need_targets) {
     LATHE_CHECK(!need_targets || !batch.targets.is_null(), "forward needs targets");
     if (!batch.targets.is_null()) {
         expect(batch.targets, "targets");
-        check_ids(batch.targets, "targets", 0, config_.vocab_size, true);
+        check_ids(batch.targets, "targets", 0, config_.vocab_ids(), true);
         batch_staging_.copy(act(plan_.targets, bt), batch.targets, half + slot);
     }
     has_docs_ = !batch.docs.is_null();
@@ -844,10 +845,23 @@ void Model::run_forward_blocks(bool step) {
                          -1, 0, config_.max_position_embeddings);
         if (has_positions_) positions = act(plan_.positions, bt);
     }
-    embedding_forward(x0, act(plan_.tokens, bt), positions,
-                      entry_rows(weights_of(ParamRole::kTokenEmbedding), ParamRole::kTokenEmbedding,
-                                 -1, 0, config_.vocab_size),
-                      wpe, ctx_);
+    const TensorView wte = entry_rows(weights_of(ParamRole::kTokenEmbedding),
+                                      ParamRole::kTokenEmbedding, -1, 0, config_.vocab_size);
+    if (config_.vocab_parallel()) {
+        // The shard's rows, zeros for the ids of the other shards, summed over the group
+        // (ops/vocab_parallel.h).
+        LATHE_CHECK(tp_sum_ && tp_max_, "a vocabulary shard's model computes in a group "
+                                        "(set_tensor_parallel_sum and _max)");
+        const TensorView ids = act(plan_.vocab_ids, bt);
+        vocab_shard_ids(ids, act(plan_.tokens, bt), config_.vocab_begin, config_.vocab_size,
+                        config_.vocab_total, ctx_);
+        embedding_forward(x0, ids, positions, wte, wpe, ctx_);
+        vocab_shard_zero_rows(x0, act(plan_.tokens, bt), config_.vocab_begin, config_.vocab_size,
+                              ctx_);
+        tp_sum_(x0);
+    } else {
+        embedding_forward(x0, act(plan_.tokens, bt), positions, wte, wpe, ctx_);
+    }
     const BlockScratch scratch = block_scratch();
     const BlockInputs inputs = block_inputs();
     // The weight codes: cast when stale, and by a training forward after a forward outside the
@@ -917,9 +931,16 @@ void Model::run_backward_from_final(TensorView dfinal) {
                           -1, 0, config_.max_position_embeddings);
         if (has_positions_) positions = act(plan_.positions, bt);
     }
+    TensorView ids = act(plan_.tokens, bt);
+    if (config_.vocab_parallel()) {
+        // Only the rows of the ids this shard holds reach its rows (ops/vocab_parallel.h); dres
+        // is dead after this.
+        vocab_shard_zero_rows(dres, ids, config_.vocab_begin, config_.vocab_size, ctx_);
+        ids = act(plan_.vocab_ids, bt);
+    }
     embedding_backward(entry_rows(grads_of(ParamRole::kTokenEmbedding), ParamRole::kTokenEmbedding,
                                   -1, 0, config_.vocab_size),
-                       dwpe, dres, act(plan_.tokens, bt), positions, ctx_);
+                       dwpe, dres, ids, positions, ctx_);
     if (grads_ready_) grads_ready_(kOutsideLayers);
 }
 
@@ -937,27 +958,56 @@ float Model::forward_loss(const ModelBatch& batch, bool step) {
     backward_ready_ = false;
     load_batch(batch, /*need_targets=*/true);
     run_forward_blocks(step);
-    const int64_t N = dims_.B * dims_.T;
     TensorView loss = act(plan_.loss, Shape{1});
-    lm_head_cross_entropy_forward(loss, TensorView(), act(plan_.lm_lse, Shape{N}),
-                                  act(plan_.final_norm_out, Shape{N, config_.hidden_size}),
-                                  act(plan_.targets, Shape{N}), weights_at(head_entry()),
-                                  scratch_.view(plan_.lm_chunk), ctx_, head_spec(step));
+    head_forward(loss, step);
     return read_scalar(loss);
+}
+
+void Model::head_forward(TensorView loss, bool step) {
+    const int64_t N = dims_.B * dims_.T;
+    const TensorView x = act(plan_.final_norm_out, Shape{N, config_.hidden_size});
+    const TensorView targets = act(plan_.targets, Shape{N}), lse = act(plan_.lm_lse, Shape{N});
+    if (!config_.vocab_parallel()) {
+        lm_head_cross_entropy_forward(loss, TensorView(), lse, x, targets,
+                                      weights_at(head_entry()), scratch_.view(plan_.lm_chunk), ctx_,
+                                      head_spec(step));
+        return;
+    }
+    // The shard's statistics, then the group's (ops/vocab_parallel.h): lse becomes the whole
+    // vocabulary's, which the backward reads.
+    const TensorView vp = scratch_.view(plan_.lm_vocab_parallel).reshape(Shape{4 * N});
+    const TensorView losses = vp.slice(3 * N, 4 * N);
+    lm_head_cross_entropy_forward(loss, losses, lse, x, targets, weights_at(head_entry()),
+                                  scratch_.view(plan_.lm_chunk), ctx_, head_spec(step),
+                                  vocab_shard());
+    VocabParallelReduce reduce{tp_max_, tp_sum_};
+    cross_entropy_vocab_parallel_combine(loss, losses, lse, targets,
+                                         vp.slice(0, 3 * N).reshape(Shape{3, N}), reduce, ctx_);
+}
+
+void Model::head_backward(TensorView dfinal, float dloss) {
+    const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
+    lm_head_cross_entropy_backward(
+        dfinal.reshape(Shape{N, C}), grads_at(head_entry()), act(plan_.final_norm_out, Shape{N, C}),
+        act(plan_.targets, Shape{N}), weights_at(head_entry()), act(plan_.lm_lse, Shape{N}), dloss,
+        scratch_.view(plan_.lm_chunk), ctx_, head_spec(/*step=*/true), vocab_shard());
+    // Each shard's dx is its part of the sum over the vocabulary.
+    if (config_.vocab_parallel()) tp_sum_(dfinal);
+}
+
+LmHeadVocabShard Model::vocab_shard() const {
+    if (!config_.vocab_parallel()) return {};
+    return LmHeadVocabShard{config_.vocab_begin, config_.vocab_total};
 }
 
 void Model::backward(float dloss) {
     LATHE_CHECK(backward_ready_, "backward() must follow a forward() of the same batch");
     LATHE_CHECK(training(), "backward: the model was created without gradients");
     backward_ready_ = false;
-    const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
     // The gradient at the final norm's output goes to the first block scratch (B, T, C) buffer
     // that the final norm's backward reads before any block writes it.
     TensorView dfinal = block_scratch().dnorm1;
-    lm_head_cross_entropy_backward(
-        dfinal.reshape(Shape{N, C}), grads_at(head_entry()), act(plan_.final_norm_out, Shape{N, C}),
-        act(plan_.targets, Shape{N}), weights_at(head_entry()), act(plan_.lm_lse, Shape{N}), dloss,
-        scratch_.view(plan_.lm_chunk), ctx_, head_spec(/*step=*/true));
+    head_backward(dfinal, dloss);
     run_backward_from_final(dfinal);
 }
 
@@ -983,9 +1033,17 @@ void Model::forward_backward_async(const ModelBatch& batch, float dloss, int64_t
     backward_ready_ = false;
     load_batch(batch, /*need_targets=*/true);
     run_forward_blocks(/*step=*/true);
-    const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
     TensorView loss = acts_.view(plan_.loss).slice(loss_slot, loss_slot + 1);
     TensorView dfinal = block_scratch().dnorm1;
+    if (config_.vocab_parallel()) {
+        // The fused pass needs the whole row's statistics before its dlogits: the shard's
+        // forward, the group's combination, then the backward computes the logits again.
+        head_forward(loss, /*step=*/true);
+        head_backward(dfinal, dloss);
+        run_backward_from_final(dfinal);
+        return;
+    }
+    const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
     lm_head_cross_entropy_forward_backward(
         loss, TensorView(), dfinal.reshape(Shape{N, C}), grads_at(head_entry()),
         act(plan_.final_norm_out, Shape{N, C}), act(plan_.targets, Shape{N}),
@@ -999,6 +1057,9 @@ void Model::logits(TensorView out, const ModelBatch& batch) {
     const Dims d = load_batch(batch, /*need_targets=*/false);
     run_forward_blocks(/*step=*/false);
     const int64_t N = d.B * d.T, C = config_.hidden_size, V = config_.vocab_size;
+    LATHE_CHECK(!config_.vocab_parallel(),
+                "logits: the model holds a shard of the vocabulary (tensor-parallel training), "
+                "not the whole logits");
     LATHE_CHECK(out.device() == Device::kCpu && out.dtype() == DType::kF32 &&
                     out.shape() == Shape({d.B, d.T, V}),
                 "logits: out must be ({}, {}, {}) f32 in host memory, got {}", d.B, d.T, V,

@@ -107,6 +107,7 @@
 #include "model/param_table.h"
 #include "ops/adamw.h"
 #include "ops/context.h"
+#include "ops/lm_head_cross_entropy.h"
 
 namespace lathe {
 
@@ -291,8 +292,13 @@ public:
     // shard, and `sum` sums a (B, T, C) partial tensor over the tensor-parallel group in place,
     // in stream order: every forward and backward calls it twice per layer (the row-parallel
     // outputs, the gradients at the norm outputs). An empty function: one rank.
+    // A model of a vocabulary shard (ModelConfig::vocab_parallel) also sums the embedding's rows
+    // and the LM head's dx, and combines the head's row statistics with `max` (the same in-place
+    // form, an elementwise max of an f32 view) and `sum` (ops/vocab_parallel.h); it refuses to
+    // compute without both.
     using TensorParallelSum = std::function<void(TensorView)>;
     void set_tensor_parallel_sum(TensorParallelSum sum) { tp_sum_ = std::move(sum); }
+    void set_tensor_parallel_max(TensorParallelSum max) { tp_max_ = std::move(max); }
 
     // Waits for everything the model enqueued (CUDA); no-op on the CPU.
     void synchronize() const;
@@ -357,6 +363,11 @@ private:
     // The mean loss of `batch`'s forward (forward, eval_forward); backward() refused after it.
     float forward_loss(const ModelBatch& batch, bool step);
     void run_backward_from_final(TensorView dfinal);
+    // The LM head with cross-entropy into `loss` (1) and the saved lse, and its backward into
+    // dfinal (B, T, C) and the head's gradient; a vocabulary shard's combined over the group.
+    void head_forward(TensorView loss, bool step);
+    void head_backward(TensorView dfinal, float dloss);
+    LmHeadVocabShard vocab_shard() const;
     template <typename Views>
     void fill_block_views(Views& views, const ModelArena& arena, int layer) const;
     BlockWeights block_weights(int layer) const;
@@ -413,7 +424,7 @@ private:
     std::shared_ptr<void> attention_loan_;
     GradsReadyHook grads_ready_;
     WeightsNeededHook weights_needed_;
-    TensorParallelSum tp_sum_;
+    TensorParallelSum tp_sum_, tp_max_;
     Dims dims_;  // of the batch in the activations
     bool has_docs_ = false, has_positions_ = false;
     bool backward_ready_ = false;  // a forward() with targets saved activations for backward()

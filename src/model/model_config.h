@@ -54,12 +54,23 @@ struct ModelConfig {
 
     double initializer_range = 0.02;  // std of the normal init (model/init.h)
 
+    // Vocabulary-parallel embedding and LM head (tensor-parallel training, infer/tensor_parallel.h):
+    // the model holds rows [vocab_begin, vocab_begin + vocab_size) of a vocabulary of
+    // vocab_total entries, and the token ids and targets it reads index the whole vocabulary.
+    // vocab_total 0: vocab_size is the whole vocabulary. Not part of config.json.
+    int64_t vocab_total = 0;
+    int64_t vocab_begin = 0;
+
     // The config.json as parsed: written back with checkpoints (model/hf_config.h keeps the keys
     // lathe does not interpret), so HF -> lathe -> HF loses nothing.
     HfModelConfig hf;
 
     // The window of layer `layer` (0 = full causal attention).
     int64_t window(int layer) const { return sliding_windows[size_t(layer)]; }
+    // The embedding and LM head hold a shard of the vocabulary (vocab_total above).
+    bool vocab_parallel() const { return vocab_total != 0; }
+    // The number of ids the tokens and targets may take: the whole vocabulary.
+    int64_t vocab_ids() const { return vocab_parallel() ? vocab_total : vocab_size; }
 };
 
 // The parts every family shares, from a parsed config.json: sizes, norm (RMSNorm or LayerNorm

@@ -47,6 +47,17 @@ const cuda::LmHeadFp8* head_fp8(const char* op, const LinearSpec& spec, const Co
     return &out;
 }
 
+void check_shard(const char* op, const LmHeadVocabShard& shard, int64_t V,
+                 const LinearSpec& spec) {
+    if (shard.total == 0) return;
+    LATHE_CHECK(shard.begin >= 0 && shard.begin + V <= shard.total,
+                "{}: a weight of {} rows from vocabulary id {} in a vocabulary of {}", op, V,
+                shard.begin, shard.total);
+    LATHE_CHECK(spec.precision == LinearPrecision::kNative,
+                "{}: a vocabulary shard runs the native head only, not {}", op,
+                linear_precision_name(spec.precision));
+}
+
 void count_head_gemms(const LinearSpec& spec, int64_t n) {
     if (spec.fp8 != nullptr && spec.fp8->gemm_count != nullptr) *spec.fp8->gemm_count += n;
 }
@@ -55,11 +66,12 @@ void count_head_gemms(const LinearSpec& spec, int64_t n) {
 void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorView lse,
                                    ConstTensorView x, ConstTensorView targets,
                                    ConstTensorView weight, TensorView scratch, const Context& ctx,
-                                   const LinearSpec& spec) {
+                                   const LinearSpec& spec, const LmHeadVocabShard& shard) {
     constexpr const char* kOp = "lm_head_cross_entropy_forward";
     cuda::LmHeadFp8 f8;
     const cuda::LmHeadFp8* fp8 = head_fp8(kOp, spec, ctx, f8);
     const LmHeadDims d = lm_head_check(kOp, x, targets, weight, scratch);
+    check_shard(kOp, shard, d.V, spec);
     op_expect_shape(kOp, "loss", loss, Shape{1});
     op_expect_shape(kOp, "lse", lse, Shape{d.N});
     if (!losses.is_null()) op_expect_shape(kOp, "losses", losses, Shape{d.N});
@@ -70,7 +82,8 @@ void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorVie
             cpu::lm_head_cross_entropy_forward(loss.as<float>(), losses.as<float>(),
                                                lse.as<float>(), x.as<float>(),
                                                targets.as<int32_t>(), weight.as<float>(),
-                                               scratch.as<float>(), d.N, d.C, d.V, d.Nc);
+                                               scratch.as<float>(), d.N, d.C, d.V, d.Nc,
+                                               shard.begin, shard.total);
             return;
         case Backend::kCuda:
             op_expect_cuda_dtype(kOp, DType::kBF16, {x, weight});
@@ -78,7 +91,7 @@ void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorVie
             cuda::lm_head_cross_entropy_forward(
                 loss.as<float>(), losses.as<float>(), lse.as<float>(), x.as<bf16>(),
                 targets.as<int32_t>(), weight.as<bf16>(), scratch.as<float>(), d.N, d.C, d.V, d.Nc,
-                cuda_state_of(ctx, kOp), ctx.stream, fp8);
+                cuda_state_of(ctx, kOp), ctx.stream, fp8, shard.begin, shard.total);
             if (fp8) count_head_gemms(spec, 1);
             return;
     }
@@ -88,11 +101,13 @@ void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorVie
 void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTensorView x,
                                     ConstTensorView targets, ConstTensorView weight,
                                     ConstTensorView lse, float dloss, TensorView scratch,
-                                    const Context& ctx, const LinearSpec& spec) {
+                                    const Context& ctx, const LinearSpec& spec,
+                                    const LmHeadVocabShard& shard) {
     constexpr const char* kOp = "lm_head_cross_entropy_backward";
     cuda::LmHeadFp8 f8;
     const cuda::LmHeadFp8* fp8 = head_fp8(kOp, spec, ctx, f8);
     const LmHeadDims d = lm_head_check(kOp, x, targets, weight, scratch);
+    check_shard(kOp, shard, d.V, spec);
     op_expect_shape(kOp, "dx", dx, x.shape());
     op_expect_shape(kOp, "lse", lse, Shape{d.N});
     if (!dweight.is_null()) op_expect_shape(kOp, "dweight", dweight, weight.shape());
@@ -103,7 +118,7 @@ void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTens
             cpu::lm_head_cross_entropy_backward(dx.as<float>(), dweight.as<float>(), x.as<float>(),
                                                 targets.as<int32_t>(), weight.as<float>(),
                                                 lse.as<float>(), dloss, scratch.as<float>(), d.N,
-                                                d.C, d.V, d.Nc);
+                                                d.C, d.V, d.Nc, shard.begin, shard.total);
             return;
         case Backend::kCuda:
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, x, weight});
@@ -111,7 +126,7 @@ void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTens
             cuda::lm_head_cross_entropy_backward(
                 dx.as<bf16>(), dweight.as<float>(), x.as<bf16>(), targets.as<int32_t>(),
                 weight.as<bf16>(), lse.as<float>(), dloss, scratch.as<float>(), d.N, d.C, d.V, d.Nc,
-                cuda_state_of(ctx, kOp), ctx.stream, fp8);
+                cuda_state_of(ctx, kOp), ctx.stream, fp8, shard.begin, shard.total);
             if (fp8) count_head_gemms(spec, dweight.is_null() ? 1 : 2);
             return;
     }

@@ -29,6 +29,18 @@
 // the chunk count. spec.x_amax (current scaling): amax(x) from the kernel that wrote x (the
 // final RMSNorm), so x's cast reads x once. Every other fp8 case stops before any work, naming the
 // op and the precision (kFp8Blockwise: no block-scaled head).
+//
+// Vocabulary shard (`shard`, forward and backward; vocabulary-parallel training, model/model.h):
+// the weight holds rows [begin, begin + V) of a vocabulary of `total` ids, which the targets
+// index (checked against total). Every row with a target counts (count, the mean's divisor, is
+// the same in every shard); the one-hot term and the target logit belong to the shard holding
+// the target. The forward then writes this shard's statistics: lse[n] = log sum over the shard's
+// logits, losses[n] = lse[n] - logit[n, target - begin] where the shard holds the target, lse[n]
+// where another does, 0 where ignored (loss: their mean, meaningless alone);
+// cross_entropy_vocab_parallel_combine (ops/vocab_parallel.h) combines the shards' into the loss
+// and the whole vocabulary's lse, which the backward takes: its dlogits are the shard's columns
+// of the whole softmax's, dx its part of the sum over the vocabulary (the caller sums the
+// shards'), dweight the shard's rows. total 0: the weight is the whole vocabulary. Not with fp8.
 #include <cstdint>
 
 #include "core/tensor.h"
@@ -39,15 +51,23 @@ namespace lathe {
 
 inline constexpr int32_t kIgnoreIndex = -100;
 
+// A vocabulary shard (header comment); total 0: the whole vocabulary.
+struct LmHeadVocabShard {
+    int64_t begin = 0;
+    int64_t total = 0;
+};
+
 void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorView lse,
                                    ConstTensorView x, ConstTensorView targets,
                                    ConstTensorView weight, TensorView scratch, const Context& ctx,
-                                   const LinearSpec& spec = {});
+                                   const LinearSpec& spec = {},
+                                   const LmHeadVocabShard& shard = {});
 
 void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTensorView x,
                                     ConstTensorView targets, ConstTensorView weight,
                                     ConstTensorView lse, float dloss, TensorView scratch,
-                                    const Context& ctx, const LinearSpec& spec = {});
+                                    const Context& ctx, const LinearSpec& spec = {},
+                                    const LmHeadVocabShard& shard = {});
 
 // Forward and backward in one pass over the chunks (each chunk's logits are computed once and
 // turned into dlogits in place): what a training step calls. Same results as the pair above.

@@ -1,13 +1,17 @@
 // run_mpi_tests: run by CTest as `mpirun -np 2 --oversubscribe run_mpi_tests` (any number of ranks
 // that divides the heads, the key/value heads and the MLP width of the tiny models: 1 or 2).
 // Tensor-parallel training's forward and backward (model/block.h's sums, the shards of
-// infer/tensor_parallel.h) against one process's: every rank builds the whole model too, so it
-// knows the answer.
+// infer/tensor_parallel.h, the vocabulary-parallel embedding and LM head of ops/vocab_parallel.h)
+// against one process's: every rank builds the whole model too, so it knows the answer. Untied
+// (llama, qwen2) and tied (llama_tied: the embedding shard is the head shard) heads.
 //
 // Tolerance: the ranks' sums of the attention-output and down projections, and of the norm-output
 // gradients, add the same f32 terms as one process's GEMMs in another order (2 partial sums of
-// 8 to 24 terms each): a few 2^-24 relative of the terms' magnitudes. 1e-5 of each tensor's
-// largest gradient is a hundred times that, and far under a missing or doubled term.
+// 8 to 24 terms each): a few 2^-24 relative of the terms' magnitudes. The vocabulary-parallel
+// head adds the same kind of error: each shard's lse rounded to f32 and combined in f32 (a few
+// 2^-24 relative of lse, which moves the softmax by as much relative), the head's dx summed over
+// the shards (2 partial sums of 32 terms). 1e-5 of each tensor's largest gradient is a hundred
+// times that, and far under a missing or doubled term.
 
 #include <gtest/gtest.h>
 
@@ -45,6 +49,10 @@ ModelConfig config_of(const std::string& family) {
                      "Qwen2ForCausalLM");
         json.replace(json.find("\"llama\""), std::string("\"llama\"").size(), "\"qwen2\"");
     }
+    if (family == "llama_tied")
+        json.replace(json.find("\"tie_word_embeddings\": false"),
+                     std::string("\"tie_word_embeddings\": false").size(),
+                     "\"tie_word_embeddings\": true");
     return tiny_model::parse(json);
 }
 
@@ -64,8 +72,10 @@ TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOne
     Communicator& comm = world();
     const int T = comm.size(), rank = comm.rank();
     const ModelConfig full = config_of(GetParam());
-    Result<ModelConfig> local_config = tp_local_config(full, T, "parallel.tensor");
+    Result<ModelConfig> local_config =
+        tp_local_config(full, T, "parallel.tensor", TpVocab::kParallel, rank);
     ASSERT_TRUE(local_config.ok()) << local_config.status().to_string();
+    ASSERT_EQ(local_config->vocab_size * T, full.vocab_size);
 
     Model one = make_model(full);
     one.init(7);
@@ -75,16 +85,35 @@ TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOne
     local.set_tensor_parallel_sum([&](TensorView v) {
         if (sum_error.ok()) sum_error = comm.all_reduce(v, v, ReduceOp::kSum, nullptr);
     });
+    local.set_tensor_parallel_max([&](TensorView v) {
+        if (sum_error.ok()) sum_error = comm.all_reduce(v, v, ReduceOp::kMax, nullptr);
+    });
 
     const int64_t V = full.vocab_size;
-    const HostTensor tokens = tiny_model::ids(2, 8, V, 1), targets = tiny_model::ids(2, 8, V, 2);
+    const HostTensor tokens = tiny_model::ids(2, 8, V, 1);
+    HostTensor targets = tiny_model::ids(2, 8, V, 2);
+    // Ignored targets: counted nowhere, in every shard.
+    targets.as<int32_t>()[3] = targets.as<int32_t>()[12] = -100;
     const ModelBatch batch{tokens.view(), targets.view(), {}, {}};
+    // A forward alone (a validation loss): the shards' statistics combined.
+    {
+        const float want = one.eval_forward(batch), got = local.eval_forward(batch);
+        ASSERT_TRUE(sum_error.ok()) << sum_error.to_string();
+        EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << "eval_forward";
+    }
     // Two micro-batches: the gradients accumulate as in a step.
     one.zero_grads();
     local.zero_grads();
+    // Two micro-batches: the fused step, then forward() and backward() apart.
     for (int k = 0; k < 2; ++k) {
         const float want = one.forward_backward(batch, 0.5f);
-        const float got = local.forward_backward(batch, 0.5f);
+        float got = 0.0f;
+        if (k == 0) {
+            got = local.forward_backward(batch, 0.5f);
+        } else {
+            got = local.forward(batch);
+            local.backward(0.5f);
+        }
         ASSERT_TRUE(sum_error.ok()) << sum_error.to_string();
         EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << "micro-batch " << k;
     }
@@ -93,7 +122,7 @@ TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOne
     for (const HfParam& p : table.hf_params()) {
         const HfParam* f = one.params().find_hf(p.name);
         ASSERT_NE(f, nullptr) << p.name;
-        const TpSplit split = tp_split_of(table.entries()[p.entry].role);
+        const TpSplit split = tp_split_of(table.entries()[p.entry].role, TpVocab::kParallel);
         HostTensor whole(DType::kF32, f->shape), want(DType::kF32, p.shape),
             got(DType::kF32, p.shape);
         model_read_grad_hf(one, p.name, whole.view());
@@ -122,7 +151,8 @@ TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOne
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, TensorParallelTraining, ::testing::Values("llama", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Families, TensorParallelTraining,
+                         ::testing::Values("llama", "qwen2", "llama_tied"));
 
 }  // namespace
 }  // namespace lathe

@@ -300,10 +300,13 @@ Status Trainer::setup() {
                 "llama, mistral and qwen2 families (set parallel.tensor 1)",
                 config_.source_of("parallel.tensor"), tp(), family);
         }
+        // The embedding and the LM head split by vocabulary rows (infer/tensor_parallel.h);
+        // vocab_begin is set once the rank is known (setup_tensor_parallel).
         LATHE_ASSIGN_OR_RETURN(local_model_,
                                tp_local_config(s_.model, tp(),
                                                fmt::format("{}: 'parallel.tensor'",
-                                                           config_.source_of("parallel.tensor"))));
+                                                           config_.source_of("parallel.tensor")),
+                                               TpVocab::kParallel));
     }
     LATHE_ASSIGN_OR_RETURN(world_, world_open(device_, rendezvous_ms));
     if (tp() > 1) LATHE_RETURN_IF_ERROR(setup_tensor_parallel());
@@ -439,6 +442,11 @@ Status Trainer::setup() {
         model_->set_tensor_parallel_sum([this](TensorView v) {
             if (!tp_error_.ok()) return;
             tp_error_ = tp_comm_->all_reduce(v, v, ReduceOp::kSum, device_.context().stream);
+        });
+        // The vocabulary-parallel LM head's row maxima (ops/vocab_parallel.h).
+        model_->set_tensor_parallel_max([this](TensorView v) {
+            if (!tp_error_.ok()) return;
+            tp_error_ = tp_comm_->all_reduce(v, v, ReduceOp::kMax, device_.context().stream);
         });
     }
     const int64_t max_len = s_.model.hf.max_position_embeddings;
@@ -640,7 +648,8 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     if (written_tp != tp()) {
         const Result<ModelConfig> before =
             tp_local_config(s_.model, int(std::clamp<int64_t>(written_tp, 0, 1 << 20)),
-                            fmt::format("{}: tensor_parallel", kTrainerStateFile));
+                            fmt::format("{}: tensor_parallel", kTrainerStateFile),
+                            TpVocab::kParallel);
         if (!before.ok() || host_optimizer_) {
             return failed_precondition_error(
                 "{}: the checkpoint was written at parallel.tensor {}, this run has "
@@ -653,7 +662,7 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
         }
         log_info("converting the optimizer state of parallel.tensor {} to {}", written_tp, tp());
         const int from = int(written_tp);
-        const int64_t used_before = tp_canonical_length(s_.model, from);
+        const int64_t used_before = tp_canonical_length(s_.model, from, TpVocab::kParallel);
         std::vector<std::vector<float>> old_m(static_cast<size_t>(from)),
             old_v(static_cast<size_t>(from));
         for (int r = 0; r < from; ++r) {
@@ -668,8 +677,10 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
                                                               std::span<const FlatRange>(&all, 1),
                                                               old_m[size_t(r)], old_v[size_t(r)]));
         }
-        std::vector<float> m = tp_reshard_moments(s_.model, from, old_m, tp(), tp_rank());
-        std::vector<float> v = tp_reshard_moments(s_.model, from, old_v, tp(), tp_rank());
+        std::vector<float> m =
+            tp_reshard_moments(s_.model, from, old_m, tp(), tp_rank(), TpVocab::kParallel);
+        std::vector<float> v =
+            tp_reshard_moments(s_.model, from, old_v, tp(), tp_rank(), TpVocab::kParallel);
         if (dp_) {
             dp_->load_optimizer_canonical(*optimizer_, m, v);
         } else {
@@ -831,6 +842,7 @@ Status Trainer::setup_tensor_parallel() {
     // rank form a data-parallel group.
     LATHE_ASSIGN_OR_RETURN(tp_comm_, world_.comm->split(rank / tp(), rank));
     LATHE_ASSIGN_OR_RETURN(dp_comm_, world_.comm->split(rank % tp(), rank));
+    local_model_.vocab_begin = int64_t(tp_rank()) * local_model_.vocab_size;
     return ok_status();
 }
 

@@ -37,6 +37,7 @@ struct ChunkWork {
     double grad_scale = 0.0;  // dloss / count
     float* dx = nullptr;
     float* dweight = nullptr;
+    int64_t vocab_begin = 0;  // the vocabulary id of the weight's row 0 (a shard)
 };
 
 void run_chunks(const ChunkWork& w, const float* x, const int32_t* targets, const float* weight,
@@ -49,19 +50,21 @@ void run_chunks(const ChunkWork& w, const float* x, const int32_t* targets, cons
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t n = r0 + r;
             float* logits = scratch + r * V;
-            const int32_t target = targets[n];
-            const bool ignored = target == kIgnoreIndex;
+            const bool ignored = targets[n] == kIgnoreIndex;
+            // The target's column: outside [0, V) when ignored or in another vocabulary shard.
+            const int64_t target = ignored ? -1 : int64_t(targets[n]) - w.vocab_begin;
+            const bool here = target >= 0 && target < V;
             if (w.lse_in) {  // backward from a saved lse: softmax = exp(logit - lse)
                 const float lse = w.lse_in[n];
                 for (int64_t v = 0; v < V; ++v)
                     logits[v] = ignored ? 0.0f : float(w.grad_scale) * std::exp(logits[v] - lse);
-                if (!ignored) logits[target] -= float(w.grad_scale);
+                if (here) logits[target] -= float(w.grad_scale);
                 continue;
             }
             // lse = m + log(sum_v exp(logit - m)): fp32 exponentials, an fp64 sum. With a
             // backward to follow, each exponential is kept in place and reused for the softmax.
             const float m = *std::max_element(logits, logits + V);
-            const float target_logit = ignored ? 0.0f : logits[target];
+            const float target_logit = here ? logits[target] : 0.0f;
             double sum = 0.0;
             for (int64_t v = 0; v < V; ++v) {
                 const float e = std::exp(logits[v] - m);
@@ -75,7 +78,7 @@ void run_chunks(const ChunkWork& w, const float* x, const int32_t* targets, cons
             // dlogits = scale * (softmax - onehot(target)); ignored rows contribute nothing.
             const float k = ignored ? 0.0f : float(w.grad_scale / sum);
             for (int64_t v = 0; v < V; ++v) logits[v] *= k;
-            if (!ignored) logits[target] -= float(w.grad_scale);
+            if (here) logits[target] -= float(w.grad_scale);
         }
         if (!w.backward) continue;
         sgemm(false, false, rows, C, V, 1.0f, scratch, weight, 0.0f, w.dx + r0 * C);  // dx = dl W
@@ -94,8 +97,9 @@ float mean_loss(const float* losses, int64_t N, int64_t count) {
 
 void lm_head_cross_entropy_forward(float* loss, float* losses, float* lse, const float* x,
                                    const int32_t* targets, const float* weight, float* scratch,
-                                   int64_t N, int64_t C, int64_t V, int64_t Nc) {
-    const int64_t count = count_targets(targets, N, V);
+                                   int64_t N, int64_t C, int64_t V, int64_t Nc, int64_t vocab_begin,
+                                   int64_t vocab_total) {
+    const int64_t count = count_targets(targets, N, vocab_total == 0 ? V : vocab_total);
     std::vector<float> own;  // per-row losses for the mean when the caller wants none
     if (losses == nullptr) {
         own.resize(size_t(N));
@@ -104,6 +108,7 @@ void lm_head_cross_entropy_forward(float* loss, float* losses, float* lse, const
     ChunkWork w;
     w.lse_out = lse;
     w.losses = losses;
+    w.vocab_begin = vocab_begin;
     run_chunks(w, x, targets, weight, scratch, N, C, V, Nc);
     *loss = mean_loss(losses, N, count);
 }
@@ -111,9 +116,10 @@ void lm_head_cross_entropy_forward(float* loss, float* losses, float* lse, const
 void lm_head_cross_entropy_backward(float* dx, float* dweight, const float* x,
                                     const int32_t* targets, const float* weight, const float* lse,
                                     float dloss, float* scratch, int64_t N, int64_t C, int64_t V,
-                                    int64_t Nc) {
-    const int64_t count = count_targets(targets, N, V);
+                                    int64_t Nc, int64_t vocab_begin, int64_t vocab_total) {
+    const int64_t count = count_targets(targets, N, vocab_total == 0 ? V : vocab_total);
     ChunkWork w;
+    w.vocab_begin = vocab_begin;
     w.lse_in = lse;
     w.backward = true;
     w.grad_scale = count == 0 ? 0.0 : double(dloss) / double(count);

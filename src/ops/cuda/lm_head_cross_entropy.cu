@@ -76,7 +76,15 @@ struct RowArgs {
     // FP8 head, current scaling: *amax = max over the written bf16 dlogits of |dlogit|'s f32
     // bits (zeroed by the caller; ops/cuda/fp8_cast.cu's amax, bit for bit). Null: not computed.
     unsigned* amax = nullptr;
+    // Vocabulary shard: the chunk's columns are vocabulary ids vocab_begin .. vocab_begin + V.
+    int64_t vocab_begin = 0;
 };
+
+// The column of row n's target in the chunk: outside [0, V) when the row is ignored (-1) or
+// another shard of the vocabulary holds its target.
+__device__ __forceinline__ int64_t target_column(const RowArgs& a, int32_t target) {
+    return target == kIgnore ? -1 : int64_t(target) - a.vocab_begin;
+}
 
 // |b|'s f32 bits from a bf16 pattern, as ops/cuda/fp8_cast.cu's amax reduces them: unsigned
 // maxima of these are maxima of the magnitudes, NaNs above every number.
@@ -117,16 +125,17 @@ __global__ void __launch_bounds__(kRowThreads) stream_row_kernel(RowArgs a) {
     __shared__ float smem[32];
     const int64_t n = a.row0 + blockIdx.x;
     __nv_bfloat16* row = a.chunk + int64_t(blockIdx.x) * a.ld;
-    const int32_t target = a.targets[n];
-    const bool ignored = target == kIgnore;
+    const bool ignored = a.targets[n] == kIgnore;
+    const int64_t target = target_column(a, a.targets[n]);
     const int64_t V = a.V;
+    const bool here = target >= 0 && target < V;
     float lse;
     if (a.lse_in != nullptr) {
         lse = a.lse_in[n];
     } else {
         // Read before any barrier, so before any thread of the block writes over the row.
         const float target_logit =
-            threadIdx.x == 0 && !ignored ? __bfloat162float(row[target]) : 0.0f;
+            threadIdx.x == 0 && here ? __bfloat162float(row[target]) : 0.0f;
         float m = -INFINITY, s = 0.0f;
         for (int64_t v = int64_t(threadIdx.x) * kVec; v < V; v += int64_t(kRowThreads) * kVec) {
             float l[kVec];
@@ -202,12 +211,13 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) held_row_ke
     const int64_t n = a.row0 + blockIdx.x;
     __nv_bfloat16* row_bf16 = a.chunk + int64_t(blockIdx.x) * a.ld;
     uint4* row = reinterpret_cast<uint4*>(row_bf16);
-    const int32_t target = a.targets[n];
-    const bool ignored = target == kIgnore;
+    const bool ignored = a.targets[n] == kIgnore;
+    const int64_t target = target_column(a, a.targets[n]);
     const int V = int(a.V);
+    const bool here = target >= 0 && target < V;
     const int nvec = (V + 7) / 8;
     const int tid = threadIdx.x;
-    const float target_logit = tid == 0 && !ignored ? __bfloat162float(row_bf16[target]) : 0.0f;
+    const float target_logit = tid == 0 && here ? __bfloat162float(row_bf16[target]) : 0.0f;
 
     uint4 held[kRegVecs];
 #pragma unroll
@@ -381,7 +391,7 @@ ChunkLayout chunk_layout(const void* scratch, int64_t V, int64_t Nc) {
 
 void run_chunks(CudaState& state, CUstream_st* stream, const ChunkWork& w, const int* count,
                 const bf16* x, const int32_t* targets, const bf16* weight, float* scratch,
-                int64_t N, int64_t C, int64_t V, int64_t Nc) {
+                int64_t N, int64_t C, int64_t V, int64_t Nc, int64_t vocab_begin = 0) {
     const ChunkLayout layout = chunk_layout(scratch, V, Nc);
     auto* chunk = reinterpret_cast<__nv_bfloat16*>(scratch);
     for (int64_t r0 = 0; r0 < N; r0 += layout.rows) {
@@ -395,6 +405,7 @@ void run_chunks(CudaState& state, CUstream_st* stream, const ChunkWork& w, const
         gemm(state, stream, logits);
         RowArgs a{chunk,     layout.ld, V,     r0,      targets,   w.lse_in,
                   w.lse_out, w.losses,  count, w.dloss, w.backward};
+        a.vocab_begin = vocab_begin;
         launch_rows(a, rows, layout.vec, stream);
         if (!w.backward) continue;
         GemmArgs dx;  // (rows, C) bf16 = dlogits (rows, V; row stride ld) . weight (V, C)
@@ -539,31 +550,36 @@ void check_sizes(const char* op, int64_t N, int64_t Nc, int64_t V) {
 void lm_head_cross_entropy_forward(float* loss, float* losses, float* lse, const bf16* x,
                                    const int32_t* targets, const bf16* weight, float* scratch,
                                    int64_t N, int64_t C, int64_t V, int64_t Nc, CudaState& state,
-                                   CUstream_st* stream, const LmHeadFp8* fp8) {
+                                   CUstream_st* stream, const LmHeadFp8* fp8, int64_t vocab_begin,
+                                   int64_t vocab_total) {
     constexpr const char* kOp = "lm_head_cross_entropy_forward";
     check_sizes(kOp, N, Nc, V);
     if (fp8) check_fp8(kOp, *fp8, N, C, V, Nc);
+    LATHE_CHECK(fp8 == nullptr || vocab_total == 0, "{}: an FP8 head of a vocabulary shard", kOp);
     const OpScratch s = op_scratch(state, N, losses ? 0 : 1, kOp);
-    count_targets(s.count, targets, N, V, stream);
+    count_targets(s.count, targets, N, vocab_total == 0 ? V : vocab_total, stream);
     ChunkWork w;
     w.lse_out = lse;
     w.losses = losses ? losses : s.first;
     if (fp8)
         run_chunks_fp8(state, stream, w, s.count, x, targets, scratch, N, C, V, Nc, *fp8);
     else
-        run_chunks(state, stream, w, s.count, x, targets, weight, scratch, N, C, V, Nc);
+        run_chunks(state, stream, w, s.count, x, targets, weight, scratch, N, C, V, Nc,
+                   vocab_begin);
     mean_loss(loss, w.losses, s.count, N, stream);
 }
 
 void lm_head_cross_entropy_backward(bf16* dx, float* dweight, const bf16* x, const int32_t* targets,
                                     const bf16* weight, const float* lse, float dloss,
                                     float* scratch, int64_t N, int64_t C, int64_t V, int64_t Nc,
-                                    CudaState& state, CUstream_st* stream, const LmHeadFp8* fp8) {
+                                    CudaState& state, CUstream_st* stream, const LmHeadFp8* fp8,
+                                    int64_t vocab_begin, int64_t vocab_total) {
     constexpr const char* kOp = "lm_head_cross_entropy_backward";
     check_sizes(kOp, N, Nc, V);
     if (fp8) check_fp8(kOp, *fp8, N, C, V, Nc);
+    LATHE_CHECK(fp8 == nullptr || vocab_total == 0, "{}: an FP8 head of a vocabulary shard", kOp);
     const OpScratch s = op_scratch(state, N, 0, kOp);
-    count_targets(s.count, targets, N, V, stream);
+    count_targets(s.count, targets, N, vocab_total == 0 ? V : vocab_total, stream);
     ChunkWork w;
     w.lse_in = lse;
     w.backward = true;
@@ -573,7 +589,8 @@ void lm_head_cross_entropy_backward(bf16* dx, float* dweight, const bf16* x, con
     if (fp8)
         run_chunks_fp8(state, stream, w, s.count, x, targets, scratch, N, C, V, Nc, *fp8);
     else
-        run_chunks(state, stream, w, s.count, x, targets, weight, scratch, N, C, V, Nc);
+        run_chunks(state, stream, w, s.count, x, targets, weight, scratch, N, C, V, Nc,
+                   vocab_begin);
 }
 
 void lm_head_cross_entropy_forward_backward(float* loss, float* losses, bf16* dx, float* dweight,

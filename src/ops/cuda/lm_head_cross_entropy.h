@@ -82,16 +82,21 @@ struct LmHeadFp8 {
     const float* x_amax = nullptr;
 };
 
+// vocab_begin, vocab_total: a vocabulary shard (ops/lm_head_cross_entropy.h, LmHeadVocabShard):
+// weight holds ids vocab_begin .. vocab_begin + V of vocab_total (targets are checked against
+// vocab_total); vocab_total 0: the whole vocabulary. Not with fp8 (checked).
 void lm_head_cross_entropy_forward(float* loss, float* losses, float* lse, const bf16* x,
                                    const int32_t* targets, const bf16* weight, float* scratch,
                                    int64_t N, int64_t C, int64_t V, int64_t Nc, CudaState& state,
-                                   CUstream_st* stream, const LmHeadFp8* fp8 = nullptr);
+                                   CUstream_st* stream, const LmHeadFp8* fp8 = nullptr,
+                                   int64_t vocab_begin = 0, int64_t vocab_total = 0);
 
 void lm_head_cross_entropy_backward(bf16* dx, float* dweight, const bf16* x, const int32_t* targets,
                                     const bf16* weight, const float* lse, float dloss,
                                     float* scratch, int64_t N, int64_t C, int64_t V, int64_t Nc,
                                     CudaState& state, CUstream_st* stream,
-                                    const LmHeadFp8* fp8 = nullptr);
+                                    const LmHeadFp8* fp8 = nullptr, int64_t vocab_begin = 0,
+                                    int64_t vocab_total = 0);
 
 void lm_head_cross_entropy_forward_backward(float* loss, float* losses, bf16* dx, float* dweight,
                                             const bf16* x, const int32_t* targets,

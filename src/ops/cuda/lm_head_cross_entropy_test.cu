@@ -14,6 +14,8 @@
 #include "ops/fp8_cast.h"
 #include "ops/linear.h"
 #include "ops/lm_head_cross_entropy.h"
+#include "ops/cuda/vocab_parallel.h"
+#include "ops/vocab_parallel.h"
 
 namespace lathe {
 namespace {
@@ -137,20 +139,35 @@ Bf16LogitsReference bf16_logits_reference(const HostTensor& x, const HostTensor&
     return ::testing::AssertionSuccess() << loose << " rows with a logit rounded the other way";
 }
 
-void check_lm_head(const LmHeadCase& c, uint64_t seed) {
-    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C << " V=" << c.V
-                                      << " Nc=" << c.Nc << " ignored=" << c.ignored);
-    CudaState state(0);
-    const Context gpu = state.context(), cpu = cpu_context();
+// A case's random inputs from `seed`: targets (a fraction c.ignored of them -100), x and the
+// weight rounded to bf16, and the weight gradient the backward adds to; rng draws whatever else
+// the check needs.
+struct LmHeadInputs {
+    optest::Rng rng;
+    HostTensor targets, x, w, dw0;
+    float dloss = 0.7f;
+};
+
+LmHeadInputs lm_head_inputs(const LmHeadCase& c, uint64_t seed) {
     optest::Rng rng(seed);
     HostTensor targets(DType::kI32, {c.N});
     for (int64_t n = 0; n < c.N; ++n)
         targets.as<int32_t>()[n] =
             rng.uniform(0.0f, 1.0f) < c.ignored ? kIgnoreIndex : int32_t(rng.integer(0, c.V - 1));
-    const HostTensor x = random_bf16_values(rng, {c.N, c.C});
-    const HostTensor w = random_bf16_values(rng, {c.V, c.C}, -0.5f, 0.5f);
-    const HostTensor dw0 = optest::random_tensor(rng, {c.V, c.C}, -0.01f, 0.01f);
-    const float dloss = 0.7f;
+    HostTensor x = random_bf16_values(rng, {c.N, c.C});
+    HostTensor w = random_bf16_values(rng, {c.V, c.C}, -0.5f, 0.5f);
+    HostTensor dw0 = optest::random_tensor(rng, {c.V, c.C}, -0.01f, 0.01f);
+    return {rng, std::move(targets), std::move(x), std::move(w), std::move(dw0)};
+}
+
+void check_lm_head(const LmHeadCase& c, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C << " V=" << c.V
+                                      << " Nc=" << c.Nc << " ignored=" << c.ignored);
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    LmHeadInputs in = lm_head_inputs(c, seed);
+    const HostTensor &targets = in.targets, &x = in.x, &w = in.w, &dw0 = in.dw0;
+    const float dloss = in.dloss;
 
     // The fp32 CPU twin (loss and lse bounds) and the fp64 reference from bf16 logits.
     HostTensor scratch(DType::kF32, {c.Nc, c.V});
@@ -286,6 +303,150 @@ TEST(CudaLmHeadCrossEntropy, MatchesCpuRowTooLongToHold) {
 TEST(CudaLmHeadCrossEntropy, MatchesCpuTinyVocabularyScalarPath) {
     // V = 3, Nc = 1: 12 bytes cannot hold a padded row of 8, so ld = V and scalar accesses.
     check_lm_head({9, 16, 3, 1, 0.2}, 68);
+}
+
+// Vocabulary-parallel cross-entropy (ops/vocab_parallel.h) over S shards on one GPU: each
+// shard's forward with its LmHeadVocabShard, the combination's kernels with the group's max and
+// sum done on the host between them (what the collectives compute), then each shard's backward
+// from the combined lse. Against the fp64 reference from the bf16 logits of the whole head, with
+// the whole head's bounds: the loss and every row's lse and loss (close_to_bf16_reference),
+// each shard's dweight rows and the sum of the shards' dx (the model's all-reduce) within
+// kBf16Derived, as the whole head's are. The shards' GEMMs may round a logit the other way
+// than the whole head's, which those bounds allow. The combination adds f32 roundings of lse's
+// size (2^-24 relative), under the 2e-5 of close_to_bf16_reference.
+void check_vocab_parallel(const LmHeadCase& c, int64_t S, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C << " V=" << c.V
+                                      << " shards=" << S);
+    ASSERT_EQ(c.V % S, 0);
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    LmHeadInputs in = lm_head_inputs(c, seed);
+    const HostTensor &targets = in.targets, &x = in.x, &w = in.w, &dw0 = in.dw0;
+    const float dloss = in.dloss;
+    optest::Rng& rng = in.rng;
+    const Bf16LogitsReference ref = bf16_logits_reference(x, w, targets, dw0, dloss, c.N, c.C, c.V);
+    const int64_t Vs = c.V / S, N = c.N;
+
+    DeviceTensor gx = upload(x, DType::kBF16, state), gt = upload(targets, DType::kI32, state);
+    DeviceTensor gscratch = device_tensor(DType::kF32, {c.Nc, Vs}, state);
+    std::vector<DeviceTensor> gw, gdw, loss, losses, lse, work, dx;
+    for (int64_t s = 0; s < S; ++s) {
+        HostTensor ws(DType::kF32, {Vs, c.C}), dws(DType::kF32, {Vs, c.C});
+        std::copy(w.as<float>() + s * Vs * c.C, w.as<float>() + (s + 1) * Vs * c.C,
+                  ws.as<float>());
+        std::copy(dw0.as<float>() + s * Vs * c.C, dw0.as<float>() + (s + 1) * Vs * c.C,
+                  dws.as<float>());
+        gw.push_back(upload(ws, DType::kBF16, state));
+        gdw.push_back(upload(dws, DType::kF32, state));
+        loss.push_back(device_tensor(DType::kF32, {1}, state));
+        losses.push_back(device_tensor(DType::kF32, {N}, state));
+        lse.push_back(device_tensor(DType::kF32, {N}, state));
+        work.push_back(device_tensor(DType::kF32, {3, N}, state));
+        dx.push_back(device_tensor(DType::kBF16, {N, c.C}, state));
+        lm_head_cross_entropy_forward(loss[size_t(s)].view, losses[size_t(s)].view,
+                                      lse[size_t(s)].view, gx.view, gt.view, gw[size_t(s)].view,
+                                      gscratch.view, gpu, {}, LmHeadVocabShard{s * Vs, c.V});
+        cuda::cross_entropy_vocab_parallel_prepare(work[size_t(s)].view.as<float>(),
+                                                   lse[size_t(s)].view.as<float>(),
+                                                   losses[size_t(s)].view.as<float>(), N,
+                                                   state.stream());
+    }
+    // The group's reduction of rows [r0, r1) of every shard's work: max or sum in shard order.
+    auto reduce = [&](int64_t r0, int64_t r1, bool max) {
+        std::vector<HostTensor> parts;
+        for (int64_t s = 0; s < S; ++s)
+            parts.push_back(download_f32(
+                work[size_t(s)].view.reshape(Shape{3 * N}).slice(r0 * N, r1 * N), state));
+        HostTensor out = optest::copy_tensor(parts[0].view());
+        for (int64_t s = 1; s < S; ++s)
+            for (int64_t i = 0; i < out.numel(); ++i)
+                out.as<float>()[i] = max ? std::max(out.as<float>()[i], parts[size_t(s)].as<float>()[i])
+                                         : out.as<float>()[i] + parts[size_t(s)].as<float>()[i];
+        for (int64_t s = 0; s < S; ++s)
+            cuda_copy_sync(work[size_t(s)].view.reshape(Shape{3 * N}).slice(r0 * N, r1 * N),
+                           out.view(), state.stream());
+    };
+    reduce(0, 1, true);
+    for (int64_t s = 0; s < S; ++s)
+        cuda::cross_entropy_vocab_parallel_exp(work[size_t(s)].view.as<float>(),
+                                               lse[size_t(s)].view.as<float>(), N, state.stream());
+    reduce(1, 3, false);
+    HostTensor dx_sum(DType::kF32, {N, c.C});
+    for (int64_t s = 0; s < S; ++s) {
+        cuda::cross_entropy_vocab_parallel_finish(
+            loss[size_t(s)].view.as<float>(), losses[size_t(s)].view.as<float>(),
+            lse[size_t(s)].view.as<float>(), gt.view.as<int32_t>(),
+            work[size_t(s)].view.as<float>(), N, state.stream());
+        const HostTensor lse_s = download_f32(lse[size_t(s)].view, state);
+        const HostTensor losses_s = download_f32(losses[size_t(s)].view, state);
+        EXPECT_TRUE(close_to_bf16_reference(lse_s, ref.lse, ref)) << "shard " << s;
+        EXPECT_TRUE(close_to_bf16_reference(losses_s, ref.losses, ref)) << "shard " << s;
+        // Every shard holds the same combined values.
+        if (s > 0) {
+            EXPECT_TRUE(bitwise_equal(download_raw(lse[size_t(s)].view, state),
+                                      download_raw(lse[0].view, state)));
+            EXPECT_TRUE(bitwise_equal(download_raw(loss[size_t(s)].view, state),
+                                      download_raw(loss[0].view, state)));
+        }
+        lm_head_cross_entropy_backward(dx[size_t(s)].view, gdw[size_t(s)].view, gx.view, gt.view,
+                                       gw[size_t(s)].view, lse[size_t(s)].view, dloss,
+                                       gscratch.view, gpu, {}, LmHeadVocabShard{s * Vs, c.V});
+        const HostTensor dx_s = download_f32(dx[size_t(s)].view, state);
+        for (int64_t i = 0; i < dx_sum.numel(); ++i)
+            dx_sum.as<float>()[i] = (s == 0 ? 0.0f : dx_sum.as<float>()[i]) + dx_s.as<float>()[i];
+        HostTensor dw_want(DType::kF32, {Vs, c.C});
+        std::copy(ref.dw.as<float>() + s * Vs * c.C, ref.dw.as<float>() + (s + 1) * Vs * c.C,
+                  dw_want.as<float>());
+        EXPECT_TRUE(matches(download_f32(gdw[size_t(s)].view, state), dw_want, kBf16Derived))
+            << "shard " << s;
+    }
+    EXPECT_TRUE(matches(dx_sum, ref.dx, kBf16Derived));
+    {
+        // The mean, with check_lm_head's bound against the bf16-logit reference.
+        double ulp_max = 0;
+        int64_t count = 0;
+        for (int64_t n = 0; n < N; ++n) {
+            if (targets.as<int32_t>()[n] == kIgnoreIndex) continue;
+            ++count;
+            ulp_max = std::max(
+                ulp_max, 2 * kBf16Unit * (ref.max_abs[size_t(n)] + ref.target_abs[size_t(n)]));
+        }
+        const double got = download_f32(loss[0].view, state).as<float>()[0];
+        EXPECT_LE(std::fabs(got - ref.loss),
+                  2e-5 * (1 + std::fabs(ref.loss)) +
+                      (count > 0 ? double(std::max<int64_t>(1, N / 50)) * ulp_max / double(count)
+                                 : 0.0));
+    }
+
+    // The embedding's helpers against their CPU twins: exact (integer and zero writes).
+    HostTensor ids(DType::kI32, {N});
+    for (int64_t n = 0; n < N; ++n) ids.as<int32_t>()[n] = int32_t(rng.integer(0, c.V - 1));
+    const HostTensor rows = random_bf16_values(rng, {N, c.C});
+    DeviceTensor gids = upload(ids, DType::kI32, state);
+    for (int64_t s = 0; s < S; ++s) {
+        HostTensor local_cpu(DType::kI32, {N}), rows_cpu = optest::copy_tensor(rows.view());
+        vocab_shard_ids(local_cpu.view(), ids.view(), s * Vs, Vs, c.V, cpu);
+        vocab_shard_zero_rows(rows_cpu.view(), ids.view(), s * Vs, Vs, cpu);
+        DeviceTensor local = device_tensor(DType::kI32, {N}, state);
+        DeviceTensor grows = upload(rows, DType::kBF16, state);
+        vocab_shard_ids(local.view, gids.view, s * Vs, Vs, c.V, gpu);
+        vocab_shard_zero_rows(grows.view, gids.view, s * Vs, Vs, gpu);
+        EXPECT_TRUE(bitwise_equal(download_raw(local.view, state), local_cpu)) << "shard " << s;
+        EXPECT_TRUE(matches(download_f32(grows.view, state), rows_cpu, kF32Sum)) << "shard " << s;
+        int64_t zero_rows = 0;
+        for (int64_t n = 0; n < N; ++n) zero_rows += local_cpu.as<int32_t>()[n] == 0 &&
+                                                     ids.as<int32_t>()[n] != s * Vs;
+        EXPECT_GT(zero_rows, 0) << "shard " << s << ": every id in the shard; nothing cleared";
+    }
+}
+
+TEST(CudaLmHeadCrossEntropy, VocabularyParallelTwoShards) {
+    check_vocab_parallel({70, 64, 1000, 16, 0.2}, 2, 71);  // uneven chunks, ignored rows
+}
+
+TEST(CudaLmHeadCrossEntropy, VocabularyParallelFourShardsWideRows) {
+    // Llama-3's vocabulary over 4: 32064-column shards through the streaming row kernel.
+    check_vocab_parallel({6, 16, 128256, 2, 0.2}, 4, 72);
 }
 
 TEST(CudaLmHeadCrossEntropy, AllTargetsIgnored) {
