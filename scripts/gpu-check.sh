@@ -10,7 +10,8 @@
 #
 # PARTs, in the order given (default: doctor tests bench resume, the checked set):
 #   doctor     lathe doctor --json must say gpu_ready
-#   tests      ops_gpu_tests, model_gpu_tests, align_gpu_tests, dist_gpu_tests, optim_gpu_tests, infer_gpu_tests: each
+#   tests      ops_gpu_tests, model_gpu_tests, align_gpu_tests, dist_gpu_tests, optim_gpu_tests, infer_gpu_tests,
+#              run_gpu_tests: each
 #              must be there and pass every test it ran, with none skipped (on the GPU machine nothing has
 #              a reason to skip; dist_two_gpu_tests needs two GPUs: the dist part runs it)
 #   bench      lathe bench at the training shapes (GPT-2 124M B32 T1024, Llama-1B B8 T2048;
@@ -70,7 +71,7 @@
 #                     GPU counts (default 1 2 4, those the machine has)
 #   GPU_CHECK_TORCH_BENCH  the folder of ddp_baseline.py and torch_baseline.py (.carry/bench)
 #   GPU_CHECK_TORCHRUN  the torchrun command (python3 -m torch.distributed.run)
-#   GPU_CHECK_TESTS   the tests part's binaries (default: the six *_gpu_tests above)
+#   GPU_CHECK_TESTS   the tests part's binaries (default: the seven *_gpu_tests above)
 #   GPU_CHECK_DIST_TESTS  the dist part's pytest files (tests/test_data_parallel.py
 #                     tests/test_tensor_parallel.py);
 #                     GPU_CHECK_DIST_PYTEST_ARGS  its selection (default -k gpus)
@@ -188,7 +189,7 @@ gtest_verdict() {
 part_tests() {
     local t rc
     # shellcheck disable=SC2086  # a list of names
-    for t in ${GPU_CHECK_TESTS:-ops_gpu_tests model_gpu_tests align_gpu_tests dist_gpu_tests optim_gpu_tests infer_gpu_tests}; do
+    for t in ${GPU_CHECK_TESTS:-ops_gpu_tests model_gpu_tests align_gpu_tests dist_gpu_tests optim_gpu_tests infer_gpu_tests run_gpu_tests}; do
         have "$t" || continue
         timeout "$(limit 300)" "$bin/$t" >"$out/tests_$t.txt" 2>&1
         rc=$?
