@@ -242,9 +242,8 @@ Status tp_model_load(Model& model, int rank, int tp, const std::string& dir) {
                     fmt::format("--checkpoint: loading the rank {} shard of {} of {} weights", rank,
                                 tp, local.model_type));
             hf = HostTensor(DType::kF32, p->shape);
-            LATHE_RETURN_IF_ERROR(
-                tp_read_slice(**found, *p, entry.role, rank, tp, where, hf.view(),
-                              tp_vocab_of(local)));
+            LATHE_RETURN_IF_ERROR(tp_read_slice(**found, *p, entry.role, rank, tp, where, hf.view(),
+                                                tp_vocab_of(local)));
             hf_param_import(*p, host.view(), hf.view());
         }
         model.write_param_entry(entry.arena_index, host.view());
@@ -419,8 +418,7 @@ ModelConfig checked_local(const ModelConfig& full, int tp, TpVocab vocab) {
 }  // namespace
 
 int64_t tp_canonical_length(const ModelConfig& full, int tp, TpVocab vocab) {
-    return int64_t(table_of(checked_local(full, tp, vocab)).layout().total_bytes() /
-                   sizeof(float));
+    return int64_t(table_of(checked_local(full, tp, vocab)).layout().total_bytes() / sizeof(float));
 }
 
 std::vector<float> tp_reshard_moments(const ModelConfig& full, int from,

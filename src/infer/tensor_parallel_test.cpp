@@ -349,7 +349,8 @@ TEST(TpConfig, RefusesATpThatDoesNotDivideTheHeadsOrTheMlp) {
 TEST(TpConfig, VocabularyParallelSplitsTheVocabularyOrRefusesIt) {
     const ModelConfig c = tiny_model::parse(tiny_model::kLlamaJson);  // V 64
     for (int rank = 0; rank < 2; ++rank) {
-        Result<ModelConfig> two = tp_local_config(c, 2, "parallel.tensor", TpVocab::kParallel, rank);
+        Result<ModelConfig> two =
+            tp_local_config(c, 2, "parallel.tensor", TpVocab::kParallel, rank);
         ASSERT_TRUE(two.ok()) << two.status().to_string();
         EXPECT_EQ(two->vocab_size, 32);
         EXPECT_EQ(two->vocab_total, 64);

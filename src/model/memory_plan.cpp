@@ -447,8 +447,7 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     }
     plan.grad_norm = add_entry(scr, "optimizer.grad_norm", DType::kF32, Shape{1});
     if (c.vocab_parallel())
-        plan.lm_vocab_parallel =
-            add_entry(scr, "lm_head.vocab_parallel", DType::kF32, Shape{4, N});
+        plan.lm_vocab_parallel = add_entry(scr, "lm_head.vocab_parallel", DType::kF32, Shape{4, N});
     const size_t dead_begin = scr.total_bytes();
     add_block_scratch(true);
     plan.block_scratch = std::move(block_scratch);

@@ -850,8 +850,9 @@ void Model::run_forward_blocks(bool step) {
     if (config_.vocab_parallel()) {
         // The shard's rows, zeros for the ids of the other shards, summed over the group
         // (ops/vocab_parallel.h).
-        LATHE_CHECK(tp_sum_ && tp_max_, "a vocabulary shard's model computes in a group "
-                                        "(set_tensor_parallel_sum and _max)");
+        LATHE_CHECK(tp_sum_ && tp_max_,
+                    "a vocabulary shard's model computes in a group "
+                    "(set_tensor_parallel_sum and _max)");
         const TensorView ids = act(plan_.vocab_ids, bt);
         vocab_shard_ids(ids, act(plan_.tokens, bt), config_.vocab_begin, config_.vocab_size,
                         config_.vocab_total, ctx_);
@@ -968,9 +969,8 @@ void Model::head_forward(TensorView loss, bool step) {
     const TensorView x = act(plan_.final_norm_out, Shape{N, config_.hidden_size});
     const TensorView targets = act(plan_.targets, Shape{N}), lse = act(plan_.lm_lse, Shape{N});
     if (!config_.vocab_parallel()) {
-        lm_head_cross_entropy_forward(loss, TensorView(), lse, x, targets,
-                                      weights_at(head_entry()), scratch_.view(plan_.lm_chunk), ctx_,
-                                      head_spec(step));
+        lm_head_cross_entropy_forward(loss, TensorView(), lse, x, targets, weights_at(head_entry()),
+                                      scratch_.view(plan_.lm_chunk), ctx_, head_spec(step));
         return;
     }
     // The shard's statistics, then the group's (ops/vocab_parallel.h): lse becomes the whole

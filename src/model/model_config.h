@@ -54,10 +54,10 @@ struct ModelConfig {
 
     double initializer_range = 0.02;  // std of the normal init (model/init.h)
 
-    // Vocabulary-parallel embedding and LM head (tensor-parallel training, infer/tensor_parallel.h):
-    // the model holds rows [vocab_begin, vocab_begin + vocab_size) of a vocabulary of
-    // vocab_total entries, and the token ids and targets it reads index the whole vocabulary.
-    // vocab_total 0: vocab_size is the whole vocabulary. Not part of config.json.
+    // Vocabulary-parallel embedding and LM head (tensor-parallel training,
+    // infer/tensor_parallel.h): the model holds rows [vocab_begin, vocab_begin + vocab_size) of a
+    // vocabulary of vocab_total entries, and the token ids and targets it reads index the whole
+    // vocabulary. vocab_total 0: vocab_size is the whole vocabulary. Not part of config.json.
     int64_t vocab_total = 0;
     int64_t vocab_begin = 0;
 

@@ -47,8 +47,7 @@ const cuda::LmHeadFp8* head_fp8(const char* op, const LinearSpec& spec, const Co
     return &out;
 }
 
-void check_shard(const char* op, const LmHeadVocabShard& shard, int64_t V,
-                 const LinearSpec& spec) {
+void check_shard(const char* op, const LmHeadVocabShard& shard, int64_t V, const LinearSpec& spec) {
     if (shard.total == 0) return;
     LATHE_CHECK(shard.begin >= 0 && shard.begin + V <= shard.total,
                 "{}: a weight of {} rows from vocabulary id {} in a vocabulary of {}", op, V,
@@ -79,11 +78,10 @@ void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorVie
     switch (ctx.backend) {
         case Backend::kCpu:
             op_expect_cpu_f32(kOp, {loss, losses, lse, x, weight});
-            cpu::lm_head_cross_entropy_forward(loss.as<float>(), losses.as<float>(),
-                                               lse.as<float>(), x.as<float>(),
-                                               targets.as<int32_t>(), weight.as<float>(),
-                                               scratch.as<float>(), d.N, d.C, d.V, d.Nc,
-                                               shard.begin, shard.total);
+            cpu::lm_head_cross_entropy_forward(
+                loss.as<float>(), losses.as<float>(), lse.as<float>(), x.as<float>(),
+                targets.as<int32_t>(), weight.as<float>(), scratch.as<float>(), d.N, d.C, d.V, d.Nc,
+                shard.begin, shard.total);
             return;
         case Backend::kCuda:
             op_expect_cuda_dtype(kOp, DType::kBF16, {x, weight});

@@ -60,8 +60,7 @@ struct LmHeadVocabShard {
 void lm_head_cross_entropy_forward(TensorView loss, TensorView losses, TensorView lse,
                                    ConstTensorView x, ConstTensorView targets,
                                    ConstTensorView weight, TensorView scratch, const Context& ctx,
-                                   const LinearSpec& spec = {},
-                                   const LmHeadVocabShard& shard = {});
+                                   const LinearSpec& spec = {}, const LmHeadVocabShard& shard = {});
 
 void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTensorView x,
                                     ConstTensorView targets, ConstTensorView weight,

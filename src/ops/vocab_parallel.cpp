@@ -8,8 +8,8 @@ namespace lathe {
 
 using namespace detail;
 
-void vocab_shard_ids(TensorView local, ConstTensorView ids, int64_t begin, int64_t V,
-                     int64_t total, const Context& ctx) {
+void vocab_shard_ids(TensorView local, ConstTensorView ids, int64_t begin, int64_t V, int64_t total,
+                     const Context& ctx) {
     constexpr const char* kOp = "vocab_shard_ids";
     op_expect_dtype(kOp, "ids", ids, DType::kI32);
     op_expect_dtype(kOp, "local", local, DType::kI32);

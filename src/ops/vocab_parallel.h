@@ -39,8 +39,8 @@
 
 namespace lathe {
 
-void vocab_shard_ids(TensorView local, ConstTensorView ids, int64_t begin, int64_t V,
-                     int64_t total, const Context& ctx);
+void vocab_shard_ids(TensorView local, ConstTensorView ids, int64_t begin, int64_t V, int64_t total,
+                     const Context& ctx);
 
 void vocab_shard_zero_rows(TensorView x, ConstTensorView ids, int64_t begin, int64_t V,
                            const Context& ctx);

@@ -646,10 +646,9 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
         }
     }
     if (written_tp != tp()) {
-        const Result<ModelConfig> before =
-            tp_local_config(s_.model, int(std::clamp<int64_t>(written_tp, 0, 1 << 20)),
-                            fmt::format("{}: tensor_parallel", kTrainerStateFile),
-                            TpVocab::kParallel);
+        const Result<ModelConfig> before = tp_local_config(
+            s_.model, int(std::clamp<int64_t>(written_tp, 0, 1 << 20)),
+            fmt::format("{}: tensor_parallel", kTrainerStateFile), TpVocab::kParallel);
         if (!before.ok() || host_optimizer_) {
             return failed_precondition_error(
                 "{}: the checkpoint was written at parallel.tensor {}, this run has "

@@ -134,8 +134,7 @@ __global__ void __launch_bounds__(kRowThreads) stream_row_kernel(RowArgs a) {
         lse = a.lse_in[n];
     } else {
         // Read before any barrier, so before any thread of the block writes over the row.
-        const float target_logit =
-            threadIdx.x == 0 && here ? __bfloat162float(row[target]) : 0.0f;
+        const float target_logit = threadIdx.x == 0 && here ? __bfloat162float(row[target]) : 0.0f;
         float m = -INFINITY, s = 0.0f;
         for (int64_t v = int64_t(threadIdx.x) * kVec; v < V; v += int64_t(kRowThreads) * kVec) {
             float l[kVec];

@@ -11,10 +11,10 @@
 
 #include "ops/cpu/fp8_cast.h"
 #include "ops/cuda/cuda_test_util.h"
+#include "ops/cuda/vocab_parallel.h"
 #include "ops/fp8_cast.h"
 #include "ops/linear.h"
 #include "ops/lm_head_cross_entropy.h"
-#include "ops/cuda/vocab_parallel.h"
 #include "ops/vocab_parallel.h"
 
 namespace lathe {
@@ -315,8 +315,8 @@ TEST(CudaLmHeadCrossEntropy, MatchesCpuTinyVocabularyScalarPath) {
 // than the whole head's, which those bounds allow. The combination adds f32 roundings of lse's
 // size (2^-24 relative), under the 2e-5 of close_to_bf16_reference.
 void check_vocab_parallel(const LmHeadCase& c, int64_t S, uint64_t seed) {
-    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C << " V=" << c.V
-                                      << " shards=" << S);
+    SCOPED_TRACE(::testing::Message()
+                 << "N=" << c.N << " C=" << c.C << " V=" << c.V << " shards=" << S);
     ASSERT_EQ(c.V % S, 0);
     CudaState state(0);
     const Context gpu = state.context(), cpu = cpu_context();
@@ -332,8 +332,7 @@ void check_vocab_parallel(const LmHeadCase& c, int64_t S, uint64_t seed) {
     std::vector<DeviceTensor> gw, gdw, loss, losses, lse, work, dx;
     for (int64_t s = 0; s < S; ++s) {
         HostTensor ws(DType::kF32, {Vs, c.C}), dws(DType::kF32, {Vs, c.C});
-        std::copy(w.as<float>() + s * Vs * c.C, w.as<float>() + (s + 1) * Vs * c.C,
-                  ws.as<float>());
+        std::copy(w.as<float>() + s * Vs * c.C, w.as<float>() + (s + 1) * Vs * c.C, ws.as<float>());
         std::copy(dw0.as<float>() + s * Vs * c.C, dw0.as<float>() + (s + 1) * Vs * c.C,
                   dws.as<float>());
         gw.push_back(upload(ws, DType::kBF16, state));
@@ -346,10 +345,9 @@ void check_vocab_parallel(const LmHeadCase& c, int64_t S, uint64_t seed) {
         lm_head_cross_entropy_forward(loss[size_t(s)].view, losses[size_t(s)].view,
                                       lse[size_t(s)].view, gx.view, gt.view, gw[size_t(s)].view,
                                       gscratch.view, gpu, {}, LmHeadVocabShard{s * Vs, c.V});
-        cuda::cross_entropy_vocab_parallel_prepare(work[size_t(s)].view.as<float>(),
-                                                   lse[size_t(s)].view.as<float>(),
-                                                   losses[size_t(s)].view.as<float>(), N,
-                                                   state.stream());
+        cuda::cross_entropy_vocab_parallel_prepare(
+            work[size_t(s)].view.as<float>(), lse[size_t(s)].view.as<float>(),
+            losses[size_t(s)].view.as<float>(), N, state.stream());
     }
     // The group's reduction of rows [r0, r1) of every shard's work: max or sum in shard order.
     auto reduce = [&](int64_t r0, int64_t r1, bool max) {
@@ -360,8 +358,9 @@ void check_vocab_parallel(const LmHeadCase& c, int64_t S, uint64_t seed) {
         HostTensor out = optest::copy_tensor(parts[0].view());
         for (int64_t s = 1; s < S; ++s)
             for (int64_t i = 0; i < out.numel(); ++i)
-                out.as<float>()[i] = max ? std::max(out.as<float>()[i], parts[size_t(s)].as<float>()[i])
-                                         : out.as<float>()[i] + parts[size_t(s)].as<float>()[i];
+                out.as<float>()[i] =
+                    max ? std::max(out.as<float>()[i], parts[size_t(s)].as<float>()[i])
+                        : out.as<float>()[i] + parts[size_t(s)].as<float>()[i];
         for (int64_t s = 0; s < S; ++s)
             cuda_copy_sync(work[size_t(s)].view.reshape(Shape{3 * N}).slice(r0 * N, r1 * N),
                            out.view(), state.stream());
@@ -412,10 +411,10 @@ void check_vocab_parallel(const LmHeadCase& c, int64_t S, uint64_t seed) {
                 ulp_max, 2 * kBf16Unit * (ref.max_abs[size_t(n)] + ref.target_abs[size_t(n)]));
         }
         const double got = download_f32(loss[0].view, state).as<float>()[0];
-        EXPECT_LE(std::fabs(got - ref.loss),
-                  2e-5 * (1 + std::fabs(ref.loss)) +
-                      (count > 0 ? double(std::max<int64_t>(1, N / 50)) * ulp_max / double(count)
-                                 : 0.0));
+        EXPECT_LE(
+            std::fabs(got - ref.loss),
+            2e-5 * (1 + std::fabs(ref.loss)) +
+                (count > 0 ? double(std::max<int64_t>(1, N / 50)) * ulp_max / double(count) : 0.0));
     }
 
     // The embedding's helpers against their CPU twins: exact (integer and zero writes).
@@ -434,8 +433,8 @@ void check_vocab_parallel(const LmHeadCase& c, int64_t S, uint64_t seed) {
         EXPECT_TRUE(bitwise_equal(download_raw(local.view, state), local_cpu)) << "shard " << s;
         EXPECT_TRUE(matches(download_f32(grows.view, state), rows_cpu, kF32Sum)) << "shard " << s;
         int64_t zero_rows = 0;
-        for (int64_t n = 0; n < N; ++n) zero_rows += local_cpu.as<int32_t>()[n] == 0 &&
-                                                     ids.as<int32_t>()[n] != s * Vs;
+        for (int64_t n = 0; n < N; ++n)
+            zero_rows += local_cpu.as<int32_t>()[n] == 0 && ids.as<int32_t>()[n] != s * Vs;
         EXPECT_GT(zero_rows, 0) << "shard " << s << ": every id in the shard; nothing cleared";
     }
 }

@@ -15,9 +15,8 @@ constexpr int32_t kIgnore = -100;  // ops/lm_head_cross_entropy.h's kIgnoreIndex
 constexpr int kThreads = 256;
 constexpr int kMeanThreads = 1024;
 
-__global__ void vocab_shard_ids_kernel(int32_t* __restrict__ local,
-                                       const int32_t* __restrict__ ids, int64_t N, int64_t begin,
-                                       int64_t V, int64_t total) {
+__global__ void vocab_shard_ids_kernel(int32_t* __restrict__ local, const int32_t* __restrict__ ids,
+                                       int64_t N, int64_t begin, int64_t V, int64_t total) {
     for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < N;
          n += int64_t(gridDim.x) * blockDim.x) {
         const int64_t id = ids[n];

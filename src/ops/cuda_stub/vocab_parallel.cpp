@@ -24,8 +24,8 @@ void cuda::cross_entropy_vocab_parallel_exp(float*, const float*, int64_t, CUstr
     detail::no_cuda("cuda::cross_entropy_vocab_parallel_exp");
 }
 
-void cuda::cross_entropy_vocab_parallel_finish(float*, float*, float*, const int32_t*,
-                                               const float*, int64_t, CUstream_st*) {
+void cuda::cross_entropy_vocab_parallel_finish(float*, float*, float*, const int32_t*, const float*,
+                                               int64_t, CUstream_st*) {
     detail::no_cuda("cuda::cross_entropy_vocab_parallel_finish");
 }
 
