@@ -144,9 +144,9 @@ def test_not_enough_memory_says_how_much_is_needed(tmp_path):
 
 
 def test_decode_gemv_is_in_the_line_and_checked():
-    r = bench("--preset", "tiny", *SMOKE, "--decode-gemv", "auto")
-    assert r["decode_gemv"] == "auto"
-    assert bench("--preset", "tiny", *SMOKE)["decode_gemv"] == "off"
+    r = bench("--preset", "tiny", *SMOKE, "--decode-gemv", "off")
+    assert r["decode_gemv"] == "off"
+    assert bench("--preset", "tiny", *SMOKE)["decode_gemv"] == "auto"
     p = run("--generate", "--preset", "tiny", *SMOKE, "--decode-gemv", "sometimes")
     assert p.returncode != 0 and "--decode-gemv" in p.stderr, p.stderr
 

@@ -104,7 +104,7 @@ def stub_bin(tmp_path):
     b = tmp_path / "bin"
     b.mkdir()
     for t in ("ops_gpu_tests", "model_gpu_tests", "align_gpu_tests", "dist_gpu_tests", "optim_gpu_tests",
-              "infer_gpu_tests"):
+              "infer_gpu_tests", "run_gpu_tests"):
         write_exe(b / t, GTEST_STUB % {"var": t.upper()})
     write_exe(b / "lathe", LATHE_STUB)
     return b
@@ -129,7 +129,7 @@ def test_all_passing_parts_pass(stub_bin, tmp_path):
     rc, verdict, _ = check(stub_bin, tmp_path, "doctor", "tests", "bench")
     assert rc == 0, verdict
     assert verdict == ("gpu-check: PASS (doctor gpu_ready, ops_gpu_tests 3/3, model_gpu_tests 3/3, "
-                       "align_gpu_tests 3/3, dist_gpu_tests 3/3, optim_gpu_tests 3/3, infer_gpu_tests 3/3, bench 8/8 rows, plan error +0.4..+0.4%)")
+                       "align_gpu_tests 3/3, dist_gpu_tests 3/3, optim_gpu_tests 3/3, infer_gpu_tests 3/3, run_gpu_tests 3/3, bench 8/8 rows, plan error +0.4..+0.4%)")
 
 
 @pytest.mark.parametrize("env,needle", [

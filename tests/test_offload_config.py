@@ -42,6 +42,7 @@ def test_bad_offload_keys_fail_before_work_naming_the_key(corpus, tmp_path, sets
 
 @pytest.mark.parametrize("sets,needle", [
     (["optimizer.state_dtype=bf16"], "'optimizer.state_dtype: bf16'"),
+    (["optimizer.offload_fraction=0.5"], "'optimizer.offload_fraction' 0.5 offloads part"),
 ])
 def test_valid_offload_is_refused_at_train_start_naming_the_key(corpus, tmp_path, sets, needle):
     p = run(train_cmd(corpus, tmp_path / "off", *sets), check=False)
@@ -69,8 +70,8 @@ def test_default_keys_train_and_stay_out_of_config_yaml(corpus, tmp_path):
     for key in ("offload:", "offload_fraction:", "offload_schedule:", "state_dtype:"):
         assert key not in text, text
     p = run(train_cmd(corpus, tmp_path / "explicit", "optimizer.offload=none",
-                      "optimizer.offload_fraction=0.5", "optimizer.state_dtype=fp32"), check=False)
+                      "optimizer.offload_fraction=1", "optimizer.state_dtype=fp32"), check=False)
     assert p.returncode == 0, p.stderr
     text = (tmp_path / "explicit" / "config.yaml").read_text()
-    assert "offload: none" in text and "offload_fraction: 0.5" in text, text
+    assert "offload: none" in text and "offload_fraction: 1" in text, text
     assert "state_dtype: fp32" in text, text

@@ -62,7 +62,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         bool generate = false;
         GenerateBenchRequest gen;
         std::string prefill = "4096,32768", decode_batches = "1,16,64";
-        std::string decode_gemv = "off";
+        std::string decode_gemv = "auto";
     };
     auto o = std::make_shared<Options>();
     cmd->add_option("--model", o->model,
@@ -160,10 +160,12 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "(optimizer.offload_schedule)")
         ->capture_default_str()
         ->check(CLI::IsMember({"overlapped", "serial"}));
-    cmd->add_option("--offload-fraction", o->req.offload_fraction,
-                    "With --offload cpu: the fraction of the parameters offloaded, in (0, 1] "
-                    "(optimizer.offload_fraction): the last layers and the LM head first; the "
-                    "rest keeps its masters and moments on the device")
+    cmd->add_option(
+           "--offload-fraction", o->req.offload_fraction,
+           "With --offload cpu: the fraction of the parameters offloaded, in (0, 1] "
+           "(optimizer.offload_fraction): the last units first (an untied LM head, then the "
+           "last layers); the "
+           "rest keeps its masters and moments on the device")
         ->capture_default_str();
     cmd->add_option("--optimizer-schedule", o->optimizer_schedule,
                     "Without --offload: serial (the device AdamW between the backward and the "

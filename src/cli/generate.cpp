@@ -55,7 +55,7 @@ struct GenerateRequest {
     bool chat = false;
     int tensor_parallel = 1;
     int64_t random_weights = -1;  // < 0: load the checkpoint's safetensors
-    std::string decode_gemv = "off";
+    std::string decode_gemv = "auto";
 };
 
 // One input line's prompt ids; errors are the caller's to place (file:line).

@@ -64,7 +64,7 @@ struct ServeRequest {
     int port = 8000;
     int64_t max_seqs = 8, max_queue = 64, max_len = 0;
     int64_t kv_block_size = -1, kv_blocks = 0;  // -1: 16 (paged), or rows (run_serve)
-    std::string decode_gemv = "off";
+    std::string decode_gemv = "auto";
     int64_t prefill_chunk = 0;  // 0: 2048 on CUDA, 256 on the CPU
     int64_t max_body_bytes = int64_t(16) << 20;
     // A chat request without max_tokens generates at most this many (and the remaining context):

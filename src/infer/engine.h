@@ -82,7 +82,8 @@ namespace lathe {
 //          cuda::kGemvMaxRows and the kernel takes the shape (cuda::gemv_supports)
 //   kAuto  the same for at most kDecodeGemvAutoRows rows: there the kernel's multiply-adds (M
 //          per weight element, on the SMs' fp32 units) stay well below what the SMs do while
-//          the weights stream in, so the weight bytes alone set its time
+//          the weights stream in, so the weight bytes alone set its time (the default: measured
+//          faster than cuBLASLt at one row on an H100, docs/INFERENCE.md)
 enum class DecodeGemv : uint8_t { kOff, kOn, kAuto };
 inline constexpr int64_t kDecodeGemvAutoRows = 4;
 
@@ -104,7 +105,7 @@ struct EngineLimits {
     // graph of its batch bucket (header comment, "CUDA graphs"). Ignored elsewhere (eager).
     bool cuda_graphs = false;
     // The GEMM of a forward of few rows (DecodeGemv above).
-    DecodeGemv decode_gemv = DecodeGemv::kOff;
+    DecodeGemv decode_gemv = DecodeGemv::kAuto;
 };
 
 // One sequence's next token in a decode step.

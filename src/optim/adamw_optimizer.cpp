@@ -50,7 +50,7 @@ struct AdamWOptimizer::Overlap {
     std::vector<CudaEvent> unit_done;
     std::optional<CudaEvent> grads_zeroed;
 
-    // Unit u's update, on the optimizer stream (CUDA) or now (CPU).
+    // Unit u's update, on the optimizer stream (CUDA) or at once on the calling thread (CPU).
     void update_unit(size_t u) {
         if (unit_segments[u].empty()) return;
         const ConstTensorView clip = max_grad_norm > 0.0f ? target.grad_norm : ConstTensorView();

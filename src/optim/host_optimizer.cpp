@@ -75,8 +75,8 @@ struct HostOptimizer::Impl {
     // ---- the part kept on the device, [0, base) (base > 0: offload_fraction < 1) ----
     std::optional<AdamWOptimizer> device;  // its moments, where the model computes
     ModelArena device_masters;             // CUDA: (base) f32; the CPU steps the model's weights
-    // model->param_writes() when the device masters were last made the mirror's (masters[0,
-    // base)); the mirror is behind the device masters after a device update until finish().
+    // model->param_writes() at the latest copy of the mirror (masters[0, base)) to the device
+    // masters; the mirror is behind the device masters after a device update until finish().
     uint64_t writes_seen = ~uint64_t(0);
     bool mirror_stale = false;
 

@@ -84,7 +84,7 @@
 // offload_fraction, offloaded_params, host_pinned_bytes (the host memory plan's pinned total),
 // host_peak_rss_bytes (getrusage's peak resident set) and, on CUDA, gpu_busy_fraction: over the
 // timed steps, the compute stream's time from each step's first forward kernel to its gradient norm
-// (timing events), less the forward's waits for weights the CPU had not yet updated (timing events
+// (timing events), less the forward's waits for weights the CPU was still updating (timing events
 // around each wait, HostOptimizer::set_wait_timing), over the steps' wall time. The host plan is
 // printed under the device's table (with --plan-only too).
 

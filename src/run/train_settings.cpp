@@ -78,6 +78,12 @@ Status resolve_offload(const Config& c, OffloadSettings& out) {
 // (optim/host_optimizer.h), with fp32 or bf16 moments; bf16 moments only there. The rest stops
 // the run here, after every other key is checked, rather than being ignored.
 Status refuse_offload(const Config& c, const OffloadSettings& o) {
+    if (o.offload != OptimizerOffload::kCpu && o.fraction < 1.0)
+        return invalid_argument_error(
+            "{}: 'optimizer.offload_fraction' {} offloads part of the optimizer, which needs "
+            "optimizer.offload: cpu (docs/SFT.md, \"Optimizer offload\"); set "
+            "optimizer.offload: cpu, or remove the key",
+            c.source_of("optimizer.offload_fraction"), o.fraction);
     if (o.offload != OptimizerOffload::kCpu && o.state_dtype == AdamWStateDType::kBF16)
         return unimplemented_error(
             "{}: 'optimizer.state_dtype: bf16': lathe train keeps bf16 AdamW moments only with "
