@@ -50,7 +50,7 @@ inline CLI::Option* cli_add_decode_gemv(CLI::App* cmd, std::string& value,
         ->add_option("--decode-gemv", value,
                      prefix +
                          "The GEMM of decode steps of few sequences: off = cuBLASLt; on = "
-                         "lathe's skinny GEMM (ops/cuda/gemv.h) up to 16 rows; auto = it up to 4 "
+                         "lathe's skinny GEMM (ops/cuda/gemv.h) up to 16 rows; auto = it up to 2 "
                          "rows (CUDA)")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "on", "off"}));

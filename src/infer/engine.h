@@ -80,12 +80,13 @@ namespace lathe {
 //   kOff   cuBLASLt, as every other forward
 //   kOn    the skinny GEMM of ops/cuda/gemv.h whenever the rows (batch x tokens) are at most
 //          cuda::kGemvMaxRows and the kernel takes the shape (cuda::gemv_supports)
-//   kAuto  the same for at most kDecodeGemvAutoRows rows: there the kernel's multiply-adds (M
-//          per weight element, on the SMs' fp32 units) stay well below what the SMs do while
-//          the weights stream in, so the weight bytes alone set its time (the default: measured
-//          faster than cuBLASLt at one row on an H100, docs/INFERENCE.md)
+//   kAuto  the same for at most kDecodeGemvAutoRows rows (the default): measured on an H100 at
+//          the Llama-3-8B decode shapes (cuda_ops_bench --only decode_linear, docs/PERF.md), the
+//          kernel is 1.00-1.18x cuBLASLt's speed at 1 and 2 rows on every projection and slower
+//          at 4 rows on three of the five (0.79-0.83x), where its fp32 multiply-adds start to
+//          cost more than the weights' bytes
 enum class DecodeGemv : uint8_t { kOff, kOn, kAuto };
-inline constexpr int64_t kDecodeGemvAutoRows = 4;
+inline constexpr int64_t kDecodeGemvAutoRows = 2;
 
 // "off", "on", "auto".
 std::string_view decode_gemv_name(DecodeGemv mode);
