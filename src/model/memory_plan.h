@@ -209,9 +209,9 @@ int64_t offload_split_begin(const ShardLayout& units, double fraction);
 // call (the plan counts the batch chunk it runs in: MemoryPlan::attention_backward_cap): an
 // fp32 partial dQ per block of 128 keys (ceil(T / 128) * B * H * T * D * 4 bytes), a float per
 // (b, h, t), and with GQA dK and dV per query head in bf16 (2 * B * H * T * D * 2). That is what
-// cuDNN 9.14 asked for at both training shapes of docs/CUDA.md (769.5 MiB for GPT-2 124M at B = 32, T = 1024;
-// 2178 MiB for Llama-3.2-1B at B = 8, T = 2048; docs/CUDA.md). What a plan made without a GPU
-// counts; Model::create asks cuDNN.
+// cuDNN 9.14 asked for at both training shapes of docs/CUDA.md (769.5 MiB for GPT-2 124M at B = 32,
+// T = 1024; 2178 MiB for Llama-3.2-1B at B = 8, T = 2048; docs/CUDA.md). What a plan made without a
+// GPU counts; Model::create asks cuDNN.
 size_t memory_plan_attention_workspace_estimate(const ModelConfig& config, int64_t B, int64_t T);
 
 // Windows for layers' gradients when the gradients are sharded (ModelShape::gradient_shards):

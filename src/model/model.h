@@ -448,7 +448,7 @@ private:
 
     std::span<float> host_masters_;  // attach_host_masters
     HostMastersHook host_masters_hook_;
-    uint64_t param_writes_ = 0;      // write_param_entry calls
+    uint64_t param_writes_ = 0;  // write_param_entry calls
     GradWindowHook grad_window_;
     mutable ModelArena grad_window_arena_;  // borrowed over the hook's window (grads_for)
     WeightWindowHook weight_window_;

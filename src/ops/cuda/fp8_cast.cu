@@ -49,7 +49,8 @@ __device__ __forceinline__ uint2 encode8(uint4 w, float scale, unsigned& m) {
         const unsigned short hi = (unsigned short)(words[k] >> 16);
         m = max(m, max(magnitude_bits(lo), magnitude_bits(hi)));
         const unsigned pair = unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(lo), scale))) |
-                              unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(hi), scale))) << 8;
+                              unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(hi), scale)))
+                                  << 8;
         out[k / 2] |= pair << (16 * (k % 2));
     }
     return make_uint2(out[0], out[1]);
