@@ -25,6 +25,7 @@ runs. The contract checked here:
     (the stop request travels with the tensor group's norm gather).
 On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs TP = 2 against one GPU.
 """
+import json
 import os
 import shutil
 import signal
@@ -295,6 +296,30 @@ def test_a_tensor_size_that_does_not_divide_is_refused(corpus, tmp_path, tensor,
     assert p.returncode != 0
     assert "lathe: error:" in p.stderr and "parallel.tensor" in p.stderr, p.stderr
     assert what in p.stderr, p.stderr
+
+
+def test_an_fp8_head_is_refused_naming_both_keys(corpus, tmp_path):
+    # Checked with the settings, before the device or the ranks are asked for.
+    p = train(corpus, "llama", tmp_path / "f", 1, 2, "train.precision=fp8", "fp8.lm_head=true",
+              check=False)
+    assert p.returncode != 0
+    assert "lathe: error:" in p.stderr and "'fp8.lm_head: true' with 'parallel.tensor' 2" in p.stderr, \
+        p.stderr
+
+
+@needs_mpirun
+def test_a_checkpoint_without_the_split_vocabulary_is_refused_on_resume(corpus, runs, tmp_path):
+    # A tensor-parallel checkpoint whose trainer state does not say its optimizer state splits the
+    # vocabulary holds the whole embedding and head per tensor rank: refused, not misread.
+    run_dir = stopped_at_step_2(runs("llama", 2, 2), tmp_path, "old")
+    for state in run_dir.glob("checkpoints/step-*/trainer_state.json"):
+        j = json.loads(state.read_text())
+        assert j.pop("tensor_parallel_vocabulary") == "split"
+        state.write_text(json.dumps(j))
+    p = train(corpus, "llama", run_dir, 2, 2, check=False)
+    assert p.returncode != 0
+    assert "lathe: error:" in p.stderr and "whole vocabulary on every tensor rank" in p.stderr, \
+        p.stderr
 
 
 # ---- GPUs: `lathe launch --gpus 2` ------------------------------------------------------------

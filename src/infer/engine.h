@@ -232,8 +232,10 @@ private:
     // new keys and values k, v (n, 1, Hkv, D). One row: one linear over the stacked q/k/v
     // parameter (BlockWeights' wq, wk, wv are its row blocks) into the qkv scratch, whose row
     // holds q, k and v end to end, so the three are views of it: one GEMM instead of three, which
-    // also gives the GPU more rows than k's or v's Hkv D alone. More rows: three linears, into
-    // q_rows (n, 1, H, D) and the k/v scratch.
+    // also gives the GPU more rows than k's or v's Hkv D alone (on every backend; on the CPU the
+    // BLAS may sum a product in another order for this shape than for three, so its last bits can
+    // differ from three linears'). More rows: three linears, into q_rows (n, 1, H, D) and the k/v
+    // scratch.
     struct DecodeQkv {
         TensorView q, k, v;
     };

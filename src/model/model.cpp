@@ -169,6 +169,14 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
             "computes on the {} backend: train in bf16 there, or on such a GPU",
             backend_name(ctx.backend));
     LATHE_RETURN_IF_ERROR(model_check_fp8(config, shape));
+    // A vocabulary shard sums its embedding over the tensor group after the lookup; a learned
+    // position table's gradient would then hold this rank's tokens alone (the families that
+    // have one are not split: run/trainer.cpp).
+    if (config.vocab_parallel() && config.position == PositionKind::kLearned)
+        return unimplemented_error(
+            "a vocabulary-parallel embedding with learned positions (the {} family): its "
+            "position gradient is not summed over the tensor group",
+            config.model_type);
     Model m;
     m.table_ = model_param_table(config);
     ModelShape planned = shape;

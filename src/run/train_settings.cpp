@@ -322,6 +322,14 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     if (!fp8.ok()) return fp8.status();
     s.fp8 = fp8.value();
     s.precision = precision;
+    if (precision == "fp8" && s.fp8.lm_head && s.tensor > 1) {
+        // The FP8 head runs on the whole vocabulary; tensor parallel splits it by rows.
+        return unimplemented_error(
+            "{}: 'fp8.lm_head: true' with 'parallel.tensor' {}: the FP8 LM head takes the whole "
+            "vocabulary, and tensor parallel splits the head by vocabulary rows; remove "
+            "fp8.lm_head (the head trains in bf16) or set parallel.tensor 1",
+            c.source_of("fp8.lm_head"), s.tensor);
+    }
     if (precision == "fp8" && device == "cpu") {
         return invalid_argument_error(
             "{}: 'train.precision: fp8' with 'train.device: cpu': the CPU backend has no fp8 "

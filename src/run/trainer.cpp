@@ -636,6 +636,7 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     // The optimizer state is written per tensor rank: a checkpoint of another parallel.tensor is
     // converted, each HF tensor's moments assembled from its ranks and sliced for this one.
     int64_t written_tp = 1;
+    bool vocabulary_split = false;
     {
         const std::string state_path = (fs::path(dir) / kTrainerStateFile).string();
         if (auto text = file_read_all(state_path); text.ok()) {
@@ -643,7 +644,20 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
             if (j.is_object() && j.contains("tensor_parallel") &&
                 j.at("tensor_parallel").is_number_integer())
                 written_tp = j.at("tensor_parallel").get<int64_t>();
+            vocabulary_split = j.is_object() && j.contains("tensor_parallel_vocabulary") &&
+                               j.at("tensor_parallel_vocabulary").is_string() &&
+                               j.at("tensor_parallel_vocabulary").get<std::string>() == "split";
         }
+    }
+    if (written_tp > 1 && !vocabulary_split) {
+        // Its moments hold the whole embedding and head on every tensor rank: read as this
+        // build's split layout they would land on the wrong entries.
+        return failed_precondition_error(
+            "{}: the checkpoint's optimizer state was written at parallel.tensor {} with the whole "
+            "vocabulary on every tensor rank (its {} has no \"tensor_parallel_vocabulary\": "
+            "\"split\"); lathe splits the embedding and the LM head by vocabulary rows. Start a "
+            "new --run-dir from its weights (checkpoint.init_from: {}, which any layout loads)",
+            dir, written_tp, kTrainerStateFile, dir);
     }
     if (written_tp != tp()) {
         const Result<ModelConfig> before = tp_local_config(
@@ -921,7 +935,12 @@ Status Trainer::save_checkpoint() {
         j["seed"] = s_.seed;
         j["config"] = config_.to_yaml();
         if (multi()) j["world_size"] = dp_size();
-        if (tp() > 1) j["tensor_parallel"] = tp();
+        if (tp() > 1) {
+            j["tensor_parallel"] = tp();
+            // The optimizer state's layout under tensor parallel: each rank's embedding and
+            // head rows are its vocabulary shard (a resume checks it, see load).
+            j["tensor_parallel_vocabulary"] = "split";
+        }
         return file_write_atomic((fs::path(dir) / kTrainerStateFile).string(), j.dump(2) + "\n");
     }();
     LATHE_RETURN_IF_ERROR(agree(
