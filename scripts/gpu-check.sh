@@ -763,10 +763,13 @@ dist_pytest() {
             return
         fi
     fi
+    # The GPU cases: those named *gpus*; the four-GPU ones (*four_gpus*) where four GPUs answer.
+    local select=(-k gpus)
+    (($(gpu_count) < 4)) && select=(-k "gpus and not four_gpus")
     # shellcheck disable=SC2086  # extra words
     PYTHONPATH=$pypath LATHE_BIN=$lathe LATHE_BUILD_DIR=$bin timeout "$(limit 360)" \
         python3 -m pytest -q -rfEs -p no:cacheprovider "$tests" \
-        ${GPU_CHECK_DIST_PYTEST_ARGS:--k gpus} >>"$log" 2>&1
+        ${GPU_CHECK_DIST_PYTEST_ARGS:-"${select[@]}"} >>"$log" 2>&1
     rc=$?
     echo "rc=$rc" >>"$log"
     local passed failed skipped errors found names

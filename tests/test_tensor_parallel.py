@@ -23,7 +23,8 @@ runs. The contract checked here:
     ranks, and the GPT-2 family, are refused with `lathe: error:` naming parallel.tensor;
   - SIGTERM to one rank of a tensor group stops every rank after the same step, with a checkpoint
     (the stop request travels with the tensor group's norm gather).
-On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs TP = 2 against one GPU.
+On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs TP = 2 against one GPU; on four
+(skipped otherwise) `lathe launch --gpus 4` runs TP = 4 and TP = 2 x DP = 2 against one GPU.
 """
 import json
 import os
@@ -373,3 +374,39 @@ def test_gpus_tensor_2_logs_the_losses_of_one_gpu(gpu_corpus, tmp_path):
     a = load_file(one / "checkpoints" / "step-00000020" / "model.safetensors")
     b = load_file(two / "checkpoints" / "step-00000020" / "model.safetensors")
     assert sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in a)
+
+
+# ---- four GPUs: `lathe launch --gpus 4` -------------------------------------------------------
+
+# TP = 4 splits each reduced sum into four bf16 partials, which NCCL's ring adds in bf16 in three
+# steps: four roundings of the partials and three of the running sum where one GPU rounds once,
+# twice the 2 u of TP = 2 above, so twice its bound. TP 2 x DP 2 keeps TP = 2's roundings and adds
+# the data-parallel f32 gradient sum (test_data_parallel.py: a few 2^-24 relative), far under it.
+GPU4_RTOL = 2 * GPU_RTOL
+
+# configs/tiny.yaml with 8 heads and 4 key/value heads (head_dim 24) so that four ranks divide both.
+GPU4_HEADS = ("model.num_attention_heads=8", "model.num_key_value_heads=4")
+
+
+@pytest.mark.parametrize("layout, sets", [
+    ("TP 4", ("parallel.tensor=4",)),
+    ("TP 2 x DP 2", ("parallel.tensor=2",)),
+])
+def test_four_gpus_log_the_losses_of_one_gpu(gpu_corpus, tmp_path, layout, sets):
+    if gpu_count() < 4:
+        pytest.skip(NEEDS_CUDA + f"needs 4 GPUs, nvidia-smi -L lists {gpu_count()}")
+    one, four = tmp_path / "one", tmp_path / "four"
+    # Two data-parallel ranks of micro-batch 8 are one GPU's micro-batch 8 accumulated twice.
+    accum = ("train.gradient_accumulation_steps=2",) if "DP" in layout else ()
+    run(gpu_args(gpu_corpus, one, *GPU4_HEADS, *accum)[1:], env=mpi_env())
+    p = subprocess.run([str(LATHE), "launch", "--gpus", "4"] +
+                       gpu_args(gpu_corpus, four, *GPU4_HEADS, *sets),
+                       capture_output=True, text=True, timeout=600, env=mpi_env())
+    assert p.returncode == 0, p.stderr
+    got, want = metric_lines(four), metric_lines(one)
+    worst = max(abs(g["loss"] - w["loss"]) / abs(w["loss"]) for g, w in zip(got, want))
+    print(f"{layout} on 4 GPUs vs one GPU: largest relative loss difference {worst:.3g} "
+          f"(tolerance {GPU4_RTOL:.3g})")
+    assert [(m["step"], m["lr"], m["tokens"]) for m in got] == \
+           [(m["step"], m["lr"], m["tokens"]) for m in want]
+    assert worst <= GPU4_RTOL, (got, want)
