@@ -203,6 +203,30 @@ def test_tensor_2_by_data_2_logs_the_losses_of_one_process(runs, zero):
 
 
 @needs_mpirun
+@pytest.mark.parametrize("ranks, tensor", [(2, 2), (4, 2)])
+def test_bench_plans_a_tensor_rank_as_lathe_train_does(runs, ranks, tensor):
+    # `lathe bench --plan-only --plan-ranks N --plan-tensor T` (the sizing tool of
+    # docs/DISTRIBUTED.md) prints the plan `lathe train` wrote for its rank 0, byte for byte.
+    run_dir = runs("llama", ranks, tensor)
+    written = (run_dir / "memory_plan.txt").read_text()
+    p = run(["bench", "--config",
+             run_dir / "checkpoints" / "step-00000004" / "config.json", "--batch", 2, "--seq", 16,
+             "--device", "cpu", "--plan-only", "--plan-ranks", ranks, "--plan-tensor", tensor])
+    total = [l for l in written.splitlines() if l.strip().startswith("total")]
+    assert total and total[0] in p.stderr, (written, p.stderr)
+    assert json.loads(p.stdout.strip().splitlines()[-1])["plan_tensor"] == tensor
+
+
+def test_bench_plan_tensor_is_refused_where_it_does_not_divide(tmp_path):
+    p = run(["bench", "--preset", "llama3-8b", "--batch", 1, "--seq", 4096, "--device",
+             "cuda", "--plan-only", "--plan-ranks", 3, "--plan-tensor", 3], check=False)
+    assert p.returncode != 0 and "lathe: error: --plan-tensor 3 must divide" in p.stderr
+    p = run(["bench", "--preset", "llama3-8b", "--batch", 1, "--seq", 4096, "--device",
+             "cuda", "--plan-only", "--plan-ranks", 4, "--plan-tensor", 8], check=False)
+    assert p.returncode != 0 and "--plan-tensor 8 must divide --plan-ranks 4" in p.stderr
+
+
+@needs_mpirun
 @pytest.mark.parametrize("tensor", [2, 4])
 def test_the_seed_gives_every_layout_the_weights_of_one_process(runs, tensor):
     one, tp = runs("qwen2", 1, 1, "optimizer.lr=0"), runs("qwen2", tensor, tensor, "optimizer.lr=0")

@@ -191,6 +191,10 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "With --plan-only: the memory plan of one rank of this many data-parallel "
                     "ranks at --zero-stage")
         ->capture_default_str();
+    cmd->add_option("--plan-tensor", o->req.plan_tensor,
+                    "With --plan-only: the ranks form tensor-parallel groups of this many "
+                    "(parallel.tensor; it divides --plan-ranks), the rest data parallel")
+        ->capture_default_str();
     cmd->callback([o, cmd, &action] {
         action = [o, cmd]() -> Status {
             const size_t named =
@@ -222,7 +226,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                      {"--batch", "--seq", "--accum", "--steps", "--warmup", "--recompute",
                       "--zero-stage", "--precision", "--fp8-recipe", "--fp8-lm-head", "--plan-only",
                       "--nondeterministic", "--offload", "--state-dtype", "--offload-schedule",
-                      "--offload-fraction"})
+                      "--offload-fraction", "--plan-ranks", "--plan-tensor"})
                     if (cmd->count(training) > 0)
                         return invalid_argument_error(
                             "{} is a training bench option; --generate takes --prefill, "

@@ -19,6 +19,7 @@
 #include "dist/host_collectives.h"
 #include "dist/process_group.h"
 #include "io/file.h"
+#include "infer/tensor_parallel.h"
 #include "io/hf_config.h"
 #include "model/memory_plan.h"
 #include "model/model.h"
@@ -398,6 +399,26 @@ Result<std::string> bench_run(const BenchRequest& req) {
         group.world_size = req.plan_ranks;
     }
     const bool multi = group.world_size > 1;
+    // --plan-tensor T: one rank's shard of parallel.tensor T (infer/tensor_parallel.h, the
+    // vocabulary split as training splits it), its data-parallel group the world's ranks over T.
+    if (req.plan_tensor < 1)
+        return invalid_argument_error("--plan-tensor must be >= 1, got {}", req.plan_tensor);
+    if (req.plan_tensor > 1 && !req.plan_only)
+        return invalid_argument_error(
+            "--plan-tensor {} plans one rank of a tensor-parallel world without running it: give "
+            "--plan-only (lathe train runs parallel.tensor)",
+            req.plan_tensor);
+    if (group.world_size % req.plan_tensor != 0)
+        return invalid_argument_error(
+            "--plan-tensor {} must divide --plan-ranks {} (the world is tensor x data-parallel "
+            "ranks)",
+            req.plan_tensor, group.world_size);
+    ModelConfig plan_config = config;
+    if (req.plan_tensor > 1) {
+        LATHE_ASSIGN_OR_RETURN(plan_config, tp_local_config(config, req.plan_tensor, "--plan-tensor",
+                                                            TpVocab::kParallel, 0));
+    }
+    const int dp_ranks = group.world_size / req.plan_tensor;
     // A plan for CUDA needs no GPU; everything else asks the machine.
     Placement place;
     if (req.plan_only && req.device == BenchDevice::kCuda) {
@@ -413,8 +434,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.seq_len = T;
     shape.backend = place.backend;
     shape.recompute = req.recompute;
-    data_parallel_shape(shape, multi ? group.world_size : 1, req.zero_stage,
-                        multi ? group.rank : 0);
+    data_parallel_shape(shape, multi ? dp_ranks : 1, req.zero_stage, multi ? group.rank : 0);
     const bool offload = req.offload == OptimizerOffload::kCpu;
     if (offload && multi)
         return unimplemented_error(
@@ -460,8 +480,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
             log_info("bench: {}", line);
         }
     }
-    const ParamTable table = model_param_table(config);
-    auto plan = memory_plan_make(config, table, shape);
+    const ParamTable table = model_param_table(plan_config);
+    auto plan = memory_plan_make(plan_config, table, shape);
     if (!plan.ok()) return plan.status().with_context("--seq " + std::to_string(T));
 
     json j;
@@ -504,7 +524,10 @@ Result<std::string> bench_run(const BenchRequest& req) {
         // the attention workspace is the plan's estimate (memory_plan.h).
         std::string title = model_config_summary(config);
         if (multi)
-            title += fmt::format(", per rank of {} (ZeRO-{})", group.world_size, req.zero_stage);
+            title += fmt::format(", per rank of {} (ZeRO-{}{})", group.world_size, req.zero_stage,
+                                 req.plan_tensor > 1
+                                     ? fmt::format(", tensor parallel {}", req.plan_tensor)
+                                     : "");
         std::fputs(plan->table(title).c_str(), stderr);
         if (offload) std::fputs(host_plan.to_string().c_str(), stderr);
         j["plan"] = {{"parameters", plan->parameter_bytes()},
@@ -517,6 +540,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
                      {"attention_workspace_shared", plan->attention_shared},
                      {"fp8_buffers", plan->fp8_bytes()}};
         j["plan_only"] = true;
+        if (req.plan_tensor > 1) j["plan_tensor"] = req.plan_tensor;
         return j.dump();
     }
 
