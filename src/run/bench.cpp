@@ -18,8 +18,8 @@
 #include "core/strings.h"
 #include "dist/host_collectives.h"
 #include "dist/process_group.h"
-#include "io/file.h"
 #include "infer/tensor_parallel.h"
+#include "io/file.h"
 #include "io/hf_config.h"
 #include "model/memory_plan.h"
 #include "model/model.h"
@@ -415,8 +415,9 @@ Result<std::string> bench_run(const BenchRequest& req) {
             req.plan_tensor, group.world_size);
     ModelConfig plan_config = config;
     if (req.plan_tensor > 1) {
-        LATHE_ASSIGN_OR_RETURN(plan_config, tp_local_config(config, req.plan_tensor, "--plan-tensor",
-                                                            TpVocab::kParallel, 0));
+        LATHE_ASSIGN_OR_RETURN(
+            plan_config,
+            tp_local_config(config, req.plan_tensor, "--plan-tensor", TpVocab::kParallel, 0));
     }
     const int dp_ranks = group.world_size / req.plan_tensor;
     // A plan for CUDA needs no GPU; everything else asks the machine.
@@ -524,10 +525,9 @@ Result<std::string> bench_run(const BenchRequest& req) {
         // the attention workspace is the plan's estimate (memory_plan.h).
         std::string title = model_config_summary(config);
         if (multi)
-            title += fmt::format(", per rank of {} (ZeRO-{}{})", group.world_size, req.zero_stage,
-                                 req.plan_tensor > 1
-                                     ? fmt::format(", tensor parallel {}", req.plan_tensor)
-                                     : "");
+            title += fmt::format(
+                ", per rank of {} (ZeRO-{}{})", group.world_size, req.zero_stage,
+                req.plan_tensor > 1 ? fmt::format(", tensor parallel {}", req.plan_tensor) : "");
         std::fputs(plan->table(title).c_str(), stderr);
         if (offload) std::fputs(host_plan.to_string().c_str(), stderr);
         j["plan"] = {{"parameters", plan->parameter_bytes()},

@@ -124,8 +124,8 @@ struct BenchRequest {
     bool plan_only = false;                  // report the shape and memory plan; run nothing
     bool nondeterministic = false;           // Context::deterministic = false (train.deterministic)
     Recompute recompute = Recompute::kNone;  // train.recompute's modes
-    int zero_stage = 1;  // parallel.zero_stage of a run of several ranks (ignored by one process)
-    int plan_ranks = 1;  // with plan_only: plan one rank of this many at zero_stage
+    int zero_stage = 1;   // parallel.zero_stage of a run of several ranks (ignored by one process)
+    int plan_ranks = 1;   // with plan_only: plan one rank of this many at zero_stage
     int plan_tensor = 1;  // with plan_only: ... of which groups of this many are tensor parallel
     std::optional<Fp8Settings> fp8;  // --precision fp8 (its recipe); nullopt: bf16
     // --offload cpu, --state-dtype: optimizer.offload with the whole optimizer on the host
