@@ -50,9 +50,10 @@
 // eagerly (the ops' one-time setup: cuBLASLt algorithm choice, kernel attributes), its second is
 // captured. Eager instead: the CPU; the row cache (its cache writes go to addresses chosen on the
 // host per step); tensor parallel (the all-reduce is NCCL's, not captured here); prefill (one
-// sequence, shapes that change per chunk); a bucket whose capture fails (CUDA refuses to start
-// it, an operation in it cannot be captured, or its graph cannot be instantiated): one warning
-// line, and that bucket launches eagerly from then on (the failed capture ran nothing).
+// sequence, shapes that change per chunk); a bucket whose capture CUDA refuses (a capture-
+// specific error starting it, inside it or instantiating its graph: CudaGraph::capture_refused):
+// one warning line, and that bucket launches eagerly from then on (the failed capture ran
+// nothing). Any other CUDA error met starting or ending the capture is the decode step's error.
 //
 // Memory: the engine reads the model's weights (the model must outlive it) and owns the KV cache
 // and one scratch arena sized for max(prefill_chunk, max_sequences) tokens, allocated once.
