@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "ops/cuda/gemv.h"
 #include "ops/gelu.h"
 #include "ops/op_test.h"
 #include "ops/residual.h"
@@ -183,6 +184,27 @@ TEST(Linear, Fp8PrecisionStopsNamingOpRoleAndBackend) {
     EXPECT_DEATH(linear_forward(y1.view(), x.view(), w.view(), b.view(), ctx,
                                 LinearSpec{LinearPrecision::kFp8Blockwise, {}}),
                  "no kernel for fp8_blockwise \\(linear\\)");
+}
+
+// What the decode skinny GEMM (ops/cuda/gemv.h, the CUDA linear ops' choice with
+// LinearSpec::skinny_gemv) refuses, leaving the problem to cuBLASLt: more rows than
+// kGemvMaxRows, K not whole chunks, x or weight not 16-byte aligned, and a K or N the kernel's
+// int indexing cannot hold (2^31 and up). The check reads only shapes and addresses.
+TEST(CudaGemvSupports, OnlyWholeAlignedChunksAndIntSizes) {
+    alignas(16) static const bf16 buf[16] = {};
+    const int64_t big = int64_t(1) << 31;
+    EXPECT_TRUE(cuda::gemv_supports(16, 8, 1, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(17, 8, 1, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(0, 8, 1, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(1, 12, 1, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(1, 8, 1, buf + 1, buf));
+    EXPECT_FALSE(cuda::gemv_supports(1, 8, 1, buf, buf + 4));
+    EXPECT_FALSE(cuda::gemv_supports(1, 8, 0, buf, buf));
+    EXPECT_TRUE(cuda::gemv_supports(1, big - 8, 1, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(1, big, 1, buf, buf));
+    EXPECT_TRUE(cuda::gemv_supports(1, 8, big - 1, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(1, 8, big, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(1, 8, big + 4, buf, buf));
 }
 
 }  // namespace
