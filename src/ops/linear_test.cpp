@@ -1,6 +1,5 @@
 #include "ops/linear.h"
 
-#include <cstring>
 #include <string>
 
 #include "ops/cuda/gemv.h"
@@ -10,18 +9,6 @@
 
 namespace lathe::optest {
 namespace {
-
-// Same shape and the same bytes.
-::testing::AssertionResult bitwise_equal(const HostTensor& a, const HostTensor& b) {
-    if (a.view().shape() != b.view().shape())
-        return ::testing::AssertionFailure()
-               << a.view().to_string() << " vs " << b.view().to_string();
-    for (int64_t i = 0; i < a.numel(); ++i)
-        if (std::memcmp(a.as<float>() + i, b.as<float>() + i, sizeof(float)) != 0)
-            return ::testing::AssertionFailure()
-                   << "element " << i << ": " << a.as<float>()[i] << " vs " << b.as<float>()[i];
-    return ::testing::AssertionSuccess();
-}
 
 TEST(Linear, ForwardUsesTheOutInWeightLayout) {
     HostTensor x = tensor_of(Shape{1, 2}, {1, 2});
