@@ -245,6 +245,38 @@ void InferenceEngine::upload(TensorView dst, std::span<const int32_t> host) cons
     copy(dst, ConstTensorView(host.data(), DType::kI32, dst.shape(), Device::kCpu));
 }
 
+Status InferenceEngine::check_decode_step(const DecodeStep& s, int64_t len) const {
+    if (len == 0)
+        return invalid_argument_error("decode: sequence {} has no prompt (prefill it)", s.seq);
+    if (len >= limits_.max_len) {
+        return invalid_argument_error("decode: sequence {} fills its {}-token context", s.seq,
+                                      limits_.max_len);
+    }
+    if (s.token < 0 || s.token >= config().vocab_size) {
+        return invalid_argument_error("decode: token {} of sequence {} is outside [0, {})", s.token,
+                                      s.seq, config().vocab_size);
+    }
+    return ok_status();
+}
+
+void InferenceEngine::upload_decode_inputs(std::span<const TensorView> to,
+                                           std::span<const std::span<const int32_t>> host) {
+    LATHE_CHECK(host.empty() || host.size() == to.size(), "decode inputs: {} views, {} sources",
+                to.size(), host.size());
+    if (ctx_.backend != Backend::kCuda) {
+        LATHE_CHECK(!host.empty(), "decode inputs on the CPU come from host vectors");
+        for (size_t i = 0; i < to.size(); ++i) upload(to[i], host[i]);
+        return;
+    }
+    const int64_t S = limits_.max_sequences;
+    for (size_t i = 0; i < to.size(); ++i) {
+        int32_t* column = staged_inputs() + int64_t(i) * S;
+        if (!host.empty()) std::copy(host[i].begin(), host[i].end(), column);
+        cuda_copy_async(to[i], ConstTensorView(column, DType::kI32, to[i].shape(), Device::kCpu),
+                        ctx_.stream);
+    }
+}
+
 TensorView InferenceEngine::weight(ParamRole role, int layer, int64_t begin, int64_t end) const {
     const ParamTable& table = model_->params();
     const size_t e = table.find_entry(role, layer);
@@ -731,16 +763,7 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
         const int64_t r = cache_.row(s.seq), len = cache_.length(s.seq);
         if (step_of_row_[size_t(r)] >= 0)
             return invalid_argument_error("decode: sequence {} appears twice", s.seq);
-        if (len == 0)
-            return invalid_argument_error("decode: sequence {} has no prompt (prefill it)", s.seq);
-        if (len >= limits_.max_len) {
-            return invalid_argument_error("decode: sequence {} fills its {}-token context", s.seq,
-                                          limits_.max_len);
-        }
-        if (s.token < 0 || s.token >= V) {
-            return invalid_argument_error("decode: token {} of sequence {} is outside [0, {})",
-                                          s.token, s.seq, V);
-        }
+        LATHE_RETURN_IF_ERROR(check_decode_step(s, len));
         step_of_row_[size_t(r)] = int64_t(i);
         host_i32_[size_t(r)] = s.token;
         host_pos_[size_t(r)] = int32_t(len);
@@ -750,23 +773,10 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
     const TensorView pos = scratch(ix_.positions, Shape{n, 1});
     const TensorView lengths = scratch(ix_.lengths, Shape{n});
     const bool cuda = ctx_.backend == Backend::kCuda;
-    if (cuda) {
-        // Page-locked copies: the three uploads are asynchronous (the previous step's read-back
-        // waited for the stream, so no copy still reads them).
-        auto* staged = static_cast<int32_t*>(pinned_inputs_.data());
-        const int64_t S = limits_.max_sequences;
-        const std::vector<int32_t>* from[3] = {&host_i32_, &host_pos_, &host_len_};
+    {
         const TensorView to[3] = {tok, pos, lengths};
-        for (int i = 0; i < 3; ++i) {
-            std::copy(from[i]->begin(), from[i]->end(), staged + i * S);
-            cuda_copy_async(
-                to[i], ConstTensorView(staged + i * S, DType::kI32, to[i].shape(), Device::kCpu),
-                ctx_.stream);
-        }
-    } else {
-        upload(tok, host_i32_);
-        upload(pos, host_pos_);
-        upload(lengths, host_len_);
+        const std::span<const int32_t> from[3] = {host_i32_, host_pos_, host_len_};
+        upload_decode_inputs(to, from);
     }
     const float scale = block_attention_scale(c);
     const int64_t Hkv = c.num_kv_heads, D = c.head_dim, Tmax = limits_.max_len;
@@ -827,16 +837,7 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
         if (std::find(seqs.begin(), seqs.begin() + i, s.seq) != seqs.begin() + i)
             return invalid_argument_error("decode: sequence {} appears twice", s.seq);
         const int64_t len = paged_cache_.length(s.seq);
-        if (len == 0)
-            return invalid_argument_error("decode: sequence {} has no prompt (prefill it)", s.seq);
-        if (len >= limits_.max_len) {
-            return invalid_argument_error("decode: sequence {} fills its {}-token context", s.seq,
-                                          limits_.max_len);
-        }
-        if (s.token < 0 || s.token >= c.vocab_size) {
-            return invalid_argument_error("decode: token {} of sequence {} is outside [0, {})",
-                                          s.token, s.seq, c.vocab_size);
-        }
+        LATHE_RETURN_IF_ERROR(check_decode_step(s, len));
         seqs[size_t(i)] = s.seq;
         host_i32_[size_t(i)] = s.token;
         host_pos_[size_t(i)] = int32_t(len);
@@ -859,15 +860,15 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
     const TensorView pos = scratch(ix_.positions, Shape{nb, 1});
     TensorView lengths, slots, tables;
     if (cuda) {
-        // Page-locked inputs, uploaded asynchronously (the previous step's read-back waited for
-        // the stream): tokens, positions, lengths, the new keys' slots and the block tables,
-        // each row M entries wide (entries past a sequence's blocks are 0 and never read).
-        // Padding rows: token 0 at position 0, length 1, slot -1 (not written), table of 0s.
+        // Staged in place (upload_decode_inputs): tokens, positions, lengths, the new keys'
+        // slots and the block tables, each row M entries wide (entries past a sequence's blocks
+        // are 0 and never read). Padding rows: token 0 at position 0, length 1, slot -1 (not
+        // written), table of 0s.
         const int64_t S = limits_.max_sequences, M = paged_cache_.blocks_for(limits_.max_len);
         lengths = scratch(ix_.lengths, Shape{nb});
         slots = scratch(ix_.slots, Shape{nb});
         tables = scratch(ix_.tables, Shape{nb, M});
-        auto* staged = static_cast<int32_t*>(pinned_inputs_.data());
+        int32_t* staged = staged_inputs();
         int32_t* staged_tables = staged + 4 * S;
         std::fill(staged_tables, staged_tables + nb * M, 0);
         for (int64_t i = n; i < nb; ++i) {
@@ -884,18 +885,12 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
             const std::vector<int32_t>& t = paged_cache_.table(seqs[size_t(i)]);
             std::copy(t.begin(), t.end(), staged_tables + i * M);
         }
-        const TensorView to[4] = {tok, pos, lengths, slots};
-        for (int i = 0; i < 4; ++i) {
-            cuda_copy_async(
-                to[i], ConstTensorView(staged + i * S, DType::kI32, to[i].shape(), Device::kCpu),
-                ctx_.stream);
-        }
-        cuda_copy_async(tables,
-                        ConstTensorView(staged_tables, DType::kI32, tables.shape(), Device::kCpu),
-                        ctx_.stream);
+        const TensorView to[5] = {tok, pos, lengths, slots, tables};
+        upload_decode_inputs(to, {});
     } else {
-        upload(tok, host_i32_);
-        upload(pos, host_pos_);
+        const TensorView to[2] = {tok, pos};
+        const std::span<const int32_t> from[2] = {host_i32_, host_pos_};
+        upload_decode_inputs(to, from);
     }
     const float scale = block_attention_scale(c);
     const int64_t Hkv = c.num_kv_heads, D = c.head_dim, hd = Hkv * D;
@@ -945,7 +940,10 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
                 captured = g.status();
             }
         }
-        if (!captured.ok() && out.ok()) {
+        if (!captured.ok() && !CudaGraph::capture_refused(captured)) {
+            // CUDA failed for a reason other than the capture: running eagerly would meet it too.
+            out = captured;
+        } else if (!captured.ok() && out.ok()) {
             // Nothing of the failed capture ran: this bucket runs eagerly from here on.
             log_warning("inference: decode batch {} runs without a CUDA graph: {}", nb,
                         captured.to_string());

@@ -50,9 +50,10 @@
 // eagerly (the ops' one-time setup: cuBLASLt algorithm choice, kernel attributes), its second is
 // captured. Eager instead: the CPU; the row cache (its cache writes go to addresses chosen on the
 // host per step); tensor parallel (the all-reduce is NCCL's, not captured here); prefill (one
-// sequence, shapes that change per chunk); a bucket whose capture fails (CUDA refuses to start
-// it, an operation in it cannot be captured, or its graph cannot be instantiated): one warning
-// line, and that bucket launches eagerly from then on (the failed capture ran nothing).
+// sequence, shapes that change per chunk); a bucket whose capture CUDA refuses (a capture-
+// specific error starting it, inside it or instantiating its graph: CudaGraph::capture_refused):
+// one warning line, and that bucket launches eagerly from then on (the failed capture ran
+// nothing). Any other CUDA error met starting or ending the capture is the decode step's error.
 //
 // Memory: the engine reads the model's weights (the model must outlive it) and owns the KV cache
 // and one scratch arena sized for max(prefill_chunk, max_sequences) tokens, allocated once.
@@ -208,6 +209,18 @@ private:
     }
     void upload(TensorView dst, std::span<const int32_t> host) const;
     void copy(TensorView dst, ConstTensorView src) const;
+    // The checks of one decode step both caches share, once the sequence is known open and
+    // listed once: it has a prompt, room for one more token, and the token is in the vocabulary.
+    Status check_decode_step(const DecodeStep& s, int64_t len) const;
+    // The decode step's i32 inputs into their device views: to[i] from host[i] (every i when
+    // host is given). On CUDA through the page-locked staging (pinned_inputs_): column i of it,
+    // at i x max_sequences (tokens, positions, lengths, slots; the paged block tables after the
+    // four), takes host[i] first, or holds what the caller staged there when host is empty; then
+    // an asynchronous copy (the previous step's read-back waited for the stream, so no copy still
+    // reads the staging).
+    void upload_decode_inputs(std::span<const TensorView> to,
+                              std::span<const std::span<const int32_t>> host);
+    int32_t* staged_inputs() const { return static_cast<int32_t*>(pinned_inputs_.data()); }
     // Runs the blocks over x (B, T, C) = scratch x0 with the given attention; leaves the output
     // in the returned buffer (x0 or x1).
     template <typename Attend>

@@ -940,16 +940,18 @@ void Model::run_backward_from_final(TensorView dfinal) {
                           -1, 0, config_.max_position_embeddings);
         if (has_positions_) positions = act(plan_.positions, bt);
     }
-    TensorView ids = act(plan_.tokens, bt);
+    const TensorView ids = act(plan_.tokens, bt);
+    const TensorView dwte = entry_rows(grads_of(ParamRole::kTokenEmbedding),
+                                       ParamRole::kTokenEmbedding, -1, 0, config_.vocab_size);
     if (config_.vocab_parallel()) {
-        // Only the rows of the ids this shard holds reach its rows (ops/vocab_parallel.h); dres
-        // is dead after this.
-        vocab_shard_zero_rows(dres, ids, config_.vocab_begin, config_.vocab_size, ctx_);
-        ids = act(plan_.vocab_ids, bt);
+        // Only the rows of the ids this shard holds reach its rows; the other ids touch none
+        // (ops/vocab_parallel.h).
+        vocab_shard_embedding_backward(dwte, dres, ids, config_.vocab_begin, config_.vocab_total,
+                                       ctx_);
+        LATHE_CHECK(dwpe.is_null(), "a vocabulary shard's model has no learned positions");
+    } else {
+        embedding_backward(dwte, dwpe, dres, ids, positions, ctx_);
     }
-    embedding_backward(entry_rows(grads_of(ParamRole::kTokenEmbedding), ParamRole::kTokenEmbedding,
-                                  -1, 0, config_.vocab_size),
-                       dwpe, dres, ids, positions, ctx_);
     if (grads_ready_) grads_ready_(kOutsideLayers);
 }
 

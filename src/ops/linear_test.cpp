@@ -1,26 +1,14 @@
 #include "ops/linear.h"
 
-#include <cstring>
 #include <string>
 
+#include "ops/cuda/gemv.h"
 #include "ops/gelu.h"
 #include "ops/op_test.h"
 #include "ops/residual.h"
 
 namespace lathe::optest {
 namespace {
-
-// Same shape and the same bytes.
-::testing::AssertionResult bitwise_equal(const HostTensor& a, const HostTensor& b) {
-    if (a.view().shape() != b.view().shape())
-        return ::testing::AssertionFailure()
-               << a.view().to_string() << " vs " << b.view().to_string();
-    for (int64_t i = 0; i < a.numel(); ++i)
-        if (std::memcmp(a.as<float>() + i, b.as<float>() + i, sizeof(float)) != 0)
-            return ::testing::AssertionFailure()
-                   << "element " << i << ": " << a.as<float>()[i] << " vs " << b.as<float>()[i];
-    return ::testing::AssertionSuccess();
-}
 
 TEST(Linear, ForwardUsesTheOutInWeightLayout) {
     HostTensor x = tensor_of(Shape{1, 2}, {1, 2});
@@ -183,6 +171,27 @@ TEST(Linear, Fp8PrecisionStopsNamingOpRoleAndBackend) {
     EXPECT_DEATH(linear_forward(y1.view(), x.view(), w.view(), b.view(), ctx,
                                 LinearSpec{LinearPrecision::kFp8Blockwise, {}}),
                  "no kernel for fp8_blockwise \\(linear\\)");
+}
+
+// What the decode skinny GEMM (ops/cuda/gemv.h, the CUDA linear ops' choice with
+// LinearSpec::skinny_gemv) refuses, leaving the problem to cuBLASLt: more rows than
+// kGemvMaxRows, K not whole chunks, x or weight not 16-byte aligned, and a K or N the kernel's
+// int indexing cannot hold (2^31 and up). The check reads only shapes and addresses.
+TEST(CudaGemvSupports, OnlyWholeAlignedChunksAndIntSizes) {
+    alignas(16) static const bf16 buf[16] = {};
+    const int64_t big = int64_t(1) << 31;
+    EXPECT_TRUE(cuda::gemv_supports(16, 8, 1, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(17, 8, 1, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(0, 8, 1, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(1, 12, 1, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(1, 8, 1, buf + 1, buf));
+    EXPECT_FALSE(cuda::gemv_supports(1, 8, 1, buf, buf + 4));
+    EXPECT_FALSE(cuda::gemv_supports(1, 8, 0, buf, buf));
+    EXPECT_TRUE(cuda::gemv_supports(1, big - 8, 1, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(1, big, 1, buf, buf));
+    EXPECT_TRUE(cuda::gemv_supports(1, 8, big - 1, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(1, 8, big, buf, buf));
+    EXPECT_FALSE(cuda::gemv_supports(1, 8, big + 4, buf, buf));
 }
 
 }  // namespace

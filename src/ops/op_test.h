@@ -2,6 +2,7 @@
 // GoogleTest glue for the op tests: gradcheck.h's harness as assertions, and a CPU context.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 
 #include "ops/context.h"
@@ -29,6 +30,18 @@ inline ::testing::AssertionResult close_to(ConstTensorView a, ConstTensorView b,
     if (d <= tol) return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure()
            << "max difference " << d << " of the reference's scale > " << tol;
+}
+
+// Success when a and b (f32) have the same shape and the same bytes (-0.0 and +0.0 differ).
+inline ::testing::AssertionResult bitwise_equal(const HostTensor& a, const HostTensor& b) {
+    if (a.view().shape() != b.view().shape())
+        return ::testing::AssertionFailure()
+               << a.view().to_string() << " vs " << b.view().to_string();
+    for (int64_t i = 0; i < a.numel(); ++i)
+        if (std::memcmp(a.as<float>() + i, b.as<float>() + i, sizeof(float)) != 0)
+            return ::testing::AssertionFailure()
+                   << "element " << i << ": " << a.as<float>()[i] << " vs " << b.as<float>()[i];
+    return ::testing::AssertionSuccess();
 }
 
 // A HostTensor of the given shape filled from a list (row-major).

@@ -1,6 +1,8 @@
 #include "ops/vocab_parallel.h"
 
 #include "ops/cpu/vocab_parallel.h"
+#include "ops/cuda/dispatch.h"
+#include "ops/cuda/embedding.h"
 #include "ops/cuda/vocab_parallel.h"
 #include "ops/op_checks.h"
 
@@ -46,6 +48,34 @@ void vocab_shard_zero_rows(TensorView x, ConstTensorView ids, int64_t begin, int
             op_expect_dtype(kOp, "x", x, DType::kBF16);
             cuda::vocab_shard_zero_rows(x.as<bf16>(), ids.as<int32_t>(), N, C, begin, V,
                                         ctx.stream);
+            return;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+void vocab_shard_embedding_backward(TensorView dwte, ConstTensorView dx, ConstTensorView ids,
+                                    int64_t begin, int64_t total, const Context& ctx) {
+    constexpr const char* kOp = "vocab_shard_embedding_backward";
+    op_expect_dtype(kOp, "ids", ids, DType::kI32);
+    const auto [N, C] = op_rows_cols(kOp, "dx", dx);
+    LATHE_CHECK(ids.numel() == N, "{}: ids {} for dx {}", kOp, ids.to_string(), dx.to_string());
+    LATHE_CHECK(dwte.rank() == 2 && dwte.dim(1) == C, "{}: dwte {} for C={}", kOp, dwte.to_string(),
+                C);
+    const int64_t V = dwte.dim(0);
+    LATHE_CHECK(begin >= 0 && V >= 1 && begin + V <= total, "{}: rows {} .. {} of {}", kOp, begin,
+                begin + V, total);
+    op_expect_memory(kOp, ctx, {dwte, dx, ids});
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            op_expect_cpu_f32(kOp, {dwte, dx});
+            cpu::vocab_shard_embedding_backward(dwte.as<float>(), dx.as<float>(), ids.as<int32_t>(),
+                                                N, C, begin, V, total);
+            return;
+        case Backend::kCuda:
+            op_expect_dtype(kOp, "dwte", dwte, DType::kF32);
+            op_expect_dtype(kOp, "dx", dx, DType::kBF16);
+            cuda::embedding_backward_shard(dwte.as<float>(), dx.as<bf16>(), ids.as<int32_t>(), N, C,
+                                           begin, V, total, cuda_state_of(ctx, kOp), ctx.stream);
             return;
     }
     op_no_backend(kOp, ctx);

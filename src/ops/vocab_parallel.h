@@ -3,15 +3,20 @@
 // of the T ranks of a group holds rows [begin, begin + V) of the embedding and the LM head, V the
 // vocabulary over T; the token ids and targets index the whole vocabulary.
 //
-// Embedding (with ops/embedding.h over the shard):
+// Embedding (the forward with ops/embedding.h over the shard):
 //   vocab_shard_ids:        local[n] = ids[n] - begin   where begin <= ids[n] < begin + V, else 0
 //   vocab_shard_zero_rows:  x[n, :] = 0                 where ids[n] is outside [begin, begin + V)
+//   vocab_shard_embedding_backward:
+//                           dwte[ids[n] - begin, :] += dx[n, :]   where begin <= ids[n] < begin + V
 // The forward looks the local ids up in the shard and clears the rows of the ids it does not hold
 // (row 0 stood in for them); the sum over the group gives every row its one embedding. The
-// backward clears the same rows of the gradient first, so embedding_backward adds only the rows
-// of the ids the shard holds (the others add zeros to row 0).
-// Shapes: ids, local (N) i32 (ids in [0, total), checked on the CPU) | x (N, C).
-// Dtypes: CPU f32 x. CUDA bf16 x. Deterministic (no reductions).
+// backward adds only the rows of the ids the shard holds and skips the others: no row of dwte is
+// touched for them. (Clearing their gradient rows and adding them to row 0 gives the same sums,
+// but on CUDA makes row 0's sorted segment hold most of the tokens, one block's serial walk.)
+// Shapes: ids, local (N) i32 (ids in [0, total), checked on the CPU) | x, dx (N, C) | dwte (V, C).
+// Dtypes: CPU f32 x, dx, dwte. CUDA bf16 x, dx, f32 dwte. Deterministic: the backward is
+// ops/embedding.h's (each element of dwte sums its rows in row order, bit-equal across backends
+// up to dx's rounding to bf16; no atomics).
 //
 // Cross-entropy: the rows' statistics of the shards (lm_head_cross_entropy_forward with an
 // LmHeadVocabShard: the shard's lse and lse minus its part of the target logit) combined:
@@ -44,6 +49,11 @@ void vocab_shard_ids(TensorView local, ConstTensorView ids, int64_t begin, int64
 
 void vocab_shard_zero_rows(TensorView x, ConstTensorView ids, int64_t begin, int64_t V,
                            const Context& ctx);
+
+// dwte (V, C) accumulates (+=), as embedding_backward's dwte; total bounds the ids (the whole
+// vocabulary), begin + V <= total.
+void vocab_shard_embedding_backward(TensorView dwte, ConstTensorView dx, ConstTensorView ids,
+                                    int64_t begin, int64_t total, const Context& ctx);
 
 // In-place reductions over the ranks holding the other shards (header comment).
 struct VocabParallelReduce {

@@ -15,16 +15,17 @@ const char* optimizer_schedule_name(OptimizerSchedule s) {
 
 void adamw_segments_by_unit(std::span<const FlatRange> units,
                             std::span<const AdamWSegment> segments,
-                            std::vector<std::vector<AdamWSegment>>& out) {
+                            std::vector<std::vector<AdamWSegment>>& out, int64_t offset) {
     LATHE_CHECK(!units.empty() || segments.empty(), "{} segments over no unit", segments.size());
     out.resize(units.size());
     for (auto& s : out) s.clear();
     size_t u = 0;
     for (const AdamWSegment& g : segments) {
-        while (u + 1 < units.size() && g.offset >= units[u].end) ++u;
-        while (u > 0 && g.offset < units[u].begin) --u;
-        LATHE_CHECK(g.offset >= units[u].begin && g.offset + g.count <= units[u].end,
-                    "segment [{}, {}) outside the arena's units", g.offset, g.offset + g.count);
+        const int64_t at = g.offset + offset;
+        while (u + 1 < units.size() && at >= units[u].end) ++u;
+        while (u > 0 && at < units[u].begin) --u;
+        LATHE_CHECK(at >= units[u].begin && at + g.count <= units[u].end,
+                    "segment [{}, {}) outside the arena's units", at, at + g.count);
         out[u].push_back(g);
     }
 }

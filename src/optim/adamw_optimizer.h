@@ -85,11 +85,13 @@ enum class OptimizerSchedule { kSerial, kOverlapped };
 const char* optimizer_schedule_name(OptimizerSchedule s);  // "serial" | "overlapped"
 
 // `segments` split over `units` (consecutive ranges in ascending order): out[u] (resized to the
-// units) holds the segments inside unit u, in their order. A segment across a unit boundary or
-// outside every unit is a broken invariant (checked): units are runs of whole entries.
+// units) holds the segments inside unit u, in their order and as given. A segment's place in the
+// units' coordinates is its offset plus `offset` (segments of a part of the vector that starts at
+// `offset`, such as the offloaded part's). A segment across a unit boundary or outside every unit
+// is a broken invariant (checked): units are runs of whole entries.
 void adamw_segments_by_unit(std::span<const FlatRange> units,
                             std::span<const AdamWSegment> segments,
-                            std::vector<std::vector<AdamWSegment>>& out);
+                            std::vector<std::vector<AdamWSegment>>& out, int64_t offset = 0);
 
 // Shard `rank` of `world` contiguous shards of [0, total): the first total % world shards have
 // one element more than the others. 0 <= rank < world (checked).

@@ -15,69 +15,33 @@
 #include <vector>
 
 #include "model/adamw_moments_test_util.h"
-#include "model/model.h"
-#include "model/registry.h"
-#include "ops/cuda/cuda_state.h"
-#include "ops/cuda/memory.h"
 #include "optim/adamw_optimizer.h"
+#include "optim/optimizer_gpu_test_util.h"
 #include "optim/optimizer_state.h"
 
 namespace lathe {
 namespace {
 
-constexpr const char* kLlamaJson = R"({"architectures": ["LlamaForCausalLM"],
-  "model_type": "llama", "vocab_size": 384, "hidden_size": 128, "intermediate_size": 256,
-  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-  "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-  "tie_word_embeddings": false})";
+using namespace optim_gpu_test;
 
-constexpr int64_t kB = 2, kT = 64;
-
-class AdamWOptimizerGpu : public ::testing::Test {
+class AdamWOptimizerGpu : public CudaSuite {
 protected:
-    static void SetUpTestSuite() { state_ = new CudaState(0); }
-    static void TearDownTestSuite() {
-        delete state_;
-        state_ = nullptr;
-    }
-
     Model make_model() {
-        Result<ModelConfig> c = model_config_from_hf_json(kLlamaJson, "test/config.json");
-        LATHE_CHECK(c.ok(), "{}", c.status().to_string());
-        ModelShape shape;
-        shape.batch = kB;
-        shape.seq_len = kT;
-        Result<Model> m = Model::create(*c, shape, state_->context());
-        LATHE_CHECK(m.ok(), "{}", m.status().to_string());
-        m->init(3);
-        return std::move(*m);
+        Model m = make_llama(state_->context(), 2);
+        m.init(3);
+        return m;
     }
 
     // Gradients of a batch that depends on `salt`, and their norm left in device memory.
     static void gradients(Model& m, int salt) {
-        HostTensor tok(DType::kI32, Shape{kB, kT}), tgt(DType::kI32, Shape{kB, kT});
-        for (int64_t i = 0; i < kB * kT; ++i) {
-            tok.as<int32_t>()[i] = int32_t((i * 7919 + salt * 104729) % 384);
-            tgt.as<int32_t>()[i] = int32_t((i * 104729 + salt * 7919) % 384);
-        }
+        const SaltedBatch b = salted_batch(salt);
         m.zero_grads();
-        m.forward_backward(ModelBatch{tok.view(), tgt.view(), {}, {}});
+        m.forward_backward(b.batch());
         m.grad_norm();
     }
 
-    // The bytes of a device view.
-    std::vector<uint8_t> bytes(ConstTensorView v) const {
-        std::vector<uint8_t> out(v.bytes());
-        cuda_copy_sync(
-            TensorView(out.data(), DType::kU8, Shape{int64_t(out.size())}),
-            ConstTensorView(v.data(), DType::kU8, Shape{int64_t(v.bytes())}, Device::kCuda),
-            state_->stream());
-        return out;
-    }
-
-    static CudaState* state_;
+    std::vector<uint8_t> bytes(ConstTensorView v) const { return device_bytes(v, *state_); }
 };
-CudaState* AdamWOptimizerGpu::state_ = nullptr;
 
 TEST_F(AdamWOptimizerGpu, StepsAModelAsTheOpDoesAndShardsAgree) {
     Model a = make_model(), b = make_model(), c = make_model();

@@ -286,6 +286,37 @@ TEST(AdamWOptimizer, FlatShardsPartitionTheRange) {
     }
 }
 
+// Segments split over the units by their place in the units' coordinates (offset + the
+// argument), kept as given: the offloaded part's segments, counted from its start, split as the
+// same segments counted from the vector's start.
+TEST(AdamWOptimizer, SegmentsByUnitPlaceSegmentsAtTheirOffset) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    const std::vector<FlatRange> units = {{0, 10}, {10, 30}, {30, 40}};
+    const std::vector<AdamWSegment> whole = {
+        {10, 5, 1e-3, 0.1}, {16, 14, 1e-3, 0.0}, {30, 10, 2e-3, 0.1}};
+    std::vector<AdamWSegment> part = whole;
+    for (AdamWSegment& g : part) g.offset -= 10;
+    std::vector<std::vector<AdamWSegment>> by_whole, by_part;
+    adamw_segments_by_unit(units, whole, by_whole);
+    adamw_segments_by_unit(units, part, by_part, 10);
+    ASSERT_EQ(by_whole.size(), 3u);
+    ASSERT_EQ(by_part.size(), 3u);
+    for (size_t u = 0; u < 3; ++u) {
+        ASSERT_EQ(by_part[u].size(), by_whole[u].size()) << u;
+        for (size_t i = 0; i < by_part[u].size(); ++i) {
+            EXPECT_EQ(by_part[u][i].offset + 10, by_whole[u][i].offset) << u << " " << i;
+            EXPECT_EQ(by_part[u][i].count, by_whole[u][i].count);
+            EXPECT_EQ(by_part[u][i].lr, by_whole[u][i].lr);
+        }
+    }
+    EXPECT_TRUE(by_part[0].empty());
+    EXPECT_EQ(by_part[1].size(), 2u);
+    EXPECT_EQ(by_part[2].size(), 1u);
+    // Without the offset, the part's first segment [0, 5) lies in unit 0 and its second
+    // [6, 20) across the boundary at 10: a broken invariant.
+    EXPECT_DEATH(adamw_segments_by_unit(units, part, by_part), "segment \\[6, 20\\) outside");
+}
+
 TEST(AdamWOptimizer, StateCopiesOutAndIn) {
     Problem p;
     Result<AdamWOptimizer> opt = AdamWOptimizer::create(p.P, {100, 400}, cpu_context());

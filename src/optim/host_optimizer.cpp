@@ -38,19 +38,19 @@ Result<std::shared_ptr<void>> host_block(size_t bytes, bool pinned) {
 // Consecutive stepped segments (arena order) whose entries are adjacent in the model's entry
 // list, merged: the ranges the bf16 weights are copied back over (the gap between two adjacent
 // entries is alignment padding, zero in staging and in the compute copy alike).
-// `entry_offsets`: every entry's offset, ascending.
+// `entry_offsets`: every entry's offset, ascending. A segment's place among the entries and in
+// the runs is its offset plus `offset` (as adamw_segments_by_unit's).
 void append_runs(std::span<const AdamWSegment> segments, const std::vector<int64_t>& entry_offsets,
-                 std::vector<FlatRange>& runs) {
+                 int64_t offset, std::vector<FlatRange>& runs) {
     size_t last = 0;
     for (size_t i = 0; i < segments.size(); ++i) {
-        const AdamWSegment& g = segments[i];
-        const size_t e =
-            size_t(std::lower_bound(entry_offsets.begin(), entry_offsets.end(), g.offset) -
-                   entry_offsets.begin());
-        if (i > 0 && e == last + 1 && runs.back().end <= g.offset)
-            runs.back().end = g.offset + g.count;
+        const int64_t at = segments[i].offset + offset, count = segments[i].count;
+        const size_t e = size_t(std::lower_bound(entry_offsets.begin(), entry_offsets.end(), at) -
+                                entry_offsets.begin());
+        if (i > 0 && e == last + 1 && runs.back().end <= at)
+            runs.back().end = at + count;
         else
-            runs.push_back(FlatRange{g.offset, g.offset + g.count});
+            runs.push_back(FlatRange{at, at + count});
         last = e;
     }
 }
@@ -69,8 +69,8 @@ struct HostOptimizer::Impl {
     std::shared_ptr<void> masters, m, v, landing, staging;
     CpuAdamW adamw;
     std::vector<int64_t> entry_offsets;  // every parameter entry's arena offset, ascending
-    // step()'s segments of [base, total): as given, and shifted by -base (the host buffers').
-    std::vector<AdamWSegment> host_segments_abs, host_segments;
+    // step()'s segments of [base, total), shifted by -base (the host buffers' coordinates).
+    std::vector<AdamWSegment> host_segments;
 
     // ---- the part kept on the device, [0, base) (base > 0: offload_fraction < 1) ----
     std::optional<AdamWOptimizer> device;  // its moments, where the model computes
@@ -213,15 +213,11 @@ void HostOptimizer::Impl::run_worker() {
 
 void HostOptimizer::Impl::post(std::span<const AdamWSegment> segments) {
     for (auto& r : unit_runs) r.clear();
-    // `segments` are the offloaded part's, shifted by base: the units and runs are the vector's
-    // coordinates.
-    std::vector<AdamWSegment> shifted(segments.begin(), segments.end());
-    for (AdamWSegment& g : shifted) g.offset += base;
-    adamw_segments_by_unit(units, shifted, unit_segments);
-    for (size_t i = 0; i < units.size(); ++i) {
-        append_runs(unit_segments[i], entry_offsets, unit_runs[i]);
-        for (AdamWSegment& g : unit_segments[i]) g.offset -= base;
-    }
+    // `segments` are the offloaded part's (offsets less base, the host buffers' coordinates);
+    // the units and runs are the vector's, base further on.
+    adamw_segments_by_unit(units, segments, unit_segments, base);
+    for (size_t i = 0; i < units.size(); ++i)
+        append_runs(unit_segments[i], entry_offsets, base, unit_runs[i]);
     {
         std::lock_guard lock(mu);
         done = 0;
@@ -466,14 +462,12 @@ void HostOptimizer::step(Model& model, std::span<const AdamWSegment> segments,
     // The device part first (enqueued), then the offloaded segments, shifted to the host
     // buffers' coordinates (a segment is one entry, inside one unit: on one side of base).
     im.step_device(segments, hyper, step, max_grad_norm);
-    im.host_segments_abs.clear();
     im.host_segments.clear();
     for (const AdamWSegment& g : segments) {
         LATHE_CHECK(g.offset >= im.base || g.offset + g.count <= im.base,
                     "segment [{}, {}) straddles the offload split at {}", g.offset,
                     g.offset + g.count, im.base);
         if (g.offset < im.base) continue;
-        im.host_segments_abs.push_back(g);
         im.host_segments.push_back(g);
         im.host_segments.back().offset -= im.base;
     }
@@ -522,7 +516,7 @@ void HostOptimizer::step(Model& model, std::span<const AdamWSegment> segments,
     if (im.cuda) {
         // Enqueued: the next forward, on the same stream, reads the weights after the copies.
         std::vector<FlatRange> runs;
-        append_runs(im.host_segments_abs, im.entry_offsets, runs);
+        append_runs(host_segments, im.entry_offsets, im.base, runs);
         const TensorView compute = model.params_compute_flat();
         const bf16* stage = static_cast<const bf16*>(im.staging.get());
         for (const FlatRange& r : runs)

@@ -18,55 +18,25 @@
 #include <cstring>
 #include <vector>
 
-#include "model/model.h"
-#include "model/registry.h"
-#include "ops/cuda/cuda_state.h"
-#include "ops/cuda/memory.h"
 #include "optim/adamw_optimizer.h"
 #include "optim/host_optimizer.h"
+#include "optim/optimizer_gpu_test_util.h"
 
 namespace lathe {
 namespace {
 
-constexpr const char* kLlamaJson = R"({"architectures": ["LlamaForCausalLM"],
-  "model_type": "llama", "vocab_size": 384, "hidden_size": 128, "intermediate_size": 256,
-  "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-  "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-  "tie_word_embeddings": false})";
+using namespace optim_gpu_test;
 
-constexpr int64_t kB = 2, kT = 64;
 constexpr float kMaxNorm = 0.05f;
 constexpr size_t kFrozen = 3;  // an entry of layer 0
 
-class HostOptimizerGpu : public ::testing::Test {
+class HostOptimizerGpu : public CudaSuite {
 protected:
-    static void SetUpTestSuite() { state_ = new CudaState(0); }
-    static void TearDownTestSuite() {
-        delete state_;
-        state_ = nullptr;
-    }
-
     static Model make_model(bool masters_on_host, double fraction = 1.0) {
-        Result<ModelConfig> c = model_config_from_hf_json(kLlamaJson, "test/config.json");
-        LATHE_CHECK(c.ok(), "{}", c.status().to_string());
-        ModelShape shape;
-        shape.batch = kB;
-        shape.seq_len = kT;
-        shape.masters_on_host = masters_on_host;
-        shape.offload_fraction = fraction;
-        Result<Model> m = Model::create(*c, shape, state_->context());
-        LATHE_CHECK(m.ok(), "{}", m.status().to_string());
-        return std::move(*m);
+        return make_llama(state_->context(), 3, masters_on_host, fraction);
     }
 
-    static std::vector<uint8_t> bytes(ConstTensorView v) {
-        std::vector<uint8_t> out(v.bytes());
-        cuda_copy_sync(
-            TensorView(out.data(), DType::kU8, Shape{int64_t(out.size())}),
-            ConstTensorView(v.data(), DType::kU8, Shape{int64_t(v.bytes())}, Device::kCuda),
-            state_->stream());
-        return out;
-    }
+    static std::vector<uint8_t> bytes(ConstTensorView v) { return device_bytes(v, *state_); }
     template <typename T>
     static std::vector<uint8_t> bytes(const std::vector<T>& v) {
         std::vector<uint8_t> out(v.size() * sizeof(T));
@@ -94,15 +64,9 @@ protected:
             if (host) host->before_zero_grads();
             model.zero_grads();
             for (int k = 0; k < 2; ++k) {
-                HostTensor tok(DType::kI32, Shape{kB, kT}), tgt(DType::kI32, Shape{kB, kT});
-                const int salt = 2 * step + k;
-                for (int64_t i = 0; i < kB * kT; ++i) {
-                    tok.as<int32_t>()[i] = int32_t((i * 7919 + salt * 104729) % 384);
-                    tgt.as<int32_t>()[i] = int32_t((i * 104729 + salt * 7919) % 384);
-                }
+                const SaltedBatch b = salted_batch(2 * step + k);
                 if (host && k == 1) host->arm_gradient_copies();
-                r.losses.push_back(
-                    model.forward_backward(ModelBatch{tok.view(), tgt.view(), {}, {}}, 0.5f));
+                r.losses.push_back(model.forward_backward(b.batch(), 0.5f));
             }
             model.zero_grad_entry(kFrozen);
             r.norms.push_back(model.grad_norm());
@@ -139,10 +103,7 @@ protected:
         r.v = bytes(v);
         return r;
     }
-
-    static CudaState* state_;
 };
-CudaState* HostOptimizerGpu::state_ = nullptr;
 
 TEST_F(HostOptimizerGpu, SchedulesGiveTheDeviceOptimizersBits) {
     Model d = make_model(false);

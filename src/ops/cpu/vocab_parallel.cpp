@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "ops/cpu/parallel.h"
 #include "ops/lm_head_cross_entropy.h"
 
 namespace lathe::cpu {
@@ -23,6 +24,21 @@ void vocab_shard_zero_rows(float* x, const int32_t* ids, int64_t N, int64_t C, i
     for (int64_t n = 0; n < N; ++n) {
         const int64_t i = int64_t(ids[n]) - begin;
         if (i < 0 || i >= V) std::memset(x + n * C, 0, size_t(C) * sizeof(float));
+    }
+}
+
+void vocab_shard_embedding_backward(float* dwte, const float* dx, const int32_t* ids, int64_t N,
+                                    int64_t C, int64_t begin, int64_t V, int64_t total) {
+    for (int64_t n = 0; n < N; ++n) {
+        LATHE_CHECK(ids[n] >= 0 && ids[n] < total, "id {} at row {} outside [0, {})", ids[n], n,
+                    total);
+    }
+    LATHE_OMP_PARALLEL_FOR(N * C)
+    for (int64_t c = 0; c < C; ++c) {
+        for (int64_t n = 0; n < N; ++n) {
+            const int64_t i = int64_t(ids[n]) - begin;
+            if (i >= 0 && i < V) dwte[i * C + c] += dx[n * C + c];
+        }
     }
 }
 

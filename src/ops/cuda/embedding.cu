@@ -61,15 +61,26 @@ constexpr int kWindow = 64;           // sorted positions per block chunk, and p
 constexpr int kMaxSortThreads = 256;  // column threads per block
 constexpr uint32_t kNoKey = 0xFFFFFFFFu;  // past the end (ids are < 2^31)
 
-// rows_in[n] = n, and every id is checked against the table (an id outside it traps).
+// The ids whose rows the table holds: [begin, begin + rows), at table row id - begin. The whole
+// table (begin 0) for embedding_backward; a vocabulary shard for embedding_backward_shard, whose
+// other ids are sorted like any id (each its own segment) but their segments load and store
+// nothing.
+struct HeldKeys {
+    uint32_t begin;
+    uint32_t rows;
+    __device__ __forceinline__ bool held(uint32_t key) const { return key - begin < rows; }
+    __device__ __forceinline__ int64_t row(uint32_t key) const { return int64_t(key - begin); }
+};
+
+// rows_in[n] = n, and every id is checked against [0, total) (an id outside it traps).
 __global__ void embedding_sort_prepare_kernel(int32_t* __restrict__ rows_in,
                                               const int32_t* __restrict__ ids, int64_t N,
-                                              int64_t rows) {
+                                              int64_t total) {
     for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < N;
          n += int64_t(gridDim.x) * blockDim.x) {
         const int64_t id = ids[n];
-        LATHE_DEVICE_CHECK(id >= 0 && id < rows, "id %lld at row %lld, table %lld", (long long)id,
-                           (long long)n, (long long)rows);
+        LATHE_DEVICE_CHECK(id >= 0 && id < total, "id %lld at row %lld, ids below %lld",
+                           (long long)id, (long long)n, (long long)total);
         rows_in[n] = int32_t(n);
     }
 }
@@ -95,12 +106,14 @@ __device__ __forceinline__ void fetch_window(uint32_t (&k)[2], int32_t (&r)[2],
 // dtable[key, c] = (...(dtable[key, c] + dout[row_0, c]) + dout[row_1, c]) ... in sorted (= row)
 // order: the CPU twin's additions exactly. Control flow depends on the keys only, so it is uniform
 // over the block; threads past C stay in the walk (the lanes' shuffles need the whole warp) but
-// load and store nothing.
+// load and store nothing. A segment whose key the table does not hold (HeldKeys) is walked the
+// same way and loads and stores nothing.
 __global__ void __launch_bounds__(kMaxSortThreads)
     embedding_backward_segments_kernel(float* __restrict__ dtable,
                                        const __nv_bfloat16* __restrict__ dout,
                                        const uint32_t* __restrict__ keys,
-                                       const int32_t* __restrict__ rows, int64_t N, int64_t C) {
+                                       const int32_t* __restrict__ rows, int64_t N, int64_t C,
+                                       HeldKeys table) {
     const int lane = threadIdx.x % kWarpSize;
     const int64_t p0 = int64_t(blockIdx.x) * kWindow;
     const int64_t chunk_end = min(N, p0 + kWindow);
@@ -122,7 +135,7 @@ __global__ void __launch_bounds__(kMaxSortThreads)
     // (that segment started in the chunk: the chunk holds a start at or before it).
     const uint32_t last_key = keys[chunk_end - 1];
     uint32_t cur = keys[first];  // the open segment's key
-    float acc = active ? dst[int64_t(cur) * C] : 0.0f;
+    float acc = active && table.held(cur) ? dst[table.row(cur) * C] : 0.0f;
     int64_t p = first;
     uint32_t wk[2];
     int32_t wr[2];
@@ -133,15 +146,18 @@ __global__ void __launch_bounds__(kMaxSortThreads)
         fetch_window(nk, nr, keys, rows, p + kWindow, N, lane);  // in flight during this window
         if (__shfl_sync(kFullMask, wk[1], kWarpSize - 1) == cur) {
             // All 64 positions continue the open segment (sorted keys: the last equal to the open
-            // one means all are; kNoKey past the end never is): 64 row loads, then the adds.
-            float v[kWindow];
+            // one means all are; kNoKey past the end never is): 64 row loads, then the adds, or
+            // nothing for a key the table does not hold (cur is the same in the whole block).
+            if (table.held(cur)) {
+                float v[kWindow];
 #pragma unroll
-            for (int j = 0; j < kWindow; ++j) {
-                const int64_t r = __shfl_sync(kFullMask, wr[j / kWarpSize], j % kWarpSize);
-                v[j] = active ? __bfloat162float(src[r * C]) : 0.0f;
+                for (int j = 0; j < kWindow; ++j) {
+                    const int64_t r = __shfl_sync(kFullMask, wr[j / kWarpSize], j % kWarpSize);
+                    v[j] = active ? __bfloat162float(src[r * C]) : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < kWindow; ++j) acc += v[j];
             }
-#pragma unroll
-            for (int j = 0; j < kWindow; ++j) acc += v[j];
         } else {
             // Segment ends and starts inside the window: per half, the rows and the old table rows
             // of the segments starting there are loaded first, then added in order.
@@ -163,16 +179,17 @@ __global__ void __launch_bounds__(kMaxSortThreads)
 #pragma unroll
                 for (int j = 0; j < kWarpSize; ++j) {
                     const int64_t r = __shfl_sync(kFullMask, wr[h], j);
-                    const int64_t k = __shfl_sync(kFullMask, wk[h], j);
+                    const uint32_t k = __shfl_sync(kFullMask, wk[h], j);
                     const bool in = (in_mask[h] >> j) & 1u, start = (start_mask[h] >> j) & 1u;
-                    v[j] = active && in ? __bfloat162float(src[r * C]) : 0.0f;
-                    init[j] = active && start ? dst[k * C] : 0.0f;
+                    const bool held = active && table.held(k);
+                    v[j] = held && in ? __bfloat162float(src[r * C]) : 0.0f;
+                    init[j] = held && start ? dst[table.row(k) * C] : 0.0f;
                 }
 #pragma unroll
                 for (int j = 0; j < kWarpSize; ++j) {
                     if (!((in_mask[h] >> j) & 1u)) break;  // the mask is the same in every lane
                     if ((start_mask[h] >> j) & 1u) {
-                        if (active) dst[int64_t(cur) * C] = acc;
+                        if (active && table.held(cur)) dst[table.row(cur) * C] = acc;
                         cur = __shfl_sync(kFullMask, wk[h], j);
                         acc = init[j];
                     }
@@ -186,7 +203,7 @@ __global__ void __launch_bounds__(kMaxSortThreads)
 #pragma unroll
         for (int h = 0; h < 2; ++h) wk[h] = nk[h], wr[h] = nr[h];
     }
-    if (active) dst[int64_t(cur) * C] = acc;
+    if (active && table.held(cur)) dst[table.row(cur) * C] = acc;
 }
 
 // kVec (1 or 2) consecutive values as fp32, and back; p aligned to kVec elements.
@@ -300,15 +317,16 @@ SortScratch sort_scratch(CudaState& state, int64_t N, int bits) {
     return s;
 }
 
-// dtable (rows, C) += the dout rows of each id, ids (N) i32 checked against `rows`.
+// dtable (rows, C) += the dout rows of each id in [begin, begin + rows), at row id - begin; ids
+// (N) i32 checked against [0, total); the other ids add nothing.
 void backward_sorted(CudaState& state, CUstream_st* stream, float* dtable,
                      const __nv_bfloat16* dout, const int32_t* ids, int64_t N, int64_t C,
-                     int64_t rows) {
-    const int bits = key_bits(rows);
+                     int64_t begin, int64_t rows, int64_t total) {
+    const int bits = key_bits(total);
     SortScratch s = sort_scratch(state, N, bits);
-    embedding_sort_prepare_kernel<<<blocks_for(N, 256), 256, 0, stream>>>(s.rows_in, ids, N, rows);
+    embedding_sort_prepare_kernel<<<blocks_for(N, 256), 256, 0, stream>>>(s.rows_in, ids, N, total);
     LATHE_CUDA_CHECK_LAUNCH();
-    // Checked ids are in [0, rows): as unsigned keys of `bits` bits they sort as the ids do.
+    // Checked ids are in [0, total): as unsigned keys of `bits` bits they sort as the ids do.
     LATHE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
         s.temp, s.temp_bytes, reinterpret_cast<const uint32_t*>(ids), s.keys_out, s.rows_in,
         s.rows_out, int(N), 0, bits, stream));
@@ -317,8 +335,9 @@ void backward_sorted(CudaState& state, CUstream_st* stream, float* dtable,
     // Column slices of equal width (C = 768: 3 x 256 threads; C = 2048: 8 x 256).
     const int threads = int((C + slices - 1) / slices + kWarpSize - 1) / kWarpSize * kWarpSize;
     const dim3 grid(blocks_for(N, kWindow, INT32_MAX), unsigned(slices));
+    const HeldKeys table{uint32_t(begin), uint32_t(rows)};
     embedding_backward_segments_kernel<<<grid, threads, 0, stream>>>(dtable, dout, s.keys_out,
-                                                                     s.rows_out, N, C);
+                                                                     s.rows_out, N, C, table);
     LATHE_CUDA_CHECK_LAUNCH();
 }
 
@@ -367,10 +386,10 @@ void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_
     if (N == 0) return;
     LATHE_CHECK(N < INT32_MAX, "embedding_backward: {} rows do not fit the row index", N);
     const auto* g = reinterpret_cast<const __nv_bfloat16*>(dout);
-    if (dwte != nullptr) backward_sorted(state, stream, dwte, g, tokens, N, C, V);
+    if (dwte != nullptr) backward_sorted(state, stream, dwte, g, tokens, N, C, 0, V, V);
     if (dwpe == nullptr) return;
     if (positions != nullptr) {
-        backward_sorted(state, stream, dwpe, g, positions, N, C, P);
+        backward_sorted(state, stream, dwpe, g, positions, N, C, 0, P, P);
     } else {
         LATHE_CHECK(T <= P,
                     "embedding_backward: sequences of T={} tokens need positions 0..{}, the "
@@ -378,6 +397,17 @@ void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_
                     T, T - 1, P);
         backward_positions(dwpe, g, B, T, C, stream);
     }
+}
+
+void embedding_backward_shard(float* dwte, const bf16* dout, const int32_t* ids, int64_t N,
+                              int64_t C, int64_t begin, int64_t V, int64_t total, CudaState& state,
+                              CUstream_st* stream) {
+    if (N == 0) return;
+    LATHE_CHECK(N < INT32_MAX, "embedding_backward_shard: {} rows do not fit the row index", N);
+    LATHE_CHECK(begin >= 0 && V >= 1 && begin + V <= total && total <= INT32_MAX,
+                "embedding_backward_shard: rows {} .. {} of {}", begin, begin + V, total);
+    backward_sorted(state, stream, dwte, reinterpret_cast<const __nv_bfloat16*>(dout), ids, N, C,
+                    begin, V, total);
 }
 
 }  // namespace lathe::cuda

@@ -39,6 +39,16 @@ void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_
                         const int32_t* positions, int64_t B, int64_t T, int64_t C, int64_t V,
                         int64_t P, CudaState& state, CUstream_st* stream);
 
+// The backward of a vocabulary shard's embedding (ops/vocab_parallel.h): dwte (V, C) f32 +=
+// the dout (N, C) bf16 rows of the ids (N, the whole vocabulary's, checked against [0, total)) in
+// [begin, begin + V), at row id - begin. The same sort by the ids themselves, so an id of another
+// shard is a segment of its own, walked without loads or stores: the ids the shard does not hold
+// (most of them) touch no row and pile onto no segment. Bit-equal to the CPU twin; its scratch is
+// embedding_backward_scratch_bytes(N, total).
+void embedding_backward_shard(float* dwte, const bf16* dout, const int32_t* ids, int64_t N,
+                              int64_t C, int64_t begin, int64_t V, int64_t total, CudaState& state,
+                              CUstream_st* stream);
+
 // Bytes of the state's scratch that the sorted backward of N ids into a table of `rows` rows uses
 // (sorted keys, row numbers in and out, CUB's temporary storage); embedding_backward stops with a
 // message when this exceeds CudaState::kScratchBytes. Needs a current CUDA device (CUB asks it).

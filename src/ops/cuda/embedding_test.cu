@@ -4,12 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "ops/cuda/cuda_test_util.h"
 #include "ops/cuda/embedding.h"
 #include "ops/embedding.h"
+#include "ops/vocab_parallel.h"
 
 namespace lathe {
 namespace {
@@ -158,6 +160,59 @@ TEST(CudaEmbedding, SortScratchFitsTheTrainingShapes) {
     EXPECT_LE(gpt2, size_t(2) << 20);
     EXPECT_LE(llama, size_t(2) << 20);
     EXPECT_LE(big, CudaState::kScratchBytes);
+}
+
+// The backward of a vocabulary shard (ops/vocab_parallel.h) against its CPU twin: equal bits,
+// twice the same. Ids Zipf-like over the whole vocabulary, so the first of S shards holds most
+// of them and every other shard a few: most ids lie outside those shards (sorted as segments of
+// their own that load and store nothing) and none adds to the shard's row 0.
+void check_vocab_shard_backward(int64_t B, int64_t T, int64_t C, int64_t total, int64_t S,
+                                uint64_t seed) {
+    SCOPED_TRACE(::testing::Message()
+                 << "N=" << B * T << " C=" << C << " vocabulary " << total << " over " << S);
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(seed);
+    HostTensor ids(DType::kI32, {B, T});
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+        const double u = rng.uniform(0.0f, 1.0f);
+        const int64_t id = int64_t(std::floor(std::pow(double(total), u))) - 1;
+        ids.as<int32_t>()[i] = int32_t(std::min<int64_t>(std::max<int64_t>(id, 0), total - 1));
+    }
+    const HostTensor dx = random_bf16_values(rng, {B, T, C});
+    DeviceTensor gids = upload(ids, DType::kI32, state), gdx = upload(dx, DType::kBF16, state);
+    const int64_t V = total / S;
+    for (int64_t s = 0; s < S; ++s) {
+        SCOPED_TRACE(::testing::Message() << "shard " << s);
+        int64_t held = 0;
+        for (int64_t i = 0; i < ids.numel(); ++i)
+            held += ids.as<int32_t>()[i] >= s * V && ids.as<int32_t>()[i] < (s + 1) * V;
+        if (s > 0) EXPECT_LT(held * 2, ids.numel()) << "most ids outside the shard";
+        const HostTensor dwte0 = optest::random_tensor(rng, {V, C});
+        HostTensor want = optest::copy_tensor(dwte0.view());
+        vocab_shard_embedding_backward(want.view(), dx.view(), ids.view(), s * V, total, cpu);
+        HostTensor first;
+        for (int run = 0; run < 2; ++run) {
+            DeviceTensor dwte = upload(dwte0, DType::kF32, state);
+            vocab_shard_embedding_backward(dwte.view, gdx.view, gids.view, s * V, total, gpu);
+            HostTensor got = download_f32(dwte.view, state);
+            EXPECT_TRUE(bitwise_equal(got, want)) << "run " << run;
+            if (run == 0)
+                first = std::move(got);
+            else
+                EXPECT_TRUE(bitwise_equal(got, first));
+        }
+    }
+}
+
+TEST(CudaEmbedding, VocabShardBackwardMatchesCpuWithMostIdsOutside) {
+    check_vocab_shard_backward(4, 512, 96, 1000, 4, 62);  // N = 2048 over 32 sorted chunks
+    check_vocab_shard_backward(3, 37, 97, 700, 2, 63);    // odd width, N ending mid-chunk
+}
+
+TEST(CudaEmbedding, VocabShardBackwardLlamaShapeMatchesCpu) {
+    // Llama 3's vocabulary over 4 shards at 8192 tokens, the model's width.
+    check_vocab_shard_backward(4, 2048, 512, 128256, 4, 64);
 }
 
 class CudaEmbeddingDeathTest : public ::testing::Test {

@@ -27,11 +27,14 @@ namespace lathe::cuda {
 inline constexpr int64_t kGemvMaxRows = 16;
 
 // Whether gemv_forward takes this problem: 1 <= M <= kGemvMaxRows, K a positive multiple of 8
-// (rows of whole 16-byte chunks) below 2^31, N >= 1, x and weight 16-byte aligned.
+// (rows of whole 16-byte chunks) below 2^31, 1 <= N < 2^31, x and weight 16-byte aligned. The
+// kernel takes K and N as int (offsets into the weight and y are 64-bit): a larger K or N goes to
+// cuBLASLt. Host-callable without CUDA.
 inline bool gemv_supports(int64_t M, int64_t K, int64_t N, const void* x, const void* weight) {
+    constexpr int64_t kIntLimit = int64_t(1) << 31;
     auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    return M >= 1 && M <= kGemvMaxRows && K > 0 && K % 8 == 0 && K < (int64_t(1) << 31) && N >= 1 &&
-           aligned(x) && aligned(weight);
+    return M >= 1 && M <= kGemvMaxRows && K > 0 && K % 8 == 0 && K < kIntLimit && N >= 1 &&
+           N < kIntLimit && aligned(x) && aligned(weight);
 }
 
 // Checked: gemv_supports(M, K, N, x, weight).

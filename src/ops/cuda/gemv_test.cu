@@ -128,18 +128,6 @@ TEST(CudaGemv, ResidualInPlace) {
     EXPECT_TRUE(within_bound(download_f32(y.view, state), ref, x, w, nullptr, &res, M, K, N));
 }
 
-// What the kernel refuses: more rows than kGemvMaxRows, K not whole chunks, x or weight not
-// 16-byte aligned.
-TEST(CudaGemv, SupportsOnlyWholeAlignedChunks) {
-    alignas(16) static const bf16 buf[16] = {};
-    EXPECT_TRUE(cuda::gemv_supports(16, 8, 1, buf, buf));
-    EXPECT_FALSE(cuda::gemv_supports(17, 8, 1, buf, buf));
-    EXPECT_FALSE(cuda::gemv_supports(0, 8, 1, buf, buf));
-    EXPECT_FALSE(cuda::gemv_supports(1, 12, 1, buf, buf));
-    EXPECT_FALSE(cuda::gemv_supports(1, 8, 1, buf + 1, buf));
-    EXPECT_FALSE(cuda::gemv_supports(1, 8, 1, buf, buf + 4));
-}
-
 // Through the linear ops with LinearSpec::skinny_gemv: where the kernel applies (2 rows) the
 // ops give its bits (the direct call's) within the bound of the CPU twin; where it does not (17
 // rows; K = 36, not whole chunks) cuBLASLt runs, within kBf16Sum as in linear_test.cu.

@@ -18,6 +18,20 @@ namespace {
 // The stream the calling thread is capturing (begin_capture to end_capture), or null.
 thread_local cudaStream_t capturing = nullptr;
 
+// A failed capture call's Status: kUnimplemented for the capture-specific errors (the work cannot
+// be captured; the caller runs it without a graph), kInternal for every other error (the device
+// failed or is exhausted; the caller returns it). The error is read back with cudaGetLastError so
+// that a non-sticky one is not reported again by the next check; a sticky one stays.
+Status capture_failed(const char* what, cudaError_t err) {
+    cudaGetLastError();
+    if (CudaGraph::capture_specific(err)) {
+        return unimplemented_error("CUDA graph {}: {} ({})", what, cudaGetErrorString(err),
+                                   cudaGetErrorName(err));
+    }
+    return internal_error("CUDA graph {}: {} ({})", what, cudaGetErrorString(err),
+                          cudaGetErrorName(err));
+}
+
 }  // namespace
 
 namespace cuda::detail {
@@ -30,6 +44,24 @@ bool capture_invalidated() {
 }
 
 }  // namespace cuda::detail
+
+bool CudaGraph::capture_specific(int cuda_error) {
+    switch (static_cast<cudaError_t>(cuda_error)) {
+        case cudaErrorStreamCaptureUnsupported:  // an operation not allowed while capturing
+        case cudaErrorStreamCaptureInvalidated:  // an earlier such operation ended the capture
+        case cudaErrorStreamCaptureMerge:
+        case cudaErrorStreamCaptureUnjoined:
+        case cudaErrorStreamCaptureIsolation:
+        case cudaErrorStreamCaptureImplicit:
+        case cudaErrorCapturedEvent:
+            return true;
+        default:
+            // cudaErrorStreamCaptureUnmatched and cudaErrorStreamCaptureWrongThread are not here:
+            // they mean begin and end do not pair up (a bug), and the stream may still be
+            // capturing, so running the work again eagerly on it is not possible.
+            return false;
+    }
+}
 
 CudaGraph::~CudaGraph() {
     if (exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
@@ -51,11 +83,7 @@ CudaGraph& CudaGraph::operator=(CudaGraph&& other) noexcept {
 Status CudaGraph::begin_capture(CUstream_st* stream) {
     LATHE_CHECK(stream != nullptr, "CUDA graph capture on the legacy default stream");
     const cudaError_t began = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed);
-    if (began != cudaSuccess) {
-        cudaGetLastError();
-        return internal_error("CUDA graph capture did not start: {} ({})",
-                              cudaGetErrorString(began), cudaGetErrorName(began));
-    }
+    if (began != cudaSuccess) return capture_failed("capture did not start", began);
     capturing = stream;
     return ok_status();
 }
@@ -64,21 +92,18 @@ Result<CudaGraph> CudaGraph::end_capture(CUstream_st* stream) {
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     capturing = nullptr;
-    if (ended != cudaSuccess || graph == nullptr) {
+    if (ended != cudaSuccess) {
+        // The capture is over either way (an invalidated one returns no graph); a partial graph
+        // is freed.
         if (graph != nullptr) cudaGraphDestroy(graph);
-        cudaGetLastError();  // the capture's error is reported here, not left for the next check
-        return internal_error("CUDA graph capture failed: {} ({})", cudaGetErrorString(ended),
-                              cudaGetErrorName(ended));
+        return capture_failed("capture failed", ended);
     }
+    if (graph == nullptr) return internal_error("CUDA graph capture ended without a graph");
     CudaGraph g;
     g.graph_ = graph;
     cudaGraphExec_t exec = nullptr;
     const cudaError_t made = cudaGraphInstantiateWithFlags(&exec, graph, 0);
-    if (made != cudaSuccess) {
-        cudaGetLastError();
-        return internal_error("CUDA graph instantiation failed: {} ({})", cudaGetErrorString(made),
-                              cudaGetErrorName(made));
-    }
+    if (made != cudaSuccess) return capture_failed("instantiation failed", made);
     g.exec_ = exec;
     return Result<CudaGraph>(std::move(g));
 }

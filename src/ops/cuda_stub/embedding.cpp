@@ -15,6 +15,11 @@ void cuda::embedding_backward(float*, float*, const bf16*, const int32_t*, const
     detail::no_cuda("cuda::embedding_backward");
 }
 
+void cuda::embedding_backward_shard(float*, const bf16*, const int32_t*, int64_t, int64_t, int64_t,
+                                    int64_t, int64_t, CudaState&, CUstream_st*) {
+    detail::no_cuda("cuda::embedding_backward_shard");
+}
+
 size_t cuda::embedding_backward_scratch_bytes(int64_t, int64_t) {
     detail::no_cuda("cuda::embedding_backward_scratch_bytes");
 }

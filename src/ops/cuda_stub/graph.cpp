@@ -28,3 +28,7 @@ lathe::Result<lathe::CudaGraph> lathe::CudaGraph::end_capture(CUstream_st*) {
 void lathe::CudaGraph::launch(CUstream_st*) const {
     lathe::detail::no_cuda("CudaGraph::launch");
 }
+
+bool lathe::CudaGraph::capture_specific(int) {
+    lathe::detail::no_cuda("CudaGraph::capture_specific");
+}
