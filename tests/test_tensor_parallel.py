@@ -212,7 +212,8 @@ def test_rows_that_do_not_cut_into_equal_shares_are_refused_naming_the_keys(corp
     for key in ("parallel.sequence_parallel", "train.micro_batch_size", "data.seq_length",
                 "parallel.tensor"):
         assert key in p.stderr, (key, p.stderr)
-    assert "1 x 15 = 15 is not a multiple of 2" in p.stderr, p.stderr
+    assert "train.micro_batch_size 1 x data.seq_length 15 = 15 is not a multiple of 2" in p.stderr, \
+        p.stderr
     # Without sequence parallel every rank keeps every row: the same shape trains.
     train(corpus, "llama", tmp_path / "rows_off", 2, 2, "train.micro_batch_size=1",
           "data.seq_length=15", "parallel.sequence_parallel=false", "train.steps=1",
