@@ -290,8 +290,9 @@ public:
 
     // Tensor parallel (infer/tensor_parallel.h; model/block.h's header): the model is one rank's
     // shard, and `sum` sums a (B, T, C) partial tensor over the tensor-parallel group in place,
-    // in stream order: every forward and backward calls it twice per layer (the row-parallel
-    // outputs, the gradients at the norm outputs). An empty function: one rank.
+    // in stream order: without sequence parallel (below) every forward and backward calls it
+    // twice per layer (the row-parallel outputs, the gradients at the norm outputs). An empty
+    // function: one rank.
     // A model of a vocabulary shard (ModelConfig::vocab_parallel) also sums the embedding's rows
     // and the LM head's dx, and combines the head's row statistics with `max` (the same in-place
     // form, an elementwise max of an f32 view) and `sum` (ops/vocab_parallel.h); it refuses to
