@@ -6,7 +6,10 @@ runs. The contract checked here:
   - TP = 2 and 4 (and TP = 2 x DP = 2 at ZeRO 1, 2 and 3, and TP = 2 with full or selective
     recompute), with the embedding and the LM head split by vocabulary rows (the shards' softmax
     statistics combined over the group), log the per-step losses and gradient norms of one
-    process within 1e-5 relative,
+    process within 1e-5 relative, with sequence parallel (the default: the residual stream's rows
+    cut over the tensor ranks, model/block.h) and without it (parallel.sequence_parallel false);
+    sequence parallel plans 1/T of each layer's residual-stream tensors, and a micro-batch whose
+    rows do not cut into T equal shares is refused naming the keys;
     for a GQA Llama (8 heads, 4 key/value heads, untied head) and a Qwen2 (q/k/v biases): the
     ranks add the partial sums of the attention-output and down projections, and of the
     norm-output gradients, in another order than one process's GEMM does (f32, a few terms:
@@ -28,6 +31,7 @@ On two or more GPUs (skipped otherwise) `lathe launch --gpus 2` runs TP = 2 agai
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -165,6 +169,59 @@ def test_tensor_parallel_logs_the_losses_of_one_process(runs, family, tensor):
 
 
 @needs_mpirun
+@pytest.mark.parametrize("family, ranks, tensor", [("llama", 2, 2), ("qwen2", 4, 4),
+                                                   ("llama", 4, 2)])
+def test_tensor_parallel_without_sequence_parallel_logs_the_losses_of_one_process(runs, family,
+                                                                                 ranks, tensor):
+    # Every rank keeps every row of the residual stream; the partial sums are all-reduced.
+    sets = () if ranks == tensor else ("train.gradient_accumulation_steps=2",)
+    one = runs(family, 1, 1, *sets)
+    off = runs(family, ranks, tensor, "parallel.sequence_parallel=false")
+    assert_metrics_close(metric_lines(off), metric_lines(one), CPU_RTOL,
+                         f"{family} {ranks} ranks, TP={tensor}, sequence parallel off")
+
+
+def activation_bytes(run_dir):
+    text = (run_dir / "memory_plan.txt").read_text()
+    m = re.search(r"^  activations\s+(\d+) B", text, re.MULTILINE)
+    assert m, text
+    return int(m.group(1))
+
+
+@needs_mpirun
+@pytest.mark.parametrize("tensor", [2, 4])
+def test_sequence_parallel_plans_a_shard_of_the_residual_stream(runs, tensor):
+    # Per layer x, x_mid, ln1_out and ln2_out (N C f32 each, N = 2 x 16 rows, C = 32) shrink to
+    # N / T rows, and the last block's output too: at least (1 - 1/T) (4 L + 1) N C 4 bytes less
+    # (the statistics save more, by less than their alignment).
+    on, off = runs("llama", tensor, tensor), runs("llama", tensor, tensor,
+                                                  "parallel.sequence_parallel=false")
+    N, C, L = 2 * 16, 32, 2
+    saved = activation_bytes(off) - activation_bytes(on)
+    assert saved >= (4 * L + 1) * N * C * 4 * (tensor - 1) // tensor, (saved, tensor)
+    assert f"sequence parallel over {tensor} ranks: {N // tensor} of the {N} rows" in \
+        (on / "memory_plan.txt").read_text()
+    assert "sequence parallel" not in (off / "memory_plan.txt").read_text()
+
+
+@needs_mpirun
+def test_rows_that_do_not_cut_into_equal_shares_are_refused_naming_the_keys(corpus, tmp_path):
+    p = train(corpus, "llama", tmp_path / "rows", 2, 2, "train.micro_batch_size=1",
+              "data.seq_length=15", check=False)
+    assert p.returncode != 0
+    assert "lathe: error:" in p.stderr, p.stderr
+    for key in ("parallel.sequence_parallel", "train.micro_batch_size", "data.seq_length",
+                "parallel.tensor"):
+        assert key in p.stderr, (key, p.stderr)
+    assert "train.micro_batch_size 1 x data.seq_length 15 = 15 is not a multiple of 2" in p.stderr, \
+        p.stderr
+    # Without sequence parallel every rank keeps every row: the same shape trains.
+    train(corpus, "llama", tmp_path / "rows_off", 2, 2, "train.micro_batch_size=1",
+          "data.seq_length=15", "parallel.sequence_parallel=false", "train.steps=1",
+          "train.eval_interval=0")
+
+
+@needs_mpirun
 @pytest.mark.parametrize("ranks, tensor", [(2, 2), (4, 4), (4, 2)])
 def test_tensor_parallel_mistral_with_a_tied_embedding(runs, ranks, tensor):
     # The tied head is the embedding's vocabulary shard: its gradient sums the head's and the
@@ -203,17 +260,21 @@ def test_tensor_2_by_data_2_logs_the_losses_of_one_process(runs, zero):
 
 
 @needs_mpirun
-@pytest.mark.parametrize("ranks, tensor", [(2, 2), (4, 2)])
-def test_bench_plans_a_tensor_rank_as_lathe_train_does(runs, ranks, tensor):
+@pytest.mark.parametrize("ranks, tensor, sequence_parallel", [(2, 2, 1), (4, 2, 1), (2, 2, 0)])
+def test_bench_plans_a_tensor_rank_as_lathe_train_does(runs, ranks, tensor, sequence_parallel):
     # `lathe bench --plan-only --plan-ranks N --plan-tensor T` (the sizing tool of
-    # docs/DISTRIBUTED.md) prints the plan `lathe train` wrote for its rank 0, byte for byte.
-    run_dir = runs("llama", ranks, tensor)
+    # docs/DISTRIBUTED.md) prints the plan `lathe train` wrote for its rank 0, byte for byte, with
+    # sequence parallelism (both by default) and without.
+    sets = () if sequence_parallel else ("parallel.sequence_parallel=false",)
+    run_dir = runs("llama", ranks, tensor, *sets)
     written = (run_dir / "memory_plan.txt").read_text()
     p = run(["bench", "--config",
              run_dir / "checkpoints" / "step-00000004" / "config.json", "--batch", 2, "--seq", 16,
-             "--device", "cpu", "--plan-only", "--plan-ranks", ranks, "--plan-tensor", tensor])
-    total = [l for l in written.splitlines() if l.strip().startswith("total")]
-    assert total and total[0] in p.stderr, (written, p.stderr)
+             "--device", "cpu", "--plan-only", "--plan-ranks", ranks, "--plan-tensor", tensor,
+             "--plan-sequence-parallel", sequence_parallel])
+    for key in ("total", "activations", "scratch"):
+        line = [l for l in written.splitlines() if l.strip().startswith(key)]
+        assert line and line[0] in p.stderr, (key, written, p.stderr)
     assert json.loads(p.stdout.strip().splitlines()[-1])["plan_tensor"] == tensor
 
 
@@ -381,11 +442,15 @@ def gpu_args(corpus, run_dir, *sets):
                       "checkpoint.interval=20", "checkpoint.keep_last=0", *sets)
 
 
-def test_gpus_tensor_2_logs_the_losses_of_one_gpu(gpu_corpus, tmp_path):
+@pytest.mark.parametrize("sequence_parallel", ["true", "false"])
+def test_gpus_tensor_2_logs_the_losses_of_one_gpu(gpu_corpus, tmp_path, sequence_parallel):
+    # Sequence parallel's reduce-scatters round as the all-reduces they replace (each rank's
+    # partial in bf16, NCCL's bf16 sum), its all-gathers copy: the same bound.
     one, two = tmp_path / "one", tmp_path / "two"
     run(gpu_args(gpu_corpus, one)[1:], env=mpi_env())
     p = subprocess.run([str(LATHE), "launch", "--gpus", "2"] +
-                       gpu_args(gpu_corpus, two, "parallel.tensor=2"),
+                       gpu_args(gpu_corpus, two, "parallel.tensor=2",
+                                f"parallel.sequence_parallel={sequence_parallel}"),
                        capture_output=True, text=True, timeout=600, env=mpi_env())
     assert p.returncode == 0, p.stderr
     got, want = metric_lines(two), metric_lines(one)

@@ -195,6 +195,10 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "With --plan-only: the ranks form tensor-parallel groups of this many "
                     "(parallel.tensor; it divides --plan-ranks), the rest data parallel")
         ->capture_default_str();
+    cmd->add_option("--plan-sequence-parallel", o->req.plan_sequence_parallel,
+                    "With --plan-tensor: parallel.sequence_parallel (1: each tensor rank keeps "
+                    "1/T of the residual stream's rows, as lathe train does by default; 0: off)")
+        ->capture_default_str();
     cmd->callback([o, cmd, &action] {
         action = [o, cmd]() -> Status {
             const size_t named =
@@ -226,7 +230,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                      {"--batch", "--seq", "--accum", "--steps", "--warmup", "--recompute",
                       "--zero-stage", "--precision", "--fp8-recipe", "--fp8-lm-head", "--plan-only",
                       "--nondeterministic", "--offload", "--state-dtype", "--offload-schedule",
-                      "--offload-fraction", "--plan-ranks", "--plan-tensor"})
+                      "--offload-fraction", "--plan-ranks", "--plan-tensor",
+                      "--plan-sequence-parallel"})
                     if (cmd->count(training) > 0)
                         return invalid_argument_error(
                             "{} is a training bench option; --generate takes --prefill, "

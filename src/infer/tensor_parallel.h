@@ -111,7 +111,8 @@ Status tp_model_load(Model& local, int rank, int tp, const std::string& dir);
 
 // The arena ranges (params_flat() coordinates) of `local`'s parameter entries that every rank
 // holds whole (TpSplit::kReplicated under tp_vocab_of(local.config())): counted once in a global
-// gradient norm.
+// gradient norm. (Under sequence parallel their gradients are the same on every rank once
+// Model::sum_sequence_parallel_grads has summed the ranks' parts.)
 std::vector<FlatRange> tp_replicated_ranges(const Model& local);
 
 // Optimizer moments from one split to another (a checkpoint of parallel.tensor `from` resumed at

@@ -2,7 +2,9 @@
 // each rank a thread with its own CUDA state, shard (infer/tensor_parallel.h, tp_model_init) and
 // NCCL communicator summing model/block.h's partial tensors and combining the vocabulary-parallel
 // embedding and LM head (ops/vocab_parallel.h), against one process on the CPU (f32). Untied
-// (llama, qwen2) and tied (llama_tied) heads.
+// (llama, qwen2) and tied (llama_tied) heads, each with sequence parallel (model/block.h: the
+// residual stream's B T = 16 rows cut over the two ranks, NCCL all-gathers and reduce-scatters,
+// the norms' gradients summed after the backward) and without it.
 // Needs two GPUs; not in CTest (a one-GPU machine runs the gpu label): `infer_two_gpu_tests` on a
 // machine with two.
 //
@@ -17,6 +19,11 @@
 // sqrt(14 L + 2) u = 2.1e-2 for these L = 2 layers, and 2.5 times it, 5.3e-2, for one tensor.
 // The replicated parameters' gradients are the same bits on both ranks (the same NCCL sum and
 // the same kernels on the same inputs).
+// Sequence parallel keeps the bar: each reduce-scatter rounds as the all-reduce it replaces (the
+// rank's partial rounded to bf16, NCCL's bf16 sum of the two, kept for the rank's rows), the
+// all-gathers copy bf16 values unchanged, the norms run on the same rows' values (a row's norm
+// reads that row alone), and the norms' weight gradients, each rank's f32 sum over its 8 rows,
+// meet in an f32 sum (2^-24, nothing next to u).
 
 // clang-format off
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
@@ -29,6 +36,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "dist/nccl_communicator.h"
@@ -68,22 +76,27 @@ ModelConfig config_of(const std::string& family) {
     return tiny_model::parse(json);
 }
 
-ModelShape training(Backend backend) {
+ModelShape training(Backend backend, int sequence_shards = 1) {
     ModelShape shape;
     shape.batch = kB;
     shape.seq_len = kT;
     shape.training = true;
     shape.backend = backend;
+    shape.sequence_shards = sequence_shards;
     return shape;
 }
 
-class TensorParallelTrainingTwoGpus : public ::testing::TestWithParam<std::string> {};
+// (family, sequence parallel)
+class TensorParallelTrainingTwoGpus
+    : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 TEST_P(TensorParallelTrainingTwoGpus, GradientsMatchTheCpuAndReplicatedOnesAgree) {
     int devices = 0;
     LATHE_CUDA_CHECK(cudaGetDeviceCount(&devices));
     ASSERT_GE(devices, kWorld) << "infer_two_gpu_tests needs two GPUs";
-    const ModelConfig full = config_of(GetParam());
+    const std::string family = std::get<0>(GetParam());
+    const bool sp = std::get<1>(GetParam());
+    const ModelConfig full = config_of(family);
     // Rank r's config: its vocabulary rows start at r V / 2.
     auto local_of = [&](int r) {
         return tp_local_config(full, kWorld, "parallel.tensor", TpVocab::kParallel, r);
@@ -119,7 +132,8 @@ TEST_P(TensorParallelTrainingTwoGpus, GradientsMatchTheCpuAndReplicatedOnesAgree
             if (!comm.ok()) return fail(comm.status().to_string());
             Result<ModelConfig> mine = local_of(r);
             if (!mine.ok()) return fail(mine.status().to_string());
-            Result<Model> m = Model::create(*mine, training(Backend::kCuda), state.context());
+            Result<Model> m =
+                Model::create(*mine, training(Backend::kCuda, sp ? kWorld : 1), state.context());
             if (!m.ok()) return fail(m.status().to_string());
             tp_model_init(*m, full, r, kWorld, 7);
             Status sum_error = ok_status();
@@ -131,8 +145,26 @@ TEST_P(TensorParallelTrainingTwoGpus, GradientsMatchTheCpuAndReplicatedOnesAgree
                 if (sum_error.ok())
                     sum_error = (*comm)->all_reduce(v, v, ReduceOp::kMax, state.context().stream);
             });
+            if (sp) {
+                m->set_tensor_parallel_gather([&](TensorView out, ConstTensorView in) {
+                    if (sum_error.ok())
+                        sum_error = (*comm)->all_gather(out, in, state.context().stream);
+                });
+                m->set_tensor_parallel_scatter([&](TensorView out, ConstTensorView in) {
+                    if (sum_error.ok())
+                        sum_error = (*comm)->reduce_scatter(out, in, ReduceOp::kSum,
+                                                            state.context().stream);
+                });
+            }
             m->zero_grads();
             losses[r] = m->forward_backward(batch);
+            if (sp) {
+                // The norms' gradients: each rank's rows' part, summed once (model.h).
+                std::vector<TensorView> pieces;
+                for (const FlatRange& g : m->sequence_parallel_partial_ranges())
+                    pieces.push_back(m->grads_flat().slice(g.begin, g.end));
+                m->sum_sequence_parallel_grads(pieces);
+            }
             if (!sum_error.ok()) return fail(sum_error.to_string());
             for (const HfParam& p : m->params().hf_params()) {
                 grads[size_t(r)].emplace_back(DType::kF32, p.shape);
@@ -144,8 +176,9 @@ TEST_P(TensorParallelTrainingTwoGpus, GradientsMatchTheCpuAndReplicatedOnesAgree
     ASSERT_TRUE(failures.empty()) << failures.front();
 
     for (int r = 0; r < kWorld; ++r) {
-        std::printf("[tp2-vs-cpu] %-6s rank %d loss %.6f vs %.6f (rel %.2e)\n", GetParam().c_str(),
-                    r, losses[r], loss_cpu, std::abs(losses[r] - loss_cpu) / loss_cpu);
+        std::printf("[tp2-vs-cpu] %-6s sp %d rank %d loss %.6f vs %.6f (rel %.2e)\n",
+                    family.c_str(), int(sp), r, losses[r], loss_cpu,
+                    std::abs(losses[r] - loss_cpu) / loss_cpu);
         EXPECT_NEAR(losses[r], loss_cpu, 4e-3 * loss_cpu);
     }
     // The local table of either rank (the same names and shapes on both).
@@ -180,13 +213,18 @@ TEST_P(TensorParallelTrainingTwoGpus, GradientsMatchTheCpuAndReplicatedOnesAgree
             }
         }
     }
-    std::printf("[tp2-vs-cpu] %-6s worst gradient rel-L2 %.2e (%s)\n", GetParam().c_str(), worst,
-                worst_name.c_str());
+    std::printf("[tp2-vs-cpu] %-6s sp %d worst gradient rel-L2 %.2e (%s)\n", family.c_str(),
+                int(sp), worst, worst_name.c_str());
     EXPECT_LT(worst, 5.3e-2) << worst_name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TensorParallelTrainingTwoGpus,
-                         ::testing::Values("llama", "qwen2", "llama_tied"));
+                         ::testing::Combine(::testing::Values("llama", "qwen2", "llama_tied"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                             return std::get<0>(info.param) +
+                                    (std::get<1>(info.param) ? "_sequence_parallel" : "");
+                         });
 
 }  // namespace
 }  // namespace lathe

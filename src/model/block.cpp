@@ -113,12 +113,25 @@ void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, co
     }
     if (!ln2_amax.is_null()) up.x_amax = ln2_amax.as<float>();
     if (!act_amax.is_null()) down.x_amax = act_amax.as<float>();
+    // Sequence parallel (block.h header): norm1 runs on the rank's rows, the projections on
+    // the gathered full rows. (The norms' amax would be of the rank's rows alone: not given;
+    // the trainer runs no fp8 under tensor parallel.)
+    const bool sp = in.tp_gather != nullptr;
+    LATHE_CHECK(
+        !sp || (in.tp_sum != nullptr && in.tp_scatter != nullptr && ln1_amax.is_null() &&
+                ln2_amax.is_null()),
+        "sequence parallel: a tensor-parallel block with both collectives and no norm amax");
     // Attention branch.
     block_norm_forward(c, a.ln1_out, a.ln1_mean, a.ln1_rstd, a.x_in, w.norm1_w, w.norm1_b, ctx,
                        ln1_amax);
-    linear_forward(flat_heads(a.q), a.ln1_out, w.wq, w.bq, ctx, qs);
-    linear_forward(flat_heads(a.k), a.ln1_out, w.wk, w.bk, ctx, ks);
-    linear_forward(flat_heads(a.v), a.ln1_out, w.wv, w.bv, ctx, vs);
+    ConstTensorView h1 = a.ln1_out;
+    if (sp) {
+        (*in.tp_gather)(s.gathered, a.ln1_out);
+        h1 = s.gathered;
+    }
+    linear_forward(flat_heads(a.q), h1, w.wq, w.bq, ctx, qs);
+    linear_forward(flat_heads(a.k), h1, w.wk, w.bk, ctx, ks);
+    linear_forward(flat_heads(a.v), h1, w.wv, w.bv, ctx, vs);
     if (c.position == PositionKind::kRope) {
         rope_qk_forward(a.q, a.k, a.q, a.k, in.positions, in.rope_cos, in.rope_sin, ctx);
     }
@@ -130,24 +143,38 @@ void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, co
     LATHE_CHECK(tp == nullptr || !c.parallel_residual,
                 "tensor parallel runs blocks with the sequential residual");
     if (tp != nullptr) {
-        // o, then the MLP output: this rank's partial sums, summed before the residual adds.
+        // o, then the MLP output: this rank's partial sums, summed before the residual adds
+        // (sequence parallel: reduce-scattered to the rank's rows, which the adds and norm2 run
+        // on; the MLP reads norm2's output gathered to full rows again).
+        auto sum = [&](TensorView partial) -> ConstTensorView {
+            if (!sp) {
+                (*tp)(partial);
+                return partial;
+            }
+            (*in.tp_scatter)(s.reduced, partial);
+            return s.reduced;
+        };
         linear_forward(s.tmp, flat_heads(a.att), w.wo, w.bo, ctx, out);
-        (*tp)(s.tmp);
+        const ConstTensorView o = sum(s.tmp);
         if (c.norm == NormKind::kRmsNorm)
-            rmsnorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_rstd, a.x_in, s.tmp, w.norm2_w,
+            rmsnorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_rstd, a.x_in, o, w.norm2_w,
                                      float(c.norm_eps), ctx);
         else
-            layernorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, s.tmp,
+            layernorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, o,
                                        w.norm2_w, w.norm2_b, float(c.norm_eps), ctx);
+        ConstTensorView h2 = a.ln2_out;
+        if (sp) {
+            (*in.tp_gather)(s.gathered, a.ln2_out);
+            h2 = s.gathered;
+        }
         if (c.mlp == MlpKind::kSwiGlu) {
-            linear_forward(a.mlp_in, a.ln2_out, w.w_up, w.b_up, ctx, up);
+            linear_forward(a.mlp_in, h2, w.w_up, w.b_up, ctx, up);
             swiglu_forward(a.mlp_act, a.mlp_in, ctx);
         } else {
-            linear_gelu_forward(a.mlp_act, a.mlp_in, a.ln2_out, w.w_up, w.b_up, c.gelu, ctx, up);
+            linear_gelu_forward(a.mlp_act, a.mlp_in, h2, w.w_up, w.b_up, c.gelu, ctx, up);
         }
         linear_forward(s.tmp, a.mlp_act, w.w_down, w.b_down, ctx, down);
-        (*tp)(s.tmp);
-        residual_forward(a.x_out, a.x_mid, s.tmp, ctx);
+        residual_forward(a.x_out, a.x_mid, sum(s.tmp), ctx);
         return;
     }
     if (c.parallel_residual) {
@@ -192,9 +219,33 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
     const LinearSpec out = block_spec(p, f8, Fp8Linear::kAttnOut);
     LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
     const LinearSpec down = block_spec(p, f8, Fp8Linear::kMlpDown);
+    // Sequence parallel (block.h header): dres holds the rank's rows; the projections' backward
+    // reads d out and d x_mid gathered to full rows (into tmp) and the norm outputs gathered
+    // again (into gathered), and the norm-output gradients are reduce-scattered to the rank's
+    // rows for the norms' backward.
+    const bool sp = in.tp_gather != nullptr;
+    LATHE_CHECK(!sp || (in.tp_sum != nullptr && in.tp_scatter != nullptr && !c.parallel_residual),
+                "sequence parallel: a tensor-parallel block (sequential residual) with both "
+                "collectives");
+    auto full_rows = [&](ConstTensorView rows, TensorView full) -> ConstTensorView {
+        if (!sp) return rows;
+        (*in.tp_gather)(full, rows);
+        return full;
+    };
+    auto summed = [&](TensorView partial) -> ConstTensorView {
+        if (in.tp_sum == nullptr) return partial;
+        if (!sp) {
+            (*in.tp_sum)(partial);
+            return partial;
+        }
+        (*in.tp_scatter)(s.reduced, partial);
+        return s.reduced;
+    };
+    const ConstTensorView dout = full_rows(dres, s.tmp);
+    const ConstTensorView h2 = full_rows(a.ln2_out, s.gathered);
     // MLP branch: dres is d out, which the MLP output received unchanged.
     if (c.mlp == MlpKind::kSwiGlu) {
-        linear_backward(s.dmlp_act, g.w_down, g.b_down, dres, a.mlp_act, w.w_down,
+        linear_backward(s.dmlp_act, g.w_down, g.b_down, dout, a.mlp_act, w.w_down,
                         GradMode::kOverwrite, ctx, down);
         // FP8 with current scaling: SwiGLU's backward computes the amax of d mlp_in (the up
         // projection's dy, the layer's widest gradient) into that linear's dy slot as it writes
@@ -202,45 +253,47 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
         const TensorView dmlp_in_amax = producer_amax(f8, Fp8Linear::kMlpUp, 16);
         if (!dmlp_in_amax.is_null()) up.dy_amax = dmlp_in_amax.as<float>();
         swiglu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, ctx, dmlp_in_amax);
-        linear_backward(s.dnorm2, g.w_up, g.b_up, s.dmlp_in, a.ln2_out, w.w_up,
-                        GradMode::kOverwrite, ctx, up);
+        linear_backward(s.dnorm2, g.w_up, g.b_up, s.dmlp_in, h2, w.w_up, GradMode::kOverwrite, ctx,
+                        up);
     } else {
         // The down projection's backward with the GELU backward fused, which also gives the up
         // projection's bias gradient (d mlp_in summed over rows); so the up projection's own
         // backward has no bias gradient left to do.
-        linear_gelu_backward(s.dmlp_in, g.b_up, g.w_down, g.b_down, dres, a.mlp_act, a.mlp_in,
+        linear_gelu_backward(s.dmlp_in, g.b_up, g.w_down, g.b_down, dout, a.mlp_act, a.mlp_in,
                              w.w_down, c.gelu, ctx, down);
-        linear_backward(s.dnorm2, g.w_up, TensorView(), s.dmlp_in, a.ln2_out, w.w_up,
-                        GradMode::kOverwrite, ctx, up);
+        linear_backward(s.dnorm2, g.w_up, TensorView(), s.dmlp_in, h2, w.w_up, GradMode::kOverwrite,
+                        ctx, up);
     }
     // Tensor parallel: each rank's dnorm2 is its shard's part of the sum (block.h header).
-    if (in.tp_sum != nullptr) (*in.tp_sum)(s.dnorm2);
+    const ConstTensorView dnorm2 = summed(s.dnorm2);
     // Sequential: norm2 read x_mid, so its input gradient joins dres now, which then is d x_mid,
     // what the attention output received. Parallel: dres stays d out (the attention output
     // received it too), and norm2's gradient joins at the end, once dres is no longer read.
     if (!c.parallel_residual)
-        block_norm_backward(c, dres, g.norm2_w, g.norm2_b, s.dnorm2, a.x_mid, w.norm2_w, a.ln2_mean,
+        block_norm_backward(c, dres, g.norm2_w, g.norm2_b, dnorm2, a.x_mid, w.norm2_w, a.ln2_mean,
                             a.ln2_rstd, GradMode::kAccumulate, ctx);
 
     // Attention branch.
-    linear_backward(flat_heads(s.datt), g.wo, g.bo, dres, flat_heads(a.att), w.wo,
+    const ConstTensorView dmid = full_rows(dres, s.tmp);
+    linear_backward(flat_heads(s.datt), g.wo, g.bo, dmid, flat_heads(a.att), w.wo,
                     GradMode::kOverwrite, ctx, out);
     attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, in.docs,
                        c.window(layer), block_attention_scale(c), ctx);
     if (c.position == PositionKind::kRope) {
         rope_qk_backward(s.dq, s.dk, s.dq, s.dk, in.positions, in.rope_cos, in.rope_sin, ctx);
     }
-    linear_backward(s.dnorm1, g.wq, g.bq, flat_heads(s.dq), a.ln1_out, w.wq, GradMode::kOverwrite,
-                    ctx, qs);
-    linear_backward(s.dnorm1, g.wk, g.bk, flat_heads(s.dk), a.ln1_out, w.wk, GradMode::kAccumulate,
-                    ctx, ks);
-    linear_backward(s.dnorm1, g.wv, g.bv, flat_heads(s.dv), a.ln1_out, w.wv, GradMode::kAccumulate,
-                    ctx, vs);
-    if (in.tp_sum != nullptr) (*in.tp_sum)(s.dnorm1);
-    block_norm_backward(c, dres, g.norm1_w, g.norm1_b, s.dnorm1, a.x_in, w.norm1_w, a.ln1_mean,
+    const ConstTensorView h1 = full_rows(a.ln1_out, s.gathered);
+    linear_backward(s.dnorm1, g.wq, g.bq, flat_heads(s.dq), h1, w.wq, GradMode::kOverwrite, ctx,
+                    qs);
+    linear_backward(s.dnorm1, g.wk, g.bk, flat_heads(s.dk), h1, w.wk, GradMode::kAccumulate, ctx,
+                    ks);
+    linear_backward(s.dnorm1, g.wv, g.bv, flat_heads(s.dv), h1, w.wv, GradMode::kAccumulate, ctx,
+                    vs);
+    const ConstTensorView dnorm1 = summed(s.dnorm1);
+    block_norm_backward(c, dres, g.norm1_w, g.norm1_b, dnorm1, a.x_in, w.norm1_w, a.ln1_mean,
                         a.ln1_rstd, GradMode::kAccumulate, ctx);
     if (c.parallel_residual)
-        block_norm_backward(c, dres, g.norm2_w, g.norm2_b, s.dnorm2, a.x_in, w.norm2_w, a.ln2_mean,
+        block_norm_backward(c, dres, g.norm2_w, g.norm2_b, dnorm2, a.x_in, w.norm2_w, a.ln2_mean,
                             a.ln2_rstd, GradMode::kAccumulate, ctx);
 }
 

@@ -22,6 +22,28 @@
 // projections' input gradients, summed before the norms' backward. Every other tensor of the
 // residual stream is the same on every rank. Sequential residual only (the split families).
 //
+// Sequence parallel (BlockInputs::tp_gather and tp_scatter set as well, Megatron-LM style): the
+// residual stream between the tensor-parallel regions is cut by rows instead of repeated. With
+// the (B, T, C) activations flattened to (N, C), N = B T, rank r of S holds rows
+// [r N/S, (r+1) N/S) of x_in, x_mid, x_out, ln1_out, ln2_out and the norms' statistics, and the
+// norms and residual adds run on those rows alone. Per layer, forward:
+//   ln1 = norm1(x_in) (shard)  -> all-gather -> full rows -> q, k, v, attention (full rows,
+//   this rank's heads) -> o partial (full rows) -> reduce-scatter -> o summed (shard);
+//   x_mid = x_in + o; ln2 = norm2(x_mid) (shard) -> all-gather -> up, activation, down ->
+//   partial (full rows) -> reduce-scatter -> x_out = x_mid + mlp (shard).
+// Backward, the same collectives transposed: d x_out (shard) all-gathered before the down
+// projection's backward, d ln2 (partial, full rows) reduce-scattered before norm2's backward,
+// d x_mid all-gathered before the attention output's backward, d ln1 reduce-scattered before
+// norm1's. Each reduce-scatter sums the same terms the all-reduce of the plain tensor-parallel
+// path sums, for the rows the rank keeps. The norm outputs are saved as shards: the backward
+// all-gathers them again (into BlockScratch::gathered) for the column-parallel weight
+// gradients, so a layer keeps 1/S of x_in, x_mid, ln1_out, ln2_out (and a set of statistics).
+// The norms' weight (and bias) gradients are then per-shard partial sums: the caller sums them
+// over the group once per step (Model::sum_sequence_parallel_grads) before they are read. The
+// row-parallel biases (bo, b_down: whole on tensor rank 0) get the gradient of the gathered
+// full rows, as without sequence parallel. Collectives run in the same order on every rank
+// (a recomputing forward included).
+//
 // Buffers: BlockActs are saved by the forward for the backward (one set per layer, in the
 // activation arena); BlockScratch is overwritten by every block (one set, in the scratch arena).
 // Their shapes for a batch (B, T) are listed once, by block_acts_for_each and
@@ -30,6 +52,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <utility>
 
 #include "core/tensor.h"
 #include "model/fp8_state.h"
@@ -62,21 +85,23 @@ struct BlockGrads {
 };
 
 // Saved by block_forward for block_backward.
+// Sequence parallel (header comment): the members marked [rows] hold this rank's N/S rows, shaped
+// (N/S, C) or (N/S).
 struct BlockActs {
-    TensorView x_in;      // (B, T, C) the block input (the previous block's x_out)
-    TensorView x_out;     // (B, T, C) the block output (the next block's x_in)
-    TensorView ln1_out;   // (B, T, C)
-    TensorView ln1_mean;  // (B T) LayerNorm only
-    TensorView ln1_rstd;  // (B T)
+    TensorView x_in;      // (B, T, C) the block input (the previous block's x_out) [rows]
+    TensorView x_out;     // (B, T, C) the block output (the next block's x_in) [rows]
+    TensorView ln1_out;   // (B, T, C) [rows]
+    TensorView ln1_mean;  // (B T) LayerNorm only [rows]
+    TensorView ln1_rstd;  // (B T) [rows]
     TensorView q;         // (B, T, H, D) after RoPE
     TensorView k;         // (B, T, Hkv, D) after RoPE
     TensorView v;         // (B, T, Hkv, D)
     TensorView att;       // (B, T, H, D) attention output
     TensorView lse;       // (B, H, T) attention log-sum-exp
-    TensorView x_mid;     // (B, T, C) x + o, sequential residual only
-    TensorView ln2_out;   // (B, T, C)
-    TensorView ln2_mean;  // (B T) LayerNorm only
-    TensorView ln2_rstd;  // (B T)
+    TensorView x_mid;     // (B, T, C) x + o, sequential residual only [rows]
+    TensorView ln2_out;   // (B, T, C) [rows]
+    TensorView ln2_mean;  // (B T) LayerNorm only [rows]
+    TensorView ln2_rstd;  // (B T) [rows]
     TensorView mlp_in;    // (B, T, 2F) [gate | up] or (B, T, F): before the activation
     TensorView mlp_act;   // (B, T, F) after it
 };
@@ -92,6 +117,10 @@ struct BlockScratch {
     TensorView dmlp_act;  // (B, T, F) SwiGLU only (the GELU backward is fused into the down
                           // projection's, linear_gelu_backward, which writes dmlp_in directly)
     TensorView dmlp_in;   // (B, T, 2F) or (B, T, F)
+    // Sequence parallel only (null otherwise; header comment):
+    TensorView gathered;  // (B, T, C) a norm output all-gathered to full rows
+    TensorView reduced;   // (N/S, C) a reduce-scattered sum: o, the MLP output, dnorm1, dnorm2
+    // tmp also holds, in the backward, the all-gathered d x_out and d x_mid.
 };
 
 // Per-batch inputs every block reads.
@@ -103,37 +132,58 @@ struct BlockInputs {
     // Tensor parallel: sums a (B, T, C) partial tensor over the group in place (block.h header);
     // null for one rank.
     const std::function<void(TensorView)>* tp_sum = nullptr;
+    // Sequence parallel (header comment): tp_gather(out, in) all-gathers the rank's (N/S, C) rows
+    // `in` into the full (B, T, C) `out`; tp_scatter(out, in) sums the partial (B, T, C) `in` over
+    // the group and leaves the rank's rows in (N/S, C) `out`. Both null without it; set only
+    // with tp_sum.
+    using TensorParallelMove = std::function<void(TensorView, ConstTensorView)>;
+    const TensorParallelMove* tp_gather = nullptr;
+    const TensorParallelMove* tp_scatter = nullptr;
 };
+
+// The shape of a tensor of the residual stream (C wide) for a (B, T) batch whose rows are cut
+// over S sequence-parallel ranks: (B, T, C) for S = 1, else this rank's (B T / S, C) (S divides
+// B T; checked by the model and refused by the trainer).
+inline Shape block_rows_shape(int64_t B, int64_t T, int64_t C, int64_t S) {
+    return S == 1 ? Shape{B, T, C} : Shape{B * T / S, C};
+}
 
 // Calls f(name, member, dtype, shape) for each saved tensor a block of `config` needs for a
 // (B, T) batch with activations of dtype `a` (f32 on the CPU, bf16 on CUDA; statistics are f32),
-// x_out excluded (it is the next block's x_in). Members a config does not use (LayerNorm means for
-// RMSNorm, x_mid for the parallel residual) are not listed.
+// x_out excluded (it is the next block's x_in), with the residual stream's rows cut over S
+// sequence-parallel ranks (1: none; header comment). Members a config does not use (LayerNorm
+// means for RMSNorm, x_mid for the parallel residual) are not listed.
 template <typename F>
-void block_acts_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a, F&& f) {
+void block_acts_for_each(const ModelConfig& c, int64_t B, int64_t T, int64_t S, DType a, F&& f) {
     const int64_t C = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
     const int64_t F_ = c.intermediate_size, up = c.mlp == MlpKind::kSwiGlu ? 2 * F_ : F_;
     const bool ln = c.norm == NormKind::kLayerNorm;
-    f("x", &BlockActs::x_in, a, Shape{B, T, C});
-    f("ln1_out", &BlockActs::ln1_out, a, Shape{B, T, C});
-    if (ln) f("ln1_mean", &BlockActs::ln1_mean, DType::kF32, Shape{B * T});
-    f("ln1_rstd", &BlockActs::ln1_rstd, DType::kF32, Shape{B * T});
+    const Shape rows = block_rows_shape(B, T, C, S), stats{B * T / S};
+    f("x", &BlockActs::x_in, a, rows);
+    f("ln1_out", &BlockActs::ln1_out, a, rows);
+    if (ln) f("ln1_mean", &BlockActs::ln1_mean, DType::kF32, stats);
+    f("ln1_rstd", &BlockActs::ln1_rstd, DType::kF32, stats);
     f("q", &BlockActs::q, a, Shape{B, T, H, D});
     f("k", &BlockActs::k, a, Shape{B, T, Hkv, D});
     f("v", &BlockActs::v, a, Shape{B, T, Hkv, D});
     f("att", &BlockActs::att, a, Shape{B, T, H, D});
     f("att_lse", &BlockActs::lse, DType::kF32, Shape{B, H, T});
-    if (!c.parallel_residual) f("x_mid", &BlockActs::x_mid, a, Shape{B, T, C});
-    f("ln2_out", &BlockActs::ln2_out, a, Shape{B, T, C});
-    if (ln) f("ln2_mean", &BlockActs::ln2_mean, DType::kF32, Shape{B * T});
-    f("ln2_rstd", &BlockActs::ln2_rstd, DType::kF32, Shape{B * T});
+    if (!c.parallel_residual) f("x_mid", &BlockActs::x_mid, a, rows);
+    f("ln2_out", &BlockActs::ln2_out, a, rows);
+    if (ln) f("ln2_mean", &BlockActs::ln2_mean, DType::kF32, stats);
+    f("ln2_rstd", &BlockActs::ln2_rstd, DType::kF32, stats);
     f("mlp_in", &BlockActs::mlp_in, a, Shape{B, T, up});
     f("mlp_act", &BlockActs::mlp_act, a, Shape{B, T, F_});
 }
-
-// The same for BlockScratch (every member the config uses: dmlp_act for SwiGLU only).
 template <typename F>
-void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a, F&& f) {
+void block_acts_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a, F&& f) {
+    block_acts_for_each(c, B, T, 1, a, std::forward<F>(f));
+}
+
+// The same for BlockScratch (every member the config uses: dmlp_act for SwiGLU only; gathered
+// and reduced with S > 1 only).
+template <typename F>
+void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, int64_t S, DType a, F&& f) {
     const int64_t C = c.hidden_size, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
     const int64_t F_ = c.intermediate_size, up = c.mlp == MlpKind::kSwiGlu ? 2 * F_ : F_;
     f("block.tmp", &BlockScratch::tmp, a, Shape{B, T, C});
@@ -145,6 +195,14 @@ void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a,
     f("block.dv", &BlockScratch::dv, a, Shape{B, T, Hkv, D});
     if (c.mlp == MlpKind::kSwiGlu) f("block.dmlp_act", &BlockScratch::dmlp_act, a, Shape{B, T, F_});
     f("block.dmlp_in", &BlockScratch::dmlp_in, a, Shape{B, T, up});
+    if (S > 1) {
+        f("block.gathered", &BlockScratch::gathered, a, Shape{B, T, C});
+        f("block.reduced", &BlockScratch::reduced, a, block_rows_shape(B, T, C, S));
+    }
+}
+template <typename F>
+void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, DType a, F&& f) {
+    block_scratch_for_each(c, B, T, 1, a, std::forward<F>(f));
 }
 
 // The FP8 buffers of one layer's linears (ops/linear.h), indexed by Fp8Linear (model/fp8_state.h:

@@ -24,7 +24,9 @@ void block_recompute_selective(const ModelConfig& c, const BlockWeights& w, cons
                                const Context& ctx) {
     // The same calls block_forward makes for these tensors (model/block.cpp). Should the forward
     // ever compute one of them differently, this must follow, or the bitwise tests of recompute
-    // (model_test.cpp, model_gpu_test.cu) fail.
+    // (model_test.cpp, model_gpu_test.cu) fail. Under sequence parallel (block.h) the norms
+    // refill the rank's rows from its rows of x_in and x_mid, with no collective: the backward
+    // gathers the full rows itself, the same calls on every rank.
     block_norm_forward(c, a.ln1_out, a.ln1_mean, a.ln1_rstd, a.x_in, w.norm1_w, w.norm1_b, ctx);
     block_norm_forward(c, a.ln2_out, a.ln2_mean, a.ln2_rstd, c.parallel_residual ? a.x_in : a.x_mid,
                        w.norm2_w, w.norm2_b, ctx);

@@ -124,6 +124,20 @@ std::optional<Recompute> recompute_from_name(std::string_view name) {
     return std::nullopt;
 }
 
+bool sequence_parallel_partial_role(ParamRole role) {
+    switch (role) {
+        case ParamRole::kNorm1Weight:
+        case ParamRole::kNorm1Bias:
+        case ParamRole::kNorm2Weight:
+        case ParamRole::kNorm2Bias:
+        case ParamRole::kFinalNormWeight:
+        case ParamRole::kFinalNormBias:
+            return true;
+        default:
+            return false;
+    }
+}
+
 bool precision_has_fp8(const PrecisionPolicy& p) {
     for (LinearPrecision x : p.linear)
         if (x != LinearPrecision::kNative) return true;
@@ -310,9 +324,16 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
         return invalid_argument_error("lm_head_chunk_rows {} must not be negative",
                                       shape.lm_head_chunk_rows);
 
+    const int64_t S = shape.sequence_shards;
+    if (S < 1 || (B * T) % S != 0)
+        return invalid_argument_error(
+            "sequence parallel over {} ranks: the micro-batch's tokens ({} x {} = {}) must be a "
+            "multiple of {} (each rank holds an equal share of the rows)",
+            S, B, T, B * T, S);
     MemoryPlan plan;
     plan.shape = shape;
     const int64_t N = B * T;
+    const Shape rows = block_rows_shape(B, T, C, S);
     int64_t Nc = shape.lm_head_chunk_rows;
     if (Nc == 0)
         Nc = std::max<int64_t>(1, int64_t((shape.backend == Backend::kCuda ? kLmHeadChunkBytesCuda
@@ -385,30 +406,31 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     std::vector<size_t> shared;  // [i] = the shared entry of position i, or kNoEntry
     for (int64_t l = 0; l < c.num_layers; ++l) {
         size_t i = 0;
-        block_acts_for_each(c, B, T, a, [&](const char* name, auto member, DType dtype, Shape s) {
-            if (l == 0) {
-                const bool is_shared =
-                    shape.recompute == Recompute::kFull
-                        ? member != &BlockActs::x_in
-                        : shape.recompute == Recompute::kSelective &&
-                              block_selective_recomputes(c, shape.backend, member);
-                shared.push_back(is_shared
-                                     ? add_entry(act, fmt::format("recompute.{}", name), dtype, s)
-                                     : kNoEntryIndex);
-            }
-            const size_t entry =
-                shared[i] != kNoEntryIndex
-                    ? shared[i]
-                    : add_entry(act, fmt::format("layers.{}.{}", l, name), dtype, s);
-            plan.block_acts[size_t(l)].push_back(entry);
-            ++i;
-        });
+        block_acts_for_each(
+            c, B, T, S, a, [&](const char* name, auto member, DType dtype, Shape s) {
+                if (l == 0) {
+                    const bool is_shared =
+                        shape.recompute == Recompute::kFull
+                            ? member != &BlockActs::x_in
+                            : shape.recompute == Recompute::kSelective &&
+                                  block_selective_recomputes(c, shape.backend, member);
+                    shared.push_back(
+                        is_shared ? add_entry(act, fmt::format("recompute.{}", name), dtype, s)
+                                  : kNoEntryIndex);
+                }
+                const size_t entry =
+                    shared[i] != kNoEntryIndex
+                        ? shared[i]
+                        : add_entry(act, fmt::format("layers.{}.{}", l, name), dtype, s);
+                plan.block_acts[size_t(l)].push_back(entry);
+                ++i;
+            });
     }
-    plan.final_x = add_entry(act, "final.x", a, Shape{B, T, C});
+    plan.final_x = add_entry(act, "final.x", a, rows);
     plan.final_norm_out = add_entry(act, "final.norm_out", a, Shape{B, T, C});
     if (c.norm == NormKind::kLayerNorm)
-        plan.final_norm_mean = add_entry(act, "final.norm_mean", DType::kF32, Shape{N});
-    plan.final_norm_rstd = add_entry(act, "final.norm_rstd", DType::kF32, Shape{N});
+        plan.final_norm_mean = add_entry(act, "final.norm_mean", DType::kF32, Shape{N / S});
+    plan.final_norm_rstd = add_entry(act, "final.norm_rstd", DType::kF32, Shape{N / S});
     plan.lm_lse = add_entry(act, "lm_head.lse", DType::kF32, Shape{N});
     plan.loss = add_entry(act, "lm_head.loss", DType::kF32, Shape{kLossSlots});
 
@@ -421,15 +443,20 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     // the LM head's chunk (used before any block's backward) are dead during every attention
     // call, forward (a recomputing forward included) or backward.
     ArenaLayout& scr = plan.scratch;
+    // Sequence parallel's gathered and reduced (block.h) are dead there too: the forward gathers
+    // a norm output for the projections before attention and after it; the backward gathers
+    // and reduce-scatters before the attention backward (the MLP's) and after it (norm1's), and
+    // tmp holds the gathered d x_mid only until the attention output's backward has read it.
     auto dead_in_attention = [&](TensorView BlockScratch::*m) {
         return m == &BlockScratch::tmp || m == &BlockScratch::dnorm1 ||
                (m == &BlockScratch::dnorm2 && !c.parallel_residual) ||
-               m == &BlockScratch::dmlp_act || m == &BlockScratch::dmlp_in;
+               m == &BlockScratch::dmlp_act || m == &BlockScratch::dmlp_in ||
+               m == &BlockScratch::gathered || m == &BlockScratch::reduced;
     };
     std::vector<size_t> block_scratch;
     auto add_block_scratch = [&](bool dead) {
         size_t i = 0;
-        block_scratch_for_each(c, B, T, a,
+        block_scratch_for_each(c, B, T, S, a,
                                [&](const char* name, auto member, DType dtype, Shape s) {
                                    if (block_scratch.size() <= i)
                                        block_scratch.resize(i + 1, kNoEntryIndex);
@@ -439,7 +466,7 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
                                });
     };
     add_block_scratch(false);
-    plan.dres = add_entry(scr, "dresidual", a, Shape{B, T, C});
+    plan.dres = add_entry(scr, "dresidual", a, rows);
     if (c.position == PositionKind::kRope) {
         const int64_t half = rope_rotary_dim(c.rope) / 2;
         plan.rope_cos = add_entry(scr, "rope.cos", DType::kF32, Shape{T, half});
@@ -448,6 +475,13 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     plan.grad_norm = add_entry(scr, "optimizer.grad_norm", DType::kF32, Shape{1});
     if (c.vocab_parallel())
         plan.lm_vocab_parallel = add_entry(scr, "lm_head.vocab_parallel", DType::kF32, Shape{4, N});
+    if (S > 1) {
+        int64_t partial = 0;
+        for (const ParamEntry& e : table.entries())
+            if (sequence_parallel_partial_role(e.role)) partial += e.shape.numel();
+        plan.sequence_parallel_grads = add_entry(scr, "sequence_parallel.partial_grads",
+                                                 DType::kF32, Shape{std::max<int64_t>(partial, 1)});
+    }
     const size_t dead_begin = scr.total_bytes();
     add_block_scratch(true);
     plan.block_scratch = std::move(block_scratch);
@@ -595,6 +629,12 @@ std::string MemoryPlan::table(std::string_view title) const {
             linears, fp8_recipe_name(shape.fp8.recipe), format_bytes(weights), format_bytes(inputs),
             format_bytes(fp8_bytes() - weights - inputs));
     }
+    if (shape.sequence_shards > 1)
+        out += fmt::format(
+            "  sequence parallel over {} ranks: {} of the {} rows of the residual stream, the "
+            "norms and their saved outputs per rank\n",
+            shape.sequence_shards, shape.batch * shape.seq_len / shape.sequence_shards,
+            shape.batch * shape.seq_len);
     if (gradient_shard_bytes() > 0)
         out += fmt::format(
             "  gradients sharded over {} ranks: shard {} B ({}) + unit windows {} B ({}), of {} "

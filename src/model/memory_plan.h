@@ -145,10 +145,23 @@ struct ModelShape {
     // masters and both moments on the device, stepped there by the device AdamW, and the plan
     // counts them (parameters: 4 B, optimizer state: 8 B an element). f = 1 offloads everything.
     double offload_fraction = 1.0;
+    // Sequence parallel (model/block.h's header): the tensor-parallel ranks S that the residual
+    // stream's rows are cut over (parallel.tensor with parallel.sequence_parallel; 1: none). S > 1
+    // plans this rank's N/S rows (N = B T, a multiple of S: Model::create refuses another) of
+    // every layer's x, x_mid, ln1_out, ln2_out and the norms' statistics, of final.x and the
+    // final norm's statistics, and of the residual gradient; one block's scratch gains the full
+    // rows a norm output is gathered into and the rows a sum is reduce-scattered to, and the
+    // scratch the norms' partial gradients are summed in (sequence_parallel_partial_role).
+    int sequence_shards = 1;
     // Device memory the communicator of a multi-GPU run holds (NCCL's buffers), as measured when
     // it was opened (run/world.h); counted as the plan's `communication` row. 0 for one process.
     size_t communication_bytes = 0;
 };
+
+// The parameters whose gradients are per-rank partial sums under sequence parallel (a norm's
+// weight and bias: the norm runs on the rank's rows), summed over the tensor-parallel group once
+// per step (Model::sum_sequence_parallel_grads).
+bool sequence_parallel_partial_role(ParamRole role);
 
 // The chunk alignment of a sharded parameter arena.
 inline constexpr int64_t kShardAlignElements = 64;  // f32: ArenaLayout::kDefaultAlignment bytes
@@ -300,9 +313,11 @@ struct MemoryPlan {
     // entries but the first (its input) are the same shared indices; with selective recompute
     // those of ln1_out, ln2_out and mlp_act are.
     std::vector<std::vector<size_t>> block_acts;  // [layer][i], in block_acts_for_each order
-    size_t final_x = 0;                           // (B, T, C) the last block's output
-    size_t final_norm_out = 0;                    // (B, T, C)
-    size_t final_norm_mean = kNoEntry;            // LayerNorm only
+    // Sequence parallel (ModelShape::sequence_shards): final_x and the final norm's statistics
+    // hold the rank's rows; final_norm_out the full rows the LM head reads.
+    size_t final_x = 0;                 // (B, T, C) the last block's output
+    size_t final_norm_out = 0;          // (B, T, C)
+    size_t final_norm_mean = kNoEntry;  // LayerNorm only
     size_t final_norm_rstd = 0;
     size_t lm_lse = 0;  // (B T) per-row log-sum-exp of the logits
     size_t loss = 0;    // (kLossSlots) micro-batch losses (slot 0 for forward())
@@ -311,14 +326,17 @@ struct MemoryPlan {
     // shard (ops/vocab_parallel.h); the embedding's forward and backward read it.
     size_t vocab_ids = kNoEntry;
     // Entry indices into `scratch`.
-    std::vector<size_t> block_scratch;                // in block_scratch_for_each order
-    size_t dres = 0;                                  // (B, T, C) gradient of the residual stream
-    size_t lm_chunk = 0;                              // (Nc, V)
+    std::vector<size_t> block_scratch;  // in block_scratch_for_each order
+    size_t dres = 0;      // (B, T, C) gradient of the residual stream (sequence parallel: the rows)
+    size_t lm_chunk = 0;  // (Nc, V)
     size_t rope_cos = kNoEntry, rope_sin = kNoEntry;  // (T, R/2), RoPE families
     size_t grad_norm = 0;                             // (1) f32, the step's gradient norm
     // A vocabulary shard: (4, B T) f32, cross_entropy_vocab_parallel_combine's work (3 rows)
     // and the shard's row losses (ops/vocab_parallel.h).
     size_t lm_vocab_parallel = kNoEntry;
+    // Sequence parallel: (P) f32, every sequence_parallel_partial_role entry's gradient packed
+    // for one sum over the group (Model::sum_sequence_parallel_grads).
+    size_t sequence_parallel_grads = kNoEntry;
     // CUDA: cuDNN's attention workspace lives in the scratch arena, over the scratch entries
     // that no op reads or writes while an attention call runs (their contents never outlive the
     // op sequence that wrote them): one block's tmp, dnorm1, dnorm2 (sequential residual),

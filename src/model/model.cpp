@@ -177,6 +177,14 @@ Result<Model> Model::create(ModelConfig config, const ModelShape& shape, const C
             "a vocabulary-parallel embedding with learned positions (the {} family): its "
             "position gradient is not summed over the tensor group",
             config.model_type);
+    // Sequence parallel cuts the rows of the embedding's vocabulary-parallel sum (a reduce-scatter
+    // of the lookup) and of a sequential residual stream (model/block.h).
+    if (shape.sequence_shards > 1 && (!config.vocab_parallel() || config.parallel_residual))
+        return unimplemented_error(
+            "sequence parallel over {} ranks needs a vocabulary-parallel model with the "
+            "sequential residual (the tensor-parallel training of llama, mistral, qwen2); {} is "
+            "not one",
+            shape.sequence_shards, config.model_type);
     Model m;
     m.table_ = model_param_table(config);
     ModelShape planned = shape;
@@ -553,6 +561,47 @@ double Model::grad_sum_of_squares(std::span<const FlatRange> ranges) {
     return n * n;
 }
 
+std::vector<FlatRange> Model::sequence_parallel_partial_ranges() const {
+    std::vector<FlatRange> out;
+    if (!sequence_parallel()) return out;
+    for (const ParamEntry& e : table_.entries()) {
+        if (!sequence_parallel_partial_role(e.role)) continue;
+        const int64_t begin = int64_t(plan_.params.entries()[e.arena_index].offset / sizeof(float));
+        out.push_back(FlatRange{begin, begin + e.shape.numel()});
+    }
+    return out;
+}
+
+void Model::sum_sequence_parallel_grads(std::span<const TensorView> pieces) {
+    LATHE_CHECK(sequence_parallel() && training() && tp_sum_,
+                "sum_sequence_parallel_grads: a sequence-parallel training model in a group");
+    const TensorView packed = scratch_.view(plan_.sequence_parallel_grads);
+    int64_t n = 0;
+    for (const TensorView& p : pieces) {
+        LATHE_CHECK(p.dtype() == DType::kF32 && n + p.numel() <= packed.numel(),
+                    "sum_sequence_parallel_grads: {} after {} of {} packed elements", p.to_string(),
+                    n, packed.numel());
+        n += p.numel();
+    }
+    // Every rank calls the sum, with pieces or none (a ZeRO-2 shard may hold none of them).
+    auto move = [&](bool pack) {
+        int64_t at = 0;
+        for (const TensorView& p : pieces) {
+            const TensorView q = packed.slice(at, at + p.numel());
+            const TensorView flat = p.reshape(Shape{p.numel()});
+            const TensorView dst = pack ? q : flat, src = pack ? flat : q;
+            if (on_cuda())
+                cuda_copy_async(dst, src, ctx_.stream);
+            else
+                std::memcpy(dst.data(), src.data(), src.bytes());
+            at += p.numel();
+        }
+    };
+    move(true);
+    tp_sum_(packed.slice(0, std::max<int64_t>(n, 1)));
+    move(false);
+}
+
 void Model::set_grad_norm_value(float norm) {
     LATHE_CHECK(training(), "set_grad_norm_value: the model was created without gradients");
     copy_from_host(scratch_.view(plan_.grad_norm), ConstTensorView(&norm, DType::kF32, Shape{1}));
@@ -761,11 +810,12 @@ BlockActs Model::block_acts(int l) const {
     BlockActs a;
     size_t i = 0;
     const std::vector<size_t>& entries = plan_.block_acts[size_t(l)];
-    block_acts_for_each(config_, dims_.B, dims_.T, activation_dtype(ctx_.backend),
+    block_acts_for_each(config_, dims_.B, dims_.T, plan_.shape.sequence_shards,
+                        activation_dtype(ctx_.backend),
                         [&](const char*, TensorView BlockActs::*member, DType, const Shape& s) {
                             a.*member = act(entries[i++], s);
                         });
-    const Shape x{dims_.B, dims_.T, config_.hidden_size};
+    const Shape x = rows_shape();
     a.x_out = l + 1 < config_.num_layers ? act(plan_.block_acts[size_t(l) + 1][0], x)
                                          : act(plan_.final_x, x);
     return a;
@@ -775,7 +825,7 @@ BlockScratch Model::block_scratch() const {
     BlockScratch s;
     size_t i = 0;
     block_scratch_for_each(
-        config_, dims_.B, dims_.T, activation_dtype(ctx_.backend),
+        config_, dims_.B, dims_.T, plan_.shape.sequence_shards, activation_dtype(ctx_.backend),
         [&](const char*, TensorView BlockScratch::*member, DType, const Shape& shape) {
             s.*member = scratch_.view(plan_.block_scratch[i++], shape);
         });
@@ -792,6 +842,10 @@ BlockInputs Model::block_inputs() const {
         in.rope_sin = scratch_.view(plan_.rope_sin);
     }
     if (tp_sum_) in.tp_sum = &tp_sum_;
+    if (sequence_parallel()) {
+        in.tp_gather = &tp_gather_;
+        in.tp_scatter = &tp_scatter_;
+    }
     return in;
 }
 
@@ -806,6 +860,9 @@ Model::Dims Model::load_batch(const ModelBatch& batch, bool need_targets) {
     LATHE_CHECK(d.B >= 1 && d.T >= 1 && d.B <= plan_.shape.batch && d.T <= plan_.shape.seq_len,
                 "batch ({}, {}) does not fit the plan ({}, {})", d.B, d.T, plan_.shape.batch,
                 plan_.shape.seq_len);
+    LATHE_CHECK((d.B * d.T) % plan_.shape.sequence_shards == 0,
+                "batch ({}, {}): sequence parallel over {} ranks cuts B T rows in equal shares",
+                d.B, d.T, plan_.shape.sequence_shards);
     const Shape bt{d.B, d.T};
     auto expect = [&](ConstTensorView v, const char* what) {
         LATHE_CHECK(v.shape() == bt && v.dtype() == DType::kI32 && v.device() == Device::kCpu,
@@ -842,9 +899,13 @@ Model::Dims Model::load_batch(const ModelBatch& batch, bool need_targets) {
 void Model::run_forward_blocks(bool step) {
     const Shape bt{dims_.B, dims_.T};
     const Shape btc{dims_.B, dims_.T, config_.hidden_size};
-    const int64_t N = dims_.B * dims_.T;
+    const bool sp = sequence_parallel();
+    LATHE_CHECK(!sp || (tp_gather_ && tp_scatter_),
+                "a sequence-parallel model computes in a group "
+                "(set_tensor_parallel_gather and _scatter)");
     // Embedding (+ learned positions) into the first block's input.
-    TensorView x0 = act(plan_.block_acts[0][0], btc);
+    TensorView x0 = act(plan_.block_acts[0][0], rows_shape());
+    const BlockScratch scratch = block_scratch();
     TensorView wpe;
     ConstTensorView positions;
     if (weights_needed_) weights_needed_(kInputWeights);
@@ -861,17 +922,22 @@ void Model::run_forward_blocks(bool step) {
         LATHE_CHECK(tp_sum_ && tp_max_,
                     "a vocabulary shard's model computes in a group "
                     "(set_tensor_parallel_sum and _max)");
+        // Sequence parallel: the lookup of every row into the block scratch (free before the
+        // first block), reduce-scattered to this rank's rows.
         const TensorView ids = act(plan_.vocab_ids, bt);
+        const TensorView x_full = sp ? scratch.tmp : x0;
         vocab_shard_ids(ids, act(plan_.tokens, bt), config_.vocab_begin, config_.vocab_size,
                         config_.vocab_total, ctx_);
-        embedding_forward(x0, ids, positions, wte, wpe, ctx_);
-        vocab_shard_zero_rows(x0, act(plan_.tokens, bt), config_.vocab_begin, config_.vocab_size,
-                              ctx_);
-        tp_sum_(x0);
+        embedding_forward(x_full, ids, positions, wte, wpe, ctx_);
+        vocab_shard_zero_rows(x_full, act(plan_.tokens, bt), config_.vocab_begin,
+                              config_.vocab_size, ctx_);
+        if (sp)
+            tp_scatter_(x0, x_full);
+        else
+            tp_sum_(x0);
     } else {
         embedding_forward(x0, act(plan_.tokens, bt), positions, wte, wpe, ctx_);
     }
-    const BlockScratch scratch = block_scratch();
     const BlockInputs inputs = block_inputs();
     // The weight codes: cast when stale, and by a training forward after a forward outside the
     // steps cast them under delayed scaling (file comment).
@@ -891,34 +957,45 @@ void Model::run_forward_blocks(bool step) {
         fp8_weights_stale_ = false;
         fp8_step_cast_due_ = !step && fp8_state_.has_value();
     }
-    block_norm_forward(config_, act(plan_.final_norm_out, btc),
+    // Sequence parallel: the final norm of this rank's rows (into the block scratch), gathered
+    // to the full rows the vocabulary-parallel head reads.
+    const TensorView norm_out = sp ? scratch.reduced : act(plan_.final_norm_out, btc);
+    block_norm_forward(config_, norm_out,
                        plan_.final_norm_mean == MemoryPlan::kNoEntry
                            ? TensorView()
-                           : act(plan_.final_norm_mean, Shape{N}),
-                       act(plan_.final_norm_rstd, Shape{N}), act(plan_.final_x, btc),
+                           : act(plan_.final_norm_mean, Shape{rows()}),
+                       act(plan_.final_norm_rstd, Shape{rows()}), act(plan_.final_x, rows_shape()),
                        entry_rows(weights_of(ParamRole::kFinalNormWeight),
                                   ParamRole::kFinalNormWeight, -1, 0, config_.hidden_size),
                        entry_rows(weights_of(ParamRole::kFinalNormBias), ParamRole::kFinalNormBias,
                                   -1, 0, config_.hidden_size),
-                       ctx_, head_x_amax());
+                       ctx_, sp ? TensorView() : head_x_amax());
+    if (sp) tp_gather_(act(plan_.final_norm_out, btc), norm_out);
 }
 
 void Model::run_backward_from_final(TensorView dfinal) {
     const Shape bt{dims_.B, dims_.T};
-    const Shape btc{dims_.B, dims_.T, config_.hidden_size};
-    const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
-    TensorView dres = scratch_.view(plan_.dres, btc);
+    const int64_t C = config_.hidden_size;
+    const bool sp = sequence_parallel();
+    TensorView dres = scratch_.view(plan_.dres, rows_shape());
+    const BlockScratch scratch = block_scratch();
+    const BlockInputs inputs = block_inputs();
+    // dfinal: the head's dx, summed over the vocabulary shards (head_backward), or with sequence
+    // parallel still the shard's part: reduce-scattered to this rank's rows here.
+    ConstTensorView dnorm = dfinal;
+    if (sp) {
+        tp_scatter_(scratch.reduced, dfinal);
+        dnorm = scratch.reduced;
+    }
     block_norm_backward(
         config_, dres,
         entry_rows(grads_of(ParamRole::kFinalNormWeight), ParamRole::kFinalNormWeight, -1, 0, C),
-        entry_rows(grads_of(ParamRole::kFinalNormBias), ParamRole::kFinalNormBias, -1, 0, C),
-        dfinal, act(plan_.final_x, btc),
+        entry_rows(grads_of(ParamRole::kFinalNormBias), ParamRole::kFinalNormBias, -1, 0, C), dnorm,
+        act(plan_.final_x, rows_shape()),
         entry_rows(weights_of(ParamRole::kFinalNormWeight), ParamRole::kFinalNormWeight, -1, 0, C),
         plan_.final_norm_mean == MemoryPlan::kNoEntry ? TensorView()
-                                                      : act(plan_.final_norm_mean, Shape{N}),
-        act(plan_.final_norm_rstd, Shape{N}), GradMode::kOverwrite, ctx_);
-    const BlockScratch scratch = block_scratch();
-    const BlockInputs inputs = block_inputs();
+                                                      : act(plan_.final_norm_mean, Shape{rows()}),
+        act(plan_.final_norm_rstd, Shape{rows()}), GradMode::kOverwrite, ctx_);
     for (int l = int(config_.num_layers) - 1; l >= 0; --l) {
         // Full recompute: refill the shared activations from the layer's saved input. Its x_out
         // (the next layer's input, or final_x) is rewritten with the same bits. Selective: refill
@@ -943,14 +1020,21 @@ void Model::run_backward_from_final(TensorView dfinal) {
     const TensorView ids = act(plan_.tokens, bt);
     const TensorView dwte = entry_rows(grads_of(ParamRole::kTokenEmbedding),
                                        ParamRole::kTokenEmbedding, -1, 0, config_.vocab_size);
+    // Sequence parallel: every row's gradient, gathered into the block scratch (free once the
+    // blocks' backward is done), reaches the rows of the vocabulary shard.
+    TensorView dx0 = dres;
+    if (sp) {
+        dx0 = scratch.tmp;
+        tp_gather_(dx0, dres);
+    }
     if (config_.vocab_parallel()) {
         // Only the rows of the ids this shard holds reach its rows; the other ids touch none
         // (ops/vocab_parallel.h).
-        vocab_shard_embedding_backward(dwte, dres, ids, config_.vocab_begin, config_.vocab_total,
+        vocab_shard_embedding_backward(dwte, dx0, ids, config_.vocab_begin, config_.vocab_total,
                                        ctx_);
         LATHE_CHECK(dwpe.is_null(), "a vocabulary shard's model has no learned positions");
     } else {
-        embedding_backward(dwte, dwpe, dres, ids, positions, ctx_);
+        embedding_backward(dwte, dwpe, dx0, ids, positions, ctx_);
     }
     if (grads_ready_) grads_ready_(kOutsideLayers);
 }
@@ -1001,8 +1085,9 @@ void Model::head_backward(TensorView dfinal, float dloss) {
         dfinal.reshape(Shape{N, C}), grads_at(head_entry()), act(plan_.final_norm_out, Shape{N, C}),
         act(plan_.targets, Shape{N}), weights_at(head_entry()), act(plan_.lm_lse, Shape{N}), dloss,
         scratch_.view(plan_.lm_chunk), ctx_, head_spec(/*step=*/true), vocab_shard());
-    // Each shard's dx is its part of the sum over the vocabulary.
-    if (config_.vocab_parallel()) tp_sum_(dfinal);
+    // Each shard's dx is its part of the sum over the vocabulary (sequence parallel: summed by
+    // the reduce-scatter to the rank's rows, run_backward_from_final).
+    if (config_.vocab_parallel() && !sequence_parallel()) tp_sum_(dfinal);
 }
 
 LmHeadVocabShard Model::vocab_shard() const {

@@ -290,8 +290,9 @@ public:
 
     // Tensor parallel (infer/tensor_parallel.h; model/block.h's header): the model is one rank's
     // shard, and `sum` sums a (B, T, C) partial tensor over the tensor-parallel group in place,
-    // in stream order: every forward and backward calls it twice per layer (the row-parallel
-    // outputs, the gradients at the norm outputs). An empty function: one rank.
+    // in stream order: without sequence parallel (below) every forward and backward calls it
+    // twice per layer (the row-parallel outputs, the gradients at the norm outputs). An empty
+    // function: one rank.
     // A model of a vocabulary shard (ModelConfig::vocab_parallel) also sums the embedding's rows
     // and the LM head's dx, and combines the head's row statistics with `max` (the same in-place
     // form, an elementwise max of an f32 view) and `sum` (ops/vocab_parallel.h); it refuses to
@@ -299,6 +300,33 @@ public:
     using TensorParallelSum = std::function<void(TensorView)>;
     void set_tensor_parallel_sum(TensorParallelSum sum) { tp_sum_ = std::move(sum); }
     void set_tensor_parallel_max(TensorParallelSum max) { tp_max_ = std::move(max); }
+    // Sequence parallel (ModelShape::sequence_shards = S > 1; model/block.h's header): the
+    // residual stream holds this rank's rows. `gather(out, in)` all-gathers the rank's (N/S, C)
+    // rows `in` into the full (B, T, C) `out` (rank order); `scatter(out, in)` sums the partial
+    // (B, T, C) `in` over the group and leaves the rank's rows in (N/S, C) `out`; both in stream
+    // order. Besides the blocks' (two of each per layer, forward and backward), the embedding's
+    // vocabulary-parallel lookup is reduce-scattered to the rows and its backward gathers the
+    // residual gradient; the final norm runs on the rows and its output is gathered to full rows
+    // for the vocabulary-parallel LM head, whose dx is reduce-scattered (instead of summed). A
+    // sequence-parallel model refuses to compute without both (and the sum and max above).
+    using TensorParallelMove = BlockInputs::TensorParallelMove;
+    void set_tensor_parallel_gather(TensorParallelMove gather) { tp_gather_ = std::move(gather); }
+    void set_tensor_parallel_scatter(TensorParallelMove scatter) {
+        tp_scatter_ = std::move(scatter);
+    }
+    bool sequence_parallel() const { return plan_.shape.sequence_shards > 1; }
+    // Sequence parallel: the gradients of the norms' weights and biases
+    // (sequence_parallel_partial_role) hold this rank's rows' part of the sum. The ranges of
+    // grads_flat() they occupy (the parameter arena's, params_flat() coordinates), and the sum:
+    // `pieces` (f32 views of gradient memory, together at most those ranges' elements: the
+    // ranges themselves, or the parts of them a ZeRO-2 shard holds) packed into one buffer,
+    // summed over the group with the tensor-parallel sum (one collective), and written back, in
+    // stream order. Once per optimizer step, after the last micro-batch's backward and before
+    // the gradients are read (their norm, the optimizer); every rank of the group calls it with
+    // pieces of the same sizes. A model without sequence parallel: no ranges, and the sum is
+    // refused (checked).
+    std::vector<FlatRange> sequence_parallel_partial_ranges() const;
+    void sum_sequence_parallel_grads(std::span<const TensorView> pieces);
 
     // Waits for everything the model enqueued (CUDA); no-op on the CPU.
     void synchronize() const;
@@ -386,6 +414,12 @@ private:
     // Casts layer `layer`'s fp8 weight codes from the compute copy (file comment).
     void fp8_cast_weights(int layer, bool step);
     TensorView act(size_t index, const Shape& shape) const { return acts_.view(index, shape); }
+    // A residual-stream tensor of the batch in the activations: (B, T, C), or this rank's rows
+    // under sequence parallel (block_rows_shape), and its per-row statistics (B T or N/S).
+    Shape rows_shape() const {
+        return block_rows_shape(dims_.B, dims_.T, config_.hidden_size, plan_.shape.sequence_shards);
+    }
+    int64_t rows() const { return dims_.B * dims_.T / plan_.shape.sequence_shards; }
     size_t head_entry() const;
     // Where the backward writes the gradients of `piece`'s unit: the gradient windows hook's
     // window, or the gradient arena. grads_of / grads_at: of the entry of `role` outside the
@@ -425,6 +459,7 @@ private:
     GradsReadyHook grads_ready_;
     WeightsNeededHook weights_needed_;
     TensorParallelSum tp_sum_, tp_max_;
+    TensorParallelMove tp_gather_, tp_scatter_;
     Dims dims_;  // of the batch in the activations
     bool has_docs_ = false, has_positions_ = false;
     bool backward_ready_ = false;  // a forward() with targets saved activations for backward()

@@ -436,6 +436,17 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.backend = place.backend;
     shape.recompute = req.recompute;
     data_parallel_shape(shape, multi ? dp_ranks : 1, req.zero_stage, multi ? group.rank : 0);
+    // parallel.sequence_parallel (on by default, as lathe train has it): each tensor rank keeps
+    // 1/T of the residual stream's rows (model/block.h).
+    if (req.plan_tensor > 1 && req.plan_sequence_parallel) {
+        if ((B * T) % req.plan_tensor != 0)
+            return invalid_argument_error(
+                "--plan-tensor {} with sequence parallelism cuts the --batch {} x --seq {} rows "
+                "over the tensor ranks: give a batch and length whose product it divides, or "
+                "--plan-sequence-parallel 0",
+                req.plan_tensor, B, T);
+        shape.sequence_shards = req.plan_tensor;
+    }
     const bool offload = req.offload == OptimizerOffload::kCpu;
     if (offload && multi)
         return unimplemented_error(

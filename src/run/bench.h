@@ -127,7 +127,8 @@ struct BenchRequest {
     int zero_stage = 1;   // parallel.zero_stage of a run of several ranks (ignored by one process)
     int plan_ranks = 1;   // with plan_only: plan one rank of this many at zero_stage
     int plan_tensor = 1;  // with plan_only: ... of which groups of this many are tensor parallel
-    std::optional<Fp8Settings> fp8;  // --precision fp8 (its recipe); nullopt: bf16
+    bool plan_sequence_parallel = true;  // with plan_tensor > 1: parallel.sequence_parallel
+    std::optional<Fp8Settings> fp8;      // --precision fp8 (its recipe); nullopt: bf16
     // --offload cpu, --state-dtype: optimizer.offload with the whole optimizer on the host
     // (optim/host_optimizer.h), one process; the moments' storage.
     OptimizerOffload offload = OptimizerOffload::kNone;

@@ -464,6 +464,25 @@ float DataParallel::set_grad_norm(std::span<const double> rank_sums) {
     return norm;
 }
 
+std::vector<TensorView> DataParallel::gradient_pieces(std::span<const FlatRange> arena) const {
+    std::vector<TensorView> out;
+    const TensorView all = model_.grads_flat();
+    if (!sharded_) {
+        for (const FlatRange& r : arena) out.push_back(all.slice(r.begin, r.end));
+        return out;
+    }
+    const TensorView shard = model_.gradient_arena_entry(model_.plan().grad_shard);
+    for (const FlatRange& r : arena) {
+        for (size_t u = 0; u < layout_.units(); ++u) {
+            const FlatRange c = layout_.chunk(u, comm_.rank());
+            const int64_t b = std::max(r.begin, c.begin), e = std::min(r.end, c.end);
+            if (e <= b) continue;
+            out.push_back(shard.slice(shard_at_[u] + (b - c.begin), shard_at_[u] + (e - c.begin)));
+        }
+    }
+    return out;
+}
+
 void DataParallel::zero_grad_entry(size_t index) {
     if (!sharded_) {
         model_.zero_grad_entry(index);

@@ -172,6 +172,12 @@ public:
     // the optimizer clips and returned.
     double local_grad_sum_of_squares() { return model_.grad_sum_of_squares(norm_ranges_); }
     float set_grad_norm(std::span<const double> rank_sums);
+    // Where this rank keeps the gradients of the parameter arena ranges `arena` (params_flat()
+    // coordinates) after finish_gradients(): views of the model's gradient arena over the whole
+    // ranges, or with sharded gradients (ZeRO-2 and 3) over their parts in this rank's chunks
+    // (in the shard), in the order of `arena` then of the chunks. Ranks of one data-parallel
+    // rank and model layout (a tensor-parallel group) get pieces of the same sizes.
+    std::vector<TensorView> gradient_pieces(std::span<const FlatRange> arena) const;
     // Leaves the parameter arena ranges `arena` (params_flat() coordinates) out of this rank's
     // sum of squares: the entries another rank counts (tensor parallel's replicated entries on
     // tensor ranks other than 0, run/trainer.cpp).

@@ -3,7 +3,10 @@
 // Tensor-parallel training's forward and backward (model/block.h's sums, the shards of
 // infer/tensor_parallel.h, the vocabulary-parallel embedding and LM head of ops/vocab_parallel.h)
 // against one process's: every rank builds the whole model too, so it knows the answer. Untied
-// (llama, qwen2) and tied (llama_tied: the embedding shard is the head shard) heads.
+// (llama, qwen2) and tied (llama_tied: the embedding shard is the head shard) heads, each with
+// sequence parallel (model/block.h: the residual stream's B T = 16 rows cut over the ranks, the
+// all-gathers and reduce-scatters, the norms' gradients summed once after the backward) and
+// without it.
 //
 // Tolerance: the ranks' sums of the attention-output and down projections, and of the norm-output
 // gradients, add the same f32 terms as one process's GEMMs in another order (2 partial sums of
@@ -11,13 +14,18 @@
 // head adds the same kind of error: each shard's lse rounded to f32 and combined in f32 (a few
 // 2^-24 relative of lse, which moves the softmax by as much relative), the head's dx summed over
 // the shards (2 partial sums of 32 terms). 1e-5 of each tensor's largest gradient is a hundred
-// times that, and far under a missing or doubled term.
+// times that, and far under a missing or doubled term. Sequence parallel sums the same terms:
+// a reduce-scatter adds the ranks' partials of a row as the all-reduce does (for 2 ranks the
+// one f32 addition a + b), and the all-gathers move values unchanged; what it adds is the
+// norms' weight gradients, each rank's sum over its 8 rows added over the ranks (one more
+// partial-sum split of 16 terms, the same few 2^-24 relative), so the bound stays.
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -56,22 +64,28 @@ ModelConfig config_of(const std::string& family) {
     return tiny_model::parse(json);
 }
 
-Model make_model(const ModelConfig& c) {
+// `sequence_shards`: ModelShape::sequence_shards (1: the residual stream whole on every rank).
+Model make_model(const ModelConfig& c, int sequence_shards = 1) {
     ModelShape shape;
     shape.batch = 2;
     shape.seq_len = 8;
     shape.training = true;
+    shape.sequence_shards = sequence_shards;
     Result<Model> m = Model::create(c, shape, cpu_context());
     LATHE_CHECK(m.ok(), "{}", m.status().to_string());
     return std::move(*m);
 }
 
-class TensorParallelTraining : public ::testing::TestWithParam<std::string> {};
+// (family, sequence parallel)
+class TensorParallelTraining : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOnesAgree) {
     Communicator& comm = world();
     const int T = comm.size(), rank = comm.rank();
-    const ModelConfig full = config_of(GetParam());
+    const auto& [family, sequence_parallel] = GetParam();
+    // One rank has nothing to cut: sequence parallel is a tensor group's.
+    const bool sp = sequence_parallel && T > 1;
+    const ModelConfig full = config_of(family);
     Result<ModelConfig> local_config =
         tp_local_config(full, T, "parallel.tensor", TpVocab::kParallel, rank);
     ASSERT_TRUE(local_config.ok()) << local_config.status().to_string();
@@ -79,7 +93,8 @@ TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOne
 
     Model one = make_model(full);
     one.init(7);
-    Model local = make_model(*local_config);
+    Model local = make_model(*local_config, sp ? T : 1);
+    ASSERT_EQ(local.sequence_parallel(), sp);
     tp_model_init(local, full, rank, T, 7);
     Status sum_error = ok_status();
     local.set_tensor_parallel_sum([&](TensorView v) {
@@ -88,6 +103,19 @@ TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOne
     local.set_tensor_parallel_max([&](TensorView v) {
         if (sum_error.ok()) sum_error = comm.all_reduce(v, v, ReduceOp::kMax, nullptr);
     });
+    if (sp) {
+        local.set_tensor_parallel_gather([&](TensorView out, ConstTensorView in) {
+            if (sum_error.ok()) sum_error = comm.all_gather(out, in, nullptr);
+        });
+        local.set_tensor_parallel_scatter([&](TensorView out, ConstTensorView in) {
+            if (sum_error.ok()) sum_error = comm.reduce_scatter(out, in, ReduceOp::kSum, nullptr);
+        });
+        // A rank's shard of the residual stream: B T / S rows of x and of the residual gradient.
+        const MemoryPlan& plan = local.plan();
+        EXPECT_EQ(plan.activations.entries()[plan.block_acts[0][0]].shape,
+                  Shape({16 / T, full.hidden_size}));
+        EXPECT_EQ(plan.scratch.entries()[plan.dres].shape, Shape({16 / T, full.hidden_size}));
+    }
 
     const int64_t V = full.vocab_size;
     const HostTensor tokens = tiny_model::ids(2, 8, V, 1);
@@ -116,6 +144,17 @@ TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOne
         }
         ASSERT_TRUE(sum_error.ok()) << sum_error.to_string();
         EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << "micro-batch " << k;
+    }
+    if (sp) {
+        // The norms' gradients hold each rank's rows' part until summed once for the step
+        // (run/train_step.cpp does this after the data-parallel reduction).
+        const std::vector<FlatRange> ranges = local.sequence_parallel_partial_ranges();
+        ASSERT_EQ(ranges.size(), size_t(2 * full.num_layers + 1));  // RMSNorm: weights alone
+        std::vector<TensorView> pieces;
+        for (const FlatRange& r : ranges)
+            pieces.push_back(local.grads_flat().slice(r.begin, r.end));
+        local.sum_sequence_parallel_grads(pieces);
+        ASSERT_TRUE(sum_error.ok()) << sum_error.to_string();
     }
 
     const ParamTable& table = local.params();
@@ -152,7 +191,31 @@ TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOne
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TensorParallelTraining,
-                         ::testing::Values("llama", "qwen2", "llama_tied"));
+                         ::testing::Combine(::testing::Values("llama", "qwen2", "llama_tied"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                             return std::get<0>(info.param) +
+                                    (std::get<1>(info.param) ? "_sequence_parallel" : "");
+                         });
+
+// A batch whose rows do not cut into equal shares is refused when the model is planned (the
+// trainer names the keys before that: test_tensor_parallel.py).
+TEST(SequenceParallel, RowsThatDoNotCutEvenlyAreRefused) {
+    const ModelConfig full = config_of("llama");
+    Result<ModelConfig> local = tp_local_config(full, 2, "parallel.tensor", TpVocab::kParallel, 0);
+    ASSERT_TRUE(local.ok()) << local.status().to_string();
+    ModelShape shape;
+    shape.batch = 1;
+    shape.seq_len = 7;
+    shape.sequence_shards = 2;
+    const Result<Model> m = Model::create(*local, shape, cpu_context());
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(m.status().message().find("(1 x 7 = 7) must be a multiple of 2"), std::string::npos)
+        << m.status().to_string();
+    shape.seq_len = 8;
+    EXPECT_TRUE(Model::create(*local, shape, cpu_context()).ok());
+}
 
 }  // namespace
 }  // namespace lathe

@@ -88,6 +88,11 @@ ConfigSchema train_config_schema() {
            "tensor parallel: T consecutive ranks share every layer (Megatron-style, "
            "infer/tensor_parallel.h); the world is T x data-parallel ranks; T divides the "
            "attention heads, the key/value heads and the MLP width (llama, mistral, qwen2)"});
+    s.add({"parallel.sequence_parallel", ConfigType::kBool, "true",
+           "with parallel.tensor > 1: each tensor rank keeps 1/T of the rows of the residual "
+           "stream, the norms and residual adds (all-gather before, reduce-scatter after each "
+           "tensor-parallel region; docs/DISTRIBUTED.md); micro_batch_size x seq_length must be a "
+           "multiple of parallel.tensor. false: every rank keeps every row"});
     s.add({"parallel.timeout_s", ConfigType::kFloat, "600",
            "a rank waiting longer than this on the others stops the run, naming the wait "
            "(0 = wait forever)"});

@@ -294,6 +294,7 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
             c.source_of("parallel.tensor"), tensor);
     }
     s.tensor = int(tensor);
+    s.sequence_parallel = c.get_bool("parallel.sequence_parallel");
     s.timeout_s = c.get_float("parallel.timeout_s");
     if (!(s.timeout_s >= 0.0) || s.timeout_s > 1e7) {
         return invalid_argument_error(

@@ -73,7 +73,10 @@ struct TrainSettings {
     int zero_stage = 1;      // parallel.zero_stage: 0, 1 or 2
     double timeout_s = 600;  // parallel.timeout_s; 0 = off
     int tensor = 1;          // parallel.tensor: ranks of a tensor-parallel group
-    int64_t world = 1;       // data-parallel ranks: set by the trainer from the launcher
+    // parallel.sequence_parallel: with tensor > 1, the residual stream's rows are cut over the
+    // tensor-parallel group (model/block.h).
+    bool sequence_parallel = true;
+    int64_t world = 1;  // data-parallel ranks: set by the trainer from the launcher
 
     bool tensorboard = true;  // logging.tensorboard: event files in RUN_DIR/tb/
     Fp8Settings fp8;          // fp8.*: the recipe of train.precision fp8 (checked in every run)

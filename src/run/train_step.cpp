@@ -54,6 +54,14 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next,
         model_.forward_backward_async(batch, dloss, k - read);
     }
     if (dp_ != nullptr) LATHE_RETURN_IF_ERROR(dp_->finish_gradients());
+    if (model_.sequence_parallel()) {
+        LATHE_CHECK(dp_ != nullptr, "sequence parallel steps through DataParallel");
+        // Sequence parallel: each tensor rank's norm gradients hold its rows' part (model.h);
+        // summed over the group once, where this rank keeps them (the arena, or its ZeRO-2
+        // chunks, which are the same on every rank of the group), before the norm reads them.
+        model_.sum_sequence_parallel_grads(
+            dp_->gradient_pieces(model_.sequence_parallel_partial_ranges()));
+    }
     for (size_t e = 0; e < frozen_.size(); ++e)
         if (frozen_[e]) dp_ != nullptr ? dp_->zero_grad_entry(e) : model_.zero_grad_entry(e);
     TrainStepValues out;

@@ -76,6 +76,8 @@ public:
     // that is not trained; empty trains every entry.
     // `dp`: the data-parallel collectives (null: one process); must outlive the step.
     // `tp`: the tensor-parallel group (null: none; parallel.tensor, run/trainer.cpp): each rank's
+    // norm-weight gradients are summed over it first when the model is sequence parallel
+    // (Model::sum_sequence_parallel_grads, after the data-parallel reduction); each rank's
     // part of the norm is summed over it (in rank order, fp64) before the data-parallel sum.
     TrainStep(Model& model, AdamWOptimizer& optimizer, std::vector<char> frozen = {},
               DataParallel* dp = nullptr, Communicator* tp = nullptr);

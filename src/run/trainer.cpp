@@ -141,6 +141,8 @@ private:
     // Tensor parallel (parallel.tensor > 1): groups of tp() consecutive ranks share every layer,
     // and the ranks of one tensor-parallel rank form a data-parallel group (docs/DISTRIBUTED.md).
     int tp() const { return s_.tensor; }
+    // parallel.sequence_parallel under tensor parallel (model/block.h).
+    bool sequence_parallel() const { return tp() > 1 && s_.sequence_parallel; }
     int tp_rank() const { return tp_comm_ ? tp_comm_->rank() : 0; }
     // The data-parallel group of this rank: the world without tensor parallel.
     Communicator& dp_comm() const { return dp_comm_ ? *dp_comm_ : *world_.comm; }
@@ -337,9 +339,13 @@ Status Trainer::setup() {
     if (tp() > 1) {
         log_info(
             "tensor parallel over groups of {} consecutive ranks: each holds {} of {} heads, "
-            "{} of {} key/value heads and {} of {} MLP columns",
+            "{} of {} key/value heads and {} of {} MLP columns{}",
             tp(), local_model_.num_heads, s_.model.num_heads, local_model_.num_kv_heads,
-            s_.model.num_kv_heads, local_model_.intermediate_size, s_.model.intermediate_size);
+            s_.model.num_kv_heads, local_model_.intermediate_size, s_.model.intermediate_size,
+            sequence_parallel() ? fmt::format(", and 1/{} of the residual stream's rows "
+                                              "(sequence parallel)",
+                                              tp())
+                                : "");
     }
     std::error_code ec;
     fs::create_directories(request_.run_dir, ec);
@@ -421,6 +427,20 @@ Status Trainer::setup() {
         shape.precision = fp8_precision_policy(s_.fp8);
         shape.fp8 = s_.fp8;
     }
+    if (sequence_parallel()) {
+        // Each tensor rank keeps an equal share of the residual stream's rows (model/block.h).
+        if ((s_.micro_batch * s_.seq_len) % tp() != 0) {
+            return invalid_argument_error(
+                "{}: 'parallel.sequence_parallel' true: each of the {} tensor ranks "
+                "('parallel.tensor') keeps an equal share of the micro-batch's rows, but "
+                "train.micro_batch_size {} x data.seq_length {} = {} is not a multiple of {}; "
+                "choose a micro_batch_size or seq_length whose product is, or set "
+                "parallel.sequence_parallel: false",
+                config_.source_of("parallel.sequence_parallel"), tp(), s_.micro_batch, s_.seq_len,
+                s_.micro_batch * s_.seq_len, tp());
+        }
+        shape.sequence_shards = tp();
+    }
     const ParamTable table = model_param_table(local_model_);
     auto plan = memory_plan_make(local_model_, table, shape);
     if (!plan.ok()) return plan.status();
@@ -447,6 +467,18 @@ Status Trainer::setup() {
         model_->set_tensor_parallel_max([this](TensorView v) {
             if (!tp_error_.ok()) return;
             tp_error_ = tp_comm_->all_reduce(v, v, ReduceOp::kMax, device_.context().stream);
+        });
+    }
+    if (sequence_parallel()) {
+        // The residual stream's rows to full rows before each tensor-parallel region, and the
+        // partial sums after it reduced to the rank's rows (model/block.h).
+        model_->set_tensor_parallel_gather([this](TensorView out, ConstTensorView in) {
+            if (!tp_error_.ok()) return;
+            tp_error_ = tp_comm_->all_gather(out, in, device_.context().stream);
+        });
+        model_->set_tensor_parallel_scatter([this](TensorView out, ConstTensorView in) {
+            if (!tp_error_.ok()) return;
+            tp_error_ = tp_comm_->reduce_scatter(out, in, ReduceOp::kSum, device_.context().stream);
         });
     }
     const int64_t max_len = s_.model.hf.max_position_embeddings;
@@ -976,7 +1008,7 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
                                    return batch_views(*buf, B, T);
                                },
                                [] { return g_stop_signal.load(); }));
-    LATHE_RETURN_IF_ERROR(tp_error_.with_context("the tensor-parallel sum of a layer"));
+    LATHE_RETURN_IF_ERROR(tp_error_.with_context("a tensor-parallel collective of a layer"));
     agreed_stop_ = values.stop_request;
     comm_wait_ms_ += values.comm_wait_ms;
     if (fp8_run()) {
@@ -1067,7 +1099,7 @@ Status Trainer::evaluate(double& loss_out) {
         auto guard = watchdog_->arm(fmt::format(
             "validation micro-batch {} (its collectives with the other ranks)", i % n + 1));
         const float loss = model_->eval_forward(batch_views(buf_, B, T));
-        LATHE_RETURN_IF_ERROR(tp_error_.with_context("the tensor-parallel sum of a layer"));
+        LATHE_RETURN_IF_ERROR(tp_error_.with_context("a tensor-parallel collective of a layer"));
         if (i < n) mine[size_t(j)] = loss;
     }
     std::vector<float> all = mine;
