@@ -41,31 +41,28 @@ float init_normal(uint64_t seed, uint64_t key, uint64_t index) {
     return float(index % 2 == 0 ? r * std::cos(angle) : r * std::sin(angle));
 }
 
+HfParamInit hf_param_init(const ModelConfig& c, const HfParam& p) {
+    HfParamInit init;
+    init.kind = p.init;
+    if (p.init == InitKind::kNormal || p.init == InitKind::kNormalScaledByDepth) {
+        init.std = c.initializer_range;
+        if (p.init == InitKind::kNormalScaledByDepth)
+            init.std /= std::sqrt(2.0 * double(c.num_layers));
+        init.key = init_key(p.name);
+    }
+    return init;
+}
+
 void init_hf_param(const ModelConfig& c, const HfParam& p, TensorView entry, uint64_t seed) {
     LATHE_CHECK(entry.device() == Device::kCpu, "init runs on host memory");
     TensorView rows = entry.slice(p.row_begin, p.row_begin + p.rows);
     float* x = rows.as<float>();
     const int64_t n = rows.numel();
-    switch (p.init) {
-        case InitKind::kOnes:
-            for (int64_t i = 0; i < n; ++i) x[i] = 1.0f;
-            return;
-        case InitKind::kZeros:
-            for (int64_t i = 0; i < n; ++i) x[i] = 0.0f;
-            return;
-        case InitKind::kNormal:
-        case InitKind::kNormalScaledByDepth: {
-            double std = c.initializer_range;
-            if (p.init == InitKind::kNormalScaledByDepth)
-                std /= std::sqrt(2.0 * double(c.num_layers));
-            const uint64_t key = init_key(p.name);
-            // Counter-based draws: the threads' split changes no value (an 8B model's 8e9
-            // draws take minutes on one core, seconds on a GPU machine's sixteen).
+    const HfParamInit init = hf_param_init(c, p);
+    // Counter-based draws: the threads' split changes no value (an 8B model's 8e9 draws take
+    // minutes on one core, seconds on a GPU machine's sixteen).
 #pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
-            for (int64_t i = 0; i < n; ++i) x[i] = float(std * init_normal(seed, key, uint64_t(i)));
-            return;
-        }
-    }
+    for (int64_t i = 0; i < n; ++i) x[i] = init.at(seed, i);
 }
 
 }  // namespace lathe

@@ -26,7 +26,30 @@ float init_normal(uint64_t seed, uint64_t key, uint64_t index);
 // The stream key of a tensor name (64-bit FNV-1a).
 uint64_t init_key(std::string_view name);
 
-// Fills the rows of `entry` (arena layout, host, f32) that `p` occupies per p.init.
+// Fills the rows of `entry` (arena layout, host, f32) that `p` occupies per p.init: element i of
+// those rows is HfParamInit::at(seed, i).
 void init_hf_param(const ModelConfig& config, const HfParam& p, TensorView entry, uint64_t seed);
+
+// The value init_hf_param gives element `index` of p's rows, one element at a time, so that a
+// part of a tensor is drawn without the rest (a tensor-parallel rank's shard,
+// infer/tensor_parallel.h): the same bits as drawing the whole and slicing it.
+struct HfParamInit {
+    InitKind kind = InitKind::kZeros;
+    double std = 0.0;  // kNormal, kNormalScaledByDepth
+    uint64_t key = 0;  // init_key of the tensor's name
+    float at(uint64_t seed, int64_t index) const {
+        switch (kind) {
+            case InitKind::kOnes:
+                return 1.0f;
+            case InitKind::kZeros:
+                return 0.0f;
+            case InitKind::kNormal:
+            case InitKind::kNormalScaledByDepth:
+                break;
+        }
+        return float(std * init_normal(seed, key, uint64_t(index)));
+    }
+};
+HfParamInit hf_param_init(const ModelConfig& config, const HfParam& p);
 
 }  // namespace lathe
