@@ -260,6 +260,19 @@ def test_tensor_2_by_data_2_logs_the_losses_of_one_process(runs, zero):
 
 
 @needs_mpirun
+@pytest.mark.parametrize("ranks, zero", [(2, 1), (4, 2)])
+def test_sequence_parallel_with_accumulation_logs_the_losses_of_one_process(runs, ranks, zero):
+    # Two micro-batches a step per rank: the norms' partial gradients accumulate over both and
+    # are summed over the tensor group once, after the last (with ZeRO-2 from each rank's shard).
+    accum = 2 * (ranks // 2)
+    one = runs("llama", 1, 1, f"train.gradient_accumulation_steps={accum}")
+    sp = runs("llama", ranks, 2, "train.gradient_accumulation_steps=2",
+              f"parallel.zero_stage={zero}")
+    assert_metrics_close(metric_lines(sp), metric_lines(one), CPU_RTOL,
+                         f"TP 2 x DP {ranks // 2}, accumulation 2, ZeRO-{zero}")
+
+
+@needs_mpirun
 @pytest.mark.parametrize("ranks, tensor, sequence_parallel", [(2, 2, 1), (4, 2, 1), (2, 2, 0)])
 def test_bench_plans_a_tensor_rank_as_lathe_train_does(runs, ranks, tensor, sequence_parallel):
     # `lathe bench --plan-only --plan-ranks N --plan-tensor T` (the sizing tool of
@@ -285,6 +298,11 @@ def test_bench_plan_tensor_is_refused_where_it_does_not_divide(tmp_path):
     p = run(["bench", "--preset", "llama3-8b", "--batch", 1, "--seq", 4096, "--device",
              "cuda", "--plan-only", "--plan-ranks", 4, "--plan-tensor", 8], check=False)
     assert p.returncode != 0 and "--plan-tensor 8 must divide --plan-ranks 4" in p.stderr
+    # lathe train refuses fp8 under tensor parallel, so the plan tool does too.
+    p = run(["bench", "--preset", "llama3-8b", "--batch", 1, "--seq", 4096, "--device",
+             "cuda", "--plan-only", "--plan-ranks", 4, "--plan-tensor", 4, "--precision", "fp8"],
+            check=False)
+    assert p.returncode != 0 and "lathe: error: --precision fp8 with --plan-tensor 4" in p.stderr
 
 
 @needs_mpirun

@@ -435,7 +435,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.seq_len = T;
     shape.backend = place.backend;
     shape.recompute = req.recompute;
-    data_parallel_shape(shape, multi ? dp_ranks : 1, req.zero_stage, multi ? group.rank : 0);
+    data_parallel_shape(shape, multi ? dp_ranks : 1, req.zero_stage,
+                        multi ? group.rank / req.plan_tensor : 0);
     // parallel.sequence_parallel (on by default, as lathe train has it): each tensor rank keeps
     // 1/T of the residual stream's rows (model/block.h).
     if (req.plan_tensor > 1 && req.plan_sequence_parallel) {
@@ -470,6 +471,11 @@ Result<std::string> bench_run(const BenchRequest& req) {
         return invalid_argument_error("--offload-fraction {} needs --offload cpu",
                                       req.offload_fraction);
     shape.offload_fraction = req.offload_fraction;
+    if (req.fp8 && req.plan_tensor > 1)
+        return unimplemented_error(
+            "--precision fp8 with --plan-tensor {}: lathe train runs fp8 without tensor parallel "
+            "(train.precision fp8 with parallel.tensor > 1 is refused); plan --precision bf16",
+            req.plan_tensor);
     if (req.fp8) {
         // fp8 (bench.h): on a GPU with FP8 tensor cores only, never a fallback.
         if (place.backend != Backend::kCuda)
