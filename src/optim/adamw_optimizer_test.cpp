@@ -289,8 +289,8 @@ TEST(AdamWOptimizer, FlatShardsPartitionTheRange) {
 // Segments split over the units by their place in the units' coordinates (offset + the
 // argument), kept as given: the offloaded part's segments, counted from its start, split as the
 // same segments counted from the vector's start.
+// The default ("fast", fork only) death-test style, which the aarch64 tests under qemu-user run.
 TEST(AdamWOptimizer, SegmentsByUnitPlaceSegmentsAtTheirOffset) {
-    GTEST_FLAG_SET(death_test_style, "threadsafe");
     const std::vector<FlatRange> units = {{0, 10}, {10, 30}, {30, 40}};
     const std::vector<AdamWSegment> whole = {
         {10, 5, 1e-3, 0.1}, {16, 14, 1e-3, 0.0}, {30, 10, 2e-3, 0.1}};
