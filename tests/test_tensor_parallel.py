@@ -460,19 +460,27 @@ def gpu_args(corpus, run_dir, *sets):
                       "checkpoint.interval=20", "checkpoint.keep_last=0", *sets)
 
 
+def gpus_against_one_gpu(corpus, tmp_path, gpus, one_sets, many_sets):
+    """One GPU trained with one_sets, then `lathe launch --gpus N` with many_sets: both run folders,
+    their metric lines and the largest relative loss difference of a step."""
+    one, many = tmp_path / "one", tmp_path / f"gpus{gpus}"
+    run(gpu_args(corpus, one, *one_sets)[1:], env=mpi_env())
+    p = subprocess.run([str(LATHE), "launch", "--gpus", str(gpus)] +
+                       gpu_args(corpus, many, *many_sets),
+                       capture_output=True, text=True, timeout=600, env=mpi_env())
+    assert p.returncode == 0, p.stderr
+    got, want = metric_lines(many), metric_lines(one)
+    worst = max(abs(g["loss"] - w["loss"]) / abs(w["loss"]) for g, w in zip(got, want))
+    return one, many, got, want, worst
+
+
 @pytest.mark.parametrize("sequence_parallel", ["true", "false"])
 def test_gpus_tensor_2_logs_the_losses_of_one_gpu(gpu_corpus, tmp_path, sequence_parallel):
     # Sequence parallel's reduce-scatters round as the all-reduces they replace (each rank's
     # partial in bf16, NCCL's bf16 sum), its all-gathers copy: the same bound.
-    one, two = tmp_path / "one", tmp_path / "two"
-    run(gpu_args(gpu_corpus, one)[1:], env=mpi_env())
-    p = subprocess.run([str(LATHE), "launch", "--gpus", "2"] +
-                       gpu_args(gpu_corpus, two, "parallel.tensor=2",
-                                f"parallel.sequence_parallel={sequence_parallel}"),
-                       capture_output=True, text=True, timeout=600, env=mpi_env())
-    assert p.returncode == 0, p.stderr
-    got, want = metric_lines(two), metric_lines(one)
-    worst = max(abs(g["loss"] - w["loss"]) / abs(w["loss"]) for g, w in zip(got, want))
+    one, two, got, want, worst = gpus_against_one_gpu(
+        gpu_corpus, tmp_path, 2, (),
+        ("parallel.tensor=2", f"parallel.sequence_parallel={sequence_parallel}"))
     print(f"TP=2 on 2 GPUs vs one GPU: largest relative loss difference {worst:.3g} "
           f"(tolerance {GPU_RTOL:.3g})")
     assert [(m["step"], m["lr"], m["tokens"]) for m in got] == \
@@ -502,16 +510,10 @@ GPU4_HEADS = ("model.num_attention_heads=8", "model.num_key_value_heads=4")
 def test_four_gpus_log_the_losses_of_one_gpu(gpu_corpus, tmp_path, layout, sets):
     if gpu_count() < 4:
         pytest.skip(NEEDS_CUDA + f"needs 4 GPUs, nvidia-smi -L lists {gpu_count()}")
-    one, four = tmp_path / "one", tmp_path / "four"
     # Two data-parallel ranks of micro-batch 8 are one GPU's micro-batch 8 accumulated twice.
     accum = ("train.gradient_accumulation_steps=2",) if "DP" in layout else ()
-    run(gpu_args(gpu_corpus, one, *GPU4_HEADS, *accum)[1:], env=mpi_env())
-    p = subprocess.run([str(LATHE), "launch", "--gpus", "4"] +
-                       gpu_args(gpu_corpus, four, *GPU4_HEADS, *sets),
-                       capture_output=True, text=True, timeout=600, env=mpi_env())
-    assert p.returncode == 0, p.stderr
-    got, want = metric_lines(four), metric_lines(one)
-    worst = max(abs(g["loss"] - w["loss"]) / abs(w["loss"]) for g, w in zip(got, want))
+    _, _, got, want, worst = gpus_against_one_gpu(gpu_corpus, tmp_path, 4,
+                                                  (*GPU4_HEADS, *accum), (*GPU4_HEADS, *sets))
     print(f"{layout} on 4 GPUs vs one GPU: largest relative loss difference {worst:.3g} "
           f"(tolerance {GPU4_RTOL:.3g})")
     assert [(m["step"], m["lr"], m["tokens"]) for m in got] == \

@@ -383,32 +383,24 @@ void tp_model_init(Model& local, const ModelConfig& full, int rank, int tp, uint
             const HfParam* f = whole.find_hf(p->name);
             LATHE_CHECK(f != nullptr, "tp_model_init: {} has no tensor {}", full.model_type,
                         p->name);
-            if (f->layout == HfLayout::kSame && p->layout == HfLayout::kSame) {
-                // The HF tensor is f's rows as they are: the shard's elements are drawn at their
-                // indices in the whole tensor (init.h), not the whole tensor, as tp_slice_hf
-                // would cut it.
-                HostTensor part(DType::kF32, p->shape);
-                float* x = part.as<float>();
-                const int64_t n = part.numel();
-                const int64_t w = p->shape[p->shape.rank() - 1], full_w = w * tp;
-                const HfParamInit init = hf_param_init(full, *f);
+            // The families tensor parallel takes store every tensor as HF lays it out, so the HF
+            // tensor is f's rows as they are: the shard's elements are drawn at their indices in
+            // the whole tensor (init.h), the ones tp_slice_hf would cut from it, and no more.
+            LATHE_CHECK(f->layout == HfLayout::kSame && p->layout == HfLayout::kSame,
+                        "tp_model_init: {} of {} is not stored as HF lays it out", p->name,
+                        full.model_type);
+            HostTensor part(DType::kF32, p->shape);
+            float* x = part.as<float>();
+            const int64_t n = part.numel();
+            const int64_t w = p->shape[p->shape.rank() - 1], full_w = w * tp;
+            const HfParamInit init = hf_param_init(full, *f);
 #pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
-                for (int64_t i = 0; i < n; ++i) {
-                    int64_t at = i;  // kReplicated, kRankZero (rank 0)
-                    if (split == TpSplit::kOutputs) at = int64_t(rank) * n + i;
-                    if (split == TpSplit::kInputs)
-                        at = (i / w) * full_w + int64_t(rank) * w + i % w;
-                    x[i] = split == TpSplit::kRankZero && rank != 0 ? 0.0f : init.at(seed, at);
-                }
-                hf_param_import(*p, host.view(), part.view());
-                continue;
+            for (int64_t i = 0; i < n; ++i) {
+                int64_t at = i;  // kReplicated, kRankZero (rank 0)
+                if (split == TpSplit::kOutputs) at = int64_t(rank) * n + i;
+                if (split == TpSplit::kInputs) at = (i / w) * full_w + int64_t(rank) * w + i % w;
+                x[i] = split == TpSplit::kRankZero && rank != 0 ? 0.0f : init.at(seed, at);
             }
-            // The full model's entry, with only f's rows drawn; then f's rows as its HF tensor.
-            HostTensor full_entry(DType::kF32, whole.entries()[f->entry].shape);
-            init_hf_param(full, *f, full_entry.view(), seed);
-            HostTensor full_hf(DType::kF32, f->shape), part(DType::kF32, p->shape);
-            hf_param_export(*f, full_entry.view(), full_hf.view());
-            tp_slice_hf(full_hf.view(), split, rank, tp, part.view());
             hf_param_import(*p, host.view(), part.view());
         }
         local.write_param_entry(entry.arena_index, host.view());
