@@ -580,4 +580,45 @@ Status tp_broadcast_token_lists(Communicator& comm, const Context& ctx,
     return ok_status();
 }
 
+TensorParallelRowMover::TensorParallelRowMover(Communicator& comm, const Context& ctx, int chunks,
+                                               bool overlap, Status* error)
+    : comm_(comm), ctx_(ctx), chunks_(chunks), error_(error) {
+    LATHE_CHECK(chunks >= 1 && chunks <= kEvents / 2 && error != nullptr,
+                "TensorParallelRowMover: chunks {} (1 to {}) and an error slot", chunks,
+                kEvents / 2);
+    if (overlap && ctx.backend == Backend::kCuda) {
+        LATHE_CHECK(ctx.cuda != nullptr, "TensorParallelRowMover: a CUDA context without a state");
+        done_.resize(kEvents);
+    }
+}
+
+int TensorParallelRowMover::begin(bool gather, TensorView out, ConstTensorView in) {
+    if (!error_->ok()) return 0;
+    if (done_.empty()) {
+        *error_ = gather ? comm_.all_gather(out, in, ctx_.stream)
+                         : comm_.reduce_scatter(out, in, ReduceOp::kSum, ctx_.stream);
+        return 0;
+    }
+    CudaState& state = *ctx_.cuda;
+    CUstream_st* side = state.tensor_stream();
+    state.wait_for(side, ctx_.stream);
+    *error_ = gather ? comm_.all_gather(out, in, side)
+                     : comm_.reduce_scatter(out, in, ReduceOp::kSum, side);
+    const int ticket = next_;
+    next_ = (next_ + 1) % (1 << 30);  // a multiple of kEvents: the ring's slots stay in turn
+    done_[size_t(ticket % kEvents)].record(side);
+    return ticket;
+}
+
+TensorParallelRows TensorParallelRowMover::rows() {
+    TensorParallelRows r;
+    r.chunks = chunks_;
+    r.gather = [this](TensorView out, ConstTensorView in) { return begin(true, out, in); };
+    r.scatter = [this](TensorView out, ConstTensorView in) { return begin(false, out, in); };
+    r.wait = [this](int ticket) {
+        if (!done_.empty()) done_[size_t(ticket % kEvents)].wait(ctx_.stream);
+    };
+    return r;
+}
+
 }  // namespace lathe

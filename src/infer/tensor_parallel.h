@@ -41,6 +41,7 @@
 #include "model/model.h"
 #include "model/model_config.h"
 #include "model/param_table.h"
+#include "ops/cuda/cuda_state.h"
 
 namespace lathe {
 
@@ -149,5 +150,38 @@ Status tp_broadcast_bytes(Communicator& comm, const Context& ctx, std::vector<ui
 Status tp_broadcast_token_lists(Communicator& comm, const Context& ctx,
                                 std::vector<std::vector<int32_t>>& lists,
                                 bool rank0_failed = false);
+
+// Sequence parallel's moves of the residual stream's rows (model/block.h: TensorParallelRows,
+// Model::set_tensor_parallel_rows) over `comm`, the tensor-parallel group, for a model computing
+// on `ctx`. With `overlap` on CUDA each move runs on the device's tensor-parallel stream
+// (CudaState::tensor_stream) after the compute enqueued before it, and a wait orders the
+// compute stream after the move by an event (a ring of kEvents: a wait for a ticket whose event
+// has been recorded again waits for a later move, still correct); otherwise each move runs at
+// the call, in order on ctx's stream (the host's on the CPU) and a wait does nothing. `chunks`
+// as TensorParallelRows::chunks (1 to kEvents / 2). The first failed collective lands in
+// `*error` (then later moves do nothing, and the caller stops the step on it). The mover must
+// outlive every use of the rows it gives.
+class TensorParallelRowMover {
+public:
+    static constexpr int kEvents = 16;
+    TensorParallelRowMover(Communicator& comm, const Context& ctx, int chunks, bool overlap,
+                           Status* error);
+    TensorParallelRowMover(const TensorParallelRowMover&) = delete;
+    TensorParallelRowMover& operator=(const TensorParallelRowMover&) = delete;
+
+    // The moves, bound to this object.
+    TensorParallelRows rows();
+    bool overlaps() const { return !done_.empty(); }
+
+private:
+    int begin(bool gather, TensorView out, ConstTensorView in);
+
+    Communicator& comm_;
+    Context ctx_;
+    int chunks_;
+    Status* error_;
+    std::vector<CudaEvent> done_;  // overlap only
+    int next_ = 0;
+};
 
 }  // namespace lathe

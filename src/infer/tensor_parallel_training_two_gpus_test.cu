@@ -3,8 +3,9 @@
 // NCCL communicator summing model/block.h's partial tensors and combining the vocabulary-parallel
 // embedding and LM head (ops/vocab_parallel.h), against one process on the CPU (f32). Untied
 // (llama, qwen2) and tied (llama_tied) heads, each with sequence parallel (model/block.h: the
-// residual stream's B T = 16 rows cut over the two ranks, NCCL all-gathers and reduce-scatters,
-// the norms' gradients summed after the backward) and without it.
+// residual stream's B T = 16 rows cut over the two ranks, NCCL all-gathers and reduce-scatters
+// on the tensor-parallel stream beside the GEMMs, in one or two row chunks, the norms' gradients
+// summed after the backward) and without it.
 // Needs two GPUs; not in CTest (a one-GPU machine runs the gpu label): `infer_two_gpu_tests` on a
 // machine with two.
 //
@@ -88,14 +89,16 @@ ModelShape training(Backend backend, int sequence_shards = 1) {
 
 // (family, sequence parallel)
 class TensorParallelTrainingTwoGpus
-    : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+    : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(TensorParallelTrainingTwoGpus, GradientsMatchTheCpuAndReplicatedOnesAgree) {
     int devices = 0;
     LATHE_CUDA_CHECK(cudaGetDeviceCount(&devices));
     ASSERT_GE(devices, kWorld) << "infer_two_gpu_tests needs two GPUs";
     const std::string family = std::get<0>(GetParam());
-    const bool sp = std::get<1>(GetParam());
+    // Sequence parallel: 0 off, else the row chunks of its overlapped moves (model/block.h).
+    const int chunks = std::get<1>(GetParam());
+    const bool sp = chunks > 0;
     const ModelConfig full = config_of(family);
     // Rank r's config: its vocabulary rows start at r V / 2.
     auto local_of = [&](int r) {
@@ -145,17 +148,10 @@ TEST_P(TensorParallelTrainingTwoGpus, GradientsMatchTheCpuAndReplicatedOnesAgree
                 if (sum_error.ok())
                     sum_error = (*comm)->all_reduce(v, v, ReduceOp::kMax, state.context().stream);
             });
-            if (sp) {
-                m->set_tensor_parallel_gather([&](TensorView out, ConstTensorView in) {
-                    if (sum_error.ok())
-                        sum_error = (*comm)->all_gather(out, in, state.context().stream);
-                });
-                m->set_tensor_parallel_scatter([&](TensorView out, ConstTensorView in) {
-                    if (sum_error.ok())
-                        sum_error = (*comm)->reduce_scatter(out, in, ReduceOp::kSum,
-                                                            state.context().stream);
-                });
-            }
+            // The trainer's moves: on the tensor-parallel stream, beside the GEMMs.
+            TensorParallelRowMover mover(**comm, state.context(), sp ? chunks : 1, true,
+                                         &sum_error);
+            if (sp) m->set_tensor_parallel_rows(mover.rows());
             m->zero_grads();
             losses[r] = m->forward_backward(batch);
             if (sp) {
@@ -177,7 +173,7 @@ TEST_P(TensorParallelTrainingTwoGpus, GradientsMatchTheCpuAndReplicatedOnesAgree
 
     for (int r = 0; r < kWorld; ++r) {
         std::printf("[tp2-vs-cpu] %-6s sp %d rank %d loss %.6f vs %.6f (rel %.2e)\n",
-                    family.c_str(), int(sp), r, losses[r], loss_cpu,
+                    family.c_str(), chunks, r, losses[r], loss_cpu,
                     std::abs(losses[r] - loss_cpu) / loss_cpu);
         EXPECT_NEAR(losses[r], loss_cpu, 4e-3 * loss_cpu);
     }
@@ -214,16 +210,20 @@ TEST_P(TensorParallelTrainingTwoGpus, GradientsMatchTheCpuAndReplicatedOnesAgree
         }
     }
     std::printf("[tp2-vs-cpu] %-6s sp %d worst gradient rel-L2 %.2e (%s)\n", family.c_str(),
-                int(sp), worst, worst_name.c_str());
+                chunks, worst, worst_name.c_str());
     EXPECT_LT(worst, 5.3e-2) << worst_name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TensorParallelTrainingTwoGpus,
                          ::testing::Combine(::testing::Values("llama", "qwen2", "llama_tied"),
-                                            ::testing::Bool()),
+                                            ::testing::Values(0, 1, 2)),
                          [](const auto& info) {
+                             const int chunks = std::get<1>(info.param);
                              return std::get<0>(info.param) +
-                                    (std::get<1>(info.param) ? "_sequence_parallel" : "");
+                                    (chunks == 0   ? std::string()
+                                     : chunks == 1 ? std::string("_sequence_parallel")
+                                                   : fmt::format("_sequence_parallel_chunks{}",
+                                                                 chunks));
                          });
 
 }  // namespace

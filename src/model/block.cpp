@@ -1,6 +1,7 @@
 #include "model/block.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/check.h"
 
@@ -114,24 +115,37 @@ void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, co
     if (!ln2_amax.is_null()) up.x_amax = ln2_amax.as<float>();
     if (!act_amax.is_null()) down.x_amax = act_amax.as<float>();
     // Sequence parallel (block.h header): norm1 runs on the rank's rows, the projections on
-    // the gathered full rows. (The norms' amax would be of the rank's rows alone: not given;
-    // the trainer runs no fp8 under tensor parallel.)
-    const bool sp = in.tp_gather != nullptr;
-    LATHE_CHECK(
-        !sp || (in.tp_sum != nullptr && in.tp_scatter != nullptr && ln1_amax.is_null() &&
-                ln2_amax.is_null()),
-        "sequence parallel: a tensor-parallel block with both collectives and no norm amax");
+    // the gathered full rows, chunk by chunk as the chunks arrive. (The norms' amax would be of
+    // the rank's rows alone: not given; the trainer runs no fp8 under tensor parallel.)
+    const TensorParallelRows* rows = in.tp_rows;
+    LATHE_CHECK(rows == nullptr || (in.tp_sum != nullptr && ln1_amax.is_null() &&
+                                    ln2_amax.is_null() && rows->chunks >= 1),
+                "sequence parallel: a tensor-parallel block with the row moves and no norm amax");
+    const int K = rows != nullptr ? rows->chunks : 1;
+    // Begins the gather of every chunk of the norm output `ln` into s.gathered.
+    auto gather_chunks = [&](ConstTensorView ln) {
+        std::vector<int> got(static_cast<size_t>(K));
+        for (int k = 0; k < K; ++k)
+            got[size_t(k)] = rows->gather(row_chunk(s.gathered, k, K), row_chunk(ln, k, K));
+        return got;
+    };
     // Attention branch.
     block_norm_forward(c, a.ln1_out, a.ln1_mean, a.ln1_rstd, a.x_in, w.norm1_w, w.norm1_b, ctx,
                        ln1_amax);
-    ConstTensorView h1 = a.ln1_out;
-    if (sp) {
-        (*in.tp_gather)(s.gathered, a.ln1_out);
-        h1 = s.gathered;
+    if (rows != nullptr) {
+        const std::vector<int> got = gather_chunks(a.ln1_out);
+        for (int k = 0; k < K; ++k) {
+            rows->wait(got[size_t(k)]);
+            const ConstTensorView h = row_chunk(s.gathered, k, K);
+            linear_forward(row_chunk(a.q, k, K), h, w.wq, w.bq, ctx, qs);
+            linear_forward(row_chunk(a.k, k, K), h, w.wk, w.bk, ctx, ks);
+            linear_forward(row_chunk(a.v, k, K), h, w.wv, w.bv, ctx, vs);
+        }
+    } else {
+        linear_forward(flat_heads(a.q), a.ln1_out, w.wq, w.bq, ctx, qs);
+        linear_forward(flat_heads(a.k), a.ln1_out, w.wk, w.bk, ctx, ks);
+        linear_forward(flat_heads(a.v), a.ln1_out, w.wv, w.bv, ctx, vs);
     }
-    linear_forward(flat_heads(a.q), h1, w.wq, w.bq, ctx, qs);
-    linear_forward(flat_heads(a.k), h1, w.wk, w.bk, ctx, ks);
-    linear_forward(flat_heads(a.v), h1, w.wv, w.bv, ctx, vs);
     if (c.position == PositionKind::kRope) {
         rope_qk_forward(a.q, a.k, a.q, a.k, in.positions, in.rope_cos, in.rope_sin, ctx);
     }
@@ -142,39 +156,58 @@ void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, co
     const std::function<void(TensorView)>* tp = in.tp_sum;
     LATHE_CHECK(tp == nullptr || !c.parallel_residual,
                 "tensor parallel runs blocks with the sequential residual");
+    // The MLP of a set of rows: h -> y (pre and act: the same rows of mlp_in and mlp_act).
+    auto mlp = [&](TensorView y, TensorView pre, TensorView act, ConstTensorView h) {
+        if (c.mlp == MlpKind::kSwiGlu) {
+            linear_forward(pre, h, w.w_up, w.b_up, ctx, up);
+            swiglu_forward(act, pre, ctx);
+        } else {
+            linear_gelu_forward(act, pre, h, w.w_up, w.b_up, c.gelu, ctx, up);
+        }
+        linear_forward(y, act, w.w_down, w.b_down, ctx, down);
+    };
     if (tp != nullptr) {
         // o, then the MLP output: this rank's partial sums, summed before the residual adds
-        // (sequence parallel: reduce-scattered to the rank's rows, which the adds and norm2 run
-        // on; the MLP reads norm2's output gathered to full rows again).
-        auto sum = [&](TensorView partial) -> ConstTensorView {
-            if (!sp) {
-                (*tp)(partial);
-                return partial;
+        // (sequence parallel: reduce-scattered to the rank's rows chunk by chunk as each is
+        // computed, the adds and norm2 on the rank's rows, and the MLP reading norm2's output
+        // gathered to full rows again).
+        ConstTensorView o = s.tmp;
+        if (rows != nullptr) {
+            int last = 0;
+            for (int k = 0; k < K; ++k) {
+                const TensorView part = row_chunk(s.tmp, k, K);
+                linear_forward(part, row_chunk(a.att, k, K), w.wo, w.bo, ctx, out);
+                last = rows->scatter(row_chunk(s.reduced, k, K), part);
             }
-            (*in.tp_scatter)(s.reduced, partial);
-            return s.reduced;
-        };
-        linear_forward(s.tmp, flat_heads(a.att), w.wo, w.bo, ctx, out);
-        const ConstTensorView o = sum(s.tmp);
+            rows->wait(last);
+            o = s.reduced;
+        } else {
+            linear_forward(s.tmp, flat_heads(a.att), w.wo, w.bo, ctx, out);
+            (*tp)(s.tmp);
+        }
         if (c.norm == NormKind::kRmsNorm)
             rmsnorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_rstd, a.x_in, o, w.norm2_w,
                                      float(c.norm_eps), ctx);
         else
             layernorm_residual_forward(a.x_mid, a.ln2_out, a.ln2_mean, a.ln2_rstd, a.x_in, o,
                                        w.norm2_w, w.norm2_b, float(c.norm_eps), ctx);
-        ConstTensorView h2 = a.ln2_out;
-        if (sp) {
-            (*in.tp_gather)(s.gathered, a.ln2_out);
-            h2 = s.gathered;
-        }
-        if (c.mlp == MlpKind::kSwiGlu) {
-            linear_forward(a.mlp_in, h2, w.w_up, w.b_up, ctx, up);
-            swiglu_forward(a.mlp_act, a.mlp_in, ctx);
+        if (rows != nullptr) {
+            const std::vector<int> got = gather_chunks(a.ln2_out);
+            int last = 0;
+            for (int k = 0; k < K; ++k) {
+                rows->wait(got[size_t(k)]);
+                const TensorView part = row_chunk(s.tmp, k, K);
+                mlp(part, row_chunk(a.mlp_in, k, K), row_chunk(a.mlp_act, k, K),
+                    row_chunk(s.gathered, k, K));
+                last = rows->scatter(row_chunk(s.reduced, k, K), part);
+            }
+            rows->wait(last);
+            residual_forward(a.x_out, a.x_mid, s.reduced, ctx);
         } else {
-            linear_gelu_forward(a.mlp_act, a.mlp_in, h2, w.w_up, w.b_up, c.gelu, ctx, up);
+            mlp(s.tmp, a.mlp_in, a.mlp_act, a.ln2_out);
+            (*tp)(s.tmp);
+            residual_forward(a.x_out, a.x_mid, s.tmp, ctx);
         }
-        linear_forward(s.tmp, a.mlp_act, w.w_down, w.b_down, ctx, down);
-        residual_forward(a.x_out, a.x_mid, sum(s.tmp), ctx);
         return;
     }
     if (c.parallel_residual) {
@@ -210,6 +243,77 @@ void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, co
     }
 }
 
+namespace {
+
+// block_backward under sequence parallel (block.h header, "Overlap"): the moves begun as early
+// as their inputs allow, the input gradients first and their reduce-scatters under the weight
+// gradients. Sequential residual (checked by the caller).
+void block_backward_rows(const ModelConfig& c, const BlockWeights& w, const BlockGrads& g,
+                         const BlockActs& a, const BlockScratch& s, const BlockInputs& in,
+                         TensorView dres, const Context& ctx, const BlockFp8& f8, int layer,
+                         const LinearSpec& qs, const LinearSpec& ks, const LinearSpec& vs,
+                         const LinearSpec& out, LinearSpec up, const LinearSpec& down) {
+    const TensorParallelRows& t = *in.tp_rows;
+    constexpr GradMode kOverwrite = GradMode::kOverwrite;
+    // MLP branch: d out to full rows (tmp), then norm2's output gathered (for the up
+    // projection) beside the down projection's input gradient and the activation's backward.
+    t.wait(tp_gather_rows_start(t, s.tmp, dres));
+    const ConstTensorView dout = s.tmp;
+    const int h2_ready = tp_gather_rows_start(t, s.gathered, a.ln2_out);
+    const ConstTensorView h2 = s.gathered;
+    int dnorm2_ready = 0;
+    if (c.mlp == MlpKind::kSwiGlu) {
+        linear_backward(s.dmlp_act, {}, {}, dout, a.mlp_act, w.w_down, kOverwrite, ctx, down);
+        const TensorView dmlp_in_amax = producer_amax(f8, Fp8Linear::kMlpUp, 16);
+        if (!dmlp_in_amax.is_null()) up.dy_amax = dmlp_in_amax.as<float>();
+        swiglu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, ctx, dmlp_in_amax);
+        t.wait(h2_ready);
+        linear_backward(s.dnorm2, {}, {}, s.dmlp_in, h2, w.w_up, kOverwrite, ctx, up);
+        dnorm2_ready = tp_scatter_rows_start(t, s.reduced, s.dnorm2);
+        linear_backward({}, g.w_up, g.b_up, s.dmlp_in, h2, w.w_up, kOverwrite, ctx, up);
+        linear_backward({}, g.w_down, g.b_down, dout, a.mlp_act, w.w_down, kOverwrite, ctx, down);
+    } else {
+        // The GELU backward is fused into the down projection's (block_backward).
+        linear_gelu_backward(s.dmlp_in, g.b_up, g.w_down, g.b_down, dout, a.mlp_act, a.mlp_in,
+                             w.w_down, c.gelu, ctx, down);
+        t.wait(h2_ready);
+        linear_backward(s.dnorm2, {}, {}, s.dmlp_in, h2, w.w_up, kOverwrite, ctx, up);
+        dnorm2_ready = tp_scatter_rows_start(t, s.reduced, s.dnorm2);
+        linear_backward({}, g.w_up, {}, s.dmlp_in, h2, w.w_up, kOverwrite, ctx, up);
+    }
+    t.wait(dnorm2_ready);
+    block_norm_backward(c, dres, g.norm2_w, g.norm2_b, s.reduced, a.x_mid, w.norm2_w, a.ln2_mean,
+                        a.ln2_rstd, GradMode::kAccumulate, ctx);
+
+    // Attention branch: d x_mid to full rows, norm1's output gathered beside the attention
+    // output's input gradient and the attention backward.
+    t.wait(tp_gather_rows_start(t, s.tmp, dres));
+    const ConstTensorView dmid = s.tmp;
+    const int h1_ready = tp_gather_rows_start(t, s.gathered, a.ln1_out);
+    linear_backward(flat_heads(s.datt), {}, {}, dmid, flat_heads(a.att), w.wo, kOverwrite, ctx,
+                    out);
+    attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, in.docs,
+                       c.window(layer), block_attention_scale(c), ctx);
+    if (c.position == PositionKind::kRope) {
+        rope_qk_backward(s.dq, s.dk, s.dq, s.dk, in.positions, in.rope_cos, in.rope_sin, ctx);
+    }
+    t.wait(h1_ready);
+    const ConstTensorView h1 = s.gathered;
+    linear_backward(s.dnorm1, {}, {}, flat_heads(s.dq), h1, w.wq, kOverwrite, ctx, qs);
+    linear_backward(s.dnorm1, {}, {}, flat_heads(s.dk), h1, w.wk, GradMode::kAccumulate, ctx, ks);
+    linear_backward(s.dnorm1, {}, {}, flat_heads(s.dv), h1, w.wv, GradMode::kAccumulate, ctx, vs);
+    const int dnorm1_ready = tp_scatter_rows_start(t, s.reduced, s.dnorm1);
+    linear_backward({}, g.wq, g.bq, flat_heads(s.dq), h1, w.wq, kOverwrite, ctx, qs);
+    linear_backward({}, g.wk, g.bk, flat_heads(s.dk), h1, w.wk, kOverwrite, ctx, ks);
+    linear_backward({}, g.wv, g.bv, flat_heads(s.dv), h1, w.wv, kOverwrite, ctx, vs);
+    linear_backward({}, g.wo, g.bo, dmid, flat_heads(a.att), w.wo, kOverwrite, ctx, out);
+    t.wait(dnorm1_ready);
+    block_norm_backward(c, dres, g.norm1_w, g.norm1_b, s.reduced, a.x_in, w.norm1_w, a.ln1_mean,
+                        a.ln1_rstd, GradMode::kAccumulate, ctx);
+}
+
+}  // namespace
+
 void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
                     const BlockWeights& w, const BlockGrads& g, const BlockActs& a,
                     const BlockScratch& s, const BlockInputs& in, TensorView dres,
@@ -219,33 +323,22 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
     const LinearSpec out = block_spec(p, f8, Fp8Linear::kAttnOut);
     LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
     const LinearSpec down = block_spec(p, f8, Fp8Linear::kMlpDown);
-    // Sequence parallel (block.h header): dres holds the rank's rows; the projections' backward
-    // reads d out and d x_mid gathered to full rows (into tmp) and the norm outputs gathered
-    // again (into gathered), and the norm-output gradients are reduce-scattered to the rank's
-    // rows for the norms' backward.
-    const bool sp = in.tp_gather != nullptr;
-    LATHE_CHECK(!sp || (in.tp_sum != nullptr && in.tp_scatter != nullptr && !c.parallel_residual),
-                "sequence parallel: a tensor-parallel block (sequential residual) with both "
-                "collectives");
-    auto full_rows = [&](ConstTensorView rows, TensorView full) -> ConstTensorView {
-        if (!sp) return rows;
-        (*in.tp_gather)(full, rows);
-        return full;
-    };
+    if (in.tp_rows != nullptr) {
+        LATHE_CHECK(in.tp_sum != nullptr && !c.parallel_residual,
+                    "sequence parallel: a tensor-parallel block (sequential residual) with the "
+                    "row moves");
+        block_backward_rows(c, w, g, a, s, in, dres, ctx, f8, layer, qs, ks, vs, out, up, down);
+        return;
+    }
+    // Tensor parallel: each rank's norm-output gradient is its shard's part of the sum (block.h
+    // header), summed in place before the norm's backward.
     auto summed = [&](TensorView partial) -> ConstTensorView {
-        if (in.tp_sum == nullptr) return partial;
-        if (!sp) {
-            (*in.tp_sum)(partial);
-            return partial;
-        }
-        (*in.tp_scatter)(s.reduced, partial);
-        return s.reduced;
+        if (in.tp_sum != nullptr) (*in.tp_sum)(partial);
+        return partial;
     };
-    const ConstTensorView dout = full_rows(dres, s.tmp);
-    const ConstTensorView h2 = full_rows(a.ln2_out, s.gathered);
     // MLP branch: dres is d out, which the MLP output received unchanged.
     if (c.mlp == MlpKind::kSwiGlu) {
-        linear_backward(s.dmlp_act, g.w_down, g.b_down, dout, a.mlp_act, w.w_down,
+        linear_backward(s.dmlp_act, g.w_down, g.b_down, dres, a.mlp_act, w.w_down,
                         GradMode::kOverwrite, ctx, down);
         // FP8 with current scaling: SwiGLU's backward computes the amax of d mlp_in (the up
         // projection's dy, the layer's widest gradient) into that linear's dy slot as it writes
@@ -253,18 +346,17 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
         const TensorView dmlp_in_amax = producer_amax(f8, Fp8Linear::kMlpUp, 16);
         if (!dmlp_in_amax.is_null()) up.dy_amax = dmlp_in_amax.as<float>();
         swiglu_backward(s.dmlp_in, s.dmlp_act, a.mlp_in, ctx, dmlp_in_amax);
-        linear_backward(s.dnorm2, g.w_up, g.b_up, s.dmlp_in, h2, w.w_up, GradMode::kOverwrite, ctx,
-                        up);
+        linear_backward(s.dnorm2, g.w_up, g.b_up, s.dmlp_in, a.ln2_out, w.w_up,
+                        GradMode::kOverwrite, ctx, up);
     } else {
         // The down projection's backward with the GELU backward fused, which also gives the up
         // projection's bias gradient (d mlp_in summed over rows); so the up projection's own
         // backward has no bias gradient left to do.
-        linear_gelu_backward(s.dmlp_in, g.b_up, g.w_down, g.b_down, dout, a.mlp_act, a.mlp_in,
+        linear_gelu_backward(s.dmlp_in, g.b_up, g.w_down, g.b_down, dres, a.mlp_act, a.mlp_in,
                              w.w_down, c.gelu, ctx, down);
-        linear_backward(s.dnorm2, g.w_up, TensorView(), s.dmlp_in, h2, w.w_up, GradMode::kOverwrite,
-                        ctx, up);
+        linear_backward(s.dnorm2, g.w_up, TensorView(), s.dmlp_in, a.ln2_out, w.w_up,
+                        GradMode::kOverwrite, ctx, up);
     }
-    // Tensor parallel: each rank's dnorm2 is its shard's part of the sum (block.h header).
     const ConstTensorView dnorm2 = summed(s.dnorm2);
     // Sequential: norm2 read x_mid, so its input gradient joins dres now, which then is d x_mid,
     // what the attention output received. Parallel: dres stays d out (the attention output
@@ -274,27 +366,47 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
                             a.ln2_rstd, GradMode::kAccumulate, ctx);
 
     // Attention branch.
-    const ConstTensorView dmid = full_rows(dres, s.tmp);
-    linear_backward(flat_heads(s.datt), g.wo, g.bo, dmid, flat_heads(a.att), w.wo,
+    linear_backward(flat_heads(s.datt), g.wo, g.bo, dres, flat_heads(a.att), w.wo,
                     GradMode::kOverwrite, ctx, out);
     attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, in.docs,
                        c.window(layer), block_attention_scale(c), ctx);
     if (c.position == PositionKind::kRope) {
         rope_qk_backward(s.dq, s.dk, s.dq, s.dk, in.positions, in.rope_cos, in.rope_sin, ctx);
     }
-    const ConstTensorView h1 = full_rows(a.ln1_out, s.gathered);
-    linear_backward(s.dnorm1, g.wq, g.bq, flat_heads(s.dq), h1, w.wq, GradMode::kOverwrite, ctx,
-                    qs);
-    linear_backward(s.dnorm1, g.wk, g.bk, flat_heads(s.dk), h1, w.wk, GradMode::kAccumulate, ctx,
-                    ks);
-    linear_backward(s.dnorm1, g.wv, g.bv, flat_heads(s.dv), h1, w.wv, GradMode::kAccumulate, ctx,
-                    vs);
+    linear_backward(s.dnorm1, g.wq, g.bq, flat_heads(s.dq), a.ln1_out, w.wq, GradMode::kOverwrite,
+                    ctx, qs);
+    linear_backward(s.dnorm1, g.wk, g.bk, flat_heads(s.dk), a.ln1_out, w.wk, GradMode::kAccumulate,
+                    ctx, ks);
+    linear_backward(s.dnorm1, g.wv, g.bv, flat_heads(s.dv), a.ln1_out, w.wv, GradMode::kAccumulate,
+                    ctx, vs);
     const ConstTensorView dnorm1 = summed(s.dnorm1);
     block_norm_backward(c, dres, g.norm1_w, g.norm1_b, dnorm1, a.x_in, w.norm1_w, a.ln1_mean,
                         a.ln1_rstd, GradMode::kAccumulate, ctx);
     if (c.parallel_residual)
         block_norm_backward(c, dres, g.norm2_w, g.norm2_b, dnorm2, a.x_in, w.norm2_w, a.ln2_mean,
                             a.ln2_rstd, GradMode::kAccumulate, ctx);
+}
+
+int tp_gather_rows_start(const TensorParallelRows& t, TensorView full, ConstTensorView rows) {
+    int ticket = 0;
+    for (int k = 0; k < t.chunks; ++k)
+        ticket = t.gather(row_chunk(full, k, t.chunks), row_chunk(rows, k, t.chunks));
+    return ticket;
+}
+
+int tp_scatter_rows_start(const TensorParallelRows& t, TensorView rows, ConstTensorView full) {
+    int ticket = 0;
+    for (int k = 0; k < t.chunks; ++k)
+        ticket = t.scatter(row_chunk(rows, k, t.chunks), row_chunk(full, k, t.chunks));
+    return ticket;
+}
+
+void tp_gather_rows(const TensorParallelRows& t, TensorView full, ConstTensorView rows) {
+    t.wait(tp_gather_rows_start(t, full, rows));
+}
+
+void tp_scatter_rows(const TensorParallelRows& t, TensorView rows, ConstTensorView full) {
+    t.wait(tp_scatter_rows_start(t, rows, full));
 }
 
 }  // namespace lathe

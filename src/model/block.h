@@ -22,11 +22,15 @@
 // projections' input gradients, summed before the norms' backward. Every other tensor of the
 // residual stream is the same on every rank. Sequential residual only (the split families).
 //
-// Sequence parallel (BlockInputs::tp_gather and tp_scatter set as well, Megatron-LM style): the
-// residual stream between the tensor-parallel regions is cut by rows instead of repeated. With
-// the (B, T, C) activations flattened to (N, C), N = B T, rank r of S holds rows
-// [r N/S, (r+1) N/S) of x_in, x_mid, x_out, ln1_out, ln2_out and the norms' statistics, and the
-// norms and residual adds run on those rows alone. Per layer, forward:
+// Sequence parallel (BlockInputs::tp_rows set as well, Megatron-LM style): the residual stream
+// between the tensor-parallel regions is cut by rows instead of repeated. With the (B, T, C)
+// activations flattened to (N, C), N = B T, the rows form K chunks of N/K (TensorParallelRows::
+// chunks, K = 1 unless the moves overlap compute), and rank r of S holds rows
+// [k N/K + r N/(K S), k N/K + (r+1) N/(K S)) of each chunk k, stored as its rows
+// [k N/(K S), (k+1) N/(K S)), of x_in, x_mid, x_out, ln1_out, ln2_out and the norms'
+// statistics; the norms and residual adds run on those rows alone (they are row-wise, so the
+// order of a rank's rows is its own business; only the gathers and scatters map them to
+// positions). Per layer, forward:
 //   ln1 = norm1(x_in) (shard)  -> all-gather -> full rows -> q, k, v, attention (full rows,
 //   this rank's heads) -> o partial (full rows) -> reduce-scatter -> o summed (shard);
 //   x_mid = x_in + o; ln2 = norm2(x_mid) (shard) -> all-gather -> up, activation, down ->
@@ -44,6 +48,18 @@
 // full rows, as without sequence parallel. Collectives run in the same order on every rank
 // (a recomputing forward included).
 //
+// Overlap (TensorParallelRows whose moves run beside the compute, on a stream of their own):
+// the forward pipelines each region by chunks: the all-gather of chunk k+1 runs while q, k, v
+// (or up, activation, down) of chunk k compute, and the reduce-scatter of chunk k while the
+// output (or down) projection of chunk k+1 computes. The backward begins the gather of the saved
+// norm output (needed by the weight gradients) before the input-gradient GEMMs and the
+// attention backward that do not need it, and computes the input gradient first, so that its
+// reduce-scatter runs under the weight-gradient GEMMs (Megatron-LM's order). Every move is
+// waited for inside the block that began it. Without overlap (moves in stream order) the same
+// calls run one after another. Chunks change which rows a rank holds and split the forward's
+// GEMMs by rows: each output element is still one dot product over the same terms, but a GEMM
+// of fewer rows may be another kernel (another summation order), so the bits may differ.
+
 // Buffers: BlockActs are saved by the forward for the backward (one set per layer, in the
 // activation arena); BlockScratch is overwritten by every block (one set, in the scratch arena).
 // Their shapes for a batch (B, T) are listed once, by block_acts_for_each and
@@ -123,6 +139,24 @@ struct BlockScratch {
     // tmp also holds, in the backward, the all-gathered d x_out and d x_mid.
 };
 
+// Sequence parallel's moves of the residual stream's rows (header comment), given by the caller
+// (the trainer: NCCL on the device's tensor-parallel stream, or in stream order).
+struct TensorParallelRows {
+    // K: the rows move in K chunks, and the layout cuts each chunk over the ranks (header
+    // comment); K S divides N (the model checks). 1 without overlap.
+    int chunks = 1;
+    // One chunk, begun at the call: gather(out, in) all-gathers the ranks' (n, C) rows `in` into
+    // `out` (S n, C) in rank order; scatter(out, in) sums the partial (S n, C) `in` over the group
+    // and leaves rank r's rows [r n, (r+1) n) in (n, C) `out`. A move reads `in` as the compute
+    // stream has it at the call and may still run when the call returns: `in` stays unwritten,
+    // and `out` unread, until wait(ticket) for the ticket returned (or a later one).
+    using Move = std::function<int(TensorView out, ConstTensorView in)>;
+    Move gather, scatter;
+    // Compute work enqueued after the call sees the result of move `ticket` and every move
+    // begun before it.
+    std::function<void(int ticket)> wait;
+};
+
 // Per-batch inputs every block reads.
 struct BlockInputs {
     ConstTensorView docs;       // (B, T) i32 document ids, or null (no per-document mask)
@@ -132,14 +166,29 @@ struct BlockInputs {
     // Tensor parallel: sums a (B, T, C) partial tensor over the group in place (block.h header);
     // null for one rank.
     const std::function<void(TensorView)>* tp_sum = nullptr;
-    // Sequence parallel (header comment): tp_gather(out, in) all-gathers the rank's (N/S, C) rows
-    // `in` into the full (B, T, C) `out`; tp_scatter(out, in) sums the partial (B, T, C) `in` over
-    // the group and leaves the rank's rows in (N/S, C) `out`. Both null without it; set only
-    // with tp_sum.
-    using TensorParallelMove = std::function<void(TensorView, ConstTensorView)>;
-    const TensorParallelMove* tp_gather = nullptr;
-    const TensorParallelMove* tp_scatter = nullptr;
+    // Sequence parallel (header comment): the moves of the residual stream's rows. Null without
+    // it; set only with tp_sum.
+    const TensorParallelRows* tp_rows = nullptr;
 };
+
+// Row c of K equal row blocks of v seen as (rows, width): its first dimension cut into K parts
+// (K divides it; checked), the rest kept.
+template <bool K>
+TensorViewT<K> row_chunk(const TensorViewT<K>& v, int64_t c, int64_t chunks) {
+    const int64_t n = v.dim(0) * (v.rank() > 2 ? v.dim(1) : 1);
+    const int64_t w = v.numel() / (n == 0 ? 1 : n);
+    LATHE_CHECK(n % chunks == 0, "row_chunk: {} rows of {} in {} chunks", n, v.to_string(), chunks);
+    return v.reshape(Shape{n, w}).slice(c * (n / chunks), (c + 1) * (n / chunks));
+}
+
+// Whole-tensor moves of sequence parallel (header comment), each chunk moved and waited for:
+// tp_gather_rows all-gathers the rank's (N/S, C) rows into the full (N, C) (or (B, T, C)) `full`;
+// tp_scatter_rows sums the partial full-row `full` over the group and leaves the rank's rows in
+// `rows`. The _start forms begin every chunk and return the ticket to wait for.
+int tp_gather_rows_start(const TensorParallelRows& t, TensorView full, ConstTensorView rows);
+int tp_scatter_rows_start(const TensorParallelRows& t, TensorView rows, ConstTensorView full);
+void tp_gather_rows(const TensorParallelRows& t, TensorView full, ConstTensorView rows);
+void tp_scatter_rows(const TensorParallelRows& t, TensorView rows, ConstTensorView full);
 
 // The shape of a tensor of the residual stream (C wide) for a (B, T) batch whose rows are cut
 // over S sequence-parallel ranks: (B, T, C) for S = 1, else this rank's (B T / S, C) (S divides

@@ -843,8 +843,7 @@ BlockInputs Model::block_inputs() const {
     }
     if (tp_sum_) in.tp_sum = &tp_sum_;
     if (sequence_parallel()) {
-        in.tp_gather = &tp_gather_;
-        in.tp_scatter = &tp_scatter_;
+        in.tp_rows = &tp_rows_;
     }
     return in;
 }
@@ -860,9 +859,11 @@ Model::Dims Model::load_batch(const ModelBatch& batch, bool need_targets) {
     LATHE_CHECK(d.B >= 1 && d.T >= 1 && d.B <= plan_.shape.batch && d.T <= plan_.shape.seq_len,
                 "batch ({}, {}) does not fit the plan ({}, {})", d.B, d.T, plan_.shape.batch,
                 plan_.shape.seq_len);
-    LATHE_CHECK((d.B * d.T) % plan_.shape.sequence_shards == 0,
-                "batch ({}, {}): sequence parallel over {} ranks cuts B T rows in equal shares",
-                d.B, d.T, plan_.shape.sequence_shards);
+    const int64_t row_shares = plan_.shape.sequence_shards * std::max(tp_rows_.chunks, 1);
+    LATHE_CHECK((d.B * d.T) % row_shares == 0,
+                "batch ({}, {}): sequence parallel over {} ranks in {} chunks cuts B T rows in "
+                "equal shares",
+                d.B, d.T, plan_.shape.sequence_shards, std::max(tp_rows_.chunks, 1));
     const Shape bt{d.B, d.T};
     auto expect = [&](ConstTensorView v, const char* what) {
         LATHE_CHECK(v.shape() == bt && v.dtype() == DType::kI32 && v.device() == Device::kCpu,
@@ -900,9 +901,8 @@ void Model::run_forward_blocks(bool step) {
     const Shape bt{dims_.B, dims_.T};
     const Shape btc{dims_.B, dims_.T, config_.hidden_size};
     const bool sp = sequence_parallel();
-    LATHE_CHECK(!sp || (tp_gather_ && tp_scatter_),
-                "a sequence-parallel model computes in a group "
-                "(set_tensor_parallel_gather and _scatter)");
+    LATHE_CHECK(!sp || (tp_rows_.gather && tp_rows_.scatter && tp_rows_.wait),
+                "a sequence-parallel model computes in a group (set_tensor_parallel_rows)");
     // Embedding (+ learned positions) into the first block's input.
     TensorView x0 = act(plan_.block_acts[0][0], rows_shape());
     const BlockScratch scratch = block_scratch();
@@ -932,7 +932,7 @@ void Model::run_forward_blocks(bool step) {
         vocab_shard_zero_rows(x_full, act(plan_.tokens, bt), config_.vocab_begin,
                               config_.vocab_size, ctx_);
         if (sp)
-            tp_scatter_(x0, x_full);
+            tp_scatter_rows(tp_rows_, x0, x_full);
         else
             tp_sum_(x0);
     } else {
@@ -970,7 +970,7 @@ void Model::run_forward_blocks(bool step) {
                        entry_rows(weights_of(ParamRole::kFinalNormBias), ParamRole::kFinalNormBias,
                                   -1, 0, config_.hidden_size),
                        ctx_, sp ? TensorView() : head_x_amax());
-    if (sp) tp_gather_(act(plan_.final_norm_out, btc), norm_out);
+    if (sp) tp_gather_rows(tp_rows_, act(plan_.final_norm_out, btc), norm_out);
 }
 
 void Model::run_backward_from_final(TensorView dfinal) {
@@ -984,7 +984,7 @@ void Model::run_backward_from_final(TensorView dfinal) {
     // parallel still the shard's part: reduce-scattered to this rank's rows here.
     ConstTensorView dnorm = dfinal;
     if (sp) {
-        tp_scatter_(scratch.reduced, dfinal);
+        tp_scatter_rows(tp_rows_, scratch.reduced, dfinal);
         dnorm = scratch.reduced;
     }
     block_norm_backward(
@@ -1025,7 +1025,7 @@ void Model::run_backward_from_final(TensorView dfinal) {
     TensorView dx0 = dres;
     if (sp) {
         dx0 = scratch.tmp;
-        tp_gather_(dx0, dres);
+        tp_gather_rows(tp_rows_, dx0, dres);
     }
     if (config_.vocab_parallel()) {
         // Only the rows of the ids this shard holds reach its rows; the other ids touch none

@@ -301,19 +301,14 @@ public:
     void set_tensor_parallel_sum(TensorParallelSum sum) { tp_sum_ = std::move(sum); }
     void set_tensor_parallel_max(TensorParallelSum max) { tp_max_ = std::move(max); }
     // Sequence parallel (ModelShape::sequence_shards = S > 1; model/block.h's header): the
-    // residual stream holds this rank's rows. `gather(out, in)` all-gathers the rank's (N/S, C)
-    // rows `in` into the full (B, T, C) `out` (rank order); `scatter(out, in)` sums the partial
-    // (B, T, C) `in` over the group and leaves the rank's rows in (N/S, C) `out`; both in stream
-    // order. Besides the blocks' (two of each per layer, forward and backward), the embedding's
-    // vocabulary-parallel lookup is reduce-scattered to the rows and its backward gathers the
-    // residual gradient; the final norm runs on the rows and its output is gathered to full rows
-    // for the vocabulary-parallel LM head, whose dx is reduce-scattered (instead of summed). A
-    // sequence-parallel model refuses to compute without both (and the sum and max above).
-    using TensorParallelMove = BlockInputs::TensorParallelMove;
-    void set_tensor_parallel_gather(TensorParallelMove gather) { tp_gather_ = std::move(gather); }
-    void set_tensor_parallel_scatter(TensorParallelMove scatter) {
-        tp_scatter_ = std::move(scatter);
-    }
+    // residual stream holds this rank's rows, moved by `rows` (block.h: TensorParallelRows; in
+    // chunks with overlap). Besides the blocks' (two gathers and two scatters per layer, forward
+    // and backward), the embedding's vocabulary-parallel lookup is reduce-scattered to the rows
+    // and its backward gathers the residual gradient; the final norm runs on the rows and its
+    // output is gathered to full rows for the vocabulary-parallel LM head, whose dx is
+    // reduce-scattered (instead of summed). A sequence-parallel model refuses to compute without
+    // the moves (and the sum and max above); a batch's B T must divide into S x chunks rows.
+    void set_tensor_parallel_rows(TensorParallelRows rows) { tp_rows_ = std::move(rows); }
     bool sequence_parallel() const { return plan_.shape.sequence_shards > 1; }
     // Sequence parallel: the gradients of the norms' weights and biases
     // (sequence_parallel_partial_role) hold this rank's rows' part of the sum. The ranges of
@@ -459,7 +454,7 @@ private:
     GradsReadyHook grads_ready_;
     WeightsNeededHook weights_needed_;
     TensorParallelSum tp_sum_, tp_max_;
-    TensorParallelMove tp_gather_, tp_scatter_;
+    TensorParallelRows tp_rows_;
     Dims dims_;  // of the batch in the activations
     bool has_docs_ = false, has_positions_ = false;
     bool backward_ready_ = false;  // a forward() with targets saved activations for backward()

@@ -20,6 +20,7 @@
 // norms' weight gradients, each rank's sum over its 8 rows added over the ranks (one more
 // partial-sum split of 16 terms, the same few 2^-24 relative), so the bound stays.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -76,15 +77,15 @@ Model make_model(const ModelConfig& c, int sequence_shards = 1) {
     return std::move(*m);
 }
 
-// (family, sequence parallel)
-class TensorParallelTraining : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+// (family, sequence parallel: 0 off, else the row chunks, model/block.h)
+class TensorParallelTraining : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOnesAgree) {
     Communicator& comm = world();
     const int T = comm.size(), rank = comm.rank();
-    const auto& [family, sequence_parallel] = GetParam();
+    const auto& [family, chunks] = GetParam();
     // One rank has nothing to cut: sequence parallel is a tensor group's.
-    const bool sp = sequence_parallel && T > 1;
+    const bool sp = chunks > 0 && T > 1;
     const ModelConfig full = config_of(family);
     Result<ModelConfig> local_config =
         tp_local_config(full, T, "parallel.tensor", TpVocab::kParallel, rank);
@@ -103,13 +104,10 @@ TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOne
     local.set_tensor_parallel_max([&](TensorView v) {
         if (sum_error.ok()) sum_error = comm.all_reduce(v, v, ReduceOp::kMax, nullptr);
     });
+    // The moves as the trainer makes them (overlap asked for: on the CPU they run at the call).
+    TensorParallelRowMover mover(comm, cpu_context(), sp ? chunks : 1, true, &sum_error);
     if (sp) {
-        local.set_tensor_parallel_gather([&](TensorView out, ConstTensorView in) {
-            if (sum_error.ok()) sum_error = comm.all_gather(out, in, nullptr);
-        });
-        local.set_tensor_parallel_scatter([&](TensorView out, ConstTensorView in) {
-            if (sum_error.ok()) sum_error = comm.reduce_scatter(out, in, ReduceOp::kSum, nullptr);
-        });
+        local.set_tensor_parallel_rows(mover.rows());
         // A rank's shard of the residual stream: B T / S rows of x and of the residual gradient.
         const MemoryPlan& plan = local.plan();
         EXPECT_EQ(plan.activations.entries()[plan.block_acts[0][0]].shape,
@@ -192,10 +190,14 @@ TEST_P(TensorParallelTraining, GradientsAreTheSlicesOfOneProcessAndReplicatedOne
 
 INSTANTIATE_TEST_SUITE_P(Families, TensorParallelTraining,
                          ::testing::Combine(::testing::Values("llama", "qwen2", "llama_tied"),
-                                            ::testing::Bool()),
+                                            ::testing::Values(0, 1, 2)),
                          [](const auto& info) {
+                             const int chunks = std::get<1>(info.param);
                              return std::get<0>(info.param) +
-                                    (std::get<1>(info.param) ? "_sequence_parallel" : "");
+                                    (chunks == 0   ? std::string()
+                                     : chunks == 1 ? std::string("_sequence_parallel")
+                                                   : fmt::format("_sequence_parallel_chunks{}",
+                                                                 chunks));
                          });
 
 // A batch whose rows do not cut into equal shares is refused when the model is planned (the

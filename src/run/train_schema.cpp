@@ -93,6 +93,14 @@ ConfigSchema train_config_schema() {
            "stream, the norms and residual adds (all-gather before, reduce-scatter after each "
            "tensor-parallel region; docs/DISTRIBUTED.md); micro_batch_size x seq_length must be a "
            "multiple of parallel.tensor. false: every rank keeps every row"});
+    s.add({"parallel.tensor_overlap", ConfigType::kBool, "true",
+           "with sequence parallel: the layer's all-gathers and reduce-scatters run on a stream "
+           "of their own beside its GEMMs (the forward pipelined by row chunks, the backward's "
+           "gathers begun early and its reduce-scatters under the weight gradients; "
+           "docs/DISTRIBUTED.md). false: each collective in turn on the compute stream"});
+    s.add({"parallel.tensor_overlap_chunks", ConfigType::kInt, "2",
+           "with parallel.tensor_overlap: the forward's row chunks (1 to 8); micro_batch_size x "
+           "seq_length must be a multiple of parallel.tensor x this"});
     s.add({"parallel.timeout_s", ConfigType::kFloat, "600",
            "a rank waiting longer than this on the others stops the run, naming the wait "
            "(0 = wait forever)"});

@@ -295,6 +295,15 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     }
     s.tensor = int(tensor);
     s.sequence_parallel = c.get_bool("parallel.sequence_parallel");
+    s.tensor_overlap = c.get_bool("parallel.tensor_overlap");
+    const int64_t chunks = c.get_int("parallel.tensor_overlap_chunks");
+    if (chunks < 1 || chunks > 8) {
+        return invalid_argument_error(
+            "{}: 'parallel.tensor_overlap_chunks' must be 1 to 8 (the forward's row chunks, each "
+            "all-gathered while the one before it computes), got {}",
+            c.source_of("parallel.tensor_overlap_chunks"), chunks);
+    }
+    s.tensor_overlap_chunks = int(chunks);
     s.timeout_s = c.get_float("parallel.timeout_s");
     if (!(s.timeout_s >= 0.0) || s.timeout_s > 1e7) {
         return invalid_argument_error(

@@ -76,6 +76,11 @@ struct TrainSettings {
     // parallel.sequence_parallel: with tensor > 1, the residual stream's rows are cut over the
     // tensor-parallel group (model/block.h).
     bool sequence_parallel = true;
+    // parallel.tensor_overlap: with sequence parallel, the layer's collectives run beside its
+    // GEMMs (model/block.h, "Overlap"); parallel.tensor_overlap_chunks: the forward's pipeline
+    // depth, 1 to 8.
+    bool tensor_overlap = true;
+    int tensor_overlap_chunks = 2;
     int64_t world = 1;  // data-parallel ranks: set by the trainer from the launcher
 
     bool tensorboard = true;  // logging.tensorboard: event files in RUN_DIR/tb/

@@ -180,6 +180,9 @@ private:
     std::unique_ptr<Communicator> tp_comm_, dp_comm_;
     ModelConfig local_model_;
     Status tp_error_;
+    // Sequence parallel: the moves of the residual stream's rows (before model_: the model
+    // calls into it).
+    std::optional<TensorParallelRowMover> tp_rows_;
     // Bounds every wait on the other ranks (parallel.timeout_s; off for one process).
     std::unique_ptr<Watchdog> watchdog_;
     FileLock run_lock_;  // rank 0: RUN_DIR/kRunLockFile, held while this process trains the run
@@ -439,6 +442,17 @@ Status Trainer::setup() {
                 config_.source_of("parallel.sequence_parallel"), tp(), s_.micro_batch, s_.seq_len,
                 s_.micro_batch * s_.seq_len, tp());
         }
+        // With overlap the rows move in chunks, each cut over the ranks (model/block.h).
+        const int64_t chunks = s_.tensor_overlap ? s_.tensor_overlap_chunks : 1;
+        if ((s_.micro_batch * s_.seq_len) % (tp() * chunks) != 0) {
+            return invalid_argument_error(
+                "{}: 'parallel.tensor_overlap_chunks' {}: the micro-batch's rows move in {} "
+                "chunks, each cut over the {} tensor ranks, but train.micro_batch_size {} x "
+                "data.seq_length {} = {} is not a multiple of {} x {}; choose a product that "
+                "is, fewer chunks, or parallel.tensor_overlap: false",
+                config_.source_of("parallel.tensor_overlap_chunks"), chunks, chunks, tp(),
+                s_.micro_batch, s_.seq_len, s_.micro_batch * s_.seq_len, tp(), chunks);
+        }
         shape.sequence_shards = tp();
     }
     const ParamTable table = model_param_table(local_model_);
@@ -472,14 +486,12 @@ Status Trainer::setup() {
     if (sequence_parallel()) {
         // The residual stream's rows to full rows before each tensor-parallel region, and the
         // partial sums after it reduced to the rank's rows (model/block.h).
-        model_->set_tensor_parallel_gather([this](TensorView out, ConstTensorView in) {
-            if (!tp_error_.ok()) return;
-            tp_error_ = tp_comm_->all_gather(out, in, device_.context().stream);
-        });
-        model_->set_tensor_parallel_scatter([this](TensorView out, ConstTensorView in) {
-            if (!tp_error_.ok()) return;
-            tp_error_ = tp_comm_->reduce_scatter(out, in, ReduceOp::kSum, device_.context().stream);
-        });
+        // parallel.tensor_overlap: on their own stream beside the GEMMs, the forward in row
+        // chunks (model/block.h, "Overlap").
+        tp_rows_.emplace(*tp_comm_, device_.context(),
+                         s_.tensor_overlap ? s_.tensor_overlap_chunks : 1, s_.tensor_overlap,
+                         &tp_error_);
+        model_->set_tensor_parallel_rows(tp_rows_->rows());
     }
     const int64_t max_len = s_.model.hf.max_position_embeddings;
     LATHE_ASSIGN_OR_RETURN(tokenizer_files_, carried_tokenizer_files(s_.tokenizer_path, max_len));

@@ -136,6 +136,8 @@ CudaState::CudaState(int device) : device_(make_current(device)) {
     LATHE_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, greatest));
     LATHE_CUDA_CHECK(
         cudaStreamCreateWithPriority(&optimizer_stream_, cudaStreamNonBlocking, least));
+    LATHE_CUDA_CHECK(
+        cudaStreamCreateWithPriority(&tensor_stream_, cudaStreamNonBlocking, greatest));
     LATHE_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
     workspace_ = DeviceBuffer(kWorkspaceBytes);
     scratch_ = DeviceBuffer(kScratchBytes);
@@ -147,21 +149,22 @@ CudaState::~CudaState() {
     synchronize_all();
     attention_cache_.reset();  // its cuDNN handle is bound to the stream destroyed below
     if (cublaslt_ != nullptr) LATHE_CUBLAS_CHECK(cublasLtDestroy(cublaslt_));
-    for (CUstream_st* s : {stream_, copy_stream_, comm_stream_, optimizer_stream_})
+    for (CUstream_st* s : {stream_, copy_stream_, comm_stream_, optimizer_stream_, tensor_stream_})
         if (s != nullptr) LATHE_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
 void CudaState::wait_for(CUstream_st* waiter, CUstream_st* signaller) {
-    const CUstream_st* const streams[4] = {stream_, copy_stream_, comm_stream_, optimizer_stream_};
+    const CUstream_st* const streams[5] = {stream_, copy_stream_, comm_stream_, optimizer_stream_,
+                                           tensor_stream_};
     int from = -1;
     bool waiter_ours = false;
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 5; ++i) {
         if (streams[i] == signaller) from = i;
         if (streams[i] == waiter) waiter_ours = true;
     }
     LATHE_CHECK(from >= 0 && waiter_ours,
                 "CudaState::wait_for: both streams must be this state's (compute, copy, "
-                "communication or optimizer); signaller ours: {}, waiter ours: {}",
+                "communication, optimizer or tensor-parallel); signaller ours: {}, waiter ours: {}",
                 from >= 0, waiter_ours);
     if (waiter == signaller) return;
     order_events_[from].record(signaller);
@@ -189,7 +192,7 @@ void CudaState::synchronize() const {
 }
 
 void CudaState::synchronize_all() const {
-    for (CUstream_st* s : {stream_, copy_stream_, comm_stream_, optimizer_stream_})
+    for (CUstream_st* s : {stream_, copy_stream_, comm_stream_, optimizer_stream_, tensor_stream_})
         if (s != nullptr) LATHE_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 

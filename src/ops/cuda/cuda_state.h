@@ -16,9 +16,11 @@
 //
 // Streams: `stream()` is the compute stream every op runs on. Beside it the state owns a copy
 // stream (host<->device transfers: staging, offload), a communication stream (collectives,
-// dist/communicator.h) and an optimizer stream (the overlapped AdamW update,
+// dist/communicator.h), a tensor-parallel stream (the collectives inside a layer, model/block.h,
+// kept apart from the data-parallel gradient reductions on the communication stream so that
+// they never queue behind them) and an optimizer stream (the overlapped AdamW update,
 // optim/adamw_optimizer.h), so that transfers, collectives and the update can overlap compute.
-// Priorities: communication the device's highest, compute one level above the lowest, the
+// Priorities: communication and tensor-parallel the device's highest, compute one level above the lowest, the
 // optimizer stream the lowest, so that the update's blocks fill the SMs the forward leaves idle
 // rather than delaying it (where the device has a single priority level, all share it). Work on two
 // streams is unordered unless ordered by an event: `wait_for(waiter, signaller)` makes what is
@@ -107,7 +109,7 @@ public:
     // kMaxRowChunks (ops/cuda/column_reduce.h) x C fp32 values per pass.
     static constexpr size_t kScratchBytes = size_t(32) << 20;
 
-    // Makes `device` current, creates the four non-blocking streams (communication at the
+    // Makes `device` current, creates the five non-blocking streams (the two collective ones at the
     // device's highest priority, so collectives are not queued behind compute kernels; the
     // optimizer stream below compute, file comment), their
     // ordering events, the cuBLASLt handle and the two buffers. Any failure (no such device, out
@@ -125,6 +127,8 @@ public:
     CUstream_st* copy_stream() const { return copy_stream_; }
     // Collectives (Communicator calls on GPU buffers).
     CUstream_st* comm_stream() const { return comm_stream_; }
+    // The tensor-parallel collectives of a layer when they overlap its compute (header comment).
+    CUstream_st* tensor_stream() const { return tensor_stream_; }
     // The overlapped AdamW update (optim/adamw_optimizer.h), at the lowest priority.
     CUstream_st* optimizer_stream() const { return optimizer_stream_; }
 
@@ -148,7 +152,7 @@ public:
     // Waits for everything enqueued on the compute stream; an asynchronous kernel error stops
     // here. The other streams are not waited for (synchronize_all does).
     void synchronize() const;
-    // Waits for all four streams.
+    // Waits for all five streams.
     void synchronize_all() const;
 
     // Cache of cuBLASLt algorithm choices, keyed by problem (ops/cuda/gemm.cu owns its contents).
@@ -171,8 +175,10 @@ private:
     CUstream_st* copy_stream_ = nullptr;
     CUstream_st* comm_stream_ = nullptr;
     CUstream_st* optimizer_stream_ = nullptr;
-    // wait_for's events, one per signalling stream: compute, copy, communication, optimizer.
-    CudaEvent order_events_[4];
+    CUstream_st* tensor_stream_ = nullptr;
+    // wait_for's events, one per signalling stream: compute, copy, communication, optimizer,
+    // tensor-parallel.
+    CudaEvent order_events_[5];
     cublasLtContext* cublaslt_ = nullptr;
     DeviceBuffer workspace_;
     DeviceBuffer scratch_;
