@@ -443,15 +443,16 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     // the LM head's chunk (used before any block's backward) are dead during every attention
     // call, forward (a recomputing forward included) or backward.
     ArenaLayout& scr = plan.scratch;
-    // Sequence parallel's gathered and reduced (block.h) are dead there too: the forward gathers
-    // a norm output for the projections before attention and after it; the backward gathers
-    // and reduce-scatters before the attention backward (the MLP's) and after it (norm1's), and
-    // tmp holds the gathered d x_mid only until the attention output's backward has read it.
+    // Sequence parallel (block.h, "Overlap") keeps two of them live across the attention
+    // backward: tmp holds the gathered d x_mid, which the attention output's weight gradient
+    // reads after it, and gathered receives norm1's output, all-gathered while it runs. Its
+    // reduced is dead there: the backward reduce-scatters before the attention backward (the
+    // MLP's) and after it (norm1's); the forward moves rows only before attention and after it.
     auto dead_in_attention = [&](TensorView BlockScratch::*m) {
-        return m == &BlockScratch::tmp || m == &BlockScratch::dnorm1 ||
+        return (m == &BlockScratch::tmp && S == 1) || m == &BlockScratch::dnorm1 ||
                (m == &BlockScratch::dnorm2 && !c.parallel_residual) ||
                m == &BlockScratch::dmlp_act || m == &BlockScratch::dmlp_in ||
-               m == &BlockScratch::gathered || m == &BlockScratch::reduced;
+               m == &BlockScratch::reduced;
     };
     std::vector<size_t> block_scratch;
     auto add_block_scratch = [&](bool dead) {
