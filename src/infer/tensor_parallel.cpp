@@ -581,7 +581,7 @@ Status tp_broadcast_token_lists(Communicator& comm, const Context& ctx,
 }
 
 TensorParallelRowMover::TensorParallelRowMover(Communicator& comm, const Context& ctx, int chunks,
-                                               bool overlap, Status* error)
+                                               bool overlap, Status* error, int reserve_sms)
     : comm_(comm), ctx_(ctx), chunks_(chunks), error_(error) {
     LATHE_CHECK(chunks >= 1 && chunks <= kEvents / 2 && error != nullptr,
                 "TensorParallelRowMover: chunks {} (1 to {}) and an error slot", chunks,
@@ -589,6 +589,10 @@ TensorParallelRowMover::TensorParallelRowMover(Communicator& comm, const Context
     if (overlap && ctx.backend == Backend::kCuda) {
         LATHE_CHECK(ctx.cuda != nullptr, "TensorParallelRowMover: a CUDA context without a state");
         done_.resize(kEvents);
+        const int sms = ctx.cuda->sm_count();
+        LATHE_CHECK(reserve_sms >= 0 && reserve_sms < sms,
+                    "TensorParallelRowMover: {} SMs reserved of the device's {}", reserve_sms, sms);
+        if (reserve_sms > 0) gemm_sms_ = sms - reserve_sms;
     }
 }
 
@@ -613,6 +617,7 @@ int TensorParallelRowMover::begin(bool gather, TensorView out, ConstTensorView i
 TensorParallelRows TensorParallelRowMover::rows() {
     TensorParallelRows r;
     r.chunks = chunks_;
+    r.gemm_sms = gemm_sms_;
     r.gather = [this](TensorView out, ConstTensorView in) { return begin(true, out, in); };
     r.scatter = [this](TensorView out, ConstTensorView in) { return begin(false, out, in); };
     r.wait = [this](int ticket) {

@@ -164,8 +164,10 @@ Status tp_broadcast_token_lists(Communicator& comm, const Context& ctx,
 class TensorParallelRowMover {
 public:
     static constexpr int kEvents = 16;
+    // `reserve_sms` (overlap on CUDA): SMs left to the collectives; the block's GEMMs plan for
+    // the rest (TensorParallelRows::gemm_sms; 0: they plan for all).
     TensorParallelRowMover(Communicator& comm, const Context& ctx, int chunks, bool overlap,
-                           Status* error);
+                           Status* error, int reserve_sms = 0);
     TensorParallelRowMover(const TensorParallelRowMover&) = delete;
     TensorParallelRowMover& operator=(const TensorParallelRowMover&) = delete;
 
@@ -179,6 +181,7 @@ private:
     Communicator& comm_;
     Context ctx_;
     int chunks_;
+    int gemm_sms_ = 0;
     Status* error_;
     std::vector<CudaEvent> done_;  // overlap only
     int next_ = 0;

@@ -6,6 +6,7 @@
 #include "core/check.h"
 
 #include "ops/attention.h"
+#include "ops/cuda/cuda_state.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
 #include "ops/residual.h"
@@ -22,6 +23,25 @@ template <bool K>
 TensorViewT<K> flat_heads(const TensorViewT<K>& v) {
     return v.reshape(Shape{v.dim(0), v.dim(1), v.dim(2) * v.dim(3)});
 }
+
+// TensorParallelRows::gemm_sms on ctx's CUDA state for the life of the object (a block's).
+class GemmSmTarget {
+public:
+    GemmSmTarget(const Context& ctx, const TensorParallelRows* rows)
+        : state_(rows != nullptr && rows->gemm_sms > 0 && ctx.backend == Backend::kCuda
+                     ? ctx.cuda
+                     : nullptr) {
+        if (state_ != nullptr) state_->set_gemm_sm_target(rows->gemm_sms);
+    }
+    ~GemmSmTarget() {
+        if (state_ != nullptr) state_->set_gemm_sm_target(0);
+    }
+    GemmSmTarget(const GemmSmTarget&) = delete;
+    GemmSmTarget& operator=(const GemmSmTarget&) = delete;
+
+private:
+    CudaState* state_;
+};
 
 }  // namespace
 
@@ -122,6 +142,7 @@ void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, co
                                     ln2_amax.is_null() && rows->chunks >= 1),
                 "sequence parallel: a tensor-parallel block with the row moves and no norm amax");
     const int K = rows != nullptr ? rows->chunks : 1;
+    const GemmSmTarget sms(ctx, rows);
     // Begins the gather of every chunk of the norm output `ln` into s.gathered.
     auto gather_chunks = [&](ConstTensorView ln) {
         std::vector<int> got(static_cast<size_t>(K));
@@ -254,6 +275,7 @@ void block_backward_rows(const ModelConfig& c, const BlockWeights& w, const Bloc
                          const LinearSpec& qs, const LinearSpec& ks, const LinearSpec& vs,
                          const LinearSpec& out, LinearSpec up, const LinearSpec& down) {
     const TensorParallelRows& t = *in.tp_rows;
+    const GemmSmTarget sms(ctx, &t);
     constexpr GradMode kOverwrite = GradMode::kOverwrite;
     // MLP branch: d out to full rows (tmp), then norm2's output gathered (for the up
     // projection) beside the down projection's input gradient and the activation's backward.

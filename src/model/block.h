@@ -152,6 +152,9 @@ struct TensorParallelRows {
     // and `out` unread, until wait(ticket) for the ticket returned (or a later one).
     using Move = std::function<int(TensorView out, ConstTensorView in)>;
     Move gather, scatter;
+    // CUDA: the SMs the block's GEMMs plan for while moves run beside them (CudaState::
+    // gemm_sm_target: the device's less those the collectives hold); 0: all.
+    int gemm_sms = 0;
     // Compute work enqueued after the call sees the result of move `ticket` and every move
     // begun before it.
     std::function<void(int ticket)> wait;

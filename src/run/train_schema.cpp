@@ -101,6 +101,9 @@ ConfigSchema train_config_schema() {
     s.add({"parallel.tensor_overlap_chunks", ConfigType::kInt, "2",
            "with parallel.tensor_overlap: the forward's row chunks (1 to 8); micro_batch_size x "
            "seq_length must be a multiple of parallel.tensor x this"});
+    s.add({"parallel.tensor_overlap_sms", ConfigType::kInt, "0",
+           "with parallel.tensor_overlap on CUDA: SMs the layer's GEMMs leave to the collectives "
+           "running beside them (cuBLASLt plans each GEMM for the rest; 0: for all)"});
     s.add({"parallel.timeout_s", ConfigType::kFloat, "600",
            "a rank waiting longer than this on the others stops the run, naming the wait "
            "(0 = wait forever)"});

@@ -304,6 +304,14 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
             c.source_of("parallel.tensor_overlap_chunks"), chunks);
     }
     s.tensor_overlap_chunks = int(chunks);
+    const int64_t sms = c.get_int("parallel.tensor_overlap_sms");
+    if (sms < 0 || sms > 64) {
+        return invalid_argument_error(
+            "{}: 'parallel.tensor_overlap_sms' must be 0 to 64 (the SMs the overlapped GEMMs "
+            "leave to the collectives), got {}",
+            c.source_of("parallel.tensor_overlap_sms"), sms);
+    }
+    s.tensor_overlap_sms = int(sms);
     s.timeout_s = c.get_float("parallel.timeout_s");
     if (!(s.timeout_s >= 0.0) || s.timeout_s > 1e7) {
         return invalid_argument_error(

@@ -81,6 +81,8 @@ struct TrainSettings {
     // depth, 1 to 8.
     bool tensor_overlap = true;
     int tensor_overlap_chunks = 2;
+    // parallel.tensor_overlap_sms: SMs left to the collectives while the GEMMs run beside them.
+    int tensor_overlap_sms = 0;
     int64_t world = 1;  // data-parallel ranks: set by the trainer from the launcher
 
     bool tensorboard = true;  // logging.tensorboard: event files in RUN_DIR/tb/

@@ -490,7 +490,7 @@ Status Trainer::setup() {
         // chunks (model/block.h, "Overlap").
         tp_rows_.emplace(*tp_comm_, device_.context(),
                          s_.tensor_overlap ? s_.tensor_overlap_chunks : 1, s_.tensor_overlap,
-                         &tp_error_);
+                         &tp_error_, s_.tensor_overlap_sms);
         model_->set_tensor_parallel_rows(tp_rows_->rows());
     }
     const int64_t max_len = s_.model.hf.max_position_embeddings;

@@ -139,6 +139,7 @@ CudaState::CudaState(int device) : device_(make_current(device)) {
     LATHE_CUDA_CHECK(
         cudaStreamCreateWithPriority(&tensor_stream_, cudaStreamNonBlocking, greatest));
     LATHE_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
+    LATHE_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
     workspace_ = DeviceBuffer(kWorkspaceBytes);
     scratch_ = DeviceBuffer(kScratchBytes);
     matmul_cache_ = std::make_unique<MatmulCache>();

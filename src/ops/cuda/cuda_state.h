@@ -139,6 +139,13 @@ public:
     // state. A no-op when waiter == signaller (a stream is ordered with itself).
     void wait_for(CUstream_st* waiter, CUstream_st* signaller);
     cublasLtContext* cublaslt() const { return cublaslt_; }
+    // The device's streaming multiprocessors.
+    int sm_count() const { return sm_count_; }
+    // The SMs the GEMMs launched from now on plan for (cuBLASLt's SM count target), for GEMMs
+    // that run beside a collective holding the others (model/block.h, "Overlap"); 0: all of
+    // them, the default. A different target is a different cached algorithm choice.
+    int gemm_sm_target() const { return gemm_sm_target_; }
+    void set_gemm_sm_target(int sms) { gemm_sm_target_ = sms; }
     void* workspace() const { return workspace_.data(); }
     size_t workspace_bytes() const { return workspace_.bytes(); }
 
@@ -180,6 +187,8 @@ private:
     // tensor-parallel.
     CudaEvent order_events_[5];
     cublasLtContext* cublaslt_ = nullptr;
+    int sm_count_ = 0;
+    int gemm_sm_target_ = 0;
     DeviceBuffer workspace_;
     DeviceBuffer scratch_;
     std::unique_ptr<MatmulCache> matmul_cache_;

@@ -225,6 +225,9 @@ bool gemm_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
         desc.set(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(g.d_scale));
     if (g.d_amax != nullptr)
         desc.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(g.d_amax));
+    // Beside a collective: plan for the SMs it leaves (CudaState::gemm_sm_target).
+    const int sm_target = state.gemm_sm_target();
+    if (sm_target > 0) desc.set(CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, int32_t(sm_target));
 
     const uint32_t align_a = alignment_of(g.A), align_b = alignment_of(g.B),
                    align_d = alignment_of(g.D);
@@ -262,7 +265,7 @@ bool gemm_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
                                           g.batch_count > 1 ? g.batch_stride_b : 0,
                                           g.batch_count > 1 ? g.batch_stride_c : 0,
                                           g.batch_count > 1 ? g.batch_stride_d : 0,
-                                          0,
+                                          sm_target,
                                           0,
                                           0,
                                           0,
