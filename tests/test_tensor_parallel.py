@@ -10,7 +10,7 @@ runs. The contract checked here:
     cut over the tensor ranks, model/block.h) and without it (parallel.sequence_parallel false);
     sequence parallel plans 1/T of each layer's residual-stream tensors, and a micro-batch whose
     rows do not cut into T equal shares (or into the overlap's T x chunks) is refused naming the
-    keys; the overlap's settings (one chunk, four, off) log the same losses;
+    keys; the overlap's settings (two chunks, four, off) log the same losses;
     for a GQA Llama (8 heads, 4 key/value heads, untied head) and a Qwen2 (q/k/v biases): the
     ranks add the partial sums of the attention-output and down projections, and of the
     norm-output gradients, in another order than one process's GEMM does (f32, a few terms:
@@ -191,12 +191,12 @@ def activation_bytes(run_dir):
 
 @needs_mpirun
 @pytest.mark.parametrize("ranks, tensor, setting", [(2, 2, "parallel.tensor_overlap=false"),
-                                                    (2, 2, "parallel.tensor_overlap_chunks=1"),
+                                                    (2, 2, "parallel.tensor_overlap_chunks=2"),
                                                     (4, 4, "parallel.tensor_overlap_chunks=4")])
 def test_overlap_settings_log_the_losses_of_one_process(runs, ranks, tensor, setting):
     # The chunks cut the rows otherwise (model/block.h) and split the forward's GEMMs by rows;
-    # each row is still summed over the same partials. (The default, two chunks, is every
-    # other test's.)
+    # each row is still summed over the same partials. (The default, overlap with one chunk, is
+    # every other test's.)
     assert_metrics_close(metric_lines(runs("llama", ranks, tensor, setting)),
                          metric_lines(runs("llama", 1, 1)), CPU_RTOL, f"TP {tensor}, {setting}")
 
@@ -230,7 +230,7 @@ def test_rows_that_do_not_cut_into_equal_shares_are_refused_naming_the_keys(corp
         p.stderr
     # Rows that cut over the ranks but not into the overlap's chunks: refused naming that key.
     p = train(corpus, "llama", tmp_path / "chunks", 2, 2, "train.micro_batch_size=1",
-              "data.seq_length=14", check=False)
+              "data.seq_length=14", "parallel.tensor_overlap_chunks=2", check=False)
     assert p.returncode != 0 and "lathe: error:" in p.stderr, p.stderr
     for key in ("parallel.tensor_overlap_chunks", "train.micro_batch_size", "data.seq_length"):
         assert key in p.stderr, (key, p.stderr)

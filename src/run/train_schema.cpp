@@ -98,7 +98,7 @@ ConfigSchema train_config_schema() {
            "of their own beside its GEMMs (the forward pipelined by row chunks, the backward's "
            "gathers begun early and its reduce-scatters under the weight gradients; "
            "docs/DISTRIBUTED.md). false: each collective in turn on the compute stream"});
-    s.add({"parallel.tensor_overlap_chunks", ConfigType::kInt, "2",
+    s.add({"parallel.tensor_overlap_chunks", ConfigType::kInt, "1",
            "with parallel.tensor_overlap: the forward's row chunks (1 to 8); micro_batch_size x "
            "seq_length must be a multiple of parallel.tensor x this"});
     s.add({"parallel.tensor_overlap_sms", ConfigType::kInt, "0",

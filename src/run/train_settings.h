@@ -80,7 +80,7 @@ struct TrainSettings {
     // GEMMs (model/block.h, "Overlap"); parallel.tensor_overlap_chunks: the forward's pipeline
     // depth, 1 to 8.
     bool tensor_overlap = true;
-    int tensor_overlap_chunks = 2;
+    int tensor_overlap_chunks = 1;
     // parallel.tensor_overlap_sms: SMs left to the collectives while the GEMMs run beside them.
     int tensor_overlap_sms = 0;
     int64_t world = 1;  // data-parallel ranks: set by the trainer from the launcher
