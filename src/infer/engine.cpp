@@ -942,7 +942,8 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
         }
         if (!captured.ok() && !CudaGraph::capture_refused(captured)) {
             // CUDA failed for a reason other than the capture: running eagerly would meet it too.
-            out = captured;
+            // An error the forward met during the capture came first: it stays the one reported.
+            if (out.ok()) out = captured;
         } else if (!captured.ok() && out.ok()) {
             // Nothing of the failed capture ran: this bucket runs eagerly from here on.
             log_warning("inference: decode batch {} runs without a CUDA graph: {}", nb,

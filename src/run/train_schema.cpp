@@ -95,9 +95,10 @@ ConfigSchema train_config_schema() {
            "multiple of parallel.tensor. false: every rank keeps every row"});
     s.add({"parallel.tensor_overlap", ConfigType::kBool, "true",
            "with sequence parallel: the layer's all-gathers and reduce-scatters run on a stream "
-           "of their own beside its GEMMs (the forward pipelined by row chunks, the backward's "
-           "gathers begun early and its reduce-scatters under the weight gradients; "
-           "docs/DISTRIBUTED.md). false: each collective in turn on the compute stream"});
+           "of their own beside its compute (the backward's gathers begun early and its "
+           "reduce-scatters under the weight gradients; the forward pipelined by row chunks "
+           "with parallel.tensor_overlap_chunks > 1; docs/DISTRIBUTED.md). false: each "
+           "collective in turn on the compute stream"});
     s.add({"parallel.tensor_overlap_chunks", ConfigType::kInt, "1",
            "with parallel.tensor_overlap: the forward's row chunks (1 to 8); micro_batch_size x "
            "seq_length must be a multiple of parallel.tensor x this"});

@@ -286,32 +286,26 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
             "gradients sharded) or 3 (optimizer state, gradients and parameters sharded)",
             c.source_of("parallel.zero_stage"), c.get_int("parallel.zero_stage"));
     }
-    const int64_t tensor = c.get_int("parallel.tensor");
-    if (tensor < 1 || tensor > 4096) {
-        return invalid_argument_error(
-            "{}: 'parallel.tensor' must be the ranks of a tensor-parallel group, 1 (off) to "
-            "4096, got {}",
-            c.source_of("parallel.tensor"), tensor);
-    }
-    s.tensor = int(tensor);
+    // An integer key within [lo, hi]; `what` says what it counts.
+    auto int_key = [&](std::string_view key, int64_t lo, int64_t hi,
+                       std::string_view what) -> Result<int> {
+        const int64_t v = c.get_int(key);
+        if (v < lo || v > hi)
+            return invalid_argument_error("{}: '{}' must be {}, {} to {}, got {}",
+                                          c.source_of(key), key, what, lo, hi, v);
+        return int(v);
+    };
+    LATHE_ASSIGN_OR_RETURN(s.tensor, int_key("parallel.tensor", 1, 4096,
+                                             "the ranks of a tensor-parallel group (1: off)"));
     s.sequence_parallel = c.get_bool("parallel.sequence_parallel");
     s.tensor_overlap = c.get_bool("parallel.tensor_overlap");
-    const int64_t chunks = c.get_int("parallel.tensor_overlap_chunks");
-    if (chunks < 1 || chunks > 8) {
-        return invalid_argument_error(
-            "{}: 'parallel.tensor_overlap_chunks' must be 1 to 8 (the forward's row chunks, each "
-            "all-gathered while the one before it computes), got {}",
-            c.source_of("parallel.tensor_overlap_chunks"), chunks);
-    }
-    s.tensor_overlap_chunks = int(chunks);
-    const int64_t sms = c.get_int("parallel.tensor_overlap_sms");
-    if (sms < 0 || sms > 64) {
-        return invalid_argument_error(
-            "{}: 'parallel.tensor_overlap_sms' must be 0 to 64 (the SMs the overlapped GEMMs "
-            "leave to the collectives), got {}",
-            c.source_of("parallel.tensor_overlap_sms"), sms);
-    }
-    s.tensor_overlap_sms = int(sms);
+    LATHE_ASSIGN_OR_RETURN(
+        s.tensor_overlap_chunks,
+        int_key("parallel.tensor_overlap_chunks", 1, 8,
+                "the forward's row chunks, each all-gathered while the one before it computes"));
+    LATHE_ASSIGN_OR_RETURN(s.tensor_overlap_sms,
+                           int_key("parallel.tensor_overlap_sms", 0, 64,
+                                   "the SMs the overlapped GEMMs leave to the collectives"));
     s.timeout_s = c.get_float("parallel.timeout_s");
     if (!(s.timeout_s >= 0.0) || s.timeout_s > 1e7) {
         return invalid_argument_error(
