@@ -597,7 +597,9 @@ TensorParallelRowMover::TensorParallelRowMover(Communicator& comm, const Context
 }
 
 int TensorParallelRowMover::begin(bool gather, TensorView out, ConstTensorView in) {
-    if (!error_->ok()) return 0;
+    // After a failure: no more collectives, and the ticket of the last one begun, so that a wait
+    // still orders compute after every move in flight (the step is then thrown away).
+    if (!error_->ok()) return last_;
     if (done_.empty()) {
         *error_ = gather ? comm_.all_gather(out, in, ctx_.stream)
                          : comm_.reduce_scatter(out, in, ReduceOp::kSum, ctx_.stream);
@@ -608,7 +610,7 @@ int TensorParallelRowMover::begin(bool gather, TensorView out, ConstTensorView i
     state.wait_for(side, ctx_.stream);
     *error_ = gather ? comm_.all_gather(out, in, side)
                      : comm_.reduce_scatter(out, in, ReduceOp::kSum, side);
-    const int ticket = next_;
+    const int ticket = last_ = next_;
     next_ = (next_ + 1) % (1 << 30);  // a multiple of kEvents: the ring's slots stay in turn
     done_[size_t(ticket % kEvents)].record(side);
     return ticket;

@@ -185,6 +185,7 @@ private:
     Status* error_;
     std::vector<CudaEvent> done_;  // overlap only
     int next_ = 0;
+    int last_ = 0;  // the ticket of the last move begun
 };
 
 }  // namespace lathe

@@ -209,8 +209,8 @@ TEST_P(TensorParallelTrainingTwoGpus, GradientsMatchTheCpuAndReplicatedOnesAgree
             }
         }
     }
-    std::printf("[tp2-vs-cpu] %-6s sp %d worst gradient rel-L2 %.2e (%s)\n", family.c_str(),
-                chunks, worst, worst_name.c_str());
+    std::printf("[tp2-vs-cpu] %-6s sp %d worst gradient rel-L2 %.2e (%s)\n", family.c_str(), chunks,
+                worst, worst_name.c_str());
     EXPECT_LT(worst, 5.3e-2) << worst_name;
 }
 
@@ -220,10 +220,10 @@ INSTANTIATE_TEST_SUITE_P(Families, TensorParallelTrainingTwoGpus,
                          [](const auto& info) {
                              const int chunks = std::get<1>(info.param);
                              return std::get<0>(info.param) +
-                                    (chunks == 0   ? std::string()
-                                     : chunks == 1 ? std::string("_sequence_parallel")
-                                                   : fmt::format("_sequence_parallel_chunks{}",
-                                                                 chunks));
+                                    (chunks == 0 ? std::string()
+                                     : chunks == 1
+                                         ? std::string("_sequence_parallel")
+                                         : fmt::format("_sequence_parallel_chunks{}", chunks));
                          });
 
 }  // namespace

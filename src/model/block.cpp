@@ -28,9 +28,8 @@ TensorViewT<K> flat_heads(const TensorViewT<K>& v) {
 class GemmSmTarget {
 public:
     GemmSmTarget(const Context& ctx, const TensorParallelRows* rows)
-        : state_(rows != nullptr && rows->gemm_sms > 0 && ctx.backend == Backend::kCuda
-                     ? ctx.cuda
-                     : nullptr) {
+        : state_(rows != nullptr && rows->gemm_sms > 0 && ctx.backend == Backend::kCuda ? ctx.cuda
+                                                                                        : nullptr) {
         if (state_ != nullptr) state_->set_gemm_sm_target(rows->gemm_sms);
     }
     ~GemmSmTarget() {
@@ -142,6 +141,12 @@ void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, co
                                     ln2_amax.is_null() && rows->chunks >= 1),
                 "sequence parallel: a tensor-parallel block with the row moves and no norm amax");
     const int K = rows != nullptr ? rows->chunks : 1;
+    // The fp8 casts of a linear's input write its codes for the whole (N, I) input the backward
+    // reads: a chunk's would land at the start of those buffers.
+    auto native = [](const LinearSpec& l) { return l.precision == LinearPrecision::kNative; };
+    LATHE_CHECK(K == 1 || (native(qs) && native(ks) && native(vs) && native(out) && native(up) &&
+                           native(down)),
+                "sequence parallel: row chunks ({}) with fp8 linears", K);
     const GemmSmTarget sms(ctx, rows);
     // Begins the gather of every chunk of the norm output `ln` into s.gathered.
     auto gather_chunks = [&](ConstTensorView ln) {

@@ -194,10 +194,10 @@ INSTANTIATE_TEST_SUITE_P(Families, TensorParallelTraining,
                          [](const auto& info) {
                              const int chunks = std::get<1>(info.param);
                              return std::get<0>(info.param) +
-                                    (chunks == 0   ? std::string()
-                                     : chunks == 1 ? std::string("_sequence_parallel")
-                                                   : fmt::format("_sequence_parallel_chunks{}",
-                                                                 chunks));
+                                    (chunks == 0 ? std::string()
+                                     : chunks == 1
+                                         ? std::string("_sequence_parallel")
+                                         : fmt::format("_sequence_parallel_chunks{}", chunks));
                          });
 
 // A batch whose rows do not cut into equal shares is refused when the model is planned (the

@@ -291,8 +291,8 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
                        std::string_view what) -> Result<int> {
         const int64_t v = c.get_int(key);
         if (v < lo || v > hi)
-            return invalid_argument_error("{}: '{}' must be {}, {} to {}, got {}",
-                                          c.source_of(key), key, what, lo, hi, v);
+            return invalid_argument_error("{}: '{}' must be {}, {} to {}, got {}", c.source_of(key),
+                                          key, what, lo, hi, v);
         return int(v);
     };
     LATHE_ASSIGN_OR_RETURN(s.tensor, int_key("parallel.tensor", 1, 4096,

@@ -447,7 +447,8 @@ Status Trainer::setup() {
         if ((s_.micro_batch * s_.seq_len) % (tp() * chunks) != 0) {
             return invalid_argument_error(
                 "{}: 'parallel.tensor_overlap_chunks' {}: the micro-batch's rows move in {} "
-                "chunks, each cut over the {} tensor ranks, but train.micro_batch_size {} x "
+                "chunks, each cut over the {} tensor ranks ('parallel.tensor'), but "
+                "train.micro_batch_size {} x "
                 "data.seq_length {} = {} is not a multiple of {} x {}; choose a product that "
                 "is, fewer chunks, or parallel.tensor_overlap: false",
                 config_.source_of("parallel.tensor_overlap_chunks"), chunks, chunks, tp(),
@@ -488,6 +489,16 @@ Status Trainer::setup() {
         // partial sums after it reduced to the rank's rows (model/block.h).
         // parallel.tensor_overlap: on their own stream beside the GEMMs, the forward in row
         // chunks (model/block.h, "Overlap").
+        const int sms = device_.backend() == Backend::kCuda && device_.context().cuda != nullptr
+                            ? device_.context().cuda->sm_count()
+                            : 0;
+        if (s_.tensor_overlap && sms > 0 && s_.tensor_overlap_sms >= sms) {
+            return invalid_argument_error(
+                "{}: 'parallel.tensor_overlap_sms' {} leaves no SM of {}'s {} to the GEMMs; "
+                "choose fewer (0: none reserved)",
+                config_.source_of("parallel.tensor_overlap_sms"), s_.tensor_overlap_sms,
+                device_.describe(), sms);
+        }
         tp_rows_.emplace(*tp_comm_, device_.context(),
                          s_.tensor_overlap ? s_.tensor_overlap_chunks : 1, s_.tensor_overlap,
                          &tp_error_, s_.tensor_overlap_sms);

@@ -17,18 +17,18 @@
 // Streams: `stream()` is the compute stream every op runs on. Beside it the state owns a copy
 // stream (host<->device transfers: staging, offload), a communication stream (collectives,
 // dist/communicator.h), a tensor-parallel stream (the collectives inside a layer, model/block.h,
-// kept apart from the data-parallel gradient reductions on the communication stream so that
-// they never queue behind them) and an optimizer stream (the overlapped AdamW update,
-// optim/adamw_optimizer.h), so that transfers, collectives and the update can overlap compute.
-// Priorities: communication and tensor-parallel the device's highest, compute one level above the lowest, the
-// optimizer stream the lowest, so that the update's blocks fill the SMs the forward leaves idle
-// rather than delaying it (where the device has a single priority level, all share it). Work on two
-// streams is unordered unless ordered by an event: `wait_for(waiter, signaller)` makes what is
-// enqueued on `waiter` afterwards wait for everything enqueued on `signaller` so far, on the
-// device, without blocking the host or allocating. A buffer handed from one stream to another needs
-// such an order both ways: the reader waits for the writer, and the writer's next write waits for
-// the reader. CudaEvent is the same tool for orders that must be kept past one call (e.g. "the
-// gradients of layer i are ready").
+// not enqueued behind the data-parallel gradient reductions on the communication stream) and an
+// optimizer stream (the overlapped AdamW update, optim/adamw_optimizer.h), so that transfers,
+// collectives and the update can overlap compute. Priorities: communication and tensor-parallel
+// the device's highest, compute one level above the lowest, the optimizer stream the lowest, so
+// that the update's blocks fill the SMs the forward leaves idle rather than delaying it (where
+// the device has a single priority level, all share it). Work on two streams is unordered
+// unless ordered by an event: `wait_for(waiter, signaller)` makes what is enqueued on `waiter`
+// afterwards wait for everything enqueued on `signaller` so far, on the device, without blocking
+// the host or allocating. A buffer handed from one stream to another needs such an order both ways:
+// the reader waits for the writer, and the writer's next write waits for the reader. CudaEvent is
+// the same tool for orders that must be kept past one call (e.g. "the gradients of layer i are
+// ready").
 //
 // This header is included by CPU-compiled dispatchers (src/ops/<op>.cpp) and keeps CUDA headers
 // out of them: cudaStream_t is CUstream_st*, cublasLtHandle_t is cublasLtContext*.
