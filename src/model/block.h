@@ -25,7 +25,7 @@
 // Sequence parallel (BlockInputs::tp_rows set as well, Megatron-LM style): the residual stream
 // between the tensor-parallel regions is cut by rows instead of repeated. With the (B, T, C)
 // activations flattened to (N, C), N = B T, the rows form K chunks of N/K (TensorParallelRows::
-// chunks, K = 1 unless the moves overlap compute), and rank r of S holds rows
+// chunks: parallel.tensor_overlap_chunks with overlap, else 1), and rank r of S holds rows
 // [k N/K + r N/(K S), k N/K + (r+1) N/(K S)) of each chunk k, stored as its rows
 // [k N/(K S), (k+1) N/(K S)), of x_in, x_mid, x_out, ln1_out, ln2_out and the norms'
 // statistics; the norms and residual adds run on those rows alone (they are row-wise, so the
@@ -49,8 +49,8 @@
 // (a recomputing forward included).
 //
 // Overlap (TensorParallelRows whose moves run beside the compute, on a stream of their own):
-// the forward pipelines each region by chunks: the all-gather of chunk k+1 runs while q, k, v
-// (or up, activation, down) of chunk k compute, and the reduce-scatter of chunk k while the
+// with K > 1 the forward pipelines each region by chunks: the all-gather of chunk k+1 runs while q,
+// k, v (or up, activation, down) of chunk k compute, and the reduce-scatter of chunk k while the
 // output (or down) projection of chunk k+1 computes. The backward begins the gather of the saved
 // norm output (needed by the weight gradients) before the input-gradient GEMMs and the
 // attention backward that do not need it, and computes the input gradient first, so that its
@@ -143,7 +143,7 @@ struct BlockScratch {
 // (the trainer: NCCL on the device's tensor-parallel stream, or in stream order).
 struct TensorParallelRows {
     // K: the rows move in K chunks, and the layout cuts each chunk over the ranks (header
-    // comment); K S divides N (the model checks). 1 without overlap.
+    // comment); K S divides N (the model checks). 1 without overlap (and by default with it).
     int chunks = 1;
     // One chunk, begun at the call: gather(out, in) all-gathers the ranks' (n, C) rows `in` into
     // `out` (S n, C) in rank order; scatter(out, in) sums the partial (S n, C) `in` over the group
