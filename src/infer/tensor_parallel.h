@@ -173,7 +173,6 @@ public:
 
     // The moves, bound to this object.
     TensorParallelRows rows();
-    bool overlaps() const { return !done_.empty(); }
 
 private:
     int begin(bool gather, TensorView out, ConstTensorView in);

@@ -143,6 +143,9 @@ private:
     int tp() const { return s_.tensor; }
     // parallel.sequence_parallel under tensor parallel (model/block.h).
     bool sequence_parallel() const { return tp() > 1 && s_.sequence_parallel; }
+    // The row chunks sequence parallel moves its rows in (parallel.tensor_overlap_chunks with
+    // parallel.tensor_overlap, else 1; model/block.h).
+    int overlap_chunks() const { return s_.tensor_overlap ? s_.tensor_overlap_chunks : 1; }
     int tp_rank() const { return tp_comm_ ? tp_comm_->rank() : 0; }
     // The data-parallel group of this rank: the world without tensor parallel.
     Communicator& dp_comm() const { return dp_comm_ ? *dp_comm_ : *world_.comm; }
@@ -443,7 +446,7 @@ Status Trainer::setup() {
                 s_.micro_batch * s_.seq_len, tp());
         }
         // With overlap the rows move in chunks, each cut over the ranks (model/block.h).
-        const int64_t chunks = s_.tensor_overlap ? s_.tensor_overlap_chunks : 1;
+        const int64_t chunks = overlap_chunks();
         if ((s_.micro_batch * s_.seq_len) % (tp() * chunks) != 0) {
             return invalid_argument_error(
                 "{}: 'parallel.tensor_overlap_chunks' {}: the micro-batch's rows move in {} "
@@ -499,8 +502,7 @@ Status Trainer::setup() {
                 config_.source_of("parallel.tensor_overlap_sms"), s_.tensor_overlap_sms,
                 device_.describe(), sms);
         }
-        tp_rows_.emplace(*tp_comm_, device_.context(),
-                         s_.tensor_overlap ? s_.tensor_overlap_chunks : 1, s_.tensor_overlap,
+        tp_rows_.emplace(*tp_comm_, device_.context(), overlap_chunks(), s_.tensor_overlap,
                          &tp_error_, s_.tensor_overlap_sms);
         model_->set_tensor_parallel_rows(tp_rows_->rows());
     }
