@@ -9,7 +9,17 @@ server says it read and wrote (usage).
     python3 bench/serve_latency.py --url http://127.0.0.1:8000 --vocab 32000 \\
         [--long 31242] [--short 3349] [--concurrent 8] [--new 100] [--wait 900]
 
---wait: seconds to wait for /health before the first request (a large model loads first)."""
+--wait: seconds to wait for /health before the first request (a large model loads first).
+
+Each set also carries "server": the difference of the server's /metrics counters across the set
+(lathe serve's lathe_prefill_seconds_total, lathe_decode_seconds_total, lathe_decode_steps_total,
+lathe_decode_rows_total, lathe_prompt_tokens_total; absent from a server without them): the
+seconds spent in prefills and in decode steps, ms_per_decode_step, and with --config (the
+model's Hugging Face config.json, a Llama-shaped model: SwiGLU MLP, q/k/v/o projections) and
+--gpus G the prefill's mfu = (2 N_body P + 2 V C + 2 L H D P (P+1)) summed over the set's
+prompts / prefill seconds / G / 989.4 TFLOP/s (N_body: the layers' linear weights; the LM head
+runs on each prompt's last token; the last term is the causal attention; lathe bench
+--generate's formula)."""
 import argparse
 import json
 import random
@@ -40,6 +50,59 @@ def wait_healthy(url, seconds):
             pass
         time.sleep(1)
     return False
+
+
+PEAK_HOPPER = 989.4e12  # H100 SXM dense bf16 (datasheet), lathe bench's peak
+
+COUNTERS = {"prefill_s": "lathe_prefill_seconds_total", "decode_s": "lathe_decode_seconds_total",
+            "decode_steps": "lathe_decode_steps_total", "decode_rows": "lathe_decode_rows_total",
+            "prompt_tokens": "lathe_prompt_tokens_total"}
+
+
+def scrape(url):
+    """The server's counters named in COUNTERS, or None where /metrics lacks one."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return None
+    values = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#"):
+            values[parts[0]] = float(parts[1])
+    if any(name not in values for name in COUNTERS.values()):
+        return None
+    return {key: values[name] for key, name in COUNTERS.items()}
+
+
+def prefill_flops(config, prompt_len):
+    """FLOPs of one prompt's prefill (see the module's text)."""
+    C, L = config["hidden_size"], config["num_hidden_layers"]
+    H = config["num_attention_heads"]
+    Hkv = config.get("num_key_value_heads", H)
+    D = config.get("head_dim") or C // H
+    F, V = config["intermediate_size"], config["vocab_size"]
+    n_body = L * (C * H * D + 2 * C * Hkv * D + H * D * C + 3 * C * F)
+    P = prompt_len
+    return 2 * n_body * P + 2 * V * C + 2 * L * H * D * P * (P + 1)
+
+
+def server_split(before, after, prompts, config, gpus):
+    if before is None or after is None:
+        return None
+    d = {k: after[k] - before[k] for k in COUNTERS}
+    out = {"prefill_s": d["prefill_s"], "decode_s": d["decode_s"],
+           "decode_steps": int(d["decode_steps"]), "decode_rows": int(d["decode_rows"]),
+           "prompt_tokens": int(d["prompt_tokens"]),
+           "ms_per_decode_step": None}
+    if d["decode_steps"]:
+        out["ms_per_decode_step"] = 1e3 * d["decode_s"] / d["decode_steps"]
+    if config is not None and d["prefill_s"] > 0:
+        flops = sum(prefill_flops(config, len(p)) for p in prompts)
+        out["prefill_tflops_per_gpu"] = flops / d["prefill_s"] / gpus / 1e12
+        out["prefill_mfu"] = flops / d["prefill_s"] / gpus / PEAK_HOPPER
+    return out
 
 
 def run_set(url, prompts, new, model, timeout):
@@ -84,7 +147,20 @@ def main():
     ap.add_argument("--wait", type=float, default=900)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config", help="the model's config.json, for the prefill's mfu")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs serving the model (mfu per GPU)")
     a = ap.parse_args()
+    config = None
+    if a.config:
+        try:
+            with open(a.config) as f:
+                config = json.load(f)
+            prefill_flops(config, 1)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"serve_latency: error: --config {a.config}: {e!r} "
+                     "(a Llama-shaped config.json)")
+    if a.gpus < 1:
+        sys.exit(f"serve_latency: error: --gpus must be >= 1, got {a.gpus}")
     if not wait_healthy(a.url, a.wait):
         sys.exit(f"serve_latency: error: {a.url}/health did not answer 200 within {a.wait:g} s")
     rng = random.Random(a.seed)
@@ -96,11 +172,18 @@ def main():
     if a.short > 0 and a.concurrent > 0:
         run_set(a.url, [ids(a.short) for _ in range(a.concurrent)], 4, a.model, a.timeout)
     out = {"url": a.url, "new_tokens": a.new}
+    def timed(prompts):
+        before = scrape(a.url)
+        result = run_set(a.url, prompts, a.new, a.model, a.timeout)
+        split = server_split(before, scrape(a.url), prompts, config, a.gpus)
+        if split is not None:
+            result["server"] = split
+        return result
+
     if a.long > 0:
-        out["long"] = run_set(a.url, [ids(a.long)], a.new, a.model, a.timeout)
+        out["long"] = timed([ids(a.long)])
     if a.short > 0 and a.concurrent > 0:
-        out["concurrent"] = run_set(a.url, [ids(a.short) for _ in range(a.concurrent)], a.new,
-                                    a.model, a.timeout)
+        out["concurrent"] = timed([ids(a.short) for _ in range(a.concurrent)])
     print(json.dumps(out))
     sys.exit(1 if any(out.get(k, {}).get("errors") for k in ("long", "concurrent")) else 0)
 

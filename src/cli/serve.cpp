@@ -213,6 +213,17 @@ public:
             s.sequences_finished);
         one("lathe_decode_steps_total", "counter", "Decode steps of the running batch.",
             s.decode_steps);
+        one("lathe_decode_rows_total", "counter",
+            "Sequence rows decoded (a step of n running sequences counts n).", s.decode_rows);
+        auto seconds = [&](const char* name, const char* help, double v) {
+            o += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {:.6f}\n", name, help, name, name,
+                             v);
+        };
+        seconds("lathe_prefill_seconds_total",
+                "Wall time in prompt prefills, to the first token's logits on the host.",
+                s.prefill_seconds);
+        seconds("lathe_decode_seconds_total",
+                "Wall time in decode steps, to their logits on the host.", s.decode_seconds);
         one("lathe_queue_depth", "gauge", "Sequences waiting to join the batch.", s.waiting);
         one("lathe_running_sequences", "gauge", "Sequences in the running batch.", s.running);
         o += "# HELP lathe_request_latency_seconds Completion request latency, arrival to the "

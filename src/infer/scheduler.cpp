@@ -1,6 +1,7 @@
 #include "infer/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -9,6 +10,12 @@
 namespace lathe {
 
 namespace {
+
+int64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                since)
+        .count();
+}
 
 // log_softmax(row)[id] and the k most probable tokens (decreasing, ties by increasing id), in
 // double over the raw logits.
@@ -252,8 +259,10 @@ bool Scheduler::step() {
         const size_t T = prompt.size();
         const size_t rows = r.params.prompt_logprobs ? T : 1;
         logits_.resize(rows * size_t(V));
+        const auto t0 = std::chrono::steady_clock::now();
         const Status s = r.params.prompt_logprobs ? engine_.prefill_all(r.seq, prompt, logits_)
                                                   : engine_.prefill(r.seq, prompt, logits_);
+        prefill_ns_.fetch_add(elapsed_ns(t0));
         if (!s.ok()) {
             r.state.error = s;
             finish(r);
@@ -287,8 +296,11 @@ bool Scheduler::step() {
     std::vector<DecodeStep> steps;
     for (const Running& r : running_) steps.push_back(DecodeStep{r.seq, r.last});
     logits_.resize(running_.size() * size_t(V));
+    const auto t0 = std::chrono::steady_clock::now();
     const Status s = engine_.decode(steps, logits_);
+    decode_ns_.fetch_add(elapsed_ns(t0));
     steps_.fetch_add(1);
+    decode_rows_.fetch_add(int64_t(steps.size()));
     std::vector<Running> still;
     for (size_t k = 0; k < running_.size(); ++k) {
         Running& r = running_[k];
@@ -359,6 +371,9 @@ SchedulerStats Scheduler::stats() const {
     s.prompt_tokens = prompt_tokens_.load();
     s.generated_tokens = generated_.load();
     s.decode_steps = steps_.load();
+    s.decode_rows = decode_rows_.load();
+    s.prefill_seconds = double(prefill_ns_.load()) * 1e-9;
+    s.decode_seconds = double(decode_ns_.load()) * 1e-9;
     return s;
 }
 

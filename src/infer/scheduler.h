@@ -93,6 +93,10 @@ private:
 struct SchedulerStats {
     int64_t waiting = 0, running = 0;
     int64_t sequences_finished = 0, prompt_tokens = 0, generated_tokens = 0, decode_steps = 0;
+    // Wall time inside the engine's prefills (their logits on the host) and decode steps, and
+    // the rows those steps decoded (a step of n running sequences adds n).
+    double prefill_seconds = 0, decode_seconds = 0;
+    int64_t decode_rows = 0;
 };
 
 class Scheduler {
@@ -150,7 +154,7 @@ private:
     std::vector<double> prob_;
     std::vector<int32_t> order_;
     std::atomic<int64_t> running_count_{0}, finished_{0}, prompt_tokens_{0}, generated_{0},
-        steps_{0};
+        steps_{0}, decode_rows_{0}, prefill_ns_{0}, decode_ns_{0};
 };
 
 }  // namespace lathe

@@ -141,6 +141,10 @@ TEST(Scheduler, JoiningAndLeavingGivesGeneratesTokens) {
         // from its prefill: fewer steps than one at a time (26 - 5 = 21 decode steps).
         EXPECT_LT(sched.stats().decode_steps, 21);
         EXPECT_EQ(sched.stats().generated_tokens, 26);
+        // Every token after a sequence's first is one decoded row; both phases took time.
+        EXPECT_EQ(sched.stats().decode_rows, 21);
+        EXPECT_GT(sched.stats().prefill_seconds, 0);
+        EXPECT_GT(sched.stats().decode_seconds, 0);
         EXPECT_EQ(e.open_sequences(), 0);
     }
 }
