@@ -7,9 +7,12 @@ time from the first send to the last complete answer, each request's time, and t
 server says it read and wrote (usage).
 
     python3 bench/serve_latency.py --url http://127.0.0.1:8000 --vocab 32000 \\
-        [--long 31242] [--short 3349] [--concurrent 8] [--new 100] [--wait 900]
+        [--long 31242] [--short 3349] [--concurrent 8] [--new 100] [--wait 900] \\
+        [--config config.json --gpus G] [--rounds R]
 
 --wait: seconds to wait for /health before the first request (a large model loads first).
+--rounds R: both sets R times with new prompts; rounds after the first are in "again" (a first
+round meets per-shape first-use costs that the warm-up's shorter prompts do not cover).
 
 Each set also carries "server": the difference of the server's /metrics counters across the set
 (lathe serve's lathe_prefill_seconds_total, lathe_decode_seconds_total, lathe_decode_steps_total,
@@ -149,6 +152,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--config", help="the model's config.json, for the prefill's mfu")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs serving the model (mfu per GPU)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time both sets this many times (new random prompts each round)")
     a = ap.parse_args()
     config = None
     if a.config:
@@ -159,8 +164,9 @@ def main():
         except (OSError, ValueError, KeyError, TypeError) as e:
             sys.exit(f"serve_latency: error: --config {a.config}: {e!r} "
                      "(a Llama-shaped config.json)")
-    if a.gpus < 1:
-        sys.exit(f"serve_latency: error: --gpus must be >= 1, got {a.gpus}")
+    if a.gpus < 1 or a.rounds < 1:
+        sys.exit(f"serve_latency: error: --gpus and --rounds must be >= 1, got {a.gpus}, "
+                 f"{a.rounds}")
     if not wait_healthy(a.url, a.wait):
         sys.exit(f"serve_latency: error: {a.url}/health did not answer 200 within {a.wait:g} s")
     rng = random.Random(a.seed)
@@ -180,12 +186,21 @@ def main():
             result["server"] = split
         return result
 
-    if a.long > 0:
-        out["long"] = timed([ids(a.long)])
-    if a.short > 0 and a.concurrent > 0:
-        out["concurrent"] = timed([ids(a.short) for _ in range(a.concurrent)])
+    def round_of_sets():
+        r = {}
+        if a.long > 0:
+            r["long"] = timed([ids(a.long)])
+        if a.short > 0 and a.concurrent > 0:
+            r["concurrent"] = timed([ids(a.short) for _ in range(a.concurrent)])
+        return r
+
+    out.update(round_of_sets())
+    if a.rounds > 1:
+        out["again"] = [round_of_sets() for _ in range(a.rounds - 1)]
     print(json.dumps(out))
-    sys.exit(1 if any(out.get(k, {}).get("errors") for k in ("long", "concurrent")) else 0)
+    rounds = [out] + out.get("again", [])
+    sys.exit(1 if any(r.get(k, {}).get("errors") for r in rounds for k in ("long", "concurrent"))
+             else 0)
 
 
 if __name__ == "__main__":

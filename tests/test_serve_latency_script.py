@@ -1,9 +1,9 @@
 """bench/serve_latency.py, the client side of the tensor-parallel serving job (docs/INFERENCE.md),
 kept working off the GPU machine: against a `lathe serve` of a random-weight config on the CPU it
 times one long request and a concurrent set, and the usage it reports is every prompt token read
-and every new token written; the server-side split of each set (from lathe serve's /metrics) counts
-exactly the set's prompt tokens and decoded rows, and its prefill mfu is the stated formula over
-the prefill seconds; a server that never answers is an error naming the URL."""
+and every new token written; the server-side split of each set (from lathe serve's /metrics)
+counts exactly the set's prompt tokens and decoded rows (in each of two rounds), and its prefill
+mfu is the stated formula over the prefill seconds; a server that never answers is an error naming the URL."""
 import json
 import subprocess
 import sys
@@ -24,7 +24,7 @@ def test_times_the_long_and_the_concurrent_set(tmp_path):
     with serve(tmp_path, "--random-weights", 3, "--max-seqs", 4, ctx=1024) as url:
         p = subprocess.run([sys.executable, SCRIPT, "--url", url, "--vocab", "512", "--long", "700",
                             "--short", "150", "--concurrent", "6", "--new", "9", "--wait", "30",
-                            "--config", tmp_path / "config.json", "--gpus", "2"],
+                            "--config", tmp_path / "config.json", "--gpus", "2", "--rounds", "2"],
                            capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
@@ -46,6 +46,11 @@ def test_times_the_long_and_the_concurrent_set(tmp_path):
     # Llama body: per layer q, k, v, o (64 -> 64, 32, 32; 64 -> 64) and gate, up, down (64 x 128).
     n_body = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128)
     flops = 2 * n_body * 700 + 2 * 512 * 64 + 2 * 2 * 4 * 16 * 700 * 701
+    # The second round: the same sets again, split alike.
+    assert len(out["again"]) == 1
+    again = out["again"][0]
+    assert again["long"]["server"]["prompt_tokens"] == 700
+    assert again["concurrent"]["server"]["decode_rows"] == 6 * 8
     assert abs(long_split["prefill_mfu"] - flops / long_split["prefill_s"] / 2 / 989.4e12) \
         <= 1e-9 * long_split["prefill_mfu"]
 
