@@ -1075,7 +1075,7 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
                     "The model id of /v1/models (default: the checkpoint folder's name)");
     cmd->add_option("--cuda-graphs", req->cuda_graphs,
                     "1 = replay each decode step of the paged CUDA cache from a CUDA graph of "
-                    "its batch bucket (not with --tensor-parallel), 0 = launch kernels one by one")
+                    "its batch bucket (with --tensor-parallel too), 0 = launch kernels one by one")
         ->capture_default_str();
     cmd->add_option("--tensor-parallel", req->tensor_parallel,
                     "Processes (GPUs) sharing the model's heads and MLP; must equal the job's "

@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "core/dtype.h"
 #include "core/log.h"
+#include "dist/host_collectives.h"
 #include "ops/attention.h"
 #include "ops/cpu/parallel.h"
 #include "ops/cuda/cuda_state.h"
@@ -317,6 +318,9 @@ BlockWeights InferenceEngine::block_weights(int l) const {
 }
 
 Status InferenceEngine::reduce(TensorView partial) {
+    // Inside an invalidated CUDA-graph capture nothing runs, and NCCL would fail on the stream:
+    // skipped, as the checked CUDA calls are (the capture is then refused, and the step rerun).
+    if (ctx_.backend == Backend::kCuda && CudaGraph::capture_invalidated()) return ok_status();
     return tp_->all_reduce(partial, partial, ReduceOp::kSum, ctx_.stream);
 }
 
@@ -853,7 +857,7 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
     for (int64_t i = 0; i < n; ++i)
         LATHE_RETURN_IF_ERROR(paged_cache_.reserve(seqs[size_t(i)], host_len_[size_t(i)]));
     const bool cuda = ctx_.backend == Backend::kCuda;
-    const bool graphed = cuda && limits_.cuda_graphs && tp_ == nullptr;
+    const bool graphed = cuda && limits_.cuda_graphs;
     // The batch the step runs: n, or n's CUDA-graph bucket (rows n..nb-1 are padding).
     const int64_t nb = graphed ? graph_bucket(n) : n;
     const TensorView tok = scratch(ix_.tokens, Shape{nb, 1});
@@ -926,6 +930,7 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
         graphs_[b].launch(ctx_.stream);
     } else if (graphed && graph_warm_[b] && !graph_failed_[b]) {
         Status captured = CudaGraph::begin_capture(ctx_.stream);
+        CudaGraph graph;
         if (captured.ok()) {
             if (fail_next_capture_) {
                 fail_next_capture_ = false;
@@ -933,23 +938,49 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
             }
             out = forward();
             Result<CudaGraph> g = CudaGraph::end_capture(ctx_.stream);
-            if (g.ok() && out.ok()) {
-                graphs_[b] = std::move(*g);
-                graphs_[b].launch(ctx_.stream);
-            } else if (!g.ok()) {
+            if (g.ok())
+                graph = std::move(*g);
+            else
                 captured = g.status();
+        }
+        // 0: the graph holds the step; 1: CUDA refused the capture (nothing of it ran: the
+        // bucket runs eagerly); 2: an error (the forward's, met while capturing, comes first).
+        int verdict = 2;
+        if (captured.ok() && out.ok())
+            verdict = 0;
+        else if (!captured.ok() && CudaGraph::capture_refused(captured) && out.ok())
+            verdict = 1;
+        const int mine = verdict;
+        Status agreed = ok_status();
+        if (tp_ != nullptr) {
+            // Every rank replays the bucket's graph, or none does: the captured all-reduces
+            // pair with the other ranks' as the eager ones would only if all ranks do alike.
+            const Result<int> worst = all_reduce_max(*tp_, verdict, ctx_.stream);
+            if (!worst.ok()) {
+                agreed = worst.status();
+                verdict = 2;
+            } else if (*worst > verdict) {
+                agreed = internal_error(
+                    "decode batch {}: another tensor-parallel rank's CUDA-graph capture failed "
+                    "(its log names why)",
+                    nb);
+                verdict = *worst;
             }
         }
-        if (!captured.ok() && !CudaGraph::capture_refused(captured)) {
-            // CUDA failed for a reason other than the capture: running eagerly would meet it too.
-            // An error the forward met during the capture came first: it stays the one reported.
-            if (out.ok()) out = captured;
-        } else if (!captured.ok() && out.ok()) {
-            // Nothing of the failed capture ran: this bucket runs eagerly from here on.
+        if (verdict == 0) {
+            graphs_[b] = std::move(graph);
+            graphs_[b].launch(ctx_.stream);
+        } else if (verdict == 1) {
             log_warning("inference: decode batch {} runs without a CUDA graph: {}", nb,
-                        captured.to_string());
+                        captured.ok()
+                            ? std::string("another tensor-parallel rank's capture was refused")
+                            : captured.to_string());
             graph_failed_[b] = 1;
             out = forward();
+        } else if (out.ok()) {
+            // CUDA failed for a reason other than the capture (here, or on another rank):
+            // running eagerly would meet it too.
+            out = mine == 2 && !captured.ok() ? captured : agreed;
         }
     } else {
         out = forward();

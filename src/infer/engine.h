@@ -48,12 +48,15 @@
 // step's tokens, positions, lengths, slots and tables are copied into the same device buffers
 // before every replay; the logits' read-back follows the replay. A bucket's first step runs
 // eagerly (the ops' one-time setup: cuBLASLt algorithm choice, kernel attributes), its second is
-// captured. Eager instead: the CPU; the row cache (its cache writes go to addresses chosen on the
-// host per step); tensor parallel (the all-reduce is NCCL's, not captured here); prefill (one
-// sequence, shapes that change per chunk); a bucket whose capture CUDA refuses (a capture-
-// specific error starting it, inside it or instantiating its graph: CudaGraph::capture_refused):
-// one warning line, and that bucket launches eagerly from then on (the failed capture ran
-// nothing). Any other CUDA error met starting or ending the capture is the decode step's error.
+// captured. Tensor parallel: the graph holds the step's NCCL all-reduces too (NCCL captures them
+// as graph nodes), and after each capture the ranks agree (a host all-reduce of each one's
+// verdict) so that all replay the bucket's graph or none does, their collectives pairing up
+// either way. Eager instead: the CPU; the row cache (its cache writes go to addresses chosen on
+// the host per step); prefill (one sequence, shapes that change per chunk); a bucket whose capture
+// CUDA refuses on any rank (a capture-specific error starting it, inside it or instantiating its
+// graph: CudaGraph::capture_refused): one warning line, and that bucket launches eagerly from then
+// on (the failed capture ran nothing). Any other error met while capturing, on any rank, is the
+// decode step's error.
 //
 // Memory: the engine reads the model's weights (the model must outlive it) and owns the KV cache
 // and one scratch arena sized for max(prefill_chunk, max_sequences) tokens, allocated once.
@@ -103,7 +106,7 @@ struct EngineLimits {
     // (0 = as many as max_sequences full-length sequences need).
     int64_t kv_block_size = 0;
     int64_t kv_blocks = 0;
-    // CUDA with the paged cache and no tensor parallel: each decode step is replayed from a CUDA
+    // CUDA with the paged cache (tensor parallel too): each decode step is replayed from a CUDA
     // graph of its batch bucket (header comment, "CUDA graphs"). Ignored elsewhere (eager).
     bool cuda_graphs = false;
     // The GEMM of a forward of few rows (DecodeGemv above).

@@ -240,6 +240,79 @@ TEST_P(TpTwoGpus, PromptsTokensAndLeadFollowOverNccl) {
     }
 }
 
+// The paged cache with the CUDA-graph decode step under tensor parallel: every decode step's
+// all-reduces are captured into each rank's graphs (buckets 1 and 2 of
+// the trace: each bucket runs eagerly once, is captured the next step and replayed after), held to
+// the same eps against the CPU as the eager engine. With `refuse` rank 1 alone has its first
+// capture refused (testing_fail_next_graph_capture): the ranks agree, both run bucket 1 eagerly
+// from then on (rank 0's capture succeeded but is dropped, or their all-reduces would not pair up
+// and the step would hang), and bucket 2 is still captured on both.
+void graphs_against_cpu(const std::string& family, bool refuse) {
+    int devices = 0;
+    LATHE_CUDA_CHECK(cudaGetDeviceCount(&devices));
+    ASSERT_GE(devices, kWorld) << "infer_two_gpu_tests needs two GPUs";
+    const model_fixture::Fixture f = model_fixture::load(family);
+    const std::string dir = model_fixture::dir(family);
+    Result<Model> cpu_model = tp_model_create_loaded(f.config, 0, 1, one_token(), Context{}, dir);
+    ASSERT_TRUE(cpu_model.ok()) << cpu_model.status().to_string();
+    Result<InferenceEngine> cpu = InferenceEngine::create(*cpu_model, limits());
+    ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+    const Trace want = trace(*cpu, f);
+
+    Result<NcclId> id = nccl_unique_id();
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    std::vector<Trace> got(kWorld);
+    std::vector<int64_t> graphs(kWorld, -1);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < kWorld; ++r) {
+        ranks.emplace_back([&, r] {
+            CudaState state(r);
+            auto comm = nccl_communicator_create(*id, r, kWorld, r);
+            LATHE_CHECK(comm.ok(), "rank {}: {}", r, comm.status().to_string());
+            Result<Model> m =
+                tp_model_create_loaded(f.config, r, kWorld, one_token(), state.context(), dir);
+            LATHE_CHECK(m.ok(), "rank {}: {}", r, m.status().to_string());
+            EngineLimits lim = limits();
+            lim.kv_block_size = 4;
+            lim.cuda_graphs = true;
+            Result<InferenceEngine> e = InferenceEngine::create(*m, lim, comm->get());
+            LATHE_CHECK(e.ok(), "rank {}: {}", r, e.status().to_string());
+            if (refuse && r == 1) e->testing_fail_next_graph_capture();
+            got[size_t(r)] = trace(*e, f);
+            graphs[size_t(r)] = e->decode_graphs();
+            state.synchronize();
+        });
+    }
+    for (std::thread& t : ranks) t.join();
+    const double eps_rel = (kSlack + 2.0) * double(f.config.num_layers + 1) * kU;
+    const int64_t V = f.config.vocab_size;
+    for (int r = 0; r < kWorld; ++r) {
+        EXPECT_EQ(graphs[size_t(r)], refuse ? 1 : 2) << family << " rank " << r;
+        const Trace& g = got[size_t(r)];
+        for (int64_t i = 0; i < kNew; ++i) {
+            const std::vector<float>& z = want.greedy[size_t(i)];
+            if (top2_gap(z) < 2 * eps_rel * max_abs(z)) break;  // a near-tie
+            ASSERT_EQ(g.tokens[size_t(i)], want.tokens[size_t(i)])
+                << family << " rank " << r << " step " << i;
+        }
+        ASSERT_EQ(g.forced.size(), want.forced.size());
+        for (size_t i = 0; i < want.forced.size(); ++i) {
+            const ConstTensorView a(want.forced[i].data(), DType::kF32, Shape{V}, Device::kCpu);
+            const ConstTensorView b(g.forced[i].data(), DType::kF32, Shape{V}, Device::kCpu);
+            EXPECT_LE(model_fixture::rel_error(b, a), eps_rel)
+                << family << " rank " << r << " forced row " << i;
+        }
+    }
+}
+
+TEST_P(TpTwoGpus, PagedCudaGraphDecodeWithinBf16BoundOfTheCpu) {
+    graphs_against_cpu(GetParam(), /*refuse=*/false);
+}
+
+TEST(TpTwoGpusGraphs, OneRanksRefusedCaptureMakesBothRunThatBucketEagerly) {
+    graphs_against_cpu("llama", /*refuse=*/true);
+}
+
 // Llama: GQA (4 heads, 2 key/value heads: one per rank); Qwen2: q/k/v biases; a Llama with the
 // output projection's and the MLP's biases (rank 0's, added once by the reduce).
 INSTANTIATE_TEST_SUITE_P(Families, TpTwoGpus,

@@ -45,6 +45,10 @@ bool capture_invalidated() {
 
 }  // namespace cuda::detail
 
+bool CudaGraph::capture_invalidated() {
+    return cuda::detail::capture_invalidated();
+}
+
 bool CudaGraph::capture_specific(int cuda_error) {
     switch (static_cast<cudaError_t>(cuda_error)) {
         case cudaErrorStreamCaptureUnsupported:  // an operation not allowed while capturing

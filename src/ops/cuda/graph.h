@@ -54,6 +54,11 @@ public:
     // _Unjoined, _Isolation, _Implicit, cudaErrorCapturedEvent). Not _Unmatched or _WrongThread:
     // begin and end do not pair up, a bug after which the stream may still be capturing.
     static bool capture_specific(int cuda_error);
+    // Whether the calling thread's capture (begin_capture, not yet ended) has been invalidated:
+    // nothing enqueued from here until end_capture runs. A caller that enqueues through another
+    // library (an NCCL collective) skips its call then, as the checked CUDA calls pass without
+    // effect. False when the thread is not capturing.
+    static bool capture_invalidated();
 
     bool empty() const { return exec_ == nullptr; }
     // Enqueues one replay on `stream` (checked: a captured graph).

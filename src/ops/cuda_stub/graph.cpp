@@ -32,3 +32,7 @@ void lathe::CudaGraph::launch(CUstream_st*) const {
 bool lathe::CudaGraph::capture_specific(int) {
     lathe::detail::no_cuda("CudaGraph::capture_specific");
 }
+
+bool lathe::CudaGraph::capture_invalidated() {
+    return false;  // nothing is ever captured
+}
