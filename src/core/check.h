@@ -7,10 +7,19 @@
 #include <cstdio>
 #include <cstdlib>
 
-namespace lathe::detail {
+namespace lathe {
+namespace detail {
 [[noreturn]] void check_failed(const char* file, int line, const char* cond,
                                const std::string& msg);
-}  // namespace lathe::detail
+}  // namespace detail
+
+// From the call on, a failed check still prints its line but ends the process with
+// std::_Exit(code) instead of aborting. For a component that tears the process down on purpose
+// (the watchdog, dist/watchdog.h, aborting a collective that other threads wait on): the checks
+// that then fail on those threads (a CUDA error of the aborted collective's kernels) are
+// consequences of the teardown, and the process must end with the teardown's code, not SIGABRT.
+void set_check_exit_code(int code);
+}  // namespace lathe
 
 // LATHE_CHECK(n > 0, "n={}", n);
 #define LATHE_CHECK(cond, ...)                                            \

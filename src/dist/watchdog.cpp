@@ -108,6 +108,9 @@ void Watchdog::run() {
 void Watchdog::fire(const std::string& line) {
     std::fprintf(stderr, "%s\n", line.c_str());
     std::fflush(stderr);
+    // A check that fails on another thread from here on (the waiting thread meeting the aborted
+    // collective's CUDA error before this thread exits) ends the process with this code too.
+    set_check_exit_code(kWatchdogExitCode);
     if (comm_ != nullptr) {
         // abort() may itself hang on a dead peer: it runs on a thread of its own, given a grace.
         auto done = std::make_shared<std::atomic<bool>>(false);

@@ -24,7 +24,11 @@
 // (or "WHAT failed: ERROR; another rank has ..." for an asynchronous error), then
 // Communicator::abort() (NCCL: ncclCommAbort; MPI: MPI_Abort, which ends every rank of the job),
 // given at most kAbortGrace to return, then std::_Exit(kWatchdogExitCode) without running
-// destructors or atexit handlers (they could wait on the dead communicator again).
+// destructors or atexit handlers (they could wait on the dead communicator again). From the
+// firing on, a LATHE_CHECK that fails on another thread (the thread that waited, meeting the CUDA
+// error of the aborted collective's kernels first) also exits with kWatchdogExitCode
+// (set_check_exit_code, core/check.h), not SIGABRT: the process ends with the watchdog's code
+// whichever thread gets there first.
 // WHO names this process ("rank 1 of 4 on host gpu07", rank_description), WHAT the wait, as armed.
 // A timeout of 0 turns the watchdog off: no thread, arm() does nothing.
 //

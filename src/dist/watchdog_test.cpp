@@ -86,6 +86,45 @@ TEST_F(WatchdogDeathTest, ATimeoutPrintsOneLineAbortsAndExits) {
     EXPECT_LT(seconds_since(start), 10.0);
 }
 
+// The waiting thread may meet the aborted collective first: a check failing there once the
+// watchdog has fired (here: in the communicator's abort, before the watchdog's own exit) ends
+// the process with the watchdog's code, not SIGABRT.
+TEST_F(WatchdogDeathTest, ACheckFailingAfterTheFiringExitsWithTheWatchdogsCode) {
+    class FailingAbort final : public Communicator {
+    public:
+        int rank() const override { return 0; }
+        int size() const override { return 2; }
+        std::string_view backend() const override { return "fake"; }
+        bool accepts(Device) const override { return true; }
+        void abort() override { LATHE_CHECK(false, "the aborted collective's CUDA error"); }
+
+    private:
+        Status do_all_reduce(TensorView, ConstTensorView, ReduceOp, CUstream_st*) override {
+            return ok_status();
+        }
+        Status do_reduce_scatter(TensorView, ConstTensorView, ReduceOp, CUstream_st*) override {
+            return ok_status();
+        }
+        Status do_all_gather(TensorView, ConstTensorView, CUstream_st*) override {
+            return ok_status();
+        }
+        Status do_broadcast(TensorView, int, CUstream_st*) override { return ok_status(); }
+        Result<std::unique_ptr<Communicator>> do_split(int, int) override {
+            return std::unique_ptr<Communicator>();
+        }
+    };
+    EXPECT_EXIT(
+        {
+            FailingAbort comm;
+            Watchdog watchdog(&comm, milliseconds(200), kWho);
+            auto guard = watchdog.arm(std::string("step 13"));
+            hang();
+        },
+        ::testing::ExitedWithCode(kWatchdogExitCode),
+        "did not complete within 0\\.2 s(.|\n)*internal check failed at .*the aborted "
+        "collective's CUDA error\n$");
+}
+
 TEST_F(WatchdogDeathTest, AnAsynchronousErrorEndsTheWaitAtOnce) {
     const auto start = Clock::now();
     EXPECT_EXIT(
