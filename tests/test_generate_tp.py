@@ -14,7 +14,9 @@
   - `lathe serve --tensor-parallel 2` (rank 0 serves, rank 1 replays its engine calls) answers the
     openai client with one-process `lathe generate`'s greedy text, one at a time, streamed and
     from concurrent clients; echo log-probabilities and a refused request leave it serving; a
-    SIGTERM to rank 0 stops both ranks with exit code 0.
+    SIGTERM to rank 0 stops both ranks with exit code 0;
+  - `lathe bench --generate --tensor-parallel 2` prints rank 0's line alone, with one rank's share
+    of the flops and bytes, and refuses a T other than the process count.
 """
 import json
 import os
@@ -257,3 +259,37 @@ def test_serve_tp_needs_as_many_processes(tok_folder):
              "--tensor-parallel", 2], check=False, timeout=60)
     assert p.returncode != 0
     assert "--tensor-parallel 2" in p.stderr and "processes of this job, 1" in p.stderr
+
+
+def bench_line(ranks, *extra):
+    args = ["bench", "--generate", "--config", MODELS / "llama" / "config.json", "--device", "cpu",
+            "--prefill", "32", "--decode-batches", "1,2", "--prompt-len", "8", "--decode-steps",
+            "3", *extra]
+    p = run_ranks(ranks, args + ["--tensor-parallel", ranks]) if ranks > 1 else run(args)
+    lines = [line for line in p.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, p.stdout  # rank 0's line alone
+    return json.loads(lines[0])
+
+
+def test_bench_generate_tensor_parallel_reports_rank_0s_share():
+    # `lathe bench --generate --tensor-parallel 2` under mpirun: one line, every measurement
+    # there, and the flops and bytes of one rank's shard: the layers' halved, the replicated
+    # embedding and LM head whole (so between half and all of the one-process figures).
+    one, two = bench_line(1), bench_line(2)
+    assert one["tensor_parallel"] == 1 and two["tensor_parallel"] == 2
+    assert [r["batch"] for r in two["decode"]] == [1, 2]
+    assert [r["tokens"] for r in two["prefill"]] == [32]
+    for key in ("weight_bytes", "kv_bytes_per_position"):
+        assert one[key] / 2 <= two[key] < one[key], key
+    assert two["kv_bytes_per_position"] == one["kv_bytes_per_position"] / 2  # Hkv / 2 heads
+    f1, f2 = one["prefill"][0]["flops"], two["prefill"][0]["flops"]
+    assert f1 / 2 < f2 < f1
+
+
+def test_bench_generate_tensor_parallel_must_match_the_processes():
+    p = run_ranks(2, ["bench", "--generate", "--config", MODELS / "llama" / "config.json",
+                      "--device", "cpu", "--prefill", "32", "--decode-batches", "",
+                      "--tensor-parallel", 3], check=False)
+    assert p.returncode != 0
+    assert "--tensor-parallel 3 must equal the number of processes of this job, 2" in p.stderr
+    assert "lathe bench --generate ..." in p.stderr

@@ -63,6 +63,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         GenerateBenchRequest gen;
         std::string prefill = "4096,32768", decode_batches = "1,16,64";
         std::string decode_gemv = "auto";
+        int tensor_parallel = 1;
     };
     auto o = std::make_shared<Options>();
     cmd->add_option("--model", o->model,
@@ -108,6 +109,11 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "train.gradient_accumulation_steps)")
         ->capture_default_str();
     cli_add_decode_gemv(cmd, o->decode_gemv, "--generate: ");
+    cmd->add_option("--tensor-parallel", o->tensor_parallel,
+                    "--generate: T ranks each hold a shard of the model (one process per GPU: "
+                    "lathe launch --gpus T lathe bench --generate --tensor-parallel T ...); the "
+                    "line is rank 0's, flops, mfu and bytes per GPU")
+        ->capture_default_str();
     cmd->add_option("--steps", o->req.steps, "Timed steps")->capture_default_str();
     cmd->add_option("--warmup", o->req.warmup, "Untimed steps before them")->capture_default_str();
     cmd->add_option("--device", o->device, "auto (the GPU when there is a usable one), cpu, cuda")
@@ -249,14 +255,15 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                 LATHE_ASSIGN_OR_RETURN(g.prefill, parse_length_list(o->prefill, "--prefill"));
                 LATHE_ASSIGN_OR_RETURN(g.decode_batches,
                                        parse_length_list(o->decode_batches, "--decode-batches"));
+                g.tensor_parallel = o->tensor_parallel;
                 LATHE_ASSIGN_OR_RETURN(const std::string line, bench_generate_run(g));
-                std::printf("%s\n", line.c_str());
+                if (!line.empty()) std::printf("%s\n", line.c_str());  // rank 0's alone
                 std::fflush(stdout);
                 return ok_status();
             }
             for (const char* inference :
                  {"--prefill", "--decode-batches", "--prompt-len", "--decode-steps",
-                  "--decode-warmup", "--prefill-repeats", "--prefill-chunk"})
+                  "--decode-warmup", "--prefill-repeats", "--prefill-chunk", "--tensor-parallel"})
                 if (cmd->count(inference) > 0)
                     return invalid_argument_error("{} needs --generate", inference);
             for (const char* needed : {"--batch", "--seq"})

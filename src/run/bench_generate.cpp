@@ -11,13 +11,16 @@
 #include <vector>
 
 #include "core/log.h"
+#include "dist/process_group.h"
 #include "infer/engine.h"
+#include "infer/tensor_parallel.h"
 #include "model/memory_plan.h"
 #include "model/model.h"
 #include "model/registry.h"
 #include "ops/cuda/memory.h"
 #include "ops/device_info.h"
 #include "run/compute_device.h"
+#include "run/inference_processes.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -204,7 +207,12 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     if (req.threads > 0) omp_set_num_threads(req.threads);
 #endif
 
-    const ProcessGroupInfo group;  // one process
+    const int tp = req.tensor_parallel;
+    if (tp < 1) return invalid_argument_error("--tensor-parallel must be >= 1, got {}", tp);
+    ProcessGroupInfo group;  // one process, or the launcher's job under tensor parallel
+    if (tp > 1) {
+        LATHE_ASSIGN_OR_RETURN(group, process_group_from_env(process_environment()));
+    }
     LATHE_ASSIGN_OR_RETURN(const BenchPlacement place, bench_placement(req.device, group));
     const bool on_cuda = place.backend == Backend::kCuda;
     if (req.kernel_breakdown_steps > 0 && (!on_cuda || req.decode_batches.empty()))
@@ -214,8 +222,23 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     size_t used_before = 0, free_bytes = 0, total_bytes = 0;
     if (on_cuda && gpu_memory_info(place.ordinal, free_bytes, total_bytes))
         used_before = total_bytes - free_bytes;
-    LATHE_ASSIGN_OR_RETURN(ComputeDevice device,
-                           ComputeDevice::open(on_cuda ? "cuda" : "cpu", "--device", group));
+    // The processes (inference_processes_open checks T against the job and the model's split
+    // before any rank waits on another), or this one alone.
+    LATHE_ASSIGN_OR_RETURN(
+        InferenceProcesses procs,
+        tp > 1 ? inference_processes_open(config, tp, on_cuda ? "cuda" : "cpu", "bench --generate")
+               : Result<InferenceProcesses>(InferenceProcesses{}));
+    if (tp == 1) {
+        LATHE_ASSIGN_OR_RETURN(procs.device,
+                               ComputeDevice::open(on_cuda ? "cuda" : "cpu", "--device", group));
+    }
+    ComputeDevice& device = procs.device;
+    Communicator* comm = procs.world ? procs.world->comm.get() : nullptr;
+    // The rank's model shape: the local config under tensor parallel (its flops and bytes are the
+    // rank's share), the config itself otherwise.
+    LATHE_ASSIGN_OR_RETURN(
+        const ModelConfig local,
+        tp > 1 ? tp_local_config(config, tp, "--tensor-parallel") : Result<ModelConfig>(config));
     const int64_t elem = on_cuda ? 2 : 4;  // bf16 weights and cache on CUDA, f32 on the CPU
 
     json j;
@@ -228,6 +251,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     j["flop_params"] = bench_flop_parameters(config);
     j["seed"] = req.seed;
     j["peak_flops"] = place.peak_flops > 0 ? json(place.peak_flops) : json(nullptr);
+    j["tensor_parallel"] = tp;
 
     // The copy bandwidth first, while the device holds nothing of ours.
     std::optional<double> bandwidth;
@@ -246,8 +270,8 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     shape.seq_len = 1;
     shape.training = false;
     shape.backend = place.backend;
-    const ParamTable table = model_param_table(config);
-    LATHE_ASSIGN_OR_RETURN(const MemoryPlan plan, memory_plan_make(config, table, shape));
+    const ParamTable table = model_param_table(local);
+    LATHE_ASSIGN_OR_RETURN(const MemoryPlan plan, memory_plan_make(local, table, shape));
     // The default chunk: 4096 tokens, at most the longest prompt of the run (the decode
     // prompts' --prompt-len included, so a decode-only run prefills in whole chunks too).
     const int64_t chunk =
@@ -267,8 +291,8 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     decode_limits.decode_gemv = req.decode_gemv;
     const size_t act = size_t(elem);
     const size_t engine_need =
-        std::max(req.prefill.empty() ? 0 : engine_bytes(config, prefill_limits, act),
-                 req.decode_batches.empty() ? 0 : engine_bytes(config, decode_limits, act));
+        std::max(req.prefill.empty() ? 0 : engine_bytes(local, prefill_limits, act),
+                 req.decode_batches.empty() ? 0 : engine_bytes(local, decode_limits, act));
     LATHE_RETURN_IF_ERROR(
         check_fits(device, plan.total_bytes() + engine_need,
                    fmt::format("{} (weights {}, KV cache and scratch {})", req.model,
@@ -276,8 +300,12 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
 
     log_info("bench --generate: {} ({}) on {}", req.model, model_config_summary(config),
              place.name);
-    LATHE_ASSIGN_OR_RETURN(Model model, Model::create(config, shape, device.context()));
-    model.init(req.seed);
+    // Under tensor parallel the rank's shard, uniform from the seed; else Model::init's draws.
+    LATHE_ASSIGN_OR_RETURN(
+        Model model,
+        tp > 1 ? tp_model_create_random(config, procs.rank(), tp, shape, device.context(), req.seed)
+               : Model::create(config, shape, device.context()));
+    if (tp == 1) model.init(req.seed);
     model.synchronize();
     // Memory in use after each measurement, the largest (bench.h's peak memory, CUDA).
     size_t used_peak = 0;
@@ -293,7 +321,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     json prefill_rows = json::array();
     if (!req.prefill.empty()) {
         LATHE_ASSIGN_OR_RETURN(InferenceEngine engine,
-                               InferenceEngine::create(model, prefill_limits));
+                               InferenceEngine::create(model, prefill_limits, comm));
         logits.assign(size_t(V), 0.0f);
         for (const int64_t T : req.prefill) {
             const std::vector<int32_t> tokens = random_tokens(gen, T, V);
@@ -312,7 +340,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
             }
             sample_memory();
             const double s = median_of(times);
-            const double flops = generate_prefill_flops(config, T);
+            const double flops = generate_prefill_flops(local, T);
             json row;
             row["tokens"] = T;
             row["seconds"] = s;
@@ -330,12 +358,12 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     j["decode_gemv"] = decode_gemv_name(req.decode_gemv);
     j["decode_steps"] = req.decode_steps;
     j["decode_warmup"] = req.decode_warmup;
-    j["weight_bytes"] = generate_weight_bytes(config, elem);
-    j["kv_bytes_per_position"] = generate_kv_bytes_per_position(config, elem);
+    j["weight_bytes"] = generate_weight_bytes(local, elem);
+    j["kv_bytes_per_position"] = generate_kv_bytes_per_position(local, elem);
     json decode_rows = json::array();
     if (!req.decode_batches.empty()) {
         LATHE_ASSIGN_OR_RETURN(InferenceEngine engine,
-                               InferenceEngine::create(model, decode_limits));
+                               InferenceEngine::create(model, decode_limits, comm));
         logits.assign(size_t(decode_limits.max_sequences * V), 0.0f);
         for (const int64_t B : req.decode_batches) {
             std::vector<SeqId> seqs;
@@ -372,7 +400,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
                     times.push_back(s);
                     std::vector<int64_t> lengths;
                     for (const SeqId seq : seqs) lengths.push_back(engine.length(seq));
-                    bytes += generate_step_bytes(config, elem, lengths);
+                    bytes += generate_step_bytes(local, elem, lengths);
                 }
             }
             std::optional<KernelBreakdown> kernels;
@@ -414,7 +442,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
         j["peak_memory_bytes"] = size_t(usage.ru_maxrss) * 1024;  // Linux reports kilobytes
         j["peak_memory_source"] = "max_rss";
     }
-    return j.dump();
+    return procs.rank0() ? j.dump() : std::string();
 }
 
 }  // namespace lathe

@@ -22,6 +22,15 @@
 //             fields of run/bench.h's kernel breakdown per decode step (span, busy, gaps: the
 //             GPU idle inside the step, the kernel groups and the top kernels).
 //
+// Tensor parallel (tensor_parallel T > 1, under a launcher of T processes: `lathe launch --gpus
+// T lathe bench --generate --tensor-parallel T ...`, or mpirun with --device cpu): every rank
+// holds its shard (infer/tensor_parallel.h: tp_local_config, random weights from the seed by
+// tp_model_create_random) and runs the same calls with the same random tokens, its engine
+// all-reducing over the world as `lathe serve`'s does; rank 0 returns the line, the others an
+// empty one. Per GPU: prefill flops and mfu are the rank's share (prefill_flops of the local
+// config: H/T heads, the body over T, the replicated LM head), decode bytes_per_step and
+// bandwidth_fraction the rank's (W and K of the local config); the kernel breakdown is rank 0's.
+//
 // Definitions (bench/generate_baseline.py reports the same keys for transformers):
 //   prefill_flops(T) = 2 N_body T + 2 V C + 2 L H D T (T + 1)
 //                      N_body: the parameters a token's forward multiplies by (bench.h's
@@ -82,6 +91,7 @@ struct GenerateBenchRequest {
     int64_t kernel_breakdown_steps = 0;   // profiled decode steps per batch (kernels above)
     size_t copy_bytes = size_t(1) << 30;  // the bandwidth copy's size (CUDA)
     BenchDevice device = BenchDevice::kAuto;
+    int tensor_parallel = 1;  // T ranks, each its shard (above)
     uint64_t seed = 1234;
     int threads = 0;  // CPU: OpenMP threads, 0 = all cores
 };
