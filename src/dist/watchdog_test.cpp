@@ -16,16 +16,21 @@ using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
 // A communicator of two ranks that moves nothing: its asynchronous error is whatever the test set,
-// and abort() says on stderr that it ran.
+// and abort() says on stderr that it ran (or, with abort_fails_a_check, fails a LATHE_CHECK as the
+// thread waiting on an aborted NCCL collective may).
 class FakeCommunicator final : public Communicator {
 public:
-    explicit FakeCommunicator(Status async = ok_status()) : async_(std::move(async)) {}
+    explicit FakeCommunicator(Status async = ok_status(), bool abort_fails_a_check = false)
+        : async_(std::move(async)), abort_fails_(abort_fails_a_check) {}
     int rank() const override { return 0; }
     int size() const override { return 2; }
     std::string_view backend() const override { return "fake"; }
     bool accepts(Device) const override { return true; }
     Status async_error() override { return async_; }
-    void abort() override { std::fprintf(stderr, "fake communicator aborted\n"); }
+    void abort() override {
+        LATHE_CHECK(!abort_fails_, "the aborted collective's CUDA error");
+        std::fprintf(stderr, "fake communicator aborted\n");
+    }
 
 private:
     Status do_all_reduce(TensorView, ConstTensorView, ReduceOp, CUstream_st*) override {
@@ -49,6 +54,7 @@ private:
         return std::unique_ptr<Communicator>();
     }
     Status async_;
+    bool abort_fails_;
 };
 
 constexpr const char* kWho = "rank 0 of 2 on host testhost";
@@ -90,32 +96,9 @@ TEST_F(WatchdogDeathTest, ATimeoutPrintsOneLineAbortsAndExits) {
 // watchdog has fired (here: in the communicator's abort, before the watchdog's own exit) ends
 // the process with the watchdog's code, not SIGABRT.
 TEST_F(WatchdogDeathTest, ACheckFailingAfterTheFiringExitsWithTheWatchdogsCode) {
-    class FailingAbort final : public Communicator {
-    public:
-        int rank() const override { return 0; }
-        int size() const override { return 2; }
-        std::string_view backend() const override { return "fake"; }
-        bool accepts(Device) const override { return true; }
-        void abort() override { LATHE_CHECK(false, "the aborted collective's CUDA error"); }
-
-    private:
-        Status do_all_reduce(TensorView, ConstTensorView, ReduceOp, CUstream_st*) override {
-            return ok_status();
-        }
-        Status do_reduce_scatter(TensorView, ConstTensorView, ReduceOp, CUstream_st*) override {
-            return ok_status();
-        }
-        Status do_all_gather(TensorView, ConstTensorView, CUstream_st*) override {
-            return ok_status();
-        }
-        Status do_broadcast(TensorView, int, CUstream_st*) override { return ok_status(); }
-        Result<std::unique_ptr<Communicator>> do_split(int, int) override {
-            return std::unique_ptr<Communicator>();
-        }
-    };
     EXPECT_EXIT(
         {
-            FailingAbort comm;
+            FakeCommunicator comm(ok_status(), /*abort_fails_a_check=*/true);
             Watchdog watchdog(&comm, milliseconds(200), kWho);
             auto guard = watchdog.arm(std::string("step 13"));
             hang();
