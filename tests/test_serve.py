@@ -170,7 +170,11 @@ def test_greedy_streaming_and_concurrent_equal_generate(folder, reference):
             got = list(ex.map(lambda p: c.completions.create(
                 model="tok", prompt=p, max_tokens=NEW, temperature=0).choices[0].text, jobs))
         assert got == [reference[i % 4] for i in range(12)]
-        assert "lathe_generation_tokens_total" in get(url + "/metrics").text
+        # Every sequence's first token, then one gap before each later token.
+        sequences = 3 * len(PROMPTS) + 12
+        assert metric(url, "lathe_time_to_first_token_seconds_count") == sequences
+        assert metric(url, "lathe_time_per_output_token_seconds_count") == \
+            metric(url, "lathe_generation_tokens_total") - sequences
         assert c.models.list().data[0].id == "tok"
 
 

@@ -180,7 +180,7 @@ ApiError from_run_error(const Status& s) {
     return e;
 }
 
-// Prometheus counters and the latency histogram of the completion endpoints.
+// Prometheus counters and histograms: the HTTP requests, the scheduler's (SchedulerStats).
 class Metrics {
 public:
     void count(const std::string& path, int code) {
@@ -189,10 +189,7 @@ public:
     }
     void latency(double seconds) {
         std::lock_guard<std::mutex> lock(mu_);
-        for (size_t i = 0; i < kBuckets.size(); ++i)
-            if (seconds <= kBuckets[i]) ++buckets_[i];
-        ++latency_count_;
-        latency_sum_ += seconds;
+        latency_.observe(seconds);
     }
     std::string text(const SchedulerStats& s) const {
         std::lock_guard<std::mutex> lock(mu_);
@@ -226,27 +223,27 @@ public:
                 "Wall time in decode steps, to their logits on the host.", s.decode_seconds);
         one("lathe_queue_depth", "gauge", "Sequences waiting to join the batch.", s.waiting);
         one("lathe_running_sequences", "gauge", "Sequences in the running batch.", s.running);
-        o += "# HELP lathe_request_latency_seconds Completion request latency, arrival to the "
-             "last byte.\n# TYPE lathe_request_latency_seconds histogram\n";
-        for (size_t i = 0; i < kBuckets.size(); ++i) {
-            o += fmt::format("lathe_request_latency_seconds_bucket{{le=\"{}\"}} {}\n", kBuckets[i],
-                             buckets_[i]);
-        }
-        o +=
-            fmt::format("lathe_request_latency_seconds_bucket{{le=\"+Inf\"}} {}\n", latency_count_);
-        o += fmt::format("lathe_request_latency_seconds_sum {}\n", latency_sum_);
-        o += fmt::format("lathe_request_latency_seconds_count {}\n", latency_count_);
+        auto histogram = [&](const char* name, const char* help, const SecondsHistogram& h) {
+            o += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+            for (size_t i = 0; i < h.kBounds.size(); ++i)
+                o += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, h.kBounds[i], h.at_most[i]);
+            o += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, h.count,
+                             name, h.sum, name, h.count);
+        };
+        histogram("lathe_request_latency_seconds",
+                  "Completion request latency, arrival to the last byte.", latency_);
+        histogram("lathe_time_to_first_token_seconds",
+                  "Per sequence, from its request's arrival to its first token.",
+                  s.time_to_first_token);
+        histogram("lathe_time_per_output_token_seconds",
+                  "Per sequence, between its consecutive tokens.", s.time_per_output_token);
         return o;
     }
 
 private:
-    static constexpr std::array<double, 10> kBuckets = {0.01, 0.025, 0.05, 0.1, 0.25,
-                                                        0.5,  1,     2.5,  5,   10};
     mutable std::mutex mu_;
     std::map<std::pair<std::string, int>, int64_t> requests_;
-    std::array<int64_t, 10> buckets_{};
-    int64_t latency_count_ = 0;
-    double latency_sum_ = 0;
+    SecondsHistogram latency_;
 };
 
 // One parsed completion or chat request: its sequences (prompt-major, n per prompt) and how to

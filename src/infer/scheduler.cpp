@@ -123,6 +123,7 @@ Result<std::vector<std::shared_ptr<SequenceTicket>>> Scheduler::submit(
         }
         for (SequenceParams& p : group) {
             tickets.push_back(std::make_shared<SequenceTicket>());
+            tickets.back()->submitted_ = std::chrono::steady_clock::now();
             waiting_.emplace_back(tickets.back(), std::move(p));
         }
     }
@@ -285,6 +286,12 @@ bool Scheduler::step() {
             continue;
         }
         const std::span<float> last(logits_.data() + (rows - 1) * size_t(V), size_t(V));
+        r.last_token = std::chrono::steady_clock::now();
+        {
+            std::lock_guard<std::mutex> lock(latency_mu_);
+            first_token_.observe(
+                std::chrono::duration<double>(r.last_token - r.ticket->submitted_).count());
+        }
         if (accept(r, last))
             finish(r);
         else
@@ -301,6 +308,14 @@ bool Scheduler::step() {
     decode_ns_.fetch_add(elapsed_ns(t0));
     steps_.fetch_add(1);
     decode_rows_.fetch_add(int64_t(steps.size()));
+    const auto now = std::chrono::steady_clock::now();
+    if (s.ok()) {
+        std::lock_guard<std::mutex> lock(latency_mu_);
+        for (Running& r : running_) {
+            per_token_.observe(std::chrono::duration<double>(now - r.last_token).count());
+            r.last_token = now;
+        }
+    }
     std::vector<Running> still;
     for (size_t k = 0; k < running_.size(); ++k) {
         Running& r = running_[k];
@@ -374,6 +389,9 @@ SchedulerStats Scheduler::stats() const {
     s.decode_rows = decode_rows_.load();
     s.prefill_seconds = double(prefill_ns_.load()) * 1e-9;
     s.decode_seconds = double(decode_ns_.load()) * 1e-9;
+    std::lock_guard<std::mutex> lock(latency_mu_);
+    s.time_to_first_token = first_token_;
+    s.time_per_output_token = per_token_;
     return s;
 }
 

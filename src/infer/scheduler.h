@@ -23,7 +23,9 @@
 // penalty and temperature): the chosen token's and the top_logprobs most probable ones; with
 // prompt_logprobs, those of every prompt token after the first (prefill_all).
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -88,6 +90,24 @@ private:
     SequenceState state_;
     uint64_t version_ = 0;
     std::atomic<bool> cancelled_{false};
+    std::chrono::steady_clock::time_point submitted_;  // Scheduler::submit
+};
+
+// Durations observed, as a Prometheus histogram: per upper bound the observations at most that
+// long (cumulative), their sum and count.
+struct SecondsHistogram {
+    static constexpr std::array<double, 13> kBounds = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                       1,     2.5,  5,     10,   30,  60};
+    std::array<int64_t, kBounds.size()> at_most{};
+    int64_t count = 0;
+    double sum = 0;
+
+    void observe(double seconds) {
+        for (size_t i = 0; i < kBounds.size(); ++i)
+            if (seconds <= kBounds[i]) ++at_most[i];
+        ++count;
+        sum += seconds;
+    }
 };
 
 struct SchedulerStats {
@@ -97,6 +117,9 @@ struct SchedulerStats {
     // the rows those steps decoded (a step of n running sequences adds n).
     double prefill_seconds = 0, decode_seconds = 0;
     int64_t decode_rows = 0;
+    // Per sequence: submit() to its first token (the queue wait and the prefill); and between
+    // its consecutive tokens (a decode step, and the prefills of sequences that joined before it).
+    SecondsHistogram time_to_first_token, time_per_output_token;
 };
 
 class Scheduler {
@@ -132,7 +155,8 @@ private:
         SampleRng rng;
         std::vector<int32_t> seen;
         int32_t last = 0;
-        int64_t blocks = 0;  // KV blocks spoken for (paged cache)
+        int64_t blocks = 0;                                // KV blocks spoken for (paged cache)
+        std::chrono::steady_clock::time_point last_token;  // when its latest token came
     };
     // Appends a sampled token; true when the sequence finished.
     bool accept(Running& r, std::span<float> logits);
@@ -155,6 +179,8 @@ private:
     std::vector<int32_t> order_;
     std::atomic<int64_t> running_count_{0}, finished_{0}, prompt_tokens_{0}, generated_{0},
         steps_{0}, decode_rows_{0}, prefill_ns_{0}, decode_ns_{0};
+    mutable std::mutex latency_mu_;  // the two histograms
+    SecondsHistogram first_token_, per_token_;
 };
 
 }  // namespace lathe

@@ -145,6 +145,17 @@ TEST(Scheduler, JoiningAndLeavingGivesGeneratesTokens) {
         EXPECT_EQ(sched.stats().decode_rows, 21);
         EXPECT_GT(sched.stats().prefill_seconds, 0);
         EXPECT_GT(sched.stats().decode_seconds, 0);
+        // One first token per sequence, one gap before each later token; every observation
+        // falls under some bound (the test's steps take far less than a minute).
+        const SchedulerStats st = sched.stats();
+        EXPECT_EQ(st.time_to_first_token.count, 5);
+        EXPECT_EQ(st.time_per_output_token.count, 21);
+        for (const SecondsHistogram* h : {&st.time_to_first_token, &st.time_per_output_token}) {
+            EXPECT_GT(h->sum, 0);
+            EXPECT_EQ(h->at_most.back(), h->count);
+            for (size_t i = 1; i < h->at_most.size(); ++i)
+                EXPECT_LE(h->at_most[i - 1], h->at_most[i]);
+        }
         EXPECT_EQ(e.open_sequences(), 0);
     }
 }
