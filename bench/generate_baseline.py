@@ -177,8 +177,10 @@ def main(argv):
     head = V * C
     body = flop_params - head
     kv_per_position = 2 * L * Hkv * D * elem
+    # One process on one device: lathe bench --generate's tensor_parallel 1.
     out.update(params=params, flop_params=flop_params, seed=a.seed, peak_flops=peak,
-               copy_bytes=a.copy_bytes if on_cuda else None, copy_bandwidth=bandwidth)
+               tensor_parallel=1, copy_bytes=a.copy_bytes if on_cuda else None,
+               copy_bandwidth=bandwidth)
 
     forward_params = inspect.signature(model.forward).parameters
     cache_arg = "past_key_values" if "past_key_values" in forward_params else "cache"
