@@ -11,10 +11,10 @@ namespace lathe {
 
 namespace {
 
-int64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                                since)
-        .count();
+using Clock = std::chrono::steady_clock;
+
+int64_t nanoseconds(Clock::duration d) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }
 
 // log_softmax(row)[id] and the k most probable tokens (decreasing, ties by increasing id), in
@@ -260,10 +260,12 @@ bool Scheduler::step() {
         const size_t T = prompt.size();
         const size_t rows = r.params.prompt_logprobs ? T : 1;
         logits_.resize(rows * size_t(V));
-        const auto t0 = std::chrono::steady_clock::now();
+        const Clock::time_point t0 = Clock::now();
         const Status s = r.params.prompt_logprobs ? engine_.prefill_all(r.seq, prompt, logits_)
                                                   : engine_.prefill(r.seq, prompt, logits_);
-        prefill_ns_.fetch_add(elapsed_ns(t0));
+        // The prefill's end: its time, and the sequence's first token's.
+        r.last_token = Clock::now();
+        prefill_ns_.fetch_add(nanoseconds(r.last_token - t0));
         if (!s.ok()) {
             r.state.error = s;
             finish(r);
@@ -286,7 +288,6 @@ bool Scheduler::step() {
             continue;
         }
         const std::span<float> last(logits_.data() + (rows - 1) * size_t(V), size_t(V));
-        r.last_token = std::chrono::steady_clock::now();
         {
             std::lock_guard<std::mutex> lock(latency_mu_);
             first_token_.observe(
@@ -303,12 +304,12 @@ bool Scheduler::step() {
     std::vector<DecodeStep> steps;
     for (const Running& r : running_) steps.push_back(DecodeStep{r.seq, r.last});
     logits_.resize(running_.size() * size_t(V));
-    const auto t0 = std::chrono::steady_clock::now();
+    const Clock::time_point t0 = Clock::now();
     const Status s = engine_.decode(steps, logits_);
-    decode_ns_.fetch_add(elapsed_ns(t0));
+    const Clock::time_point now = Clock::now();
+    decode_ns_.fetch_add(nanoseconds(now - t0));
     steps_.fetch_add(1);
     decode_rows_.fetch_add(int64_t(steps.size()));
-    const auto now = std::chrono::steady_clock::now();
     if (s.ok()) {
         std::lock_guard<std::mutex> lock(latency_mu_);
         for (Running& r : running_) {
