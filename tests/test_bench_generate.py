@@ -108,6 +108,17 @@ def test_only_prefill_or_only_decode():
     assert r["prefill"] == [] and r["decode"][0]["batch"] == 3 and r["prefill_chunk"] is None
 
 
+def test_max_len_gives_the_decode_engine_a_longer_context():
+    # tiny's 256 positions: the steps need 8 + 4 + 2 = 14; --max-len 200 sizes the engine as a
+    # server of 200-token sequences would; the bytes read per step follow the lengths alone.
+    args = ["--preset", "tiny", "--prefill", "", "--decode-batches", "2", "--prompt-len", "8",
+            "--decode-steps", "2", "--device", "cpu"]
+    short, long = bench(*args), bench(*args, "--max-len", "200")
+    assert short["max_len"] == 14 and long["max_len"] == 200
+    assert long["decode"][0]["bytes_per_step"] == short["decode"][0]["bytes_per_step"]
+    assert bench(*args, "--max-len", "3")["max_len"] == 14  # below what the steps need: theirs
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--preset", "tiny", "--decode-batches", "1,0"], "--decode-batches"),
     (["--preset", "tiny", "--decode-batches", "1,x"], "--decode-batches"),
@@ -116,6 +127,8 @@ def test_only_prefill_or_only_decode():
      "--prompt-len 250"),
     (["--preset", "tiny", "--prefill", "", "--decode-batches", ""], "nothing to measure"),
     (["--preset", "tiny", "--decode-steps", "0"], "--decode-steps"),
+    (["--preset", "tiny", "--prefill", "", "--max-len", "257"], "--max-len 257"),
+    (["--preset", "tiny", "--prefill", "", "--max-len", "-1"], "--max-len -1"),
     (["--preset", "tiny", "--batch", "2"], "--batch is a training bench option"),
     (["--preset", "nope"], "--preset 'nope'"),
     (["--preset", "tiny", "--model", "tiny"], "exactly one of --model, --preset and --config"),

@@ -63,6 +63,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         GenerateBenchRequest gen;
         std::string prefill = "4096,32768", decode_batches = "1,16,64";
         std::string decode_gemv = "auto";
+        std::string peer_reduce = "auto";
         int tensor_parallel = 1;
     };
     auto o = std::make_shared<Options>();
@@ -84,6 +85,11 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         ->capture_default_str();
     cmd->add_option("--prompt-len", o->gen.prompt_len,
                     "--generate: tokens each decode sequence is prefilled with first")
+        ->capture_default_str();
+    cmd->add_option("--max-len", o->gen.max_len,
+                    "--generate: the decode engine's tokens per sequence (KV cache, block tables, "
+                    "attention plan) when more than --prompt-len and the steps need, as a server "
+                    "of a longer context holds them; 0 = what they need")
         ->capture_default_str();
     cmd->add_option("--decode-steps", o->gen.decode_steps, "--generate: timed decode steps")
         ->capture_default_str();
@@ -109,6 +115,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "train.gradient_accumulation_steps)")
         ->capture_default_str();
     cli_add_decode_gemv(cmd, o->decode_gemv, "--generate: ");
+    cli_add_peer_reduce(cmd, o->peer_reduce, "--generate: ");
     cmd->add_option("--tensor-parallel", o->tensor_parallel,
                     "--generate: T ranks each hold a shard of the model (one process per GPU: "
                     "lathe launch --gpus T lathe bench --generate --tensor-parallel T ...); the "
@@ -252,6 +259,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                 g.kernel_breakdown_steps = o->req.kernel_breakdown_steps;
                 LATHE_ASSIGN_OR_RETURN(g.decode_gemv,
                                        decode_gemv_parse(o->decode_gemv, "--decode-gemv"));
+                LATHE_ASSIGN_OR_RETURN(g.peer_reduce,
+                                       peer_reduce_parse(o->peer_reduce, "--peer-reduce"));
                 LATHE_ASSIGN_OR_RETURN(g.prefill, parse_length_list(o->prefill, "--prefill"));
                 LATHE_ASSIGN_OR_RETURN(g.decode_batches,
                                        parse_length_list(o->decode_batches, "--decode-batches"));

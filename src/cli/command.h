@@ -56,4 +56,19 @@ inline CLI::Option* cli_add_decode_gemv(CLI::App* cmd, std::string& value,
         ->check(CLI::IsMember({"auto", "on", "off"}));
 }
 
+// --peer-reduce auto|on|off (infer/engine.h, PeerReduce) on `cmd`, into `value`, which the action
+// reads with peer_reduce_parse; `prefix` starts its help.
+inline CLI::Option* cli_add_peer_reduce(CLI::App* cmd, std::string& value,
+                                        const std::string& prefix = "") {
+    return cmd
+        ->add_option("--peer-reduce", value,
+                     prefix +
+                         "Tensor parallel on GPUs: on = the sums of decode steps and short "
+                         "prefills (up to 128 KB) read the peer GPUs' memory in one kernel "
+                         "(dist/peer_all_reduce.h) where every GPU reaches the others; off = "
+                         "NCCL only; auto = on with 4 GPUs or more")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "on", "off"}));
+}
+
 }  // namespace lathe

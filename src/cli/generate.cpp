@@ -56,6 +56,7 @@ struct GenerateRequest {
     int tensor_parallel = 1;
     int64_t random_weights = -1;  // < 0: load the checkpoint's safetensors
     std::string decode_gemv = "auto";
+    std::string peer_reduce = "auto";  // tensor parallel: small sums over peer GPU memory
 };
 
 // One input line's prompt ids; errors are the caller's to place (file:line).
@@ -193,6 +194,7 @@ Status run_generate(const GenerateRequest& r) {
     limits.max_len = max_len;
     limits.prefill_chunk = inference_prefill_chunk(r.prefill_chunk, procs, max_len);
     LATHE_ASSIGN_OR_RETURN(limits.decode_gemv, decode_gemv_parse(r.decode_gemv, "--decode-gemv"));
+    LATHE_ASSIGN_OR_RETURN(limits.peer_reduce, peer_reduce_parse(r.peer_reduce, "--peer-reduce"));
     LATHE_ASSIGN_OR_RETURN(
         InferenceEngine engine,
         InferenceEngine::create(model, limits, world ? world->comm.get() : nullptr));
@@ -268,6 +270,7 @@ void cli_add_generate(CLI::App& parent, CommandAction& action) {
                     "Prompt tokens of one prefill forward; 0 = 2048 on CUDA, 256 on the CPU")
         ->capture_default_str();
     cli_add_decode_gemv(cmd, req->decode_gemv);
+    cli_add_peer_reduce(cmd, req->peer_reduce);
     cmd->add_option("--batch-size", req->batch_size, "Requests decoded together")
         ->capture_default_str();
     cmd->add_option("--tensor-parallel", req->tensor_parallel,

@@ -71,7 +71,8 @@ struct ServeRequest {
     // a non-streaming client that leaves is not noticed until its sequences end.
     int64_t default_max_tokens = 1024;
     bool kv_block_size_given = false;
-    bool cuda_graphs = true;  // the paged CUDA decode step replayed from CUDA graphs
+    bool cuda_graphs = true;           // the paged CUDA decode step replayed from CUDA graphs
+    std::string peer_reduce = "auto";  // tensor parallel: small sums over peer GPU memory
     int tensor_parallel = 1;
     int64_t random_weights = -1;  // < 0: load the checkpoint's safetensors
 };
@@ -903,6 +904,7 @@ Status run_serve(const ServeRequest& r) {
     limits.kv_block_size = r.kv_block_size >= 0 ? r.kv_block_size : (paged_ok.ok() ? 16 : 0);
     limits.kv_blocks = r.kv_blocks;
     limits.cuda_graphs = r.cuda_graphs;
+    LATHE_ASSIGN_OR_RETURN(limits.peer_reduce, peer_reduce_parse(r.peer_reduce, "--peer-reduce"));
     LATHE_ASSIGN_OR_RETURN(limits.decode_gemv, decode_gemv_parse(r.decode_gemv, "--decode-gemv"));
     Result<InferenceEngine> created =
         InferenceEngine::create(model, limits, world ? world->comm.get() : nullptr);
@@ -1059,6 +1061,7 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
                         "the paged decode attention cannot take the model's head_dim or GQA "
                         "group); 0 = one row of --max-len per sequence");
     cli_add_decode_gemv(cmd, req->decode_gemv);
+    cli_add_peer_reduce(cmd, req->peer_reduce);
     cmd->add_option("--kv-blocks", req->kv_blocks,
                     "Paged KV pool in blocks (default: --max-seqs full-length sequences)");
     cmd->add_option("--max-body-bytes", req->max_body_bytes,

@@ -51,6 +51,19 @@ Result<DecodeGemv> decode_gemv_parse(std::string_view text, std::string_view fla
     return invalid_argument_error("{} must be auto, on or off, got '{}'", flag, text);
 }
 
+static_assert(uint8_t(PeerReduce::kOff) == uint8_t(DecodeGemv::kOff) &&
+              uint8_t(PeerReduce::kOn) == uint8_t(DecodeGemv::kOn) &&
+              uint8_t(PeerReduce::kAuto) == uint8_t(DecodeGemv::kAuto));
+
+std::string_view peer_reduce_name(PeerReduce mode) {
+    return decode_gemv_name(DecodeGemv(mode));  // the same three words in the same order
+}
+
+Result<PeerReduce> peer_reduce_parse(std::string_view text, std::string_view flag) {
+    LATHE_ASSIGN_OR_RETURN(const DecodeGemv m, decode_gemv_parse(text, flag));
+    return PeerReduce(m);
+}
+
 Result<InferenceEngine> InferenceEngine::create(const Model& model, const EngineLimits& limits,
                                                 Communicator* tensor_parallel) {
     const ModelConfig& c = model.config();
@@ -178,6 +191,24 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
         e.copy(e.scratch_.view(e.ix_.rope_cos), cos.view());
         e.copy(e.scratch_.view(e.ix_.rope_sin), sin.view());
         model.synchronize();
+    }
+    const bool peer = lim.peer_reduce == PeerReduce::kOn ||
+                      (lim.peer_reduce == PeerReduce::kAuto && e.tp_ != nullptr &&
+                       e.tp_->size() >= kPeerReduceAutoRanks);
+    if (e.tp_ != nullptr && cuda && peer) {
+        // The largest reduce it takes: a decode step's S rows, capped where reading every peer's
+        // whole buffer stops beating NCCL's ring (PeerReduce).
+        const int64_t bytes =
+            std::min<int64_t>(S * C * int64_t(dtype_size(e.act_)), kPeerReduceMaxBytes) / 16 * 16;
+        std::string why_not = "rows too narrow";
+        if (bytes >= 16) {
+            LATHE_ASSIGN_OR_RETURN(e.peer_,
+                                   PeerAllReduce::open(*e.tp_, bytes, e.ctx_.stream, &why_not));
+        }
+        if (e.peer_ == nullptr) {
+            log_info("inference: tensor-parallel reduces through {} only (peer all-reduce: {})",
+                     e.tp_->backend(), why_not);
+        }
     }
     return e;
 }
@@ -321,6 +352,10 @@ Status InferenceEngine::reduce(TensorView partial) {
     // Inside an invalidated CUDA-graph capture nothing runs, and NCCL would fail on the stream:
     // skipped, as the checked CUDA calls are (the capture is then refused, and the step rerun).
     if (ctx_.backend == Backend::kCuda && CudaGraph::capture_invalidated()) return ok_status();
+    if (peer_ != nullptr && peer_->fits(partial)) {
+        peer_->sum(partial, ctx_.stream);
+        return ok_status();
+    }
     return tp_->all_reduce(partial, partial, ReduceOp::kSum, ctx_.stream);
 }
 

@@ -31,6 +31,10 @@
 // partial outputs of the attention output projection and of the MLP down projection over the
 // ranks (all_reduce, on the engine's stream on CUDA) before each residual add: one unfused
 // projection, the reduce, then the residual (or the residual norm) in place of the fused op.
+// On CUDA with limits.peer_reduce (PeerReduce below), a reduce of at most max_sequences rows (a
+// decode step, a short prefill) goes through dist/peer_all_reduce.h (one kernel reading the peers'
+// GPU memory, one rounding of the rank-order sum) where every rank reaches its peers; larger
+// ones, and every reduce where they do not (one info line says why), through the communicator.
 // The KV cache holds the rank's Hkv/T heads. Every rank must make the same calls with the same
 // tokens: either every rank runs the same driver and takes rank 0's sampled tokens
 // (agree_tokens; generate()), or rank 0 alone drives the engine after lead() and the other ranks
@@ -63,6 +67,7 @@
 // Not thread-safe; one engine per model and stream.
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -70,6 +75,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "dist/communicator.h"
+#include "dist/peer_all_reduce.h"
 #include "infer/kv_cache.h"
 #include "infer/paged_kv_cache.h"
 #include "model/block.h"
@@ -97,6 +103,23 @@ std::string_view decode_gemv_name(DecodeGemv mode);
 // The mode named `text` ("auto", "on", "off"). Errors: any other text, naming `flag`.
 Result<DecodeGemv> decode_gemv_parse(std::string_view text, std::string_view flag);
 
+// How a CUDA tensor-parallel engine sums its ranks' partial outputs (EngineLimits::peer_reduce):
+//   kOff   NCCL's all_reduce, always
+//   kOn    PeerAllReduce (dist/peer_all_reduce.h) for reduces of at most max_sequences rows and
+//          kPeerReduceMaxBytes, where every rank reaches its peers; NCCL for the others
+//   kAuto  kOn with 4 ranks or more, kOff below: measured on four H100s of one NVLink host
+//          (bench/all_reduce_bench.cu, docs/PERF.md), the one-shot sum takes 0.87-0.92x NCCL's
+//          time per call from 16 to 128 KB over 4 GPUs, 1.22-1.54x from 256 KB to 1 MB, and
+//          1.04-1.19x at every size over 2
+enum class PeerReduce : uint8_t { kOff, kOn, kAuto };
+inline constexpr int kPeerReduceAutoRanks = 4;
+inline constexpr int64_t kPeerReduceMaxBytes = int64_t(128) << 10;
+
+// "off", "on", "auto".
+std::string_view peer_reduce_name(PeerReduce mode);
+// The mode named `text` ("auto", "on", "off"). Errors: any other text, naming `flag`.
+Result<PeerReduce> peer_reduce_parse(std::string_view text, std::string_view flag);
+
 struct EngineLimits {
     int64_t max_sequences = 1;    // S: sequences open at once (KV cache rows)
     int64_t max_len = 0;          // Tmax: tokens per sequence; 0 = max_position_embeddings
@@ -111,6 +134,8 @@ struct EngineLimits {
     bool cuda_graphs = false;
     // The GEMM of a forward of few rows (DecodeGemv above).
     DecodeGemv decode_gemv = DecodeGemv::kAuto;
+    // CUDA tensor parallel: small reduces through PeerAllReduce (PeerReduce above).
+    PeerReduce peer_reduce = PeerReduce::kOff;
 };
 
 // One sequence's next token in a decode step.
@@ -167,6 +192,9 @@ public:
     // Ranks of the tensor-parallel group (1 without one) and this one's rank.
     int tensor_parallel() const { return tp_ ? tp_->size() : 1; }
     int tensor_parallel_rank() const { return tp_ ? tp_->rank() : 0; }
+    // Whether small tensor-parallel reduces go through PeerAllReduce (limits.peer_reduce, and
+    // every rank reached its peers).
+    bool peer_all_reduce() const { return peer_ != nullptr; }
     // Tensor parallel: overwrites `tokens` with rank 0's (every rank calls it with as many), so
     // that every rank feeds the engine what rank 0 sampled. No-op otherwise. Errors: the
     // communicator's.
@@ -277,9 +305,10 @@ private:
     void set_length(SeqId seq, int64_t length);
 
     const Model* model_ = nullptr;
-    Communicator* tp_ = nullptr;  // null or size 1: one process
-    bool leading_ = false;        // rank 0 after lead()
-    Status lead_error_;           // a send of close() that failed, returned by the next call
+    Communicator* tp_ = nullptr;           // null or size 1: one process
+    std::unique_ptr<PeerAllReduce> peer_;  // CUDA tensor parallel, limits.peer_reduce
+    bool leading_ = false;                 // rank 0 after lead()
+    Status lead_error_;  // a send of close() that failed, returned by the next call
     std::vector<int64_t> message_;
     EngineLimits limits_;
     Context ctx_;

@@ -9,7 +9,8 @@
 // (u = 2^-8 relative), within kSlack (L + 1) u max|z| (kSlack 4, measured there). Tensor parallel
 // adds two bf16 roundings per projection that writes into the residual stream: each rank's
 // partial Wo / down output is rounded to bf16 before the reduce, and NCCL's bf16 sum of the two
-// partials rounds once more (communicator.h: one rounding per addition; log2(2) = 1). So per
+// partials rounds once more (communicator.h: one rounding per addition; log2(2) = 1; the graph
+// tests' PeerAllReduce rounds its f32 sum of the two once, dist/peer_all_reduce.h). So per
 // block at most kSlack + 2 roundings of the block's output scale:
 //   |z2_v - z_v| <= eps = (kSlack + 2) (L + 1) u max|z|.
 // Greedy outputs must equal the CPU's up to the first step whose CPU top-2 gap is below 2 eps (a
@@ -263,6 +264,11 @@ void graphs_against_cpu(const std::string& family, bool refuse) {
     ASSERT_TRUE(id.ok()) << id.status().to_string();
     std::vector<Trace> got(kWorld);
     std::vector<int64_t> graphs(kWorld, -1);
+    // The decode steps' reduces through PeerAllReduce where the two GPUs reach each other.
+    std::vector<int> peer(kWorld, -1);
+    int can01 = 0, can10 = 0;
+    LATHE_CUDA_CHECK(cudaDeviceCanAccessPeer(&can01, 0, 1));
+    LATHE_CUDA_CHECK(cudaDeviceCanAccessPeer(&can10, 1, 0));
     std::vector<std::thread> ranks;
     for (int r = 0; r < kWorld; ++r) {
         ranks.emplace_back([&, r] {
@@ -275,8 +281,10 @@ void graphs_against_cpu(const std::string& family, bool refuse) {
             EngineLimits lim = limits();
             lim.kv_block_size = 4;
             lim.cuda_graphs = true;
+            lim.peer_reduce = PeerReduce::kOn;
             Result<InferenceEngine> e = InferenceEngine::create(*m, lim, comm->get());
             LATHE_CHECK(e.ok(), "rank {}: {}", r, e.status().to_string());
+            peer[size_t(r)] = e->peer_all_reduce() ? 1 : 0;
             if (refuse && r == 1) e->testing_fail_next_graph_capture();
             got[size_t(r)] = trace(*e, f);
             graphs[size_t(r)] = e->decode_graphs();
@@ -288,6 +296,7 @@ void graphs_against_cpu(const std::string& family, bool refuse) {
     const int64_t V = f.config.vocab_size;
     for (int r = 0; r < kWorld; ++r) {
         EXPECT_EQ(graphs[size_t(r)], refuse ? 1 : 2) << family << " rank " << r;
+        EXPECT_EQ(peer[size_t(r)], can01 != 0 && can10 != 0 ? 1 : 0) << family << " rank " << r;
         const Trace& g = got[size_t(r)];
         for (int64_t i = 0; i < kNew; ++i) {
             const std::vector<float>& z = want.greedy[size_t(i)];

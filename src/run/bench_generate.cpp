@@ -193,6 +193,9 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
             longest, req.model, positions, positions);
     const int64_t decode_len =
         req.prompt_len + req.decode_warmup + req.decode_steps + req.kernel_breakdown_steps;
+    if (req.max_len < 0 || req.max_len > positions)
+        return invalid_argument_error("--max-len {}: give 0 .. {}'s max_position_embeddings {}",
+                                      req.max_len, req.model, positions);
     if (!req.decode_batches.empty() && decode_len > positions)
         return invalid_argument_error(
             "--prompt-len {} + {} warm-up + --decode-steps {} + --kernel-breakdown {} = {} "
@@ -284,11 +287,12 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     prefill_limits.prefill_chunk = std::min(chunk, prefill_limits.max_len);
     EngineLimits decode_limits;
     decode_limits.max_sequences = std::max<int64_t>(largest_batch, 1);
-    decode_limits.max_len = decode_len;
+    decode_limits.max_len = std::max(decode_len, req.max_len);
     decode_limits.prefill_chunk = std::min(chunk, req.prompt_len);
     decode_limits.kv_block_size = req.kv_block_size;
     decode_limits.cuda_graphs = req.cuda_graphs;
     decode_limits.decode_gemv = req.decode_gemv;
+    prefill_limits.peer_reduce = decode_limits.peer_reduce = req.peer_reduce;
     const size_t act = size_t(elem);
     const size_t engine_need =
         std::max(req.prefill.empty() ? 0 : engine_bytes(local, prefill_limits, act),
@@ -354,6 +358,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
 
     j["prompt_len"] = req.prompt_len;
     j["kv_block_size"] = req.kv_block_size;
+    j["max_len"] = std::max(decode_len, req.max_len);
     j["cuda_graphs"] = on_cuda && req.kv_block_size > 0 && req.cuda_graphs;
     j["decode_gemv"] = decode_gemv_name(req.decode_gemv);
     j["decode_steps"] = req.decode_steps;
@@ -364,6 +369,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     if (!req.decode_batches.empty()) {
         LATHE_ASSIGN_OR_RETURN(InferenceEngine engine,
                                InferenceEngine::create(model, decode_limits, comm));
+        j["peer_reduce"] = engine.peer_all_reduce();
         logits.assign(size_t(decode_limits.max_sequences * V), 0.0f);
         for (const int64_t B : req.decode_batches) {
             std::vector<SeqId> seqs;

@@ -16,7 +16,8 @@
 //             steps of one token per sequence (random next tokens, so no sampling is timed), each
 //             timed until its logits are on the host; the median step reported. One engine of
 //             max_sequences = the largest B and max_len = prompt_len + decode_warmup +
-//             decode_steps + kernel_breakdown_steps serves every batch.
+//             decode_steps + kernel_breakdown_steps (or max_len when larger: the engine of a
+//             server whose context is longer than the sequences in it) serves every batch.
 //   kernels   with kernel_breakdown_steps N > 0 (CUDA): after a batch's timed steps, N more
 //             decode steps of that batch under CUPTI; the batch's row adds "kernels", the
 //             fields of run/bench.h's kernel breakdown per decode step (span, busy, gaps: the
@@ -77,10 +78,11 @@ struct GenerateBenchRequest {
     std::vector<int64_t> prefill{4096, 32768};       // prefill lengths T (may be empty)
     std::vector<int64_t> decode_batches{1, 16, 64};  // decode batches B (may be empty)
     int64_t prompt_len = 1024;                       // tokens each decode sequence starts with
-    int64_t decode_steps = 64;                       // timed decode steps per batch
-    int64_t decode_warmup = 4;                       // untimed decode steps before them
-    int64_t prefill_repeats = 3;                     // timed prefills per length
-    int64_t prefill_chunk = 0;  // tokens per prefill forward; 0 = min(4096, longest prefill)
+    int64_t max_len = 0;  // the decode engine's max_len when above what the steps need (above)
+    int64_t decode_steps = 64;    // timed decode steps per batch
+    int64_t decode_warmup = 4;    // untimed decode steps before them
+    int64_t prefill_repeats = 3;  // timed prefills per length
+    int64_t prefill_chunk = 0;    // tokens per prefill forward; 0 = min(4096, longest prefill)
     // The decode engine's KV cache: 0 = rows of max_len, > 0 = paged in blocks of this many
     // positions (infer/paged_kv_cache.h); cuda_graphs replays the paged CUDA decode step from CUDA
     // graphs (infer/engine.h; no effect with rows or on the CPU).
@@ -88,6 +90,9 @@ struct GenerateBenchRequest {
     bool cuda_graphs = true;
     // The decode engine's GEMM for few rows (infer/engine.h, DecodeGemv; --decode-gemv).
     DecodeGemv decode_gemv = DecodeGemv::kOff;
+    // Tensor parallel on CUDA: small sums through PeerAllReduce (infer/engine.h, PeerReduce); the
+    // line's peer_reduce says whether the decode engine used it.
+    PeerReduce peer_reduce = PeerReduce::kAuto;
     int64_t kernel_breakdown_steps = 0;   // profiled decode steps per batch (kernels above)
     size_t copy_bytes = size_t(1) << 30;  // the bandwidth copy's size (CUDA)
     BenchDevice device = BenchDevice::kAuto;
