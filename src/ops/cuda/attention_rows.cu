@@ -130,8 +130,10 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 
 // The decode step (with lengths): split-K ("flash-decoding"). Block (s, g, b) takes row b's kv head
 // g, ALL the query heads h of its group (h / G == g, G = H / Hkv) and the keys
-// [lo + s C, min(lo + (s + 1) C, p + 1)) of that row (C the chunk, a multiple of kTile; split s
-// exists for the row when s < n_b = ceil((p - lo + 1) / C)). Each K and V element it reads serves
+// [lo + s C_b, min(lo + (s + 1) C_b, p + 1)) of that row (C_b = decode_row_chunk of the row's
+// p - lo + 1 keys and the grid's S splits, a multiple of kTile: the row's keys spread over the
+// grid, however short the row against the cache's Tk; split s exists for the row when s < n_b =
+// ceil((p - lo + 1) / C_b) <= S). Each K and V element it reads serves
 // all G heads. It walks its keys in tiles of kTile rows: the tile's K and V rows are loaded into
 // shared memory with 16-byte loads, the G x kTile scores are computed from shared memory (each
 // K row read from shared memory once for all G heads, and each V row once per kHeadChunk heads,
@@ -145,6 +147,16 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
 // Every split sees at least one key, so each m_s is finite.
 constexpr int kTile = kDecodeTile;  // keys per shared-memory tile
 constexpr int kLoadBatch = 8;       // 16-byte loads of K (and of V) a thread issues before storing
+constexpr int64_t kMinChunk = 2 * kTile;  // the fewest keys of a split (a short row's one split)
+
+// The keys of each of a row's splits (C_b above): its `span` keys over the grid's `splits`,
+// rounded up to whole tiles, at least kMinChunk. A function of (span, splits) alone: the split
+// and combine kernels agree, and a row's result depends on its length and the grid only.
+__host__ __device__ inline int64_t decode_row_chunk(int64_t span, int splits) {
+    const int64_t per = (span + splits - 1) / splits;
+    const int64_t tiles = (per + kTile - 1) / kTile * kTile;
+    return tiles > kMinChunk ? tiles : kMinChunk;
+}
 constexpr int kKPad = kDecodeKPad;
 constexpr int kHeadChunk = kDecodeHeadChunk;
 static_assert(2 * kTile == kDecodeThreads, "the scores take one thread per (half, key)");
@@ -172,7 +184,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
                         const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
                         const int32_t* __restrict__ lengths, const int32_t* __restrict__ tables,
                         int64_t table_width, int block_size, int64_t Tk, int H, int Hkv, int D,
-                        int64_t window, float scale, int64_t chunk, int splits) {
+                        int64_t window, float scale, int splits) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int s = int(blockIdx.x), g = int(blockIdx.y);
     const int64_t b = blockIdx.z;
@@ -201,6 +213,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
     const int64_t p = len - 1;
     const int64_t lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    const int64_t chunk = decode_row_chunk(p - lo + 1, splits);
     const int64_t n_splits = (p - lo + chunk) / chunk;  // ceil((p - lo + 1) / chunk)
     if (s >= n_splits) return;
     const int64_t k0 = lo + int64_t(s) * chunk;
@@ -392,7 +405,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     decode_combine_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ lse,
                           const float* __restrict__ ws_m, const float* __restrict__ ws_l,
                           const float* __restrict__ ws_acc, const int32_t* __restrict__ lengths,
-                          int64_t Tk, int H, int D, int64_t window, int64_t chunk, int splits) {
+                          int64_t Tk, int H, int D, int64_t window, int splits) {
     __shared__ float weight[kMaxSplits];
     const int64_t bh = blockIdx.x, b = bh / H;
     const int tid = int(threadIdx.x);
@@ -400,35 +413,53 @@ __global__ void __launch_bounds__(kDecodeThreads)
     if (len < 1 || len > Tk) return;
     const int64_t p = len - 1;
     const int64_t lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    const int64_t chunk = decode_row_chunk(p - lo + 1, splits);
     const int n = int((p - lo + chunk) / chunk);
     if (n == 1) return;
     const float* m = ws_m + bh * splits;
     const float* l = ws_l + bh * splits;
-    float M = -INFINITY;
-    for (int s = 0; s < n; ++s) M = fmaxf(M, m[s]);
-    for (int s = tid; s < n; s += kDecodeThreads) weight[s] = expf(m[s] - M);
+    // The splits' m and l through shared memory first (one load each, all in flight), then every
+    // thread reduces them in split order: the same value on every thread.
+    __shared__ float m_s[kMaxSplits], l_s[kMaxSplits];
+    for (int s = tid; s < n; s += kDecodeThreads) {
+        m_s[s] = m[s];
+        l_s[s] = l[s];
+    }
     __syncthreads();
-    float total = 0.0f;  // every thread sums in the same order: the same value
-    for (int s = 0; s < n; ++s) total += l[s] * weight[s];
+    float M = -INFINITY;
+    for (int s = 0; s < n; ++s) M = fmaxf(M, m_s[s]);
+    for (int s = tid; s < n; s += kDecodeThreads) weight[s] = expf(m_s[s] - M);
+    __syncthreads();
+    float total = 0.0f;
+    for (int s = 0; s < n; ++s) total += l_s[s] * weight[s];
     const float* acc = ws_acc + bh * splits * D;
+    constexpr int kBatch =
+        8;  // acc loads in flight per thread; the sum's order stays s = 0, 1, ...
     for (int d = tid; d < D; d += kDecodeThreads) {
         float sum = 0.0f;
-        for (int s = 0; s < n; ++s) sum += acc[int64_t(s) * D + d] * weight[s];
+        int s = 0;
+        for (; s + kBatch <= n; s += kBatch) {
+            float a[kBatch];
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) a[u] = acc[int64_t(s + u) * D + d];
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) sum += a[u] * weight[s + u];
+        }
+        for (; s < n; ++s) sum += acc[int64_t(s) * D + d] * weight[s];
         out[bh * D + d] = __float2bfloat16(sum / total);
     }
     if (tid == 0) lse[bh] = M + logf(total);
 }
 
-// The decode path's launch plan for one call: the key chunk C of a split and the splits S of the
-// longest row. S fills the GPU: about kBlocksPerSm blocks per SM over the B x Hkv x S blocks, at
-// least kMinChunk keys a split, at most kMaxSplits, and the workspace (B x H x S x (D + 2) f32)
-// within the state's scratch. It depends on (B, Hkv, H, D, Tk, window) and the device's SM count
-// only, and a row's splits on its length: the same inputs give the same bits.
+// The decode path's launch plan for one call: the grid's splits S. S fills the GPU: about
+// kBlocksPerSm blocks per SM over the B x Hkv x S blocks, at least kMinChunk keys a split of the
+// longest row the cache holds (Tk, or the window), at most kMaxSplits, and the workspace (B x H x S
+// x (D + 2) f32) within the state's scratch. It depends on (B, Hkv, H, D, Tk, window) and the
+// device's SM count only, and a row's chunk on its length and S (decode_row_chunk): the same
+// inputs give the same bits.
 constexpr int kBlocksPerSm = 4;
-constexpr int64_t kMinChunk = 2 * kTile;
 
 struct DecodePlan {
-    int64_t chunk = 0;
     int splits = 1;
     size_t workspace_bytes = 0;  // 0 when splits == 1
 };
@@ -441,9 +472,9 @@ DecodePlan decode_plan(const AttentionRowsShape& s, int sms) {
     const int64_t fit = int64_t(CudaState::kScratchBytes / per_split);
     const int64_t splits = std::max<int64_t>(1, std::min({want, most, int64_t(kMaxSplits), fit}));
     DecodePlan plan;
-    const int64_t per = (span + splits - 1) / splits;
-    plan.chunk = (per + kTile - 1) / kTile * kTile;
-    plan.splits = int((span + plan.chunk - 1) / plan.chunk);
+    // The splits the longest row uses (decode_row_chunk rounds chunks up: maybe fewer than asked).
+    const int64_t chunk = decode_row_chunk(span, int(splits));
+    plan.splits = int((span + chunk - 1) / chunk);
     plan.workspace_bytes = plan.splits > 1 ? size_t(plan.splits) * per_split : 0;
     return plan;
 }
@@ -492,12 +523,11 @@ void decode_split(bf16* out, float* lse, const bf16* q, const bf16* k, const bf1
         o, lse, ws_m, ws_l, ws_acc, reinterpret_cast<const __nv_bfloat16*>(q),
         reinterpret_cast<const __nv_bfloat16*>(k), reinterpret_cast<const __nv_bfloat16*>(v),
         lengths, tables, table_width, int(block_size), s.Tk, int(s.H), int(s.Hkv), int(s.D),
-        s.window, s.scale, plan.chunk, plan.splits);
+        s.window, s.scale, plan.splits);
     LATHE_CUDA_CHECK_LAUNCH();
     if (plan.splits == 1) return;
     decode_combine_kernel<<<unsigned(s.B * s.H), kDecodeThreads, 0, stream>>>(
-        o, lse, ws_m, ws_l, ws_acc, lengths, s.Tk, int(s.H), int(s.D), s.window, plan.chunk,
-        plan.splits);
+        o, lse, ws_m, ws_l, ws_acc, lengths, s.Tk, int(s.H), int(s.D), s.window, plan.splits);
     LATHE_CUDA_CHECK_LAUNCH();
 }
 
