@@ -522,9 +522,18 @@ part_curve() {
     done
 }
 
-# GPUs the driver lists (0 when nvidia-smi is missing or fails).
+# GPUs the driver lists (0 when nvidia-smi is missing or fails), cut to CUDA_VISIBLE_DEVICES's
+# entries where that is set (nvidia-smi ignores it; the tests' processes do not).
 gpu_count() {
-    nvidia-smi -L 2>/dev/null | grep -c '^GPU '
+    local n
+    n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+    if [[ -n ${CUDA_VISIBLE_DEVICES+set} ]]; then
+        local v=${CUDA_VISIBLE_DEVICES//[[:space:]]/} m=0 d
+        local IFS=,
+        for d in $v; do [[ -n $d ]] && m=$((m + 1)); done
+        ((m < n)) && n=$m
+    fi
+    echo "$n"
 }
 
 # The scaling part's runs by model: lathe bench's arguments, its ZeRO stages, the PyTorch

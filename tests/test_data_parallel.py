@@ -778,10 +778,16 @@ def test_a_rank_that_stops_answering_stops_the_run_within_the_timeout(corpus, tm
 # ---- GPUs: `lathe launch --gpus 2` ------------------------------------------------------------
 
 def gpu_count():
+    """The GPUs this process's children see: nvidia-smi -L's list, cut to CUDA_VISIBLE_DEVICES
+    where that is set (nvidia-smi ignores it; lathe's ranks do not)."""
     if shutil.which("nvidia-smi") is None:
         return 0
     p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return sum(l.startswith("GPU ") for l in p.stdout.splitlines()) if p.returncode == 0 else 0
+    n = sum(l.startswith("GPU ") for l in p.stdout.splitlines()) if p.returncode == 0 else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        n = min(n, len([d for d in visible.split(",") if d.strip()]))
+    return n
 
 
 @pytest.fixture(scope="module")
