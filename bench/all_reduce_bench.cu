@@ -126,11 +126,11 @@ int main(int argc, char** argv) {
     for (int r = 0; r < world; ++r)
         ranks.emplace_back(run_rank, r, world, std::cref(*id), std::cref(sizes), &rows);
     for (std::thread& t : ranks) t.join();
-    std::printf("| GPUs | bytes | NCCL us/call | peer us/call | NCCL / peer |\n|---|---|---|---|---|\n");
+    std::printf(
+        "| GPUs | bytes | NCCL us/call | peer us/call | NCCL / peer |\n|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizes.size(); ++i) {
-        std::printf("| %d | %lld | %.1f | %.1f | %.2f |\n", world,
-                    static_cast<long long>(sizes[i]), rows[i].first, rows[i].second,
-                    rows[i].first / rows[i].second);
+        std::printf("| %d | %lld | %.1f | %.1f | %.2f |\n", world, static_cast<long long>(sizes[i]),
+                    rows[i].first, rows[i].second, rows[i].first / rows[i].second);
     }
     return 0;
 }

@@ -42,33 +42,35 @@ void cli_add_align_apply(CLI::App& align, CommandAction& action);
 void cli_add_align_eval(CLI::App& align, CommandAction& action);
 void cli_add_align_run(CLI::App& align, CommandAction& action);
 
+// An option of the words auto, on and off: `flag` on `cmd`, into `value`, its default shown.
+inline CLI::Option* cli_add_auto_on_off(CLI::App* cmd, const std::string& flag, std::string& value,
+                                        const std::string& help) {
+    return cmd->add_option(flag, value, help)
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "on", "off"}));
+}
+
 // --decode-gemv auto|on|off (infer/engine.h, DecodeGemv) on `cmd`, into `value`, which the action
 // reads with decode_gemv_parse; `prefix` starts its help ("--generate: " in bench).
 inline CLI::Option* cli_add_decode_gemv(CLI::App* cmd, std::string& value,
                                         const std::string& prefix = "") {
-    return cmd
-        ->add_option("--decode-gemv", value,
-                     prefix +
-                         "The GEMM of decode steps of few sequences: off = cuBLASLt; on = "
-                         "lathe's skinny GEMM (ops/cuda/gemv.h) up to 16 rows; auto = it up to 2 "
-                         "rows (CUDA)")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"auto", "on", "off"}));
+    return cli_add_auto_on_off(cmd, "--decode-gemv", value,
+                               prefix +
+                                   "The GEMM of decode steps of few sequences: off = cuBLASLt; on "
+                                   "= lathe's skinny GEMM (ops/cuda/gemv.h) up to 16 rows; auto "
+                                   "= it up to 2 rows (CUDA)");
 }
 
 // --peer-reduce auto|on|off (infer/engine.h, PeerReduce) on `cmd`, into `value`, which the action
 // reads with peer_reduce_parse; `prefix` starts its help.
 inline CLI::Option* cli_add_peer_reduce(CLI::App* cmd, std::string& value,
                                         const std::string& prefix = "") {
-    return cmd
-        ->add_option("--peer-reduce", value,
-                     prefix +
-                         "Tensor parallel on GPUs: on = the sums of decode steps and short "
-                         "prefills (up to 128 KB) read the peer GPUs' memory in one kernel "
-                         "(dist/peer_all_reduce.h) where every GPU reaches the others; off = "
-                         "NCCL only; auto = on with 4 GPUs or more")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"auto", "on", "off"}));
+    return cli_add_auto_on_off(cmd, "--peer-reduce", value,
+                               prefix +
+                                   "Tensor parallel on GPUs: on = the sums of decode steps and "
+                                   "short prefills (up to 128 KB) read the peer GPUs' memory in "
+                                   "one kernel (dist/peer_all_reduce.h) where every GPU reaches "
+                                   "the others; off = NCCL only; auto = on with 4 GPUs or more");
 }
 
 }  // namespace lathe

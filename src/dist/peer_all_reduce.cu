@@ -57,8 +57,8 @@ __device__ __forceinline__ void add_bf16x8(float acc[8], uint4 v) {
 }
 
 __global__ void __launch_bounds__(PeerAllReduce::kThreads)
-    peer_sum_kernel(PeerBases peers, uint4* buf, int64_t nvec, int rank, int world,
-                    uint32_t* calls, int64_t slot_bytes, uint64_t wait_ns) {
+    peer_sum_kernel(PeerBases peers, uint4* buf, int64_t nvec, int rank, int world, uint32_t* calls,
+                    int64_t slot_bytes, uint64_t wait_ns) {
     __shared__ uint32_t call_shared;
     const int b = int(blockIdx.x);
     if (threadIdx.x == 0) call_shared = calls[b] + 1;
@@ -76,9 +76,8 @@ __global__ void __launch_bounds__(PeerAllReduce::kThreads)
         // The block's copies (ordered before this thread by the barrier) reach system scope
         // before the flag does.
         __threadfence_system();
-        store_release_sys(reinterpret_cast<uint32_t*>(peers.base[r]) +
-                              b * PeerAllReduce::kMaxRanks + rank,
-                          k);
+        store_release_sys(
+            reinterpret_cast<uint32_t*>(peers.base[r]) + b * PeerAllReduce::kMaxRanks + rank, k);
         const uint32_t* flag =
             reinterpret_cast<const uint32_t*>(peers.base[rank]) + b * PeerAllReduce::kMaxRanks + r;
         const uint64_t start = global_ns();
@@ -153,7 +152,8 @@ Result<std::unique_ptr<PeerAllReduce>> PeerAllReduce::open(Communicator& comm, i
     const int64_t bytes = kFlagBytes + 2 * slot_bytes_for(max_bytes);
     LATHE_RETURN_IF_ERROR(cuda_status(cudaMalloc(&p->own_, size_t(bytes)), "cudaMalloc"));
     void* calls = nullptr;
-    LATHE_RETURN_IF_ERROR(cuda_status(cudaMalloc(&calls, kBlocks * sizeof(uint32_t)), "cudaMalloc"));
+    LATHE_RETURN_IF_ERROR(
+        cuda_status(cudaMalloc(&calls, kBlocks * sizeof(uint32_t)), "cudaMalloc"));
     p->calls_ = static_cast<uint32_t*>(calls);
     LATHE_RETURN_IF_ERROR(cuda_status(cudaMemset(p->own_, 0, size_t(bytes)), "cudaMemset"));
     LATHE_RETURN_IF_ERROR(
@@ -202,9 +202,10 @@ Result<std::unique_ptr<PeerAllReduce>> PeerAllReduce::open(Communicator& comm, i
         if (cudaDeviceGetByPCIBusId(&peer_device, c.bus_id) != cudaSuccess ||
             cudaDeviceCanAccessPeer(&can, p->device_, peer_device) != cudaSuccess || can == 0) {
             (void)cudaGetLastError();
-            reason = fmt::format("rank {}'s GPU (PCI {}) is not visible here or not reachable "
-                                 "peer to peer",
-                                 r, c.bus_id);
+            reason = fmt::format(
+                "rank {}'s GPU (PCI {}) is not visible here or not reachable "
+                "peer to peer",
+                r, c.bus_id);
             break;
         }
         void* opened = nullptr;
@@ -234,23 +235,24 @@ Result<std::unique_ptr<PeerAllReduce>> PeerAllReduce::open(Communicator& comm, i
     std::string wrong;
     Status status = ok_status();
     for (int pass = 0; pass < 2 && status.ok() && wrong.empty(); ++pass) {
-        for (int64_t i = 0; i < n; ++i) host[size_t(i)] = float_to_bf16(check_value(pass, p->rank_, i));
-        status = cuda_status(cudaMemcpyAsync(dev, host.data(), size_t(max_bytes),
-                                             cudaMemcpyHostToDevice, stream),
-                             "copy in");
+        for (int64_t i = 0; i < n; ++i)
+            host[size_t(i)] = float_to_bf16(check_value(pass, p->rank_, i));
+        status = cuda_status(
+            cudaMemcpyAsync(dev, host.data(), size_t(max_bytes), cudaMemcpyHostToDevice, stream),
+            "copy in");
         if (!status.ok()) break;
         p->sum(TensorView(dev, DType::kBF16, {n}, Device::kCuda), stream);
-        status = cuda_status(cudaMemcpyAsync(got.data(), dev, size_t(max_bytes),
-                                             cudaMemcpyDeviceToHost, stream),
-                             "copy out");
+        status = cuda_status(
+            cudaMemcpyAsync(got.data(), dev, size_t(max_bytes), cudaMemcpyDeviceToHost, stream),
+            "copy out");
         if (status.ok()) status = cuda_status(cudaStreamSynchronize(stream), "self-check");
         for (int64_t i = 0; i < n && status.ok(); ++i) {
             float want = 0;
             for (int r = 0; r < p->size_; ++r) want += check_value(pass, r, i);
             const float g = bf16_to_float(got[size_t(i)]);
             if (g != want) {
-                wrong = fmt::format("element {} of call {} is {}, the exact sum {}", i, pass + 1,
-                                    g, want);
+                wrong = fmt::format("element {} of call {} is {}, the exact sum {}", i, pass + 1, g,
+                                    want);
                 break;
             }
         }
