@@ -177,9 +177,10 @@ def main(argv):
     head = V * C
     body = flop_params - head
     kv_per_position = 2 * L * Hkv * D * elem
-    # One process on one device: lathe bench --generate's tensor_parallel 1.
+    # One process on one device: lathe bench --generate's tensor_parallel 1; max_len is the
+    # StaticCache's length, as lathe's is its decode engine's.
     out.update(params=params, flop_params=flop_params, seed=a.seed, peak_flops=peak,
-               tensor_parallel=1, copy_bytes=a.copy_bytes if on_cuda else None,
+               tensor_parallel=1, max_len=decode_len, copy_bytes=a.copy_bytes if on_cuda else None,
                copy_bandwidth=bandwidth)
 
     forward_params = inspect.signature(model.forward).parameters

@@ -70,15 +70,15 @@ def test_keys_are_those_of_lathe_bench_generate(smoke):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     lathe = json.loads(p.stdout.strip().splitlines()[-1])
-    # decode_mode/compile_error are the baseline's, kv_block_size/cuda_graphs/decode_gemv lathe's
-    # engine options.
+    # decode_mode/compile_error are the baseline's, kv_block_size/cuda_graphs/decode_gemv/
+    # peer_reduce lathe's engine options.
     assert set(smoke) - {"decode_mode", "compile_error"} == set(lathe) - {
-        "kv_block_size", "cuda_graphs", "decode_gemv"}
+        "kv_block_size", "cuda_graphs", "decode_gemv", "peer_reduce"}
     assert set(smoke["prefill"][0]) == set(lathe["prefill"][0])
     assert set(smoke["decode"][0]) - {"decode_mode"} == set(lathe["decode"][0])
     assert all(row["decode_mode"] == smoke["decode_mode"] for row in smoke["decode"])
     # The shared definitions give the same model-derived numbers.
-    for key in ("params", "flop_params", "weight_bytes", "kv_bytes_per_position"):
+    for key in ("params", "flop_params", "weight_bytes", "kv_bytes_per_position", "max_len"):
         assert smoke[key] == lathe[key], key
     for mine, theirs in zip(smoke["prefill"], lathe["prefill"]):
         assert mine["flops"] == theirs["flops"]
