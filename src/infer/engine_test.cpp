@@ -141,6 +141,30 @@ TEST(Engine, BadInputComesBackAsErrors) {
     EXPECT_FALSE(InferenceEngine::create(L.model, too_long).ok());
 }
 
+// --peer-reduce's names round-trip (the words of --decode-gemv); any other text is an error naming
+// the flag. The CPU engine has no GPU sums to route: every mode opens and reports none.
+TEST(Engine, PeerReduceModes) {
+    for (PeerReduce m : {PeerReduce::kOff, PeerReduce::kOn, PeerReduce::kAuto}) {
+        const Result<PeerReduce> back = peer_reduce_parse(peer_reduce_name(m), "--peer-reduce");
+        ASSERT_TRUE(back.ok());
+        EXPECT_EQ(*back, m);
+    }
+    EXPECT_EQ(peer_reduce_name(PeerReduce::kAuto), "auto");
+    const Result<PeerReduce> bad = peer_reduce_parse("nvlink", "--peer-reduce");
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("--peer-reduce must be auto, on or off, got 'nvlink'"),
+              std::string::npos)
+        << bad.status().to_string();
+    engine_test::Loaded L = engine_test::load("llama");
+    for (PeerReduce m : {PeerReduce::kOff, PeerReduce::kOn, PeerReduce::kAuto}) {
+        EngineLimits lim;
+        lim.peer_reduce = m;
+        Result<InferenceEngine> e = InferenceEngine::create(L.model, lim);
+        ASSERT_TRUE(e.ok()) << e.status().to_string();
+        EXPECT_FALSE(e->peer_all_reduce());
+    }
+}
+
 // --decode-gemv's names round-trip; any other text is an error naming the flag. The CPU engine
 // takes every mode (it has one GEMM) and computes the same logits.
 TEST(Engine, DecodeGemvModes) {
