@@ -361,6 +361,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     j["max_len"] = std::max(decode_len, req.max_len);
     j["cuda_graphs"] = on_cuda && req.kv_block_size > 0 && req.cuda_graphs;
     j["decode_gemv"] = decode_gemv_name(req.decode_gemv);
+    j["peer_reduce"] = false;  // the decode engine's, below
     j["decode_steps"] = req.decode_steps;
     j["decode_warmup"] = req.decode_warmup;
     j["weight_bytes"] = generate_weight_bytes(local, elem);
