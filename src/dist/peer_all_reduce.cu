@@ -14,6 +14,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "dist/consistency.h"
 #include "dist/host_collectives.h"
 #include "ops/cuda/cuda_check.h"
 
@@ -117,6 +118,7 @@ struct Card {
     int32_t device;
     int32_t exported;  // 1: handle is valid
     char bus_id[32];   // cudaDeviceGetPCIBusId of the rank's device
+    char host[64];     // host_name(), cut: pids and bus ids mean something on one machine only
 };
 
 int64_t slot_bytes_for(int64_t max_bytes) {
@@ -169,6 +171,8 @@ Result<std::unique_ptr<PeerAllReduce>> PeerAllReduce::open(Communicator& comm, i
     if (cudaDeviceGetPCIBusId(mine.bus_id, sizeof mine.bus_id, p->device_) != cudaSuccess)
         mine.bus_id[0] = '\0';
     (void)cudaGetLastError();  // a refused export is answered below, not left for the next check
+    const std::string machine = host_name();
+    std::memcpy(mine.host, machine.data(), std::min(machine.size(), sizeof mine.host - 1));
     LATHE_ASSIGN_OR_RETURN(const std::vector<Card> cards, all_gather_value(comm, mine, stream));
 
     std::string reason;
@@ -176,6 +180,11 @@ Result<std::unique_ptr<PeerAllReduce>> PeerAllReduce::open(Communicator& comm, i
     for (int r = 0; r < p->size_ && reason.empty(); ++r) {
         if (r == p->rank_) continue;
         const Card& c = cards[size_t(r)];
+        if (std::strncmp(c.host, mine.host, sizeof mine.host) != 0) {
+            reason = fmt::format("rank {} is on another machine ({})", r,
+                                 std::string(c.host, strnlen(c.host, sizeof c.host)));
+            break;
+        }
         if (c.pid == mine.pid) {
             // Ranks that are threads of this process: the pointer itself, with peer access.
             int can = 0;

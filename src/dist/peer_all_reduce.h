@@ -27,7 +27,8 @@
 // ranks that are threads of one process, device pointers with peer access enabled), open their
 // peers' buffers, and then check one sum of known integer-valued data (exact in bf16) against its
 // expected value. It returns null, with the reason in `why_not`, on every rank when any rank
-// cannot reach a peer (no peer access between the devices, IPC refused): the caller keeps NCCL.
+// cannot reach a peer (another machine, no peer access between the devices, IPC refused): the
+// caller keeps NCCL.
 // A self-check that gives wrong sums is an error. The object is bound to the device that was
 // current at open(); it must be destroyed before `comm`.
 
