@@ -97,6 +97,11 @@ int main(int argc, char** argv) {
     int world = 0;
     LATHE_CUDA_CHECK(cudaGetDeviceCount(&world));
     std::vector<int64_t> sizes = {16384, 65536, 131072, 262144, 524288, 1048576};
+    const int devices = world;
+    if (argc % 2 == 0) {
+        std::fprintf(stderr, "usage: all_reduce_bench [--gpus G] [--bytes B,B,...]\n");
+        return 2;
+    }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (std::strcmp(argv[i], "--gpus") == 0) {
             world = std::atoi(argv[i + 1]);
@@ -111,6 +116,11 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "usage: all_reduce_bench [--gpus G] [--bytes B,B,...]\n");
             return 2;
         }
+    }
+    if (world < 2 || world > devices) {
+        std::fprintf(stderr, "all_reduce_bench: --gpus %d: give 2 to the %d GPUs visible\n", world,
+                     devices);
+        return 2;
     }
     for (const int64_t b : sizes) {
         if (b < 16 || b % 16 != 0) {

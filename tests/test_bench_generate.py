@@ -167,6 +167,9 @@ def test_decode_gemv_is_in_the_line_and_checked():
 def test_generate_options_need_generate():
     p = run("--model", "tiny", "--batch", 1, "--seq", 8, "--prefill", "16", "--device", "cpu")
     assert p.returncode != 0 and "--prefill needs --generate" in p.stderr
+    for option, value in (("--max-len", 64), ("--peer-reduce", "on"), ("--decode-gemv", "on")):
+        p = run("--model", "tiny", "--batch", 1, "--seq", 8, option, value, "--device", "cpu")
+        assert p.returncode != 0 and f"{option} needs --generate" in p.stderr, p.stderr
     p = run("--model", "tiny", "--seq", 8, "--device", "cpu")
     assert p.returncode != 0 and "--batch is required" in p.stderr
 

@@ -272,7 +272,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
             }
             for (const char* inference :
                  {"--prefill", "--decode-batches", "--prompt-len", "--decode-steps",
-                  "--decode-warmup", "--prefill-repeats", "--prefill-chunk", "--tensor-parallel"})
+                  "--decode-warmup", "--prefill-repeats", "--prefill-chunk", "--tensor-parallel",
+                  "--max-len", "--peer-reduce", "--decode-gemv"})
                 if (cmd->count(inference) > 0)
                     return invalid_argument_error("{} needs --generate", inference);
             for (const char* needed : {"--batch", "--seq"})

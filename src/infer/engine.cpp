@@ -192,10 +192,9 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
         e.copy(e.scratch_.view(e.ix_.rope_sin), sin.view());
         model.synchronize();
     }
-    const bool peer = lim.peer_reduce == PeerReduce::kOn ||
-                      (lim.peer_reduce == PeerReduce::kAuto && e.tp_ != nullptr &&
-                       e.tp_->size() >= kPeerReduceAutoRanks);
-    if (e.tp_ != nullptr && cuda && peer) {
+    if (e.tp_ != nullptr && cuda &&
+        (lim.peer_reduce == PeerReduce::kOn ||
+         (lim.peer_reduce == PeerReduce::kAuto && e.tp_->size() >= kPeerReduceAutoRanks))) {
         // The largest reduce it takes: a decode step's S rows, capped where reading every peer's
         // whole buffer stops beating NCCL's ring (PeerReduce).
         const int64_t bytes =

@@ -358,7 +358,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
 
     j["prompt_len"] = req.prompt_len;
     j["kv_block_size"] = req.kv_block_size;
-    j["max_len"] = std::max(decode_len, req.max_len);
+    j["max_len"] = decode_limits.max_len;
     j["cuda_graphs"] = on_cuda && req.kv_block_size > 0 && req.cuda_graphs;
     j["decode_gemv"] = decode_gemv_name(req.decode_gemv);
     j["peer_reduce"] = false;  // the decode engine's, below
