@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
@@ -105,6 +106,11 @@ __device__ __forceinline__ void warp_amax_into(unsigned m, unsigned* amax) {
     if (threadIdx.x % kWarpSize == 0 && m != 0) atomicMax(amax, m);
 }
 
+// v rounded to nearest even bf16 and back: what a bf16 store followed by a load gives.
+__device__ __forceinline__ float round_bf16(float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+
 // The residual step of the fused residual + norm kernels: out = a + b rounded to bf16 (as
 // residual_forward rounds it) and stored; v gets the stored, rounded values, which is what the
 // norm reads in the unfused sequence, so the fused kernels stay bitwise equal to it.
@@ -134,6 +140,27 @@ inline unsigned blocks_for(int64_t work_items, int64_t per_block, int64_t cap = 
     if (b < 1) b = 1;
     if (b > cap) b = cap;
     return unsigned(b);
+}
+
+// The row-wise norms' forward for few rows (a decode step's batch): one block per row, the row's
+// C / vec vectors spread over the block's threads and kept in registers (iters vectors a thread),
+// so the row is read once and every load of it is in flight at once. A warp per row (the kernels'
+// other layout) walks a row of 8192 in 32 dependent steps: about 25 us for a handful of rows.
+// Rows above kRowBlockMaxRows keep the warp layout (enough warps to fill the GPU; the training
+// shapes); iters 0 means the block layout does not apply (a row wider than 2 x 1024 vectors).
+inline constexpr int64_t kRowBlockMaxRows = 512;
+inline constexpr int kRowBlockMaxThreads = 1024;
+struct RowBlockPlan {
+    int threads = 0;
+    int iters = 0;
+};
+inline RowBlockPlan row_block_plan(int64_t N, int64_t C, int vec) {
+    if (N > kRowBlockMaxRows) return {};
+    const int64_t vectors = (C + vec - 1) / vec;
+    const int64_t threads = std::min<int64_t>(kRowBlockMaxThreads, (vectors + 31) / 32 * 32);
+    const int64_t iters = (vectors + threads - 1) / threads;
+    if (iters > 2) return {};
+    return {int(threads), int(iters)};
 }
 
 }  // namespace lathe::cuda

@@ -65,6 +65,80 @@ __global__ void layernorm_forward_warp_per_row_kernel(
     }
 }
 
+// The same forward with a block per row (row_block_plan in kernel_util.cuh): thread t holds the
+// row's vectors t, t + blockDim.x, ... (kIters of them), so the row is read once; the mean and
+// then the variance about it are the block's fixed-order sums.
+template <int kVec, int kIters, bool kResidual>
+__global__ void __launch_bounds__(kRowBlockMaxThreads) layernorm_forward_block_per_row_kernel(
+    __nv_bfloat16* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
+    const __nv_bfloat16* __restrict__ x, __nv_bfloat16* x_out, const __nv_bfloat16* res_a,
+    const __nv_bfloat16* res_b, const __nv_bfloat16* __restrict__ weight,
+    const __nv_bfloat16* __restrict__ bias, int64_t C, float eps) {
+    __shared__ float smem[kWarpSize];
+    const int64_t n = blockIdx.x;
+    float v[kIters][kVec];
+    float sum = 0.0f;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+        const int64_t c = (int64_t(it) * blockDim.x + threadIdx.x) * kVec;
+        if (c >= C) continue;
+        if constexpr (kResidual) {
+            float b[kVec];
+            load_bf16<kVec>(v[it], res_a + n * C + c);
+            load_bf16<kVec>(b, res_b + n * C + c);
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) v[it][i] = round_bf16(v[it][i] + b[i]);
+            store_bf16<kVec>(x_out + n * C + c, v[it]);
+        } else {
+            load_bf16<kVec>(v[it], x + n * C + c);
+        }
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) sum += v[it][i];
+    }
+    const float m = block_sum(sum, smem) / float(C);
+    float var = 0.0f;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+        const int64_t c = (int64_t(it) * blockDim.x + threadIdx.x) * kVec;
+        if (c >= C) continue;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) var += (v[it][i] - m) * (v[it][i] - m);
+    }
+    const float s = 1.0f / sqrtf(block_sum(var, smem) / float(C) + eps);
+    if (threadIdx.x == 0) {
+        mean[n] = m;
+        rstd[n] = s;
+    }
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+        const int64_t c = (int64_t(it) * blockDim.x + threadIdx.x) * kVec;
+        if (c >= C) continue;
+        float w[kVec], b[kVec], out[kVec];
+        load_bf16<kVec>(w, weight + c);
+        load_bf16<kVec>(b, bias + c);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) out[i] = (v[it][i] - m) * s * w[i] + b[i];
+        store_bf16<kVec>(y + n * C + c, out);
+    }
+}
+
+template <int kVec, bool kResidual>
+void launch_layernorm_forward_block_per_row(const RowBlockPlan& plan, int64_t N,
+                                            CUstream_st* stream, __nv_bfloat16* y, float* mean,
+                                            float* rstd, const __nv_bfloat16* x,
+                                            __nv_bfloat16* x_out, const __nv_bfloat16* a,
+                                            const __nv_bfloat16* b, const __nv_bfloat16* w,
+                                            const __nv_bfloat16* bias, int64_t C, float eps) {
+    if (plan.iters == 1)
+        layernorm_forward_block_per_row_kernel<kVec, 1, kResidual>
+            <<<unsigned(N), plan.threads, 0, stream>>>(y, mean, rstd, x, x_out, a, b, w, bias, C,
+                                                       eps);
+    else
+        layernorm_forward_block_per_row_kernel<kVec, 2, kResidual>
+            <<<unsigned(N), plan.threads, 0, stream>>>(y, mean, rstd, x, x_out, a, b, w, bias, C,
+                                                       eps);
+}
+
 // dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)),  g = dy * weight, xhat = (x - mean) rstd.
 template <int kVec>
 __global__ void layernorm_backward_dx_warp_per_row_kernel(__nv_bfloat16* __restrict__ dx,
@@ -225,7 +299,21 @@ void layernorm_residual_forward(bf16* x_out, bf16* y, float* mean, float* rstd, 
     const auto* bb = reinterpret_cast<const __nv_bfloat16*>(bias);
     const unsigned blocks = blocks_for(N, kRowsPerBlock, INT32_MAX);
     const bool vec = vec8_ok(C, {y, x_out, a, b, weight, bias});
-    if (x_out == nullptr) {  // plain: a is x
+    const RowBlockPlan plan = row_block_plan(N, C, vec ? 8 : 1);
+    if (plan.iters > 0) {
+        if (x_out == nullptr && vec)
+            launch_layernorm_forward_block_per_row<8, false>(
+                plan, N, stream, yb, mean, rstd, ab, nullptr, nullptr, nullptr, wb, bb, C, eps);
+        else if (x_out == nullptr)
+            launch_layernorm_forward_block_per_row<1, false>(
+                plan, N, stream, yb, mean, rstd, ab, nullptr, nullptr, nullptr, wb, bb, C, eps);
+        else if (vec)
+            launch_layernorm_forward_block_per_row<8, true>(plan, N, stream, yb, mean, rstd,
+                                                            nullptr, xo, ab, bb2, wb, bb, C, eps);
+        else
+            launch_layernorm_forward_block_per_row<1, true>(plan, N, stream, yb, mean, rstd,
+                                                            nullptr, xo, ab, bb2, wb, bb, C, eps);
+    } else if (x_out == nullptr) {  // plain: a is x
         if (vec)
             layernorm_forward_warp_per_row_kernel<8, false><<<blocks, kRowThreads, 0, stream>>>(
                 yb, mean, rstd, ab, nullptr, nullptr, nullptr, wb, bb, N, C, eps);

@@ -17,6 +17,10 @@
 // scalar one; N = 300 rows give several dweight row chunks, N = 4100 many (column_reduce.h: 129
 // chunks of 32 rows in the fused plan, 65 of 64 in the two-kernel one, the last chunk short),
 // C = 2000 a partial 256-column tile.
+// The forward has two layouts (row_block_plan in kernel_util.cuh): up to 512 rows a block per row
+// (N = 300, 37, 16, 8, 5: one vector a thread; C = 16384 and the scalar C = 2002: two), more rows
+// a warp per row (N = 600, 1000, 1030, 4100), and so do rows too wide for the block (the scalar
+// C = 3001 at N = 3).
 // C % 8 == 0 and C <= 2048 take the fused backward (dx and the parameter partials in one kernel;
 // C = 768: 3 column groups, 1536: 6, 2000 and 2048: 8); wider rows (4096, 8192) and C % 8 != 0
 // the dx kernel followed by the partials kernel.
@@ -181,6 +185,9 @@ TEST(CudaRmsnorm, OutputAmaxIsTheCastsBitForBit) {
     check_rmsnorm_amax(300, 768, 91);  // 16-byte path
     check_rmsnorm_amax(37, 100, 92);   // scalar path
     check_rmsnorm_amax(4100, 4096, 93);
+    check_rmsnorm_amax(8, 8192, 94);   // a block per row, 1024 threads
+    check_rmsnorm_amax(600, 100, 95);  // a warp per row, scalar
+    check_rmsnorm_amax(5, 16384, 96);  // a block per row, two vectors a thread
 }
 
 TEST(CudaRmsnorm, MatchesCpuVectorized) {
@@ -193,6 +200,26 @@ TEST(CudaRmsnorm, MatchesCpuScalarPath) {
 
 TEST(CudaRmsnorm, MatchesCpuWideRows) {
     check_rmsnorm(16, 8192, 23);
+}
+
+TEST(CudaRmsnorm, MatchesCpuBlockPerRowTwoVectorsAThread) {
+    check_rmsnorm(8, 16384, 41);
+    check_rmsnorm(5, 2002, 42);  // scalar
+}
+
+TEST(CudaRmsnorm, MatchesCpuRowsTooWideForTheBlock) {
+    check_rmsnorm(3, 3001, 43);  // scalar, 3 vectors a thread: a warp per row
+}
+
+TEST(CudaRmsnorm, MatchesCpuWarpPerRowJustAboveTheBlockRows) {
+    check_rmsnorm(513, 768, 44);
+}
+
+TEST(CudaLayernorm, MatchesCpuBlockPerRow) {
+    check_layernorm(8, 8192, 45);
+    check_layernorm(8, 16384, 46);
+    check_layernorm(5, 2002, 47);  // scalar, two vectors a thread
+    check_layernorm(3, 3001, 48);  // a warp per row
 }
 
 TEST(CudaLayernorm, MatchesCpuVectorized) {
@@ -297,12 +324,18 @@ void check_residual_norm(bool rms, int64_t N, int64_t C, uint64_t seed) {
 
 TEST(CudaResidualNorm, RmsnormFusedIsTheUnfusedSequence) {
     check_residual_norm(true, 300, 768, 71);
-    check_residual_norm(true, 37, 100, 72);  // scalar path
+    check_residual_norm(true, 37, 100, 72);   // scalar path
+    check_residual_norm(true, 8, 16384, 75);  // a block per row, two vectors a thread
+    check_residual_norm(true, 600, 768, 76);  // a warp per row
+    check_residual_norm(true, 600, 100, 77);  // a warp per row, scalar
 }
 
 TEST(CudaResidualNorm, LayernormFusedIsTheUnfusedSequence) {
     check_residual_norm(false, 300, 768, 73);
-    check_residual_norm(false, 37, 100, 74);  // scalar path
+    check_residual_norm(false, 37, 100, 74);   // scalar path
+    check_residual_norm(false, 8, 16384, 78);  // a block per row, two vectors a thread
+    check_residual_norm(false, 600, 768, 79);  // a warp per row
+    check_residual_norm(false, 600, 100, 80);  // a warp per row, scalar
 }
 
 }  // namespace

@@ -59,6 +59,71 @@ __global__ void rmsnorm_forward_warp_per_row_kernel(
     if (y_amax != nullptr) warp_amax_into(m, y_amax);  // the whole warp is here (one row)
 }
 
+// The same forward with a block per row (row_block_plan in kernel_util.cuh): thread t holds the
+// row's vectors t, t + blockDim.x, ... (kIters of them) and the weight's, so the row is read once;
+// the sum of squares is the block's fixed-order sum.
+template <int kVec, int kIters, bool kResidual>
+__global__ void __launch_bounds__(kRowBlockMaxThreads)
+    rmsnorm_forward_block_per_row_kernel(__nv_bfloat16* __restrict__ y, float* __restrict__ rstd,
+                                         const __nv_bfloat16* __restrict__ x, __nv_bfloat16* x_out,
+                                         const __nv_bfloat16* res_a, const __nv_bfloat16* res_b,
+                                         const __nv_bfloat16* __restrict__ weight, int64_t C,
+                                         float eps, unsigned* y_amax) {
+    __shared__ float smem[kWarpSize];
+    const int64_t n = blockIdx.x;
+    float v[kIters][kVec], w[kIters][kVec];
+    float sum = 0.0f;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+        const int64_t c = (int64_t(it) * blockDim.x + threadIdx.x) * kVec;
+        if (c >= C) continue;
+        if constexpr (kResidual) {
+            float b[kVec];
+            load_bf16<kVec>(v[it], res_a + n * C + c);
+            load_bf16<kVec>(b, res_b + n * C + c);
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) v[it][i] = round_bf16(v[it][i] + b[i]);
+            store_bf16<kVec>(x_out + n * C + c, v[it]);
+        } else {
+            load_bf16<kVec>(v[it], x + n * C + c);
+        }
+        load_bf16<kVec>(w[it], weight + c);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) sum += v[it][i] * v[it][i];
+    }
+    sum = block_sum(sum, smem);
+    const float s = 1.0f / sqrtf(sum / float(C) + eps);
+    if (threadIdx.x == 0) rstd[n] = s;
+    unsigned m = 0;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+        const int64_t c = (int64_t(it) * blockDim.x + threadIdx.x) * kVec;
+        if (c >= C) continue;
+        float out[kVec];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+            out[i] = v[it][i] * s * w[it][i];
+            m = max(m, bf16_magnitude_bits(out[i]));
+        }
+        store_bf16<kVec>(y + n * C + c, out);
+    }
+    if (y_amax != nullptr) warp_amax_into(m, y_amax);  // blockDim.x is a multiple of 32
+}
+
+template <int kVec, bool kResidual>
+void launch_rmsnorm_forward_block_per_row(const RowBlockPlan& plan, int64_t N, CUstream_st* stream,
+                                          __nv_bfloat16* y, float* rstd, const __nv_bfloat16* x,
+                                          __nv_bfloat16* x_out, const __nv_bfloat16* a,
+                                          const __nv_bfloat16* b, const __nv_bfloat16* w, int64_t C,
+                                          float eps, unsigned* amax) {
+    if (plan.iters == 1)
+        rmsnorm_forward_block_per_row_kernel<kVec, 1, kResidual>
+            <<<unsigned(N), plan.threads, 0, stream>>>(y, rstd, x, x_out, a, b, w, C, eps, amax);
+    else
+        rmsnorm_forward_block_per_row_kernel<kVec, 2, kResidual>
+            <<<unsigned(N), plan.threads, 0, stream>>>(y, rstd, x, x_out, a, b, w, C, eps, amax);
+}
+
 // dx = rstd * (g - norm * mean_c(g * norm)),  g = dy * weight, norm = x * rstd.
 template <int kVec>
 __global__ void rmsnorm_backward_dx_warp_per_row_kernel(__nv_bfloat16* __restrict__ dx,
@@ -205,7 +270,21 @@ void rmsnorm_residual_forward(bf16* x_out, bf16* y, float* rstd, const bf16* a, 
     const auto* wb = reinterpret_cast<const __nv_bfloat16*>(weight);
     const unsigned blocks = blocks_for(N, kRowsPerBlock, INT32_MAX);
     const bool vec = vec8_ok(C, {y, x_out, a, b, weight});
-    if (x_out == nullptr) {  // plain: a is x
+    const RowBlockPlan plan = row_block_plan(N, C, vec ? 8 : 1);
+    if (plan.iters > 0) {
+        if (x_out == nullptr && vec)
+            launch_rmsnorm_forward_block_per_row<8, false>(plan, N, stream, yb, rstd, ab, nullptr,
+                                                           nullptr, nullptr, wb, C, eps, amax);
+        else if (x_out == nullptr)
+            launch_rmsnorm_forward_block_per_row<1, false>(plan, N, stream, yb, rstd, ab, nullptr,
+                                                           nullptr, nullptr, wb, C, eps, amax);
+        else if (vec)
+            launch_rmsnorm_forward_block_per_row<8, true>(plan, N, stream, yb, rstd, nullptr, xo,
+                                                          ab, bb, wb, C, eps, amax);
+        else
+            launch_rmsnorm_forward_block_per_row<1, true>(plan, N, stream, yb, rstd, nullptr, xo,
+                                                          ab, bb, wb, C, eps, amax);
+    } else if (x_out == nullptr) {  // plain: a is x
         if (vec)
             rmsnorm_forward_warp_per_row_kernel<8, false><<<blocks, kRowThreads, 0, stream>>>(
                 yb, rstd, ab, nullptr, nullptr, nullptr, wb, N, C, eps, amax);
