@@ -6,9 +6,11 @@
 // attention_forward_rows): queries that continue a key/value cache and the decode step. No cuDNN.
 // Two paths: attention_rows_kernel (one block per (query row, head), any D <= 256) runs queries
 // at an offset, and a decode step the split path does not take; the decode step (lengths given)
-// with 16-byte K/V rows runs the split-K path (decode_split_kernel + decode_combine_kernel), which
+// with 16-byte K/V rows runs the split-K path (a split kernel + decode_combine_kernel), which
 // cuts each row's keys into splits so that a batch of a few long rows still fills the GPU, and
-// reads each K/V element once for all the query heads of its group. Its workspace (per split:
+// reads each K/V element once for all the query heads of its group. The split kernel is
+// decode_mma_kernel (tensor cores, K/V tiles double-buffered) for D of 64 or 128 and at most 16
+// query heads a KV head, decode_split_kernel (f32 FMA) otherwise. Its workspace (per split:
 // m, l (B, H) f32 and acc (B, H, D) f32) is the CudaState's op scratch, so the step allocates
 // nothing; the split count keeps it within CudaState::kScratchBytes.
 
@@ -22,6 +24,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/warp_mma.cuh"
 
 namespace lathe::cuda {
 
@@ -396,6 +399,245 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
 }
 
+// The decode step on tensor cores (decode_mma_takes: D of 64 or 128, G <= 16): the grid, the
+// splits, each split's keys and its partials (m, l, acc) are decode_split_kernel's, so
+// decode_combine_kernel merges either. Inside a block the split's keys stream through two
+// shared-memory buffers of kTile keys (cp.async: tile i + 1 loads while tile i computes), and
+// warp w takes keys 16 w .. 16 w + 15 of every tile with the group's G heads as the rows of one
+// 16-row mma (rows past G are zero queries, computed and dropped):
+//   S = Q K^T by m16n8k16 bf16 mma: the exact bf16 products summed in f32, then times `scale`;
+//   an online softmax per warp and head in f32 (running max m, this thread's share of the sum l,
+//   output O scaled alike);
+//   O += P V by two mma per product, P split as hi = bf16(p) and lo = bf16(p - hi): hi + lo is
+//   p to within 2^-16 of p, so O is the f32 sum of p v as decode_split_kernel computes it, to
+//   within 2^-16 relative (its bound in the tests holds unchanged).
+// At the end the four warps' (m, l, O) merge in warp order through shared memory:
+//   M = max_w m_w,  l = sum_w l_w exp(m_w - M),  acc = sum_w O_w exp(m_w - M).
+// A warp that saw no key (a split shorter than 16 w + 1 keys) has m = -inf and adds nothing; a
+// warp that saw any key has a finite m in every row (the zero rows' scores are 0).
+template <int kD>
+struct DecodeMmaSmem {
+    static constexpr int kStride =
+        kD + 8;  // bf16 a shared row: 16-byte pad, conflict-free ldmatrix
+    static constexpr size_t kTileBytes = size_t(kTile) * kStride * 2;  // K or V of one tile
+    static constexpr size_t kQ = 4 * kTileBytes;                       // after [buffer][K, V]
+    static constexpr size_t kBytes = kQ + size_t(16) * kStride * 2;    // Q: 16 x kD bf16
+    // The warps' merge (m, l: 4 x 16 f32; O: 4 x 16 x kD f32) reuses the K, V buffers.
+    static_assert(size_t(4 * 16 * 2 + 4 * 16 * kD) * 4 <= kQ, "the merge fits the buffers");
+};
+
+template <bool kPaged, int kD>
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_mma_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+                      float* __restrict__ ws_m, float* __restrict__ ws_l,
+                      float* __restrict__ ws_acc, const __nv_bfloat16* __restrict__ q,
+                      const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
+                      const int32_t* __restrict__ lengths, const int32_t* __restrict__ tables,
+                      int64_t table_width, int block_size, int64_t Tk, int H, int Hkv,
+                      int64_t window, float scale, int splits) {
+    static_assert(kDecodeThreads == 4 * kWarpSize && kTile == 4 * 16, "4 warps of 16 keys");
+    using Smem = DecodeMmaSmem<kD>;
+    constexpr int kStride = Smem::kStride, kVecs = kD / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    auto* kv_s = reinterpret_cast<__nv_bfloat16*>(smem);  // [buffer][K, V][kTile][kStride]
+    auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem + Smem::kQ);
+    const int s = int(blockIdx.x), g = int(blockIdx.y);
+    const int64_t b = blockIdx.z;
+    const int G = H / Hkv, tid = int(threadIdx.x);
+    const int lane = tid % kWarpSize, warp = tid / kWarpSize, gid = lane / 4, tig = lane % 4;
+
+    const int64_t len = int64_t(lengths[b]);
+    if (len < 1 || len > Tk) {  // a caller bug the host cannot see without a synchronization
+        if (s != 0) return;
+        for (int i = tid; i < G * kD; i += kDecodeThreads)
+            out[(b * H + int64_t(g) * G) * kD + i] = __float2bfloat16(NAN);
+        for (int i = tid; i < G; i += kDecodeThreads) lse[b * H + g * G + i] = NAN;
+        return;
+    }
+    const int64_t p = len - 1;
+    const int64_t lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    const int64_t chunk = decode_row_chunk(p - lo + 1, splits);
+    const int64_t n_splits = (p - lo + chunk) / chunk;
+    if (s >= n_splits) return;
+    const int64_t k0 = lo + int64_t(s) * chunk;
+    const int64_t k1 = k0 + chunk < p + 1 ? k0 + chunk : p + 1;
+
+    const int64_t row_stride = int64_t(Hkv) * kD;
+    const __nv_bfloat16* kb = k + int64_t(g) * kD;
+    const __nv_bfloat16* vb = v + int64_t(g) * kD;
+    const int32_t* table = kPaged ? tables + b * table_width : nullptr;
+    // Tile [t0, t0 + kTile) into buffer `buf`; rows at or past k1 are zeros (read nothing), so a
+    // short tile's P V adds 0 x 0.
+    auto load_tile = [&](int64_t t0, int buf) {
+        const int64_t n = k1 - t0 < kTile ? k1 - t0 : kTile;
+        __nv_bfloat16* ks = kv_s + size_t(2 * buf) * kTile * kStride;
+        __nv_bfloat16* vs = ks + kTile * kStride;
+        for (int i = tid; i < kTile * kVecs; i += kDecodeThreads) {
+            const int j = i / kVecs, c = i % kVecs;
+            int64_t off = 0;
+            int bytes = 0;
+            if (j < n) {
+                const int64_t t = t0 + j;
+                const int64_t at =
+                    kPaged ? int64_t(table[t / block_size]) * block_size + t % block_size
+                           : b * Tk + t;
+                off = at * row_stride + c * 8;
+                bytes = 16;
+            }
+            cp_async_16(ks + j * kStride + c * 8, kb + off, bytes);
+            cp_async_16(vs + j * kStride + c * 8, vb + off, bytes);
+        }
+    };
+    load_tile(k0, 0);
+    cp_async_commit();
+    // The group's queries as 16 rows (zeros past G).
+    for (int i = tid; i < 16 * kVecs; i += kDecodeThreads) {
+        const int r = i / kVecs, c = i % kVecs;
+        uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        if (r < G)
+            val = *reinterpret_cast<const uint4*>(q + (b * H + int64_t(g) * G + r) * kD + c * 8);
+        *reinterpret_cast<uint4*>(q_s + r * kStride + c * 8) = val;
+    }
+    __syncthreads();
+    uint32_t qa[kD / 16][4];  // Q's A fragments, one per 16 columns
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+        ldmatrix_x4(qa[kk], q_s + (lane % 16) * kStride + kk * 16 + (lane / 16) * 8);
+
+    float o[kD / 8][4];  // O's C fragments, one per 8 columns: rows gid and gid + 8
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
+    const int tiles = int((k1 - k0 + kTile - 1) / kTile);
+    const int kw = warp * 16;  // this warp's keys in each tile
+    for (int it = 0; it < tiles; ++it) {
+        const int64_t t0 = k0 + int64_t(it) * kTile;
+        if (it + 1 < tiles) load_tile(t0 + kTile, (it + 1) & 1);
+        cp_async_commit();   // empty on the last tile: the wait below counts alike
+        cp_async_wait<1>();  // tile it is in (this thread's copies) ...
+        __syncthreads();     // ... and every thread's
+        const int64_t n = k1 - t0 < kTile ? k1 - t0 : kTile;
+        if (kw < n) {  // warp-uniform
+            const __nv_bfloat16* ks = kv_s + size_t(2 * (it & 1)) * kTile * kStride;
+            const __nv_bfloat16* vs = ks + kTile * kStride;
+            const int mi = lane / 8, mr = lane % 8;  // ldmatrix: this lane's matrix and row
+            // S: keys kw + 8 nt + (2 tig, 2 tig + 1) of rows gid, gid + 8 in sc[nt][0..3].
+            float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+            for (int kk = 0; kk < kD / 16; ++kk) {
+                uint32_t kf[4];
+                ldmatrix_x4(kf, ks + (kw + mr + (mi / 2) * 8) * kStride + kk * 16 + (mi % 2) * 8);
+                mma_bf16_m16n8k16(sc[0], qa[kk], kf[0], kf[1]);
+                mma_bf16_m16n8k16(sc[1], qa[kk], kf[2], kf[3]);
+            }
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kw + 8 * nt + 2 * tig + (e & 1);
+                    sc[nt][e] = key < n ? sc[nt][e] * scale : -INFINITY;
+                    mx[e / 2] = fmaxf(mx[e / 2], sc[nt][e]);
+                }
+            float carry[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
+                const float m_new = fmaxf(m_r[r], mx[r]);  // finite: key kw < n is in every row
+                carry[r] = expf(m_r[r] - m_new);           // 0 on this warp's first tile
+                m_r[r] = m_new;
+            }
+            float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    sc[nt][e] = expf(sc[nt][e] - m_r[e / 2]);  // exp(-inf) = 0 past n
+                    rs[e / 2] += sc[nt][e];
+                }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) l_r[r] = l_r[r] * carry[r] + rs[r];
+#pragma unroll
+            for (int dt = 0; dt < kD / 8; ++dt) {
+                o[dt][0] *= carry[0];
+                o[dt][1] *= carry[0];
+                o[dt][2] *= carry[1];
+                o[dt][3] *= carry[1];
+            }
+            // P (16 rows x 16 keys) as an A fragment: C fragments of keys 0-7 and 8-15 side by
+            // side; hi and lo parts.
+            uint32_t ph[4], pl[4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                const float x0 = sc[a / 2][2 * (a % 2)], x1 = sc[a / 2][2 * (a % 2) + 1];
+                ph[a] = pack_bf16x2(x0, x1);
+                const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&ph[a]);
+                const float2 hf = __bfloat1622float2(h);
+                pl[a] = pack_bf16x2(x0 - hf.x, x1 - hf.y);
+            }
+#pragma unroll
+            for (int dp = 0; dp < kD / 16; ++dp) {
+                uint32_t vf[4];  // b0, b1 of columns 16 dp .. + 7, then of 16 dp + 8 .. + 15
+                ldmatrix_x4_trans(vf,
+                                  vs + (kw + mr + (mi % 2) * 8) * kStride + dp * 16 + (mi / 2) * 8);
+                mma_bf16_m16n8k16(o[2 * dp], ph, vf[0], vf[1]);
+                mma_bf16_m16n8k16(o[2 * dp], pl, vf[0], vf[1]);
+                mma_bf16_m16n8k16(o[2 * dp + 1], ph, vf[2], vf[3]);
+                mma_bf16_m16n8k16(o[2 * dp + 1], pl, vf[2], vf[3]);
+            }
+        }
+        __syncthreads();  // buffer it & 1 is consumed before the next iteration reloads it
+    }
+    // Every copy is in (the last group was empty); the buffers become the merge area.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l_r[r] += __shfl_xor_sync(kFullMask, l_r[r], 1);
+        l_r[r] += __shfl_xor_sync(kFullMask, l_r[r], 2);
+    }
+    auto* mw = reinterpret_cast<float*>(smem);  // [warp][16]
+    float* lw = mw + 4 * 16;                    // [warp][16]
+    float* ow = lw + 4 * 16;                    // [warp][16][kD]
+    if (tig == 0) {
+        mw[warp * 16 + gid] = m_r[0];
+        mw[warp * 16 + gid + 8] = m_r[1];
+        lw[warp * 16 + gid] = l_r[0];
+        lw[warp * 16 + gid + 8] = l_r[1];
+    }
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt) {
+        *reinterpret_cast<float2*>(ow + (warp * 16 + gid) * kD + dt * 8 + 2 * tig) =
+            make_float2(o[dt][0], o[dt][1]);
+        *reinterpret_cast<float2*>(ow + (warp * 16 + gid + 8) * kD + dt * 8 + 2 * tig) =
+            make_float2(o[dt][2], o[dt][3]);
+    }
+    __syncthreads();
+    for (int i = tid; i < G * kD; i += kDecodeThreads) {
+        const int h = i / kD, d = i % kD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) M = fmaxf(M, mw[w * 16 + h]);
+        float l = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const float e = expf(mw[w * 16 + h] - M);  // 0 for a warp that saw no key
+            l += lw[w * 16 + h] * e;
+            acc += ow[(w * 16 + h) * kD + d] * e;
+        }
+        const int64_t bh = b * H + int64_t(g) * G + h;
+        if (n_splits == 1) {
+            out[bh * kD + d] = __float2bfloat16(acc / l);
+            if (d == 0) lse[bh] = M + logf(l);
+        } else {
+            ws_acc[(bh * splits + s) * kD + d] = acc;
+            if (d == 0) {
+                ws_m[bh * splits + s] = M;
+                ws_l[bh * splits + s] = l;
+            }
+        }
+    }
+}
+
 // One block per (row b, head h): merges the row's n_b > 1 splits in split order (rows of one
 // split, and rows of a bad length, were written by decode_split_kernel). The weights
 // exp(m_s - M) go through shared memory (n_b <= kMaxSplits).
@@ -452,21 +694,24 @@ __global__ void __launch_bounds__(kDecodeThreads)
 }
 
 // The decode path's launch plan for one call: the grid's splits S. S fills the GPU: about
-// kBlocksPerSm blocks per SM over the B x Hkv x S blocks, at least kMinChunk keys a split of the
+// blocks_per_sm blocks per SM over the B x Hkv x S blocks (as many as fit an SM's shared memory:
+// kBlocksPerSm for decode_split_kernel, kMmaBlocksPerSm for decode_mma_kernel's double-buffered
+// tiles at D = 128), at least kMinChunk keys a split of the
 // longest row the cache holds (Tk, or the window), at most kMaxSplits, and the workspace (B x H x S
 // x (D + 2) f32) within the state's scratch. It depends on (B, Hkv, H, D, Tk, window) and the
 // device's SM count only, and a row's chunk on its length and S (decode_row_chunk): the same
 // inputs give the same bits.
 constexpr int kBlocksPerSm = 4;
+constexpr int kMmaBlocksPerSm = 3;
 
 struct DecodePlan {
     int splits = 1;
     size_t workspace_bytes = 0;  // 0 when splits == 1
 };
 
-DecodePlan decode_plan(const AttentionRowsShape& s, int sms) {
+DecodePlan decode_plan(const AttentionRowsShape& s, int sms, int blocks_per_sm) {
     const int64_t span = s.window > 0 && s.window < s.Tk ? s.window : s.Tk;
-    const int64_t want = (int64_t(kBlocksPerSm) * sms + s.B * s.Hkv - 1) / (s.B * s.Hkv);
+    const int64_t want = (int64_t(blocks_per_sm) * sms + s.B * s.Hkv - 1) / (s.B * s.Hkv);
     const int64_t most = (span + kMinChunk - 1) / kMinChunk;
     const size_t per_split = size_t(s.B * s.H * (s.D + 2)) * sizeof(float);
     const int64_t fit = int64_t(CudaState::kScratchBytes / per_split);
@@ -499,15 +744,41 @@ bool decode_split_takes(const bf16* k, const bf16* v, const AttentionRowsShape& 
     return decode_smem(int(s.H / s.Hkv), int(s.D)).bytes <= size_t(optin);
 }
 
-// tables null: the contiguous cache; otherwise the paged pools (decode_split_kernel<true>).
+// Whether decode_mma_kernel runs a decode step the split path takes: D of 64 or 128, at most 16
+// query heads a KV head (the mma's 16 rows), a 16-byte aligned q. Otherwise decode_split_kernel.
+bool decode_mma_takes(const bf16* q, const AttentionRowsShape& s) {
+    return (s.D == 64 || s.D == 128) && s.H / s.Hkv <= 16 &&
+           reinterpret_cast<uintptr_t>(q) % 16 == 0;
+}
+
+using DecodeKernel = void (*)(__nv_bfloat16*, float*, float*, float*, float*, const __nv_bfloat16*,
+                              const __nv_bfloat16*, const __nv_bfloat16*, const int32_t*,
+                              const int32_t*, int64_t, int, int64_t, int, int, int64_t, float, int);
+
+// tables null: the contiguous cache; otherwise the paged pools (decode_*_kernel<true>).
 void decode_split(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                   const int32_t* lengths, const int32_t* tables, int64_t table_width,
                   int64_t block_size, const AttentionRowsShape& s, CudaState& state,
                   CUstream_st* stream) {
-    const DecodePlan plan = decode_plan(s, sm_count(state));
-    const size_t smem = decode_smem(int(s.H / s.Hkv), int(s.D)).bytes;
-    auto* kernel = tables != nullptr ? decode_split_kernel<true> : decode_split_kernel<false>;
-    if (smem > 48 * 1024)
+    const bool mma = decode_mma_takes(q, s);
+    const DecodePlan plan = decode_plan(s, sm_count(state), mma ? kMmaBlocksPerSm : kBlocksPerSm);
+    const bool paged = tables != nullptr;
+    size_t smem = 0;
+    DecodeKernel mma_kernel = nullptr;
+    if (mma && s.D == 128) {
+        smem = DecodeMmaSmem<128>::kBytes;
+        mma_kernel = paged ? decode_mma_kernel<true, 128> : decode_mma_kernel<false, 128>;
+    } else if (mma) {
+        smem = DecodeMmaSmem<64>::kBytes;
+        mma_kernel = paged ? decode_mma_kernel<true, 64> : decode_mma_kernel<false, 64>;
+    } else {
+        smem = decode_smem(int(s.H / s.Hkv), int(s.D)).bytes;
+    }
+    auto* kernel = paged ? decode_split_kernel<true> : decode_split_kernel<false>;
+    if (mma_kernel != nullptr && smem > 48 * 1024)
+        LATHE_CUDA_CHECK(cudaFuncSetAttribute(
+            mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    if (mma_kernel == nullptr && smem > 48 * 1024)
         LATHE_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     float* ws = plan.workspace_bytes > 0
@@ -519,11 +790,17 @@ void decode_split(bf16* out, float* lse, const bf16* q, const bf16* k, const bf1
     float* ws_acc = ws != nullptr ? ws + 2 * parts : nullptr;
     auto* o = reinterpret_cast<__nv_bfloat16*>(out);
     const dim3 grid(unsigned(plan.splits), unsigned(s.Hkv), unsigned(s.B));
-    kernel<<<grid, kDecodeThreads, smem, stream>>>(
-        o, lse, ws_m, ws_l, ws_acc, reinterpret_cast<const __nv_bfloat16*>(q),
-        reinterpret_cast<const __nv_bfloat16*>(k), reinterpret_cast<const __nv_bfloat16*>(v),
-        lengths, tables, table_width, int(block_size), s.Tk, int(s.H), int(s.Hkv), int(s.D),
-        s.window, s.scale, plan.splits);
+    const auto* qb = reinterpret_cast<const __nv_bfloat16*>(q);
+    const auto* kb = reinterpret_cast<const __nv_bfloat16*>(k);
+    const auto* vb = reinterpret_cast<const __nv_bfloat16*>(v);
+    if (mma_kernel != nullptr)
+        mma_kernel<<<grid, kDecodeThreads, smem, stream>>>(
+            o, lse, ws_m, ws_l, ws_acc, qb, kb, vb, lengths, tables, table_width, int(block_size),
+            s.Tk, int(s.H), int(s.Hkv), s.window, s.scale, plan.splits);
+    else
+        kernel<<<grid, kDecodeThreads, smem, stream>>>(
+            o, lse, ws_m, ws_l, ws_acc, qb, kb, vb, lengths, tables, table_width, int(block_size),
+            s.Tk, int(s.H), int(s.Hkv), int(s.D), s.window, s.scale, plan.splits);
     LATHE_CUDA_CHECK_LAUNCH();
     if (plan.splits == 1) return;
     decode_combine_kernel<<<unsigned(s.B * s.H), kDecodeThreads, 0, stream>>>(

@@ -664,10 +664,12 @@ TEST(CudaAttentionDecode, MatchesCpuWithWindow) {
 // only, no atomics).
 // Bound: q, k, v are bf16 values fed exactly to both sides; the GPU computes in f32 and rounds out
 // once to bf16. Its f32 error against the CPU's f32 comes from other summation orders: a score is
-// a D-term dot product (D = 128: about sqrt(D) 2^-24 of |q||k| scale, under 1e-6), p = exp of a
-// score (2 ulp), and l and acc sum a split's keys in tiles (a 6-level tree per 64-key tile, then
-// one addition per tile) and the splits in split order: at most (6 + Tk / 64 / splits + splits)
-// additions, each 2^-24 relative, 1e-5 at the worst for 31000 keys, against a bf16 unit of 2^-8.
+// a D-term dot product (D = 128: about sqrt(D) 2^-24 of |q||k| scale, under 1e-6; the tensor-core
+// kernel's mma sums the exact bf16 products in f32 alike), p = exp of a score (2 ulp; the
+// tensor-core kernel feeds p to P V as two bf16 parts, hi + lo, within 2^-16 of p), and l and acc
+// sum a split's keys in tiles (a 6-level tree per 64-key tile, then one addition per tile) and the
+// splits in split order: at most (6 + Tk / 64 / splits + splits) additions, each 2^-24 relative,
+// 1e-5 at the worst for 31000 keys, against a bf16 unit of 2^-8 (and 2^-16 of p: 2^-8 of a unit).
 // So out is one bf16 rounding (half a unit) from a value 1e-5 from the reference: kBf16Sum
 // (2 units relative plus 2 units of the row's scale, the existing decode bound) holds with room,
 // and lse = m + log l is f32 with an error of about 1e-5 absolute against |lse| ~ 10: kF32Sum.
@@ -819,6 +821,13 @@ TEST(CudaAttentionDecodePaged, WindowMatchesCpu) {
     check_decode_paged({32, 8, 128, 32, 100, {1, 99, 100, 101, 1000}}, 123);
 }
 
+// The tensor-core kernel at the 70B shape's group of 8, and decode_split_kernel (D = 80) on the
+// paged pools.
+TEST(CudaAttentionDecodePaged, GroupOf8AndD80MatchCpu) {
+    check_decode_paged({64, 8, 128, 16, 0, {1, 15, 16, 17, 3349}}, 125);
+    check_decode_paged({8, 2, 80, 16, 0, {1, 15, 16, 17, 300, 1000}}, 126);
+}
+
 // kv_rows_scatter on the GPU writes the same bits as on the CPU (a copy), and kv_rows_gather
 // reads them back; rows of 16-byte multiples (the vector path) and of 12 bytes (the byte path).
 TEST(CudaKvRows, ScatterAndGatherEqualTheCpu) {
@@ -863,6 +872,20 @@ TEST(CudaAttentionDecode, SplitKWindowLengthsTo31000) {
 // One long row: the most splits (the bench's batch-1 shape).
 TEST(CudaAttentionDecode, SplitKOneRowOf31000Keys) {
     check_decode_rows({32, 8, 128, 0, {31000}}, 113);
+}
+
+// Two kernels take the split path: decode_mma_kernel (tensor cores) for D of 64 or 128 and at
+// most 16 query heads a KV head, the cases above; decode_split_kernel otherwise: D = 80, and 32
+// query heads a KV head.
+TEST(CudaAttentionDecode, SplitKWithoutTensorCoresLengthsTo4097) {
+    check_decode_rows({8, 2, 80, 0, {1, 7, 128, 1000, 4097}}, 115);
+    check_decode_rows({32, 1, 64, 0, {1, 7, 17, 1000}}, 116);
+}
+
+// The 70B shape's group of 8 query heads a KV head (the mma's rows 8-15 zero), rows whose split
+// leaves warps without keys (1, 7, 17 keys) and rows of one more key than a tile or a split.
+TEST(CudaAttentionDecode, SplitKGroupOf8LengthsTo31000) {
+    check_decode_rows({64, 8, 128, 0, {1, 7, 17, 64, 65, 129, 3349, 31000}}, 117);
 }
 
 // D % 8 != 0: no 16-byte rows, the one-block-per-(row, head) kernel runs the step.
