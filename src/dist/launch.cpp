@@ -10,12 +10,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <random>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -92,7 +94,60 @@ Result<std::string> launch_resolve_program(std::string_view name, std::string_vi
         name, path_var);
 }
 
-Result<int> launch_free_port() {
+PortRange launch_parse_port_range(std::string_view text) {
+    PortRange r;
+    int low = 0, high = 0;
+    const std::string t(text);
+    if (std::sscanf(t.c_str(), "%d %d", &low, &high) == 2 && low >= 1 && low <= high &&
+        high <= 65535)
+        r = {low, high};
+    return r;
+}
+
+namespace {
+
+// Whether a listening socket can bind `port` on every address now, as rank 0 binds it
+// (dist/rendezvous.cpp: IPv6 with dual stack where the host has it, else IPv4; SO_REUSEADDR).
+bool port_binds_everywhere(int port) {
+    for (const int family : {AF_INET6, AF_INET}) {
+        const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) continue;  // no IPv6 here: IPv4 decides
+        const int one = 1, zero = 0;
+        ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        bool ok = false;
+        if (family == AF_INET6) {
+            ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+            sockaddr_in6 a{};
+            a.sin6_family = AF_INET6;
+            a.sin6_addr = in6addr_any;
+            a.sin6_port = htons(uint16_t(port));
+            ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+        } else {
+            sockaddr_in a{};
+            a.sin_family = AF_INET;
+            a.sin_addr.s_addr = htonl(INADDR_ANY);
+            a.sin_port = htons(uint16_t(port));
+            ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+        }
+        ::close(fd);
+        return ok;
+    }
+    return false;
+}
+
+std::string read_text(const char* path) {
+    std::string out;
+    if (FILE* f = std::fopen(path, "r")) {
+        char buf[128];
+        const size_t n = std::fread(buf, 1, sizeof buf, f);
+        out.assign(buf, n);
+        std::fclose(f);
+    }
+    return out;
+}
+
+// The kernel's pick for port 0 of 127.0.0.1.
+Result<int> kernel_free_port() {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return io_error("launch: socket() for a free port: {}", std::strerror(errno));
     sockaddr_in addr{};
@@ -108,6 +163,23 @@ Result<int> launch_free_port() {
         return io_error("launch: finding a free port of 127.0.0.1: {}; give one with --master-port",
                         std::strerror(err));
     return int(ntohs(addr.sin_port));
+}
+
+}  // namespace
+
+Result<int> launch_free_port() {
+    const PortRange range =
+        launch_parse_port_range(read_text("/proc/sys/net/ipv4/ip_local_port_range"));
+    const int lo = std::max(1024, range.low / 2), hi = range.low - 1;
+    if (hi - lo >= 64) {
+        std::mt19937 rng(std::random_device{}());
+        std::uniform_int_distribution<int> pick(lo, hi);
+        for (int tries = 0; tries < 64; ++tries) {
+            const int port = pick(rng);
+            if (port_binds_everywhere(port)) return port;
+        }
+    }
+    return kernel_free_port();
 }
 
 std::string signal_name(int sig) {

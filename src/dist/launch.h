@@ -61,7 +61,20 @@ EnvMap launch_rank_environment(const EnvMap& base, int rank, int world_size, int
 Result<std::string> launch_resolve_program(std::string_view name, std::string_view path_var,
                                            std::string_view self_exe);
 
-// A TCP port of 127.0.0.1 that is free now (the kernel's pick for port 0).
+// The kernel's range of ephemeral ports (/proc/sys/net/ipv4/ip_local_port_range: "LOW HIGH"),
+// parsed from that file's text; {32768, 60999}, Linux's default, when the text does not parse.
+struct PortRange {
+    int low = 32768;
+    int high = 60999;
+};
+PortRange launch_parse_port_range(std::string_view text);
+
+// A TCP port for rank 0's rendezvous that every address of this host can bind now, drawn at random
+// below the ephemeral range (from half its low end up): a port the kernel picked for a bind to
+// port 0 and that was then released goes to the next socket that binds or connects without a
+// port (NCCL's bootstrap, any client), so rank 0 could find it taken; a port below the range is
+// never handed out that way. The kernel's pick for port 0 is the fallback where the range leaves
+// no room below it or 64 draws find no free port.
 Result<int> launch_free_port();
 
 // "SIGKILL" for SIGKILL (the common signals by name), "signal 42" otherwise.

@@ -1,12 +1,15 @@
 #include "dist/launch.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -164,6 +167,46 @@ TEST(LaunchPort, FreePortIsAPort) {
     ASSERT_TRUE(p.ok()) << p.status().to_string();
     EXPECT_GE(*p, 1);
     EXPECT_LE(*p, 65535);
+}
+
+// Below the kernel's ephemeral range (where this host's range leaves room), and free for rank 0:
+// a listening socket on every address binds it.
+TEST(LaunchPort, FreePortIsBelowTheEphemeralRangeAndBinds) {
+    std::string text;
+    if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+        char buf[128];
+        text.assign(buf, std::fread(buf, 1, sizeof buf, f));
+        std::fclose(f);
+    }
+    const PortRange range = launch_parse_port_range(text);
+    for (int i = 0; i < 20; ++i) {
+        auto p = launch_free_port();
+        ASSERT_TRUE(p.ok()) << p.status().to_string();
+        if (range.low / 2 >= 1024 && range.low - 1 - range.low / 2 >= 64) {
+            EXPECT_GE(*p, range.low / 2);
+            EXPECT_LT(*p, range.low);
+        }
+        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ASSERT_GE(fd, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_ANY);
+        a.sin_port = htons(uint16_t(*p));
+        EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << *p;
+        EXPECT_EQ(::listen(fd, 1), 0) << *p;
+        ::close(fd);
+    }
+}
+
+TEST(LaunchPort, ParsesTheEphemeralRange) {
+    EXPECT_EQ(launch_parse_port_range("32768\t60999\n").low, 32768);
+    EXPECT_EQ(launch_parse_port_range("32768\t60999\n").high, 60999);
+    EXPECT_EQ(launch_parse_port_range("1024 65000").low, 1024);
+    for (const char* bad : {"", "x y", "60999 32768", "0 100", "5000 70000"}) {
+        const PortRange r = launch_parse_port_range(bad);
+        EXPECT_EQ(r.low, 32768) << bad;
+        EXPECT_EQ(r.high, 60999) << bad;
+    }
 }
 
 // The supervision rules, with made-up events.
