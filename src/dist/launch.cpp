@@ -170,7 +170,7 @@ Result<int> kernel_free_port() {
 Result<int> launch_free_port() {
     const PortRange range =
         launch_parse_port_range(read_text("/proc/sys/net/ipv4/ip_local_port_range"));
-    const int lo = std::max(1024, range.low / 2), hi = range.low - 1;
+    const int lo = std::max(1024, range.low / 2), hi = std::min(range.low - 1, kLaunchPortCap);
     if (hi - lo >= 64) {
         std::mt19937 rng(std::random_device{}());
         std::uniform_int_distribution<int> pick(lo, hi);

@@ -69,12 +69,16 @@ struct PortRange {
 };
 PortRange launch_parse_port_range(std::string_view text);
 
-// A TCP port for rank 0's rendezvous that every address of this host can bind now, drawn at random
-// below the ephemeral range (from half its low end up): a port the kernel picked for a bind to
-// port 0 and that was then released goes to the next socket that binds or connects without a
-// port (NCCL's bootstrap, any client), so rank 0 could find it taken; a port below the range is
-// never handed out that way. The kernel's pick for port 0 is the fallback where the range leaves
-// no room below it or 64 draws find no free port.
+// A TCP port for rank 0's rendezvous that every address of this host can bind now (as rank 0 binds
+// it: SO_REUSEADDR, IPv6 dual stack where the host has it), drawn at random from half the
+// ephemeral range's low end up to the lower of that end and kLaunchPortCap: a port the kernel
+// picked for a bind to port 0 and that was then released can go to any later socket that binds or
+// connects without a port (NCCL's bootstrap, any client), so rank 0 could find it taken; a port
+// below the range is never handed out that way. The cap keeps clear of ports fixed by convention
+// just below Linux's default range: torchrun's 29500 (and lathe's srun default from 29500 up) and
+// Kubernetes' NodePorts, 30000-32767. The kernel's pick for port 0 is the fallback where that
+// leaves fewer than 64 ports or 64 draws find no free one.
+inline constexpr int kLaunchPortCap = 29499;
 Result<int> launch_free_port();
 
 // "SIGKILL" for SIGKILL (the common signals by name), "signal 42" otherwise.

@@ -405,7 +405,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
 // shared-memory buffers of kTile keys (cp.async: tile i + 1 loads while tile i computes), and
 // warp w takes keys 16 w .. 16 w + 15 of every tile with the group's G heads as the rows of one
 // 16-row mma (rows past G are zero queries, computed and dropped):
-//   S = Q K^T by m16n8k16 bf16 mma: the exact bf16 products summed in f32, then times `scale`;
+//   S = Q K^T by m16n8k16 bf16 mma: the exact bf16 products accumulated in f32 by the tensor
+//   cores (not rounded as IEEE f32 at each addition; far inside the tests' bound), then times
+//   `scale`;
 //   an online softmax per warp and head in f32 (running max m, this thread's share of the sum l,
 //   output O scaled alike);
 //   O += P V by two mma per product, P split as hi = bf16(p) and lo = bf16(p - hi): hi + lo is
@@ -696,11 +698,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
 // The decode path's launch plan for one call: the grid's splits S. S fills the GPU: about
 // blocks_per_sm blocks per SM over the B x Hkv x S blocks (as many as fit an SM's shared memory:
 // kBlocksPerSm for decode_split_kernel, kMmaBlocksPerSm for decode_mma_kernel's double-buffered
-// tiles at D = 128), at least kMinChunk keys a split of the
+// tiles at D = 128, also used at D = 64), at least kMinChunk keys a split of the
 // longest row the cache holds (Tk, or the window), at most kMaxSplits, and the workspace (B x H x S
-// x (D + 2) f32) within the state's scratch. It depends on (B, Hkv, H, D, Tk, window) and the
-// device's SM count only, and a row's chunk on its length and S (decode_row_chunk): the same
-// inputs give the same bits.
+// x (D + 2) f32) within the state's scratch. It depends on (B, Hkv, H, D, Tk, window), the kernel
+// (decode_mma_takes: the shape and whether q is 16-byte aligned) and the device's SM count only,
+// and a row's chunk on its length and S (decode_row_chunk): the same inputs give the same bits.
 constexpr int kBlocksPerSm = 4;
 constexpr int kMmaBlocksPerSm = 3;
 

@@ -665,14 +665,15 @@ TEST(CudaAttentionDecode, MatchesCpuWithWindow) {
 // Bound: q, k, v are bf16 values fed exactly to both sides; the GPU computes in f32 and rounds out
 // once to bf16. Its f32 error against the CPU's f32 comes from other summation orders: a score is
 // a D-term dot product (D = 128: about sqrt(D) 2^-24 of |q||k| scale, under 1e-6; the tensor-core
-// kernel's mma sums the exact bf16 products in f32 alike), p = exp of a score (2 ulp; the
-// tensor-core kernel feeds p to P V as two bf16 parts, hi + lo, within 2^-16 of p), and l and acc
-// sum a split's keys in tiles (a 6-level tree per 64-key tile, then one addition per tile) and the
-// splits in split order: at most (6 + Tk / 64 / splits + splits) additions, each 2^-24 relative,
-// 1e-5 at the worst for 31000 keys, against a bf16 unit of 2^-8 (and 2^-16 of p: 2^-8 of a unit).
-// So out is one bf16 rounding (half a unit) from a value 1e-5 from the reference: kBf16Sum
-// (2 units relative plus 2 units of the row's scale, the existing decode bound) holds with room,
-// and lse = m + log l is f32 with an error of about 1e-5 absolute against |lse| ~ 10: kF32Sum.
+// kernel's mma accumulates the exact bf16 products in f32, not IEEE-rounded at each addition), p =
+// exp of a score (2 ulp; the tensor-core kernel feeds p to P V as two bf16 parts, hi + lo, within
+// 2^-16 of p), and l and acc sum a split's keys in tiles (a 6-level tree per 64-key tile, then one
+// addition per tile) and the splits in split order: at most (6 + Tk / 64 / splits + splits)
+// additions, each 2^-24 relative, 1e-5 at the worst for 31000 keys, against a bf16 unit of 2^-8
+// (and 2^-16 of p: 2^-8 of a unit). So out is one bf16 rounding (half a unit) from a value 1e-5
+// from the reference: kBf16Sum (2 units relative plus 2 units of the row's scale, the existing
+// decode bound) holds with room, and lse = m + log l is f32 with an error of about 1e-5 absolute
+// against |lse| ~ 10: kF32Sum.
 struct DecodeCase {
     int64_t H, Hkv, D, window;
     std::vector<int32_t> lengths;
