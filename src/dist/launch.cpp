@@ -167,13 +167,19 @@ Result<int> kernel_free_port() {
 
 }  // namespace
 
+PortRange launch_port_draw_range(int ephemeral_low) {
+    return {std::max(1024, ephemeral_low / 2), std::min(ephemeral_low - 1, kLaunchPortCap)};
+}
+
+PortRange launch_ephemeral_port_range() {
+    return launch_parse_port_range(read_text("/proc/sys/net/ipv4/ip_local_port_range"));
+}
+
 Result<int> launch_free_port() {
-    const PortRange range =
-        launch_parse_port_range(read_text("/proc/sys/net/ipv4/ip_local_port_range"));
-    const int lo = std::max(1024, range.low / 2), hi = std::min(range.low - 1, kLaunchPortCap);
-    if (hi - lo >= 64) {
+    const PortRange draw = launch_port_draw_range(launch_ephemeral_port_range().low);
+    if (draw.high - draw.low >= 64) {
         std::mt19937 rng(std::random_device{}());
-        std::uniform_int_distribution<int> pick(lo, hi);
+        std::uniform_int_distribution<int> pick(draw.low, draw.high);
         for (int tries = 0; tries < 64; ++tries) {
             const int port = pick(rng);
             if (port_binds_everywhere(port)) return port;

@@ -80,6 +80,12 @@ PortRange launch_parse_port_range(std::string_view text);
 // leaves fewer than 64 ports or 64 draws find no free one.
 inline constexpr int kLaunchPortCap = 29499;
 Result<int> launch_free_port();
+// The interval launch_free_port draws from for an ephemeral range starting at `ephemeral_low`:
+// [max(1024, ephemeral_low / 2), min(ephemeral_low - 1, kLaunchPortCap)]; empty (high < low + 64)
+// where that leaves fewer than 64 ports, and the kernel's pick is taken instead.
+PortRange launch_port_draw_range(int ephemeral_low);
+// This host's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, parsed as above).
+PortRange launch_ephemeral_port_range();
 
 // "SIGKILL" for SIGKILL (the common signals by name), "signal 42" otherwise.
 std::string signal_name(int sig);

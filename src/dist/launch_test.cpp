@@ -174,21 +174,13 @@ TEST(LaunchPort, FreePortIsAPort) {
 // for rank 0: a listening socket on every address binds it as rank 0 does (SO_REUSEADDR: a port
 // whose earlier connections linger in TIME_WAIT binds so, and only so).
 TEST(LaunchPort, FreePortIsBelowTheEphemeralRangeAndBinds) {
-    std::string text;
-    if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-        char buf[128];
-        text.assign(buf, std::fread(buf, 1, sizeof buf, f));
-        std::fclose(f);
-    }
-    const PortRange range = launch_parse_port_range(text);
+    const PortRange draw = launch_port_draw_range(launch_ephemeral_port_range().low);
     for (int i = 0; i < 20; ++i) {
         auto p = launch_free_port();
         ASSERT_TRUE(p.ok()) << p.status().to_string();
-        const int lo = std::max(1024, range.low / 2);
-        const int hi = std::min(range.low - 1, kLaunchPortCap);
-        if (hi - lo >= 64) {
-            EXPECT_GE(*p, lo);
-            EXPECT_LE(*p, hi);
+        if (draw.high - draw.low >= 64) {
+            EXPECT_GE(*p, draw.low);
+            EXPECT_LE(*p, draw.high);
         }
         const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         ASSERT_GE(fd, 0);
@@ -202,6 +194,15 @@ TEST(LaunchPort, FreePortIsBelowTheEphemeralRangeAndBinds) {
         EXPECT_EQ(::listen(fd, 1), 0) << *p;
         ::close(fd);
     }
+}
+
+TEST(LaunchPort, DrawsBelowTheEphemeralRangeAndTheCap) {
+    EXPECT_EQ(launch_port_draw_range(32768).low, 16384);
+    EXPECT_EQ(launch_port_draw_range(32768).high, kLaunchPortCap);
+    EXPECT_EQ(launch_port_draw_range(20000).low, 10000);
+    EXPECT_EQ(launch_port_draw_range(20000).high, 19999);
+    const PortRange none = launch_port_draw_range(1080);  // 1024 .. 1079: fewer than 64
+    EXPECT_LT(none.high - none.low, 64);
 }
 
 TEST(LaunchPort, ParsesTheEphemeralRange) {
