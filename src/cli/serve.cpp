@@ -213,6 +213,9 @@ public:
             s.decode_steps);
         one("lathe_decode_rows_total", "counter",
             "Sequence rows decoded (a step of n running sequences counts n).", s.decode_rows);
+        one("lathe_prefill_forwards_total", "counter",
+            "Prefill forwards (sequences admitted together and prefilled in one count once).",
+            s.prefill_forwards);
         auto seconds = [&](const char* name, const char* help, double v) {
             o += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {:.6f}\n", name, help, name, name,
                              v);
