@@ -16,9 +16,12 @@ round meets per-shape first-use costs that the warm-up's shorter prompts do not 
 
 Each set also carries "server": the difference of the server's /metrics counters across the set
 (lathe serve's lathe_prefill_seconds_total, lathe_decode_seconds_total, lathe_decode_steps_total,
-lathe_decode_rows_total, lathe_prompt_tokens_total, lathe_prefill_forwards_total; absent from a
-server without them): the seconds spent in prefills and in decode steps, the prefill forwards (a
-group of prompts prefilled together counts once), ms_per_decode_step, and with --config (the
+lathe_decode_rows_total, lathe_prompt_tokens_total, lathe_prefill_forwards_total,
+lathe_engine_step_seconds_total; absent from a server without them): the seconds spent in
+prefills and in decode steps, the prefill forwards (a group of prompts prefilled together counts
+once), step_s (the engine thread's busy time: prefills, decode steps and the host work between
+them; the set's wall time less step_s is spent outside the engine thread), ms_per_decode_step,
+and with --config (the
 model's Hugging Face config.json, a Llama-shaped model: SwiGLU MLP, q/k/v/o projections) and
 --gpus G the prefill's mfu = (2 N_body P + 2 V C + 2 L H D P (P+1)) summed over the set's
 prompts / prefill seconds / G / 989.4 TFLOP/s (N_body: the layers' linear weights; the LM head
@@ -61,7 +64,8 @@ PEAK_HOPPER = 989.4e12  # H100 SXM dense bf16 (datasheet), lathe bench's peak
 COUNTERS = {"prefill_s": "lathe_prefill_seconds_total", "decode_s": "lathe_decode_seconds_total",
             "decode_steps": "lathe_decode_steps_total", "decode_rows": "lathe_decode_rows_total",
             "prompt_tokens": "lathe_prompt_tokens_total",
-            "prefill_forwards": "lathe_prefill_forwards_total"}
+            "prefill_forwards": "lathe_prefill_forwards_total",
+            "step_s": "lathe_engine_step_seconds_total"}
 
 
 def scrape(url):
@@ -100,7 +104,7 @@ def server_split(before, after, prompts, config, gpus):
     out = {"prefill_s": d["prefill_s"], "decode_s": d["decode_s"],
            "decode_steps": int(d["decode_steps"]), "decode_rows": int(d["decode_rows"]),
            "prompt_tokens": int(d["prompt_tokens"]), "prefill_forwards": int(d["prefill_forwards"]),
-           "ms_per_decode_step": None}
+           "step_s": d["step_s"], "ms_per_decode_step": None}
     if d["decode_steps"]:
         out["ms_per_decode_step"] = 1e3 * d["decode_s"] / d["decode_steps"]
     if config is not None and d["prefill_s"] > 0:

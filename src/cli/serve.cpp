@@ -225,6 +225,10 @@ public:
                 s.prefill_seconds);
         seconds("lathe_decode_seconds_total",
                 "Wall time in decode steps, to their logits on the host.", s.decode_seconds);
+        seconds("lathe_engine_step_seconds_total",
+                "Wall time of the engine thread's steps: prefills, decode steps and the host work "
+                "around them.",
+                s.step_seconds);
         one("lathe_queue_depth", "gauge", "Sequences waiting to join the batch.", s.waiting);
         one("lathe_running_sequences", "gauge", "Sequences in the running batch.", s.running);
         auto histogram = [&](const char* name, const char* help, const SecondsHistogram& h) {

@@ -344,6 +344,9 @@ TEST(PagedScheduler, NewSequencesPrefillTogetherAndGiveGeneratesTokens) {
             EXPECT_EQ(tickets[i]->snapshot().ids, (*want)[i].ids) << i;
         EXPECT_EQ(sched.stats().prefill_forwards, logprobs ? 3 : 1);
         EXPECT_EQ(sched.stats().decode_steps, 4);  // all four step together
+        // The engine thread's busy time holds its prefills and decode steps.
+        const SchedulerStats st = sched.stats();
+        EXPECT_GE(st.step_seconds, st.prefill_seconds + st.decode_seconds);
         if (logprobs) {
             EXPECT_EQ(tickets[1]->snapshot().prompt.size(), prompts[1].size());
         }

@@ -294,6 +294,12 @@ void Scheduler::prefill_joining(std::vector<Running>& joining) {
 }
 
 bool Scheduler::step() {
+    const Clock::time_point step_start = Clock::now();
+    struct Busy {  // the step's wall time into step_ns_, however it returns
+        std::atomic<int64_t>& ns;
+        Clock::time_point start;
+        ~Busy() { ns.fetch_add(nanoseconds(Clock::now() - start)); }
+    } busy{step_ns_, step_start};
     bool worked = false;
     const int64_t V = engine_.vocab_size();
     // Leave: sequences whose client went away.
@@ -448,6 +454,7 @@ SchedulerStats Scheduler::stats() const {
     s.decode_rows = decode_rows_.load();
     s.prefill_seconds = double(prefill_ns_.load()) * 1e-9;
     s.prefill_forwards = prefill_forwards_.load();
+    s.step_seconds = double(step_ns_.load()) * 1e-9;
     s.decode_seconds = double(decode_ns_.load()) * 1e-9;
     std::lock_guard<std::mutex> lock(latency_mu_);
     s.time_to_first_token = first_token_;

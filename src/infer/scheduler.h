@@ -122,6 +122,9 @@ struct SchedulerStats {
     int64_t decode_rows = 0;
     // The engine's prefill forwards: a group of sequences prefilled together counts once.
     int64_t prefill_forwards = 0;
+    // Wall time of the engine thread's steps: the prefills and decode steps above and the host
+    // work around them (admission, sampling, stop checks, publishing to the waiters).
+    double step_seconds = 0;
     // Per sequence: submit() to its first token (the queue wait and the prefill); and between
     // its consecutive tokens (a decode step, and the prefills of sequences that joined before it).
     SecondsHistogram time_to_first_token, time_per_output_token;
@@ -186,7 +189,8 @@ private:
     std::vector<double> prob_;
     std::vector<int32_t> order_;
     std::atomic<int64_t> running_count_{0}, finished_{0}, prompt_tokens_{0}, generated_{0},
-        steps_{0}, decode_rows_{0}, prefill_ns_{0}, decode_ns_{0}, prefill_forwards_{0};
+        steps_{0}, decode_rows_{0}, prefill_ns_{0}, decode_ns_{0}, prefill_forwards_{0},
+        step_ns_{0};
     mutable std::mutex latency_mu_;  // the two histograms
     SecondsHistogram first_token_, per_token_;
 };
