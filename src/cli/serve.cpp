@@ -213,9 +213,10 @@ public:
             s.decode_steps);
         one("lathe_decode_rows_total", "counter",
             "Sequence rows decoded (a step of n running sequences counts n).", s.decode_rows);
-        one("lathe_prefill_forwards_total", "counter",
-            "Prefill forwards (sequences admitted together and prefilled in one count once).",
-            s.prefill_forwards);
+        one("lathe_prefill_calls_total", "counter",
+            "Prefill calls to the engine (sequences admitted together and prefilled in one "
+            "forward count once).",
+            s.prefill_calls);
         auto seconds = [&](const char* name, const char* help, double v) {
             o += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {:.6f}\n", name, help, name, name,
                              v);

@@ -488,10 +488,12 @@ Status InferenceEngine::follow() {
                 prompts.emplace_back(tokens.data() + at, len);
                 at += len;
             }
-            logits.resize(size_t(std::max<int64_t>(n, 1)) * size_t(V));
-            if (well_formed && head[2] >= 0) {
-                const Status s = prefill_many_impl(
-                    seqs, prompts, std::span<float>(logits.data(), size_t(n) * size_t(V)));
+            // Every token in a prompt, as rank 0's call has it (a call rank 0 refuses for its
+            // prompts' count is refused here too: no forward runs on one rank alone).
+            well_formed = well_formed && at == tokens.size() && head[2] >= 0;
+            if (well_formed) {
+                logits.resize(size_t(n) * size_t(V));
+                const Status s = prefill_many_impl(seqs, prompts, logits);
                 (void)s;
             }
         } else if (op == Op::kDecode) {
@@ -673,8 +675,11 @@ bool InferenceEngine::prefill_many_fits(std::span<const int64_t> lengths) const 
         longest = std::max(longest, n);
         total += n;
     }
+    // One-token prompts prefill alone: a (B, 1) batch would need the decode kernel's attention
+    // (cuDNN builds no graph of one query and one key), which prefill's one-token chunk takes.
     const int64_t B = int64_t(lengths.size());
-    return B * longest <= limits_.prefill_chunk && 1 + 2 * B + total <= message_capacity();
+    return longest >= 2 && B * longest <= limits_.prefill_chunk &&
+           1 + 2 * B + total <= message_capacity();
 }
 
 Status InferenceEngine::prefill_many(std::span<const SeqId> seqs,
@@ -750,8 +755,8 @@ Status InferenceEngine::prefill_many_impl(std::span<const SeqId> seqs,
     for (int64_t b = 0; b < B; ++b)
         LATHE_RETURN_IF_ERROR(paged_cache_.reserve(seqs[size_t(b)], lengths[size_t(b)]));
     // Row b holds prompt b then padding (token 0) up to Tm; positions count on through the
-    // padding (a padded row's queries see only its own earlier keys, all real, and its padding
-    // rows write no cache slot).
+    // padding. Causal attention keeps every real query of a row to that row's earlier keys, all
+    // real; the padding rows (whose outputs nobody reads) write no cache slot.
     std::vector<int32_t> host_tok(size_t(B * Tm), 0), host_slots(size_t(B * Tm), -1);
     host_pos_.resize(size_t(B * Tm));
     for (int64_t b = 0; b < B; ++b) {

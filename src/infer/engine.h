@@ -228,15 +228,17 @@ public:
     // (open, length 0, each listed once), padded to the longest prompt Tm; the logits that follow
     // each prompt's last token go to row i of `logits` (seqs.size() x V floats). The forward has
     // seqs.size() x Tm rows, so a batch of prompts of about one length fills the GPU's GEMMs as
-    // one long prompt does where each alone would not; padding rows write no key or value and
-    // are never attended to (they follow every real token of their row). The paged cache only.
+    // one long prompt does where each alone would not; padding rows write no key or value and no
+    // real query attends to them (they follow every real token of their row). The paged cache
+    // only.
     // Errors: prefill's, and a row cache, a sequence not new or listed twice, or a batch
     // prefill_many_fits refuses.
     Status prefill_many(std::span<const SeqId> seqs,
                         std::span<const std::span<const int32_t>> prompts, std::span<float> logits);
     // Whether prefill_many takes prompts of these lengths in one forward: the paged cache, at
-    // least one prompt, at most max_sequences, each at least 1 and within max_len, and their
-    // count times the longest within prefill_chunk (and within a tensor-parallel message).
+    // least one prompt, at most max_sequences, each at least 1 and within max_len, the longest at
+    // least 2 (one-token prompts prefill alone), and their count times the longest within
+    // prefill_chunk (and within a tensor-parallel message).
     bool prefill_many_fits(std::span<const int64_t> lengths) const;
 
     // Appends steps[i].token to steps[i].seq for every open sequence (each exactly once, any

@@ -342,7 +342,7 @@ TEST(PagedScheduler, NewSequencesPrefillTogetherAndGiveGeneratesTokens) {
         }
         for (size_t i = 0; i < prompts.size(); ++i)
             EXPECT_EQ(tickets[i]->snapshot().ids, (*want)[i].ids) << i;
-        EXPECT_EQ(sched.stats().prefill_forwards, logprobs ? 3 : 1);
+        EXPECT_EQ(sched.stats().prefill_calls, logprobs ? 3 : 1);
         EXPECT_EQ(sched.stats().decode_steps, 4);  // all four step together
         // The engine thread's busy time holds its prefills and decode steps.
         const SchedulerStats st = sched.stats();
@@ -385,9 +385,13 @@ TEST(PagedEngine, PrefillManyErrors) {
     const std::span<const int32_t> p45[2] = {four, std::span<const int32_t>(L.tokens).first(5)};
     EXPECT_EQ(e.prefill_many(aa, p44, two).code(), StatusCode::kInvalidArgument);  // twice
     EXPECT_EQ(e.prefill_many(ab, p45, two).code(), StatusCode::kInvalidArgument);  // 2 x 5 > 8
-    const int64_t n45[2] = {4, 5}, n44[2] = {4, 4};
+    const int64_t n45[2] = {4, 5}, n44[2] = {4, 4}, n11[2] = {1, 1}, n12[2] = {1, 2};
     EXPECT_FALSE(e.prefill_many_fits(n45));
     EXPECT_TRUE(e.prefill_many_fits(n44));
+    EXPECT_FALSE(e.prefill_many_fits(n11));  // one-token prompts prefill alone
+    EXPECT_TRUE(e.prefill_many_fits(n12));
+    const std::span<const int32_t> p11[2] = {four.first(1), four.first(1)};
+    EXPECT_EQ(e.prefill_many(ab, p11, two).code(), StatusCode::kInvalidArgument);
     std::vector<int32_t> bad(four.begin(), four.end());
     bad[2] = int32_t(V);
     const std::span<const int32_t> pbad[2] = {four, bad};

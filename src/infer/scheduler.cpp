@@ -203,7 +203,7 @@ void Scheduler::finish(Running& r) {
 
 // Groups of joining sequences that prefill_many takes in one forward: consecutive ones without
 // prompt log-probabilities whose prompts, padded to the group's longest, fit its limits
-// (prefill_many_fits) and waste at most a quarter of the forward's rows on padding. A group of
+// (prefill_many_fits) and waste at most a fifth of the forward's rows on padding. A group of
 // one prefills alone (in prefill_chunk pieces).
 void Scheduler::prefill_joining(std::vector<Running>& joining) {
     const int64_t V = engine_.vocab_size();
@@ -248,7 +248,7 @@ void Scheduler::prefill_joining(std::vector<Running>& joining) {
         // The prefill's end: its time, and each sequence's first token's.
         const Clock::time_point t1 = Clock::now();
         prefill_ns_.fetch_add(nanoseconds(t1 - t0));
-        prefill_forwards_.fetch_add(1);
+        prefill_calls_.fetch_add(1);
         for (size_t k = i; k < end; ++k) {
             Running& r = joining[k];
             r.last_token = t1;
@@ -453,7 +453,7 @@ SchedulerStats Scheduler::stats() const {
     s.decode_steps = steps_.load();
     s.decode_rows = decode_rows_.load();
     s.prefill_seconds = double(prefill_ns_.load()) * 1e-9;
-    s.prefill_forwards = prefill_forwards_.load();
+    s.prefill_calls = prefill_calls_.load();
     s.step_seconds = double(step_ns_.load()) * 1e-9;
     s.decode_seconds = double(decode_ns_.load()) * 1e-9;
     std::lock_guard<std::mutex> lock(latency_mu_);
