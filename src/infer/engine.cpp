@@ -795,12 +795,19 @@ Status InferenceEngine::prefill_many_impl(std::span<const SeqId> seqs,
         attention_forward(att, lse, q, k, v, ConstTensorView(), cfg.window(l), scale, 0, ctx_);
     };
     LATHE_ASSIGN_OR_RETURN(const TensorView x, run_blocks(B, Tm, tok, pos, attend));
-    const TensorView rows = x.reshape(Shape{B * Tm, cfg.hidden_size});
+    // Each prompt's last row (b Tm + length_b - 1) gathered into the tmp scratch, then one final
+    // norm and LM head over the B rows (a row gather is kv_rows_gather over (rows, 1, 1, C)).
+    const int64_t C = cfg.hidden_size;
+    std::vector<int32_t> last(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b) {
         set_length(seqs[size_t(b)], lengths[size_t(b)]);
-        const int64_t r = b * Tm + lengths[size_t(b)] - 1;
-        last_logits(rows.slice(r, r + 1), 1, logits.subspan(size_t(b * V), size_t(V)));
+        last[size_t(b)] = int32_t(b * Tm + lengths[size_t(b)] - 1);
     }
+    const TensorView at = scratch(ix_.lengths, Shape{B});
+    upload(at, last);
+    const TensorView ends = scratch(ix_.tmp, Shape{B, C});
+    kv_rows_gather(ends, x.reshape(Shape{B * Tm, 1, 1, C}), at, ctx_);
+    last_logits(ends, B, logits);
     return ok_status();
 }
 
