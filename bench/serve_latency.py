@@ -16,8 +16,12 @@ round meets per-shape first-use costs that the warm-up's shorter prompts do not 
 
 Each set also carries "server": the difference of the server's /metrics counters across the set
 (lathe serve's lathe_prefill_seconds_total, lathe_decode_seconds_total, lathe_decode_steps_total,
-lathe_decode_rows_total, lathe_prompt_tokens_total; absent from a server without them): the
-seconds spent in prefills and in decode steps, ms_per_decode_step, and with --config (the
+lathe_decode_rows_total, lathe_prompt_tokens_total; absent from a server without them; and,
+where the server has them, lathe_prefill_calls_total and lathe_engine_step_seconds_total): the
+seconds spent in prefills and in decode steps, the prefill calls (a group of prompts prefilled
+together counts once), step_s (the engine thread's busy time: prefills, decode steps and the host work between
+them; the set's wall time less step_s is spent outside the engine thread), ms_per_decode_step,
+and with --config (the
 model's Hugging Face config.json, a Llama-shaped model: SwiGLU MLP, q/k/v/o projections) and
 --gpus G the prefill's mfu = (2 N_body P + 2 V C + 2 L H D P (P+1)) summed over the set's
 prompts / prefill seconds / G / 989.4 TFLOP/s (N_body: the layers' linear weights; the LM head
@@ -60,10 +64,14 @@ PEAK_HOPPER = 989.4e12  # H100 SXM dense bf16 (datasheet), lathe bench's peak
 COUNTERS = {"prefill_s": "lathe_prefill_seconds_total", "decode_s": "lathe_decode_seconds_total",
             "decode_steps": "lathe_decode_steps_total", "decode_rows": "lathe_decode_rows_total",
             "prompt_tokens": "lathe_prompt_tokens_total"}
+# Counters a server may lack (one built before them): reported where both scrapes have them.
+OPTIONAL = {"prefill_calls": "lathe_prefill_calls_total",
+            "step_s": "lathe_engine_step_seconds_total"}
 
 
 def scrape(url):
-    """The server's counters named in COUNTERS, or None where /metrics lacks one."""
+    """The server's counters named in COUNTERS (None where /metrics lacks one) and those of
+    OPTIONAL it has."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
             text = r.read().decode()
@@ -76,7 +84,9 @@ def scrape(url):
             values[parts[0]] = float(parts[1])
     if any(name not in values for name in COUNTERS.values()):
         return None
-    return {key: values[name] for key, name in COUNTERS.items()}
+    out = {key: values[name] for key, name in COUNTERS.items()}
+    out.update({key: values[name] for key, name in OPTIONAL.items() if name in values})
+    return out
 
 
 def prefill_flops(config, prompt_len):
@@ -97,8 +107,12 @@ def server_split(before, after, prompts, config, gpus):
     d = {k: after[k] - before[k] for k in COUNTERS}
     out = {"prefill_s": d["prefill_s"], "decode_s": d["decode_s"],
            "decode_steps": int(d["decode_steps"]), "decode_rows": int(d["decode_rows"]),
-           "prompt_tokens": int(d["prompt_tokens"]),
-           "ms_per_decode_step": None}
+           "prompt_tokens": int(d["prompt_tokens"]), "ms_per_decode_step": None}
+    for k in OPTIONAL:
+        if k in before and k in after:
+            out[k] = after[k] - before[k]
+    if "prefill_calls" in out:
+        out["prefill_calls"] = int(out["prefill_calls"])
     if d["decode_steps"]:
         out["ms_per_decode_step"] = 1e3 * d["decode_s"] / d["decode_steps"]
     if config is not None and d["prefill_s"] > 0:

@@ -213,6 +213,10 @@ public:
             s.decode_steps);
         one("lathe_decode_rows_total", "counter",
             "Sequence rows decoded (a step of n running sequences counts n).", s.decode_rows);
+        one("lathe_prefill_calls_total", "counter",
+            "Prefill calls to the engine (sequences admitted together and prefilled in one "
+            "forward count once).",
+            s.prefill_calls);
         auto seconds = [&](const char* name, const char* help, double v) {
             o += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {:.6f}\n", name, help, name, name,
                              v);
@@ -222,6 +226,10 @@ public:
                 s.prefill_seconds);
         seconds("lathe_decode_seconds_total",
                 "Wall time in decode steps, to their logits on the host.", s.decode_seconds);
+        seconds("lathe_engine_step_seconds_total",
+                "Wall time of the engine thread's steps: prefills, decode steps and the host work "
+                "around them.",
+                s.step_seconds);
         one("lathe_queue_depth", "gauge", "Sequences waiting to join the batch.", s.waiting);
         one("lathe_running_sequences", "gauge", "Sequences in the running batch.", s.running);
         auto histogram = [&](const char* name, const char* help, const SecondsHistogram& h) {

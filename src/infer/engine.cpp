@@ -149,11 +149,14 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
     }
     // CUDA paged: a decode step's block tables (one row of table_width() entries per sequence)
     // and the pool slots its keys/values go to (or, in a prefill, the slots of the sequence's
-    // positions 0..len-1: the chunk's are written, all are gathered).
+    // positions 0..len-1: the chunk's are written, all are gathered). Paged on either backend:
+    // prefill_many's slots of its N rows at most.
     const int64_t M = e.paged_ ? e.paged_cache_.blocks_for(lim.max_len) : 0;
     if (e.paged_ && cuda) {
         LATHE_ASSIGN_OR_RETURN(e.ix_.tables, add("block_tables", i32, Shape{S, M}));
-        LATHE_ASSIGN_OR_RETURN(e.ix_.slots, add("slots", i32, Shape{std::max(lim.max_len, S)}));
+    }
+    if (e.paged_) {
+        LATHE_ASSIGN_OR_RETURN(e.ix_.slots, add("slots", i32, Shape{std::max(lim.max_len, N)}));
     }
     LATHE_ASSIGN_OR_RETURN(e.ix_.att, add("att", a, Shape{N, H, D}));
     LATHE_ASSIGN_OR_RETURN(e.ix_.lse, add("lse", f32, Shape{N * H}));
@@ -168,11 +171,11 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
     LATHE_ASSIGN_OR_RETURN(e.ix_.rope_cos, add("rope_cos", f32, Shape{lim.max_len, half}));
     LATHE_ASSIGN_OR_RETURN(e.ix_.rope_sin, add("rope_sin", f32, Shape{lim.max_len, half}));
     if (e.tp_ != nullptr && e.ctx_.backend == Backend::kCuda) {
-        // follow(): a call's payload (a prompt's tokens, or a step's sequence and token pairs),
-        // and the 3-element header before it.
+        // follow(): a call's payload (a prompt's tokens, a step's sequence and token pairs, or
+        // prefill_many's message), and the 3-element header before it.
         LATHE_ASSIGN_OR_RETURN(
             e.ix_.message, add("message", DType::kI64,
-                               Shape{std::max({int64_t(3), lim.max_len, 2 * lim.max_sequences})}));
+                               Shape{std::max({int64_t(3), lim.max_len, 2 * S, N + 2 * S + 1})}));
     }
     LATHE_ASSIGN_OR_RETURN(e.scratch_, ModelArena::allocate(std::move(layout), e.ctx_));
     if (e.ctx_.backend == Backend::kCuda) {
@@ -392,9 +395,16 @@ Status InferenceEngine::broadcast_i64(int64_t* data, int64_t n) {
     return ok_status();
 }
 
+int64_t InferenceEngine::message_capacity() const {
+    // A prompt (max_len), a decode step's (seq, token) pairs, or prefill_many's count, (seq,
+    // length) pairs and up to N prompt tokens (N = max(prefill_chunk, max_sequences)).
+    const int64_t S = limits_.max_sequences, N = std::max(limits_.prefill_chunk, S);
+    return std::max({limits_.max_len, 2 * S, N + 2 * S + 1});
+}
+
 Status InferenceEngine::send(Op op, int64_t seq, std::span<const int64_t> payload) {
     LATHE_RETURN_IF_ERROR(lead_error_);
-    const int64_t cap = std::max(limits_.max_len, 2 * limits_.max_sequences);
+    const int64_t cap = message_capacity();
     // A payload beyond the buffer is a call the engine refuses anyway (more tokens than the
     // context, more steps than sequences): the followers get none of it and refuse alike.
     const int64_t n = std::min<int64_t>(int64_t(payload.size()), cap);
@@ -456,6 +466,36 @@ Status InferenceEngine::follow() {
             logits.resize(size_t((all ? std::max<size_t>(tokens.size(), 1) : 1) * size_t(V)));
             const Status s = all ? prefill_all(seq, tokens, logits) : prefill(seq, tokens, logits);
             (void)s;
+        } else if (op == Op::kPrefillMany) {
+            // n, (seq, length) n times, the prompts end to end (prefill_many_message).
+            std::vector<SeqId> seqs;
+            std::vector<std::span<const int32_t>> prompts;
+            const int64_t n = payload.empty() ? 0 : payload[0];
+            tokens.clear();
+            bool well_formed = n >= 1 && int64_t(payload.size()) >= 1 + 2 * n;
+            for (int64_t i = 0; well_formed && i < n; ++i) {
+                seqs.push_back(payload[size_t(1 + 2 * i)]);
+                if (payload[size_t(2 + 2 * i)] < 0) well_formed = false;
+            }
+            if (well_formed) tokens.assign(payload.begin() + 1 + 2 * n, payload.end());
+            size_t at = 0;
+            for (int64_t i = 0; well_formed && i < n; ++i) {
+                const size_t len = size_t(payload[size_t(2 + 2 * i)]);
+                if (at + len > tokens.size()) {
+                    well_formed = false;
+                    break;
+                }
+                prompts.emplace_back(tokens.data() + at, len);
+                at += len;
+            }
+            // Every token in a prompt, as rank 0's call has it (a call rank 0 refuses for its
+            // prompts' count is refused here too: no forward runs on one rank alone).
+            well_formed = well_formed && at == tokens.size() && head[2] >= 0;
+            if (well_formed) {
+                logits.resize(size_t(n) * size_t(V));
+                const Status s = prefill_many_impl(seqs, prompts, logits);
+                (void)s;
+            }
         } else if (op == Op::kDecode) {
             steps.clear();
             for (size_t i = 0; i + 1 < payload.size(); i += 2)
@@ -613,6 +653,162 @@ Status InferenceEngine::prefill_all(SeqId seq, std::span<const int32_t> tokens,
                                     std::span<float> all_logits) {
     if (leading_) LATHE_RETURN_IF_ERROR(send_tokens(Op::kPrefillAll, seq, tokens));
     return prefill_impl(seq, tokens, all_logits, /*all=*/true);
+}
+
+std::vector<int64_t> InferenceEngine::prefill_many_message(
+    std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> prompts) {
+    std::vector<int64_t> m;
+    m.push_back(int64_t(seqs.size()));
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        m.push_back(seqs[i]);
+        m.push_back(i < prompts.size() ? int64_t(prompts[i].size()) : -1);
+    }
+    for (const std::span<const int32_t>& p : prompts) m.insert(m.end(), p.begin(), p.end());
+    return m;
+}
+
+bool InferenceEngine::prefill_many_fits(std::span<const int64_t> lengths) const {
+    if (!paged_ || lengths.empty() || int64_t(lengths.size()) > limits_.max_sequences) return false;
+    int64_t longest = 0, total = 0;
+    for (const int64_t n : lengths) {
+        if (n < 1 || n > limits_.max_len) return false;
+        longest = std::max(longest, n);
+        total += n;
+    }
+    // One-token prompts prefill alone: a (B, 1) batch would need the decode kernel's attention
+    // (cuDNN builds no graph of one query and one key), which prefill's one-token chunk takes.
+    const int64_t B = int64_t(lengths.size());
+    return longest >= 2 && B * longest <= limits_.prefill_chunk &&
+           1 + 2 * B + total <= message_capacity();
+}
+
+Status InferenceEngine::prefill_many(std::span<const SeqId> seqs,
+                                     std::span<const std::span<const int32_t>> prompts,
+                                     std::span<float> logits) {
+    if (leading_) {
+        message_ = prefill_many_message(seqs, prompts);
+        LATHE_RETURN_IF_ERROR(send(Op::kPrefillMany, 0, message_));
+    }
+    return prefill_many_impl(seqs, prompts, logits);
+}
+
+Status InferenceEngine::prefill_many_impl(std::span<const SeqId> seqs,
+                                          std::span<const std::span<const int32_t>> prompts,
+                                          std::span<float> logits) {
+    const ModelConfig& cfg = config();
+    const int64_t B = int64_t(seqs.size()), V = cfg.vocab_size;
+    if (!paged_) {
+        return invalid_argument_error(
+            "prefill_many: the row cache (kv_block_size 0) prefills one sequence at a time");
+    }
+    if (B < 1 || int64_t(prompts.size()) != B) {
+        return invalid_argument_error("prefill_many: {} sequences with {} prompts", B,
+                                      prompts.size());
+    }
+    if (int64_t(logits.size()) != B * V) {
+        return invalid_argument_error("prefill_many: logits hold {} floats, need {} x {}",
+                                      logits.size(), B, V);
+    }
+    std::vector<int64_t> lengths;
+    for (int64_t b = 0; b < B; ++b) {
+        const SeqId seq = seqs[size_t(b)];
+        if (!is_open(seq))
+            return invalid_argument_error("prefill_many: sequence {} is not open", seq);
+        if (length(seq) != 0) {
+            return invalid_argument_error(
+                "prefill_many: sequence {} holds {} tokens; it prefills new sequences only", seq,
+                length(seq));
+        }
+        for (int64_t a = 0; a < b; ++a) {
+            if (seqs[size_t(a)] == seq)
+                return invalid_argument_error("prefill_many: sequence {} is listed twice", seq);
+        }
+        const std::span<const int32_t> p = prompts[size_t(b)];
+        if (p.empty()) return invalid_argument_error("prefill: no tokens for sequence {}", seq);
+        for (size_t i = 0; i < p.size(); ++i) {
+            if (p[i] < 0 || p[i] >= V) {
+                return invalid_argument_error(
+                    "token {} at index {} is outside the vocabulary [0, {})", p[i], i, V);
+            }
+        }
+        if (int64_t(p.size()) > limits_.max_len) {
+            return invalid_argument_error(
+                "{} tokens after the 0 already in sequence {} exceed its {}-token context",
+                p.size(), seq, limits_.max_len);
+        }
+        lengths.push_back(int64_t(p.size()));
+    }
+    if (!prefill_many_fits(lengths)) {
+        return invalid_argument_error(
+            "prefill_many: {} prompts padded to the longest exceed the {}-token prefill chunk "
+            "(or the tensor-parallel message); prefill them in smaller groups",
+            B, limits_.prefill_chunk);
+    }
+    const int64_t Tm = *std::max_element(lengths.begin(), lengths.end());
+    int64_t blocks = 0;
+    for (const int64_t n : lengths) blocks += paged_cache_.blocks_for(n);
+    if (blocks > paged_cache_.free_blocks()) {  // checked first: nothing is taken then
+        return failed_precondition_error(
+            "prefill_many: the {} prompts need {} KV blocks, {} are free", B, blocks,
+            paged_cache_.free_blocks());
+    }
+    for (int64_t b = 0; b < B; ++b)
+        LATHE_RETURN_IF_ERROR(paged_cache_.reserve(seqs[size_t(b)], lengths[size_t(b)]));
+    // Row b holds prompt b then padding (token 0) up to Tm; positions count on through the
+    // padding. Causal attention keeps every real query of a row to that row's earlier keys, all
+    // real; the padding rows (whose outputs nobody reads) write no cache slot.
+    std::vector<int32_t> host_tok(size_t(B * Tm), 0), host_slots(size_t(B * Tm), -1);
+    host_pos_.resize(size_t(B * Tm));
+    for (int64_t b = 0; b < B; ++b) {
+        const std::span<const int32_t> p = prompts[size_t(b)];
+        for (int64_t t = 0; t < Tm; ++t) {
+            const size_t i = size_t(b * Tm + t);
+            host_pos_[i] = int32_t(t);
+            if (t < int64_t(p.size())) {
+                host_tok[i] = p[size_t(t)];
+                host_slots[i] = int32_t(paged_cache_.slot(seqs[size_t(b)], t));
+            }
+        }
+    }
+    const TensorView tok = scratch(ix_.tokens, Shape{B, Tm});
+    const TensorView pos = scratch(ix_.positions, Shape{B, Tm});
+    const TensorView slots = scratch(ix_.slots, Shape{B * Tm});
+    upload(tok, host_tok);
+    upload(pos, host_pos_);
+    upload(slots, host_slots);
+    const float scale = block_attention_scale(cfg);
+    auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q,
+                      const TensorView& att, const TensorView& lse, const LinearSpec& spec,
+                      ConstTensorView positions) {
+        const int64_t Hkv = cfg.num_kv_heads, D = cfg.head_dim;
+        const TensorView k = scratch(ix_.knew, Shape{B, Tm, Hkv, D});
+        const TensorView v = scratch(ix_.vnew, Shape{B, Tm, Hkv, D});
+        linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
+        linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
+        linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
+        if (cfg.position == PositionKind::kRope) {
+            rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
+                            scratch_.view(ix_.rope_sin), ctx_);
+        }
+        kv_rows_scatter(paged_cache_.keys(l), k.reshape(Shape{B * Tm, Hkv, D}), slots, ctx_);
+        kv_rows_scatter(paged_cache_.values(l), v.reshape(Shape{B * Tm, Hkv, D}), slots, ctx_);
+        attention_forward(att, lse, q, k, v, ConstTensorView(), cfg.window(l), scale, 0, ctx_);
+    };
+    LATHE_ASSIGN_OR_RETURN(const TensorView x, run_blocks(B, Tm, tok, pos, attend));
+    // Each prompt's last row (b Tm + length_b - 1) gathered into the tmp scratch, then one final
+    // norm and LM head over the B rows (a row gather is kv_rows_gather over (rows, 1, 1, C)).
+    const int64_t C = cfg.hidden_size;
+    std::vector<int32_t> last(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+        set_length(seqs[size_t(b)], lengths[size_t(b)]);
+        last[size_t(b)] = int32_t(b * Tm + lengths[size_t(b)] - 1);
+    }
+    const TensorView at = scratch(ix_.lengths, Shape{B});
+    upload(at, last);
+    const TensorView ends = scratch(ix_.tmp, Shape{B, C});
+    kv_rows_gather(ends, x.reshape(Shape{B * Tm, 1, 1, C}), at, ctx_);
+    last_logits(ends, B, logits);
+    return ok_status();
 }
 
 Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,

@@ -224,6 +224,23 @@ public:
     // of max_sequences rows). A server's echo of prompt log-probabilities reads them.
     Status prefill_all(SeqId seq, std::span<const int32_t> tokens, std::span<float> all_logits);
 
+    // Prefills several new sequences in one forward: prompts[i] (at least one token) into seqs[i]
+    // (open, length 0, each listed once), padded to the longest prompt Tm; the logits that follow
+    // each prompt's last token go to row i of `logits` (seqs.size() x V floats). The forward has
+    // seqs.size() x Tm rows, so a batch of prompts of about one length fills the GPU's GEMMs as
+    // one long prompt does where each alone would not; padding rows write no key or value and no
+    // real query attends to them (they follow every real token of their row). The paged cache
+    // only.
+    // Errors: prefill's, and a row cache, a sequence not new or listed twice, or a batch
+    // prefill_many_fits refuses.
+    Status prefill_many(std::span<const SeqId> seqs,
+                        std::span<const std::span<const int32_t>> prompts, std::span<float> logits);
+    // Whether prefill_many takes prompts of these lengths in one forward: the paged cache, at
+    // least one prompt, at most max_sequences, each at least 1 and within max_len, the longest at
+    // least 2 (one-token prompts prefill alone), and their count times the longest within
+    // prefill_chunk (and within a tensor-parallel message).
+    bool prefill_many_fits(std::span<const int64_t> lengths) const;
+
     // Appends steps[i].token to steps[i].seq for every open sequence (each exactly once, any
     // order) and writes the logits that follow into rows i of `logits` (steps.size() x V floats).
     // Errors: a sequence missing, repeated, unknown or never prefilled; a token outside [0, V); a
@@ -297,7 +314,23 @@ private:
     bool is_open(SeqId seq) const;
     Result<SeqId> open_here();  // open() without sending it
     // lead()/follow(): one call sent from rank 0 (op, sequence, payload of i64).
-    enum class Op : int64_t { kOpen = 1, kClose, kPrefill, kPrefillAll, kDecode, kStop };
+    enum class Op : int64_t {
+        kOpen = 1,
+        kClose,
+        kPrefill,
+        kPrefillAll,
+        kDecode,
+        kStop,
+        kPrefillMany
+    };
+    // The message of prefill_many: the count n, then (seq, length) n times, then the prompts end
+    // to end.
+    static std::vector<int64_t> prefill_many_message(
+        std::span<const SeqId> seqs, std::span<const std::span<const int32_t>> prompts);
+    Status prefill_many_impl(std::span<const SeqId> seqs,
+                             std::span<const std::span<const int32_t>> prompts,
+                             std::span<float> logits);
+    int64_t message_capacity() const;
     Status send(Op op, int64_t seq, std::span<const int64_t> payload);
     Status send_tokens(Op op, SeqId seq, std::span<const int32_t> tokens);
     Status receive(int64_t head[3], std::vector<int64_t>& payload);

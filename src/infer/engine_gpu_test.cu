@@ -464,6 +464,48 @@ TEST_P(EngineGpu, SkinnyGemvDecodeEqualsCublaslt) {
     }
 }
 
+// New sequences prefilled in one forward (prefill_many: prompts of 4, 7 and 2 tokens padded to 7,
+// a (3, 7) batch through cuDNN's attention, the padding rows writing no cache slot) against the
+// same paged engine prefilling them one at a time: the same bf16 ops over other GEMM shapes, so
+// every logits row within the header's bound, and the decode steps after them alike.
+TEST_P(EngineGpu, PrefillManyEqualsOneAtATime) {
+    const model_fixture::Fixture f = model_fixture::load(GetParam());
+    Model model = make_model(f, state_->context());
+    InferenceEngine one = make_engine(model, 3, 16);
+    EngineLimits lim;
+    lim.max_sequences = 3;
+    lim.max_len = kPrompt + kNew + 8;
+    lim.prefill_chunk = 24;
+    lim.kv_block_size = 16;
+    Result<InferenceEngine> many = InferenceEngine::create(model, lim);
+    ASSERT_TRUE(many.ok()) << many.status().to_string();
+    TwinEngines twin{one, *many, f};
+    const int64_t V = f.config.vocab_size;
+    const int32_t* t = f.ref("tokens").as<int32_t>();
+    const std::vector<int64_t> lens = {4, std::min<int64_t>(7, f.T), 2};
+    std::vector<std::span<const int32_t>> prompts;
+    std::vector<float> zb(lens.size() * size_t(V)), za(static_cast<size_t>(V));
+    for (const int64_t n : lens) {
+        prompts.emplace_back(t, size_t(n));
+        twin.st.push_back(*many->open());
+    }
+    const Status s = many->prefill_many(twin.st, prompts, zb);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    for (size_t i = 0; i < lens.size(); ++i) {
+        twin.sr.push_back(*one.open());
+        ASSERT_TRUE(one.prefill(twin.sr.back(), prompts[i], za).ok());
+        const std::vector<float> rb(zb.begin() + long(i) * V, zb.begin() + long(i + 1) * V);
+        EXPECT_LE(model_fixture::rel_error(
+                      ConstTensorView(rb.data(), DType::kF32, Shape{V}, Device::kCpu),
+                      ConstTensorView(za.data(), DType::kF32, Shape{V}, Device::kCpu)),
+                  twin.eps_rel)
+            << "prompt " << i;
+        twin.next.push_back(argmax(za));
+        twin.parted.push_back(top2_gap(za) < 2 * twin.eps_rel * max_abs(za) ? 1 : 0);
+    }
+    twin.steps(3);
+}
+
 // The paged cache's decode kernel keeps a block's GQA group of queries, scores and sums in shared
 // memory: a group too large for the device's limit per block is refused when the engine is
 // created (an error naming head_dim and the group, never a stop at the first decode step), and

@@ -181,6 +181,53 @@ TEST_P(PagedEngine, EqualsTheFullForwardAndTheRowCache) {
     }
 }
 
+// Several new sequences prefilled in one forward (prefill_many: prompts of 5, 1 and 3 tokens
+// padded to 5), then decoded together: every row the full forward's at its position.
+TEST_P(PagedEngine, PrefillManyEqualsTheFullForward) {
+    Loaded L = load(GetParam());
+    const int64_t T = L.f.T, V = L.f.config.vocab_size;
+    const float* full = L.logits.view().as<float>();
+    EngineLimits lim;
+    lim.max_sequences = 3;
+    lim.max_len = T;
+    lim.prefill_chunk = 15;
+    lim.kv_block_size = 2;
+    Result<InferenceEngine> e = InferenceEngine::create(L.model, lim);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    const std::vector<int64_t> lens = {5, 1, 3};
+    std::vector<SeqId> seqs;
+    std::vector<std::span<const int32_t>> prompts;
+    for (int64_t n : lens) {
+        seqs.push_back(*e->open());
+        prompts.push_back(std::span<const int32_t>(L.tokens).first(size_t(n)));
+    }
+    EXPECT_TRUE(e->prefill_many_fits(lens));
+    std::vector<float> logits(lens.size() * size_t(V));
+    const Status s = e->prefill_many(seqs, prompts, logits);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    std::vector<int64_t> pos = lens;
+    for (size_t b = 0; b < lens.size(); ++b) {
+        EXPECT_EQ(e->length(seqs[b]), lens[b]);
+        EXPECT_LE(error_of({logits.data() + b * size_t(V), size_t(V)},
+                           {full + (lens[b] - 1) * V, size_t(V)}),
+                  L.tol)
+            << "prompt " << b;
+    }
+    for (int step = 0; step < 3; ++step) {
+        std::vector<DecodeStep> steps;
+        for (size_t b = 0; b < lens.size(); ++b)
+            steps.push_back({seqs[b], L.tokens[size_t(pos[b])]});
+        ASSERT_TRUE(e->decode(steps, logits).ok());
+        for (size_t b = 0; b < lens.size(); ++b) {
+            EXPECT_LE(error_of({logits.data() + b * size_t(V), size_t(V)},
+                               {full + pos[b] * V, size_t(V)}),
+                      L.tol)
+                << "step " << step << " sequence " << b;
+            ++pos[b];
+        }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, PagedEngine,
                          ::testing::Values("llama", "mistral", "gpt_neox", "gpt2"));
 
@@ -250,6 +297,122 @@ TEST(PagedScheduler, AdmitsByFreeBlocksAndGivesGeneratesTokens) {
     auto r = sched.submit({big});
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("KV blocks"), std::string::npos);
+}
+
+// Sequences admitted together prefill in one forward (prefill_many) where the engine takes them,
+// and generate()'s tokens come out: four prompts of 4, 5, 4 and 3 tokens padded to 5 (20 rows, the
+// chunk; 4 of them padding, the most a group may waste); then the same with the second asking for
+// prompt log-probabilities, which prefills alone (prefill_all): the first alone, the second alone,
+// the last two together.
+TEST(PagedScheduler, NewSequencesPrefillTogetherAndGiveGeneratesTokens) {
+    Loaded L = load("llama");
+    const int64_t T = L.f.T;
+    const auto sub = [&](size_t a, size_t n) {
+        return std::vector<int32_t>(L.tokens.begin() + long(a), L.tokens.begin() + long(a + n));
+    };
+    const std::vector<std::vector<int32_t>> prompts = {sub(0, 4), sub(1, 5), sub(2, 4), sub(3, 3)};
+    InferenceEngine ref = make(L.model, 1, T, 0, 0);
+    GenerateOptions o;
+    o.sampling.temperature = 0;
+    o.max_new_tokens = 5;
+    auto want = generate(ref, prompts, o, {});
+    ASSERT_TRUE(want.ok());
+    for (const bool logprobs : {false, true}) {
+        SCOPED_TRACE(logprobs ? "the second with prompt log-probabilities" : "all together");
+        EngineLimits lim;
+        lim.max_sequences = 4;
+        lim.max_len = T;
+        lim.prefill_chunk = 20;
+        lim.kv_block_size = 4;
+        Result<InferenceEngine> e = InferenceEngine::create(L.model, lim);
+        ASSERT_TRUE(e.ok()) << e.status().to_string();
+        Scheduler sched(*e, {}, 8);
+        std::vector<std::shared_ptr<SequenceTicket>> tickets;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            SequenceParams sp;
+            sp.prompt = prompts[i];
+            sp.sampling.temperature = 0;
+            sp.max_tokens = 5;
+            sp.prompt_logprobs = logprobs && i == 1;
+            auto t = sched.submit({sp});
+            ASSERT_TRUE(t.ok()) << t.status().to_string();
+            tickets.push_back((*t)[0]);
+        }
+        while (sched.step()) {
+        }
+        for (size_t i = 0; i < prompts.size(); ++i)
+            EXPECT_EQ(tickets[i]->snapshot().ids, (*want)[i].ids) << i;
+        EXPECT_EQ(sched.stats().prefill_calls, logprobs ? 3 : 1);
+        EXPECT_EQ(sched.stats().decode_steps, 4);  // all four step together
+        // The engine thread's busy time holds its prefills and decode steps.
+        const SchedulerStats st = sched.stats();
+        EXPECT_GE(st.step_seconds, st.prefill_seconds + st.decode_seconds);
+        if (logprobs) {
+            EXPECT_EQ(tickets[1]->snapshot().prompt.size(), prompts[1].size());
+        }
+        EXPECT_EQ(e->paged_cache().free_blocks(), e->kv_total_blocks());
+    }
+}
+
+// prefill_many refuses, and takes nothing: the row cache, a sequence that holds tokens or is
+// listed twice, a batch over the prefill chunk, a token outside the vocabulary, a pool too short.
+TEST(PagedEngine, PrefillManyErrors) {
+    Loaded L = load("llama");
+    const int64_t T = L.f.T, V = L.f.config.vocab_size;
+    const std::span<const int32_t> four = std::span<const int32_t>(L.tokens).first(4);
+    std::vector<float> one(static_cast<size_t>(V)), two(2 * static_cast<size_t>(V));
+    {
+        InferenceEngine rows = make(L.model, 2, T, 0, 0);
+        const SeqId a = *rows.open(), b = *rows.open();
+        const SeqId ab[2] = {a, b};
+        const std::span<const int32_t> p[2] = {four, four};
+        EXPECT_EQ(rows.prefill_many(ab, p, two).code(), StatusCode::kInvalidArgument);
+        const int64_t n[2] = {4, 4};
+        EXPECT_FALSE(rows.prefill_many_fits(n));
+    }
+    EngineLimits lim;
+    lim.max_sequences = 2;
+    lim.max_len = T;
+    lim.prefill_chunk = 8;
+    lim.kv_block_size = 4;
+    lim.kv_blocks = 3;  // 12 positions
+    Result<InferenceEngine> r = InferenceEngine::create(L.model, lim);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    InferenceEngine& e = *r;
+    const SeqId a = *e.open(), b = *e.open();
+    const SeqId ab[2] = {a, b}, aa[2] = {a, a};
+    const std::span<const int32_t> p44[2] = {four, four};
+    const std::span<const int32_t> p45[2] = {four, std::span<const int32_t>(L.tokens).first(5)};
+    EXPECT_EQ(e.prefill_many(aa, p44, two).code(), StatusCode::kInvalidArgument);  // twice
+    EXPECT_EQ(e.prefill_many(ab, p45, two).code(), StatusCode::kInvalidArgument);  // 2 x 5 > 8
+    const int64_t n45[2] = {4, 5}, n44[2] = {4, 4}, n11[2] = {1, 1}, n12[2] = {1, 2};
+    EXPECT_FALSE(e.prefill_many_fits(n45));
+    EXPECT_TRUE(e.prefill_many_fits(n44));
+    EXPECT_FALSE(e.prefill_many_fits(n11));  // one-token prompts prefill alone
+    EXPECT_TRUE(e.prefill_many_fits(n12));
+    const std::span<const int32_t> p11[2] = {four.first(1), four.first(1)};
+    EXPECT_EQ(e.prefill_many(ab, p11, two).code(), StatusCode::kInvalidArgument);
+    std::vector<int32_t> bad(four.begin(), four.end());
+    bad[2] = int32_t(V);
+    const std::span<const int32_t> pbad[2] = {four, bad};
+    EXPECT_EQ(e.prefill_many(ab, pbad, two).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(e.prefill_many(ab, p44, one).code(), StatusCode::kInvalidArgument);  // logits
+    EXPECT_EQ(e.paged_cache().free_blocks(), 3);
+    const std::span<const int32_t> p5 = std::span<const int32_t>(L.tokens).first(5);
+    const std::span<const int32_t> p8 = std::span<const int32_t>(L.tokens).first(8);
+    const std::span<const int32_t> p9 = std::span<const int32_t>(L.tokens).first(9);
+    EXPECT_FALSE(e.prefill_many_fits(std::vector<int64_t>{9}));  // 9 > the 8-token chunk
+    EXPECT_EQ(e.prefill_many({&a, 1}, {&p9, 1}, one).code(), StatusCode::kInvalidArgument);
+    ASSERT_TRUE(e.prefill(a, p8, one).ok());  // 2 of the 3 blocks
+    EXPECT_EQ(e.prefill_many({&a, 1}, {&four, 1}, one).code(),
+              StatusCode::kInvalidArgument);  // a holds tokens
+    EXPECT_EQ(e.prefill_many({&b, 1}, {&p5, 1}, one).code(),
+              StatusCode::kFailedPrecondition);  // 2 blocks, 1 free
+    EXPECT_EQ(e.paged_cache().free_blocks(), 1);
+    EXPECT_EQ(e.length(b), 0);
+    EXPECT_TRUE(e.prefill_many({&b, 1}, {&four, 1}, one).ok());  // 1 block
+    EXPECT_EQ(e.paged_cache().free_blocks(), 0);
+    EXPECT_EQ(e.length(b), 4);
 }
 
 }  // namespace

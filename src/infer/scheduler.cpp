@@ -201,7 +201,105 @@ void Scheduler::finish(Running& r) {
     r.ticket->publish(r.state);
 }
 
+// Groups of joining sequences that prefill_many takes in one forward: consecutive ones without
+// prompt log-probabilities whose prompts, padded to the group's longest, fit its limits
+// (prefill_many_fits) and waste at most a fifth of the forward's rows on padding. A group of
+// one prefills alone (in prefill_chunk pieces).
+void Scheduler::prefill_joining(std::vector<Running>& joining) {
+    const int64_t V = engine_.vocab_size();
+    size_t i = 0;
+    while (i < joining.size()) {
+        size_t end = i + 1;
+        std::vector<int64_t> lengths = {int64_t(joining[i].params.prompt.size())};
+        if (!joining[i].params.prompt_logprobs) {
+            int64_t total = lengths[0], longest = lengths[0];
+            while (end < joining.size() && !joining[end].params.prompt_logprobs) {
+                const int64_t n = int64_t(joining[end].params.prompt.size());
+                lengths.push_back(n);
+                const int64_t l = std::max(longest, n), rows = l * int64_t(lengths.size());
+                if (!engine_.prefill_many_fits(lengths) || 4 * rows > 5 * (total + n)) {
+                    lengths.pop_back();
+                    break;
+                }
+                total += n;
+                longest = l;
+                ++end;
+            }
+        }
+        const Clock::time_point t0 = Clock::now();
+        Status s = ok_status();
+        if (end - i > 1) {
+            std::vector<SeqId> seqs;
+            std::vector<std::span<const int32_t>> prompts;
+            for (size_t k = i; k < end; ++k) {
+                seqs.push_back(joining[k].seq);
+                prompts.emplace_back(joining[k].params.prompt);
+            }
+            logits_.resize((end - i) * size_t(V));
+            s = engine_.prefill_many(seqs, prompts, logits_);
+        } else {
+            Running& r = joining[i];
+            const std::vector<int32_t>& prompt = r.params.prompt;
+            const size_t rows = r.params.prompt_logprobs ? prompt.size() : 1;
+            logits_.resize(rows * size_t(V));
+            s = r.params.prompt_logprobs ? engine_.prefill_all(r.seq, prompt, logits_)
+                                         : engine_.prefill(r.seq, prompt, logits_);
+        }
+        // The prefill's end: its time, and each sequence's first token's.
+        const Clock::time_point t1 = Clock::now();
+        prefill_ns_.fetch_add(nanoseconds(t1 - t0));
+        prefill_calls_.fetch_add(1);
+        for (size_t k = i; k < end; ++k) {
+            Running& r = joining[k];
+            r.last_token = t1;
+            if (!s.ok()) {
+                r.state.error = s;
+                finish(r);
+                continue;
+            }
+            const std::vector<int32_t>& prompt = r.params.prompt;
+            const size_t T = prompt.size();
+            prompt_tokens_.fetch_add(int64_t(T));
+            if (r.params.prompt_logprobs) {
+                TokenLogprob first;
+                first.id = prompt[0];
+                r.state.prompt.push_back(first);
+                const int64_t top = std::max<int64_t>(r.params.top_logprobs, 0);
+                for (size_t t = 1; t < T; ++t) {
+                    const std::span<const float> row(logits_.data() + (t - 1) * size_t(V),
+                                                     size_t(V));
+                    r.state.prompt.push_back(logprob_of(row, prompt[t], top));
+                }
+            }
+            if (r.params.max_tokens == 0) {
+                r.state.finish = "length";
+                finish(r);
+                continue;
+            }
+            // This sequence's row: its own in a group, the last of prefill_all's rows alone.
+            const size_t row = end - i > 1 ? k - i : (r.params.prompt_logprobs ? T - 1 : 0);
+            const std::span<float> last(logits_.data() + row * size_t(V), size_t(V));
+            {
+                std::lock_guard<std::mutex> lock(latency_mu_);
+                first_token_.observe(
+                    std::chrono::duration<double>(r.last_token - r.ticket->submitted_).count());
+            }
+            if (accept(r, last))
+                finish(r);
+            else
+                running_.push_back(std::move(r));
+        }
+        i = end;
+    }
+}
+
 bool Scheduler::step() {
+    const Clock::time_point step_start = Clock::now();
+    struct Busy {  // the step's wall time into step_ns_, however it returns
+        std::atomic<int64_t>& ns;
+        Clock::time_point start;
+        ~Busy() { ns.fetch_add(nanoseconds(Clock::now() - start)); }
+    } busy{step_ns_, step_start};
     bool worked = false;
     const int64_t V = engine_.vocab_size();
     // Leave: sequences whose client went away.
@@ -215,88 +313,54 @@ bool Scheduler::step() {
         running_.erase(running_.begin() + ptrdiff_t(i));
         worked = true;
     }
-    // Join: waiting sequences while the engine has room.
-    while (engine_.open_sequences() < engine_.limits().max_sequences) {
-        std::pair<std::shared_ptr<SequenceTicket>, SequenceParams> item;
-        int64_t blocks = 0;
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            if (waiting_.empty()) break;
-            // A paged cache admits what its free blocks can finish (the prompt and max_tokens
-            // of every running sequence are spoken for); the queue keeps its order.
-            const SequenceParams& front = waiting_.front().second;
-            blocks = engine_.kv_blocks_for(int64_t(front.prompt.size()) + front.max_tokens);
-            if (reserved_blocks_ + blocks > engine_.kv_total_blocks() &&
-                !waiting_.front().first->cancelled())
-                break;
-            item = std::move(waiting_.front());
-            waiting_.pop_front();
-        }
-        worked = true;
-        Running r;
-        r.ticket = std::move(item.first);
-        r.params = std::move(item.second);
-        if (r.ticket->cancelled()) {
-            r.state.error = cancelled_error("the request was cancelled");
-            r.state.done = true;
-            r.ticket->publish(r.state);
-            continue;
-        }
-        r.rng = SampleRng(r.params.seed_state);
-        r.seen = r.params.prompt;
-        Result<SeqId> seq = engine_.open();
-        if (!seq.ok()) {
-            // The admission above leaves a free row, so only the tensor-parallel lead's message
-            // to its followers can fail here: the request ends with that error.
-            r.state.error = seq.status();
-            r.state.done = true;
-            r.ticket->publish(r.state);
-            continue;
-        }
-        r.seq = *seq;
-        r.blocks = blocks;
-        reserved_blocks_ += blocks;
-        const std::vector<int32_t>& prompt = r.params.prompt;
-        const size_t T = prompt.size();
-        const size_t rows = r.params.prompt_logprobs ? T : 1;
-        logits_.resize(rows * size_t(V));
-        const Clock::time_point t0 = Clock::now();
-        const Status s = r.params.prompt_logprobs ? engine_.prefill_all(r.seq, prompt, logits_)
-                                                  : engine_.prefill(r.seq, prompt, logits_);
-        // The prefill's end: its time, and the sequence's first token's.
-        r.last_token = Clock::now();
-        prefill_ns_.fetch_add(nanoseconds(r.last_token - t0));
-        if (!s.ok()) {
-            r.state.error = s;
-            finish(r);
-            continue;
-        }
-        prompt_tokens_.fetch_add(int64_t(T));
-        if (r.params.prompt_logprobs) {
-            TokenLogprob first;
-            first.id = prompt[0];
-            r.state.prompt.push_back(first);
-            const int64_t k = std::max<int64_t>(r.params.top_logprobs, 0);
-            for (size_t t = 1; t < T; ++t) {
-                const std::span<const float> row(logits_.data() + (t - 1) * size_t(V), size_t(V));
-                r.state.prompt.push_back(logprob_of(row, prompt[t], k));
+    // Join: waiting sequences while the engine has room, admitted in order, then prefilled
+    // (prefill_groups); arrivals during the prefills join in the next round before any decode.
+    for (;;) {
+        std::vector<Running> joining;
+        while (engine_.open_sequences() < engine_.limits().max_sequences) {
+            std::pair<std::shared_ptr<SequenceTicket>, SequenceParams> item;
+            int64_t blocks = 0;
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                if (waiting_.empty()) break;
+                // A paged cache admits what its free blocks can finish (the prompt and max_tokens
+                // of every running sequence are spoken for); the queue keeps its order.
+                const SequenceParams& front = waiting_.front().second;
+                blocks = engine_.kv_blocks_for(int64_t(front.prompt.size()) + front.max_tokens);
+                if (reserved_blocks_ + blocks > engine_.kv_total_blocks() &&
+                    !waiting_.front().first->cancelled())
+                    break;
+                item = std::move(waiting_.front());
+                waiting_.pop_front();
             }
+            worked = true;
+            Running r;
+            r.ticket = std::move(item.first);
+            r.params = std::move(item.second);
+            if (r.ticket->cancelled()) {
+                r.state.error = cancelled_error("the request was cancelled");
+                r.state.done = true;
+                r.ticket->publish(r.state);
+                continue;
+            }
+            r.rng = SampleRng(r.params.seed_state);
+            r.seen = r.params.prompt;
+            Result<SeqId> seq = engine_.open();
+            if (!seq.ok()) {
+                // The admission above leaves a free row, so only the tensor-parallel lead's
+                // message to its followers can fail here: the request ends with that error.
+                r.state.error = seq.status();
+                r.state.done = true;
+                r.ticket->publish(r.state);
+                continue;
+            }
+            r.seq = *seq;
+            r.blocks = blocks;
+            reserved_blocks_ += blocks;
+            joining.push_back(std::move(r));
         }
-        if (r.params.max_tokens == 0) {
-            r.state.finish = "length";
-            finish(r);
-            continue;
-        }
-        const std::span<float> last(logits_.data() + (rows - 1) * size_t(V), size_t(V));
-        {
-            std::lock_guard<std::mutex> lock(latency_mu_);
-            first_token_.observe(
-                std::chrono::duration<double>(r.last_token - r.ticket->submitted_).count());
-        }
-        if (accept(r, last))
-            finish(r);
-        else
-            running_.push_back(std::move(r));
+        if (joining.empty()) break;
+        prefill_joining(joining);
     }
     running_count_.store(int64_t(running_.size()));
     if (running_.empty()) return worked;
@@ -389,6 +453,8 @@ SchedulerStats Scheduler::stats() const {
     s.decode_steps = steps_.load();
     s.decode_rows = decode_rows_.load();
     s.prefill_seconds = double(prefill_ns_.load()) * 1e-9;
+    s.prefill_calls = prefill_calls_.load();
+    s.step_seconds = double(step_ns_.load()) * 1e-9;
     s.decode_seconds = double(decode_ns_.load()) * 1e-9;
     std::lock_guard<std::mutex> lock(latency_mu_);
     s.time_to_first_token = first_token_;

@@ -8,9 +8,13 @@
 //   step()          one iteration of the engine thread: cancelled sequences leave; waiting ones
 //                   join in order while the engine has free sequences and, with a paged KV
 //                   cache, free blocks for their prompt + max_tokens beyond what the running
-//                   sequences may still fill (opened, prefilled, first token sampled); then one
-//                   decode step for every running sequence. Joining and leaving happen only here,
-//                   between decode steps.
+//                   sequences may still fill (opened, prefilled, first token sampled); those
+//                   admitted together prefill in groups of one forward where the engine takes
+//                   them (InferenceEngine::prefill_many: new sequences whose prompts, padded to
+//                   the longest, fit its prefill chunk, at most a fifth of the rows padding; a
+//                   failed group fails each of its requests);
+//                   then one decode step for every running sequence. Joining and leaving happen
+//                   only here, between decode steps.
 //   start()/stop()  the engine thread runs step() while there is work and sleeps otherwise;
 //                   stop() ends every ticket still waiting or running with an error and joins.
 //
@@ -117,6 +121,12 @@ struct SchedulerStats {
     // the rows those steps decoded (a step of n running sequences adds n).
     double prefill_seconds = 0, decode_seconds = 0;
     int64_t decode_rows = 0;
+    // The scheduler's prefill calls to the engine: a group of sequences prefilled together counts
+    // once, and so does a prompt longer than prefill_chunk (several forwards in one call).
+    int64_t prefill_calls = 0;
+    // Wall time of the engine thread's steps: the prefills and decode steps above and the host
+    // work around them (admission, sampling, stop checks, publishing to the waiters).
+    double step_seconds = 0;
     // Per sequence: submit() to its first token (the queue wait and the prefill); and between
     // its consecutive tokens (a decode step, and the prefills of sequences that joined before it).
     SecondsHistogram time_to_first_token, time_per_output_token;
@@ -158,6 +168,9 @@ private:
         int64_t blocks = 0;                                // KV blocks spoken for (paged cache)
         std::chrono::steady_clock::time_point last_token;  // when its latest token came
     };
+    // Prefills the admitted sequences (groups through prefill_many), samples each one's first
+    // token, and moves the unfinished ones into running_.
+    void prefill_joining(std::vector<Running>& joining);
     // Appends a sampled token; true when the sequence finished.
     bool accept(Running& r, std::span<float> logits);
     void finish(Running& r);
@@ -178,7 +191,7 @@ private:
     std::vector<double> prob_;
     std::vector<int32_t> order_;
     std::atomic<int64_t> running_count_{0}, finished_{0}, prompt_tokens_{0}, generated_{0},
-        steps_{0}, decode_rows_{0}, prefill_ns_{0}, decode_ns_{0};
+        steps_{0}, decode_rows_{0}, prefill_ns_{0}, decode_ns_{0}, prefill_calls_{0}, step_ns_{0};
     mutable std::mutex latency_mu_;  // the two histograms
     SecondsHistogram first_token_, per_token_;
 };
