@@ -699,9 +699,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     if (tid == 0) lse[bh] = M + logf(total);
 }
 
-// The decode path's launch plan for one call: the grid's splits S. S fills the GPU: at least
-// blocks_per_sm blocks per SM over the B x Hkv x S blocks, fewer waves times shorter splits where
-// a few more splits buy that (as many blocks as fit an SM's shared memory:
+// The decode path's launch plan for one call: the grid's splits S. S fills the GPU: about
+// blocks_per_sm blocks per SM over the B x Hkv x S blocks (as many as fit an SM's shared memory:
 // kBlocksPerSm for decode_split_kernel, kMmaBlocksPerSm for decode_mma_kernel's double-buffered
 // tiles at D = 128, also used at D = 64), at least kMinChunk keys a split of the
 // longest row the cache holds (Tk, or the window), at most kMaxSplits, and the workspace (B x H x S
@@ -718,33 +717,15 @@ struct DecodePlan {
 
 DecodePlan decode_plan(const AttentionRowsShape& s, int sms, int blocks_per_sm) {
     const int64_t span = s.window > 0 && s.window < s.Tk ? s.window : s.Tk;
-    const int64_t pairs = s.B * s.Hkv, slots = int64_t(blocks_per_sm) * sms;
-    const int64_t want = (slots + pairs - 1) / pairs;
+    const int64_t want = (int64_t(blocks_per_sm) * sms + s.B * s.Hkv - 1) / (s.B * s.Hkv);
     const int64_t most = (span + kMinChunk - 1) / kMinChunk;
     const size_t per_split = size_t(s.B * s.H * (s.D + 2)) * sizeof(float);
     const int64_t fit = int64_t(CudaState::kScratchBytes / per_split);
-    const int64_t cap = std::max<int64_t>(1, std::min({most, int64_t(kMaxSplits), fit}));
-    // The splits the longest row uses for S asked (decode_row_chunk rounds chunks up: maybe
-    // fewer), and the modelled time of S: the grid's waves (of `slots` blocks at once) times the
-    // tiles one block walks. A grid just over a whole number of waves leaves its last wave almost
-    // empty (batch 64 of 8 KV heads: 512 blocks for 396 places at S = 1, two waves of 17 tiles;
-    // S = 3 takes four waves of 6): from the fewest splits that fill the GPU once to twice that,
-    // the cheapest S, the fewest on a tie.
-    const auto used = [&](int64_t S) {
-        const int64_t chunk = decode_row_chunk(span, int(S));
-        return std::pair<int64_t, int64_t>{(span + chunk - 1) / chunk, chunk / kTile};
-    };
-    int64_t best = std::min(want, cap), best_cost = INT64_MAX;
-    for (int64_t S = std::min(want, cap); S <= std::min(2 * want + 1, cap); ++S) {
-        const auto [n, tiles] = used(S);
-        const int64_t cost = (pairs * n + slots - 1) / slots * tiles;
-        if (cost < best_cost) {
-            best = S;
-            best_cost = cost;
-        }
-    }
+    const int64_t splits = std::max<int64_t>(1, std::min({want, most, int64_t(kMaxSplits), fit}));
     DecodePlan plan;
-    plan.splits = int(used(best).first);
+    // The splits the longest row uses (decode_row_chunk rounds chunks up: maybe fewer than asked).
+    const int64_t chunk = decode_row_chunk(span, int(splits));
+    plan.splits = int((span + chunk - 1) / chunk);
     plan.workspace_bytes = plan.splits > 1 ? size_t(plan.splits) * per_split : 0;
     return plan;
 }
