@@ -160,6 +160,34 @@ __host__ __device__ inline int64_t decode_row_chunk(int64_t span, int splits) {
     const int64_t tiles = (per + kTile - 1) / kTile * kTile;
     return tiles > kMinChunk ? tiles : kMinChunk;
 }
+// A split-K decode block's keys: split s of row b's keys, [k0, k1), of the row's n_splits (every
+// split kernel and the combine cut a row alike). False when the block has nothing to do: a length
+// outside [1, Tk] (a caller bug the host cannot see without a synchronization; split 0 writes the
+// group's out and lse NaN) or s past the row's splits.
+struct DecodeBlockKeys {
+    int64_t k0 = 0, k1 = 0, n_splits = 0;
+};
+__device__ inline bool decode_block_keys(DecodeBlockKeys& r, __nv_bfloat16* out, float* lse,
+                                         const int32_t* lengths, int64_t b, int g, int s, int G,
+                                         int H, int D, int64_t Tk, int64_t window, int splits) {
+    const int64_t len = int64_t(lengths[b]);
+    if (len < 1 || len > Tk) {
+        if (s != 0) return false;
+        for (int i = int(threadIdx.x); i < G * D; i += int(blockDim.x))
+            out[(b * H + int64_t(g) * G) * D + i] = __float2bfloat16(NAN);
+        for (int i = int(threadIdx.x); i < G; i += int(blockDim.x)) lse[b * H + g * G + i] = NAN;
+        return false;
+    }
+    const int64_t p = len - 1;
+    const int64_t lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    const int64_t chunk = decode_row_chunk(p - lo + 1, splits);
+    r.n_splits = (p - lo + chunk) / chunk;  // ceil((p - lo + 1) / chunk)
+    if (s >= r.n_splits) return false;
+    r.k0 = lo + int64_t(s) * chunk;
+    r.k1 = r.k0 + chunk < p + 1 ? r.k0 + chunk : p + 1;
+    return true;
+}
+
 constexpr int kKPad = kDecodeKPad;
 constexpr int kHeadChunk = kDecodeHeadChunk;
 static_assert(2 * kTile == kDecodeThreads, "the scores take one thread per (half, key)");
@@ -206,21 +234,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     auto* pt_s = reinterpret_cast<float*>(smem + L.pt);
     const int Gp = decode_heads_padded(G);
 
-    const int64_t len = int64_t(lengths[b]);
-    if (len < 1 || len > Tk) {  // a caller bug the host cannot see without a synchronization
-        if (s != 0) return;
-        for (int i = tid; i < G * D; i += kDecodeThreads)
-            out[(b * H + int64_t(g) * G) * D + i] = __float2bfloat16(NAN);
-        for (int i = tid; i < G; i += kDecodeThreads) lse[b * H + g * G + i] = NAN;
-        return;
-    }
-    const int64_t p = len - 1;
-    const int64_t lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-    const int64_t chunk = decode_row_chunk(p - lo + 1, splits);
-    const int64_t n_splits = (p - lo + chunk) / chunk;  // ceil((p - lo + 1) / chunk)
-    if (s >= n_splits) return;
-    const int64_t k0 = lo + int64_t(s) * chunk;
-    const int64_t k1 = k0 + chunk < p + 1 ? k0 + chunk : p + 1;
+    DecodeBlockKeys keys;
+    if (!decode_block_keys(keys, out, lse, lengths, b, g, s, G, H, D, Tk, window, splits)) return;
+    const int64_t k0 = keys.k0, k1 = keys.k1, n_splits = keys.n_splits;
 
     for (int i = tid; i < G * D; i += kDecodeThreads) {
         q_s[i] = scale * __bfloat162float(q[(b * H + int64_t(g) * G) * D + i]);
@@ -448,21 +464,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int G = H / Hkv, tid = int(threadIdx.x);
     const int lane = tid % kWarpSize, warp = tid / kWarpSize, gid = lane / 4, tig = lane % 4;
 
-    const int64_t len = int64_t(lengths[b]);
-    if (len < 1 || len > Tk) {  // a caller bug the host cannot see without a synchronization
-        if (s != 0) return;
-        for (int i = tid; i < G * kD; i += kDecodeThreads)
-            out[(b * H + int64_t(g) * G) * kD + i] = __float2bfloat16(NAN);
-        for (int i = tid; i < G; i += kDecodeThreads) lse[b * H + g * G + i] = NAN;
-        return;
-    }
-    const int64_t p = len - 1;
-    const int64_t lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-    const int64_t chunk = decode_row_chunk(p - lo + 1, splits);
-    const int64_t n_splits = (p - lo + chunk) / chunk;
-    if (s >= n_splits) return;
-    const int64_t k0 = lo + int64_t(s) * chunk;
-    const int64_t k1 = k0 + chunk < p + 1 ? k0 + chunk : p + 1;
+    DecodeBlockKeys keys;
+    if (!decode_block_keys(keys, out, lse, lengths, b, g, s, G, H, kD, Tk, window, splits)) return;
+    const int64_t k0 = keys.k0, k1 = keys.k1, n_splits = keys.n_splits;
 
     const int64_t row_stride = int64_t(Hkv) * kD;
     const __nv_bfloat16* kb = k + int64_t(g) * kD;

@@ -829,6 +829,10 @@ TEST(CudaAttentionDecodePaged, GroupOf8AndD80MatchCpu) {
     check_decode_paged({8, 2, 80, 16, 0, {1, 15, 16, 17, 300, 1000}}, 126);
 }
 
+TEST(CudaAttentionDecodePaged, GroupOf16MatchCpu) {
+    check_decode_paged({32, 2, 128, 16, 0, {1, 15, 16, 17, 3349}}, 127);
+}
+
 // kv_rows_scatter on the GPU writes the same bits as on the CPU (a copy), and kv_rows_gather
 // reads them back; rows of 16-byte multiples (the vector path) and of 12 bytes (the byte path).
 TEST(CudaKvRows, ScatterAndGatherEqualTheCpu) {
@@ -887,6 +891,13 @@ TEST(CudaAttentionDecode, SplitKWithoutTensorCoresLengthsTo4097) {
 // leaves warps without keys (1, 7, 17 keys) and rows of one more key than a tile or a split.
 TEST(CudaAttentionDecode, SplitKGroupOf8LengthsTo31000) {
     check_decode_rows({64, 8, 128, 0, {1, 7, 17, 64, 65, 129, 3349, 31000}}, 117);
+}
+
+// Groups of 12 and 16 query heads a KV head: the mma's rows 8-15 carry real queries (the A
+// fragment's a1/a3, the C fragment's c2/c3 and the warps' merge of rows 8-15).
+TEST(CudaAttentionDecode, SplitKGroupsOf12And16) {
+    check_decode_rows({24, 2, 128, 0, {1, 7, 17, 129, 3349}}, 118);
+    check_decode_rows({32, 2, 64, 0, {1, 7, 17, 129, 3349}}, 119);
 }
 
 // D % 8 != 0: no 16-byte rows, the one-block-per-(row, head) kernel runs the step.

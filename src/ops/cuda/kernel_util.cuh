@@ -111,6 +111,25 @@ __device__ __forceinline__ float round_bf16(float v) {
     return __bfloat162float(__float2bfloat16_rn(v));
 }
 
+// The block-per-row norms' read of kVec elements at `off`: x's, or with kResidual res_a + res_b
+// rounded to bf16 as residual_forward rounds it, stored to x_out (the fused kernels stay bitwise
+// equal to the unfused sequence); v gets the values the norm reads.
+template <int kVec, bool kResidual>
+__device__ __forceinline__ void load_norm_input(float (&v)[kVec], const __nv_bfloat16* x,
+                                                __nv_bfloat16* x_out, const __nv_bfloat16* res_a,
+                                                const __nv_bfloat16* res_b, int64_t off) {
+    if constexpr (kResidual) {
+        float b[kVec];
+        load_bf16<kVec>(v, res_a + off);
+        load_bf16<kVec>(b, res_b + off);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[i] = round_bf16(v[i] + b[i]);
+        store_bf16<kVec>(x_out + off, v);
+    } else {
+        load_bf16<kVec>(v, x + off);
+    }
+}
+
 // The residual step of the fused residual + norm kernels: out = a + b rounded to bf16 (as
 // residual_forward rounds it) and stored; v gets the stored, rounded values, which is what the
 // norm reads in the unfused sequence, so the fused kernels stay bitwise equal to it.

@@ -82,16 +82,7 @@ __global__ void __launch_bounds__(kRowBlockMaxThreads) layernorm_forward_block_p
     for (int it = 0; it < kIters; ++it) {
         const int64_t c = (int64_t(it) * blockDim.x + threadIdx.x) * kVec;
         if (c >= C) continue;
-        if constexpr (kResidual) {
-            float b[kVec];
-            load_bf16<kVec>(v[it], res_a + n * C + c);
-            load_bf16<kVec>(b, res_b + n * C + c);
-#pragma unroll
-            for (int i = 0; i < kVec; ++i) v[it][i] = round_bf16(v[it][i] + b[i]);
-            store_bf16<kVec>(x_out + n * C + c, v[it]);
-        } else {
-            load_bf16<kVec>(v[it], x + n * C + c);
-        }
+        load_norm_input<kVec, kResidual>(v[it], x, x_out, res_a, res_b, n * C + c);
 #pragma unroll
         for (int i = 0; i < kVec; ++i) sum += v[it][i];
     }
