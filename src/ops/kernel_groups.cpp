@@ -6,7 +6,6 @@
 #include <array>
 #include <cctype>
 #include <map>
-#include <utility>
 
 namespace lathe {
 namespace {
@@ -60,46 +59,55 @@ KernelBreakdown summarize_kernels(std::span<const KernelRecord> records, int top
     if (records.empty()) return out;
     std::map<std::string_view, KernelTotal> groups;
     std::map<std::string, KernelTotal> kernels;
-    std::vector<std::pair<uint64_t, uint64_t>> spans;
-    spans.reserve(records.size());
-    for (const KernelRecord& r : records) {
+    // In start order: busy is the union of [start, end); an idle stretch before a record's start
+    // (after the latest end so far) is its gap.
+    std::vector<size_t> order(records.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return records[a].start_ns < records[b].start_ns;
+    });
+    uint64_t busy = 0, first = records[order[0]].start_ns, cur_start = first, cur_end = first;
+    for (const size_t i : order) {
+        const KernelRecord& r = records[i];
         const uint64_t end = std::max(r.end_ns, r.start_ns);
+        double gap = 0;
+        if (r.start_ns > cur_end) {
+            gap = double(r.start_ns - cur_end) * 1e-6;
+            busy += cur_end - cur_start;
+            cur_start = r.start_ns;
+        }
+        cur_end = std::max(cur_end, end);
         const double ms = double(end - r.start_ns) * 1e-6;
         const std::string_view g = kernel_group(r.name, r.is_copy);
         KernelTotal& gt = groups[g];
         gt.name = std::string(g);
         gt.ms += ms;
         gt.count += 1;
+        gt.gap_ms += gap;
         KernelTotal& kt = kernels[r.name];
         kt.name = r.name;
         kt.ms += ms;
         kt.count += 1;
-        spans.emplace_back(r.start_ns, end);
-    }
-    std::sort(spans.begin(), spans.end());
-    uint64_t busy = 0, cur_start = spans[0].first, cur_end = spans[0].second;
-    for (size_t i = 1; i < spans.size(); ++i) {
-        if (spans[i].first > cur_end) {
-            busy += cur_end - cur_start;
-            cur_start = spans[i].first;
-            cur_end = spans[i].second;
-        } else {
-            cur_end = std::max(cur_end, spans[i].second);
-        }
+        kt.gap_ms += gap;
     }
     busy += cur_end - cur_start;
-    uint64_t last_end = 0;
-    for (const auto& s : spans) last_end = std::max(last_end, s.second);
     out.busy_ms = double(busy) * 1e-6;
-    out.span_ms = double(last_end - spans[0].first) * 1e-6;
+    out.span_ms = double(cur_end - first) * 1e-6;
     const auto by_time = [](const KernelTotal& a, const KernelTotal& b) {
         return a.ms != b.ms ? a.ms > b.ms : a.name < b.name;
     };
+    const auto by_gap = [](const KernelTotal& a, const KernelTotal& b) {
+        return a.gap_ms != b.gap_ms ? a.gap_ms > b.gap_ms : a.name < b.name;
+    };
+    const size_t keep = size_t(std::max(top_n, 0));
     for (auto& [_, t] : groups) out.groups.push_back(t);
     std::sort(out.groups.begin(), out.groups.end(), by_time);
     for (auto& [_, t] : kernels) out.top.push_back(t);
+    out.by_gap = out.top;
     std::sort(out.top.begin(), out.top.end(), by_time);
-    if (int64_t(out.top.size()) > top_n) out.top.resize(size_t(std::max(top_n, 0)));
+    if (out.top.size() > keep) out.top.resize(keep);
+    std::sort(out.by_gap.begin(), out.by_gap.end(), by_gap);
+    if (out.by_gap.size() > keep) out.by_gap.resize(keep);
     return out;
 }
 

@@ -22,7 +22,10 @@
 //   other          anything else (named in the top kernels list)
 // busy: the length of the union of all records' [start, end) intervals; span: from the first
 // start to the last end; gaps = span - busy, the time inside the profiled work when the GPU ran
-// nothing (launch latency, host work, waits on the host).
+// nothing (launch latency, host work, waits on the host). Each gap is charged to the record that
+// starts when it ends (gap_ms of its group and of its name; `by_gap`: the top_n names with the
+// most), so a step's idle time shows which launches wait: on the host (the first kernel of a
+// step) or on the GPU's own launch path (a kernel of a graph that starts late after the last).
 
 #include <cstdint>
 #include <span>
@@ -45,6 +48,7 @@ struct KernelTotal {
     std::string name;  // the group's, or the kernel's in `top`
     double ms = 0;     // summed duration
     int64_t count = 0;
+    double gap_ms = 0;  // idle time ended by these records' starts
 };
 
 struct KernelBreakdown {
@@ -52,6 +56,7 @@ struct KernelBreakdown {
     double busy_ms = 0;
     std::vector<KernelTotal> groups;  // every group with a record, largest time first
     std::vector<KernelTotal> top;     // the `top_n` kernels (by name) of largest time
+    std::vector<KernelTotal> by_gap;  // the `top_n` kernels (by name) of largest gap_ms
 };
 
 KernelBreakdown summarize_kernels(std::span<const KernelRecord> records, int top_n);

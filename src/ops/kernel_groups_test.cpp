@@ -55,6 +55,32 @@ TEST(KernelGroups, BusyIsTheUnionOfIntervalsAndGapsAreTheRest) {
     EXPECT_EQ(b.top[1].name, "rmsnorm_forward_warp_per_row_kernel");
 }
 
+TEST(KernelGroups, EachGapIsChargedToTheRecordThatEndsIt) {
+    // Records out of start order (as CUPTI's buffers may hold them): idle 1 ms before the second
+    // nvjet_b, 2 ms before the copy, 0.5 ms before the norm; none before the first record or one
+    // that starts inside the busy stretch.
+    const std::vector<KernelRecord> records = {
+        {"memcpy", 7'000'000, 8'000'000, true},
+        {"nvjet_b", 0, 2'000'000, false},
+        {"rmsnorm_forward_block_per_row_kernel", 8'500'000, 9'000'000, false},
+        {"nvjet_b", 3'000'000, 5'000'000, false},
+        {"swiglu_forward_kernel", 4'000'000, 4'500'000, false},
+    };
+    const KernelBreakdown b = summarize_kernels(records, 3);
+    EXPECT_DOUBLE_EQ(b.span_ms, 9.0);
+    EXPECT_DOUBLE_EQ(b.busy_ms, 5.5);  // [0,2) + [3,5) + [7,8) + [8.5,9)
+    ASSERT_EQ(b.by_gap.size(), 3u);
+    EXPECT_EQ(b.by_gap[0].name, "memcpy");
+    EXPECT_DOUBLE_EQ(b.by_gap[0].gap_ms, 2.0);
+    EXPECT_EQ(b.by_gap[1].name, "nvjet_b");
+    EXPECT_DOUBLE_EQ(b.by_gap[1].gap_ms, 1.0);
+    EXPECT_EQ(b.by_gap[2].name, "rmsnorm_forward_block_per_row_kernel");
+    EXPECT_DOUBLE_EQ(b.by_gap[2].gap_ms, 0.5);
+    double group_gaps = 0;
+    for (const KernelTotal& g : b.groups) group_gaps += g.gap_ms;
+    EXPECT_DOUBLE_EQ(group_gaps, b.span_ms - b.busy_ms);
+}
+
 TEST(KernelGroups, NoRecordsGiveAnEmptyBreakdown) {
     const KernelBreakdown b = summarize_kernels({}, 5);
     EXPECT_EQ(b.span_ms, 0);

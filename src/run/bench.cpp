@@ -897,7 +897,8 @@ nlohmann::ordered_json bench_kernel_breakdown_json(const KernelBreakdown& kernel
         for (const KernelTotal& t : list) {
             json e = {{"name", t.name},
                       {"ms_per_step", t.ms / n},
-                      {"launches_per_step", double(t.count) / n}};
+                      {"launches_per_step", double(t.count) / n},
+                      {"gap_ms_per_step", t.gap_ms / n}};
             if (busy > 0) e["share"] = t.ms / busy;
             out.push_back(std::move(e));
         }
@@ -908,7 +909,8 @@ nlohmann::ordered_json bench_kernel_breakdown_json(const KernelBreakdown& kernel
             {"busy_ms_per_step", kernels.busy_ms / n},
             {"gaps_ms_per_step", (kernels.span_ms - kernels.busy_ms) / n},
             {"groups", totals(kernels.groups, kernels.busy_ms)},
-            {"top", totals(kernels.top, 0.0)}};
+            {"top", totals(kernels.top, 0.0)},
+            {"by_gap", totals(kernels.by_gap, 0.0)}};
 }
 
 }  // namespace lathe

@@ -66,9 +66,10 @@
 // these steps are not timed ones). The line adds "kernels": steps N, span_ms_per_step (first
 // kernel start to last kernel end, over N), busy_ms_per_step (the union of the records' intervals),
 // gaps_ms_per_step (span - busy: the GPU idle inside the work), groups (ops/kernel_groups.h's,
-// largest first, each name, ms_per_step, launches_per_step and share = ms / busy; kernels that
-// overlap on two streams make the shares sum above 1) and top (the 12 kernels of largest time,
-// name, ms_per_step, launches_per_step). Under a launcher each rank profiles its own process;
+// largest first, each name, ms_per_step, launches_per_step, gap_ms_per_step (the idle time its
+// records' starts end) and share = ms / busy; kernels that overlap on two streams make the shares
+// sum above 1), top (the 12 kernels of largest time, the same keys less share) and by_gap (the 12
+// kernels of largest gap_ms_per_step). Under a launcher each rank profiles its own process;
 // rank 0's breakdown is the line's.
 //
 // Optimizer offload (--offload cpu, one process): the step of `lathe train` with
