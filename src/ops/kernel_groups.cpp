@@ -63,9 +63,8 @@ KernelBreakdown summarize_kernels(std::span<const KernelRecord> records, int top
     // (after the latest end so far) is its gap.
     std::vector<size_t> order(records.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-        return records[a].start_ns < records[b].start_ns;
-    });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return records[a].start_ns < records[b].start_ns; });
     uint64_t busy = 0, first = records[order[0]].start_ns, cur_start = first, cur_end = first;
     for (const size_t i : order) {
         const KernelRecord& r = records[i];
