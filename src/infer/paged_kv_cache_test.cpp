@@ -109,11 +109,12 @@ double error_of(std::span<const float> got, std::span<const float> want) {
         ConstTensorView(want.data(), DType::kF32, Shape{V}, Device::kCpu));
 }
 
-InferenceEngine make(const Model& m, int64_t seqs, int64_t max_len, int64_t block, int64_t blocks) {
+InferenceEngine make(const Model& m, int64_t seqs, int64_t max_len, int64_t block, int64_t blocks,
+                     int64_t chunk = 3) {
     EngineLimits lim;
     lim.max_sequences = seqs;
     lim.max_len = max_len;
-    lim.prefill_chunk = 3;
+    lim.prefill_chunk = chunk;
     lim.kv_block_size = block;
     lim.kv_blocks = blocks;
     Result<InferenceEngine> e = InferenceEngine::create(m, lim);
@@ -187,27 +188,21 @@ TEST_P(PagedEngine, PrefillManyEqualsTheFullForward) {
     Loaded L = load(GetParam());
     const int64_t T = L.f.T, V = L.f.config.vocab_size;
     const float* full = L.logits.view().as<float>();
-    EngineLimits lim;
-    lim.max_sequences = 3;
-    lim.max_len = T;
-    lim.prefill_chunk = 15;
-    lim.kv_block_size = 2;
-    Result<InferenceEngine> e = InferenceEngine::create(L.model, lim);
-    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    InferenceEngine e = make(L.model, 3, T, 2, 0, 15);
     const std::vector<int64_t> lens = {5, 1, 3};
     std::vector<SeqId> seqs;
     std::vector<std::span<const int32_t>> prompts;
     for (int64_t n : lens) {
-        seqs.push_back(*e->open());
+        seqs.push_back(*e.open());
         prompts.push_back(std::span<const int32_t>(L.tokens).first(size_t(n)));
     }
-    EXPECT_TRUE(e->prefill_many_fits(lens));
+    EXPECT_TRUE(e.prefill_many_fits(lens));
     std::vector<float> logits(lens.size() * size_t(V));
-    const Status s = e->prefill_many(seqs, prompts, logits);
+    const Status s = e.prefill_many(seqs, prompts, logits);
     ASSERT_TRUE(s.ok()) << s.to_string();
     std::vector<int64_t> pos = lens;
     for (size_t b = 0; b < lens.size(); ++b) {
-        EXPECT_EQ(e->length(seqs[b]), lens[b]);
+        EXPECT_EQ(e.length(seqs[b]), lens[b]);
         EXPECT_LE(error_of({logits.data() + b * size_t(V), size_t(V)},
                            {full + (lens[b] - 1) * V, size_t(V)}),
                   L.tol)
@@ -217,7 +212,7 @@ TEST_P(PagedEngine, PrefillManyEqualsTheFullForward) {
         std::vector<DecodeStep> steps;
         for (size_t b = 0; b < lens.size(); ++b)
             steps.push_back({seqs[b], L.tokens[size_t(pos[b])]});
-        ASSERT_TRUE(e->decode(steps, logits).ok());
+        ASSERT_TRUE(e.decode(steps, logits).ok());
         for (size_t b = 0; b < lens.size(); ++b) {
             EXPECT_LE(error_of({logits.data() + b * size_t(V), size_t(V)},
                                {full + pos[b] * V, size_t(V)}),
@@ -319,14 +314,8 @@ TEST(PagedScheduler, NewSequencesPrefillTogetherAndGiveGeneratesTokens) {
     ASSERT_TRUE(want.ok());
     for (const bool logprobs : {false, true}) {
         SCOPED_TRACE(logprobs ? "the second with prompt log-probabilities" : "all together");
-        EngineLimits lim;
-        lim.max_sequences = 4;
-        lim.max_len = T;
-        lim.prefill_chunk = 20;
-        lim.kv_block_size = 4;
-        Result<InferenceEngine> e = InferenceEngine::create(L.model, lim);
-        ASSERT_TRUE(e.ok()) << e.status().to_string();
-        Scheduler sched(*e, {}, 8);
+        InferenceEngine e = make(L.model, 4, T, 4, 0, 20);
+        Scheduler sched(e, {}, 8);
         std::vector<std::shared_ptr<SequenceTicket>> tickets;
         for (size_t i = 0; i < prompts.size(); ++i) {
             SequenceParams sp;
@@ -350,7 +339,7 @@ TEST(PagedScheduler, NewSequencesPrefillTogetherAndGiveGeneratesTokens) {
         if (logprobs) {
             EXPECT_EQ(tickets[1]->snapshot().prompt.size(), prompts[1].size());
         }
-        EXPECT_EQ(e->paged_cache().free_blocks(), e->kv_total_blocks());
+        EXPECT_EQ(e.paged_cache().free_blocks(), e.kv_total_blocks());
     }
 }
 
