@@ -46,6 +46,23 @@ data:
   seq_length: 16
 """
 
+# A tiny Llama a little wider (hidden 48) with sequences of 32 tokens: training runs whose loss
+# must fall within a few steps.
+TINY_MODEL_48 = """
+model:
+  family: llama
+  hidden_size: 48
+  intermediate_size: 96
+  num_hidden_layers: 2
+  num_attention_heads: 4
+  num_key_value_heads: 2
+  max_position_embeddings: 64
+  tie_word_embeddings: true
+data:
+  split: "90,10,0"
+  seq_length: 32
+"""
+
 def train_cmd(corpus, run_dir, *sets):
     """The arguments of `lathe train CORPUS/tiny.yaml --run-dir RUN_DIR --set S...`."""
     args = ["train", corpus / "tiny.yaml", "--run-dir", run_dir]
