@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/log.h"
 #include "dist/host_collectives.h"
+#include "ops/argmax.h"
 #include "ops/attention.h"
 #include "ops/cpu/parallel.h"
 #include "ops/cuda/cuda_state.h"
@@ -966,6 +967,19 @@ Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
 }
 
 Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<float> logits) {
+    return decode_impl(steps, DecodeOut{logits, {}});
+}
+
+Status InferenceEngine::decode_greedy(std::span<const DecodeStep> steps,
+                                      std::span<int32_t> tokens) {
+    if (tokens.size() != steps.size()) {
+        return invalid_argument_error("decode: {} token places for {} steps", tokens.size(),
+                                      steps.size());
+    }
+    return decode_impl(steps, DecodeOut{{}, tokens});
+}
+
+Status InferenceEngine::decode_impl(std::span<const DecodeStep> steps, DecodeOut out) {
     decode_start_ = std::chrono::steady_clock::now();
     if (leading_) {
         message_.clear();
@@ -983,12 +997,12 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
             steps.size(), n);
     }
     if (n == 0) return ok_status();
-    if (int64_t(logits.size()) != n * V) {
-        return invalid_argument_error("decode: logits hold {} floats, need {} x {}", logits.size(),
-                                      n, V);
+    if (out.tokens.empty() && int64_t(out.logits.size()) != n * V) {
+        return invalid_argument_error("decode: logits hold {} floats, need {} x {}",
+                                      out.logits.size(), n, V);
     }
     if (paged_) {
-        const Status st = decode_paged(steps, logits);
+        const Status st = decode_paged(steps, out);
         if (st.ok()) note_decode_times();
         return st;
     }
@@ -1059,7 +1073,7 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
     }
     for (int64_t r = 0; r < n; ++r) cache_.set_length(cache_.seq_at(r), host_len_[size_t(r)]);
     // Logits come out in row order; row r goes to the caller's row step_of_row_[r].
-    last_logits(x->reshape(Shape{n, c.hidden_size}), n, logits, step_of_row_);
+    emit_decode(logits_forward(x->reshape(Shape{n, c.hidden_size}), n), n, out, step_of_row_);
     note_decode_times();
     return ok_status();
 }
@@ -1071,7 +1085,7 @@ void InferenceEngine::note_decode_times() {
                      seconds(end - staged_at_)};
 }
 
-Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::span<float> logits) {
+Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, DecodeOut result) {
     const ModelConfig& c = config();
     const int64_t n = int64_t(steps.size());
     // Batch row i is step i; its sequence's blocks are wherever the pool put them.
@@ -1239,8 +1253,33 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
         return out.status();
     }
     for (int64_t i = 0; i < n; ++i) paged_cache_.set_length(seqs[size_t(i)], host_len_[size_t(i)]);
-    read_logits(*out, n, logits);
+    emit_decode(*out, n, result, {});
     return ok_status();
+}
+
+void InferenceEngine::emit_decode(ConstTensorView logits, int64_t n, DecodeOut out,
+                                  std::span<const int64_t> out_row) {
+    if (out.tokens.empty()) {
+        read_logits(logits, n, out.logits, out_row);
+        return;
+    }
+    const auto place = [&](int64_t r) { return size_t(out_row.empty() ? r : out_row[size_t(r)]); };
+    const ConstTensorView rows = logits.slice(0, n);
+    if (ctx_.backend != Backend::kCuda) {
+        host_i32_.assign(size_t(n), 0);
+        argmax_rows(TensorView(host_i32_.data(), DType::kI32, Shape{n}, Device::kCpu), rows, ctx_);
+        staged_at_ = std::chrono::steady_clock::now();
+        for (int64_t r = 0; r < n; ++r) out.tokens[place(r)] = host_i32_[size_t(r)];
+        return;
+    }
+    // The picks into the token scratch (the step's inputs are read by now: the stream runs in
+    // order), then n ids through the page-locked logits buffer.
+    const TensorView ids = scratch(ix_.tokens, Shape{n});
+    argmax_rows(ids, rows, ctx_);
+    auto* staged = static_cast<int32_t*>(pinned_logits_.data());
+    cuda_copy_sync(TensorView(staged, DType::kI32, Shape{n}, Device::kCpu), ids, ctx_.stream);
+    staged_at_ = std::chrono::steady_clock::now();
+    for (int64_t r = 0; r < n; ++r) out.tokens[place(r)] = staged[r];
 }
 
 InferenceEngine::DecodeQkv InferenceEngine::decode_qkv(int layer, const BlockWeights& w,

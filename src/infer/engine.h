@@ -247,6 +247,11 @@ public:
     // Errors: a sequence missing, repeated, unknown or never prefilled; a token outside [0, V); a
     // sequence at max_len.
     Status decode(std::span<const DecodeStep> steps, std::span<float> logits);
+    // decode() with each row's greedy pick in place of its logits: tokens[i] is the lowest id of
+    // row i's largest logit (NaN as -inf; infer/sampling.h's temperature 0 without a repetition
+    // penalty), picked where the logits are (ops/argmax.h: on CUDA n ids come back, not n x V
+    // logits). Errors: decode's, and tokens.size() other than steps.size().
+    Status decode_greedy(std::span<const DecodeStep> steps, std::span<int32_t> tokens);
 
     // Where the host's time of the last successful decode() went, in seconds, three disjoint
     // stretches of the call in order: `inputs` from the call to the step's forward (checks, the
@@ -322,7 +327,19 @@ private:
     // tokens.size() x V.
     Status prefill_impl(SeqId seq, std::span<const int32_t> tokens, std::span<float> logits,
                         bool all);
-    Status decode_paged(std::span<const DecodeStep> steps, std::span<float> logits);
+    // What a decode step returns: every row's logits (V floats a row), or every row's greedy
+    // token (`tokens` not empty).
+    struct DecodeOut {
+        std::span<float> logits;
+        std::span<int32_t> tokens;
+    };
+    Status decode_impl(std::span<const DecodeStep> steps, DecodeOut out);
+    Status decode_paged(std::span<const DecodeStep> steps, DecodeOut out);
+    // The step's (n, V) logits on the device or host as `out` asks: read back widened
+    // (read_logits) or picked (argmax_rows) and the n ids read back; row r goes to the caller's
+    // row out_row[r] (empty: r).
+    void emit_decode(ConstTensorView logits, int64_t n, DecodeOut out,
+                     std::span<const int64_t> out_row);
     bool is_open(SeqId seq) const;
     Result<SeqId> open_here();  // open() without sending it
     // lead()/follow(): one call sent from rank 0 (op, sequence, payload of i64).

@@ -108,6 +108,58 @@ TEST_P(EngineParity, SequencesOfDifferentLengthsShareDecodeSteps) {
     }
 }
 
+// decode_greedy's tokens are the argmax of decode's logits (the lowest id of the largest), with
+// the row cache and the paged one, steps listed in reverse (the picks follow the steps, not the
+// cache rows), three sequences generating greedily from prompts of 1, 4 and 2 tokens.
+TEST_P(EngineParity, DecodeGreedyPicksTheArgmaxOfDecodesLogits) {
+    Loaded L = load(GetParam());
+    const int64_t T = L.f.T, V = L.f.config.vocab_size;
+    for (const int64_t block : {int64_t(0), int64_t(2)}) {
+        SCOPED_TRACE(block == 0 ? "row cache" : "paged");
+        EngineLimits lim;
+        lim.max_sequences = 3;
+        lim.max_len = T;
+        lim.prefill_chunk = 8;
+        lim.kv_block_size = block;
+        Result<InferenceEngine> a = InferenceEngine::create(L.model, lim);
+        Result<InferenceEngine> b = InferenceEngine::create(L.model, lim);
+        ASSERT_TRUE(a.ok() && b.ok());
+        const int64_t starts[3] = {1, 4, 2};
+        SeqId sa[3], sb[3];
+        int32_t next[3];
+        std::vector<float> one(static_cast<size_t>(V));
+        for (int i = 0; i < 3; ++i) {
+            const auto prompt = std::span(L.tokens).first(size_t(starts[i]));
+            sa[i] = *a->open();
+            sb[i] = *b->open();
+            ASSERT_TRUE(a->prefill(sa[i], prompt, one).ok());
+            ASSERT_TRUE(b->prefill(sb[i], prompt, one).ok());
+            next[i] = L.tokens[size_t(starts[i])];
+        }
+        for (int step = 0; step < 4 && starts[1] + step + 1 < T; ++step) {
+            std::vector<DecodeStep> steps_a, steps_b;
+            for (int i = 2; i >= 0; --i) {
+                steps_a.push_back(DecodeStep{sa[i], next[i]});
+                steps_b.push_back(DecodeStep{sb[i], next[i]});
+            }
+            std::vector<float> logits(3 * size_t(V));
+            ASSERT_TRUE(a->decode(steps_a, logits).ok());
+            std::vector<int32_t> picked(3, -1);
+            ASSERT_TRUE(b->decode_greedy(steps_b, picked).ok());
+            for (int k = 0; k < 3; ++k) {
+                const float* row = logits.data() + size_t(k) * size_t(V);
+                const int32_t want = int32_t(std::max_element(row, row + V) - row);
+                EXPECT_EQ(picked[size_t(k)], want) << "step " << step << " row " << k;
+                next[2 - k] = want;
+            }
+        }
+        std::vector<int32_t> wrong(2);
+        EXPECT_FALSE(
+            b->decode_greedy(std::vector<DecodeStep>{{sb[0], 1}, {sb[1], 1}, {sb[2], 1}}, wrong)
+                .ok());
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, EngineParity,
                          ::testing::Values("llama", "llama_bias_packed", "mistral", "qwen2",
                                            "gpt_neox", "gpt_neox_sequential", "gpt2"));

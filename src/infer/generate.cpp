@@ -37,6 +37,8 @@ Result<std::vector<GenerateResult>> generate(InferenceEngine& engine,
     std::vector<float> logits;
     std::vector<double> prob;
     std::vector<int32_t> order;
+    // Greedy without a repetition penalty: decode steps return the picks, not the logits.
+    const bool greedy = o.sampling.temperature == 0.0 && o.sampling.repetition_penalty == 1.0;
 
     // Appends `token` to request r; true when it finished (its sequence is then closed).
     auto accept = [&](Running& r, int32_t token) -> Result<bool> {
@@ -100,13 +102,18 @@ Result<std::vector<GenerateResult>> generate(InferenceEngine& engine,
         // One decode step for every running request.
         std::vector<DecodeStep> steps;
         for (const Running& r : running) steps.push_back(DecodeStep{r.seq, r.last});
-        logits.resize(running.size() * size_t(V));
-        LATHE_RETURN_IF_ERROR(engine.decode(steps, logits));
         std::vector<int32_t> tokens(running.size());
-        for (size_t k = 0; k < running.size(); ++k) {
-            Running& r = running[k];
-            const std::span<float> row(logits.data() + k * size_t(V), size_t(V));
-            tokens[k] = sample_token(row, r.seen, o.sampling, r.rng, prob, order);
+        if (greedy) {
+            // The engine picks them where the logits are: sample_token's choice at temperature 0.
+            LATHE_RETURN_IF_ERROR(engine.decode_greedy(steps, tokens));
+        } else {
+            logits.resize(running.size() * size_t(V));
+            LATHE_RETURN_IF_ERROR(engine.decode(steps, logits));
+            for (size_t k = 0; k < running.size(); ++k) {
+                Running& r = running[k];
+                const std::span<float> row(logits.data() + k * size_t(V), size_t(V));
+                tokens[k] = sample_token(row, r.seen, o.sampling, r.rng, prob, order);
+            }
         }
         LATHE_RETURN_IF_ERROR(engine.agree_tokens(tokens));
         std::vector<Running> still;

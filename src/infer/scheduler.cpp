@@ -132,12 +132,22 @@ Result<std::vector<std::shared_ptr<SequenceTicket>>> Scheduler::submit(
 }
 
 bool Scheduler::accept(Running& r, std::span<float> logits) {
-    SequenceState& st = r.state;
     const SequenceParams& p = r.params;
     std::vector<float> raw;
     if (p.top_logprobs >= 0) raw.assign(logits.begin(), logits.end());
     const int32_t token = sample_token(logits, r.seen, p.sampling, r.rng, prob_, order_);
-    if (p.top_logprobs >= 0) st.logprobs.push_back(logprob_of(raw, token, p.top_logprobs));
+    if (p.top_logprobs >= 0) r.state.logprobs.push_back(logprob_of(raw, token, p.top_logprobs));
+    return accept_token(r, token);
+}
+
+bool Scheduler::picks_on_device(const SequenceParams& p) {
+    return p.sampling.temperature == 0.0 && p.sampling.repetition_penalty == 1.0 &&
+           p.top_logprobs < 0;
+}
+
+bool Scheduler::accept_token(Running& r, int32_t token) {
+    SequenceState& st = r.state;
+    const SequenceParams& p = r.params;
     st.ids.push_back(token);
     r.seen.push_back(token);
     r.last = token;
@@ -367,9 +377,19 @@ bool Scheduler::step() {
     // One decode step for every running sequence.
     std::vector<DecodeStep> steps;
     for (const Running& r : running_) steps.push_back(DecodeStep{r.seq, r.last});
-    logits_.resize(running_.size() * size_t(V));
+    // Every sequence greedy without log-probabilities or a repetition penalty: the engine picks
+    // the tokens where the logits are (decode_greedy), the same ones sample_token would.
+    const bool on_device = std::all_of(running_.begin(), running_.end(),
+                                       [](const Running& r) { return picks_on_device(r.params); });
     const Clock::time_point t0 = Clock::now();
-    const Status s = engine_.decode(steps, logits_);
+    Status s = ok_status();
+    if (on_device) {
+        tokens_.resize(running_.size());
+        s = engine_.decode_greedy(steps, tokens_);
+    } else {
+        logits_.resize(running_.size() * size_t(V));
+        s = engine_.decode(steps, logits_);
+    }
     const Clock::time_point now = Clock::now();
     decode_ns_.fetch_add(nanoseconds(now - t0));
     steps_.fetch_add(1);
@@ -389,8 +409,10 @@ bool Scheduler::step() {
             finish(r);
             continue;
         }
-        const std::span<float> row(logits_.data() + k * size_t(V), size_t(V));
-        if (accept(r, row))
+        const bool done =
+            on_device ? accept_token(r, tokens_[k])
+                      : accept(r, std::span<float>(logits_.data() + k * size_t(V), size_t(V)));
+        if (done)
             finish(r);
         else
             still.push_back(std::move(r));

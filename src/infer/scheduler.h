@@ -171,8 +171,13 @@ private:
     // Prefills the admitted sequences (groups through prefill_many), samples each one's first
     // token, and moves the unfinished ones into running_.
     void prefill_joining(std::vector<Running>& joining);
-    // Appends a sampled token; true when the sequence finished.
+    // Samples a token from `logits` (and its log-probabilities when asked) and accepts it.
     bool accept(Running& r, std::span<float> logits);
+    // Appends `token`; true when the sequence finished (a stop id or string, its length).
+    bool accept_token(Running& r, int32_t token);
+    // Whether the engine may pick p's tokens itself (decode_greedy): greedy, no repetition
+    // penalty, no log-probabilities.
+    static bool picks_on_device(const SequenceParams& p);
     void finish(Running& r);
     void loop();
 
@@ -188,6 +193,7 @@ private:
     std::vector<Running> running_;
     int64_t reserved_blocks_ = 0;  // KV blocks the running sequences may still fill
     std::vector<float> logits_;
+    std::vector<int32_t> tokens_;  // a decode_greedy step's picks
     std::vector<double> prob_;
     std::vector<int32_t> order_;
     std::atomic<int64_t> running_count_{0}, finished_{0}, prompt_tokens_{0}, generated_{0},

@@ -13,11 +13,11 @@ TEST(Argmax, LowestIndexOfTheLargestNanAsMinusInfinity) {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const float inf = std::numeric_limits<float>::infinity();
     HostTensor x = tensor_of(Shape{5, 4}, {
-                                              1.0f, 3.0f, 2.0f, 3.0f,   // tie: 1
-                                              nan, 0.5f, nan, 0.25f,    // NaN below all: 1
-                                              -inf, nan, -inf, nan,     // nothing finite: 0
-                                              -2.0f, -1.0f, -3.0f, inf, // +inf: 3
-                                              7.0f, 7.0f, 7.0f, 7.0f,   // all equal: 0
+                                              1.0f,  3.0f,  2.0f,  3.0f,   // tie: 1
+                                              nan,   0.5f,  nan,   0.25f,  // NaN below all: 1
+                                              -inf,  nan,   -inf,  nan,    // nothing finite: 0
+                                              -2.0f, -1.0f, -3.0f, inf,    // +inf: 3
+                                              7.0f,  7.0f,  7.0f,  7.0f,   // all equal: 0
                                           });
     HostTensor ids(DType::kI32, {5});
     argmax_rows(ids.view(), x.view(), cpu_context());

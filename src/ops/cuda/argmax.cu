@@ -41,11 +41,13 @@ __global__ void argmax_rows_kernel(int32_t* __restrict__ ids, const __nv_bfloat1
         float v[kVec];
         load_bf16<kVec>(v, row + base);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) p = better(p, Pick{finite_or_minus_inf(v[k]), int(base + k)});
+        for (int k = 0; k < kVec; ++k)
+            p = better(p, Pick{finite_or_minus_inf(v[k]), int(base + k)});
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
-        const Pick o{__shfl_down_sync(0xffffffffu, p.v, off), __shfl_down_sync(0xffffffffu, p.i, off)};
+        const Pick o{__shfl_down_sync(0xffffffffu, p.v, off),
+                     __shfl_down_sync(0xffffffffu, p.i, off)};
         p = better(p, o);
     }
     __shared__ Pick warp_pick[kThreads / 32];
