@@ -169,6 +169,15 @@ def test_decode_gemv_is_in_the_line_and_checked():
     assert p.returncode != 0 and "--decode-gemv" in p.stderr, p.stderr
 
 
+def test_decode_output_tokens_times_greedy_picks():
+    r = bench("--preset", "tiny", *SMOKE, "--decode-output", "tokens", "--kv-block-size", "8")
+    assert r["decode_output"] == "tokens" and [row["batch"] for row in r["decode"]] == [1, 4]
+    assert all(row["ms_per_step"] > 0 and row["forward_ms"] > 0 for row in r["decode"])
+    assert bench("--preset", "tiny", *SMOKE)["decode_output"] == "logits"
+    p = run("--generate", "--preset", "tiny", *SMOKE, "--decode-output", "probabilities")
+    assert p.returncode != 0 and "--decode-output" in p.stderr, p.stderr
+
+
 def test_generate_options_need_generate():
     p = run("--model", "tiny", "--batch", 1, "--seq", 8, "--prefill", "16", "--device", "cpu")
     assert p.returncode != 0 and "--prefill needs --generate" in p.stderr

@@ -71,9 +71,9 @@ def test_keys_are_those_of_lathe_bench_generate(smoke):
     assert p.returncode == 0, p.stderr
     lathe = json.loads(p.stdout.strip().splitlines()[-1])
     # decode_mode/compile_error are the baseline's, kv_block_size/cuda_graphs/decode_gemv/
-    # peer_reduce lathe's engine options.
+    # peer_reduce/decode_output lathe's engine options.
     assert set(smoke) - {"decode_mode", "compile_error"} == set(lathe) - {
-        "kv_block_size", "cuda_graphs", "decode_gemv", "peer_reduce"}
+        "kv_block_size", "cuda_graphs", "decode_gemv", "peer_reduce", "decode_output"}
     assert set(smoke["prefill"][0]) == set(lathe["prefill"][0])
     # inputs_ms/forward_ms/widen_ms: lathe's engine split of a step.
     assert set(smoke["decode"][0]) - {"decode_mode"} == set(lathe["decode"][0]) - {

@@ -63,6 +63,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         GenerateBenchRequest gen;
         std::string prefill = "4096,32768", decode_batches = "1,16,64";
         std::string decode_gemv = "auto";
+        std::string decode_output = "logits";
         std::string peer_reduce = "auto";
         int tensor_parallel = 1;
     };
@@ -105,6 +106,11 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--kv-block-size", o->gen.kv_block_size,
                     "--generate: decode KV cache paged in blocks of this many positions; 0 = "
                     "one row of max_len per sequence")
+        ->capture_default_str();
+    cmd->add_option("--decode-output", o->decode_output,
+                    "--generate: what a decode step returns: logits (every row's, widened on the "
+                    "host) or tokens (every row's greedy pick, made where the logits are)")
+        ->check(CLI::IsMember({"logits", "tokens"}))
         ->capture_default_str();
     cmd->add_option("--cuda-graphs", o->gen.cuda_graphs,
                     "--generate: 1 = replay the paged CUDA decode step from CUDA graphs (with "
@@ -265,6 +271,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                 LATHE_ASSIGN_OR_RETURN(g.decode_batches,
                                        parse_length_list(o->decode_batches, "--decode-batches"));
                 g.tensor_parallel = o->tensor_parallel;
+                g.decode_tokens = o->decode_output == "tokens";
                 LATHE_ASSIGN_OR_RETURN(const std::string line, bench_generate_run(g));
                 if (!line.empty()) std::printf("%s\n", line.c_str());  // rank 0's alone
                 std::fflush(stdout);
@@ -272,8 +279,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
             }
             for (const char* inference :
                  {"--prefill", "--decode-batches", "--prompt-len", "--decode-steps",
-                  "--decode-warmup", "--prefill-repeats", "--prefill-chunk", "--tensor-parallel",
-                  "--max-len", "--peer-reduce", "--decode-gemv"})
+                  "--decode-output", "--decode-warmup", "--prefill-repeats", "--prefill-chunk",
+                  "--tensor-parallel", "--max-len", "--peer-reduce", "--decode-gemv"})
                 if (cmd->count(inference) > 0)
                     return invalid_argument_error("{} needs --generate", inference);
             for (const char* needed : {"--batch", "--seq"})

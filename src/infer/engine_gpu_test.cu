@@ -218,6 +218,48 @@ TEST_P(EngineGpu, PagedGreedyEqualsTheRowCache) {
     }
 }
 
+// decode_greedy's picks (the device's argmax over the bf16 logits, n ids back) against the
+// argmax of decode's logits on the host, both engines paged with CUDA graphs, two sequences of
+// different prompts stepping together in reverse order, each fed its own pick. The same ops on
+// the same inputs give the same logits, so the picks are equal (compared up to the first
+// near-tie, as the other greedy tests, in case a kernel were not bitwise repeatable).
+TEST_P(EngineGpu, DecodeGreedyPicksTheArgmaxOfDecodesLogits) {
+    const model_fixture::Fixture f = model_fixture::load(GetParam());
+    const double eps_rel = kSlack * double(f.config.num_layers + 1) * kU;
+    Model model = make_model(f, state_->context());
+    const int32_t* t = f.ref("tokens").as<int32_t>();
+    const int64_t V = f.config.vocab_size;
+    InferenceEngine a = make_engine(model, 2, 16, 0, true), b = make_engine(model, 2, 16, 0, true);
+    SeqId sa[2], sb[2];
+    int32_t next[2];
+    std::vector<float> z(static_cast<size_t>(V));
+    for (int i = 0; i < 2; ++i) {
+        const std::vector<int32_t> prompt(t + i, t + i + kPrompt - 2 * i);
+        sa[i] = *a.open();
+        sb[i] = *b.open();
+        ASSERT_TRUE(a.prefill(sa[i], prompt, z).ok());
+        ASSERT_TRUE(b.prefill(sb[i], prompt, z).ok());
+        next[i] = argmax(z);
+    }
+    bool tied = false;
+    for (int64_t step = 0; step + 1 < kNew && !tied; ++step) {
+        const DecodeStep steps_a[2] = {{sa[1], next[1]}, {sa[0], next[0]}};
+        const DecodeStep steps_b[2] = {{sb[1], next[1]}, {sb[0], next[0]}};
+        std::vector<float> logits(2 * size_t(V));
+        ASSERT_TRUE(a.decode(steps_a, logits).ok());
+        std::vector<int32_t> picks(2, -1);
+        ASSERT_TRUE(b.decode_greedy(steps_b, picks).ok());
+        for (int k = 0; k < 2; ++k) {
+            const std::vector<float> row(logits.begin() + k * V, logits.begin() + (k + 1) * V);
+            if (top2_gap(row) < 2 * eps_rel * max_abs(row)) tied = true;
+            if (tied) break;
+            EXPECT_EQ(picks[size_t(k)], argmax(row))
+                << GetParam() << " step " << step << " row " << k;
+            next[1 - k] = argmax(row);
+        }
+    }
+}
+
 // Sequences join and leave: A (prompt 5), B (prompt 11: chunks of 8 and 3, the second attending
 // through the gathered prefix) and C (prompt 9: a one-token second chunk) decode 4 steps, A
 // leaves, D (prompt 7) joins and takes A's freed blocks (the pool holds exactly what B, C and D

@@ -361,6 +361,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     j["max_len"] = decode_limits.max_len;
     j["cuda_graphs"] = on_cuda && req.kv_block_size > 0 && req.cuda_graphs;
     j["decode_gemv"] = decode_gemv_name(req.decode_gemv);
+    j["decode_output"] = req.decode_tokens ? "tokens" : "logits";
     j["peer_reduce"] = false;  // the decode engine's, below
     j["decode_steps"] = req.decode_steps;
     j["decode_warmup"] = req.decode_warmup;
@@ -389,12 +390,14 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
             double bytes = 0.0;
             std::vector<DecodeStep> steps(static_cast<size_t>(B));
             const std::span<float> out(logits.data(), size_t(B * V));
+            std::vector<int32_t> picks(static_cast<size_t>(B));
             // One decode step of the batch with random next tokens, until its logits are back.
             const auto decode_step = [&]() -> Status {
                 const std::vector<int32_t> next = random_tokens(gen, B, V);
                 for (int64_t b = 0; b < B; ++b)
                     steps[size_t(b)] = {seqs[size_t(b)], next[size_t(b)]};
-                const Status done = engine.decode(steps, out);
+                const Status done = req.decode_tokens ? engine.decode_greedy(steps, picks)
+                                                      : engine.decode(steps, out);
                 model.synchronize();
                 return done;
             };

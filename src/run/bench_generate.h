@@ -14,7 +14,8 @@
 //   decode    for each batch B of `decode_batches`: B sequences each prefilled (untimed) with
 //             prompt_len random tokens, then decode_warmup untimed and decode_steps timed decode
 //             steps of one token per sequence (random next tokens, so no sampling is timed), each
-//             timed until its logits are on the host; the median step reported. One engine of
+//             timed until its logits are on the host (or, with decode_tokens, its rows' greedy
+//             picks: InferenceEngine::decode_greedy); the median step reported. One engine of
 //             max_sequences = the largest B and max_len = prompt_len + decode_warmup +
 //             decode_steps + kernel_breakdown_steps (or max_len when larger: the engine of a
 //             server whose context is longer than the sequences in it) serves every batch.
@@ -92,6 +93,9 @@ struct GenerateBenchRequest {
     // graphs (infer/engine.h; no effect with rows or on the CPU).
     int64_t kv_block_size = 0;
     bool cuda_graphs = true;
+    // What a decode step returns: false = every row's logits on the host (decode), true = every
+    // row's greedy token picked where the logits are (decode_greedy; --decode-output tokens).
+    bool decode_tokens = false;
     // The decode engine's GEMM for few rows (infer/engine.h, DecodeGemv; --decode-gemv).
     DecodeGemv decode_gemv = DecodeGemv::kOff;
     // Tensor parallel on CUDA: small sums through PeerAllReduce (infer/engine.h, PeerReduce); the
