@@ -29,22 +29,36 @@ data:
 """
 
 
-# A two-layer Llama of hidden size 32 with a validation split: the model and data sections that
-# the run-inspecting tests (runs, report, TensorBoard) share; a test appends its train sections.
-TINY_MODEL_2L = """
+def tiny_llama_model(hidden, intermediate):
+    """The model section of a two-layer Llama (4 heads, 2 KV heads, 64 positions, tied)."""
+    return f"""
 model:
   family: llama
-  hidden_size: 32
-  intermediate_size: 64
+  hidden_size: {hidden}
+  intermediate_size: {intermediate}
   num_hidden_layers: 2
   num_attention_heads: 4
   num_key_value_heads: 2
   max_position_embeddings: 64
   tie_word_embeddings: true
-data:
-  split: "90,10,0"
-  seq_length: 16
 """
+
+
+def tiny_llama(hidden, intermediate, seq_length):
+    """tiny_llama_model's section with a data section of a 90/10 split."""
+    return tiny_llama_model(hidden, intermediate) + f"""data:
+  split: "90,10,0"
+  seq_length: {seq_length}
+"""
+
+
+# A two-layer Llama of hidden size 32 with a validation split: the model and data sections that
+# the run-inspecting tests (runs, report, TensorBoard) share; a test appends its train sections.
+TINY_MODEL_2L = tiny_llama(32, 64, 16)
+
+# The same a little wider (hidden 48) with sequences of 32 tokens: the training and offload tests,
+# whose loss must fall within a few steps.
+TINY_MODEL_48 = tiny_llama(48, 96, 32)
 
 def train_cmd(corpus, run_dir, *sets):
     """The arguments of `lathe train CORPUS/tiny.yaml --run-dir RUN_DIR --set S...`."""

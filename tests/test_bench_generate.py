@@ -78,6 +78,11 @@ def test_decode_rows_follow_the_batch(tiny):
         assert row["bytes_per_step"] == pytest.approx(
             tiny["weight_bytes"] + tiny["kv_bytes_per_position"] * B * mean_len)
         assert row["bandwidth_fraction"] is None
+        # The engine's parts of the step (medians): each part lies inside every step, so its
+        # median is at most the steps' median.
+        assert row["inputs_ms"] >= 0 and row["forward_ms"] > 0 and row["widen_ms"] >= 0
+        for part in ("inputs_ms", "forward_ms", "widen_ms"):
+            assert row[part] <= row["ms_per_step"], part
     # Four rows read the same weights and four times the cache.
     assert four["bytes_per_step"] - tiny["weight_bytes"] == pytest.approx(
         4 * (one["bytes_per_step"] - tiny["weight_bytes"]))

@@ -16,23 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from lathe_cli import run, tiny_training_folder, train_cmd
+from lathe_cli import TINY_MODEL_48, run, tiny_training_folder, train_cmd
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TINY = """
-model:
-  family: llama
-  hidden_size: 48
-  intermediate_size: 96
-  num_hidden_layers: 2
-  num_attention_heads: 4
-  num_key_value_heads: 2
-  max_position_embeddings: 64
-  tie_word_embeddings: true
-data:
-  split: "90,10,0"
-  seq_length: 32
+TINY = TINY_MODEL_48 + """
 train:
   steps: 6
   micro_batch_size: 4

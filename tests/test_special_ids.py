@@ -24,24 +24,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from corpus import write_gcide_jsonl
-from lathe_cli import run, tokenize_corpus
+from lathe_cli import run, tiny_llama_model, tokenize_corpus
 
 SHARED = Path(os.environ.get("LATHE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
 EOT = "<|endoftext|>"
 MAX_NEW = 16
 
 MODELS = {
-    "llama": """
-model:
-  family: llama
-  hidden_size: 48
-  intermediate_size: 96
-  num_hidden_layers: 2
-  num_attention_heads: 4
-  num_key_value_heads: 2
-  max_position_embeddings: 64
-  tie_word_embeddings: true
-""",
+    "llama": tiny_llama_model(48, 96),
     "gpt_neox": """
 model:
   family: gpt_neox

@@ -18,22 +18,10 @@ import numpy as np
 import pytest
 
 from corpus import write_gcide_jsonl
-from lathe_cli import LATHE, run, tokenize_corpus, train_cmd, wait_for_step
+from lathe_cli import LATHE, TINY_MODEL_48, run, tokenize_corpus, train_cmd, wait_for_step
 
 
-TINY = """
-model:
-  family: llama
-  hidden_size: 48
-  intermediate_size: 96
-  num_hidden_layers: 2
-  num_attention_heads: 4
-  num_key_value_heads: 2
-  max_position_embeddings: 64
-  tie_word_embeddings: true
-data:
-  split: "90,10,0"
-  seq_length: 32
+TINY = TINY_MODEL_48 + """
 train:
   steps: 14
   micro_batch_size: 4

@@ -622,6 +622,7 @@ void InferenceEngine::read_logits(ConstTensorView all, int64_t n, std::span<floa
         return out.data() + (out_row.empty() ? r : out_row[size_t(r)]) * V;
     };
     if (ctx_.backend != Backend::kCuda) {
+        staged_at_ = std::chrono::steady_clock::now();
         for (int64_t r = 0; r < n; ++r)
             std::memcpy(dst(r), logits.as<float>() + r * V, size_t(V) * sizeof(float));
         return;
@@ -629,6 +630,7 @@ void InferenceEngine::read_logits(ConstTensorView all, int64_t n, std::span<floa
     auto* staged = static_cast<uint16_t*>(pinned_logits_.data());
     cuda_copy_sync(TensorView(staged, DType::kBF16, Shape{n, V}, Device::kCpu), logits,
                    ctx_.stream);
+    staged_at_ = std::chrono::steady_clock::now();
     // Widened in pieces of 64K logits, on several threads from 1M logits up (a batch of rows:
     // 64 x 128K logits is 8M, milliseconds on one core).
     const int64_t total = n * V, piece = int64_t(1) << 16;
@@ -947,6 +949,7 @@ Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
 }
 
 Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<float> logits) {
+    decode_start_ = std::chrono::steady_clock::now();
     if (leading_) {
         message_.clear();
         for (const DecodeStep& s : steps) {
@@ -967,7 +970,11 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
         return invalid_argument_error("decode: logits hold {} floats, need {} x {}", logits.size(),
                                       n, V);
     }
-    if (paged_) return decode_paged(steps, logits);
+    if (paged_) {
+        const Status st = decode_paged(steps, logits);
+        if (st.ok()) note_decode_times();
+        return st;
+    }
     // Row r of the batch is cache row r; step_of_row_ maps it back to the caller's order.
     step_of_row_.assign(size_t(n), -1);
     host_i32_.assign(size_t(n), 0);
@@ -997,6 +1004,7 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
     }
     const float scale = block_attention_scale(c);
     const int64_t Hkv = c.num_kv_heads, D = c.head_dim, Tmax = limits_.max_len;
+    forward_start_ = std::chrono::steady_clock::now();
     auto attend = [&](int l, const BlockWeights& w, const TensorView& ln, const TensorView& q_rows,
                       const TensorView& att, const TensorView& lse, const LinearSpec& spec,
                       ConstTensorView positions) {
@@ -1035,7 +1043,15 @@ Status InferenceEngine::decode(std::span<const DecodeStep> steps, std::span<floa
     for (int64_t r = 0; r < n; ++r) cache_.set_length(cache_.seq_at(r), host_len_[size_t(r)]);
     // Logits come out in row order; row r goes to the caller's row step_of_row_[r].
     last_logits(x->reshape(Shape{n, c.hidden_size}), n, logits, step_of_row_);
+    note_decode_times();
     return ok_status();
+}
+
+void InferenceEngine::note_decode_times() {
+    const auto end = std::chrono::steady_clock::now();
+    const auto seconds = [](auto d) { return std::chrono::duration<double>(d).count(); };
+    decode_times_ = {seconds(forward_start_ - decode_start_), seconds(staged_at_ - forward_start_),
+                     seconds(end - staged_at_)};
 }
 
 Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::span<float> logits) {
@@ -1139,6 +1155,7 @@ Status InferenceEngine::decode_paged(std::span<const DecodeStep> steps, std::spa
     };
     Result<TensorView> out = scratch(ix_.logits, Shape{nb, c.vocab_size});
     const size_t b = size_t(nb);
+    forward_start_ = std::chrono::steady_clock::now();
     if (graphed && !graphs_[b].empty()) {
         graphs_[b].launch(ctx_.stream);
     } else if (graphed && graph_warm_[b] && !graph_failed_[b]) {

@@ -66,6 +66,7 @@
 // and one scratch arena sized for max(prefill_chunk, max_sequences) tokens, allocated once.
 // Not thread-safe; one engine per model and stream.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -247,6 +248,17 @@ public:
     // sequence at max_len.
     Status decode(std::span<const DecodeStep> steps, std::span<float> logits);
 
+    // Where the host's time of the last successful decode() went, in seconds, three disjoint
+    // stretches of the call in order: `inputs` from the call to the step's forward (checks, the
+    // tensor-parallel message, block tables and the inputs' upload), `forward` from there until
+    // the logits are in host memory (kernel launches or the CUDA graph's, the device's work and
+    // the read-back, which waits for it; the whole forward on the CPU), `widen` the logits
+    // widened to f32 into the caller's rows.
+    struct DecodeTimes {
+        double inputs = 0, forward = 0, widen = 0;
+    };
+    const DecodeTimes& last_decode_times() const { return decode_times_; }
+
 private:
     InferenceEngine() = default;
     BlockWeights block_weights(int layer) const;
@@ -369,6 +381,12 @@ private:
     // which waits for the stream, comes after them, so the next step may rewrite them), and the
     // logits' read-back (max_sequences x V bf16). Allocated once, at create().
     PinnedHostBuffer pinned_inputs_, pinned_logits_;
+    // decode()'s stretches (DecodeTimes): its start and its forward's, set by decode and
+    // decode_paged; read_logits marks the logits staged in host memory (the forward's end);
+    // note_decode_times, at a successful decode's end, computes the three.
+    DecodeTimes decode_times_;
+    std::chrono::steady_clock::time_point decode_start_, forward_start_, staged_at_;
+    void note_decode_times();
     // CUDA graphs, indexed by bucket size (max_sequences + 1 entries): the captured step, whether
     // the bucket ran once eagerly, and whether its capture failed (eager from then on).
     std::vector<CudaGraph> graphs_;

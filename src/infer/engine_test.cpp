@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 
 #include "infer/engine_test_util.h"
@@ -86,7 +87,16 @@ TEST_P(EngineParity, SequencesOfDifferentLengthsShareDecodeSteps) {
             who.push_back(i);
         }
         std::vector<float> logits(steps.size() * size_t(V));
+        const auto t0 = std::chrono::steady_clock::now();
         ASSERT_TRUE(e->decode(steps, logits).ok());
+        const double wall =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        // The three stretches are disjoint parts of the call, in order.
+        const InferenceEngine::DecodeTimes& part = e->last_decode_times();
+        EXPECT_GE(part.inputs, 0.0);
+        EXPECT_GT(part.forward, 0.0);
+        EXPECT_GE(part.widen, 0.0);
+        EXPECT_LE(part.inputs + part.forward + part.widen, wall);
         for (size_t k = 0; k < who.size(); ++k) {
             const int i = who[k];
             EXPECT_LE(row_error(L, pos[i], std::span(logits).subspan(k * size_t(V), size_t(V))),

@@ -122,6 +122,17 @@ InferenceEngine make(const Model& m, int64_t seqs, int64_t max_len, int64_t bloc
     return std::move(*e);
 }
 
+// The scheduler tests' reference: generate() on the row cache, one prompt at a time, greedy, five
+// new tokens each.
+Result<std::vector<GenerateResult>> greedy_five(const Model& m, int64_t max_len,
+                                                const std::vector<std::vector<int32_t>>& prompts) {
+    InferenceEngine ref = make(m, 1, max_len, 0, 0);
+    GenerateOptions o;
+    o.sampling.temperature = 0;
+    o.max_new_tokens = 5;
+    return generate(ref, prompts, o, {});
+}
+
 class PagedEngine : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PagedEngine, EqualsTheFullForwardAndTheRowCache) {
@@ -253,12 +264,7 @@ TEST(PagedScheduler, AdmitsByFreeBlocksAndGivesGeneratesTokens) {
     const std::vector<std::vector<int32_t>> prompts = {{L.tokens.begin(), L.tokens.begin() + 3},
                                                        {L.tokens.begin() + 1, L.tokens.begin() + 6},
                                                        {L.tokens[2]}};
-    // The reference: generate() on the row cache, one at a time.
-    InferenceEngine ref = make(L.model, 1, T, 0, 0);
-    GenerateOptions o;
-    o.sampling.temperature = 0;
-    o.max_new_tokens = 5;
-    auto want = generate(ref, prompts, o, {});
+    const Result<std::vector<GenerateResult>> want = greedy_five(L.model, T, prompts);
     ASSERT_TRUE(want.ok());
     // Blocks of 4; prompt + 5 tokens need 2, 3 and 2 blocks; a pool of 3 holds one of them at a
     // time, though the engine could open three.
@@ -306,11 +312,7 @@ TEST(PagedScheduler, NewSequencesPrefillTogetherAndGiveGeneratesTokens) {
         return std::vector<int32_t>(L.tokens.begin() + long(a), L.tokens.begin() + long(a + n));
     };
     const std::vector<std::vector<int32_t>> prompts = {sub(0, 4), sub(1, 5), sub(2, 4), sub(3, 3)};
-    InferenceEngine ref = make(L.model, 1, T, 0, 0);
-    GenerateOptions o;
-    o.sampling.temperature = 0;
-    o.max_new_tokens = 5;
-    auto want = generate(ref, prompts, o, {});
+    const Result<std::vector<GenerateResult>> want = greedy_five(L.model, T, prompts);
     ASSERT_TRUE(want.ok());
     for (const bool logprobs : {false, true}) {
         SCOPED_TRACE(logprobs ? "the second with prompt log-probabilities" : "all together");

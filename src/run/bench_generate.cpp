@@ -385,7 +385,7 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
                     return st;
                 }
             }
-            std::vector<double> times;
+            std::vector<double> times, inputs, forwards, widens;
             double bytes = 0.0;
             std::vector<DecodeStep> steps(static_cast<size_t>(B));
             const std::span<float> out(logits.data(), size_t(B * V));
@@ -403,8 +403,12 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
                 const auto t0 = Clock::now();
                 st = decode_step();
                 const double s = seconds_since(t0);
-                if (k >= req.decode_warmup) {
+                if (k >= req.decode_warmup && st.ok()) {
                     times.push_back(s);
+                    const InferenceEngine::DecodeTimes& part = engine.last_decode_times();
+                    inputs.push_back(part.inputs);
+                    forwards.push_back(part.forward);
+                    widens.push_back(part.widen);
                     std::vector<int64_t> lengths;
                     for (const SeqId seq : seqs) lengths.push_back(engine.length(seq));
                     bytes += generate_step_bytes(local, elem, lengths);
@@ -434,6 +438,9 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
             row["bytes_per_step"] = bytes;
             row["bandwidth_fraction"] =
                 bandwidth ? json(bytes / step_s / *bandwidth) : json(nullptr);
+            row["inputs_ms"] = median_of(inputs) * 1e3;
+            row["forward_ms"] = median_of(forwards) * 1e3;
+            row["widen_ms"] = median_of(widens) * 1e3;
             if (kernels)
                 row["kernels"] = bench_kernel_breakdown_json(*kernels, req.kernel_breakdown_steps);
             decode_rows.push_back(row);

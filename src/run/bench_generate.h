@@ -55,6 +55,10 @@
 //                      comes to the time reading its bytes at the copy's speed takes; null on the
 //                      CPU.
 //   decode tokens_per_s = B / median step seconds; tokens_per_step = B.
+//   inputs_ms, forward_ms, widen_ms (lathe only): the medians over the timed steps of the engine's
+//                      DecodeTimes (infer/engine.h): the call up to the forward, the forward
+//                      until the logits are in host memory, their widening to f32. The step's
+//                      time less the three is the bench's own (the random tokens, the sync).
 //
 // Memory: before each engine is made, the weights (the model's plan) plus the KV cache and the
 // engine's scratch are checked against the device's free memory; too little is an error that
