@@ -786,15 +786,7 @@ Status InferenceEngine::prefill_many_impl(std::span<const SeqId> seqs,
         const int64_t Hkv = cfg.num_kv_heads, D = cfg.head_dim;
         const TensorView k = scratch(ix_.knew, Shape{B, Tm, Hkv, D});
         const TensorView v = scratch(ix_.vnew, Shape{B, Tm, Hkv, D});
-        linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
-        linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
-        linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
-        if (cfg.position == PositionKind::kRope) {
-            rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
-                            scratch_.view(ix_.rope_sin), ctx_);
-        }
-        kv_rows_scatter(paged_cache_.keys(l), k.reshape(Shape{B * Tm, Hkv, D}), slots, ctx_);
-        kv_rows_scatter(paged_cache_.values(l), v.reshape(Shape{B * Tm, Hkv, D}), slots, ctx_);
+        prefill_qkv_to_cache(l, w, ln, q, k, v, positions, slots, spec);
         attention_forward(att, lse, q, k, v, ConstTensorView(), cfg.window(l), scale, 0, ctx_);
     };
     LATHE_ASSIGN_OR_RETURN(const TensorView x, run_blocks(B, Tm, tok, pos, attend));
@@ -876,16 +868,7 @@ Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
                 const int64_t Hkv = cfg.num_kv_heads, D = cfg.head_dim, Tk = pos0 + T;
                 const TensorView k = scratch(ix_.knew, Shape{1, T, Hkv, D});
                 const TensorView v = scratch(ix_.vnew, Shape{1, T, Hkv, D});
-                linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
-                linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
-                linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
-                if (cfg.position == PositionKind::kRope) {
-                    rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
-                                    scratch_.view(ix_.rope_sin), ctx_);
-                }
-                const TensorView chunk_slots = slots.slice(pos0, Tk);
-                kv_rows_scatter(paged_cache_.keys(l), k, chunk_slots, ctx_);
-                kv_rows_scatter(paged_cache_.values(l), v, chunk_slots, ctx_);
+                prefill_qkv_to_cache(l, w, ln, q, k, v, positions, slots.slice(pos0, Tk), spec);
                 TensorView kk = k, vv = v;
                 if (pos0 > 0) {
                     kk = scratch(ix_.kgather, Shape{1, Tk, Hkv, D});
@@ -1280,6 +1263,23 @@ void InferenceEngine::emit_decode(ConstTensorView logits, int64_t n, DecodeOut o
     cuda_copy_sync(TensorView(staged, DType::kI32, Shape{n}, Device::kCpu), ids, ctx_.stream);
     staged_at_ = std::chrono::steady_clock::now();
     for (int64_t r = 0; r < n; ++r) out.tokens[place(r)] = staged[r];
+}
+
+void InferenceEngine::prefill_qkv_to_cache(int layer, const BlockWeights& w, ConstTensorView ln,
+                                           const TensorView& q, const TensorView& k,
+                                           const TensorView& v, ConstTensorView positions,
+                                           ConstTensorView slots, const LinearSpec& spec) {
+    const ModelConfig& c = config();
+    linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
+    linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
+    linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
+    if (c.position == PositionKind::kRope) {
+        rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
+                        scratch_.view(ix_.rope_sin), ctx_);
+    }
+    const Shape rows{k.numel() / (c.num_kv_heads * c.head_dim), c.num_kv_heads, c.head_dim};
+    kv_rows_scatter(paged_cache_.keys(layer), k.reshape(rows), slots, ctx_);
+    kv_rows_scatter(paged_cache_.values(layer), v.reshape(rows), slots, ctx_);
 }
 
 InferenceEngine::DecodeQkv InferenceEngine::decode_qkv(int layer, const BlockWeights& w,
