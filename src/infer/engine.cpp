@@ -497,12 +497,18 @@ Status InferenceEngine::follow() {
                 const Status s = prefill_many_impl(seqs, prompts, logits);
                 (void)s;
             }
-        } else if (op == Op::kDecode) {
+        } else if (op == Op::kDecode || op == Op::kDecodeGreedy) {
             steps.clear();
             for (size_t i = 0; i + 1 < payload.size(); i += 2)
                 steps.push_back(DecodeStep{payload[i], int32_t(payload[i + 1])});
-            logits.resize(steps.size() * size_t(V));
-            const Status s = decode(steps, logits);
+            Status s = ok_status();
+            if (op == Op::kDecode) {
+                logits.resize(steps.size() * size_t(V));
+                s = decode(steps, logits);
+            } else {
+                tokens.resize(steps.size());
+                s = decode_greedy(steps, tokens);
+            }
             (void)s;
         } else {
             return internal_error("rank {}: an unknown call {} from rank 0", tp_->rank(), head[0]);
@@ -970,7 +976,8 @@ Status InferenceEngine::decode_impl(std::span<const DecodeStep> steps, DecodeOut
             message_.push_back(s.seq);
             message_.push_back(s.token);
         }
-        LATHE_RETURN_IF_ERROR(send(Op::kDecode, 0, message_));
+        LATHE_RETURN_IF_ERROR(
+            send(out.tokens.empty() ? Op::kDecode : Op::kDecodeGreedy, 0, message_));
     }
     const ModelConfig& c = config();
     const int64_t n = open_sequences(), V = c.vocab_size;
@@ -1249,9 +1256,9 @@ void InferenceEngine::emit_decode(ConstTensorView logits, int64_t n, DecodeOut o
     const auto place = [&](int64_t r) { return size_t(out_row.empty() ? r : out_row[size_t(r)]); };
     const ConstTensorView rows = logits.slice(0, n);
     if (ctx_.backend != Backend::kCuda) {
+        staged_at_ = std::chrono::steady_clock::now();  // the logits are in host memory
         host_i32_.assign(size_t(n), 0);
         argmax_rows(TensorView(host_i32_.data(), DType::kI32, Shape{n}, Device::kCpu), rows, ctx_);
-        staged_at_ = std::chrono::steady_clock::now();
         for (int64_t r = 0; r < n; ++r) out.tokens[place(r)] = host_i32_[size_t(r)];
         return;
     }
@@ -1259,6 +1266,9 @@ void InferenceEngine::emit_decode(ConstTensorView logits, int64_t n, DecodeOut o
     // order), then n ids through the page-locked logits buffer.
     const TensorView ids = scratch(ix_.tokens, Shape{n});
     argmax_rows(ids, rows, ctx_);
+    LATHE_CHECK(pinned_logits_.bytes() >= size_t(n) * sizeof(int32_t),
+                "decode_greedy: {} ids do not fit the {} bytes of the logits' read-back buffer", n,
+                pinned_logits_.bytes());
     auto* staged = static_cast<int32_t*>(pinned_logits_.data());
     cuda_copy_sync(TensorView(staged, DType::kI32, Shape{n}, Device::kCpu), ids, ctx_.stream);
     staged_at_ = std::chrono::steady_clock::now();

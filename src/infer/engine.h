@@ -253,12 +253,14 @@ public:
     // logits). Errors: decode's, and tokens.size() other than steps.size().
     Status decode_greedy(std::span<const DecodeStep> steps, std::span<int32_t> tokens);
 
-    // Where the host's time of the last successful decode() went, in seconds, three disjoint
-    // stretches of the call in order: `inputs` from the call to the step's forward (checks, the
-    // tensor-parallel message, block tables and the inputs' upload), `forward` from there until
-    // the logits are in host memory (kernel launches or the CUDA graph's, the device's work and
-    // the read-back, which waits for it; the whole forward on the CPU), `widen` the logits
-    // widened to f32 into the caller's rows.
+    // Where the host's time of the last successful decode() or decode_greedy() went, in seconds,
+    // three disjoint stretches of the call in order: `inputs` from the call to the step's forward
+    // (checks, the tensor-parallel message, block tables and the inputs' upload), `forward` from
+    // there until the logits are in host memory (kernel launches or the CUDA graph's, the
+    // device's work and the read-back, which waits for it; the whole forward on the CPU) or, for
+    // decode_greedy on CUDA, until the picks are (the argmax and the ids' read-back), `widen` the
+    // logits widened to f32 into the caller's rows or the picks written there (on the CPU: the
+    // argmax and the writes).
     struct DecodeTimes {
         double inputs = 0, forward = 0, widen = 0;
     };
@@ -356,7 +358,8 @@ private:
         kPrefillAll,
         kDecode,
         kStop,
-        kPrefillMany
+        kPrefillMany,
+        kDecodeGreedy  // decode_greedy: the followers pick too, reading back n ids, not n x V
     };
     // The message of prefill_many: the count n, then (seq, length) n times, then the prompts end
     // to end.

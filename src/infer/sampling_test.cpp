@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
+#include <random>
+
+#include "ops/argmax.h"
 
 namespace lathe {
 namespace {
@@ -31,6 +35,35 @@ TEST(Sampling, GreedyTakesTheLowestIdAmongEqualMaxima) {
     SampleRng rng;
     EXPECT_EQ(draw({0.f, 3.f, 1.f, 3.f}, p, rng), 1);
     EXPECT_EQ(draw({-INFINITY, -2.f, NAN}, p, rng), 1);
+}
+
+// The engine's device pick (ops/argmax.h, decode_greedy) is this rule: the same id as
+// sample_token at temperature 0 on rows with ties, NaNs, infinities and signed zeros.
+TEST(Sampling, GreedyEqualsArgmaxRows) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    std::mt19937 gen(11);
+    std::uniform_int_distribution<int> grid(-8, 8), kind(0, 9);
+    constexpr int64_t kRows = 200, kV = 33;
+    std::vector<float> rows(static_cast<size_t>(kRows * kV));
+    for (float& v : rows) {
+        const int k = kind(gen);
+        v = k == 0   ? nan
+            : k == 1 ? -inf
+            : k == 2 ? (grid(gen) > 6 ? inf : -0.0f)
+                     : float(grid(gen));
+    }
+    std::vector<int32_t> ids(static_cast<size_t>(kRows));
+    argmax_rows(TensorView(ids.data(), DType::kI32, Shape{kRows}, Device::kCpu),
+                ConstTensorView(rows.data(), DType::kF32, Shape{kRows, kV}, Device::kCpu),
+                cpu_context());
+    SamplingParams p;
+    p.temperature = 0.0;
+    SampleRng rng(1);
+    for (int64_t r = 0; r < kRows; ++r) {
+        const std::vector<float> row(rows.begin() + r * kV, rows.begin() + (r + 1) * kV);
+        EXPECT_EQ(draw(row, p, rng), ids[size_t(r)]) << "row " << r;
+    }
 }
 
 TEST(Sampling, FrequenciesFollowTheSoftmax) {

@@ -160,6 +160,47 @@ TEST(Scheduler, JoiningAndLeavingGivesGeneratesTokens) {
     }
 }
 
+// Greedy sequences without a penalty (their steps picked by the engine, decode_greedy) and sampled
+// ones (logits on the host) in one batch: a step takes the engine's picks only while every running
+// sequence is of the first kind, so the path changes as the sampled ones finish (after 2 and 4
+// tokens) and join (one waits for a free row). Each sequence's tokens are generate()'s for it
+// alone: the switch changes no token and no draw of a sampled sequence's generator.
+TEST(Scheduler, GreedyAndSampledSequencesMixAndSwitchTheDecodePath) {
+    Loaded L = load("llama");
+    const auto prompts = prompts_of(L);
+    const uint64_t seed = 5;
+    const std::vector<GenerateResult> sampled = reference(L, prompts, 0.9, seed, 8);
+    InferenceEngine ref = engine_of(L.model, 1, L.f.T, 4);
+    GenerateOptions g;
+    g.sampling.temperature = 0;
+    g.max_new_tokens = 8;
+    const Result<std::vector<GenerateResult>> greedy = generate(ref, prompts, g, {});
+    ASSERT_TRUE(greedy.ok());
+    InferenceEngine e = engine_of(L.model, 4, L.f.T, 4);
+    Scheduler sched(e, {}, 16);
+    std::vector<std::shared_ptr<SequenceTicket>> tickets;
+    const int64_t length[5] = {8, 2, 8, 4, 8};  // odd i sampled
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        SequenceParams p = params_of(prompts[i], 0.9, sample_seed(seed, i), length[i]);
+        if (i % 2 == 0) {
+            p.sampling = SamplingParams{};
+            p.sampling.temperature = 0;
+        }
+        auto t = sched.submit({p});
+        ASSERT_TRUE(t.ok()) << t.status().to_string();
+        tickets.push_back((*t)[0]);
+    }
+    while (sched.step()) {
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        const SequenceState st = tickets[i]->snapshot();
+        ASSERT_TRUE(st.done && st.error.ok()) << i << ": " << st.error.to_string();
+        const std::vector<int32_t>& all = i % 2 == 0 ? (*greedy)[i].ids : sampled[i].ids;
+        EXPECT_EQ(st.ids, std::vector<int32_t>(all.begin(), all.begin() + length[i]))
+            << "sequence " << i;
+    }
+}
+
 TEST(Scheduler, EngineThreadServesConcurrentSubmitters) {
     Loaded L = load("llama");
     const auto prompts = prompts_of(L);

@@ -18,7 +18,7 @@ using namespace cudatest;
 // The device's argmax of bf16 rows against the CPU reference over the same values widened: equal
 // ids, row by row (a pick, not a sum: no tolerance). Rows hold planted ties of the maximum (the
 // lowest index must win), NaNs above every finite value (they count as -inf), a row of only -inf
-// and NaN (index 0), and the maximum in the row's last element.
+// and NaN (index 0), the maximum in the row's last element, +inf twice, zeros of both signs.
 void check_argmax(int64_t N, int64_t V, uint64_t seed, bool offset) {
     SCOPED_TRACE(::testing::Message() << "N=" << N << " V=" << V << " offset=" << offset);
     CudaState state(0);
@@ -31,7 +31,7 @@ void check_argmax(int64_t N, int64_t V, uint64_t seed, bool offset) {
     const float inf = std::numeric_limits<float>::infinity();
     for (int64_t n = 0; n < N; ++n) {
         float* row = v + n * V;
-        switch (n % 5) {
+        switch (n % 7) {
             case 0:  // ties of the maximum far apart; the first must win
                 row[rng.integer(V / 2, V - 1)] = 20.0f;
                 row[rng.integer(0, V / 2 - 1)] = 20.0f;
@@ -46,6 +46,15 @@ void check_argmax(int64_t N, int64_t V, uint64_t seed, bool offset) {
                 break;
             case 3:  // only -inf and NaN: index 0
                 for (int64_t i = 0; i < V; ++i) row[i] = i % 3 == 1 ? nan : -inf;
+                break;
+            case 4: {  // +inf twice: the first
+                const int64_t second = rng.integer(V / 2, V - 1);
+                row[second] = inf;
+                row[rng.integer(0, V / 2 - 1)] = inf;
+                break;
+            }
+            case 5:  // zeros of both signs compare equal: index 0
+                for (int64_t i = 0; i < V; ++i) row[i] = i % 2 == 0 ? -0.0f : 0.0f;
                 break;
             default:  // the grid's own maxima (many ties at 8.0)
                 break;
@@ -67,10 +76,11 @@ void check_argmax(int64_t N, int64_t V, uint64_t seed, bool offset) {
 }
 
 TEST(CudaArgmax, MatchesCpuAtVocabularySizes) {
-    check_argmax(10, 128256, 1, false);  // Llama 3: the 16-byte path
+    check_argmax(14, 128256, 1, false);  // Llama 3: the 16-byte path
     check_argmax(10, 32000, 2, false);
     check_argmax(10, 50257, 3, false);  // GPT-2: V % 8 != 0, the scalar path
-    check_argmax(5, 37, 4, false);      // fewer elements than threads
+    check_argmax(7, 37, 4, false);      // fewer elements than threads
+    check_argmax(7, 1024, 7, false);    // the 16-byte path with threads left without elements
 }
 
 TEST(CudaArgmax, RowsOffSixteenBytesTakeTheScalarPath) {
