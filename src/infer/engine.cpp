@@ -175,8 +175,8 @@ Result<InferenceEngine> InferenceEngine::create(const Model& model, const Engine
         // follow(): a call's payload (a prompt's tokens, a step's sequence and token pairs, or
         // prefill_many's message), and the 3-element header before it.
         LATHE_ASSIGN_OR_RETURN(
-            e.ix_.message, add("message", DType::kI64,
-                               Shape{std::max({int64_t(3), lim.max_len, 2 * S, N + 2 * S + 1})}));
+            e.ix_.message,
+            add("message", DType::kI64, Shape{std::max<int64_t>(3, e.message_capacity())}));
     }
     LATHE_ASSIGN_OR_RETURN(e.scratch_, ModelArena::allocate(std::move(layout), e.ctx_));
     if (e.ctx_.backend == Backend::kCuda) {
@@ -278,6 +278,26 @@ void InferenceEngine::copy(TensorView dst, ConstTensorView src) const {
 
 void InferenceEngine::upload(TensorView dst, std::span<const int32_t> host) const {
     copy(dst, ConstTensorView(host.data(), DType::kI32, dst.shape(), Device::kCpu));
+}
+
+Status InferenceEngine::check_prefill(std::string_view op, SeqId seq,
+                                      std::span<const int32_t> tokens) const {
+    if (!is_open(seq)) return invalid_argument_error("{}: sequence {} is not open", op, seq);
+    if (tokens.empty()) return invalid_argument_error("{}: no tokens for sequence {}", op, seq);
+    const int64_t V = config().vocab_size;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || tokens[i] >= V) {
+            return invalid_argument_error("token {} at index {} is outside the vocabulary [0, {})",
+                                          tokens[i], i, V);
+        }
+    }
+    const int64_t len0 = length(seq);
+    if (len0 + int64_t(tokens.size()) > limits_.max_len) {
+        return invalid_argument_error(
+            "{} tokens after the {} already in sequence {} exceed its {}-token context",
+            tokens.size(), len0, seq, limits_.max_len);
+    }
+    return ok_status();
 }
 
 Status InferenceEngine::check_decode_step(const DecodeStep& s, int64_t len) const {
@@ -721,8 +741,8 @@ Status InferenceEngine::prefill_many_impl(std::span<const SeqId> seqs,
     std::vector<int64_t> lengths;
     for (int64_t b = 0; b < B; ++b) {
         const SeqId seq = seqs[size_t(b)];
-        if (!is_open(seq))
-            return invalid_argument_error("prefill_many: sequence {} is not open", seq);
+        const std::span<const int32_t> p = prompts[size_t(b)];
+        LATHE_RETURN_IF_ERROR(check_prefill("prefill_many", seq, p));
         if (length(seq) != 0) {
             return invalid_argument_error(
                 "prefill_many: sequence {} holds {} tokens; it prefills new sequences only", seq,
@@ -731,19 +751,6 @@ Status InferenceEngine::prefill_many_impl(std::span<const SeqId> seqs,
         for (int64_t a = 0; a < b; ++a) {
             if (seqs[size_t(a)] == seq)
                 return invalid_argument_error("prefill_many: sequence {} is listed twice", seq);
-        }
-        const std::span<const int32_t> p = prompts[size_t(b)];
-        if (p.empty()) return invalid_argument_error("prefill: no tokens for sequence {}", seq);
-        for (size_t i = 0; i < p.size(); ++i) {
-            if (p[i] < 0 || p[i] >= V) {
-                return invalid_argument_error(
-                    "token {} at index {} is outside the vocabulary [0, {})", p[i], i, V);
-            }
-        }
-        if (int64_t(p.size()) > limits_.max_len) {
-            return invalid_argument_error(
-                "{} tokens after the 0 already in sequence {} exceed its {}-token context",
-                p.size(), seq, limits_.max_len);
         }
         lengths.push_back(int64_t(p.size()));
     }
@@ -815,25 +822,13 @@ Status InferenceEngine::prefill_many_impl(std::span<const SeqId> seqs,
 Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
                                      std::span<float> logits, bool all) {
     const ModelConfig& c = config();
-    if (!is_open(seq)) return invalid_argument_error("prefill: sequence {} is not open", seq);
-    if (tokens.empty()) return invalid_argument_error("prefill: no tokens for sequence {}", seq);
+    LATHE_RETURN_IF_ERROR(check_prefill("prefill", seq, tokens));
     const int64_t rows_out = all ? int64_t(tokens.size()) : 1;
     if (int64_t(logits.size()) != rows_out * c.vocab_size) {
         return invalid_argument_error("prefill: logits hold {} floats, need {} x {}", logits.size(),
                                       rows_out, c.vocab_size);
     }
-    for (size_t i = 0; i < tokens.size(); ++i) {
-        if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
-            return invalid_argument_error("token {} at index {} is outside the vocabulary [0, {})",
-                                          tokens[i], i, c.vocab_size);
-        }
-    }
     const int64_t len0 = length(seq);
-    if (len0 + int64_t(tokens.size()) > limits_.max_len) {
-        return invalid_argument_error(
-            "{} tokens after the {} already in sequence {} exceed its {}-token context",
-            tokens.size(), len0, seq, limits_.max_len);
-    }
     if (paged_) LATHE_RETURN_IF_ERROR(paged_cache_.reserve(seq, len0 + int64_t(tokens.size())));
     const int64_t row = paged_ ? -1 : cache_.row(seq);
     const ModelConfig& cfg = c;

@@ -324,7 +324,7 @@ bool Scheduler::step() {
         worked = true;
     }
     // Join: waiting sequences while the engine has room, admitted in order, then prefilled
-    // (prefill_groups); arrivals during the prefills join in the next round before any decode.
+    // (prefill_joining); arrivals during the prefills join in the next round before any decode.
     for (;;) {
         std::vector<Running> joining;
         while (engine_.open_sequences() < engine_.limits().max_sequences) {
