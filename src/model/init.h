@@ -23,6 +23,11 @@ namespace lathe {
 // from splitmix64 of (seed, key, index / 2), in double, rounded to float. Deterministic everywhere.
 float init_normal(uint64_t seed, uint64_t key, uint64_t index);
 
+// Numbers 2k and 2k + 1 of the stream at once (one Box-Muller pair: its cosine and sine halves),
+// the same bits init_normal gives each: `out[0]` = init_normal(seed, key, 2k), `out[1]` = number
+// 2k + 1. `even_index` = 2k.
+void init_normal_pair(uint64_t seed, uint64_t key, uint64_t even_index, float out[2]);
+
 // The stream key of a tensor name (64-bit FNV-1a).
 uint64_t init_key(std::string_view name);
 

@@ -197,6 +197,52 @@ TEST(ModelInit, SeededNormalWithScaledOutputProjectionsOnesAndZeros) {
               float(0.02 * init_normal(1234, init_key("gpt_neox.embed_in.weight"), 0)));
 }
 
+// The stream is a contract (a seed names the same weights in every build): the bits below are
+// the Box-Muller formula of init.h evaluated independently (Python's math module over the same
+// libm, rounded to float32 by struct.pack).
+TEST(Init, StreamBitsAreFixedAndPairsGiveBothHalves) {
+    const uint64_t key = init_key("model.layers.0.mlp.down_proj.weight");
+    const std::pair<uint64_t, uint32_t> golden[] = {
+        {0, 0x3c1e44b6u}, {1, 0x3e6be0e6u},    {2, 0x3f332a4au},
+        {3, 0xbf8b715bu}, {1001, 0xbf9f3e46u}, {(uint64_t(1) << 33) + 1, 0xbf924397u}};
+    for (const auto& [index, bits] : golden) {
+        EXPECT_EQ(std::bit_cast<uint32_t>(init_normal(1234, key, index)), bits) << index;
+        float pair[2];
+        init_normal_pair(1234, key, index - index % 2, pair);
+        EXPECT_EQ(std::bit_cast<uint32_t>(pair[index % 2]), bits) << index;
+    }
+}
+
+// init_hf_param fills a tensor pair by pair, in parallel: every element, the odd last one
+// included, is what HfParamInit::at gives it alone.
+TEST(Init, WholeTensorEqualsTheElementwiseDraws) {
+    const ModelConfig c = parse(kLlamaJson);
+    const ParamTable t = model_param_table(c);
+    for (const HfParam& p : t.hf_params()) {
+        const ParamEntry& e = t.entries()[p.entry];
+        HostTensor entry(DType::kF32, e.shape);
+        init_hf_param(c, p, entry.view(), 77);
+        const TensorView rows = entry.view().slice(p.row_begin, p.row_begin + p.rows);
+        const HfParamInit init = hf_param_init(c, p);
+        for (int64_t i = 0; i < rows.numel(); ++i)
+            ASSERT_EQ(std::bit_cast<uint32_t>(rows.as<float>()[i]),
+                      std::bit_cast<uint32_t>(init.at(77, i)))
+                << p.name << " element " << i;
+    }
+    // An odd count large enough for the threads: 2^17 + 1 rows of one element.
+    HfParam odd = t.hf_params().front();
+    odd.row_begin = 0;
+    odd.rows = (int64_t(1) << 17) + 1;
+    odd.init = InitKind::kNormal;
+    HostTensor column(DType::kF32, Shape{odd.rows, 1});
+    init_hf_param(c, odd, column.view(), 5);
+    const HfParamInit init = hf_param_init(c, odd);
+    for (int64_t i = 0; i < odd.rows; ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(column.as<float>()[i]),
+                  std::bit_cast<uint32_t>(init.at(5, i)))
+            << i;
+}
+
 TEST(MemoryPlan, CategoriesAddUpAndTheTablePrintsThem) {
     const ModelConfig c = parse(kLlamaJson);
     const ParamTable t = model_param_table(c);
