@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/check.h"
@@ -471,10 +472,15 @@ void Model::write_param_entry(size_t arena_index, ConstTensorView host) {
         const TensorView dst = params_compute_.view(arena_index);
         LATHE_CHECK(host.numel() == dst.numel(), "write_param_entry: {} into {}", host.to_string(),
                     dst.to_string());
-        std::vector<bf16> codes(size_t(dst.numel()));
+        // Over the cores, into memory no one zeroes first: an 8B model's 8e9 elements take
+        // seconds on one core.
+        const int64_t n = dst.numel();
+        const auto codes = std::make_unique_for_overwrite<uint16_t[]>(size_t(n));
         const float* in = host.as<float>();
-        for (size_t i = 0; i < codes.size(); ++i) codes[i] = float_to_bf16(in[i]);
-        copy_from_host(dst, ConstTensorView(codes.data(), DType::kBF16, dst.shape()));
+        uint16_t* out = codes.get();
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 20))
+        for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(in[i]).bits;
+        copy_from_host(dst, ConstTensorView(out, DType::kBF16, dst.shape()));
         return;
     }
     if (params_sharded()) {
@@ -508,10 +514,19 @@ void Model::write_param_entry(size_t arena_index, ConstTensorView host) {
 }
 
 void Model::init(uint64_t seed) {
+    // Entry by entry: its tensors drawn, uploaded, its host copy freed, so that the host holds
+    // one entry's f32 copy at a time (an 8B model's whole f32 copy is 32 GB).
+    std::vector<std::vector<const HfParam*>> of_entry(table_.entries().size());
+    for (const HfParam& p : table_.hf_params()) of_entry[p.entry].push_back(&p);
     ParamStaging staging(*this);
-    for (const HfParam& p : table_.hf_params())
-        init_hf_param(config_, p, staging.host(table_.entries()[p.entry].arena_index), seed);
-    staging.upload_all(*this);
+    for (size_t e = 0; e < of_entry.size(); ++e) {
+        if (of_entry[e].empty()) continue;
+        const size_t arena_index = table_.entries()[e].arena_index;
+        for (const HfParam* p : of_entry[e])
+            init_hf_param(config_, *p, staging.host(arena_index), seed);
+        staging.upload(*this, arena_index);
+        staging.release(arena_index);
+    }
 }
 
 std::vector<AdamWSegment> Model::adamw_segments(double lr, double weight_decay) const {

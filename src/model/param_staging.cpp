@@ -59,6 +59,11 @@ void ParamStaging::upload(Model& model, size_t arena_index) {
     model.synchronize();
 }
 
+void ParamStaging::release(size_t arena_index) {
+    if (in_place_ || masters_) return;
+    copies_.at(arena_index) = HostTensor();
+}
+
 void ParamStaging::upload_all(Model& model) {
     LATHE_CHECK(&model == model_, "ParamStaging::upload_all into another model than its own");
     for (size_t i = 0; i < (masters_ ? used_.size() : copies_.size()); ++i) upload_entry(model, i);

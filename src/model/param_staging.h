@@ -5,7 +5,8 @@
 // step never uses one.
 //
 // On the CPU the views are the model's own arena (no copy; download and upload do nothing). On
-// CUDA they are host copies, allocated zeroed on first use of an entry and freed with the object:
+// CUDA they are host copies, allocated zeroed on first use of an entry and freed with the object
+// or by release():
 // download() fills them from the model, upload() writes them back (Model::write_param_entry,
 // which refreshes the bf16 compute copy). Memory: at most the parameter arena's bytes on the host.
 // With host masters attached (Model::attach_host_masters, optimizer offload) the views are the
@@ -35,6 +36,9 @@ public:
     // `model` (the model this staging was made for, checked), then waits for the GPU.
     void upload(Model& model, size_t arena_index);
     void upload_all(Model& model);
+    // Frees the host copy of entry `arena_index` (CUDA; nothing on the other views): work that
+    // uploads entry by entry holds one entry's copy at a time. A later host() of it starts zeroed.
+    void release(size_t arena_index);
 
 private:
     void upload_entry(Model& model, size_t arena_index);
