@@ -46,8 +46,9 @@ __device__ float clip_coefficient(const float* norm, float max_norm) {
 }
 
 // Moment storage: f32 as is; bf16 widened exactly on load and rounded to nearest even on store
-// with core/dtype.h's float_to_bf16 rule (NaN: the quiet bit set, the sign and upper payload
-// kept), so the bits equal the CPU's (optim/cpu_adamw.h kBF16) also for NaN.
+// with core/dtype.h's float_to_bf16 rule, so finite and infinite values round to the CPU's bits
+// (optim/cpu_adamw.h kBF16). A NaN stays a NaN, but its bits may differ from the CPU's: the
+// GPU's f32 arithmetic returns the canonical NaN whatever NaN went in, the CPU's keeps the input's.
 __device__ __forceinline__ float load_moment(const float* s, int64_t i) {
     return s[i];
 }
