@@ -319,8 +319,12 @@ private:
     // BLAS may sum a product in another order for this shape than for three, so its last bits can
     // differ from three linears'). More rows: three linears, into q_rows (n, 1, H, D) and the k/v
     // scratch.
-    // A prefill's q, k and v projections of `ln` into q, k and v ((B, T, H or Hkv, D)), RoPE on
-    // q and k at `positions`, then k and v into layer l's paged cache at `slots` (B T of them).
+    // A prefill's q, k and v projections of `ln` into q, k and v ((B, T, H or Hkv, D)), then
+    // RoPE on q and k at `positions` (families with rotary positions).
+    void project_qkv(const BlockWeights& w, ConstTensorView ln, const TensorView& q,
+                     const TensorView& k, const TensorView& v, ConstTensorView positions,
+                     const LinearSpec& spec);
+    // project_qkv, then k and v into layer l's paged cache at `slots` (B T of them).
     void prefill_qkv_to_cache(int layer, const BlockWeights& w, ConstTensorView ln,
                               const TensorView& q, const TensorView& k, const TensorView& v,
                               ConstTensorView positions, ConstTensorView slots,
