@@ -276,11 +276,11 @@ private:
     }
     void upload(TensorView dst, std::span<const int32_t> host) const;
     void copy(TensorView dst, ConstTensorView src) const;
-    // The checks of one decode step both caches share, once the sequence is known open and
-    // listed once: it has a prompt, room for one more token, and the token is in the vocabulary.
     // A prefill's sequence and tokens (`op` names the call in the errors): open, at least one
     // token, each in the vocabulary, and room for them in the sequence's context.
     Status check_prefill(std::string_view op, SeqId seq, std::span<const int32_t> tokens) const;
+    // The checks of one decode step both caches share, once the sequence is known open and
+    // listed once: it has a prompt, room for one more token, and the token is in the vocabulary.
     Status check_decode_step(const DecodeStep& s, int64_t len) const;
     // The decode step's i32 inputs into their device views: to[i] from host[i] (every i when
     // host is given). On CUDA through the page-locked staging (pinned_inputs_): column i of it,
