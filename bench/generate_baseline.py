@@ -165,9 +165,12 @@ def main(argv):
         del src, dst
         torch.cuda.empty_cache()
 
+    setup_start = time.perf_counter()  # setup_s: until the weights are in the device's memory
     with torch.device(dev):
         model = LlamaForCausalLM._from_config(config, dtype=dtype)
     model.eval()
+    sync()
+    out["setup_s"] = time.perf_counter() - setup_start
     L, C, V = config.num_hidden_layers, config.hidden_size, config.vocab_size
     H, Hkv = config.num_attention_heads, config.num_key_value_heads
     D = getattr(config, "head_dim", None) or C // H

@@ -43,8 +43,9 @@ def test_keys_and_positive_numbers(tiny):
                 "flop_params", "seed", "peak_flops", "copy_bytes", "copy_bandwidth",
                 "prefill_chunk", "prefill_repeats", "prefill", "prompt_len", "decode_steps",
                 "decode_warmup", "weight_bytes", "kv_bytes_per_position", "decode",
-                "peak_memory_bytes", "peak_memory_source"):
+                "peak_memory_bytes", "peak_memory_source", "setup_s"):
         assert key in r, key
+    assert r["setup_s"] > 0
     assert r["framework"] == "lathe" and r["device"] == "cpu" and r["precision"] == "fp32"
     assert r["peak_flops"] is None and r["copy_bandwidth"] is None and r["copy_bytes"] is None
     assert r["prefill_chunk"] == 128  # min(4096, the longest prefill)

@@ -312,6 +312,8 @@ SIX_LAYERS = "model.num_hidden_layers=6"
 # Frozen groups: the tied embedding (the front unit) and half of layer 0 (parts of every rank's
 # chunk of its unit), zeroed in the shard at ZeRO-2.
 FROZEN = "train.freeze=[model.embed_tokens.*, model.layers.0.mlp.*]"
+# The device optimizer's moments in bf16 (ops/adamw.h), each rank over its ranges.
+BF16_MOMENTS = "optimizer.state_dtype=bf16"
 RUNS = {"one_a4": (1, 4, None), "one_a2": (1, 2, None), "one_a6": (1, 6, None),
         "n2_a2_z1": (2, 2, 1), "n2_a2_z1_again": (2, 2, 1), "n2_a2_z0": (2, 2, 0),
         "n4_a1_z1": (4, 1, 1), "n2_a1_z1": (2, 1, 1), "n3_a2_z1": (3, 2, 1),
@@ -323,7 +325,9 @@ RUNS = {"one_a4": (1, 4, None), "one_a2": (1, 2, None), "one_a6": (1, 6, None),
         "n2_a2_z1_frozen": (2, 2, 1, FROZEN), "n2_a2_z2_frozen": (2, 2, 2, FROZEN),
         "n2_a1_z3": (2, 1, 3), "n2_a2_z3": (2, 2, 3), "n3_a2_z3": (3, 2, 3),
         "n2_a2_z3_l6": (2, 2, 3, SIX_LAYERS), "n3_a2_z3_l6": (3, 2, 3, SIX_LAYERS),
-        "n2_a2_z3_frozen": (2, 2, 3, FROZEN)}
+        "n2_a2_z3_frozen": (2, 2, 3, FROZEN),
+        "n2_a2_z0_bf16m": (2, 2, 0, BF16_MOMENTS), "n2_a2_z1_bf16m": (2, 2, 1, BF16_MOMENTS),
+        "n2_a2_z3_bf16m": (2, 2, 3, BF16_MOMENTS)}
 
 
 @pytest.fixture(scope="module")
@@ -491,6 +495,21 @@ def test_zero_3_gives_the_bits_of_zero_0_and_2(runs, zero2, zero3):
         if RUNS[zero2][2] == 2:  # ZeRO-3 writes ZeRO-2's shard files, byte for byte
             for name in shard_names(world):
                 assert filecmp.cmp(ca / name, cb / name, shallow=False), (step, name)
+
+
+@needs_mpirun
+def test_bf16_moments_give_the_same_bits_at_every_zero_stage(runs):
+    # The update is elementwise over the moments' storage, so sharding them (ZeRO-1) and the
+    # parameters with them (ZeRO-3) changes no bit; the plan halves the optimizer state.
+    z0, z1, z3 = runs("n2_a2_z0_bf16m"), runs("n2_a2_z1_bf16m"), runs("n2_a2_z3_bf16m")
+    assert metric_lines(z0, True) == metric_lines(z1, True) == metric_lines(z3, True)
+    assert_same_models_and_moments(z0, z1)
+    assert_same_models_and_moments(z1, z3)
+    assert metric_lines(z1, True) != metric_lines(runs("n2_a2_z1"), True)
+    for run, f32 in ((z0, "n2_a2_z0"), (z1, "n2_a2_z1")):
+        text, rows = plan_of(run)
+        assert rows["optimizer state (m, v in bf16)"] * 2 == \
+            plan_of(runs(f32))[1]["optimizer state (AdamW m, v)"], text
 
 
 def plan_of(run_dir):

@@ -204,11 +204,23 @@ def test_fraction_checkpoint_resumes_exactly_across_fractions(corpus, tmp_path, 
         assert checkpoint_bytes(back, 6) == checkpoint_bytes(ref, 6)
 
 
-@pytest.mark.parametrize("sets,needle", [
-    (("optimizer.state_dtype=bf16",), "'optimizer.state_dtype: bf16'"),
-])
-def test_what_is_not_built_is_refused_naming_the_key(corpus, tmp_path, sets, needle):
-    assert_train_refused(corpus, tmp_path, sets, needle)
+def test_bf16_moments_without_offload_give_the_offloaded_bits(corpus, tmp_path):
+    # The device optimizer's bf16 moments (ops/adamw.h) and CpuAdamW's (optim/cpu_adamw.h) are
+    # the same widen, f32 update, round: the same losses and checkpoints, and a resume across
+    # the two is exact.
+    bf16 = ("optimizer.state_dtype=bf16", "train.steps=12", "checkpoint.interval=6")
+    dev, off = tmp_path / "dev", tmp_path / "off"
+    p = run(train_cmd(corpus, dev, *bf16))
+    assert "optimizer state (m, v in bf16)" in p.stderr, p.stderr
+    run(train_cmd(corpus, off, OFFLOAD, *bf16))
+    assert metric_lines(dev) == metric_lines(off)
+    for step in (6, 12):
+        assert checkpoint_bytes(dev, step) == checkpoint_bytes(off, step), step
+    resumed = tmp_path / "resumed"
+    rewind(off, resumed, 6)
+    run(train_cmd(corpus, resumed, *bf16))
+    assert metric_lines(resumed) == metric_lines(off)
+    assert checkpoint_bytes(resumed, 12) == checkpoint_bytes(off, 12)
 
 
 def assert_train_refused(corpus, tmp_path, sets, needle):
@@ -260,6 +272,12 @@ def test_gpu_offload_equals_device_optimizer_and_resumes_exactly(corpus, tmp_pat
     run(args(bf16, OFFLOAD, "optimizer.state_dtype=bf16"))
     lines = [m for m in metric_lines(bf16) if m["split"] == "train"]
     assert lines[-1]["loss"] < lines[0]["loss"], (lines[0], lines[-1])
+    # The CUDA AdamW kernel over bf16 moments: CpuAdamW's bits.
+    dev16 = tmp_path / "dev16"
+    run(args(dev16, "optimizer.state_dtype=bf16"))
+    assert metric_lines(dev16) == metric_lines(bf16)
+    for step in (3, 6):
+        assert checkpoint_bytes(dev16, step) == checkpoint_bytes(bf16, step), step
 
 
 @pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU (nvidia-smi -L)")
@@ -374,9 +392,13 @@ def test_bench_offload_steps_the_same_bits():
     assert accum["loss_last"] != plain["loss_last"]
     bf16, _ = bench("--offload", "cpu", "--state-dtype", "bf16")
     assert bf16["state_dtype"] == "bf16"
-    p = run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32", "--device", "cpu",
-             "--state-dtype", "bf16"], check=False)
-    assert p.returncode != 0 and "--state-dtype bf16 needs --offload cpu" in p.stderr, p.stderr
+    # bf16 moments on the device optimizer: the offloaded bf16 step's bits, another update than
+    # f32 moments give
+    dev16, err16 = bench("--state-dtype", "bf16")
+    assert dev16["state_dtype"] == "bf16" and "optimizer state (m, v in bf16)" in err16, err16
+    for key in ("loss_first", "loss_last", "grad_norm_last"):
+        assert dev16[key] == bf16[key], key
+    assert dev16["loss_last"] != plain["loss_last"]
     p = run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32", "--device", "cpu",
              "--offload-schedule", "serial"], check=False)
     assert p.returncode != 0 and "--offload-schedule serial needs --offload cpu" in p.stderr, \

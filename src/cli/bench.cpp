@@ -193,8 +193,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         ->capture_default_str()
         ->check(CLI::IsMember({"serial", "overlapped"}));
     cmd->add_option("--state-dtype", o->state_dtype,
-                    "With --offload cpu: the AdamW moments' storage, fp32 or bf16 "
-                    "(optimizer.state_dtype)")
+                    "The AdamW moments' storage, fp32 or bf16 (optimizer.state_dtype; with "
+                    "--offload cpu the host's)")
         ->capture_default_str()
         ->check(CLI::IsMember({"fp32", "bf16"}));
     cmd->add_option("--kernel-breakdown", o->req.kernel_breakdown_steps,

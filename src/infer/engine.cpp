@@ -891,13 +891,7 @@ Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
                 const int64_t Hkv = cfg.num_kv_heads, D = cfg.head_dim, hd = Hkv * D;
                 const TensorView k = scratch(ix_.knew, Shape{1, T, Hkv, D});
                 const TensorView v = scratch(ix_.vnew, Shape{1, T, Hkv, D});
-                linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
-                linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
-                linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
-                if (cfg.position == PositionKind::kRope) {
-                    rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
-                                    scratch_.view(ix_.rope_sin), ctx_);
-                }
+                project_qkv(w, ln, q, k, v, positions, spec);
                 for (int64_t t = 0; t < T; ++t) {
                     std::memcpy(paged_cache_.key(l, seq, pos0 + t), k.as<float>() + t * hd,
                                 size_t(hd) * sizeof(float));
@@ -914,13 +908,7 @@ Status InferenceEngine::prefill_impl(SeqId seq, std::span<const int32_t> tokens,
             // The chunk's keys and values go straight into the cache row.
             const TensorView k = cache_.keys(l, row, pos0, pos0 + T);
             const TensorView v = cache_.values(l, row, pos0, pos0 + T);
-            linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
-            linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
-            linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
-            if (cfg.position == PositionKind::kRope) {
-                rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
-                                scratch_.view(ix_.rope_sin), ctx_);
-            }
+            project_qkv(w, ln, q, k, v, positions, spec);
             if (T == 1) {
                 // One query: the decode kernel over the row (cuDNN takes no one-by-one graph).
                 attention_decode(att, lse, q, cache_.keys(l, row, 0, limits_.max_len),
@@ -1270,18 +1258,24 @@ void InferenceEngine::emit_decode(ConstTensorView logits, int64_t n, DecodeOut o
     for (int64_t r = 0; r < n; ++r) out.tokens[place(r)] = staged[r];
 }
 
+void InferenceEngine::project_qkv(const BlockWeights& w, ConstTensorView ln, const TensorView& q,
+                                  const TensorView& k, const TensorView& v,
+                                  ConstTensorView positions, const LinearSpec& spec) {
+    linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
+    linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
+    linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
+    if (config().position == PositionKind::kRope) {
+        rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
+                        scratch_.view(ix_.rope_sin), ctx_);
+    }
+}
+
 void InferenceEngine::prefill_qkv_to_cache(int layer, const BlockWeights& w, ConstTensorView ln,
                                            const TensorView& q, const TensorView& k,
                                            const TensorView& v, ConstTensorView positions,
                                            ConstTensorView slots, const LinearSpec& spec) {
     const ModelConfig& c = config();
-    linear_forward(flat_heads(q), ln, w.wq, w.bq, ctx_, spec);
-    linear_forward(flat_heads(k), ln, w.wk, w.bk, ctx_, spec);
-    linear_forward(flat_heads(v), ln, w.wv, w.bv, ctx_, spec);
-    if (c.position == PositionKind::kRope) {
-        rope_qk_forward(q, k, q, k, positions, scratch_.view(ix_.rope_cos),
-                        scratch_.view(ix_.rope_sin), ctx_);
-    }
+    project_qkv(w, ln, q, k, v, positions, spec);
     const Shape rows{k.numel() / (c.num_kv_heads * c.head_dim), c.num_kv_heads, c.head_dim};
     kv_rows_scatter(paged_cache_.keys(layer), k.reshape(rows), slots, ctx_);
     kv_rows_scatter(paged_cache_.values(layer), v.reshape(rows), slots, ctx_);

@@ -276,11 +276,11 @@ private:
     }
     void upload(TensorView dst, std::span<const int32_t> host) const;
     void copy(TensorView dst, ConstTensorView src) const;
-    // The checks of one decode step both caches share, once the sequence is known open and
-    // listed once: it has a prompt, room for one more token, and the token is in the vocabulary.
     // A prefill's sequence and tokens (`op` names the call in the errors): open, at least one
     // token, each in the vocabulary, and room for them in the sequence's context.
     Status check_prefill(std::string_view op, SeqId seq, std::span<const int32_t> tokens) const;
+    // The checks of one decode step both caches share, once the sequence is known open and
+    // listed once: it has a prompt, room for one more token, and the token is in the vocabulary.
     Status check_decode_step(const DecodeStep& s, int64_t len) const;
     // The decode step's i32 inputs into their device views: to[i] from host[i] (every i when
     // host is given). On CUDA through the page-locked staging (pinned_inputs_): column i of it,
@@ -319,8 +319,12 @@ private:
     // BLAS may sum a product in another order for this shape than for three, so its last bits can
     // differ from three linears'). More rows: three linears, into q_rows (n, 1, H, D) and the k/v
     // scratch.
-    // A prefill's q, k and v projections of `ln` into q, k and v ((B, T, H or Hkv, D)), RoPE on
-    // q and k at `positions`, then k and v into layer l's paged cache at `slots` (B T of them).
+    // A prefill's q, k and v projections of `ln` into q, k and v ((B, T, H or Hkv, D)), then
+    // RoPE on q and k at `positions` (families with rotary positions).
+    void project_qkv(const BlockWeights& w, ConstTensorView ln, const TensorView& q,
+                     const TensorView& k, const TensorView& v, ConstTensorView positions,
+                     const LinearSpec& spec);
+    // project_qkv, then k and v into layer l's paged cache at `slots` (B T of them).
     void prefill_qkv_to_cache(int layer, const BlockWeights& w, ConstTensorView ln,
                               const TensorView& q, const TensorView& k, const TensorView& v,
                               ConstTensorView positions, ConstTensorView slots,

@@ -38,7 +38,7 @@ Result<std::vector<GenerateResult>> generate(InferenceEngine& engine,
     std::vector<double> prob;
     std::vector<int32_t> order;
     // Greedy without a repetition penalty: decode steps return the picks, not the logits.
-    const bool greedy = o.sampling.temperature == 0.0 && o.sampling.repetition_penalty == 1.0;
+    const bool greedy = sampling_is_argmax(o.sampling);
 
     // Appends `token` to request r; true when it finished (its sequence is then closed).
     auto accept = [&](Running& r, int32_t token) -> Result<bool> {

@@ -37,6 +37,12 @@ struct SamplingParams {
     double repetition_penalty = 1.0;  // 1 = off
 };
 
+// Whether sample_token's choice under `params` is the argmax of the logits alone (temperature 0,
+// no repetition penalty): what ops/argmax.h picks where the logits are (decode_greedy).
+inline bool sampling_is_argmax(const SamplingParams& params) {
+    return params.temperature == 0.0 && params.repetition_penalty == 1.0;
+}
+
 // Errors name the flag: temperature < 0, top_k < 0, top_p outside (0, 1], min_p outside [0, 1],
 // repetition_penalty <= 0, and NaN anywhere.
 Status sampling_validate(const SamplingParams& params);

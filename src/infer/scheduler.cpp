@@ -141,8 +141,7 @@ bool Scheduler::accept(Running& r, std::span<float> logits) {
 }
 
 bool Scheduler::picks_on_device(const SequenceParams& p) {
-    return p.sampling.temperature == 0.0 && p.sampling.repetition_penalty == 1.0 &&
-           p.top_logprobs < 0;
+    return sampling_is_argmax(p.sampling) && p.top_logprobs < 0;
 }
 
 bool Scheduler::accept_token(Running& r, int32_t token) {

@@ -59,6 +59,7 @@
 #include "core/arena.h"
 #include "core/status.h"
 #include "model/fp8_state.h"
+#include "model/host_memory_plan.h"
 #include "model/model_config.h"
 #include "model/param_table.h"
 #include "model/precision_policy.h"
@@ -145,6 +146,10 @@ struct ModelShape {
     // masters and both moments on the device, stepped there by the device AdamW, and the plan
     // counts them (parameters: 4 B, optimizer state: 8 B an element). f = 1 offloads everything.
     double offload_fraction = 1.0;
+    // The AdamW moments' storage on the device (optimizer.state_dtype without offload: f32, or
+    // bf16 at 2 B an element, ops/adamw.h). With masters_on_host the device units' moments stay
+    // f32 (the host's follow optimizer.state_dtype: model/host_memory_plan.h).
+    AdamWStateDType optimizer_state = AdamWStateDType::kF32;
     // Sequence parallel (model/block.h's header): the tensor-parallel ranks S that the residual
     // stream's rows are cut over (parallel.tensor with parallel.sequence_parallel; 1: none). S > 1
     // plans this rank's N/S rows (N = B T, a multiple of S: Model::create refuses another) of
@@ -400,7 +405,9 @@ struct MemoryPlan {
     size_t optimizer_bytes() const {
         if (!shape.training) return 0;
         if (shape.masters_on_host) return 2 * size_t(offload_begin) * sizeof(float);
-        return 2 * params.total_bytes() / size_t(shape.optimizer_shards);
+        // The parameter arena holds f32 elements; each has two moments of the state's dtype.
+        return 2 * params.total_bytes() / sizeof(float) *
+               adamw_state_dtype_bytes(shape.optimizer_state) / size_t(shape.optimizer_shards);
     }
     size_t activation_bytes() const { return activations.total_bytes(); }
     size_t scratch_bytes() const { return scratch.total_bytes(); }

@@ -263,6 +263,14 @@ TEST(MemoryPlan, CategoriesAddUpAndTheTablePrintsThem) {
          {"parameters", "gradients", "optimizer state", "activations", "scratch", "total"})
         EXPECT_NE(table.find(row), std::string::npos) << table;
     EXPECT_NE(table.find(std::to_string(plan->total_bytes())), std::string::npos) << table;
+    // bf16 moments (optimizer.state_dtype: bf16): half the optimizer state, named in the table.
+    ModelShape bf16_state{2, 16, 0};
+    bf16_state.optimizer_state = AdamWStateDType::kBF16;
+    Result<MemoryPlan> half = memory_plan_make(c, t, bf16_state);
+    ASSERT_TRUE(half.ok()) << half.status().to_string();
+    EXPECT_EQ(half->optimizer_bytes(), plan->parameter_bytes());
+    EXPECT_EQ(half->total_bytes(), plan->total_bytes() - plan->parameter_bytes());
+    EXPECT_NE(half->table("x").find("optimizer state (m, v in bf16)"), std::string::npos);
 }
 
 // On CUDA cuDNN's attention workspace lives in scratch over the buffers dead during attention:

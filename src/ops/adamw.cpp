@@ -53,9 +53,13 @@ void adamw_update_with_copy(TensorView params, TensorView params_bf16, TensorVie
                     "{}: segments [{}, {}) and [{}, {}) overlap", kOp, ranges[i - 1].first,
                     ranges[i - 1].second, ranges[i].first, ranges[i].second);
     op_expect_memory(kOp, ctx, {params, params_bf16, m, v, grads, clip_norm});
+    const bool bf16_moments = m.dtype() == DType::kBF16;
+    LATHE_CHECK((m.dtype() == DType::kF32 || bf16_moments) && v.dtype() == m.dtype(),
+                "{}: the moments are {} and {}; both f32 or both bf16", kOp, dtype_name(m.dtype()),
+                dtype_name(v.dtype()));
     switch (ctx.backend) {
         case Backend::kCpu: {
-            op_expect_cpu_f32(kOp, {params, m, v, grads});
+            op_expect_cpu_f32(kOp, {params, grads});
             // Clipping: the scaled gradients of each segment in a copy, as grad_clip_by_norm
             // would have written them.
             float coef = 1.0f;
@@ -69,9 +73,14 @@ void adamw_update_with_copy(TensorView params, TensorView params_bf16, TensorVie
                     cpu::scale_inplace(scaled.data(), s.count, coef);
                     g = scaled.data();
                 }
-                cpu::adamw_update(params.as<float>() + s.offset, m.as<float>() + s.offset,
-                                  v.as<float>() + s.offset, g, s.count, s.lr, s.weight_decay,
-                                  hyper.beta1, hyper.beta2, hyper.eps, step);
+                if (bf16_moments)
+                    cpu::adamw_update(params.as<float>() + s.offset, m.as<bf16>() + s.offset,
+                                      v.as<bf16>() + s.offset, g, s.count, s.lr, s.weight_decay,
+                                      hyper.beta1, hyper.beta2, hyper.eps, step);
+                else
+                    cpu::adamw_update(params.as<float>() + s.offset, m.as<float>() + s.offset,
+                                      v.as<float>() + s.offset, g, s.count, s.lr, s.weight_decay,
+                                      hyper.beta1, hyper.beta2, hyper.eps, step);
             }
             if (!params_bf16.is_null())
                 for (const AdamWSegment& s : segments)
@@ -80,10 +89,16 @@ void adamw_update_with_copy(TensorView params, TensorView params_bf16, TensorVie
             return;
         }
         case Backend::kCuda:
-            op_expect_cuda_dtype(kOp, DType::kF32, {params, m, v, grads});
-            cuda::adamw_update(params.as<float>(), params_bf16.as<bf16>(), m.as<float>(),
-                               v.as<float>(), grads.as<float>(), segments, hyper, step,
-                               clip_norm.as<float>(), max_norm, ctx.stream);
+            op_expect_cuda_dtype(kOp, DType::kF32, {params, grads});
+            op_expect_cuda_dtype(kOp, m.dtype(), {m, v});
+            if (bf16_moments)
+                cuda::adamw_update(params.as<float>(), params_bf16.as<bf16>(), m.as<bf16>(),
+                                   v.as<bf16>(), grads.as<float>(), segments, hyper, step,
+                                   clip_norm.as<float>(), max_norm, ctx.stream);
+            else
+                cuda::adamw_update(params.as<float>(), params_bf16.as<bf16>(), m.as<float>(),
+                                   v.as<float>(), grads.as<float>(), segments, hyper, step,
+                                   clip_norm.as<float>(), max_norm, ctx.stream);
             return;
     }
     op_no_backend(kOp, ctx);

@@ -13,7 +13,12 @@
 //   its twins seen as one vector); segments name the [offset, offset + count) ranges to update
 //   and their group's lr and weight decay. Elements outside every segment are left alone.
 //   Segments must lie inside [0, P) and not overlap (checked).
-// Dtypes: f32 everywhere (CPU and CUDA). adamw_update_with_copy also writes params_bf16 (P bf16,
+// Dtypes: params and grads f32; m and v both f32, or both bf16 (optimizer.state_dtype: bf16):
+//   each moment load widens exactly, the update above runs in f32 (p from the unrounded m and v),
+//   each moment store rounds to nearest even (core/dtype.h float_to_bf16), as optim/cpu_adamw.h's
+//   kBF16 storage does, bit for bit (on CUDA for every value but NaN, which stays NaN with the
+//   GPU's canonical bits).
+//   adamw_update_with_copy also writes params_bf16 (P bf16,
 //   element for element params' twin), the updated weights rounded to nearest even, for every
 //   element of every segment: the compute copy the CUDA forward reads, written in the same pass.
 // Deterministic (elementwise).

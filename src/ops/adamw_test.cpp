@@ -1,5 +1,6 @@
 #include "ops/adamw.h"
 
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -79,6 +80,59 @@ TEST(AdamW, FirstStepIsSignDescentWithDecoupledDecay) {
     EXPECT_NEAR(p.as<float>()[2], 0.5 * 0.95 - 0.1, 1e-4);  // eps matters a little at g = 1e-3
     EXPECT_NEAR(m.as<float>()[1], -0.4, 1e-7);
     EXPECT_NEAR(v.as<float>()[1], 0.05 * 16.0, 1e-6);
+}
+
+// bf16 moments: each step equals the f32 update over the moments widened, with its moments
+// rounded to nearest even afterwards (ops/adamw.h), over ten steps of the torch fixture's inputs
+// with clipping and a NaN gradient (its NaN moments round to quiet NaNs of their sign).
+TEST(AdamW, Bf16MomentsAreTheF32UpdateRounded) {
+    HostTensor p = f32(Shape{kP}), g = f32(Shape{kP}), ref_p = f32(Shape{kP});
+    HostTensor m16(DType::kBF16, Shape{kP}), v16(DType::kBF16, Shape{kP});
+    HostTensor ref_m16(DType::kBF16, Shape{kP}), ref_v16(DType::kBF16, Shape{kP});
+    HostTensor m32 = f32(Shape{kP}), v32 = f32(Shape{kP});
+    HostTensor copy(DType::kBF16, Shape{kP}), ref_copy(DType::kBF16, Shape{kP});
+    init_params(p.as<float>());
+    init_params(ref_p.as<float>());
+    const AdamWSegment segments[] = {{0, 6, 1e-2, 0.1}, {6, 4, 3e-3, 0.0}};
+    AdamWHyper hyper;
+    hyper.beta2 = 0.95;
+    float norm = 9.0f;  // above max_norm 1: the gradients scaled
+    const ConstTensorView clip(&norm, DType::kF32, Shape{1});
+    for (int64_t t = 1; t <= 10; ++t) {
+        step_grads(g.as<float>(), t);
+        if (t == 7) g.as<float>()[3] = std::nanf("");
+        adamw_update_with_copy(p.view(), copy.view(), m16.view(), v16.view(), g.view(), segments,
+                               hyper, t, clip, 1.0f, cpu_context());
+        for (int64_t i = 0; i < kP; ++i) {
+            m32.as<float>()[i] = bf16_to_float(ref_m16.as<bf16>()[i]);
+            v32.as<float>()[i] = bf16_to_float(ref_v16.as<bf16>()[i]);
+        }
+        adamw_update_with_copy(ref_p.view(), ref_copy.view(), m32.view(), v32.view(), g.view(),
+                               segments, hyper, t, clip, 1.0f, cpu_context());
+        for (int64_t i = 0; i < kP; ++i) {
+            ref_m16.as<bf16>()[i] = float_to_bf16(m32.as<float>()[i]);
+            ref_v16.as<bf16>()[i] = float_to_bf16(v32.as<float>()[i]);
+        }
+        for (int64_t i = 0; i < kP; ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(p.as<float>()[i]),
+                      std::bit_cast<uint32_t>(ref_p.as<float>()[i]))
+                << "step " << t << " element " << i;
+            ASSERT_EQ(m16.as<bf16>()[i].bits, ref_m16.as<bf16>()[i].bits) << t << " " << i;
+            ASSERT_EQ(v16.as<bf16>()[i].bits, ref_v16.as<bf16>()[i].bits) << t << " " << i;
+            ASSERT_EQ(copy.as<bf16>()[i].bits, ref_copy.as<bf16>()[i].bits) << t << " " << i;
+        }
+    }
+    EXPECT_TRUE(std::isnan(bf16_to_float(m16.as<bf16>()[3])));
+    EXPECT_NE(m16.as<bf16>()[0].bits, 0);  // the moments moved
+}
+
+TEST(AdamWDeathTest, MomentsOfTwoDtypesStop) {
+    HostTensor p = f32(Shape{4}), m = f32(Shape{4}), g = f32(Shape{4});
+    HostTensor v(DType::kBF16, Shape{4});
+    const AdamWSegment seg[] = {{0, 4, 0.1, 0.0}};
+    EXPECT_DEATH(
+        adamw_update(p.view(), m.view(), v.view(), g.view(), seg, AdamWHyper{}, 1, cpu_context()),
+        "both f32 or both bf16");
 }
 
 TEST(AdamWDeathTest, OverlappingSegmentsStop) {

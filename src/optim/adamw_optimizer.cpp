@@ -137,7 +137,7 @@ Result<AdamWOptimizer> AdamWOptimizer::create(int64_t total, FlatRange range, co
 }
 
 Result<AdamWOptimizer> AdamWOptimizer::create(int64_t total, std::vector<FlatRange> ranges,
-                                              const Context& ctx) {
+                                              const Context& ctx, AdamWStateDType state) {
     int64_t at = 0, n = 0;
     for (const FlatRange& r : ranges) {
         if (total < 0 || r.begin < at || r.end < r.begin || r.end > total)
@@ -153,9 +153,11 @@ Result<AdamWOptimizer> AdamWOptimizer::create(int64_t total, std::vector<FlatRan
     opt.ranges_ = std::move(ranges);
     opt.numel_ = n;
     opt.ctx_ = ctx;
+    opt.state_ = state;
+    const DType dtype = state == AdamWStateDType::kBF16 ? DType::kBF16 : DType::kF32;
     ArenaLayout layout;
-    LATHE_RETURN_IF_ERROR(layout.add("exp_avg", DType::kF32, Shape{n}).status());
-    LATHE_RETURN_IF_ERROR(layout.add("exp_avg_sq", DType::kF32, Shape{n}).status());
+    LATHE_RETURN_IF_ERROR(layout.add("exp_avg", dtype, Shape{n}).status());
+    LATHE_RETURN_IF_ERROR(layout.add("exp_avg_sq", dtype, Shape{n}).status());
     LATHE_ASSIGN_OR_RETURN(opt.moments_, ModelArena::allocate(std::move(layout), ctx));
     return opt;
 }
@@ -171,7 +173,7 @@ Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model, FlatRange 
 }
 
 Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model, std::vector<FlatRange> ranges,
-                                                  const Context& ctx) {
+                                                  const Context& ctx, AdamWStateDType state) {
     if (!model.training())
         return failed_precondition_error(
             "an optimizer needs a model created for training (ModelShape::training); this one "
@@ -181,7 +183,7 @@ Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model, std::vecto
             "an optimizer on {} over a model on {} needs its gradients and weights copied between "
             "the two, which lathe does not do; create it on the model's device",
             backend_name(ctx.backend), backend_name(model.context().backend));
-    return create(model.params_total(), std::move(ranges), ctx);
+    return create(model.params_total(), std::move(ranges), ctx, state);
 }
 
 Result<AdamWOptimizer> AdamWOptimizer::create_for(const Model& model) {
@@ -200,6 +202,7 @@ AdamWOptimizer& AdamWOptimizer::operator=(AdamWOptimizer&& other) noexcept {
         ranges_ = std::move(other.ranges_);
         numel_ = other.numel_;
         ctx_ = other.ctx_;
+        state_ = other.state_;
         moments_ = std::move(other.moments_);
         local_ = std::move(other.local_);
         overlap_ = std::move(other.overlap_);
@@ -350,11 +353,17 @@ void AdamWOptimizer::read_state(std::span<float> m, std::span<float> v) const {
     const std::pair<TensorView, float*> pairs[] = {{exp_avg(), m.data()}, {exp_avg_sq(), v.data()}};
     for (const auto& [src, dst] : pairs) {
         const TensorView host(dst, DType::kF32, Shape{n});
-        if (ctx_.backend == Backend::kCpu) {
+        if (src.dtype() == DType::kF32 && ctx_.backend == Backend::kCpu) {
             if (n > 0) std::memcpy(dst, src.data(), host.bytes());
-            continue;
+        } else if (src.dtype() == DType::kF32) {
+            cuda_copy_sync(host, src, ctx_.stream);
+        } else if (ctx_.backend == Backend::kCpu) {
+            tensor_convert(host, src);  // bf16 widens exactly
+        } else {
+            HostTensor raw(src.dtype(), src.shape());
+            cuda_copy_sync(raw.view(), src, ctx_.stream);
+            tensor_convert(host, raw.view());
         }
-        cuda_copy_sync(host, src, ctx_.stream);
     }
 }
 
@@ -367,11 +376,17 @@ void AdamWOptimizer::write_state(std::span<const float> m, std::span<const float
                                                          {exp_avg_sq(), v.data()}};
     for (const auto& [dst, src] : pairs) {
         const ConstTensorView host(src, DType::kF32, Shape{n});
-        if (ctx_.backend == Backend::kCpu) {
+        if (dst.dtype() == DType::kF32 && ctx_.backend == Backend::kCpu) {
             if (n > 0) std::memcpy(dst.data(), src, host.bytes());
-            continue;
+        } else if (dst.dtype() == DType::kF32) {
+            cuda_copy_sync(dst, host, ctx_.stream);
+        } else if (ctx_.backend == Backend::kCpu) {
+            tensor_convert(dst, host);  // rounds to nearest even
+        } else {
+            HostTensor rounded(dst.dtype(), dst.shape());
+            tensor_convert(rounded.view(), host);
+            cuda_copy_sync(dst, rounded.view(), ctx_.stream);
         }
-        cuda_copy_sync(dst, host, ctx_.stream);
     }
 }
 

@@ -71,6 +71,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "model/host_memory_plan.h"
 #include "model/model.h"
 #include "ops/adamw.h"
 #include "ops/context.h"
@@ -125,10 +126,12 @@ public:
     // computes. Errors: a range outside [0, total] (kInvalidArgument), allocation failure.
     static Result<AdamWOptimizer> create(int64_t total, FlatRange range, const Context& ctx);
     // Moments for the list `ranges` (sorted, disjoint, inside [0, total]; empty ones kept, they
-    // own nothing). Errors: ranges unsorted, overlapping or outside (kInvalidArgument), allocation
-    // failure.
+    // own nothing), stored as `state` (optimizer.state_dtype: f32, or bf16 as ops/adamw.h
+    // defines: half the bytes, 8 significant bits kept between steps). Errors: ranges unsorted,
+    // overlapping or outside (kInvalidArgument), allocation failure.
     static Result<AdamWOptimizer> create(int64_t total, std::vector<FlatRange> ranges,
-                                         const Context& ctx);
+                                         const Context& ctx,
+                                         AdamWStateDType state = AdamWStateDType::kF32);
     // Moments for `range` of `model`'s parameters (created for training), where `ctx` computes:
     // the model's own context for the usual optimizer. Errors as create(); a model without
     // gradients (kFailedPrecondition); a context on another backend than the model's
@@ -136,7 +139,8 @@ public:
     static Result<AdamWOptimizer> create_for(const Model& model, FlatRange range,
                                              const Context& ctx);
     static Result<AdamWOptimizer> create_for(const Model& model, std::vector<FlatRange> ranges,
-                                             const Context& ctx);
+                                             const Context& ctx,
+                                             AdamWStateDType state = AdamWStateDType::kF32);
     // Every parameter of `model`, on the model's context.
     static Result<AdamWOptimizer> create_for(const Model& model);
 
@@ -163,8 +167,10 @@ public:
     // Elements owned: the sum of the ranges' sizes.
     int64_t numel() const { return numel_; }
     const Context& context() const { return ctx_; }
-    // The moments, (numel()) f32 each, where the context computes: the ranges' elements in list
-    // order (for one range, element i is element range.begin + i of the full vector).
+    AdamWStateDType state_dtype() const { return state_; }
+    // The moments, (numel()) elements of state_dtype() each, where the context computes: the
+    // ranges' elements in list order (for one range, element i is element range.begin + i of the
+    // full vector).
     TensorView exp_avg() const { return moments_.view(0); }
     TensorView exp_avg_sq() const { return moments_.view(1); }
 
@@ -179,7 +185,8 @@ public:
     void step(const OptimizerTarget& target, std::span<const AdamWSegment> segments,
               const AdamWHyper& hyper, int64_t step, float max_grad_norm = 0.0f);
 
-    // The moments copied to / from host memory, numel() elements each (checked).
+    // The moments copied to / from host memory, numel() elements each (checked); bf16 moments
+    // widen exactly on the way out and round to nearest even on the way in.
     void read_state(std::span<float> exp_avg, std::span<float> exp_avg_sq) const;
     void write_state(std::span<const float> exp_avg, std::span<const float> exp_avg_sq);
 
@@ -192,6 +199,7 @@ private:
     std::vector<FlatRange> ranges_;
     int64_t numel_ = 0;
     Context ctx_;
+    AdamWStateDType state_ = AdamWStateDType::kF32;
     ModelArena moments_;               // entries exp_avg, exp_avg_sq
     std::vector<AdamWSegment> local_;  // step()'s segments of one range, relative to its begin
     // The overlapped schedule's state (on the heap: the model's hook holds its address).

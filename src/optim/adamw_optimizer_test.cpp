@@ -336,6 +336,49 @@ TEST(AdamWOptimizer, StateCopiesOutAndIn) {
     EXPECT_TRUE(same_bits(other->exp_avg_sq(), v));
 }
 
+// bf16 moments (optimizer.state_dtype: bf16): stored as bf16, the op's bf16 update, the state
+// widened on the way out and rounded on the way in; f32 moments through write_state round to
+// the nearest bf16.
+TEST(AdamWOptimizer, Bf16StateStepsAsTheOpAndCopiesOutWidened) {
+    Problem p, q;
+    Result<AdamWOptimizer> opt =
+        AdamWOptimizer::create(p.P, {{100, 400}}, cpu_context(), AdamWStateDType::kBF16);
+    ASSERT_TRUE(opt.ok()) << opt.status().to_string();
+    EXPECT_EQ(opt->state_dtype(), AdamWStateDType::kBF16);
+    EXPECT_EQ(opt->exp_avg().dtype(), DType::kBF16);
+    opt->step(p.target(), p.segments, AdamWHyper{}, 1);
+    // The op over bf16 moments of the range, on the twin problem.
+    HostTensor m16(DType::kBF16, Shape{300}), v16(DType::kBF16, Shape{300});
+    std::vector<AdamWSegment> local;
+    for (AdamWSegment s : q.segments) {
+        const int64_t b = std::max<int64_t>(s.offset, 100),
+                      e = std::min<int64_t>(s.offset + s.count, 400);
+        if (e <= b) continue;
+        s.count = e - b;
+        s.offset = b - 100;
+        local.push_back(s);
+    }
+    const OptimizerTarget t = q.target();
+    adamw_update_with_copy(t.params.slice(100, 400), TensorView(), m16.view(), v16.view(),
+                           t.grads.slice(100, 400), local, AdamWHyper{}, 1, ConstTensorView(), 0.0f,
+                           cpu_context());
+    EXPECT_EQ(std::memcmp(opt->exp_avg().data(), m16.view().data(), 600), 0);
+    EXPECT_EQ(std::memcmp(opt->exp_avg_sq().data(), v16.view().data(), 600), 0);
+    EXPECT_EQ(std::memcmp(p.params.data(), q.params.data(), p.params.size() * sizeof(float)), 0);
+    std::vector<float> m(300), v(300);
+    opt->read_state(m, v);
+    for (int64_t i = 0; i < 300; ++i) {
+        EXPECT_EQ(m[size_t(i)], bf16_to_float(m16.as<bf16>()[i])) << i;
+        EXPECT_EQ(v[size_t(i)], bf16_to_float(v16.as<bf16>()[i])) << i;
+    }
+    std::vector<float> in(300, 1.0f + 0x1p-12f);  // rounds to 1 in bf16
+    opt->write_state(in, in);
+    std::vector<float> back(300), back_sq(300);
+    opt->read_state(back, back_sq);
+    EXPECT_EQ(back, std::vector<float>(300, 1.0f));
+    EXPECT_EQ(back_sq, std::vector<float>(300, 1.0f));
+}
+
 TEST(AdamWOptimizer, CreationErrors) {
     Result<AdamWOptimizer> outside = AdamWOptimizer::create(10, {5, 11}, cpu_context());
     ASSERT_FALSE(outside.ok());

@@ -55,37 +55,26 @@ struct State {
     }
 };
 
-// The reference: ops' CPU adamw_update_with_copy on f32 moments. For bf16 moments, the moments
-// widened to f32 before the step and rounded to nearest even after it (what cpu_adamw.h defines).
+// The reference: ops' CPU adamw_update_with_copy over the same moment storage (bf16 moments:
+// ops/adamw.h's widen, f32 update, round; ops' AdamW.Bf16MomentsAreTheF32UpdateRounded checks
+// that against the f32 update itself).
 void reference_step(State& s, const std::vector<float>& grads,
                     std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
                     const float* clip_norm, float max_norm) {
     const int64_t n = int64_t(s.params.size());
     const Shape shape{n};
-    std::vector<float> m = s.m32, v = s.v32;
-    if (s.dtype == AdamWStateDType::kBF16)
-        for (int64_t i = 0; i < n; ++i) {
-            m[i] = bf16_to_float(bf16{s.m16[i]});
-            v[i] = bf16_to_float(bf16{s.v16[i]});
-        }
+    const bool b16 = s.dtype == AdamWStateDType::kBF16;
+    const TensorView m = b16 ? TensorView(s.m16.data(), DType::kBF16, shape)
+                             : TensorView(s.m32.data(), DType::kF32, shape);
+    const TensorView v = b16 ? TensorView(s.v16.data(), DType::kBF16, shape)
+                             : TensorView(s.v32.data(), DType::kF32, shape);
     float norm = clip_norm != nullptr ? *clip_norm : 0.0f;
     ConstTensorView norm_view =
         clip_norm != nullptr ? ConstTensorView(&norm, DType::kF32, Shape{1}) : ConstTensorView();
     adamw_update_with_copy(TensorView(s.params.data(), DType::kF32, shape),
-                           TensorView(s.params_bf16.data(), DType::kBF16, shape),
-                           TensorView(m.data(), DType::kF32, shape),
-                           TensorView(v.data(), DType::kF32, shape),
+                           TensorView(s.params_bf16.data(), DType::kBF16, shape), m, v,
                            ConstTensorView(grads.data(), DType::kF32, shape), segments, hyper, step,
                            norm_view, max_norm, cpu_context());
-    if (s.dtype == AdamWStateDType::kBF16) {
-        for (int64_t i = 0; i < n; ++i) {
-            s.m16[i] = float_to_bf16(m[i]).bits;
-            s.v16[i] = float_to_bf16(v[i]).bits;
-        }
-    } else {
-        s.m32 = m;
-        s.v32 = v;
-    }
 }
 
 // Same bytes in every buffer (bit patterns, so NaNs and signed zeros count).

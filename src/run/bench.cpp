@@ -454,8 +454,6 @@ Result<std::string> bench_run(const BenchRequest& req) {
             "--offload cpu runs in one process; a world of {} ranks keeps its optimizer on the "
             "devices",
             group.world_size);
-    if (!offload && req.state_dtype == AdamWStateDType::kBF16)
-        return invalid_argument_error("--state-dtype bf16 needs --offload cpu");
     const bool overlapped = req.optimizer_schedule == OptimizerSchedule::kOverlapped;
     if (overlapped && (offload || multi))
         return invalid_argument_error(
@@ -471,6 +469,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         return invalid_argument_error("--offload-fraction {} needs --offload cpu",
                                       req.offload_fraction);
     shape.offload_fraction = req.offload_fraction;
+    if (!offload) shape.optimizer_state = req.state_dtype;
     if (req.fp8 && req.plan_tensor > 1)
         return unimplemented_error(
             "--precision fp8 with --plan-tensor {}: lathe train runs fp8 without tensor parallel "
@@ -524,6 +523,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         j["offload_fraction"] = req.offload_fraction;
     } else {
         j["optimizer_schedule"] = optimizer_schedule_name(req.optimizer_schedule);
+        j["state_dtype"] = adamw_state_dtype_name(req.state_dtype);
     }
     // The host memory plan of the offloaded optimizer (printed under the device's).
     OffloadSettings offload_settings;
@@ -644,8 +644,9 @@ Result<std::string> bench_run(const BenchRequest& req) {
     }
     std::optional<AdamWOptimizer> optimizer;
     if (!offload) {
-        LATHE_ASSIGN_OR_RETURN(AdamWOptimizer made,
-                               AdamWOptimizer::create_for(model, ranges, model.context()));
+        LATHE_ASSIGN_OR_RETURN(
+            AdamWOptimizer made,
+            AdamWOptimizer::create_for(model, ranges, model.context(), req.state_dtype));
         optimizer.emplace(std::move(made));
         if (overlapped) LATHE_RETURN_IF_ERROR(optimizer->overlap_with(model));
     }

@@ -130,8 +130,9 @@ struct BenchRequest {
     int plan_tensor = 1;  // with plan_only: ... of which groups of this many are tensor parallel
     bool plan_sequence_parallel = true;  // with plan_tensor > 1: parallel.sequence_parallel
     std::optional<Fp8Settings> fp8;      // --precision fp8 (its recipe); nullopt: bf16
-    // --offload cpu, --state-dtype: optimizer.offload with the whole optimizer on the host
-    // (optim/host_optimizer.h), one process; the moments' storage.
+    // --offload cpu: optimizer.offload with the whole optimizer on the host
+    // (optim/host_optimizer.h), one process. --state-dtype: the moments' storage (the host's
+    // with offload, the device optimizer's without).
     OptimizerOffload offload = OptimizerOffload::kNone;
     AdamWStateDType state_dtype = AdamWStateDType::kF32;
     OffloadSchedule offload_schedule = OffloadSchedule::kOverlapped;  // --offload-schedule

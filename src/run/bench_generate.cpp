@@ -305,12 +305,17 @@ Result<std::string> bench_generate_run(const GenerateBenchRequest& req) {
     log_info("bench --generate: {} ({}) on {}", req.model, model_config_summary(config),
              place.name);
     // Under tensor parallel the rank's shard, uniform from the seed; else Model::init's draws.
+    // setup_s: from here until the weights are in the device's memory.
+    const auto setup_start = Clock::now();
     LATHE_ASSIGN_OR_RETURN(
         Model model,
         tp > 1 ? tp_model_create_random(config, procs.rank(), tp, shape, device.context(), req.seed)
                : Model::create(config, shape, device.context()));
     if (tp == 1) model.init(req.seed);
     model.synchronize();
+    j["setup_s"] = seconds_since(setup_start);
+    log_info("bench --generate: model made and its weights drawn in {:.1f} s",
+             j["setup_s"].get<double>());
     // Memory in use after each measurement, the largest (bench.h's peak memory, CUDA).
     size_t used_peak = 0;
     const auto sample_memory = [&] {

@@ -138,8 +138,8 @@ ConfigSchema train_config_schema() {
            "next forward) | overlapped (after the gradient norm, unit by unit on a low-priority "
            "stream while the next forward waits per unit); same bits; one process, no offload"});
     s.add({"optimizer.state_dtype", ConfigType::kString, "",
-           "AdamW moment storage: fp32 (default) | bf16 (rounded to nearest even on store); "
-           "bf16 needs optimizer.offload: cpu"});
+           "AdamW moment storage: fp32 (default) | bf16 (rounded to nearest even on store): "
+           "the device optimizer's, or with optimizer.offload: cpu the host's"});
     // ---- learning-rate schedule (GPT-NeoX AnnealingLR) ----
     s.add({"lr.decay_style", ConfigType::kString, "cosine",
            "constant | linear | cosine | exponential"});

@@ -75,8 +75,8 @@ Status resolve_offload(const Config& c, OffloadSettings& out) {
 }
 
 // What lathe train runs of the offload keys: optimizer.offload: cpu with any offload_fraction
-// (optim/host_optimizer.h), with fp32 or bf16 moments; bf16 moments only there. The rest stops
-// the run here, after every other key is checked, rather than being ignored.
+// (optim/host_optimizer.h); fp32 or bf16 moments with or without it (optimizer.state_dtype). The
+// rest stops the run here, after every other key is checked, rather than being ignored.
 Status refuse_offload(const Config& c, const OffloadSettings& o) {
     if (o.offload != OptimizerOffload::kCpu && o.fraction < 1.0)
         return invalid_argument_error(
@@ -84,12 +84,6 @@ Status refuse_offload(const Config& c, const OffloadSettings& o) {
             "optimizer.offload: cpu (docs/SFT.md, \"Optimizer offload\"); set "
             "optimizer.offload: cpu, or remove the key",
             c.source_of("optimizer.offload_fraction"), o.fraction);
-    if (o.offload != OptimizerOffload::kCpu && o.state_dtype == AdamWStateDType::kBF16)
-        return unimplemented_error(
-            "{}: 'optimizer.state_dtype: bf16': lathe train keeps bf16 AdamW moments only with "
-            "optimizer.offload: cpu (docs/SFT.md, \"Optimizer offload\"); set "
-            "optimizer.offload: cpu, or remove the key or set optimizer.state_dtype: fp32",
-            c.source_of("optimizer.state_dtype"));
     return ok_status();
 }
 

@@ -57,8 +57,8 @@ struct TrainSettings {
     double weight_decay = 0.0;
     AdamWHyper adam;
     double grad_clip = 0.0;  // 0 = off
-    // optimizer.offload, optimizer.offload_fraction, optimizer.state_dtype (validated; bf16
-    // moments without offload are refused by train_settings_resolve).
+    // optimizer.offload, optimizer.offload_fraction, optimizer.state_dtype (validated; the
+    // moments' storage of the device optimizer, or with offload of the host's).
     OffloadSettings offload;
     // optimizer.schedule: the device AdamW's (optim/adamw_optimizer.h); unset: serial. The
     // trainer refuses overlapped with several ranks; with offload the key is refused here

@@ -429,6 +429,7 @@ Status Trainer::setup() {
     }
     shape.masters_on_host = offload;
     shape.offload_fraction = s_.offload.fraction;
+    if (!offload) shape.optimizer_state = s_.offload.state_dtype;
     if (fp8_run()) {
         shape.precision = fp8_precision_policy(s_.fp8);
         shape.fp8 = s_.fp8;
@@ -548,8 +549,9 @@ Status Trainer::setup() {
         if (tp_rank() != 0) dp_->exclude_from_norm(tp_replicated_ranges(*model_));
     }
     if (!offload) {
-        LATHE_ASSIGN_OR_RETURN(AdamWOptimizer optimizer,
-                               AdamWOptimizer::create_for(*model_, ranges, model_->context()));
+        LATHE_ASSIGN_OR_RETURN(
+            AdamWOptimizer optimizer,
+            AdamWOptimizer::create_for(*model_, ranges, model_->context(), s_.offload.state_dtype));
         optimizer_.emplace(std::move(optimizer));
     }
 

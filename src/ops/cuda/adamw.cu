@@ -45,8 +45,28 @@ __device__ float clip_coefficient(const float* norm, float max_norm) {
     return fminf(__fdiv_rn(max_norm, __fadd_rn(total, 1e-6f)), 1.0f);
 }
 
-__global__ void adamw_update_kernel(float* __restrict__ params, float* __restrict__ m,
-                                    float* __restrict__ v, const float* __restrict__ grads,
+// Moment storage: f32 as is; bf16 widened exactly on load and rounded to nearest even on store
+// with core/dtype.h's float_to_bf16 rule, so finite and infinite values round to the CPU's bits
+// (optim/cpu_adamw.h kBF16). A NaN stays a NaN, but its bits may differ from the CPU's: the
+// GPU's f32 arithmetic returns the canonical NaN whatever NaN went in, the CPU's keeps the input's.
+__device__ __forceinline__ float load_moment(const float* s, int64_t i) {
+    return s[i];
+}
+__device__ __forceinline__ float load_moment(const uint16_t* s, int64_t i) {
+    return __uint_as_float(uint32_t(s[i]) << 16);
+}
+__device__ __forceinline__ void store_moment(float* s, int64_t i, float x) {
+    s[i] = x;
+}
+__device__ __forceinline__ void store_moment(uint16_t* s, int64_t i, float x) {
+    const uint32_t u = __float_as_uint(x);
+    s[i] =
+        isnan(x) ? uint16_t((u >> 16) | 0x0040u) : uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+template <typename M>
+__global__ void adamw_update_kernel(float* __restrict__ params, M* __restrict__ m,
+                                    M* __restrict__ v, const float* __restrict__ grads,
                                     __nv_bfloat16* __restrict__ params_bf16,
                                     const __grid_constant__ LaunchParams lp) {
     // The segment of this block: the last s with block_begin[s] <= blockIdx.x.
@@ -69,23 +89,23 @@ __global__ void adamw_update_kernel(float* __restrict__ params, float* __restric
         const float g = coef < 1.0f ? __fmul_rn(grads[i], coef) : grads[i];
         float p = params[i];
         if (s.apply_decay) p = __fmul_rn(p, s.decay);
-        const float mo = m[i];
+        const float mo = load_moment(m, i);
         // torch's lerp: one fused multiply-add on either side of weight 0.5.
         const float mi = lp.lerp_low ? fmaf(lp.w1, __fsub_rn(g, mo), mo)
                                      : fmaf(lp.w1_minus_1, __fsub_rn(g, mo), g);
-        const float vi = __fadd_rn(__fmul_rn(v[i], lp.b2), __fmul_rn(__fmul_rn(lp.w2, g), g));
+        const float vi =
+            __fadd_rn(__fmul_rn(load_moment(v, i), lp.b2), __fmul_rn(__fmul_rn(lp.w2, g), g));
         const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), lp.bc2_sqrt), lp.eps);
         p = __fadd_rn(p, __fdiv_rn(__fmul_rn(s.neg_step_size, mi), denom));
         params[i] = p;
-        m[i] = mi;
-        v[i] = vi;
+        store_moment(m, i, mi);
+        store_moment(v, i, vi);
         if (params_bf16 != nullptr) params_bf16[i] = __float2bfloat16_rn(p);
     }
 }
 
-}  // namespace
-
-void adamw_update(float* params, bf16* params_bf16, float* m, float* v, const float* grads,
+template <typename M>
+void adamw_launch(float* params, bf16* params_bf16, M* m, M* v, const float* grads,
                   std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
                   const float* clip_norm, float max_norm, CUstream_st* stream) {
     // The scalars exactly as ops/cpu/adamw.cpp forms them.
@@ -122,9 +142,27 @@ void adamw_update(float* params, bf16* params_bf16, float* m, float* v, const fl
         if (lp.n == 0) break;
         lp.block_begin[lp.n] = blocks;
         LATHE_CHECK(blocks <= INT32_MAX, "adamw_update: {} blocks in one launch", blocks);
-        adamw_update_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(params, m, v, grads, pb, lp);
+        adamw_update_kernel<M>
+            <<<unsigned(blocks), kThreads, 0, stream>>>(params, m, v, grads, pb, lp);
         LATHE_CUDA_CHECK_LAUNCH();
     }
+}
+
+}  // namespace
+
+void adamw_update(float* params, bf16* params_bf16, float* m, float* v, const float* grads,
+                  std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
+                  const float* clip_norm, float max_norm, CUstream_st* stream) {
+    adamw_launch(params, params_bf16, m, v, grads, segments, hyper, step, clip_norm, max_norm,
+                 stream);
+}
+
+void adamw_update(float* params, bf16* params_bf16, bf16* m, bf16* v, const float* grads,
+                  std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
+                  const float* clip_norm, float max_norm, CUstream_st* stream) {
+    adamw_launch(params, params_bf16, reinterpret_cast<uint16_t*>(m),
+                 reinterpret_cast<uint16_t*>(v), grads, segments, hyper, step, clip_norm, max_norm,
+                 stream);
 }
 
 }  // namespace lathe::cuda

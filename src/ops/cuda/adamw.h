@@ -27,5 +27,9 @@ namespace lathe::cuda {
 void adamw_update(float* params, bf16* params_bf16, float* m, float* v, const float* grads,
                   std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
                   const float* clip_norm, float max_norm, CUstream_st* stream);
+// The same over bf16 moments (ops/adamw.h: widened on load, rounded to nearest even on store).
+void adamw_update(float* params, bf16* params_bf16, bf16* m, bf16* v, const float* grads,
+                  std::span<const AdamWSegment> segments, const AdamWHyper& hyper, int64_t step,
+                  const float* clip_norm, float max_norm, CUstream_st* stream);
 
 }  // namespace lathe::cuda

@@ -48,15 +48,18 @@ UlpDiff ulp_diff(const HostTensor& a, const HostTensor& b) {
     return d;
 }
 
+// Parameter groups over 5000 elements, with and without decay, and gaps no segment covers.
+std::vector<AdamWSegment> five_thousand_segments() {
+    return {{0, 1000, 1e-3, 0.1}, {1200, 2800, 5e-4, 0.0}, {4000, 999, 2e-3, 0.01}};
+}
+
 TEST(CudaAdamW, MatchesCpuOverSegmentsAndSteps) {
     CudaState state(0);
     const Context gpu = state.context(), cpu = cpu_context();
     optest::Rng rng(71);
     const int64_t P = 5000;
-    // Parameter groups with and without decay, gaps that no segment covers, beta1 both sides of
-    // the lerp switch over the two runs.
-    const std::vector<AdamWSegment> segments = {
-        {0, 1000, 1e-3, 0.1}, {1200, 2800, 5e-4, 0.0}, {4000, 999, 2e-3, 0.01}};
+    // beta1 both sides of the lerp switch over the two runs.
+    const std::vector<AdamWSegment> segments = five_thousand_segments();
     for (const double beta1 : {0.9, 0.3}) {
         SCOPED_TRACE(::testing::Message() << "beta1=" << beta1);
         const AdamWHyper hyper{beta1, 0.95, 1e-8};
@@ -82,6 +85,60 @@ TEST(CudaAdamW, MatchesCpuOverSegmentsAndSteps) {
             RecordProperty(std::string(name) + "_differing_elements", int(d.differing));
         }
     }
+}
+
+// bf16 moments (optimizer.state_dtype: bf16): the kernel against the CPU twin over the same bf16
+// storage, with clipping: the same bits for the masters, both moments and the compute copy. A
+// NaN gradient element makes NaNs on both (their bits may differ: the GPU's f32 arithmetic
+// returns its canonical NaN, the CPU's keeps the input's), compared as NaN.
+TEST(CudaAdamW, Bf16MomentsMatchCpuBits) {
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(73);
+    const int64_t P = 5000;
+    const std::vector<AdamWSegment> segments = five_thousand_segments();
+    const AdamWHyper hyper{0.9, 0.95, 1e-8};
+    HostTensor p = optest::random_tensor(rng, {P});
+    HostTensor m(DType::kBF16, {P}), v(DType::kBF16, {P}), copy(DType::kBF16, {P});
+    DeviceTensor gp = upload(p, DType::kF32, state);
+    DeviceTensor gm = device_tensor(DType::kBF16, Shape{P}, state);
+    DeviceTensor gv = device_tensor(DType::kBF16, Shape{P}, state);
+    DeviceTensor gcopy = device_tensor(DType::kBF16, Shape{P}, state);
+    cuda_copy_sync(gm.view, m.view(), state.stream());
+    cuda_copy_sync(gv.view, v.view(), state.stream());
+    cuda_copy_sync(gcopy.view, copy.view(), state.stream());
+    float norm = 4.0f;  // above max_norm 0.5: every gradient scaled
+    HostTensor norm_host(DType::kF32, Shape{1});
+    norm_host.as<float>()[0] = norm;
+    DeviceTensor gnorm = upload(norm_host, DType::kF32, state);
+    for (int64_t step = 1; step <= 4; ++step) {
+        HostTensor g = optest::random_tensor(rng, {P}, -0.1f, 0.1f);
+        if (step == 3) g.as<float>()[17] = std::nanf("");
+        DeviceTensor gg = upload(g, DType::kF32, state);
+        adamw_update_with_copy(p.view(), copy.view(), m.view(), v.view(), g.view(), segments, hyper,
+                               step, ConstTensorView(&norm, DType::kF32, Shape{1}), 0.5f, cpu);
+        adamw_update_with_copy(gp.view, gcopy.view, gm.view, gv.view, gg.view, segments, hyper,
+                               step, gnorm.view, 0.5f, gpu);
+    }
+    const HostTensor got_p = download_raw(gp.view, state), got_m = download_raw(gm.view, state),
+                     got_v = download_raw(gv.view, state),
+                     got_copy = download_raw(gcopy.view, state);
+    // Equal bits, or NaN on both sides.
+    const auto same = [](float a, float b) {
+        return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b) ||
+               (std::isnan(a) && std::isnan(b));
+    };
+    int64_t differing = 0;
+    for (int64_t i = 0; i < P; ++i) {
+        differing += !same(got_p.as<float>()[i], p.as<float>()[i]);
+        differing += !same(bf16_to_float(got_m.as<bf16>()[i]), bf16_to_float(m.as<bf16>()[i]));
+        differing += !same(bf16_to_float(got_v.as<bf16>()[i]), bf16_to_float(v.as<bf16>()[i]));
+        differing +=
+            !same(bf16_to_float(got_copy.as<bf16>()[i]), bf16_to_float(copy.as<bf16>()[i]));
+    }
+    EXPECT_EQ(differing, 0);
+    EXPECT_TRUE(std::isnan(bf16_to_float(got_m.as<bf16>()[17])));
+    EXPECT_FALSE(std::isnan(bf16_to_float(got_m.as<bf16>()[16])));
 }
 
 // Clipping fused into the update (GPU) against clip-then-update (CPU twin, through the same

@@ -10,4 +10,9 @@ void cuda::adamw_update(float*, bf16*, float*, float*, const float*, std::span<c
     detail::no_cuda("cuda::adamw_update");
 }
 
+void cuda::adamw_update(float*, bf16*, bf16*, bf16*, const float*, std::span<const AdamWSegment>,
+                        const AdamWHyper&, int64_t, const float*, float, CUstream_st*) {
+    detail::no_cuda("cuda::adamw_update");
+}
+
 }  // namespace lathe
