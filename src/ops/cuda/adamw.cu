@@ -24,6 +24,7 @@ struct SegmentParams {
     float decay;          // 1 - lr * wd, in fp32
     float neg_step_size;  // -(lr / (1 - beta1^t)), in fp32
     int apply_decay;
+    int vec4;  // offset a multiple of four elements
 };
 
 struct LaunchParams {
@@ -34,6 +35,7 @@ struct LaunchParams {
     int lerp_low;
     const float* clip_norm;  // null: no clipping
     float max_norm;
+    int vec4;  // every array's base aligned for four elements at a time
 };
 
 // The clipping coefficient grad_clip_by_norm would apply (ops/cuda/grad_norm.cu): 1 (no change)
@@ -64,6 +66,53 @@ __device__ __forceinline__ void store_moment(uint16_t* s, int64_t i, float x) {
         isnan(x) ? uint16_t((u >> 16) | 0x0040u) : uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+struct Scalars {
+    float coef, decay, neg_step_size;
+    int apply_decay;
+};
+
+// One element's update: the CPU's operations in its order, with explicitly rounded intrinsics.
+__device__ __forceinline__ void update_element(float g, float& p, float& mo, float& vo,
+                                               const Scalars& c, const LaunchParams& lp) {
+    if (c.coef < 1.0f) g = __fmul_rn(g, c.coef);
+    if (c.apply_decay) p = __fmul_rn(p, c.decay);
+    // torch's lerp: one fused multiply-add on either side of weight 0.5.
+    const float mi =
+        lp.lerp_low ? fmaf(lp.w1, __fsub_rn(g, mo), mo) : fmaf(lp.w1_minus_1, __fsub_rn(g, mo), g);
+    const float vi = __fadd_rn(__fmul_rn(vo, lp.b2), __fmul_rn(__fmul_rn(lp.w2, g), g));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), lp.bc2_sqrt), lp.eps);
+    p = __fadd_rn(p, __fdiv_rn(__fmul_rn(c.neg_step_size, mi), denom));
+    mo = mi;
+    vo = vi;
+}
+
+// Four consecutive moments in one load and one store (f32: 16 bytes, bf16: 8 bytes).
+__device__ __forceinline__ void load4(const float* s, int64_t i, float (&x)[4]) {
+    const float4 q = *reinterpret_cast<const float4*>(s + i);
+    x[0] = q.x, x[1] = q.y, x[2] = q.z, x[3] = q.w;
+}
+__device__ __forceinline__ void load4(const uint16_t* s, int64_t i, float (&x)[4]) {
+    const uint2 q = *reinterpret_cast<const uint2*>(s + i);
+    x[0] = __uint_as_float(q.x << 16), x[1] = __uint_as_float(q.x & 0xFFFF0000u);
+    x[2] = __uint_as_float(q.y << 16), x[3] = __uint_as_float(q.y & 0xFFFF0000u);
+}
+__device__ __forceinline__ void store4(float* s, int64_t i, const float (&x)[4]) {
+    *reinterpret_cast<float4*>(s + i) = make_float4(x[0], x[1], x[2], x[3]);
+}
+__device__ __forceinline__ uint32_t moment_bits(float x) {
+    uint16_t h;
+    store_moment(&h, 0, x);
+    return h;
+}
+__device__ __forceinline__ void store4(uint16_t* s, int64_t i, const float (&x)[4]) {
+    *reinterpret_cast<uint2*>(s + i) = make_uint2(moment_bits(x[0]) | moment_bits(x[1]) << 16,
+                                                  moment_bits(x[2]) | moment_bits(x[3]) << 16);
+}
+
+// Each block updates kElemsPerBlock elements of one segment. vec4 (every base pointer aligned for
+// it, SegmentParams::vec4 for the segment's offset): each thread four consecutive elements with
+// one load or store an array; otherwise (and at a segment's tail) one element at a time, strided
+// over the block. Both run update_element, so the bits are the same.
 template <typename M>
 __global__ void adamw_update_kernel(float* __restrict__ params, M* __restrict__ m,
                                     M* __restrict__ v, const float* __restrict__ grads,
@@ -81,25 +130,50 @@ __global__ void adamw_update_kernel(float* __restrict__ params, M* __restrict__ 
     const SegmentParams& s = lp.seg[lo];
     const int64_t first = s.offset + (int64_t(blockIdx.x) - lp.block_begin[lo]) * kElemsPerBlock;
     const int64_t end = s.offset + s.count;
-    const float coef = clip_coefficient(lp.clip_norm, lp.max_norm);
+    const Scalars c{clip_coefficient(lp.clip_norm, lp.max_norm), s.decay, s.neg_step_size,
+                    s.apply_decay};
+    if (lp.vec4 && s.vec4) {
+        const int64_t i = first + int64_t(threadIdx.x) * kElemsPerThread;
+        if (i + kElemsPerThread <= end) {
+            float g[4], p[4], mo[4], vo[4];
+            load4(grads, i, g);
+            load4(params, i, p);
+            load4(m, i, mo);
+            load4(v, i, vo);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) update_element(g[k], p[k], mo[k], vo[k], c, lp);
+            store4(params, i, p);
+            store4(m, i, mo);
+            store4(v, i, vo);
+            if (params_bf16 != nullptr) {
+                const __nv_bfloat162 lo2 = __floats2bfloat162_rn(p[0], p[1]);
+                const __nv_bfloat162 hi2 = __floats2bfloat162_rn(p[2], p[3]);
+                uint2 q;
+                q.x = *reinterpret_cast<const uint32_t*>(&lo2);
+                q.y = *reinterpret_cast<const uint32_t*>(&hi2);
+                *reinterpret_cast<uint2*>(params_bf16 + i) = q;
+            }
+            return;
+        }
+        for (int64_t j = i; j < end; ++j) {  // the segment's last, partial group of four
+            float p = params[j], mo = load_moment(m, j), vo = load_moment(v, j);
+            update_element(grads[j], p, mo, vo, c, lp);
+            params[j] = p;
+            store_moment(m, j, mo);
+            store_moment(v, j, vo);
+            if (params_bf16 != nullptr) params_bf16[j] = __float2bfloat16_rn(p);
+        }
+        return;
+    }
 #pragma unroll
     for (int k = 0; k < kElemsPerThread; ++k) {
         const int64_t i = first + k * kThreads + threadIdx.x;
         if (i >= end) break;
-        const float g = coef < 1.0f ? __fmul_rn(grads[i], coef) : grads[i];
-        float p = params[i];
-        if (s.apply_decay) p = __fmul_rn(p, s.decay);
-        const float mo = load_moment(m, i);
-        // torch's lerp: one fused multiply-add on either side of weight 0.5.
-        const float mi = lp.lerp_low ? fmaf(lp.w1, __fsub_rn(g, mo), mo)
-                                     : fmaf(lp.w1_minus_1, __fsub_rn(g, mo), g);
-        const float vi =
-            __fadd_rn(__fmul_rn(load_moment(v, i), lp.b2), __fmul_rn(__fmul_rn(lp.w2, g), g));
-        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), lp.bc2_sqrt), lp.eps);
-        p = __fadd_rn(p, __fdiv_rn(__fmul_rn(s.neg_step_size, mi), denom));
+        float p = params[i], mo = load_moment(m, i), vo = load_moment(v, i);
+        update_element(grads[i], p, mo, vo, c, lp);
         params[i] = p;
-        store_moment(m, i, mi);
-        store_moment(v, i, vi);
+        store_moment(m, i, mo);
+        store_moment(v, i, vo);
         if (params_bf16 != nullptr) params_bf16[i] = __float2bfloat16_rn(p);
     }
 }
@@ -122,6 +196,11 @@ void adamw_launch(float* params, bf16* params_bf16, M* m, M* v, const float* gra
     lp.clip_norm = clip_norm;
     lp.max_norm = max_norm;
     auto* pb = reinterpret_cast<__nv_bfloat16*>(params_bf16);
+    const auto aligned = [](const void* q, uintptr_t a) {
+        return reinterpret_cast<uintptr_t>(q) % a == 0;
+    };
+    lp.vec4 = aligned(params, 16) && aligned(grads, 16) && aligned(m, 4 * sizeof(M)) &&
+              aligned(v, 4 * sizeof(M)) && aligned(pb, 8);
     size_t next = 0;
     while (next < segments.size()) {
         lp.n = 0;
@@ -135,6 +214,7 @@ void adamw_launch(float* params, bf16* params_bf16, M* m, M* v, const float* gra
             sp.decay = float(1.0 - seg.lr * seg.weight_decay);
             sp.apply_decay = seg.weight_decay != 0.0;
             sp.neg_step_size = float(-(seg.lr / bias_correction1));
+            sp.vec4 = seg.offset % kElemsPerThread == 0;
             lp.block_begin[lp.n] = blocks;
             blocks += (seg.count + kElemsPerBlock - 1) / kElemsPerBlock;
             ++lp.n;
