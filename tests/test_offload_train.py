@@ -389,10 +389,12 @@ def test_bench_offload_steps_the_same_bits():
         assert off[key] == plain[key], key
     assert off["offload"] == "cpu" and off["host_pinned_bytes"] > 0
     assert off["offload_schedule"] == "overlapped" and off["host_peak_rss_bytes"] > 0
-    assert "gpu_busy_fraction" not in off  # CUDA only
+    assert "gpu_busy_fraction" not in off and "gpu_weight_wait_ms" not in off  # CUDA only
+    # the overlapped worker's time for each of the 3 timed steps' updates
+    assert 0 < off["host_update_ms"] <= off["host_update_ms_max"] < 1e5
     assert "host memory plan (optimizer offload" in err, err
     serial, _ = bench("--offload", "cpu", "--offload-schedule", "serial")
-    assert serial["offload_schedule"] == "serial"
+    assert serial["offload_schedule"] == "serial" and "host_update_ms" not in serial
     for key in ("loss_first", "loss_last", "grad_norm_last"):
         assert serial[key] == plain[key], key
     # accumulation: the offloaded step of 2 micro-batches, the device optimizer's bits

@@ -1,6 +1,7 @@
 #include "optim/host_optimizer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -93,6 +94,8 @@ struct HostOptimizer::Impl {
     std::condition_variable cv;
     bool job_posted = false, job_running = false, quit = false;
     size_t done = 0;
+    double update_ms = 0.0;  // the finished updates' wall time (take_host_update_ms)
+    int updates = 0;
     std::thread worker;
     // Main thread only: an update is in flight (step() to finish()); its units uploaded (H2D
     // enqueued) so far; gradient copies armed for the next backward, the back unit copied, the
@@ -189,6 +192,7 @@ void HostOptimizer::Impl::run_worker() {
         if (quit) return;
         job_posted = false;
         lock.unlock();
+        const auto t0 = std::chrono::steady_clock::now();
         const bool clip = max_grad_norm > 0.0f;
         float* params = cuda ? nullptr : model->params_flat().as<float>();
         const float* src = static_cast<const float*>(masters.get());
@@ -206,6 +210,9 @@ void HostOptimizer::Impl::run_worker() {
             cv.notify_all();
         }
         lock.lock();
+        update_ms +=
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        ++updates;
         job_running = false;
         cv.notify_all();
     }
@@ -571,6 +578,16 @@ double HostOptimizer::take_weight_wait_ms() {
         ms += double(CudaEvent::elapsed_ms(im.wait_begin[u], im.wait_end[u]));
         im.wait_recorded[u] = 0;
     }
+    return ms;
+}
+
+double HostOptimizer::take_host_update_ms(int* updates) {
+    Impl& im = *impl_;
+    std::lock_guard lock(im.mu);
+    const double ms = im.update_ms;
+    if (updates != nullptr) *updates = im.updates;
+    im.update_ms = 0.0;
+    im.updates = 0;
     return ms;
 }
 

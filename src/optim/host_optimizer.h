@@ -141,6 +141,10 @@ public:
     // synchronized) and starts again at 0.
     void set_wait_timing(bool on);
     double take_weight_wait_ms();
+    // Overlapped schedule: the worker's wall milliseconds over the updates it finished since the
+    // last call (each from its start to its last unit done), and how many; 0 and 0 otherwise.
+    // For lathe bench's host_update_ms (run/bench.h).
+    double take_host_update_ms(int* updates = nullptr);
 
     // Writes the full optimizer state file `path` (optimizer_state_write's bytes).
     Status save_state(const std::string& path);

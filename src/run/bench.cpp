@@ -679,7 +679,14 @@ Result<std::string> bench_run(const BenchRequest& req) {
         gpu_begin.emplace(CudaEvent::Timing::kOn);
         gpu_end.emplace(CudaEvent::Timing::kOn);
     }
-    double busy_ms_sum = 0.0, wall_ms_sum = 0.0;
+    double busy_ms_sum = 0.0, wall_ms_sum = 0.0, weight_wait_ms_sum = 0.0;
+    // Overlapped offload: each timed step's CPU update (it finishes in the next step).
+    std::vector<double> host_update_ms;
+    const auto take_host_update = [&](int64_t of_step) {
+        int n = 0;
+        const double ms = host_optimizer ? host_optimizer->take_host_update_ms(&n) : 0.0;
+        if (n > 0 && of_step >= req.warmup) host_update_ms.push_back(ms / n);
+    };
     // Offload: a step's time runs from its start to the next step's (to the end of the last
     // update for the last step), since the overlapped update of step s ends in step s + 1's
     // forward; `pending`: the step whose time is known at the next start.
@@ -739,9 +746,12 @@ Result<std::string> bench_run(const BenchRequest& req) {
         if (s == 0) first = last;
         // GPU busy: the compute stream's time from the step's first kernel to the norm, less its
         // waits for the weights the CPU had not yet updated.
-        const double busy_ms = gpu_begin ? double(CudaEvent::elapsed_ms(*gpu_begin, *gpu_end)) -
-                                               host_optimizer->take_weight_wait_ms()
-                                         : 0.0;
+        const double weight_wait_ms = gpu_begin ? host_optimizer->take_weight_wait_ms() : 0.0;
+        if (s >= req.warmup) weight_wait_ms_sum += weight_wait_ms;
+        const double busy_ms =
+            gpu_begin ? double(CudaEvent::elapsed_ms(*gpu_begin, *gpu_end)) - weight_wait_ms : 0.0;
+        // The update finished by now is the previous step's (this step's forward waited for it).
+        take_host_update(s - 1);
         if (offload || overlapped) {
             pending = Pending{s, t0, busy_ms};
         } else {
@@ -753,6 +763,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         if (optimizer) optimizer->finish();
         model.synchronize();
         record(pending.s, ms_since(pending.t0), pending.busy_ms);
+        take_host_update(pending.s);
     }
     // --kernel-breakdown: more steps under CUPTI, after the timed ones (bench.h); the line's
     // loss and fp8 cast count stay the timed steps'.
@@ -839,7 +850,17 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (offload) {
         // The step's GPU time over its wall time (timed steps), and the process's peak
         // resident host memory (the pinned buffers included once touched).
-        if (gpu_begin) j["gpu_busy_fraction"] = busy_ms_sum / wall_ms_sum;
+        if (gpu_begin) {
+            j["gpu_busy_fraction"] = busy_ms_sum / wall_ms_sum;
+            j["gpu_weight_wait_ms"] = weight_wait_ms_sum / double(req.steps);
+        }
+        if (!host_update_ms.empty()) {
+            double sum = 0.0;
+            for (double ms : host_update_ms) sum += ms;
+            j["host_update_ms"] = sum / double(host_update_ms.size());
+            j["host_update_ms_max"] =
+                *std::max_element(host_update_ms.begin(), host_update_ms.end());
+        }
         j["host_peak_rss_bytes"] = uint64_t(peak_rss_bytes());
     }
     j["seed"] = req.seed;
