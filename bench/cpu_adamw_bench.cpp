@@ -39,8 +39,9 @@ int main(int argc, char** argv) {
     const int64_t n = argc > 1 ? int64_t(std::atof(argv[1])) : int64_t(100000000);
     const int steps = argc > 2 ? std::atoi(argv[2]) : 3;
     if (n <= 0 || steps <= 0) {
-        std::fprintf(stderr,
-                     "cpu_adamw_bench: error: usage: cpu_adamw_bench [N > 0] [steps > 0] [threads,...]\n");
+        std::fprintf(
+            stderr,
+            "cpu_adamw_bench: error: usage: cpu_adamw_bench [N > 0] [steps > 0] [threads,...]\n");
         return 2;
     }
     const int all = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -112,7 +113,8 @@ int main(int argc, char** argv) {
                     }
                 }
                 std::printf(
-                    "moments %-4s path %-6s threads %2d: %.3f s/update (slowest %.3f)  %.3g params/s  "
+                    "moments %-4s path %-6s threads %2d: %.3f s/update (slowest %.3f)  %.3g "
+                    "params/s  "
                     "%.2f GB/s\n",
                     lathe::adamw_state_dtype_name(dtype), lathe::cpu_adamw_path_name(path), threads,
                     best, worst, double(n) / best, double(n) * bytes / best / 1e9);

@@ -211,7 +211,8 @@ void HostOptimizer::Impl::run_worker() {
         }
         lock.lock();
         update_ms +=
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
         ++updates;
         job_running = false;
         cv.notify_all();
