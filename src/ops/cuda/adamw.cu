@@ -90,8 +90,8 @@ __device__ __forceinline__ void update_element(float g, float& p, float& mo, flo
 template <typename M>
 __device__ __forceinline__ void update_at(int64_t i, float* __restrict__ params, M* __restrict__ m,
                                           M* __restrict__ v, const float* __restrict__ grads,
-                                          __nv_bfloat16* __restrict__ params_bf16,
-                                          const Scalars& c, const LaunchParams& lp) {
+                                          __nv_bfloat16* __restrict__ params_bf16, const Scalars& c,
+                                          const LaunchParams& lp) {
     float p = params[i], mo = load_moment(m, i), vo = load_moment(v, i);
     update_element(grads[i], p, mo, vo, c, lp);
     params[i] = p;
