@@ -223,6 +223,32 @@ def test_bf16_moments_without_offload_give_the_offloaded_bits(corpus, tmp_path):
     assert checkpoint_bytes(resumed, 12) == checkpoint_bytes(off, 12)
 
 
+def test_bf16_moments_at_a_fraction_give_the_same_bits(corpus, tmp_path):
+    """With bf16 moments the device part of offload_fraction 0.5 keeps its moments in bf16 too
+    (the plan says so and counts 2 B a moment): losses, norms and checkpoints equal offload
+    none's with bf16 moments under both schedules, and a resume from offload 1 at 0.5 is
+    exact."""
+    bf16 = ("optimizer.state_dtype=bf16", CLIP)
+    none, half = tmp_path / "none", tmp_path / "half"
+    run(train_cmd(corpus, none, *bf16))
+    p = run(train_cmd(corpus, half, OFFLOAD, HALF, *bf16))
+    assert "optimizer state (m, v in bf16)" in p.stderr, p.stderr
+    assert "offload_fraction 0.5" in p.stderr, p.stderr
+    serial = tmp_path / "half-serial"
+    run(train_cmd(corpus, serial, OFFLOAD, HALF, SERIAL, *bf16))
+    for r in (half, serial):
+        assert metric_lines(r) == metric_lines(none), r.name
+        for step in (3, 6):
+            assert checkpoint_bytes(r, step) == checkpoint_bytes(none, step), (r.name, step)
+    one = tmp_path / "one"
+    run(train_cmd(corpus, one, OFFLOAD, *bf16))
+    resumed = tmp_path / "resumed"
+    rewind(one, resumed, 3)
+    run(train_cmd(corpus, resumed, OFFLOAD, HALF, *bf16))
+    assert metric_lines(resumed) == metric_lines(one)
+    assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(one, 6)
+
+
 def assert_train_refused(corpus, tmp_path, sets, needle):
     """lathe train with `sets` stops before its first checkpoint with an error holding `needle`."""
     p = run(train_cmd(corpus, tmp_path / "r", *sets), check=False)

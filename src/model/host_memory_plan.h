@@ -23,7 +23,7 @@
 //                                          caller asks for the masters (HostOptimizer::finish)
 // all pinned (page-locked), so the copies run at full link speed without a bounce buffer.
 // The GPU keeps the bf16 compute copy and the f32 gradients of every parameter and gives up the
-// masters and both f32 moments of the N: 12 N bytes saved.
+// masters and both moments of the N: 12 N bytes saved (8 N with bf16 moments).
 // The rest (P - N parameters) stays as it is: masters and moments on the GPU, stepped there by
 // the device AdamW (the GPU's memory plan counts them, model/memory_plan.h).
 //

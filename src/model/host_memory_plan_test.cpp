@@ -153,6 +153,14 @@ TEST(HostMemoryPlan, DevicePlanCountsTheMastersAndMomentsItKeeps) {
     EXPECT_EQ(half->parameter_bytes(), whole->parameter_bytes() + size_t(4 * o));
     EXPECT_EQ(half->total_bytes(), whole->total_bytes() + size_t(12 * o));
     EXPECT_NE(half->table("t").find("offload_fraction 0.5"), std::string::npos);
+    // bf16 moments (optimizer.state_dtype): the device part's two moments at 2 B each.
+    shape.optimizer_state = AdamWStateDType::kBF16;
+    Result<MemoryPlan> half16 = memory_plan_make(c, table, shape);
+    ASSERT_TRUE(half16.ok()) << half16.status().to_string();
+    EXPECT_EQ(half16->offload_begin, o);
+    EXPECT_EQ(half16->optimizer_bytes(), size_t(4 * o));
+    EXPECT_NE(half16->table("t").find("optimizer state (m, v in bf16)"), std::string::npos);
+    shape.optimizer_state = AdamWStateDType::kF32;
     shape.offload_fraction = 0.0;
     EXPECT_FALSE(memory_plan_make(c, table, shape).ok());
 }

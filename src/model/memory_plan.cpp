@@ -583,9 +583,8 @@ std::string MemoryPlan::table(std::string_view title) const {
     const std::pair<const char*, size_t> rows[] = {
         {"parameters", parameter_bytes()},
         {"gradients", gradient_bytes()},
-        {shape.optimizer_state == AdamWStateDType::kBF16 && !shape.masters_on_host
-             ? "optimizer state (m, v in bf16)"
-             : "optimizer state (AdamW m, v)",
+        {shape.optimizer_state == AdamWStateDType::kBF16 ? "optimizer state (m, v in bf16)"
+                                                         : "optimizer state (AdamW m, v)",
          optimizer_bytes()},
         {"activations", activation_bytes()},
         {"scratch", scratch_bytes()},

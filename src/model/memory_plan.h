@@ -144,11 +144,12 @@ struct ModelShape {
     // layer L-1, L-2, ...), as few as hold at least ceil(f P) of its P elements
     // (offload_split_begin); the units before them, [0, MemoryPlan::offload_begin), keep f32
     // masters and both moments on the device, stepped there by the device AdamW, and the plan
-    // counts them (parameters: 4 B, optimizer state: 8 B an element). f = 1 offloads everything.
+    // counts them (parameters: 4 B, optimizer state: two moments of optimizer_state an element).
+    // f = 1 offloads everything.
     double offload_fraction = 1.0;
-    // The AdamW moments' storage on the device (optimizer.state_dtype without offload: f32, or
-    // bf16 at 2 B an element, ops/adamw.h). With masters_on_host the device units' moments stay
-    // f32 (the host's follow optimizer.state_dtype: model/host_memory_plan.h).
+    // The AdamW moments' storage (optimizer.state_dtype: f32, or bf16 at 2 B an element,
+    // ops/adamw.h), on the device; with masters_on_host, of the device units, as the host's
+    // (model/host_memory_plan.h).
     AdamWStateDType optimizer_state = AdamWStateDType::kF32;
     // Sequence parallel (model/block.h's header): the tensor-parallel ranks S that the residual
     // stream's rows are cut over (parallel.tensor with parallel.sequence_parallel; 1: none). S > 1
@@ -404,8 +405,10 @@ struct MemoryPlan {
     size_t gradient_window_bytes() const;
     size_t optimizer_bytes() const {
         if (!shape.training) return 0;
-        if (shape.masters_on_host) return 2 * size_t(offload_begin) * sizeof(float);
-        // The parameter arena holds f32 elements; each has two moments of the state's dtype.
+        // The parameter arena holds f32 elements; each has two moments of the state's dtype
+        // (with offload, those of the device part [0, offload_begin) alone).
+        if (shape.masters_on_host)
+            return 2 * size_t(offload_begin) * adamw_state_dtype_bytes(shape.optimizer_state);
         return 2 * params.total_bytes() / sizeof(float) *
                adamw_state_dtype_bytes(shape.optimizer_state) / size_t(shape.optimizer_shards);
     }

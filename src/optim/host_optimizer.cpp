@@ -395,10 +395,11 @@ Result<HostOptimizer> HostOptimizer::create_for(Model& model, AdamWStateDType st
     }
     std::memset(impl->masters.get(), 0, size_t(n) * sizeof(float));
     if (impl->base > 0) {
-        // The device part: moments (zeroed) and, on CUDA, masters where the model computes.
+        // The device part: moments (zeroed, of the run's state dtype, as the offloaded ones) and,
+        // on CUDA, masters where the model computes.
         LATHE_ASSIGN_OR_RETURN(
             AdamWOptimizer device,
-            AdamWOptimizer::create(n, FlatRange{0, impl->base}, model.context()));
+            AdamWOptimizer::create(n, {FlatRange{0, impl->base}}, model.context(), state_dtype));
         impl->device.emplace(std::move(device));
         if (impl->cuda) {
             ArenaLayout layout;

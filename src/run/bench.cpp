@@ -469,7 +469,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         return invalid_argument_error("--offload-fraction {} needs --offload cpu",
                                       req.offload_fraction);
     shape.offload_fraction = req.offload_fraction;
-    if (!offload) shape.optimizer_state = req.state_dtype;
+    shape.optimizer_state = req.state_dtype;
     if (req.fp8 && req.plan_tensor > 1)
         return unimplemented_error(
             "--precision fp8 with --plan-tensor {}: lathe train runs fp8 without tensor parallel "

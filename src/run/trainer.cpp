@@ -429,7 +429,7 @@ Status Trainer::setup() {
     }
     shape.masters_on_host = offload;
     shape.offload_fraction = s_.offload.fraction;
-    if (!offload) shape.optimizer_state = s_.offload.state_dtype;
+    shape.optimizer_state = s_.offload.state_dtype;
     if (fp8_run()) {
         shape.precision = fp8_precision_policy(s_.fp8);
         shape.fp8 = s_.fp8;
