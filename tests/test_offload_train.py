@@ -75,6 +75,15 @@ def rewind(src, dst, step):
     (ck / "latest").write_text(f"step-{step:08d}\n")
 
 
+def assert_resume_goes_on(corpus, ref, resumed, step, last, *sets):
+    """Run `ref` rewound to its checkpoint `step` as `resumed` and trained on with `sets` goes on
+    as `ref` did: the same metrics and step-`last` checkpoint."""
+    rewind(ref, resumed, step)
+    run(train_cmd(corpus, resumed, *sets))
+    assert metric_lines(resumed) == metric_lines(ref)
+    assert checkpoint_bytes(resumed, last) == checkpoint_bytes(ref, last)
+
+
 def test_offload_equals_device_optimizer_bit_for_bit(corpus, tmp_path):
     plain, off = tmp_path / "plain", tmp_path / "off"
     run(train_cmd(corpus, plain))
@@ -109,22 +118,14 @@ def test_serial_and_overlapped_schedules_give_the_same_bits(corpus, tmp_path):
     assert metric_lines(over) == metric_lines(serial)
     for step in (3, 6):
         assert checkpoint_bytes(over, step) == checkpoint_bytes(serial, step), step
-    resumed = tmp_path / "resumed"
-    rewind(over, resumed, 3)
-    run(train_cmd(corpus, resumed, OFFLOAD, SERIAL, freeze))
-    assert metric_lines(resumed) == metric_lines(over)
-    assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(over, 6)
+    assert_resume_goes_on(corpus, over, tmp_path / "resumed", 3, 6, OFFLOAD, SERIAL, freeze)
 
 
 @pytest.mark.parametrize("first,then", [((OFFLOAD,), (OFFLOAD,)), ((OFFLOAD,), ()), ((), (OFFLOAD,))])
 def test_resume_is_exact_with_and_across_offload(corpus, tmp_path, first, then):
     ref = tmp_path / "ref"
     run(train_cmd(corpus, ref, *first))
-    resumed = tmp_path / "resumed"
-    rewind(ref, resumed, 3)
-    run(train_cmd(corpus, resumed, *then))
-    assert metric_lines(resumed) == metric_lines(ref)
-    assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(ref, 6)
+    assert_resume_goes_on(corpus, ref, tmp_path / "resumed", 3, 6, *then)
 
 
 def test_bf16_moments_train_and_resume_exactly(corpus, tmp_path):
@@ -137,11 +138,7 @@ def test_bf16_moments_train_and_resume_exactly(corpus, tmp_path):
     fp32 = tmp_path / "fp32"
     run(train_cmd(corpus, fp32, OFFLOAD, "train.steps=12", "checkpoint.interval=6"))
     assert metric_lines(fp32) != metric_lines(ref)  # the moments carry 8 bits between steps
-    resumed = tmp_path / "resumed"
-    rewind(ref, resumed, 6)
-    run(train_cmd(corpus, resumed, *bf16))
-    assert metric_lines(resumed) == metric_lines(ref)
-    assert checkpoint_bytes(resumed, 12) == checkpoint_bytes(ref, 12)
+    assert_resume_goes_on(corpus, ref, tmp_path / "resumed", 6, 12, *bf16)
 
 
 # Clipping at 0.25 (the tiny run's norms are above it: checked), so that both optimizers scale
@@ -189,11 +186,7 @@ def test_fraction_checkpoint_resumes_exactly_across_fractions(corpus, tmp_path, 
     checkpoint; and a checkpoint of offload 1 resumes at 0.5."""
     ref = tmp_path / "ref"
     run(train_cmd(corpus, ref, CLIP, OFFLOAD, HALF))
-    resumed = tmp_path / "resumed"
-    rewind(ref, resumed, 3)
-    run(train_cmd(corpus, resumed, CLIP, *then))
-    assert metric_lines(resumed) == metric_lines(ref)
-    assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(ref, 6)
+    assert_resume_goes_on(corpus, ref, tmp_path / "resumed", 3, 6, CLIP, *then)
     if then == (OFFLOAD,):
         one = tmp_path / "one"
         run(train_cmd(corpus, one, CLIP, OFFLOAD))
@@ -216,11 +209,7 @@ def test_bf16_moments_without_offload_give_the_offloaded_bits(corpus, tmp_path):
     assert metric_lines(dev) == metric_lines(off)
     for step in (6, 12):
         assert checkpoint_bytes(dev, step) == checkpoint_bytes(off, step), step
-    resumed = tmp_path / "resumed"
-    rewind(off, resumed, 6)
-    run(train_cmd(corpus, resumed, *bf16))
-    assert metric_lines(resumed) == metric_lines(off)
-    assert checkpoint_bytes(resumed, 12) == checkpoint_bytes(off, 12)
+    assert_resume_goes_on(corpus, off, tmp_path / "resumed", 6, 12, *bf16)
 
 
 def test_bf16_moments_at_a_fraction_give_the_same_bits(corpus, tmp_path):
@@ -242,11 +231,7 @@ def test_bf16_moments_at_a_fraction_give_the_same_bits(corpus, tmp_path):
             assert checkpoint_bytes(r, step) == checkpoint_bytes(none, step), (r.name, step)
     one = tmp_path / "one"
     run(train_cmd(corpus, one, OFFLOAD, *bf16))
-    resumed = tmp_path / "resumed"
-    rewind(one, resumed, 3)
-    run(train_cmd(corpus, resumed, OFFLOAD, HALF, *bf16))
-    assert metric_lines(resumed) == metric_lines(one)
-    assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(one, 6)
+    assert_resume_goes_on(corpus, one, tmp_path / "resumed", 3, 6, OFFLOAD, HALF, *bf16)
 
 
 def assert_train_refused(corpus, tmp_path, sets, needle):

@@ -146,7 +146,7 @@ std::vector<float> unit_rows(const float* rows, int64_t n, int64_t dim) {
 Result<AlignTokenizer> align_load_tokenizer(const std::string& path) {
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(path));
     LATHE_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_json(text, path));
-    AlignTokenizer out{std::move(tok), path};
+    AlignTokenizer out{std::move(tok), path, TokenSpelling::kPlain, std::nullopt, {}, {}};
     Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object())
         return invalid_argument_error("{}: not a JSON object", path);

@@ -74,7 +74,9 @@ TEST(AlignTop2Cpu, MatchesBruteForceAcrossTiles) {
             const AlignTop2& g = got[size_t(i)];
             EXPECT_NEAR(g.best_score, w.best_score, 1e-4) << i;
             EXPECT_NEAR(g.second_score, w.second_score, 1e-4) << i;
-            if (w.best_score - w.second_score > 1e-3) EXPECT_EQ(g.best, w.best) << i;
+            if (w.best_score - w.second_score > 1e-3) {
+                EXPECT_EQ(g.best, w.best) << i;
+            }
         }
     }
 }

@@ -122,7 +122,9 @@ TEST_F(TermsRunTest, MinesScoresAndWritesATokenizerThatUsesTheTerms) {
         ASSERT_TRUE(ids.ok());
         EXPECT_EQ(*ids, t.source_ids);
         EXPECT_DOUBLE_EQ(t.score, static_cast<double>(t.count) * (t.source_ids.size() - 1));
-        if (i > 0) EXPECT_GE(r->terms[i - 1].score, t.score);
+        if (i > 0) {
+            EXPECT_GE(r->terms[i - 1].score, t.score);
+        }
     }
     // Under gpt-neox-20b: " amoxicillin clavulanate" is 8 pieces, 20 times: score 140, third
     // after the two 3-grams around it (9 pieces: 160).
@@ -246,7 +248,9 @@ TEST_F(TermsRunTest, GeneralCorpusDropsGeneralWords) {
     EXPECT_FALSE(has(*weighted, " dyskinesia"));
     // p_domain = 10/50, p_general = (0 + 0.5)/30: score = 10 x 3 x log(12).
     for (const Term& t : weighted->terms) {
-        if (t.text == " hypokinesis") EXPECT_NEAR(t.score, 10 * 3 * std::log(12.0), 1e-9);
+        if (t.text == " hypokinesis") {
+            EXPECT_NEAR(t.score, 10 * 3 * std::log(12.0), 1e-9);
+        }
     }
 }
 

@@ -1,5 +1,5 @@
-// A driver, not a test of its own: tests/test_gpt2_dataset.py runs
-//   LATHE_GPT2_DATASET_SPEC=spec.json data_tests --gtest_also_run_disabled_tests \
+// A driver, not a test of its own: tests/test_gpt2_dataset.py runs (one command)
+//   LATHE_GPT2_DATASET_SPEC=spec.json data_tests --gtest_also_run_disabled_tests
 //       --gtest_filter=Gpt2DatasetDriver.*
 // to make lathe build GPT-NeoX datasets (index caches included) and numpy-compatible random
 // streams from a JSON spec, and compares what it writes with what GPT-NeoX's own code wrote

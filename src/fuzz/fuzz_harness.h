@@ -25,13 +25,13 @@
 //
 // Memory errors: build only this target with AddressSanitizer and UBSan in a folder of its own
 // (not done in CI: it rebuilds core, io, tokenizer and data, minutes on 2 cores), then run it
-// with a longer budget:
-//   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLATHE_CUDA=OFF \
-//     -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -O1 -g" \
+// with a longer budget (the first and the last command each over three lines, to be joined):
+//   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLATHE_CUDA=OFF
+//     -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -O1 -g"
 //     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
 //   ninja -C build-asan fuzz_tests
-//   LATHE_FUZZ_SECONDS=30 ASAN_OPTIONS=abort_on_error=1 \
-//     UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1 \
+//   LATHE_FUZZ_SECONDS=30 ASAN_OPTIONS=abort_on_error=1
+//     UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1
 //     build-asan/fuzz_tests
 
 #include <cstdint>

@@ -79,7 +79,9 @@ void expect_windows_hold_the_arena_bits(std::string_view json, bool layers_only)
             << json.substr(0, 60) << " unit " << u;
         for (int64_t i = 0; i < r.size(); ++i) {
             scale = std::max(scale, double(std::abs(got[i])));
-            if (windowed) EXPECT_EQ(gb[r.begin + i], 0.0f) << "unit " << u << " element " << i;
+            if (windowed) {
+                EXPECT_EQ(gb[r.begin + i], 0.0f) << "unit " << u << " element " << i;
+            }
         }
     }
     EXPECT_GT(scale, 0.0);  // the backward wrote gradients, not zeros

@@ -231,7 +231,9 @@ TEST(ModelSchedule, ShardedPlanPadsEveryUnit) {
                 EXPECT_EQ(sl.arena[u].size() % (kShardAlignElements * W), 0);
                 EXPECT_GE(sl.arena[u].size(), sl.canonical[u].size());
                 EXPECT_LT(sl.arena[u].size(), sl.canonical[u].size() + kShardAlignElements * W);
-                if (W == 1) EXPECT_EQ(sl.arena[u].size(), sl.canonical[u].size());
+                if (W == 1) {
+                    EXPECT_EQ(sl.arena[u].size(), sl.canonical[u].size());
+                }
                 a = sl.arena[u].end;
                 cpos = sl.canonical[u].end;
                 // The chunks of the ranks tile the unit in rank order.

@@ -580,8 +580,9 @@ TEST(MemoryPlan, Fp8LmHeadAddsItsWeightCodes) {
         EXPECT_GE(f8.entries()[plan->fp8_q_scratch].bytes, size_t(32 * 32));
         EXPECT_GE(f8.entries()[plan->fp8_dyqt].bytes, size_t(32 * 32));
         EXPECT_EQ(plan->shape.lm_head_chunk_rows, 16);
-        if (recipe == Fp8Recipe::kDelayed)
+        if (recipe == Fp8Recipe::kDelayed) {
             EXPECT_EQ(f8.entries()[plan->fp8_scales].shape, Shape({2 * 6 * 3 + 3}));
+        }
         // The weight codes (2 V C bytes) more than the layers' plan (the 24 scalars may fit in
         // the scalars entry's alignment padding: its shape is checked above).
         EXPECT_GE(plan->fp8_bytes(), layers->fp8_bytes() + 2 * 64 * 32);

@@ -169,8 +169,9 @@ TEST(ComputeDeviceChoose, BuildReportsAttention) {
     const char* cuda = attention_unavailable_reason(Backend::kCuda);
     // ops/cuda/attention.cu answers from LATHE_HAVE_CUDNN_FRONTEND, which only lathe_ops sees;
     // either answer is valid here, but a missing one must say how to get it.
-    if (cuda != nullptr)
+    if (cuda != nullptr) {
         EXPECT_NE(std::string(cuda).find("install-deps.sh"), std::string::npos) << cuda;
+    }
 #else
     EXPECT_NE(attention_unavailable_reason(Backend::kCuda), nullptr);
 #endif
