@@ -1,7 +1,6 @@
 #include "optim/adamw_optimizer.h"
 
 #include <algorithm>
-#include <cstring>
 #include <optional>
 
 #include "core/check.h"
@@ -153,7 +152,6 @@ Result<AdamWOptimizer> AdamWOptimizer::create(int64_t total, std::vector<FlatRan
     opt.ranges_ = std::move(ranges);
     opt.numel_ = n;
     opt.ctx_ = ctx;
-    opt.state_ = state;
     const DType dtype = state == AdamWStateDType::kBF16 ? DType::kBF16 : DType::kF32;
     ArenaLayout layout;
     LATHE_RETURN_IF_ERROR(layout.add("exp_avg", dtype, Shape{n}).status());
@@ -202,7 +200,6 @@ AdamWOptimizer& AdamWOptimizer::operator=(AdamWOptimizer&& other) noexcept {
         ranges_ = std::move(other.ranges_);
         numel_ = other.numel_;
         ctx_ = other.ctx_;
-        state_ = other.state_;
         moments_ = std::move(other.moments_);
         local_ = std::move(other.local_);
         overlap_ = std::move(other.overlap_);
@@ -350,15 +347,16 @@ void AdamWOptimizer::read_state(std::span<float> m, std::span<float> v) const {
     const int64_t n = numel_;
     LATHE_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n, "moments of {} / {} for {}",
                 m.size(), v.size(), n);
+    if (n == 0) return;
+    // tensor_convert copies f32 as it is and widens bf16 exactly; CUDA moments come to the host
+    // first (bf16 through a host copy of their own dtype).
     const std::pair<TensorView, float*> pairs[] = {{exp_avg(), m.data()}, {exp_avg_sq(), v.data()}};
     for (const auto& [src, dst] : pairs) {
         const TensorView host(dst, DType::kF32, Shape{n});
-        if (src.dtype() == DType::kF32 && ctx_.backend == Backend::kCpu) {
-            if (n > 0) std::memcpy(dst, src.data(), host.bytes());
+        if (ctx_.backend == Backend::kCpu) {
+            tensor_convert(host, src);
         } else if (src.dtype() == DType::kF32) {
             cuda_copy_sync(host, src, ctx_.stream);
-        } else if (ctx_.backend == Backend::kCpu) {
-            tensor_convert(host, src);  // bf16 widens exactly
         } else {
             HostTensor raw(src.dtype(), src.shape());
             cuda_copy_sync(raw.view(), src, ctx_.stream);
@@ -372,16 +370,17 @@ void AdamWOptimizer::write_state(std::span<const float> m, std::span<const float
     const int64_t n = numel_;
     LATHE_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n, "moments of {} / {} for {}",
                 m.size(), v.size(), n);
+    if (n == 0) return;
+    // tensor_convert copies f32 as it is and rounds into bf16 to nearest even; CUDA moments are
+    // written from the host (bf16 through a host copy of their own dtype).
     const std::pair<TensorView, const float*> pairs[] = {{exp_avg(), m.data()},
                                                          {exp_avg_sq(), v.data()}};
     for (const auto& [dst, src] : pairs) {
         const ConstTensorView host(src, DType::kF32, Shape{n});
-        if (dst.dtype() == DType::kF32 && ctx_.backend == Backend::kCpu) {
-            if (n > 0) std::memcpy(dst.data(), src, host.bytes());
+        if (ctx_.backend == Backend::kCpu) {
+            tensor_convert(dst, host);
         } else if (dst.dtype() == DType::kF32) {
             cuda_copy_sync(dst, host, ctx_.stream);
-        } else if (ctx_.backend == Backend::kCpu) {
-            tensor_convert(dst, host);  // rounds to nearest even
         } else {
             HostTensor rounded(dst.dtype(), dst.shape());
             tensor_convert(rounded.view(), host);

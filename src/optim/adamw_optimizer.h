@@ -167,7 +167,9 @@ public:
     // Elements owned: the sum of the ranges' sizes.
     int64_t numel() const { return numel_; }
     const Context& context() const { return ctx_; }
-    AdamWStateDType state_dtype() const { return state_; }
+    AdamWStateDType state_dtype() const {
+        return exp_avg().dtype() == DType::kBF16 ? AdamWStateDType::kBF16 : AdamWStateDType::kF32;
+    }
     // The moments, (numel()) elements of state_dtype() each, where the context computes: the
     // ranges' elements in list order (for one range, element i is element range.begin + i of the
     // full vector).
@@ -199,7 +201,6 @@ private:
     std::vector<FlatRange> ranges_;
     int64_t numel_ = 0;
     Context ctx_;
-    AdamWStateDType state_ = AdamWStateDType::kF32;
     ModelArena moments_;               // entries exp_avg, exp_avg_sq
     std::vector<AdamWSegment> local_;  // step()'s segments of one range, relative to its begin
     // The overlapped schedule's state (on the heap: the model's hook holds its address).
