@@ -337,6 +337,15 @@ def test_gpu_fraction_gives_the_device_bits_and_resumes_across_fractions(corpus,
         run(args(resumed, *then))
         assert metric_lines(resumed) == metric_lines(half)
         assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(half, 6)
+    # bf16 moments on both sides of the split: the device kernel's and CpuAdamW's bf16 bits.
+    bf16 = "optimizer.state_dtype=bf16"
+    plain16, half16 = tmp_path / "plain16", tmp_path / "half16"
+    run(args(plain16, bf16))
+    p = run(args(half16, OFFLOAD, HALF, bf16))
+    assert "optimizer state (m, v in bf16)" in p.stderr, p.stderr
+    assert metric_lines(half16) == metric_lines(plain16)
+    for step in (3, 6):
+        assert checkpoint_bytes(half16, step) == checkpoint_bytes(plain16, step), step
 
 
 def test_bench_offload_fraction_plans_and_steps_the_same_bits():

@@ -86,6 +86,20 @@ __device__ __forceinline__ void update_element(float g, float& p, float& mo, flo
     vo = vi;
 }
 
+// Element i of every array, loaded, updated and stored one at a time.
+template <typename M>
+__device__ __forceinline__ void update_at(int64_t i, float* __restrict__ params, M* __restrict__ m,
+                                          M* __restrict__ v, const float* __restrict__ grads,
+                                          __nv_bfloat16* __restrict__ params_bf16, const Scalars& c,
+                                          const LaunchParams& lp) {
+    float p = params[i], mo = load_moment(m, i), vo = load_moment(v, i);
+    update_element(grads[i], p, mo, vo, c, lp);
+    params[i] = p;
+    store_moment(m, i, mo);
+    store_moment(v, i, vo);
+    if (params_bf16 != nullptr) params_bf16[i] = __float2bfloat16_rn(p);
+}
+
 // Four consecutive moments in one load and one store (f32: 16 bytes, bf16: 8 bytes).
 __device__ __forceinline__ void load4(const float* s, int64_t i, float (&x)[4]) {
     const float4 q = *reinterpret_cast<const float4*>(s + i);
@@ -155,26 +169,15 @@ __global__ void adamw_update_kernel(float* __restrict__ params, M* __restrict__ 
             }
             return;
         }
-        for (int64_t j = i; j < end; ++j) {  // the segment's last, partial group of four
-            float p = params[j], mo = load_moment(m, j), vo = load_moment(v, j);
-            update_element(grads[j], p, mo, vo, c, lp);
-            params[j] = p;
-            store_moment(m, j, mo);
-            store_moment(v, j, vo);
-            if (params_bf16 != nullptr) params_bf16[j] = __float2bfloat16_rn(p);
-        }
+        for (int64_t j = i; j < end; ++j)  // the segment's last, partial group of four
+            update_at(j, params, m, v, grads, params_bf16, c, lp);
         return;
     }
 #pragma unroll
     for (int k = 0; k < kElemsPerThread; ++k) {
         const int64_t i = first + k * kThreads + threadIdx.x;
         if (i >= end) break;
-        float p = params[i], mo = load_moment(m, i), vo = load_moment(v, i);
-        update_element(grads[i], p, mo, vo, c, lp);
-        params[i] = p;
-        store_moment(m, i, mo);
-        store_moment(v, i, vo);
-        if (params_bf16 != nullptr) params_bf16[i] = __float2bfloat16_rn(p);
+        update_at(i, params, m, v, grads, params_bf16, c, lp);
     }
 }
 

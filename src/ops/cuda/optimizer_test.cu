@@ -48,11 +48,16 @@ UlpDiff ulp_diff(const HostTensor& a, const HostTensor& b) {
     return d;
 }
 
-// Parameter groups over 5000 elements, with and without decay, and gaps no segment covers; the
-// middle one starts off a multiple of four elements and the last ends off one, so that the
-// kernel's four-at-a-time path, its one-at-a-time path and a group's partial tail all run.
+// Parameter groups over 5000 elements, with and without decay, and gaps no segment covers, laid
+// out for the kernel's two paths (four elements a thread where a segment starts on a multiple of
+// four, one at a time otherwise; blocks of 1024 elements): three blocks of four-at-a-time ending
+// in a partial group, two blocks one at a time, an aligned group of three elements alone, and an
+// aligned segment ending one short of the tensor.
 std::vector<AdamWSegment> five_thousand_segments() {
-    return {{0, 1000, 1e-3, 0.1}, {1202, 2798, 5e-4, 0.0}, {4000, 999, 2e-3, 0.01}};
+    return {{0, 2101, 1e-3, 0.1},
+            {2202, 1798, 5e-4, 0.0},
+            {4000, 3, 1e-3, 0.0},
+            {4004, 995, 2e-3, 0.01}};
 }
 
 TEST(CudaAdamW, MatchesCpuOverSegmentsAndSteps) {
