@@ -687,8 +687,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
         const double ms = host_optimizer ? host_optimizer->take_host_update_ms(&n) : 0.0;
         if (n > 0 && of_step >= req.warmup) host_update_ms.push_back(ms / n);
     };
-    // Offload: a step's time runs from its start to the next step's (to the end of the last
-    // update for the last step), since the overlapped update of step s ends in step s + 1's
+    // Offload: a step's time runs from its start to the next step's (for the last step, to
+    // where the next would start), since the overlapped update of step s ends in step s + 1's
     // forward; `pending`: the step whose time is known at the next start.
     struct Pending {
         int64_t s = -1;
@@ -759,10 +759,12 @@ Result<std::string> bench_run(const BenchRequest& req) {
         }
     }
     if (pending.s >= 0) {
+        // The last step ends where a next one would start (its update in flight), as every
+        // other: each timed step holds the forward's wait for one update, its predecessor's.
+        record(pending.s, ms_since(pending.t0), pending.busy_ms);
         if (host_optimizer) host_optimizer->finish();
         if (optimizer) optimizer->finish();
         model.synchronize();
-        record(pending.s, ms_since(pending.t0), pending.busy_ms);
         take_host_update(pending.s);
     }
     // --kernel-breakdown: more steps under CUPTI, after the timed ones (bench.h); the line's

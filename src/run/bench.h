@@ -58,7 +58,7 @@
 // Optimizer schedule (--optimizer-schedule, optimizer.schedule; without --offload): serial or
 // overlapped (optim/adamw_optimizer.h: the device AdamW unit by unit on the optimizer stream
 // while the next forward waits per unit). Overlapped, a step's time runs from its start to the
-// next step's start, as with offload (the last: to the end of its update). The line's
+// next step's start, as with offload (the last: to where a next step would start). The line's
 // "optimizer_schedule" says which (absent with --offload, whose offload_schedule says it).
 //
 // Kernel breakdown (--kernel-breakdown N, CUDA): after the timed steps, N more steps run with
@@ -80,8 +80,9 @@
 // overlapped (optimizer.offload_schedule); --offload-fraction F offloads the last units holding
 // at least F of the parameters and steps the rest on the device (optimizer.offload_fraction,
 // ModelShape::offload_fraction; the plans count both parts). A step's time runs from its start to
-// the next step's start (the last: to the end of its update), since the overlapped update ends
-// inside the next step's forward. The line adds offload, state_dtype, offload_schedule,
+// the next step's start (the last: to where a next step would start, its update in flight),
+// since the overlapped update ends inside the next step's forward: each timed step holds the
+// forward's wait for one update, its predecessor's (the first timed step's: the warmup's). The line adds offload, state_dtype, offload_schedule,
 // offload_fraction, offloaded_params, host_pinned_bytes (the host memory plan's pinned total),
 // host_peak_rss_bytes (getrusage's peak resident set) and, on CUDA, gpu_busy_fraction: over the
 // timed steps, the compute stream's time from each step's first forward kernel to its gradient norm
