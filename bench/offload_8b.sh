@@ -6,26 +6,30 @@
 #                                   meminfo file to read, default /proc/meminfo)
 #
 # Rows:
-#   8b-bf16, 8b-fp8   the Llama-3.1-8B shape (preset llama3-8b, 32 layers), T 4096, accumulation
-#                     4, --precision bf16 and fp8 (tensorwise), 1 warmup + 2 timed steps
-#   13b-bf16          the Llama-2-13B shape (preset llama2-13b), T 2048, otherwise the same
-# Every row recomputes (--recompute full: one layer's activations kept). Each row takes the first
-# setting, in this order, whose plan fits: the micro-batch (8B: 6, 4, 2; 13B: 2, 1), then moments
-# fp32 before bf16 (--state-dtype: fp32 moments take 18 B a parameter of pinned host memory, bf16
-# 14 B), and, where `lathe bench` has --offload-fraction, fractions 1, 0.9, 0.75,
-# 0.5 (fewer parameters in host memory, more on the GPU). "Fits" is `lathe bench --plan-only`'s
-# plan_bytes within the GPU's free memory (nvidia-smi) less 2 % and its host_pinned_bytes within
-# MemAvailable (/proc/meminfo) less 4 GiB for the process itself. A setting whose run fails
-# (`lathe bench` refuses a plan above the device's free memory or the host's, or runs out of
-# memory) hands over to the next while the row's time lasts. A row without a setting that ran is
-# written as {"row": ..., "error": ...} with the last failure's message.
+#   8b-bf16, 8b-fp8   the Llama-3.1-8B shape (preset llama3-8b, 32 layers), T 4096, 24 sequences
+#                     (98,304 tokens) a step, --precision bf16 and fp8 (tensorwise), 1 warmup + 2
+#                     timed steps
+#   13b-bf16          the Llama-2-13B shape (preset llama2-13b), T 2048, 8 sequences a step
+# Each row takes the first setting, in this order, whose plan fits: the schedule (recompute,
+# micro-batch B, accumulation K with B K the row's sequences: 8B selective B 1 x 24, then full
+# recompute B 6 x 4, 4 x 6, 2 x 12; 13B selective 1 x 8, full 2 x 4, 1 x 8), then the moments
+# (--state-dtype bf16 before fp32: bf16 moments take 14 B a parameter of pinned host memory and
+# fewer bytes in the CPU's update, fp32 18 B), and, where `lathe bench` has --offload-fraction, the
+# fractions 0.5, 0.6, 0.7, 0.8, 0.9, 1 (the smallest first: the more of the optimizer on the GPU,
+# the less the step waits for the host's update; docs/PERF.md "Less recompute at smaller
+# micro-batches"). "Fits" is `lathe bench --plan-only`'s plan_bytes within the GPU's free memory
+# (nvidia-smi) less 2 % and its host_pinned_bytes within MemAvailable (/proc/meminfo) less 4 GiB
+# for the process itself. A setting whose run fails (`lathe bench` refuses a plan above the
+# device's free memory or the host's, or runs out of memory) hands over to the next while the
+# row's time lasts. A row without a setting that ran is written as {"row": ..., "error": ...} with
+# the last failure's message.
 #
 # A row that ran is `lathe bench`'s JSON line with "row" (its name) and "wall_s" (the run's seconds,
 # the host's pinning and the initialization included) added.
 #
 # Time: each row runs under `timeout` (8b-bf16 225 s, 8b-fp8 215 s, 13b-bf16 what is left, and
 # never past 535 s after the start), so the script ends within 540 s. The 8B rows take the most:
-# pinning about 105 GiB and initializing 8e9 parameters on the host come before the 3 steps.
+# pinning up to 105 GiB and initializing 8e9 parameters on the host come before the 3 steps.
 set -u
 OUT=${1:?usage: bench/offload_8b.sh OUT_DIR (LATHE=path/to/lathe)}
 LATHE=${LATHE:-build/lathe}
@@ -60,12 +64,12 @@ print("" if v is None else v)' "$1" "$2"
 
 FRACTIONS="1"
 if "$LATHE" bench --help 2>/dev/null | grep -q -- "--offload-fraction"; then
-    FRACTIONS="1 0.9 0.75 0.5"
+    FRACTIONS="0.5 0.6 0.7 0.8 0.9 1"
 fi
 
-# run_row NAME ROW_TIMEOUT BATCHES -- BENCH_ARGS...
+# run_row NAME ROW_TIMEOUT SETTINGS -- BENCH_ARGS...   (SETTINGS: "RECOMPUTE:B:K ...")
 run_row() {
-    local name=$1 budget=$2 batches=$3
+    local name=$1 budget=$2 settings=$3
     shift 4
     local row_end=$(($(date +%s) + budget))
     [ "$row_end" -gt "$DEADLINE" ] && row_end=$DEADLINE
@@ -73,12 +77,15 @@ run_row() {
     err="no setting's plan fits: the GPU has $(gpu_free_bytes) B free, the host $(host_available_bytes) B available"
     local log="$OUT/$name.log" json="$OUT/$name.json" plan="$OUT/$name.plan.json"
     : >"$log"
-    for b in $batches; do
-        for dtype in fp32 bf16; do
+    for setting in $settings; do
+        local recompute b k
+        IFS=: read -r recompute b k <<<"$setting"
+        for dtype in bf16 fp32; do
             for f in $FRACTIONS; do
                 local fraction_args=()
                 [ "$FRACTIONS" != "1" ] && fraction_args=(--offload-fraction "$f")
-                local args=("$@" --batch "$b" --offload cpu --state-dtype "$dtype" "${fraction_args[@]}")
+                local args=("$@" --recompute "$recompute" --batch "$b" --accum "$k" --offload cpu
+                    --state-dtype "$dtype" "${fraction_args[@]}")
                 if ! "$LATHE" bench "${args[@]}" --device cuda --plan-only >"$plan" 2>>"$log"; then
                     err="plan of ${args[*]} failed (see $name.log)"
                     continue
@@ -124,9 +131,10 @@ print(json.dumps(r))' "$json.tmp" "$name" $(($(date +%s) - t0)) >"$json"
     return 1
 }
 
-COMMON=(--accum 4 --recompute full --steps 2 --warmup 1)
-run_row 8b-bf16 225 "6 4 2" -- --preset llama3-8b --seq 4096 "${COMMON[@]}"
-run_row 8b-fp8 215 "6 4 2" -- --preset llama3-8b --seq 4096 "${COMMON[@]}" --precision fp8
-run_row 13b-bf16 535 "2 1" -- --preset llama2-13b --seq 2048 "${COMMON[@]}"
+COMMON=(--steps 2 --warmup 1)
+S8="selective:1:24 full:6:4 full:4:6 full:2:12"
+run_row 8b-bf16 225 "$S8" -- --preset llama3-8b --seq 4096 "${COMMON[@]}"
+run_row 8b-fp8 215 "$S8" -- --preset llama3-8b --seq 4096 "${COMMON[@]}" --precision fp8
+run_row 13b-bf16 535 "selective:1:8 full:2:4 full:1:8" -- --preset llama2-13b --seq 2048 "${COMMON[@]}"
 echo "offload_8b.sh: done in $(($(date +%s) - START)) s; rows in $OUT/rows.jsonl" >&2
 cat "$OUT/rows.jsonl"
