@@ -126,6 +126,20 @@ void range_scalar(const CpuAdamWBuffers& b, int64_t begin, int64_t end, const Sc
 
 // ---- x86-64: AVX2+FMA (8 lanes) and AVX-512 (16 lanes) ----
 #if LATHE_X86
+// The bf16 copy is written, never read, by the update (a staging buffer the GPU copies from): the
+// vector paths store it with non-temporal stores, which skip reading each cache line from memory
+// before writing it (a sixth of the update's memory traffic with bf16 moments), and need
+// `bytes`-aligned addresses. The index from `begin` at which b.params_bf16 + i is so aligned
+// (the elements before it go through the scalar path), at most `end`; `begin` without a copy.
+int64_t bf16_copy_aligned_from(const CpuAdamWBuffers& b, int64_t begin, int64_t end,
+                               uintptr_t bytes) {
+    if (b.params_bf16 == nullptr) return begin;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(b.params_bf16 + begin);
+    // bf16 addresses are even: (bytes - at % bytes) / 2 elements reach the next aligned one.
+    const int64_t peel = int64_t(((bytes - at % bytes) % bytes) / sizeof(bf16));
+    return std::min(end, begin + peel);
+}
+
 #define LATHE_AVX2 __attribute__((target("avx2,fma")))
 #define LATHE_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
@@ -166,7 +180,8 @@ LATHE_AVX2 void range_avx2(const CpuAdamWBuffers& b, int64_t begin, int64_t end,
     const __m256 nss = _mm256_set1_ps(k.neg_step_size), bc2 = _mm256_set1_ps(k.bc2_sqrt);
     const __m256 w1 = _mm256_set1_ps(k.w1), w1m1 = _mm256_set1_ps(k.w1m1);
     const __m256 b2 = _mm256_set1_ps(k.b2), w2 = _mm256_set1_ps(k.w2), eps = _mm256_set1_ps(k.eps);
-    int64_t i = begin;
+    int64_t i = bf16_copy_aligned_from(b, begin, end, 16);
+    range_scalar<kBf16>(b, begin, i, k);
     for (; i + 8 <= end; i += 8) {
         __m256 g = _mm256_loadu_ps(b.grads + i);
         if (k.scale) g = _mm256_mul_ps(g, coef);
@@ -184,8 +199,11 @@ LATHE_AVX2 void range_avx2(const CpuAdamWBuffers& b, int64_t begin, int64_t end,
         store_state_avx2<kBf16>(b.m, i, mi);
         store_state_avx2<kBf16>(b.v, i, vi);
         if (b.params_bf16 != nullptr)
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(b.params_bf16 + i), bf16_from_avx2(p));
+            _mm_stream_si128(reinterpret_cast<__m128i*>(b.params_bf16 + i), bf16_from_avx2(p));
     }
+    // The non-temporal stores ordered before whatever this thread does next (the pool's
+    // hand-back, after which the copy is read).
+    if (b.params_bf16 != nullptr) _mm_sfence();
     range_scalar<kBf16>(b, i, end, k);
 }
 
@@ -230,7 +248,8 @@ LATHE_AVX512 void range_avx512(const CpuAdamWBuffers& b, int64_t begin, int64_t 
     const __m512 nss = _mm512_set1_ps(k.neg_step_size), bc2 = _mm512_set1_ps(k.bc2_sqrt);
     const __m512 w1 = _mm512_set1_ps(k.w1), w1m1 = _mm512_set1_ps(k.w1m1);
     const __m512 b2 = _mm512_set1_ps(k.b2), w2 = _mm512_set1_ps(k.w2), eps = _mm512_set1_ps(k.eps);
-    int64_t i = begin;
+    int64_t i = bf16_copy_aligned_from(b, begin, end, 32);
+    range_scalar<kBf16>(b, begin, i, k);
     for (; i + 16 <= end; i += 16) {
         __m512 g = _mm512_loadu_ps(b.grads + i);
         if (k.scale) g = _mm512_mul_ps(g, coef);
@@ -248,8 +267,10 @@ LATHE_AVX512 void range_avx512(const CpuAdamWBuffers& b, int64_t begin, int64_t 
         store_state_avx512<kBf16>(b.m, i, mi);
         store_state_avx512<kBf16>(b.v, i, vi);
         if (b.params_bf16 != nullptr)
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.params_bf16 + i), bf16_from_avx512(p));
+            _mm256_stream_si256(reinterpret_cast<__m256i*>(b.params_bf16 + i),
+                                bf16_from_avx512(p));
     }
+    if (b.params_bf16 != nullptr) _mm_sfence();
     range_scalar<kBf16>(b, i, end, k);
 }
 #pragma GCC diagnostic pop

@@ -35,7 +35,8 @@
 // twins), read and written in place; segments name the [offset, offset + count) ranges to update
 // with their group's lr and weight decay (inside [0, P), pairwise disjoint: checked), the rest is
 // left alone. params_bf16 (may be null) is where the updated weights go as bf16, typically a
-// pinned staging buffer copied to the GPU afterwards.
+// pinned staging buffer copied to the GPU afterwards; the x86-64 vector paths write it with
+// non-temporal stores (no read of the destination's cache lines first; the same values).
 //
 // Threads: a pool of threads() - 1 workers kept alive for the object's lifetime, plus the calling
 // thread. step() splits the elements of the segments (in list order, as one concatenated range)
