@@ -267,8 +267,7 @@ LATHE_AVX512 void range_avx512(const CpuAdamWBuffers& b, int64_t begin, int64_t 
         store_state_avx512<kBf16>(b.m, i, mi);
         store_state_avx512<kBf16>(b.v, i, vi);
         if (b.params_bf16 != nullptr)
-            _mm256_stream_si256(reinterpret_cast<__m256i*>(b.params_bf16 + i),
-                                bf16_from_avx512(p));
+            _mm256_stream_si256(reinterpret_cast<__m256i*>(b.params_bf16 + i), bf16_from_avx512(p));
     }
     if (b.params_bf16 != nullptr) _mm_sfence();
     range_scalar<kBf16>(b, i, end, k);

@@ -82,16 +82,17 @@
 // ModelShape::offload_fraction; the plans count both parts). A step's time runs from its start to
 // the next step's start (the last: to where a next step would start, its update in flight),
 // since the overlapped update ends inside the next step's forward: each timed step holds the
-// forward's wait for one update, its predecessor's (the first timed step's: the warmup's). The line adds offload, state_dtype, offload_schedule,
-// offload_fraction, offloaded_params, host_pinned_bytes (the host memory plan's pinned total),
-// host_peak_rss_bytes (getrusage's peak resident set) and, on CUDA, gpu_busy_fraction: over the
-// timed steps, the compute stream's time from each step's first forward kernel to its gradient norm
-// (timing events), less the forward's waits for weights the CPU was still updating (timing events
-// around each wait, HostOptimizer::set_wait_timing), over the steps' wall time, and
-// gpu_weight_wait_ms, those waits' milliseconds a timed step (mean). The overlapped schedule adds
-// host_update_ms and host_update_ms_max: the CPU update of a timed step's gradients, from the
-// worker's start to its last unit done (HostOptimizer::take_host_update_ms), mean and largest.
-// The host plan is printed under the device's table (with --plan-only too).
+// forward's wait for one update, its predecessor's (the first timed step's: the warmup's). The line
+// adds offload, state_dtype, offload_schedule, offload_fraction, offloaded_params,
+// host_pinned_bytes (the host memory plan's pinned total), host_peak_rss_bytes (getrusage's peak
+// resident set) and, on CUDA, gpu_busy_fraction: over the timed steps, the compute stream's time
+// from each step's first forward kernel to its gradient norm (timing events), less the forward's
+// waits for weights the CPU was still updating (timing events around each wait,
+// HostOptimizer::set_wait_timing), over the steps' wall time, and gpu_weight_wait_ms, those waits'
+// milliseconds a timed step (mean). The overlapped schedule adds host_update_ms and
+// host_update_ms_max: the CPU update of a timed step's gradients, from the worker's start to its
+// last unit done (HostOptimizer::take_host_update_ms), mean and largest. The host plan is printed
+// under the device's table (with --plan-only too).
 
 #include <cstdint>
 #include <functional>
