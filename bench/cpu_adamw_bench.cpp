@@ -51,15 +51,19 @@ int main(int argc, char** argv) {
         for (const char* p = argv[3]; *p != '\0';) {
             char* end = nullptr;
             const long t = std::strtol(p, &end, 10);
-            if (end == p || t <= 0 || (*end != ',' && *end != '\0')) {
-                std::fprintf(stderr,
-                             "cpu_adamw_bench: error: threads \"%s\": a comma-separated list of "
-                             "counts > 0, e.g. 1,8,16\n",
-                             argv[3]);
-                return 2;
+            if (end == p || t <= 0 || t > 4096 || (*end != ',' && *end != '\0')) {
+                thread_counts.clear();
+                break;
             }
             thread_counts.push_back(int(t));
             p = *end == ',' ? end + 1 : end;
+        }
+        if (thread_counts.empty()) {
+            std::fprintf(stderr,
+                         "cpu_adamw_bench: error: threads \"%s\": a comma-separated list of "
+                         "counts from 1 to 4096, e.g. 1,8,16\n",
+                         argv[3]);
+            return 2;
         }
     }
     std::printf("cpu_adamw_bench: N %lld parameters, %d cores, best path %s\n", (long long)n, all,

@@ -83,7 +83,8 @@ def test_rows_take_the_first_schedule_and_the_moments_that_fit(tmp_path):
     assert bf16 == {"model": "llama3-8b", "batch": 1, "seq": 4096, "accum": 24,
                     "state_dtype": "bf16", "fraction": 1.0, "precision": "bf16",
                     "recompute": "selective", "steps": 2, "warmup": 1}
-    # fp8 at selective B 1 fails in both moment dtypes: the next schedule, full B 6 x 4 (72 GiB)
+    # fp8 at selective B 1 fails (bf16 moments; fp32's 134 GiB pinned does not fit): the next
+    # schedule, full B 6 x 4 (72 GiB)
     assert fp8["precision"] == "fp8" and fp8["recompute"] == "full"
     assert (fp8["batch"], fp8["accum"], fp8["state_dtype"]) == (6, 4, "bf16")
     # 13e9 x 14 B = 169 GiB of pinned memory fits no setting without fractions

@@ -399,8 +399,16 @@ def test_bench_offload_steps_the_same_bits():
     assert off["offload"] == "cpu" and off["host_pinned_bytes"] > 0
     assert off["offload_schedule"] == "overlapped" and off["host_peak_rss_bytes"] > 0
     assert "gpu_busy_fraction" not in off and "gpu_weight_wait_ms" not in off  # CUDA only
-    # the overlapped worker's time for each of the 3 timed steps' updates
+    # the overlapped worker's time for each of the 3 timed steps' updates, none other
+    assert off["host_updates"] == 3
     assert 0 < off["host_update_ms"] <= off["host_update_ms_max"] < 1e5
+    # One timed step after one warmup: its update alone, however fast the tiny update finishes
+    # against the main thread (each update is taken by its AdamW step number).
+    for _ in range(10):
+        one = json.loads(run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32",
+                              "--steps", "1", "--warmup", "1", "--device", "cpu", "--offload",
+                              "cpu"]).stdout)
+        assert one["host_updates"] == 1, one
     assert "host memory plan (optimizer offload" in err, err
     serial, _ = bench("--offload", "cpu", "--offload-schedule", "serial")
     assert serial["offload_schedule"] == "serial" and "host_update_ms" not in serial

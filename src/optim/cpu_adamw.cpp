@@ -128,7 +128,7 @@ void range_scalar(const CpuAdamWBuffers& b, int64_t begin, int64_t end, const Sc
 #if LATHE_X86
 // The bf16 copy is written, never read, by the update (a staging buffer the GPU copies from): the
 // vector paths store it with non-temporal stores, which skip reading each cache line from memory
-// before writing it (a sixth of the update's memory traffic with bf16 moments), and need
+// before writing it (2 of about 24 bytes a parameter with bf16 moments), and need
 // `bytes`-aligned addresses. The index from `begin` at which b.params_bf16 + i is so aligned
 // (the elements before it go through the scalar path), at most `end`; `begin` without a copy.
 int64_t bf16_copy_aligned_from(const CpuAdamWBuffers& b, int64_t begin, int64_t end,

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -94,8 +95,7 @@ struct HostOptimizer::Impl {
     std::condition_variable cv;
     bool job_posted = false, job_running = false, quit = false;
     size_t done = 0;
-    double update_ms = 0.0;  // the finished updates' wall time (take_host_update_ms)
-    int updates = 0;
+    std::vector<HostOptimizer::HostUpdateTime> update_times;  // take_host_updates()
     std::thread worker;
     // Main thread only: an update is in flight (step() to finish()); its units uploaded (H2D
     // enqueued) so far; gradient copies armed for the next backward, the back unit copied, the
@@ -210,10 +210,9 @@ void HostOptimizer::Impl::run_worker() {
             cv.notify_all();
         }
         lock.lock();
-        update_ms +=
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count();
-        ++updates;
+        update_times.push_back({adam_step, std::chrono::duration<double, std::milli>(
+                                               std::chrono::steady_clock::now() - t0)
+                                               .count()});
         job_running = false;
         cv.notify_all();
     }
@@ -582,14 +581,10 @@ double HostOptimizer::take_weight_wait_ms() {
     return ms;
 }
 
-double HostOptimizer::take_host_update_ms(int* updates) {
+std::vector<HostOptimizer::HostUpdateTime> HostOptimizer::take_host_updates() {
     Impl& im = *impl_;
     std::lock_guard lock(im.mu);
-    const double ms = im.update_ms;
-    if (updates != nullptr) *updates = im.updates;
-    im.update_ms = 0.0;
-    im.updates = 0;
-    return ms;
+    return std::exchange(im.update_times, {});
 }
 
 Status HostOptimizer::save_state(const std::string& path) {

@@ -86,6 +86,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "model/host_memory_plan.h"
@@ -141,10 +142,14 @@ public:
     // synchronized) and starts again at 0.
     void set_wait_timing(bool on);
     double take_weight_wait_ms();
-    // Overlapped schedule: the worker's wall milliseconds over the updates it finished since the
-    // last call (each from its start to its last unit done), and how many; 0 and 0 otherwise.
-    // For lathe bench's host_update_ms (run/bench.h).
-    double take_host_update_ms(int* updates = nullptr);
+    // Overlapped schedule: the updates the worker finished since the last call, each as its AdamW
+    // step number and its wall milliseconds (from its start to its last unit done), in order;
+    // empty otherwise. For lathe bench's host_update_ms (run/bench.h).
+    struct HostUpdateTime {
+        int64_t step = 0;
+        double ms = 0.0;
+    };
+    std::vector<HostUpdateTime> take_host_updates();
 
     // Writes the full optimizer state file `path` (optimizer_state_write's bytes).
     Status save_state(const std::string& path);

@@ -680,12 +680,13 @@ Result<std::string> bench_run(const BenchRequest& req) {
         gpu_end.emplace(CudaEvent::Timing::kOn);
     }
     double busy_ms_sum = 0.0, wall_ms_sum = 0.0, weight_wait_ms_sum = 0.0;
-    // Overlapped offload: each timed step's CPU update (it finishes in the next step).
+    // Overlapped offload: the CPU update of each timed step (AdamW step s + 1 of loop step s), by
+    // the step number the worker recorded with it, whenever it is taken.
     std::vector<double> host_update_ms;
-    const auto take_host_update = [&](int64_t of_step) {
-        int n = 0;
-        const double ms = host_optimizer ? host_optimizer->take_host_update_ms(&n) : 0.0;
-        if (n > 0 && of_step >= req.warmup) host_update_ms.push_back(ms / n);
+    const auto take_host_updates = [&] {
+        if (!host_optimizer) return;
+        for (const HostOptimizer::HostUpdateTime& u : host_optimizer->take_host_updates())
+            if (u.step > req.warmup) host_update_ms.push_back(u.ms);
     };
     // Offload: a step's time runs from its start to the next step's (for the last step, to
     // where the next would start), since the overlapped update of step s ends in step s + 1's
@@ -750,8 +751,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         if (s >= req.warmup) weight_wait_ms_sum += weight_wait_ms;
         const double busy_ms =
             gpu_begin ? double(CudaEvent::elapsed_ms(*gpu_begin, *gpu_end)) - weight_wait_ms : 0.0;
-        // The update finished by now is the previous step's (this step's forward waited for it).
-        take_host_update(s - 1);
+        take_host_updates();
         if (offload || overlapped) {
             pending = Pending{s, t0, busy_ms};
         } else {
@@ -765,7 +765,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         if (host_optimizer) host_optimizer->finish();
         if (optimizer) optimizer->finish();
         model.synchronize();
-        take_host_update(pending.s);
+        take_host_updates();
     }
     // --kernel-breakdown: more steps under CUPTI, after the timed ones (bench.h); the line's
     // loss and fp8 cast count stay the timed steps'.
@@ -862,6 +862,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
             j["host_update_ms"] = sum / double(host_update_ms.size());
             j["host_update_ms_max"] =
                 *std::max_element(host_update_ms.begin(), host_update_ms.end());
+            j["host_updates"] = host_update_ms.size();
         }
         j["host_peak_rss_bytes"] = uint64_t(peak_rss_bytes());
     }

@@ -91,7 +91,8 @@
 // HostOptimizer::set_wait_timing), over the steps' wall time, and gpu_weight_wait_ms, those waits'
 // milliseconds a timed step (mean). The overlapped schedule adds host_update_ms and
 // host_update_ms_max: the CPU update of a timed step's gradients, from the worker's start to its
-// last unit done (HostOptimizer::take_host_update_ms), mean and largest. The host plan is printed
+// last unit done (HostOptimizer::take_host_updates, by AdamW step number), mean and largest, and
+// host_updates, how many (one a timed step). The host plan is printed
 // under the device's table (with --plan-only too).
 
 #include <cstdint>
