@@ -95,6 +95,7 @@ struct HostOptimizer::Impl {
     std::condition_variable cv;
     bool job_posted = false, job_running = false, quit = false;
     size_t done = 0;
+    bool update_timing = false;                               // set_update_timing()
     std::vector<HostOptimizer::HostUpdateTime> update_times;  // take_host_updates()
     std::thread worker;
     // Main thread only: an update is in flight (step() to finish()); its units uploaded (H2D
@@ -210,9 +211,10 @@ void HostOptimizer::Impl::run_worker() {
             cv.notify_all();
         }
         lock.lock();
-        update_times.push_back({adam_step, std::chrono::duration<double, std::milli>(
-                                               std::chrono::steady_clock::now() - t0)
-                                               .count()});
+        if (update_timing)
+            update_times.push_back({adam_step, std::chrono::duration<double, std::milli>(
+                                                   std::chrono::steady_clock::now() - t0)
+                                                   .count()});
         job_running = false;
         cv.notify_all();
     }
@@ -579,6 +581,11 @@ double HostOptimizer::take_weight_wait_ms() {
         im.wait_recorded[u] = 0;
     }
     return ms;
+}
+
+void HostOptimizer::set_update_timing(bool on) {
+    std::lock_guard lock(impl_->mu);
+    impl_->update_timing = on;
 }
 
 std::vector<HostOptimizer::HostUpdateTime> HostOptimizer::take_host_updates() {

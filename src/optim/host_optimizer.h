@@ -142,9 +142,11 @@ public:
     // synchronized) and starts again at 0.
     void set_wait_timing(bool on);
     double take_weight_wait_ms();
-    // Overlapped schedule: the updates the worker finished since the last call, each as its AdamW
-    // step number and its wall milliseconds (from its start to its last unit done), in order;
-    // empty otherwise. For lathe bench's host_update_ms (run/bench.h).
+    // Overlapped schedule, with set_update_timing(true): the updates the worker finished since
+    // the last call, each as its AdamW step number and its wall milliseconds (from its start to
+    // its last unit done), in order; empty otherwise (nothing is kept while timing is off, as in
+    // lathe train). For lathe bench's host_update_ms (run/bench.h).
+    void set_update_timing(bool on);
     struct HostUpdateTime {
         int64_t step = 0;
         double ms = 0.0;

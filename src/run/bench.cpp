@@ -629,6 +629,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
             HostOptimizer::create_for(model, req.state_dtype, /*threads=*/0, req.offload_schedule));
         host_optimizer.emplace(std::move(made));
         host_optimizer->set_wait_timing(on_cuda);
+        host_optimizer->set_update_timing(true);
     }
     // The same parameters on every rank (the same seed), as a broadcast from rank 0 would give.
     model.init(req.seed);
