@@ -3,8 +3,10 @@ after the gradient norm (on CUDA on a low-priority stream while the next forward
 on the CPU each unit when a forward first needs it) gives the serial schedule's losses, norms,
 validation losses and checkpoints bit for bit, with gradient accumulation 2, clipping, a frozen
 group and validation between steps; a checkpoint of either resumes under the other exactly;
-offload and a bad value are refused naming the key; lathe bench --optimizer-schedule steps the
-same bits and names the schedule in its line. The gpu cases do the same on CUDA in bf16 and fp8
+offload and a bad value are refused naming the key, as is optimizer.overlap_sms (the SMs the
+forward's GEMMs leave to the update on CUDA) out of range or without the overlapped schedule;
+lathe bench --optimizer-schedule steps the same bits and names the schedule in its line, and
+--optimizer-sms, read on CUDA alone, leaves the CPU's bits as they are. The gpu cases do the same on CUDA in bf16 and fp8
 tensorwise (skipped without a GPU)."""
 
 import json
@@ -49,6 +51,9 @@ def test_overlapped_gives_the_serial_bits_and_resumes_across(corpus, tmp_path):
 @pytest.mark.parametrize("sets,needle", [
     (("optimizer.schedule=eager",), "'optimizer.schedule' is 'eager'; choose serial or overlapped"),
     ((OVERLAPPED, "optimizer.offload=cpu"), "set optimizer.offload_schedule instead"),
+    (("optimizer.overlap_sms=8",), "'optimizer.overlap_sms' 8 is read by the overlapped schedule"),
+    ((OVERLAPPED, "optimizer.overlap_sms=65"), "'optimizer.overlap_sms' must be the SMs"),
+    ((OVERLAPPED, "optimizer.overlap_sms=-1"), "'optimizer.overlap_sms' must be the SMs"),
 ])
 def test_bad_schedules_are_refused_naming_the_key(corpus, tmp_path, sets, needle):
     assert_train_refused(corpus, tmp_path, sets, needle)
@@ -64,6 +69,16 @@ def test_bench_optimizer_schedule_steps_the_same_bits():
     assert over["optimizer_schedule"] == "overlapped"
     for key in ("loss_first", "loss_last", "grad_norm_last"):
         assert over[key] == plain[key], key
+    assert over["optimizer_sms"] == 0
+    # The SMs left to the update are read on CUDA alone: the CPU steps the same bits.
+    sms = json.loads(bench("--optimizer-schedule", "overlapped", "--optimizer-sms", "8").stdout)
+    assert sms["optimizer_sms"] == 8
+    for key in ("loss_first", "loss_last", "grad_norm_last"):
+        assert sms[key] == plain[key], key
+    p = bench("--optimizer-sms", "8", check=False)
+    assert p.returncode != 0 and "needs --optimizer-schedule overlapped" in p.stderr, p.stderr
+    p = bench("--optimizer-schedule", "overlapped", "--optimizer-sms", "65", check=False)
+    assert p.returncode != 0 and "optimizer.overlap_sms is 65; choose 0 to 64" in p.stderr, p.stderr
     off = json.loads(bench("--offload", "cpu").stdout)
     assert "optimizer_schedule" not in off  # offload_schedule names that optimizer's
     p = bench("--offload", "cpu", "--optimizer-schedule", "overlapped", check=False)

@@ -58,6 +58,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         bool fp8_lm_head = false;
         std::string offload = "none", state_dtype = "fp32", offload_schedule = "overlapped",
                     optimizer_schedule = "serial";
+        int optimizer_sms = 0;
         std::string preset, config;  // --model's two spellings
         bool generate = false;
         GenerateBenchRequest gen;
@@ -192,6 +193,10 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "next forward waits per unit), as optimizer.schedule")
         ->capture_default_str()
         ->check(CLI::IsMember({"serial", "overlapped"}));
+    cmd->add_option("--optimizer-sms", o->optimizer_sms,
+                    "With --optimizer-schedule overlapped on CUDA: the SMs the forward's GEMMs "
+                    "leave to the update beside them, as optimizer.overlap_sms (0: none)")
+        ->capture_default_str();
     cmd->add_option("--state-dtype", o->state_dtype,
                     "The AdamW moments' storage, fp32 or bf16 (optimizer.state_dtype; with "
                     "--offload cpu the host's)")
@@ -321,6 +326,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
             req.optimizer_schedule = o->optimizer_schedule == "overlapped"
                                          ? OptimizerSchedule::kOverlapped
                                          : OptimizerSchedule::kSerial;
+            req.optimizer_sms = o->optimizer_sms;
             LATHE_ASSIGN_OR_RETURN(const std::string line, bench_run(req));
             if (!line.empty()) {  // empty on the ranks other than 0 of a launcher's world
                 std::printf("%s\n", line.c_str());

@@ -49,6 +49,16 @@ struct AdamWOptimizer::Overlap {
     Context stream_ctx;
     std::vector<CudaEvent> unit_done;
     std::optional<CudaEvent> grads_zeroed;
+    // CUDA: the SMs the compute stream's GEMMs leave to the pending update (optimizer.overlap_sms,
+    // 0: none), and whether the state's GEMM target is set for it now.
+    int optimizer_sms = 0;
+    bool sms_held = false;
+
+    void release_sms() {
+        if (!sms_held) return;
+        cuda_state_of(model->context(), "adamw optimizer").set_gemm_sm_target(0);
+        sms_held = false;
+    }
 
     // Unit u's update, on the optimizer stream (CUDA) or at once on the calling thread (CPU).
     void update_unit(size_t u) {
@@ -93,13 +103,17 @@ struct AdamWOptimizer::Overlap {
         }
         CUstream_st* compute = model->context().stream;
         unit_done[u].wait(compute);
-        if (piece == Model::kOutputWeights) grads_zeroed->wait(compute);
+        if (piece == Model::kOutputWeights) {
+            grads_zeroed->wait(compute);
+            release_sms();  // every unit is updated before what follows runs
+        }
     }
     void finish() {
         if (!pending) return;
         if (cuda) {
             CudaState& st = cuda_state_of(model->context(), "adamw optimizer");
             st.wait_for(st.stream(), st.optimizer_stream());
+            release_sms();
         } else {
             for (size_t u = 0; u < units.size(); ++u) run_unit(u);
         }
@@ -213,9 +227,20 @@ AdamWOptimizer::~AdamWOptimizer() {
     overlap_->model->set_weights_needed_hook({});
 }
 
-Status AdamWOptimizer::overlap_with(Model& model) {
+Status AdamWOptimizer::overlap_with(Model& model, int optimizer_sms) {
     if (overlap_)
         return failed_precondition_error("optimizer.schedule: the optimizer already overlaps");
+    if (optimizer_sms < 0 || optimizer_sms > kMaxOptimizerSms)
+        return invalid_argument_error("optimizer.overlap_sms is {}; choose 0 to {}", optimizer_sms,
+                                      kMaxOptimizerSms);
+    if (optimizer_sms > 0 && ctx_.backend == Backend::kCuda) {
+        const int sms = cuda_state_of(ctx_, "adamw optimizer").sm_count();
+        if (optimizer_sms >= sms)
+            return invalid_argument_error(
+                "optimizer.overlap_sms {} leaves no SM of the device's {} to the GEMMs; choose "
+                "fewer (0: none reserved)",
+                optimizer_sms, sms);
+    }
     if (!model.training())
         return failed_precondition_error(
             "optimizer.schedule: overlapped needs a model created for training");
@@ -255,6 +280,7 @@ Status AdamWOptimizer::overlap_with(Model& model) {
         o->stream_ctx.stream = cuda_state_of(ctx_, "adamw optimizer").optimizer_stream();
         o->unit_done.resize(o->units.size());
         o->grads_zeroed.emplace();
+        o->optimizer_sms = optimizer_sms;
     }
     Overlap* p = o.get();
     model.set_weights_needed_hook([p](int piece) { p->on_weights_needed(piece); });
@@ -340,6 +366,12 @@ void AdamWOptimizer::step_overlapped(const OptimizerTarget& target,
     }
     for (size_t u = 0; u < o.units.size(); ++u) o.zero_unit_grads(u);
     o.grads_zeroed->record(st.optimizer_stream());
+    // The GEMMs enqueued from here until the forward reaches the LM head's weights (every unit
+    // updated by then, on_weights_needed) plan for the SMs the update leaves.
+    if (o.optimizer_sms > 0) {
+        st.set_gemm_sm_target(st.sm_count() - o.optimizer_sms);
+        o.sms_held = true;
+    }
 }
 
 void AdamWOptimizer::read_state(std::span<float> m, std::span<float> v) const {

@@ -28,7 +28,8 @@
 //
 // Schedules (optimizer.schedule, OptimizerSchedule): serial, the update above inside step(), in
 // stream order between the backward and the next forward; or overlapped (overlap_with(model)),
-// which takes the update off the compute stream's path and gives the same bits:
+// which takes the update off the compute stream's path and gives the same bits (with
+// optimizer.overlap_sms 0, overlap_with):
 //   * step() (after the backward and the global gradient norm, which clipping needs before any
 //     update) splits the segments over the units of the parameter arena (ShardLayout: the
 //     embeddings, each layer, the final norm and LM head) and updates them unit by unit in
@@ -149,10 +150,18 @@ public:
     ~AdamWOptimizer();
 
     // The overlapped schedule over `model` (file comment): sets its weights-needed hook.
+    // `optimizer_sms` (optimizer.overlap_sms; read on CUDA): with S > 0 the GEMMs the compute
+    // stream enqueues between an update's start and the forward's LM-head piece (every unit
+    // updated by then) plan for the device's SMs less S (cuBLASLt's SM count target,
+    // CudaState::gemm_sm_target), so that the update's blocks run on S SMs beside them rather
+    // than only where a GEMM leaves an SM idle. The GEMMs' algorithm may differ with the target,
+    // and so may the bits against S = 0; a run with the same S repeats its bits.
     // Errors (kFailedPrecondition, the serial schedule kept): an optimizer not over the one range
     // {0, params_total()} of `model` on its context, sharded gradients or parameters, a model
-    // without gradients; called twice.
-    Status overlap_with(Model& model);
+    // without gradients; called twice. kInvalidArgument: optimizer_sms outside [0,
+    // kMaxOptimizerSms] or, on CUDA, not fewer than the device's SMs.
+    static constexpr int kMaxOptimizerSms = 64;
+    Status overlap_with(Model& model, int optimizer_sms = 0);
     OptimizerSchedule schedule() const {
         return overlap_ ? OptimizerSchedule::kOverlapped : OptimizerSchedule::kSerial;
     }

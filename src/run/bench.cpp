@@ -461,6 +461,11 @@ Result<std::string> bench_run(const BenchRequest& req) {
             offload
                 ? "with --offload cpu use --offload-schedule"
                 : fmt::format("a world of {} ranks keeps the serial schedule", group.world_size));
+    if (req.optimizer_sms != 0 && !overlapped)
+        return invalid_argument_error(
+            "--optimizer-sms {} needs --optimizer-schedule overlapped (the SMs the forward's "
+            "GEMMs leave to the overlapped update)",
+            req.optimizer_sms);
     shape.masters_on_host = offload;
     if (!(req.offload_fraction > 0.0 && req.offload_fraction <= 1.0))
         return invalid_argument_error("--offload-fraction must be in (0, 1], got {}",
@@ -523,6 +528,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         j["offload_fraction"] = req.offload_fraction;
     } else {
         j["optimizer_schedule"] = optimizer_schedule_name(req.optimizer_schedule);
+        j["optimizer_sms"] = req.optimizer_sms;
         j["state_dtype"] = adamw_state_dtype_name(req.state_dtype);
     }
     // The host memory plan of the offloaded optimizer (printed under the device's).
@@ -649,7 +655,9 @@ Result<std::string> bench_run(const BenchRequest& req) {
             AdamWOptimizer made,
             AdamWOptimizer::create_for(model, ranges, model.context(), req.state_dtype));
         optimizer.emplace(std::move(made));
-        if (overlapped) LATHE_RETURN_IF_ERROR(optimizer->overlap_with(model));
+        if (overlapped)
+            LATHE_RETURN_IF_ERROR(
+                optimizer->overlap_with(model, req.optimizer_sms).with_context("--optimizer-sms"));
     }
     // `lathe train`'s step (run/train_step.h) for K micro-batches (gradient accumulation K),
     // with the default clip and without the trainer's skip decision (it only compares the loss

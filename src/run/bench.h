@@ -59,7 +59,8 @@
 // overlapped (optim/adamw_optimizer.h: the device AdamW unit by unit on the optimizer stream
 // while the next forward waits per unit). Overlapped, a step's time runs from its start to the
 // next step's start, as with offload (the last: to where a next step would start). The line's
-// "optimizer_schedule" says which (absent with --offload, whose offload_schedule says it).
+// "optimizer_schedule" says which (absent with --offload, whose offload_schedule says it), and
+// "optimizer_sms" the SMs --optimizer-sms leaves to the overlapped update (0: none).
 //
 // Kernel breakdown (--kernel-breakdown N, CUDA): after the timed steps, N more steps run with
 // CUPTI recording every kernel, copy and set (ops/cuda/kernel_profile.h; CUPTI slows launches, so
@@ -145,6 +146,8 @@ struct BenchRequest {
     double offload_fraction = 1.0;  // --offload-fraction: optimizer.offload_fraction, (0, 1]
     // --optimizer-schedule: the device optimizer's (one process, no offload; bench.h).
     OptimizerSchedule optimizer_schedule = OptimizerSchedule::kSerial;
+    // --optimizer-sms: optimizer.overlap_sms (AdamWOptimizer::overlap_with), overlapped only.
+    int optimizer_sms = 0;
     // --kernel-breakdown N: N more steps after the timed ones, recorded by CUPTI (CUDA only;
     // kernel_breakdown below); 0: none.
     int64_t kernel_breakdown_steps = 0;

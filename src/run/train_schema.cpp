@@ -137,6 +137,10 @@ ConfigSchema train_config_schema() {
            "the device AdamW: serial (default: the whole update between the backward and the "
            "next forward) | overlapped (after the gradient norm, unit by unit on a low-priority "
            "stream while the next forward waits per unit); same bits; one process, no offload"});
+    s.add({"optimizer.overlap_sms", ConfigType::kInt, "0",
+           "with optimizer.schedule: overlapped on CUDA, the SMs the forward's GEMMs leave to the "
+           "update beside them (cuBLASLt's SM count target; 0 to 64, fewer than the device's); 0: "
+           "none, the serial schedule's bits"});
     s.add({"optimizer.state_dtype", ConfigType::kString, "",
            "AdamW moment storage: fp32 (default) | bf16 (rounded to nearest even on store): "
            "the device optimizer's, or with optimizer.offload: cpu the host's"});

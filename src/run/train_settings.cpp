@@ -399,6 +399,15 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
             "optimizer.offload: cpu set optimizer.offload_schedule instead and remove "
             "optimizer.schedule",
             c.source_of("optimizer.schedule"));
+    LATHE_ASSIGN_OR_RETURN(
+        s.optimizer_sms,
+        int_key("optimizer.overlap_sms", 0, AdamWOptimizer::kMaxOptimizerSms,
+                "the SMs the forward's GEMMs leave to the overlapped device AdamW"));
+    if (s.optimizer_sms > 0 && s.schedule != OptimizerSchedule::kOverlapped)
+        return invalid_argument_error(
+            "{}: 'optimizer.overlap_sms' {} is read by the overlapped schedule: set "
+            "optimizer.schedule: overlapped, or remove optimizer.overlap_sms",
+            c.source_of("optimizer.overlap_sms"), s.optimizer_sms);
     auto style = lr_decay_style_from_string(c.get_string("lr.decay_style"));
     if (!style.ok())
         return style.status().with_context(c.source_of("lr.decay_style") + ": 'lr.decay_style'");

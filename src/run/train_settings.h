@@ -64,6 +64,9 @@ struct TrainSettings {
     // trainer refuses overlapped with several ranks; with offload the key is refused here
     // (optimizer.offload_schedule is that optimizer's).
     OptimizerSchedule schedule = OptimizerSchedule::kSerial;
+    // optimizer.overlap_sms: the SMs the forward's GEMMs leave to the overlapped update
+    // (AdamWOptimizer::overlap_with); set only with optimizer.schedule: overlapped.
+    int optimizer_sms = 0;
 
     int64_t checkpoint_interval = 0;  // 0 = only at the end
     int keep_last = 0;

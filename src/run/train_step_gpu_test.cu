@@ -9,7 +9,9 @@
 // the hook's wait). Before each overlapped update a kernel holds the optimizer stream for about
 // 20 ms, so that any read of the weights that does not wait for its unit reads the old ones.
 // Exact equality, no tolerance: the same deterministic kernel runs over the same elements with
-// the same scalars, only on another stream and in unit-sized launches.
+// the same scalars, only on another stream and in unit-sized launches. With optimizer.overlap_sms
+// the GEMMs' SM target is held from each update to the next forward's LM head, and a run repeats
+// its own bits; out-of-range values are refused.
 // clang-format off
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
@@ -111,6 +113,61 @@ TEST_P(TrainStepScheduleGpu, OverlappedGivesTheSerialBits) {
     EXPECT_EQ(got.v, want.v);
     // The run trained: the weights left their initial values.
     EXPECT_NE(want.params, schedule_test::read_params(make(fp8, 1)));
+}
+
+// optimizer.overlap_sms: from each update's start the compute stream's GEMMs plan for the SMs
+// the update leaves (CudaState::gemm_sm_target), until the next forward reaches the LM head's
+// weights (every unit updated by then) or finish(); and a run repeats its bits (the GEMMs'
+// algorithms under the target may differ from the serial run's, so the serial bits are not
+// asked for).
+TEST_P(TrainStepScheduleGpu, OverlapSmsHoldTheGemmsUntilTheHeadAndRepeatTheirBits) {
+    const bool fp8 = GetParam();
+    auto make_model = [fp8](uint64_t seed) { return make(fp8, seed); };
+    schedule_test::RunPlan p = plan();
+    p.optimizer_sms = 8;
+    const int held_target = state_->sm_count() - p.optimizer_sms;
+    ASSERT_GT(held_target, 0);
+    ASSERT_EQ(state_->gemm_sm_target(), 0);
+    int held = 0, released = 0;
+    const RunResult a = schedule_test::run(
+        p, OptimizerSchedule::kOverlapped, make_model,
+        [&] {
+            // Before each update: the step's forward reached the head (or nothing held yet).
+            if (state_->gemm_sm_target() == 0) ++released;
+            spin_kernel<<<1, 1, 0, state_->optimizer_stream()>>>(int64_t(20) * 1000 * 1000);
+            LATHE_CUDA_CHECK_LAUNCH();
+        },
+        [&] {
+            if (state_->gemm_sm_target() == held_target) ++held;
+        });
+    const int applied = p.steps - 1;  // one step is computed but not applied (skip_at)
+    EXPECT_EQ(held, applied);
+    EXPECT_EQ(released, applied);
+    EXPECT_EQ(state_->gemm_sm_target(), 0);  // the run's finish() released the last
+    const RunResult b = schedule_test::run(p, OptimizerSchedule::kOverlapped, make_model);
+    EXPECT_EQ(state_->gemm_sm_target(), 0);
+    EXPECT_EQ(a.losses, b.losses);
+    EXPECT_EQ(a.norms, b.norms);
+    EXPECT_EQ(a.evals, b.evals);
+    EXPECT_EQ(a.params, b.params);
+    EXPECT_EQ(a.compute, b.compute);
+    EXPECT_EQ(a.m, b.m);
+    EXPECT_EQ(a.v, b.v);
+    EXPECT_NE(a.params, schedule_test::read_params(make(fp8, 1)));
+}
+
+// optimizer.overlap_sms that leaves no SM to the GEMMs, or more than kMaxOptimizerSms, is
+// refused and keeps the serial schedule.
+TEST_P(TrainStepScheduleGpu, OverlapSmsOutOfRangeAreRefused) {
+    for (const int sms : {state_->sm_count(), AdamWOptimizer::kMaxOptimizerSms + 1, -1}) {
+        Model model = make(GetParam(), 1);
+        Result<AdamWOptimizer> opt = AdamWOptimizer::create_for(model);
+        ASSERT_TRUE(opt.ok()) << opt.status().to_string();
+        const Status st = opt->overlap_with(model, sms);
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << sms << ": " << st.to_string();
+        EXPECT_NE(st.message().find("optimizer.overlap_sms"), std::string::npos) << st.to_string();
+        EXPECT_EQ(opt->schedule(), OptimizerSchedule::kSerial);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, TrainStepScheduleGpu, ::testing::Values(false, true),

@@ -31,6 +31,7 @@ struct RunPlan {
     int save_at = 4;        // after this step's update (and the eval): a checkpoint, and the run
                             // goes on in a fresh model and optimizer loaded from it
     int64_t B = 2, T = 8, V = 64;  // the batches' shape and token range
+    int optimizer_sms = 0;         // overlapped: optimizer.overlap_sms (overlap_with)
 };
 
 // What a run leaves: every micro-batch's loss as TrainStep averaged it (per step), the norms,
@@ -77,10 +78,11 @@ inline void write_params(Model& model, const std::vector<float>& values) {
 // model is made with another seed, so that only the checkpoint's values can make it match).
 // `before_apply`, when given, is called just before each update (the GPU test delays the
 // optimizer stream there, so that a read of the weights that does not wait for the update sees
-// the old ones).
+// the old ones); `after_apply` just after it.
 inline RunResult run(const RunPlan& plan, OptimizerSchedule schedule,
                      const std::function<Model(uint64_t seed)>& make,
-                     const std::function<void()>& before_apply = nullptr) {
+                     const std::function<void()>& before_apply = nullptr,
+                     const std::function<void()>& after_apply = nullptr) {
     RunResult r;
     std::optional<Model> model;
     std::optional<AdamWOptimizer> opt;
@@ -91,7 +93,7 @@ inline RunResult run(const RunPlan& plan, OptimizerSchedule schedule,
         LATHE_CHECK(made.ok(), "{}", made.status().to_string());
         opt.emplace(std::move(*made));
         if (schedule == OptimizerSchedule::kOverlapped) {
-            const Status st = opt->overlap_with(*model);
+            const Status st = opt->overlap_with(*model, plan.optimizer_sms);
             LATHE_CHECK(st.ok(), "{}", st.to_string());
         }
         std::vector<char> frozen(model->params().entries().size(), 0);
@@ -119,6 +121,7 @@ inline RunResult run(const RunPlan& plan, OptimizerSchedule schedule,
         if (before_apply) before_apply();
         const Status applied = step->apply(1e-2, 0.1, hyper, ++adam_step, plan.max_norm);
         LATHE_CHECK(applied.ok(), "{}", applied.to_string());
+        if (after_apply) after_apply();
         if (s == plan.eval_at)
             r.evals.push_back(
                 model->eval_forward(ModelBatch{tok[0].view(), tgt[0].view(), {}, {}}));

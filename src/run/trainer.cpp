@@ -600,8 +600,9 @@ Status Trainer::setup() {
                 "{}: 'optimizer.schedule: overlapped' runs in one process; a world of {} ranks "
                 "keeps the serial schedule: set optimizer.schedule: serial",
                 config_.source_of("optimizer.schedule"), world_.size());
-        LATHE_RETURN_IF_ERROR(
-            optimizer_->overlap_with(*model_).with_context("'optimizer.schedule: overlapped'"));
+        LATHE_RETURN_IF_ERROR(optimizer_->overlap_with(*model_, s_.optimizer_sms)
+                                  .with_context(config_.source_of("optimizer.schedule") +
+                                                ": 'optimizer.schedule: overlapped'"));
     }
     if (host_optimizer_)
         step_.emplace(*model_, *host_optimizer_, frozen_);
