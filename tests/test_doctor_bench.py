@@ -344,9 +344,17 @@ def test_bench_kernel_breakdown_is_a_gpu_option():
     p = run(["bench", "--model", "tiny", "--generate", "--prefill", 16, "--prompt-len", 8,
              "--decode-steps", 2, "--device", "cpu", "--kernel-breakdown", 2])
     assert p.returncode != 0 and "it takes CUDA and --decode-batches" in p.stderr, p.stderr
+    # --kernel-trace writes the breakdown's records: without --kernel-breakdown it is refused
+    # before any step runs, and --generate does not take it.
+    p = run(["bench", "--model", "tiny", "--batch", 1, "--seq", 8, "--device", "cpu",
+             "--kernel-trace", "t.json"])
+    assert p.returncode != 0 and "add --kernel-breakdown 1 or more" in p.stderr, p.stderr
+    p = run(["bench", "--model", "tiny", "--generate", "--prefill", 16, "--prompt-len", 8,
+             "--decode-steps", 2, "--device", "cpu", "--kernel-trace", "t.json"])
+    assert p.returncode != 0 and "--kernel-trace is a training bench option" in p.stderr, p.stderr
 
 
-def test_bench_kernel_breakdown_on_a_gpu():
+def test_bench_kernel_breakdown_on_a_gpu(tmp_path):
     """The CUPTI breakdown: every step's GEMMs, attention, norms and optimizer are seen, busy <=
     span, and the timed numbers are the timed steps' (the same loss as a run without it)."""
     doctor = doctor_json()[1]
@@ -354,9 +362,17 @@ def test_bench_kernel_breakdown_on_a_gpu():
         pytest.skip(NEEDS_CUDA + "lathe doctor says: " + doctor["verdict"])
     args = ["--model", "tiny", "--batch", 2, "--seq", 64, "--steps", 2, "--warmup", 1,
             "--device", "cuda"]
-    r = bench(*args, "--kernel-breakdown", 2)
+    trace = tmp_path / "trace.json"
+    r = bench(*args, "--kernel-breakdown", 2, "--kernel-trace", trace)
     k = r["kernels"]
     assert k["steps"] == 2
+    # The trace: one event per record on its stream's track, the groups the breakdown counts.
+    assert k["trace"] == str(trace)
+    events = json.loads(trace.read_text())["traceEvents"]
+    records = [e for e in events if e["ph"] == "X"]
+    assert records and all(e["dur"] >= 0 and e["ts"] >= 0 for e in records)
+    assert {e["cat"] for e in records} >= {"gemm", "attention", "norms", "optimizer"}
+    assert {e["tid"] for e in records} == {e["tid"] for e in events if e["ph"] == "M"}
     assert 0 < k["busy_ms_per_step"] <= k["span_ms_per_step"] + 1e-9
     assert k["gaps_ms_per_step"] == pytest.approx(k["span_ms_per_step"] - k["busy_ms_per_step"])
     groups = {g["name"]: g for g in k["groups"]}

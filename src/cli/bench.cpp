@@ -209,6 +209,10 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "steps per --decode-batches batch, in each batch's row; 0 = off")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--kernel-trace", o->req.kernel_trace,
+                    "With --kernel-breakdown N (training): write the N steps' kernels, copies and "
+                    "sets to this file as a Chrome trace (one track per CUDA stream; Perfetto or "
+                    "chrome://tracing open it)");
     cmd->add_flag("--plan-only", o->req.plan_only,
                   "Print the parameter count, FLOPs per token and the memory plan; run nothing");
     cmd->add_option("--plan-ranks", o->req.plan_ranks,
@@ -250,12 +254,28 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                                        : o->device == "cuda" ? BenchDevice::kCuda
                                                              : BenchDevice::kAuto;
             if (o->generate) {
-                for (const char* training :
-                     {"--batch", "--seq", "--accum", "--steps", "--warmup", "--recompute",
-                      "--zero-stage", "--precision", "--fp8-recipe", "--fp8-lm-head", "--plan-only",
-                      "--nondeterministic", "--offload", "--state-dtype", "--offload-schedule",
-                      "--offload-fraction", "--plan-ranks", "--plan-tensor",
-                      "--plan-sequence-parallel"})
+                for (const char* training : {"--batch",
+                                             "--seq",
+                                             "--accum",
+                                             "--steps",
+                                             "--warmup",
+                                             "--recompute",
+                                             "--zero-stage",
+                                             "--precision",
+                                             "--fp8-recipe",
+                                             "--fp8-lm-head",
+                                             "--plan-only",
+                                             "--nondeterministic",
+                                             "--offload",
+                                             "--state-dtype",
+                                             "--offload-schedule",
+                                             "--offload-fraction",
+                                             "--plan-ranks",
+                                             "--plan-tensor",
+                                             "--plan-sequence-parallel",
+                                             "--optimizer-schedule",
+                                             "--optimizer-sms",
+                                             "--kernel-trace"})
                     if (cmd->count(training) > 0)
                         return invalid_argument_error(
                             "{} is a training bench option; --generate takes --prefill, "

@@ -2,10 +2,14 @@
 
 #include "ops/kernel_groups.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <set>
 
 namespace lathe {
 namespace {
@@ -108,6 +112,32 @@ KernelBreakdown summarize_kernels(std::span<const KernelRecord> records, int top
     std::sort(out.by_gap.begin(), out.by_gap.end(), by_gap);
     if (out.by_gap.size() > keep) out.by_gap.resize(keep);
     return out;
+}
+
+std::string kernel_trace_json(std::span<const KernelRecord> records) {
+    using json = nlohmann::ordered_json;
+    uint64_t t0 = UINT64_MAX;
+    std::set<uint32_t> streams;
+    for (const KernelRecord& r : records) {
+        t0 = std::min(t0, r.start_ns);
+        streams.insert(r.stream);
+    }
+    json events = json::array();
+    for (const uint32_t s : streams)
+        events.push_back({{"name", "thread_name"},
+                          {"ph", "M"},
+                          {"pid", 0},
+                          {"tid", s},
+                          {"args", {{"name", fmt::format("stream {}", s)}}}});
+    for (const KernelRecord& r : records)
+        events.push_back({{"name", r.name},
+                          {"cat", std::string(kernel_group(r.name, r.is_copy))},
+                          {"ph", "X"},
+                          {"ts", double(r.start_ns - t0) / 1e3},
+                          {"dur", double(r.end_ns - std::min(r.start_ns, r.end_ns)) / 1e3},
+                          {"pid", 0},
+                          {"tid", r.stream}});
+    return json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ns"}}.dump();
 }
 
 }  // namespace lathe

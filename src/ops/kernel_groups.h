@@ -40,6 +40,7 @@ struct KernelRecord {
     uint64_t start_ns = 0;
     uint64_t end_ns = 0;
     bool is_copy = false;
+    uint32_t stream = 0;  // the CUDA stream's id (CUPTI's streamId)
 };
 
 std::string_view kernel_group(std::string_view name, bool is_copy = false);
@@ -60,5 +61,12 @@ struct KernelBreakdown {
 };
 
 KernelBreakdown summarize_kernels(std::span<const KernelRecord> records, int top_n);
+
+// The records as a Chrome trace (the JSON object format of the Trace Event Format, which
+// Perfetto and chrome://tracing open; `lathe bench --kernel-trace FILE`): one complete event
+// ("ph": "X") per record, named as recorded, its group as "cat", "ts" and "dur" in microseconds
+// from the first record's start, on thread "stream N" (tid N) of process 0, so that kernels
+// that overlap on two streams show side by side; a thread_name metadata event per stream.
+std::string kernel_trace_json(std::span<const KernelRecord> records);
 
 }  // namespace lathe

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 namespace lathe {
 namespace {
 
@@ -79,6 +81,39 @@ TEST(KernelGroups, EachGapIsChargedToTheRecordThatEndsIt) {
     double group_gaps = 0;
     for (const KernelTotal& g : b.groups) group_gaps += g.gap_ms;
     EXPECT_DOUBLE_EQ(group_gaps, b.span_ms - b.busy_ms);
+}
+
+TEST(KernelGroups, TheTraceHasAnEventPerRecordOnItsStreamsTrack) {
+    // An update on stream 20 beside a GEMM on stream 7, then a copy back on stream 7.
+    const std::vector<KernelRecord> records = {
+        {"nvjet_tst_192x192", 5'000'000, 5'004'000, false, 7},
+        {"void lathe::cuda::adamw_update_kernel<float>(...)", 5'001'500, 5'003'250, false, 20},
+        {"memcpy", 5'004'500, 5'004'501, true, 7},
+    };
+    const auto j = nlohmann::json::parse(kernel_trace_json(records));
+    const auto& ev = j.at("traceEvents");
+    ASSERT_EQ(ev.size(), 5u);  // two thread names, three records
+    EXPECT_EQ(ev[0].at("ph"), "M");
+    EXPECT_EQ(ev[0].at("tid"), 7);
+    EXPECT_EQ(ev[0].at("args").at("name"), "stream 7");
+    EXPECT_EQ(ev[1].at("tid"), 20);
+    EXPECT_EQ(ev[1].at("args").at("name"), "stream 20");
+    EXPECT_EQ(ev[2].at("name"), "nvjet_tst_192x192");
+    EXPECT_EQ(ev[2].at("cat"), "gemm");
+    EXPECT_EQ(ev[2].at("ph"), "X");
+    EXPECT_DOUBLE_EQ(ev[2].at("ts").get<double>(), 0.0);  // microseconds from the first start
+    EXPECT_DOUBLE_EQ(ev[2].at("dur").get<double>(), 4.0);
+    EXPECT_EQ(ev[2].at("tid"), 7);
+    EXPECT_EQ(ev[3].at("cat"), "optimizer");
+    EXPECT_DOUBLE_EQ(ev[3].at("ts").get<double>(), 1.5);
+    EXPECT_DOUBLE_EQ(ev[3].at("dur").get<double>(), 1.75);
+    EXPECT_EQ(ev[3].at("tid"), 20);
+    EXPECT_EQ(ev[4].at("cat"), "copies");
+    EXPECT_DOUBLE_EQ(ev[4].at("dur").get<double>(), 0.001);
+    EXPECT_EQ(j.at("displayTimeUnit"), "ns");
+    // No records: an empty trace, still one that a viewer opens.
+    const auto empty = nlohmann::json::parse(kernel_trace_json({}));
+    EXPECT_TRUE(empty.at("traceEvents").empty());
 }
 
 TEST(KernelGroups, NoRecordsGiveAnEmptyBreakdown) {

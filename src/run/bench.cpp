@@ -461,6 +461,11 @@ Result<std::string> bench_run(const BenchRequest& req) {
             offload
                 ? "with --offload cpu use --offload-schedule"
                 : fmt::format("a world of {} ranks keeps the serial schedule", group.world_size));
+    if (!req.kernel_trace.empty() && req.kernel_breakdown_steps <= 0)
+        return invalid_argument_error(
+            "--kernel-trace {} writes the records of --kernel-breakdown N steps: add "
+            "--kernel-breakdown 1 or more",
+            req.kernel_trace);
     if (req.optimizer_sms != 0 && !overlapped)
         return invalid_argument_error(
             "--optimizer-sms {} needs --optimizer-schedule overlapped (the SMs the forward's "
@@ -798,9 +803,14 @@ Result<std::string> bench_run(const BenchRequest& req) {
             (void)model.fp8_take_gemms();
             return ok_status();
         };
-        LATHE_ASSIGN_OR_RETURN(kernels,
-                               bench_kernel_breakdown(req.kernel_breakdown_steps, profiled_step,
-                                                      [&] { model.synchronize(); }));
+        std::vector<KernelRecord> records;
+        LATHE_ASSIGN_OR_RETURN(
+            kernels, bench_kernel_breakdown(
+                         req.kernel_breakdown_steps, profiled_step, [&] { model.synchronize(); },
+                         req.kernel_trace.empty() ? nullptr : &records));
+        if (!req.kernel_trace.empty())
+            LATHE_RETURN_IF_ERROR(file_write_atomic(req.kernel_trace, kernel_trace_json(records))
+                                      .with_context("--kernel-trace " + req.kernel_trace));
         last = last_timed;
     }
     if (!std::isfinite(last.loss) || !std::isfinite(last.norm))
@@ -885,7 +895,10 @@ Result<std::string> bench_run(const BenchRequest& req) {
         // warmup's last update (or, with no warmup, the initial weights).
         j["fp8_weight_casts_per_step"] = double(fp8_casts_timed) / double(req.steps);
     }
-    if (kernels) j["kernels"] = bench_kernel_breakdown_json(*kernels, req.kernel_breakdown_steps);
+    if (kernels) {
+        j["kernels"] = bench_kernel_breakdown_json(*kernels, req.kernel_breakdown_steps);
+        if (!req.kernel_trace.empty()) j["kernels"]["trace"] = req.kernel_trace;
+    }
     if (multi) {
         j["launcher"] = std::string(launcher_name(world.group.launcher));
         j["zero_stage"] = req.zero_stage;
@@ -906,7 +919,8 @@ Result<std::string> bench_run(const BenchRequest& req) {
 
 Result<KernelBreakdown> bench_kernel_breakdown(int64_t steps,
                                                const std::function<Status(int64_t)>& step,
-                                               const std::function<void()>& synchronize) {
+                                               const std::function<void()>& synchronize,
+                                               std::vector<KernelRecord>* kept) {
     synchronize();
     if (std::string e = cuda::kernel_profile_start(); !e.empty())
         return failed_precondition_error("--kernel-breakdown: {}", e);
@@ -920,7 +934,9 @@ Result<KernelBreakdown> bench_kernel_breakdown(int64_t steps,
     synchronize();
     if (std::string e = cuda::kernel_profile_stop(records); !e.empty())
         return internal_error("--kernel-breakdown: {}", e);
-    return summarize_kernels(records, 12);
+    KernelBreakdown b = summarize_kernels(records, 12);
+    if (kept != nullptr) *kept = std::move(records);
+    return b;
 }
 
 nlohmann::ordered_json bench_kernel_breakdown_json(const KernelBreakdown& kernels, int64_t steps) {

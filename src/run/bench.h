@@ -71,7 +71,9 @@
 // records' starts end) and share = ms / busy; kernels that overlap on two streams make the shares
 // sum above 1), top (the 12 kernels of largest time, the same keys less share) and by_gap (the 12
 // kernels of largest gap_ms_per_step). Under a launcher each rank profiles its own process;
-// rank 0's breakdown is the line's.
+// rank 0's breakdown is the line's. --kernel-trace FILE (with --kernel-breakdown) writes the
+// profiled steps' records to FILE as a Chrome trace, one track per stream
+// (ops/kernel_groups.h's kernel_trace_json), and names it as kernels.trace.
 //
 // Optimizer offload (--offload cpu, one process): the step of `lathe train` with
 // optimizer.offload: cpu (optim/host_optimizer.h): the model holds no device masters, the
@@ -151,6 +153,9 @@ struct BenchRequest {
     // --kernel-breakdown N: N more steps after the timed ones, recorded by CUPTI (CUDA only;
     // kernel_breakdown below); 0: none.
     int64_t kernel_breakdown_steps = 0;
+    // --kernel-trace FILE: the breakdown's records as a Chrome trace (kernel_trace_json), written
+    // whole or not at all; needs kernel_breakdown_steps > 0 (training bench only).
+    std::string kernel_trace;
 };
 
 struct BenchPreset {
@@ -201,9 +206,11 @@ Result<std::string> bench_run(const BenchRequest& request);
 // (ops/cuda/kernel_profile.h), `synchronize` (the device's) called before the profile starts and
 // after the last step, and sums what they ran (the 12 kernels of largest time in top). Errors:
 // CUPTI cannot start (failed precondition) or stop, or a step's error (the profile stopped).
+// `records`, when given, receives every record of the profiled steps.
 Result<KernelBreakdown> bench_kernel_breakdown(int64_t steps,
                                                const std::function<Status(int64_t)>& step,
-                                               const std::function<void()>& synchronize);
+                                               const std::function<void()>& synchronize,
+                                               std::vector<KernelRecord>* records = nullptr);
 // The line's "kernels" object for a breakdown of `steps` steps (the fields above).
 nlohmann::ordered_json bench_kernel_breakdown_json(const KernelBreakdown& kernels, int64_t steps);
 

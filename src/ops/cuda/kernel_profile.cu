@@ -65,17 +65,17 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
             case CUPTI_ACTIVITY_KIND_KERNEL:
             case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
                 const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-                got.push_back({demangle(k->name), k->start, k->end, false});
+                got.push_back({demangle(k->name), k->start, k->end, false, k->streamId});
                 break;
             }
             case CUPTI_ACTIVITY_KIND_MEMCPY: {
                 const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-                got.push_back({"memcpy", m->start, m->end, true});
+                got.push_back({"memcpy", m->start, m->end, true, m->streamId});
                 break;
             }
             case CUPTI_ACTIVITY_KIND_MEMSET: {
                 const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-                got.push_back({"memset", m->start, m->end, true});
+                got.push_back({"memset", m->start, m->end, true, m->streamId});
                 break;
             }
             default:
