@@ -790,24 +790,28 @@ Result<std::string> bench_run(const BenchRequest& req) {
         if (!on_cuda)
             return failed_precondition_error(
                 "--kernel-breakdown profiles GPU kernels; this bench runs on the CPU");
-        // The steps as the timed ones run them (the loop above), untimed.
+        // The steps as the timed ones run them (the loop above), untimed: an overlapped or
+        // offloaded update runs on beside the next step's forward, and the last one's is
+        // finished before the profile stops.
         const auto profiled_step = [&](int64_t k) -> Status {
             const int64_t s = total + k;
             LATHE_ASSIGN_OR_RETURN(last, step->gradients(K, [&](int64_t j) -> Result<ModelBatch> {
                 return batch_at(s * K + j);
             }));
             LATHE_RETURN_IF_ERROR(step->apply(kLr, kWeightDecay, kAdam, s + 1, kGradClip));
-            if (host_optimizer) host_optimizer->finish();
-            if (optimizer) optimizer->finish();
             model.synchronize();
             (void)model.fp8_take_gemms();
             return ok_status();
         };
+        const auto finish_all = [&] {
+            if (host_optimizer) host_optimizer->finish();
+            if (optimizer) optimizer->finish();
+            model.synchronize();
+        };
         std::vector<KernelRecord> records;
         LATHE_ASSIGN_OR_RETURN(
-            kernels, bench_kernel_breakdown(
-                         req.kernel_breakdown_steps, profiled_step, [&] { model.synchronize(); },
-                         req.kernel_trace.empty() ? nullptr : &records));
+            kernels, bench_kernel_breakdown(req.kernel_breakdown_steps, profiled_step, finish_all,
+                                            req.kernel_trace.empty() ? nullptr : &records));
         if (!req.kernel_trace.empty())
             LATHE_RETURN_IF_ERROR(file_write_atomic(req.kernel_trace, kernel_trace_json(records))
                                       .with_context("--kernel-trace " + req.kernel_trace));
