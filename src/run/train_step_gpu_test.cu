@@ -46,6 +46,17 @@ __global__ void spin_kernel(int64_t ns) {
     for (int64_t waited = 0; waited < ns; waited += 1000) __nanosleep(1000);
 }
 
+// Every value two runs leave, bit for bit.
+void expect_same_bits(const RunResult& got, const RunResult& want) {
+    EXPECT_EQ(got.losses, want.losses);
+    EXPECT_EQ(got.norms, want.norms);
+    EXPECT_EQ(got.evals, want.evals);
+    EXPECT_EQ(got.params, want.params);
+    EXPECT_EQ(got.compute, want.compute);
+    EXPECT_EQ(got.m, want.m);
+    EXPECT_EQ(got.v, want.v);
+}
+
 class TrainStepScheduleGpu : public ::testing::TestWithParam<bool> {
 protected:
     static void SetUpTestSuite() { state_ = new CudaState(0); }
@@ -88,6 +99,12 @@ protected:
         return std::move(*m);
     }
 
+    // Holds the optimizer stream for about 20 ms (spin_kernel), before an update.
+    static void delay_optimizer_stream() {
+        spin_kernel<<<1, 1, 0, state_->optimizer_stream()>>>(int64_t(20) * 1000 * 1000);
+        LATHE_CUDA_CHECK_LAUNCH();
+    }
+
     static CudaState* state_;
 };
 CudaState* TrainStepScheduleGpu::state_ = nullptr;
@@ -96,21 +113,12 @@ TEST_P(TrainStepScheduleGpu, OverlappedGivesTheSerialBits) {
     const bool fp8 = GetParam();
     auto make_model = [fp8](uint64_t seed) { return make(fp8, seed); };
     const RunResult want = schedule_test::run(plan(), OptimizerSchedule::kSerial, make_model);
-    const RunResult got =
-        schedule_test::run(plan(), OptimizerSchedule::kOverlapped, make_model, [] {
-            spin_kernel<<<1, 1, 0, state_->optimizer_stream()>>>(int64_t(20) * 1000 * 1000);
-            LATHE_CUDA_CHECK_LAUNCH();
-        });
+    const RunResult got = schedule_test::run(plan(), OptimizerSchedule::kOverlapped, make_model,
+                                             delay_optimizer_stream);
     ASSERT_EQ(want.losses.size(), size_t(plan().steps));
     for (const float n : want.norms) EXPECT_GT(n, plan().max_norm);  // the clip is exercised
-    EXPECT_EQ(got.losses, want.losses);
-    EXPECT_EQ(got.norms, want.norms);
     ASSERT_EQ(want.evals.size(), 1u);
-    EXPECT_EQ(got.evals, want.evals);
-    EXPECT_EQ(got.params, want.params);
-    EXPECT_EQ(got.compute, want.compute);
-    EXPECT_EQ(got.m, want.m);
-    EXPECT_EQ(got.v, want.v);
+    expect_same_bits(got, want);
     // The run trained: the weights left their initial values.
     EXPECT_NE(want.params, schedule_test::read_params(make(fp8, 1)));
 }
@@ -134,8 +142,7 @@ TEST_P(TrainStepScheduleGpu, OverlapSmsHoldTheGemmsUntilTheHeadAndRepeatTheirBit
         [&] {
             // Before each update: the step's forward reached the head (or nothing held yet).
             if (state_->gemm_sm_target() == 0) ++released;
-            spin_kernel<<<1, 1, 0, state_->optimizer_stream()>>>(int64_t(20) * 1000 * 1000);
-            LATHE_CUDA_CHECK_LAUNCH();
+            delay_optimizer_stream();
         },
         [&] {
             if (state_->gemm_sm_target() == held_target) ++held;
@@ -146,13 +153,7 @@ TEST_P(TrainStepScheduleGpu, OverlapSmsHoldTheGemmsUntilTheHeadAndRepeatTheirBit
     EXPECT_EQ(state_->gemm_sm_target(), 0);  // the run's finish() released the last
     const RunResult b = schedule_test::run(p, OptimizerSchedule::kOverlapped, make_model);
     EXPECT_EQ(state_->gemm_sm_target(), 0);
-    EXPECT_EQ(a.losses, b.losses);
-    EXPECT_EQ(a.norms, b.norms);
-    EXPECT_EQ(a.evals, b.evals);
-    EXPECT_EQ(a.params, b.params);
-    EXPECT_EQ(a.compute, b.compute);
-    EXPECT_EQ(a.m, b.m);
-    EXPECT_EQ(a.v, b.v);
+    expect_same_bits(a, b);
     EXPECT_NE(a.params, schedule_test::read_params(make(fp8, 1)));
 }
 
