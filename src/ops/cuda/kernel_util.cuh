@@ -106,6 +106,23 @@ __device__ __forceinline__ void warp_amax_into(unsigned m, unsigned* amax) {
     if (threadIdx.x % kWarpSize == 0 && m != 0) atomicMax(amax, m);
 }
 
+// The block's max of m into *amax: one atomicMax per block, none where *amax already holds at
+// least it (values only grow, so a stale read only costs an atomic). For a kernel of many blocks
+// over a large output (SwiGLU's): one atomic per warp on one address serializes in L2. Every
+// thread of the block calls it; kThreads is the block's size, a multiple of 32.
+template <int kThreads>
+__device__ __forceinline__ void block_amax_into(unsigned m, unsigned* amax) {
+    static_assert(kThreads % kWarpSize == 0 && kThreads <= kWarpSize * kWarpSize);
+    __shared__ unsigned warp_max[kThreads / kWarpSize];
+    m = __reduce_max_sync(kFullMask, m);
+    const unsigned warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+    if (lane == 0) warp_max[warp] = m;
+    __syncthreads();
+    if (warp != 0) return;
+    m = __reduce_max_sync(kFullMask, lane < kThreads / kWarpSize ? warp_max[lane] : 0u);
+    if (lane == 0 && m != 0 && m > __ldcg(amax)) atomicMax(amax, m);
+}
+
 // v rounded to nearest even bf16 and back: what a bf16 store followed by a load gives.
 __device__ __forceinline__ float round_bf16(float v) {
     return __bfloat162float(__float2bfloat16_rn(v));

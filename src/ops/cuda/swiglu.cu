@@ -36,7 +36,7 @@ __global__ void swiglu_forward_kernel(__nv_bfloat16* __restrict__ out,
         }
         store_bf16<kVec>(out + n * F + f, o);
     }
-    if (out_amax != nullptr) warp_amax_into(m, out_amax);
+    if (out_amax != nullptr) block_amax_into<kThreads>(m, out_amax);
 }
 
 // dgate = dout * up * sg * (1 + gate * (1 - sg)),  dup = dout * gate * sg.
@@ -64,7 +64,7 @@ __global__ void swiglu_backward_kernel(__nv_bfloat16* __restrict__ dgate_up,
         store_bf16<kVec>(dgate_up + n * 2 * F + f, dg);
         store_bf16<kVec>(dgate_up + n * 2 * F + F + f, du);
     }
-    if (dgate_up_amax != nullptr) warp_amax_into(m, dgate_up_amax);
+    if (dgate_up_amax != nullptr) block_amax_into<kThreads>(m, dgate_up_amax);
 }
 
 }  // namespace
