@@ -349,6 +349,9 @@ def test_bench_kernel_breakdown_is_a_gpu_option():
     p = run(["bench", "--model", "tiny", "--batch", 1, "--seq", 8, "--device", "cpu",
              "--kernel-trace", "t.json"])
     assert p.returncode != 0 and "add --kernel-breakdown 1 or more" in p.stderr, p.stderr
+    p = run(["bench", "--model", "tiny", "--batch", 1, "--seq", 8, "--device", "cpu",
+             "--kernel-breakdown", 1, "--kernel-trace", "/nonexistent-folder/t.json"])
+    assert p.returncode != 0 and "the folder /nonexistent-folder does not exist" in p.stderr, p.stderr
     p = run(["bench", "--model", "tiny", "--generate", "--prefill", 16, "--prompt-len", 8,
              "--decode-steps", 2, "--device", "cpu", "--kernel-trace", "t.json"])
     assert p.returncode != 0 and "--kernel-trace is a training bench option" in p.stderr, p.stderr

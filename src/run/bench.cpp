@@ -466,6 +466,15 @@ Result<std::string> bench_run(const BenchRequest& req) {
             "--kernel-trace {} writes the records of --kernel-breakdown N steps: add "
             "--kernel-breakdown 1 or more",
             req.kernel_trace);
+    if (!req.kernel_trace.empty()) {
+        // Checked before any step runs, so a mistyped folder does not cost the bench.
+        const std::filesystem::path folder = std::filesystem::path(req.kernel_trace).parent_path();
+        std::error_code ec;
+        if (!folder.empty() && !std::filesystem::is_directory(folder, ec))
+            return invalid_argument_error(
+                "--kernel-trace {}: the folder {} does not exist; create it or name another file",
+                req.kernel_trace, folder.string());
+    }
     if (req.optimizer_sms != 0 && !overlapped)
         return invalid_argument_error(
             "--optimizer-sms {} needs --optimizer-schedule overlapped (the SMs the forward's "
