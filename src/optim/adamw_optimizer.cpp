@@ -50,14 +50,13 @@ struct AdamWOptimizer::Overlap {
     std::vector<CudaEvent> unit_done;
     std::optional<CudaEvent> grads_zeroed;
     // CUDA: the SMs the compute stream's GEMMs leave to the pending update (optimizer.overlap_sms,
-    // 0: none), and whether the state's GEMM target is set for it now.
+    // 0: none). The state's GEMM target is set for them at each update and back to all SMs here
+    // (setting it again is harmless: nothing else sets it beside an overlapped optimizer).
     int optimizer_sms = 0;
-    bool sms_held = false;
 
     void release_sms() {
-        if (!sms_held) return;
-        cuda_state_of(model->context(), "adamw optimizer").set_gemm_sm_target(0);
-        sms_held = false;
+        if (optimizer_sms > 0)
+            cuda_state_of(model->context(), "adamw optimizer").set_gemm_sm_target(0);
     }
 
     // Unit u's update, on the optimizer stream (CUDA) or at once on the calling thread (CPU).
@@ -368,10 +367,7 @@ void AdamWOptimizer::step_overlapped(const OptimizerTarget& target,
     o.grads_zeroed->record(st.optimizer_stream());
     // The GEMMs enqueued from here until the forward reaches the LM head's weights (every unit
     // updated by then, on_weights_needed) plan for the SMs the update leaves.
-    if (o.optimizer_sms > 0) {
-        st.set_gemm_sm_target(st.sm_count() - o.optimizer_sms);
-        o.sms_held = true;
-    }
+    if (o.optimizer_sms > 0) st.set_gemm_sm_target(st.sm_count() - o.optimizer_sms);
 }
 
 void AdamWOptimizer::read_state(std::span<float> m, std::span<float> v) const {

@@ -461,12 +461,12 @@ Result<std::string> bench_run(const BenchRequest& req) {
             offload
                 ? "with --offload cpu use --offload-schedule"
                 : fmt::format("a world of {} ranks keeps the serial schedule", group.world_size));
-    if (!req.kernel_trace.empty() && req.kernel_breakdown_steps <= 0)
-        return invalid_argument_error(
-            "--kernel-trace {} writes the records of --kernel-breakdown N steps: add "
-            "--kernel-breakdown 1 or more",
-            req.kernel_trace);
     if (!req.kernel_trace.empty()) {
+        if (req.kernel_breakdown_steps <= 0)
+            return invalid_argument_error(
+                "--kernel-trace {} writes the records of --kernel-breakdown N steps: add "
+                "--kernel-breakdown 1 or more",
+                req.kernel_trace);
         // Checked before any step runs, so a mistyped folder does not cost the bench.
         const std::filesystem::path folder = std::filesystem::path(req.kernel_trace).parent_path();
         std::error_code ec;

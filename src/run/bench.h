@@ -203,10 +203,10 @@ Result<BenchPlacement> bench_placement(BenchDevice wanted, const ProcessGroupInf
 Result<std::string> bench_run(const BenchRequest& request);
 
 // Kernel breakdown ("Kernel breakdown" above): runs step(0) .. step(steps - 1) under CUPTI
-// (ops/cuda/kernel_profile.h), `synchronize` (the device's) called before the profile starts and
-// after the last step, and sums what they ran (the 12 kernels of largest time in top). Errors:
-// CUPTI cannot start (failed precondition) or stop, or a step's error (the profile stopped).
-// `records`, when given, receives every record of the profiled steps.
+// (ops/cuda/kernel_profile.h), `synchronize` (the device's, after any pending optimizer update)
+// called before the profile starts and after the last step, and sums what they ran (the 12 kernels
+// of largest time in top). Errors: CUPTI cannot start (failed precondition) or stop, or a step's
+// error (the profile stopped). `records`, when given, receives every record of the profiled steps.
 Result<KernelBreakdown> bench_kernel_breakdown(int64_t steps,
                                                const std::function<Status(int64_t)>& step,
                                                const std::function<void()>& synchronize,
