@@ -71,3 +71,29 @@ def test_fp8_lm_head_adds_the_heads_codes_to_the_plan():
     p = bench(*base, "--fp8-recipe", "blockwise", "--fp8-lm-head")
     assert p.returncode != 0
     assert "fp8.lm_head: true with fp8.recipe: blockwise" in p.stderr, p.stderr
+
+
+def test_lm_head_rows_sets_the_heads_chunk():
+    """--lm-head-rows sets the LM head's chunk of logit rows (the line's lm_head_rows); 0 takes the
+    plan's budget, at the 8B slice's vocabulary 1,046 rows in bf16 and 4,192 with the head in fp8
+    (four times the bytes, model/memory_plan.h); fewer rows plan fewer bytes; a negative count and
+    --generate are refused naming the option."""
+    base = ["--model", "llama3-8b-8l", "--batch", "2", "--seq", "4096", "--device", "cuda",
+            "--plan-only", "--state-dtype", "bf16"]
+    fp8 = ["--precision", "fp8", "--fp8-lm-head"]
+    rows = {}
+    for name, extra in [("bf16", []), ("fp8", fp8), ("fp8_1056", fp8 + ["--lm-head-rows", 1056]),
+                        ("bf16_2000", ["--lm-head-rows", 2000])]:
+        p = bench(*base, *extra)
+        assert p.returncode == 0, p.stderr
+        rows[name] = json.loads(p.stdout)
+    assert rows["bf16"]["lm_head_rows"] == (512 << 20) // (128256 * 4) == 1046
+    assert rows["fp8"]["lm_head_rows"] == 4192  # (2 << 30) // (128256 * 4) = 4186, to 16
+    assert rows["fp8_1056"]["lm_head_rows"] == 1056
+    assert rows["bf16_2000"]["lm_head_rows"] == 2000
+    assert rows["fp8_1056"]["plan_bytes"] < rows["fp8"]["plan_bytes"]
+    assert "LM-head chunk 4192 rows" in bench(*base, *fp8).stderr
+    p = bench(*base, "--lm-head-rows", -1)
+    assert p.returncode != 0 and "--lm-head-rows" in p.stderr, p.stderr
+    p = bench("--generate", "--model", "tiny", "--device", "cpu", "--lm-head-rows", 16)
+    assert p.returncode != 0 and "--lm-head-rows is a training bench option" in p.stderr, p.stderr

@@ -197,6 +197,13 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "With --optimizer-schedule overlapped on CUDA: the SMs the forward's GEMMs "
                     "leave to the update beside them, as optimizer.overlap_sms (0: none)")
         ->capture_default_str();
+    cmd->add_option("--lm-head-rows", o->req.lm_head_rows,
+                    "Rows of logits the fused LM head computes at once (0: the largest count "
+                    "whose f32 chunk fits the plan's budget, 512 MiB on CUDA, 2 GiB with "
+                    "--fp8-lm-head); fewer rows take less memory, more rows fewer weight-gradient "
+                    "passes")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--state-dtype", o->state_dtype,
                     "The AdamW moments' storage, fp32 or bf16 (optimizer.state_dtype; with "
                     "--offload cpu the host's)")
@@ -264,6 +271,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                                              "--precision",
                                              "--fp8-recipe",
                                              "--fp8-lm-head",
+                                             "--lm-head-rows",
                                              "--plan-only",
                                              "--nondeterministic",
                                              "--offload",

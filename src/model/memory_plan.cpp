@@ -335,13 +335,15 @@ Result<MemoryPlan> memory_plan_make(const ModelConfig& c, const ParamTable& tabl
     const int64_t N = B * T;
     const Shape rows = block_rows_shape(B, T, C, S);
     int64_t Nc = shape.lm_head_chunk_rows;
-    if (Nc == 0)
-        Nc = std::max<int64_t>(1, int64_t((shape.backend == Backend::kCuda ? kLmHeadChunkBytesCuda
-                                                                           : kLmHeadChunkBytes) /
-                                          (size_t(V) * sizeof(float))));
-    // The FP8 head's chunk (ops/cuda/lm_head_cross_entropy.h): a multiple of 16 rows (N is one).
     const bool fp8_head = shape.backend == Backend::kCuda &&
                           shape.precision.of(LinearRole::kLmHead) != LinearPrecision::kNative;
+    if (Nc == 0) {
+        const size_t budget = shape.backend != Backend::kCuda ? kLmHeadChunkBytes
+                              : fp8_head                      ? kLmHeadChunkBytesCudaFp8
+                                                              : kLmHeadChunkBytesCuda;
+        Nc = std::max<int64_t>(1, int64_t(budget / (size_t(V) * sizeof(float))));
+    }
+    // The FP8 head's chunk (ops/cuda/lm_head_cross_entropy.h): a multiple of 16 rows (N is one).
     if (fp8_head) Nc = (Nc + 15) / 16 * 16;
     plan.shape.lm_head_chunk_rows = Nc = std::min(Nc, N);
     plan.shards = shard_layout_make(table, shape.unit_shards);

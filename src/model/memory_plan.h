@@ -92,7 +92,7 @@ struct ModelShape {
     int64_t batch = 1;    // B, the most sequences one forward takes
     int64_t seq_len = 0;  // T, the longest sequence one forward takes
     // Nc, rows of logits the fused LM head holds at once; 0 picks the largest count whose
-    // (Nc, V) f32 chunk fits kLmHeadChunkBytes, at most B*T.
+    // (Nc, V) f32 chunk fits the backend's budget (kLmHeadChunkBytes*, below), at most B*T.
     int64_t lm_head_chunk_rows = 0;
     // Where the model computes; sets the dtypes (above) and the runtime row.
     Backend backend = Backend::kCpu;
@@ -253,6 +253,13 @@ inline constexpr int64_t kLossSlots = 64;
 // CUDA a larger chunk means fewer, larger GEMMs (at T = 1024 and V = 50257, about 2,600 rows).
 inline constexpr size_t kLmHeadChunkBytes = size_t(64) << 20;
 inline constexpr size_t kLmHeadChunkBytesCuda = size_t(512) << 20;
+// The FP8 head's (fp8.lm_head): four times the bf16 budget. Each chunk reads and writes the f32
+// weight gradient (V, C) once, 8 V C bytes, against 6 r V C flops in its three GEMMs: that
+// traffic's share of the chunk's time grows as the rows r fall and as the GEMMs speed up. FP8's
+// GEMMs run about twice as fast as bf16's and a row takes twice the chunk's bytes (bf16 dlogits
+// and their two code copies, ops/cuda/lm_head_cross_entropy.h), so four times the bytes give the
+// traffic the share it has in the bf16 head. At V = 128256: 4,192 rows instead of 1,056.
+inline constexpr size_t kLmHeadChunkBytesCudaFp8 = size_t(2048) << 20;
 
 // The dtype of activations and their gradients on `backend`.
 constexpr DType activation_dtype(Backend backend) {

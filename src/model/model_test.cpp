@@ -592,6 +592,29 @@ TEST(MemoryPlan, Fp8LmHeadAddsItsWeightCodes) {
     }
 }
 
+// The default chunk on CUDA: the bf16 budget's rows, four times as many bytes for the FP8 head
+// (memory_plan.h, kLmHeadChunkBytesCudaFp8), at most B*T; rows asked for are kept.
+TEST(MemoryPlan, Fp8LmHeadChunkHasFourTimesTheBf16Budget) {
+    std::string json(kLlamaJson);
+    json.replace(json.find("\"vocab_size\": 64"), 16, "\"vocab_size\": 128256");
+    const ModelConfig c = parse(json);
+    const ParamTable t = model_param_table(c);
+    ModelShape shape{256, 32, 0};  // N = 8192 rows
+    shape.backend = Backend::kCuda;
+    shape.attention_workspace_bytes = 0;
+    const Result<MemoryPlan> bf16 = memory_plan_make(c, t, shape);
+    ASSERT_TRUE(bf16.ok()) << bf16.status().to_string();
+    EXPECT_EQ(bf16->shape.lm_head_chunk_rows, int64_t((size_t(512) << 20) / (128256 * 4)));
+    shape.fp8.lm_head = true;
+    shape.precision = fp8_precision_policy(shape.fp8);
+    const Result<MemoryPlan> fp8 = memory_plan_make(c, t, shape);
+    ASSERT_TRUE(fp8.ok()) << fp8.status().to_string();
+    EXPECT_EQ(fp8->shape.lm_head_chunk_rows, 4192);  // 4,186 rounded up to 16
+    EXPECT_EQ(fp8->scratch.entries()[fp8->lm_chunk].bytes, size_t(4192) * 128256 * 4);
+    shape.lm_head_chunk_rows = 1000;
+    EXPECT_EQ(memory_plan_make(c, t, shape)->shape.lm_head_chunk_rows, 1008);
+}
+
 TEST(MemoryPlan, SequenceLongerThanTheModelAllowsNamesTheKey) {
     const ModelConfig c = parse(kGpt2Json);
     Result<MemoryPlan> plan = memory_plan_make(c, model_param_table(c), ModelShape{1, 13, 0});

@@ -435,6 +435,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     shape.seq_len = T;
     shape.backend = place.backend;
     shape.recompute = req.recompute;
+    shape.lm_head_chunk_rows = req.lm_head_rows;
     data_parallel_shape(shape, multi ? dp_ranks : 1, req.zero_stage,
                         multi ? group.rank / req.plan_tensor : 0);
     // parallel.sequence_parallel (on by default, as lathe train has it): each tensor rank keeps
@@ -531,6 +532,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     j["flop_params"] = bench_flop_parameters(config);
     j["flops_per_token"] = bench_flops_per_token(config, T);
     j["plan_bytes"] = plan->total_bytes();
+    j["lm_head_rows"] = plan->shape.lm_head_chunk_rows;
     j["recompute"] = recompute_name(req.recompute);
     j["precision"] = req.fp8 ? "fp8" : place.backend == Backend::kCuda ? "bf16" : "fp32";
     if (req.fp8) j["fp8_recipe"] = std::string(fp8_recipe_name(req.fp8->recipe));

@@ -41,6 +41,8 @@
 //   peak_memory_bytes     the largest over the ranks (each measured as above); plan_error
 //                         against one rank's plan
 //   plan_bytes, plan      one rank's memory plan (parameters, gradients, optimizer shard, ...)
+//   lm_head_rows          the LM head's chunk of logit rows in that plan (--lm-head-rows, or the
+//                         plan's budget when 0)
 //   step_ms_*, loss_*     rank 0's step times; the loss and norm of the whole world's batch
 //   world_size, zero_stage, launcher
 // A single process adds only world_size 1 to the keys above.
@@ -148,6 +150,8 @@ struct BenchRequest {
     double offload_fraction = 1.0;  // --offload-fraction: optimizer.offload_fraction, (0, 1]
     // --optimizer-schedule: the device optimizer's (one process, no offload; bench.h).
     OptimizerSchedule optimizer_schedule = OptimizerSchedule::kSerial;
+    // --lm-head-rows: ModelShape::lm_head_chunk_rows (0: the plan's budget).
+    int64_t lm_head_rows = 0;
     // --optimizer-sms: optimizer.overlap_sms (AdamWOptimizer::overlap_with), overlapped only.
     int optimizer_sms = 0;
     // --kernel-breakdown N: N more steps after the timed ones, recorded by CUPTI (CUDA only;
