@@ -37,6 +37,14 @@ __device__ __forceinline__ unsigned char encode(float v) {
     return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kE4M3 ? __NV_E4M3 : __NV_E5M2);
 }
 
+// Two values in one conversion (cvt.rn.satfinite.e4m3x2.f32 / e5m2x2: the same rounding and
+// saturation as encode): lo's code in the low byte.
+template <bool kE4M3>
+__device__ __forceinline__ unsigned encode2(float lo, float hi) {
+    return unsigned(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE,
+                                             kE4M3 ? __NV_E4M3 : __NV_E5M2));
+}
+
 // Eight bf16 values (one 16-byte load) scaled and encoded to eight E4M3 codes (one 8-byte
 // store), their largest magnitude folded into m.
 template <bool kE4M3>
@@ -48,10 +56,9 @@ __device__ __forceinline__ uint2 encode8(uint4 w, float scale, unsigned& m) {
         const unsigned short lo = (unsigned short)(words[k] & 0xFFFFu);
         const unsigned short hi = (unsigned short)(words[k] >> 16);
         m = max(m, max(magnitude_bits(lo), magnitude_bits(hi)));
-        const unsigned pair = unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(lo), scale))) |
-                              unsigned(encode<kE4M3>(__fmul_rn(bf16_bits_to_float(hi), scale)))
-                                  << 8;
-        out[k / 2] |= pair << (16 * (k % 2));
+        out[k / 2] |= encode2<kE4M3>(__fmul_rn(bf16_bits_to_float(lo), scale),
+                                     __fmul_rn(bf16_bits_to_float(hi), scale))
+                      << (16 * (k % 2));
     }
     return make_uint2(out[0], out[1]);
 }
@@ -152,53 +159,77 @@ __global__ void cast_transpose_kernel(const unsigned short* __restrict__ x, int6
 }
 
 // The same q (may be null) and qt as cast_transpose_kernel, at the memory's speed, for rows and
-// cols multiples of 8 with 16-byte aligned x and 8-byte aligned q and qt (every FP8 linear of a
-// training step: model_check_fp8 asks for multiples of 16). 64 x 64 tiles, 256 threads: each
-// thread reads 8 bf16 of a tile row in one 16-byte load (two per thread), writes their 8 codes to q
-// in one 8-byte store and stages them in shared memory; then each thread gathers 8 codes of a
-// tile column (8 consecutive rows of x) and writes them as 8 consecutive bytes of a qt row, so
-// that 8 neighbouring threads store 64 contiguous bytes. The 32 x 32 kernel moves a byte a thread
-// (2 bytes read, 1 written per instruction) and reached about a quarter of the copy bandwidth on
-// an H100 (docs/PERF.md, the FP8 kernel breakdown).
-constexpr int kVecTile = 64;
-constexpr int kVecPitch = kVecTile + 8;  // bytes per staged row: 8-byte aligned, banks staggered
+// cols multiples of 8 with 16-byte aligned x, 8-byte aligned q and 4-byte aligned qt (every FP8
+// linear of a training step: model_check_fp8 asks for multiples of 16). 128 x 128 tiles, 256
+// threads. Each thread issues its eight 16-byte loads of the tile before encoding any (32 KiB in
+// flight a block), writes each load's 8 codes to q in one 8-byte store and stages them as words
+// in shared memory; then each thread reads 4 words (4 rows x 4 columns of codes), transposes
+// them with byte permutes and writes the 4 columns' 4 bytes, so that one store of a warp covers
+// 128 contiguous bytes of a qt row, as a warp's q stores do of q rows. Staging: row r's word w
+// (its columns 4w .. 4w + 3) sits at r * 32 + (w ^ (r / 4 % 32)), so that the 32 lanes of a
+// warp, reading rows 4 lane .. 4 lane + 3 of one word column, hit 32 different banks. The 8B
+// slice's casts take 11.9 ms a step on an H200 with these tiles and 13.6 ms with 64 x 64 tiles
+// whose threads gather 8 codes of a column byte by byte (4-way bank conflicts) and store 64-byte
+// qt segments (docs/PERF.md, FP8 training); the 32 x 32 kernel moves a byte a thread and reached
+// about a quarter of the copy bandwidth on an H100.
+constexpr int kWide = 128;
+constexpr int kWideWords = kWide / 4;  // words of codes per staged row
 
 template <bool kE4M3>
 __global__ void __launch_bounds__(kThreads)
-    cast_transpose_vec8_kernel(const unsigned short* __restrict__ x, int64_t rows, int64_t cols,
+    cast_transpose_wide_kernel(const unsigned short* __restrict__ x, int64_t rows, int64_t cols,
                                const float* scale_in, const float* amax_in, float maxv,
                                unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
                                unsigned* amax_out, float* __restrict__ scale_inv) {
-    __shared__ __align__(16) unsigned char tile[kVecTile * kVecPitch];
+    __shared__ unsigned tile[kWide * kWideWords];
     const float scale = cast_scale(scale_in, amax_in, maxv);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
-    const int64_t c0 = int64_t(blockIdx.x) * kVecTile, r0 = int64_t(blockIdx.y) * kVecTile;
-    unsigned m = 0;
-    constexpr int kGroups = kVecTile / 8;  // 8-element groups per tile row (and column)
+    const int64_t c0 = int64_t(blockIdx.x) * kWide, r0 = int64_t(blockIdx.y) * kWide;
+    constexpr int kGroups = kWide / 8;                   // 8-element groups per tile row
+    constexpr int kPasses = kWide * kGroups / kThreads;  // 16-byte loads per thread
+    uint4 w[kPasses];
 #pragma unroll
-    for (int pass = 0; pass < kVecTile * kGroups / kThreads; ++pass) {
+    for (int pass = 0; pass < kPasses; ++pass) {
+        const int t = pass * kThreads + int(threadIdx.x);
+        const int64_t r = r0 + t / kGroups, c = c0 + 8 * (t % kGroups);
+        if (r < rows && c < cols) w[pass] = *reinterpret_cast<const uint4*>(x + r * cols + c);
+    }
+    unsigned m = 0;
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
         const int t = pass * kThreads + int(threadIdx.x);
         const int tr = t / kGroups, tg = t % kGroups;
         const int64_t r = r0 + tr, c = c0 + 8 * tg;
         if (r < rows && c < cols) {
-            const uint4 w = *reinterpret_cast<const uint4*>(x + r * cols + c);
-            const uint2 codes = encode8<kE4M3>(w, scale, m);
-            *reinterpret_cast<uint2*>(tile + tr * kVecPitch + 8 * tg) = codes;
+            const uint2 codes = encode8<kE4M3>(w[pass], scale, m);
+            const int swz = (tr / 4) % kWideWords;
+            tile[tr * kWideWords + ((2 * tg) ^ swz)] = codes.x;
+            tile[tr * kWideWords + ((2 * tg + 1) ^ swz)] = codes.y;
             if (q != nullptr) *reinterpret_cast<uint2*>(q + r * cols + c) = codes;
         }
     }
     __syncthreads();
+    const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
+    const int64_t r = r0 + 4 * lane;
 #pragma unroll
-    for (int pass = 0; pass < kVecTile * kGroups / kThreads; ++pass) {
-        const int t = pass * kThreads + int(threadIdx.x);
-        const int tc = t / kGroups, tg = t % kGroups;  // tile column, group of 8 tile rows
-        const int64_t c = c0 + tc, r = r0 + 8 * tg;
+    for (int k = 0; k < kWideWords / (kThreads / kWarpSize); ++k) {
+        const int wc = warp + k * (kThreads / kWarpSize);  // word column: tile columns 4 wc ..
+        const int64_t c = c0 + 4 * wc;
         if (r < rows && c < cols) {
-            unsigned out[2] = {0, 0};
+            unsigned v[4];
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
-                out[i / 4] |= unsigned(tile[(8 * tg + i) * kVecPitch + tc]) << (8 * (i % 4));
-            *reinterpret_cast<uint2*>(qt + c * rows + r) = make_uint2(out[0], out[1]);
+            for (int i = 0; i < 4; ++i) v[i] = tile[(4 * lane + i) * kWideWords + (wc ^ lane)];
+            // out[j]'s byte i = v[i]'s byte j: column 4 wc + j of rows 4 lane .. 4 lane + 3.
+            const unsigned lo01 = __byte_perm(v[0], v[1], 0x5140),
+                           hi01 = __byte_perm(v[0], v[1], 0x7362),
+                           lo23 = __byte_perm(v[2], v[3], 0x5140),
+                           hi23 = __byte_perm(v[2], v[3], 0x7362);
+            const unsigned out[4] = {
+                __byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                *reinterpret_cast<unsigned*>(qt + (c + j) * rows + r) = out[j];
         }
     }
     if (amax_out != nullptr) warp_atomic_max(m, amax_out);
@@ -344,14 +375,14 @@ void fp8_cast(const Fp8CastArgs& a, CUstream_st* stream) {
             cast_kernel<false><<<blocks, kThreads, 0, stream>>>(x, n, vec8, a.scale, amax_in, maxv,
                                                                 q, amax_out, a.scale_inv);
     } else if (a.rows % 8 == 0 && a.cols % 8 == 0 && aligned(a.x, 16) &&
-               (q == nullptr || aligned(q, 8)) && aligned(qt, 8)) {
-        const dim3 grid(unsigned(std::max<int64_t>(1, (a.cols + kVecTile - 1) / kVecTile)),
-                        unsigned(std::max<int64_t>(1, (a.rows + kVecTile - 1) / kVecTile)));
+               (q == nullptr || aligned(q, 8)) && aligned(qt, 4)) {
+        const dim3 grid(unsigned(std::max<int64_t>(1, (a.cols + kWide - 1) / kWide)),
+                        unsigned(std::max<int64_t>(1, (a.rows + kWide - 1) / kWide)));
         if (e4m3)
-            cast_transpose_vec8_kernel<true><<<grid, kThreads, 0, stream>>>(
+            cast_transpose_wide_kernel<true><<<grid, kThreads, 0, stream>>>(
                 x, a.rows, a.cols, a.scale, amax_in, maxv, q, qt, amax_out, a.scale_inv);
         else
-            cast_transpose_vec8_kernel<false><<<grid, kThreads, 0, stream>>>(
+            cast_transpose_wide_kernel<false><<<grid, kThreads, 0, stream>>>(
                 x, a.rows, a.cols, a.scale, amax_in, maxv, q, qt, amax_out, a.scale_inv);
     } else {
         const dim3 grid(unsigned(std::max<int64_t>(1, (a.cols + kTile - 1) / kTile)),

@@ -130,12 +130,13 @@ TEST(CudaFp8Cast, TensorwiseMatchesCpuBitForBit) {
         for (Mode m : {Mode::kCurrent, Mode::kCurrentAmaxReady, Mode::kDelayed}) {
             check_tensorwise(256, 1024, t, m, true, false, seed++);  // vector path
             check_tensorwise(33, 77, t, m, true, false, seed++);     // scalar path
-            check_tensorwise(96, 160, t, m, true, true, seed++);     // 8-wide tiles, edges
+            check_tensorwise(96, 160, t, m, true, true, seed++);     // 128 x 128 tiles, edges
             check_tensorwise(45, 70, t, m, true, true, seed++);      // 32 x 32 tiles, edges
-            check_tensorwise(40, 64, t, m, false, true, seed++);     // qt alone, 8-wide
+            check_tensorwise(40, 64, t, m, false, true, seed++);     // qt alone, 128 x 128
             check_tensorwise(42, 66, t, m, false, true, seed++);     // qt alone, 32 x 32
-            check_tensorwise(128, 256, t, m, true, true, seed++);    // 8-wide, whole tiles
-            check_tensorwise(8, 8, t, m, true, true, seed++);        // 8-wide, one partial tile
+            check_tensorwise(128, 256, t, m, true, true, seed++);    // 128 x 128, whole tiles
+            check_tensorwise(8, 8, t, m, true, true, seed++);        // 128 x 128, one partial tile
+            check_tensorwise(264, 392, t, m, true, true, seed++);    // 3 x 4 tiles, both edges
         }
 }
 
