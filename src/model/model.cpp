@@ -541,17 +541,40 @@ std::vector<AdamWSegment> Model::adamw_segments(double lr, double weight_decay) 
 
 void Model::zero_grads() {
     LATHE_CHECK(training(), "zero_grads: the model was created without gradients");
+    wait_grads_zeroing();
     grads_.zero();
+}
+
+void Model::zero_grads_beside_forward() {
+    LATHE_CHECK(training(), "zero_grads: the model was created without gradients");
+    if (!on_cuda() || plan_.shape.gradient_shards != 1 || grad_window_) {
+        zero_grads();
+        return;
+    }
+    CudaState& st = cuda_state_of(ctx_, "model");
+    // After every read and write of the gradients enqueued so far (the last step's update).
+    st.wait_for(st.optimizer_stream(), st.stream());
+    cuda_fill_bytes(grads_.flat(DType::kU8), 0, st.optimizer_stream());
+    grads_zeroing_ = std::make_unique<CudaEvent>();
+    grads_zeroing_->record(st.optimizer_stream());
+}
+
+void Model::wait_grads_zeroing() {
+    if (!grads_zeroing_) return;
+    grads_zeroing_->wait(ctx_.stream);
+    grads_zeroing_.reset();
 }
 
 void Model::zero_grad_entry(size_t index) {
     LATHE_CHECK(plan_.shape.gradient_shards == 1,
                 "zero_grad_entry: the gradients are sharded (no arena entry per parameter)");
+    wait_grads_zeroing();
     grads_.zero_entry(table_.entries().at(index).arena_index);
 }
 
 float Model::grad_norm() {
     LATHE_CHECK(training(), "grad_norm: the model was created without gradients");
+    wait_grads_zeroing();
     const TensorView norm = scratch_.view(plan_.grad_norm);
     const ConstTensorView grads[] = {grads_flat()};
     grad_norm_l2(norm, grads, ctx_);
@@ -964,6 +987,7 @@ void Model::run_forward_blocks(bool step) {
                       inputs, ctx_, block_fp8(l, step));
     }
     if (weights_needed_) weights_needed_(kOutputWeights);
+    wait_grads_zeroing();
     if (cast_fp8 && fp8_head_.scalars != nullptr) {
         linear_fp8_cast_weight(weights_at(head_entry()), ctx_, head_spec(step));
         ++fp8_weight_casts_;

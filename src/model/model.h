@@ -107,6 +107,7 @@
 #include "model/param_table.h"
 #include "ops/adamw.h"
 #include "ops/context.h"
+#include "ops/cuda/cuda_state.h"
 #include "ops/lm_head_cross_entropy.h"
 
 namespace lathe {
@@ -257,6 +258,13 @@ public:
     // and embeddings, 0 on norms and biases, learning rate `lr`.
     std::vector<AdamWSegment> adamw_segments(double lr, double weight_decay) const;
     void zero_grads();
+    // zero_grads() off the compute stream's path, for a training step's first micro-batch: on
+    // CUDA the gradient arena is cleared on the optimizer stream (after everything the compute
+    // stream enqueued so far), and the next forward waits for it before the final norm and the
+    // LM head, whose fused backward writes the step's first gradients; the forward's blocks run
+    // beside the clearing. Also waited for by grad_norm(), zero_grads() and zero_grad_entry().
+    // The CPU, and gradients in windows or shards, clear in place as zero_grads() does.
+    void zero_grads_beside_forward();
     // Zeroes the gradient of entry `index` (a frozen parameter group).
     void zero_grad_entry(size_t index);
 
@@ -438,6 +446,8 @@ private:
     // Model memory -> host, synchronous.
     void copy_to_host(TensorView host, ConstTensorView src) const;
     float read_scalar(ConstTensorView v) const;
+    // The compute stream waits for zero_grads_beside_forward's clearing, if one is pending.
+    void wait_grads_zeroing();
     TensorView entry_rows(const ModelArena& arena, ParamRole role, int layer, int64_t begin,
                           int64_t end) const;
 
@@ -458,6 +468,8 @@ private:
     Dims dims_;  // of the batch in the activations
     bool has_docs_ = false, has_positions_ = false;
     bool backward_ready_ = false;  // a forward() with targets saved activations for backward()
+    // zero_grads_beside_forward: the optimizer stream's clearing, waited for once (then null).
+    std::unique_ptr<CudaEvent> grads_zeroing_;
     // FP8 (file comment): the arena of the plan's fp8 entries, each layer's buffers (empty
     // without fp8; pointers into fp8_), the GEMM counter they count into (on the heap: the
     // buffers point to it across moves), the weight-cast state and the delayed state.

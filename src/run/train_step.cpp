@@ -37,7 +37,13 @@ Result<TrainStepValues> TrainStep::gradients(int64_t K, const NextBatch& next,
     // After an overlapped device update the gradients are zero, or become zero unit by unit
     // before the forward reads the unit's weights (optim/adamw_optimizer.h): a zero_grads here
     // would wait for every unit's update.
-    if (!grads_zeroed_) model_.zero_grads();
+    // One process, serial schedule: the clearing runs beside the forward (model.h).
+    if (!grads_zeroed_) {
+        if (dp_ == nullptr && host_ == nullptr)
+            model_.zero_grads_beside_forward();
+        else
+            model_.zero_grads();
+    }
     grads_zeroed_ = false;
     losses_.resize(size_t(K));
     int64_t read = 0;

@@ -11,7 +11,10 @@
 // Exact equality, no tolerance: the same deterministic kernel runs over the same elements with
 // the same scalars, only on another stream and in unit-sized launches. With optimizer.overlap_sms
 // the GEMMs' SM target is held from each update to the next forward's LM head, and a run repeats
-// its own bits; out-of-range values are refused.
+// its own bits; out-of-range values are refused. The serial schedule clears the gradients on the
+// optimizer stream beside the next forward (Model::zero_grads_beside_forward): held there as
+// long before each update, the step's LM head waits for the clearing and the bits stay the
+// overlapped schedule's.
 // clang-format off
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
@@ -120,6 +123,19 @@ TEST_P(TrainStepScheduleGpu, OverlappedGivesTheSerialBits) {
     ASSERT_EQ(want.evals.size(), 1u);
     expect_same_bits(got, want);
     // The run trained: the weights left their initial values.
+    EXPECT_NE(want.params, schedule_test::read_params(make(fp8, 1)));
+}
+
+// Serial: the clearing of the next step's gradients is enqueued on the optimizer stream behind
+// the ~20 ms hold; a backward that did not wait for it would accumulate into the old gradients
+// (and have its own wiped), and the norms and weights would differ.
+TEST_P(TrainStepScheduleGpu, SerialClearsTheGradientsBesideTheForward) {
+    const bool fp8 = GetParam();
+    auto make_model = [fp8](uint64_t seed) { return make(fp8, seed); };
+    const RunResult want = schedule_test::run(plan(), OptimizerSchedule::kOverlapped, make_model);
+    const RunResult got =
+        schedule_test::run(plan(), OptimizerSchedule::kSerial, make_model, delay_optimizer_stream);
+    expect_same_bits(got, want);
     EXPECT_NE(want.params, schedule_test::read_params(make(fp8, 1)));
 }
 
