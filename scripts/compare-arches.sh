@@ -16,7 +16,7 @@
 #              metrics.jsonl without its timing fields
 #   convert    lathe convert of A's checkpoint to a Hugging Face folder (fp32 and bf16), by both
 #   align      lathe align terms (mined terms, the extended tokenizer) and lathe align embed (GloVe
-#              on the CPU, one thread) on the prepared tokens
+#              and skip-gram on the CPU, one thread) on the prepared tokens
 set -euo pipefail
 if (($# != 3)); then
   echo "usage: $0 LATHE_A LATHE_B WORK_DIR" >&2
@@ -121,6 +121,8 @@ PY
     --output "$out/align/tokenizer.json" --top-k 50 --min-count 3 --max-ngram 2 >/dev/null 2>&1
   $lathe align embed --tokens "$out/tokens/gpt2" --output "$out/align/gpt2.vectors.txt" \
     --method glove --dim 16 --iters 3 --min-count 1 --device cpu --threads 1 >/dev/null 2>&1
+  $lathe align embed --tokens "$out/tokens/gpt2" --output "$out/align/gpt2.sgns.txt" \
+    --method sgns --dim 16 --iters 2 --min-count 1 --device cpu --threads 1 >/dev/null 2>&1
   echo "compare-arches: $side ($lathe) $(($(date +%s) - s)) s"
 done
 

@@ -18,8 +18,9 @@
 #    tokenizer parity with Hugging Face tokenizers on every shared tokenizer
 #    (test_tokenizer_parity.py), prepare (test_prepare.py), the CPU training reference with its
 #    exact-resume and same-bits tests (test_train.py -k 'resume or exact or bits'), convert
-#    (test_convert.py) and the align stages terms and embed (test_align_terms.py,
-#    test_align_embed.py) (--quick: parity and prepare only).
+#    (test_convert.py) and the align stages terms and embed (test_align_terms.py;
+#    test_align_embed.py less its two tests of the vectors' meaning, whose outputs step 4
+#    compares byte for byte) (--quick: parity and prepare only).
 # 4. The same inputs through both binaries, every output compared byte for byte
 #    (scripts/compare-arches.sh: token files of every shared tokenizer, a trained tokenizer, CPU
 #    checkpoints with a resume, convert, align terms and embed).
@@ -125,6 +126,10 @@ for f in "${py_tests[@]}"; do
   filter=()
   # The CPU training reference: its exact-resume and same-bits tests.
   [ "$f" = tests/test_train.py ] && filter=(-k 'resume or exact or bits')
+  # align embed: its bad-input errors. Its vectors (GloVe and skip-gram, one thread)
+  # are compared byte for byte with x86-64's below, where the tests of their meaning run (8 of
+  # the 9 minutes this file took under qemu).
+  [ "$f" = tests/test_align_embed.py ] && filter=(-k 'not mean_something')
   LATHE_BIN=$build/qemu/lathe LATHE_SHARED_DIR=${LATHE_SHARED_DIR:-$PWD/../shared} \
     LATHE_BUILD_DIR=$build python3 -m pytest -q -x -rs -p no:cacheprovider "$f" "${filter[@]}"
   echo "test-aarch64: $f with the aarch64 lathe: $(($(date +%s) - s)) s"
