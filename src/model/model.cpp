@@ -555,14 +555,15 @@ void Model::zero_grads_beside_forward() {
     // After every read and write of the gradients enqueued so far (the last step's update).
     st.wait_for(st.optimizer_stream(), st.stream());
     cuda_fill_bytes(grads_.flat(DType::kU8), 0, st.optimizer_stream());
-    grads_zeroing_ = std::make_unique<CudaEvent>();
+    if (!grads_zeroing_) grads_zeroing_ = std::make_unique<CudaEvent>();
     grads_zeroing_->record(st.optimizer_stream());
+    grads_zeroing_pending_ = true;
 }
 
 void Model::wait_grads_zeroing() {
-    if (!grads_zeroing_) return;
+    if (!grads_zeroing_pending_) return;
     grads_zeroing_->wait(ctx_.stream);
-    grads_zeroing_.reset();
+    grads_zeroing_pending_ = false;
 }
 
 void Model::zero_grad_entry(size_t index) {

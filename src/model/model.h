@@ -468,8 +468,10 @@ private:
     Dims dims_;  // of the batch in the activations
     bool has_docs_ = false, has_positions_ = false;
     bool backward_ready_ = false;  // a forward() with targets saved activations for backward()
-    // zero_grads_beside_forward: the optimizer stream's clearing, waited for once (then null).
+    // zero_grads_beside_forward: the optimizer stream's clearing (the event made at the first
+    // one), and whether the compute stream has yet to wait for it.
     std::unique_ptr<CudaEvent> grads_zeroing_;
+    bool grads_zeroing_pending_ = false;
     // FP8 (file comment): the arena of the plan's fp8 entries, each layer's buffers (empty
     // without fp8; pointers into fp8_), the GEMM counter they count into (on the heap: the
     // buffers point to it across moves), the weight-cast state and the delayed state.
