@@ -29,7 +29,7 @@ TINY = ["--model", "tiny", "--batch", "2", "--seq", "16", "--steps", "3", "--war
 
 # The keys of a one-process line, in order (run/bench.h); several ranks add those of MULTI_KEYS.
 SINGLE_KEYS = ["model", "device", "device_name", "batch", "seq", "accum", "params", "flop_params",
-               "flops_per_token", "plan_bytes", "recompute", "precision", "optimizer_schedule",
+               "flops_per_token", "plan_bytes", "lm_head_rows", "recompute", "precision", "optimizer_schedule",
                "optimizer_sms",
                "state_dtype", "steps", "warmup", "tokens_per_s",
                "step_ms_median", "s_per_it", "step_ms_mean", "step_ms_min", "step_ms_max", "peak_flops", "mfu",
