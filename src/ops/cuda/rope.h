@@ -29,4 +29,12 @@ void rope_qk(bf16* q_out, bf16* k_out, const bf16* q, const bf16* k, const int32
              const float* cos, const float* sin, int64_t B, int64_t T, int64_t H, int64_t Hkv,
              int64_t D, int64_t R, int64_t P, bool backward, CUstream_st* stream);
 
+// rope_qk with one thread per pair whatever the shape: the kernel every shape can take, which
+// rope_qk leaves for eight pairs a thread when R/2 and D - R are multiples of 8 and the pointers
+// 16-byte aligned. The tests hold the two to the same bits.
+void rope_qk_one_pair_per_thread(bf16* q_out, bf16* k_out, const bf16* q, const bf16* k,
+                                 const int32_t* positions, const float* cos, const float* sin,
+                                 int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t R,
+                                 int64_t P, bool backward, CUstream_st* stream);
+
 }  // namespace lathe::cuda

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/cuda/cuda_test_util.h"
+#include "ops/cuda/rope.h"
 #include "ops/rope.h"
 
 namespace lathe {
@@ -141,6 +142,62 @@ void check_rope_qk(int64_t H, int64_t Hkv, double partial, bool positions, bool 
 TEST(CudaRopeQk, OneLaunchIsTheTwoSingleOnes) {
     check_rope_qk(8, 2, 1.0, true, true, 35);     // GQA, packed positions, in place (the block)
     check_rope_qk(4, 4, 0.25, false, false, 36);  // partial rotary, out of place
+}
+
+// Eight pairs a thread (the shapes whose halves split into 16-byte pieces) against one pair a
+// thread, bit for bit: Llama's head (D 128), GPT-NeoX's partial rotary (R 16 of D 64, the rest
+// copied), in place and not, forward and backward.
+void check_rope_eight_pairs(int64_t H, int64_t Hkv, int64_t D, double partial, bool positions,
+                            bool in_place, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message()
+                 << "H=" << H << " Hkv=" << Hkv << " D=" << D << " partial=" << partial
+                 << " positions=" << positions << " in_place=" << in_place);
+    const int64_t B = 3, T = 13;
+    CudaState state(0);
+    optest::Rng rng(seed);
+    RopeConfig config;
+    config.head_dim = D;
+    config.partial_rotary_factor = partial;
+    const int64_t R = rope_rotary_dim(config), P = 4 * T;
+    ASSERT_EQ((R / 2) % 8, 0);
+    HostTensor cos(DType::kF32, {P, R / 2}), sin(DType::kF32, {P, R / 2});
+    rope_build_table(cos.view(), sin.view(), config);
+    HostTensor pos(DType::kI32, {B, T});
+    for (int64_t i = 0; i < pos.numel(); ++i) pos.as<int32_t>()[i] = int32_t(rng.integer(0, P - 1));
+    const HostTensor q = random_bf16_values(rng, {B, T, H, D});
+    const HostTensor k = random_bf16_values(rng, {B, T, Hkv, D});
+    DeviceTensor gcos = upload(cos, DType::kF32, state), gsin = upload(sin, DType::kF32, state);
+    DeviceTensor gpos = upload(pos, DType::kI32, state);
+    const int32_t* p = positions ? static_cast<const int32_t*>(gpos.view.data()) : nullptr;
+    const float* c = static_cast<const float*>(gcos.view.data());
+    const float* s = static_cast<const float*>(gsin.view.data());
+    auto bf = [](DeviceTensor& t) { return static_cast<bf16*>(t.view.data()); };
+    for (const bool backward : {false, true}) {
+        SCOPED_TRACE(backward ? "backward" : "forward");
+        DeviceTensor gq = upload(q, DType::kBF16, state), gk = upload(k, DType::kBF16, state);
+        DeviceTensor q1 = in_place ? upload(q, DType::kBF16, state)
+                                   : device_tensor(DType::kBF16, q.shape(), state);
+        DeviceTensor k1 = in_place ? upload(k, DType::kBF16, state)
+                                   : device_tensor(DType::kBF16, k.shape(), state);
+        DeviceTensor q8 = in_place ? upload(q, DType::kBF16, state)
+                                   : device_tensor(DType::kBF16, q.shape(), state);
+        DeviceTensor k8 = in_place ? upload(k, DType::kBF16, state)
+                                   : device_tensor(DType::kBF16, k.shape(), state);
+        cuda::rope_qk_one_pair_per_thread(bf(q1), bf(k1), in_place ? bf(q1) : bf(gq),
+                                          in_place ? bf(k1) : bf(gk), p, c, s, B, T, H, Hkv, D, R,
+                                          P, backward, state.stream());
+        cuda::rope_qk(bf(q8), bf(k8), in_place ? bf(q8) : bf(gq), in_place ? bf(k8) : bf(gk), p, c,
+                      s, B, T, H, Hkv, D, R, P, backward, state.stream());
+        EXPECT_TRUE(bitwise_equal(download_raw(q8.view, state), download_raw(q1.view, state)));
+        EXPECT_TRUE(bitwise_equal(download_raw(k8.view, state), download_raw(k1.view, state)));
+    }
+}
+
+TEST(CudaRopeQk, EightPairsAThreadIsOnePairAThread) {
+    check_rope_eight_pairs(8, 2, 128, 1.0, true, true, 37);    // Llama: GQA, in place
+    check_rope_eight_pairs(4, 4, 128, 1.0, false, false, 38);  // out of place
+    check_rope_eight_pairs(4, 2, 64, 0.25, true, false, 39);   // partial: 48 dims copied
+    check_rope_eight_pairs(2, 2, 64, 0.25, false, true, 40);   // partial, in place
 }
 
 }  // namespace
