@@ -21,7 +21,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # Everything scripts/gpu-check.sh runs; a build without one of them cannot pack.
 targets=(lathe ops_gpu_tests model_gpu_tests align_gpu_tests dist_gpu_tests dist_two_gpu_tests optim_gpu_tests infer_gpu_tests run_gpu_tests
     infer_two_gpu_tests
-    cuda_ops_bench all_reduce_bench)
+    cuda_ops_bench all_reduce_bench gemm_algo_search)
 
 die() {
     echo "gpu-bundle: $*" >&2

@@ -59,6 +59,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         std::string offload = "none", state_dtype = "fp32", offload_schedule = "overlapped",
                     optimizer_schedule = "serial";
         int optimizer_sms = 0;
+        std::string gemm_search = "on";
         std::string preset, config;  // --model's two spellings
         bool generate = false;
         GenerateBenchRequest gen;
@@ -197,6 +198,11 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                     "With --optimizer-schedule overlapped on CUDA: the SMs the forward's GEMMs "
                     "leave to the update beside them, as optimizer.overlap_sms (0: none)")
         ->capture_default_str();
+    cmd->add_option("--gemm-search", o->gemm_search,
+                    "On CUDA: on (each GEMM problem met first times cuBLASLt's candidates and "
+                    "keeps the fastest with the same bits) or off (the heuristic's first)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"on", "off"}));
     cmd->add_option("--lm-head-rows", o->req.lm_head_rows,
                     "Rows of logits the fused LM head computes at once (0: the largest count "
                     "whose f32 chunk fits the plan's budget, 512 MiB on CUDA, 2 GiB with "
@@ -355,6 +361,7 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                                          ? OptimizerSchedule::kOverlapped
                                          : OptimizerSchedule::kSerial;
             req.optimizer_sms = o->optimizer_sms;
+            req.gemm_search = o->gemm_search == "on";
             LATHE_ASSIGN_OR_RETURN(const std::string line, bench_run(req));
             if (!line.empty()) {  // empty on the ranks other than 0 of a launcher's world
                 std::printf("%s\n", line.c_str());

@@ -592,6 +592,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
     LATHE_ASSIGN_OR_RETURN(ComputeDevice device,
                            ComputeDevice::open(on_cuda ? "cuda" : "cpu", "--device", group));
     device.set_deterministic(!req.nondeterministic);
+    if (on_cuda) cuda_state_of(device.context(), "bench").set_gemm_search(req.gemm_search);
     // The other ranks (run/world.h; a world of one costs nothing). Declared after the device and
     // before the model: it must outlive every Context that points at its communicator.
     LATHE_ASSIGN_OR_RETURN(World world, world_open(device));
@@ -871,6 +872,10 @@ Result<std::string> bench_run(const BenchRequest& req) {
         j["mfu"] = nullptr;
     }
     if (on_cuda) {
+        const CudaState& cuda = cuda_state_of(model.context(), "bench");
+        j["gemm_search"] = cuda.gemm_search() ? "on" : "off";
+        j["gemm_searched"] = cuda.gemm_search_counts().searched;
+        j["gemm_faster"] = cuda.gemm_search_counts().faster;
         j["peak_memory_bytes"] = peak_max;
         j["peak_memory_source"] = "cuda_mem_get_info";
         // How far the measured peak is from the plan printed before step 1 (the issue asks

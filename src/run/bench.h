@@ -64,6 +64,11 @@
 // "optimizer_schedule" says which (absent with --offload, whose offload_schedule says it), and
 // "optimizer_sms" the SMs --optimizer-sms leaves to the overlapped update (0: none).
 //
+// GEMM algorithm search (--gemm-search, on by default; ops/cuda/gemm.h): on CUDA the line's
+// "gemm_search" says whether it ran, and "gemm_searched" and "gemm_faster" count the problems
+// it timed and those that kept a faster candidate than cuBLASLt's heuristic's first (the
+// same bits either way).
+//
 // Kernel breakdown (--kernel-breakdown N, CUDA): after the timed steps, N more steps run with
 // CUPTI recording every kernel, copy and set (ops/cuda/kernel_profile.h; CUPTI slows launches, so
 // these steps are not timed ones). The line adds "kernels": steps N, span_ms_per_step (first
@@ -154,6 +159,8 @@ struct BenchRequest {
     int64_t lm_head_rows = 0;
     // --optimizer-sms: optimizer.overlap_sms (AdamWOptimizer::overlap_with), overlapped only.
     int optimizer_sms = 0;
+    // --gemm-search on|off: CudaState::gemm_search (ops/cuda/gemm.h); CUDA only.
+    bool gemm_search = true;
     // --kernel-breakdown N: N more steps after the timed ones, recorded by CUPTI (CUDA only;
     // kernel_breakdown below); 0: none.
     int64_t kernel_breakdown_steps = 0;

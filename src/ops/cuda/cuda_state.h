@@ -146,6 +146,19 @@ public:
     // them, the default. A different target is a different cached algorithm choice.
     int gemm_sm_target() const { return gemm_sm_target_; }
     void set_gemm_sm_target(int sms) { gemm_sm_target_ = sms; }
+    // Whether a GEMM problem met for the first time times the heuristic's candidates and keeps
+    // the fastest with the same bits (ops/cuda/gemm.h, "Algorithm search"); on by default. A
+    // problem keeps the choice it got when first met.
+    bool gemm_search() const { return gemm_search_; }
+    void set_gemm_search(bool on) { gemm_search_ = on; }
+    // The search's counts since the state was made: problems searched, those that kept a faster
+    // candidate than the heuristic's first, and the sum of those gains per launch.
+    struct GemmSearchCounts {
+        int64_t searched = 0, faster = 0;
+        double saved_ms = 0.0;
+    };
+    const GemmSearchCounts& gemm_search_counts() const { return gemm_search_counts_; }
+    GemmSearchCounts& gemm_search_counts() { return gemm_search_counts_; }
     void* workspace() const { return workspace_.data(); }
     size_t workspace_bytes() const { return workspace_.bytes(); }
 
@@ -189,6 +202,8 @@ private:
     cublasLtContext* cublaslt_ = nullptr;
     int sm_count_ = 0;
     int gemm_sm_target_ = 0;
+    bool gemm_search_ = true;
+    GemmSearchCounts gemm_search_counts_;
     DeviceBuffer workspace_;
     DeviceBuffer scratch_;
     std::unique_ptr<MatmulCache> matmul_cache_;

@@ -2,12 +2,16 @@
 #include "ops/cuda/nvcc_compat.h"  // first: before any header that includes fmt
 // clang-format on
 
+#include <algorithm>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "core/check.h"
 #include "core/log.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/kernel_util.cuh"
 
 namespace lathe::cuda {
 
@@ -162,6 +166,179 @@ void set_batches(const MatrixLayout& l, int64_t count, int64_t stride) {
         l.layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
 }
 
+// ---- The measured search (gemm.h, "Algorithm search") ----
+
+constexpr int kSearchCandidates = 8;  // the heuristic's first ones; it rarely returns more here
+constexpr int kSearchWarmup = 2, kSearchTimed = 5;
+// A candidate replaces the heuristic's first only when it is this much faster (timing noise).
+constexpr double kSearchMinGain = 1.01;
+
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// An order-independent hash of `n` units (bytes or 4-byte words) at p: the wrapping sum of
+// mix64(index, unit), so blocks may add in any order and the result is the same.
+template <typename Unit>
+__global__ void hash_units_kernel(unsigned long long* __restrict__ out, const Unit* __restrict__ p,
+                                  int64_t n) {
+    uint64_t h = 0;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
+        h += mix64(uint64_t(i) * 0x9e3779b97f4a7c15ull ^ uint64_t(p[i]));
+    for (int off = 16; off > 0; off /= 2) h += __shfl_down_sync(0xffffffffu, h, off);
+    if ((threadIdx.x & 31) == 0) atomicAdd(out, static_cast<unsigned long long>(h));
+}
+
+// The hash of `bytes` bytes of device memory at p, read back (waits for `stream`). slot: one
+// 8-byte device word the hash is summed in.
+uint64_t device_hash(const void* p, int64_t bytes, unsigned long long* slot, CUstream_st* stream) {
+    LATHE_CUDA_CHECK(cudaMemsetAsync(slot, 0, sizeof(*slot), stream));
+    const bool words = reinterpret_cast<uintptr_t>(p) % 4 == 0 && bytes % 4 == 0;
+    const int64_t n = words ? bytes / 4 : bytes;
+    const unsigned blocks = blocks_for(n, 256 * 16, 4096);
+    if (words)
+        hash_units_kernel<<<blocks, 256, 0, stream>>>(slot, static_cast<const uint32_t*>(p), n);
+    else
+        hash_units_kernel<<<blocks, 256, 0, stream>>>(slot, static_cast<const uint8_t*>(p), n);
+    LATHE_CUDA_CHECK_LAUNCH();
+    unsigned long long h = 0;
+    LATHE_CUDA_CHECK(cudaMemcpyAsync(&h, slot, sizeof(h), cudaMemcpyDeviceToHost, stream));
+    LATHE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return h;
+}
+
+// Bytes from the first to one past the last element of a row-major (rows, cols) matrix with row
+// stride ld, in `count` batches `stride` elements apart.
+struct Extent {
+    uintptr_t begin = 0, end = 0;
+    bool overlaps(const Extent& o) const { return begin < o.end && o.begin < end; }
+};
+Extent extent_of(const void* p, int64_t rows, int64_t cols, int64_t ld, int64_t count,
+                 int64_t stride, DType t) {
+    const int64_t elems = (count - 1) * stride + (rows - 1) * ld + cols;
+    const uintptr_t b = reinterpret_cast<uintptr_t>(p);
+    return {b, b + uintptr_t(elems * int64_t(dtype_size(t)))};
+}
+
+// The algorithm a problem keeps (gemm.h, "Algorithm search"): of the heuristic's candidates
+// (results, first = its choice), the fastest whose D has the first's bits on this call's
+// operands, timed on them; the first when only one came back, when the search is off or cannot
+// run here (a stream being captured into a graph, D overlapping an operand, an amax output, no
+// device memory for the copy an accumulating D needs). Leaves D as the call found it when
+// it accumulates, for the launch that follows.
+template <typename Launch>
+cublasLtMatmulAlgo_t search(CudaState& state, CudaState::MatmulCache& cache, CUstream_st* stream,
+                            const GemmArgs& g,
+                            std::span<const cublasLtMatmulHeuristicResult_t> results,
+                            const Launch& launch) {
+    const cublasLtMatmulAlgo_t heuristic = results[0].algo;
+    if (results.size() < 2 || !state.gemm_search() || g.d_amax != nullptr) return heuristic;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    LATHE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return heuristic;
+    const int64_t n = g.batch_count;
+    const Extent d = extent_of(g.D, g.M, g.N, g.ldd, n, g.batch_stride_d, g.d_dtype);
+    const Extent a = g.trans_a ? extent_of(g.A, g.K, g.M, g.lda, n, g.batch_stride_a, g.a_dtype)
+                               : extent_of(g.A, g.M, g.K, g.lda, n, g.batch_stride_a, g.a_dtype);
+    const Extent b = g.trans_b ? extent_of(g.B, g.N, g.K, g.ldb, n, g.batch_stride_b, g.b_dtype)
+                               : extent_of(g.B, g.K, g.N, g.ldb, n, g.batch_stride_b, g.b_dtype);
+    if (d.overlaps(a) || d.overlaps(b)) return heuristic;
+    if (g.C != nullptr && g.C != g.D &&
+        d.overlaps(extent_of(g.C, g.M, g.N, g.ldc, n, g.batch_stride_c, g.c_dtype)))
+        return heuristic;
+    const int64_t bytes = int64_t(d.end - d.begin);
+    // D accumulating in place (beta != 0, C = D): every launch adds to it, so each candidate
+    // starts from a copy of what the call found.
+    const bool in_place = g.beta != 0.0f && (g.C == nullptr || g.C == g.D);
+    void* saved = nullptr;
+    if (in_place) {
+        if (cudaMalloc(&saved, size_t(bytes)) != cudaSuccess) {
+            (void)cudaGetLastError();
+            log_debug("gemm: no device memory for the search's copy of D ({} B) at M={} N={} K={}",
+                      bytes, g.M, g.N, g.K);
+            return heuristic;
+        }
+        LATHE_CUDA_CHECK(
+            cudaMemcpyAsync(saved, g.D, size_t(bytes), cudaMemcpyDeviceToDevice, stream));
+    }
+    auto restore = [&] {
+        if (in_place)
+            LATHE_CUDA_CHECK(
+                cudaMemcpyAsync(g.D, saved, size_t(bytes), cudaMemcpyDeviceToDevice, stream));
+    };
+    if (cache.hash_slot.data() == nullptr) cache.hash_slot = DeviceBuffer(sizeof(uint64_t));
+    auto* slot = static_cast<unsigned long long*>(cache.hash_slot.data());
+    cudaEvent_t start = nullptr, stop = nullptr;
+    LATHE_CUDA_CHECK(cudaEventCreate(&start));
+    LATHE_CUDA_CHECK(cudaEventCreate(&stop));
+    // Which candidates give the first's bits: one launch each from what the call found.
+    uint64_t want = 0;
+    std::vector<size_t> same;
+    for (size_t i = 0; i < results.size(); ++i) {
+        if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        restore();
+        if (launch(results[i].algo) != CUBLAS_STATUS_SUCCESS) {
+            if (i == 0) break;  // the caller's launch reports it
+            continue;
+        }
+        const uint64_t h = device_hash(g.D, bytes, slot, stream);
+        if (i == 0) want = h;
+        if (h == want) same.push_back(i);  // else another reduction order (split-K): other bits
+    }
+    // Their times, with the device otherwise idle (every stream of the state waited for: work
+    // beside the call, such as the gradients' clearing, would skew them), in interleaved rounds.
+    size_t best = 0;
+    double first_ms = 0.0, best_ms = 0.0;
+    if (same.size() > 1 && same[0] == 0) {
+        state.synchronize_all();
+        for (size_t i : same)
+            for (int w = 0; w < kSearchWarmup; ++w) LATHE_CUBLAS_CHECK(launch(results[i].algo));
+        std::vector<std::vector<float>> times(same.size());
+        for (int round = 0; round < kSearchTimed; ++round) {
+            for (size_t c = 0; c < same.size(); ++c) {
+                float ms = 0.0f;
+                LATHE_CUDA_CHECK(cudaEventRecord(start, stream));
+                LATHE_CUBLAS_CHECK(launch(results[same[c]].algo));
+                LATHE_CUDA_CHECK(cudaEventRecord(stop, stream));
+                LATHE_CUDA_CHECK(cudaEventSynchronize(stop));
+                LATHE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+                times[c].push_back(ms);
+            }
+        }
+        for (size_t c = 0; c < same.size(); ++c) {
+            std::sort(times[c].begin(), times[c].end());
+            const double ms = times[c][times[c].size() / 2];
+            if (c == 0) first_ms = best_ms = ms;
+            if (ms < best_ms) {
+                best_ms = ms;
+                best = same[c];
+            }
+        }
+    }
+    restore();
+    LATHE_CUDA_CHECK(cudaEventDestroy(start));
+    LATHE_CUDA_CHECK(cudaEventDestroy(stop));
+    if (saved != nullptr) {
+        LATHE_CUDA_CHECK(cudaStreamSynchronize(stream));
+        LATHE_CUDA_CHECK(cudaFree(saved));
+    }
+    CudaState::GemmSearchCounts& counts = state.gemm_search_counts();
+    ++counts.searched;
+    if (best == 0 || first_ms < best_ms * kSearchMinGain) return heuristic;
+    ++counts.faster;
+    counts.saved_ms += first_ms - best_ms;
+    log_debug(
+        "gemm: candidate {} of {} ({} with the same bits) at M={} N={} K={} beta {}: {:.4f} ms "
+        "against the heuristic's {:.4f}",
+        best, results.size(), same.size(), g.M, g.N, g.K, g.beta, best_ms, first_ms);
+    return results[best].algo;
+}
+
 }  // namespace
 
 void gemm(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
@@ -271,9 +448,14 @@ bool gemm_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
                                           0,
                                           0,
                                           0};
-    auto& algos = state.matmul_cache().algos;
-    auto it = algos.find(key);
-    if (it == algos.end()) {
+    auto launch = [&](const cublasLtMatmulAlgo_t& algo) {
+        return cublasLtMatmul(state.cublaslt(), desc.desc, &g.alpha, g.B, first.layout, g.A,
+                              second.layout, &g.beta, c_ptr, c_layout.layout, g.D, out.layout,
+                              &algo, state.workspace(), state.workspace_bytes(), stream);
+    };
+    CudaState::MatmulCache& cache = state.matmul_cache();
+    auto it = cache.algos.find(key);
+    if (it == cache.algos.end()) {
         MatmulPreference pref;
         pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(state.workspace_bytes()));
         // First operand of cuBLASLt is our B, second our A; C is D unless given.
@@ -282,11 +464,11 @@ bool gemm_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
         pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                  g.C != nullptr ? alignment_of(g.C) : align_d);
         pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
-        cublasLtMatmulHeuristicResult_t result{};
+        cublasLtMatmulHeuristicResult_t results[kSearchCandidates] = {};
         int found = 0;
         const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
             state.cublaslt(), desc.desc, first.layout, second.layout, c_layout.layout, out.layout,
-            pref.pref, 1, &result, &found);
+            pref.pref, state.gemm_search() ? kSearchCandidates : 1, results, &found);
         // NOT_SUPPORTED (or no result) means no algorithm for this problem. A fused epilogue
         // can also be refused with INVALID_VALUE (on the H100, cuBLAS 13, an epilogue type
         // combination it does not take), which its caller handles like no algorithm. Any other
@@ -295,15 +477,19 @@ bool gemm_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
             !(fused && status == CUBLAS_STATUS_INVALID_VALUE))
             LATHE_CUBLAS_CHECK(status);
         CudaState::MatmulCache::Entry entry;
-        entry.found =
-            status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-        if (entry.found) entry.algo = result.algo;
+        entry.found = status == CUBLAS_STATUS_SUCCESS && found > 0 &&
+                      results[0].state == CUBLAS_STATUS_SUCCESS;
+        if (entry.found)
+            entry.algo = search(state, cache, stream, g,
+                                std::span<const cublasLtMatmulHeuristicResult_t>(
+                                    results, size_t(std::min(found, kSearchCandidates))),
+                                launch);
         if (!entry.found && fused)
             log_info(
                 "gemm: cuBLASLt has no algorithm for epilogue {} at M={} N={} K={}; "
                 "the op uses separate kernels for this shape",
                 gemm_epilogue_name(g.epilogue), g.M, g.N, g.K);
-        it = algos.emplace(key, entry).first;
+        it = cache.algos.emplace(key, entry).first;
     }
     if (!it->second.found) {
         LATHE_CHECK(fused,
@@ -311,10 +497,7 @@ bool gemm_try(CudaState& state, CUstream_st* stream, const GemmArgs& g) {
                     gemm_args_describe(g), align_a, align_b, align_d);
         return false;
     }
-    const cublasStatus_t status =
-        cublasLtMatmul(state.cublaslt(), desc.desc, &g.alpha, g.B, first.layout, g.A, second.layout,
-                       &g.beta, c_ptr, c_layout.layout, g.D, out.layout, &it->second.algo,
-                       state.workspace(), state.workspace_bytes(), stream);
+    const cublasStatus_t status = launch(it->second.algo);
     // cuBLASLt documents INVALID_VALUE for an epilogue type combination it does not support
     // (e.g. an aux or bias type); it then launches nothing, so a fused epilogue's caller can
     // still fall back. The plain GEMM has no fallback: any failure is an error.

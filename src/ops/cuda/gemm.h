@@ -31,6 +31,19 @@
 // counters, the other schemes reduce in a separate pass). Internal to ops/cuda: includes
 // cuBLASLt's header.
 //
+// Algorithm search (CudaState::gemm_search, on by default): the first time a problem is met the
+// heuristic is asked for up to 8 candidates, each runs once on the call's own operands and only
+// those whose D hashes to the heuristic's first choice's bits (an order-independent 64-bit hash of
+// D's bytes) are timed (median of 5 launches after 2); the fastest is kept when it beats the
+// first by at least 1 %. So the search changes how long a problem takes, never its bits: a run,
+// its resume and another process compute what the heuristic's first would (candidates with
+// another reduction order, split-K ones at a long K, are dropped by the hash). It waits for the
+// stream once per problem, and does not run while the stream is captured into a graph, when D
+// overlaps A, B or C, or with an amax output (fp8 D). A D that accumulates (beta != 0, C = D)
+// is copied first (a temporary cudaMalloc of D's bytes, freed before the call returns; without
+// the memory the problem keeps the heuristic's first) and restored before each candidate and the
+// call's own launch. Measured: bench/gemm_algo_search.cpp and docs/PERF.md.
+//
 // The backward epilogues (DGELU_BGRAD, BGRADB) were built and measured on the H100 and removed:
 // cuBLASLt refuses an f32 bias gradient next to a bf16 D, and with a bf16 one the fused GELU MLP
 // backward was 1.5x slower than the separate kernels (docs/CUDA.md, "Fusions in the block").
@@ -60,6 +73,8 @@ struct CudaState::MatmulCache {
         cublasLtMatmulAlgo_t algo{};
     };
     std::unordered_map<Key, Entry, KeyHash> algos;
+    // The search's 8-byte device word for D's hash.
+    DeviceBuffer hash_slot;
 };
 
 namespace cuda {

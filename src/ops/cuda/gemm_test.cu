@@ -120,6 +120,73 @@ TEST(CudaGemm, EpiloguesMatchCpuReference) {
     }
 }
 
+// The algorithm search (gemm.h) keeps the heuristic's bits: a state that searches and one that
+// does not run the same problems from the same operands, twice each (the second launch takes the
+// cached choice), and their D (and aux) are the same bytes. The problems: a layer's forward (bf16
+// D), a weight gradient accumulating in place into an f32 D at a long K (where cuBLASLt offers
+// split-K candidates with other bits), the GELU epilogue with its aux, and a bf16 D accumulating
+// onto another C (the residual).
+TEST(CudaGemm, SearchKeepsTheHeuristicsBits) {
+    CudaState on(0), off(0);
+    off.set_gemm_search(false);
+    ASSERT_TRUE(on.gemm_search());
+    optest::Rng rng(64);
+    struct Problem {
+        const char* name;
+        int64_t M, N, K;
+        bool trans_a, trans_b;
+        DType d_dtype;
+        float beta;
+        bool separate_c, gelu;
+    };
+    const Problem problems[] = {
+        {"forward", 512, 1024, 768, false, true, DType::kBF16, 0.0f, false, false},
+        {"weight gradient", 768, 768, 32768, true, false, DType::kF32, 1.0f, false, false},
+        {"gelu", 1024, 3072, 768, false, true, DType::kBF16, 0.0f, false, true},
+        {"residual", 1024, 768, 3072, false, true, DType::kBF16, 1.0f, true, false},
+    };
+    for (const Problem& p : problems) {
+        SCOPED_TRACE(p.name);
+        const HostTensor a = random_bf16_values(rng, {p.M * p.K});
+        const HostTensor b = random_bf16_values(rng, {p.K * p.N}, -0.2f, 0.2f);
+        const HostTensor d0 = random_bf16_values(rng, {p.M * p.N});
+        const HostTensor c0 = random_bf16_values(rng, {p.M * p.N});
+        const HostTensor bias = random_bf16_values(rng, {p.N});
+        HostTensor out[2], aux[2];
+        for (int s = 0; s < 2; ++s) {
+            CudaState& state = s == 0 ? on : off;
+            DeviceTensor ga = upload(a, DType::kBF16, state), gb = upload(b, DType::kBF16, state);
+            DeviceTensor gd = upload(d0, p.d_dtype, state), gc = upload(c0, p.d_dtype, state);
+            DeviceTensor gbias = upload(bias, DType::kBF16, state);
+            DeviceTensor gaux = device_tensor(DType::kBF16, {p.M, p.N}, state);
+            GemmArgs g;
+            g.M = p.M, g.N = p.N, g.K = p.K;
+            g.trans_a = p.trans_a, g.trans_b = p.trans_b;
+            g.lda = p.trans_a ? p.M : p.K, g.ldb = p.trans_b ? p.K : p.N, g.ldd = p.N;
+            g.A = ga.view.data(), g.a_dtype = DType::kBF16;
+            g.B = gb.view.data(), g.b_dtype = DType::kBF16;
+            g.D = gd.view.data(), g.d_dtype = p.d_dtype;
+            g.beta = p.beta;
+            if (p.separate_c) g.C = gc.view.data(), g.c_dtype = p.d_dtype, g.ldc = p.N;
+            if (p.gelu) {
+                g.epilogue = GemmEpilogue::kGeluAuxBias;
+                g.bias = gbias.view.data(), g.bias_dtype = DType::kBF16;
+                g.aux = gaux.view.data(), g.ldaux = p.N;
+            }
+            for (int launch = 0; launch < 2; ++launch)
+                ASSERT_TRUE(cuda::gemm_try(state, state.stream(), g));
+            out[s] = download_raw(gd.view, state);
+            if (p.gelu) aux[s] = download_raw(gaux.view, state);
+        }
+        EXPECT_TRUE(bitwise_equal(out[0], out[1])) << "D";
+        if (p.gelu) EXPECT_TRUE(bitwise_equal(aux[0], aux[1])) << "aux";
+    }
+    // The searching state searched (cuBLASLt offers several candidates at these shapes); the
+    // other asked for the heuristic's first only.
+    EXPECT_GE(on.gemm_search_counts().searched, 1);
+    EXPECT_EQ(off.gemm_search_counts().searched, 0);
+}
+
 // f32 operands: a plain fp32 GEMM (no TF32) on sizes that are not multiples of anything.
 TEST(CudaGemm, F32OperandsMatchCpuReference) {
     CudaState state(0);
