@@ -7,11 +7,10 @@
 // weight gradient (dW += dY^T X, f32 accumulated, beta 1), and the LM head's chunk, it asks the
 // heuristic for up to --algos candidates with the workspace the engine gives (CudaState), times
 // each (median of --reps launches after 3 warm-up ones, CUDA events), and prints each candidate's
-// TFLOP/s, its configuration (tile, stages, split-K, reduction scheme, CTA swizzle, cluster), and
-// whether its D equals the first candidate's bit for bit on the same random operands (all of D up
-// to 256 MiB, else its first and last 128 MiB). Operands are
-// row-major as in ops/gemm.h and mapped to cuBLASLt's column-major the way gemm.cu maps them.
-// One line per shape ends with "best/first": the gain the fastest same-bits candidate would give.
+// TFLOP/s and whether its D equals the first candidate's bit for bit on the same random operands
+// (all of D up to 256 MiB, else its first and last 128 MiB). Operands are row-major as in
+// ops/gemm.h and mapped to cuBLASLt's column-major the way gemm.cu maps them. One line per shape
+// ends with "best/first": the gain the fastest same-bits candidate would give.
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -92,29 +91,6 @@ bool same_bytes(const void* a, const void* b, size_t bytes) {
         if (std::memcmp(ha.data(), hb.data(), r.second) != 0) return false;
     }
     return true;
-}
-
-std::string config_of(const cublasLtMatmulAlgo_t& algo) {
-    auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) -> int64_t {
-        uint64_t v = 0;
-        size_t written = 0;
-        if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) !=
-            CUBLAS_STATUS_SUCCESS)
-            return -1;
-        return int64_t(v);  // little-endian: a narrower attribute lands in the low bytes
-    };
-    char buf[200];
-    std::snprintf(buf, sizeof(buf),
-                  "id %lld tile %lld stages %lld splitk %lld red %lld swz %lld "
-                  "cluster %lld",
-                  (long long)get(CUBLASLT_ALGO_CONFIG_ID),
-                  (long long)get(CUBLASLT_ALGO_CONFIG_TILE_ID),
-                  (long long)get(CUBLASLT_ALGO_CONFIG_STAGES_ID),
-                  (long long)get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
-                  (long long)get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
-                  (long long)get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-                  (long long)get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
-    return buf;
 }
 
 void run_shape(cublasLtHandle_t lt, const Shape& s, int max_algos, int reps, void* workspace) {
@@ -205,8 +181,8 @@ void run_shape(cublasLtHandle_t lt, const Shape& s, int max_algos, int reps, voi
             best_same_ms = ms;
             best_same = i;
         }
-        std::printf("  %-10s algo %2d: %8.4f ms %6.1f TFLOP/s %s %s\n", s.name.c_str(), i, ms,
-                    flops / ms / 1e9, same ? "same-bits" : "OTHER-bits", config_of(algo).c_str());
+        std::printf("  %-10s algo %2d: %8.4f ms %6.1f TFLOP/s %s\n", s.name.c_str(), i, ms,
+                    flops / ms / 1e9, same ? "same-bits" : "OTHER-bits");
         std::fflush(stdout);
     }
     std::printf(

@@ -876,6 +876,7 @@ Result<std::string> bench_run(const BenchRequest& req) {
         j["gemm_search"] = cuda.gemm_search() ? "on" : "off";
         j["gemm_searched"] = cuda.gemm_search_counts().searched;
         j["gemm_faster"] = cuda.gemm_search_counts().faster;
+        j["gemm_saved_ms"] = cuda.gemm_search_counts().saved_ms;
         j["peak_memory_bytes"] = peak_max;
         j["peak_memory_source"] = "cuda_mem_get_info";
         // How far the measured peak is from the plan printed before step 1 (the issue asks

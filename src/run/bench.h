@@ -65,9 +65,9 @@
 // "optimizer_sms" the SMs --optimizer-sms leaves to the overlapped update (0: none).
 //
 // GEMM algorithm search (--gemm-search, on by default; ops/cuda/gemm.h): on CUDA the line's
-// "gemm_search" says whether it ran, and "gemm_searched" and "gemm_faster" count the problems
-// it timed and those that kept a faster candidate than cuBLASLt's heuristic's first (the
-// same bits either way).
+// "gemm_search" says whether it ran, "gemm_searched" and "gemm_faster" count the problems it
+// timed and those that kept a faster candidate than cuBLASLt's heuristic's first (the same bits
+// either way), and "gemm_saved_ms" sums those problems' gains, one launch each, as timed.
 //
 // Kernel breakdown (--kernel-breakdown N, CUDA): after the timed steps, N more steps run with
 // CUPTI recording every kernel, copy and set (ops/cuda/kernel_profile.h; CUPTI slows launches, so

@@ -34,12 +34,14 @@
 // Algorithm search (CudaState::gemm_search, on by default): the first time a problem is met the
 // heuristic is asked for up to 8 candidates, each runs once on the call's own operands and only
 // those whose D hashes to the heuristic's first choice's bits (an order-independent 64-bit hash of
-// D's bytes) are timed (median of 5 launches after 2); the fastest is kept when it beats the
+// D's bytes) are timed, with every stream of the state waited for first, in 5 interleaved rounds
+// after 2 warm-up launches each (the median of each); the fastest is kept when it beats the
 // first by at least 1 %. So the search changes how long a problem takes, never its bits: a run,
 // its resume and another process compute what the heuristic's first would (candidates with
-// another reduction order, split-K ones at a long K, are dropped by the hash). It waits for the
-// stream once per problem, and does not run while the stream is captured into a graph, when D
-// overlaps A, B or C, or with an amax output (fp8 D). A D that accumulates (beta != 0, C = D)
+// another reduction order, split-K ones at a long K, are dropped by the hash). The host waits
+// for the GPU at each new problem (in a run's first step). The search does not run while the
+// stream is captured into a graph, when D overlaps A, B or C, or with an amax output (fp8 D).
+// A D that accumulates (beta != 0, C = D)
 // is copied first (a temporary cudaMalloc of D's bytes, freed before the call returns; without
 // the memory the problem keeps the heuristic's first) and restored before each candidate and the
 // call's own launch. Measured: bench/gemm_algo_search.cpp and docs/PERF.md.
