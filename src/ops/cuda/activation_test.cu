@@ -20,12 +20,12 @@ namespace {
 
 using namespace cudatest;
 
-void check_swiglu(int64_t N, int64_t F, uint64_t seed) {
-    SCOPED_TRACE(::testing::Message() << "N=" << N << " F=" << F);
+void check_swiglu(int64_t N, int64_t F, uint64_t seed, float range = 4.0f) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " F=" << F << " range=" << range);
     CudaState state(0);
     const Context gpu = state.context(), cpu = cpu_context();
     optest::Rng rng(seed);
-    const HostTensor gate_up = random_bf16_values(rng, {N, 2 * F}, -4.0f, 4.0f);
+    const HostTensor gate_up = random_bf16_values(rng, {N, 2 * F}, -range, range);
     const HostTensor dout = random_bf16_values(rng, {N, F});
     HostTensor out_ref(DType::kF32, {N, F}), dgu_ref(DType::kF32, {N, 2 * F});
     swiglu_forward(out_ref.view(), gate_up.view(), cpu);
@@ -80,6 +80,13 @@ TEST(CudaSwiglu, OutputAmaxIsTheCastsBitForBit) {
     check_swiglu_amax(4096, 1024, 53);  // many blocks, grid-stride loop
 }
 
+TEST(CudaSwiglu, MatchesCpuOverTheWholeRange) {
+    // Past |gate| = 88 the sigmoid's exponential overflows or vanishes: it is 0 or 1 there.
+    check_swiglu(64, 256, 53, 120.0f);
+    check_swiglu(3, 3000, 54, 120.0f);  // rows wider than a block
+    check_swiglu(40, 9, 55, 120.0f);    // the scalar path, several rows a block
+}
+
 TEST(CudaSwiglu, MatchesCpuVectorized) {
     check_swiglu(48, 256, 41);
 }
@@ -125,6 +132,22 @@ TEST(CudaGelu, MatchesCpuTanh) {
 TEST(CudaGelu, MatchesCpuInPlaceScalarPath) {
     check_gelu({7, 143}, GeluKind::kTanh, true, 45);
     check_gelu({1001}, GeluKind::kErf, true, 46);
+}
+
+TEST(CudaGelu, TanhBackwardMatchesCpuOverTheWholeRange) {
+    // Past |x| = 10 the logistic form's exponential overflows or vanishes: gelu' is 0 or 1 there.
+    check_gelu({256, 64}, GeluKind::kTanh, false, 47);
+    CudaState state(0);
+    const Context gpu = state.context(), cpu = cpu_context();
+    optest::Rng rng(48);
+    const HostTensor x = random_bf16_values(rng, {4096}, -60.0f, 60.0f);
+    const HostTensor dy = random_bf16_values(rng, {4096});
+    HostTensor dx_ref(DType::kF32, {4096});
+    gelu_backward(dx_ref.view(), dy.view(), x.view(), GeluKind::kTanh, cpu);
+    DeviceTensor gx = upload(x, DType::kBF16, state), gdy = upload(dy, DType::kBF16, state);
+    DeviceTensor dx = device_tensor(DType::kBF16, {4096}, state);
+    gelu_backward(dx.view, gdy.view, gx.view, GeluKind::kTanh, gpu);
+    EXPECT_TRUE(matches(download_f32(dx.view, state), dx_ref, kBf16Rounded));
 }
 
 void check_residual(Shape shape, uint64_t seed) {

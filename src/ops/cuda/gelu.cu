@@ -23,11 +23,15 @@ __device__ __forceinline__ float gelu_value(float v, bool tanh_form) {
     return v * cdf;
 }
 
+// gelu'(v). The tanh form through the logistic function, which is what 0.5 (1 + tanh u) is:
+// s = sigmoid(2u) and 1 - tanh(u)^2 = 4 s (1 - s), u = sqrt(2/pi) (v + 0.044715 v^3), so
+//   gelu'(v) = s + 2 v s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 v^2)
+// with fast_sigmoid's few instructions instead of tanhf's longer sequence (kernel_util.cuh).
 __device__ __forceinline__ float gelu_grad(float v, bool tanh_form) {
     if (tanh_form) {
-        const float th = tanhf(kSqrt2OverPi * (v + kGeluTanhCoef * v * v * v));
-        return 0.5f * (1.0f + th) +
-               0.5f * v * (1.0f - th * th) * kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhCoef * v * v);
+        const float u = kSqrt2OverPi * (v + kGeluTanhCoef * v * v * v);
+        const float s = fast_sigmoid(2.0f * u);
+        return s + 2.0f * v * s * (1.0f - s) * kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhCoef * v * v);
     }
     return 0.5f * (1.0f + erff(v * kInvSqrt2)) + v * kInvSqrt2Pi * expf(-0.5f * v * v);
 }

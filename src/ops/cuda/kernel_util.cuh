@@ -123,6 +123,15 @@ __device__ __forceinline__ void block_amax_into(unsigned m, unsigned* amax) {
     if (lane == 0 && m != 0 && m > __ldcg(amax)) atomicMax(amax, m);
 }
 
+// 1 / (1 + exp(-x)) from the hardware exponential and an approximate division: a few fp32 ulps
+// off the correctly rounded value, far below the bf16 rounding of the activations that use it,
+// and a few instructions where expf and an IEEE division take dozens (which made the elementwise
+// backward kernels compute-bound on an H200). Exactly 0 where exp(-x) overflows (x < -88) and 1
+// where it vanishes; NaN stays NaN.
+__device__ __forceinline__ float fast_sigmoid(float x) {
+    return __fdividef(1.0f, 1.0f + __expf(-x));
+}
+
 // v rounded to nearest even bf16 and back: what a bf16 store followed by a load gives.
 __device__ __forceinline__ float round_bf16(float v) {
     return __bfloat162float(__float2bfloat16_rn(v));
