@@ -99,7 +99,8 @@ void launch_column_partials(float* partials, unsigned keep, const Rows& rows, bo
 // Fused norm backwards (layernorm.cu, rmsnorm.cu): one block per row chunk of the
 // fused_norm_chunks(N) plan covers all C columns, each warp a row at a time (the row's statistics
 // need the whole row), keeping the row's x and dy in registers as packed bf16 and its own
-// column sums in registers: kGroups 256-column groups per warp, C <= 256 kGroups, C % 8 == 0.
+// column sums in shared memory (fused_acc_* below): kGroups 256-column groups per warp,
+// C <= 256 kGroups, C % 8 == 0.
 // The instantiated group counts; norm_fused_groups(C) picks one, or 0 (two-kernel path).
 inline int norm_fused_groups(int64_t C) {
     const int64_t g = (C + kColumnTile - 1) / kColumnTile;
@@ -129,33 +130,70 @@ __device__ __forceinline__ void unpack_bf16x8(float (&out)[8], const uint4& raw)
     }
 }
 
-// The fused kernels' epilogue: the block's 8 warps hold acc[k][g][i], the sums of column
-// 256 g + 8 lane + i over their rows; adds them in warp order through `smem` (8 x 256 floats) and
-// writes the chunk's partial of output k to partials[k * R * C + r * C + c] where keep bit k is
-// set. Every thread of the block must call it.
+// The fused kernels' column sums in shared memory, not registers: kOut x kGroups x 8 floats a
+// thread held the norm backward at one block of 8 warps per SM at C = 2048 (178 registers), too
+// few rows in flight to stream at the memory's bandwidth. `acc` is the block's dynamic shared
+// memory, fused_acc_bytes<kOut, kGroups> of it: warp w's sum of column 256 g + j of output k at
+// acc[((w * kOut + k) * kGroups + g) * 256 + j]. Each lane reads and writes only its own 8
+// columns of its warp's sums until the epilogue, so the adds need no barrier, and every sum is the
+// same chain of fp32 additions as in registers.
 template <int kOut, int kGroups>
-__device__ __forceinline__ void fused_partials_epilogue(float* __restrict__ partials, unsigned keep,
-                                                        const float (&acc)[kOut][kGroups][8],
-                                                        float (*smem)[kColumnTile], int64_t C,
-                                                        int64_t R, int64_t r) {
+inline constexpr size_t fused_acc_bytes = size_t(kColumnWarps) * kOut* kGroups* kColumnTile *
+                                          sizeof(float);
+
+template <int kOut, int kGroups>
+__device__ __forceinline__ float4* fused_acc_lane(float* acc, int k, int g) {
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    return reinterpret_cast<float4*>(acc + ((warp * kOut + k) * kGroups + g) * kColumnTile +
+                                     lane * 8);
+}
+
+// Zeroes this lane's sums.
+template <int kOut, int kGroups>
+__device__ __forceinline__ void fused_acc_zero(float* acc) {
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < kOut; ++k)
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+            float4* p = fused_acc_lane<kOut, kGroups>(acc, k, g);
+            p[0] = zero;
+            p[1] = zero;
+        }
+}
+
+// Adds v to this lane's sums of columns 256 g + 8 lane + i of output k.
+template <int kOut, int kGroups>
+__device__ __forceinline__ void fused_acc_add(float* acc, int k, int g, const float (&v)[8]) {
+    float4* p = fused_acc_lane<kOut, kGroups>(acc, k, g);
+    float4 a = p[0], b = p[1];
+    a.x += v[0], a.y += v[1], a.z += v[2], a.w += v[3];
+    b.x += v[4], b.y += v[5], b.z += v[6], b.w += v[7];
+    p[0] = a;
+    p[1] = b;
+}
+
+// The epilogue of the sums in shared memory: adds the 8 warps' sums of each column in warp order
+// and writes the chunk's partial of output k to partials[k * R * C + r * C + c] where keep bit k is
+// set. Every thread calls it.
+template <int kOut, int kGroups>
+__device__ __forceinline__ void fused_acc_epilogue(float* __restrict__ partials, unsigned keep,
+                                                   const float* acc, int64_t C, int64_t R,
+                                                   int64_t r) {
+    __syncthreads();
     const int t = threadIdx.x;
 #pragma unroll
     for (int k = 0; k < kOut; ++k) {
-        if (!(keep & (1u << k))) continue;  // uniform over the block
+        if (!(keep & (1u << k))) continue;
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) smem[warp][lane * 8 + i] = acc[k][g][i];
-            __syncthreads();
             const int64_t c = int64_t(g) * kColumnTile + t;
-            if (c < C) {
-                float s = smem[0][t];
+            if (c >= C) continue;
+            float s = acc[(k * kGroups + g) * kColumnTile + t];
 #pragma unroll
-                for (int w = 1; w < kColumnWarps; ++w) s += smem[w][t];
-                partials[k * R * C + r * C + c] = s;
-            }
-            __syncthreads();
+            for (int w = 1; w < kColumnWarps; ++w)
+                s += acc[((w * kOut + k) * kGroups + g) * kColumnTile + t];
+            partials[k * R * C + r * C + c] = s;
         }
     }
 }

@@ -179,8 +179,9 @@ __global__ void layernorm_backward_dx_warp_per_row_kernel(__nv_bfloat16* __restr
 
 // dx and the parameter partials in one pass over x and dy (column_reduce.cuh, fused plan): block
 // r owns row chunk r, warp w its rows w, w + 8, ...; the row's x and dy stay in registers between
-// the statistics and dx. acc[0] sums dy * xhat (dweight), acc[1] dy (dbias). kGroups 256-column
-// groups, C % 8 == 0, 16-byte aligned rows.
+// the statistics and dx. The block's shared memory (fused_acc_bytes<2, kGroups>, column_reduce.cuh)
+// sums dy * xhat (output 0, dweight) and dy (output 1, dbias). kGroups 256-column groups,
+// C % 8 == 0, 16-byte aligned rows.
 template <int kGroups>
 __global__ void __launch_bounds__(kColumnThreads)
     layernorm_backward_fused_kernel(__nv_bfloat16* __restrict__ dx, float* __restrict__ partials,
@@ -190,16 +191,13 @@ __global__ void __launch_bounds__(kColumnThreads)
                                     const float* __restrict__ mean, const float* __restrict__ rstd,
                                     int64_t N, int64_t C, int64_t R, int64_t rows_per_chunk,
                                     bool accumulate) {
-    __shared__ float smem[kColumnWarps][kColumnTile];
+    extern __shared__ float4 acc_smem[];
+    float* acc = reinterpret_cast<float*>(acc_smem);
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     const int64_t r = blockIdx.x;
     const int64_t n_begin = r * rows_per_chunk;
     const int64_t n_end = min(N, n_begin + rows_per_chunk);
-    float acc[2][kGroups][8];
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[0][g][i] = acc[1][g][i] = 0.0f;
+    fused_acc_zero<2, kGroups>(acc);
     for (int64_t n = n_begin + warp; n < n_end; n += kColumnWarps) {
         const float m = mean[n], s = rstd[n];
         uint4 xr[kGroups], dr[kGroups];
@@ -216,7 +214,7 @@ __global__ void __launch_bounds__(kColumnThreads)
         for (int g = 0; g < kGroups; ++g) {
             const int64_t c = int64_t(g) * kColumnTile + lane * 8;
             if (c >= C) continue;
-            float xv[8], dv[8], w[8];
+            float xv[8], dv[8], w[8], dvx[8];
             unpack_bf16x8(xv, xr[g]);
             unpack_bf16x8(dv, dr[g]);
             load_bf16<8>(w, weight + c);
@@ -226,9 +224,10 @@ __global__ void __launch_bounds__(kColumnThreads)
                 const float gi = dv[i] * w[i];
                 sum_g += gi;
                 sum_g_xhat += gi * xhat;
-                acc[0][g][i] += dv[i] * xhat;
-                acc[1][g][i] += dv[i];
+                dvx[i] = dv[i] * xhat;
             }
+            fused_acc_add<2, kGroups>(acc, 0, g, dvx);
+            fused_acc_add<2, kGroups>(acc, 1, g, dv);
         }
         const float mean_g = warp_sum(sum_g) / float(C);
         const float mean_g_xhat = warp_sum(sum_g_xhat) / float(C);
@@ -250,7 +249,7 @@ __global__ void __launch_bounds__(kColumnThreads)
             store_bf16<8>(dx + n * C + c, out);
         }
     }
-    fused_partials_epilogue<2, kGroups>(partials, keep, acc, smem, C, R, r);
+    fused_acc_epilogue<2, kGroups>(partials, keep, acc, C, R, r);
 }
 
 // The rows of the parameter gradients: output 0 (dweight) dy * xhat, output 1 (dbias) dy.
@@ -340,28 +339,31 @@ void layernorm_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, 
         float* partials = static_cast<float*>(
             state.scratch(2 * size_t(R * C) * sizeof(float), "layernorm_backward"));
         const int64_t rows = column_reduce_rows_per_chunk(N, R);
-        auto launch = [&](auto kernel) {
-            kernel<<<unsigned(R), kColumnThreads, 0, stream>>>(
+        auto launch = [&](auto kernel, size_t smem) {
+            if (smem > 48 * 1024)
+                LATHE_CUDA_CHECK(cudaFuncSetAttribute(
+                    kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+            kernel<<<unsigned(R), kColumnThreads, smem, stream>>>(
                 dxb, partials, keep, dyb, xb, wb, mean, rstd, N, C, R, rows, dx_accumulate);
         };
         switch (groups) {
             case 1:
-                launch(layernorm_backward_fused_kernel<1>);
+                launch(layernorm_backward_fused_kernel<1>, fused_acc_bytes<2, 1>);
                 break;
             case 2:
-                launch(layernorm_backward_fused_kernel<2>);
+                launch(layernorm_backward_fused_kernel<2>, fused_acc_bytes<2, 2>);
                 break;
             case 3:
-                launch(layernorm_backward_fused_kernel<3>);
+                launch(layernorm_backward_fused_kernel<3>, fused_acc_bytes<2, 3>);
                 break;
             case 4:
-                launch(layernorm_backward_fused_kernel<4>);
+                launch(layernorm_backward_fused_kernel<4>, fused_acc_bytes<2, 4>);
                 break;
             case 6:
-                launch(layernorm_backward_fused_kernel<6>);
+                launch(layernorm_backward_fused_kernel<6>, fused_acc_bytes<2, 6>);
                 break;
             default:
-                launch(layernorm_backward_fused_kernel<8>);
+                launch(layernorm_backward_fused_kernel<8>, fused_acc_bytes<2, 8>);
                 break;
         }
         LATHE_CUDA_CHECK_LAUNCH();

@@ -196,15 +196,15 @@ __global__ void __launch_bounds__(kRowThreads) stream_row_kernel(RowArgs a) {
 }
 
 // Forward + backward of one row read from HBM exactly once: the row (ceil(V / 8) 16-byte vectors)
-// is held on chip (at most 64 registers a thread: two 512-thread blocks or one 1024-thread block
-// per SM), vector j = threadIdx.x + i * kThreads in thread threadIdx.x's registers for
-// i < kRegVecs and in dynamic shared memory beyond (slot j - kRegVecs * kThreads, so consecutive
-// threads touch consecutive 16-byte words). Then: max (no exponentials), sum of exp(l - max), lse
+// is held on chip (at most 64 registers a thread: two 512-thread blocks per SM), vector
+// j = threadIdx.x + i * kThreads in thread threadIdx.x's registers for i < kRegVecs and in dynamic
+// shared memory beyond (slot j - kRegVecs * kThreads, so consecutive threads touch consecutive
+// 16-byte words). Then: max (no exponentials), sum of exp(l - max), lse
 // and loss, and dlogits = scale * exp(l - lse) - scale * onehot written back over the same
 // vectors, each by the thread that read it. Two exponentials per element, both from fp32 logits
 // held on chip. Needs ld % 8 == 0 and a 16-byte aligned chunk; padding as in stream_row_kernel.
 template <int kThreads, int kRegVecs>
-__global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) held_row_kernel(RowArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) held_row_kernel(RowArgs a) {
     extern __shared__ uint4 spill[];
     __shared__ float smem[32];
     const int64_t n = a.row0 + blockIdx.x;
@@ -332,14 +332,6 @@ struct ChunkWork {
 // Registers per thread that hold the row in held_row_kernel: 8 vectors = 32 registers.
 constexpr int kHeldRegVecs = 8;
 
-int max_dynamic_smem() {
-    int device = 0, bytes = 0;
-    LATHE_CUDA_CHECK(cudaGetDevice(&device));
-    LATHE_CUDA_CHECK(
-        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    return bytes - 1024;  // the kernel's static reduction slots
-}
-
 template <int kThreads>
 bool try_held(const RowArgs& a, int64_t rows, int64_t nvec, int64_t smem_cap, CUstream_st* stream) {
     const int64_t smem = std::max<int64_t>(0, nvec - int64_t(kHeldRegVecs) * kThreads) * 16;
@@ -354,10 +346,12 @@ bool try_held(const RowArgs& a, int64_t rows, int64_t nvec, int64_t smem_cap, CU
 }
 
 // The per-row kernel for one chunk. Forward only and backward only stream (each row is read
-// once either way). Forward + backward holds the row on chip: 512 threads while the row spills
-// at most 48 KiB of shared memory beyond its 16 KiB of registers per 512 threads (V <= 65536:
-// two or more rows per SM), else 1024 threads (up to ~180K on an H100), else the streaming
-// kernel's two reads.
+// once either way). Forward + backward holds the row on chip while it spills at most 48 KiB of
+// shared memory beyond its 64 KiB of registers per 512 threads (V <= 65536: two rows per SM, one
+// computing while the other loads), else streams it twice. A wider row held by one 1024-thread
+// block per SM (Llama 3's 128256: 125 KiB of shared memory) ran its load, reductions and write
+// one after another with nothing beside them: on an H200 its kernel took 4.36 ms of the 1B step
+// against 3.66 ms streaming twice (docs/PERF.md).
 void launch_rows(const RowArgs& a, int64_t rows, bool vec, CUstream_st* stream) {
     if (!vec) {
         stream_row_kernel<1><<<unsigned(rows), kRowThreads, 0, stream>>>(a);
@@ -367,7 +361,6 @@ void launch_rows(const RowArgs& a, int64_t rows, bool vec, CUstream_st* stream) 
     if (a.write_dlogits && a.lse_in == nullptr) {
         const int64_t nvec = (a.V + 7) / 8;
         if (try_held<512>(a, rows, nvec, 48 * 1024, stream)) return;
-        if (try_held<1024>(a, rows, nvec, max_dynamic_smem(), stream)) return;
     }
     stream_row_kernel<8><<<unsigned(rows), kRowThreads, 0, stream>>>(a);
     LATHE_CUDA_CHECK_LAUNCH();

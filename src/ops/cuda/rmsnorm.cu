@@ -157,8 +157,8 @@ __global__ void rmsnorm_backward_dx_warp_per_row_kernel(__nv_bfloat16* __restric
 
 // dx and the dweight partials in one pass over x and dy (column_reduce.cuh, fused plan): block r
 // owns row chunk r, warp w its rows w, w + 8, ...; the row's x and dy stay in registers between
-// the statistic and dx; acc sums dy * x * rstd. kGroups 256-column groups, C % 8 == 0, 16-byte
-// aligned rows.
+// the statistic and dx; the block's shared memory sums dy * x * rstd (fused_acc_bytes<1, kGroups>
+// of it, column_reduce.cuh). kGroups 256-column groups, C % 8 == 0, 16-byte aligned rows.
 template <int kGroups>
 __global__ void __launch_bounds__(kColumnThreads)
     rmsnorm_backward_fused_kernel(__nv_bfloat16* __restrict__ dx, float* __restrict__ partials,
@@ -167,16 +167,13 @@ __global__ void __launch_bounds__(kColumnThreads)
                                   const __nv_bfloat16* __restrict__ weight,
                                   const float* __restrict__ rstd, int64_t N, int64_t C, int64_t R,
                                   int64_t rows_per_chunk, bool accumulate) {
-    __shared__ float smem[kColumnWarps][kColumnTile];
+    extern __shared__ float4 acc_smem[];
+    float* acc = reinterpret_cast<float*>(acc_smem);
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     const int64_t r = blockIdx.x;
     const int64_t n_begin = r * rows_per_chunk;
     const int64_t n_end = min(N, n_begin + rows_per_chunk);
-    float acc[1][kGroups][8];
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[0][g][i] = 0.0f;
+    fused_acc_zero<1, kGroups>(acc);
     for (int64_t n = n_begin + warp; n < n_end; n += kColumnWarps) {
         const float s = rstd[n];
         uint4 xr[kGroups], dr[kGroups];
@@ -193,15 +190,16 @@ __global__ void __launch_bounds__(kColumnThreads)
         for (int g = 0; g < kGroups; ++g) {
             const int64_t c = int64_t(g) * kColumnTile + lane * 8;
             if (c >= C) continue;
-            float xv[8], dv[8], w[8];
+            float xv[8], dv[8], w[8], v[8];
             unpack_bf16x8(xv, xr[g]);
             unpack_bf16x8(dv, dr[g]);
             load_bf16<8>(w, weight + c);
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 dot += dv[i] * w[i] * (xv[i] * s);
-                acc[0][g][i] += dv[i] * (xv[i] * s);
+                v[i] = dv[i] * (xv[i] * s);
             }
+            fused_acc_add<1, kGroups>(acc, 0, g, v);
         }
         const float mean_g_norm = warp_sum(dot) / float(C);
 #pragma unroll
@@ -221,7 +219,7 @@ __global__ void __launch_bounds__(kColumnThreads)
             store_bf16<8>(dx + n * C + c, out);
         }
     }
-    fused_partials_epilogue<1, kGroups>(partials, 1u, acc, smem, C, R, r);
+    fused_acc_epilogue<1, kGroups>(partials, 1u, acc, C, R, r);
 }
 
 // The rows of dweight: dy * (x * rstd).
@@ -309,28 +307,31 @@ void rmsnorm_backward(bf16* dx, float* dweight, const bf16* dy, const bf16* x, c
         float* partials =
             static_cast<float*>(state.scratch(size_t(R * C) * sizeof(float), "rmsnorm_backward"));
         const int64_t rows = column_reduce_rows_per_chunk(N, R);
-        auto launch = [&](auto kernel) {
-            kernel<<<unsigned(R), kColumnThreads, 0, stream>>>(dxb, partials, dyb, xb, wb, rstd, N,
-                                                               C, R, rows, dx_accumulate);
+        auto launch = [&](auto kernel, size_t smem) {
+            if (smem > 48 * 1024)
+                LATHE_CUDA_CHECK(cudaFuncSetAttribute(
+                    kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+            kernel<<<unsigned(R), kColumnThreads, smem, stream>>>(dxb, partials, dyb, xb, wb, rstd,
+                                                                  N, C, R, rows, dx_accumulate);
         };
         switch (groups) {
             case 1:
-                launch(rmsnorm_backward_fused_kernel<1>);
+                launch(rmsnorm_backward_fused_kernel<1>, fused_acc_bytes<1, 1>);
                 break;
             case 2:
-                launch(rmsnorm_backward_fused_kernel<2>);
+                launch(rmsnorm_backward_fused_kernel<2>, fused_acc_bytes<1, 2>);
                 break;
             case 3:
-                launch(rmsnorm_backward_fused_kernel<3>);
+                launch(rmsnorm_backward_fused_kernel<3>, fused_acc_bytes<1, 3>);
                 break;
             case 4:
-                launch(rmsnorm_backward_fused_kernel<4>);
+                launch(rmsnorm_backward_fused_kernel<4>, fused_acc_bytes<1, 4>);
                 break;
             case 6:
-                launch(rmsnorm_backward_fused_kernel<6>);
+                launch(rmsnorm_backward_fused_kernel<6>, fused_acc_bytes<1, 6>);
                 break;
             default:
-                launch(rmsnorm_backward_fused_kernel<8>);
+                launch(rmsnorm_backward_fused_kernel<8>, fused_acc_bytes<1, 8>);
                 break;
         }
         LATHE_CUDA_CHECK_LAUNCH();
