@@ -125,9 +125,9 @@ __device__ __forceinline__ void block_amax_into(unsigned m, unsigned* amax) {
 
 // 1 / (1 + exp(-x)) from the hardware exponential and an approximate division: a few fp32 ulps
 // off the correctly rounded value, far below the bf16 rounding of the activations that use it,
-// and a few instructions where expf and an IEEE division take dozens (which made the elementwise
-// backward kernels compute-bound on an H200). Exactly 0 where exp(-x) overflows (x < -88) and 1
-// where it vanishes; NaN stays NaN.
+// and a few instructions where expf and an IEEE division take dozens (on an H200 the GELU backward
+// ran at 80 % of the SMs' issue rate and 78 % of DRAM even with an IEEE reciprocal alone, ncu).
+// Exactly 0 where exp(-x) overflows (x < -88) and 1 where it vanishes; NaN stays NaN.
 __device__ __forceinline__ float fast_sigmoid(float x) {
     return __fdividef(1.0f, 1.0f + __expf(-x));
 }

@@ -14,7 +14,7 @@ constexpr int kThreads = 256;
 
 // The rows of an (N, F) output, kVec consecutive columns a thread at a time: a pass of the block
 // covers `rows` rows of `lanes` threads each (lanes = min(F / kVec, block size)), so no thread
-// divides a flat index by F (a 64-bit division per vector made the kernels compute-bound).
+// divides a flat index by F (a 64-bit division, dozens of instructions, per vector).
 // A thread past rows * lanes idles (a narrow F), but stays for the block's amax.
 struct RowTiling {
     int64_t vectors, lanes, rows, row, lane;
