@@ -54,6 +54,26 @@ AttentionDims training_check(const char* op, ConstTensorView q, ConstTensorView 
     return d;
 }
 
+// The packed form: qkv (B, T, P, D) with P = H + 2 Hkv, H from out (B, T, H, D); lse (B, H, T).
+AttentionDims qkv_check(const char* op, ConstTensorView qkv, ConstTensorView out,
+                        ConstTensorView lse, ConstTensorView docs, int64_t window) {
+    LATHE_CHECK(qkv.rank() == 4 && out.rank() == 4,
+                "{}: qkv {}, out {}; expected (B, T, H + 2 Hkv, D) and (B, T, H, D)", op,
+                qkv.to_string(), out.to_string());
+    const int64_t H = out.dim(2), P = qkv.dim(2);
+    LATHE_CHECK(P > H && (P - H) % 2 == 0 && H % ((P - H) / 2) == 0,
+                "{}: qkv has {} heads a row and out {}; a packed row holds H query heads and two "
+                "times Hkv key/value heads, Hkv dividing H",
+                op, P, H);
+    const AttentionDims d{qkv.dim(0), qkv.dim(1), qkv.dim(1), H, (P - H) / 2, qkv.dim(3)};
+    op_expect_shape(op, "out", out, Shape{d.B, d.Tq, d.H, d.D});
+    op_expect_shape(op, "lse", lse, Shape{d.B, d.H, d.Tq});
+    op_expect_dtype(op, "lse", lse, DType::kF32);
+    LATHE_CHECK(window >= 0, "{}: window {} (0 means none)", op, window);
+    docs_check(op, docs, d);
+    return d;
+}
+
 cuda::AttentionShape cuda_attention_shape(const char* op, const AttentionDims& d,
                                           ConstTensorView docs, int64_t window, float scale,
                                           const Context& ctx) {
@@ -322,6 +342,68 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensor
                                      cuda_attention_shape(kOp, d, docs, window, scale, ctx),
                                      cuda_state_of(ctx, kOp), ctx.stream);
             return;
+    }
+    op_no_backend(kOp, ctx);
+}
+
+void attention_forward_qkv(TensorView out, TensorView lse, ConstTensorView qkv,
+                           ConstTensorView docs, int64_t window, float scale, const Context& ctx) {
+    constexpr const char* kOp = "attention_forward_qkv";
+    const AttentionDims d = qkv_check(kOp, qkv, out, lse, docs, window);
+    op_expect_memory(kOp, ctx, {out, lse, qkv, docs});
+    const int64_t P = qkv.dim(2), kv = d.H * d.D, v = (d.H + d.Hkv) * d.D;
+    switch (ctx.backend) {
+        case Backend::kCpu: {
+            op_expect_cpu_f32(kOp, {out, qkv});
+            const float* x = qkv.as<float>();
+            cpu::attention_forward(out.as<float>(), lse.as<float>(), x, x + kv, x + v,
+                                   docs.as<int32_t>(), d.B, d.Tq, d.Tk, 0, d.H, d.Hkv, d.D, window,
+                                   scale, P);
+            return;
+        }
+        case Backend::kCuda: {
+            op_expect_cuda_dtype(kOp, DType::kBF16, {out, qkv});
+            cuda::AttentionShape shape = cuda_attention_shape(kOp, d, docs, window, scale, ctx);
+            shape.qkv_heads = P;
+            const bf16* x = qkv.as<bf16>();
+            cuda::attention_forward(out.as<bf16>(), lse.as<float>(), x, x + kv, x + v,
+                                    docs.as<int32_t>(), shape, cuda_state_of(ctx, kOp), ctx.stream);
+            return;
+        }
+    }
+    op_no_backend(kOp, ctx);
+}
+
+void attention_backward_qkv(TensorView dqkv, ConstTensorView dout, ConstTensorView qkv,
+                            ConstTensorView out, ConstTensorView lse, ConstTensorView docs,
+                            int64_t window, float scale, const Context& ctx) {
+    constexpr const char* kOp = "attention_backward_qkv";
+    const AttentionDims d = qkv_check(kOp, qkv, out, lse, docs, window);
+    op_expect_shape(kOp, "dqkv", dqkv, qkv.shape());
+    op_expect_shape(kOp, "dout", dout, out.shape());
+    op_expect_memory(kOp, ctx, {dqkv, dout, qkv, out, lse, docs});
+    const int64_t P = qkv.dim(2), kv = d.H * d.D, v = (d.H + d.Hkv) * d.D;
+    switch (ctx.backend) {
+        case Backend::kCpu: {
+            op_expect_cpu_f32(kOp, {dqkv, dout, qkv, out});
+            const float* x = qkv.as<float>();
+            float* dx = dqkv.as<float>();
+            cpu::attention_backward(dx, dx + kv, dx + v, dout.as<float>(), x, x + kv, x + v,
+                                    out.as<float>(), lse.as<float>(), docs.as<int32_t>(), d.B, d.Tq,
+                                    d.H, d.Hkv, d.D, window, scale, P);
+            return;
+        }
+        case Backend::kCuda: {
+            op_expect_cuda_dtype(kOp, DType::kBF16, {dqkv, dout, qkv, out});
+            cuda::AttentionShape shape = cuda_attention_shape(kOp, d, docs, window, scale, ctx);
+            shape.qkv_heads = P;
+            const bf16* x = qkv.as<bf16>();
+            bf16* dx = dqkv.as<bf16>();
+            cuda::attention_backward(dx, dx + kv, dx + v, dout.as<bf16>(), x, x + kv, x + v,
+                                     out.as<bf16>(), lse.as<float>(), docs.as<int32_t>(), shape,
+                                     cuda_state_of(ctx, kOp), ctx.stream);
+            return;
+        }
     }
     op_no_backend(kOp, ctx);
 }

@@ -112,4 +112,16 @@ void attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensor
                         ConstTensorView out, ConstTensorView lse, ConstTensorView docs,
                         int64_t window, float scale, const Context& ctx);
 
+// The training form over q, k and v packed in one buffer, as one GEMM over the stacked q, k, v
+// weight writes them (the model's block): qkv (B, T, H + 2 Hkv, D) holds q in the first H heads of
+// each row, then k's Hkv heads, then v's Hkv; H is out's (B, T, H, D). The math, the rules and the
+// results are attention_forward's / attention_backward's on the three head slices (CPU: the same
+// products on strided rows; CUDA: cuDNN reading and writing the slices in place, no copies). The
+// backward writes dq, dk, dv into the same slices of dqkv (qkv's shape), every element of it.
+void attention_forward_qkv(TensorView out, TensorView lse, ConstTensorView qkv,
+                           ConstTensorView docs, int64_t window, float scale, const Context& ctx);
+void attention_backward_qkv(TensorView dqkv, ConstTensorView dout, ConstTensorView qkv,
+                            ConstTensorView out, ConstTensorView lse, ConstTensorView docs,
+                            int64_t window, float scale, const Context& ctx);
+
 }  // namespace lathe

@@ -113,6 +113,47 @@ TEST(Attention, ForwardMatchesNaiveReference) {
     }
 }
 
+// q, k, v packed by rows in one buffer (what the model's single q, k, v GEMM writes): the same
+// products on strided rows, so the very bits of the separate tensors, forward and backward, and
+// every element of dqkv written.
+TEST(Attention, PackedQkvIsTheAttentionOfItsSlices) {
+    const Context ctx = cpu_context();
+    Rng rng(66);
+    for (const Case& c : kCases) {
+        SCOPED_TRACE(::testing::Message() << "H " << c.H << " Hkv " << c.Hkv << " docs " << c.docs);
+        CaseInputs in = case_inputs(rng, c);
+        const ConstTensorView docs = in.doc_ids(c);
+        const HostTensor dout = random_tensor(rng, in.q.shape());
+        HostTensor out = f32(in.q.shape()), lse = f32(Shape{c.B, c.H, c.T});
+        attention_forward(out.view(), lse.view(), in.q.view(), in.k.view(), in.v.view(), docs,
+                          c.window, in.scale, ctx);
+        HostTensor dq = f32(in.q.shape()), dk = f32(in.k.shape()), dv = f32(in.v.shape());
+        attention_backward(dq.view(), dk.view(), dv.view(), dout.view(), in.q.view(), in.k.view(),
+                           in.v.view(), out.view(), lse.view(), docs, c.window, in.scale, ctx);
+
+        const HostTensor qkv = pack_heads({in.q.view(), in.k.view(), in.v.view()});
+        HostTensor out2 = f32(in.q.shape()), lse2 = f32(lse.shape());
+        attention_forward_qkv(out2.view(), lse2.view(), qkv.view(), docs, c.window, in.scale, ctx);
+        EXPECT_TRUE(bitwise_equal(out2, out));
+        EXPECT_TRUE(bitwise_equal(lse2, lse));
+        HostTensor dqkv = f32(qkv.shape());
+        std::fill_n(dqkv.as<float>(), dqkv.numel(), std::numeric_limits<float>::quiet_NaN());
+        attention_backward_qkv(dqkv.view(), dout.view(), qkv.view(), out.view(), lse.view(), docs,
+                               c.window, in.scale, ctx);
+        EXPECT_TRUE(bitwise_equal(take_heads(dqkv.view(), 0, c.H), dq));
+        EXPECT_TRUE(bitwise_equal(take_heads(dqkv.view(), c.H, c.Hkv), dk));
+        EXPECT_TRUE(bitwise_equal(take_heads(dqkv.view(), c.H + c.Hkv, c.Hkv), dv));
+    }
+}
+
+TEST(AttentionDeathTest, PackedQkvNeedsHPlusTwoKeyValueGroups) {
+    HostTensor qkv = f32(Shape{1, 4, 5, 4}), out = f32(Shape{1, 4, 2, 4}),
+               lse = f32(Shape{1, 2, 4});
+    EXPECT_DEATH(
+        attention_forward_qkv(out.view(), lse.view(), qkv.view(), {}, 0, 0.5f, cpu_context()),
+        "qkv has 5 heads a row and out 2");
+}
+
 // GQA is multi-head attention with each kv head repeated for its group (HF's repeat_kv).
 TEST(Attention, GroupedQueryEqualsRepeatedKeyValueHeads) {
     const Context ctx = cpu_context();

@@ -65,4 +65,36 @@ inline HostTensor f32(Shape shape) {
     return HostTensor(DType::kF32, shape);
 }
 
+// (B, T, Hx, D) host tensors of one dtype side by side by rows, as the model packs q, k and v
+// (ops/attention.h: attention_forward_qkv): (B, T, sum of Hx, D).
+inline HostTensor pack_heads(std::initializer_list<ConstTensorView> parts) {
+    const ConstTensorView first = *parts.begin();
+    const int64_t rows = first.dim(0) * first.dim(1), D = first.dim(3);
+    int64_t heads = 0;
+    for (const ConstTensorView& p : parts) heads += p.dim(2);
+    HostTensor packed(first.dtype(), Shape{first.dim(0), first.dim(1), heads, D});
+    const size_t e = dtype_size(first.dtype());
+    auto* out = static_cast<char*>(packed.view().data());
+    size_t at = 0;  // bytes into a packed row
+    for (const ConstTensorView& p : parts) {
+        const size_t row = size_t(p.dim(2) * D) * e;
+        for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(out + size_t(r * heads * D) * e + at,
+                        static_cast<const char*>(p.data()) + size_t(r) * row, row);
+        at += row;
+    }
+    return packed;
+}
+
+// Heads [h0, h0 + n) of each row of a packed (B, T, H, D) host tensor, as a (B, T, n, D) tensor.
+inline HostTensor take_heads(ConstTensorView packed, int64_t h0, int64_t n) {
+    const int64_t rows = packed.dim(0) * packed.dim(1), H = packed.dim(2), D = packed.dim(3);
+    HostTensor out(packed.dtype(), Shape{packed.dim(0), packed.dim(1), n, D});
+    const size_t e = dtype_size(packed.dtype()), row = size_t(n * D) * e;
+    for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(static_cast<char*>(out.view().data()) + size_t(r) * row,
+                    static_cast<const char*>(packed.data()) + size_t(r * H * D + h0 * D) * e, row);
+    return out;
+}
+
 }  // namespace lathe::optest

@@ -205,6 +205,46 @@ void rope_qk(const char* op, TensorView q_out, TensorView k_out, ConstTensorView
 
 }  // namespace
 
+namespace {
+
+void rope_qkv(const char* op, TensorView qkv, int64_t qk_heads, ConstTensorView positions,
+              ConstTensorView cos, ConstTensorView sin, bool backward, const Context& ctx) {
+    const RopeDims d = rope_check(op, qkv, qkv, positions, cos, sin);
+    LATHE_CHECK(qk_heads > 0 && qk_heads < d.Hx,
+                "{}: qk_heads {} of a row of {} heads; the queries and keys are the first H + Hkv "
+                "of H + 2 Hkv",
+                op, qk_heads, d.Hx);
+    op_expect_memory(op, ctx, {qkv, positions, cos, sin});
+    switch (ctx.backend) {
+        case Backend::kCpu:
+            op_expect_cpu_f32(op, {qkv, cos, sin});
+            (backward ? cpu::rope_backward : cpu::rope_forward)(
+                qkv.as<float>(), qkv.as<float>(), positions.as<int32_t>(), cos.as<float>(),
+                sin.as<float>(), d.B, d.T, qk_heads, d.D, d.R, d.P, d.Hx);
+            return;
+        case Backend::kCuda:
+            op_expect_cuda_dtype(op, DType::kBF16, {qkv});
+            op_expect_cuda_dtype(op, DType::kF32, {cos, sin});
+            cuda::rope_qkv(qkv.as<bf16>(), positions.as<int32_t>(), cos.as<float>(),
+                           sin.as<float>(), d.B, d.T, qk_heads, d.Hx, d.D, d.R, d.P, backward,
+                           ctx.stream);
+            return;
+    }
+    op_no_backend(op, ctx);
+}
+
+}  // namespace
+
+void rope_qkv_forward(TensorView qkv, int64_t qk_heads, ConstTensorView positions,
+                      ConstTensorView cos, ConstTensorView sin, const Context& ctx) {
+    rope_qkv("rope_qkv_forward", qkv, qk_heads, positions, cos, sin, false, ctx);
+}
+
+void rope_qkv_backward(TensorView dqkv, int64_t qk_heads, ConstTensorView positions,
+                       ConstTensorView cos, ConstTensorView sin, const Context& ctx) {
+    rope_qkv("rope_qkv_backward", dqkv, qk_heads, positions, cos, sin, true, ctx);
+}
+
 void rope_qk_forward(TensorView q_out, TensorView k_out, ConstTensorView q, ConstTensorView k,
                      ConstTensorView positions, ConstTensorView cos, ConstTensorView sin,
                      const Context& ctx) {

@@ -79,4 +79,13 @@ void rope_qk_backward(TensorView dq, TensorView dk, ConstTensorView dq_out, Cons
                       ConstTensorView positions, ConstTensorView cos, ConstTensorView sin,
                       const Context& ctx);
 
+// The queries and keys of a packed q, k, v buffer (ops/attention.h: attention_forward_qkv), in
+// place: qkv (B, T, H + 2 Hkv, D) with qk_heads = H + Hkv; the first qk_heads heads of each row
+// rotate as rope_forward / rope_backward rotate them (the same bits), the last Hkv (the values)
+// are not touched. One launch on CUDA.
+void rope_qkv_forward(TensorView qkv, int64_t qk_heads, ConstTensorView positions,
+                      ConstTensorView cos, ConstTensorView sin, const Context& ctx);
+void rope_qkv_backward(TensorView dqkv, int64_t qk_heads, ConstTensorView positions,
+                       ConstTensorView cos, ConstTensorView sin, const Context& ctx);
+
 }  // namespace lathe

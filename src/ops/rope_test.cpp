@@ -202,6 +202,43 @@ TEST(Rope, QueriesAndKeysTogetherAreTheSingleOps) {
     }
 }
 
+// The queries and keys of a packed q, k, v buffer rotate as the single ops rotate them; the
+// values' heads stay as they were, bit for bit.
+TEST(Rope, PackedQueriesAndKeysAreTheSingleOpsAndValuesStay) {
+    const Context ctx = cpu_context();
+    Rng rng(53);
+    RopeConfig c = llama3_config();
+    const int64_t B = 2, T = 5, D = 16, H = 4, Hkv = 2;
+    HostTensor cos = f32(Shape{T, 8}), sin = f32(Shape{T, 8});
+    rope_build_table(cos.view(), sin.view(), c);
+    const HostTensor q = random_tensor(rng, Shape{B, T, H, D}),
+                     k = random_tensor(rng, Shape{B, T, Hkv, D}),
+                     v = random_tensor(rng, Shape{B, T, Hkv, D});
+    const HostTensor pos = ids_of(Shape{B, T}, {4, 0, 3, 1, 2, 0, 1, 2, 3, 4});
+    for (bool backward : {false, true}) {
+        HostTensor q1 = f32(q.shape()), k1 = f32(k.shape());
+        HostTensor qkv = pack_heads({q.view(), k.view(), v.view()});
+        if (backward) {
+            rope_backward(q1.view(), q.view(), pos.view(), cos.view(), sin.view(), ctx);
+            rope_backward(k1.view(), k.view(), pos.view(), cos.view(), sin.view(), ctx);
+            rope_qkv_backward(qkv.view(), H + Hkv, pos.view(), cos.view(), sin.view(), ctx);
+        } else {
+            rope_forward(q1.view(), q.view(), pos.view(), cos.view(), sin.view(), ctx);
+            rope_forward(k1.view(), k.view(), pos.view(), cos.view(), sin.view(), ctx);
+            rope_qkv_forward(qkv.view(), H + Hkv, pos.view(), cos.view(), sin.view(), ctx);
+        }
+        EXPECT_TRUE(bitwise_equal(take_heads(qkv.view(), 0, H), q1));
+        EXPECT_TRUE(bitwise_equal(take_heads(qkv.view(), H, Hkv), k1));
+        EXPECT_TRUE(bitwise_equal(take_heads(qkv.view(), H + Hkv, Hkv), v));
+    }
+}
+
+TEST(RopeDeathTest, PackedQueriesAndKeysLeaveTheValues) {
+    HostTensor qkv = f32(Shape{1, 2, 3, 4}), cos = f32(Shape{2, 2}), sin = f32(Shape{2, 2});
+    EXPECT_DEATH(rope_qkv_forward(qkv.view(), 3, {}, cos.view(), sin.view(), cpu_context()),
+                 "qk_heads 3 of a row of 3 heads");
+}
+
 TEST(RopeDeathTest, QueriesAndKeysMustShareBatchAndSequence) {
     RopeConfig c = llama3_config();
     HostTensor cos = f32(Shape{5, 8}), sin = f32(Shape{5, 8});

@@ -45,7 +45,7 @@ struct AttentionGraph {
 
 enum class Direction : int64_t { kForward = 0, kBackward = 1 };
 
-using GraphKey = std::array<int64_t, 13>;
+using GraphKey = std::array<int64_t, 14>;
 struct GraphKeyHash {
     size_t operator()(const GraphKey& k) const {
         uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
@@ -132,6 +132,7 @@ GraphKey graph_key(Direction dir, const AttentionShape& s) {
             nondeterministic ? 1 : 0,
             s.Tkv,
             s.kv_rows,
+            s.qkv_heads,
             0};
 }
 
@@ -144,12 +145,13 @@ GraphKey chunk_key(const AttentionShape& s) {
 
 std::string shape_text(Direction dir, const AttentionShape& s) {
     return fmt::format(
-        "attention {} B={} T={} H={} Hkv={} D={} window={} docs={} scale={}{}",
+        "attention {} B={} T={} H={} Hkv={} D={} window={} docs={} scale={}{}{}",
         dir == Direction::kForward    ? "forward"
         : s.nondeterministic_backward ? "backward (nondeterministic)"
                                       : "backward",
         s.B, s.T, s.H, s.Hkv, s.D, s.window, s.docs ? "yes" : "no", s.scale,
-        s.Tkv > 0 ? fmt::format(" Tkv={} kv_rows={}", s.Tkv, kv_rows(s)) : std::string());
+        s.Tkv > 0 ? fmt::format(" Tkv={} kv_rows={}", s.Tkv, kv_rows(s)) : std::string(),
+        s.qkv_heads > 0 ? fmt::format(" packed in {} heads", s.qkv_heads) : std::string());
 }
 
 void expect_ok(fe::error_t status, const char* step, Direction dir, const AttentionShape& s) {
@@ -157,20 +159,26 @@ void expect_ok(fe::error_t status, const char* step, Direction dir, const Attent
                 shape_text(dir, s), cudnnGetVersion(), status.get_message());
 }
 
-// (B, rows, heads, D) storage seen as cuDNN's logical (B, heads, T, D): the first T of `rows`
-// rows per batch row.
+// Heads per token row in the storage of q, k, v (and dq, dk, dv): their own, or the packed
+// buffer's (AttentionShape::qkv_heads).
+int64_t stored_heads(const AttentionShape& s, int64_t heads) {
+    return s.qkv_heads > 0 ? s.qkv_heads : heads;
+}
+
+// (B, rows, stored, D) storage seen as cuDNN's logical (B, heads, T, D): the first T of `rows`
+// rows per batch row, `heads` of the `stored` heads of each row (from the pointer the call sets).
 fe::graph::Tensor_attributes btnd(const char* name, int64_t uid, const AttentionShape& s,
-                                  int64_t heads, int64_t T, int64_t rows) {
+                                  int64_t heads, int64_t T, int64_t rows, int64_t stored) {
     return fe::graph::Tensor_attributes()
         .set_name(name)
         .set_uid(uid)
         .set_dim({s.B, heads, T, s.D})
-        .set_stride({rows * heads * s.D, s.D, heads * s.D, 1})
+        .set_stride({rows * stored * s.D, s.D, stored * s.D, 1})
         .set_data_type(fe::DataType_t::BFLOAT16);
 }
 fe::graph::Tensor_attributes btnd(const char* name, int64_t uid, const AttentionShape& s,
                                   int64_t heads) {
-    return btnd(name, uid, s, heads, s.T, s.T);
+    return btnd(name, uid, s, heads, s.T, s.T, heads);
 }
 
 fe::graph::Tensor_attributes stats_tensor(const AttentionShape& s) {
@@ -211,9 +219,10 @@ std::unique_ptr<AttentionGraph> build_graph(cudnnHandle_t handle, Direction dir,
     g->set_io_data_type(fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto q = g->tensor(btnd("q", kQ, s, s.H));
-    auto k = g->tensor(btnd("k", kK, s, s.Hkv, kv_len(s), kv_rows(s)));
-    auto v = g->tensor(btnd("v", kV, s, s.Hkv, kv_len(s), kv_rows(s)));
+    const int64_t qs = stored_heads(s, s.H), kvs = stored_heads(s, s.Hkv);
+    auto q = g->tensor(btnd("q", kQ, s, s.H, s.T, s.T, qs));
+    auto k = g->tensor(btnd("k", kK, s, s.Hkv, kv_len(s), kv_rows(s), kvs));
+    auto v = g->tensor(btnd("v", kV, s, s.Hkv, kv_len(s), kv_rows(s), kvs));
     auto result = std::make_unique<AttentionGraph>();
     std::vector<int64_t> uids = {kQ, kK, kV};
     if (dir == Direction::kForward) {
@@ -249,13 +258,13 @@ std::unique_ptr<AttentionGraph> build_graph(cudnnHandle_t handle, Direction dir,
         dq->set_output(true)
             .set_uid(kDQ)
             .set_dim({s.B, s.H, s.T, s.D})
-            .set_stride({s.T * s.H * s.D, s.D, s.H * s.D, 1})
+            .set_stride({s.T * qs * s.D, s.D, qs * s.D, 1})
             .set_data_type(fe::DataType_t::BFLOAT16);
         for (auto [t, uid] : {std::pair{dk, kDK}, std::pair{dv, kDV}})
             t->set_output(true)
                 .set_uid(uid)
                 .set_dim({s.B, s.Hkv, s.T, s.D})
-                .set_stride({s.T * s.Hkv * s.D, s.D, s.Hkv * s.D, 1})
+                .set_stride({s.T * kvs * s.D, s.D, kvs * s.D, 1})
                 .set_data_type(fe::DataType_t::BFLOAT16);
         uids.insert(uids.end(), {kO, kDO, kStats, kDQ, kDK, kDV});
     }
@@ -375,6 +384,10 @@ void check_shape(const AttentionShape& s, const char* op) {
                 "{}: T={} Tkv={} kv_rows={} docs={}; the cache form takes T <= Tkv <= kv_rows and "
                 "no docs",
                 op, s.T, s.Tkv, s.kv_rows, s.docs);
+    LATHE_CHECK(s.qkv_heads == 0 || (s.qkv_heads == s.H + 2 * s.Hkv && s.Tkv == 0),
+                "{}: qkv_heads {} with H={} Hkv={} Tkv={}; a packed q, k, v buffer holds H + 2 Hkv "
+                "heads a row, in the training form",
+                op, s.qkv_heads, s.H, s.Hkv, s.Tkv);
 }
 
 void check_call(CudaState& state, CUstream_st* stream, const AttentionShape& s, const int32_t* docs,
@@ -558,15 +571,16 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf
     const AttentionShape part = with_batch(shape, chunk);
     AttentionGraph& g = graph_for(state, Direction::kBackward, part);
     // Batch rows are contiguous in every tensor: chunk i is plain pointer offsets.
-    const int64_t q_rows = chunk * shape.T * shape.H * shape.D;
-    const int64_t kv_rows = chunk * shape.T * shape.Hkv * shape.D;
+    const int64_t o_rows = chunk * shape.T * shape.H * shape.D;
+    const int64_t q_rows = chunk * shape.T * stored_heads(shape, shape.H) * shape.D;
+    const int64_t kv_rows = chunk * shape.T * stored_heads(shape, shape.Hkv) * shape.D;
     const int64_t lse_rows = chunk * shape.H * shape.T;
     for (int64_t i = 0; i < shape.B / chunk; ++i) {
         set(g, kQ, q + i * q_rows);
         set(g, kK, k + i * kv_rows);
         set(g, kV, v + i * kv_rows);
-        set(g, kO, out + i * q_rows);
-        set(g, kDO, dout + i * q_rows);
+        set(g, kO, out + i * o_rows);
+        set(g, kDO, dout + i * o_rows);
         set(g, kStats, lse + i * lse_rows);
         set(g, kDQ, dq + i * q_rows);
         set(g, kDK, dk + i * kv_rows);

@@ -13,15 +13,15 @@
 // asks for the nondeterministic one (AttentionShape::nondeterministic_backward).
 //
 // Graphs: one per distinct (direction, B, T, H, Hkv, D, window, docs or not, scale, algorithm,
-// Tkv, kv_rows), built at first use (or by attention_prepare) and cached in the CudaState, at most
-// kAttentionGraphLimit of them (attention_limit_graphs): building one more into a full cache
-// first waits for the stream, then drops the least recently used graph (ops/lru_cache.h). A
-// training run has a handful of shapes and never reaches the bound, so its graphs are built once;
-// inference, whose prompt lengths vary, keeps the memory of its graphs bounded. The workspace
-// cuDNN asks for and the docs bias live in buffers of the state that grow only when a graph is
-// built (waiting for the stream first), never per call. Call attention_prepare for every shape
-// before step 1 (and before capturing a CUDA graph): building allocates and synchronizes.
-// Limits (cuDNN's): D <= 128 and D % 8 == 0; bf16 only; sm_80 or newer.
+// Tkv, kv_rows, qkv_heads), built at first use (or by attention_prepare) and cached in the
+// CudaState, at most kAttentionGraphLimit of them (attention_limit_graphs): building one more into
+// a full cache first waits for the stream, then drops the least recently used graph
+// (ops/lru_cache.h). A training run has a handful of shapes and never reaches the bound, so its
+// graphs are built once; inference, whose prompt lengths vary, keeps the memory of its graphs
+// bounded. The workspace cuDNN asks for and the docs bias live in buffers of the state that grow
+// only when a graph is built (waiting for the stream first), never per call. Call attention_prepare
+// for every shape before step 1 (and before capturing a CUDA graph): building allocates and
+// synchronizes. Limits (cuDNN's): D <= 128 and D % 8 == 0; bf16 only; sm_80 or newer.
 //
 // Queries that continue a cache (AttentionShape::Tkv: the dispatcher's Tq < Tk at q_offset, keys
 // 0 .. q_offset + Tq - 1) run cuDNN's forward with a bottom-right aligned causal mask (and the
@@ -76,6 +76,12 @@ struct AttentionShape {
     // rows per batch row (0: Tkv), the rows past Tkv unread.
     int64_t Tkv = 0;
     int64_t kv_rows = 0;
+    // 0: q, k, v (and the backward's dq, dk, dv) are tensors of their own, (B, T, H, D) and
+    // (B, T, Hkv, D). Otherwise H + 2 Hkv, and they are head slices of one (B, T, H + 2 Hkv, D)
+    // buffer, what one GEMM over the stacked q, k, v weight writes: q the heads [0, H), k the next
+    // Hkv, v the last Hkv (the callers pass the three slices' first elements); dq, dk, dv likewise
+    // of one gradient buffer. out and dout stay (B, T, H, D). The training form only (Tkv 0).
+    int64_t qkv_heads = 0;
 };
 
 // Batch rows one deterministic backward call takes for B rows whose whole-batch workspace is

@@ -13,6 +13,7 @@
 #include "ops/attention.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_test_util.h"
+#include "ops/op_test.h"
 
 // Attention through cuDNN, against the CPU twin (ops/cpu/attention.cpp) on the same bf16 values.
 //
@@ -328,6 +329,74 @@ TEST(CudaAttention, ChunkedBackwardGivesTheWholeBatchsBitsHeadDim128) {
 TEST(CudaAttention, ChunkedBackwardGivesTheWholeBatchsBitsHeadDim64) {
     if (skip_if_unavailable()) GTEST_SKIP();
     check_chunked_backward_gives_the_whole_batchs_bits({4, 1024, 32, 8, 64, 0, 0}, 87);
+}
+
+// q, k, v packed by rows in one buffer (what the model's single q, k, v GEMM writes), and dq, dk,
+// dv written into one: cuDNN reads and writes the head slices through strides, and gives the bits
+// of the separate tensors (the same kernel on the same tiles). With docs, a window and the backward
+// in batch chunks (a 1-byte workspace cap: one row a call, pointer offsets per chunk in the packed
+// layout). Every element of dqkv is written (it starts as NaN).
+void check_packed_qkv_gives_the_separate_bits(const Case& c, uint64_t seed) {
+    SCOPED_TRACE(case_text(c));
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    optest::Rng rng(seed);
+    const HostInputs in = random_inputs(rng, c);
+    const HostTensor docs = make_docs(rng, c.B, c.T, c.docs > 0 ? c.docs : 1);
+    CudaState state(0);
+    Context gpu = state.context();
+    gpu.attention_backward_workspace_cap = c.backward_workspace_cap;
+    DeviceTensor gdocs = upload(docs, DType::kI32, state);
+    const ConstTensorView docs_gpu = c.docs > 0 ? ConstTensorView(gdocs.view) : ConstTensorView();
+    DeviceTensor q = upload(in.q, DType::kBF16, state), k = upload(in.k, DType::kBF16, state);
+    DeviceTensor v = upload(in.v, DType::kBF16, state), dout = upload(in.dout, DType::kBF16, state);
+    const Shape o_shape{c.B, c.T, c.H, c.D}, lse_shape{c.B, c.H, c.T};
+    DeviceTensor out = device_tensor(DType::kBF16, o_shape, state);
+    DeviceTensor lse = device_tensor(DType::kF32, lse_shape, state);
+    DeviceTensor dq = device_tensor(DType::kBF16, q.view.shape(), state);
+    DeviceTensor dk = device_tensor(DType::kBF16, k.view.shape(), state);
+    DeviceTensor dv = device_tensor(DType::kBF16, v.view.shape(), state);
+    attention_forward(out.view, lse.view, q.view, k.view, v.view, docs_gpu, c.window, scale, gpu);
+    attention_backward(dq.view, dk.view, dv.view, dout.view, q.view, k.view, v.view, out.view,
+                       lse.view, docs_gpu, c.window, scale, gpu);
+
+    const HostTensor packed = optest::pack_heads({in.q.view(), in.k.view(), in.v.view()});
+    DeviceTensor qkv = upload(packed, DType::kBF16, state);
+    DeviceTensor out2 = device_tensor(DType::kBF16, o_shape, state);
+    DeviceTensor lse2 = device_tensor(DType::kF32, lse_shape, state);
+    HostTensor nan(DType::kF32, packed.shape());
+    std::fill_n(nan.as<float>(), nan.numel(), std::nanf(""));
+    DeviceTensor dqkv = upload(nan, DType::kBF16, state);
+    attention_forward_qkv(out2.view, lse2.view, qkv.view, docs_gpu, c.window, scale, gpu);
+    attention_backward_qkv(dqkv.view, dout.view, qkv.view, out2.view, lse2.view, docs_gpu, c.window,
+                           scale, gpu);
+    EXPECT_TRUE(bitwise_equal(download_raw(out2.view, state), download_raw(out.view, state)))
+        << "out";
+    EXPECT_TRUE(bitwise_equal(download_raw(lse2.view, state), download_raw(lse.view, state)))
+        << "lse";
+    const HostTensor d = download_raw(dqkv.view, state);
+    EXPECT_TRUE(bitwise_equal(optest::take_heads(d.view(), 0, c.H), download_raw(dq.view, state)))
+        << "dq";
+    EXPECT_TRUE(
+        bitwise_equal(optest::take_heads(d.view(), c.H, c.Hkv), download_raw(dk.view, state)))
+        << "dk";
+    EXPECT_TRUE(bitwise_equal(optest::take_heads(d.view(), c.H + c.Hkv, c.Hkv),
+                              download_raw(dv.view, state)))
+        << "dv";
+}
+
+TEST(CudaAttention, PackedQkvGivesTheSeparateBitsGpt2Heads) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_packed_qkv_gives_the_separate_bits({2, 256, 12, 12, 64, 0, 0}, 88);
+}
+
+TEST(CudaAttention, PackedQkvGivesTheSeparateBitsGroupedQueryD128) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_packed_qkv_gives_the_separate_bits({1, 256, 8, 2, 128, 0, 0}, 89);
+}
+
+TEST(CudaAttention, PackedQkvGivesTheSeparateBitsDocumentsWindowBatchChunks) {
+    if (skip_if_unavailable()) GTEST_SKIP();
+    check_packed_qkv_gives_the_separate_bits({4, 160, 4, 1, 64, 40, 30, 0.0f, false, 1}, 90);
 }
 
 // A workspace lent by the caller (the model lends scratch that is dead during attention): the

@@ -12,13 +12,22 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One tensor of a launch: out/x (B, T, Hx, D), and its thread count B T Hx (D - R/2).
+// One tensor of a launch: out/x (B, T, Hx, D), and its thread count B T Hx (D - R/2). Hs: the
+// heads a row holds in storage (Hx for a tensor of its own; H + 2 Hkv for the queries and keys of a
+// packed q, k, v buffer, whose first Hx heads rotate).
 struct RopeTensor {
     __nv_bfloat16* out;
     const __nv_bfloat16* x;
     int64_t Hx;
     int64_t total;
+    int64_t Hs;
 };
+
+// Where head `head` (n Hx + h) of a tensor starts, in elements.
+__device__ __forceinline__ int64_t head_offset(const RopeTensor& t, int64_t head, int64_t n,
+                                               int64_t D) {
+    return (head + n * (t.Hs - t.Hx)) * D;
+}
 
 // The rotation of one pair (x1, x2) = (x[k], x[k + R/2]) by cos c and signed sin s, each output
 // one fused multiply-add onto a rounded product, written out so that no kernel is left to the
@@ -49,8 +58,8 @@ __global__ void rope_rotate_pair_per_thread_kernel(RopeTensor t0, RopeTensor t1,
         const int64_t k = idx % per_head;
         const int64_t head = idx / per_head;  // n * Hx + h
         const int64_t n = head / t.Hx;
-        const __nv_bfloat16* xh = t.x + head * D;
-        __nv_bfloat16* oh = t.out + head * D;
+        const __nv_bfloat16* xh = t.x + head_offset(t, head, n, D);
+        __nv_bfloat16* oh = t.out + head_offset(t, head, n, D);
         if (k < half) {
             const int64_t pos = positions ? int64_t(positions[n]) : n % T;
             LATHE_DEVICE_CHECK(pos >= 0 && pos < P, "rope position %lld at row %lld, table %lld",
@@ -89,8 +98,8 @@ __global__ void rope_rotate_8_kernel(RopeTensor t0, RopeTensor t1,
         const int64_t k = (idx % units_per_head) * 8;
         const int64_t head = idx / units_per_head;  // n * Hx + h
         const int64_t n = head / t.Hx;
-        const __nv_bfloat16* xh = t.x + head * D;
-        __nv_bfloat16* oh = t.out + head * D;
+        const __nv_bfloat16* xh = t.x + head_offset(t, head, n, D);
+        __nv_bfloat16* oh = t.out + head_offset(t, head, n, D);
         if (k < half) {
             const int64_t pos = positions ? int64_t(positions[n]) : n % T;
             LATHE_DEVICE_CHECK(pos >= 0 && pos < P, "rope position %lld at row %lld, table %lld",
@@ -138,7 +147,7 @@ bool rope_vectorizes(const RopeTensor& t0, const RopeTensor& t1, const float* co
 RopeTensor rope_tensor(bf16* out, const bf16* x, int64_t B, int64_t T, int64_t Hx, int64_t D,
                        int64_t R) {
     return RopeTensor{reinterpret_cast<__nv_bfloat16*>(out),
-                      reinterpret_cast<const __nv_bfloat16*>(x), Hx, B * T * Hx * (D - R / 2)};
+                      reinterpret_cast<const __nv_bfloat16*>(x), Hx, B * T * Hx * (D - R / 2), Hx};
 }
 
 void rope_launch(const RopeTensor& t0, const RopeTensor& t1, const int32_t* positions,
@@ -160,14 +169,14 @@ void rope_launch(const RopeTensor& t0, const RopeTensor& t1, const int32_t* posi
 void rope_forward(bf16* out, const bf16* x, const int32_t* positions, const float* cos,
                   const float* sin, int64_t B, int64_t T, int64_t Hx, int64_t D, int64_t R,
                   int64_t P, CUstream_st* stream) {
-    rope_launch(rope_tensor(out, x, B, T, Hx, D, R), RopeTensor{nullptr, nullptr, 1, 0}, positions,
-                cos, sin, T, D, R, P, 1.0f, stream);
+    rope_launch(rope_tensor(out, x, B, T, Hx, D, R), RopeTensor{nullptr, nullptr, 1, 0, 1},
+                positions, cos, sin, T, D, R, P, 1.0f, stream);
 }
 
 void rope_backward(bf16* dx, const bf16* dout, const int32_t* positions, const float* cos,
                    const float* sin, int64_t B, int64_t T, int64_t Hx, int64_t D, int64_t R,
                    int64_t P, CUstream_st* stream) {
-    rope_launch(rope_tensor(dx, dout, B, T, Hx, D, R), RopeTensor{nullptr, nullptr, 1, 0},
+    rope_launch(rope_tensor(dx, dout, B, T, Hx, D, R), RopeTensor{nullptr, nullptr, 1, 0, 1},
                 positions, cos, sin, T, D, R, P, -1.0f, stream);
 }
 
@@ -176,6 +185,15 @@ void rope_qk(bf16* q_out, bf16* k_out, const bf16* q, const bf16* k, const int32
              int64_t D, int64_t R, int64_t P, bool backward, CUstream_st* stream) {
     rope_launch(rope_tensor(q_out, q, B, T, H, D, R), rope_tensor(k_out, k, B, T, Hkv, D, R),
                 positions, cos, sin, T, D, R, P, backward ? -1.0f : 1.0f, stream);
+}
+
+void rope_qkv(bf16* qkv, const int32_t* positions, const float* cos, const float* sin, int64_t B,
+              int64_t T, int64_t Hx, int64_t Hs, int64_t D, int64_t R, int64_t P, bool backward,
+              CUstream_st* stream) {
+    RopeTensor t = rope_tensor(qkv, qkv, B, T, Hx, D, R);
+    t.Hs = Hs;
+    rope_launch(t, RopeTensor{nullptr, nullptr, 1, 0, 1}, positions, cos, sin, T, D, R, P,
+                backward ? -1.0f : 1.0f, stream);
 }
 
 void rope_qk_one_pair_per_thread(bf16* q_out, bf16* k_out, const bf16* q, const bf16* k,

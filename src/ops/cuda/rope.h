@@ -29,6 +29,13 @@ void rope_qk(bf16* q_out, bf16* k_out, const bf16* q, const bf16* k, const int32
              const float* cos, const float* sin, int64_t B, int64_t T, int64_t H, int64_t Hkv,
              int64_t D, int64_t R, int64_t P, bool backward, CUstream_st* stream);
 
+// The queries and keys of a packed q, k, v buffer in place: qkv (B, T, Hs, D), its first Hx heads
+// of each row rotated (Hx = H + Hkv of Hs = H + 2 Hkv), the rest untouched; the same bits as
+// rope_forward / rope_backward on those heads.
+void rope_qkv(bf16* qkv, const int32_t* positions, const float* cos, const float* sin, int64_t B,
+              int64_t T, int64_t Hx, int64_t Hs, int64_t D, int64_t R, int64_t P, bool backward,
+              CUstream_st* stream);
+
 // rope_qk with one thread per pair whatever the shape: the kernel every shape can take, which
 // rope_qk leaves for eight pairs a thread when R/2 and D - R are multiples of 8 and the pointers
 // 16-byte aligned. The tests hold the two to the same bits.

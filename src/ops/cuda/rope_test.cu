@@ -6,6 +6,7 @@
 
 #include "ops/cuda/cuda_test_util.h"
 #include "ops/cuda/rope.h"
+#include "ops/op_test.h"
 #include "ops/rope.h"
 
 namespace lathe {
@@ -136,9 +137,28 @@ void check_rope_qk(int64_t H, int64_t Hkv, double partial, bool positions, bool 
         EXPECT_TRUE(matches(download_f32(k2.view, state), k_ref, kBf16Sum)) << "k";
         EXPECT_TRUE(bitwise_equal(download_raw(q2.view, state), download_raw(q1.view, state)));
         EXPECT_TRUE(bitwise_equal(download_raw(k2.view, state), download_raw(k1.view, state)));
+        // Packed with the values (B, T, H + 2 Hkv, D), in place: the same bits, values untouched.
+        const HostTensor v = random_bf16_values(rng, {B, T, Hkv, D});
+        const HostTensor packed = optest::pack_heads({q.view(), k.view(), v.view()});
+        DeviceTensor qkv = upload(packed, DType::kBF16, state);
+        if (backward)
+            rope_qkv_backward(qkv.view, H + Hkv, pos_gpu, gcos.view, gsin.view, gpu);
+        else
+            rope_qkv_forward(qkv.view, H + Hkv, pos_gpu, gcos.view, gsin.view, gpu);
+        const HostTensor got = download_raw(qkv.view, state);
+        EXPECT_TRUE(
+            bitwise_equal(optest::take_heads(got.view(), 0, H), download_raw(q1.view, state)))
+            << "packed q";
+        EXPECT_TRUE(
+            bitwise_equal(optest::take_heads(got.view(), H, Hkv), download_raw(k1.view, state)))
+            << "packed k";
+        EXPECT_TRUE(bitwise_equal(optest::take_heads(got.view(), H + Hkv, Hkv),
+                                  download_raw(upload(v, DType::kBF16, state).view, state)))
+            << "packed v untouched";
     }
 }
 
+// (Also the packed q, k, v layout's launch, rope_qkv_*, against the single ones.)
 TEST(CudaRopeQk, OneLaunchIsTheTwoSingleOnes) {
     check_rope_qk(8, 2, 1.0, true, true, 35);     // GQA, packed positions, in place (the block)
     check_rope_qk(4, 4, 0.25, false, false, 36);  // partial rotary, out of place

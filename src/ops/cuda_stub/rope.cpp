@@ -21,4 +21,9 @@ void cuda::rope_qk(bf16*, bf16*, const bf16*, const bf16*, const int32_t*, const
     detail::no_cuda("cuda::rope_qk");
 }
 
+void cuda::rope_qkv(bf16*, const int32_t*, const float*, const float*, int64_t, int64_t, int64_t,
+                    int64_t, int64_t, int64_t, int64_t, bool, CUstream_st*) {
+    detail::no_cuda("cuda::rope_qkv");
+}
+
 }  // namespace lathe
