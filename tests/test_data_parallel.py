@@ -7,7 +7,8 @@ runs. The contract checked here:
     steps, learning rates and token counts, losses and gradient norms within 1e-5 relative (the
     cross-rank f32 sums add the same terms in another order than one process does: a random walk
     of about sqrt(K) 2^-24 of the terms' scale, under 1e-6 here, so 1e-5 is ten times that and
-    still far under any real difference of data or arithmetic);
+    still far under any real difference of data or arithmetic; over a few hundred steps the
+    difference compounds through the updates: LONG_RUN_RTOL below);
   - ZeRO 0, 1, 2 and 3 give the same bits at the same N, with and without accumulation (every
     stage reduces every micro-batch into the same buffer values with the same collective, an
     elementwise AdamW; ZeRO-3 computes from gathered copies of the same weights), and the same
@@ -75,6 +76,15 @@ checkpoint:
 
 # Cross-rank f32 sums against one process's: see the module docstring.
 CPU_RTOL = 1e-5
+# The same over a run of a few hundred steps (two epochs): the sum-order difference of each step
+# compounds through AdamW's updates, and the gradient norm, a sum of squares over every weight,
+# moves with it. Measured over the 72 logged steps of that run (361 steps): losses within 4e-6
+# relative, gradient norms within 1.5e-4 (no difference at all before step 30, under 1e-6 to step
+# 70; 1e-5 by step 80). A sample read out of order moves a loss by percents: 1e-4 for the loss and
+# 1e-3 for the gradient norm are about 25 and 7 times the spread seen and still far under any such
+# difference.
+LONG_RUN_RTOL = 1e-4
+LONG_RUN_GRAD_NORM_RTOL = 1e-3
 
 
 def mpi_env(**extra):
@@ -144,10 +154,11 @@ def world_sizes(run_dir):
     return [m.get("world_size", 1) for m in metric_lines(run_dir, True) if m["split"] == "train"]
 
 
-def assert_metrics_close(got, want, rtol, what):
+def assert_metrics_close(got, want, rtol, what, grad_norm_rtol=None):
     """The same lines (steps, splits, keys, learning rates and token counts exactly), every float
-    result (loss, grad_norm) within rtol relative and perplexity = exp(loss) within the loss's
-    absolute tolerance, rtol loss, relative; returns the largest relative difference."""
+    result (loss, grad_norm) within rtol relative (grad_norm within grad_norm_rtol when given) and
+    perplexity = exp(loss) within the loss's absolute tolerance, rtol loss, relative; returns the
+    largest relative difference."""
     assert [(m["step"], m["split"]) for m in got] == [(m["step"], m["split"]) for m in want], what
     worst = 0.0
     for g, w in zip(got, want):
@@ -156,6 +167,8 @@ def assert_metrics_close(got, want, rtol, what):
             if k in ("loss", "grad_norm", "perplexity"):
                 diff = abs(g[k] - w[k]) / abs(w[k])
                 tol = rtol * abs(w["loss"]) if k == "perplexity" else rtol
+                if k == "grad_norm" and grad_norm_rtol is not None:
+                    tol = grad_norm_rtol
                 worst = max(worst, diff)
                 assert diff <= tol, f"{what}: step {w['step']} {w['split']} {k}: {g[k]} vs {w[k]} " \
                                      f"(relative {diff:.3g} > {tol:.3g})"
@@ -1052,6 +1065,6 @@ def test_runs_of_several_epochs_keep_the_one_process_order(tmp_path):
     assert one.returncode == 0
     run_ranks(2, train_args(cfg, tmp_path / "two", "train.gradient_accumulation_steps=1", *sets))
     worst = assert_metrics_close(metric_lines(tmp_path / "two"), metric_lines(tmp_path / "one"),
-                                 CPU_RTOL, "two epochs")
+                                 LONG_RUN_RTOL, "two epochs", LONG_RUN_GRAD_NORM_RTOL)
     print(f"{steps} steps over about {tokens * 9 // 10 // 16} samples: largest relative "
           f"difference {worst:.3g}")

@@ -101,7 +101,7 @@ def fp8_metric_lines(run_dir):
 def test_fp8_trains_says_so_counts_its_gemms_and_resumes_exactly(corpus, tmp_path, recipe):
     """On a GPU with FP8 tensor cores (skipped elsewhere): the first log line and metrics.jsonl's
     header name the precision and recipe, every train line has fp8_gemms equal to the header's
-    fp8_gemms_per_step (2 layers x 6 linears x 3 GEMMs), and a run stopped at its step-3
+    fp8_gemms_per_step (2 layers x 4 linears x 3 GEMMs), and a run stopped at its step-3
     checkpoint and resumed logs the same lines, bit for bit, as one that ran straight through
     (delayed scaling: its state travels in the checkpoint). The validation pass runs at steps 3
     and 6, before the checkpoints: its forwards record no amax, so the straight run's step 4 is

@@ -151,7 +151,8 @@ def test_sigterm_saves_and_rerun_continues_exactly(corpus, tmp_path):
     (["train.precision=fp32", "train.device=cuda"], "the CUDA backend trains in bf16"),
     (["train.precision=fp8", "train.device=cpu"],
      "'train.precision: fp8' with 'train.device: cpu': the CPU backend has no fp8 linear"),
-    (["train.precision=fp8"], "the k linear of llama is 48 x 24 (in x out); the FP8 GEMMs need"),
+    (["train.precision=fp8", "model.intermediate_size=40"],
+     "the mlp_down linear of llama is 40 x 48 (in x out); the FP8 GEMMs need"),
     (["train.recompute=some"], "'train.recompute' is 'some'; choose none, selective or full"),
 ])
 def test_bad_config_fails_before_work_naming_the_key(corpus, tmp_path, sets, needle):

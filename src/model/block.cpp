@@ -90,6 +90,20 @@ TensorView producer_amax(const BlockFp8& f8, Fp8Linear l, int slot = 0) {
     return TensorView(b->scalars + slot, DType::kF32, Shape{1}, Device::kCuda);
 }
 
+bool native(const LinearSpec& l) {
+    return l.precision == LinearPrecision::kNative;
+}
+
+// The attention and RoPE backward: dqkv from d att.
+void attention_rope_backward(const ModelConfig& c, int layer, const BlockActs& a,
+                             const BlockScratch& s, const BlockInputs& in, const Context& ctx) {
+    attention_backward_qkv(s.dqkv, s.datt, a.qkv, a.att, a.lse, in.docs, c.window(layer),
+                           block_attention_scale(c), ctx);
+    if (c.position == PositionKind::kRope)
+        rope_qkv_backward(s.dqkv, c.num_heads + c.num_kv_heads, in.positions, in.rope_cos,
+                          in.rope_sin, ctx);
+}
+
 }  // namespace
 
 void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, const BlockWeights& w,
@@ -108,29 +122,24 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
 void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, const BlockWeights& w,
                    const BlockActs& a, const BlockScratch& s, const BlockInputs& in,
                    const Context& ctx, const BlockFp8& f8) {
-    LinearSpec qs = block_spec(p, f8, Fp8Linear::kQ), ks = block_spec(p, f8, Fp8Linear::kK);
-    LinearSpec vs = block_spec(p, f8, Fp8Linear::kV);
+    LinearSpec qkv = block_spec(p, f8, Fp8Linear::kQkv);
     const LinearSpec out = block_spec(p, f8, Fp8Linear::kAttnOut);
     LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
     LinearSpec down = block_spec(p, f8, Fp8Linear::kMlpDown);
     // FP8 with current scaling: the kernels that write the linears' inputs compute their amax
-    // (RMSNorm for q, k, v, which share ln1_out's, and for the MLP's up projection; SwiGLU for
-    // the down projection), so each cast reads its input once: per cast 2 bytes an element
-    // instead of 4 (amax pass + cast), for 1 byte an element the kernel adds nothing to read.
-    // A producer writing the fp8 codes itself (a scale known before the kernel: delayed scaling)
-    // would save that read too, but q, k and v each need the codes and their transpose (the
-    // weight gradient's operand, 32 x 32 tiles of the input), which a row kernel cannot write
-    // without a second pass over the tile; delayed scaling keeps its single-pass cast.
+    // (RMSNorm for the q, k, v projection and for the MLP's up projection; SwiGLU for the down
+    // projection), so each cast reads its input once: per cast 2 bytes an element instead of 4
+    // (amax pass + cast), for 1 byte an element the kernel adds nothing to read. A producer
+    // writing the fp8 codes itself (a scale known before the kernel: delayed scaling) would save
+    // that read too, but a linear needs the codes and their transpose (the weight gradient's
+    // operand, 32 x 32 tiles of the input), which a row kernel cannot write without a second
+    // pass over the tile; delayed scaling keeps its single-pass cast.
     const bool rms = c.norm == NormKind::kRmsNorm;
-    const TensorView ln1_amax = rms ? producer_amax(f8, Fp8Linear::kQ) : TensorView();
+    const TensorView ln1_amax = rms ? producer_amax(f8, Fp8Linear::kQkv) : TensorView();
     const TensorView ln2_amax = rms ? producer_amax(f8, Fp8Linear::kMlpUp) : TensorView();
     const TensorView act_amax =
         c.mlp == MlpKind::kSwiGlu ? producer_amax(f8, Fp8Linear::kMlpDown) : TensorView();
-    if (!ln1_amax.is_null()) {
-        qs.x_amax = ln1_amax.as<float>();
-        if (ks.fp8 != nullptr) ks.x_amax = qs.x_amax;
-        if (vs.fp8 != nullptr) vs.x_amax = qs.x_amax;
-    }
+    if (!ln1_amax.is_null()) qkv.x_amax = ln1_amax.as<float>();
     if (!ln2_amax.is_null()) up.x_amax = ln2_amax.as<float>();
     if (!act_amax.is_null()) down.x_amax = act_amax.as<float>();
     // Sequence parallel (block.h header): norm1 runs on the rank's rows, the projections on
@@ -143,9 +152,7 @@ void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, co
     const int K = rows != nullptr ? rows->chunks : 1;
     // The fp8 casts of a linear's input write its codes for the whole (N, I) input the backward
     // reads: a chunk's would land at the start of those buffers.
-    auto native = [](const LinearSpec& l) { return l.precision == LinearPrecision::kNative; };
-    LATHE_CHECK(K == 1 || (native(qs) && native(ks) && native(vs) && native(out) && native(up) &&
-                           native(down)),
+    LATHE_CHECK(K == 1 || (native(qkv) && native(out) && native(up) && native(down)),
                 "sequence parallel: row chunks ({}) with fp8 linears", K);
     const GemmSmTarget sms(ctx, rows);
     // Begins the gather of every chunk of the norm output `ln` into s.gathered.
@@ -158,25 +165,22 @@ void block_forward(const ModelConfig& c, const PrecisionPolicy& p, int layer, co
     // Attention branch.
     block_norm_forward(c, a.ln1_out, a.ln1_mean, a.ln1_rstd, a.x_in, w.norm1_w, w.norm1_b, ctx,
                        ln1_amax);
+    // q, k, v: one GEMM into the packed buffer (block.h header).
     if (rows != nullptr) {
         const std::vector<int> got = gather_chunks(a.ln1_out);
         for (int k = 0; k < K; ++k) {
             rows->wait(got[size_t(k)]);
-            const ConstTensorView h = row_chunk(s.gathered, k, K);
-            linear_forward(row_chunk(a.q, k, K), h, w.wq, w.bq, ctx, qs);
-            linear_forward(row_chunk(a.k, k, K), h, w.wk, w.bk, ctx, ks);
-            linear_forward(row_chunk(a.v, k, K), h, w.wv, w.bv, ctx, vs);
+            linear_forward(row_chunk(a.qkv, k, K), row_chunk(s.gathered, k, K), w.wqkv, w.bqkv, ctx,
+                           qkv);
         }
     } else {
-        linear_forward(flat_heads(a.q), a.ln1_out, w.wq, w.bq, ctx, qs);
-        linear_forward(flat_heads(a.k), a.ln1_out, w.wk, w.bk, ctx, ks);
-        linear_forward(flat_heads(a.v), a.ln1_out, w.wv, w.bv, ctx, vs);
+        linear_forward(flat_heads(a.qkv), a.ln1_out, w.wqkv, w.bqkv, ctx, qkv);
     }
-    if (c.position == PositionKind::kRope) {
-        rope_qk_forward(a.q, a.k, a.q, a.k, in.positions, in.rope_cos, in.rope_sin, ctx);
-    }
-    attention_forward(a.att, a.lse, a.q, a.k, a.v, in.docs, c.window(layer),
-                      block_attention_scale(c), ctx);
+    if (c.position == PositionKind::kRope)
+        rope_qkv_forward(a.qkv, c.num_heads + c.num_kv_heads, in.positions, in.rope_cos,
+                         in.rope_sin, ctx);
+    attention_forward_qkv(a.att, a.lse, a.qkv, in.docs, c.window(layer), block_attention_scale(c),
+                          ctx);
 
     // Residual and MLP branch.
     const std::function<void(TensorView)>* tp = in.tp_sum;
@@ -277,8 +281,8 @@ namespace {
 void block_backward_rows(const ModelConfig& c, const BlockWeights& w, const BlockGrads& g,
                          const BlockActs& a, const BlockScratch& s, const BlockInputs& in,
                          TensorView dres, const Context& ctx, const BlockFp8& f8, int layer,
-                         const LinearSpec& qs, const LinearSpec& ks, const LinearSpec& vs,
-                         const LinearSpec& out, LinearSpec up, const LinearSpec& down) {
+                         const LinearSpec& qkv, const LinearSpec& out, LinearSpec up,
+                         const LinearSpec& down) {
     const TensorParallelRows& t = *in.tp_rows;
     const GemmSmTarget sms(ctx, &t);
     constexpr GradMode kOverwrite = GradMode::kOverwrite;
@@ -319,20 +323,12 @@ void block_backward_rows(const ModelConfig& c, const BlockWeights& w, const Bloc
     const int h1_ready = tp_gather_rows_start(t, s.gathered, a.ln1_out);
     linear_backward(flat_heads(s.datt), {}, {}, dmid, flat_heads(a.att), w.wo, kOverwrite, ctx,
                     out);
-    attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, in.docs,
-                       c.window(layer), block_attention_scale(c), ctx);
-    if (c.position == PositionKind::kRope) {
-        rope_qk_backward(s.dq, s.dk, s.dq, s.dk, in.positions, in.rope_cos, in.rope_sin, ctx);
-    }
+    attention_rope_backward(c, layer, a, s, in, ctx);
     t.wait(h1_ready);
     const ConstTensorView h1 = s.gathered;
-    linear_backward(s.dnorm1, {}, {}, flat_heads(s.dq), h1, w.wq, kOverwrite, ctx, qs);
-    linear_backward(s.dnorm1, {}, {}, flat_heads(s.dk), h1, w.wk, GradMode::kAccumulate, ctx, ks);
-    linear_backward(s.dnorm1, {}, {}, flat_heads(s.dv), h1, w.wv, GradMode::kAccumulate, ctx, vs);
+    linear_backward(s.dnorm1, {}, {}, flat_heads(s.dqkv), h1, w.wqkv, kOverwrite, ctx, qkv);
     const int dnorm1_ready = tp_scatter_rows_start(t, s.reduced, s.dnorm1);
-    linear_backward({}, g.wq, g.bq, flat_heads(s.dq), h1, w.wq, kOverwrite, ctx, qs);
-    linear_backward({}, g.wk, g.bk, flat_heads(s.dk), h1, w.wk, kOverwrite, ctx, ks);
-    linear_backward({}, g.wv, g.bv, flat_heads(s.dv), h1, w.wv, kOverwrite, ctx, vs);
+    linear_backward({}, g.wqkv, g.bqkv, flat_heads(s.dqkv), h1, w.wqkv, kOverwrite, ctx, qkv);
     linear_backward({}, g.wo, g.bo, dmid, flat_heads(a.att), w.wo, kOverwrite, ctx, out);
     t.wait(dnorm1_ready);
     block_norm_backward(c, dres, g.norm1_w, g.norm1_b, s.reduced, a.x_in, w.norm1_w, a.ln1_mean,
@@ -345,8 +341,7 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
                     const BlockWeights& w, const BlockGrads& g, const BlockActs& a,
                     const BlockScratch& s, const BlockInputs& in, TensorView dres,
                     const Context& ctx, const BlockFp8& f8) {
-    const LinearSpec qs = block_spec(p, f8, Fp8Linear::kQ), ks = block_spec(p, f8, Fp8Linear::kK);
-    const LinearSpec vs = block_spec(p, f8, Fp8Linear::kV);
+    const LinearSpec qkv = block_spec(p, f8, Fp8Linear::kQkv);
     const LinearSpec out = block_spec(p, f8, Fp8Linear::kAttnOut);
     LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
     const LinearSpec down = block_spec(p, f8, Fp8Linear::kMlpDown);
@@ -354,7 +349,7 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
         LATHE_CHECK(in.tp_sum != nullptr && !c.parallel_residual,
                     "sequence parallel: a tensor-parallel block (sequential residual) with the "
                     "row moves");
-        block_backward_rows(c, w, g, a, s, in, dres, ctx, f8, layer, qs, ks, vs, out, up, down);
+        block_backward_rows(c, w, g, a, s, in, dres, ctx, f8, layer, qkv, out, up, down);
         return;
     }
     // Tensor parallel: each rank's norm-output gradient is its shard's part of the sum (block.h
@@ -395,17 +390,9 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
     // Attention branch.
     linear_backward(flat_heads(s.datt), g.wo, g.bo, dres, flat_heads(a.att), w.wo,
                     GradMode::kOverwrite, ctx, out);
-    attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, in.docs,
-                       c.window(layer), block_attention_scale(c), ctx);
-    if (c.position == PositionKind::kRope) {
-        rope_qk_backward(s.dq, s.dk, s.dq, s.dk, in.positions, in.rope_cos, in.rope_sin, ctx);
-    }
-    linear_backward(s.dnorm1, g.wq, g.bq, flat_heads(s.dq), a.ln1_out, w.wq, GradMode::kOverwrite,
-                    ctx, qs);
-    linear_backward(s.dnorm1, g.wk, g.bk, flat_heads(s.dk), a.ln1_out, w.wk, GradMode::kAccumulate,
-                    ctx, ks);
-    linear_backward(s.dnorm1, g.wv, g.bv, flat_heads(s.dv), a.ln1_out, w.wv, GradMode::kAccumulate,
-                    ctx, vs);
+    attention_rope_backward(c, layer, a, s, in, ctx);
+    linear_backward(s.dnorm1, g.wqkv, g.bqkv, flat_heads(s.dqkv), a.ln1_out, w.wqkv,
+                    GradMode::kOverwrite, ctx, qkv);
     const ConstTensorView dnorm1 = summed(s.dnorm1);
     block_norm_backward(c, dres, g.norm1_w, g.norm1_b, dnorm1, a.x_in, w.norm1_w, a.ln1_mean,
                         a.ln1_rstd, GradMode::kAccumulate, ctx);

@@ -5,9 +5,14 @@
 //
 // Forward, with x the block input (B, T, C):
 //   h1 = norm1(x)
-//   q, k, v = h1 Wq^T + bq, h1 Wk^T + bk, h1 Wv^T + bv      (row slices of the stacked qkv entry)
+//   [q | k | v] = h1 Wqkv^T + bqkv        (one GEMM over the stacked qkv entry: Wq, Wk, Wv rows)
 //   q, k = rope(q), rope(k)                                  (RoPE families; in place)
 //   a = attention(q, k, v; causal, the layer's window, docs)
+// q, k and v stay packed as that GEMM writes them, (B, T, H + 2 Hkv, D): each row's H query heads,
+// then Hkv key heads, then Hkv value heads; RoPE and attention read them there (ops/rope.h:
+// rope_qkv_forward; ops/attention.h: attention_forward_qkv), and the backward's dq, dk, dv land
+// in one buffer of that layout, so the input gradient and the weight gradient are one GEMM each
+// too (in FP8 one linear with one scale per tensor for the three, model/fp8_state.h).
 //   o = a Wo^T + bo
 //   sequential: m = x + o;  out = m + mlp(norm2(m))          (Llama, Mistral, Qwen2, GPT-2)
 //   parallel:   out = x + o + mlp(norm2(x))                  (GPT-NeoX use_parallel_residual)
@@ -83,6 +88,7 @@ struct BlockWeights {
     ConstTensorView norm1_w, norm1_b;  // (C)
     ConstTensorView wq, wk, wv;        // (H D, C), (Hkv D, C), (Hkv D, C)
     ConstTensorView bq, bk, bv;        // (H D), (Hkv D), (Hkv D)
+    ConstTensorView wqkv, bqkv;        // ((H + 2 Hkv) D, C), ((H + 2 Hkv) D): the three above
     ConstTensorView wo, bo;            // (C, H D), (C)
     ConstTensorView norm2_w, norm2_b;  // (C)
     ConstTensorView w_up, b_up;        // (2F, C) [gate; up] or (F, C); (2F) or (F)
@@ -94,6 +100,7 @@ struct BlockGrads {
     TensorView norm1_w, norm1_b;
     TensorView wq, wk, wv;
     TensorView bq, bk, bv;
+    TensorView wqkv, bqkv;
     TensorView wo, bo;
     TensorView norm2_w, norm2_b;
     TensorView w_up, b_up;
@@ -109,9 +116,7 @@ struct BlockActs {
     TensorView ln1_out;   // (B, T, C) [rows]
     TensorView ln1_mean;  // (B T) LayerNorm only [rows]
     TensorView ln1_rstd;  // (B T) [rows]
-    TensorView q;         // (B, T, H, D) after RoPE
-    TensorView k;         // (B, T, Hkv, D) after RoPE
-    TensorView v;         // (B, T, Hkv, D)
+    TensorView qkv;       // (B, T, H + 2 Hkv, D) q, k (after RoPE) and v packed by rows
     TensorView att;       // (B, T, H, D) attention output
     TensorView lse;       // (B, H, T) attention log-sum-exp
     TensorView x_mid;     // (B, T, C) x + o, sequential residual only [rows]
@@ -128,8 +133,7 @@ struct BlockScratch {
     TensorView dnorm1;    // (B, T, C) gradient at norm1's output
     TensorView dnorm2;    // (B, T, C) gradient at norm2's output
     TensorView datt;      // (B, T, H, D)
-    TensorView dq;        // (B, T, H, D)
-    TensorView dk, dv;    // (B, T, Hkv, D)
+    TensorView dqkv;      // (B, T, H + 2 Hkv, D) dq, dk, dv packed as BlockActs::qkv
     TensorView dmlp_act;  // (B, T, F) SwiGLU only (the GELU backward is fused into the down
                           // projection's, linear_gelu_backward, which writes dmlp_in directly)
     TensorView dmlp_in;   // (B, T, 2F) or (B, T, F)
@@ -215,9 +219,7 @@ void block_acts_for_each(const ModelConfig& c, int64_t B, int64_t T, int64_t S, 
     f("ln1_out", &BlockActs::ln1_out, a, rows);
     if (ln) f("ln1_mean", &BlockActs::ln1_mean, DType::kF32, stats);
     f("ln1_rstd", &BlockActs::ln1_rstd, DType::kF32, stats);
-    f("q", &BlockActs::q, a, Shape{B, T, H, D});
-    f("k", &BlockActs::k, a, Shape{B, T, Hkv, D});
-    f("v", &BlockActs::v, a, Shape{B, T, Hkv, D});
+    f("qkv", &BlockActs::qkv, a, Shape{B, T, H + 2 * Hkv, D});
     f("att", &BlockActs::att, a, Shape{B, T, H, D});
     f("att_lse", &BlockActs::lse, DType::kF32, Shape{B, H, T});
     if (!c.parallel_residual) f("x_mid", &BlockActs::x_mid, a, rows);
@@ -242,9 +244,7 @@ void block_scratch_for_each(const ModelConfig& c, int64_t B, int64_t T, int64_t 
     f("block.dnorm1", &BlockScratch::dnorm1, a, Shape{B, T, C});
     f("block.dnorm2", &BlockScratch::dnorm2, a, Shape{B, T, C});
     f("block.datt", &BlockScratch::datt, a, Shape{B, T, H, D});
-    f("block.dq", &BlockScratch::dq, a, Shape{B, T, H, D});
-    f("block.dk", &BlockScratch::dk, a, Shape{B, T, Hkv, D});
-    f("block.dv", &BlockScratch::dv, a, Shape{B, T, Hkv, D});
+    f("block.dqkv", &BlockScratch::dqkv, a, Shape{B, T, H + 2 * Hkv, D});
     if (c.mlp == MlpKind::kSwiGlu) f("block.dmlp_act", &BlockScratch::dmlp_act, a, Shape{B, T, F_});
     f("block.dmlp_in", &BlockScratch::dmlp_in, a, Shape{B, T, up});
     if (S > 1) {

@@ -66,22 +66,21 @@ Result<Fp8Settings> fp8_settings_parse(std::string_view recipe, std::string_view
 PrecisionPolicy fp8_precision_policy(const Fp8Settings& s);
 
 // The FP8 linears of a block, as the block schedule calls them (model/block.cpp): q, k and v are
-// three GEMMs on the same input, the gated MLP's gate and up one stacked GEMM.
-enum class Fp8Linear : uint8_t { kQ, kK, kV, kAttnOut, kMlpUp, kMlpDown };
-inline constexpr int64_t kFp8LinearsPerLayer = 6;
+// one GEMM over their stacked weight (one scale for the three, as Megatron-LM's fused QKV linear
+// under Transformer Engine), the gated MLP's gate and up one stacked GEMM.
+enum class Fp8Linear : uint8_t { kQkv, kAttnOut, kMlpUp, kMlpDown };
+inline constexpr int64_t kFp8LinearsPerLayer = 4;
 
-// "q", "k", "v", "attn_out", "mlp_up", "mlp_down".
+// "qkv", "attn_out", "mlp_up", "mlp_down".
 constexpr std::string_view fp8_linear_name(Fp8Linear l) {
-    constexpr std::string_view kNames[] = {"q", "k", "v", "attn_out", "mlp_up", "mlp_down"};
+    constexpr std::string_view kNames[] = {"qkv", "attn_out", "mlp_up", "mlp_down"};
     return kNames[size_t(l)];
 }
 
 // The role whose spec an FP8 linear gets (model/precision_policy.h).
 constexpr LinearRole fp8_linear_role(Fp8Linear l) {
     switch (l) {
-        case Fp8Linear::kQ:
-        case Fp8Linear::kK:
-        case Fp8Linear::kV:
+        case Fp8Linear::kQkv:
             return LinearRole::kQkv;
         case Fp8Linear::kAttnOut:
             return LinearRole::kAttnOut;

@@ -76,17 +76,17 @@ TEST(Fp8Settings, PolicyPutsTheBlockLinearsInFp8AndTheHeadOnlyWhenAsked) {
 
 TEST(Fp8Settings, TensorIndicesAndGemmCounts) {
     Fp8Settings s;
-    EXPECT_EQ(fp8_tensor_count(2, s), 36);  // 2 layers x 6 linears x 3 tensors
-    EXPECT_EQ(fp8_tensor_index(2, 0, Fp8Linear::kQ, Fp8Tensor::kInput), 0);
-    EXPECT_EQ(fp8_tensor_index(2, 0, Fp8Linear::kV, Fp8Tensor::kWeight), 7);
-    EXPECT_EQ(fp8_tensor_index(2, 1, Fp8Linear::kMlpDown, Fp8Tensor::kGradOutput), 35);
-    EXPECT_EQ(fp8_linear_role(Fp8Linear::kK), LinearRole::kQkv);
+    EXPECT_EQ(fp8_tensor_count(2, s), 24);  // 2 layers x 4 linears x 3 tensors
+    EXPECT_EQ(fp8_tensor_index(2, 0, Fp8Linear::kQkv, Fp8Tensor::kInput), 0);
+    EXPECT_EQ(fp8_tensor_index(2, 0, Fp8Linear::kAttnOut, Fp8Tensor::kWeight), 4);
+    EXPECT_EQ(fp8_tensor_index(2, 1, Fp8Linear::kMlpDown, Fp8Tensor::kGradOutput), 23);
+    EXPECT_EQ(fp8_linear_role(Fp8Linear::kQkv), LinearRole::kQkv);
     EXPECT_EQ(fp8_linear_role(Fp8Linear::kMlpUp), LinearRole::kMlpUp);
     s.lm_head = true;
-    EXPECT_EQ(fp8_tensor_count(2, s), 39);
-    EXPECT_EQ(fp8_head_tensor_index(2, Fp8Tensor::kWeight), 37);
-    // (2 layers x 6 linears + the head) x 3 GEMMs x 4 micro-batches.
-    EXPECT_EQ(fp8_gemms_per_step(2, s, 4), (12 + 1) * 3 * 4);
+    EXPECT_EQ(fp8_tensor_count(2, s), 27);
+    EXPECT_EQ(fp8_head_tensor_index(2, Fp8Tensor::kWeight), 25);
+    // (2 layers x 4 linears + the head) x 3 GEMMs x 4 micro-batches.
+    EXPECT_EQ(fp8_gemms_per_step(2, s, 4), (8 + 1) * 3 * 4);
     Fp8GemmCounter c;
     c.add(3);
     c.add(3);

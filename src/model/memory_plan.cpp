@@ -148,11 +148,8 @@ Fp8LinearDims fp8_linear_dims(const ModelConfig& c, Fp8Linear l) {
     const int64_t C = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
     const int64_t F = c.intermediate_size, up = c.mlp == MlpKind::kSwiGlu ? 2 * F : F;
     switch (l) {
-        case Fp8Linear::kQ:
-            return {C, q};
-        case Fp8Linear::kK:
-        case Fp8Linear::kV:
-            return {C, kv};
+        case Fp8Linear::kQkv:
+            return {C, q + 2 * kv};
         case Fp8Linear::kAttnOut:
             return {q, C};
         case Fp8Linear::kMlpUp:

@@ -684,7 +684,7 @@ BlockFp8 Model::block_fp8(int layer, bool step) const {
 
 void Model::fp8_cast_weights(int layer, bool step) {
     const BlockWeights w = block_weights(layer);
-    const ConstTensorView weights[kFp8LinearsPerLayer] = {w.wq, w.wk, w.wv, w.wo, w.w_up, w.w_down};
+    const ConstTensorView weights[kFp8LinearsPerLayer] = {w.wqkv, w.wo, w.w_up, w.w_down};
     const BlockFp8 f8 = block_fp8(layer, step);
     for (size_t i = 0; i < size_t(kFp8LinearsPerLayer); ++i) {
         if (f8.linear[i] == nullptr && f8.block[i] == nullptr) continue;
@@ -823,6 +823,8 @@ void Model::fill_block_views(Views& v, const ModelArena& arena, int l) const {
     v.bq = entry_rows(arena, ParamRole::kQkvBias, l, 0, q);
     v.bk = entry_rows(arena, ParamRole::kQkvBias, l, q, q + kv);
     v.bv = entry_rows(arena, ParamRole::kQkvBias, l, q + kv, q + 2 * kv);
+    v.wqkv = entry_rows(arena, ParamRole::kQkvWeight, l, 0, q + 2 * kv);
+    v.bqkv = entry_rows(arena, ParamRole::kQkvBias, l, 0, q + 2 * kv);
     v.wo = entry_rows(arena, ParamRole::kOutWeight, l, 0, C);
     v.bo = entry_rows(arena, ParamRole::kOutBias, l, 0, C);
     v.norm2_w = entry_rows(arena, ParamRole::kNorm2Weight, l, 0, C);

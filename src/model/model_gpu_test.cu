@@ -613,10 +613,11 @@ void ModelFp8Gpu::tracks_bf16(const Fp8Settings& f8) {
         f.fp8_weights_updated();
         bf.logits(zb.view(), data.batch());
         f.logits(zf.view(), data.batch());
-        EXPECT_EQ(f.fp8_weight_casts() - casts, 6 * L + head) << "step " << step;
+        EXPECT_EQ(f.fp8_weight_casts() - casts, kFp8LinearsPerLayer * L + head) << "step " << step;
         casts = f.fp8_weight_casts();
         // The head's logits run in one chunk here (B T = 192 rows): one GEMM.
-        EXPECT_EQ(f.fp8_take_gemms(), 6 * L + head) << "the logits' forward, step " << step;
+        EXPECT_EQ(f.fp8_take_gemms(), kFp8LinearsPerLayer * L + head)
+            << "the logits' forward, step " << step;
         bf.zero_grads();
         f.zero_grads();
         const float lb = bf.forward_backward(data.batch());
@@ -624,7 +625,8 @@ void ModelFp8Gpu::tracks_bf16(const Fp8Settings& f8) {
         f.fp8_end_step();
         // Delayed: the training forward casts the weights again (the logits' cast recorded no
         // amax, model.h); the other recipes keep the logits' codes.
-        const int64_t recast = f8.recipe == Fp8Recipe::kDelayed ? 6 * L + head : 0;
+        const int64_t recast =
+            f8.recipe == Fp8Recipe::kDelayed ? kFp8LinearsPerLayer * L + head : 0;
         EXPECT_EQ(f.fp8_weight_casts(), casts + recast) << "step " << step;
         casts = f.fp8_weight_casts();
         EXPECT_EQ(f.fp8_take_gemms(), fp8_gemms_per_step(L, f8, 1)) << "step " << step;
@@ -694,7 +696,8 @@ TEST_P(ModelFp8HeadGpu, LearnsTheRepeatedBatchWithTheLmHeadInFp8) {
         losses.push_back(f.forward_backward(data.batch()));
         f.fp8_end_step();
         EXPECT_EQ(f.fp8_take_gemms(), fp8_gemms_per_step(c.num_layers, f8, 1));
-        EXPECT_EQ(f.fp8_weight_casts(), (6 * c.num_layers + 1) * step) << "step " << step;
+        EXPECT_EQ(f.fp8_weight_casts(), (kFp8LinearsPerLayer * c.num_layers + 1) * step)
+            << "step " << step;
         f.grad_norm();
         moments.step(f, f.adamw_segments(3e-3, 0.1), AdamWHyper{}, step, 1.0f);
         f.fp8_weights_updated();
@@ -726,7 +729,8 @@ TEST_P(ModelFp8Gpu, LearnsTheRepeatedBatchCastingWeightsOncePerStep) {
         f.fp8_end_step();
         losses.push_back(loss);
         EXPECT_EQ(f.fp8_take_gemms(), fp8_gemms_per_step(c.num_layers, f8, K));
-        EXPECT_EQ(f.fp8_weight_casts(), 6 * c.num_layers * step) << "step " << step;
+        EXPECT_EQ(f.fp8_weight_casts(), kFp8LinearsPerLayer * c.num_layers * step)
+            << "step " << step;
         f.grad_norm();
         moments.step(f, f.adamw_segments(3e-3, 0.1), AdamWHyper{}, step, 1.0f);
         f.fp8_weights_updated();

@@ -425,12 +425,12 @@ TEST(MemoryPlan, Fp8PolicyAddsEachLinearsBuffers) {
         const Result<MemoryPlan> plan = memory_plan_make(c, t, shape);
         ASSERT_TRUE(plan.ok()) << plan.status().to_string();
         const ArenaLayout& f8 = plan->fp8;
-        // (I, O) of q, k, v, attention output, MLP up (gate and up), MLP down.
-        const int64_t dims[6][2] = {{32, 32}, {32, 16}, {32, 16}, {32, 32}, {32, 96}, {48, 32}};
+        // (I, O) of q, k, v (stacked), attention output, MLP up (gate and up), MLP down.
+        const int64_t dims[4][2] = {{32, 64}, {32, 32}, {32, 96}, {48, 32}};
         size_t sum = 0;
         ASSERT_EQ(plan->fp8_linears.size(), 2u);
         for (size_t l = 0; l < 2; ++l) {
-            for (size_t i = 0; i < 6; ++i) {
+            for (size_t i = 0; i < 4; ++i) {
                 const Fp8LinearEntries& e = plan->fp8_linears[l][i];
                 const int64_t I = dims[i][0], O = dims[i][1];
                 ASSERT_NE(e.wq, MemoryPlan::kNoEntry);
@@ -450,13 +450,13 @@ TEST(MemoryPlan, Fp8PolicyAddsEachLinearsBuffers) {
                     EXPECT_EQ(f8.entries()[e.xt_scale].bytes, bb.xt_scale);
                     sum += bb.w_scale + bb.wt_scale + bb.xt_scale;
                 } else {
-                    EXPECT_EQ(e.scalars_offset, int64_t((l * 6 + i) * 24));
+                    EXPECT_EQ(e.scalars_offset, int64_t((l * 4 + i) * 24));
                     EXPECT_EQ(e.w_scale, MemoryPlan::kNoEntry);
                 }
             }
         }
-        EXPECT_EQ(f8.entries()[plan->fp8_linears[1][4].wq].name, "layers.1.fp8.mlp_up.wq");
-        EXPECT_EQ(f8.entries()[plan->fp8_linears[0][1].xqt].name, "layers.0.fp8.k.xqt");
+        EXPECT_EQ(f8.entries()[plan->fp8_linears[1][2].wq].name, "layers.1.fp8.mlp_up.wq");
+        EXPECT_EQ(f8.entries()[plan->fp8_linears[0][0].xqt].name, "layers.0.fp8.qkv.xqt");
         EXPECT_EQ(f8.entries()[plan->fp8_q_scratch].bytes, size_t(N * 96));  // N x (2F)
         EXPECT_EQ(f8.entries()[plan->fp8_dyqt].bytes, size_t(N * 96));
         sum += size_t(2 * N * 96);
@@ -475,14 +475,14 @@ TEST(MemoryPlan, Fp8PolicyAddsEachLinearsBuffers) {
             EXPECT_EQ(plan->fp8_scalars, MemoryPlan::kNoEntry);
             sum += xdy + dyt + cast;
         } else {
-            EXPECT_EQ(f8.entries()[plan->fp8_scalars].shape, Shape({2 * 6 * 24}));
-            sum += size_t(2 * 6 * 24 * 4);
+            EXPECT_EQ(f8.entries()[plan->fp8_scalars].shape, Shape({2 * 4 * 24}));
+            sum += size_t(2 * 4 * 24 * 4);
         }
         if (recipe == Fp8Recipe::kDelayed) {
-            EXPECT_EQ(f8.entries()[plan->fp8_scales].shape, Shape({2 * 6 * 3}));
-            EXPECT_EQ(f8.entries()[plan->fp8_step_amax].shape, Shape({2 * 6 * 3}));
-            EXPECT_EQ(f8.entries()[plan->fp8_eval_amax].shape, Shape({2 * 6 * 3}));
-            sum += 3 * 2 * 6 * 3 * 4;
+            EXPECT_EQ(f8.entries()[plan->fp8_scales].shape, Shape({2 * 4 * 3}));
+            EXPECT_EQ(f8.entries()[plan->fp8_step_amax].shape, Shape({2 * 4 * 3}));
+            EXPECT_EQ(f8.entries()[plan->fp8_eval_amax].shape, Shape({2 * 4 * 3}));
+            sum += 3 * 2 * 4 * 3 * 4;
         } else {
             EXPECT_EQ(plan->fp8_scales, MemoryPlan::kNoEntry);
             EXPECT_EQ(plan->fp8_step_amax, MemoryPlan::kNoEntry);
@@ -494,7 +494,7 @@ TEST(MemoryPlan, Fp8PolicyAddsEachLinearsBuffers) {
         const std::string table = plan->table("t");
         EXPECT_NE(table.find("fp8 buffers (codes, scales)"), std::string::npos) << table;
         EXPECT_NE(table.find(std::to_string(plan->fp8_bytes())), std::string::npos) << table;
-        EXPECT_NE(table.find("12 linears (" + std::string(fp8_recipe_name(recipe)) + ")"),
+        EXPECT_NE(table.find("8 linears (" + std::string(fp8_recipe_name(recipe)) + ")"),
                   std::string::npos)
             << table;
         // The CPU plans no fp8 buffers (Model::create refuses fp8 roles there).
@@ -575,18 +575,18 @@ TEST(MemoryPlan, Fp8LmHeadAddsItsWeightCodes) {
         EXPECT_EQ(f8.entries()[plan->fp8_head.wq].shape, Shape({64, 32}));
         EXPECT_EQ(f8.entries()[plan->fp8_head.wq].dtype, DType::kE4M3);
         EXPECT_EQ(f8.entries()[plan->fp8_head.wqt].shape, Shape({32, 64}));
-        EXPECT_EQ(plan->fp8_head.scalars_offset, 2 * 6 * 24);
-        EXPECT_EQ(f8.entries()[plan->fp8_scalars].shape, Shape({(2 * 6 + 1) * 24}));
+        EXPECT_EQ(plan->fp8_head.scalars_offset, 2 * 4 * 24);
+        EXPECT_EQ(f8.entries()[plan->fp8_scalars].shape, Shape({(2 * 4 + 1) * 24}));
         EXPECT_GE(f8.entries()[plan->fp8_q_scratch].bytes, size_t(32 * 32));
         EXPECT_GE(f8.entries()[plan->fp8_dyqt].bytes, size_t(32 * 32));
         EXPECT_EQ(plan->shape.lm_head_chunk_rows, 16);
         if (recipe == Fp8Recipe::kDelayed) {
-            EXPECT_EQ(f8.entries()[plan->fp8_scales].shape, Shape({2 * 6 * 3 + 3}));
+            EXPECT_EQ(f8.entries()[plan->fp8_scales].shape, Shape({2 * 4 * 3 + 3}));
         }
         // The weight codes (2 V C bytes) more than the layers' plan (the 24 scalars may fit in
         // the scalars entry's alignment padding: its shape is checked above).
         EXPECT_GE(plan->fp8_bytes(), layers->fp8_bytes() + 2 * 64 * 32);
-        EXPECT_NE(plan->table("t").find("13 linears"), std::string::npos) << plan->table("t");
+        EXPECT_NE(plan->table("t").find("9 linears"), std::string::npos) << plan->table("t");
         shape.backend = Backend::kCpu;
         EXPECT_EQ(memory_plan_make(c, t, shape)->fp8_bytes(), 0u);
     }
@@ -783,8 +783,8 @@ TEST(Model, SelectiveRecomputeSharesOnlyNormAndActivationOutputs) {
             EXPECT_FALSE(has(fmt::format("layers.{}.{}", l, shared))) << shared;
     }
     for (int l = 0; l < int(c.num_layers); ++l)
-        for (const char* kept : {"x", "ln1_mean", "ln1_rstd", "q", "k", "v", "att", "att_lse",
-                                 "ln2_mean", "ln2_rstd", "mlp_in"})
+        for (const char* kept : {"x", "ln1_mean", "ln1_rstd", "qkv", "att", "att_lse", "ln2_mean",
+                                 "ln2_rstd", "mlp_in"})
             EXPECT_TRUE(has(fmt::format("layers.{}.{}", l, kept))) << l << " " << kept;
     EXPECT_EQ(recompute_from_name("selective"), Recompute::kSelective);
     EXPECT_EQ(recompute_from_name("partial"), std::nullopt);
