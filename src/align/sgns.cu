@@ -19,6 +19,7 @@
 #include "core/check.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_state.h"  // CudaState, DeviceBuffer
+#include "ops/cuda/kernel_util.cuh"
 
 namespace lathe {
 namespace {
@@ -139,9 +140,7 @@ SgnsCuda::SgnsCuda(const Context& ctx, const SgnsModel& model, const SgnsCorpus&
     b.n = int64_t(corpus.rows.size());
     b.docs = int64_t(corpus.doc_offsets.size()) - 1;
     const size_t smem = size_t(kBlockThreads / kWarpSize) * size_t(D_) * sizeof(float);
-    if (smem > 48 * 1024)
-        LATHE_CUDA_CHECK(cudaFuncSetAttribute(
-            sgns_epoch_hogwild_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    cuda::allow_dynamic_smem(sgns_epoch_hogwild_kernel, smem);
     if (warps <= 0) {
         int sms = 0, blocks_per_sm = 0;
         LATHE_CUDA_CHECK(

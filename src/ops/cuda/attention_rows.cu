@@ -781,12 +781,10 @@ void decode_split(bf16* out, float* lse, const bf16* q, const bf16* k, const bf1
         smem = decode_smem(int(s.H / s.Hkv), int(s.D)).bytes;
     }
     auto* kernel = paged ? decode_split_kernel<true> : decode_split_kernel<false>;
-    if (mma_kernel != nullptr && smem > 48 * 1024)
-        LATHE_CUDA_CHECK(cudaFuncSetAttribute(
-            mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    if (mma_kernel == nullptr && smem > 48 * 1024)
-        LATHE_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    if (mma_kernel != nullptr)
+        allow_dynamic_smem(mma_kernel, smem);
+    else
+        allow_dynamic_smem(kernel, smem);
     float* ws = plan.workspace_bytes > 0
                     ? static_cast<float*>(state.scratch(plan.workspace_bytes, "attention_decode"))
                     : nullptr;

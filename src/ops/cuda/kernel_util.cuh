@@ -11,7 +11,19 @@
 #include <cstdio>
 #include <initializer_list>
 
+#include "ops/cuda/cuda_check.h"  // (every .cu includes ops/cuda/nvcc_compat.h first)
+
 namespace lathe::cuda {
+
+// Lets `kernel` launch with `smem` bytes of dynamic shared memory: past the 48 KiB any kernel may
+// use, a kernel must opt in (cudaFuncAttributeMaxDynamicSharedMemorySize) before such a launch.
+// Host code, called before each launch that may need it (the attribute call is cheap).
+template <typename Kernel>
+inline void allow_dynamic_smem(Kernel kernel, size_t smem) {
+    if (smem > 48 * 1024)
+        LATHE_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+}
 
 inline constexpr int kWarpSize = 32;
 inline constexpr unsigned kFullMask = 0xFFFFFFFFu;

@@ -340,9 +340,7 @@ void layernorm_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, 
             state.scratch(2 * size_t(R * C) * sizeof(float), "layernorm_backward"));
         const int64_t rows = column_reduce_rows_per_chunk(N, R);
         auto launch = [&](auto kernel, size_t smem) {
-            if (smem > 48 * 1024)
-                LATHE_CUDA_CHECK(cudaFuncSetAttribute(
-                    kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+            allow_dynamic_smem(kernel, smem);
             kernel<<<unsigned(R), kColumnThreads, smem, stream>>>(
                 dxb, partials, keep, dyb, xb, wb, mean, rstd, N, C, R, rows, dx_accumulate);
         };

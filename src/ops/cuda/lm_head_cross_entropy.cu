@@ -337,9 +337,7 @@ bool try_held(const RowArgs& a, int64_t rows, int64_t nvec, int64_t smem_cap, CU
     const int64_t smem = std::max<int64_t>(0, nvec - int64_t(kHeldRegVecs) * kThreads) * 16;
     if (smem > smem_cap) return false;
     auto kernel = held_row_kernel<kThreads, kHeldRegVecs>;
-    if (smem > 48 * 1024)
-        LATHE_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    allow_dynamic_smem(kernel, size_t(smem));
     kernel<<<unsigned(rows), kThreads, size_t(smem), stream>>>(a);
     LATHE_CUDA_CHECK_LAUNCH();
     return true;

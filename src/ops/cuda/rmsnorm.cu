@@ -308,9 +308,7 @@ void rmsnorm_backward(bf16* dx, float* dweight, const bf16* dy, const bf16* x, c
             static_cast<float*>(state.scratch(size_t(R * C) * sizeof(float), "rmsnorm_backward"));
         const int64_t rows = column_reduce_rows_per_chunk(N, R);
         auto launch = [&](auto kernel, size_t smem) {
-            if (smem > 48 * 1024)
-                LATHE_CUDA_CHECK(cudaFuncSetAttribute(
-                    kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+            allow_dynamic_smem(kernel, smem);
             kernel<<<unsigned(R), kColumnThreads, smem, stream>>>(dxb, partials, dyb, xb, wb, rstd,
                                                                   N, C, R, rows, dx_accumulate);
         };

@@ -16,11 +16,19 @@ constexpr int kThreads = 256;
 // covers `rows` rows of `lanes` threads each (lanes = min(F / kVec, block size)), so no thread
 // divides a flat index by F (a 64-bit division, dozens of instructions, per vector).
 // A thread past rows * lanes idles (a narrow F), but stays for the block's amax.
+// The lanes of a `threads`-thread block that take one row of F / kVec vectors: all of them for a
+// long row, one per vector for a short one (then threads / lanes rows a pass). The grid's size
+// on the host and RowTiling on the device both count rows with it.
+__host__ __device__ inline int64_t swiglu_lanes(int64_t F, int kVec, int64_t threads) {
+    const int64_t vectors = F / kVec;
+    return vectors < threads ? vectors : threads;
+}
+
 struct RowTiling {
     int64_t vectors, lanes, rows, row, lane;
     __device__ RowTiling(int64_t F, int kVec) {
         vectors = F / kVec;
-        lanes = vectors < blockDim.x ? vectors : blockDim.x;
+        lanes = swiglu_lanes(F, kVec, blockDim.x);
         rows = blockDim.x / lanes;
         row = threadIdx.x / lanes;
         lane = threadIdx.x % lanes;
@@ -29,8 +37,7 @@ struct RowTiling {
 };
 
 int64_t swiglu_rows_per_block(int64_t F, int kVec) {
-    const int64_t vectors = F / kVec;
-    return vectors < kThreads ? kThreads / vectors : 1;
+    return kThreads / swiglu_lanes(F, kVec, kThreads);
 }
 
 unsigned swiglu_blocks(int64_t N, int64_t F, int kVec) {
