@@ -86,9 +86,11 @@ namespace lathe {
 // One layer's parameters in the arena layout (param_table.h). Null where the family has none.
 struct BlockWeights {
     ConstTensorView norm1_w, norm1_b;  // (C)
+    ConstTensorView wqkv, bqkv;        // ((H + 2 Hkv) D, C), ((H + 2 Hkv) D): q, k, v stacked
+    // Its row blocks, for the inference engine's projections into its cache (infer/engine.h);
+    // the training block reads wqkv (the model leaves these null).
     ConstTensorView wq, wk, wv;        // (H D, C), (Hkv D, C), (Hkv D, C)
     ConstTensorView bq, bk, bv;        // (H D), (Hkv D), (Hkv D)
-    ConstTensorView wqkv, bqkv;        // ((H + 2 Hkv) D, C), ((H + 2 Hkv) D): the three above
     ConstTensorView wo, bo;            // (C, H D), (C)
     ConstTensorView norm2_w, norm2_b;  // (C)
     ConstTensorView w_up, b_up;        // (2F, C) [gate; up] or (F, C); (2F) or (F)
@@ -98,8 +100,6 @@ struct BlockWeights {
 // Their gradients, same shapes; each accumulates (+=). Null where the weight is absent.
 struct BlockGrads {
     TensorView norm1_w, norm1_b;
-    TensorView wq, wk, wv;
-    TensorView bq, bk, bv;
     TensorView wqkv, bqkv;
     TensorView wo, bo;
     TensorView norm2_w, norm2_b;

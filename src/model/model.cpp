@@ -817,12 +817,6 @@ void Model::fill_block_views(Views& v, const ModelArena& arena, int l) const {
         config_.mlp == MlpKind::kSwiGlu ? 2 * config_.intermediate_size : config_.intermediate_size;
     v.norm1_w = entry_rows(arena, ParamRole::kNorm1Weight, l, 0, C);
     v.norm1_b = entry_rows(arena, ParamRole::kNorm1Bias, l, 0, C);
-    v.wq = entry_rows(arena, ParamRole::kQkvWeight, l, 0, q);
-    v.wk = entry_rows(arena, ParamRole::kQkvWeight, l, q, q + kv);
-    v.wv = entry_rows(arena, ParamRole::kQkvWeight, l, q + kv, q + 2 * kv);
-    v.bq = entry_rows(arena, ParamRole::kQkvBias, l, 0, q);
-    v.bk = entry_rows(arena, ParamRole::kQkvBias, l, q, q + kv);
-    v.bv = entry_rows(arena, ParamRole::kQkvBias, l, q + kv, q + 2 * kv);
     v.wqkv = entry_rows(arena, ParamRole::kQkvWeight, l, 0, q + 2 * kv);
     v.bqkv = entry_rows(arena, ParamRole::kQkvBias, l, 0, q + 2 * kv);
     v.wo = entry_rows(arena, ParamRole::kOutWeight, l, 0, C);
