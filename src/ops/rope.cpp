@@ -203,10 +203,6 @@ void rope_qk(const char* op, TensorView q_out, TensorView k_out, ConstTensorView
     op_no_backend(op, ctx);
 }
 
-}  // namespace
-
-namespace {
-
 void rope_qkv(const char* op, TensorView qkv, int64_t qk_heads, ConstTensorView positions,
               ConstTensorView cos, ConstTensorView sin, bool backward, const Context& ctx) {
     const RopeDims d = rope_check(op, qkv, qkv, positions, cos, sin);
