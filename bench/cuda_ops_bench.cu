@@ -533,7 +533,7 @@ void fp8_linears(Bench& b, const char* model, int64_t N, int64_t C, int64_t Q, i
                       cuda::fp8_linear_backward_input(static_cast<bf16*>(dx.data()), ody, owt, N, I,
                                                       O, false, b.state, b.state.stream());
                       cuda::fp8_linear_backward_weight(static_cast<float*>(dw.data()), odyt, oxt, N,
-                                                       I, O, b.state, b.state.stream());
+                                                       I, O, true, b.state, b.state.stream());
                   });
         timed(std::string("fp8 ") + l.name + " forward GEMM alone", shape, 0, flops, [&] {
             cuda::fp8_linear_forward(static_cast<bf16*>(y.data()), ox, ow, nullptr, nullptr, N, I,
@@ -593,12 +593,13 @@ void fp8_linears(Bench& b, const char* model, int64_t N, int64_t C, int64_t Q, i
                       fp8_blockwise_forward(static_cast<bf16*>(y.data()), xb, nullptr, nullptr, N,
                                             I, O, fb, b.state, b.state.stream());
                   });
-        fp8b_total += timed(std::string("fp8b ") + l.name + " backward (+ dy casts)", shape,
-                            2.0 * N * O * 2, 2 * flops, [&] {
-                                fp8_blockwise_backward(
-                                    static_cast<bf16*>(dx.data()), static_cast<float*>(dw.data()),
-                                    nullptr, dyb, N, I, O, false, fb, b.state, b.state.stream());
-                            });
+        fp8b_total +=
+            timed(std::string("fp8b ") + l.name + " backward (+ dy casts)", shape, 2.0 * N * O * 2,
+                  2 * flops, [&] {
+                      fp8_blockwise_backward(static_cast<bf16*>(dx.data()),
+                                             static_cast<float*>(dw.data()), nullptr, dyb, N, I, O,
+                                             false, true, fb, b.state, b.state.stream());
+                  });
         timed(std::string("fp8b ") + l.name + " forward GEMM alone", shape, 0, flops, [&] {
             cuda::fp8_blockwise_forward_gemm(static_cast<bf16*>(y.data()),
                                              {fb.xq, DType::kE4M3, Fp8Block::k1x128, fb.x_scale},

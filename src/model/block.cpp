@@ -341,10 +341,12 @@ void block_backward(const ModelConfig& c, const PrecisionPolicy& p, int layer,
                     const BlockWeights& w, const BlockGrads& g, const BlockActs& a,
                     const BlockScratch& s, const BlockInputs& in, TensorView dres,
                     const Context& ctx, const BlockFp8& f8) {
-    const LinearSpec qkv = block_spec(p, f8, Fp8Linear::kQkv);
-    const LinearSpec out = block_spec(p, f8, Fp8Linear::kAttnOut);
+    LinearSpec qkv = block_spec(p, f8, Fp8Linear::kQkv);
+    LinearSpec out = block_spec(p, f8, Fp8Linear::kAttnOut);
     LinearSpec up = block_spec(p, f8, Fp8Linear::kMlpUp);
-    const LinearSpec down = block_spec(p, f8, Fp8Linear::kMlpDown);
+    LinearSpec down = block_spec(p, f8, Fp8Linear::kMlpDown);
+    // Each projection's weight gradient comes from one GEMM a micro-batch: = or += (BlockGrads).
+    for (LinearSpec* spec : {&qkv, &out, &up, &down}) spec->dweight_mode = g.weight_mode;
     if (in.tp_rows != nullptr) {
         LATHE_CHECK(in.tp_sum != nullptr && !c.parallel_residual,
                     "sequence parallel: a tensor-parallel block (sequential residual) with the "

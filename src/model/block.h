@@ -97,7 +97,10 @@ struct BlockWeights {
     ConstTensorView w_down, b_down;    // (C, F), (C)
 };
 
-// Their gradients, same shapes; each accumulates (+=). Null where the weight is absent.
+// Their gradients, same shapes; each accumulates (+=), but the four projection matrices (wqkv,
+// wo, w_up, w_down) follow weight_mode: kOverwrite writes them (=), the step's first
+// contribution where the model left them uncleared (model/model.h, zero_grads_beside_forward).
+// Null where the weight is absent.
 struct BlockGrads {
     TensorView norm1_w, norm1_b;
     TensorView wqkv, bqkv;
@@ -105,6 +108,7 @@ struct BlockGrads {
     TensorView norm2_w, norm2_b;
     TensorView w_up, b_up;
     TensorView w_down, b_down;
+    GradMode weight_mode = GradMode::kAccumulate;
 };
 
 // Saved by block_forward for block_backward.

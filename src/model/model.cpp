@@ -543,6 +543,47 @@ void Model::zero_grads() {
     LATHE_CHECK(training(), "zero_grads: the model was created without gradients");
     wait_grads_zeroing();
     grads_.zero();
+    grads_deferred_ = false;
+}
+
+void Model::make_grad_clear_ranges() {
+    if (!grads_cleared_ranges_.empty() || !grads_deferred_ranges_.empty()) return;
+    // The entries one GEMM a micro-batch writes whole: each layer's projections and the LM
+    // head's weight (with tied embeddings the token embedding, which embedding_backward then
+    // adds to: the head's backward runs first).
+    const auto& arena = grads_.layout().entries();
+    const size_t head = head_entry();
+    for (const ParamEntry& e : table_.entries()) {
+        const bool projection = e.role == ParamRole::kQkvWeight ||
+                                e.role == ParamRole::kOutWeight || e.role == ParamRole::kUpWeight ||
+                                e.role == ParamRole::kDownWeight;
+        if (!projection && e.arena_index != head) continue;
+        const ArenaEntry& a = arena[e.arena_index];
+        grads_deferred_ranges_.push_back({a.offset, a.offset + a.bytes});
+    }
+    std::sort(grads_deferred_ranges_.begin(), grads_deferred_ranges_.end(),
+              [](const ByteRange& x, const ByteRange& y) { return x.begin < y.begin; });
+    // Everything else, padding included (the norm reads the arena whole).
+    size_t at = 0;
+    for (const ByteRange& r : grads_deferred_ranges_) {
+        if (r.begin > at) grads_cleared_ranges_.push_back({at, r.begin});
+        at = std::max(at, r.end);
+    }
+    const size_t total = grads_.layout().total_bytes();
+    if (total > at) grads_cleared_ranges_.push_back({at, total});
+}
+
+GradMode Model::take_weight_grad_mode() {
+    const bool deferred = grads_deferred_;
+    grads_deferred_ = false;
+    return deferred ? GradMode::kOverwrite : GradMode::kAccumulate;
+}
+
+void Model::clear_deferred_grads() {
+    if (!grads_deferred_) return;
+    wait_grads_zeroing();
+    cuda_zero_ranges(grads_.flat(DType::kU8).data(), grads_deferred_ranges_, ctx_.stream);
+    grads_deferred_ = false;
 }
 
 void Model::zero_grads_beside_forward() {
@@ -552,9 +593,11 @@ void Model::zero_grads_beside_forward() {
         return;
     }
     CudaState& st = cuda_state_of(ctx_, "model");
+    make_grad_clear_ranges();
     // After every read and write of the gradients enqueued so far (the last step's update).
     st.wait_for(st.optimizer_stream(), st.stream());
-    cuda_fill_bytes(grads_.flat(DType::kU8), 0, st.optimizer_stream());
+    cuda_zero_ranges(grads_.flat(DType::kU8).data(), grads_cleared_ranges_, st.optimizer_stream());
+    grads_deferred_ = true;
     if (!grads_zeroing_) grads_zeroing_ = std::make_unique<CudaEvent>();
     grads_zeroing_->record(st.optimizer_stream());
     grads_zeroing_pending_ = true;
@@ -569,12 +612,14 @@ void Model::wait_grads_zeroing() {
 void Model::zero_grad_entry(size_t index) {
     LATHE_CHECK(plan_.shape.gradient_shards == 1,
                 "zero_grad_entry: the gradients are sharded (no arena entry per parameter)");
+    clear_deferred_grads();
     wait_grads_zeroing();
     grads_.zero_entry(table_.entries().at(index).arena_index);
 }
 
 float Model::grad_norm() {
     LATHE_CHECK(training(), "grad_norm: the model was created without gradients");
+    clear_deferred_grads();
     wait_grads_zeroing();
     const TensorView norm = scratch_.view(plan_.grad_norm);
     const ConstTensorView grads[] = {grads_flat()};
@@ -584,6 +629,8 @@ float Model::grad_norm() {
 
 double Model::grad_sum_of_squares(std::span<const FlatRange> ranges) {
     LATHE_CHECK(training(), "grad_sum_of_squares: the model was created without gradients");
+    clear_deferred_grads();
+    wait_grads_zeroing();
     const TensorView all = grads_flat();
     if (!on_cuda()) {
         double sum = 0.0;
@@ -1009,7 +1056,7 @@ void Model::run_forward_blocks(bool step) {
     if (sp) tp_gather_rows(tp_rows_, act(plan_.final_norm_out, btc), norm_out);
 }
 
-void Model::run_backward_from_final(TensorView dfinal) {
+void Model::run_backward_from_final(TensorView dfinal, GradMode weight_mode) {
     const Shape bt{dims_.B, dims_.T};
     const int64_t C = config_.hidden_size;
     const bool sp = sequence_parallel();
@@ -1042,8 +1089,10 @@ void Model::run_backward_from_final(TensorView dfinal) {
                           scratch, inputs, ctx_, f8);
         else if (plan_.shape.recompute == Recompute::kSelective)
             block_recompute_selective(config_, block_weights(l), block_acts(l), ctx_);
-        block_backward(config_, plan_.shape.precision, l, block_weights(l), block_grads(l),
-                       block_acts(l), scratch, inputs, dres, ctx_, f8);
+        BlockGrads grads = block_grads(l);
+        grads.weight_mode = weight_mode;
+        block_backward(config_, plan_.shape.precision, l, block_weights(l), grads, block_acts(l),
+                       scratch, inputs, dres, ctx_, f8);
         if (grads_ready_) grads_ready_(l);
     }
     TensorView dwpe;
@@ -1115,12 +1164,14 @@ void Model::head_forward(TensorView loss, bool step) {
                                          vp.slice(0, 3 * N).reshape(Shape{3, N}), reduce, ctx_);
 }
 
-void Model::head_backward(TensorView dfinal, float dloss) {
+void Model::head_backward(TensorView dfinal, float dloss, GradMode weight_mode) {
     const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
+    LinearSpec spec = head_spec(/*step=*/true);
+    spec.dweight_mode = weight_mode;
     lm_head_cross_entropy_backward(
         dfinal.reshape(Shape{N, C}), grads_at(head_entry()), act(plan_.final_norm_out, Shape{N, C}),
         act(plan_.targets, Shape{N}), weights_at(head_entry()), act(plan_.lm_lse, Shape{N}), dloss,
-        scratch_.view(plan_.lm_chunk), ctx_, head_spec(/*step=*/true), vocab_shard());
+        scratch_.view(plan_.lm_chunk), ctx_, spec, vocab_shard());
     // Each shard's dx is its part of the sum over the vocabulary (sequence parallel: summed by
     // the reduce-scatter to the rank's rows, run_backward_from_final).
     if (config_.vocab_parallel() && !sequence_parallel()) tp_sum_(dfinal);
@@ -1138,8 +1189,9 @@ void Model::backward(float dloss) {
     // The gradient at the final norm's output goes to the first block scratch (B, T, C) buffer
     // that the final norm's backward reads before any block writes it.
     TensorView dfinal = block_scratch().dnorm1;
-    head_backward(dfinal, dloss);
-    run_backward_from_final(dfinal);
+    const GradMode weight_mode = take_weight_grad_mode();
+    head_backward(dfinal, dloss, weight_mode);
+    run_backward_from_final(dfinal, weight_mode);
 }
 
 float Model::forward_backward(const ModelBatch& batch, float dloss) {
@@ -1166,21 +1218,23 @@ void Model::forward_backward_async(const ModelBatch& batch, float dloss, int64_t
     run_forward_blocks(/*step=*/true);
     TensorView loss = acts_.view(plan_.loss).slice(loss_slot, loss_slot + 1);
     TensorView dfinal = block_scratch().dnorm1;
+    const GradMode weight_mode = take_weight_grad_mode();
     if (config_.vocab_parallel()) {
         // The fused pass needs the whole row's statistics before its dlogits: the shard's
         // forward, the group's combination, then the backward computes the logits again.
         head_forward(loss, /*step=*/true);
-        head_backward(dfinal, dloss);
-        run_backward_from_final(dfinal);
+        head_backward(dfinal, dloss, weight_mode);
+        run_backward_from_final(dfinal, weight_mode);
         return;
     }
     const int64_t N = dims_.B * dims_.T, C = config_.hidden_size;
+    LinearSpec spec = head_spec(/*step=*/true);
+    spec.dweight_mode = weight_mode;
     lm_head_cross_entropy_forward_backward(
         loss, TensorView(), dfinal.reshape(Shape{N, C}), grads_at(head_entry()),
         act(plan_.final_norm_out, Shape{N, C}), act(plan_.targets, Shape{N}),
-        weights_at(head_entry()), dloss, scratch_.view(plan_.lm_chunk), ctx_,
-        head_spec(/*step=*/true));
-    run_backward_from_final(dfinal);
+        weights_at(head_entry()), dloss, scratch_.view(plan_.lm_chunk), ctx_, spec);
+    run_backward_from_final(dfinal, weight_mode);
 }
 
 void Model::logits(TensorView out, const ModelBatch& batch) {

@@ -108,6 +108,7 @@
 #include "ops/adamw.h"
 #include "ops/context.h"
 #include "ops/cuda/cuda_state.h"
+#include "ops/cuda/memory.h"
 #include "ops/lm_head_cross_entropy.h"
 
 namespace lathe {
@@ -263,7 +264,13 @@ public:
     // stream enqueued so far), and the next forward waits for it before the final norm and the
     // LM head, whose fused backward writes the step's first gradients; the forward's blocks run
     // beside the clearing. Also waited for by grad_norm(), zero_grads() and zero_grad_entry().
-    // The CPU, and gradients in windows or shards, clear in place as zero_grads() does.
+    // The clearing skips the matrices whose gradient one GEMM a micro-batch writes (each layer's
+    // q/k/v, output, up and down projections, and the LM head's weight: most of the arena): the
+    // next backward() or forward_backward*() writes them (=) instead of adding, which reads and
+    // writes those bytes once less (GEMMs with beta 0, no clearing). Until that backward they
+    // hold the last step's values; grad_norm(), grad_sum_of_squares() and zero_grad_entry()
+    // clear them first when asked before it. The CPU, and gradients in windows or shards, clear
+    // in place as zero_grads() does.
     void zero_grads_beside_forward();
     // Zeroes the gradient of entry `index` (a frozen parameter group).
     void zero_grad_entry(size_t index);
@@ -393,11 +400,21 @@ private:
     void run_forward_blocks(bool step);
     // The mean loss of `batch`'s forward (forward, eval_forward); backward() refused after it.
     float forward_loss(const ModelBatch& batch, bool step);
-    void run_backward_from_final(TensorView dfinal);
+    // `weight_mode`: how the projections write their weight gradients (BlockGrads::weight_mode).
+    void run_backward_from_final(TensorView dfinal, GradMode weight_mode);
+    // kOverwrite once after zero_grads_beside_forward left the GEMM-written matrices uncleared
+    // (the backward that takes it writes them), else kAccumulate.
+    GradMode take_weight_grad_mode();
+    // Clears the matrices zero_grads_beside_forward left for the backward to write, when a
+    // reader comes first (grad_norm and the like).
+    void clear_deferred_grads();
+    // zero_grads_beside_forward's byte ranges of the gradient arena: what it clears (cleared)
+    // and what the next backward writes (deferred), made at its first call.
+    void make_grad_clear_ranges();
     // The LM head with cross-entropy into `loss` (1) and the saved lse, and its backward into
     // dfinal (B, T, C) and the head's gradient; a vocabulary shard's combined over the group.
     void head_forward(TensorView loss, bool step);
-    void head_backward(TensorView dfinal, float dloss);
+    void head_backward(TensorView dfinal, float dloss, GradMode weight_mode);
     LmHeadVocabShard vocab_shard() const;
     template <typename Views>
     void fill_block_views(Views& views, const ModelArena& arena, int layer) const;
@@ -472,6 +489,10 @@ private:
     // one), and whether the compute stream has yet to wait for it.
     std::unique_ptr<CudaEvent> grads_zeroing_;
     bool grads_zeroing_pending_ = false;
+    // The projection matrices' and the LM head's gradient bytes were left for the next backward
+    // to write (=): zero_grads_beside_forward; take_weight_grad_mode() hands that on once.
+    bool grads_deferred_ = false;
+    std::vector<ByteRange> grads_cleared_ranges_, grads_deferred_ranges_;
     // FP8 (file comment): the arena of the plan's fp8 entries, each layer's buffers (empty
     // without fp8; pointers into fp8_), the GEMM counter they count into (on the heap: the
     // buffers point to it across moves), the weight-cast state and the delayed state.

@@ -313,6 +313,81 @@ TEST_P(ModelGpu, SelectiveRecomputeGivesTheSameBits) {
 // batches alternate between the halves of the pinned buffer while earlier copies may still be in
 // flight, and the caller rewrites its host memory right after each call. The losses read at the
 // end and the accumulated gradients are bitwise those of forward_backward one by one.
+std::vector<float> device_floats(ConstTensorView v, CUstream_st* stream) {
+    std::vector<float> host(size_t(v.numel()));
+    cuda_copy_sync(TensorView(host.data(), DType::kF32, v.shape()), v, stream);
+    return host;
+}
+
+// zero_grads_beside_forward leaves the projections' and the LM head's gradients for the next
+// backward to write (=; model.h): with every gradient byte first set to 0xFF (f32 NaN, as if the
+// last step had left garbage there), three micro-batches after it give every gradient as three
+// after zero_grads() do, finite; and a gradient norm asked before any backward is 0 (those
+// entries cleared on demand). The only difference allowed is the order of a weight gradient's
+// fp32 sum: the first micro-batch's GEMMs run with beta 0, which cuBLASLt may serve with another
+// algorithm. Reordering a sum of K products moves it by at most (K - 1) u sum|t|, u = 2^-24, and
+// sum|t| is about sqrt(K) |sum t| for random signs: rel-L2 within (K - 1) u sqrt(K) per tensor,
+// K = B T = 192 tokens (1.6e-4). FP8 GEMMs accumulate inside the tensor core with about 14 bits
+// (DeepSeek-V3's measurement on Hopper), u = 2^-14 there (0.16); what the check catches is far
+// larger: a micro-batch's contribution dropped or a stale one added (rel-L2 0.5 or more), NaN.
+void expect_deferred_clearing_matches(Model& m, const ModelConfig& c, CUstream_st* stream,
+                                      double unit) {
+    constexpr int kMicro = 3;
+    std::vector<HostTensor> tok, tgt;
+    for (int k = 0; k < kMicro; ++k) {
+        tok.push_back(random_ids(kB, kT, c.vocab_size, 70 + k, false));
+        tgt.push_back(random_ids(kB, kT, c.vocab_size, 80 + k, true));
+    }
+    auto run = [&] {
+        for (int k = 0; k < kMicro; ++k)
+            m.forward_backward_async(ModelBatch{tok[k].view(), tgt[k].view(), {}, {}},
+                                     1.0f / kMicro, k);
+        (void)m.fp8_take_gemms();  // (no fp8_end_step: delayed scales stay those of both runs)
+        std::vector<float> losses(kMicro);
+        m.read_losses(losses);
+    };
+    m.zero_grads();
+    run();
+    std::vector<std::vector<float>> want;
+    for (const ParamEntry& e : m.params().entries())
+        want.push_back(device_floats(m.grad_entry(e.arena_index), stream));
+
+    const TensorView all = m.grads_flat();
+    cuda_fill_bytes(TensorView(all.data(), DType::kU8, Shape{int64_t(all.bytes())}, Device::kCuda),
+                    0xFF, stream);
+    m.zero_grads_beside_forward();
+    EXPECT_EQ(m.grad_norm(), 0.0f) << "the deferred entries cleared for a norm before a backward";
+    cuda_fill_bytes(TensorView(all.data(), DType::kU8, Shape{int64_t(all.bytes())}, Device::kCuda),
+                    0xFF, stream);
+    m.zero_grads_beside_forward();
+    run();
+    const double K = double(kB * kT);
+    const double tol = (K - 1) * unit * std::sqrt(K);
+    double worst = 0;
+    size_t i = 0;
+    for (const ParamEntry& e : m.params().entries()) {
+        const std::vector<float> got = device_floats(m.grad_entry(e.arena_index), stream);
+        const std::vector<float>& w = want[i++];
+        bool finite = true;
+        for (const float x : got) finite = finite && std::isfinite(x);
+        EXPECT_TRUE(finite) << e.name;
+        const double err = rel_l2(got.data(), w.data(), int64_t(w.size()));
+        EXPECT_LE(err, tol) << e.name;
+        worst = std::max(worst, err);
+    }
+    std::printf("[deferred-clearing] %s worst rel-L2 %.3g (allowed %.3g)\n", c.model_type.c_str(),
+                worst, tol);
+    EXPECT_TRUE(std::isfinite(m.grad_norm()));
+}
+
+TEST_P(ModelGpu, DeferredClearingGivesTheClearedGradients) {
+    const ModelConfig c = parse(GetParam().json);
+    Result<Model> m = Model::create(c, ModelShape{kB, kT, 0}, state_->context());
+    ASSERT_TRUE(m.ok());
+    m->init(17);
+    expect_deferred_clearing_matches(*m, c, state_->stream(), 0x1p-24);
+}
+
 TEST_P(ModelGpu, AsyncMicroBatchesGiveTheSameBitsAsSyncOnes) {
     const ModelConfig c = parse(GetParam().json);
     Result<Model> m = Model::create(c, ModelShape{kB, kT, 0}, state_->context());
@@ -570,12 +645,6 @@ Fp8Batch fp8_batch(const ModelConfig& c) {
     return b;
 }
 
-std::vector<float> device_floats(ConstTensorView v, CUstream_st* stream) {
-    std::vector<float> host(size_t(v.numel()));
-    cuda_copy_sync(TensorView(host.data(), DType::kF32, v.shape()), v, stream);
-    return host;
-}
-
 // dst's master weights (and so its bf16 copy) set to src's.
 void copy_params(const Model& src, Model& dst) {
     for (const ParamEntry& e : src.params().entries()) {
@@ -709,6 +778,15 @@ TEST_P(ModelFp8HeadGpu, LearnsTheRepeatedBatchWithTheLmHeadInFp8) {
         ASSERT_EQ(s->tensors(), fp8_tensor_count(c.num_layers, f8));
         for (int64_t t = 0; t < s->tensors(); ++t) EXPECT_NE(s->scale(t), 1.0f) << "tensor " << t;
     }
+}
+
+// The same with every linear in FP8, the LM head included, for each recipe.
+TEST_P(ModelFp8HeadGpu, DeferredClearingGivesTheClearedGradients) {
+    const ModelConfig c = parse(kFp8Llama);
+    Fp8Settings f8 = recipe_settings(GetParam());
+    f8.lm_head = true;
+    Model f = make(c, &f8, 24);
+    expect_deferred_clearing_matches(f, c, state_->stream(), 0x1p-14);
 }
 
 // The fp8 model trains by itself (its own AdamW, told of each update as TrainStep tells it):

@@ -209,8 +209,8 @@ void fp8_blockwise_forward(bf16* y, const bf16* x, const bf16* bias, const bf16*
 }
 
 void fp8_blockwise_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, int64_t N,
-                            int64_t I, int64_t O, bool dx_accumulate, const Fp8BlockwiseBuffers& b,
-                            CudaState& state, CUstream_st* stream) {
+                            int64_t I, int64_t O, bool dx_accumulate, bool dw_accumulate,
+                            const Fp8BlockwiseBuffers& b, CudaState& state, CUstream_st* stream) {
     if (N == 0) return;
     if (dx != nullptr || dweight != nullptr)
         cast_1x128(dy, N, O, b.dyq, b.dyqt, b.dy_scale, b.dyt_scale, b.cast_scales, stream);
@@ -221,9 +221,10 @@ void fp8_blockwise_backward(bf16* dx, float* dweight, float* dbias, const bf16* 
         count_gemm(b);
     }
     if (dweight != nullptr) {
-        cuda::fp8_blockwise_weight_grad_gemm(
-            dweight, {b.dyqt, DType::kE4M3, Fp8Block::k1x128, b.dyt_scale},
-            {b.xqt, DType::kE4M3, Fp8Block::k1x128, b.xt_scale}, N, I, O, state, stream);
+        cuda::fp8_blockwise_weight_grad_gemm(dweight,
+                                             {b.dyqt, DType::kE4M3, Fp8Block::k1x128, b.dyt_scale},
+                                             {b.xqt, DType::kE4M3, Fp8Block::k1x128, b.xt_scale}, N,
+                                             I, O, dw_accumulate, state, stream);
         count_gemm(b);
     }
     if (dbias != nullptr) cuda::fp8_linear_backward_bias(dbias, dy, N, O, state, stream);

@@ -136,9 +136,9 @@ void fp8_blockwise_cast_weight(const bf16* weight, int64_t O, int64_t I,
 void fp8_blockwise_forward(bf16* y, const bf16* x, const bf16* bias, const bf16* residual,
                            int64_t N, int64_t I, int64_t O, const Fp8BlockwiseBuffers& b,
                            CudaState& state, CUstream_st* stream);
-// dx, dweight, dbias may be null (not wanted).
+// dx, dweight, dbias may be null (not wanted). dweight += (dw_accumulate) or =; dbias +=.
 void fp8_blockwise_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, int64_t N,
-                            int64_t I, int64_t O, bool dx_accumulate, const Fp8BlockwiseBuffers& b,
-                            CudaState& state, CUstream_st* stream);
+                            int64_t I, int64_t O, bool dx_accumulate, bool dw_accumulate,
+                            const Fp8BlockwiseBuffers& b, CudaState& state, CUstream_st* stream);
 
 }  // namespace lathe

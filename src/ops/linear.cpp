@@ -1,7 +1,10 @@
 #include "ops/linear.h"
 
+#include <algorithm>
+
 #include "ops/cpu/gelu.h"
 #include "ops/cpu/linear.h"
+#include "ops/cuda/cuda_state.h"
 #include "ops/cuda/dispatch.h"
 #include "ops/cuda/fp8_cast.h"
 #include "ops/cuda/fp8_linear.h"
@@ -79,6 +82,19 @@ void fp8_forward(bf16* y, const bf16* x, const bf16* bias, const bf16* residual,
 }
 
 }  // namespace
+
+bool dweight_accumulates(TensorView dweight, const LinearSpec& spec, int64_t rows,
+                         const Context& ctx) {
+    if (dweight.is_null() || spec.dweight_mode == GradMode::kAccumulate) return true;
+    LATHE_CHECK(dweight.dtype() == DType::kF32, "dweight_accumulates: dweight is {}, expected f32",
+                dweight.to_string());
+    if (ctx.backend == Backend::kCuda && rows > 0) return false;
+    if (ctx.backend == Backend::kCuda)
+        cuda_fill_bytes(dweight, 0, ctx.stream);
+    else
+        std::fill_n(dweight.as<float>(), dweight.numel(), 0.0f);
+    return true;
+}
 
 std::string_view linear_precision_name(LinearPrecision p) {
     switch (p) {
@@ -224,6 +240,7 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
     if (!dweight.is_null()) op_expect_shape(kOp, "dweight", dweight, weight.shape());
     if (!dbias.is_null()) op_expect_shape(kOp, "dbias", dbias, Shape{O});
     op_expect_memory(kOp, ctx, {dx, dweight, dbias, dy, x, weight});
+    const bool dw_accumulate = dweight_accumulates(dweight, spec, N, ctx);
     switch (ctx.backend) {
         case Backend::kCpu:
             op_expect_cpu_f32(kOp, {dx, dweight, dbias, dy, x, weight});
@@ -238,7 +255,8 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
                 // x's transposed codes (xqt) and their scales are the forward's; dy is cast here.
                 fp8_blockwise_backward(dx.as<bf16>(), dweight.as<float>(), dbias.as<float>(),
                                        dy.as<bf16>(), N, I, O, dx_mode == GradMode::kAccumulate,
-                                       *spec.fp8_block, cuda_state_of(ctx, kOp), ctx.stream);
+                                       dw_accumulate, *spec.fp8_block, cuda_state_of(ctx, kOp),
+                                       ctx.stream);
                 return;
             }
             if (fp8_path(spec)) {
@@ -255,9 +273,10 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
                     count_gemm(b);
                 }
                 if (!dweight.is_null()) {
-                    cuda::fp8_linear_backward_weight(
-                        dweight.as<float>(), {b.dyqt, b.grad_dtype, b.scalars + 20},
-                        {b.xqt, DType::kE4M3, b.scalars + 4}, N, I, O, state, ctx.stream);
+                    cuda::fp8_linear_backward_weight(dweight.as<float>(),
+                                                     {b.dyqt, b.grad_dtype, b.scalars + 20},
+                                                     {b.xqt, DType::kE4M3, b.scalars + 4}, N, I, O,
+                                                     dw_accumulate, state, ctx.stream);
                     count_gemm(b);
                 }
                 if (!dbias.is_null())
@@ -267,8 +286,8 @@ void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstT
             }
             cuda::linear_backward(dx.as<bf16>(), dweight.as<float>(), dbias.as<float>(),
                                   dy.as<bf16>(), x.as<bf16>(), weight.as<bf16>(), N, I, O,
-                                  dx_mode == GradMode::kAccumulate, cuda_state_of(ctx, kOp),
-                                  ctx.stream);
+                                  dx_mode == GradMode::kAccumulate, dw_accumulate,
+                                  cuda_state_of(ctx, kOp), ctx.stream);
             return;
     }
     op_no_backend(kOp, ctx);
@@ -323,6 +342,7 @@ void linear_gelu_backward(TensorView dpre, TensorView dpre_bias, TensorView dwei
     if (!dbias.is_null()) op_expect_shape(kOp, "dbias", dbias, Shape{O});
     op_expect_memory(kOp, ctx, {dpre, dpre_bias, dweight, dbias, dy, act, pre, weight});
     const bool tanh_form = kind == GeluKind::kTanh;
+    const bool dw_accumulate = dweight_accumulates(dweight, spec, N, ctx);
     switch (ctx.backend) {
         case Backend::kCpu: {
             op_expect_cpu_f32(kOp, {dpre, dpre_bias, dweight, dbias, dy, act, pre, weight});
@@ -343,7 +363,7 @@ void linear_gelu_backward(TensorView dpre, TensorView dpre_bias, TensorView dwei
             cuda::linear_gelu_backward(dpre.as<bf16>(), dpre_bias.as<float>(), dweight.as<float>(),
                                        dbias.as<float>(), dy.as<bf16>(), act.as<bf16>(),
                                        pre.as<bf16>(), weight.as<bf16>(), N, I, O, tanh_form,
-                                       cuda_state_of(ctx, kOp), ctx.stream);
+                                       dw_accumulate, cuda_state_of(ctx, kOp), ctx.stream);
             return;
     }
     op_no_backend(kOp, ctx);

@@ -9,8 +9,9 @@
 //   HF's separate [out, in] tensors next to each other lays them out anyway.
 // Dtypes: CPU f32 (sgemm from BLAS when the build has it, plain loops otherwise).
 //   CUDA: bf16 x, y, weight (cuBLASLt, bias epilogue), f32 accumulation.
-// Gradients: dx per `dx_mode` (= or +=), null when the input needs none; dweight and dbias
-//   accumulate (+=), null when frozen.
+// Gradients: dx per `dx_mode` (= or +=), null when the input needs none; dweight per
+//   LinearSpec::dweight_mode (+= by default, = for the step's first contribution), dbias
+//   accumulates (+=); both null when frozen.
 // Deterministic for a given BLAS build, whatever the thread count (dbias: fp64 row sums in order).
 //
 // The GELU MLP's projections as one op each (the CUDA backend computes the tanh GELU in the up
@@ -118,6 +119,15 @@ struct LinearSpec {
     // The decode step's choice (infer/engine.h, EngineLimits::decode_gemv). Ignored by the CPU
     // and the other ops.
     bool skinny_gemv = false;
+    // How linear_backward and linear_gelu_backward write dweight: kAccumulate adds (+=; the
+    // micro-batches of a step sum there), kOverwrite writes dweight = dy^T x, the step's first
+    // contribution, so that the caller need not clear it first (model/model.h,
+    // Model::zero_grads_beside_forward). = is what += onto a zeroed dweight gives: the CPU
+    // computes it so; CUDA runs the GEMM with beta 0 (dweight is not read, whatever it holds),
+    // which cuBLASLt may give another algorithm than beta 1, so the bits may differ from += onto
+    // zeros by the fp32 sum's order. dbias (and linear_gelu_backward's dpre_bias) accumulate
+    // either way. The LM head (ops/lm_head_cross_entropy.h) reads it for its dweight too.
+    GradMode dweight_mode = GradMode::kAccumulate;
 };
 
 // Stops (LATHE_CHECK) unless ctx's backend runs `spec` in this build, naming `op`, the precision,
@@ -142,6 +152,13 @@ void linear_fp8_cast_weight(ConstTensorView weight, const Context& ctx, const Li
 void linear_residual_forward(TensorView y, ConstTensorView x, ConstTensorView weight,
                              ConstTensorView bias, ConstTensorView residual, const Context& ctx,
                              const LinearSpec& spec = {});
+
+// For an op that writes a weight gradient per spec.dweight_mode (the linear ops, the LM head),
+// after its checks: whether its GEMMs add into dweight (beta 1). kOverwrite on the CPU, or with
+// no rows to sum, clears dweight here and answers true, so that = is += onto zeros there; on
+// CUDA with rows it answers false (the GEMMs' beta 0). A null dweight answers true.
+bool dweight_accumulates(TensorView dweight, const LinearSpec& spec, int64_t rows,
+                         const Context& ctx);
 
 void linear_backward(TensorView dx, TensorView dweight, TensorView dbias, ConstTensorView dy,
                      ConstTensorView x, ConstTensorView weight, GradMode dx_mode,

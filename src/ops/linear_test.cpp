@@ -1,5 +1,7 @@
 #include "ops/linear.h"
 
+#include <algorithm>
+#include <limits>
 #include <string>
 
 #include "ops/cuda/gemv.h"
@@ -104,6 +106,41 @@ TEST(LinearGelu, IsTheUnfusedSequenceOnTheCpu) {
     check_linear_gelu_is_the_unfused_sequence(GeluKind::kTanh, true, 51);
     check_linear_gelu_is_the_unfused_sequence(GeluKind::kErf, true, 52);
     check_linear_gelu_is_the_unfused_sequence(GeluKind::kTanh, false, 53);
+}
+
+// LinearSpec::dweight_mode kOverwrite: dweight = dy^T x, whatever it held (NaN here), bit for
+// bit what += onto zeros gives; dbias (and linear_gelu_backward's dpre_bias) still accumulate.
+TEST(Linear, OverwriteModeWritesTheWeightGradient) {
+    const Context ctx = cpu_context();
+    Rng rng(55);
+    const int64_t N = 6, I = 5, O = 4;
+    const HostTensor x = random_tensor(rng, Shape{N, I}), w = random_tensor(rng, Shape{O, I});
+    const HostTensor dy = random_tensor(rng, Shape{N, O}), db0 = random_tensor(rng, Shape{O});
+    LinearSpec over;
+    over.dweight_mode = GradMode::kOverwrite;
+    HostTensor dw_ref = f32(Shape{O, I}), db_ref = copy_tensor(db0.view());
+    linear_backward({}, dw_ref.view(), db_ref.view(), dy.view(), x.view(), w.view(),
+                    GradMode::kOverwrite, ctx);
+    HostTensor dw = f32(Shape{O, I}), db = copy_tensor(db0.view());
+    std::fill_n(dw.as<float>(), O * I, std::numeric_limits<float>::quiet_NaN());
+    linear_backward({}, dw.view(), db.view(), dy.view(), x.view(), w.view(), GradMode::kOverwrite,
+                    ctx, over);
+    EXPECT_TRUE(bitwise_equal(dw, dw_ref)) << "dweight";
+    EXPECT_TRUE(bitwise_equal(db, db_ref)) << "dbias accumulates";
+
+    // The GELU MLP's down projection: the same for its dweight.
+    const HostTensor pre = random_tensor(rng, Shape{N, I});
+    HostTensor act = f32(Shape{N, I});
+    gelu_forward(act.view(), pre.view(), GeluKind::kTanh, ctx);
+    HostTensor dpre_ref = f32(Shape{N, I}), gw_ref = f32(Shape{O, I});
+    linear_gelu_backward(dpre_ref.view(), TensorView(), gw_ref.view(), TensorView(), dy.view(),
+                         act.view(), pre.view(), w.view(), GeluKind::kTanh, ctx);
+    HostTensor dpre = f32(Shape{N, I}), gw = f32(Shape{O, I});
+    std::fill_n(gw.as<float>(), O * I, std::numeric_limits<float>::quiet_NaN());
+    linear_gelu_backward(dpre.view(), TensorView(), gw.view(), TensorView(), dy.view(), act.view(),
+                         pre.view(), w.view(), GeluKind::kTanh, ctx, over);
+    EXPECT_TRUE(bitwise_equal(gw, gw_ref)) << "linear_gelu_backward dweight";
+    EXPECT_TRUE(bitwise_equal(dpre, dpre_ref)) << "linear_gelu_backward dpre";
 }
 
 // The projection joining the residual stream is, on the CPU, the linear then the residual add.

@@ -110,6 +110,7 @@ void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTens
     op_expect_shape(kOp, "lse", lse, Shape{d.N});
     if (!dweight.is_null()) op_expect_shape(kOp, "dweight", dweight, weight.shape());
     op_expect_memory(kOp, ctx, {dx, dweight, x, targets, weight, lse, scratch});
+    const bool dw_accumulate = dweight_accumulates(dweight, spec, d.N, ctx);
     switch (ctx.backend) {
         case Backend::kCpu:
             op_expect_cpu_f32(kOp, {dx, dweight, x, weight, lse});
@@ -122,9 +123,10 @@ void lm_head_cross_entropy_backward(TensorView dx, TensorView dweight, ConstTens
             op_expect_cuda_dtype(kOp, DType::kBF16, {dx, x, weight});
             op_expect_cuda_dtype(kOp, DType::kF32, {dweight, lse});
             cuda::lm_head_cross_entropy_backward(
-                dx.as<bf16>(), dweight.as<float>(), x.as<bf16>(), targets.as<int32_t>(),
-                weight.as<bf16>(), lse.as<float>(), dloss, scratch.as<float>(), d.N, d.C, d.V, d.Nc,
-                cuda_state_of(ctx, kOp), ctx.stream, fp8, shard.begin, shard.total);
+                dx.as<bf16>(), dweight.as<float>(), dw_accumulate, x.as<bf16>(),
+                targets.as<int32_t>(), weight.as<bf16>(), lse.as<float>(), dloss,
+                scratch.as<float>(), d.N, d.C, d.V, d.Nc, cuda_state_of(ctx, kOp), ctx.stream, fp8,
+                shard.begin, shard.total);
             if (fp8) count_head_gemms(spec, dweight.is_null() ? 1 : 2);
             return;
     }
@@ -145,6 +147,7 @@ void lm_head_cross_entropy_forward_backward(TensorView loss, TensorView losses, 
     op_expect_shape(kOp, "dx", dx, x.shape());
     if (!dweight.is_null()) op_expect_shape(kOp, "dweight", dweight, weight.shape());
     op_expect_memory(kOp, ctx, {loss, losses, dx, dweight, x, targets, weight, scratch});
+    const bool dw_accumulate = dweight_accumulates(dweight, spec, d.N, ctx);
     switch (ctx.backend) {
         case Backend::kCpu:
             op_expect_cpu_f32(kOp, {loss, losses, dx, dweight, x, weight});
@@ -158,8 +161,8 @@ void lm_head_cross_entropy_forward_backward(TensorView loss, TensorView losses, 
             op_expect_cuda_dtype(kOp, DType::kF32, {loss, losses, dweight});
             cuda::lm_head_cross_entropy_forward_backward(
                 loss.as<float>(), losses.as<float>(), dx.as<bf16>(), dweight.as<float>(),
-                x.as<bf16>(), targets.as<int32_t>(), weight.as<bf16>(), dloss, scratch.as<float>(),
-                d.N, d.C, d.V, d.Nc, cuda_state_of(ctx, kOp), ctx.stream, fp8);
+                dw_accumulate, x.as<bf16>(), targets.as<int32_t>(), weight.as<bf16>(), dloss,
+                scratch.as<float>(), d.N, d.C, d.V, d.Nc, cuda_state_of(ctx, kOp), ctx.stream, fp8);
             if (fp8) count_head_gemms(spec, dweight.is_null() ? 2 : 3);
             return;
     }

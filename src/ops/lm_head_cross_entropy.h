@@ -16,7 +16,8 @@
 //   bytes hold 2 Nc rows of bf16 logits there, so the loss comes from bf16-rounded logits
 //   (ops/cuda/lm_head_cross_entropy.h: the bound, within u max|logit| per row, u = 2^-8).
 // Gradients: dx is overwritten (=); dweight accumulates (+=) (micro-batches; a tied embedding
-//   shares it with embedding_backward), null when frozen.
+//   shares it with embedding_backward), or with spec.dweight_mode kOverwrite the first chunk
+//   writes it (=) and the others add (ops/linear.h, LinearSpec::dweight_mode); null when frozen.
 // Targets outside [0, V) other than -100 are bugs upstream: checked on the CPU.
 // Deterministic for a given BLAS build, whatever the thread count (loss: fp64 row sums in order).
 //

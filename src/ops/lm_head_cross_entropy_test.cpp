@@ -1,6 +1,8 @@
 #include "ops/lm_head_cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "ops/linear.h"
 #include "ops/op_test.h"
@@ -110,6 +112,37 @@ TEST(LmHeadCrossEntropy, GradientsMatchFiniteDifferencesAndUnfused) {
     EXPECT_TRUE(close_to(dx2.view(), dx.view(), 1e-6));
     for (int64_t i = 0; i < V * C; ++i)
         EXPECT_NEAR(dw2.as<float>()[i], 2 * dw.as<float>()[i], 1e-6);
+}
+
+// dweight_mode kOverwrite (ops/linear.h): over several chunks the head's dweight is written,
+// whatever it held (NaN here), with the bits += onto zeros gives; in both the backward and the
+// fused forward+backward.
+TEST(LmHeadCrossEntropy, OverwriteModeWritesTheWeightGradient) {
+    const Context ctx = cpu_context();
+    Rng rng(104);
+    Problem p = make_problem(rng);
+    HostTensor scratch = f32(Shape{3, V}), loss = f32(Shape{1}), lse = f32(Shape{N});
+    LinearSpec over;
+    over.dweight_mode = GradMode::kOverwrite;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    HostTensor dx = f32(Shape{N, C}), dw_ref = f32(Shape{V, C}), dw = f32(Shape{V, C});
+    lm_head_cross_entropy_forward_backward(loss.view(), {}, dx.view(), dw_ref.view(), p.x.view(),
+                                           p.targets.view(), p.w.view(), 0.5f, scratch.view(), ctx);
+    std::fill_n(dw.as<float>(), V * C, nan);
+    lm_head_cross_entropy_forward_backward(loss.view(), {}, dx.view(), dw.view(), p.x.view(),
+                                           p.targets.view(), p.w.view(), 0.5f, scratch.view(), ctx,
+                                           over);
+    EXPECT_TRUE(bitwise_equal(dw, dw_ref)) << "forward_backward";
+
+    lm_head_cross_entropy_forward(loss.view(), {}, lse.view(), p.x.view(), p.targets.view(),
+                                  p.w.view(), scratch.view(), ctx);
+    HostTensor dw2_ref = f32(Shape{V, C}), dw2 = f32(Shape{V, C});
+    lm_head_cross_entropy_backward(dx.view(), dw2_ref.view(), p.x.view(), p.targets.view(),
+                                   p.w.view(), lse.view(), 0.5f, scratch.view(), ctx);
+    std::fill_n(dw2.as<float>(), V * C, nan);
+    lm_head_cross_entropy_backward(dx.view(), dw2.view(), p.x.view(), p.targets.view(), p.w.view(),
+                                   lse.view(), 0.5f, scratch.view(), ctx, over);
+    EXPECT_TRUE(bitwise_equal(dw2, dw2_ref)) << "backward";
 }
 
 TEST(LmHeadCrossEntropy, AllTargetsIgnoredGivesZeroLossAndGradients) {

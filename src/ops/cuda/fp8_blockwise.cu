@@ -273,14 +273,15 @@ void fp8_blockwise_input_grad_gemm(bf16* dx, Fp8BlockOperand dy, Fp8BlockOperand
 }
 
 void fp8_blockwise_weight_grad_gemm(float* dweight, Fp8BlockOperand dyt, Fp8BlockOperand xt,
-                                    int64_t N, int64_t I, int64_t O, CudaState& state,
-                                    CUstream_st* stream) {
+                                    int64_t N, int64_t I, int64_t O, bool dw_accumulate,
+                                    CudaState& state, CUstream_st* stream) {
     BlockGemm g;
-    g.gemm = "fp8_blockwise_weight_grad_gemm (dweight += dyt . xt^T)";
+    g.gemm = dw_accumulate ? "fp8_blockwise_weight_grad_gemm (dweight += dyt . xt^T)"
+                           : "fp8_blockwise_weight_grad_gemm (dweight = dyt . xt^T)";
     g.M = O, g.N = I, g.K = N;
     g.a = dyt, g.b = xt;
     g.D = dweight, g.d_dtype = DType::kF32, g.ldd = I;
-    g.beta = 1.0f;
+    g.beta = dw_accumulate ? 1.0f : 0.0f;
     run(g, state, stream);
 }
 

@@ -71,9 +71,10 @@ void fp8_blockwise_input_grad_gemm(bf16* dx, Fp8BlockOperand dy, Fp8BlockOperand
                                    int64_t I, int64_t O, bool dx_accumulate, CudaState& state,
                                    CUstream_st* stream);
 
-// dweight += dyt . xt^T per block. dyt (R O, K N) 1x128, xt (R I, K N) 1x128.
+// dweight += dyt . xt^T per block (= without dw_accumulate: beta 0). dyt (R O, K N) 1x128,
+// xt (R I, K N) 1x128.
 void fp8_blockwise_weight_grad_gemm(float* dweight, Fp8BlockOperand dyt, Fp8BlockOperand xt,
-                                    int64_t N, int64_t I, int64_t O, CudaState& state,
-                                    CUstream_st* stream);
+                                    int64_t N, int64_t I, int64_t O, bool dw_accumulate,
+                                    CudaState& state, CUstream_st* stream);
 
 }  // namespace lathe::cuda

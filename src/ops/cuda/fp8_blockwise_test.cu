@@ -287,7 +287,7 @@ void check_linear(int64_t N, int64_t I, int64_t O, bool bias, bool residual, boo
     fp8_blockwise_forward(y.as<bf16>(), x.as<bf16>(), bias ? b.as<bf16>() : nullptr,
                           residual ? res.as<bf16>() : nullptr, N, I, O, buf.b, state, stream);
     fp8_blockwise_backward(dx.as<bf16>(), dw.as<float>(), nullptr, dy.as<bf16>(), N, I, O,
-                           accumulate, buf.b, state, stream);
+                           accumulate, true, buf.b, state, stream);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_EQ(gemms, 3);
 
@@ -474,8 +474,8 @@ TEST(CudaFp8Blockwise, CublasLtReadsTheAssumedScaleLayoutOfTwoVectorOperands) {
             const Dev dw = upload(std::vector<float>(size_t(O * I), 0.0f));
             cuda::fp8_blockwise_weight_grad_gemm(
                 dw.as<float>(), {dyqt.as<void>(), DType::kE4M3, Fp8Block::k1x128, sd.as<float>()},
-                {xqt.as<void>(), DType::kE4M3, Fp8Block::k1x128, sx.as<float>()}, N, I, O, state,
-                state.stream());
+                {xqt.as<void>(), DType::kE4M3, Fp8Block::k1x128, sx.as<float>()}, N, I, O, true,
+                state, state.stream());
             ASSERT_EQ(cudaStreamSynchronize(state.stream()), cudaSuccess);
             const std::vector<float> got = download<float>(dw.as<void>(), size_t(O * I));
             double worst = 0;
@@ -557,7 +557,7 @@ TEST(CudaFp8Blockwise, LinearOpsRunTheBlockwiseSteps) {
     fp8_blockwise_forward(y2.as<bf16>(), x.as<bf16>(), nullptr, res.as<bf16>(), N, I, O, b2.b,
                           state, stream);
     fp8_blockwise_backward(dx2.as<bf16>(), dw2.as<float>(), db2.as<float>(), dy.as<bf16>(), N, I, O,
-                           false, b2.b, state, stream);
+                           false, true, b2.b, state, stream);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     const auto same = [](const Dev& a, const Dev& c, size_t bytes, const char* what) {
         expect_bytes_equal(a.buf.data(), download<uint8_t>(c.buf.data(), bytes), what);

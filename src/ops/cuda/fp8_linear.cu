@@ -79,12 +79,12 @@ void fp8_linear_backward_input(bf16* dx, Fp8Operand dy, Fp8Operand wt, int64_t N
 }
 
 void fp8_linear_backward_weight(float* dweight, Fp8Operand dyt, Fp8Operand xt, int64_t N, int64_t I,
-                                int64_t O, CudaState& state, CUstream_st* stream) {
+                                int64_t O, bool accumulate, CudaState& state, CUstream_st* stream) {
     GemmArgs g = tn_args(dyt, xt, O, I, N);
     g.D = dweight;
     g.d_dtype = DType::kF32;
     g.ldd = I;
-    g.beta = 1.0f;
+    g.beta = accumulate ? 1.0f : 0.0f;
     gemm(state, stream, g);
 }
 

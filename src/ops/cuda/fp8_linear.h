@@ -44,8 +44,9 @@ void fp8_linear_backward_input(bf16* dx, Fp8Operand dy, Fp8Operand wt, int64_t N
                                int64_t O, bool dx_accumulate, CudaState& state,
                                CUstream_st* stream);
 
+// dweight (O, I) f32 += (accumulate) or = sdy sx (dyt . xt^T).
 void fp8_linear_backward_weight(float* dweight, Fp8Operand dyt, Fp8Operand xt, int64_t N, int64_t I,
-                                int64_t O, CudaState& state, CUstream_st* stream);
+                                int64_t O, bool accumulate, CudaState& state, CUstream_st* stream);
 
 // dbias (O) f32 += sum_n dy[n, :] over dy (N, O) bf16: the native linear's bias gradient (two
 // passes, no atomics: ops/cuda/column_reduce.h), for the FP8 backward.

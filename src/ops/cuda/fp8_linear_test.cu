@@ -200,8 +200,8 @@ void check_linear(int64_t N, int64_t I, int64_t O, DType grad_dtype, bool with_b
     // Weight gradient: dweight (f32, starting from 0.25) += sdy sx dyt (O, N) . xt (I, N)^T.
     const std::vector<float> start(size_t(O * I), 0.25f);
     Dev dweight = upload(start);
-    cuda::fp8_linear_backward_weight(dweight.as<float>(), cdy.op_t(), cx.op_t(), N, I, O, state,
-                                     state.stream());
+    cuda::fp8_linear_backward_weight(dweight.as<float>(), cdy.op_t(), cx.op_t(), N, I, O, true,
+                                     state, state.stream());
     reference(cdy.hqt, grad_dtype, cdy.scale_inv, cx.hqt, DType::kE4M3, cx.scale_inv, O, I, N,
               start, 0x1p-24, ref, bound);
     expect_within(download<float>(dweight.as<void>(), size_t(O * I)), ref, bound,

@@ -35,18 +35,18 @@ GemmArgs dx_gemm(bf16* dx, const bf16* dy, const bf16* weight, int64_t N, int64_
     return g;
 }
 
-// dweight (O, I) += dy^T (O, N) . x (N, I), dy stored (N, O); dbias (O) += sum_n dy by the
-// two-pass column reduction. Either may be null.
+// dweight (O, I) += dy^T (O, N) . x (N, I) (= when !dw_accumulate: beta 0), dy stored (N, O);
+// dbias (O) += sum_n dy by the two-pass column reduction. Either may be null.
 void weight_and_bias_grad(CudaState& state, CUstream_st* stream, float* dweight, float* dbias,
                           const bf16* dy, const bf16* x, int64_t N, int64_t I, int64_t O,
-                          const char* op) {
+                          bool dw_accumulate, const char* op) {
     if (dweight != nullptr) {
         GemmArgs g;
         g.M = O, g.N = I, g.K = N;
         g.A = dy, g.lda = O, g.trans_a = true;
         g.B = x, g.ldb = I, g.trans_b = false;
         g.D = dweight, g.ldd = I, g.d_dtype = DType::kF32;
-        g.beta = 1.0f;
+        g.beta = dw_accumulate ? 1.0f : 0.0f;
         gemm(state, stream, g);
     }
     if (dbias != nullptr) column_sum_bf16_accumulate(dbias, dy, N, O, op, state, stream);
@@ -71,14 +71,15 @@ void linear_residual_forward(bf16* y, const bf16* x, const bf16* weight, const b
 
 void linear_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, const bf16* x,
                      const bf16* weight, int64_t N, int64_t I, int64_t O, bool dx_accumulate,
-                     CudaState& state, CUstream_st* stream) {
+                     bool dw_accumulate, CudaState& state, CUstream_st* stream) {
     if (N == 0) return;
     if (dx != nullptr) {
         GemmArgs g = dx_gemm(dx, dy, weight, N, I, O);
         g.beta = dx_accumulate ? 1.0f : 0.0f;
         gemm(state, stream, g);
     }
-    weight_and_bias_grad(state, stream, dweight, dbias, dy, x, N, I, O, "linear_backward");
+    weight_and_bias_grad(state, stream, dweight, dbias, dy, x, N, I, O, dw_accumulate,
+                         "linear_backward");
 }
 
 void linear_gelu_forward(bf16* act, bf16* pre, const bf16* x, const bf16* weight, const bf16* bias,
@@ -99,14 +100,15 @@ void linear_gelu_forward(bf16* act, bf16* pre, const bf16* x, const bf16* weight
 
 void linear_gelu_backward(bf16* dpre, float* dpre_bias, float* dweight, float* dbias,
                           const bf16* dy, const bf16* act, const bf16* pre, const bf16* weight,
-                          int64_t N, int64_t I, int64_t O, bool tanh_form, CudaState& state,
-                          CUstream_st* stream) {
+                          int64_t N, int64_t I, int64_t O, bool tanh_form, bool dw_accumulate,
+                          CudaState& state, CUstream_st* stream) {
     if (N == 0) return;
     gemm(state, stream, dx_gemm(dpre, dy, weight, N, I, O));
     gelu_backward(dpre, dpre, pre, N * I, tanh_form, stream);  // in place (gelu.h allows it)
     if (dpre_bias != nullptr)
         column_sum_bf16_accumulate(dpre_bias, dpre, N, I, "linear_gelu_backward", state, stream);
-    weight_and_bias_grad(state, stream, dweight, dbias, dy, act, N, I, O, "linear_gelu_backward");
+    weight_and_bias_grad(state, stream, dweight, dbias, dy, act, N, I, O, dw_accumulate,
+                         "linear_gelu_backward");
 }
 
 namespace {

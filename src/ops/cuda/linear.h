@@ -41,9 +41,10 @@ void linear_residual_forward(bf16* y, const bf16* x, const bf16* weight, const b
                              const bf16* residual, int64_t N, int64_t I, int64_t O,
                              CudaState& state, CUstream_st* stream);
 
+// dx += or = per dx_accumulate; dweight += or = per dw_accumulate (beta 1 or 0); dbias +=.
 void linear_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, const bf16* x,
                      const bf16* weight, int64_t N, int64_t I, int64_t O, bool dx_accumulate,
-                     CudaState& state, CUstream_st* stream);
+                     bool dw_accumulate, CudaState& state, CUstream_st* stream);
 
 // act, pre (N, O); bias may be null.
 void linear_gelu_forward(bf16* act, bf16* pre, const bf16* x, const bf16* weight, const bf16* bias,
@@ -53,8 +54,8 @@ void linear_gelu_forward(bf16* act, bf16* pre, const bf16* x, const bf16* weight
 // dy (N, O); act, pre, dpre (N, I); weight (O, I); dpre_bias (I), dweight, dbias may be null.
 void linear_gelu_backward(bf16* dpre, float* dpre_bias, float* dweight, float* dbias,
                           const bf16* dy, const bf16* act, const bf16* pre, const bf16* weight,
-                          int64_t N, int64_t I, int64_t O, bool tanh_form, CudaState& state,
-                          CUstream_st* stream);
+                          int64_t N, int64_t I, int64_t O, bool tanh_form, bool dw_accumulate,
+                          CudaState& state, CUstream_st* stream);
 
 // FP8 delayed scaling's step amax (ops/linear.h, Fp8LinearBuffers::step_amax): *step_amax =
 // max(*step_amax, *amax) as an integer max of the f32 bits (amaxes are non-negative or NaN, whose

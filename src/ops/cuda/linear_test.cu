@@ -70,6 +70,21 @@ void check_linear(const LinearCase& c, uint64_t seed) {
     EXPECT_TRUE(matches(download_f32(gw.view, state), dw_ref, kF32Sum));
     EXPECT_TRUE(matches(download_f32(gb.view, state), db_ref, kF32Sum));
 
+    // dweight_mode kOverwrite: dweight = dy^T x over whatever it held (NaN: device_tensor's
+    // poison), against the CPU's = (which is += onto zeros); dbias still accumulates.
+    LinearSpec over;
+    over.dweight_mode = GradMode::kOverwrite;
+    HostTensor dw_over_ref(DType::kF32, {c.O, c.I});
+    HostTensor db_over_ref = optest::copy_tensor(db0.view());
+    linear_backward(TensorView(), dw_over_ref.view(), db_over_ref.view(), dy.view(), x.view(),
+                    w.view(), GradMode::kOverwrite, cpu, over);
+    DeviceTensor gw_over = device_tensor(DType::kF32, {c.O, c.I}, state);
+    DeviceTensor gb_over = upload(db0, DType::kF32, state);
+    linear_backward(TensorView(), gw_over.view, gb_over.view, ddy.view, dx_in.view, dw_in.view,
+                    GradMode::kOverwrite, gpu, over);
+    EXPECT_TRUE(matches(download_f32(gw_over.view, state), dw_over_ref, kF32Sum)) << "dweight =";
+    EXPECT_TRUE(matches(download_f32(gb_over.view, state), db_over_ref, kF32Sum)) << "dbias +=";
+
     // Determinism: the same backward from the same starting point gives the same bits.
     DeviceTensor gw2 = upload(dw0, DType::kF32, state), gb2 = upload(db0, DType::kF32, state);
     DeviceTensor gx2 = device_tensor(DType::kBF16, {c.N, c.I}, state);

@@ -327,6 +327,7 @@ struct ChunkWork {
     float dloss = 0.0f;
     __nv_bfloat16* dx = nullptr;
     float* dweight = nullptr;
+    bool dweight_accumulate = true;  // false: the first chunk writes dweight (beta 0)
 };
 
 // Registers per thread that hold the row in held_row_kernel: 8 vectors = 32 registers.
@@ -410,7 +411,7 @@ void run_chunks(CudaState& state, CUstream_st* stream, const ChunkWork& w, const
         dw.A = chunk, dw.lda = layout.ld, dw.trans_a = true;
         dw.B = xc, dw.ldb = C;
         dw.D = w.dweight, dw.ldd = C, dw.d_dtype = DType::kF32;
-        dw.beta = 1.0f;
+        dw.beta = w.dweight_accumulate || r0 > 0 ? 1.0f : 0.0f;
         gemm(state, stream, dw);
     }
 }
@@ -489,11 +490,12 @@ void run_chunks_fp8(CudaState& state, CUstream_st* stream, const ChunkWork& w, c
         gemm(state, stream, dx);
         if (w.dweight == nullptr) continue;
         // (V, C) f32 += sdl sx (dlqt (V, rows) . xqt[:, r0 : r0 + rows] (C, rows; row stride N)^T)
+        // (= for the first chunk without dweight_accumulate)
         GemmArgs dw =
             fp8_tn(dlqt, f.grad_dtype, rows, dy_slot + 4,
                    static_cast<const unsigned char*>(f.xqt) + r0, N, x_slot + 4, V, C, rows);
         dw.D = w.dweight, dw.ldd = C, dw.d_dtype = DType::kF32;
-        dw.beta = 1.0f;
+        dw.beta = w.dweight_accumulate || r0 > 0 ? 1.0f : 0.0f;
         gemm(state, stream, dw);
     }
 }
@@ -559,11 +561,12 @@ void lm_head_cross_entropy_forward(float* loss, float* losses, float* lse, const
     mean_loss(loss, w.losses, s.count, N, stream);
 }
 
-void lm_head_cross_entropy_backward(bf16* dx, float* dweight, const bf16* x, const int32_t* targets,
-                                    const bf16* weight, const float* lse, float dloss,
-                                    float* scratch, int64_t N, int64_t C, int64_t V, int64_t Nc,
-                                    CudaState& state, CUstream_st* stream, const LmHeadFp8* fp8,
-                                    int64_t vocab_begin, int64_t vocab_total) {
+void lm_head_cross_entropy_backward(bf16* dx, float* dweight, bool dweight_accumulate,
+                                    const bf16* x, const int32_t* targets, const bf16* weight,
+                                    const float* lse, float dloss, float* scratch, int64_t N,
+                                    int64_t C, int64_t V, int64_t Nc, CudaState& state,
+                                    CUstream_st* stream, const LmHeadFp8* fp8, int64_t vocab_begin,
+                                    int64_t vocab_total) {
     constexpr const char* kOp = "lm_head_cross_entropy_backward";
     check_sizes(kOp, N, Nc, V);
     if (fp8) check_fp8(kOp, *fp8, N, C, V, Nc);
@@ -576,6 +579,7 @@ void lm_head_cross_entropy_backward(bf16* dx, float* dweight, const bf16* x, con
     w.dloss = dloss;
     w.dx = reinterpret_cast<__nv_bfloat16*>(dx);
     w.dweight = dweight;
+    w.dweight_accumulate = dweight_accumulate;
     if (fp8)
         run_chunks_fp8(state, stream, w, s.count, x, targets, scratch, N, C, V, Nc, *fp8);
     else
@@ -584,10 +588,10 @@ void lm_head_cross_entropy_backward(bf16* dx, float* dweight, const bf16* x, con
 }
 
 void lm_head_cross_entropy_forward_backward(float* loss, float* losses, bf16* dx, float* dweight,
-                                            const bf16* x, const int32_t* targets,
-                                            const bf16* weight, float dloss, float* scratch,
-                                            int64_t N, int64_t C, int64_t V, int64_t Nc,
-                                            CudaState& state, CUstream_st* stream,
+                                            bool dweight_accumulate, const bf16* x,
+                                            const int32_t* targets, const bf16* weight, float dloss,
+                                            float* scratch, int64_t N, int64_t C, int64_t V,
+                                            int64_t Nc, CudaState& state, CUstream_st* stream,
                                             const LmHeadFp8* fp8) {
     constexpr const char* kOp = "lm_head_cross_entropy_forward_backward";
     check_sizes(kOp, N, Nc, V);
@@ -601,6 +605,7 @@ void lm_head_cross_entropy_forward_backward(float* loss, float* losses, bf16* dx
     w.dloss = dloss;
     w.dx = reinterpret_cast<__nv_bfloat16*>(dx);
     w.dweight = dweight;
+    w.dweight_accumulate = dweight_accumulate;
     if (fp8)
         run_chunks_fp8(state, stream, w, s.count, x, targets, scratch, N, C, V, Nc, *fp8);
     else

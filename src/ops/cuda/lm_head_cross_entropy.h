@@ -91,18 +91,19 @@ void lm_head_cross_entropy_forward(float* loss, float* losses, float* lse, const
                                    CUstream_st* stream, const LmHeadFp8* fp8 = nullptr,
                                    int64_t vocab_begin = 0, int64_t vocab_total = 0);
 
-void lm_head_cross_entropy_backward(bf16* dx, float* dweight, const bf16* x, const int32_t* targets,
-                                    const bf16* weight, const float* lse, float dloss,
-                                    float* scratch, int64_t N, int64_t C, int64_t V, int64_t Nc,
-                                    CudaState& state, CUstream_st* stream,
-                                    const LmHeadFp8* fp8 = nullptr, int64_t vocab_begin = 0,
-                                    int64_t vocab_total = 0);
+// dweight += the chunks' products, or without dweight_accumulate the first chunk writes it (=).
+void lm_head_cross_entropy_backward(bf16* dx, float* dweight, bool dweight_accumulate,
+                                    const bf16* x, const int32_t* targets, const bf16* weight,
+                                    const float* lse, float dloss, float* scratch, int64_t N,
+                                    int64_t C, int64_t V, int64_t Nc, CudaState& state,
+                                    CUstream_st* stream, const LmHeadFp8* fp8 = nullptr,
+                                    int64_t vocab_begin = 0, int64_t vocab_total = 0);
 
 void lm_head_cross_entropy_forward_backward(float* loss, float* losses, bf16* dx, float* dweight,
-                                            const bf16* x, const int32_t* targets,
-                                            const bf16* weight, float dloss, float* scratch,
-                                            int64_t N, int64_t C, int64_t V, int64_t Nc,
-                                            CudaState& state, CUstream_st* stream,
+                                            bool dweight_accumulate, const bf16* x,
+                                            const int32_t* targets, const bf16* weight, float dloss,
+                                            float* scratch, int64_t N, int64_t C, int64_t V,
+                                            int64_t Nc, CudaState& state, CUstream_st* stream,
                                             const LmHeadFp8* fp8 = nullptr);
 
 // The forward+backward row kernel of step 2 alone, for timing it (bench/cuda_ops_bench.cu):

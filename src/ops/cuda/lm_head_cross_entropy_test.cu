@@ -268,6 +268,24 @@ void check_lm_head(const LmHeadCase& c, uint64_t seed) {
         bitwise_equal(download_raw(losses5.view, state), download_raw(losses3.view, state)));
     EXPECT_TRUE(bitwise_equal(download_raw(dx5.view, state), download_raw(dx3.view, state)));
     EXPECT_TRUE(bitwise_equal(download_raw(dw5.view, state), download_raw(dw3.view, state)));
+
+    // dweight_mode kOverwrite (ops/linear.h): the first chunk's GEMM writes dweight (beta 0; it
+    // holds NaN before), the others add; both paths against the reference from a zero dweight.
+    LinearSpec over;
+    over.dweight_mode = GradMode::kOverwrite;
+    HostTensor zeros(DType::kF32, {c.V, c.C});
+    std::fill_n(zeros.as<float>(), c.V * c.C, 0.0f);
+    const Bf16LogitsReference ref0 =
+        bf16_logits_reference(x, w, targets, zeros, dloss, c.N, c.C, c.V);
+    DeviceTensor dw6 = device_tensor(DType::kF32, {c.V, c.C}, state);
+    lm_head_cross_entropy_backward(dx4.view, dw6.view, gx.view, gt.view, gw.view, lse.view, dloss,
+                                   gscratch.view, gpu, over);
+    EXPECT_TRUE(matches(download_f32(dw6.view, state), ref0.dw, kBf16Derived)) << "backward, =";
+    DeviceTensor dw7 = device_tensor(DType::kF32, {c.V, c.C}, state);
+    lm_head_cross_entropy_forward_backward(loss5.view, losses5.view, dx5.view, dw7.view, gx.view,
+                                           gt.view, gw.view, dloss, gscratch.view, gpu, over);
+    EXPECT_TRUE(matches(download_f32(dw7.view, state), ref0.dw, kBf16Derived))
+        << "forward_backward, =";
 }
 
 // The f32 scratch (Nc, V) holds 2 Nc bf16 rows (V % 8 == 0) or floor(2 Nc V / round_up(V, 8)).

@@ -26,7 +26,62 @@ __global__ void cast_bf16_to_f32_kernel(float* dst, const __nv_bfloat16* src, in
         dst[i] = __bfloat162float(src[i]);
 }
 
+// Up to kZeroRangesPerLaunch ranges of 4-byte words from `base`: blockIdx.y picks the range, the
+// x blocks stride over its words (16-byte stores where the range's words allow, 4-byte at its
+// ends).
+struct ZeroRangesArgs {
+    uint64_t first[kZeroRangesPerLaunch];  // in 4-byte words from base
+    uint64_t words[kZeroRangesPerLaunch];
+};
+
+__global__ void zero_ranges_kernel(uint32_t* base, ZeroRangesArgs a) {
+    uint32_t* p = base + a.first[blockIdx.y];
+    uint64_t n = a.words[blockIdx.y];
+    const uint64_t tid = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x;
+    const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+    // Words up to the first 16-byte boundary, then uint4 stores, then the tail.
+    const uint64_t to_boundary = (16 - reinterpret_cast<uintptr_t>(p) % 16) % 16 / 4;
+    const uint64_t head = to_boundary < n ? to_boundary : n;
+    if (tid < head) p[tid] = 0;
+    p += head;
+    n -= head;
+    uint4* v = reinterpret_cast<uint4*>(p);
+    const uint64_t nv = n / 4;
+    for (uint64_t i = tid; i < nv; i += stride) v[i] = make_uint4(0, 0, 0, 0);
+    for (uint64_t i = nv * 4 + tid; i < n; i += stride) p[i] = 0;
+}
+
 }  // namespace
+
+void cuda_zero_ranges(void* base, std::span<const ByteRange> ranges, CUstream_st* stream) {
+    LATHE_CHECK(reinterpret_cast<uintptr_t>(base) % 4 == 0,
+                "cuda_zero_ranges: the base {} is not 4-byte aligned", base);
+    ZeroRangesArgs a{};
+    int n = 0;
+    uint64_t most = 0;
+    const auto launch = [&] {
+        if (n == 0) return;
+        constexpr int kThreads = 256;
+        // Enough blocks for the largest range's 16-byte stores, at most 1024 a range.
+        const uint64_t blocks = std::min<uint64_t>(1024, (most / 4 + kThreads - 1) / kThreads);
+        const dim3 grid(unsigned(std::max<uint64_t>(blocks, 1)), unsigned(n));
+        zero_ranges_kernel<<<grid, kThreads, 0, stream>>>(static_cast<uint32_t*>(base), a);
+        LATHE_CUDA_CHECK_LAUNCH();
+        n = 0;
+        most = 0;
+    };
+    for (const ByteRange& r : ranges) {
+        LATHE_CHECK(r.begin <= r.end && r.begin % 4 == 0 && r.end % 4 == 0,
+                    "cuda_zero_ranges: bytes [{}, {}) are not a range of 4-byte words", r.begin,
+                    r.end);
+        if (r.begin == r.end) continue;
+        a.first[n] = r.begin / 4;
+        a.words[n] = (r.end - r.begin) / 4;
+        most = std::max<uint64_t>(most, a.words[n]);
+        if (++n == kZeroRangesPerLaunch) launch();
+    }
+    launch();
+}
 
 bool cuda_backend_built() {
     return true;

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "core/tensor.h"
@@ -35,6 +36,19 @@ void cuda_copy_rows_async(void* dst, size_t dst_pitch, const void* src, size_t s
 // dst = src converted elementwise, both device tensors of equal element count: f32 -> bf16
 // (round to nearest even, as core/dtype.h's float_to_bf16) or bf16 -> f32 (exact). Enqueued.
 void cuda_cast(TensorView dst, ConstTensorView src, CUstream_st* stream);
+
+// Bytes [begin, end) from some base; both multiples of 4.
+struct ByteRange {
+    size_t begin = 0;
+    size_t end = 0;
+};
+
+// Zeroes the bytes of every range from device pointer `base` (4-byte aligned), enqueued on
+// `stream`: one kernel launch for up to kZeroRangesPerLaunch ranges (the launch's argument), so a
+// list of scattered entries (an arena's biases and norms between its matrices) costs one launch
+// instead of a memset each. Empty ranges are skipped; a range not a multiple of 4 stops.
+inline constexpr int kZeroRangesPerLaunch = 128;
+void cuda_zero_ranges(void* base, std::span<const ByteRange> ranges, CUstream_st* stream);
 
 // Page-locked host memory (cudaMallocHost), freed on destruction. Move-only.
 class PinnedHostBuffer {

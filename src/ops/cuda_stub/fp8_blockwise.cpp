@@ -22,7 +22,7 @@ void cuda::fp8_blockwise_input_grad_gemm(bf16*, Fp8BlockOperand, Fp8BlockOperand
 }
 
 void cuda::fp8_blockwise_weight_grad_gemm(float*, Fp8BlockOperand, Fp8BlockOperand, int64_t,
-                                          int64_t, int64_t, CudaState&, CUstream_st*) {
+                                          int64_t, int64_t, bool, CudaState&, CUstream_st*) {
     detail::no_cuda("cuda::fp8_blockwise_weight_grad_gemm");
 }
 

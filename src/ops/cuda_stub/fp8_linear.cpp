@@ -17,7 +17,7 @@ void cuda::fp8_linear_backward_input(bf16*, Fp8Operand, Fp8Operand, int64_t, int
 }
 
 void cuda::fp8_linear_backward_weight(float*, Fp8Operand, Fp8Operand, int64_t, int64_t, int64_t,
-                                      CudaState&, CUstream_st*) {
+                                      bool, CudaState&, CUstream_st*) {
     detail::no_cuda("cuda::fp8_linear_backward_weight");
 }
 

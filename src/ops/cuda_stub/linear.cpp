@@ -16,7 +16,7 @@ void cuda::linear_residual_forward(bf16*, const bf16*, const bf16*, const bf16*,
 }
 
 void cuda::linear_backward(bf16*, float*, float*, const bf16*, const bf16*, const bf16*, int64_t,
-                           int64_t, int64_t, bool, CudaState&, CUstream_st*) {
+                           int64_t, int64_t, bool, bool, CudaState&, CUstream_st*) {
     detail::no_cuda("cuda::linear_backward");
 }
 
@@ -26,7 +26,7 @@ void cuda::linear_gelu_forward(bf16*, bf16*, const bf16*, const bf16*, const bf1
 }
 
 void cuda::linear_gelu_backward(bf16*, float*, float*, float*, const bf16*, const bf16*,
-                                const bf16*, const bf16*, int64_t, int64_t, int64_t, bool,
+                                const bf16*, const bf16*, int64_t, int64_t, int64_t, bool, bool,
                                 CudaState&, CUstream_st*) {
     detail::no_cuda("cuda::linear_gelu_backward");
 }

@@ -13,14 +13,14 @@ void cuda::lm_head_cross_entropy_forward(float*, float*, float*, const bf16*, co
     detail::no_cuda("cuda::lm_head_cross_entropy_forward");
 }
 
-void cuda::lm_head_cross_entropy_backward(bf16*, float*, const bf16*, const int32_t*, const bf16*,
-                                          const float*, float, float*, int64_t, int64_t, int64_t,
-                                          int64_t, CudaState&, CUstream_st*, const LmHeadFp8*,
-                                          int64_t, int64_t) {
+void cuda::lm_head_cross_entropy_backward(bf16*, float*, bool, const bf16*, const int32_t*,
+                                          const bf16*, const float*, float, float*, int64_t,
+                                          int64_t, int64_t, int64_t, CudaState&, CUstream_st*,
+                                          const LmHeadFp8*, int64_t, int64_t) {
     detail::no_cuda("cuda::lm_head_cross_entropy_backward");
 }
 
-void cuda::lm_head_cross_entropy_forward_backward(float*, float*, bf16*, float*, const bf16*,
+void cuda::lm_head_cross_entropy_forward_backward(float*, float*, bf16*, float*, bool, const bf16*,
                                                   const int32_t*, const bf16*, float, float*,
                                                   int64_t, int64_t, int64_t, int64_t, CudaState&,
                                                   CUstream_st*, const LmHeadFp8*) {

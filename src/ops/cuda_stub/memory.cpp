@@ -24,6 +24,10 @@ void lathe::cuda_cast(TensorView, ConstTensorView, CUstream_st*) {
     lathe::detail::no_cuda("cuda_cast");
 }
 
+void lathe::cuda_zero_ranges(void*, std::span<const ByteRange>, CUstream_st*) {
+    lathe::detail::no_cuda("cuda_zero_ranges");
+}
+
 lathe::PinnedHostBuffer::PinnedHostBuffer(size_t) {
     lathe::detail::no_cuda("PinnedHostBuffer");
 }
