@@ -150,6 +150,9 @@ RopeTensor rope_tensor(bf16* out, const bf16* x, int64_t B, int64_t T, int64_t H
                       reinterpret_cast<const __nv_bfloat16*>(x), Hx, B * T * Hx * (D - R / 2), Hx};
 }
 
+// The second tensor of a launch that rotates one: no heads (total 0), so no thread reaches it.
+constexpr RopeTensor kNoTensor{nullptr, nullptr, 1, 0, 1};
+
 void rope_launch(const RopeTensor& t0, const RopeTensor& t1, const int32_t* positions,
                  const float* cos, const float* sin, int64_t T, int64_t D, int64_t R, int64_t P,
                  float sign, CUstream_st* stream, bool one_pair_per_thread = false) {
@@ -169,15 +172,15 @@ void rope_launch(const RopeTensor& t0, const RopeTensor& t1, const int32_t* posi
 void rope_forward(bf16* out, const bf16* x, const int32_t* positions, const float* cos,
                   const float* sin, int64_t B, int64_t T, int64_t Hx, int64_t D, int64_t R,
                   int64_t P, CUstream_st* stream) {
-    rope_launch(rope_tensor(out, x, B, T, Hx, D, R), RopeTensor{nullptr, nullptr, 1, 0, 1},
-                positions, cos, sin, T, D, R, P, 1.0f, stream);
+    rope_launch(rope_tensor(out, x, B, T, Hx, D, R), kNoTensor, positions, cos, sin, T, D, R, P,
+                1.0f, stream);
 }
 
 void rope_backward(bf16* dx, const bf16* dout, const int32_t* positions, const float* cos,
                    const float* sin, int64_t B, int64_t T, int64_t Hx, int64_t D, int64_t R,
                    int64_t P, CUstream_st* stream) {
-    rope_launch(rope_tensor(dx, dout, B, T, Hx, D, R), RopeTensor{nullptr, nullptr, 1, 0, 1},
-                positions, cos, sin, T, D, R, P, -1.0f, stream);
+    rope_launch(rope_tensor(dx, dout, B, T, Hx, D, R), kNoTensor, positions, cos, sin, T, D, R, P,
+                -1.0f, stream);
 }
 
 void rope_qk(bf16* q_out, bf16* k_out, const bf16* q, const bf16* k, const int32_t* positions,
@@ -192,8 +195,7 @@ void rope_qkv(bf16* qkv, const int32_t* positions, const float* cos, const float
               CUstream_st* stream) {
     RopeTensor t = rope_tensor(qkv, qkv, B, T, Hx, D, R);
     t.Hs = Hs;
-    rope_launch(t, RopeTensor{nullptr, nullptr, 1, 0, 1}, positions, cos, sin, T, D, R, P,
-                backward ? -1.0f : 1.0f, stream);
+    rope_launch(t, kNoTensor, positions, cos, sin, T, D, R, P, backward ? -1.0f : 1.0f, stream);
 }
 
 void rope_qk_one_pair_per_thread(bf16* q_out, bf16* k_out, const bf16* q, const bf16* k,
