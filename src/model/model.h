@@ -27,8 +27,9 @@
 // parameter arena's layout element for element, so params_flat(), grads_flat() and AdamW moments
 // of params_flat().numel() elements line up for adamw_update. backward()/forward_backward()
 // accumulate (+=) into it; zero_grads() clears it (zero_grads_beside_forward clears all but the
-// projections' and the LM head's matrices, which the next backward then writes: see there). A model created for evaluation or inference
-// has none (and refuses backward). The optimizer (optim/) lives outside the model.
+// projections' and the LM head's matrices, which the next backward then writes: see there). A model
+// created for evaluation or inference has none (and refuses backward). The optimizer (optim/) lives
+// outside the model.
 //
 // Gradients-ready hook: set_grads_ready_hook(f) makes the backward call f(l) for l = L-1 .. 0, as
 // soon as layer l's parameter gradients are final for the micro-batch (its block backward has
