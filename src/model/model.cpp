@@ -593,14 +593,21 @@ void Model::zero_grads_beside_forward() {
         return;
     }
     CudaState& st = cuda_state_of(ctx_, "model");
-    make_grad_clear_ranges();
     // After every read and write of the gradients enqueued so far (the last step's update).
     st.wait_for(st.optimizer_stream(), st.stream());
-    cuda_zero_ranges(grads_.flat(DType::kU8).data(), grads_cleared_ranges_, st.optimizer_stream());
+    clear_grads_for_next_backward(st.optimizer_stream());
+}
+
+bool Model::clear_grads_for_next_backward(CUstream_st* stream) {
+    LATHE_CHECK(training(), "zero_grads: the model was created without gradients");
+    if (!on_cuda() || plan_.shape.gradient_shards != 1 || grad_window_) return false;
+    make_grad_clear_ranges();
+    cuda_zero_ranges(grads_.flat(DType::kU8).data(), grads_cleared_ranges_, stream);
     grads_deferred_ = true;
     if (!grads_zeroing_) grads_zeroing_ = std::make_unique<CudaEvent>();
-    grads_zeroing_->record(st.optimizer_stream());
+    grads_zeroing_->record(stream);
     grads_zeroing_pending_ = true;
+    return true;
 }
 
 void Model::wait_grads_zeroing() {

@@ -274,6 +274,12 @@ public:
     // clear them first when asked before it. The CPU, and gradients in windows or shards, clear
     // in place as zero_grads() does.
     void zero_grads_beside_forward();
+    // zero_grads_beside_forward's clearing enqueued on `stream` by a caller that has ordered it
+    // after every read of the gradients itself (the overlapped optimizer, after its update):
+    // every byte but the matrices the next backward writes (=), which waits for it as for
+    // zero_grads_beside_forward's. False, with nothing done, where the model clears in place
+    // (the CPU, gradients in windows or shards): the caller clears them.
+    bool clear_grads_for_next_backward(CUstream_st* stream);
     // Zeroes the gradient of entry `index` (a frozen parameter group).
     void zero_grad_entry(size_t index);
 

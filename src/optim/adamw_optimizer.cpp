@@ -363,7 +363,10 @@ void AdamWOptimizer::step_overlapped(const OptimizerTarget& target,
         o.update_unit(u);
         o.unit_done[u].record(st.optimizer_stream());
     }
-    for (size_t u = 0; u < o.units.size(); ++u) o.zero_unit_grads(u);
+    // The gradients cleared for the next step after every unit's update read them: by the
+    // model, which leaves the matrices its next backward writes (=) uncleared, or unit by unit.
+    if (!o.model->clear_grads_for_next_backward(st.optimizer_stream()))
+        for (size_t u = 0; u < o.units.size(); ++u) o.zero_unit_grads(u);
     o.grads_zeroed->record(st.optimizer_stream());
     // The GEMMs enqueued from here until the forward reaches the LM head's weights (every unit
     // updated by then, on_weights_needed) plan for the SMs the update leaves.

@@ -39,11 +39,13 @@
 //     first waits for everything the compute stream enqueued (the backward, the norm, earlier
 //     reads of the weights); each unit records an event. On the CPU step() only posts the units,
 //     and each runs when first needed (below): the same schedule, run synchronously.
-//   * After the update each unit's gradients are zeroed (CUDA: on the optimizer stream once every
-//     unit is updated, then one more event; CPU: with the unit): the next step's backward
-//     accumulates into zeros without a zero_grads() that would have to wait for every unit
-//     (TrainStep skips it after such a step). The gradients of a stepped unit read zero from
-//     then on.
+//   * After the update the gradients are cleared for the next step without a zero_grads() that
+//     would have to wait for every unit (TrainStep skips it after such a step). CUDA: on the
+//     optimizer stream once every unit is updated, then one more event, by
+//     Model::clear_grads_for_next_backward (every byte but the projections' and the LM head's
+//     matrices, which the next backward writes instead of adding to) or, where the model clears
+//     in place, unit by unit; CPU: each unit's zeroed with the unit. The gradients read zero from
+//     then on (Model::grad_norm and the like clear the deferred matrices first).
 //   * The model's weights-needed hook, before each unit's weights are read by any forward (a
 //     training step's, its recompute in the backward coming after it in stream order, an
 //     evaluation's), makes the compute stream wait for that unit's event (cudaStreamWaitEvent,

@@ -38,10 +38,10 @@
 //
 // Overlapped device optimizer (AdamWOptimizer::overlap_with, optimizer.schedule: overlapped; one
 // process): apply() enqueues the update unit by unit on the optimizer stream and returns; the
-// next forward waits per unit (optim/adamw_optimizer.h). The update leaves the gradients zero, so
-// the next gradients() does not zero them (a gradients() after one that was not applied does);
-// a caller that reads the weights or the moments other than through a forward (a checkpoint)
-// calls AdamWOptimizer::finish() first.
+// next forward waits per unit (optim/adamw_optimizer.h). The update leaves the gradients cleared
+// (as zero_grads_beside_forward does), so the next gradients() does not clear them (a
+// gradients() after one that was not applied does); a caller that reads the weights or the
+// moments other than through a forward (a checkpoint) calls AdamWOptimizer::finish() first.
 //
 // Ownership: holds references to the model and the optimizer, which must outlive it.
 
