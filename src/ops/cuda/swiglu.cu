@@ -12,10 +12,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// The rows of an (N, F) output, kVec consecutive columns a thread at a time: a pass of the block
-// covers `rows` rows of `lanes` threads each (lanes = min(F / kVec, block size)), so no thread
-// divides a flat index by F (a 64-bit division, dozens of instructions, per vector).
-// A thread past rows * lanes idles (a narrow F), but stays for the block's amax.
 // The lanes of a `threads`-thread block that take one row of F / kVec vectors: all of them for a
 // long row, one per vector for a short one (then threads / lanes rows a pass). The grid's size
 // on the host and RowTiling on the device both count rows with it.
@@ -24,6 +20,10 @@ __host__ __device__ inline int64_t swiglu_lanes(int64_t F, int kVec, int64_t thr
     return vectors < threads ? vectors : threads;
 }
 
+// The rows of an (N, F) output, kVec consecutive columns a thread at a time: a pass of the block
+// covers `rows` rows of `lanes` threads each (lanes = min(F / kVec, block size)), so no thread
+// divides a flat index by F (a 64-bit division, dozens of instructions, per vector).
+// A thread past rows * lanes idles (a narrow F), but stays for the block's amax.
 struct RowTiling {
     int64_t vectors, lanes, rows, row, lane;
     __device__ RowTiling(int64_t F, int kVec) {
