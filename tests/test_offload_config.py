@@ -30,7 +30,10 @@ def corpus(tmp_path_factory):
     (["optimizer.state_dtype=fp16"], "'optimizer.state_dtype' is 'fp16'; choose fp32 or bf16"),
     (["optimizer.offload_fraction=half"], "optimizer.offload_fraction"),
     (["optimizer.offload_schedule=eager"],
-     "'optimizer.offload_schedule' is 'eager'; choose overlapped or serial"),
+     "'optimizer.offload_schedule' is 'eager'; choose overlapped, serial or delayed"),
+    (["optimizer.offload=cpu", "optimizer.offload_schedule=delayed",
+      "optimizer.offload_fraction=0.5"],
+     "'optimizer.offload_schedule: delayed' runs every optimizer update on the host"),
 ])
 def test_bad_offload_keys_fail_before_work_naming_the_key(corpus, tmp_path, sets, needle):
     p = run(train_cmd(corpus, tmp_path / "bad", *sets), check=False)

@@ -6,8 +6,10 @@ the same bits; bf16 moments train and resume exactly; the overlapped schedule (t
 the serial one give the same bits and resume each other's checkpoints; with
 optimizer.offload_fraction below 1 (the last units offloaded, the rest stepped by the device AdamW)
 the bits are those of offload none and of offload 1, and a checkpoint of a run at fraction 0.5
-resumes at fraction 1 and without offload as the unstopped run goes on. The gpu cases do the same
-on CUDA (skipped without a GPU)."""
+resumes at fraction 1 and without offload as the unstopped run goes on. The delayed schedule
+(each step computes with the weights before the last update) trains, differs from the serial
+bits from step 2 on, and resumes exactly from its own checkpoint (where the update in flight was
+applied). The gpu cases do the same on CUDA (skipped without a GPU)."""
 
 import json
 import shutil
@@ -119,6 +121,26 @@ def test_serial_and_overlapped_schedules_give_the_same_bits(corpus, tmp_path):
     for step in (3, 6):
         assert checkpoint_bytes(over, step) == checkpoint_bytes(serial, step), step
     assert_resume_goes_on(corpus, over, tmp_path / "resumed", 3, 6, OFFLOAD, SERIAL, freeze)
+
+
+DELAYED = "optimizer.offload_schedule=delayed"
+
+
+def test_delayed_schedule_trains_one_update_behind_and_resumes_exactly(corpus, tmp_path):
+    """optimizer.offload_schedule: delayed: step 1's loss is the serial run's, step 2 computes
+    with the initial weights again (another loss); the checkpoint and the validation at step 3
+    apply the update in flight, and a run stopped there goes on as the unstopped one."""
+    delayed, serial = tmp_path / "delayed", tmp_path / "serial"
+    p = run(train_cmd(corpus, delayed, OFFLOAD, DELAYED))
+    assert "delayed schedule (each step computes with the weights before the last update)" \
+        in p.stderr, p.stderr
+    run(train_cmd(corpus, serial, OFFLOAD, SERIAL))
+    d = [m for m in metric_lines(delayed) if m["split"] == "train"]
+    s = [m for m in metric_lines(serial) if m["split"] == "train"]
+    assert d[0]["loss"] == s[0]["loss"]
+    assert d[1]["loss"] != s[1]["loss"]
+    assert d[-1]["loss"] < d[0]["loss"], (d[0], d[-1])
+    assert_resume_goes_on(corpus, delayed, tmp_path / "resumed", 3, 6, OFFLOAD, DELAYED)
 
 
 @pytest.mark.parametrize("first,then", [((OFFLOAD,), (OFFLOAD,)), ((OFFLOAD,), ()), ((), (OFFLOAD,))])
@@ -292,6 +314,24 @@ def test_gpu_offload_equals_device_optimizer_and_resumes_exactly(corpus, tmp_pat
 
 
 @pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU (nvidia-smi -L)")
+def test_gpu_delayed_schedule_resumes_exactly(corpus, tmp_path):
+    # The delayed schedule on CUDA (each update's bf16 weights H2D during the next step's last
+    # backward): step 1 is the serial run's, step 2 computes with the initial weights again, and
+    # a run stopped at the checkpoint of step 3 goes on as the unstopped one.
+    delayed, serial = tmp_path / "delayed", tmp_path / "serial"
+    run(gpu_train_args(corpus, delayed, OFFLOAD, DELAYED))
+    run(gpu_train_args(corpus, serial, OFFLOAD, SERIAL))
+    d = [m for m in metric_lines(delayed) if m["split"] == "train"]
+    s = [m for m in metric_lines(serial) if m["split"] == "train"]
+    assert d[0]["loss"] == s[0]["loss"] and d[1]["loss"] != s[1]["loss"]
+    resumed = tmp_path / "resumed"
+    rewind(delayed, resumed, 3)
+    run(gpu_train_args(corpus, resumed, OFFLOAD, DELAYED))
+    assert metric_lines(resumed) == metric_lines(delayed)
+    assert checkpoint_bytes(resumed, 6) == checkpoint_bytes(delayed, 6)
+
+
+@pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU (nvidia-smi -L)")
 def test_gpu_schedules_and_frozen_groups_give_the_device_bits(corpus, tmp_path):
     # With a frozen group (its weights copied back to the GPU by neither schedule): the serial
     # and the overlapped schedule give the CUDA AdamW kernel's bits; an overlapped checkpoint
@@ -414,6 +454,16 @@ def test_bench_offload_steps_the_same_bits():
     assert serial["offload_schedule"] == "serial" and "host_update_ms" not in serial
     for key in ("loss_first", "loss_last", "grad_norm_last"):
         assert serial[key] == plain[key], key
+    # delayed: the warmup's update runs during the first timed step, which computes with the
+    # initial weights as the warmup did; each timed step's update is timed
+    delayed, _ = bench("--offload", "cpu", "--offload-schedule", "delayed")
+    assert delayed["offload_schedule"] == "delayed" and delayed["host_updates"] == 3
+    assert delayed["loss_last"] != plain["loss_last"]
+    p = run(["bench", "--preset", "tiny", "--batch", "2", "--seq", "32", "--device", "cpu",
+             "--offload", "cpu", "--offload-schedule", "delayed", "--offload-fraction", "0.5"],
+            check=False)
+    assert p.returncode != 0 and "--offload-schedule delayed runs every optimizer update on " \
+        "the host" in p.stderr, p.stderr
     # accumulation: the offloaded step of 2 micro-batches, the device optimizer's bits
     accum, _ = bench("--accum", "2")
     off_accum, _ = bench("--accum", "2", "--offload", "cpu")

@@ -177,10 +177,11 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
         ->check(CLI::IsMember({"none", "cpu"}));
     cmd->add_option("--offload-schedule", o->offload_schedule,
                     "With --offload cpu: overlapped (gradient copies during the backward, the "
-                    "CPU update while the next forward waits per layer) or serial "
-                    "(optimizer.offload_schedule)")
+                    "CPU update while the next forward waits per layer), serial, or delayed "
+                    "(the update runs during the next step, which uses the weights before it; "
+                    "with --offload-fraction 1) (optimizer.offload_schedule)")
         ->capture_default_str()
-        ->check(CLI::IsMember({"overlapped", "serial"}));
+        ->check(CLI::IsMember({"overlapped", "serial", "delayed"}));
     cmd->add_option(
            "--offload-fraction", o->req.offload_fraction,
            "With --offload cpu: the fraction of the parameters offloaded, in (0, 1] "
@@ -356,7 +357,9 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
                 return invalid_argument_error("--offload-schedule {} needs --offload cpu",
                                               o->offload_schedule);
             req.offload_schedule = o->offload_schedule == "serial" ? OffloadSchedule::kSerial
-                                                                   : OffloadSchedule::kOverlapped;
+                                   : o->offload_schedule == "delayed"
+                                       ? OffloadSchedule::kDelayed
+                                       : OffloadSchedule::kOverlapped;
             req.optimizer_schedule = o->optimizer_schedule == "overlapped"
                                          ? OptimizerSchedule::kOverlapped
                                          : OptimizerSchedule::kSerial;

@@ -18,7 +18,15 @@ const char* optimizer_offload_name(OptimizerOffload o) {
 }
 
 const char* offload_schedule_name(OffloadSchedule s) {
-    return s == OffloadSchedule::kSerial ? "serial" : "overlapped";
+    switch (s) {
+        case OffloadSchedule::kSerial:
+            return "serial";
+        case OffloadSchedule::kOverlapped:
+            return "overlapped";
+        case OffloadSchedule::kDelayed:
+            return "delayed";
+    }
+    return "?";
 }
 
 const char* adamw_state_dtype_name(AdamWStateDType d) {

@@ -54,9 +54,11 @@ size_t adamw_state_dtype_bytes(AdamWStateDType d);      // 4 | 2
 // optimizer.offload_schedule: how the offloaded step meets the GPU's (optim/host_optimizer.h):
 // serial (whole-vector copies after the backward, the CPU update, then the next forward) or
 // overlapped (unit by unit: gradient copies during the backward, the update on a worker thread
-// while the next forward waits per layer). Same bits.
-enum class OffloadSchedule { kSerial, kOverlapped };
-const char* offload_schedule_name(OffloadSchedule s);  // "serial" | "overlapped"
+// while the next forward waits per layer), the same bits; or delayed (the update of step s runs
+// on the CPU during step s + 1, which computes with the weights before it: a one-step delayed
+// parameter update, other bits; every optimizer update on the host, offload_fraction 1).
+enum class OffloadSchedule { kSerial, kOverlapped, kDelayed };
+const char* offload_schedule_name(OffloadSchedule s);  // "serial" | "overlapped" | "delayed"
 
 struct OffloadSettings {
     OptimizerOffload offload = OptimizerOffload::kNone;

@@ -82,7 +82,7 @@ struct HostOptimizer::Impl {
     uint64_t writes_seen = ~uint64_t(0);
     bool mirror_stale = false;
 
-    // ---- overlapped schedule (host_optimizer.h) ----
+    // ---- overlapped and delayed schedules (host_optimizer.h) ----
     std::vector<FlatRange> units;  // ShardLayout's arena units: forward order
     // The update handed to the worker: per unit its segments and its weight copy ranges.
     std::vector<std::vector<AdamWSegment>> unit_segments;
@@ -104,9 +104,12 @@ struct HostOptimizer::Impl {
     bool in_flight = false;
     size_t uploaded = 0;
     std::vector<char> awaited;  // per unit: a forward waited for it since the update was posted
+    // Delayed: per unit, updated by the worker and not yet in the weights the model computes with.
+    std::vector<char> fresh;
     bool armed = false, back_copied = false, landed_valid = false;
-    // CUDA: the last gradient copy; each unit's weight copy; the wait timing pairs.
-    std::optional<CudaEvent> landed;
+    // CUDA: the last gradient copy; each unit's weight copy; the delayed schedule's last weight
+    // copy (staging is free to rewrite after it); the wait timing pairs.
+    std::optional<CudaEvent> landed, uploads_done;
     std::vector<CudaEvent> unit_uploaded;
     bool wait_timing = false;
     std::vector<CudaEvent> wait_begin, wait_end;
@@ -127,6 +130,7 @@ struct HostOptimizer::Impl {
     }
     float* landing_f32() const { return static_cast<float*>(landing.get()); }
     int64_t offloaded() const { return total - base; }
+    bool delayed() const { return schedule == OffloadSchedule::kDelayed; }
     // The device part's masters (CUDA: device_masters; the CPU: the model's f32 weights).
     TensorView device_params() const {
         return cuda ? device_masters.flat_f32() : model->params_flat().slice(0, base);
@@ -136,6 +140,7 @@ struct HostOptimizer::Impl {
     void post(std::span<const AdamWSegment> segments);
     void wait_done(size_t unit);
     void upload_done();
+    void upload_unit(size_t unit);
     void finish();
     void copy_grads(size_t unit);
     void on_grads_ready(int layer);
@@ -195,7 +200,8 @@ void HostOptimizer::Impl::run_worker() {
         lock.unlock();
         const auto t0 = std::chrono::steady_clock::now();
         const bool clip = max_grad_norm > 0.0f;
-        float* params = cuda ? nullptr : model->params_flat().as<float>();
+        // The delayed schedule's weights take the update in the next backward (upload_unit).
+        float* params = cuda || delayed() ? nullptr : model->params_flat().as<float>();
         const float* src = static_cast<const float*>(masters.get());
         for (size_t u = 0; u < units.size(); ++u) {
             if (!unit_segments[u].empty())
@@ -236,6 +242,10 @@ void HostOptimizer::Impl::post(std::span<const AdamWSegment> segments) {
     in_flight = true;
     uploaded = 0;
     awaited.assign(units.size(), 0);
+    if (delayed()) {
+        fresh.resize(units.size());
+        for (size_t i = 0; i < units.size(); ++i) fresh[i] = !unit_runs[i].empty();
+    }
 }
 
 void HostOptimizer::Impl::wait_done(size_t unit) {
@@ -264,11 +274,49 @@ void HostOptimizer::Impl::upload_done() {
     }
 }
 
+// Delayed: the unit's updated weights into the ones the model computes with (CUDA: H2D on the
+// optimizer stream, which an offloaded run's device optimizer does not use, so that the copies
+// run beside the gradients' D2H on the copy stream; the caller has ordered that stream after
+// the compute stream's last read of the unit's weights). The CPU: the masters' f32 values.
+void HostOptimizer::Impl::upload_unit(size_t unit) {
+    if (!fresh[unit]) return;
+    fresh[unit] = 0;
+    wait_done(unit);
+    if (!cuda) {
+        float* params = model->params_flat().as<float>();
+        const float* src = static_cast<const float*>(masters.get());
+        for (const FlatRange& r : unit_runs[unit])
+            std::memcpy(params + r.begin, src + r.begin, size_t(r.size()) * sizeof(float));
+        return;
+    }
+    CUstream_st* up = cuda_state_of(model->context(), "optimizer offload").optimizer_stream();
+    const TensorView compute = model->params_compute_flat();
+    const bf16* stage = static_cast<const bf16*>(staging.get());
+    for (const FlatRange& r : unit_runs[unit])
+        cuda_copy_async(
+            compute.slice(r.begin, r.end),
+            ConstTensorView(stage + (r.begin - base), DType::kBF16, Shape{r.size()}, Device::kCpu),
+            up);
+}
+
 void HostOptimizer::Impl::finish() {
     if (!in_flight) return;
     {
         std::unique_lock lock(mu);
         cv.wait(lock, [&] { return !job_running; });
+    }
+    if (delayed()) {
+        // The units the last backward did not take (all of them when no backward was armed),
+        // after every read of the weights enqueued so far; the compute stream after the copies.
+        CudaState* st = cuda ? &cuda_state_of(model->context(), "optimizer offload") : nullptr;
+        if (st) st->wait_for(st->optimizer_stream(), st->stream());
+        for (size_t u = 0; u < units.size(); ++u) upload_unit(u);
+        if (st) {
+            uploads_done->record(st->optimizer_stream());
+            st->wait_for(st->stream(), st->optimizer_stream());
+        }
+        in_flight = false;
+        return;
     }
     upload_done();
     if (cuda) {
@@ -298,22 +346,30 @@ void HostOptimizer::Impl::copy_grads(size_t unit) {
 
 // Gradients-ready hook: layer l's unit (and the back unit, final since the LM head's and the
 // final norm's backward ran before the layers'), then the front unit.
+// Delayed: with an update in flight, the unit's updated weights go to the model as well, the
+// backward being done with the unit's weights for this step.
 void HostOptimizer::Impl::on_grads_ready(int layer) {
     if (!armed) return;
+    const bool upload = delayed() && in_flight;
     if (cuda) {
         CudaState& st = cuda_state_of(model->context(), "optimizer offload");
         st.wait_for(st.copy_stream(), st.stream());
+        if (upload) st.wait_for(st.optimizer_stream(), st.stream());
     }
+    auto take = [&](size_t u) {
+        copy_grads(u);
+        if (upload) upload_unit(u);
+    };
     const size_t back = units.size() - 1;
     if (!back_copied) {
-        copy_grads(back);
+        take(back);
         back_copied = true;
     }
     if (layer >= 0) {
-        copy_grads(size_t(layer) + 1);
+        take(size_t(layer) + 1);
         return;
     }
-    copy_grads(0);
+    take(0);
     if (cuda) landed->record(cuda_state_of(model->context(), "optimizer offload").copy_stream());
     armed = false;
     landed_valid = true;
@@ -343,7 +399,7 @@ void HostOptimizer::Impl::on_weights_needed(int piece) {
 }
 
 void HostOptimizer::Impl::shutdown() {
-    if (schedule != OffloadSchedule::kOverlapped) return;
+    if (schedule == OffloadSchedule::kSerial) return;
     finish();
     {
         std::lock_guard lock(mu);
@@ -389,7 +445,13 @@ Result<HostOptimizer> HostOptimizer::create_for(Model& model, AdamWStateDType st
     LATHE_CHECK(impl->base >= 0 && impl->base <= n, "offload from element {} of {}", impl->base, n);
     const int64_t off = n - impl->base;  // the offloaded elements
     impl->state_dtype = state_dtype;
-    const bool overlapped = schedule == OffloadSchedule::kOverlapped;
+    // The overlapped and delayed schedules step unit by unit on a worker thread.
+    const bool overlapped = schedule != OffloadSchedule::kSerial;
+    if (schedule == OffloadSchedule::kDelayed && impl->base > 0)
+        return failed_precondition_error(
+            "optimizer offload: the delayed schedule runs every update on the host, but the "
+            "model's plan keeps elements [0, {}) on the device (offload_fraction below 1)",
+            impl->base);
     const size_t sb = adamw_state_dtype_bytes(state_dtype);
     LATHE_ASSIGN_OR_RETURN(impl->masters, host_block(size_t(n) * sizeof(float), impl->cuda));
     LATHE_ASSIGN_OR_RETURN(impl->m, host_block(size_t(off) * sb, impl->cuda));
@@ -433,12 +495,15 @@ Result<HostOptimizer> HostOptimizer::create_for(Model& model, AdamWStateDType st
         impl->unit_runs.resize(impl->units.size());
         if (impl->cuda) {
             impl->landed.emplace();
+            impl->uploads_done.emplace();
             impl->unit_uploaded.resize(impl->units.size());
         }
         Impl* p = impl.get();
         impl->worker = std::thread([p] { p->run_worker(); });
         model.set_grads_ready_hook([p](int layer) { p->on_grads_ready(layer); });
-        model.set_weights_needed_hook([p](int piece) { p->on_weights_needed(piece); });
+        // Delayed: the forward computes with the weights it has (no wait).
+        if (!impl->delayed())
+            model.set_weights_needed_hook([p](int piece) { p->on_weights_needed(piece); });
     }
     Impl* const p = impl.get();
     HostOptimizer out(std::move(impl));
@@ -484,7 +549,7 @@ void HostOptimizer::step(Model& model, std::span<const AdamWSegment> segments,
     const std::span<const AdamWSegment> host_segments = im.host_segments;
     const int64_t off = im.offloaded();
     const TensorView grads_off = model.grads_flat().slice(im.base, total_);
-    if (schedule_ == OffloadSchedule::kOverlapped) {
+    if (schedule_ != OffloadSchedule::kSerial) {
         // The gradients in landing: the armed backward's copies, waited for, or all of them now.
         if (im.landed_valid) {
             if (im.cuda) im.landed->synchronize();
@@ -505,6 +570,8 @@ void HostOptimizer::step(Model& model, std::span<const AdamWSegment> segments,
             // The weight copies go after every compute-stream read of the weights enqueued so far.
             CudaState& st = cuda_state_of(model.context(), "optimizer offload");
             st.wait_for(st.copy_stream(), st.stream());
+            // Delayed: the worker rewrites staging, which the last weight copies read.
+            if (im.delayed()) im.uploads_done->synchronize();
         }
         im.post(host_segments);
         return;
@@ -542,7 +609,7 @@ void HostOptimizer::step(Model& model, std::span<const AdamWSegment> segments,
 }
 
 void HostOptimizer::arm_gradient_copies() {
-    if (schedule_ != OffloadSchedule::kOverlapped) return;
+    if (schedule_ == OffloadSchedule::kSerial) return;
     // No finish(): with one micro-batch this precedes the forward that overlaps the update.
     impl_->armed = true;
     impl_->back_copied = false;
@@ -550,7 +617,7 @@ void HostOptimizer::arm_gradient_copies() {
 }
 
 void HostOptimizer::before_zero_grads() {
-    if (schedule_ != OffloadSchedule::kOverlapped || !impl_->cuda) return;
+    if (schedule_ == OffloadSchedule::kSerial || !impl_->cuda) return;
     impl_->landed->wait(impl_->model->context().stream);
 }
 
@@ -561,6 +628,7 @@ void HostOptimizer::finish() {
 
 void HostOptimizer::set_wait_timing(bool on) {
     Impl& im = *impl_;
+    // Delayed: the forward never waits for the CPU.
     if (!im.cuda || schedule_ != OffloadSchedule::kOverlapped) return;
     im.wait_timing = on;
     if (on && im.wait_begin.empty()) {

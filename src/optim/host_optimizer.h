@@ -30,9 +30,9 @@
 // Clipping needs the global gradient norm before any update: the norm comes from the GPU
 // (grad_norm over every gradient, the f32 TrainStep::gradients reads back once the backward is
 // done), the float the device optimizer clips by, so the update is bitwise the device
-// optimizer's (CpuAdamW's math is ops/adamw.h's). Nothing is updated speculatively. Two
-// schedules (optimizer.offload_schedule, OffloadSchedule in model/host_memory_plan.h) give the
-// same bits:
+// optimizer's (CpuAdamW's math is ops/adamw.h's). Nothing is updated speculatively. Three
+// schedules (optimizer.offload_schedule, OffloadSchedule in model/host_memory_plan.h); the serial
+// and the overlapped one give the same bits:
 //
 // Serial (step()): the whole gradient vector goes device -> landing in one copy on the model's
 // stream, waited for; CpuAdamW updates masters and moments over the segments and writes the bf16
@@ -68,6 +68,22 @@
 // stepped that unit (the forward before the backward waited for every unit); the compute
 // stream's next zero_grads waits for the landing event (before_zero_grads).
 //
+// Delayed (a one-step delayed parameter update, as ZeRO-Offload's): the overlapped schedule's
+// gradient copies and worker, but the next step computes with the weights it has: update s runs
+// on the CPU during step s + 1, whose gradients are those of the weights before update s. Its
+// weights reach the model in step s + 1's last backward: the gradients-ready hook, armed, waits
+// on the host for the worker's update (long done when the step has several micro-batches), then
+// enqueues each unit's H2D copies from staging on the optimizer stream (idle with offload; the
+// link carries them beside the gradients' D2H on the copy stream) once the backward is done with
+// the unit's weights; step() orders the compute stream after them (finish()) and waits on the
+// host for them before the worker rewrites staging. So the GPU never waits for the CPU's update,
+// only for the weight copies that outlast the backward. The bits are not the serial schedule's
+// (each gradient is one update older); finish() (a checkpoint, a validation pass, an entry read
+// or write) applies the update in flight, after which the next step computes with current
+// weights: a run's bits depend on where it finishes, and a run resumed from a checkpoint goes on
+// as the one that wrote it. Every update on the host: a model whose plan keeps a device part
+// (offload_fraction below 1) is refused. No weights-needed hook.
+//
 // Checkpoints: save_state()/load_state() write and read optim/optimizer_state.h's full file (the
 // device part's moments read back and written with the host's), the one the device optimizer of
 // one process writes (the moments as f32 over the whole vector: bf16
@@ -101,8 +117,9 @@ public:
     // Buffers for every parameter of `model` (created with ModelShape::masters_on_host, checked:
     // kFailedPrecondition), split at its plan's offload_begin (file comment), moments of
     // `state_dtype` zeroed (the device part's f32), masters zero and attached to the model.
-    // threads: CpuAdamW's (0: every core). Errors: allocation failure, CpuAdamW's. schedule: serial
-    // or overlapped (file comment); overlapped sets the model's hooks.
+    // threads: CpuAdamW's (0: every core). Errors: allocation failure, CpuAdamW's; the delayed
+    // schedule with a device part (kFailedPrecondition). schedule: serial, overlapped or delayed
+    // (file comment); overlapped sets the model's hooks, delayed its gradients-ready hook.
     static Result<HostOptimizer> create_for(
         Model& model, AdamWStateDType state_dtype, int threads = 0,
         OffloadSchedule schedule = OffloadSchedule::kOverlapped);
@@ -114,38 +131,41 @@ public:
     int64_t total() const { return total_; }
     OffloadSchedule schedule() const { return schedule_; }
     AdamWStateDType state_dtype() const { return state_dtype_; }
-    // The f32 masters; with an overlapped update in flight, finish() first to read its result.
+    // The f32 masters; with an update in flight (overlapped, delayed), finish() first to read
+    // its result.
     std::span<float> masters() const;
 
     // One AdamW update number `step` of `segments` (Model::adamw_segments) with the gradients in
     // `model`'s gradient arena (file comment). norm: the global gradient norm read back; with
-    // max_grad_norm > 0 the gradients count as clipped by it. Overlapped: returns once the update
-    // is handed to the worker (the gradients of a backward without arm_gradient_copies() are
-    // copied whole first).
+    // max_grad_norm > 0 the gradients count as clipped by it. Overlapped, delayed: returns once
+    // the update is handed to the worker (the gradients of a backward without
+    // arm_gradient_copies() are copied whole first).
     void step(Model& model, std::span<const AdamWSegment> segments, const AdamWHyper& hyper,
               int64_t step, float norm, float max_grad_norm);
 
-    // Overlapped schedule (no-ops in the serial one), file comment:
+    // Overlapped and delayed schedules (no-ops in the serial one), file comment:
     // the next backward's gradients-ready hook copies the gradients unit by unit (call before
     // the step's last micro-batch, also before its forward: the update in flight goes on).
     void arm_gradient_copies();
     // The compute stream waits for the gradient copies of the last armed backward (enqueued, no
     // host wait): call before the gradients are zeroed.
     void before_zero_grads();
-    // Waits for the update in flight and orders the compute stream after its weight copies; with
-    // a device part (offload_fraction < 1), copies its masters into masters()[0, B): after it
-    // masters() holds every current master.
+    // Waits for the update in flight and orders the compute stream after its weight copies (the
+    // delayed schedule's update reaches the weights here if the last backward did not take
+    // it); with a device part (offload_fraction < 1), copies its masters into masters()[0, B):
+    // after it masters() holds every current master.
     void finish();
     // Timing of the forward's waits for the CPU (CUDA, for lathe bench): with `on`, the
-    // weights-needed hook records timing events around its wait; take_weight_wait_ms() gives
+    // overlapped schedule's weights-needed hook records timing events around its wait (the
+    // delayed schedule's forward never waits for the CPU: 0); take_weight_wait_ms() gives
     // the GPU's stalled milliseconds since the last call (call after the compute stream is
     // synchronized) and starts again at 0.
     void set_wait_timing(bool on);
     double take_weight_wait_ms();
-    // Overlapped schedule, with set_update_timing(true): the updates the worker finished since
-    // the last call, each as its AdamW step number and its wall milliseconds (from its start to
-    // its last unit done), in order; empty otherwise (nothing is kept while timing is off, as in
-    // lathe train). For lathe bench's host_update_ms (run/bench.h).
+    // Overlapped and delayed schedules, with set_update_timing(true): the updates the worker
+    // finished since the last call, each as its AdamW step number and its wall milliseconds (from
+    // its start to its last unit done), in order; empty otherwise (nothing is kept while timing is
+    // off, as in lathe train). For lathe bench's host_update_ms (run/bench.h).
     void set_update_timing(bool on);
     struct HostUpdateTime {
         int64_t step = 0;

@@ -7,6 +7,9 @@
 // With offload_fraction below 1 (the last units offloaded, the first ones' masters and moments
 // kept on the GPU and stepped by the CUDA AdamW kernel) the same bits, with an entry of the GPU
 // part read and written between steps (the host mirror reaches the device masters).
+// The delayed schedule (each update's weights H2D on the optimizer stream during the next step's
+// last backward) gives the bits of the serial schedule stepped by hand one update behind, with a
+// finish() between steps applying the update in flight at once.
 // Exact equality, no tolerance: the kernels are deterministic, the copies move bytes, and
 // CpuAdamW's math is the CUDA kernel's to the bit (optim/cpu_adamw.h).
 // clang-format off
@@ -103,7 +106,106 @@ protected:
         r.v = bytes(v);
         return r;
     }
+
+    // The gradient arena's bytes, and the arena rewritten with `bytes`, on the model's stream.
+    static void write_grads(Model& model, const std::vector<uint8_t>& b) {
+        const TensorView g = model.grads_flat();
+        cuda_copy_sync(TensorView(g.data(), DType::kU8, Shape{int64_t(g.bytes())}, Device::kCuda),
+                       ConstTensorView(b.data(), DType::kU8, Shape{int64_t(b.size())}),
+                       state_->stream());
+    }
+
+    // The steps of train() with the update of step s applied after step s + 1's gradients
+    // (the delayed schedule), by `host` (delayed) or by hand over a serial `host`: its own
+    // gradients put back into the arena for it. drain_after: finish() after that step, which
+    // applies the update in flight at once. No entry write, no device part.
+    static Run train_delayed(Model& model, HostOptimizer& host, int steps, int drain_after) {
+        Run r;
+        const AdamWHyper hyper{0.9, 0.95, 1e-8};
+        const bool by_hand = host.schedule() == OffloadSchedule::kSerial;
+        std::vector<uint8_t> pending;
+        int pending_step = 0;
+        float pending_norm = 0.0f;
+        auto segments = [&] {
+            std::vector<AdamWSegment> s = model.adamw_segments(1e-2, 0.1);
+            s.erase(s.begin() + std::ptrdiff_t(kFrozen));
+            return s;
+        };
+        auto apply_pending = [&] {
+            if (pending_step == 0) return;
+            const std::vector<uint8_t> now = bytes(model.grads_flat());
+            write_grads(model, pending);
+            host.step(model, segments(), hyper, pending_step, pending_norm, kMaxNorm);
+            write_grads(model, now);
+            pending_step = 0;
+        };
+        for (int step = 1; step <= steps; ++step) {
+            host.before_zero_grads();
+            model.zero_grads();
+            for (int k = 0; k < 2; ++k) {
+                const SaltedBatch b = salted_batch(2 * step + k);
+                if (k == 1) host.arm_gradient_copies();
+                r.losses.push_back(model.forward_backward(b.batch(), 0.5f));
+            }
+            model.zero_grad_entry(kFrozen);
+            r.norms.push_back(model.grad_norm());
+            if (by_hand) {
+                apply_pending();
+                pending = bytes(model.grads_flat());
+                pending_step = step;
+                pending_norm = r.norms.back();
+                if (step == drain_after) apply_pending();
+            } else {
+                host.step(model, segments(), hyper, step, r.norms.back(), kMaxNorm);
+                if (step == drain_after) host.finish();
+            }
+        }
+        if (by_hand) apply_pending();
+        host.finish();
+        model.synchronize();
+        const size_t n = size_t(model.params_total());
+        std::vector<float> m(n), v(n);
+        r.masters = bytes(std::vector<float>(host.masters().begin(), host.masters().end()));
+        host.read_state(m, v);
+        r.compute = bytes(model.params_compute_flat());
+        r.m = bytes(m);
+        r.v = bytes(v);
+        return r;
+    }
 };
+
+TEST_F(HostOptimizerGpu, DelayedScheduleStepsOneUpdateBehind) {
+    for (const int drain_after : {0, 2}) {
+        SCOPED_TRACE(drain_after);
+        Model a = make_model(true), b = make_model(true);
+        Result<HostOptimizer> by_hand =
+            HostOptimizer::create_for(a, AdamWStateDType::kF32, 0, OffloadSchedule::kSerial);
+        Result<HostOptimizer> delayed =
+            HostOptimizer::create_for(b, AdamWStateDType::kF32, 0, OffloadSchedule::kDelayed);
+        ASSERT_TRUE(by_hand.ok()) << by_hand.status().to_string();
+        ASSERT_TRUE(delayed.ok()) << delayed.status().to_string();
+        a.init(5);
+        b.init(5);
+        const Run want = train_delayed(a, *by_hand, 5, drain_after);
+        const Run got = train_delayed(b, *delayed, 5, drain_after);
+        for (const float n : want.norms) EXPECT_GT(n, kMaxNorm);  // the clip is exercised
+        EXPECT_EQ(got.losses, want.losses);
+        EXPECT_EQ(got.norms, want.norms);
+        EXPECT_EQ(got.masters, want.masters);
+        EXPECT_EQ(got.compute, want.compute);
+        EXPECT_EQ(got.m, want.m);
+        EXPECT_EQ(got.v, want.v);
+        // Step 2 computes with the initial weights, as step 1 did.
+        Model c = make_model(true);
+        Result<HostOptimizer> serial =
+            HostOptimizer::create_for(c, AdamWStateDType::kF32, 0, OffloadSchedule::kSerial);
+        ASSERT_TRUE(serial.ok()) << serial.status().to_string();
+        c.init(5);
+        const Run plain = train(c, &*serial, nullptr, 2);
+        EXPECT_EQ(plain.losses[0], got.losses[0]);
+        EXPECT_NE(plain.losses[2], got.losses[2]);
+    }
+}
 
 TEST_F(HostOptimizerGpu, SchedulesGiveTheDeviceOptimizersBits) {
     Model d = make_model(false);

@@ -7,7 +7,9 @@
 // bf16 moments round on write_state and widen exactly on read_state; creation refuses a model
 // that keeps its masters. With offload_fraction below 1 (the last units on the host, the rest
 // stepped by the device AdamW) every one of these gives the same bits, an entry written between
-// steps included.
+// steps included. The delayed schedule gives the bits of the serial schedule stepped by hand one
+// update behind (each update applied after the next step's gradients, a finish() in between
+// applying it at once) and refuses a device part.
 
 #include "optim/host_optimizer.h"
 
@@ -121,27 +123,30 @@ struct RunResult {
     std::vector<float> losses, norms, masters, weights, m, v;
 };
 
-// `steps` steps of TrainStep's sequence (run/train_step.h) over `model` with `host`: two
-// micro-batches (dloss 1/2), the gradient copies armed before the last, entry `frozen` kept out
-// of the update (its gradient zeroed, as the trainer does), clipping at 0.05.
-RunResult train(Model& model, HostOptimizer& host, int steps, size_t frozen) {
-    RunResult r;
-    const AdamWHyper hyper{0.9, 0.95, 1e-8};
-    for (int step = 1; step <= steps; ++step) {
-        host.before_zero_grads();
-        model.zero_grads();
-        for (int k = 0; k < 2; ++k) {
-            const HostTensor t = ids(2, 8, 64, 2 * step + k), y = ids(2, 8, 64, 2 * step + k + 9);
-            if (k == 1) host.arm_gradient_copies();
-            r.losses.push_back(
-                model.forward_backward(ModelBatch{t.view(), y.view(), {}, {}}, 0.5f));
-        }
-        model.zero_grad_entry(frozen);
-        r.norms.push_back(model.grad_norm());
-        std::vector<AdamWSegment> segments = model.adamw_segments(1e-2, 0.1);
-        segments.erase(segments.begin() + std::ptrdiff_t(frozen));
-        host.step(model, segments, hyper, step, r.norms.back(), 0.05f);
+constexpr AdamWHyper kHyper{0.9, 0.95, 1e-8};
+
+// Two micro-batches of step `step` (dloss 1/2, the gradient copies armed before the last), entry
+// `frozen`'s gradient zeroed; their losses and the norm appended to `r`.
+void accumulate(Model& model, HostOptimizer& host, int step, size_t frozen, RunResult& r) {
+    host.before_zero_grads();
+    model.zero_grads();
+    for (int k = 0; k < 2; ++k) {
+        const HostTensor t = ids(2, 8, 64, 2 * step + k), y = ids(2, 8, 64, 2 * step + k + 9);
+        if (k == 1) host.arm_gradient_copies();
+        r.losses.push_back(model.forward_backward(ModelBatch{t.view(), y.view(), {}, {}}, 0.5f));
     }
+    model.zero_grad_entry(frozen);
+    r.norms.push_back(model.grad_norm());
+}
+
+std::vector<AdamWSegment> segments_without(const Model& model, size_t frozen) {
+    std::vector<AdamWSegment> segments = model.adamw_segments(1e-2, 0.1);
+    segments.erase(segments.begin() + std::ptrdiff_t(frozen));
+    return segments;
+}
+
+// The masters, the model's weights and both moments after host.finish().
+void finish_into(Model& model, HostOptimizer& host, RunResult& r) {
     host.finish();
     const size_t n = size_t(host.total());
     r.masters.assign(host.masters().begin(), host.masters().end());
@@ -150,6 +155,54 @@ RunResult train(Model& model, HostOptimizer& host, int steps, size_t frozen) {
     r.m.resize(n);
     r.v.resize(n);
     host.read_state(r.m, r.v);
+}
+
+// `steps` steps of TrainStep's sequence (run/train_step.h) over `model` with `host`: two
+// micro-batches (dloss 1/2), the gradient copies armed before the last, entry `frozen` kept out
+// of the update (its gradient zeroed, as the trainer does), clipping at 0.05. drain_after: the
+// step after which finish() runs (as a checkpoint's), 0 for none.
+RunResult train(Model& model, HostOptimizer& host, int steps, size_t frozen, int drain_after = 0) {
+    RunResult r;
+    for (int step = 1; step <= steps; ++step) {
+        accumulate(model, host, step, frozen, r);
+        host.step(model, segments_without(model, frozen), kHyper, step, r.norms.back(), 0.05f);
+        if (step == drain_after) host.finish();
+    }
+    finish_into(model, host, r);
+    return r;
+}
+
+// The delayed schedule's sequence, stepped by hand with a serial optimizer: step s's gradients
+// computed on the weights before update s - 1, which is applied after them (its own gradients
+// put back into the arena for it), and kept for update s; at drain_after the kept update is
+// applied at once, and at the end.
+RunResult train_delayed_by_hand(Model& model, HostOptimizer& serial, int steps, size_t frozen,
+                                int drain_after) {
+    RunResult r;
+    const size_t n = size_t(serial.total());
+    float* g = model.grads_flat().as<float>();
+    std::vector<float> pending(n), now(n);
+    int pending_step = 0;
+    float pending_norm = 0.0f;
+    auto apply_pending = [&] {
+        if (pending_step == 0) return;
+        std::memcpy(now.data(), g, n * sizeof(float));
+        std::memcpy(g, pending.data(), n * sizeof(float));
+        serial.step(model, segments_without(model, frozen), kHyper, pending_step, pending_norm,
+                    0.05f);
+        std::memcpy(g, now.data(), n * sizeof(float));
+        pending_step = 0;
+    };
+    for (int step = 1; step <= steps; ++step) {
+        accumulate(model, serial, step, frozen, r);
+        apply_pending();
+        std::memcpy(pending.data(), g, n * sizeof(float));
+        pending_step = step;
+        pending_norm = r.norms.back();
+        if (step == drain_after) apply_pending();
+    }
+    apply_pending();
+    finish_into(model, serial, r);
     return r;
 }
 
@@ -191,6 +244,47 @@ TEST(HostOptimizer, OverlappedScheduleGivesTheSerialBits) {
                                   fe.shape.numel()));
             EXPECT_FALSE(same_bits(y.masters.data(), c.params_flat().as<float>(), n));
         }
+}
+
+TEST(HostOptimizer, DelayedScheduleStepsOneUpdateBehind) {
+    for (const AdamWStateDType dtype : {AdamWStateDType::kF32, AdamWStateDType::kBF16})
+        for (const int drain_after : {0, 2}) {
+            SCOPED_TRACE(drain_after);
+            Model a = make_model(true), b = make_model(true), c = make_model(true);
+            Result<HostOptimizer> by_hand =
+                HostOptimizer::create_for(a, dtype, 2, OffloadSchedule::kSerial);
+            Result<HostOptimizer> delayed =
+                HostOptimizer::create_for(b, dtype, 2, OffloadSchedule::kDelayed);
+            Result<HostOptimizer> serial =
+                HostOptimizer::create_for(c, dtype, 2, OffloadSchedule::kSerial);
+            ASSERT_TRUE(by_hand.ok()) << by_hand.status().to_string();
+            ASSERT_TRUE(delayed.ok()) << delayed.status().to_string();
+            ASSERT_TRUE(serial.ok()) << serial.status().to_string();
+            for (Model* m : {&a, &b, &c}) m->init(11);
+            const size_t frozen = 3;
+            const RunResult x = train_delayed_by_hand(a, *by_hand, 5, frozen, drain_after);
+            const RunResult y = train(b, *delayed, 5, frozen, drain_after);
+            ASSERT_EQ(y.losses.size(), 10u);
+            EXPECT_EQ(x.losses, y.losses);
+            EXPECT_EQ(x.norms, y.norms);
+            const int64_t n = by_hand->total();
+            EXPECT_TRUE(same_bits(x.masters.data(), y.masters.data(), n));
+            EXPECT_TRUE(same_bits(x.weights.data(), y.weights.data(), n));
+            EXPECT_TRUE(same_bits(x.m.data(), y.m.data(), n));
+            EXPECT_TRUE(same_bits(x.v.data(), y.v.data(), n));
+            // One update behind: step 1 and 2 compute with the initial weights, so step 2's
+            // losses are step 1's weights' and not the serial schedule's.
+            const RunResult z = train(c, *serial, 5, frozen);
+            EXPECT_EQ(z.losses[0], y.losses[0]);
+            EXPECT_NE(z.losses[2], y.losses[2]);
+        }
+    // Every update on the host: a model with a device part is refused.
+    Model d = make_model(true, 0.5);
+    ASSERT_GT(d.plan().offload_begin, 0);
+    Result<HostOptimizer> refused =
+        HostOptimizer::create_for(d, AdamWStateDType::kF32, 2, OffloadSchedule::kDelayed);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
 }
 
 TEST(HostOptimizer, Bf16MomentsRoundOnWriteAndWidenOnRead) {

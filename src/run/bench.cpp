@@ -488,6 +488,11 @@ Result<std::string> bench_run(const BenchRequest& req) {
     if (!offload && req.offload_fraction < 1.0)
         return invalid_argument_error("--offload-fraction {} needs --offload cpu",
                                       req.offload_fraction);
+    if (req.offload_schedule == OffloadSchedule::kDelayed && req.offload_fraction < 1.0)
+        return invalid_argument_error(
+            "--offload-schedule delayed runs every optimizer update on the host; "
+            "--offload-fraction {} keeps part of it on the GPU: drop --offload-fraction",
+            req.offload_fraction);
     shape.offload_fraction = req.offload_fraction;
     shape.optimizer_state = req.state_dtype;
     if (req.fp8 && req.plan_tensor > 1)

@@ -86,20 +86,22 @@
 // optimizer.offload: cpu (optim/host_optimizer.h): the model holds no device masters, the
 // HostOptimizer's pinned host buffers (checked against the host's memory first) hold the masters
 // and moments, the step times include the gradients' D2H copy, the CPU AdamW and the bf16
-// weights' H2D copy. --state-dtype bf16 stores the moments in bf16; --offload-schedule serial or
-// overlapped (optimizer.offload_schedule); --offload-fraction F offloads the last units holding
-// at least F of the parameters and steps the rest on the device (optimizer.offload_fraction,
-// ModelShape::offload_fraction; the plans count both parts). A step's time runs from its start to
-// the next step's start (the last: to where a next step would start, its update in flight),
-// since the overlapped update ends inside the next step's forward: each timed step holds the
-// forward's wait for one update, its predecessor's (the first timed step's: the warmup's). The line
-// adds offload, state_dtype, offload_schedule, offload_fraction, offloaded_params,
-// host_pinned_bytes (the host memory plan's pinned total), host_peak_rss_bytes (getrusage's peak
-// resident set) and, on CUDA, gpu_busy_fraction: over the timed steps, the compute stream's time
-// from each step's first forward kernel to its gradient norm (timing events), less the forward's
-// waits for weights the CPU was still updating (timing events around each wait,
+// weights' H2D copy. --state-dtype bf16 stores the moments in bf16; --offload-schedule serial,
+// overlapped or delayed (optimizer.offload_schedule); --offload-fraction F offloads the last units
+// holding at least F of the parameters and steps the rest on the device
+// (optimizer.offload_fraction, ModelShape::offload_fraction; the plans count both parts). A step's
+// time runs from its start to the next step's start (the last: to where a next step would start,
+// its update in flight), since the overlapped update ends inside the next step's forward: each
+// timed step holds the forward's wait for one update, its predecessor's (the first timed step's:
+// the warmup's). The line adds offload, state_dtype, offload_schedule, offload_fraction,
+// offloaded_params, host_pinned_bytes (the host memory plan's pinned total), host_peak_rss_bytes
+// (getrusage's peak resident set) and, on CUDA, gpu_busy_fraction: over the timed steps, the
+// compute stream's time from each step's first forward kernel to its gradient norm (timing events),
+// less the forward's waits for weights the CPU was still updating (timing events around each wait,
 // HostOptimizer::set_wait_timing), over the steps' wall time, and gpu_weight_wait_ms, those waits'
-// milliseconds a timed step (mean). The overlapped schedule adds host_update_ms and
+// milliseconds a timed step (mean; 0 under the delayed schedule, whose forward never waits for the
+// CPU: its GPU idles only for the weight copies past the norm, outside the busy span). The
+// overlapped and delayed schedules add host_update_ms and
 // host_update_ms_max: the CPU update of a timed step's gradients, from the worker's start to its
 // last unit done (HostOptimizer::take_host_updates, by AdamW step number), mean and largest, and
 // host_updates, how many (one a timed step). The host plan is printed

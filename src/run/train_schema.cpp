@@ -132,7 +132,9 @@ ConfigSchema train_config_schema() {
            "with optimizer.offload: cpu: overlapped (default: gradients leave the GPU layer by "
            "layer during the backward, the CPU steps on a worker thread while the next forward "
            "waits per layer) | serial (whole-vector copies and the update between the steps); "
-           "same bits"});
+           "same bits | delayed (offload_fraction 1: the update of step s runs on the CPU "
+           "during step s + 1, which computes with the weights before it: other bits, the host "
+           "step hidden; checkpoints and validation apply the update in flight first)"});
     s.add({"optimizer.schedule", ConfigType::kString, "",
            "the device AdamW: serial (default: the whole update between the backward and the "
            "next forward) | overlapped (after the gradient norm, unit by unit on a low-priority "

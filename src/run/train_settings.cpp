@@ -65,10 +65,11 @@ Status resolve_offload(const Config& c, OffloadSettings& out) {
                 c.source_of("optimizer.offload_fraction"), f);
         out.fraction = f;
     }
-    LATHE_RETURN_IF_ERROR(resolve_choice(
-        c, "optimizer.offload_schedule",
-        {{"overlapped", OffloadSchedule::kOverlapped}, {"serial", OffloadSchedule::kSerial}},
-        out.schedule));
+    LATHE_RETURN_IF_ERROR(resolve_choice(c, "optimizer.offload_schedule",
+                                         {{"overlapped", OffloadSchedule::kOverlapped},
+                                          {"serial", OffloadSchedule::kSerial},
+                                          {"delayed", OffloadSchedule::kDelayed}},
+                                         out.schedule));
     return resolve_choice(c, "optimizer.state_dtype",
                           {{"fp32", AdamWStateDType::kF32}, {"bf16", AdamWStateDType::kBF16}},
                           out.state_dtype);
@@ -84,6 +85,13 @@ Status refuse_offload(const Config& c, const OffloadSettings& o) {
             "optimizer.offload: cpu (docs/SFT.md, \"Optimizer offload\"); set "
             "optimizer.offload: cpu, or remove the key",
             c.source_of("optimizer.offload_fraction"), o.fraction);
+    if (o.schedule == OffloadSchedule::kDelayed && o.fraction < 1.0)
+        return invalid_argument_error(
+            "{}: 'optimizer.offload_schedule: delayed' runs every optimizer update on the host, "
+            "one step behind the GPU, but 'optimizer.offload_fraction' {} keeps part of it on the "
+            "GPU; set optimizer.offload_fraction: 1 (the delayed update hides the whole host "
+            "step), or choose offload_schedule overlapped",
+            c.source_of("optimizer.offload_schedule"), o.fraction);
     return ok_status();
 }
 

@@ -521,8 +521,13 @@ Status Trainer::setup() {
             LATHE_ASSIGN_OR_RETURN(
                 const HostMemoryPlan host,
                 host_memory_plan(model_->params_total(), model_->plan().offload_begin, s_.offload));
-            table += fmt::format("{}  moments in {} (optimizer.state_dtype), stepped by CpuAdamW\n",
-                                 host.to_string(), adamw_state_dtype_name(s_.offload.state_dtype));
+            table += fmt::format(
+                "{}  moments in {} (optimizer.state_dtype), stepped by CpuAdamW, {} schedule{}\n",
+                host.to_string(), adamw_state_dtype_name(s_.offload.state_dtype),
+                offload_schedule_name(s_.offload.schedule),
+                s_.offload.schedule == OffloadSchedule::kDelayed
+                    ? " (each step computes with the weights before the last update)"
+                    : "");
         }
         if (print_lines()) std::fputs(table.c_str(), stderr);
         LATHE_RETURN_IF_ERROR(
@@ -938,7 +943,8 @@ Status Trainer::save_checkpoint() {
     LATHE_RETURN_IF_ERROR(agree(begun, "rank 0 starting the checkpoint folder"));
     if (!lead()) dir = ckpt_->partial_path(st_.step);
     const Status written = [&]() -> Status {
-        // Offload, overlapped: the update in flight reaches the masters the files are read from.
+        // Offload, overlapped or delayed: the update in flight reaches the masters the files are
+        // read from (and, delayed, the weights the next step computes with).
         if (host_optimizer_) host_optimizer_->finish();
         // Overlapped device update: the pending units reach the weights and moments first.
         if (optimizer_) optimizer_->finish();
@@ -1101,6 +1107,10 @@ Status Trainer::train_step(float& loss_out, float& norm_out, bool& skipped) {
 
 Status Trainer::evaluate(double& loss_out) {
     const int64_t B = s_.micro_batch, T = s_.seq_len, n = s_.eval_iters;
+    // The weights of the steps so far: the delayed offload schedule's update in flight reaches
+    // them first (optim/host_optimizer.h); the overlapped one's forward waits for it per unit.
+    if (host_optimizer_ && host_optimizer_->schedule() == OffloadSchedule::kDelayed)
+        host_optimizer_->finish();
     // Data parallel: rank r evaluates micro-batches r, r + W, ...; the losses are gathered and
     // summed in micro-batch order, as one process sums them.
     const int64_t W = dp_size(), per_rank = (n + W - 1) / W;
