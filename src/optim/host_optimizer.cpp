@@ -347,7 +347,8 @@ void HostOptimizer::Impl::copy_grads(size_t unit) {
 // Gradients-ready hook: layer l's unit (and the back unit, final since the LM head's and the
 // final norm's backward ran before the layers'), then the front unit.
 // Delayed: with an update in flight, the unit's updated weights go to the model as well, the
-// backward being done with the unit's weights for this step.
+// backward being done with the unit's weights for this step; after the last unit the update is
+// no longer in flight.
 void HostOptimizer::Impl::on_grads_ready(int layer) {
     if (!armed) return;
     const bool upload = delayed() && in_flight;
@@ -373,6 +374,16 @@ void HostOptimizer::Impl::on_grads_ready(int layer) {
     if (cuda) landed->record(cuda_state_of(model->context(), "optimizer offload").copy_stream());
     armed = false;
     landed_valid = true;
+    if (upload) {
+        // Every unit's weights are in: the compute stream goes on after their copies, whatever
+        // comes next (the update of this backward's gradients, or none if the step is skipped).
+        if (cuda) {
+            CudaState& st = cuda_state_of(model->context(), "optimizer offload");
+            uploads_done->record(st.optimizer_stream());
+            st.wait_for(st.stream(), st.optimizer_stream());
+        }
+        in_flight = false;
+    }
 }
 
 // Weights-needed hook: the unit of `piece` done by the worker, its copy waited for.

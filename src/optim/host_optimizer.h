@@ -75,14 +75,15 @@
 // on the host for the worker's update (long done when the step has several micro-batches), then
 // enqueues each unit's H2D copies from staging on the optimizer stream (idle with offload; the
 // link carries them beside the gradients' D2H on the copy stream) once the backward is done with
-// the unit's weights; step() orders the compute stream after them (finish()) and waits on the
-// host for them before the worker rewrites staging. So the GPU never waits for the CPU's update,
-// only for the weight copies that outlast the backward. The bits are not the serial schedule's
-// (each gradient is one update older); finish() (a checkpoint, a validation pass, an entry read
-// or write) applies the update in flight, after which the next step computes with current
-// weights: a run's bits depend on where it finishes, and a run resumed from a checkpoint goes on
-// as the one that wrote it. Every update on the host: a model whose plan keeps a device part
-// (offload_fraction below 1) is refused. No weights-needed hook.
+// the unit's weights; after the last unit the compute stream is ordered after them (so a step
+// skipped for a non-finite loss, which calls no step(), leaves no copy behind), and step() waits
+// on the host for them before the worker rewrites staging. So the GPU never waits for the CPU's
+// update, only for the weight copies that outlast the backward. The bits are not the serial
+// schedule's (each gradient is one update older); finish() (a checkpoint, a validation pass, an
+// entry read or write) applies the update in flight, after which the next step computes with
+// current weights: a run's bits depend on where it finishes, and a run resumed from a checkpoint
+// goes on as the one that wrote it. Every update on the host: a model whose plan keeps a device
+// part (offload_fraction below 1) is refused. No weights-needed hook.
 //
 // Checkpoints: save_state()/load_state() write and read optim/optimizer_state.h's full file (the
 // device part's moments read back and written with the host's), the one the device optimizer of

@@ -9,7 +9,7 @@
 // part read and written between steps (the host mirror reaches the device masters).
 // The delayed schedule (each update's weights H2D on the optimizer stream during the next step's
 // last backward) gives the bits of the serial schedule stepped by hand one update behind, with a
-// finish() between steps applying the update in flight at once.
+// finish() between steps applying the update in flight at once and a skipped step adding none.
 // Exact equality, no tolerance: the kernels are deterministic, the copies move bytes, and
 // CpuAdamW's math is the CUDA kernel's to the bit (optim/cpu_adamw.h).
 // clang-format off
@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "optim/adamw_optimizer.h"
@@ -118,8 +119,10 @@ protected:
     // The steps of train() with the update of step s applied after step s + 1's gradients
     // (the delayed schedule), by `host` (delayed) or by hand over a serial `host`: its own
     // gradients put back into the arena for it. drain_after: finish() after that step, which
-    // applies the update in flight at once. No entry write, no device part.
-    static Run train_delayed(Model& model, HostOptimizer& host, int steps, int drain_after) {
+    // applies the update in flight at once; skip_at: a step whose gradients are dropped without
+    // an update (the trainer's skip of a non-finite step). No entry write, no device part.
+    static Run train_delayed(Model& model, HostOptimizer& host, int steps, int drain_after,
+                             int skip_at) {
         Run r;
         const AdamWHyper hyper{0.9, 0.95, 1e-8};
         const bool by_hand = host.schedule() == OffloadSchedule::kSerial;
@@ -151,11 +154,12 @@ protected:
             r.norms.push_back(model.grad_norm());
             if (by_hand) {
                 apply_pending();
+                if (step == skip_at) continue;
                 pending = bytes(model.grads_flat());
                 pending_step = step;
                 pending_norm = r.norms.back();
                 if (step == drain_after) apply_pending();
-            } else {
+            } else if (step != skip_at) {
                 host.step(model, segments(), hyper, step, r.norms.back(), kMaxNorm);
                 if (step == drain_after) host.finish();
             }
@@ -175,8 +179,9 @@ protected:
 };
 
 TEST_F(HostOptimizerGpu, DelayedScheduleStepsOneUpdateBehind) {
-    for (const int drain_after : {0, 2}) {
+    for (const auto [drain_after, skip_at] : {std::pair{0, 0}, {2, 0}, {0, 3}}) {
         SCOPED_TRACE(drain_after);
+        SCOPED_TRACE(skip_at);
         Model a = make_model(true), b = make_model(true);
         Result<HostOptimizer> by_hand =
             HostOptimizer::create_for(a, AdamWStateDType::kF32, 0, OffloadSchedule::kSerial);
@@ -186,8 +191,8 @@ TEST_F(HostOptimizerGpu, DelayedScheduleStepsOneUpdateBehind) {
         ASSERT_TRUE(delayed.ok()) << delayed.status().to_string();
         a.init(5);
         b.init(5);
-        const Run want = train_delayed(a, *by_hand, 5, drain_after);
-        const Run got = train_delayed(b, *delayed, 5, drain_after);
+        const Run want = train_delayed(a, *by_hand, 5, drain_after, skip_at);
+        const Run got = train_delayed(b, *delayed, 5, drain_after, skip_at);
         for (const float n : want.norms) EXPECT_GT(n, kMaxNorm);  // the clip is exercised
         EXPECT_EQ(got.losses, want.losses);
         EXPECT_EQ(got.norms, want.norms);

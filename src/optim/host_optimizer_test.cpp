@@ -9,13 +9,14 @@
 // stepped by the device AdamW) every one of these gives the same bits, an entry written between
 // steps included. The delayed schedule gives the bits of the serial schedule stepped by hand one
 // update behind (each update applied after the next step's gradients, a finish() in between
-// applying it at once) and refuses a device part.
+// applying it at once, a skipped step adding none) and refuses a device part.
 
 #include "optim/host_optimizer.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "model/model.h"
@@ -160,12 +161,15 @@ void finish_into(Model& model, HostOptimizer& host, RunResult& r) {
 // `steps` steps of TrainStep's sequence (run/train_step.h) over `model` with `host`: two
 // micro-batches (dloss 1/2), the gradient copies armed before the last, entry `frozen` kept out
 // of the update (its gradient zeroed, as the trainer does), clipping at 0.05. drain_after: the
-// step after which finish() runs (as a checkpoint's), 0 for none.
-RunResult train(Model& model, HostOptimizer& host, int steps, size_t frozen, int drain_after = 0) {
+// step after which finish() runs (as a checkpoint's), 0 for none; skip_at: a step whose
+// gradients are dropped without an update (as the trainer skips a non-finite step), 0 for none.
+RunResult train(Model& model, HostOptimizer& host, int steps, size_t frozen, int drain_after = 0,
+                int skip_at = 0) {
     RunResult r;
     for (int step = 1; step <= steps; ++step) {
         accumulate(model, host, step, frozen, r);
-        host.step(model, segments_without(model, frozen), kHyper, step, r.norms.back(), 0.05f);
+        if (step != skip_at)
+            host.step(model, segments_without(model, frozen), kHyper, step, r.norms.back(), 0.05f);
         if (step == drain_after) host.finish();
     }
     finish_into(model, host, r);
@@ -175,9 +179,9 @@ RunResult train(Model& model, HostOptimizer& host, int steps, size_t frozen, int
 // The delayed schedule's sequence, stepped by hand with a serial optimizer: step s's gradients
 // computed on the weights before update s - 1, which is applied after them (its own gradients
 // put back into the arena for it), and kept for update s; at drain_after the kept update is
-// applied at once, and at the end.
+// applied at once, and at the end; at skip_at none is kept.
 RunResult train_delayed_by_hand(Model& model, HostOptimizer& serial, int steps, size_t frozen,
-                                int drain_after) {
+                                int drain_after, int skip_at) {
     RunResult r;
     const size_t n = size_t(serial.total());
     float* g = model.grads_flat().as<float>();
@@ -196,6 +200,7 @@ RunResult train_delayed_by_hand(Model& model, HostOptimizer& serial, int steps, 
     for (int step = 1; step <= steps; ++step) {
         accumulate(model, serial, step, frozen, r);
         apply_pending();
+        if (step == skip_at) continue;
         std::memcpy(pending.data(), g, n * sizeof(float));
         pending_step = step;
         pending_norm = r.norms.back();
@@ -248,8 +253,9 @@ TEST(HostOptimizer, OverlappedScheduleGivesTheSerialBits) {
 
 TEST(HostOptimizer, DelayedScheduleStepsOneUpdateBehind) {
     for (const AdamWStateDType dtype : {AdamWStateDType::kF32, AdamWStateDType::kBF16})
-        for (const int drain_after : {0, 2}) {
+        for (const auto [drain_after, skip_at] : {std::pair{0, 0}, {2, 0}, {0, 3}}) {
             SCOPED_TRACE(drain_after);
+            SCOPED_TRACE(skip_at);
             Model a = make_model(true), b = make_model(true), c = make_model(true);
             Result<HostOptimizer> by_hand =
                 HostOptimizer::create_for(a, dtype, 2, OffloadSchedule::kSerial);
@@ -262,8 +268,8 @@ TEST(HostOptimizer, DelayedScheduleStepsOneUpdateBehind) {
             ASSERT_TRUE(serial.ok()) << serial.status().to_string();
             for (Model* m : {&a, &b, &c}) m->init(11);
             const size_t frozen = 3;
-            const RunResult x = train_delayed_by_hand(a, *by_hand, 5, frozen, drain_after);
-            const RunResult y = train(b, *delayed, 5, frozen, drain_after);
+            const RunResult x = train_delayed_by_hand(a, *by_hand, 5, frozen, drain_after, skip_at);
+            const RunResult y = train(b, *delayed, 5, frozen, drain_after, skip_at);
             ASSERT_EQ(y.losses.size(), 10u);
             EXPECT_EQ(x.losses, y.losses);
             EXPECT_EQ(x.norms, y.norms);
