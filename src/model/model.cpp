@@ -586,9 +586,13 @@ void Model::clear_deferred_grads() {
     grads_deferred_ = false;
 }
 
+bool Model::grads_clear_beside() const {
+    return on_cuda() && plan_.shape.gradient_shards == 1 && !grad_window_;
+}
+
 void Model::zero_grads_beside_forward() {
     LATHE_CHECK(training(), "zero_grads: the model was created without gradients");
-    if (!on_cuda() || plan_.shape.gradient_shards != 1 || grad_window_) {
+    if (!grads_clear_beside()) {
         zero_grads();
         return;
     }
@@ -600,7 +604,7 @@ void Model::zero_grads_beside_forward() {
 
 bool Model::clear_grads_for_next_backward(CUstream_st* stream) {
     LATHE_CHECK(training(), "zero_grads: the model was created without gradients");
-    if (!on_cuda() || plan_.shape.gradient_shards != 1 || grad_window_) return false;
+    if (!grads_clear_beside()) return false;
     make_grad_clear_ranges();
     cuda_zero_ranges(grads_.flat(DType::kU8).data(), grads_cleared_ranges_, stream);
     grads_deferred_ = true;

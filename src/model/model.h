@@ -419,6 +419,9 @@ private:
     // zero_grads_beside_forward's byte ranges of the gradient arena: what it clears (cleared)
     // and what the next backward writes (deferred), made at its first call.
     void make_grad_clear_ranges();
+    // The gradients can be cleared off the compute stream and partly left for the backward to
+    // write: CUDA, one arena, no windows. Else they are cleared in place (zero_grads).
+    bool grads_clear_beside() const;
     // The LM head with cross-entropy into `loss` (1) and the saved lse, and its backward into
     // dfinal (B, T, C) and the head's gradient; a vocabulary shard's combined over the group.
     void head_forward(TensorView loss, bool step);

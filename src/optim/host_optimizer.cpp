@@ -376,7 +376,9 @@ void HostOptimizer::Impl::on_grads_ready(int layer) {
     landed_valid = true;
     if (upload) {
         // Every unit's weights are in: the compute stream goes on after their copies, whatever
-        // comes next (the update of this backward's gradients, or none if the step is skipped).
+        // comes next (the update of this backward's gradients, or none if the step is skipped),
+        // and the next forward casts the fp8 weight codes from them (model.h).
+        model->fp8_weights_updated();
         if (cuda) {
             CudaState& st = cuda_state_of(model->context(), "optimizer offload");
             uploads_done->record(st.optimizer_stream());
