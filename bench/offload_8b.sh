@@ -3,7 +3,9 @@
 # rows, each a JSON line in OUT/<row>.json (its log in OUT/<row>.log), all in OUT/rows.jsonl.
 #
 #   bench/offload_8b.sh OUT        (LATHE: the lathe binary, default build/lathe; MEMINFO: the
-#                                   meminfo file to read, default /proc/meminfo)
+#                                   meminfo file to read, default /proc/meminfo; OFFLOAD_SCHEDULE:
+#                                   the rows' --offload-schedule, serial, overlapped or delayed,
+#                                   unset for lathe bench's default, overlapped)
 #
 # Rows:
 #   8b-bf16, 8b-fp8   the Llama-3.1-8B shape (preset llama3-8b, 32 layers), T 4096, 24 sequences
@@ -17,7 +19,9 @@
 # fewer bytes in the CPU's update, fp32 18 B), and, where `lathe bench` has --offload-fraction, the
 # fractions 0.5, 0.6, 0.7, 0.8, 0.9, 1 (the smallest first: the more of the optimizer on the GPU,
 # the less the step waits for the host's update; docs/PERF.md "Less recompute at smaller
-# micro-batches"). "Fits" is `lathe bench --plan-only`'s plan_bytes within the GPU's free memory
+# micro-batches"); with OFFLOAD_SCHEDULE=delayed the fraction 1 alone, the one that schedule
+# takes (its update, one step behind, hides the host's step: docs/SFT.md). "Fits" is `lathe
+# bench --plan-only`'s plan_bytes within the GPU's free memory
 # (nvidia-smi) less 2 % and its host_pinned_bytes within MemAvailable (/proc/meminfo) less 4 GiB
 # for the process itself. A setting whose run fails (`lathe bench` refuses a plan above the
 # device's free memory or the host's, or runs out of memory) hands over to the next while the
@@ -62,8 +66,19 @@ except Exception:
 print("" if v is None else v)' "$1" "$2"
 }
 
+SCHEDULE_ARGS=()
+case "${OFFLOAD_SCHEDULE:-}" in
+    "") ;;
+    serial | overlapped | delayed) SCHEDULE_ARGS=(--offload-schedule "$OFFLOAD_SCHEDULE") ;;
+    *)
+        echo "offload_8b.sh: error: OFFLOAD_SCHEDULE=$OFFLOAD_SCHEDULE: choose serial, overlapped or delayed" >&2
+        exit 2
+        ;;
+esac
+
 FRACTIONS="1"
-if "$LATHE" bench --help 2>/dev/null | grep -q -- "--offload-fraction"; then
+if [ "${OFFLOAD_SCHEDULE:-}" != delayed ] &&
+    "$LATHE" bench --help 2>/dev/null | grep -q -- "--offload-fraction"; then
     FRACTIONS="0.5 0.6 0.7 0.8 0.9 1"
 fi
 
@@ -85,7 +100,7 @@ run_row() {
                 local fraction_args=()
                 [ "$FRACTIONS" != "1" ] && fraction_args=(--offload-fraction "$f")
                 local args=("$@" --recompute "$recompute" --batch "$b" --accum "$k" --offload cpu
-                    --state-dtype "$dtype" "${fraction_args[@]}")
+                    --state-dtype "$dtype" "${SCHEDULE_ARGS[@]}" "${fraction_args[@]}")
                 if ! "$LATHE" bench "${args[@]}" --device cuda --plan-only >"$plan" 2>>"$log"; then
                     err="plan of ${args[*]} failed (see $name.log)"
                     continue

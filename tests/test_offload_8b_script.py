@@ -42,11 +42,12 @@ if rc == "selective" and arg("--precision") == "fp8" and os.environ.get("STUB_FA
 print(json.dumps({"model": arg("--preset"), "batch": B, "seq": int(arg("--seq")),
                   "accum": int(arg("--accum")), "state_dtype": dtype, "fraction": f,
                   "precision": arg("--precision", "bf16"), "recompute": rc,
-                  "steps": int(arg("--steps")), "warmup": int(arg("--warmup"))}))
+                  "steps": int(arg("--steps")), "warmup": int(arg("--warmup")),
+                  "offload_schedule": arg("--offload-schedule", "overlapped")}))
 '''
 
 
-def run_script(tmp_path, fraction):
+def run_script(tmp_path, fraction, schedule=None):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     lathe = bindir / "lathe"
@@ -62,6 +63,8 @@ def run_script(tmp_path, fraction):
                PATH=f"{bindir}:{os.environ['PATH']}", STUB_GIB_PER_SEQ="12",
                STUB_GIB_SELECTIVE="60", STUB_FAIL_SELECTIVE_FP8="1",
                STUB_FRACTION="1" if fraction else "0")
+    if schedule is not None:
+        env["OFFLOAD_SCHEDULE"] = schedule
     p = subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env,
                        timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -82,7 +85,8 @@ def test_rows_take_the_first_schedule_and_the_moments_that_fit(tmp_path):
     # GiB) fits 120 - 4 GiB
     assert bf16 == {"model": "llama3-8b", "batch": 1, "seq": 4096, "accum": 24,
                     "state_dtype": "bf16", "fraction": 1.0, "precision": "bf16",
-                    "recompute": "selective", "steps": 2, "warmup": 1}
+                    "recompute": "selective", "steps": 2, "warmup": 1,
+                    "offload_schedule": "overlapped"}
     # fp8 at selective B 1 fails (bf16 moments; fp32's 134 GiB pinned does not fit): the next
     # schedule, full B 6 x 4 (72 GiB)
     assert fp8["precision"] == "fp8" and fp8["recompute"] == "full"
@@ -101,3 +105,23 @@ def test_the_smallest_fraction_that_fits_where_the_bench_has_them(tmp_path):
     assert big["model"] == "llama2-13b" and big["seq"] == 2048
     assert (big["recompute"], big["batch"], big["accum"]) == ("full", 2, 4)
     assert big["state_dtype"] == "bf16" and big["fraction"] == 0.5
+
+
+def test_the_delayed_schedule_takes_fraction_one_alone(tmp_path):
+    """OFFLOAD_SCHEDULE=delayed passes --offload-schedule delayed and tries the fraction 1 only,
+    even where the bench has --offload-fraction: the 13B row then fits no setting."""
+    bf16, fp8, big = run_script(tmp_path, fraction=True, schedule="delayed")
+    for row in (bf16, fp8):
+        assert row["offload_schedule"] == "delayed" and row["fraction"] == 1.0, row
+    assert (bf16["recompute"], bf16["batch"]) == ("selective", 1)
+    assert "no setting's plan fits" in big["error"], big
+
+
+def test_an_unknown_schedule_stops_before_any_row(tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True,
+                       env=dict(os.environ, LATHE="/bin/true", OFFLOAD_SCHEDULE="eager"),
+                       timeout=60)
+    assert p.returncode == 2
+    assert "OFFLOAD_SCHEDULE=eager: choose serial, overlapped or delayed" in p.stderr, p.stderr
+    assert not (out / "rows.jsonl").read_text()
