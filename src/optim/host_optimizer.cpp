@@ -459,7 +459,7 @@ Result<HostOptimizer> HostOptimizer::create_for(Model& model, AdamWStateDType st
     const int64_t off = n - impl->base;  // the offloaded elements
     impl->state_dtype = state_dtype;
     // The overlapped and delayed schedules step unit by unit on a worker thread.
-    const bool overlapped = schedule != OffloadSchedule::kSerial;
+    const bool unit_wise = schedule != OffloadSchedule::kSerial;
     if (schedule == OffloadSchedule::kDelayed && impl->base > 0)
         return failed_precondition_error(
             "optimizer offload: the delayed schedule runs every update on the host, but the "
@@ -469,7 +469,7 @@ Result<HostOptimizer> HostOptimizer::create_for(Model& model, AdamWStateDType st
     LATHE_ASSIGN_OR_RETURN(impl->masters, host_block(size_t(n) * sizeof(float), impl->cuda));
     LATHE_ASSIGN_OR_RETURN(impl->m, host_block(size_t(off) * sb, impl->cuda));
     LATHE_ASSIGN_OR_RETURN(impl->v, host_block(size_t(off) * sb, impl->cuda));
-    if (impl->cuda || overlapped) {
+    if (impl->cuda || unit_wise) {
         LATHE_ASSIGN_OR_RETURN(impl->landing, host_block(size_t(off) * sizeof(float), impl->cuda));
     }
     if (impl->cuda) {
@@ -500,7 +500,7 @@ Result<HostOptimizer> HostOptimizer::create_for(Model& model, AdamWStateDType st
     // zero_state writes the moments alone; the gradients it is given are not read.
     impl->adamw.zero_state(impl->buffers(static_cast<const float*>(impl->masters.get())),
                            std::span(&all, 1));
-    if (overlapped) {
+    if (unit_wise) {
         impl->units = model.plan().shards.arena;
         LATHE_CHECK(impl->units.size() == size_t(model.config().num_layers) + 2,
                     "{} units for {} layers", impl->units.size(), model.config().num_layers);
@@ -580,7 +580,7 @@ void HostOptimizer::step(Model& model, std::span<const AdamWSegment> segments,
         im.norm = norm;
         im.max_grad_norm = max_grad_norm;
         if (im.cuda) {
-            // The weight copies go after every compute-stream read of the weights enqueued so far.
+            // Overlapped: the weight copies go after every read of the weights enqueued so far.
             CudaState& st = cuda_state_of(model.context(), "optimizer offload");
             st.wait_for(st.copy_stream(), st.stream());
             // Delayed: the worker rewrites staging, which the last weight copies read.
