@@ -37,6 +37,16 @@
 set -u
 OUT=${1:?usage: bench/offload_8b.sh OUT_DIR (LATHE=path/to/lathe)}
 LATHE=${LATHE:-build/lathe}
+# Checked before OUT is made: a bad value leaves nothing behind.
+SCHEDULE_ARGS=()
+case "${OFFLOAD_SCHEDULE:-}" in
+    "") ;;
+    serial | overlapped | delayed) SCHEDULE_ARGS=(--offload-schedule "$OFFLOAD_SCHEDULE") ;;
+    *)
+        echo "offload_8b.sh: error: OFFLOAD_SCHEDULE=$OFFLOAD_SCHEDULE: choose serial, overlapped or delayed" >&2
+        exit 2
+        ;;
+esac
 mkdir -p "$OUT"
 : >"$OUT/rows.jsonl"
 START=$(date +%s)
@@ -65,16 +75,6 @@ except Exception:
     v = ""
 print("" if v is None else v)' "$1" "$2"
 }
-
-SCHEDULE_ARGS=()
-case "${OFFLOAD_SCHEDULE:-}" in
-    "") ;;
-    serial | overlapped | delayed) SCHEDULE_ARGS=(--offload-schedule "$OFFLOAD_SCHEDULE") ;;
-    *)
-        echo "offload_8b.sh: error: OFFLOAD_SCHEDULE=$OFFLOAD_SCHEDULE: choose serial, overlapped or delayed" >&2
-        exit 2
-        ;;
-esac
 
 FRACTIONS="1"
 if [ "${OFFLOAD_SCHEDULE:-}" != delayed ] &&
