@@ -141,6 +141,7 @@ struct HostOptimizer::Impl {
     void wait_done(size_t unit);
     void upload_done();
     void upload_unit(size_t unit);
+    void end_uploads();
     void finish();
     void copy_grads(size_t unit);
     void on_grads_ready(int layer);
@@ -299,6 +300,19 @@ void HostOptimizer::Impl::upload_unit(size_t unit) {
             up);
 }
 
+// Delayed: every unit's weights are in. The compute stream goes on after their copies, whatever
+// comes next (the update of the last backward's gradients, or none if the step is skipped), and
+// the next forward casts the fp8 weight codes from them (model.h).
+void HostOptimizer::Impl::end_uploads() {
+    model->fp8_weights_updated();
+    if (cuda) {
+        CudaState& st = cuda_state_of(model->context(), "optimizer offload");
+        uploads_done->record(st.optimizer_stream());
+        st.wait_for(st.stream(), st.optimizer_stream());
+    }
+    in_flight = false;
+}
+
 void HostOptimizer::Impl::finish() {
     if (!in_flight) return;
     {
@@ -307,15 +321,13 @@ void HostOptimizer::Impl::finish() {
     }
     if (delayed()) {
         // The units the last backward did not take (all of them when no backward was armed),
-        // after every read of the weights enqueued so far; the compute stream after the copies.
-        CudaState* st = cuda ? &cuda_state_of(model->context(), "optimizer offload") : nullptr;
-        if (st) st->wait_for(st->optimizer_stream(), st->stream());
-        for (size_t u = 0; u < units.size(); ++u) upload_unit(u);
-        if (st) {
-            uploads_done->record(st->optimizer_stream());
-            st->wait_for(st->stream(), st->optimizer_stream());
+        // after every read of the weights enqueued so far.
+        if (cuda) {
+            CudaState& st = cuda_state_of(model->context(), "optimizer offload");
+            st.wait_for(st.optimizer_stream(), st.stream());
         }
-        in_flight = false;
+        for (size_t u = 0; u < units.size(); ++u) upload_unit(u);
+        end_uploads();
         return;
     }
     upload_done();
@@ -374,18 +386,7 @@ void HostOptimizer::Impl::on_grads_ready(int layer) {
     if (cuda) landed->record(cuda_state_of(model->context(), "optimizer offload").copy_stream());
     armed = false;
     landed_valid = true;
-    if (upload) {
-        // Every unit's weights are in: the compute stream goes on after their copies, whatever
-        // comes next (the update of this backward's gradients, or none if the step is skipped),
-        // and the next forward casts the fp8 weight codes from them (model.h).
-        model->fp8_weights_updated();
-        if (cuda) {
-            CudaState& st = cuda_state_of(model->context(), "optimizer offload");
-            uploads_done->record(st.optimizer_stream());
-            st.wait_for(st.stream(), st.optimizer_stream());
-        }
-        in_flight = false;
-    }
+    if (upload) end_uploads();
 }
 
 // Weights-needed hook: the unit of `piece` done by the worker, its copy waited for.

@@ -55,6 +55,16 @@ protected:
         std::vector<uint8_t> masters, compute, m, v;
     };
 
+    // Every field of the two runs the same, bit for bit.
+    static void expect_same(const Run& got, const Run& want) {
+        EXPECT_EQ(got.losses, want.losses);
+        EXPECT_EQ(got.norms, want.norms);
+        EXPECT_EQ(got.masters, want.masters);
+        EXPECT_EQ(got.compute, want.compute);
+        EXPECT_EQ(got.m, want.m);
+        EXPECT_EQ(got.v, want.v);
+    }
+
     // TrainStep's sequence (run/train_step.h): two micro-batches with dloss 1/2, the gradient
     // copies armed before the last, the frozen entry's gradient zeroed, the norm read back.
     // `host` null: the device optimizer `dev`. finish_first false: the entry write between
@@ -194,12 +204,7 @@ TEST_F(HostOptimizerGpu, DelayedScheduleStepsOneUpdateBehind) {
         const Run want = train_delayed(a, *by_hand, 5, drain_after, skip_at);
         const Run got = train_delayed(b, *delayed, 5, drain_after, skip_at);
         for (const float n : want.norms) EXPECT_GT(n, kMaxNorm);  // the clip is exercised
-        EXPECT_EQ(got.losses, want.losses);
-        EXPECT_EQ(got.norms, want.norms);
-        EXPECT_EQ(got.masters, want.masters);
-        EXPECT_EQ(got.compute, want.compute);
-        EXPECT_EQ(got.m, want.m);
-        EXPECT_EQ(got.v, want.v);
+        expect_same(got, want);
         // Step 2 computes with the initial weights, as step 1 did.
         Model c = make_model(true);
         Result<HostOptimizer> serial =
@@ -234,12 +239,7 @@ TEST_F(HostOptimizerGpu, SchedulesGiveTheDeviceOptimizersBits) {
                 ASSERT_TRUE(host.ok()) << host.status().to_string();
                 h.init(5);  // after create_for: init writes the host masters and the compute copy
                 const Run got = train(h, &*host, nullptr, 4, finish_first);
-                EXPECT_EQ(got.losses, want.losses);
-                EXPECT_EQ(got.norms, want.norms);
-                EXPECT_EQ(got.masters, want.masters);
-                EXPECT_EQ(got.compute, want.compute);
-                EXPECT_EQ(got.m, want.m);
-                EXPECT_EQ(got.v, want.v);
+                expect_same(got, want);
             }
 }
 
