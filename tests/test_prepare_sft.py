@@ -13,7 +13,8 @@ What is checked, for the shared Llama-3 and Qwen3 tokenizers and their chat temp
     where each conversation starts (the sample-level check is data_tests
     SftPrepare.ConversationsPackIntoSamplesWithTheirOwnBoundariesAndLabels), and `lathe train`
     on CPU takes the prepared files with their labels and per-document attention;
-  * bad records under --on-error fail (file:line, nothing written) and skip (counts per problem).
+  * bad records under --on-error fail (file:line, nothing written) and skip (counts per problem),
+    a record nested too deeply for a recursive walk among them.
 """
 
 import json
@@ -250,6 +251,8 @@ BAD_ALPACA = [
     ({"instruction": "", "input": "", "output": "a"}, "empty"),
     ({"instruction": "q " * 60, "output": "a"}, "too long"),
     ("{broken", "not JSON"),
+    # Nested deeper than any recursive walk of it could take (io/json.h's bound).
+    ('{"instruction": "q", "output": "a", "x": ' + "[" * 30000 + "]" * 30000 + "}", "not JSON"),
 ]
 BAD_SHAREGPT = [
     ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, None),

@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/parallel.h"
 #include "ops/cuda/cuda_state.h"
@@ -147,7 +148,7 @@ Result<AlignTokenizer> align_load_tokenizer(const std::string& path) {
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(path));
     LATHE_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_json(text, path));
     AlignTokenizer out{std::move(tok), path, TokenSpelling::kPlain, std::nullopt, {}, {}};
-    Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    Json j = json_parse<Json>(text);
     if (j.is_discarded() || !j.is_object())
         return invalid_argument_error("{}: not a JSON object", path);
     // Stages index per-id tables with int32 ids.
@@ -654,7 +655,7 @@ Result<AlignMapResult> align_map_run(const AlignMapRequest& request) {
 
 Result<std::vector<int32_t>> align_read_map(const std::string& path) {
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(path));
-    Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    Json j = json_parse<Json>(text);
     if (j.is_discarded() || !j.is_object()) {
         return invalid_argument_error(
             "{}: expected a JSON object {{\"target_id\": source_id, ...}} (TokAlign's "

@@ -13,6 +13,7 @@
 #include "core/hash.h"
 #include "core/log.h"
 #include "io/file.h"
+#include "io/json.h"
 
 namespace lathe {
 namespace {
@@ -186,7 +187,7 @@ bool stage_up_to_date(const std::string& primary_output, const StageFingerprint&
         return false;
     }
     try {
-        const nlohmann::json m = nlohmann::json::parse(*text);
+        const nlohmann::json m = json_parse<nlohmann::json>(*text);  // discarded: .at() throws
         if (m.at("format").get<int>() != kManifestFormat ||
             m.at("stage").get<std::string>() != stage) {
             log_debug("{}: {} is for another stage or format, running", stage, manifest_path);

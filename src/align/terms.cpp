@@ -27,6 +27,7 @@
 #include "data/prepare.h"
 #include "io/file.h"
 #include "io/input.h"
+#include "io/json.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -615,12 +616,9 @@ int resolve_threads(int threads) {
 
 // The source tokenizer.json as JSON, with the "added_tokens" array the terms are spliced into.
 Result<nlohmann::json> parse_source_json(const std::string& text, const std::string& path) {
-    nlohmann::json tok;
-    try {
-        tok = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-        return invalid_argument_error("{}: not valid JSON: {}", path, e.what());
-    }
+    nlohmann::json tok = json_parse<nlohmann::json>(text);
+    if (tok.is_discarded())
+        return invalid_argument_error("{}: not valid JSON: {}", path, json_problem(text));
     if (!tok.is_object() || !tok.contains("added_tokens") || !tok["added_tokens"].is_array()) {
         return invalid_argument_error("{}: not a tokenizer.json (no \"added_tokens\" array)", path);
     }
@@ -960,11 +958,10 @@ Result<TermsReport> align_terms_run(const TermsOptions& options) {
     if (source_config.has_value()) {
         // Same settings, the terms added to added_tokens_decoder as transformers lists them.
         LATHE_ASSIGN_OR_RETURN(std::string config_text, file_read_all(*source_config));
-        nlohmann::ordered_json cfg;
-        try {
-            cfg = nlohmann::ordered_json::parse(config_text);
-        } catch (const nlohmann::json::exception& e) {
-            return invalid_argument_error("{}: not valid JSON: {}", *source_config, e.what());
+        nlohmann::ordered_json cfg = json_parse<nlohmann::ordered_json>(config_text);
+        if (cfg.is_discarded()) {
+            return invalid_argument_error("{}: not valid JSON: {}", *source_config,
+                                          json_problem(config_text));
         }
         if (!cfg.is_object())
             return invalid_argument_error("{}: not a JSON object", *source_config);

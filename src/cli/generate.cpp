@@ -29,6 +29,7 @@
 #include "infer/generate.h"
 #include "infer/prompting.h"
 #include "infer/tensor_parallel.h"
+#include "io/json.h"
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"
@@ -62,8 +63,10 @@ struct GenerateRequest {
 // One input line's prompt ids; errors are the caller's to place (file:line).
 Result<std::vector<int32_t>> prompt_of_line(const Prompting& p, const std::string& line,
                                             bool chat) {
-    nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return invalid_argument_error("not a JSON object");
+    nlohmann::ordered_json j = json_parse<nlohmann::ordered_json>(line);
+    if (j.is_discarded())
+        return invalid_argument_error("not a JSON object: {}", json_problem(line));
+    if (!j.is_object()) return invalid_argument_error("not a JSON object");
     const int keys =
         int(j.contains("prompt")) + int(j.contains("prompt_ids")) + int(j.contains("messages"));
     if (keys != 1) {

@@ -44,6 +44,7 @@
 #include "infer/prompting.h"
 #include "infer/scheduler.h"
 #include "infer/tensor_parallel.h"
+#include "io/json.h"
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"
@@ -94,31 +95,6 @@ std::string dump(const json& j) {
 constexpr int64_t kMaxJsonDepth = 32;
 // 'stop': at most 4 strings (OpenAI's limit) of at most 256 bytes each.
 constexpr size_t kMaxStops = 4, kMaxStopBytes = 256;
-
-// The deepest array/object nesting of a JSON text, counted outside strings; stops counting past
-// `limit`. Linear in the text, no allocation.
-int64_t json_depth(const std::string& text, int64_t limit) {
-    int64_t depth = 0, deepest = 0;
-    bool in_string = false, escaped = false;
-    for (const char c : text) {
-        if (in_string) {
-            if (escaped)
-                escaped = false;
-            else if (c == '\\')
-                escaped = true;
-            else if (c == '"')
-                in_string = false;
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '[' || c == '{') {
-            deepest = std::max(deepest, ++depth);
-            if (deepest > limit) return deepest;
-        } else if (c == ']' || c == '}') {
-            --depth;
-        }
-    }
-    return deepest;
-}
 
 // A user's value in an error message: scalars as written (strings cut to 64 bytes), arrays and
 // objects by their type and size, never their whole text.
@@ -599,7 +575,7 @@ void Server::handle(const httplib::Request& req, httplib::Response& res, bool ch
                                                    "than {} levels",
                                                    kMaxJsonDepth)));
     }
-    json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    json j = json_parse<json>(req.body);
     if (j.is_discarded()) return send_error(res, bad("", "the request body is not valid JSON"));
     if (!j.is_object()) return send_error(res, bad("", "the request body must be a JSON object"));
     auto job = std::make_shared<Job>();

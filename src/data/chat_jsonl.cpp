@@ -7,6 +7,7 @@
 #include "data/line_output.h"
 #include "io/file.h"
 #include "io/input.h"
+#include "io/json.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lathe {
@@ -23,8 +24,8 @@ struct Conversation {
 };
 
 Result<Conversation> parse_line(std::string_view line, const Json& default_kwargs) {
-    Json j = Json::parse(line, nullptr, false);
-    if (j.is_discarded()) return invalid_argument_error("not valid JSON (or not valid UTF-8)");
+    Json j = json_parse<Json>(line);
+    if (j.is_discarded()) return invalid_argument_error("not valid JSON: {}", json_problem(line));
     if (!j.is_object())
         return invalid_argument_error("expected a JSON object with a 'messages' array");
     if (!j.contains("messages")) return invalid_argument_error("no 'messages' field");
@@ -66,7 +67,7 @@ Result<ChatTemplate> chat_jsonl_load_template(const ChatJsonlOptions& args) {
         // With --chat-template the config only supplies the special tokens, so a config without a
         // chat_template of its own (e.g. Llama-2 base) is fine.
         LATHE_ASSIGN_OR_RETURN(std::string config_text, file_read_all(args.tokenizer_config));
-        Json config = Json::parse(config_text, nullptr, false);
+        Json config = json_parse<Json>(config_text);
         if (config.is_discarded() || !config.is_object())
             return invalid_argument_error(
                 "{}: not a JSON object (expected a tokenizer_config.json)", args.tokenizer_config);
@@ -89,7 +90,7 @@ Status chat_jsonl_run(const ChatJsonlOptions& args, ChatJsonlMode mode) {
     }
     Json default_kwargs;
     if (!args.kwargs.empty()) {
-        default_kwargs = Json::parse(args.kwargs, nullptr, false);
+        default_kwargs = json_parse<Json>(args.kwargs);
         if (default_kwargs.is_discarded() || !default_kwargs.is_object())
             return invalid_argument_error("--kwargs must be a JSON object, got: {}", args.kwargs);
     }

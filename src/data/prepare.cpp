@@ -17,6 +17,7 @@
 #include "data/jsonl.h"
 #include "io/file.h"
 #include "io/input.h"
+#include "io/json.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -106,7 +107,7 @@ Result<EodChoice> prepare_resolve_eod(const Tokenizer& tokenizer, const std::str
     std::string why = "no tokenizer_config.json beside it";
     if (config_path.has_value()) {
         LATHE_ASSIGN_OR_RETURN(const std::string text, file_read_all(*config_path));
-        const nlohmann::json config = nlohmann::json::parse(text, nullptr, false);
+        const nlohmann::json config = json_parse<nlohmann::json>(text);
         if (config.is_discarded() || !config.is_object()) {
             return invalid_argument_error("{}: not a JSON object (looking for eos_token)",
                                           *config_path);
@@ -185,16 +186,12 @@ public:
             all.append(line);
             all += '\n';
         }
-        try {
-            array_ = nlohmann::ordered_json::parse(all);
-        } catch (const nlohmann::json::exception& e) {
-            std::string what = e.what();
-            const size_t cut = what.find("] ");  // drop "[json.exception.parse_error.101] "
-            if (cut != std::string::npos) what = what.substr(cut + 2);
+        array_ = json_parse<nlohmann::ordered_json>(all);
+        if (array_.is_discarded()) {
             return invalid_argument_error(
                 "{}: starts with '[' but is not valid JSON ({}); give one JSON array of records, "
                 "or JSONL with one record per line",
-                name, what);
+                name, json_problem(all));
         }
         if (!array_.is_array()) {
             return invalid_argument_error("{}: expected one JSON array of records", name);
@@ -548,16 +545,10 @@ struct Worker {
             return invalid_argument_error("empty line, expected a JSON object with a \"{}\" field",
                                           sh.json_key);
         }
-        nlohmann::ordered_json record;
         problem = RecordProblem::kNotJson;
-        try {
-            record = nlohmann::ordered_json::parse(text);
-        } catch (const nlohmann::json::exception& e) {
-            std::string what = e.what();
-            const size_t cut = what.find("] ");  // drop "[json.exception.parse_error.101] "
-            if (cut != std::string::npos) what = what.substr(cut + 2);
-            return invalid_argument_error("not valid JSON: {}", what);
-        }
+        nlohmann::ordered_json record = json_parse<nlohmann::ordered_json>(text);
+        if (record.is_discarded())
+            return invalid_argument_error("not valid JSON: {}", json_problem(text));
         if (!record.is_object()) {
             problem = RecordProblem::kWrongType;
             if (kind == RecordKind::kAlpaca) {

@@ -1,4 +1,5 @@
 #include "infer/prompting.h"
+#include "io/json.h"
 
 #include <fstream>
 
@@ -11,7 +12,7 @@ Result<std::vector<int32_t>> read_eos_ids(const fs::path& dir) {
         const fs::path path = dir / name;
         if (!fs::exists(path)) continue;
         std::ifstream in(path);
-        nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+        nlohmann::json j = json_parse<nlohmann::json>(in);
         if (j.is_discarded()) return invalid_argument_error("{}: not valid JSON", path.string());
         if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) continue;
         const nlohmann::json& e = j["eos_token_id"];

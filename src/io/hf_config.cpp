@@ -7,6 +7,7 @@
 
 #include "core/strings.h"
 #include "io/file.h"
+#include "io/json.h"
 
 namespace lathe {
 
@@ -90,12 +91,9 @@ HfConfigReader& HfConfigReader::operator=(HfConfigReader&&) noexcept = default;
 HfConfigReader::~HfConfigReader() = default;
 
 Result<HfConfigReader> HfConfigReader::parse(std::string_view json_text, const std::string& where) {
-    auto root = std::make_unique<Json>();
-    try {
-        *root = Json::parse(json_text.begin(), json_text.end());
-    } catch (const Json::exception& e) {
-        return invalid_argument_error("{}: not valid JSON: {}", where, e.what());
-    }
+    auto root = std::make_unique<Json>(json_parse<Json>(json_text));
+    if (root->is_discarded())
+        return invalid_argument_error("{}: not valid JSON: {}", where, json_problem(json_text));
     if (!root->is_object())
         return invalid_argument_error("{}: config.json must be a JSON object, got {}", where,
                                       hf_json_kind(*root));

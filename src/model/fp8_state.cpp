@@ -1,6 +1,7 @@
 // FP8 settings, policy and delayed-scaling state (model/fp8_state.h).
 
 #include "model/fp8_state.h"
+#include "io/json.h"
 
 #include <algorithm>
 #include <bit>
@@ -173,7 +174,7 @@ Status Fp8ScalingState::save(const std::string& path) const {
 Status Fp8ScalingState::load(const std::string& path) {
     auto text = file_read_all(path);
     if (!text.ok()) return text.status().with_context("the fp8 scaling state");
-    const nlohmann::json j = nlohmann::json::parse(text.value(), nullptr, false);
+    const nlohmann::json j = json_parse<nlohmann::json>(text.value());
     if (j.is_discarded() || !j.is_object() || j.value("format", "") != kFormat)
         return data_loss_error("{}: not a lathe fp8 scaling state (format '{}')", path, kFormat);
     if (j.value("version", 0) != kVersion)

@@ -1,4 +1,5 @@
 #include "run/eval_bpb.h"
+#include "io/json.h"
 
 #include <algorithm>
 #include <cmath>
@@ -25,7 +26,7 @@ namespace fs = std::filesystem;
 Result<int32_t> prefix_token(const fs::path& dir) {
     const fs::path path = dir / "config.json";
     std::ifstream in(path);
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    const nlohmann::json j = json_parse<nlohmann::json>(in);
     if (j.is_discarded()) return invalid_argument_error("{}: not valid JSON", path.string());
     for (const char* key : {"bos_token_id", "eos_token_id"}) {
         if (!j.contains(key)) continue;
@@ -52,7 +53,7 @@ Result<std::vector<std::string>> read_documents(const std::string& data) {
     std::string line;
     for (int64_t n = 1; std::getline(in, line); ++n) {
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        const nlohmann::json j = json_parse<nlohmann::json>(line);
         if (j.is_discarded() || !j.is_object() || !j.contains("text") || !j["text"].is_string())
             return invalid_argument_error("{}:{}: expected {{\"text\": \"...\"}}", data, n);
         docs.push_back(j["text"].get<std::string>());

@@ -1,4 +1,5 @@
 #include "run/eval_tasks.h"
+#include "io/json.h"
 
 #include <algorithm>
 #include <cmath>
@@ -30,7 +31,7 @@ using ojson = nlohmann::ordered_json;
 std::optional<std::vector<int32_t>> json_ids(const fs::path& path, const char* key) {
     std::ifstream in(path);
     if (!in) return std::nullopt;
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    const nlohmann::json j = json_parse<nlohmann::json>(in);
     if (j.is_discarded() || !j.contains(key)) return std::nullopt;
     const nlohmann::json& v = j[key];
     std::vector<int32_t> out;

@@ -1,4 +1,5 @@
 #include "run/eval_tasks_spec.h"
+#include "io/json.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -346,7 +347,7 @@ Result<std::vector<ojson>> eval_task_read_records(const std::string& path) {
         std::string line;
         for (int64_t n = 1; std::getline(in, line); ++n) {
             if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-            ojson j = ojson::parse(line, nullptr, false);
+            ojson j = json_parse<ojson>(line);
             if (j.is_discarded() || !j.is_object())
                 return invalid_argument_error("{}:{}: expected one JSON object per line", path, n);
             out.push_back(std::move(j));
@@ -354,7 +355,7 @@ Result<std::vector<ojson>> eval_task_read_records(const std::string& path) {
     } else {
         std::ostringstream all;
         all << in.rdbuf();
-        ojson j = ojson::parse(all.str(), nullptr, false);
+        ojson j = json_parse<ojson>(all.str());
         if (j.is_discarded())
             return invalid_argument_error("{}: not valid JSON (or use .jsonl)", path);
         if (j.is_array()) {

@@ -1,4 +1,5 @@
 #include "run/metrics.h"
+#include "io/json.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -55,7 +56,7 @@ Result<MetricsLog> MetricsLog::open(const std::string& path, int64_t keep_throug
         for (std::string_view line : split(text, '\n')) {
             ++line_no;
             if (trim(line).empty()) continue;
-            const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+            const auto j = json_parse<nlohmann::json>(line);
             if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
                 !j["step"].is_number_integer()) {
                 // A line cut by a kill mid-write: drop it and everything after.

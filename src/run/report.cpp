@@ -1,4 +1,5 @@
 #include "run/report.h"
+#include "io/json.h"
 
 #include <fmt/format.h>
 
@@ -197,7 +198,7 @@ Status read_metrics_lines(const std::string& path, ReportRun& run) {
     while (std::getline(in, text)) {
         ++line_no;
         if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-        const auto line = nlohmann::json::parse(text, nullptr, false);
+        const auto line = json_parse<nlohmann::json>(text);
         if (line.is_discarded() || !line.is_object()) {
             return invalid_argument_error(
                 "{}:{}: not a JSON object (lathe report reads one JSON "

@@ -1,4 +1,5 @@
 #include "run/run_list.h"
+#include "io/json.h"
 
 #include <fmt/format.h>
 
@@ -76,7 +77,7 @@ bool read_metrics(const fs::path& path, RunRow& row) {
     while (std::getline(in, text)) {
         ++line_no;
         if (text.empty()) continue;
-        const auto line = nlohmann::json::parse(text, nullptr, false);
+        const auto line = json_parse<nlohmann::json>(text);
         if (line.is_discarded() || !line.is_object() || !line.contains("step") ||
             !line["step"].is_number_integer()) {
             row.status = fmt::format("unreadable: metrics.jsonl line {}", line_no);

@@ -1,4 +1,5 @@
 #include "run/special_tokens.h"
+#include "io/json.h"
 
 #include <fmt/format.h>
 
@@ -73,7 +74,7 @@ Status post_processor_tokens(const Tokenizer& tokenizer, std::optional<SpecialTo
 Result<std::optional<SpecialToken>> model_unk_token(const Tokenizer& tokenizer,
                                                     const std::string& tokenizer_path) {
     LATHE_ASSIGN_OR_RETURN(const std::string text, file_read_all(tokenizer_path));
-    const Json j = Json::parse(text, nullptr, false);
+    const Json j = json_parse<Json>(text);
     if (j.is_discarded() || !j.is_object())
         return invalid_argument_error("{}: not a JSON object (expected a tokenizer.json)",
                                       tokenizer_path);
@@ -137,7 +138,7 @@ Result<TokenizerSpecialTokens> tokenizer_special_tokens(const Tokenizer& tokeniz
     const std::optional<std::string> config_path = prepare_find_tokenizer_config(tokenizer_path);
     if (config_path) {
         LATHE_ASSIGN_OR_RETURN(const std::string text, file_read_all(*config_path));
-        const Json config = Json::parse(text, nullptr, false);
+        const Json config = json_parse<Json>(text);
         if (config.is_discarded() || !config.is_object())
             return invalid_argument_error(
                 "{}: not a JSON object (expected the tokenizer_config.json of {})", *config_path,

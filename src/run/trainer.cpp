@@ -1,4 +1,5 @@
 #include "run/trainer.h"
+#include "io/json.h"
 
 #include <fmt/format.h>
 
@@ -705,7 +706,7 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     {
         const std::string state_path = (fs::path(dir) / kTrainerStateFile).string();
         if (auto text = file_read_all(state_path); text.ok()) {
-            const auto j = nlohmann::json::parse(*text, nullptr, false);
+            const auto j = json_parse<nlohmann::json>(*text);
             if (j.is_object() && j.contains("tensor_parallel") &&
                 j.at("tensor_parallel").is_number_integer())
                 written_tp = j.at("tensor_parallel").get<int64_t>();
@@ -779,7 +780,7 @@ Status Trainer::load_checkpoint(const std::string& dir, bool with_optimizer_and_
     }
     const std::string state_path = (fs::path(dir) / kTrainerStateFile).string();
     LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(state_path));
-    const auto j = nlohmann::json::parse(text, nullptr, false);
+    const auto j = json_parse<nlohmann::json>(text);
     if (j.is_discarded()) return data_loss_error("{}: not valid JSON", state_path);
     LATHE_ASSIGN_OR_RETURN(st_, trainer_state_from_json(j, state_path));
     if (Fp8ScalingState* scaling = model_->fp8_scaling()) {
@@ -1410,7 +1411,7 @@ Status check_resume_config(const std::string& run_dir, const ConfigSchema& schem
     int64_t world_before = 1;
     const std::string state_path = (checkpoint / kTrainerStateFile).string();
     if (auto bytes = file_read_all(state_path); bytes.ok()) {
-        const auto j = nlohmann::json::parse(*bytes, nullptr, false);
+        const auto j = json_parse<nlohmann::json>(*bytes);
         if (j.is_object() && j.contains("config") && j.at("config").is_string()) {
             text = j.at("config").get<std::string>();
             from = state_path;

@@ -1,4 +1,5 @@
 #include "tokenizer/chat_template.h"
+#include "io/json.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -199,7 +200,7 @@ Result<std::optional<std::pair<std::string, std::string>>> sibling_template(
     const fs::path json_path = dir / "chat_template.json";
     if (file_exists(json_path.string())) {
         LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(json_path.string()));
-        Json j = Json::parse(text, nullptr, false);
+        Json j = json_parse<Json>(text);
         if (j.is_discarded() || !j.is_object() || !j.contains("chat_template") ||
             !j["chat_template"].is_string())
             return invalid_argument_error(
@@ -228,7 +229,7 @@ Result<ChatTemplate> ChatTemplate::build(std::string_view config_json_text,
                                          const std::string& source_name,
                                          const std::string& template_name,
                                          const std::string* config_path) {
-    Json config = Json::parse(config_json_text, nullptr, false);
+    Json config = json_parse<Json>(config_json_text);
     if (config.is_discarded() || !config.is_object())
         return invalid_argument_error("{}: not a JSON object (expected a tokenizer_config.json)",
                                       source_name);

@@ -1,4 +1,5 @@
 #include "tokenizer/describe.h"
+#include "io/json.h"
 
 #include <fmt/format.h>
 
@@ -61,7 +62,7 @@ Result<std::string> tokenizer_describe(const std::string& path) {
         return std::string();
     }
     LATHE_ASSIGN_OR_RETURN(const std::string text, file_read_all(path));
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json j = json_parse<nlohmann::json>(text);
     if (j.is_discarded() || !j.is_object() || !j.contains("model") || !j["model"].is_object()) {
         const Status s = Tokenizer::from_json(text, path).status();
         if (!s.ok()) return s;
