@@ -1,6 +1,7 @@
 """End-to-end tests of `lathe train`'s crash paths and resume rules, through the `lathe` binary.
 
 Checked here:
+  - an empty `data.path` list is an error naming the key;
   - token ids outside the model's vocabulary (data prepared with another tokenizer, or a label
     file with a bad id) are an error when the data is opened, naming the file, the id, where it is
     and the vocabulary size; label files may hold negative labels (-100: no loss);
@@ -140,6 +141,13 @@ def test_token_id_position_is_named(corpus, tmp_path):
     docs[5][2] = 0
     write_token_file(tmp_path / "good", docs, np.uint16)
     run(train_cmd(corpus, tmp_path / "ok", f"data.path={tmp_path / 'good'}", "train.steps=1"))
+
+
+def test_an_empty_data_path_list_is_an_error(corpus, tmp_path):
+    p = run(train_cmd(corpus, tmp_path / "r", "data.path=[]"), check=False)
+    assert_clean_error(p)
+    assert "'data.path' is an empty list" in p.stderr, p.stderr
+    assert not (tmp_path / "r" / "checkpoints").exists()
 
 
 def sft_sets(tokens, labels):

@@ -15,7 +15,8 @@ std::string nested(int64_t depth, std::string_view inner = "") {
 TEST(JsonDepth, CountsArraysAndObjectsOutsideStrings) {
     EXPECT_EQ(json_depth("1"), 0);
     EXPECT_EQ(json_depth(R"({"a": [1, {"b": []}]})"), 4);
-    EXPECT_EQ(json_depth(R"({"a": "[[[{{{\"[[["})"), 1);  // brackets and an escaped quote in a string
+    EXPECT_EQ(json_depth(R"({"a": "[[[{{{\"[[["})"),
+              1);  // brackets and an escaped quote in a string
     EXPECT_EQ(json_depth(R"([[]], [[[]]])"), 3);
     EXPECT_EQ(json_depth(nested(50), 10), 11);  // stops counting past the limit
 }

@@ -559,6 +559,12 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
 
     // ---- data ----
     const std::vector<std::string> paths = c.get_string_list("data.path");
+    if (paths.empty()) {
+        return invalid_argument_error(
+            "{}: 'data.path' is an empty list; give the prefix of the token files (or a list of "
+            "them, a blend) that `lathe prepare --output-prefix` wrote",
+            c.source_of("data.path"));
+    }
     LATHE_RETURN_IF_ERROR(check_prefixes_exist(c, "data.path", paths));
     const std::vector<std::string> labels = c.has("data.label_path")
                                                 ? c.get_string_list("data.label_path")

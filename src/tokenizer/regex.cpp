@@ -4,6 +4,7 @@
 #include <pcre2.h>
 
 #include "core/check.h"
+#include "core/strings.h"
 #include "tokenizer/utf8.h"
 
 namespace lathe {
@@ -201,6 +202,13 @@ bool Regex::search(std::string_view text, size_t start, size_t* match_begin,
                          st.match_data, nullptr);
     }
     if (rc == PCRE2_ERROR_NOMATCH) return false;
+    if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
+        rc == PCRE2_ERROR_HEAPLIMIT) {
+        throw RegexLimitExceeded(fmt::format(
+            "the tokenizer's pattern '{}' gave up on this text of {} bytes (PCRE2 error {}: it "
+            "backtracks too far, e.g. over a run of millions of spaces); split or shorten the text",
+            escape_for_message(pattern_, 60), text.size(), rc));
+    }
     LATHE_CHECK(rc >= 0, "PCRE2 match of '{}' failed with code {} on {} bytes", pattern_, rc,
                 text.size());
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.match_data);

@@ -21,12 +21,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include "core/status.h"
 
 namespace lathe {
+
+// Thrown by Regex::search when PCRE2 gives up on a text (its match, depth or heap limit: a text
+// that makes the pattern backtrack too far, as ten million spaces do for Llama-3's pre-tokenizer
+// pattern; Hugging Face's tokenizers fails on it too). Tokenizer::encode returns it as the text's
+// error Status.
+class RegexLimitExceeded : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
 
 class Regex {
 public:

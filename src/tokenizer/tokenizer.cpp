@@ -302,41 +302,49 @@ Status Tokenizer::encode(std::string_view text, bool add_special, std::vector<in
             "text is not valid UTF-8 (invalid byte 0x{:02X} at offset {})",
             static_cast<uint8_t>(text[at]), at);
     }
-    const Impl& im = *impl_;
-    EncodeContext& ctx = thread_context(im.serial);
-    ctx.raw_splits.clear();
-    im.added.split(text, /*normalized=*/false, ctx.raw_splits);
-    for (const AddedSplit& rs : ctx.raw_splits) {
-        if (rs.id >= 0) {
-            ids.push_back(rs.id);
-            continue;
-        }
-        if (rs.begin == rs.end) continue;
-        std::string_view segment = text.substr(rs.begin, rs.end - rs.begin);
-        bool at_origin = rs.begin == 0;
-        if (im.normalizer) {
-            ctx.normalized.clear();
-            at_origin = im.normalizer->normalize(segment, ctx.normalized) && at_origin;
-            segment = ctx.normalized;
-        }
-        if (!im.added.has_normalized_tokens()) {
-            if (!segment.empty())
-                LATHE_RETURN_IF_ERROR(im.encode_segment(segment, at_origin, ctx, ids));
-            continue;
-        }
-        ctx.normalized_splits.clear();
-        im.added.split(segment, /*normalized=*/true, ctx.normalized_splits);
-        for (const AddedSplit& ns : ctx.normalized_splits) {
-            if (ns.id >= 0) {
-                ids.push_back(ns.id);
-            } else if (ns.begin != ns.end) {
-                LATHE_RETURN_IF_ERROR(im.encode_segment(segment.substr(ns.begin, ns.end - ns.begin),
-                                                        at_origin && ns.begin == 0, ctx, ids));
+    // A pre-tokenizer's regex can give up on a text (regex.h: RegexLimitExceeded): that text's
+    // error, not the process's.
+    try {
+        const Impl& im = *impl_;
+        EncodeContext& ctx = thread_context(im.serial);
+        ctx.raw_splits.clear();
+        im.added.split(text, /*normalized=*/false, ctx.raw_splits);
+        for (const AddedSplit& rs : ctx.raw_splits) {
+            if (rs.id >= 0) {
+                ids.push_back(rs.id);
+                continue;
+            }
+            if (rs.begin == rs.end) continue;
+            std::string_view segment = text.substr(rs.begin, rs.end - rs.begin);
+            bool at_origin = rs.begin == 0;
+            if (im.normalizer) {
+                ctx.normalized.clear();
+                at_origin = im.normalizer->normalize(segment, ctx.normalized) && at_origin;
+                segment = ctx.normalized;
+            }
+            if (!im.added.has_normalized_tokens()) {
+                if (!segment.empty())
+                    LATHE_RETURN_IF_ERROR(im.encode_segment(segment, at_origin, ctx, ids));
+                continue;
+            }
+            ctx.normalized_splits.clear();
+            im.added.split(segment, /*normalized=*/true, ctx.normalized_splits);
+            for (const AddedSplit& ns : ctx.normalized_splits) {
+                if (ns.id >= 0) {
+                    ids.push_back(ns.id);
+                } else if (ns.begin != ns.end) {
+                    LATHE_RETURN_IF_ERROR(
+                        im.encode_segment(segment.substr(ns.begin, ns.end - ns.begin),
+                                          at_origin && ns.begin == 0, ctx, ids));
+                }
             }
         }
+        if (add_special && im.post_processor) im.post_processor->apply(ids, ctx.post_scratch);
+        return ok_status();
+    } catch (const RegexLimitExceeded& e) {
+        ids.clear();
+        return invalid_argument_error("{}", e.what());
     }
-    if (add_special && im.post_processor) im.post_processor->apply(ids, ctx.post_scratch);
-    return ok_status();
 }
 
 Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_special) const {

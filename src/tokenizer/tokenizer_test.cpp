@@ -171,6 +171,24 @@ TEST(Tokenizer, RejectsInvalidUtf8) {
     EXPECT_NE(r.status().message().find("offset 2"), std::string::npos) << r.status().message();
 }
 
+// A pre-tokenizer pattern that backtracks exponentially gives up on a short text: that text's
+// error (the tokenizer goes on encoding others), not an abort.
+TEST(Tokenizer, RegexThatGivesUpIsTheTextsError) {
+    std::string json(k_merges_string_form);
+    const std::string ws = R"({"type": "WhitespaceSplit"})";
+    json.replace(json.find(ws), ws.size(),
+                 R"({"type": "Split", "pattern": {"Regex": "(a|aa)+$"}, "behavior": "Isolated", )"
+                 R"("invert": false})");
+    Result<Tokenizer> tok = Tokenizer::from_json(json, "t");
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    Result<std::vector<int32_t>> r = tok->encode(std::string(100, 'a') + "b", false);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("gave up on this text of 101 bytes"), std::string::npos)
+        << r.status().message();
+    Result<std::vector<int32_t>> ok = tok->encode("aab", false);
+    EXPECT_TRUE(ok.ok()) << ok.status().to_string();
+}
+
 TEST(Tokenizer, LoadErrorsNameTheKey) {
     std::string json(k_merges_string_form);
     const std::string from = R"("merges": ["a b", "ab c", "b c"])";
