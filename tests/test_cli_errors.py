@@ -13,6 +13,8 @@ Checked here, through the `lathe` binary (LATHE_BIN):
     or as a checkpoint) is an error naming the argument and what it takes;
   - numbers in chat templates beyond what 64 bits hold render as jinja2 renders them (or fail as
     jinja2 fails), never end the process;
+  - an output that names an input file (by any path) is refused and the input kept; an output
+    that is a FIFO is written into, not replaced by a file;
   - an exception no Status describes (here: memory running out under an address-space limit)
     ends as one `lathe: error:` line and exit code 1, not std::terminate.
 """
@@ -295,6 +297,41 @@ def test_token_file_arguments_given_other_files(made, tmp_path):
 
 
 # ---- numbers beyond 64 bits in chat templates ----
+
+# ---- an output never replaces an input ----
+
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(made, tmp_path):
+    src = tmp_path / "docs.jsonl"
+    src.write_text('{"text": "hello"}\n{"text": "world"}\n')
+    (tmp_path / "link.jsonl").symlink_to(src)
+    before = src.read_bytes()
+    tok = made / "tok.json"
+    fails(["tokenize", "--tokenizer", tok, "--input", src, "--output", tmp_path / "link.jsonl"],
+          "is the --input file", rc=2)
+    # The input named as one of the outputs of the prefix.
+    shutil.copy(src, tmp_path / "docs.bin")
+    fails(["prepare", "--tokenizer", tok, "--input", tmp_path / "docs.bin", "--output-prefix",
+           tmp_path / "docs", "--format", "jsonl"], "--output-prefix", "is the --input file", rc=2)
+    assert (tmp_path / "docs.bin").read_bytes() == before
+    run_dir = tmp_path / "run"
+    shutil.copytree(made / "run", run_dir)
+    metrics = (run_dir / "metrics.jsonl").read_bytes()
+    fails(["report", run_dir, "-o", run_dir / "metrics.jsonl"], "is the run's file", rc=2)
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics
+    assert src.read_bytes() == before
+
+
+def test_an_output_fifo_stays_a_fifo(made, tmp_path):
+    src = tmp_path / "docs.jsonl"
+    src.write_text('{"text": "hello"}\n')
+    fifo = tmp_path / "out"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    run(["tokenize", "--tokenizer", made / "tok.json", "--input", src, "--output", fifo])
+    out, _ = reader.communicate(timeout=30)
+    assert json.loads(out)["ids"], out
+    assert fifo.is_fifo()
+
 
 def render(tmp_path, template, messages):
     cfg = tmp_path / "tokenizer_config.json"

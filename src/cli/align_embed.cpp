@@ -14,6 +14,7 @@
 #include "align/embed.h"
 #include "cli/command.h"
 #include "core/progress.h"
+#include "io/file.h"
 
 namespace lathe {
 
@@ -85,6 +86,9 @@ void cli_add_align_embed(CLI::App& align, CommandAction& action) {
     cmd->callback([=, &action] {
         action = [=]() -> Status {
             EmbedOptions o = *opts;
+            for (const char* ext : {".bin", ".idx"})
+                LATHE_RETURN_IF_ERROR(
+                    check_output_is_not_input("--output", o.output, "--tokens", o.tokens + ext));
             LATHE_ASSIGN_OR_RETURN(o.method, embed_method_from_name(*method));
             LATHE_ASSIGN_OR_RETURN(o.device, embed_device_from_name(*device));
             if (!(*memory_gb > 0))

@@ -5,6 +5,7 @@
 
 #include "align/map.h"
 #include "cli/command.h"
+#include "io/file.h"
 
 namespace lathe {
 
@@ -57,6 +58,12 @@ void cli_add_align_map(CLI::App& align, CommandAction& action) {
     cmd->add_flag("--force", o->force, "recompute even when the outputs are up to date");
     cmd->callback([o, threshold, &action] {
         action = [o, threshold]() -> Status {
+            for (const auto& [flag, in] : {std::pair{"--source-tokenizer", o->source_tokenizer},
+                                           {"--target-tokenizer", o->target_tokenizer},
+                                           {"--source-vectors", o->source_vectors},
+                                           {"--target-vectors", o->target_vectors},
+                                           {"--terms", o->terms}})
+                LATHE_RETURN_IF_ERROR(check_output_is_not_input("--output", o->output, flag, in));
             AlignMapRequest req;
             req.source_tokenizer = o->source_tokenizer;
             req.target_tokenizer = o->target_tokenizer;

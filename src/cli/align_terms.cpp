@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/strings.h"
+#include "io/file.h"
 
 namespace lathe {
 
@@ -127,6 +128,12 @@ void cli_add_align_terms(CLI::App& align, CommandAction& action) {
     cmd->callback([=, &action] {
         action = [=]() -> Status {
             TermsOptions o = *opts;
+            LATHE_RETURN_IF_ERROR(
+                check_output_is_not_input("--output", o.output, "--tokenizer", o.source_tokenizer));
+            for (const auto* list : {&o.corpus, &o.general_corpus})
+                for (const std::string& in : *list)
+                    LATHE_RETURN_IF_ERROR(
+                        check_output_is_not_input("--output", o.output, "corpus", in));
             LATHE_ASSIGN_OR_RETURN(o.format, terms_format_from_name(*format));
             if (*on_error == "fail") {
                 o.skip_bad_documents = false;

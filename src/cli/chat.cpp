@@ -13,6 +13,7 @@
 
 #include "cli/command.h"
 #include "data/chat_jsonl.h"
+#include "io/file.h"
 
 namespace lathe {
 
@@ -49,7 +50,11 @@ void cli_add_chat(CLI::App& parent, CommandAction& action) {
     render->add_flag("--add-generation-prompt", args->add_generation_prompt,
                      "End with the header that starts the assistant's reply");
     render->callback([args, &action] {
-        action = [args] { return chat_jsonl_run(*args, ChatJsonlMode::kRender); };
+        action = [args]() -> Status {
+            LATHE_RETURN_IF_ERROR(
+                check_output_is_not_input("--output", args->output, "--input", args->input));
+            return chat_jsonl_run(*args, ChatJsonlMode::kRender);
+        };
     });
 
     CLI::App* encode = chat->add_subcommand(
@@ -68,7 +73,11 @@ void cli_add_chat(CLI::App& parent, CommandAction& action) {
                      "whose rendering does not end in a special token: a template that marks "
                      "no end of turn)");
     encode->callback([args, &action] {
-        action = [args] { return chat_jsonl_run(*args, ChatJsonlMode::kEncode); };
+        action = [args]() -> Status {
+            LATHE_RETURN_IF_ERROR(
+                check_output_is_not_input("--output", args->output, "--input", args->input));
+            return chat_jsonl_run(*args, ChatJsonlMode::kEncode);
+        };
     });
 }
 

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "io/file.h"
 #include "run/eval_bpb.h"
 #include "run/eval_loss.h"
 #include "run/eval_tasks.h"
@@ -81,6 +82,13 @@ void cli_add_eval(CLI::App& parent, CommandAction& action) {
     tasks->add_option("--device", tasks_req->device, "auto | cpu | cuda")->capture_default_str();
     tasks->callback([tasks_req, &action] {
         action = [tasks_req]() -> Status {
+            const EvalTasksRequest& q = *tasks_req;
+            LATHE_RETURN_IF_ERROR(
+                check_output_is_not_input("--output", q.output, "--samples", q.samples));
+            for (const std::string& t : q.tasks)
+                for (const auto& [flag, out] :
+                     {std::pair{"--output", q.output}, {"--samples", q.samples}})
+                    LATHE_RETURN_IF_ERROR(check_output_is_not_input(flag, out, "--tasks", t));
             LATHE_ASSIGN_OR_RETURN(EvalTasksResult r, eval_tasks_run(*tasks_req));
             std::printf("%s\n", eval_tasks_json(*tasks_req, r).c_str());
             return ok_status();

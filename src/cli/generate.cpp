@@ -29,6 +29,7 @@
 #include "infer/generate.h"
 #include "infer/prompting.h"
 #include "infer/tensor_parallel.h"
+#include "io/file.h"
 #include "io/json.h"
 #include "model/model.h"
 #include "model/model_io.h"
@@ -283,7 +284,13 @@ void cli_add_generate(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--random-weights", req->random_weights,
                     "Draw the weights from this seed instead of reading safetensors (timing a "
                     "shape from its config.json alone; the output is noise)");
-    cmd->callback([req, &action] { action = [req] { return run_generate(*req); }; });
+    cmd->callback([req, &action] {
+        action = [req]() -> Status {
+            LATHE_RETURN_IF_ERROR(
+                check_output_is_not_input("--output", req->output, "--input", req->input));
+            return run_generate(*req);
+        };
+    });
 }
 
 }  // namespace lathe

@@ -155,6 +155,10 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
         action = [=]() -> Status {
             PrepareOptions o = *opts;
             o.inputs = expand_inputs(*inputs);
+            for (const std::string& in : o.inputs)
+                for (const char* out : {".bin", ".idx", "_label.bin", "_label.idx"})
+                    LATHE_RETURN_IF_ERROR(check_output_is_not_input(
+                        "--output-prefix", o.output_prefix + out, "--input", in));
             LATHE_ASSIGN_OR_RETURN(o.format, prepare_format_from_name(*format));
             if (*on_error == "fail") {
                 o.on_error = OnError::kFail;

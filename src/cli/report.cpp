@@ -4,11 +4,13 @@
 //   lathe report RUN_DIR... [--output report.html]
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/command.h"
+#include "io/file.h"
 #include "run/report.h"
 
 namespace lathe {
@@ -16,6 +18,13 @@ namespace lathe {
 namespace {
 
 Status run_report(const std::vector<std::string>& runs, const std::string& output) {
+    // The files a run gives the page: writing over one of them loses it.
+    for (const std::string& run : runs) {
+        LATHE_RETURN_IF_ERROR(check_output_is_not_input("--output", output, "run", run));
+        for (const char* name : {"metrics.jsonl", "config.yaml"})
+            LATHE_RETURN_IF_ERROR(check_output_is_not_input(
+                "--output", output, "run's", (std::filesystem::path(run) / name).string()));
+    }
     LATHE_RETURN_IF_ERROR(write_report(runs, output));
     std::printf("%s\n", output.c_str());
     std::fflush(stdout);

@@ -10,6 +10,7 @@
 #include "cli/command.h"
 #include "core/log.h"
 #include "data/tokenize_jsonl.h"
+#include "io/file.h"
 
 namespace lathe {
 
@@ -39,6 +40,8 @@ void cli_add_tokenize(CLI::App& parent, CommandAction& action) {
         action = [args] {
             // The summary line goes to stderr, except under --quiet.
             args->show_progress = log_level() <= LogLevel::kInfo;
+            LATHE_RETURN_IF_ERROR(
+                check_output_is_not_input("--output", args->output, "--input", args->input));
             return tokenize_jsonl(*args);
         };
     });

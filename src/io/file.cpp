@@ -111,6 +111,15 @@ void MappedFile::release() {
 Result<AtomicFile> AtomicFile::create(const std::string& path) {
     AtomicFile f;
     f.path_ = path;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+        if (S_ISDIR(st.st_mode))
+            return invalid_argument_error("{}: is a folder; give a file path to write", path);
+        // A FIFO, a device (/dev/null) or a socket: written in place, never replaced by a file.
+        f.file_ = std::fopen(path.c_str(), "wb");
+        if (f.file_ == nullptr) return io_error("{}: cannot open: {}", path, std::strerror(errno));
+        return f;
+    }
     f.temp_path_ = path + ".tmp-" + std::to_string(::getpid());
     f.file_ = std::fopen(f.temp_path_.c_str(), "wb");
     if (f.file_ == nullptr) {
@@ -145,14 +154,15 @@ void AtomicFile::abandon() {
     if (file_ != nullptr) {
         std::fclose(file_);
         file_ = nullptr;
-        ::unlink(temp_path_.c_str());
+        if (!temp_path_.empty()) ::unlink(temp_path_.c_str());
     }
 }
 
 Status AtomicFile::write(const void* data, size_t size) {
     if (file_ == nullptr) return failed_precondition_error("{}: write after commit", path_);
     if (size > 0 && std::fwrite(data, 1, size, file_) != size) {
-        return io_error("{}: write failed: {}", temp_path_, std::strerror(errno));
+        return io_error("{}: write failed: {}", temp_path_.empty() ? path_ : temp_path_,
+                        std::strerror(errno));
     }
     bytes_written_ += size;
     return ok_status();
@@ -160,6 +170,14 @@ Status AtomicFile::write(const void* data, size_t size) {
 
 Status AtomicFile::commit() {
     if (file_ == nullptr) return failed_precondition_error("{}: commit twice", path_);
+    if (temp_path_.empty()) {  // a special file, written in place
+        const bool flushed = std::fflush(file_) == 0;
+        const int err = errno;
+        std::fclose(file_);
+        file_ = nullptr;
+        if (!flushed) return io_error("{}: write failed: {}", path_, std::strerror(err));
+        return ok_status();
+    }
     if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) {
         const int err = errno;
         abandon();
@@ -173,6 +191,16 @@ Status AtomicFile::commit() {
         return io_error("{}: cannot rename from {}: {}", path_, temp_path_, std::strerror(err));
     }
     return ok_status();
+}
+
+Status check_output_is_not_input(std::string_view output_flag, const std::string& output,
+                                 std::string_view input_flag, const std::string& input) {
+    std::error_code ec;
+    if (output.empty() || input.empty() || output == "-" || input == "-") return ok_status();
+    if (!std::filesystem::equivalent(output, input, ec)) return ok_status();
+    return invalid_argument_error(
+        "{} {} is the {} file: writing it would replace the input; write the output elsewhere",
+        output_flag, output, input_flag);
 }
 
 Status folder_sync(const std::string& dir) {

@@ -22,6 +22,11 @@ Result<std::string> file_read_all(const std::string& path);
 Result<uint64_t> file_size(const std::string& path);
 bool file_exists(const std::string& path);
 
+// An error when `output` names the same file as `input` (by the same path or another, a link
+// included): the command would replace its input. Nothing when either does not exist or is "-".
+Status check_output_is_not_input(std::string_view output_flag, const std::string& output,
+                                 std::string_view input_flag, const std::string& input);
+
 // Writes `data` to `path` atomically (AtomicFile underneath).
 Status file_write_atomic(const std::string& path, std::string_view data);
 
@@ -49,7 +54,9 @@ private:
     uint64_t size_ = 0;
 };
 
-// A file written under a temporary name and renamed into place by commit().
+// A file written under a temporary name and renamed into place by commit(). An existing FIFO,
+// device or socket at the path is written in place instead (no temporary: a rename would replace
+// /dev/null or a pipe's reader's FIFO with a plain file); a folder is an error.
 class AtomicFile {
 public:
     // Creates "<path>.tmp-<pid>" for writing (buffered). Fails if the folder does not exist.

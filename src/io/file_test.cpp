@@ -1,11 +1,13 @@
 #include "io/file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace lathe {
@@ -44,6 +46,54 @@ TEST(AtomicFile, MissingFolderIsAClearError) {
     auto f = AtomicFile::create("/nonexistent-dir-lathe/x.bin");
     ASSERT_FALSE(f.ok());
     EXPECT_NE(f.status().message().find("/nonexistent-dir-lathe/x.bin"), std::string::npos);
+}
+
+// A FIFO at the output path is written in place (its reader gets the bytes) and stays a FIFO; a
+// folder is an error.
+TEST(AtomicFile, SpecialFilesAreWrittenInPlaceAndFoldersRefused) {
+    const std::string fifo = temp_dir() + "/pipe";
+    std::filesystem::remove(fifo);
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    std::string got;
+    std::thread reader([&] {
+        std::FILE* in = std::fopen(fifo.c_str(), "rb");
+        char buf[64];
+        for (size_t n; in != nullptr && (n = std::fread(buf, 1, sizeof buf, in)) > 0;)
+            got.append(buf, n);
+        if (in != nullptr) std::fclose(in);
+    });
+    {
+        auto f = AtomicFile::create(fifo);
+        ASSERT_TRUE(f.ok()) << f.status().to_string();
+        EXPECT_TRUE(f->write("through the pipe").ok());
+        EXPECT_TRUE(f->commit().ok());
+    }
+    reader.join();
+    EXPECT_EQ(got, "through the pipe");
+    EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+    auto null = AtomicFile::create("/dev/null");
+    ASSERT_TRUE(null.ok()) << null.status().to_string();
+    EXPECT_TRUE(null->write("x").ok());
+    EXPECT_TRUE(null->commit().ok());
+    EXPECT_TRUE(std::filesystem::is_character_file("/dev/null"));
+    auto folder = AtomicFile::create(temp_dir());
+    ASSERT_FALSE(folder.ok());
+    EXPECT_NE(folder.status().message().find("is a folder"), std::string::npos);
+}
+
+TEST(CheckOutputIsNotInput, RefusesTheSameFileByAnyPath) {
+    const std::string in = temp_dir() + "/in.jsonl", link = temp_dir() + "/link.jsonl";
+    ASSERT_TRUE(file_write_atomic(in, "{}\n").ok());
+    std::filesystem::remove(link);
+    std::filesystem::create_symlink(in, link);
+    const Status same = check_output_is_not_input("--output", link, "--input", in);
+    ASSERT_FALSE(same.ok());
+    EXPECT_EQ(same.message(), "--output " + link +
+                                  " is the --input file: writing it would replace the input; "
+                                  "write the output elsewhere");
+    EXPECT_TRUE(
+        check_output_is_not_input("--output", temp_dir() + "/new.jsonl", "--input", in).ok());
+    EXPECT_TRUE(check_output_is_not_input("--output", "-", "--input", "-").ok());
 }
 
 TEST(MappedFile, MapsAndReportsMissing) {
