@@ -13,6 +13,8 @@ Checked here, through the `lathe` binary (LATHE_BIN):
     or as a checkpoint) is an error naming the argument and what it takes;
   - numbers in chat templates beyond what 64 bits hold render as jinja2 renders them (or fail as
     jinja2 fails), never end the process;
+  - a command line CLI11 cannot parse (a missing or unknown option, a value of the wrong type) is
+    one `lathe: error:` line and exit code 2, as every bad argument;
   - an output that names an input file (by any path) is refused and the input kept; an output
     that is a FIFO is written into, not replaced by a file;
   - an exception no Status describes (here: memory running out under an address-space limit)
@@ -297,6 +299,18 @@ def test_token_file_arguments_given_other_files(made, tmp_path):
 
 
 # ---- numbers beyond 64 bits in chat templates ----
+
+# ---- the command line ----
+
+@pytest.mark.parametrize("args,needle", [
+    (["tokenize"], "--tokenizer is required"),
+    (["runs", "--bogus"], "not expected: --bogus"),
+    (["eval", "loss", "--checkpoint", "x", "--seq-len", "abc"], "--seq-len = abc"),
+    ([], "subcommand is required"),
+])
+def test_a_bad_argument_is_an_error_line_and_exit_code_2(args, needle):
+    fails(args, needle, "--help", rc=2)
+
 
 # ---- an output never replaces an input ----
 

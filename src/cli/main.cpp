@@ -64,13 +64,17 @@ int run(int argc, char** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-        return app.exit(e);
+        // --help and --version end here too, with success; a bad argument is an invalid-argument
+        // error like any other: one `lathe: error:` line and exit code 2.
+        if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+        return report_error(lathe::StatusCode::kInvalidArgument,
+                            std::string(e.what()) + " (--help lists the options)");
     }
     lathe::log_set_level(verbose ? lathe::LogLevel::kDebug
                                  : (quiet ? lathe::LogLevel::kWarning : lathe::LogLevel::kInfo));
     if (!action) {
-        std::fprintf(stderr, "lathe: no command given; see lathe --help\n");
-        return 2;
+        return report_error(lathe::StatusCode::kInvalidArgument,
+                            "no command given; see lathe --help");
     }
     const lathe::Status status = action();
     if (!status.ok()) return report_error(status.code(), status.message());
