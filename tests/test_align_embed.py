@@ -137,3 +137,18 @@ def test_bad_input_is_a_clear_error(tokens, tmp_path):
               "--device", "cpu", "--min-count", "100000000", check=False)
     assert p.returncode != 0 and "--min-count" in p.stderr, p.stderr
     assert not (tmp_path / "v.txt").exists()
+
+
+def test_a_diverging_learning_rate_is_an_error_and_writes_nothing(tokens, tmp_path):
+    # SGNS at lr 10 sends the vectors to NaN within an epoch; lr inf or NaN is refused up front.
+    out = tmp_path / "v.txt"
+    p = lathe("align", "embed", "--tokens", tokens, "--output", out, "--method", "sgns",
+              "--dim", "8", "--iters", "1", "--lr", "10", "--device", "cpu", "--threads", "2",
+              check=False)
+    assert p.returncode == 2 and "training diverged" in p.stderr and "lower --lr" in p.stderr, \
+        (p.returncode, p.stderr)
+    for lr in ("inf", "nan", "-1"):
+        p = lathe("align", "embed", "--tokens", tokens, "--output", out, "--lr", lr,
+                  "--device", "cpu", check=False)
+        assert p.returncode == 2 and f"--lr {lr}" in p.stderr, (lr, p.stderr)
+    assert not out.exists()

@@ -1,6 +1,7 @@
 #include "align/embed.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "align/cooccur.h"
 #include "align/glove.h"
@@ -112,6 +113,9 @@ Result<EmbedDevice> embed_device_from_name(std::string_view name) {
 Result<EmbedReport> embed_tokens(const EmbedOptions& options) {
     LATHE_RETURN_IF_ERROR(check_options(options));
     const auto t_start = std::chrono::steady_clock::now();
+    if (!std::isfinite(options.lr) || options.lr < 0)
+        return invalid_argument_error("--lr {}: must be a finite number > 0 (0: the default)",
+                                      options.lr);
     const double lr = options.lr > 0 ? options.lr : 0.05;
     const int window =
         options.window > 0 ? options.window : (options.method == EmbedMethod::kGlove ? 15 : 5);
@@ -233,6 +237,16 @@ Result<EmbedReport> embed_tokens(const EmbedOptions& options) {
         report.train_seconds = seconds_since(t0);
     }
 
+    // A learning rate too large for the data sends the vectors to inf / NaN: an error, not a file
+    // that later stages would take.
+    for (size_t i = 0; i < out.values.size(); ++i) {
+        if (!std::isfinite(out.values[i])) {
+            return invalid_argument_error(
+                "{}: training diverged (token {}'s vector holds {}; final cost {}); lower --lr "
+                "(it is {})",
+                options.output, out.ids[i / size_t(out.dim)], out.values[i], report.final_cost, lr);
+        }
+    }
     t0 = std::chrono::steady_clock::now();
     LATHE_RETURN_IF_ERROR(vectors_write_text(options.output, out));
     LATHE_RETURN_IF_ERROR(stage_write_manifest(options.output, fp, {options.output}));

@@ -48,15 +48,17 @@ LATHE_EMBED_HD inline bool sgns_kept(const SgnsStepConfig& c, int64_t q) {
            c.keep[c.rows[q]];
 }
 
-// fastText's table lookups: sigmoid over [-8, 8] and log over (0, 1] in 512 steps.
+// fastText's table lookups: sigmoid over [-8, 8] and log over (0, 1] in 512 steps. A NaN (the
+// vectors of a diverged run: too large a learning rate) takes an end of the table, never an index
+// outside it; the run's vectors are checked for it before they are written (embed.cpp).
 LATHE_EMBED_HD inline float sgns_sigmoid(const SgnsStepConfig& c, float x) {
-    if (x < -8.0f) return 0.0f;
+    if (!(x >= -8.0f)) return 0.0f;
     if (x > 8.0f) return 1.0f;
     const float scaled = (x + 8.0f) * 32.0f;  // (x + max) * steps / (2 max)
     return c.sigmoid[int(scaled)];
 }
 LATHE_EMBED_HD inline float sgns_log(const SgnsStepConfig& c, float x) {
-    if (x > 1.0f) return 0.0f;
+    if (!(x <= 1.0f)) return 0.0f;
     return c.log[int(x * 512.0f)];
 }
 
