@@ -8,7 +8,7 @@
     log-likelihoods within 1e-4; the chat endpoint equals `lathe generate` with the template;
   - n > 1 with a seed is reproducible; bad input gets an OpenAI error object and a 4xx, and the
     server answers after each; a client leaving mid-stream; overload 503 with Retry-After;
-    --api-key; SIGINT/SIGTERM stop it with exit code 0.
+    --api-key; SIGINT/SIGTERM stop it with exit code 0; a port already served is refused.
 """
 import json
 import signal
@@ -378,6 +378,16 @@ def test_flag_errors(tmp_path):
                           "--max-body-bytes")]:
         p = run(["serve", *args], check=False)
         assert p.returncode != 0 and p.stderr.startswith("lathe: error:") and needle in p.stderr
+
+
+def test_a_port_already_served_is_refused(folder):
+    # A second server on the port would share its clients with the first (SO_REUSEPORT).
+    with serve(folder) as url:
+        port = url.rstrip("/").rsplit(":", 1)[1]
+        p = run(["serve", "--checkpoint", folder, "--port", port, "--device", "cpu"], check=False,
+                timeout=60)
+        assert p.returncode != 0 and "cannot listen" in p.stderr, p.stderr
+        assert get(url + "/health").status_code == 200
 
 
 def test_hostile_bodies_get_4xx_and_the_server_goes_on(folder):

@@ -928,6 +928,12 @@ Status run_serve(const ServeRequest& r) {
     http.set_keep_alive_timeout(2);
     http.set_payload_max_length(size_t(r.max_body_bytes));
     server.install(http);
+    // SO_REUSEADDR alone: cpp-httplib's default adds SO_REUSEPORT, with which a second server
+    // binds a port already served and the kernel splits the clients between the two.
+    http.set_socket_options([](socket_t sock) {
+        const int yes = 1;
+        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    });
     const int port = r.port == 0 ? http.bind_to_any_port(r.host)
                                  : (http.bind_to_port(r.host, r.port) ? r.port : -1);
     if (port < 0) {
