@@ -64,13 +64,17 @@ int32_t sample_token(std::span<float> logits, std::span<const int32_t> seen,
             if (value(i) > value(best)) best = i;
         return int32_t(best);
     }
-    // Softmax of l / T in double.
+    // Softmax of l / T in double, as exp((l - max l) / T): l / T first overflows to inf for a
+    // subnormal T (inf - inf is NaN), the difference first gives 0 for the largest logits and
+    // -inf or a finite number for the others.
     double mx = -std::numeric_limits<double>::infinity();
-    for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(value(i)) / p.temperature);
+    for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(value(i)));
+    if (mx == -std::numeric_limits<double>::infinity()) return 0;  // every logit -inf or NaN
     prob.resize(size_t(V));
     double sum = 0.0;
     for (int64_t i = 0; i < V; ++i) {
-        prob[size_t(i)] = std::exp(double(value(i)) / p.temperature - mx);
+        const double l = value(i);
+        prob[size_t(i)] = l == mx ? 1.0 : std::exp((l - mx) / p.temperature);
         sum += prob[size_t(i)];
     }
     for (double& x : prob) x /= sum;

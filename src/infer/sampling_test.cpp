@@ -89,6 +89,19 @@ TEST(Sampling, TemperatureSharpens) {
     EXPECT_NEAR(h.at(0), n * q0, 5 * std::sqrt(n * q0 * (1 - q0)));
 }
 
+// A subnormal temperature is sampling at the limit T -> 0: the largest logit, whatever the draw
+// (l / T overflows to inf there; the softmax takes (l - max) / T).
+TEST(Sampling, SubnormalTemperatureTakesTheLargestLogit) {
+    const std::vector<float> l = {0.5f, 3.0f, -1.0f, 2.9f};
+    SamplingParams p;
+    for (const double t : {1e-310, 5e-324, 1e-300}) {
+        p.temperature = t;
+        const auto h = histogram(l, p, 200);
+        EXPECT_EQ(h.size(), 1u) << t;
+        EXPECT_EQ(h.begin()->first, 1) << t;
+    }
+}
+
 TEST(Sampling, FiltersKeepTheirSets) {
     const std::vector<float> l = {std::log(0.1f), std::log(0.5f), std::log(0.25f), std::log(0.15f)};
     SamplingParams k2;
