@@ -1,7 +1,8 @@
 #include "infer/prompting.h"
-#include "io/json.h"
 
 #include <fstream>
+
+#include "io/json.h"
 
 namespace lathe {
 

@@ -1,5 +1,4 @@
 #include "run/eval_bpb.h"
-#include "io/json.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "io/json.h"
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"

@@ -1,5 +1,4 @@
 #include "run/eval_tasks.h"
-#include "io/json.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +11,7 @@
 #include "infer/engine.h"
 #include "infer/generate.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "model/model.h"
 #include "model/model_io.h"
 #include "model/registry.h"

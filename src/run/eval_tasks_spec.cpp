@@ -1,5 +1,4 @@
 #include "run/eval_tasks_spec.h"
-#include "io/json.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -11,6 +10,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "io/json.h"
 
 namespace lathe {
 

@@ -1,5 +1,4 @@
 #include "run/metrics.h"
-#include "io/json.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -9,8 +8,10 @@
 #include <cstring>
 #include <utility>
 
+#include "core/log.h"
 #include "core/strings.h"
 #include "io/file.h"
+#include "io/json.h"
 
 namespace lathe {
 namespace {
@@ -52,15 +53,24 @@ Result<MetricsLog> MetricsLog::open(const std::string& path, int64_t keep_throug
     std::string kept;
     if (keep_through_step >= 0 && file_exists(path)) {
         LATHE_ASSIGN_OR_RETURN(std::string text, file_read_all(path));
-        size_t line_no = 0;
-        for (std::string_view line : split(text, '\n')) {
-            ++line_no;
+        const std::vector<std::string_view> lines = split(text, '\n');
+        size_t last = 0;  // 1 + the index of the last non-blank line
+        for (size_t i = 0; i < lines.size(); ++i)
+            if (!trim(lines[i]).empty()) last = i + 1;
+        for (size_t i = 0; i < last; ++i) {
+            const std::string_view line = lines[i];
             if (trim(line).empty()) continue;
             const auto j = json_parse<nlohmann::json>(line);
             if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
                 !j["step"].is_number_integer()) {
-                // A line cut by a kill mid-write: drop it and everything after.
-                break;
+                // The last line cut by a kill mid-write: dropped. Any other: the file was edited
+                // or damaged there; the lines after it are the run's and are kept.
+                if (i + 1 == last) break;
+                log_warning(
+                    "{}:{}: not a metrics line (no integer \"step\"); dropped, the lines "
+                    "after it kept",
+                    path, i + 1);
+                continue;
             }
             if (j["step"].get<int64_t>() > keep_through_step) break;
             kept.append(line);

@@ -48,5 +48,22 @@ TEST(Metrics, ResumeCutsBackToCheckpointStep) {
     EXPECT_EQ(text->find("lo\n"), std::string::npos);
 }
 
+// A damaged line in the middle (an edit, not a kill) loses that line alone: the run's later
+// lines through the checkpoint step stay.
+TEST(Metrics, ResumeKeepsTheLinesAfterADamagedOne) {
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("lathe_metrics_mid_" + std::to_string(getpid()) + ".jsonl"))
+                                 .string();
+    ASSERT_TRUE(file_write_atomic(path,
+                                  "{\"step\": 1}\nGARBAGE\n{\"step\": 3}\n{\"step\": 4}\n"
+                                  "{\"step\": 5}\n{\"step\": 6, \"lo")
+                    .ok());
+    auto m = MetricsLog::open(path, 4);
+    ASSERT_TRUE(m.ok());
+    auto text = file_read_all(path);
+    ASSERT_TRUE(text.ok());
+    EXPECT_EQ(*text, "{\"step\": 1}\n{\"step\": 3}\n{\"step\": 4}\n");
+}
+
 }  // namespace
 }  // namespace lathe

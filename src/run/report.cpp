@@ -1,5 +1,4 @@
 #include "run/report.h"
-#include "io/json.h"
 
 #include <fmt/format.h>
 
@@ -14,6 +13,7 @@
 
 #include "core/progress.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "run/trainer.h"
 
 namespace lathe {

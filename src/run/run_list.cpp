@@ -1,5 +1,4 @@
 #include "run/run_list.h"
-#include "io/json.h"
 
 #include <fmt/format.h>
 
@@ -13,6 +12,7 @@
 #include "core/progress.h"
 #include "io/config.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "model/model_config.h"
 #include "model/registry.h"
 #include "run/checkpoint_dir.h"

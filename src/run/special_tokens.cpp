@@ -1,5 +1,4 @@
 #include "run/special_tokens.h"
-#include "io/json.h"
 
 #include <fmt/format.h>
 
@@ -11,6 +10,7 @@
 #include "core/strings.h"
 #include "data/prepare.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;

@@ -1,5 +1,4 @@
 #include "run/trainer.h"
-#include "io/json.h"
 
 #include <fmt/format.h>
 
@@ -33,6 +32,7 @@
 #include "dist/watchdog.h"
 #include "infer/tensor_parallel.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "io/tensorboard.h"
 #include "model/model.h"

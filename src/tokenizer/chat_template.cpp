@@ -1,11 +1,11 @@
 #include "tokenizer/chat_template.h"
-#include "io/json.h"
 
 #include <algorithm>
 #include <filesystem>
 #include <span>
 
 #include "io/file.h"
+#include "io/json.h"
 #include "tokenizer/jinja.h"
 #include "tokenizer/tokenizer.h"
 

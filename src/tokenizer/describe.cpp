@@ -1,5 +1,4 @@
 #include "tokenizer/describe.h"
-#include "io/json.h"
 
 #include <fmt/format.h>
 
@@ -9,6 +8,7 @@
 #include <vector>
 
 #include "io/file.h"
+#include "io/json.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lathe {
