@@ -162,7 +162,13 @@ Result<std::string> CheckpointDir::commit(int64_t step, int keep_last) const {
         const size_t keep = static_cast<size_t>(keep_last);
         for (size_t i = 0; i + keep < steps.size(); ++i) {
             if (steps[i] == step) continue;  // never prune what was just written
-            fs::remove_all(fs::path(root_) / step_name(steps[i]), ec);
+            // Renamed first, so that a kill during the removal leaves a partial folder (which
+            // open() removes), never a step folder with some of its files.
+            const fs::path doomed =
+                fs::path(root_) / (std::string(kPartialPrefix) + "pruned-" + step_name(steps[i]));
+            fs::remove_all(doomed, ec);
+            fs::rename(fs::path(root_) / step_name(steps[i]), doomed, ec);
+            if (!ec) fs::remove_all(doomed, ec);
             if (ec) return io_error("{}: cannot prune: {}", step_name(steps[i]), ec.message());
         }
     }

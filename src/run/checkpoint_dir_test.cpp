@@ -36,6 +36,10 @@ TEST(CheckpointDir, CommitPublishesAndPrunes) {
     auto steps = d->complete_steps();
     ASSERT_TRUE(steps.ok());
     EXPECT_EQ(*steps, (std::vector<int64_t>{300, 400}));
+    // Pruned folders are renamed out of the step names before their removal, and gone after it.
+    for (const auto& e : fs::directory_iterator(d->root()))
+        EXPECT_EQ(e.path().filename().string().rfind(".partial-", 0), std::string::npos)
+            << e.path();
     auto newest = d->newest();
     ASSERT_TRUE(newest.ok() && newest->has_value());
     EXPECT_EQ(fs::path(**newest).filename(), "step-00000400");
