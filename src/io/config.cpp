@@ -416,6 +416,10 @@ Status Config::merge_document(const YAML::Node& root, const std::string& file) {
         YAML::Node node;
     };
     std::vector<Item> stack{{"", root}};
+    // Every dotted name the document sets: a key given twice (YAML 1.2 forbids it in one map;
+    // `train.steps` beside `train: {steps: ...}` is the same key) would otherwise be one of the
+    // two values without a word.
+    std::set<std::string> seen;
     while (!stack.empty()) {
         Item item = stack.back();
         stack.pop_back();
@@ -426,6 +430,12 @@ Status Config::merge_document(const YAML::Node& root, const std::string& file) {
             }
             const std::string part = kv.first.Scalar();
             const std::string name = item.prefix.empty() ? part : item.prefix + "." + part;
+            if (!seen.insert(name).second) {
+                return invalid_argument_error(
+                    "{}: '{}' is given twice in this file; keep one (files given later, and "
+                    "--set, override earlier ones)",
+                    where(file, kv.first), name);
+            }
             const ConfigKey* key = schema_->find(name);
             if (key != nullptr) {
                 LATHE_RETURN_IF_ERROR(set_value(*key, kv.second, where(file, kv.first)));
@@ -509,7 +519,14 @@ Status Config::check_required() const {
 namespace {
 Result<YAML::Node> parse_yaml(const std::string& text, const std::string& name) {
     try {
-        return YAML::Load(text);
+        std::vector<YAML::Node> docs = YAML::LoadAll(text);
+        if (docs.size() > 1) {
+            return invalid_argument_error(
+                "{}: holds {} YAML documents (separated by '---'); a config is one: merge them, "
+                "or give them as separate files (merged left to right)",
+                name, docs.size());
+        }
+        return docs.empty() ? YAML::Node() : docs[0];
     } catch (const YAML::Exception& e) {
         return invalid_argument_error("{}:{}: not valid YAML: {}", name, e.mark.line + 1, e.msg);
     } catch (const std::exception& e) {

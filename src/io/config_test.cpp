@@ -263,8 +263,10 @@ TEST(Config, IntKeysFollowTheCoreSchema) {
 
 TEST(Config, FloatBoolAndListKeysFollowTheCoreSchema) {
     const ConfigSchema schema = test_schema();
-    const auto load = [&](const std::string& body) {
-        return Config::load_text(schema, "data.path: a\n" + body, "run.yaml");
+    const auto load = [&](const std::string& body) {  // data.path is required: given once
+        return Config::load_text(
+            schema, body.starts_with("data.path:") ? "\n" + body : "data.path: a\n" + body,
+            "run.yaml");
     };
     EXPECT_DOUBLE_EQ(load("optimizer.lr: 3\n")->get_float("optimizer.lr"), 3.0);  // int is a number
     EXPECT_DOUBLE_EQ(load("optimizer.lr: 0x10\n")->get_float("optimizer.lr"), 16.0);
@@ -313,6 +315,27 @@ TEST(Config, FloatBoolAndListKeysFollowTheCoreSchema) {
         ASSERT_FALSE(cfg.ok()) << body;
         EXPECT_EQ(cfg.status().message(), message) << body;
     }
+}
+
+TEST(Config, AKeyGivenTwiceAndSeveralDocumentsAreErrors) {
+    const ConfigSchema schema = test_schema();
+    for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+             {"data.path: a\ntrain:\n  steps: 3\n  steps: 2\n",
+              "run.yaml:4: 'train.steps' is given twice in this file; keep one (files given "
+              "later, and --set, override earlier ones)"},
+             {"data.path: a\ntrain.steps: 3\ntrain:\n  steps: 2\n",
+              "run.yaml:4: 'train.steps' is given twice in this file; keep one (files given "
+              "later, and --set, override earlier ones)"},
+             {"data.path: a\n---\ndata.path: b\n",
+              "run.yaml: holds 2 YAML documents (separated by '---'); a config is one: merge "
+              "them, or give them as separate files (merged left to right)"},
+         }) {
+        auto cfg = Config::load_text(schema, text, "run.yaml");
+        ASSERT_FALSE(cfg.ok()) << text;
+        EXPECT_EQ(cfg.status().message(), message) << text;
+    }
+    // One document behind a leading '---' is one document.
+    EXPECT_TRUE(Config::load_text(schema, "---\ndata.path: a\n", "run.yaml").ok());
 }
 
 TEST(Config, OddKeysAndSelfReferencesAreErrors) {
