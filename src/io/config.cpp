@@ -517,16 +517,40 @@ Status Config::check_required() const {
 }
 
 namespace {
+// The YAML documents of `text`: its '---' and '...' markers (always at a line's start: no
+// scalar may hold them there) and the content around them. yaml-cpp's Load reads the first
+// document alone (and its LoadAll can loop forever on some malformed input).
+int yaml_document_count(std::string_view text) {
+    int docs = 0;
+    bool open = false;  // a document has begun and not ended
+    for (std::string_view line : split(text, '\n')) {
+        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+        const auto marker = [&](std::string_view m) {
+            return line.starts_with(m) && (line.size() == 3 || line[3] == ' ' || line[3] == '\t');
+        };
+        if (marker("---")) {
+            ++docs;
+            open = true;
+        } else if (marker("...")) {
+            open = false;
+        } else if (!open && !trim(line).empty() && trim(line)[0] != '#' && line[0] != '%') {
+            ++docs;  // content without a '---' before it
+            open = true;
+        }
+    }
+    return docs;
+}
+
 Result<YAML::Node> parse_yaml(const std::string& text, const std::string& name) {
     try {
-        std::vector<YAML::Node> docs = YAML::LoadAll(text);
-        if (docs.size() > 1) {
+        YAML::Node root = YAML::Load(text);
+        if (const int docs = yaml_document_count(text); docs > 1) {
             return invalid_argument_error(
                 "{}: holds {} YAML documents (separated by '---'); a config is one: merge them, "
                 "or give them as separate files (merged left to right)",
-                name, docs.size());
+                name, docs);
         }
-        return docs.empty() ? YAML::Node() : docs[0];
+        return root;
     } catch (const YAML::Exception& e) {
         return invalid_argument_error("{}:{}: not valid YAML: {}", name, e.mark.line + 1, e.msg);
     } catch (const std::exception& e) {

@@ -334,8 +334,14 @@ TEST(Config, AKeyGivenTwiceAndSeveralDocumentsAreErrors) {
         ASSERT_FALSE(cfg.ok()) << text;
         EXPECT_EQ(cfg.status().message(), message) << text;
     }
-    // One document behind a leading '---' is one document.
+    auto two = Config::load_text(schema, "---\n---\ndata.path: a\n", "run.yaml");
+    ASSERT_FALSE(two.ok());
+    EXPECT_NE(two.status().message().find("holds 2 YAML documents"), std::string::npos);
+    // One document behind a leading '---' (after comments, or ended by '...') is one document.
     EXPECT_TRUE(Config::load_text(schema, "---\ndata.path: a\n", "run.yaml").ok());
+    EXPECT_TRUE(Config::load_text(schema, "# c\n---\ndata.path: a\n...\n", "run.yaml").ok());
+    // The fuzzer's input on which yaml-cpp's LoadAll looped: read as one document, in time.
+    (void)Config::load_text(schema, "# a---\n, b\nx: 1\n", "run.yaml");
 }
 
 TEST(Config, OddKeysAndSelfReferencesAreErrors) {
