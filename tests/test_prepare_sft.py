@@ -14,7 +14,8 @@ What is checked, for the shared Llama-3 and Qwen3 tokenizers and their chat temp
     SftPrepare.ConversationsPackIntoSamplesWithTheirOwnBoundariesAndLabels), and `lathe train`
     on CPU takes the prepared files with their labels and per-document attention;
   * bad records under --on-error fail (file:line, nothing written) and skip (counts per problem),
-    a record nested too deeply for a recursive walk among them.
+    a record nested too deeply for a recursive walk among them; data whose labels train no token
+    (a --generation-role that names no turn) and contradictory --role-tags are refused.
 """
 
 import json
@@ -295,6 +296,26 @@ def test_bad_records_under_each_on_error(tmp_path, fmt, records):
     r = prepare("llama3", src, tmp_path / "x", "--format", fmt, "--on-error", "ignore",
                 check=False)
     assert r.returncode != 0 and b"--on-error ignore: expected fail or skip" in r.stderr
+
+
+def test_data_that_trains_no_token_is_refused(tmp_path):
+    # A --generation-role or a role tag that names no turn of the data leaves every label -100.
+    src = tmp_path / "chat.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                            {"role": "assistant", "content": "hello"}]}) + "\n")
+    r = prepare("qwen3", src, tmp_path / "c", "--format", "chat", "--generation-role",
+                "assitant", check=False)
+    assert r.returncode == 2 and b"no token of the 1 documents is trained" in r.stderr, r.stderr
+    assert not list(tmp_path.glob("c.*")) and not list(tmp_path.glob("c_*"))
+    sg = tmp_path / "sg.jsonl"
+    sg.write_text(json.dumps({"conversations": [{"from": "human", "value": "q"},
+                                                {"from": "gpt", "value": "a"}]}) + "\n")
+    for tags, needle in [("role_tag=from,content_tag=from", b"role_tag and content_tag are both"),
+                         ("user_tag=human,user_tag=foo", b"user_tag is given twice")]:
+        r = prepare("qwen3", sg, tmp_path / "s", "--format", "sharegpt", "--role-tags", tags,
+                    check=False)
+        assert r.returncode == 2 and needle in r.stderr, (tags, r.stderr)
+    assert not list(tmp_path.glob("s.*")) and not list(tmp_path.glob("s_*"))
 
 
 TRAIN = """

@@ -799,8 +799,12 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
             const std::span<const int32_t> doc(batch.tokens.data() + offset, size);
             LATHE_RETURN_IF_ERROR(tokens_out.add_document(doc));
             if (labels_out.has_value()) {
-                LATHE_RETURN_IF_ERROR(labels_out->add_document(
-                    std::span<const int32_t>(batch.labels.data() + offset, size)));
+                const std::span<const int32_t> labels(batch.labels.data() + offset, size);
+                LATHE_RETURN_IF_ERROR(labels_out->add_document(labels));
+                const auto trained = uint64_t(
+                    std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l >= 0; }));
+                report.trained_tokens += trained;
+                if (trained == 0) ++report.untrained_documents;
             }
             offset += size;
         }
@@ -817,6 +821,24 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
     LATHE_RETURN_IF_ERROR(run);
     if (progress.has_value()) progress->finish();
 
+    // SFT data that trains nothing (a --generation-role or --role-tags that names no turn of the
+    // data, a template that puts no assistant turn where the labels look for it) is refused
+    // before anything is written; documents without a trained token are counted.
+    if (labels_out.has_value() && tokens_out.document_count() > 0) {
+        if (report.trained_tokens == 0) {
+            return invalid_argument_error(
+                "no token of the {} documents is trained (every label is -100): no assistant turn "
+                "was found; check --generation-role and --role-tags against the data, and the "
+                "chat template; nothing was written under {}",
+                tokens_out.document_count(), options.output_prefix);
+        }
+        if (report.untrained_documents > 0) {
+            log_warning(
+                "{} of {} documents have no trained token (every label is -100): conversations "
+                "without an assistant turn the labels keep",
+                report.untrained_documents, tokens_out.document_count());
+        }
+    }
     LATHE_RETURN_IF_ERROR(tokens_out.finalize());
     std::vector<IndexedDatasetWriter*> writers = {&tokens_out};
     if (labels_out.has_value()) {

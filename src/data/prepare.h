@@ -104,6 +104,8 @@ struct PrepareReport {
     int threads = 0;
     uint64_t documents = 0;                     // documents written
     uint64_t tokens = 0;                        // tokens written (EOD included)
+    uint64_t trained_tokens = 0;                // SFT: tokens whose label is not -100
+    uint64_t untrained_documents = 0;           // SFT: documents with no such token
     uint64_t skipped = 0;                       // bad records skipped under OnError::kSkip
     uint64_t blank_lines = 0;                   // blank lines passed over (not documents)
     std::vector<std::string> skipped_examples;  // the first messages, "file:line: problem"

@@ -81,6 +81,7 @@ bool has_tag(const std::vector<std::string>& tags, const std::string& tag) {
 }  // namespace
 
 Status sharegpt_tags_parse(std::string_view spec, SharegptTags& tags) {
+    std::vector<std::string_view> given;
     for (std::string_view item : split(spec, ',')) {
         if (item.empty()) continue;
         const size_t eq = item.find('=');
@@ -90,6 +91,9 @@ Status sharegpt_tags_parse(std::string_view spec, SharegptTags& tags) {
                 item);
         }
         const std::string_view key = item.substr(0, eq);
+        if (std::find(given.begin(), given.end(), key) != given.end())
+            return invalid_argument_error("--role-tags: {} is given twice; give it once", key);
+        given.push_back(key);
         const std::string_view value = item.substr(eq + 1);
         std::vector<std::string> list;
         for (std::string_view v : split(value, '|')) {
@@ -118,6 +122,12 @@ Status sharegpt_tags_parse(std::string_view spec, SharegptTags& tags) {
                 "assistant_tag, system_tag, observation_tag or function_tag",
                 key);
         }
+    }
+    if (tags.role_key == tags.content_key) {
+        return invalid_argument_error(
+            "--role-tags: role_tag and content_tag are both '{}'; a message's role and its text "
+            "are two keys",
+            tags.role_key);
     }
     // One tag naming two roles would make the mapping depend on the order of the checks.
     const std::vector<const std::vector<std::string>*> roles = {
