@@ -1,7 +1,8 @@
 """End-to-end tests of `lathe train`'s crash paths and resume rules, through the `lathe` binary.
 
 Checked here:
-  - an empty `data.path` list is an error naming the key;
+  - an empty `data.path` list is an error naming the key; a micro-batch that cannot fit is
+    refused before the data's index caches are built;
   - token ids outside the model's vocabulary (data prepared with another tokenizer, or a label
     file with a bad id) are an error when the data is opened, naming the file, the id, where it is
     and the vocabulary size; label files may hold negative labels (-100: no loss);
@@ -148,6 +149,17 @@ def test_an_empty_data_path_list_is_an_error(corpus, tmp_path):
     assert_clean_error(p)
     assert "'data.path' is an empty list" in p.stderr, p.stderr
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_a_batch_that_cannot_fit_is_refused_before_the_index_caches(corpus, tmp_path):
+    # The caches beside the token files grow with the batch: the memory plan is checked first.
+    for ext in (".bin", ".idx"):
+        shutil.copy(f"{corpus / 'gc384'}{ext}", tmp_path / f"d{ext}")
+    p = run(train_cmd(corpus, tmp_path / "r", f"data.path={tmp_path / 'd'}",
+                      "train.micro_batch_size=30000000"), check=False)
+    assert_clean_error(p)
+    assert "train.micro_batch_size 30000000 x data.seq_length 32 needs" in p.stderr, p.stderr
+    assert not list(tmp_path.glob("d_*indexmap*")), list(tmp_path.iterdir())
 
 
 def sft_sets(tokens, labels):

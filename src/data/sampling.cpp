@@ -425,8 +425,9 @@ namespace {
 Status cache_mismatch(const std::string& path, const IndexCachePaths& paths,
                       std::string_view what) {
     return data_loss_error(
-        "{}: index cache does not fit the data: {}. It is corrupt or was built from other token "
-        "files under the same name; delete {}, {} and {} to rebuild",
+        "{}: index cache does not fit the data: {}. It is corrupt, or was built from other "
+        "token files under the same name or with another data.split (a cache's name holds no "
+        "split, as GPT-NeoX's do not); delete {}, {} and {} to rebuild",
         path, what, paths.doc_idx, paths.sample_idx, paths.shuffle_idx);
 }
 

@@ -385,35 +385,8 @@ Status Trainer::setup() {
     LATHE_RETURN_IF_ERROR(
         check_resume_config(request_.run_dir, config_.schema(), config_, dp_size()));
     LATHE_RETURN_IF_ERROR(check_ranks_agree(/*data=*/false));
-    // GPT-NeoX sizes the sample index by the global batch (every rank's micro-batches of a
-    // step), so that the samples a run sees do not depend on how many ranks share them.
-    s_.data.train_batch_size = s_.global_batch();
-    // Data (GPT-NeoX's index building; caches beside the token files): rank 0 builds the caches,
-    // the others read them once it has (and stop with it when it could not).
-    auto build = [this]() -> Result<GptNeoxDatasets> {
-        auto data = gpt_neox_build_datasets(
-            s_.data, [this](const std::string& prefix) { return open_checked(prefix); });
-        if (!data.ok()) return ids_error_.ok() ? data.status().with_context("data") : ids_error_;
-        return data;
-    };
-    Result<GptNeoxDatasets> data = invalid_argument_error("data: not built");
-    if (lead()) data = build();
-    LATHE_RETURN_IF_ERROR(
-        agree(lead() ? data.status() : ok_status(), "rank 0 building the data index caches"));
-    if (!lead()) data = build();
-    LATHE_RETURN_IF_ERROR(agree(data.status(), "opening the data"));
-    data_ = std::move(data).value();
-    LATHE_RETURN_IF_ERROR(check_ranks_agree(/*data=*/true));
-    if (data_.train() == nullptr) {
-        return invalid_argument_error(
-            "data.path: the training split has no documents (data.split '{}')", s_.data.split);
-    }
-    if (s_.eval_interval > 0 && s_.eval_iters > 0 && data_.valid() == nullptr) {
-        log_warning("the validation split is empty (data.split '{}'); validation is off",
-                    s_.data.split);
-        s_.eval_interval = 0;
-    }
-    // The model and its memory plan, checked against the device before anything is allocated.
+    // The model and its memory plan, checked against the device before anything is allocated
+    // or built (the data's index caches grow with the batch).
     ModelShape shape;
     shape.batch = s_.micro_batch;
     shape.seq_len = s_.seq_len;
@@ -472,6 +445,34 @@ Status Trainer::setup() {
             "{} has {} free; lower train.micro_batch_size (and raise "
             "train.gradient_accumulation_steps to keep the batch)",
             s_.micro_batch, s_.seq_len, format_bytes(need), device_.describe(), format_bytes(have));
+    }
+    // GPT-NeoX sizes the sample index by the global batch (every rank's micro-batches of a
+    // step), so that the samples a run sees do not depend on how many ranks share them.
+    s_.data.train_batch_size = s_.global_batch();
+    // Data (GPT-NeoX's index building; caches beside the token files): rank 0 builds the caches,
+    // the others read them once it has (and stop with it when it could not).
+    auto build = [this]() -> Result<GptNeoxDatasets> {
+        auto data = gpt_neox_build_datasets(
+            s_.data, [this](const std::string& prefix) { return open_checked(prefix); });
+        if (!data.ok()) return ids_error_.ok() ? data.status().with_context("data") : ids_error_;
+        return data;
+    };
+    Result<GptNeoxDatasets> data = invalid_argument_error("data: not built");
+    if (lead()) data = build();
+    LATHE_RETURN_IF_ERROR(
+        agree(lead() ? data.status() : ok_status(), "rank 0 building the data index caches"));
+    if (!lead()) data = build();
+    LATHE_RETURN_IF_ERROR(agree(data.status(), "opening the data"));
+    data_ = std::move(data).value();
+    LATHE_RETURN_IF_ERROR(check_ranks_agree(/*data=*/true));
+    if (data_.train() == nullptr) {
+        return invalid_argument_error(
+            "data.path: the training split has no documents (data.split '{}')", s_.data.split);
+    }
+    if (s_.eval_interval > 0 && s_.eval_iters > 0 && data_.valid() == nullptr) {
+        log_warning("the validation split is empty (data.split '{}'); validation is off",
+                    s_.data.split);
+        s_.eval_interval = 0;
     }
     auto model = Model::create(local_model_, shape, device_.context());
     if (!model.ok()) return model.status();
