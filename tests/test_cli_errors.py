@@ -15,6 +15,9 @@ Checked here, through the `lathe` binary (LATHE_BIN):
     jinja2 fails), never end the process;
   - a command line CLI11 cannot parse (a missing or unknown option, a value of the wrong type) is
     one `lathe: error:` line and exit code 2, as every bad argument;
+  - --threads past its bound is an argument error; convert does not carry a damaged JSON file
+    of the checkpoint; a config.json that ties the head over a checkpoint with its own head is
+    refused by eval (as by convert);
   - an output that names an input file (by any path) is refused and the input kept; an output
     that is a FIFO is written into, not replaced by a file;
   - an exception no Status describes (here: memory running out under an address-space limit)
@@ -310,6 +313,40 @@ def test_token_file_arguments_given_other_files(made, tmp_path):
 ])
 def test_a_bad_argument_is_an_error_line_and_exit_code_2(args, needle):
     fails(args, needle, "--help", rc=2)
+
+
+def test_thread_counts_past_the_bound_are_argument_errors(made, tmp_path):
+    src = tmp_path / "docs.jsonl"
+    src.write_text('{"text": "hello"}\n')
+    fails(["tokenize", "--tokenizer", made / "tok.json", "--input", src, "--threads", "200000"],
+          "--threads", rc=2)
+    fails(["prepare", "--tokenizer", made / "tok.json", "--input", src, "--output-prefix",
+           tmp_path / "p", "--threads", "200000"], "--threads", rc=2)
+
+
+def test_a_damaged_json_file_is_not_carried_by_convert(made, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(made / "run" / "checkpoints" / "step-00000004", ck)
+    text = (ck / "tokenizer.json").read_text()
+    (ck / "tokenizer.json").write_text(text[: len(text) // 2])
+    fails(["convert", ck, tmp_path / "hf", "--to", "hf"], "tokenizer.json: not valid JSON",
+          "fix or remove it", rc=2)
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_tied_config_over_a_separate_head_is_refused_by_eval(made, tmp_path):
+    # An untied run's checkpoint, its config.json edited to say the head is the embedding.
+    cfg = made / "untied.yaml"
+    cfg.write_text((made / "tiny.yaml").read_text().replace("tie_word_embeddings: true",
+                                                            "tie_word_embeddings: false"))
+    run(["train", cfg, "--run-dir", tmp_path / "run", "--set", "train.steps=2"])
+    ck = tmp_path / "run" / "checkpoints" / "step-00000002"
+    config = json.loads((ck / "config.json").read_text())
+    config["tie_word_embeddings"] = True
+    (ck / "config.json").write_text(json.dumps(config))
+    fails(["eval", "loss", "--checkpoint", ck, "--data", made / "gc", "--seq-len", "16",
+           "--batches", "1", "--device", "cpu"], "tie_word_embeddings true",
+          "has its own 'lm_head.weight'", rc=2)
 
 
 # ---- an output never replaces an input ----

@@ -10,8 +10,8 @@ Checked here, with small python3 and sh children (no GPU needed):
     handler) and the exit code is the ranks' (the first non-zero); a rank still saving after the
     others stopped is given its time, --grace-s or not; a launcher killed by SIGKILL leaves no
     rank running (each gets SIGTERM from Linux);
-  - a command not found, one that cannot be executed, no command and --gpus 0 are errors naming
-    them; `lathe` is this very binary (found with a PATH that holds no lathe);
+  - a command not found, one that cannot be executed, no command and --gpus 0 (or past 256) are
+    errors naming them; `lathe` is this very binary (found with a PATH that holds no lathe);
   - `lathe train` on the CPU under it reads its rank as a `lathe launch` group and says to use
     mpirun (the CPU backend's collectives are MPI's), and the launcher stops with its code.
 """
@@ -227,6 +227,9 @@ def test_bad_commands_are_errors_naming_them(tmp_path):
     p = launch(["--gpus", 0, "true"])
     assert p.returncode == 2, p.stderr
     assert "--gpus 0" in p.stderr, p.stderr
+    p = launch(["--gpus", 100000, "true"])
+    assert p.returncode == 2 and "--gpus 100000: one machine's ranks, at most 256" in p.stderr, \
+        p.stderr
     p = launch(["true"])  # --gpus is required
     assert p.returncode != 0
     assert "--gpus" in p.stderr, p.stderr

@@ -73,7 +73,8 @@ void cli_add_align_embed(CLI::App& align, CommandAction& action) {
         ->capture_default_str();
     cmd->add_option("--subsample", opts->subsample, "Skip-gram: subsampling threshold t")
         ->capture_default_str();
-    cmd->add_option("--threads", opts->threads, "CPU threads (default: all cores)");
+    cmd->add_option("--threads", opts->threads, "CPU threads (default: all cores)")
+        ->check(kThreadsRange);
     cmd->add_option("--device", *device, "auto (the GPU when there is one), cpu or cuda")
         ->capture_default_str();
     cmd->add_option("--seed", opts->seed, "Seed of initialisation, shuffling and sampling")

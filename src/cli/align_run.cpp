@@ -61,7 +61,8 @@ void cli_add_align_run(CLI::App& align, CommandAction& action) {
     cmd->add_option("--set", args->overrides, "Override a key: --set terms.top_k=500 (repeatable)");
     cmd->add_flag("--force", args->force, "Rerun every stage");
     cmd->add_option("--threads", args->threads,
-                    "CPU threads (default: align.threads, 0 = all cores)");
+                    "CPU threads (default: align.threads, 0 = all cores)")
+        ->check(kThreadsRange);
     cmd->add_flag("--no-progress", args->no_progress, "Do not show progress displays");
     cmd->callback([args, &action] {
         action = [args]() -> Status {

@@ -120,7 +120,8 @@ void cli_add_align_terms(CLI::App& align, CommandAction& action) {
     cmd->add_option("--max-table-entries", opts->max_table_entries,
                     "Prune the candidate table above this many entries (bounds memory)")
         ->capture_default_str();
-    cmd->add_option("--threads", opts->threads, "Worker threads (default: all cores)");
+    cmd->add_option("--threads", opts->threads, "Worker threads (default: all cores)")
+        ->check(kThreadsRange);
     cmd->add_flag("--force", opts->force, "Run even when the outputs are up to date");
     cmd->add_option("--show", *show, "Top terms to print")->capture_default_str();
     cmd->add_flag("--no-progress", *no_progress, "Do not show the progress display");
@@ -142,8 +143,6 @@ void cli_add_align_terms(CLI::App& align, CommandAction& action) {
             } else {
                 return invalid_argument_error("--on-error {}: expected fail or skip", *on_error);
             }
-            if (o.threads < 0)
-                return invalid_argument_error("--threads {}: must be >= 1", o.threads);
             o.show_progress = !*no_progress && log_level() <= LogLevel::kInfo;
             align_terms_install_signal_handlers();
             o.cancel = &align_terms_interrupt_flag();

@@ -140,7 +140,8 @@ void cli_add_bench(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--seed", o->req.seed, "Seed of the parameters and the batches")
         ->capture_default_str();
     cmd->add_option("--threads", o->req.threads, "CPU threads (OpenMP); 0 = all cores")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(kThreadsRange);
     cmd->add_flag(
         "--nondeterministic", o->req.nondeterministic,
         "Let the GPU use its faster nondeterministic kernels, as train.deterministic: false "

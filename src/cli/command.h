@@ -16,6 +16,10 @@ namespace lathe {
 
 using CommandAction = std::function<Status()>;
 
+// The --threads options' bound: a thread each costs a stack, and far more threads than cores only
+// slow a run down (an error, not the OS's "Resource temporarily unavailable").
+inline const CLI::Range kThreadsRange(0, 4096);
+
 void cli_add_tokenize(CLI::App& parent, CommandAction& action);
 void cli_add_tokenizer(CLI::App& parent, CommandAction& action);
 void cli_add_prepare(CLI::App& parent, CommandAction& action);

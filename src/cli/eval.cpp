@@ -29,7 +29,8 @@ void cli_add_eval(CLI::App& parent, CommandAction& action) {
     loss->add_option("--micro-batch", req->micro_batch, "Windows per forward pass (memory only)")
         ->capture_default_str();
     loss->add_option("--threads", req->threads, "CPU threads (0 = all cores)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(kThreadsRange);
     loss->add_option("--device", req->device, "auto (the GPU when there is one) | cpu | cuda")
         ->capture_default_str();
     loss->callback([req, &action] {
@@ -75,7 +76,7 @@ void cli_add_eval(CLI::App& parent, CommandAction& action) {
                       "Per-example JSONL: context, choices, log-likelihoods, scores");
     tasks
         ->add_option("--batch-size", tasks_req->batch_size,
-                     "Log-likelihood requests per forward pass (memory only)")
+                     "Log-likelihood requests per forward pass (memory; last bits of ties)")
         ->capture_default_str();
     tasks->add_option("--limit", tasks_req->limit, "First N records of each task (0 = all)")
         ->capture_default_str();

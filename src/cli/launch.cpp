@@ -24,7 +24,8 @@ void cli_add_launch(CLI::App& parent, CommandAction& action) {
     cmd->positionals_at_end();
     cmd->add_option("--gpus", o->gpus,
                     "Ranks to start, one per GPU (not checked against the GPUs present: any "
-                    "command may be started N times; lathe's CPU training is started by mpirun)")
+                    "command may be started N times; lathe's CPU training is started by mpirun; "
+                    "at most 256, one machine's ranks)")
         ->required();
     cmd->add_option("--master-port", o->master_port,
                     "MASTER_PORT for rank 0's rendezvous (default: a free port of 127.0.0.1)");

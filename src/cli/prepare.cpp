@@ -134,7 +134,8 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
     cmd->add_option("--on-error", *on_error,
                     "fail: stop at the first bad record; skip: count and skip bad records")
         ->capture_default_str();
-    cmd->add_option("--threads,--workers", opts->threads, "Worker threads (default: all cores)");
+    cmd->add_option("--threads,--workers", opts->threads, "Worker threads (default: all cores)")
+        ->check(kThreadsRange);
     cmd->add_option("--chat-template-config", opts->chat_template_config,
                     "tokenizer_config.json with the chat template (default: beside the tokenizer)");
     cmd->add_option("--generation-role", opts->generation_role,
@@ -169,8 +170,6 @@ void cli_add_prepare(CLI::App& parent, CommandAction& action) {
             }
             if (!json_key->empty()) o.json_key = *json_key;
             if (!eod_token->empty()) o.eod_token = *eod_token;
-            if (o.threads < 0)
-                return invalid_argument_error("--threads {}: must be >= 1", o.threads);
             if (o.max_tokens < 0)
                 return invalid_argument_error("--seq-length {}: must be >= 1", o.max_tokens);
             if (!role_tags->empty()) {

@@ -33,7 +33,8 @@ void cli_add_tokenize(CLI::App& parent, CommandAction& action) {
                     "Output JSONL file, written atomically ('-' = stdout)")
         ->capture_default_str();
     cmd->add_option("--threads", args->threads, "Worker threads (0 = all cores)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(kThreadsRange);
     cmd->add_option("--json-key", args->json_key,
                     "Input field to read (default: text; ids with --decode)");
     cmd->callback([args, &action] {

@@ -62,7 +62,8 @@ void cli_add_tokenizer(CLI::App& parent, CommandAction& action) {
                      "or skip (leave it out, count it)")
         ->capture_default_str();
     train->add_option("--threads", args->threads, "Threads (0 = every core)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(kThreadsRange);
     train->callback([&action, args] {
         action = [args] {
             // No progress display under --quiet (its final line is printed whatever the

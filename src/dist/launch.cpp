@@ -30,6 +30,11 @@ Status launch_options_check(const LaunchOptions& o) {
             "launch: --gpus {}: start at least one process (--gpus 1 or "
             "more)",
             o.gpus);
+    if (o.gpus > kLaunchMaxRanks)
+        return invalid_argument_error(
+            "launch: --gpus {}: one machine's ranks, at most {}; across machines start the ranks "
+            "with srun or mpirun",
+            o.gpus, kLaunchMaxRanks);
     if (o.master_port < 0 || o.master_port > 65535)
         return invalid_argument_error(
             "launch: --master-port {} is not a TCP port (1 to 65535, or 0 for a free one)",

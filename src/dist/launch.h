@@ -40,6 +40,9 @@
 
 namespace lathe {
 
+// The most ranks one launcher starts: one machine's GPUs, with room to spare.
+inline constexpr int kLaunchMaxRanks = 256;
+
 struct LaunchOptions {
     int gpus = 0;                      // ranks to start, >= 1 (not checked against the GPUs seen)
     int master_port = 0;               // 1..65535, or 0 for a free port

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <bit>
+#include <cstring>
 #include <unordered_set>
 #include <vector>
 
@@ -30,7 +33,58 @@ std::string checkpoint_where(const SafetensorsCheckpoint& ckpt) {
     return shards.empty() ? std::string("checkpoint") : shards[0];
 }
 
+// Tensors are compared a block of elements at a time, as f32.
+constexpr uint64_t kCompareBlock = 1 << 20;
+
+bool is_float_weight(SafetensorsDtype d) {
+    return d == SafetensorsDtype::kF32 || d == SafetensorsDtype::kBF16 ||
+           d == SafetensorsDtype::kF16;
+}
+
+// Compares two float tensors of the same shape by value (as f32 bit patterns). Returns the first
+// differing element, or -1 when equal.
+int64_t first_difference(const SafetensorsTensor& a, const SafetensorsTensor& b, float* va,
+                         float* vb) {
+    const uint64_t n = a.numel();
+    std::vector<float> x(std::min(n, kCompareBlock)), y(x.size());
+    for (uint64_t begin = 0; begin < n; begin += kCompareBlock) {
+        const uint64_t m = std::min(kCompareBlock, n - begin);
+        LATHE_CHECK(safetensors_convert_elements(a, begin, m, SafetensorsDtype::kF32, x.data()) &&
+                        safetensors_convert_elements(b, begin, m, SafetensorsDtype::kF32, y.data()),
+                    "tied-head comparison of {} and {}: not float weights", a.name, b.name);
+        if (std::memcmp(x.data(), y.data(), m * sizeof(float)) == 0) continue;
+        for (uint64_t i = 0; i < m; ++i) {
+            if (std::bit_cast<uint32_t>(x[i]) != std::bit_cast<uint32_t>(y[i])) {
+                *va = x[i];
+                *vb = y[i];
+                return int64_t(begin + i);
+            }
+        }
+    }
+    return -1;
+}
+
 }  // namespace
+
+Status check_tied_head(const SafetensorsTensor& head, const SafetensorsTensor& embedding,
+                       const std::string& where) {
+    float a = 0, b = 0;
+    const bool same_shape = head.shape == embedding.shape;
+    const bool floats = is_float_weight(head.dtype) && is_float_weight(embedding.dtype);
+    const int64_t diff = same_shape && floats ? first_difference(head, embedding, &a, &b) : 0;
+    if (same_shape && floats && diff < 0) return ok_status();
+    const std::string what =
+        !same_shape ? fmt::format("has shape {} (the embedding has {})", head.shape_string(),
+                                  embedding.shape_string())
+        : !is_float_weight(head.dtype)
+            ? fmt::format("is {}", safetensors_dtype_name(head.dtype))
+            : fmt::format("differs from it (element {}: {} vs {})", diff, a, b);
+    return invalid_argument_error(
+        "{}: config.json says tie_word_embeddings true (the LM head is the token embedding "
+        "'{}'), but the checkpoint has its own '{}', which {}; if the head is separate, set "
+        "\"tie_word_embeddings\": false in config.json",
+        where, embedding.name, head.name, what);
+}
 
 Result<Model> model_create_loaded(const ModelConfig& config, const ModelShape& shape,
                                   const Context& ctx, const std::string& dir) {
@@ -48,6 +102,7 @@ Status model_load_hf(Model& model, const SafetensorsCheckpoint& ckpt) {
     const std::string where = checkpoint_where(ckpt);
     ParamStaging staging(model);
     std::unordered_set<std::string> used;
+    const SafetensorsTensor* embedding = nullptr;
     for (const HfParam& p : table.hf_params()) {
         std::string name = p.name;
         if (!ckpt.contains(name) && name.starts_with(family.base_model_prefix) &&
@@ -59,6 +114,7 @@ Status model_load_hf(Model& model, const SafetensorsCheckpoint& ckpt) {
                 "loading {} weights ({} parameters)", config.model_type, table.hf_params().size()));
         const SafetensorsTensor& t = **found;
         used.insert(name);
+        if (table.entries()[p.entry].role == ParamRole::kTokenEmbedding) embedding = &t;
         bool shape_ok = int(t.shape.size()) == p.shape.rank();
         for (int i = 0; shape_ok && i < p.shape.rank(); ++i)
             shape_ok = t.shape[size_t(i)] == p.shape[i];
@@ -81,9 +137,16 @@ Status model_load_hf(Model& model, const SafetensorsCheckpoint& ckpt) {
         if (used.count(name)) continue;
         bool ignored = false;
         for (std::string_view suffix : family.ignored_suffixes) ignored |= name.ends_with(suffix);
-        // A tied model's checkpoint may still carry the head (some exporters write it).
-        if (config.tie_word_embeddings && (name == "lm_head.weight" || name == "embed_out.weight"))
+        // A tied model's checkpoint may still carry the head (some exporters write it): taken
+        // only when it is the embedding.
+        if (config.tie_word_embeddings &&
+            (name == "lm_head.weight" || name == "embed_out.weight")) {
+            if (embedding != nullptr) {
+                LATHE_ASSIGN_OR_RETURN(const SafetensorsTensor* head, ckpt.tensor(name));
+                LATHE_RETURN_IF_ERROR(check_tied_head(*head, *embedding, where));
+            }
             ignored = true;
+        }
         if (ignored) continue;
         if (unused_count++ < 8) unused += fmt::format("{}{}", unused.empty() ? "" : ", ", name);
     }

@@ -20,13 +20,21 @@ namespace lathe {
 
 class ParamStaging;
 class SafetensorsCheckpoint;
+struct SafetensorsTensor;
 
 // Loads every parameter of `model` from `checkpoint` (f32, bf16 or f16 tensors, converted to
 // f32). Names may lack the family's base-model prefix (checkpoints of the bare base model). A
-// tied model ignores a stored head. Errors name the checkpoint and tensor: a missing parameter, a
-// wrong shape, an unsupported dtype. Tensors the model does not use are listed in a warning,
-// except known buffers (ModelFamily::ignored_suffixes).
+// tied model takes a stored head only when it is the embedding (check_tied_head). Errors name the
+// checkpoint and tensor: a missing parameter, a wrong shape, an unsupported dtype. Tensors the
+// model does not use are listed in a warning, except known buffers (ModelFamily::ignored_suffixes).
 Status model_load_hf(Model& model, const SafetensorsCheckpoint& checkpoint);
+
+// A checkpoint whose config.json ties the LM head to the token embedding but that stores a head
+// tensor as well (some exporters write it): an error naming both unless the head is the
+// embedding, value for value; otherwise config.json is wrong about the tie, and the model would
+// compute with the embedding in the head's place. `where` names the checkpoint.
+Status check_tied_head(const SafetensorsTensor& head, const SafetensorsTensor& embedding,
+                       const std::string& where);
 
 // A model of `config` for `shape` on `ctx`, its parameters loaded from the safetensors of the
 // checkpoint folder `dir` (model_load_hf): what every command that evaluates or generates from a

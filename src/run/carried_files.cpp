@@ -5,6 +5,7 @@
 #include <set>
 
 #include "io/file.h"
+#include "io/json.h"
 #include "run/special_tokens.h"
 #include "tokenizer/tokenizer.h"
 
@@ -14,8 +15,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A JSON file is checked on the way: carried as it is, a damaged one would reach the output (and
+// the tools that load it) as if it were fine.
 Status add_file(std::vector<CarriedFile>& out, const fs::path& from, std::string name) {
     LATHE_ASSIGN_OR_RETURN(std::string bytes, file_read_all(from.string()));
+    if (name.ends_with(".json")) {
+        const std::string problem = json_problem(bytes);
+        if (!problem.empty()) {
+            return invalid_argument_error(
+                "{}: not valid JSON ({}); it is carried to the output as it is: fix or remove it",
+                from.string(), problem);
+        }
+    }
     out.push_back(CarriedFile{std::move(name), std::move(bytes)});
     return ok_status();
 }

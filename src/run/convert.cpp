@@ -29,6 +29,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/model_config.h"
+#include "model/model_io.h"
 #include "model/param_table.h"
 #include "model/registry.h"
 #include "optim/optimizer_state.h"
@@ -66,9 +67,6 @@ constexpr std::string_view kModelCardFiles[] = {
 
 // Conversions smaller than this finish too fast for a progress line to say anything.
 constexpr uint64_t kProgressMinBytes = 256ull << 20;
-
-// Elements converted per block (bounds the scratch of a tied-head comparison).
-constexpr uint64_t kBlockElements = 1 << 20;
 
 std::string lower(std::string_view s) {
     std::string out(s);
@@ -142,29 +140,6 @@ int64_t layer_in_name(std::string_view name) {
         int64_t value = 0;
         const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
         if (!part.empty() && ec == std::errc() && end == part.data() + part.size()) return value;
-    }
-    return -1;
-}
-
-// Compares two tensors of any weight dtype by value (as f32 bit patterns), block by block.
-// Returns the first differing element, or -1 when equal.
-int64_t first_difference(const SafetensorsTensor& a, const SafetensorsTensor& b, float* va,
-                         float* vb) {
-    const uint64_t n = a.numel();
-    std::vector<float> x(std::min(n, kBlockElements)), y(x.size());
-    for (uint64_t begin = 0; begin < n; begin += kBlockElements) {
-        const uint64_t m = std::min(kBlockElements, n - begin);
-        LATHE_CHECK(safetensors_convert_elements(a, begin, m, SafetensorsDtype::kF32, x.data()) &&
-                        safetensors_convert_elements(b, begin, m, SafetensorsDtype::kF32, y.data()),
-                    "tied-head comparison of {} and {}: not float weights", a.name, b.name);
-        if (std::memcmp(x.data(), y.data(), m * sizeof(float)) == 0) continue;
-        for (uint64_t i = 0; i < m; ++i) {
-            if (std::bit_cast<uint32_t>(x[i]) != std::bit_cast<uint32_t>(y[i])) {
-                *va = x[i];
-                *vb = y[i];
-                return int64_t(begin + i);
-            }
-        }
     }
     return -1;
 }
@@ -259,24 +234,7 @@ Result<std::vector<PlannedTensor>> plan_tensors(const ModelConfig& config, const
         }
         if (!untied_head.empty() && name == untied_head && embedding != nullptr) {
             LATHE_ASSIGN_OR_RETURN(const SafetensorsTensor* head, ck.tensor(name));
-            float a = 0, b = 0;
-            const bool same_shape = head->shape == embedding->shape;
-            const int64_t diff = same_shape && is_float_weight_dtype(head->dtype)
-                                     ? first_difference(*head, *embedding, &a, &b)
-                                     : 0;
-            if (!same_shape || diff >= 0) {
-                const std::string what =
-                    !same_shape ? fmt::format("has shape {} (the embedding has {})",
-                                              head->shape_string(), embedding->shape_string())
-                    : !is_float_weight_dtype(head->dtype)
-                        ? fmt::format("is {}", safetensors_dtype_name(head->dtype))
-                        : fmt::format("differs from it (element {}: {} vs {})", diff, a, b);
-                return invalid_argument_error(
-                    "{}: config.json says tie_word_embeddings true (the LM head is the token "
-                    "embedding '{}'), but the checkpoint has its own '{}', which {}; if the "
-                    "head is separate, set \"tie_word_embeddings\": false in config.json",
-                    where, embedding->name, name, what);
-            }
+            LATHE_RETURN_IF_ERROR(check_tied_head(*head, *embedding, where));
             dropped.push_back(name);
             continue;
         }
