@@ -21,6 +21,7 @@ import json
 import os
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -319,6 +320,15 @@ def test_errors_name_the_tensor_and_leave_nothing(tmp_path):
 
     p = run(["convert", MODELS / "gpt2", tmp_path / "o2", "--to", "hf", "--max-shard-size", "5 parsecs"], check=False)
     assert p.returncode == 2 and "--max-shard-size" in p.stderr
+
+    # A depth far beyond the checkpoint's layers: refused at once, before a table of that depth.
+    bad = write_variant(tmp_path / "deep", "llama",
+                        config_edit=lambda c: c.update(num_hidden_layers=10_000_000))
+    t0 = time.monotonic()
+    p = run(["convert", bad, tmp_path / "out", "--to", "lathe"], check=False)
+    assert p.returncode == 2 and "num_hidden_layers is 10000000, but the checkpoint's layers end at" \
+        in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 10
 
 
 # ---- against transformers (torch for the models; the tokenizer test needs only transformers) ----
