@@ -34,6 +34,9 @@ def corpus(tmp_path_factory):
     (["optimizer.offload=cpu", "optimizer.offload_schedule=delayed",
       "optimizer.offload_fraction=0.5"],
      "'optimizer.offload_schedule: delayed' runs every optimizer update on the host"),
+    (["optimizer.offload_schedule=delayed"],
+     "'optimizer.offload_schedule' orders the host optimizer's steps, which runs with "
+     "optimizer.offload: cpu only"),
 ])
 def test_bad_offload_keys_fail_before_work_naming_the_key(corpus, tmp_path, sets, needle):
     p = run(train_cmd(corpus, tmp_path / "bad", *sets), check=False)

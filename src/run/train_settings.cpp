@@ -85,6 +85,12 @@ Status refuse_offload(const Config& c, const OffloadSettings& o) {
             "optimizer.offload: cpu (docs/SFT.md, \"Optimizer offload\"); set "
             "optimizer.offload: cpu, or remove the key",
             c.source_of("optimizer.offload_fraction"), o.fraction);
+    if (o.offload != OptimizerOffload::kCpu && c.has("optimizer.offload_schedule"))
+        return invalid_argument_error(
+            "{}: 'optimizer.offload_schedule' orders the host optimizer's steps, which runs with "
+            "optimizer.offload: cpu only (docs/SFT.md, \"Optimizer offload\"); set "
+            "optimizer.offload: cpu, or remove the key (optimizer.schedule orders the GPU's)",
+            c.source_of("optimizer.offload_schedule"));
     if (o.schedule == OffloadSchedule::kDelayed && o.fraction < 1.0)
         return invalid_argument_error(
             "{}: 'optimizer.offload_schedule: delayed' runs every optimizer update on the host, "
