@@ -43,7 +43,8 @@ std::string_view fp8_amax_reduction_name(Fp8AmaxReduction r) {
 
 Result<Fp8Settings> fp8_settings_parse(std::string_view recipe, std::string_view grad_format,
                                        bool lm_head, int64_t amax_history,
-                                       std::string_view amax_reduction, std::string_view source) {
+                                       std::string_view amax_reduction,
+                                       const std::function<std::string(std::string_view)>& source) {
     Fp8Settings s;
     if (recipe == "tensorwise")
         s.recipe = Fp8Recipe::kTensorwise;
@@ -53,7 +54,8 @@ Result<Fp8Settings> fp8_settings_parse(std::string_view recipe, std::string_view
         s.recipe = Fp8Recipe::kBlockwise;
     else
         return invalid_argument_error(
-            "{}: 'fp8.recipe' is '{}'; choose tensorwise, delayed or blockwise", source, recipe);
+            "{}: 'fp8.recipe' is '{}'; choose tensorwise, delayed or blockwise",
+            source("fp8.recipe"), recipe);
     if (grad_format == "auto")
         s.grad_dtype = s.recipe == Fp8Recipe::kBlockwise ? DType::kE4M3 : DType::kE5M2;
     else if (grad_format == "e4m3")
@@ -62,15 +64,15 @@ Result<Fp8Settings> fp8_settings_parse(std::string_view recipe, std::string_view
         s.grad_dtype = DType::kE5M2;
     else
         return invalid_argument_error("{}: 'fp8.grad_format' is '{}'; choose auto, e4m3 or e5m2",
-                                      source, grad_format);
+                                      source("fp8.grad_format"), grad_format);
     if (s.recipe == Fp8Recipe::kBlockwise && s.grad_dtype != DType::kE4M3)
         return invalid_argument_error(
             "{}: 'fp8.recipe: blockwise' casts gradients to e4m3 (DeepSeek-V3's scheme), but "
             "'fp8.grad_format' is '{}'; set fp8.grad_format: e4m3",
-            source, grad_format);
+            source("fp8.grad_format"), grad_format);
     if (amax_history < 1 || amax_history > kFp8MaxAmaxHistory)
-        return invalid_argument_error("{}: 'fp8.amax_history' is {}; choose 1 to {}", source,
-                                      amax_history, kFp8MaxAmaxHistory);
+        return invalid_argument_error("{}: 'fp8.amax_history' is {}; choose 1 to {}",
+                                      source("fp8.amax_history"), amax_history, kFp8MaxAmaxHistory);
     s.amax_history = int(amax_history);
     if (amax_reduction == "max")
         s.amax_reduction = Fp8AmaxReduction::kMax;
@@ -78,7 +80,7 @@ Result<Fp8Settings> fp8_settings_parse(std::string_view recipe, std::string_view
         s.amax_reduction = Fp8AmaxReduction::kMostRecent;
     else
         return invalid_argument_error("{}: 'fp8.amax_reduction' is '{}'; choose max or most_recent",
-                                      source, amax_reduction);
+                                      source("fp8.amax_reduction"), amax_reduction);
     s.lm_head = lm_head;
     return s;
 }

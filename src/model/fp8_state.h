@@ -23,6 +23,7 @@
 // head's three when it is FP8.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,11 +56,20 @@ struct Fp8Settings {
 inline constexpr int kFp8MaxAmaxHistory = 4096;
 
 // Parses the fp8.* values (as the config holds them) into settings, checking each and their
-// combination; `source` names where they came from (the config file, --set) for the message,
-// which names the key, the value and what to write instead.
+// combination; `source` names where a key's value came from (the config file and line, --set)
+// for the message, which names the key, the value and what to write instead.
 Result<Fp8Settings> fp8_settings_parse(std::string_view recipe, std::string_view grad_format,
                                        bool lm_head, int64_t amax_history,
-                                       std::string_view amax_reduction, std::string_view source);
+                                       std::string_view amax_reduction,
+                                       const std::function<std::string(std::string_view)>& source);
+// The same with one source for every key (a command-line flag, a test).
+inline Result<Fp8Settings> fp8_settings_parse(std::string_view recipe, std::string_view grad_format,
+                                              bool lm_head, int64_t amax_history,
+                                              std::string_view amax_reduction,
+                                              std::string_view source) {
+    return fp8_settings_parse(recipe, grad_format, lm_head, amax_history, amax_reduction,
+                              [source](std::string_view) { return std::string(source); });
+}
 
 // The policy of an FP8 run: the four block roles (and the LM head with lm_head) at
 // kFp8PerTensor (tensorwise, delayed) or kFp8Blockwise; everything else kNative.

@@ -17,7 +17,10 @@ namespace {
 
 Result<Fp8Settings> parse(std::string_view recipe, std::string_view grad = "e5m2",
                           int64_t history = 16, std::string_view reduction = "max") {
-    return fp8_settings_parse(recipe, grad, false, history, reduction, "run.yaml");
+    // Each key from its own line of a config file: the messages name the key's line.
+    return fp8_settings_parse(recipe, grad, false, history, reduction, [](std::string_view key) {
+        return std::string(key == "fp8.recipe" ? "run.yaml:3" : "run.yaml:7");
+    });
 }
 
 TEST(Fp8Settings, ParsesEachRecipe) {
@@ -42,7 +45,7 @@ TEST(Fp8Settings, ParsesEachRecipe) {
 TEST(Fp8Settings, RefusesBadValuesNamingKeyAndSource) {
     auto r = parse("rowwise");
     ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.status().message().find("run.yaml: 'fp8.recipe' is 'rowwise'"), std::string::npos)
+    EXPECT_NE(r.status().message().find("run.yaml:3: 'fp8.recipe' is 'rowwise'"), std::string::npos)
         << r.status().message();
     r = parse("tensorwise", "e3m4");
     ASSERT_FALSE(r.ok());
@@ -52,7 +55,7 @@ TEST(Fp8Settings, RefusesBadValuesNamingKeyAndSource) {
     EXPECT_NE(r.status().message().find("set fp8.grad_format: e4m3"), std::string::npos);
     r = parse("delayed", "e5m2", 0);
     ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.status().message().find("'fp8.amax_history' is 0"), std::string::npos);
+    EXPECT_NE(r.status().message().find("run.yaml:7: 'fp8.amax_history' is 0"), std::string::npos);
     r = parse("delayed", "e5m2", kFp8MaxAmaxHistory + 1);
     ASSERT_FALSE(r.ok());
     r = parse("delayed", "e5m2", 16, "mean");

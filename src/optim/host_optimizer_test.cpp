@@ -253,7 +253,7 @@ TEST(HostOptimizer, OverlappedScheduleGivesTheSerialBits) {
 
 TEST(HostOptimizer, DelayedScheduleStepsOneUpdateBehind) {
     for (const AdamWStateDType dtype : {AdamWStateDType::kF32, AdamWStateDType::kBF16})
-        for (const auto [drain_after, skip_at] : {std::pair{0, 0}, {2, 0}, {0, 3}}) {
+        for (const auto& [drain_after, skip_at] : {std::pair{0, 0}, {2, 0}, {0, 3}}) {
             SCOPED_TRACE(drain_after);
             SCOPED_TRACE(skip_at);
             Model a = make_model(true), b = make_model(true), c = make_model(true);

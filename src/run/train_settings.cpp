@@ -338,7 +338,8 @@ Result<TrainSettings> train_settings_resolve(const Config& c) {
     // The fp8.* keys are checked in every run, so a mistyped recipe shows before it is used.
     auto fp8 = fp8_settings_parse(c.get_string("fp8.recipe"), c.get_string("fp8.grad_format"),
                                   c.get_bool("fp8.lm_head"), c.get_int("fp8.amax_history"),
-                                  c.get_string("fp8.amax_reduction"), c.source_of("fp8.recipe"));
+                                  c.get_string("fp8.amax_reduction"),
+                                  [&c](std::string_view key) { return c.source_of(key); });
     if (!fp8.ok()) return fp8.status();
     s.fp8 = fp8.value();
     s.precision = precision;
