@@ -694,6 +694,7 @@ bool call_str_method(const std::string& s, std::string_view name, Args& a, Value
         const int64_t width = need_int(a.positional[0], "width");
         std::string fill = " ";
         if (a.positional.size() > 1) fill = need_string(a.positional[1], "fillchar");
+        if (width > 0) check_string_size(uint64_t(width) * std::max<uint64_t>(fill.size(), 1));
         const int64_t len = int64_t(utf8_length(s));
         if (width <= len) {
             out = Value::string(s);

@@ -612,7 +612,10 @@ private:
             }
             case ExprKind::kConcat: {
                 std::string out;
-                for (const ExprPtr& x : e.args) eval(*x, f).append_str(out);
+                for (const ExprPtr& x : e.args) {
+                    eval(*x, f).append_str(out);
+                    check_string_size(out.size());
+                }
                 return Value::string(std::move(out));
             }
             case ExprKind::kCompare: {

@@ -505,6 +505,15 @@ TEST(JinjaErrors, RunawayNestingAndRecursionAreErrorsNotCrashes) {
                      "%}{{ f(5) }}"),
               "54321");
     EXPECT_NE(error_of("{{ 'x' * 1000000000000 }}").find("too large"), std::string::npos);
+    // Strings grown past kMaxStringBytes by other means: refused before gigabytes are allocated.
+    EXPECT_NE(error_of("{{ 'a'|center(1000000000) }}").find("string result too large"),
+              std::string::npos);
+    EXPECT_NE(error_of("{{ 'a'.rjust(1000000000) }}").find("string result too large"),
+              std::string::npos);
+    EXPECT_NE(error_of("{% set ns = namespace(s='x' * 1024) %}{% for i in range(40) %}"
+                       "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}")
+                  .find("string result too large"),
+              std::string::npos);
 }
 
 TEST(JinjaErrors, SandboxRefusesMutation) {

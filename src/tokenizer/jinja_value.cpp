@@ -59,7 +59,14 @@ Value Value::floating(double f) {
     v.f_ = f;
     return v;
 }
+void check_string_size(uint64_t bytes) {
+    if (bytes > kMaxStringBytes)
+        throw_error("string result too large (" + std::to_string(bytes) + " bytes; at most " +
+                    std::to_string(kMaxStringBytes) + ")");
+}
+
 Value Value::string(std::string s) {
+    check_string_size(s.size());
     Value v;
     v.kind_ = Kind::kString;
     v.str_ = std::make_shared<const std::string>(std::move(s));

@@ -33,6 +33,12 @@ struct Error {
 };
 [[noreturn]] void throw_error(std::string message);
 
+// The longest string a template may build (256 MiB): past it an error, not gigabytes of memory
+// (Python would build them; a chat template has no business to). Value::string checks every
+// string made; code that would allocate a larger one first checks the size it asks for.
+inline constexpr size_t kMaxStringBytes = size_t(1) << 28;
+void check_string_size(uint64_t bytes);
+
 enum class Kind {
     kUndefined,  // jinja2's default Undefined: falsy, prints as "", fails when used further
     kNone,
