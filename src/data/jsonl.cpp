@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/strings.h"
+#include "io/json.h"
 #include "io/input.h"
 #include "tokenizer/utf8.h"
 
@@ -179,6 +180,10 @@ Result<std::string_view> JsonlFieldReader::extract(std::string_view line) {
     od::json_type top;
     if (auto e = doc->type().get(top)) return m.json_error(e, line, doc);
     if (top != od::json_type::object) {
+        // On-demand parsing types a value by its first byte ("not json" reads as a null, "12abc"
+        // as a number): a line that is not JSON at all says so.
+        const std::string problem = json_problem(line);
+        if (!problem.empty()) return invalid_argument_error("not valid JSON: {}", problem);
         return invalid_argument_error("expected a JSON object with a \"{}\" field, found {}", key_,
                                       json_type_name(top));
     }

@@ -62,6 +62,10 @@ TEST(JsonlFieldReader, StructuralErrorsSayWhatIsWrong) {
                   .find("expected a JSON object with a \"text\" field, found an array"),
               std::string::npos);
     EXPECT_NE(error_of(r, R"("just a string")").find("found a string"), std::string::npos);
+    EXPECT_NE(error_of(r, "null").find("found null"), std::string::npos);
+    // Text that only begins like a JSON value is not JSON (not a null, not a number).
+    EXPECT_NE(error_of(r, "not json").find("not valid JSON"), std::string::npos);
+    EXPECT_NE(error_of(r, "12abc").find("not valid JSON"), std::string::npos);
     const std::string missing = error_of(r, R"({"content": "x", "id": 7})");
     EXPECT_NE(missing.find("no \"text\" field (the object has keys \"content\", \"id\")"),
               std::string::npos)
