@@ -408,6 +408,14 @@ def test_on_error_skip_counts_and_fail_names_file_and_line(tmp_path):
     assert b"--on-error skip" in r.stderr
     assert no_outputs(tmp_path / "fail") == []
 
+    # Every record skipped: an error, no empty token files.
+    none = tmp_path / "all_bad.jsonl"
+    none.write_text('{"txt": "a"}\nnot json\n')
+    r = prepare("gpt2", [none], tmp_path / "none", "--format", "jsonl", "--on-error", "skip",
+                check=False)
+    assert r.returncode == 2 and b"every record was skipped (2; the first: " in r.stderr, r.stderr
+    assert no_outputs(tmp_path / "none") == []
+
 
 def test_text_errors_name_the_line_inside_a_block(tmp_path):
     src = tmp_path / "blocks.txt"

@@ -839,6 +839,14 @@ Result<PrepareReport> prepare_run(const PrepareOptions& options) {
                 report.untrained_documents, tokens_out.document_count());
         }
     }
+    // Every record skipped: token files of no document would only fail later, at training.
+    if (tokens_out.document_count() == 0 && report.skipped > 0) {
+        return invalid_argument_error(
+            "every record was skipped ({}; the first: {}): no document to write; nothing was "
+            "written under {}",
+            report.skipped, report.skipped_examples.empty() ? "" : report.skipped_examples[0],
+            options.output_prefix);
+    }
     LATHE_RETURN_IF_ERROR(tokens_out.finalize());
     std::vector<IndexedDatasetWriter*> writers = {&tokens_out};
     if (labels_out.has_value()) {
