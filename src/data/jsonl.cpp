@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "core/strings.h"
-#include "io/json.h"
 #include "io/input.h"
+#include "io/json.h"
 #include "tokenizer/utf8.h"
 
 namespace lathe {
