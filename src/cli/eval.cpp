@@ -1,6 +1,7 @@
 // `lathe eval`: model evaluation. `lathe eval loss`: see run/eval_loss.h; `lathe eval bpb`:
 // run/eval_bpb.h; `lathe eval tasks`: run/eval_tasks.h.
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/command.h"
 #include "io/file.h"
@@ -84,8 +85,13 @@ void cli_add_eval(CLI::App& parent, CommandAction& action) {
     tasks->callback([tasks_req, &action] {
         action = [tasks_req]() -> Status {
             const EvalTasksRequest& q = *tasks_req;
-            LATHE_RETURN_IF_ERROR(
-                check_output_is_not_input("--output", q.output, "--samples", q.samples));
+            std::error_code ec;
+            if (!q.output.empty() && !q.samples.empty() &&
+                std::filesystem::weakly_canonical(q.output, ec) ==
+                    std::filesystem::weakly_canonical(q.samples, ec))
+                return invalid_argument_error(
+                    "--output and --samples are both {}: give each output a file of its own",
+                    q.output);
             for (const std::string& t : q.tasks)
                 for (const auto& [flag, out] :
                      {std::pair{"--output", q.output}, {"--samples", q.samples}})

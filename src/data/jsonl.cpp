@@ -181,9 +181,11 @@ Result<std::string_view> JsonlFieldReader::extract(std::string_view line) {
     if (auto e = doc->type().get(top)) return m.json_error(e, line, doc);
     if (top != od::json_type::object) {
         // On-demand parsing types a value by its first byte ("not json" reads as a null, "12abc"
-        // as a number): a line that is not JSON at all says so.
-        const std::string problem = json_problem(line);
-        if (!problem.empty()) return invalid_argument_error("not valid JSON: {}", problem);
+        // as a number): a line that is not JSON at all says so (an array is one by its '[').
+        if (top != od::json_type::array) {
+            const std::string problem = json_problem(line);
+            if (!problem.empty()) return invalid_argument_error("not valid JSON: {}", problem);
+        }
         return invalid_argument_error("expected a JSON object with a \"{}\" field, found {}", key_,
                                       json_type_name(top));
     }

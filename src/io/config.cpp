@@ -523,6 +523,7 @@ namespace {
 int yaml_document_count(std::string_view text) {
     int docs = 0;
     bool open = false;  // a document has begun and not ended
+    if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);  // a UTF-8 byte order mark
     for (std::string_view line : split(text, '\n')) {
         if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
         const auto marker = [&](std::string_view m) {

@@ -340,6 +340,7 @@ TEST(Config, AKeyGivenTwiceAndSeveralDocumentsAreErrors) {
     // One document behind a leading '---' (after comments, or ended by '...') is one document.
     EXPECT_TRUE(Config::load_text(schema, "---\ndata.path: a\n", "run.yaml").ok());
     EXPECT_TRUE(Config::load_text(schema, "# c\n---\ndata.path: a\n...\n", "run.yaml").ok());
+    EXPECT_TRUE(Config::load_text(schema, "\xEF\xBB\xBF# c\n---\ndata.path: a\n", "run.yaml").ok());
     // The fuzzer's input on which yaml-cpp's LoadAll looped: read as one document, in time.
     (void)Config::load_text(schema, "# a---\n, b\nx: 1\n", "run.yaml");
 }

@@ -197,6 +197,8 @@ Status check_output_is_not_input(std::string_view output_flag, const std::string
                                  std::string_view input_flag, const std::string& input) {
     std::error_code ec;
     if (output.empty() || input.empty() || output == "-" || input == "-") return ok_status();
+    // A FIFO or device (/dev/stdin and /dev/stdout on one terminal) is read and written in place.
+    if (!std::filesystem::is_regular_file(input, ec)) return ok_status();
     if (!std::filesystem::equivalent(output, input, ec)) return ok_status();
     return invalid_argument_error(
         "{} {} is the {} file: writing it would replace the input; write the output elsewhere",

@@ -22,8 +22,9 @@ Result<std::string> file_read_all(const std::string& path);
 Result<uint64_t> file_size(const std::string& path);
 bool file_exists(const std::string& path);
 
-// An error when `output` names the same file as `input` (by the same path or another, a link
-// included): the command would replace its input. Nothing when either does not exist or is "-".
+// An error when `output` names the same regular file as `input` (by the same path or another, a
+// link included): the command would replace its input. Nothing when either does not exist, is
+// "-", or the input is not a regular file (a FIFO or device is read and written in place).
 Status check_output_is_not_input(std::string_view output_flag, const std::string& output,
                                  std::string_view input_flag, const std::string& input);
 

@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/strings.h"
+#include "io/json.h"
 
 namespace lathe {
 
@@ -114,6 +115,8 @@ struct ParsedJson {
 };
 
 Result<ParsedJson> parse_json_strict(std::string_view text, const std::string& what) {
+    if (json_depth(text) > kJsonMaxDepth)
+        return data_loss_error("{} is not valid JSON: {}", what, json_problem(text));
     ParsedJson out;
     std::vector<std::set<std::string>> open_objects;
     auto callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {

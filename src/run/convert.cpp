@@ -561,12 +561,27 @@ Result<ConvertResult> convert_run(const ConvertRequest& request) {
     // A depth beyond the checkpoint's layers, refused before the parameter table of that depth
     // is built (ten million layers took 43 s and 5.7 GB before the missing tensor was named).
     int64_t deepest = -1;
-    for (const std::string& n : ck->names()) deepest = std::max(deepest, layer_in_name(n));
-    if (deepest >= 0 && config.num_layers > deepest + 1)
+    std::string deepest_name;
+    for (const std::string& n : ck->names()) {
+        if (layer_in_name(n) > deepest) {
+            deepest = layer_in_name(n);
+            deepest_name = n;
+        }
+    }
+    if (deepest >= 0 && config.num_layers > deepest + 1) {
+        // The next layer's names: the deepest layer's prefix with the number after it.
+        const std::string number = std::to_string(deepest);
+        const size_t at = deepest_name.find("." + number + ".");
+        const std::string next =
+            at == std::string::npos
+                ? std::string()
+                : fmt::format(" ('{}.{}.*')", deepest_name.substr(0, at), deepest + 1);
         return invalid_argument_error(
-            "{}: config.json's num_hidden_layers is {}, but the checkpoint's layers end at {}; "
-            "the weights and config.json do not belong together",
-            where, config.num_layers, deepest);
+            "{}: the tensors of layer {}{} are missing: config.json's num_hidden_layers is {}, "
+            "but the checkpoint's layers end at {}; the weights and config.json do not belong "
+            "together",
+            where, deepest + 1, next, config.num_layers, deepest);
+    }
     const ParamTable table = model_param_table(config);
 
     ConvertResult result;

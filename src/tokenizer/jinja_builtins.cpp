@@ -163,6 +163,7 @@ double py_round(double x, int64_t ndigits) {
 std::string pad(std::string s, int64_t width, bool left, char fill = ' ') {
     const int64_t len = int64_t(utf8_length(s));
     if (width <= len) return s;
+    check_string_size(uint64_t(width));
     const std::string padding(size_t(width - len), fill);
     return left ? s + padding : padding + s;
 }
@@ -285,6 +286,7 @@ std::string percent_format(const std::string& fmt, const Value& args) {
                 throw_error(std::string("unsupported format character '") + type + "'");
         }
         if (zero && !left && std::strchr("diuxXofFeEgG", type) && int64_t(piece.size()) < width) {
+            check_string_size(uint64_t(width));
             const size_t sign =
                 (!piece.empty() && (piece[0] == '-' || piece[0] == '+' || piece[0] == ' ')) ? 1 : 0;
             piece.insert(sign, std::string(size_t(width) - piece.size(), '0'));
@@ -717,6 +719,7 @@ bool call_str_method(const std::string& s, std::string_view name, Args& a, Value
         std::string r = s;
         const int64_t len = int64_t(utf8_length(s));
         if (width > len) {
+            check_string_size(uint64_t(width));
             const size_t at = (!r.empty() && (r[0] == '-' || r[0] == '+')) ? 1 : 0;
             r.insert(at, std::string(size_t(width - len), '0'));
         }
@@ -1210,6 +1213,8 @@ Value f_indent(const Value& v, Args& a) {
     a.check("indent", 3, {"width", "first", "blank"});
     const Value* w = a.get(0, "width");
     std::string ind = "    ";
+    if (w && !w->is_string())
+        check_string_size(uint64_t(std::max<int64_t>(0, need_int(*w, "width"))));
     if (w)
         ind = w->is_string()
                   ? w->as_string()

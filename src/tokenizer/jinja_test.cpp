@@ -510,6 +510,9 @@ TEST(JinjaErrors, RunawayNestingAndRecursionAreErrorsNotCrashes) {
               std::string::npos);
     EXPECT_NE(error_of("{{ 'a'.rjust(1000000000) }}").find("string result too large"),
               std::string::npos);
+    for (const char* t : {"{{ 'a'.zfill(100000000000) }}", "{{ 'a\nb'|indent(100000000000) }}",
+                          "{{ '%100000000000d' % 5 }}", "{{ '%0100000000000d' % 5 }}"})
+        EXPECT_NE(error_of(t).find("string result too large"), std::string::npos) << t;
     EXPECT_NE(error_of("{% set ns = namespace(s='x' * 1024) %}{% for i in range(40) %}"
                        "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}")
                   .find("string result too large"),

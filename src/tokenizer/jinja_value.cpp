@@ -67,6 +67,10 @@ void check_string_size(uint64_t bytes) {
 
 Value Value::string(std::string s) {
     check_string_size(s.size());
+    return input_string(std::move(s));
+}
+
+Value Value::input_string(std::string s) {
     Value v;
     v.kind_ = Kind::kString;
     v.str_ = std::make_shared<const std::string>(std::move(s));
@@ -114,7 +118,7 @@ Value Value::from_json(const Json& j) {
         case Json::value_t::number_float:
             return floating(j.get<double>());
         case Json::value_t::string:
-            return string(j.get<std::string>());
+            return input_string(j.get<std::string>());
         case Json::value_t::array: {
             List items;
             items.reserve(j.size());
@@ -124,7 +128,8 @@ Value Value::from_json(const Json& j) {
         case Json::value_t::object: {
             Dict d;
             d.items.reserve(j.size());
-            for (const auto& [k, e] : j.items()) d.items.emplace_back(string(k), from_json(e));
+            for (const auto& [k, e] : j.items())
+                d.items.emplace_back(input_string(k), from_json(e));
             return dict(std::move(d));
         }
         default:

@@ -35,7 +35,8 @@ struct Error {
 
 // The longest string a template may build (256 MiB): past it an error, not gigabytes of memory
 // (Python would build them; a chat template has no business to). Value::string checks every
-// string made; code that would allocate a larger one first checks the size it asks for.
+// string made (strings of the input, from_json's, are the input's size and pass as they are);
+// code that would allocate a larger one first checks the size it asks for.
 inline constexpr size_t kMaxStringBytes = size_t(1) << 28;
 void check_string_size(uint64_t bytes);
 
@@ -112,6 +113,9 @@ public:
     const char* type_name() const;
 
 private:
+    // A string from the input (from_json), not built by the template: its size is the input's.
+    static Value input_string(std::string s);
+
     Kind kind_ = Kind::kUndefined;
     bool b_ = false;
     int64_t i_ = 0;
