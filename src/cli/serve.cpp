@@ -570,13 +570,15 @@ json Server::chat_choice(const Job& job, size_t k, const SequenceState& st) cons
 
 void Server::handle(const httplib::Request& req, httplib::Response& res, bool chat) {
     const Clock::time_point start = Clock::now();
-    if (json_depth(req.body, kMaxJsonDepth) > kMaxJsonDepth) {
-        return send_error(res, bad("", fmt::format("the request body nests arrays/objects deeper "
-                                                   "than {} levels",
-                                                   kMaxJsonDepth)));
+    // One scan of the body for the request's nesting bound, inside the parse.
+    json j = json_parse<json>(req.body, kMaxJsonDepth);
+    if (j.is_discarded()) {
+        if (json_depth(req.body, kMaxJsonDepth) > kMaxJsonDepth)
+            return send_error(res, bad("", fmt::format("the request body nests arrays/objects "
+                                                       "deeper than {} levels",
+                                                       kMaxJsonDepth)));
+        return send_error(res, bad("", "the request body is not valid JSON"));
     }
-    json j = json_parse<json>(req.body);
-    if (j.is_discarded()) return send_error(res, bad("", "the request body is not valid JSON"));
     if (!j.is_object()) return send_error(res, bad("", "the request body must be a JSON object"));
     auto job = std::make_shared<Job>();
     job->chat = chat;

@@ -15,18 +15,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A JSON file is checked on the way: carried as it is, a damaged one would reach the output (and
-// the tools that load it) as if it were fine.
 Status add_file(std::vector<CarriedFile>& out, const fs::path& from, std::string name) {
     LATHE_ASSIGN_OR_RETURN(std::string bytes, file_read_all(from.string()));
-    if (name.ends_with(".json")) {
-        const std::string problem = json_problem(bytes);
-        if (!problem.empty()) {
-            return invalid_argument_error(
-                "{}: not valid JSON ({}); it is carried to the output as it is: fix or remove it",
-                from.string(), problem);
-        }
-    }
     out.push_back(CarriedFile{std::move(name), std::move(bytes)});
     return ok_status();
 }
@@ -62,6 +52,17 @@ Result<std::vector<CarriedFile>> carried_files_read(const std::string& folder,
         if (is_file(p)) LATHE_RETURN_IF_ERROR(add_file(out, p, std::string(name)));
     }
     LATHE_RETURN_IF_ERROR(add_chat_templates(out, folder));
+    // Files lathe has not read otherwise are checked on the way: carried as they are, a damaged
+    // JSON file would reach the output (and the tools that load it) as if it were fine.
+    for (const CarriedFile& f : out) {
+        if (!f.name.ends_with(".json")) continue;
+        const std::string problem = json_problem(f.bytes);
+        if (!problem.empty()) {
+            return invalid_argument_error(
+                "{}: not valid JSON ({}); it is carried to the output as it is: fix or remove it",
+                (fs::path(folder) / f.name).string(), problem);
+        }
+    }
     return out;
 }
 
