@@ -14,6 +14,12 @@ are not tokenizers at all, through the lathe commands that take `--tokenizer`.
   * A file of the wrong kind as --tokenizer (JSON Lines, YAML, empty, a directory, a
     tokenizer_config.json, a JSON array) for tokenize, prepare, chat encode and tokenizer info:
     `lathe: error:` naming the file, what it holds and what was expected, never a crash.
+  * A Split, normalizer Replace or decoder Replace pattern that gives up on a text (it
+    backtracks too far; here `(a|aa)+$` on 100 'a' and a 'b', and Llama-3's pattern on ten
+    million spaces): prepare, align terms and tokenizer train stop with one `lathe: error:`
+    naming the input file and line, or skip the document under --on-error skip; data dump's
+    decoding is an error naming the tokenizer and the document; never an abort, in the worker
+    threads as on the main one.
 """
 
 import copy
@@ -345,3 +351,107 @@ def test_wrong_kind_of_file_names_it_and_what_was_expected(kind, command, tmp_pa
         assert err.startswith("lathe: error: --tokenizer: "), err
     assert "last read" not in err and "terminate" not in err, err
     assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "out.bin").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Patterns that give up
+
+# Backtracks exponentially on a run of 'a' that does not reach the end of the text: PCRE2 gives
+# up on 100 of them followed by a 'b' within milliseconds.
+GIVES_UP = "(a|aa)+$"
+BAD_TEXT = "a" * 100 + "b"
+GOOD_LINES = ["The patient had amoxicillin clavulanate.", "Left ventricular hypokinesis."]
+
+
+def giving_up(where):
+    """gpt2.json with a pattern that gives up on BAD_TEXT: a Split before its pre-tokenizer, a
+    Replace as its normalizer, or a Replace after its ByteLevel decoder (which joins the tokens
+    into one)."""
+    tok = shared_json("gpt2")
+    split = {"type": "Split", "pattern": {"Regex": GIVES_UP}, "behavior": "Isolated",
+             "invert": False}
+    replace = {"type": "Replace", "pattern": {"Regex": GIVES_UP}, "content": "x"}
+    if where == "pre_tokenizer":
+        tok["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [split, tok["pre_tokenizer"]]}
+    elif where == "normalizer":
+        assert tok["normalizer"] is None
+        tok["normalizer"] = replace
+    else:
+        tok["decoder"] = {"type": "Sequence", "decoders": [tok["decoder"], replace]}
+    return tok
+
+
+def write_giving_up(tmp_path, where):
+    path = tmp_path / f"{where}.json"
+    path.write_text(json.dumps(giving_up(where)), encoding="utf-8")
+    return path
+
+
+def the_error(proc):
+    """The one `lathe: error:` line of a failed command that did not crash."""
+    assert 0 < proc.returncode < 128, (proc.returncode, proc.stderr)
+    assert "terminate called" not in proc.stderr and "what():" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("lathe: error: ")]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+@pytest.mark.parametrize("where", ["pre_tokenizer", "normalizer"])
+def test_align_terms_pattern_that_gives_up_names_the_line_or_skips(where, tmp_path):
+    tok = write_giving_up(tmp_path, where)
+    corpus = tmp_path / "domain.txt"
+    corpus.write_text("\n".join(GOOD_LINES * 5 + [BAD_TEXT] + GOOD_LINES * 5) + "\n")
+    args = ["align", "terms", "--tokenizer", tok, "--corpus", corpus, "--output",
+            tmp_path / "target.json", "--min-count", "2", "--threads", "2", "--no-progress"]
+    err = the_error(run(args, check=False))
+    assert f"{corpus}:11: " in err and "gave up on this text of 101 bytes" in err, err
+    assert "--on-error skip" in err, err
+    assert not (tmp_path / "target.json").exists()
+    proc = run(args + ["--on-error", "skip"])
+    assert "skipped: 1 bad documents" in proc.stdout, proc.stdout
+    assert (tmp_path / "target.json").exists()
+
+
+@pytest.mark.parametrize("where", ["pre_tokenizer", "normalizer"])
+def test_prepare_pattern_that_gives_up_names_the_line_or_skips(where, tmp_path):
+    tok = write_giving_up(tmp_path, where)
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n"
+                            for t in GOOD_LINES + [BAD_TEXT] + GOOD_LINES))
+    args = ["prepare", "--tokenizer", tok, "--input", docs, "--output-prefix", tmp_path / "out",
+            "--threads", "2"]
+    err = the_error(run(args, check=False))
+    assert f"{docs}:3" in err and "gave up on this text of 101 bytes" in err, err
+    assert not (tmp_path / "out.bin").exists()
+    run(args + ["--on-error", "skip"])
+    assert (tmp_path / "out.idx").exists()
+
+
+def test_data_dump_decoder_pattern_that_gives_up_names_the_tokenizer(tmp_path):
+    tok = write_giving_up(tmp_path, "decoder")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in [GOOD_LINES[0], BAD_TEXT]))
+    run(["prepare", "--tokenizer", tok, "--input", docs, "--output-prefix", tmp_path / "out"])
+    dump = ["data", "dump", tmp_path / "out", "--tokenizer", tok, "--json"]
+    good = json.loads(run(dump + ["--doc", "0"]).stdout)
+    assert good["text"] == GOOD_LINES[0]
+    err = the_error(run(dump + ["--doc", "1"], check=False))
+    assert f"document 1: {tok}: decoder: " in err, err
+    assert "gave up on this text of 101 bytes" in err, err
+
+
+def test_tokenizer_train_pattern_that_gives_up_names_the_line_or_skips(tmp_path):
+    # Llama-3's pattern gives up on ten million spaces between two letters (HF's tokenizers
+    # fails on them too) in a tenth of a second.
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(GOOD_LINES * 2 + ["x" + " " * 10_000_000 + "x"] + GOOD_LINES)
+                      + "\n")
+    args = ["tokenizer", "train", "--vocab-size", "300", "--pre-tokenizer", "llama3", "--input",
+            corpus, "--output", tmp_path / "tok.json", "--threads", "2"]
+    err = the_error(run(args, check=False))
+    assert f"{corpus}:5: " in err and "gave up on this text of 10000002 bytes" in err, err
+    assert "--on-error skip" in err, err
+    assert not (tmp_path / "tok.json").exists()
+    proc = run(args + ["--on-error", "skip"])
+    assert "skipped 1 document(s)" in proc.stderr and f"{corpus}:5" in proc.stderr, proc.stderr
+    assert (tmp_path / "tok.json").exists()

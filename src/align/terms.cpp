@@ -202,6 +202,20 @@ private:
     uint64_t last_raw_ = 0;
 };
 
+// Fills `pieces` with the pre-tokenizer's pieces of one document, normalized first when the
+// pipeline has a normalizer (`normalized` holds that text). Errors: a pattern that gives up on
+// the document.
+Status split_document(const TextPipeline& pipeline, std::string_view text, std::string& normalized,
+                      PieceList& pieces, PieceList& scratch) {
+    std::string_view norm = text;
+    if (pipeline.normalizer) {
+        normalized.clear();
+        LATHE_RETURN_IF_ERROR(pipeline.normalizer->normalize(text, normalized).status());
+        norm = normalized;
+    }
+    return pipeline.pre_tokenizer->split(norm, pieces, scratch);
+}
+
 // Reads `files` on the calling thread and runs `sink` on `threads` workers (core/ordered_pool.h).
 // The first error in input order stops the scan and is returned.
 Status scan_corpus(const std::vector<std::string>& files, const TermsOptions& options,
@@ -240,6 +254,13 @@ Status scan_corpus(const std::vector<std::string>& files, const TermsOptions& op
                 } else if (!utf8::is_valid(text)) {
                     problem = fmt::format("invalid UTF-8 at byte {}", utf8::first_invalid(text));
                 }
+                if (problem.empty()) {
+                    // A normalizer or pre-tokenizer pattern can give up on the text (it
+                    // backtracks too far): a bad document like the others.
+                    const Status split =
+                        split_document(pipeline, text, normalized, piece_list, scratch);
+                    if (!split.ok()) problem = split.message();
+                }
                 if (!problem.empty()) {
                     if (options.skip_bad_documents) {
                         ++batch.skipped;
@@ -250,13 +271,6 @@ Status scan_corpus(const std::vector<std::string>& files, const TermsOptions& op
                         "documents)",
                         *batch.file, batch.lines[r], problem);
                 }
-                std::string_view norm = text;
-                if (pipeline.normalizer) {
-                    normalized.clear();
-                    pipeline.normalizer->normalize(text, normalized);
-                    norm = normalized;
-                }
-                pipeline.pre_tokenizer->split(norm, piece_list, scratch);
                 raw.clear();
                 raw_ends.clear();
                 for (size_t i = 0; i < piece_list.size(); ++i) {

@@ -94,9 +94,11 @@ struct TermsOptions {
     int max_ngram = 3;  // 1..3
     double smoothing = 0.5;
     uint64_t max_table_entries = uint64_t{1} << 24;
-    bool skip_bad_documents = false;  // invalid UTF-8 / malformed JSONL: skip (counted) or fail
-    int threads = 0;                  // 0 = all cores
-    bool force = false;               // rerun even when the stage cache says up to date
+    // Invalid UTF-8, malformed JSONL, a document the source tokenizer's normalizer or
+    // pre-tokenizer pattern gives up on: skip (counted) or fail.
+    bool skip_bad_documents = false;
+    int threads = 0;     // 0 = all cores
+    bool force = false;  // rerun even when the stage cache says up to date
     bool show_progress = true;
     const std::atomic<bool>* cancel = nullptr;
 };
@@ -131,9 +133,10 @@ struct TermsReport {
 };
 
 // Runs stage 1. Errors: a source tokenizer that cannot load or is not a byte-level BPE (its
-// pre-tokenizer has no ByteLevel step), an unreadable input, a malformed document (file:line)
-// unless skip_bad_documents, no documents at all, bad options (top_k < 1, min_count < 1,
-// max_ngram outside 1..3), cancellation. Outputs are written atomically, the stage manifest last.
+// pre-tokenizer has no ByteLevel step), an unreadable input, a malformed document or one that a
+// normalizer or pre-tokenizer pattern gives up on (file:line) unless skip_bad_documents, no
+// documents at all, bad options (top_k < 1, min_count < 1, max_ngram outside 1..3),
+// cancellation. Outputs are written atomically, the stage manifest last.
 Result<TermsReport> align_terms_run(const TermsOptions& options);
 
 // The checks align_terms_run makes of its source tokenizer before reading any corpus: valid JSON

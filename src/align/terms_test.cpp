@@ -314,6 +314,52 @@ TEST_F(TermsRunTest, BadInputIsAClearError) {
     EXPECT_FALSE(align_terms_run(bad_k).ok());
 }
 
+// A source tokenizer whose pre-tokenizer or normalizer pattern backtracks exponentially gives up
+// on line 2 (in a worker thread): a bad document like any other, an error naming the file and
+// line, or skipped and counted under skip_bad_documents.
+TEST_F(TermsRunTest, PatternThatGivesUpIsABadDocument) {
+    ASSERT_TRUE(fs::exists(tokenizer_))
+        << tokenizer_ << " missing"
+        << " (required test data: ../shared, scripts/install-deps.sh)";
+    std::string text = "The patient had amoxicillin clavulanate.\n" + std::string(100, 'a') + "b\n";
+    for (int i = 0; i < 10; ++i) text += "The patient had amoxicillin clavulanate.\n";
+    ASSERT_TRUE(file_write_atomic(path("domain.txt"), text).ok());
+    const nlohmann::json split = nlohmann::json::parse(
+        R"({"type": "Split", "pattern": {"Regex": "(a|aa)+$"}, "behavior": "Isolated",
+            "invert": false})");
+    const nlohmann::json replace = nlohmann::json::parse(
+        R"({"type": "Replace", "pattern": {"Regex": "(a|aa)+$"}, "content": "x"})");
+    const nlohmann::json gpt_neox = nlohmann::json::parse(*file_read_all(tokenizer_));
+    nlohmann::json in_pre_tokenizer = gpt_neox;
+    in_pre_tokenizer["pre_tokenizer"] = {{"type", "Sequence"},
+                                         {"pretokenizers", {split, gpt_neox["pre_tokenizer"]}}};
+    nlohmann::json in_normalizer = gpt_neox;
+    in_normalizer["normalizer"] = {{"type", "Sequence"},
+                                   {"normalizers", {gpt_neox["normalizer"], replace}}};
+    for (const auto& [name, tok] :
+         {std::pair{"pre_tokenizer", in_pre_tokenizer}, std::pair{"normalizer", in_normalizer}}) {
+        SCOPED_TRACE(name);
+        const std::string tok_path = path(std::string(name) + ".json");
+        ASSERT_TRUE(file_write_atomic(tok_path, tok.dump()).ok());
+        TermsOptions o = options();
+        o.source_tokenizer = tok_path;
+        o.output = path(std::string(name) + ".target.json");
+        auto r = align_terms_run(o);
+        ASSERT_FALSE(r.ok());
+        EXPECT_NE(r.status().message().find("domain.txt:2: the tokenizer's pattern '(a|aa)+$'"),
+                  std::string::npos)
+            << r.status().message();
+        EXPECT_NE(r.status().message().find("--on-error skip"), std::string::npos)
+            << r.status().message();
+        EXPECT_FALSE(fs::exists(o.output));
+        o.skip_bad_documents = true;
+        auto skipped = align_terms_run(o);
+        ASSERT_TRUE(skipped.ok()) << skipped.status().to_string();
+        EXPECT_EQ(skipped->skipped, 1u);
+        EXPECT_EQ(skipped->documents, 11u);
+    }
+}
+
 TEST_F(TermsRunTest, JsonlInputWithKey) {
     ASSERT_TRUE(fs::exists(tokenizer_))
         << tokenizer_ << " missing"

@@ -178,8 +178,10 @@ Status run_dump(const std::string& prefix, int64_t doc, const std::string& token
             }
             ids32.push_back(static_cast<int32_t>(id));
         }
-        LATHE_ASSIGN_OR_RETURN(std::string decoded, tok.decode(ids32, /*skip_special=*/false));
-        text = std::move(decoded);
+        Result<std::string> decoded = tok.decode(ids32, /*skip_special=*/false);
+        if (!decoded.ok())
+            return decoded.status().with_context(fmt::format("{} document {}", prefix, doc));
+        text = std::move(decoded).value();
     }
     const int64_t first_seq = ds.doc_idx(k);
     const int64_t seqs = ds.doc_idx(k + 1) - first_seq;

@@ -58,8 +58,9 @@ void cli_add_tokenizer(CLI::App& parent, CommandAction& action) {
         ->capture_default_str();
     train
         ->add_option("--on-error", args->on_error,
-                     "A document that is not valid UTF-8: fail (stop with its file and line) "
-                     "or skip (leave it out, count it)")
+                     "A document that is not valid UTF-8 or that the pre-tokenizer's pattern "
+                     "gives up on: fail (stop with its file and line) or skip (leave it out, "
+                     "count it)")
         ->capture_default_str();
     train->add_option("--threads", args->threads, "Threads (0 = every core)")
         ->capture_default_str()

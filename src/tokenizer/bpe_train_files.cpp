@@ -203,8 +203,10 @@ Status bpe_train_files(const BpeTrainFilesOptions& args) {
              words.total(), words.size(), stats.documents,
              Progress::format_bytes(double(stats.bytes)), count_s, threads);
     if (stats.skipped > 0)
-        log_warning("skipped {} document(s) that are not valid UTF-8 (the first at {})",
-                    stats.skipped, stats.first_skipped);
+        log_warning(
+            "skipped {} document(s) that are not valid UTF-8 or that the pre-tokenizer's pattern "
+            "gave up on (the first at {})",
+            stats.skipped, stats.first_skipped);
 
     const auto t1 = std::chrono::steady_clock::now();
     LATHE_ASSIGN_OR_RETURN(BpeTrainerResult result, bpe_train(words, options));

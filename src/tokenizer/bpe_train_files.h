@@ -26,7 +26,7 @@ struct BpeTrainFilesOptions {
     std::string pre_tokenizer = "gpt2";       // gpt2, llama3 or bytelevel-noregex
     std::string json_key = "text";
     std::string format = "auto";    // auto, jsonl, text or text-blocks
-    std::string on_error = "fail";  // a document that is not valid UTF-8: fail or skip
+    std::string on_error = "fail";  // a bad document (bpe_count_words): fail or skip
     int threads = 0;                // 0 = every core
     bool show_progress = true;      // the counting progress display on stderr
 };

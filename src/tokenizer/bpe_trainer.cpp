@@ -466,7 +466,21 @@ Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
                     stop = true;
                     return;
                 }
-                pre_tokenizer.split(doc, pieces, scratch);
+                if (Status split = pre_tokenizer.split(doc, pieces, scratch); !split.ok()) {
+                    const std::string where = fmt::format(
+                        "{}:{}", batch.origin, i < batch.lines.size() ? batch.lines[i] : 0);
+                    std::lock_guard<std::mutex> lock(mutex);
+                    if (on_error == BpeOnError::kSkip) {
+                        if (totals.skipped++ == 0) totals.first_skipped = where;
+                        continue;
+                    }
+                    if (first_error.ok())
+                        first_error = invalid_argument_error(
+                            "{}: {} (or pass --on-error skip to leave such documents out)", where,
+                            split.message());
+                    stop = true;
+                    return;
+                }
                 views.clear();
                 for (size_t k = 0; k < pieces.size(); ++k) views.push_back(pieces.view(k));
                 counts.add_many(views);

@@ -109,14 +109,15 @@ struct BpeDocumentBatch {
 // the end of the input. Called by one thread at a time.
 using BpeBatchReader = std::function<Result<bool>(BpeDocumentBatch& batch)>;
 
-// What to do with a document that is not valid UTF-8.
+// What to do with a document that is not valid UTF-8, or that the pre-tokenizer's pattern gives
+// up on.
 enum class BpeOnError { kFail, kSkip };
 
 // What counting saw, beyond the words.
 struct BpeCountStats {
     uint64_t documents = 0;     // documents counted (skipped ones excluded)
     uint64_t bytes = 0;         // their bytes
-    uint64_t skipped = 0;       // documents skipped as invalid UTF-8 (kSkip)
+    uint64_t skipped = 0;       // documents skipped as bad (kSkip)
     std::string first_skipped;  // "file:line" of the first one skipped
 };
 
@@ -125,8 +126,10 @@ struct BpeCountStats {
 // counts into its own WordCounts, merged shard by shard at the end. The pre-tokenizer must end in
 // ByteLevel (its pieces are byte-level text); words are returned as the raw bytes they stand for.
 // A document that is not valid UTF-8 is an error naming its file and the line of the first bad
-// byte (kFail), or is left out and counted in `stats` (kSkip). `progress` and `stats` may be null.
-// Errors: the reader's; invalid UTF-8 under kFail.
+// byte (kFail), or is left out and counted in `stats` (kSkip); so is a document that the
+// pre-tokenizer's pattern gives up on (it backtracks too far; the error names the document's
+// first line). `progress` and `stats` may be null. Errors: the reader's; bad documents under
+// kFail. A worker's error comes back here as a Status.
 Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
                                    const BpeBatchReader& next_batch, int threads,
                                    BpeOnError on_error, Progress* progress, BpeCountStats* stats);

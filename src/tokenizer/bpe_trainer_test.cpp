@@ -348,6 +348,38 @@ TEST(BpeCountWords, InvalidUtf8FailsOrIsSkipped) {
     EXPECT_EQ(wc->count("caf"), 0u);
 }
 
+// A pre-tokenizer pattern that backtracks exponentially gives up on document 3 (line 3) in a
+// worker thread: the error comes back to the caller naming the line (kFail), or the document is
+// left out and counted (kSkip).
+TEST(BpeCountWords, PatternThatGivesUpFailsOrIsSkipped) {
+    auto pt = pre_tokenizer_from_json(
+        R"({"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"(a|aa)+$"},)"
+        R"("behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,)"
+        R"("trim_offsets":true,"use_regex":false}]})",
+        "t");
+    ASSERT_TRUE(pt.ok()) << pt.status().to_string();
+    const std::vector<std::string> docs = {"b aa", "b", std::string(100, 'a') + "b", "baa"};
+    for (int threads : {1, 2}) {
+        auto wc =
+            bpe_count_words(**pt, reader_of(docs, 1), threads, BpeOnError::kFail, nullptr, nullptr);
+        ASSERT_FALSE(wc.ok());
+        EXPECT_NE(wc.status().message().find("docs:3: the tokenizer's pattern '(a|aa)+$' gave up"),
+                  std::string::npos)
+            << wc.status().message();
+        EXPECT_NE(wc.status().message().find("--on-error skip"), std::string::npos)
+            << wc.status().message();
+
+        BpeCountStats stats;
+        wc = bpe_count_words(**pt, reader_of(docs, 1), threads, BpeOnError::kSkip, nullptr, &stats);
+        ASSERT_TRUE(wc.ok()) << wc.status().to_string();
+        EXPECT_EQ(stats.skipped, 1u);
+        EXPECT_EQ(stats.first_skipped, "docs:3");
+        EXPECT_EQ(stats.documents, 3u);
+        EXPECT_EQ(wc->count("aa"), 2u);
+        EXPECT_EQ(wc->count("b"), 2u);
+    }
+}
+
 TEST(BpeCountWords, ReaderErrorsComeBack) {
     auto pt = pre_tokenizer_from_json(bpe_pre_tokenizer_json(BpePreTokenizerKind::kGpt2), "t");
     ASSERT_TRUE(pt.ok());

@@ -8,8 +8,15 @@
 
 namespace lathe {
 
-std::string Decoder::decode(std::vector<std::string> tokens) const {
-    decode_chain(tokens);
+Result<std::string> Decoder::decode(std::vector<std::string> tokens) const {
+    try {
+        decode_chain(tokens);
+    } catch (const RegexLimitExceeded& e) {
+        return invalid_argument_error(
+            "decoder: {}; decode fewer ids at a time, or simplify the decoder's Replace pattern "
+            "in the tokenizer.json",
+            e.what());
+    }
     std::string out;
     for (const std::string& t : tokens) out += t;
     return out;

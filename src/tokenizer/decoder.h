@@ -25,10 +25,12 @@ namespace lathe {
 class Decoder {
 public:
     virtual ~Decoder() = default;
-    // HF decode_chain: rewrites the token list in place.
+    // HF decode_chain: rewrites the token list in place. A Replace pattern that gives up on a
+    // token throws RegexLimitExceeded (regex.h); decode() returns it as a Status.
     virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
-    // HF decode: decode_chain, then the tokens joined.
-    std::string decode(std::vector<std::string> tokens) const;
+    // HF decode: decode_chain, then the tokens joined. Errors: a Replace pattern that gives up
+    // on a token (it backtracks too far); the message names the pattern and says what to do.
+    Result<std::string> decode(std::vector<std::string> tokens) const;
 };
 
 // Builds a decoder from a non-null "decoder" node. Errors name the JSON path.

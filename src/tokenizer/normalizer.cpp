@@ -11,9 +11,9 @@
 
 namespace lathe {
 
-std::string Normalizer::normalize_to_string(std::string_view text) const {
+Result<std::string> Normalizer::normalize_to_string(std::string_view text) const {
     std::string out;
-    normalize(text, out);
+    LATHE_RETURN_IF_ERROR(normalize(text, out).status());
     return out;
 }
 
@@ -22,7 +22,7 @@ namespace {
 class UnicodeNormalizer final : public Normalizer {
 public:
     explicit UnicodeNormalizer(utf8::NormalForm form) : form_(form) {}
-    bool normalize(std::string_view text, std::string& out) const override {
+    Result<bool> normalize(std::string_view text, std::string& out) const override {
         utf8::append_normalized(out, text, form_);
         return true;
     }
@@ -33,7 +33,7 @@ private:
 
 class LowercaseNormalizer final : public Normalizer {
 public:
-    bool normalize(std::string_view text, std::string& out) const override {
+    Result<bool> normalize(std::string_view text, std::string& out) const override {
         out.reserve(out.size() + text.size());
         size_t i = 0;
         while (i < text.size()) {
@@ -50,7 +50,7 @@ public:
 class StripNormalizer final : public Normalizer {
 public:
     StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
-    bool normalize(std::string_view text, std::string& out) const override {
+    Result<bool> normalize(std::string_view text, std::string& out) const override {
         size_t begin = 0, end = text.size();
         if (left_) {
             while (begin < end) {
@@ -97,7 +97,7 @@ bool filter_chars(std::string_view text, std::string& out, Keep keep) {
 
 class StripAccentsNormalizer final : public Normalizer {
 public:
-    bool normalize(std::string_view text, std::string& out) const override {
+    Result<bool> normalize(std::string_view text, std::string& out) const override {
         return filter_chars(text, out, [](char32_t c) { return !utf8::is_mark_unicode9(c); });
     }
 };
@@ -107,15 +107,19 @@ class ReplaceNormalizer final : public Normalizer {
 public:
     ReplaceNormalizer(Regex regex, std::string content)
         : regex_(std::move(regex)), content_(std::move(content)) {}
-    bool normalize(std::string_view text, std::string& out) const override {
+    Result<bool> normalize(std::string_view text, std::string& out) const override {
         size_t prev = 0;
         bool at_origin = true;
-        regex_.find_iter(text, [&](size_t b, size_t e) {
-            if (b == 0 && e > 0 && content_.empty()) at_origin = false;
-            out.append(text.substr(prev, b - prev));
-            out.append(content_);
-            prev = e;
-        });
+        try {
+            regex_.find_iter(text, [&](size_t b, size_t e) {
+                if (b == 0 && e > 0 && content_.empty()) at_origin = false;
+                out.append(text.substr(prev, b - prev));
+                out.append(content_);
+                prev = e;
+            });
+        } catch (const RegexLimitExceeded& e) {
+            return regex_limit_text_error(e);
+        }
         out.append(text.substr(prev));
         return at_origin;
     }
@@ -128,7 +132,7 @@ private:
 class PrependNormalizer final : public Normalizer {
 public:
     explicit PrependNormalizer(std::string prefix) : prefix_(std::move(prefix)) {}
-    bool normalize(std::string_view text, std::string& out) const override {
+    Result<bool> normalize(std::string_view text, std::string& out) const override {
         if (!text.empty()) out.append(prefix_);
         out.append(text);
         return true;
@@ -140,7 +144,7 @@ private:
 
 class ByteLevelNormalizer final : public Normalizer {
 public:
-    bool normalize(std::string_view text, std::string& out) const override {
+    Result<bool> normalize(std::string_view text, std::string& out) const override {
         byte_level_encode(text, out);
         return true;
     }
@@ -150,7 +154,7 @@ public:
 // others (and a few spaces) to ' '.
 class NmtNormalizer final : public Normalizer {
 public:
-    bool normalize(std::string_view text, std::string& out) const override {
+    Result<bool> normalize(std::string_view text, std::string& out) const override {
         bool first_kept = true;
         size_t i = 0;
         while (i < text.size()) {
@@ -182,7 +186,7 @@ public:
           strip_accents_(strip_accents),
           lowercase_(lowercase) {}
 
-    bool normalize(std::string_view text, std::string& out) const override {
+    Result<bool> normalize(std::string_view text, std::string& out) const override {
         ScratchString a, b;
         bool at_origin = true;
         std::string_view cur = text;
@@ -253,7 +257,7 @@ class SequenceNormalizer final : public Normalizer {
 public:
     explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> steps)
         : steps_(std::move(steps)) {}
-    bool normalize(std::string_view text, std::string& out) const override {
+    Result<bool> normalize(std::string_view text, std::string& out) const override {
         if (steps_.empty()) {
             out.append(text);
             return true;
@@ -263,11 +267,13 @@ public:
         std::string_view cur = text;
         for (size_t i = 0; i + 1 < steps_.size(); ++i) {
             b->clear();
-            at_origin = steps_[i]->normalize(cur, *b) && at_origin;
+            LATHE_ASSIGN_OR_RETURN(const bool kept, steps_[i]->normalize(cur, *b));
+            at_origin = kept && at_origin;
             a->swap(*b);
             cur = *a;
         }
-        return steps_.back()->normalize(cur, out) && at_origin;
+        LATHE_ASSIGN_OR_RETURN(const bool kept, steps_.back()->normalize(cur, out));
+        return kept && at_origin;
     }
 
 private:

@@ -48,10 +48,12 @@ public:
     // output still starts at the original first character (HF: the first normalized character's
     // alignment starts at 0), false when leading characters were dropped (Strip of leading
     // spaces, a Replace of a leading match by "", ...). An empty input returns true.
-    virtual bool normalize(std::string_view text, std::string& out) const = 0;
+    // Errors: a Replace pattern that gives up on `text` (it backtracks too far; the message names
+    // the pattern and says what to do); `out` then holds a part of the output.
+    virtual Result<bool> normalize(std::string_view text, std::string& out) const = 0;
 
-    // Convenience for tests and tools: the normalized text as a new string.
-    std::string normalize_to_string(std::string_view text) const;
+    // Convenience for tests and tools: the normalized text as a new string (errors as normalize).
+    Result<std::string> normalize_to_string(std::string_view text) const;
 };
 
 // Builds a normalizer from the JSON text of one "normalizer" node (an object with "type"), as

@@ -67,7 +67,9 @@ TEST(Normalizer, MatchesHuggingFace) {
     for (const NormalizerCase& c : kCases) {
         Result<std::unique_ptr<Normalizer>> n = normalizer_from_json(c.json, "test.json");
         ASSERT_TRUE(n.ok()) << c.json << ": " << n.status().to_string();
-        EXPECT_EQ((*n)->normalize_to_string(c.input), c.expected) << c.json;
+        Result<std::string> text = (*n)->normalize_to_string(c.input);
+        ASSERT_TRUE(text.ok()) << c.json << ": " << text.status().to_string();
+        EXPECT_EQ(*text, c.expected) << c.json;
     }
 }
 
@@ -78,14 +80,39 @@ TEST(Normalizer, ReportsWhetherTheTextStillStartsAtTheOriginal) {
         normalizer_from_json(R"({"type":"Strip","strip_left":true,"strip_right":true})", "t");
     ASSERT_TRUE(strip.ok());
     std::string out;
-    EXPECT_FALSE((*strip)->normalize("  a", out));
+    EXPECT_FALSE(*(*strip)->normalize("  a", out));
     EXPECT_EQ(out, "a");
     out.clear();
-    EXPECT_TRUE((*strip)->normalize("a  ", out));
+    EXPECT_TRUE(*(*strip)->normalize("a  ", out));
     auto lower = normalizer_from_json(R"({"type":"Lowercase"})", "t");
     ASSERT_TRUE(lower.ok());
     out.clear();
-    EXPECT_TRUE((*lower)->normalize("ABC", out));
+    EXPECT_TRUE(*(*lower)->normalize("ABC", out));
+}
+
+// A Replace pattern that backtracks exponentially gives up on a short text: normalize returns
+// an error, alone and inside a Sequence, and the next text normalizes as usual.
+TEST(Normalizer, ReplacePatternThatGivesUpIsAnError) {
+    const std::string replace =
+        R"({"type":"Replace","pattern":{"Regex":"(a|aa)+$"},"content":"x"})";
+    for (const std::string& json :
+         {replace, R"({"type":"Sequence","normalizers":[{"type":"Lowercase"},)" + replace +
+                       R"(,{"type":"NFC"}]})"}) {
+        auto n = normalizer_from_json(json, "t");
+        ASSERT_TRUE(n.ok()) << json << ": " << n.status().to_string();
+        std::string out;
+        Result<bool> r = (*n)->normalize(std::string(100, 'a') + "b", out);
+        ASSERT_FALSE(r.ok()) << json;
+        EXPECT_NE(r.status().message().find("'(a|aa)+$' gave up on this text of 101 bytes"),
+                  std::string::npos)
+            << r.status().message();
+        EXPECT_NE(r.status().message().find("split or shorten the text"), std::string::npos)
+            << r.status().message();
+        EXPECT_FALSE((*n)->normalize_to_string(std::string(100, 'a') + "b").ok());
+        Result<std::string> ok = (*n)->normalize_to_string("baa");
+        ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+        EXPECT_EQ(*ok, "bx");
+    }
 }
 
 TEST(Normalizer, ErrorsNameThePathAndSuggest) {

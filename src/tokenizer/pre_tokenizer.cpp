@@ -97,16 +97,23 @@ bool byte_level_decode(std::string_view symbols, std::string& out) {
 // ---------------------------------------------------------------------------------------------
 // Splitting machinery shared by the pre-tokenizers (HF NormalizedString::split + Pattern).
 
-void PreTokenizer::split(std::string_view normalized_text, PieceList& pieces, PieceList& scratch,
-                         bool at_origin) const {
+Status PreTokenizer::split(std::string_view normalized_text, PieceList& pieces, PieceList& scratch,
+                           bool at_origin) const {
     pieces.clear();
     pieces.add(normalized_text, at_origin);
-    pre_tokenize(pieces, scratch);
+    try {
+        pre_tokenize(pieces, scratch);
+    } catch (const RegexLimitExceeded& e) {
+        pieces.clear();
+        return regex_limit_text_error(e);
+    }
+    return ok_status();
 }
 
-std::vector<std::string> PreTokenizer::split_to_strings(std::string_view normalized_text) const {
+Result<std::vector<std::string>> PreTokenizer::split_to_strings(
+    std::string_view normalized_text) const {
     PieceList pieces, scratch;
-    split(normalized_text, pieces, scratch);
+    LATHE_RETURN_IF_ERROR(split(normalized_text, pieces, scratch));
     std::vector<std::string> out;
     out.reserve(pieces.size());
     for (size_t i = 0; i < pieces.size(); ++i) out.emplace_back(pieces.view(i));

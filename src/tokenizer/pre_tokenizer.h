@@ -19,7 +19,7 @@
 //
 // Usage (also how the BPE trainer counts words exactly as the tokenizer splits them):
 //     PieceList pieces, scratch;                 // reuse across calls: no allocation once warm
-//     pre_tokenizer.split(normalized_text, pieces, scratch);
+//     LATHE_RETURN_IF_ERROR(pre_tokenizer.split(normalized_text, pieces, scratch));
 //     for (size_t i = 0; i < pieces.size(); ++i) use(pieces.view(i));
 //
 // Thread safety: a constructed PreTokenizer is immutable; many threads may call it at once, each
@@ -94,16 +94,19 @@ public:
 
     // Replaces every piece of `pieces` by its sub-pieces, in order (HF's pre_tokenize applied to
     // each split). `scratch` is a work buffer whose contents are undefined afterwards. Piece texts
-    // must be valid UTF-8.
+    // must be valid UTF-8. A Split or ByteLevel pattern that gives up on a piece throws
+    // RegexLimitExceeded (internal to src/tokenizer, regex.h); callers elsewhere use split().
     virtual void pre_tokenize(PieceList& pieces, PieceList& scratch) const = 0;
 
     // Fills `pieces` (cleared first) with the pieces of one normalized text, which HF treats as
     // starting at the original's first character when `at_origin` is true (the usual case).
-    void split(std::string_view normalized_text, PieceList& pieces, PieceList& scratch,
-               bool at_origin = true) const;
+    // Errors: a pattern that gives up on the text (it backtracks too far; the message names the
+    // pattern and says what to do); `pieces` is then cleared.
+    Status split(std::string_view normalized_text, PieceList& pieces, PieceList& scratch,
+                 bool at_origin = true) const;
 
-    // Convenience for tests and tools (allocates): the pieces as strings.
-    std::vector<std::string> split_to_strings(std::string_view normalized_text) const;
+    // Convenience for tests and tools (allocates): the pieces as strings (errors as split).
+    Result<std::vector<std::string>> split_to_strings(std::string_view normalized_text) const;
 };
 
 // Builds a pre-tokenizer from the JSON text of one "pre_tokenizer" node (an object with "type").

@@ -125,7 +125,9 @@ TEST(PreTokenizer, MatchesHuggingFace) {
     for (const PreTokenizerCase& c : kCases) {
         Result<std::unique_ptr<PreTokenizer>> p = pre_tokenizer_from_json(c.json, "test.json");
         ASSERT_TRUE(p.ok()) << c.json << ": " << p.status().to_string();
-        EXPECT_EQ((*p)->split_to_strings(c.input), c.expected) << c.json;
+        Result<std::vector<std::string>> pieces = (*p)->split_to_strings(c.input);
+        ASSERT_TRUE(pieces.ok()) << c.json << ": " << pieces.status().to_string();
+        EXPECT_EQ(*pieces, c.expected) << c.json;
     }
 }
 
@@ -135,10 +137,10 @@ TEST(PreTokenizer, MetaspaceFirstPrependsOnlyAtTheOrigin) {
         "t");
     ASSERT_TRUE(p.ok()) << p.status().to_string();
     PieceList pieces, scratch;
-    (*p)->split("a b", pieces, scratch, /*at_origin=*/true);
+    ASSERT_TRUE((*p)->split("a b", pieces, scratch, /*at_origin=*/true).ok());
     ASSERT_EQ(pieces.size(), 2u);
     EXPECT_EQ(pieces.view(0), "\u2581a");
-    (*p)->split("a b", pieces, scratch, /*at_origin=*/false);
+    ASSERT_TRUE((*p)->split("a b", pieces, scratch, /*at_origin=*/false).ok());
     ASSERT_EQ(pieces.size(), 2u);
     EXPECT_EQ(pieces.view(0), "a");
     EXPECT_EQ(pieces.view(1), "\u2581b");
@@ -148,13 +150,45 @@ TEST(PreTokenizer, PieceListsAreReusable) {
     auto p = pre_tokenizer_from_json(R"({"type":"WhitespaceSplit"})", "t");
     ASSERT_TRUE(p.ok());
     PieceList pieces, scratch;
-    (*p)->split("one two three", pieces, scratch);
+    ASSERT_TRUE((*p)->split("one two three", pieces, scratch).ok());
     EXPECT_EQ(pieces.size(), 3u);
-    (*p)->split("four", pieces, scratch);
+    ASSERT_TRUE((*p)->split("four", pieces, scratch).ok());
     ASSERT_EQ(pieces.size(), 1u);
     EXPECT_EQ(pieces.view(0), "four");
-    (*p)->split("", pieces, scratch);
+    ASSERT_TRUE((*p)->split("", pieces, scratch).ok());
     EXPECT_TRUE(pieces.empty());
+}
+
+// A pattern that backtracks exponentially gives up on a short text: split returns an error, in
+// a Split (any behavior) and inside a Sequence, and the next text splits as usual.
+TEST(PreTokenizer, PatternThatGivesUpIsAnError) {
+    const std::string text = std::string(100, 'a') + "b";
+    for (const char* behavior : {"Isolated", "Removed"}) {
+        const std::string split = fmt::format(
+            R"({{"type":"Split","pattern":{{"Regex":"(a|aa)+$"}},"behavior":"{}","invert":false}})",
+            behavior);
+        for (const std::string& json :
+             {split, fmt::format(R"({{"type":"Sequence","pretokenizers":[{},)"
+                                 R"({{"type":"ByteLevel","add_prefix_space":false,)"
+                                 R"("trim_offsets":true,"use_regex":false}}]}})",
+                                 split)}) {
+            auto p = pre_tokenizer_from_json(json, "t");
+            ASSERT_TRUE(p.ok()) << json << ": " << p.status().to_string();
+            PieceList pieces, scratch;
+            const Status s = (*p)->split(text, pieces, scratch);
+            ASSERT_FALSE(s.ok()) << json;
+            EXPECT_NE(s.message().find("'(a|aa)+$' gave up on this text of 101 bytes"),
+                      std::string::npos)
+                << s.message();
+            EXPECT_NE(s.message().find("split or shorten the text"), std::string::npos)
+                << s.message();
+            EXPECT_TRUE(pieces.empty());
+            EXPECT_FALSE((*p)->split_to_strings(text).ok());
+            ASSERT_TRUE((*p)->split("baa", pieces, scratch).ok()) << json;
+            ASSERT_FALSE(pieces.empty()) << json;
+            EXPECT_EQ(pieces.view(0), "b") << json;
+        }
+    }
 }
 
 TEST(PreTokenizer, ErrorsNameThePath) {

@@ -206,7 +206,7 @@ bool Regex::search(std::string_view text, size_t start, size_t* match_begin,
         rc == PCRE2_ERROR_HEAPLIMIT) {
         throw RegexLimitExceeded(fmt::format(
             "the tokenizer's pattern '{}' gave up on this text of {} bytes (PCRE2 error {}: it "
-            "backtracks too far, e.g. over a run of millions of spaces); split or shorten the text",
+            "backtracks too far, e.g. over a run of millions of spaces)",
             escape_for_message(pattern_, 60), text.size(), rc));
     }
     LATHE_CHECK(rc >= 0, "PCRE2 match of '{}' failed with code {} on {} bytes", pattern_, rc,
@@ -215,6 +215,10 @@ bool Regex::search(std::string_view text, size_t start, size_t* match_begin,
     *match_begin = ov[0];
     *match_end = ov[1];
     return true;
+}
+
+Status regex_limit_text_error(const RegexLimitExceeded& e) {
+    return invalid_argument_error("{}; split or shorten the text", e.what());
 }
 
 size_t Regex::next_char_len(std::string_view text, size_t i) {

@@ -31,12 +31,18 @@ namespace lathe {
 
 // Thrown by Regex::search when PCRE2 gives up on a text (its match, depth or heap limit: a text
 // that makes the pattern backtrack too far, as ten million spaces do for Llama-3's pre-tokenizer
-// pattern; Hugging Face's tokenizers fails on it too). Tokenizer::encode returns it as the text's
-// error Status.
+// pattern; Hugging Face's tokenizers fails on it too). what() names the pattern and the text's
+// size. It never leaves src/tokenizer: every entry point that runs a pattern returns it as an
+// error Status (Tokenizer::encode, decode and from_json, PreTokenizer::split,
+// Normalizer::normalize, Decoder::decode), so a caller on any thread gets a Status, never an
+// exception.
 class RegexLimitExceeded : public std::runtime_error {
 public:
     using std::runtime_error::runtime_error;
 };
+
+// The error Status of a text that a pattern gave up on: e.what() and what to do with the text.
+Status regex_limit_text_error(const RegexLimitExceeded& e);
 
 class Regex {
 public:

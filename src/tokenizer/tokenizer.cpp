@@ -276,11 +276,20 @@ Result<Tokenizer> Tokenizer::from_json(std::string_view json_text, const std::st
     LATHE_ASSIGN_OR_RETURN(std::vector<AddedToken> added, parse_added_tokens(root));
     const BpeModel* bpe = impl->model.get();
     const Normalizer* normalizer = impl->normalizer.get();
+    Status normalize_error;  // the first added token the normalizer fails on
     impl->added.add_tokens(
         added, [bpe](std::string_view s) { return bpe->token_to_id(s); }, bpe->vocab_entries(),
-        [normalizer](const std::string& s) {
-            return normalizer ? normalizer->normalize_to_string(s) : s;
+        [normalizer, &normalize_error, &source_name](const std::string& s) -> std::string {
+            if (normalizer == nullptr) return s;
+            Result<std::string> n = normalizer->normalize_to_string(s);
+            if (n.ok()) return std::move(n).value();
+            if (normalize_error.ok()) {
+                normalize_error = n.status().with_context(fmt::format(
+                    "{}: added token '{}': normalizer", source_name, escape_for_message(s, 60)));
+            }
+            return s;
         });
+    LATHE_RETURN_IF_ERROR(normalize_error);
     impl->vocab_size = int64_t{std::max(bpe->max_id(), impl->added.max_id())} + 1;
     return Tokenizer(std::move(impl));
 }
@@ -302,8 +311,8 @@ Status Tokenizer::encode(std::string_view text, bool add_special, std::vector<in
             "text is not valid UTF-8 (invalid byte 0x{:02X} at offset {})",
             static_cast<uint8_t>(text[at]), at);
     }
-    // A pre-tokenizer's regex can give up on a text (regex.h: RegexLimitExceeded): that text's
-    // error, not the process's.
+    // A pre-tokenizer's regex can give up on a text (regex.h: RegexLimitExceeded; a normalizer
+    // returns it as a Status): that text's error, not the process's.
     try {
         const Impl& im = *impl_;
         EncodeContext& ctx = thread_context(im.serial);
@@ -319,7 +328,12 @@ Status Tokenizer::encode(std::string_view text, bool add_special, std::vector<in
             bool at_origin = rs.begin == 0;
             if (im.normalizer) {
                 ctx.normalized.clear();
-                at_origin = im.normalizer->normalize(segment, ctx.normalized) && at_origin;
+                Result<bool> kept_origin = im.normalizer->normalize(segment, ctx.normalized);
+                if (!kept_origin.ok()) {
+                    ids.clear();
+                    return kept_origin.status();
+                }
+                at_origin = *kept_origin && at_origin;
                 segment = ctx.normalized;
             }
             if (!im.added.has_normalized_tokens()) {
@@ -343,7 +357,7 @@ Status Tokenizer::encode(std::string_view text, bool add_special, std::vector<in
         return ok_status();
     } catch (const RegexLimitExceeded& e) {
         ids.clear();
-        return invalid_argument_error("{}", e.what());
+        return regex_limit_text_error(e);
     }
 }
 
@@ -374,7 +388,11 @@ Result<std::string> Tokenizer::decode(std::span<const int32_t> ids, bool skip_sp
         if (skip_special && im.added.is_special_string(*t)) continue;
         tokens.emplace_back(*t);
     }
-    if (im.decoder) return im.decoder->decode(std::move(tokens));
+    if (im.decoder) {
+        Result<std::string> text = im.decoder->decode(std::move(tokens));
+        if (!text.ok()) return text.status().with_context(im.source);
+        return text;
+    }
     std::string out;
     for (size_t i = 0; i < tokens.size(); ++i) {
         if (i > 0) out += ' ';

@@ -28,12 +28,14 @@ public:
     ~Tokenizer();
 
     // Encodes UTF-8 text as HF's `Tokenizer.encode(text, add_special_tokens=add_special).ids`.
-    // Invalid UTF-8 is an error. Safe to call from many threads at once.
+    // Invalid UTF-8 is an error, and so is a normalizer or pre-tokenizer pattern that gives up
+    // on the text (it backtracks too far). Safe to call from many threads at once.
     Status encode(std::string_view text, bool add_special, std::vector<int32_t>& ids) const;
     Result<std::vector<int32_t>> encode(std::string_view text, bool add_special) const;
 
     // Decodes as HF's `Tokenizer.decode(ids, skip_special_tokens=skip_special)`. An id outside
-    // the vocabulary is an error.
+    // the vocabulary is an error; so is a decoder Replace pattern that gives up on the text (it
+    // backtracks too far; the message names this tokenizer's source).
     Result<std::string> decode(std::span<const int32_t> ids, bool skip_special) const;
 
     // The largest id + 1 (the number of embedding rows the ids need; HF's

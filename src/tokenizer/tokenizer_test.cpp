@@ -189,6 +189,79 @@ TEST(Tokenizer, RegexThatGivesUpIsTheTextsError) {
     EXPECT_TRUE(ok.ok()) << ok.status().to_string();
 }
 
+// k_merges_string_form with `field`'s null replaced by `node`.
+std::string with_component(std::string_view field, std::string_view node) {
+    std::string json(k_merges_string_form);
+    const std::string from = fmt::format("\"{}\": null", field);
+    json.replace(json.find(from), from.size(), fmt::format("\"{}\": {}", field, node));
+    return json;
+}
+
+// A pattern that backtracks exponentially on a run of 'a' that does not reach the end.
+constexpr std::string_view k_backtracking_replace =
+    R"({"type": "Replace", "pattern": {"Regex": "(a|aa)+$"}, "content": "x"})";
+
+// A normalizer's pattern that gives up is the text's error too (as the pre-tokenizer's).
+TEST(Tokenizer, NormalizerPatternThatGivesUpIsTheTextsError) {
+    Result<Tokenizer> tok = Tokenizer::from_json(
+        with_component("normalizer", fmt::format(R"({{"type": "Sequence", "normalizers": )"
+                                                 R"([{{"type": "Lowercase"}}, {}]}})",
+                                                 k_backtracking_replace)),
+        "t");
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    std::vector<int32_t> ids = {7};
+    const Status s = tok->encode(std::string(100, 'A') + "b", false, ids);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("gave up on this text of 101 bytes"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("split or shorten the text"), std::string::npos) << s.message();
+    EXPECT_TRUE(ids.empty());
+    Result<std::vector<int32_t>> ok = tok->encode("AAB aa", false);
+    ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+    EXPECT_EQ(*ok, (std::vector<int32_t>{1, 16, 13}));  // "aab x"
+}
+
+// A decoder's pattern that gives up is decode's error, naming the tokenizer; the Fuse step in
+// front of it makes one 101-byte token of 101 ids.
+TEST(Tokenizer, DecoderPatternThatGivesUpIsADecodeError) {
+    Result<Tokenizer> tok = Tokenizer::from_json(
+        with_component(
+            "decoder",
+            fmt::format(R"({{"type": "Sequence", "decoders": [{{"type": "Fuse"}}, {}]}})",
+                        k_backtracking_replace)),
+        "dec.json");
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    std::vector<int32_t> ids(100, 1);
+    ids.push_back(2);
+    Result<std::string> r = tok->decode(ids, false);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("dec.json: decoder: "), std::string::npos)
+        << r.status().message();
+    EXPECT_NE(r.status().message().find("gave up on this text of 101 bytes"), std::string::npos)
+        << r.status().message();
+    Result<std::string> ok = tok->decode(std::vector<int32_t>{1, 1, 2, 1}, false);
+    ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+    EXPECT_EQ(*ok, "aabx");
+}
+
+// An added token with normalized=true goes through the normalizer when the file loads: a pattern
+// that gives up on it is a load error naming the token.
+TEST(Tokenizer, AddedTokenTheNormalizerGivesUpOnIsALoadError) {
+    std::string json = with_component("normalizer", k_backtracking_replace);
+    const std::string from = R"("added_tokens": [])";
+    json.replace(json.find(from), from.size(),
+                 fmt::format(R"("added_tokens": [{{"id": 19, "content": "{}b", )"
+                             R"("single_word": false, "lstrip": false, "rstrip": false, )"
+                             R"("normalized": true, "special": false}}])",
+                             std::string(100, 'a')));
+    Result<Tokenizer> tok = Tokenizer::from_json(json, "added.json");
+    ASSERT_FALSE(tok.ok());
+    EXPECT_NE(tok.status().message().find("added.json: added token 'aaaa"), std::string::npos)
+        << tok.status().message();
+    EXPECT_NE(tok.status().message().find("gave up on this text of 101 bytes"), std::string::npos)
+        << tok.status().message();
+}
+
 TEST(Tokenizer, LoadErrorsNameTheKey) {
     std::string json(k_merges_string_form);
     const std::string from = R"("merges": ["a b", "ab c", "b c"])";
@@ -355,7 +428,9 @@ TEST(Decoder, MatchesHuggingFace) {
         ASSERT_TRUE(root.ok()) << root.status().to_string();
         Result<std::unique_ptr<Decoder>> d = decoder_from_node(*root);
         ASSERT_TRUE(d.ok()) << c.json << ": " << d.status().to_string();
-        EXPECT_EQ((*d)->decode(c.tokens), c.expected) << c.json;
+        Result<std::string> text = (*d)->decode(c.tokens);
+        ASSERT_TRUE(text.ok()) << c.json << ": " << text.status().to_string();
+        EXPECT_EQ(*text, c.expected) << c.json;
     }
 }
 
