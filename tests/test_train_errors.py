@@ -14,13 +14,18 @@ Checked here:
     && lathe convert ...` does not convert a half-trained model; `lathe train --help` says so;
   - `lathe doctor` reports whether this build runs attention on CUDA, in the table and in --json,
     as the build was configured;
-  - checkpoint.init_from takes a checkpoint folder, a run folder and RUN/checkpoints/latest.
+  - checkpoint.init_from takes a checkpoint folder, a run folder and RUN/checkpoints/latest;
+  - weights holding NaN or infinity are refused by a resume (naming the checkpoint before it),
+    by checkpoint.init_from, `lathe eval loss` and `lathe generate`, each naming the file, the
+    tensor, the count and the first element; `lathe convert` reads them; NaN or infinite AdamW
+    moments are refused by a resume.
 """
 import json
 import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 from pathlib import Path
 
@@ -318,3 +323,76 @@ def test_init_from_takes_run_checkpoint_and_latest(corpus, tmp_path):
         first_losses[name] = json.loads((r / "metrics.jsonl").read_text().splitlines()[0])["loss"]
     # The same weights, whichever form named them.
     assert len(set(first_losses.values())) == 1, first_losses
+
+
+# ---- NaN and infinity in the weights or the optimizer state ----
+
+def poke_safetensors(path, tensor, values):
+    """Writes `values` ({element: float}) into the F32 tensor `tensor` of the safetensors file
+    `path`, in place: the 8-byte little-endian header length, the JSON header, then the data."""
+    raw = bytearray(Path(path).read_bytes())
+    n = struct.unpack("<Q", raw[:8])[0]
+    info = json.loads(raw[8:8 + n])[tensor]
+    assert info["dtype"] == "F32", info
+    base = 8 + n + info["data_offsets"][0]
+    for i, v in values.items():
+        raw[base + 4 * i: base + 4 * i + 4] = struct.pack("<f", v)
+    Path(path).write_bytes(raw)
+
+
+NAN_TENSOR = "model.layers.0.self_attn.q_proj.weight"  # (32, 32)
+
+
+def test_non_finite_weights_are_refused_where_a_model_is_loaded(corpus, tmp_path):
+    r = tmp_path / "r"
+    run(train_cmd(corpus, r))
+    ck = r / "checkpoints" / "step-00000004"
+    poke_safetensors(ck / "model.safetensors", NAN_TENSOR, {9: float("inf"), 5: float("nan")})
+    before = tree_bytes(r / "checkpoints")
+    # The resume refuses before a step: the file, the tensor, the count and the first element,
+    # and the checkpoint before it to resume from.
+    p = run(train_cmd(corpus, r, "train.steps=6"), check=False)
+    assert_clean_error(p)
+    assert (f"lathe: error: resuming from {ck}: {ck / 'model.safetensors'}: tensor {NAN_TENSOR}: "
+            "2 of the 1024 values read are not finite (NaN or infinity), the first at element 5 "
+            "(nan)") in p.stderr, p.stderr
+    assert f"to resume from step-00000002, the checkpoint before it, move {ck} out of " \
+        f"{r / 'checkpoints'}" in p.stderr, p.stderr
+    assert tree_bytes(r / "checkpoints") == before
+    # A new run from it (checkpoint.init_from) and every command that computes with it refuse too.
+    p = run(train_cmd(corpus, tmp_path / "init", f"checkpoint.init_from={ck}"), check=False)
+    assert_clean_error(p)
+    assert f"tensor {NAN_TENSOR}: 2 of the 1024 values read are not finite" in p.stderr, p.stderr
+    assert not (tmp_path / "init" / "checkpoints" / "step-00000001").exists()
+    p = run(["eval", "loss", "--device", "cpu", "--checkpoint", ck, "--data", corpus / "gc384",
+             "--seq-len", 16, "--batches", 2], check=False)
+    assert_clean_error(p)
+    assert f"{ck / 'model.safetensors'}: tensor {NAN_TENSOR}: 2 of the 1024" in p.stderr, p.stderr
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"prompt_ids": [1, 2, 3]}\n')
+    p = run(["generate", "--checkpoint", ck, "--input", prompts, "--output", tmp_path / "out.jsonl",
+             "--max-new-tokens", 2, "--device", "cpu"], check=False)
+    assert_clean_error(p)
+    assert f"tensor {NAN_TENSOR}: 2 of the 1024" in p.stderr, p.stderr
+    # convert reads it as it is (to inspect a damaged model).
+    run(["convert", ck, tmp_path / "hf", "--to", "hf"])
+    # With the damaged checkpoint moved out, as the message says, the run resumes from step 2.
+    shutil.move(str(ck), str(tmp_path / "damaged"))
+    p = run(train_cmd(corpus, r, "train.steps=6"))
+    assert f"resuming from {r / 'checkpoints' / 'step-00000002'}" in p.stderr, p.stderr
+    assert (r / "checkpoints" / "step-00000006").is_dir()
+
+
+def test_non_finite_optimizer_moments_are_refused_on_resume(corpus, tmp_path):
+    r = tmp_path / "r"
+    run(train_cmd(corpus, r, "train.steps=2"))
+    ck = r / "checkpoints" / "step-00000002"
+    poke_safetensors(ck / "optimizer.safetensors", "exp_avg_sq", {7: float("-inf")})
+    p = run(train_cmd(corpus, r), check=False)
+    assert_clean_error(p)
+    assert (f"lathe: error: resuming from {ck}: {ck / 'optimizer.safetensors'}: tensor "
+            "'exp_avg_sq': 1 of the ") in p.stderr, p.stderr
+    assert "the first at element 7 of the parameter vector (-inf)" in p.stderr, p.stderr
+    assert "checkpoint.init_mode: finetune" in p.stderr, p.stderr
+    assert "it is the run's only checkpoint: start again with a new --run-dir" in p.stderr, p.stderr
+    assert not (r / "checkpoints" / "step-00000004").exists()

@@ -11,9 +11,11 @@
 
 #include "core/arena.h"
 #include "core/check.h"
+#include "core/finite.h"
 #include "io/safetensors.h"
 #include "model/hf_config.h"
 #include "model/init.h"
+#include "model/model_io.h"
 #include "model/param_staging.h"
 #include "model/registry.h"
 #include "ops/cuda/cuda_state.h"
@@ -176,33 +178,46 @@ Status tp_read_slice(const SafetensorsTensor& full, const HfParam& local, ParamR
             where, local.name, full.shape_string(), fmt::join(want, ", "));
     }
     float* dst = out.as<float>();
+    // The values read that are NaN or infinite; `first` in the stored tensor's elements.
+    NonFiniteCount bad;
     auto read = [&](uint64_t begin, uint64_t n, float* to) -> Status {
         if (!safetensors_convert_elements(full, begin, n, SafetensorsDtype::kF32, to))
             return unimplemented_error("{}: tensor {} is {}; lathe loads F32, BF16 and F16 weights",
                                        where, local.name, safetensors_dtype_name(full.dtype));
+        const NonFiniteCount c = count_non_finite(to, int64_t(n));
+        if (c.count > 0 && bad.count == 0) {
+            bad.first = int64_t(begin) + c.first;
+            bad.first_value = c.first_value;
+        }
+        bad.count += c.count;
         return ok_status();
     };
     const int64_t n = ls.numel();
     switch (split) {
         case TpSplit::kReplicated:
-            return read(0, uint64_t(n), dst);
+            LATHE_RETURN_IF_ERROR(read(0, uint64_t(n), dst));
+            break;
         case TpSplit::kRankZero:
-            if (rank == 0) return read(0, uint64_t(n), dst);
-            std::fill(dst, dst + n, 0.0f);
-            return ok_status();
+            if (rank == 0) {
+                LATHE_RETURN_IF_ERROR(read(0, uint64_t(n), dst));
+            } else {
+                std::fill(dst, dst + n, 0.0f);
+            }
+            break;
         case TpSplit::kOutputs:
             // Rows rank*n0 .. (rank+1)*n0 of the HF tensor: one contiguous range.
-            return read(uint64_t(rank) * uint64_t(n), uint64_t(n), dst);
+            LATHE_RETURN_IF_ERROR(read(uint64_t(rank) * uint64_t(n), uint64_t(n), dst));
+            break;
         case TpSplit::kInputs: {
             // Columns rank*w .. (rank+1)*w of every row.
             const int64_t w = ls[ls.rank() - 1], rows = n / w, full_w = w * tp;
             for (int64_t r = 0; r < rows; ++r)
                 LATHE_RETURN_IF_ERROR(
                     read(uint64_t(r * full_w + rank * w), uint64_t(w), dst + r * w));
-            return ok_status();
+            break;
         }
     }
-    return ok_status();
+    return check_finite_weights(bad, n, std::string(where), local.name);
 }
 
 Result<Model> tp_model_create_loaded(const ModelConfig& full, int rank, int tp,

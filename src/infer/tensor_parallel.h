@@ -70,7 +70,7 @@ Result<ModelConfig> tp_local_config(const ModelConfig& full, int tp, std::string
 // into `out` (host, f32, shape local.shape, the stored layout of `local`, a parameter of the
 // local model). Errors name `where` and the tensor: a shape that is not the local shape with the
 // split dimension times tp, an unsupported dtype, a layout whose slice is not a row or column
-// range (transposed).
+// range (transposed), a NaN or infinite value among those read (kDataLoss, check_finite_weights).
 Status tp_read_slice(const SafetensorsTensor& full, const HfParam& local, ParamRole role, int rank,
                      int tp, std::string_view where, TensorView out,
                      TpVocab vocab = TpVocab::kReplicated);

@@ -20,6 +20,7 @@
 // each reduce (T <= K): (L + 1) K eps bounds it.
 #include "infer/tensor_parallel.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <barrier>
@@ -32,6 +33,7 @@
 
 #include "infer/engine.h"
 #include "infer/engine_test_util.h"
+#include "io/safetensors.h"
 #include "model/model_fixture_test_util.h"
 #include "model/model_io.h"
 #include "model/registry.h"
@@ -421,6 +423,45 @@ TEST(TpConfig, RandomWeightsAreReplicatedAlikeOnEveryRank) {
     // n = 2048 draws: the sample variance's relative error is about sqrt(0.8 / n) ~ 2%; 10% is
     // five of those.
     EXPECT_NEAR(std::sqrt(sq / double(n)), std, 0.1 * std);
+}
+
+TEST(TpConfig, ReadSliceRefusesNonFiniteValuesNamingTheirElementInTheStoredTensor) {
+    const ModelConfig c = tiny_model::parse(tiny_model::kLlamaJson);
+    Result<ModelConfig> local = tp_local_config(c, 2, "--tensor-parallel");
+    ASSERT_TRUE(local.ok()) << local.status().to_string();
+    Result<Model> m = Model::create(*local, one_token_shape(), Context{});
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    // o_proj, split by its input columns: rank r reads columns [r w, (r + 1) w) of every row.
+    const std::string name = "model.layers.0.self_attn.o_proj.weight";
+    const HfParam* p = m->params().find_hf(name);
+    ASSERT_NE(p, nullptr);
+    const ParamRole role = m->params().entries()[p->entry].role;
+    ASSERT_EQ(tp_split_of(role), TpSplit::kInputs);
+    const int64_t rows = p->shape[0], w = p->shape[1], full_w = 2 * w;
+    std::vector<float> stored(size_t(rows * full_w), 0.5f);
+    stored[size_t(2 * full_w + 1)] = std::numeric_limits<float>::infinity();       // rank 0's
+    stored[size_t(1 * full_w + w + 3)] = std::numeric_limits<float>::quiet_NaN();  // rank 1's
+    stored[size_t(4 * full_w + w)] = -std::numeric_limits<float>::infinity();      // rank 1's
+    SafetensorsTensor t;
+    t.name = name;
+    t.dtype = SafetensorsDtype::kF32;
+    t.shape = {rows, full_w};
+    t.data = reinterpret_cast<const uint8_t*>(stored.data());
+    t.data_end = stored.size() * sizeof(float);
+    HostTensor out(DType::kF32, p->shape);
+    const std::string counts[2] = {"1 of the", "2 of the"};
+    const std::string firsts[2] = {fmt::format("the first at element {} (inf)", 2 * full_w + 1),
+                                   fmt::format("the first at element {} (nan)", full_w + w + 3)};
+    for (int rank = 0; rank < 2; ++rank) {
+        const Status s =
+            tp_read_slice(t, *p, role, rank, 2, "ck.safetensors", out.view(), tp_vocab_of(*local));
+        ASSERT_FALSE(s.ok()) << rank;
+        EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+        for (const std::string& part : {"ck.safetensors: tensor " + name + ": " + counts[rank] +
+                                            fmt::format(" {} values read are not finite", rows * w),
+                                        firsts[rank]})
+            EXPECT_NE(s.message().find(part), std::string::npos) << part << " in " << s.message();
+    }
 }
 
 }  // namespace

@@ -66,6 +66,16 @@ int64_t first_difference(const SafetensorsTensor& a, const SafetensorsTensor& b,
 
 }  // namespace
 
+Status check_finite_weights(const NonFiniteCount& bad, int64_t n, const std::string& where,
+                            std::string_view name) {
+    if (bad.count == 0) return ok_status();
+    return data_loss_error(
+        "{}: tensor {}: {} of the {} values read are not finite (NaN or infinity), the first at "
+        "element {} ({}): the run that wrote these weights diverged or the file is damaged, and a "
+        "model computing with them gives NaN; use an earlier checkpoint",
+        where, name, bad.count, n, bad.first, bad.first_value);
+}
+
 Status check_tied_head(const SafetensorsTensor& head, const SafetensorsTensor& embedding,
                        const std::string& where) {
     float a = 0, b = 0;
@@ -128,6 +138,8 @@ Status model_load_hf(Model& model, const SafetensorsCheckpoint& ckpt) {
                                           hf.as<float>()))
             return unimplemented_error("{}: tensor {} is {}; lathe loads F32, BF16 and F16 weights",
                                        where, name, safetensors_dtype_name(t.dtype));
+        LATHE_RETURN_IF_ERROR(check_finite_weights(
+            count_non_finite(hf.as<float>(), p.shape.numel()), p.shape.numel(), where, name));
         hf_param_import(p, staging.host(table.entries()[p.entry].arena_index), hf.view());
     }
     staging.upload_all(model);

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/finite.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "model/model.h"
@@ -25,9 +26,17 @@ struct SafetensorsTensor;
 // Loads every parameter of `model` from `checkpoint` (f32, bf16 or f16 tensors, converted to
 // f32). Names may lack the family's base-model prefix (checkpoints of the bare base model). A
 // tied model takes a stored head only when it is the embedding (check_tied_head). Errors name the
-// checkpoint and tensor: a missing parameter, a wrong shape, an unsupported dtype. Tensors the
+// checkpoint and tensor: a missing parameter, a wrong shape, an unsupported dtype, a NaN or
+// infinite weight (kDataLoss, check_finite_weights: nothing computes with them). Tensors the
 // model does not use are listed in a warning, except known buffers (ModelFamily::ignored_suffixes).
 Status model_load_hf(Model& model, const SafetensorsCheckpoint& checkpoint);
+
+// An error when `bad` (count_non_finite of `n` weights read from the tensor `name` of the
+// checkpoint file `where`) found NaN or infinite values, naming the file, the tensor, how many
+// there are and the first (bad.first: its element index in the tensor's stored order); ok when
+// bad.count is 0.
+Status check_finite_weights(const NonFiniteCount& bad, int64_t n, const std::string& where,
+                            std::string_view name);
 
 // A checkpoint whose config.json ties the LM head to the token embedding but that stores a head
 // tensor as well (some exporters write it): an error naming both unless the head is the

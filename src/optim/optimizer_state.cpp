@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/finite.h"
 #include "core/strings.h"
 #include "io/file.h"
 #include "io/safetensors.h"
@@ -133,6 +134,14 @@ Status optimizer_state_read(const std::string& path, int64_t total, FlatRange ra
         if (range.size() > 0)
             std::memcpy(dst, t->data + uint64_t(range.begin) * sizeof(float),
                         size_t(range.size()) * sizeof(float));
+        const NonFiniteCount bad = count_non_finite(dst, range.size());
+        if (bad.count > 0) {
+            return data_loss_error(
+                "{}: tensor '{}': {} of the {} values read are not finite (NaN or infinity), the "
+                "first at element {} ({}): the run that wrote this optimizer state diverged or "
+                "the file is damaged",
+                path, name, bad.count, range.size(), range.begin + bad.first, bad.first_value);
+        }
     }
     return ok_status();
 }
@@ -557,9 +566,47 @@ Result<OpenState> open_state(const std::string& dir, int64_t used) {
     return st;
 }
 
+// The moments read so far that are NaN or infinite: each moment's count, its first (a canonical
+// element) and the file that holds that one.
+struct NonFiniteMoments {
+    NonFiniteCount moment[2];
+    std::string file[2];
+    int64_t read = 0;  // elements read of each moment
+
+    void note(int which, const float* values, int64_t n, int64_t canonical_begin,
+              const std::string& path) {
+        const NonFiniteCount c = count_non_finite(values, n);
+        NonFiniteCount& total = moment[which];
+        if (c.count > 0 && total.count == 0) {
+            total.first = canonical_begin + c.first;
+            total.first_value = c.first_value;
+            file[which] = path;
+        }
+        total.count += c.count;
+    }
+
+    // An error naming the first moment with a NaN or infinity, ok when neither has one.
+    Status status() const {
+        for (int which = 0; which < 2; ++which) {
+            const NonFiniteCount& c = moment[which];
+            if (c.count == 0) continue;
+            return data_loss_error(
+                "{}: tensor '{}': {} of the {} values read are not finite (NaN or infinity), the "
+                "first at element {} of the parameter vector ({}): the run that wrote this "
+                "optimizer state diverged or the file is damaged; resume from an earlier "
+                "checkpoint, or start a new run from this one's weights alone "
+                "(checkpoint.init_from with checkpoint.init_mode: finetune, which reads no "
+                "optimizer state)",
+                file[which], which == 0 ? kExpAvg : kExpAvgSq, c.count, read, c.first,
+                c.first_value);
+        }
+        return ok_status();
+    }
+};
+
 // Copies canonical elements [want.begin, want.end) (within [0, used)) from the pieces into m
-// and v, reading only those bytes.
-void fill(const OpenState& st, FlatRange want, float* m, float* v) {
+// and v, reading only those bytes, and notes in `bad` the values that are not finite.
+void fill(const OpenState& st, FlatRange want, float* m, float* v, NonFiniteMoments& bad) {
     if (want.size() <= 0) return;
     // The last piece beginning at or before want.begin: the pieces tile [0, used).
     auto it = std::upper_bound(st.pieces.begin(), st.pieces.end(), want.begin,
@@ -574,6 +621,10 @@ void fill(const OpenState& st, FlatRange want, float* m, float* v) {
         const size_t bytes = size_t(hi - at) * sizeof(float);
         std::memcpy(m + (at - want.begin), it->m + from, bytes);
         std::memcpy(v + (at - want.begin), it->v + from, bytes);
+        const std::string& path = st.files[it->file].path();
+        bad.note(0, m + (at - want.begin), hi - at, at, path);
+        bad.note(1, v + (at - want.begin), hi - at, at, path);
+        bad.read += hi - at;
         at = hi;
     }
 }
@@ -669,12 +720,13 @@ Status optimizer_state_load_ranges(const std::string& dir, int64_t used,
     LATHE_CHECK(int64_t(exp_avg.size()) == n && int64_t(exp_avg_sq.size()) == n,
                 "ranges of {} elements into {} / {}", n, exp_avg.size(), exp_avg_sq.size());
     LATHE_ASSIGN_OR_RETURN(const OpenState st, open_state(dir, used));
+    NonFiniteMoments bad;
     int64_t at = 0;
     for (const FlatRange& r : ranges) {
-        fill(st, r, exp_avg.data() + at, exp_avg_sq.data() + at);
+        fill(st, r, exp_avg.data() + at, exp_avg_sq.data() + at, bad);
         at += r.size();
     }
-    return ok_status();
+    return bad.status();
 }
 
 Status optimizer_state_load_checkpoint(AdamWOptimizer& optimizer, const std::string& dir,
@@ -686,7 +738,9 @@ Status optimizer_state_load_checkpoint(AdamWOptimizer& optimizer, const std::str
     const size_t n = size_t(r.size());
     std::vector<float> m(n, 0.0f), v(n, 0.0f);
     LATHE_ASSIGN_OR_RETURN(const OpenState st, open_state(dir, used));
-    fill(st, {r.begin, std::max(r.begin, std::min(r.end, used))}, m.data(), v.data());
+    NonFiniteMoments bad;
+    fill(st, {r.begin, std::max(r.begin, std::min(r.end, used))}, m.data(), v.data(), bad);
+    LATHE_RETURN_IF_ERROR(bad.status());
     optimizer.write_state(m, v);
     return ok_status();
 }

@@ -87,7 +87,8 @@ Status optimizer_state_write_zeros(const std::string& path, uint64_t n);
 // Reads elements [range.begin, range.end) of both moments of `path` into exp_avg and exp_avg_sq
 // (range.size() elements each, checked); the file's tensors must hold `total` F32 elements.
 // Errors name the file and the tensor: a file that is missing or not safetensors, a missing
-// tensor (kNotFound), a tensor of another dtype or length (kDataLoss: written for another model).
+// tensor (kNotFound), a tensor of another dtype or length (kDataLoss: written for another model),
+// a NaN or infinity among the values read (kDataLoss, with their count and the first's element).
 Status optimizer_state_read(const std::string& path, int64_t total, FlatRange range,
                             std::span<float> exp_avg, std::span<float> exp_avg_sq);
 
@@ -141,13 +142,16 @@ Status optimizer_state_load_ranges(const std::string& dir, int64_t used,
 // naming the missing ones); a file that is not safetensors, a tensor missing, of another dtype or
 // length, metadata missing, malformed or disagreeing with the file name or the other files, ranges
 // that do not tile [0, total) (single-range) or [0, used) (range-list), a `used` other than this
-// model's or a full file shorter than `used` (kDataLoss: written for another model).
+// model's or a full file shorter than `used` (kDataLoss: written for another model), a NaN or
+// infinity among the moments read (kDataLoss naming the file, the tensor, their count and the
+// first's canonical element: a diverged run's state is not resumed).
 Status optimizer_state_load_checkpoint(AdamWOptimizer& optimizer, const std::string& dir,
                                        int64_t used);
 
 // What optimizer_state_load_checkpoint checks of `dir` for a model of `used` parameters, reading
 // only the files' headers: for rank 0 to confirm, before it commits a checkpoint that every rank
-// wrote, that the folder holds a complete state. Errors: optimizer_state_load_checkpoint's.
+// wrote, that the folder holds a complete state. Errors: optimizer_state_load_checkpoint's, but
+// for the values' (it reads none).
 Status optimizer_state_check_checkpoint(const std::string& dir, int64_t used);
 
 }  // namespace lathe

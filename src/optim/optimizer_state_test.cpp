@@ -5,6 +5,8 @@
 // range-list sets of interleaved unit chunks: their metadata and bytes, round trips and
 // re-sharding between worlds, loads from single-range sets and the full file (and into the
 // single-range API), and every malformed set, refused alike by the loader and rank 0's check.
+// Moments that are NaN or infinite, refused by every loader naming the file, the tensor and the
+// first such element.
 
 #include "optim/optimizer_state.h"
 
@@ -14,6 +16,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -769,6 +772,44 @@ TEST(OptimizerStateRanges, MalformedSetsAreErrorsNamingTheFile) {
     expect_both_refuse(three, StatusCode::kDataLoss,
                        {t2, "range 24-30 overlaps range 20-25 of " + t0});
     fs::remove_all(three);
+}
+
+TEST(OptimizerStateRanges, NonFiniteMomentsAreErrorsNamingTheFileTensorAndElement) {
+    const std::vector<int64_t> units = {5, 16, 16};
+    std::vector<float> m = reference_moment(1.0f), v = reference_moment(0.25f);
+    v[30] = std::numeric_limits<float>::quiet_NaN();
+    v[20] = std::numeric_limits<float>::infinity();
+    const std::string dir = fresh_dir("ranges_non_finite");
+    save_list_set(dir, units, 2, 3, m, v);
+    // The file holding element 20: the rank whose chunks cover it.
+    std::string holder;
+    for (int r = 0; r < 3; ++r)
+        for (const FlatRange& c : unit_chunks(units, 2, 3, r))
+            if (c.begin <= 20 && 20 < c.end) holder = dir + "/" + optimizer_state_shard_name(r, 3);
+    ASSERT_FALSE(holder.empty());
+    expect_error(load_all(dir), StatusCode::kDataLoss,
+                 {holder + ": tensor 'exp_avg_sq': 2 of the 37 values read are not finite",
+                  "the first at element 20 of the parameter vector (inf)", "earlier checkpoint"});
+    // Ranges that miss the bad elements load; the headers alone pass rank 0's check.
+    std::vector<float> gm(20), gv(20);
+    EXPECT_TRUE(
+        optimizer_state_load_ranges(dir, kUsed, std::vector<FlatRange>{{0, 20}}, gm, gv).ok());
+    EXPECT_TRUE(optimizer_state_check_checkpoint(dir, kUsed).ok());
+    fs::remove_all(dir);
+
+    // The full file, into an optimizer and through optimizer_state_read; exp_avg named first.
+    const std::string full = fresh_dir("full_non_finite");
+    m[3] = -std::numeric_limits<float>::infinity();
+    const std::string path = full + "/optimizer.safetensors";
+    ASSERT_TRUE(optimizer_state_write(path, m, v).ok());
+    expect_error(load_all(full), StatusCode::kDataLoss,
+                 {path + ": tensor 'exp_avg': 1 of the 37 values read are not finite",
+                  "element 3 of the parameter vector (-inf)"});
+    std::vector<float> rm(10), rv(10);
+    expect_error(optimizer_state_read(path, kUsed, {25, 35}, rm, rv), StatusCode::kDataLoss,
+                 {path + ": tensor 'exp_avg_sq': 1 of the 10 values read are not finite",
+                  "the first at element 30 (nan)"});
+    fs::remove_all(full);
 }
 
 }  // namespace

@@ -107,6 +107,29 @@ private:
     }, old_int_{}, old_hup_{};
 };
 
+// A resume from `newest` (a checkpoint of `ckpt`) that failed on a damaged checkpoint: kDataLoss
+// (a truncated file, NaN or infinite weights or moments) gets what to do, naming the checkpoint
+// before it when there is one; any other error is returned as it is.
+Status with_resume_advice(const Status& failed, const CheckpointDir& ckpt,
+                          const std::string& newest) {
+    if (failed.code() != StatusCode::kDataLoss) return failed;
+    const std::optional<int64_t> step =
+        CheckpointDir::parse_step_name(fs::path(newest).filename().string());
+    std::optional<int64_t> before;
+    if (Result<std::vector<int64_t>> steps = ckpt.complete_steps(); steps.ok() && step) {
+        for (int64_t s : *steps)
+            if (s < *step) before = s;
+    }
+    const std::string advice =
+        before ? fmt::format("to resume from {}, the checkpoint before it, move {} out of {}",
+                             CheckpointDir::step_name(*before), newest, ckpt.root())
+               : std::string(
+                     "it is the run's only checkpoint: start again with a new "
+                     "--run-dir (checkpoint.init_from takes an earlier model)");
+    return Status(failed.code(),
+                  fmt::format("resuming from {}: {}; {}", newest, failed.message(), advice));
+}
+
 Status check_resume_config(const std::string& run_dir, const ConfigSchema& schema,
                            const Config& config, int world);
 
@@ -805,7 +828,8 @@ Status Trainer::init_or_resume() {
     LATHE_ASSIGN_OR_RETURN(std::optional<std::string> newest, ckpt_->newest());
     if (newest) {
         log_info("resuming from {}", *newest);
-        LATHE_RETURN_IF_ERROR(load_checkpoint(*newest, true));
+        if (Status loaded = load_checkpoint(*newest, true); !loaded.ok())
+            return with_resume_advice(loaded, *ckpt_, *newest);
         if (lead()) {
             LATHE_ASSIGN_OR_RETURN(
                 metrics_, MetricsLog::open((fs::path(request_.run_dir) / "metrics.jsonl").string(),
