@@ -1,6 +1,7 @@
 """`lathe eval bpb` (run/eval_bpb.h) against the same definition computed with transformers (fp32,
 CPU): documents from a .jsonl and from a text file, windows shorter than a document (overlapping
-by one token), a document of no tokens; errors name the file and line."""
+by one token), a document of no tokens; errors name the file and line (invalid UTF-8: also the
+byte column and the byte)."""
 import json
 import math
 
@@ -70,3 +71,29 @@ def test_bpb_errors(tmp_path):
     p = run(["eval", "bpb", "--checkpoint", folder.parent.parent / "nothing", "--data", bad],
             check=False)
     assert p.returncode != 0 and "--checkpoint" in p.stderr
+
+
+def test_bpb_names_the_file_line_and_byte_of_invalid_utf8(tmp_path):
+    folder, _ = with_tokenizer(tmp_path)
+    # A text file (one document): its line, byte column and byte offset.
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"first line\ncaf\xe9 au lait\n")
+    p = run(["eval", "bpb", "--checkpoint", folder, "--data", latin, "--device", "cpu"],
+            check=False)
+    assert p.returncode == 2 and (
+        f"lathe: error: --data {latin}:2: invalid UTF-8 at byte column 4 (byte 0xe9, byte offset "
+        "14 of the file); the input must be UTF-8") in p.stderr, p.stderr
+    # A .jsonl line holding raw Latin-1 inside its string: the line and the byte column.
+    jl = tmp_path / "latin.jsonl"
+    jl.write_bytes(b'{"text": "ok"}\n\n{"text": "caf\xe9"}\n')
+    p = run(["eval", "bpb", "--checkpoint", folder, "--data", jl, "--device", "cpu"], check=False)
+    assert p.returncode == 2 and (
+        f"lathe: error: --data {jl}:3: invalid UTF-8 at byte column 14 (byte 0xe9)") in p.stderr, \
+        p.stderr
+    # The first byte of a file.
+    first = tmp_path / "first.txt"
+    first.write_bytes(b"\xffabc")
+    p = run(["eval", "bpb", "--checkpoint", folder, "--data", first, "--device", "cpu"],
+            check=False)
+    assert f"--data {first}:1: invalid UTF-8 at byte column 1 (byte 0xff, byte offset 0" \
+        in p.stderr, p.stderr

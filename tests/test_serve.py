@@ -446,6 +446,43 @@ def test_large_requests_are_refused_before_the_work(folder):
         assert client(url).completions.create(model="tok", prompt="hi", max_tokens=2).choices
 
 
+# Numeric and flag fields and values of the wrong type or out of range for them: each must get a
+# 400 naming the field (param and message), never a 500, a dropped connection or an accepted
+# request. 2**64 - 1 fits JSON parsers' unsigned 64 bits but no int64.
+INT_BAD = ["2", [2], {"a": 1}, True, 1.5, 2.0, -1, 2**64 - 1, 1e300]
+FLOAT_BAD = ["0.5", [0.5], {"a": 1}, True, -1, 1e300, 2**64 - 1]
+BOOL_BAD = ["yes", 1, [True], {"a": 1}]
+WRONG = ([(f, v) for f in ("max_tokens", "max_completion_tokens", "n", "top_k") for v in INT_BAD]
+         + [("seed", v) for v in ("2", [2], True, 1.5, 2**64 - 1)]
+         + [(f, v) for f in ("temperature", "top_p", "min_p", "repetition_penalty",
+                             "presence_penalty", "frequency_penalty") for v in FLOAT_BAD]
+         + [("stream", v) for v in BOOL_BAD])
+ONLY = {"/v1/completions": ([("logprobs", v) for v in INT_BAD] + [("echo", v) for v in BOOL_BAD]),
+        "/v1/chat/completions": ([("top_logprobs", v) for v in INT_BAD]
+                                 + [("logprobs", v) for v in BOOL_BAD])}
+
+
+def test_wrong_types_of_numeric_fields_get_400_naming_the_field(folder):
+    bodies = {"/v1/completions": {"prompt": "hi"},
+              "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]}}
+    with serve(folder) as url:
+        for path, base in bodies.items():
+            for field, value in WRONG + ONLY[path]:
+                r = post(url + path, json={**base, field: value})
+                assert r.status_code == 400, (path, field, value, r.status_code, r.text)
+                err = r.json()["error"]
+                assert err["type"] == "invalid_request_error", (field, value, err)
+                assert err["param"] == field and f"'{field}'" in err["message"], (field, value, err)
+                # Only a token count past the context is context_length_exceeded.
+                if err["code"] == "context_length_exceeded":
+                    assert field in ("max_tokens", "max_completion_tokens") and \
+                        isinstance(value, int) and value > CTX, (field, value, err)
+                if value == 2**64 - 1:
+                    assert str(2**64 - 1) in err["message"], (field, err)
+        assert get(url + "/health").status_code == 200
+        assert client(url).completions.create(model="tok", prompt="hi", max_tokens=2).choices
+
+
 def read_to_end(s, got=b""):
     while chunk := s.recv(65536):
         got += chunk

@@ -284,8 +284,10 @@ std::optional<ApiError> get_number(const json& j, const char* key, double lo, do
     if (!j[key].is_number())
         return bad(key, fmt::format("'{}' must be a number, got {}", key, describe(j[key])));
     const double v = j[key].get<double>();
-    if (!(v >= lo && v <= hi))
-        return bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+    if (!(v >= lo && v <= hi)) {
+        return bad(key,
+                   fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, describe(j[key])));
+    }
     out = v;
     return std::nullopt;
 }
@@ -295,9 +297,15 @@ std::optional<ApiError> get_int(const json& j, const char* key, int64_t lo, int6
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
     if (!j[key].is_number_integer())
         return bad(key, fmt::format("'{}' must be an integer, got {}", key, describe(j[key])));
-    const int64_t v = j[key].get<int64_t>();
-    if (v < lo || v > hi)
-        return bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+    // nlohmann keeps integers past INT64_MAX as unsigned: beyond every range here, and read as
+    // int64 they would wrap to a negative number.
+    const bool past_int64 =
+        j[key].is_number_unsigned() && j[key].get<uint64_t>() > uint64_t(INT64_MAX);
+    const int64_t v = past_int64 ? 0 : j[key].get<int64_t>();
+    if (past_int64 || v < lo || v > hi) {
+        return bad(key,
+                   fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, describe(j[key])));
+    }
     out = v;
     return std::nullopt;
 }
@@ -331,9 +339,12 @@ std::optional<ApiError> Server::parse_common(const json& j, Job& job) const {
     const int64_t ctx = sched_.max_len();
     const char* max_key =
         j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    // At most the context: no sequence holds more tokens.
+    // At most the context: no sequence holds more tokens. Only an integer past it exceeds the
+    // context; a value of the wrong type or a negative one is a plain invalid request.
     if (auto e = get_int(j, max_key, 0, ctx, max_tokens)) {
-        e->code = "context_length_exceeded";
+        const json& v = j[max_key];
+        if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() > ctx))
+            e->code = "context_length_exceeded";
         return e;
     }
     if (j.contains("logit_bias") && !j["logit_bias"].is_null() &&

@@ -1,5 +1,7 @@
 #include "run/eval_bpb.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -15,6 +17,7 @@
 #include "run/checkpoint_dir.h"
 #include "run/compute_device.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace lathe {
 
@@ -40,23 +43,59 @@ Result<int32_t> prefix_token(const fs::path& dir) {
         path.string());
 }
 
-Result<std::vector<std::string>> read_documents(const std::string& data) {
+// The documents of --data and where each starts: its line in a .jsonl file, 0 for a whole file.
+struct Documents {
+    std::vector<std::string> texts;
+    std::vector<int64_t> lines;
+};
+
+// An error for `text` (line `line` of `data`, or the whole file when line is 0) when it is not
+// UTF-8, naming the line, the byte column and the byte.
+Status check_utf8(std::string_view text, const std::string& data, int64_t line) {
+    const size_t at = utf8::first_invalid(text);
+    if (at == text.size()) return ok_status();
+    const unsigned byte = static_cast<unsigned char>(text[at]);
+    if (line > 0) {
+        return invalid_argument_error(
+            "--data {}:{}: invalid UTF-8 at byte column {} (byte 0x{:02x}); the input must be "
+            "UTF-8",
+            data, line, at + 1, byte);
+    }
+    // text[at] is no newline (a newline is valid UTF-8): the line's start is after the last
+    // newline before it.
+    const size_t newline = text.rfind('\n', at);
+    const int64_t line_of_byte =
+        1 + int64_t(std::count(text.begin(), text.begin() + std::ptrdiff_t(at), '\n'));
+    const size_t column = newline == std::string_view::npos ? at + 1 : at - newline;
+    return invalid_argument_error(
+        "--data {}:{}: invalid UTF-8 at byte column {} (byte 0x{:02x}, byte offset {} of the "
+        "file); the input must be UTF-8",
+        data, line_of_byte, column, byte, at);
+}
+
+Result<Documents> read_documents(const std::string& data) {
     std::ifstream in(data, std::ios::binary);
     if (!in) return not_found_error("--data {}: cannot open", data);
-    std::vector<std::string> docs;
+    Documents docs;
     if (fs::path(data).extension() != ".jsonl") {
         std::ostringstream all;
         all << in.rdbuf();
-        docs.push_back(all.str());
+        std::string text = all.str();
+        LATHE_RETURN_IF_ERROR(check_utf8(text, data, 0));
+        docs.texts.push_back(std::move(text));
+        docs.lines.push_back(0);
         return docs;
     }
     std::string line;
     for (int64_t n = 1; std::getline(in, line); ++n) {
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        // Before the JSON parser, which refuses invalid UTF-8 without saying where.
+        LATHE_RETURN_IF_ERROR(check_utf8(line, data, n));
         const nlohmann::json j = json_parse<nlohmann::json>(line);
         if (j.is_discarded() || !j.is_object() || !j.contains("text") || !j["text"].is_string())
             return invalid_argument_error("{}:{}: expected {{\"text\": \"...\"}}", data, n);
-        docs.push_back(j["text"].get<std::string>());
+        docs.texts.push_back(j["text"].get<std::string>());
+        docs.lines.push_back(n);
     }
     return docs;
 }
@@ -76,7 +115,8 @@ Result<EvalBpbResult> eval_bpb_run(const EvalBpbRequest& r) {
         return invalid_argument_error("--seq-len {} exceeds the model's max_position_embeddings {}",
                                       r.seq_len, config->max_position_embeddings);
     }
-    LATHE_ASSIGN_OR_RETURN(std::vector<std::string> docs, read_documents(r.data));
+    LATHE_ASSIGN_OR_RETURN(const Documents read, read_documents(r.data));
+    const std::vector<std::string>& docs = read.texts;
     EvalBpbResult out;
     out.checkpoint = dir.string();
     out.documents = int64_t(docs.size());
@@ -93,7 +133,13 @@ Result<EvalBpbResult> eval_bpb_run(const EvalBpbRequest& r) {
                            model_create_loaded(*config, shape, device.context(), dir.string()));
     std::vector<int32_t> tokens(static_cast<size_t>(T)), targets(static_cast<size_t>(T));
     for (size_t d = 0; d < docs.size(); ++d) {
-        LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode(docs[d], false));
+        Result<std::vector<int32_t>> encoded = tok.encode(docs[d], false);
+        if (!encoded.ok()) {
+            return encoded.status().with_context(
+                read.lines[d] > 0 ? fmt::format("--data {}:{}", r.data, read.lines[d])
+                                  : fmt::format("--data {}", r.data));
+        }
+        const std::vector<int32_t>& ids = *encoded;
         if (ids.empty()) continue;
         std::vector<int32_t> s;
         s.reserve(ids.size() + 1);

@@ -36,7 +36,8 @@ struct EvalBpbResult {
 
 // Errors: a checkpoint that does not load or has no tokenizer.json or neither bos_token_id nor
 // eos_token_id, a data file that does not open, a .jsonl line (FILE:LINE) that is not an object
-// with a string "text", T < 1 or beyond the model's context, a corpus of no bytes.
+// with a string "text", a file that is not UTF-8 (FILE:LINE, the byte column and the byte; for a
+// text file also its byte offset), T < 1 or beyond the model's context, a corpus of no bytes.
 Result<EvalBpbResult> eval_bpb_run(const EvalBpbRequest& request);
 
 // One JSON line (no newline): {bpb, nats, bytes, tokens, documents, seq_len, device, checkpoint,
