@@ -421,6 +421,18 @@ Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
     bool stop = false;
     Status first_error;
     BpeCountStats totals;
+    // A bad document at `where`: counted and skipped (true) under --on-error skip, else `error`
+    // becomes the run's (the first one wins) and every thread stops (false).
+    const auto skip_bad = [&](const std::string& where, Status error) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (on_error == BpeOnError::kSkip) {
+            if (totals.skipped++ == 0) totals.first_skipped = where;
+            return true;
+        }
+        if (first_error.ok()) first_error = std::move(error);
+        stop = true;
+        return false;
+    };
 
     run_on_threads(threads, [&](int t) {
         WordCounts& counts = parts[t];
@@ -452,33 +464,21 @@ Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
                     const uint64_t line = (i < batch.lines.size() ? batch.lines[i] : 0) +
                                           std::count(doc.begin(), doc.begin() + bad, '\n');
                     const std::string where = fmt::format("{}:{}", batch.origin, line);
-                    std::lock_guard<std::mutex> lock(mutex);
-                    if (on_error == BpeOnError::kSkip) {
-                        if (totals.skipped++ == 0) totals.first_skipped = where;
+                    if (skip_bad(where, invalid_argument_error(
+                                            "{}: not valid UTF-8 (byte 0x{:02x}); convert the "
+                                            "input to UTF-8 (e.g. with iconv) or pass --on-error "
+                                            "skip to leave such documents out",
+                                            where, static_cast<unsigned char>(doc[bad]))))
                         continue;
-                    }
-                    if (first_error.ok())
-                        first_error = invalid_argument_error(
-                            "{}: not valid UTF-8 (byte 0x{:02x}); convert the input to UTF-8 "
-                            "(e.g. with iconv) or pass --on-error skip to leave such documents "
-                            "out",
-                            where, static_cast<unsigned char>(doc[bad]));
-                    stop = true;
                     return;
                 }
                 if (Status split = pre_tokenizer.split(doc, pieces, scratch); !split.ok()) {
                     const std::string where = fmt::format(
                         "{}:{}", batch.origin, i < batch.lines.size() ? batch.lines[i] : 0);
-                    std::lock_guard<std::mutex> lock(mutex);
-                    if (on_error == BpeOnError::kSkip) {
-                        if (totals.skipped++ == 0) totals.first_skipped = where;
+                    if (skip_bad(where, invalid_argument_error("{}: {} (or pass --on-error skip "
+                                                               "to leave such documents out)",
+                                                               where, split.message())))
                         continue;
-                    }
-                    if (first_error.ok())
-                        first_error = invalid_argument_error(
-                            "{}: {} (or pass --on-error skip to leave such documents out)", where,
-                            split.message());
-                    stop = true;
                     return;
                 }
                 views.clear();
