@@ -88,7 +88,11 @@ run_row() {
     shift 4
     local row_end=$(($(date +%s) + budget))
     [ "$row_end" -gt "$DEADLINE" ] && row_end=$DEADLINE
-    local gpu host err
+    local gpu host err least_host=""
+    # Where nothing fits, the error names the plan that asks the least of the host.
+    local delayed_note=""
+    [ "${OFFLOAD_SCHEDULE:-}" = delayed ] &&
+        delayed_note=" (OFFLOAD_SCHEDULE=delayed tries the offload fraction 1 alone)"
     err="no setting's plan fits: the GPU has $(gpu_free_bytes) B free, the host $(host_available_bytes) B available"
     local log="$OUT/$name.log" json="$OUT/$name.json" plan="$OUT/$name.plan.json"
     : >"$log"
@@ -113,6 +117,10 @@ run_row() {
                 if ! python3 -c 'import sys; g, h, ng, nh = map(float, sys.argv[1:5]); sys.exit(0 if ng <= 0.98 * g and nh <= h - 4 * 2**30 else 1)' \
                     "$gpu" "$host" "$need_gpu" "${need_host:-0}"; then
                     echo "offload_8b.sh: $name: ${args[*]}: plan $need_gpu B GPU (free $gpu), $need_host B pinned host (available $host): does not fit" >>"$log"
+                    if [ -z "$least_host" ] || [ "${need_host:-0}" -lt "$least_host" ]; then
+                        least_host=${need_host:-0}
+                        err="no setting's plan fits: the GPU has $gpu B free, the host $host B available; the plan asking the least of the host (${args[*]}) needs $need_gpu B of the GPU and $need_host B of pinned host memory$delayed_note"
+                    fi
                     continue
                 fi
                 local left=$((row_end - $(date +%s)))

@@ -93,6 +93,7 @@ def test_rows_take_the_first_schedule_and_the_moments_that_fit(tmp_path):
     assert (fp8["batch"], fp8["accum"], fp8["state_dtype"]) == (6, 4, "bf16")
     # 13e9 x 14 B = 169 GiB of pinned memory fits no setting without fractions
     assert "no setting's plan fits" in big["error"], big
+    assert "fraction 1 alone" not in big["error"], big
 
 
 def test_the_smallest_fraction_that_fits_where_the_bench_has_them(tmp_path):
@@ -115,6 +116,9 @@ def test_the_delayed_schedule_takes_fraction_one_alone(tmp_path):
         assert row["offload_schedule"] == "delayed" and row["fraction"] == 1.0, row
     assert (bf16["recompute"], bf16["batch"]) == ("selective", 1)
     assert "no setting's plan fits" in big["error"], big
+    # The error says what the least demanding plan needs of the host, and why only fraction 1
+    assert "--preset llama2-13b" in big["error"] and "B of pinned host memory" in big["error"], big
+    assert "tries the offload fraction 1 alone" in big["error"], big
 
 
 def test_an_unknown_schedule_stops_before_any_row(tmp_path):
