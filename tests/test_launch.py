@@ -10,6 +10,11 @@ Checked here, with small python3 and sh children (no GPU needed):
     handler) and the exit code is the ranks' (the first non-zero); a rank still saving after the
     others stopped is given its time, --grace-s or not; a launcher killed by SIGKILL leaves no
     rank running (each gets SIGTERM from Linux);
+  - while the ranks start (256 of them here), a signal to the launcher or a rank's failure stops
+    the start: no further rank starts, those started get the signal (or SIGTERM), and the exit
+    code is 128 + the signal (or the failing rank's); an exited rank is reaped at once, with the
+    others still running; the ranks start with every signal at its default action, none blocked,
+    whatever the launcher was given;
   - a command not found, one that cannot be executed, no command and --gpus 0 (or past 256) are
     errors naming them; `lathe` is this very binary (found with a PATH that holds no lathe);
   - `lathe train` on the CPU under it reads its rank as a `lathe launch` group and says to use
@@ -99,8 +104,12 @@ def test_failing_rank_stops_the_others(tmp_path):
     assert " exited with status 3; stopping the other rank" in lines[0], lines[0]
 
 
-def test_killed_rank_gives_128_plus_signal():
-    p = launch(["--gpus", 2, "sh", "-c", 'if [ "$RANK" = 0 ]; then kill -9 $$; fi; sleep 30'])
+def test_killed_rank_gives_128_plus_signal(tmp_path):
+    # Rank 0 dies once rank 1 runs (`exec`: the rank is the sleep itself, so the SIGTERM that
+    # stops it leaves no sleep behind holding the launcher's output open).
+    code = ('if [ "$RANK" = 0 ]; then while [ ! -e "$0/ready.1" ]; do sleep 0.01; done; kill -9 $$; '
+            'fi; : > "$0/ready.1"; exec sleep 30')
+    p = launch(["--gpus", 2, "sh", "-c", code, tmp_path])
     assert p.returncode == 137, p.stderr
     assert "lathe: error: launch: rank 0 (pid " in p.stderr
     assert "was killed by SIGKILL; stopping the other rank" in p.stderr
@@ -270,3 +279,134 @@ def test_cpu_train_ranks_see_a_lathe_launch_group(tmp_path):
              "start the 2 ranks with `mpirun -np 2 lathe ...`") in p.stderr]
     assert said, p.stderr
     assert "lathe: error: launch: rank " in p.stderr and " exited with status 1" in p.stderr
+
+
+# Many ranks, so that starting them all takes a while: a signal or a failure that arrives meanwhile
+# must stop the start, not wait for the last rank.
+MANY = 256
+
+
+def started_pids(d):
+    return [int(f.read_text()) for f in Path(d).glob("pid.*") if f.read_text().strip()]
+
+
+def assert_gone(pids):
+    """The launcher reaps every rank before it exits: none is left, running or a zombie."""
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_signal_before_ranks_start_starts_none(tmp_path):
+    """A SIGTERM that reaches the launcher before it starts any rank (here: pending, blocked, as
+    the launcher is executed): no rank starts, and the launcher exits 143."""
+    go = ("import os, signal, sys\n"
+          "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+          "os.kill(os.getpid(), signal.SIGTERM)\n"
+          "os.execv(sys.argv[1], sys.argv[1:])\n")
+    p = subprocess.run([PY, "-c", go, LATHE, "launch", "--gpus", "3", "sh", "-c",
+                        ': > "$0/started.$RANK"', str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 143, p.stderr
+    assert not list(tmp_path.glob("started.*")), "ranks started after the signal"
+    assert "lathe: error:" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_while_ranks_start_stops_the_start(tmp_path, sig):
+    # Rank 0 signals the launcher as soon as it runs, while the launcher starts the other ranks.
+    code = ('echo $$ > "$0/pid.$RANK.tmp" && mv "$0/pid.$RANK.tmp" "$0/pid.$RANK"; '
+            f'if [ "$RANK" = 0 ]; then kill -{int(sig)} $PPID; fi; exec sleep 30')
+    t0 = time.monotonic()
+    p = launch(["--gpus", MANY, "sh", "-c", code, tmp_path], timeout=60)
+    took = time.monotonic() - t0
+    started = started_pids(tmp_path)
+    assert p.returncode == 128 + sig, p.stderr
+    assert took < 20, f"the ranks were not stopped: the launcher took {took:.1f} s"
+    # Starting every rank after the signal would leave (nearly) all of them a pid file.
+    assert len(started) < MANY // 2, f"{len(started)} of {MANY} ranks started after the signal"
+    assert "lathe: error:" not in p.stderr, p.stderr
+    assert_gone(started)
+
+
+def test_failure_while_ranks_start_stops_the_start(tmp_path):
+    code = ('if [ "$RANK" = 0 ]; then exit 3; fi; '
+            'echo $$ > "$0/pid.$RANK.tmp" && mv "$0/pid.$RANK.tmp" "$0/pid.$RANK"; exec sleep 30')
+    t0 = time.monotonic()
+    p = launch(["--gpus", MANY, "--grace-s", 5, "sh", "-c", code, tmp_path], timeout=60)
+    took = time.monotonic() - t0
+    assert p.returncode == 3, p.stderr
+    assert took < 20, f"the ranks were not stopped: the launcher took {took:.1f} s"
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("lathe: error: launch: rank 0")]
+    assert len(lines) == 1, p.stderr
+    assert " exited with status 3" in lines[0], lines[0]
+    # "; stopping the other K ranks": K counts the ranks running when rank 0's end was seen.
+    others = 0
+    if "; stopping the other rank" in lines[0]:
+        others = 1
+    elif "; stopping the other " in lines[0]:
+        others = int(lines[0].split("; stopping the other ")[1].split()[0])
+    assert others < MANY // 2, f"rank 0's end was seen after {others} more ranks started"
+    assert_gone(started_pids(tmp_path))
+
+
+def test_rank_that_cannot_start_stops_those_started(tmp_path):
+    """Rank 0 holds its own script open for writing, so that executing it for a later rank fails
+    (Text file busy): the ranks started are stopped and reaped before the launcher exits 2."""
+    script = tmp_path / "rank.sh"
+    script.write_text('#!/bin/sh\n'
+                      'echo $$ > "$(dirname "$0")/pid.$RANK"\n'
+                      'if [ "$RANK" = 0 ]; then exec 3>>"$0"; fi\n'
+                      'exec sleep 20\n')
+    script.chmod(0o755)
+    p = launch(["--gpus", MANY, "--grace-s", 5, script], timeout=60)
+    if p.returncode == 0:  # every rank had started before rank 0 opened the script
+        pytest.skip("no start failed: every rank started before rank 0 held its script")
+    assert p.returncode == 2, p.stderr
+    assert f"lathe: error: launch: cannot execute '{script}' for rank " in p.stderr, p.stderr
+    assert ": Text file busy" in p.stderr, p.stderr
+    assert_gone(started_pids(tmp_path))
+
+
+def test_exited_rank_is_reaped_while_others_run(tmp_path):
+    # Rank 1 exits at once; rank 0 watches its pid until the launcher has reaped it (no zombie).
+    code = ("import os, sys, time\n"
+            f"d = {str(tmp_path)!r}\n"
+            "pid_file = os.path.join(d, 'pid.1')\n"
+            "if os.environ['RANK'] == '1':\n"
+            "    with open(pid_file + '.tmp', 'w') as f: f.write(str(os.getpid()))\n"
+            "    os.replace(pid_file + '.tmp', pid_file)\n"
+            "    sys.exit(0)\n"
+            "deadline = time.monotonic() + 30\n"
+            "while not os.path.exists(pid_file) and time.monotonic() < deadline: time.sleep(0.01)\n"
+            "pid = open(pid_file).read()\n"
+            "state = 'gone'\n"
+            "while time.monotonic() < deadline:\n"
+            "    try:\n"
+            "        state = open('/proc/' + pid + '/stat').read().rsplit(')', 1)[1].split()[0]\n"
+            "    except FileNotFoundError:\n"
+            "        state = 'gone'\n"
+            "        break\n"
+            "    time.sleep(0.01)\n"
+            "open(os.path.join(d, 'rank1'), 'w').write(state)\n")
+    p = launch(["--gpus", 2, PY, "-c", code], timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "rank1").read_text() == "gone", "rank 1 stayed a zombie while rank 0 ran"
+
+
+def test_ranks_start_with_no_mask_and_the_ignores_they_were_given(tmp_path):
+    def given():  # what a parent may hand the launcher: ignored and blocked signals
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2, signal.SIGQUIT, signal.SIGTERM})
+
+    code = 'exec grep -E "^Sig(Blk|Ign):" /proc/self/status > "$0/status.$RANK"'
+    p = subprocess.run([LATHE, "launch", "--gpus", "2", "sh", "-c", code, str(tmp_path)],
+                       capture_output=True, text=True, timeout=60, preexec_fn=given)
+    assert p.returncode == 0, p.stderr
+    for r in range(2):
+        fields = dict(ln.split(":\t") for ln in (tmp_path / f"status.{r}").read_text().split("\n")
+                      if ln)
+        # nothing blocked; SIGHUP still ignored (nohup), SIGCHLD at its default
+        assert fields == {"SigBlk": "0000000000000000",
+                          "SigIgn": f"{1 << (signal.SIGHUP - 1):016x}"}, (r, fields)

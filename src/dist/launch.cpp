@@ -17,6 +17,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <iterator>
 #include <random>
 
 #include "core/check.h"
@@ -248,28 +249,68 @@ int wait_status_exit_code(int wait_status) {
 }
 
 LaunchSupervisor::LaunchSupervisor(int world_size, double grace_s)
-    : running_(size_t(world_size), true), killed_(size_t(world_size), false), grace_s_(grace_s) {}
+    : state_(size_t(world_size), RankState::kToStart),
+      killed_(size_t(world_size), false),
+      grace_s_(grace_s) {}
 
 int LaunchSupervisor::running_count() const {
-    int n = 0;
-    for (const bool r : running_) n += r ? 1 : 0;
-    return n;
+    return int(std::count(state_.begin(), state_.end(), RankState::kRunning));
+}
+
+bool LaunchSupervisor::finished() const {
+    for (const RankState s : state_)
+        if (s == RankState::kToStart || s == RankState::kRunning) return false;
+    return true;
+}
+
+int LaunchSupervisor::exit_code() const {
+    if (exit_code_ != 0) return exit_code_;
+    if (start_stopped_by_ != 0) return 128 + start_stopped_by_;
+    return 0;
+}
+
+std::optional<int> LaunchSupervisor::next_to_start() const {
+    for (size_t r = 0; r < state_.size(); ++r)
+        if (state_[r] == RankState::kToStart) return int(r);
+    return std::nullopt;
+}
+
+void LaunchSupervisor::on_started(int rank) {
+    LATHE_CHECK(next_to_start() == rank);
+    state_[size_t(rank)] = RankState::kRunning;
+}
+
+void LaunchSupervisor::stop_start() {
+    for (RankState& s : state_)
+        if (s == RankState::kToStart) s = RankState::kNeverStarted;
+}
+
+std::vector<int> LaunchSupervisor::begin_stopping(double now) {
+    stop_start();
+    stopping_ = true;
+    deadline_ = now + grace_s_;
+    std::vector<int> to;
+    for (size_t r = 0; r < state_.size(); ++r)
+        if (state_[r] == RankState::kRunning) to.push_back(int(r));
+    return to;
+}
+
+std::vector<int> LaunchSupervisor::on_start_failed(int rank, double now) {
+    LATHE_CHECK(next_to_start() == rank);
+    return begin_stopping(now);
 }
 
 LaunchSupervisor::Decision LaunchSupervisor::on_exit(int rank, pid_t pid, int wait_status,
                                                      double now) {
-    LATHE_CHECK(rank >= 0 && size_t(rank) < running_.size() && running_[size_t(rank)]);
-    running_[size_t(rank)] = false;
+    LATHE_CHECK(rank >= 0 && size_t(rank) < state_.size() && running(rank));
+    state_[size_t(rank)] = RankState::kEnded;
     Decision d;
     const int code = wait_status_exit_code(wait_status);
     if (code != 0 && exit_code_ == 0) exit_code_ = code;
     if (code == 0 || stopping_) return d;
     for (const int sig : forwarded_)
         if (code == 128 + sig) return d;  // stopped by the user's signal, as asked
-    stopping_ = true;
-    deadline_ = now + grace_s_;
-    for (size_t r = 0; r < running_.size(); ++r)
-        if (running_[r]) d.terminate.push_back(int(r));
+    d.terminate = begin_stopping(now);
     const size_t k = d.terminate.size();
     d.error =
         fmt::format("launch: rank {} (pid {}) {}", rank, long(pid), wait_status_text(wait_status));
@@ -280,17 +321,19 @@ LaunchSupervisor::Decision LaunchSupervisor::on_exit(int rank, pid_t pid, int wa
 
 std::vector<int> LaunchSupervisor::on_signal(int sig) {
     forwarded_.push_back(sig);
+    if (next_to_start() && start_stopped_by_ == 0) start_stopped_by_ = sig;
+    stop_start();
     std::vector<int> to;
-    for (size_t r = 0; r < running_.size(); ++r)
-        if (running_[r]) to.push_back(int(r));
+    for (size_t r = 0; r < state_.size(); ++r)
+        if (state_[r] == RankState::kRunning) to.push_back(int(r));
     return to;
 }
 
 std::vector<int> LaunchSupervisor::overdue(double now) {
     std::vector<int> to;
     if (!deadline_ || now < *deadline_) return to;
-    for (size_t r = 0; r < running_.size(); ++r) {
-        if (running_[r] && !killed_[r]) {
+    for (size_t r = 0; r < state_.size(); ++r) {
+        if (state_[r] == RankState::kRunning && !killed_[r]) {
             killed_[r] = true;
             to.push_back(int(r));
         }
@@ -319,68 +362,120 @@ std::string self_executable() {
 
 constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP};
 
+bool is_forwarded(int sig) {
+    return std::find(std::begin(kForwarded), std::end(kForwarded), sig) != std::end(kForwarded);
+}
+
 // While the launcher supervises, SIGINT, SIGTERM, SIGHUP and SIGCHLD are blocked and taken with
-// sigtimedwait, and SIGCHLD has its default action (an inherited SIG_IGN would reap the children
-// before waitpid sees them). Restores the mask and SIGCHLD's action on scope exit. The children
-// get the mask and SIGCHLD's action the launcher started with (`old_mask`, `old_chld`).
+// sigtimedwait (blocked before the first rank starts, so none that arrives meanwhile is lost), and
+// SIGCHLD has its default action (an inherited SIG_IGN would reap the children before waitpid
+// sees them). Restores the mask and SIGCHLD's action on scope exit.
 class SignalScope {
 public:
     SignalScope() {
         sigemptyset(&set_);
         for (const int s : kForwarded) sigaddset(&set_, s);
         sigaddset(&set_, SIGCHLD);
+        ::pthread_sigmask(SIG_BLOCK, &set_, &old_mask_);
         struct sigaction dfl {};
         dfl.sa_handler = SIG_DFL;
         sigemptyset(&dfl.sa_mask);
-        ::sigaction(SIGCHLD, &dfl, &old_chld);
-        ::sigprocmask(SIG_BLOCK, &set_, &old_mask);
+        ::sigaction(SIGCHLD, &dfl, &old_chld_);
     }
     ~SignalScope() {
-        ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-        ::sigaction(SIGCHLD, &old_chld, nullptr);
+        ::sigaction(SIGCHLD, &old_chld_, nullptr);
+        ::pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
     }
     SignalScope(const SignalScope&) = delete;
     SignalScope& operator=(const SignalScope&) = delete;
 
-    const sigset_t& set() const { return set_; }
-    sigset_t old_mask{};
-    struct sigaction old_chld {};
+    // The next of the four signals, waiting up to `wait_s` seconds (0: only one already pending);
+    // 0 when none came.
+    int take(double wait_s) const {
+        timespec ts{};
+        ts.tv_sec = time_t(wait_s);
+        ts.tv_nsec = long((wait_s - double(ts.tv_sec)) * 1e9);
+        siginfo_t info{};
+        const int sig = ::sigtimedwait(&set_, &info, &ts);
+        return sig > 0 ? sig : 0;
+    }
 
 private:
     sigset_t set_{};
+    sigset_t old_mask_{};
+    struct sigaction old_chld_ {};
 };
 
-// What one rank's execve needs, built before fork (the child only calls async-signal-safe
-// functions).
-struct Exec {
-    std::vector<std::string> env_strings;
-    std::vector<char*> envp;
+// What the children need, built before the first fork: the child of fork only calls
+// async-signal-safe functions.
+struct RankExec {
+    std::string program;
+    std::vector<char*> argv;
+    std::vector<std::vector<std::string>> env_strings;  // per rank
+    std::vector<std::vector<char*>> envp;               // per rank
+    struct sigaction default_action {};
+    sigset_t empty_mask{};
+    pid_t launcher = 0;
 };
 
-// Sends SIGTERM to the ranks in `pids` (those > 0), waits up to `grace_s` for them, SIGKILLs the
-// rest and reaps them all.
-void stop_all(std::vector<pid_t>& pids, double grace_s) {
-    for (const pid_t p : pids)
-        if (p > 0) ::kill(p, SIGTERM);
-    const double deadline = monotonic_s() + grace_s;
-    bool any = true;
-    while (any) {
-        any = false;
-        for (pid_t& p : pids) {
-            if (p <= 0) continue;
-            int st = 0;
-            if (::waitpid(p, &st, WNOHANG) == p) {
-                p = -1;
-                continue;
-            }
-            any = true;
-            if (monotonic_s() >= deadline) ::kill(p, SIGKILL);
-        }
-        if (any) {
-            const timespec pause{0, 10'000'000};
-            ::nanosleep(&pause, nullptr);
-        }
+// The child of fork for rank `rank`: the signal actions the launcher was given (an ignored signal
+// stays ignored, as nohup and a shell's background jobs expect; every other one, and SIGCHLD,
+// at its default), no signal blocked, SIGTERM when the launcher dies, then execve. Writes exec's
+// errno to `error_fd` (close-on-exec) when it fails.
+[[noreturn]] void rank_exec(const RankExec& e, int rank, int error_fd) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != e.launcher) ::_exit(143);  // the launcher died before prctl
+    // Actions first, then the mask: a signal sent on to this rank before it executes is pending
+    // here and takes its default action as it is unblocked.
+    for (int sig = 1; sig < NSIG; ++sig) {
+        if (sig == SIGKILL || sig == SIGSTOP) continue;
+        struct sigaction now {};
+        if (::sigaction(sig, nullptr, &now) != 0) continue;
+        if (sig == SIGCHLD || now.sa_handler != SIG_IGN)
+            ::sigaction(sig, &e.default_action, nullptr);
     }
+    ::pthread_sigmask(SIG_SETMASK, &e.empty_mask, nullptr);
+    ::execve(e.program.c_str(), e.argv.data(), e.envp[size_t(rank)].data());
+    const int err = errno;
+    ssize_t w = 0;
+    do {
+        w = ::write(error_fd, &err, sizeof(err));
+    } while (w < 0 && errno == EINTR);
+    ::_exit(127);
+}
+
+// Forks and executes rank `rank`; returns its pid once execve has succeeded (the error pipe reads
+// end of file). A child whose execve failed is reaped here.
+Result<pid_t> rank_start(const RankExec& e, int rank) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0)
+        return io_error("launch: pipe for rank {}: {}", rank, std::strerror(errno));
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        const int err = errno;
+        ::close(fds[0]);
+        ::close(fds[1]);
+        return io_error("launch: fork for rank {}: {}", rank, std::strerror(err));
+    }
+    if (pid == 0) {
+        ::close(fds[0]);
+        rank_exec(e, rank, fds[1]);
+    }
+    ::close(fds[1]);
+    int err = 0;
+    ssize_t got = 0;
+    do {
+        got = ::read(fds[0], &err, sizeof(err));
+    } while (got < 0 && errno == EINTR);
+    ::close(fds[0]);
+    if (got == ssize_t(sizeof(err))) {  // execve failed; end of file means it succeeded
+        int st = 0;
+        while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+        }
+        return invalid_argument_error("launch: cannot execute '{}' for rank {}: {}", e.program,
+                                      rank, std::strerror(err));
+    }
+    return pid;
 }
 
 }  // namespace
@@ -391,7 +486,8 @@ Result<int> launch_run(const LaunchOptions& o, const LaunchReport& report) {
     const auto path_it = base.find("PATH");
     // execvp's search path when PATH is unset.
     const std::string path_var = path_it != base.end() ? path_it->second : "/usr/bin:/bin";
-    LATHE_ASSIGN_OR_RETURN(const std::string program,
+    RankExec e;
+    LATHE_ASSIGN_OR_RETURN(e.program,
                            launch_resolve_program(o.command.front(), path_var, self_executable()));
     int port = o.master_port;
     if (port == 0) {
@@ -399,105 +495,86 @@ Result<int> launch_run(const LaunchOptions& o, const LaunchReport& report) {
     }
     const int n = o.gpus;
 
-    std::vector<char*> argv;
-    for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    std::vector<Exec> execs(static_cast<size_t>(n));
+    for (const std::string& a : o.command) e.argv.push_back(const_cast<char*>(a.c_str()));
+    e.argv.push_back(nullptr);
+    e.env_strings.resize(size_t(n));
+    e.envp.resize(size_t(n));
     for (int r = 0; r < n; ++r) {
-        Exec& e = execs[size_t(r)];
         for (const auto& [k, v] : launch_rank_environment(base, r, n, port))
-            e.env_strings.push_back(k + "=" + v);
-        for (std::string& s : e.env_strings) e.envp.push_back(s.data());
-        e.envp.push_back(nullptr);
+            e.env_strings[size_t(r)].push_back(k + "=" + v);
+        for (std::string& s : e.env_strings[size_t(r)]) e.envp[size_t(r)].push_back(s.data());
+        e.envp[size_t(r)].push_back(nullptr);
     }
-    log_info("launch: {} ranks of {} (MASTER_ADDR=127.0.0.1 MASTER_PORT={})", n, program, port);
+    e.default_action.sa_handler = SIG_DFL;
+    sigemptyset(&e.default_action.sa_mask);
+    sigemptyset(&e.empty_mask);
+    e.launcher = ::getpid();
+    log_info("launch: {} ranks of {} (MASTER_ADDR=127.0.0.1 MASTER_PORT={})", n, e.program, port);
     std::fflush(stdout);
     std::fflush(stderr);
 
-    SignalScope signals;
-    const pid_t launcher = ::getpid();
-    std::vector<pid_t> pids(size_t(n), -1);
-    for (int r = 0; r < n; ++r) {
-        int fds[2];
-        if (::pipe2(fds, O_CLOEXEC) != 0) {
-            const int err = errno;
-            stop_all(pids, o.grace_s);
-            return io_error("launch: pipe for rank {}: {}", r, std::strerror(err));
-        }
-        const pid_t pid = ::fork();
-        if (pid < 0) {
-            const int err = errno;
-            ::close(fds[0]);
-            ::close(fds[1]);
-            stop_all(pids, o.grace_s);
-            return io_error("launch: fork for rank {}: {}", r, std::strerror(err));
-        }
-        if (pid == 0) {
-            // The child: only async-signal-safe calls until execve.
-            ::close(fds[0]);
-            ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-            if (::getppid() != launcher) ::_exit(143);  // the launcher died before prctl
-            ::sigaction(SIGCHLD, &signals.old_chld, nullptr);
-            ::sigprocmask(SIG_SETMASK, &signals.old_mask, nullptr);
-            ::execve(program.c_str(), argv.data(), execs[size_t(r)].envp.data());
-            const int err = errno;
-            ssize_t w = 0;
-            do {
-                w = ::write(fds[1], &err, sizeof(err));
-            } while (w < 0 && errno == EINTR);
-            ::_exit(127);
-        }
-        ::close(fds[1]);
-        pids[size_t(r)] = pid;
-        int err = 0;
-        ssize_t got = 0;
-        do {
-            got = ::read(fds[0], &err, sizeof(err));
-        } while (got < 0 && errno == EINTR);
-        ::close(fds[0]);
-        if (got == ssize_t(sizeof(err))) {  // execve failed; end of file means it succeeded
-            int st = 0;
-            ::waitpid(pid, &st, 0);
-            pids[size_t(r)] = -1;
-            stop_all(pids, o.grace_s);
-            return invalid_argument_error("launch: cannot execute '{}' for rank {}: {}", program, r,
-                                          std::strerror(err));
-        }
-    }
-
+    const SignalScope signals;
     LaunchSupervisor sup(n, o.grace_s);
-    while (!sup.finished()) {
+    std::vector<pid_t> pids(size_t(n), -1);
+    Status start_error;  // the first rank that could not be started, returned once all have ended
+    const auto send = [&](const std::vector<int>& ranks, int sig) {
+        for (const int r : ranks) {
+            LATHE_CHECK(pids[size_t(r)] > 0, "rank {} has no process to send {} to", r, sig);
+            ::kill(pids[size_t(r)], sig);
+        }
+    };
+    const auto on_signal = [&](int sig) {
+        if (is_forwarded(sig)) send(sup.on_signal(sig), sig);
+        // SIGCHLD only wakes the loop: reap() below looks at every running rank.
+    };
+    const auto reap = [&] {
         for (int r = 0; r < n; ++r) {
             if (!sup.running(r)) continue;
             int st = 0;
             if (::waitpid(pids[size_t(r)], &st, WNOHANG) != pids[size_t(r)]) continue;
             const auto d = sup.on_exit(r, pids[size_t(r)], st, monotonic_s());
             if (!d.error.empty() && report) report(d.error);
-            for (const int t : d.terminate) ::kill(pids[size_t(t)], SIGTERM);
+            send(d.terminate, SIGTERM);
         }
-        if (sup.finished()) break;
+    };
+
+    // Each pass takes the signals and the ends already there before it starts a rank, so that no
+    // rank starts after a signal or a failure, and no rank that ended stays a zombie while the
+    // others start.
+    for (;;) {
+        while (const int sig = signals.take(0)) on_signal(sig);
+        reap();
         const double now = monotonic_s();
         for (const int r : sup.overdue(now)) {
             log_warning(
                 "launch: rank {} (pid {}) still runs {} s after the first failure; "
                 "sending SIGKILL",
                 r, long(pids[size_t(r)]), o.grace_s);
-            ::kill(pids[size_t(r)], SIGKILL);
+            send({r}, SIGKILL);
         }
-        // Wake for a signal, at the end of the grace, and at least once a second (a SIGCHLD that
-        // arrived between the reaping above and this wait stays pending, so none is lost).
+        if (sup.finished()) break;
+        if (const auto next = sup.next_to_start()) {
+            auto pid = rank_start(e, *next);
+            if (pid.ok()) {
+                pids[size_t(*next)] = *pid;
+                sup.on_started(*next);
+            } else {
+                start_error = pid.status();
+                send(sup.on_start_failed(*next, monotonic_s()), SIGTERM);
+            }
+            continue;
+        }
+        // Wake for a signal (a SIGCHLD that arrived since the reaping above stays pending, so none
+        // is lost), at the end of the grace, and at least once a second.
         double wait_s = 1.0;
         if (const auto deadline = sup.grace_deadline(); deadline && *deadline > now)
             wait_s = std::min(wait_s, *deadline - now);
-        timespec ts{};
-        ts.tv_sec = time_t(wait_s);
-        ts.tv_nsec = long((wait_s - double(ts.tv_sec)) * 1e9);
-        siginfo_t info{};
-        const int sig = ::sigtimedwait(&signals.set(), &info, &ts);
-        if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-            for (const int r : sup.on_signal(sig)) ::kill(pids[size_t(r)], sig);
-        }
+        if (const int sig = signals.take(wait_s)) on_signal(sig);
     }
+    // Every rank has ended: a signal still pending has nobody to go to.
+    while (signals.take(0) != 0) {
+    }
+    if (!start_error.ok()) return start_error;
     return sup.exit_code();
 }
 

@@ -9,24 +9,33 @@
 //   is then Launcher::kLaunch, whose rendezvous listens on MASTER_PORT itself: dist/open.h).
 //
 // Every other variable is passed on unchanged. The children keep the launcher's stdin, stdout,
-// stderr and process group (a Ctrl-C in a terminal reaches them all directly too), and each asks
-// Linux for SIGTERM when the launcher dies (PR_SET_PDEATHSIG), so a launcher killed by SIGKILL
-// leaves no orphans. One node only: across nodes, srun or mpirun start one process per GPU
-// themselves (docs/DISTRIBUTED.md).
+// stderr and process group (a Ctrl-C in a terminal reaches them all directly too), start with no
+// signal blocked (whatever mask the launcher was given) and with the signal actions the launcher
+// was given, as exec keeps them (a SIGHUP ignored by nohup stays ignored in the ranks), except
+// SIGCHLD at its default action (an inherited SIG_IGN would reap a rank's own children before
+// its waitpid), and each asks Linux for SIGTERM when the launcher dies
+// (PR_SET_PDEATHSIG), so a launcher killed by SIGKILL leaves no orphans. One node only: across
+// nodes, srun or mpirun start one process per GPU themselves (docs/DISTRIBUTED.md).
 //
 // Supervision (LaunchSupervisor holds these rules; launch_run applies them to real processes):
-//   - SIGINT, SIGTERM and SIGHUP reaching the launcher are sent on to every rank still running
-//     (a trainer then saves a checkpoint and exits 128 + the signal: 130, 143 or 129).
+//   - The ranks start in order, 0 first. SIGINT, SIGTERM and SIGHUP reaching the launcher at any
+//     moment are sent on to every rank running then (a trainer then saves a checkpoint and exits
+//     128 + the signal: 130, 143 or 129); one that arrives before every rank has started also
+//     stops the start: no further rank starts.
 //   - A rank's end is expected when its code is 0, or 128 + a signal the launcher sent on (a
 //     trainer that stopped and saved, or a process that signal killed): the launcher waits for the
 //     others however long they take, e.g. while rank 0 writes the model of the checkpoint.
 //   - The first other end (a non-zero code, or death by a signal nobody sent on) is a failure:
 //     the launcher reports (and `lathe launch` prints)
 //       lathe: error: launch: rank R (pid P) exited with status C; stopping the other K ranks
-//     (or "was killed by SIGKILL"; K counts the ranks still running), sends them SIGTERM, and
-//     SIGKILL to those still running `grace_s` seconds later.
+//     (or "was killed by SIGKILL"; K counts the ranks running), starts no further rank, sends the
+//     running ones SIGTERM, and SIGKILL to those still running `grace_s` seconds later. A rank
+//     that cannot be started (fork, pipe or exec failing) stops the others the same way.
+//   - Every rank is reaped as it ends, and launch_run returns only once every rank it started has
+//     ended and been reaped, on every path.
 //   - The exit code is that of the first rank to end non-zero (128 + the signal's number for a
-//     rank killed by a signal), else 0 once every rank has exited 0.
+//     rank killed by a signal), else 128 + the signal that stopped the start before every rank had
+//     started, else 0 once every rank has exited 0.
 
 #include <sys/types.h>
 #include <functional>
@@ -98,38 +107,59 @@ std::string wait_status_text(int wait_status);
 int wait_status_exit_code(int wait_status);
 
 // The launcher's decisions, apart from the processes (tests feed it events). Times are seconds on
-// any clock that does not go back.
+// any clock that does not go back. Each rank is to start, running, ended, or never started (the
+// start was stopped before it).
 class LaunchSupervisor {
 public:
+    // `world_size` ranks, none started yet.
     LaunchSupervisor(int world_size, double grace_s);
 
     struct Decision {
         std::vector<int> terminate;  // ranks to send SIGTERM to
         std::string error;           // a line to print after "lathe: error: ", or empty
     };
-    // Rank `rank` (process `pid`) ended with waitpid() status `wait_status` at `now`.
+    // The rank to start next (0, 1, ... in order); nullopt once every rank has started, or once a
+    // signal, a failure or a failed start has stopped the start.
+    std::optional<int> next_to_start() const;
+    // Rank `rank`, next_to_start's, runs.
+    void on_started(int rank);
+    // Rank `rank`, next_to_start's, could not be started (fork, pipe or exec failed) at `now`:
+    // no further rank starts, and the running ranks are to be stopped as after a failure (the
+    // ranks to send SIGTERM to; SIGKILL once the grace runs out).
+    std::vector<int> on_start_failed(int rank, double now);
+    // Rank `rank` (process `pid`), running, ended with waitpid() status `wait_status` at `now`.
     Decision on_exit(int rank, pid_t pid, int wait_status, double now);
-    // The launcher received `sig` (SIGINT, SIGTERM, SIGHUP): the ranks to send it on to.
+    // The launcher received `sig` (SIGINT, SIGTERM, SIGHUP): the running ranks to send it on to.
+    // No further rank starts.
     std::vector<int> on_signal(int sig);
     // The ranks to SIGKILL at `now`: those still running once the grace has run out (each once).
     std::vector<int> overdue(double now);
     // When the grace runs out; nullopt while no rank has failed.
     std::optional<double> grace_deadline() const;
 
-    bool running(int rank) const { return running_[size_t(rank)]; }
+    bool running(int rank) const { return state_[size_t(rank)] == RankState::kRunning; }
     int running_count() const;
-    bool finished() const { return running_count() == 0; }
-    // The first non-zero end's exit code, else 0.
-    int exit_code() const { return exit_code_; }
+    // No rank running and none left to start.
+    bool finished() const;
+    // The first non-zero end's exit code, else 128 + the signal that stopped the start before
+    // every rank had started, else 0.
+    int exit_code() const;
 
 private:
-    std::vector<bool> running_;
+    enum class RankState { kToStart, kRunning, kEnded, kNeverStarted };
+    // The ranks still to start never start.
+    void stop_start();
+    // A failure at `now`: the running ranks, to stop, and the grace's deadline.
+    std::vector<int> begin_stopping(double now);
+
+    std::vector<RankState> state_;
     std::vector<bool> killed_;
     double grace_s_;
     std::vector<int> forwarded_;  // the signals sent on
-    bool stopping_ = false;       // a rank failed
+    bool stopping_ = false;       // a rank failed, or could not be started
     std::optional<double> deadline_;
     int exit_code_ = 0;
+    int start_stopped_by_ = 0;  // the signal that stopped the start before every rank started
 };
 
 // Receives the failure line (LaunchSupervisor::Decision::error) the moment a rank fails, before
@@ -137,9 +167,13 @@ private:
 using LaunchReport = std::function<void(const std::string& error)>;
 
 // Starts options.command as options.gpus ranks and supervises them (above) until all have ended;
-// returns the exit code. `report` (may be empty) gets each failure line. Errors, with no rank left
-// running: bad options, a command not found, a command that cannot be executed (exec's reason,
-// reported by the child through a close-on-exec pipe), fork or pipe failing.
+// returns the exit code. `report` (may be empty) gets each failure line. Errors, returned once
+// every rank started has been stopped and reaped: bad options, a command not found, a command
+// that cannot be executed (exec's reason, reported by the child through a close-on-exec pipe),
+// fork or pipe failing. SIGINT, SIGTERM, SIGHUP and SIGCHLD are blocked while it runs and taken
+// with sigtimedwait, so no other thread of the process may leave them unblocked (the `lathe
+// launch` process has one thread); a signal of those three still pending once every rank has
+// ended changes nothing.
 Result<int> launch_run(const LaunchOptions& options, const LaunchReport& report);
 
 }  // namespace lathe

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -26,6 +27,20 @@ int exited(int code) {
 }
 int killed(int sig) {
     return sig;
+}
+
+// A supervisor of `n` ranks, all started.
+LaunchSupervisor started(int n, double grace_s) {
+    LaunchSupervisor s(n, grace_s);
+    for (int r = 0; r < n; ++r) s.on_started(r);
+    return s;
+}
+
+// The test process has no child left: launch_run reaped every rank it started.
+void expect_no_child() {
+    errno = 0;
+    EXPECT_EQ(::waitpid(-1, nullptr, WNOHANG), -1);
+    EXPECT_EQ(errno, ECHILD);
 }
 
 TEST(LaunchStatus, WaitStatusTextAndCode) {
@@ -218,7 +233,7 @@ TEST(LaunchPort, ParsesTheEphemeralRange) {
 
 // The supervision rules, with made-up events.
 TEST(LaunchSupervisor, AllExitZero) {
-    LaunchSupervisor s(3, 30);
+    LaunchSupervisor s = started(3, 30);
     EXPECT_FALSE(s.finished());
     for (int r : {2, 0, 1}) {
         const auto d = s.on_exit(r, 100 + r, exited(0), 1.0);
@@ -231,7 +246,7 @@ TEST(LaunchSupervisor, AllExitZero) {
 }
 
 TEST(LaunchSupervisor, FirstFailureStopsTheOthersAndGivesTheCode) {
-    LaunchSupervisor s(4, 5);
+    LaunchSupervisor s = started(4, 5);
     EXPECT_TRUE(s.on_exit(3, 103, exited(0), 1.0).error.empty());  // a clean end is no failure
     const auto d = s.on_exit(1, 101, exited(3), 2.0);
     EXPECT_EQ(d.error, "launch: rank 1 (pid 101) exited with status 3; stopping the other 2 ranks");
@@ -253,12 +268,12 @@ TEST(LaunchSupervisor, FirstFailureStopsTheOthersAndGivesTheCode) {
 }
 
 TEST(LaunchSupervisor, KilledRankGives128PlusSignal) {
-    LaunchSupervisor s(2, 30);
+    LaunchSupervisor s = started(2, 30);
     const auto d = s.on_exit(0, 55, killed(SIGKILL), 0.0);
     EXPECT_EQ(d.error, "launch: rank 0 (pid 55) was killed by SIGKILL; stopping the other rank");
     EXPECT_EQ(d.terminate, (std::vector<int>{1}));
     EXPECT_EQ(s.exit_code(), 137);
-    LaunchSupervisor last(2, 30);
+    LaunchSupervisor last = started(2, 30);
     last.on_exit(0, 1, exited(0), 0.0);
     const auto alone = last.on_exit(1, 2, exited(9), 0.0);  // nobody left to stop
     EXPECT_EQ(alone.error, "launch: rank 1 (pid 2) exited with status 9");
@@ -270,7 +285,7 @@ TEST(LaunchSupervisor, KilledRankGives128PlusSignal) {
 // error line, no SIGTERM, no grace, however long the others take (rank 0 writing a checkpoint);
 // the exit code is still the first non-zero one. Any other end after it is a failure as usual.
 TEST(LaunchSupervisor, ForwardedSignal) {
-    LaunchSupervisor s(4, 10);
+    LaunchSupervisor s = started(4, 10);
     EXPECT_TRUE(s.on_exit(3, 13, exited(0), 0.0).error.empty());
     EXPECT_EQ(s.on_signal(SIGTERM), (std::vector<int>{0, 1, 2}));
     const auto d = s.on_exit(1, 11, exited(143), 1.0);
@@ -286,7 +301,7 @@ TEST(LaunchSupervisor, ForwardedSignal) {
     EXPECT_TRUE(s.finished());
     EXPECT_EQ(s.exit_code(), 143);
 
-    LaunchSupervisor other(3, 10);  // a rank that fails otherwise after the signal
+    LaunchSupervisor other = started(3, 10);  // a rank that fails otherwise after the signal
     other.on_signal(SIGINT);
     other.on_exit(0, 10, exited(130), 0.0);
     const auto f = other.on_exit(1, 11, exited(1), 2.0);
@@ -297,16 +312,102 @@ TEST(LaunchSupervisor, ForwardedSignal) {
     EXPECT_EQ(other.overdue(12.0), (std::vector<int>{2}));
     EXPECT_EQ(other.exit_code(), 130);  // the first non-zero end
 
-    LaunchSupervisor wrong(2, 10);  // 143 is no stop asked for after SIGINT
+    LaunchSupervisor wrong = started(2, 10);  // 143 is no stop asked for after SIGINT
     wrong.on_signal(SIGINT);
     EXPECT_FALSE(wrong.on_exit(0, 10, exited(143), 0.0).error.empty());
 
-    LaunchSupervisor clean(2, 10);  // the signal came after the last step: every rank exits 0
+    LaunchSupervisor clean =
+        started(2, 10);  // the signal came after the last step: every rank exits 0
     clean.on_signal(SIGINT);
     clean.on_exit(0, 1, exited(0), 0.0);
     clean.on_exit(1, 2, exited(0), 0.0);
     EXPECT_TRUE(clean.finished());
     EXPECT_EQ(clean.exit_code(), 0);
+}
+
+TEST(LaunchSupervisor, RanksStartInOrder) {
+    LaunchSupervisor s(3, 30);
+    EXPECT_FALSE(s.finished());
+    for (int r = 0; r < 3; ++r) {
+        ASSERT_EQ(s.next_to_start(), r);
+        EXPECT_FALSE(s.running(r));
+        s.on_started(r);
+        EXPECT_TRUE(s.running(r));
+    }
+    EXPECT_FALSE(s.next_to_start());
+    EXPECT_EQ(s.running_count(), 3);
+}
+
+// A signal while the ranks start: it goes to the running ranks only, and no further rank starts.
+// With no non-zero end, the code is 128 + that signal: the run was cut short.
+TEST(LaunchSupervisor, SignalStopsTheStart) {
+    LaunchSupervisor s(4, 10);
+    s.on_started(0);
+    s.on_started(1);
+    EXPECT_EQ(s.on_signal(SIGTERM), (std::vector<int>{0, 1}));
+    EXPECT_FALSE(s.next_to_start());
+    EXPECT_FALSE(s.running(2));
+    EXPECT_FALSE(s.finished());
+    EXPECT_TRUE(s.on_exit(0, 10, exited(0), 1.0).error.empty());  // saved and exited 0
+    EXPECT_TRUE(s.on_exit(1, 11, exited(0), 1.0).error.empty());
+    EXPECT_TRUE(s.finished());
+    EXPECT_EQ(s.exit_code(), 143);
+    EXPECT_FALSE(s.grace_deadline());
+
+    LaunchSupervisor code(3, 10);  // a rank's own non-zero code comes first
+    code.on_started(0);
+    code.on_signal(SIGINT);
+    code.on_exit(0, 10, exited(130), 0.0);
+    EXPECT_TRUE(code.finished());
+    EXPECT_EQ(code.exit_code(), 130);
+
+    LaunchSupervisor none(2, 10);  // before any rank started: none starts
+    EXPECT_TRUE(none.on_signal(SIGHUP).empty());
+    EXPECT_FALSE(none.next_to_start());
+    EXPECT_TRUE(none.finished());
+    EXPECT_EQ(none.exit_code(), 129);
+
+    LaunchSupervisor after = started(2, 10);  // after every rank started: the ranks' codes decide
+    after.on_signal(SIGINT);
+    after.on_exit(0, 1, exited(0), 0.0);
+    after.on_exit(1, 2, exited(0), 0.0);
+    EXPECT_EQ(after.exit_code(), 0);
+    EXPECT_TRUE(after.on_signal(SIGTERM).empty());  // once every rank ended: changes nothing
+    EXPECT_EQ(after.exit_code(), 0);
+}
+
+TEST(LaunchSupervisor, FailureStopsTheStart) {
+    LaunchSupervisor s(4, 5);
+    s.on_started(0);
+    s.on_started(1);
+    const auto d = s.on_exit(0, 100, exited(3), 1.0);
+    EXPECT_EQ(d.error, "launch: rank 0 (pid 100) exited with status 3; stopping the other rank");
+    EXPECT_EQ(d.terminate, (std::vector<int>{1}));
+    EXPECT_FALSE(s.next_to_start());
+    EXPECT_EQ(s.overdue(6.0), (std::vector<int>{1}));
+    s.on_exit(1, 101, killed(SIGKILL), 6.1);
+    EXPECT_TRUE(s.finished());
+    EXPECT_EQ(s.exit_code(), 3);
+}
+
+// Rank 2 cannot be started: ranks 0 and 1 are stopped as after a failure; rank 3 never starts.
+TEST(LaunchSupervisor, FailedStartStopsTheOthers) {
+    LaunchSupervisor s(4, 5);
+    s.on_started(0);
+    s.on_started(1);
+    EXPECT_EQ(s.on_start_failed(2, 1.0), (std::vector<int>{0, 1}));
+    EXPECT_FALSE(s.next_to_start());
+    ASSERT_TRUE(s.grace_deadline());
+    EXPECT_DOUBLE_EQ(*s.grace_deadline(), 6.0);
+    EXPECT_TRUE(s.on_exit(0, 100, killed(SIGTERM), 2.0).error.empty());  // stopped, as asked
+    EXPECT_EQ(s.overdue(6.0), (std::vector<int>{1}));
+    EXPECT_FALSE(s.finished());
+    s.on_exit(1, 101, killed(SIGKILL), 6.1);
+    EXPECT_TRUE(s.finished());
+
+    LaunchSupervisor first(2, 5);  // rank 0 cannot be started: nothing runs, nothing to stop
+    EXPECT_TRUE(first.on_start_failed(0, 0.0).empty());
+    EXPECT_TRUE(first.finished());
 }
 
 // launch_run on real processes (sh), the fast cases; tests/test_launch.py drives the binary.
@@ -321,6 +422,7 @@ TEST(LaunchRun, ExitCodesOfRealProcesses) {
     ASSERT_TRUE(ok.ok()) << ok.status().to_string();
     EXPECT_EQ(*ok, 0);
     EXPECT_TRUE(reported.empty());
+    expect_no_child();
 
     // Rank 1 fails at once; rank 0 would sleep 30 s but is stopped by SIGTERM.
     o.command = {"sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 4; fi; exec sleep 30"};
@@ -336,6 +438,7 @@ TEST(LaunchRun, ExitCodesOfRealProcesses) {
     EXPECT_NE(reported[0].find(") exited with status 4; stopping the other rank"),
               std::string::npos)
         << reported[0];
+    expect_no_child();
 
     o.command = {"/no/such/program"};
     auto bad = launch_run(o, nullptr);
@@ -344,6 +447,29 @@ TEST(LaunchRun, ExitCodesOfRealProcesses) {
                                           "file or directory"),
               std::string::npos)
         << bad.status().message();
+    expect_no_child();
+}
+
+// A SIGTERM already there when launch_run begins: no rank starts (the program does not exist, so
+// starting one would be an error), the code is 128 + 15, and the signal is taken, not left pending.
+TEST(LaunchRun, SignalBeforeTheStartStartsNoRank) {
+    sigset_t term, old;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    ASSERT_EQ(::pthread_sigmask(SIG_BLOCK, &term, &old), 0);
+    ASSERT_EQ(::kill(::getpid(), SIGTERM), 0);  // pending: blocked here
+    LaunchOptions o;
+    o.gpus = 3;
+    o.command = {"/no/such/program"};
+    auto code = launch_run(o, nullptr);
+    // Take a SIGTERM launch_run left pending, so that unblocking it does not end the test.
+    const timespec zero{0, 0};
+    const bool left = ::sigtimedwait(&term, nullptr, &zero) == SIGTERM;
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    EXPECT_FALSE(left);
+    ASSERT_TRUE(code.ok()) << code.status().to_string();
+    EXPECT_EQ(*code, 143);
+    expect_no_child();
 }
 
 }  // namespace
