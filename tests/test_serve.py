@@ -375,7 +375,9 @@ def test_flag_errors(tmp_path):
                          (["--checkpoint", MODELS / "llama", "--default-max-tokens", 0],
                           "--default-max-tokens must be in"),
                          (["--checkpoint", MODELS / "llama", "--max-body-bytes", 10],
-                          "--max-body-bytes")]:
+                          "--max-body-bytes"),
+                         (["--checkpoint", MODELS / "llama", "--request-read-timeout-s", 0],
+                          "--request-read-timeout-s must be in [1, 3600]")]:
         p = run(["serve", *args], check=False)
         assert p.returncode != 0 and p.stderr.startswith("lathe: error:") and needle in p.stderr
 

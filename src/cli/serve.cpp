@@ -4,11 +4,13 @@
 //   lathe serve --checkpoint DIR [--host 127.0.0.1] [--port 8000] [--device auto|cpu|cuda]
 //       [--api-key KEY] [--max-seqs N] [--max-queue N] [--max-len N] [--prefill-chunk N]
 //       [--model-name NAME] [--kv-block-size 16] [--kv-blocks N] [--cuda-graphs 1]
-//       [--tensor-parallel T] [--random-weights SEED]
+//       [--tensor-parallel T] [--random-weights SEED] [--request-read-timeout-s 30]
 //
 // Threads: the HTTP library's pool parses requests, submits their sequences to the scheduler
 // and waits on (or streams from) their tickets; the scheduler's one engine thread owns the model;
-// one more thread waits for SIGINT/SIGTERM and stops the server. Every error a request can cause
+// one more thread waits for SIGINT/SIGTERM and stops the server. A pool thread serves one
+// connection at a time, and each request must arrive whole within --request-read-timeout-s, so
+// that slow clients cannot hold the pool (DeadlineServer). Every error a request can cause
 // is answered with an OpenAI error object ({"error": {"message", "type", "param", "code"}}) and a
 // 4xx (503 with Retry-After when the queue is full); the server keeps serving.
 //
@@ -21,12 +23,21 @@
 #include <httplib.h>
 #endif
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -75,10 +86,229 @@ struct ServeRequest {
     bool cuda_graphs = true;           // the paged CUDA decode step replayed from CUDA graphs
     std::string peer_reduce = "auto";  // tensor parallel: small sums over peer GPU memory
     int tensor_parallel = 1;
-    int64_t random_weights = -1;  // < 0: load the checkpoint's safetensors
+    int64_t random_weights = -1;          // < 0: load the checkpoint's safetensors
+    int64_t request_read_timeout_s = 30;  // a request's headers and body arrive within this
 };
 
 #ifdef LATHE_HAVE_HTTPLIB
+
+// Slow clients. A pool thread serves one connection from the moment the pool takes it until it
+// closes, and the library's read timeout bounds one recv, not a request: a client that sends its
+// request a byte every few seconds holds its thread for as long as it likes, and as many such
+// clients as the pool has threads leave every other client unanswered.
+//
+// So each request must arrive whole (request line, headers and body) within
+// --request-read-timeout-s of the moment the server began to wait for it: its connection's
+// accept for the first request, the end of the previous response for the next ones. The deadline
+// lives in the connection's stream (DeadlineStream): a read that would have to wait past it
+// fails, the request is answered 408 (when its request line came in) and the connection closes.
+// Bytes that have arrived are still read after the deadline, so that a connection that waited in
+// the pool's queue beyond its deadline is served when its whole request is there. Responses never
+// read from the socket: a stream, however long, is never cut.
+//
+// This bounds every client's wait, whatever the number of slow connections: the pool takes
+// connections first in, first out, and each connection accepted before a given one has a
+// deadline no later than its own; by then each has given its thread back, or gives it back as
+// soon as the pool takes it. A cap on connections per address or in all would add no bound, and
+// would refuse benchmarks that open hundreds of connections from one host: there is none.
+//
+// The hooks of cpp-httplib 0.11: its listen loop queues each accepted socket on the pool
+// (StampingPool stamps the job there with the time), whose thread hands it to
+// Server::process_and_close_socket, a private virtual that DeadlineServer overrides with its own
+// keep-alive loop over a DeadlineStream, calling the library's process_request for each request.
+// (set_socket_options sees the listening socket only; the pre-routing handler runs before the
+// body is read.) The accept time and the stream of the connection a thread serves reach the
+// library's callbacks on that thread through thread_locals, as the library passes no context.
+using SteadyClock = std::chrono::steady_clock;
+
+// When the listen loop queued the connection this pool thread serves (StampingPool sets it).
+SteadyClock::time_point& connection_accepted_at() {
+    thread_local SteadyClock::time_point t;
+    return t;
+}
+
+// The library's thread pool, each job stamped with the time the listen loop queued it (right
+// after the accept of its connection).
+class StampingPool final : public httplib::TaskQueue {
+public:
+    explicit StampingPool(size_t threads) : pool_(threads) {}
+    void enqueue(std::function<void()> fn) override {
+        pool_.enqueue([fn = std::move(fn), queued = SteadyClock::now()] {
+            connection_accepted_at() = queued;
+            fn();
+        });
+    }
+    void shutdown() override { pool_.shutdown(); }
+
+private:
+    httplib::ThreadPool pool_;
+};
+
+// One connection's socket as the library's Stream: reads go through a buffer kept across the
+// connection's requests, and fail once a read would have to wait past the deadline of the
+// request being read (set_deadline). The read and write timeouts bound each wait, as the
+// library's own stream does.
+class DeadlineStream final : public httplib::Stream {
+public:
+    DeadlineStream(socket_t sock, std::chrono::microseconds read_timeout,
+                   std::chrono::microseconds write_timeout)
+        : sock_(sock), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+
+    void set_deadline(SteadyClock::time_point deadline) {
+        deadline_ = deadline;
+        expired_ = false;
+    }
+    // Whether a read failed at the deadline: the request did not arrive in time.
+    bool expired() const { return expired_; }
+    // Waits for the next request's first byte (or the peer's close) at most `idle`, and not past
+    // the deadline: false when nothing came.
+    bool wait_for_request(std::chrono::microseconds idle) const {
+        return begin_ < end_ || poll_for(POLLIN, std::min(idle, until_deadline())) > 0;
+    }
+
+    bool is_readable() const override {
+        return begin_ < end_ || poll_for(POLLIN, std::min(read_timeout_, until_deadline())) > 0;
+    }
+    bool is_writable() const override;
+    ssize_t read(char* ptr, size_t size) override;
+    ssize_t write(const char* ptr, size_t size) override;
+    void get_remote_ip_and_port(std::string& ip, int& port) const override {
+        address_of(true, ip, port);
+    }
+    void get_local_ip_and_port(std::string& ip, int& port) const override {
+        address_of(false, ip, port);
+    }
+    socket_t socket() const override { return sock_; }
+
+private:
+    std::chrono::microseconds until_deadline() const {
+        const auto left = deadline_ - SteadyClock::now();
+        return left.count() > 0 ? std::chrono::ceil<std::chrono::microseconds>(left)
+                                : std::chrono::microseconds(0);
+    }
+    // poll(2) for `events` within `timeout` (rounded up to milliseconds): > 0 ready, 0 timed out,
+    // < 0 an error.
+    int poll_for(short events, std::chrono::microseconds timeout) const;
+    // The numeric address and port of the peer's end (peer) or this one's; unchanged if unknown.
+    void address_of(bool peer, std::string& ip, int& port) const;
+
+    static constexpr size_t kBufferBytes = 16384;
+    socket_t sock_;
+    std::chrono::microseconds read_timeout_, write_timeout_;
+    SteadyClock::time_point deadline_ = SteadyClock::time_point::max();
+    bool expired_ = false;
+    std::array<char, kBufferBytes> buffer_;
+    size_t begin_ = 0, end_ = 0;  // buffer_[begin_, end_): received and unread
+};
+
+int DeadlineStream::poll_for(short events, std::chrono::microseconds timeout) const {
+    pollfd p{sock_, events, 0};
+    const int64_t ms = std::chrono::ceil<std::chrono::milliseconds>(timeout).count();
+    const int wait_ms = int(std::min<int64_t>(ms, INT_MAX));
+    int ready;
+    do ready = ::poll(&p, 1, wait_ms);
+    while (ready < 0 && errno == EINTR);
+    return ready;
+}
+
+ssize_t DeadlineStream::read(char* ptr, size_t size) {
+    if (begin_ == end_) {
+        const std::chrono::microseconds left = until_deadline();
+        const int ready = poll_for(POLLIN, std::min(read_timeout_, left));
+        if (ready <= 0) {
+            expired_ = ready == 0 && left <= read_timeout_;
+            return -1;
+        }
+        ssize_t n;
+        do n = ::recv(sock_, buffer_.data(), buffer_.size(), 0);
+        while (n < 0 && errno == EINTR);
+        if (n <= 0) return n;
+        begin_ = 0;
+        end_ = size_t(n);
+    }
+    const size_t n = std::min(size, end_ - begin_);
+    std::memcpy(ptr, buffer_.data() + begin_, n);
+    begin_ += n;
+    return ssize_t(n);
+}
+
+// Writable within the write timeout, and not closed by the peer: a response never reads, so its
+// writes are where a stream learns that its client left.
+bool DeadlineStream::is_writable() const {
+    if (poll_for(POLLOUT, write_timeout_) <= 0) return false;
+    if (poll_for(POLLIN, std::chrono::microseconds(0)) == 0) return true;
+    char byte;
+    return ::recv(sock_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+ssize_t DeadlineStream::write(const char* ptr, size_t size) {
+    if (!is_writable()) return -1;
+    ssize_t n;
+    do n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
+void DeadlineStream::address_of(bool peer, std::string& ip, int& port) const {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    sockaddr* a = reinterpret_cast<sockaddr*>(&addr);
+    if ((peer ? ::getpeername(sock_, a, &len) : ::getsockname(sock_, a, &len)) != 0) return;
+    char host[NI_MAXHOST], service[NI_MAXSERV];
+    if (::getnameinfo(a, len, host, sizeof(host), service, sizeof(service),
+                      NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+        return;
+    ip = host;
+    port = std::atoi(service);
+}
+
+// The library's server, its connections served through DeadlineStreams (above) by a pool of
+// `threads`.
+class DeadlineServer final : public httplib::Server {
+public:
+    DeadlineServer(size_t threads, std::chrono::seconds request_read_timeout)
+        : request_read_timeout_(request_read_timeout) {
+        new_task_queue = [threads] { return new StampingPool(threads); };
+    }
+    // Whether the request this thread reads missed its deadline (the error handler answers 408).
+    static bool request_expired() {
+        const DeadlineStream* s = current_stream();
+        return s != nullptr && s->expired();
+    }
+
+private:
+    static const DeadlineStream*& current_stream() {
+        thread_local const DeadlineStream* stream = nullptr;
+        return stream;
+    }
+    bool process_and_close_socket(socket_t sock) override;
+
+    std::chrono::seconds request_read_timeout_;
+};
+
+// The library's keep-alive loop, over one DeadlineStream: at most keep_alive_max_count_
+// requests (the last answered with Connection: close), each after at most
+// keep_alive_timeout_sec_ idle, until the server stops (svr_sock_ closed). A request that missed
+// its deadline ends the connection.
+bool DeadlineServer::process_and_close_socket(socket_t sock) {
+    using std::chrono::microseconds, std::chrono::seconds;
+    DeadlineStream stream(sock, seconds(read_timeout_sec_) + microseconds(read_timeout_usec_),
+                          seconds(write_timeout_sec_) + microseconds(write_timeout_usec_));
+    stream.set_deadline(connection_accepted_at() + request_read_timeout_);
+    current_stream() = &stream;
+    bool ok = false;
+    for (size_t i = 0; i < keep_alive_max_count_ && svr_sock_ != INVALID_SOCKET; ++i) {
+        if (!stream.wait_for_request(seconds(keep_alive_timeout_sec_))) break;
+        bool closed = false;
+        ok = process_request(stream, i + 1 == keep_alive_max_count_, closed, nullptr);
+        if (!ok || closed || stream.expired()) break;
+        stream.set_deadline(SteadyClock::now() + request_read_timeout_);
+    }
+    current_stream() = nullptr;
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ok;
+}
 
 // An OpenAI-style error: the HTTP status and the error object's fields.
 struct ApiError {
@@ -789,6 +1019,15 @@ void Server::install(httplib::Server& http) {
         r.set_content(metrics_.text(sched_.stats()), "text/plain; version=0.0.4");
     });
     http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+        if (DeadlineServer::request_expired()) {
+            ApiError e;
+            e.http = 408;
+            e.code = "request_timeout";
+            e.message = fmt::format(
+                "the request did not arrive whole within {} s (--request-read-timeout-s)",
+                req_.request_read_timeout_s);
+            return send_error(res, e);
+        }
         if (!res.body.empty()) return;  // an error a handler wrote already
         ApiError e;
         e.http = res.status;
@@ -800,6 +1039,13 @@ void Server::install(httplib::Server& http) {
                                     req_.max_body_bytes);
         }
         send_error(res, e);
+    });
+    // A request that missed its deadline ends its connection (DeadlineServer): its 408 says so,
+    // in place of the library's keep-alive offer.
+    http.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+        if (!DeadlineServer::request_expired()) return;
+        res.headers.erase("Keep-Alive");
+        if (!res.has_header("Connection")) res.set_header("Connection", "close");
     });
     http.set_exception_handler(
         [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -861,6 +1107,7 @@ Status run_serve(const ServeRequest& r) {
     LATHE_RETURN_IF_ERROR(in_range("--kv-blocks", r.kv_blocks, 0, int64_t(1) << 24));
     LATHE_RETURN_IF_ERROR(
         in_range("--default-max-tokens", r.default_max_tokens, 1, int64_t(1) << 24));
+    LATHE_RETURN_IF_ERROR(in_range("--request-read-timeout-s", r.request_read_timeout_s, 1, 3600));
     if (r.kv_block_size_given)
         LATHE_RETURN_IF_ERROR(in_range("--kv-block-size", r.kv_block_size, 0, 1 << 16));
     if (r.max_body_bytes < 1024 || r.max_body_bytes > (int64_t(1) << 30)) {
@@ -934,10 +1181,10 @@ Status run_serve(const ServeRequest& r) {
     if (model_id.empty()) model_id = dir.filename().string();
     if (model_id.empty()) model_id = dir.parent_path().filename().string();
     Server server(r, p, eos, scheduler, model_id);
-    httplib::Server http;
-    // Each waiting or streaming request holds a pool thread; idle keep-alive connections too.
+    // Each waiting or streaming request holds a pool thread; idle keep-alive connections too, and
+    // requests still arriving, until their deadline (DeadlineServer).
     const size_t threads = size_t(std::min<int64_t>(512, 2 * (r.max_seqs + r.max_queue) + 16));
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    DeadlineServer http(threads, std::chrono::seconds(r.request_read_timeout_s));
     http.set_keep_alive_timeout(2);
     http.set_payload_max_length(size_t(r.max_body_bytes));
     server.install(http);
@@ -1069,6 +1316,12 @@ void cli_add_serve(CLI::App& parent, CommandAction& action) {
                     "Paged KV pool in blocks (default: --max-seqs full-length sequences)");
     cmd->add_option("--max-body-bytes", req->max_body_bytes,
                     "Largest request body; larger ones are answered 413")
+        ->capture_default_str();
+    cmd->add_option("--request-read-timeout-s", req->request_read_timeout_s,
+                    "Seconds a client has to send a whole request (headers and body), from its "
+                    "connection's accept or its previous response's end; a request still arriving "
+                    "then is answered 408 and its connection closed, so that slow clients cannot "
+                    "hold the server's threads. Responses (streams included) are not limited")
         ->capture_default_str();
     cmd->add_option("--default-max-tokens", req->default_max_tokens,
                     "max_tokens of a chat request that names none (and at most the remaining "
