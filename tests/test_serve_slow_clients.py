@@ -11,7 +11,9 @@ a byte-level tokenizer (test_generate.with_tokenizer):
 """
 import json
 import select
+import shutil
 import socket
+import subprocess
 import threading
 import time
 
@@ -166,3 +168,28 @@ def test_long_streams_and_keep_alive_outlast_the_deadline(folder):
             assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower()
             assert json.loads(body)["error"]["code"] == "request_timeout"
             assert read_to_end(s, rest) == b""
+
+
+def test_the_listening_socket_takes_a_burst_of_connections(folder):
+    """cpp-httplib 0.11 listens with a backlog of 5; serve sets the kernel's largest, so a burst of
+    clients opening at once is queued instead of waiting for SYN retransmits. `ss` reports a
+    listening socket's backlog as its Send-Q."""
+    ss = shutil.which("ss")
+    if ss is None:
+        pytest.skip("ss (iproute2) is not installed")
+    with open("/proc/sys/net/core/somaxconn") as f:
+        somaxconn = int(f.read())
+    with serve(folder) as url:
+        _, port = address(url)
+        out = subprocess.run([ss, "-ltnH", f"sport = :{port}"], capture_output=True, text=True,
+                             check=True).stdout.split()
+        # State Recv-Q Send-Q Local-Address:Port Peer-Address:Port
+        assert out[0] == "LISTEN" and out[3].endswith(f":{port}"), out
+        assert int(out[2]) == min(somaxconn, 4096), out
+        # and the burst: 200 connections opened together all complete their handshake at once
+        t0 = time.monotonic()
+        socks = [socket.create_connection(address(url), timeout=10) for _ in range(200)]
+        took = time.monotonic() - t0
+        for s in socks:
+            s.close()
+        assert took < 0.9, f"200 connects took {took:.2f} s (a SYN retransmit is 1 s)"

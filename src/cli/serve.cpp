@@ -1190,9 +1190,12 @@ Status run_serve(const ServeRequest& r) {
     server.install(http);
     // SO_REUSEADDR alone: cpp-httplib's default adds SO_REUSEPORT, with which a second server
     // binds a port already served and the kernel splits the clients between the two.
-    http.set_socket_options([](socket_t sock) {
+    // The callback sees each socket the bind tries, before its bind: the last is the one bound.
+    socket_t listening = INVALID_SOCKET;
+    http.set_socket_options([&listening](socket_t sock) {
         const int yes = 1;
         setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+        listening = sock;
     });
     const int port = r.port == 0 ? http.bind_to_any_port(r.host)
                                  : (http.bind_to_port(r.host, r.port) ? r.port : -1);
@@ -1202,6 +1205,11 @@ Status run_serve(const ServeRequest& r) {
             "local",
             r.host, r.port);
     }
+    // cpp-httplib 0.11 listens with a backlog of 5: of a burst of new connections (a benchmark's
+    // clients opening together) the rest would wait for the kernel's SYN retransmit, a second
+    // and more. Linux takes a second listen() on a listening socket as its new backlog (capped by
+    // net.core.somaxconn).
+    if (listening != INVALID_SOCKET) ::listen(listening, SOMAXCONN);
     if (world) {
         std::fprintf(stderr,
                      "lathe serve: %s on http://%s:%d (%lld sequences, queue %lld, %lld-token "
