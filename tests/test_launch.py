@@ -107,8 +107,8 @@ def test_failing_rank_stops_the_others(tmp_path):
 def test_killed_rank_gives_128_plus_signal(tmp_path):
     # Rank 0 dies once rank 1 runs (`exec`: the rank is the sleep itself, so the SIGTERM that
     # stops it leaves no sleep behind holding the launcher's output open).
-    code = ('if [ "$RANK" = 0 ]; then while [ ! -e "$0/ready.1" ]; do sleep 0.01; done; kill -9 $$; '
-            'fi; : > "$0/ready.1"; exec sleep 30')
+    code = ('if [ "$RANK" = 0 ]; then while [ ! -e "$0/ready.1" ]; do sleep 0.01; done; '
+            'kill -9 $$; fi; : > "$0/ready.1"; exec sleep 30')
     p = launch(["--gpus", 2, "sh", "-c", code, tmp_path])
     assert p.returncode == 137, p.stderr
     assert "lathe: error: launch: rank 0 (pid " in p.stderr
@@ -329,6 +329,19 @@ def test_signal_while_ranks_start_stops_the_start(tmp_path, sig):
     assert_gone(started)
 
 
+def test_a_signal_the_launcher_was_given_ignored_stays_ignored(tmp_path):
+    """Under nohup the launcher ignores SIGHUP: one sent while the ranks start neither stops the
+    start nor reaches the ranks (each started ignoring it too)."""
+    def nohup():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    code = ('if [ "$RANK" = 0 ]; then kill -HUP $PPID; fi; '
+            'echo $$ > "$0/pid.$RANK.tmp" && mv "$0/pid.$RANK.tmp" "$0/pid.$RANK"')
+    p = launch(["--gpus", MANY, "sh", "-c", code, tmp_path], timeout=60, preexec_fn=nohup)
+    assert p.returncode == 0, p.stderr
+    assert len(started_pids(tmp_path)) == MANY, p.stderr
+
+
 def test_failure_while_ranks_start_stops_the_start(tmp_path):
     code = ('if [ "$RANK" = 0 ]; then exit 3; fi; '
             'echo $$ > "$0/pid.$RANK.tmp" && mv "$0/pid.$RANK.tmp" "$0/pid.$RANK"; exec sleep 30')
@@ -356,7 +369,11 @@ def test_rank_that_cannot_start_stops_those_started(tmp_path):
     script = tmp_path / "rank.sh"
     script.write_text('#!/bin/sh\n'
                       'echo $$ > "$(dirname "$0")/pid.$RANK"\n'
-                      'if [ "$RANK" = 0 ]; then exec 3>>"$0"; fi\n'
+                      # `command`: a failed redirection (Text file busy too, while another rank
+                      # executes this script) does not end the shell, which tries again
+                      'if [ "$RANK" = 0 ]; then\n'
+                      '  until command exec 3>>"$0" 2>/dev/null; do :; done\n'
+                      'fi\n'
                       'exec sleep 20\n')
     script.chmod(0o755)
     p = launch(["--gpus", MANY, "--grace-s", 5, script], timeout=60)
@@ -396,6 +413,12 @@ def test_exited_rank_is_reaped_while_others_run(tmp_path):
 
 def test_ranks_start_with_no_mask_and_the_ignores_they_were_given(tmp_path):
     def given():  # what a parent may hand the launcher: ignored and blocked signals
+        for sig in signal.valid_signals():  # pytest may itself run with some ignored
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                try:
+                    signal.signal(sig, signal.SIG_DFL)
+                except (OSError, ValueError):
+                    pass
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2, signal.SIGQUIT, signal.SIGTERM})

@@ -263,6 +263,25 @@ def test_stopped_by_a_signal_exits_non_zero_after_saving(corpus, tmp_path, sig, 
     assert len(saved) == 1 and 2 <= int(saved[0].split("-")[1]) < steps, saved
 
 
+def test_a_signal_the_run_was_started_ignoring_stays_ignored(corpus, tmp_path):
+    # `nohup lathe train ...`: SIGHUP arrives ignored, and a hangup must not stop the run;
+    # SIGTERM, not ignored, still stops it after saving.
+    r = tmp_path / "r"
+    train = subprocess.Popen([LATHE, "train", str(corpus / "tiny.yaml"), "--run-dir", str(r),
+                              "--set", "train.steps=100000", "--set", "checkpoint.interval=0"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    wait_for_step(r, 2, train)
+    train.send_signal(signal.SIGHUP)
+    done = [json.loads(ln)["step"] for ln in (r / "metrics.jsonl").read_text().splitlines()
+            if ln.endswith("}")]
+    wait_for_step(r, max(done) + 5, train)  # it trains on after the hangup
+    train.send_signal(signal.SIGTERM)
+    err = train.communicate(timeout=120)[1]
+    assert train.returncode == 143, err
+    assert "stopped by SIGTERM after step" in err and "SIGHUP" not in err, err
+
+
 def test_train_help_documents_exit_codes(corpus):
     p = run(["train", "--help"])
     text = " ".join(p.stdout.split())

@@ -369,12 +369,18 @@ bool is_forwarded(int sig) {
 // While the launcher supervises, SIGINT, SIGTERM, SIGHUP and SIGCHLD are blocked and taken with
 // sigtimedwait (blocked before the first rank starts, so none that arrives meanwhile is lost), and
 // SIGCHLD has its default action (an inherited SIG_IGN would reap the children before waitpid
-// sees them). Restores the mask and SIGCHLD's action on scope exit.
+// sees them). One of the three the launcher was started ignoring (nohup's SIGHUP) is left alone:
+// Linux queues a blocked signal even when its action is SIG_IGN, and sigtimedwait would take it.
+// Restores the mask and SIGCHLD's action on scope exit.
 class SignalScope {
 public:
     SignalScope() {
         sigemptyset(&set_);
-        for (const int s : kForwarded) sigaddset(&set_, s);
+        for (const int s : kForwarded) {
+            struct sigaction now {};
+            if (::sigaction(s, nullptr, &now) == 0 && now.sa_handler == SIG_IGN) continue;
+            sigaddset(&set_, s);
+        }
         sigaddset(&set_, SIGCHLD);
         ::pthread_sigmask(SIG_BLOCK, &set_, &old_mask_);
         struct sigaction dfl {};
@@ -532,6 +538,9 @@ Result<int> launch_run(const LaunchOptions& o, const LaunchReport& report) {
             if (!sup.running(r)) continue;
             int st = 0;
             if (::waitpid(pids[size_t(r)], &st, WNOHANG) != pids[size_t(r)]) continue;
+            // A signal that reached the launcher with this end (a Ctrl-C the terminal sent to the
+            // whole process group) is sent on first, so that the end it caused counts as expected.
+            while (const int sig = signals.take(0)) on_signal(sig);
             const auto d = sup.on_exit(r, pids[size_t(r)], st, monotonic_s());
             if (!d.error.empty() && report) report(d.error);
             send(d.terminate, SIGTERM);

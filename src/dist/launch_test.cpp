@@ -457,7 +457,9 @@ TEST(LaunchRun, SignalBeforeTheStartStartsNoRank) {
     sigemptyset(&term);
     sigaddset(&term, SIGTERM);
     ASSERT_EQ(::pthread_sigmask(SIG_BLOCK, &term, &old), 0);
-    ASSERT_EQ(::kill(::getpid(), SIGTERM), 0);  // pending: blocked here
+    // Thread-directed, so that no other thread of the test binary, which does not block it,
+    // takes it.
+    ASSERT_EQ(::pthread_kill(::pthread_self(), SIGTERM), 0);  // pending: blocked here
     LaunchOptions o;
     o.gpus = 3;
     o.command = {"/no/such/program"};

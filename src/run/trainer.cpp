@@ -83,7 +83,9 @@ extern "C" void trainer_on_signal(int sig) {
     g_stop_signal.store(sig);
 }
 
-// Installs SIGTERM/SIGINT handlers for the life of a run and restores the old ones after.
+// Installs SIGTERM/SIGINT/SIGHUP handlers for the life of a run and restores the old ones after. A
+// signal the process was started ignoring stays ignored: nohup's SIGHUP, a shell's SIGINT for a
+// background job.
 class StopSignals {
 public:
     StopSignals() {
@@ -91,9 +93,11 @@ public:
         struct sigaction sa {};
         sa.sa_handler = trainer_on_signal;
         sigemptyset(&sa.sa_mask);
-        sigaction(SIGTERM, &sa, &old_term_);
-        sigaction(SIGINT, &sa, &old_int_);
-        sigaction(SIGHUP, &sa, &old_hup_);
+        for (auto [sig, old] : {std::pair{SIGTERM, &old_term_}, std::pair{SIGINT, &old_int_},
+                                std::pair{SIGHUP, &old_hup_}}) {
+            sigaction(sig, nullptr, old);
+            if (old->sa_handler != SIG_IGN) sigaction(sig, &sa, nullptr);
+        }
     }
     ~StopSignals() {
         sigaction(SIGTERM, &old_term_, nullptr);
