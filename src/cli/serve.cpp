@@ -128,12 +128,16 @@ SteadyClock::time_point& connection_accepted_at() {
 }
 
 // The library's thread pool, each job stamped with the time the listen loop queued it (right
-// after the accept of its connection).
+// after the accept of its connection); `waiting` counts the connections queued and not yet taken
+// by a thread.
 class StampingPool final : public httplib::TaskQueue {
 public:
-    explicit StampingPool(size_t threads) : pool_(threads) {}
+    StampingPool(size_t threads, std::shared_ptr<std::atomic<int64_t>> waiting)
+        : pool_(threads), waiting_(std::move(waiting)) {}
     void enqueue(std::function<void()> fn) override {
-        pool_.enqueue([fn = std::move(fn), queued = SteadyClock::now()] {
+        waiting_->fetch_add(1);
+        pool_.enqueue([fn = std::move(fn), queued = SteadyClock::now(), waiting = waiting_] {
+            waiting->fetch_sub(1);
             connection_accepted_at() = queued;
             fn();
         });
@@ -142,6 +146,7 @@ public:
 
 private:
     httplib::ThreadPool pool_;
+    std::shared_ptr<std::atomic<int64_t>> waiting_;
 };
 
 // One connection's socket as the library's Stream: reads go through a buffer kept across the
@@ -150,9 +155,14 @@ private:
 // library's own stream does.
 class DeadlineStream final : public httplib::Stream {
 public:
+    // `listening`: the server's listening socket, INVALID_SOCKET once the server stops, when a
+    // read still waiting gives up (so that a stop waits for no request's deadline).
     DeadlineStream(socket_t sock, std::chrono::microseconds read_timeout,
-                   std::chrono::microseconds write_timeout)
-        : sock_(sock), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+                   std::chrono::microseconds write_timeout, const std::atomic<socket_t>* listening)
+        : sock_(sock),
+          read_timeout_(read_timeout),
+          write_timeout_(write_timeout),
+          listening_(listening) {}
 
     void set_deadline(SteadyClock::time_point deadline) {
         deadline_ = deadline;
@@ -163,11 +173,11 @@ public:
     // Waits for the next request's first byte (or the peer's close) at most `idle`, and not past
     // the deadline: false when nothing came.
     bool wait_for_request(std::chrono::microseconds idle) const {
-        return begin_ < end_ || poll_for(POLLIN, std::min(idle, until_deadline())) > 0;
+        return begin_ < end_ || poll_read(std::min(idle, until_deadline())) > 0;
     }
 
     bool is_readable() const override {
-        return begin_ < end_ || poll_for(POLLIN, std::min(read_timeout_, until_deadline())) > 0;
+        return begin_ < end_ || poll_read(std::min(read_timeout_, until_deadline())) > 0;
     }
     bool is_writable() const override;
     ssize_t read(char* ptr, size_t size) override;
@@ -189,12 +199,15 @@ private:
     // poll(2) for `events` within `timeout` (rounded up to milliseconds): > 0 ready, 0 timed out,
     // < 0 an error.
     int poll_for(short events, std::chrono::microseconds timeout) const;
+    // poll_for(POLLIN, timeout) in slices of at most 100 ms, -1 once the server has stopped.
+    int poll_read(std::chrono::microseconds timeout) const;
     // The numeric address and port of the peer's end (peer) or this one's; unchanged if unknown.
     void address_of(bool peer, std::string& ip, int& port) const;
 
     static constexpr size_t kBufferBytes = 16384;
     socket_t sock_;
     std::chrono::microseconds read_timeout_, write_timeout_;
+    const std::atomic<socket_t>* listening_;
     SteadyClock::time_point deadline_ = SteadyClock::time_point::max();
     bool expired_ = false;
     std::array<char, kBufferBytes> buffer_;
@@ -211,10 +224,22 @@ int DeadlineStream::poll_for(short events, std::chrono::microseconds timeout) co
     return ready;
 }
 
+int DeadlineStream::poll_read(std::chrono::microseconds timeout) const {
+    constexpr std::chrono::microseconds kSlice(100'000);
+    for (;;) {
+        const std::chrono::microseconds slice = std::min(timeout, kSlice);
+        const int ready = poll_for(POLLIN, slice);
+        if (ready != 0) return ready;
+        if (listening_->load() == INVALID_SOCKET) return -1;
+        timeout -= slice;
+        if (timeout.count() <= 0) return 0;
+    }
+}
+
 ssize_t DeadlineStream::read(char* ptr, size_t size) {
     if (begin_ == end_) {
         const std::chrono::microseconds left = until_deadline();
-        const int ready = poll_for(POLLIN, std::min(read_timeout_, left));
+        const int ready = poll_read(std::min(read_timeout_, left));
         if (ready <= 0) {
             expired_ = ready == 0 && left <= read_timeout_;
             return -1;
@@ -268,7 +293,9 @@ class DeadlineServer final : public httplib::Server {
 public:
     DeadlineServer(size_t threads, std::chrono::seconds request_read_timeout)
         : request_read_timeout_(request_read_timeout) {
-        new_task_queue = [threads] { return new StampingPool(threads); };
+        new_task_queue = [threads, waiting = waiting_] {
+            return new StampingPool(threads, waiting);
+        };
     }
     // Whether the request this thread reads missed its deadline (the error handler answers 408).
     static bool request_expired() {
@@ -284,24 +311,30 @@ private:
     bool process_and_close_socket(socket_t sock) override;
 
     std::chrono::seconds request_read_timeout_;
+    // Connections accepted and waiting for a pool thread (StampingPool).
+    std::shared_ptr<std::atomic<int64_t>> waiting_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 // The library's keep-alive loop, over one DeadlineStream: at most keep_alive_max_count_
 // requests (the last answered with Connection: close), each after at most
 // keep_alive_timeout_sec_ idle, until the server stops (svr_sock_ closed). A request that missed
-// its deadline ends the connection.
+// its deadline ends the connection, and so does a response while other connections wait for a
+// thread (answered with Connection: close): a client that sends each request just inside its
+// deadline holds its thread for one deadline, not one per request.
 bool DeadlineServer::process_and_close_socket(socket_t sock) {
     using std::chrono::microseconds, std::chrono::seconds;
     DeadlineStream stream(sock, seconds(read_timeout_sec_) + microseconds(read_timeout_usec_),
-                          seconds(write_timeout_sec_) + microseconds(write_timeout_usec_));
+                          seconds(write_timeout_sec_) + microseconds(write_timeout_usec_),
+                          &svr_sock_);
     stream.set_deadline(connection_accepted_at() + request_read_timeout_);
     current_stream() = &stream;
     bool ok = false;
     for (size_t i = 0; i < keep_alive_max_count_ && svr_sock_ != INVALID_SOCKET; ++i) {
         if (!stream.wait_for_request(seconds(keep_alive_timeout_sec_))) break;
         bool closed = false;
-        ok = process_request(stream, i + 1 == keep_alive_max_count_, closed, nullptr);
-        if (!ok || closed || stream.expired()) break;
+        const bool last = i + 1 == keep_alive_max_count_ || waiting_->load() > 0;
+        ok = process_request(stream, last, closed, nullptr);
+        if (!ok || closed || last || stream.expired()) break;
         stream.set_deadline(SteadyClock::now() + request_read_timeout_);
     }
     current_stream() = nullptr;
@@ -1207,9 +1240,11 @@ Status run_serve(const ServeRequest& r) {
     }
     // cpp-httplib 0.11 listens with a backlog of 5: of a burst of new connections (a benchmark's
     // clients opening together) the rest would wait for the kernel's SYN retransmit, a second
-    // and more. Linux takes a second listen() on a listening socket as its new backlog (capped by
-    // net.core.somaxconn).
-    if (listening != INVALID_SOCKET) ::listen(listening, SOMAXCONN);
+    // and more. Linux takes a second listen() on a listening socket as its new backlog, and cuts
+    // any larger one to net.core.somaxconn.
+    if (listening != INVALID_SOCKET && ::listen(listening, INT_MAX) != 0)
+        log_warning("lathe serve: listen backlog: {}; bursts of connections may wait a second",
+                    std::strerror(errno));
     if (world) {
         std::fprintf(stderr,
                      "lathe serve: %s on http://%s:%d (%lld sequences, queue %lld, %lld-token "
