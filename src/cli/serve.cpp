@@ -109,8 +109,10 @@ struct ServeRequest {
 // This bounds every client's wait, whatever the number of slow connections: the pool takes
 // connections first in, first out, and each connection accepted before a given one has a
 // deadline no later than its own; by then each has given its thread back, or gives it back as
-// soon as the pool takes it. A cap on connections per address or in all would add no bound, and
-// would refuse benchmarks that open hundreds of connections from one host: there is none.
+// soon as the pool takes it; and a connection whose response ends while others wait is closed
+// rather than kept alive, so that no connection takes a second deadline ahead of them. A cap on
+// connections per address or in all would add no bound, and would refuse benchmarks that open
+// hundreds of connections from one host: there is none.
 //
 // The hooks of cpp-httplib 0.11: its listen loop queues each accepted socket on the pool
 // (StampingPool stamps the job there with the time), whose thread hands it to
