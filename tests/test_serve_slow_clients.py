@@ -10,7 +10,7 @@ a byte-level tokenizer (test_generate.with_tokenizer):
     arriving at the deadline gets a 408 and the connection closes;
   - the listening socket's backlog is net.core.somaxconn; a keep-alive connection is closed after
     its response while other connections wait for a thread; a stop does not wait for the deadline
-    of a request still arriving.
+    of a request still arriving; headers without end are cut at 64 KiB with a 431.
 """
 import json
 import select
@@ -232,3 +232,36 @@ def test_a_stop_does_not_wait_for_a_request_still_arriving(folder):
             url.proc.wait(timeout=25)
             took = time.monotonic() - t0
     assert took < 5, f"the server took {took:.1f} s to stop beside a request still arriving"
+
+
+def test_headers_without_end_are_cut(folder):
+    """Headers sent at full speed and without end never make a read wait, so no deadline fires:
+    the head of a request may take 64 KiB, then the answer is 431 and the connection closes. A
+    head just under that is served."""
+    with serve(folder, "--request-read-timeout-s", 30) as url:
+        big = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"p" * 90) for i in range(600))  # ~60 KiB
+        head, data = request_bytes({"prompt": "hi", "max_tokens": 1})
+        with socket.create_connection(address(url), timeout=30) as s:
+            line, rest = head.split(b"\r\n", 1)
+            s.sendall(line + b"\r\n" + big + rest + data)
+            answer, _, _ = read_response(s)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+        with socket.create_connection(address(url), timeout=30) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            sent, t0 = 0, time.monotonic()
+            try:
+                while time.monotonic() - t0 < 20:
+                    s.sendall(b"X-Pad: " + b"p" * 1000 + b"\r\n")
+                    sent += 1009
+                    ready, _, _ = select.select([s], [], [], 0)
+                    if ready:
+                        break
+            except OSError:  # the server closed while headers were still going out
+                pass
+            got = read_to_end(s)
+        took = time.monotonic() - t0
+        # (the kernel's socket buffers take a few MB more after the server stops reading)
+        assert took < 10, f"{took:.1f} s and {sent} bytes of headers taken without an answer"
+        assert got.startswith(b"HTTP/1.1 431 "), got[:200]
+        assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"]["code"] == \
+            "request_header_too_large"

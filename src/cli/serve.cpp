@@ -166,12 +166,23 @@ public:
           write_timeout_(write_timeout),
           listening_(listening) {}
 
+    // The next request: its deadline, and its head not yet read.
     void set_deadline(SteadyClock::time_point deadline) {
         deadline_ = deadline;
         expired_ = false;
+        head_bytes_ = 0;
+        head_state_ = 0;
+        head_done_ = head_too_large_ = false;
     }
     // Whether a read failed at the deadline: the request did not arrive in time.
     bool expired() const { return expired_; }
+    // Whether a read failed because the request's head (request line and headers) ran past
+    // kMaxHeadBytes.
+    bool head_too_large() const { return head_too_large_; }
+    // The library bounds neither the number of header lines nor their bytes, and a client that
+    // sends headers without end at full speed never waits, so its deadline never fires: the head
+    // of a request may take this many bytes (nginx's default allows 32 KiB of large headers).
+    static constexpr size_t kMaxHeadBytes = size_t(64) << 10;
     // Waits for the next request's first byte (or the peer's close) at most `idle`, and not past
     // the deadline: false when nothing came.
     bool wait_for_request(std::chrono::microseconds idle) const {
@@ -212,6 +223,11 @@ private:
     const std::atomic<socket_t>* listening_;
     SteadyClock::time_point deadline_ = SteadyClock::time_point::max();
     bool expired_ = false;
+    // The head of the request being read: its bytes so far, and where its end (an empty line,
+    // "\r\n" or "\n") stands: 0 in a line, 1 after a line's '\n', 2 after "\n\r".
+    size_t head_bytes_ = 0;
+    int head_state_ = 0;
+    bool head_done_ = false, head_too_large_ = false;
     std::array<char, kBufferBytes> buffer_;
     size_t begin_ = 0, end_ = 0;  // buffer_[begin_, end_): received and unread
 };
@@ -254,6 +270,22 @@ ssize_t DeadlineStream::read(char* ptr, size_t size) {
         end_ = size_t(n);
     }
     const size_t n = std::min(size, end_ - begin_);
+    if (!head_done_) {
+        for (size_t i = 0; i < n && !head_done_; ++i) {
+            const char c = buffer_[begin_ + i];
+            if (c == '\n') {
+                head_done_ = head_state_ != 0;
+                head_state_ = 1;
+            } else {
+                head_state_ = c == '\r' && head_state_ == 1 ? 2 : 0;
+            }
+        }
+        head_bytes_ += n;
+        if (!head_done_ && head_bytes_ > kMaxHeadBytes) {
+            head_too_large_ = true;
+            return -1;
+        }
+    }
     std::memcpy(ptr, buffer_.data() + begin_, n);
     begin_ += n;
     return ssize_t(n);
@@ -304,6 +336,11 @@ public:
         const DeadlineStream* s = current_stream();
         return s != nullptr && s->expired();
     }
+    // Whether its head ran past DeadlineStream::kMaxHeadBytes (the error handler answers 431).
+    static bool request_head_too_large() {
+        const DeadlineStream* s = current_stream();
+        return s != nullptr && s->head_too_large();
+    }
 
 private:
     static const DeadlineStream*& current_stream() {
@@ -336,7 +373,7 @@ bool DeadlineServer::process_and_close_socket(socket_t sock) {
         bool closed = false;
         const bool last = i + 1 == keep_alive_max_count_ || waiting_->load() > 0;
         ok = process_request(stream, last, closed, nullptr);
-        if (!ok || closed || last || stream.expired()) break;
+        if (!ok || closed || last || stream.expired() || stream.head_too_large()) break;
         stream.set_deadline(SteadyClock::now() + request_read_timeout_);
     }
     current_stream() = nullptr;
@@ -1063,6 +1100,14 @@ void Server::install(httplib::Server& http) {
                 req_.request_read_timeout_s);
             return send_error(res, e);
         }
+        if (DeadlineServer::request_head_too_large()) {
+            ApiError e;
+            e.http = 431;
+            e.code = "request_header_too_large";
+            e.message = fmt::format("the request line and headers exceed {} bytes",
+                                    DeadlineStream::kMaxHeadBytes);
+            return send_error(res, e);
+        }
         if (!res.body.empty()) return;  // an error a handler wrote already
         ApiError e;
         e.http = res.status;
@@ -1075,10 +1120,10 @@ void Server::install(httplib::Server& http) {
         }
         send_error(res, e);
     });
-    // A request that missed its deadline ends its connection (DeadlineServer): its 408 says so,
-    // in place of the library's keep-alive offer.
+    // A request that missed its deadline or whose head ran too long ends its connection
+    // (DeadlineServer): its 408 or 431 says so, in place of the library's keep-alive offer.
     http.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
-        if (!DeadlineServer::request_expired()) return;
+        if (!DeadlineServer::request_expired() && !DeadlineServer::request_head_too_large()) return;
         res.headers.erase("Keep-Alive");
         if (!res.has_header("Connection")) res.set_header("Connection", "close");
     });
