@@ -3,8 +3,12 @@
 // are checked on the host as they are read, before anything computes with them: a model with one
 // NaN weight computes NaN everywhere, and a training run started from one skips every step.
 
+#include <fmt/format.h>
+
 #include <bit>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace lathe {
 
@@ -35,6 +39,16 @@ inline NonFiniteCount count_non_finite(const float* x, int64_t n) {
         }
     }
     return c;
+}
+
+// The words of an error about `c` among `n` values read, its first at `first_index` (the index
+// the reader names, e.g. in the whole tensor of which `n` values are a slice; `of` names what
+// that index counts in, e.g. " of the parameter vector").
+inline std::string non_finite_phrase(const NonFiniteCount& c, int64_t n, int64_t first_index,
+                                     std::string_view of = {}) {
+    return fmt::format(
+        "{} of the {} values read are not finite (NaN or infinity), the first at element {}{} ({})",
+        c.count, n, first_index, of, c.first_value);
 }
 
 }  // namespace lathe

@@ -70,10 +70,9 @@ Status check_finite_weights(const NonFiniteCount& bad, int64_t n, const std::str
                             std::string_view name) {
     if (bad.count == 0) return ok_status();
     return data_loss_error(
-        "{}: tensor {}: {} of the {} values read are not finite (NaN or infinity), the first at "
-        "element {} ({}): the run that wrote these weights diverged or the file is damaged, and a "
-        "model computing with them gives NaN; use an earlier checkpoint",
-        where, name, bad.count, n, bad.first, bad.first_value);
+        "{}: tensor {}: {}: the run that wrote these weights diverged or the file is damaged, and "
+        "a model computing with them gives NaN; use an earlier checkpoint",
+        where, name, non_finite_phrase(bad, n, bad.first));
 }
 
 Status check_tied_head(const SafetensorsTensor& head, const SafetensorsTensor& embedding,

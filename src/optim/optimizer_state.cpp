@@ -137,10 +137,9 @@ Status optimizer_state_read(const std::string& path, int64_t total, FlatRange ra
         const NonFiniteCount bad = count_non_finite(dst, range.size());
         if (bad.count > 0) {
             return data_loss_error(
-                "{}: tensor '{}': {} of the {} values read are not finite (NaN or infinity), the "
-                "first at element {} ({}): the run that wrote this optimizer state diverged or "
-                "the file is damaged",
-                path, name, bad.count, range.size(), range.begin + bad.first, bad.first_value);
+                "{}: tensor '{}': {}: the run that wrote this optimizer state diverged or the file "
+                "is damaged",
+                path, name, non_finite_phrase(bad, range.size(), range.begin + bad.first));
         }
     }
     return ok_status();
@@ -591,14 +590,12 @@ struct NonFiniteMoments {
             const NonFiniteCount& c = moment[which];
             if (c.count == 0) continue;
             return data_loss_error(
-                "{}: tensor '{}': {} of the {} values read are not finite (NaN or infinity), the "
-                "first at element {} of the parameter vector ({}): the run that wrote this "
-                "optimizer state diverged or the file is damaged; resume from an earlier "
-                "checkpoint, or start a new run from this one's weights alone "
-                "(checkpoint.init_from with checkpoint.init_mode: finetune, which reads no "
-                "optimizer state)",
-                file[which], which == 0 ? kExpAvg : kExpAvgSq, c.count, read, c.first,
-                c.first_value);
+                "{}: tensor '{}': {}: the run that wrote this optimizer state diverged or the "
+                "file is damaged; resume from an earlier checkpoint, or "
+                "start a new run from this one's weights alone (checkpoint.init_from with "
+                "checkpoint.init_mode: finetune, which reads no optimizer state)",
+                file[which], which == 0 ? kExpAvg : kExpAvgSq,
+                non_finite_phrase(c, read, c.first, " of the parameter vector"));
         }
         return ok_status();
     }
