@@ -41,6 +41,17 @@ inline NonFiniteCount count_non_finite(const float* x, int64_t n) {
     return c;
 }
 
+// Adds the non-finite values among x[0, n), a piece read in several, to `total`: its first is
+// kept with the piece's index `offset` added (the index in what the pieces make up).
+inline void add_non_finite(NonFiniteCount& total, const float* x, int64_t n, int64_t offset) {
+    const NonFiniteCount c = count_non_finite(x, n);
+    if (c.count > 0 && total.count == 0) {
+        total.first = offset + c.first;
+        total.first_value = c.first_value;
+    }
+    total.count += c.count;
+}
+
 // The words of an error about `c` among `n` values read, its first at `first_index` (the index
 // the reader names, e.g. in the whole tensor of which `n` values are a slice; `of` names what
 // that index counts in, e.g. " of the parameter vector").

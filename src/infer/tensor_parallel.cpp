@@ -184,12 +184,7 @@ Status tp_read_slice(const SafetensorsTensor& full, const HfParam& local, ParamR
         if (!safetensors_convert_elements(full, begin, n, SafetensorsDtype::kF32, to))
             return unimplemented_error("{}: tensor {} is {}; lathe loads F32, BF16 and F16 weights",
                                        where, local.name, safetensors_dtype_name(full.dtype));
-        const NonFiniteCount c = count_non_finite(to, int64_t(n));
-        if (c.count > 0 && bad.count == 0) {
-            bad.first = int64_t(begin) + c.first;
-            bad.first_value = c.first_value;
-        }
-        bad.count += c.count;
+        add_non_finite(bad, to, int64_t(n), int64_t(begin));
         return ok_status();
     };
     const int64_t n = ls.numel();

@@ -574,14 +574,9 @@ struct NonFiniteMoments {
 
     void note(int which, const float* values, int64_t n, int64_t canonical_begin,
               const std::string& path) {
-        const NonFiniteCount c = count_non_finite(values, n);
-        NonFiniteCount& total = moment[which];
-        if (c.count > 0 && total.count == 0) {
-            total.first = canonical_begin + c.first;
-            total.first_value = c.first_value;
-            file[which] = path;
-        }
-        total.count += c.count;
+        const bool first = moment[which].count == 0;
+        add_non_finite(moment[which], values, n, canonical_begin);
+        if (first && moment[which].count > 0) file[which] = path;
     }
 
     // An error naming the first moment with a NaN or infinity, ok when neither has one.
