@@ -1,13 +1,15 @@
 """PyTorch FSDP2 (fully_shard) + torch.compile: the sharded data-parallel baseline that `lathe bench`
 under `lathe launch` is measured against, beside ../shared/bench/ddp_baseline.py (DDP).
 
-    torchrun --standalone --nproc_per_node=N bench/fsdp2_baseline.py gpt2|llama1b
+    torchrun --standalone --nproc_per_node=N bench/fsdp2_baseline.py gpt2|llama1b|llama8b
              [--torch-baseline-dir DIR] [--steps 12] [--warmup 4] [--no-compile] [--no-reshard]
+             [--checkpoint]
 
 The model is torch_baseline.py's decoder (imported from DIR: default ../shared/bench beside this
 checkout, else .carry/bench; a file of the shared bench folder, not of this repository), at the
 shapes ddp_baseline.py measures: GPT-2 124M at B 32, T 1024 per GPU and the Llama-3.2-1B shape at
-B 8, T 2048 per GPU, so the three trainers run the same work per GPU.
+B 8, T 2048 per GPU, so the three trainers run the same work per GPU; and `llama8b`, the whole
+Llama-3-8B shape (32 layers, untied, T 8192, B 1 per GPU), the ZeRO-3 rows of docs/PERF.md.
 
 Sharding (what FSDP2 users run, as torchtitan sets it up): each decoder block is compiled on its
 own (torch.compile per block, FSDP2's hooks staying outside the compiled code) and then made an
@@ -16,7 +18,9 @@ the embedding, final norm and tied head are the root unit; parameters are stored
 bf16 for compute, gradients reduce-scattered in fp32 (MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32)); each block's parameters are freed after its forward and gathered again for
 its backward (ZeRO-3), except the last block's, which its backward needs at once.
---no-reshard keeps them after the forward (ZeRO-2's memory, less traffic).
+--no-reshard keeps them after the forward (ZeRO-2's memory, less traffic). --checkpoint recomputes
+each block's activations in the backward (torch.utils.checkpoint around the block), as torchtitan's
+full activation checkpointing does.
 
 Timing as ddp_baseline.py: `warmup` untimed steps, a barrier, then `steps` steps each timed to a
 device synchronize; the median. Rank 0 prints one JSON line with ddp_baseline.py's keys:
@@ -38,16 +42,37 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 # Micro-batch per GPU of each model, as ddp_baseline.py's.
-BATCH = {"gpt2": 32, "llama1b": 8, "tiny": 2}
-# A 2-layer Llama-family shape for runs on the CPU (tests).
+BATCH = {"gpt2": 32, "llama1b": 8, "llama8b": 1, "tiny": 2, "tiny-untied": 2}
+# A 2-layer Llama-family shape for runs on the CPU (tests), with a tied and an untied head.
 TINY = dict(vocab=512, d=64, heads=4, kv=2, ff=192, layers=2, T=64, llama=True)
+TINY_UNTIED = dict(TINY, tied=False)
+
+
+def shape_of(tb, model):
+    """torch_baseline.py's shape dict of a model name (its module passed in)."""
+    if model == "llama8b":  # its 8-layer slice's widths, all 32 layers, at T 8192
+        return dict(tb.LLAMA8B_SLICE, layers=32, T=8192)
+    return {"gpt2": getattr(tb, "GPT2", None), "llama1b": getattr(tb, "LLAMA1B", None), "tiny": TINY,
+            "tiny-untied": TINY_UNTIED}[model]
+
+
+def flop_params(model, shape):
+    """torch_baseline.py's N: the parameters without the input embedding lookup (token and position
+    tables), with the head; a tied head shares the token table, so it is counted back once."""
+    n = sum(p.numel() for p in model.parameters()) - model.emb.weight.numel()
+    if shape.get("tied", True):
+        n += model.head.weight.numel()
+    if model.pos is not None:
+        n -= model.pos.weight.numel()
+    return n
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description="PyTorch FSDP2 + torch.compile tokens/s per GPU; run under torchrun. "
         "Rank 0 prints one JSON line (ddp_baseline.py's keys).")
-    p.add_argument("model", choices=sorted(BATCH), help="gpt2 (B32 T1024), llama1b (B8 T2048), tiny (tests)")
+    p.add_argument("model", choices=sorted(BATCH),
+                   help="gpt2 (B32 T1024), llama1b (B8 T2048), llama8b (32 layers, B1 T8192), tiny, tiny-untied (tests)")
     p.add_argument("--torch-baseline-dir", type=Path, default=None,
                    help="folder of torch_baseline.py (default: ../shared/bench, else .carry/bench)")
     p.add_argument("--steps", type=int, default=12, help="timed steps (default 12)")
@@ -58,6 +83,8 @@ def parse_args(argv=None):
     p.add_argument("--compile", action="store_true", help="compile on the CPU too")
     p.add_argument("--no-reshard", action="store_true",
                    help="keep gathered parameters from forward to backward (ZeRO-2 memory)")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="recompute each block's activations in the backward (torch.utils.checkpoint)")
     a = p.parse_args(argv)
     if a.steps < 1 or a.warmup < 0:
         p.error(f"--steps must be >= 1 and --warmup >= 0 (got {a.steps}, {a.warmup})")
@@ -74,6 +101,23 @@ def find_torch_baseline(given):
              "pass --torch-baseline-dir (the shared bench folder, or .carry/bench on the GPU machine)")
 
 
+def checkpointed_class():
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(torch.nn.Module):
+        """A block whose activations are recomputed in the backward."""
+
+        def __init__(self, block):
+            super().__init__()
+            self.block = block
+
+        def forward(self, *args):
+            return checkpoint(self.block, *args, use_reentrant=False)
+
+    return Checkpointed
+
+
 def main(argv=None):
     a = parse_args(argv)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -86,7 +130,7 @@ def main(argv=None):
 
     cuda = a.device == "cuda"
     compile_ = (cuda and not a.no_compile) or a.compile
-    shape = {"gpt2": getattr(tb, "GPT2", None), "llama1b": getattr(tb, "LLAMA1B", None), "tiny": TINY}[a.model]
+    shape = shape_of(tb, a.model)
     B = a.batch or BATCH[a.model]
     T = shape["T"]
 
@@ -98,14 +142,13 @@ def main(argv=None):
     else:
         dev = torch.device("cpu")
 
+    Checkpointed = checkpointed_class()
     torch.manual_seed(0)  # the same initial model on every rank, as DDP's broadcast gives
     model = tb.GPT(shape).to(dev)
-    n_all = sum(p.numel() for p in model.parameters())
-    # torch_baseline.py's N: without the input embedding lookup, with the (tied) head.
-    n_flop = n_all - model.emb.weight.numel() + model.head.weight.numel()
-    if model.pos is not None:
-        n_flop -= model.pos.weight.numel()
-    flops_per_token = 6 * n_flop + 12 * shape["layers"] * shape["d"] * T
+    flops_per_token = 6 * flop_params(model, shape) + 12 * shape["layers"] * shape["d"] * T
+    if a.checkpoint:
+        for i in range(len(model.blocks)):
+            model.blocks[i] = Checkpointed(model.blocks[i])
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else MixedPrecisionPolicy()
     last = len(model.blocks) - 1
@@ -153,7 +196,7 @@ def main(argv=None):
                           "tok_s_total": round(world * B * T / t), "step_ms": round(t * 1e3, 1),
                           "mem_GiB": round(mem, 1),
                           "mfu": round(B * T / t * flops_per_token / tb.PEAK, 3) if cuda else None,
-                          "B": B, "T": T, "reshard": not a.no_reshard}), flush=True)
+                          "B": B, "T": T, "reshard": not a.no_reshard, "checkpoint": a.checkpoint}), flush=True)
     dist.destroy_process_group()
 
 
