@@ -3,6 +3,7 @@
 #include <simdjson.h>
 
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "core/strings.h"
@@ -133,11 +134,10 @@ struct JsonlFieldReader::Impl {
     // An error message for a simdjson failure on `line`, with a byte column where known.
     Status json_error(simdjson::error_code e, std::string_view line, od::document* d) {
         if (e == simdjson::UTF8_ERROR) {
-            const size_t at = utf8::first_invalid(line);
-            if (at < line.size()) {
+            if (const std::optional<utf8::InvalidAt> bad = utf8::find_invalid(line)) {
                 return invalid_argument_error(
                     "invalid UTF-8 at byte column {} (byte 0x{:02x}); the input must be UTF-8",
-                    at + 1, static_cast<unsigned>(static_cast<unsigned char>(line[at])));
+                    bad->column, bad->byte);
             }
             return invalid_argument_error("invalid UTF-8; the input must be UTF-8");
         }

@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
+#include "core/check.h"
 #include "core/log.h"
 #include "core/ordered_pool.h"
 #include "core/progress.h"
@@ -515,14 +517,12 @@ struct Worker {
                 return invalid_argument_error("empty document");
             }
             if (!simdjson::validate_utf8(text.data(), text.size())) {
-                const size_t at = utf8::first_invalid(text);
-                const size_t line_start = text.rfind('\n', at == 0 ? 0 : at - 1);
-                const size_t col =
-                    (line_start == std::string_view::npos || at == 0) ? at : at - line_start - 1;
-                line += static_cast<uint64_t>(std::count(text.begin(), text.begin() + at, '\n'));
+                const std::optional<utf8::InvalidAt> bad = utf8::find_invalid(text);
+                LATHE_CHECK(bad.has_value(), "simdjson and utf8::first_invalid disagree");
+                line += bad->line - 1;
                 return invalid_argument_error(
                     "invalid UTF-8 at byte column {} (byte 0x{:02x}); the input must be UTF-8",
-                    col + 1, static_cast<unsigned>(static_cast<unsigned char>(text[at])));
+                    bad->column, bad->byte);
             }
         }
         if (Status s = sh.tokenizer.encode(text, /*add_special=*/true, ids); !s.ok()) {

@@ -285,14 +285,18 @@ void LaunchSupervisor::stop_start() {
         if (s == RankState::kToStart) s = RankState::kNeverStarted;
 }
 
-std::vector<int> LaunchSupervisor::begin_stopping(double now) {
-    stop_start();
-    stopping_ = true;
-    deadline_ = now + grace_s_;
+std::vector<int> LaunchSupervisor::running_ranks() const {
     std::vector<int> to;
     for (size_t r = 0; r < state_.size(); ++r)
         if (state_[r] == RankState::kRunning) to.push_back(int(r));
     return to;
+}
+
+std::vector<int> LaunchSupervisor::begin_stopping(double now) {
+    stop_start();
+    stopping_ = true;
+    deadline_ = now + grace_s_;
+    return running_ranks();
 }
 
 std::vector<int> LaunchSupervisor::on_start_failed(int rank, double now) {
@@ -323,10 +327,7 @@ std::vector<int> LaunchSupervisor::on_signal(int sig) {
     forwarded_.push_back(sig);
     if (next_to_start() && start_stopped_by_ == 0) start_stopped_by_ = sig;
     stop_start();
-    std::vector<int> to;
-    for (size_t r = 0; r < state_.size(); ++r)
-        if (state_[r] == RankState::kRunning) to.push_back(int(r));
-    return to;
+    return running_ranks();
 }
 
 std::vector<int> LaunchSupervisor::overdue(double now) {

@@ -149,6 +149,8 @@ private:
     enum class RankState { kToStart, kRunning, kEnded, kNeverStarted };
     // The ranks still to start never start.
     void stop_start();
+    // The ranks running now, in rank order.
+    std::vector<int> running_ranks() const;
     // A failure at `now`: the running ranks, to stop, and the grace's deadline.
     std::vector<int> begin_stopping(double now);
 

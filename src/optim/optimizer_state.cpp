@@ -36,6 +36,19 @@ const std::map<std::string, std::string>& state_metadata() {
     return m;
 }
 
+// The error of moments read from `path` (its tensor `name`) that hold NaN or infinite values
+// (`phrase`: non_finite_phrase's words), with what to do: the checkpoint's weights may still be
+// sound.
+Status non_finite_moments_error(const std::string& path, std::string_view name,
+                                const std::string& phrase) {
+    return data_loss_error(
+        "{}: tensor '{}': {}: the run that wrote this optimizer state diverged or the file is "
+        "damaged; resume from an earlier checkpoint, or start a new run from this one's weights "
+        "alone (checkpoint.init_from with checkpoint.init_mode: finetune, which reads no "
+        "optimizer state)",
+        path, name, phrase);
+}
+
 }  // namespace
 
 Status optimizer_state_write(const std::string& path, std::span<const float> exp_avg,
@@ -136,9 +149,7 @@ Status optimizer_state_read(const std::string& path, int64_t total, FlatRange ra
                         size_t(range.size()) * sizeof(float));
         const NonFiniteCount bad = count_non_finite(dst, range.size());
         if (bad.count > 0) {
-            return data_loss_error(
-                "{}: tensor '{}': {}: the run that wrote this optimizer state diverged or the file "
-                "is damaged",
+            return non_finite_moments_error(
                 path, name, non_finite_phrase(bad, range.size(), range.begin + bad.first));
         }
     }
@@ -584,11 +595,7 @@ struct NonFiniteMoments {
         for (int which = 0; which < 2; ++which) {
             const NonFiniteCount& c = moment[which];
             if (c.count == 0) continue;
-            return data_loss_error(
-                "{}: tensor '{}': {}: the run that wrote this optimizer state diverged or the "
-                "file is damaged; resume from an earlier checkpoint, or "
-                "start a new run from this one's weights alone (checkpoint.init_from with "
-                "checkpoint.init_mode: finetune, which reads no optimizer state)",
+            return non_finite_moments_error(
                 file[which], which == 0 ? kExpAvg : kExpAvgSq,
                 non_finite_phrase(c, read, c.first, " of the parameter vector"));
         }

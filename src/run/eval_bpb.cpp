@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -52,25 +53,18 @@ struct Documents {
 // An error for `text` (line `line` of `data`, or the whole file when line is 0) when it is not
 // UTF-8, naming the line, the byte column and the byte.
 Status check_utf8(std::string_view text, const std::string& data, int64_t line) {
-    const size_t at = utf8::first_invalid(text);
-    if (at == text.size()) return ok_status();
-    const unsigned byte = static_cast<unsigned char>(text[at]);
+    const std::optional<utf8::InvalidAt> bad = utf8::find_invalid(text);
+    if (!bad) return ok_status();
     if (line > 0) {
         return invalid_argument_error(
             "--data {}:{}: invalid UTF-8 at byte column {} (byte 0x{:02x}); the input must be "
             "UTF-8",
-            data, line, at + 1, byte);
+            data, line, bad->column, bad->byte);
     }
-    // text[at] is no newline (a newline is valid UTF-8): the line's start is after the last
-    // newline before it.
-    const size_t newline = text.rfind('\n', at);
-    const int64_t line_of_byte =
-        1 + int64_t(std::count(text.begin(), text.begin() + std::ptrdiff_t(at), '\n'));
-    const size_t column = newline == std::string_view::npos ? at + 1 : at - newline;
     return invalid_argument_error(
         "--data {}:{}: invalid UTF-8 at byte column {} (byte 0x{:02x}, byte offset {} of the "
         "file); the input must be UTF-8",
-        data, line_of_byte, column, byte, at);
+        data, bad->line, bad->column, bad->byte, bad->offset);
 }
 
 Result<Documents> read_documents(const std::string& data) {

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <thread>
 #include <unordered_map>
@@ -457,18 +458,17 @@ Result<WordCounts> bpe_count_words(const PreTokenizer& pre_tokenizer,
             uint64_t batch_docs = 0;
             for (size_t i = 0; i < batch.size(); ++i) {
                 const std::string_view doc = batch.document(i);
-                const size_t bad = utf8::first_invalid(doc);
-                if (bad != doc.size()) {
+                if (const std::optional<utf8::InvalidAt> bad = utf8::find_invalid(doc)) {
                     // The line of the first bad byte: the document's first line plus the
                     // newlines before it (a text block spans several lines).
-                    const uint64_t line = (i < batch.lines.size() ? batch.lines[i] : 0) +
-                                          std::count(doc.begin(), doc.begin() + bad, '\n');
+                    const uint64_t line =
+                        (i < batch.lines.size() ? batch.lines[i] : 0) + bad->line - 1;
                     const std::string where = fmt::format("{}:{}", batch.origin, line);
                     if (skip_bad(where, invalid_argument_error(
                                             "{}: not valid UTF-8 (byte 0x{:02x}); convert the "
                                             "input to UTF-8 (e.g. with iconv) or pass --on-error "
                                             "skip to leave such documents out",
-                                            where, static_cast<unsigned char>(doc[bad]))))
+                                            where, bad->byte)))
                         continue;
                     return;
                 }

@@ -104,6 +104,19 @@ size_t first_invalid(std::string_view s) {
     return n;
 }
 
+std::optional<InvalidAt> find_invalid(std::string_view s) {
+    const size_t at = first_invalid(s);
+    if (at == s.size()) return std::nullopt;
+    InvalidAt r;
+    r.offset = at;
+    r.byte = static_cast<uint8_t>(s[at]);
+    // s[at] is no newline (a newline is valid UTF-8): its line starts after the last one before.
+    const size_t newline = s.rfind('\n', at);
+    r.column = newline == std::string_view::npos ? at + 1 : at - newline;
+    r.line = 1 + uint64_t(std::count(s.begin(), s.begin() + std::ptrdiff_t(at), '\n'));
+    return r;
+}
+
 bool is_valid(std::string_view s) {
     return first_invalid(s) == s.size();
 }

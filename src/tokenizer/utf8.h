@@ -4,6 +4,7 @@
 // written in Rust and its components call them (is_whitespace, is_alphanumeric, to_lowercase...).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -71,6 +72,17 @@ bool is_valid(std::string_view s);
 
 // Byte offset of the first invalid sequence in s, or s.size() when s is valid.
 size_t first_invalid(std::string_view s);
+
+// Where the first invalid sequence of a text is, for an error message: its byte offset, its line
+// (1 + the newlines before it) and byte column in that line (1-based), and its first byte.
+struct InvalidAt {
+    size_t offset = 0;
+    uint64_t line = 1;
+    size_t column = 1;
+    uint8_t byte = 0;
+};
+// The first invalid sequence of s, or nullopt when s is valid.
+std::optional<InvalidAt> find_invalid(std::string_view s);
 
 // Appends s to out with every maximal invalid subsequence replaced by U+FFFD, as Rust's
 // String::from_utf8_lossy does (the "substitution of maximal subparts" of Unicode §3.9).
